@@ -1,0 +1,70 @@
+// Flash attention forward and backward (kernels/cpu/attention.h) at GPT-2 124M shapes:
+// B=4, T=256 and B=1, T=1024, NH=NKV=12, HS=64. FLOP counts are the causal ones: forward
+// 2*B*NH*T^2*HS (two products over half the score matrix), backward 2.5x that (five products).
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+
+namespace {
+
+struct AttentionBuffers {
+  int B, T, NH, HS;
+  std::vector<float> qkv, out, lse, dout, dqkv;  // (B,T,3*NH*HS), (B,T,NH*HS), (B,NH,T), ...
+
+  AttentionBuffers(int B_, int T_, int NH_, int HS_) : B(B_), T(T_), NH(NH_), HS(HS_) {
+    const size_t rows = static_cast<size_t>(B) * T;
+    qkv.resize(rows * 3 * NH * HS);
+    out.resize(rows * NH * HS);
+    dout.resize(rows * NH * HS);
+    dqkv.resize(qkv.size());
+    lse.resize(static_cast<size_t>(B) * NH * T);
+    std::mt19937 gen(1);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (float& x : qkv) x = dist(gen);
+    for (float& x : dout) x = dist(gen);
+    mt::kernels::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
+  }
+  double forward_flops() const { return 2.0 * B * NH * static_cast<double>(T) * T * HS; }
+};
+
+void set_flops(benchmark::State& state, double flops) {
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_AttentionForward(benchmark::State& state) {
+  AttentionBuffers a(state.range(0), state.range(1), state.range(2), state.range(3));
+  for (auto _ : state) {
+    mt::kernels::attention_forward(a.out.data(), a.lse.data(), a.qkv.data(), a.B, a.T, a.NH, a.NH,
+                                   a.HS);
+    benchmark::DoNotOptimize(a.out.data());
+  }
+  set_flops(state, a.forward_flops());
+}
+
+void BM_AttentionBackward(benchmark::State& state) {
+  AttentionBuffers a(state.range(0), state.range(1), state.range(2), state.range(3));
+  for (auto _ : state) {
+    mt::kernels::attention_backward(a.dqkv.data(), a.dout.data(), a.qkv.data(), a.out.data(),
+                                    a.lse.data(), a.B, a.T, a.NH, a.NH, a.HS);
+    benchmark::DoNotOptimize(a.dqkv.data());
+  }
+  set_flops(state, 2.5 * a.forward_flops());
+}
+
+}  // namespace
+
+BENCHMARK(BM_AttentionForward)
+    ->ArgNames({"B", "T", "NH", "HS"})
+    ->Args({4, 256, 12, 64})
+    ->Args({1, 1024, 12, 64})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_AttentionBackward)
+    ->ArgNames({"B", "T", "NH", "HS"})
+    ->Args({4, 256, 12, 64})
+    ->Args({1, 1024, 12, 64})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();

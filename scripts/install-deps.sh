@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs everything meshtrain needs to build, test and benchmark, from Debian packages only.
+# Idempotent: installs only what is missing; the only install step the project has.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libdnnl-dev             # oneDNN: GEMM (fp32, bf16 with AVX512-BF16/AMX)
+  nlohmann-json3-dev      # JSON configs, safetensors headers
+  libcli11-dev            # command line
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3-torch python3-numpy   # the PyTorch oracle for golden data and the peer benchmark
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

@@ -1,0 +1,57 @@
+#include "base/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "base/error.h"
+
+namespace mt {
+
+std::vector<char> file_read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  MT_CHECK(in.good(), ErrorKind::kNotFound, path + ": cannot open for reading");
+  std::streamsize size = in.tellg();
+  MT_CHECK(size >= 0, ErrorKind::kIOError, path + ": cannot determine size");
+  std::vector<char> data(static_cast<size_t>(size));
+  in.seekg(0);
+  MT_CHECK(in.read(data.data(), size).good() || size == 0, ErrorKind::kIOError,
+           path + ": short read");
+  return data;
+}
+
+void file_write_atomic(const std::string& path, const void* data, size_t bytes) {
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  MT_CHECK(fd >= 0, ErrorKind::kIOError, tmp + ": " + std::strerror(errno));
+  const char* p = static_cast<const char*>(data);
+  size_t left = bytes;
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw Error(ErrorKind::kIOError, tmp + ": write failed: " + std::strerror(e));
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  bool ok = ::fsync(fd) == 0;
+  ok = (::close(fd) == 0) && ok;
+  MT_CHECK(ok, ErrorKind::kIOError, tmp + ": fsync/close failed");
+  MT_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, ErrorKind::kIOError,
+           path + ": rename failed: " + std::strerror(errno));
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace mt

@@ -1,0 +1,16 @@
+// File I/O seam: whole-file reads and atomic whole-file writes (temp, fsync, rename), each failure an
+// Error naming the path.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+std::vector<char> file_read_all(const std::string& path);
+// Writes data to path atomically: a reader sees the old file or the whole new one, never a part.
+void file_write_atomic(const std::string& path, const void* data, size_t bytes);
+bool file_exists(const std::string& path);
+
+}  // namespace mt

@@ -1,0 +1,196 @@
+#include "checkpoint/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/file_io.h"
+
+namespace mt::checkpoint {
+namespace {
+
+struct DTypeName {
+  const char* name;
+  StDType dtype;
+  size_t size;
+};
+const DTypeName kDTypes[] = {{"F32", StDType::kF32, 4},   {"F16", StDType::kF16, 2},
+                             {"BF16", StDType::kBF16, 2}, {"I32", StDType::kI32, 4},
+                             {"I64", StDType::kI64, 8},   {"U8", StDType::kU8, 1},
+                             {"F64", StDType::kF64, 8},   {"I8", StDType::kI8, 1},
+                             {"I16", StDType::kI16, 2},   {"BOOL", StDType::kBool, 1}};
+
+Error corrupt(const std::string& path, const std::string& what) {
+  return Error(ErrorKind::kCorruption, path + ": " + what);
+}
+
+}  // namespace
+
+const char* st_dtype_name(StDType d) {
+  for (const auto& e : kDTypes)
+    if (e.dtype == d) return e.name;
+  return "?";
+}
+
+size_t st_dtype_size(StDType d) {
+  for (const auto& e : kDTypes)
+    if (e.dtype == d) return e.size;
+  return 0;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  bytes_ = file_read_all(path);
+  if (bytes_.size() < 8) throw corrupt(path, "shorter than the 8-byte safetensors header length");
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; --i) hlen = (hlen << 8) | static_cast<uint8_t>(bytes_[i]);
+  if (hlen > bytes_.size() - 8)
+    throw corrupt(path, "header length " + std::to_string(hlen) + " runs past the end of the file");
+  data_start_ = 8 + hlen;
+  size_t data_size = bytes_.size() - data_start_;
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + static_cast<long>(data_start_));
+  } catch (const nlohmann::json::exception& e) {
+    throw corrupt(path, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) throw corrupt(path, "header is not a JSON object");
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const nlohmann::json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) throw corrupt(path, "__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) throw corrupt(path, "__metadata__." + m.key() + " is not a string");
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      throw corrupt(path, "tensor '" + name + "' lacks dtype, shape or data_offsets");
+    StTensorInfo t;
+    t.name = name;
+    if (!v["dtype"].is_string()) throw corrupt(path, "tensor '" + name + "': dtype is not a string");
+    std::string dn = v["dtype"].get<std::string>();
+    const DTypeName* found = nullptr;
+    for (const auto& e : kDTypes)
+      if (dn == e.name) found = &e;
+    if (!found) throw corrupt(path, "tensor '" + name + "': unknown dtype '" + dn + "'");
+    t.dtype = found->dtype;
+    if (!v["shape"].is_array()) throw corrupt(path, "tensor '" + name + "': shape is not an array");
+    uint64_t numel = 1;
+    for (const auto& s : v["shape"]) {
+      if (!s.is_number_integer() || s.get<int64_t>() < 0)
+        throw corrupt(path, "tensor '" + name + "': shape holds a non-integer or negative dimension");
+      int64_t dim = s.get<int64_t>();
+      if (dim > 0 && numel > (uint64_t{1} << 48) / static_cast<uint64_t>(dim))
+        throw corrupt(path, "tensor '" + name + "': shape too large");
+      numel *= static_cast<uint64_t>(dim);
+      t.shape.push_back(dim);
+    }
+    const auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      throw corrupt(path, "tensor '" + name + "': data_offsets is not [begin, end]");
+    t.begin = off[0].get<uint64_t>();
+    t.end = off[1].get<uint64_t>();
+    if (t.begin > t.end || t.end > data_size)
+      throw corrupt(path, "tensor '" + name + "': data_offsets [" + std::to_string(t.begin) + ", " +
+                              std::to_string(t.end) + "] outside the " + std::to_string(data_size) +
+                              "-byte data section");
+    if (t.end - t.begin != numel * found->size)
+      throw corrupt(path, "tensor '" + name + "': " + std::to_string(t.end - t.begin) +
+                              " bytes do not match its shape and dtype");
+    tensors_.push_back(std::move(t));
+  }
+  std::vector<const StTensorInfo*> order;
+  for (const auto& t : tensors_) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < order.size(); ++i)
+    if (order[i]->begin < order[i - 1]->end && order[i]->end > order[i]->begin)
+      throw corrupt(path, "tensors '" + order[i - 1]->name + "' and '" + order[i]->name + "' overlap");
+}
+
+const StTensorInfo* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const StTensorInfo& SafetensorsFile::get(const std::string& name) const {
+  const StTensorInfo* t = find(name);
+  MT_CHECK(t != nullptr, ErrorKind::kNotFound, path_ + ": no tensor named '" + name + "'");
+  return *t;
+}
+
+std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
+  const StTensorInfo& t = get(name);
+  size_t n = (t.end - t.begin) / std::max<size_t>(1, st_dtype_size(t.dtype));
+  std::vector<float> out(n);
+  const void* src = data(t);
+  switch (t.dtype) {
+    case StDType::kF32: std::memcpy(out.data(), src, n * 4); break;
+    case StDType::kBF16: convert(out.data(), DType::kF32, src, DType::kBF16, n); break;
+    case StDType::kF16: convert(out.data(), DType::kF32, src, DType::kF16, n); break;
+    default:
+      throw Error(ErrorKind::kInvalidArgument, path_ + ": tensor '" + name + "' has dtype " +
+                                                    st_dtype_name(t.dtype) + ", expected a float type");
+  }
+  return out;
+}
+
+std::vector<float> SafetensorsFile::read_f32(const std::string& name,
+                                             const std::vector<int64_t>& shape) const {
+  const StTensorInfo& t = get(name);
+  if (t.shape != shape) {
+    auto str = [](const std::vector<int64_t>& s) {
+      std::string r = "[";
+      for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+      return r + "]";
+    };
+    throw Error(ErrorKind::kInvalidArgument, path_ + ": tensor '" + name + "' has shape " +
+                                                 str(t.shape) + ", expected " + str(shape));
+  }
+  return read_f32(name);
+}
+
+std::vector<int32_t> SafetensorsFile::read_i32(const std::string& name) const {
+  const StTensorInfo& t = get(name);
+  MT_CHECK(t.dtype == StDType::kI32, ErrorKind::kInvalidArgument,
+           path_ + ": tensor '" + name + "' is not I32");
+  std::vector<int32_t> out((t.end - t.begin) / 4);
+  std::memcpy(out.data(), data(t), out.size() * 4);
+  return out;
+}
+
+void safetensors_write(const std::string& path, const std::vector<StTensorOut>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (const auto& t : tensors) {
+    size_t numel = 1;
+    for (int64_t d : t.shape) numel *= static_cast<size_t>(d);
+    size_t bytes = numel * dtype_size(t.dtype);
+    const char* dn = t.dtype == DType::kF32 ? "F32" : t.dtype == DType::kBF16 ? "BF16" : "F16";
+    header[t.name] = {{"dtype", dn}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string h = header.dump();
+  while (h.size() % 8) h.push_back(' ');
+  std::vector<char> out(8 + h.size() + offset);
+  uint64_t hl = h.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((hl >> (8 * i)) & 0xff);
+  std::memcpy(out.data() + 8, h.data(), h.size());
+  size_t pos = 8 + h.size();
+  for (const auto& t : tensors) {
+    size_t numel = 1;
+    for (int64_t d : t.shape) numel *= static_cast<size_t>(d);
+    size_t bytes = numel * dtype_size(t.dtype);
+    std::memcpy(out.data() + pos, t.data, bytes);
+    pos += bytes;
+  }
+  file_write_atomic(path, out.data(), out.size());
+}
+
+}  // namespace mt::checkpoint

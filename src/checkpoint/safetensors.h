@@ -1,0 +1,62 @@
+// safetensors (Hugging Face): an 8-byte little-endian header length, a JSON header
+// {"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the
+// data. The reader validates everything before handing out a pointer: header within the file,
+// valid JSON, known dtype, shape × dtype size == extent, extents within the data and not
+// overlapping. Every failure is a kCorruption (or kNotFound) Error naming the file and the tensor.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tensor/dtype.h"
+
+namespace mt::checkpoint {
+
+enum class StDType { kF32, kF16, kBF16, kI32, kI64, kU8, kF64, kI8, kI16, kBool };
+
+struct StTensorInfo {
+  std::string name;
+  StDType dtype;
+  std::vector<int64_t> shape;
+  size_t begin = 0, end = 0;  // byte offsets in the data section
+};
+
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);  // reads and validates the whole file
+
+  const std::string& path() const { return path_; }
+  const std::vector<StTensorInfo>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const StTensorInfo* find(const std::string& name) const;
+  const StTensorInfo& get(const std::string& name) const;  // throws kNotFound naming file + tensor
+  const void* data(const StTensorInfo& t) const { return bytes_.data() + data_start_ + t.begin; }
+  // Copies a floating tensor into f32, checking its shape (throws naming the tensor on mismatch).
+  std::vector<float> read_f32(const std::string& name, const std::vector<int64_t>& shape) const;
+  std::vector<float> read_f32(const std::string& name) const;
+  std::vector<int32_t> read_i32(const std::string& name) const;
+
+ private:
+  std::string path_;
+  std::vector<char> bytes_;
+  size_t data_start_ = 0;
+  std::vector<StTensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+struct StTensorOut {
+  std::string name;
+  DType dtype;  // f32, bf16 or f16
+  std::vector<int64_t> shape;
+  const void* data;
+};
+// Writes a safetensors file atomically (temp, fsync, rename).
+void safetensors_write(const std::string& path, const std::vector<StTensorOut>& tensors,
+                       const std::map<std::string, std::string>& metadata);
+
+const char* st_dtype_name(StDType d);
+size_t st_dtype_size(StDType d);
+
+}  // namespace mt::checkpoint

@@ -1,0 +1,89 @@
+// safetensors: round trip, and every malformed file is a one-line Corruption error, never a crash.
+#include "checkpoint/safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "base/error.h"
+
+namespace mt::checkpoint {
+namespace {
+
+std::string tmp_path(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+
+void write_raw(const std::string& path, const std::string& header, size_t data_bytes, bool fix_len = true,
+               uint64_t len_override = 0) {
+  std::ofstream f(path, std::ios::binary);
+  uint64_t len = fix_len ? header.size() : len_override;
+  for (int i = 0; i < 8; ++i) f.put(static_cast<char>((len >> (8 * i)) & 0xff));
+  f << header;
+  f << std::string(data_bytes, '\0');
+}
+
+TEST(Safetensors, RoundTrip) {
+  std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  std::vector<bf16_t> b = {f32_to_bf16(1.5f), f32_to_bf16(-2.0f)};
+  std::string path = tmp_path("rt.safetensors");
+  safetensors_write(path, {{"x.weight", DType::kF32, {2, 3}, a.data()}, {"y", DType::kBF16, {2}, b.data()}},
+                    {{"format", "pt"}});
+  SafetensorsFile f(path);
+  EXPECT_EQ(f.tensors().size(), 2u);
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  EXPECT_EQ(f.read_f32("x.weight", {2, 3}), a);
+  EXPECT_EQ(f.read_f32("y"), (std::vector<float>{1.5f, -2.0f}));
+  EXPECT_THROW(f.read_f32("x.weight", {3, 2}), Error);
+  try {
+    f.get("missing");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
+    EXPECT_NE(std::string(e.what()).find("missing"), std::string::npos);
+  }
+}
+
+void expect_corrupt(const std::string& path, const std::string& needle) {
+  try {
+    SafetensorsFile f(path);
+    FAIL() << "accepted " << path;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorruption) << e.what();
+    std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
+TEST(Safetensors, MalformedFilesAreRefusedByName) {
+  std::string p = tmp_path("bad.safetensors");
+  { std::ofstream f(p, std::ios::binary); f << "abc"; }
+  expect_corrupt(p, "shorter than");
+  write_raw(p, "{}", 0, false, 1u << 30);
+  expect_corrupt(p, "past the end");
+  write_raw(p, "{not json", 0);
+  expect_corrupt(p, "not valid JSON");
+  write_raw(p, R"({"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,4]}})", 4);
+  expect_corrupt(p, "unknown dtype");
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4);
+  expect_corrupt(p, "do not match");
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8);
+  expect_corrupt(p, "outside");
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12);
+  expect_corrupt(p, "overlap");
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4);
+  expect_corrupt(p, "negative");
+  write_raw(p, R"([1,2])", 0);
+  expect_corrupt(p, "not a JSON object");
+  try {
+    SafetensorsFile f(tmp_path("does-not-exist.safetensors"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
+  }
+}
+
+}  // namespace
+}  // namespace mt::checkpoint

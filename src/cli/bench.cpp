@@ -1,0 +1,159 @@
+// meshtrain bench MODEL_CONFIG: times full training steps (forward + backward + AdamW) after
+// warm-up on random tokens and reports tokens/s, achieved TFLOP/s against a GEMM ceiling measured
+// in the same process, peak memory by category and activation bytes per token.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/cpu_features.h"
+#include "base/error.h"
+#include "base/threads.h"
+#include "base/timer.h"
+#include "cli/commands.h"
+#include "engine/hf_config.h"
+#include "engine/trainer.h"
+#include "kernels/cpu/gemm.h"
+
+namespace mt::cli {
+namespace {
+
+struct BenchArgs {
+  std::string config;
+  int batch = 4, seq = 256, threads = 0, steps = 5, warmup = 2;
+  std::string dtype = "fp32";
+  bool recompute = false, json = false;
+};
+
+// The GEMM ceiling: the model's MLP up-projection shape (B*T, C) x (C, I), timed for ~0.3 s.
+double gemm_ceiling_tflops(int M, int N, int K, DType dt) {
+  size_t es = dtype_size(dt);
+  std::vector<char> a(static_cast<size_t>(M) * K * es), b(static_cast<size_t>(K) * N * es);
+  std::vector<float> c(static_cast<size_t>(M) * N);
+  std::mt19937 rng(1);
+  std::vector<float> tmp(std::max(a.size(), b.size()) / es);
+  for (auto& x : tmp) x = static_cast<float>(rng() % 1000) / 1000.0f - 0.5f;
+  convert(a.data(), dt, tmp.data(), DType::kF32, a.size() / es);
+  convert(b.data(), dt, tmp.data(), DType::kF32, b.size() / es);
+  kernels::gemm(M, N, K, a.data(), K, false, b.data(), K, true, c.data(), N, dt, false);
+  Timer t;
+  int iters = 0;
+  while (t.seconds() < 0.3 || iters < 3) {
+    kernels::gemm(M, N, K, a.data(), K, false, b.data(), K, true, c.data(), N, dt, false);
+    ++iters;
+  }
+  return 2.0 * M * N * K * iters / t.seconds() / 1e12;
+}
+
+void run_bench(const BenchArgs& args) {
+  MT_CHECK(args.steps > 0 && args.warmup >= 0, ErrorKind::kInvalidArgument, "--steps must be > 0, --warmup >= 0");
+  threads_set(args.threads);
+  models::ModelConfig cfg = engine::hf_config_load(args.config);
+  models::ModelOptions opts;
+  opts.compute_dtype = dtype_from_name(args.dtype);
+  opts.recompute = args.recompute;
+  auto model = std::make_unique<models::TransformerLM>(cfg, opts);
+  model->prepare(args.batch, args.seq);
+  engine::TrainerOptions topts;
+  topts.adamw.lr = 1e-4f;
+  topts.loss_scale = opts.compute_dtype == DType::kF16 ? 1024.0f : 1.0f;
+  engine::Trainer trainer(*model, topts);
+
+  int N = args.batch * args.seq;
+  std::vector<int32_t> tokens(N), targets(N);
+  std::mt19937 rng(42);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<unsigned>(cfg.vocab_size));
+  for (int i = 0; i < N; ++i) targets[i] = (i + 1) % args.seq == 0 ? tokens[i] : tokens[i + 1];
+
+  for (int i = 0; i < args.warmup; ++i) trainer.step(tokens.data(), targets.data());
+  Allocator::global().reset_peaks();
+  std::vector<double> times;
+  engine::StepStats last;
+  double fwd = 0, bwd = 0, opt = 0;
+  for (int i = 0; i < args.steps; ++i) {
+    Timer t;
+    last = trainer.step(tokens.data(), targets.data());
+    times.push_back(t.seconds());
+    fwd += last.forward_seconds;
+    bwd += last.backward_seconds;
+    opt += last.optimizer_seconds;
+  }
+  std::sort(times.begin(), times.end());
+  double step_s = times[times.size() / 2];  // median
+  double flops = model->train_flops_per_step();
+  double tflops = flops / step_s / 1e12;
+  double tokens_per_s = N / step_s;
+  double ceiling = gemm_ceiling_tflops(N, cfg.intermediate, cfg.hidden, opts.compute_dtype);
+  MemStats mem = Allocator::global().stats();
+  double act_per_token = static_cast<double>(model->activation_bytes()) / N;
+
+  if (args.json) {
+    nlohmann::json j;
+    j["model"] = cfg.describe();
+    j["params"] = cfg.num_params();
+    j["dtype"] = dtype_name(opts.compute_dtype);
+    j["batch"] = args.batch;
+    j["seq"] = args.seq;
+    j["threads"] = threads_get();
+    j["isa"] = isa_name(isa_active());
+    j["recompute"] = args.recompute;
+    j["steps"] = args.steps;
+    j["step_seconds"] = step_s;
+    j["forward_seconds"] = fwd / args.steps;
+    j["backward_seconds"] = bwd / args.steps;
+    j["optimizer_seconds"] = opt / args.steps;
+    j["tokens_per_s"] = tokens_per_s;
+    j["tflops"] = tflops;
+    j["flops_per_step"] = flops;
+    j["gemm_ceiling_tflops"] = ceiling;
+    j["mfu_vs_ceiling"] = tflops / ceiling;
+    j["loss"] = last.loss;
+    j["activation_bytes_per_token"] = act_per_token;
+    nlohmann::json peak;
+    for (int c = 0; c < kMemCategoryCount; ++c) peak[mem_category_name(static_cast<MemCategory>(c))] = mem.peak[c];
+    j["peak_bytes"] = peak;
+    j["peak_total_bytes"] = mem.total_peak;
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("model        %s\n", cfg.describe().c_str());
+  std::printf("setup        B=%d T=%d dtype=%s threads=%d isa=%s recompute=%s\n", args.batch, args.seq,
+              dtype_name(opts.compute_dtype), threads_get(), isa_name(isa_active()), args.recompute ? "on" : "off");
+  std::printf("step         %.1f ms median of %d (forward %.1f, backward %.1f, optimizer %.1f ms mean)\n",
+              step_s * 1e3, args.steps, fwd / args.steps * 1e3, bwd / args.steps * 1e3, opt / args.steps * 1e3);
+  std::printf("throughput   %.1f tokens/s, loss %.4f\n", tokens_per_s, last.loss);
+  std::printf("flops        %.3f TFLOP/s achieved = (6*N_matmul*tokens + 6*L*T*A*tokens) / step\n", tflops);
+  std::printf("             with N_matmul = %.1fM (params less position embeddings), %.1f GFLOP per step\n",
+              (flops / N - 6.0 * cfg.n_layer * args.seq * cfg.n_head * cfg.head_dim()) / 6.0 / 1e6, flops / 1e9);
+  std::printf("ceiling      %.3f TFLOP/s GEMM (%d x %d x %d, %s) -> %.0f%% of ceiling\n", ceiling, N,
+              cfg.intermediate, cfg.hidden, dtype_name(opts.compute_dtype), 100.0 * tflops / ceiling);
+  std::printf("activations  %.1f KiB per token (%s for B*T=%d)\n", act_per_token / 1024.0,
+              format_bytes(model->activation_bytes()).c_str(), N);
+  std::printf("peak memory ");
+  for (int c = 0; c < kMemCategoryCount; ++c)
+    std::printf(" %s %s%s", mem_category_name(static_cast<MemCategory>(c)), format_bytes(mem.peak[c]).c_str(),
+                c + 1 < kMemCategoryCount ? "," : "\n");
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  auto* cmd = app.add_subcommand("bench", "Time full training steps of a model (forward + backward + AdamW)");
+  cmd->add_option("MODEL_CONFIG", args->config, "Hugging Face config.json of the model")->required();
+  cmd->add_option("--batch", args->batch, "micro-batch size B")->capture_default_str();
+  cmd->add_option("--seq", args->seq, "sequence length T")->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "compute dtype: fp32, bf16 or fp16")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--steps", args->steps, "timed steps")->capture_default_str();
+  cmd->add_option("--warmup", args->warmup, "untimed warm-up steps")->capture_default_str();
+  cmd->add_flag("--recompute", args->recompute, "recompute each block in backward (activation checkpointing)");
+  cmd->add_flag("--json", args->json, "print one JSON object");
+  cmd->callback([args] { run_bench(*args); });
+}
+
+}  // namespace mt::cli

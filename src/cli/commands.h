@@ -1,0 +1,11 @@
+// One subcommand per file; each registers its flags on the app and runs when chosen.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace mt::cli {
+
+void register_bench(CLI::App& app);
+void register_inspect(CLI::App& app);
+
+}  // namespace mt::cli

@@ -1,0 +1,144 @@
+#include "engine/hf_config.h"
+
+#include "base/error.h"
+#include "base/file_io.h"
+
+namespace mt::engine {
+namespace {
+
+class Reader {
+ public:
+  Reader(const nlohmann::json& j, const std::string& where) : j_(j), where_(where) {}
+
+  int integer(const char* key, int fallback, bool required) const {
+    if (!j_.contains(key) || j_[key].is_null()) {
+      MT_CHECK(!required, ErrorKind::kInvalidArgument, where_ + ": missing required field '" + key + "'");
+      return fallback;
+    }
+    MT_CHECK(j_[key].is_number_integer(), ErrorKind::kInvalidArgument,
+             where_ + ": field '" + key + "' must be an integer");
+    return j_[key].get<int>();
+  }
+  float number(const char* key, float fallback) const {
+    if (!j_.contains(key) || j_[key].is_null()) return fallback;
+    MT_CHECK(j_[key].is_number(), ErrorKind::kInvalidArgument, where_ + ": field '" + key + "' must be a number");
+    return j_[key].get<float>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!j_.contains(key) || j_[key].is_null()) return fallback;
+    MT_CHECK(j_[key].is_boolean(), ErrorKind::kInvalidArgument, where_ + ": field '" + key + "' must be true or false");
+    return j_[key].get<bool>();
+  }
+  std::string string(const char* key, const std::string& fallback) const {
+    if (!j_.contains(key) || j_[key].is_null()) return fallback;
+    MT_CHECK(j_[key].is_string(), ErrorKind::kInvalidArgument, where_ + ": field '" + key + "' must be a string");
+    return j_[key].get<std::string>();
+  }
+  void refuse_if(bool cond, const char* key, const std::string& why) const {
+    MT_CHECK(!cond, ErrorKind::kNotSupported, where_ + ": field '" + key + "': " + why);
+  }
+
+ private:
+  const nlohmann::json& j_;
+  const std::string& where_;
+};
+
+}  // namespace
+
+models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& where) {
+  MT_CHECK(j.is_object(), ErrorKind::kInvalidArgument, where + ": model config must be a JSON object");
+  Reader r(j, where);
+  std::string type = r.string("model_type", "");
+  models::ModelConfig c;
+  if (type == "gpt2") {
+    c.arch = models::Arch::kGpt2;
+    c.vocab_size = r.integer("vocab_size", 50257, false);
+    c.max_positions = r.integer("n_positions", 1024, false);
+    c.hidden = r.integer("n_embd", 768, false);
+    c.n_layer = r.integer("n_layer", 12, false);
+    c.n_head = r.integer("n_head", 12, false);
+    c.n_kv_head = c.n_head;
+    c.intermediate = r.integer("n_inner", 4 * c.hidden, false);
+    c.norm_eps = r.number("layer_norm_epsilon", 1e-5f);
+    std::string act = r.string("activation_function", "gelu_new");
+    r.refuse_if(act != "gelu_new" && act != "gelu_pytorch_tanh", "activation_function",
+                "'" + act + "' is not supported (gelu_new, gelu_pytorch_tanh)");
+    c.tie_embeddings = r.boolean("tie_word_embeddings", true);
+    r.refuse_if(r.boolean("scale_attn_by_inverse_layer_idx", false), "scale_attn_by_inverse_layer_idx",
+                "true is not supported");
+  } else if (type == "llama") {
+    c.arch = models::Arch::kLlama;
+    c.vocab_size = r.integer("vocab_size", 32000, false);
+    c.hidden = r.integer("hidden_size", 0, true);
+    c.intermediate = r.integer("intermediate_size", 0, true);
+    c.n_layer = r.integer("num_hidden_layers", 0, true);
+    c.n_head = r.integer("num_attention_heads", 0, true);
+    c.n_kv_head = r.integer("num_key_value_heads", c.n_head, false);
+    c.max_positions = r.integer("max_position_embeddings", 2048, false);
+    c.norm_eps = r.number("rms_norm_eps", 1e-6f);
+    c.rope_theta = r.number("rope_theta", 10000.0f);
+    c.tie_embeddings = r.boolean("tie_word_embeddings", false);
+    std::string act = r.string("hidden_act", "silu");
+    r.refuse_if(act != "silu", "hidden_act", "'" + act + "' is not supported (silu)");
+    r.refuse_if(j.contains("rope_scaling") && !j["rope_scaling"].is_null(), "rope_scaling",
+                "RoPE scaling is not supported yet");
+    r.refuse_if(r.boolean("attention_bias", false), "attention_bias", "true is not supported");
+    r.refuse_if(r.boolean("mlp_bias", false), "mlp_bias", "true is not supported");
+    r.refuse_if(j.contains("head_dim") && r.integer("head_dim", 0, false) != c.hidden / std::max(1, c.n_head),
+                "head_dim", "a head_dim other than hidden_size / num_attention_heads is not supported");
+  } else {
+    throw Error(ErrorKind::kNotSupported,
+                where + ": model_type '" + type + "' is not supported (gpt2, llama)");
+  }
+  c.init_std = r.number("initializer_range", 0.02f);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(e.kind(), where + ": " + e.what());
+  }
+  return c;
+}
+
+models::ModelConfig hf_config_load(const std::string& path) {
+  std::vector<char> bytes = file_read_all(path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(bytes.begin(), bytes.end());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kInvalidArgument, path + ": not valid JSON: " + e.what());
+  }
+  return hf_config_parse(j, path);
+}
+
+nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
+  nlohmann::json j;
+  j["vocab_size"] = c.vocab_size;
+  j["initializer_range"] = c.init_std;
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  if (c.arch == models::Arch::kGpt2) {
+    j["model_type"] = "gpt2";
+    j["architectures"] = {"GPT2LMHeadModel"};
+    j["n_positions"] = c.max_positions;
+    j["n_embd"] = c.hidden;
+    j["n_layer"] = c.n_layer;
+    j["n_head"] = c.n_head;
+    j["n_inner"] = c.intermediate;
+    j["layer_norm_epsilon"] = c.norm_eps;
+    j["activation_function"] = "gelu_new";
+  } else {
+    j["model_type"] = "llama";
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["hidden_size"] = c.hidden;
+    j["intermediate_size"] = c.intermediate;
+    j["num_hidden_layers"] = c.n_layer;
+    j["num_attention_heads"] = c.n_head;
+    j["num_key_value_heads"] = c.n_kv_head;
+    j["max_position_embeddings"] = c.max_positions;
+    j["rms_norm_eps"] = c.norm_eps;
+    j["rope_theta"] = c.rope_theta;
+    j["hidden_act"] = "silu";
+  }
+  return j;
+}
+
+}  // namespace mt::engine

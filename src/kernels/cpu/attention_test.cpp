@@ -1,0 +1,300 @@
+// Tests of the flash attention kernels (attention.h). Oracles: a naive double-precision attention
+// (the full (T, T) softmax with the causal mask, grouped heads by h / (NH / NKV)), its analytic
+// backward, and central finite differences of loss = sum(dout * out) taken on the double forward.
+// Every comparison runs on the portable and on the AVX-512 path (skipped where the CPU lacks it).
+#include "kernels/cpu/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "base/cpu_features.h"
+#include "base/error.h"
+
+namespace mt::kernels {
+namespace {
+
+struct Shape {
+  int B, T, NH, NKV, HS;
+  int c3() const { return (NH + 2 * NKV) * HS; }
+  size_t qkv_size() const { return static_cast<size_t>(B) * T * c3(); }
+  size_t out_size() const { return static_cast<size_t>(B) * T * NH * HS; }
+  size_t lse_size() const { return static_cast<size_t>(B) * NH * T; }
+};
+
+std::string shape_name(const Shape& s) {
+  return "B" + std::to_string(s.B) + "_T" + std::to_string(s.T) + "_NH" + std::to_string(s.NH) +
+         "_NKV" + std::to_string(s.NKV) + "_HS" + std::to_string(s.HS);
+}
+
+// Forces an ISA for the scope, restores the previous one after.
+class IsaScope {
+ public:
+  explicit IsaScope(Isa isa) : saved_(isa_active()) { isa_force(isa); }
+  ~IsaScope() { isa_force(saved_); }
+
+ private:
+  Isa saved_;
+};
+
+std::vector<float> random_vector(size_t n, unsigned seed, float amplitude = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-amplitude, amplitude);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// Naive attention in double. out: (B, T, NH*HS), lse: (B, NH, T).
+void reference_forward(std::vector<double>& out, std::vector<double>& lse,
+                       const std::vector<double>& qkv, const Shape& s) {
+  const int C3 = s.c3(), group = s.NH / s.NKV;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.HS));
+  out.assign(s.out_size(), 0.0);
+  lse.assign(s.lse_size(), 0.0);
+  std::vector<double> p(s.T);
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.NH; ++h) {
+      const int kvh = h / group;
+      for (int i = 0; i < s.T; ++i) {
+        const double* q = &qkv[(static_cast<size_t>(b) * s.T + i) * C3 + h * s.HS];
+        double mx = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          const double* k = &qkv[(static_cast<size_t>(b) * s.T + j) * C3 + (s.NH + kvh) * s.HS];
+          double dot = 0.0;
+          for (int d = 0; d < s.HS; ++d) dot += q[d] * k[d];
+          p[j] = dot * scale;
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0.0;
+        for (int j = 0; j <= i; ++j) sum += std::exp(p[j] - mx);
+        double* o = &out[(static_cast<size_t>(b) * s.T + i) * s.NH * s.HS + h * s.HS];
+        for (int j = 0; j <= i; ++j) {
+          const double w = std::exp(p[j] - mx) / sum;
+          const double* v =
+              &qkv[(static_cast<size_t>(b) * s.T + j) * C3 + (s.NH + s.NKV + kvh) * s.HS];
+          for (int d = 0; d < s.HS; ++d) o[d] += w * v[d];
+        }
+        lse[(static_cast<size_t>(b) * s.NH + h) * s.T + i] = mx + std::log(sum);
+      }
+    }
+}
+
+// Analytic backward of the naive attention: dS = P * (dP - rowsum(P * dP)).
+std::vector<double> reference_backward(const std::vector<double>& dout,
+                                       const std::vector<double>& qkv, const Shape& s) {
+  const int C3 = s.c3(), group = s.NH / s.NKV, T = s.T, HS = s.HS;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
+  std::vector<double> dqkv(s.qkv_size(), 0.0);
+  std::vector<double> P(static_cast<size_t>(T) * T), dP(static_cast<size_t>(T) * T);
+  auto at = [&](int b, int t, int head) { return (static_cast<size_t>(b) * T + t) * C3 + head * HS; };
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.NH; ++h) {
+      const int kh = s.NH + h / group, vh = s.NH + s.NKV + h / group;
+      const size_t dob = static_cast<size_t>(b) * T * s.NH * HS + h * HS;
+      for (int i = 0; i < T; ++i) {
+        double mx = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (int d = 0; d < HS; ++d) dot += qkv[at(b, i, h) + d] * qkv[at(b, j, kh) + d];
+          P[i * T + j] = dot * scale;
+          mx = std::max(mx, P[i * T + j]);
+        }
+        double sum = 0.0;
+        for (int j = 0; j <= i; ++j) sum += (P[i * T + j] = std::exp(P[i * T + j] - mx));
+        double rowdot = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          P[i * T + j] /= sum;
+          double dot = 0.0;
+          for (int d = 0; d < HS; ++d)
+            dot += dout[dob + static_cast<size_t>(i) * s.NH * HS + d] * qkv[at(b, j, vh) + d];
+          dP[i * T + j] = dot;
+          rowdot += P[i * T + j] * dot;
+        }
+        for (int j = 0; j <= i; ++j) {
+          const double p = P[i * T + j], ds = p * (dP[i * T + j] - rowdot) * scale;
+          for (int d = 0; d < HS; ++d) {
+            dqkv[at(b, j, vh) + d] += p * dout[dob + static_cast<size_t>(i) * s.NH * HS + d];
+            dqkv[at(b, i, h) + d] += ds * qkv[at(b, j, kh) + d];
+            dqkv[at(b, j, kh) + d] += ds * qkv[at(b, i, h) + d];
+          }
+        }
+      }
+    }
+  return dqkv;
+}
+
+// max |a - b| / max |b|  (norm-wise relative error)
+template <typename A>
+double rel_error(const std::vector<A>& a, const std::vector<double>& b) {
+  double num = 0.0, den = 1e-30;
+  for (size_t i = 0; i < b.size(); ++i) {
+    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  return num / den;
+}
+
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+struct Result {
+  std::vector<float> out, lse, dqkv;
+};
+
+Result run_kernels(const std::vector<float>& qkv, const std::vector<float>& dout, const Shape& s) {
+  Result r{std::vector<float>(s.out_size()), std::vector<float>(s.lse_size()),
+           std::vector<float>(s.qkv_size(), NAN)};
+  attention_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.NH, s.NKV, s.HS);
+  attention_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), s.B, s.T,
+                     s.NH, s.NKV, s.HS);
+  return r;
+}
+
+const Shape kShapes[] = {
+    {1, 1, 4, 4, 16},   {2, 17, 4, 2, 8},  {1, 67, 6, 1, 24},  {2, 67, 4, 2, 64},
+    {1, 130, 2, 2, 64}, {1, 100, 6, 3, 16}, {1, 70, 2, 1, 80}, {1, 64, 3, 3, 128},
+};
+
+class AttentionTest : public ::testing::TestWithParam<std::tuple<Shape, Isa>> {
+ protected:
+  void SetUp() override {
+    if (std::get<1>(GetParam()) == Isa::kAvx512 && isa_detected() != Isa::kAvx512)
+      GTEST_SKIP() << "CPU lacks AVX-512";
+  }
+};
+
+TEST_P(AttentionTest, ForwardAndBackwardMatchDoubleReference) {
+  const auto [s, isa] = GetParam();
+  IsaScope scope(isa);
+  auto qkv = random_vector(s.qkv_size(), 1);
+  auto dout = random_vector(s.out_size(), 2);
+  Result r = run_kernels(qkv, dout, s);
+
+  std::vector<double> ref_out, ref_lse;
+  reference_forward(ref_out, ref_lse, to_double(qkv), s);
+  EXPECT_LE(rel_error(r.out, ref_out), 1e-5);
+  EXPECT_LE(rel_error(r.lse, ref_lse), 1e-5);
+  EXPECT_LE(rel_error(r.dqkv, reference_backward(to_double(dout), to_double(qkv), s)), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
+                         ::testing::Combine(::testing::ValuesIn(kShapes),
+                                            ::testing::Values(Isa::kPortable, Isa::kAvx512)),
+                         [](const auto& info) {
+                           return shape_name(std::get<0>(info.param)) + "_" +
+                                  isa_name(std::get<1>(info.param));
+                         });
+
+const Isa kIsas[] = {Isa::kPortable, Isa::kAvx512};
+
+// d/dx sum(dout * out) by central differences on the double forward, vs both backwards.
+TEST(AttentionGradTest, MatchesFiniteDifferences) {
+  for (const Shape s : {Shape{1, 5, 2, 1, 8}, Shape{2, 4, 4, 2, 4}, Shape{1, 7, 3, 3, 5}}) {
+    auto qkv = random_vector(s.qkv_size(), 3);
+    auto dout = random_vector(s.out_size(), 4);
+    const std::vector<double> dout_d = to_double(dout);
+    std::vector<double> x = to_double(qkv), fd(x.size()), out, lse;
+    auto loss = [&]() {
+      reference_forward(out, lse, x, s);
+      double sum = 0.0;
+      for (size_t i = 0; i < out.size(); ++i) sum += dout_d[i] * out[i];
+      return sum;
+    };
+    const double eps = 1e-5;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double x0 = x[i];
+      x[i] = x0 + eps;
+      const double up = loss();
+      x[i] = x0 - eps;
+      const double down = loss();
+      x[i] = x0;
+      fd[i] = (up - down) / (2 * eps);
+    }
+    EXPECT_LE(rel_error(reference_backward(dout_d, x, s), fd), 1e-7) << shape_name(s);
+    for (Isa isa : kIsas) {
+      if (isa == Isa::kAvx512 && isa_detected() != Isa::kAvx512) continue;
+      IsaScope scope(isa);
+      Result r = run_kernels(qkv, dout, s);
+      EXPECT_LE(rel_error(r.dqkv, fd), 1e-5) << shape_name(s) << " " << isa_name(isa);
+    }
+  }
+}
+
+TEST(AttentionIsaTest, Avx512MatchesPortable) {
+  if (isa_detected() != Isa::kAvx512) GTEST_SKIP() << "CPU lacks AVX-512";
+  const Shape s{2, 150, 4, 2, 64};
+  auto qkv = random_vector(s.qkv_size(), 5);
+  auto dout = random_vector(s.out_size(), 6);
+  Result portable, avx512;
+  {
+    IsaScope scope(Isa::kPortable);
+    portable = run_kernels(qkv, dout, s);
+  }
+  {
+    IsaScope scope(Isa::kAvx512);
+    avx512 = run_kernels(qkv, dout, s);
+  }
+  EXPECT_LE(rel_error(avx512.out, to_double(portable.out)), 1e-5);
+  EXPECT_LE(rel_error(avx512.lse, to_double(portable.lse)), 1e-5);
+  EXPECT_LE(rel_error(avx512.dqkv, to_double(portable.dqkv)), 1e-5);
+}
+
+// Logits of about +-50: a naive exp would overflow; the online softmax must not.
+TEST(AttentionTest, LargeScoresStayFinite) {
+  const Shape s{1, 90, 2, 1, 64};
+  auto qkv = random_vector(s.qkv_size(), 7, 8.0f);
+  auto dout = random_vector(s.out_size(), 8);
+  const std::vector<double> x = to_double(qkv);
+  double max_logit = 0.0;
+  for (int i = 0; i < s.T; ++i)
+    for (int j = 0; j <= i; ++j) {
+      double dot = 0.0;
+      for (int d = 0; d < s.HS; ++d) dot += x[i * s.c3() + d] * x[j * s.c3() + s.NH * s.HS + d];
+      max_logit = std::max(max_logit, std::abs(dot) / 8.0);
+    }
+  ASSERT_GT(max_logit, 40.0);
+  std::vector<double> ref_out, ref_lse;
+  reference_forward(ref_out, ref_lse, x, s);
+  const std::vector<double> ref_dqkv = reference_backward(to_double(dout), x, s);
+  for (Isa isa : kIsas) {
+    if (isa == Isa::kAvx512 && isa_detected() != Isa::kAvx512) continue;
+    IsaScope scope(isa);
+    Result r = run_kernels(qkv, dout, s);
+    EXPECT_TRUE(all_finite(r.out) && all_finite(r.lse) && all_finite(r.dqkv)) << isa_name(isa);
+    // fp32 logits of magnitude 50 carry ~5e-6 absolute error, amplified by exp.
+    EXPECT_LE(rel_error(r.out, ref_out), 1e-4) << isa_name(isa);
+    EXPECT_LE(rel_error(r.lse, ref_lse), 1e-5) << isa_name(isa);
+    EXPECT_LE(rel_error(r.dqkv, ref_dqkv), 1e-4) << isa_name(isa);
+  }
+}
+
+TEST(AttentionTest, RepeatedCallsAreBitwiseEqual) {
+  const Shape s{2, 100, 4, 1, 32};
+  auto qkv = random_vector(s.qkv_size(), 9);
+  auto dout = random_vector(s.out_size(), 10);
+  Result a = run_kernels(qkv, dout, s), b = run_kernels(qkv, dout, s);
+  EXPECT_EQ(0, std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * sizeof(float)));
+}
+
+TEST(AttentionTest, RejectsHeadsNotDivisibleByKvHeads) {
+  std::vector<float> buf(1024);
+  EXPECT_THROW(attention_forward(buf.data(), buf.data(), buf.data(), 1, 2, 3, 2, 8), Error);
+  EXPECT_THROW(attention_backward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), 1, 2,
+                                  3, 2, 8),
+               Error);
+}
+
+}  // namespace
+}  // namespace mt::kernels

@@ -1,0 +1,23 @@
+// GEMM through oneDNN's matmul primitive: f32, and bf16/f16 operands with f32 accumulation and an
+// f32 result. Every transposed form backward needs is a stride choice, not a copy. Primitives are
+// created once per shape and cached.
+#pragma once
+
+#include "tensor/dtype.h"
+
+namespace mt::kernels {
+
+// C (M, N) f32  =  op(A) (M, K) · op(B) (K, N)  [+ bias (N) f32]        (accumulate == false)
+// C (M, N) f32 +=  op(A) (M, K) · op(B) (K, N)                          (accumulate == true)
+// A and B have dtype ab_dtype (f32, bf16 or f16), row-major with leading dimensions lda / ldb:
+//   trans_a == false: A is stored (M, K);  trans_a == true: A is stored (K, M), op(A) = A^T.
+//   trans_b == false: B is stored (K, N);  trans_b == true: B is stored (N, K), op(B) = B^T.
+// Uses all OpenMP threads. REQUIRES: bias == nullptr when accumulate.
+void gemm(int M, int N, int K, const void* A, int lda, bool trans_a, const void* B, int ldb,
+          bool trans_b, float* C, int ldc, DType ab_dtype, bool accumulate,
+          const float* bias = nullptr);
+
+// Number of distinct primitives created so far (to test that primitives are reused).
+int gemm_primitive_count();
+
+}  // namespace mt::kernels

@@ -1,0 +1,104 @@
+// Fused CPU kernels for transformer training, forward and backward side by side (llm.c style:
+// plain functions over raw pointers, outputs first, explicit dims). Every kernel has a portable
+// body and, where it pays, an AVX-512 body chosen at run time by isa_active() (base/cpu_features.h).
+//
+// Conventions:
+//   - N = B*T rows; C channels; all activations and gradients are f32 and contiguous.
+//   - "+=" in a contract means the kernel accumulates into the output; "=" means it overwrites.
+//   - Kernels use all OpenMP threads; results are deterministic for a fixed thread count.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace mt::kernels {
+
+// ---- embedding ----
+// out[n,:] (=) = wte[tokens[n],:] + (wpe ? wpe[n % T,:] : 0)
+// wte: (V, C) of dtype wte_dtype (f32/bf16/f16); wpe: (>=T, C) f32 or nullptr.
+// REQUIRES: 0 <= tokens[n] < V (checked by the caller).
+void embedding_forward(float* out, const int32_t* tokens, const void* wte, DType wte_dtype,
+                       const float* wpe, int N, int T, int C);
+// dwte[tokens[n],:] += dout[n,:]; dwpe[n % T,:] += dout[n,:] (dwpe may be nullptr).
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N,
+                        int T, int C);
+
+// ---- LayerNorm: y = (x - mean) * rstd * weight + bias, rstd = 1/sqrt(var + eps) (biased var) ----
+// out (N,C) =, mean (N) =, rstd (N) =; bias may be nullptr.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, float eps);
+// dinp (N,C) +=, dweight (C) +=, dbias (C) += (may be nullptr).
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
+
+// ---- RMSNorm (LLaMA): y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps) ----
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                     float eps);
+// dinp (N,C) +=, dweight (C) +=
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int N, int C);
+
+// ---- GELU, tanh approximation (GPT-2's "gelu_new"):
+//      y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----
+void gelu_forward(float* out, const float* inp, size_t n);                      // out =
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);  // dinp =
+
+// ---- SwiGLU (LLaMA MLP): inp row = [gate (I) | up (I)], out = silu(gate) * up ----
+void swiglu_forward(float* out, const float* inp, int N, int I);  // out (N,I) =
+// dinp (N, 2I) =
+void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int I);
+
+// ---- RoPE, Hugging Face LLaMA convention (rotate_half: dim j pairs with j + HS/2) ----
+// Table: inv_freq[j] = 1 / theta^(2j/HS) computed in f32; cos/sin (T, HS/2) = cos/sin(t*inv_freq[j]).
+void rope_table(float* cos, float* sin, int T, int HS, float theta);
+// In place on the q and k heads of a packed qkv buffer (B, T, (NH + 2*NKV) * HS): the first NH
+// heads are q, the next NKV are k, the last NKV are v (untouched). Position of row (b,t) is t.
+//   x'[j] = x[j] cos - x[j+H] sin;  x'[j+H] = x[j+H] cos + x[j] sin   (H = HS/2)
+void rope_forward(float* qkv, const float* cos, const float* sin, int B, int T, int NH, int NKV,
+                  int HS);
+// The transpose of rope_forward (rotation by -angle), in place on dqkv of the same layout.
+void rope_backward(float* dqkv, const float* cos, const float* sin, int B, int T, int NH, int NKV,
+                   int HS);
+
+// ---- elementwise ----
+void add_forward(float* out, const float* a, const float* b, size_t n);  // out = a + b
+void add_inplace(float* acc, const float* x, size_t n);                  // acc += x
+void scale_inplace(float* x, float s, size_t n);                         // x *= s
+// dbias (C) += sum over rows of dout (N, C)
+void bias_backward(float* dbias, const float* dout, int N, int C);
+
+// ---- softmax cross-entropy on one tile of logits (the LM head calls this per tile) ----
+// logits (R, V) f32, targets (R) with -100 meaning "ignore".
+// lse (R) = logsumexp of each row; loss (R) = lse - logits[target] (0 for ignored rows).
+// If grad_scale != 0: logits is overwritten with dlogits = (softmax - onehot(target)) * grad_scale
+// (a zero row for ignored rows).
+void cross_entropy_tile(float* loss, float* lse, float* logits, const int32_t* targets, int R,
+                        int V, float grad_scale);
+
+// ---- optimizer: AdamW over one flat span (Loshchilov & Hutter; PyTorch's torch.optim.AdamW) ----
+//   g = grad * grad_scale
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   p = p - lr * wd * p  (decoupled decay, applied before the update as PyTorch does)
+//   p = p - lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+// master, m, v updated in place; if lowp != nullptr it receives p converted to lowp_dtype (RNE).
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;  // t, 1-based, for bias correction
+  float grad_scale = 1.0f;
+};
+void adamw_update(float* master, const float* grad, float* m, float* v, void* lowp,
+                  DType lowp_dtype, size_t n, const AdamWParams& params);
+
+// ---- reductions ----
+// Sum of squares in double (deterministic for a fixed thread count). Non-finite if any x is
+// non-finite: this is the cheap overflow check of the f16 path.
+double sum_squares(const float* x, size_t n);
+
+}  // namespace mt::kernels

@@ -1,0 +1,405 @@
+// AVX-512 bodies of the fused CPU kernels (declared in ops_avx512.h, driven by ops.cpp). Serial:
+// each call works on one slice. Tails are handled with masked loads and stores.
+//
+// exp: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, e^r by its degree-7 Taylor polynomial
+// (truncation < 6e-9 relative), then 2^n applied with vscalefps, which gives inf, denormals and 0
+// at the ends of the range; ~2 ulp. GELU and SiLU use only sigmoid-shaped forms built from exp:
+//   0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)),   1 - tanh(u)^2 = 4 s (1 - s),   1 - s = e s
+// which keep relative accuracy in both tails (no 1 - tanh cancellation).
+//
+// NOTE: no inline functions or templates shared with the portable TU live here (see the header);
+// helpers are in an anonymous namespace.
+// NOTE: GCC 12's AVX-512 headers trip -W(maybe-)uninitialized on their own _mm512_undefined_*()
+// placeholders (GCC PR105593) once inlined; the warnings are false positives, silenced here only.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include "kernels/cpu/ops_avx512.h"
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace mt::kernels::detail {
+namespace {
+
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluA = 0.044715f;
+// exp arguments of the sigmoid forms are capped here so e stays finite and e * s never is inf * 0
+// (s is then ~6e-39 instead of 0: the same to any tolerance).
+constexpr float kSigmoidMaxArg = 88.0f;
+
+inline __mmask16 tail_mask(size_t r) {
+  return static_cast<__mmask16>((1u << r) - 1u);
+}
+
+inline __m512 exp512(__m512 x) {
+  // Clamp keeps n finite (exp(-104) and below round to 0, exp(89) overflows to inf); the operand
+  // order of max/min lets a NaN x pass through.
+  x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Returns gelu(x); *grad (if non-null) receives d gelu / dx.
+inline __m512 gelu512(__m512 x, __m512* grad) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  const __m512 ku = _mm512_mul_ps(_mm512_set1_ps(kGeluK), x);
+  const __m512 u = _mm512_mul_ps(ku, _mm512_fmadd_ps(_mm512_set1_ps(kGeluA), x2, one));
+  const __m512 e = exp512(
+      _mm512_min_ps(_mm512_set1_ps(kSigmoidMaxArg), _mm512_mul_ps(_mm512_set1_ps(-2.0f), u)));
+  const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, e));
+  if (grad != nullptr) {
+    // s + 2 x s (1 - s) k (1 + 3 a x^2)
+    const __m512 du = _mm512_mul_ps(_mm512_set1_ps(kGeluK),
+                                    _mm512_fmadd_ps(_mm512_set1_ps(3.0f * kGeluA), x2, one));
+    const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_add_ps(x, x), s), _mm512_mul_ps(e, s));
+    *grad = _mm512_fmadd_ps(t, du, s);
+  }
+  return _mm512_mul_ps(x, s);
+}
+
+// e = exp(-g), s = sigmoid(g) = 1 / (1 + e), 1 - s = e s.
+inline __m512 sigmoid512(__m512 g, __m512* one_minus_s) {
+  const __m512 e =
+      exp512(_mm512_min_ps(_mm512_set1_ps(kSigmoidMaxArg), _mm512_sub_ps(_mm512_setzero_ps(), g)));
+  const __m512 s = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+  if (one_minus_s != nullptr) *one_minus_s = _mm512_mul_ps(e, s);
+  return s;
+}
+
+inline float row_sum(const float* x, int C) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  int c = 0;
+  for (; c + 32 <= C; c += 32) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(x + c));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(x + c + 16));
+  }
+  for (; c < C; c += 16) {
+    const __mmask16 m = C - c >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(C - c);
+    a0 = _mm512_add_ps(a0, _mm512_maskz_loadu_ps(m, x + c));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+inline __mmask16 mask_at(int c, int C) {
+  return C - c >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(static_cast<size_t>(C - c));
+}
+
+}  // namespace
+
+// ---- LayerNorm ----
+
+void layernorm_forward_avx512(float* out, float* mean, float* rstd, const float* inp,
+                              const float* weight, const float* bias, int N, int C, float eps) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + static_cast<size_t>(n) * C;
+    float* y = out + static_cast<size_t>(n) * C;
+    const float m = row_sum(x, C) / C;
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    for (int c = 0; c < C; c += 16) {
+      const __mmask16 k = mask_at(c, C);
+      const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + c), vm);
+      acc = _mm512_fmadd_ps(d, d, acc);
+    }
+    const float r = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / C + eps);
+    const __m512 vr = _mm512_set1_ps(r);
+    for (int c = 0; c < C; c += 16) {
+      const __mmask16 k = mask_at(c, C);
+      const __m512 norm = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vm), vr);
+      const __m512 b = bias ? _mm512_maskz_loadu_ps(k, bias + c) : _mm512_setzero_ps();
+      _mm512_mask_storeu_ps(y + c, k,
+                            _mm512_fmadd_ps(norm, _mm512_maskz_loadu_ps(k, weight + c), b));
+    }
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+void layernorm_backward_avx512(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, const float* mean,
+                               const float* rstd, int N, int C) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + static_cast<size_t>(n) * C;
+    const float* dy = dout + static_cast<size_t>(n) * C;
+    float* dx = dinp + static_cast<size_t>(n) * C;
+    const __m512 vm = _mm512_set1_ps(mean[n]);
+    const __m512 vr = _mm512_set1_ps(rstd[n]);
+    __m512 a_dn = _mm512_setzero_ps(), a_dnn = _mm512_setzero_ps();
+    for (int c = 0; c < C; c += 16) {
+      const __mmask16 k = mask_at(c, C);
+      const __m512 g = _mm512_maskz_loadu_ps(k, dy + c);
+      const __m512 norm = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vm), vr);
+      const __m512 dnorm = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, weight + c), g);
+      a_dn = _mm512_add_ps(a_dn, dnorm);
+      a_dnn = _mm512_fmadd_ps(dnorm, norm, a_dnn);
+      _mm512_mask_storeu_ps(dweight + c, k,
+                            _mm512_fmadd_ps(norm, g, _mm512_maskz_loadu_ps(k, dweight + c)));
+      if (dbias)
+        _mm512_mask_storeu_ps(dbias + c, k, _mm512_add_ps(g, _mm512_maskz_loadu_ps(k, dbias + c)));
+    }
+    const __m512 dn_mean = _mm512_set1_ps(_mm512_reduce_add_ps(a_dn) / C);
+    const __m512 dnn_mean = _mm512_set1_ps(_mm512_reduce_add_ps(a_dnn) / C);
+    for (int c = 0; c < C; c += 16) {
+      const __mmask16 k = mask_at(c, C);
+      const __m512 g = _mm512_maskz_loadu_ps(k, dy + c);
+      const __m512 norm = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vm), vr);
+      __m512 t = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, weight + c), g, dn_mean);
+      t = _mm512_fnmadd_ps(norm, dnn_mean, t);
+      _mm512_mask_storeu_ps(dx + c, k, _mm512_fmadd_ps(t, vr, _mm512_maskz_loadu_ps(k, dx + c)));
+    }
+  }
+}
+
+// ---- RMSNorm ----
+
+void rmsnorm_forward_avx512(float* out, float* rstd, const float* inp, const float* weight, int N,
+                            int C, float eps) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + static_cast<size_t>(n) * C;
+    float* y = out + static_cast<size_t>(n) * C;
+    __m512 acc = _mm512_setzero_ps();
+    for (int c = 0; c < C; c += 16) {
+      const __m512 v = _mm512_maskz_loadu_ps(mask_at(c, C), x + c);
+      acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    const float r = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / C + eps);
+    const __m512 vr = _mm512_set1_ps(r);
+    for (int c = 0; c < C; c += 16) {
+      const __mmask16 k = mask_at(c, C);
+      const __m512 xn = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + c), vr);
+      _mm512_mask_storeu_ps(y + c, k, _mm512_mul_ps(xn, _mm512_maskz_loadu_ps(k, weight + c)));
+    }
+    rstd[n] = r;
+  }
+}
+
+void rmsnorm_backward_avx512(float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, const float* rstd, int N, int C) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + static_cast<size_t>(n) * C;
+    const float* dy = dout + static_cast<size_t>(n) * C;
+    float* dx = dinp + static_cast<size_t>(n) * C;
+    const float r = rstd[n];
+    const __m512 vr = _mm512_set1_ps(r);
+    __m512 acc = _mm512_setzero_ps();
+    for (int c = 0; c < C; c += 16) {
+      const __mmask16 k = mask_at(c, C);
+      const __m512 g = _mm512_maskz_loadu_ps(k, dy + c);
+      const __m512 xv = _mm512_maskz_loadu_ps(k, x + c);
+      acc = _mm512_fmadd_ps(_mm512_mul_ps(g, _mm512_maskz_loadu_ps(k, weight + c)), xv, acc);
+      _mm512_mask_storeu_ps(
+          dweight + c, k,
+          _mm512_fmadd_ps(_mm512_mul_ps(g, xv), vr, _mm512_maskz_loadu_ps(k, dweight + c)));
+    }
+    const __m512 vk = _mm512_set1_ps(_mm512_reduce_add_ps(acc) * r * r * r / C);
+    for (int c = 0; c < C; c += 16) {
+      const __mmask16 k = mask_at(c, C);
+      const __m512 g = _mm512_maskz_loadu_ps(k, dy + c);
+      const __m512 t = _mm512_mul_ps(_mm512_mul_ps(vr, _mm512_maskz_loadu_ps(k, weight + c)), g);
+      const __m512 d = _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(k, x + c), vk, t);
+      _mm512_mask_storeu_ps(dx + c, k, _mm512_add_ps(d, _mm512_maskz_loadu_ps(k, dx + c)));
+    }
+  }
+}
+
+// ---- SwiGLU ----
+
+void swiglu_forward_avx512(float* out, const float* inp, int N, int I) {
+  for (int n = 0; n < N; ++n) {
+    const float* g = inp + static_cast<size_t>(n) * 2 * I;
+    const float* u = g + I;
+    float* y = out + static_cast<size_t>(n) * I;
+    for (int i = 0; i < I; i += 16) {
+      const __mmask16 k = mask_at(i, I);
+      const __m512 gv = _mm512_maskz_loadu_ps(k, g + i);
+      const __m512 silu = _mm512_mul_ps(gv, sigmoid512(gv, nullptr));
+      _mm512_mask_storeu_ps(y + i, k, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(k, u + i)));
+    }
+  }
+}
+
+void swiglu_backward_avx512(float* dinp, const float* dout, const float* inp, int N, int I) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int n = 0; n < N; ++n) {
+    const float* g = inp + static_cast<size_t>(n) * 2 * I;
+    const float* u = g + I;
+    const float* dy = dout + static_cast<size_t>(n) * I;
+    float* dg = dinp + static_cast<size_t>(n) * 2 * I;
+    float* du = dg + I;
+    for (int i = 0; i < I; i += 16) {
+      const __mmask16 k = mask_at(i, I);
+      const __m512 gv = _mm512_maskz_loadu_ps(k, g + i);
+      const __m512 d = _mm512_maskz_loadu_ps(k, dy + i);
+      __m512 oms;
+      const __m512 s = sigmoid512(gv, &oms);
+      _mm512_mask_storeu_ps(du + i, k, _mm512_mul_ps(d, _mm512_mul_ps(gv, s)));
+      const __m512 dus = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_maskz_loadu_ps(k, u + i)), s);
+      _mm512_mask_storeu_ps(dg + i, k, _mm512_mul_ps(dus, _mm512_fmadd_ps(gv, oms, one)));
+    }
+  }
+}
+
+// ---- bias ----
+
+void bias_backward_avx512(float* dbias, const float* dout, int N, int C) {
+  for (int n = 0; n < N; ++n) {
+    const float* dy = dout + static_cast<size_t>(n) * C;
+    for (int c = 0; c < C; c += 16) {
+      const __mmask16 k = mask_at(c, C);
+      _mm512_mask_storeu_ps(
+          dbias + c, k,
+          _mm512_add_ps(_mm512_maskz_loadu_ps(k, dbias + c), _mm512_maskz_loadu_ps(k, dy + c)));
+    }
+  }
+}
+
+// ---- cross-entropy ----
+
+void cross_entropy_tile_avx512(float* loss, float* lse, float* logits, const int32_t* targets,
+                               int R, int V, float grad_scale) {
+  for (int r = 0; r < R; ++r) {
+    float* x = logits + static_cast<size_t>(r) * V;
+    const int32_t t = targets[r];
+    const bool ignore = t == -100;
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < V; i += 16) {
+      const __mmask16 k = mask_at(i, V);
+      vmax = _mm512_mask_max_ps(vmax, k, vmax, _mm512_maskz_loadu_ps(k, x + i));
+    }
+    const float mx = _mm512_reduce_max_ps(vmax);
+    const __m512 vm = _mm512_set1_ps(mx);
+    const bool keep = grad_scale != 0.0f && !ignore;  // store exp(x - max) for the gradient
+    const float x_t = ignore ? 0.0f : x[t];
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < V; i += 16) {
+      const __mmask16 k = mask_at(i, V);
+      const __m512 e =
+          _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vm)));
+      acc = _mm512_add_ps(acc, e);
+      if (keep) _mm512_mask_storeu_ps(x + i, k, e);
+    }
+    const float sum = _mm512_reduce_add_ps(acc);
+    const float l = mx + std::log(sum);
+    lse[r] = l;
+    loss[r] = ignore ? 0.0f : l - x_t;
+    if (grad_scale == 0.0f) continue;
+    if (ignore) {
+      std::memset(x, 0, sizeof(float) * V);
+      continue;
+    }
+    const __m512 vk = _mm512_set1_ps(grad_scale / sum);
+    for (int i = 0; i < V; i += 16) {
+      const __mmask16 k = mask_at(i, V);
+      _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), vk));
+    }
+    x[t] -= grad_scale;
+  }
+}
+
+// ---- elementwise ----
+
+void gelu_forward_avx512(float* out, const float* inp, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, gelu512(_mm512_loadu_ps(inp + i), nullptr));
+  if (i < n) {
+    const __mmask16 k = tail_mask(n - i);
+    _mm512_mask_storeu_ps(out + i, k, gelu512(_mm512_maskz_loadu_ps(k, inp + i), nullptr));
+  }
+}
+
+void gelu_backward_avx512(float* dinp, const float* inp, const float* dout, size_t n) {
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
+    __m512 grad;
+    gelu512(_mm512_maskz_loadu_ps(k, inp + i), &grad);
+    _mm512_mask_storeu_ps(dinp + i, k, _mm512_mul_ps(grad, _mm512_maskz_loadu_ps(k, dout + i)));
+  }
+}
+
+void add_forward_avx512(float* out, const float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
+    _mm512_mask_storeu_ps(
+        out + i, k,
+        _mm512_add_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i)));
+  }
+}
+
+void add_inplace_avx512(float* acc, const float* x, size_t n) {
+  add_forward_avx512(acc, acc, x, n);
+}
+
+void scale_inplace_avx512(float* x, float s, size_t n) {
+  const __m512 vs = _mm512_set1_ps(s);
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
+    _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), vs));
+  }
+}
+
+// Squares and sums in double: each f32 lane is widened before the multiply, so no overflow.
+double sum_squares_avx512(const float* x, size_t n) {
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
+    const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+    const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
+    a0 = _mm512_fmadd_pd(lo, lo, a0);
+    a1 = _mm512_fmadd_pd(hi, hi, a1);
+  }
+  return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+}
+
+// ---- AdamW ----
+
+void adamw_update_avx512(float* master, const float* grad, float* m, float* v, void* lowp,
+                         DType lowp_dtype, size_t n, const AdamWScalars& s) {
+  const __m512 gs = _mm512_set1_ps(s.grad_scale);
+  const __m512 b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(s.one_minus_beta1);
+  const __m512 b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(s.one_minus_beta2);
+  const __m512 decay = _mm512_set1_ps(s.decay), step = _mm512_set1_ps(s.step_size);
+  const __m512 bc2 = _mm512_set1_ps(s.bc2_sqrt), eps = _mm512_set1_ps(s.eps);
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
+    const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, grad + i), gs);
+    const __m512 mi = _mm512_fmadd_ps(b1, _mm512_maskz_loadu_ps(k, m + i), _mm512_mul_ps(omb1, g));
+    const __m512 vi = _mm512_fmadd_ps(b2, _mm512_maskz_loadu_ps(k, v + i),
+                                      _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2), eps);
+    __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, master + i), decay);
+    p = _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(step, mi), denom));
+    _mm512_mask_storeu_ps(m + i, k, mi);
+    _mm512_mask_storeu_ps(v + i, k, vi);
+    _mm512_mask_storeu_ps(master + i, k, p);
+    if (lowp == nullptr) continue;
+    if (lowp_dtype == DType::kBF16) {
+      const __m256bh h = _mm512_cvtneps_pbh(p);  // RNE, as f32_to_bf16
+      __m256i bits;
+      std::memcpy(&bits, &h, sizeof(bits));
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(lowp) + i, k, bits);
+    } else if (lowp_dtype == DType::kF16) {
+      const __m256i h = _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(lowp) + i, k, h);
+    } else {
+      _mm512_mask_storeu_ps(static_cast<float*>(lowp) + i, k, p);
+    }
+  }
+}
+
+}  // namespace mt::kernels::detail

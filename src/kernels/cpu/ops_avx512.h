@@ -1,0 +1,60 @@
+// Private to kernels/cpu: the AVX-512 bodies of the kernels in ops.h. Each body is serial and works
+// on one slice (a range of rows or of elements) handed out by the OpenMP driver in ops.cpp, which
+// calls it only when isa_active() == Isa::kAvx512. Pointers are already offset to the slice.
+//
+// NOTE: this header is included by both the portable and the AVX-512 translation units, so it must
+// hold declarations and plain structs only: an inline function here would be compiled twice with
+// different flags and the linker could hand the AVX-512 copy to the portable path.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace mt::kernels::detail {
+
+// Per-row kernels over N rows. Row reductions (dweight, dbias) accumulate into the given buffers,
+// which the driver sets to this thread's zeroed partial sums (C) and combines in thread order.
+void layernorm_forward_avx512(float* out, float* mean, float* rstd, const float* inp,
+                              const float* weight, const float* bias, int N, int C, float eps);
+void layernorm_backward_avx512(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, const float* mean,
+                               const float* rstd, int N, int C);
+void rmsnorm_forward_avx512(float* out, float* rstd, const float* inp, const float* weight, int N,
+                            int C, float eps);
+void rmsnorm_backward_avx512(float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, const float* rstd, int N, int C);
+void swiglu_forward_avx512(float* out, const float* inp, int N, int I);
+void swiglu_backward_avx512(float* dinp, const float* dout, const float* inp, int N, int I);
+void bias_backward_avx512(float* dbias, const float* dout, int N, int C);
+void cross_entropy_tile_avx512(float* loss, float* lse, float* logits, const int32_t* targets,
+                               int R, int V, float grad_scale);
+
+// Elementwise kernels over n contiguous elements.
+void gelu_forward_avx512(float* out, const float* inp, size_t n);
+void gelu_backward_avx512(float* dinp, const float* inp, const float* dout, size_t n);
+void add_forward_avx512(float* out, const float* a, const float* b, size_t n);
+void add_inplace_avx512(float* acc, const float* x, size_t n);
+void scale_inplace_avx512(float* x, float s, size_t n);
+double sum_squares_avx512(const float* x, size_t n);
+
+// AdamW with the per-step scalars folded once by the driver (PyTorch computes them in double and
+// the tensor ops see them as f32):
+//   g = grad * grad_scale;  m = beta1 m + (1-beta1) g;  v = beta2 v + (1-beta2) g^2
+//   p = p * decay;  p = p - step_size * m / (sqrt(v) / bc2_sqrt + eps)
+// with decay = 1 - lr wd, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t).
+struct AdamWScalars {
+  float grad_scale;
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float decay;
+  float step_size;
+  float bc2_sqrt;
+  float eps;
+};
+// lowp (n elements of lowp_dtype) may be nullptr.
+void adamw_update_avx512(float* master, const float* grad, float* m, float* v, void* lowp,
+                         DType lowp_dtype, size_t n, const AdamWScalars& s);
+
+}  // namespace mt::kernels::detail

@@ -1,0 +1,53 @@
+#include "models/config.h"
+
+#include <cstdio>
+
+#include "base/error.h"
+
+namespace mt::models {
+
+int64_t ModelConfig::num_params() const {
+  int64_t C = hidden, V = vocab_size, HS = head_dim(), I = intermediate;
+  int64_t qkv = (static_cast<int64_t>(n_head) + 2 * n_kv_head) * HS;
+  int64_t A = static_cast<int64_t>(n_head) * HS;
+  int64_t per_layer, rest;
+  if (arch == Arch::kGpt2) {
+    per_layer = 2 * C + C * qkv + qkv + A * C + C + 2 * C + C * I + I + I * C + C;
+    rest = V * C + static_cast<int64_t>(max_positions) * C + 2 * C;
+  } else {
+    per_layer = C + C * qkv + A * C + C + 3 * C * I;
+    rest = V * C + C + (tie_embeddings ? 0 : V * C);
+  }
+  return per_layer * n_layer + rest;
+}
+
+void ModelConfig::validate() const {
+  auto need = [](bool ok, const char* field, const std::string& why) {
+    MT_CHECK(ok, ErrorKind::kInvalidArgument, std::string("model.") + field + ": " + why);
+  };
+  need(vocab_size > 0, "vocab_size", "must be positive");
+  need(hidden > 0, arch == Arch::kGpt2 ? "n_embd" : "hidden_size", "must be positive");
+  need(n_layer > 0, arch == Arch::kGpt2 ? "n_layer" : "num_hidden_layers", "must be positive");
+  need(n_head > 0 && hidden % n_head == 0, arch == Arch::kGpt2 ? "n_head" : "num_attention_heads",
+       "must be positive and divide the hidden size");
+  need(n_kv_head > 0 && n_head % n_kv_head == 0, "num_key_value_heads",
+       "must be positive and divide num_attention_heads");
+  need(intermediate > 0, arch == Arch::kGpt2 ? "n_inner" : "intermediate_size", "must be positive");
+  need(max_positions > 0, arch == Arch::kGpt2 ? "n_positions" : "max_position_embeddings",
+       "must be positive");
+  need(norm_eps > 0, arch == Arch::kGpt2 ? "layer_norm_epsilon" : "rms_norm_eps", "must be positive");
+  need(arch == Arch::kGpt2 || head_dim() % 2 == 0, "num_attention_heads",
+       "RoPE needs an even head dimension");
+  need(arch == Arch::kLlama || tie_embeddings, "tie_word_embeddings",
+       "GPT-2 with an untied head is not supported");
+}
+
+std::string ModelConfig::describe() const {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s L=%d C=%d NH=%d NKV=%d I=%d V=%d (%.1fM params)",
+                arch == Arch::kGpt2 ? "gpt2" : "llama", n_layer, hidden, n_head, n_kv_head,
+                intermediate, vocab_size, static_cast<double>(num_params()) / 1e6);
+  return buf;
+}
+
+}  // namespace mt::models

@@ -1,0 +1,40 @@
+// ModelConfig: the architecture of a GPT-2- or LLaMA-family causal LM, in Hugging Face's terms
+// (engine/hf_config.h reads it from a config.json with HF's field names).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tensor/dtype.h"
+
+namespace mt::models {
+
+enum class Arch { kGpt2, kLlama };
+
+struct ModelConfig {
+  Arch arch = Arch::kGpt2;
+  int vocab_size = 0;      // V   (vocab_size)
+  int hidden = 0;          // C   (n_embd / hidden_size)
+  int n_layer = 0;         // L   (n_layer / num_hidden_layers)
+  int n_head = 0;          // NH  (n_head / num_attention_heads)
+  int n_kv_head = 0;       // NKV (num_key_value_heads; = NH for GPT-2)
+  int intermediate = 0;    // I   (n_inner or 4C / intermediate_size)
+  int max_positions = 0;   // n_positions / max_position_embeddings
+  float norm_eps = 1e-5f;  // layer_norm_epsilon / rms_norm_eps
+  float rope_theta = 10000.0f;
+  bool tie_embeddings = true;
+  float init_std = 0.02f;  // initializer_range
+
+  int head_dim() const { return hidden / n_head; }  // HS
+  int64_t num_params() const;                       // N, counted from the formula
+  void validate() const;  // throws kInvalidArgument naming the HF field that is wrong
+  std::string describe() const;  // "gpt2 L=12 C=768 NH=12 V=50257 (124.4M params)"
+};
+
+struct ModelOptions {
+  DType compute_dtype = DType::kF32;
+  bool recompute = false;  // full activation checkpointing per block
+  uint64_t seed = 1234;
+};
+
+}  // namespace mt::models

@@ -1,0 +1,185 @@
+#include "models/transformer.h"
+
+#include <cstring>
+#include <string>
+
+#include "base/error.h"
+#include "kernels/cpu/ops.h"
+#include "nn/lm_head.h"
+#include "nn/norm.h"
+
+namespace mt::models {
+
+TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
+    : Module(""), cfg_(cfg), opts_(opts) {
+  cfg_.validate();
+  int C = cfg.hidden;
+  bool gpt2 = cfg.arch == Arch::kGpt2;
+  auto* trunk = add_module(std::make_unique<nn::Container>(gpt2 ? "transformer" : "model"));
+  wte_ = trunk->add_module(std::make_unique<nn::Embedding>(gpt2 ? "wte" : "embed_tokens", cfg.vocab_size, C, true, cfg.init_std));
+  if (gpt2) wpe_ = trunk->add_module(std::make_unique<nn::Embedding>("wpe", cfg.max_positions, C, false, cfg.init_std));
+  // Blocks sit under "transformer" / "model" with local names "h.i" / "layers.i".
+  for (int l = 0; l < cfg.n_layer; ++l) blocks_.push_back(trunk->add_module(std::make_unique<Block>(cfg, l)));
+  if (gpt2) {
+    norm_f_ = trunk->add_module(std::make_unique<nn::LayerNorm>("ln_f", C, cfg.norm_eps));
+  } else {
+    norm_f_ = trunk->add_module(std::make_unique<nn::RMSNorm>("norm", C, cfg.norm_eps));
+  }
+  if (!cfg.tie_embeddings) lm_head_ = add_module(std::make_unique<nn::Embedding>("lm_head", cfg.vocab_size, C, true, cfg.init_std));
+  finalize_names();
+  store_ = std::make_unique<nn::ParamStore>(*this, opts.compute_dtype);
+  store_->init(opts.seed);
+}
+
+void TransformerLM::prepare(int B, int T) {
+  MT_CHECK(B > 0 && T > 0, ErrorKind::kInvalidArgument, "batch and sequence length must be positive");
+  MT_CHECK(cfg_.arch != Arch::kGpt2 || T <= cfg_.max_positions, ErrorKind::kInvalidArgument,
+           "sequence length " + std::to_string(T) + " exceeds n_positions " + std::to_string(cfg_.max_positions));
+  if (B == dims_.B && T == dims_.T) return;
+  int HS = cfg_.head_dim();
+  bool gpt2 = cfg_.arch == Arch::kGpt2;
+  BlockDims d;
+  d.B = B; d.T = T; d.N = B * T; d.C = cfg_.hidden; d.NH = cfg_.n_head; d.NKV = cfg_.n_kv_head; d.HS = HS;
+  d.QKV = (d.NH + 2 * d.NKV) * HS; d.A = d.NH * HS;
+  d.H = gpt2 ? cfg_.intermediate : 2 * cfg_.intermediate;
+  d.G = cfg_.intermediate;
+  dims_ = d;
+  DType cd = opts_.compute_dtype;
+  size_t N = d.N, C = d.C, es = dtype_size(cd);
+
+  int sets = opts_.recompute ? 1 : cfg_.n_layer;
+  acts_.assign(sets, BlockActs{});
+  size_t per = BlockActs::layout(&acts_[0], nullptr, d, cd, gpt2);
+  acts_buffer_ = Buffer(per * sets, MemCategory::kActivations);
+  for (int i = 0; i < sets; ++i) BlockActs::layout(&acts_[i], acts_buffer_.as<char>() + per * i, d, cd, gpt2);
+
+  // Residual stream (L+1 copies), final norm, LM-head gradient, losses: saved activations too.
+  size_t resid_bytes = (cfg_.n_layer + 1) * N * C * 4;
+  size_t tail = 2 * N * 4 + N * C * es + N * C * 4 + N * C * 4 + N * 4;
+  resid_buffer_ = Buffer(resid_bytes + tail + 64 * 6, MemCategory::kActivations);
+  char* p = resid_buffer_.as<char>();
+  auto take = [&p](size_t bytes) { char* q = p; p += (bytes + 63) / 64 * 64; return q; };
+  resid_ = reinterpret_cast<float*>(take(resid_bytes));
+  norm_mean_ = reinterpret_cast<float*>(take(N * 4));
+  norm_rstd_ = reinterpret_cast<float*>(take(N * 4));
+  nfc_ = take(N * C * es);
+  dnf_ = reinterpret_cast<float*>(take(N * C * 4));
+  dres_ = reinterpret_cast<float*>(take(N * C * 4));
+  losses_ = reinterpret_cast<float*>(take(N * 4));
+
+  size_t scratch = BlockScratch::layout(&scratch_, nullptr, d);
+  size_t rope = gpt2 ? 0 : 2 * static_cast<size_t>(T) * (HS / 2) * 4 + 128;
+  scratch_buffer_ = Buffer(scratch + rope, MemCategory::kWorkspace);
+  BlockScratch::layout(&scratch_, scratch_buffer_.as<char>(), d);
+  if (!gpt2) {
+    rope_cos_ = reinterpret_cast<float*>(scratch_buffer_.as<char>() + scratch);
+    rope_sin_ = rope_cos_ + ((static_cast<size_t>(T) * (HS / 2) + 15) / 16 * 16);
+    kernels::rope_table(rope_cos_, rope_sin_, T, HS, cfg_.rope_theta);
+  }
+  tokens_buffer_ = Buffer(N * 4, MemCategory::kActivations);
+  tokens_ = tokens_buffer_.as<int32_t>();
+  backward_ready_ = false;
+}
+
+void TransformerLM::forward_trunk(const int32_t* tokens) {
+  const BlockDims& d = dims_;
+  MT_CHECK(d.N > 0, ErrorKind::kInvalidArgument, "forward before prepare(B, T)");
+  for (int i = 0; i < d.N; ++i)
+    MT_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, ErrorKind::kInvalidArgument,
+             "token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                 " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
+  std::memcpy(tokens_, tokens, static_cast<size_t>(d.N) * 4);
+  size_t NC = static_cast<size_t>(d.N) * d.C;
+  nn::Parameter* wte = wte_->weight();
+  kernels::embedding_forward(resid_, tokens_, wte->compute, wte->compute_dtype,
+                             wpe_ ? wpe_->weight()->master : nullptr, d.N, d.T, d.C);
+  for (int l = 0; l < cfg_.n_layer; ++l)
+    blocks_[l]->forward(resid_ + (l + 1) * NC, resid_ + l * NC, acts_for(l), scratch_, d, rope_cos_,
+                        rope_sin_, ws_);
+  DType cd = opts_.compute_dtype;
+  float* nf = cd == DType::kF32 ? static_cast<float*>(nfc_) : scratch_.f;
+  const float* last = resid_ + cfg_.n_layer * NC;
+  if (cfg_.arch == Arch::kGpt2) {
+    static_cast<nn::LayerNorm*>(norm_f_)->forward(nf, norm_mean_, norm_rstd_, last, d.N);
+  } else {
+    static_cast<nn::RMSNorm*>(norm_f_)->forward(nf, norm_rstd_, last, d.N);
+  }
+  if (nf != nfc_) convert(nfc_, cd, nf, DType::kF32, NC);
+}
+
+float TransformerLM::forward(const int32_t* tokens, const int32_t* targets, float loss_scale) {
+  forward_trunk(tokens);
+  backward_ready_ = false;
+  if (targets == nullptr) return 0.0f;
+  const BlockDims& d = dims_;
+  int count = 0;
+  for (int i = 0; i < d.N; ++i) {
+    MT_CHECK(targets[i] == -100 || (targets[i] >= 0 && targets[i] < cfg_.vocab_size),
+             ErrorKind::kInvalidArgument,
+             "target " + std::to_string(targets[i]) + " at position " + std::to_string(i) +
+                 " is outside the vocabulary (and not -100)");
+    count += targets[i] != -100;
+  }
+  nn::Parameter* head = lm_head_ ? lm_head_->weight() : wte_->weight();
+  nn::LmHeadArgs a;
+  a.x = nfc_;
+  a.w = head->compute;
+  a.dtype = head->compute_dtype;
+  a.targets = targets;
+  a.N = d.N; a.C = d.C; a.V = cfg_.vocab_size;
+  a.grad_scale = count > 0 ? loss_scale / static_cast<float>(count) : 0.0f;
+  a.dx = dnf_;
+  a.dw = head->grad;
+  a.losses = losses_;
+  double total = nn::lm_head_cross_entropy(a, ws_);
+  backward_ready_ = loss_scale != 0.0f;
+  if (count == 0) {
+    if (backward_ready_) std::memset(dnf_, 0, static_cast<size_t>(d.N) * d.C * 4);
+    return 0.0f;
+  }
+  return static_cast<float>(total / count);
+}
+
+void TransformerLM::backward() {
+  MT_CHECK(backward_ready_, ErrorKind::kInvalidArgument,
+           "backward() needs a preceding forward() with targets and a non-zero loss scale");
+  backward_ready_ = false;
+  const BlockDims& d = dims_;
+  size_t NC = static_cast<size_t>(d.N) * d.C;
+  std::memset(dres_, 0, NC * 4);
+  const float* last = resid_ + cfg_.n_layer * NC;
+  if (cfg_.arch == Arch::kGpt2) {
+    static_cast<nn::LayerNorm*>(norm_f_)->backward(dres_, dnf_, last, norm_mean_, norm_rstd_, d.N);
+  } else {
+    static_cast<nn::RMSNorm*>(norm_f_)->backward(dres_, dnf_, last, norm_rstd_, d.N);
+  }
+  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+    if (opts_.recompute)
+      blocks_[l]->forward(scratch_.dact /* unused output */, resid_ + l * NC, acts_for(l), scratch_,
+                          d, rope_cos_, rope_sin_, ws_);
+    blocks_[l]->backward(dres_, resid_ + l * NC, acts_for(l), scratch_, d, rope_cos_, rope_sin_, ws_);
+  }
+  kernels::embedding_backward(wte_->weight()->grad, wpe_ ? wpe_->weight()->grad : nullptr, dres_,
+                              tokens_, d.N, d.T, d.C);
+}
+
+void TransformerLM::logits(float* out, const int32_t* tokens) {
+  forward_trunk(tokens);
+  backward_ready_ = false;
+  nn::Parameter* head = lm_head_ ? lm_head_->weight() : wte_->weight();
+  nn::lm_head_logits(out, nfc_, head->compute, head->compute_dtype, dims_.N, dims_.C, cfg_.vocab_size);
+}
+
+double TransformerLM::train_flops_per_step() const {
+  // 6 FLOPs per parameter per token for the matmul weights (embedding lookups excluded, the tied
+  // head included once as a matmul), plus attention: QK^T and PV, causal (half), forward 2*2*T*A
+  // per token per layer halved, x3 for forward+backward.
+  double tokens = static_cast<double>(dims_.N);
+  double matmul_params = static_cast<double>(cfg_.num_params());
+  if (cfg_.arch == Arch::kGpt2) matmul_params -= static_cast<double>(cfg_.max_positions) * cfg_.hidden;
+  if (!cfg_.tie_embeddings) matmul_params -= static_cast<double>(cfg_.vocab_size) * cfg_.hidden;
+  double attn = 6.0 * cfg_.n_layer * dims_.T * static_cast<double>(cfg_.n_head * cfg_.head_dim());
+  return 6.0 * matmul_params * tokens + attn * tokens;
+}
+
+}  // namespace mt::models

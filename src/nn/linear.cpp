@@ -1,0 +1,81 @@
+#include "nn/linear.h"
+
+#include "base/error.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/ops.h"
+
+namespace mt::nn {
+namespace {
+
+// dy (M, out) f32 -> compute dtype, in the workspace unless the compute dtype is f32.
+const void* gemm_operand(const float* dy, size_t n, DType dt, Workspace& ws) {
+  if (dt == DType::kF32) return dy;
+  void* p = ws.get(WorkSlot::kGemmOperand, n * dtype_size(dt));
+  convert(p, dt, dy, DType::kF32, n);
+  return p;
+}
+
+}  // namespace
+
+Linear::Linear(std::string name, int in, int out, bool bias, WeightLayout layout, float init_std)
+    : Module(std::move(name)), in_(in), out_(out), layout_(layout) {
+  Shape shape = layout == WeightLayout::kOutIn ? Shape{out, in} : Shape{in, out};
+  weight_ = add_parameter("weight", shape, /*is_matrix=*/true, Init::kNormal, init_std);
+  if (bias) bias_ = add_parameter("bias", {out}, false, Init::kZeros);
+}
+
+void Linear::forward(float* y, const void* x, int M) {
+  DType dt = weight_->compute_dtype;
+  const float* b = bias_ ? bias_->master : nullptr;
+  if (layout_ == WeightLayout::kOutIn) {
+    kernels::gemm(M, out_, in_, x, in_, false, weight_->compute, in_, true, y, out_, dt, false, b);
+  } else {
+    kernels::gemm(M, out_, in_, x, in_, false, weight_->compute, out_, false, y, out_, dt, false, b);
+  }
+}
+
+void Linear::backward(float* dx, bool accumulate_dx, const float* dy, const void* x, int M,
+                      Workspace& ws) {
+  DType dt = weight_->compute_dtype;
+  const void* dyc = gemm_operand(dy, static_cast<size_t>(M) * out_, dt, ws);
+  if (layout_ == WeightLayout::kOutIn) {
+    if (dx) kernels::gemm(M, in_, out_, dyc, out_, false, weight_->compute, in_, false, dx, in_, dt, accumulate_dx);
+    kernels::gemm(out_, in_, M, dyc, out_, true, x, in_, false, weight_->grad, in_, dt, true);
+  } else {
+    if (dx) kernels::gemm(M, in_, out_, dyc, out_, false, weight_->compute, out_, true, dx, in_, dt, accumulate_dx);
+    kernels::gemm(in_, out_, M, x, in_, true, dyc, out_, false, weight_->grad, out_, dt, true);
+  }
+  if (bias_) kernels::bias_backward(bias_->grad, dy, M, out_);
+}
+
+LinearGroup::LinearGroup(std::vector<Linear*> parts) : parts_(std::move(parts)) {
+  MT_INTERNAL_CHECK(!parts_.empty());
+  in_ = parts_[0]->in();
+  for (Linear* p : parts_) {
+    MT_INTERNAL_CHECK(p->in() == in_ && p->layout() == WeightLayout::kOutIn && p->bias() == nullptr);
+    out_ += p->out();
+  }
+}
+
+void LinearGroup::check_contiguous() const {
+  for (size_t i = 1; i < parts_.size(); ++i)
+    MT_INTERNAL_CHECK(parts_[i]->weight()->offset ==
+                      parts_[i - 1]->weight()->offset + static_cast<size_t>(parts_[i - 1]->weight()->numel()));
+}
+
+void LinearGroup::forward(float* y, const void* x, int M) {
+  check_contiguous();
+  Parameter* w = parts_[0]->weight();
+  kernels::gemm(M, out_, in_, x, in_, false, w->compute, in_, true, y, out_, w->compute_dtype, false);
+}
+
+void LinearGroup::backward(float* dx, bool accumulate_dx, const float* dy, const void* x, int M,
+                           Workspace& ws) {
+  Parameter* w = parts_[0]->weight();
+  DType dt = w->compute_dtype;
+  const void* dyc = gemm_operand(dy, static_cast<size_t>(M) * out_, dt, ws);
+  if (dx) kernels::gemm(M, in_, out_, dyc, out_, false, w->compute, in_, false, dx, in_, dt, accumulate_dx);
+  kernels::gemm(out_, in_, M, dyc, out_, true, x, in_, false, w->grad, in_, dt, true);
+}
+
+}  // namespace mt::nn

@@ -1,0 +1,42 @@
+#include "nn/lm_head.h"
+
+#include <algorithm>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/ops.h"
+
+namespace mt::nn {
+
+double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
+  int R = a.tile_rows > 0 ? a.tile_rows
+                          : std::max(1, static_cast<int>((32u << 20) / (4u * static_cast<unsigned>(a.V))));
+  R = std::min(R, a.N);
+  size_t es = dtype_size(a.dtype);
+  float* logits = static_cast<float*>(ws.get(WorkSlot::kLmHeadLogits, static_cast<size_t>(R) * a.V * 4));
+  void* dl = a.dtype == DType::kF32
+                 ? static_cast<void*>(logits)
+                 : ws.get(WorkSlot::kLmHeadOperand, static_cast<size_t>(R) * a.V * es);
+  float* lse = static_cast<float*>(ws.get(WorkSlot::kLmHeadLse, static_cast<size_t>(R) * 4));
+  double total = 0.0;
+  for (int r0 = 0; r0 < a.N; r0 += R) {
+    int r = std::min(R, a.N - r0);
+    const char* x = static_cast<const char*>(a.x) + static_cast<size_t>(r0) * a.C * es;
+    // logits (r, V) = x (r, C) w^T
+    kernels::gemm(r, a.V, a.C, x, a.C, false, a.w, a.C, true, logits, a.V, a.dtype, false);
+    kernels::cross_entropy_tile(a.losses + r0, lse, logits, a.targets + r0, r, a.V, a.grad_scale);
+    for (int i = 0; i < r; ++i) total += a.losses[r0 + i];
+    if (a.grad_scale == 0.0f) continue;
+    if (a.dtype != DType::kF32) convert(dl, a.dtype, logits, DType::kF32, static_cast<size_t>(r) * a.V);
+    // dx (r, C) = dlogits (r, V) w (V, C);  dw (V, C) += dlogits^T (V, r) x (r, C)
+    kernels::gemm(r, a.C, a.V, dl, a.V, false, a.w, a.C, false, a.dx + static_cast<size_t>(r0) * a.C,
+                  a.C, a.dtype, false);
+    kernels::gemm(a.V, a.C, r, dl, a.V, true, x, a.C, false, a.dw, a.C, a.dtype, true);
+  }
+  return total;
+}
+
+void lm_head_logits(float* logits, const void* x, const void* w, DType dtype, int N, int C, int V) {
+  kernels::gemm(N, V, C, x, C, false, w, C, true, logits, V, dtype, false);
+}
+
+}  // namespace mt::nn

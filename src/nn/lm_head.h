@@ -1,0 +1,33 @@
+// The LM head fused with softmax cross-entropy (the Liger/"chunked CE" scheme): rows are processed
+// in tiles of R; for each tile the logits (R, V) are computed by one GEMM, turned into losses and,
+// in training, into dlogits in place, which immediately give dX for the tile and accumulate dW. No
+// more than one tile of logits ever exists, and the head's backward is done during forward.
+#pragma once
+
+#include <cstdint>
+
+#include "nn/workspace.h"
+#include "tensor/dtype.h"
+
+namespace mt::nn {
+
+struct LmHeadArgs {
+  const void* x = nullptr;  // (N, C) compute dtype: final-norm output
+  const void* w = nullptr;  // (V, C) compute dtype: logits = x w^T
+  DType dtype = DType::kF32;
+  const int32_t* targets = nullptr;  // (N), -100 = ignored
+  int N = 0, C = 0, V = 0;
+  float grad_scale = 0.0f;  // 0: loss only; else dloss is scaled by it (1/count * loss scale)
+  float* dx = nullptr;      // (N, C) f32 =   (when grad_scale != 0)
+  float* dw = nullptr;      // (V, C) f32 +=  (when grad_scale != 0)
+  float* losses = nullptr;  // (N) f32 = per-row loss (0 for ignored rows)
+  int tile_rows = 0;        // 0: chosen so a tile of f32 logits is at most 32 MiB
+};
+
+// Returns the sum of the per-row losses.
+double lm_head_cross_entropy(const LmHeadArgs& args, Workspace& ws);
+
+// Full logits (N, V) f32 = x w^T (for evaluation and generation).
+void lm_head_logits(float* logits, const void* x, const void* w, DType dtype, int N, int C, int V);
+
+}  // namespace mt::nn

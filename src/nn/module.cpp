@@ -1,0 +1,44 @@
+#include "nn/module.h"
+
+namespace mt::nn {
+
+void Module::finalize_names(const std::string& prefix) {
+  full_name_ = prefix.empty() ? name_ : (name_.empty() ? prefix : prefix + "." + name_);
+  for (auto& p : params_) {
+    std::string local = p->name.substr(p->name.rfind('.') == std::string::npos ? 0 : p->name.rfind('.') + 1);
+    p->name = full_name_.empty() ? local : full_name_ + "." + local;
+  }
+  for (auto& c : children_) c->finalize_names(full_name_);
+}
+
+void Module::collect_parameters(std::vector<Parameter*>& out) {
+  for (auto& p : params_) out.push_back(p.get());
+  for (auto& c : children_) c->collect_parameters(out);
+}
+
+std::vector<Module*> Module::children() const {
+  std::vector<Module*> out;
+  for (auto& c : children_) out.push_back(c.get());
+  return out;
+}
+
+void Module::add_hook(HookPoint point, Hook hook) { hooks_.emplace_back(point, std::move(hook)); }
+
+void Module::run_hooks(HookPoint point) {
+  for (auto& [p, h] : hooks_)
+    if (p == point) h(*this, point);
+}
+
+Parameter* Module::add_parameter(const std::string& local, Shape shape, bool is_matrix, Init init,
+                                 float init_std) {
+  auto p = std::make_unique<Parameter>();
+  p->name = local;
+  p->shape = std::move(shape);
+  p->is_matrix = is_matrix;
+  p->init = init;
+  p->init_std = init_std;
+  params_.push_back(std::move(p));
+  return params_.back().get();
+}
+
+}  // namespace mt::nn

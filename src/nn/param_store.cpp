@@ -1,0 +1,79 @@
+#include "nn/param_store.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "base/error.h"
+
+namespace mt::nn {
+
+ParamStore::ParamStore(Module& root, DType compute_dtype) : compute_dtype_(compute_dtype) {
+  root.collect_parameters(params_);
+  for (Parameter* p : params_) {
+    p->offset = numel_;
+    numel_ += static_cast<size_t>(p->numel());
+  }
+  bool lowp = compute_dtype != DType::kF32;
+  master_ = Buffer(numel_ * 4, lowp ? MemCategory::kOptimizer : MemCategory::kParams);
+  grad_ = Buffer(numel_ * 4, MemCategory::kGrads);
+  if (lowp) compute_ = Buffer(numel_ * dtype_size(compute_dtype), MemCategory::kParams);
+  for (Parameter* p : params_) {
+    p->master = master() + p->offset;
+    p->grad = grad() + p->offset;
+    p->compute_dtype = (lowp && p->is_matrix) ? compute_dtype : DType::kF32;
+    p->compute = (lowp && p->is_matrix)
+                     ? static_cast<void*>(compute_.as<char>() + p->offset * dtype_size(compute_dtype))
+                     : static_cast<void*>(p->master);
+  }
+}
+
+Parameter* ParamStore::find(const std::string& name) const {
+  for (Parameter* p : params_)
+    if (p->name == name) return p;
+  return nullptr;
+}
+
+namespace {
+// SplitMix64: a counter-based generator, so element i's value does not depend on thread order.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// Standard normal by Box-Muller from two counter-derived uniforms.
+float normal_at(uint64_t seed, uint64_t i) {
+  uint64_t a = splitmix64(seed ^ (2 * i)), b = splitmix64(seed ^ (2 * i + 1));
+  double u1 = (static_cast<double>(a >> 11) + 1.0) / 9007199254740993.0;
+  double u2 = static_cast<double>(b >> 11) / 9007199254740992.0;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+}  // namespace
+
+void ParamStore::init(uint64_t seed) {
+  for (Parameter* p : params_) {
+    float* w = p->master;
+    int64_t n = p->numel();
+    uint64_t pseed = splitmix64(seed + p->offset);
+    switch (p->init) {
+      case Init::kZeros: std::memset(w, 0, n * sizeof(float)); break;
+      case Init::kOnes:
+        for (int64_t i = 0; i < n; ++i) w[i] = 1.0f;
+        break;
+      case Init::kNormal:
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) w[i] = p->init_std * normal_at(pseed, static_cast<uint64_t>(i));
+        break;
+    }
+  }
+  sync_compute();
+}
+
+void ParamStore::zero_grad() { std::memset(grad_.data(), 0, numel_ * 4); }
+
+void ParamStore::sync_compute() {
+  if (!compute_.bytes()) return;
+  convert(compute_.data(), compute_dtype_, master_.data(), DType::kF32, numel_);
+}
+
+}  // namespace mt::nn

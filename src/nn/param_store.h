@@ -1,0 +1,45 @@
+// ParamStore: the flat buffers behind every Parameter (DESIGN decision 1).
+//   master (P) f32   — the weights in f32; the optimizer updates these. Category: params when the
+//                      compute dtype is f32 (it is then also the compute copy), else optimizer.
+//   compute (P)      — a bf16/f16 copy for GEMM weights (only when compute dtype != f32).
+//   grad (P) f32     — gradients, accumulated over micro-batches.
+// Parameter i occupies [offset_i, offset_i + numel_i) in all of them, in registration order, with
+// no padding, so a run of consecutively registered parameters is one contiguous matrix (fused QKV).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "nn/module.h"
+#include "tensor/allocator.h"
+
+namespace mt::nn {
+
+class ParamStore {
+ public:
+  ParamStore(Module& root, DType compute_dtype);
+
+  size_t numel() const { return numel_; }
+  DType compute_dtype() const { return compute_dtype_; }
+  const std::vector<Parameter*>& parameters() const { return params_; }
+  Parameter* find(const std::string& name) const;  // nullptr if absent
+
+  float* master() const { return master_.as<float>(); }
+  float* grad() const { return grad_.as<float>(); }
+  void* compute() const { return compute_.bytes() ? compute_.data() : master_.data(); }
+
+  // Deterministic initialisation from a seed (normal(0, std) via a counter-based generator, so the
+  // same seed gives the same weights whatever the thread count).
+  void init(uint64_t seed);
+  void zero_grad();
+  // Refreshes the compute copy from master (after an optimizer step or a weight load).
+  void sync_compute();
+
+ private:
+  std::vector<Parameter*> params_;
+  DType compute_dtype_;
+  size_t numel_ = 0;
+  Buffer master_, grad_, compute_;
+};
+
+}  // namespace mt::nn

@@ -1,0 +1,127 @@
+#include "tensor/allocator.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "base/error.h"
+
+namespace mt {
+
+const char* mem_category_name(MemCategory category) {
+  static const char* kNames[] = {"params", "grads", "optimizer", "activations", "comm", "workspace"};
+  int i = static_cast<int>(category);
+  return i >= 0 && i < kMemCategoryCount ? kNames[i] : "?";
+}
+
+Allocator& Allocator::global() {
+  static Allocator allocator;
+  return allocator;
+}
+
+namespace {
+void raise_peak(std::atomic<size_t>& peak, size_t value) {
+  size_t p = peak.load(std::memory_order_relaxed);
+  while (value > p && !peak.compare_exchange_weak(p, value, std::memory_order_relaxed)) {
+  }
+}
+}  // namespace
+
+void* Allocator::allocate(size_t bytes, MemCategory category) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  if (rounded == 0) rounded = 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) {
+    throw Error(ErrorKind::kOutOfMemory, std::string(mem_category_name(category)) + " need " +
+                                             format_bytes(bytes) + " more; in use: " + describe());
+  }
+  std::memset(p, 0, rounded);
+  int c = static_cast<int>(category);
+  raise_peak(peak_[c], current_[c].fetch_add(bytes) + bytes);
+  raise_peak(total_peak_, total_current_.fetch_add(bytes) + bytes);
+  return p;
+}
+
+void Allocator::deallocate(void* p, size_t bytes, MemCategory category) {
+  if (p == nullptr) return;
+  std::free(p);
+  current_[static_cast<int>(category)].fetch_sub(bytes);
+  total_current_.fetch_sub(bytes);
+}
+
+MemStats Allocator::stats() const {
+  MemStats s;
+  for (int i = 0; i < kMemCategoryCount; ++i) {
+    s.current[i] = current_[i].load();
+    s.peak[i] = peak_[i].load();
+  }
+  s.total_current = total_current_.load();
+  s.total_peak = total_peak_.load();
+  return s;
+}
+
+void Allocator::reset_peaks() {
+  for (int i = 0; i < kMemCategoryCount; ++i) peak_[i] = current_[i].load();
+  total_peak_ = total_current_.load();
+}
+
+std::string Allocator::describe() const {
+  MemStats s = stats();
+  std::string out;
+  for (int i = 0; i < kMemCategoryCount; ++i) {
+    if (!out.empty()) out += ", ";
+    out += std::string(mem_category_name(static_cast<MemCategory>(i))) + " " +
+           format_bytes(s.current[i]);
+  }
+  return out;
+}
+
+Buffer::Buffer(size_t bytes, MemCategory category, Allocator& allocator)
+    : data_(allocator.allocate(bytes, category)),
+      bytes_(bytes),
+      category_(category),
+      allocator_(&allocator) {}
+
+Buffer::~Buffer() { release(); }
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(other.data_), bytes_(other.bytes_), category_(other.category_), allocator_(other.allocator_) {
+  other.data_ = nullptr;
+  other.bytes_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    category_ = other.category_;
+    allocator_ = other.allocator_;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::release() {
+  if (data_ != nullptr && allocator_ != nullptr) allocator_->deallocate(data_, bytes_, category_);
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+std::string format_bytes(size_t bytes) {
+  char buf[64];
+  double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  } else if (b >= 1024.0 * 1024) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
+  } else if (b >= 1024.0) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  }
+  return buf;
+}
+
+}  // namespace mt

@@ -1,0 +1,81 @@
+// Accounted memory: every allocation carries a category, and the allocator keeps the current and
+// peak bytes of each, so a step can report (and the planner predict) where memory goes.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <string>
+
+namespace mt {
+
+enum class MemCategory : int {
+  kParams = 0,
+  kGrads,
+  kOptimizer,
+  kActivations,
+  kComm,
+  kWorkspace,
+  kCount
+};
+constexpr int kMemCategoryCount = static_cast<int>(MemCategory::kCount);
+
+const char* mem_category_name(MemCategory category);
+
+struct MemStats {
+  std::array<size_t, kMemCategoryCount> current{};
+  std::array<size_t, kMemCategoryCount> peak{};
+  size_t total_current = 0;
+  size_t total_peak = 0;
+};
+
+class Allocator {
+ public:
+  static Allocator& global();
+
+  // Returns 64-byte-aligned, zero-filled memory of at least `bytes`. Throws kOutOfMemory with the
+  // accounted figures when the OS refuses.
+  void* allocate(size_t bytes, MemCategory category);
+  void deallocate(void* p, size_t bytes, MemCategory category);
+
+  MemStats stats() const;
+  void reset_peaks();  // peak := current, per category and in total
+  std::string describe() const;  // one line: "params 1.2 GiB, grads ..."
+
+ private:
+  std::array<std::atomic<size_t>, kMemCategoryCount> current_{};
+  std::array<std::atomic<size_t>, kMemCategoryCount> peak_{};
+  std::atomic<size_t> total_current_{0};
+  std::atomic<size_t> total_peak_{0};
+};
+
+// Buffer: RAII owner of one accounted allocation. Movable, not copyable.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(size_t bytes, MemCategory category, Allocator& allocator = Allocator::global());
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+  MemCategory category() const { return category_; }
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemCategory category_ = MemCategory::kWorkspace;
+  Allocator* allocator_ = nullptr;
+};
+
+std::string format_bytes(size_t bytes);  // "1.50 GiB", "12.0 MiB", "512 B"
+
+}  // namespace mt

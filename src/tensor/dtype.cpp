@@ -1,0 +1,122 @@
+#include "tensor/dtype.h"
+
+#include "base/cpu_features.h"
+#include "base/error.h"
+
+namespace mt {
+
+size_t dtype_size(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+  }
+  return "?";
+}
+
+DType dtype_from_name(const std::string& name) {
+  if (name == "f32" || name == "fp32" || name == "float32" || name == "F32") return DType::kF32;
+  if (name == "bf16" || name == "bfloat16" || name == "BF16") return DType::kBF16;
+  if (name == "f16" || name == "fp16" || name == "float16" || name == "F16") return DType::kF16;
+  throw Error(ErrorKind::kInvalidArgument, "unknown dtype '" + name + "' (expected f32, bf16 or f16)");
+}
+
+float f16_to_f32(f16_t v) {
+  uint32_t h = v.bits;
+  uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        mant <<= 1;
+        ++e;
+      } while ((mant & 0x400u) == 0);
+      u = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+f16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return f16_t{static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu))};
+  if (abs >= 0x477ff000u) return f16_t{static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to >= 65520
+  if (abs < 0x38800000u) {  // result is subnormal (or zero) in f16
+    if (abs < 0x33000000u) return f16_t{static_cast<uint16_t>(sign)};  // < 2^-25: rounds to 0
+    uint32_t exp = abs >> 23;
+    uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - exp;  // value / 2^-24 = mant * 2^(exp - 126); shift is 14..24 here
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return f16_t{static_cast<uint16_t>(sign | half)};
+  }
+  uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+  uint32_t h = ((rounded >> 13) - ((127 - 15) << 10));
+  return f16_t{static_cast<uint16_t>(sign | h)};
+}
+
+void convert_f32_to_bf16(bf16_t* dst, const float* src, size_t n) {
+  if (isa_active() == Isa::kAvx512) return detail::convert_f32_to_bf16_avx512(dst, src, n);
+  for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
+void convert_bf16_to_f32(float* dst, const bf16_t* src, size_t n) {
+  if (isa_active() == Isa::kAvx512) return detail::convert_bf16_to_f32_avx512(dst, src, n);
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+
+void convert_f32_to_f16(f16_t* dst, const float* src, size_t n) {
+  if (isa_active() == Isa::kAvx512) return detail::convert_f32_to_f16_avx512(dst, src, n);
+  for (size_t i = 0; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+}
+
+void convert_f16_to_f32(float* dst, const f16_t* src, size_t n) {
+  if (isa_active() == Isa::kAvx512) return detail::convert_f16_to_f32_avx512(dst, src, n);
+  for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
+  if (dst_dtype == src_dtype) {
+    std::memcpy(dst, src, n * dtype_size(dst_dtype));
+    return;
+  }
+  if (src_dtype == DType::kF32) {
+    if (dst_dtype == DType::kBF16)
+      return convert_f32_to_bf16(static_cast<bf16_t*>(dst), static_cast<const float*>(src), n);
+    return convert_f32_to_f16(static_cast<f16_t*>(dst), static_cast<const float*>(src), n);
+  }
+  if (dst_dtype == DType::kF32) {
+    if (src_dtype == DType::kBF16)
+      return convert_bf16_to_f32(static_cast<float*>(dst), static_cast<const bf16_t*>(src), n);
+    return convert_f16_to_f32(static_cast<float*>(dst), static_cast<const f16_t*>(src), n);
+  }
+  // bf16 <-> f16: through f32 in chunks.
+  float tmp[1024];
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  for (size_t i = 0; i < n; i += 1024) {
+    size_t m = n - i < 1024 ? n - i : 1024;
+    convert(tmp, DType::kF32, s + i * 2, src_dtype, m);
+    convert(d + i * 2, dst_dtype, tmp, DType::kF32, m);
+  }
+}
+
+}  // namespace mt

@@ -1,0 +1,100 @@
+// dtype conversions against IEEE facts, accounted allocation, views.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "base/cpu_features.h"
+#include "tensor/allocator.h"
+#include "tensor/tensor.h"
+
+namespace mt {
+namespace {
+
+TEST(DType, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f).bits, 0x3f80);
+  // 1 + 2^-8 is exactly halfway between bf16 1.0 and 1.0078125: ties to even (1.0).
+  EXPECT_EQ(f32_to_bf16(1.00390625f).bits, 0x3f80);
+  // 1 + 3*2^-8 is halfway between 1.0078125 (odd mantissa) and 1.015625: rounds up to even.
+  EXPECT_EQ(f32_to_bf16(1.01171875f).bits, 0x3f82);
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::infinity()).bits, 0x7f80);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::nanf("")))));
+  EXPECT_EQ(bf16_to_f32(bf16_t{0xc040}), -3.0f);
+}
+
+TEST(DType, F16KnownValues) {
+  EXPECT_EQ(f32_to_f16(1.0f).bits, 0x3c00);
+  EXPECT_EQ(f32_to_f16(65504.0f).bits, 0x7bff);           // largest finite
+  EXPECT_EQ(f32_to_f16(65520.0f).bits, 0x7c00);           // rounds to inf
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)).bits, 0x0001);  // smallest subnormal
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)).bits, 0x0000);  // halfway to 0: ties to even
+  EXPECT_EQ(f32_to_f16(std::ldexp(3.0f, -25)).bits, 0x0002);  // 1.5 subnormal units -> 2
+  EXPECT_EQ(f32_to_f16(-2.0f).bits, 0xc000);
+  EXPECT_EQ(f16_to_f32(f16_t{0x0001}), std::ldexp(1.0f, -24));
+  EXPECT_EQ(f16_to_f32(f16_t{0x3555}), 0.333251953125f);
+  EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(std::nanf("")))));
+  // Every f16 value round-trips exactly through f32.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue;  // NaN payloads
+    ASSERT_EQ(f32_to_f16(f16_to_f32(f16_t{static_cast<uint16_t>(h)})).bits, h) << std::hex << h;
+  }
+}
+
+TEST(DType, VectorConvertersMatchScalar) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-70000.0f, 70000.0f);
+  for (size_t n : {0, 1, 15, 16, 17, 1000}) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = u(rng) * (rng() % 2 ? 1e-6f : 1.0f);
+    std::vector<bf16_t> b(n);
+    std::vector<f16_t> h(n);
+    std::vector<float> back(n);
+    convert_f32_to_bf16(b.data(), x.data(), n);
+    convert_f32_to_f16(h.data(), x.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(b[i].bits, f32_to_bf16(x[i]).bits) << "isa " << isa_name(isa_active());
+      ASSERT_EQ(h[i].bits, f32_to_f16(x[i]).bits) << x[i];
+    }
+    convert_bf16_to_f32(back.data(), b.data(), n);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], bf16_to_f32(b[i]));
+    convert_f16_to_f32(back.data(), h.data(), n);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], f16_to_f32(h[i]));
+  }
+}
+
+TEST(Allocator, AccountsCurrentAndPeakByCategory) {
+  Allocator a;
+  {
+    Buffer p(1000, MemCategory::kParams, a);
+    Buffer g(500, MemCategory::kGrads, a);
+    EXPECT_EQ(a.stats().current[static_cast<int>(MemCategory::kParams)], 1000u);
+    EXPECT_EQ(a.stats().total_current, 1500u);
+    { Buffer t(4000, MemCategory::kActivations, a); }
+    EXPECT_EQ(a.stats().current[static_cast<int>(MemCategory::kActivations)], 0u);
+    EXPECT_EQ(a.stats().peak[static_cast<int>(MemCategory::kActivations)], 4000u);
+    EXPECT_EQ(a.stats().total_peak, 5500u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p.data()) % 64, 0u);
+  }
+  EXPECT_EQ(a.stats().total_current, 0u);
+  a.reset_peaks();
+  EXPECT_EQ(a.stats().total_peak, 0u);
+}
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor t = Tensor::empty({2, 3, 4}, DType::kF32, MemCategory::kWorkspace);
+  for (int i = 0; i < 24; ++i) t.as<float>()[i] = static_cast<float>(i);
+  Tensor s = t.slice(1, 1, 3);
+  EXPECT_EQ(s.shape(), (Shape{2, 2, 4}));
+  EXPECT_FALSE(s.is_contiguous());
+  std::vector<float> v = s.to_f32_vector();
+  EXPECT_EQ(v[0], 4.0f);
+  EXPECT_EQ(v[8], 16.0f);
+  Tensor tr = t.reshape({6, 4}).transpose(0, 1);
+  EXPECT_EQ(tr.to_f32_vector()[1], 4.0f);
+  EXPECT_THROW(t.reshape({5, 5}), Error);
+}
+
+}  // namespace
+}  // namespace mt

@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""Write PyTorch golden data for the meshtrain tests (one safetensors file per tiny model).
+
+Usage (Debian's python3-torch; only /usr/bin/python3 has torch):
+
+    /usr/bin/python3 tools/make_golden.py --configs configs/models --out OUTDIR \
+        [--batch 2 --seq 16 --steps 3]
+
+For configs/models/tiny-gpt2.json and tiny-llama.json (Hugging Face config.json fields) this builds
+the model (tools/torch_models.py, Hugging Face layouts) in fp32, seeds torch.manual_seed(1234),
+initialises every parameter (embeddings and LLaMA's lm_head N(0, 0.2), other matrices
+N(0, 0.02), norm weights 1 + 0.1*randn, biases 0.1*randn), draws a batch, and writes
+OUTDIR/<name>.safetensors with:
+
+    tokens        I32 [B,T]   random ids in [0, V)
+    targets       I32 [B,T]   random ids, targets[0][3] = -100 (ignored)
+    param.<hf>    F32         initial weights, Hugging Face names and shapes
+    logits        F32 [B,T,V] from the initial weights
+    loss          F32 [1]     mean cross-entropy over non-ignored positions
+    grad.<hf>     F32         d loss / d param (tied GPT-2 wte: both uses)
+    step_losses   F32 [K]     AdamW(lr=1e-2, betas=(0.9,0.95), eps=1e-8, wd=0.1), same batch each
+                              step; loss before each update (step_losses[0] == loss)
+    after.<hf>    F32         weights after the K steps
+    __metadata__  config (JSON string), batch, seq, steps, lr, beta1, beta2, eps, weight_decay
+
+The safetensors file is written by hand: u64 LE header length, space-padded JSON header (multiple
+of 8 bytes), then the tensors' little-endian bytes packed contiguously in header order.
+Single-threaded and deterministic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_models as tm  # noqa: E402
+
+MODELS = ("tiny-gpt2", "tiny-llama")
+SEED = 1234
+LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 1e-2, 0.9, 0.95, 1e-8, 0.1
+IGNORE_POS = (0, 3)
+
+_DTYPES = {torch.float32: ("F32", "<f4"), torch.int32: ("I32", "<i4")}
+
+
+def write_safetensors(path: str, tensors: dict[str, torch.Tensor],
+                      metadata: dict[str, str]) -> None:
+    """Write ``tensors`` (F32/I32, in dict order) and string ``metadata`` as safetensors."""
+    header: dict = {}
+    blobs = []
+    offset = 0
+    for name, t in tensors.items():
+        tag, np_dtype = _DTYPES[t.dtype]
+        data = t.detach().contiguous().cpu().numpy().astype(np_dtype, copy=False).tobytes()
+        header[name] = {"dtype": tag, "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for data in blobs:
+            f.write(data)
+    os.replace(tmp, path)
+
+
+def make_golden(cfg: dict, batch: int, seq: int, steps: int) -> tuple[dict, dict]:
+    """Tensors and metadata of one golden file."""
+    model = tm.build_model(cfg).float()
+    torch.manual_seed(SEED)
+    tm.init_params(model)
+    vocab = cfg["vocab_size"]
+    tokens = torch.randint(0, vocab, (batch, seq), dtype=torch.int64)
+    targets = torch.randint(0, vocab, (batch, seq), dtype=torch.int64)
+    targets[IGNORE_POS] = -100
+
+    params = dict(model.named_parameters())
+    out: dict[str, torch.Tensor] = {
+        "tokens": tokens.to(torch.int32),
+        "targets": targets.to(torch.int32),
+    }
+    for name, p in params.items():
+        out["param." + name] = p.detach().clone()
+
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS,
+                            weight_decay=WEIGHT_DECAY)
+    step_losses = []
+    for k in range(max(steps, 1)):
+        opt.zero_grad(set_to_none=True)
+        logits = model(tokens)
+        loss = tm.lm_loss(logits, targets)
+        loss.backward()
+        if k == 0:
+            out["logits"] = logits.detach().clone()
+            out["loss"] = loss.detach().reshape(1).clone()
+            for name, p in params.items():
+                out["grad." + name] = p.grad.detach().clone()
+        if k < steps:
+            step_losses.append(loss.item())
+            opt.step()
+    out["step_losses"] = torch.tensor(step_losses, dtype=torch.float32)
+    for name, p in params.items():
+        out["after." + name] = p.detach().clone()
+
+    metadata = {
+        "config": json.dumps(cfg),
+        "batch": str(batch), "seq": str(seq), "steps": str(steps),
+        "lr": repr(LR), "beta1": repr(BETA1), "beta2": repr(BETA2), "eps": repr(EPS),
+        "weight_decay": repr(WEIGHT_DECAY),
+    }
+    return out, metadata
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--configs", required=True, help="folder with tiny-gpt2.json, tiny-llama.json")
+    ap.add_argument("--out", required=True, help="output folder (created if missing)")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    if args.seq <= IGNORE_POS[1] or args.batch < 1 or args.steps < 0:
+        ap.error("need --batch >= 1, --seq >= 4, --steps >= 0")
+
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)
+    os.makedirs(args.out, exist_ok=True)
+    for name in MODELS:
+        cfg = tm.load_config(os.path.join(args.configs, name + ".json"))
+        limit = cfg.get("n_positions") or cfg.get("max_position_embeddings")
+        if limit is not None and args.seq > limit:
+            ap.error(f"--seq {args.seq} exceeds {name}'s {limit} positions")
+        tensors, metadata = make_golden(cfg, args.batch, args.seq, args.steps)
+        path = os.path.join(args.out, name + ".safetensors")
+        write_safetensors(path, tensors, metadata)
+        print(f"wrote {path}: {len(tensors)} tensors, loss {tensors['loss'].item():.6f}, "
+              f"step_losses {[round(x, 6) for x in tensors['step_losses'].tolist()]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

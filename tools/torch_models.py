@@ -1,0 +1,355 @@
+"""Plain-PyTorch GPT-2 and LLaMA, following Hugging Face's definitions exactly.
+
+Shared by tools/make_golden.py (golden data for the C++ tests) and tools/bench_torch.py
+(the PyTorch peer benchmark). No dependency beyond torch; runs on Debian's python3-torch 1.13.
+
+The module trees mirror Hugging Face's, so ``model.named_parameters()`` yields the Hugging Face
+names and shapes:
+
+* ``GPT2LMHeadModel``: ``transformer.wte/wpe/h.{i}.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,
+  mlp.c_proj}/ln_f``; Conv1D weights are ``[in, out]`` (y = x @ W + b); lm_head tied to wte
+  (not a separate parameter).
+* ``LlamaForCausalLM``: ``model.embed_tokens/layers.{i}.{input_layernorm,self_attn.{q,k,v,o}_proj,
+  post_attention_layernorm,mlp.{gate,up,down}_proj}/norm`` and an untied ``lm_head``; nn.Linear
+  weights are ``[out, in]`` (y = x @ W.T), no biases.
+
+Parameters are created uninitialised; call ``init_params`` (the golden-data init) or
+``init_hf`` (Hugging Face's normal(0, initializer_range) init) after seeding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def load_config(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPT-2
+# ----------------------------------------------------------------------------------------------
+
+
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """HF ``NewGELUActivation``: the tanh approximation of GELU."""
+    inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))
+    return 0.5 * x * (1.0 + torch.tanh(inner))
+
+
+class Conv1D(nn.Module):
+    """HF ``Conv1D``: a linear layer with the weight stored as ``[in, out]``."""
+
+    def __init__(self, nx: int, nf: int):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.empty(nx, nf))
+        self.bias = nn.Parameter(torch.empty(nf))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, n: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n))
+        self.bias = nn.Parameter(torch.empty(n))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        self.n_embd = cfg["n_embd"]
+        self.n_head = cfg["n_head"]
+        self.head_dim = self.n_embd // self.n_head
+        self.c_attn = Conv1D(self.n_embd, 3 * self.n_embd)
+        self.c_proj = Conv1D(self.n_embd, self.n_embd)
+        n_pos = cfg["n_positions"]
+        self.register_buffer(
+            "bias", torch.tril(torch.ones(n_pos, n_pos, dtype=torch.bool)).view(1, 1, n_pos, n_pos),
+            persistent=False)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_head, self.head_dim).permute(0, 2, 1, 3)  # [B, nh, T, hs]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(v.size(-1))
+        causal = self.bias[:, :, :t, :t]
+        w = w.masked_fill(~causal, torch.finfo(w.dtype).min)
+        w = F.softmax(w, dim=-1)
+        y = torch.matmul(w, v)  # [B, nh, T, hs]
+        y = y.permute(0, 2, 1, 3).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        c = cfg["n_embd"]
+        inner = cfg.get("n_inner") or 4 * c
+        self.c_fc = Conv1D(c, inner)
+        self.c_proj = Conv1D(inner, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(gelu_new(self.c_fc(x)))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        c, eps = cfg["n_embd"], cfg.get("layer_norm_epsilon", 1e-5)
+        self.ln_1 = LayerNorm(c, eps)
+        self.attn = GPT2Attention(cfg)
+        self.ln_2 = LayerNorm(c, eps)
+        self.mlp = GPT2MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2Model(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        c = cfg["n_embd"]
+        self.wte = nn.Embedding(cfg["vocab_size"], c)
+        self.wpe = nn.Embedding(cfg["n_positions"], c)
+        self.h = nn.ModuleList(GPT2Block(cfg) for _ in range(cfg["n_layer"]))
+        self.ln_f = LayerNorm(c, cfg.get("layer_norm_epsilon", 1e-5))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.size(1)
+        pos = torch.arange(t, dtype=torch.long, device=tokens.device).unsqueeze(0)
+        x = self.wte(tokens) + self.wpe(pos)
+        for block in self.h:
+            x = block(x)
+        return self.ln_f(x)
+
+
+class GPT2LMHeadModel(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        assert cfg.get("activation_function", "gelu_new") == "gelu_new"
+        assert cfg.get("tie_word_embeddings", True)
+        self.config = cfg
+        self.transformer = GPT2Model(cfg)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.transformer(tokens)
+        return F.linear(h, self.transformer.wte.weight)  # tied lm_head: h @ wte.T
+
+
+# ----------------------------------------------------------------------------------------------
+# LLaMA
+# ----------------------------------------------------------------------------------------------
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, n: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        input_dtype = x.dtype
+        x = x.to(torch.float32)
+        variance = x.pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * x.to(input_dtype)
+
+
+def rope_cos_sin(head_dim: int, t: int, theta: float, device=None):
+    """HF ``LlamaRotaryEmbedding`` (default rope type), positions 0..t-1, fp32."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    pos = torch.arange(t, device=device).float()
+    freqs = torch.outer(pos, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)  # [T, hs]
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin):
+    cos = cos.to(q.dtype)
+    sin = sin.to(q.dtype)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """[B, nkv, T, hs] -> [B, nkv*n_rep, T, hs]; query head h uses kv head h // n_rep."""
+    if n_rep == 1:
+        return x
+    b, nkv, t, hs = x.shape
+    return x[:, :, None, :, :].expand(b, nkv, n_rep, t, hs).reshape(b, nkv * n_rep, t, hs)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        h = cfg["hidden_size"]
+        self.n_head = cfg["num_attention_heads"]
+        self.n_kv = cfg.get("num_key_value_heads") or self.n_head
+        self.head_dim = cfg.get("head_dim") or h // self.n_head
+        self.theta = float(cfg.get("rope_theta", 10000.0))
+        self.q_proj = nn.Linear(h, self.n_head * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, h, bias=False)
+        self._rope_cache = {}
+
+    def _cos_sin(self, t: int, device):
+        key = (t, str(device))
+        if key not in self._rope_cache:
+            self._rope_cache[key] = rope_cos_sin(self.head_dim, t, self.theta, device)
+        return self._rope_cache[key]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        cos, sin = self._cos_sin(t, x.device)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k = repeat_kv(k, self.n_head // self.n_kv)
+        v = repeat_kv(v, self.n_head // self.n_kv)
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        w = w.masked_fill(~causal, torch.finfo(w.dtype).min)
+        w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        y = torch.matmul(w, v)  # [B, nh, T, hs]
+        y = y.transpose(1, 2).contiguous().view(b, t, self.n_head * self.head_dim)
+        return self.o_proj(y)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        h, i = cfg["hidden_size"], cfg["intermediate_size"]
+        assert cfg.get("hidden_act", "silu") == "silu"
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        h, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        self.self_attn = LlamaAttention(cfg)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = LlamaRMSNorm(h, eps)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        h = cfg["hidden_size"]
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], h)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
+        self.norm = LlamaRMSNorm(h, cfg.get("rms_norm_eps", 1e-6))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        assert not cfg.get("tie_word_embeddings", False), "tied LLaMA embeddings not supported"
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.model(tokens))
+
+
+# ----------------------------------------------------------------------------------------------
+# Construction and initialisation
+# ----------------------------------------------------------------------------------------------
+
+
+def build_model(cfg: dict) -> nn.Module:
+    """The causal LM for ``cfg["model_type"]`` ('gpt2' or 'llama'), fp32, uninitialised."""
+    kind = cfg.get("model_type")
+    if kind == "gpt2":
+        return GPT2LMHeadModel(cfg)
+    if kind == "llama":
+        return LlamaForCausalLM(cfg)
+    raise ValueError(f"unsupported model_type {kind!r}")
+
+
+# Input and output embeddings (LLaMA's untied lm_head too, so its logits are not flat either).
+EMBEDDING_NAMES = ("transformer.wte.weight", "transformer.wpe.weight", "model.embed_tokens.weight",
+                   "lm_head.weight")
+
+
+def _is_norm(name: str) -> bool:
+    return any(s in name for s in ("ln_1.", "ln_2.", "ln_f.", "layernorm.", "model.norm."))
+
+
+@torch.no_grad()
+def init_params(model: nn.Module) -> None:
+    """Golden-data init (every parameter matters), in ``named_parameters`` order from the global
+    RNG: embeddings (EMBEDDING_NAMES) normal(0, 0.2); other matrices normal(0, 0.02); norm
+    weights 1 + 0.1*randn; biases (LayerNorm's included) 0.1*randn."""
+    for name, p in model.named_parameters():
+        if name in EMBEDDING_NAMES:
+            p.copy_(torch.randn(p.shape) * 0.2)
+        elif name.endswith(".bias"):
+            p.copy_(torch.randn(p.shape) * 0.1)
+        elif _is_norm(name):
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape))
+        else:
+            p.copy_(torch.randn(p.shape) * 0.02)
+
+
+@torch.no_grad()
+def init_hf(model: nn.Module) -> None:
+    """Hugging Face's init: matrices normal(0, initializer_range), biases 0, norm weights 1."""
+    std = float(model.config.get("initializer_range", 0.02))
+    for name, p in model.named_parameters():
+        if name.endswith(".bias"):
+            p.zero_()
+        elif _is_norm(name):
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, std)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over positions whose target is not -100."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1).long(),
+                           ignore_index=-100)
