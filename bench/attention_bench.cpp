@@ -31,7 +31,8 @@ struct AttentionBuffers {
 };
 
 void set_flops(benchmark::State& state, double flops) {
-  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_AttentionForward(benchmark::State& state) {

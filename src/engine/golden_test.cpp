@@ -127,7 +127,7 @@ TEST_P(GoldenTest, Fp32AdamWStepsMatchPyTorch) {
   // NOTE: an element whose gradient is zero in exact arithmetic (GPT-2's key bias: softmax is
   // invariant to adding q.b_k to a whole row) has a gradient of rounding noise (~1e-10) in PyTorch
   // as here, and Adam's m/sqrt(v) turns noise into +-lr steps of arbitrary sign. Such elements
-  // (|grad| < 1e-6 max|grad| of their tensor at step 0) are left out; every other element must
+  // (0 < |grad| < 1e-6 max|grad| of their tensor at step 0, under 1%) are left out; every other element must
   // match to 1e-4.
   int excluded = 0;
   for (nn::Parameter* p : m->store().parameters()) {
@@ -137,14 +137,14 @@ TEST_P(GoldenTest, Fp32AdamWStepsMatchPyTorch) {
     for (float x : grad0) gmax = std::max(gmax, std::fabs(static_cast<double>(x)));
     std::vector<float> mine(p->master, p->master + after.size());
     for (size_t i = 0; i < after.size(); ++i) {
-      if (std::fabs(grad0[i]) < 1e-6 * gmax) {
+      if (grad0[i] != 0.0f && std::fabs(grad0[i]) < 1e-6 * gmax) {
         mine[i] = after[i];
         ++excluded;
       }
     }
     EXPECT_LE(rel_err(mine.data(), after), 1e-4) << p->name;
   }
-  EXPECT_LE(excluded, 2 * g.cfg.n_layer * g.cfg.hidden);
+  EXPECT_LE(excluded, static_cast<int>(m->store().numel() / 100));
 }
 
 // Low-precision compute (bf16 or f16 GEMM operands, f32 everything else) against the f32 oracle:

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/cpu_features.h"
+#include "base/error.h"
 #include "tensor/allocator.h"
 #include "tensor/tensor.h"
 

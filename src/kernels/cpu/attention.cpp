@@ -1,18 +1,16 @@
-// Causal grouped-query attention, FlashAttention-2 style (Dao 2023): a tiling driver plus a table of
-// tile primitives (attention_avx512.h), portable here, AVX-512 in attention_avx512.cpp.
+// Causal grouped-query attention, FlashAttention-2 style (Dao 2023): a tiling driver plus a table
+// of tile primitives (attention_avx512.h), portable here, AVX-512 in attention_avx512.cpp.
 //
 // Forward, per (b, h, query tile), over the key tiles it can see, with m, l running per query:
 //   S = Q K^T;  m' = max(m, c*max S);  P = 2^(c*S - m');  l = l*2^(m - m') + sum P;
-//   O = O*2^(m - m') + P V;  at the end O /= l and lse = (m + log2 l) * ln 2,  c = log2(e)/sqrt(HS).
-// The forward holds S transposed (keys x queries): Q is transposed once per query tile and K rows
-// are used as they lie, so no key tile is transposed, and the softmax runs down columns.
+//   O = O*2^(m - m') + P V;  at the end O /= l, lse = (m + log2 l) * ln 2;  c = log2(e)/sqrt(HS).
+// The forward holds S transposed (keys x queries): Q is transposed once per query tile, key tiles
+// are only packed, never transposed, and the softmax runs down columns with no horizontal reduction.
 // Backward, per (b, kv head): one thread owns the kv head's dK, dV and its query heads' dQ, so the
 // sums over query heads need no atomics and are deterministic. D = rowsum(dO * O); per key tile
 // (outer), query head, query tile (inner), recomputing P from lse:
 //   dV += P^T dO;  dP = dO V^T;  dS = P * (dP - D) / sqrt(HS);  dK += dS^T Q;  dQ += dS K.
 #include "kernels/cpu/attention.h"
-
-#include <omp.h>
 
 #include <algorithm>
 #include <bit>
@@ -51,7 +49,9 @@ inline float exp2_poly(float x) {
   return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
 }
 
-int visible(int i, int cols, int diag) { return std::clamp(i + diag + 1, 0, cols); }
+int visible(int i, int cols, int diag) {
+  return std::clamp(i + diag + 1, 0, cols);
+}
 
 void transpose_portable(float* Xt, const float* X, int ldx, int n, int HS) {
   const int width = (n + 15) / 16 * 16;
@@ -147,8 +147,8 @@ struct TileOps {
 
 TileOps tile_ops() {
   if (isa_active() == Isa::kAvx512)
-    return {attn_transpose_avx512, attn_scores_avx512, attn_softmax_fwd_avx512, attn_softmax_bwd_avx512,
-            attn_accumulate_avx512};
+    return {attn_transpose_avx512, attn_scores_avx512, attn_softmax_fwd_avx512,
+            attn_softmax_bwd_avx512, attn_accumulate_avx512};
   return {transpose_portable, scores_portable, softmax_fwd_portable, softmax_bwd_portable,
           accumulate_portable};
 }
@@ -167,6 +167,13 @@ class Scratch {
  private:
   std::vector<float> buf_;
 };
+
+// dst (n, HS) contiguous = src (n, HS; row stride ld). Tiles are packed before the products: rows
+// kilobytes apart in qkv would each cost a TLB entry.
+void pack_rows(float* dst, const float* src, int ld, int n, int HS) {
+  for (int j = 0; j < n; ++j)
+    std::memcpy(dst + j * HS, src + static_cast<long>(j) * ld, sizeof(float) * HS);
+}
 
 void check_dims(const char* where, int B, int T, int NH, int NKV, int HS) {
   MT_CHECK(B >= 0 && T >= 0 && NH > 0 && NKV > 0 && HS > 0 && NH % NKV == 0,
@@ -197,8 +204,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
     float* m = St + kAttnTile * kLd;  // (kAttnTile): running max, log2 units
     float* l = m + kAttnTile;         // (kAttnTile): running sum
     float* alpha = l + kAttnTile;     // (kAttnTile): this tile's rescaling
-    float* Kp = alpha + kAttnTile;
-    float* Vp = Kp + tile_hs;
+    float* Kp = alpha + kAttnTile;    // (kAttnTile, HS): the key tile, packed
+    float* Vp = Kp + tile_hs;         // (kAttnTile, HS): the value tile, packed
 #pragma omp for schedule(dynamic, 1)
     for (long u = 0; u < units; ++u) {
       const int qt = nqt - 1 - static_cast<int>(u % nqt);  // longest tiles first
@@ -214,10 +221,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
         const int cols = std::min(kAttnTile, T - j0), diag = q0 - j0;
         const float* K = qkv + (row0 + j0) * C3 + (NH + h / group) * HS;
         const float* V = K + NKV * HS;
-        for (int j = 0; j < cols; ++j) {
-          std::memcpy(Kp + j * HS, K + static_cast<long>(j) * C3, HS * sizeof(float));
-          std::memcpy(Vp + j * HS, V + static_cast<long>(j) * C3, HS * sizeof(float));
-        }
+        pack_rows(Kp, K, C3, cols, HS);
+        pack_rows(Vp, V, C3, cols, HS);
         ops.scores(St, Kp, HS, Qt, cols, rows, HS, -diag, kAttnNoLimit);
         ops.softmax_fwd(St, m, l, alpha, cols, rows, diag, c);
         ops.accumulate(O, HS, St, 1, kLd, Vp, HS, rows, cols, HS, -kAttnNoLimit, diag, alpha);
@@ -245,14 +250,17 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 #pragma omp parallel
   {
     const size_t tile_hs = static_cast<size_t>(HS) * kLd;
-    Scratch scratch(4 * tile_hs + 2 * kAttnTile * kLd + static_cast<size_t>(group) * T);
-    float* Kt = scratch.data();       // (HS, kLd)
-    float* Vt = Kt + tile_hs;         // (HS, kLd)
-    float* dK = Vt + tile_hs;         // (kAttnTile, HS)
-    float* dV = dK + tile_hs;         // (kAttnTile, HS)
-    float* S = dV + tile_hs;          // (kAttnTile, kLd): scores, then P
-    float* dP = S + kAttnTile * kLd;  // (kAttnTile, kLd): dP, then dS
-    float* D = dP + kAttnTile * kLd;  // (group, T): rowsum(dO * O)
+    Scratch scratch(7 * tile_hs + 2 * kAttnTile * kLd + static_cast<size_t>(group) * T);
+    float* Kt = scratch.data();        // (HS, kLd)
+    float* Vt = Kt + tile_hs;          // (HS, kLd)
+    float* dK = Vt + tile_hs;          // (kAttnTile, HS)
+    float* dV = dK + tile_hs;          // (kAttnTile, HS)
+    float* S = dV + tile_hs;           // (kAttnTile, kLd): scores, then P
+    float* dP = S + kAttnTile * kLd;   // (kAttnTile, kLd): dP, then dS
+    float* Kp = dP + kAttnTile * kLd;  // (kAttnTile, HS): the key tile, packed
+    float* Qp = Kp + tile_hs;          // (kAttnTile, HS): the query tile, packed
+    float* dOp = Qp + tile_hs;         // (kAttnTile, HS): its output gradient, packed
+    float* D = dOp + tile_hs;          // (group, T): rowsum(dO * O)
 #pragma omp for schedule(dynamic, 1)
     for (long u = 0; u < units; ++u) {
       const int b = static_cast<int>(u / NKV), kvh = static_cast<int>(u % NKV);
@@ -275,6 +283,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         const long vofs = kofs + NKV * HS;
         ops.transpose(Kt, qkv + kofs, C3, cols, HS);
         ops.transpose(Vt, qkv + vofs, C3, cols, HS);
+        pack_rows(Kp, qkv + kofs, C3, cols, HS);
         std::fill(dK, dK + cols * HS, 0.0f);
         std::fill(dV, dV + cols * HS, 0.0f);
         for (int g = 0; g < group; ++g) {
@@ -282,17 +291,19 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           for (int q0 = j0; q0 < T; q0 += kAttnTile) {
             const int rows = std::min(kAttnTile, T - q0), diag = q0 - j0;
             const long qofs = (row0 + q0) * C3 + h * HS;
-            const float* Q = qkv + qofs;
-            const float* dO = dout + (row0 + q0) * C + h * HS;
+            pack_rows(Qp, qkv + qofs, C3, rows, HS);
+            pack_rows(dOp, dout + (row0 + q0) * C + h * HS, C, rows, HS);
             const float* lse_q = lse + (static_cast<long>(b) * NH + h) * T + q0;
-            ops.scores(S, Q, C3, Kt, rows, cols, HS, -kAttnNoLimit, diag);
-            ops.scores(dP, dO, C, Vt, rows, cols, HS, -kAttnNoLimit, diag);
+            ops.scores(S, Qp, HS, Kt, rows, cols, HS, -kAttnNoLimit, diag);
+            ops.scores(dP, dOp, HS, Vt, rows, cols, HS, -kAttnNoLimit, diag);
             ops.softmax_bwd(S, dP, lse_q, D + static_cast<long>(g) * T + q0, rows, cols, diag, c,
                             scale);
-            ops.accumulate(dV, HS, S, 1, kLd, dO, C, cols, rows, HS, -diag, kAttnNoLimit, nullptr);
-            ops.accumulate(dK, HS, dP, 1, kLd, Q, C3, cols, rows, HS, -diag, kAttnNoLimit, nullptr);
-            ops.accumulate(dqkv + qofs, C3, dP, kLd, 1, qkv + kofs, C3, rows, cols, HS,
-                           -kAttnNoLimit, diag, nullptr);
+            ops.accumulate(dV, HS, S, 1, kLd, dOp, HS, cols, rows, HS, -diag, kAttnNoLimit,
+                           nullptr);
+            ops.accumulate(dK, HS, dP, 1, kLd, Qp, HS, cols, rows, HS, -diag, kAttnNoLimit,
+                           nullptr);
+            ops.accumulate(dqkv + qofs, C3, dP, kLd, 1, Kp, HS, rows, cols, HS, -kAttnNoLimit, diag,
+                           nullptr);
           }
         }
         for (int j = 0; j < cols; ++j) {

@@ -103,15 +103,16 @@ using AccumulateFn = void (*)(float*, int, const float*, int, int, const float*,
 template <int R>
 constexpr ScoresFn kScoresRow[4] = {scores_block<R, 1>, scores_block<R, 2>, scores_block<R, 3>,
                                     scores_block<R, 4>};
-constexpr const ScoresFn* kScores[4] = {kScoresRow<1>, kScoresRow<2>, kScoresRow<3>,
-                                        kScoresRow<4>};
+constexpr const ScoresFn* kScores[4] = {kScoresRow<1>, kScoresRow<2>, kScoresRow<3>, kScoresRow<4>};
 template <int R>
 constexpr AccumulateFn kAccumulateRow[4] = {accumulate_block<R, 1>, accumulate_block<R, 2>,
                                             accumulate_block<R, 3>, accumulate_block<R, 4>};
 constexpr const AccumulateFn* kAccumulate[4] = {kAccumulateRow<1>, kAccumulateRow<2>,
                                                 kAccumulateRow<3>, kAccumulateRow<4>};
 
-int visible(int i, int cols, int diag) { return std::clamp(i + diag + 1, 0, cols); }
+int visible(int i, int cols, int diag) {
+  return std::clamp(i + diag + 1, 0, cols);
+}
 
 // out[e][a] = in[a][e] for a 16x16 block held in registers.
 void transpose16(__m512 r[16]) {
@@ -131,8 +132,8 @@ void transpose16(__m512 r[16]) {
   }
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
-    __m512 v = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);   // lanes 0, 2 of rows 0-7
-    __m512 w = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);   // lanes 1, 3 of rows 0-7
+    __m512 v = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);  // lanes 0, 2 of rows 0-7
+    __m512 w = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);  // lanes 1, 3 of rows 0-7
     __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
     __m512 w2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
     r[c] = _mm512_shuffle_f32x4(v, v2, 0x88);
@@ -150,10 +151,11 @@ void attn_transpose_avx512(float* Xt, const float* X, int ldx, int n, int HS) {
       const __mmask16 mask = tail_mask(HS - e0);
       __m512 r[16];
       for (int a = 0; a < 16; ++a)
-        r[a] = a0 + a < n ? _mm512_maskz_loadu_ps(mask, X + (a0 + a) * ldx + e0)
-                          : _mm512_setzero_ps();
+        r[a] =
+            a0 + a < n ? _mm512_maskz_loadu_ps(mask, X + (a0 + a) * ldx + e0) : _mm512_setzero_ps();
       transpose16(r);
-      for (int e = 0; e < std::min(16, HS - e0); ++e) _mm512_storeu_ps(Xt + (e0 + e) * kLd + a0, r[e]);
+      for (int e = 0; e < std::min(16, HS - e0); ++e)
+        _mm512_storeu_ps(Xt + (e0 + e) * kLd + a0, r[e]);
     }
   }
 }
@@ -194,7 +196,8 @@ void attn_softmax_fwd_avx512(float* St, float* m, float* l, float* alpha, int ke
     __m512 sum = _mm512_setzero_ps();
     for (int j = 0; j < jend; ++j) {
       float* s = St + j * kLd + i0;
-      __m512 p = _mm512_maskz_mov_ps(seen(j), exp2_ps(_mm512_fmadd_ps(_mm512_loadu_ps(s), vc, neg)));
+      __m512 p =
+          _mm512_maskz_mov_ps(seen(j), exp2_ps(_mm512_fmadd_ps(_mm512_loadu_ps(s), vc, neg)));
       _mm512_storeu_ps(s, p);
       sum = _mm512_add_ps(sum, p);
     }
@@ -217,7 +220,8 @@ void attn_softmax_bwd_avx512(float* S, float* dP, const float* lse, const float*
     __m512 d = _mm512_set1_ps(D[i]);
     for (int v = 0; v < nvec; ++v) {
       __mmask16 mk = tail_mask(n - 16 * v);
-      __m512 p = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_fmadd_ps(_mm512_loadu_ps(s + 16 * v), vc, neg)));
+      __m512 p =
+          _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_fmadd_ps(_mm512_loadu_ps(s + 16 * v), vc, neg)));
       __m512 ds = _mm512_maskz_mul_ps(mk, p, _mm512_sub_ps(_mm512_loadu_ps(dp + 16 * v), d));
       _mm512_storeu_ps(s + 16 * v, p);
       _mm512_storeu_ps(dp + 16 * v, _mm512_mul_ps(ds, vscale));
@@ -237,8 +241,8 @@ void attn_accumulate_avx512(float* C, int ldc, const float* A, int sa_r, int sa_
       int kb = std::max(0, r0 + lo);
       int ke = std::min(K, r0 + R - 1 + hi + 1);
       if (kb >= ke && alpha == nullptr) continue;
-      kAccumulate[R - 1][nv - 1](C + r0 * ldc + c0, ldc, A + r0 * sa_r, sa_r, sa_k, X + c0, ldx,
-                                 kb, ke, mask, alpha != nullptr ? alpha + r0 : nullptr);
+      kAccumulate[R - 1][nv - 1](C + r0 * ldc + c0, ldc, A + r0 * sa_r, sa_r, sa_k, X + c0, ldx, kb,
+                                 ke, mask, alpha != nullptr ? alpha + r0 : nullptr);
     }
   }
 }

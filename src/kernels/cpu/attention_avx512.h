@@ -2,8 +2,8 @@
 // them through a table: the portable bodies live in attention.cpp, the AVX-512 bodies in
 // attention_avx512.cpp (compiled with AVX-512 flags, called only when isa_active() says so).
 //
-// A tile pairs up to kAttnTile query rows (positions q0...) with up to kAttnTile keys (j0...); query
-// i of the tile may see key j of the tile iff j <= i + diag, diag = q0 - j0. Score tiles are
+// A tile pairs up to kAttnTile query rows (positions q0...) with up to kAttnTile keys (j0...);
+// query i of the tile may see key j of the tile iff j <= i + diag, diag = q0 - j0. Score tiles are
 // (kAttnTile, kAttnTile) row-major. Exponentials are base 2: c = log2(e) / sqrt(HS).
 // Band (lo, hi): for row r, the columns (or terms) k with max(0, r + lo) <= k < min(n, r + hi + 1).
 #pragma once

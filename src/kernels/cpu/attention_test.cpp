@@ -51,7 +51,9 @@ std::vector<float> random_vector(size_t n, unsigned seed, float amplitude = 1.0f
   return v;
 }
 
-std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+std::vector<double> to_double(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
 
 // Naive attention in double. out: (B, T, NH*HS), lse: (B, NH, T).
 void reference_forward(std::vector<double>& out, std::vector<double>& lse,
@@ -95,7 +97,9 @@ std::vector<double> reference_backward(const std::vector<double>& dout,
   const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
   std::vector<double> dqkv(s.qkv_size(), 0.0);
   std::vector<double> P(static_cast<size_t>(T) * T), dP(static_cast<size_t>(T) * T);
-  auto at = [&](int b, int t, int head) { return (static_cast<size_t>(b) * T + t) * C3 + head * HS; };
+  auto at = [&](int b, int t, int head) {
+    return (static_cast<size_t>(b) * T + t) * C3 + head * HS;
+  };
   for (int b = 0; b < s.B; ++b)
     for (int h = 0; h < s.NH; ++h) {
       const int kh = s.NH + h / group, vh = s.NH + s.NKV + h / group;
@@ -161,7 +165,7 @@ Result run_kernels(const std::vector<float>& qkv, const std::vector<float>& dout
 }
 
 const Shape kShapes[] = {
-    {1, 1, 4, 4, 16},   {2, 17, 4, 2, 8},  {1, 67, 6, 1, 24},  {2, 67, 4, 2, 64},
+    {1, 1, 4, 4, 16},   {2, 17, 4, 2, 8},   {1, 67, 6, 1, 24}, {2, 67, 4, 2, 64},
     {1, 130, 2, 2, 64}, {1, 100, 6, 3, 16}, {1, 70, 2, 1, 80}, {1, 64, 3, 3, 128},
 };
 
@@ -291,9 +295,9 @@ TEST(AttentionTest, RepeatedCallsAreBitwiseEqual) {
 TEST(AttentionTest, RejectsHeadsNotDivisibleByKvHeads) {
   std::vector<float> buf(1024);
   EXPECT_THROW(attention_forward(buf.data(), buf.data(), buf.data(), 1, 2, 3, 2, 8), Error);
-  EXPECT_THROW(attention_backward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), 1, 2,
-                                  3, 2, 8),
-               Error);
+  EXPECT_THROW(
+      attention_backward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), 1, 2, 3, 2, 8),
+      Error);
 }
 
 }  // namespace
