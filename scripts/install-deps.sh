@@ -10,6 +10,7 @@ PACKAGES=(
   libcli11-dev            # command line
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy   # the PyTorch oracle for golden data and the peer benchmark
+  libopenblas0-pthread    # the BLAS a PyTorch user has (netlib reference BLAS makes its fp32 ~20x slower)
 )
 
 missing=()

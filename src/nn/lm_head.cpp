@@ -8,8 +8,14 @@
 namespace mt::nn {
 
 double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
-  int R = a.tile_rows > 0 ? a.tile_rows
-                          : std::max(1, static_cast<int>((32u << 20) / (4u * static_cast<unsigned>(a.V))));
+  // Default tile: f32 logits of at most 64 MiB, split into equal tiles (a GEMM with a short K is
+  // slow, and dW is re-read and re-written once per tile, so fewer, even tiles are faster).
+  int R = a.tile_rows;
+  if (R <= 0) {
+    size_t budget_rows = std::max<size_t>(1, (size_t{64} << 20) / (4 * static_cast<size_t>(a.V)));
+    size_t tiles = (static_cast<size_t>(a.N) + budget_rows - 1) / budget_rows;
+    R = static_cast<int>((static_cast<size_t>(a.N) + tiles - 1) / tiles);
+  }
   R = std::min(R, a.N);
   size_t es = dtype_size(a.dtype);
   float* logits = static_cast<float*>(ws.get(WorkSlot::kLmHeadLogits, static_cast<size_t>(R) * a.V * 4));

@@ -21,7 +21,7 @@ struct LmHeadArgs {
   float* dx = nullptr;      // (N, C) f32 =   (when grad_scale != 0)
   float* dw = nullptr;      // (V, C) f32 +=  (when grad_scale != 0)
   float* losses = nullptr;  // (N) f32 = per-row loss (0 for ignored rows)
-  int tile_rows = 0;        // 0: chosen so a tile of f32 logits is at most 32 MiB
+  int tile_rows = 0;        // 0: equal tiles of f32 logits of at most 64 MiB each
 };
 
 // Returns the sum of the per-row losses.
