@@ -18,7 +18,7 @@ OUTDIR/<name>.safetensors with:
     logits        F32 [B,T,V] from the initial weights
     loss          F32 [1]     mean cross-entropy over non-ignored positions
     grad.<hf>     F32         d loss / d param (tied GPT-2 wte: both uses)
-    step_losses   F32 [K]     AdamW(lr=1e-2, betas=(0.9,0.95), eps=1e-8, wd=0.1), same batch each
+    step_losses   F32 [K]     AdamW(lr=1e-3, betas=(0.9,0.95), eps=1e-8, wd=0.1), same batch each
                               step; loss before each update (step_losses[0] == loss)
     after.<hf>    F32         weights after the K steps
     __metadata__  config (JSON string), batch, seq, steps, lr, beta1, beta2, eps, weight_decay
@@ -44,7 +44,7 @@ import torch_models as tm  # noqa: E402
 
 MODELS = ("tiny-gpt2", "tiny-llama")
 SEED = 1234
-LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 1e-2, 0.9, 0.95, 1e-8, 0.1
+LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 1e-3, 0.9, 0.95, 1e-8, 0.1
 IGNORE_POS = (0, 3)
 
 _DTYPES = {torch.float32: ("F32", "<f4"), torch.int32: ("I32", "<i4")}

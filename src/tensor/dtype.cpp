@@ -1,5 +1,7 @@
 #include "tensor/dtype.h"
 
+#include <omp.h>
+
 #include "base/cpu_features.h"
 #include "base/error.h"
 
@@ -73,24 +75,59 @@ f16_t f32_to_f16(float f) {
   return f16_t{static_cast<uint16_t>(sign | h)};
 }
 
+namespace {
+
+// Runs body(begin, end) over [0, n) split into contiguous chunks, one per OpenMP thread when n is
+// large enough to pay for the fork (the activation casts of a step are 1-50 M elements).
+template <typename Body>
+void parallel_chunks(size_t n, Body body) {
+  constexpr size_t kMinPerThread = size_t{1} << 16;
+  int threads = omp_get_max_threads();
+  if (n < 2 * kMinPerThread || threads <= 1 || omp_in_parallel()) {
+    body(size_t{0}, n);
+    return;
+  }
+#pragma omp parallel
+  {
+    size_t t = static_cast<size_t>(omp_get_thread_num()), nt = static_cast<size_t>(omp_get_num_threads());
+    size_t chunk = (n + nt - 1) / nt;
+    size_t b = t * chunk, e = b + chunk < n ? b + chunk : n;
+    if (b < e) body(b, e);
+  }
+}
+
+}  // namespace
+
 void convert_f32_to_bf16(bf16_t* dst, const float* src, size_t n) {
-  if (isa_active() == Isa::kAvx512) return detail::convert_f32_to_bf16_avx512(dst, src, n);
-  for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  bool vec = isa_active() == Isa::kAvx512;
+  parallel_chunks(n, [&](size_t b, size_t e) {
+    if (vec) return detail::convert_f32_to_bf16_avx512(dst + b, src + b, e - b);
+    for (size_t i = b; i < e; ++i) dst[i] = f32_to_bf16(src[i]);
+  });
 }
 
 void convert_bf16_to_f32(float* dst, const bf16_t* src, size_t n) {
-  if (isa_active() == Isa::kAvx512) return detail::convert_bf16_to_f32_avx512(dst, src, n);
-  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+  bool vec = isa_active() == Isa::kAvx512;
+  parallel_chunks(n, [&](size_t b, size_t e) {
+    if (vec) return detail::convert_bf16_to_f32_avx512(dst + b, src + b, e - b);
+    for (size_t i = b; i < e; ++i) dst[i] = bf16_to_f32(src[i]);
+  });
 }
 
 void convert_f32_to_f16(f16_t* dst, const float* src, size_t n) {
-  if (isa_active() == Isa::kAvx512) return detail::convert_f32_to_f16_avx512(dst, src, n);
-  for (size_t i = 0; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+  bool vec = isa_active() == Isa::kAvx512;
+  parallel_chunks(n, [&](size_t b, size_t e) {
+    if (vec) return detail::convert_f32_to_f16_avx512(dst + b, src + b, e - b);
+    for (size_t i = b; i < e; ++i) dst[i] = f32_to_f16(src[i]);
+  });
 }
 
 void convert_f16_to_f32(float* dst, const f16_t* src, size_t n) {
-  if (isa_active() == Isa::kAvx512) return detail::convert_f16_to_f32_avx512(dst, src, n);
-  for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+  bool vec = isa_active() == Isa::kAvx512;
+  parallel_chunks(n, [&](size_t b, size_t e) {
+    if (vec) return detail::convert_f16_to_f32_avx512(dst + b, src + b, e - b);
+    for (size_t i = b; i < e; ++i) dst[i] = f16_to_f32(src[i]);
+  });
 }
 
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {

@@ -41,7 +41,8 @@ inline bf16_t f32_to_bf16(float f) {
 float f16_to_f32(f16_t v);
 f16_t f32_to_f16(float f);  // round to nearest even; overflow -> inf; NaN preserved
 
-// Row converters over n contiguous elements. dst and src must not overlap.
+// Row converters over n contiguous elements (split over the OpenMP threads when n is large).
+// dst and src must not overlap.
 void convert_f32_to_bf16(bf16_t* dst, const float* src, size_t n);
 void convert_bf16_to_f32(float* dst, const bf16_t* src, size_t n);
 void convert_f32_to_f16(f16_t* dst, const float* src, size_t n);
