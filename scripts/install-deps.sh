@@ -8,6 +8,7 @@ PACKAGES=(
   libdnnl-dev             # oneDNN: GEMM (fp32, bf16 with AVX512-BF16/AMX)
   nlohmann-json3-dev      # JSON configs, safetensors headers
   libcli11-dev            # command line
+  libpcre2-dev            # GPT-2's pre-tokenizer regex (Unicode letter/number classes)
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy   # the PyTorch oracle for golden data and the peer benchmark
   libopenblas0-pthread    # the BLAS a PyTorch user has (netlib reference BLAS makes its fp32 ~20x slower)
