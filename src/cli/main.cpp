@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   mt::cli::register_bench(app);
   mt::cli::register_inspect(app);
+  mt::cli::register_config(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

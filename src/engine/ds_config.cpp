@@ -1,0 +1,452 @@
+#include "engine/ds_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+
+#include "base/error.h"
+#include "base/file_io.h"
+#include "engine/hf_config.h"
+
+namespace mt::engine {
+namespace {
+
+using nlohmann::json;
+
+// How a key we do not parse into RunConfig is treated.
+enum class Unparsed { kWarn, kRefuseIfEnabled };
+
+int edit_distance(const std::string& a, const std::string& b) {
+  std::vector<int> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = static_cast<int>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = static_cast<int>(i);
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// Walks one JSON object: typed getters that record which keys were read, "auto" handling, and a
+// final pass that warns about or refuses the rest.
+class Section {
+ public:
+  Section(const json& j, std::string path, std::vector<std::string>& warnings)
+      : j_(j), path_(std::move(path)), warnings_(warnings) {
+    MT_CHECK(j_.is_object(), ErrorKind::kInvalidArgument, where() + " must be a JSON object");
+  }
+
+  std::string where(const std::string& key = "") const {
+    if (key.empty()) return path_.empty() ? "config" : path_;
+    return path_.empty() ? key : path_ + "." + key;
+  }
+  bool has(const std::string& key) { known_.push_back(key); return j_.contains(key) && !j_[key].is_null(); }
+  bool is_auto(const std::string& key) { return has(key) && j_[key].is_string() && j_[key] == "auto"; }
+  const json& raw(const std::string& key) { known_.push_back(key); return j_.at(key); }
+
+  double number(const std::string& key, double fallback) {
+    if (!has(key)) return fallback;
+    MT_CHECK(!is_auto(key), ErrorKind::kInvalidArgument, where(key) + ": \"auto\" cannot be resolved here");
+    MT_CHECK(j_[key].is_number(), ErrorKind::kInvalidArgument, where(key) + " must be a number");
+    return j_[key].get<double>();
+  }
+  int64_t integer(const std::string& key, int64_t fallback) {
+    if (!has(key)) return fallback;
+    MT_CHECK(!is_auto(key), ErrorKind::kInvalidArgument, where(key) + ": \"auto\" cannot be resolved here");
+    const json& v = j_[key];
+    MT_CHECK(v.is_number_integer() || (v.is_number_float() && v.get<double>() == std::floor(v.get<double>())),
+             ErrorKind::kInvalidArgument, where(key) + " must be an integer");
+    return v.get<int64_t>();
+  }
+  bool boolean(const std::string& key, bool fallback) {
+    if (!has(key)) return fallback;
+    MT_CHECK(j_[key].is_boolean(), ErrorKind::kInvalidArgument, where(key) + " must be true or false");
+    return j_[key].get<bool>();
+  }
+  std::string string(const std::string& key, const std::string& fallback) {
+    if (!has(key)) return fallback;
+    MT_CHECK(j_[key].is_string(), ErrorKind::kInvalidArgument, where(key) + " must be a string");
+    return j_[key].get<std::string>();
+  }
+  // A key that must keep its neutral value: anything else changes training and is refused.
+  template <typename T>
+  void require_default(const std::string& key, const T& neutral, const std::string& why) {
+    if (!has(key)) return;
+    MT_CHECK(j_[key] == json(neutral), ErrorKind::kNotSupported, where(key) + ": " + why);
+  }
+  void unparsed(const std::string& key, Unparsed how) { extra_[key] = how; }
+
+  // Every key not read: refused (when it enables something that changes training) or warned
+  // about, with a did-you-mean for near misses of known keys.
+  void finish() {
+    for (auto it = j_.begin(); it != j_.end(); ++it) {
+      const std::string& k = it.key();
+      if (std::find(known_.begin(), known_.end(), k) != known_.end()) continue;
+      auto e = extra_.find(k);
+      if (e != extra_.end()) {
+        const json& v = it.value();
+        bool enabled = (v.is_boolean() && v.get<bool>()) ||
+                       (v.is_object() && v.contains("enabled") && v["enabled"] == true);
+        if (e->second == Unparsed::kRefuseIfEnabled && enabled)
+          throw Error(ErrorKind::kNotSupported, where(k) + " is not supported yet (it would change what is trained)");
+        warnings_.push_back(where(k) + ": accepted but has no effect in meshtrain");
+        continue;
+      }
+      std::string best;
+      int best_d = 3;
+      std::vector<std::string> candidates = known_;
+      for (auto& [name, how] : extra_) candidates.push_back(name);
+      for (const auto& c : candidates) {
+        int d = edit_distance(k, c);
+        if (d < best_d) { best_d = d; best = c; }
+      }
+      warnings_.push_back(where(k) + ": unknown key, ignored" + (best.empty() ? "" : " (did you mean '" + best + "'?)"));
+    }
+  }
+
+  Section sub(const std::string& key) { known_.push_back(key); return Section(j_.at(key), where(key), warnings_); }
+
+ private:
+  const json& j_;
+  std::string path_;
+  std::vector<std::string>& warnings_;
+  std::vector<std::string> known_;
+  std::map<std::string, Unparsed> extra_;
+};
+
+void parse_batch(Section& s, RunConfig& c, int world) {
+  auto get = [&](const char* key) -> int64_t { return s.is_auto(key) ? 0 : s.integer(key, 0); };
+  int64_t tbs = get("train_batch_size"), mb = get("train_micro_batch_size_per_gpu"),
+          gas = get("gradient_accumulation_steps");
+  // DeepSpeed's rule: any two give the third; one alone sets gas = 1.
+  if (tbs && mb && gas) {
+  } else if (tbs && mb) {
+    gas = tbs / mb / world;
+  } else if (tbs && gas) {
+    mb = tbs / world / gas;
+  } else if (mb && gas) {
+    tbs = mb * gas * world;
+  } else if (tbs) {
+    gas = 1;
+    mb = tbs / world;
+  } else if (mb) {
+    gas = 1;
+    tbs = mb * world;
+  } else {
+    throw Error(ErrorKind::kInvalidArgument,
+                "train_batch_size or train_micro_batch_size_per_gpu must be given (a number, not \"auto\" for both)");
+  }
+  MT_CHECK(tbs > 0 && mb > 0 && gas > 0 && tbs == mb * gas * world, ErrorKind::kInvalidArgument,
+           "train_batch_size (" + std::to_string(tbs) + ") must equal train_micro_batch_size_per_gpu (" +
+               std::to_string(mb) + ") * gradient_accumulation_steps (" + std::to_string(gas) +
+               ") * data-parallel size (" + std::to_string(world) + ")");
+  c.batch = {tbs, mb, gas};
+}
+
+void parse_precision(Section& root, RunConfig& c) {
+  bool fp16 = false, bf16 = false;
+  if (root.has("fp16")) {
+    Section s = root.sub("fp16");
+    fp16 = s.is_auto("enabled") ? false : s.boolean("enabled", false);
+    double ls = s.number("loss_scale", 0.0);
+    c.loss_scaler.dynamic = ls == 0.0;
+    c.loss_scaler.static_scale = ls;
+    c.loss_scaler.initial_scale_power = static_cast<int>(s.integer("initial_scale_power", 16));
+    c.loss_scaler.scale_window = s.integer("loss_scale_window", 1000);
+    c.loss_scaler.hysteresis = static_cast<int>(s.integer("hysteresis", 2));
+    c.loss_scaler.consecutive_hysteresis = s.boolean("consecutive_hysteresis", false);
+    c.loss_scaler.min_scale = s.number("min_loss_scale", 1.0);
+    s.require_default("auto_cast", false, "auto_cast is not supported");
+    s.require_default("fp16_master_weights_and_grads", false, "fp16 master weights are not supported (f32 masters are kept)");
+    MT_CHECK(c.loss_scaler.scale_window > 0 && c.loss_scaler.hysteresis > 0, ErrorKind::kInvalidArgument,
+             "fp16.loss_scale_window and fp16.hysteresis must be positive");
+    s.finish();
+  }
+  if (root.has("bf16")) {
+    Section s = root.sub("bf16");
+    bf16 = s.is_auto("enabled") ? false : s.boolean("enabled", false);
+    s.unparsed("immediate_grad_update", Unparsed::kWarn);
+    s.finish();
+  }
+  MT_CHECK(!(fp16 && bf16), ErrorKind::kInvalidArgument, "fp16.enabled and bf16.enabled cannot both be true");
+  c.compute_dtype = fp16 ? DType::kF16 : bf16 ? DType::kBF16 : DType::kF32;
+}
+
+// Hugging Face TrainingArguments defaults: what its DeepSpeed integration fills "auto" with when
+// the user passes nothing.
+constexpr double kHfLr = 5e-5, kHfBeta1 = 0.9, kHfBeta2 = 0.999, kHfEps = 1e-8, kHfWd = 0.0;
+
+void parse_optimizer(Section& root, RunConfig& c) {
+  if (!root.has("optimizer")) return;
+  Section s = root.sub("optimizer");
+  std::string type = s.string("type", "AdamW");
+  OptimizerConfig& o = c.optimizer;
+  o.type = type;
+  std::string lower = type;
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  if (lower != "adam" && lower != "adamw")
+    throw Error(ErrorKind::kNotSupported, "optimizer.type: '" + type + "' is not implemented yet (Adam, AdamW)");
+  if (s.has("params")) {
+    Section p = s.sub("params");
+    o.lr = p.is_auto("lr") ? kHfLr : p.number("lr", 1e-3);
+    if (p.is_auto("betas")) {
+      o.beta1 = kHfBeta1;
+      o.beta2 = kHfBeta2;
+    } else if (p.has("betas")) {
+      const json& b = p.raw("betas");
+      MT_CHECK(b.is_array() && b.size() == 2 && b[0].is_number() && b[1].is_number(), ErrorKind::kInvalidArgument,
+               "optimizer.params.betas must be [beta1, beta2]");
+      o.beta1 = b[0].get<double>();
+      o.beta2 = b[1].get<double>();
+    }
+    o.eps = p.is_auto("eps") ? kHfEps : p.number("eps", 1e-8);
+    o.weight_decay = p.is_auto("weight_decay") ? kHfWd : p.number("weight_decay", lower == "adamw" ? 0.01 : 0.0);
+    o.adam_w_mode = lower == "adamw" || p.boolean("adam_w_mode", true);
+    p.require_default("amsgrad", false, "amsgrad is not supported");
+    p.require_default("bias_correction", true, "bias_correction false is not supported");
+    p.unparsed("torch_adam", Unparsed::kWarn);
+    p.unparsed("fused", Unparsed::kWarn);
+    p.finish();
+  }
+  if (!o.adam_w_mode)
+    throw Error(ErrorKind::kNotSupported, "optimizer.params.adam_w_mode: false (Adam with L2 decay) is not implemented yet");
+  s.finish();
+}
+
+void parse_scheduler(Section& root, RunConfig& c) {
+  optim::LrScheduleConfig& sc = c.scheduler;
+  sc.base_lr = c.optimizer.lr;
+  if (!root.has("scheduler")) return;
+  Section s = root.sub("scheduler");
+  std::string type = s.string("type", "");
+  if (type == "WarmupLR") sc.type = optim::LrScheduleType::kWarmupLR;
+  else if (type == "WarmupDecayLR") sc.type = optim::LrScheduleType::kWarmupDecayLR;
+  else if (type == "WarmupCosineLR") sc.type = optim::LrScheduleType::kWarmupCosineLR;
+  else throw Error(ErrorKind::kNotSupported, "scheduler.type: '" + type + "' is not implemented yet (WarmupLR, WarmupDecayLR, WarmupCosineLR)");
+  if (s.has("params")) {
+    Section p = s.sub("params");
+    sc.warmup_min_lr = p.is_auto("warmup_min_lr") ? 0.0 : p.number("warmup_min_lr", 0.0);
+    sc.warmup_max_lr = p.is_auto("warmup_max_lr") ? c.optimizer.lr : p.number("warmup_max_lr", 1e-3);
+    sc.warmup_num_steps = p.is_auto("warmup_num_steps") ? 0 : p.integer("warmup_num_steps", 1000);
+    sc.warmup_log = optim::lr_warmup_type_is_log(p.string("warmup_type", "log"), p.where("warmup_type"));
+    sc.total_num_steps = p.is_auto("total_num_steps") ? c.train_iters : p.integer("total_num_steps", c.train_iters);
+    sc.warmup_min_ratio = p.number("warmup_min_ratio", 0.0);
+    sc.cos_min_ratio = p.number("cos_min_ratio", 1e-4);
+    p.unparsed("last_batch_iteration", Unparsed::kRefuseIfEnabled);
+    p.finish();
+  }
+  if (sc.type != optim::LrScheduleType::kWarmupLR)
+    MT_CHECK(sc.total_num_steps > 0, ErrorKind::kInvalidArgument, "scheduler.params.total_num_steps must be positive");
+  s.finish();
+}
+
+void parse_zero(Section& root, RunConfig& c) {
+  if (!root.has("zero_optimization")) return;
+  Section s = root.sub("zero_optimization");
+  c.zero_stage = static_cast<int>(s.integer("stage", 0));
+  MT_CHECK(c.zero_stage >= 0 && c.zero_stage <= 3, ErrorKind::kInvalidArgument, "zero_optimization.stage must be 0, 1, 2 or 3");
+  if (c.zero_stage != 0)
+    throw Error(ErrorKind::kNotSupported, "zero_optimization.stage: " + std::to_string(c.zero_stage) +
+                                              " is not implemented yet (ZeRO arrives with the distributed engine); use 0");
+  for (const char* k : {"offload_optimizer", "offload_param"}) {
+    if (!s.has(k)) continue;
+    Section o = s.sub(k);
+    std::string device = o.string("device", "none");
+    MT_CHECK(device == "none" || device == "cpu", ErrorKind::kNotSupported, o.where("device") + ": '" + device + "' is not supported yet");
+    o.unparsed("pin_memory", Unparsed::kWarn);
+    o.unparsed("buffer_count", Unparsed::kWarn);
+    o.unparsed("fast_init", Unparsed::kWarn);
+    o.unparsed("ratio", Unparsed::kWarn);
+    o.finish();
+  }
+  // Buckets, prefetch and persistence only tune communication at stage >= 1.
+  for (const char* k : {"allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter",
+                        "reduce_bucket_size", "contiguous_gradients", "stage3_prefetch_bucket_size",
+                        "stage3_param_persistence_threshold", "stage3_max_live_parameters",
+                        "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+                        "sub_group_size", "round_robin_gradients", "cpu_offload", "memory_efficient_linear"})
+    s.unparsed(k, Unparsed::kWarn);
+  s.finish();
+}
+
+void parse_model(Section& root, RunConfig& c, const std::string& where) {
+  MT_CHECK(root.has("model"), ErrorKind::kInvalidArgument, "model: missing (a Hugging Face config object or a path to config.json)");
+  const json& m = root.raw("model");
+  if (m.is_string()) {
+    c.model_json = json::parse(file_read_all(m.get<std::string>()));
+    c.model = hf_config_parse(c.model_json, m.get<std::string>());
+    return;
+  }
+  MT_CHECK(m.is_object(), ErrorKind::kInvalidArgument, "model must be an object or a path");
+  c.model_json = m;
+  if (m.contains("init_from")) {
+    MT_CHECK(m["init_from"].is_string(), ErrorKind::kInvalidArgument, "model.init_from must be a path");
+    c.init_from = m["init_from"].get<std::string>();
+    c.model_json.erase("init_from");
+  }
+  if (m.contains("config")) {  // {"config": "path/to/config.json", "init_from": ...}
+    MT_CHECK(m["config"].is_string(), ErrorKind::kInvalidArgument, "model.config must be a path");
+    std::string path = m["config"].get<std::string>();
+    c.model_json = json::parse(file_read_all(path));
+    c.model = hf_config_parse(c.model_json, path);
+    return;
+  }
+  c.model = hf_config_parse(c.model_json, where + ": model");
+}
+
+void parse_data(Section& root, RunConfig& c) {
+  if (!root.has("data")) return;
+  Section d = root.sub("data");
+  c.data_train = d.string("train", "");
+  c.data_valid = d.string("valid", "");
+  c.tokenizer = d.string("tokenizer", "");
+  c.shuffle = d.boolean("shuffle", true);
+  c.seed = static_cast<uint64_t>(d.integer("seed", static_cast<int64_t>(c.seed)));
+  d.finish();
+}
+
+void parse_parallel(Section& root, int world) {
+  if (!root.has("parallel")) return;
+  MT_CHECK(!root.is_auto("parallel"), ErrorKind::kNotSupported, "parallel: \"auto\" needs the planner, which is not implemented yet");
+  Section p = root.sub("parallel");
+  for (const char* k : {"tp", "pp", "sp"}) {
+    int64_t v = p.integer(k, 1);
+    MT_CHECK(v == 1, ErrorKind::kNotSupported, p.where(k) + ": " + std::to_string(v) + " is not implemented yet (only 1)");
+  }
+  int64_t dp = p.integer("dp", world);
+  MT_CHECK(dp == world, ErrorKind::kInvalidArgument, p.where("dp") + ": " + std::to_string(dp) +
+                                                         " does not match the " + std::to_string(world) + " process(es)");
+  p.finish();
+}
+
+}  // namespace
+
+RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
+  RunConfig c;
+  Section root(j, "", c.warnings);
+  parse_model(root, c, where);
+  c.seq_length = root.integer("seq_length", std::min(1024, c.model.max_positions));
+  MT_CHECK(c.seq_length > 0, ErrorKind::kInvalidArgument, "seq_length must be positive");
+  MT_CHECK(c.model.arch != models::Arch::kGpt2 || c.seq_length <= c.model.max_positions, ErrorKind::kInvalidArgument,
+           "seq_length " + std::to_string(c.seq_length) + " exceeds model n_positions " + std::to_string(c.model.max_positions));
+  c.train_iters = root.integer("train_iters", 0);
+  c.seed = static_cast<uint64_t>(root.integer("seed", 1234));
+  c.save_dir = root.string("save_dir", "");
+  c.save_interval = root.integer("save_interval", 0);
+  c.eval_interval = root.integer("eval_interval", 0);
+  c.eval_iters = root.integer("eval_iters", 10);
+  c.keep_last = root.integer("keep_last", 3);
+  parse_data(root, c);
+  parse_parallel(root, world_size);
+  parse_batch(root, c, world_size);
+  c.gradient_clipping = root.is_auto("gradient_clipping") ? 1.0 : root.number("gradient_clipping", 0.0);
+  parse_precision(root, c);
+  parse_optimizer(root, c);
+  parse_scheduler(root, c);
+  parse_zero(root, c);
+  if (root.has("activation_checkpointing")) {
+    Section a = root.sub("activation_checkpointing");
+    c.activation_checkpointing = a.boolean("enabled", true);  // our extension; the block alone enables it
+    a.require_default("partition_activations", false, "partitioning activations needs tensor parallelism");
+    a.require_default("cpu_checkpointing", false, "CPU checkpointing is not supported yet");
+    for (const char* k : {"contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile"})
+      a.unparsed(k, Unparsed::kWarn);
+    a.finish();
+  }
+  c.steps_per_print = root.integer("steps_per_print", 10);
+  c.wall_clock_breakdown = root.boolean("wall_clock_breakdown", false);
+  // DeepSpeed keys that change what is trained: refused when enabled.
+  for (const char* k : {"amp", "curriculum_learning", "data_efficiency", "compression_training", "pipeline",
+                        "progressive_layer_drop", "eigenvalue", "quantize_training", "elasticity", "sparse_attention",
+                        "sparse_gradients", "prescale_gradients", "disable_allgather", "zero_allow_untested_optimizer"})
+    root.unparsed(k, Unparsed::kRefuseIfEnabled);
+  root.require_default("gradient_predivide_factor", 1.0, "only 1.0 is supported");
+  for (const char* k : {"communication_data_type", "seq_parallel_communication_data_type"})
+    if (root.has(k)) MT_CHECK(root.raw(k) == "fp32", ErrorKind::kNotSupported, std::string(k) + ": only fp32 is supported");
+  // Logging, monitoring and tuning: accepted with a warning.
+  for (const char* k : {"tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "autotuning", "aio",
+                        "checkpoint", "memory_breakdown", "dump_state", "zero_force_ds_cpu_optimizer",
+                        "comms_logger", "timers", "train_micro_batch_size_per_gpu_auto", "data_types"})
+    root.unparsed(k, Unparsed::kWarn);
+  root.finish();
+  return c;
+}
+
+void ds_config_set(json& j, const std::string& assignment) {
+  size_t eq = assignment.find('=');
+  MT_CHECK(eq != std::string::npos && eq > 0, ErrorKind::kInvalidArgument, "--set '" + assignment + "': expected key.path=value");
+  std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (const json::exception&) {
+    value = text;
+  }
+  json* node = &j;
+  size_t start = 0;
+  while (true) {
+    size_t dot = path.find('.', start);
+    std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    MT_CHECK(!key.empty(), ErrorKind::kInvalidArgument, "--set '" + assignment + "': empty key in the path");
+    if (dot == std::string::npos) {
+      (*node)[key] = value;
+      return;
+    }
+    if (!node->contains(key) || !(*node)[key].is_object()) (*node)[key] = json::object();
+    node = &(*node)[key];
+    start = dot + 1;
+  }
+}
+
+RunConfig ds_config_load(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
+  std::vector<char> bytes = file_read_all(path);
+  json j;
+  try {
+    j = json::parse(bytes.begin(), bytes.end());
+  } catch (const json::exception& e) {
+    throw Error(ErrorKind::kInvalidArgument, path + ": not valid JSON: " + e.what());
+  }
+  for (const auto& o : overrides) ds_config_set(j, o);
+  try {
+    return ds_config_parse(std::move(j), path, world_size);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    if (msg.rfind(path, 0) == 0) throw;
+    throw Error(e.kind(), path + ": " + msg);
+  }
+}
+
+json ds_config_resolved(const RunConfig& c) {
+  json j;
+  j["model"] = hf_config_to_json(c.model);
+  if (!c.init_from.empty()) j["model"]["init_from"] = c.init_from;
+  j["data"] = {{"train", c.data_train}, {"valid", c.data_valid}, {"tokenizer", c.tokenizer}, {"shuffle", c.shuffle}};
+  j["seed"] = c.seed;
+  j["seq_length"] = c.seq_length;
+  j["train_iters"] = c.train_iters;
+  j["save_dir"] = c.save_dir;
+  j["save_interval"] = c.save_interval;
+  j["eval_interval"] = c.eval_interval;
+  j["train_batch_size"] = c.batch.train_batch_size;
+  j["train_micro_batch_size_per_gpu"] = c.batch.micro_batch_per_gpu;
+  j["gradient_accumulation_steps"] = c.batch.gradient_accumulation_steps;
+  j["gradient_clipping"] = c.gradient_clipping;
+  j["fp16"] = {{"enabled", c.compute_dtype == DType::kF16},
+               {"loss_scale", c.loss_scaler.dynamic ? 0.0 : c.loss_scaler.static_scale},
+               {"initial_scale_power", c.loss_scaler.initial_scale_power},
+               {"loss_scale_window", c.loss_scaler.scale_window},
+               {"hysteresis", c.loss_scaler.hysteresis},
+               {"min_loss_scale", c.loss_scaler.min_scale}};
+  j["bf16"] = {{"enabled", c.compute_dtype == DType::kBF16}};
+  j["optimizer"] = {{"type", c.optimizer.type},
+                    {"params", {{"lr", c.optimizer.lr}, {"betas", {c.optimizer.beta1, c.optimizer.beta2}},
+                                {"eps", c.optimizer.eps}, {"weight_decay", c.optimizer.weight_decay}}}};
+  j["zero_optimization"] = {{"stage", c.zero_stage}};
+  j["activation_checkpointing"] = c.activation_checkpointing;
+  j["steps_per_print"] = c.steps_per_print;
+  return j;
+}
+
+}  // namespace mt::engine

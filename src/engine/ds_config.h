@@ -1,0 +1,72 @@
+// The run configuration: one JSON file holding a `model` block (Hugging Face config.json fields, or
+// a path to one), a `data` block, a `parallel` block, and DeepSpeed's training keys read as
+// DeepSpeed reads them (https://www.deepspeed.ai/docs/config-json/). Every key is classified:
+//   - implemented: parsed into RunConfig;
+//   - refused (changes what is trained and we don't implement it): kNotSupported naming its path;
+//   - ignored with one warning (logging/monitoring/tuning, or unknown to DeepSpeed too), with a
+//     did-you-mean for near misses of known keys.
+// "auto" values are resolved from the rest of the configuration (rules in docs/CONFIG.md) or refused
+// naming the key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/config.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+
+namespace mt::engine {
+
+struct BatchConfig {
+  int64_t train_batch_size = 0;
+  int64_t micro_batch_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // Adam, AdamW, SGD, Lamb
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  double momentum = 0.0;   // SGD
+  bool adam_w_mode = true;  // Adam with "adam_w_mode": true is AdamW (DeepSpeed's FusedAdam default)
+};
+
+struct RunConfig {
+  nlohmann::json model_json;  // the HF config as given (or loaded from the path)
+  models::ModelConfig model;
+  std::string init_from;      // model.init_from: HF safetensors to start from
+  std::string data_train, data_valid, tokenizer;
+  bool shuffle = true;
+  uint64_t seed = 1234;
+  int64_t seq_length = 0;
+  int64_t train_iters = 0;
+  std::string save_dir;
+  int64_t save_interval = 0, eval_interval = 0, eval_iters = 10, keep_last = 3;
+  BatchConfig batch;
+  double gradient_clipping = 0.0;
+  DType compute_dtype = DType::kF32;
+  optim::LossScalerConfig loss_scaler;  // meaningful for fp16
+  OptimizerConfig optimizer;
+  optim::LrScheduleConfig scheduler;
+  int zero_stage = 0;
+  bool activation_checkpointing = false;
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  std::vector<std::string> warnings;  // one line each, already worded
+};
+
+// Parses and validates. world_size: data-parallel ranks (1 until the distributed issue).
+// `where` names the source in messages (a path). Throws Error naming the key's full path.
+RunConfig ds_config_parse(nlohmann::json j, const std::string& where, int world_size = 1);
+RunConfig ds_config_load(const std::string& path, const std::vector<std::string>& overrides,
+                         int world_size = 1);
+// Applies one `a.b.c=value` override (value parsed as JSON, else taken as a string).
+void ds_config_set(nlohmann::json& j, const std::string& assignment);
+// The resolved configuration as JSON (what `meshtrain config check` prints).
+nlohmann::json ds_config_resolved(const RunConfig& c);
+
+}  // namespace mt::engine
