@@ -1,0 +1,102 @@
+#include "engine/engine.h"
+
+#include <cmath>
+#include <string>
+
+#include "base/error.h"
+
+namespace mt::engine {
+namespace {
+
+optim::LossScalerConfig scaler_config(const RunConfig& c) {
+  optim::LossScalerConfig s = c.loss_scaler;
+  if (c.compute_dtype != DType::kF16) {  // DeepSpeed: no scaling outside fp16
+    s.dynamic = false;
+    s.static_scale = 1.0;
+  }
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& config) {
+  models::ModelOptions opts;
+  opts.compute_dtype = config.compute_dtype;
+  opts.recompute = config.activation_checkpointing;
+  opts.seed = config.seed;
+  auto model = std::make_unique<models::TransformerLM>(config.model, opts);
+  model->prepare(static_cast<int>(config.batch.micro_batch_per_gpu), static_cast<int>(config.seq_length));
+  return model;
+}
+
+Engine::Engine(const RunConfig& config, models::TransformerLM& model)
+    : config_(config), model_(model), scaler_(scaler_config(config)) {
+  optim::AdamWConfig a;
+  a.lr = static_cast<float>(config.optimizer.lr);
+  a.beta1 = static_cast<float>(config.optimizer.beta1);
+  a.beta2 = static_cast<float>(config.optimizer.beta2);
+  a.eps = static_cast<float>(config.optimizer.eps);
+  a.weight_decay = static_cast<float>(config.optimizer.weight_decay);
+  adamw_ = std::make_unique<optim::AdamW>(model.store().numel(), a);
+  model_.store().zero_grad();
+}
+
+double Engine::current_lr() const { return optim::lr_for_step(config_.scheduler, applied_steps_ + 1); }
+
+float Engine::forward_backward(const int32_t* tokens, const int32_t* targets) {
+  // DeepSpeed scales each micro-batch's loss by 1/gradient_accumulation_steps (and the loss scale).
+  float scale = static_cast<float>(scaler_.scale() / static_cast<double>(config_.batch.gradient_accumulation_steps));
+  float loss = model_.forward(tokens, targets, scale);
+  MT_CHECK(std::isfinite(loss), ErrorKind::kNumerical,
+           "loss is " + std::to_string(loss) + " at step " + std::to_string(global_step_ + 1) +
+               " (micro-batch " + std::to_string(micro_in_step_ + 1) + ")");
+  model_.backward();
+  loss_sum_ += loss;
+  ++micro_in_step_;
+  return loss;
+}
+
+StepResult Engine::step() {
+  MT_CHECK(micro_in_step_ > 0, ErrorKind::kInvalidArgument, "step() without a forward_backward()");
+  nn::ParamStore& store = model_.store();
+  StepResult r;
+  r.loss = static_cast<float>(loss_sum_ / micro_in_step_);
+  r.loss_scale = scaler_.scale();
+  r.lr = current_lr();
+  double norm = optim::grad_norm(store.grad(), store.numel()) / r.loss_scale;
+  r.grad_norm = norm;
+  bool overflow = !std::isfinite(norm);
+  if (overflow) {
+    r.skipped = true;
+  } else {
+    double coef = 1.0 / r.loss_scale;
+    if (config_.gradient_clipping > 0.0 && norm > config_.gradient_clipping)
+      coef *= config_.gradient_clipping / (norm + 1e-6);
+    bool lowp = store.compute_dtype() != DType::kF32;
+    adamw_->step(store.master(), store.grad(), lowp ? store.compute() : nullptr, store.compute_dtype(),
+                 static_cast<float>(r.lr), static_cast<float>(coef));
+    ++applied_steps_;
+  }
+  scaler_.update(overflow);  // throws at the minimum scale, as DeepSpeed does
+  ++global_step_;
+  store.zero_grad();
+  micro_in_step_ = 0;
+  loss_sum_ = 0.0;
+  return r;
+}
+
+StepResult Engine::train_batch(const MicroBatchFn& next) {
+  size_t n = static_cast<size_t>(model_.batch()) * static_cast<size_t>(model_.seq());
+  std::vector<int32_t> tokens(n), targets(n);
+  for (int64_t m = 0; m < config_.batch.gradient_accumulation_steps; ++m) {
+    next(tokens.data(), targets.data());
+    forward_backward(tokens.data(), targets.data());
+  }
+  return step();
+}
+
+float Engine::evaluate(const int32_t* tokens, const int32_t* targets) {
+  return model_.forward(tokens, targets, 0.0f);
+}
+
+}  // namespace mt::engine

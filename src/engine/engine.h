@@ -1,0 +1,69 @@
+// Engine: DeepSpeed's training contract over one model — initialize(config, model), then per
+// micro-batch forward_backward(), and step() once per gradient_accumulation_steps micro-batches
+// (train_batch() does both). Mixed precision: bf16/f16 compute with f32 master weights and f32
+// gradient accumulation; f16 uses DeepSpeed's dynamic loss scaler (skip the step on overflow).
+// Clipping by global norm; LR schedules as DeepSpeed defines them, stepped only on applied steps.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "engine/ds_config.h"
+#include "models/transformer.h"
+#include "optim/adamw.h"
+#include "optim/loss_scaler.h"
+
+namespace mt::engine {
+
+struct StepResult {
+  float loss = 0.0f;          // mean over the micro-batches of this step
+  double grad_norm = 0.0;     // unscaled, before clipping (NaN/inf on overflow)
+  double lr = 0.0;            // the learning rate this step used
+  double loss_scale = 1.0;    // the scale this step's gradients carried
+  bool skipped = false;       // f16 overflow: no update
+};
+
+class Engine {
+ public:
+  Engine(const RunConfig& config, models::TransformerLM& model);
+
+  // One micro-batch (B = train_micro_batch_size_per_gpu, T = seq_length): forward and backward,
+  // gradients accumulate. Returns its mean loss. Throws kNumerical on a NaN/inf loss.
+  float forward_backward(const int32_t* tokens, const int32_t* targets);
+  // After gradient_accumulation_steps micro-batches: overflow check, unscale, clip, update.
+  StepResult step();
+  // A whole global batch: next(tokens, targets) fills each micro-batch.
+  using MicroBatchFn = std::function<void(int32_t* tokens, int32_t* targets)>;
+  StepResult train_batch(const MicroBatchFn& next);
+  // Mean loss over micro-batches without touching gradients.
+  float evaluate(const int32_t* tokens, const int32_t* targets);
+
+  int64_t global_step() const { return global_step_; }
+  int64_t applied_steps() const { return applied_steps_; }
+  double current_lr() const;
+  const RunConfig& config() const { return config_; }
+  models::TransformerLM& model() { return model_; }
+  optim::AdamW& optimizer() { return *adamw_; }
+  optim::LossScaler& loss_scaler() { return scaler_; }
+  // Restores the counters of a checkpoint.
+  void set_counters(int64_t global_step, int64_t applied_steps) {
+    global_step_ = global_step;
+    applied_steps_ = applied_steps;
+  }
+
+ private:
+  RunConfig config_;
+  models::TransformerLM& model_;
+  std::unique_ptr<optim::AdamW> adamw_;
+  optim::LossScaler scaler_;
+  int64_t global_step_ = 0, applied_steps_ = 0;
+  int micro_in_step_ = 0;
+  double loss_sum_ = 0.0;
+};
+
+// Builds the model of a configuration (compute dtype, recompute, seed) and prepares it for the
+// micro-batch shape.
+std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& config);
+
+}  // namespace mt::engine

@@ -1,0 +1,118 @@
+// The engine: gradient accumulation equals the larger micro-batch, the f16 loss scaler skips
+// overflowing steps and backs off, NaN losses stop the run with a message, LR follows the schedule.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+
+namespace mt::engine {
+namespace {
+
+nlohmann::json tiny(int micro, int gas) {
+  auto j = nlohmann::json::parse(R"({
+    "model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 2, "n_head": 4},
+    "seq_length": 16, "train_iters": 10,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.1}}
+  })");
+  j["train_micro_batch_size_per_gpu"] = micro;
+  j["gradient_accumulation_steps"] = gas;
+  return j;
+}
+
+void fill(std::vector<int32_t>& tok, std::vector<int32_t>& tgt, int seed) {
+  for (size_t i = 0; i < tok.size(); ++i) {
+    tok[i] = static_cast<int32_t>((i * 31 + seed * 7) % 97);
+    tgt[i] = static_cast<int32_t>((i * 17 + seed * 3 + 1) % 97);
+  }
+}
+
+TEST(Engine, GradientAccumulationMatchesTheLargerMicroBatch) {
+  RunConfig a = ds_config_parse(tiny(2, 1), "a");
+  RunConfig b = ds_config_parse(tiny(1, 2), "b");
+  auto ma = engine_build_model(a);
+  auto mb = engine_build_model(b);
+  Engine ea(a, *ma), eb(b, *mb);
+  std::vector<int32_t> tok(32), tgt(32);
+  for (int s = 0; s < 3; ++s) {
+    fill(tok, tgt, s);
+    StepResult ra = ea.train_batch([&](int32_t* t, int32_t* g) {
+      std::copy(tok.begin(), tok.end(), t);
+      std::copy(tgt.begin(), tgt.end(), g);
+    });
+    int half = 0;
+    StepResult rb = eb.train_batch([&](int32_t* t, int32_t* g) {
+      std::copy(tok.begin() + half * 16, tok.begin() + half * 16 + 16, t);
+      std::copy(tgt.begin() + half * 16, tgt.begin() + half * 16 + 16, g);
+      ++half;
+    });
+    EXPECT_NEAR(ra.loss, rb.loss, 1e-5 * std::fabs(ra.loss));
+    EXPECT_NEAR(ra.grad_norm, rb.grad_norm, 1e-4 * ra.grad_norm);
+  }
+  for (size_t i = 0; i < ma->store().numel(); ++i)
+    ASSERT_NEAR(ma->store().master()[i], mb->store().master()[i], 1e-5) << i;
+}
+
+TEST(Engine, F16LossScalerSkipsOverflowsAndBacksOff) {
+  auto j = tiny(2, 1);
+  j["fp16"] = {{"enabled", true}, {"initial_scale_power", 40}, {"hysteresis", 1}, {"loss_scale_window", 1000}};
+  RunConfig c = ds_config_parse(j, "f16");
+  auto m = engine_build_model(c);
+  Engine e(c, *m);
+  std::vector<int32_t> tok(32), tgt(32);
+  fill(tok, tgt, 0);
+  std::vector<float> before(m->store().master(), m->store().master() + m->store().numel());
+  StepResult first = e.train_batch([&](int32_t* t, int32_t* g) {
+    std::copy(tok.begin(), tok.end(), t);
+    std::copy(tgt.begin(), tgt.end(), g);
+  });
+  EXPECT_TRUE(first.skipped);  // 2^40 overflows f16 gradients
+  EXPECT_EQ(first.loss_scale, std::ldexp(1.0, 40));
+  EXPECT_EQ(e.loss_scaler().scale(), std::ldexp(1.0, 39));
+  for (size_t i = 0; i < before.size(); ++i) ASSERT_EQ(before[i], m->store().master()[i]);
+  int skipped = 1;
+  for (int s = 0; s < 40 && e.applied_steps() == 0; ++s) {
+    StepResult r = e.train_batch([&](int32_t* t, int32_t* g) {
+      std::copy(tok.begin(), tok.end(), t);
+      std::copy(tgt.begin(), tgt.end(), g);
+    });
+    skipped += r.skipped;
+  }
+  EXPECT_EQ(e.applied_steps(), 1);
+  EXPECT_GT(skipped, 5);
+  EXPECT_LT(e.loss_scaler().scale(), std::ldexp(1.0, 20));
+  EXPECT_EQ(e.global_step(), skipped + 1);
+}
+
+TEST(Engine, ScheduleStepsOnlyOnAppliedStepsAndNaNLossStops) {
+  auto j = tiny(2, 1);
+  j["scheduler"] = {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", 0.01}, {"warmup_num_steps", 4}, {"warmup_type", "linear"}}}};
+  RunConfig c = ds_config_parse(j, "lr");
+  auto m = engine_build_model(c);
+  Engine e(c, *m);
+  std::vector<int32_t> tok(32), tgt(32);
+  fill(tok, tgt, 1);
+  std::vector<double> lrs;
+  for (int s = 0; s < 4; ++s)
+    lrs.push_back(e.train_batch([&](int32_t* t, int32_t* g) {
+      std::copy(tok.begin(), tok.end(), t);
+      std::copy(tgt.begin(), tgt.end(), g);
+    }).lr);
+  EXPECT_EQ(lrs, (std::vector<double>{0.0, 0.0, 0.0025, 0.005}));  // DeepSpeed's i = k - 2
+  m->store().master()[0] = NAN;
+  m->store().sync_compute();
+  try {
+    e.forward_backward(tok.data(), tgt.data());
+    FAIL() << "NaN loss accepted";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.kind(), ErrorKind::kNumerical);
+    EXPECT_NE(std::string(err.what()).find("step 5"), std::string::npos) << err.what();
+  }
+}
+
+}  // namespace
+}  // namespace mt::engine
