@@ -6,11 +6,43 @@ header, then numpy.frombuffer of the int32 sequence lengths, int64 sequence poin
 document indices at the offsets that follow), reads every sequence from PREFIX.bin the way
 _MMapBinReader does (numpy.frombuffer at the pointer), and prints one JSON object.
 
-Usage: check_megatron_idx.py PREFIX. Exits 3 when numpy is missing, 1 when the files are bad.
+With --permutation N SEED EPOCH it instead prints the JSON list of src/data/token_stream.h's
+sample_permutation, computed here from its written definition (SplitMix64-driven Fisher-Yates).
+
+Usage: check_megatron_idx.py PREFIX | --permutation N SEED EPOCH.
+Exits 3 when numpy is missing, 1 when the files are bad.
 """
 import json
 import struct
 import sys
+
+MASK = (1 << 64) - 1
+
+
+def splitmix64_mix(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def sample_permutation(n: int, seed: int, epoch: int) -> list:
+    state = splitmix64_mix((splitmix64_mix(seed) + epoch) & MASK)
+    perm = list(range(n))
+    for i in range(n, 1, -1):
+        threshold = (1 << 64) % i
+        while True:
+            state = (state + 0x9E3779B97F4A7C15) & MASK
+            r = splitmix64_mix(state)
+            if r >= threshold:
+                break
+        j = r % i
+        perm[i - 1], perm[j] = perm[j], perm[i - 1]
+    return perm
+
+
+if len(sys.argv) == 5 and sys.argv[1] == "--permutation":
+    print(json.dumps(sample_permutation(*(int(a) for a in sys.argv[2:]))))
+    sys.exit(0)
 
 try:
     import numpy

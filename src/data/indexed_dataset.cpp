@@ -1,0 +1,446 @@
+// Megatron indexed dataset: the writer (streams tokens to a temporary .bin, then .bin and .idx
+// renamed into place, .idx last) and the memory-mapped reader with its up-front validation. The
+// layout is in indexed_dataset.h.
+#include "data/indexed_dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "base/error.h"
+#include "base/file_io.h"
+
+namespace mt::data {
+
+static_assert(std::endian::native == std::endian::little, "the .idx/.bin format is little-endian");
+
+namespace {
+
+constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+constexpr size_t kHeaderBytes = 34;  // magic 9 + version 8 + dtype 1 + counts 8 + 8
+constexpr size_t kWriteBufferBytes = size_t{1} << 20;
+
+template <typename T>
+T load(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <typename T>
+void append(std::vector<char>* out, T v) {
+  const char* p = reinterpret_cast<const char*>(&v);
+  out->insert(out->end(), p, p + sizeof v);
+}
+
+Error corruption(const std::string& path, const std::string& what) {
+  return Error(ErrorKind::kCorruption, path + ": " + what);
+}
+
+// Converts n stored values of type T to int32; a value that is not an int32 integer is corruption.
+template <typename T>
+void convert(const char* src, uint64_t n, int32_t* out, const std::string& path) {
+  for (uint64_t k = 0; k < n; ++k) {
+    T v = load<T>(src + k * sizeof(T));
+    if constexpr (std::is_floating_point_v<T>) {
+      // NaN fails every comparison; 2^31 is exact in float and double.
+      if (!(v >= -2147483648.0 && v < 2147483648.0 && std::floor(v) == v))
+        throw corruption(path, "token " + std::to_string(k) + " of a read is not an int32 value");
+    } else if constexpr (sizeof(T) > 4) {
+      if (v < INT32_MIN || v > INT32_MAX)
+        throw corruption(path, "token value " + std::to_string(v) + " does not fit int32");
+    }
+    out[k] = static_cast<int32_t>(v);
+  }
+}
+
+void write_all(int fd, const char* p, size_t bytes, const std::string& path) {
+  while (bytes > 0) {
+    ssize_t n = ::write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    MT_CHECK(n > 0, ErrorKind::kIOError, path + ": write failed: " + std::strerror(errno));
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+bool token_dtype_is_known(uint8_t code) {
+  return code >= 1 && code <= 8;
+}
+
+size_t token_dtype_size(TokenDType dtype) {
+  switch (dtype) {
+    case TokenDType::kUInt8:
+    case TokenDType::kInt8:
+      return 1;
+    case TokenDType::kInt16:
+    case TokenDType::kUInt16:
+      return 2;
+    case TokenDType::kInt32:
+    case TokenDType::kFloat32:
+      return 4;
+    case TokenDType::kInt64:
+    case TokenDType::kFloat64:
+      return 8;
+  }
+  throw Error(ErrorKind::kInternal, "token_dtype_size: unknown dtype");
+}
+
+const char* token_dtype_name(TokenDType dtype) {
+  switch (dtype) {
+    case TokenDType::kUInt8:
+      return "uint8";
+    case TokenDType::kInt8:
+      return "int8";
+    case TokenDType::kInt16:
+      return "int16";
+    case TokenDType::kInt32:
+      return "int32";
+    case TokenDType::kInt64:
+      return "int64";
+    case TokenDType::kFloat64:
+      return "float64";
+    case TokenDType::kFloat32:
+      return "float32";
+    case TokenDType::kUInt16:
+      return "uint16";
+  }
+  return "unknown";
+}
+
+TokenDType token_dtype_for_vocab(int64_t vocab_size) {
+  return vocab_size < 65500 ? TokenDType::kUInt16 : TokenDType::kInt32;
+}
+
+std::string indexed_dataset_idx_path(const std::string& prefix) {
+  return prefix + ".idx";
+}
+std::string indexed_dataset_bin_path(const std::string& prefix) {
+  return prefix + ".bin";
+}
+
+// ---- IndexedDatasetWriter ----
+
+IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, int64_t vocab_size)
+    : prefix_(prefix),
+      bin_tmp_path_(indexed_dataset_bin_path(prefix) + ".tmp"),
+      vocab_size_(vocab_size),
+      dtype_(token_dtype_for_vocab(vocab_size)) {
+  MT_CHECK(vocab_size > 0 && vocab_size <= int64_t{INT32_MAX} + 1, ErrorKind::kInvalidArgument,
+           prefix + ": indexed dataset vocab_size " + std::to_string(vocab_size) + " out of range");
+  bin_fd_ = ::open(bin_tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  MT_CHECK(bin_fd_ >= 0, ErrorKind::kIOError, bin_tmp_path_ + ": " + std::strerror(errno));
+  buffer_.reserve(kWriteBufferBytes);
+}
+
+IndexedDatasetWriter::~IndexedDatasetWriter() {
+  if (bin_fd_ >= 0) ::close(bin_fd_);
+  if (!finalized_) ::unlink(bin_tmp_path_.c_str());
+}
+
+void IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) {
+  MT_CHECK(!finalized_, ErrorKind::kInvalidArgument, prefix_ + ": add_sequence after finalize");
+  MT_CHECK(tokens.size() <= size_t{INT32_MAX}, ErrorKind::kInvalidArgument,
+           prefix_ + ": sequence of " + std::to_string(tokens.size()) + " tokens exceeds int32");
+  for (size_t k = 0; k < tokens.size(); ++k) {
+    int32_t t = tokens[k];
+    MT_CHECK(t >= 0 && t < vocab_size_, ErrorKind::kInvalidArgument,
+             prefix_ + ": token " + std::to_string(t) + " at position " + std::to_string(k) +
+                 " of sequence " + std::to_string(lengths_.size()) + " outside vocab [0, " +
+                 std::to_string(vocab_size_) + ")");
+    if (dtype_ == TokenDType::kUInt16) {
+      append(&buffer_, static_cast<uint16_t>(t));
+    } else {
+      append(&buffer_, t);
+    }
+    if (buffer_.size() >= kWriteBufferBytes) flush_buffer();
+  }
+  lengths_.push_back(static_cast<int32_t>(tokens.size()));
+  bin_bytes_ += tokens.size() * token_dtype_size(dtype_);
+}
+
+void IndexedDatasetWriter::end_document() {
+  MT_CHECK(!finalized_, ErrorKind::kInvalidArgument, prefix_ + ": end_document after finalize");
+  document_indices_.push_back(static_cast<int64_t>(lengths_.size()));
+}
+
+void IndexedDatasetWriter::flush_buffer() {
+  write_all(bin_fd_, buffer_.data(), buffer_.size(), bin_tmp_path_);
+  buffer_.clear();
+}
+
+void IndexedDatasetWriter::finalize() {
+  MT_CHECK(!finalized_, ErrorKind::kInvalidArgument, prefix_ + ": finalize called twice");
+  if (document_indices_.back() != static_cast<int64_t>(lengths_.size())) end_document();
+
+  flush_buffer();
+  bool ok = ::fsync(bin_fd_) == 0;
+  ok = (::close(bin_fd_) == 0) && ok;
+  bin_fd_ = -1;
+  MT_CHECK(ok, ErrorKind::kIOError, bin_tmp_path_ + ": fsync/close failed");
+  std::string bin_path = indexed_dataset_bin_path(prefix_);
+  MT_CHECK(::rename(bin_tmp_path_.c_str(), bin_path.c_str()) == 0, ErrorKind::kIOError,
+           bin_path + ": rename failed: " + std::strerror(errno));
+  finalized_ = true;
+
+  uint64_t S = lengths_.size();
+  uint64_t D = document_indices_.size();
+  std::vector<char> idx;
+  idx.reserve(kHeaderBytes + 12 * S + 8 * D);
+  idx.insert(idx.end(), kMagic, kMagic + sizeof kMagic);
+  append<uint64_t>(&idx, 1);
+  append<uint8_t>(&idx, static_cast<uint8_t>(dtype_));
+  append<uint64_t>(&idx, S);
+  append<uint64_t>(&idx, D);
+  for (int32_t n : lengths_) append<int32_t>(&idx, n);
+  int64_t pointer = 0;
+  for (int32_t n : lengths_) {
+    append<int64_t>(&idx, pointer);
+    pointer += int64_t{n} * static_cast<int64_t>(token_dtype_size(dtype_));
+  }
+  for (int64_t d : document_indices_) append<int64_t>(&idx, d);
+  file_write_atomic(indexed_dataset_idx_path(prefix_), idx.data(), idx.size());
+}
+
+// ---- MappedFile ----
+
+MappedFile::MappedFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) {
+    int e = errno;
+    throw Error(e == ENOENT ? ErrorKind::kNotFound : ErrorKind::kIOError,
+                path + ": cannot open: " + std::strerror(e));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    throw Error(ErrorKind::kIOError, path + ": fstat failed: " + std::strerror(e));
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
+      throw Error(ErrorKind::kIOError, path + ": mmap failed: " + std::strerror(e));
+    }
+    data_ = static_cast<const char*>(p);
+  }
+  ::close(fd);  // the mapping stays valid
+}
+
+MappedFile::~MappedFile() {
+  release();
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void MappedFile::release() {
+  if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+// ---- IndexedDataset ----
+
+IndexedDataset::IndexedDataset(const std::string& prefix)
+    : prefix_(prefix),
+      idx_path_(indexed_dataset_idx_path(prefix)),
+      bin_path_(indexed_dataset_bin_path(prefix)),
+      idx_(idx_path_),
+      bin_(bin_path_) {
+  validate_header();
+  validate_document_indices();
+  validate_sequences();
+}
+
+void IndexedDataset::validate_header() {
+  const char* p = idx_.data();
+  size_t size = idx_.size();
+  if (size < kHeaderBytes)
+    throw corruption(idx_path_, "truncated header: " + std::to_string(size) +
+                                    " bytes, a Megatron index header needs 34");
+  if (std::memcmp(p, kMagic, sizeof kMagic) != 0)
+    throw corruption(idx_path_, "bad magic: not a Megatron MMIDIDX index");
+  uint64_t version = load<uint64_t>(p + 9);
+  if (version != 1)
+    throw corruption(idx_path_, "unsupported version " + std::to_string(version) + ", expected 1");
+  uint8_t code = load<uint8_t>(p + 17);
+  if (!token_dtype_is_known(code))
+    throw corruption(idx_path_,
+                     "unknown dtype code " + std::to_string(code) + " (Megatron's codes are 1..8)");
+  dtype_ = static_cast<TokenDType>(code);
+  dtype_size_ = token_dtype_size(dtype_);
+  sequence_count_ = load<uint64_t>(p + 18);
+  document_count_ = load<uint64_t>(p + 26);
+
+  // The arrays need 12·S + 8·D bytes (+ S for the modes of a multimodal file). Compare by division
+  // first so that absurd counts cannot overflow.
+  uint64_t body = size - kHeaderBytes;
+  bool counts_fit = sequence_count_ <= body / 12 && document_count_ <= body / 8;
+  uint64_t need = counts_fit ? 12 * sequence_count_ + 8 * document_count_ : 0;
+  if (!counts_fit || body < need) {
+    throw corruption(idx_path_,
+                     "truncated: " + std::to_string(size) + " bytes cannot hold " +
+                         std::to_string(sequence_count_) + " sequences (sequence_count) and " +
+                         std::to_string(document_count_) + " document indices (document_count)");
+  }
+  if (body != need && body != need + sequence_count_) {
+    throw corruption(idx_path_, std::to_string(body - need) +
+                                    " trailing bytes after the arrays of " +
+                                    std::to_string(sequence_count_) + " sequences and " +
+                                    std::to_string(document_count_) + " document indices");
+  }
+  lengths_offset_ = kHeaderBytes;
+  pointers_offset_ = lengths_offset_ + 4 * sequence_count_;
+  documents_offset_ = pointers_offset_ + 8 * sequence_count_;
+}
+
+void IndexedDataset::validate_document_indices() {
+  if (document_count_ == 0)
+    throw corruption(idx_path_, "document_count is 0; document_indices must start with 0");
+  int64_t prev = 0;
+  for (uint64_t d = 0; d < document_count_; ++d) {
+    int64_t v = load<int64_t>(idx_.data() + documents_offset_ + 8 * d);
+    std::string at = "document_indices[" + std::to_string(d) + "] = " + std::to_string(v);
+    if (d == 0 && v != 0) throw corruption(idx_path_, at + ", must be 0");
+    if (v < prev)
+      throw corruption(idx_path_, at + " decreases (previous " + std::to_string(prev) + ")");
+    if (static_cast<uint64_t>(v) > sequence_count_)
+      throw corruption(idx_path_,
+                       at + " exceeds sequence_count " + std::to_string(sequence_count_));
+    prev = v;
+  }
+  if (static_cast<uint64_t>(prev) != sequence_count_)
+    throw corruption(idx_path_, "document_indices ends at " + std::to_string(prev) +
+                                    ", not at sequence_count " + std::to_string(sequence_count_));
+}
+
+void IndexedDataset::validate_sequences() {
+  // Lengths first, so a short .bin is reported as such rather than as a pointer past its end.
+  uint64_t total = 0;
+  for (uint64_t i = 0; i < sequence_count_; ++i) {
+    int32_t n = load<int32_t>(idx_.data() + lengths_offset_ + 4 * i);
+    if (n < 0)
+      throw corruption(idx_path_, "sequence_lengths[" + std::to_string(i) +
+                                      "] = " + std::to_string(n) + " is negative");
+    total += static_cast<uint64_t>(n);  // S·2^31 cannot overflow: S is bounded by the file size
+  }
+  total_tokens_ = total;
+  uint64_t bin_size = bin_.size();
+  if (bin_size / dtype_size_ != total || bin_size % dtype_size_ != 0) {
+    throw corruption(bin_path_, std::to_string(bin_size) + " bytes, but the sequence_lengths of " +
+                                    idx_path_ + " claim " + std::to_string(total) + " " +
+                                    token_dtype_name(dtype_) + " tokens (" +
+                                    std::to_string(total * dtype_size_) + " bytes)");
+  }
+  uint64_t expected = 0;  // Megatron writes sequences back to back from byte 0
+  for (uint64_t i = 0; i < sequence_count_; ++i) {
+    int64_t p = pointer(i);
+    uint64_t bytes = static_cast<uint64_t>(sequence_length(i)) * dtype_size_;
+    std::string at = "sequence_pointers[" + std::to_string(i) + "] = " + std::to_string(p);
+    if (p < 0 || static_cast<uint64_t>(p) > bin_size || bin_size - static_cast<uint64_t>(p) < bytes)
+      throw corruption(idx_path_, at + " with " + std::to_string(bytes) +
+                                      " bytes runs past the end of " + bin_path_ + " (" +
+                                      std::to_string(bin_size) + " bytes)");
+    if (static_cast<uint64_t>(p) < expected)
+      throw corruption(idx_path_, at + " overlaps the previous sequence, which ends at byte " +
+                                      std::to_string(expected));
+    if (static_cast<uint64_t>(p) > expected)
+      throw corruption(idx_path_, at + " leaves a gap after byte " + std::to_string(expected) +
+                                      " (sequences must be contiguous)");
+    expected += bytes;
+  }
+}
+
+int64_t IndexedDataset::pointer(uint64_t i) const {
+  return load<int64_t>(idx_.data() + pointers_offset_ + 8 * i);
+}
+
+int64_t IndexedDataset::sequence_length(uint64_t i) const {
+  MT_CHECK(i < sequence_count_, ErrorKind::kInvalidArgument,
+           idx_path_ + ": sequence " + std::to_string(i) + " out of range (" +
+               std::to_string(sequence_count_) + " sequences)");
+  return load<int32_t>(idx_.data() + lengths_offset_ + 4 * i);
+}
+
+uint64_t IndexedDataset::sequence_start(uint64_t i) const {
+  MT_CHECK(i < sequence_count_, ErrorKind::kInvalidArgument,
+           idx_path_ + ": sequence " + std::to_string(i) + " out of range (" +
+               std::to_string(sequence_count_) + " sequences)");
+  return static_cast<uint64_t>(pointer(i)) / dtype_size_;
+}
+
+uint64_t IndexedDataset::document_first_sequence(uint64_t d) const {
+  MT_CHECK(d < document_count_, ErrorKind::kInvalidArgument,
+           idx_path_ + ": document index " + std::to_string(d) + " out of range (" +
+               std::to_string(document_count_) + " entries)");
+  return static_cast<uint64_t>(load<int64_t>(idx_.data() + documents_offset_ + 8 * d));
+}
+
+void IndexedDataset::read(uint64_t i, int64_t offset, int64_t count, int32_t* out) const {
+  int64_t n = sequence_length(i);
+  MT_CHECK(offset >= 0 && count >= 0 && offset <= n && count <= n - offset,
+           ErrorKind::kInvalidArgument,
+           prefix_ + ": read of tokens [" + std::to_string(offset) + ", +" + std::to_string(count) +
+               ") outside sequence " + std::to_string(i) + " of length " + std::to_string(n));
+  read_stream(sequence_start(i) + static_cast<uint64_t>(offset), static_cast<uint64_t>(count), out);
+}
+
+void IndexedDataset::read_stream(uint64_t position, uint64_t count, int32_t* out) const {
+  MT_CHECK(position <= total_tokens_ && count <= total_tokens_ - position,
+           ErrorKind::kInvalidArgument,
+           prefix_ + ": stream read [" + std::to_string(position) + ", +" + std::to_string(count) +
+               ") past the " + std::to_string(total_tokens_) + " tokens");
+  if (count == 0) return;
+  const char* src = bin_.data() + position * dtype_size_;
+  switch (dtype_) {
+    case TokenDType::kUInt8:
+      convert<uint8_t>(src, count, out, bin_path_);
+      break;
+    case TokenDType::kInt8:
+      convert<int8_t>(src, count, out, bin_path_);
+      break;
+    case TokenDType::kInt16:
+      convert<int16_t>(src, count, out, bin_path_);
+      break;
+    case TokenDType::kUInt16:
+      convert<uint16_t>(src, count, out, bin_path_);
+      break;
+    case TokenDType::kInt32:
+      std::memcpy(out, src, count * 4);
+      break;
+    case TokenDType::kInt64:
+      convert<int64_t>(src, count, out, bin_path_);
+      break;
+    case TokenDType::kFloat32:
+      convert<float>(src, count, out, bin_path_);
+      break;
+    case TokenDType::kFloat64:
+      convert<double>(src, count, out, bin_path_);
+      break;
+  }
+}
+
+}  // namespace mt::data

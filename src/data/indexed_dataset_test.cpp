@@ -1,0 +1,421 @@
+// Tests of the Megatron indexed dataset: writer/reader round trips for uint16 and int32, the bytes
+// checked against a hand-built file and against an independent numpy reader
+// (tools/check_megatron_idx.py, run when /usr/bin/python3 exists), other stored dtypes converted,
+// and every malformed file refused with a kCorruption/kNotFound Error naming the file and field.
+#include "data/indexed_dataset.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/file_io.h"
+
+#ifndef MT_SOURCE_DIR
+#define MT_SOURCE_DIR "."
+#endif
+
+namespace mt::data {
+namespace {
+
+using Doc = std::vector<std::vector<int32_t>>;  // a document: its sequences
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = std::filesystem::temp_directory_path().string() + "/mt_idx_XXXXXX";
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+void write_dataset(const std::string& prefix, int64_t vocab, const std::vector<Doc>& docs) {
+  IndexedDatasetWriter w(prefix, vocab);
+  for (const Doc& doc : docs) {
+    for (const auto& seq : doc) w.add_sequence(seq);
+    w.end_document();
+  }
+  w.finalize();
+}
+
+std::vector<char> read_bytes(const std::string& path) {
+  return file_read_all(path);
+}
+
+void write_bytes(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+template <typename T>
+void put(std::vector<char>* bytes, size_t offset, T v) {
+  std::memcpy(bytes->data() + offset, &v, sizeof v);
+}
+
+template <typename T>
+void append(std::vector<char>* bytes, T v) {
+  const char* p = reinterpret_cast<const char*>(&v);
+  bytes->insert(bytes->end(), p, p + sizeof v);
+}
+
+// An .idx built field by field from the format description, independent of the writer.
+std::vector<char> build_idx(uint8_t code, const std::vector<int32_t>& lengths,
+                            const std::vector<int64_t>& pointers,
+                            const std::vector<int64_t>& docs) {
+  std::vector<char> b = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+  append<uint64_t>(&b, 1);
+  append<uint8_t>(&b, code);
+  append<uint64_t>(&b, lengths.size());
+  append<uint64_t>(&b, docs.size());
+  for (int32_t n : lengths) append(&b, n);
+  for (int64_t p : pointers) append(&b, p);
+  for (int64_t d : docs) append(&b, d);
+  return b;
+}
+
+const std::vector<Doc> kDocs = {
+    {{1, 2, 3}, {4, 5}},
+    {{6}},
+    {{}, {7, 8, 9, 10}},  // an empty sequence
+    {{11, 12}},
+};
+const std::vector<int32_t> kStream = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+const std::vector<int32_t> kLengths = {3, 2, 1, 0, 4, 2};
+const std::vector<int64_t> kDocIndices = {0, 2, 3, 5, 6};
+
+std::vector<Doc> scaled_docs(int32_t offset) {
+  std::vector<Doc> docs = kDocs;
+  for (Doc& d : docs)
+    for (auto& s : d)
+      for (int32_t& t : s) t += offset;
+  return docs;
+}
+
+void check_round_trip(int64_t vocab, int32_t offset, TokenDType dtype) {
+  TempDir dir;
+  std::string prefix = dir.path + "/ds";
+  write_dataset(prefix, vocab, scaled_docs(offset));
+  IndexedDataset ds(prefix);
+  EXPECT_EQ(ds.dtype(), dtype);
+  ASSERT_EQ(ds.num_sequences(), kLengths.size());
+  EXPECT_EQ(ds.num_documents(), 4u);
+  EXPECT_EQ(ds.total_tokens(), kStream.size());
+  uint64_t start = 0;
+  for (size_t i = 0; i < kLengths.size(); ++i) {
+    EXPECT_EQ(ds.sequence_length(i), kLengths[i]);
+    EXPECT_EQ(ds.sequence_start(i), start);
+    std::vector<int32_t> got(kLengths[i]);
+    ds.read(i, 0, kLengths[i], got.data());
+    for (int32_t j = 0; j < kLengths[i]; ++j) EXPECT_EQ(got[j], kStream[start + j] + offset);
+    start += kLengths[i];
+  }
+  for (size_t d = 0; d < kDocIndices.size(); ++d)
+    EXPECT_EQ(ds.document_first_sequence(d), static_cast<uint64_t>(kDocIndices[d]));
+  std::vector<int32_t> part(2);
+  ds.read(4, 1, 2, part.data());
+  EXPECT_EQ(part, (std::vector<int32_t>{8 + offset, 9 + offset}));
+  // Across document boundaries: stream tokens 4..9 span documents 0, 1 and 2.
+  std::vector<int32_t> span(6);
+  ds.read_stream(4, 6, span.data());
+  for (int j = 0; j < 6; ++j) EXPECT_EQ(span[j], kStream[4 + j] + offset);
+
+  // The bytes are exactly Megatron's layout.
+  size_t size = token_dtype_size(dtype);
+  std::vector<int64_t> pointers;
+  int64_t p = 0;
+  for (int32_t n : kLengths) {
+    pointers.push_back(p);
+    p += n * static_cast<int64_t>(size);
+  }
+  EXPECT_EQ(read_bytes(prefix + ".idx"),
+            build_idx(static_cast<uint8_t>(dtype), kLengths, pointers, kDocIndices));
+  EXPECT_EQ(read_bytes(prefix + ".bin").size(), kStream.size() * size);
+  EXPECT_FALSE(file_exists(prefix + ".bin.tmp"));
+  EXPECT_FALSE(file_exists(prefix + ".idx.tmp"));
+}
+
+TEST(IndexedDataset, RoundTripUInt16) {
+  check_round_trip(50257, 50240, TokenDType::kUInt16);
+}
+
+TEST(IndexedDataset, RoundTripInt32) {
+  check_round_trip(128256, 128240, TokenDType::kInt32);
+}
+
+TEST(IndexedDataset, DtypeFollowsMegatronOptimalDtype) {
+  EXPECT_EQ(token_dtype_for_vocab(65499), TokenDType::kUInt16);
+  EXPECT_EQ(token_dtype_for_vocab(65500), TokenDType::kInt32);
+}
+
+TEST(IndexedDataset, WriterRefusesTokenOutsideVocab) {
+  TempDir dir;
+  IndexedDatasetWriter w(dir.path + "/ds", 100);
+  std::vector<int32_t> bad = {1, 100};
+  try {
+    w.add_sequence(bad);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("outside vocab"), std::string::npos) << e.what();
+  }
+}
+
+TEST(IndexedDataset, FinalizeClosesOpenDocumentAndAbandonLeavesNothing) {
+  TempDir dir;
+  {
+    IndexedDatasetWriter w(dir.path + "/a", 10);
+    std::vector<int32_t> s = {1, 2};
+    w.add_sequence(s);
+    w.finalize();
+  }
+  IndexedDataset a(dir.path + "/a");
+  EXPECT_EQ(a.num_documents(), 1u);
+  EXPECT_EQ(a.document_first_sequence(1), 1u);
+  {
+    IndexedDatasetWriter w(dir.path + "/b", 10);
+    std::vector<int32_t> s = {1, 2};
+    w.add_sequence(s);
+  }
+  EXPECT_FALSE(file_exists(dir.path + "/b.bin.tmp"));
+  EXPECT_FALSE(file_exists(dir.path + "/b.bin"));
+  EXPECT_FALSE(file_exists(dir.path + "/b.idx"));
+}
+
+// Files with a stored dtype the writer never picks are read and converted to int32.
+TEST(IndexedDataset, ReadsOtherDtypes) {
+  TempDir dir;
+  std::string prefix = dir.path + "/ds";
+  std::vector<char> bin;
+  for (int64_t v : {7, 0, 2147483647}) append(&bin, v);
+  write_bytes(prefix + ".bin", bin);
+  write_bytes(prefix + ".idx", build_idx(5, {2, 1}, {0, 16}, {0, 2}));
+  IndexedDataset ds(prefix);
+  std::vector<int32_t> got(3);
+  ds.read_stream(0, 3, got.data());
+  EXPECT_EQ(got, (std::vector<int32_t>{7, 0, 2147483647}));
+
+  bin.clear();
+  for (float v : {3.0f, 4.5f}) append(&bin, v);
+  write_bytes(prefix + ".bin", bin);
+  write_bytes(prefix + ".idx", build_idx(7, {2}, {0}, {0, 1}));
+  IndexedDataset fs(prefix);
+  fs.read(0, 0, 1, got.data());
+  EXPECT_EQ(got[0], 3);
+  EXPECT_THROW(fs.read(0, 1, 1, got.data()), Error);  // 4.5 is not a token id
+
+  write_bytes(prefix + ".bin", {char(200), char(1)});
+  write_bytes(prefix + ".idx", build_idx(1, {2}, {0}, {0, 1}));
+  IndexedDataset u8(prefix);
+  u8.read(0, 0, 2, got.data());
+  EXPECT_EQ(got[0], 200);
+  EXPECT_EQ(got[1], 1);
+}
+
+// ---- Cross-check with an independent numpy reader ----
+
+void check_with_numpy(int64_t vocab, int32_t offset, const char* dtype_name) {
+  if (!file_exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+  TempDir dir;
+  std::string prefix = dir.path + "/ds";
+  write_dataset(prefix, vocab, scaled_docs(offset));
+  std::string out = dir.path + "/out.json";
+  std::string cmd = std::string("/usr/bin/python3 ") + MT_SOURCE_DIR +
+                    "/tools/check_megatron_idx.py " + prefix + " > " + out;
+  int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc)) << cmd;
+  if (WEXITSTATUS(rc) == 3) GTEST_SKIP() << "numpy missing";
+  ASSERT_EQ(WEXITSTATUS(rc), 0) << cmd;
+  std::vector<char> text = read_bytes(out);
+  nlohmann::json j = nlohmann::json::parse(std::string(text.begin(), text.end()));
+
+  IndexedDataset ds(prefix);
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["dtype"], dtype_name);
+  EXPECT_EQ(j["dtype_code"], static_cast<int>(ds.dtype()));
+  EXPECT_EQ(j["sequence_count"], ds.num_sequences());
+  EXPECT_EQ(j["document_count"], ds.num_documents() + 1);
+  for (uint64_t i = 0; i < ds.num_sequences(); ++i) {
+    EXPECT_EQ(j["sequence_lengths"][i], ds.sequence_length(i));
+    EXPECT_EQ(j["sequence_pointers"][i], ds.sequence_start(i) * token_dtype_size(ds.dtype()));
+    std::vector<int32_t> got(ds.sequence_length(i));
+    ds.read(i, 0, ds.sequence_length(i), got.data());
+    EXPECT_EQ(j["sequences"][i].get<std::vector<int32_t>>(), got) << "sequence " << i;
+  }
+  for (uint64_t d = 0; d <= ds.num_documents(); ++d)
+    EXPECT_EQ(j["document_indices"][d], ds.document_first_sequence(d));
+  EXPECT_EQ(j["document_indices"].get<std::vector<int64_t>>(), kDocIndices);
+}
+
+TEST(IndexedDataset, MatchesNumpyReaderUInt16) {
+  check_with_numpy(50257, 50240, "uint16");
+}
+
+TEST(IndexedDataset, MatchesNumpyReaderInt32) {
+  check_with_numpy(128256, 128240, "int32");
+}
+
+// ---- Malformed files ----
+
+class MalformedIndex : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = dir_.path + "/ds";
+    write_dataset(prefix_, 1000, kDocs);  // uint16, S = 6, D = 5
+    idx_ = read_bytes(prefix_ + ".idx");
+    bin_ = read_bytes(prefix_ + ".bin");
+  }
+  size_t pointer_offset(size_t i) const { return 34 + 4 * 6 + 8 * i; }
+  size_t document_offset(size_t d) const { return 34 + 12 * 6 + 8 * d; }
+
+  // Writes the (patched) files, opens them and expects an error of kind whose message names file
+  // and contains what.
+  void expect_refused(ErrorKind kind, const std::string& file, const std::string& what) {
+    write_bytes(prefix_ + ".idx", idx_);
+    write_bytes(prefix_ + ".bin", bin_);
+    try {
+      IndexedDataset ds(prefix_);
+      FAIL() << "opened without error; expected: " << what;
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      EXPECT_EQ(e.kind(), kind) << msg;
+      EXPECT_NE(msg.find(prefix_ + file), std::string::npos) << msg;
+      EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    }
+  }
+
+  TempDir dir_;
+  std::string prefix_;
+  std::vector<char> idx_, bin_;
+};
+
+TEST_F(MalformedIndex, ValidFileOpens) {
+  write_bytes(prefix_ + ".idx", idx_);
+  IndexedDataset ds(prefix_);
+  EXPECT_EQ(ds.total_tokens(), 12u);
+}
+
+TEST_F(MalformedIndex, TruncatedHeader) {
+  idx_.resize(20);
+  expect_refused(ErrorKind::kCorruption, ".idx", "truncated header");
+}
+
+TEST_F(MalformedIndex, TruncatedArrays) {
+  idx_.resize(idx_.size() - 8);
+  expect_refused(ErrorKind::kCorruption, ".idx", "truncated");
+}
+
+TEST_F(MalformedIndex, EmptyIndex) {
+  idx_.clear();
+  expect_refused(ErrorKind::kCorruption, ".idx", "truncated header");
+}
+
+TEST_F(MalformedIndex, HugeCountsDoNotOverflow) {
+  put<uint64_t>(&idx_, 18, uint64_t{1} << 62);
+  expect_refused(ErrorKind::kCorruption, ".idx", "sequence_count");
+}
+
+TEST_F(MalformedIndex, TrailingBytes) {
+  idx_.insert(idx_.end(), 3, '\0');
+  expect_refused(ErrorKind::kCorruption, ".idx", "trailing bytes");
+}
+
+TEST_F(MalformedIndex, WrongMagic) {
+  idx_[0] = 'X';
+  expect_refused(ErrorKind::kCorruption, ".idx", "bad magic");
+}
+
+TEST_F(MalformedIndex, WrongVersion) {
+  put<uint64_t>(&idx_, 9, 2);
+  expect_refused(ErrorKind::kCorruption, ".idx", "version 2");
+}
+
+TEST_F(MalformedIndex, UnknownDtypeCode) {
+  idx_[17] = 9;
+  expect_refused(ErrorKind::kCorruption, ".idx", "unknown dtype code 9");
+}
+
+TEST_F(MalformedIndex, PointerPastEndOfBin) {
+  put<int64_t>(&idx_, pointer_offset(5), 24);  // sequence 5 has 2 tokens; the .bin has 24 bytes
+  expect_refused(ErrorKind::kCorruption, ".idx",
+                 "sequence_pointers[5] = 24 with 4 bytes runs past the end");
+}
+
+TEST_F(MalformedIndex, NegativePointer) {
+  put<int64_t>(&idx_, pointer_offset(0), -2);
+  expect_refused(ErrorKind::kCorruption, ".idx", "sequence_pointers[0] = -2");
+}
+
+TEST_F(MalformedIndex, OverlappingPointers) {
+  put<int64_t>(&idx_, pointer_offset(1), 4);  // sequence 0 is bytes [0, 6)
+  expect_refused(ErrorKind::kCorruption, ".idx", "sequence_pointers[1] = 4 overlaps");
+}
+
+TEST_F(MalformedIndex, GapBetweenSequences) {
+  put<int64_t>(&idx_, pointer_offset(1), 8);
+  expect_refused(ErrorKind::kCorruption, ".idx", "sequence_pointers[1] = 8 leaves a gap");
+}
+
+TEST_F(MalformedIndex, NegativeLength) {
+  put<int32_t>(&idx_, 34 + 4 * 2, -1);
+  expect_refused(ErrorKind::kCorruption, ".idx", "sequence_lengths[2] = -1");
+}
+
+TEST_F(MalformedIndex, DocumentIndicesNotEndingAtSequenceCount) {
+  put<int64_t>(&idx_, document_offset(4), 5);
+  expect_refused(ErrorKind::kCorruption, ".idx",
+                 "document_indices ends at 5, not at sequence_count 6");
+}
+
+TEST_F(MalformedIndex, DocumentIndicesNotStartingAtZero) {
+  put<int64_t>(&idx_, document_offset(0), 1);
+  expect_refused(ErrorKind::kCorruption, ".idx", "document_indices[0] = 1");
+}
+
+TEST_F(MalformedIndex, DocumentIndicesDecreasing) {
+  put<int64_t>(&idx_, document_offset(2), 1);
+  expect_refused(ErrorKind::kCorruption, ".idx", "document_indices[2] = 1 decreases");
+}
+
+TEST_F(MalformedIndex, DocumentIndexPastSequenceCount) {
+  put<int64_t>(&idx_, document_offset(3), 7);
+  expect_refused(ErrorKind::kCorruption, ".idx", "document_indices[3] = 7 exceeds sequence_count");
+}
+
+TEST_F(MalformedIndex, BinShorterThanClaimed) {
+  bin_.resize(bin_.size() - 2);
+  expect_refused(ErrorKind::kCorruption, ".bin", "22 bytes, but the sequence_lengths");
+}
+
+TEST_F(MalformedIndex, BinLongerThanClaimed) {
+  bin_.resize(bin_.size() + 2);
+  expect_refused(ErrorKind::kCorruption, ".bin", "26 bytes, but the sequence_lengths");
+}
+
+TEST_F(MalformedIndex, MissingBin) {
+  write_bytes(prefix_ + ".idx", idx_);
+  std::filesystem::remove(prefix_ + ".bin");
+  try {
+    IndexedDataset ds(prefix_);
+    FAIL() << "opened without a .bin";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
+    EXPECT_NE(std::string(e.what()).find(prefix_ + ".bin: cannot open"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(MalformedIndex, MissingIdx) {
+  std::filesystem::remove(prefix_ + ".idx");
+  EXPECT_THROW(IndexedDataset ds(prefix_), Error);
+}
+
+}  // namespace
+}  // namespace mt::data

@@ -1,0 +1,104 @@
+// Training samples as windows of the concatenated token stream, in order (wrapping around) or
+// shuffled per epoch with a SplitMix64-driven Fisher–Yates permutation; see token_stream.h.
+#include "data/token_stream.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "base/error.h"
+
+namespace mt::data {
+
+namespace {
+
+// SplitMix64's output function: a bijection of 64-bit values.
+uint64_t splitmix64_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, m), m >= 1: rejects the 2^64 mod m smallest draws so every residue is equally
+// likely.
+uint64_t uniform_below(uint64_t m, uint64_t* state) {
+  uint64_t threshold = (0 - m) % m;  // 2^64 mod m
+  uint64_t r;
+  do {
+    r = splitmix64_next(state);
+  } while (r < threshold);
+  return r % m;
+}
+
+}  // namespace
+
+uint64_t splitmix64_next(uint64_t* state) {
+  *state += 0x9E3779B97F4A7C15ull;
+  return splitmix64_mix(*state);
+}
+
+std::vector<uint64_t> sample_permutation(uint64_t n, uint64_t seed, uint64_t epoch) {
+  std::vector<uint64_t> perm(n);
+  for (uint64_t i = 0; i < n; ++i) perm[i] = i;
+  uint64_t state = splitmix64_mix(splitmix64_mix(seed) + epoch);
+  for (uint64_t i = n; i > 1; --i) {
+    uint64_t j = uniform_below(i, &state);
+    std::swap(perm[i - 1], perm[j]);
+  }
+  return perm;
+}
+
+TokenStream::TokenStream(const IndexedDataset& dataset, int T, bool shuffle, uint64_t seed)
+    : dataset_(dataset), T_(T), shuffle_(shuffle), seed_(seed), S_(dataset.total_tokens()) {
+  MT_CHECK(T >= 1, ErrorKind::kInvalidArgument,
+           dataset.prefix() + ": token stream seq_length " + std::to_string(T) + " must be >= 1");
+  MT_CHECK(S_ >= 1, ErrorKind::kInvalidArgument,
+           dataset.prefix() + ": dataset has no tokens to sample from");
+  samples_per_epoch_ = std::max<uint64_t>(1, (S_ - 1) / static_cast<uint64_t>(T));
+}
+
+uint64_t TokenStream::window_start(uint64_t k) {
+  uint64_t T = static_cast<uint64_t>(T_);
+  if (!shuffle_) {
+    // (k·T) mod S without overflow.
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(k % S_) * T) % S_);
+  }
+  uint64_t epoch = k / samples_per_epoch_;
+  if (!have_perm_ || perm_epoch_ != epoch) {
+    perm_ = sample_permutation(samples_per_epoch_, seed_, epoch);
+    perm_epoch_ = epoch;
+    have_perm_ = true;
+  }
+  // perm · T + T + 1 <= n·T + 1 <= S when n = (S − 1) / T; 0 when n was raised to 1.
+  return perm_[k % samples_per_epoch_] * T;
+}
+
+void TokenStream::read_wrapped(uint64_t position, uint64_t count, int32_t* out) const {
+  while (count > 0) {
+    uint64_t n = std::min(count, S_ - position);
+    dataset_.read_stream(position, n, out);
+    out += n;
+    count -= n;
+    position = 0;
+  }
+}
+
+void TokenStream::sample(uint64_t k, int32_t* inputs, int32_t* targets) {
+  uint64_t start = window_start(k);
+  uint64_t T = static_cast<uint64_t>(T_);
+  read_wrapped(start, T, inputs);
+  std::memcpy(targets, inputs + 1, (T - 1) * sizeof(int32_t));
+  read_wrapped((start + T) % S_, 1, targets + T - 1);
+}
+
+void TokenStream::batch(uint64_t first, int B, int32_t* inputs, int32_t* targets) {
+  MT_CHECK(B >= 0, ErrorKind::kInvalidArgument,
+           dataset_.prefix() + ": token stream batch size " + std::to_string(B) + " is negative");
+  for (int b = 0; b < B; ++b) {
+    size_t row = static_cast<size_t>(b) * static_cast<size_t>(T_);
+    sample(first + static_cast<uint64_t>(b), inputs + row, targets + row);
+  }
+}
+
+}  // namespace mt::data

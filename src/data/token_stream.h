@@ -1,0 +1,64 @@
+// Training samples from an indexed dataset. All sequences concatenated (documents included, no
+// separator added) form one token stream of S = total_tokens() tokens. A sample of length T is a
+// window of T + 1 stream tokens: inputs are its first T, targets its last T (shifted by one).
+//
+// Without shuffle, global sample k is the window starting at stream position (k·T) mod S; the
+// stream repeats from its start when it ends, so a window may wrap around.
+// With shuffle, an epoch is n = max(1, (S − 1) / T) samples; global sample k lies in epoch
+// e = k / n and is the window starting at perm_e[k mod n] · T, where
+// perm_e = sample_permutation(n, seed, e). Each window then lies inside the stream (only a stream
+// shorter than T + 1 wraps).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "data/indexed_dataset.h"
+
+namespace mt::data {
+
+// SplitMix64 (Steele, Lea, Flood 2014; the generator of Vigna's xoshiro seeding): advances *state
+// by 0x9E3779B97F4A7C15 and returns the mixed value. Portable: the same numbers on every platform.
+uint64_t splitmix64_next(uint64_t* state);
+
+// A permutation of [0, n), deterministic in (n, seed, epoch) on every platform:
+//   state = mix(mix(seed) + epoch), mix being the SplitMix64 output function;
+//   perm = identity; for i = n−1 down to 1: j = uniform(i + 1); swap(perm[i], perm[j])
+// (Fisher–Yates), uniform(m) drawing r = splitmix64_next(&state) until r >= 2^64 mod m (rejection,
+// no modulo bias) and returning r mod m.
+std::vector<uint64_t> sample_permutation(uint64_t n, uint64_t seed, uint64_t epoch);
+
+// NOTE: not thread-safe; sample() caches the permutation of the epoch last used. It reads the
+// dataset through its mapping and keeps a reference to it: the dataset must outlive the stream.
+class TokenStream {
+ public:
+  // REQUIRES: T >= 1, dataset.total_tokens() >= 1.
+  TokenStream(const IndexedDataset& dataset, int T, bool shuffle, uint64_t seed);
+
+  int seq_length() const { return T_; }
+  uint64_t num_tokens() const { return S_; }
+  uint64_t num_samples_per_epoch() const { return samples_per_epoch_; }
+
+  // Stream position of the first token of global sample k.
+  uint64_t window_start(uint64_t k);
+  // inputs (T), targets (T) of global sample k.
+  void sample(uint64_t k, int32_t* inputs, int32_t* targets);
+  // inputs (B, T), targets (B, T): samples [first, first + B), row b = sample first + b.
+  void batch(uint64_t first, int B, int32_t* inputs, int32_t* targets);
+
+ private:
+  // out[0, count) = stream tokens from position, wrapping around the end of the stream.
+  void read_wrapped(uint64_t position, uint64_t count, int32_t* out) const;
+
+  const IndexedDataset& dataset_;
+  int T_;
+  bool shuffle_;
+  uint64_t seed_;
+  uint64_t S_;
+  uint64_t samples_per_epoch_;
+  bool have_perm_ = false;
+  uint64_t perm_epoch_ = 0;
+  std::vector<uint64_t> perm_;  // (samples_per_epoch_) sample_permutation of perm_epoch_
+};
+
+}  // namespace mt::data

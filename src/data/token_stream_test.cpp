@@ -1,0 +1,218 @@
+// Tests of the training sample loader: in-order windows checked against windows computed by hand
+// from the documents (wrap-around and document boundaries included), the shuffled order a
+// permutation within every epoch that is reproducible per seed and differs between epochs, and
+// sample_permutation pinned to the values of its written definition as computed by
+// tools/check_megatron_idx.py --permutation (and cross-checked live when /usr/bin/python3 exists).
+#include "data/token_stream.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/file_io.h"
+#include "data/indexed_dataset.h"
+
+#ifndef MT_SOURCE_DIR
+#define MT_SOURCE_DIR "."
+#endif
+
+namespace mt::data {
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = std::filesystem::temp_directory_path().string() + "/mt_stream_XXXXXX";
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+// Writes documents of the given lengths, each a single sequence split in two where it is long
+// enough, with token values from a fixed pseudo-random rule; returns the concatenated stream.
+std::vector<int32_t> write_docs(const std::string& prefix, const std::vector<int>& doc_lengths,
+                                int64_t vocab = 50000) {
+  IndexedDatasetWriter w(prefix, vocab);
+  std::vector<int32_t> stream;
+  uint32_t x = 12345;
+  for (int n : doc_lengths) {
+    std::vector<int32_t> doc;
+    for (int k = 0; k < n; ++k) {
+      x = x * 1103515245u + 12345u;
+      doc.push_back(static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab)));
+    }
+    size_t half = doc.size() / 2;
+    w.add_sequence(std::span<const int32_t>(doc.data(), half));
+    w.add_sequence(std::span<const int32_t>(doc.data() + half, doc.size() - half));
+    w.end_document();
+    stream.insert(stream.end(), doc.begin(), doc.end());
+  }
+  w.finalize();
+  return stream;
+}
+
+// The window of T + 1 tokens from stream position start, wrapping around.
+void expected_window(const std::vector<int32_t>& stream, uint64_t start, int T,
+                     std::vector<int32_t>* inputs, std::vector<int32_t>* targets) {
+  inputs->clear();
+  targets->clear();
+  for (int j = 0; j <= T; ++j) {
+    int32_t t = stream[(start + static_cast<uint64_t>(j)) % stream.size()];
+    if (j < T) inputs->push_back(t);
+    if (j > 0) targets->push_back(t);
+  }
+}
+
+TEST(TokenStream, InOrderWindowsWrapAroundAndCrossDocuments) {
+  TempDir dir;
+  std::vector<int32_t> stream = write_docs(dir.path + "/ds", {7, 3, 1, 9, 3});  // S = 23
+  IndexedDataset ds(dir.path + "/ds");
+  ASSERT_EQ(ds.total_tokens(), 23u);
+  const int T = 5;
+  TokenStream ts(ds, T, /*shuffle=*/false, 0);
+  EXPECT_EQ(ts.num_samples_per_epoch(), 4u);  // (23 - 1) / 5
+  std::vector<int32_t> in(T), tg(T), want_in, want_tg;
+  for (uint64_t k = 0; k < 40; ++k) {
+    uint64_t start = (k * T) % 23;
+    EXPECT_EQ(ts.window_start(k), start);
+    ts.sample(k, in.data(), tg.data());
+    expected_window(stream, start, T, &want_in, &want_tg);
+    EXPECT_EQ(in, want_in) << "sample " << k;
+    EXPECT_EQ(tg, want_tg) << "sample " << k;
+  }
+  // Sample 4 is [20, 26): stream tokens 20, 21, 22, then 0, 1, 2 again.
+  ts.sample(4, in.data(), tg.data());
+  EXPECT_EQ(in, (std::vector<int32_t>{stream[20], stream[21], stream[22], stream[0], stream[1]}));
+  EXPECT_EQ(tg.back(), stream[2]);
+}
+
+TEST(TokenStream, StreamShorterThanWindowWrapsRepeatedly) {
+  TempDir dir;
+  std::vector<int32_t> stream = write_docs(dir.path + "/ds", {3});
+  IndexedDataset ds(dir.path + "/ds");
+  const int T = 8;
+  for (bool shuffle : {false, true}) {
+    TokenStream ts(ds, T, shuffle, 1);
+    EXPECT_EQ(ts.num_samples_per_epoch(), 1u);
+    std::vector<int32_t> in(T), tg(T), want_in, want_tg;
+    for (uint64_t k = 0; k < 4; ++k) {
+      ts.sample(k, in.data(), tg.data());
+      expected_window(stream, shuffle ? 0 : (k * T) % 3, T, &want_in, &want_tg);
+      EXPECT_EQ(in, want_in);
+      EXPECT_EQ(tg, want_tg);
+    }
+  }
+}
+
+TEST(TokenStream, BatchRowsAreConsecutiveSamples) {
+  TempDir dir;
+  write_docs(dir.path + "/ds", {50, 17, 33});
+  IndexedDataset ds(dir.path + "/ds");
+  const int B = 3, T = 16;
+  for (bool shuffle : {false, true}) {
+    TokenStream ts(ds, T, shuffle, 9);
+    std::vector<int32_t> in(B * T), tg(B * T), row_in(T), row_tg(T);
+    ts.batch(5, B, in.data(), tg.data());  // crosses the epoch boundary (n = 6) when shuffled
+    for (int b = 0; b < B; ++b) {
+      ts.sample(5 + b, row_in.data(), row_tg.data());
+      EXPECT_TRUE(std::equal(row_in.begin(), row_in.end(), in.begin() + b * T));
+      EXPECT_TRUE(std::equal(row_tg.begin(), row_tg.end(), tg.begin() + b * T));
+    }
+  }
+}
+
+TEST(TokenStream, ShuffleIsAPermutationPerEpochAndReproducible) {
+  TempDir dir;
+  std::vector<int32_t> stream = write_docs(dir.path + "/ds", {400, 1, 250, 350});  // S = 1001
+  IndexedDataset ds(dir.path + "/ds");
+  const int T = 10;
+  TokenStream a(ds, T, /*shuffle=*/true, 42);
+  TokenStream b(ds, T, /*shuffle=*/true, 42);
+  TokenStream c(ds, T, /*shuffle=*/true, 43);
+  const uint64_t n = a.num_samples_per_epoch();
+  ASSERT_EQ(n, 100u);
+  std::vector<std::vector<uint64_t>> orders;
+  std::vector<int32_t> in(T), tg(T), want_in, want_tg;
+  for (uint64_t e = 0; e < 3; ++e) {
+    std::vector<uint64_t> order, order_c;
+    for (uint64_t k = e * n; k < (e + 1) * n; ++k) {
+      uint64_t start = a.window_start(k);
+      ASSERT_EQ(start % T, 0u);
+      order.push_back(start / T);
+      order_c.push_back(c.window_start(k) / T);
+      EXPECT_EQ(b.window_start(k), start);
+      a.sample(k, in.data(), tg.data());
+      expected_window(stream, start, T, &want_in, &want_tg);
+      ASSERT_LE(start + T + 1, stream.size());  // a shuffled window never wraps
+      EXPECT_EQ(in, want_in);
+      EXPECT_EQ(tg, want_tg);
+    }
+    std::vector<uint64_t> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(sorted[i], i) << "epoch " << e;
+    EXPECT_NE(order, order_c) << "seeds 42 and 43 gave the same order in epoch " << e;
+    orders.push_back(order);
+  }
+  EXPECT_NE(orders[0], orders[1]);
+  EXPECT_NE(orders[1], orders[2]);
+  // Random access: going back to epoch 0 reproduces it.
+  for (uint64_t k = 0; k < n; ++k) EXPECT_EQ(a.window_start(k) / T, orders[0][k]);
+}
+
+TEST(SamplePermutation, SplitMix64MatchesReference) {
+  // Vigna's splitmix64.c seeded with 1234567.
+  uint64_t state = 1234567;
+  EXPECT_EQ(splitmix64_next(&state), 6457827717110365317ull);
+  EXPECT_EQ(splitmix64_next(&state), 3203168211198807973ull);
+  EXPECT_EQ(splitmix64_next(&state), 9817491932198370423ull);
+}
+
+TEST(SamplePermutation, PinnedValues) {
+  // tools/check_megatron_idx.py --permutation 10 42 0 (and ... 10 42 1, ... 10 7 0).
+  EXPECT_EQ(sample_permutation(10, 42, 0), (std::vector<uint64_t>{2, 8, 9, 7, 1, 4, 6, 0, 5, 3}));
+  EXPECT_EQ(sample_permutation(10, 42, 1), (std::vector<uint64_t>{3, 1, 6, 8, 4, 5, 9, 7, 2, 0}));
+  EXPECT_EQ(sample_permutation(10, 7, 0), (std::vector<uint64_t>{0, 9, 5, 2, 7, 4, 8, 6, 1, 3}));
+  EXPECT_TRUE(sample_permutation(0, 1, 0).empty());
+  EXPECT_EQ(sample_permutation(1, 1, 5), (std::vector<uint64_t>{0}));
+}
+
+TEST(SamplePermutation, MatchesPythonDefinition) {
+  if (!file_exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+  TempDir dir;
+  std::string out = dir.path + "/perm.json";
+  std::string cmd = std::string("/usr/bin/python3 ") + MT_SOURCE_DIR +
+                    "/tools/check_megatron_idx.py --permutation 1000 123456789 17 > " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::vector<char> text = file_read_all(out);
+  auto want =
+      nlohmann::json::parse(std::string(text.begin(), text.end())).get<std::vector<uint64_t>>();
+  EXPECT_EQ(sample_permutation(1000, 123456789, 17), want);
+}
+
+TEST(TokenStream, RefusesBadArguments) {
+  TempDir dir;
+  write_docs(dir.path + "/ds", {4});
+  IndexedDataset ds(dir.path + "/ds");
+  try {
+    TokenStream ts(ds, 0, false, 0);
+    FAIL() << "T = 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+  }
+  IndexedDatasetWriter w(dir.path + "/empty", 10);
+  w.finalize();
+  IndexedDataset empty(dir.path + "/empty");
+  EXPECT_EQ(empty.num_sequences(), 0u);
+  EXPECT_EQ(empty.num_documents(), 0u);
+  EXPECT_THROW(TokenStream(empty, 4, false, 0), Error);
+}
+
+}  // namespace
+}  // namespace mt::data
