@@ -12,6 +12,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy   # the PyTorch oracle for golden data and the peer benchmark
   libopenblas0-pthread    # the BLAS a PyTorch user has (netlib reference BLAS makes its fp32 ~20x slower)
+  nodejs                  # runs the GPT-2 tokenizer oracle (npm gpt-3-encoder); NOTE: not Debian's
+                          # npm package, which conflicts with NodeSource's nodejs (that bundles npm)
 )
 
 missing=()

@@ -8,5 +8,6 @@ namespace mt::cli {
 void register_bench(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_config(CLI::App& app);
+void register_train(CLI::App& app);
 
 }  // namespace mt::cli

@@ -28,6 +28,7 @@ class AdamW {
   void step(float* master, const float* grad, void* lowp, DType lowp_dtype, float lr,
             float grad_scale = 1.0f);
   int64_t step_count() const { return step_; }
+  void set_step_count(int64_t step) { step_ = step; }  // when restoring a checkpoint
   const AdamWConfig& config() const { return config_; }
   float* exp_avg() const { return m_.as<float>(); }
   float* exp_avg_sq() const { return v_.as<float>(); }

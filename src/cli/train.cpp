@@ -1,0 +1,138 @@
+// meshtrain train CONFIG [--set k=v] [--resume DIR] [--metrics FILE]: trains on one process.
+// Data: data.train / data.valid are Megatron indexed-dataset prefixes (PREFIX.bin + PREFIX.idx).
+// A progress bar on a terminal, plain lines (every steps_per_print) otherwise; --metrics appends
+// one JSON object per step.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/timer.h"
+#include "cli/commands.h"
+#include "data/token_stream.h"
+#include "engine/checkpoint_io.h"
+#include "engine/engine.h"
+
+namespace mt::cli {
+namespace {
+
+struct TrainArgs {
+  std::string config, resume, metrics;
+  std::vector<std::string> sets;
+};
+
+std::string fmt_time(double s) {
+  char buf[32];
+  int t = static_cast<int>(s);
+  std::snprintf(buf, sizeof buf, "%02d:%02d", t / 60, t % 60);
+  return buf;
+}
+
+std::unique_ptr<data::IndexedDataset> open_dataset(const std::string& prefix, const char* key) {
+  MT_CHECK(!prefix.empty(), ErrorKind::kInvalidArgument, std::string(key) + ": missing (an indexed-dataset prefix)");
+  return std::make_unique<data::IndexedDataset>(prefix);
+}
+
+void run_train(const TrainArgs& args) {
+  engine::RunConfig cfg = engine::ds_config_load(args.config, args.sets);
+  for (const auto& w : cfg.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  MT_CHECK(cfg.train_iters > 0, ErrorKind::kInvalidArgument, args.config + ": train_iters must be positive");
+  auto train_ds = open_dataset(cfg.data_train, "data.train");
+  data::TokenStream train(*train_ds, static_cast<int>(cfg.seq_length), cfg.shuffle, cfg.seed);
+  std::unique_ptr<data::IndexedDataset> valid_ds;
+  std::unique_ptr<data::TokenStream> valid;
+  if (!cfg.data_valid.empty()) {
+    valid_ds = open_dataset(cfg.data_valid, "data.valid");
+    valid = std::make_unique<data::TokenStream>(*valid_ds, static_cast<int>(cfg.seq_length), false, cfg.seed);
+  }
+  auto model = engine::engine_build_model(cfg);
+  engine::Engine eng(cfg, *model);
+  if (!args.resume.empty()) {
+    engine::checkpoint_load(eng, args.resume);
+    std::fprintf(stderr, "resumed from %s at step %lld\n", args.resume.c_str(), static_cast<long long>(eng.global_step()));
+  }
+  std::fprintf(stderr, "model %s, batch %lld = %lld x %lld accumulation, T=%lld, %s\n", cfg.model.describe().c_str(),
+               static_cast<long long>(cfg.batch.train_batch_size), static_cast<long long>(cfg.batch.micro_batch_per_gpu),
+               static_cast<long long>(cfg.batch.gradient_accumulation_steps), static_cast<long long>(cfg.seq_length),
+               dtype_name(cfg.compute_dtype));
+  std::ofstream metrics;
+  if (!args.metrics.empty()) {
+    metrics.open(args.metrics, std::ios::app);
+    MT_CHECK(metrics.good(), ErrorKind::kIOError, args.metrics + ": cannot open for appending");
+  }
+  const int B = static_cast<int>(cfg.batch.micro_batch_per_gpu);
+  const int64_t T = cfg.seq_length, tbs = cfg.batch.train_batch_size;
+  const bool tty = isatty(fileno(stdout));
+  double flops = model->train_flops_per_step() * static_cast<double>(cfg.batch.gradient_accumulation_steps);
+  Timer total;
+  int64_t start_step = eng.global_step();
+  while (eng.global_step() < cfg.train_iters) {
+    int64_t step = eng.global_step();
+    uint64_t next_sample = static_cast<uint64_t>(step * tbs);
+    Timer t;
+    engine::StepResult r = eng.train_batch([&](int32_t* tokens, int32_t* targets) {
+      train.batch(next_sample, B, tokens, targets);
+      next_sample += static_cast<uint64_t>(B);
+    });
+    double secs = t.seconds();
+    double tok_s = static_cast<double>(tbs * T) / secs;
+    int64_t done = eng.global_step();
+    if (metrics.is_open()) {
+      nlohmann::json m = {{"step", done}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
+                          {"loss_scale", r.loss_scale}, {"skipped", r.skipped}, {"tokens_per_s", tok_s},
+                          {"tflops", flops / secs / 1e12}};
+      MemStats mem = Allocator::global().stats();
+      for (int c = 0; c < kMemCategoryCount; ++c)
+        m["peak_" + std::string(mem_category_name(static_cast<MemCategory>(c))) + "_bytes"] = mem.peak[c];
+      metrics << m.dump() << "\n";
+      metrics.flush();
+    }
+    double elapsed = total.seconds();
+    double remaining = elapsed / static_cast<double>(done - start_step) * static_cast<double>(cfg.train_iters - done);
+    if (tty) {
+      int width = 30, filled = static_cast<int>(width * done / cfg.train_iters);
+      std::printf("\r[%s%s] %lld/%lld %s<%s %.2fit/s %.0f tok/s loss %.4f lr %.2e scale %.0f ",
+                  std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                  static_cast<long long>(done), static_cast<long long>(cfg.train_iters), fmt_time(elapsed).c_str(),
+                  fmt_time(remaining).c_str(), 1.0 / secs, tok_s, r.loss, r.lr, r.loss_scale);
+      std::fflush(stdout);
+    } else if (done % cfg.steps_per_print == 0 || done == cfg.train_iters) {
+      std::printf("step %lld/%lld loss %.4f lr %.3e grad_norm %.3f scale %.0f %.0f tok/s%s\n", static_cast<long long>(done),
+                  static_cast<long long>(cfg.train_iters), r.loss, r.lr, r.grad_norm, r.loss_scale, tok_s,
+                  r.skipped ? " (skipped: overflow)" : "");
+    }
+    if (valid && cfg.eval_interval > 0 && (done % cfg.eval_interval == 0 || done == cfg.train_iters)) {
+      std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
+      double sum = 0;
+      for (int64_t i = 0; i < cfg.eval_iters; ++i) {
+        valid->batch(static_cast<uint64_t>(i * B), B, tokens.data(), targets.data());
+        sum += eng.evaluate(tokens.data(), targets.data());
+      }
+      std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), sum / static_cast<double>(cfg.eval_iters));
+    }
+    if (!cfg.save_dir.empty() && ((cfg.save_interval > 0 && done % cfg.save_interval == 0) || done == cfg.train_iters)) {
+      std::string where = engine::checkpoint_save(eng, cfg.save_dir, cfg.keep_last);
+      if (!tty) std::printf("saved %s\n", where.c_str());
+    }
+  }
+  if (tty) std::printf("\n");
+}
+
+}  // namespace
+
+void register_train(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  auto* cmd = app.add_subcommand("train", "Train a model on one process from a run configuration");
+  cmd->add_option("CONFIG", args->config, "run configuration (JSON, DeepSpeed keys + model/data)")->required();
+  cmd->add_option("--set", args->sets, "override a key: a.b.c=value");
+  cmd->add_option("--resume", args->resume, "continue from a checkpoint directory (or a save_dir)");
+  cmd->add_option("--metrics", args->metrics, "append one JSON object per step to this file");
+  cmd->callback([args] { run_train(*args); });
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,570 @@
+// Byte-level BPE (GPT-2's encoder.py): the pre-tokenizer regex on PCRE2, the rank-ordered merge
+// loop with a per-word cache, the GPT-2 / Hugging Face loaders and writer, and BPE training with
+// incremental pair counts (only the words holding the merged pair are recounted).
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "data/tokenizer.h"
+
+#include <pcre2.h>
+
+#include <algorithm>
+#include <climits>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/file_io.h"
+
+namespace mt::data {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kEndOfText = "<|endoftext|>";
+constexpr size_t kCacheMaxWords = 1 << 20;  // the cache is cleared when it grows past this
+
+// GPT-2's pre-tokenizer. Compiled once with JIT; MATCH_INVALID_UTF lets invalid UTF-8 through
+// (it matches nothing and becomes its own piece), so encode never throws on bytes.
+const pcre2_code* gpt2_regex() {
+  static const pcre2_code* code = [] {
+    const char* pattern =
+        R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+    int err = 0;
+    PCRE2_SIZE err_offset = 0;
+    pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
+                                  PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err,
+                                  &err_offset, nullptr);
+    if (c == nullptr) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof(msg));
+      throw Error(ErrorKind::kInternal,
+                  std::string("tokenizer: PCRE2 cannot compile GPT-2's regex: ") +
+                      reinterpret_cast<const char*>(msg));
+    }
+    pcre2_jit_compile(c, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is absent
+    return c;
+  }();
+  return code;
+}
+
+// Calls fn(piece) for each pre-token of text, covering every byte in order.
+template <typename Fn>
+void pre_tokenize(std::string_view text, Fn&& fn) {
+  const pcre2_code* re = gpt2_regex();
+  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(
+      pcre2_match_data_create_from_pattern(re, nullptr), pcre2_match_data_free);
+  MT_CHECK(md != nullptr, ErrorKind::kOutOfMemory, "tokenizer: cannot allocate PCRE2 match data");
+  auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t pos = 0;
+  while (pos < text.size()) {
+    int rc = pcre2_match(re, subject, text.size(), pos, 0, md.get(), nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) {
+      fn(text.substr(pos));
+      return;
+    }
+    MT_CHECK(rc > 0, ErrorKind::kInternal,
+             "tokenizer: PCRE2 match failed with code " + std::to_string(rc));
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+    size_t begin = ov[0], end = ov[1];
+    MT_INTERNAL_CHECK(end > begin && begin >= pos);
+    if (begin > pos) fn(text.substr(pos, begin - pos));  // bytes that are not valid UTF-8
+    fn(text.substr(begin, end - begin));
+    pos = end;
+  }
+}
+
+uint64_t pair_key(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// bytes -> the byte-mapped string vocabulary files use.
+std::string bytes_to_mapped(std::string_view bytes) {
+  std::string out;
+  for (unsigned char b : bytes) append_utf8(out, gpt2_byte_to_unicode()[b]);
+  return out;
+}
+
+// The byte-mapped string -> bytes; false if it holds a character outside the 256 of the map.
+bool mapped_to_bytes(std::string_view mapped, std::string& out) {
+  static const std::array<int, 0x144> inverse = [] {
+    std::array<int, 0x144> inv;
+    inv.fill(-1);
+    for (int b = 0; b < 256; ++b) inv[gpt2_byte_to_unicode()[b]] = b;
+    return inv;
+  }();
+  out.clear();
+  for (size_t i = 0; i < mapped.size();) {
+    auto c = static_cast<unsigned char>(mapped[i]);
+    uint32_t cp;
+    if (c < 0x80) {
+      cp = c, i += 1;
+    } else if ((c & 0xE0) == 0xC0 && i + 1 < mapped.size()) {
+      cp = ((c & 0x1Fu) << 6) | (static_cast<unsigned char>(mapped[i + 1]) & 0x3Fu), i += 2;
+    } else {
+      return false;  // three-byte and longer sequences are all beyond U+0143
+    }
+    if (cp >= inverse.size() || inverse[cp] < 0) return false;
+    out += static_cast<char>(inverse[cp]);
+  }
+  return true;
+}
+
+std::string quoted(const std::string& s) {
+  return json(s).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+json parse_json_file(const std::string& path) {
+  std::vector<char> data = file_read_all(path);
+  try {
+    return json::parse(data.begin(), data.end());
+  } catch (const json::exception& e) {
+    throw Error(ErrorKind::kCorruption, path + ": not valid JSON: " + e.what());
+  }
+}
+
+std::pair<std::string, std::string> split_merge(const std::string& where, size_t line,
+                                                std::string_view text) {
+  size_t sp = text.find(' ');
+  MT_CHECK(sp != std::string_view::npos && sp > 0 && sp + 1 < text.size() &&
+               text.find(' ', sp + 1) == std::string_view::npos,
+           ErrorKind::kCorruption,
+           where + ": merge " + std::to_string(line) + " '" + std::string(text) +
+               "' is not two tokens separated by one space");
+  return {std::string(text.substr(0, sp)), std::string(text.substr(sp + 1))};
+}
+
+}  // namespace
+
+const std::array<uint32_t, 256>& gpt2_byte_to_unicode() {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    uint32_t n = 0;
+    for (uint32_t b = 0; b < 256; ++b) {
+      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+      t[b] = printable ? b : 256 + n++;
+    }
+    return t;
+  }();
+  return table;
+}
+
+struct Tokenizer::WordCache {
+  std::mutex mu;
+  std::unordered_map<std::string, std::vector<int32_t>> words;
+};
+
+Tokenizer::Tokenizer() : cache_(std::make_unique<WordCache>()) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+int32_t Tokenizer::eot_id() const {
+  MT_CHECK(eot_id_ >= 0, ErrorKind::kNotFound,
+           std::string("tokenizer: the vocabulary has no ") + kEndOfText + " token");
+  return eot_id_;
+}
+
+void Tokenizer::add_merge(int32_t left, int32_t right, int32_t id) {
+  merges_.emplace(pair_key(left, right), Merge{static_cast<int32_t>(merge_list_.size()), id});
+  merge_list_.push_back({left, right});
+}
+
+// ---- encode / decode --------------------------------------------------------------------------
+
+// One piece: start from its bytes, then merge the lowest-ranked adjacent pair (all of its
+// non-overlapping occurrences, left to right) until no adjacent pair has a rank.
+// NOTE: quadratic in the piece length, like the reference; pieces are words, so this is short.
+void Tokenizer::bpe_word(std::string_view word, std::vector<int32_t>& out) const {
+  std::vector<int32_t> ids(word.size());
+  for (size_t i = 0; i < word.size(); ++i) ids[i] = byte_id_[static_cast<unsigned char>(word[i])];
+  while (ids.size() > 1) {
+    int32_t best_rank = INT32_MAX, left = -1, right = -1, merged = -1;
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      auto it = merges_.find(pair_key(ids[i], ids[i + 1]));
+      if (it != merges_.end() && it->second.rank < best_rank) {
+        best_rank = it->second.rank, left = ids[i], right = ids[i + 1], merged = it->second.id;
+      }
+    }
+    if (merged < 0) break;
+    size_t w = 0;
+    for (size_t r = 0; r < ids.size(); ++w) {
+      if (r + 1 < ids.size() && ids[r] == left && ids[r + 1] == right) {
+        ids[w] = merged, r += 2;
+      } else {
+        ids[w] = ids[r], r += 1;
+      }
+    }
+    ids.resize(w);
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 1);
+  std::string key;
+  std::vector<int32_t> piece;
+  pre_tokenize(text, [&](std::string_view word) {
+    key.assign(word);
+    {
+      std::lock_guard<std::mutex> lock(cache_->mu);
+      auto it = cache_->words.find(key);
+      if (it != cache_->words.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    piece.clear();
+    bpe_word(word, piece);
+    out.insert(out.end(), piece.begin(), piece.end());
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    if (cache_->words.size() >= kCacheMaxWords) cache_->words.clear();
+    cache_->words.emplace(key, piece);
+  });
+  return out;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids) const {
+  std::string out;
+  for (int32_t id : ids) {
+    MT_CHECK(id >= 0 && id < vocab_size(), ErrorKind::kInvalidArgument,
+             "Tokenizer::decode: id " + std::to_string(id) + " outside the vocabulary of " +
+                 std::to_string(vocab_size()));
+    out += token_bytes_[id];
+  }
+  return out;
+}
+
+// ---- loading ----------------------------------------------------------------------------------
+
+// Checks the ids (each in [0, n), none twice), the 256 byte tokens and every merge's tokens.
+Tokenizer Tokenizer::build(const std::string& where, const std::vector<Entry>& entries,
+                           const std::vector<std::pair<std::string, std::string>>& merges) {
+  Tokenizer t;
+  const int64_t n = static_cast<int64_t>(entries.size());
+  MT_CHECK(n > 0, ErrorKind::kCorruption, where + ": the vocabulary is empty");
+  t.token_bytes_.resize(n);
+  t.special_.assign(n, 0);
+  std::vector<uint8_t> seen(n, 0);
+  std::unordered_map<std::string, int32_t> by_text;  // as the merges spell tokens
+  for (const Entry& e : entries) {
+    MT_CHECK(e.id >= 0 && e.id < n, ErrorKind::kCorruption,
+             where + ": token '" + e.text + "' has id " + std::to_string(e.id) +
+                 ", outside [0, " + std::to_string(n) + ") for a vocabulary of " +
+                 std::to_string(n) + " tokens");
+    MT_CHECK(!seen[e.id], ErrorKind::kCorruption,
+             where + ": id " + std::to_string(e.id) + " is duplicated (token '" + e.text + "')");
+    seen[e.id] = 1;
+    bool raw = e.special || !mapped_to_bytes(e.text, t.token_bytes_[e.id]);
+    if (raw) t.token_bytes_[e.id] = e.text, t.special_[e.id] = 1;
+    by_text.emplace(e.text, static_cast<int32_t>(e.id));
+    if (e.text == kEndOfText) t.eot_id_ = static_cast<int32_t>(e.id), t.special_[e.id] = 1;
+  }
+  for (int b = 0; b < 256; ++b) {
+    std::string mapped;
+    append_utf8(mapped, gpt2_byte_to_unicode()[b]);
+    auto it = by_text.find(mapped);
+    MT_CHECK(it != by_text.end(), ErrorKind::kCorruption,
+             where + ": the vocabulary lacks the token for byte " + std::to_string(b) + " ('" +
+                 mapped + "')");
+    t.byte_id_[b] = it->second;
+  }
+  auto find_token = [&](const std::string& s, size_t rank) {
+    auto it = by_text.find(s);
+    MT_CHECK(it != by_text.end(), ErrorKind::kCorruption,
+             where + ": merge " + std::to_string(rank) + " refers to the unknown token '" + s +
+                 "'");
+    return it->second;
+  };
+  t.merges_.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    int32_t left = find_token(merges[r].first, r), right = find_token(merges[r].second, r);
+    auto it = by_text.find(merges[r].first + merges[r].second);
+    MT_CHECK(it != by_text.end(), ErrorKind::kCorruption,
+             where + ": merge " + std::to_string(r) + " '" + merges[r].first + " " +
+                 merges[r].second + "' makes a token that is not in the vocabulary");
+    int32_t merged = it->second;
+    MT_CHECK(!t.merges_.count(pair_key(left, right)), ErrorKind::kCorruption,
+             where + ": merge " + std::to_string(r) + " '" + merges[r].first + " " +
+                 merges[r].second + "' is duplicated");
+    t.add_merge(left, right, merged);
+  }
+  return t;
+}
+
+Tokenizer Tokenizer::load_gpt2(const std::string& vocab_json, const std::string& merges_txt) {
+  json vocab = parse_json_file(vocab_json);
+  MT_CHECK(vocab.is_object(), ErrorKind::kCorruption,
+           vocab_json + ": expected a JSON object mapping tokens to ids");
+  std::vector<Entry> entries;
+  entries.reserve(vocab.size());
+  for (auto& [text, id] : vocab.items()) {
+    MT_CHECK(id.is_number_integer(), ErrorKind::kCorruption,
+             vocab_json + ": the id of token '" + text + "' is not an integer");
+    entries.push_back({text, id.get<int64_t>(), false});
+  }
+  std::vector<char> data = file_read_all(merges_txt);
+  std::istringstream in(std::string(data.begin(), data.end()));
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::string line;
+  for (size_t n = 0; std::getline(in, line); ++n) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (n == 0 && line.rfind("#version", 0) == 0)) continue;
+    merges.push_back(split_merge(merges_txt, merges.size(), line));
+  }
+  return build(merges_txt, entries, merges);
+}
+
+Tokenizer Tokenizer::load_hf_json(const std::string& path) {
+  json root = parse_json_file(path);
+  try {
+    MT_CHECK(root.is_object() && root.contains("model") && root["model"].is_object(),
+             ErrorKind::kCorruption, path + ": no \"model\" object");
+    const json& model = root["model"];
+    std::string type = model.value("type", std::string("BPE"));
+    MT_CHECK(type == "BPE", ErrorKind::kNotSupported,
+             path + ": model type '" + type + "' is not supported (only BPE)");
+    const json& pre = root.value("pre_tokenizer", json());
+    MT_CHECK(pre.is_object() && pre.value("type", std::string()) == "ByteLevel" &&
+                 pre.value("use_regex", true) && !pre.value("add_prefix_space", false),
+             ErrorKind::kNotSupported,
+             path + ": pre_tokenizer " + pre.dump() +
+                 " is not supported (only GPT-2's ByteLevel, no prefix space)");
+    MT_CHECK(root.value("normalizer", json()).is_null(), ErrorKind::kNotSupported,
+             path + ": a normalizer is not supported");
+    MT_CHECK(model.contains("vocab") && model["vocab"].is_object(), ErrorKind::kCorruption,
+             path + ": model.vocab is not an object");
+    std::vector<Entry> entries;
+    std::unordered_map<int64_t, std::string> vocab_ids;
+    for (auto& [text, id] : model["vocab"].items()) {
+      MT_CHECK(id.is_number_integer(), ErrorKind::kCorruption,
+               path + ": the id of token '" + text + "' is not an integer");
+      entries.push_back({text, id.get<int64_t>(), false});
+      vocab_ids.emplace(id.get<int64_t>(), text);
+    }
+    for (const json& added : root.value("added_tokens", json::array())) {
+      int64_t id = added.at("id").get<int64_t>();
+      std::string content = added.at("content").get<std::string>();
+      auto it = vocab_ids.find(id);
+      if (it == vocab_ids.end()) {
+        entries.push_back({content, id, true});
+      } else {
+        MT_CHECK(it->second == content, ErrorKind::kCorruption,
+                 path + ": added token '" + content + "' has id " + std::to_string(id) +
+                     ", which model.vocab gives to '" + it->second + "'");
+      }
+    }
+    std::vector<std::pair<std::string, std::string>> merges;
+    for (const json& m : model.value("merges", json::array())) {
+      if (m.is_string()) {
+        merges.push_back(split_merge(path, merges.size(), m.get<std::string>()));
+      } else {
+        MT_CHECK(m.is_array() && m.size() == 2, ErrorKind::kCorruption,
+                 path + ": merge " + std::to_string(merges.size()) + " " + m.dump() +
+                     " is neither \"a b\" nor [a, b]");
+        merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+      }
+    }
+    return build(path, entries, merges);
+  } catch (const json::exception& e) {
+    throw Error(ErrorKind::kCorruption, path + ": unexpected tokenizer.json layout: " + e.what());
+  }
+}
+
+Tokenizer Tokenizer::load(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    auto in = [&](const char* name) { return (fs::path(path) / name).string(); };
+    if (file_exists(in("encoder.json")) && file_exists(in("vocab.bpe")))
+      return load_gpt2(in("encoder.json"), in("vocab.bpe"));
+    if (file_exists(in("vocab.json")) && file_exists(in("merges.txt")))
+      return load_gpt2(in("vocab.json"), in("merges.txt"));
+    if (file_exists(in("tokenizer.json"))) return load_hf_json(in("tokenizer.json"));
+    throw Error(ErrorKind::kNotFound,
+                path + ": holds none of encoder.json + vocab.bpe, vocab.json + merges.txt, "
+                       "tokenizer.json");
+  }
+  MT_CHECK(file_exists(path), ErrorKind::kNotFound, path + ": no such tokenizer file or directory");
+  return load_hf_json(path);
+}
+
+// ---- saving -----------------------------------------------------------------------------------
+
+void Tokenizer::save_json(const std::string& path) const {
+  auto spelled = [&](int32_t id) {
+    return special_[id] ? token_bytes_[id] : bytes_to_mapped(token_bytes_[id]);
+  };
+  json added = json::array();
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    if (!special_[id]) continue;
+    added.push_back({{"id", id}, {"content", token_bytes_[id]}, {"single_word", false},
+                     {"lstrip", false}, {"rstrip", false}, {"normalized", true},
+                     {"special", true}});
+  }
+  json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false},
+                     {"trim_offsets", true}, {"use_regex", true}};
+  std::string s = "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n";
+  s += "  \"added_tokens\": " + added.dump() + ",\n  \"normalizer\": null,\n";
+  s += "  \"pre_tokenizer\": " + byte_level.dump() + ",\n";
+  s += "  \"post_processor\": " + byte_level.dump() + ",\n";
+  s += "  \"decoder\": " + byte_level.dump() + ",\n";
+  s += "  \"model\": {\n    \"type\": \"BPE\",\n    \"dropout\": null,\n    \"unk_token\": null,\n";
+  s += "    \"continuing_subword_prefix\": null,\n    \"end_of_word_suffix\": null,\n";
+  s += "    \"fuse_unk\": false,\n    \"byte_fallback\": false,\n    \"vocab\": {\n";
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    s += "      " + quoted(spelled(id)) + ": " + std::to_string(id);
+    s += id + 1 < vocab_size() ? ",\n" : "\n";
+  }
+  s += "    },\n    \"merges\": [\n";
+  for (size_t r = 0; r < merge_list_.size(); ++r) {
+    s += "      " + quoted(spelled(merge_list_[r][0]) + " " + spelled(merge_list_[r][1]));
+    s += r + 1 < merge_list_.size() ? ",\n" : "\n";
+  }
+  s += "    ]\n  }\n}\n";
+  file_write_atomic(path, s.data(), s.size());
+}
+
+// ---- training ---------------------------------------------------------------------------------
+
+namespace {
+
+// The corpus as distinct pre-tokenized words with counts, and the weighted count of every
+// adjacent token pair. Invariant: where[p] lists (at least) every word that holds pair p.
+struct TrainWords {
+  std::vector<std::vector<int32_t>> ids;  // each distinct word as its current tokens
+  std::vector<int64_t> counts;            // how often the word occurs
+  std::unordered_map<uint64_t, int64_t> pair_count;
+  std::unordered_map<uint64_t, std::vector<int32_t>> where;
+};
+
+TrainWords count_words(std::string_view corpus) {
+  std::unordered_map<std::string, int64_t> word_counts;
+  pre_tokenize(corpus, [&](std::string_view w) { ++word_counts[std::string(w)]; });
+  std::vector<std::pair<std::string, int64_t>> sorted(word_counts.begin(), word_counts.end());
+  std::sort(sorted.begin(), sorted.end());
+  TrainWords tw;
+  tw.ids.resize(sorted.size());
+  tw.counts.resize(sorted.size());
+  for (int32_t w = 0; w < static_cast<int32_t>(sorted.size()); ++w) {
+    std::vector<int32_t>& ids = tw.ids[w];
+    for (unsigned char c : sorted[w].first) ids.push_back(c);
+    tw.counts[w] = sorted[w].second;
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      uint64_t k = pair_key(ids[i], ids[i + 1]);
+      tw.pair_count[k] += tw.counts[w];
+      auto& list = tw.where[k];
+      if (list.empty() || list.back() != w) list.push_back(w);
+    }
+  }
+  return tw;
+}
+
+// Replaces (left, right) by merged in every word that holds it, left to right, and adds the net
+// change of each pair's count to delta (the caller applies it to pair_count).
+void merge_in_words(TrainWords& tw, int32_t left, int32_t right, int32_t merged,
+                    std::unordered_map<uint64_t, int64_t>& delta) {
+  uint64_t key = pair_key(left, right);
+  std::vector<int32_t> holders = std::move(tw.where[key]);
+  tw.where.erase(key);
+  for (int32_t w : holders) {
+    std::vector<int32_t>& ids = tw.ids[w];
+    const int64_t count = tw.counts[w];
+    for (size_t i = 0; i + 1 < ids.size(); ++i) delta[pair_key(ids[i], ids[i + 1])] -= count;
+    size_t out = 0;
+    for (size_t r = 0; r < ids.size(); ++out) {
+      bool hit = r + 1 < ids.size() && ids[r] == left && ids[r + 1] == right;
+      ids[out] = hit ? merged : ids[r];
+      r += hit ? 2 : 1;
+    }
+    ids.resize(out);
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      uint64_t k = pair_key(ids[i], ids[i + 1]);
+      delta[k] += count;
+      if (ids[i] == merged || ids[i + 1] == merged) {  // a new pair: w holds it now
+        auto& list = tw.where[k];
+        if (list.empty() || list.back() != w) list.push_back(w);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// Each merge recounts only the words holding the merged pair, applies the net change to the pair
+// counts and pushes the changed pairs on a max-heap; entries whose count is out of date are
+// skipped when popped. The heap orders by count, then by the smallest (left, right) bytes.
+Tokenizer Tokenizer::train(std::string_view corpus, int vocab_size) {
+  MT_CHECK(vocab_size >= 257, ErrorKind::kInvalidArgument,
+           "Tokenizer::train: vocab_size " + std::to_string(vocab_size) +
+               " is below 257 (256 bytes + <|endoftext|>)");
+  Tokenizer t;
+  for (int b = 0; b < 256; ++b) t.token_bytes_.push_back(std::string(1, static_cast<char>(b)));
+  for (int b = 0; b < 256; ++b) t.byte_id_[b] = b;
+  TrainWords tw = count_words(corpus);
+
+  struct Cand {
+    int64_t count;
+    int32_t left, right;
+  };
+  const auto& bytes = t.token_bytes_;
+  auto pops_after = [&bytes](const Cand& x, const Cand& y) {
+    if (x.count != y.count) return x.count < y.count;
+    int c = bytes[x.left].compare(bytes[y.left]);
+    return c != 0 ? c > 0 : bytes[x.right] > bytes[y.right];
+  };
+  std::priority_queue<Cand, std::vector<Cand>, decltype(pops_after)> heap(pops_after);
+  auto push = [&heap](uint64_t k, int64_t c) {
+    heap.push({c, static_cast<int32_t>(k >> 32), static_cast<int32_t>(k & 0xFFFFFFFFu)});
+  };
+  for (auto& [k, c] : tw.pair_count) push(k, c);
+
+  const int target_merges = vocab_size - 257;
+  std::unordered_map<uint64_t, int64_t> delta;
+  while (t.num_merges() < target_merges) {
+    MT_CHECK(!heap.empty(), ErrorKind::kInvalidArgument,
+             "Tokenizer::train: the corpus allows only " + std::to_string(t.num_merges()) +
+                 " merges; vocab_size " + std::to_string(vocab_size) + " needs " +
+                 std::to_string(target_merges));
+    Cand top = heap.top();
+    heap.pop();
+    auto pc = tw.pair_count.find(pair_key(top.left, top.right));
+    if (pc == tw.pair_count.end() || pc->second != top.count) continue;  // out of date
+    const int32_t merged = static_cast<int32_t>(t.token_bytes_.size());
+    t.token_bytes_.push_back(t.token_bytes_[top.left] + t.token_bytes_[top.right]);
+    t.add_merge(top.left, top.right, merged);
+    delta.clear();
+    merge_in_words(tw, top.left, top.right, merged, delta);
+    for (auto& [k, d] : delta) {
+      if (d == 0) continue;
+      int64_t c = tw.pair_count[k] += d;
+      if (c <= 0) {
+        tw.pair_count.erase(k);
+      } else {
+        push(k, c);
+      }
+    }
+  }
+  t.eot_id_ = static_cast<int32_t>(t.token_bytes_.size());
+  t.token_bytes_.push_back(kEndOfText);
+  t.special_.assign(t.token_bytes_.size(), 0);
+  t.special_[t.eot_id_] = 1;
+  return t;
+}
+
+}  // namespace mt::data

@@ -1,0 +1,91 @@
+// Tokenizer: byte-level BPE exactly as GPT-2's reference encoder.py (openai/gpt-2, src/encoder.py).
+// Text is split by GPT-2's pre-tokenizer regex (PCRE2, UTF-8 + Unicode properties); each piece's
+// UTF-8 bytes start as one token per byte, then the adjacent pair with the lowest merge rank is
+// merged (every non-overlapping occurrence, left to right) until no ranked pair remains.
+// Loads GPT-2's encoder.json + vocab.bpe, Hugging Face tokenizer.json (model BPE, ByteLevel
+// pre-tokenizer) or a directory holding either; writes tokenizer.json; trains a new vocabulary.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace mt::data {
+
+class Tokenizer {
+ public:
+  // Picks the format by what path is: a directory (encoder.json + vocab.bpe, vocab.json +
+  // merges.txt, or tokenizer.json inside), a file named *.json (Hugging Face tokenizer.json).
+  // Throws Error (kNotFound, kCorruption, kNotSupported) naming the file and what is wrong.
+  static Tokenizer load(const std::string& path);
+  // GPT-2's files: vocab_json maps the byte-mapped token strings to ids; merges_txt holds one
+  // "a b" merge per line, by rank, after an optional "#version" first line.
+  static Tokenizer load_gpt2(const std::string& vocab_json, const std::string& merges_txt);
+  static Tokenizer load_hf_json(const std::string& path);
+
+  // Byte-level BPE training: ids 0..255 are the bytes (id == byte value), then one merge per
+  // id, always the pair with the highest count over the pre-tokenized word counts, ties to the
+  // lexicographically smallest (left bytes, right bytes); "<|endoftext|>" is the last id.
+  // REQUIRES: vocab_size >= 257. Throws kInvalidArgument if the corpus has too few distinct
+  // pairs to reach vocab_size. Deterministic: the same corpus gives the same tokenizer.
+  static Tokenizer train(std::string_view corpus, int vocab_size);
+
+  // Writes a Hugging Face compatible tokenizer.json (model BPE, ByteLevel pre-tokenizer and
+  // decoder, the added tokens such as <|endoftext|>), atomically.
+  void save_json(const std::string& path) const;
+
+  // NOTE: special tokens inside text are encoded as plain text, as GPT-2's encoder does; append
+  // eot_id() between documents. Thread-safe (the per-word cache is guarded by a mutex).
+  std::vector<int32_t> encode(std::string_view text) const;
+  // Concatenates the tokens' bytes; a split UTF-8 sequence stays as its bytes. Throws
+  // kInvalidArgument for an id outside [0, vocab_size()).
+  std::string decode(std::span<const int32_t> ids) const;
+
+  int vocab_size() const { return static_cast<int>(token_bytes_.size()); }
+  int num_merges() const { return static_cast<int>(merge_list_.size()); }
+  // The id of "<|endoftext|>"; throws kNotFound if the vocabulary has none.
+  int32_t eot_id() const;
+  // The bytes a token decodes to. REQUIRES: 0 <= id < vocab_size().
+  const std::string& token_bytes(int32_t id) const { return token_bytes_[id]; }
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+ private:
+  struct Merge {
+    int32_t rank;
+    int32_t id;  // the token the pair becomes
+  };
+  struct Entry {  // one vocabulary entry as a file spells it
+    std::string text;
+    int64_t id;
+    bool special;  // an added token: text is its content, not byte-mapped
+  };
+  struct WordCache;
+
+  Tokenizer();
+  static Tokenizer build(const std::string& where, const std::vector<Entry>& entries,
+                         const std::vector<std::pair<std::string, std::string>>& merges);
+  void add_merge(int32_t left, int32_t right, int32_t id);
+  void bpe_word(std::string_view word, std::vector<int32_t>& out) const;
+
+  std::vector<std::string> token_bytes_;        // id -> the bytes it decodes to
+  std::vector<uint8_t> special_;                // id -> 1 for added tokens
+  std::array<int32_t, 256> byte_id_{};          // byte -> its single-byte token
+  std::unordered_map<uint64_t, Merge> merges_;  // (left << 32 | right) -> rank and result
+  std::vector<std::array<int32_t, 2>> merge_list_;  // by rank: (left, right)
+  int32_t eot_id_ = -1;
+  std::unique_ptr<WordCache> cache_;
+};
+
+// GPT-2's bytes_to_unicode(): byte b -> the code point that stands for it in vocabulary files
+// (printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100..U+0143).
+const std::array<uint32_t, 256>& gpt2_byte_to_unicode();
+
+}  // namespace mt::data

