@@ -9,5 +9,6 @@ void register_bench(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_config(CLI::App& app);
 void register_train(CLI::App& app);
+void register_tokenize(CLI::App& app);
 
 }  // namespace mt::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   mt::cli::register_inspect(app);
   mt::cli::register_config(app);
   mt::cli::register_train(app);
+  mt::cli::register_tokenize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

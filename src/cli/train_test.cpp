@@ -110,3 +110,28 @@ TEST(Train, BadInputIsOneLineAndExitTwo) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Tokenize, TextToIndexedDatasetAndEncodeDecodeRoundTrip) {
+  std::string txt = dir() + "/corpus.txt";
+  std::ofstream(txt) << "The cat sat on the mat.\nIt was happy.\n\nThe dog sat on the log.\n\nCats and dogs.\n";
+  ASSERT_EQ(run("tokenize " + txt + " -o " + dir() + "/corpus --train-bpe 270"), 0);
+  mt::data::IndexedDataset ds(dir() + "/corpus");
+  EXPECT_EQ(ds.num_documents(), 3u);
+  std::ofstream(dir() + "/in.jsonl") << "\"The cat sat on the log.\"\n\"caf\\u00e9 \\ud83d\\ude00\"\n";
+  ASSERT_EQ(run("tokenizer encode " + dir() + "/corpus.tokenizer.json < " + dir() + "/in.jsonl"), 0);
+  fs::copy_file(dir() + "/stdout.txt", dir() + "/ids.jsonl", fs::copy_options::overwrite_existing);
+  ASSERT_EQ(run("tokenizer decode " + dir() + "/corpus.tokenizer.json < " + dir() + "/ids.jsonl"), 0);
+  std::ifstream out(dir() + "/stdout.txt");
+  std::string a, b;
+  std::getline(out, a);
+  std::getline(out, b);
+  EXPECT_EQ(nlohmann::json::parse(a).get<std::string>(), "The cat sat on the log.");
+  EXPECT_EQ(nlohmann::json::parse(b).get<std::string>(), "caf\xc3\xa9 \xf0\x9f\x98\x80");
+  std::string err;
+  EXPECT_EQ(run("tokenize " + dir() + "/absent.txt -o " + dir() + "/x --train-bpe 300", &err), 2);
+  EXPECT_NE(err.find("absent.txt"), std::string::npos);
+}
+
+}  // namespace
