@@ -3,6 +3,7 @@
 // dataset PREFIX.bin/.idx, one document per paragraph/record, each ended by <|endoftext|>. With
 // --train-bpe N a byte-level BPE of N tokens is trained on INPUT first and saved as
 // PREFIX.tokenizer.json. Also: meshtrain tokenizer encode|decode TOKENIZER (JSON lines on stdin).
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -89,6 +90,15 @@ void run_tokenize(const TokenizeArgs& a) {
   }
   w.finalize();
   std::printf("%zu documents, %zu tokens -> %s.bin/.idx\n", docs.size(), total, a.output.c_str());
+  // The unigram entropy H = -sum p ln p (nats/token): the loss of a model that ignores context.
+  std::vector<double> counts(static_cast<size_t>(tok->vocab_size()), 0.0);
+  for (const auto& d : docs)
+    for (int32_t id : tok->encode(d)) counts[static_cast<size_t>(id)] += 1.0;
+  counts[static_cast<size_t>(eot)] += static_cast<double>(docs.size());
+  double h = 0.0;
+  for (double c : counts)
+    if (c > 0) h -= c / static_cast<double>(total) * std::log(c / static_cast<double>(total));
+  std::printf("unigram entropy %.4f nats/token\n", h);
 }
 
 }  // namespace
