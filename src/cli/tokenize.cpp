@@ -64,6 +64,21 @@ std::vector<std::string> read_documents(const std::string& path) {
   return docs;
 }
 
+// Calls fn with each stdin line parsed as JSON; a line that is not JSON is an error naming `what`.
+template <typename Fn>
+void for_each_json_line(const char* what, Fn fn) {
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      throw Error(ErrorKind::kInvalidArgument, std::string("stdin: a line is not ") + what);
+    }
+    fn(j);
+  }
+}
+
 void run_tokenize(const TokenizeArgs& a) {
   MT_CHECK((a.train_bpe > 0) != !a.tokenizer.empty(), ErrorKind::kInvalidArgument,
            "tokenize: give exactly one of --tokenizer FILE or --train-bpe N");
@@ -119,36 +134,22 @@ void register_tokenize(CLI::App& app) {
   enc->add_option("TOKENIZER", *path, "tokenizer.json or a GPT-2 vocabulary directory")->required();
   enc->callback([path] {
     data::Tokenizer tok = data::Tokenizer::load(*path);
-    std::string line;
-    while (std::getline(std::cin, line)) {
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception&) {
-        throw Error(ErrorKind::kInvalidArgument, "stdin: a line is not a JSON string");
-      }
+    for_each_json_line("a JSON string", [&](const nlohmann::json& j) {
       MT_CHECK(j.is_string(), ErrorKind::kInvalidArgument, "stdin: a line is not a JSON string");
       std::printf("%s\n", nlohmann::json(tok.encode(j.get<std::string>())).dump().c_str());
-    }
+    });
   });
   auto* dec = t->add_subcommand("decode", "one JSON array of ids per line in, one JSON string per line out");
   dec->add_option("TOKENIZER", *path, "tokenizer.json or a GPT-2 vocabulary directory")->required();
   dec->callback([path] {
     data::Tokenizer tok = data::Tokenizer::load(*path);
-    std::string line;
-    while (std::getline(std::cin, line)) {
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception&) {
-        throw Error(ErrorKind::kInvalidArgument, "stdin: a line is not a JSON array of ids");
-      }
+    for_each_json_line("a JSON array of ids", [&](const nlohmann::json& j) {
       MT_CHECK(j.is_array(), ErrorKind::kInvalidArgument, "stdin: a line is not a JSON array of ids");
       std::vector<int32_t> ids = j.get<std::vector<int32_t>>();
       for (int32_t id : ids)
         MT_CHECK(id >= 0 && id < tok.vocab_size(), ErrorKind::kInvalidArgument, "stdin: id " + std::to_string(id) + " out of range");
       std::printf("%s\n", nlohmann::json(tok.decode(ids)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    }
+    });
   });
 }
 
