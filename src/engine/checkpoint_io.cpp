@@ -12,6 +12,7 @@
 #include "base/file_io.h"
 #include "checkpoint/safetensors.h"
 #include "engine/hf_weights.h"
+#include "engine/json_file.h"
 
 namespace mt::engine {
 namespace fs = std::filesystem;
@@ -87,13 +88,7 @@ void checkpoint_load(Engine& engine, const std::string& path) {
     dir /= name;
   }
   MT_CHECK(fs::exists(dir / "state.json"), ErrorKind::kNotFound, dir.string() + ": not a checkpoint (no state.json)");
-  std::vector<char> bytes = file_read_all((dir / "state.json").string());
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(bytes.begin(), bytes.end());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorKind::kCorruption, (dir / "state.json").string() + ": not valid JSON");
-  }
+  nlohmann::json state = json_load_file((dir / "state.json").string(), ErrorKind::kCorruption);
   nn::ParamStore& store = engine.model().store();
   MT_CHECK(state.value("num_params", int64_t{-1}) == static_cast<int64_t>(store.numel()), ErrorKind::kInvalidArgument,
            (dir / "state.json").string() + ": the checkpoint's model has a different parameter count");

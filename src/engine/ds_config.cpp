@@ -6,7 +6,7 @@
 #include <map>
 
 #include "base/error.h"
-#include "base/file_io.h"
+#include "engine/json_file.h"
 #include "engine/hf_config.h"
 
 namespace mt::engine {
@@ -275,7 +275,7 @@ void parse_model(Section& root, RunConfig& c, const std::string& where) {
   MT_CHECK(root.has("model"), ErrorKind::kInvalidArgument, "model: missing (a Hugging Face config object or a path to config.json)");
   const json& m = root.raw("model");
   if (m.is_string()) {
-    c.model_json = json::parse(file_read_all(m.get<std::string>()));
+    c.model_json = json_load_file(m.get<std::string>());
     c.model = hf_config_parse(c.model_json, m.get<std::string>());
     return;
   }
@@ -289,7 +289,7 @@ void parse_model(Section& root, RunConfig& c, const std::string& where) {
   if (m.contains("config")) {  // {"config": "path/to/config.json", "init_from": ...}
     MT_CHECK(m["config"].is_string(), ErrorKind::kInvalidArgument, "model.config must be a path");
     std::string path = m["config"].get<std::string>();
-    c.model_json = json::parse(file_read_all(path));
+    c.model_json = json_load_file(path);
     c.model = hf_config_parse(c.model_json, path);
     return;
   }
@@ -401,13 +401,7 @@ void ds_config_set(json& j, const std::string& assignment) {
 }
 
 RunConfig ds_config_load(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
-  std::vector<char> bytes = file_read_all(path);
-  json j;
-  try {
-    j = json::parse(bytes.begin(), bytes.end());
-  } catch (const json::exception& e) {
-    throw Error(ErrorKind::kInvalidArgument, path + ": not valid JSON: " + e.what());
-  }
+  json j = json_load_file(path);
   for (const auto& o : overrides) ds_config_set(j, o);
   try {
     return ds_config_parse(std::move(j), path, world_size);

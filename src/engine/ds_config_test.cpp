@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 
 #include "base/error.h"
@@ -97,6 +98,22 @@ TEST(DsConfig, LoggingKeysAndTyposWarnWithDidYouMean) {
   EXPECT_NE(all.find("tensorboard"), std::string::npos);
   EXPECT_NE(all.find("did you mean 'steps_per_print'"), std::string::npos) << all;
   EXPECT_NE(all.find("zero_optimization.overlap_comm"), std::string::npos);
+}
+
+TEST(DsConfig, MalformedModelFileIsNamed) {
+  std::string path = ::testing::TempDir() + "/bad-model.json";
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs("{\"model_type\": \"gpt2\",", f);
+  std::fclose(f);
+  auto j = base();
+  j["model"] = path;
+  try {
+    ds_config_parse(j, "cfg.json");
+    FAIL() << "accepted a truncated model file";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("bad-model.json"), std::string::npos) << e.what();
+  }
 }
 
 TEST(DsConfig, FieldErrorsNameTheKeyAndSetOverrides) {

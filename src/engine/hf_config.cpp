@@ -1,7 +1,7 @@
 #include "engine/hf_config.h"
 
 #include "base/error.h"
-#include "base/file_io.h"
+#include "engine/json_file.h"
 
 namespace mt::engine {
 namespace {
@@ -100,14 +100,7 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
 }
 
 models::ModelConfig hf_config_load(const std::string& path) {
-  std::vector<char> bytes = file_read_all(path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(bytes.begin(), bytes.end());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorKind::kInvalidArgument, path + ": not valid JSON: " + e.what());
-  }
-  return hf_config_parse(j, path);
+  return hf_config_parse(json_load_file(path), path);
 }
 
 nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
