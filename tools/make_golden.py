@@ -26,6 +26,14 @@ OUTDIR/<name>.safetensors with:
 The safetensors file is written by hand: u64 LE header length, space-padded JSON header (multiple
 of 8 bytes), then the tensors' little-endian bytes packed contiguously in header order.
 Single-threaded and deterministic.
+
+It also writes OUTDIR/engine-gpt2/, the acceptance data of the training engine: a Hugging Face
+model directory (config.json; model.safetensors with the gpt2 hub checkpoint's bare-trunk names,
+"h.0.attn.c_attn.weight", and its "h.N.attn.bias" mask buffers), a Megatron indexed dataset
+train.bin/.idx (uint16 tokens, several documents) written here from the format's definition, and
+expected.json: the losses of ENGINE_STEPS AdamW steps over that stream as `meshtrain train` samples
+it without shuffle (sample k = stream tokens [k*T, k*T+T+1)), micro-batch ENGINE_MICRO,
+gradient accumulation ENGINE_ACCUM (loss/accum per micro-batch), clip_grad_norm_(1.0).
 """
 
 from __future__ import annotations
@@ -122,6 +130,77 @@ def make_golden(cfg: dict, batch: int, seq: int, steps: int) -> tuple[dict, dict
     return out, metadata
 
 
+ENGINE_STEPS, ENGINE_MICRO, ENGINE_ACCUM, ENGINE_SEQ = 5, 2, 2, 16
+
+
+def write_indexed_dataset(prefix: str, docs: list[list[int]]) -> None:
+    """Megatron MMIDIDX version 1, uint16 tokens (dtype code 8), one sequence per document."""
+    sizes = np.array([len(d) for d in docs], dtype=np.int32)
+    pointers = np.concatenate([[0], np.cumsum(sizes[:-1].astype(np.int64) * 2)]).astype(np.int64)
+    doc_idx = np.arange(len(docs) + 1, dtype=np.int64)
+    with open(prefix + ".bin", "wb") as f:
+        for d in docs:
+            f.write(np.array(d, dtype=np.uint16).tobytes())
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00")
+        f.write(struct.pack("<Q", 1))
+        f.write(struct.pack("<B", 8))
+        f.write(struct.pack("<Q", len(sizes)))
+        f.write(struct.pack("<Q", len(doc_idx)))
+        f.write(sizes.tobytes())
+        f.write(pointers.tobytes())
+        f.write(doc_idx.tobytes())
+
+
+def make_engine_golden(cfg: dict, out: str) -> list[float]:
+    """HF directory + dataset + expected losses of ENGINE_STEPS steps (see the module doc)."""
+    os.makedirs(out, exist_ok=True)
+    model = tm.build_model(cfg).float()
+    torch.manual_seed(SEED + 1)
+    tm.init_params(model)
+    n_pos = cfg["n_positions"]
+    weights = {}
+    for name, p in model.named_parameters():
+        weights[name.removeprefix("transformer.")] = p.detach().clone()
+    for i in range(cfg["n_layer"]):
+        weights[f"h.{i}.attn.bias"] = torch.tril(torch.ones(n_pos, n_pos)).view(1, 1, n_pos, n_pos)
+    write_safetensors(os.path.join(out, "model.safetensors"), weights, {"format": "pt"})
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+
+    gen = torch.Generator().manual_seed(SEED + 2)
+    vocab = cfg["vocab_size"]
+    docs = [torch.randint(0, vocab, (int(n),), generator=gen).tolist() for n in (97, 150, 61, 120)]
+    write_indexed_dataset(os.path.join(out, "train"), docs)
+    stream = torch.tensor([t for d in docs for t in d], dtype=torch.int64)
+    T = ENGINE_SEQ
+    assert (ENGINE_STEPS * ENGINE_MICRO * ENGINE_ACCUM) * T + 1 <= len(stream)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS,
+                            weight_decay=WEIGHT_DECAY)
+    losses = []
+    k = 0
+    for _ in range(ENGINE_STEPS):
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for _ in range(ENGINE_ACCUM):
+            rows = [stream[(k + b) * T:(k + b) * T + T + 1] for b in range(ENGINE_MICRO)]
+            k += ENGINE_MICRO
+            batch = torch.stack(rows)
+            loss = tm.lm_loss(model(batch[:, :-1]), batch[:, 1:])
+            (loss / ENGINE_ACCUM).backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(total / ENGINE_ACCUM)
+    expected = {"losses": losses, "seq_length": T, "micro_batch": ENGINE_MICRO,
+                "gradient_accumulation_steps": ENGINE_ACCUM, "lr": LR, "betas": [BETA1, BETA2],
+                "eps": EPS, "weight_decay": WEIGHT_DECAY, "gradient_clipping": 1.0}
+    with open(os.path.join(out, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=2)
+    return losses
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--configs", required=True, help="folder with tiny-gpt2.json, tiny-llama.json")
@@ -146,6 +225,9 @@ def main() -> int:
         write_safetensors(path, tensors, metadata)
         print(f"wrote {path}: {len(tensors)} tensors, loss {tensors['loss'].item():.6f}, "
               f"step_losses {[round(x, 6) for x in tensors['step_losses'].tolist()]}")
+    cfg = tm.load_config(os.path.join(args.configs, "tiny-gpt2.json"))
+    losses = make_engine_golden(cfg, os.path.join(args.out, "engine-gpt2"))
+    print(f"wrote {os.path.join(args.out, 'engine-gpt2')}: losses {[round(x, 6) for x in losses]}")
     return 0
 
 

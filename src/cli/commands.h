@@ -10,5 +10,7 @@ void register_inspect(CLI::App& app);
 void register_config(CLI::App& app);
 void register_train(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_export(CLI::App& app);
+void register_generate(CLI::App& app);
 
 }  // namespace mt::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   mt::cli::register_config(app);
   mt::cli::register_train(app);
   mt::cli::register_tokenize(app);
+  mt::cli::register_export(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -2,7 +2,10 @@
 // from a checkpoint continues the loss curve bit for bit; bad input exits 2 with one line.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <sys/wait.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/indexed_dataset.h"
+#include "data/token_stream.h"
 
 namespace fs = std::filesystem;
 
@@ -132,6 +136,120 @@ TEST(Tokenize, TextToIndexedDatasetAndEncodeDecodeRoundTrip) {
   std::string err;
   EXPECT_EQ(run("tokenize " + dir() + "/absent.txt -o " + dir() + "/x --train-bpe 300", &err), 2);
   EXPECT_NE(err.find("absent.txt"), std::string::npos);
+}
+
+}  // namespace
+
+// Acceptance: Hugging Face-layout GPT-2 weights (the gpt2 hub file's bare-trunk names and mask
+// buffers) and a Megatron dataset, both written by tools/make_golden.py; 5 fp32 AdamW steps through
+// `meshtrain train` give PyTorch's losses. Then `export --hf` of that checkpoint loads strictly into
+// the HF-faithful PyTorch model, whose loss on the next global batch equals the one meshtrain
+// computes when it resumes for that step.
+namespace {
+
+std::string golden_engine_dir() { return std::string(MT_GOLDEN_DIR) + "/engine-gpt2"; }
+
+std::string hf_run_config(const nlohmann::json& expected, int64_t iters, const std::string& save_dir) {
+  nlohmann::json j;
+  j["model"] = {{"init_from", golden_engine_dir()}};
+  j["data"] = {{"train", golden_engine_dir() + "/train"}, {"shuffle", false}};
+  j["seq_length"] = expected["seq_length"];
+  j["train_iters"] = iters;
+  j["train_micro_batch_size_per_gpu"] = expected["micro_batch"];
+  j["gradient_accumulation_steps"] = expected["gradient_accumulation_steps"];
+  j["gradient_clipping"] = expected["gradient_clipping"];
+  j["optimizer"] = {{"type", "AdamW"},
+                    {"params", {{"lr", expected["lr"]}, {"betas", expected["betas"]}, {"eps", expected["eps"]},
+                                {"weight_decay", expected["weight_decay"]}}}};
+  j["save_dir"] = save_dir;
+  j["steps_per_print"] = 1;
+  std::string path = dir() + "/hf_run.json";
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+double python_loss_of_export(const std::string& export_dir, const std::vector<int32_t>& rows, int B, int T) {
+  std::string toks = dir() + "/rows.json";
+  std::ofstream(toks) << nlohmann::json(rows).dump();
+  std::string out = dir() + "/py.json";
+  std::string cmd = "/usr/bin/python3 " + std::string(MT_SOURCE_DIR) + "/tools/check_hf_export.py " + export_dir + " " +
+                    toks + " " + std::to_string(B) + " " + std::to_string(T) + " > " + out;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream f(out);
+  return nlohmann::json::parse(f)["loss"].get<double>();
+}
+
+TEST(Train, HfGpt2WeightsFiveStepsMatchPyTorchAndExportLoadsInPyTorch) {
+  std::ifstream ef(golden_engine_dir() + "/expected.json");
+  ASSERT_TRUE(ef.good()) << "golden data missing: " << golden_engine_dir();
+  nlohmann::json expected = nlohmann::json::parse(ef);
+  std::vector<double> want = expected["losses"].get<std::vector<double>>();
+  std::string save = dir() + "/ckpt-hf";
+  std::string cfg = hf_run_config(expected, static_cast<int64_t>(want.size()), save);
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/hf.jsonl"), 0);
+  std::vector<double> got = losses(dir() + "/hf.jsonl");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * std::fabs(want[i])) << "step " << i + 1;
+
+  // Export (f32 and bf16) and check in PyTorch on the next global batch.
+  ASSERT_EQ(run("export " + save + " --hf " + dir() + "/hf-out"), 0);
+  ASSERT_EQ(run("export " + save + " --hf " + dir() + "/hf-out-bf16 --dtype bf16"), 0);
+  const int T = expected["seq_length"].get<int>();
+  const int B = expected["micro_batch"].get<int>() * expected["gradient_accumulation_steps"].get<int>();
+  mt::data::IndexedDataset ds(golden_engine_dir() + "/train");
+  mt::data::TokenStream stream(ds, T, false, 0);
+  std::vector<int32_t> rows, in(static_cast<size_t>(T)), tg(static_cast<size_t>(T));
+  for (int b = 0; b < B; ++b) {
+    stream.sample(want.size() * B + b, in.data(), tg.data());
+    rows.insert(rows.end(), in.begin(), in.end());
+    rows.push_back(tg.back());
+  }
+  double py = python_loss_of_export(dir() + "/hf-out", rows, B, T);
+  double py_bf16 = python_loss_of_export(dir() + "/hf-out-bf16", rows, B, T);
+  ASSERT_EQ(run("train " + cfg + " --resume " + save + " --set train_iters=" + std::to_string(want.size() + 1) +
+                " --set save_dir=" + dir() + "/ckpt-hf2 --metrics " + dir() + "/hf2.jsonl"), 0);
+  std::vector<double> next = losses(dir() + "/hf2.jsonl");
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_NEAR(py, next[0], 1e-4 * next[0]);
+  EXPECT_NEAR(py_bf16, next[0], 2e-2 * next[0]);
+  std::string err;
+  EXPECT_EQ(run("export " + dir() + "/nowhere --hf " + dir() + "/x", &err), 2);
+  EXPECT_NE(err.find("nowhere"), std::string::npos) << err;
+}
+
+}  // namespace
+
+// A kill (SIGKILL, via the MT_FAULT seam of base/fault.h) at each stage of a checkpoint write
+// leaves the previous checkpoint loadable and named by `latest`; resuming from the save_dir then
+// reproduces the uninterrupted run's losses.
+namespace {
+
+TEST(Train, KillDuringCheckpointWriteLeavesThePreviousOneLoadable) {
+  write_dataset(dir() + "/train", 30);
+  std::string cfg = write_config("k", nlohmann::json::object());  // 6 iterations, save_interval 3
+  ASSERT_EQ(run("train " + cfg + " --set save_dir=" + dir() + "/ckpt-k-full --metrics " + dir() + "/k-full.jsonl"), 0);
+  std::vector<double> full = losses(dir() + "/k-full.jsonl");
+  ASSERT_EQ(full.size(), 6u);
+  for (const char* point : {"checkpoint.after_weights", "checkpoint.before_rename", "checkpoint.before_latest"}) {
+    SCOPED_TRACE(point);
+    std::string save = dir() + "/ckpt-k-" + point;
+    ASSERT_EQ(run("train " + cfg + " --set train_iters=3 --set save_dir=" + save), 0);
+    std::string cmd = "MT_FAULT=" + std::string(point) + " " + MT_MESHTRAIN_BIN + " train " + cfg + " --resume " + save +
+                      " --set save_dir=" + save + " > /dev/null 2>&1";
+    int rc = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFSIGNALED(rc) || (WIFEXITED(rc) && WEXITSTATUS(rc) == 128 + SIGKILL)) << rc;
+    std::ifstream latest(save + "/latest");
+    std::string name;
+    latest >> name;
+    EXPECT_EQ(name, "step-3");
+    fs::remove(dir() + "/k-resumed.jsonl");
+    ASSERT_EQ(run("train " + cfg + " --resume " + save + " --set save_dir=" + save + " --metrics " + dir() +
+                  "/k-resumed.jsonl"), 0);
+    std::vector<double> resumed = losses(dir() + "/k-resumed.jsonl");
+    ASSERT_EQ(resumed.size(), 3u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], full[3 + i]) << "step " << 4 + i;
+    for (const auto& e : fs::directory_iterator(save)) EXPECT_NE(e.path().extension(), ".tmp") << e.path();
+  }
 }
 
 }  // namespace

@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/fault.h"
 #include "base/file_io.h"
 #include "checkpoint/safetensors.h"
+#include "engine/hf_config.h"
 #include "engine/hf_weights.h"
 #include "engine/json_file.h"
 
@@ -36,13 +38,16 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   std::string name = "step-" + std::to_string(engine.global_step());
   fs::path final_dir = fs::path(save_dir) / name;
   fs::path tmp_dir = fs::path(save_dir) / (name + ".tmp");
-  fs::remove_all(tmp_dir);
+  // Leftovers of saves killed half-way are never loaded; remove them.
+  for (const auto& e : fs::directory_iterator(save_dir))
+    if (e.is_directory() && e.path().extension() == ".tmp") fs::remove_all(e.path());
   fs::create_directories(tmp_dir);
 
   std::vector<checkpoint::StTensorOut> weights;
   for (nn::Parameter* p : store.parameters())
     weights.push_back({p->name, DType::kF32, p->shape, p->master});
   checkpoint::safetensors_write((tmp_dir / "model.safetensors").string(), weights, {{"format", "pt"}});
+  fault_point("checkpoint.after_weights");
   int64_t n = static_cast<int64_t>(store.numel());
   checkpoint::safetensors_write((tmp_dir / "optimizer.safetensors").string(),
                                 {{"exp_avg", DType::kF32, {n}, engine.optimizer().exp_avg()},
@@ -57,12 +62,16 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                           {"scaler_iter", ls.iter},
                           {"scaler_last_overflow_iter", ls.last_overflow_iter},
                           {"scaler_hysteresis_left", ls.hysteresis_left},
-                          {"model", ds_config_resolved(engine.config())["model"]}};
+                          {"model", ds_config_resolved(engine.config())["model"]},
+                          {"tokenizer", engine.config().tokenizer.empty() ? std::string()
+                                                                  : fs::absolute(engine.config().tokenizer).string()}};
   std::string text = state.dump(2);
   file_write_atomic((tmp_dir / "state.json").string(), text.data(), text.size());
   fsync_dir(tmp_dir);
   fs::remove_all(final_dir);
+  fault_point("checkpoint.before_rename");
   fs::rename(tmp_dir, final_dir);
+  fault_point("checkpoint.before_latest");
   std::string latest = name + "\n";
   file_write_atomic((fs::path(save_dir) / "latest").string(), latest.data(), latest.size());
   fsync_dir(save_dir);
@@ -79,8 +88,9 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   return final_dir.string();
 }
 
-void checkpoint_load(Engine& engine, const std::string& path) {
+std::string checkpoint_resolve(const std::string& path) {
   fs::path dir = path;
+  MT_CHECK(fs::exists(dir), ErrorKind::kNotFound, path + ": no such checkpoint directory");
   if (fs::exists(dir / "latest")) {
     std::vector<char> l = file_read_all((dir / "latest").string());
     std::string name(l.begin(), l.end());
@@ -88,6 +98,26 @@ void checkpoint_load(Engine& engine, const std::string& path) {
     dir /= name;
   }
   MT_CHECK(fs::exists(dir / "state.json"), ErrorKind::kNotFound, dir.string() + ": not a checkpoint (no state.json)");
+  return dir.string();
+}
+
+CheckpointInfo checkpoint_info(const std::string& path) {
+  CheckpointInfo info;
+  info.dir = checkpoint_resolve(path);
+  std::string state_path = (fs::path(info.dir) / "state.json").string();
+  nlohmann::json state = json_load_file(state_path, ErrorKind::kCorruption);
+  MT_CHECK(state.contains("model") && state["model"].is_object(), ErrorKind::kCorruption,
+           state_path + ": no \"model\" object");
+  info.model_json = state["model"];
+  info.model = hf_config_parse(info.model_json, state_path + ": model");
+  if (state.contains("tokenizer") && state["tokenizer"].is_string()) info.tokenizer = state["tokenizer"].get<std::string>();
+  info.global_step = state.value("global_step", int64_t{0});
+  info.weights = (fs::path(info.dir) / "model.safetensors").string();
+  return info;
+}
+
+void checkpoint_load(Engine& engine, const std::string& path) {
+  fs::path dir = checkpoint_resolve(path);
   nlohmann::json state = json_load_file((dir / "state.json").string(), ErrorKind::kCorruption);
   nn::ParamStore& store = engine.model().store();
   MT_CHECK(state.value("num_params", int64_t{-1}) == static_cast<int64_t>(store.numel()), ErrorKind::kInvalidArgument,

@@ -8,12 +8,28 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/engine.h"
 
 namespace mt::engine {
 
 // Writes save_dir/step-<global_step>/ atomically and prunes older ones. Returns its path.
 std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t keep_last);
+// The checkpoint directory a path names: itself, or the one `latest` names in a save_dir.
+// Throws kNotFound when it holds no state.json.
+std::string checkpoint_resolve(const std::string& path);
+
+// What export and generate need from a checkpoint without building an engine.
+struct CheckpointInfo {
+  std::string dir, weights;   // the step-N directory and its model.safetensors
+  nlohmann::json model_json;  // the Hugging Face config of the model
+  models::ModelConfig model;
+  std::string tokenizer;      // data.tokenizer of the run ("" when it had none)
+  int64_t global_step = 0;
+};
+CheckpointInfo checkpoint_info(const std::string& path);
+
 // Restores weights, optimizer, scaler and counters from a checkpoint directory (or a save_dir
 // holding `latest`). Throws naming the file on any mismatch.
 void checkpoint_load(Engine& engine, const std::string& path);

@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "engine/json_file.h"
 #include "engine/hf_config.h"
+#include "engine/hf_weights.h"
 
 namespace mt::engine {
 namespace {
@@ -289,6 +290,15 @@ void parse_model(Section& root, RunConfig& c, const std::string& where) {
   if (m.contains("config")) {  // {"config": "path/to/config.json", "init_from": ...}
     MT_CHECK(m["config"].is_string(), ErrorKind::kInvalidArgument, "model.config must be a path");
     std::string path = m["config"].get<std::string>();
+    c.model_json = json_load_file(path);
+    c.model = hf_config_parse(c.model_json, path);
+    return;
+  }
+  // {"init_from": "hf-dir"} alone: the architecture comes from hf-dir/config.json.
+  if (c.model_json.empty() && !c.init_from.empty()) {
+    std::string path = hf_weights_config_path(c.init_from);
+    MT_CHECK(!path.empty(), ErrorKind::kInvalidArgument,
+             "model: only init_from given, and " + c.init_from + " is not a directory holding config.json");
     c.model_json = json_load_file(path);
     c.model = hf_config_parse(c.model_json, path);
     return;

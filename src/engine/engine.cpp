@@ -4,6 +4,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "engine/hf_weights.h"
 
 namespace mt::engine {
 namespace {
@@ -25,6 +26,7 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
   opts.recompute = config.activation_checkpointing;
   opts.seed = config.seed;
   auto model = std::make_unique<models::TransformerLM>(config.model, opts);
+  if (!config.init_from.empty()) hf_weights_load_path(model->store(), config.init_from);
   model->prepare(static_cast<int>(config.batch.micro_batch_per_gpu), static_cast<int>(config.seq_length));
   return model;
 }

@@ -1,5 +1,8 @@
 #include "engine/hf_config.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "base/error.h"
 #include "engine/json_file.h"
 
@@ -103,10 +106,24 @@ models::ModelConfig hf_config_load(const std::string& path) {
   return hf_config_parse(json_load_file(path), path);
 }
 
+namespace {
+
+// The shortest decimal that reads back as the same float (1e-05, not 9.999999747378752e-06).
+double shortest(float f) {
+  char buf[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(f));
+    if (std::strtof(buf, nullptr) == f) break;
+  }
+  return std::strtod(buf, nullptr);
+}
+
+}  // namespace
+
 nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
   nlohmann::json j;
   j["vocab_size"] = c.vocab_size;
-  j["initializer_range"] = c.init_std;
+  j["initializer_range"] = shortest(c.init_std);
   j["tie_word_embeddings"] = c.tie_embeddings;
   if (c.arch == models::Arch::kGpt2) {
     j["model_type"] = "gpt2";
@@ -116,7 +133,7 @@ nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
     j["n_layer"] = c.n_layer;
     j["n_head"] = c.n_head;
     j["n_inner"] = c.intermediate;
-    j["layer_norm_epsilon"] = c.norm_eps;
+    j["layer_norm_epsilon"] = shortest(c.norm_eps);
     j["activation_function"] = "gelu_new";
   } else {
     j["model_type"] = "llama";
@@ -127,8 +144,8 @@ nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
     j["num_attention_heads"] = c.n_head;
     j["num_key_value_heads"] = c.n_kv_head;
     j["max_position_embeddings"] = c.max_positions;
-    j["rms_norm_eps"] = c.norm_eps;
-    j["rope_theta"] = c.rope_theta;
+    j["rms_norm_eps"] = shortest(c.norm_eps);
+    j["rope_theta"] = shortest(c.rope_theta);
     j["hidden_act"] = "silu";
   }
   return j;

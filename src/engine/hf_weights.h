@@ -1,18 +1,32 @@
 // Loading Hugging Face-layout safetensors weights into a model's flat buffers, by parameter name
-// and shape (GPT-2's Conv1D weights are (in, out) in both, so no transposes are needed).
+// and shape (GPT-2's Conv1D weights are (in, out) in both, so no transposes are needed), and
+// writing them back out in the same layout (`meshtrain export --hf`).
+//
+// Names: our parameters carry the names of HF's *ForCausalLM state dicts ("transformer.h.0.attn.
+// c_attn.weight", "model.layers.0.self_attn.q_proj.weight", "lm_head.weight"). A file saved from
+// the bare trunk (the gpt2 hub checkpoint: "h.0.attn.c_attn.weight", "wte.weight") is accepted too:
+// a name missing from the file is looked up again without its first component. Extra tensors in
+// the file (GPT-2's "attn.bias" causal-mask buffers, a tied "lm_head.weight") are ignored.
 #pragma once
 
 #include <string>
 
 #include "checkpoint/safetensors.h"
 #include "nn/param_store.h"
+#include "tensor/dtype.h"
 
 namespace mt::engine {
 
 // Copies "<prefix><name>" for every parameter from the file into master weights (and refreshes the
-// compute copy). Missing tensors or wrong shapes throw naming the tensor. An untied GPT-2 file's
-// "lm_head.weight" is ignored (tied to wte).
+// compute copy). Missing tensors or wrong shapes throw naming the tensor and the file.
 void hf_weights_load(nn::ParamStore& store, const checkpoint::SafetensorsFile& file,
                      const std::string& prefix = "");
+// path: a .safetensors file, a directory holding model.safetensors, or a directory / index file
+// of a sharded checkpoint (model.safetensors.index.json with its "weight_map").
+void hf_weights_load_path(nn::ParamStore& store, const std::string& path);
+// The directory's config.json when path is a directory that holds one, else "".
+std::string hf_weights_config_path(const std::string& path);
+// Writes every parameter's master weights to one safetensors file in dtype (f32, bf16 or f16).
+void hf_weights_save(const nn::ParamStore& store, const std::string& path, DType dtype);
 
 }  // namespace mt::engine

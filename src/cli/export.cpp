@@ -1,0 +1,60 @@
+// meshtrain export CKPT --hf OUT [--dtype f32|bf16|f16]: a training checkpoint (a step-N directory,
+// or a save_dir whose `latest` names one) as a Hugging Face model directory: model.safetensors
+// (the *ForCausalLM state-dict names and layouts) and config.json (with torch_dtype), plus the
+// run's tokenizer.json when the run had one.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "base/error.h"
+#include "base/file_io.h"
+#include "cli/commands.h"
+#include "engine/checkpoint_io.h"
+#include "engine/hf_config.h"
+#include "engine/hf_weights.h"
+#include "models/transformer.h"
+
+namespace mt::cli {
+namespace fs = std::filesystem;
+namespace {
+
+struct ExportArgs {
+  std::string checkpoint, out, dtype = "f32";
+};
+
+void run_export(const ExportArgs& a) {
+  MT_CHECK(!a.out.empty(), ErrorKind::kInvalidArgument, "export: --hf OUT is required (the output directory)");
+  MT_CHECK(a.dtype == "f32" || a.dtype == "bf16" || a.dtype == "f16", ErrorKind::kInvalidArgument,
+           "--dtype " + a.dtype + ": expected f32, bf16 or f16");
+  DType dtype = a.dtype == "bf16" ? DType::kBF16 : a.dtype == "f16" ? DType::kF16 : DType::kF32;
+  engine::CheckpointInfo info = engine::checkpoint_info(a.checkpoint);
+  // Building the model checks every tensor's name and shape against the architecture.
+  models::ModelOptions opts;
+  models::TransformerLM model(info.model, opts);
+  checkpoint::SafetensorsFile weights(info.weights);
+  engine::hf_weights_load(model.store(), weights);
+
+  fs::create_directories(a.out);
+  engine::hf_weights_save(model.store(), (fs::path(a.out) / "model.safetensors").string(), dtype);
+  nlohmann::json cfg = engine::hf_config_to_json(info.model);
+  cfg["torch_dtype"] = dtype == DType::kF32 ? "float32" : dtype == DType::kBF16 ? "bfloat16" : "float16";
+  std::string text = cfg.dump(2) + "\n";
+  file_write_atomic((fs::path(a.out) / "config.json").string(), text.data(), text.size());
+  if (!info.tokenizer.empty() && fs::path(info.tokenizer).filename() == "tokenizer.json" && fs::exists(info.tokenizer))
+    fs::copy_file(info.tokenizer, fs::path(a.out) / "tokenizer.json", fs::copy_options::overwrite_existing);
+  std::printf("exported %s (step %lld, %zu tensors, %s) to %s\n", info.dir.c_str(), static_cast<long long>(info.global_step),
+              model.store().parameters().size(), a.dtype.c_str(), a.out.c_str());
+}
+
+}  // namespace
+
+void register_export(CLI::App& app) {
+  auto args = std::make_shared<ExportArgs>();
+  auto* cmd = app.add_subcommand("export", "Write a checkpoint as a Hugging Face model directory");
+  cmd->add_option("CKPT", args->checkpoint, "checkpoint directory (step-N, or a save_dir with `latest`)")->required();
+  cmd->add_option("--hf", args->out, "output directory: model.safetensors + config.json")->required();
+  cmd->add_option("--dtype", args->dtype, "weights dtype: f32 (default), bf16 or f16");
+  cmd->callback([args] { run_export(*args); });
+}
+
+}  // namespace mt::cli
