@@ -1,6 +1,7 @@
 // meshtrain tokenize INPUT -o PREFIX [--tokenizer T | --train-bpe N]: turns a .txt file (documents
-// separated by blank lines) or a .jsonl file (a "text" field per line) into a Megatron indexed
-// dataset PREFIX.bin/.idx, one document per paragraph/record, each ended by <|endoftext|>. With
+// separated by blank lines) or a .jsonl file ("text" fields or SFT records, engine/corpus.h) into a
+// Megatron indexed dataset PREFIX.bin/.idx (+ PREFIX.mask for SFT), one document per
+// paragraph/record, each ended by <|endoftext|>. With
 // --train-bpe N a byte-level BPE of N tokens is trained on INPUT first and saved as
 // PREFIX.tokenizer.json. Also: meshtrain tokenizer encode|decode TOKENIZER (JSON lines on stdin).
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "base/file_io.h"
 #include "cli/commands.h"
 #include "data/indexed_dataset.h"
+#include "engine/corpus.h"
 #include "data/tokenizer.h"
 
 namespace mt::cli {
@@ -25,44 +27,6 @@ struct TokenizeArgs {
   std::string input, output, tokenizer;
   int train_bpe = 0;
 };
-
-// Documents of a .txt (split at blank lines) or .jsonl ("text" fields) file.
-std::vector<std::string> read_documents(const std::string& path) {
-  std::vector<char> bytes = file_read_all(path);
-  std::string text(bytes.begin(), bytes.end());
-  std::vector<std::string> docs;
-  bool jsonl = path.size() > 6 && path.substr(path.size() - 6) == ".jsonl";
-  size_t pos = 0, line_no = 0;
-  std::string current;
-  while (pos <= text.size()) {
-    size_t nl = text.find('\n', pos);
-    std::string line = text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
-    ++line_no;
-    if (jsonl) {
-      if (!line.empty()) {
-        nlohmann::json j;
-        try {
-          j = nlohmann::json::parse(line);
-        } catch (const nlohmann::json::exception&) {
-          throw Error(ErrorKind::kInvalidArgument, path + ":" + std::to_string(line_no) + ": not valid JSON");
-        }
-        MT_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), ErrorKind::kInvalidArgument,
-                 path + ":" + std::to_string(line_no) + ": expected an object with a string \"text\" field");
-        docs.push_back(j["text"].get<std::string>());
-      }
-    } else if (line.find_first_not_of(" \t\r") == std::string::npos) {
-      if (!current.empty()) docs.push_back(std::move(current));
-      current.clear();
-    } else {
-      current += line + "\n";
-    }
-    if (nl == std::string::npos) break;
-    pos = nl + 1;
-  }
-  if (!current.empty()) docs.push_back(std::move(current));
-  MT_CHECK(!docs.empty(), ErrorKind::kInvalidArgument, path + ": no documents");
-  return docs;
-}
 
 // Calls fn with each stdin line parsed as JSON; a line that is not JSON is an error naming `what`.
 template <typename Fn>
@@ -82,38 +46,24 @@ void for_each_json_line(const char* what, Fn fn) {
 void run_tokenize(const TokenizeArgs& a) {
   MT_CHECK((a.train_bpe > 0) != !a.tokenizer.empty(), ErrorKind::kInvalidArgument,
            "tokenize: give exactly one of --tokenizer FILE or --train-bpe N");
-  std::vector<std::string> docs = read_documents(a.input);
+  std::vector<engine::CorpusDocument> docs = engine::corpus_read(a.input);
   std::unique_ptr<data::Tokenizer> tok;
   if (a.train_bpe > 0) {
     std::string corpus;
-    for (const auto& d : docs) corpus += d;
+    for (const auto& d : docs)
+      for (const auto& p : d.pieces) corpus += p.first;
     tok = std::make_unique<data::Tokenizer>(data::Tokenizer::train(corpus, a.train_bpe));
     tok->save_json(a.output + ".tokenizer.json");
     std::fprintf(stderr, "trained a %d-token BPE -> %s.tokenizer.json\n", tok->vocab_size(), a.output.c_str());
   } else {
     tok = std::make_unique<data::Tokenizer>(data::Tokenizer::load(a.tokenizer));
   }
-  data::IndexedDatasetWriter w(a.output, tok->vocab_size());
-  size_t total = 0;
-  int32_t eot = tok->eot_id();
-  for (const auto& d : docs) {
-    std::vector<int32_t> ids = tok->encode(d);
-    ids.push_back(eot);
-    total += ids.size();
-    w.add_sequence(ids);
-    w.end_document();
-  }
-  w.finalize();
-  std::printf("%zu documents, %zu tokens -> %s.bin/.idx\n", docs.size(), total, a.output.c_str());
-  // The unigram entropy H = -sum p ln p (nats/token): the loss of a model that ignores context.
-  std::vector<double> counts(static_cast<size_t>(tok->vocab_size()), 0.0);
-  for (const auto& d : docs)
-    for (int32_t id : tok->encode(d)) counts[static_cast<size_t>(id)] += 1.0;
-  counts[static_cast<size_t>(eot)] += static_cast<double>(docs.size());
-  double h = 0.0;
-  for (double c : counts)
-    if (c > 0) h -= c / static_cast<double>(total) * std::log(c / static_cast<double>(total));
-  std::printf("unigram entropy %.4f nats/token\n", h);
+  engine::CorpusStats st = engine::corpus_write_dataset(docs, *tok, a.output);
+  std::printf("%zu documents, %zu tokens -> %s.bin/.idx\n", st.documents, st.tokens, a.output.c_str());
+  if (st.trained_tokens != st.tokens)
+    std::printf("loss mask: %zu of %zu tokens trained -> %s.mask.bin/.idx\n", st.trained_tokens, st.tokens, a.output.c_str());
+  // The unigram entropy: the loss of a model that ignores context.
+  std::printf("unigram entropy %.4f nats/token\n", st.unigram_entropy);
 }
 
 }  // namespace
@@ -121,7 +71,7 @@ void run_tokenize(const TokenizeArgs& a) {
 void register_tokenize(CLI::App& app) {
   auto a = std::make_shared<TokenizeArgs>();
   auto* cmd = app.add_subcommand("tokenize", "Tokenize .txt/.jsonl into a Megatron indexed dataset");
-  cmd->add_option("INPUT", a->input, ".txt (documents separated by blank lines) or .jsonl (\"text\" field)")->required();
+  cmd->add_option("INPUT", a->input, ".txt (documents separated by blank lines) or .jsonl (\"text\", or \"prompt\"/\"response\"/\"history\")")->required();
   cmd->add_option("-o,--output", a->output, "output prefix (PREFIX.bin, PREFIX.idx)")->required();
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json, or a directory with encoder.json+vocab.bpe");
   cmd->add_option("--train-bpe", a->train_bpe, "train a byte-level BPE of this many tokens on INPUT first");

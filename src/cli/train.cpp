@@ -1,5 +1,6 @@
 // meshtrain train CONFIG [--set k=v] [--resume DIR] [--metrics FILE]: trains on one process.
-// Data: data.train / data.valid are Megatron indexed-dataset prefixes (PREFIX.bin + PREFIX.idx).
+// Data: data.train / data.valid are Megatron indexed-dataset prefixes (PREFIX.bin + PREFIX.idx, with
+// PREFIX.mask.bin/.idx as its loss mask when present) or .txt/.jsonl files tokenized on first use.
 // A progress bar on a terminal, plain lines (every steps_per_print) otherwise; --metrics appends
 // one JSON object per step.
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "cli/commands.h"
 #include "data/token_stream.h"
 #include "engine/checkpoint_io.h"
+#include "engine/corpus.h"
 #include "engine/engine.h"
 
 namespace mt::cli {
@@ -33,22 +35,40 @@ std::string fmt_time(double s) {
   return buf;
 }
 
-std::unique_ptr<data::IndexedDataset> open_dataset(const std::string& prefix, const char* key) {
-  MT_CHECK(!prefix.empty(), ErrorKind::kInvalidArgument, std::string(key) + ": missing (an indexed-dataset prefix)");
-  return std::make_unique<data::IndexedDataset>(prefix);
+// A data source: the token dataset, its optional loss mask, and the stream over them.
+struct DataSource {
+  std::unique_ptr<data::IndexedDataset> tokens, mask;
+  std::unique_ptr<data::TokenStream> stream;
+};
+
+DataSource open_data(const engine::RunConfig& cfg, const std::string& path, const char* key, bool shuffle) {
+  MT_CHECK(!path.empty(), ErrorKind::kInvalidArgument,
+           std::string(key) + ": missing (an indexed-dataset prefix, or a .txt/.jsonl file)");
+  std::string cache = cfg.save_dir.empty() ? "runs/data-cache" : cfg.save_dir + "/data-cache";
+  std::string prefix = engine::corpus_prepare(path, cfg.tokenizer, cache);
+  DataSource d;
+  d.tokens = std::make_unique<data::IndexedDataset>(prefix);
+  d.stream = std::make_unique<data::TokenStream>(*d.tokens, static_cast<int>(cfg.seq_length), shuffle, cfg.seed);
+  std::string mask = engine::corpus_mask_prefix(prefix);
+  if (!mask.empty()) {
+    d.mask = std::make_unique<data::IndexedDataset>(mask);
+    d.stream->set_loss_mask(d.mask.get());
+    std::fprintf(stderr, "%s: loss mask %s (SFT: only responses are trained)\n", key, mask.c_str());
+  }
+  return d;
 }
 
 void run_train(const TrainArgs& args) {
   engine::RunConfig cfg = engine::ds_config_load(args.config, args.sets);
   for (const auto& w : cfg.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   MT_CHECK(cfg.train_iters > 0, ErrorKind::kInvalidArgument, args.config + ": train_iters must be positive");
-  auto train_ds = open_dataset(cfg.data_train, "data.train");
-  data::TokenStream train(*train_ds, static_cast<int>(cfg.seq_length), cfg.shuffle, cfg.seed);
-  std::unique_ptr<data::IndexedDataset> valid_ds;
-  std::unique_ptr<data::TokenStream> valid;
+  DataSource train_data = open_data(cfg, cfg.data_train, "data.train", cfg.shuffle);
+  data::TokenStream& train = *train_data.stream;
+  DataSource valid_data;
+  data::TokenStream* valid = nullptr;
   if (!cfg.data_valid.empty()) {
-    valid_ds = open_dataset(cfg.data_valid, "data.valid");
-    valid = std::make_unique<data::TokenStream>(*valid_ds, static_cast<int>(cfg.seq_length), false, cfg.seed);
+    valid_data = open_data(cfg, cfg.data_valid, "data.valid", false);
+    valid = valid_data.stream.get();
   }
   auto model = engine::engine_build_model(cfg);
   engine::Engine eng(cfg, *model);

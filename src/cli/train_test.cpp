@@ -17,6 +17,7 @@
 
 #include "data/indexed_dataset.h"
 #include "data/token_stream.h"
+#include "data/tokenizer.h"
 
 namespace fs = std::filesystem;
 
@@ -250,6 +251,63 @@ TEST(Train, KillDuringCheckpointWriteLeavesThePreviousOneLoadable) {
     for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], full[3 + i]) << "step " << 4 + i;
     for (const auto& e : fs::directory_iterator(save)) EXPECT_NE(e.path().extension(), ".tmp") << e.path();
   }
+}
+
+}  // namespace
+
+// SFT records: `tokenize` writes a loss mask that trains exactly the response (+ <|endoftext|>),
+// checked by decoding the masked-in tokens back to the records' text; `train` takes the .jsonl
+// directly (tokenized into save_dir/data-cache on first use) and uses the mask.
+namespace {
+
+TEST(Tokenize, SftRecordsTrainOnlyTheResponse) {
+  std::string jsonl = dir() + "/sft.jsonl";
+  std::vector<std::pair<std::string, std::string>> records = {
+      {"What is the capital of France?", "Paris is the capital of France."},
+      {"Name a colour.", "Blue."},
+      {"And another one?", "Green, like grass."}};
+  {
+    std::ofstream f(jsonl);
+    f << nlohmann::json({{"prompt", records[0].first}, {"response", records[0].second}}).dump() << "\n";
+    f << nlohmann::json({{"prompt", records[1].first}, {"response", records[1].second}}).dump() << "\n\n";
+    f << nlohmann::json({{"prompt", records[2].first}, {"response", records[2].second},
+                         {"history", nlohmann::json::array({nlohmann::json::array({records[1].first, records[1].second})})}}).dump() << "\n";
+  }
+  ASSERT_EQ(run("tokenize " + jsonl + " -o " + dir() + "/sft --train-bpe 300"), 0);
+  mt::data::Tokenizer tok = mt::data::Tokenizer::load(dir() + "/sft.tokenizer.json");
+  mt::data::IndexedDataset ds(dir() + "/sft"), mask(dir() + "/sft.mask");
+  ASSERT_EQ(ds.num_documents(), 3u);
+  ASSERT_EQ(mask.total_tokens(), ds.total_tokens());
+  for (uint64_t d = 0; d < 3; ++d) {
+    int64_t n = ds.sequence_length(d);
+    std::vector<int32_t> ids(static_cast<size_t>(n)), m(static_cast<size_t>(n)), trained, all;
+    ds.read(d, 0, n, ids.data());
+    mask.read(d, 0, n, m.data());
+    for (int64_t i = 0; i < n; ++i)
+      if (m[static_cast<size_t>(i)]) trained.push_back(ids[static_cast<size_t>(i)]);
+    EXPECT_EQ(tok.decode(trained), records[d].second + "<|endoftext|>") << "document " << d;
+    std::string whole = tok.decode(ids);
+    std::string want = (d == 2 ? records[1].first + "\n" + records[1].second + "\n" : std::string()) + records[d].first +
+                       "\n" + records[d].second + "<|endoftext|>";
+    EXPECT_EQ(whole, want);
+  }
+  // train straight from the .jsonl with the mask.
+  std::string cfg = write_config("sft", {{"data", {{"train", jsonl}, {"tokenizer", dir() + "/sft.tokenizer.json"},
+                                                   {"shuffle", false}}},
+                                         {"model", {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 32},
+                                                    {"n_embd", 32}, {"n_layer", 1}, {"n_head", 2}}},
+                                         {"train_iters", 2}});
+  std::string err;
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/sft.jsonl.metrics", &err), 0) << err;
+  EXPECT_NE(err.find("loss mask"), std::string::npos) << err;
+  EXPECT_TRUE(fs::exists(dir() + "/ckpt-sft/data-cache/sft.mask.idx"));
+  std::vector<double> l = losses(dir() + "/sft.jsonl.metrics");
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_TRUE(std::isfinite(l[0]) && l[0] > 0);
+  // A record that is neither text nor SFT: one line naming file:line.
+  std::ofstream(dir() + "/bad.jsonl") << "{\"prompt\": \"x\"}\n";
+  EXPECT_EQ(run("tokenize " + dir() + "/bad.jsonl -o " + dir() + "/bad --train-bpe 260", &err), 2);
+  EXPECT_NE(err.find("bad.jsonl:1"), std::string::npos) << err;
 }
 
 }  // namespace

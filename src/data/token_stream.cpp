@@ -74,10 +74,17 @@ uint64_t TokenStream::window_start(uint64_t k) {
   return perm_[k % samples_per_epoch_] * T;
 }
 
-void TokenStream::read_wrapped(uint64_t position, uint64_t count, int32_t* out) const {
+void TokenStream::set_loss_mask(const IndexedDataset* mask) {
+  MT_CHECK(!mask || mask->total_tokens() == S_, ErrorKind::kInvalidArgument,
+           (mask ? mask->prefix() : std::string()) + ": loss mask has " + std::to_string(mask ? mask->total_tokens() : 0) +
+               " values for " + std::to_string(S_) + " tokens of " + dataset_.prefix());
+  mask_ = mask;
+}
+
+void TokenStream::read_wrapped(const IndexedDataset& ds, uint64_t position, uint64_t count, int32_t* out) const {
   while (count > 0) {
     uint64_t n = std::min(count, S_ - position);
-    dataset_.read_stream(position, n, out);
+    ds.read_stream(position, n, out);
     out += n;
     count -= n;
     position = 0;
@@ -87,9 +94,15 @@ void TokenStream::read_wrapped(uint64_t position, uint64_t count, int32_t* out) 
 void TokenStream::sample(uint64_t k, int32_t* inputs, int32_t* targets) {
   uint64_t start = window_start(k);
   uint64_t T = static_cast<uint64_t>(T_);
-  read_wrapped(start, T, inputs);
+  read_wrapped(dataset_, start, T, inputs);
   std::memcpy(targets, inputs + 1, (T - 1) * sizeof(int32_t));
-  read_wrapped((start + T) % S_, 1, targets + T - 1);
+  read_wrapped(dataset_, (start + T) % S_, 1, targets + T - 1);
+  if (mask_) {  // the mask of target i is that of stream position start + 1 + i
+    mask_buf_.resize(T);
+    read_wrapped(*mask_, (start + 1) % S_, T, mask_buf_.data());
+    for (uint64_t i = 0; i < T; ++i)
+      if (mask_buf_[i] == 0) targets[i] = -100;
+  }
 }
 
 void TokenStream::batch(uint64_t first, int B, int32_t* inputs, int32_t* targets) {

@@ -39,6 +39,11 @@ class TokenStream {
   uint64_t num_tokens() const { return S_; }
   uint64_t num_samples_per_epoch() const { return samples_per_epoch_; }
 
+  // Optional loss mask: a dataset aligned with this one token for token (the same total length),
+  // holding 1 where the token is trained and 0 where it is not (SFT prompts). A target whose mask
+  // is 0 becomes -100 (ignored by the loss). nullptr removes it. The mask must outlive the stream.
+  void set_loss_mask(const IndexedDataset* mask);
+
   // Stream position of the first token of global sample k.
   uint64_t window_start(uint64_t k);
   // inputs (T), targets (T) of global sample k.
@@ -48,9 +53,11 @@ class TokenStream {
 
  private:
   // out[0, count) = stream tokens from position, wrapping around the end of the stream.
-  void read_wrapped(uint64_t position, uint64_t count, int32_t* out) const;
+  void read_wrapped(const IndexedDataset& ds, uint64_t position, uint64_t count, int32_t* out) const;
 
   const IndexedDataset& dataset_;
+  const IndexedDataset* mask_ = nullptr;
+  std::vector<int32_t> mask_buf_;
   int T_;
   bool shuffle_;
   uint64_t seed_;

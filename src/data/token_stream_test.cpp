@@ -216,3 +216,51 @@ TEST(TokenStream, RefusesBadArguments) {
 
 }  // namespace
 }  // namespace mt::data
+
+namespace mt::data {
+namespace {
+
+// The loss mask: target i of a sample is -100 exactly where the mask value at its stream position
+// (window start + 1 + i, wrapping) is 0, checked against positions computed by hand.
+TEST(TokenStreamMask, MaskedTargetsAreIgnoredIncludingAcrossTheWrap) {
+  TempDir dir;
+  std::vector<int32_t> stream = write_docs(dir.path + "/t", {7, 5});  // S = 12
+  std::vector<int32_t> mask_values;
+  {
+    IndexedDatasetWriter w(dir.path + "/t.mask", 2);
+    for (int d : {7, 5}) {
+      std::vector<int32_t> m;
+      for (int k = 0; k < d; ++k) m.push_back(static_cast<int32_t>(mask_values.size() % 3 != 0));
+      mask_values.insert(mask_values.end(), m.begin(), m.end());
+      w.add_sequence(m);
+      w.end_document();
+    }
+    w.finalize();
+  }
+  IndexedDataset ds(dir.path + "/t"), mask(dir.path + "/t.mask");
+  const int T = 5;
+  TokenStream ts(ds, T, false, 1);
+  ts.set_loss_mask(&mask);
+  std::vector<int32_t> in(T), tg(T);
+  for (uint64_t k = 0; k < 6; ++k) {  // windows start at 0, 5, 10 (wraps), 3, 8 (wraps), 1
+    ts.sample(k, in.data(), tg.data());
+    uint64_t start = (k * T) % 12;
+    for (int i = 0; i < T; ++i) {
+      uint64_t p = (start + 1 + static_cast<uint64_t>(i)) % 12;
+      EXPECT_EQ(tg[i], mask_values[p] ? stream[p] : -100) << "sample " << k << " target " << i;
+      EXPECT_EQ(in[i], stream[(start + static_cast<uint64_t>(i)) % 12]);
+    }
+  }
+  // A mask of another length is refused, naming it.
+  write_docs(dir.path + "/short", {4});
+  IndexedDataset shorter(dir.path + "/short");
+  try {
+    ts.set_loss_mask(&shorter);
+    FAIL() << "a mask of another length was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("short"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mt::data

@@ -1,0 +1,155 @@
+#include "engine/corpus.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/file_io.h"
+#include "data/indexed_dataset.h"
+
+namespace mt::engine {
+namespace fs = std::filesystem;
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string string_field(const nlohmann::json& j, const char* key, const std::string& where) {
+  MT_CHECK(j.contains(key) && j[key].is_string(), ErrorKind::kInvalidArgument,
+           where + ": \"" + key + "\" must be a string");
+  return j[key].get<std::string>();
+}
+
+CorpusDocument jsonl_document(const nlohmann::json& j, const std::string& where) {
+  MT_CHECK(j.is_object(), ErrorKind::kInvalidArgument, where + ": expected a JSON object");
+  CorpusDocument d;
+  if (j.contains("text")) {
+    d.pieces.emplace_back(string_field(j, "text", where), true);
+    return d;
+  }
+  MT_CHECK(j.contains("prompt") && j.contains("response"), ErrorKind::kInvalidArgument,
+           where + ": expected a \"text\" field or an SFT record with \"prompt\" and \"response\"");
+  if (j.contains("history")) {
+    const nlohmann::json& h = j["history"];
+    MT_CHECK(h.is_array(), ErrorKind::kInvalidArgument, where + ": \"history\" must be a list of [prompt, response]");
+    for (const auto& turn : h) {
+      MT_CHECK(turn.is_array() && turn.size() == 2 && turn[0].is_string() && turn[1].is_string(),
+               ErrorKind::kInvalidArgument, where + ": each \"history\" entry must be [prompt, response] strings");
+      d.pieces.emplace_back(turn[0].get<std::string>() + "\n" + turn[1].get<std::string>() + "\n", false);
+    }
+  }
+  d.pieces.emplace_back(string_field(j, "prompt", where) + "\n", false);
+  d.pieces.emplace_back(string_field(j, "response", where), true);
+  return d;
+}
+
+}  // namespace
+
+std::vector<CorpusDocument> corpus_read(const std::string& path) {
+  std::vector<char> bytes = file_read_all(path);
+  std::string text(bytes.begin(), bytes.end());
+  std::vector<CorpusDocument> docs;
+  bool jsonl = ends_with(path, ".jsonl");
+  size_t pos = 0, line_no = 0;
+  std::string current;
+  auto flush_paragraph = [&] {
+    if (!current.empty()) docs.push_back({{{std::move(current), true}}});
+    current.clear();
+  };
+  while (pos <= text.size()) {
+    size_t nl = text.find('\n', pos);
+    std::string line = text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+    ++line_no;
+    if (jsonl) {
+      if (line.find_first_not_of(" \t\r") != std::string::npos) {
+        std::string where = path + ":" + std::to_string(line_no);
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(line);
+        } catch (const nlohmann::json::exception&) {
+          throw Error(ErrorKind::kInvalidArgument, where + ": not valid JSON");
+        }
+        docs.push_back(jsonl_document(j, where));
+      }
+    } else if (line.find_first_not_of(" \t\r") == std::string::npos) {
+      flush_paragraph();
+    } else {
+      current += line + "\n";
+    }
+    if (nl == std::string::npos) break;
+    pos = nl + 1;
+  }
+  flush_paragraph();
+  MT_CHECK(!docs.empty(), ErrorKind::kInvalidArgument, path + ": no documents");
+  return docs;
+}
+
+CorpusStats corpus_write_dataset(const std::vector<CorpusDocument>& docs, const data::Tokenizer& tok,
+                                 const std::string& prefix) {
+  bool masked = false;
+  for (const auto& d : docs)
+    for (const auto& p : d.pieces) masked |= !p.second;
+  data::IndexedDatasetWriter w(prefix, tok.vocab_size());
+  std::unique_ptr<data::IndexedDatasetWriter> mw;
+  if (masked) mw = std::make_unique<data::IndexedDatasetWriter>(prefix + ".mask", 2);
+  CorpusStats st;
+  std::vector<double> counts(static_cast<size_t>(tok.vocab_size()), 0.0);
+  std::vector<int32_t> ids, mask;
+  for (const auto& d : docs) {
+    ids.clear();
+    mask.clear();
+    for (const auto& [text, trained] : d.pieces) {
+      std::vector<int32_t> piece = tok.encode(text);
+      ids.insert(ids.end(), piece.begin(), piece.end());
+      mask.insert(mask.end(), piece.size(), trained ? 1 : 0);
+    }
+    ids.push_back(tok.eot_id());
+    mask.push_back(1);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      counts[static_cast<size_t>(ids[i])] += 1.0;
+      st.trained_tokens += static_cast<size_t>(mask[i]);
+    }
+    st.tokens += ids.size();
+    w.add_sequence(ids);
+    w.end_document();
+    if (mw) {
+      mw->add_sequence(mask);
+      mw->end_document();
+    }
+  }
+  w.finalize();
+  if (mw) mw->finalize();
+  st.documents = docs.size();
+  for (double c : counts)
+    if (c > 0) st.unigram_entropy -= c / static_cast<double>(st.tokens) * std::log(c / static_cast<double>(st.tokens));
+  return st;
+}
+
+std::string corpus_mask_prefix(const std::string& prefix) {
+  return fs::exists(data::indexed_dataset_idx_path(prefix + ".mask")) ? prefix + ".mask" : "";
+}
+
+std::string corpus_prepare(const std::string& path, const std::string& tokenizer, const std::string& cache_dir) {
+  if (!ends_with(path, ".txt") && !ends_with(path, ".jsonl")) return path;
+  MT_CHECK(fs::exists(path), ErrorKind::kNotFound, path + ": no such file");
+  MT_CHECK(!tokenizer.empty(), ErrorKind::kInvalidArgument,
+           "data.tokenizer: required to tokenize " + path + " (a tokenizer.json or a GPT-2 vocabulary directory)");
+  fs::create_directories(cache_dir);
+  std::string prefix = (fs::path(cache_dir) / fs::path(path).stem()).string();
+  std::string idx = data::indexed_dataset_idx_path(prefix);
+  if (fs::exists(idx) && fs::last_write_time(idx) > fs::last_write_time(path) &&
+      fs::last_write_time(idx) > fs::last_write_time(tokenizer))
+    return prefix;
+  data::Tokenizer tok = data::Tokenizer::load(tokenizer);
+  fs::remove(data::indexed_dataset_idx_path(prefix + ".mask"));
+  CorpusStats st = corpus_write_dataset(corpus_read(path), tok, prefix);
+  std::fprintf(stderr, "tokenized %s: %zu documents, %zu tokens (%zu trained) -> %s.bin/.idx\n", path.c_str(),
+               st.documents, st.tokens, st.trained_tokens, prefix.c_str());
+  return prefix;
+}
+
+}  // namespace mt::engine

@@ -1,0 +1,46 @@
+// Text corpora -> Megatron indexed datasets (what `meshtrain tokenize` does, and what `train` does
+// when data.train / data.valid name a .txt or .jsonl file rather than a dataset prefix).
+//
+// Inputs:
+//   .txt    documents separated by blank lines, every token trained;
+//   .jsonl  one JSON object per line, either {"text": str} (every token trained) or an SFT record
+//           {"prompt": str, "response": str, "history": [[prompt, response], ...] (optional)}.
+// An SFT record becomes one document: for each history turn, then the record's own turn,
+// prompt + "\n" + response, turns joined by "\n"; only the final response (and the <|endoftext|>
+// that ends every document) is trained: the loss mask is 1 on those tokens and 0 elsewhere. The
+// prompt and response are tokenized separately, so the boundary is exact.
+// Outputs: PREFIX.bin/.idx (tokens) and, when any token is masked, PREFIX.mask.bin/.idx (0/1, one
+// value per token, same sequence lengths); train picks the mask up automatically.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace mt::engine {
+
+struct CorpusDocument {
+  std::vector<std::pair<std::string, bool>> pieces;  // text, trained
+};
+
+// Throws kInvalidArgument naming file:line for a malformed line or record, kNotFound when missing.
+std::vector<CorpusDocument> corpus_read(const std::string& path);
+
+struct CorpusStats {
+  size_t documents = 0, tokens = 0, trained_tokens = 0;
+  double unigram_entropy = 0.0;  // nats/token over all tokens: -sum p ln p
+};
+// Tokenizes (each document ends with the tokenizer's <|endoftext|>) into PREFIX(.mask).bin/.idx.
+CorpusStats corpus_write_dataset(const std::vector<CorpusDocument>& docs, const data::Tokenizer& tokenizer,
+                                 const std::string& prefix);
+// The dataset prefix for a data path: itself when it is a prefix; for a .txt/.jsonl file, a
+// dataset tokenized with `tokenizer` into cache_dir (reused while newer than the file and the
+// tokenizer). Prints one line to stderr when it tokenizes.
+std::string corpus_prepare(const std::string& path, const std::string& tokenizer, const std::string& cache_dir);
+// PREFIX.mask when that dataset exists, else "".
+std::string corpus_mask_prefix(const std::string& prefix);
+
+}  // namespace mt::engine
