@@ -11,6 +11,7 @@ PACKAGES=(
   libpcre2-dev            # GPT-2's pre-tokenizer regex (Unicode letter/number classes)
   libgtest-dev libgmock-dev libbenchmark-dev
   fortunes                # real English text for the quick-start demo
+  gnuplot-nox             # the loss-curve plot (meshtrain plot, train --metrics)
   python3-torch python3-numpy   # the PyTorch oracle for golden data and the peer benchmark
   libopenblas0-pthread    # the BLAS a PyTorch user has (netlib reference BLAS makes its fp32 ~20x slower)
   nodejs                  # runs the GPT-2 tokenizer oracle (npm gpt-3-encoder); NOTE: not Debian's

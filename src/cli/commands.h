@@ -1,6 +1,8 @@
 // One subcommand per file; each registers its flags on the app and runs when chosen.
 #pragma once
 
+#include <string>
+
 #include <CLI/CLI.hpp>
 
 namespace mt::cli {
@@ -12,5 +14,10 @@ void register_train(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_export(CLI::App& app);
 void register_generate(CLI::App& app);
+void register_plot(CLI::App& app);
+
+// Draws the loss curve of a --metrics file into out (.png/.svg) with gnuplot. Without gnuplot:
+// throws kNotFound when required, else prints a note and returns false.
+bool plot_metrics(const std::string& metrics, const std::string& out, bool required);
 
 }  // namespace mt::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   mt::cli::register_train(app);
   mt::cli::register_tokenize(app);
   mt::cli::register_export(app);
+  mt::cli::register_plot(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include "engine/engine.h"
 
 namespace mt::cli {
+namespace fs = std::filesystem;
 namespace {
 
 struct TrainArgs {
@@ -102,10 +104,21 @@ void run_train(const TrainArgs& args) {
     double secs = t.seconds();
     double tok_s = static_cast<double>(tbs * T) / secs;
     int64_t done = eng.global_step();
+    bool have_val = valid && cfg.eval_interval > 0 && (done % cfg.eval_interval == 0 || done == cfg.train_iters);
+    double val_loss = 0.0;
+    if (have_val) {
+      std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
+      for (int64_t i = 0; i < cfg.eval_iters; ++i) {
+        valid->batch(static_cast<uint64_t>(i * B), B, tokens.data(), targets.data());
+        val_loss += eng.evaluate(tokens.data(), targets.data());
+      }
+      val_loss /= static_cast<double>(cfg.eval_iters);
+    }
     if (metrics.is_open()) {
       nlohmann::json m = {{"step", done}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
                           {"loss_scale", r.loss_scale}, {"skipped", r.skipped}, {"tokens_per_s", tok_s},
                           {"tflops", flops / secs / 1e12}};
+      if (have_val) m["val_loss"] = val_loss;
       MemStats mem = Allocator::global().stats();
       for (int c = 0; c < kMemCategoryCount; ++c)
         m["peak_" + std::string(mem_category_name(static_cast<MemCategory>(c))) + "_bytes"] = mem.peak[c];
@@ -126,21 +139,19 @@ void run_train(const TrainArgs& args) {
                   static_cast<long long>(cfg.train_iters), r.loss, r.lr, r.grad_norm, r.loss_scale, tok_s,
                   r.skipped ? " (skipped: overflow)" : "");
     }
-    if (valid && cfg.eval_interval > 0 && (done % cfg.eval_interval == 0 || done == cfg.train_iters)) {
-      std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
-      double sum = 0;
-      for (int64_t i = 0; i < cfg.eval_iters; ++i) {
-        valid->batch(static_cast<uint64_t>(i * B), B, tokens.data(), targets.data());
-        sum += eng.evaluate(tokens.data(), targets.data());
-      }
-      std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), sum / static_cast<double>(cfg.eval_iters));
-    }
+    if (have_val)
+      std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), val_loss);
     if (!cfg.save_dir.empty() && ((cfg.save_interval > 0 && done % cfg.save_interval == 0) || done == cfg.train_iters)) {
       std::string where = engine::checkpoint_save(eng, cfg.save_dir, cfg.keep_last);
       if (!tty) std::printf("saved %s\n", where.c_str());
     }
   }
   if (tty) std::printf("\n");
+  if (metrics.is_open()) {
+    metrics.close();
+    std::string png = fs::path(args.metrics).replace_extension(".png").string();
+    if (plot_metrics(args.metrics, png, false)) std::printf("loss curve: %s\n", png.c_str());
+  }
 }
 
 }  // namespace

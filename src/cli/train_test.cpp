@@ -311,3 +311,32 @@ TEST(Tokenize, SftRecordsTrainOnlyTheResponse) {
 }
 
 }  // namespace
+
+namespace {
+
+// The loss curve: `train --metrics F` leaves F's .png beside it (gnuplot is in install-deps), and
+// `plot` draws PNG or SVG; bad metrics are one line naming file:line.
+TEST(Plot, TrainLeavesALossCurveAndPlotDrawsPngOrSvg) {
+  write_dataset(dir() + "/train", 30);
+  std::string cfg = write_config("plot", nlohmann::json::object());
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/plot.jsonl"), 0);
+  auto png_magic = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    char m[8] = {};
+    f.read(m, 8);
+    return std::string(m, 8) == "\x89PNG\r\n\x1a\n";
+  };
+  EXPECT_TRUE(png_magic(dir() + "/plot.png"));
+  ASSERT_EQ(run("plot " + dir() + "/plot.jsonl -o " + dir() + "/curve.svg"), 0);
+  std::ifstream svg(dir() + "/curve.svg");
+  std::stringstream ss;
+  ss << svg.rdbuf();
+  EXPECT_NE(ss.str().find("<svg"), std::string::npos);
+  EXPECT_NE(ss.str().find("validation loss"), std::string::npos);  // eval_interval 3 -> val_loss points
+  std::ofstream(dir() + "/bad-metrics.jsonl") << "{\"step\": 1, \"loss\": 2}\n{oops\n";
+  std::string err;
+  EXPECT_EQ(run("plot " + dir() + "/bad-metrics.jsonl", &err), 2);
+  EXPECT_NE(err.find("bad-metrics.jsonl:2"), std::string::npos) << err;
+}
+
+}  // namespace

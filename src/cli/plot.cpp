@@ -1,0 +1,96 @@
+// meshtrain plot METRICS [-o OUT]: the loss curve of a `train --metrics` file (training loss per
+// step, validation loss where it was measured, learning rate on a second axis), drawn by gnuplot
+// (Debian's gnuplot-nox) as PNG or SVG by OUT's extension. `train --metrics F` draws F's stem .png
+// at the end of a run when gnuplot is installed.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "cli/commands.h"
+
+namespace mt::cli {
+namespace fs = std::filesystem;
+namespace {
+
+bool have_gnuplot() { return std::system("command -v gnuplot > /dev/null 2>&1") == 0; }
+
+// gnuplot string literal: single quotes, a quote doubled.
+std::string gp_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
+bool plot_metrics(const std::string& metrics, const std::string& out, bool required) {
+  if (!have_gnuplot()) {
+    MT_CHECK(!required, ErrorKind::kNotFound, "plot: gnuplot is not installed (apt-get install gnuplot-nox)");
+    std::fprintf(stderr, "note: no loss-curve plot (gnuplot is not installed: apt-get install gnuplot-nox)\n");
+    return false;
+  }
+  std::ifstream in(metrics);
+  MT_CHECK(in.good(), ErrorKind::kNotFound, metrics + ": cannot open");
+  std::string data = out + ".dat", script = out + ".gp";
+  std::ofstream d(data);
+  std::string line;
+  size_t line_no = 0, rows = 0, vals = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.empty()) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      throw Error(ErrorKind::kInvalidArgument, metrics + ":" + std::to_string(line_no) + ": not valid JSON");
+    }
+    MT_CHECK(j.is_object() && j.contains("step") && j.contains("loss") && j["step"].is_number() && j["loss"].is_number(),
+             ErrorKind::kInvalidArgument, metrics + ":" + std::to_string(line_no) + ": expected \"step\" and \"loss\" numbers");
+    d << j["step"].get<double>() << '\t' << j["loss"].get<double>() << '\t'
+      << (j.contains("val_loss") ? std::to_string(j["val_loss"].get<double>()) : std::string("NaN")) << '\t'
+      << j.value("lr", 0.0) << '\n';
+    ++rows;
+    vals += j.contains("val_loss");
+  }
+  d.close();
+  MT_CHECK(rows > 0, ErrorKind::kInvalidArgument, metrics + ": no steps to plot");
+  std::string ext = fs::path(out).extension().string();
+  MT_CHECK(ext == ".png" || ext == ".svg", ErrorKind::kInvalidArgument, out + ": the plot must be a .png or .svg file");
+  std::ofstream g(script);
+  g << (ext == ".png" ? "set terminal pngcairo size 1000,560 noenhanced\n" : "set terminal svg size 1000,560 noenhanced\n")
+    << "set output " << gp_quote(out) << "\n"
+    << "set title " << gp_quote("meshtrain: " + fs::path(metrics).filename().string()) << "\n"
+    << "set xlabel 'step'\nset ylabel 'loss (nats/token)'\nset y2label 'learning rate'\n"
+    << "set ytics nomirror\nset y2tics\nset y2range [0:*]\nset grid\nset key top right\nset datafile missing 'NaN'\n"
+    << "plot " << gp_quote(data) << " using 1:2 with lines lw 1.5 title 'train loss'";
+  if (vals > 0) g << ", " << gp_quote(data) << " using 1:3 with linespoints pt 7 lw 2 title 'validation loss'";
+  g << ", " << gp_quote(data) << " using 1:4 axes x1y2 with lines dt 2 title 'lr'\n";
+  g.close();
+  int rc = std::system(("gnuplot " + gp_quote(script) + " 2>&1").c_str());
+  fs::remove(data);
+  fs::remove(script);
+  MT_CHECK(rc == 0 && fs::exists(out), ErrorKind::kIOError, out + ": gnuplot failed (exit " + std::to_string(rc) + ")");
+  return true;
+}
+
+void register_plot(CLI::App& app) {
+  auto metrics = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("plot", "Draw the loss curve of a --metrics file (gnuplot: PNG or SVG)");
+  cmd->add_option("METRICS", *metrics, "a file written by train --metrics")->required();
+  cmd->add_option("-o,--output", *out, "output .png or .svg (default: METRICS with .png)");
+  cmd->callback([metrics, out] {
+    std::string o = out->empty() ? fs::path(*metrics).replace_extension(".png").string() : *out;
+    plot_metrics(*metrics, o, true);
+    std::printf("loss curve: %s\n", o.c_str());
+  });
+}
+
+}  // namespace mt::cli
