@@ -49,6 +49,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models as tm  # noqa: E402
+from ds_schedules import OneCycle  # noqa: E402
 
 MODELS = ("tiny-gpt2", "tiny-llama")
 SEED = 1234
@@ -176,26 +177,66 @@ def make_engine_golden(cfg: dict, out: str) -> list[float]:
     T = ENGINE_SEQ
     assert (ENGINE_STEPS * ENGINE_MICRO * ENGINE_ACCUM) * T + 1 <= len(stream)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS,
-                            weight_decay=WEIGHT_DECAY)
-    losses = []
-    k = 0
-    for _ in range(ENGINE_STEPS):
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for _ in range(ENGINE_ACCUM):
-            rows = [stream[(k + b) * T:(k + b) * T + T + 1] for b in range(ENGINE_MICRO)]
-            k += ENGINE_MICRO
-            batch = torch.stack(rows)
-            loss = tm.lm_loss(model(batch[:, :-1]), batch[:, 1:])
-            (loss / ENGINE_ACCUM).backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(total / ENGINE_ACCUM)
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def run(make_opt, sched_factory=None) -> list[float]:
+        """ENGINE_STEPS steps from the initial weights; the scheduler steps after the optimizer."""
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(init[n])
+        opt = make_opt()
+        sched = sched_factory(opt) if sched_factory else None
+        losses, k = [], 0
+        for _ in range(ENGINE_STEPS):
+            opt.zero_grad(set_to_none=True)
+            total = 0.0
+            for _ in range(ENGINE_ACCUM):
+                rows = [stream[(k + b) * T:(k + b) * T + T + 1] for b in range(ENGINE_MICRO)]
+                k += ENGINE_MICRO
+                batch = torch.stack(rows)
+                loss = tm.lm_loss(model(batch[:, :-1]), batch[:, 1:])
+                (loss / ENGINE_ACCUM).backward()
+                total += loss.item()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if sched:
+                sched.step()
+            losses.append(total / ENGINE_ACCUM)
+        return losses
+
+    losses = run(lambda: torch.optim.AdamW(model.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS,
+                                           weight_decay=WEIGHT_DECAY))
+
+    # Variants through other optimizers, schedules and weight-decay groups. "config" is what the
+    # meshtrain run config adds; "no_weight_decay": "hf" is Hugging Face Trainer's rule.
+    def hf_groups(wd):
+        no = [p for n, p in model.named_parameters()
+              if n.endswith(".bias") or "ln_" in n or "norm" in n]
+        yes = [p for n, p in model.named_parameters()
+               if not (n.endswith(".bias") or "ln_" in n or "norm" in n)]
+        return [{"params": yes, "weight_decay": wd}, {"params": no, "weight_decay": 0.0}]
+
+    one_cycle = dict(cycle_min_lr=1e-3, cycle_max_lr=1e-2, cycle_first_step_size=2,
+                     cycle_second_step_size=3, cycle_min_mom=0.85, cycle_max_mom=0.95)
+    variants = {
+        "adamw_onecycle_hf_no_decay": {
+            "config": {"optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95],
+                                                                 "eps": 1e-8, "weight_decay": 0.1}},
+                       "scheduler": {"type": "OneCycle", "params": one_cycle},
+                       "no_weight_decay": "hf"},
+            "losses": run(lambda: torch.optim.AdamW(hf_groups(0.1), lr=1e-2, betas=(0.9, 0.95), eps=1e-8),
+                          lambda opt: OneCycle(opt, **one_cycle)),
+        },
+        "sgd_nesterov": {
+            "config": {"optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9,
+                                                               "nesterov": True, "weight_decay": 0.01}}},
+            "losses": run(lambda: torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True,
+                                                  weight_decay=0.01)),
+        },
+    }
     expected = {"losses": losses, "seq_length": T, "micro_batch": ENGINE_MICRO,
                 "gradient_accumulation_steps": ENGINE_ACCUM, "lr": LR, "betas": [BETA1, BETA2],
-                "eps": EPS, "weight_decay": WEIGHT_DECAY, "gradient_clipping": 1.0}
+                "eps": EPS, "weight_decay": WEIGHT_DECAY, "gradient_clipping": 1.0, "variants": variants}
     with open(os.path.join(out, "expected.json"), "w") as f:
         json.dump(expected, f, indent=2)
     return losses

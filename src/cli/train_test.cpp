@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -25,7 +26,8 @@ namespace {
 
 std::string dir() {
   static std::string d = [] {
-    std::string p = ::testing::TempDir() + "/mt_train_test";
+    // One directory per process: ctest runs each test as its own process, possibly in parallel.
+    std::string p = ::testing::TempDir() + "/mt_train_test_" + std::to_string(::getpid());
     fs::remove_all(p);
     fs::create_directories(p);
     return p;
@@ -150,7 +152,8 @@ namespace {
 
 std::string golden_engine_dir() { return std::string(MT_GOLDEN_DIR) + "/engine-gpt2"; }
 
-std::string hf_run_config(const nlohmann::json& expected, int64_t iters, const std::string& save_dir) {
+std::string hf_run_config(const nlohmann::json& expected, int64_t iters, const std::string& save_dir,
+                          const nlohmann::json& extra = nlohmann::json::object()) {
   nlohmann::json j;
   j["model"] = {{"init_from", golden_engine_dir()}};
   j["data"] = {{"train", golden_engine_dir() + "/train"}, {"shuffle", false}};
@@ -164,6 +167,7 @@ std::string hf_run_config(const nlohmann::json& expected, int64_t iters, const s
                                 {"weight_decay", expected["weight_decay"]}}}};
   j["save_dir"] = save_dir;
   j["steps_per_print"] = 1;
+  j.update(extra);
   std::string path = dir() + "/hf_run.json";
   std::ofstream(path) << j.dump();
   return path;
@@ -216,6 +220,28 @@ TEST(Train, HfGpt2WeightsFiveStepsMatchPyTorchAndExportLoadsInPyTorch) {
   std::string err;
   EXPECT_EQ(run("export " + dir() + "/nowhere --hf " + dir() + "/x", &err), 2);
   EXPECT_NE(err.find("nowhere"), std::string::npos) << err;
+}
+
+// The same data through other optimizers, schedules and weight-decay groups: AdamW under DeepSpeed's
+// OneCycle (lr and beta1 cycled, beta2 pinned to 0.99) with HF Trainer's no-decay group, and SGD
+// with Nesterov momentum and weight decay, each against PyTorch (torch.optim + a transcription of
+// DeepSpeed's OneCycle, tools/ds_schedules.py).
+TEST(Train, OptimizerVariantsMatchPyTorch) {
+  std::ifstream ef(golden_engine_dir() + "/expected.json");
+  ASSERT_TRUE(ef.good()) << "golden data missing: " << golden_engine_dir();
+  nlohmann::json expected = nlohmann::json::parse(ef);
+  ASSERT_GE(expected["variants"].size(), 2u);
+  for (const auto& [name, v] : expected["variants"].items()) {
+    SCOPED_TRACE(name);
+    std::vector<double> want = v["losses"].get<std::vector<double>>();
+    std::string cfg = hf_run_config(expected, static_cast<int64_t>(want.size()), dir() + "/ckpt-" + name, v["config"]);
+    fs::remove(dir() + "/variant.jsonl");
+    std::string err;
+    ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/variant.jsonl", &err), 0) << err;
+    std::vector<double> got = losses(dir() + "/variant.jsonl");
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * std::fabs(want[i])) << "step " << i + 1;
+  }
 }
 
 }  // namespace

@@ -49,14 +49,15 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   checkpoint::safetensors_write((tmp_dir / "model.safetensors").string(), weights, {{"format", "pt"}});
   fault_point("checkpoint.after_weights");
   int64_t n = static_cast<int64_t>(store.numel());
-  checkpoint::safetensors_write((tmp_dir / "optimizer.safetensors").string(),
-                                {{"exp_avg", DType::kF32, {n}, engine.optimizer().exp_avg()},
-                                 {"exp_avg_sq", DType::kF32, {n}, engine.optimizer().exp_avg_sq()}},
-                                {});
+  std::vector<checkpoint::StTensorOut> opt_state;
+  for (const optim::StateBuffer& b : engine.optimizer().state())
+    opt_state.push_back({b.name, DType::kF32, {static_cast<int64_t>(b.numel)}, b.data});
+  checkpoint::safetensors_write((tmp_dir / "optimizer.safetensors").string(), opt_state,
+                                {{"optimizer", engine.optimizer().type_name()}});
   const optim::LossScalerState& ls = engine.loss_scaler().state();
   nlohmann::json state = {{"global_step", engine.global_step()},
                           {"applied_steps", engine.applied_steps()},
-                          {"adam_step", engine.optimizer().step_count()},
+                          {"optimizer_step", engine.optimizer().step_count()},
                           {"num_params", n},
                           {"loss_scale", ls.scale},
                           {"scaler_iter", ls.iter},
@@ -125,12 +126,17 @@ void checkpoint_load(Engine& engine, const std::string& path) {
   checkpoint::SafetensorsFile weights((dir / "model.safetensors").string());
   hf_weights_load(store, weights);
   checkpoint::SafetensorsFile opt((dir / "optimizer.safetensors").string());
-  int64_t n = static_cast<int64_t>(store.numel());
-  std::vector<float> m = opt.read_f32("exp_avg", {n}), v = opt.read_f32("exp_avg_sq", {n});
-  std::memcpy(engine.optimizer().exp_avg(), m.data(), m.size() * 4);
-  std::memcpy(engine.optimizer().exp_avg_sq(), v.data(), v.size() * 4);
+  auto saved_type = opt.metadata().find("optimizer");
+  std::string want = engine.optimizer().type_name();
+  MT_CHECK(saved_type == opt.metadata().end() ? want == "AdamW" : saved_type->second == want, ErrorKind::kInvalidArgument,
+           opt.path() + ": the checkpoint's optimizer is " +
+               (saved_type == opt.metadata().end() ? std::string("AdamW") : saved_type->second) + ", the config's " + want);
+  for (const optim::StateBuffer& b : engine.optimizer().state()) {
+    std::vector<float> v = opt.read_f32(b.name, {static_cast<int64_t>(b.numel)});
+    std::memcpy(b.data, v.data(), v.size() * sizeof(float));
+  }
   try {
-    engine.optimizer().set_step_count(state.at("adam_step").get<int64_t>());
+    engine.optimizer().set_step_count(state.at("optimizer_step").get<int64_t>());
     optim::LossScalerState ls;
     ls.scale = state.at("loss_scale").get<double>();
     ls.iter = state.at("scaler_iter").get<int64_t>();

@@ -59,6 +59,10 @@ class Section {
     const json& v = j_[key];
     MT_CHECK(v.is_number_integer() || (v.is_number_float() && v.get<double>() == std::floor(v.get<double>())),
              ErrorKind::kInvalidArgument, where(key) + " must be an integer");
+    // NOTE: converting a double beyond int64 (1e30) is undefined, an unsigned above INT64_MAX wraps.
+    bool fits = v.is_number_float() ? v.get<double>() >= -0x1p63 && v.get<double>() < 0x1p63
+                                    : !v.is_number_unsigned() || v.get<uint64_t>() <= INT64_MAX;
+    MT_CHECK(fits, ErrorKind::kInvalidArgument, where(key) + " is out of range (" + v.dump() + ")");
     return v.get<int64_t>();
   }
   bool boolean(const std::string& key, bool fallback) {
@@ -179,41 +183,88 @@ void parse_precision(Section& root, RunConfig& c) {
 // the user passes nothing.
 constexpr double kHfLr = 5e-5, kHfBeta1 = 0.9, kHfBeta2 = 0.999, kHfEps = 1e-8, kHfWd = 0.0;
 
+// betas: [beta1, beta2], or "auto" (HF's defaults).
+void parse_betas(Section& p, optim::OptimizerSpec& o) {
+  if (p.is_auto("betas")) {
+    o.beta1 = kHfBeta1;
+    o.beta2 = kHfBeta2;
+  } else if (p.has("betas")) {
+    const json& b = p.raw("betas");
+    MT_CHECK(b.is_array() && b.size() == 2 && b[0].is_number() && b[1].is_number(), ErrorKind::kInvalidArgument,
+             "optimizer.params.betas must be [beta1, beta2]");
+    o.beta1 = b[0].get<double>();
+    o.beta2 = b[1].get<double>();
+  }
+}
+
+// DeepSpeed resolves the type case-insensitively for its own optimizers (Adam, AdamW, Lamb) and
+// looks any other name up in torch.optim (SGD).
 void parse_optimizer(Section& root, RunConfig& c) {
   if (!root.has("optimizer")) return;
   Section s = root.sub("optimizer");
   std::string type = s.string("type", "AdamW");
-  OptimizerConfig& o = c.optimizer;
-  o.type = type;
+  optim::OptimizerSpec& o = c.optimizer;
   std::string lower = type;
   std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-  if (lower != "adam" && lower != "adamw")
-    throw Error(ErrorKind::kNotSupported, "optimizer.type: '" + type + "' is not implemented yet (Adam, AdamW)");
+  const bool adam = lower == "adam" || lower == "adamw", lamb = lower == "lamb", sgd = lower == "sgd";
+  if (!adam && !lamb && !sgd)
+    throw Error(ErrorKind::kNotSupported, "optimizer.type: '" + type + "' is not implemented (Adam, AdamW, Lamb, SGD)");
+  o.type = adam ? (lower == "adam" ? "Adam" : "AdamW") : lamb ? "Lamb" : "SGD";
+  o.weight_decay = lower == "adamw" ? 0.01 : 0.0;  // torch.optim.AdamW's default; the others' is 0
   if (s.has("params")) {
     Section p = s.sub("params");
     o.lr = p.is_auto("lr") ? kHfLr : p.number("lr", 1e-3);
-    if (p.is_auto("betas")) {
-      o.beta1 = kHfBeta1;
-      o.beta2 = kHfBeta2;
-    } else if (p.has("betas")) {
-      const json& b = p.raw("betas");
-      MT_CHECK(b.is_array() && b.size() == 2 && b[0].is_number() && b[1].is_number(), ErrorKind::kInvalidArgument,
-               "optimizer.params.betas must be [beta1, beta2]");
-      o.beta1 = b[0].get<double>();
-      o.beta2 = b[1].get<double>();
+    o.weight_decay = p.is_auto("weight_decay") ? kHfWd : p.number("weight_decay", o.weight_decay);
+    if (adam || lamb) {
+      parse_betas(p, o);
+      o.eps = p.is_auto("eps") ? kHfEps : p.number("eps", lamb ? 1e-6 : 1e-8);
+      p.require_default("amsgrad", false, "amsgrad is not supported");
     }
-    o.eps = p.is_auto("eps") ? kHfEps : p.number("eps", 1e-8);
-    o.weight_decay = p.is_auto("weight_decay") ? kHfWd : p.number("weight_decay", lower == "adamw" ? 0.01 : 0.0);
-    o.adam_w_mode = lower == "adamw" || p.boolean("adam_w_mode", true);
-    p.require_default("amsgrad", false, "amsgrad is not supported");
-    p.require_default("bias_correction", true, "bias_correction false is not supported");
-    p.unparsed("torch_adam", Unparsed::kWarn);
-    p.unparsed("fused", Unparsed::kWarn);
+    if (adam) {
+      o.adam_w_mode = lower == "adamw" || p.boolean("adam_w_mode", true);
+      p.require_default("bias_correction", true, "bias_correction false is not supported for Adam");
+      p.unparsed("torch_adam", Unparsed::kWarn);
+      p.unparsed("fused", Unparsed::kWarn);
+    } else if (lamb) {  // DeepSpeed's FusedLamb
+      o.bias_correction = p.boolean("bias_correction", true);
+      o.eps_inside_sqrt = p.boolean("eps_inside_sqrt", false);
+      o.max_coeff = p.number("max_coeff", 10.0);
+      o.min_coeff = p.number("min_coeff", 0.01);
+      // FusedLamb clips only when handed grad_norms, which DeepSpeed's engine never does: a positive
+      // max_grad_norm fails there. Clipping is gradient_clipping.
+      p.require_default("max_grad_norm", 0.0, "use gradient_clipping (DeepSpeed's engine never applies Lamb's own)");
+    } else {  // torch.optim.SGD
+      o.momentum = p.number("momentum", 0.0);
+      o.dampening = p.number("dampening", 0.0);
+      o.nesterov = p.boolean("nesterov", false);
+      p.require_default("maximize", false, "maximize is not supported");
+      p.unparsed("foreach", Unparsed::kWarn);
+      p.unparsed("differentiable", Unparsed::kWarn);
+    }
     p.finish();
   }
   if (!o.adam_w_mode)
     throw Error(ErrorKind::kNotSupported, "optimizer.params.adam_w_mode: false (Adam with L2 decay) is not implemented yet");
+  // Built once here so a bad value (negative lr, nesterov without momentum) is a config error.
+  optim::make_optimizer(o, 1, optim::single_segment(1, static_cast<float>(o.weight_decay)));
   s.finish();
+}
+
+void parse_no_weight_decay(Section& root, RunConfig& c) {
+  if (!root.has("no_weight_decay")) return;
+  const json& v = root.raw("no_weight_decay");
+  if (v.is_string()) {
+    MT_CHECK(v.get<std::string>() == "hf", ErrorKind::kInvalidArgument,
+             "no_weight_decay must be \"hf\" or a list of parameter-name substrings");
+    c.no_weight_decay = {"hf"};
+    return;
+  }
+  MT_CHECK(v.is_array(), ErrorKind::kInvalidArgument, "no_weight_decay must be \"hf\" or a list of parameter-name substrings");
+  for (const auto& e : v) {
+    MT_CHECK(e.is_string() && !e.get<std::string>().empty(), ErrorKind::kInvalidArgument,
+             "no_weight_decay entries must be non-empty strings");
+    c.no_weight_decay.push_back(e.get<std::string>());
+  }
 }
 
 void parse_scheduler(Section& root, RunConfig& c) {
@@ -225,21 +276,49 @@ void parse_scheduler(Section& root, RunConfig& c) {
   if (type == "WarmupLR") sc.type = optim::LrScheduleType::kWarmupLR;
   else if (type == "WarmupDecayLR") sc.type = optim::LrScheduleType::kWarmupDecayLR;
   else if (type == "WarmupCosineLR") sc.type = optim::LrScheduleType::kWarmupCosineLR;
-  else throw Error(ErrorKind::kNotSupported, "scheduler.type: '" + type + "' is not implemented yet (WarmupLR, WarmupDecayLR, WarmupCosineLR)");
+  else if (type == "OneCycle") sc.type = optim::LrScheduleType::kOneCycle;
+  else throw Error(ErrorKind::kNotSupported, "scheduler.type: '" + type + "' is not implemented (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle)");
+  const bool one_cycle = sc.type == optim::LrScheduleType::kOneCycle;
   if (s.has("params")) {
     Section p = s.sub("params");
-    sc.warmup_min_lr = p.is_auto("warmup_min_lr") ? 0.0 : p.number("warmup_min_lr", 0.0);
-    sc.warmup_max_lr = p.is_auto("warmup_max_lr") ? c.optimizer.lr : p.number("warmup_max_lr", 1e-3);
-    sc.warmup_num_steps = p.is_auto("warmup_num_steps") ? 0 : p.integer("warmup_num_steps", 1000);
-    sc.warmup_log = optim::lr_warmup_type_is_log(p.string("warmup_type", "log"), p.where("warmup_type"));
-    sc.total_num_steps = p.is_auto("total_num_steps") ? c.train_iters : p.integer("total_num_steps", c.train_iters);
-    sc.warmup_min_ratio = p.number("warmup_min_ratio", 0.0);
-    sc.cos_min_ratio = p.number("cos_min_ratio", 1e-4);
+    if (one_cycle) {
+      MT_CHECK(p.has("cycle_min_lr") && p.has("cycle_max_lr"), ErrorKind::kInvalidArgument,
+               "scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle");
+      sc.cycle_min_lr = p.is_auto("cycle_min_lr") ? 0.0 : p.number("cycle_min_lr", 0.0);
+      sc.cycle_max_lr = p.is_auto("cycle_max_lr") ? c.optimizer.lr : p.number("cycle_max_lr", 0.0);
+      sc.decay_lr_rate = p.number("decay_lr_rate", 0.0);
+      sc.cycle_first_step_size = p.integer("cycle_first_step_size", 2000);
+      sc.cycle_second_step_size = p.has("cycle_second_step_size") ? p.integer("cycle_second_step_size", -1) : -1;  // null: None
+      sc.cycle_first_stair_count = p.integer("cycle_first_stair_count", 0);
+      sc.cycle_second_stair_count = p.has("cycle_second_stair_count") ? p.integer("cycle_second_stair_count", -1) : -1;
+      sc.decay_step_size = p.integer("decay_step_size", 0);
+      sc.cycle_momentum = p.boolean("cycle_momentum", true);
+      sc.cycle_min_mom = p.number("cycle_min_mom", 0.8);
+      sc.cycle_max_mom = p.number("cycle_max_mom", 0.9);
+      sc.decay_mom_rate = p.number("decay_mom_rate", 0.0);
+    } else {
+      sc.warmup_min_lr = p.is_auto("warmup_min_lr") ? 0.0 : p.number("warmup_min_lr", 0.0);
+      sc.warmup_max_lr = p.is_auto("warmup_max_lr") ? c.optimizer.lr : p.number("warmup_max_lr", 1e-3);
+      sc.warmup_num_steps = p.is_auto("warmup_num_steps") ? 0 : p.integer("warmup_num_steps", 1000);
+      sc.warmup_log = optim::lr_warmup_type_is_log(p.string("warmup_type", "log"), p.where("warmup_type"));
+      sc.total_num_steps = p.is_auto("total_num_steps") ? c.train_iters : p.integer("total_num_steps", c.train_iters);
+      sc.warmup_min_ratio = p.number("warmup_min_ratio", 0.0);
+      sc.cos_min_ratio = p.number("cos_min_ratio", 1e-4);
+    }
     p.unparsed("last_batch_iteration", Unparsed::kRefuseIfEnabled);
     p.finish();
+  } else {
+    MT_CHECK(!one_cycle, ErrorKind::kInvalidArgument, "scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle");
   }
-  if (sc.type != optim::LrScheduleType::kWarmupLR)
+  if (one_cycle) {
+    optim::lr_schedule_check(sc);
+    if (sc.cycle_momentum && c.optimizer.type == "SGD") {  // DeepSpeed: SGD has no betas
+      c.warnings.push_back("scheduler.params.cycle_momentum: disabled because optimizer SGD has no betas (as DeepSpeed does)");
+      sc.cycle_momentum = false;
+    }
+  } else if (sc.type != optim::LrScheduleType::kWarmupLR) {
     MT_CHECK(sc.total_num_steps > 0, ErrorKind::kInvalidArgument, "scheduler.params.total_num_steps must be positive");
+  }
   s.finish();
 }
 
@@ -354,6 +433,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
   c.gradient_clipping = root.is_auto("gradient_clipping") ? 1.0 : root.number("gradient_clipping", 0.0);
   parse_precision(root, c);
   parse_optimizer(root, c);
+  parse_no_weight_decay(root, c);
   parse_scheduler(root, c);
   parse_zero(root, c);
   if (root.has("activation_checkpointing")) {
@@ -388,6 +468,15 @@ void ds_config_set(json& j, const std::string& assignment) {
   size_t eq = assignment.find('=');
   MT_CHECK(eq != std::string::npos && eq > 0, ErrorKind::kInvalidArgument, "--set '" + assignment + "': expected key.path=value");
   std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  MT_CHECK(j.is_object(), ErrorKind::kInvalidArgument,
+           "--set '" + path + "=...': the configuration is not a JSON object");
+  // JSON text read from a file is checked for UTF-8 by the parser; a --set key or plain-string
+  // value is not, and would make every later dump() of the configuration throw.
+  try {
+    json(assignment).dump();
+  } catch (const json::exception&) {
+    throw Error(ErrorKind::kInvalidArgument, "--set '" + path + "=...': not valid UTF-8");
+  }
   json value;
   try {
     value = json::parse(text);
@@ -444,9 +533,24 @@ json ds_config_resolved(const RunConfig& c) {
                {"hysteresis", c.loss_scaler.hysteresis},
                {"min_loss_scale", c.loss_scaler.min_scale}};
   j["bf16"] = {{"enabled", c.compute_dtype == DType::kBF16}};
-  j["optimizer"] = {{"type", c.optimizer.type},
-                    {"params", {{"lr", c.optimizer.lr}, {"betas", {c.optimizer.beta1, c.optimizer.beta2}},
-                                {"eps", c.optimizer.eps}, {"weight_decay", c.optimizer.weight_decay}}}};
+  const optim::OptimizerSpec& o = c.optimizer;
+  json op = {{"lr", o.lr}, {"weight_decay", o.weight_decay}};
+  if (o.type == "SGD") {
+    op["momentum"] = o.momentum;
+    op["dampening"] = o.dampening;
+    op["nesterov"] = o.nesterov;
+  } else {
+    op["betas"] = {o.beta1, o.beta2};
+    op["eps"] = o.eps;
+  }
+  if (o.type == "Lamb") {
+    op["bias_correction"] = o.bias_correction;
+    op["eps_inside_sqrt"] = o.eps_inside_sqrt;
+    op["max_coeff"] = o.max_coeff;
+    op["min_coeff"] = o.min_coeff;
+  }
+  j["optimizer"] = {{"type", o.type}, {"params", op}};
+  if (!c.no_weight_decay.empty()) j["no_weight_decay"] = c.no_weight_decay;
   j["zero_optimization"] = {{"stage", c.zero_stage}};
   j["activation_checkpointing"] = c.activation_checkpointing;
   j["steps_per_print"] = c.steps_per_print;

@@ -17,6 +17,7 @@
 
 #include "models/config.h"
 #include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
 #include "optim/lr_schedule.h"
 
 namespace mt::engine {
@@ -25,14 +26,6 @@ struct BatchConfig {
   int64_t train_batch_size = 0;
   int64_t micro_batch_per_gpu = 0;
   int64_t gradient_accumulation_steps = 0;
-};
-
-struct OptimizerConfig {
-  std::string type = "AdamW";  // Adam, AdamW, SGD, Lamb
-  double lr = 1e-3;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
-  double momentum = 0.0;   // SGD
-  bool adam_w_mode = true;  // Adam with "adam_w_mode": true is AdamW (DeepSpeed's FusedAdam default)
 };
 
 struct RunConfig {
@@ -50,7 +43,11 @@ struct RunConfig {
   double gradient_clipping = 0.0;
   DType compute_dtype = DType::kF32;
   optim::LossScalerConfig loss_scaler;  // meaningful for fp16
-  OptimizerConfig optimizer;
+  optim::OptimizerSpec optimizer;
+  // Parameters without weight decay: substrings of HF parameter names, or "hf" for Hugging Face
+  // Trainer's rule (biases and LayerNorm/RMSNorm weights). Empty: every parameter decays, as in
+  // DeepSpeed when the client passes model.parameters().
+  std::vector<std::string> no_weight_decay;
   optim::LrScheduleConfig scheduler;
   int zero_stage = 0;
   bool activation_checkpointing = false;

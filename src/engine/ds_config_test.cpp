@@ -83,8 +83,23 @@ TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   j["bf16"] = {{"enabled", true}};
   EXPECT_NE(error_of(j).find("cannot both"), std::string::npos);
   j = base();
-  j["scheduler"] = {{"type", "OneCycle"}};
+  j["scheduler"] = {{"type", "LRRangeTest"}};
   EXPECT_NE(error_of(j).find("scheduler.type"), std::string::npos);
+  j = base();
+  j["optimizer"] = {{"type", "Lamb"}, {"params", {{"lr", 1e-3}, {"max_grad_norm", 1.0}}}};
+  EXPECT_NE(error_of(j).find("optimizer.params.max_grad_norm"), std::string::npos);
+  j = base();
+  j["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.1}, {"maximize", true}}}};
+  EXPECT_NE(error_of(j).find("optimizer.params.maximize"), std::string::npos);
+  j = base();
+  j["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.1}, {"nesterov", true}}}};  // torch: needs momentum
+  EXPECT_NE(error_of(j).find("nesterov"), std::string::npos);
+  j = base();
+  j["optimizer"] = {{"type", "Adagrad"}};
+  EXPECT_NE(error_of(j).find("optimizer.type"), std::string::npos);
+  j = base();
+  j["scheduler"] = {{"type", "OneCycle"}, {"params", {{"cycle_max_lr", 0.1}}}};
+  EXPECT_NE(error_of(j).find("cycle_min_lr"), std::string::npos);
 }
 
 TEST(DsConfig, LoggingKeysAndTyposWarnWithDidYouMean) {

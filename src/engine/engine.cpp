@@ -31,16 +31,28 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
   return model;
 }
 
+std::vector<optim::ParamSegment> engine_param_segments(const RunConfig& config, const nn::ParamStore& store) {
+  std::vector<optim::ParamSegment> segs;
+  for (const nn::Parameter* p : store.parameters()) {
+    bool decay = true;
+    for (const std::string& pat : config.no_weight_decay) {
+      if (pat == "hf") {  // Hugging Face Trainer: no decay for biases and LayerNorm/RMSNorm weights
+        decay &= !(p->name.ends_with(".bias") || p->name.find("ln_") != std::string::npos ||
+                   p->name.find("norm") != std::string::npos);
+      } else {
+        decay &= p->name.find(pat) == std::string::npos;
+      }
+    }
+    segs.push_back({p->offset, static_cast<size_t>(p->numel()), decay ? static_cast<float>(config.optimizer.weight_decay) : 0.0f, p->name});
+  }
+  return segs;
+}
+
 Engine::Engine(const RunConfig& config, models::TransformerLM& model)
     : config_(config), model_(model), scaler_(scaler_config(config)) {
-  optim::AdamWConfig a;
-  a.lr = static_cast<float>(config.optimizer.lr);
-  a.beta1 = static_cast<float>(config.optimizer.beta1);
-  a.beta2 = static_cast<float>(config.optimizer.beta2);
-  a.eps = static_cast<float>(config.optimizer.eps);
-  a.weight_decay = static_cast<float>(config.optimizer.weight_decay);
-  adamw_ = std::make_unique<optim::AdamW>(model.store().numel(), a);
-  model_.store().zero_grad();
+  nn::ParamStore& store = model.store();
+  optimizer_ = optim::make_optimizer(config.optimizer, store.numel(), engine_param_segments(config, store));
+  store.zero_grad();
 }
 
 double Engine::current_lr() const { return optim::lr_for_step(config_.scheduler, applied_steps_ + 1); }
@@ -75,7 +87,10 @@ StepResult Engine::step() {
     if (config_.gradient_clipping > 0.0 && norm > config_.gradient_clipping)
       coef *= config_.gradient_clipping / (norm + 1e-6);
     bool lowp = store.compute_dtype() != DType::kF32;
-    adamw_->step(store.master(), store.grad(), lowp ? store.compute() : nullptr, store.compute_dtype(),
+    // OneCycle cycles beta1 (and pins beta2 to 0.99) of Adam-like optimizers, as DeepSpeed does.
+    if (auto mom = optim::momentum_for_step(config_.scheduler, applied_steps_ + 1); mom && optimizer_->has_betas())
+      optimizer_->set_betas(*mom, optim::kOneCycleBeta2);
+    optimizer_->step(store.master(), store.grad(), lowp ? store.compute() : nullptr, store.compute_dtype(),
                  static_cast<float>(r.lr), static_cast<float>(coef));
     ++applied_steps_;
   }

@@ -11,7 +11,8 @@
 
 #include "engine/ds_config.h"
 #include "models/transformer.h"
-#include "optim/adamw.h"
+#include "optim/adamw.h"  // grad_norm
+#include "optim/optimizer.h"
 #include "optim/loss_scaler.h"
 
 namespace mt::engine {
@@ -44,7 +45,7 @@ class Engine {
   double current_lr() const;
   const RunConfig& config() const { return config_; }
   models::TransformerLM& model() { return model_; }
-  optim::AdamW& optimizer() { return *adamw_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
   optim::LossScaler& loss_scaler() { return scaler_; }
   // Restores the counters of a checkpoint.
   void set_counters(int64_t global_step, int64_t applied_steps) {
@@ -55,12 +56,15 @@ class Engine {
  private:
   RunConfig config_;
   models::TransformerLM& model_;
-  std::unique_ptr<optim::AdamW> adamw_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LossScaler scaler_;
   int64_t global_step_ = 0, applied_steps_ = 0;
   int micro_in_step_ = 0;
   double loss_sum_ = 0.0;
 };
+
+// The optimizer's segments: one per parameter, weight decay 0 where config.no_weight_decay says.
+std::vector<optim::ParamSegment> engine_param_segments(const RunConfig& config, const nn::ParamStore& store);
 
 // Builds the model of a configuration (compute dtype, recompute, seed) and prepares it for the
 // micro-batch shape.

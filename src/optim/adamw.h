@@ -1,11 +1,15 @@
 // AdamW over one flat span of parameters (decoupled weight decay; PyTorch's torch.optim.AdamW):
 // the moments are two flat f32 buffers (category optimizer) and one fused kernel call updates the
 // f32 master weights, the moments and the low-precision compute copy in a single pass.
+// Weight decay may differ per parameter segment (torch's param groups): each maximal run of
+// segments with equal decay is one kernel call, so equal decay everywhere stays one call.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
+#include "optim/optimizer.h"
 #include "tensor/allocator.h"
 #include "tensor/dtype.h"
 
@@ -19,25 +23,33 @@ struct AdamWConfig {
   float weight_decay = 0.01f;
 };
 
-class AdamW {
+class AdamW : public Optimizer {
  public:
+  // One segment over [0, numel) with config.weight_decay.
   AdamW(size_t numel, const AdamWConfig& config);
+  // Per-segment weight decay (config.weight_decay is not used). Throws kInvalidArgument unless
+  // segments cover [0, numel) in order.
+  AdamW(size_t numel, std::vector<ParamSegment> segments, const AdamWConfig& config);
 
+  const char* type_name() const override { return "AdamW"; }
   // One step. grad_scale multiplies the gradients first (1/loss_scale, clipping coefficient).
   // lowp (nullable) receives the updated weights in lowp_dtype.
   void step(float* master, const float* grad, void* lowp, DType lowp_dtype, float lr,
-            float grad_scale = 1.0f);
-  int64_t step_count() const { return step_; }
-  void set_step_count(int64_t step) { step_ = step; }  // when restoring a checkpoint
+            float grad_scale = 1.0f) override;
+  int64_t step_count() const override { return step_; }
+  void set_step_count(int64_t step) override { step_ = step; }  // when restoring a checkpoint
+  void set_momentum(double momentum) override;  // beta1
+  bool has_betas() const override { return true; }
+  void set_betas(double beta1, double beta2) override;
+  std::vector<StateBuffer> state() const override;  // "exp_avg", "exp_avg_sq"
   const AdamWConfig& config() const { return config_; }
   float* exp_avg() const { return m_.as<float>(); }
   float* exp_avg_sq() const { return v_.as<float>(); }
 
  private:
-  size_t numel_;
   AdamWConfig config_;
+  std::vector<DecayRun> runs_;
   Buffer m_, v_;
-  int64_t step_ = 0;
 };
 
 // Global L2 norm of a flat gradient span; non-finite when any element is (the overflow check).

@@ -13,7 +13,48 @@ bool lr_warmup_type_is_log(const std::string& type, const std::string& where) {
   throw Error(ErrorKind::kInvalidArgument, where + ": warmup_type must be \"log\" or \"linear\", not \"" + type + "\"");
 }
 
+void lr_schedule_check(const LrScheduleConfig& c) {
+  if (c.type != LrScheduleType::kOneCycle) return;
+  MT_CHECK(c.cycle_first_step_size > 0, ErrorKind::kInvalidArgument,
+           "scheduler.params.cycle_first_step_size must be positive, not " + std::to_string(c.cycle_first_step_size));
+  MT_CHECK(c.cycle_second_step_size >= -1, ErrorKind::kInvalidArgument,
+           "scheduler.params.cycle_second_step_size must be >= 0 (or absent), not " +
+               std::to_string(c.cycle_second_step_size));
+  MT_CHECK(c.decay_step_size >= 0, ErrorKind::kInvalidArgument,
+           "scheduler.params.decay_step_size must be >= 0, not " + std::to_string(c.decay_step_size));
+}
+
 namespace {
+// OneCycle's cycle length S = F1 + F2 (DeepSpeed's total_size, a float).
+double one_cycle_total(const LrScheduleConfig& c) {
+  const double first = static_cast<double>(c.cycle_first_step_size);
+  const double second = c.cycle_second_step_size < 0 ? first : static_cast<double>(c.cycle_second_step_size);
+  return first + second;
+}
+
+// OneCycle's _get_scale_factor at iteration i (in the cycle).
+double one_cycle_scale(const LrScheduleConfig& c, int64_t i) {
+  const double total = one_cycle_total(c);
+  const double step_ratio = static_cast<double>(c.cycle_first_step_size) / total;
+  const double b = static_cast<double>(i + 1);
+  const double cycle = std::floor(1.0 + b / total);
+  const double x = 1.0 + b / total - cycle;
+  return x <= step_ratio ? x / step_ratio : (x - 1.0) / (step_ratio - 1.0);
+}
+
+// OneCycle's decay_interval after the cycle (i >= S); 0 when there is no decay.
+double one_cycle_decay_interval(const LrScheduleConfig& c, int64_t i) {
+  return (static_cast<double>(i) - one_cycle_total(c) + 1.0) / static_cast<double>(c.decay_step_size);
+}
+
+double one_cycle_lr(const LrScheduleConfig& c, int64_t i) {
+  if (i < 0) return c.cycle_min_lr;  // set by the constructor
+  if (static_cast<double>(i) < one_cycle_total(c))
+    return c.cycle_min_lr + (c.cycle_max_lr - c.cycle_min_lr) * one_cycle_scale(c, i);
+  if (c.decay_step_size == 0 || c.decay_lr_rate == 0.0) return c.cycle_min_lr;
+  return c.cycle_min_lr / (1.0 + c.decay_lr_rate * one_cycle_decay_interval(c, i));
+}
+
 // Warm-up fraction in [0, 1) for i < W, as DeepSpeed computes it.
 double warmup_gamma(const LrScheduleConfig& c, int64_t i, int64_t W) {
   if (c.warmup_log) return std::log(static_cast<double>(i + 1)) / std::log(static_cast<double>(W));
@@ -39,6 +80,7 @@ double lr_at_iteration(const LrScheduleConfig& c, int64_t i) {
       }
       return c.warmup_min_lr + (c.warmup_max_lr - c.warmup_min_lr) * gamma;
     }
+    case LrScheduleType::kOneCycle: return one_cycle_lr(c, i);
     case LrScheduleType::kWarmupCosineLR: {
       if (i < 0) return 0.0;
       double ratio;
@@ -54,6 +96,15 @@ double lr_at_iteration(const LrScheduleConfig& c, int64_t i) {
     }
   }
   return c.base_lr;
+}
+
+std::optional<double> momentum_at_iteration(const LrScheduleConfig& c, int64_t i) {
+  if (c.type != LrScheduleType::kOneCycle || !c.cycle_momentum) return std::nullopt;
+  if (i < 0) return c.cycle_min_mom;  // set by the constructor
+  if (static_cast<double>(i) < one_cycle_total(c))
+    return c.cycle_max_mom - (c.cycle_max_mom - c.cycle_min_mom) * one_cycle_scale(c, i);
+  if (c.decay_step_size == 0 || c.decay_mom_rate == 0.0) return c.cycle_max_mom;
+  return c.cycle_max_mom * (1.0 + c.decay_mom_rate * one_cycle_decay_interval(c, i));
 }
 
 }  // namespace mt::optim

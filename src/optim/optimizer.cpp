@@ -1,0 +1,103 @@
+#include "optim/optimizer.h"
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <utility>
+
+#include "base/error.h"
+#include "optim/adamw.h"
+#include "optim/lamb.h"
+#include "optim/sgd.h"
+
+namespace mt::optim {
+
+Optimizer::Optimizer(size_t numel, std::vector<ParamSegment> segments)
+    : numel_(numel), segments_(std::move(segments)) {
+  size_t next = 0;
+  for (const ParamSegment& s : segments_) {
+    MT_CHECK(s.offset == next, ErrorKind::kInvalidArgument,
+             "optimizer: parameter segment '" + s.name + "' starts at " + std::to_string(s.offset) +
+                 ", expected " + std::to_string(next) + " (segments must cover the flat buffer in order)");
+    next = s.offset + s.numel;
+  }
+  MT_CHECK(next == numel, ErrorKind::kInvalidArgument,
+           "optimizer: parameter segments cover " + std::to_string(next) + " of " + std::to_string(numel) +
+               " elements");
+}
+
+void Optimizer::set_betas(double, double) {
+  throw Error(ErrorKind::kNotSupported, std::string("optimizer ") + type_name() + " has no betas");
+}
+
+std::vector<ParamSegment> single_segment(size_t numel, float weight_decay) {
+  return {ParamSegment{0, numel, weight_decay, "all"}};
+}
+
+std::vector<DecayRun> decay_runs(const std::vector<ParamSegment>& segments) {
+  std::vector<DecayRun> runs;
+  for (const ParamSegment& s : segments) {
+    if (s.numel == 0) continue;
+    if (!runs.empty() && runs.back().weight_decay == s.weight_decay &&
+        runs.back().offset + runs.back().numel == s.offset) {
+      runs.back().numel += s.numel;
+    } else {
+      runs.push_back({s.offset, s.numel, s.weight_decay});
+    }
+  }
+  return runs;
+}
+
+namespace {
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, size_t numel,
+                                          std::vector<ParamSegment> segments) {
+  const std::string type = lower(spec.type);
+  if (type == "adam" || type == "adamw") {
+    MT_CHECK(type == "adamw" || spec.adam_w_mode, ErrorKind::kNotSupported,
+             "optimizer: Adam with adam_w_mode false (L2 weight decay) is not implemented");
+    MT_CHECK(spec.bias_correction, ErrorKind::kNotSupported,
+             "optimizer: Adam without bias_correction is not implemented");
+    AdamWConfig c;
+    c.lr = static_cast<float>(spec.lr);
+    c.beta1 = static_cast<float>(spec.beta1);
+    c.beta2 = static_cast<float>(spec.beta2);
+    c.eps = static_cast<float>(spec.eps);
+    c.weight_decay = static_cast<float>(spec.weight_decay);
+    return std::make_unique<AdamW>(numel, std::move(segments), c);
+  }
+  if (type == "sgd") {
+    SgdConfig c;
+    c.lr = spec.lr;
+    c.momentum = spec.momentum;
+    c.dampening = spec.dampening;
+    c.weight_decay = spec.weight_decay;
+    c.nesterov = spec.nesterov;
+    return std::make_unique<Sgd>(numel, std::move(segments), c);
+  }
+  if (type == "lamb") {
+    LambConfig c;
+    c.lr = spec.lr;
+    c.bias_correction = spec.bias_correction;
+    c.beta1 = spec.beta1;
+    c.beta2 = spec.beta2;
+    c.eps = spec.eps;
+    c.eps_inside_sqrt = spec.eps_inside_sqrt;
+    c.weight_decay = spec.weight_decay;
+    c.max_grad_norm = spec.max_grad_norm;
+    c.max_coeff = spec.max_coeff;
+    c.min_coeff = spec.min_coeff;
+    return std::make_unique<Lamb>(numel, std::move(segments), c);
+  }
+  throw Error(ErrorKind::kNotSupported,
+              "optimizer.type: '" + spec.type + "' is not implemented (Adam, AdamW, SGD, Lamb)");
+}
+
+}  // namespace mt::optim

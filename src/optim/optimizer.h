@@ -1,0 +1,120 @@
+// Optimizer: the interface every optimizer over the flat parameter buffer implements (DESIGN
+// decision 1), and make_optimizer, which builds one from the `optimizer` block of a ds_config.
+//
+// An optimizer owns its state (flat f32 buffers, category optimizer) and updates the f32 master
+// weights in place; it sees the parameters only as segments of the flat buffer, one per parameter
+// tensor in order, each with its own weight decay (DeepSpeed's param groups) and, for Lamb, its own
+// trust ratio. Checkpoints save and restore any optimizer through state() and step_count().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/dtype.h"
+
+namespace mt::optim {
+
+// One parameter tensor's range [offset, offset + numel) of the flat buffers.
+struct ParamSegment {
+  size_t offset = 0;
+  size_t numel = 0;
+  float weight_decay = 0.0f;
+  std::string name;
+};
+
+// One named flat f32 state buffer of an optimizer (e.g. "exp_avg"), numel elements.
+struct StateBuffer {
+  std::string name;
+  float* data = nullptr;
+  size_t numel = 0;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // "AdamW", "SGD", "Lamb".
+  virtual const char* type_name() const = 0;
+
+  // One step over the whole flat span. master (numel) f32 is updated in place from grad (numel)
+  // f32; grad_scale multiplies the gradients first (1/loss_scale times the clipping coefficient).
+  // lowp (numel, nullable) receives the updated weights converted to lowp_dtype (RNE).
+  virtual void step(float* master, const float* grad, void* lowp, DType lowp_dtype, float lr,
+                    float grad_scale = 1.0f) = 0;
+
+  // Number of steps taken (Adam's t). Restoring a checkpoint sets it after copying state().
+  virtual int64_t step_count() const { return step_; }
+  virtual void set_step_count(int64_t step) { step_ = step; }
+
+  // For LR schedules that cycle momentum (DeepSpeed's OneCycle, lr_schedule.h): sets beta1 of
+  // Adam/AdamW/Lamb, or the momentum of SGD. Takes effect from the next step().
+  // NOTE: DeepSpeed's OneCycle cycles momentum only for optimizers whose defaults have `betas`
+  // (so not for torch.optim.SGD, where it warns and leaves momentum alone), and it sets the pair
+  // (momentum, 0.99), i.e. it also pins beta2 to 0.99. To reproduce DeepSpeed exactly, call
+  // set_betas(momentum, kOneCycleBeta2) when has_betas(); set_momentum is the generic knob.
+  virtual void set_momentum(double momentum) = 0;
+  // True for Adam-like optimizers (AdamW, Lamb): the ones with (beta1, beta2).
+  virtual bool has_betas() const { return false; }
+  // Sets (beta1, beta2). Throws kNotSupported unless has_betas().
+  virtual void set_betas(double beta1, double beta2);
+
+  // The optimizer's state, one flat f32 buffer per entry, each covering the whole span (numel).
+  // Saving them and step_count(), and restoring both, resumes the exact run.
+  virtual std::vector<StateBuffer> state() const = 0;
+
+  size_t numel() const { return numel_; }
+  const std::vector<ParamSegment>& segments() const { return segments_; }
+
+ protected:
+  // Throws kInvalidArgument unless segments cover [0, numel) in order without gaps or overlap.
+  Optimizer(size_t numel, std::vector<ParamSegment> segments);
+
+  size_t numel_;
+  std::vector<ParamSegment> segments_;
+  int64_t step_ = 0;
+};
+
+// One segment covering [0, numel) with the given weight decay.
+std::vector<ParamSegment> single_segment(size_t numel, float weight_decay);
+
+// A maximal run of consecutive segments with equal weight decay: one fused-kernel call.
+struct DecayRun {
+  size_t offset = 0;
+  size_t numel = 0;
+  float weight_decay = 0.0f;
+};
+std::vector<DecayRun> decay_runs(const std::vector<ParamSegment>& segments);
+
+// The union of the parameters of the optimizers we build, in DeepSpeed's `optimizer.params` keys.
+// The weight decay applied is the one in each ParamSegment; weight_decay here is what the caller
+// should put in the segments (DeepSpeed decays every parameter with the one value) and is kept for
+// reporting.
+struct OptimizerSpec {
+  std::string type = "AdamW";  // "Adam", "AdamW", "SGD", "Lamb" (case-insensitive)
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  // Adam, AdamW, Lamb
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  bool adam_w_mode = true;      // Adam: true (DeepSpeed's default) is AdamW; false is refused
+  bool bias_correction = true;  // Lamb (Adam/AdamW: must be true)
+  // Lamb (DeepSpeed FusedLamb)
+  bool eps_inside_sqrt = false;
+  double max_grad_norm = 0.0;
+  double max_coeff = 10.0, min_coeff = 0.01;
+  // SGD (torch.optim.SGD)
+  double momentum = 0.0, dampening = 0.0;
+  bool nesterov = false;
+};
+
+// Builds the optimizer named by spec.type over numel elements split into segments. Throws
+// kNotSupported for an unknown type or Adam with adam_w_mode false, kInvalidArgument for bad
+// values (as torch/DeepSpeed reject them) or segments that do not cover [0, numel).
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, size_t numel,
+                                          std::vector<ParamSegment> segments);
+
+}  // namespace mt::optim

@@ -1,0 +1,74 @@
+"""DeepSpeed's OneCycle LR/momentum schedule (deepspeed/runtime/lr_schedules.py, the version with
+_get_scale_factor), transcribed for the golden-data scripts: it drives a torch optimizer's
+param_groups ("lr", and "betas" while it cycles momentum) exactly as DeepSpeed's class does.
+Call step() after each optimizer step, as DeepSpeed's engine does."""
+
+import math
+
+
+class OneCycle:
+    def __init__(self, optimizer, cycle_min_lr, cycle_max_lr, decay_lr_rate=0., cycle_first_step_size=2000,
+                 cycle_second_step_size=None, cycle_first_stair_count=0, cycle_second_stair_count=None,
+                 decay_step_size=0, cycle_momentum=True, cycle_min_mom=0.8, cycle_max_mom=0.9,
+                 decay_mom_rate=0., last_batch_iteration=-1):
+        self.optimizer = optimizer
+        cycle_first_step_size = float(cycle_first_step_size)
+        cycle_second_step_size = float(cycle_second_step_size) if cycle_second_step_size is not None \
+            else cycle_first_step_size
+        self.total_size = cycle_first_step_size + cycle_second_step_size
+        self.step_ratio = cycle_first_step_size / self.total_size
+        self.decay_step_size = decay_step_size
+        self.skip_lr_decay = self.skip_mom_decay = math.isclose(self.decay_step_size, 0)
+        self.min_lrs = [cycle_min_lr] * len(optimizer.param_groups)
+        if last_batch_iteration == -1:
+            for lr, group in zip(self.min_lrs, optimizer.param_groups):
+                group["lr"] = lr
+        self.max_lrs = [cycle_max_lr] * len(optimizer.param_groups)
+        self.decay_lr_rate = decay_lr_rate
+        if math.isclose(self.decay_lr_rate, 0):
+            self.skip_lr_decay = True
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            self.decay_mom_rate = decay_mom_rate
+            self.min_moms = [(cycle_min_mom, 0.99)] * len(optimizer.param_groups)
+            self.max_moms = [(cycle_max_mom, 0.99)] * len(optimizer.param_groups)
+            if last_batch_iteration == -1:
+                for momentum, group in zip(self.min_moms, optimizer.param_groups):
+                    group["betas"] = momentum
+            if math.isclose(self.decay_mom_rate, 0):
+                self.skip_mom_decay = True
+        self.last_batch_iteration = last_batch_iteration
+
+    def _get_scale_factor(self):
+        batch_iteration = (self.last_batch_iteration + 1)
+        cycle = math.floor(1 + batch_iteration / self.total_size)
+        x = 1. + batch_iteration / self.total_size - cycle
+        if x <= self.step_ratio:
+            return x / self.step_ratio
+        return (x - 1) / (self.step_ratio - 1)
+
+    def get_lr(self):
+        if self.last_batch_iteration < self.total_size:
+            sf = self._get_scale_factor()
+            return [lo + (hi - lo) * sf for lo, hi in zip(self.min_lrs, self.max_lrs)]
+        if self.skip_lr_decay:
+            return self.min_lrs
+        decay_interval = (self.last_batch_iteration - self.total_size + 1) / self.decay_step_size
+        return [lo / (1 + self.decay_lr_rate * decay_interval) for lo in self.min_lrs]
+
+    def get_mom(self):
+        if self.last_batch_iteration < self.total_size:
+            sf = self._get_scale_factor()
+            return [(hi[0] - (hi[0] - lo[0]) * sf, lo[1]) for lo, hi in zip(self.min_moms, self.max_moms)]
+        if self.skip_mom_decay:
+            return self.max_moms
+        decay_interval = (self.last_batch_iteration - self.total_size + 1) / self.decay_step_size
+        return [(b0 * (1 + self.decay_mom_rate * decay_interval), b1) for b0, b1 in self.max_moms]
+
+    def step(self):
+        self.last_batch_iteration += 1
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr
+        if self.cycle_momentum:
+            for group, mom in zip(self.optimizer.param_groups, self.get_mom()):
+                group["betas"] = mom
