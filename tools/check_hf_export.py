@@ -9,6 +9,9 @@ True) (a missing, extra or misshapen tensor fails), and config.json builds the m
 Usage: check_hf_export.py DIR TOKENS_JSON B T
   TOKENS_JSON: a JSON list of B*(T+1) token ids, row b = tokens[b*(T+1) : (b+1)*(T+1)]; inputs are
   each row's first T, targets its last T. Prints {"loss": float, "torch_dtype": str}.
+       check_hf_export.py DIR PROMPT_JSON --greedy N [--stop ID]
+  Greedy decoding by full re-forward (no cache): N new ids after the prompt (a JSON list of ids),
+  ending early after ID. Prints {"ids": [...]}.
 """
 import json
 import os
@@ -49,12 +52,27 @@ def read_safetensors(path: str) -> dict:
 
 
 def main() -> int:
-    d, tokens_json, B, T = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    d, tokens_json = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
     model = tm.build_model(cfg).float()
     model.load_state_dict(read_safetensors(os.path.join(d, "model.safetensors")), strict=True)
+    if sys.argv[3] == "--greedy":
+        n = int(sys.argv[4])
+        stop = int(sys.argv[6]) if len(sys.argv) > 6 and sys.argv[5] == "--stop" else None
+        with open(tokens_json) as f:
+            ids = json.load(f)
+        new = []
+        with torch.no_grad():
+            for _ in range(n):
+                logits = model(torch.tensor([ids + new], dtype=torch.int64))[0, -1]
+                new.append(int(torch.argmax(logits).item()))
+                if new[-1] == stop:
+                    break
+        print(json.dumps({"ids": new}))
+        return 0
+    B, T = int(sys.argv[3]), int(sys.argv[4])
     with open(tokens_json) as f:
         toks = torch.tensor(json.load(f), dtype=torch.int64).reshape(B, T + 1)
     with torch.no_grad():

@@ -1,7 +1,7 @@
 // meshtrain export CKPT --hf OUT [--dtype f32|bf16|f16]: a training checkpoint (a step-N directory,
 // or a save_dir whose `latest` names one) as a Hugging Face model directory: model.safetensors
 // (the *ForCausalLM state-dict names and layouts) and config.json (with torch_dtype), plus the
-// run's tokenizer.json when the run had one.
+// run's tokenizer (as tokenizer.json, or a GPT-2 vocabulary directory's files) when it had one.
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -40,8 +40,15 @@ void run_export(const ExportArgs& a) {
   cfg["torch_dtype"] = dtype == DType::kF32 ? "float32" : dtype == DType::kBF16 ? "bfloat16" : "float16";
   std::string text = cfg.dump(2) + "\n";
   file_write_atomic((fs::path(a.out) / "config.json").string(), text.data(), text.size());
-  if (!info.tokenizer.empty() && fs::path(info.tokenizer).filename() == "tokenizer.json" && fs::exists(info.tokenizer))
-    fs::copy_file(info.tokenizer, fs::path(a.out) / "tokenizer.json", fs::copy_options::overwrite_existing);
+  // The run's tokenizer travels with the model: a tokenizer.json file as tokenizer.json, a GPT-2
+  // vocabulary directory's files as they are.
+  const auto overwrite = fs::copy_options::overwrite_existing;
+  if (!info.tokenizer.empty() && fs::is_regular_file(info.tokenizer)) {
+    fs::copy_file(info.tokenizer, fs::path(a.out) / "tokenizer.json", overwrite);
+  } else if (!info.tokenizer.empty() && fs::is_directory(info.tokenizer)) {
+    for (const char* f : {"tokenizer.json", "encoder.json", "vocab.bpe", "vocab.json", "merges.txt"})
+      if (fs::exists(fs::path(info.tokenizer) / f)) fs::copy_file(fs::path(info.tokenizer) / f, fs::path(a.out) / f, overwrite);
+  }
   std::printf("exported %s (step %lld, %zu tensors, %s) to %s\n", info.dir.c_str(), static_cast<long long>(info.global_step),
               model.store().parameters().size(), a.dtype.c_str(), a.out.c_str());
 }

@@ -1,0 +1,108 @@
+// meshtrain generate MODEL --prompt TEXT: samples a continuation with the KV-cache generator
+// (serve/generator.h). MODEL is a training checkpoint (step-N directory, or a save_dir whose
+// `latest` names one) or a Hugging Face directory (config.json + model.safetensors, as `export
+// --hf` writes). The tokenizer is --tokenizer, else the run's data.tokenizer recorded in the
+// checkpoint, else the tokenizer files in MODEL. Sampling: --temperature 0 is greedy; --top-k, --top-p
+// as Hugging Face's warpers; --seed makes a draw reproducible. Stops at <|endoftext|>.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "base/error.h"
+#include "base/timer.h"
+#include "cli/commands.h"
+#include "data/tokenizer.h"
+#include "engine/checkpoint_io.h"
+#include "engine/hf_config.h"
+#include "engine/hf_weights.h"
+#include "serve/generator.h"
+
+namespace mt::cli {
+namespace fs = std::filesystem;
+namespace {
+
+struct GenerateArgs {
+  std::string model, prompt, tokenizer;
+  int max_new_tokens = 100;
+  serve::SamplingOptions sampling;
+  bool quiet = false;
+};
+
+struct LoadedModel {
+  std::unique_ptr<models::TransformerLM> model;
+  std::string tokenizer;  // "" when the source names none
+};
+
+LoadedModel load_model(const std::string& path) {
+  LoadedModel out;
+  models::ModelOptions opts;
+  if (!engine::hf_weights_config_path(path).empty() && !fs::exists(fs::path(path) / "state.json") &&
+      !fs::exists(fs::path(path) / "latest")) {  // a Hugging Face directory
+    out.model = std::make_unique<models::TransformerLM>(engine::hf_config_load(engine::hf_weights_config_path(path)), opts);
+    engine::hf_weights_load_path(out.model->store(), path);
+    if (fs::exists(fs::path(path) / "tokenizer.json") || fs::exists(fs::path(path) / "encoder.json") ||
+        fs::exists(fs::path(path) / "vocab.json"))
+      out.tokenizer = path;  // Tokenizer::load finds the files in the directory
+    return out;
+  }
+  engine::CheckpointInfo info = engine::checkpoint_info(path);
+  out.model = std::make_unique<models::TransformerLM>(info.model, opts);
+  engine::hf_weights_load_path(out.model->store(), info.weights);
+  out.tokenizer = info.tokenizer;
+  return out;
+}
+
+void run_generate(const GenerateArgs& a) {
+  MT_CHECK(a.max_new_tokens > 0, ErrorKind::kInvalidArgument, "--max-new-tokens must be positive");
+  serve::sampling_options_validate(a.sampling);
+  LoadedModel lm = load_model(a.model);
+  std::string tok_path = a.tokenizer.empty() ? lm.tokenizer : a.tokenizer;
+  MT_CHECK(!tok_path.empty(), ErrorKind::kInvalidArgument,
+           a.model + ": names no tokenizer; give --tokenizer (a tokenizer.json or a GPT-2 vocabulary directory)");
+  data::Tokenizer tok = data::Tokenizer::load(tok_path);
+  MT_CHECK(tok.vocab_size() <= lm.model->config().vocab_size, ErrorKind::kInvalidArgument,
+           tok_path + ": " + std::to_string(tok.vocab_size()) + " tokens, more than the model's vocab_size " +
+               std::to_string(lm.model->config().vocab_size));
+  std::vector<int32_t> prompt = tok.encode(a.prompt);
+  if (prompt.empty()) prompt.push_back(tok.eot_id());  // an empty prompt starts a new document
+  serve::Generator gen(*lm.model);
+  serve::Sampler sampler(a.sampling);
+  Timer t;
+  std::span<const float> logits = gen.prefill(prompt);
+  std::printf("%s", a.prompt.c_str());
+  int n = 0;
+  for (; n < a.max_new_tokens; ++n) {
+    int32_t id = sampler.sample(logits);
+    if (id == tok.eot_id() || id >= tok.vocab_size()) break;
+    std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    if (gen.position() >= gen.capacity()) break;
+    logits = gen.decode(id);
+  }
+  std::printf("\n");
+  if (!a.quiet)
+    std::fprintf(stderr, "%d prompt + %d new tokens in %.2f s (%.1f tokens/s)\n", static_cast<int>(prompt.size()), n,
+                 t.seconds(), n / std::max(t.seconds(), 1e-9));
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  auto* cmd = app.add_subcommand("generate", "Sample text from a checkpoint or a Hugging Face model directory");
+  cmd->add_option("MODEL", a->model, "checkpoint (step-N or save_dir) or HF directory (config.json + model.safetensors)")
+      ->required();
+  cmd->add_option("--prompt", a->prompt, "text to continue")->required();
+  cmd->add_option("--max-new-tokens", a->max_new_tokens, "tokens to generate at most (default 100)");
+  cmd->add_option("--temperature", a->sampling.temperature, "0 = greedy (default 1)");
+  cmd->add_option("--top-k", a->sampling.top_k, "keep the k most likely tokens (0 = all)");
+  cmd->add_option("--top-p", a->sampling.top_p, "keep the smallest set with this much probability (1 = all)");
+  cmd->add_option("--seed", a->sampling.seed, "sampling seed (default 0)");
+  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json or GPT-2 vocabulary directory");
+  cmd->add_flag("--quiet", a->quiet, "no timing line on stderr");
+  cmd->callback([a] { run_generate(*a); });
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,227 @@
+#include "serve/generator.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/error.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/ops.h"
+
+namespace mt::serve {
+namespace {
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+// y (M, out) = x (M, in) · W + b, W stored (in, out) (GPT-2 Conv1D) or (out, in) (nn.Linear, then
+// Y = X W^T + b). b may be nullptr.
+void linear(float* y, const float* x, int M, int in, int out, const float* w, bool out_in,
+            const float* b) {
+  kernels::gemm(M, out, in, x, in, false, w, out_in ? in : out, out_in, y, out, DType::kF32, false, b);
+}
+
+}  // namespace
+
+Generator::Generator(models::TransformerLM& model, const GeneratorOptions& options)
+    : model_(model), cfg_(model.config()), prefill_chunk_(options.prefill_chunk) {
+  const int P = cfg_.max_positions;
+  const int capacity = options.capacity == 0 ? P : options.capacity;
+  MT_CHECK(capacity > 0 && capacity <= P, ErrorKind::kInvalidArgument,
+           "generator: capacity " + std::to_string(capacity) + " must be in [1, " +
+               std::to_string(P) + "] (the model's max_positions)");
+  MT_CHECK(prefill_chunk_ > 0, ErrorKind::kInvalidArgument,
+           "generator: prefill_chunk must be positive, got " + std::to_string(prefill_chunk_));
+  gpt2_ = cfg_.arch == models::Arch::kGpt2;
+  C_ = cfg_.hidden; NH_ = cfg_.n_head; NKV_ = cfg_.n_kv_head; HS_ = cfg_.head_dim();
+  QKV_ = (NH_ + 2 * NKV_) * HS_; A_ = NH_ * HS_;
+  H_ = gpt2_ ? cfg_.intermediate : 2 * cfg_.intermediate;
+  G_ = cfg_.intermediate;
+  bind_weights();
+  cache_ = KvCache(cfg_.n_layer, capacity, NH_, NKV_, HS_);
+
+  const size_t V = cfg_.vocab_size, half = static_cast<size_t>(capacity) * (HS_ / 2);
+  const size_t rope = gpt2_ ? 0 : 2 * align16(half);
+  fixed_ = Buffer((align16(V) + align16(C_) + rope) * sizeof(float), MemCategory::kWorkspace);
+  logits_ = fixed_.as<float>();
+  final_row_ = logits_ + align16(V);
+  if (!gpt2_) {
+    rope_cos_ = final_row_ + align16(C_);
+    rope_sin_ = rope_cos_ + align16(half);
+    // Row t of the table is position t, exactly as TransformerLM's (T, HS/2) table.
+    kernels::rope_table(rope_cos_, rope_sin_, capacity, HS_, cfg_.rope_theta);
+  }
+  ensure_rows(1);
+}
+
+const float* Generator::weight(const std::string& name, std::vector<int64_t> shape) const {
+  const nn::Parameter* p = model_.store().find(name);
+  MT_CHECK(p != nullptr, ErrorKind::kInternal, "generator: the model has no parameter " + name);
+  MT_CHECK(p->shape == shape, ErrorKind::kInternal,
+           "generator: " + name + " has shape " + shape_str(p->shape) + ", expected " + shape_str(shape));
+  return p->master;
+}
+
+void Generator::bind_weights() {
+  const int64_t C = C_, V = cfg_.vocab_size, I = cfg_.intermediate, A = A_, KV = NKV_ * HS_;
+  layers_.resize(cfg_.n_layer);
+  if (gpt2_) {
+    wte_ = head_ = weight("transformer.wte.weight", {V, C});
+    wpe_ = weight("transformer.wpe.weight", {cfg_.max_positions, C});
+    norm_f_w_ = weight("transformer.ln_f.weight", {C});
+    norm_f_b_ = weight("transformer.ln_f.bias", {C});
+    for (int l = 0; l < cfg_.n_layer; ++l) {
+      const std::string b = "transformer.h." + std::to_string(l) + ".";
+      LayerWeights& w = layers_[l];
+      w.norm1_w = weight(b + "ln_1.weight", {C});
+      w.norm1_b = weight(b + "ln_1.bias", {C});
+      w.qkv_w = weight(b + "attn.c_attn.weight", {C, QKV_});
+      w.qkv_b = weight(b + "attn.c_attn.bias", {QKV_});
+      w.proj_w = weight(b + "attn.c_proj.weight", {A, C});
+      w.proj_b = weight(b + "attn.c_proj.bias", {C});
+      w.norm2_w = weight(b + "ln_2.weight", {C});
+      w.norm2_b = weight(b + "ln_2.bias", {C});
+      w.up_w = weight(b + "mlp.c_fc.weight", {C, I});
+      w.up_b = weight(b + "mlp.c_fc.bias", {I});
+      w.down_w = weight(b + "mlp.c_proj.weight", {I, C});
+      w.down_b = weight(b + "mlp.c_proj.bias", {C});
+    }
+    return;
+  }
+  wte_ = weight("model.embed_tokens.weight", {V, C});
+  head_ = cfg_.tie_embeddings ? wte_ : weight("lm_head.weight", {V, C});
+  norm_f_w_ = weight("model.norm.weight", {C});
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const std::string b = "model.layers." + std::to_string(l) + ".";
+    LayerWeights& w = layers_[l];
+    w.norm1_w = weight(b + "input_layernorm.weight", {C});
+    // q|k|v and gate|up are registered consecutively: one (QKV, C) and one (2I, C) matrix.
+    w.qkv_w = weight(b + "self_attn.q_proj.weight", {A, C});
+    MT_INTERNAL_CHECK(weight(b + "self_attn.k_proj.weight", {KV, C}) == w.qkv_w + A * C);
+    MT_INTERNAL_CHECK(weight(b + "self_attn.v_proj.weight", {KV, C}) == w.qkv_w + (A + KV) * C);
+    w.proj_w = weight(b + "self_attn.o_proj.weight", {C, A});
+    w.norm2_w = weight(b + "post_attention_layernorm.weight", {C});
+    w.up_w = weight(b + "mlp.gate_proj.weight", {I, C});
+    MT_INTERNAL_CHECK(weight(b + "mlp.up_proj.weight", {I, C}) == w.up_w + I * C);
+    w.down_w = weight(b + "mlp.down_proj.weight", {C, I});
+  }
+}
+
+void Generator::ensure_rows(int n) {
+  if (n <= rows_cap_) return;
+  const size_t N = n;
+  const size_t floats = 3 * align16(N * C_) + align16(N * QKV_) + align16(N * A_) +
+                        align16(N * H_) + align16(N * G_) + 2 * align16(N) + align16(N * NH_);
+  rows_ = Buffer(floats * sizeof(float), MemCategory::kWorkspace);
+  float* p = rows_.as<float>();
+  auto take = [&p](size_t count) { float* q = p; p += align16(count); return q; };
+  x_ = take(N * C_); n_ = take(N * C_); f_ = take(N * C_);
+  qkv_ = take(N * QKV_); att_ = take(N * A_); h_ = take(N * H_); act_ = take(N * G_);
+  mean_ = take(N); rstd_ = take(N); lse_ = take(N * NH_);
+  rows_cap_ = n;
+}
+
+void Generator::check_token(int32_t token, int position) const {
+  MT_CHECK(token >= 0 && token < cfg_.vocab_size, ErrorKind::kInvalidArgument,
+           "generator: token " + std::to_string(token) + " at position " + std::to_string(position) +
+               " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
+}
+
+std::span<const float> Generator::prefill(const std::vector<int32_t>& prompt) {
+  const int n = static_cast<int>(prompt.size());
+  MT_CHECK(n > 0, ErrorKind::kInvalidArgument, "generator: empty prompt");
+  MT_CHECK(prompt.size() <= static_cast<size_t>(capacity()), ErrorKind::kInvalidArgument,
+           "generator: prompt of " + std::to_string(prompt.size()) +
+               " tokens does not fit the context of " + std::to_string(capacity()));
+  for (int i = 0; i < n; ++i) check_token(prompt[i], i);
+  ensure_rows(std::min(n, prefill_chunk_));
+  pos_ = 0;
+  for (int i = 0; i < n; i += prefill_chunk_) forward(prompt.data() + i, std::min(prefill_chunk_, n - i));
+  return {logits_, static_cast<size_t>(cfg_.vocab_size)};
+}
+
+std::span<const float> Generator::decode(int32_t token) {
+  MT_CHECK(pos_ < capacity(), ErrorKind::kInvalidArgument,
+           "generator: the context is full (" + std::to_string(capacity()) +
+               " tokens); reset() or prefill() a shorter sequence");
+  check_token(token, pos_);
+  forward(&token, 1);
+  return {logits_, static_cast<size_t>(cfg_.vocab_size)};
+}
+
+void Generator::forward(const int32_t* tokens, int n) {
+  MT_INTERNAL_CHECK(n > 0 && n <= rows_cap_ && pos_ + n <= capacity());
+  // wpe rows [pos, pos + n): embedding_forward adds wpe[i % T] to row i, so T = n.
+  kernels::embedding_forward(x_, tokens, wte_, DType::kF32,
+                             wpe_ ? wpe_ + static_cast<size_t>(pos_) * C_ : nullptr, n, n, C_);
+  for (int l = 0; l < cfg_.n_layer; ++l) block_forward(l, n);
+  pos_ += n;
+  // Final norm and head on the last row only.
+  const float* last = x_ + static_cast<size_t>(n - 1) * C_;
+  if (gpt2_) {
+    kernels::layernorm_forward(final_row_, mean_, rstd_, last, norm_f_w_, norm_f_b_, 1, C_, cfg_.norm_eps);
+  } else {
+    kernels::rmsnorm_forward(final_row_, rstd_, last, norm_f_w_, 1, C_, cfg_.norm_eps);
+  }
+  linear(logits_, final_row_, 1, C_, cfg_.vocab_size, head_, /*out_in=*/true, nullptr);
+}
+
+// x (n, C) += attention and MLP of layer l, as models::Block::forward does for these rows.
+void Generator::block_forward(int l, int n) {
+  const LayerWeights& w = layers_[l];
+  const float eps = cfg_.norm_eps;
+  const size_t NC = static_cast<size_t>(n) * C_;
+  const bool out_in = !gpt2_;
+  if (gpt2_) {
+    kernels::layernorm_forward(n_, mean_, rstd_, x_, w.norm1_w, w.norm1_b, n, C_, eps);
+  } else {
+    kernels::rmsnorm_forward(n_, rstd_, x_, w.norm1_w, n, C_, eps);
+  }
+  linear(qkv_, n_, n, C_, QKV_, w.qkv_w, out_in, w.qkv_b);
+  if (!gpt2_) {
+    // Row i is position pos_ + i: start the tables at row pos_.
+    const size_t off = static_cast<size_t>(pos_) * (HS_ / 2);
+    kernels::rope_forward(qkv_, rope_cos_ + off, rope_sin_ + off, 1, n, NH_, NKV_, HS_);
+  }
+  cache_.store(l, pos_, n, qkv_);
+  if (pos_ == 0) {
+    // Nothing cached before these rows: the tiled (flash) kernel of training does the same math.
+    kernels::attention_forward(att_, lse_, qkv_, 1, n, NH_, NKV_, HS_);
+  } else {
+    cache_.attend(att_, l, pos_, n, qkv_);
+  }
+  linear(f_, att_, n, A_, C_, w.proj_w, out_in, w.proj_b);
+  kernels::add_inplace(x_, f_, NC);
+
+  if (gpt2_) {
+    kernels::layernorm_forward(n_, mean_, rstd_, x_, w.norm2_w, w.norm2_b, n, C_, eps);
+    linear(h_, n_, n, C_, H_, w.up_w, out_in, w.up_b);
+    kernels::gelu_forward(act_, h_, static_cast<size_t>(n) * G_);
+  } else {
+    kernels::rmsnorm_forward(n_, rstd_, x_, w.norm2_w, n, C_, eps);
+    linear(h_, n_, n, C_, H_, w.up_w, out_in, nullptr);
+    kernels::swiglu_forward(act_, h_, n, G_);
+  }
+  linear(f_, act_, n, G_, C_, w.down_w, out_in, w.down_b);
+  kernels::add_inplace(x_, f_, NC);
+}
+
+std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, int max_new_tokens,
+                                         const SamplingOptions& options,
+                                         std::optional<int32_t> stop_token) {
+  MT_CHECK(max_new_tokens >= 0, ErrorKind::kInvalidArgument,
+           "generator: max_new_tokens must be >= 0, got " + std::to_string(max_new_tokens));
+  Sampler sampler(options);
+  std::vector<int32_t> out;
+  if (max_new_tokens == 0) return out;
+  std::span<const float> logits = prefill(prompt);
+  for (;;) {
+    const int32_t id = sampler.sample(logits);
+    out.push_back(id);
+    if (static_cast<int>(out.size()) == max_new_tokens || (stop_token && id == *stop_token) ||
+        pos_ == capacity())
+      return out;
+    logits = decode(id);
+  }
+}
+
+}  // namespace mt::serve

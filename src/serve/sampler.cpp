@@ -1,0 +1,105 @@
+#include "serve/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "base/error.h"
+#include "data/token_stream.h"
+
+namespace mt::serve {
+
+void sampling_options_validate(const SamplingOptions& o) {
+  MT_CHECK(o.temperature >= 0.0f && std::isfinite(o.temperature), ErrorKind::kInvalidArgument,
+           "sampling: temperature must be finite and >= 0 (0 = greedy), got " + std::to_string(o.temperature));
+  MT_CHECK(o.top_k >= 0, ErrorKind::kInvalidArgument,
+           "sampling: top_k must be >= 0 (0 = no limit), got " + std::to_string(o.top_k));
+  MT_CHECK(o.top_p >= 0.0f && o.top_p <= 1.0f, ErrorKind::kInvalidArgument,
+           "sampling: top_p must be in [0, 1], got " + std::to_string(o.top_p));
+}
+
+int32_t argmax(std::span<const float> logits) {
+  MT_INTERNAL_CHECK(!logits.empty());
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+Sampler::Sampler(const SamplingOptions& options) : options_(options), state_(options.seed) {
+  sampling_options_validate(options);
+}
+
+double Sampler::warp(std::span<const float> logits) {
+  const size_t V = logits.size();
+  MT_CHECK(V > 0, ErrorKind::kInvalidArgument, "sampling: empty logits");
+  float m = -INFINITY;
+  for (size_t i = 0; i < V; ++i) {
+    MT_CHECK(logits[i] < INFINITY, ErrorKind::kNumerical,
+             "sampling: logit " + std::to_string(i) + " is " + std::to_string(logits[i]));
+    m = std::max(m, logits[i]);
+  }
+  MT_CHECK(m > -INFINITY, ErrorKind::kNumerical, "sampling: every logit is -inf");
+  if (options_.temperature == 0.0f) {
+    kept_.assign(1, argmax(logits));
+    weights_.assign(1, 1.0);
+    return 1.0;
+  }
+  const int V32 = static_cast<int>(V);
+  const bool top_k = options_.top_k > 0 && options_.top_k < V32;
+  const bool top_p = options_.top_p < 1.0f;
+  kept_.resize(V);
+  std::iota(kept_.begin(), kept_.end(), 0);
+  auto ranks_before = [&logits](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  if (top_k) {
+    std::partial_sort(kept_.begin(), kept_.begin() + options_.top_k, kept_.end(), ranks_before);
+    kept_.resize(options_.top_k);
+  } else if (top_p) {
+    std::sort(kept_.begin(), kept_.end(), ranks_before);
+  }
+  // p_i ∝ exp((l_i - max) / T), in double so that the top-p boundary is not a rounding artefact.
+  const double inv_t = 1.0 / options_.temperature;
+  weights_.resize(kept_.size());
+  double total = 0.0;
+  for (size_t i = 0; i < kept_.size(); ++i) {
+    weights_[i] = std::exp((static_cast<double>(logits[kept_[i]]) - m) * inv_t);
+    total += weights_[i];
+  }
+  if (top_p) {
+    const double limit = static_cast<double>(options_.top_p) * total;
+    double before = 0.0;
+    size_t keep = 0;
+    while (keep < kept_.size() && (keep == 0 || before < limit)) before += weights_[keep++];
+    kept_.resize(keep);
+    weights_.resize(keep);
+    total = before;
+  }
+  return total;
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  const double total = warp(logits);
+  if (kept_.size() == 1) return kept_[0];
+  // u uniform in [0, total): 53 random bits.
+  const double u = static_cast<double>(data::splitmix64_next(&state_) >> 11) * 0x1.0p-53 * total;
+  double cum = 0.0;
+  size_t last = 0;
+  for (size_t i = 0; i < kept_.size(); ++i) {
+    if (weights_[i] <= 0.0) continue;
+    cum += weights_[i];
+    last = i;
+    if (u < cum) return kept_[i];
+  }
+  return kept_[last];  // u rounded up to the total
+}
+
+void Sampler::distribution(std::span<const float> logits, std::vector<double>& probs) {
+  const double total = warp(logits);
+  probs.assign(logits.size(), 0.0);
+  for (size_t i = 0; i < kept_.size(); ++i) probs[kept_[i]] = weights_[i] / total;
+}
+
+}  // namespace mt::serve

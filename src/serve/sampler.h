@@ -1,0 +1,56 @@
+// Next-token sampling from logits, with Hugging Face generate()'s warpers in its order:
+// temperature, then top-k, then top-p (TopPLogitsWarper), then a draw.
+//
+//   temperature == 0: greedy, the argmax (ties: the lowest id); nothing is drawn.
+//   otherwise       p = softmax(logits / temperature);
+//                   top_k > 0: keep the top_k most likely ids (0: all);
+//                   top_p < 1: renormalise the kept ids, sort them by probability, descending, and
+//                              keep the shortest prefix whose mass reaches top_p (an id is kept
+//                              iff the mass strictly before it is < top_p; the first always is);
+//                   draw from the kept ids, renormalised.
+// Ids are ranked by logit, descending, ties to the lower id, so top_k == 1 is greedy at any
+// temperature. Draws use SplitMix64 (data/token_stream.h) seeded with `seed`: the same seed and
+// logits give the same ids on every platform and thread count.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace mt::serve {
+
+struct SamplingOptions {
+  float temperature = 1.0f;  // >= 0; 0 = greedy
+  int top_k = 0;             // >= 0; 0 = no limit
+  float top_p = 1.0f;        // in [0, 1]; 1 = no limit
+  uint64_t seed = 0;
+};
+
+// Throws kInvalidArgument naming the field that is out of range.
+void sampling_options_validate(const SamplingOptions& options);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingOptions& options);  // validates
+
+  // Returns the next id for logits (V). Throws kNumerical when a logit is NaN.
+  int32_t sample(std::span<const float> logits);
+
+  // probs (V) = the distribution sample() draws from (0 outside the kept ids; one 1 when greedy).
+  void distribution(std::span<const float> logits, std::vector<double>& probs);
+
+ private:
+  // Fills kept_ (ids, in rank order when ranking is needed) and weights_ (unnormalised
+  // probabilities of kept_). Returns their sum.
+  double warp(std::span<const float> logits);
+
+  SamplingOptions options_;
+  uint64_t state_;
+  std::vector<int32_t> kept_;
+  std::vector<double> weights_;
+};
+
+// The argmax of logits; ties go to the lowest id. REQUIRES: !logits.empty().
+int32_t argmax(std::span<const float> logits);
+
+}  // namespace mt::serve

@@ -1,0 +1,338 @@
+// serve: the KV-cache generator against TransformerLM's full forward (itself verified against
+// PyTorch by engine/golden_test.cpp), the sampler against softmax / top-k / top-p computed here
+// from their definitions, and the errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "data/token_stream.h"
+#include "models/transformer.h"
+#include "serve/generator.h"
+#include "serve/sampler.h"
+#include "tensor/allocator.h"
+
+namespace mt::serve {
+namespace {
+
+// configs/models/tiny-gpt2.json and tiny-llama.json (the JSON readers live in engine/, above us).
+models::ModelConfig tiny_config(const std::string& name) {
+  models::ModelConfig c;
+  if (name == "tiny-gpt2") {
+    c.arch = models::Arch::kGpt2;
+    c.vocab_size = 97; c.hidden = 48; c.n_layer = 2; c.n_head = 4; c.n_kv_head = 4;
+    c.intermediate = 4 * 48; c.max_positions = 32; c.norm_eps = 1e-5f; c.tie_embeddings = true;
+  } else {
+    c.arch = models::Arch::kLlama;
+    c.vocab_size = 101; c.hidden = 64; c.n_layer = 2; c.n_head = 4; c.n_kv_head = 2;
+    c.intermediate = 176; c.max_positions = 64; c.norm_eps = 1e-5f; c.rope_theta = 10000.0f;
+    c.tie_embeddings = false;
+  }
+  return c;
+}
+
+double uniform(uint64_t* state) {  // [0, 1)
+  return static_cast<double>(data::splitmix64_next(state) >> 11) * 0x1.0p-53;
+}
+
+// A model whose every parameter (norm weights and biases included) is its seeded init plus
+// uniform noise of +-0.15, so attention is far from uniform and positions matter.
+std::unique_ptr<models::TransformerLM> make_model(const models::ModelConfig& cfg) {
+  models::ModelOptions opts;
+  opts.seed = 77;
+  auto m = std::make_unique<models::TransformerLM>(cfg, opts);
+  uint64_t state = 5;
+  for (nn::Parameter* p : m->store().parameters())
+    for (int64_t i = 0; i < p->numel(); ++i) p->master[i] += static_cast<float>(0.3 * (uniform(&state) - 0.5));
+  m->store().sync_compute();
+  return m;
+}
+
+std::vector<int32_t> random_tokens(int n, int V, uint64_t seed) {
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(data::splitmix64_next(&seed) % static_cast<uint64_t>(V));
+  return t;
+}
+
+// Logits (len, V) of TransformerLM::logits() on tokens[0, len), prepared with B = 1, T = len.
+std::vector<float> full_logits(models::TransformerLM& m, const std::vector<int32_t>& tokens, int len) {
+  m.prepare(1, len);
+  std::vector<float> out(static_cast<size_t>(len) * m.config().vocab_size);
+  m.logits(out.data(), tokens.data());
+  return out;
+}
+
+// max|a - b| / max|b| over V entries: relative error at the scale of the logits.
+double rel_err(std::span<const float> a, const float* b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+class GeneratorTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GeneratorTest, PrefillThenDecodeEqualsFullForwardAtEveryPosition) {
+  models::ModelConfig cfg = tiny_config(GetParam());
+  auto model = make_model(cfg);
+  const int T = cfg.max_positions, V = cfg.vocab_size, P0 = 5;
+  std::vector<int32_t> tokens = random_tokens(T, V, 11);
+  std::vector<float> full = full_logits(*model, tokens, T);  // row t = last position of tokens[0, t]
+
+  Generator gen(*model);
+  EXPECT_EQ(gen.capacity(), T);
+  std::vector<std::vector<float>> got;  // got[t]: the generator's logits of position t (t >= P0-1)
+  std::span<const float> l = gen.prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + P0));
+  ASSERT_EQ(l.size(), static_cast<size_t>(V));
+  EXPECT_EQ(gen.position(), P0);
+  got.resize(T);
+  got[P0 - 1].assign(l.begin(), l.end());
+  for (int t = P0; t < T; ++t) {
+    l = gen.decode(tokens[t]);
+    EXPECT_EQ(gen.position(), t + 1);
+    got[t].assign(l.begin(), l.end());
+  }
+  for (int t = P0 - 1; t < T; ++t)
+    EXPECT_LE(rel_err(got[t], full.data() + static_cast<size_t>(t) * V), 1e-4) << "position " << t;
+
+  // The same against the last position of a forward prepared for each prefix length.
+  for (int len : {P0, P0 + 1, T / 2 + 3, T - 1, T}) {
+    std::vector<float> f = full_logits(*model, tokens, len);
+    EXPECT_LE(rel_err(got[len - 1], f.data() + static_cast<size_t>(len - 1) * V), 1e-4) << "prefix " << len;
+  }
+}
+
+TEST_P(GeneratorTest, LongPrefillEqualsShortPrefillPlusDecodesAndChunkedPrefill) {
+  models::ModelConfig cfg = tiny_config(GetParam());
+  auto model = make_model(cfg);
+  const int n = cfg.max_positions - 3;
+  std::vector<int32_t> tokens = random_tokens(n, cfg.vocab_size, 12);
+  std::vector<float> full = full_logits(*model, tokens, n);
+  const float* want = full.data() + static_cast<size_t>(n - 1) * cfg.vocab_size;
+
+  Generator gen(*model);
+  std::span<const float> l = gen.prefill(random_tokens(9, cfg.vocab_size, 99));  // then start over
+  l = gen.prefill(tokens);
+  std::vector<float> long_prefill(l.begin(), l.end());
+  EXPECT_EQ(gen.position(), n);
+  EXPECT_LE(rel_err(long_prefill, want), 1e-4);
+
+  gen.prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + 3));
+  for (int t = 3; t < n; ++t) l = gen.decode(tokens[t]);
+  EXPECT_LE(rel_err(l, long_prefill.data()), 1e-4);
+
+  for (int chunk : {1, 7}) {  // a prompt run in chunks attends over the earlier chunks' cache
+    Generator chunked(*model, {.capacity = 0, .prefill_chunk = chunk});
+    EXPECT_LE(rel_err(chunked.prefill(tokens), long_prefill.data()), 1e-4) << "chunk " << chunk;
+  }
+  // A smaller capacity is allowed.
+  Generator small(*model, {.capacity = n});
+  EXPECT_EQ(small.capacity(), n);
+  EXPECT_LE(rel_err(small.prefill(tokens), want), 1e-4);
+}
+
+TEST_P(GeneratorTest, ErrorsLeaveTheSequenceIntact) {
+  models::ModelConfig cfg = tiny_config(GetParam());
+  auto model = make_model(cfg);
+  const int T = cfg.max_positions, V = cfg.vocab_size;
+  std::vector<int32_t> tokens = random_tokens(T, V, 13);
+  std::vector<float> full = full_logits(*model, tokens, T);
+  Generator gen(*model);
+
+  auto expect_invalid = [](auto&& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      std::string msg = e.what();
+      EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+  };
+  expect_invalid([&] { gen.prefill({}); }, "empty prompt");
+  expect_invalid([&] { gen.prefill(std::vector<int32_t>(T + 1, 0)); }, "does not fit");
+  expect_invalid([&] { gen.prefill({1, 2, V}); }, "outside the vocabulary");
+  expect_invalid([&] { Generator g(*model, {.capacity = T + 1}); }, "capacity");
+
+  gen.prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + T - 2));
+  expect_invalid([&] { gen.decode(-1); }, "token -1 at position " + std::to_string(T - 2));
+  expect_invalid([&] { gen.decode(V); }, "outside the vocabulary");
+  EXPECT_EQ(gen.position(), T - 2);
+  gen.decode(tokens[T - 2]);
+  std::span<const float> l = gen.decode(tokens[T - 1]);
+  EXPECT_LE(rel_err(l, full.data() + static_cast<size_t>(T - 1) * V), 1e-4);
+  EXPECT_EQ(gen.position(), T);
+  expect_invalid([&] { gen.decode(0); }, "context is full");
+  EXPECT_EQ(gen.position(), T);
+  gen.reset();
+  EXPECT_EQ(gen.position(), 0);
+  l = gen.decode(tokens[0]);  // a sequence may also start with decode
+  EXPECT_LE(rel_err(l, full.data()), 1e-4);
+}
+
+TEST_P(GeneratorTest, GenerateGreedyStopTokenAndFullContext) {
+  models::ModelConfig cfg = tiny_config(GetParam());
+  auto model = make_model(cfg);
+  std::vector<int32_t> prompt = random_tokens(4, cfg.vocab_size, 14);
+  Generator gen(*model);
+
+  std::vector<int32_t> want;
+  std::span<const float> l = gen.prefill(prompt);
+  for (int i = 0; i < 6; ++i) {
+    want.push_back(argmax(l));
+    if (i < 5) l = gen.decode(want.back());
+  }
+  EXPECT_EQ(gen.generate(prompt, 6, {.temperature = 0.0f}), want);
+  EXPECT_EQ(gen.generate(prompt, 0, {.temperature = 0.0f}), std::vector<int32_t>{});
+  // Stopping at the third greedy token (included) unless an earlier one is the same id.
+  auto stopped = gen.generate(prompt, 6, {.temperature = 0.0f}, want[2]);
+  size_t first = std::find(want.begin(), want.end(), want[2]) - want.begin();
+  EXPECT_EQ(stopped, std::vector<int32_t>(want.begin(), want.begin() + first + 1));
+  // The context fills: the last id is drawn from the last position's logits and not decoded.
+  auto all = gen.generate(prompt, 1000, {.temperature = 1.0f, .seed = 3});
+  EXPECT_EQ(all.size(), static_cast<size_t>(cfg.max_positions) - prompt.size() + 1);
+  EXPECT_EQ(gen.position(), cfg.max_positions);
+  // Seeded sampling is reproducible.
+  SamplingOptions o{.temperature = 1.3f, .top_k = 20, .top_p = 0.9f, .seed = 42};
+  EXPECT_EQ(gen.generate(prompt, 12, o), gen.generate(prompt, 12, o));
+  EXPECT_THROW(gen.generate(prompt, -1, o), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GeneratorTest, ::testing::Values("tiny-gpt2", "tiny-llama"),
+                         [](const auto& info) { return info.param == "tiny-gpt2" ? "Gpt2" : "Llama"; });
+
+TEST(Generator, CacheIsAccountedAsActivations) {
+  auto model = make_model(tiny_config("tiny-llama"));
+  size_t before = Allocator::global().stats().current[static_cast<int>(MemCategory::kActivations)];
+  Generator gen(*model);
+  size_t after = Allocator::global().stats().current[static_cast<int>(MemCategory::kActivations)];
+  // L * 2 (k, v) * capacity * NKV * HS floats.
+  EXPECT_EQ(after - before, 2u * 2 * 64 * 2 * 16 * sizeof(float));
+}
+
+// ---- sampling ----
+
+TEST(Sampler, GreedyIsArgmaxWithTiesToTheLowestId) {
+  std::vector<float> logits = {0.5f, 3.0f, -1.0f, 3.0f, 2.9f};
+  EXPECT_EQ(argmax(logits), 1);
+  Sampler greedy({.temperature = 0.0f});
+  EXPECT_EQ(greedy.sample(logits), 1);
+  uint64_t s = 3;
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<float> l(1000);
+    for (float& x : l) x = static_cast<float>(uniform(&s) * 8 - 4);
+    int32_t best = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    EXPECT_EQ(greedy.sample(l), best);
+  }
+}
+
+TEST(Sampler, TopK1IsGreedyAtAnyTemperature) {
+  std::vector<float> tied = {0.5f, 3.0f, -1.0f, 3.0f, 2.9f};
+  for (float temp : {0.01f, 0.5f, 1.0f, 10.0f, 1000.0f}) {
+    Sampler s({.temperature = temp, .top_k = 1, .seed = 9});
+    for (int i = 0; i < 50; ++i) EXPECT_EQ(s.sample(tied), 1) << "T " << temp;
+    // Logits that differ by less than the rounding of exp((l - max) / T) at high T.
+    std::vector<float> close = {1.0f, 1.0f + 1e-6f, 1.0f};
+    EXPECT_EQ(s.sample(close), 1) << "T " << temp;
+  }
+}
+
+TEST(Sampler, TinyTopPKeepsOnlyTheTopToken) {
+  std::vector<float> logits = {0.5f, 2.0f, 1.99f, -1.0f, 1.5f};
+  for (float top_p : {0.0f, 1e-6f, 0.1f}) {
+    Sampler s({.temperature = 1.0f, .top_p = top_p, .seed = 1});
+    std::vector<double> probs;
+    s.distribution(logits, probs);
+    EXPECT_EQ(probs, (std::vector<double>{0, 1, 0, 0, 0})) << "top_p " << top_p;
+    for (int i = 0; i < 100; ++i) EXPECT_EQ(s.sample(logits), 1);
+  }
+}
+
+// softmax(logits / T) restricted to `kept` and renormalised: the textbook oracle.
+std::vector<double> restricted_softmax(const std::vector<float>& logits, float temp, const std::vector<int>& kept) {
+  std::vector<double> p(logits.size(), 0.0);
+  double total = 0;
+  for (int i : kept) total += p[i] = std::exp(static_cast<double>(logits[i]) / temp);
+  for (double& x : p) x /= total;
+  return p;
+}
+
+TEST(Sampler, FrequenciesMatchTheWarpedSoftmaxWithin3Sigma) {
+  // Ranked by logit: id 1 (2.0), 4 (1.5), 0 (1.0), 2 (0.5), 3 (-1.0). At T = 1 the probabilities
+  // are .445 .270 .164 .099 .022: top_p 0.8 keeps {1, 4, 0} (mass before id 0 is .715 < .8, before
+  // id 2 .879). After top_k 4 at T 0.8 (renormalised .504 .270 .145 .078), top_p 0.7 keeps {1, 4}.
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f};
+  struct Case {
+    SamplingOptions o;
+    std::vector<int> kept;
+  };
+  const std::vector<Case> cases = {
+      {{.temperature = 1.0f, .seed = 1}, {0, 1, 2, 3, 4}},
+      {{.temperature = 0.6f, .seed = 2}, {0, 1, 2, 3, 4}},
+      {{.temperature = 2.5f, .seed = 3}, {0, 1, 2, 3, 4}},
+      {{.temperature = 1.5f, .top_k = 3, .seed = 4}, {1, 4, 0}},
+      {{.temperature = 1.0f, .top_p = 0.8f, .seed = 5}, {1, 4, 0}},
+      {{.temperature = 0.8f, .top_k = 4, .top_p = 0.7f, .seed = 6}, {1, 4}},
+      {{.temperature = 1.0f, .top_k = 5, .top_p = 1.0f, .seed = 7}, {0, 1, 2, 3, 4}},
+  };
+  const int n = 20000;
+  for (const Case& c : cases) {
+    std::string what = "T " + std::to_string(c.o.temperature) + " top_k " + std::to_string(c.o.top_k) +
+                       " top_p " + std::to_string(c.o.top_p);
+    std::vector<double> p = restricted_softmax(logits, c.o.temperature, c.kept);
+    Sampler s(c.o);
+    std::vector<double> dist;
+    s.distribution(logits, dist);
+    for (size_t i = 0; i < p.size(); ++i) EXPECT_NEAR(dist[i], p[i], 1e-12) << what << " id " << i;
+    std::vector<int> count(logits.size(), 0);
+    for (int k = 0; k < n; ++k) ++count[s.sample(logits)];
+    for (size_t i = 0; i < p.size(); ++i) {
+      double sigma = std::sqrt(n * p[i] * (1 - p[i]));
+      EXPECT_LE(std::fabs(count[i] - n * p[i]), 3 * sigma + (p[i] == 0 ? 0 : 1e-9))
+          << what << " id " << i << ": " << count[i] << " draws, expected " << n * p[i];
+    }
+  }
+}
+
+TEST(Sampler, SameSeedSameSequence) {
+  std::vector<float> logits(50);
+  uint64_t s = 8;
+  for (float& x : logits) x = static_cast<float>(uniform(&s) * 4);
+  auto draw = [&](uint64_t seed) {
+    Sampler sm({.temperature = 1.2f, .top_k = 30, .top_p = 0.95f, .seed = seed});
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 200; ++i) ids.push_back(sm.sample(logits));
+    return ids;
+  };
+  EXPECT_EQ(draw(123), draw(123));
+  EXPECT_NE(draw(123), draw(124));
+}
+
+TEST(Sampler, InvalidOptionsAndLogits) {
+  EXPECT_THROW(Sampler({.temperature = -1.0f}), Error);
+  EXPECT_THROW(Sampler({.temperature = NAN}), Error);
+  EXPECT_THROW(Sampler({.top_k = -2}), Error);
+  EXPECT_THROW(Sampler({.top_p = 1.5f}), Error);
+  try {
+    Sampler({.top_p = -0.1f});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("top_p"), std::string::npos);
+  }
+  Sampler s({});
+  std::vector<float> nan = {0.0f, NAN};
+  EXPECT_THROW(s.sample(nan), Error);
+  std::vector<float> masked = {-INFINITY, 0.0f, -INFINITY};
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(masked), 1);
+}
+
+}  // namespace
+}  // namespace mt::serve
