@@ -139,6 +139,10 @@ void run_train(const TrainArgs& args) {
                   static_cast<long long>(cfg.train_iters), r.loss, r.lr, r.grad_norm, r.loss_scale, tok_s,
                   r.skipped ? " (skipped: overflow)" : "");
     }
+    if (cfg.wall_clock_breakdown && (done % cfg.steps_per_print == 0 || done == cfg.train_iters))
+      std::printf("%stime (ms) | forward: %.2f | backward: %.2f | step: %.2f | data: %.2f\n", tty ? "\n" : "",
+                  r.forward_seconds * 1e3, r.backward_seconds * 1e3, r.step_seconds * 1e3,
+                  (secs - r.forward_seconds - r.backward_seconds - r.step_seconds) * 1e3);
     if (have_val)
       std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), val_loss);
     if (!cfg.save_dir.empty() && ((cfg.save_interval > 0 && done % cfg.save_interval == 0) || done == cfg.train_iters)) {

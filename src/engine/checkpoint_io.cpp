@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "base/fault.h"
+#include "base/log.h"
 #include "base/file_io.h"
 #include "checkpoint/safetensors.h"
 #include "engine/hf_config.h"
@@ -47,6 +48,11 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   for (nn::Parameter* p : store.parameters())
     weights.push_back({p->name, DType::kF32, p->shape, p->master});
   checkpoint::safetensors_write((tmp_dir / "model.safetensors").string(), weights, {{"format", "pt"}});
+  // Hugging Face's index of a (here one-shard) safetensors checkpoint.
+  nlohmann::json index = {{"metadata", {{"total_size", store.numel() * sizeof(float)}}}, {"weight_map", nlohmann::json::object()}};
+  for (nn::Parameter* p : store.parameters()) index["weight_map"][p->name] = "model.safetensors";
+  std::string index_text = index.dump(2);
+  file_write_atomic((tmp_dir / "model.safetensors.index.json").string(), index_text.data(), index_text.size());
   fault_point("checkpoint.after_weights");
   int64_t n = static_cast<int64_t>(store.numel());
   std::vector<checkpoint::StTensorOut> opt_state;
@@ -64,6 +70,10 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                           {"scaler_last_overflow_iter", ls.last_overflow_iter},
                           {"scaler_hysteresis_left", ls.hysteresis_left},
                           {"model", ds_config_resolved(engine.config())["model"]},
+                          {"data", {{"next_sample", engine.global_step() * engine.config().batch.train_batch_size},
+                                    {"seed", engine.config().seed},
+                                    {"shuffle", engine.config().shuffle},
+                                    {"train", engine.config().data_train}}},
                           {"tokenizer", engine.config().tokenizer.empty() ? std::string()
                                                                   : fs::absolute(engine.config().tokenizer).string()}};
   std::string text = state.dump(2);
@@ -144,6 +154,16 @@ void checkpoint_load(Engine& engine, const std::string& path) {
     ls.hysteresis_left = state.at("scaler_hysteresis_left").get<int>();
     engine.loss_scaler().set_state(ls);
     engine.set_counters(state.at("global_step").get<int64_t>(), state.at("applied_steps").get<int64_t>());
+    // The data position follows from the step; the order from the seed and shuffle, which the
+    // resumed run must share to continue the same curve.
+    if (state.contains("data")) {
+      const nlohmann::json& d = state["data"];
+      const RunConfig& c = engine.config();
+      if (d.at("seed").get<uint64_t>() != c.seed || d.at("shuffle").get<bool>() != c.shuffle)
+        log_warning((dir / "state.json").string() + ": written with data seed " + std::to_string(d.at("seed").get<uint64_t>()) +
+                    " shuffle " + (d.at("shuffle").get<bool>() ? "true" : "false") +
+                    "; this run's differ, so the data order will not continue the checkpoint's");
+    }
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorKind::kCorruption, (dir / "state.json").string() + ": missing or malformed field: " + e.what());
   }

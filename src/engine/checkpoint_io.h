@@ -1,8 +1,12 @@
 // Training checkpoints: a directory per save, step-<N>/, written as a whole into a temporary
 // directory, fsynced and renamed, so a kill during a save leaves the previous checkpoint loadable:
 //   model.safetensors      weights in Hugging Face names and layouts (f32 masters)
-//   optimizer.safetensors  AdamW exp_avg / exp_avg_sq as flat f32 spans
-//   state.json             counters, loss scaler, config digest, data position
+//   model.safetensors.index.json  Hugging Face's index (weight_map) of the weights
+//   optimizer.safetensors  the optimizer's state() buffers as flat f32 spans (AdamW/Lamb exp_avg,
+//                          exp_avg_sq; SGD momentum_buffer), its type in the metadata
+//   state.json             counters (optimizer step count: bias correction, schedule position),
+//                          loss scaler, model config, tokenizer, data position, seed and order
+// Training has no other randomness (no dropout), so this is the whole state of a run.
 // `latest` in the save directory names the newest complete checkpoint. The last keep_last are kept.
 #pragma once
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/timer.h"
 #include "engine/hf_weights.h"
 
 namespace mt::engine {
@@ -57,23 +58,48 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model)
 
 double Engine::current_lr() const { return optim::lr_for_step(config_.scheduler, applied_steps_ + 1); }
 
-float Engine::forward_backward(const int32_t* tokens, const int32_t* targets) {
+float Engine::forward(const int32_t* tokens, const int32_t* targets) {
+  MT_CHECK(!pending_backward_, ErrorKind::kInvalidArgument, "forward() twice without backward()");
+  Timer t;
   // DeepSpeed scales each micro-batch's loss by 1/gradient_accumulation_steps (and the loss scale).
   float scale = static_cast<float>(scaler_.scale() / static_cast<double>(config_.batch.gradient_accumulation_steps));
   float loss = model_.forward(tokens, targets, scale);
+  forward_seconds_ += t.seconds();
   MT_CHECK(std::isfinite(loss), ErrorKind::kNumerical,
            "loss is " + std::to_string(loss) + " at step " + std::to_string(global_step_ + 1) +
                " (micro-batch " + std::to_string(micro_in_step_ + 1) + ")");
-  model_.backward();
   loss_sum_ += loss;
-  ++micro_in_step_;
+  pending_backward_ = true;
   return loss;
 }
 
+void Engine::backward() {
+  MT_CHECK(pending_backward_, ErrorKind::kInvalidArgument, "backward() without a forward()");
+  Timer t;
+  model_.backward();
+  backward_seconds_ += t.seconds();
+  pending_backward_ = false;
+  ++micro_in_step_;
+}
+
+float Engine::forward_backward(const int32_t* tokens, const int32_t* targets) {
+  float loss = forward(tokens, targets);
+  backward();
+  return loss;
+}
+
+std::unique_ptr<Engine> initialize(const RunConfig& config, models::TransformerLM& model) {
+  return std::make_unique<Engine>(config, model);
+}
+
 StepResult Engine::step() {
-  MT_CHECK(micro_in_step_ > 0, ErrorKind::kInvalidArgument, "step() without a forward_backward()");
+  MT_CHECK(micro_in_step_ > 0 && !pending_backward_, ErrorKind::kInvalidArgument,
+           "step() needs forward() and backward() of at least one micro-batch first");
+  Timer t;
   nn::ParamStore& store = model_.store();
   StepResult r;
+  r.forward_seconds = forward_seconds_;
+  r.backward_seconds = backward_seconds_;
   r.loss = static_cast<float>(loss_sum_ / micro_in_step_);
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
@@ -99,6 +125,8 @@ StepResult Engine::step() {
   store.zero_grad();
   micro_in_step_ = 0;
   loss_sum_ = 0.0;
+  forward_seconds_ = backward_seconds_ = 0.0;
+  r.step_seconds = t.seconds();
   return r;
 }
 

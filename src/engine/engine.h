@@ -23,14 +23,21 @@ struct StepResult {
   double lr = 0.0;            // the learning rate this step used
   double loss_scale = 1.0;    // the scale this step's gradients carried
   bool skipped = false;       // f16 overflow: no update
+  // Wall-clock seconds of this step's parts (DeepSpeed's wall_clock_breakdown): forward and
+  // backward summed over its micro-batches, and the optimizer step (norm, clip, update).
+  double forward_seconds = 0.0, backward_seconds = 0.0, step_seconds = 0.0;
 };
 
 class Engine {
  public:
   Engine(const RunConfig& config, models::TransformerLM& model);
 
-  // One micro-batch (B = train_micro_batch_size_per_gpu, T = seq_length): forward and backward,
-  // gradients accumulate. Returns its mean loss. Throws kNumerical on a NaN/inf loss.
+  // One micro-batch (B = train_micro_batch_size_per_gpu, T = seq_length), DeepSpeed's
+  //   loss = engine(batch); engine.backward(loss); ... engine.step();
+  // forward returns the mean loss and prepares backward (throws kNumerical on a NaN/inf loss);
+  // backward accumulates the gradients. forward_backward does both.
+  float forward(const int32_t* tokens, const int32_t* targets);
+  void backward();
   float forward_backward(const int32_t* tokens, const int32_t* targets);
   // After gradient_accumulation_steps micro-batches: overflow check, unscale, clip, update.
   StepResult step();
@@ -60,11 +67,17 @@ class Engine {
   optim::LossScaler scaler_;
   int64_t global_step_ = 0, applied_steps_ = 0;
   int micro_in_step_ = 0;
+  bool pending_backward_ = false;
   double loss_sum_ = 0.0;
+  double forward_seconds_ = 0.0, backward_seconds_ = 0.0;
 };
 
 // The optimizer's segments: one per parameter, weight decay 0 where config.no_weight_decay says.
 std::vector<optim::ParamSegment> engine_param_segments(const RunConfig& config, const nn::ParamStore& store);
+
+// DeepSpeed's deepspeed.initialize(config, model): the engine over a model built by
+// engine_build_model (or one prepared for the configuration's micro-batch shape).
+std::unique_ptr<Engine> initialize(const RunConfig& config, models::TransformerLM& model);
 
 // Builds the model of a configuration (compute dtype, recompute, seed) and prepares it for the
 // micro-batch shape.

@@ -114,5 +114,40 @@ TEST(Engine, ScheduleStepsOnlyOnAppliedStepsAndNaNLossStops) {
   }
 }
 
+// DeepSpeed's contract: initialize, then loss = forward; backward; step. Split calls give exactly
+// the numbers of train_batch, out-of-order calls are refused, and the step reports its timings.
+TEST(Engine, ForwardBackwardStepContract) {
+  RunConfig c = ds_config_parse(tiny(1, 2), "c");
+  auto m1 = engine_build_model(c);
+  auto m2 = engine_build_model(c);
+  std::unique_ptr<Engine> split = initialize(c, *m1);
+  Engine whole(c, *m2);
+  std::vector<int32_t> tok(16), tgt(16);
+  for (int s = 0; s < 3; ++s) {
+    int micro = 0;
+    StepResult a = whole.train_batch([&](int32_t* t, int32_t* g) {
+      fill(tok, tgt, s * 2 + micro++);
+      std::copy(tok.begin(), tok.end(), t);
+      std::copy(tgt.begin(), tgt.end(), g);
+    });
+    for (int k = 0; k < 2; ++k) {
+      fill(tok, tgt, s * 2 + k);
+      split->forward(tok.data(), tgt.data());
+      if (k == 0) {
+        EXPECT_THROW(split->forward(tok.data(), tgt.data()), Error);  // backward first
+      }
+      split->backward();
+    }
+    StepResult b = split->step();
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.grad_norm, b.grad_norm);
+    EXPECT_GT(b.forward_seconds, 0.0);
+    EXPECT_GT(b.backward_seconds, 0.0);
+  }
+  EXPECT_THROW(split->backward(), Error);  // no forward pending
+  EXPECT_THROW(split->step(), Error);      // nothing accumulated
+  for (size_t i = 0; i < m1->store().numel(); ++i) ASSERT_EQ(m1->store().master()[i], m2->store().master()[i]) << i;
+}
+
 }  // namespace
 }  // namespace mt::engine
