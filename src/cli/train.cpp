@@ -149,6 +149,7 @@ void run_train(const TrainArgs& args) {
       std::string where = engine::checkpoint_save(eng, cfg.save_dir, cfg.keep_last);
       if (!tty) std::printf("saved %s\n", where.c_str());
     }
+    std::fflush(stdout);  // a pipe or a log file sees each line as it happens
   }
   if (tty) std::printf("\n");
   if (metrics.is_open()) {
