@@ -53,6 +53,13 @@ class Section {
     MT_CHECK(j_[key].is_number(), ErrorKind::kInvalidArgument, where(key) + " must be a number");
     return j_[key].get<double>();
   }
+  // integer() for a field held in an int (a stage, a power of two, a count of steps).
+  int small_integer(const std::string& key, int fallback) {
+    int64_t v = integer(key, fallback);
+    MT_CHECK(v >= INT32_MIN && v <= INT32_MAX, ErrorKind::kInvalidArgument,
+             where(key) + " is out of range (" + std::to_string(v) + ")");
+    return static_cast<int>(v);
+  }
   int64_t integer(const std::string& key, int64_t fallback) {
     if (!has(key)) return fallback;
     MT_CHECK(!is_auto(key), ErrorKind::kInvalidArgument, where(key) + ": \"auto\" cannot be resolved here");
@@ -125,25 +132,33 @@ void parse_batch(Section& s, RunConfig& c, int world) {
   auto get = [&](const char* key) -> int64_t { return s.is_auto(key) ? 0 : s.integer(key, 0); };
   int64_t tbs = get("train_batch_size"), mb = get("train_micro_batch_size_per_gpu"),
           gas = get("gradient_accumulation_steps");
-  // DeepSpeed's rule: any two give the third; one alone sets gas = 1.
+  // NOTE: negative values are refused before any division (INT64_MIN / -1 traps).
+  MT_CHECK(tbs >= 0 && mb >= 0 && gas >= 0, ErrorKind::kInvalidArgument,
+           "train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps must be positive");
+  // DeepSpeed's rule: any two give the third; one alone sets gas = 1. A missing train_batch_size
+  // is the product below.
   if (tbs && mb && gas) {
   } else if (tbs && mb) {
     gas = tbs / mb / world;
   } else if (tbs && gas) {
     mb = tbs / world / gas;
   } else if (mb && gas) {
-    tbs = mb * gas * world;
   } else if (tbs) {
     gas = 1;
     mb = tbs / world;
   } else if (mb) {
     gas = 1;
-    tbs = mb * world;
   } else {
     throw Error(ErrorKind::kInvalidArgument,
                 "train_batch_size or train_micro_batch_size_per_gpu must be given (a number, not \"auto\" for both)");
   }
-  MT_CHECK(tbs > 0 && mb > 0 && gas > 0 && tbs == mb * gas * world, ErrorKind::kInvalidArgument,
+  int64_t product = 0;  // mb · gas · world, refused rather than wrapped when it overflows
+  MT_CHECK(!__builtin_mul_overflow(mb, gas, &product) && !__builtin_mul_overflow(product, int64_t{world}, &product),
+           ErrorKind::kInvalidArgument,
+           "train_micro_batch_size_per_gpu (" + std::to_string(mb) + ") * gradient_accumulation_steps (" +
+               std::to_string(gas) + ") * data-parallel size (" + std::to_string(world) + ") overflows");
+  if (tbs == 0) tbs = product;
+  MT_CHECK(tbs > 0 && mb > 0 && gas > 0 && tbs == product, ErrorKind::kInvalidArgument,
            "train_batch_size (" + std::to_string(tbs) + ") must equal train_micro_batch_size_per_gpu (" +
                std::to_string(mb) + ") * gradient_accumulation_steps (" + std::to_string(gas) +
                ") * data-parallel size (" + std::to_string(world) + ")");
@@ -158,9 +173,9 @@ void parse_precision(Section& root, RunConfig& c) {
     double ls = s.number("loss_scale", 0.0);
     c.loss_scaler.dynamic = ls == 0.0;
     c.loss_scaler.static_scale = ls;
-    c.loss_scaler.initial_scale_power = static_cast<int>(s.integer("initial_scale_power", 16));
+    c.loss_scaler.initial_scale_power = s.small_integer("initial_scale_power", 16);
     c.loss_scaler.scale_window = s.integer("loss_scale_window", 1000);
-    c.loss_scaler.hysteresis = static_cast<int>(s.integer("hysteresis", 2));
+    c.loss_scaler.hysteresis = s.small_integer("hysteresis", 2);
     c.loss_scaler.consecutive_hysteresis = s.boolean("consecutive_hysteresis", false);
     c.loss_scaler.min_scale = s.number("min_loss_scale", 1.0);
     s.require_default("auto_cast", false, "auto_cast is not supported");
@@ -325,7 +340,7 @@ void parse_scheduler(Section& root, RunConfig& c) {
 void parse_zero(Section& root, RunConfig& c) {
   if (!root.has("zero_optimization")) return;
   Section s = root.sub("zero_optimization");
-  c.zero_stage = static_cast<int>(s.integer("stage", 0));
+  c.zero_stage = s.small_integer("stage", 0);
   MT_CHECK(c.zero_stage >= 0 && c.zero_stage <= 3, ErrorKind::kInvalidArgument, "zero_optimization.stage must be 0, 1, 2 or 3");
   if (c.zero_stage != 0)
     throw Error(ErrorKind::kNotSupported, "zero_optimization.stage: " + std::to_string(c.zero_stage) +
@@ -550,9 +565,32 @@ json ds_config_resolved(const RunConfig& c) {
     op["min_coeff"] = o.min_coeff;
   }
   j["optimizer"] = {{"type", o.type}, {"params", op}};
+  const optim::LrScheduleConfig& sc = c.scheduler;
+  switch (sc.type) {
+    case optim::LrScheduleType::kConstant:
+      break;
+    case optim::LrScheduleType::kOneCycle:
+      j["scheduler"] = {{"type", "OneCycle"},
+                        {"params", {{"cycle_min_lr", sc.cycle_min_lr}, {"cycle_max_lr", sc.cycle_max_lr},
+                                    {"decay_lr_rate", sc.decay_lr_rate}, {"cycle_first_step_size", sc.cycle_first_step_size},
+                                    {"cycle_second_step_size", sc.cycle_second_step_size < 0 ? sc.cycle_first_step_size
+                                                                                            : sc.cycle_second_step_size},
+                                    {"decay_step_size", sc.decay_step_size}, {"cycle_momentum", sc.cycle_momentum},
+                                    {"cycle_min_mom", sc.cycle_min_mom}, {"cycle_max_mom", sc.cycle_max_mom},
+                                    {"decay_mom_rate", sc.decay_mom_rate}}}};
+      break;
+    default:
+      j["scheduler"] = {{"type", sc.type == optim::LrScheduleType::kWarmupLR        ? "WarmupLR"
+                                 : sc.type == optim::LrScheduleType::kWarmupDecayLR ? "WarmupDecayLR"
+                                                                                     : "WarmupCosineLR"},
+                        {"params", {{"warmup_min_lr", sc.warmup_min_lr}, {"warmup_max_lr", sc.warmup_max_lr},
+                                    {"warmup_num_steps", sc.warmup_num_steps}, {"warmup_type", sc.warmup_log ? "log" : "linear"},
+                                    {"total_num_steps", sc.total_num_steps}, {"warmup_min_ratio", sc.warmup_min_ratio},
+                                    {"cos_min_ratio", sc.cos_min_ratio}}}};
+  }
   if (!c.no_weight_decay.empty()) j["no_weight_decay"] = c.no_weight_decay;
   j["zero_optimization"] = {{"stage", c.zero_stage}};
-  j["activation_checkpointing"] = c.activation_checkpointing;
+  if (c.activation_checkpointing) j["activation_checkpointing"] = {{"enabled", true}};
   j["steps_per_print"] = c.steps_per_print;
   return j;
 }

@@ -149,5 +149,84 @@ TEST(DsConfig, FieldErrorsNameTheKeyAndSetOverrides) {
   EXPECT_THROW(ds_config_set(j, "novalue"), Error);
 }
 
+// Inputs found by fuzz/ds_config_fuzz.cpp (and its review) that used to crash, hit undefined
+// behaviour or escape as a non-mt::Error exception; each is now an Error naming the key.
+TEST(DsConfig, HostileValuesAreErrorsNamingTheKey) {
+  auto expect = [](nlohmann::json j, const std::string& needle) {
+    std::string e = error_of(std::move(j));
+    EXPECT_NE(e.find(needle), std::string::npos) << "error '" << e << "' lacks '" << needle << "'";
+  };
+  auto j = base();
+  j["model"] = ::testing::TempDir();  // a directory: its ext4 size 2^63 - 1 threw std::bad_alloc
+  expect(j, "is a directory");
+  j = base();
+  j["train_iters"] = 1e30;  // double -> int64 out of range: undefined
+  expect(j, "train_iters is out of range");
+  j = base();
+  j["seed"] = 18446744073709551615u;  // wrapped to -1
+  expect(j, "seed is out of range");
+  j = base();
+  j["zero_optimization"] = {{"stage", 4294967296}};  // wrapped to stage 0
+  expect(j, "zero_optimization.stage is out of range");
+  j = base();
+  j["train_batch_size"] = INT64_MIN;  // INT64_MIN / -1: SIGFPE
+  j["train_micro_batch_size_per_gpu"] = -1;
+  expect(j, "must be positive");
+  j = base();
+  j["train_micro_batch_size_per_gpu"] = int64_t{1} << 62;  // (2^62 * 4) overflowed int64
+  j["gradient_accumulation_steps"] = 4;
+  expect(j, "overflows");
+  j = base();
+  j["model"]["vocab_size"] = 4294967393;  // 2^32 + 97, read as 97
+  expect(j, "'vocab_size' is out of range");
+  j = base();
+  j["model"].erase("n_head");
+  j["model"]["n_embd"] = 1073741824;  // the default n_inner 4 * n_embd overflowed int
+  expect(j, "n_embd");
+  std::string deep = ::testing::TempDir() + "/deep-model.json";  // overflowed the stack when copied
+  FILE* f = std::fopen(deep.c_str(), "w");
+  std::fputs(("{\"x\": " + std::string(200000, '[') + std::string(200000, ']') + "}").c_str(), f);
+  std::fclose(f);
+  j = base();
+  j["model"] = deep;
+  expect(j, "nested deeper than 1000 levels");
+}
+
+TEST(DsConfig, SetRefusesWhatLaterBreaksTheConfig) {
+  nlohmann::json number = 1;  // a config file holding `1`: operator[] threw json::type_error
+  EXPECT_THROW(ds_config_set(number, "seq_length=8"), Error);
+  auto j = base();  // a plain-string value that is not UTF-8: the printed config threw
+  try {
+    ds_config_set(j, "data.train=\xff");
+    FAIL() << "accepted a value that is not UTF-8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid UTF-8"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(ds_config_resolved(ds_config_parse(j, "cfg.json")).dump());
+}
+
+// What `config check` prints is itself a valid configuration that resolves to the same thing,
+// for every optimizer and schedule kind.
+TEST(DsConfig, ResolvedFormParsesBackToItself) {
+  std::vector<nlohmann::json> extras = {
+      nlohmann::json::object(),
+      {{"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}, {"momentum", 0.9}, {"nesterov", true}}}}},
+       {"scheduler", {{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 0.01}, {"cycle_max_lr", 0.1}}}}}},
+      {{"optimizer", {{"type", "Lamb"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}}}}},
+       {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_num_steps", 5}}}}},
+       {"no_weight_decay", "hf"}, {"activation_checkpointing", nlohmann::json::object()}, {"bf16", {{"enabled", true}}}},
+      {{"fp16", {{"enabled", true}, {"loss_scale", 0}, {"hysteresis", 4}}},
+       {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 10}, {"warmup_type", "linear"}}}}}},
+  };
+  for (const auto& extra : extras) {
+    nlohmann::json j = base();
+    j.update(extra);
+    nlohmann::json once = ds_config_resolved(ds_config_parse(j, "a.json"));
+    RunConfig again = ds_config_parse(once, "resolved.json");
+    EXPECT_TRUE(again.warnings.empty()) << again.warnings.front();
+    EXPECT_EQ(ds_config_resolved(again), once) << extra.dump();
+  }
+}
+
 }  // namespace
 }  // namespace mt::engine
