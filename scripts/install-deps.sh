@@ -10,6 +10,9 @@ PACKAGES=(
   libcli11-dev            # command line
   libpcre2-dev            # GPT-2's pre-tokenizer regex (Unicode letter/number classes)
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-dev   # scripts/fuzz.sh: libFuzzer and the ASan/UBSan runtimes (clang-14 on bookworm)
+  libomp-dev llvm         # OpenMP for clang builds; llvm-symbolizer for readable sanitizer stacks
+  libopenmpi-dev openmpi-bin   # comm/: the MPI backend (OpenMPI) and mpirun for multi-rank tests
   fortunes                # real English text for the quick-start demo
   gnuplot-nox             # the loss-curve plot (meshtrain plot, train --metrics)
   python3-torch python3-numpy   # the PyTorch oracle for golden data and the peer benchmark

@@ -15,6 +15,10 @@ namespace mt {
 std::vector<char> file_read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   MT_CHECK(in.good(), ErrorKind::kNotFound, path + ": cannot open for reading");
+  // NOTE: a directory opens, and on ext4 its size reads as 2^63 - 1: refuse it before allocating.
+  struct stat st;
+  MT_CHECK(::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode), ErrorKind::kInvalidArgument,
+           path + ": is a directory, not a file");
   std::streamsize size = in.tellg();
   MT_CHECK(size >= 0, ErrorKind::kIOError, path + ": cannot determine size");
   std::vector<char> data(static_cast<size_t>(size));

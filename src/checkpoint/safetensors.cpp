@@ -103,11 +103,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                               " bytes do not match its shape and dtype");
     tensors_.push_back(std::move(t));
   }
+  // Sorted by begin, each non-empty extent must start at or after the end of the one before it (an
+  // empty tensor overlaps nothing, so it is left out: it could hide an overlap of its neighbours).
   std::vector<const StTensorInfo*> order;
-  for (const auto& t : tensors_) order.push_back(&t);
+  for (const auto& t : tensors_)
+    if (t.end > t.begin) order.push_back(&t);
   std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < order.size(); ++i)
-    if (order[i]->begin < order[i - 1]->end && order[i]->end > order[i]->begin)
+    if (order[i]->begin < order[i - 1]->end)
       throw corrupt(path, "tensors '" + order[i - 1]->name + "' and '" + order[i]->name + "' overlap");
 }
 
@@ -128,6 +131,7 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   size_t n = (t.end - t.begin) / std::max<size_t>(1, st_dtype_size(t.dtype));
   std::vector<float> out(n);
   const void* src = data(t);
+  if (n == 0) return out;  // NOTE: memcpy from/to an empty vector's null data() is undefined
   switch (t.dtype) {
     case StDType::kF32: std::memcpy(out.data(), src, n * 4); break;
     case StDType::kBF16: convert(out.data(), DType::kF32, src, DType::kBF16, n); break;
@@ -159,7 +163,7 @@ std::vector<int32_t> SafetensorsFile::read_i32(const std::string& name) const {
   MT_CHECK(t.dtype == StDType::kI32, ErrorKind::kInvalidArgument,
            path_ + ": tensor '" + name + "' is not I32");
   std::vector<int32_t> out((t.end - t.begin) / 4);
-  std::memcpy(out.data(), data(t), out.size() * 4);
+  if (!out.empty()) std::memcpy(out.data(), data(t), out.size() * 4);
   return out;
 }
 

@@ -44,6 +44,17 @@ TEST(Safetensors, RoundTrip) {
   }
 }
 
+// Found by fuzz/safetensors_fuzz.cpp: reading an empty tensor passed a null pointer to memcpy
+// (undefined behaviour, reported by UBSan in the debug and fuzz presets).
+TEST(Safetensors, EmptyTensorsReadAsEmpty) {
+  std::string p = tmp_path("empty.safetensors");
+  write_raw(p, R"({"e":{"dtype":"F32","shape":[0,4],"data_offsets":[0,0]},"i":{"dtype":"I32","shape":[0],"data_offsets":[0,0]},"x":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}})", 2);
+  SafetensorsFile f(p);
+  EXPECT_TRUE(f.read_f32("e", {0, 4}).empty());
+  EXPECT_TRUE(f.read_i32("i").empty());
+  EXPECT_EQ(f.read_f32("x").size(), 1u);
+}
+
 void expect_corrupt(const std::string& path, const std::string& needle) {
   try {
     SafetensorsFile f(path);
@@ -72,6 +83,9 @@ TEST(Safetensors, MalformedFilesAreRefusedByName) {
   write_raw(p, R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8);
   expect_corrupt(p, "outside");
   write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12);
+  expect_corrupt(p, "overlap");
+  // An empty tensor sorted between two overlapping ones used to hide their overlap.
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},"c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", 16);
   expect_corrupt(p, "overlap");
   write_raw(p, R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4);
   expect_corrupt(p, "negative");

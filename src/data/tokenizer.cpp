@@ -130,8 +130,16 @@ std::string quoted(const std::string& s) {
 
 json parse_json_file(const std::string& path) {
   std::vector<char> data = file_read_all(path);
+  // NOTE: nlohmann parses iteratively but copies and dumps recursively: a file of 200k nested
+  // brackets overflowed the stack in value() and dump(). Tokenizer files nest < 10 deep.
+  constexpr int kMaxDepth = 1000;
+  auto limit_depth = [&](int depth, json::parse_event_t, json&) {
+    MT_CHECK(depth <= kMaxDepth, ErrorKind::kCorruption,
+             path + ": JSON nested deeper than " + std::to_string(kMaxDepth) + " levels");
+    return true;
+  };
   try {
-    return json::parse(data.begin(), data.end());
+    return json::parse(data.begin(), data.end(), limit_depth);
   } catch (const json::exception& e) {
     throw Error(ErrorKind::kCorruption, path + ": not valid JSON: " + e.what());
   }
@@ -358,6 +366,9 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
       vocab_ids.emplace(id.get<int64_t>(), text);
     }
     for (const json& added : root.value("added_tokens", json::array())) {
+      // NOTE: get<int64_t>() of a float is a cast: undefined beyond int64 (1e30), truncating below.
+      MT_CHECK(added.at("id").is_number_integer(), ErrorKind::kCorruption,
+               path + ": added token id " + added.at("id").dump() + " is not an integer");
       int64_t id = added.at("id").get<int64_t>();
       std::string content = added.at("content").get<std::string>();
       auto it = vocab_ids.find(id);

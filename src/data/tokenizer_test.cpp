@@ -273,6 +273,13 @@ TEST(TokenizerFiles, MalformedFilesThrowNamingThePath) {
   j["model"] = 3;
   expect_bad(j, ErrorKind::kCorruption, "model");
   expect_bad(json::array({1, 2}), ErrorKind::kCorruption, "model");
+  // Found by fuzz/tokenizer_fuzz.cpp: a float added-token id was cast to int64 (undefined past
+  // 2^63), and deeply nested JSON overflowed the stack when it was copied or printed.
+  j = good;
+  j["added_tokens"] = json::array({{{"id", 1e30}, {"content", "<|x|>"}}});
+  expect_bad(j, ErrorKind::kCorruption, "not an integer");
+  write_file(path, "{\"model\": " + std::string(200000, '[') + std::string(200000, ']') + "}");
+  expect_error([&] { Tokenizer::load(path); }, ErrorKind::kCorruption, {path, "nested deeper"});
 }
 
 TEST(TokenizerFiles, MissingFilesAndBadGpt2Files) {

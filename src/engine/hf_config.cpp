@@ -1,5 +1,6 @@
 #include "engine/hf_config.h"
 
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 
@@ -20,6 +21,12 @@ class Reader {
     }
     MT_CHECK(j_[key].is_number_integer(), ErrorKind::kInvalidArgument,
              where_ + ": field '" + key + "' must be an integer");
+    // NOTE: get<int>() would wrap a larger value silently (2^32 + 97 read as 97).
+    const nlohmann::json& v = j_[key];
+    bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= INT_MAX
+                                       : v.get<int64_t>() >= INT_MIN && v.get<int64_t>() <= INT_MAX;
+    MT_CHECK(fits, ErrorKind::kInvalidArgument,
+             where_ + ": field '" + key + "' is out of range (" + v.dump() + ")");
     return j_[key].get<int>();
   }
   float number(const char* key, float fallback) const {
@@ -61,7 +68,10 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
     c.n_layer = r.integer("n_layer", 12, false);
     c.n_head = r.integer("n_head", 12, false);
     c.n_kv_head = c.n_head;
-    c.intermediate = r.integer("n_inner", 4 * c.hidden, false);
+    bool has_inner = j.contains("n_inner") && !j["n_inner"].is_null();
+    MT_CHECK(has_inner || c.hidden <= INT_MAX / 4, ErrorKind::kInvalidArgument,
+             where + ": field 'n_embd' is too large for the default n_inner (4 * n_embd overflows int)");
+    c.intermediate = r.integer("n_inner", has_inner ? 0 : 4 * c.hidden, false);
     c.norm_eps = r.number("layer_norm_epsilon", 1e-5f);
     std::string act = r.string("activation_function", "gelu_new");
     r.refuse_if(act != "gelu_new" && act != "gelu_pytorch_tanh", "activation_function",
