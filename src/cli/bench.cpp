@@ -1,6 +1,7 @@
 // meshtrain bench MODEL_CONFIG: times full training steps (forward + backward + AdamW) after
 // warm-up on random tokens and reports tokens/s, achieved TFLOP/s against a GEMM ceiling measured
-// in the same process, peak memory by category and activation bytes per token.
+// in the same process, peak memory by category and activation bytes per token. With --decode N it
+// times KV-cache generation instead.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "engine/hf_config.h"
 #include "engine/trainer.h"
 #include "kernels/cpu/gemm.h"
+#include "serve/generator.h"
 
 namespace mt::cli {
 namespace {
@@ -27,6 +29,7 @@ struct BenchArgs {
   int batch = 4, seq = 256, threads = 0, steps = 5, warmup = 2;
   std::string dtype = "fp32";
   bool recompute = false, json = false;
+  int decode = 0;  // > 0: time KV-cache generation instead (prefill --seq tokens, then decode)
 };
 
 // The GEMM ceiling: the model's MLP up-projection shape (B*T, C) x (C, I), timed for ~0.3 s.
@@ -49,7 +52,44 @@ double gemm_ceiling_tflops(int M, int N, int K, DType dt) {
   return 2.0 * M * N * K * iters / t.seconds() / 1e12;
 }
 
+// Generation: prefill of a --seq token prompt, then --decode greedy steps with the KV cache (f32
+// weights, batch 1). Decode reads every weight once per token, so weights/time is its bandwidth.
+void run_decode_bench(const BenchArgs& args) {
+  threads_set(args.threads);
+  models::ModelConfig cfg = engine::hf_config_load(args.config);
+  MT_CHECK(args.seq >= 1 && args.seq + args.decode <= cfg.max_positions, ErrorKind::kInvalidArgument,
+           "--seq + --decode must fit the model's " + std::to_string(cfg.max_positions) + " positions");
+  models::TransformerLM model(cfg, models::ModelOptions{});
+  serve::Generator gen(model);
+  std::vector<int32_t> prompt(static_cast<size_t>(args.seq));
+  std::mt19937 rng(42);
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<unsigned>(cfg.vocab_size));
+  gen.prefill(prompt);  // warm-up (oneDNN primitives)
+  Timer t;
+  std::span<const float> logits = gen.prefill(prompt);
+  double prefill_s = t.seconds();
+  t.reset();
+  for (int i = 0; i < args.decode; ++i) logits = gen.decode(serve::argmax(logits));
+  double decode_s = t.seconds();
+  double weight_bytes = static_cast<double>(model.store().numel()) * 4.0;
+  nlohmann::json j = {{"model", cfg.describe()}, {"threads", threads_get()}, {"prompt_tokens", args.seq},
+                      {"decode_tokens", args.decode}, {"prefill_tokens_per_s", args.seq / prefill_s},
+                      {"decode_tokens_per_s", args.decode / decode_s},
+                      {"decode_weight_gb_per_s", weight_bytes * args.decode / decode_s / 1e9},
+                      {"kv_cache_bytes", gen.cache_bytes()}};
+  if (args.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("model        %s, f32, threads=%d\n", cfg.describe().c_str(), threads_get());
+  std::printf("prefill      %d tokens: %.1f tokens/s\n", args.seq, args.seq / prefill_s);
+  std::printf("decode       %d tokens after them: %.1f tokens/s (%.1f ms/token, weights read at %.1f GB/s)\n",
+              args.decode, args.decode / decode_s, decode_s / args.decode * 1e3, weight_bytes * args.decode / decode_s / 1e9);
+  std::printf("kv cache     %s\n", format_bytes(gen.cache_bytes()).c_str());
+}
+
 void run_bench(const BenchArgs& args) {
+  if (args.decode > 0) return run_decode_bench(args);
   MT_CHECK(args.steps > 0 && args.warmup >= 0, ErrorKind::kInvalidArgument, "--steps must be > 0, --warmup >= 0");
   threads_set(args.threads);
   models::ModelConfig cfg = engine::hf_config_load(args.config);
@@ -153,6 +193,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--warmup", args->warmup, "untimed warm-up steps")->capture_default_str();
   cmd->add_flag("--recompute", args->recompute, "recompute each block in backward (activation checkpointing)");
   cmd->add_flag("--json", args->json, "print one JSON object");
+  cmd->add_option("--decode", args->decode, "time generation instead: prefill --seq tokens, then this many decode steps");
   cmd->callback([args] { run_bench(*args); });
 }
 

@@ -78,7 +78,9 @@ std::vector<ParamSegment> segments_of(const std::vector<size_t>& sizes, const st
   std::vector<ParamSegment> s;
   size_t off = 0;
   for (size_t k = 0; k < sizes.size(); ++k) {
-    s.push_back({off, sizes[k], decays[k], "p" + std::to_string(k)});
+    std::string name = "p";  // NOTE: "p" + std::to_string(k) trips GCC 12's false -Wrestrict at -O3
+    name += std::to_string(k);
+    s.push_back({off, sizes[k], decays[k], name});
     off += sizes[k];
   }
   return s;
