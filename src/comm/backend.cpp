@@ -1,0 +1,118 @@
+// Backend defaults (every collective throws kNotSupported naming the backend), new_group on top of
+// split, timeout messages and the f32 reduction shared by the backends.
+#include "comm/backend.h"
+
+#include <algorithm>
+
+namespace mt::comm {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+CommTimeout::CommTimeout(const std::string& message, std::string collective, uint64_t seq,
+                         std::vector<int> missing_ranks)
+    : Error(ErrorKind::kIOError, message),
+      collective_(std::move(collective)),
+      seq_(seq),
+      missing_ranks_(std::move(missing_ranks)) {}
+
+std::string timeout_message(const std::string& backend, const std::string& collective, uint64_t seq,
+                            const std::string& tag, int rank, int size,
+                            std::chrono::milliseconds timeout, const std::vector<int>& missing) {
+  std::string m = collective + " #" + std::to_string(seq);
+  if (!tag.empty()) m += " [" + tag + "]";
+  m += " on rank " + std::to_string(rank) + " of " + std::to_string(size) + " (" + backend +
+       ") timed out after " + std::to_string(timeout.count()) + " ms: ";
+  if (missing.empty()) return m + "could not learn which ranks have not arrived";
+  m += missing.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < missing.size(); ++i) {
+    if (i) m.push_back(',');
+    m.append(std::to_string(missing[i]));
+  }
+  return m + (missing.size() == 1 ? " has not arrived" : " have not arrived");
+}
+
+void reduce_f32_into(float* acc, const float* src, size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      for (size_t i = 0; i < n; ++i) acc[i] += src[i];
+      break;
+    case ReduceOp::kMax:
+      for (size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], src[i]);
+      break;
+    case ReduceOp::kMin:
+      for (size_t i = 0; i < n; ++i) acc[i] = std::min(acc[i], src[i]);
+      break;
+  }
+}
+
+void Backend::throw_not_supported(const char* what) const {
+  throw Error(ErrorKind::kNotSupported, "backend " + name() + " does not support " + what);
+}
+
+void Backend::check_root(int root, const char* what) const {
+  MT_CHECK(root >= 0 && root < size(), ErrorKind::kInvalidArgument,
+           std::string(what) + ": root " + std::to_string(root) + " is not a rank of a group of " +
+               std::to_string(size()));
+}
+
+std::unique_ptr<Work> Backend::broadcast(void*, size_t, DType, const BroadcastOptions&) {
+  throw_not_supported("broadcast");
+}
+std::unique_ptr<Work> Backend::all_reduce(void*, size_t, DType, const AllReduceOptions&) {
+  throw_not_supported("all_reduce");
+}
+std::unique_ptr<Work> Backend::reduce(void*, size_t, DType, const ReduceOptions&) {
+  throw_not_supported("reduce");
+}
+std::unique_ptr<Work> Backend::all_gather(void*, const void*, size_t, DType,
+                                          const AllGatherOptions&) {
+  throw_not_supported("all_gather");
+}
+std::unique_ptr<Work> Backend::gather(void*, const void*, size_t, DType, const GatherOptions&) {
+  throw_not_supported("gather");
+}
+std::unique_ptr<Work> Backend::scatter(void*, const void*, size_t, DType, const ScatterOptions&) {
+  throw_not_supported("scatter");
+}
+std::unique_ptr<Work> Backend::reduce_scatter(void*, const void*, size_t, DType,
+                                              const ReduceScatterOptions&) {
+  throw_not_supported("reduce_scatter");
+}
+std::unique_ptr<Work> Backend::all_to_all(void*, const void*, size_t, DType,
+                                          const AllToAllOptions&) {
+  throw_not_supported("all_to_all");
+}
+std::unique_ptr<Work> Backend::send(const void*, size_t, DType, int, const SendOptions&) {
+  throw_not_supported("send");
+}
+std::unique_ptr<Work> Backend::recv(void*, size_t, DType, int, const RecvOptions&) {
+  throw_not_supported("recv");
+}
+std::unique_ptr<Work> Backend::barrier(const BarrierOptions&) { throw_not_supported("barrier"); }
+std::shared_ptr<Backend> Backend::split(int, int) { throw_not_supported("split"); }
+
+void Backend::abort(int code, const std::string& message) {
+  throw Error(ErrorKind::kInternal,
+              "abort (code " + std::to_string(code) + ") on " + name() + ": " + message);
+}
+
+std::shared_ptr<Backend> Backend::new_group(const std::vector<int>& ranks) {
+  for (int r : ranks)
+    MT_CHECK(r >= 0 && r < size(), ErrorKind::kInvalidArgument,
+             "new_group: rank " + std::to_string(r) + " is not in a group of " +
+                 std::to_string(size()));
+  auto it = std::find(ranks.begin(), ranks.end(), rank());
+  if (it == ranks.end()) return split(-1, 0);
+  return split(0, static_cast<int>(it - ranks.begin()));
+}
+
+}  // namespace mt::comm

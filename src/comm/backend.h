@@ -1,0 +1,144 @@
+// Backend: the one communicator interface (after PyTorch c10d's Backend/Work). Every collective the
+// training stack uses is a virtual whose default throws kNotSupported naming the backend; each takes
+// its own options struct (with a timeout) and returns an async Work whose wait() rethrows.
+//
+// Contract (as c10d's): all collectives of one Backend are called in the same order, with matching
+// arguments, by every rank of its group. Each call gets the next sequence number of that Backend
+// (0, 1, 2, ...); a timeout or mismatch message names the collective and its number. Buffers belong
+// to the caller and must stay valid and untouched until wait() returns (or is_completed() is true).
+// Counts are in elements of `dtype`; "per rank" counts are the size of one rank's block.
+//
+// Reductions of bf16/f16 are accumulated in fp32: inputs are widened to f32, reduced in f32 and
+// rounded once to the element type at the end. kAvg is the sum divided by the group size (in f32).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "tensor/dtype.h"
+
+namespace mt::comm {
+
+enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
+const char* reduce_op_name(ReduceOp op);
+
+// 5 minutes, NCCL/c10d's order of magnitude: long enough for a slow first step, short enough that
+// a hung job is noticed.
+inline constexpr std::chrono::milliseconds kDefaultTimeout{300'000};
+
+struct CommOptions {
+  std::chrono::milliseconds timeout = kDefaultTimeout;  // measured from the call, per rank
+  std::string tag;                                      // free text quoted in error messages
+};
+struct BroadcastOptions : CommOptions { int root = 0; };
+struct AllReduceOptions : CommOptions { ReduceOp op = ReduceOp::kSum; };
+struct ReduceOptions : CommOptions { int root = 0; ReduceOp op = ReduceOp::kSum; };
+struct AllGatherOptions : CommOptions {};
+struct GatherOptions : CommOptions { int root = 0; };
+struct ScatterOptions : CommOptions { int root = 0; };
+struct ReduceScatterOptions : CommOptions { ReduceOp op = ReduceOp::kSum; };
+struct AllToAllOptions : CommOptions {};
+struct SendOptions : CommOptions {};
+struct RecvOptions : CommOptions {};
+struct BarrierOptions : CommOptions {};
+
+// CommTimeout: a collective that did not complete within its timeout. kind() is kIOError (the
+// error table of base/ has no timeout kind yet); missing_ranks() are the group ranks that had not
+// arrived at the collective, as far as this rank could learn (empty when unknown).
+class CommTimeout : public Error {
+ public:
+  CommTimeout(const std::string& message, std::string collective, uint64_t seq,
+              std::vector<int> missing_ranks);
+  const std::string& collective() const { return collective_; }
+  uint64_t seq() const { return seq_; }
+  const std::vector<int>& missing_ranks() const { return missing_ranks_; }
+
+ private:
+  std::string collective_;
+  uint64_t seq_;
+  std::vector<int> missing_ranks_;
+};
+
+// "all_reduce #3 [tag grads] on rank 0 of 4 (mpi) timed out after 500 ms: rank 2 has not arrived"
+std::string timeout_message(const std::string& backend, const std::string& collective, uint64_t seq,
+                            const std::string& tag, int rank, int size,
+                            std::chrono::milliseconds timeout, const std::vector<int>& missing);
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Returns true once the operation has completed (successfully or not); never blocks.
+  virtual bool is_completed() = 0;
+  // Blocks until completion; throws the operation's Error, or CommTimeout past its deadline.
+  virtual void wait() = 0;
+};
+
+// A Work that is already complete (group of one, empty buffers).
+class CompletedWork : public Work {
+ public:
+  bool is_completed() override { return true; }
+  void wait() override {}
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // "local", "mpi"
+
+  // buf (count): root's values to every rank.
+  virtual std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype,
+                                          const BroadcastOptions& opts);
+  // buf (count): in place, the reduction over ranks on every rank.
+  virtual std::unique_ptr<Work> all_reduce(void* buf, size_t count, DType dtype,
+                                           const AllReduceOptions& opts);
+  // buf (count): in place, the reduction lands on root; other ranks' buf is left unspecified.
+  virtual std::unique_ptr<Work> reduce(void* buf, size_t count, DType dtype,
+                                       const ReduceOptions& opts);
+  // send (count), recv (size*count): recv[r*count ...] = rank r's send.
+  virtual std::unique_ptr<Work> all_gather(void* recv, const void* send, size_t count, DType dtype,
+                                           const AllGatherOptions& opts);
+  // As all_gather, recv only on root (ignored elsewhere, may be null).
+  virtual std::unique_ptr<Work> gather(void* recv, const void* send, size_t count, DType dtype,
+                                       const GatherOptions& opts);
+  // send (size*count) on root only, recv (count): rank r gets send[r*count ...].
+  virtual std::unique_ptr<Work> scatter(void* recv, const void* send, size_t count, DType dtype,
+                                        const ScatterOptions& opts);
+  // send (size*count), recv (count): rank r gets block r of the reduction over ranks.
+  virtual std::unique_ptr<Work> reduce_scatter(void* recv, const void* send, size_t count,
+                                               DType dtype, const ReduceScatterOptions& opts);
+  // send (size*count), recv (size*count): recv block s on rank r = send block r of rank s.
+  virtual std::unique_ptr<Work> all_to_all(void* recv, const void* send, size_t count, DType dtype,
+                                           const AllToAllOptions& opts);
+  // Point to point; not part of the collective sequence. Messages between one pair arrive in order.
+  virtual std::unique_ptr<Work> send(const void* buf, size_t count, DType dtype, int dst,
+                                     const SendOptions& opts);
+  virtual std::unique_ptr<Work> recv(void* buf, size_t count, DType dtype, int src,
+                                     const RecvOptions& opts);
+  virtual std::unique_ptr<Work> barrier(const BarrierOptions& opts);
+
+  // Collective over this group (blocking): ranks with equal color form a new group, ordered by
+  // (key, rank). color < 0: this rank joins no group and gets nullptr.
+  virtual std::shared_ptr<Backend> split(int color, int key);
+  // Collective over this group: the group of `ranks` (in that order); nullptr on ranks outside it.
+  std::shared_ptr<Backend> new_group(const std::vector<int>& ranks);
+
+  // Ends every rank of the job (MPI_Abort) so that none hangs; for the CLI's last resort. The
+  // local backend throws kInternal with the message instead (it cannot kill its own process).
+  [[noreturn]] virtual void abort(int code, const std::string& message);
+
+ protected:
+  [[noreturn]] void throw_not_supported(const char* what) const;
+  void check_root(int root, const char* what) const;
+};
+
+// acc[i] = op(acc[i], src[i]) over n floats; kAvg accumulates as kSum (divide at the end).
+void reduce_f32_into(float* acc, const float* src, size_t n, ReduceOp op);
+
+}  // namespace mt::comm

@@ -1,0 +1,436 @@
+// MpiBackend: see mpi_backend.h. One MPI communicator per group for the data, a duplicate of it
+// ("ctl") for arrival announcements and timeout reports so they never match user messages.
+#include "comm/mpi_backend.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <thread>
+
+namespace mt::comm {
+namespace {
+
+constexpr int kTagArrive = 1;  // payload: {seq, collective id}
+constexpr int kTagReport = 2;  // payload: {seq, missing ranks...}
+
+const char* const kCollectives[] = {"broadcast", "all_reduce", "reduce", "all_gather", "gather",
+                                    "scatter", "reduce_scatter", "all_to_all", "barrier", "split"};
+int collective_id(const std::string& name) {
+  for (int i = 0; i < 10; ++i)
+    if (name == kCollectives[i]) return i;
+  return -1;
+}
+
+int g_thread_level = -1;
+std::shared_ptr<Backend> g_world;
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(ErrorKind::kIOError, std::string("MPI ") + what + " failed: " + std::string(msg, len));
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+int checked_int(size_t n, const char* what) {
+  MT_CHECK(n <= static_cast<size_t>(INT_MAX), ErrorKind::kNotSupported,
+           std::string(what) + ": " + std::to_string(n) + " elements exceed MPI's int count");
+  return static_cast<int>(n);
+}
+
+class MpiBackend;
+
+class MpiWork : public Work {
+ public:
+  MpiWork(MpiBackend* backend, std::string what, uint64_t seq, int peer, const CommOptions& opts)
+      : backend_(backend), what_(std::move(what)), seq_(seq), peer_(peer), tag_(opts.tag),
+        timeout_(opts.timeout), deadline_(std::chrono::steady_clock::now() + opts.timeout) {}
+  ~MpiWork() override;
+
+  bool is_completed() override;
+  void wait() override;
+
+  MPI_Request req = MPI_REQUEST_NULL;
+  std::vector<float> f32_a, f32_b;  // widened copies of bf16/f16 buffers
+  std::function<void()> finish;     // runs once on completion (narrowing, avg scaling)
+
+ private:
+  MpiBackend* backend_;
+  std::string what_;
+  uint64_t seq_;
+  int peer_;  // send/recv: the other rank; collectives: -1
+  std::string tag_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::steady_clock::time_point deadline_;
+  bool done_ = false;
+};
+
+class MpiBackend : public Backend {
+ public:
+  MpiBackend(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "Comm_rank");
+    check_mpi(MPI_Comm_size(comm_, &size_), "Comm_size");
+    check_mpi(MPI_Comm_dup(comm_, &ctl_), "Comm_dup");
+    MPI_Comm_set_errhandler(ctl_, MPI_ERRORS_RETURN);
+    last_seq_.assign(size_, -1);
+    last_id_.assign(size_, -1);
+  }
+  ~MpiBackend() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    reap_sends();
+    for (auto& s : sends_) s.second.release();  // NOTE: leaked on purpose: MPI may still read it
+    MPI_Comm_free(&ctl_);
+    if (owned_) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi"; }
+
+  std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype,
+                                  const BroadcastOptions& o) override {
+    check_root(o.root, "broadcast");
+    auto w = begin("broadcast", o);
+    check_mpi(MPI_Ibcast(buf, bytes(count, dtype, "broadcast"), MPI_BYTE, o.root, comm_, &w->req),
+              "Ibcast");
+    return w;
+  }
+
+  std::unique_ptr<Work> all_reduce(void* buf, size_t count, DType dtype,
+                                   const AllReduceOptions& o) override {
+    auto w = begin("all_reduce", o);
+    float* data = widen(*w, w->f32_a, buf, count, dtype);
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, checked_int(count, "all_reduce"), MPI_FLOAT,
+                             mpi_op(o.op), comm_, &w->req),
+              "Iallreduce");
+    w->finish = narrow_back(*w, buf, data, count, dtype, o.op);
+    return w;
+  }
+
+  std::unique_ptr<Work> reduce(void* buf, size_t count, DType dtype, const ReduceOptions& o) override {
+    check_root(o.root, "reduce");
+    auto w = begin("reduce", o);
+    float* data = widen(*w, w->f32_a, buf, count, dtype);
+    const bool root = rank_ == o.root;
+    check_mpi(MPI_Ireduce(root ? MPI_IN_PLACE : data, root ? data : nullptr,
+                          checked_int(count, "reduce"), MPI_FLOAT, mpi_op(o.op), o.root, comm_,
+                          &w->req),
+              "Ireduce");
+    if (root) w->finish = narrow_back(*w, buf, data, count, dtype, o.op);
+    return w;
+  }
+
+  std::unique_ptr<Work> reduce_scatter(void* recv, const void* send, size_t count, DType dtype,
+                                       const ReduceScatterOptions& o) override {
+    auto w = begin("reduce_scatter", o);
+    const float* in = widen(*w, w->f32_a, const_cast<void*>(send), count * size_, dtype);
+    float* out = dtype == DType::kF32 ? static_cast<float*>(recv) : nullptr;
+    if (!out) {
+      w->f32_b.resize(count);
+      out = w->f32_b.data();
+    }
+    check_mpi(MPI_Ireduce_scatter_block(in, out, checked_int(count, "reduce_scatter"), MPI_FLOAT,
+                                        mpi_op(o.op), comm_, &w->req),
+              "Ireduce_scatter_block");
+    w->finish = narrow_back(*w, recv, out, count, dtype, o.op);
+    return w;
+  }
+
+  std::unique_ptr<Work> all_gather(void* recv, const void* send, size_t count, DType dtype,
+                                   const AllGatherOptions& o) override {
+    auto w = begin("all_gather", o);
+    const int n = bytes(count, dtype, "all_gather");
+    const bool in_place = send == static_cast<char*>(recv) + static_cast<size_t>(rank_) * n;
+    check_mpi(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_,
+                             &w->req),
+              "Iallgather");
+    return w;
+  }
+
+  std::unique_ptr<Work> gather(void* recv, const void* send, size_t count, DType dtype,
+                               const GatherOptions& o) override {
+    check_root(o.root, "gather");
+    auto w = begin("gather", o);
+    const int n = bytes(count, dtype, "gather");
+    check_mpi(MPI_Igather(send, n, MPI_BYTE, recv, n, MPI_BYTE, o.root, comm_, &w->req), "Igather");
+    return w;
+  }
+
+  std::unique_ptr<Work> scatter(void* recv, const void* send, size_t count, DType dtype,
+                                const ScatterOptions& o) override {
+    check_root(o.root, "scatter");
+    auto w = begin("scatter", o);
+    const int n = bytes(count, dtype, "scatter");
+    check_mpi(MPI_Iscatter(send, n, MPI_BYTE, recv, n, MPI_BYTE, o.root, comm_, &w->req),
+              "Iscatter");
+    return w;
+  }
+
+  std::unique_ptr<Work> all_to_all(void* recv, const void* send, size_t count, DType dtype,
+                                   const AllToAllOptions& o) override {
+    auto w = begin("all_to_all", o);
+    const int n = bytes(count, dtype, "all_to_all");
+    check_mpi(MPI_Ialltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &w->req), "Ialltoall");
+    return w;
+  }
+
+  std::unique_ptr<Work> barrier(const BarrierOptions& o) override {
+    auto w = begin("barrier", o);
+    check_mpi(MPI_Ibarrier(comm_, &w->req), "Ibarrier");
+    return w;
+  }
+
+  std::unique_ptr<Work> send(const void* buf, size_t count, DType dtype, int dst,
+                             const SendOptions& o) override {
+    check_peer(dst, "send");
+    auto w = std::make_unique<MpiWork>(this, "send", send_seq_++, dst, o);
+    check_mpi(MPI_Isend(buf, bytes(count, dtype, "send"), MPI_BYTE, dst, 0, comm_, &w->req), "Isend");
+    return w;
+  }
+
+  std::unique_ptr<Work> recv(void* buf, size_t count, DType dtype, int src,
+                             const RecvOptions& o) override {
+    check_peer(src, "recv");
+    auto w = std::make_unique<MpiWork>(this, "recv", recv_seq_++, src, o);
+    check_mpi(MPI_Irecv(buf, bytes(count, dtype, "recv"), MPI_BYTE, src, 0, comm_, &w->req), "Irecv");
+    return w;
+  }
+
+  std::shared_ptr<Backend> split(int color, int key) override {
+    CommOptions o;
+    begin("split", o);
+    MPI_Comm sub = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "Comm_split");
+    if (sub == MPI_COMM_NULL) return nullptr;
+    return std::make_shared<MpiBackend>(sub, true);
+  }
+
+  [[noreturn]] void abort(int code, const std::string& message) override {
+    std::fprintf(stderr, "meshtrain: rank %d aborting the MPI job (code %d): %s\n", rank_, code,
+                 message.c_str());
+    std::fflush(stderr);
+    MPI_Abort(comm_, code);
+    std::_Exit(code);
+  }
+
+  // Rank 0: reads every pending arrival announcement. Others: reaps finished announcements.
+  void drain() {
+    reap_sends();
+    if (rank_ != 0) return;
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kTagArrive, ctl_, &flag, &st), "Iprobe");
+      if (!flag) return;
+      uint64_t msg[2];
+      check_mpi(MPI_Recv(msg, 2, MPI_UINT64_T, st.MPI_SOURCE, kTagArrive, ctl_, MPI_STATUS_IGNORE),
+                "Recv");
+      last_seq_[st.MPI_SOURCE] = static_cast<int64_t>(msg[0]);
+      last_id_[st.MPI_SOURCE] = static_cast<int>(msg[1]);
+    }
+  }
+
+  [[noreturn]] void throw_timeout(const std::string& what, uint64_t seq, int peer,
+                                  const std::string& tag, std::chrono::milliseconds timeout) {
+    std::vector<int> missing;
+    std::string note;
+    if (peer >= 0) {
+      missing = {peer};
+    } else if (rank_ == 0) {
+      drain();
+      const int id = collective_id(what);
+      for (int r = 0; r < size_; ++r) {
+        if (last_seq_[r] < static_cast<int64_t>(seq)) missing.push_back(r);
+        else if (last_seq_[r] == static_cast<int64_t>(seq) && last_id_[r] != id)
+          note += "; rank " + std::to_string(r) + " called " + kCollectives[last_id_[r]] +
+                  " #" + std::to_string(seq) + " instead";
+      }
+      std::vector<uint64_t> report{seq};
+      for (int r : missing) report.push_back(static_cast<uint64_t>(r));
+      for (int r = 1; r < size_; ++r) {
+        if (last_seq_[r] < static_cast<int64_t>(seq)) continue;
+        MPI_Request req;  // tiny: sent eagerly; waited for below, at most a second
+        check_mpi(MPI_Isend(report.data(), static_cast<int>(report.size()), MPI_UINT64_T, r,
+                            kTagReport, ctl_, &req),
+                  "Isend");
+        auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        int flag = 0;
+        while (!flag && std::chrono::steady_clock::now() < until) MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+        if (!flag) MPI_Request_free(&req);
+      }
+    } else {
+      missing = wait_report(seq, timeout);
+      if (missing.empty()) {
+        missing = {0};
+        note = " (no report from rank 0, which gathers arrivals: it has not arrived or is stuck)";
+      }
+    }
+    throw CommTimeout(timeout_message("mpi", what, seq, tag, rank_, size_, timeout, missing) + note,
+                      what, seq, missing);
+  }
+
+ private:
+  std::unique_ptr<MpiWork> begin(const std::string& what, const CommOptions& o) {
+    const uint64_t seq = next_seq_++;
+    if (rank_ == 0) {
+      last_seq_[0] = static_cast<int64_t>(seq);
+      last_id_[0] = collective_id(what);
+    } else {
+      auto payload = std::make_unique<uint64_t[]>(2);
+      payload[0] = seq;
+      payload[1] = static_cast<uint64_t>(collective_id(what));
+      MPI_Request req;
+      check_mpi(MPI_Isend(payload.get(), 2, MPI_UINT64_T, 0, kTagArrive, ctl_, &req), "Isend");
+      sends_.emplace_back(req, std::move(payload));
+    }
+    drain();
+    return std::make_unique<MpiWork>(this, what, seq, -1, o);
+  }
+
+  std::vector<int> wait_report(uint64_t seq, std::chrono::milliseconds timeout) {
+    auto until = std::chrono::steady_clock::now() + std::max(timeout, std::chrono::milliseconds(200));
+    while (std::chrono::steady_clock::now() < until) {
+      int flag = 0;
+      MPI_Status st;
+      check_mpi(MPI_Iprobe(0, kTagReport, ctl_, &flag, &st), "Iprobe");
+      if (!flag) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        continue;
+      }
+      int n = 0;
+      MPI_Get_count(&st, MPI_UINT64_T, &n);
+      std::vector<uint64_t> report(n);
+      check_mpi(MPI_Recv(report.data(), n, MPI_UINT64_T, 0, kTagReport, ctl_, MPI_STATUS_IGNORE),
+                "Recv");
+      if (n >= 1 && report[0] == seq) return std::vector<int>(report.begin() + 1, report.end());
+    }
+    return {};
+  }
+
+  void reap_sends() {
+    while (!sends_.empty()) {
+      int flag = 0;
+      MPI_Test(&sends_.front().first, &flag, MPI_STATUS_IGNORE);
+      if (!flag) return;
+      sends_.pop_front();
+    }
+  }
+
+  int bytes(size_t count, DType dtype, const char* what) const {
+    return checked_int(count * dtype_size(dtype), what);
+  }
+
+  void check_peer(int peer, const char* what) const {
+    MT_CHECK(peer >= 0 && peer < size_ && peer != rank_, ErrorKind::kInvalidArgument,
+             std::string(what) + ": peer " + std::to_string(peer) +
+                 " is not another rank of a group of " + std::to_string(size_));
+  }
+
+  // The f32 buffer to reduce: buf itself for f32, else a widened copy kept in `keep`.
+  static float* widen(MpiWork&, std::vector<float>& keep, void* buf, size_t n, DType dtype) {
+    if (dtype == DType::kF32) return static_cast<float*>(buf);
+    keep.resize(n);
+    convert(keep.data(), DType::kF32, buf, dtype, n);
+    return keep.data();
+  }
+
+  std::function<void()> narrow_back(MpiWork&, void* dst, float* f32, size_t n, DType dtype,
+                                    ReduceOp op) const {
+    const float inv = 1.0f / static_cast<float>(size_);
+    return [=] {
+      if (op == ReduceOp::kAvg)
+        for (size_t i = 0; i < n; ++i) f32[i] *= inv;
+      if (dtype != DType::kF32) convert(dst, dtype, f32, DType::kF32, n);
+    };
+  }
+
+  MPI_Comm comm_, ctl_;
+  bool owned_;
+  int rank_ = 0, size_ = 1;
+  uint64_t next_seq_ = 0, send_seq_ = 0, recv_seq_ = 0;
+  std::vector<int64_t> last_seq_;  // rank 0: the last collective each rank announced
+  std::vector<int> last_id_;
+  std::deque<std::pair<MPI_Request, std::unique_ptr<uint64_t[]>>> sends_;
+};
+
+MpiWork::~MpiWork() {
+  // NOTE: a Work dropped before completion leaves MPI writing into the caller's buffers; it is
+  // only meant to happen on the way to abort().
+  if (!done_ && req != MPI_REQUEST_NULL) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && peer_ >= 0) MPI_Request_free(&req);
+  }
+}
+
+bool MpiWork::is_completed() {
+  if (done_) return true;
+  backend_->drain();
+  int flag = 0;
+  check_mpi(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "Test");
+  if (!flag) return false;
+  done_ = true;
+  if (finish) finish();
+  return true;
+}
+
+void MpiWork::wait() {
+  for (int spins = 0; !is_completed(); ++spins) {
+    if (std::chrono::steady_clock::now() >= deadline_)
+      backend_->throw_timeout(what_, seq_, peer_, tag_, timeout_);
+    if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else std::this_thread::yield();
+  }
+}
+
+const char* level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "single";
+    case MPI_THREAD_FUNNELED: return "funneled";
+    case MPI_THREAD_SERIALIZED: return "serialized";
+    case MPI_THREAD_MULTIPLE: return "multiple";
+  }
+  return "none";
+}
+
+}  // namespace
+
+std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
+  if (g_world) return g_world;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &g_thread_level), "Init_thread");
+  else MPI_Query_thread(&g_thread_level);
+  MT_CHECK(g_thread_level >= MPI_THREAD_SERIALIZED, ErrorKind::kIOError,
+           std::string("MPI provides only thread level '") + level_name(g_thread_level) +
+               "'; meshtrain needs 'serialized' or 'multiple'");
+  g_world = std::make_shared<MpiBackend>(MPI_COMM_WORLD, false);
+  return g_world;
+}
+
+void mpi_finalize() {
+  g_world.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+const char* mpi_thread_level() { return level_name(g_thread_level); }
+
+}  // namespace mt::comm

@@ -1,0 +1,36 @@
+// MPI backend (OpenMPI): the real engine, on one host or many, under `mpirun`.
+//
+// Threads: MPI is initialised with MPI_Init_thread asking for MPI_THREAD_MULTIPLE (whatever is
+// provided is recorded; at least MPI_THREAD_SERIALIZED is required). Collectives are nonblocking
+// (MPI_Iallreduce, ...); their Work makes progress inside is_completed()/wait() (OpenMPI progresses
+// nonblocking collectives in MPI_Test), so calls on one Backend must not run concurrently.
+// NOTE: there is no progress thread yet: overlap with compute needs the caller to poll
+// is_completed() (a dedicated progress thread fed by a queue, c10d's way, is the next step).
+//
+// bf16/f16 reductions: the buffer is widened to an f32 copy, reduced in f32 by MPI (MPI_SUM/MAX/MIN
+// over MPI_FLOAT) and rounded once back to the element type when the Work completes; kAvg divides
+// the f32 sum by the group size. So bf16 sums carry f32 rounding only, never per-hop bf16 rounding.
+//
+// Timeouts: every rank announces each collective it enters (sequence number and name) to group
+// rank 0 with a small nonblocking message on a duplicated communicator; rank 0 reads them while it
+// polls. A wait() past its deadline on rank 0 lists the ranks that have not announced the
+// collective, sends that report to the ranks that did, and throws CommTimeout; on another rank
+// wait() waits up to its timeout again for rank 0's report (no report: rank 0 itself is named).
+// A timed-out collective cannot be cancelled in MPI: the job is meant to end, by abort().
+#pragma once
+
+#include <memory>
+
+#include "comm/backend.h"
+
+namespace mt::comm {
+
+// Initialises MPI once per process (repeat calls return the same world) and returns the world
+// group. Throws kIOError when MPI cannot give MPI_THREAD_SERIALIZED.
+std::shared_ptr<Backend> mpi_init(int* argc, char*** argv);
+// Finalises MPI. REQUIRES: every Work has completed and every MPI Backend but the world is gone.
+void mpi_finalize();
+// The thread level MPI provided ("multiple", "serialized", ...); "none" before mpi_init.
+const char* mpi_thread_level();
+
+}  // namespace mt::comm

@@ -1,0 +1,243 @@
+// test_comm_mpi: the MPI backend under `mpirun -np N` (tests/CMakeLists.txt runs N = 2 and 4).
+// Rank r holds x_r[i] = 10 r + i; every collective is checked against the result computed by hand,
+// bf16 sums against a double reference rounded once. Each rank prints its own failures ("FAIL
+// ..."); rank 0 prints the summary. Exit status: 0 when every rank passed.
+//
+// --timeout-case: the last rank skips all_reduce #1; every other rank must get a CommTimeout naming
+// it, the collective and its number. Rank 0 then aborts the job (the way the CLI ends a hung job),
+// so ctest passes this case on rank 0's "timeout case: PASS" line, and fails on any "FAIL".
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "comm/mpi_backend.h"
+
+using namespace mt;
+using namespace mt::comm;
+
+namespace {
+
+int g_failures = 0;
+int g_checks = 0;
+int g_rank = 0;
+
+#define EXPECT(cond, what)                                                                 \
+  do {                                                                                     \
+    ++g_checks;                                                                            \
+    if (!(cond)) {                                                                         \
+      ++g_failures;                                                                        \
+      std::printf("FAIL rank %d line %d: %s (%s)\n", g_rank, __LINE__, #cond,            \
+                  std::string(what).c_str());                                              \
+    }                                                                                      \
+  } while (0)
+
+float x(int r, size_t i) { return static_cast<float>(10 * r + static_cast<int>(i)); }
+
+std::vector<float> inputs(int r, size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = x(r, i);
+  return v;
+}
+
+void check_all_reduce(Backend& b) {
+  const int n = b.size();
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    auto v = inputs(b.rank(), 7);
+    AllReduceOptions o;
+    o.op = op;
+    auto w = b.all_reduce(v.data(), v.size(), DType::kF32, o);
+    w->wait();
+    EXPECT(w->is_completed(), "all_reduce");
+    for (size_t i = 0; i < v.size(); ++i) {
+      float sum = 0;
+      for (int r = 0; r < n; ++r) sum += x(r, i);
+      float expect = op == ReduceOp::kSum ? sum : op == ReduceOp::kAvg ? sum / n
+                     : op == ReduceOp::kMax ? x(n - 1, i) : x(0, i);
+      EXPECT(v[i] == expect, std::string("all_reduce ") + reduce_op_name(op));
+    }
+  }
+}
+
+void check_bf16_sum(Backend& b) {
+  const size_t count = 512;
+  const int n = b.size();
+  auto make = [&](int r) {  // same data on every rank, seeded by rank
+    std::mt19937 rng(100 + r);
+    std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+    std::vector<bf16_t> v(count);
+    for (auto& e : v) e = f32_to_bf16(u(rng));
+    return v;
+  };
+  auto mine = make(b.rank());
+  auto rs_in = mine;  // reduce_scatter over count / n blocks
+  b.all_reduce(mine.data(), count, DType::kBF16, {})->wait();
+  std::vector<bf16_t> rs_out(count / n);
+  b.reduce_scatter(rs_out.data(), rs_in.data(), count / n, DType::kBF16, {})->wait();
+  std::vector<double> exact(count, 0.0);
+  for (int r = 0; r < n; ++r) {
+    auto v = make(r);
+    for (size_t i = 0; i < count; ++i) exact[i] += bf16_to_f32(v[i]);
+  }
+  int bad = 0, bad_rs = 0;
+  for (size_t i = 0; i < count; ++i)
+    bad += mine[i].bits != f32_to_bf16(static_cast<float>(exact[i])).bits;
+  for (size_t i = 0; i < count / n; ++i)
+    bad_rs += rs_out[i].bits !=
+              f32_to_bf16(static_cast<float>(exact[b.rank() * (count / n) + i])).bits;
+  EXPECT(bad == 0, std::to_string(bad) + " bf16 all_reduce elements differ from the f32-accumulated sum");
+  EXPECT(bad_rs == 0, std::to_string(bad_rs) + " bf16 reduce_scatter elements differ");
+}
+
+void check_rooted(Backend& b) {
+  const int n = b.size(), me = b.rank(), root = n - 1;
+  auto v = inputs(me, 3);
+  BroadcastOptions bo;
+  bo.root = root;
+  b.broadcast(v.data(), 3, DType::kF32, bo)->wait();
+  EXPECT(v == inputs(root, 3), "broadcast");
+
+  auto red = inputs(me, 3);
+  ReduceOptions ro;
+  ro.root = root;
+  b.reduce(red.data(), 3, DType::kF32, ro)->wait();
+  if (me == root)
+    for (size_t i = 0; i < 3; ++i) {
+      float sum = 0;
+      for (int r = 0; r < n; ++r) sum += x(r, i);
+      EXPECT(red[i] == sum, "reduce");
+    }
+
+  auto mine = inputs(me, 2);
+  std::vector<float> g(2 * n, -1);
+  GatherOptions go;
+  go.root = root;
+  b.gather(g.data(), mine.data(), 2, DType::kF32, go)->wait();
+  if (me == root)
+    for (int r = 0; r < n; ++r) EXPECT(g[2 * r] == x(r, 0) && g[2 * r + 1] == x(r, 1), "gather");
+
+  auto src = inputs(100, 2 * n);
+  std::vector<float> piece(2);
+  ScatterOptions so;
+  so.root = root;
+  b.scatter(piece.data(), src.data(), 2, DType::kF32, so)->wait();
+  EXPECT(piece[0] == 1000.0f + 2 * me && piece[1] == 1001.0f + 2 * me, "scatter");
+}
+
+void check_gather_scatter_all(Backend& b) {
+  const int n = b.size(), me = b.rank();
+  auto mine = inputs(me, 2);
+  std::vector<float> all(2 * n);
+  b.all_gather(all.data(), mine.data(), 2, DType::kF32, {})->wait();
+  for (int r = 0; r < n; ++r) EXPECT(all[2 * r] == x(r, 0) && all[2 * r + 1] == x(r, 1), "all_gather");
+  // In place: my block of recv is the send buffer.
+  std::vector<float> inplace(2 * n, -1);
+  inplace[2 * me] = x(me, 0);
+  inplace[2 * me + 1] = x(me, 1);
+  b.all_gather(inplace.data(), inplace.data() + 2 * me, 2, DType::kF32, {})->wait();
+  EXPECT(inplace == all, "all_gather in place");
+
+  auto send = inputs(me, 2 * n);
+  std::vector<float> out(2);
+  ReduceScatterOptions rso;
+  rso.op = ReduceOp::kMax;
+  b.reduce_scatter(out.data(), send.data(), 2, DType::kF32, rso)->wait();
+  EXPECT(out[0] == x(n - 1, 2 * me) && out[1] == x(n - 1, 2 * me + 1), "reduce_scatter max");
+
+  std::vector<float> a2a(2 * n);
+  b.all_to_all(a2a.data(), send.data(), 2, DType::kF32, {})->wait();
+  for (int s = 0; s < n; ++s)
+    EXPECT(a2a[2 * s] == x(s, 2 * me) && a2a[2 * s + 1] == x(s, 2 * me + 1), "all_to_all");
+  b.barrier({})->wait();
+}
+
+void check_p2p_and_groups(Backend& b) {
+  const int n = b.size(), me = b.rank();
+  float out = static_cast<float>(me), in = -1;
+  auto rw = b.recv(&in, 1, DType::kF32, (me + n - 1) % n, {});
+  auto sw = b.send(&out, 1, DType::kF32, (me + 1) % n, {});
+  sw->wait();
+  rw->wait();
+  EXPECT(in == static_cast<float>((me + n - 1) % n), "ring send/recv");
+
+  auto half = b.split(me % 2, me);  // even and odd ranks
+  float v = static_cast<float>(me);
+  half->all_reduce(&v, 1, DType::kF32, {})->wait();
+  float expect = 0;
+  for (int r = me % 2; r < n; r += 2) expect += static_cast<float>(r);
+  EXPECT(v == expect, "split all_reduce");
+  EXPECT(half->rank() == me / 2, "split rank");
+  auto solo = b.new_group({0});
+  EXPECT((me == 0) == static_cast<bool>(solo), "new_group membership");
+  if (solo) EXPECT(solo->size() == 1, "new_group size");
+}
+
+int timeout_case(Backend& b) {
+  const int last = b.size() - 1;
+  float v = 1;
+  b.all_reduce(&v, 1, DType::kF32, {})->wait();  // #0: everyone
+  if (b.rank() == last) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // skips #1; ended by the abort
+  }
+  AllReduceOptions o;
+  o.timeout = std::chrono::milliseconds(1000);
+  o.tag = "timeout-case";
+  std::string msg;
+  bool ok = false;
+  try {
+    b.all_reduce(&v, 1, DType::kF32, o)->wait();
+    msg = "all_reduce #1 completed without rank " + std::to_string(last);
+  } catch (const CommTimeout& e) {
+    msg = e.what();
+    const std::string want = "rank " + std::to_string(last) + " has not arrived";
+    ok = e.collective() == "all_reduce" && e.seq() == 1 && e.missing_ranks() == std::vector<int>{last} &&
+         msg.find("all_reduce #1 [timeout-case]") != std::string::npos &&
+         msg.find(want) != std::string::npos;
+  }
+  std::printf("timeout case: %s on rank %d: %s\n", ok ? "PASS" : "FAIL", b.rank(), msg.c_str());
+  std::fflush(stdout);
+  if (b.rank() != 0) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // let the other ranks print
+  b.abort(ok ? 3 : 4, "timeout case done (the abort is expected)");
+  return 1;  // not reached
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::shared_ptr<Backend> world;
+  try {
+    world = mpi_init(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+  g_rank = world->rank();
+  if (argc > 1 && std::strcmp(argv[1], "--timeout-case") == 0) return timeout_case(*world);
+  for (auto check : {check_all_reduce, check_bf16_sum, check_rooted, check_gather_scatter_all,
+                     check_p2p_and_groups}) {
+    try {
+      check(*world);
+    } catch (const std::exception& e) {
+      ++g_failures;
+      std::printf("FAIL rank %d: %s\n", g_rank, e.what());
+      std::fflush(stdout);
+      world->abort(2, "test_comm_mpi: a check threw");
+    }
+  }
+  float failures = static_cast<float>(g_failures);
+  world->all_reduce(&failures, 1, DType::kF32, {})->wait();
+  if (g_rank == 0)
+    std::printf("test_comm_mpi: %d ranks (thread level %s), %d checks on rank 0, %d failures in all\n",
+                world->size(), mpi_thread_level(), g_checks, static_cast<int>(failures));
+  world.reset();
+  mpi_finalize();
+  return failures == 0 ? 0 : 1;
+}
