@@ -12,6 +12,7 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::kOutOfMemory: return "out of memory";
     case ErrorKind::kNumerical: return "numerical error";
     case ErrorKind::kInternal: return "internal error";
+    case ErrorKind::kTimeout: return "timeout";
   }
   return "error";
 }

@@ -16,6 +16,7 @@ enum class ErrorKind {
   kOutOfMemory,      // an allocation failed; the message quotes the accounted categories
   kNumerical,        // NaN/inf where a finite value is required
   kInternal,         // a broken invariant: a bug in meshtrain
+  kTimeout,          // a collective or a peer did not answer in time (a hang turned into an error)
 };
 
 const char* error_kind_name(ErrorKind kind);

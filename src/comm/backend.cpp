@@ -18,7 +18,7 @@ const char* reduce_op_name(ReduceOp op) {
 
 CommTimeout::CommTimeout(const std::string& message, std::string collective, uint64_t seq,
                          std::vector<int> missing_ranks)
-    : Error(ErrorKind::kIOError, message),
+    : Error(ErrorKind::kTimeout, message),
       collective_(std::move(collective)),
       seq_(seq),
       missing_ranks_(std::move(missing_ranks)) {}

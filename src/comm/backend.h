@@ -47,8 +47,8 @@ struct SendOptions : CommOptions {};
 struct RecvOptions : CommOptions {};
 struct BarrierOptions : CommOptions {};
 
-// CommTimeout: a collective that did not complete within its timeout. kind() is kIOError (the
-// error table of base/ has no timeout kind yet); missing_ranks() are the group ranks that had not
+// CommTimeout: a collective that did not complete within its timeout. kind() is kTimeout;
+// missing_ranks() are the group ranks that had not
 // arrived at the collective, as far as this rank could learn (empty when unknown).
 class CommTimeout : public Error {
  public:
