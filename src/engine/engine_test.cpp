@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "meshtrain/meshtrain.h"  // the public header compiles on its own and is what users include
 
 namespace mt::engine {
 namespace {

@@ -1,0 +1,183 @@
+// meshtrain launch -n N [--hostfile F] [DeepSpeed launcher flags] -- SUBCOMMAND ARGS...: runs
+// SUBCOMMAND on N ranks through OpenMPI's mpirun, re-executing this same binary (/proc/self/exe)
+// on every rank. Hosts and slots come from a DeepSpeed hostfile (or localhost with N slots),
+// filtered by --include/--exclude, --num_nodes and --num_gpus/--num_procs as DeepSpeed does.
+// The mpirun command line is printed on stderr first; mpirun's exit code (the first failing
+// rank's) becomes ours. Every rank sees MT_LAUNCHED=1.
+// NOTE: only rank 0 should draw progress bars; that is `train`'s job once data-parallel training
+// lands (issue 4): it can read MT_LAUNCHED and OMPI_COMM_WORLD_RANK.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "cli/hostfile.h"
+
+namespace mt::cli {
+namespace {
+
+struct LaunchArgs {
+  int n = 0;  // 0: every slot
+  std::string hostfile, include, exclude, master_addr;
+  int num_procs = 0, num_nodes = 0, master_port = 0;
+  std::vector<std::string> rest;
+};
+
+std::string read_text(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  MT_CHECK(f, ErrorKind::kNotFound, path + ": cannot open the hostfile");
+  std::string text;
+  char buf[4096];
+  for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, got);
+  std::fclose(f);
+  return text;
+}
+
+// Runs argv without a shell; returns its exit code (128 + signal when killed).
+int run_process(const std::vector<std::string>& argv) {
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  int pipefd[2];  // reports exec's errno to the parent; closes on a successful exec
+  MT_CHECK(::pipe2(pipefd, O_CLOEXEC) == 0, ErrorKind::kInternal, std::string("launch: pipe: ") + std::strerror(errno));
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  MT_CHECK(pid >= 0, ErrorKind::kInternal, std::string("launch: fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    ::execvp(cargv[0], cargv.data());
+    int err = errno;
+    ssize_t w = ::write(pipefd[1], &err, sizeof err);
+    (void)w;
+    ::_exit(127);
+  }
+  ::close(pipefd[1]);
+  int err = 0;
+  ssize_t got;
+  do got = ::read(pipefd[0], &err, sizeof err);
+  while (got < 0 && errno == EINTR);
+  ::close(pipefd[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  MT_CHECK(got != static_cast<ssize_t>(sizeof err), ErrorKind::kNotFound,
+           "launch: cannot run " + argv[0] + ": " + std::strerror(err) + " (is OpenMPI installed?)");
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  MT_CHECK(!ec, ErrorKind::kInternal, "launch: cannot read /proc/self/exe: " + ec.message());
+  return p.string();
+}
+
+int run_launch(const LaunchArgs& a) {
+  MT_CHECK(!a.rest.empty(), ErrorKind::kInvalidArgument, "launch: nothing to run: expected `-- SUBCOMMAND ARGS...`");
+  MT_CHECK(a.n >= 0, ErrorKind::kInvalidArgument, "launch: -n must be positive");
+  MT_CHECK(a.num_procs >= 0 && a.num_nodes >= 0, ErrorKind::kInvalidArgument,
+           "launch: --num_gpus/--num_procs and --num_nodes must be positive");
+  std::vector<HostSlots> hosts;
+  if (!a.hostfile.empty()) {
+    hosts = hostfile_parse(read_text(a.hostfile), a.hostfile);
+    MT_CHECK(!hosts.empty(), ErrorKind::kInvalidArgument, a.hostfile + ": no hosts");
+  } else {
+    hosts = {{"localhost", a.num_procs > 0 ? a.num_procs : a.n > 0 ? a.n : 1}};
+  }
+  hosts = hostfile_filter(hosts, a.include, a.exclude);
+  MT_CHECK(!hosts.empty(), ErrorKind::kInvalidArgument, "launch: --include/--exclude left no slots");
+  if (a.num_nodes > 0) {
+    MT_CHECK(a.num_nodes <= static_cast<int>(hosts.size()), ErrorKind::kInvalidArgument,
+             "launch: --num_nodes " + std::to_string(a.num_nodes) + " but only " + std::to_string(hosts.size()) +
+                 " hosts are available");
+    hosts.resize(static_cast<size_t>(a.num_nodes));
+  }
+  if (a.num_procs > 0)  // DeepSpeed: --num_gpus sets the processes per node
+    for (auto& h : hosts) h.slots = a.num_procs;
+  long total = 0;
+  for (const auto& h : hosts) total += h.slots;
+  const int n = a.n > 0 ? a.n : static_cast<int>(total);
+  if (n > total) {
+    std::string msg = "launch: -n ";
+    msg += std::to_string(n);
+    msg += " ranks but only ";
+    msg += std::to_string(total);
+    msg += " slots are available";
+    if (!a.hostfile.empty()) msg += " (" + a.hostfile + ")";
+    throw Error(ErrorKind::kInvalidArgument, msg);
+  }
+
+  // mpirun fills hosts in order, slot by slot: the ranks per host, and the busiest host's count.
+  // Remote hosts are assumed to have as many cores as this one (we cannot ask them from here).
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  std::string host_list;
+  int left = n, busiest = 0;
+  for (const auto& h : hosts) {
+    if (left == 0) break;
+    int r = std::min(left, h.slots);
+    left -= r;
+    busiest = std::max(busiest, r);
+    if (!host_list.empty()) host_list += ',';
+    host_list += h.host + ":" + std::to_string(h.slots);
+  }
+  const int omp_threads = std::max(1, cores / busiest);
+
+  std::vector<std::string> cmd = {"mpirun"};
+  if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");
+  if (busiest > cores) cmd.push_back("--oversubscribe");
+  // Each rank runs OMP_NUM_THREADS OpenMP threads: binding every rank to one core (OpenMPI's
+  // default for small jobs) would pile those threads onto it.
+  cmd.insert(cmd.end(), {"--bind-to", "none", "-np", std::to_string(n), "--host", host_list, "--tag-output"});
+  cmd.insert(cmd.end(), {"-x", "OMP_NUM_THREADS=" + std::to_string(omp_threads), "-x", "MT_LAUNCHED=1"});
+  // torch.distributed needs these; MPI does not, but the ranks get them as DeepSpeed's would.
+  if (!a.master_addr.empty()) cmd.insert(cmd.end(), {"-x", "MASTER_ADDR=" + a.master_addr});
+  if (a.master_port > 0) cmd.insert(cmd.end(), {"-x", "MASTER_PORT=" + std::to_string(a.master_port)});
+  cmd.push_back(self_exe());
+  cmd.insert(cmd.end(), a.rest.begin(), a.rest.end());
+
+  std::string line = "launch:";
+  for (const auto& c : cmd) {
+    line += ' ';
+    bool quote = c.empty() || c.find_first_of(" \t\"'\\$") != std::string::npos;
+    line += quote ? "'" + c + "'" : c;
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+  return run_process(cmd);
+}
+
+}  // namespace
+
+void register_launch(CLI::App& app) {
+  auto a = std::make_shared<LaunchArgs>();
+  auto* cmd = app.add_subcommand("launch", "Run a subcommand on many processes through mpirun (-- SUBCOMMAND ARGS...)");
+  cmd->add_option("-n", a->n, "total ranks (default: every available slot)");
+  cmd->add_option("--hostfile", a->hostfile, "DeepSpeed hostfile: `hostname slots=N` lines (default: localhost)");
+  cmd->add_option("--num_gpus,--num_procs", a->num_procs, "processes per node (DeepSpeed's --num_gpus)");
+  cmd->add_option("--num_nodes", a->num_nodes, "use the first N hosts");
+  cmd->add_option("--include", a->include, "hosts/slots to use: host1@host2:0,1");
+  cmd->add_option("--exclude", a->exclude, "hosts/slots to leave out: host1@host2:0,1");
+  cmd->add_option("--master_addr", a->master_addr, "passed to the ranks as MASTER_ADDR (MPI does not need it)");
+  cmd->add_option("--master_port", a->master_port, "passed to the ranks as MASTER_PORT (MPI does not need it)");
+  cmd->add_option("ARGS", a->rest, "the subcommand and its arguments, after --");
+  cmd->callback([a] {
+    int rc = run_launch(*a);
+    std::fflush(nullptr);
+    if (rc != 0) std::exit(rc);
+  });
+}
+
+}  // namespace mt::cli

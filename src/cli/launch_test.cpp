@@ -1,0 +1,161 @@
+// meshtrain launch: DeepSpeed hostfile parsing and --include/--exclude filters as pure functions,
+// and end to end through mpirun: rank-tagged output, a failing rank's exit code, bad hostfiles.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "base/error.h"
+#include "cli/hostfile.h"
+
+namespace fs = std::filesystem;
+using mt::cli::HostSlots;
+using mt::cli::hostfile_filter;
+using mt::cli::hostfile_parse;
+
+namespace {
+
+std::string dir() {
+  static std::string d = [] {
+    std::string p = ::testing::TempDir() + "/mt_launch_test_" + std::to_string(::getpid());
+    fs::remove_all(p);
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+std::string write(const std::string& name, const std::string& text) {
+  std::string path = dir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int run(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
+  std::string o = dir() + "/stdout.txt", e = dir() + "/stderr.txt";
+  int rc = std::system((std::string(MT_MESHTRAIN_BIN) + " " + args + " > " + o + " 2> " + e).c_str());
+  if (out) *out = slurp(o);
+  if (err) *err = slurp(e);
+  return WEXITSTATUS(rc);
+}
+
+// The exception's message, or "" when parsing succeeds.
+std::string parse_error(const std::string& text) {
+  try {
+    hostfile_parse(text, "hosts.txt");
+  } catch (const mt::Error& e) {
+    EXPECT_EQ(e.kind(), mt::ErrorKind::kInvalidArgument);
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Hostfile, ParsesHostsCommentsAndBlankLines) {
+  auto hosts = hostfile_parse("# cluster\n\nworker-1 slots=4\n  worker-2   slots=8  # big one\n\t\n", "hosts.txt");
+  ASSERT_EQ(hosts.size(), 2u);
+  EXPECT_EQ(hosts[0].host, "worker-1");
+  EXPECT_EQ(hosts[0].slots, 4);
+  EXPECT_EQ(hosts[1].host, "worker-2");
+  EXPECT_EQ(hosts[1].slots, 8);
+  EXPECT_TRUE(hostfile_parse("# nothing\n\n", "h").empty());
+}
+
+TEST(Hostfile, RejectsBadLinesNamingFileAndLine) {
+  EXPECT_NE(parse_error("a slots=1\nworker-1 4\n").find("hosts.txt:2:"), std::string::npos);
+  EXPECT_NE(parse_error("worker-1\n").find("hosts.txt:1:"), std::string::npos);
+  EXPECT_NE(parse_error("worker-1 slots=2 extra\n").find("hosts.txt:1:"), std::string::npos);
+  EXPECT_NE(parse_error("worker-1 slots=0\n").find("hosts.txt:1: slots=0"), std::string::npos);
+  EXPECT_NE(parse_error("worker-1 slots=-2\n").find("hosts.txt:1:"), std::string::npos);
+  EXPECT_NE(parse_error("worker-1 slots=x\n").find("hosts.txt:1:"), std::string::npos);
+  EXPECT_NE(parse_error("worker-1 slots=99999999999\n").find("hosts.txt:1:"), std::string::npos);
+  std::string dup = parse_error("# c\nw1 slots=2\nw2 slots=2\nw1 slots=4\n");
+  EXPECT_NE(dup.find("hosts.txt:4:"), std::string::npos) << dup;
+  EXPECT_NE(dup.find("line 2"), std::string::npos) << dup;
+}
+
+TEST(Hostfile, IncludeAndExclude) {
+  std::vector<HostSlots> hosts = {{"a", 4}, {"b", 2}, {"c", 8}};
+  auto slots = [](const std::vector<HostSlots>& v) {
+    std::string s;
+    for (const auto& h : v) s += h.host + ":" + std::to_string(h.slots) + " ";
+    return s;
+  };
+  EXPECT_EQ(slots(hostfile_filter(hosts, "", "")), "a:4 b:2 c:8 ");
+  EXPECT_EQ(slots(hostfile_filter(hosts, "c@a", "")), "a:4 c:8 ");
+  EXPECT_EQ(slots(hostfile_filter(hosts, "a:0,2@b", "")), "a:2 b:2 ");
+  EXPECT_EQ(slots(hostfile_filter(hosts, "", "b")), "a:4 c:8 ");
+  EXPECT_EQ(slots(hostfile_filter(hosts, "", "a:1@c:0,1,7")), "a:3 b:2 c:5 ");
+  EXPECT_EQ(slots(hostfile_filter(hosts, "", "b:0,1")), "a:4 c:8 ");
+  EXPECT_THROW(hostfile_filter(hosts, "a", "b"), mt::Error);     // mutually exclusive
+  EXPECT_THROW(hostfile_filter(hosts, "zz", ""), mt::Error);     // unknown host
+  EXPECT_THROW(hostfile_filter(hosts, "b:2", ""), mt::Error);    // slot out of range
+  EXPECT_THROW(hostfile_filter(hosts, "", "a:x"), mt::Error);    // not an index
+  EXPECT_THROW(hostfile_filter(hosts, "a@", ""), mt::Error);     // empty host
+}
+
+TEST(Launch, RunsASubcommandOnTwoRanksWithTaggedOutput) {
+  std::string cfg = write("tiny.json",
+                          R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48,)"
+                          R"( "n_layer": 2, "n_head": 4}, "train_micro_batch_size_per_gpu": 1})");
+  std::string out, err;
+  ASSERT_EQ(run("launch -n 2 -- config check " + cfg, &out, &err), 0) << out << err;
+  // OpenMPI's --tag-output: [jobid,rank]<stdout>:line
+  EXPECT_NE(out.find(",0]<stdout>:{"), std::string::npos) << out;
+  EXPECT_NE(out.find(",1]<stdout>:{"), std::string::npos) << out;
+  EXPECT_NE(err.find("launch: mpirun "), std::string::npos) << err;
+  EXPECT_NE(err.find("-np 2"), std::string::npos) << err;
+  EXPECT_NE(err.find("--host localhost:2"), std::string::npos) << err;
+  EXPECT_NE(err.find("-x MT_LAUNCHED=1"), std::string::npos) << err;
+  EXPECT_NE(err.find("-x OMP_NUM_THREADS="), std::string::npos) << err;
+}
+
+TEST(Launch, PassesMasterAddrAndPortThrough) {
+  std::string out, err;
+  std::string hosts = write("one.txt", "localhost slots=1\n");
+  ASSERT_EQ(run("launch --hostfile " + hosts + " --master_addr 127.0.0.1 --master_port 29500 -- config check " +
+                    write("t2.json", R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,)"
+                                     R"( "n_embd": 48, "n_layer": 2, "n_head": 4}, "train_micro_batch_size_per_gpu": 1})"),
+                &out, &err),
+            0)
+      << out << err;
+  EXPECT_NE(err.find("-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500"), std::string::npos) << err;
+  EXPECT_NE(err.find("-np 1 "), std::string::npos) << err;  // -n defaults to every slot
+}
+
+TEST(Launch, FailingRanksGiveTheirExitCode) {
+  std::string out, err;
+  EXPECT_EQ(run("launch -n 2 -- config check /nonexistent.json", &out, &err), 2) << out << err;
+  EXPECT_NE(err.find("cannot open"), std::string::npos) << err;
+}
+
+TEST(Launch, BadHostfileExits2NamingFileAndLine) {
+  std::string hosts = write("bad.txt", "# ok\nlocalhost slots=2\nworker slots=two\n");
+  std::string err;
+  EXPECT_EQ(run("launch -n 1 --hostfile " + hosts + " -- config check x.json", nullptr, &err), 2);
+  EXPECT_NE(err.find(hosts + ":3:"), std::string::npos) << err;
+  EXPECT_EQ(err.find("launch: mpirun"), std::string::npos) << err;  // nothing ran
+}
+
+TEST(Launch, MoreRanksThanSlotsNamesTheCounts) {
+  std::string hosts = write("two.txt", "localhost slots=2\n");
+  std::string err;
+  EXPECT_EQ(run("launch -n 3 --hostfile " + hosts + " -- config check x.json", nullptr, &err), 2);
+  EXPECT_NE(err.find("-n 3 ranks but only 2 slots"), std::string::npos) << err;
+  EXPECT_EQ(run("launch -n 1 -- ", nullptr, &err), 2);  // nothing to run
+  EXPECT_NE(err.find("nothing to run"), std::string::npos) << err;
+}
