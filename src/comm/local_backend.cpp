@@ -3,9 +3,11 @@
 #include "comm/local_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -88,74 +90,43 @@ class LocalBackend;
 // Runs a fully arrived collective. REQUIRES: group.mu is held.
 void execute(LocalGroup& group, Op& op);
 
+// The Work of a collective (State = Op) or a point-to-point message (State = P2pMsg): waits for
+// state->done under the group's lock until the deadline; on timeout, missing() (called under the
+// lock) names the ranks that have not arrived.
+template <typename State>
 class LocalWork : public Work {
  public:
-  LocalWork(std::shared_ptr<LocalGroup> group, std::shared_ptr<Op> op, std::string what,
-            uint64_t seq, int rank, const CommOptions& opts)
-      : group_(std::move(group)), op_(std::move(op)), what_(std::move(what)), seq_(seq),
-        rank_(rank), tag_(opts.tag), timeout_(opts.timeout),
-        deadline_(std::chrono::steady_clock::now() + opts.timeout) {}
+  LocalWork(std::shared_ptr<LocalGroup> group, std::shared_ptr<State> state, std::string what, uint64_t seq,
+            int rank, const CommOptions& opts, std::function<std::vector<int>(const State&)> missing)
+      : group_(std::move(group)), state_(std::move(state)), what_(std::move(what)), seq_(seq), rank_(rank),
+        tag_(opts.tag), timeout_(opts.timeout), deadline_(std::chrono::steady_clock::now() + opts.timeout),
+        missing_(std::move(missing)) {}
 
   bool is_completed() override {
     std::lock_guard<std::mutex> lock(group_->mu);
-    return op_->done;
+    return state_->done;
   }
 
   void wait() override {
     std::unique_lock<std::mutex> lock(group_->mu);
-    if (!group_->cv.wait_until(lock, deadline_, [&] { return op_->done; })) {
-      std::vector<int> missing;
-      for (size_t r = 0; r < op_->arrivals.size(); ++r)
-        if (!op_->arrivals[r].arrived) missing.push_back(static_cast<int>(r));
-      throw CommTimeout(timeout_message("local", what_, seq_, tag_, rank_, group_->size, timeout_,
-                                        missing),
-                        what_, seq_, missing);
+    if (!group_->cv.wait_until(lock, deadline_, [&] { return state_->done; })) {
+      std::vector<int> missing = missing_(*state_);
+      throw CommTimeout(timeout_message("local", what_, seq_, tag_, rank_, group_->size, timeout_, missing), what_,
+                        seq_, missing);
     }
-    if (op_->error) std::rethrow_exception(op_->error);
+    if (state_->error) std::rethrow_exception(state_->error);
   }
 
  private:
   std::shared_ptr<LocalGroup> group_;
-  std::shared_ptr<Op> op_;
+  std::shared_ptr<State> state_;
   std::string what_;
   uint64_t seq_;
   int rank_;
   std::string tag_;
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point deadline_;
-};
-
-class P2pWork : public Work {
- public:
-  P2pWork(std::shared_ptr<LocalGroup> group, std::shared_ptr<P2pMsg> msg, std::string what,
-          uint64_t seq, int rank, int peer, const CommOptions& opts)
-      : group_(std::move(group)), msg_(std::move(msg)), what_(std::move(what)), seq_(seq),
-        rank_(rank), peer_(peer), tag_(opts.tag), timeout_(opts.timeout),
-        deadline_(std::chrono::steady_clock::now() + opts.timeout) {}
-
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(group_->mu);
-    return msg_->done;
-  }
-
-  void wait() override {
-    std::unique_lock<std::mutex> lock(group_->mu);
-    if (!group_->cv.wait_until(lock, deadline_, [&] { return msg_->done; }))
-      throw CommTimeout(timeout_message("local", what_, seq_, tag_, rank_, group_->size, timeout_,
-                                        {peer_}),
-                        what_, seq_, {peer_});
-    if (msg_->error) std::rethrow_exception(msg_->error);
-  }
-
- private:
-  std::shared_ptr<LocalGroup> group_;
-  std::shared_ptr<P2pMsg> msg_;
-  std::string what_;
-  uint64_t seq_;
-  int rank_, peer_;
-  std::string tag_;
-  std::chrono::milliseconds timeout_;
-  std::chrono::steady_clock::time_point deadline_;
+  std::function<std::vector<int>(const State&)> missing_;
 };
 
 class LocalBackend : public Backend {
@@ -254,7 +225,12 @@ class LocalBackend : public Backend {
       group_->ops.erase(seq);
       group_->cv.notify_all();
     }
-    return std::make_unique<LocalWork>(group_, keep, desc.name, seq, rank_, o);
+    return std::make_unique<LocalWork<Op>>(group_, keep, desc.name, seq, rank_, o, [](const Op& op) {
+      std::vector<int> missing;
+      for (size_t r = 0; r < op.arrivals.size(); ++r)
+        if (!op.arrivals[r].arrived) missing.push_back(static_cast<int>(r));
+      return missing;
+    });
   }
 
   std::unique_ptr<Work> p2p(bool is_send, void* buf, size_t bytes, int peer, const CommOptions& o) {
@@ -289,7 +265,8 @@ class LocalBackend : public Backend {
       if (is_send) msg->send = buf; else msg->recv = buf;
       mine.push_back(msg);
     }
-    return std::make_unique<P2pWork>(group_, msg, what, seq, rank_, peer, o);
+    return std::make_unique<LocalWork<P2pMsg>>(group_, msg, what, seq, rank_, o,
+                                                [peer](const P2pMsg&) { return std::vector<int>{peer}; });
   }
 
   std::shared_ptr<LocalGroup> group_;
