@@ -16,6 +16,7 @@ void register_export(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_plot(CLI::App& app);
 void register_launch(CLI::App& app);
+void register_estimate(CLI::App& app);
 
 // Draws the loss curve of a --metrics file into out (.png/.svg) with gnuplot. Without gnuplot:
 // throws kNotFound when required, else prints a note and returns false.

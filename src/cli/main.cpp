@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   mt::cli::register_plot(app);
   mt::cli::register_generate(app);
   mt::cli::register_launch(app);
+  mt::cli::register_estimate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -33,11 +33,17 @@ void fsync_dir(const fs::path& dir) {
 }  // namespace
 
 std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t keep_last) {
-  fs::create_directories(save_dir);
   models::TransformerLM& model = engine.model();
   nn::ParamStore& store = model.store();
   std::string name = "step-" + std::to_string(engine.global_step());
   fs::path final_dir = fs::path(save_dir) / name;
+  // ZeRO: the partitions are gathered on rank 0, which alone writes, in the layout one process
+  // writes; so a checkpoint loads at any stage and world size.
+  std::vector<float> master;
+  engine.gather_master(master);
+  auto opt_full = engine.gather_optimizer_state();
+  if (engine.rank() != 0) return final_dir.string();
+  fs::create_directories(save_dir);
   fs::path tmp_dir = fs::path(save_dir) / (name + ".tmp");
   // Leftovers of saves killed half-way are never loaded; remove them.
   for (const auto& e : fs::directory_iterator(save_dir))
@@ -46,7 +52,7 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
 
   std::vector<checkpoint::StTensorOut> weights;
   for (nn::Parameter* p : store.parameters())
-    weights.push_back({p->name, DType::kF32, p->shape, p->master});
+    weights.push_back({p->name, DType::kF32, p->shape, master.data() + p->offset});
   checkpoint::safetensors_write((tmp_dir / "model.safetensors").string(), weights, {{"format", "pt"}});
   // Hugging Face's index of a (here one-shard) safetensors checkpoint.
   nlohmann::json index = {{"metadata", {{"total_size", store.numel() * sizeof(float)}}}, {"weight_map", nlohmann::json::object()}};
@@ -56,8 +62,8 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   fault_point("checkpoint.after_weights");
   int64_t n = static_cast<int64_t>(store.numel());
   std::vector<checkpoint::StTensorOut> opt_state;
-  for (const optim::StateBuffer& b : engine.optimizer().state())
-    opt_state.push_back({b.name, DType::kF32, {static_cast<int64_t>(b.numel)}, b.data});
+  for (const auto& [state_name, values] : opt_full)
+    opt_state.push_back({state_name, DType::kF32, {static_cast<int64_t>(values.size())}, values.data()});
   checkpoint::safetensors_write((tmp_dir / "optimizer.safetensors").string(), opt_state,
                                 {{"optimizer", engine.optimizer().type_name()}});
   const optim::LossScalerState& ls = engine.loss_scaler().state();
@@ -134,7 +140,9 @@ void checkpoint_load(Engine& engine, const std::string& path) {
   MT_CHECK(state.value("num_params", int64_t{-1}) == static_cast<int64_t>(store.numel()), ErrorKind::kInvalidArgument,
            (dir / "state.json").string() + ": the checkpoint's model has a different parameter count");
   checkpoint::SafetensorsFile weights((dir / "model.safetensors").string());
-  hf_weights_load(store, weights);
+  std::vector<float> flat(store.numel());
+  hf_weights_load(store, weights, "", flat.data());
+  engine.load_master(flat.data());
   checkpoint::SafetensorsFile opt((dir / "optimizer.safetensors").string());
   auto saved_type = opt.metadata().find("optimizer");
   std::string want = engine.optimizer().type_name();
@@ -142,8 +150,8 @@ void checkpoint_load(Engine& engine, const std::string& path) {
            opt.path() + ": the checkpoint's optimizer is " +
                (saved_type == opt.metadata().end() ? std::string("AdamW") : saved_type->second) + ", the config's " + want);
   for (const optim::StateBuffer& b : engine.optimizer().state()) {
-    std::vector<float> v = opt.read_f32(b.name, {static_cast<int64_t>(b.numel)});
-    std::memcpy(b.data, v.data(), v.size() * sizeof(float));
+    flat = opt.read_f32(b.name, {static_cast<int64_t>(store.numel())});
+    engine.load_optimizer_state(b.name, flat.data());
   }
   try {
     engine.optimizer().set_step_count(state.at("optimizer_step").get<int64_t>());

@@ -340,28 +340,54 @@ void parse_scheduler(Section& root, RunConfig& c) {
 void parse_zero(Section& root, RunConfig& c) {
   if (!root.has("zero_optimization")) return;
   Section s = root.sub("zero_optimization");
-  c.zero_stage = s.small_integer("stage", 0);
-  MT_CHECK(c.zero_stage >= 0 && c.zero_stage <= 3, ErrorKind::kInvalidArgument, "zero_optimization.stage must be 0, 1, 2 or 3");
-  if (c.zero_stage != 0)
-    throw Error(ErrorKind::kNotSupported, "zero_optimization.stage: " + std::to_string(c.zero_stage) +
-                                              " is not implemented yet (ZeRO arrives with the distributed engine); use 0");
-  for (const char* k : {"offload_optimizer", "offload_param"}) {
-    if (!s.has(k)) continue;
+  ZeroConfig& z = c.zero;
+  z.stage = s.small_integer("stage", 0);
+  MT_CHECK(z.stage >= 0 && z.stage <= 3, ErrorKind::kInvalidArgument, "zero_optimization.stage must be 0, 1, 2 or 3");
+  c.zero_stage = z.stage;
+  MT_CHECK(z.stage == 0 || c.optimizer.type != "Lamb", ErrorKind::kNotSupported,
+           "zero_optimization.stage " + std::to_string(z.stage) +
+               " with optimizer Lamb: Lamb's per-tensor trust ratio needs whole tensors, not ZeRO partitions (use stage 0)");
+  z.overlap_comm = s.boolean("overlap_comm", z.stage == 3);
+  // Hugging Face Trainer's "auto" rules (its DeepSpeed integration): from the hidden size.
+  const int64_t H = c.model.hidden;
+  auto size = [&s](const char* key, int64_t fallback, int64_t auto_value) {
+    int64_t v = s.is_auto(key) ? auto_value : s.integer(key, fallback);
+    MT_CHECK(v > 0 || (std::string(key) == "stage3_param_persistence_threshold" && v == 0), ErrorKind::kInvalidArgument,
+             s.where(key) + " must be positive");
+    return v;
+  };
+  z.reduce_bucket_size = size("reduce_bucket_size", z.reduce_bucket_size, H * H);
+  z.allgather_bucket_size = size("allgather_bucket_size", z.allgather_bucket_size, H * H);
+  z.stage3_prefetch_bucket_size = size("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 9 * H * H / 10);
+  z.stage3_param_persistence_threshold = size("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 10 * H);
+  z.stage3_max_live_parameters = size("stage3_max_live_parameters", z.stage3_max_live_parameters, z.stage3_max_live_parameters);
+  auto offload = [&s](const char* k) -> std::string {
+    if (!s.has(k)) return "none";
     Section o = s.sub(k);
     std::string device = o.string("device", "none");
-    MT_CHECK(device == "none" || device == "cpu", ErrorKind::kNotSupported, o.where("device") + ": '" + device + "' is not supported yet");
-    o.unparsed("pin_memory", Unparsed::kWarn);
-    o.unparsed("buffer_count", Unparsed::kWarn);
-    o.unparsed("fast_init", Unparsed::kWarn);
-    o.unparsed("ratio", Unparsed::kWarn);
+    MT_CHECK(device != "nvme", ErrorKind::kNotSupported,
+             o.where("device") + ": 'nvme' (ZeRO-Infinity) is not supported yet; use 'cpu' or 'none'");
+    MT_CHECK(device == "none" || device == "cpu", ErrorKind::kInvalidArgument,
+             o.where("device") + ": '" + device + "' is not a device (none, cpu or nvme)");
+    for (const char* w : {"pin_memory", "buffer_count", "fast_init", "ratio", "nvme_path", "buffer_size", "max_in_cpu"})
+      o.unparsed(w, Unparsed::kWarn);
     o.finish();
-  }
-  // Buckets, prefetch and persistence only tune communication at stage >= 1.
-  for (const char* k : {"allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter",
-                        "reduce_bucket_size", "contiguous_gradients", "stage3_prefetch_bucket_size",
-                        "stage3_param_persistence_threshold", "stage3_max_live_parameters",
-                        "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
-                        "sub_group_size", "round_robin_gradients", "cpu_offload", "memory_efficient_linear"})
+    return device;
+  };
+  z.offload_optimizer = offload("offload_optimizer");
+  z.offload_param = offload("offload_param");
+  if (s.boolean("cpu_offload", false)) z.offload_optimizer = "cpu";  // DeepSpeed's legacy key
+  if (s.boolean("cpu_offload_params", false)) z.offload_param = "cpu";
+  MT_CHECK(z.offload_optimizer == "none" || z.stage >= 1, ErrorKind::kInvalidArgument,
+           "zero_optimization.offload_optimizer needs stage 1, 2 or 3 (DeepSpeed's rule)");
+  MT_CHECK(z.offload_param == "none" || z.stage == 3, ErrorKind::kInvalidArgument,
+           "zero_optimization.offload_param needs stage 3 (DeepSpeed's rule)");
+  // Tuning knobs of DeepSpeed's implementation that do not change what is trained.
+  for (const char* k : {"allgather_partitions", "reduce_scatter", "contiguous_gradients", "stage3_max_reuse_distance",
+                        "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                        "sub_group_size", "round_robin_gradients", "memory_efficient_linear", "elastic_checkpoint",
+                        "load_from_fp32_weights", "ignore_unused_parameters", "use_multi_rank_bucket_allreduce",
+                        "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients"})
     s.unparsed(k, Unparsed::kWarn);
   s.finish();
 }
@@ -444,6 +470,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
   c.keep_last = root.integer("keep_last", 3);
   parse_data(root, c);
   parse_parallel(root, world_size);
+  c.world_size = world_size;
   parse_batch(root, c, world_size);
   c.gradient_clipping = root.is_auto("gradient_clipping") ? 1.0 : root.number("gradient_clipping", 0.0);
   parse_precision(root, c);
@@ -589,7 +616,15 @@ json ds_config_resolved(const RunConfig& c) {
                                     {"cos_min_ratio", sc.cos_min_ratio}}}};
   }
   if (!c.no_weight_decay.empty()) j["no_weight_decay"] = c.no_weight_decay;
-  j["zero_optimization"] = {{"stage", c.zero_stage}};
+  j["zero_optimization"] = {{"stage", c.zero.stage},
+                            {"overlap_comm", c.zero.overlap_comm},
+                            {"reduce_bucket_size", c.zero.reduce_bucket_size},
+                            {"allgather_bucket_size", c.zero.allgather_bucket_size},
+                            {"stage3_prefetch_bucket_size", c.zero.stage3_prefetch_bucket_size},
+                            {"stage3_param_persistence_threshold", c.zero.stage3_param_persistence_threshold},
+                            {"stage3_max_live_parameters", c.zero.stage3_max_live_parameters},
+                            {"offload_optimizer", {{"device", c.zero.offload_optimizer}}},
+                            {"offload_param", {{"device", c.zero.offload_param}}}};
   if (c.activation_checkpointing) j["activation_checkpointing"] = {{"enabled", true}};
   j["steps_per_print"] = c.steps_per_print;
   return j;

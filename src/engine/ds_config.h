@@ -28,6 +28,18 @@ struct BatchConfig {
   int64_t gradient_accumulation_steps = 0;
 };
 
+// zero_optimization, DeepSpeed's keys and defaults (sizes in elements, as DeepSpeed counts them).
+struct ZeroConfig {
+  int stage = 0;
+  bool overlap_comm = false;                  // DeepSpeed: false, but true at stage 3
+  int64_t reduce_bucket_size = 500'000'000;   // 5e8
+  int64_t allgather_bucket_size = 500'000'000;
+  int64_t stage3_prefetch_bucket_size = 50'000'000;  // 5e7
+  int64_t stage3_param_persistence_threshold = 100'000;  // 1e5
+  int64_t stage3_max_live_parameters = 1'000'000'000;    // 1e9
+  std::string offload_optimizer = "none", offload_param = "none";  // "none" or "cpu"
+};
+
 struct RunConfig {
   nlohmann::json model_json;  // the HF config as given (or loaded from the path)
   models::ModelConfig model;
@@ -49,7 +61,9 @@ struct RunConfig {
   // DeepSpeed when the client passes model.parameters().
   std::vector<std::string> no_weight_decay;
   optim::LrScheduleConfig scheduler;
-  int zero_stage = 0;
+  int zero_stage = 0;  // == zero.stage
+  ZeroConfig zero;
+  int world_size = 1;  // data-parallel processes the configuration was resolved for
   bool activation_checkpointing = false;
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;

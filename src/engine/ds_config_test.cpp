@@ -67,8 +67,15 @@ TEST(DsConfig, AutoValuesResolveLikeHuggingFace) {
 
 TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   auto j = base();
+  j["zero_optimization"] = {{"stage", 2}, {"offload_optimizer", {{"device", "nvme"}}}};
+  EXPECT_NE(error_of(j).find("zero_optimization.offload_optimizer.device: 'nvme'"), std::string::npos);
+  j = base();
   j["zero_optimization"] = {{"stage", 2}};
-  EXPECT_NE(error_of(j).find("zero_optimization.stage"), std::string::npos);
+  j["optimizer"] = {{"type", "Lamb"}, {"params", {{"lr", 1e-3}}}};
+  EXPECT_NE(error_of(j).find("Lamb"), std::string::npos);
+  j = base();
+  j["zero_optimization"] = {{"stage", 1}, {"offload_param", {{"device", "cpu"}}}};
+  EXPECT_NE(error_of(j).find("offload_param needs stage 3"), std::string::npos);
   j = base();
   j["optimizer"] = {{"type", "AdamW"}, {"params", {{"amsgrad", true}}}};
   EXPECT_NE(error_of(j).find("optimizer.params.amsgrad"), std::string::npos);
@@ -106,13 +113,31 @@ TEST(DsConfig, LoggingKeysAndTyposWarnWithDidYouMean) {
   auto j = base();
   j["tensorboard"] = {{"enabled", true}};
   j["steps_per_prnt"] = 5;
-  j["zero_optimization"] = {{"stage", 0}, {"overlap_comm", true}};
+  j["zero_optimization"] = {{"stage", 0}, {"contiguous_gradients", true}};
   RunConfig c = ds_config_parse(j, "cfg.json");
   std::string all;
   for (auto& w : c.warnings) all += w + "\n";
   EXPECT_NE(all.find("tensorboard"), std::string::npos);
   EXPECT_NE(all.find("did you mean 'steps_per_print'"), std::string::npos) << all;
-  EXPECT_NE(all.find("zero_optimization.overlap_comm"), std::string::npos);
+  EXPECT_NE(all.find("zero_optimization.contiguous_gradients"), std::string::npos);
+}
+
+TEST(DsConfig, ZeroKeysAsDeepSpeedReadsThem) {
+  auto j = base();
+  j["zero_optimization"] = {{"stage", 3}, {"reduce_bucket_size", 5e8}, {"stage3_prefetch_bucket_size", "auto"},
+                            {"stage3_param_persistence_threshold", "auto"}, {"cpu_offload", true},
+                            {"offload_param", {{"device", "cpu"}, {"pin_memory", true}}}};
+  RunConfig c = ds_config_parse(j, "cfg.json");
+  EXPECT_EQ(c.zero_stage, 3);
+  EXPECT_TRUE(c.zero.overlap_comm);  // DeepSpeed's stage-3 default
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
+  const int64_t H = c.model.hidden;
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 9 * H * H / 10);  // Hugging Face's "auto"
+  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 10 * H);
+  EXPECT_EQ(c.zero.offload_optimizer, "cpu");  // the legacy key
+  EXPECT_EQ(c.zero.offload_param, "cpu");
+  j["zero_optimization"] = {{"stage", 1}};
+  EXPECT_FALSE(ds_config_parse(j, "cfg.json").zero.overlap_comm);
 }
 
 TEST(DsConfig, MalformedModelFileIsNamed) {

@@ -4,7 +4,9 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "base/timer.h"
+#include "comm/local_backend.h"
 #include "engine/hf_weights.h"
 
 namespace mt::engine {
@@ -49,11 +51,62 @@ std::vector<optim::ParamSegment> engine_param_segments(const RunConfig& config, 
   return segs;
 }
 
-Engine::Engine(const RunConfig& config, models::TransformerLM& model)
-    : config_(config), model_(model), scaler_(scaler_config(config)) {
+Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::shared_ptr<comm::Backend> dp)
+    : config_(config), model_(model), dp_(std::move(dp)), scaler_(scaler_config(config)) {
   nn::ParamStore& store = model.store();
-  optimizer_ = optim::make_optimizer(config.optimizer, store.numel(), engine_param_segments(config, store));
+  MT_CHECK(world() == config.world_size, ErrorKind::kInvalidArgument,
+           "the configuration was resolved for " + std::to_string(config.world_size) + " process(es), the job has " +
+               std::to_string(world()));
+  const ZeroConfig& z = config.zero;
+  std::vector<optim::ParamSegment> segments = engine_param_segments(config, store);
+  if (z.stage >= 1) {
+    if (!dp_) dp_ = comm::make_local_world(1)[0];  // a group of one
+    parallel::ZeroOptions zo;
+    zo.stage = z.stage;
+    zo.overlap_comm = z.overlap_comm;
+    zo.prefetch_elems = static_cast<size_t>(z.stage3_prefetch_bucket_size);
+    zo.persistence_threshold = static_cast<size_t>(z.stage3_param_persistence_threshold);
+    zo.max_live_elems = static_cast<size_t>(z.stage3_max_live_parameters);
+    zero_ = std::make_unique<parallel::ZeroRuntime>(store, model.zero_units(), model.zero_unit_modules(), *dp_, zo);
+    segments = zero_->partition().shard_segments(segments);
+    if (rank() == 0) {
+      if (z.offload_optimizer == "cpu")
+        log_info("zero_optimization.offload_optimizer: cpu — the optimizer state already lives in host memory on CPU ranks");
+      if (z.offload_param == "cpu")
+        log_info("zero_optimization.offload_param: cpu — the parameters already live in host memory on CPU ranks");
+    }
+  } else if (world() > 1) {
+    buckets_ = std::make_unique<parallel::GradBuckets>(store.grad(), store.numel(),
+                                                       static_cast<size_t>(z.reduce_bucket_size), *dp_, z.overlap_comm);
+    // A bucket is launched once backward has passed below it: after each block and the tail.
+    std::vector<parallel::Unit> units = model.zero_units();
+    auto modules = model.zero_unit_modules();
+    for (size_t u = 1; u < units.size(); ++u) {
+      size_t from = units[u].offset;
+      for (nn::Module* m : modules[u])
+        m->add_hook(nn::HookPoint::kPostBackward, [this, from](nn::Module&, nn::HookPoint) {
+          if (buckets_->armed()) buckets_->ready_from(from);
+        });
+    }
+  }
+  optimizer_ = optim::make_optimizer(config.optimizer, state_numel(), segments);
   store.zero_grad();
+}
+
+Engine::~Engine() = default;
+
+float* Engine::master() const { return zero_ ? zero_->master() : model_.store().master(); }
+float* Engine::grad() const { return zero_ ? zero_->grad() : model_.store().grad(); }
+size_t Engine::state_numel() const { return zero_ ? zero_->partition().shard_numel() : model_.store().numel(); }
+
+double Engine::mean_over_ranks(double value) {
+  if (world() == 1) return value;
+  float v = static_cast<float>(value);
+  comm::AllReduceOptions o;
+  o.op = comm::ReduceOp::kAvg;
+  o.tag = "mean over ranks";
+  dp_->all_reduce(&v, 1, DType::kF32, o)->wait();
+  return v;
 }
 
 double Engine::current_lr() const { return optim::lr_for_step(config_.scheduler, applied_steps_ + 1); }
@@ -61,8 +114,11 @@ double Engine::current_lr() const { return optim::lr_for_step(config_.scheduler,
 float Engine::forward(const int32_t* tokens, const int32_t* targets) {
   MT_CHECK(!pending_backward_, ErrorKind::kInvalidArgument, "forward() twice without backward()");
   Timer t;
-  // DeepSpeed scales each micro-batch's loss by 1/gradient_accumulation_steps (and the loss scale).
-  float scale = static_cast<float>(scaler_.scale() / static_cast<double>(config_.batch.gradient_accumulation_steps));
+  // DeepSpeed scales each micro-batch's loss by 1/gradient_accumulation_steps (and the loss scale)
+  // and averages the gradients over the ranks; scaling by 1/(steps · ranks) and summing is the
+  // same (and is exactly what one process does with the whole global batch).
+  float scale = static_cast<float>(scaler_.scale() / static_cast<double>(config_.batch.gradient_accumulation_steps) /
+                                   static_cast<double>(world()));
   float loss = model_.forward(tokens, targets, scale);
   forward_seconds_ += t.seconds();
   MT_CHECK(std::isfinite(loss), ErrorKind::kNumerical,
@@ -76,7 +132,12 @@ float Engine::forward(const int32_t* tokens, const int32_t* targets) {
 void Engine::backward() {
   MT_CHECK(pending_backward_, ErrorKind::kInvalidArgument, "backward() without a forward()");
   Timer t;
+  const bool last = micro_in_step_ + 1 == config_.batch.gradient_accumulation_steps;
+  if (zero_) zero_->set_last_micro_batch(last);
+  if (buckets_ && last) buckets_->begin();  // no communication on the other micro-batches
   model_.backward();
+  if (zero_) zero_->finish_backward();
+  if (buckets_ && last) buckets_->finish();
   backward_seconds_ += t.seconds();
   pending_backward_ = false;
   ++micro_in_step_;
@@ -88,8 +149,9 @@ float Engine::forward_backward(const int32_t* tokens, const int32_t* targets) {
   return loss;
 }
 
-std::unique_ptr<Engine> initialize(const RunConfig& config, models::TransformerLM& model) {
-  return std::make_unique<Engine>(config, model);
+std::unique_ptr<Engine> initialize(const RunConfig& config, models::TransformerLM& model,
+                                   std::shared_ptr<comm::Backend> dp) {
+  return std::make_unique<Engine>(config, model, std::move(dp));
 }
 
 StepResult Engine::step() {
@@ -100,10 +162,22 @@ StepResult Engine::step() {
   StepResult r;
   r.forward_seconds = forward_seconds_;
   r.backward_seconds = backward_seconds_;
-  r.loss = static_cast<float>(loss_sum_ / micro_in_step_);
+  r.loss = static_cast<float>(mean_over_ranks(loss_sum_ / micro_in_step_));
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
-  double norm = optim::grad_norm(store.grad(), store.numel()) / r.loss_scale;
+  double norm;
+  if (zero_) {  // each rank holds the reduced gradients of its shard: sum the squares over ranks
+    double local = optim::grad_norm(grad(), state_numel());
+    float sq = static_cast<float>(local * local);
+    if (world() > 1) {
+      comm::AllReduceOptions o;
+      o.tag = "grad norm";
+      dp_->all_reduce(&sq, 1, DType::kF32, o)->wait();
+    }
+    norm = std::sqrt(static_cast<double>(sq)) / r.loss_scale;
+  } else {
+    norm = optim::grad_norm(grad(), state_numel()) / r.loss_scale;
+  }
   r.grad_norm = norm;
   bool overflow = !std::isfinite(norm);
   if (overflow) {
@@ -112,16 +186,22 @@ StepResult Engine::step() {
     double coef = 1.0 / r.loss_scale;
     if (config_.gradient_clipping > 0.0 && norm > config_.gradient_clipping)
       coef *= config_.gradient_clipping / (norm + 1e-6);
-    bool lowp = store.compute_dtype() != DType::kF32;
     // OneCycle cycles beta1 (and pins beta2 to 0.99) of Adam-like optimizers, as DeepSpeed does.
     if (auto mom = optim::momentum_for_step(config_.scheduler, applied_steps_ + 1); mom && optimizer_->has_betas())
       optimizer_->set_betas(*mom, optim::kOneCycleBeta2);
-    optimizer_->step(store.master(), store.grad(), lowp ? store.compute() : nullptr, store.compute_dtype(),
-                 static_cast<float>(r.lr), static_cast<float>(coef));
+    if (zero_) {
+      optimizer_->step(master(), grad(), nullptr, DType::kF32, static_cast<float>(r.lr), static_cast<float>(coef));
+      zero_->refresh_params();
+    } else {
+      bool lowp = store.compute_dtype() != DType::kF32;
+      optimizer_->step(store.master(), store.grad(), lowp ? store.compute() : nullptr, store.compute_dtype(),
+                       static_cast<float>(r.lr), static_cast<float>(coef));
+    }
     ++applied_steps_;
   }
   scaler_.update(overflow);  // throws at the minimum scale, as DeepSpeed does
   ++global_step_;
+  if (zero_) zero_->zero_grad();
   store.zero_grad();
   micro_in_step_ = 0;
   loss_sum_ = 0.0;
@@ -142,6 +222,59 @@ StepResult Engine::train_batch(const MicroBatchFn& next) {
 
 float Engine::evaluate(const int32_t* tokens, const int32_t* targets) {
   return model_.forward(tokens, targets, 0.0f);
+}
+
+}  // namespace mt::engine
+
+namespace mt::engine {
+
+void Engine::gather_master(std::vector<float>& flat) {
+  const size_t P = model_.store().numel();
+  flat.assign(rank() == 0 ? P : 0, 0.0f);
+  if (!zero_) {
+    if (rank() == 0) std::copy(master(), master() + P, flat.begin());
+    return;
+  }
+  zero_->gather_flat(rank() == 0 ? flat.data() : nullptr, master(), 0);
+}
+
+std::vector<std::pair<std::string, std::vector<float>>> Engine::gather_optimizer_state() {
+  std::vector<std::pair<std::string, std::vector<float>>> out;
+  const size_t P = model_.store().numel();
+  for (const optim::StateBuffer& b : optimizer_->state()) {
+    std::vector<float> v(rank() == 0 ? P : 0);
+    if (zero_) {
+      zero_->gather_flat(rank() == 0 ? v.data() : nullptr, b.data, 0);
+    } else if (rank() == 0) {
+      std::copy(b.data, b.data + b.numel, v.begin());
+    }
+    out.emplace_back(b.name, std::move(v));
+  }
+  return out;
+}
+
+void Engine::load_master(const float* flat) {
+  if (zero_) {
+    zero_->scatter_flat(master(), flat);
+    zero_->refresh_params();
+    return;
+  }
+  nn::ParamStore& store = model_.store();
+  std::copy(flat, flat + store.numel(), store.master());
+  store.sync_compute();
+}
+
+void Engine::load_optimizer_state(const std::string& name, const float* flat) {
+  for (const optim::StateBuffer& b : optimizer_->state()) {
+    if (b.name != name) continue;
+    if (zero_) {
+      zero_->scatter_flat(b.data, flat);
+    } else {
+      std::copy(flat, flat + b.numel, b.data);
+    }
+    return;
+  }
+  throw Error(ErrorKind::kInvalidArgument, "optimizer " + std::string(optimizer_->type_name()) + " has no state '" + name + "'");
 }
 
 }  // namespace mt::engine

@@ -9,7 +9,10 @@
 #include <functional>
 #include <memory>
 
+#include "comm/backend.h"
 #include "engine/ds_config.h"
+#include "parallel/dp/grad_buckets.h"
+#include "parallel/zero/zero_runtime.h"
 #include "models/transformer.h"
 #include "optim/adamw.h"  // grad_norm
 #include "optim/optimizer.h"
@@ -30,7 +33,11 @@ struct StepResult {
 
 class Engine {
  public:
-  Engine(const RunConfig& config, models::TransformerLM& model);
+  // dp: the data-parallel group (null: one process). Its size must be config.world_size. With
+  // zero_optimization.stage >= 1 the engine partitions the model's state across it (a group of one
+  // when dp is null) and the model's ParamStore buffers are released.
+  Engine(const RunConfig& config, models::TransformerLM& model, std::shared_ptr<comm::Backend> dp = nullptr);
+  ~Engine();
 
   // One micro-batch (B = train_micro_batch_size_per_gpu, T = seq_length), DeepSpeed's
   //   loss = engine(batch); engine.backward(loss); ... engine.step();
@@ -51,6 +58,21 @@ class Engine {
   int64_t applied_steps() const { return applied_steps_; }
   double current_lr() const;
   const RunConfig& config() const { return config_; }
+  int world() const { return dp_ ? dp_->size() : 1; }
+  int rank() const { return dp_ ? dp_->rank() : 0; }
+  comm::Backend* dp() const { return dp_.get(); }
+  const parallel::ZeroRuntime* zero() const { return zero_.get(); }
+  // Mean of a value over the data-parallel ranks (collective; the value itself on one process).
+  double mean_over_ranks(double value);
+
+  // The whole state as one process holds it, for checkpoints and export (collectives when ZeRO
+  // partitions it; every rank calls them). gather_master fills flat (numel f32) on rank 0 only;
+  // gather_optimizer_state returns each state buffer in full on rank 0 (empty elsewhere).
+  void gather_master(std::vector<float>& flat);
+  std::vector<std::pair<std::string, std::vector<float>>> gather_optimizer_state();
+  // Every rank passes the full buffers (read from a checkpoint): each keeps its part.
+  void load_master(const float* flat);
+  void load_optimizer_state(const std::string& name, const float* flat);
   models::TransformerLM& model() { return model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   optim::LossScaler& loss_scaler() { return scaler_; }
@@ -61,8 +83,15 @@ class Engine {
   }
 
  private:
+  float* master() const;
+  float* grad() const;
+  size_t state_numel() const;  // elements of the optimizer's span (shard or whole)
+
   RunConfig config_;
   models::TransformerLM& model_;
+  std::shared_ptr<comm::Backend> dp_;
+  std::unique_ptr<parallel::ZeroRuntime> zero_;
+  std::unique_ptr<parallel::GradBuckets> buckets_;  // stage 0 on more than one rank
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LossScaler scaler_;
   int64_t global_step_ = 0, applied_steps_ = 0;
@@ -77,7 +106,8 @@ std::vector<optim::ParamSegment> engine_param_segments(const RunConfig& config, 
 
 // DeepSpeed's deepspeed.initialize(config, model): the engine over a model built by
 // engine_build_model (or one prepared for the configuration's micro-batch shape).
-std::unique_ptr<Engine> initialize(const RunConfig& config, models::TransformerLM& model);
+std::unique_ptr<Engine> initialize(const RunConfig& config, models::TransformerLM& model,
+                                   std::shared_ptr<comm::Backend> dp = nullptr);
 
 // Builds the model of a configuration (compute dtype, recompute, seed) and prepares it for the
 // micro-batch shape.

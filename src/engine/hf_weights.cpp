@@ -20,7 +20,8 @@ std::string strip_first(const std::string& name) {
 
 }  // namespace
 
-void hf_weights_load(nn::ParamStore& store, const checkpoint::SafetensorsFile& file, const std::string& prefix) {
+void hf_weights_load(nn::ParamStore& store, const checkpoint::SafetensorsFile& file, const std::string& prefix,
+                     float* flat) {
   for (nn::Parameter* p : store.parameters()) {
     std::string name = prefix + p->name;
     if (!file.find(name)) {
@@ -28,9 +29,9 @@ void hf_weights_load(nn::ParamStore& store, const checkpoint::SafetensorsFile& f
       if (!strip_first(p->name).empty() && file.find(alt)) name = alt;
     }
     std::vector<float> w = file.read_f32(name, p->shape);  // throws naming file + tensor
-    std::memcpy(p->master, w.data(), w.size() * sizeof(float));
+    std::memcpy(flat ? flat + p->offset : p->master, w.data(), w.size() * sizeof(float));
   }
-  store.sync_compute();
+  if (!flat) store.sync_compute();
 }
 
 std::string hf_weights_config_path(const std::string& path) {

@@ -19,8 +19,10 @@ namespace mt::engine {
 
 // Copies "<prefix><name>" for every parameter from the file into master weights (and refreshes the
 // compute copy). Missing tensors or wrong shapes throw naming the tensor and the file.
+// With flat (numel f32) given, the values go there (at each parameter's offset) instead of into
+// the store (whose buffers ZeRO may have released).
 void hf_weights_load(nn::ParamStore& store, const checkpoint::SafetensorsFile& file,
-                     const std::string& prefix = "");
+                     const std::string& prefix = "", float* flat = nullptr);
 // path: a .safetensors file, a directory holding model.safetensors, or a directory / index file
 // of a sharded checkpoint (model.safetensors.index.json with its "weight_map").
 void hf_weights_load_path(nn::ParamStore& store, const std::string& path);

@@ -91,19 +91,23 @@ void TransformerLM::forward_trunk(const int32_t* tokens) {
   std::memcpy(tokens_, tokens, static_cast<size_t>(d.N) * 4);
   size_t NC = static_cast<size_t>(d.N) * d.C;
   nn::Parameter* wte = wte_->weight();
+  wte_->run_hooks(nn::HookPoint::kPreForward);
   kernels::embedding_forward(resid_, tokens_, wte->compute, wte->compute_dtype,
                              wpe_ ? wpe_->weight()->master : nullptr, d.N, d.T, d.C);
+  wte_->run_hooks(nn::HookPoint::kPostForward);
   for (int l = 0; l < cfg_.n_layer; ++l)
     blocks_[l]->forward(resid_ + (l + 1) * NC, resid_ + l * NC, acts_for(l), scratch_, d, rope_cos_,
                         rope_sin_, ws_);
   DType cd = opts_.compute_dtype;
   float* nf = cd == DType::kF32 ? static_cast<float*>(nfc_) : scratch_.f;
   const float* last = resid_ + cfg_.n_layer * NC;
+  norm_f_->run_hooks(nn::HookPoint::kPreForward);
   if (cfg_.arch == Arch::kGpt2) {
     static_cast<nn::LayerNorm*>(norm_f_)->forward(nf, norm_mean_, norm_rstd_, last, d.N);
   } else {
     static_cast<nn::RMSNorm*>(norm_f_)->forward(nf, norm_rstd_, last, d.N);
   }
+  norm_f_->run_hooks(nn::HookPoint::kPostForward);
   if (nf != nfc_) convert(nfc_, cd, nf, DType::kF32, NC);
 }
 
@@ -120,6 +124,9 @@ float TransformerLM::forward(const int32_t* tokens, const int32_t* targets, floa
                  " is outside the vocabulary (and not -100)");
     count += targets[i] != -100;
   }
+  nn::Module* head_module = lm_head_ ? lm_head_ : wte_;
+  // The fused head accumulates the head's gradient during forward when training.
+  head_module->run_hooks(loss_scale != 0.0f ? nn::HookPoint::kPreBackward : nn::HookPoint::kPreForward);
   nn::Parameter* head = lm_head_ ? lm_head_->weight() : wte_->weight();
   nn::LmHeadArgs a;
   a.x = nfc_;
@@ -132,6 +139,7 @@ float TransformerLM::forward(const int32_t* tokens, const int32_t* targets, floa
   a.dw = head->grad;
   a.losses = losses_;
   double total = nn::lm_head_cross_entropy(a, ws_);
+  head_module->run_hooks(loss_scale != 0.0f ? nn::HookPoint::kPostBackward : nn::HookPoint::kPostForward);
   backward_ready_ = loss_scale != 0.0f;
   if (count == 0) {
     if (backward_ready_) std::memset(dnf_, 0, static_cast<size_t>(d.N) * d.C * 4);
@@ -148,26 +156,86 @@ void TransformerLM::backward() {
   size_t NC = static_cast<size_t>(d.N) * d.C;
   std::memset(dres_, 0, NC * 4);
   const float* last = resid_ + cfg_.n_layer * NC;
+  norm_f_->run_hooks(nn::HookPoint::kPreBackward);
   if (cfg_.arch == Arch::kGpt2) {
     static_cast<nn::LayerNorm*>(norm_f_)->backward(dres_, dnf_, last, norm_mean_, norm_rstd_, d.N);
   } else {
     static_cast<nn::RMSNorm*>(norm_f_)->backward(dres_, dnf_, last, norm_rstd_, d.N);
   }
+  norm_f_->run_hooks(nn::HookPoint::kPostBackward);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     if (opts_.recompute)
       blocks_[l]->forward(scratch_.dact /* unused output */, resid_ + l * NC, acts_for(l), scratch_,
                           d, rope_cos_, rope_sin_, ws_);
     blocks_[l]->backward(dres_, resid_ + l * NC, acts_for(l), scratch_, d, rope_cos_, rope_sin_, ws_);
   }
+  wte_->run_hooks(nn::HookPoint::kPreBackward);
   kernels::embedding_backward(wte_->weight()->grad, wpe_ ? wpe_->weight()->grad : nullptr, dres_,
                               tokens_, d.N, d.T, d.C);
+  wte_->run_hooks(nn::HookPoint::kPostBackward);
+}
+
+std::vector<parallel::Unit> TransformerLM::zero_units() const {
+  std::vector<parallel::Unit> units;
+  auto add = [&units](std::string name, const std::vector<const nn::Parameter*>& ps) {
+    parallel::Unit u;
+    u.name = std::move(name);
+    u.offset = ps.front()->offset;
+    for (const nn::Parameter* p : ps) {
+      u.numel += static_cast<size_t>(p->numel());
+      if (p->is_matrix) u.matrix_numel += static_cast<size_t>(p->numel());
+    }
+    units.push_back(std::move(u));
+  };
+  const auto& all = store_->parameters();
+  // Registration order: embeddings, blocks, final norm, untied head (see the constructor).
+  size_t i = 0;
+  std::vector<const nn::Parameter*> group;
+  auto take_until = [&](size_t end_offset) {
+    group.clear();
+    while (i < all.size() && all[i]->offset < end_offset) group.push_back(all[i++]);
+  };
+  size_t P = store_->numel();
+  std::vector<size_t> starts;  // first offset of each block
+  for (Block* b : blocks_) {
+    std::vector<nn::Parameter*> bp;
+    b->collect_parameters(bp);
+    starts.push_back(bp.front()->offset);
+  }
+  size_t tail = P;
+  {
+    std::vector<nn::Parameter*> np;
+    norm_f_->collect_parameters(np);
+    tail = np.front()->offset;
+  }
+  take_until(starts.empty() ? tail : starts[0]);
+  add("embeddings", group);
+  for (size_t l = 0; l < starts.size(); ++l) {
+    take_until(l + 1 < starts.size() ? starts[l + 1] : tail);
+    add("h." + std::to_string(l), group);
+  }
+  take_until(P);
+  add("tail", group);
+  return units;
+}
+
+std::vector<std::vector<nn::Module*>> TransformerLM::zero_unit_modules() {
+  std::vector<std::vector<nn::Module*>> m;
+  m.push_back({wte_});
+  for (Block* b : blocks_) m.push_back({b});
+  m.push_back({norm_f_});
+  if (lm_head_) m.back().push_back(lm_head_);
+  return m;
 }
 
 void TransformerLM::logits(float* out, const int32_t* tokens) {
   forward_trunk(tokens);
   backward_ready_ = false;
+  nn::Module* head_module = lm_head_ ? lm_head_ : wte_;
+  head_module->run_hooks(nn::HookPoint::kPreForward);
   nn::Parameter* head = lm_head_ ? lm_head_->weight() : wte_->weight();
   nn::lm_head_logits(out, nfc_, head->compute, head->compute_dtype, dims_.N, dims_.C, cfg_.vocab_size);
+  head_module->run_hooks(nn::HookPoint::kPostForward);
 }
 
 double TransformerLM::train_flops_per_step() const {

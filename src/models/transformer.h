@@ -17,6 +17,7 @@
 #include "nn/embedding.h"
 #include "nn/param_store.h"
 #include "nn/workspace.h"
+#include "parallel/zero/partition.h"
 #include "tensor/allocator.h"
 
 namespace mt::models {
@@ -41,6 +42,13 @@ class TransformerLM : public nn::Module {
   void backward();
   // Logits (B, T, V) f32 of a forward over tokens (B, T) of the prepared shape.
   void logits(float* out, const int32_t* tokens);
+
+  // ZeRO units in forward order (embeddings, each block, tail: final norm + untied head) and, for
+  // each, the modules whose hooks bracket every use of that unit's parameters: kPreForward /
+  // kPostForward around a use that only reads them, kPreBackward / kPostBackward around one that
+  // also accumulates their gradients (the fused LM head does that during forward()).
+  std::vector<parallel::Unit> zero_units() const;
+  std::vector<std::vector<nn::Module*>> zero_unit_modules();
 
   // FLOPs of one training step on B*T tokens: 6 N_matmul tokens + attention (documented in PERF).
   double train_flops_per_step() const;

@@ -69,10 +69,19 @@ void ParamStore::init(uint64_t seed) {
   sync_compute();
 }
 
-void ParamStore::zero_grad() { std::memset(grad_.data(), 0, numel_ * 4); }
+void ParamStore::zero_grad() {
+  if (!released_) std::memset(grad_.data(), 0, numel_ * 4);
+}
+
+void ParamStore::release_buffers() {
+  master_ = Buffer();
+  grad_ = Buffer();
+  compute_ = Buffer();
+  released_ = true;
+}
 
 void ParamStore::sync_compute() {
-  if (!compute_.bytes()) return;
+  if (released_ || !compute_.bytes()) return;
   convert(compute_.data(), compute_dtype_, master_.data(), DType::kF32, numel_);
 }
 

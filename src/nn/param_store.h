@@ -34,12 +34,17 @@ class ParamStore {
   void zero_grad();
   // Refreshes the compute copy from master (after an optimizer step or a weight load).
   void sync_compute();
+  // Frees the three flat buffers (ZeRO: a runtime that partitions them owns the values from then
+  // on and rebinds each Parameter's pointers). master()/grad() are null afterwards.
+  void release_buffers();
+  bool released() const { return released_; }
 
  private:
   std::vector<Parameter*> params_;
   DType compute_dtype_;
   size_t numel_ = 0;
   Buffer master_, grad_, compute_;
+  bool released_ = false;
 };
 
 }  // namespace mt::nn

@@ -1,0 +1,163 @@
+// meshtrain estimate CONFIG [--procs N] [--set k=v]... [--memory GiB] [--json]: memory per rank for
+// ZeRO stages 0-3 by category (planner/memory.h), DeepSpeed's published figures beside ours, and the
+// largest micro-batch that fits a memory budget per rank (default: physical RAM / N).
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "engine/ds_config.h"
+#include "engine/json_file.h"
+#include "planner/memory.h"
+
+namespace mt::cli {
+namespace {
+
+struct EstimateOptions {
+  std::string path;
+  int procs = 1;
+  std::vector<std::string> sets;
+  double memory_gib = 0.0;
+  bool json = false;
+};
+
+constexpr MemCategory kColumns[] = {MemCategory::kParams, MemCategory::kGrads, MemCategory::kOptimizer,
+                                    MemCategory::kActivations, MemCategory::kComm, MemCategory::kWorkspace};
+
+size_t physical_memory_bytes() {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
+// A stage-3 knob: a number, or "auto" as the Hugging Face Trainer resolves it from the hidden size.
+int64_t knob(const nlohmann::json& z, const char* key, int64_t fallback, int64_t auto_value) {
+  if (!z.contains(key)) return fallback;
+  const nlohmann::json& v = z[key];
+  if (v.is_string() && v.get<std::string>() == "auto") return auto_value;
+  MT_CHECK(v.is_number() && v.get<double>() >= 0, ErrorKind::kInvalidArgument,
+           std::string("zero_optimization.") + key + " must be a non-negative number or \"auto\"");
+  return static_cast<int64_t>(v.get<double>());
+}
+
+// Loads the run configuration as ds_config_load does. The zero_optimization block is read here
+// (its stage-3 knobs) and left out of the parse: the estimate covers every stage whatever it says.
+planner::MemoryInput load_input(const EstimateOptions& o) {
+  nlohmann::json j = engine::json_load_file(o.path);
+  for (const auto& s : o.sets) engine::ds_config_set(j, s);
+  nlohmann::json zero = j.contains("zero_optimization") ? j["zero_optimization"] : nlohmann::json::object();
+  MT_CHECK(zero.is_object(), ErrorKind::kInvalidArgument, o.path + ": zero_optimization must be an object");
+  j.erase("zero_optimization");
+  engine::RunConfig c;
+  try {
+    c = engine::ds_config_parse(std::move(j), o.path, o.procs);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    if (msg.rfind(o.path, 0) == 0) throw;
+    throw Error(e.kind(), o.path + ": " + msg);
+  }
+  for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  planner::MemoryInput in;
+  in.model = c.model;
+  in.micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu);
+  in.seq_length = static_cast<int>(c.seq_length);
+  in.compute_dtype = c.compute_dtype;
+  in.recompute = c.activation_checkpointing;
+  in.optimizer_states = planner::optimizer_state_count(c.optimizer);
+  in.world = o.procs;
+  int64_t C = c.model.hidden;
+  in.zero.param_persistence_threshold = knob(zero, "stage3_param_persistence_threshold", in.zero.param_persistence_threshold, 10 * C);
+  in.zero.max_live_parameters = knob(zero, "stage3_max_live_parameters", in.zero.max_live_parameters, in.zero.max_live_parameters);
+  in.zero.prefetch_bucket_size = knob(zero, "stage3_prefetch_bucket_size", in.zero.prefetch_bucket_size, 9 * C * C / 10);
+  return in;
+}
+
+void print_table(const planner::MemoryInput& in, const std::vector<planner::StageEstimate>& est,
+                 const std::vector<int>& fits, size_t budget) {
+  std::printf("%s; B=%d T=%d %s, %d optimizer state(s) per parameter%s; %d process(es); per rank:\n",
+              in.model.describe().c_str(), in.micro_batch, in.seq_length, dtype_name(in.compute_dtype),
+              in.optimizer_states, in.recompute ? ", recompute" : "", in.world);
+  std::printf("%-6s", "stage");
+  for (MemCategory c : kColumns) std::printf(" %11s", mem_category_name(c));
+  std::printf(" %11s | %11s %11s\n", "total", "DS paper", "DS estimate");
+  for (const planner::StageEstimate& e : est) {
+    std::printf("%-6d", e.stage);
+    for (MemCategory c : kColumns) std::printf(" %11s", format_bytes(e.ours[c]).c_str());
+    std::printf(" %11s | %11s %11s\n", format_bytes(e.ours.total()).c_str(), format_bytes(e.ds_paper_bytes).c_str(),
+                e.ds_estimator_bytes ? format_bytes(e.ds_estimator_bytes).c_str() : "-");
+  }
+  std::printf(
+      "DS paper: model states (params + grads + optimizer) of the ZeRO paper (Rajbhandari et al. 2020), "
+      "weights and grads in the compute dtype, K = 4 per state (+4 master in mixed precision).\n"
+      "DS estimate: DeepSpeed's estimate_zero2/zero3_model_states_mem_needs (mixed-precision Adam, no offload).\n"
+      "Ours differs: f32 gradients (as DeepSpeed's bf16 optimizer accumulates), f32 non-matrix weights in the "
+      "model view, gathered/reduced unit buffers (comm), and activations and workspace, which DeepSpeed leaves out.\n");
+  std::printf("largest micro-batch that fits %s:", format_bytes(budget).c_str());
+  for (size_t s = 0; s < fits.size(); ++s) std::printf("%s stage%zu B=%d", s ? "," : "", s, fits[s]);
+  std::printf("\n");
+}
+
+void print_json(const planner::MemoryInput& in, const std::vector<planner::StageEstimate>& est,
+                const std::vector<int>& fits, size_t budget) {
+  nlohmann::json j;
+  j["model"] = in.model.describe();
+  j["params"] = in.model.num_params();
+  j["procs"] = in.world;
+  j["micro_batch"] = in.micro_batch;
+  j["seq_length"] = in.seq_length;
+  j["dtype"] = dtype_name(in.compute_dtype);
+  j["optimizer_states"] = in.optimizer_states;
+  j["recompute"] = in.recompute;
+  j["memory_bytes"] = budget;
+  j["stages"] = nlohmann::json::array();
+  for (const planner::StageEstimate& e : est) {
+    nlohmann::json s;
+    s["stage"] = e.stage;
+    for (MemCategory c : kColumns) s[mem_category_name(c)] = e.ours[c];
+    s["total"] = e.ours.total();
+    s["ds_paper"] = e.ds_paper_bytes;
+    s["ds_estimator"] = e.ds_estimator_bytes ? nlohmann::json(e.ds_estimator_bytes) : nlohmann::json(nullptr);
+    j["stages"].push_back(s);
+  }
+  for (size_t s = 0; s < fits.size(); ++s) j["largest_micro_batch"]["stage" + std::to_string(s)] = fits[s];
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+void run_estimate(const EstimateOptions& o) {
+  MT_CHECK(o.procs >= 1, ErrorKind::kInvalidArgument, "--procs must be at least 1, got " + std::to_string(o.procs));
+  MT_CHECK(o.memory_gib >= 0.0, ErrorKind::kInvalidArgument, "--memory must be positive (GiB)");
+  planner::MemoryInput in = load_input(o);
+  size_t budget = o.memory_gib > 0.0 ? static_cast<size_t>(o.memory_gib * 1073741824.0)
+                                     : physical_memory_bytes() / static_cast<size_t>(o.procs);
+  std::vector<planner::StageEstimate> est;
+  std::vector<int> fits;
+  for (int stage = 0; stage <= 3; ++stage) {
+    est.push_back(planner::estimate_stage(in, stage));
+    fits.push_back(planner::largest_micro_batch(in, stage, budget));
+  }
+  if (o.json) {
+    print_json(in, est, fits, budget);
+  } else {
+    print_table(in, est, fits, budget);
+  }
+}
+
+}  // namespace
+
+void register_estimate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("estimate", "Memory per rank for ZeRO stages 0-3 and the largest micro-batch that fits");
+  auto o = std::make_shared<EstimateOptions>();
+  cmd->add_option("CONFIG", o->path, "run configuration JSON")->required();
+  cmd->add_option("--procs", o->procs, "data-parallel processes (default 1)");
+  cmd->add_option("--set", o->sets, "override a key: a.b.c=value (JSON value or plain string)");
+  cmd->add_option("--memory", o->memory_gib, "memory per rank in GiB (default: physical RAM / procs)");
+  cmd->add_flag("--json", o->json, "print JSON");
+  cmd->callback([o] { run_estimate(*o); });
+}
+
+}  // namespace mt::cli

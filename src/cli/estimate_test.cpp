@@ -1,0 +1,164 @@
+// meshtrain estimate: (1) the stage-0 estimate (planner/memory.h) against the allocator's measured
+// per-category peaks of one real engine step (fp32 and bf16, GPT-2 and LLaMA, with and without
+// recompute); (2) the subcommand end to end: table, --json, bad --procs.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "engine/ds_config.h"
+#include "engine/engine.h"
+#include "planner/memory.h"
+
+namespace mt {
+namespace {
+
+nlohmann::json tiny_config(const std::string& arch, bool bf16, bool recompute) {
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "seq_length": 16, "train_iters": 10, "train_micro_batch_size_per_gpu": 3,
+    "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.1}}
+  })");
+  if (arch == "gpt2") {  // configs/models/tiny-gpt2.json
+    j["model"] = nlohmann::json::parse(
+        R"({"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 2, "n_head": 4})");
+  } else {  // configs/models/tiny-llama.json
+    j["model"] = nlohmann::json::parse(R"({"model_type": "llama", "vocab_size": 101, "hidden_size": 64,
+      "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "max_position_embeddings": 64, "tie_word_embeddings": false})");
+  }
+  if (bf16) j["bf16"] = {{"enabled", true}};
+  if (recompute) j["activation_checkpointing"] = {{"enabled", true}};
+  return j;
+}
+
+struct Case {
+  std::string arch;
+  bool bf16, recompute;
+};
+
+class EstimateMeasured : public ::testing::TestWithParam<Case> {};
+
+// Builds the model, runs one train_batch (two micro-batches and a step) and compares each
+// category's accounted peak, above what was in use before, with the estimate.
+TEST_P(EstimateMeasured, Stage0PeaksMatch) {
+  const Case& k = GetParam();
+  engine::RunConfig c = engine::ds_config_parse(tiny_config(k.arch, k.bf16, k.recompute), "test");
+  Allocator& a = Allocator::global();
+  MemStats before = a.stats();
+  a.reset_peaks();
+  {
+    auto model = engine::engine_build_model(c);
+    engine::Engine eng(c, *model);
+    uint32_t x = 12345, V = static_cast<uint32_t>(c.model.vocab_size);
+    eng.train_batch([&](int32_t* t, int32_t* g) {
+      for (int i = 0; i < 3 * 16; ++i) {
+        x = x * 1664525u + 1013904223u;
+        t[i] = static_cast<int32_t>((x >> 8) % V);
+        g[i] = static_cast<int32_t>((x >> 3) % V);
+      }
+    });
+  }
+  MemStats after = a.stats();
+  planner::MemoryInput in;
+  in.model = c.model;
+  in.micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu);
+  in.seq_length = static_cast<int>(c.seq_length);
+  in.compute_dtype = c.compute_dtype;
+  in.recompute = c.activation_checkpointing;
+  in.optimizer_states = planner::optimizer_state_count(c.optimizer);
+  planner::StageEstimate est = planner::estimate_stage(in, 0);
+  for (int i = 0; i < kMemCategoryCount; ++i) {
+    double measured = static_cast<double>(after.peak[i] - before.current[i]);
+    double predicted = static_cast<double>(est.ours.bytes[i]);
+    EXPECT_LE(std::fabs(measured - predicted), 0.05 * measured)
+        << mem_category_name(static_cast<MemCategory>(i)) << ": measured " << measured << " predicted " << predicted;
+    // Today the runtime matches byte for byte (the 5% above is the contract).
+    EXPECT_EQ(measured, predicted) << mem_category_name(static_cast<MemCategory>(i));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EstimateMeasured,
+                         ::testing::Values(Case{"gpt2", false, false}, Case{"gpt2", true, false},
+                                           Case{"llama", false, false}, Case{"llama", true, false},
+                                           Case{"gpt2", true, true}, Case{"llama", false, true}),
+                         [](const auto& info) {
+                           return info.param.arch + (info.param.bf16 ? "_bf16" : "_fp32") +
+                                  (info.param.recompute ? "_recompute" : "");
+                         });
+
+std::string temp_dir() {
+  static std::string d = [] {
+    std::string p = ::testing::TempDir() + "/mt_estimate_test_" + std::to_string(::getpid());
+    std::filesystem::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+int run(const std::string& args, std::string* out, std::string* err) {
+  std::string o = temp_dir() + "/out.txt", e = temp_dir() + "/err.txt";
+  int rc = std::system((std::string(MT_MESHTRAIN_BIN) + " " + args + " > " + o + " 2> " + e).c_str());
+  auto slurp = [](const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  *out = slurp(o);
+  *err = slurp(e);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::string write_config() {
+  std::string path = temp_dir() + "/cfg.json";
+  nlohmann::json j = tiny_config("llama", true, false);
+  j["zero_optimization"] = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+TEST(EstimateCli, TableAndJsonAgree) {
+  std::string cfg = write_config(), out, err;
+  ASSERT_EQ(run("estimate " + cfg + " --procs 2 --memory 0.5", &out, &err), 0) << err;
+  EXPECT_NE(out.find("DS paper"), std::string::npos) << out;
+  EXPECT_NE(out.find("largest micro-batch that fits 512.0 MiB: stage0 B="), std::string::npos) << out;
+  ASSERT_EQ(run("estimate " + cfg + " --procs 2 --memory 0.5 --json --set train_micro_batch_size_per_gpu=5", &out, &err), 0) << err;
+  nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["procs"], 2);
+  EXPECT_EQ(j["micro_batch"], 5);
+  ASSERT_EQ(j["stages"].size(), 4u);
+  planner::MemoryInput in;
+  in.model = engine::ds_config_parse(tiny_config("llama", true, false), "x").model;
+  in.micro_batch = 5;
+  in.seq_length = 16;
+  in.compute_dtype = DType::kBF16;
+  in.world = 2;
+  in.zero.param_persistence_threshold = 0;
+  for (int s = 0; s < 4; ++s) {
+    planner::StageEstimate e = planner::estimate_stage(in, s);
+    EXPECT_EQ(j["stages"][s]["total"].get<size_t>(), e.ours.total()) << s;
+    EXPECT_EQ(j["largest_micro_batch"]["stage" + std::to_string(s)].get<int>(),
+              planner::largest_micro_batch(in, s, size_t{512} << 20)) << s;
+  }
+}
+
+TEST(EstimateCli, BadProcsIsOneLine) {
+  std::string cfg = write_config(), out, err;
+  EXPECT_EQ(run("estimate " + cfg + " --procs 0", &out, &err), 2);
+  EXPECT_EQ(err, "meshtrain: error: --procs must be at least 1, got 0\n");
+}
+
+}  // namespace
+}  // namespace mt

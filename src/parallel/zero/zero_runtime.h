@@ -1,0 +1,120 @@
+// ZeroRuntime: ZeRO stages 1, 2 and 3 (Rajbhandari et al. 2020; DeepSpeed's zero_optimization)
+// over a model's flat parameter buffers, cut into units (partition.h) whose modules' hooks tell it
+// when each unit's parameters are read and when its gradients are produced.
+//
+// Per rank it owns, for its shard (S elements): the f32 master weights, the f32 gradients (the
+// reduced, accumulated gradients of its pieces) — the optimizer runs over these two — and for the
+// model, each unit's "view": a slab with the unit's weights in the layout the layers read
+// (Parameter::compute / master; GEMM weights in the compute dtype, the rest f32) and a gradient
+// slab (the unit's padded flat range, f32) the layers accumulate into.
+//   stage 1: views and gradient slabs persist; gradients are reduce-scattered unit by unit during
+//            the backward of the last micro-batch of a step (none on the others).
+//   stage 2: views persist; a unit's gradient slab lives from its kPreBackward to the end of its
+//            reduce-scatter, after every micro-batch (as DeepSpeed does), so at most two are live.
+//   stage 3: also the views: a unit is gathered (all_gather of the f32 master pieces, then cast)
+//            before each use and freed after, except units of at most persistence_threshold
+//            elements, which stay; the next unit in the pass's direction is prefetched when it
+//            fits prefetch_elems and the live window max_live_elems.
+// After the optimizer updates the master shard, refresh_params() all-gathers the views that
+// persist (stages 1 and 2, and stage 3's persistent units).
+//
+// The ParamStore's own full buffers are released at construction (after this rank's pieces were
+// copied from them), so the model can only run through the hooks from then on.
+//
+// Collectives: every rank calls the same collectives in the same order because every rank runs
+// the same hooks in the same order (same model, same micro-batch count). Overlap: reductions and
+// prefetches are nonblocking and polled at every hook; with overlap_comm false each waits at once.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "comm/backend.h"
+#include "nn/module.h"
+#include "nn/param_store.h"
+#include "parallel/zero/partition.h"
+#include "tensor/allocator.h"
+
+namespace mt::parallel {
+
+struct ZeroOptions {
+  int stage = 1;                              // 1, 2 or 3
+  bool overlap_comm = true;
+  size_t prefetch_elems = 50'000'000;         // stage3_prefetch_bucket_size (DeepSpeed: 5e7)
+  size_t persistence_threshold = 100'000;     // stage3_param_persistence_threshold (1e5)
+  size_t max_live_elems = 1'000'000'000;      // stage3_max_live_parameters (1e9)
+  std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+};
+
+class ZeroRuntime {
+ public:
+  // units / modules: the model's zero_units() and zero_unit_modules(). group: the data-parallel
+  // group (its size is the partition's world). Copies this rank's pieces from the store, releases
+  // the store's buffers and installs the hooks.
+  ZeroRuntime(nn::ParamStore& store, std::vector<Unit> units, const std::vector<std::vector<nn::Module*>>& modules,
+              comm::Backend& group, const ZeroOptions& options);
+  ~ZeroRuntime();
+  ZeroRuntime(const ZeroRuntime&) = delete;
+  ZeroRuntime& operator=(const ZeroRuntime&) = delete;
+
+  const ZeroPartition& partition() const { return part_; }
+  const ZeroOptions& options() const { return opts_; }
+  float* master() const { return master_.as<float>(); }
+  float* grad() const { return grad_.as<float>(); }
+
+  // Before each micro-batch's backward: whether it is the last of the step (stage 1 reduces then).
+  void set_last_micro_batch(bool last) { last_micro_ = last; }
+  // After each micro-batch's backward: launches what is left and waits for every reduction.
+  void finish_backward();
+  // Zeroes the gradient shard (and stage 1's gradient slabs): after the optimizer step.
+  void zero_grad();
+  // After the optimizer updated master(): the persistent views follow (collective).
+  void refresh_params();
+
+  // Collective: rank `root` receives the full flat buffer (total() elements) assembled from every
+  // rank's shard buffer `shard` (S elements); other ranks pass flat = nullptr.
+  void gather_flat(float* flat, const float* shard, int root);
+  // Local: this rank's pieces of a full flat buffer into `shard` (every rank holds flat).
+  void scatter_flat(float* shard, const float* flat) const { part_.flat_to_shard(shard, flat); }
+
+  // Elements of parameters currently held in views (for the live-window tests).
+  size_t live_param_elems() const { return live_elems_; }
+  size_t peak_live_param_elems() const { return peak_live_elems_; }
+
+ private:
+  struct View;
+  struct PendingReduce;
+  void on_hook(size_t u, nn::HookPoint point);
+  void acquire(size_t u);
+  void release(size_t u);
+  void start_gather(size_t u);
+  void count_live(size_t u);
+  void finish_gather(size_t u);
+  void bind_params(size_t u);
+  void unbind_params(size_t u);
+  void begin_grads(size_t u);
+  void reduce_grads(size_t u);
+  void poll();
+  void complete(PendingReduce& r);
+  void wait_reductions(size_t keep);
+  void maybe_prefetch(size_t u);
+  bool persistent(size_t u) const;
+  size_t view_elems(size_t u) const { return part_.units()[u].numel; }
+
+  nn::ParamStore& store_;
+  ZeroPartition part_;
+  comm::Backend& group_;
+  ZeroOptions opts_;
+  DType cd_;
+  std::vector<std::vector<nn::Parameter*>> params_;  // per unit
+  Buffer master_, grad_;
+  std::vector<std::unique_ptr<View>> views_;
+  std::vector<std::unique_ptr<PendingReduce>> pending_;
+  bool last_micro_ = true;
+  bool backward_phase_ = false;
+  size_t live_elems_ = 0, peak_live_elems_ = 0;
+};
+
+}  // namespace mt::parallel

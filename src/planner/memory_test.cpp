@@ -1,0 +1,175 @@
+// The memory estimator's pure parts: the units match the model's own, ZeRO stage 0-3 formulas
+// against hand-computed numbers on a tiny partition, DeepSpeed's formulas, and the largest
+// micro-batch search on its boundary. The stage-0 estimate against the allocator's measured peaks of
+// a real engine step lives in cli/estimate_test.cpp (the engine is above this layer).
+#include "planner/memory.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "models/transformer.h"
+
+namespace mt::planner {
+namespace {
+
+models::ModelConfig tiny_model(const std::string& arch) {
+  models::ModelConfig m;
+  if (arch == "gpt2") {  // configs/models/tiny-gpt2.json
+    m.arch = models::Arch::kGpt2;
+    m.vocab_size = 97; m.hidden = 48; m.n_layer = 2; m.n_head = 4; m.n_kv_head = 4;
+    m.intermediate = 192; m.max_positions = 32;
+  } else {  // configs/models/tiny-llama.json
+    m.arch = models::Arch::kLlama;
+    m.vocab_size = 101; m.hidden = 64; m.n_layer = 2; m.n_head = 4; m.n_kv_head = 2;
+    m.intermediate = 176; m.max_positions = 64; m.tie_embeddings = false;
+  }
+  return m;
+}
+
+MemoryInput tiny_input(const std::string& arch, DType dtype, int world) {
+  MemoryInput in;
+  in.model = tiny_model(arch);
+  in.micro_batch = 3;
+  in.seq_length = 16;
+  in.compute_dtype = dtype;
+  in.optimizer_states = 2;
+  in.world = world;
+  return in;
+}
+
+TEST(ModelUnits, MatchTheModelsOwnCount) {
+  for (const char* arch : {"gpt2", "llama"}) {
+    models::ModelConfig m = tiny_model(arch);
+    std::vector<parallel::Unit> units = model_units(m);
+    ASSERT_EQ(units.size(), static_cast<size_t>(m.n_layer) + 2);
+    size_t total = 0;
+    for (const parallel::Unit& u : units) {
+      EXPECT_EQ(u.offset, total);
+      total += u.numel;
+    }
+    EXPECT_EQ(total, static_cast<size_t>(m.num_params())) << arch;
+    // The embeddings unit: wte (V, C) is a matrix, GPT-2's wpe is not.
+    size_t VC = static_cast<size_t>(m.vocab_size) * m.hidden;
+    EXPECT_EQ(units[0].matrix_numel, VC);
+    // DeepSpeed's largest layer: the token table (V, C) or the first MLP projection (C, I) + bias.
+    size_t CI = static_cast<size_t>(m.hidden) * m.intermediate;
+    EXPECT_EQ(largest_module_params(m), std::max(VC, std::string(arch) == "gpt2" ? CI + m.intermediate : CI));
+    // The runtime cuts the same units (a plan and a run cannot disagree).
+    models::TransformerLM model(m, models::ModelOptions{});
+    std::vector<parallel::Unit> run = model.zero_units();
+    ASSERT_EQ(run.size(), units.size());
+    for (size_t u = 0; u < units.size(); ++u) {
+      EXPECT_EQ(run[u].name, units[u].name);
+      EXPECT_EQ(run[u].offset, units[u].offset);
+      EXPECT_EQ(run[u].numel, units[u].numel);
+      EXPECT_EQ(run[u].matrix_numel, units[u].matrix_numel);
+    }
+  }
+}
+
+// Three units, world 4, hand-computed (not through the partition code):
+//   A n=10 m=8: s=3, N s=12     B n=7 m=6: s=2, N s=8     C n=5 m=0: s=2, N s=8.   S=7, P=22.
+std::vector<parallel::Unit> tiny_units() {
+  return {{"A", 0, 10, 8}, {"B", 10, 7, 6}, {"C", 17, 5, 0}};
+}
+
+TEST(ModelStateMemory, Stage0IsTheParamStore) {
+  ZeroKnobs z;
+  MemoryBreakdown f = model_state_memory(tiny_units(), 0, 4, 4, 2, z);
+  EXPECT_EQ(f[MemCategory::kParams], 88u);       // 4 P
+  EXPECT_EQ(f[MemCategory::kGrads], 88u);        // 4 P
+  EXPECT_EQ(f[MemCategory::kOptimizer], 176u);   // 2 * 4 P
+  EXPECT_EQ(f[MemCategory::kComm], 0u);
+  MemoryBreakdown b = model_state_memory(tiny_units(), 0, 4, 2, 2, z);
+  EXPECT_EQ(b[MemCategory::kParams], 44u);       // 2 P compute copy
+  EXPECT_EQ(b[MemCategory::kOptimizer], 264u);   // 4 P master + 8 P states
+}
+
+TEST(ModelStateMemory, Stage1KeepsEverySlab) {
+  ZeroKnobs z;
+  // bf16 slabs: A 2*8+4*2 = 24, B 2*6+4*1 = 16, C 4*5 = 20 -> 60.
+  MemoryBreakdown b = model_state_memory(tiny_units(), 1, 4, 2, 2, z);
+  EXPECT_EQ(b[MemCategory::kParams], 60u);
+  EXPECT_EQ(b[MemCategory::kOptimizer], 28u + 56u);         // master 4 S + 2 states 4 S
+  EXPECT_EQ(b[MemCategory::kGrads], 28u + 48u + 32u + 32u);  // shard + every grad slab 4 N s
+  EXPECT_EQ(b[MemCategory::kComm], 48u + 12u);              // unit A: 4 N s + 4 s
+  // f32: slabs 4 n = 88 and the master shard 4 S = 28 under params; no master under optimizer.
+  MemoryBreakdown f = model_state_memory(tiny_units(), 1, 4, 4, 2, z);
+  EXPECT_EQ(f[MemCategory::kParams], 88u + 28u);
+  EXPECT_EQ(f[MemCategory::kOptimizer], 56u);
+}
+
+TEST(ModelStateMemory, Stage2KeepsTwoGradSlabs) {
+  ZeroKnobs z;
+  MemoryBreakdown b = model_state_memory(tiny_units(), 2, 4, 2, 2, z);
+  EXPECT_EQ(b[MemCategory::kParams], 60u);
+  EXPECT_EQ(b[MemCategory::kGrads], 28u + 48u + 32u);
+  EXPECT_EQ(b[MemCategory::kComm], 60u);
+  // SGD without momentum: no optimizer state, the master shard only.
+  EXPECT_EQ(model_state_memory(tiny_units(), 2, 4, 2, 0, z)[MemCategory::kOptimizer], 28u);
+}
+
+TEST(ModelStateMemory, Stage3WindowFollowsTheKnobs) {
+  ZeroKnobs z;
+  z.param_persistence_threshold = 5;  // C (n=5) persistent: 20 bytes
+  z.max_live_parameters = 1000;
+  z.prefetch_bucket_size = 1000;      // everything prefetched: A + B live together
+  MemoryBreakdown b = model_state_memory(tiny_units(), 3, 4, 2, 2, z);
+  EXPECT_EQ(b[MemCategory::kParams], 20u + 24u + 16u);
+  EXPECT_EQ(b[MemCategory::kGrads], 28u + 48u + 32u);
+  z.max_live_parameters = 16;  // A + B = 17 elements do not fit: one unit at a time, A's 24 widest
+  EXPECT_EQ(model_state_memory(tiny_units(), 3, 4, 2, 2, z)[MemCategory::kParams], 20u + 24u);
+  z.max_live_parameters = 1000;
+  z.prefetch_bucket_size = 6;  // B (7) cannot be prefetched behind A; backward: B then A (10) no
+  EXPECT_EQ(model_state_memory(tiny_units(), 3, 4, 2, 2, z)[MemCategory::kParams], 20u + 24u);
+  z.param_persistence_threshold = 0;  // nothing persistent; prefetch 6: C (5) behind B: 16 + 20
+  EXPECT_EQ(model_state_memory(tiny_units(), 3, 4, 2, 2, z)[MemCategory::kParams], 36u);
+  // Optimizer and master shards as stage 1/2.
+  EXPECT_EQ(b[MemCategory::kOptimizer], 84u);
+}
+
+TEST(EstimateStage, DeepSpeedFormulas) {
+  MemoryInput in = tiny_input("gpt2", DType::kBF16, 4);
+  double P = static_cast<double>(in.model.num_params());
+  // Mixed-precision Adam: K = 12.
+  EXPECT_EQ(estimate_stage(in, 0).ds_paper_bytes, static_cast<size_t>(16 * P));
+  EXPECT_EQ(estimate_stage(in, 1).ds_paper_bytes, static_cast<size_t>(4 * P + 12 * P / 4));
+  EXPECT_EQ(estimate_stage(in, 2).ds_paper_bytes, static_cast<size_t>(2 * P + 14 * P / 4));
+  EXPECT_EQ(estimate_stage(in, 3).ds_paper_bytes, static_cast<size_t>(16 * P / 4));
+  EXPECT_EQ(estimate_stage(in, 0).ds_estimator_bytes, 0u);
+  EXPECT_EQ(estimate_stage(in, 2).ds_estimator_bytes, static_cast<size_t>(4 * P) + static_cast<size_t>(16 * P) / 4);
+  // Stage 0 does not depend on the world; stage 3 model states shrink with it.
+  MemoryInput one = in;
+  one.world = 1;
+  EXPECT_EQ(estimate_stage(one, 0).ours.total(), estimate_stage(in, 0).ours.total());
+  EXPECT_LT(estimate_stage(in, 3).ours[MemCategory::kOptimizer], estimate_stage(one, 3).ours[MemCategory::kOptimizer]);
+  in.world = 0;
+  EXPECT_THROW(estimate_stage(in, 0), Error);
+}
+
+TEST(LargestMicroBatch, BoundaryAndMonotone) {
+  MemoryInput in = tiny_input("llama", DType::kBF16, 2);
+  for (int stage = 0; stage <= 3; ++stage) {
+    in.micro_batch = 5;
+    size_t at5 = estimate_stage(in, stage).ours.total();
+    EXPECT_EQ(largest_micro_batch(in, stage, at5), 5) << stage;       // exactly the total of B=5
+    EXPECT_EQ(largest_micro_batch(in, stage, at5 - 1), 4) << stage;   // one byte less
+    in.micro_batch = 1;
+    EXPECT_EQ(largest_micro_batch(in, stage, estimate_stage(in, stage).ours.total() - 1), 0);
+    int prev = 0;
+    for (size_t budget = 1 << 20; budget <= (size_t{64} << 20); budget += 3 << 20) {
+      int b = largest_micro_batch(in, stage, budget, 4096);
+      EXPECT_GE(b, prev);
+      prev = b;
+    }
+  }
+  EXPECT_EQ(largest_micro_batch(in, 0, size_t{1} << 40, 7), 7);  // capped
+}
+
+}  // namespace
+}  // namespace mt::planner
