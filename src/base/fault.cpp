@@ -1,14 +1,28 @@
 #include "base/fault.h"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace mt {
 
 void fault_point(const char* name) {
   const char* want = std::getenv("MT_FAULT");
-  if (want && std::strcmp(want, name) == 0) std::raise(SIGKILL);
+  if (!want) return;
+  std::string w = want;
+  if (size_t at = w.rfind('@'); at != std::string::npos) {
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (!rank || w.substr(at + 1) != rank) return;
+    w.resize(at);
+  }
+  if (w != name) return;
+  const char* mode = std::getenv("MT_FAULT_MODE");
+  if (mode && std::strcmp(mode, "hang") == 0)
+    for (;;) pause();
+  std::raise(SIGKILL);
 }
 
 }  // namespace mt

@@ -35,32 +35,10 @@ size_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
 }
 
-// A stage-3 knob: a number, or "auto" as the Hugging Face Trainer resolves it from the hidden size.
-int64_t knob(const nlohmann::json& z, const char* key, int64_t fallback, int64_t auto_value) {
-  if (!z.contains(key)) return fallback;
-  const nlohmann::json& v = z[key];
-  if (v.is_string() && v.get<std::string>() == "auto") return auto_value;
-  MT_CHECK(v.is_number() && v.get<double>() >= 0, ErrorKind::kInvalidArgument,
-           std::string("zero_optimization.") + key + " must be a non-negative number or \"auto\"");
-  return static_cast<int64_t>(v.get<double>());
-}
-
-// Loads the run configuration as ds_config_load does. The zero_optimization block is read here
-// (its stage-3 knobs) and left out of the parse: the estimate covers every stage whatever it says.
+// Loads the run configuration as train does; the estimate covers every stage whatever its
+// zero_optimization.stage says, with its stage-3 knobs.
 planner::MemoryInput load_input(const EstimateOptions& o) {
-  nlohmann::json j = engine::json_load_file(o.path);
-  for (const auto& s : o.sets) engine::ds_config_set(j, s);
-  nlohmann::json zero = j.contains("zero_optimization") ? j["zero_optimization"] : nlohmann::json::object();
-  MT_CHECK(zero.is_object(), ErrorKind::kInvalidArgument, o.path + ": zero_optimization must be an object");
-  j.erase("zero_optimization");
-  engine::RunConfig c;
-  try {
-    c = engine::ds_config_parse(std::move(j), o.path, o.procs);
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    if (msg.rfind(o.path, 0) == 0) throw;
-    throw Error(e.kind(), o.path + ": " + msg);
-  }
+  engine::RunConfig c = engine::ds_config_load(o.path, o.sets, o.procs);
   for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   planner::MemoryInput in;
   in.model = c.model;
@@ -70,10 +48,9 @@ planner::MemoryInput load_input(const EstimateOptions& o) {
   in.recompute = c.activation_checkpointing;
   in.optimizer_states = planner::optimizer_state_count(c.optimizer);
   in.world = o.procs;
-  int64_t C = c.model.hidden;
-  in.zero.param_persistence_threshold = knob(zero, "stage3_param_persistence_threshold", in.zero.param_persistence_threshold, 10 * C);
-  in.zero.max_live_parameters = knob(zero, "stage3_max_live_parameters", in.zero.max_live_parameters, in.zero.max_live_parameters);
-  in.zero.prefetch_bucket_size = knob(zero, "stage3_prefetch_bucket_size", in.zero.prefetch_bucket_size, 9 * C * C / 10);
+  in.zero.param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
+  in.zero.max_live_parameters = c.zero.stage3_max_live_parameters;
+  in.zero.prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
   return in;
 }
 

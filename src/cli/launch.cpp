@@ -143,6 +143,9 @@ int run_launch(const LaunchArgs& a) {
   // default for small jobs) would pile those threads onto it.
   cmd.insert(cmd.end(), {"--bind-to", "none", "-np", std::to_string(n), "--host", host_list, "--tag-output"});
   cmd.insert(cmd.end(), {"-x", "OMP_NUM_THREADS=" + std::to_string(omp_threads), "-x", "MT_LAUNCHED=1"});
+  // mpirun gives its ranks a pseudo-terminal: tell rank 0 whether ours is a real one (progress bar
+  // or plain lines).
+  cmd.insert(cmd.end(), {"-x", std::string("MT_STDOUT_TTY=") + (isatty(STDOUT_FILENO) ? "1" : "0")});
   // torch.distributed needs these; MPI does not, but the ranks get them as DeepSpeed's would.
   if (!a.master_addr.empty()) cmd.insert(cmd.end(), {"-x", "MASTER_ADDR=" + a.master_addr});
   if (a.master_port > 0) cmd.insert(cmd.end(), {"-x", "MASTER_PORT=" + std::to_string(a.master_port)});

@@ -1,4 +1,8 @@
-// meshtrain train CONFIG [--set k=v] [--resume DIR] [--metrics FILE]: trains on one process.
+// meshtrain train CONFIG [--set k=v] [--resume DIR] [--metrics FILE]: trains on one process, or on
+// every rank of an MPI job (`meshtrain launch -n N -- train ...`, or mpirun directly): data
+// parallel with ZeRO as zero_optimization says. Rank 0 alone prints, writes metrics and saves;
+// each rank reads only its own samples of every global batch. A rank that fails prints one line
+// naming itself and aborts the job (MPI_Abort), so none is left waiting.
 // Data: data.train / data.valid are Megatron indexed-dataset prefixes (PREFIX.bin + PREFIX.idx, with
 // PREFIX.mask.bin/.idx as its loss mask when present) or .txt/.jsonl files tokenized on first use.
 // A progress bar on a terminal, plain lines (every steps_per_print) otherwise; --metrics appends
@@ -6,6 +10,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,7 +19,9 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/fault.h"
 #include "base/timer.h"
+#include "comm/mpi_backend.h"
 #include "cli/commands.h"
 #include "data/token_stream.h"
 #include "engine/checkpoint_io.h"
@@ -60,9 +67,17 @@ DataSource open_data(const engine::RunConfig& cfg, const std::string& path, cons
   return d;
 }
 
-void run_train(const TrainArgs& args) {
-  engine::RunConfig cfg = engine::ds_config_load(args.config, args.sets);
-  for (const auto& w : cfg.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+// Under mpirun (ours or the user's): the MPI world; else null.
+std::shared_ptr<comm::Backend> mpi_world() {
+  if (!std::getenv("OMPI_COMM_WORLD_SIZE")) return nullptr;
+  return comm::mpi_init(nullptr, nullptr);
+}
+
+void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared_ptr<comm::Backend>& world, bool& started) {
+  const int W = world ? world->size() : 1, R = world ? world->rank() : 0;
+  const bool lead = R == 0;
+  if (lead)
+    for (const auto& w : cfg.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   MT_CHECK(cfg.train_iters > 0, ErrorKind::kInvalidArgument, args.config + ": train_iters must be positive");
   DataSource train_data = open_data(cfg, cfg.data_train, "data.train", cfg.shuffle);
   data::TokenStream& train = *train_data.stream;
@@ -73,29 +88,36 @@ void run_train(const TrainArgs& args) {
     valid = valid_data.stream.get();
   }
   auto model = engine::engine_build_model(cfg);
-  engine::Engine eng(cfg, *model);
+  started = true;  // from here on the ranks run collectives together
+  engine::Engine eng(cfg, *model, world);
   if (!args.resume.empty()) {
     engine::checkpoint_load(eng, args.resume);
-    std::fprintf(stderr, "resumed from %s at step %lld\n", args.resume.c_str(), static_cast<long long>(eng.global_step()));
+    if (lead) std::fprintf(stderr, "resumed from %s at step %lld\n", args.resume.c_str(), static_cast<long long>(eng.global_step()));
   }
-  std::fprintf(stderr, "model %s, batch %lld = %lld x %lld accumulation, T=%lld, %s\n", cfg.model.describe().c_str(),
-               static_cast<long long>(cfg.batch.train_batch_size), static_cast<long long>(cfg.batch.micro_batch_per_gpu),
-               static_cast<long long>(cfg.batch.gradient_accumulation_steps), static_cast<long long>(cfg.seq_length),
-               dtype_name(cfg.compute_dtype));
+  if (lead)
+    std::fprintf(stderr, "model %s, batch %lld = %lld x %lld accumulation x %d rank(s), T=%lld, %s, ZeRO stage %d\n",
+                 cfg.model.describe().c_str(), static_cast<long long>(cfg.batch.train_batch_size),
+                 static_cast<long long>(cfg.batch.micro_batch_per_gpu),
+                 static_cast<long long>(cfg.batch.gradient_accumulation_steps), W, static_cast<long long>(cfg.seq_length),
+                 dtype_name(cfg.compute_dtype), cfg.zero.stage);
   std::ofstream metrics;
-  if (!args.metrics.empty()) {
+  if (lead && !args.metrics.empty()) {
     metrics.open(args.metrics, std::ios::app);
     MT_CHECK(metrics.good(), ErrorKind::kIOError, args.metrics + ": cannot open for appending");
   }
   const int B = static_cast<int>(cfg.batch.micro_batch_per_gpu);
-  const int64_t T = cfg.seq_length, tbs = cfg.batch.train_batch_size;
-  const bool tty = isatty(fileno(stdout));
-  double flops = model->train_flops_per_step() * static_cast<double>(cfg.batch.gradient_accumulation_steps);
+  const int64_t T = cfg.seq_length, tbs = cfg.batch.train_batch_size, gas = cfg.batch.gradient_accumulation_steps;
+  // Under `meshtrain launch`, stdout is mpirun's pseudo-terminal; the launcher says what its is.
+  const char* launcher_tty = std::getenv("MT_STDOUT_TTY");
+  const bool tty = lead && (launcher_tty ? std::strcmp(launcher_tty, "1") == 0 : isatty(fileno(stdout)));
+  double flops = model->train_flops_per_step() * static_cast<double>(gas * W);
   Timer total;
   int64_t start_step = eng.global_step();
   while (eng.global_step() < cfg.train_iters) {
     int64_t step = eng.global_step();
-    uint64_t next_sample = static_cast<uint64_t>(step * tbs);
+    // Rank R's micro-batches are samples [R·gas·B, (R+1)·gas·B) of the global batch: the global
+    // batch is the one a single process trains on, and each rank reads only its part of it.
+    uint64_t next_sample = static_cast<uint64_t>(step * tbs + R * gas * B);
     Timer t;
     engine::StepResult r = eng.train_batch([&](int32_t* tokens, int32_t* targets) {
       train.batch(next_sample, B, tokens, targets);
@@ -104,15 +126,20 @@ void run_train(const TrainArgs& args) {
     double secs = t.seconds();
     double tok_s = static_cast<double>(tbs * T) / secs;
     int64_t done = eng.global_step();
+    fault_point(("train.after_step_" + std::to_string(done)).c_str());
     bool have_val = valid && cfg.eval_interval > 0 && (done % cfg.eval_interval == 0 || done == cfg.train_iters);
     double val_loss = 0.0;
     if (have_val) {
+      // Batch i on rank i mod W; every rank runs the same number of forwards (ZeRO-3 gathers
+      // parameters collectively), the surplus ones uncounted.
       std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
-      for (int64_t i = 0; i < cfg.eval_iters; ++i) {
-        valid->batch(static_cast<uint64_t>(i * B), B, tokens.data(), targets.data());
-        val_loss += eng.evaluate(tokens.data(), targets.data());
+      for (int64_t j = 0; j < (cfg.eval_iters + W - 1) / W; ++j) {
+        int64_t i = R + j * W;
+        valid->batch(static_cast<uint64_t>((i < cfg.eval_iters ? i : 0) * B), B, tokens.data(), targets.data());
+        float l = eng.evaluate(tokens.data(), targets.data());
+        if (i < cfg.eval_iters) val_loss += l;
       }
-      val_loss /= static_cast<double>(cfg.eval_iters);
+      val_loss = eng.mean_over_ranks(val_loss) * W / static_cast<double>(cfg.eval_iters);
     }
     if (metrics.is_open()) {
       nlohmann::json m = {{"step", done}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
@@ -134,22 +161,22 @@ void run_train(const TrainArgs& args) {
                   static_cast<long long>(done), static_cast<long long>(cfg.train_iters), fmt_time(elapsed).c_str(),
                   fmt_time(remaining).c_str(), 1.0 / secs, tok_s, r.loss, r.lr, r.loss_scale);
       std::fflush(stdout);
-    } else if (done % cfg.steps_per_print == 0 || done == cfg.train_iters) {
+    } else if (lead && (done % cfg.steps_per_print == 0 || done == cfg.train_iters)) {
       std::printf("step %lld/%lld loss %.4f lr %.3e grad_norm %.3f scale %.0f %.0f tok/s%s\n", static_cast<long long>(done),
                   static_cast<long long>(cfg.train_iters), r.loss, r.lr, r.grad_norm, r.loss_scale, tok_s,
                   r.skipped ? " (skipped: overflow)" : "");
     }
-    if (cfg.wall_clock_breakdown && (done % cfg.steps_per_print == 0 || done == cfg.train_iters))
+    if (lead && cfg.wall_clock_breakdown && (done % cfg.steps_per_print == 0 || done == cfg.train_iters))
       std::printf("%stime (ms) | forward: %.2f | backward: %.2f | step: %.2f | data: %.2f\n", tty ? "\n" : "",
                   r.forward_seconds * 1e3, r.backward_seconds * 1e3, r.step_seconds * 1e3,
                   (secs - r.forward_seconds - r.backward_seconds - r.step_seconds) * 1e3);
-    if (have_val)
+    if (lead && have_val)
       std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), val_loss);
     if (!cfg.save_dir.empty() && ((cfg.save_interval > 0 && done % cfg.save_interval == 0) || done == cfg.train_iters)) {
-      std::string where = engine::checkpoint_save(eng, cfg.save_dir, cfg.keep_last);
-      if (!tty) std::printf("saved %s\n", where.c_str());
+      std::string where = engine::checkpoint_save(eng, cfg.save_dir, cfg.keep_last);  // collective
+      if (lead && !tty) std::printf("saved %s\n", where.c_str());
     }
-    std::fflush(stdout);  // a pipe or a log file sees each line as it happens
+    if (lead) std::fflush(stdout);  // a pipe or a log file sees each line as it happens
   }
   if (tty) std::printf("\n");
   if (metrics.is_open()) {
@@ -157,6 +184,35 @@ void run_train(const TrainArgs& args) {
     std::string png = fs::path(args.metrics).replace_extension(".png").string();
     if (plot_metrics(args.metrics, png, false)) std::printf("loss curve: %s\n", png.c_str());
   }
+}
+
+void run_train(const TrainArgs& args) {
+  std::shared_ptr<comm::Backend> world = mpi_world();
+  if (!world) {
+    engine::RunConfig cfg = engine::ds_config_load(args.config, args.sets);
+    bool started = false;
+    train_loop(args, cfg, nullptr, started);
+    return;
+  }
+  bool started = false;
+  try {
+    engine::RunConfig cfg = engine::ds_config_load(args.config, args.sets, world->size());
+    train_loop(args, cfg, world, started);
+  } catch (const Error& e) {
+    bool bad_input = e.kind() == ErrorKind::kInvalidArgument || e.kind() == ErrorKind::kNotFound ||
+                     e.kind() == ErrorKind::kCorruption || e.kind() == ErrorKind::kNotSupported;
+    int code = bad_input ? 2 : 1;
+    // Before the first collective every rank fails alike (same config, same files): rank 0 says it.
+    if (!started) {
+      if (world->rank() != 0) std::_Exit(code);
+      std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
+      std::fflush(stderr);
+      std::_Exit(code);
+    }
+    world->abort(code, e.what());  // ends every rank: none waits for a peer that will not come
+  }
+  world.reset();
+  comm::mpi_finalize();
 }
 
 }  // namespace

@@ -2,8 +2,10 @@
 // from a checkpoint continues the loss curve bit for bit; bad input exits 2 with one line.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -426,3 +428,116 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
 }
 
 }  // namespace
+
+// ---- Many processes: `meshtrain launch -n N -- train` (mpirun underneath) ----
+
+// The weights of a checkpoint, flat, in file order.
+std::vector<float> checkpoint_weights(const std::string& step_dir) {
+  std::ifstream f(step_dir + "/model.safetensors", std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(n));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<float> w(bytes.size() / 4);
+  std::memcpy(w.data(), bytes.data(), w.size() * 4);
+  return w;
+}
+
+// A global batch of 4 sequences: one process runs 4 micro-batches of 1, N ranks 4/N each.
+std::string dp_config(const std::string& name, int stage, const nlohmann::json& more = nlohmann::json::object()) {
+  nlohmann::json extra = {{"train_batch_size", 4}, {"train_micro_batch_size_per_gpu", 1},
+                          {"gradient_accumulation_steps", "auto"}, {"comm_timeout", 20},
+                          {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 5000},
+                                                 {"stage3_param_persistence_threshold", 0}}}};
+  extra.update(more);
+  return write_config(name, extra);
+}
+
+std::string launch(int n) { return "launch -n " + std::to_string(n) + " -- train "; }
+
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], tol * std::fabs(a[i])) << what << " step " << i + 1;
+}
+
+TEST(TrainMpi, DataParallelAndZeroMatchOneProcess) {
+  write_dataset(dir() + "/train", 30);
+  ASSERT_EQ(run("train " + dp_config("one", 0) + " --metrics " + dir() + "/one.jsonl"), 0);
+  std::vector<double> one = losses(dir() + "/one.jsonl");
+  std::vector<float> w1 = checkpoint_weights(dir() + "/ckpt-one/step-6");
+  for (int stage : {0, 1, 2, 3}) {
+    for (int n : {2, 4}) {
+      if (n == 4 && (stage == 1 || stage == 2)) continue;  // the in-process suite covers them; keep CI short
+      std::string name = "dp" + std::to_string(n) + "-s" + std::to_string(stage), err;
+      ASSERT_EQ(run(launch(n) + dp_config(name, stage) + " --metrics " + dir() + "/" + name + ".jsonl", &err), 0) << err;
+      expect_close(one, losses(dir() + "/" + name + ".jsonl"), 1e-5, name);
+      std::vector<float> w = checkpoint_weights(dir() + "/ckpt-" + name + "/step-6");
+      ASSERT_EQ(w.size(), w1.size());
+      // Relative error of the weights as a whole, ||w - w1|| / ||w1|| (single weights with gradients
+      // near zero move by Adam's sign-like steps and differ more: lr 0.01 here).
+      double diff = 0.0, norm = 0.0;
+      for (size_t i = 0; i < w.size(); ++i) {
+        diff += (static_cast<double>(w[i]) - w1[i]) * (static_cast<double>(w[i]) - w1[i]);
+        norm += static_cast<double>(w1[i]) * w1[i];
+      }
+      EXPECT_LE(std::sqrt(diff / norm), 1e-5) << name;
+      // Rank 0 alone reports: one "step 6/6" line, tagged by the launcher with rank 0's prefix.
+      std::ifstream out(dir() + "/stdout.txt");
+      std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+      size_t first = text.find("step 6/6");
+      ASSERT_NE(first, std::string::npos) << text;
+      EXPECT_EQ(text.find("step 6/6", first + 1), std::string::npos) << text;
+    }
+  }
+}
+
+TEST(TrainMpi, CheckpointsLoadAtAnyStageAndWorldSize) {
+  write_dataset(dir() + "/train", 30);
+  ASSERT_EQ(run("train " + dp_config("ref", 0) + " --metrics " + dir() + "/ref.jsonl"), 0);
+  std::vector<double> ref = losses(dir() + "/ref.jsonl");
+  // Written by 2 ranks at stage 3, resumed by one process at stage 0 and by 4 ranks at stage 2.
+  ASSERT_EQ(run(launch(2) + dp_config("s3", 3) + " --set train_iters=3"), 0);
+  std::string ck = dir() + "/ckpt-s3/step-3";
+  ASSERT_EQ(run("train " + dp_config("r1", 0) + " --resume " + ck + " --metrics " + dir() + "/r1.jsonl"), 0);
+  expect_close(std::vector<double>(ref.begin() + 3, ref.end()), losses(dir() + "/r1.jsonl"), 1e-5, "2xS3 -> 1xS0");
+  std::string err;
+  ASSERT_EQ(run(launch(4) + dp_config("r4", 2) + " --resume " + ck + " --metrics " + dir() + "/r4.jsonl", &err), 0) << err;
+  expect_close(std::vector<double>(ref.begin() + 3, ref.end()), losses(dir() + "/r4.jsonl"), 1e-5, "2xS3 -> 4xS2");
+  // ... and exports to one Hugging Face file like any checkpoint.
+  ASSERT_EQ(run("export " + ck + " --hf " + dir() + "/hf-s3"), 0);
+  EXPECT_TRUE(fs::exists(dir() + "/hf-s3/model.safetensors"));
+}
+
+TEST(TrainMpi, AKilledRankEndsTheJobNamingItAndResumeContinues) {
+  write_dataset(dir() + "/train", 30);
+  ASSERT_EQ(run("train " + dp_config("k1", 2) + " --metrics " + dir() + "/k1.jsonl"), 0);
+  std::vector<double> ref = losses(dir() + "/k1.jsonl");
+  std::string cfg = dp_config("kill", 2, {{"comm_timeout", 10}});
+  std::string err;
+  setenv("MT_FAULT", "train.after_step_4@1", 1);  // mpirun's local ranks inherit the environment
+  int rc = run(launch(2) + cfg, &err);
+  unsetenv("MT_FAULT");
+  EXPECT_NE(rc, 0);
+  std::ifstream out(dir() + "/stdout.txt");
+  std::string all((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  all += err;
+  EXPECT_NE(all.find("rank 1"), std::string::npos) << all;
+  // The checkpoint of step 3 survived; resuming on 2 ranks finishes the curve.
+  ASSERT_EQ(run(launch(2) + cfg + " --resume " + dir() + "/ckpt-kill --metrics " + dir() + "/k2.jsonl", &err), 0) << err;
+  expect_close(std::vector<double>(ref.begin() + 3, ref.end()), losses(dir() + "/k2.jsonl"), 1e-5, "resumed");
+}
+
+TEST(TrainMpi, AStuckRankIsNamedByTheCollectiveTimeout) {
+  write_dataset(dir() + "/train", 30);
+  std::string cfg = dp_config("hang", 3, {{"comm_timeout", 3}});
+  std::string err;
+  setenv("MT_FAULT", "train.after_step_2@1", 1);
+  setenv("MT_FAULT_MODE", "hang", 1);
+  int rc = run(launch(2) + cfg, &err);
+  unsetenv("MT_FAULT");
+  unsetenv("MT_FAULT_MODE");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(err.find("rank 1 has not arrived"), std::string::npos) << err;
+  EXPECT_NE(err.find("timed out"), std::string::npos) << err;
+}

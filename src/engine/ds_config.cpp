@@ -471,6 +471,8 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
   parse_data(root, c);
   parse_parallel(root, world_size);
   c.world_size = world_size;
+  c.comm_timeout_s = root.number("comm_timeout", c.comm_timeout_s);
+  MT_CHECK(c.comm_timeout_s > 0, ErrorKind::kInvalidArgument, "comm_timeout must be positive (seconds)");
   parse_batch(root, c, world_size);
   c.gradient_clipping = root.is_auto("gradient_clipping") ? 1.0 : root.number("gradient_clipping", 0.0);
   parse_precision(root, c);
@@ -627,6 +629,7 @@ json ds_config_resolved(const RunConfig& c) {
                             {"offload_param", {{"device", c.zero.offload_param}}}};
   if (c.activation_checkpointing) j["activation_checkpointing"] = {{"enabled", true}};
   j["steps_per_print"] = c.steps_per_print;
+  j["comm_timeout"] = c.comm_timeout_s;
   return j;
 }
 

@@ -64,6 +64,9 @@ struct RunConfig {
   int zero_stage = 0;  // == zero.stage
   ZeroConfig zero;
   int world_size = 1;  // data-parallel processes the configuration was resolved for
+  // comm_timeout (seconds, our key; torch.distributed's init_process_group timeout): a collective
+  // not complete by then names the ranks missing and the job aborts.
+  double comm_timeout_s = 300.0;
   bool activation_checkpointing = false;
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;

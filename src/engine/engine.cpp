@@ -67,6 +67,7 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     zo.prefetch_elems = static_cast<size_t>(z.stage3_prefetch_bucket_size);
     zo.persistence_threshold = static_cast<size_t>(z.stage3_param_persistence_threshold);
     zo.max_live_elems = static_cast<size_t>(z.stage3_max_live_parameters);
+    zo.timeout = timeout();
     zero_ = std::make_unique<parallel::ZeroRuntime>(store, model.zero_units(), model.zero_unit_modules(), *dp_, zo);
     segments = zero_->partition().shard_segments(segments);
     if (rank() == 0) {
@@ -77,7 +78,8 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     }
   } else if (world() > 1) {
     buckets_ = std::make_unique<parallel::GradBuckets>(store.grad(), store.numel(),
-                                                       static_cast<size_t>(z.reduce_bucket_size), *dp_, z.overlap_comm);
+                                                       static_cast<size_t>(z.reduce_bucket_size), *dp_, z.overlap_comm,
+                                                       timeout());
     // A bucket is launched once backward has passed below it: after each block and the tail.
     std::vector<parallel::Unit> units = model.zero_units();
     auto modules = model.zero_unit_modules();
@@ -99,12 +101,17 @@ float* Engine::master() const { return zero_ ? zero_->master() : model_.store().
 float* Engine::grad() const { return zero_ ? zero_->grad() : model_.store().grad(); }
 size_t Engine::state_numel() const { return zero_ ? zero_->partition().shard_numel() : model_.store().numel(); }
 
+std::chrono::milliseconds Engine::timeout() const {
+  return std::chrono::milliseconds(static_cast<int64_t>(config_.comm_timeout_s * 1000.0));
+}
+
 double Engine::mean_over_ranks(double value) {
   if (world() == 1) return value;
   float v = static_cast<float>(value);
   comm::AllReduceOptions o;
   o.op = comm::ReduceOp::kAvg;
   o.tag = "mean over ranks";
+  o.timeout = timeout();
   dp_->all_reduce(&v, 1, DType::kF32, o)->wait();
   return v;
 }
@@ -172,6 +179,7 @@ StepResult Engine::step() {
     if (world() > 1) {
       comm::AllReduceOptions o;
       o.tag = "grad norm";
+      o.timeout = timeout();
       dp_->all_reduce(&sq, 1, DType::kF32, o)->wait();
     }
     norm = std::sqrt(static_cast<double>(sq)) / r.loss_scale;

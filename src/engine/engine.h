@@ -85,6 +85,7 @@ class Engine {
  private:
   float* master() const;
   float* grad() const;
+  std::chrono::milliseconds timeout() const;
   size_t state_numel() const;  // elements of the optimizer's span (shard or whole)
 
   RunConfig config_;
