@@ -62,7 +62,8 @@ DataSource open_data(const engine::RunConfig& cfg, const std::string& path, cons
   if (!mask.empty()) {
     d.mask = std::make_unique<data::IndexedDataset>(mask);
     d.stream->set_loss_mask(d.mask.get());
-    std::fprintf(stderr, "%s: loss mask %s (SFT: only responses are trained)\n", key, mask.c_str());
+    if (!std::getenv("OMPI_COMM_WORLD_RANK") || std::strcmp(std::getenv("OMPI_COMM_WORLD_RANK"), "0") == 0)
+      std::fprintf(stderr, "%s: loss mask %s (SFT: only responses are trained)\n", key, mask.c_str());
   }
   return d;
 }
@@ -79,6 +80,12 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   if (lead)
     for (const auto& w : cfg.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   MT_CHECK(cfg.train_iters > 0, ErrorKind::kInvalidArgument, args.config + ": train_iters must be positive");
+  // Text corpora are tokenized into a cache on first use: rank 0 does it while the others wait,
+  // then they open the cached datasets (mapped: each touches only the samples it reads).
+  comm::BarrierOptions bo;
+  bo.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000.0));
+  bo.tag = "data ready";
+  if (world && !lead) world->barrier(bo)->wait();
   DataSource train_data = open_data(cfg, cfg.data_train, "data.train", cfg.shuffle);
   data::TokenStream& train = *train_data.stream;
   DataSource valid_data;
@@ -87,6 +94,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     valid_data = open_data(cfg, cfg.data_valid, "data.valid", false);
     valid = valid_data.stream.get();
   }
+  if (world && lead) world->barrier(bo)->wait();
   auto model = engine::engine_build_model(cfg);
   started = true;  // from here on the ranks run collectives together
   engine::Engine eng(cfg, *model, world);
