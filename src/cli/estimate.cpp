@@ -51,6 +51,7 @@ planner::MemoryInput load_input(const EstimateOptions& o) {
   in.zero.param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
   in.zero.max_live_parameters = c.zero.stage3_max_live_parameters;
   in.zero.prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
+  in.zero.overlap_comm = c.zero.overlap_comm;  // the configuration's value for every stage's row
   return in;
 }
 
@@ -68,6 +69,13 @@ void print_table(const planner::MemoryInput& in, const std::vector<planner::Stag
     std::printf(" %11s | %11s %11s\n", format_bytes(e.ours.total()).c_str(), format_bytes(e.ds_paper_bytes).c_str(),
                 e.ds_estimator_bytes ? format_bytes(e.ds_estimator_bytes).c_str() : "-");
   }
+  std::printf("setup peak (model states while the engine is built, before the partitioned buffers replace the "
+              "full ones):");
+  for (const planner::StageEstimate& e : est)
+    std::printf("%s stage%d %s", e.stage ? "," : "", e.stage,
+                format_bytes(e.setup[MemCategory::kParams] + e.setup[MemCategory::kGrads] +
+                             e.setup[MemCategory::kOptimizer] + e.setup[MemCategory::kComm]).c_str());
+  std::printf("\n");
   std::printf(
       "DS paper: model states (params + grads + optimizer) of the ZeRO paper (Rajbhandari et al. 2020), "
       "weights and grads in the compute dtype, K = 4 per state (+4 master in mixed precision).\n"
@@ -97,6 +105,10 @@ void print_json(const planner::MemoryInput& in, const std::vector<planner::Stage
     s["stage"] = e.stage;
     for (MemCategory c : kColumns) s[mem_category_name(c)] = e.ours[c];
     s["total"] = e.ours.total();
+    nlohmann::json setup;  // model states while the engine is built (before training's peaks)
+    for (MemCategory c : {MemCategory::kParams, MemCategory::kGrads, MemCategory::kOptimizer, MemCategory::kComm})
+      setup[mem_category_name(c)] = e.setup[c];
+    s["setup"] = setup;
     s["ds_paper"] = e.ds_paper_bytes;
     s["ds_estimator"] = e.ds_estimator_bytes ? nlohmann::json(e.ds_estimator_bytes) : nlohmann::json(nullptr);
     j["stages"].push_back(s);

@@ -102,6 +102,9 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     engine::checkpoint_load(eng, args.resume);
     if (lead) std::fprintf(stderr, "resumed from %s at step %lld\n", args.resume.c_str(), static_cast<long long>(eng.global_step()));
   }
+  // The metrics' peak_<category>_bytes describe training, not setup (the ParamStore's full buffers
+  // live beside the ZeRO shards until the runtime releases them): `meshtrain estimate` predicts these.
+  Allocator::global().reset_peaks();
   if (lead)
     std::fprintf(stderr, "model %s, batch %lld = %lld x %lld accumulation x %d rank(s), T=%lld, %s, ZeRO stage %d\n",
                  cfg.model.describe().c_str(), static_cast<long long>(cfg.batch.train_batch_size),

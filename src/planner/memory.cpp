@@ -80,33 +80,6 @@ std::vector<nn::Module*> raw(const std::vector<std::unique_ptr<nn::Module>>& ms)
   return out;
 }
 
-// Bytes of unit u's model-view slab: f32, or matrices in the compute dtype and the rest in f32.
-size_t slab_bytes(const parallel::Unit& u, size_t e) {
-  return e == 4 ? 4 * u.numel : e * u.matrix_numel + 4 * (u.numel - u.matrix_numel);
-}
-
-// Stage 3: the widest live window of non-persistent slabs walking `order` (unit indices).
-size_t stage3_window(const std::vector<parallel::Unit>& units, const std::vector<size_t>& order,
-                     size_t e, const ZeroKnobs& z) {
-  std::vector<size_t> live;  // non-persistent units in this order
-  for (size_t u : order)
-    if (static_cast<int64_t>(units[u].numel) > z.param_persistence_threshold) live.push_back(u);
-  size_t best = 0;
-  for (size_t i = 0; i < live.size(); ++i) {
-    size_t bytes = slab_bytes(units[live[i]], e);
-    int64_t elems = static_cast<int64_t>(units[live[i]].numel), prefetched = 0;
-    for (size_t j = i + 1; j < live.size(); ++j) {
-      int64_t n = static_cast<int64_t>(units[live[j]].numel);
-      if (elems + n > z.max_live_parameters || prefetched + n > z.prefetch_bucket_size) break;
-      elems += n;
-      prefetched += n;
-      bytes += slab_bytes(units[live[j]], e);
-    }
-    best = std::max(best, bytes);
-  }
-  return best;
-}
-
 // The same dimensions TransformerLM::prepare computes.
 models::BlockDims block_dims(const models::ModelConfig& cfg, int B, int T) {
   models::BlockDims d;
@@ -172,12 +145,271 @@ size_t largest_module_params(const models::ModelConfig& cfg) {
   return best;
 }
 
+namespace {
+
+// Replays what parallel::ZeroRuntime allocates, hook by hook, over the units (first the
+// embeddings, then the blocks, last the tail): construction from the ParamStore, then training
+// micro-batches and optimizer steps. Every Buffer of the runtime is one alloc()/release() here with
+// the same bytes and category. Nonblocking work is assumed to finish only when the runtime waits
+// for it (poll() completes nothing): the worst case, since completing frees and never allocates.
+class ZeroReplay {
+ public:
+  ZeroReplay(const std::vector<parallel::Unit>& units, int stage, int world, size_t e, int k, bool tied_head,
+             const ZeroKnobs& z)
+      : units_(units), stage_(stage), N_(static_cast<size_t>(world)), e_(e), k_(static_cast<size_t>(k)),
+        tied_(tied_head), z_(z), views_(units.size()) {
+    for (const parallel::Unit& u : units_) {
+      P_ += u.numel;
+      S_ += piece(u);
+    }
+  }
+
+  // Setup peak (store + runtime construction + optimizer) and the steady-state peak of training.
+  void run(MemoryBreakdown& setup, MemoryBreakdown& steady) {
+    const bool lowp = e_ != 4;
+    // nn::ParamStore (TransformerLM's constructor): master, gradients, compute copy.
+    size_t store_master = 4 * P_, store_grad = 4 * P_, store_compute = lowp ? e_ * P_ : 0;
+    alloc(lowp ? MemCategory::kOptimizer : MemCategory::kParams, store_master);
+    alloc(MemCategory::kGrads, store_grad);
+    if (lowp) alloc(MemCategory::kParams, store_compute);
+    // ZeroRuntime(): master and gradient shards, persistent views, stage 1's gradient slabs.
+    alloc(lowp ? MemCategory::kOptimizer : MemCategory::kParams, 4 * S_);
+    alloc(MemCategory::kGrads, 4 * S_);
+    for (size_t u = 0; u < units_.size(); ++u) {
+      View& v = views_[u];
+      if (persistent(u)) {
+        if (lowp) {
+          v.staging = 4 * padded(u);
+          alloc(MemCategory::kComm, v.staging);
+        } else {
+          v.f32 = 4 * padded(u);
+          alloc(MemCategory::kParams, v.f32);
+        }
+        finish_gather(u);
+      }
+      if (stage_ == 1) {
+        v.grad = 4 * padded(u);
+        alloc(MemCategory::kGrads, v.grad);
+      }
+    }
+    release(lowp ? MemCategory::kOptimizer : MemCategory::kParams, store_master);  // store.release_buffers()
+    release(MemCategory::kGrads, store_grad);
+    if (lowp) release(MemCategory::kParams, store_compute);
+    alloc(MemCategory::kOptimizer, 4 * k_ * S_);  // the optimizer's state over the shard
+    setup = peak_;
+    peak_ = cur_;  // Allocator::reset_peaks() after the engine is built (cli/train.cpp)
+    for (int step = 0; step < 2; ++step) {
+      micro_batch();
+      if (stage_ == 1) {  // finish_backward() of the last micro-batch
+        reduce_grads(units_.size() - 1);
+        reduce_grads(0);
+      }
+      wait_reductions(0);
+      refresh_params();
+    }
+    steady = peak_;
+  }
+
+ private:
+  struct View {
+    size_t f32 = 0, lowp = 0, staging = 0, grad = 0;
+    bool gather = false, live = false, counted = false;
+    int refs = 0;
+  };
+  struct Pending {
+    size_t unit, recv;
+  };
+
+  size_t piece(const parallel::Unit& u) const { return (u.numel + N_ - 1) / N_; }
+  size_t padded(size_t u) const { return piece(units_[u]) * N_; }
+  bool persistent(size_t u) const {
+    return stage_ < 3 || static_cast<int64_t>(units_[u].numel) <= z_.param_persistence_threshold;
+  }
+  void alloc(MemCategory c, size_t b) {
+    cur_[c] += b;
+    peak_[c] = std::max(peak_[c], cur_[c]);
+  }
+  void release(MemCategory c, size_t b) { cur_[c] -= b; }
+
+  void count_live(size_t u) {
+    if (views_[u].counted) return;
+    views_[u].counted = true;
+    live_ += units_[u].numel;
+  }
+  void start_gather(size_t u) {
+    View& v = views_[u];
+    if (v.gather) return;
+    if (e_ == 4) {
+      if (!v.f32) alloc(MemCategory::kParams, v.f32 = 4 * padded(u));
+    } else {
+      alloc(MemCategory::kComm, v.staging = 4 * padded(u));
+    }
+    v.gather = true;
+    count_live(u);
+  }
+  void finish_gather(size_t u) {
+    View& v = views_[u];
+    v.gather = false;
+    if (e_ != 4) {
+      const parallel::Unit& unit = units_[u];
+      if (!v.lowp) {
+        alloc(MemCategory::kParams, v.lowp = std::max<size_t>(unit.matrix_numel, 1) * e_);
+        alloc(MemCategory::kParams, v.f32 = std::max<size_t>(unit.numel - unit.matrix_numel, 1) * 4);
+      }
+      release(MemCategory::kComm, v.staging);
+      v.staging = 0;
+    }
+    count_live(u);
+    v.live = true;
+  }
+  void acquire(size_t u) {
+    View& v = views_[u];
+    ++v.refs;
+    if (!v.live) {
+      start_gather(u);
+      finish_gather(u);
+    } else if (v.gather) {
+      finish_gather(u);
+    }
+    maybe_prefetch(u);
+  }
+  void drop(size_t u) {  // ZeroRuntime::release
+    View& v = views_[u];
+    if (v.refs > 0) --v.refs;
+    if (v.refs > 0 || persistent(u)) return;
+    release(MemCategory::kParams, v.f32 + v.lowp);
+    v.f32 = v.lowp = 0;
+    v.live = false;
+    if (v.counted) live_ -= units_[u].numel;
+    v.counted = false;
+  }
+  void maybe_prefetch(size_t u) {
+    if (stage_ < 3) return;
+    size_t next;
+    if (backward_) {
+      if (u == 0) return;
+      next = u - 1;
+    } else {
+      next = u + 1;
+      if (next >= units_.size()) return;
+    }
+    View& v = views_[next];
+    if (persistent(next) || v.live || v.gather) return;
+    int64_t n = static_cast<int64_t>(units_[next].numel);
+    if (n > z_.prefetch_bucket_size || static_cast<int64_t>(live_) + n > z_.max_live_parameters) return;
+    start_gather(next);
+  }
+  void begin_grads(size_t u) {
+    for (size_t i = pending_.size(); i-- > 0;)
+      if (pending_[i].unit == u) {
+        wait_reductions(pending_.size() - i - 1);
+        break;
+      }
+    View& v = views_[u];
+    if (!v.grad) alloc(MemCategory::kGrads, v.grad = 4 * padded(u));
+  }
+  void reduce_grads(size_t u) {
+    size_t recv = 4 * piece(units_[u]);
+    alloc(MemCategory::kComm, recv);
+    pending_.push_back({u, recv});
+    wait_reductions(z_.overlap_comm ? 1 : 0);
+  }
+  void wait_reductions(size_t keep) {
+    while (pending_.size() > keep) {
+      const Pending& r = pending_.front();
+      release(MemCategory::kComm, r.recv);
+      if (stage_ >= 2) {
+        release(MemCategory::kGrads, views_[r.unit].grad);
+        views_[r.unit].grad = 0;
+      }
+      pending_.erase(pending_.begin());
+    }
+  }
+  void hook(size_t u, bool pre, bool fwd) {
+    const size_t last = units_.size() - 1;
+    if (fwd && pre) {
+      if (u == 0) backward_ = false;
+      if (stage_ == 3) acquire(u);
+    } else if (fwd) {
+      if (stage_ == 3) {
+        if (backward_) {
+          if (views_[u].refs > 0) --views_[u].refs;
+        } else {
+          drop(u);
+        }
+      }
+    } else if (pre) {
+      backward_ = true;
+      if (stage_ == 3) acquire(u);
+      if (stage_ >= 2) begin_grads(u);
+    } else {
+      if (stage_ >= 2 || (u != 0 && u != last)) reduce_grads(u);  // stage 1: the last micro-batch
+      if (stage_ == 3) drop(u);
+    }
+  }
+  // TransformerLM::forward (trunk, fused head) and backward, as their modules run the hooks.
+  // Recompute adds a block forward inside backward: it only takes and returns a reference.
+  void micro_batch() {
+    const size_t last = units_.size() - 1;
+    for (size_t u = 0; u <= last; ++u) {
+      hook(u, true, true);
+      hook(u, false, true);
+    }
+    size_t head = tied_ ? 0 : last;
+    hook(head, true, false);
+    hook(head, false, false);
+    for (size_t u = last + 1; u-- > 0;) {
+      hook(u, true, false);
+      hook(u, false, false);
+    }
+  }
+  void refresh_params() {
+    for (size_t u = 0; u < units_.size(); ++u) {
+      View& v = views_[u];
+      if (persistent(u)) continue;
+      if (v.gather) {
+        v.gather = false;
+        release(MemCategory::kComm, v.staging);
+        v.staging = 0;
+      }
+      if (v.live || v.counted) {
+        v.refs = 0;
+        drop(u);
+      }
+    }
+    // Two gathers in flight at a time: the next one overlaps the unpacking of this one, and
+    // the f32 staging never holds more than two units.
+    std::vector<size_t> order;
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (persistent(u)) order.push_back(u);
+    for (size_t i = 0; i < order.size(); ++i) {
+      start_gather(order[i]);
+      if (i > 0) finish_gather(order[i - 1]);
+    }
+    if (!order.empty()) finish_gather(order.back());
+  }
+
+  const std::vector<parallel::Unit>& units_;
+  int stage_;
+  size_t N_, e_, k_;
+  bool tied_;
+  ZeroKnobs z_;
+  std::vector<View> views_;
+  std::vector<Pending> pending_;
+  size_t P_ = 0, S_ = 0, live_ = 0;
+  bool backward_ = false;
+  MemoryBreakdown cur_, peak_;
+};
+
+}  // namespace
+
 MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int stage, int world,
-                                   size_t e, int k, const ZeroKnobs& zero) {
-  MT_CHECK(world >= 1 && stage >= 0 && stage <= 3 && (e == 2 || e == 4), ErrorKind::kInvalidArgument,
-           "memory estimate: bad stage/world/dtype");
+                                   size_t e, int k, const ZeroKnobs& zero, bool tied_head,
+                                   MemoryBreakdown* setup) {
+  MT_CHECK(world >= 1 && stage >= 0 && stage <= 3 && (e == 2 || e == 4) && units.size() >= 2,
+           ErrorKind::kInvalidArgument, "memory estimate: bad stage/world/dtype/units");
   const bool lowp = e != 4;
-  const size_t N = static_cast<size_t>(world), ku = static_cast<size_t>(k);
+  const size_t ku = static_cast<size_t>(k);
   MemoryBreakdown m;
   size_t P = 0;
   for (const parallel::Unit& u : units) P += u.numel;
@@ -185,36 +417,12 @@ MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int
     m[MemCategory::kParams] = lowp ? e * P : 4 * P;
     m[MemCategory::kOptimizer] = (lowp ? 4 * P : 0) + 4 * ku * P;
     m[MemCategory::kGrads] = 4 * P;
+    if (setup) *setup = m;
     return m;
   }
-  size_t S = 0, slabs = 0, comm = 0;
-  std::vector<size_t> grad_slabs;
-  for (const parallel::Unit& u : units) {
-    size_t s = ceil_div(u.numel, N);
-    S += s;
-    slabs += slab_bytes(u, e);
-    grad_slabs.push_back(4 * N * s);
-    comm = std::max(comm, 4 * N * s + 4 * s);
-  }
-  std::sort(grad_slabs.rbegin(), grad_slabs.rend());
-  size_t grad_slab_bytes = 0;
-  for (size_t i = 0; i < grad_slabs.size() && (stage == 1 || i < 2); ++i) grad_slab_bytes += grad_slabs[i];
-
-  size_t view = slabs;
-  if (stage == 3) {
-    size_t persistent = 0;
-    std::vector<size_t> fwd;
-    for (size_t u = 0; u < units.size(); ++u) {
-      fwd.push_back(u);
-      if (static_cast<int64_t>(units[u].numel) <= zero.param_persistence_threshold) persistent += slab_bytes(units[u], e);
-    }
-    std::vector<size_t> bwd(fwd.rbegin(), fwd.rend());
-    view = persistent + std::max(stage3_window(units, fwd, e, zero), stage3_window(units, bwd, e, zero));
-  }
-  m[MemCategory::kParams] = view + (lowp ? 0 : 4 * S);
-  m[MemCategory::kOptimizer] = (lowp ? 4 * S : 0) + 4 * ku * S;
-  m[MemCategory::kGrads] = 4 * S + grad_slab_bytes;
-  m[MemCategory::kComm] = comm;
+  MemoryBreakdown s;
+  ZeroReplay(units, stage, world, e, k, tied_head, zero).run(s, m);
+  if (setup) *setup = s;
   return m;
 }
 
@@ -270,7 +478,8 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   size_t e = dtype_size(in.compute_dtype);
   StageEstimate r;
   r.stage = stage;
-  r.ours = model_state_memory(units, stage, in.world, e, in.optimizer_states, in.zero);
+  r.ours = model_state_memory(units, stage, in.world, e, in.optimizer_states, in.zero, in.model.tie_embeddings,
+                              &r.setup);
   MemoryBreakdown step = step_memory(in);
   r.ours[MemCategory::kActivations] = step[MemCategory::kActivations];
   r.ours[MemCategory::kWorkspace] = step[MemCategory::kWorkspace];
@@ -287,7 +496,7 @@ int largest_micro_batch(const MemoryInput& in, int stage, size_t budget_bytes, i
   probe.micro_batch = 1;
   check_input(probe, stage);
   size_t states = model_state_memory(model_units(in.model), stage, in.world, dtype_size(in.compute_dtype),
-                                     in.optimizer_states, in.zero).total();
+                                     in.optimizer_states, in.zero, in.model.tie_embeddings).total();
   if (states > budget_bytes) return 0;
   // A linear walk: the total grows with B except where the LM head's tile shrinks as one more tile
   // is needed, so "every smaller B fits too" needs each B checked; each check is a few formulas.

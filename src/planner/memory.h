@@ -7,15 +7,23 @@
 //   stage 0: params 4P (f32) | e P (low precision, + master 4P under optimizer); grads 4P;
 //            optimizer 4kP.                                      (nn/param_store.h, optim/*.h)
 //   stage>=1: master shard 4S (optimizer when low precision, else params); optimizer 4kS; grad
-//            shard 4S; model-view slab of unit u: 4 n_u (f32) | e m_u + 4 (n_u - m_u); gathered
-//            staging 4 N s_u and reduce-scatter receive 4 s_u (comm, one unit at a time);
-//            grad slab of unit u 4 N s_u (grads).
-//     stage 1: every slab and grad slab persistent.
-//     stage 2: every slab persistent; at most two grad slabs live (the two largest count).
-//     stage 3: slabs of units with n_u <= stage3_param_persistence_threshold persistent; the others
-//            live in a window: the unit in use plus the following ones prefetched while they fit
-//            in stage3_max_live_parameters and stage3_prefetch_bucket_size (elements); the widest
-//            window over the forward and the backward (reverse) order counts. Grads as stage 2.
+//            shard 4S. Views and gradient slabs are replayed allocation by allocation as
+//            parallel::ZeroRuntime makes them (memory.cpp, ZeroReplay), hook by hook over a training
+//            micro-batch and an optimizer step: a unit's view is 4 N s_u (f32; the padded range) or
+//            e m_u + 4 (n_u - m_u) (low precision, with a 4 N s_u f32 staging buffer under comm while
+//            its gather is in flight); its grad slab 4 N s_u (grads); a reduce-scatter receives 4 s_u
+//            (comm). Nonblocking work is taken to finish only when waited for (the worst case).
+//     stage 1: every view and grad slab persistent; low precision refresh_params() keeps two
+//            gathers in flight (comm = the widest adjacent pair of 4 N s_u).
+//     stage 2: views persistent; a grad slab lives from its unit's backward to the end of its
+//            reduction: one at a time, two with overlap_comm.
+//     stage 3: views of units with n_u <= stage3_param_persistence_threshold persistent; the others
+//            gathered at use and freed after, and the NEXT unit in the pass's direction (one unit,
+//            never more) prefetched when n <= stage3_prefetch_bucket_size and the live elements
+//            (persistent ones included) + n <= stage3_max_live_parameters. Live window: two
+//            adjacent units at most. Grads as stage 2.
+//   Setup (StageEstimate::setup): the ParamStore's full buffers (4P master, 4P grads, e P compute)
+//   are alive while the runtime allocates its shards and persistent views, then released.
 // Activations and workspace: what models::TransformerLM::prepare(B, T) allocates (sizes from the
 // same BlockActs / BlockScratch layouts) plus what nn::Workspace grows to in one step (GEMM
 // operands in the compute dtype, the LM head's logit tiles). They do not depend on the stage.
@@ -49,6 +57,9 @@ struct ZeroKnobs {
   int64_t param_persistence_threshold = 100000;   // stage3_param_persistence_threshold
   int64_t max_live_parameters = 1000000000;       // stage3_max_live_parameters
   int64_t prefetch_bucket_size = 50000000;        // stage3_prefetch_bucket_size
+  // overlap_comm: a gradient reduction is left in flight while the next unit's backward runs, so
+  // its receive buffer and (stages 2-3) gradient slab may still be live when the next are made.
+  bool overlap_comm = false;
 };
 
 struct MemoryInput {
@@ -72,7 +83,9 @@ struct MemoryBreakdown {
 
 struct StageEstimate {
   int stage = 0;
-  MemoryBreakdown ours;
+  MemoryBreakdown ours;   // steady state: the peaks of training steps
+  MemoryBreakdown setup;  // model-state categories while the engine is built (the ParamStore's full
+                          // buffers and the runtime's shards live together); stage 0: = ours
   size_t ds_paper_bytes = 0;      // ZeRO paper, model states
   size_t ds_estimator_bytes = 0;  // DeepSpeed's estimate_zero2/3 function; 0 for stage 0 (none)
 };
@@ -87,10 +100,15 @@ std::vector<parallel::Unit> model_units(const models::ModelConfig& cfg);
 // Largest number of parameters one module holds itself (DeepSpeed's largest_layer_params).
 size_t largest_module_params(const models::ModelConfig& cfg);
 
-// Model states (params, grads, optimizer, comm) of one rank at `stage` over explicit units.
-// REQUIRES: 0 <= stage <= 3, world >= 1, compute_bytes 2 or 4 (4: fp32, no separate master).
+// Model states (params, grads, optimizer, comm) of one rank at `stage` over explicit units (the
+// first is the embeddings, the last the tail, blocks between), the steady-state peaks of training;
+// *setup (if given) gets the peaks while the engine is built. tied_head: the LM head is the token
+// embedding (unit 0), else the tail's own matrix.
+// REQUIRES: 0 <= stage <= 3, world >= 1, compute_bytes 2 or 4 (4: fp32, no separate master),
+// at least two units.
 MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int stage, int world,
-                                   size_t compute_bytes, int optimizer_states, const ZeroKnobs& zero);
+                                   size_t compute_bytes, int optimizer_states, const ZeroKnobs& zero,
+                                   bool tied_head = true, MemoryBreakdown* setup = nullptr);
 // Activations and workspace of one step for the micro-batch shape of in.
 MemoryBreakdown step_memory(const MemoryInput& in);
 

@@ -90,47 +90,75 @@ TEST(ModelStateMemory, Stage0IsTheParamStore) {
   EXPECT_EQ(b[MemCategory::kOptimizer], 264u);   // 4 P master + 8 P states
 }
 
+// The units as the runtime uses them: A the embeddings (and the tied head), B a block, C the tail.
+// Views: f32 4 N s (A 48, B 32, C 32); bf16 2 m + 4 (n - m), each part at least one element
+// (A 16 + 8, B 12 + 4, C 2 + 20). Grad slabs 4 N s; reduce-scatter receive 4 s (A 12, B 8, C 8).
 TEST(ModelStateMemory, Stage1KeepsEverySlab) {
   ZeroKnobs z;
-  // bf16 slabs: A 2*8+4*2 = 24, B 2*6+4*1 = 16, C 4*5 = 20 -> 60.
   MemoryBreakdown b = model_state_memory(tiny_units(), 1, 4, 2, 2, z);
-  EXPECT_EQ(b[MemCategory::kParams], 60u);
+  EXPECT_EQ(b[MemCategory::kParams], 24u + 16u + 22u);
   EXPECT_EQ(b[MemCategory::kOptimizer], 28u + 56u);         // master 4 S + 2 states 4 S
   EXPECT_EQ(b[MemCategory::kGrads], 28u + 48u + 32u + 32u);  // shard + every grad slab 4 N s
-  EXPECT_EQ(b[MemCategory::kComm], 48u + 12u);              // unit A: 4 N s + 4 s
-  // f32: slabs 4 n = 88 and the master shard 4 S = 28 under params; no master under optimizer.
+  // refresh_params() keeps two f32 gathers in flight: the widest neighbours, A + B.
+  EXPECT_EQ(b[MemCategory::kComm], 48u + 32u);
+  // f32: views 4 N s = 112 and the master shard 4 S = 28 under params; no master under optimizer;
+  // comm: one receive buffer at a time, A's the largest.
   MemoryBreakdown f = model_state_memory(tiny_units(), 1, 4, 4, 2, z);
-  EXPECT_EQ(f[MemCategory::kParams], 88u + 28u);
+  EXPECT_EQ(f[MemCategory::kParams], 112u + 28u);
   EXPECT_EQ(f[MemCategory::kOptimizer], 56u);
+  EXPECT_EQ(f[MemCategory::kComm], 12u);
 }
 
-TEST(ModelStateMemory, Stage2KeepsTwoGradSlabs) {
+TEST(ModelStateMemory, Stage2KeepsOneGradSlabOrTwoWithOverlap) {
   ZeroKnobs z;
   MemoryBreakdown b = model_state_memory(tiny_units(), 2, 4, 2, 2, z);
-  EXPECT_EQ(b[MemCategory::kParams], 60u);
-  EXPECT_EQ(b[MemCategory::kGrads], 28u + 48u + 32u);
-  EXPECT_EQ(b[MemCategory::kComm], 60u);
+  EXPECT_EQ(b[MemCategory::kParams], 62u);
+  EXPECT_EQ(b[MemCategory::kGrads], 28u + 48u);
+  EXPECT_EQ(b[MemCategory::kComm], 80u);  // the refresh's two gathers in flight, A + B
+  // overlap_comm: a reduction still in flight when the next unit's slab is made. Backward order:
+  // head (A), C, B, A: the widest neighbours are A + C and B + A, 80.
+  z.overlap_comm = true;
+  b = model_state_memory(tiny_units(), 2, 4, 2, 2, z);
+  EXPECT_EQ(b[MemCategory::kGrads], 28u + 80u);
+  EXPECT_EQ(model_state_memory(tiny_units(), 2, 4, 4, 2, z)[MemCategory::kComm], 12u + 8u);
   // SGD without momentum: no optimizer state, the master shard only.
   EXPECT_EQ(model_state_memory(tiny_units(), 2, 4, 2, 0, z)[MemCategory::kOptimizer], 28u);
 }
 
 TEST(ModelStateMemory, Stage3WindowFollowsTheKnobs) {
   ZeroKnobs z;
-  z.param_persistence_threshold = 5;  // C (n=5) persistent: 20 bytes
+  z.param_persistence_threshold = 5;  // C (n=5) persistent: 32 bytes in f32
   z.max_live_parameters = 1000;
-  z.prefetch_bucket_size = 1000;      // everything prefetched: A + B live together
+  z.prefetch_bucket_size = 1000;      // A + B live together (forward), B + A (backward)
+  MemoryBreakdown f = model_state_memory(tiny_units(), 3, 4, 4, 2, z);
+  EXPECT_EQ(f[MemCategory::kParams], 28u + 32u + 48u + 32u);
+  EXPECT_EQ(f[MemCategory::kGrads], 28u + 48u);
+  EXPECT_EQ(f[MemCategory::kOptimizer], 56u);
+  z.max_live_parameters = 16;  // C's 5 are live too: A (10) + B (7) do not fit: one at a time
+  EXPECT_EQ(model_state_memory(tiny_units(), 3, 4, 4, 2, z)[MemCategory::kParams], 28u + 32u + 48u);
+  z.max_live_parameters = 1000;
+  z.prefetch_bucket_size = 6;  // neither B (7) nor A (10) can be prefetched
+  EXPECT_EQ(model_state_memory(tiny_units(), 3, 4, 4, 2, z)[MemCategory::kParams], 28u + 32u + 48u);
+  z.param_persistence_threshold = 0;  // nothing persistent; C (5) prefetched behind B: 32 + 32
+  EXPECT_EQ(model_state_memory(tiny_units(), 3, 4, 4, 2, z)[MemCategory::kParams], 28u + 64u);
+  // bf16: a prefetch lands in f32 staging (comm); the view is built at use, so one view at a time
+  // beside persistent C (22): A's 24. Comm: B's staging (32) behind a B receive (8), then A's (48)
+  // behind B's receive: 56.
+  z.param_persistence_threshold = 5;
+  z.prefetch_bucket_size = 1000;
   MemoryBreakdown b = model_state_memory(tiny_units(), 3, 4, 2, 2, z);
-  EXPECT_EQ(b[MemCategory::kParams], 20u + 24u + 16u);
-  EXPECT_EQ(b[MemCategory::kGrads], 28u + 48u + 32u);
-  z.max_live_parameters = 16;  // A + B = 17 elements do not fit: one unit at a time, A's 24 widest
-  EXPECT_EQ(model_state_memory(tiny_units(), 3, 4, 2, 2, z)[MemCategory::kParams], 20u + 24u);
-  z.max_live_parameters = 1000;
-  z.prefetch_bucket_size = 6;  // B (7) cannot be prefetched behind A; backward: B then A (10) no
-  EXPECT_EQ(model_state_memory(tiny_units(), 3, 4, 2, 2, z)[MemCategory::kParams], 20u + 24u);
-  z.param_persistence_threshold = 0;  // nothing persistent; prefetch 6: C (5) behind B: 16 + 20
-  EXPECT_EQ(model_state_memory(tiny_units(), 3, 4, 2, 2, z)[MemCategory::kParams], 36u);
-  // Optimizer and master shards as stage 1/2.
+  EXPECT_EQ(b[MemCategory::kParams], 22u + 24u);
+  EXPECT_EQ(b[MemCategory::kComm], 48u + 8u);
   EXPECT_EQ(b[MemCategory::kOptimizer], 84u);
+}
+
+TEST(ModelStateMemory, SetupHoldsTheStoreBesideTheShards) {
+  ZeroKnobs z;
+  MemoryBreakdown setup;
+  model_state_memory(tiny_units(), 2, 4, 4, 2, z, true, &setup);
+  EXPECT_EQ(setup[MemCategory::kParams], 88u + 28u + 112u);  // store 4 P + master 4 S + views
+  EXPECT_EQ(setup[MemCategory::kGrads], 88u + 28u);
+  EXPECT_EQ(setup[MemCategory::kOptimizer], 56u);
 }
 
 TEST(EstimateStage, DeepSpeedFormulas) {

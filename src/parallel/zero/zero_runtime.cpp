@@ -341,10 +341,16 @@ void ZeroRuntime::refresh_params() {
       release(u);
     }
   }
+  // Two gathers in flight at a time: the next one overlaps the unpacking of this one, and
+  // the f32 staging never holds more than two units.
+  std::vector<size_t> order;
   for (size_t u = 0; u < views_.size(); ++u)
-    if (persistent(u)) start_gather(u);
-  for (size_t u = 0; u < views_.size(); ++u)
-    if (persistent(u)) finish_gather(u);
+    if (persistent(u)) order.push_back(u);
+  for (size_t i = 0; i < order.size(); ++i) {
+    start_gather(order[i]);
+    if (i > 0) finish_gather(order[i - 1]);
+  }
+  if (!order.empty()) finish_gather(order.back());
 }
 
 void ZeroRuntime::gather_flat(float* flat, const float* shard, int root) {

@@ -1,0 +1,228 @@
+// meshtrain estimate against real multi-rank training: `meshtrain launch -n 2 -- train CFG --metrics M`
+// (mpirun underneath) and `meshtrain estimate CFG --procs 2 --json`, ZeRO stages 0-3, fp32 and bf16,
+// tiny GPT-2 (tied head) and tiny LLaMA (untied head). Rank 0's last metrics line holds the peak
+// bytes per allocator category since the engine was built (cli/train.cpp resets the peaks there, so
+// they describe training, not setup).
+//
+// (1) Every category agrees within 5% of the measured value, or within kCommSlack bytes for comm:
+//     comm holds a few KiB here (reduce-scatter receive buffers of s_u floats, low-precision staging
+//     of one unit), and with overlap_comm a reduction that MPI happens to finish early frees its
+//     buffer before the next is made — the estimate is the worst case, so a tiny category can sit a
+//     few KiB below it without meaning anything.
+// (2) Stage 3 model states (params + grads + optimizer, measured) are within 10% of
+//        16 Ψ/N + 4 W_p + 4 W_g    (fp32, Adam)
+//        16 Ψ/N + V_max + 4 W_g    (bf16: V_max = the largest unit's view, 2 m_u + 4 (n_u - m_u))
+//     Ψ parameters, N ranks; 16 = 4 master + 4 gradient shard + 8 Adam (all f32, in bf16 too: the
+//     master is f32 and gradients are accumulated in f32); W_p = the live window of gathered
+//     parameter elements (two adjacent units, padded to N s_u: the one in use and the one
+//     prefetched), W_g = the live gradient-slab elements (the largest unit's N s_u; two adjacent
+//     units with overlap_comm). In bf16 a prefetched unit waits as f32 staging (comm) and its view is
+//     built at use, so one view is live. No persistent bf16 parameter shard exists (views are
+//     gathered from the f32 master), so bf16 is not DeepSpeed's 18 Ψ/N: see the test.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/indexed_dataset.h"
+#include "engine/ds_config.h"
+#include "planner/memory.h"
+#include "tensor/allocator.h"
+
+namespace fs = std::filesystem;
+
+namespace mt {
+namespace {
+
+constexpr double kRel = 0.05;
+constexpr double kCommSlack = 4096;  // bytes, comm only (see above)
+
+std::string dir() {
+  static std::string d = [] {
+    std::string p = ::testing::TempDir() + "/mt_estimate_mpi_test_" + std::to_string(::getpid());
+    fs::remove_all(p);
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+void write_dataset(const std::string& prefix, int docs) {
+  if (fs::exists(prefix + ".idx")) return;
+  data::IndexedDatasetWriter w(prefix, 101);
+  for (int d = 0; d < docs; ++d) {
+    std::vector<int32_t> seq;
+    int32_t tok = d % 97;
+    for (int i = 0; i < 40; ++i) {
+      seq.push_back(tok);
+      tok = (tok * 5 + 3) % 97;
+    }
+    w.add_sequence(seq);
+    w.end_document();
+  }
+  w.finalize();
+}
+
+int run(const std::string& args, std::string* out, std::string* err) {
+  std::string o = dir() + "/stdout.txt", e = dir() + "/stderr.txt";
+  int rc = std::system((std::string(MT_MESHTRAIN_BIN) + " " + args + " > " + o + " 2> " + e).c_str());
+  auto slurp = [](const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  if (out) *out = slurp(o);
+  if (err) *err = slurp(e);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+struct Case {
+  std::string arch;
+  bool bf16;
+  int stage;
+  bool overlap;
+};
+
+std::string case_name(const Case& k) {
+  return k.arch + (k.bf16 ? "_bf16" : "_fp32") + "_stage" + std::to_string(k.stage) + (k.overlap ? "_overlap" : "");
+}
+
+nlohmann::json config_json(const Case& k) {
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "seq_length": 16, "train_iters": 3, "train_batch_size": 4, "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": "auto", "comm_timeout": 60, "steps_per_print": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.1}}
+  })");
+  if (k.arch == "gpt2") {  // configs/models/tiny-gpt2.json
+    j["model"] = nlohmann::json::parse(
+        R"({"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 2, "n_head": 4})");
+  } else {  // configs/models/tiny-llama.json, untied head
+    j["model"] = nlohmann::json::parse(R"({"model_type": "llama", "vocab_size": 101, "hidden_size": 64,
+      "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "max_position_embeddings": 64, "tie_word_embeddings": false})");
+  }
+  if (k.bf16) j["bf16"] = {{"enabled", true}};
+  // Threshold 0: every unit is gathered and freed at stage 3 (the tiny units all fall under
+  // DeepSpeed's default 1e5 and would persist).
+  j["zero_optimization"] = {{"stage", k.stage}, {"overlap_comm", k.overlap},
+                            {"stage3_param_persistence_threshold", 0}};
+  j["data"] = {{"train", dir() + "/train"}};
+  return j;
+}
+
+std::string write_config(const Case& k) {
+  std::string path = dir() + "/" + case_name(k) + ".json";
+  std::ofstream(path) << config_json(k).dump();
+  return path;
+}
+
+nlohmann::json last_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line, last;
+  while (std::getline(f, line))
+    if (!line.empty()) last = line;
+  return nlohmann::json::parse(last);
+}
+
+struct Measured {
+  nlohmann::json metrics;   // rank 0's last metrics line
+  nlohmann::json estimate;  // this stage's row of estimate --json
+};
+
+Measured measure(const Case& k) {
+  write_dataset(dir() + "/train", 30);
+  std::string cfg = write_config(k), metrics = dir() + "/" + case_name(k) + ".jsonl", out, err;
+  fs::remove(metrics);
+  Measured m;
+  EXPECT_EQ(run("launch -n 2 -- train " + cfg + " --metrics " + metrics, &out, &err), 0) << err;
+  m.metrics = last_line(metrics);
+  EXPECT_EQ(run("estimate " + cfg + " --procs 2 --json", &out, &err), 0) << err;
+  m.estimate = nlohmann::json::parse(out)["stages"][k.stage];
+  return m;
+}
+
+class EstimateMpi : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EstimateMpi, PeaksPerCategoryAgree) {
+  const Case& k = GetParam();
+  Measured m = measure(k);
+  ASSERT_FALSE(HasFailure());
+  for (int c = 0; c < kMemCategoryCount; ++c) {
+    std::string name = mem_category_name(static_cast<MemCategory>(c));
+    double measured = m.metrics["peak_" + name + "_bytes"].get<double>();
+    double estimated = m.estimate[name].get<double>();
+    double tol = std::max(kRel * measured, name == "comm" ? kCommSlack : 0.0);
+    EXPECT_LE(std::fabs(measured - estimated), tol) << name << ": measured " << measured << " estimated " << estimated;
+    std::printf("  %-12s measured %9.0f estimated %9.0f  (%+.2f%%)\n", name.c_str(), measured, estimated,
+                measured > 0 ? 100.0 * (estimated - measured) / measured : 0.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stages, EstimateMpi,
+    ::testing::Values(Case{"gpt2", false, 0, false}, Case{"gpt2", false, 1, false}, Case{"gpt2", false, 2, false},
+                      Case{"gpt2", false, 3, false}, Case{"gpt2", true, 0, false}, Case{"gpt2", true, 1, false},
+                      Case{"gpt2", true, 2, false}, Case{"gpt2", true, 3, false}, Case{"gpt2", false, 2, true},
+                      Case{"gpt2", true, 3, true}, Case{"llama", false, 3, false}, Case{"llama", true, 2, false}),
+    [](const auto& info) { return case_name(info.param); });
+
+// (2): stage-3 model states against the closed form (header comment), computed from the units
+// alone (not from the estimator's replay).
+TEST(EstimateMpiStage3, ModelStatesAre16PsiOverNPlusTheLiveWindow) {
+  for (bool bf16 : {false, true}) {
+    for (bool overlap : {false, true}) {
+      Case k{"gpt2", bf16, 3, overlap};
+      Measured m = measure(k);
+      ASSERT_FALSE(HasFailure());
+      double measured = m.metrics["peak_params_bytes"].get<double>() + m.metrics["peak_grads_bytes"].get<double>() +
+                        m.metrics["peak_optimizer_bytes"].get<double>();
+      engine::RunConfig c = engine::ds_config_parse(config_json(k), "x");
+      std::vector<parallel::Unit> units = planner::model_units(c.model);
+      const double N = 2, psi = static_cast<double>(c.model.num_params());
+      auto view_bytes = [&](const parallel::Unit& u) {  // a gathered unit as the layers read it
+        return bf16 ? 2.0 * u.matrix_numel + 4.0 * (u.numel - u.matrix_numel)
+                    : 4.0 * N * std::ceil(u.numel / N);
+      };
+      // fp32: the unit in use and the next one prefetched into its view; bf16: a prefetch lands in
+      // an f32 staging buffer (comm) and the bf16/f32 view is built only when the unit is used, so
+      // one view at a time.
+      double window_p = 0, slab = 0, window_g = 0;
+      for (size_t u = 0; u < units.size(); ++u) {
+        double next = !bf16 && u + 1 < units.size() ? view_bytes(units[u + 1]) : 0.0;
+        window_p = std::max(window_p, view_bytes(units[u]) + next);
+      }
+      for (size_t u = 0; u + 1 < units.size(); ++u)
+        window_g = std::max(window_g, 4.0 * N * (std::ceil(units[u].numel / N) + std::ceil(units[u + 1].numel / N)));
+      for (const parallel::Unit& u : units) slab = std::max(slab, 4.0 * N * std::ceil(u.numel / N));
+      double formula = 16.0 * psi / N + window_p + (overlap ? window_g : slab);
+      EXPECT_LE(std::fabs(measured - formula), 0.10 * formula)
+          << case_name(k) << ": measured " << measured << " formula " << formula;
+      // DeepSpeed's 18 Ψ/N for mixed precision (2 bf16 params + 4 f32 grads + 12 master and Adam)
+      // counts a persistent bf16 parameter partition, which this runtime does not keep: bf16 views
+      // are built from the f32 master only inside the window. So 16 Ψ/N holds for bf16 too, and
+      // the 2 Ψ/N of DeepSpeed's figure is not measured here.
+      if (bf16) {
+        double ds18 = 18.0 * psi / N + window_p + (overlap ? window_g : slab);
+        EXPECT_LT(std::fabs(measured - formula), std::fabs(measured - ds18)) << case_name(k);
+      }
+      std::printf("  %s: measured %.0f, 16 psi/N + window %.0f (%+.2f%%), 18 psi/N + window %.0f\n", case_name(k).c_str(),
+                  measured, formula, 100.0 * (formula - measured) / measured, formula + 2.0 * psi / N);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mt
