@@ -5,6 +5,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "engine/ds_config.h"
+#include "planner/memory.h"
+
 namespace mt::cli {
 
 void register_bench(CLI::App& app);
@@ -17,6 +20,9 @@ void register_generate(CLI::App& app);
 void register_plot(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_estimate(CLI::App& app);
+
+// The estimator's input for a run configuration on `procs` data-parallel ranks.
+planner::MemoryInput estimate_input(const engine::RunConfig& config, int procs);
 
 // Draws the loss curve of a --metrics file into out (.png/.svg) with gnuplot. Without gnuplot:
 // throws kNotFound when required, else prints a note and returns false.

@@ -40,19 +40,7 @@ size_t physical_memory_bytes() {
 planner::MemoryInput load_input(const EstimateOptions& o) {
   engine::RunConfig c = engine::ds_config_load(o.path, o.sets, o.procs);
   for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
-  planner::MemoryInput in;
-  in.model = c.model;
-  in.micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu);
-  in.seq_length = static_cast<int>(c.seq_length);
-  in.compute_dtype = c.compute_dtype;
-  in.recompute = c.activation_checkpointing;
-  in.optimizer_states = planner::optimizer_state_count(c.optimizer);
-  in.world = o.procs;
-  in.zero.param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
-  in.zero.max_live_parameters = c.zero.stage3_max_live_parameters;
-  in.zero.prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
-  in.zero.overlap_comm = c.zero.overlap_comm;  // the configuration's value for every stage's row
-  return in;
+  return estimate_input(c, o.procs);
 }
 
 void print_table(const planner::MemoryInput& in, const std::vector<planner::StageEstimate>& est,
@@ -137,6 +125,22 @@ void run_estimate(const EstimateOptions& o) {
 }
 
 }  // namespace
+
+planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs) {
+  planner::MemoryInput in;
+  in.model = c.model;
+  in.micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu);
+  in.seq_length = static_cast<int>(c.seq_length);
+  in.compute_dtype = c.compute_dtype;
+  in.recompute = c.activation_checkpointing;
+  in.optimizer_states = planner::optimizer_state_count(c.optimizer);
+  in.world = procs;
+  in.zero.param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
+  in.zero.max_live_parameters = c.zero.stage3_max_live_parameters;
+  in.zero.prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
+  in.zero.overlap_comm = c.zero.overlap_comm;  // the configuration's value for every stage's row
+  return in;
+}
 
 void register_estimate(CLI::App& app) {
   auto* cmd = app.add_subcommand("estimate", "Memory per rank for ZeRO stages 0-3 and the largest micro-batch that fits");

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "engine/ds_config.h"
 #include "engine/engine.h"
+#include "cli/commands.h"
 #include "planner/memory.h"
 
 namespace mt {
@@ -71,13 +72,7 @@ TEST_P(EstimateMeasured, Stage0PeaksMatch) {
     });
   }
   MemStats after = a.stats();
-  planner::MemoryInput in;
-  in.model = c.model;
-  in.micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu);
-  in.seq_length = static_cast<int>(c.seq_length);
-  in.compute_dtype = c.compute_dtype;
-  in.recompute = c.activation_checkpointing;
-  in.optimizer_states = planner::optimizer_state_count(c.optimizer);
+  planner::MemoryInput in = cli::estimate_input(c, 1);
   planner::StageEstimate est = planner::estimate_stage(in, 0);
   for (int i = 0; i < kMemCategoryCount; ++i) {
     double measured = static_cast<double>(after.peak[i] - before.current[i]);
