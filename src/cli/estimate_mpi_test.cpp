@@ -36,6 +36,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_test_util.h"
 #include "data/indexed_dataset.h"
 #include "engine/ds_config.h"
 #include "planner/memory.h"
@@ -50,43 +51,16 @@ constexpr double kRel = 0.05;
 constexpr double kCommSlack = 4096;  // bytes, comm only (see above)
 
 std::string dir() {
-  static std::string d = [] {
-    std::string p = ::testing::TempDir() + "/mt_estimate_mpi_test_" + std::to_string(::getpid());
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }();
+  static std::string d = cli::testing::make_test_dir("mt_estimate_mpi_test");
   return d;
 }
 
 void write_dataset(const std::string& prefix, int docs) {
-  if (fs::exists(prefix + ".idx")) return;
-  data::IndexedDatasetWriter w(prefix, 101);
-  for (int d = 0; d < docs; ++d) {
-    std::vector<int32_t> seq;
-    int32_t tok = d % 97;
-    for (int i = 0; i < 40; ++i) {
-      seq.push_back(tok);
-      tok = (tok * 5 + 3) % 97;
-    }
-    w.add_sequence(seq);
-    w.end_document();
-  }
-  w.finalize();
+  if (!fs::exists(prefix + ".idx")) cli::testing::write_chain_dataset(prefix, docs, 101);
 }
 
 int run(const std::string& args, std::string* out, std::string* err) {
-  std::string o = dir() + "/stdout.txt", e = dir() + "/stderr.txt";
-  int rc = std::system((std::string(MT_MESHTRAIN_BIN) + " " + args + " > " + o + " 2> " + e).c_str());
-  auto slurp = [](const std::string& path) {
-    std::ifstream f(path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  };
-  if (out) *out = slurp(o);
-  if (err) *err = slurp(e);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return cli::testing::run_meshtrain(dir(), args, out, err);
 }
 
 struct Case {

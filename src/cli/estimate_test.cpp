@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "engine/ds_config.h"
 #include "engine/engine.h"
+#include "cli/cli_test_util.h"
 #include "cli/commands.h"
 #include "planner/memory.h"
 
@@ -126,26 +127,12 @@ TEST(EstimateSetup, StagesOneToThreeMatchTheBuild) {
 }
 
 std::string temp_dir() {
-  static std::string d = [] {
-    std::string p = ::testing::TempDir() + "/mt_estimate_test_" + std::to_string(::getpid());
-    std::filesystem::create_directories(p);
-    return p;
-  }();
+  static std::string d = cli::testing::make_test_dir("mt_estimate_test");
   return d;
 }
 
 int run(const std::string& args, std::string* out, std::string* err) {
-  std::string o = temp_dir() + "/out.txt", e = temp_dir() + "/err.txt";
-  int rc = std::system((std::string(MT_MESHTRAIN_BIN) + " " + args + " > " + o + " 2> " + e).c_str());
-  auto slurp = [](const std::string& path) {
-    std::ifstream f(path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  };
-  *out = slurp(o);
-  *err = slurp(e);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return cli::testing::run_meshtrain(temp_dir(), args, out, err);
 }
 
 std::string write_config() {

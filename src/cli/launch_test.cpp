@@ -12,6 +12,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "cli/cli_test_util.h"
 #include "cli/hostfile.h"
 
 namespace fs = std::filesystem;
@@ -22,12 +23,7 @@ using mt::cli::hostfile_parse;
 namespace {
 
 std::string dir() {
-  static std::string d = [] {
-    std::string p = ::testing::TempDir() + "/mt_launch_test_" + std::to_string(::getpid());
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }();
+  static std::string d = mt::cli::testing::make_test_dir("mt_launch_test");
   return d;
 }
 
@@ -37,19 +33,8 @@ std::string write(const std::string& name, const std::string& text) {
   return path;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 int run(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
-  std::string o = dir() + "/stdout.txt", e = dir() + "/stderr.txt";
-  int rc = std::system((std::string(MT_MESHTRAIN_BIN) + " " + args + " > " + o + " 2> " + e).c_str());
-  if (out) *out = slurp(o);
-  if (err) *err = slurp(e);
-  return WEXITSTATUS(rc);
+  return mt::cli::testing::run_meshtrain(dir(), args, out, err);
 }
 
 // The exception's message, or "" when parsing succeeds.

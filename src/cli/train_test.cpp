@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_test_util.h"
 #include "data/indexed_dataset.h"
 #include "data/token_stream.h"
 #include "data/tokenizer.h"
@@ -27,30 +28,11 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string dir() {
-  static std::string d = [] {
-    // One directory per process: ctest runs each test as its own process, possibly in parallel.
-    std::string p = ::testing::TempDir() + "/mt_train_test_" + std::to_string(::getpid());
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }();
+  static std::string d = mt::cli::testing::make_test_dir("mt_train_test");
   return d;
 }
 
-void write_dataset(const std::string& prefix, int docs) {
-  mt::data::IndexedDatasetWriter w(prefix, 97);
-  for (int d = 0; d < docs; ++d) {
-    std::vector<int32_t> seq;
-    int32_t tok = d % 97;
-    for (int i = 0; i < 40; ++i) {  // a deterministic chain: next = 5 cur + 3 (mod 97), learnable
-      seq.push_back(tok);
-      tok = (tok * 5 + 3) % 97;
-    }
-    w.add_sequence(seq);
-    w.end_document();
-  }
-  w.finalize();
-}
+void write_dataset(const std::string& prefix, int docs) { mt::cli::testing::write_chain_dataset(prefix, docs); }
 
 std::string write_config(const std::string& name, const nlohmann::json& extra) {
   nlohmann::json j = nlohmann::json::parse(R"({
@@ -71,15 +53,7 @@ std::string write_config(const std::string& name, const nlohmann::json& extra) {
 }
 
 int run(const std::string& args, std::string* err = nullptr) {
-  std::string errfile = dir() + "/stderr.txt";
-  int rc = std::system((std::string(MT_MESHTRAIN_BIN) + " " + args + " > " + dir() + "/stdout.txt 2> " + errfile).c_str());
-  if (err) {
-    std::ifstream f(errfile);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    *err = ss.str();
-  }
-  return WEXITSTATUS(rc);
+  return mt::cli::testing::run_meshtrain(dir(), args, nullptr, err);
 }
 
 std::vector<double> losses(const std::string& metrics) {

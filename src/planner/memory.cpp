@@ -10,6 +10,7 @@
 #include "models/block.h"
 #include "nn/embedding.h"
 #include "nn/norm.h"
+#include "parallel/zero/schedule.h"
 
 namespace mt::planner {
 namespace {
@@ -147,17 +148,18 @@ size_t largest_module_params(const models::ModelConfig& cfg) {
 
 namespace {
 
-// Replays what parallel::ZeroRuntime allocates, hook by hook, over the units (first the
-// embeddings, then the blocks, last the tail): construction from the ParamStore, then training
-// micro-batches and optimizer steps. Every Buffer of the runtime is one alloc()/release() here with
-// the same bytes and category. Nonblocking work is assumed to finish only when the runtime waits
-// for it (poll() completes nothing): the worst case, since completing frees and never allocates.
-class ZeroReplay {
+// Replays what parallel::ZeroRuntime allocates: the runtime's own schedule (parallel::ZeroSchedule)
+// driven through the hooks the model runs, with effects that count bytes instead of allocating:
+// construction from the ParamStore, then training micro-batches and optimizer steps. Every
+// Buffer of the runtime is one alloc()/release() here with the same bytes and category.
+// Nonblocking work is taken to finish only when waited for (oldest_reduce_done() is false): the
+// worst case, since completing frees and never allocates.
+class ZeroReplay : private parallel::ZeroEffects {
  public:
   ZeroReplay(const std::vector<parallel::Unit>& units, int stage, int world, size_t e, int k, bool tied_head,
              const ZeroKnobs& z)
       : units_(units), stage_(stage), N_(static_cast<size_t>(world)), e_(e), k_(static_cast<size_t>(k)),
-        tied_(tied_head), z_(z), views_(units.size()) {
+        tied_(tied_head), views_(units.size()), schedule_(units, schedule_options(stage, z), *this) {
     for (const parallel::Unit& u : units_) {
       P_ += u.numel;
       S_ += piece(u);
@@ -172,26 +174,20 @@ class ZeroReplay {
     alloc(lowp ? MemCategory::kOptimizer : MemCategory::kParams, store_master);
     alloc(MemCategory::kGrads, store_grad);
     if (lowp) alloc(MemCategory::kParams, store_compute);
-    // ZeroRuntime(): master and gradient shards, persistent views, stage 1's gradient slabs.
+    // ZeroRuntime(): master and gradient shards, the persistent views' targets filled from the
+    // store, then the schedule's construction.
     alloc(lowp ? MemCategory::kOptimizer : MemCategory::kParams, 4 * S_);
     alloc(MemCategory::kGrads, 4 * S_);
     for (size_t u = 0; u < units_.size(); ++u) {
+      if (!schedule_.persistent(u)) continue;
       View& v = views_[u];
-      if (persistent(u)) {
-        if (lowp) {
-          v.staging = 4 * padded(u);
-          alloc(MemCategory::kComm, v.staging);
-        } else {
-          v.f32 = 4 * padded(u);
-          alloc(MemCategory::kParams, v.f32);
-        }
-        finish_gather(u);
-      }
-      if (stage_ == 1) {
-        v.grad = 4 * padded(u);
-        alloc(MemCategory::kGrads, v.grad);
+      if (lowp) {
+        alloc(MemCategory::kComm, v.staging = 4 * padded(u));
+      } else {
+        alloc(MemCategory::kParams, v.f32 = 4 * padded(u));
       }
     }
+    schedule_.construct();
     release(lowp ? MemCategory::kOptimizer : MemCategory::kParams, store_master);  // store.release_buffers()
     release(MemCategory::kGrads, store_grad);
     if (lowp) release(MemCategory::kParams, store_compute);
@@ -199,13 +195,10 @@ class ZeroReplay {
     setup = peak_;
     peak_ = cur_;  // Allocator::reset_peaks() after the engine is built (cli/train.cpp)
     for (int step = 0; step < 2; ++step) {
+      schedule_.set_last_micro_batch(true);
       micro_batch();
-      if (stage_ == 1) {  // finish_backward() of the last micro-batch
-        reduce_grads(units_.size() - 1);
-        reduce_grads(0);
-      }
-      wait_reductions(0);
-      refresh_params();
+      schedule_.finish_backward();
+      schedule_.refresh();
     }
     steady = peak_;
   }
@@ -213,192 +206,98 @@ class ZeroReplay {
  private:
   struct View {
     size_t f32 = 0, lowp = 0, staging = 0, grad = 0;
-    bool gather = false, live = false, counted = false;
-    int refs = 0;
-  };
-  struct Pending {
-    size_t unit, recv;
   };
 
+  static parallel::ZeroScheduleOptions schedule_options(int stage, const ZeroKnobs& z) {
+    parallel::ZeroScheduleOptions o;
+    o.stage = stage;
+    o.overlap_comm = z.overlap_comm;
+    o.prefetch_elems = static_cast<size_t>(z.prefetch_bucket_size);
+    o.persistence_threshold = static_cast<size_t>(z.param_persistence_threshold);
+    o.max_live_elems = static_cast<size_t>(z.max_live_parameters);
+    return o;
+  }
   size_t piece(const parallel::Unit& u) const { return (u.numel + N_ - 1) / N_; }
   size_t padded(size_t u) const { return piece(units_[u]) * N_; }
-  bool persistent(size_t u) const {
-    return stage_ < 3 || static_cast<int64_t>(units_[u].numel) <= z_.param_persistence_threshold;
-  }
   void alloc(MemCategory c, size_t b) {
     cur_[c] += b;
     peak_[c] = std::max(peak_[c], cur_[c]);
   }
   void release(MemCategory c, size_t b) { cur_[c] -= b; }
 
-  void count_live(size_t u) {
-    if (views_[u].counted) return;
-    views_[u].counted = true;
-    live_ += units_[u].numel;
-  }
-  void start_gather(size_t u) {
+  // parallel::ZeroEffects, as ZeroRuntime implements them, in bytes.
+  void start_gather(size_t u) override {
     View& v = views_[u];
-    if (v.gather) return;
     if (e_ == 4) {
       if (!v.f32) alloc(MemCategory::kParams, v.f32 = 4 * padded(u));
     } else {
       alloc(MemCategory::kComm, v.staging = 4 * padded(u));
     }
-    v.gather = true;
-    count_live(u);
   }
-  void finish_gather(size_t u) {
+  void finish_gather(size_t u) override {
     View& v = views_[u];
-    v.gather = false;
-    if (e_ != 4) {
-      const parallel::Unit& unit = units_[u];
-      if (!v.lowp) {
-        alloc(MemCategory::kParams, v.lowp = std::max<size_t>(unit.matrix_numel, 1) * e_);
-        alloc(MemCategory::kParams, v.f32 = std::max<size_t>(unit.numel - unit.matrix_numel, 1) * 4);
-      }
-      release(MemCategory::kComm, v.staging);
-      v.staging = 0;
+    if (e_ == 4) return;
+    const parallel::Unit& unit = units_[u];
+    if (!v.lowp) {
+      alloc(MemCategory::kParams, v.lowp = std::max<size_t>(unit.matrix_numel, 1) * e_);
+      alloc(MemCategory::kParams, v.f32 = std::max<size_t>(unit.numel - unit.matrix_numel, 1) * 4);
     }
-    count_live(u);
-    v.live = true;
+    release(MemCategory::kComm, v.staging);
+    v.staging = 0;
   }
-  void acquire(size_t u) {
-    View& v = views_[u];
-    ++v.refs;
-    if (!v.live) {
-      start_gather(u);
-      finish_gather(u);
-    } else if (v.gather) {
-      finish_gather(u);
-    }
-    maybe_prefetch(u);
+  void cancel_gather(size_t u) override {
+    release(MemCategory::kComm, views_[u].staging);
+    views_[u].staging = 0;
   }
-  void drop(size_t u) {  // ZeroRuntime::release
+  void free_view(size_t u) override {
     View& v = views_[u];
-    if (v.refs > 0) --v.refs;
-    if (v.refs > 0 || persistent(u)) return;
     release(MemCategory::kParams, v.f32 + v.lowp);
     v.f32 = v.lowp = 0;
-    v.live = false;
-    if (v.counted) live_ -= units_[u].numel;
-    v.counted = false;
   }
-  void maybe_prefetch(size_t u) {
-    if (stage_ < 3) return;
-    size_t next;
-    if (backward_) {
-      if (u == 0) return;
-      next = u - 1;
-    } else {
-      next = u + 1;
-      if (next >= units_.size()) return;
-    }
-    View& v = views_[next];
-    if (persistent(next) || v.live || v.gather) return;
-    int64_t n = static_cast<int64_t>(units_[next].numel);
-    if (n > z_.prefetch_bucket_size || static_cast<int64_t>(live_) + n > z_.max_live_parameters) return;
-    start_gather(next);
-  }
-  void begin_grads(size_t u) {
-    for (size_t i = pending_.size(); i-- > 0;)
-      if (pending_[i].unit == u) {
-        wait_reductions(pending_.size() - i - 1);
-        break;
-      }
+  void begin_grad_slab(size_t u) override {
     View& v = views_[u];
     if (!v.grad) alloc(MemCategory::kGrads, v.grad = 4 * padded(u));
   }
-  void reduce_grads(size_t u) {
+  void launch_reduce(size_t u) override {
     size_t recv = 4 * piece(units_[u]);
     alloc(MemCategory::kComm, recv);
-    pending_.push_back({u, recv});
-    wait_reductions(z_.overlap_comm ? 1 : 0);
+    recv_.push_back(recv);
   }
-  void wait_reductions(size_t keep) {
-    while (pending_.size() > keep) {
-      const Pending& r = pending_.front();
-      release(MemCategory::kComm, r.recv);
-      if (stage_ >= 2) {
-        release(MemCategory::kGrads, views_[r.unit].grad);
-        views_[r.unit].grad = 0;
-      }
-      pending_.erase(pending_.begin());
+  void complete_reduce(size_t u, bool free_slab) override {
+    release(MemCategory::kComm, recv_.front());
+    recv_.erase(recv_.begin());
+    if (free_slab) {
+      release(MemCategory::kGrads, views_[u].grad);
+      views_[u].grad = 0;
     }
   }
-  void hook(size_t u, bool pre, bool fwd) {
-    const size_t last = units_.size() - 1;
-    if (fwd && pre) {
-      if (u == 0) backward_ = false;
-      if (stage_ == 3) acquire(u);
-    } else if (fwd) {
-      if (stage_ == 3) {
-        if (backward_) {
-          if (views_[u].refs > 0) --views_[u].refs;
-        } else {
-          drop(u);
-        }
-      }
-    } else if (pre) {
-      backward_ = true;
-      if (stage_ == 3) acquire(u);
-      if (stage_ >= 2) begin_grads(u);
-    } else {
-      if (stage_ >= 2 || (u != 0 && u != last)) reduce_grads(u);  // stage 1: the last micro-batch
-      if (stage_ == 3) drop(u);
-    }
-  }
+
   // TransformerLM::forward (trunk, fused head) and backward, as their modules run the hooks.
   // Recompute adds a block forward inside backward: it only takes and returns a reference.
   void micro_batch() {
     const size_t last = units_.size() - 1;
     for (size_t u = 0; u <= last; ++u) {
-      hook(u, true, true);
-      hook(u, false, true);
+      schedule_.on_hook(u, true, true);
+      schedule_.on_hook(u, false, true);
     }
     size_t head = tied_ ? 0 : last;
-    hook(head, true, false);
-    hook(head, false, false);
+    schedule_.on_hook(head, true, false);
+    schedule_.on_hook(head, false, false);
     for (size_t u = last + 1; u-- > 0;) {
-      hook(u, true, false);
-      hook(u, false, false);
+      schedule_.on_hook(u, true, false);
+      schedule_.on_hook(u, false, false);
     }
-  }
-  void refresh_params() {
-    for (size_t u = 0; u < units_.size(); ++u) {
-      View& v = views_[u];
-      if (persistent(u)) continue;
-      if (v.gather) {
-        v.gather = false;
-        release(MemCategory::kComm, v.staging);
-        v.staging = 0;
-      }
-      if (v.live || v.counted) {
-        v.refs = 0;
-        drop(u);
-      }
-    }
-    // Two gathers in flight at a time: the next one overlaps the unpacking of this one, and
-    // the f32 staging never holds more than two units.
-    std::vector<size_t> order;
-    for (size_t u = 0; u < units_.size(); ++u)
-      if (persistent(u)) order.push_back(u);
-    for (size_t i = 0; i < order.size(); ++i) {
-      start_gather(order[i]);
-      if (i > 0) finish_gather(order[i - 1]);
-    }
-    if (!order.empty()) finish_gather(order.back());
   }
 
   const std::vector<parallel::Unit>& units_;
   int stage_;
   size_t N_, e_, k_;
   bool tied_;
-  ZeroKnobs z_;
   std::vector<View> views_;
-  std::vector<Pending> pending_;
-  size_t P_ = 0, S_ = 0, live_ = 0;
-  bool backward_ = false;
+  std::vector<size_t> recv_;  // receive buffers of the reductions in flight, oldest first
+  size_t P_ = 0, S_ = 0;
   MemoryBreakdown cur_, peak_;
+  parallel::ZeroSchedule schedule_;
 };
 
 }  // namespace

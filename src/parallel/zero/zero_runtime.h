@@ -27,6 +27,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -35,20 +36,18 @@
 #include "nn/module.h"
 #include "nn/param_store.h"
 #include "parallel/zero/partition.h"
+#include "parallel/zero/schedule.h"
 #include "tensor/allocator.h"
 
 namespace mt::parallel {
 
-struct ZeroOptions {
-  int stage = 1;                              // 1, 2 or 3
-  bool overlap_comm = true;
-  size_t prefetch_elems = 50'000'000;         // stage3_prefetch_bucket_size (DeepSpeed: 5e7)
-  size_t persistence_threshold = 100'000;     // stage3_param_persistence_threshold (1e5)
-  size_t max_live_elems = 1'000'000'000;      // stage3_max_live_parameters (1e9)
+// The schedule's knobs (stage, overlap, prefetch, persistence, live window) and the collectives'
+// timeout.
+struct ZeroOptions : ZeroScheduleOptions {
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
 };
 
-class ZeroRuntime {
+class ZeroRuntime : private ZeroEffects {
  public:
   // units / modules: the model's zero_units() and zero_unit_modules(). group: the data-parallel
   // group (its size is the partition's world). Copies this rank's pieces from the store, releases
@@ -65,7 +64,7 @@ class ZeroRuntime {
   float* grad() const { return grad_.as<float>(); }
 
   // Before each micro-batch's backward: whether it is the last of the step (stage 1 reduces then).
-  void set_last_micro_batch(bool last) { last_micro_ = last; }
+  void set_last_micro_batch(bool last) { schedule_.set_last_micro_batch(last); }
   // After each micro-batch's backward: launches what is left and waits for every reduction.
   void finish_backward();
   // Zeroes the gradient shard (and stage 1's gradient slabs): after the optimizer step.
@@ -80,28 +79,24 @@ class ZeroRuntime {
   void scatter_flat(float* shard, const float* flat) const { part_.flat_to_shard(shard, flat); }
 
   // Elements of parameters currently held in views (for the live-window tests).
-  size_t live_param_elems() const { return live_elems_; }
-  size_t peak_live_param_elems() const { return peak_live_elems_; }
+  size_t live_param_elems() const { return schedule_.live_elems(); }
+  size_t peak_live_param_elems() const { return schedule_.peak_live_elems(); }
 
  private:
   struct View;
-  struct PendingReduce;
-  void on_hook(size_t u, nn::HookPoint point);
-  void acquire(size_t u);
-  void release(size_t u);
-  void start_gather(size_t u);
-  void count_live(size_t u);
-  void finish_gather(size_t u);
+  // ZeroEffects: what the schedule asks for, with buffers and collectives.
+  void start_gather(size_t u) override;
+  void finish_gather(size_t u) override;
+  void cancel_gather(size_t u) override;
+  void free_view(size_t u) override;
+  void begin_grad_slab(size_t u) override;
+  void launch_reduce(size_t u) override;
+  void complete_reduce(size_t u, bool free_slab) override;
+  bool oldest_reduce_done() override;
+  void progress() override;
+
   void bind_params(size_t u);
   void unbind_params(size_t u);
-  void begin_grads(size_t u);
-  void reduce_grads(size_t u);
-  void poll();
-  void complete(PendingReduce& r);
-  void wait_reductions(size_t keep);
-  void maybe_prefetch(size_t u);
-  bool persistent(size_t u) const;
-  size_t view_elems(size_t u) const { return part_.units()[u].numel; }
 
   nn::ParamStore& store_;
   ZeroPartition part_;
@@ -111,10 +106,12 @@ class ZeroRuntime {
   std::vector<std::vector<nn::Parameter*>> params_;  // per unit
   Buffer master_, grad_;
   std::vector<std::unique_ptr<View>> views_;
-  std::vector<std::unique_ptr<PendingReduce>> pending_;
-  bool last_micro_ = true;
-  bool backward_phase_ = false;
-  size_t live_elems_ = 0, peak_live_elems_ = 0;
+  struct PendingReduce {
+    Buffer recv;  // s f32
+    std::unique_ptr<comm::Work> work;
+  };
+  std::deque<PendingReduce> pending_;  // in the schedule's order
+  ZeroSchedule schedule_;
 };
 
 }  // namespace mt::parallel
