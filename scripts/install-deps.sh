@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libdnnl-dev             # oneDNN: GEMM (fp32, bf16 with AVX512-BF16/AMX)
+  ocl-icd-opencl-dev      # libdnnl-dev's CMake config does find_package(OpenCL REQUIRED) (only recommended by it)
   nlohmann-json3-dev      # JSON configs, safetensors headers
   libcli11-dev            # command line
   libpcre2-dev            # GPT-2's pre-tokenizer regex (Unicode letter/number classes)

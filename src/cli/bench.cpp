@@ -3,6 +3,7 @@
 // in the same process, peak memory by category and activation bytes per token. With --decode N it
 // times KV-cache generation instead.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -19,6 +20,7 @@
 #include "engine/hf_config.h"
 #include "engine/trainer.h"
 #include "kernels/cpu/gemm.h"
+#include "models/device_lm.h"
 #include "serve/generator.h"
 
 namespace mt::cli {
@@ -28,6 +30,7 @@ struct BenchArgs {
   std::string config;
   int batch = 4, seq = 256, threads = 0, steps = 5, warmup = 2;
   std::string dtype = "fp32";
+  std::string device = "cpu";
   bool recompute = false, json = false;
   int decode = 0;  // > 0: time KV-cache generation instead (prefill --seq tokens, then decode)
 };
@@ -88,8 +91,88 @@ void run_decode_bench(const BenchArgs& args) {
   std::printf("kv cache     %s\n", format_bytes(gen.cache_bytes()).c_str());
 }
 
+// Training steps on the GPU (models/device_lm.h): forward + backward + global norm + AdamW, timed
+// after a device synchronisation; the ceiling is a large bf16 GEMM measured in the same process.
+void run_device_bench(const BenchArgs& args) {
+  models::ModelConfig cfg = engine::hf_config_load(args.config);
+  models::ModelOptions opts;
+  opts.compute_dtype = dtype_from_name(args.dtype);
+  opts.recompute = args.recompute;
+  models::TransformerLM model(cfg, opts);
+  model.prepare(args.batch, args.seq);
+  auto dev = models::make_cuda_lm(model);
+  int N = args.batch * args.seq;
+  std::vector<int32_t> tokens(N), targets(N);
+  std::mt19937 rng(42);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<unsigned>(cfg.vocab_size));
+  for (int i = 0; i < N; ++i) targets[i] = (i + 1) % args.seq == 0 ? tokens[i] : tokens[i + 1];
+  std::vector<optim::ParamSegment> segs{{0, model.store().numel(), 0.1f, "all"}};
+  kernels::AdamWParams p;
+  p.lr = 1e-4f;
+  float loss = 0.0f;
+  auto step = [&](int64_t t) {
+    dev->zero_grad();
+    loss = dev->forward(tokens.data(), targets.data(), 1.0f);
+    dev->backward();
+    double norm = std::sqrt(dev->grad_sum_squares());
+    p.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / (norm + 1e-6)) : 1.0f;
+    p.step = t;
+    dev->adamw_step(segs, p);
+    dev->synchronize();
+  };
+  for (int i = 0; i < args.warmup; ++i) step(i + 1);
+  dev->reset_peaks();
+  std::vector<double> times;
+  for (int i = 0; i < args.steps; ++i) {
+    Timer t;
+    step(args.warmup + i + 1);
+    times.push_back(t.seconds());
+  }
+  std::sort(times.begin(), times.end());
+  double step_s = times[times.size() / 2];
+  double flops = model.train_flops_per_step();
+  double tflops = flops / step_s / 1e12;
+  models::DeviceCeilings ceil = models::cuda_ceilings();
+  MemStats mem = dev->memory();
+  nlohmann::json j;
+  j["model"] = cfg.describe();
+  j["device"] = dev->device_name();
+  j["dtype"] = dtype_name(opts.compute_dtype);
+  j["batch"] = args.batch;
+  j["seq"] = args.seq;
+  j["recompute"] = args.recompute;
+  j["steps"] = args.steps;
+  j["step_seconds"] = step_s;
+  j["tokens_per_s"] = N / step_s;
+  j["tflops"] = tflops;
+  j["flops_per_step"] = flops;
+  j["gemm_ceiling_tflops"] = ceil.bf16_gemm_tflops;
+  j["copy_gbps"] = ceil.copy_gbps;
+  j["mfu_vs_ceiling"] = tflops / ceil.bf16_gemm_tflops;
+  j["loss"] = loss;
+  nlohmann::json peak;
+  for (int c = 0; c < kMemCategoryCount; ++c) peak[mem_category_name(static_cast<MemCategory>(c))] = mem.peak[c];
+  j["peak_bytes"] = peak;
+  j["peak_total_bytes"] = mem.total_peak;
+  if (args.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("model        %s\n", cfg.describe().c_str());
+  std::printf("device       %s\n", dev->device_name().c_str());
+  std::printf("setup        B=%d T=%d dtype=%s recompute=%s\n", args.batch, args.seq, dtype_name(opts.compute_dtype),
+              args.recompute ? "on" : "off");
+  std::printf("step         %.2f ms median of %d (forward + backward + norm + AdamW)\n", step_s * 1e3, args.steps);
+  std::printf("throughput   %.0f tokens/s, loss %.4f\n", N / step_s, loss);
+  std::printf("flops        %.1f TFLOP/s = %.1f%% of the measured bf16 GEMM ceiling %.1f TFLOP/s (copy %.0f GB/s)\n",
+              tflops, 100.0 * tflops / ceil.bf16_gemm_tflops, ceil.bf16_gemm_tflops, ceil.copy_gbps);
+  std::printf("peak memory  %s total\n", format_bytes(mem.total_peak).c_str());
+}
+
 void run_bench(const BenchArgs& args) {
   if (args.decode > 0) return run_decode_bench(args);
+  if (args.device == "cuda") return run_device_bench(args);
+  MT_CHECK(args.device == "cpu", ErrorKind::kInvalidArgument, "--device: cpu or cuda, not " + args.device);
   MT_CHECK(args.steps > 0 && args.warmup >= 0, ErrorKind::kInvalidArgument, "--steps must be > 0, --warmup >= 0");
   threads_set(args.threads);
   models::ModelConfig cfg = engine::hf_config_load(args.config);
@@ -191,6 +274,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--threads", args->threads, "threads (0: all cores)")->capture_default_str();
   cmd->add_option("--steps", args->steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", args->warmup, "untimed warm-up steps")->capture_default_str();
+  cmd->add_option("--device", args->device, "cpu or cuda (a build with -DMT_CUDA=ON)")->capture_default_str();
   cmd->add_flag("--recompute", args->recompute, "recompute each block in backward (activation checkpointing)");
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_option("--decode", args->decode, "time generation instead: prefill --seq tokens, then this many decode steps");

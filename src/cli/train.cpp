@@ -104,7 +104,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   }
   // The metrics' peak_<category>_bytes describe training, not setup (the ParamStore's full buffers
   // live beside the ZeRO shards until the runtime releases them): `meshtrain estimate` predicts these.
-  Allocator::global().reset_peaks();
+  eng.reset_memory_peaks();
   if (lead)
     std::fprintf(stderr, "model %s, batch %lld = %lld x %lld accumulation x %d rank(s), T=%lld, %s, ZeRO stage %d\n",
                  cfg.model.describe().c_str(), static_cast<long long>(cfg.batch.train_batch_size),
@@ -157,7 +157,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                           {"loss_scale", r.loss_scale}, {"skipped", r.skipped}, {"tokens_per_s", tok_s},
                           {"tflops", flops / secs / 1e12}};
       if (have_val) m["val_loss"] = val_loss;
-      MemStats mem = Allocator::global().stats();
+      MemStats mem = eng.memory_stats();
       for (int c = 0; c < kMemCategoryCount; ++c)
         m["peak_" + std::string(mem_category_name(static_cast<MemCategory>(c))) + "_bytes"] = mem.peak[c];
       metrics << m.dump() << "\n";

@@ -1,6 +1,7 @@
 #include "engine/ds_config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -451,6 +452,23 @@ void parse_parallel(Section& root, int world) {
   p.finish();
 }
 
+// device: "cpu" | "cuda". What the GPU path does not implement is refused here, by its key.
+void parse_device(Section& root, RunConfig& c) {
+  c.device = root.string("device", "cpu");
+  MT_CHECK(c.device == "cpu" || c.device == "cuda", ErrorKind::kInvalidArgument,
+           "device: \"" + c.device + "\" is not a device (\"cpu\" or \"cuda\")");
+  if (c.device != "cuda") return;
+  MT_CHECK(c.compute_dtype != DType::kF16, ErrorKind::kNotSupported,
+           "fp16.enabled: fp16 is not implemented on device \"cuda\"; use bf16.enabled or fp32");
+  std::string t = c.optimizer.type;
+  for (char& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  MT_CHECK(t == "adam" || t == "adamw", ErrorKind::kNotSupported,
+           "optimizer.type: " + c.optimizer.type + " is not implemented on device \"cuda\" (Adam/AdamW are)");
+  MT_CHECK(c.world_size == 1, ErrorKind::kNotSupported,
+           "device \"cuda\" with " + std::to_string(c.world_size) +
+               " processes needs the NCCL backend, which is not implemented yet (one process per GPU: run 1)");
+}
+
 }  // namespace
 
 RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
@@ -480,6 +498,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
   parse_no_weight_decay(root, c);
   parse_scheduler(root, c);
   parse_zero(root, c);
+  parse_device(root, c);
   if (root.has("activation_checkpointing")) {
     Section a = root.sub("activation_checkpointing");
     c.activation_checkpointing = a.boolean("enabled", true);  // our extension; the block alone enables it
@@ -630,6 +649,7 @@ json ds_config_resolved(const RunConfig& c) {
   if (c.activation_checkpointing) j["activation_checkpointing"] = {{"enabled", true}};
   j["steps_per_print"] = c.steps_per_print;
   j["comm_timeout"] = c.comm_timeout_s;
+  j["device"] = c.device;
   return j;
 }
 

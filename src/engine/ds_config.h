@@ -67,6 +67,10 @@ struct RunConfig {
   // comm_timeout (seconds, our key; torch.distributed's init_process_group timeout): a collective
   // not complete by then names the ranks missing and the job aborts.
   double comm_timeout_s = 300.0;
+  // device (our key): "cpu" (default) or "cuda" (one GPU per process: the model's step runs on
+  // the GPU, models/device_lm.h). Refused with what the GPU path lacks: fp16, optimizers other
+  // than Adam/AdamW, more than one process (the NCCL backend).
+  std::string device = "cpu";
   bool activation_checkpointing = false;
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;

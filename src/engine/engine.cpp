@@ -59,6 +59,24 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
                std::to_string(world()));
   const ZeroConfig& z = config.zero;
   std::vector<optim::ParamSegment> segments = engine_param_segments(config, store);
+  if (config.device == "cuda") {
+    // One process, one GPU (ds_config refuses more until the NCCL backend): a ZeRO partition over
+    // one rank is the whole model, so every stage is stage 0's arithmetic on the device.
+    MT_CHECK(world() == 1, ErrorKind::kNotSupported, "device \"cuda\" runs one process (no NCCL backend yet)");
+    if (z.stage >= 1)
+      log_info("zero_optimization.stage " + std::to_string(z.stage) +
+               " on one GPU: the partition over one rank is the whole model (stage 0's arithmetic)");
+    device_ = models::make_cuda_lm(model);
+    log_info("device: " + device_->device_name());
+    segments_ = segments;
+    // The host optimizer keeps the step count and configuration, and its state buffers are the
+    // staging area for checkpoints; the update itself runs on the device.
+    optimizer_ = optim::make_optimizer(config.optimizer, store.numel(), segments);
+    MT_CHECK(dynamic_cast<optim::AdamW*>(optimizer_.get()) != nullptr, ErrorKind::kNotSupported,
+             "optimizer.type: " + config.optimizer.type + " is not implemented on device \"cuda\"");
+    device_->zero_grad();
+    return;
+  }
   if (z.stage >= 1) {
     if (!dp_) dp_ = comm::make_local_world(1)[0];  // a group of one
     parallel::ZeroOptions zo;
@@ -126,7 +144,7 @@ float Engine::forward(const int32_t* tokens, const int32_t* targets) {
   // same (and is exactly what one process does with the whole global batch).
   float scale = static_cast<float>(scaler_.scale() / static_cast<double>(config_.batch.gradient_accumulation_steps) /
                                    static_cast<double>(world()));
-  float loss = model_.forward(tokens, targets, scale);
+  float loss = device_ ? device_->forward(tokens, targets, scale) : model_.forward(tokens, targets, scale);
   forward_seconds_ += t.seconds();
   MT_CHECK(std::isfinite(loss), ErrorKind::kNumerical,
            "loss is " + std::to_string(loss) + " at step " + std::to_string(global_step_ + 1) +
@@ -142,7 +160,12 @@ void Engine::backward() {
   const bool last = micro_in_step_ + 1 == config_.batch.gradient_accumulation_steps;
   if (zero_) zero_->set_last_micro_batch(last);
   if (buckets_ && last) buckets_->begin();  // no communication on the other micro-batches
-  model_.backward();
+  if (device_) {
+    device_->backward();
+    if (config_.wall_clock_breakdown) device_->synchronize();  // honest per-phase timings
+  } else {
+    model_.backward();
+  }
   if (zero_) zero_->finish_backward();
   if (buckets_ && last) buckets_->finish();
   backward_seconds_ += t.seconds();
@@ -173,7 +196,9 @@ StepResult Engine::step() {
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
   double norm;
-  if (zero_) {  // each rank holds the reduced gradients of its shard: sum the squares over ranks
+  if (device_) {
+    norm = std::sqrt(device_->grad_sum_squares()) / r.loss_scale;
+  } else if (zero_) {  // each rank holds the reduced gradients of its shard: sum the squares over ranks
     double local = optim::grad_norm(grad(), state_numel());
     float sq = static_cast<float>(local * local);
     if (world() > 1) {
@@ -197,7 +222,18 @@ StepResult Engine::step() {
     // OneCycle cycles beta1 (and pins beta2 to 0.99) of Adam-like optimizers, as DeepSpeed does.
     if (auto mom = optim::momentum_for_step(config_.scheduler, applied_steps_ + 1); mom && optimizer_->has_betas())
       optimizer_->set_betas(*mom, optim::kOneCycleBeta2);
-    if (zero_) {
+    if (device_) {
+      auto* adam = static_cast<optim::AdamW*>(optimizer_.get());
+      optimizer_->set_step_count(optimizer_->step_count() + 1);
+      kernels::AdamWParams p;
+      p.lr = static_cast<float>(r.lr);
+      p.beta1 = adam->config().beta1;
+      p.beta2 = adam->config().beta2;
+      p.eps = adam->config().eps;
+      p.step = optimizer_->step_count();
+      p.grad_scale = static_cast<float>(coef);
+      device_->adamw_step(segments_, p);
+    } else if (zero_) {
       optimizer_->step(master(), grad(), nullptr, DType::kF32, static_cast<float>(r.lr), static_cast<float>(coef));
       zero_->refresh_params();
     } else {
@@ -210,7 +246,12 @@ StepResult Engine::step() {
   scaler_.update(overflow);  // throws at the minimum scale, as DeepSpeed does
   ++global_step_;
   if (zero_) zero_->zero_grad();
-  store.zero_grad();
+  if (device_) {
+    device_->zero_grad();
+    device_->synchronize();  // the step's time includes its kernels
+  } else {
+    store.zero_grad();
+  }
   micro_in_step_ = 0;
   loss_sum_ = 0.0;
   forward_seconds_ = backward_seconds_ = 0.0;
@@ -229,7 +270,14 @@ StepResult Engine::train_batch(const MicroBatchFn& next) {
 }
 
 float Engine::evaluate(const int32_t* tokens, const int32_t* targets) {
-  return model_.forward(tokens, targets, 0.0f);
+  return device_ ? device_->forward(tokens, targets, 0.0f) : model_.forward(tokens, targets, 0.0f);
+}
+
+MemStats Engine::memory_stats() const { return device_ ? device_->memory() : Allocator::global().stats(); }
+
+void Engine::reset_memory_peaks() {
+  if (device_) device_->reset_peaks();
+  else Allocator::global().reset_peaks();
 }
 
 }  // namespace mt::engine
@@ -239,6 +287,10 @@ namespace mt::engine {
 void Engine::gather_master(std::vector<float>& flat) {
   const size_t P = model_.store().numel();
   flat.assign(rank() == 0 ? P : 0, 0.0f);
+  if (device_) {
+    device_->store_master(flat.data());
+    return;
+  }
   if (!zero_) {
     if (rank() == 0) std::copy(master(), master() + P, flat.begin());
     return;
@@ -251,7 +303,9 @@ std::vector<std::pair<std::string, std::vector<float>>> Engine::gather_optimizer
   const size_t P = model_.store().numel();
   for (const optim::StateBuffer& b : optimizer_->state()) {
     std::vector<float> v(rank() == 0 ? P : 0);
-    if (zero_) {
+    if (device_) {
+      device_->store_state(b.name, v.data());
+    } else if (zero_) {
       zero_->gather_flat(rank() == 0 ? v.data() : nullptr, b.data, 0);
     } else if (rank() == 0) {
       std::copy(b.data, b.data + b.numel, v.begin());
@@ -270,12 +324,15 @@ void Engine::load_master(const float* flat) {
   nn::ParamStore& store = model_.store();
   std::copy(flat, flat + store.numel(), store.master());
   store.sync_compute();
+  if (device_) device_->load_master(flat);
 }
 
 void Engine::load_optimizer_state(const std::string& name, const float* flat) {
   for (const optim::StateBuffer& b : optimizer_->state()) {
     if (b.name != name) continue;
-    if (zero_) {
+    if (device_) {
+      device_->load_state(name, flat);
+    } else if (zero_) {
       zero_->scatter_flat(b.data, flat);
     } else {
       std::copy(flat, flat + b.numel, b.data);

@@ -13,6 +13,7 @@
 #include "engine/ds_config.h"
 #include "parallel/dp/grad_buckets.h"
 #include "parallel/zero/zero_runtime.h"
+#include "models/device_lm.h"
 #include "models/transformer.h"
 #include "optim/adamw.h"  // grad_norm
 #include "optim/optimizer.h"
@@ -74,6 +75,11 @@ class Engine {
   void load_master(const float* flat);
   void load_optimizer_state(const std::string& name, const float* flat);
   models::TransformerLM& model() { return model_; }
+  // The model's step on an accelerator (config.device "cuda"), else null.
+  models::DeviceLM* device() const { return device_.get(); }
+  // Accounted memory of where the step runs: the GPU's allocator with a device, else the host's.
+  MemStats memory_stats() const;
+  void reset_memory_peaks();
   optim::Optimizer& optimizer() { return *optimizer_; }
   optim::LossScaler& loss_scaler() { return scaler_; }
   // Restores the counters of a checkpoint.
@@ -93,6 +99,8 @@ class Engine {
   std::shared_ptr<comm::Backend> dp_;
   std::unique_ptr<parallel::ZeroRuntime> zero_;
   std::unique_ptr<parallel::GradBuckets> buckets_;  // stage 0 on more than one rank
+  std::unique_ptr<models::DeviceLM> device_;        // config.device "cuda"
+  std::vector<optim::ParamSegment> segments_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LossScaler scaler_;
   int64_t global_step_ = 0, applied_steps_ = 0;

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The GPU checks, on a machine with an NVIDIA GPU: build the CUDA backend (or unpack a bundle made by
+# scripts/gpu-bundle.sh), run the GPU tests (cross-backend ops, PyTorch golden data, the engine
+# against the CPU engine), train a few steps through the CLI, and benchmark GPT-2 124M against
+# PyTorch (eager and torch.compile) in the same run. Results go under $OUT (default build/gpu-check):
+# gpu.txt, test_cuda.log, train.log, train-metrics.jsonl, bench.jsonl, summary.txt.
+# Usage: scripts/gpu-check.sh [--bundle FILE] [--quick]   (--quick: tests only, no benchmark)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/build/gpu-check}
+mkdir -p "$OUT"
+BUNDLE=""
+QUICK=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle) BUNDLE=$2; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+# cuBLASLt: the toolkit's, or the one PyTorch's wheels bring.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas")))' 2>/dev/null); do
+  [ -e "$d/libcublasLt.so.13" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+if [ -n "$BUNDLE" ]; then
+  W=$(mktemp -d)
+  tar -xJf "$BUNDLE" -C "$W"
+  BIN=$W/bin
+  export LD_LIBRARY_PATH="$W/lib:${LD_LIBRARY_PATH:-}"
+  export MT_GOLDEN_DIR=$W/golden
+  DATA=$W/data
+else
+  bash scripts/install-deps.sh
+  cmake -S . -B build/cuda -DCMAKE_BUILD_TYPE=Release -DMT_CUDA=ON >/dev/null
+  cmake --build build/cuda -j"$(nproc)" --target meshtrain test_cuda || exit 1
+  /usr/bin/python3 tools/make_golden.py --configs configs/models --out build/cuda/golden >/dev/null
+  BIN=$ROOT/build/cuda
+  cp build/cuda/tests/test_cuda "$BIN/test_cuda" 2>/dev/null || true
+  W=$(mktemp -d)
+  DATA=$W/data
+  mkdir -p "$DATA"
+  python3 -c 'import random; random.seed(1); s="ka lo mi ter an sul dor ve qui ny pha ro est ing ba zu".split(); w=["".join(random.choice(s) for _ in range(random.randint(1,4))) for _ in range(3000)]; print("\n".join(" ".join(random.choice(w) for _ in range(12)) for _ in range(4000)))' > "$DATA/corpus.txt"
+  "$BIN/meshtrain" tokenize "$DATA/corpus.txt" --train-bpe 512 -o "$DATA/corpus" >/dev/null
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+status=0
+
+echo "== GPU tests"
+timeout 300 "$BIN/test_cuda" > "$OUT/test_cuda.log" 2>&1 || status=1
+grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |^\[  FAILED|Failure|error|Expected|Which is|actual" "$OUT/test_cuda.log" | tail -60
+tail -3 "$OUT/test_cuda.log"
+
+echo "== train through the CLI on the GPU (data loader, progress, metrics, checkpoint)"
+cat > "$W/train.json" <<JSON
+{"model": {"model_type": "gpt2", "vocab_size": 512, "n_positions": 256, "n_embd": 256, "n_layer": 4, "n_head": 4},
+ "data": {"train": "$DATA/corpus", "tokenizer": "$DATA/corpus.tokenizer.json"},
+ "seq_length": 256, "train_iters": 200, "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1,
+ "steps_per_print": 50, "save_dir": "$W/run", "save_interval": 200, "bf16": {"enabled": true},
+ "gradient_clipping": 1.0, "device": "cuda",
+ "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "weight_decay": 0.1}}}
+JSON
+(cd "$W" && timeout 120 "$BIN/meshtrain" train "$W/train.json" --metrics "$OUT/train-metrics.jsonl") > "$OUT/train.log" 2>&1 || status=1
+tail -6 "$OUT/train.log"
+
+if [ "$QUICK" = 0 ]; then
+  echo "== benchmark: GPT-2 124M, bf16, B=16, T=1024, AdamW"
+  : > "$OUT/bench.jsonl"
+  timeout 120 "$BIN/meshtrain" bench configs/models/gpt2-124m.json --device cuda --dtype bf16 --batch 16 --seq 1024 \
+    --steps 20 --warmup 5 --json | tee -a "$OUT/bench.jsonl" || status=1
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/gpu/torch_gpt2_train.py --batch 16 --seq 1024 --steps 20 --modes eager,compile \
+    2> "$OUT/torch.err" | tee -a "$OUT/bench.jsonl" || status=1
+  python3 - "$OUT/bench.jsonl" <<'PY' | tee "$OUT/summary.txt"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+for r in rows:
+    name = r.get("peer") or f"meshtrain ({r.get('device', '')})"
+    extra = f", {100*r['mfu_vs_ceiling']:.1f}% of {r['gemm_ceiling_tflops']:.0f} TFLOP/s bf16 GEMM" if "mfu_vs_ceiling" in r else ""
+    print(f"{name:45s} {r['tokens_per_s']:>10.0f} tok/s  step {1e3*r['step_seconds']:.1f} ms{extra}")
+PY
+fi
+exit $status

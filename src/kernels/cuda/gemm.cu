@@ -1,0 +1,172 @@
+#include "kernels/cuda/gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/ops.h"
+
+#define MT_LT_CHECK(expr)                                                                          \
+  do {                                                                                             \
+    cublasStatus_t mt_s_ = (expr);                                                                 \
+    if (mt_s_ != CUBLAS_STATUS_SUCCESS)                                                            \
+      throw ::mt::Error(::mt::ErrorKind::kInternal, std::string(#expr) + " failed: status " +      \
+                                                        std::to_string(static_cast<int>(mt_s_)));  \
+  } while (0)
+
+namespace mt::cuda {
+namespace {
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
+
+constexpr size_t kWorkspaceBytes = size_t{64} << 20;  // cuBLASLt's recommendation for Hopper: 32+ MiB
+
+struct Lt {
+  cublasLtHandle_t handle = nullptr;
+  DeviceBuffer workspace;
+  std::mutex mu;
+  // (shape, layout, types, epilogue, beta) -> the heuristic's first algorithm, or none.
+  using Key = std::tuple<int, int, int, int, int, int, bool, bool, int, int, int, bool, int>;
+  std::map<Key, std::pair<bool, cublasLtMatmulAlgo_t>> algos;
+  Lt() {
+    MT_LT_CHECK(cublasLtCreate(&handle));
+    workspace = DeviceBuffer(kWorkspaceBytes, MemCategory::kWorkspace);
+  }
+};
+
+Lt& lt() {
+  static Lt instance;
+  return instance;
+}
+
+// One matmul: the descriptors are cheap to build; the heuristic is cached per key.
+// Returns false when cuBLASLt has no algorithm for this combination (the caller falls back).
+bool lt_matmul(const GemmOp& op, bool with_bias) {
+  Lt& L = lt();
+  // Column-major view: D^T (N, M) = op(B)^T · op(A)^T.
+  const int m = op.N, n = op.M, k = op.K;
+  cublasOperation_t opa = op.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // first operand: B
+  cublasOperation_t opb = op.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // second operand: A
+  cudaDataType_t ab = cuda_type(op.ab_type), dt = cuda_type(op.d_type);
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  const bool beta_one = op.accumulate || op.cin != nullptr;
+  const float alpha = 1.0f, beta = beta_one ? 1.0f : 0.0f;
+
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr, ld = nullptr;
+  MT_LT_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
+  MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+  MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+  if (with_bias) {
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &op.bias, sizeof op.bias));
+    cudaDataType_t bt = CUDA_R_32F;
+    MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+  }
+  // Stored shapes (column-major): first operand B^T-view is (m, k) for N, (k, m) for T.
+  MT_LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, opa == CUBLAS_OP_N ? m : k, opa == CUBLAS_OP_N ? k : m, op.ldb));
+  MT_LT_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, opb == CUBLAS_OP_N ? k : n, opb == CUBLAS_OP_N ? n : k, op.lda));
+  MT_LT_CHECK(cublasLtMatrixLayoutCreate(&lc, dt, m, n, op.ldd));
+  MT_LT_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, m, n, op.ldd));
+
+  auto align = [](const void* p) { return static_cast<int>(reinterpret_cast<uintptr_t>(p) % 256); };
+  Lt::Key key{m, n, k, op.lda, op.ldb, op.ldd, op.trans_a, op.trans_b, static_cast<int>(ab) * 100 + static_cast<int>(dt),
+              with_bias ? 1 : 0, (align(op.a) % 16) * 1000 + (align(op.b) % 16) * 10 + align(op.d) % 16, beta_one,
+              0};
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;
+  {
+    std::lock_guard<std::mutex> lock(L.mu);
+    auto it = L.algos.find(key);
+    if (it != L.algos.end()) {
+      found = it->second.first;
+      algo = it->second.second;
+    } else {
+      cublasLtMatmulPreference_t pref = nullptr;
+      MT_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      size_t ws = kWorkspaceBytes;
+      MT_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+      cublasLtMatmulHeuristicResult_t res{};
+      int count = 0;
+      cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(L.handle, desc, la, lb, lc, ld, pref, 1, &res, &count);
+      cublasLtMatmulPreferenceDestroy(pref);
+      found = st == CUBLAS_STATUS_SUCCESS && count > 0;
+      if (found) algo = res.algo;
+      L.algos[key] = {found, algo};
+    }
+  }
+  if (found) {
+    const void* c = op.cin ? op.cin : op.d;
+    MT_LT_CHECK(cublasLtMatmul(L.handle, desc, &alpha, op.b, la, op.a, lb, &beta, c, lc, op.d, ld, &algo,
+                               L.workspace.data(), kWorkspaceBytes, static_cast<cudaStream_t>(stream())));
+  }
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatrixLayoutDestroy(ld);
+  cublasLtMatmulDescDestroy(desc);
+  return found;
+}
+
+}  // namespace
+
+void gemm(const GemmOp& op) {
+  MT_CHECK(op.M > 0 && op.N > 0 && op.K > 0, ErrorKind::kInvalidArgument, "cuda gemm: empty shape");
+  MT_CHECK(!(op.accumulate && op.cin), ErrorKind::kInvalidArgument, "cuda gemm: accumulate and cin together");
+  if (op.bias && lt_matmul(op, true)) return;
+  // No fused-bias algorithm for this combination: the product, then the bias as its own pass.
+  if (!lt_matmul(op, false))
+    throw Error(ErrorKind::kNotSupported, "cuBLASLt has no algorithm for a " + std::to_string(op.M) + "x" +
+                                              std::to_string(op.N) + "x" + std::to_string(op.K) + " " +
+                                              dtype_name(op.ab_type) + " GEMM into " + dtype_name(op.d_type));
+  if (op.bias) add_bias(op.d, op.d_type, op.bias, op.M, op.N, op.ldd);
+}
+
+Ceilings measure_ceilings() {
+  Ceilings c;
+  const int n = 8192;
+  DeviceBuffer a(size_t{n} * n * 2, MemCategory::kWorkspace), b(size_t{n} * n * 2, MemCategory::kWorkspace),
+      d(size_t{n} * n * 2, MemCategory::kWorkspace);
+  fill_random_bf16(a.data(), size_t{n} * n, 1);
+  fill_random_bf16(b.data(), size_t{n} * n, 2);
+  auto s = static_cast<cudaStream_t>(stream());
+  cudaEvent_t e0, e1;
+  MT_CUDA_CHECK(cudaEventCreate(&e0));
+  MT_CUDA_CHECK(cudaEventCreate(&e1));
+  auto time_ms = [&](auto&& fn, int reps) {
+    for (int i = 0; i < 3; ++i) fn();
+    MT_CUDA_CHECK(cudaEventRecord(e0, s));
+    for (int i = 0; i < reps; ++i) fn();
+    MT_CUDA_CHECK(cudaEventRecord(e1, s));
+    MT_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    return static_cast<double>(ms) / reps;
+  };
+  double ms = time_ms([&] { gemm(n, n, n, a.data(), n, false, b.data(), n, false, d.data(), n, DType::kBF16, DType::kBF16, false); }, 20);
+  c.bf16_gemm_tflops = 2.0 * n * n * static_cast<double>(n) / (ms * 1e-3) / 1e12;
+  size_t bytes = size_t{n} * n * 2;
+  ms = time_ms([&] { copy_on_device(d.data(), a.data(), bytes); }, 20);
+  c.copy_gbps = 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return c;
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,47 @@
+// GEMM on the GPU through cuBLASLt, in the row-major convention of kernels/cpu/gemm.h:
+//   D (M, N) = op(A) (M, K) · op(B) (K, N)  [+ bias (N) broadcast over rows]  [+ Cin or D itself]
+// op(X) = X, or X^T when the trans flag is set (X then stored (K, M) / (N, K)). Leading dimensions
+// are in elements. A and B share one type (f32 or bf16); D is f32 or bf16; accumulation is f32
+// (pure f32 for f32 operands: no TF32, so the f32 path is the exact reference).
+// accumulate: D += product (beta 1). cin (same type and ld as D): D = cin + product (the residual
+// add fused into the GEMM). bias is f32.
+#pragma once
+
+#include "tensor/dtype.h"
+
+namespace mt::cuda {
+
+struct GemmOp {
+  int M = 0, N = 0, K = 0;
+  const void* a = nullptr;
+  int lda = 0;
+  bool trans_a = false;
+  const void* b = nullptr;
+  int ldb = 0;
+  bool trans_b = false;
+  void* d = nullptr;
+  int ldd = 0;
+  DType ab_type = DType::kBF16;
+  DType d_type = DType::kF32;
+  bool accumulate = false;
+  const float* bias = nullptr;
+  const void* cin = nullptr;
+};
+
+void gemm(const GemmOp& op);
+
+// Shorthand with the CPU gemm's argument order.
+inline void gemm(int M, int N, int K, const void* a, int lda, bool ta, const void* b, int ldb, bool tb,
+                 void* d, int ldd, DType ab_type, DType d_type, bool accumulate,
+                 const float* bias = nullptr, const void* cin = nullptr) {
+  GemmOp op;
+  op.M = M; op.N = N; op.K = K;
+  op.a = a; op.lda = lda; op.trans_a = ta;
+  op.b = b; op.ldb = ldb; op.trans_b = tb;
+  op.d = d; op.ldd = ldd;
+  op.ab_type = ab_type; op.d_type = d_type;
+  op.accumulate = accumulate; op.bias = bias; op.cin = cin;
+  gemm(op);
+}
+
+}  // namespace mt::cuda

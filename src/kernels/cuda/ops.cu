@@ -1,0 +1,540 @@
+#include "kernels/cuda/ops.h"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+
+namespace mt::cuda {
+namespace {
+
+// ---- embedding ----
+template <typename T>
+__global__ void embedding_fwd_k(float* out, const int32_t* tokens, const T* wte, const float* wpe, int N, int T_,
+                                int C) {
+  size_t total = static_cast<size_t>(N) * C;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total; i += size_t{gridDim.x} * blockDim.x) {
+    int n = static_cast<int>(i / C), c = static_cast<int>(i % C);
+    float v = to_f(wte[static_cast<size_t>(tokens[n]) * C + c]);
+    if (wpe) v += wpe[static_cast<size_t>(n % T_) * C + c];
+    out[i] = v;
+  }
+}
+
+__global__ void embedding_bwd_wte_k(float* dwte, const float* dout, const int32_t* tokens, int N, int C) {
+  size_t total = static_cast<size_t>(N) * C;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total; i += size_t{gridDim.x} * blockDim.x) {
+    int n = static_cast<int>(i / C), c = static_cast<int>(i % C);
+    atomicAdd(&dwte[static_cast<size_t>(tokens[n]) * C + c], dout[i]);
+  }
+}
+
+__global__ void embedding_bwd_wpe_k(float* dwpe, const float* dout, int N, int T_, int C) {
+  size_t total = static_cast<size_t>(T_) * C;
+  int B = N / T_;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total; i += size_t{gridDim.x} * blockDim.x) {
+    float s = 0.0f;
+    for (int b = 0; b < B; ++b) s += dout[static_cast<size_t>(b) * T_ * C + i];
+    dwpe[i] += s;
+  }
+}
+
+// ---- column reductions in a fixed order (weight and bias gradients) ----
+// partial[chunk][c] (two outputs) = sum over the chunk's rows of f(n, c); then out[c] += sum over
+// chunks. Block (32 columns x 8 row lanes).
+constexpr int kColLanes = 8;
+
+inline int col_chunks(int N) { return std::max(1, std::min(256, (N + 63) / 64)); }
+
+template <typename F>
+__global__ void colreduce_partial_k(float* partial, int N, int C, int rows_per_chunk, F f) {
+  __shared__ float s0[kColLanes][33], s1[kColLanes][33];
+  int c = blockIdx.x * 32 + threadIdx.x;
+  int chunk = blockIdx.y;
+  int n0 = chunk * rows_per_chunk, n1 = min(N, n0 + rows_per_chunk);
+  float a = 0.0f, b = 0.0f;
+  if (c < C)
+    for (int n = n0 + threadIdx.y; n < n1; n += kColLanes) f(n, c, a, b);
+  s0[threadIdx.y][threadIdx.x] = a;
+  s1[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float ta = 0.0f, tb = 0.0f;
+    for (int i = 0; i < kColLanes; ++i) {
+      ta += s0[i][threadIdx.x];
+      tb += s1[i][threadIdx.x];
+    }
+    size_t chunks = gridDim.y;
+    partial[static_cast<size_t>(chunk) * C + c] = ta;
+    partial[(chunks + chunk) * static_cast<size_t>(C) + c] = tb;
+  }
+}
+
+__global__ void colreduce_final_k(float* out0, float* out1, const float* partial, int chunks, int C) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float a = 0.0f, b = 0.0f;
+  for (int k = 0; k < chunks; ++k) {
+    a += partial[static_cast<size_t>(k) * C + c];
+    b += partial[static_cast<size_t>(chunks + k) * C + c];
+  }
+  if (out0) out0[c] += a;
+  if (out1) out1[c] += b;
+}
+
+template <typename F>
+void colreduce(float* out0, float* out1, int N, int C, F f) {
+  int chunks = col_chunks(N);
+  int rows = (N + chunks - 1) / chunks;
+  float* partial = static_cast<float*>(scratch(size_t{2} * chunks * C * sizeof(float)));
+  dim3 grid((C + 31) / 32, chunks);
+  colreduce_partial_k<<<grid, dim3(32, kColLanes), 0, cu_stream()>>>(partial, N, C, rows, f);
+  MT_LAUNCH_CHECK("colreduce_partial");
+  colreduce_final_k<<<(C + 255) / 256, 256, 0, cu_stream()>>>(out0, out1, partial, chunks, C);
+  MT_LAUNCH_CHECK("colreduce_final");
+}
+
+template <typename T>
+struct BiasGradF {
+  const T* dout;
+  int C;
+  __device__ void operator()(int n, int c, float& a, float&) const { a += to_f(dout[static_cast<size_t>(n) * C + c]); }
+};
+
+struct LnGradF {  // a += dout * xhat (weight), b += dout (bias)
+  const float *dout, *inp, *mean, *rstd;
+  int C;
+  __device__ void operator()(int n, int c, float& a, float& b) const {
+    size_t i = static_cast<size_t>(n) * C + c;
+    float xhat = (inp[i] - mean[n]) * rstd[n];
+    a += dout[i] * xhat;
+    b += dout[i];
+  }
+};
+
+struct RmsGradF {  // a += dout * x * rstd
+  const float *dout, *inp, *rstd;
+  int C;
+  __device__ void operator()(int n, int c, float& a, float&) const {
+    size_t i = static_cast<size_t>(n) * C + c;
+    a += dout[i] * inp[i] * rstd[n];
+  }
+};
+
+// ---- norms: one warp per row ----
+template <typename T>
+__global__ void layernorm_fwd_k(T* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                                int N, int C, float eps) {
+  int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const float* x = inp + static_cast<size_t>(row) * C;
+  float s = 0.0f;
+  for (int c = lane; c < C; c += 32) s += x[c];
+  float m = warp_sum(s) / C;
+  float v = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    float d = x[c] - m;
+    v += d * d;
+  }
+  float r = rsqrtf(warp_sum(v) / C + eps);
+  T* o = out + static_cast<size_t>(row) * C;
+  for (int c = lane; c < C; c += 32) {
+    float y = (x[c] - m) * r * w[c];
+    if (b) y += b[c];
+    o[c] = from_f<T>(y);
+  }
+  if (lane == 0) {
+    if (mean) mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+__global__ void layernorm_bwd_k(float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
+                                const float* rstd, int N, int C) {
+  int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (row >= N) return;
+  size_t base = static_cast<size_t>(row) * C;
+  float m = mean[row], r = rstd[row];
+  float a = 0.0f, bsum = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    float dn = dout[base + c] * w[c];
+    a += dn;
+    bsum += dn * (inp[base + c] - m) * r;
+  }
+  a = warp_sum(a) / C;
+  bsum = warp_sum(bsum) / C;
+  for (int c = lane; c < C; c += 32) {
+    float xhat = (inp[base + c] - m) * r;
+    float dn = dout[base + c] * w[c];
+    dinp[base + c] += r * (dn - a - xhat * bsum);
+  }
+}
+
+template <typename T>
+__global__ void rmsnorm_fwd_k(T* out, float* rstd, const float* inp, const float* w, int N, int C, float eps) {
+  int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const float* x = inp + static_cast<size_t>(row) * C;
+  float s = 0.0f;
+  for (int c = lane; c < C; c += 32) s += x[c] * x[c];
+  float r = rsqrtf(warp_sum(s) / C + eps);
+  T* o = out + static_cast<size_t>(row) * C;
+  for (int c = lane; c < C; c += 32) o[c] = from_f<T>(x[c] * r * w[c]);
+  if (lane == 0) rstd[row] = r;
+}
+
+__global__ void rmsnorm_bwd_k(float* dinp, const float* dout, const float* inp, const float* w, const float* rstd,
+                              int N, int C) {
+  int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (row >= N) return;
+  size_t base = static_cast<size_t>(row) * C;
+  float r = rstd[row];
+  float s = 0.0f;
+  for (int c = lane; c < C; c += 32) s += dout[base + c] * w[c] * inp[base + c];
+  s = warp_sum(s) / C;
+  for (int c = lane; c < C; c += 32)
+    dinp[base + c] += r * (dout[base + c] * w[c] - inp[base + c] * r * r * s);
+}
+
+// ---- activations ----
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+
+template <typename T>
+__global__ void gelu_fwd_k(T* out, const T* inp, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    float x = to_f(inp[i]);
+    float u = kGeluK * (x + 0.044715f * x * x * x);
+    out[i] = from_f<T>(0.5f * x * (1.0f + tanhf(u)));
+  }
+}
+
+template <typename T>
+__global__ void gelu_bwd_k(T* dinp, const T* inp, const T* dout, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    float x = to_f(inp[i]);
+    float u = kGeluK * (x + 0.044715f * x * x * x);
+    float th = tanhf(u);
+    float du = kGeluK * (1.0f + 3.0f * 0.044715f * x * x);
+    float g = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+    dinp[i] = from_f<T>(to_f(dout[i]) * g);
+  }
+}
+
+template <typename T>
+__global__ void swiglu_fwd_k(T* out, const T* inp, int N, int I) {
+  size_t total = static_cast<size_t>(N) * I;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total; i += size_t{gridDim.x} * blockDim.x) {
+    size_t n = i / I, j = i % I;
+    float g = to_f(inp[n * 2 * I + j]), u = to_f(inp[n * 2 * I + I + j]);
+    float sg = 1.0f / (1.0f + __expf(-g));
+    out[i] = from_f<T>(g * sg * u);
+  }
+}
+
+template <typename T>
+__global__ void swiglu_bwd_k(T* dinp, const T* dout, const T* inp, int N, int I) {
+  size_t total = static_cast<size_t>(N) * I;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total; i += size_t{gridDim.x} * blockDim.x) {
+    size_t n = i / I, j = i % I;
+    float g = to_f(inp[n * 2 * I + j]), u = to_f(inp[n * 2 * I + I + j]), d = to_f(dout[i]);
+    float sg = 1.0f / (1.0f + __expf(-g));
+    float silu = g * sg;
+    dinp[n * 2 * I + j] = from_f<T>(d * u * sg * (1.0f + g * (1.0f - sg)));
+    dinp[n * 2 * I + I + j] = from_f<T>(d * silu);
+  }
+}
+
+// ---- RoPE (rotate_half pairs j and j + HS/2) ----
+template <typename T>
+__global__ void rope_k(T* qkv, const float* cos, const float* sin, int N, int T_, int NH, int NKV, int HS,
+                       float dir) {
+  int H = HS / 2, heads = NH + NKV, QKV = (NH + 2 * NKV) * HS;
+  size_t total = static_cast<size_t>(N) * heads * H;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total; i += size_t{gridDim.x} * blockDim.x) {
+    int j = static_cast<int>(i % H);
+    size_t rest = i / H;
+    int hh = static_cast<int>(rest % heads);
+    int n = static_cast<int>(rest / heads);
+    int t = n % T_;
+    T* x = qkv + static_cast<size_t>(n) * QKV + static_cast<size_t>(hh) * HS;
+    float c = cos[static_cast<size_t>(t) * H + j], s = dir * sin[static_cast<size_t>(t) * H + j];
+    float a = to_f(x[j]), b = to_f(x[j + H]);
+    x[j] = from_f<T>(a * c - b * s);
+    x[j + H] = from_f<T>(b * c + a * s);
+  }
+}
+
+// ---- elementwise ----
+template <typename D, typename S>
+__global__ void convert_k(D* dst, const S* src, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    dst[i] = from_f<D>(to_f(src[i]));
+}
+
+__global__ void add_inplace_k(float* acc, const float* x, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    acc[i] += x[i];
+}
+
+template <typename T>
+__global__ void add_bias_k(T* d, const float* bias, int M, int N, int ld) {
+  size_t total = static_cast<size_t>(M) * N;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total; i += size_t{gridDim.x} * blockDim.x) {
+    size_t r = i / N, c = i % N;
+    d[r * ld + c] = from_f<T>(to_f(d[r * ld + c]) + bias[c]);
+  }
+}
+
+// ---- cross-entropy: one block per row ----
+template <typename T>
+__global__ void cross_entropy_k(float* loss, float* lse_out, const float* logits, int ldl, const int32_t* targets,
+                                int V, float grad_scale, T* dl, int ldd) {
+  int r = blockIdx.x;
+  const float* x = logits + static_cast<size_t>(r) * ldl;
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, x[v]);
+  mx = block_max(mx);
+  float s = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += __expf(x[v] - mx);
+  s = block_sum(s);
+  float lse = mx + logf(s);
+  int tgt = targets[r];
+  if (threadIdx.x == 0) {
+    loss[r] = tgt < 0 ? 0.0f : lse - x[tgt];
+    if (lse_out) lse_out[r] = lse;
+  }
+  if (grad_scale == 0.0f) return;
+  T* d = dl + static_cast<size_t>(r) * ldd;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    float g = tgt < 0 ? 0.0f : (__expf(x[v] - lse) - (v == tgt ? 1.0f : 0.0f)) * grad_scale;
+    d[v] = from_f<T>(g);
+  }
+}
+
+// ---- AdamW ----
+struct AdamScalars {
+  float grad_scale, beta1, omb1, beta2, omb2, decay, step_size, bc2_sqrt, eps;
+};
+
+template <typename T>
+__global__ void adamw_k(float* p, const float* grad, float* m, float* v, T* lowp, size_t n, AdamScalars s) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    float g = grad[i] * s.grad_scale;
+    float mi = s.beta1 * m[i] + s.omb1 * g;
+    float vi = s.beta2 * v[i] + s.omb2 * g * g;
+    float pi = p[i] * s.decay;
+    pi = pi - s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+    if (lowp) lowp[i] = from_f<T>(pi);
+  }
+}
+
+// ---- sum of squares: fixed grid, fixed order ----
+constexpr int kSumBlocks = 1024;
+__global__ void sumsq_partial_k(double* partial, const float* x, size_t n) {
+  double s = 0.0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    double v = x[i];
+    s += v * v;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+__global__ void sumsq_final_k(double* out, const double* partial, int n) {
+  double s = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *out = s;
+}
+
+__device__ __forceinline__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
+__global__ void fill_random_bf16_k(bf16* dst, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    float u = (hash32(seed * 0x9e3779b97f4a7c15ULL + i) >> 8) * (1.0f / 16777216.0f);
+    dst[i] = __float2bfloat16_rn(2.0f * u - 1.0f);
+  }
+}
+
+constexpr unsigned kThreads = 256;
+constexpr int kRowsPerBlock = 8;  // warps per block in the row kernels
+
+}  // namespace
+
+void embedding_forward(float* out, const int32_t* tokens, const void* wte, DType wte_dtype, const float* wpe, int N,
+                       int T, int C) {
+  size_t n = static_cast<size_t>(N) * C;
+  MT_DISPATCH(wte_dtype, W, embedding_fwd_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(
+                                out, tokens, static_cast<const W*>(wte), wpe, N, T, C));
+  MT_LAUNCH_CHECK("embedding_forward");
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C) {
+  size_t n = static_cast<size_t>(N) * C;
+  embedding_bwd_wte_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(dwte, dout, tokens, N, C);
+  MT_LAUNCH_CHECK("embedding_backward");
+  if (dwpe) {
+    size_t m = static_cast<size_t>(T) * C;
+    embedding_bwd_wpe_k<<<grid_for(m, kThreads), kThreads, 0, cu_stream()>>>(dwpe, dout, N, T, C);
+    MT_LAUNCH_CHECK("embedding_backward wpe");
+  }
+}
+
+void layernorm_forward(void* out, DType dt, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, float eps) {
+  unsigned g = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  MT_DISPATCH(dt, T, layernorm_fwd_k<<<g, 32 * kRowsPerBlock, 0, cu_stream()>>>(static_cast<T*>(out), mean, rstd, inp,
+                                                                                  weight, bias, N, C, eps));
+  MT_LAUNCH_CHECK("layernorm_forward");
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  colreduce(dweight, dbias, N, C, LnGradF{dout, inp, mean, rstd, C});
+  unsigned g = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  layernorm_bwd_k<<<g, 32 * kRowsPerBlock, 0, cu_stream()>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+  MT_LAUNCH_CHECK("layernorm_backward");
+}
+
+void rmsnorm_forward(void* out, DType dt, float* rstd, const float* inp, const float* weight, int N, int C,
+                     float eps) {
+  unsigned g = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  MT_DISPATCH(dt, T, rmsnorm_fwd_k<<<g, 32 * kRowsPerBlock, 0, cu_stream()>>>(static_cast<T*>(out), rstd, inp,
+                                                                                weight, N, C, eps));
+  MT_LAUNCH_CHECK("rmsnorm_forward");
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C) {
+  colreduce(dweight, nullptr, N, C, RmsGradF{dout, inp, rstd, C});
+  unsigned g = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  rmsnorm_bwd_k<<<g, 32 * kRowsPerBlock, 0, cu_stream()>>>(dinp, dout, inp, weight, rstd, N, C);
+  MT_LAUNCH_CHECK("rmsnorm_backward");
+}
+
+void gelu_forward(void* out, const void* inp, DType dt, size_t n) {
+  MT_DISPATCH(dt, T, gelu_fwd_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(static_cast<T*>(out),
+                                                                                     static_cast<const T*>(inp), n));
+  MT_LAUNCH_CHECK("gelu_forward");
+}
+
+void gelu_backward(void* dinp, const void* inp, const void* dout, DType dt, size_t n) {
+  MT_DISPATCH(dt, T, gelu_bwd_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(
+                         static_cast<T*>(dinp), static_cast<const T*>(inp), static_cast<const T*>(dout), n));
+  MT_LAUNCH_CHECK("gelu_backward");
+}
+
+void swiglu_forward(void* out, const void* inp, DType dt, int N, int I) {
+  size_t n = static_cast<size_t>(N) * I;
+  MT_DISPATCH(dt, T, swiglu_fwd_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(
+                         static_cast<T*>(out), static_cast<const T*>(inp), N, I));
+  MT_LAUNCH_CHECK("swiglu_forward");
+}
+
+void swiglu_backward(void* dinp, const void* dout, const void* inp, DType dt, int N, int I) {
+  size_t n = static_cast<size_t>(N) * I;
+  MT_DISPATCH(dt, T, swiglu_bwd_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(
+                         static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp), N, I));
+  MT_LAUNCH_CHECK("swiglu_backward");
+}
+
+void rope_forward(void* qkv, DType dt, const float* cos, const float* sin, int B, int T, int NH, int NKV, int HS) {
+  size_t n = static_cast<size_t>(B) * T * (NH + NKV) * (HS / 2);
+  MT_DISPATCH(dt, X, rope_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(static_cast<X*>(qkv), cos, sin,
+                                                                                 B * T, T, NH, NKV, HS, 1.0f));
+  MT_LAUNCH_CHECK("rope_forward");
+}
+
+void rope_backward(void* dqkv, DType dt, const float* cos, const float* sin, int B, int T, int NH, int NKV, int HS) {
+  size_t n = static_cast<size_t>(B) * T * (NH + NKV) * (HS / 2);
+  MT_DISPATCH(dt, X, rope_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(static_cast<X*>(dqkv), cos, sin,
+                                                                                 B * T, T, NH, NKV, HS, -1.0f));
+  MT_LAUNCH_CHECK("rope_backward");
+}
+
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
+  if (dst_dtype == src_dtype) {
+    if (dst != src) copy_on_device(dst, src, n * dtype_size(dst_dtype));
+    return;
+  }
+  MT_DISPATCH(dst_dtype, D,
+              MT_DISPATCH(src_dtype, S,
+                          convert_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(
+                              static_cast<D*>(dst), static_cast<const S*>(src), n)));
+  MT_LAUNCH_CHECK("convert");
+}
+
+void add_inplace(float* acc, const float* x, size_t n) {
+  add_inplace_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(acc, x, n);
+  MT_LAUNCH_CHECK("add_inplace");
+}
+
+void bias_backward(float* dbias, const void* dout, DType dt, int N, int C) {
+  MT_DISPATCH(dt, T, colreduce(dbias, nullptr, N, C, BiasGradF<T>{static_cast<const T*>(dout), C}));
+}
+
+void add_bias(void* d, DType dt, const float* bias, int M, int N, int ld) {
+  size_t n = static_cast<size_t>(M) * N;
+  MT_DISPATCH(dt, T, add_bias_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(static_cast<T*>(d), bias, M, N,
+                                                                                     ld));
+  MT_LAUNCH_CHECK("add_bias");
+}
+
+void cross_entropy_tile(float* loss, float* lse, const float* logits, int ld_logits, const int32_t* targets, int R,
+                        int V, float grad_scale, void* dlogits, DType dl_dtype, int ld_dl) {
+  MT_DISPATCH(dl_dtype, T, cross_entropy_k<<<R, 512, 0, cu_stream()>>>(loss, lse, logits, ld_logits, targets, V,
+                                                                       grad_scale, static_cast<T*>(dlogits), ld_dl));
+  MT_LAUNCH_CHECK("cross_entropy_tile");
+}
+
+void adamw_update(float* master, const float* grad, float* m, float* v, void* lowp, DType lowp_dtype, size_t n,
+                  const kernels::AdamWParams& params) {
+  // The scalars exactly as the CPU kernel derives them (kernels/cpu/ops.cpp).
+  const double t = static_cast<double>(params.step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(params.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(params.beta2), t);
+  AdamScalars s;
+  s.grad_scale = params.grad_scale;
+  s.beta1 = params.beta1;
+  s.omb1 = static_cast<float>(1.0 - static_cast<double>(params.beta1));
+  s.beta2 = params.beta2;
+  s.omb2 = static_cast<float>(1.0 - static_cast<double>(params.beta2));
+  s.decay = static_cast<float>(1.0 - static_cast<double>(params.lr) * params.weight_decay);
+  s.step_size = static_cast<float>(params.lr / bc1);
+  s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.eps = params.eps;
+  unsigned g = grid_for(n, kThreads, 132 * 16);
+  if (lowp == nullptr) {
+    adamw_k<float><<<g, kThreads, 0, cu_stream()>>>(master, grad, m, v, nullptr, n, s);
+  } else {
+    MT_DISPATCH(lowp_dtype, T, adamw_k<T><<<g, kThreads, 0, cu_stream()>>>(master, grad, m, v, static_cast<T*>(lowp),
+                                                                           n, s));
+  }
+  MT_LAUNCH_CHECK("adamw_update");
+}
+
+double sum_squares(const float* x, size_t n) {
+  double* part = static_cast<double*>(scratch((kSumBlocks + 1) * sizeof(double)));
+  sumsq_partial_k<<<kSumBlocks, kThreads, 0, cu_stream()>>>(part, x, n);
+  MT_LAUNCH_CHECK("sum_squares");
+  sumsq_final_k<<<1, kThreads, 0, cu_stream()>>>(part + kSumBlocks, part, kSumBlocks);
+  MT_LAUNCH_CHECK("sum_squares final");
+  double out = 0.0;
+  copy_to_host(&out, part + kSumBlocks, sizeof out);
+  return out;
+}
+
+void fill_random_bf16(void* dst, size_t n, uint64_t seed) {
+  fill_random_bf16_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(static_cast<bf16*>(dst), n, seed);
+  MT_LAUNCH_CHECK("fill_random_bf16");
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,458 @@
+// The CUDA DeviceLM: TransformerLM's forward/backward (models/block.cpp, models/transformer.cpp)
+// step for step on the GPU, with cuBLASLt GEMMs and the fused kernels of kernels/cuda/.
+//
+// Precision (compute dtype cd = f32 or bf16): the residual stream, norm statistics, the LM head's
+// logits, every parameter gradient and the master weights are f32, as on the CPU; the saved GEMM
+// inputs (norm outputs, qkv, attention output, MLP activations) are kept in cd, where the CPU keeps
+// f32 copies beside cd copies. The residual adds ride in the GEMMs (D = x + A·B + bias).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "base/error.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/ops.h"
+#include "models/device_lm.h"
+
+namespace mt::models {
+namespace {
+
+namespace cu = mt::cuda;
+
+struct LayerW {  // element offsets into the flat buffers
+  size_t n1w = 0, n1b = 0, qkvw = 0, qkvb = 0, projw = 0, projb = 0, n2w = 0, n2b = 0, fcw = 0, fcb = 0, outw = 0,
+         outb = 0;
+  bool bias = false;
+};
+
+struct Acts {
+  float *mean1, *rstd1, *lse, *x2, *mean2, *rstd2;
+  void *n1, *qkv, *att, *n2, *h, *act;
+};
+
+class CudaLM final : public DeviceLM {
+ public:
+  explicit CudaLM(TransformerLM& model);
+  std::string device_name() const override { return name_; }
+  float forward(const int32_t* tokens, const int32_t* targets, float loss_scale) override;
+  void backward() override;
+  void zero_grad() override { cu::fill_zero(grad_.data(), P_ * 4); }
+  double grad_sum_squares() override { return cu::sum_squares(grad_.as<float>(), P_); }
+  void adamw_step(const std::vector<optim::ParamSegment>& segments, kernels::AdamWParams params) override;
+  void load_master(const float* host) override;
+  void store_master(float* host) override { cu::copy_to_host(host, master_.data(), P_ * 4); }
+  void store_grads(float* host) override { cu::copy_to_host(host, grad_.data(), P_ * 4); }
+  void load_state(const std::string& name, const float* host) override { cu::copy_to_device(state(name), host, P_ * 4); }
+  void store_state(const std::string& name, float* host) override { cu::copy_to_host(host, state(name), P_ * 4); }
+  MemStats memory() const override { return cu::DeviceAllocator::global().stats(); }
+  void reset_peaks() override { cu::DeviceAllocator::global().reset_peaks(); }
+  void synchronize() override { cu::synchronize(); }
+
+ private:
+  float* state(const std::string& name) {
+    if (name == "exp_avg") return m_.as<float>();
+    if (name == "exp_avg_sq") return v_.as<float>();
+    throw Error(ErrorKind::kInvalidArgument, "the cuda AdamW has no state '" + name + "'");
+  }
+  const float* mf(size_t off) const { return master_.as<float>() + off; }  // f32 master (norms, biases)
+  float* gf(size_t off) const { return grad_.as<float>() + off; }
+  const void* wc(size_t off) const {  // compute copy of a matrix
+    return static_cast<const char*>(compute()) + off * es_;
+  }
+  const void* compute() const { return cd_ == DType::kF32 ? master_.data() : compute_.data(); }
+  void* at(void* base, size_t elems) const { return static_cast<char*>(base) + elems * es_; }
+  void trunk_forward();
+  void block_forward(int l, float* y, const float* x, Acts& a);
+  void block_backward(int l, const float* x, const Acts& a);
+  Acts& acts_for(int l) { return acts_[recompute_ ? 0 : l]; }
+  const void* as_cd(const float* x, size_t n);  // x in cd (a conversion into scratch unless f32)
+  size_t offset(const std::string& name) const {
+    nn::Parameter* p = store_.find(name);
+    MT_CHECK(p != nullptr, ErrorKind::kInternal, "cuda model: no parameter " + name);
+    return p->offset;
+  }
+
+  TransformerLM& model_;
+  const ModelConfig cfg_;
+  nn::ParamStore& store_;
+  std::string name_;
+  DType cd_;
+  size_t es_, P_;
+  bool gpt2_, recompute_;
+  int B_, T_, N_, C_, NH_, NKV_, HS_, QKV_, A_, H_, G_, V_, Vp_, R_;
+  size_t wte_ = 0, wpe_ = 0, nfw_ = 0, nfb_ = 0, head_ = 0;
+  std::vector<LayerW> layers_;
+  cu::DeviceBuffer master_, compute_, grad_, m_, v_;
+  cu::DeviceBuffer acts_buf_, resid_buf_, scratch_buf_, head_buf_, io_buf_;
+  std::vector<Acts> acts_;
+  float* resid_ = nullptr;
+  float *nmean_ = nullptr, *nrstd_ = nullptr, *dnf_ = nullptr, *dres_ = nullptr, *losses_ = nullptr;
+  void* nf_ = nullptr;
+  float *rope_cos_ = nullptr, *rope_sin_ = nullptr;
+  int32_t *tokens_ = nullptr, *targets_ = nullptr;
+  void *dy_c_ = nullptr, *dact_ = nullptr, *dh_ = nullptr, *datt_ = nullptr, *dqkv_ = nullptr;
+  float* dn_ = nullptr;
+  float* logits_ = nullptr;
+  void* dlogits_ = nullptr;
+  std::vector<float> host_losses_;
+  bool backward_ready_ = false;
+};
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+class Carve {
+ public:
+  explicit Carve(void* base) : base_(static_cast<char*>(base)) {}
+  void* take(size_t bytes) {
+    void* p = base_ ? base_ + used_ : nullptr;
+    used_ += align256(bytes);
+    return p;
+  }
+  float* f32(size_t n) { return static_cast<float*>(take(n * 4)); }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+CudaLM::CudaLM(TransformerLM& model)
+    : model_(model), cfg_(model.config()), store_(model.store()), cd_(model.options().compute_dtype) {
+  MT_CHECK(cu::available(), ErrorKind::kNotSupported, "device \"cuda\": no CUDA device is visible to this process");
+  MT_CHECK(cd_ != DType::kF16, ErrorKind::kNotSupported,
+           "device \"cuda\": fp16 is not implemented on the GPU; use bf16 (bf16.enabled) or fp32");
+  MT_CHECK(!store_.released(), ErrorKind::kInternal, "cuda model: the host buffers were released");
+  name_ = cu::device_name();
+  es_ = dtype_size(cd_);
+  P_ = store_.numel();
+  gpt2_ = cfg_.arch == Arch::kGpt2;
+  recompute_ = model.options().recompute;
+  B_ = model.batch();
+  T_ = model.seq();
+  MT_CHECK(B_ > 0 && T_ > 0, ErrorKind::kInternal, "cuda model: prepare(B, T) the host model first");
+  N_ = B_ * T_;
+  C_ = cfg_.hidden;
+  NH_ = cfg_.n_head;
+  NKV_ = cfg_.n_kv_head;
+  HS_ = cfg_.head_dim();
+  QKV_ = (NH_ + 2 * NKV_) * HS_;
+  A_ = NH_ * HS_;
+  H_ = gpt2_ ? cfg_.intermediate : 2 * cfg_.intermediate;
+  G_ = cfg_.intermediate;
+  V_ = cfg_.vocab_size;
+  Vp_ = (V_ + 63) / 64 * 64;
+
+  // Parameters by their Hugging Face names (the host model's layout).
+  std::string trunk = gpt2_ ? "transformer." : "model.";
+  wte_ = offset(trunk + (gpt2_ ? "wte.weight" : "embed_tokens.weight"));
+  if (gpt2_) wpe_ = offset("transformer.wpe.weight");
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    LayerW w;
+    std::string p = trunk + (gpt2_ ? "h." : "layers.") + std::to_string(l) + ".";
+    if (gpt2_) {
+      w.bias = true;
+      w.n1w = offset(p + "ln_1.weight"); w.n1b = offset(p + "ln_1.bias");
+      w.qkvw = offset(p + "attn.c_attn.weight"); w.qkvb = offset(p + "attn.c_attn.bias");
+      w.projw = offset(p + "attn.c_proj.weight"); w.projb = offset(p + "attn.c_proj.bias");
+      w.n2w = offset(p + "ln_2.weight"); w.n2b = offset(p + "ln_2.bias");
+      w.fcw = offset(p + "mlp.c_fc.weight"); w.fcb = offset(p + "mlp.c_fc.bias");
+      w.outw = offset(p + "mlp.c_proj.weight"); w.outb = offset(p + "mlp.c_proj.bias");
+    } else {
+      w.n1w = offset(p + "input_layernorm.weight");
+      w.qkvw = offset(p + "self_attn.q_proj.weight");  // q, k, v are consecutive: one (QKV, C) matrix
+      w.projw = offset(p + "self_attn.o_proj.weight");
+      w.n2w = offset(p + "post_attention_layernorm.weight");
+      w.fcw = offset(p + "mlp.gate_proj.weight");  // gate, up consecutive: one (2I, C) matrix
+      w.outw = offset(p + "mlp.down_proj.weight");
+    }
+    layers_.push_back(w);
+  }
+  if (gpt2_) {
+    nfw_ = offset("transformer.ln_f.weight");
+    nfb_ = offset("transformer.ln_f.bias");
+  } else {
+    nfw_ = offset("model.norm.weight");
+  }
+  head_ = cfg_.tie_embeddings ? wte_ : offset("lm_head.weight");
+
+  // Flat buffers, categories as the host ParamStore's.
+  master_ = cu::DeviceBuffer(P_ * 4, cd_ == DType::kF32 ? MemCategory::kParams : MemCategory::kOptimizer);
+  if (cd_ != DType::kF32) compute_ = cu::DeviceBuffer(P_ * es_, MemCategory::kParams);
+  grad_ = cu::DeviceBuffer(P_ * 4, MemCategory::kGrads);
+  m_ = cu::DeviceBuffer(P_ * 4, MemCategory::kOptimizer);
+  v_ = cu::DeviceBuffer(P_ * 4, MemCategory::kOptimizer);
+  load_master(store_.master());
+
+  // Saved activations: one set per block (one in all with recompute).
+  const size_t N = N_;
+  auto layout = [&](Acts* a, void* base) {
+    Carve c(base);
+    a->mean1 = gpt2_ ? c.f32(N) : nullptr;
+    a->rstd1 = c.f32(N);
+    a->n1 = c.take(N * C_ * es_);
+    a->qkv = c.take(N * QKV_ * es_);
+    a->att = c.take(N * A_ * es_);
+    a->lse = c.f32(static_cast<size_t>(B_) * NH_ * T_);
+    a->x2 = c.f32(N * C_);
+    a->mean2 = gpt2_ ? c.f32(N) : nullptr;
+    a->rstd2 = c.f32(N);
+    a->n2 = c.take(N * C_ * es_);
+    a->h = c.take(N * H_ * es_);
+    a->act = c.take(N * G_ * es_);
+    return c.used();
+  };
+  int sets = recompute_ ? 1 : cfg_.n_layer;
+  acts_.assign(sets, Acts{});
+  size_t per = layout(&acts_[0], nullptr);
+  acts_buf_ = cu::DeviceBuffer(per * sets, MemCategory::kActivations);
+  for (int i = 0; i < sets; ++i) layout(&acts_[i], acts_buf_.as<char>() + per * i);
+
+  {
+    Carve c(nullptr);
+    for (int pass = 0; pass < 2; ++pass) {
+      c = Carve(pass ? resid_buf_.data() : nullptr);
+      resid_ = c.f32(static_cast<size_t>(cfg_.n_layer + 1) * N * C_);
+      nmean_ = c.f32(N);
+      nrstd_ = c.f32(N);
+      nf_ = c.take(N * C_ * es_);
+      dnf_ = c.f32(N * C_);
+      dres_ = c.f32(N * C_);
+      losses_ = c.f32(N);
+      if (pass == 0) resid_buf_ = cu::DeviceBuffer(c.used(), MemCategory::kActivations);
+    }
+    for (int pass = 0; pass < 2; ++pass) {
+      c = Carve(pass ? scratch_buf_.data() : nullptr);
+      dy_c_ = c.take(N * C_ * es_);
+      dact_ = c.take(N * G_ * es_);
+      dh_ = c.take(N * H_ * es_);
+      datt_ = c.take(N * A_ * es_);
+      dqkv_ = c.take(N * QKV_ * es_);
+      dn_ = c.f32(N * C_);
+      rope_cos_ = c.f32(static_cast<size_t>(T_) * (HS_ / 2));
+      rope_sin_ = c.f32(static_cast<size_t>(T_) * (HS_ / 2));
+      if (pass == 0) scratch_buf_ = cu::DeviceBuffer(c.used(), MemCategory::kWorkspace);
+    }
+    // LM head tiles: f32 logits of at most 1 GiB, equal tiles.
+    size_t budget = std::max<size_t>(1, (size_t{1} << 30) / (4 * static_cast<size_t>(Vp_)));
+    size_t tiles = (N + budget - 1) / budget;
+    R_ = static_cast<int>((N + tiles - 1) / tiles);
+    for (int pass = 0; pass < 2; ++pass) {
+      c = Carve(pass ? head_buf_.data() : nullptr);
+      logits_ = c.f32(static_cast<size_t>(R_) * Vp_);
+      dlogits_ = cd_ == DType::kF32 ? nullptr : c.take(static_cast<size_t>(R_) * Vp_ * es_);
+      if (pass == 0) head_buf_ = cu::DeviceBuffer(c.used(), MemCategory::kWorkspace);
+    }
+    if (cd_ == DType::kF32) dlogits_ = logits_;  // the cross-entropy kernel writes in place
+    for (int pass = 0; pass < 2; ++pass) {
+      c = Carve(pass ? io_buf_.data() : nullptr);
+      tokens_ = static_cast<int32_t*>(c.take(N * 4));
+      targets_ = static_cast<int32_t*>(c.take(N * 4));
+      if (pass == 0) io_buf_ = cu::DeviceBuffer(c.used(), MemCategory::kActivations);
+    }
+  }
+  if (!gpt2_) {
+    std::vector<float> cs(static_cast<size_t>(T_) * (HS_ / 2)), sn(cs.size());
+    kernels::rope_table(cs.data(), sn.data(), T_, HS_, cfg_.rope_theta);
+    cu::copy_to_device(rope_cos_, cs.data(), cs.size() * 4);
+    cu::copy_to_device(rope_sin_, sn.data(), sn.size() * 4);
+  }
+  host_losses_.resize(N);
+  cu::synchronize();
+}
+
+void CudaLM::load_master(const float* host) {
+  cu::copy_to_device(master_.data(), host, P_ * 4);
+  if (cd_ != DType::kF32) cu::convert(compute_.data(), cd_, master_.data(), DType::kF32, P_);
+}
+
+const void* CudaLM::as_cd(const float* x, size_t n) {
+  if (cd_ == DType::kF32) return x;
+  cu::convert(dy_c_, cd_, x, DType::kF32, n);
+  return dy_c_;
+}
+
+void CudaLM::block_forward(int l, float* y, const float* x, Acts& a) {
+  const LayerW& w = layers_[l];
+  const int N = N_, C = C_;
+  const DType cd = cd_;
+  const float eps = cfg_.norm_eps;
+  if (gpt2_) {
+    cu::layernorm_forward(a.n1, cd, a.mean1, a.rstd1, x, mf(w.n1w), mf(w.n1b), N, C, eps);
+    cu::gemm(N, QKV_, C, a.n1, C, false, wc(w.qkvw), QKV_, false, a.qkv, QKV_, cd, cd, false, mf(w.qkvb));
+  } else {
+    cu::rmsnorm_forward(a.n1, cd, a.rstd1, x, mf(w.n1w), N, C, eps);
+    cu::gemm(N, QKV_, C, a.n1, C, false, wc(w.qkvw), C, true, a.qkv, QKV_, cd, cd, false);
+    cu::rope_forward(a.qkv, cd, rope_cos_, rope_sin_, B_, T_, NH_, NKV_, HS_);
+  }
+  cu::attention_forward(a.att, a.lse, a.qkv, cd, B_, T_, NH_, NKV_, HS_);
+  // x2 = x + att W_o (+ b): the residual add fused into the GEMM.
+  if (gpt2_) {
+    cu::gemm(N, C, A_, a.att, A_, false, wc(w.projw), C, false, a.x2, C, cd, DType::kF32, false, mf(w.projb), x);
+    cu::layernorm_forward(a.n2, cd, a.mean2, a.rstd2, a.x2, mf(w.n2w), mf(w.n2b), N, C, eps);
+    cu::gemm(N, H_, C, a.n2, C, false, wc(w.fcw), H_, false, a.h, H_, cd, cd, false, mf(w.fcb));
+    cu::gelu_forward(a.act, a.h, cd, static_cast<size_t>(N) * G_);
+    cu::gemm(N, C, G_, a.act, G_, false, wc(w.outw), C, false, y, C, cd, DType::kF32, false, mf(w.outb), a.x2);
+  } else {
+    cu::gemm(N, C, A_, a.att, A_, false, wc(w.projw), A_, true, a.x2, C, cd, DType::kF32, false, nullptr, x);
+    cu::rmsnorm_forward(a.n2, cd, a.rstd2, a.x2, mf(w.n2w), N, C, eps);
+    cu::gemm(N, H_, C, a.n2, C, false, wc(w.fcw), C, true, a.h, H_, cd, cd, false);
+    cu::swiglu_forward(a.act, a.h, cd, N, G_);
+    cu::gemm(N, C, G_, a.act, G_, false, wc(w.outw), G_, true, y, C, cd, DType::kF32, false, nullptr, a.x2);
+  }
+}
+
+void CudaLM::block_backward(int l, const float* x, const Acts& a) {
+  const LayerW& w = layers_[l];
+  const int N = N_, C = C_;
+  const DType cd = cd_, f32 = DType::kF32;
+  // MLP. dres = dL/dy.
+  const void* dy = as_cd(dres_, static_cast<size_t>(N) * C);
+  if (gpt2_) {
+    cu::gemm(N, G_, C, dy, C, false, wc(w.outw), C, true, dact_, G_, cd, cd, false);
+    cu::gemm(G_, C, N, a.act, G_, true, dy, C, false, gf(w.outw), C, cd, f32, true);
+    cu::bias_backward(gf(w.outb), dres_, f32, N, C);
+    cu::gelu_backward(dh_, a.h, dact_, cd, static_cast<size_t>(N) * G_);
+    cu::gemm(N, C, H_, dh_, H_, false, wc(w.fcw), H_, true, dn_, C, cd, f32, false);
+    cu::gemm(C, H_, N, a.n2, C, true, dh_, H_, false, gf(w.fcw), H_, cd, f32, true);
+    cu::bias_backward(gf(w.fcb), dh_, cd, N, H_);
+    cu::layernorm_backward(dres_, gf(w.n2w), gf(w.n2b), dn_, a.x2, mf(w.n2w), a.mean2, a.rstd2, N, C);
+  } else {
+    cu::gemm(N, G_, C, dy, C, false, wc(w.outw), G_, false, dact_, G_, cd, cd, false);
+    cu::gemm(C, G_, N, dy, C, true, a.act, G_, false, gf(w.outw), G_, cd, f32, true);
+    cu::swiglu_backward(dh_, dact_, a.h, cd, N, G_);
+    cu::gemm(N, C, H_, dh_, H_, false, wc(w.fcw), C, false, dn_, C, cd, f32, false);
+    cu::gemm(H_, C, N, dh_, H_, true, a.n2, C, false, gf(w.fcw), C, cd, f32, true);
+    cu::rmsnorm_backward(dres_, gf(w.n2w), dn_, a.x2, mf(w.n2w), a.rstd2, N, C);
+  }
+  // Attention. dres = dL/dx2.
+  dy = as_cd(dres_, static_cast<size_t>(N) * C);
+  if (gpt2_) {
+    cu::gemm(N, A_, C, dy, C, false, wc(w.projw), C, true, datt_, A_, cd, cd, false);
+    cu::gemm(A_, C, N, a.att, A_, true, dy, C, false, gf(w.projw), C, cd, f32, true);
+    cu::bias_backward(gf(w.projb), dres_, f32, N, C);
+  } else {
+    cu::gemm(N, A_, C, dy, C, false, wc(w.projw), A_, false, datt_, A_, cd, cd, false);
+    cu::gemm(C, A_, N, dy, C, true, a.att, A_, false, gf(w.projw), A_, cd, f32, true);
+  }
+  cu::attention_backward(dqkv_, datt_, a.qkv, a.att, a.lse, cd, B_, T_, NH_, NKV_, HS_);
+  if (gpt2_) {
+    cu::gemm(N, C, QKV_, dqkv_, QKV_, false, wc(w.qkvw), QKV_, true, dn_, C, cd, f32, false);
+    cu::gemm(C, QKV_, N, a.n1, C, true, dqkv_, QKV_, false, gf(w.qkvw), QKV_, cd, f32, true);
+    cu::bias_backward(gf(w.qkvb), dqkv_, cd, N, QKV_);
+    cu::layernorm_backward(dres_, gf(w.n1w), gf(w.n1b), dn_, x, mf(w.n1w), a.mean1, a.rstd1, N, C);
+  } else {
+    cu::rope_backward(dqkv_, cd, rope_cos_, rope_sin_, B_, T_, NH_, NKV_, HS_);
+    cu::gemm(N, C, QKV_, dqkv_, QKV_, false, wc(w.qkvw), C, false, dn_, C, cd, f32, false);
+    cu::gemm(QKV_, C, N, dqkv_, QKV_, true, a.n1, C, false, gf(w.qkvw), C, cd, f32, true);
+    cu::rmsnorm_backward(dres_, gf(w.n1w), dn_, x, mf(w.n1w), a.rstd1, N, C);
+  }
+}
+
+void CudaLM::trunk_forward() {
+  const size_t NC = static_cast<size_t>(N_) * C_;
+  cu::embedding_forward(resid_, tokens_, wc(wte_), cd_, gpt2_ ? mf(wpe_) : nullptr, N_, T_, C_);
+  for (int l = 0; l < cfg_.n_layer; ++l) block_forward(l, resid_ + (l + 1) * NC, resid_ + l * NC, acts_for(l));
+  const float* last = resid_ + cfg_.n_layer * NC;
+  if (gpt2_) {
+    cu::layernorm_forward(nf_, cd_, nmean_, nrstd_, last, mf(nfw_), mf(nfb_), N_, C_, cfg_.norm_eps);
+  } else {
+    cu::rmsnorm_forward(nf_, cd_, nrstd_, last, mf(nfw_), N_, C_, cfg_.norm_eps);
+  }
+}
+
+float CudaLM::forward(const int32_t* tokens, const int32_t* targets, float loss_scale) {
+  for (int i = 0; i < N_; ++i)
+    MT_CHECK(tokens[i] >= 0 && tokens[i] < V_, ErrorKind::kInvalidArgument,
+             "token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                 " is outside the vocabulary [0, " + std::to_string(V_) + ")");
+  backward_ready_ = false;
+  cu::copy_to_device(tokens_, tokens, static_cast<size_t>(N_) * 4);
+  trunk_forward();
+  if (targets == nullptr) return 0.0f;
+  int count = 0;
+  for (int i = 0; i < N_; ++i) {
+    MT_CHECK(targets[i] == -100 || (targets[i] >= 0 && targets[i] < V_), ErrorKind::kInvalidArgument,
+             "target " + std::to_string(targets[i]) + " at position " + std::to_string(i) +
+                 " is outside the vocabulary (and not -100)");
+    count += targets[i] != -100;
+  }
+  cu::copy_to_device(targets_, targets, static_cast<size_t>(N_) * 4);
+  const float grad_scale = count > 0 ? loss_scale / static_cast<float>(count) : 0.0f;
+  const bool train = loss_scale != 0.0f;
+  // The LM head fused with the cross-entropy, tile by tile; with a loss scale it also produces
+  // dL/d(final norm output) and accumulates the head's weight gradient.
+  for (int r0 = 0; r0 < N_; r0 += R_) {
+    int r = std::min(R_, N_ - r0);
+    const void* x = at(nf_, static_cast<size_t>(r0) * C_);
+    cu::gemm(r, V_, C_, x, C_, false, wc(head_), C_, true, logits_, Vp_, cd_, DType::kF32, false);
+    cu::cross_entropy_tile(losses_ + r0, nullptr, logits_, Vp_, targets_ + r0, r, V_, train ? grad_scale : 0.0f,
+                           dlogits_, cd_, Vp_);
+    if (!train) continue;
+    cu::gemm(r, C_, V_, dlogits_, Vp_, false, wc(head_), C_, false, dnf_ + static_cast<size_t>(r0) * C_, C_, cd_,
+             DType::kF32, false);
+    cu::gemm(V_, C_, r, dlogits_, Vp_, true, x, C_, false, gf(head_), C_, cd_, DType::kF32, true);
+  }
+  cu::copy_to_host(host_losses_.data(), losses_, static_cast<size_t>(N_) * 4);
+  double total = 0.0;
+  for (float v : host_losses_) total += v;
+  backward_ready_ = train;
+  if (count == 0) {
+    if (train) cu::fill_zero(dnf_, static_cast<size_t>(N_) * C_ * 4);
+    return 0.0f;
+  }
+  return static_cast<float>(total / count);
+}
+
+void CudaLM::backward() {
+  MT_CHECK(backward_ready_, ErrorKind::kInvalidArgument,
+           "backward() needs a preceding forward() with targets and a non-zero loss scale");
+  backward_ready_ = false;
+  const size_t NC = static_cast<size_t>(N_) * C_;
+  cu::fill_zero(dres_, NC * 4);
+  const float* last = resid_ + cfg_.n_layer * NC;
+  if (gpt2_) {
+    cu::layernorm_backward(dres_, gf(nfw_), gf(nfb_), dnf_, last, mf(nfw_), nmean_, nrstd_, N_, C_);
+  } else {
+    cu::rmsnorm_backward(dres_, gf(nfw_), dnf_, last, mf(nfw_), nrstd_, N_, C_);
+  }
+  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+    if (recompute_) block_forward(l, dn_ /* unused output */, resid_ + l * NC, acts_for(l));
+    block_backward(l, resid_ + l * NC, acts_for(l));
+  }
+  cu::embedding_backward(gf(wte_), gpt2_ ? gf(wpe_) : nullptr, dres_, tokens_, N_, T_, C_);
+}
+
+void CudaLM::adamw_step(const std::vector<optim::ParamSegment>& segments, kernels::AdamWParams params) {
+  // One launch per maximal run of equal weight decay (as the CPU AdamW).
+  size_t i = 0;
+  while (i < segments.size()) {
+    size_t j = i + 1;
+    size_t end = segments[i].offset + segments[i].numel;
+    while (j < segments.size() && segments[j].weight_decay == segments[i].weight_decay &&
+           segments[j].offset == end) {
+      end += segments[j].numel;
+      ++j;
+    }
+    size_t off = segments[i].offset, n = end - off;
+    params.weight_decay = segments[i].weight_decay;
+    void* lowp = cd_ == DType::kF32 ? nullptr : at(compute_.data(), off);
+    cu::adamw_update(master_.as<float>() + off, grad_.as<float>() + off, m_.as<float>() + off, v_.as<float>() + off,
+                     lowp, cd_, n, params);
+    i = j;
+  }
+}
+
+}  // namespace
+
+bool cuda_built() { return true; }
+
+std::unique_ptr<DeviceLM> make_cuda_lm(TransformerLM& model) { return std::make_unique<CudaLM>(model); }
+
+DeviceCeilings cuda_ceilings() {
+  cu::Ceilings c = cu::measure_ceilings();
+  return {c.bf16_gemm_tflops, c.copy_gbps};
+}
+
+}  // namespace mt::models
