@@ -19,7 +19,7 @@ if [ ! -f data/fortunes-valid.idx ]; then
   $MT tokenize data/fortunes-valid.txt -o data/fortunes-valid --tokenizer data/fortunes-train.tokenizer.json | tee data/valid-stats.txt
 fi
 rm -f runs/demo-metrics.jsonl
-$MT train configs/demo.json --metrics runs/demo-metrics.jsonl
+$MT train configs/demo.json --overwrite --metrics runs/demo-metrics.jsonl
 echo "validation data: $(grep 'unigram entropy' data/valid-stats.txt) (a model that ignores context)"
 echo "--- a sample from runs/demo (temperature 0.8, top-k 40):"
 $MT generate runs/demo --prompt "The meaning of life is" --temperature 0.8 --top-k 40 --seed 1 --max-new-tokens 60

@@ -10,12 +10,14 @@ PACKAGES=(
   nlohmann-json3-dev      # JSON configs, safetensors headers
   libcli11-dev            # command line
   libpcre2-dev            # GPT-2's pre-tokenizer regex (Unicode letter/number classes)
+  libxxhash-dev           # checkpoint checksums (XXH3-64 of every file)
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-dev   # scripts/fuzz.sh: libFuzzer and the ASan/UBSan runtimes (clang-14 on bookworm)
   libomp-dev llvm         # OpenMP for clang builds; llvm-symbolizer for readable sanitizer stacks
   libopenmpi-dev openmpi-bin   # comm/: the MPI backend (OpenMPI) and mpirun for multi-rank tests
   fortunes                # real English text for the quick-start demo
   gnuplot-nox             # the loss-curve plot (meshtrain plot, train --metrics)
+  debootstrap             # scripts/fresh-machine-check.sh: a clean Debian root for the install check
   python3-torch python3-numpy   # the PyTorch oracle for golden data and the peer benchmark
   libopenblas0-pthread    # the BLAS a PyTorch user has (netlib reference BLAS makes its fp32 ~20x slower)
   nodejs                  # runs the GPT-2 tokenizer oracle (npm gpt-3-encoder); NOTE: not Debian's

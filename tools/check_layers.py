@@ -17,7 +17,7 @@ def main() -> int:
     src = pathlib.Path(sys.argv[1])
     errors = []
     for path in sorted(src.rglob("*")):
-        if path.suffix not in (".h", ".cpp"):
+        if path.suffix not in (".h", ".cpp", ".cu", ".cuh"):
             continue
         folder = path.relative_to(src).parts[0]
         if folder not in LAYERS:

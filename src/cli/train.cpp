@@ -7,7 +7,10 @@
 // PREFIX.mask.bin/.idx as its loss mask when present) or .txt/.jsonl files tokenized on first use.
 // A progress bar on a terminal, plain lines (every steps_per_print) otherwise; --metrics appends
 // one JSON object per step.
+#include <signal.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cmath>
 #include <cstring>
@@ -35,7 +38,30 @@ namespace {
 struct TrainArgs {
   std::string config, resume, metrics;
   std::vector<std::string> sets;
+  bool overwrite = false;
 };
+
+// SIGTERM / SIGINT: the first asks the run to stop after the current step (and save); a second
+// one ends the process at once with the default action.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) {
+  if (g_stop_signal != 0) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
 
 std::string fmt_time(double s) {
   char buf[32];
@@ -74,12 +100,23 @@ std::shared_ptr<comm::Backend> mpi_world() {
   return comm::mpi_init(nullptr, nullptr);
 }
 
+// Thrown when a stop signal ended the loop after a save: the process exits 128 + signal.
+struct StopRequested {
+  int signal;
+};
+
 void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared_ptr<comm::Backend>& world, bool& started) {
   const int W = world ? world->size() : 1, R = world ? world->rank() : 0;
   const bool lead = R == 0;
   if (lead)
     for (const auto& w : cfg.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   MT_CHECK(cfg.train_iters > 0, ErrorKind::kInvalidArgument, args.config + ": train_iters must be positive");
+  // A new run does not write over an earlier run's checkpoints unless told to (HF Trainer's
+  // overwrite_output_dir): rotation and re-saves would otherwise mix the two runs.
+  if (!cfg.save_dir.empty() && args.resume.empty() && !args.overwrite && engine::checkpoint_dir_has_checkpoints(cfg.save_dir))
+    throw Error(ErrorKind::kInvalidArgument,
+                "save_dir " + cfg.save_dir + " already holds checkpoints of an earlier run; pass --resume " + cfg.save_dir +
+                    " to continue it, or --overwrite to start a new run there (its first save removes them)");
   // Text corpora are tokenized into a cache on first use: rank 0 does it while the others wait,
   // then they open the cached datasets (mapped: each touches only the samples it reads).
   comm::BarrierOptions bo;
@@ -124,6 +161,8 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   double flops = model->train_flops_per_step() * static_cast<double>(gas * W);
   Timer total;
   int64_t start_step = eng.global_step();
+  bool first_save = true;
+  install_stop_handlers();
   while (eng.global_step() < cfg.train_iters) {
     int64_t step = eng.global_step();
     // Rank R's micro-batches are samples [R·gas·B, (R+1)·gas·B) of the global batch: the global
@@ -183,11 +222,36 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                   (secs - r.forward_seconds - r.backward_seconds - r.step_seconds) * 1e3);
     if (lead && have_val)
       std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), val_loss);
-    if (!cfg.save_dir.empty() && ((cfg.save_interval > 0 && done % cfg.save_interval == 0) || done == cfg.train_iters)) {
-      std::string where = engine::checkpoint_save(eng, cfg.save_dir, cfg.keep_last);  // collective
-      if (lead && !tty) std::printf("saved %s\n", where.c_str());
+    // A stop signal on any rank stops every rank after the same step (one tiny all-reduce).
+    int stop = g_stop_signal;
+    if (world) {
+      float s = static_cast<float>(stop);
+      comm::AllReduceOptions o;
+      o.op = comm::ReduceOp::kMax;
+      o.tag = "stop signal";
+      o.timeout = bo.timeout;
+      world->all_reduce(&s, 1, DType::kF32, o)->wait();
+      stop = static_cast<int>(s);
+    }
+    bool save_now = (cfg.save_interval > 0 && done % cfg.save_interval == 0) || done == cfg.train_iters || stop != 0;
+    std::string where;
+    if (!cfg.save_dir.empty() && save_now) {
+      where = engine::checkpoint_save(eng, cfg.save_dir, cfg.keep_last, args.overwrite && first_save);  // collective
+      first_save = false;
+      if (lead && !tty && stop == 0) std::printf("saved %s\n", where.c_str());
     }
     if (lead) std::fflush(stdout);  // a pipe or a log file sees each line as it happens
+    if (stop != 0) {
+      if (lead) {
+        if (tty) std::printf("\n");
+        std::fprintf(stderr, "meshtrain: %s: stopped after step %lld; %s\n", stop == SIGINT ? "SIGINT" : "SIGTERM",
+                     static_cast<long long>(done),
+                     where.empty() ? "no save_dir, nothing saved" : ("saved " + where).c_str());
+        std::fflush(stdout);
+        std::fflush(stderr);
+      }
+      throw StopRequested{stop};
+    }
   }
   if (tty) std::printf("\n");
   if (metrics.is_open()) {
@@ -202,13 +266,20 @@ void run_train(const TrainArgs& args) {
   if (!world) {
     engine::RunConfig cfg = engine::ds_config_load(args.config, args.sets);
     bool started = false;
-    train_loop(args, cfg, nullptr, started);
+    try {
+      train_loop(args, cfg, nullptr, started);
+    } catch (const StopRequested& s) {
+      std::exit(128 + s.signal);
+    }
     return;
   }
   bool started = false;
+  int stop_code = 0;
   try {
     engine::RunConfig cfg = engine::ds_config_load(args.config, args.sets, world->size());
     train_loop(args, cfg, world, started);
+  } catch (const StopRequested& s) {
+    stop_code = 128 + s.signal;
   } catch (const Error& e) {
     bool bad_input = e.kind() == ErrorKind::kInvalidArgument || e.kind() == ErrorKind::kNotFound ||
                      e.kind() == ErrorKind::kCorruption || e.kind() == ErrorKind::kNotSupported;
@@ -224,6 +295,7 @@ void run_train(const TrainArgs& args) {
   }
   world.reset();
   comm::mpi_finalize();
+  if (stop_code) std::exit(stop_code);
 }
 
 }  // namespace
@@ -235,6 +307,8 @@ void register_train(CLI::App& app) {
   cmd->add_option("--set", args->sets, "override a key: a.b.c=value");
   cmd->add_option("--resume", args->resume, "continue from a checkpoint directory (or a save_dir)");
   cmd->add_option("--metrics", args->metrics, "append one JSON object per step to this file");
+  cmd->add_flag("--overwrite", args->overwrite,
+                "start a new run in a save_dir that holds an earlier run's checkpoints (removed at the first save)");
   cmd->callback([args] { run_train(*args); });
 }
 

@@ -18,8 +18,16 @@
 
 namespace mt::engine {
 
-// Writes save_dir/step-<global_step>/ atomically and prunes older ones. Returns its path.
-std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t keep_last);
+// Writes save_dir/step-<global_step>/ atomically (a re-saved step is swapped in whole) with the
+// size and XXH3-64 of every file in state.json, points `latest` at it, and rotates: it and later
+// steps stay, of the earlier ones the newest keep_last - 1 (all of them kept when keep_last <= 0).
+// drop_others removes every other checkpoint instead (train --overwrite's first save).
+std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t keep_last, bool drop_others = false);
+// Throws kCorruption naming the damaged file (missing, truncated, checksum mismatch) and the newest
+// intact checkpoint beside it. A checkpoint written before checksums passes.
+void checkpoint_verify(const std::string& dir);
+// Whether save_dir holds any checkpoint (a `latest` or a step-N directory).
+bool checkpoint_dir_has_checkpoints(const std::string& save_dir);
 // The checkpoint directory a path names: itself, or the one `latest` names in a save_dir.
 // Throws kNotFound when it holds no state.json.
 std::string checkpoint_resolve(const std::string& path);

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The fresh-machine check: does the README's install work on a Debian 12 that has nothing on it?
+# Builds a clean root with debootstrap from the mirror this machine's apt already uses (read from
+# the apt sources, never written here), copies the working tree in, and inside it (chroot, with
+# /proc, /sys and /dev mounted) runs scripts/install-deps.sh, a release configure + build of
+# meshtrain and a 20-step tiny train. A package installed by hand on the CI machine but missing from
+# install-deps.sh fails here.
+# The bare root is cached as build/fresh-root-<suite>.tar between local runs; with CI=true (CI) it
+# is always built anew. Needs root (debootstrap, chroot, mount).
+# Usage: scripts/fresh-machine-check.sh   (env MT_FRESH_KEEP=1 keeps the root for inspection)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+SUITE=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+WORK=$REPO/build/fresh
+ROOT=$WORK/root
+CACHE=$REPO/build/fresh-root-$SUITE.tar
+
+# The mirror of the apt sources: deb822 (*.sources) or one-line (sources.list) format.
+mirror=""
+for f in /etc/apt/sources.list.d/*.sources; do
+  [ -f "$f" ] || continue
+  mirror=$(awk -v s="$SUITE" '
+    /^URIs:/ {u=$2} /^Suites:/ {for (i = 2; i <= NF; i++) if ($i == s) ok=1}
+    /^$/ {if (ok && u !~ /security/) {print u; exit} ok=0}
+    END {if (ok && u !~ /security/) print u}' "$f" | head -1)
+  [ -n "$mirror" ] && break
+done
+if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
+  mirror=$(awk -v s="$SUITE" '$1 == "deb" && $3 == s && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list)
+fi
+[ -n "$mirror" ] || { echo "fresh-machine-check: no $SUITE mirror in the apt sources" >&2; exit 1; }
+
+if ! command -v debootstrap >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+fi
+
+cleanup() {
+  for m in dev/pts dev sys proc; do mountpoint -q "$ROOT/$m" 2>/dev/null && umount -l "$ROOT/$m"; done
+  [ "${MT_FRESH_KEEP:-0}" = 1 ] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+cleanup
+mkdir -p "$WORK"
+t0=$(date +%s)
+if [ -f "$CACHE" ] && [ "${CI:-}" != true ]; then
+  echo "fresh-machine-check: bare $SUITE root from $CACHE"
+  mkdir -p "$ROOT" && tar -xf "$CACHE" -C "$ROOT"
+else
+  echo "fresh-machine-check: debootstrap $SUITE from $mirror"
+  debootstrap --variant=minbase "$SUITE" "$ROOT" "$mirror" > "$WORK/debootstrap.log" 2>&1 ||
+    { tail -20 "$WORK/debootstrap.log"; exit 1; }
+  [ "${CI:-}" = true ] || tar -cf "$CACHE" -C "$ROOT" .
+fi
+t1=$(date +%s)
+# The working tree as CI sees it: tracked and untracked-but-not-ignored files.
+mkdir -p "$ROOT/src/meshtrain"
+git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$ROOT/src/meshtrain"
+cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+mount -t proc proc "$ROOT/proc"
+mount -t sysfs sys "$ROOT/sys"
+mount --bind /dev "$ROOT/dev"
+mount --bind /dev/pts "$ROOT/dev/pts"
+chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 /bin/bash -euo pipefail -c '
+  cd /src/meshtrain
+  bash scripts/install-deps.sh
+  cmake --preset release -DMT_BUILD_TESTS=OFF -DMT_BUILD_BENCH=OFF >/dev/null
+  cmake --build build/release --target meshtrain -j"$(nproc)" >/dev/null
+  m=build/release/meshtrain
+  mkdir -p /tmp/fresh && cd /tmp/fresh
+  "/src/meshtrain/$m" tokenize /usr/share/games/fortunes/fortunes --train-bpe 512 -o corpus >/dev/null
+  cat > tiny.json <<JSON
+{"model": {"model_type": "gpt2", "vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 2},
+ "data": {"train": "corpus", "tokenizer": "corpus.tokenizer.json"},
+ "seq_length": 64, "train_iters": 20, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+ "steps_per_print": 10, "save_dir": "run", "save_interval": 20,
+ "optimizer": {"type": "AdamW", "params": {"lr": 0.003}}}
+JSON
+  "/src/meshtrain/$m" train tiny.json
+  test -f run/latest
+'
+t2=$(date +%s)
+echo "fresh-machine-check: passed (root $((t1 - t0)) s, install + build + 20-step train $((t2 - t1)) s)"
