@@ -10,5 +10,8 @@
 namespace mt {
 
 void fault_point(const char* name);
+// Whether MT_FAULT names `name` (for this rank): for seams that inject a condition rather than a
+// kill (e.g. "engine.nonfinite_grad" makes one gradient element infinite before a step).
+bool fault_active(const char* name);
 
 }  // namespace mt

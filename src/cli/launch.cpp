@@ -7,11 +7,13 @@
 // NOTE: only rank 0 should draw progress bars; that is `train`'s job once data-parallel training
 // lands (issue 4): it can read MT_LAUNCHED and OMPI_COMM_WORLD_RANK.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,7 +31,7 @@ namespace mt::cli {
 namespace {
 
 struct LaunchArgs {
-  int n = 0;  // 0: every slot
+  int n = -1;  // -1 (not given): every slot
   std::string hostfile, include, exclude, master_addr;
   int num_procs = 0, num_nodes = 0, master_port = 0;
   std::vector<std::string> rest;
@@ -45,7 +47,17 @@ std::string read_text(const std::string& path) {
   return text;
 }
 
-// Runs argv without a shell; returns its exit code (128 + signal when killed).
+// SIGTERM / SIGINT / SIGHUP to the launcher go to mpirun (which passes them to every rank and
+// ends the job); the launcher keeps waiting for it, so no rank outlives the launcher. A second
+// signal is forwarded too (mpirun then aborts at once).
+volatile std::sig_atomic_t g_child = 0;
+
+void forward_signal(int sig) {
+  if (g_child > 0) ::kill(static_cast<pid_t>(g_child), sig);
+}
+
+// Runs argv without a shell, forwarding stop signals to it; returns its exit code (128 + signal
+// when killed).
 int run_process(const std::vector<std::string>& argv) {
   std::vector<char*> cargv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
@@ -63,6 +75,12 @@ int run_process(const std::vector<std::string>& argv) {
     (void)w;
     ::_exit(127);
   }
+  g_child = pid;
+  struct sigaction sa {};
+  sa.sa_handler = forward_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: waitpid returns EINTR and is called again
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   ::close(pipefd[1]);
   int err = 0;
   ssize_t got;
@@ -88,7 +106,8 @@ std::string self_exe() {
 
 int run_launch(const LaunchArgs& a) {
   MT_CHECK(!a.rest.empty(), ErrorKind::kInvalidArgument, "launch: nothing to run: expected `-- SUBCOMMAND ARGS...`");
-  MT_CHECK(a.n >= 0, ErrorKind::kInvalidArgument, "launch: -n must be positive");
+  MT_CHECK(a.n == -1 || a.n >= 1, ErrorKind::kInvalidArgument,
+           "launch: -n must be at least 1 (got " + std::to_string(a.n) + "); leave it out to use every slot");
   MT_CHECK(a.num_procs >= 0 && a.num_nodes >= 0, ErrorKind::kInvalidArgument,
            "launch: --num_gpus/--num_procs and --num_nodes must be positive");
   std::vector<HostSlots> hosts;

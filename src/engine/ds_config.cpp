@@ -183,6 +183,18 @@ void parse_precision(Section& root, RunConfig& c) {
     s.require_default("fp16_master_weights_and_grads", false, "fp16 master weights are not supported (f32 masters are kept)");
     MT_CHECK(c.loss_scaler.scale_window > 0 && c.loss_scaler.hysteresis > 0, ErrorKind::kInvalidArgument,
              "fp16.loss_scale_window and fp16.hysteresis must be positive");
+    // Scales are applied in f32: 2^127 is the largest finite power (2^2000 became inf and every
+    // step was skipped, forever).
+    MT_CHECK(c.loss_scaler.initial_scale_power >= 0 && c.loss_scaler.initial_scale_power <= 127,
+             ErrorKind::kInvalidArgument,
+             s.where("initial_scale_power") + ": " + std::to_string(c.loss_scaler.initial_scale_power) +
+                 " is outside [0, 127] (the scale 2^power must be a finite f32; DeepSpeed's default is 16)");
+    MT_CHECK(std::isfinite(ls) && ls >= 0.0 && ls <= 3.0e38, ErrorKind::kInvalidArgument,
+             s.where("loss_scale") + ": must be 0 (dynamic) or a positive finite f32 scale");
+    MT_CHECK(std::isfinite(c.loss_scaler.min_scale) && c.loss_scaler.min_scale > 0.0 &&
+                 (!c.loss_scaler.dynamic || c.loss_scaler.min_scale <= std::ldexp(1.0, c.loss_scaler.initial_scale_power)),
+             ErrorKind::kInvalidArgument,
+             s.where("min_loss_scale") + ": must be positive and at most the initial scale 2^initial_scale_power");
     s.finish();
   }
   if (root.has("bf16")) {

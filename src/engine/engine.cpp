@@ -4,6 +4,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "base/timer.h"
 #include "comm/local_backend.h"
@@ -115,6 +116,26 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
 
 Engine::~Engine() = default;
 
+std::string Engine::first_nonfinite_grad() {
+  // This rank's span: the whole buffer, or its ZeRO shard (whose segments carry the names).
+  std::vector<float> host;
+  const float* g = grad();
+  size_t n = state_numel();
+  if (device_) {
+    host.resize(model_.store().numel());
+    device_->store_grads(host.data());
+    g = host.data();
+    n = host.size();
+  }
+  if (g == nullptr) return "";
+  for (const optim::ParamSegment& s : zero_ ? zero_->partition().shard_segments(engine_param_segments(config_, model_.store()))
+                                            : engine_param_segments(config_, model_.store())) {
+    for (size_t i = s.offset; i < s.offset + s.numel && i < n; ++i)
+      if (!std::isfinite(g[i])) return s.name + ", element " + std::to_string(i - s.offset);
+  }
+  return "";
+}
+
 float* Engine::master() const { return zero_ ? zero_->master() : model_.store().master(); }
 float* Engine::grad() const { return zero_ ? zero_->grad() : model_.store().grad(); }
 size_t Engine::state_numel() const { return zero_ ? zero_->partition().shard_numel() : model_.store().numel(); }
@@ -195,6 +216,7 @@ StepResult Engine::step() {
   r.loss = static_cast<float>(mean_over_ranks(loss_sum_ / micro_in_step_));
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
+  if (fault_active("engine.nonfinite_grad") && !device_ && grad() != nullptr) grad()[state_numel() / 2] = INFINITY;
   double norm;
   if (device_) {
     norm = std::sqrt(device_->grad_sum_squares()) / r.loss_scale;
@@ -213,6 +235,17 @@ StepResult Engine::step() {
   }
   r.grad_norm = norm;
   bool overflow = !std::isfinite(norm);
+  // Without a dynamic loss scaler (fp32, bf16, a static fp16 scale) skipping cannot recover: the
+  // next step's gradients come from the same weights. Stop, naming the step and the first parameter
+  // whose gradient is not finite.
+  if (overflow && !scaler_.dynamic()) {
+    std::string where = first_nonfinite_grad();
+    throw Error(ErrorKind::kNumerical,
+                "step " + std::to_string(global_step_ + 1) + ": the gradient is not finite" +
+                    (where.empty() ? std::string() : " (first in " + where + ")") +
+                    "; without a dynamic fp16 loss scaler the step cannot be skipped and retried — lower the "
+                    "learning rate, enable gradient_clipping, or check the data");
+  }
   if (overflow) {
     r.skipped = true;
   } else {

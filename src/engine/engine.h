@@ -91,6 +91,7 @@ class Engine {
  private:
   float* master() const;
   float* grad() const;
+  std::string first_nonfinite_grad();  // "name, element i" of this rank's span, or ""
   std::chrono::milliseconds timeout() const;
   size_t state_numel() const;  // elements of the optimizer's span (shard or whole)
 

@@ -40,6 +40,7 @@ class LossScaler {
   explicit LossScaler(const LossScalerConfig& config);
 
   double scale() const { return state_.scale; }
+  bool dynamic() const { return config_.dynamic; }
   // Applies DeepSpeed's rule for one step. Throws kNumerical ("loss scale already at minimum")
   // where DeepSpeed raises.
   void update(bool overflow);

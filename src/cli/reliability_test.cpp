@@ -1,0 +1,311 @@
+// Nothing lost, nothing silent (issue 9): a new run does not write over an earlier run's checkpoints,
+// resuming from an earlier step keeps what it writes, a re-saved step is replaced atomically,
+// corrupt or truncated checkpoint files are named with the newest intact checkpoint, and SIGTERM /
+// SIGINT finish the step, save and exit 128 + signal (a second signal ends the run at once).
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/checksum.h"
+#include "cli/cli_test_util.h"
+
+namespace fs = std::filesystem;
+using mt::cli::testing::slurp;
+
+namespace {
+
+std::string dir() {
+  static std::string d = mt::cli::testing::make_test_dir("mt_reliability_test");
+  return d;
+}
+
+// A tiny GPT-2 on the chain dataset; save_dir <dir>/ckpt-<name>, every save kept unless said.
+std::string config(const std::string& name, const nlohmann::json& extra = nlohmann::json::object()) {
+  static bool data = [] {
+    mt::cli::testing::write_chain_dataset(dir() + "/train", 64);
+    return true;
+  }();
+  (void)data;
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 32, "n_layer": 1, "n_head": 2},
+    "seq_length": 16, "train_iters": 6, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "steps_per_print": 1, "save_interval": 3,
+    "keep_last": 0
+  })");
+  j["data"] = {{"train", dir() + "/train"}};
+  j["save_dir"] = dir() + "/ckpt-" + name;
+  j.update(extra);
+  std::string path = dir() + "/" + name + ".json";
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+std::string save_dir(const std::string& name) { return dir() + "/ckpt-" + name; }
+
+int run(const std::string& args, std::string* err = nullptr, std::string* out = nullptr) {
+  return mt::cli::testing::run_meshtrain(dir(), args, out, err);
+}
+
+std::string latest(const std::string& save) {
+  std::string l = slurp(save + "/latest");
+  while (!l.empty() && l.back() == '\n') l.pop_back();
+  return l;
+}
+
+std::vector<std::string> steps_in(const std::string& save) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(save))
+    if (e.path().filename().string().rfind("step-", 0) == 0) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+void flip_bytes(const std::string& path, size_t offset_from_end, int n) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(0, std::ios::end);
+  auto size = static_cast<size_t>(f.tellg());
+  ASSERT_GT(size, offset_from_end + n);
+  for (int i = 0; i < n; ++i) {
+    f.seekg(static_cast<std::streamoff>(size - offset_from_end + i));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(static_cast<std::streamoff>(size - offset_from_end + i));
+    f.write(&c, 1);
+  }
+}
+
+TEST(Checkpoints, ANewRunRefusesAnEarlierRunsSaveDirUnlessResumedOrOverwritten) {
+  std::string cfg = config("refuse");
+  ASSERT_EQ(run("train " + cfg), 0);
+  std::string before = mt::file_xxh3_hex(save_dir("refuse") + "/step-6/model.safetensors");
+  std::string err;
+  EXPECT_EQ(run("train " + cfg + " --set seed=5", &err), 2);  // was: trained over it, exit 0
+  EXPECT_NE(err.find("--resume"), std::string::npos) << err;
+  EXPECT_NE(err.find("--overwrite"), std::string::npos) << err;
+  EXPECT_EQ(mt::file_xxh3_hex(save_dir("refuse") + "/step-6/model.safetensors"), before);
+  // --overwrite: a new run; its first save removes the earlier run's checkpoints.
+  ASSERT_EQ(run("train " + cfg + " --set seed=5 --overwrite", &err), 0) << err;
+  EXPECT_EQ(latest(save_dir("refuse")), "step-6");
+  EXPECT_NE(mt::file_xxh3_hex(save_dir("refuse") + "/step-6/model.safetensors"), before);
+  EXPECT_EQ(steps_in(save_dir("refuse")), (std::vector<std::string>{"step-3", "step-6"}));
+}
+
+TEST(Checkpoints, ResumingFromAnEarlierStepKeepsWhatItWrites) {
+  std::string cfg = config("rollback", {{"train_iters", 12}});
+  ASSERT_EQ(run("train " + cfg), 0);  // step-3, 6, 9, 12 (keep_last 0: all)
+  // Roll back to step 6 after a "loss spike", keep_last 1, saving every step up to 8. The old
+  // rotation sorted by step number and deleted step-7 as soon as it was written.
+  std::string err;
+  ASSERT_EQ(run("train " + cfg + " --resume " + save_dir("rollback") + "/step-6 --set keep_last=1 --set save_interval=1 "
+                "--set train_iters=8", &err), 0) << err;
+  EXPECT_EQ(latest(save_dir("rollback")), "step-8");
+  // the new checkpoint and the later steps of the earlier run stay; earlier steps rotate out
+  EXPECT_EQ(steps_in(save_dir("rollback")), (std::vector<std::string>{"step-12", "step-8", "step-9"}));
+  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("rollback") + " --set train_iters=9", &err), 0) << err;
+}
+
+TEST(Checkpoints, AKillWhileReSavingAStepLeavesLatestLoadable) {
+  for (const char* point : {"checkpoint.before_rename", "checkpoint.after_exchange"}) {
+    std::string name = std::string("resave-") + (point[11] == 'b' ? "b" : "a");
+    std::string cfg = config(name);
+    ASSERT_EQ(run("train " + cfg), 0);  // step-3, step-6
+    // Resume from step 3: its first save re-saves step 6, killed at `point` (the old code had
+    // already deleted step-6 there, leaving `latest` naming nothing).
+    std::string cmd = "MT_FAULT=" + std::string(point) + " " + MT_MESHTRAIN_BIN + " train " + cfg + " --resume " +
+                      save_dir(name) + "/step-3 > /dev/null 2>&1";
+    int rc = std::system(cmd.c_str());
+    ASSERT_FALSE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << point << ": the fault point was not reached";
+    std::string err;
+    EXPECT_EQ(run("train " + cfg + " --resume " + save_dir(name) + " --set train_iters=7", &err), 0) << point << ": " << err;
+    EXPECT_EQ(latest(save_dir(name)), "step-7");
+    for (const auto& e : fs::directory_iterator(save_dir(name)))
+      EXPECT_EQ(e.path().extension(), "") << "leftover " << e.path();
+  }
+}
+
+TEST(Checkpoints, CorruptOrTruncatedFilesAreNamedWithTheNewestIntactCheckpoint) {
+  std::string cfg = config("corrupt");
+  ASSERT_EQ(run("train " + cfg), 0);
+  std::string save = save_dir("corrupt");
+  flip_bytes(save + "/step-6/model.safetensors", 4000, 64);  // 64 bytes inside the weights
+  std::string err;
+  EXPECT_EQ(run("train " + cfg + " --resume " + save + " --set train_iters=8", &err), 2);  // was: trained on it
+  EXPECT_NE(err.find("step-6/model.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("corrupt"), std::string::npos) << err;
+  EXPECT_NE(err.find("step-3"), std::string::npos) << "names the newest intact checkpoint: " << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  EXPECT_EQ(run("export " + save + "/step-6 --hf " + dir() + "/exported", &err), 2);
+  EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir() + "/exported/model.safetensors"));
+  EXPECT_EQ(run("train " + cfg + " --resume " + save + "/step-3 --set train_iters=7 --set save_interval=0", &err), 0) << err;
+
+  // A truncated optimizer state and an edited state.json are caught too.
+  fs::resize_file(save + "/step-3/optimizer.safetensors", fs::file_size(save + "/step-3/optimizer.safetensors") - 100);
+  EXPECT_EQ(run("train " + cfg + " --resume " + save + "/step-3", &err), 2);
+  EXPECT_NE(err.find("optimizer.safetensors is truncated"), std::string::npos) << err;
+  std::string state = slurp(save + "/step-7/state.json");
+  size_t at = state.find("\"global_step\": 7");
+  ASSERT_NE(at, std::string::npos);
+  state.replace(at, 16, "\"global_step\": 5");
+  std::ofstream(save + "/step-7/state.json") << state;
+  EXPECT_EQ(run("train " + cfg + " --resume " + save + "/step-7", &err), 2);
+  EXPECT_NE(err.find("state.json is corrupt"), std::string::npos) << err;
+  EXPECT_NE(err.find("no intact checkpoint"), std::string::npos) << err;
+}
+
+// Starts `meshtrain ARGS` as a child with its output in files; returns the pid.
+pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(o, 1);
+    dup2(e, 2);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(MT_MESHTRAIN_BIN));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(MT_MESHTRAIN_BIN, argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits until `path` holds `text` (or 60 s pass).
+bool wait_for(const std::string& path, const std::string& text) {
+  for (int i = 0; i < 6000; ++i) {
+    if (slurp(path).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST(Signals, SigtermFinishesTheStepSavesAndExits143) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    std::string name = sig == SIGTERM ? "sigterm" : "sigint";
+    std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}});
+    std::string out = dir() + "/" + name + ".out", err = dir() + "/" + name + ".err";
+    pid_t pid = spawn({"train", cfg}, out, err);
+    ASSERT_TRUE(wait_for(out, "step 3/")) << slurp(err);
+    kill(pid, sig);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);  // was: died at once, nothing saved
+    EXPECT_EQ(WEXITSTATUS(status), 128 + sig);
+    std::string e = slurp(err);
+    EXPECT_NE(e.find(sig == SIGTERM ? "SIGTERM: stopped after step" : "SIGINT: stopped after step"), std::string::npos) << e;
+    std::string l = latest(save_dir(name));
+    ASSERT_EQ(l.rfind("step-", 0), 0u);
+    int64_t step = std::stoll(l.substr(5));
+    EXPECT_GE(step, 3);
+    EXPECT_NE(slurp(out).find("step " + std::to_string(step) + "/"), std::string::npos) << "the saved step finished";
+    std::string rerr;
+    EXPECT_EQ(run("train " + cfg + " --resume " + save_dir(name) + " --set train_iters=" + std::to_string(step + 2), &rerr), 0)
+        << rerr;
+  }
+}
+
+TEST(Signals, ASecondSignalEndsTheRunAtOnce) {
+  std::string cfg = config("twice", {{"train_iters", 1000000}, {"save_interval", 0},
+                                     {"model", {{"model_type", "gpt2"}, {"vocab_size", 97}, {"n_positions", 256},
+                                                {"n_embd", 256}, {"n_layer", 4}, {"n_head", 4}}},
+                                     {"seq_length", 256}, {"train_micro_batch_size_per_gpu", 8}});
+  std::string out = dir() + "/twice.out", err = dir() + "/twice.err";
+  pid_t pid = spawn({"train", cfg}, out, err);
+  ASSERT_TRUE(wait_for(out, "step 1/")) << slurp(err);
+  kill(pid, SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status)) {
+    // The step (and its save) finished within 20 ms: the first signal's path, which is fine too.
+    EXPECT_EQ(WEXITSTATUS(status), 143);
+  } else {
+    ASSERT_TRUE(WIFSIGNALED(status));
+    EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Progress, AnFp32RunWhoseGradientsDivergeStopsNamingTheStep) {
+  // No loss scaler: a non-finite gradient cannot be skipped and retried (was: 29 of 30 steps
+  // "skipped: overflow", a save, exit 0). The MT_FAULT seam makes one gradient element infinite at
+  // every step (a diverging run's gradients overflow before its loss does).
+  std::string cfg = config("diverge", {{"train_iters", 30}, {"save_interval", 0}});
+  std::string err;
+  setenv("MT_FAULT", "engine.nonfinite_grad", 1);
+  int rc = run("train " + cfg, &err);
+  unsetenv("MT_FAULT");
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.find("gradient is not finite"), std::string::npos) << err;
+  EXPECT_NE(err.find("step "), std::string::npos) << err;
+  EXPECT_NE(err.find("transformer."), std::string::npos) << "names the parameter: " << err;
+  EXPECT_FALSE(fs::exists(save_dir("diverge") + "/latest")) << "no checkpoint of a run that made no progress";
+}
+
+TEST(Progress, Fp16ScalerKeysAreValidated) {
+  for (auto [key, value] : {std::pair<std::string, double>{"initial_scale_power", 2000}, {"min_loss_scale", 0},
+                            {"loss_scale", -1}}) {
+    std::string cfg = config("fp16-" + key, {{"fp16", {{"enabled", true}, {key, value}}}});
+    std::string err;
+    EXPECT_EQ(run("config check " + cfg, &err), 2) << key;  // was: accepted, scale inf, every step skipped
+    EXPECT_NE(err.find("fp16." + key), std::string::npos) << err;
+  }
+}
+
+// Every process whose command line mentions `text`, other than this one.
+std::vector<int> processes_with(const std::string& text) {
+  std::vector<int> pids;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = slurp(e.path().string() + "/cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (std::stoi(name) != getpid() && cmd.find(text) != std::string::npos) pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+TEST(Launch, KillingTheLauncherLeavesNoRankBehind) {
+  std::string cfg = config("launch-kill", {{"train_iters", 1000000}, {"save_interval", 0}});
+  std::string out = dir() + "/launch-kill.out", err = dir() + "/launch-kill.err";
+  pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out, err);
+  ASSERT_TRUE(wait_for(out, "step 2/")) << slurp(err);
+  EXPECT_GE(processes_with(cfg).size(), 3u);  // the launcher, mpirun and two ranks
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::vector<int> left;
+  for (int i = 0; i < 1000; ++i) {  // mpirun ends its ranks; allow it 10 s
+    left = processes_with(cfg);
+    if (left.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (int p : left) kill(p, SIGKILL);
+  EXPECT_TRUE(left.empty()) << left.size() << " process(es) kept running after the launcher was killed";
+}
+
+TEST(Launch, ZeroRanksIsRefused) {
+  std::string err;
+  EXPECT_EQ(run("launch -n 0 -- train " + config("n0"), &err), 2);  // was: ran one rank
+  EXPECT_NE(err.find("-n must be at least 1"), std::string::npos) << err;
+}
+
+}  // namespace
