@@ -103,15 +103,27 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                               " bytes do not match its shape and dtype");
     tensors_.push_back(std::move(t));
   }
-  // Sorted by begin, each non-empty extent must start at or after the end of the one before it (an
-  // empty tensor overlaps nothing, so it is left out: it could hide an overlap of its neighbours).
+  // The upstream reader's rule ("no holes, fully indexed buffer"): sorted by offsets, every tensor
+  // starts where the one before it ended (the first at 0), and the last ends at the end of the data
+  // section. Overlaps, unindexed bytes between tensors and trailing bytes are all refused.
   std::vector<const StTensorInfo*> order;
-  for (const auto& t : tensors_)
-    if (t.end > t.begin) order.push_back(&t);
-  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < order.size(); ++i)
-    if (order[i]->begin < order[i - 1]->end)
-      throw corrupt(path, "tensors '" + order[i - 1]->name + "' and '" + order[i]->name + "' overlap");
+  for (const auto& t : tensors_) order.push_back(&t);
+  std::sort(order.begin(), order.end(),
+            [](auto* a, auto* b) { return a->begin != b->begin ? a->begin < b->begin : a->end < b->end; });
+  uint64_t expect = 0;
+  const StTensorInfo* prev = nullptr;
+  for (const StTensorInfo* t : order) {
+    if (t->begin < expect)
+      throw corrupt(path, "tensors '" + prev->name + "' and '" + t->name + "' overlap");
+    if (t->begin > expect)
+      throw corrupt(path, "bytes [" + std::to_string(expect) + ", " + std::to_string(t->begin) +
+                              ") of the data section belong to no tensor (before '" + t->name + "')");
+    expect = t->end;
+    prev = t;
+  }
+  if (expect != data_size)
+    throw corrupt(path, "bytes [" + std::to_string(expect) + ", " + std::to_string(data_size) +
+                            ") at the end of the data section belong to no tensor");
 }
 
 const StTensorInfo* SafetensorsFile::find(const std::string& name) const {

@@ -87,6 +87,16 @@ TEST(Safetensors, MalformedFilesAreRefusedByName) {
   // An empty tensor sorted between two overlapping ones used to hide their overlap.
   write_raw(p, R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},"c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", 16);
   expect_corrupt(p, "overlap");
+  // The upstream reader's "no holes, fully indexed buffer" rule: a gap between tensors, bytes after
+  // the last one, and a first tensor that does not start at 0 (all were accepted before).
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", 12);
+  expect_corrupt(p, "bytes [4, 8) of the data section belong to no tensor");
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8);
+  expect_corrupt(p, "bytes [4, 8) at the end of the data section");
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
+  expect_corrupt(p, "bytes [0, 4)");
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})", 4);
+  EXPECT_NO_THROW(SafetensorsFile{p});  // an empty tensor at the end is indexed
   write_raw(p, R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4);
   expect_corrupt(p, "negative");
   write_raw(p, R"([1,2])", 0);

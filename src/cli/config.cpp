@@ -21,6 +21,7 @@ void register_config(CLI::App& app) {
   check->add_option("--set", *sets, "override a key: a.b.c=value (JSON value or plain string)");
   check->callback([path, sets] {
     engine::RunConfig c = engine::ds_config_load(*path, *sets);
+    engine::ds_config_check_paths(c);
     for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
     std::printf("%s\n", engine::ds_config_resolved(c).dump(2).c_str());
   });

@@ -1,9 +1,13 @@
 // meshtrain: the single binary. Errors are caught here only: one line, a non-zero exit code
 // (2 for bad input — arguments, configs, files — and 1 for everything else).
 #include <cstdio>
+#include <algorithm>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "base/error.h"
+#include "base/text.h"
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
@@ -19,6 +23,25 @@ int main(int argc, char** argv) {
   mt::cli::register_generate(app);
   mt::cli::register_launch(app);
   mt::cli::register_estimate(app);
+  // A mistyped subcommand: CLI11 would say only "A subcommand is required".
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string given = argv[1];
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), given) == names.end()) {
+      std::string best;
+      size_t best_d = 3;  // suggest only near misses
+      std::string list;
+      for (const auto& n : names) {
+        size_t d = static_cast<size_t>(mt::edit_distance(given, n));
+        if (d < best_d) best_d = d, best = n;
+        list += (list.empty() ? "" : ", ") + n;
+      }
+      std::fprintf(stderr, "meshtrain: error: unknown subcommand '%s'%s; the subcommands are %s\n", given.c_str(),
+                   best.empty() ? "" : (" (did you mean '" + best + "'?)").c_str(), list.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -309,3 +309,43 @@ TEST(Launch, ZeroRanksIsRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+// Each bad input: `config check` and `train` both stop before any work with one line naming the key.
+TEST(Validation, EverythingIsCheckedBeforeTheFirstStep) {
+  std::ofstream(dir() + "/a-file") << "x";
+  fs::create_directories(dir() + "/dirbin.bin");
+  std::ofstream(dir() + "/dirbin.idx") << "x";
+  const std::vector<std::pair<nlohmann::json, std::string>> cases = {
+      {{{"save_dir", dir() + "/a-file/sub"}}, "save_dir: "},  // was: a raw filesystem error at the first save
+      {{{"data", {{"train", dir() + "/train"}, {"tokenizer", dir() + "/no-such-tokenizer.json"}}}}, "data.tokenizer: "},
+      {{{"data", {{"train", dir() + "/nothing"}}}}, "data.train: "},
+      {{{"data", {{"train", dir() + "/dirbin"}}}}, "dirbin.bin is not a regular file"},  // was: mmap: No such device
+      {{{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", -0.1}}}}}}, "optimizer.params.lr: "},
+      {{{"train_batch_size", 0}}, "train_batch_size: must be positive"},  // was: read as absent
+      {{{"train_micro_batch_size_per_gpu", 0}}, "train_micro_batch_size_per_gpu: must be positive"},  // was: "must be given"
+      {{{"save_interval", -1}}, "save_interval: must not be negative"},
+      {{{"keep_last", -2}}, "keep_last: must not be negative"},
+  };
+  int i = 0;
+  for (const auto& [extra, want] : cases) {
+    std::string cfg = config("validate-" + std::to_string(i++), extra);
+    std::string err, out;
+    EXPECT_EQ(run("config check " + cfg, &err), 2) << want;
+    EXPECT_NE(err.find(want), std::string::npos) << "config check: " << err;
+    EXPECT_EQ(run("train " + cfg, &err, &out), 2) << want;
+    EXPECT_NE(err.find(want), std::string::npos) << "train: " << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    EXPECT_EQ(out.find("step 1/"), std::string::npos) << "stopped before the first step";
+  }
+}
+
+TEST(Validation, AMistypedSubcommandSaysWhichExist) {
+  std::string err;
+  EXPECT_EQ(run("trian x.json", &err), 2);  // was: "A subcommand is required"
+  EXPECT_NE(err.find("unknown subcommand 'trian' (did you mean 'train'?)"), std::string::npos) << err;
+  EXPECT_NE(err.find("estimate"), std::string::npos) << err;
+}
+
+}  // namespace

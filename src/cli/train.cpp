@@ -111,6 +111,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   if (lead)
     for (const auto& w : cfg.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   MT_CHECK(cfg.train_iters > 0, ErrorKind::kInvalidArgument, args.config + ": train_iters must be positive");
+  engine::ds_config_check_paths(cfg);  // data, tokenizer, save_dir: before any work
   // A new run does not write over an earlier run's checkpoints unless told to (HF Trainer's
   // overwrite_output_dir): rotation and re-saves would otherwise mix the two runs.
   if (!cfg.save_dir.empty() && args.resume.empty() && !args.overwrite && engine::checkpoint_dir_has_checkpoints(cfg.save_dir))

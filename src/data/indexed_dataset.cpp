@@ -227,6 +227,10 @@ MappedFile::MappedFile(const std::string& path) {
     ::close(fd);
     throw Error(ErrorKind::kIOError, path + ": fstat failed: " + std::strerror(e));
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(ErrorKind::kInvalidArgument, path + ": not a regular file" + (S_ISDIR(st.st_mode) ? " (a directory)" : ""));
+  }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);

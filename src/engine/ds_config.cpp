@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 
 #include "base/error.h"
+#include "base/text.h"
 #include "engine/json_file.h"
 #include "engine/hf_config.h"
 #include "engine/hf_weights.h"
@@ -18,18 +23,6 @@ using nlohmann::json;
 
 // How a key we do not parse into RunConfig is treated.
 enum class Unparsed { kWarn, kRefuseIfEnabled };
-
-int edit_distance(const std::string& a, const std::string& b) {
-  std::vector<int> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = static_cast<int>(j);
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = static_cast<int>(i);
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
 
 // Walks one JSON object: typed getters that record which keys were read, "auto" handling, and a
 // final pass that warns about or refuses the rest.
@@ -130,12 +123,25 @@ class Section {
 };
 
 void parse_batch(Section& s, RunConfig& c, int world) {
-  auto get = [&](const char* key) -> int64_t { return s.is_auto(key) ? 0 : s.integer(key, 0); };
+  // A key given as a number must be positive (0 used to read as "absent"); "auto" or absent is 0
+  // here, derived below. NOTE: negative values are refused before any division (INT64_MIN / -1 traps).
+  auto get = [&](const char* key) -> int64_t {
+    if (s.is_auto(key) || !s.has(key)) return 0;
+    int64_t v = s.integer(key, 0);
+    MT_CHECK(v > 0, ErrorKind::kInvalidArgument, s.where(key) + ": must be positive (got " + std::to_string(v) + ")");
+    return v;
+  };
   int64_t tbs = get("train_batch_size"), mb = get("train_micro_batch_size_per_gpu"),
           gas = get("gradient_accumulation_steps");
-  // NOTE: negative values are refused before any division (INT64_MIN / -1 traps).
-  MT_CHECK(tbs >= 0 && mb >= 0 && gas >= 0, ErrorKind::kInvalidArgument,
-           "train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps must be positive");
+  // Derived values must divide exactly: say so in terms of what the user gave.
+  auto divisible = [&](int64_t by, const std::string& what) {
+    MT_CHECK(by > 0 && tbs % by == 0, ErrorKind::kInvalidArgument,
+             "train_batch_size (" + std::to_string(tbs) + ") is not a multiple of " + what + " (" + std::to_string(by) + ")");
+  };
+  const std::string ranks = std::to_string(world) + " data-parallel rank(s)";
+  if (tbs && mb && !gas) divisible(mb * world, "train_micro_batch_size_per_gpu x " + ranks);
+  if (tbs && gas && !mb) divisible(gas * world, "gradient_accumulation_steps x " + ranks);
+  if (tbs && !mb && !gas) divisible(world, ranks);
   // DeepSpeed's rule: any two give the third; one alone sets gas = 1. A missing train_batch_size
   // is the product below.
   if (tbs && mb && gas) {
@@ -151,7 +157,7 @@ void parse_batch(Section& s, RunConfig& c, int world) {
     gas = 1;
   } else {
     throw Error(ErrorKind::kInvalidArgument,
-                "train_batch_size or train_micro_batch_size_per_gpu must be given (a number, not \"auto\" for both)");
+                "train_batch_size or train_micro_batch_size_per_gpu must be given (a positive number; \"auto\" needs the other)");
   }
   int64_t product = 0;  // mb · gas · world, refused rather than wrapped when it overflows
   MT_CHECK(!__builtin_mul_overflow(mb, gas, &product) && !__builtin_mul_overflow(product, int64_t{world}, &product),
@@ -242,6 +248,8 @@ void parse_optimizer(Section& root, RunConfig& c) {
   if (s.has("params")) {
     Section p = s.sub("params");
     o.lr = p.is_auto("lr") ? kHfLr : p.number("lr", 1e-3);
+    MT_CHECK(std::isfinite(o.lr) && o.lr >= 0.0, ErrorKind::kInvalidArgument,
+             p.where("lr") + ": must be a non-negative number (got " + std::to_string(o.lr) + ")");
     o.weight_decay = p.is_auto("weight_decay") ? kHfWd : p.number("weight_decay", o.weight_decay);
     if (adam || lamb) {
       parse_betas(p, o);
@@ -498,6 +506,9 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
   c.eval_interval = root.integer("eval_interval", 0);
   c.eval_iters = root.integer("eval_iters", 10);
   c.keep_last = root.integer("keep_last", 3);
+  for (auto [key, v] : {std::pair<const char*, int64_t>{"save_interval", c.save_interval}, {"eval_interval", c.eval_interval},
+                        {"eval_iters", c.eval_iters}, {"keep_last", c.keep_last}, {"train_iters", c.train_iters}})
+    MT_CHECK(v >= 0, ErrorKind::kInvalidArgument, std::string(key) + ": must not be negative (got " + std::to_string(v) + ")");
   parse_data(root, c);
   parse_parallel(root, world_size);
   c.world_size = world_size;
@@ -663,6 +674,45 @@ json ds_config_resolved(const RunConfig& c) {
   j["comm_timeout"] = c.comm_timeout_s;
   j["device"] = c.device;
   return j;
+}
+
+}  // namespace mt::engine
+
+namespace mt::engine {
+
+void ds_config_check_paths(const RunConfig& c) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  auto text = [](const std::string& p) { return p.ends_with(".txt") || p.ends_with(".jsonl"); };
+  for (auto [key, path] : {std::pair<const char*, std::string>{"data.train", c.data_train}, {"data.valid", c.data_valid}}) {
+    if (path.empty()) continue;
+    if (text(path)) {
+      MT_CHECK(fs::is_regular_file(path, ec), ErrorKind::kNotFound, std::string(key) + ": " + path + ": no such file");
+      MT_CHECK(!c.tokenizer.empty(), ErrorKind::kInvalidArgument,
+               std::string(key) + ": " + path + " is text: data.tokenizer is needed to tokenize it");
+      continue;
+    }
+    for (const char* ext : {".bin", ".idx"}) {
+      std::string f = path + ext;
+      MT_CHECK(fs::exists(f, ec), ErrorKind::kNotFound,
+               std::string(key) + ": " + f + " does not exist (an indexed-dataset prefix, or a .txt/.jsonl file)");
+      MT_CHECK(fs::is_regular_file(f, ec), ErrorKind::kInvalidArgument,
+               std::string(key) + ": " + f + " is not a regular file");
+    }
+  }
+  if (!c.tokenizer.empty())
+    MT_CHECK(fs::exists(c.tokenizer, ec), ErrorKind::kNotFound, "data.tokenizer: " + c.tokenizer + " does not exist");
+  if (!c.save_dir.empty()) {
+    fs::create_directories(c.save_dir, ec);
+    MT_CHECK(!ec && fs::is_directory(c.save_dir), ErrorKind::kInvalidArgument,
+             "save_dir: " + c.save_dir + " cannot be created (" + (ec ? ec.message() : std::string("not a directory")) + ")");
+    std::string probe = (fs::path(c.save_dir) / ".meshtrain-write-probe").string();
+    std::FILE* f = std::fopen(probe.c_str(), "wb");
+    MT_CHECK(f != nullptr, ErrorKind::kInvalidArgument,
+             "save_dir: " + c.save_dir + " is not writable (" + std::strerror(errno) + ")");
+    std::fclose(f);
+    fs::remove(probe, ec);
+  }
 }
 
 }  // namespace mt::engine

@@ -82,6 +82,10 @@ struct RunConfig {
 RunConfig ds_config_parse(nlohmann::json j, const std::string& where, int world_size = 1);
 RunConfig ds_config_load(const std::string& path, const std::vector<std::string>& overrides,
                          int world_size = 1);
+// What exists outside the file, checked before any work: data.train/data.valid (a dataset prefix
+// with .bin/.idx files, or a .txt/.jsonl file), data.tokenizer, and a save_dir that can be created
+// and written. Throws naming the key. `config check` and the start of `train` call it.
+void ds_config_check_paths(const RunConfig& c);
 // Applies one `a.b.c=value` override (value parsed as JSON, else taken as a string).
 void ds_config_set(nlohmann::json& j, const std::string& assignment);
 // The resolved configuration as JSON (what `meshtrain config check` prints).

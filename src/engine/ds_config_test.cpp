@@ -44,6 +44,22 @@ TEST(DsConfig, BatchRuleAnyTwoGiveTheThird) {
   EXPECT_NE(error_of(j, 2).find("must equal"), std::string::npos);
 }
 
+TEST(DsConfig, AnIndivisibleBatchBlamesWhatTheUserGave) {
+  // `launch -n 3` with train_batch_size 8 alone: was "train_batch_size (8) must equal
+  // train_micro_batch_size_per_gpu (2) * ...", a micro batch the user never set.
+  auto j = base();
+  j.erase("train_micro_batch_size_per_gpu");
+  j["train_batch_size"] = 8;
+  EXPECT_EQ(error_of(j, 3), "train_batch_size (8) is not a multiple of 3 data-parallel rank(s) (3)");
+  j["gradient_accumulation_steps"] = 2;
+  EXPECT_NE(error_of(j, 3).find("not a multiple of gradient_accumulation_steps x 3 data-parallel rank(s) (6)"),
+            std::string::npos);
+  j.erase("gradient_accumulation_steps");
+  j["train_micro_batch_size_per_gpu"] = 3;
+  EXPECT_NE(error_of(j, 1).find("not a multiple of train_micro_batch_size_per_gpu x 1 data-parallel rank(s) (3)"),
+            std::string::npos);
+}
+
 TEST(DsConfig, AutoValuesResolveLikeHuggingFace) {
   auto j = base();
   j["train_batch_size"] = "auto";
