@@ -154,6 +154,11 @@ TEST(Checkpoints, CorruptOrTruncatedFilesAreNamedWithTheNewestIntactCheckpoint) 
   EXPECT_EQ(run("export " + save + "/step-6 --hf " + dir() + "/exported", &err), 2);
   EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(dir() + "/exported/model.safetensors"));
+  std::string init = config("corrupt-init", {{"model", {{"model_type", "gpt2"}, {"vocab_size", 97}, {"n_positions", 32},
+                                                        {"n_embd", 32}, {"n_layer", 1}, {"n_head", 2},
+                                                        {"init_from", save + "/step-6"}}}});
+  EXPECT_EQ(run("train " + init, &err), 2);  // model.init_from of our own checkpoint is verified too
+  EXPECT_NE(err.find("step-6/model.safetensors is corrupt"), std::string::npos) << err;
   EXPECT_EQ(run("train " + cfg + " --resume " + save + "/step-3 --set train_iters=7 --set save_interval=0", &err), 0) << err;
 
   // A truncated optimizer state and an edited state.json are caught too.

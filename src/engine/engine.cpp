@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <cmath>
+#include <filesystem>
 #include <string>
 
 #include "base/error.h"
@@ -8,6 +9,7 @@
 #include "base/log.h"
 #include "base/timer.h"
 #include "comm/local_backend.h"
+#include "engine/checkpoint_io.h"
 #include "engine/hf_weights.h"
 
 namespace mt::engine {
@@ -30,7 +32,13 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
   opts.recompute = config.activation_checkpointing;
   opts.seed = config.seed;
   auto model = std::make_unique<models::TransformerLM>(config.model, opts);
-  if (!config.init_from.empty()) hf_weights_load_path(model->store(), config.init_from);
+  if (!config.init_from.empty()) {
+    // A meshtrain checkpoint (a step-N directory, or a file in one) is verified first.
+    std::filesystem::path p = config.init_from;
+    std::filesystem::path d = std::filesystem::is_directory(p) ? p : p.parent_path();
+    if (std::filesystem::exists(d / "state.json")) checkpoint_verify(d.string());
+    hf_weights_load_path(model->store(), config.init_from);
+  }
   model->prepare(static_cast<int>(config.batch.micro_batch_per_gpu), static_cast<int>(config.seq_length));
   return model;
 }
