@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "engine/golden_test_util.h"
 #include "engine/hf_config.h"
 #include "engine/hf_weights.h"
 #include "engine/trainer.h"
@@ -18,55 +19,11 @@
 namespace mt::engine {
 namespace {
 
-struct Golden {
-  std::unique_ptr<checkpoint::SafetensorsFile> file;
-  models::ModelConfig cfg;
-  int B = 0, T = 0, steps = 0;
-  std::vector<int32_t> tokens, targets;
-};
-
-Golden load_golden(const std::string& name) {
-  Golden g;
-  g.file = std::make_unique<checkpoint::SafetensorsFile>(std::string(MT_GOLDEN_DIR) + "/" + name + ".safetensors");
-  const auto& md = g.file->metadata();
-  g.cfg = hf_config_parse(nlohmann::json::parse(md.at("config")), name);
-  g.B = std::stoi(md.at("batch"));
-  g.T = std::stoi(md.at("seq"));
-  g.steps = std::stoi(md.at("steps"));
-  g.tokens = g.file->read_i32("tokens");
-  g.targets = g.file->read_i32("targets");
-  return g;
-}
-
-std::unique_ptr<models::TransformerLM> make_model(const Golden& g, DType dt, bool recompute) {
-  models::ModelOptions opts;
-  opts.compute_dtype = dt;
-  opts.recompute = recompute;
-  auto m = std::make_unique<models::TransformerLM>(g.cfg, opts);
-  hf_weights_load(m->store(), *g.file, "param.");
-  m->prepare(g.B, g.T);
-  return m;
-}
-
-// max|a - b| / max|b|: relative error at the scale of the tensor.
-double rel_err(const float* a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
-
-double cosine(const float* a, const std::vector<float>& b) {
-  double ab = 0, aa = 0, bb = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    ab += static_cast<double>(a[i]) * b[i];
-    aa += static_cast<double>(a[i]) * a[i];
-    bb += static_cast<double>(b[i]) * b[i];
-  }
-  return ab / std::sqrt(aa * bb + 1e-30);
-}
+using testing::Golden;
+using testing::load_golden;
+using testing::rel_err;
+using testing::cosine;
+using testing::make_model;
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {};
 

@@ -13,6 +13,7 @@
 #include "checkpoint/safetensors.h"
 #include "engine/ds_config.h"
 #include "engine/engine.h"
+#include "engine/golden_test_util.h"
 #include "engine/hf_config.h"
 #include "engine/hf_weights.h"
 #include "kernels/cuda/device.h"
@@ -25,62 +26,13 @@ bool have_gpu() { return cuda::available(); }
 #define REQUIRE_GPU() \
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
-// max|a - b| / max|b|
-double rel_max(const float* a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
-double cosine(const float* a, const std::vector<float>& b) {
-  double ab = 0, aa = 0, bb = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    ab += static_cast<double>(a[i]) * b[i];
-    aa += static_cast<double>(a[i]) * a[i];
-    bb += static_cast<double>(b[i]) * b[i];
-  }
-  return ab / std::sqrt(aa * bb + 1e-30);
-}
-
-// ---- PyTorch golden data on the GPU ----
-struct Golden {
-  std::unique_ptr<checkpoint::SafetensorsFile> file;
-  models::ModelConfig cfg;
-  int B = 0, T = 0, steps = 0;
-  std::vector<int32_t> tokens, targets;
-};
-
-// MT_GOLDEN_DIR in the environment overrides the build tree's (a prebuilt bundle on a GPU machine).
-std::string golden_dir() {
-  const char* e = std::getenv("MT_GOLDEN_DIR");
-  return e && *e ? e : MT_GOLDEN_DIR;
-}
-
-Golden load_golden(const std::string& name) {
-  Golden g;
-  g.file = std::make_unique<checkpoint::SafetensorsFile>(golden_dir() + "/" + name + ".safetensors");
-  const auto& md = g.file->metadata();
-  g.cfg = hf_config_parse(nlohmann::json::parse(md.at("config")), name);
-  g.B = std::stoi(md.at("batch"));
-  g.T = std::stoi(md.at("seq"));
-  g.steps = std::stoi(md.at("steps"));
-  g.tokens = g.file->read_i32("tokens");
-  g.targets = g.file->read_i32("targets");
-  return g;
-}
-
+using testing::Golden;
+using testing::load_golden;
+using testing::cosine;
 std::unique_ptr<models::TransformerLM> golden_model(const Golden& g, DType dt, bool recompute = false) {
-  models::ModelOptions opts;
-  opts.compute_dtype = dt;
-  opts.recompute = recompute;
-  auto m = std::make_unique<models::TransformerLM>(g.cfg, opts);
-  hf_weights_load(m->store(), *g.file, "param.");
-  m->prepare(g.B, g.T);
-  return m;
+  return testing::make_model(g, dt, recompute);
 }
+double rel_max(const float* a, const std::vector<float>& b) { return testing::rel_err(a, b); }
 
 class GpuGolden : public ::testing::TestWithParam<std::string> {};
 

@@ -475,12 +475,11 @@ void cross_entropy_tile(float* loss, float* lse, float* logits, const int32_t* t
 
 // The per-step scalars are computed in double and rounded to f32 once, as PyTorch's
 // _single_tensor_adamw / _multi_tensor_adamw do with Python floats. lowp_dtype kF32 is a copy.
-void adamw_update(float* master, const float* grad, float* m, float* v, void* lowp,
-                  DType lowp_dtype, size_t n, const AdamWParams& params) {
+AdamWScalars adamw_scalars(const AdamWParams& params) {
   const double t = static_cast<double>(params.step);
   const double bc1 = 1.0 - std::pow(static_cast<double>(params.beta1), t);
   const double bc2 = 1.0 - std::pow(static_cast<double>(params.beta2), t);
-  detail::AdamWScalars s;
+  AdamWScalars s;
   s.grad_scale = params.grad_scale;
   s.beta1 = params.beta1;
   s.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(params.beta1));
@@ -490,6 +489,12 @@ void adamw_update(float* master, const float* grad, float* m, float* v, void* lo
   s.step_size = static_cast<float>(params.lr / bc1);
   s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   s.eps = params.eps;
+  return s;
+}
+
+void adamw_update(float* master, const float* grad, float* m, float* v, void* lowp,
+                  DType lowp_dtype, size_t n, const AdamWParams& params) {
+  const AdamWScalars s = adamw_scalars(params);
   const size_t esz = dtype_size(lowp_dtype);
   const bool vec = use_avx512();
   for_chunks(n, [&](size_t i0, size_t i1) {

@@ -95,6 +95,19 @@ struct AdamWParams {
 };
 void adamw_update(float* master, const float* grad, float* m, float* v, void* lowp,
                   DType lowp_dtype, size_t n, const AdamWParams& params);
+// The per-step constants every AdamW kernel (CPU and CUDA) applies, derived in double once:
+//   m = beta1 m + one_minus_beta1 g;  v = beta2 v + one_minus_beta2 g^2  (g = grad * grad_scale)
+//   p = p * decay - step_size * m / (sqrt(v) / bc2_sqrt + eps)
+struct AdamWScalars {
+  float grad_scale;
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float decay;
+  float step_size;
+  float bc2_sqrt;
+  float eps;
+};
+AdamWScalars adamw_scalars(const AdamWParams& params);
 
 // ---- reductions ----
 // Sum of squares in double (deterministic for a fixed thread count). Non-finite if any x is

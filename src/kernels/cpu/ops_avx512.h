@@ -7,6 +7,8 @@
 // different flags and the linker could hand the AVX-512 copy to the portable path.
 #pragma once
 
+#include "kernels/cpu/ops.h"
+
 #include <cstddef>
 #include <cstdint>
 
@@ -44,15 +46,7 @@ double sum_squares_avx512(const float* x, size_t n);
 //   g = grad * grad_scale;  m = beta1 m + (1-beta1) g;  v = beta2 v + (1-beta2) g^2
 //   p = p * decay;  p = p - step_size * m / (sqrt(v) / bc2_sqrt + eps)
 // with decay = 1 - lr wd, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t).
-struct AdamWScalars {
-  float grad_scale;
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float decay;
-  float step_size;
-  float bc2_sqrt;
-  float eps;
-};
+using AdamWScalars = ::mt::kernels::AdamWScalars;
 // lowp (n elements of lowp_dtype) may be nullptr.
 void adamw_update_avx512(float* master, const float* grad, float* m, float* v, void* lowp,
                          DType lowp_dtype, size_t n, const AdamWScalars& s);

@@ -312,16 +312,14 @@ __global__ void cross_entropy_k(float* loss, float* lse_out, const float* logits
 }
 
 // ---- AdamW ----
-struct AdamScalars {
-  float grad_scale, beta1, omb1, beta2, omb2, decay, step_size, bc2_sqrt, eps;
-};
+using AdamScalars = kernels::AdamWScalars;
 
 template <typename T>
 __global__ void adamw_k(float* p, const float* grad, float* m, float* v, T* lowp, size_t n, AdamScalars s) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
     float g = grad[i] * s.grad_scale;
-    float mi = s.beta1 * m[i] + s.omb1 * g;
-    float vi = s.beta2 * v[i] + s.omb2 * g * g;
+    float mi = s.beta1 * m[i] + s.one_minus_beta1 * g;
+    float vi = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
     float pi = p[i] * s.decay;
     pi = pi - s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
     m[i] = mi;
@@ -497,20 +495,7 @@ void cross_entropy_tile(float* loss, float* lse, const float* logits, int ld_log
 
 void adamw_update(float* master, const float* grad, float* m, float* v, void* lowp, DType lowp_dtype, size_t n,
                   const kernels::AdamWParams& params) {
-  // The scalars exactly as the CPU kernel derives them (kernels/cpu/ops.cpp).
-  const double t = static_cast<double>(params.step);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(params.beta1), t);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(params.beta2), t);
-  AdamScalars s;
-  s.grad_scale = params.grad_scale;
-  s.beta1 = params.beta1;
-  s.omb1 = static_cast<float>(1.0 - static_cast<double>(params.beta1));
-  s.beta2 = params.beta2;
-  s.omb2 = static_cast<float>(1.0 - static_cast<double>(params.beta2));
-  s.decay = static_cast<float>(1.0 - static_cast<double>(params.lr) * params.weight_decay);
-  s.step_size = static_cast<float>(params.lr / bc1);
-  s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  s.eps = params.eps;
+  const AdamScalars s = kernels::adamw_scalars(params);  // exactly the CPU kernel's constants
   unsigned g = grid_for(n, kThreads, 132 * 16);
   if (lowp == nullptr) {
     adamw_k<float><<<g, kThreads, 0, cu_stream()>>>(master, grad, m, v, nullptr, n, s);
