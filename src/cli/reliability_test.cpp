@@ -460,3 +460,29 @@ TEST(Faults, RandomKillsAndFlippedBytesNeverTrainOnBadData) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Launch, ARankStoppedInsideACollectiveIsNamedByRankZero) {
+  // Rank 1 announces its arrival at a collective and then stops (as under SIGSTOP): rank 0's
+  // timeout used to say "could not learn which ranks have not arrived", and the stopped rank,
+  // continued, blamed rank 0. Now rank 0 pings the ranks and names the one that does not answer.
+  std::string cfg = config("stopped", {{"train_iters", 1000000}, {"save_interval", 0}, {"comm_timeout", 3}});
+  setenv("MT_FAULT", "comm.after_arrive@1", 1);
+  setenv("MT_FAULT_MODE", "hang", 1);
+  std::string out = dir() + "/stopped.out", err = dir() + "/stopped.err";
+  pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out, err);
+  unsetenv("MT_FAULT");
+  unsetenv("MT_FAULT_MODE");
+  int status = 0;
+  for (int i = 0; i < 6000 && waitpid(pid, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int p : processes_with(cfg)) kill(p, SIGKILL);
+  waitpid(pid, &status, WNOHANG);
+  std::string text = slurp(out) + slurp(err);
+  EXPECT_NE(text.find("on rank 0 of 2 (mpi) timed out after 3000 ms: rank 1 arrived but no longer answers"),
+            std::string::npos)
+      << text;
+}
+
+}  // namespace

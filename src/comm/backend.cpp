@@ -25,7 +25,7 @@ CommTimeout::CommTimeout(const std::string& message, std::string collective, uin
 
 std::string timeout_message(const std::string& backend, const std::string& collective, uint64_t seq,
                             const std::string& tag, int rank, int size,
-                            std::chrono::milliseconds timeout, const std::vector<int>& missing) {
+                            std::chrono::milliseconds timeout, const std::vector<int>& missing, bool silent) {
   std::string m = collective + " #" + std::to_string(seq);
   if (!tag.empty()) m += " [" + tag + "]";
   m += " on rank " + std::to_string(rank) + " of " + std::to_string(size) + " (" + backend +
@@ -36,6 +36,7 @@ std::string timeout_message(const std::string& backend, const std::string& colle
     if (i) m.push_back(',');
     m.append(std::to_string(missing[i]));
   }
+  if (silent) return m + (missing.size() == 1 ? " arrived but no longer answers" : " arrived but no longer answer");
   return m + (missing.size() == 1 ? " has not arrived" : " have not arrived");
 }
 

@@ -67,7 +67,7 @@ class CommTimeout : public Error {
 // "all_reduce #3 [tag grads] on rank 0 of 4 (mpi) timed out after 500 ms: rank 2 has not arrived"
 std::string timeout_message(const std::string& backend, const std::string& collective, uint64_t seq,
                             const std::string& tag, int rank, int size,
-                            std::chrono::milliseconds timeout, const std::vector<int>& missing);
+                            std::chrono::milliseconds timeout, const std::vector<int>& missing, bool silent = false);
 
 class Work {
  public:

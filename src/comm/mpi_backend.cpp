@@ -10,11 +10,17 @@
 #include <functional>
 #include <thread>
 
+#include "base/fault.h"
+
 namespace mt::comm {
 namespace {
 
 constexpr int kTagArrive = 1;  // payload: {seq, collective id}
 constexpr int kTagReport = 2;  // payload: {seq, missing ranks...}
+// After a timeout where every rank announced its arrival, rank 0 asks who still answers: a rank
+// stopped (SIGSTOP) or stuck inside the collective does not, and is the one named.
+constexpr int kTagPing = 3;  // payload: {seq}
+constexpr int kTagPong = 4;  // payload: {seq}
 
 const char* const kCollectives[] = {"broadcast", "all_reduce", "reduce", "all_gather", "gather",
                                     "scatter", "reduce_scatter", "all_to_all", "barrier", "split"};
@@ -229,6 +235,52 @@ class MpiBackend : public Backend {
     std::_Exit(code);
   }
 
+  // Ranks other than 0: answers rank 0's "are you there?" (called while waiting).
+  void answer_pings() {
+    if (rank_ == 0) return;
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(0, kTagPing, ctl_, &flag, &st) != MPI_SUCCESS || !flag) return;
+      uint64_t seq = 0;
+      check_mpi(MPI_Recv(&seq, 1, MPI_UINT64_T, 0, kTagPing, ctl_, MPI_STATUS_IGNORE), "Recv");
+      check_mpi(MPI_Send(&seq, 1, MPI_UINT64_T, 0, kTagPong, ctl_), "Send");
+    }
+  }
+
+  // Rank 0: the ranks (other than 0) that do not answer a ping within `wait`.
+  std::vector<int> silent_ranks(uint64_t seq, std::chrono::milliseconds wait) {
+    std::vector<bool> answered(size_, false);
+    answered[0] = true;
+    std::vector<uint64_t> payload(size_, seq);
+    for (int r = 1; r < size_; ++r) {
+      MPI_Request req;
+      check_mpi(MPI_Isend(&payload[r], 1, MPI_UINT64_T, r, kTagPing, ctl_, &req), "Isend");
+      MPI_Request_free(&req);  // tiny, sent eagerly; a stopped rank never receives it
+    }
+    auto until = std::chrono::steady_clock::now() + wait;
+    int left = size_ - 1;
+    while (left > 0 && std::chrono::steady_clock::now() < until) {
+      int flag = 0;
+      MPI_Status st;
+      check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kTagPong, ctl_, &flag, &st), "Iprobe");
+      if (!flag) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        continue;
+      }
+      uint64_t got = 0;
+      check_mpi(MPI_Recv(&got, 1, MPI_UINT64_T, st.MPI_SOURCE, kTagPong, ctl_, MPI_STATUS_IGNORE), "Recv");
+      if (got == seq && !answered[st.MPI_SOURCE]) {
+        answered[st.MPI_SOURCE] = true;
+        --left;
+      }
+    }
+    std::vector<int> silent;
+    for (int r = 1; r < size_; ++r)
+      if (!answered[r]) silent.push_back(r);
+    return silent;
+  }
+
   // Rank 0: reads every pending arrival announcement. Others: reaps finished announcements.
   void drain() {
     reap_sends();
@@ -250,6 +302,7 @@ class MpiBackend : public Backend {
                                   const std::string& tag, std::chrono::milliseconds timeout) {
     std::vector<int> missing;
     std::string note;
+    bool silent = false;
     if (peer >= 0) {
       missing = {peer};
     } else if (rank_ == 0) {
@@ -260,6 +313,12 @@ class MpiBackend : public Backend {
         else if (last_seq_[r] == static_cast<int64_t>(seq) && last_id_[r] != id)
           note += "; rank " + std::to_string(r) + " called " + kCollectives[last_id_[r]] +
                   " #" + std::to_string(seq) + " instead";
+      }
+      if (missing.empty() && note.empty() && size_ > 1) {
+        // Everyone arrived, yet it did not complete: name whoever no longer answers.
+        missing = silent_ranks(seq, std::min(timeout, std::chrono::milliseconds(2000)));
+        silent = !missing.empty();
+        if (silent) note = " (stopped, e.g. by SIGSTOP, or stuck inside the collective)";
       }
       std::vector<uint64_t> report{seq};
       for (int r : missing) report.push_back(static_cast<uint64_t>(r));
@@ -281,7 +340,7 @@ class MpiBackend : public Backend {
         note = " (no report from rank 0, which gathers arrivals: it has not arrived or is stuck)";
       }
     }
-    throw CommTimeout(timeout_message("mpi", what, seq, tag, rank_, size_, timeout, missing) + note,
+    throw CommTimeout(timeout_message("mpi", what, seq, tag, rank_, size_, timeout, missing, silent) + note,
                       what, seq, missing);
   }
 
@@ -299,6 +358,9 @@ class MpiBackend : public Backend {
       check_mpi(MPI_Isend(payload.get(), 2, MPI_UINT64_T, 0, kTagArrive, ctl_, &req), "Isend");
       sends_.emplace_back(req, std::move(payload));
     }
+    // Tests: MT_FAULT=comm.after_arrive@R with MT_FAULT_MODE=hang stops rank R right after it has
+    // announced its arrival (what SIGSTOP inside a collective looks like to the others).
+    fault_point("comm.after_arrive");
     drain();
     return std::make_unique<MpiWork>(this, what, seq, -1, o);
   }
@@ -310,6 +372,7 @@ class MpiBackend : public Backend {
       MPI_Status st;
       check_mpi(MPI_Iprobe(0, kTagReport, ctl_, &flag, &st), "Iprobe");
       if (!flag) {
+        answer_pings();
         std::this_thread::sleep_for(std::chrono::microseconds(200));
         continue;
       }
@@ -394,8 +457,12 @@ void MpiWork::wait() {
   for (int spins = 0; !is_completed(); ++spins) {
     if (std::chrono::steady_clock::now() >= deadline_)
       backend_->throw_timeout(what_, seq_, peer_, tag_, timeout_);
-    if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    else std::this_thread::yield();
+    if (spins > 1000) {
+      if (spins % 64 == 0) backend_->answer_pings();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else {
+      std::this_thread::yield();
+    }
   }
 }
 
