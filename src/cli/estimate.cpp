@@ -127,6 +127,9 @@ void run_estimate(const EstimateOptions& o) {
 }  // namespace
 
 planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs) {
+  // TODO(issue 10): per-rank estimates for (tp, dp, stage), with the tp communication buffers.
+  MT_CHECK(c.tp == 1, ErrorKind::kNotSupported,
+           "estimate: parallel.tp " + std::to_string(c.tp) + " is not modelled yet (estimates are for tp = 1)");
   planner::MemoryInput in;
   in.model = c.model;
   in.micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu);

@@ -400,6 +400,8 @@ TEST(Faults, RandomKillsAndFlippedBytesNeverTrainOnBadData) {
       }
       ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
           << "cycle " << cycles << " attempt " << attempt << ": " << slurp(dir() + "/campaign.err");
+      // It finished before the kill: the reference run was slower (a loaded machine); aim earlier.
+      span_us = span_us * 3 / 4;
       break;  // finished
     }
     ASSERT_EQ(latest(save), "step-" + std::to_string(kIters));

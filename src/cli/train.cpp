@@ -106,7 +106,7 @@ struct StopRequested {
 };
 
 void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared_ptr<comm::Backend>& world, bool& started) {
-  const int W = world ? world->size() : 1, R = world ? world->rank() : 0;
+  const int R = world ? world->rank() : 0;
   const bool lead = R == 0;
   if (lead)
     for (const auto& w : cfg.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
@@ -133,9 +133,13 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     valid = valid_data.stream.get();
   }
   if (world && lead) world->barrier(bo)->wait();
-  auto model = engine::engine_build_model(cfg);
   started = true;  // from here on the ranks run collectives together
-  engine::Engine eng(cfg, *model, world);
+  auto ctx = engine::engine_parallel_context(cfg, world);
+  auto model = engine::engine_build_model(cfg, ctx);
+  engine::Engine eng(cfg, *model, ctx);
+  // Data is sharded by the data-parallel coordinate: the ranks of one tensor-parallel group read
+  // the same samples.
+  const int DW = ctx->dp(), DR = ctx->dp_rank();
   if (!args.resume.empty()) {
     engine::checkpoint_load(eng, args.resume);
     if (lead) std::fprintf(stderr, "resumed from %s at step %lld\n", args.resume.c_str(), static_cast<long long>(eng.global_step()));
@@ -144,11 +148,12 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   // live beside the ZeRO shards until the runtime releases them): `meshtrain estimate` predicts these.
   eng.reset_memory_peaks();
   if (lead)
-    std::fprintf(stderr, "model %s, batch %lld = %lld x %lld accumulation x %d rank(s), T=%lld, %s, ZeRO stage %d\n",
+    std::fprintf(stderr, "model %s, batch %lld = %lld x %lld accumulation x %d data-parallel rank(s), T=%lld, %s, ZeRO stage %d%s\n",
                  cfg.model.describe().c_str(), static_cast<long long>(cfg.batch.train_batch_size),
                  static_cast<long long>(cfg.batch.micro_batch_per_gpu),
-                 static_cast<long long>(cfg.batch.gradient_accumulation_steps), W, static_cast<long long>(cfg.seq_length),
-                 dtype_name(cfg.compute_dtype), cfg.zero.stage);
+                 static_cast<long long>(cfg.batch.gradient_accumulation_steps), DW, static_cast<long long>(cfg.seq_length),
+                 dtype_name(cfg.compute_dtype), cfg.zero.stage,
+                 ctx->tp() > 1 ? (", tensor parallel " + std::to_string(ctx->tp())).c_str() : "");
   std::ofstream metrics;
   if (lead && !args.metrics.empty()) {
     metrics.open(args.metrics, std::ios::app);
@@ -159,7 +164,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   // Under `meshtrain launch`, stdout is mpirun's pseudo-terminal; the launcher says what its is.
   const char* launcher_tty = std::getenv("MT_STDOUT_TTY");
   const bool tty = lead && (launcher_tty ? std::strcmp(launcher_tty, "1") == 0 : isatty(fileno(stdout)));
-  double flops = model->train_flops_per_step() * static_cast<double>(gas * W);
+  double flops = model->train_flops_per_step() * static_cast<double>(gas * DW);
   Timer total;
   int64_t start_step = eng.global_step();
   bool first_save = true;
@@ -168,7 +173,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     int64_t step = eng.global_step();
     // Rank R's micro-batches are samples [R·gas·B, (R+1)·gas·B) of the global batch: the global
     // batch is the one a single process trains on, and each rank reads only its part of it.
-    uint64_t next_sample = static_cast<uint64_t>(step * tbs + R * gas * B);
+    uint64_t next_sample = static_cast<uint64_t>(step * tbs + DR * gas * B);
     Timer t;
     engine::StepResult r = eng.train_batch([&](int32_t* tokens, int32_t* targets) {
       train.batch(next_sample, B, tokens, targets);
@@ -184,13 +189,13 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       // Batch i on rank i mod W; every rank runs the same number of forwards (ZeRO-3 gathers
       // parameters collectively), the surplus ones uncounted.
       std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
-      for (int64_t j = 0; j < (cfg.eval_iters + W - 1) / W; ++j) {
-        int64_t i = R + j * W;
+      for (int64_t j = 0; j < (cfg.eval_iters + DW - 1) / DW; ++j) {
+        int64_t i = DR + j * DW;
         valid->batch(static_cast<uint64_t>((i < cfg.eval_iters ? i : 0) * B), B, tokens.data(), targets.data());
         float l = eng.evaluate(tokens.data(), targets.data());
         if (i < cfg.eval_iters) val_loss += l;
       }
-      val_loss = eng.mean_over_ranks(val_loss) * W / static_cast<double>(cfg.eval_iters);
+      val_loss = eng.mean_over_ranks(val_loss) * DW / static_cast<double>(cfg.eval_iters);
     }
     if (metrics.is_open()) {
       nlohmann::json m = {{"step", done}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},

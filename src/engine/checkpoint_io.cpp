@@ -143,16 +143,16 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   fs::create_directories(tmp_dir);
 
   std::vector<checkpoint::StTensorOut> weights;
-  for (nn::Parameter* p : store.parameters())
-    weights.push_back({p->name, DType::kF32, p->shape, master.data() + p->offset});
+  for (nn::Parameter* p : store.parameters())  // whole tensors, at their one-process offsets
+    weights.push_back({p->name, DType::kF32, p->unpadded_shape(), master.data() + p->global_offset});
   checkpoint::safetensors_write((tmp_dir / "model.safetensors").string(), weights, {{"format", "pt"}});
   // Hugging Face's index of a (here one-shard) safetensors checkpoint.
-  nlohmann::json index = {{"metadata", {{"total_size", store.numel() * sizeof(float)}}}, {"weight_map", nlohmann::json::object()}};
+  nlohmann::json index = {{"metadata", {{"total_size", store.global_numel() * sizeof(float)}}}, {"weight_map", nlohmann::json::object()}};
   for (nn::Parameter* p : store.parameters()) index["weight_map"][p->name] = "model.safetensors";
   std::string index_text = index.dump(2);
   file_write_atomic((tmp_dir / "model.safetensors.index.json").string(), index_text.data(), index_text.size());
   fault_point("checkpoint.after_weights");
-  int64_t n = static_cast<int64_t>(store.numel());
+  int64_t n = static_cast<int64_t>(store.global_numel());
   std::vector<checkpoint::StTensorOut> opt_state;
   for (const auto& [state_name, values] : opt_full)
     opt_state.push_back({state_name, DType::kF32, {static_cast<int64_t>(values.size())}, values.data()});
@@ -271,10 +271,10 @@ void checkpoint_load(Engine& engine, const std::string& path) {
   if (!state.contains("state_xxh3"))
     log_warning((dir / "state.json").string() + ": written without checksums (an older meshtrain): not verified");
   nn::ParamStore& store = engine.model().store();
-  MT_CHECK(state.value("num_params", int64_t{-1}) == static_cast<int64_t>(store.numel()), ErrorKind::kInvalidArgument,
+  MT_CHECK(state.value("num_params", int64_t{-1}) == static_cast<int64_t>(store.global_numel()), ErrorKind::kInvalidArgument,
            (dir / "state.json").string() + ": the checkpoint's model has a different parameter count");
   checkpoint::SafetensorsFile weights((dir / "model.safetensors").string());
-  std::vector<float> flat(store.numel());
+  std::vector<float> flat(store.global_numel());
   hf_weights_load(store, weights, "", flat.data());
   engine.load_master(flat.data());
   checkpoint::SafetensorsFile opt((dir / "optimizer.safetensors").string());
@@ -284,7 +284,7 @@ void checkpoint_load(Engine& engine, const std::string& path) {
            opt.path() + ": the checkpoint's optimizer is " +
                (saved_type == opt.metadata().end() ? std::string("AdamW") : saved_type->second) + ", the config's " + want);
   for (const optim::StateBuffer& b : engine.optimizer().state()) {
-    flat = opt.read_f32(b.name, {static_cast<int64_t>(store.numel())});
+    flat = opt.read_f32(b.name, {static_cast<int64_t>(store.global_numel())});
     engine.load_optimizer_state(b.name, flat.data());
   }
   try {

@@ -458,17 +458,34 @@ void parse_data(Section& root, RunConfig& c) {
   d.finish();
 }
 
-void parse_parallel(Section& root, int world) {
+// parallel: {tp, dp, pp, sequence_parallel, make_vocab_size_divisible_by}. Sets c.tp and
+// c.world_size (the data-parallel size, processes / tp).
+void parse_parallel(Section& root, RunConfig& c, int world) {
+  c.processes = world;
+  c.world_size = world;
   if (!root.has("parallel")) return;
   MT_CHECK(!root.is_auto("parallel"), ErrorKind::kNotSupported, "parallel: \"auto\" needs the planner, which is not implemented yet");
   Section p = root.sub("parallel");
-  for (const char* k : {"tp", "pp", "sp"}) {
-    int64_t v = p.integer(k, 1);
-    MT_CHECK(v == 1, ErrorKind::kNotSupported, p.where(k) + ": " + std::to_string(v) + " is not implemented yet (only 1)");
-  }
-  int64_t dp = p.integer("dp", world);
-  MT_CHECK(dp == world, ErrorKind::kInvalidArgument, p.where("dp") + ": " + std::to_string(dp) +
-                                                         " does not match the " + std::to_string(world) + " process(es)");
+  int64_t tp = p.integer("tp", 1);
+  MT_CHECK(tp >= 1, ErrorKind::kInvalidArgument, p.where("tp") + ": must be >= 1 (got " + std::to_string(tp) + ")");
+  MT_CHECK(world % tp == 0, ErrorKind::kInvalidArgument,
+           p.where("tp") + ": " + std::to_string(tp) + " does not divide the " + std::to_string(world) +
+               " process(es) (data parallelism takes processes / tp)");
+  c.tp = static_cast<int>(tp);
+  c.world_size = world / c.tp;
+  int64_t pp = p.integer("pp", 1);
+  MT_CHECK(pp == 1, ErrorKind::kNotSupported, p.where("pp") + ": " + std::to_string(pp) + " is not implemented yet (only 1)");
+  int64_t sp = p.integer("sp", 1);
+  MT_CHECK(sp == 1, ErrorKind::kNotSupported, p.where("sp") + ": " + std::to_string(sp) + " is not implemented yet (only 1)");
+  MT_CHECK(!p.boolean("sequence_parallel", false), ErrorKind::kNotSupported,
+           p.where("sequence_parallel") + ": sequence parallelism is not implemented yet");
+  int64_t vd = p.integer("make_vocab_size_divisible_by", 128);
+  MT_CHECK(vd >= 1, ErrorKind::kInvalidArgument, p.where("make_vocab_size_divisible_by") + ": must be >= 1");
+  c.vocab_divisible = static_cast<int>(vd);
+  int64_t dp = p.integer("dp", c.world_size);
+  MT_CHECK(dp == c.world_size, ErrorKind::kInvalidArgument,
+           p.where("dp") + ": " + std::to_string(dp) + " does not match the " + std::to_string(world) + " process(es) / tp " +
+               std::to_string(c.tp) + " = " + std::to_string(c.world_size));
   p.finish();
 }
 
@@ -484,8 +501,8 @@ void parse_device(Section& root, RunConfig& c) {
   for (char& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   MT_CHECK(t == "adam" || t == "adamw", ErrorKind::kNotSupported,
            "optimizer.type: " + c.optimizer.type + " is not implemented on device \"cuda\" (Adam/AdamW are)");
-  MT_CHECK(c.world_size == 1, ErrorKind::kNotSupported,
-           "device \"cuda\" with " + std::to_string(c.world_size) +
+  MT_CHECK(c.processes == 1, ErrorKind::kNotSupported,
+           "device \"cuda\" with " + std::to_string(c.processes) +
                " processes needs the NCCL backend, which is not implemented yet (one process per GPU: run 1)");
 }
 
@@ -510,11 +527,10 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
                         {"eval_iters", c.eval_iters}, {"keep_last", c.keep_last}, {"train_iters", c.train_iters}})
     MT_CHECK(v >= 0, ErrorKind::kInvalidArgument, std::string(key) + ": must not be negative (got " + std::to_string(v) + ")");
   parse_data(root, c);
-  parse_parallel(root, world_size);
-  c.world_size = world_size;
+  parse_parallel(root, c, world_size);
   c.comm_timeout_s = root.number("comm_timeout", c.comm_timeout_s);
   MT_CHECK(c.comm_timeout_s > 0, ErrorKind::kInvalidArgument, "comm_timeout must be positive (seconds)");
-  parse_batch(root, c, world_size);
+  parse_batch(root, c, c.world_size);
   c.gradient_clipping = root.is_auto("gradient_clipping") ? 1.0 : root.number("gradient_clipping", 0.0);
   parse_precision(root, c);
   parse_optimizer(root, c);
@@ -525,7 +541,10 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
   if (root.has("activation_checkpointing")) {
     Section a = root.sub("activation_checkpointing");
     c.activation_checkpointing = a.boolean("enabled", true);  // our extension; the block alone enables it
-    a.require_default("partition_activations", false, "partitioning activations needs tensor parallelism");
+    // DeepSpeed partitions checkpointed activations over the tp group: a no-op with tp = 1 (as in
+    // DeepSpeed); with tp > 1 it is Megatron's sequence parallelism, not implemented yet.
+    MT_CHECK(!a.boolean("partition_activations", false) || c.tp == 1, ErrorKind::kNotSupported,
+             a.where("partition_activations") + ": partitioning activations over tp > 1 is sequence parallelism, not implemented yet");
     a.require_default("cpu_checkpointing", false, "CPU checkpointing is not supported yet");
     for (const char* k : {"contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile"})
       a.unparsed(k, Unparsed::kWarn);

@@ -63,7 +63,13 @@ struct RunConfig {
   optim::LrScheduleConfig scheduler;
   int zero_stage = 0;  // == zero.stage
   ZeroConfig zero;
-  int world_size = 1;  // data-parallel processes the configuration was resolved for
+  int world_size = 1;  // data-parallel processes the configuration was resolved for (processes / tp)
+  int processes = 1;   // every process of the job
+  // parallel.tp: Megatron's tensor parallelism over tp consecutive ranks (dp = processes / tp).
+  int tp = 1;
+  // parallel.make_vocab_size_divisible_by (Megatron's --make-vocab-size-divisible-by): under
+  // tp > 1 the vocabulary is padded to a multiple of this times tp.
+  int vocab_divisible = 128;
   // comm_timeout (seconds, our key; torch.distributed's init_process_group timeout): a collective
   // not complete by then names the ranks missing and the job aborts.
   double comm_timeout_s = 300.0;
@@ -77,7 +83,7 @@ struct RunConfig {
   std::vector<std::string> warnings;  // one line each, already worded
 };
 
-// Parses and validates. world_size: data-parallel ranks (1 until the distributed issue).
+// Parses and validates. world_size: the job's processes (dp = world_size / parallel.tp).
 // `where` names the source in messages (a path). Throws Error naming the key's full path.
 RunConfig ds_config_parse(nlohmann::json j, const std::string& where, int world_size = 1);
 RunConfig ds_config_load(const std::string& path, const std::vector<std::string>& overrides,

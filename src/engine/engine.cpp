@@ -26,11 +26,20 @@ optim::LossScalerConfig scaler_config(const RunConfig& c) {
 
 }  // namespace
 
-std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& config) {
+std::shared_ptr<parallel::ParallelContext> engine_parallel_context(const RunConfig& config,
+                                                                   std::shared_ptr<comm::Backend> world) {
+  return parallel::make_parallel_context(std::move(world), config.tp, 1, false,
+                                         std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout_s * 1000.0)));
+}
+
+std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& config,
+                                                          std::shared_ptr<parallel::ParallelContext> ctx) {
   models::ModelOptions opts;
   opts.compute_dtype = config.compute_dtype;
   opts.recompute = config.activation_checkpointing;
   opts.seed = config.seed;
+  opts.parallel = std::move(ctx);
+  opts.vocab_divisible = config.vocab_divisible;
   auto model = std::make_unique<models::TransformerLM>(config.model, opts);
   if (!config.init_from.empty()) {
     // A meshtrain checkpoint (a step-N directory, or a file in one) is verified first.
@@ -61,8 +70,15 @@ std::vector<optim::ParamSegment> engine_param_segments(const RunConfig& config, 
 }
 
 Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::shared_ptr<comm::Backend> dp)
-    : config_(config), model_(model), dp_(std::move(dp)), scaler_(scaler_config(config)) {
+    : Engine(config, model, parallel::make_parallel_context(std::move(dp), 1, 1, false,
+                                                            std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout_s * 1000.0)))) {}
+
+Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::shared_ptr<parallel::ParallelContext> ctx)
+    : config_(config), model_(model), ctx_(std::move(ctx)), dp_(ctx_->groups.dp), scaler_(scaler_config(config)) {
   nn::ParamStore& store = model.store();
+  MT_CHECK(model.tp().size() == ctx_->tp(), ErrorKind::kInternal,
+           "the model was built for " + std::to_string(model.tp().size()) + " tensor-parallel rank(s), the layout has " +
+               std::to_string(ctx_->tp()));
   MT_CHECK(world() == config.world_size, ErrorKind::kInvalidArgument,
            "the configuration was resolved for " + std::to_string(config.world_size) + " process(es), the job has " +
                std::to_string(world()));
@@ -87,7 +103,6 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     return;
   }
   if (z.stage >= 1) {
-    if (!dp_) dp_ = comm::make_local_world(1)[0];  // a group of one
     parallel::ZeroOptions zo;
     zo.stage = z.stage;
     zo.overlap_comm = z.overlap_comm;
@@ -118,8 +133,33 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
         });
     }
   }
+  // The gradient norm counts a parameter replicated over the tp group on tp rank 0 only.
+  for (const optim::ParamSegment& sg : segments) {
+    const nn::Parameter* p = store.find(sg.name);
+    if (ctx_->tp() > 1 && ctx_->tp_rank() != 0 && p != nullptr && p->tp_replicated()) continue;
+    if (!norm_ranges_.empty() && norm_ranges_.back().first + norm_ranges_.back().second == sg.offset)
+      norm_ranges_.back().second += sg.numel;
+    else
+      norm_ranges_.emplace_back(sg.offset, sg.numel);
+  }
   optimizer_ = optim::make_optimizer(config.optimizer, state_numel(), segments);
   store.zero_grad();
+}
+
+double Engine::grad_sum_squares() {
+  double sq = 0.0;
+  const float* g = grad();
+  for (const auto& [off, n] : norm_ranges_) {
+    double norm = optim::grad_norm(g + off, n);
+    sq += norm * norm;
+  }
+  float v = static_cast<float>(sq);
+  comm::AllReduceOptions o;
+  o.tag = "grad norm";
+  o.timeout = timeout();
+  if (zero_ && world() > 1) dp_->all_reduce(&v, 1, DType::kF32, o)->wait();  // each rank: its shard
+  if (ctx_->tp() > 1) ctx_->groups.tp->all_reduce(&v, 1, DType::kF32, o)->wait();  // each rank: its tp shard
+  return static_cast<double>(v);
 }
 
 Engine::~Engine() = default;
@@ -228,16 +268,8 @@ StepResult Engine::step() {
   double norm;
   if (device_) {
     norm = std::sqrt(device_->grad_sum_squares()) / r.loss_scale;
-  } else if (zero_) {  // each rank holds the reduced gradients of its shard: sum the squares over ranks
-    double local = optim::grad_norm(grad(), state_numel());
-    float sq = static_cast<float>(local * local);
-    if (world() > 1) {
-      comm::AllReduceOptions o;
-      o.tag = "grad norm";
-      o.timeout = timeout();
-      dp_->all_reduce(&sq, 1, DType::kF32, o)->wait();
-    }
-    norm = std::sqrt(static_cast<double>(sq)) / r.loss_scale;
+  } else if (zero_ || ctx_->tp() > 1) {  // shards of the gradient: sum the squares over them
+    norm = std::sqrt(grad_sum_squares()) / r.loss_scale;
   } else {
     norm = optim::grad_norm(grad(), state_numel()) / r.loss_scale;
   }
@@ -325,31 +357,62 @@ void Engine::reset_memory_peaks() {
 
 namespace mt::engine {
 
+std::vector<float> Engine::to_one_process(const float* span) {
+  nn::ParamStore& store = model_.store();
+  const size_t P = store.numel();
+  const bool lead_dp = dp_->rank() == 0;
+  std::vector<float> local(lead_dp ? P : 0);
+  if (zero_) {
+    zero_->gather_flat(lead_dp ? local.data() : nullptr, span, 0);
+  } else if (lead_dp) {
+    std::copy(span, span + P, local.begin());
+  }
+  const int tp = ctx_->tp();
+  if (tp == 1 || !lead_dp) return local;  // tp 1: the local layout is the one-process layout
+  // The tp group of dp rank 0 gathers its shards on tp rank 0, which puts each parameter together.
+  const bool lead = ctx_->tp_rank() == 0;
+  std::vector<float> all(lead ? P * static_cast<size_t>(tp) : 0);
+  comm::GatherOptions o;
+  o.tag = "checkpoint tp shards";
+  o.timeout = timeout();
+  ctx_->groups.tp->gather(lead ? all.data() : nullptr, local.data(), P, DType::kF32, o)->wait();
+  if (!lead) return {};
+  std::vector<float> full(store.global_numel());
+  for (int r = 0; r < tp; ++r)
+    for (const nn::Parameter* p : store.parameters())
+      nn::tp_insert(full.data() + p->global_offset, all.data() + static_cast<size_t>(r) * P + p->offset, p->global_shape,
+                    p->split, nn::TpPlace{r, tp});
+  return full;
+}
+
+std::vector<float> Engine::from_one_process(const float* full) const {
+  const nn::ParamStore& store = model_.store();
+  std::vector<float> local(store.numel());
+  for (const nn::Parameter* p : store.parameters())
+    nn::tp_extract(local.data() + p->offset, full + p->global_offset, p->global_shape, p->split, p->place);
+  return local;
+}
+
 void Engine::gather_master(std::vector<float>& flat) {
-  const size_t P = model_.store().numel();
-  flat.assign(rank() == 0 ? P : 0, 0.0f);
   if (device_) {
+    flat.assign(model_.store().numel(), 0.0f);
     device_->store_master(flat.data());
     return;
   }
-  if (!zero_) {
-    if (rank() == 0) std::copy(master(), master() + P, flat.begin());
-    return;
-  }
-  zero_->gather_flat(rank() == 0 ? flat.data() : nullptr, master(), 0);
+  flat = to_one_process(master());
+  if (rank() != 0) flat.clear();
 }
 
 std::vector<std::pair<std::string, std::vector<float>>> Engine::gather_optimizer_state() {
   std::vector<std::pair<std::string, std::vector<float>>> out;
-  const size_t P = model_.store().numel();
   for (const optim::StateBuffer& b : optimizer_->state()) {
-    std::vector<float> v(rank() == 0 ? P : 0);
+    std::vector<float> v;
     if (device_) {
+      v.resize(model_.store().numel());
       device_->store_state(b.name, v.data());
-    } else if (zero_) {
-      zero_->gather_flat(rank() == 0 ? v.data() : nullptr, b.data, 0);
-    } else if (rank() == 0) {
-      std::copy(b.data, b.data + b.numel, v.begin());
+    } else {
+      v = to_one_process(b.data);
+      if (rank() != 0) v.clear();
     }
     out.emplace_back(b.name, std::move(v));
   }
@@ -357,26 +420,28 @@ std::vector<std::pair<std::string, std::vector<float>>> Engine::gather_optimizer
 }
 
 void Engine::load_master(const float* flat) {
+  std::vector<float> local = from_one_process(flat);
   if (zero_) {
-    zero_->scatter_flat(master(), flat);
+    zero_->scatter_flat(master(), local.data());
     zero_->refresh_params();
     return;
   }
   nn::ParamStore& store = model_.store();
-  std::copy(flat, flat + store.numel(), store.master());
+  std::copy(local.begin(), local.end(), store.master());
   store.sync_compute();
-  if (device_) device_->load_master(flat);
+  if (device_) device_->load_master(local.data());
 }
 
 void Engine::load_optimizer_state(const std::string& name, const float* flat) {
   for (const optim::StateBuffer& b : optimizer_->state()) {
     if (b.name != name) continue;
+    std::vector<float> local = from_one_process(flat);
     if (device_) {
-      device_->load_state(name, flat);
+      device_->load_state(name, local.data());
     } else if (zero_) {
-      zero_->scatter_flat(b.data, flat);
+      zero_->scatter_flat(b.data, local.data());
     } else {
-      std::copy(flat, flat + b.numel, b.data);
+      std::copy(local.begin(), local.end(), b.data);
     }
     return;
   }

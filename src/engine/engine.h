@@ -18,6 +18,7 @@
 #include "optim/adamw.h"  // grad_norm
 #include "optim/optimizer.h"
 #include "optim/loss_scaler.h"
+#include "parallel/context.h"
 
 namespace mt::engine {
 
@@ -34,9 +35,11 @@ struct StepResult {
 
 class Engine {
  public:
-  // dp: the data-parallel group (null: one process). Its size must be config.world_size. With
-  // zero_optimization.stage >= 1 the engine partitions the model's state across it (a group of one
-  // when dp is null) and the model's ParamStore buffers are released.
+  // ctx: the layout (the model must have been built with the same one). Its data-parallel size must
+  // be config.world_size. With zero_optimization.stage >= 1 the engine partitions the model's
+  // (tensor-parallel shard's) state across the dp group and the ParamStore buffers are released.
+  Engine(const RunConfig& config, models::TransformerLM& model, std::shared_ptr<parallel::ParallelContext> ctx);
+  // Data parallelism only: dp is the data-parallel group (null: one process).
   Engine(const RunConfig& config, models::TransformerLM& model, std::shared_ptr<comm::Backend> dp = nullptr);
   ~Engine();
 
@@ -59,19 +62,21 @@ class Engine {
   int64_t applied_steps() const { return applied_steps_; }
   double current_lr() const;
   const RunConfig& config() const { return config_; }
-  int world() const { return dp_ ? dp_->size() : 1; }
-  int rank() const { return dp_ ? dp_->rank() : 0; }
+  int world() const { return dp_->size(); }       // data-parallel ranks
+  int rank() const { return ctx_->rank(); }        // in the whole job (0 writes checkpoints)
+  const parallel::ParallelContext& parallel() const { return *ctx_; }
   comm::Backend* dp() const { return dp_.get(); }
   const parallel::ZeroRuntime* zero() const { return zero_.get(); }
   // Mean of a value over the data-parallel ranks (collective; the value itself on one process).
   double mean_over_ranks(double value);
 
-  // The whole state as one process holds it, for checkpoints and export (collectives when ZeRO
-  // partitions it; every rank calls them). gather_master fills flat (numel f32) on rank 0 only;
+  // The whole state as one process holds it (nn::ParamStore::global_numel() elements, each
+  // parameter whole at its global_offset), for checkpoints and export: collectives when ZeRO or
+  // tensor parallelism divides it; every rank calls them. gather_master fills flat on rank 0 only;
   // gather_optimizer_state returns each state buffer in full on rank 0 (empty elsewhere).
   void gather_master(std::vector<float>& flat);
   std::vector<std::pair<std::string, std::vector<float>>> gather_optimizer_state();
-  // Every rank passes the full buffers (read from a checkpoint): each keeps its part.
+  // Every rank passes the full buffers (one-process layout, read from a checkpoint): each keeps its part.
   void load_master(const float* flat);
   void load_optimizer_state(const std::string& name, const float* flat);
   models::TransformerLM& model() { return model_; }
@@ -94,10 +99,18 @@ class Engine {
   std::string first_nonfinite_grad();  // "name, element i" of this rank's span, or ""
   std::chrono::milliseconds timeout() const;
   size_t state_numel() const;  // elements of the optimizer's span (shard or whole)
+  // This rank's span (the local flat buffer, or its ZeRO shard) in the one-process layout on rank 0.
+  std::vector<float> to_one_process(const float* span);
+  std::vector<float> from_one_process(const float* full) const;  // -> the local flat layout
+  double grad_sum_squares();  // over the whole model: dp shards and tp shards summed, replicas once
 
   RunConfig config_;
   models::TransformerLM& model_;
+  std::shared_ptr<parallel::ParallelContext> ctx_;
   std::shared_ptr<comm::Backend> dp_;
+  // Ranges of the optimizer's span that this rank counts in the gradient norm (parameters
+  // replicated over the tp group are counted by tp rank 0 only).
+  std::vector<std::pair<size_t, size_t>> norm_ranges_;
   std::unique_ptr<parallel::ZeroRuntime> zero_;
   std::unique_ptr<parallel::GradBuckets> buckets_;  // stage 0 on more than one rank
   std::unique_ptr<models::DeviceLM> device_;        // config.device "cuda"
@@ -119,8 +132,14 @@ std::vector<optim::ParamSegment> engine_param_segments(const RunConfig& config, 
 std::unique_ptr<Engine> initialize(const RunConfig& config, models::TransformerLM& model,
                                    std::shared_ptr<comm::Backend> dp = nullptr);
 
-// Builds the model of a configuration (compute dtype, recompute, seed) and prepares it for the
-// micro-batch shape.
-std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& config);
+// The layout of a configuration over `world` (null: one process): parallel.tp and
+// sequence_parallel; collective over world.
+std::shared_ptr<parallel::ParallelContext> engine_parallel_context(const RunConfig& config,
+                                                                   std::shared_ptr<comm::Backend> world);
+
+// Builds this rank's part of the model of a configuration (compute dtype, recompute, seed, the
+// layout's tensor-parallel shard) and prepares it for the micro-batch shape.
+std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& config,
+                                                          std::shared_ptr<parallel::ParallelContext> ctx = nullptr);
 
 }  // namespace mt::engine

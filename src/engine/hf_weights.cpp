@@ -28,8 +28,10 @@ void hf_weights_load(nn::ParamStore& store, const checkpoint::SafetensorsFile& f
       std::string alt = prefix + strip_first(p->name);
       if (!strip_first(p->name).empty() && file.find(alt)) name = alt;
     }
-    std::vector<float> w = file.read_f32(name, p->shape);  // throws naming file + tensor
-    std::memcpy(flat ? flat + p->offset : p->master, w.data(), w.size() * sizeof(float));
+    // HF tensors are whole: into the one-process layout, or this rank's tensor-parallel shard.
+    std::vector<float> w = file.read_f32(name, p->unpadded_shape());  // throws naming file + tensor
+    if (flat) std::memcpy(flat + p->global_offset, w.data(), w.size() * sizeof(float));
+    else nn::tp_extract(p->master, w.data(), p->global_shape, p->split, p->place);
   }
   if (!flat) store.sync_compute();
 }
@@ -71,8 +73,8 @@ void hf_weights_load_path(nn::ParamStore& store, const std::string& path) {
     std::string shard = (p.parent_path() / wm[name].get<std::string>()).string();
     auto& f = shards[shard];
     if (!f) f = std::make_unique<checkpoint::SafetensorsFile>(shard);
-    std::vector<float> w = f->read_f32(name, prm->shape);
-    std::memcpy(prm->master, w.data(), w.size() * sizeof(float));
+    std::vector<float> w = f->read_f32(name, prm->unpadded_shape());
+    nn::tp_extract(prm->master, w.data(), prm->global_shape, prm->split, prm->place);
   }
   store.sync_compute();
 }

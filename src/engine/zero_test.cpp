@@ -13,6 +13,7 @@
 #include "comm/local_backend.h"
 #include "engine/checkpoint_io.h"
 #include "engine/engine.h"
+#include "engine/layout_test_util.h"
 
 namespace mt::engine {
 namespace {
@@ -21,38 +22,27 @@ struct TrainRun {
   std::vector<float> losses;
   std::vector<double> norms;
   std::vector<float> master;  // full, gathered on rank 0
+  // GPT-2's key bias: its gradient is zero in exact arithmetic (softmax is invariant to adding
+  // q.b_k to a whole row), so what it gets is rounding noise, which Adam's m/sqrt(v) turns into
+  // steps of arbitrary size; a different summation order moves it differently. Compared separately.
+  std::vector<std::pair<size_t, size_t>> noise;  // [begin, end) in the one-process layout
   size_t peak_live = 0;
 };
 
 nlohmann::json config(const std::string& arch, int stage, const std::string& dtype, int world, int g) {
-  auto j = nlohmann::json::parse(
+  auto j = layout_config(
       arch == "gpt2"
           ? R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 3, "n_head": 4}})"
           : R"({"model": {"model_type": "llama", "vocab_size": 97, "hidden_size": 48, "intermediate_size": 96,
                 "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-                "max_position_embeddings": 32, "tie_word_embeddings": false}})");
-  j["seq_length"] = 16;
-  j["train_iters"] = 10;
-  j["train_micro_batch_size_per_gpu"] = 1;
-  j["gradient_accumulation_steps"] = g;
-  j["train_batch_size"] = g * world;
-  j["gradient_clipping"] = 0.5;
-  j["no_weight_decay"] = "hf";
-  j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.1}}}};
-  if (dtype == "bf16") j["bf16"] = {{"enabled", true}};
+                "max_position_embeddings": 32, "tie_word_embeddings": false}})",
+      dtype, world, g);
   j["zero_optimization"] = {{"stage", stage},
                             {"reduce_bucket_size", 3000},  // several buckets over the ~90k-element buffer
                             {"stage3_param_persistence_threshold", 0},
                             {"stage3_prefetch_bucket_size", 20000},
                             {"stage3_max_live_parameters", 40000}};
   return j;
-}
-
-void sample(uint64_t k, int32_t* tok, int32_t* tgt) {
-  for (int i = 0; i < 16; ++i) {
-    tok[i] = static_cast<int32_t>((k * 131 + static_cast<uint64_t>(i) * 29 + (k * k) % 13) % 97);
-    tgt[i] = static_cast<int32_t>((k * 71 + static_cast<uint64_t>(i) * 37 + 5) % 97);
-  }
 }
 
 // Trains 10 steps on `world` ranks (threads) with g micro-batches per rank.
@@ -67,11 +57,16 @@ TrainRun train(const std::string& arch, int stage, const std::string& dtype, int
     TrainRun mine;
     for (int step = 0; step < 10; ++step) {
       uint64_t next = static_cast<uint64_t>(step) * static_cast<uint64_t>(g * world) + static_cast<uint64_t>(b.rank() * g);
-      StepResult r = eng.train_batch([&](int32_t* t, int32_t* y) { sample(next++, t, y); });
+      StepResult r = eng.train_batch([&](int32_t* t, int32_t* y) { layout_sample(next++, t, y); });
       mine.losses.push_back(r.loss);
       mine.norms.push_back(r.grad_norm);
     }
     eng.gather_master(mine.master);
+    for (const nn::Parameter* p : model->store().parameters())
+      if (p->name.ends_with("attn.c_attn.bias")) {
+        size_t C = static_cast<size_t>(p->global_numel() / 3);
+        mine.noise.emplace_back(p->global_offset + C, p->global_offset + 2 * C);
+      }
     if (eng.zero()) mine.peak_live = eng.zero()->peak_live_param_elems();
     if (b.rank() == 0) {
       std::lock_guard<std::mutex> lock(mu);
@@ -91,11 +86,19 @@ void expect_match(const TrainRun& ref, const TrainRun& got, double tol, const st
   }
   ASSERT_EQ(ref.master.size(), got.master.size());
   double scale = 0.0, worst = 0.0;
+  size_t at = 0;
+  double noise_worst = 0.0;
   for (size_t i = 0; i < ref.master.size(); ++i) {
     scale = std::max(scale, static_cast<double>(std::fabs(ref.master[i])));
-    worst = std::max(worst, static_cast<double>(std::fabs(ref.master[i] - got.master[i])));
+    double d = std::fabs(ref.master[i] - got.master[i]);
+    bool noise = std::any_of(ref.noise.begin(), ref.noise.end(), [i](auto r) { return i >= r.first && i < r.second; });
+    if (noise) noise_worst = std::max(noise_worst, d);
+    else if (d > worst) worst = d, at = i;
   }
-  EXPECT_LE(worst, tol * scale) << what << ": largest weight difference " << worst << " (largest weight " << scale << ")";
+  // The key bias moves by at most lr per step (3e-3 x 10): a bound that still catches a wrong update.
+  EXPECT_LE(noise_worst, 1e-3) << what << ": key bias";
+  EXPECT_LE(worst, tol * scale) << what << ": largest weight difference " << worst << " at element " << at
+                                << " of the one-process layout (largest weight " << scale << ")";
 }
 
 struct Case {

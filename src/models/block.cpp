@@ -68,41 +68,52 @@ size_t BlockScratch::layout(BlockScratch* s, char* base, const BlockDims& d) {
   return c.used();
 }
 
-Block::Block(const ModelConfig& cfg, int index)
+Block::Block(const ModelConfig& cfg, int index, parallel::TpComm& tp)
     : Module((cfg.arch == Arch::kGpt2 ? "h." : "layers.") + std::to_string(index)),
       arch_(cfg.arch),
-      eps_(cfg.norm_eps) {
+      eps_(cfg.norm_eps),
+      tp_(tp) {
   int C = cfg.hidden, HS = cfg.head_dim(), I = cfg.intermediate;
   int A = cfg.n_head * HS, KV = cfg.n_kv_head * HS;
   float std = cfg.init_std;
+  const nn::TpPlace place{tp.rank(), tp.size()};
+  const auto col = nn::TpKind::kColumn, row = nn::TpKind::kRow;
   if (arch_ == Arch::kGpt2) {
     // GPT-2 scales the residual projections' init by 1/sqrt(2 L) (HF GPT2PreTrainedModel).
     float proj_std = std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
     ln_1_ = add_module(std::make_unique<nn::LayerNorm>("ln_1", C, eps_));
     auto* attn = add_module(std::make_unique<nn::Container>("attn"));
-    c_attn_ = attn->add_module(std::make_unique<nn::Linear>("c_attn", C, 3 * C, true, nn::WeightLayout::kInOut, std));
-    attn_proj_ = attn->add_module(std::make_unique<nn::Linear>("c_proj", C, C, true, nn::WeightLayout::kInOut, proj_std));
+    c_attn_ = attn->add_module(std::make_unique<nn::Linear>("c_attn", C, 3 * C, true, nn::WeightLayout::kInOut, std, col, place, 3));
+    attn_proj_ = attn->add_module(std::make_unique<nn::Linear>("c_proj", C, C, true, nn::WeightLayout::kInOut, proj_std, row, place));
     ln_2_ = add_module(std::make_unique<nn::LayerNorm>("ln_2", C, eps_));
     auto* mlp = add_module(std::make_unique<nn::Container>("mlp"));
-    c_fc_ = mlp->add_module(std::make_unique<nn::Linear>("c_fc", C, I, true, nn::WeightLayout::kInOut, std));
-    mlp_proj_ = mlp->add_module(std::make_unique<nn::Linear>("c_proj", I, C, true, nn::WeightLayout::kInOut, proj_std));
+    c_fc_ = mlp->add_module(std::make_unique<nn::Linear>("c_fc", C, I, true, nn::WeightLayout::kInOut, std, col, place));
+    mlp_proj_ = mlp->add_module(std::make_unique<nn::Linear>("c_proj", I, C, true, nn::WeightLayout::kInOut, proj_std, row, place));
   } else {
     using nn::Linear;
     using nn::WeightLayout;
     rms_1_ = add_module(std::make_unique<nn::RMSNorm>("input_layernorm", C, eps_));
     auto* attn = add_module(std::make_unique<nn::Container>("self_attn"));
-    auto* q = attn->add_module(std::make_unique<Linear>("q_proj", C, A, false, WeightLayout::kOutIn, std));
-    auto* k = attn->add_module(std::make_unique<Linear>("k_proj", C, KV, false, WeightLayout::kOutIn, std));
-    auto* v = attn->add_module(std::make_unique<Linear>("v_proj", C, KV, false, WeightLayout::kOutIn, std));
-    o_proj_ = attn->add_module(std::make_unique<Linear>("o_proj", A, C, false, WeightLayout::kOutIn, std));
+    auto* q = attn->add_module(std::make_unique<Linear>("q_proj", C, A, false, WeightLayout::kOutIn, std, col, place));
+    auto* k = attn->add_module(std::make_unique<Linear>("k_proj", C, KV, false, WeightLayout::kOutIn, std, col, place));
+    auto* v = attn->add_module(std::make_unique<Linear>("v_proj", C, KV, false, WeightLayout::kOutIn, std, col, place));
+    o_proj_ = attn->add_module(std::make_unique<Linear>("o_proj", A, C, false, WeightLayout::kOutIn, std, row, place));
     qkv_ = nn::LinearGroup({q, k, v});
     rms_2_ = add_module(std::make_unique<nn::RMSNorm>("post_attention_layernorm", C, eps_));
     auto* mlp = add_module(std::make_unique<nn::Container>("mlp"));
-    auto* gate = mlp->add_module(std::make_unique<Linear>("gate_proj", C, I, false, WeightLayout::kOutIn, std));
-    auto* up = mlp->add_module(std::make_unique<Linear>("up_proj", C, I, false, WeightLayout::kOutIn, std));
-    down_proj_ = mlp->add_module(std::make_unique<Linear>("down_proj", I, C, false, WeightLayout::kOutIn, std));
+    auto* gate = mlp->add_module(std::make_unique<Linear>("gate_proj", C, I, false, WeightLayout::kOutIn, std, col, place));
+    auto* up = mlp->add_module(std::make_unique<Linear>("up_proj", C, I, false, WeightLayout::kOutIn, std, col, place));
+    down_proj_ = mlp->add_module(std::make_unique<Linear>("down_proj", I, C, false, WeightLayout::kOutIn, std, row, place));
     gate_up_ = nn::LinearGroup({gate, up});
   }
+}
+
+// Megatron's reduce-from region after a row-parallel layer: sum the partial outputs over the tp
+// group, then add the bias once.
+void Block::reduce_from(const nn::Linear& layer, float* y, int N, int C) {
+  if (tp_.size() == 1) return;
+  tp_.all_reduce(y, static_cast<size_t>(N) * C, "tp row-parallel forward");
+  if (layer.bias_deferred()) layer.add_bias(y, N);
 }
 
 void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, const BlockDims& d,
@@ -126,6 +137,7 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
   store_cd(a.attc, cd, a.att, N * d.A);
   nn::Linear* proj = arch_ == Arch::kGpt2 ? attn_proj_ : o_proj_;
   proj->forward(s.f, a.attc, d.N);
+  reduce_from(*proj, s.f, d.N, d.C);
   kernels::add_forward(a.x2, x, s.f, N * d.C);
 
   float* n2 = f32 ? static_cast<float*>(a.n2c) : s.f;
@@ -144,6 +156,7 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
   store_cd(a.actc, cd, act, N * d.G);
   nn::Linear* down = arch_ == Arch::kGpt2 ? mlp_proj_ : down_proj_;
   down->forward(s.f, a.actc, d.N);
+  reduce_from(*down, s.f, d.N, d.C);
   kernels::add_forward(y, a.x2, s.f, N * d.C);
   run_hooks(nn::HookPoint::kPostForward);
 }
@@ -159,10 +172,12 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
   if (arch_ == Arch::kGpt2) {
     kernels::gelu_backward(s.dh, a.h, s.dact, N * d.G);
     c_fc_->backward(s.dn, false, s.dh, a.n2c, d.N, ws);
+    tp_.all_reduce(s.dn, N * d.C, "tp mlp-in backward");
     ln_2_->backward(dres, s.dn, a.x2, a.mean2, a.rstd2, d.N);
   } else {
     kernels::swiglu_backward(s.dh, s.dact, a.h, d.N, d.G);
     gate_up_.backward(s.dn, false, s.dh, a.n2c, d.N, ws);
+    tp_.all_reduce(s.dn, N * d.C, "tp mlp-in backward");
     rms_2_->backward(dres, s.dn, a.x2, a.rstd2, d.N);
   }
   // Attention: dres now holds dL/dx2 = dL/dx (residual) + the attention branch's contribution.
@@ -171,10 +186,12 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
   kernels::attention_backward(s.dqkv, s.datt, a.qkv, a.att, a.lse, d.B, d.T, d.NH, d.NKV, d.HS);
   if (arch_ == Arch::kGpt2) {
     c_attn_->backward(s.dn, false, s.dqkv, a.n1c, d.N, ws);
+    tp_.all_reduce(s.dn, N * d.C, "tp qkv backward");
     ln_1_->backward(dres, s.dn, x, a.mean1, a.rstd1, d.N);
   } else {
     kernels::rope_backward(s.dqkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
     qkv_.backward(s.dn, false, s.dqkv, a.n1c, d.N, ws);
+    tp_.all_reduce(s.dn, N * d.C, "tp qkv backward");
     rms_1_->backward(dres, s.dn, x, a.rstd1, d.N);
   }
   run_hooks(nn::HookPoint::kPostBackward);

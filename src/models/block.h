@@ -11,11 +11,15 @@
 #include "nn/linear.h"
 #include "nn/norm.h"
 #include "nn/workspace.h"
+#include "parallel/tp/mappings.h"
 
 namespace mt::models {
 
 // Widths: C hidden, QKV = (NH + 2 NKV) HS, A = NH HS, H = MLP pre-activation (4C | 2I),
 // G = MLP activation output (4C | I). N = B T rows. "cd" = compute dtype.
+// Under tensor parallelism (tp ranks) every width but C is this rank's: NH/tp heads, NKV/tp kv
+// heads, I/tp MLP features (Megatron's split: column-parallel q/k/v and MLP-in, row-parallel
+// attention-out and MLP-out).
 struct BlockDims {
   int B, T, N, C, QKV, A, H, G, NH, NKV, HS;
 };
@@ -50,7 +54,8 @@ struct BlockScratch {         // shared by every block, forward and backward
 
 class Block : public nn::Module {
  public:
-  Block(const ModelConfig& cfg, int index);
+  // tp: the tensor-parallel group's mappings (a group of one: the whole layer on this rank).
+  Block(const ModelConfig& cfg, int index, parallel::TpComm& tp);
 
   // y (N, C) = block(x). Fills acts. rope_cos/sin: (T, HS/2) (LLaMA only).
   void forward(float* y, const float* x, BlockActs& acts, BlockScratch& s, const BlockDims& d,
@@ -60,8 +65,10 @@ class Block : public nn::Module {
                 const BlockDims& d, const float* rope_cos, const float* rope_sin, nn::Workspace& ws);
 
  private:
+  void reduce_from(const nn::Linear& layer, float* y, int N, int C);
   Arch arch_;
   float eps_;
+  parallel::TpComm& tp_;
   // GPT-2
   nn::LayerNorm* ln_1_ = nullptr;
   nn::LayerNorm* ln_2_ = nullptr;

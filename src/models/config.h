@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "parallel/context.h"
 #include "tensor/dtype.h"
 
 namespace mt::models {
@@ -35,6 +37,11 @@ struct ModelOptions {
   DType compute_dtype = DType::kF32;
   bool recompute = false;  // full activation checkpointing per block
   uint64_t seed = 1234;
+  // The layout this rank's part of the model belongs to (null: one process, the whole model).
+  std::shared_ptr<parallel::ParallelContext> parallel;
+  // Megatron's make_vocab_size_divisible_by: under tensor parallelism the vocabulary is padded to
+  // a multiple of this times tp (padding rows are zero and their logits never counted).
+  int vocab_divisible = 128;
 };
 
 }  // namespace mt::models

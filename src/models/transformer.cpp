@@ -1,7 +1,9 @@
 #include "models/transformer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "kernels/cpu/ops.h"
@@ -10,22 +12,42 @@
 
 namespace mt::models {
 
+int TransformerLM::padded_vocab() const {
+  if (tp_.size() == 1) return cfg_.vocab_size;
+  int m = opts_.vocab_divisible * tp_.size();
+  return (cfg_.vocab_size + m - 1) / m * m;
+}
+
 TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
     : Module(""), cfg_(cfg), opts_(opts) {
   cfg_.validate();
-  int C = cfg.hidden;
+  if (opts.parallel) tp_ = parallel::TpComm(opts.parallel->groups.tp, opts.parallel->timeout);
+  const int tp = tp_.size();
   bool gpt2 = cfg.arch == Arch::kGpt2;
+  if (tp > 1) {
+    auto need = [&](int v, const char* gpt2_key, const char* llama_key) {
+      MT_CHECK(v % tp == 0, ErrorKind::kInvalidArgument,
+               std::string("model.") + (gpt2 ? gpt2_key : llama_key) + " (" + std::to_string(v) +
+                   ") is not divisible by parallel.tp (" + std::to_string(tp) + "): Megatron's split gives each rank whole heads and equal MLP slices");
+    };
+    need(cfg.n_head, "n_head", "num_attention_heads");
+    need(cfg.n_kv_head, "n_head", "num_key_value_heads");
+    need(cfg.intermediate, "n_inner", "intermediate_size");
+    MT_CHECK(opts.vocab_divisible >= 1, ErrorKind::kInvalidArgument, "parallel.make_vocab_size_divisible_by must be >= 1");
+  }
+  int C = cfg.hidden;
+  const nn::TpPlace place{tp_.rank(), tp};
   auto* trunk = add_module(std::make_unique<nn::Container>(gpt2 ? "transformer" : "model"));
-  wte_ = trunk->add_module(std::make_unique<nn::Embedding>(gpt2 ? "wte" : "embed_tokens", cfg.vocab_size, C, true, cfg.init_std));
+  wte_ = trunk->add_module(std::make_unique<nn::Embedding>(gpt2 ? "wte" : "embed_tokens", cfg.vocab_size, C, true, cfg.init_std, place, padded_vocab()));
   if (gpt2) wpe_ = trunk->add_module(std::make_unique<nn::Embedding>("wpe", cfg.max_positions, C, false, cfg.init_std));
   // Blocks sit under "transformer" / "model" with local names "h.i" / "layers.i".
-  for (int l = 0; l < cfg.n_layer; ++l) blocks_.push_back(trunk->add_module(std::make_unique<Block>(cfg, l)));
+  for (int l = 0; l < cfg.n_layer; ++l) blocks_.push_back(trunk->add_module(std::make_unique<Block>(cfg, l, tp_)));
   if (gpt2) {
     norm_f_ = trunk->add_module(std::make_unique<nn::LayerNorm>("ln_f", C, cfg.norm_eps));
   } else {
     norm_f_ = trunk->add_module(std::make_unique<nn::RMSNorm>("norm", C, cfg.norm_eps));
   }
-  if (!cfg.tie_embeddings) lm_head_ = add_module(std::make_unique<nn::Embedding>("lm_head", cfg.vocab_size, C, true, cfg.init_std));
+  if (!cfg.tie_embeddings) lm_head_ = add_module(std::make_unique<nn::Embedding>("lm_head", cfg.vocab_size, C, true, cfg.init_std, place, padded_vocab()));
   finalize_names();
   store_ = std::make_unique<nn::ParamStore>(*this, opts.compute_dtype);
   store_->init(opts.seed);
@@ -39,10 +61,11 @@ void TransformerLM::prepare(int B, int T) {
   int HS = cfg_.head_dim();
   bool gpt2 = cfg_.arch == Arch::kGpt2;
   BlockDims d;
-  d.B = B; d.T = T; d.N = B * T; d.C = cfg_.hidden; d.NH = cfg_.n_head; d.NKV = cfg_.n_kv_head; d.HS = HS;
+  const int tp = tp_.size();
+  d.B = B; d.T = T; d.N = B * T; d.C = cfg_.hidden; d.NH = cfg_.n_head / tp; d.NKV = cfg_.n_kv_head / tp; d.HS = HS;
   d.QKV = (d.NH + 2 * d.NKV) * HS; d.A = d.NH * HS;
-  d.H = gpt2 ? cfg_.intermediate : 2 * cfg_.intermediate;
-  d.G = cfg_.intermediate;
+  d.G = cfg_.intermediate / tp;
+  d.H = gpt2 ? d.G : 2 * d.G;
   dims_ = d;
   DType cd = opts_.compute_dtype;
   size_t N = d.N, C = d.C, es = dtype_size(cd);
@@ -76,8 +99,10 @@ void TransformerLM::prepare(int B, int T) {
     rope_sin_ = rope_cos_ + ((static_cast<size_t>(T) * (HS / 2) + 15) / 16 * 16);
     kernels::rope_table(rope_cos_, rope_sin_, T, HS, cfg_.rope_theta);
   }
-  tokens_buffer_ = Buffer(N * 4, MemCategory::kActivations);
+  const bool vocab_parallel = tp_.size() > 1;  // + this shard's rows of the tokens
+  tokens_buffer_ = Buffer((vocab_parallel ? 2 : 1) * N * 4, MemCategory::kActivations);
   tokens_ = tokens_buffer_.as<int32_t>();
+  local_tokens_ = vocab_parallel ? tokens_ + N : nullptr;
   backward_ready_ = false;
 }
 
@@ -92,8 +117,23 @@ void TransformerLM::forward_trunk(const int32_t* tokens) {
   size_t NC = static_cast<size_t>(d.N) * d.C;
   nn::Parameter* wte = wte_->weight();
   wte_->run_hooks(nn::HookPoint::kPreForward);
-  kernels::embedding_forward(resid_, tokens_, wte->compute, wte->compute_dtype,
-                             wpe_ ? wpe_->weight()->master : nullptr, d.N, d.T, d.C);
+  if (tp_.size() == 1) {
+    kernels::embedding_forward(resid_, tokens_, wte->compute, wte->compute_dtype,
+                               wpe_ ? wpe_->weight()->master : nullptr, d.N, d.T, d.C);
+  } else {
+    // Vocabulary-parallel (Megatron's VocabParallelEmbedding): rows this shard does not hold are
+    // zero; the all-reduce assembles the lookup; positions are added once, after it.
+    const int v0 = wte_->first_row(), vl = wte_->local_rows();
+    for (int i = 0; i < d.N; ++i) local_tokens_[i] = tokens_[i] >= v0 && tokens_[i] < v0 + vl ? tokens_[i] - v0 : -1;
+    kernels::embedding_forward(resid_, local_tokens_, wte->compute, wte->compute_dtype, nullptr, d.N, d.T, d.C);
+    tp_.all_reduce(resid_, NC, "tp vocab embedding");
+    if (wpe_) {
+      const float* wpe = wpe_->weight()->master;
+#pragma omp parallel for schedule(static)
+      for (int i = 0; i < d.N; ++i)
+        for (int c = 0; c < d.C; ++c) resid_[static_cast<size_t>(i) * d.C + c] += wpe[static_cast<size_t>(i % d.T) * d.C + c];
+    }
+  }
   wte_->run_hooks(nn::HookPoint::kPostForward);
   for (int l = 0; l < cfg_.n_layer; ++l)
     blocks_[l]->forward(resid_ + (l + 1) * NC, resid_ + l * NC, acts_for(l), scratch_, d, rope_cos_,
@@ -127,18 +167,26 @@ float TransformerLM::forward(const int32_t* tokens, const int32_t* targets, floa
   nn::Module* head_module = lm_head_ ? lm_head_ : wte_;
   // The fused head accumulates the head's gradient during forward when training.
   head_module->run_hooks(loss_scale != 0.0f ? nn::HookPoint::kPreBackward : nn::HookPoint::kPreForward);
-  nn::Parameter* head = lm_head_ ? lm_head_->weight() : wte_->weight();
+  nn::Parameter* head = this->head();
   nn::LmHeadArgs a;
   a.x = nfc_;
   a.w = head->compute;
   a.dtype = head->compute_dtype;
   a.targets = targets;
-  a.N = d.N; a.C = d.C; a.V = cfg_.vocab_size;
+  a.N = d.N; a.C = d.C; a.V = static_cast<int>(head->shape[0]);
+  if (tp_.size() > 1) {  // vocabulary-parallel cross-entropy
+    a.v0 = static_cast<int>(head->shape[0]) * tp_.rank();
+    a.valid = std::max(0, std::min(a.V, cfg_.vocab_size - a.v0));
+    a.reduce_max = [this](float* v, size_t n) { tp_.all_reduce_max(v, n, "tp cross-entropy max"); };
+    a.reduce_sum = [this](float* v, size_t n) { tp_.all_reduce(v, n, "tp cross-entropy sum"); };
+  }
   a.grad_scale = count > 0 ? loss_scale / static_cast<float>(count) : 0.0f;
   a.dx = dnf_;
   a.dw = head->grad;
   a.losses = losses_;
   double total = nn::lm_head_cross_entropy(a, ws_);
+  // The head's input gradient is this vocabulary shard's part (copy-to region's backward).
+  if (loss_scale != 0.0f) tp_.all_reduce(dnf_, static_cast<size_t>(d.N) * d.C, "tp lm-head backward");
   head_module->run_hooks(loss_scale != 0.0f ? nn::HookPoint::kPostBackward : nn::HookPoint::kPostForward);
   backward_ready_ = loss_scale != 0.0f;
   if (count == 0) {
@@ -171,7 +219,7 @@ void TransformerLM::backward() {
   }
   wte_->run_hooks(nn::HookPoint::kPreBackward);
   kernels::embedding_backward(wte_->weight()->grad, wpe_ ? wpe_->weight()->grad : nullptr, dres_,
-                              tokens_, d.N, d.T, d.C);
+                              tp_.size() == 1 ? tokens_ : local_tokens_, d.N, d.T, d.C);
   wte_->run_hooks(nn::HookPoint::kPostBackward);
 }
 
@@ -233,8 +281,16 @@ void TransformerLM::logits(float* out, const int32_t* tokens) {
   backward_ready_ = false;
   nn::Module* head_module = lm_head_ ? lm_head_ : wte_;
   head_module->run_hooks(nn::HookPoint::kPreForward);
-  nn::Parameter* head = lm_head_ ? lm_head_->weight() : wte_->weight();
-  nn::lm_head_logits(out, nfc_, head->compute, head->compute_dtype, dims_.N, dims_.C, cfg_.vocab_size);
+  nn::Parameter* head = this->head();
+  if (tp_.size() == 1) {
+    nn::lm_head_logits(out, nfc_, head->compute, head->compute_dtype, dims_.N, dims_.C, cfg_.vocab_size);
+  } else {  // this shard's logits, gathered over the group; padding columns dropped
+    const size_t N = static_cast<size_t>(dims_.N), vl = static_cast<size_t>(head->shape[0]), V = cfg_.vocab_size;
+    std::vector<float> local(N * vl), all(N * vl * static_cast<size_t>(tp_.size()));
+    nn::lm_head_logits(local.data(), nfc_, head->compute, head->compute_dtype, dims_.N, dims_.C, static_cast<int>(vl));
+    tp_.gather_columns(all.data(), local.data(), N, vl, "tp logits");
+    for (size_t i = 0; i < N; ++i) std::memcpy(out + i * V, all.data() + i * vl * tp_.size(), V * sizeof(float));
+  }
   head_module->run_hooks(nn::HookPoint::kPostForward);
 }
 

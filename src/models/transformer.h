@@ -29,6 +29,9 @@ class TransformerLM : public nn::Module {
   const ModelConfig& config() const { return cfg_; }
   const ModelOptions& options() const { return opts_; }
   nn::ParamStore& store() { return *store_; }
+  parallel::TpComm& tp() { return tp_; }
+  // Rows of the (padded) vocabulary on this rank: cfg.vocab_size without tensor parallelism.
+  int padded_vocab() const;
 
   void prepare(int B, int T);
   int batch() const { return dims_.B; }
@@ -58,9 +61,11 @@ class TransformerLM : public nn::Module {
  private:
   void forward_trunk(const int32_t* tokens);  // embeddings, blocks, final norm -> nfc_
   BlockActs& acts_for(int layer) { return acts_[opts_.recompute ? 0 : layer]; }
+  nn::Parameter* head() const { return lm_head_ ? lm_head_->weight() : wte_->weight(); }
 
   ModelConfig cfg_;
   ModelOptions opts_;
+  parallel::TpComm tp_;  // the tensor-parallel group (of one without tensor parallelism)
   nn::Embedding* wte_ = nullptr;
   nn::Embedding* wpe_ = nullptr;  // GPT-2 only
   std::vector<Block*> blocks_;
@@ -82,6 +87,7 @@ class TransformerLM : public nn::Module {
   float* rope_cos_ = nullptr;   // (T, HS/2)
   float* rope_sin_ = nullptr;
   int32_t* tokens_ = nullptr;   // (N) copy of the last forward's tokens
+  int32_t* local_tokens_ = nullptr;  // (N) vocab-parallel: row in this rank's shard, or -1
   bool backward_ready_ = false;
   nn::Workspace ws_;
 };

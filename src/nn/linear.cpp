@@ -17,16 +17,35 @@ const void* gemm_operand(const float* dy, size_t n, DType dt, Workspace& ws) {
 
 }  // namespace
 
-Linear::Linear(std::string name, int in, int out, bool bias, WeightLayout layout, float init_std)
-    : Module(std::move(name)), in_(in), out_(out), layout_(layout) {
+Linear::Linear(std::string name, int in, int out, bool bias, WeightLayout layout, float init_std, TpKind tp,
+               TpPlace place, int parts)
+    : Module(std::move(name)), in_(in), out_(out), layout_(layout), tp_(tp), place_(place) {
   Shape shape = layout == WeightLayout::kOutIn ? Shape{out, in} : Shape{in, out};
-  weight_ = add_parameter("weight", shape, /*is_matrix=*/true, Init::kNormal, init_std);
-  if (bias) bias_ = add_parameter("bias", {out}, false, Init::kZeros);
+  const int out_dim = layout == WeightLayout::kOutIn ? 0 : 1;
+  TpSplit wsplit, bsplit;
+  if (tp == TpKind::kColumn) {
+    wsplit = {out_dim, parts, 0};
+    bsplit = {0, parts, 0};
+  } else if (tp == TpKind::kRow) {
+    wsplit = {1 - out_dim, 1, 0};
+  }
+  weight_ = add_parameter("weight", shape, /*is_matrix=*/true, Init::kNormal, init_std, wsplit, place);
+  if (bias) bias_ = add_parameter("bias", {out}, false, Init::kZeros, 0.0f, bsplit, place);
+  if (tp == TpKind::kColumn) out_ /= place.size;
+  if (tp == TpKind::kRow) in_ /= place.size;
+}
+
+void Linear::add_bias(float* y, int M) const {
+  if (!bias_) return;
+  const float* b = bias_->master;
+#pragma omp parallel for schedule(static)
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < out_; ++j) y[static_cast<size_t>(m) * out_ + j] += b[j];
 }
 
 void Linear::forward(float* y, const void* x, int M) {
   DType dt = weight_->compute_dtype;
-  const float* b = bias_ ? bias_->master : nullptr;
+  const float* b = bias_ && !bias_deferred() ? bias_->master : nullptr;
   if (layout_ == WeightLayout::kOutIn) {
     kernels::gemm(M, out_, in_, x, in_, false, weight_->compute, in_, true, y, out_, dt, false, b);
   } else {

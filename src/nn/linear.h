@@ -18,9 +18,18 @@ namespace mt::nn {
 
 enum class WeightLayout { kOutIn, kInOut };
 
+// Megatron's tensor-parallel linears. kColumn: the output features are split (the weight's out
+// dimension, and the bias), `parts` fused sub-blocks each split (c_attn's q|k|v); the input is
+// the whole activation. kRow: the input features are split, each rank's output is a partial sum
+// that the caller all-reduces, and the (replicated) bias is added once after that reduction
+// (add_bias), not by every rank inside the GEMM.
+enum class TpKind { kNone, kColumn, kRow };
+
 class Linear : public Module {
  public:
-  Linear(std::string name, int in, int out, bool bias, WeightLayout layout, float init_std);
+  // in, out: the whole layer's features; in()/out() are this rank's.
+  Linear(std::string name, int in, int out, bool bias, WeightLayout layout, float init_std,
+         TpKind tp = TpKind::kNone, TpPlace place = {}, int parts = 1);
 
   int in() const { return in_; }
   int out() const { return out_; }
@@ -28,13 +37,19 @@ class Linear : public Module {
   Parameter* weight() const { return weight_; }
   Parameter* bias() const { return bias_; }
 
-  void forward(float* y, const void* x, int M);
+  void forward(float* y, const void* x, int M);  // + bias unless bias_deferred()
+  // A row-parallel layer split over more than one rank leaves its bias to add_bias, after the
+  // all-reduce of the partial outputs.
+  bool bias_deferred() const { return bias_ && tp_ == TpKind::kRow && place_.size > 1; }
+  void add_bias(float* y, int M) const;
   // dx (M, in): overwritten (accumulate_dx == false) or added to. dx may be nullptr (not needed).
   void backward(float* dx, bool accumulate_dx, const float* dy, const void* x, int M, Workspace& ws);
 
  private:
   int in_, out_;
   WeightLayout layout_;
+  TpKind tp_;
+  TpPlace place_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
 };

@@ -1,11 +1,55 @@
 #include "nn/lm_head.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
 namespace mt::nn {
+namespace {
+
+// One tile of logits (r, V) of this shard: the loss of each row over the whole (distributed)
+// vocabulary, and, when training, dlogits = (softmax - onehot) * grad_scale in place.
+void vocab_parallel_tile(const LmHeadArgs& a, float* loss, float* logits, const int32_t* targets, int r) {
+  const int V = a.V, valid = a.valid < 0 ? a.V : a.valid;
+  std::vector<float> mx(static_cast<size_t>(r)), st(2 * static_cast<size_t>(r));
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < r; ++i) {
+    const float* l = logits + static_cast<size_t>(i) * V;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int v = 0; v < valid; ++v) m = std::max(m, l[v]);
+    mx[i] = m;
+  }
+  a.reduce_max(mx.data(), mx.size());
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < r; ++i) {
+    const float* l = logits + static_cast<size_t>(i) * V;
+    double sum = 0.0;
+    for (int v = 0; v < valid; ++v) sum += std::exp(static_cast<double>(l[v] - mx[i]));
+    int t = targets[i] - a.v0;
+    st[2 * i] = static_cast<float>(sum);
+    st[2 * i + 1] = targets[i] != -100 && t >= 0 && t < valid ? l[t] : 0.0f;
+  }
+  a.reduce_sum(st.data(), st.size());
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < r; ++i) {
+    float* l = logits + static_cast<size_t>(i) * V;
+    const bool ignored = targets[i] == -100;
+    const double lse = std::log(static_cast<double>(st[2 * i])) + mx[i];
+    loss[i] = ignored ? 0.0f : static_cast<float>(lse - st[2 * i + 1]);
+    if (a.grad_scale == 0.0f) continue;
+    const float g = ignored ? 0.0f : a.grad_scale;
+    const int t = targets[i] - a.v0;
+    for (int v = 0; v < V; ++v)
+      l[v] = v < valid ? g * static_cast<float>(std::exp(static_cast<double>(l[v]) - lse)) : 0.0f;
+    if (!ignored && t >= 0 && t < valid) l[t] -= g;
+  }
+}
+
+}  // namespace
 
 double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
   // Default tile: f32 logits of at most 64 MiB, split into equal tiles (a GEMM with a short K is
@@ -29,7 +73,11 @@ double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
     const char* x = static_cast<const char*>(a.x) + static_cast<size_t>(r0) * a.C * es;
     // logits (r, V) = x (r, C) w^T
     kernels::gemm(r, a.V, a.C, x, a.C, false, a.w, a.C, true, logits, a.V, a.dtype, false);
-    kernels::cross_entropy_tile(a.losses + r0, lse, logits, a.targets + r0, r, a.V, a.grad_scale);
+    if (a.reduce_sum) {
+      vocab_parallel_tile(a, a.losses + r0, logits, a.targets + r0, r);
+    } else {
+      kernels::cross_entropy_tile(a.losses + r0, lse, logits, a.targets + r0, r, a.V, a.grad_scale);
+    }
     for (int i = 0; i < r; ++i) total += a.losses[r0 + i];
     if (a.grad_scale == 0.0f) continue;
     if (a.dtype != DType::kF32) convert(dl, a.dtype, logits, DType::kF32, static_cast<size_t>(r) * a.V);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "nn/workspace.h"
 #include "tensor/dtype.h"
@@ -22,6 +23,13 @@ struct LmHeadArgs {
   float* dw = nullptr;      // (V, C) f32 +=  (when grad_scale != 0)
   float* losses = nullptr;  // (N) f32 = per-row loss (0 for ignored rows)
   int tile_rows = 0;        // 0: equal tiles of f32 logits of at most 64 MiB each
+  // Vocabulary-parallel (Megatron's vocab_parallel_cross_entropy): w holds rows [v0, v0 + V) of the
+  // padded vocabulary, of which the first `valid` are real words (-1: all); padding columns are
+  // never counted. Per tile, reduce_max and then reduce_sum combine per-row values over the
+  // tensor-parallel group (the row max; the sum of exponentials and the target's logit), so every
+  // rank gets the whole loss; dx is then this shard's partial sum, which the caller all-reduces.
+  int v0 = 0, valid = -1;
+  std::function<void(float*, size_t)> reduce_max, reduce_sum;
 };
 
 // Returns the sum of the per-row losses.

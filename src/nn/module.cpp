@@ -30,10 +30,13 @@ void Module::run_hooks(HookPoint point) {
 }
 
 Parameter* Module::add_parameter(const std::string& local, Shape shape, bool is_matrix, Init init,
-                                 float init_std) {
+                                 float init_std, TpSplit split, TpPlace place) {
   auto p = std::make_unique<Parameter>();
   p->name = local;
-  p->shape = std::move(shape);
+  p->shape = tp_local_shape(name_ + "." + local, shape, split, place);
+  p->global_shape = std::move(shape);
+  p->split = split;
+  p->place = place;
   p->is_matrix = is_matrix;
   p->init = init;
   p->init_std = init_std;

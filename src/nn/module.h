@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/tp_split.h"
 #include "tensor/tensor.h"
 
 namespace mt::nn {
@@ -20,18 +21,27 @@ enum class Init { kZeros, kOnes, kNormal };
 
 struct Parameter {
   std::string name;  // full dotted name, set when the tree is finished (Module::finalize_names)
-  Shape shape;
+  Shape shape;         // this rank's (local) shape
+  Shape global_shape;  // the whole parameter's shape (padded along dim 0 when split.valid > 0)
+  TpSplit split;       // how it is divided over the tensor-parallel group
+  TpPlace place;       // this rank's place in that group
   bool is_matrix = false;  // a GEMM operand: its compute copy is in the compute dtype
   Init init = Init::kZeros;
   float init_std = 0.0f;
   // Bound by ParamStore:
   size_t offset = 0;  // element offset in the flat buffers
+  size_t global_offset = 0;  // element offset in the one-process (unpadded, unsplit) layout
   float* master = nullptr;   // f32 value (optimizer's view)
   float* grad = nullptr;     // f32 gradient, accumulated (+=)
   void* compute = nullptr;   // value in compute_dtype (== master for f32 and for non-matrices)
   DType compute_dtype = DType::kF32;
 
   int64_t numel() const { return shape_numel(shape); }
+  Shape unpadded_shape() const { return tp_unpadded_shape(global_shape, split); }
+  int64_t global_numel() const { return shape_numel(unpadded_shape()); }
+  // Every rank of the tensor-parallel group holds the same values (and, outside sequence
+  // parallelism, gets the same gradient): counted once in a norm over the group.
+  bool tp_replicated() const { return split.dim < 0 || place.size == 1; }
   const float* f32() const { return master; }  // REQUIRES: !is_matrix or f32 compute
 };
 
@@ -59,8 +69,9 @@ class Module {
   void run_hooks(HookPoint point);
 
  protected:
+  // shape: the whole parameter's (global) shape; the local shape follows from split and place.
   Parameter* add_parameter(const std::string& local, Shape shape, bool is_matrix, Init init,
-                           float init_std = 0.0f);
+                           float init_std = 0.0f, TpSplit split = {}, TpPlace place = {});
   template <typename M>
   M* add_module(std::unique_ptr<M> m) {
     M* raw = m.get();

@@ -12,6 +12,8 @@ ParamStore::ParamStore(Module& root, DType compute_dtype) : compute_dtype_(compu
   for (Parameter* p : params_) {
     p->offset = numel_;
     numel_ += static_cast<size_t>(p->numel());
+    p->global_offset = global_numel_;
+    global_numel_ += static_cast<size_t>(p->global_numel());
   }
   bool lowp = compute_dtype != DType::kF32;
   master_ = Buffer(numel_ * 4, lowp ? MemCategory::kOptimizer : MemCategory::kParams);
@@ -54,17 +56,19 @@ void ParamStore::init(uint64_t seed) {
   for (Parameter* p : params_) {
     float* w = p->master;
     int64_t n = p->numel();
-    uint64_t pseed = splitmix64(seed + p->offset);
-    switch (p->init) {
-      case Init::kZeros: std::memset(w, 0, n * sizeof(float)); break;
-      case Init::kOnes:
-        for (int64_t i = 0; i < n; ++i) w[i] = 1.0f;
-        break;
-      case Init::kNormal:
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the name
+    for (char c : p->name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+    uint64_t pseed = splitmix64(seed ^ h);
+    std::memset(w, 0, static_cast<size_t>(n) * sizeof(float));  // padding stays 0
+    if (p->init == Init::kZeros) continue;
+    tp_for_each_run(p->global_shape, p->split, p->place, [&](int64_t lo, int64_t go, int64_t len) {
+      if (p->init == Init::kOnes) {
+        for (int64_t i = 0; i < len; ++i) w[lo + i] = 1.0f;
+        return;
+      }
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; ++i) w[i] = p->init_std * normal_at(pseed, static_cast<uint64_t>(i));
-        break;
-    }
+      for (int64_t i = 0; i < len; ++i) w[lo + i] = p->init_std * normal_at(pseed, static_cast<uint64_t>(go + i));
+    });
   }
   sync_compute();
 }

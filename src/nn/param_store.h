@@ -20,6 +20,9 @@ class ParamStore {
   ParamStore(Module& root, DType compute_dtype);
 
   size_t numel() const { return numel_; }
+  // Elements of the one-process layout (every parameter whole, no vocabulary padding): the layout
+  // of checkpoints; Parameter::global_offset indexes it.
+  size_t global_numel() const { return global_numel_; }
   DType compute_dtype() const { return compute_dtype_; }
   const std::vector<Parameter*>& parameters() const { return params_; }
   Parameter* find(const std::string& name) const;  // nullptr if absent
@@ -28,8 +31,10 @@ class ParamStore {
   float* grad() const { return grad_.as<float>(); }
   void* compute() const { return compute_.bytes() ? compute_.data() : master_.data(); }
 
-  // Deterministic initialisation from a seed (normal(0, std) via a counter-based generator, so the
-  // same seed gives the same weights whatever the thread count).
+  // Deterministic initialisation from a seed: element i of parameter `name` (i its index in the
+  // one-process tensor) is normal(0, std) from a counter-based generator keyed on (seed, name, i),
+  // so the same seed gives the same weights whatever the thread count, the tensor-parallel shard or
+  // the pipeline stage. Padding rows are zero.
   void init(uint64_t seed);
   void zero_grad();
   // Refreshes the compute copy from master (after an optimizer step or a weight load).
@@ -42,7 +47,7 @@ class ParamStore {
  private:
   std::vector<Parameter*> params_;
   DType compute_dtype_;
-  size_t numel_ = 0;
+  size_t numel_ = 0, global_numel_ = 0;
   Buffer master_, grad_, compute_;
   bool released_ = false;
 };

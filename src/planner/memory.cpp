@@ -43,6 +43,7 @@ struct ModelSkeleton {
   std::vector<std::unique_ptr<nn::Module>> embeddings;  // wte (+ wpe)
   std::unique_ptr<nn::Module> block;
   std::vector<std::unique_ptr<nn::Module>> tail;  // final norm (+ untied head)
+  parallel::TpComm tp{0, 1};  // TODO(issue 10): per-rank estimates under tensor parallelism
 
   explicit ModelSkeleton(const models::ModelConfig& cfg) {
     cfg.validate();
@@ -50,7 +51,7 @@ struct ModelSkeleton {
     int C = cfg.hidden;
     embeddings.push_back(std::make_unique<nn::Embedding>("wte", cfg.vocab_size, C, true, cfg.init_std));
     if (gpt2) embeddings.push_back(std::make_unique<nn::Embedding>("wpe", cfg.max_positions, C, false, cfg.init_std));
-    block = std::make_unique<models::Block>(cfg, 0);
+    block = std::make_unique<models::Block>(cfg, 0, tp);
     if (gpt2) {
       tail.push_back(std::make_unique<nn::LayerNorm>("ln_f", C, cfg.norm_eps));
     } else {

@@ -238,7 +238,11 @@ void embedding_forward(float* out, const int32_t* tokens, const void* wte, DType
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     float* y = out + static_cast<size_t>(n) * C;
-    convert(y, DType::kF32, table + static_cast<size_t>(tokens[n]) * row_bytes, wte_dtype, C);
+    if (tokens[n] >= 0) {
+      convert(y, DType::kF32, table + static_cast<size_t>(tokens[n]) * row_bytes, wte_dtype, C);
+    } else {
+      for (int c = 0; c < C; ++c) y[c] = 0.0f;
+    }
     if (wpe != nullptr) {
       const float* pos = wpe + static_cast<size_t>(n % T) * C;
       for (int c = 0; c < C; ++c) y[c] += pos[c];
@@ -256,8 +260,10 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
     const int c1 = c0 + kColBlock < C ? c0 + kColBlock : C;
     for (int n = 0; n < N; ++n) {
       const float* dy = dout + static_cast<size_t>(n) * C;
-      float* dw = dwte + static_cast<size_t>(tokens[n]) * C;
-      for (int c = c0; c < c1; ++c) dw[c] += dy[c];
+      if (dwte != nullptr && tokens[n] >= 0) {
+        float* dw = dwte + static_cast<size_t>(tokens[n]) * C;
+        for (int c = c0; c < c1; ++c) dw[c] += dy[c];
+      }
       if (dwpe != nullptr) {
         float* dp = dwpe + static_cast<size_t>(n % T) * C;
         for (int c = c0; c < c1; ++c) dp[c] += dy[c];

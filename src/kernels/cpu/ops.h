@@ -18,10 +18,11 @@ namespace mt::kernels {
 // ---- embedding ----
 // out[n,:] (=) = wte[tokens[n],:] + (wpe ? wpe[n % T,:] : 0)
 // wte: (V, C) of dtype wte_dtype (f32/bf16/f16); wpe: (>=T, C) f32 or nullptr.
-// REQUIRES: 0 <= tokens[n] < V (checked by the caller).
+// REQUIRES: tokens[n] < V (checked by the caller); a negative token gives a zero row plus wpe
+// (a vocabulary-parallel shard that does not hold the token).
 void embedding_forward(float* out, const int32_t* tokens, const void* wte, DType wte_dtype,
                        const float* wpe, int N, int T, int C);
-// dwte[tokens[n],:] += dout[n,:]; dwpe[n % T,:] += dout[n,:] (dwpe may be nullptr).
+// dwte[tokens[n],:] += dout[n,:] for tokens[n] >= 0; dwpe[n % T,:] += dout[n,:] (either may be nullptr).
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N,
                         int T, int C);
 
