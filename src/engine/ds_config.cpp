@@ -528,6 +528,15 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
     MT_CHECK(v >= 0, ErrorKind::kInvalidArgument, std::string(key) + ": must not be negative (got " + std::to_string(v) + ")");
   parse_data(root, c);
   parse_parallel(root, c, world_size);
+  if (c.tp > 1) {  // Megatron's split gives each rank whole heads and equal MLP slices
+    const bool gpt2 = c.model.arch == models::Arch::kGpt2;
+    for (auto [key, v] : {std::pair<const char*, int>{gpt2 ? "n_head" : "num_attention_heads", c.model.n_head},
+                          {gpt2 ? "n_head" : "num_key_value_heads", c.model.n_kv_head},
+                          {gpt2 ? "n_inner" : "intermediate_size", c.model.intermediate}})
+      MT_CHECK(v % c.tp == 0, ErrorKind::kInvalidArgument,
+               std::string("model.") + key + " (" + std::to_string(v) + ") is not divisible by parallel.tp (" +
+                   std::to_string(c.tp) + "): Megatron's split gives each rank whole heads and equal MLP slices");
+  }
   c.comm_timeout_s = root.number("comm_timeout", c.comm_timeout_s);
   MT_CHECK(c.comm_timeout_s > 0, ErrorKind::kInvalidArgument, "comm_timeout must be positive (seconds)");
   parse_batch(root, c, c.world_size);

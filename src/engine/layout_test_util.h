@@ -4,8 +4,12 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "nn/param_store.h"
 
 namespace mt::engine {
 
@@ -29,6 +33,20 @@ inline void layout_sample(uint64_t k, int32_t* tok, int32_t* tgt) {
     tok[i] = static_cast<int32_t>((k * 131 + static_cast<uint64_t>(i) * 29 + (k * k) % 13) % 97);
     tgt[i] = static_cast<int32_t>((k * 71 + static_cast<uint64_t>(i) * 37 + 5) % 97);
   }
+}
+
+// GPT-2's key bias: its gradient is zero in exact arithmetic (softmax is invariant to adding
+// q.b_k to a whole row), so what it gets is rounding noise, which Adam's m/sqrt(v) turns into steps
+// of arbitrary size; another summation order moves it differently. [begin, end) ranges of the
+// one-process layout, which the layout tests compare separately.
+inline std::vector<std::pair<size_t, size_t>> layout_key_bias_ranges(const nn::ParamStore& store) {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const nn::Parameter* p : store.parameters())
+    if (p->name.ends_with("attn.c_attn.bias")) {
+      size_t C = static_cast<size_t>(p->global_numel() / 3);
+      out.emplace_back(p->global_offset + C, p->global_offset + 2 * C);
+    }
+  return out;
 }
 
 }  // namespace mt::engine

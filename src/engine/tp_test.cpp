@@ -74,11 +74,7 @@ TpRun train(const Case& k, int processes, int g) {
     eng.gather_master(mine.master);
     for (auto& [name, v] : eng.gather_optimizer_state())
       if (name == "exp_avg") mine.exp_avg = std::move(v);
-    for (const nn::Parameter* p : model->store().parameters())
-      if (p->name.ends_with("attn.c_attn.bias")) {
-        size_t C = static_cast<size_t>(p->global_numel() / 3);
-        mine.noise.emplace_back(p->global_offset + C, p->global_offset + 2 * C);
-      }
+    mine.noise = layout_key_bias_ranges(model->store());
     if (b.rank() == 0) {
       std::lock_guard<std::mutex> lock(mu);
       out = std::move(mine);

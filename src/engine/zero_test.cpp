@@ -22,10 +22,7 @@ struct TrainRun {
   std::vector<float> losses;
   std::vector<double> norms;
   std::vector<float> master;  // full, gathered on rank 0
-  // GPT-2's key bias: its gradient is zero in exact arithmetic (softmax is invariant to adding
-  // q.b_k to a whole row), so what it gets is rounding noise, which Adam's m/sqrt(v) turns into
-  // steps of arbitrary size; a different summation order moves it differently. Compared separately.
-  std::vector<std::pair<size_t, size_t>> noise;  // [begin, end) in the one-process layout
+  std::vector<std::pair<size_t, size_t>> noise;  // layout_key_bias_ranges
   size_t peak_live = 0;
 };
 
@@ -62,11 +59,7 @@ TrainRun train(const std::string& arch, int stage, const std::string& dtype, int
       mine.norms.push_back(r.grad_norm);
     }
     eng.gather_master(mine.master);
-    for (const nn::Parameter* p : model->store().parameters())
-      if (p->name.ends_with("attn.c_attn.bias")) {
-        size_t C = static_cast<size_t>(p->global_numel() / 3);
-        mine.noise.emplace_back(p->global_offset + C, p->global_offset + 2 * C);
-      }
+    mine.noise = layout_key_bias_ranges(model->store());
     if (eng.zero()) mine.peak_live = eng.zero()->peak_live_param_elems();
     if (b.rank() == 0) {
       std::lock_guard<std::mutex> lock(mu);
