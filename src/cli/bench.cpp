@@ -18,7 +18,8 @@
 #include "base/timer.h"
 #include "cli/commands.h"
 #include "engine/hf_config.h"
-#include "engine/trainer.h"
+#include "engine/ds_config.h"
+#include "engine/engine.h"
 #include "kernels/cpu/gemm.h"
 #include "models/device_lm.h"
 #include "serve/generator.h"
@@ -178,13 +179,16 @@ void run_bench(const BenchArgs& args) {
   models::ModelConfig cfg = engine::hf_config_load(args.config);
   models::ModelOptions opts;
   opts.compute_dtype = dtype_from_name(args.dtype);
-  opts.recompute = args.recompute;
-  auto model = std::make_unique<models::TransformerLM>(cfg, opts);
-  model->prepare(args.batch, args.seq);
-  engine::TrainerOptions topts;
-  topts.adamw.lr = 1e-4f;
-  topts.loss_scale = opts.compute_dtype == DType::kF16 ? 1024.0f : 1.0f;
-  engine::Trainer trainer(*model, topts);
+  // The production step: the engine over one process (AdamW, clipping 1.0, a static f16 scale).
+  nlohmann::json rc = {{"model", args.config}, {"seq_length", args.seq}, {"train_micro_batch_size_per_gpu", args.batch},
+                       {"gradient_accumulation_steps", 1}, {"gradient_clipping", 1.0},
+                       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}}};
+  if (opts.compute_dtype == DType::kBF16) rc["bf16"] = {{"enabled", true}};
+  if (opts.compute_dtype == DType::kF16) rc["fp16"] = {{"enabled", true}, {"loss_scale", 1024}};
+  if (args.recompute) rc["activation_checkpointing"] = {{"enabled", true}};
+  engine::RunConfig run_cfg = engine::ds_config_parse(rc, args.config);
+  auto model = engine::engine_build_model(run_cfg);
+  engine::Engine trainer(run_cfg, *model);
 
   int N = args.batch * args.seq;
   std::vector<int32_t> tokens(N), targets(N);
@@ -192,18 +196,22 @@ void run_bench(const BenchArgs& args) {
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<unsigned>(cfg.vocab_size));
   for (int i = 0; i < N; ++i) targets[i] = (i + 1) % args.seq == 0 ? tokens[i] : tokens[i + 1];
 
-  for (int i = 0; i < args.warmup; ++i) trainer.step(tokens.data(), targets.data());
+  auto step = [&] {
+    trainer.forward_backward(tokens.data(), targets.data());
+    return trainer.step();
+  };
+  for (int i = 0; i < args.warmup; ++i) step();
   Allocator::global().reset_peaks();
   std::vector<double> times;
-  engine::StepStats last;
+  engine::StepResult last;
   double fwd = 0, bwd = 0, opt = 0;
   for (int i = 0; i < args.steps; ++i) {
     Timer t;
-    last = trainer.step(tokens.data(), targets.data());
+    last = step();
     times.push_back(t.seconds());
     fwd += last.forward_seconds;
     bwd += last.backward_seconds;
-    opt += last.optimizer_seconds;
+    opt += last.step_seconds;
   }
   std::sort(times.begin(), times.end());
   double step_s = times[times.size() / 2];  // median

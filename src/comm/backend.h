@@ -43,8 +43,12 @@ struct GatherOptions : CommOptions { int root = 0; };
 struct ScatterOptions : CommOptions { int root = 0; };
 struct ReduceScatterOptions : CommOptions { ReduceOp op = ReduceOp::kSum; };
 struct AllToAllOptions : CommOptions {};
-struct SendOptions : CommOptions {};
-struct RecvOptions : CommOptions {};
+// Point to point messages carry an integer tag (MPI's): a recv matches the next send from its
+// peer with the same tag, so a pipeline stage can receive the activation of micro-batch 3 before a
+// gradient sent earlier. 0 <= msg_tag <= kMaxMsgTag (the MPI standard's guaranteed minimum).
+inline constexpr int kMaxMsgTag = 32767;
+struct SendOptions : CommOptions { int msg_tag = 0; };
+struct RecvOptions : CommOptions { int msg_tag = 0; };
 struct BarrierOptions : CommOptions {};
 
 // CommTimeout: a collective that did not complete within its timeout. kind() is kTimeout;
@@ -116,7 +120,8 @@ class Backend {
   // send (size*count), recv (size*count): recv block s on rank r = send block r of rank s.
   virtual std::unique_ptr<Work> all_to_all(void* recv, const void* send, size_t count, DType dtype,
                                            const AllToAllOptions& opts);
-  // Point to point; not part of the collective sequence. Messages between one pair arrive in order.
+  // Point to point; not part of the collective sequence. Messages between one pair with one
+  // msg_tag arrive in order; different tags are independent queues.
   virtual std::unique_ptr<Work> send(const void* buf, size_t count, DType dtype, int dst,
                                      const SendOptions& opts);
   virtual std::unique_ptr<Work> recv(void* buf, size_t count, DType dtype, int src,

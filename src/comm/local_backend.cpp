@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 namespace mt::comm {
 namespace {
@@ -52,14 +53,16 @@ struct P2pMsg {
   std::exception_ptr error;
 };
 
+using Channel = std::tuple<int, int, int>;  // (src, dst, msg_tag)
+
 struct LocalGroup {
   explicit LocalGroup(int n) : size(n) {}
   const int size;
   std::mutex mu;
   std::condition_variable cv;
   std::map<uint64_t, std::shared_ptr<Op>> ops;
-  // (src, dst) -> unmatched sends or unmatched recvs (only one of the two is non-empty).
-  std::map<std::pair<int, int>, std::deque<std::shared_ptr<P2pMsg>>> sends, recvs;
+  // (src, dst, msg_tag) -> unmatched sends or unmatched recvs (only one of the two is non-empty).
+  std::map<Channel, std::deque<std::shared_ptr<P2pMsg>>> sends, recvs;
 };
 
 std::vector<float> widen(const void* src, DType dtype, size_t n) {
@@ -178,11 +181,11 @@ class LocalBackend : public Backend {
 
   std::unique_ptr<Work> send(const void* buf, size_t count, DType dtype, int dst,
                              const SendOptions& o) override {
-    return p2p(true, const_cast<void*>(buf), count * dtype_size(dtype), dst, o);
+    return p2p(true, const_cast<void*>(buf), count * dtype_size(dtype), dst, o.msg_tag, o);
   }
   std::unique_ptr<Work> recv(void* buf, size_t count, DType dtype, int src,
                              const RecvOptions& o) override {
-    return p2p(false, buf, count * dtype_size(dtype), src, o);
+    return p2p(false, buf, count * dtype_size(dtype), src, o.msg_tag, o);
   }
 
   std::shared_ptr<Backend> split(int color, int key) override {
@@ -233,12 +236,14 @@ class LocalBackend : public Backend {
     });
   }
 
-  std::unique_ptr<Work> p2p(bool is_send, void* buf, size_t bytes, int peer, const CommOptions& o) {
+  std::unique_ptr<Work> p2p(bool is_send, void* buf, size_t bytes, int peer, int tag, const CommOptions& o) {
     const char* what = is_send ? "send" : "recv";
     MT_CHECK(peer >= 0 && peer < size() && peer != rank_, ErrorKind::kInvalidArgument,
              std::string(what) + ": peer " + std::to_string(peer) + " is not another rank of a group of " +
                  std::to_string(size()));
-    const std::pair<int, int> channel = is_send ? std::make_pair(rank_, peer) : std::make_pair(peer, rank_);
+    MT_CHECK(tag >= 0 && tag <= kMaxMsgTag, ErrorKind::kInvalidArgument,
+             std::string(what) + ": msg_tag " + std::to_string(tag) + " is outside [0, " + std::to_string(kMaxMsgTag) + "]");
+    const Channel channel = is_send ? Channel{rank_, peer, tag} : Channel{peer, rank_, tag};
     const uint64_t seq = (is_send ? send_seq_ : recv_seq_)[peer]++;
     std::lock_guard<std::mutex> lock(group_->mu);
     auto& mine = (is_send ? group_->sends : group_->recvs)[channel];
@@ -250,8 +255,9 @@ class LocalBackend : public Backend {
       if (is_send) msg->send = buf; else msg->recv = buf;
       if (msg->bytes != bytes) {
         msg->error = std::make_exception_ptr(Error(
-            ErrorKind::kInvalidArgument, "send/recv between ranks " + std::to_string(channel.first) +
-                                             " -> " + std::to_string(channel.second) + ": " +
+            ErrorKind::kInvalidArgument, "send/recv between ranks " + std::to_string(std::get<0>(channel)) +
+                                             " -> " + std::to_string(std::get<1>(channel)) + " (tag " +
+                                             std::to_string(tag) + "): " +
                                              std::to_string(msg->bytes) + " vs " +
                                              std::to_string(bytes) + " bytes"));
       } else if (bytes) {

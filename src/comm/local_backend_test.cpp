@@ -230,6 +230,33 @@ TEST(LocalBackend, SendRecvInOrder) {
   });
 }
 
+TEST(LocalBackend, SendRecvMatchByTag) {
+  run(2, [](Backend& b) {
+    if (b.rank() == 0) {
+      float grad = 1, act = 2;
+      SendOptions g, a;
+      g.msg_tag = 1;  // sent first
+      a.msg_tag = 2;
+      auto w1 = b.send(&grad, 1, DType::kF32, 1, g);
+      auto w2 = b.send(&act, 1, DType::kF32, 1, a);
+      w1->wait();
+      w2->wait();
+    } else {
+      float act = 0, grad = 0;
+      RecvOptions a, g;
+      a.msg_tag = 2;  // received first
+      g.msg_tag = 1;
+      b.recv(&act, 1, DType::kF32, 0, a)->wait();
+      b.recv(&grad, 1, DType::kF32, 0, g)->wait();
+      EXPECT_EQ(act, 2.0f);
+      EXPECT_EQ(grad, 1.0f);
+      RecvOptions bad;
+      bad.msg_tag = kMaxMsgTag + 1;
+      EXPECT_THROW(b.recv(&act, 1, DType::kF32, 0, bad), Error);
+    }
+  });
+}
+
 TEST(LocalBackend, NewGroupAndSplit) {
   run(kN, [](Backend& b) {
     auto g = b.new_group({3, 1});

@@ -202,19 +202,26 @@ class MpiBackend : public Backend {
     return w;
   }
 
+  static void check_msg_tag(int tag, const char* what) {
+    MT_CHECK(tag >= 0 && tag <= kMaxMsgTag, ErrorKind::kInvalidArgument,
+             std::string(what) + ": msg_tag " + std::to_string(tag) + " is outside [0, " + std::to_string(kMaxMsgTag) + "]");
+  }
+
   std::unique_ptr<Work> send(const void* buf, size_t count, DType dtype, int dst,
                              const SendOptions& o) override {
     check_peer(dst, "send");
+    check_msg_tag(o.msg_tag, "send");
     auto w = std::make_unique<MpiWork>(this, "send", send_seq_++, dst, o);
-    check_mpi(MPI_Isend(buf, bytes(count, dtype, "send"), MPI_BYTE, dst, 0, comm_, &w->req), "Isend");
+    check_mpi(MPI_Isend(buf, bytes(count, dtype, "send"), MPI_BYTE, dst, o.msg_tag, comm_, &w->req), "Isend");
     return w;
   }
 
   std::unique_ptr<Work> recv(void* buf, size_t count, DType dtype, int src,
                              const RecvOptions& o) override {
     check_peer(src, "recv");
+    check_msg_tag(o.msg_tag, "recv");
     auto w = std::make_unique<MpiWork>(this, "recv", recv_seq_++, src, o);
-    check_mpi(MPI_Irecv(buf, bytes(count, dtype, "recv"), MPI_BYTE, src, 0, comm_, &w->req), "Irecv");
+    check_mpi(MPI_Irecv(buf, bytes(count, dtype, "recv"), MPI_BYTE, src, o.msg_tag, comm_, &w->req), "Irecv");
     return w;
   }
 

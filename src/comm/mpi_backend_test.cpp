@@ -165,6 +165,23 @@ void check_p2p_and_groups(Backend& b) {
   rw->wait();
   EXPECT(in == static_cast<float>((me + n - 1) % n), "ring send/recv");
 
+  // Tagged: two messages to the next rank, received in the other order by tag.
+  float t7 = 100.0f + me, t9 = 200.0f + me, r7 = -1, r9 = -1;
+  SendOptions s7, s9;
+  s7.msg_tag = 7;
+  s9.msg_tag = 9;
+  auto w7 = b.send(&t7, 1, DType::kF32, (me + 1) % n, s7);
+  auto w9 = b.send(&t9, 1, DType::kF32, (me + 1) % n, s9);
+  RecvOptions q7, q9;
+  q7.msg_tag = 7;
+  q9.msg_tag = 9;
+  b.recv(&r9, 1, DType::kF32, (me + n - 1) % n, q9)->wait();
+  b.recv(&r7, 1, DType::kF32, (me + n - 1) % n, q7)->wait();
+  w7->wait();
+  w9->wait();
+  EXPECT(r9 == 200.0f + static_cast<float>((me + n - 1) % n) && r7 == 100.0f + static_cast<float>((me + n - 1) % n),
+         "tagged send/recv matched by tag");
+
   auto half = b.split(me % 2, me);  // even and odd ranks
   float v = static_cast<float>(me);
   half->all_reduce(&v, 1, DType::kF32, {})->wait();

@@ -13,7 +13,8 @@
 #include "engine/golden_test_util.h"
 #include "engine/hf_config.h"
 #include "engine/hf_weights.h"
-#include "engine/trainer.h"
+#include "engine/ds_config.h"
+#include "engine/engine.h"
 #include "models/transformer.h"
 
 namespace mt::engine {
@@ -26,6 +27,20 @@ using testing::cosine;
 using testing::make_model;
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {};
+
+// The production engine over the golden model: one micro-batch of the golden shape per step.
+RunConfig golden_run_config(const Golden& g, const std::string& name, nlohmann::json extra) {
+  const auto& md = g.file->metadata();
+  nlohmann::json j = {{"model", std::string(MT_SOURCE_DIR) + "/configs/models/" + name + ".json"},
+                      {"seq_length", g.T}, {"train_micro_batch_size_per_gpu", g.B}, {"gradient_accumulation_steps", 1},
+                      {"optimizer", {{"type", "AdamW"},
+                                     {"params", {{"lr", std::stod(md.at("lr"))},
+                                                 {"betas", {std::stod(md.at("beta1")), std::stod(md.at("beta2"))}},
+                                                 {"eps", std::stod(md.at("eps"))},
+                                                 {"weight_decay", std::stod(md.at("weight_decay"))}}}}}};
+  j.update(extra);
+  return ds_config_parse(j, "golden " + name);
+}
 
 TEST_P(GoldenTest, Fp32LogitsLossAndEveryGradient) {
   Golden g = load_golden(GetParam());
@@ -66,20 +81,15 @@ TEST_P(GoldenTest, RecomputeGivesIdenticalGradients) {
 TEST_P(GoldenTest, Fp32AdamWStepsMatchPyTorch) {
   Golden g = load_golden(GetParam());
   auto m = make_model(g, DType::kF32, false);
-  const auto& md = g.file->metadata();
-  TrainerOptions o;
-  o.adamw.lr = std::stof(md.at("lr"));
-  o.adamw.beta1 = std::stof(md.at("beta1"));
-  o.adamw.beta2 = std::stof(md.at("beta2"));
-  o.adamw.eps = std::stof(md.at("eps"));
-  o.adamw.weight_decay = std::stof(md.at("weight_decay"));
-  o.clip_norm = 0.0f;
-  Trainer trainer(*m, o);
+  RunConfig rc = golden_run_config(g, GetParam(), nlohmann::json::object());
+  Engine eng(rc, *m);
   std::vector<float> ref_losses = g.file->read_f32("step_losses");
   ASSERT_EQ(static_cast<int>(ref_losses.size()), g.steps);
   for (int s = 0; s < g.steps; ++s) {
-    StepStats st = trainer.step(g.tokens.data(), g.targets.data());
-    EXPECT_LE(std::fabs(st.loss - ref_losses[s]) / std::fabs(ref_losses[s]), 1e-4) << "step " << s;
+    float loss = eng.forward_backward(g.tokens.data(), g.targets.data());
+    StepResult st = eng.step();
+    EXPECT_FALSE(st.skipped);
+    EXPECT_LE(std::fabs(loss - ref_losses[s]) / std::fabs(ref_losses[s]), 1e-4) << "step " << s;
   }
   // NOTE: an element whose gradient is zero in exact arithmetic (GPT-2's key bias: softmax is
   // invariant to adding q.b_k to a whole row) has a gradient of rounding noise (~1e-10) in PyTorch
@@ -127,11 +137,12 @@ TEST_P(GoldenTest, F16WithinTolerance) { check_low_precision(load_golden(GetPara
 TEST_P(GoldenTest, F16OverflowIsDetectedAndTheStepSkipped) {
   Golden g = load_golden(GetParam());
   auto m = make_model(g, DType::kF16, false);
-  TrainerOptions o;
-  o.loss_scale = 3e38f;  // the scaled gradients overflow f32
-  Trainer trainer(*m, o);
+  // A dynamic scale of 2^127: the scaled gradients overflow f32.
+  RunConfig rc = golden_run_config(g, GetParam(), {{"fp16", {{"enabled", true}, {"initial_scale_power", 127}}}});
+  Engine eng(rc, *m);
   std::vector<float> before(m->store().master(), m->store().master() + m->store().numel());
-  StepStats st = trainer.step(g.tokens.data(), g.targets.data());
+  eng.forward_backward(g.tokens.data(), g.targets.data());
+  StepResult st = eng.step();
   EXPECT_TRUE(st.skipped);
   EXPECT_FALSE(std::isfinite(st.grad_norm));
   for (size_t i = 0; i < before.size(); ++i) ASSERT_EQ(before[i], m->store().master()[i]);
