@@ -153,7 +153,9 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                  static_cast<long long>(cfg.batch.micro_batch_per_gpu),
                  static_cast<long long>(cfg.batch.gradient_accumulation_steps), DW, static_cast<long long>(cfg.seq_length),
                  dtype_name(cfg.compute_dtype), cfg.zero.stage,
-                 ctx->tp() > 1 ? (", tensor parallel " + std::to_string(ctx->tp())).c_str() : "");
+                 ctx->tp() > 1 ? (", tensor parallel " + std::to_string(ctx->tp()) +
+                                  (ctx->sequence_parallel ? " (sequence parallel)" : "")).c_str()
+                               : "");
   std::ofstream metrics;
   if (lead && !args.metrics.empty()) {
     metrics.open(args.metrics, std::ios::app);
@@ -201,6 +203,10 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       nlohmann::json m = {{"step", done}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
                           {"loss_scale", r.loss_scale}, {"skipped", r.skipped}, {"tokens_per_s", tok_s},
                           {"tflops", flops / secs / 1e12}};
+      if (cfg.tp > 1) {
+        m["tp_comm_bytes"] = r.tp_comm_bytes;
+        m["tp_comm_seconds"] = r.tp_comm_seconds;
+      }
       if (have_val) m["val_loss"] = val_loss;
       MemStats mem = eng.memory_stats();
       for (int c = 0; c < kMemCategoryCount; ++c)
@@ -223,9 +229,13 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                   r.skipped ? " (skipped: overflow)" : "");
     }
     if (lead && cfg.wall_clock_breakdown && (done % cfg.steps_per_print == 0 || done == cfg.train_iters))
-      std::printf("%stime (ms) | forward: %.2f | backward: %.2f | step: %.2f | data: %.2f\n", tty ? "\n" : "",
+      std::printf("%stime (ms) | forward: %.2f | backward: %.2f | step: %.2f | data: %.2f%s\n", tty ? "\n" : "",
                   r.forward_seconds * 1e3, r.backward_seconds * 1e3, r.step_seconds * 1e3,
-                  (secs - r.forward_seconds - r.backward_seconds - r.step_seconds) * 1e3);
+                  (secs - r.forward_seconds - r.backward_seconds - r.step_seconds) * 1e3,
+                  cfg.tp > 1 ? (" | tp comm: " + std::to_string(r.tp_comm_seconds * 1e3).substr(0, 8) + " (" +
+                                std::to_string(r.tp_comm_bytes >> 20) + " MiB)")
+                                   .c_str()
+                             : "");
     if (lead && have_val)
       std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), val_loss);
     // A stop signal on any rank stops every rank after the same step (one tiny all-reduce).

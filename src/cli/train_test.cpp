@@ -499,7 +499,8 @@ TEST(TrainMpi, CheckpointsLoadAtAnyStageAndWorldSize) {
 
 // Tensor parallelism through `meshtrain launch ... --set parallel.tp=N` (the in-process suite,
 // engine/tp_test.cpp, runs the whole matrix): GPT-2 and LLaMA with grouped kv heads, tp 2 and 4,
-// tp 2 x dp 2 with ZeRO 1-3, recompute, bf16; losses and checkpointed weights equal one process's,
+// tp 2 x dp 2 with ZeRO 1-3, recompute, bf16, sequence parallelism (by parallel.sequence_parallel or
+// activation_checkpointing.partition_activations); losses and checkpointed weights equal one process's,
 // and a tp checkpoint resumes in one process and exports to Hugging Face.
 TEST(TrainMpi, TensorParallelMatchesOneProcess) {
   write_dataset(dir() + "/train", 30);
@@ -512,11 +513,14 @@ TEST(TrainMpi, TensorParallelMatchesOneProcess) {
     const char* name;
     int n, tp, stage;
     bool llama, bf16, recompute;
+    bool sp = false;
   };
   const std::vector<Layout> layouts = {{"tp2", 2, 2, 0, false, false, false},      {"tp4", 4, 4, 0, false, false, false},
                                        {"tp2dp2s1", 4, 2, 1, false, false, false}, {"tp2dp2s2", 4, 2, 2, false, false, false},
                                        {"tp2dp2s3rc", 4, 2, 3, false, false, true}, {"llama-tp2", 2, 2, 0, true, false, false},
-                                       {"llama-tp2dp2s3", 4, 2, 3, true, false, false}, {"bf16-tp2", 2, 2, 0, false, true, false}};
+                                       {"llama-tp2dp2s3", 4, 2, 3, true, false, false}, {"bf16-tp2", 2, 2, 0, false, true, false},
+                                       {"tp2-sp", 2, 2, 0, false, false, false, true},  {"tp4-sp-rc", 4, 4, 0, false, false, true, true},
+                                       {"llama-tp2dp2s2-sp", 4, 2, 2, true, false, false, true}};
   for (const char* ref : {"gpt2", "llama", "bf16"}) {
     nlohmann::json more = std::string(ref) == "llama" ? llama : std::string(ref) == "bf16" ? bf16 : nlohmann::json::object();
     std::string one = std::string("tp-one-") + ref;
@@ -526,6 +530,9 @@ TEST(TrainMpi, TensorParallelMatchesOneProcess) {
     std::string ref = l.llama ? "llama" : l.bf16 ? "bf16" : "gpt2";
     nlohmann::json more = l.llama ? llama : l.bf16 ? bf16 : nlohmann::json::object();
     if (l.recompute) more["activation_checkpointing"] = {{"enabled", true}};
+    // Sequence parallelism by Megatron's key, or by DeepSpeed's partition_activations.
+    if (l.sp && l.recompute) more["activation_checkpointing"]["partition_activations"] = true;
+    else if (l.sp) more["parallel"] = {{"sequence_parallel", true}};
     std::string name = std::string("tp-") + l.name, err;
     ASSERT_EQ(run(launch(l.n) + dp_config(name, l.stage, more) + " --set parallel.tp=" + std::to_string(l.tp) +
                       " --metrics " + dir() + "/" + name + ".jsonl",

@@ -477,8 +477,7 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
   MT_CHECK(pp == 1, ErrorKind::kNotSupported, p.where("pp") + ": " + std::to_string(pp) + " is not implemented yet (only 1)");
   int64_t sp = p.integer("sp", 1);
   MT_CHECK(sp == 1, ErrorKind::kNotSupported, p.where("sp") + ": " + std::to_string(sp) + " is not implemented yet (only 1)");
-  MT_CHECK(!p.boolean("sequence_parallel", false), ErrorKind::kNotSupported,
-           p.where("sequence_parallel") + ": sequence parallelism is not implemented yet");
+  c.sequence_parallel = p.boolean("sequence_parallel", false) && c.tp > 1;
   int64_t vd = p.integer("make_vocab_size_divisible_by", 128);
   MT_CHECK(vd >= 1, ErrorKind::kInvalidArgument, p.where("make_vocab_size_divisible_by") + ": must be >= 1");
   c.vocab_divisible = static_cast<int>(vd);
@@ -552,13 +551,19 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
     c.activation_checkpointing = a.boolean("enabled", true);  // our extension; the block alone enables it
     // DeepSpeed partitions checkpointed activations over the tp group: a no-op with tp = 1 (as in
     // DeepSpeed); with tp > 1 it is Megatron's sequence parallelism, not implemented yet.
-    MT_CHECK(!a.boolean("partition_activations", false) || c.tp == 1, ErrorKind::kNotSupported,
-             a.where("partition_activations") + ": partitioning activations over tp > 1 is sequence parallelism, not implemented yet");
+    // DeepSpeed partitions the checkpointed activations over the tp group: Megatron's sequence
+    // parallelism here (a no-op with tp = 1, as in DeepSpeed).
+    if (a.boolean("partition_activations", false) && c.tp > 1) c.sequence_parallel = true;
     a.require_default("cpu_checkpointing", false, "CPU checkpointing is not supported yet");
     for (const char* k : {"contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile"})
       a.unparsed(k, Unparsed::kWarn);
     a.finish();
   }
+  if (c.sequence_parallel && (c.batch.micro_batch_per_gpu * c.seq_length) % c.tp != 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "parallel.sequence_parallel splits train_micro_batch_size_per_gpu x seq_length (" +
+                    std::to_string(c.batch.micro_batch_per_gpu * c.seq_length) + " tokens) over parallel.tp (" +
+                    std::to_string(c.tp) + "): they must divide evenly");
   c.steps_per_print = root.integer("steps_per_print", 10);
   c.wall_clock_breakdown = root.boolean("wall_clock_breakdown", false);
   // DeepSpeed keys that change what is trained: refused when enabled.

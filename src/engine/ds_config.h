@@ -67,6 +67,10 @@ struct RunConfig {
   int processes = 1;   // every process of the job
   // parallel.tp: Megatron's tensor parallelism over tp consecutive ranks (dp = processes / tp).
   int tp = 1;
+  // parallel.sequence_parallel (Megatron's --sequence-parallel): norms, residual adds and the
+  // residual stream on each tp rank's share of the tokens. A no-op with tp = 1.
+  // activation_checkpointing.partition_activations maps onto it (DeepSpeed's name).
+  bool sequence_parallel = false;
   // parallel.make_vocab_size_divisible_by (Megatron's --make-vocab-size-divisible-by): under
   // tp > 1 the vocabulary is padded to a multiple of this times tp.
   int vocab_divisible = 128;

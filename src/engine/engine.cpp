@@ -28,7 +28,7 @@ optim::LossScalerConfig scaler_config(const RunConfig& c) {
 
 std::shared_ptr<parallel::ParallelContext> engine_parallel_context(const RunConfig& config,
                                                                    std::shared_ptr<comm::Backend> world) {
-  return parallel::make_parallel_context(std::move(world), config.tp, 1, false,
+  return parallel::make_parallel_context(std::move(world), config.tp, 1, config.sequence_parallel,
                                          std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout_s * 1000.0)));
 }
 
@@ -261,6 +261,9 @@ StepResult Engine::step() {
   StepResult r;
   r.forward_seconds = forward_seconds_;
   r.backward_seconds = backward_seconds_;
+  r.tp_comm_bytes = model_.tp().bytes();
+  r.tp_comm_seconds = model_.tp().seconds();
+  model_.tp().reset_bytes();
   r.loss = static_cast<float>(mean_over_ranks(loss_sum_ / micro_in_step_));
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();

@@ -31,6 +31,10 @@ struct StepResult {
   // Wall-clock seconds of this step's parts (DeepSpeed's wall_clock_breakdown): forward and
   // backward summed over its micro-batches, and the optimizer step (norm, clip, update).
   double forward_seconds = 0.0, backward_seconds = 0.0, step_seconds = 0.0;
+  // Tensor parallelism: bytes this rank handed to the tp collectives this step, and the wall time
+  // spent in them (waiting for the peers included).
+  size_t tp_comm_bytes = 0;
+  double tp_comm_seconds = 0.0;
 };
 
 class Engine {

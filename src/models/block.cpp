@@ -38,18 +38,18 @@ void store_cd(void* dst, DType cd, const float* src, size_t n) {
 
 size_t BlockActs::layout(BlockActs* a, char* base, const BlockDims& d, DType cd, bool layernorm) {
   Carver c(base);
-  size_t N = d.N, es = dtype_size(cd);
+  size_t N = d.N, R = d.rows(), es = dtype_size(cd);
   bool f32 = cd == DType::kF32;
-  a->mean1 = layernorm ? c.f32(N) : nullptr;
-  a->rstd1 = c.f32(N);
+  a->mean1 = layernorm ? c.f32(R) : nullptr;
+  a->rstd1 = c.f32(R);
   a->n1c = c.take(N * d.C * es);
   a->qkv = c.f32(N * d.QKV);
   a->att = c.f32(N * d.A);
   a->lse = c.f32(static_cast<size_t>(d.B) * d.NH * d.T);
   a->attc = f32 ? a->att : c.take(N * d.A * es);
-  a->x2 = c.f32(N * d.C);
-  a->mean2 = layernorm ? c.f32(N) : nullptr;
-  a->rstd2 = c.f32(N);
+  a->x2 = c.f32(R * d.C);
+  a->mean2 = layernorm ? c.f32(R) : nullptr;
+  a->rstd2 = c.f32(R);
   a->n2c = c.take(N * d.C * es);
   a->h = c.f32(N * d.H);
   a->actc = c.take(N * d.G * es);
@@ -65,6 +65,8 @@ size_t BlockScratch::layout(BlockScratch* s, char* base, const BlockDims& d) {
   s->dqkv = c.f32(N * d.QKV);
   s->datt = c.f32(N * d.A);
   s->dn = c.f32(N * d.C);
+  s->full = d.sp ? c.f32(N * d.C) : nullptr;
+  s->part = d.sp ? c.f32(static_cast<size_t>(d.Nl) * d.C) : nullptr;
   return c.used();
 }
 
@@ -110,26 +112,87 @@ Block::Block(const ModelConfig& cfg, int index, parallel::TpComm& tp)
 
 // Megatron's reduce-from region after a row-parallel layer: sum the partial outputs over the tp
 // group, then add the bias once.
-void Block::reduce_from(const nn::Linear& layer, float* y, int N, int C) {
-  if (tp_.size() == 1) return;
-  tp_.all_reduce(y, static_cast<size_t>(N) * C, "tp row-parallel forward");
-  if (layer.bias_deferred()) layer.add_bias(y, N);
+float* Block::reduce_from(const nn::Linear& layer, float* y, BlockScratch& s, const BlockDims& d) {
+  if (tp_.size() == 1) return y;
+  float* out = y;
+  if (d.sp) {
+    tp_.reduce_scatter_rows(s.part, y, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp row-parallel forward");
+    out = s.part;
+  } else {
+    tp_.all_reduce(y, static_cast<size_t>(d.N) * d.C, "tp row-parallel forward");
+  }
+  if (layer.bias_deferred()) layer.add_bias(out, d.rows());
+  return out;
+}
+
+const float* Block::full_grad(const float* dres, BlockScratch& s, const BlockDims& d) {
+  if (!d.sp) return dres;
+  tp_.gather_rows(s.full, dres, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp row-parallel backward");
+  return s.full;
+}
+
+const float* Block::reduce_to_rows(float* dn, BlockScratch& s, const BlockDims& d) {
+  if (d.sp) {
+    tp_.reduce_scatter_rows(s.part, dn, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp column-parallel backward");
+    return s.part;
+  }
+  tp_.all_reduce(dn, static_cast<size_t>(d.N) * d.C, "tp column-parallel backward");
+  return dn;
+}
+
+void norm_backward_sp(nn::Module& norm, parallel::TpComm& tp, bool sp, const std::function<void()>& run) {
+  if (!sp || tp.size() == 1) {
+    run();
+    return;
+  }
+  std::vector<nn::Parameter*> ps;
+  norm.collect_parameters(ps);
+  size_t n = 0;
+  for (nn::Parameter* p : ps) n += static_cast<size_t>(p->numel());
+  std::vector<float> tmp(n, 0.0f);
+  std::vector<float*> saved;
+  size_t off = 0;
+  for (nn::Parameter* p : ps) {
+    saved.push_back(p->grad);
+    p->grad = tmp.data() + off;
+    off += static_cast<size_t>(p->numel());
+  }
+  run();
+  tp.all_reduce(tmp.data(), n, "sp norm weight gradients");
+  off = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ps[i]->grad = saved[i];
+    for (int64_t k = 0; k < ps[i]->numel(); ++k) ps[i]->grad[k] += tmp[off + static_cast<size_t>(k)];
+    off += static_cast<size_t>(ps[i]->numel());
+  }
 }
 
 void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, const BlockDims& d,
                     const float* rope_cos, const float* rope_sin, nn::Workspace& ws) {
   run_hooks(nn::HookPoint::kPreForward);
-  const size_t N = d.N;
+  const size_t N = d.N, R = d.rows(), C = d.C;
   DType cd = arch_ == Arch::kGpt2 ? c_attn_->weight()->compute_dtype : o_proj_->weight()->compute_dtype;
   bool f32 = cd == DType::kF32;
-  float* n1 = f32 ? static_cast<float*>(a.n1c) : s.f;
+  // A norm's output (R, C) f32, then all N rows of it in the compute dtype (gathered under
+  // sequence parallelism: Megatron's gather-from-sequence region before a column-parallel layer).
+  auto norm_out = [&](void* dst_cd) { return d.sp ? s.part : f32 ? static_cast<float*>(dst_cd) : s.f; };
+  auto to_gemm_input = [&](void* dst_cd, float* n) {
+    if (d.sp) {
+      float* full = f32 ? static_cast<float*>(dst_cd) : s.full;
+      tp_.gather_rows(full, n, R, C, "sp column-parallel forward");
+      store_cd(dst_cd, cd, full, N * C);
+    } else {
+      store_cd(dst_cd, cd, n, N * C);
+    }
+  };
+  float* n1 = norm_out(a.n1c);
   if (arch_ == Arch::kGpt2) {
-    ln_1_->forward(n1, a.mean1, a.rstd1, x, d.N);
-    store_cd(a.n1c, cd, n1, N * d.C);
+    ln_1_->forward(n1, a.mean1, a.rstd1, x, d.rows());
+    to_gemm_input(a.n1c, n1);
     c_attn_->forward(a.qkv, a.n1c, d.N);
   } else {
-    rms_1_->forward(n1, a.rstd1, x, d.N);
-    store_cd(a.n1c, cd, n1, N * d.C);
+    rms_1_->forward(n1, a.rstd1, x, d.rows());
+    to_gemm_input(a.n1c, n1);
     qkv_.forward(a.qkv, a.n1c, d.N);
     kernels::rope_forward(a.qkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
   }
@@ -137,27 +200,25 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
   store_cd(a.attc, cd, a.att, N * d.A);
   nn::Linear* proj = arch_ == Arch::kGpt2 ? attn_proj_ : o_proj_;
   proj->forward(s.f, a.attc, d.N);
-  reduce_from(*proj, s.f, d.N, d.C);
-  kernels::add_forward(a.x2, x, s.f, N * d.C);
+  kernels::add_forward(a.x2, x, reduce_from(*proj, s.f, s, d), R * C);
 
-  float* n2 = f32 ? static_cast<float*>(a.n2c) : s.f;
+  float* n2 = norm_out(a.n2c);
   float* act = f32 ? static_cast<float*>(a.actc) : s.f;
   if (arch_ == Arch::kGpt2) {
-    ln_2_->forward(n2, a.mean2, a.rstd2, a.x2, d.N);
-    store_cd(a.n2c, cd, n2, N * d.C);
+    ln_2_->forward(n2, a.mean2, a.rstd2, a.x2, d.rows());
+    to_gemm_input(a.n2c, n2);
     c_fc_->forward(a.h, a.n2c, d.N);
     kernels::gelu_forward(act, a.h, N * d.G);
   } else {
-    rms_2_->forward(n2, a.rstd2, a.x2, d.N);
-    store_cd(a.n2c, cd, n2, N * d.C);
+    rms_2_->forward(n2, a.rstd2, a.x2, d.rows());
+    to_gemm_input(a.n2c, n2);
     gate_up_.forward(a.h, a.n2c, d.N);
     kernels::swiglu_forward(act, a.h, d.N, d.G);
   }
   store_cd(a.actc, cd, act, N * d.G);
   nn::Linear* down = arch_ == Arch::kGpt2 ? mlp_proj_ : down_proj_;
   down->forward(s.f, a.actc, d.N);
-  reduce_from(*down, s.f, d.N, d.C);
-  kernels::add_forward(y, a.x2, s.f, N * d.C);
+  kernels::add_forward(y, a.x2, reduce_from(*down, s.f, s, d), R * C);
   run_hooks(nn::HookPoint::kPostForward);
 }
 
@@ -166,33 +227,35 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
                      nn::Workspace& ws) {
   run_hooks(nn::HookPoint::kPreBackward);
   const size_t N = d.N;
-  // MLP: dres is dL/dy = dL/dx2 (residual path) + the MLP branch's contribution.
+  const int R = d.rows();
+  // MLP: dres is dL/dy = dL/dx2 (residual path) + the MLP branch's contribution. Row-parallel
+  // layers' backward takes the whole N rows (the reduce-scatter's backward is an all-gather).
   nn::Linear* down = arch_ == Arch::kGpt2 ? mlp_proj_ : down_proj_;
-  down->backward(s.dact, false, dres, a.actc, d.N, ws);
+  down->backward(s.dact, false, full_grad(dres, s, d), a.actc, d.N, ws);
   if (arch_ == Arch::kGpt2) {
     kernels::gelu_backward(s.dh, a.h, s.dact, N * d.G);
     c_fc_->backward(s.dn, false, s.dh, a.n2c, d.N, ws);
-    tp_.all_reduce(s.dn, N * d.C, "tp mlp-in backward");
-    ln_2_->backward(dres, s.dn, a.x2, a.mean2, a.rstd2, d.N);
+    const float* dn = reduce_to_rows(s.dn, s, d);
+    norm_backward_sp(*ln_2_, tp_, d.sp, [&] { ln_2_->backward(dres, dn, a.x2, a.mean2, a.rstd2, R); });
   } else {
     kernels::swiglu_backward(s.dh, s.dact, a.h, d.N, d.G);
     gate_up_.backward(s.dn, false, s.dh, a.n2c, d.N, ws);
-    tp_.all_reduce(s.dn, N * d.C, "tp mlp-in backward");
-    rms_2_->backward(dres, s.dn, a.x2, a.rstd2, d.N);
+    const float* dn = reduce_to_rows(s.dn, s, d);
+    norm_backward_sp(*rms_2_, tp_, d.sp, [&] { rms_2_->backward(dres, dn, a.x2, a.rstd2, R); });
   }
   // Attention: dres now holds dL/dx2 = dL/dx (residual) + the attention branch's contribution.
   nn::Linear* proj = arch_ == Arch::kGpt2 ? attn_proj_ : o_proj_;
-  proj->backward(s.datt, false, dres, a.attc, d.N, ws);
+  proj->backward(s.datt, false, full_grad(dres, s, d), a.attc, d.N, ws);
   kernels::attention_backward(s.dqkv, s.datt, a.qkv, a.att, a.lse, d.B, d.T, d.NH, d.NKV, d.HS);
   if (arch_ == Arch::kGpt2) {
     c_attn_->backward(s.dn, false, s.dqkv, a.n1c, d.N, ws);
-    tp_.all_reduce(s.dn, N * d.C, "tp qkv backward");
-    ln_1_->backward(dres, s.dn, x, a.mean1, a.rstd1, d.N);
+    const float* dn = reduce_to_rows(s.dn, s, d);
+    norm_backward_sp(*ln_1_, tp_, d.sp, [&] { ln_1_->backward(dres, dn, x, a.mean1, a.rstd1, R); });
   } else {
     kernels::rope_backward(s.dqkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
     qkv_.backward(s.dn, false, s.dqkv, a.n1c, d.N, ws);
-    tp_.all_reduce(s.dn, N * d.C, "tp qkv backward");
-    rms_1_->backward(dres, s.dn, x, a.rstd1, d.N);
+    const float* dn = reduce_to_rows(s.dn, s, d);
+    norm_backward_sp(*rms_1_, tp_, d.sp, [&] { rms_1_->backward(dres, dn, x, a.rstd1, R); });
   }
   run_hooks(nn::HookPoint::kPostBackward);
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "models/config.h"
 #include "nn/linear.h"
@@ -22,19 +23,26 @@ namespace mt::models {
 // attention-out and MLP-out).
 struct BlockDims {
   int B, T, N, C, QKV, A, H, G, NH, NKV, HS;
+  // Sequence parallelism (Megatron's, within the tp group): the residual stream, the norms and the
+  // residual adds hold this rank's Nl = N / tp rows (rows tp_rank·Nl ...); the GEMMs and attention
+  // see all N rows, gathered before the column-parallel layers and reduce-scattered after the
+  // row-parallel ones.
+  bool sp = false;
+  int Nl = 0;
+  int rows() const { return sp ? Nl : N; }  // rows of the residual stream on this rank
 };
 
 struct BlockActs {            // saved for backward
-  float* mean1;               // (N)       LayerNorm only
-  float* rstd1;               // (N)
+  float* mean1;               // (rows)    LayerNorm only
+  float* rstd1;               // (rows)
   void* n1c;                  // (N, C)    cd: norm1 output, input of the qkv GEMM
   float* qkv;                 // (N, QKV)  f32, after RoPE
   float* att;                 // (N, A)    f32 attention output
   float* lse;                 // (B, NH, T)
   void* attc;                 // (N, A)    cd copy of att (== att for f32)
-  float* x2;                  // (N, C)    residual after attention
-  float* mean2;               // (N)
-  float* rstd2;               // (N)
+  float* x2;                  // (rows, C) residual after attention
+  float* mean2;               // (rows)
+  float* rstd2;               // (rows)
   void* n2c;                  // (N, C)    cd: norm2 output
   float* h;                   // (N, H)    f32 MLP pre-activation
   void* actc;                 // (N, G)    cd: MLP activation output
@@ -49,6 +57,8 @@ struct BlockScratch {         // shared by every block, forward and backward
   float* dqkv;                // (N, QKV)
   float* datt;                // (N, A)
   float* dn;                  // (N, C)
+  float* full;                // (N, C)    sequence parallel: rows gathered from the group
+  float* part;                // (Nl, C)   sequence parallel: this rank's rows of a reduce-scatter
   static size_t layout(BlockScratch* s, char* base, const BlockDims& d);
 };
 
@@ -60,12 +70,19 @@ class Block : public nn::Module {
   // y (N, C) = block(x). Fills acts. rope_cos/sin: (T, HS/2) (LLaMA only).
   void forward(float* y, const float* x, BlockActs& acts, BlockScratch& s, const BlockDims& d,
                const float* rope_cos, const float* rope_sin, nn::Workspace& ws);
-  // dres (N, C): in: dL/dy; out: dL/dx (updated in place). Parameter grads +=.
+  // x, y: (rows, C). dres (rows, C): in: dL/dy; out: dL/dx (updated in place). Parameter grads +=.
   void backward(float* dres, const float* x, const BlockActs& acts, BlockScratch& s,
                 const BlockDims& d, const float* rope_cos, const float* rope_sin, nn::Workspace& ws);
 
  private:
-  void reduce_from(const nn::Linear& layer, float* y, int N, int C);
+  // After a row-parallel layer: y (N, C) partial -> the sum over the tp group plus the bias, in
+  // out (rows, C) (== y without sequence parallelism: all-reduce in place; with it: reduce-scatter).
+  float* reduce_from(const nn::Linear& layer, float* y, BlockScratch& s, const BlockDims& d);
+  // Before a column-parallel layer's backward: the gradient of the whole N rows (dres itself, or
+  // gathered from the group).
+  const float* full_grad(const float* dres, BlockScratch& s, const BlockDims& d);
+  // After a column-parallel layer's backward: dn (N, C) partial -> this rank's rows of the sum.
+  const float* reduce_to_rows(float* dn, BlockScratch& s, const BlockDims& d);
   Arch arch_;
   float eps_;
   parallel::TpComm& tp_;
@@ -83,5 +100,11 @@ class Block : public nn::Module {
   nn::Linear* o_proj_ = nullptr;
   nn::Linear* down_proj_ = nullptr;
 };
+
+// Runs a norm's backward; with sequence parallelism its weight gradients cover this rank's rows
+// only: they are accumulated apart, summed over the tp group and added (Megatron all-reduces the
+// gradients of sequence-parallel parameters). `norm`'s parameters' grad pointers are swapped for
+// the duration.
+void norm_backward_sp(nn::Module& norm, parallel::TpComm& tp, bool sp, const std::function<void()>& run);
 
 }  // namespace mt::models

@@ -66,9 +66,16 @@ void TransformerLM::prepare(int B, int T) {
   d.QKV = (d.NH + 2 * d.NKV) * HS; d.A = d.NH * HS;
   d.G = cfg_.intermediate / tp;
   d.H = gpt2 ? d.G : 2 * d.G;
+  d.sp = tp > 1 && opts_.parallel && opts_.parallel->sequence_parallel;
+  if (d.sp)
+    MT_CHECK(d.N % tp == 0, ErrorKind::kInvalidArgument,
+             "sequence parallelism splits the micro-batch's " + std::to_string(d.N) +
+                 " tokens (train_micro_batch_size_per_gpu x seq_length) over parallel.tp = " + std::to_string(tp) +
+                 ": they must divide evenly");
+  d.Nl = d.sp ? d.N / tp : d.N;
   dims_ = d;
   DType cd = opts_.compute_dtype;
-  size_t N = d.N, C = d.C, es = dtype_size(cd);
+  size_t N = d.N, C = d.C, R = d.rows(), es = dtype_size(cd);
 
   int sets = opts_.recompute ? 1 : cfg_.n_layer;
   acts_.assign(sets, BlockActs{});
@@ -77,17 +84,20 @@ void TransformerLM::prepare(int B, int T) {
   for (int i = 0; i < sets; ++i) BlockActs::layout(&acts_[i], acts_buffer_.as<char>() + per * i, d, cd, gpt2);
 
   // Residual stream (L+1 copies), final norm, LM-head gradient, losses: saved activations too.
-  size_t resid_bytes = (cfg_.n_layer + 1) * N * C * 4;
-  size_t tail = 2 * N * 4 + N * C * es + N * C * 4 + N * C * 4 + N * 4;
-  resid_buffer_ = Buffer(resid_bytes + tail + 64 * 6, MemCategory::kActivations);
+  // Under sequence parallelism the residual stream, the final norm and dres hold this rank's R
+  // rows, and sp_full_ (N, C) receives rows gathered from the group.
+  size_t resid_bytes = (cfg_.n_layer + 1) * R * C * 4;
+  size_t tail = 2 * R * 4 + N * C * es + N * C * 4 + R * C * 4 + N * 4 + (d.sp ? N * C * 4 : 0);
+  resid_buffer_ = Buffer(resid_bytes + tail + 64 * (d.sp ? 7 : 6), MemCategory::kActivations);
   char* p = resid_buffer_.as<char>();
   auto take = [&p](size_t bytes) { char* q = p; p += (bytes + 63) / 64 * 64; return q; };
   resid_ = reinterpret_cast<float*>(take(resid_bytes));
-  norm_mean_ = reinterpret_cast<float*>(take(N * 4));
-  norm_rstd_ = reinterpret_cast<float*>(take(N * 4));
+  norm_mean_ = reinterpret_cast<float*>(take(R * 4));
+  norm_rstd_ = reinterpret_cast<float*>(take(R * 4));
   nfc_ = take(N * C * es);
   dnf_ = reinterpret_cast<float*>(take(N * C * 4));
-  dres_ = reinterpret_cast<float*>(take(N * C * 4));
+  dres_ = reinterpret_cast<float*>(take(R * C * 4));
+  sp_full_ = d.sp ? reinterpret_cast<float*>(take(N * C * 4)) : nullptr;
   losses_ = reinterpret_cast<float*>(take(N * 4));
 
   size_t scratch = BlockScratch::layout(&scratch_, nullptr, d);
@@ -114,7 +124,7 @@ void TransformerLM::forward_trunk(const int32_t* tokens) {
              "token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
                  " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
   std::memcpy(tokens_, tokens, static_cast<size_t>(d.N) * 4);
-  size_t NC = static_cast<size_t>(d.N) * d.C;
+  size_t NC = static_cast<size_t>(d.N) * d.C, RC = static_cast<size_t>(d.rows()) * d.C;
   nn::Parameter* wte = wte_->weight();
   wte_->run_hooks(nn::HookPoint::kPreForward);
   if (tp_.size() == 1) {
@@ -125,29 +135,44 @@ void TransformerLM::forward_trunk(const int32_t* tokens) {
     // zero; the all-reduce assembles the lookup; positions are added once, after it.
     const int v0 = wte_->first_row(), vl = wte_->local_rows();
     for (int i = 0; i < d.N; ++i) local_tokens_[i] = tokens_[i] >= v0 && tokens_[i] < v0 + vl ? tokens_[i] - v0 : -1;
-    kernels::embedding_forward(resid_, local_tokens_, wte->compute, wte->compute_dtype, nullptr, d.N, d.T, d.C);
-    tp_.all_reduce(resid_, NC, "tp vocab embedding");
+    // Sequence parallel: reduce-scatter instead, each rank keeping its rows of the residual stream.
+    if (d.sp) {
+      kernels::embedding_forward(sp_full_, local_tokens_, wte->compute, wte->compute_dtype, nullptr, d.N, d.T, d.C);
+      tp_.reduce_scatter_rows(resid_, sp_full_, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp vocab embedding");
+    } else {
+      kernels::embedding_forward(resid_, local_tokens_, wte->compute, wte->compute_dtype, nullptr, d.N, d.T, d.C);
+      tp_.all_reduce(resid_, NC, "tp vocab embedding");
+    }
     if (wpe_) {
       const float* wpe = wpe_->weight()->master;
+      const int r0 = d.sp ? tp_.rank() * d.Nl : 0;
 #pragma omp parallel for schedule(static)
-      for (int i = 0; i < d.N; ++i)
-        for (int c = 0; c < d.C; ++c) resid_[static_cast<size_t>(i) * d.C + c] += wpe[static_cast<size_t>(i % d.T) * d.C + c];
+      for (int i = 0; i < d.rows(); ++i)
+        for (int c = 0; c < d.C; ++c)
+          resid_[static_cast<size_t>(i) * d.C + c] += wpe[static_cast<size_t>((r0 + i) % d.T) * d.C + c];
     }
   }
   wte_->run_hooks(nn::HookPoint::kPostForward);
   for (int l = 0; l < cfg_.n_layer; ++l)
-    blocks_[l]->forward(resid_ + (l + 1) * NC, resid_ + l * NC, acts_for(l), scratch_, d, rope_cos_,
+    blocks_[l]->forward(resid_ + (l + 1) * RC, resid_ + l * RC, acts_for(l), scratch_, d, rope_cos_,
                         rope_sin_, ws_);
   DType cd = opts_.compute_dtype;
-  float* nf = cd == DType::kF32 ? static_cast<float*>(nfc_) : scratch_.f;
-  const float* last = resid_ + cfg_.n_layer * NC;
+  const bool f32 = cd == DType::kF32;
+  // The final norm's rows (this rank's under sequence parallelism, gathered for the LM head).
+  float* nf = d.sp ? dnf_ : f32 ? static_cast<float*>(nfc_) : scratch_.f;
+  const float* last = resid_ + cfg_.n_layer * RC;
   norm_f_->run_hooks(nn::HookPoint::kPreForward);
   if (cfg_.arch == Arch::kGpt2) {
-    static_cast<nn::LayerNorm*>(norm_f_)->forward(nf, norm_mean_, norm_rstd_, last, d.N);
+    static_cast<nn::LayerNorm*>(norm_f_)->forward(nf, norm_mean_, norm_rstd_, last, d.rows());
   } else {
-    static_cast<nn::RMSNorm*>(norm_f_)->forward(nf, norm_rstd_, last, d.N);
+    static_cast<nn::RMSNorm*>(norm_f_)->forward(nf, norm_rstd_, last, d.rows());
   }
   norm_f_->run_hooks(nn::HookPoint::kPostForward);
+  if (d.sp) {
+    float* full = f32 ? static_cast<float*>(nfc_) : sp_full_;
+    tp_.gather_rows(full, nf, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp lm-head forward");
+    nf = full;
+  }
   if (nf != nfc_) convert(nfc_, cd, nf, DType::kF32, NC);
 }
 
@@ -185,12 +210,16 @@ float TransformerLM::forward(const int32_t* tokens, const int32_t* targets, floa
   a.dw = head->grad;
   a.losses = losses_;
   double total = nn::lm_head_cross_entropy(a, ws_);
-  // The head's input gradient is this vocabulary shard's part (copy-to region's backward).
-  if (loss_scale != 0.0f) tp_.all_reduce(dnf_, static_cast<size_t>(d.N) * d.C, "tp lm-head backward");
+  // The head's input gradient is this vocabulary shard's part (copy-to region's backward): summed
+  // over the group (sequence parallel: reduce-scattered, each rank keeping its rows in sp_full_).
+  if (loss_scale != 0.0f) {
+    if (d.sp) tp_.reduce_scatter_rows(sp_full_, dnf_, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp lm-head backward");
+    else tp_.all_reduce(dnf_, static_cast<size_t>(d.N) * d.C, "tp lm-head backward");
+  }
   head_module->run_hooks(loss_scale != 0.0f ? nn::HookPoint::kPostBackward : nn::HookPoint::kPostForward);
   backward_ready_ = loss_scale != 0.0f;
   if (count == 0) {
-    if (backward_ready_) std::memset(dnf_, 0, static_cast<size_t>(d.N) * d.C * 4);
+    if (backward_ready_) std::memset(d.sp ? sp_full_ : dnf_, 0, static_cast<size_t>(d.rows()) * d.C * 4);
     return 0.0f;
   }
   return static_cast<float>(total / count);
@@ -201,24 +230,32 @@ void TransformerLM::backward() {
            "backward() needs a preceding forward() with targets and a non-zero loss scale");
   backward_ready_ = false;
   const BlockDims& d = dims_;
-  size_t NC = static_cast<size_t>(d.N) * d.C;
-  std::memset(dres_, 0, NC * 4);
-  const float* last = resid_ + cfg_.n_layer * NC;
+  size_t RC = static_cast<size_t>(d.rows()) * d.C;
+  std::memset(dres_, 0, RC * 4);
+  const float* last = resid_ + cfg_.n_layer * RC;
+  const float* dnf = d.sp ? sp_full_ : dnf_;
   norm_f_->run_hooks(nn::HookPoint::kPreBackward);
-  if (cfg_.arch == Arch::kGpt2) {
-    static_cast<nn::LayerNorm*>(norm_f_)->backward(dres_, dnf_, last, norm_mean_, norm_rstd_, d.N);
-  } else {
-    static_cast<nn::RMSNorm*>(norm_f_)->backward(dres_, dnf_, last, norm_rstd_, d.N);
-  }
+  norm_backward_sp(*norm_f_, tp_, d.sp, [&] {
+    if (cfg_.arch == Arch::kGpt2) {
+      static_cast<nn::LayerNorm*>(norm_f_)->backward(dres_, dnf, last, norm_mean_, norm_rstd_, d.rows());
+    } else {
+      static_cast<nn::RMSNorm*>(norm_f_)->backward(dres_, dnf, last, norm_rstd_, d.rows());
+    }
+  });
   norm_f_->run_hooks(nn::HookPoint::kPostBackward);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     if (opts_.recompute)
-      blocks_[l]->forward(scratch_.dact /* unused output */, resid_ + l * NC, acts_for(l), scratch_,
+      blocks_[l]->forward(scratch_.dact /* unused output */, resid_ + l * RC, acts_for(l), scratch_,
                           d, rope_cos_, rope_sin_, ws_);
-    blocks_[l]->backward(dres_, resid_ + l * NC, acts_for(l), scratch_, d, rope_cos_, rope_sin_, ws_);
+    blocks_[l]->backward(dres_, resid_ + l * RC, acts_for(l), scratch_, d, rope_cos_, rope_sin_, ws_);
   }
   wte_->run_hooks(nn::HookPoint::kPreBackward);
-  kernels::embedding_backward(wte_->weight()->grad, wpe_ ? wpe_->weight()->grad : nullptr, dres_,
+  const float* demb = dres_;
+  if (d.sp) {  // the lookup's gradient needs every row: gathered from the group
+    tp_.gather_rows(sp_full_, dres_, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp embedding backward");
+    demb = sp_full_;
+  }
+  kernels::embedding_backward(wte_->weight()->grad, wpe_ ? wpe_->weight()->grad : nullptr, demb,
                               tp_.size() == 1 ? tokens_ : local_tokens_, d.N, d.T, d.C);
   wte_->run_hooks(nn::HookPoint::kPostBackward);
 }

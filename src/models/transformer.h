@@ -82,7 +82,8 @@ class TransformerLM : public nn::Module {
   float* norm_rstd_ = nullptr;  // (N)
   void* nfc_ = nullptr;         // (N, C) cd final-norm output
   float* dnf_ = nullptr;        // (N, C) dL/d(final-norm output), from the fused LM head
-  float* dres_ = nullptr;       // (N, C) residual-stream gradient
+  float* dres_ = nullptr;       // (rows, C) residual-stream gradient
+  float* sp_full_ = nullptr;    // (N, C) sequence parallel: rows gathered from the tp group
   float* losses_ = nullptr;     // (N)
   float* rope_cos_ = nullptr;   // (T, HS/2)
   float* rope_sin_ = nullptr;

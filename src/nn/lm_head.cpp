@@ -15,37 +15,30 @@ namespace {
 // vocabulary, and, when training, dlogits = (softmax - onehot) * grad_scale in place.
 void vocab_parallel_tile(const LmHeadArgs& a, float* loss, float* logits, const int32_t* targets, int r) {
   const int V = a.V, valid = a.valid < 0 ? a.V : a.valid;
-  std::vector<float> mx(static_cast<size_t>(r)), st(2 * static_cast<size_t>(r));
-#pragma omp parallel for schedule(static)
+  std::vector<float> mx(static_cast<size_t>(r)), st(2 * static_cast<size_t>(r)), sum(static_cast<size_t>(r)),
+      scale(static_cast<size_t>(r));
+  // The target's logit, where this shard holds it (before the logits turn into exps).
   for (int i = 0; i < r; ++i) {
-    const float* l = logits + static_cast<size_t>(i) * V;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int v = 0; v < valid; ++v) m = std::max(m, l[v]);
-    mx[i] = m;
-  }
-  a.reduce_max(mx.data(), mx.size());
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < r; ++i) {
-    const float* l = logits + static_cast<size_t>(i) * V;
-    double sum = 0.0;
-    for (int v = 0; v < valid; ++v) sum += std::exp(static_cast<double>(l[v] - mx[i]));
     int t = targets[i] - a.v0;
-    st[2 * i] = static_cast<float>(sum);
-    st[2 * i + 1] = targets[i] != -100 && t >= 0 && t < valid ? l[t] : 0.0f;
+    st[2 * i + 1] = targets[i] != -100 && t >= 0 && t < valid ? logits[static_cast<size_t>(i) * V + t] : 0.0f;
   }
-  a.reduce_sum(st.data(), st.size());
-#pragma omp parallel for schedule(static)
+  kernels::vp_cross_entropy_max(mx.data(), logits, r, V, valid);
+  a.reduce_max(mx.data(), mx.size());
+  kernels::vp_cross_entropy_exp(sum.data(), logits, mx.data(), r, V, valid);
+  for (int i = 0; i < r; ++i) st[2 * i] = sum[static_cast<size_t>(i)];
+  a.reduce_sum(st.data(), st.size());  // sums of exps and target logits, in one all-reduce
   for (int i = 0; i < r; ++i) {
-    float* l = logits + static_cast<size_t>(i) * V;
     const bool ignored = targets[i] == -100;
-    const double lse = std::log(static_cast<double>(st[2 * i])) + mx[i];
+    const double lse = std::log(static_cast<double>(st[2 * i])) + mx[static_cast<size_t>(i)];
     loss[i] = ignored ? 0.0f : static_cast<float>(lse - st[2 * i + 1]);
-    if (a.grad_scale == 0.0f) continue;
-    const float g = ignored ? 0.0f : a.grad_scale;
+    sum[static_cast<size_t>(i)] = st[2 * i];
+    scale[static_cast<size_t>(i)] = ignored ? 0.0f : a.grad_scale;
+  }
+  if (a.grad_scale == 0.0f) return;
+  kernels::vp_cross_entropy_grad(logits, sum.data(), scale.data(), r, V);  // softmax * scale
+  for (int i = 0; i < r; ++i) {
     const int t = targets[i] - a.v0;
-    for (int v = 0; v < V; ++v)
-      l[v] = v < valid ? g * static_cast<float>(std::exp(static_cast<double>(l[v]) - lse)) : 0.0f;
-    if (!ignored && t >= 0 && t < valid) l[t] -= g;
+    if (targets[i] != -100 && t >= 0 && t < valid) logits[static_cast<size_t>(i) * V + t] -= a.grad_scale;
   }
 }
 

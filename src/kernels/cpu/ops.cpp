@@ -477,6 +477,52 @@ void cross_entropy_tile(float* loss, float* lse, float* logits, const int32_t* t
   });
 }
 
+void vp_cross_entropy_max(float* rowmax, const float* logits, int R, int V, int valid) {
+  const bool v = use_avx512();
+  for_thread_rows(R, [&](int, int r0, int r1) {
+    if (v) return detail::vp_cross_entropy_max_avx512(rowmax + r0, logits + static_cast<size_t>(r0) * V, r1 - r0, V, valid);
+    for (int r = r0; r < r1; ++r) {
+      const float* x = logits + static_cast<size_t>(r) * V;
+      float m = -INFINITY;
+      for (int i = 0; i < valid; ++i) m = std::max(m, x[i]);
+      rowmax[r] = m;
+    }
+  });
+}
+
+void vp_cross_entropy_exp(float* sumexp, float* logits, const float* rowmax, int R, int V, int valid) {
+  const bool v = use_avx512();
+  for_thread_rows(R, [&](int, int r0, int r1) {
+    if (v)
+      return detail::vp_cross_entropy_exp_avx512(sumexp + r0, logits + static_cast<size_t>(r0) * V, rowmax + r0,
+                                                 r1 - r0, V, valid);
+    for (int r = r0; r < r1; ++r) {
+      float* x = logits + static_cast<size_t>(r) * V;
+      float sum = 0.0f;
+      for (int i = 0; i < V; ++i) {
+        x[i] = i < valid ? std::exp(x[i] - rowmax[r]) : 0.0f;
+        sum += x[i];
+      }
+      sumexp[r] = sum;
+    }
+  });
+}
+
+void vp_cross_entropy_grad(float* logits, const float* sumexp, const float* scale, int R, int V) {
+  for_thread_rows(R, [&](int, int r0, int r1) {
+    const bool v = use_avx512();
+    for (int r = r0; r < r1; ++r) {
+      float* x = logits + static_cast<size_t>(r) * V;
+      const float k = scale[r] / sumexp[r];
+      if (v) {
+        detail::scale_inplace_avx512(x, k, static_cast<size_t>(V));
+      } else {
+        for (int i = 0; i < V; ++i) x[i] *= k;
+      }
+    }
+  });
+}
+
 // ---- AdamW ----
 
 // The per-step scalars are computed in double and rounded to f32 once, as PyTorch's

@@ -79,6 +79,17 @@ void bias_backward(float* dbias, const float* dout, int N, int C);
 void cross_entropy_tile(float* loss, float* lse, float* logits, const int32_t* targets, int R,
                         int V, float grad_scale);
 
+// ---- vocabulary-parallel cross-entropy (Megatron's), per tile of this shard's logits (R, V) ----
+// Columns >= valid are vocabulary padding: never counted, their dlogits are 0.
+// Phase 1: rowmax (R) = max over the valid columns (then reduced MAX over the tp group).
+void vp_cross_entropy_max(float* rowmax, const float* logits, int R, int V, int valid);
+// Phase 2, with the group's row max: sumexp (R) = sum of exp(logit - rowmax) over the valid
+// columns (then reduced SUM); logits overwritten with exp(logit - rowmax) (padding 0).
+void vp_cross_entropy_exp(float* sumexp, float* logits, const float* rowmax, int R, int V, int valid);
+// Phase 3, with the group's sums: logits (holding the exps) scaled by scale[r] / sum[r] per row
+// (scale[r] = 0 zeroes an ignored row). The caller subtracts scale[r] at the target's column.
+void vp_cross_entropy_grad(float* logits, const float* sumexp, const float* scale, int R, int V);
+
 // ---- optimizer: AdamW over one flat span (Loshchilov & Hutter; PyTorch's torch.optim.AdamW) ----
 //   g = grad * grad_scale
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2

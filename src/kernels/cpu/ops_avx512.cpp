@@ -310,6 +310,34 @@ void cross_entropy_tile_avx512(float* loss, float* lse, float* logits, const int
   }
 }
 
+void vp_cross_entropy_max_avx512(float* rowmax, const float* logits, int R, int V, int valid) {
+  for (int r = 0; r < R; ++r) {
+    const float* x = logits + static_cast<size_t>(r) * V;
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < valid; i += 16) {
+      const __mmask16 k = mask_at(i, valid);
+      vmax = _mm512_mask_max_ps(vmax, k, vmax, _mm512_maskz_loadu_ps(k, x + i));
+    }
+    rowmax[r] = _mm512_reduce_max_ps(vmax);
+  }
+}
+
+void vp_cross_entropy_exp_avx512(float* sumexp, float* logits, const float* rowmax, int R, int V, int valid) {
+  for (int r = 0; r < R; ++r) {
+    float* x = logits + static_cast<size_t>(r) * V;
+    const __m512 vm = _mm512_set1_ps(rowmax[r]);
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < valid; i += 16) {
+      const __mmask16 k = mask_at(i, valid);
+      const __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vm)));
+      acc = _mm512_add_ps(acc, e);
+      _mm512_mask_storeu_ps(x + i, k, e);
+    }
+    for (int i = valid; i < V; ++i) x[i] = 0.0f;
+    sumexp[r] = _mm512_reduce_add_ps(acc);
+  }
+}
+
 // ---- elementwise ----
 
 void gelu_forward_avx512(float* out, const float* inp, size_t n) {

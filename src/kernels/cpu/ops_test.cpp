@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -185,6 +186,62 @@ TEST(OpsIsa, CrossEntropy) {
             },
             1e-5, 1e-6, "cross_entropy");
       }
+    }
+  }
+}
+
+// Megatron's vocab-parallel cross-entropy: the vocabulary split over S shards, each padded to a
+// multiple of 16 (+ 3 padding columns on the last), with the group's reductions done by hand,
+// gives the loss and dlogits of the whole-vocabulary tile (cross_entropy_tile) on both ISAs.
+TEST(OpsIsa, VocabParallelCrossEntropyEqualsTheWholeTile) {
+  const int R = 5;
+  for (int V : {7, 33, 769}) {
+    for (int S : {2, 4}) {
+      const Vec logits = random_vec(size_t(R) * V, -30.0f, 30.0f, 21);
+      std::vector<int32_t> tg(R);
+      for (int r = 0; r < R; ++r) tg[r] = r == 1 ? -100 : (r * 7919) % V;
+      compare_isas(
+          [&] {
+            Vec whole = logits, loss(R), lse(R);
+            cross_entropy_tile(loss.data(), lse.data(), whole.data(), tg.data(), R, V, 0.5f);
+            const int Vl = ((V + S - 1) / S + 3 + 15) / 16 * 16;  // local columns, some of them padding
+            std::vector<Vec> shard(S, Vec(size_t(R) * Vl, 1e30f));  // padding holds garbage
+            for (int s = 0; s < S; ++s)
+              for (int r = 0; r < R; ++r)
+                for (int c = 0; c < Vl && s * Vl + c < V; ++c) shard[s][size_t(r) * Vl + c] = logits[size_t(r) * V + s * Vl + c];
+            auto valid = [&](int s) { return std::max(0, std::min(Vl, V - s * Vl)); };
+            Vec mx(R, -INFINITY), sum(R, 0.0f), part(R), scale(R);
+            for (int s = 0; s < S; ++s) {
+              vp_cross_entropy_max(part.data(), shard[s].data(), R, Vl, valid(s));
+              for (int r = 0; r < R; ++r) mx[r] = std::max(mx[r], part[r]);
+            }
+            for (int s = 0; s < S; ++s) {
+              vp_cross_entropy_exp(part.data(), shard[s].data(), mx.data(), R, Vl, valid(s));
+              for (int r = 0; r < R; ++r) sum[r] += part[r];
+            }
+            Vec dl(size_t(R) * V, 0.0f), ploss(R);
+            for (int r = 0; r < R; ++r) {
+              scale[r] = tg[r] == -100 ? 0.0f : 0.5f;
+              ploss[r] = tg[r] == -100 ? 0.0f : std::log(sum[r]) + mx[r] - logits[size_t(r) * V + tg[r]];
+            }
+            for (int s = 0; s < S; ++s) {
+              vp_cross_entropy_grad(shard[s].data(), sum.data(), scale.data(), R, Vl);
+              for (int r = 0; r < R; ++r)
+                for (int c = 0; c < Vl; ++c) {
+                  if (c >= valid(s)) {
+                    EXPECT_EQ(shard[s][size_t(r) * Vl + c], 0.0f) << "padding column";
+                    continue;
+                  }
+                  dl[size_t(r) * V + s * Vl + c] = shard[s][size_t(r) * Vl + c];
+                }
+            }
+            for (int r = 0; r < R; ++r)
+              if (tg[r] != -100) dl[size_t(r) * V + tg[r]] -= 0.5f;
+            for (int r = 0; r < R; ++r) EXPECT_NEAR(ploss[r], loss[r], 1e-4f * (1.0f + std::fabs(loss[r]))) << "row " << r;
+            for (size_t i = 0; i < dl.size(); ++i) EXPECT_NEAR(dl[i], whole[i], 1e-6f) << "dlogit " << i;
+            return std::vector<Vec>{ploss, dl};
+          },
+          1e-5, 1e-6, "vp_cross_entropy");
     }
   }
 }

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/timer.h"
 
 namespace mt::parallel {
 
@@ -16,7 +17,9 @@ void TpComm::reduce(float* buf, size_t n, comm::ReduceOp op, const char* tag) {
   o.op = op;
   o.tag = tag;
   o.timeout = timeout_;
+  Timer t;
   group_->all_reduce(buf, n, DType::kF32, o)->wait();
+  seconds_ += t.seconds();
   bytes_ += n * sizeof(float);
 }
 
@@ -40,7 +43,9 @@ void TpComm::gather_columns(float* out, const float* in, size_t rows, size_t lc,
   comm::AllGatherOptions o;
   o.tag = tag;
   o.timeout = timeout_;
+  Timer t;
   group_->all_gather(staging_.data(), in, rows * lc, DType::kF32, o)->wait();
+  seconds_ += t.seconds();
   bytes_ += rows * lc * sizeof(float);
   for (size_t s = 0; s < S; ++s)
     for (size_t r = 0; r < rows; ++r)
@@ -61,7 +66,9 @@ void TpComm::gather_rows(float* out, const float* in, size_t lr, size_t cols, co
   comm::AllGatherOptions o;
   o.tag = tag;
   o.timeout = timeout_;
+  Timer t;
   group_->all_gather(out, in, lr * cols, DType::kF32, o)->wait();
+  seconds_ += t.seconds();
   bytes_ += lr * cols * sizeof(float);
 }
 
@@ -74,7 +81,9 @@ void TpComm::reduce_scatter_rows(float* out, const float* in, size_t lr, size_t 
   comm::ReduceScatterOptions o;
   o.tag = tag;
   o.timeout = timeout_;
+  Timer t;
   group_->reduce_scatter(out, in, lr * cols, DType::kF32, o)->wait();
+  seconds_ += t.seconds();
   bytes_ += lr * cols * static_cast<size_t>(size()) * sizeof(float);
 }
 

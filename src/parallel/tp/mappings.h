@@ -52,7 +52,8 @@ class TpComm {
   // Max over the group in place (vocab-parallel cross-entropy's row max).
   void all_reduce_max(float* buf, size_t n, const char* tag);
   size_t bytes() const { return bytes_; }
-  void reset_bytes() { bytes_ = 0; }
+  double seconds() const { return seconds_; }  // wall time inside the collectives (waiting included)
+  void reset_bytes() { bytes_ = 0; seconds_ = 0.0; }
 
  private:
   void reduce(float* buf, size_t n, comm::ReduceOp op, const char* tag);
@@ -60,6 +61,7 @@ class TpComm {
   std::chrono::milliseconds timeout_ = comm::kDefaultTimeout;
   std::vector<float> staging_;
   size_t bytes_ = 0;
+  double seconds_ = 0.0;
   int rank_ = 0, size_ = 1;
 };
 
