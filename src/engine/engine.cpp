@@ -102,36 +102,25 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     device_->zero_grad();
     return;
   }
-  if (z.stage >= 1) {
-    parallel::ZeroOptions zo;
-    zo.stage = z.stage;
-    zo.overlap_comm = z.overlap_comm;
-    zo.prefetch_elems = static_cast<size_t>(z.stage3_prefetch_bucket_size);
-    zo.persistence_threshold = static_cast<size_t>(z.stage3_param_persistence_threshold);
-    zo.max_live_elems = static_cast<size_t>(z.stage3_max_live_parameters);
-    zo.timeout = timeout();
-    zero_ = std::make_unique<parallel::ZeroRuntime>(store, model.zero_units(), model.zero_unit_modules(), *dp_, zo);
-    segments = zero_->partition().shard_segments(segments);
-    if (rank() == 0) {
-      if (z.offload_optimizer == "cpu")
-        log_info("zero_optimization.offload_optimizer: cpu — the optimizer state already lives in host memory on CPU ranks");
-      if (z.offload_param == "cpu")
-        log_info("zero_optimization.offload_param: cpu — the parameters already live in host memory on CPU ranks");
-    }
-  } else if (world() > 1) {
-    buckets_ = std::make_unique<parallel::GradBuckets>(store.grad(), store.numel(),
-                                                       static_cast<size_t>(z.reduce_bucket_size), *dp_, z.overlap_comm,
-                                                       timeout());
-    // A bucket is launched once backward has passed below it: after each block and the tail.
-    std::vector<parallel::Unit> units = model.zero_units();
-    auto modules = model.zero_unit_modules();
-    for (size_t u = 1; u < units.size(); ++u) {
-      size_t from = units[u].offset;
-      for (nn::Module* m : modules[u])
-        m->add_hook(nn::HookPoint::kPostBackward, [this, from](nn::Module&, nn::HookPoint) {
-          if (buckets_->armed()) buckets_->ready_from(from);
-        });
-    }
+  // How gradients are synchronised over the dp group and what part of the state this rank holds.
+  parallel::GradSyncOptions go;
+  go.stage = z.stage;
+  go.bucket_elems = static_cast<size_t>(z.reduce_bucket_size);
+  go.overlap_comm = z.overlap_comm;
+  go.timeout = timeout();
+  go.zero.stage = z.stage;
+  go.zero.overlap_comm = z.overlap_comm;
+  go.zero.prefetch_elems = static_cast<size_t>(z.stage3_prefetch_bucket_size);
+  go.zero.persistence_threshold = static_cast<size_t>(z.stage3_param_persistence_threshold);
+  go.zero.max_live_elems = static_cast<size_t>(z.stage3_max_live_parameters);
+  go.zero.timeout = timeout();
+  sync_ = parallel::make_grad_sync(store, model.zero_units(), model.zero_unit_modules(), *dp_, go);
+  segments = sync_->span_segments(segments);
+  if (z.stage >= 1 && rank() == 0) {
+    if (z.offload_optimizer == "cpu")
+      log_info("zero_optimization.offload_optimizer: cpu — the optimizer state already lives in host memory on CPU ranks");
+    if (z.offload_param == "cpu")
+      log_info("zero_optimization.offload_param: cpu — the parameters already live in host memory on CPU ranks");
   }
   // The gradient norm counts a parameter replicated over the tp group on tp rank 0 only.
   for (const optim::ParamSegment& sg : segments) {
@@ -157,7 +146,7 @@ double Engine::grad_sum_squares() {
   comm::AllReduceOptions o;
   o.tag = "grad norm";
   o.timeout = timeout();
-  if (zero_ && world() > 1) dp_->all_reduce(&v, 1, DType::kF32, o)->wait();  // each rank: its shard
+  if (sync_->sharded() && world() > 1) dp_->all_reduce(&v, 1, DType::kF32, o)->wait();  // each rank: its shard
   if (ctx_->tp() > 1) ctx_->groups.tp->all_reduce(&v, 1, DType::kF32, o)->wait();  // each rank: its tp shard
   return static_cast<double>(v);
 }
@@ -176,17 +165,17 @@ std::string Engine::first_nonfinite_grad() {
     n = host.size();
   }
   if (g == nullptr) return "";
-  for (const optim::ParamSegment& s : zero_ ? zero_->partition().shard_segments(engine_param_segments(config_, model_.store()))
-                                            : engine_param_segments(config_, model_.store())) {
+  const auto all = engine_param_segments(config_, model_.store());
+  for (const optim::ParamSegment& s : sync_ ? sync_->span_segments(all) : all) {
     for (size_t i = s.offset; i < s.offset + s.numel && i < n; ++i)
       if (!std::isfinite(g[i])) return s.name + ", element " + std::to_string(i - s.offset);
   }
   return "";
 }
 
-float* Engine::master() const { return zero_ ? zero_->master() : model_.store().master(); }
-float* Engine::grad() const { return zero_ ? zero_->grad() : model_.store().grad(); }
-size_t Engine::state_numel() const { return zero_ ? zero_->partition().shard_numel() : model_.store().numel(); }
+float* Engine::master() const { return sync_ ? sync_->master() : model_.store().master(); }
+float* Engine::grad() const { return sync_ ? sync_->grad() : model_.store().grad(); }
+size_t Engine::state_numel() const { return sync_ ? sync_->numel() : model_.store().numel(); }
 
 std::chrono::milliseconds Engine::timeout() const {
   return std::chrono::milliseconds(static_cast<int64_t>(config_.comm_timeout_s * 1000.0));
@@ -227,16 +216,14 @@ void Engine::backward() {
   MT_CHECK(pending_backward_, ErrorKind::kInvalidArgument, "backward() without a forward()");
   Timer t;
   const bool last = micro_in_step_ + 1 == config_.batch.gradient_accumulation_steps;
-  if (zero_) zero_->set_last_micro_batch(last);
-  if (buckets_ && last) buckets_->begin();  // no communication on the other micro-batches
+  if (sync_) sync_->begin_backward(last);  // bucketed: no communication on the other micro-batches
   if (device_) {
     device_->backward();
     if (config_.wall_clock_breakdown) device_->synchronize();  // honest per-phase timings
   } else {
     model_.backward();
   }
-  if (zero_) zero_->finish_backward();
-  if (buckets_ && last) buckets_->finish();
+  if (sync_) sync_->end_backward(last);
   backward_seconds_ += t.seconds();
   pending_backward_ = false;
   ++micro_in_step_;
@@ -257,7 +244,6 @@ StepResult Engine::step() {
   MT_CHECK(micro_in_step_ > 0 && !pending_backward_, ErrorKind::kInvalidArgument,
            "step() needs forward() and backward() of at least one micro-batch first");
   Timer t;
-  nn::ParamStore& store = model_.store();
   StepResult r;
   r.forward_seconds = forward_seconds_;
   r.backward_seconds = backward_seconds_;
@@ -271,7 +257,7 @@ StepResult Engine::step() {
   double norm;
   if (device_) {
     norm = std::sqrt(device_->grad_sum_squares()) / r.loss_scale;
-  } else if (zero_ || ctx_->tp() > 1) {  // shards of the gradient: sum the squares over them
+  } else if (sync_->sharded() || ctx_->tp() > 1) {  // shards of the gradient: sum the squares over them
     norm = std::sqrt(grad_sum_squares()) / r.loss_scale;
   } else {
     norm = optim::grad_norm(grad(), state_numel()) / r.loss_scale;
@@ -309,24 +295,20 @@ StepResult Engine::step() {
       p.step = optimizer_->step_count();
       p.grad_scale = static_cast<float>(coef);
       device_->adamw_step(segments_, p);
-    } else if (zero_) {
-      optimizer_->step(master(), grad(), nullptr, DType::kF32, static_cast<float>(r.lr), static_cast<float>(coef));
-      zero_->refresh_params();
     } else {
-      bool lowp = store.compute_dtype() != DType::kF32;
-      optimizer_->step(store.master(), store.grad(), lowp ? store.compute() : nullptr, store.compute_dtype(),
-                       static_cast<float>(r.lr), static_cast<float>(coef));
+      optimizer_->step(sync_->master(), sync_->grad(), sync_->compute(), sync_->compute_dtype(), static_cast<float>(r.lr),
+                       static_cast<float>(coef));
+      sync_->after_update();
     }
     ++applied_steps_;
   }
   scaler_.update(overflow);  // throws at the minimum scale, as DeepSpeed does
   ++global_step_;
-  if (zero_) zero_->zero_grad();
   if (device_) {
     device_->zero_grad();
     device_->synchronize();  // the step's time includes its kernels
   } else {
-    store.zero_grad();
+    sync_->zero_grad();
   }
   micro_in_step_ = 0;
   loss_sum_ = 0.0;
@@ -365,11 +347,7 @@ std::vector<float> Engine::to_one_process(const float* span) {
   const size_t P = store.numel();
   const bool lead_dp = dp_->rank() == 0;
   std::vector<float> local(lead_dp ? P : 0);
-  if (zero_) {
-    zero_->gather_flat(lead_dp ? local.data() : nullptr, span, 0);
-  } else if (lead_dp) {
-    std::copy(span, span + P, local.begin());
-  }
+  sync_->gather(lead_dp ? local.data() : nullptr, span);
   const int tp = ctx_->tp();
   if (tp == 1 || !lead_dp) return local;  // tp 1: the local layout is the one-process layout
   // The tp group of dp rank 0 gathers its shards on tp rank 0, which puts each parameter together.
@@ -424,15 +402,15 @@ std::vector<std::pair<std::string, std::vector<float>>> Engine::gather_optimizer
 
 void Engine::load_master(const float* flat) {
   std::vector<float> local = from_one_process(flat);
-  if (zero_) {
-    zero_->scatter_flat(master(), local.data());
-    zero_->refresh_params();
+  if (device_) {
+    nn::ParamStore& store = model_.store();
+    std::copy(local.begin(), local.end(), store.master());
+    store.sync_compute();
+    device_->load_master(local.data());
     return;
   }
-  nn::ParamStore& store = model_.store();
-  std::copy(local.begin(), local.end(), store.master());
-  store.sync_compute();
-  if (device_) device_->load_master(local.data());
+  sync_->scatter(master(), local.data());
+  sync_->after_update();
 }
 
 void Engine::load_optimizer_state(const std::string& name, const float* flat) {
@@ -441,10 +419,8 @@ void Engine::load_optimizer_state(const std::string& name, const float* flat) {
     std::vector<float> local = from_one_process(flat);
     if (device_) {
       device_->load_state(name, local.data());
-    } else if (zero_) {
-      zero_->scatter_flat(b.data, local.data());
     } else {
-      std::copy(local.begin(), local.end(), b.data);
+      sync_->scatter(b.data, local.data());
     }
     return;
   }

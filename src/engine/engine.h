@@ -11,8 +11,7 @@
 
 #include "comm/backend.h"
 #include "engine/ds_config.h"
-#include "parallel/dp/grad_buckets.h"
-#include "parallel/zero/zero_runtime.h"
+#include "parallel/grad_sync.h"
 #include "models/device_lm.h"
 #include "models/transformer.h"
 #include "optim/adamw.h"  // grad_norm
@@ -70,7 +69,8 @@ class Engine {
   int rank() const { return ctx_->rank(); }        // in the whole job (0 writes checkpoints)
   const parallel::ParallelContext& parallel() const { return *ctx_; }
   comm::Backend* dp() const { return dp_.get(); }
-  const parallel::ZeroRuntime* zero() const { return zero_.get(); }
+  const parallel::ZeroRuntime* zero() const { return sync_ ? sync_->zero() : nullptr; }
+  const parallel::GradSync* grad_sync() const { return sync_.get(); }
   // Mean of a value over the data-parallel ranks (collective; the value itself on one process).
   double mean_over_ranks(double value);
 
@@ -115,8 +115,7 @@ class Engine {
   // Ranges of the optimizer's span that this rank counts in the gradient norm (parameters
   // replicated over the tp group are counted by tp rank 0 only).
   std::vector<std::pair<size_t, size_t>> norm_ranges_;
-  std::unique_ptr<parallel::ZeroRuntime> zero_;
-  std::unique_ptr<parallel::GradBuckets> buckets_;  // stage 0 on more than one rank
+  std::unique_ptr<parallel::GradSync> sync_;  // null with a device (the device steps itself)
   std::unique_ptr<models::DeviceLM> device_;        // config.device "cuda"
   std::vector<optim::ParamSegment> segments_;
   std::unique_ptr<optim::Optimizer> optimizer_;

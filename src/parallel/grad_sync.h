@@ -1,0 +1,67 @@
+// GradSync (DESIGN decision 9, after flashlight's Reducer): how one rank's gradients become the
+// data-parallel gradients, and which part of the optimizer state it holds. The engine talks only
+// to this interface (no branches on the ZeRO stage):
+//   local     one data-parallel rank: nothing to reduce; the optimizer spans the whole buffers
+//   bucketed  stage 0 on more ranks: all-reduce in buckets during the last micro-batch's backward
+//   zero      stages 1-3: partitioned master/optimizer state (and gradients, parameters)
+// Later: compressed (1-bit Adam) and offloaded (NVMe) implementations.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "comm/backend.h"
+#include "nn/param_store.h"
+#include "optim/optimizer.h"
+#include "parallel/zero/partition.h"
+#include "parallel/zero/zero_runtime.h"
+
+namespace mt::parallel {
+
+struct GradSyncOptions {
+  int stage = 0;                       // zero_optimization.stage
+  size_t bucket_elems = 500'000'000;   // reduce_bucket_size (stage 0)
+  bool overlap_comm = false;
+  ZeroOptions zero;                    // stages 1-3
+  std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+};
+
+class GradSync {
+ public:
+  virtual ~GradSync() = default;
+  virtual const char* kind() const = 0;  // "local", "bucketed", "zero"
+
+  // The optimizer's span on this rank: the whole local flat buffers, or this rank's dp shard.
+  virtual float* master() const = 0;
+  virtual float* grad() const = 0;
+  virtual size_t numel() const = 0;
+  // Where the optimizer writes the low-precision compute copy as it updates (null: after_update
+  // refreshes it), and its dtype.
+  virtual void* compute() const { return nullptr; }
+  virtual DType compute_dtype() const { return DType::kF32; }
+  // The span is this rank's part of a dp partition (a norm over it sums over dp).
+  virtual bool sharded() const { return false; }
+  // The segments of the whole local buffer mapped onto the span.
+  virtual std::vector<optim::ParamSegment> span_segments(const std::vector<optim::ParamSegment>& all) const { return all; }
+
+  virtual void begin_backward(bool last_micro_batch) { (void)last_micro_batch; }
+  virtual void end_backward(bool last_micro_batch) { (void)last_micro_batch; }
+  // After the optimizer updated master(), or after a load: parameters as the next forward reads them.
+  virtual void after_update() {}
+  virtual void zero_grad() = 0;
+  // span (numel()) -> the whole local flat buffer on dp rank 0 (dst ignored elsewhere); collective.
+  virtual void gather(float* dst, const float* span) = 0;
+  // local (the whole local flat buffer, on every rank) -> span.
+  virtual void scatter(float* span, const float* local) const = 0;
+
+  virtual const ZeroRuntime* zero() const { return nullptr; }
+};
+
+// units / modules: the model's zero_units() and zero_unit_modules() (bucket launch points, ZeRO
+// units). dp: the data-parallel group.
+std::unique_ptr<GradSync> make_grad_sync(nn::ParamStore& store, const std::vector<Unit>& units,
+                                         const std::vector<std::vector<nn::Module*>>& modules, comm::Backend& dp,
+                                         const GradSyncOptions& options);
+
+}  // namespace mt::parallel
