@@ -45,9 +45,10 @@ planner::MemoryInput load_input(const EstimateOptions& o) {
 
 void print_table(const planner::MemoryInput& in, const std::vector<planner::StageEstimate>& est,
                  const std::vector<int>& fits, size_t budget) {
-  std::printf("%s; B=%d T=%d %s, %d optimizer state(s) per parameter%s; %d process(es); per rank:\n",
+  std::printf("%s; B=%d T=%d %s, %d optimizer state(s) per parameter%s; %d process(es) = tp %d%s x dp %d; per rank:\n",
               in.model.describe().c_str(), in.micro_batch, in.seq_length, dtype_name(in.compute_dtype),
-              in.optimizer_states, in.recompute ? ", recompute" : "", in.world);
+              in.optimizer_states, in.recompute ? ", recompute" : "", in.world * in.tp, in.tp,
+              in.sequence_parallel ? " (sequence parallel)" : "", in.world);
   std::printf("%-6s", "stage");
   for (MemCategory c : kColumns) std::printf(" %11s", mem_category_name(c));
   std::printf(" %11s | %11s %11s\n", "total", "DS paper", "DS estimate");
@@ -80,7 +81,10 @@ void print_json(const planner::MemoryInput& in, const std::vector<planner::Stage
   nlohmann::json j;
   j["model"] = in.model.describe();
   j["params"] = in.model.num_params();
-  j["procs"] = in.world;
+  j["procs"] = in.world * in.tp;
+  j["dp"] = in.world;
+  j["tp"] = in.tp;
+  j["sequence_parallel"] = in.sequence_parallel;
   j["micro_batch"] = in.micro_batch;
   j["seq_length"] = in.seq_length;
   j["dtype"] = dtype_name(in.compute_dtype);
@@ -127,9 +131,6 @@ void run_estimate(const EstimateOptions& o) {
 }  // namespace
 
 planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs) {
-  // TODO(issue 10): per-rank estimates for (tp, dp, stage), with the tp communication buffers.
-  MT_CHECK(c.tp == 1, ErrorKind::kNotSupported,
-           "estimate: parallel.tp " + std::to_string(c.tp) + " is not modelled yet (estimates are for tp = 1)");
   planner::MemoryInput in;
   in.model = c.model;
   in.micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu);
@@ -137,7 +138,11 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs) {
   in.compute_dtype = c.compute_dtype;
   in.recompute = c.activation_checkpointing;
   in.optimizer_states = planner::optimizer_state_count(c.optimizer);
-  in.world = procs;
+  MT_CHECK(c.processes == procs, ErrorKind::kInternal, "estimate: the configuration was resolved for another process count");
+  in.world = c.world_size;  // data-parallel ranks: procs / parallel.tp
+  in.tp = c.tp;
+  in.sequence_parallel = c.sequence_parallel;
+  in.vocab_divisible = c.vocab_divisible;
   in.zero.param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
   in.zero.max_live_parameters = c.zero.stage3_max_live_parameters;
   in.zero.prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
@@ -149,7 +154,7 @@ void register_estimate(CLI::App& app) {
   auto* cmd = app.add_subcommand("estimate", "Memory per rank for ZeRO stages 0-3 and the largest micro-batch that fits");
   auto o = std::make_shared<EstimateOptions>();
   cmd->add_option("CONFIG", o->path, "run configuration JSON")->required();
-  cmd->add_option("--procs", o->procs, "data-parallel processes (default 1)");
+  cmd->add_option("--procs", o->procs, "processes (default 1); data parallelism takes procs / parallel.tp");
   cmd->add_option("--set", o->sets, "override a key: a.b.c=value (JSON value or plain string)");
   cmd->add_option("--memory", o->memory_gib, "memory per rank in GiB (default: physical RAM / procs)");
   cmd->add_flag("--json", o->json, "print JSON");

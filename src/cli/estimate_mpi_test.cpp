@@ -68,10 +68,13 @@ struct Case {
   bool bf16;
   int stage;
   bool overlap;
+  int tp = 1, procs = 2;
+  bool sp = false;
 };
 
 std::string case_name(const Case& k) {
-  return k.arch + (k.bf16 ? "_bf16" : "_fp32") + "_stage" + std::to_string(k.stage) + (k.overlap ? "_overlap" : "");
+  return k.arch + (k.bf16 ? "_bf16" : "_fp32") + "_stage" + std::to_string(k.stage) + (k.overlap ? "_overlap" : "") +
+         (k.tp > 1 ? "_tp" + std::to_string(k.tp) + "_n" + std::to_string(k.procs) : "") + (k.sp ? "_sp" : "");
 }
 
 nlohmann::json config_json(const Case& k) {
@@ -94,6 +97,7 @@ nlohmann::json config_json(const Case& k) {
   j["zero_optimization"] = {{"stage", k.stage}, {"overlap_comm", k.overlap},
                             {"stage3_param_persistence_threshold", 0}};
   j["data"] = {{"train", dir() + "/train"}};
+  if (k.tp > 1) j["parallel"] = {{"tp", k.tp}, {"sequence_parallel", k.sp}};
   return j;
 }
 
@@ -121,9 +125,10 @@ Measured measure(const Case& k) {
   std::string cfg = write_config(k), metrics = dir() + "/" + case_name(k) + ".jsonl", out, err;
   fs::remove(metrics);
   Measured m;
-  EXPECT_EQ(run("launch -n 2 -- train " + cfg + " --metrics " + metrics, &out, &err), 0) << err;
+  const std::string n = std::to_string(k.procs);
+  EXPECT_EQ(run("launch -n " + n + " -- train " + cfg + " --metrics " + metrics, &out, &err), 0) << err;
   m.metrics = last_line(metrics);
-  EXPECT_EQ(run("estimate " + cfg + " --procs 2 --json", &out, &err), 0) << err;
+  EXPECT_EQ(run("estimate " + cfg + " --procs " + n + " --json", &out, &err), 0) << err;
   m.estimate = nlohmann::json::parse(out)["stages"][k.stage];
   return m;
 }
@@ -150,7 +155,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"gpt2", false, 0, false}, Case{"gpt2", false, 1, false}, Case{"gpt2", false, 2, false},
                       Case{"gpt2", false, 3, false}, Case{"gpt2", true, 0, false}, Case{"gpt2", true, 1, false},
                       Case{"gpt2", true, 2, false}, Case{"gpt2", true, 3, false}, Case{"gpt2", false, 2, true},
-                      Case{"gpt2", true, 3, true}, Case{"llama", false, 3, false}, Case{"llama", true, 2, false}),
+                      Case{"gpt2", true, 3, true}, Case{"llama", false, 3, false}, Case{"llama", true, 2, false},
+                      // Tensor (and sequence) parallelism: each rank's shard, tp 2 alone and x dp 2.
+                      Case{"gpt2", false, 0, false, 2, 2}, Case{"llama", true, 0, false, 2, 2, true},
+                      Case{"gpt2", true, 3, false, 2, 4}, Case{"gpt2", false, 2, false, 2, 4, true}),
     [](const auto& info) { return case_name(info.param); });
 
 // (2): stage-3 model states against the closed form (header comment), computed from the units

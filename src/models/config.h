@@ -33,6 +33,14 @@ struct ModelConfig {
   std::string describe() const;  // "gpt2 L=12 C=768 NH=12 V=50257 (124.4M params)"
 };
 
+// Rows of the token table under tensor parallelism tp: the vocabulary padded to a multiple of
+// divisible x tp (Megatron's make_vocab_size_divisible_by); the vocabulary itself with tp = 1.
+inline int padded_vocab(const ModelConfig& cfg, int tp, int divisible) {
+  if (tp == 1) return cfg.vocab_size;
+  int m = divisible * tp;
+  return (cfg.vocab_size + m - 1) / m * m;
+}
+
 struct ModelOptions {
   DType compute_dtype = DType::kF32;
   bool recompute = false;  // full activation checkpointing per block

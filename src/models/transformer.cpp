@@ -12,11 +12,7 @@
 
 namespace mt::models {
 
-int TransformerLM::padded_vocab() const {
-  if (tp_.size() == 1) return cfg_.vocab_size;
-  int m = opts_.vocab_divisible * tp_.size();
-  return (cfg_.vocab_size + m - 1) / m * m;
-}
+int TransformerLM::padded_vocab() const { return models::padded_vocab(cfg_, tp_.size(), opts_.vocab_divisible); }
 
 TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
     : Module(""), cfg_(cfg), opts_(opts) {

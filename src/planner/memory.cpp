@@ -43,13 +43,15 @@ struct ModelSkeleton {
   std::vector<std::unique_ptr<nn::Module>> embeddings;  // wte (+ wpe)
   std::unique_ptr<nn::Module> block;
   std::vector<std::unique_ptr<nn::Module>> tail;  // final norm (+ untied head)
-  parallel::TpComm tp{0, 1};  // TODO(issue 10): per-rank estimates under tensor parallelism
+  parallel::TpComm tp;  // rank 0's place in the tp group (shapes only, no group)
 
-  explicit ModelSkeleton(const models::ModelConfig& cfg) {
+  explicit ModelSkeleton(const models::ModelConfig& cfg, int tp_size = 1, int vocab_divisible = 128) : tp(0, tp_size) {
     cfg.validate();
     bool gpt2 = cfg.arch == models::Arch::kGpt2;
     int C = cfg.hidden;
-    embeddings.push_back(std::make_unique<nn::Embedding>("wte", cfg.vocab_size, C, true, cfg.init_std));
+    const nn::TpPlace place{0, tp_size};
+    const int Vp = models::padded_vocab(cfg, tp_size, vocab_divisible);
+    embeddings.push_back(std::make_unique<nn::Embedding>("wte", cfg.vocab_size, C, true, cfg.init_std, place, Vp));
     if (gpt2) embeddings.push_back(std::make_unique<nn::Embedding>("wpe", cfg.max_positions, C, false, cfg.init_std));
     block = std::make_unique<models::Block>(cfg, 0, tp);
     if (gpt2) {
@@ -57,7 +59,7 @@ struct ModelSkeleton {
     } else {
       tail.push_back(std::make_unique<nn::RMSNorm>("norm", C, cfg.norm_eps));
     }
-    if (!cfg.tie_embeddings) tail.push_back(std::make_unique<nn::Embedding>("lm_head", cfg.vocab_size, C, true, cfg.init_std));
+    if (!cfg.tie_embeddings) tail.push_back(std::make_unique<nn::Embedding>("lm_head", cfg.vocab_size, C, true, cfg.init_std, place, Vp));
   }
 };
 
@@ -82,14 +84,16 @@ std::vector<nn::Module*> raw(const std::vector<std::unique_ptr<nn::Module>>& ms)
   return out;
 }
 
-// The same dimensions TransformerLM::prepare computes.
-models::BlockDims block_dims(const models::ModelConfig& cfg, int B, int T) {
+// The same dimensions TransformerLM::prepare computes (this rank's widths under tp).
+models::BlockDims block_dims(const models::ModelConfig& cfg, int B, int T, int tp, bool sp) {
   models::BlockDims d;
-  d.B = B; d.T = T; d.N = B * T; d.C = cfg.hidden; d.NH = cfg.n_head; d.NKV = cfg.n_kv_head;
+  d.B = B; d.T = T; d.N = B * T; d.C = cfg.hidden; d.NH = cfg.n_head / tp; d.NKV = cfg.n_kv_head / tp;
   d.HS = cfg.head_dim();
   d.QKV = (d.NH + 2 * d.NKV) * d.HS; d.A = d.NH * d.HS;
-  d.H = cfg.arch == models::Arch::kGpt2 ? cfg.intermediate : 2 * cfg.intermediate;
-  d.G = cfg.intermediate;
+  d.G = cfg.intermediate / tp;
+  d.H = cfg.arch == models::Arch::kGpt2 ? d.G : 2 * d.G;
+  d.sp = sp && tp > 1;
+  d.Nl = d.sp ? d.N / tp : d.N;
   return d;
 }
 
@@ -126,8 +130,8 @@ int optimizer_state_count(const optim::OptimizerSpec& spec) {
   return 2;  // Adam, AdamW, Lamb: exp_avg, exp_avg_sq
 }
 
-std::vector<parallel::Unit> model_units(const models::ModelConfig& cfg) {
-  ModelSkeleton sk(cfg);
+std::vector<parallel::Unit> model_units(const models::ModelConfig& cfg, int tp, int vocab_divisible) {
+  ModelSkeleton sk(cfg, tp, vocab_divisible);
   std::vector<parallel::Unit> units;
   units.push_back(unit_of("embeddings", raw(sk.embeddings), 0));
   size_t offset = units.back().numel;
@@ -329,21 +333,24 @@ MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int
 MemoryBreakdown step_memory(const MemoryInput& in) {
   const models::ModelConfig& cfg = in.model;
   const bool gpt2 = cfg.arch == models::Arch::kGpt2;
-  const models::BlockDims d = block_dims(cfg, in.micro_batch, in.seq_length);
-  const size_t N = static_cast<size_t>(d.N), C = static_cast<size_t>(d.C), V = static_cast<size_t>(cfg.vocab_size);
+  const models::BlockDims d = block_dims(cfg, in.micro_batch, in.seq_length, in.tp, in.sequence_parallel);
+  // V: this rank's rows of the (padded) vocabulary; R: its rows of the residual stream.
+  const size_t N = static_cast<size_t>(d.N), C = static_cast<size_t>(d.C), Rr = static_cast<size_t>(d.rows()),
+               V = static_cast<size_t>(models::padded_vocab(cfg, in.tp, in.vocab_divisible) / in.tp);
   const size_t e = dtype_size(in.compute_dtype);
   const bool lowp = in.compute_dtype != DType::kF32;
   MemoryBreakdown m;
 
   // TransformerLM::prepare: saved activations of every block (one with recompute), the residual
-  // stream (L+1 copies) and the head's rows (norm stats, final-norm output, dL/dnorm, dres,
-  // losses; six 64-byte-aligned pieces), and the token copy.
+  // stream (L+1 copies of this rank's rows) and the head's rows (norm stats, final-norm output,
+  // dL/dnorm, dres, losses, + the gathered rows under sequence parallelism; 64-byte-aligned
+  // pieces), and the token copy (+ this shard's token rows under tp).
   models::BlockActs acts{};
   size_t per_block = models::BlockActs::layout(&acts, nullptr, d, in.compute_dtype, gpt2);
   size_t sets = in.recompute ? 1 : static_cast<size_t>(cfg.n_layer);
-  size_t resid = (static_cast<size_t>(cfg.n_layer) + 1) * N * C * 4;
-  size_t head_rows = 2 * N * 4 + N * C * e + N * C * 4 + N * C * 4 + N * 4 + 64 * 6;
-  m[MemCategory::kActivations] = per_block * sets + resid + head_rows + N * 4;
+  size_t resid = (static_cast<size_t>(cfg.n_layer) + 1) * Rr * C * 4;
+  size_t head_rows = 2 * Rr * 4 + N * C * e + N * C * 4 + Rr * C * 4 + N * 4 + (d.sp ? N * C * 4 + 64 * 7 : 64 * 6);
+  m[MemCategory::kActivations] = per_block * sets + resid + head_rows + N * 4 * (in.tp > 1 ? 2 : 1);
 
   // Workspace: BlockScratch (+ LLaMA's RoPE tables), then nn::Workspace's slots.
   models::BlockScratch scratch{};
@@ -374,7 +381,7 @@ MemoryBreakdown step_memory(const MemoryInput& in) {
 
 StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   check_input(in, stage);
-  std::vector<parallel::Unit> units = model_units(in.model);
+  std::vector<parallel::Unit> units = model_units(in.model, in.tp, in.vocab_divisible);
   size_t e = dtype_size(in.compute_dtype);
   StageEstimate r;
   r.stage = stage;
@@ -395,7 +402,7 @@ int largest_micro_batch(const MemoryInput& in, int stage, size_t budget_bytes, i
   MemoryInput probe = in;
   probe.micro_batch = 1;
   check_input(probe, stage);
-  size_t states = model_state_memory(model_units(in.model), stage, in.world, dtype_size(in.compute_dtype),
+  size_t states = model_state_memory(model_units(in.model, in.tp, in.vocab_divisible), stage, in.world, dtype_size(in.compute_dtype),
                                      in.optimizer_states, in.zero, in.model.tie_embeddings).total();
   if (states > budget_bytes) return 0;
   // A linear walk: the total grows with B except where the LM head's tile shrinks as one more tile

@@ -71,6 +71,11 @@ struct MemoryInput {
   int optimizer_states = 2;  // k: f32 state buffers per parameter
   int world = 1;             // N: data-parallel ranks
   ZeroKnobs zero;
+  // Tensor parallelism: this rank's shard of every layer (local widths, its rows of the padded
+  // vocabulary); sequence parallelism: its N/tp rows of the residual stream, plus the gathered rows.
+  int tp = 1;
+  bool sequence_parallel = false;
+  int vocab_divisible = 128;
 };
 
 // Bytes per rank, each category at its own peak (the sum is an upper bound on the total peak).
@@ -96,7 +101,8 @@ int optimizer_state_count(const optim::OptimizerSpec& spec);
 
 // The ZeRO units of cfg in forward order, as models::TransformerLM::zero_units() cuts them
 // (embeddings, one per block, tail), counted from metadata-only modules: nothing is allocated.
-std::vector<parallel::Unit> model_units(const models::ModelConfig& cfg);
+// tp > 1: the units of one tensor-parallel rank's shard (every rank's are the same size).
+std::vector<parallel::Unit> model_units(const models::ModelConfig& cfg, int tp = 1, int vocab_divisible = 128);
 // Largest number of parameters one module holds itself (DeepSpeed's largest_layer_params).
 size_t largest_module_params(const models::ModelConfig& cfg);
 
