@@ -25,6 +25,7 @@ inline nlohmann::json layout_config(const char* model_json, const std::string& d
   j["no_weight_decay"] = "hf";
   j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.1}}}};
   if (dtype == "bf16") j["bf16"] = {{"enabled", true}};
+  if (dtype == "fp16") j["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
   return j;
 }
 

@@ -1,0 +1,92 @@
+// The model under tensor parallelism, beside the code: each rank built with a tp group holds
+// exactly its slice of the one-process model's weights (same seed, keyed on names), its vocabulary
+// padding is zero, and its forward gives the one-process logits and loss (gathered / reduced over
+// the group). Ranks are threads over the local backend.
+#include "models/transformer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "comm/local_backend.h"
+#include "nn/tp_split.h"
+
+namespace mt::models {
+namespace {
+
+ModelConfig tiny(Arch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 97;
+  c.hidden = 32;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = arch == Arch::kGpt2 ? 4 : 2;
+  c.intermediate = arch == Arch::kGpt2 ? 128 : 64;
+  c.max_positions = 16;
+  c.tie_embeddings = arch == Arch::kGpt2;
+  return c;
+}
+
+TEST(PaddedVocab, MegatronsRule) {
+  ModelConfig c = tiny(Arch::kGpt2);
+  c.vocab_size = 50257;
+  EXPECT_EQ(padded_vocab(c, 1, 128), 50257);  // nothing to split
+  EXPECT_EQ(padded_vocab(c, 2, 128), 50432);  // a multiple of 256
+  EXPECT_EQ(padded_vocab(c, 4, 128), 50688);  // of 512
+  EXPECT_EQ(padded_vocab(c, 8, 1), 50264);
+}
+
+class TpModel : public ::testing::TestWithParam<std::tuple<Arch, int, bool>> {};
+
+TEST_P(TpModel, ShardsAreSlicesAndTheForwardIsTheOneProcessForward) {
+  const auto [arch, tp, sp] = GetParam();
+  const ModelConfig cfg = tiny(arch);
+  ModelOptions one_opts;
+  one_opts.seed = 77;
+  TransformerLM one(cfg, one_opts);
+  const int B = 2, T = 8, N = B * T;
+  one.prepare(B, T);
+  std::vector<int32_t> tok(N), tgt(N);
+  for (int i = 0; i < N; ++i) {
+    tok[i] = (i * 37 + 5) % cfg.vocab_size;
+    tgt[i] = i == 3 ? -100 : (i * 11 + 2) % cfg.vocab_size;
+  }
+  std::vector<float> ref_logits(static_cast<size_t>(N) * cfg.vocab_size);
+  one.logits(ref_logits.data(), tok.data());
+  const float ref_loss = one.forward(tok.data(), tgt.data(), 0.0f);
+
+  auto errors = comm::run_local_ranks(tp, [&](comm::Backend& b) {
+    auto ctx = parallel::make_parallel_context(std::shared_ptr<comm::Backend>(&b, [](comm::Backend*) {}), tp, 1, sp);
+    ModelOptions o = one_opts;
+    o.parallel = ctx;
+    o.vocab_divisible = 8;
+    TransformerLM shard(cfg, o);
+    const auto& mine = shard.store().parameters();
+    ASSERT_EQ(mine.size(), one.store().parameters().size());
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const nn::Parameter* p = mine[i];
+      const nn::Parameter* full = one.store().parameters()[i];
+      ASSERT_EQ(p->name, full->name);
+      std::vector<float> want(static_cast<size_t>(p->numel()));
+      nn::tp_extract(want.data(), full->master, p->global_shape, p->split, p->place);  // padding: 0
+      for (size_t k = 0; k < want.size(); ++k) ASSERT_EQ(p->master[k], want[k]) << p->name << " element " << k;
+    }
+    shard.prepare(B, T);
+    std::vector<float> logits(ref_logits.size());
+    shard.logits(logits.data(), tok.data());
+    for (size_t i = 0; i < logits.size(); ++i) ASSERT_NEAR(logits[i], ref_logits[i], 1e-5f) << "logit " << i;
+    EXPECT_NEAR(shard.forward(tok.data(), tgt.data(), 0.0f), ref_loss, 1e-5f * std::fabs(ref_loss));
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TpModel,
+                         ::testing::Values(std::make_tuple(Arch::kGpt2, 2, false), std::make_tuple(Arch::kGpt2, 4, true),
+                                           std::make_tuple(Arch::kLlama, 2, false), std::make_tuple(Arch::kLlama, 2, true)));
+
+}  // namespace
+}  // namespace mt::models
