@@ -509,26 +509,44 @@ TEST(TrainMpi, TensorParallelMatchesOneProcess) {
                                            {"num_key_value_heads", 2}, {"max_position_embeddings", 32},
                                            {"tie_word_embeddings", false}}}};
   const nlohmann::json bf16 = {{"bf16", {{"enabled", true}}}};
+  // LLaMA with 8 heads over 4 kv heads: grouped-query attention that tp 4 can split.
+  const nlohmann::json llama8 = {{"model", {{"model_type", "llama"}, {"vocab_size", 97}, {"hidden_size", 64},
+                                            {"intermediate_size", 96}, {"num_hidden_layers", 2}, {"num_attention_heads", 8},
+                                            {"num_key_value_heads", 4}, {"max_position_embeddings", 32},
+                                            {"tie_word_embeddings", false}}}};
+  // 10 steps, the schedule over all of them, every checkpoint kept.
+  const nlohmann::json steps = {{"train_iters", 10}, {"keep_last", 0},
+                                {"scheduler", {{"type", "WarmupDecayLR"},
+                                               {"params", {{"warmup_num_steps", 2}, {"warmup_max_lr", 0.01}, {"total_num_steps", 10}}}}}};
+  auto with = [&steps](nlohmann::json j) {
+    j.update(steps);
+    return j;
+  };
   struct Layout {
     const char* name;
     int n, tp, stage;
     bool llama, bf16, recompute;
     bool sp = false;
+    bool llama8 = false;
   };
   const std::vector<Layout> layouts = {{"tp2", 2, 2, 0, false, false, false},      {"tp4", 4, 4, 0, false, false, false},
                                        {"tp2dp2s1", 4, 2, 1, false, false, false}, {"tp2dp2s2", 4, 2, 2, false, false, false},
                                        {"tp2dp2s3rc", 4, 2, 3, false, false, true}, {"llama-tp2", 2, 2, 0, true, false, false},
                                        {"llama-tp2dp2s3", 4, 2, 3, true, false, false}, {"bf16-tp2", 2, 2, 0, false, true, false},
                                        {"tp2-sp", 2, 2, 0, false, false, false, true},  {"tp4-sp-rc", 4, 4, 0, false, false, true, true},
-                                       {"llama-tp2dp2s2-sp", 4, 2, 2, true, false, false, true}};
-  for (const char* ref : {"gpt2", "llama", "bf16"}) {
-    nlohmann::json more = std::string(ref) == "llama" ? llama : std::string(ref) == "bf16" ? bf16 : nlohmann::json::object();
+                                       {"llama-tp2dp2s2-sp", 4, 2, 2, true, false, false, true},
+                                       {"llama8-tp4", 4, 4, 0, false, false, false, false, true},
+                                       {"llama8-tp4-sp-rc", 4, 4, 0, false, false, true, true, true}};
+  auto model_of = [&](const std::string& ref) {
+    return with(ref == "llama" ? llama : ref == "llama8" ? llama8 : ref == "bf16" ? bf16 : nlohmann::json::object());
+  };
+  for (const char* ref : {"gpt2", "llama", "llama8", "bf16"}) {
     std::string one = std::string("tp-one-") + ref;
-    ASSERT_EQ(run("train " + dp_config(one, 0, more) + " --metrics " + dir() + "/" + one + ".jsonl"), 0);
+    ASSERT_EQ(run("train " + dp_config(one, 0, model_of(ref)) + " --metrics " + dir() + "/" + one + ".jsonl"), 0);
   }
   for (const Layout& l : layouts) {
-    std::string ref = l.llama ? "llama" : l.bf16 ? "bf16" : "gpt2";
-    nlohmann::json more = l.llama ? llama : l.bf16 ? bf16 : nlohmann::json::object();
+    std::string ref = l.llama ? "llama" : l.llama8 ? "llama8" : l.bf16 ? "bf16" : "gpt2";
+    nlohmann::json more = model_of(ref);
     if (l.recompute) more["activation_checkpointing"] = {{"enabled", true}};
     // Sequence parallelism by Megatron's key, or by DeepSpeed's partition_activations.
     if (l.sp && l.recompute) more["activation_checkpointing"]["partition_activations"] = true;
@@ -541,19 +559,18 @@ TEST(TrainMpi, TensorParallelMatchesOneProcess) {
         << err;
     double tol = l.bf16 ? 2e-3 : 1e-5;
     expect_close(losses(dir() + "/tp-one-" + ref + ".jsonl"), losses(dir() + "/" + name + ".jsonl"), tol, name);
-    std::vector<float> w1 = checkpoint_weights(dir() + "/ckpt-tp-one-" + ref + "/step-6");
-    std::vector<float> w = checkpoint_weights(dir() + "/ckpt-" + name + "/step-6");
+    std::vector<float> w1 = checkpoint_weights(dir() + "/ckpt-tp-one-" + ref + "/step-10");
+    std::vector<float> w = checkpoint_weights(dir() + "/ckpt-" + name + "/step-10");
     ASSERT_EQ(w.size(), w1.size()) << name << ": the checkpoint holds the one-process layout (no padding)";
     EXPECT_LE(relative_error(w, w1), tol) << name;
   }
   // A tp 2 x dp 2 checkpoint resumes in one process (the curve goes on) and exports to HF.
   std::vector<double> ref = losses(dir() + "/tp-one-gpt2.jsonl");
-  std::string ck = dir() + "/ckpt-tp-tp2dp2s1/step-3";
-  ASSERT_EQ(run("train " + dp_config("tp-r1", 0) + " --resume " + ck + " --metrics " + dir() + "/tp-r1.jsonl"), 0);
+  std::string ck = dir() + "/ckpt-tp-tp2dp2s1/step-3", err;
+  ASSERT_EQ(run("train " + dp_config("tp-r1", 0, with({})) + " --resume " + ck + " --metrics " + dir() + "/tp-r1.jsonl", &err), 0) << err;
   expect_close(std::vector<double>(ref.begin() + 3, ref.end()), losses(dir() + "/tp-r1.jsonl"), 1e-5, "tp2xdp2 -> 1");
   // ... and a one-process checkpoint resumes under tp 4.
-  std::string err;
-  ASSERT_EQ(run(launch(4) + dp_config("tp-r4", 0) + " --set parallel.tp=4 --resume " + dir() + "/ckpt-tp-one-gpt2/step-3" +
+  ASSERT_EQ(run(launch(4) + dp_config("tp-r4", 0, with({})) + " --set parallel.tp=4 --resume " + dir() + "/ckpt-tp-one-gpt2/step-3" +
                     " --metrics " + dir() + "/tp-r4.jsonl",
                 &err),
             0)
