@@ -165,7 +165,9 @@ TEST(ZeroSchedule, GathersFreesAndReductionsBalance) {
           // Only the persistent units (every unit below stage 3) stay gathered between steps.
           for (size_t u = 0; u < units.size(); ++u) EXPECT_EQ(fx.live.count(u), s.persistent(u) ? 1u : 0u) << u;
           EXPECT_TRUE(fx.gathering.empty());
-          if (stage == 3) EXPECT_GE(s.peak_live_elems(), 500u);
+          if (stage == 3) {
+            EXPECT_GE(s.peak_live_elems(), 500u);
+          }
         }
         EXPECT_EQ(fx.errors, 0) << "stage " << stage << " overlap " << overlap << " recompute " << recompute;
       }
