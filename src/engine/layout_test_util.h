@@ -3,12 +3,16 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "comm/local_backend.h"
 #include "nn/param_store.h"
 
 namespace mt::engine {
@@ -47,6 +51,24 @@ inline std::vector<std::pair<size_t, size_t>> layout_key_bias_ranges(const nn::P
       size_t C = static_cast<size_t>(p->global_numel() / 3);
       out.emplace_back(p->global_offset + C, p->global_offset + 2 * C);
     }
+  return out;
+}
+
+// Runs fn on `world` ranks (threads over the local backend) and returns rank 0's result; rethrows
+// the first rank's exception.
+template <typename Result>
+Result layout_rank0(int world, const std::function<Result(comm::Backend&)>& fn) {
+  Result out;
+  std::mutex mu;
+  auto errors = comm::run_local_ranks(world, [&](comm::Backend& b) {
+    Result mine = fn(b);
+    if (b.rank() == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      out = std::move(mine);
+    }
+  });
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
   return out;
 }
 

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -58,9 +57,7 @@ struct TpRun {
 
 // processes == 1: the reference (one process, g·dp micro-batches).
 TpRun train(const Case& k, int processes, int g) {
-  TpRun out;
-  std::mutex mu;
-  auto errors = comm::run_local_ranks(processes, [&](comm::Backend& b) {
+  return layout_rank0<TpRun>(processes, [&](comm::Backend& b) {
     RunConfig c = ds_config_parse(config(k, processes, g), "tp_test", processes);
     std::shared_ptr<comm::Backend> world(&b, [](comm::Backend*) {});
     auto ctx = engine_parallel_context(c, processes > 1 ? world : nullptr);
@@ -79,14 +76,8 @@ TpRun train(const Case& k, int processes, int g) {
     for (auto& [name, v] : eng.gather_optimizer_state())
       if (name == "exp_avg") mine.exp_avg = std::move(v);
     mine.noise = layout_key_bias_ranges(model->store());
-    if (b.rank() == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      out = std::move(mine);
-    }
+    return mine;
   });
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  return out;
 }
 
 struct Diff {

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -44,9 +43,7 @@ nlohmann::json config(const std::string& arch, int stage, const std::string& dty
 
 // Trains 10 steps on `world` ranks (threads) with g micro-batches per rank.
 TrainRun train(const std::string& arch, int stage, const std::string& dtype, int world, int g) {
-  TrainRun out;
-  std::mutex mu;
-  auto errors = comm::run_local_ranks(world, [&](comm::Backend& b) {
+  return layout_rank0<TrainRun>(world, [&](comm::Backend& b) {
     RunConfig c = ds_config_parse(config(arch, stage, dtype, world, g), "zero_test", world);
     auto model = engine_build_model(c);
     std::shared_ptr<comm::Backend> dp(&b, [](comm::Backend*) {});
@@ -61,14 +58,8 @@ TrainRun train(const std::string& arch, int stage, const std::string& dtype, int
     eng.gather_master(mine.master);
     mine.noise = layout_key_bias_ranges(model->store());
     if (eng.zero()) mine.peak_live = eng.zero()->peak_live_param_elems();
-    if (b.rank() == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      out = std::move(mine);
-    }
+    return mine;
   });
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  return out;
 }
 
 void expect_match(const TrainRun& ref, const TrainRun& got, double tol, const std::string& what) {

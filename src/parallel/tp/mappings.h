@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "base/timer.h"
 #include "comm/backend.h"
 
 namespace mt::parallel {
@@ -57,6 +58,10 @@ class TpComm {
 
  private:
   void reduce(float* buf, size_t n, comm::ReduceOp op, const char* tag);
+  template <typename Options>
+  Options options(const char* tag) const;
+  void finish(std::unique_ptr<comm::Work> work, size_t handed_bytes, const Timer& started);
+  bool alone(float* out, const float* in, size_t n) const;
   std::shared_ptr<comm::Backend> group_;
   std::chrono::milliseconds timeout_ = comm::kDefaultTimeout;
   std::vector<float> staging_;

@@ -15,6 +15,14 @@ namespace {
 // A value that tells rank, row and column apart.
 float val(int rank, size_t row, size_t col) { return static_cast<float>(rank * 1000 + row * 10 + col); }
 
+// A rank's (rows, cols) block of val.
+std::vector<float> block_of(int rank, size_t rows, size_t cols) {
+  std::vector<float> b(rows * cols);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < cols; ++c) b[r * cols + c] = val(rank, r, c);
+  return b;
+}
+
 void on_ranks(int n, const std::function<void(TpComm&)>& fn) {
   auto errs = comm::run_local_ranks(n, [&](comm::Backend& b) {
     TpComm tp(std::shared_ptr<comm::Backend>(&b, [](comm::Backend*) {}), std::chrono::milliseconds(10000));
@@ -46,9 +54,7 @@ TEST_P(Mappings, ColumnsScatterAndGatherAreInverse) {  // scatter-to / gather-fr
   const int S = GetParam();
   on_ranks(S, [S](TpComm& tp) {
     const size_t rows = 3, lc = 2, cols = lc * static_cast<size_t>(S);
-    std::vector<float> local(rows * lc), full(rows * cols);
-    for (size_t r = 0; r < rows; ++r)
-      for (size_t c = 0; c < lc; ++c) local[r * lc + c] = val(tp.rank(), r, c);
+    std::vector<float> local = block_of(tp.rank(), rows, lc), full(rows * cols);
     tp.gather_columns(full.data(), local.data(), rows, lc, "test");
     for (size_t r = 0; r < rows; ++r)
       for (size_t c = 0; c < cols; ++c)
@@ -63,9 +69,7 @@ TEST_P(Mappings, RowsGatherAndReduceScatter) {  // sequence-parallel regions
   const int S = GetParam();
   on_ranks(S, [S](TpComm& tp) {
     const size_t lr = 2, cols = 3, rows = lr * static_cast<size_t>(S);
-    std::vector<float> mine(lr * cols), all(rows * cols);
-    for (size_t r = 0; r < lr; ++r)
-      for (size_t c = 0; c < cols; ++c) mine[r * cols + c] = val(tp.rank(), r, c);
+    std::vector<float> mine = block_of(tp.rank(), lr, cols), all(rows * cols);
     tp.gather_rows(all.data(), mine.data(), lr, cols, "test");  // gather-from-sequence forward
     for (size_t r = 0; r < rows; ++r)
       for (size_t c = 0; c < cols; ++c) ASSERT_EQ(all[r * cols + c], val(static_cast<int>(r / lr), r % lr, c));
