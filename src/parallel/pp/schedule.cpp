@@ -1,0 +1,267 @@
+#include "parallel/pp/schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "base/error.h"
+#include "comm/backend.h"
+
+namespace mt::parallel::pp {
+
+const char* schedule_name(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::kGPipe: return "gpipe";
+    case ScheduleKind::k1F1B: return "1f1b";
+    case ScheduleKind::kInterleaved: return "interleaved";
+  }
+  return "?";
+}
+
+ScheduleKind parse_schedule(const std::string& name) {
+  if (name == "gpipe") return ScheduleKind::kGPipe;
+  if (name == "1f1b" || name == "1F1B") return ScheduleKind::k1F1B;
+  if (name == "interleaved" || name == "interleaved_1f1b") return ScheduleKind::kInterleaved;
+  throw Error(ErrorKind::kInvalidArgument,
+              "parallel.pipeline_schedule: unknown schedule \"" + name + "\" (gpipe, 1f1b or interleaved)");
+}
+
+const char* op_name(OpKind k) {
+  switch (k) {
+    case OpKind::kRecvActivation: return "recv-activation";
+    case OpKind::kForward: return "forward";
+    case OpKind::kSendActivation: return "send-activation";
+    case OpKind::kRecvGrad: return "recv-grad";
+    case OpKind::kBackward: return "backward";
+    case OpKind::kSendGrad: return "send-grad";
+  }
+  return "?";
+}
+
+void check_schedule_spec(const ScheduleSpec& s) {
+  MT_CHECK(s.pp >= 1, ErrorKind::kInvalidArgument, "parallel.pp must be >= 1");
+  MT_CHECK(s.virtual_stages >= 1, ErrorKind::kInvalidArgument, "parallel.virtual_stages must be >= 1");
+  MT_CHECK(s.micro_batches >= 1, ErrorKind::kInvalidArgument, "gradient_accumulation_steps (the micro-batches) must be >= 1");
+  if (s.virtual_stages > 1)
+    MT_CHECK(s.kind == ScheduleKind::kInterleaved, ErrorKind::kInvalidArgument,
+             "parallel.virtual_stages = " + std::to_string(s.virtual_stages) + " needs parallel.pipeline_schedule \"interleaved\" (" +
+                 schedule_name(s.kind) + " runs one model chunk per rank)");
+  if (s.kind == ScheduleKind::kInterleaved && s.virtual_stages > 1 && s.pp > 1)
+    MT_CHECK(s.micro_batches % s.pp == 0, ErrorKind::kInvalidArgument,
+             "the interleaved schedule runs micro-batches in groups of parallel.pp: gradient_accumulation_steps (" +
+                 std::to_string(s.micro_batches) + ") must be a multiple of parallel.pp (" + std::to_string(s.pp) + ")");
+  const long long tags = 2LL * s.stages() * s.micro_batches;
+  MT_CHECK(tags <= comm::kMaxMsgTag + 1LL, ErrorKind::kInvalidArgument,
+           "pipeline stages (" + std::to_string(s.stages()) + ") x micro-batches (" + std::to_string(s.micro_batches) +
+               ") need " + std::to_string(tags) + " message tags; MPI guarantees " + std::to_string(comm::kMaxMsgTag + 1));
+}
+
+int message_tag(const ScheduleSpec& s, int stage, int micro, bool grad) {
+  return 2 * (stage * s.micro_batches + micro) + (grad ? 1 : 0);
+}
+
+namespace {
+
+// Interleaving with one chunk is 1F1B.
+bool interleaved(const ScheduleSpec& s) { return s.kind == ScheduleKind::kInterleaved && s.virtual_stages > 1; }
+
+struct Emitter {
+  const ScheduleSpec& s;
+  int rank;
+  std::vector<Instr> out;
+  int stage(int chunk) const { return chunk * s.pp + rank; }
+  void forward(int chunk, int micro) {
+    const int st = stage(chunk), S = s.stages();
+    if (st > 0) out.push_back({OpKind::kRecvActivation, chunk, micro, (st - 1) % s.pp, message_tag(s, st - 1, micro, false)});
+    out.push_back({OpKind::kForward, chunk, micro});
+    if (st + 1 < S) out.push_back({OpKind::kSendActivation, chunk, micro, (st + 1) % s.pp, message_tag(s, st, micro, false)});
+  }
+  void backward(int chunk, int micro) {
+    const int st = stage(chunk), S = s.stages();
+    if (st + 1 < S) out.push_back({OpKind::kRecvGrad, chunk, micro, (st + 1) % s.pp, message_tag(s, st, micro, true)});
+    out.push_back({OpKind::kBackward, chunk, micro});
+    if (st > 0) out.push_back({OpKind::kSendGrad, chunk, micro, (st - 1) % s.pp, message_tag(s, st - 1, micro, true)});
+  }
+};
+
+// Megatron's interleaved order: the k-th forward (backward) of a rank runs chunk
+// (k mod p·v) / p (reversed for backward) on micro-batch (k / (p·v))·p + k mod p.
+int interleaved_chunk(const ScheduleSpec& s, int k, bool forward) {
+  int c = (k % (s.pp * s.virtual_stages)) / s.pp;
+  return forward ? c : s.virtual_stages - 1 - c;
+}
+int interleaved_micro(const ScheduleSpec& s, int k) { return (k / (s.pp * s.virtual_stages)) * s.pp + k % s.pp; }
+
+}  // namespace
+
+int warmup_forwards(const ScheduleSpec& s, int rank) {
+  const int m = s.micro_batches, p = s.pp, v = s.virtual_stages;
+  switch (s.kind) {
+    case ScheduleKind::kGPipe: return m * v;
+    case ScheduleKind::k1F1B: return std::min(p - rank - 1, m);
+    case ScheduleKind::kInterleaved:
+      if (v == 1) return std::min(p - rank - 1, m);
+      if (m == p) return m * v;
+      return std::min((p - rank - 1) * 2 + (v - 1) * p, m * v);
+  }
+  return 0;
+}
+
+double bubble_formula(const ScheduleSpec& s) {
+  const double p = s.pp, m = s.micro_batches, v = interleaved(s) ? s.virtual_stages : 1;
+  return (p - 1) / (v * m + p - 1);
+}
+
+std::vector<Instr> build_schedule(const ScheduleSpec& s, int rank) {
+  check_schedule_spec(s);
+  MT_CHECK(rank >= 0 && rank < s.pp, ErrorKind::kInvalidArgument, "pipeline rank out of range");
+  Emitter e{s, rank, {}};
+  const int m = s.micro_batches, v = s.virtual_stages;
+  if (s.kind == ScheduleKind::kGPipe) {
+    // Every forward (chunk by chunk), then every backward (last chunk first).
+    for (int c = 0; c < v; ++c)
+      for (int i = 0; i < m; ++i) e.forward(c, i);
+    for (int c = v - 1; c >= 0; --c)
+      for (int i = 0; i < m; ++i) e.backward(c, i);
+    return e.out;
+  }
+  const int total = m * v;
+  const int warm = warmup_forwards(s, rank);
+  auto fwd = [&](int k) {
+    if (interleaved(s)) e.forward(interleaved_chunk(s, k, true), interleaved_micro(s, k));
+    else e.forward(0, k);
+  };
+  auto bwd = [&](int k) {
+    if (interleaved(s)) e.backward(interleaved_chunk(s, k, false), interleaved_micro(s, k));
+    else e.backward(0, k);
+  };
+  // Warm-up forwards, then one forward and one backward alternating (the steady state), then the
+  // remaining backwards (cool-down): PipeDream-flush, and Megatron's interleaved variant.
+  for (int k = 0; k < warm; ++k) fwd(k);
+  for (int k = 0; k < total - warm; ++k) {
+    fwd(warm + k);
+    bwd(k);
+  }
+  for (int k = total - warm; k < total; ++k) bwd(k);
+  return e.out;
+}
+
+int max_in_flight(const std::vector<Instr>& list) {
+  int live = 0, most = 0;
+  for (const Instr& i : list) {
+    if (i.kind == OpKind::kForward) most = std::max(most, ++live);
+    if (i.kind == OpKind::kBackward) --live;
+  }
+  return most;
+}
+
+SimResult simulate(const ScheduleSpec& s, const std::vector<std::vector<Instr>>& ranks, double t_forward, double t_backward) {
+  const int P = static_cast<int>(ranks.size());
+  const double v = s.virtual_stages;
+  SimResult r;
+  r.busy.assign(P, 0.0);
+  std::vector<double> clock(P, 0.0);
+  std::vector<size_t> pc(P, 0);
+  std::map<std::tuple<int, int, int>, double> sent;  // (from, to, tag) -> arrival time
+  for (;;) {
+    bool progressed = false, done = true;
+    for (int q = 0; q < P; ++q) {
+      while (pc[q] < ranks[q].size()) {
+        const Instr& i = ranks[q][pc[q]];
+        if (i.kind == OpKind::kRecvActivation || i.kind == OpKind::kRecvGrad) {
+          auto it = sent.find({i.peer, q, i.tag});
+          if (it == sent.end()) break;
+          clock[q] = std::max(clock[q], it->second);
+          sent.erase(it);
+        } else if (i.kind == OpKind::kSendActivation || i.kind == OpKind::kSendGrad) {
+          sent[{q, i.peer, i.tag}] = clock[q];
+        } else {
+          double t = (i.kind == OpKind::kForward ? t_forward : t_backward) / v;
+          clock[q] += t;
+          r.busy[q] += t;
+        }
+        ++pc[q];
+        progressed = true;
+      }
+      if (pc[q] < ranks[q].size()) done = false;
+    }
+    if (done) break;
+    if (!progressed) {
+      r.deadlock = true;
+      for (int q = 0; q < P; ++q)
+        if (pc[q] < ranks[q].size()) {
+          const Instr& i = ranks[q][pc[q]];
+          r.where += "rank " + std::to_string(q) + " waits at " + op_name(i.kind) + " chunk " + std::to_string(i.chunk) +
+                     " micro " + std::to_string(i.micro) + " tag " + std::to_string(i.tag) + "; ";
+        }
+      break;
+    }
+  }
+  r.makespan = *std::max_element(clock.begin(), clock.end());
+  return r;
+}
+
+std::string validate(const ScheduleSpec& s, const std::vector<std::vector<Instr>>& ranks) {
+  const int P = static_cast<int>(ranks.size());
+  if (P != s.pp) return "expected " + std::to_string(s.pp) + " rank lists";
+  // (from, to, tag) -> (stage boundary, micro, grad) of each send; receives must match one each.
+  std::map<std::tuple<int, int, int>, int> sends;
+  std::map<std::tuple<int, int, int>, int> recvs;
+  for (int q = 0; q < P; ++q) {
+    std::set<std::pair<int, int>> fwd, bwd;
+    const std::vector<Instr>& list = ranks[q];
+    for (size_t n = 0; n < list.size(); ++n) {
+      const Instr& i = list[n];
+      const std::string at = "rank " + std::to_string(q) + " instruction " + std::to_string(n) + " (" + op_name(i.kind) +
+                             " chunk " + std::to_string(i.chunk) + " micro " + std::to_string(i.micro) + ")";
+      const int st = i.chunk * s.pp + q;
+      std::pair<int, int> key{i.chunk, i.micro};
+      switch (i.kind) {
+        case OpKind::kForward:
+          if (!fwd.insert(key).second) return at + ": second forward";
+          if (st > 0 && (n == 0 || list[n - 1].kind != OpKind::kRecvActivation || list[n - 1].micro != i.micro ||
+                         list[n - 1].chunk != i.chunk))
+            return at + ": forward without its activation received just before";
+          break;
+        case OpKind::kBackward:
+          if (!fwd.count(key)) return at + ": backward before its forward";
+          if (!bwd.insert(key).second) return at + ": second backward";
+          if (st + 1 < s.stages() && (n == 0 || list[n - 1].kind != OpKind::kRecvGrad || list[n - 1].micro != i.micro ||
+                                      list[n - 1].chunk != i.chunk))
+            return at + ": backward without its gradient received just before";
+          break;
+        case OpKind::kSendActivation:
+        case OpKind::kSendGrad: {
+          const bool grad = i.kind == OpKind::kSendGrad;
+          const int boundary = grad ? st - 1 : st;
+          const int to = grad ? (st - 1) % s.pp : (st + 1) % s.pp;
+          if (boundary < 0 || boundary + 1 >= s.stages()) return at + ": send past the pipeline's end";
+          if (i.peer != to || i.tag != message_tag(s, boundary, i.micro, grad)) return at + ": wrong peer or tag";
+          if (!sends.emplace(std::tuple{q, i.peer, i.tag}, 1).second) return at + ": tag sent twice";
+          break;
+        }
+        case OpKind::kRecvActivation:
+        case OpKind::kRecvGrad: {
+          if (!recvs.emplace(std::tuple{i.peer, q, i.tag}, 1).second) return at + ": tag received twice";
+          break;
+        }
+      }
+    }
+    const size_t want = static_cast<size_t>(s.virtual_stages) * s.micro_batches;
+    if (fwd.size() != want || bwd.size() != want)
+      return "rank " + std::to_string(q) + ": " + std::to_string(fwd.size()) + " forwards and " + std::to_string(bwd.size()) +
+             " backwards, expected " + std::to_string(want) + " each";
+  }
+  for (const auto& [k, n] : sends)
+    if (!recvs.count(k))
+      return "send from rank " + std::to_string(std::get<0>(k)) + " to " + std::to_string(std::get<1>(k)) + " tag " +
+             std::to_string(std::get<2>(k)) + " has no receive";
+  for (const auto& [k, n] : recvs)
+    if (!sends.count(k))
+      return "receive on rank " + std::to_string(std::get<1>(k)) + " from " + std::to_string(std::get<0>(k)) + " tag " +
+             std::to_string(std::get<2>(k)) + " has no send";
+  return "";
+}
+
+}  // namespace mt::parallel::pp
