@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "parallel/context.h"
 #include "tensor/dtype.h"
@@ -50,6 +51,10 @@ struct ModelOptions {
   // Megatron's make_vocab_size_divisible_by: under tensor parallelism the vocabulary is padded to
   // a multiple of this times tp (padding rows are zero and their logits never counted).
   int vocab_divisible = 128;
+  // Pipeline parallelism: the layer boundaries of the pp·v virtual stages (pp·v + 1 entries, from
+  // parallel/pp/partition.h); this rank builds the chunks of virtual stages c·pp + (its pp rank),
+  // the embedding with stage 0 and the final norm + head with the last. Empty: every layer.
+  std::vector<int> pipeline_bounds;
 };
 
 }  // namespace mt::models

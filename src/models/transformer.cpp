@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,45 @@
 namespace mt::models {
 
 int TransformerLM::padded_vocab() const { return models::padded_vocab(cfg_, tp_.size(), opts_.vocab_divisible); }
+
+namespace {
+
+struct Parts {
+  nn::Embedding* wte = nullptr;
+  nn::Embedding* wpe = nullptr;
+  std::vector<Block*> blocks;
+  nn::Module* norm_f = nullptr;
+  nn::Embedding* lm_head = nullptr;
+};
+
+// The modules of a stage under root, in the flat-buffer order: the token table (with the
+// embedding, or as the tied head of a last stage), positions, the chunks' blocks in layer order,
+// the final norm and the untied head (with the head).
+using AddRoot = std::function<nn::Module*(std::unique_ptr<nn::Module>)>;
+
+Parts add_modules(const AddRoot& root, const ModelConfig& cfg, parallel::TpComm& tp, int padded,
+                  const std::vector<std::pair<int, int>>& chunks, bool embed, bool head) {
+  Parts m;
+  const bool gpt2 = cfg.arch == Arch::kGpt2;
+  const int C = cfg.hidden;
+  const nn::TpPlace place{tp.rank(), tp.size()};
+  auto* trunk = static_cast<nn::Container*>(root(std::make_unique<nn::Container>(gpt2 ? "transformer" : "model")));
+  if (embed || (head && cfg.tie_embeddings))
+    m.wte = trunk->add_module(std::make_unique<nn::Embedding>(gpt2 ? "wte" : "embed_tokens", cfg.vocab_size, C, true, cfg.init_std, place, padded));
+  if (gpt2 && embed) m.wpe = trunk->add_module(std::make_unique<nn::Embedding>("wpe", cfg.max_positions, C, false, cfg.init_std));
+  // Blocks sit under "transformer" / "model" with local names "h.i" / "layers.i" (i global).
+  for (auto [lo, hi] : chunks)
+    for (int l = lo; l < hi; ++l) m.blocks.push_back(trunk->add_module(std::make_unique<Block>(cfg, l, tp)));
+  if (head) {
+    if (gpt2) m.norm_f = trunk->add_module(std::make_unique<nn::LayerNorm>("ln_f", C, cfg.norm_eps));
+    else m.norm_f = trunk->add_module(std::make_unique<nn::RMSNorm>("norm", C, cfg.norm_eps));
+    if (!cfg.tie_embeddings)
+      m.lm_head = static_cast<nn::Embedding*>(root(std::make_unique<nn::Embedding>("lm_head", cfg.vocab_size, C, true, cfg.init_std, place, padded)));
+  }
+  return m;
+}
+
+}  // namespace
 
 TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
     : Module(""), cfg_(cfg), opts_(opts) {
@@ -31,29 +72,56 @@ TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
     need(cfg.intermediate, "n_inner", "intermediate_size");
     MT_CHECK(opts.vocab_divisible >= 1, ErrorKind::kInvalidArgument, "parallel.make_vocab_size_divisible_by must be >= 1");
   }
-  int C = cfg.hidden;
-  const nn::TpPlace place{tp_.rank(), tp};
-  auto* trunk = add_module(std::make_unique<nn::Container>(gpt2 ? "transformer" : "model"));
-  wte_ = trunk->add_module(std::make_unique<nn::Embedding>(gpt2 ? "wte" : "embed_tokens", cfg.vocab_size, C, true, cfg.init_std, place, padded_vocab()));
-  if (gpt2) wpe_ = trunk->add_module(std::make_unique<nn::Embedding>("wpe", cfg.max_positions, C, false, cfg.init_std));
-  // Blocks sit under "transformer" / "model" with local names "h.i" / "layers.i".
-  for (int l = 0; l < cfg.n_layer; ++l) blocks_.push_back(trunk->add_module(std::make_unique<Block>(cfg, l, tp_)));
-  if (gpt2) {
-    norm_f_ = trunk->add_module(std::make_unique<nn::LayerNorm>("ln_f", C, cfg.norm_eps));
+  // This rank's chunks of the pipeline.
+  const auto& b = opts.pipeline_bounds;
+  const int pp = opts.parallel ? opts.parallel->pp() : 1;
+  if (b.empty()) {
+    MT_CHECK(pp == 1, ErrorKind::kInternal, "a pipeline-parallel layout needs ModelOptions::pipeline_bounds");
+    chunks_.push_back({0, cfg.n_layer});
   } else {
-    norm_f_ = trunk->add_module(std::make_unique<nn::RMSNorm>("norm", C, cfg.norm_eps));
+    const int S = static_cast<int>(b.size()) - 1, rank = opts.parallel ? opts.parallel->pp_rank() : 0;
+    MT_CHECK(S >= pp && S % pp == 0 && b.front() == 0 && b.back() == cfg.n_layer, ErrorKind::kInternal,
+             "pipeline_bounds do not cover the model's layers on a multiple of parallel.pp stages");
+    for (int st = rank; st < S; st += pp) chunks_.push_back({b[st], b[st + 1]});
+    embed_ = rank == 0;
+    head_ = rank == pp - 1;
   }
-  if (!cfg.tie_embeddings) lm_head_ = add_module(std::make_unique<nn::Embedding>("lm_head", cfg.vocab_size, C, true, cfg.init_std, place, padded_vocab()));
+  tied_copy_ = head_ && !embed_ && cfg.tie_embeddings;
+  for (int c = 0, first = 0; c < chunks(); first += chunk_size(c++)) chunk_first_.push_back(first);
+  Parts m = add_modules([this](std::unique_ptr<nn::Module> mod) { return add_module(std::move(mod)); }, cfg, tp_, padded_vocab(), chunks_, embed_, head_);
+  wte_ = m.wte;
+  wpe_ = m.wpe;
+  blocks_ = m.blocks;
+  norm_f_ = m.norm_f;
+  lm_head_ = m.lm_head;
   finalize_names();
   store_ = std::make_unique<nn::ParamStore>(*this, opts.compute_dtype);
+  if (!whole_model()) {
+    // Offsets in the whole model's one-process layout (checkpoints, HF files): from the module
+    // tree of the whole model, built without buffers.
+    nn::Container whole("");
+    parallel::TpComm one;
+    add_modules([&whole](std::unique_ptr<nn::Module> mod) { return whole.add_module(std::move(mod)); }, cfg, one, cfg.vocab_size, {{0, cfg.n_layer}}, true, true);
+    whole.finalize_names();
+    std::vector<nn::Parameter*> all;
+    whole.collect_parameters(all);
+    std::map<std::string, size_t> offsets;
+    size_t total = 0;
+    for (nn::Parameter* p : all) {
+      offsets[p->name] = total;
+      total += static_cast<size_t>(p->global_numel());
+    }
+    store_->set_global_layout([&](const std::string& name) { return offsets.at(name); }, total);
+  }
   store_->init(opts.seed);
 }
 
-void TransformerLM::prepare(int B, int T) {
+void TransformerLM::prepare(int B, int T, int slots) {
   MT_CHECK(B > 0 && T > 0, ErrorKind::kInvalidArgument, "batch and sequence length must be positive");
+  MT_CHECK(slots >= 1, ErrorKind::kInvalidArgument, "activation slots must be >= 1");
   MT_CHECK(cfg_.arch != Arch::kGpt2 || T <= cfg_.max_positions, ErrorKind::kInvalidArgument,
            "sequence length " + std::to_string(T) + " exceeds n_positions " + std::to_string(cfg_.max_positions));
-  if (B == dims_.B && T == dims_.T) return;
+  if (B == dims_.B && T == dims_.T && slots == this->slots()) return;
   int HS = cfg_.head_dim();
   bool gpt2 = cfg_.arch == Arch::kGpt2;
   BlockDims d;
@@ -73,28 +141,49 @@ void TransformerLM::prepare(int B, int T) {
   DType cd = opts_.compute_dtype;
   size_t N = d.N, C = d.C, R = d.rows(), es = dtype_size(cd);
 
-  int sets = opts_.recompute ? 1 : cfg_.n_layer;
-  acts_.assign(sets, BlockActs{});
-  size_t per = BlockActs::layout(&acts_[0], nullptr, d, cd, gpt2);
-  acts_buffer_ = Buffer(per * sets, MemCategory::kActivations);
-  for (int i = 0; i < sets; ++i) BlockActs::layout(&acts_[i], acts_buffer_.as<char>() + per * i, d, cd, gpt2);
+  int most_layers = 0;
+  for (int c = 0; c < chunks(); ++c) most_layers = std::max(most_layers, chunk_size(c));
+  size_t per = BlockActs::layout(&shared_acts_, nullptr, d, cd, gpt2);
+  shared_acts_buffer_ = Buffer(opts_.recompute ? per : 0, MemCategory::kActivations);
+  if (opts_.recompute) BlockActs::layout(&shared_acts_, shared_acts_buffer_.as<char>(), d, cd, gpt2);
 
-  // Residual stream (L+1 copies), final norm, LM-head gradient, losses: saved activations too.
-  // Under sequence parallelism the residual stream, the final norm and dres hold this rank's R
-  // rows, and sp_full_ (N, C) receives rows gathered from the group.
-  size_t resid_bytes = (cfg_.n_layer + 1) * R * C * 4;
-  size_t tail = 2 * R * 4 + N * C * es + N * C * 4 + R * C * 4 + N * 4 + (d.sp ? N * C * 4 : 0);
-  resid_buffer_ = Buffer(resid_bytes + tail + 64 * (d.sp ? 7 : 6), MemCategory::kActivations);
-  char* p = resid_buffer_.as<char>();
-  auto take = [&p](size_t bytes) { char* q = p; p += (bytes + 63) / 64 * 64; return q; };
-  resid_ = reinterpret_cast<float*>(take(resid_bytes));
-  norm_mean_ = reinterpret_cast<float*>(take(R * 4));
-  norm_rstd_ = reinterpret_cast<float*>(take(R * 4));
-  nfc_ = take(N * C * es);
-  dnf_ = reinterpret_cast<float*>(take(N * C * 4));
-  dres_ = reinterpret_cast<float*>(take(R * C * 4));
-  sp_full_ = d.sp ? reinterpret_cast<float*>(take(N * C * 4)) : nullptr;
-  losses_ = reinterpret_cast<float*>(take(N * 4));
+  // Per slot: the blocks' saved activations (without recompute), the residual stream (layers + 1
+  // copies), and with the head the final norm, the LM-head gradient and the losses; with the
+  // embedding the tokens. Under sequence parallelism the residual stream, the final norm and dres
+  // hold this rank's R rows, and sp_full (N, C) receives rows gathered from the group.
+  const bool vocab_parallel = tp > 1;
+  slots_.clear();
+  slots_.resize(slots);
+  for (Slot& s : slots_) {
+    const size_t acts = opts_.recompute ? 0 : per * most_layers;
+    const size_t resid = (most_layers + 1) * R * C * 4;
+    const size_t head = head_ ? 2 * R * 4 + N * C * es + N * C * 4 + N * 4 + 4 * 64 : 0;
+    const size_t full = d.sp ? N * C * 4 + 64 : 0;
+    const size_t toks = embed_ ? (vocab_parallel ? 2 : 1) * N * 4 + 64 : 0;
+    s.buffer = Buffer(acts + resid + head + full + toks + 64, MemCategory::kActivations);
+    char* p = s.buffer.as<char>();
+    auto take = [&p](size_t bytes) { char* q = p; p += (bytes + 63) / 64 * 64; return q; };
+    if (!opts_.recompute) {
+      s.acts.assign(most_layers, BlockActs{});
+      char* a = take(acts);
+      for (int j = 0; j < most_layers; ++j) BlockActs::layout(&s.acts[j], a + per * j, d, cd, gpt2);
+    }
+    s.resid = reinterpret_cast<float*>(take(resid));
+    if (head_) {
+      s.norm_mean = reinterpret_cast<float*>(take(R * 4));
+      s.norm_rstd = reinterpret_cast<float*>(take(R * 4));
+      s.nfc = take(N * C * es);
+      s.dnf = reinterpret_cast<float*>(take(N * C * 4));
+      s.losses = reinterpret_cast<float*>(take(N * 4));
+    }
+    if (d.sp) s.sp_full = reinterpret_cast<float*>(take(N * C * 4));
+    if (embed_) {
+      s.tokens = reinterpret_cast<int32_t*>(take((vocab_parallel ? 2 : 1) * N * 4));
+      s.local_tokens = vocab_parallel ? s.tokens + N : nullptr;
+    }
+  }
+  dres_buffer_ = Buffer(R * C * 4, MemCategory::kActivations);
+  dres_ = dres_buffer_.as<float>();
 
   size_t scratch = BlockScratch::layout(&scratch_, nullptr, d);
   size_t rope = gpt2 ? 0 : 2 * static_cast<size_t>(T) * (HS / 2) * 4 + 128;
@@ -105,39 +194,51 @@ void TransformerLM::prepare(int B, int T) {
     rope_sin_ = rope_cos_ + ((static_cast<size_t>(T) * (HS / 2) + 15) / 16 * 16);
     kernels::rope_table(rope_cos_, rope_sin_, T, HS, cfg_.rope_theta);
   }
-  const bool vocab_parallel = tp_.size() > 1;  // + this shard's rows of the tokens
-  tokens_buffer_ = Buffer((vocab_parallel ? 2 : 1) * N * 4, MemCategory::kActivations);
-  tokens_ = tokens_buffer_.as<int32_t>();
-  local_tokens_ = vocab_parallel ? tokens_ + N : nullptr;
-  backward_ready_ = false;
 }
 
-void TransformerLM::forward_trunk(const int32_t* tokens) {
+size_t TransformerLM::activation_bytes() const {
+  size_t n = shared_acts_buffer_.bytes() + dres_buffer_.bytes();
+  for (const Slot& s : slots_) n += s.buffer.bytes();
+  return n;
+}
+
+float* TransformerLM::chunk_input(int slot) {
+  MT_CHECK(slot >= 0 && slot < slots(), ErrorKind::kInternal, "activation slot out of range");
+  return slots_[slot].resid;
+}
+
+const float* TransformerLM::chunk_output(int slot) const {
+  const Slot& s = slots_[slot];
+  MT_CHECK(s.chunk >= 0, ErrorKind::kInternal, "chunk_output of a slot without a forward");
+  return s.resid + static_cast<size_t>(chunk_size(s.chunk)) * boundary_numel();
+}
+
+void TransformerLM::embed(Slot& s, const int32_t* tokens) {
   const BlockDims& d = dims_;
-  MT_CHECK(d.N > 0, ErrorKind::kInvalidArgument, "forward before prepare(B, T)");
   for (int i = 0; i < d.N; ++i)
     MT_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, ErrorKind::kInvalidArgument,
              "token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
                  " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
-  std::memcpy(tokens_, tokens, static_cast<size_t>(d.N) * 4);
-  size_t NC = static_cast<size_t>(d.N) * d.C, RC = static_cast<size_t>(d.rows()) * d.C;
+  std::memcpy(s.tokens, tokens, static_cast<size_t>(d.N) * 4);
+  size_t NC = static_cast<size_t>(d.N) * d.C;
+  float* resid = s.resid;
   nn::Parameter* wte = wte_->weight();
   wte_->run_hooks(nn::HookPoint::kPreForward);
   if (tp_.size() == 1) {
-    kernels::embedding_forward(resid_, tokens_, wte->compute, wte->compute_dtype,
+    kernels::embedding_forward(resid, s.tokens, wte->compute, wte->compute_dtype,
                                wpe_ ? wpe_->weight()->master : nullptr, d.N, d.T, d.C);
   } else {
     // Vocabulary-parallel (Megatron's VocabParallelEmbedding): rows this shard does not hold are
     // zero; the all-reduce assembles the lookup; positions are added once, after it.
     const int v0 = wte_->first_row(), vl = wte_->local_rows();
-    for (int i = 0; i < d.N; ++i) local_tokens_[i] = tokens_[i] >= v0 && tokens_[i] < v0 + vl ? tokens_[i] - v0 : -1;
+    for (int i = 0; i < d.N; ++i) s.local_tokens[i] = s.tokens[i] >= v0 && s.tokens[i] < v0 + vl ? s.tokens[i] - v0 : -1;
     // Sequence parallel: reduce-scatter instead, each rank keeping its rows of the residual stream.
     if (d.sp) {
-      kernels::embedding_forward(sp_full_, local_tokens_, wte->compute, wte->compute_dtype, nullptr, d.N, d.T, d.C);
-      tp_.reduce_scatter_rows(resid_, sp_full_, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp vocab embedding");
+      kernels::embedding_forward(s.sp_full, s.local_tokens, wte->compute, wte->compute_dtype, nullptr, d.N, d.T, d.C);
+      tp_.reduce_scatter_rows(resid, s.sp_full, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp vocab embedding");
     } else {
-      kernels::embedding_forward(resid_, local_tokens_, wte->compute, wte->compute_dtype, nullptr, d.N, d.T, d.C);
-      tp_.all_reduce(resid_, NC, "tp vocab embedding");
+      kernels::embedding_forward(resid, s.local_tokens, wte->compute, wte->compute_dtype, nullptr, d.N, d.T, d.C);
+      tp_.all_reduce(resid, NC, "tp vocab embedding");
     }
     if (wpe_) {
       const float* wpe = wpe_->weight()->master;
@@ -145,38 +246,52 @@ void TransformerLM::forward_trunk(const int32_t* tokens) {
 #pragma omp parallel for schedule(static)
       for (int i = 0; i < d.rows(); ++i)
         for (int c = 0; c < d.C; ++c)
-          resid_[static_cast<size_t>(i) * d.C + c] += wpe[static_cast<size_t>((r0 + i) % d.T) * d.C + c];
+          resid[static_cast<size_t>(i) * d.C + c] += wpe[static_cast<size_t>((r0 + i) % d.T) * d.C + c];
     }
   }
   wte_->run_hooks(nn::HookPoint::kPostForward);
-  for (int l = 0; l < cfg_.n_layer; ++l)
-    blocks_[l]->forward(resid_ + (l + 1) * RC, resid_ + l * RC, acts_for(l), scratch_, d, rope_cos_,
-                        rope_sin_, ws_);
+}
+
+float TransformerLM::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t* targets, float loss_scale) {
+  const BlockDims& d = dims_;
+  MT_CHECK(d.N > 0, ErrorKind::kInvalidArgument, "forward before prepare(B, T)");
+  MT_CHECK(c >= 0 && c < chunks() && slot >= 0 && slot < slots(), ErrorKind::kInternal, "model chunk or activation slot out of range");
+  Slot& s = slots_[slot];
+  s.chunk = c;
+  s.backward_ready = false;
+  if (chunk_has_embedding(c)) embed(s, tokens);
+  const size_t RC = boundary_numel();
+  const int n = chunk_size(c);
+  for (int j = 0; j < n; ++j)
+    block(c, j)->forward(s.resid + (j + 1) * RC, s.resid + j * RC, acts_for(s, j), scratch_, d, rope_cos_, rope_sin_, ws_);
+  if (!chunk_has_head(c)) {
+    s.backward_ready = loss_scale != 0.0f;
+    return 0.0f;
+  }
+  return head_forward(s, s.resid + n * RC, targets, loss_scale);
+}
+
+float TransformerLM::head_forward(Slot& s, const float* last, const int32_t* targets, float loss_scale) {
+  const BlockDims& d = dims_;
+  const size_t NC = static_cast<size_t>(d.N) * d.C;
   DType cd = opts_.compute_dtype;
   const bool f32 = cd == DType::kF32;
   // The final norm's rows (this rank's under sequence parallelism, gathered for the LM head).
-  float* nf = d.sp ? dnf_ : f32 ? static_cast<float*>(nfc_) : scratch_.f;
-  const float* last = resid_ + cfg_.n_layer * RC;
+  float* nf = d.sp ? s.dnf : f32 ? static_cast<float*>(s.nfc) : scratch_.f;
   norm_f_->run_hooks(nn::HookPoint::kPreForward);
   if (cfg_.arch == Arch::kGpt2) {
-    static_cast<nn::LayerNorm*>(norm_f_)->forward(nf, norm_mean_, norm_rstd_, last, d.rows());
+    static_cast<nn::LayerNorm*>(norm_f_)->forward(nf, s.norm_mean, s.norm_rstd, last, d.rows());
   } else {
-    static_cast<nn::RMSNorm*>(norm_f_)->forward(nf, norm_rstd_, last, d.rows());
+    static_cast<nn::RMSNorm*>(norm_f_)->forward(nf, s.norm_rstd, last, d.rows());
   }
   norm_f_->run_hooks(nn::HookPoint::kPostForward);
   if (d.sp) {
-    float* full = f32 ? static_cast<float*>(nfc_) : sp_full_;
+    float* full = f32 ? static_cast<float*>(s.nfc) : s.sp_full;
     tp_.gather_rows(full, nf, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp lm-head forward");
     nf = full;
   }
-  if (nf != nfc_) convert(nfc_, cd, nf, DType::kF32, NC);
-}
-
-float TransformerLM::forward(const int32_t* tokens, const int32_t* targets, float loss_scale) {
-  forward_trunk(tokens);
-  backward_ready_ = false;
+  if (nf != s.nfc) convert(s.nfc, cd, nf, DType::kF32, NC);
   if (targets == nullptr) return 0.0f;
-  const BlockDims& d = dims_;
   int count = 0;
   for (int i = 0; i < d.N; ++i) {
     MT_CHECK(targets[i] == -100 || (targets[i] >= 0 && targets[i] < cfg_.vocab_size),
@@ -190,7 +305,7 @@ float TransformerLM::forward(const int32_t* tokens, const int32_t* targets, floa
   head_module->run_hooks(loss_scale != 0.0f ? nn::HookPoint::kPreBackward : nn::HookPoint::kPreForward);
   nn::Parameter* head = this->head();
   nn::LmHeadArgs a;
-  a.x = nfc_;
+  a.x = s.nfc;
   a.w = head->compute;
   a.dtype = head->compute_dtype;
   a.targets = targets;
@@ -202,125 +317,133 @@ float TransformerLM::forward(const int32_t* tokens, const int32_t* targets, floa
     a.reduce_sum = [this](float* v, size_t n) { tp_.all_reduce(v, n, "tp cross-entropy sum"); };
   }
   a.grad_scale = count > 0 ? loss_scale / static_cast<float>(count) : 0.0f;
-  a.dx = dnf_;
+  a.dx = s.dnf;
   a.dw = head->grad;
-  a.losses = losses_;
+  a.losses = s.losses;
   double total = nn::lm_head_cross_entropy(a, ws_);
   // The head's input gradient is this vocabulary shard's part (copy-to region's backward): summed
-  // over the group (sequence parallel: reduce-scattered, each rank keeping its rows in sp_full_).
+  // over the group (sequence parallel: reduce-scattered, each rank keeping its rows in sp_full).
   if (loss_scale != 0.0f) {
-    if (d.sp) tp_.reduce_scatter_rows(sp_full_, dnf_, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp lm-head backward");
-    else tp_.all_reduce(dnf_, static_cast<size_t>(d.N) * d.C, "tp lm-head backward");
+    if (d.sp) tp_.reduce_scatter_rows(s.sp_full, s.dnf, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp lm-head backward");
+    else tp_.all_reduce(s.dnf, NC, "tp lm-head backward");
   }
   head_module->run_hooks(loss_scale != 0.0f ? nn::HookPoint::kPostBackward : nn::HookPoint::kPostForward);
-  backward_ready_ = loss_scale != 0.0f;
+  s.backward_ready = loss_scale != 0.0f;
   if (count == 0) {
-    if (backward_ready_) std::memset(d.sp ? sp_full_ : dnf_, 0, static_cast<size_t>(d.rows()) * d.C * 4);
+    if (s.backward_ready) std::memset(d.sp ? s.sp_full : s.dnf, 0, static_cast<size_t>(d.rows()) * d.C * 4);
     return 0.0f;
   }
   return static_cast<float>(total / count);
 }
 
+float TransformerLM::forward(const int32_t* tokens, const int32_t* targets, float loss_scale) {
+  MT_CHECK(whole_model(), ErrorKind::kInternal, "forward() of a pipeline stage: use forward_chunk");
+  return forward_chunk(0, 0, tokens, targets, loss_scale);
+}
+
 void TransformerLM::backward() {
-  MT_CHECK(backward_ready_, ErrorKind::kInvalidArgument,
+  MT_CHECK(whole_model(), ErrorKind::kInternal, "backward() of a pipeline stage: use backward_chunk");
+  backward_chunk(0, 0, nullptr);
+}
+
+void TransformerLM::backward_chunk(int c, int slot, const float* grad_output) {
+  MT_CHECK(c >= 0 && c < chunks() && slot >= 0 && slot < slots(), ErrorKind::kInternal, "model chunk or activation slot out of range");
+  Slot& s = slots_[slot];
+  MT_CHECK(s.backward_ready && s.chunk == c, ErrorKind::kInvalidArgument,
            "backward() needs a preceding forward() with targets and a non-zero loss scale");
-  backward_ready_ = false;
+  s.backward_ready = false;
   const BlockDims& d = dims_;
-  size_t RC = static_cast<size_t>(d.rows()) * d.C;
-  std::memset(dres_, 0, RC * 4);
-  const float* last = resid_ + cfg_.n_layer * RC;
-  const float* dnf = d.sp ? sp_full_ : dnf_;
-  norm_f_->run_hooks(nn::HookPoint::kPreBackward);
-  norm_backward_sp(*norm_f_, tp_, d.sp, [&] {
-    if (cfg_.arch == Arch::kGpt2) {
-      static_cast<nn::LayerNorm*>(norm_f_)->backward(dres_, dnf, last, norm_mean_, norm_rstd_, d.rows());
-    } else {
-      static_cast<nn::RMSNorm*>(norm_f_)->backward(dres_, dnf, last, norm_rstd_, d.rows());
-    }
-  });
-  norm_f_->run_hooks(nn::HookPoint::kPostBackward);
-  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    if (opts_.recompute)
-      blocks_[l]->forward(scratch_.dact /* unused output */, resid_ + l * RC, acts_for(l), scratch_,
-                          d, rope_cos_, rope_sin_, ws_);
-    blocks_[l]->backward(dres_, resid_ + l * RC, acts_for(l), scratch_, d, rope_cos_, rope_sin_, ws_);
+  const size_t RC = boundary_numel();
+  const int n = chunk_size(c);
+  if (chunk_has_head(c)) {
+    std::memset(dres_, 0, RC * 4);
+    const float* last = s.resid + n * RC;
+    const float* dnf = d.sp ? s.sp_full : s.dnf;
+    norm_f_->run_hooks(nn::HookPoint::kPreBackward);
+    norm_backward_sp(*norm_f_, tp_, d.sp, [&] {
+      if (cfg_.arch == Arch::kGpt2) {
+        static_cast<nn::LayerNorm*>(norm_f_)->backward(dres_, dnf, last, s.norm_mean, s.norm_rstd, d.rows());
+      } else {
+        static_cast<nn::RMSNorm*>(norm_f_)->backward(dres_, dnf, last, s.norm_rstd, d.rows());
+      }
+    });
+    norm_f_->run_hooks(nn::HookPoint::kPostBackward);
+  } else {
+    MT_CHECK(grad_output != nullptr, ErrorKind::kInternal, "backward of a chunk without the head needs its output's gradient");
+    std::memcpy(dres_, grad_output, RC * 4);
   }
+  for (int j = n - 1; j >= 0; --j) {
+    if (opts_.recompute)
+      block(c, j)->forward(scratch_.dact /* unused output */, s.resid + j * RC, acts_for(s, j), scratch_, d, rope_cos_,
+                           rope_sin_, ws_);
+    block(c, j)->backward(dres_, s.resid + j * RC, acts_for(s, j), scratch_, d, rope_cos_, rope_sin_, ws_);
+  }
+  if (!chunk_has_embedding(c)) return;
   wte_->run_hooks(nn::HookPoint::kPreBackward);
   const float* demb = dres_;
   if (d.sp) {  // the lookup's gradient needs every row: gathered from the group
-    tp_.gather_rows(sp_full_, dres_, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp embedding backward");
-    demb = sp_full_;
+    tp_.gather_rows(s.sp_full, dres_, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp embedding backward");
+    demb = s.sp_full;
   }
   kernels::embedding_backward(wte_->weight()->grad, wpe_ ? wpe_->weight()->grad : nullptr, demb,
-                              tp_.size() == 1 ? tokens_ : local_tokens_, d.N, d.T, d.C);
+                              tp_.size() == 1 ? s.tokens : s.local_tokens, d.N, d.T, d.C);
   wte_->run_hooks(nn::HookPoint::kPostBackward);
 }
 
 std::vector<parallel::Unit> TransformerLM::zero_units() const {
   std::vector<parallel::Unit> units;
-  auto add = [&units](std::string name, const std::vector<const nn::Parameter*>& ps) {
+  auto groups = const_cast<TransformerLM*>(this)->zero_unit_modules();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<nn::Parameter*> ps;
+    for (nn::Module* m : groups[g]) m->collect_parameters(ps);
     parallel::Unit u;
-    u.name = std::move(name);
+    const bool emb = g == 0 && wte_ != nullptr, tail = g + 1 == groups.size() && norm_f_ != nullptr;
+    if (emb && wpe_) wpe_->collect_parameters(ps);  // positions belong to the embeddings unit
+    std::string block_name;
+    if (!emb && !tail) {  // the layer of block i (chunks are runs of layers)
+      int i = static_cast<int>(g) - (wte_ ? 1 : 0), c = 0;
+      while (i >= chunk_size(c)) i -= chunk_size(c++);
+      block_name = "h." + std::to_string(chunks_[c].first + i);
+    }
+    u.name = emb ? "embeddings" : tail ? "tail" : block_name;
     u.offset = ps.front()->offset;
     for (const nn::Parameter* p : ps) {
+      u.offset = std::min(u.offset, p->offset);
       u.numel += static_cast<size_t>(p->numel());
       if (p->is_matrix) u.matrix_numel += static_cast<size_t>(p->numel());
     }
     units.push_back(std::move(u));
-  };
-  const auto& all = store_->parameters();
-  // Registration order: embeddings, blocks, final norm, untied head (see the constructor).
-  size_t i = 0;
-  std::vector<const nn::Parameter*> group;
-  auto take_until = [&](size_t end_offset) {
-    group.clear();
-    while (i < all.size() && all[i]->offset < end_offset) group.push_back(all[i++]);
-  };
-  size_t P = store_->numel();
-  std::vector<size_t> starts;  // first offset of each block
-  for (Block* b : blocks_) {
-    std::vector<nn::Parameter*> bp;
-    b->collect_parameters(bp);
-    starts.push_back(bp.front()->offset);
   }
-  size_t tail = P;
-  {
-    std::vector<nn::Parameter*> np;
-    norm_f_->collect_parameters(np);
-    tail = np.front()->offset;
-  }
-  take_until(starts.empty() ? tail : starts[0]);
-  add("embeddings", group);
-  for (size_t l = 0; l < starts.size(); ++l) {
-    take_until(l + 1 < starts.size() ? starts[l + 1] : tail);
-    add("h." + std::to_string(l), group);
-  }
-  take_until(P);
-  add("tail", group);
   return units;
 }
 
 std::vector<std::vector<nn::Module*>> TransformerLM::zero_unit_modules() {
+  // Registration order: the token table (and positions), the blocks, the final norm and untied head.
   std::vector<std::vector<nn::Module*>> m;
-  m.push_back({wte_});
+  if (wte_) {
+    m.push_back({wte_});  // its hooks bracket the positions' use too
+  }
   for (Block* b : blocks_) m.push_back({b});
-  m.push_back({norm_f_});
-  if (lm_head_) m.back().push_back(lm_head_);
+  if (norm_f_) {
+    m.push_back({norm_f_});
+    if (lm_head_) m.back().push_back(lm_head_);
+  }
   return m;
 }
 
 void TransformerLM::logits(float* out, const int32_t* tokens) {
-  forward_trunk(tokens);
-  backward_ready_ = false;
+  MT_CHECK(whole_model(), ErrorKind::kInternal, "logits() of a pipeline stage");
+  forward_chunk(0, 0, tokens, nullptr, 0.0f);  // through the final norm: slot 0's nfc
+  const void* nfc = slots_[0].nfc;
   nn::Module* head_module = lm_head_ ? lm_head_ : wte_;
   head_module->run_hooks(nn::HookPoint::kPreForward);
   nn::Parameter* head = this->head();
   if (tp_.size() == 1) {
-    nn::lm_head_logits(out, nfc_, head->compute, head->compute_dtype, dims_.N, dims_.C, cfg_.vocab_size);
+    nn::lm_head_logits(out, nfc, head->compute, head->compute_dtype, dims_.N, dims_.C, cfg_.vocab_size);
   } else {  // this shard's logits, gathered over the group; padding columns dropped
     const size_t N = static_cast<size_t>(dims_.N), vl = static_cast<size_t>(head->shape[0]), V = cfg_.vocab_size;
     std::vector<float> local(N * vl), all(N * vl * static_cast<size_t>(tp_.size()));
-    nn::lm_head_logits(local.data(), nfc_, head->compute, head->compute_dtype, dims_.N, dims_.C, static_cast<int>(vl));
+    nn::lm_head_logits(local.data(), nfc, head->compute, head->compute_dtype, dims_.N, dims_.C, static_cast<int>(vl));
     tp_.gather_columns(all.data(), local.data(), N, vl, "tp logits");
     for (size_t i = 0; i < N; ++i) std::memcpy(out + i * V, all.data() + i * vl * tp_.size(), V * sizeof(float));
   }

@@ -33,39 +33,92 @@ class TransformerLM : public nn::Module {
   // Rows of the (padded) vocabulary on this rank: cfg.vocab_size without tensor parallelism.
   int padded_vocab() const;
 
-  void prepare(int B, int T);
+  // slots: micro-batches whose activations are kept at once (a pipeline schedule's in-flight
+  // count; 1 for forward()/backward()).
+  void prepare(int B, int T, int slots = 1);
   int batch() const { return dims_.B; }
   int seq() const { return dims_.T; }
+  int slots() const { return static_cast<int>(slots_.size()); }
 
   // tokens, targets: (B, T) for the prepared shape; targets may hold -100 (ignored) and may be
   // nullptr (then the loss is 0 and no backward is possible). Returns the mean loss over the
   // non-ignored targets. loss_scale != 0 prepares backward of (mean loss * loss_scale).
-  // Throws kInvalidArgument naming the first token or target out of range.
+  // Throws kInvalidArgument naming the first token or target out of range. The whole model only
+  // (no pipeline stages).
   float forward(const int32_t* tokens, const int32_t* targets, float loss_scale);
   void backward();
-  // Logits (B, T, V) f32 of a forward over tokens (B, T) of the prepared shape.
+  // Logits (B, T, V) f32 of a forward over tokens (B, T) of the prepared shape (whole model).
   void logits(float* out, const int32_t* tokens);
 
-  // ZeRO units in forward order (embeddings, each block, tail: final norm + untied head) and, for
-  // each, the modules whose hooks bracket every use of that unit's parameters: kPreForward /
-  // kPostForward around a use that only reads them, kPreBackward / kPostBackward around one that
-  // also accumulates their gradients (the fused LM head does that during forward()).
+  // Pipeline stage: this rank's model chunks (one without virtual stages), each a run of layers;
+  // chunk c is virtual stage c·pp + pp_rank. The embedding sits on virtual stage 0, the final norm
+  // and the LM head (and the loss) on the last.
+  int chunks() const { return static_cast<int>(chunks_.size()); }
+  std::pair<int, int> chunk_layers(int c) const { return chunks_[c]; }  // [first, last + 1)
+  bool chunk_has_embedding(int c) const { return embed_ && c == 0; }
+  bool chunk_has_head(int c) const { return head_ && c + 1 == chunks(); }
+  bool whole_model() const { return embed_ && head_ && chunks() == 1; }
+  // Elements of an activation (or its gradient) passed between stages: this rank's rows x C.
+  size_t boundary_numel() const { return static_cast<size_t>(dims_.rows()) * dims_.C; }
+  // Where the activation a chunk without the embedding reads is received (slot's residual input).
+  float* chunk_input(int slot);
+  // Forward of chunk c on micro-batch slot `slot`: tokens feed the embedding (and are kept for its
+  // backward), targets the loss (chunk with the head; its return value, else 0). The output of a
+  // chunk without the head is chunk_output(slot) until the slot's next forward.
+  float forward_chunk(int c, int slot, const int32_t* tokens, const int32_t* targets, float loss_scale);
+  const float* chunk_output(int slot) const;
+  // Backward of the chunk whose forward filled `slot`: grad_output (boundary_numel) is dL/d(chunk
+  // output) for a chunk without the head (null for the one with it). Afterwards input_grad() holds
+  // dL/d(chunk input) for a chunk without the embedding (until the next backward).
+  void backward_chunk(int c, int slot, const float* grad_output);
+  const float* input_grad() const { return dres_; }
+  // The tied GPT-2 token table on the last stage (the head) of a pipeline whose first stage holds
+  // the embedding: its gradient is summed between the two. Null otherwise.
+  nn::Parameter* tied_head_copy() const { return tied_copy_ ? wte_->weight() : nullptr; }
+
+  // ZeRO units in forward order (embeddings, each block, tail: final norm + untied head; the
+  // parts this stage holds) and, for each, the modules whose hooks bracket every use of that unit's
+  // parameters: kPreForward / kPostForward around a use that only reads them, kPreBackward /
+  // kPostBackward around one that also accumulates their gradients (the fused LM head does that
+  // during forward()).
   std::vector<parallel::Unit> zero_units() const;
   std::vector<std::vector<nn::Module*>> zero_unit_modules();
 
-  // FLOPs of one training step on B*T tokens: 6 N_matmul tokens + attention (documented in PERF).
+  // FLOPs of one training step on B*T tokens (whole model): 6 N_matmul tokens + attention
+  // (documented in PERF).
   double train_flops_per_step() const;
-  // Bytes of activations saved per token (formula in docs/PERF.md) for the prepared shape.
-  size_t activation_bytes() const { return acts_buffer_.bytes() + resid_buffer_.bytes(); }
+  // Bytes of activations saved (every slot) for the prepared shape (formula in docs/PERF.md).
+  size_t activation_bytes() const;
 
  private:
-  void forward_trunk(const int32_t* tokens);  // embeddings, blocks, final norm -> nfc_
-  BlockActs& acts_for(int layer) { return acts_[opts_.recompute ? 0 : layer]; }
+  struct Slot {  // one micro-batch's saved state
+    Buffer buffer;
+    std::vector<BlockActs> acts;  // per layer of the chunk (empty with recompute: shared_acts_)
+    float* resid = nullptr;       // (layers + 1, rows, C) block inputs/outputs
+    float* norm_mean = nullptr;   // (rows)  final norm (chunk with the head)
+    float* norm_rstd = nullptr;
+    void* nfc = nullptr;          // (N, C) cd final-norm output
+    float* dnf = nullptr;         // (N, C) dL/d(final-norm output), from the fused LM head
+    float* sp_full = nullptr;     // (N, C) sequence parallel: rows gathered from the tp group
+    float* losses = nullptr;      // (N)
+    int32_t* tokens = nullptr;    // (N) the forward's tokens (chunk with the embedding)
+    int32_t* local_tokens = nullptr;  // (N) vocab-parallel: row in this rank's shard, or -1
+    int chunk = -1;
+    bool backward_ready = false;
+  };
+  void embed(Slot& s, const int32_t* tokens);          // embeddings -> s.resid[0]
+  float head_forward(Slot& s, const float* last, const int32_t* targets, float loss_scale);
+  BlockActs& acts_for(Slot& s, int j) { return opts_.recompute ? shared_acts_ : s.acts[j]; }
   nn::Parameter* head() const { return lm_head_ ? lm_head_->weight() : wte_->weight(); }
+  int chunk_size(int c) const { return chunks_[c].second - chunks_[c].first; }
+  Block* block(int c, int j) const { return blocks_[chunk_first_[c] + j]; }
 
   ModelConfig cfg_;
   ModelOptions opts_;
   parallel::TpComm tp_;  // the tensor-parallel group (of one without tensor parallelism)
+  std::vector<std::pair<int, int>> chunks_;  // layer ranges of this rank's chunks
+  std::vector<int> chunk_first_;             // index in blocks_ of each chunk's first block
+  bool embed_ = true, head_ = true, tied_copy_ = false;
   nn::Embedding* wte_ = nullptr;
   nn::Embedding* wpe_ = nullptr;  // GPT-2 only
   std::vector<Block*> blocks_;
@@ -74,22 +127,13 @@ class TransformerLM : public nn::Module {
   std::unique_ptr<nn::ParamStore> store_;
 
   BlockDims dims_{};
-  Buffer acts_buffer_, resid_buffer_, scratch_buffer_, tokens_buffer_;
-  std::vector<BlockActs> acts_;
+  std::vector<Slot> slots_;
+  Buffer shared_acts_buffer_, scratch_buffer_, dres_buffer_;
+  BlockActs shared_acts_{};  // with recompute: one set for every block and slot
   BlockScratch scratch_{};
-  float* resid_ = nullptr;     // (L+1, N, C) block inputs/outputs
-  float* norm_mean_ = nullptr;  // (N)
-  float* norm_rstd_ = nullptr;  // (N)
-  void* nfc_ = nullptr;         // (N, C) cd final-norm output
-  float* dnf_ = nullptr;        // (N, C) dL/d(final-norm output), from the fused LM head
   float* dres_ = nullptr;       // (rows, C) residual-stream gradient
-  float* sp_full_ = nullptr;    // (N, C) sequence parallel: rows gathered from the tp group
-  float* losses_ = nullptr;     // (N)
   float* rope_cos_ = nullptr;   // (T, HS/2)
   float* rope_sin_ = nullptr;
-  int32_t* tokens_ = nullptr;   // (N) copy of the last forward's tokens
-  int32_t* local_tokens_ = nullptr;  // (N) vocab-parallel: row in this rank's shard, or -1
-  bool backward_ready_ = false;
   nn::Workspace ws_;
 };
 

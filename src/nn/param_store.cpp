@@ -29,6 +29,15 @@ ParamStore::ParamStore(Module& root, DType compute_dtype) : compute_dtype_(compu
   }
 }
 
+void ParamStore::set_global_layout(const std::function<size_t(const std::string&)>& offset_of, size_t total) {
+  for (Parameter* p : params_) {
+    p->global_offset = offset_of(p->name);
+    MT_CHECK(p->global_offset + static_cast<size_t>(p->global_numel()) <= total, ErrorKind::kInternal,
+             p->name + ": outside the one-process layout");
+  }
+  global_numel_ = total;
+}
+
 Parameter* ParamStore::find(const std::string& name) const {
   for (Parameter* p : params_)
     if (p->name == name) return p;

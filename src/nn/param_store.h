@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "nn/module.h"
@@ -42,6 +44,9 @@ class ParamStore {
   // Frees the three flat buffers (ZeRO: a runtime that partitions them owns the values from then
   // on and rebinds each Parameter's pointers). master()/grad() are null afterwards.
   void release_buffers();
+  // A store holding part of a larger model (a pipeline stage): sets each parameter's global_offset
+  // to offset_of(name) in the whole model's one-process layout of `total` elements.
+  void set_global_layout(const std::function<size_t(const std::string&)>& offset_of, size_t total);
   bool released() const { return released_; }
 
  private:
