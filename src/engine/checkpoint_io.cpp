@@ -143,12 +143,13 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   fs::create_directories(tmp_dir);
 
   std::vector<checkpoint::StTensorOut> weights;
-  for (nn::Parameter* p : store.parameters())  // whole tensors, at their one-process offsets
-    weights.push_back({p->name, DType::kF32, p->unpadded_shape(), master.data() + p->global_offset});
+  const std::vector<models::ParamLayout> layout = models::one_process_layout(model.config());
+  for (const models::ParamLayout& p : layout)  // whole tensors, at their one-process offsets
+    weights.push_back({p.name, DType::kF32, p.shape, master.data() + p.offset});
   checkpoint::safetensors_write((tmp_dir / "model.safetensors").string(), weights, {{"format", "pt"}});
   // Hugging Face's index of a (here one-shard) safetensors checkpoint.
   nlohmann::json index = {{"metadata", {{"total_size", store.global_numel() * sizeof(float)}}}, {"weight_map", nlohmann::json::object()}};
-  for (nn::Parameter* p : store.parameters()) index["weight_map"][p->name] = "model.safetensors";
+  for (const models::ParamLayout& p : layout) index["weight_map"][p.name] = "model.safetensors";
   std::string index_text = index.dump(2);
   file_write_atomic((tmp_dir / "model.safetensors.index.json").string(), index_text.data(), index_text.size());
   fault_point("checkpoint.after_weights");

@@ -15,6 +15,8 @@
 #include "engine/json_file.h"
 #include "engine/hf_config.h"
 #include "engine/hf_weights.h"
+#include "parallel/pp/partition.h"
+#include "parallel/pp/schedule.h"
 
 namespace mt::engine {
 namespace {
@@ -458,34 +460,73 @@ void parse_data(Section& root, RunConfig& c) {
   d.finish();
 }
 
-// parallel: {tp, dp, pp, sequence_parallel, make_vocab_size_divisible_by}. Sets c.tp and
-// c.world_size (the data-parallel size, processes / tp).
+// parallel: {tp, pp, dp, sequence_parallel, make_vocab_size_divisible_by, pipeline_schedule,
+// virtual_stages, partition}. Sets c.tp, c.pp and c.world_size (the data-parallel size,
+// processes / (tp pp)). DeepSpeed's `pipeline` block is read into the same fields.
 void parse_parallel(Section& root, RunConfig& c, int world) {
   c.processes = world;
   c.world_size = world;
-  if (!root.has("parallel")) return;
-  MT_CHECK(!root.is_auto("parallel"), ErrorKind::kNotSupported, "parallel: \"auto\" needs the planner, which is not implemented yet");
-  Section p = root.sub("parallel");
-  int64_t tp = p.integer("tp", 1);
-  MT_CHECK(tp >= 1, ErrorKind::kInvalidArgument, p.where("tp") + ": must be >= 1 (got " + std::to_string(tp) + ")");
-  MT_CHECK(world % tp == 0, ErrorKind::kInvalidArgument,
-           p.where("tp") + ": " + std::to_string(tp) + " does not divide the " + std::to_string(world) +
-               " process(es) (data parallelism takes processes / tp)");
-  c.tp = static_cast<int>(tp);
-  c.world_size = world / c.tp;
-  int64_t pp = p.integer("pp", 1);
-  MT_CHECK(pp == 1, ErrorKind::kNotSupported, p.where("pp") + ": " + std::to_string(pp) + " is not implemented yet (only 1)");
-  int64_t sp = p.integer("sp", 1);
-  MT_CHECK(sp == 1, ErrorKind::kNotSupported, p.where("sp") + ": " + std::to_string(sp) + " is not implemented yet (only 1)");
-  c.sequence_parallel = p.boolean("sequence_parallel", false) && c.tp > 1;
-  int64_t vd = p.integer("make_vocab_size_divisible_by", 128);
-  MT_CHECK(vd >= 1, ErrorKind::kInvalidArgument, p.where("make_vocab_size_divisible_by") + ": must be >= 1");
-  c.vocab_divisible = static_cast<int>(vd);
-  int64_t dp = p.integer("dp", c.world_size);
-  MT_CHECK(dp == c.world_size, ErrorKind::kInvalidArgument,
-           p.where("dp") + ": " + std::to_string(dp) + " does not match the " + std::to_string(world) + " process(es) / tp " +
-               std::to_string(c.tp) + " = " + std::to_string(c.world_size));
-  p.finish();
+  int64_t stages = 0;  // pipeline.stages, when given
+  if (root.has("pipeline")) {
+    // DeepSpeed's pipeline block (PipelineModule's arguments in the config): read key by key.
+    Section q = root.sub("pipeline");
+    if (q.has("stages") && !q.is_auto("stages")) stages = q.integer("stages", 1);
+    c.partition = q.string("partition", q.string("partition_method", c.partition));
+    MT_CHECK(c.partition == "parameters" || c.partition == "uniform", ErrorKind::kNotSupported,
+             q.where("partition") + ": \"" + c.partition + "\" is not supported (\"parameters\" or \"uniform\"; DeepSpeed's \"type:regex\" needs named layer types)");
+    // Recompute every block (our activation checkpointing's granularity) or none.
+    int64_t aci = q.integer("activation_checkpoint_interval", 0);
+    MT_CHECK(aci == 0 || aci == 1, ErrorKind::kNotSupported,
+             q.where("activation_checkpoint_interval") + ": " + std::to_string(aci) +
+                 " is not supported (0: none, 1: every layer; meshtrain recomputes per block)");
+    if (aci == 1) c.activation_checkpointing = true;
+    // DeepSpeed splits the activations and gradients it sends between stages over the tp group
+    // (a transfer-size optimisation; what is trained is the same): meshtrain sends each tp rank's
+    // own rows under sequence parallelism and the whole activation otherwise.
+    for (const char* k : {"pipe_partitioned", "grad_partitioned"})
+      if (q.boolean(k, false)) c.warnings.push_back(q.where(k) + ": accepted; stages exchange whole activations (or each tp rank's rows under sequence parallelism)");
+    // Per-layer seeds: meshtrain's initialisation is already keyed on (seed, parameter name,
+    // element), so every layout starts from the same weights with or without it.
+    q.boolean("seed_layers", false);
+    if (q.has("seed_fn")) throw Error(ErrorKind::kNotSupported, q.where("seed_fn") + ": a Python callable cannot be given to meshtrain");
+    q.finish();
+  }
+  if (!root.has("parallel")) {
+    if (stages > 0) c.pp = static_cast<int>(stages);
+  } else {
+    MT_CHECK(!root.is_auto("parallel"), ErrorKind::kNotSupported, "parallel: \"auto\" needs the planner, which is not implemented yet");
+    Section p = root.sub("parallel");
+    int64_t tp = p.integer("tp", 1);
+    MT_CHECK(tp >= 1, ErrorKind::kInvalidArgument, p.where("tp") + ": must be >= 1 (got " + std::to_string(tp) + ")");
+    c.tp = static_cast<int>(tp);
+    int64_t pp = p.integer("pp", stages > 0 ? stages : 1);
+    MT_CHECK(pp >= 1, ErrorKind::kInvalidArgument, p.where("pp") + ": must be >= 1 (got " + std::to_string(pp) + ")");
+    MT_CHECK(stages == 0 || stages == pp, ErrorKind::kInvalidArgument,
+             "pipeline.stages (" + std::to_string(stages) + ") and parallel.pp (" + std::to_string(pp) + ") disagree");
+    c.pp = static_cast<int>(pp);
+    int64_t sp = p.integer("sp", 1);
+    MT_CHECK(sp == 1, ErrorKind::kNotSupported, p.where("sp") + ": " + std::to_string(sp) + " is not implemented yet (only 1)");
+    c.sequence_parallel = p.boolean("sequence_parallel", false) && c.tp > 1;
+    int64_t vd = p.integer("make_vocab_size_divisible_by", 128);
+    MT_CHECK(vd >= 1, ErrorKind::kInvalidArgument, p.where("make_vocab_size_divisible_by") + ": must be >= 1");
+    c.vocab_divisible = static_cast<int>(vd);
+    c.pipeline_schedule = p.string("pipeline_schedule", c.pipeline_schedule);
+    parallel::pp::parse_schedule(c.pipeline_schedule);  // throws naming the key
+    c.virtual_stages = p.small_integer("virtual_stages", 1);
+    c.partition = p.string("partition", c.partition);
+    parallel::pp::parse_partition(c.partition, p.where("partition"));
+    if (c.tp * c.pp <= world && world % (c.tp * c.pp) == 0) {
+      int64_t dp = p.integer("dp", world / (c.tp * c.pp));
+      MT_CHECK(dp == world / (c.tp * c.pp), ErrorKind::kInvalidArgument,
+               p.where("dp") + ": " + std::to_string(dp) + " does not match the " + std::to_string(world) + " process(es) / (tp " +
+                   std::to_string(c.tp) + " x pp " + std::to_string(c.pp) + ") = " + std::to_string(world / (c.tp * c.pp)));
+    }
+    p.finish();
+  }
+  MT_CHECK(world % (c.tp * c.pp) == 0, ErrorKind::kInvalidArgument,
+           "parallel.tp (" + std::to_string(c.tp) + ") x parallel.pp (" + std::to_string(c.pp) + ") does not divide the " +
+               std::to_string(world) + " process(es) (data parallelism takes processes / (tp x pp))");
+  c.world_size = world / (c.tp * c.pp);
 }
 
 // device: "cpu" | "cuda". What the GPU path does not implement is refused here, by its key.
@@ -546,6 +587,19 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
   parse_scheduler(root, c);
   parse_zero(root, c);
   parse_device(root, c);
+  if (c.pp > 1) {
+    // ZeRO under pipeline parallelism: stage 1 (as DeepSpeed); stages 2 and 3 reduce or gather
+    // per micro-batch use, which the interleaving of forwards and backwards of a pipeline breaks.
+    MT_CHECK(c.zero.stage <= 1, ErrorKind::kNotSupported,
+             "zero_optimization.stage " + std::to_string(c.zero.stage) +
+                 " with parallel.pp > 1 is not supported (stage 0 or 1, as in DeepSpeed's pipeline engine)");
+    parallel::pp::ScheduleSpec spec{parallel::pp::parse_schedule(c.pipeline_schedule), c.pp, c.virtual_stages,
+                                    static_cast<int>(c.batch.gradient_accumulation_steps)};
+    parallel::pp::check_schedule_spec(spec);
+    MT_CHECK(c.model.n_layer >= c.pp * c.virtual_stages, ErrorKind::kInvalidArgument,
+             "the model's " + std::to_string(c.model.n_layer) + " layer(s) cannot fill parallel.pp (" + std::to_string(c.pp) +
+                 ") x parallel.virtual_stages (" + std::to_string(c.virtual_stages) + ") pipeline stages");
+  }
   if (root.has("activation_checkpointing")) {
     Section a = root.sub("activation_checkpointing");
     c.activation_checkpointing = a.boolean("enabled", true);  // our extension; the block alone enables it
@@ -567,7 +621,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
   c.steps_per_print = root.integer("steps_per_print", 10);
   c.wall_clock_breakdown = root.boolean("wall_clock_breakdown", false);
   // DeepSpeed keys that change what is trained: refused when enabled.
-  for (const char* k : {"amp", "curriculum_learning", "data_efficiency", "compression_training", "pipeline",
+  for (const char* k : {"amp", "curriculum_learning", "data_efficiency", "compression_training",
                         "progressive_layer_drop", "eigenvalue", "quantize_training", "elasticity", "sparse_attention",
                         "sparse_gradients", "prescale_gradients", "disable_allgather", "zero_allow_untested_optimizer"})
     root.unparsed(k, Unparsed::kRefuseIfEnabled);
@@ -703,6 +757,9 @@ json ds_config_resolved(const RunConfig& c) {
                             {"offload_optimizer", {{"device", c.zero.offload_optimizer}}},
                             {"offload_param", {{"device", c.zero.offload_param}}}};
   if (c.activation_checkpointing) j["activation_checkpointing"] = {{"enabled", true}};
+  j["parallel"] = {{"tp", c.tp}, {"pp", c.pp}, {"sequence_parallel", c.sequence_parallel},
+                   {"make_vocab_size_divisible_by", c.vocab_divisible}, {"pipeline_schedule", c.pipeline_schedule},
+                   {"virtual_stages", c.virtual_stages}, {"partition", c.partition}};
   j["steps_per_print"] = c.steps_per_print;
   j["comm_timeout"] = c.comm_timeout_s;
   j["device"] = c.device;

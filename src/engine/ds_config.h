@@ -74,6 +74,16 @@ struct RunConfig {
   // parallel.make_vocab_size_divisible_by (Megatron's --make-vocab-size-divisible-by): under
   // tp > 1 the vocabulary is padded to a multiple of this times tp.
   int vocab_divisible = 128;
+  // parallel.pp (DeepSpeed: pipeline.stages): pipeline stages; dp = processes / (tp pp).
+  // parallel.pipeline_schedule: "1f1b" (default, DeepSpeed's and Megatron's), "gpipe" or
+  // "interleaved" with parallel.virtual_stages model chunks per rank (Megatron's
+  // --num-layers-per-virtual-pipeline-stage, as a count). parallel.partition (DeepSpeed:
+  // pipeline.partition / partition_method): "parameters" (default, counting the embedding and
+  // head) or "uniform". Micro-batches per step = gradient_accumulation_steps, as in DeepSpeed.
+  int pp = 1;
+  std::string pipeline_schedule = "1f1b";
+  int virtual_stages = 1;
+  std::string partition = "parameters";
   // comm_timeout (seconds, our key; torch.distributed's init_process_group timeout): a collective
   // not complete by then names the ranks missing and the job aborts.
   double comm_timeout_s = 300.0;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "base/error.h"
@@ -11,6 +12,7 @@
 #include "comm/local_backend.h"
 #include "engine/checkpoint_io.h"
 #include "engine/hf_weights.h"
+#include "parallel/pp/partition.h"
 
 namespace mt::engine {
 namespace {
@@ -24,12 +26,45 @@ optim::LossScalerConfig scaler_config(const RunConfig& c) {
   return s;
 }
 
+// Options of a pipeline message (comm::SendOptions or RecvOptions).
+template <typename Options>
+Options p2p_options(const std::string& tag, int msg_tag, std::chrono::milliseconds timeout) {
+  Options o;
+  o.tag = tag;
+  o.msg_tag = msg_tag;
+  o.timeout = timeout;
+  return o;
+}
+
 }  // namespace
 
 std::shared_ptr<parallel::ParallelContext> engine_parallel_context(const RunConfig& config,
                                                                    std::shared_ptr<comm::Backend> world) {
-  return parallel::make_parallel_context(std::move(world), config.tp, 1, config.sequence_parallel,
+  return parallel::make_parallel_context(std::move(world), config.tp, config.pp, config.sequence_parallel,
                                          std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout_s * 1000.0)));
+}
+
+parallel::pp::ScheduleSpec engine_schedule_spec(const RunConfig& config) {
+  return {parallel::pp::parse_schedule(config.pipeline_schedule), config.pp, config.virtual_stages,
+          static_cast<int>(config.batch.gradient_accumulation_steps)};
+}
+
+std::vector<int> engine_pipeline_bounds(const RunConfig& config, std::string* report) {
+  // Parameters of each part of the model (whole tensors): a block, the embedding (token table and
+  // positions) and the head (final norm and the token table or untied head).
+  const models::ModelConfig& m = config.model;
+  const double C = m.hidden, I = m.intermediate, V = m.vocab_size, HS = m.head_dim();
+  const bool gpt2 = m.arch == models::Arch::kGpt2;
+  const double block = gpt2 ? 4 * C + 3 * C * C + 3 * C + C * C + C + C * I + I + I * C + C
+                            : 2 * C + C * HS * (m.n_head + 2.0 * m.n_kv_head) + m.n_head * HS * C + 3 * C * I;
+  parallel::pp::PartitionInput in;
+  in.stages = config.pp * config.virtual_stages;
+  in.layer_cost.assign(m.n_layer, block);
+  in.first_cost = V * C + (gpt2 ? m.max_positions * C : 0.0);
+  in.last_cost = (gpt2 ? 2 * C : C) + V * C;
+  auto b = parallel::pp::partition_layers(parallel::pp::parse_partition(config.partition, "parallel.partition"), in);
+  if (report) *report = parallel::pp::describe_partition(b, in);
+  return b;
 }
 
 std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& config,
@@ -40,6 +75,19 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
   opts.seed = config.seed;
   opts.parallel = std::move(ctx);
   opts.vocab_divisible = config.vocab_divisible;
+  int slots = 1;
+  if (config.pp > 1) {
+    MT_CHECK(opts.parallel && opts.parallel->pp() == config.pp, ErrorKind::kInternal,
+             "the layout has no pipeline of parallel.pp = " + std::to_string(config.pp) + " stages");
+    std::string report;
+    opts.pipeline_bounds = engine_pipeline_bounds(config, &report);
+    if (opts.parallel->rank() == 0)
+      log_info("pipeline: " + std::string(parallel::pp::schedule_name(engine_schedule_spec(config).kind)) + ", " +
+               std::to_string(config.pp) + " ranks x " + std::to_string(config.virtual_stages) + " chunk(s), " +
+               std::to_string(config.batch.gradient_accumulation_steps) + " micro-batches, partition " + config.partition +
+               " (parameters): " + report);
+    slots = parallel::pp::max_in_flight(parallel::pp::build_schedule(engine_schedule_spec(config), opts.parallel->pp_rank()));
+  }
   auto model = std::make_unique<models::TransformerLM>(config.model, opts);
   if (!config.init_from.empty()) {
     // A meshtrain checkpoint (a step-N directory, or a file in one) is verified first.
@@ -48,7 +96,7 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
     if (std::filesystem::exists(d / "state.json")) checkpoint_verify(d.string());
     hf_weights_load_path(model->store(), config.init_from);
   }
-  model->prepare(static_cast<int>(config.batch.micro_batch_per_gpu), static_cast<int>(config.seq_length));
+  model->prepare(static_cast<int>(config.batch.micro_batch_per_gpu), static_cast<int>(config.seq_length), slots);
   return model;
 }
 
@@ -79,6 +127,9 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   MT_CHECK(model.tp().size() == ctx_->tp(), ErrorKind::kInternal,
            "the model was built for " + std::to_string(model.tp().size()) + " tensor-parallel rank(s), the layout has " +
                std::to_string(ctx_->tp()));
+  MT_CHECK(ctx_->pp() == config.pp && model.chunks() == config.virtual_stages, ErrorKind::kInternal,
+           "the model and layout were not built for parallel.pp = " + std::to_string(config.pp) + " x virtual_stages = " +
+               std::to_string(config.virtual_stages));
   MT_CHECK(world() == config.world_size, ErrorKind::kInvalidArgument,
            "the configuration was resolved for " + std::to_string(config.world_size) + " process(es), the job has " +
                std::to_string(world()));
@@ -122,10 +173,13 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     if (z.offload_param == "cpu")
       log_info("zero_optimization.offload_param: cpu — the parameters already live in host memory on CPU ranks");
   }
-  // The gradient norm counts a parameter replicated over the tp group on tp rank 0 only.
+  // The gradient norm counts a parameter replicated over the tp group on tp rank 0 only, and the
+  // tied GPT-2 table of a pipeline on its first stage only.
+  const nn::Parameter* tied_copy = model.tied_head_copy();
   for (const optim::ParamSegment& sg : segments) {
     const nn::Parameter* p = store.find(sg.name);
     if (ctx_->tp() > 1 && ctx_->tp_rank() != 0 && p != nullptr && p->tp_replicated()) continue;
+    if (p != nullptr && p == tied_copy) continue;
     if (!norm_ranges_.empty() && norm_ranges_.back().first + norm_ranges_.back().second == sg.offset)
       norm_ranges_.back().second += sg.numel;
     else
@@ -133,6 +187,12 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   }
   optimizer_ = optim::make_optimizer(config.optimizer, state_numel(), segments);
   store.zero_grad();
+  if (ctx_->pp() > 1) {
+    pp_spec_ = engine_schedule_spec(config);
+    schedule_ = parallel::pp::build_schedule(pp_spec_, ctx_->pp_rank());
+    MT_CHECK(model.slots() >= parallel::pp::max_in_flight(schedule_), ErrorKind::kInternal,
+             "the model keeps fewer activation slots than the pipeline schedule needs");
+  }
 }
 
 double Engine::grad_sum_squares() {
@@ -148,6 +208,7 @@ double Engine::grad_sum_squares() {
   o.timeout = timeout();
   if (sync_->sharded() && world() > 1) dp_->all_reduce(&v, 1, DType::kF32, o)->wait();  // each rank: its shard
   if (ctx_->tp() > 1) ctx_->groups.tp->all_reduce(&v, 1, DType::kF32, o)->wait();  // each rank: its tp shard
+  if (ctx_->pp() > 1) ctx_->groups.pp->all_reduce(&v, 1, DType::kF32, o)->wait();  // each rank: its stage
   return static_cast<double>(v);
 }
 
@@ -195,6 +256,8 @@ double Engine::mean_over_ranks(double value) {
 double Engine::current_lr() const { return optim::lr_for_step(config_.scheduler, applied_steps_ + 1); }
 
 float Engine::forward(const int32_t* tokens, const int32_t* targets) {
+  MT_CHECK(ctx_->pp() == 1, ErrorKind::kInvalidArgument,
+           "with parallel.pp > 1 the engine runs whole steps through its pipeline schedule: use train_batch");
   MT_CHECK(!pending_backward_, ErrorKind::kInvalidArgument, "forward() twice without backward()");
   Timer t;
   // DeepSpeed scales each micro-batch's loss by 1/gradient_accumulation_steps (and the loss scale)
@@ -257,7 +320,7 @@ StepResult Engine::step() {
   double norm;
   if (device_) {
     norm = std::sqrt(device_->grad_sum_squares()) / r.loss_scale;
-  } else if (sync_->sharded() || ctx_->tp() > 1) {  // shards of the gradient: sum the squares over them
+  } else if (sync_->sharded() || ctx_->tp() > 1 || ctx_->pp() > 1) {  // shards of the gradient: sum the squares over them
     norm = std::sqrt(grad_sum_squares()) / r.loss_scale;
   } else {
     norm = optim::grad_norm(grad(), state_numel()) / r.loss_scale;
@@ -318,6 +381,7 @@ StepResult Engine::step() {
 }
 
 StepResult Engine::train_batch(const MicroBatchFn& next) {
+  if (ctx_->pp() > 1) return train_pipeline(next);
   size_t n = static_cast<size_t>(model_.batch()) * static_cast<size_t>(model_.seq());
   std::vector<int32_t> tokens(n), targets(n);
   for (int64_t m = 0; m < config_.batch.gradient_accumulation_steps; ++m) {
@@ -328,7 +392,150 @@ StepResult Engine::train_batch(const MicroBatchFn& next) {
 }
 
 float Engine::evaluate(const int32_t* tokens, const int32_t* targets) {
-  return device_ ? device_->forward(tokens, targets, 0.0f) : model_.forward(tokens, targets, 0.0f);
+  if (device_) return device_->forward(tokens, targets, 0.0f);
+  if (ctx_->pp() == 1) return model_.forward(tokens, targets, 0.0f);
+  // Through the virtual stages in order: receive, forward, send (slot 0; between steps).
+  comm::Backend& pipe = *ctx_->groups.pp;
+  const int P = ctx_->pp(), r = ctx_->pp_rank(), S = P * model_.chunks();
+  const size_t E = model_.boundary_numel();
+  float loss = 0.0f;
+  for (int c = 0; c < model_.chunks(); ++c) {
+    const int st = c * P + r;
+    if (st > 0)
+      pipe.recv(model_.chunk_input(0), E, DType::kF32, (st - 1) % P,
+                p2p_options<comm::RecvOptions>("pipeline eval activation", parallel::pp::message_tag(pp_spec_, st - 1, 0, false), timeout()))
+          ->wait();
+    loss += model_.forward_chunk(c, 0, tokens, targets, 0.0f);
+    if (st + 1 < S)
+      pipe.send(model_.chunk_output(0), E, DType::kF32, (st + 1) % P,
+                p2p_options<comm::SendOptions>("pipeline eval activation", parallel::pp::message_tag(pp_spec_, st, 0, false), timeout()))
+          ->wait();
+  }
+  return pipe_sum(loss, "pipeline eval loss");  // from the last stage
+}
+
+float Engine::pipe_sum(float v, const char* tag) {
+  comm::AllReduceOptions o;
+  o.tag = tag;
+  o.timeout = timeout();
+  ctx_->groups.pp->all_reduce(&v, 1, DType::kF32, o)->wait();
+  return v;
+}
+
+void Engine::sum_tied_embedding_grads() {
+  // GPT-2's token table is the embedding on the first stage and the head on the last: each holds
+  // a copy, whose gradients are summed (first + last on both, so the copies stay identical).
+  if (!model_.config().tie_embeddings) return;
+  const int P = ctx_->pp(), r = ctx_->pp_rank();
+  if (r != 0 && r != P - 1) return;
+  nn::Parameter* t = r == 0 ? model_.store().parameters().front() : model_.tied_head_copy();  // the token table
+  MT_CHECK(t != nullptr && t->grad != nullptr, ErrorKind::kInternal, "the tied token table has no gradient here");
+  const size_t n = static_cast<size_t>(t->numel());
+  std::vector<float> other(n);
+  const char* tag = "pipeline tied embedding grad";
+  comm::Backend& pipe = *ctx_->groups.pp;
+  auto sent = pipe.send(t->grad, n, DType::kF32, r == 0 ? P - 1 : 0, p2p_options<comm::SendOptions>(tag, comm::kMaxMsgTag, timeout()));
+  pipe.recv(other.data(), n, DType::kF32, r == 0 ? P - 1 : 0, p2p_options<comm::RecvOptions>(tag, comm::kMaxMsgTag, timeout()))->wait();
+  sent->wait();
+  for (size_t i = 0; i < n; ++i) t->grad[i] = r == 0 ? t->grad[i] + other[i] : other[i] + t->grad[i];
+}
+
+StepResult Engine::train_pipeline(const MicroBatchFn& next) {
+  MT_CHECK(micro_in_step_ == 0 && !pending_backward_, ErrorKind::kInvalidArgument,
+           "train_batch in the middle of a step (forward/backward called before)");
+  using parallel::pp::OpKind;
+  const int m = pp_spec_.micro_batches;
+  const size_t n = static_cast<size_t>(model_.batch()) * static_cast<size_t>(model_.seq());
+  std::vector<int32_t> tokens(n * m), targets(n * m);
+  for (int i = 0; i < m; ++i) next(tokens.data() + i * n, targets.data() + i * n);
+  comm::Backend& pipe = *ctx_->groups.pp;
+  const size_t E = model_.boundary_numel();
+  const float scale = static_cast<float>(scaler_.scale() / static_cast<double>(m) / static_cast<double>(world()));
+  std::map<std::pair<int, int>, int> slot_of;  // (chunk, micro) -> activation slot
+  std::vector<int> free_slots;
+  for (int s = model_.slots() - 1; s >= 0; --s) free_slots.push_back(s);
+  std::vector<std::unique_ptr<comm::Work>> slot_send(model_.slots());  // a slot's activation, in flight
+  std::vector<std::vector<float>> grad_out;  // gradients in flight to the previous stage
+  std::vector<std::unique_ptr<comm::Work>> grad_sends;
+  std::vector<float> grad_in(E);
+  auto slot = [&](const parallel::pp::Instr& i) {
+    auto it = slot_of.find({i.chunk, i.micro});
+    if (it != slot_of.end()) return it->second;
+    MT_CHECK(!free_slots.empty(), ErrorKind::kInternal, "pipeline: no free activation slot");
+    int s = free_slots.back();
+    free_slots.pop_back();
+    slot_of[{i.chunk, i.micro}] = s;
+    return s;
+  };
+  auto tag = [](const parallel::pp::Instr& i, const char* what) {
+    return std::string("pipeline ") + what + " micro-batch " + std::to_string(i.micro);
+  };
+  using comm::RecvOptions;
+  using comm::SendOptions;
+  for (const parallel::pp::Instr& i : schedule_) {
+    switch (i.kind) {
+      case OpKind::kRecvActivation: {
+        pipe.recv(model_.chunk_input(slot(i)), E, DType::kF32, i.peer, p2p_options<RecvOptions>(tag(i, "activation"), i.tag, timeout()))
+            ->wait();
+        break;
+      }
+      case OpKind::kForward: {
+        Timer t;
+        const int32_t* tok = tokens.data() + static_cast<size_t>(i.micro) * n;
+        const int32_t* tgt = targets.data() + static_cast<size_t>(i.micro) * n;
+        float loss = model_.forward_chunk(i.chunk, slot(i), tok, tgt, scale);
+        if (model_.chunk_has_head(i.chunk)) loss_sum_ += loss;
+        forward_seconds_ += t.seconds();
+        break;
+      }
+      case OpKind::kSendActivation: {
+        const int s = slot(i);
+        slot_send[s] = pipe.send(model_.chunk_output(s), E, DType::kF32, i.peer,
+                                 p2p_options<SendOptions>(tag(i, "activation"), i.tag, timeout()));
+        break;
+      }
+      case OpKind::kRecvGrad: {
+        pipe.recv(grad_in.data(), E, DType::kF32, i.peer, p2p_options<RecvOptions>(tag(i, "gradient"), i.tag, timeout()))->wait();
+        break;
+      }
+      case OpKind::kBackward: {
+        Timer t;
+        const int s = slot(i);
+        if (sync_) sync_->begin_backward(false);  // reduced once, after the schedule
+        model_.backward_chunk(i.chunk, s, model_.chunk_has_head(i.chunk) ? nullptr : grad_in.data());
+        if (sync_) sync_->end_backward(false);
+        backward_seconds_ += t.seconds();
+        if (slot_send[s]) {  // the next stage has received it: it sent this backward's gradient
+          slot_send[s]->wait();
+          slot_send[s].reset();
+        }
+        slot_of.erase({i.chunk, i.micro});
+        free_slots.push_back(s);
+        ++micro_in_step_;
+        break;
+      }
+      case OpKind::kSendGrad: {
+        grad_out.emplace_back(model_.input_grad(), model_.input_grad() + E);
+        grad_sends.push_back(
+            pipe.send(grad_out.back().data(), E, DType::kF32, i.peer, p2p_options<SendOptions>(tag(i, "gradient"), i.tag, timeout())));
+        break;
+      }
+    }
+  }
+  for (auto& w : grad_sends) w->wait();
+  micro_in_step_ = m;
+  // The loss lives on the last stage: every rank gets it (and a non-finite one stops every rank).
+  loss_sum_ = pipe_sum(static_cast<float>(loss_sum_), "pipeline loss");
+  MT_CHECK(std::isfinite(loss_sum_), ErrorKind::kNumerical,
+           "loss is " + std::to_string(loss_sum_ / m) + " at step " + std::to_string(global_step_ + 1) + " (pipeline)");
+  Timer t;
+  sum_tied_embedding_grads();
+  if (sync_) {  // the data-parallel reduction of the whole step's gradients
+    sync_->begin_backward(true);
+    sync_->end_backward(true);
+  }
+  backward_seconds_ += t.seconds();
+  return step();
 }
 
 MemStats Engine::memory_stats() const { return device_ ? device_->memory() : Allocator::global().stats(); }
@@ -349,20 +556,38 @@ std::vector<float> Engine::to_one_process(const float* span) {
   std::vector<float> local(lead_dp ? P : 0);
   sync_->gather(lead_dp ? local.data() : nullptr, span);
   const int tp = ctx_->tp();
-  if (tp == 1 || !lead_dp) return local;  // tp 1: the local layout is the one-process layout
+  if ((tp == 1 && ctx_->pp() == 1) || !lead_dp) return local;  // the local layout is the one-process layout
   // The tp group of dp rank 0 gathers its shards on tp rank 0, which puts each parameter together.
   const bool lead = ctx_->tp_rank() == 0;
-  std::vector<float> all(lead ? P * static_cast<size_t>(tp) : 0);
-  comm::GatherOptions o;
-  o.tag = "checkpoint tp shards";
-  o.timeout = timeout();
-  ctx_->groups.tp->gather(lead ? all.data() : nullptr, local.data(), P, DType::kF32, o)->wait();
+  std::vector<float> all;
+  if (tp > 1) {
+    all.resize(lead ? P * static_cast<size_t>(tp) : 0);
+    comm::GatherOptions o;
+    o.tag = "checkpoint tp shards";
+    o.timeout = timeout();
+    ctx_->groups.tp->gather(lead ? all.data() : nullptr, local.data(), P, DType::kF32, o)->wait();
+  } else {
+    all = std::move(local);
+  }
   if (!lead) return {};
   std::vector<float> full(store.global_numel());
+  const nn::Parameter* tied_copy = model_.tied_head_copy();
   for (int r = 0; r < tp; ++r)
     for (const nn::Parameter* p : store.parameters())
-      nn::tp_insert(full.data() + p->global_offset, all.data() + static_cast<size_t>(r) * P + p->offset, p->global_shape,
-                    p->split, nn::TpPlace{r, tp});
+      if (p != tied_copy)  // the first stage's copy is the one written
+        nn::tp_insert(full.data() + p->global_offset, all.data() + static_cast<size_t>(r) * P + p->offset, p->global_shape,
+                      p->split, nn::TpPlace{r, tp});
+  if (ctx_->pp() > 1) {
+    // Each stage's lead (dp 0, tp 0) holds its parameters in place and zeros elsewhere: their sum
+    // on the first stage's lead (world rank 0) is the whole model, exactly.
+    // NOTE: a temporary of the whole model on each stage lead; sharded checkpoints will not need it.
+    comm::ReduceOptions o;
+    o.root = 0;
+    o.tag = "checkpoint pipeline stages";
+    o.timeout = timeout();
+    ctx_->groups.pp->reduce(full.data(), full.size(), DType::kF32, o)->wait();
+    if (ctx_->pp_rank() != 0) return {};
+  }
   return full;
 }
 

@@ -18,6 +18,7 @@
 #include "optim/optimizer.h"
 #include "optim/loss_scaler.h"
 #include "parallel/context.h"
+#include "parallel/pp/schedule.h"
 
 namespace mt::engine {
 
@@ -55,11 +56,16 @@ class Engine {
   float forward_backward(const int32_t* tokens, const int32_t* targets);
   // After gradient_accumulation_steps micro-batches: overflow check, unscale, clip, update.
   StepResult step();
-  // A whole global batch: next(tokens, targets) fills each micro-batch.
+  // A whole global batch: next(tokens, targets) fills each micro-batch. With pipeline parallelism
+  // (parallel.pp > 1) this is the only way to train (as DeepSpeed's PipelineEngine): every stage
+  // reads the step's micro-batches and runs its schedule's instructions (parallel/pp/schedule.h).
   using MicroBatchFn = std::function<void(int32_t* tokens, int32_t* targets)>;
   StepResult train_batch(const MicroBatchFn& next);
-  // Mean loss over micro-batches without touching gradients.
+  // Mean loss of a micro-batch without touching gradients (through every stage of a pipeline:
+  // collective over the pp group, every stage gets the loss).
   float evaluate(const int32_t* tokens, const int32_t* targets);
+  // The pipeline schedule of this rank (empty without pipeline parallelism).
+  const std::vector<parallel::pp::Instr>& schedule() const { return schedule_; }
 
   int64_t global_step() const { return global_step_; }
   int64_t applied_steps() const { return applied_steps_; }
@@ -106,7 +112,10 @@ class Engine {
   // This rank's span (the local flat buffer, or its ZeRO shard) in the one-process layout on rank 0.
   std::vector<float> to_one_process(const float* span);
   std::vector<float> from_one_process(const float* full) const;  // -> the local flat layout
-  double grad_sum_squares();  // over the whole model: dp shards and tp shards summed, replicas once
+  double grad_sum_squares();  // over the whole model: dp, tp and pp shards summed, replicas once
+  StepResult train_pipeline(const MicroBatchFn& next);  // parallel.pp > 1
+  void sum_tied_embedding_grads();  // first and last pipeline stage of a tied GPT-2
+  float pipe_sum(float v, const char* tag);  // sum over the pp group
 
   RunConfig config_;
   models::TransformerLM& model_;
@@ -125,6 +134,8 @@ class Engine {
   bool pending_backward_ = false;
   double loss_sum_ = 0.0;
   double forward_seconds_ = 0.0, backward_seconds_ = 0.0;
+  parallel::pp::ScheduleSpec pp_spec_;
+  std::vector<parallel::pp::Instr> schedule_;
 };
 
 // The optimizer's segments: one per parameter, weight decay 0 where config.no_weight_decay says.
@@ -135,14 +146,19 @@ std::vector<optim::ParamSegment> engine_param_segments(const RunConfig& config, 
 std::unique_ptr<Engine> initialize(const RunConfig& config, models::TransformerLM& model,
                                    std::shared_ptr<comm::Backend> dp = nullptr);
 
-// The layout of a configuration over `world` (null: one process): parallel.tp and
+// The layout of a configuration over `world` (null: one process): parallel.tp, parallel.pp and
 // sequence_parallel; collective over world.
 std::shared_ptr<parallel::ParallelContext> engine_parallel_context(const RunConfig& config,
                                                                    std::shared_ptr<comm::Backend> world);
 
 // Builds this rank's part of the model of a configuration (compute dtype, recompute, seed, the
-// layout's tensor-parallel shard) and prepares it for the micro-batch shape.
+// layout's tensor-parallel shard and pipeline stage) and prepares it for the micro-batch shape
+// (with as many activation slots as the rank's pipeline schedule keeps in flight).
 std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& config,
                                                           std::shared_ptr<parallel::ParallelContext> ctx = nullptr);
+// Layer boundaries of the pp x virtual_stages pipeline stages of a configuration
+// (parallel.partition), and the line that reports them.
+std::vector<int> engine_pipeline_bounds(const RunConfig& config, std::string* report = nullptr);
+parallel::pp::ScheduleSpec engine_schedule_spec(const RunConfig& config);
 
 }  // namespace mt::engine

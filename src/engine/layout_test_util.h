@@ -2,6 +2,8 @@
 // model, and the deterministic sample k of its data.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -52,6 +54,34 @@ inline std::vector<std::pair<size_t, size_t>> layout_key_bias_ranges(const nn::P
       out.emplace_back(p->global_offset + C, p->global_offset + 2 * C);
     }
   return out;
+}
+
+struct LayoutDiff {
+  double norm_rel = 0.0;   // ||got - ref|| / ||ref||
+  double max_rel = 0.0;    // max |got - ref| / max |ref|
+  double noise_max = 0.0;  // max |got - ref| over the noise ranges (GPT-2's key bias)
+};
+
+// got against ref (the one-process layout), the noise ranges (layout_key_bias_ranges) apart.
+inline LayoutDiff layout_compare(const std::vector<float>& ref, const std::vector<float>& got,
+                                 const std::vector<std::pair<size_t, size_t>>& noise) {
+  LayoutDiff d;
+  double scale = 0.0, worst = 0.0, num = 0.0, den = 0.0;
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    double e = static_cast<double>(got[i]) - ref[i];
+    bool in_noise = std::any_of(noise.begin(), noise.end(), [i](auto n) { return i >= n.first && i < n.second; });
+    if (in_noise) {
+      d.noise_max = std::max(d.noise_max, std::fabs(e));
+      continue;
+    }
+    scale = std::max(scale, static_cast<double>(std::fabs(ref[i])));
+    worst = std::max(worst, std::fabs(e));
+    num += e * e;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  d.norm_rel = std::sqrt(num / den);
+  d.max_rel = worst / scale;
+  return d;
 }
 
 // Runs fn on `world` ranks (threads over the local backend) and returns rank 0's result; rethrows

@@ -80,32 +80,6 @@ TpRun train(const Case& k, int processes, int g) {
   });
 }
 
-struct Diff {
-  double norm_rel = 0.0;   // ||got - ref|| / ||ref||
-  double max_rel = 0.0;    // max |got - ref| / max |ref|
-  double noise_max = 0.0;  // max |got - ref| over the key bias
-};
-
-Diff compare(const std::vector<float>& ref, const std::vector<float>& got, const TpRun& r) {
-  Diff d;
-  double scale = 0.0, worst = 0.0, num = 0.0, den = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    double e = static_cast<double>(got[i]) - ref[i];
-    bool noise = std::any_of(r.noise.begin(), r.noise.end(), [i](auto n) { return i >= n.first && i < n.second; });
-    if (noise) {
-      d.noise_max = std::max(d.noise_max, std::fabs(e));
-      continue;
-    }
-    scale = std::max(scale, static_cast<double>(std::fabs(ref[i])));
-    worst = std::max(worst, std::fabs(e));
-    num += e * e;
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  d.norm_rel = std::sqrt(num / den);
-  d.max_rel = worst / scale;
-  return d;
-}
-
 class TpMatchesOneProcess : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TpMatchesOneProcess, LossesNormsAndFinalState) {
@@ -126,7 +100,7 @@ TEST_P(TpMatchesOneProcess, LossesNormsAndFinalState) {
   ASSERT_EQ(ref.master.size(), got.master.size());  // padding never reaches the one-process layout
   // The weights: 1e-5 relative as a whole (fp32), and no single weight off by more than 5e-5 of
   // the largest (summation order moves single weights with near-zero gradients more).
-  Diff w = compare(ref.master, got.master, ref);
+  LayoutDiff w = layout_compare(ref.master, got.master, ref.noise);
   std::printf("%s: final weights ||dw||/||w|| %.2e, max %.2e\n", case_name({k, 0}).c_str(), w.norm_rel, w.max_rel);
   EXPECT_LE(w.norm_rel, bf16 ? 2e-3 : 1e-5) << "final weights, ||dw||/||w||";
   EXPECT_LE(w.max_rel, bf16 ? 2e-2 : 5e-5) << "final weights, max |dw| / max |w|";
@@ -148,7 +122,7 @@ TEST_P(TpMatchesOneProcess, LossesNormsAndFinalState) {
     for (size_t b : ref.tp_bytes) EXPECT_EQ(b, 0u);  // one process: no collective
   }
   ASSERT_EQ(ref.exp_avg.size(), got.exp_avg.size());
-  EXPECT_LE(compare(ref.exp_avg, got.exp_avg, ref).norm_rel, bf16 ? 2e-2 : 1e-4) << "Adam's first moment";
+  EXPECT_LE(layout_compare(ref.exp_avg, got.exp_avg, ref.noise).norm_rel, bf16 ? 2e-2 : 1e-4) << "Adam's first moment";
 }
 
 INSTANTIATE_TEST_SUITE_P(

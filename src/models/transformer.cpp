@@ -55,6 +55,24 @@ Parts add_modules(const AddRoot& root, const ModelConfig& cfg, parallel::TpComm&
 
 }  // namespace
 
+std::vector<ParamLayout> one_process_layout(const ModelConfig& cfg) {
+  // The module tree of the whole model on one process, built without buffers.
+  nn::Container whole("");
+  parallel::TpComm one;
+  add_modules([&whole](std::unique_ptr<nn::Module> mod) { return whole.add_module(std::move(mod)); }, cfg, one,
+              cfg.vocab_size, {{0, cfg.n_layer}}, true, true);
+  whole.finalize_names();
+  std::vector<nn::Parameter*> all;
+  whole.collect_parameters(all);
+  std::vector<ParamLayout> out;
+  size_t total = 0;
+  for (nn::Parameter* p : all) {
+    out.push_back({p->name, p->unpadded_shape(), total});
+    total += static_cast<size_t>(p->global_numel());
+  }
+  return out;
+}
+
 TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
     : Module(""), cfg_(cfg), opts_(opts) {
   cfg_.validate();

@@ -22,6 +22,15 @@
 
 namespace mt::models {
 
+// The whole model's parameters in the one-process layout (checkpoints, HF files): name, whole
+// (unpadded) shape and element offset, in registration order.
+struct ParamLayout {
+  std::string name;
+  Shape shape;
+  size_t offset = 0;
+};
+std::vector<ParamLayout> one_process_layout(const ModelConfig& cfg);
+
 class TransformerLM : public nn::Module {
  public:
   TransformerLM(const ModelConfig& cfg, const ModelOptions& opts);

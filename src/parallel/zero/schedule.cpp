@@ -95,6 +95,8 @@ void ZeroSchedule::begin_grads(size_t u) {
 }
 
 void ZeroSchedule::reduce_grads(size_t u) {
+  if (reduced_.size() != units_.size()) reduced_.assign(units_.size(), false);
+  reduced_[u] = true;
   fx_.launch_reduce(u);
   pending_.push_back(u);
   wait_reductions(opts_.overlap_comm ? 1 : 0);
@@ -139,11 +141,15 @@ void ZeroSchedule::on_hook(size_t u, bool pre, bool forward) {
 }
 
 void ZeroSchedule::finish_backward() {
+  // Stage 1: whatever the last micro-batch's backward did not reduce (the embeddings and tail,
+  // used twice when tied; every unit when the caller ends a pipeline step without a backward).
   if (opts_.stage == 1 && last_micro_) {
-    reduce_grads(units_.size() - 1);
-    reduce_grads(0);
+    if (reduced_.size() != units_.size()) reduced_.assign(units_.size(), false);
+    for (size_t u = units_.size(); u-- > 0;)
+      if (!reduced_[u]) reduce_grads(u);
   }
   wait_reductions(0);
+  reduced_.assign(units_.size(), false);
 }
 
 void ZeroSchedule::refresh() {

@@ -80,6 +80,7 @@ class ZeroSchedule {
   std::vector<State> state_;
   std::deque<size_t> pending_;  // units whose reduction is in flight, oldest first
   bool last_micro_ = true, backward_phase_ = false;
+  std::vector<bool> reduced_;  // stage 1: units reduced during this step's last micro-batch
   size_t live_elems_ = 0, peak_live_elems_ = 0;
 };
 

@@ -1,0 +1,194 @@
+// Pipeline parallelism (and 3D: tp x pp x dp with ZeRO-1 and sequence parallelism) against one
+// process with the same global batch: ranks are threads over the local backend. Every stage of a
+// pipeline reads the micro-batches of its dp coordinate; dp rank d reads sequences d·g .. d·g+g-1
+// of each step. Losses, gradient norms and the final weights and Adam moments (gathered to the
+// one-process layout) must equal the one-process run's after 10 steps.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "comm/local_backend.h"
+#include "engine/engine.h"
+#include "engine/layout_test_util.h"
+
+namespace mt::engine {
+namespace {
+
+struct Case {
+  const char* arch;
+  int tp, pp, dp, stage;
+  const char* schedule;
+  int v;
+  const char* dtype = "fp32";
+  bool recompute = false;
+  bool sp = false;
+  int layers = 4;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return std::string(c.arch) + "_tp" + std::to_string(c.tp) + "_pp" + std::to_string(c.pp) + "_dp" + std::to_string(c.dp) +
+         "_stage" + std::to_string(c.stage) + "_" + c.schedule + (c.v > 1 ? "_v" + std::to_string(c.v) : "") + "_" + c.dtype +
+         (c.recompute ? "_recompute" : "") + (c.sp ? "_sp" : "") + "_L" + std::to_string(c.layers);
+}
+
+nlohmann::json config(const Case& k, bool one_process, int g) {
+  const std::string L = std::to_string(k.layers);
+  auto j = layout_config(
+      std::string(k.arch) == "gpt2"
+          ? (R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": )" + L +
+             R"(, "n_head": 4}})").c_str()
+          : (R"({"model": {"model_type": "llama", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
+                "num_hidden_layers": )" + L + R"(, "num_attention_heads": 8, "num_key_value_heads": 4,
+                "max_position_embeddings": 32, "tie_word_embeddings": false}})").c_str(),
+      k.dtype, one_process ? 1 : k.dp, g);
+  if (k.recompute) j["activation_checkpointing"] = {{"enabled", true}};
+  j["zero_optimization"] = {{"stage", one_process ? 0 : k.stage}, {"reduce_bucket_size", 3000}};
+  if (!one_process)
+    j["parallel"] = {{"tp", k.tp}, {"pp", k.pp}, {"sequence_parallel", k.sp}, {"pipeline_schedule", k.schedule},
+                     {"virtual_stages", k.v}};
+  return j;
+}
+
+struct PpRun {
+  std::vector<float> losses;
+  std::vector<double> norms;
+  std::vector<float> master, exp_avg;
+  std::vector<std::pair<size_t, size_t>> noise;
+  float eval_loss = 0.0f;
+};
+
+PpRun train(const Case& k, bool one_process, int g) {
+  const int processes = one_process ? 1 : k.tp * k.pp * k.dp;
+  return layout_rank0<PpRun>(processes, [&](comm::Backend& b) {
+    RunConfig c = ds_config_parse(config(k, one_process, g), "pp_test", processes);
+    std::shared_ptr<comm::Backend> world(&b, [](comm::Backend*) {});
+    auto ctx = engine_parallel_context(c, processes > 1 ? world : nullptr);
+    auto model = engine_build_model(c, ctx);
+    Engine eng(c, *model, ctx);
+    PpRun mine;
+    const int dp = ctx->dp(), d = ctx->dp_rank();
+    for (int step = 0; step < 10; ++step) {
+      uint64_t next = static_cast<uint64_t>(step) * static_cast<uint64_t>(g * dp) + static_cast<uint64_t>(d * g);
+      StepResult r = eng.train_batch([&](int32_t* t, int32_t* y) { layout_sample(next++, t, y); });
+      mine.losses.push_back(r.loss);
+      mine.norms.push_back(r.grad_norm);
+    }
+    std::vector<int32_t> t(16), y(16);
+    layout_sample(1000, t.data(), y.data());
+    mine.eval_loss = eng.evaluate(t.data(), y.data());
+    eng.gather_master(mine.master);
+    for (auto& [name, v] : eng.gather_optimizer_state())
+      if (name == "exp_avg") mine.exp_avg = std::move(v);
+    mine.noise = layout_key_bias_ranges(model->store());
+    return mine;
+  });
+}
+
+class PpMatchesOneProcess : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PpMatchesOneProcess, LossesNormsAndFinalState) {
+  const Case& k = GetParam();
+  const int g = 4;  // micro-batches per step and dp rank: m = 2 pp for pp = 2, m = pp for pp = 4
+  PpRun ref = train(k, true, g * k.dp);
+  PpRun got = train(k, false, g);
+  const bool lowp = std::string(k.dtype) != "fp32";
+  const double tol = lowp ? 2e-3 : 1e-5;
+  ASSERT_EQ(ref.losses.size(), got.losses.size());
+  for (size_t s = 0; s < ref.losses.size(); ++s) {
+    EXPECT_NEAR(got.losses[s], ref.losses[s], tol * std::fabs(ref.losses[s])) << "loss at step " << s + 1;
+    EXPECT_NEAR(got.norms[s], ref.norms[s], (lowp ? 2e-2 : 1e-4) * ref.norms[s]) << "grad norm at step " << s + 1;
+  }
+  EXPECT_NEAR(got.eval_loss, ref.eval_loss, tol * std::fabs(ref.eval_loss)) << "evaluate() through the stages";
+  ASSERT_EQ(ref.master.size(), got.master.size());
+  LayoutDiff w = layout_compare(ref.master, got.master, ref.noise);
+  std::printf("%s: final weights ||dw||/||w|| %.2e, max %.2e\n", case_name({k, 0}).c_str(), w.norm_rel, w.max_rel);
+  EXPECT_LE(w.norm_rel, lowp ? 2e-3 : 1e-5) << "final weights, ||dw||/||w||";
+  EXPECT_LE(w.max_rel, lowp ? 2e-2 : 5e-5) << "final weights, max |dw| / max |w|";
+  EXPECT_LE(w.noise_max, 1e-3) << "GPT-2 key bias";
+  ASSERT_EQ(ref.exp_avg.size(), got.exp_avg.size());
+  EXPECT_LE(layout_compare(ref.exp_avg, got.exp_avg, ref.noise).norm_rel, lowp ? 2e-2 : 1e-4) << "Adam's first moment";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, PpMatchesOneProcess,
+    ::testing::Values(Case{"gpt2", 1, 2, 1, 0, "1f1b", 1}, Case{"gpt2", 1, 2, 1, 0, "gpipe", 1},
+                      Case{"gpt2", 1, 2, 1, 0, "interleaved", 2}, Case{"gpt2", 1, 4, 1, 0, "1f1b", 1},
+                      Case{"gpt2", 1, 4, 1, 0, "gpipe", 1}, Case{"llama", 1, 2, 1, 0, "1f1b", 1},
+                      Case{"llama", 1, 2, 1, 0, "interleaved", 2}, Case{"llama", 1, 4, 1, 0, "gpipe", 1, "fp32", true},
+                      Case{"gpt2", 1, 2, 1, 0, "1f1b", 1, "fp32", false, false, 3},
+                      Case{"gpt2", 1, 2, 2, 0, "1f1b", 1}, Case{"gpt2", 1, 2, 2, 1, "interleaved", 2},
+                      Case{"gpt2", 2, 2, 2, 1, "1f1b", 1, "fp32", false, true},
+                      Case{"llama", 2, 2, 2, 1, "interleaved", 2, "fp32", true, true},
+                      Case{"gpt2", 1, 2, 1, 0, "1f1b", 1, "bf16"}, Case{"gpt2", 1, 2, 2, 1, "1f1b", 1, "fp16"}),
+    case_name);
+
+TEST(PpConfig, RefusesWhatThePipelineCannotRunNamingTheKey) {
+  auto msg = [](nlohmann::json par, int processes, int stage = 0, int g = 4) {
+    auto j = layout_config(R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 4, "n_head": 4}})",
+                           "fp32", processes / (par.value("pp", 1) * par.value("tp", 1)), g);
+    j["parallel"] = par;
+    j["zero_optimization"] = {{"stage", stage}};
+    try {
+      ds_config_parse(j, "pp_test", processes);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(msg({{"pp", 2}}, 4, 2).find("zero_optimization.stage 2 with parallel.pp > 1"), std::string::npos);
+  EXPECT_NE(msg({{"pp", 2}, {"virtual_stages", 2}}, 2).find("needs parallel.pipeline_schedule \"interleaved\""), std::string::npos);
+  EXPECT_NE(msg({{"pp", 2}, {"virtual_stages", 2}, {"pipeline_schedule", "interleaved"}}, 2, 0, 3).find("multiple of parallel.pp (2)"),
+            std::string::npos);
+  EXPECT_NE(msg({{"pp", 4}, {"virtual_stages", 2}, {"pipeline_schedule", "interleaved"}}, 4).find("cannot fill"), std::string::npos);
+  EXPECT_NE(msg({{"pp", 3}}, 4).find("does not divide the 4 process(es)"), std::string::npos);
+  EXPECT_NE(msg({{"pp", 2}, {"partition", "type:transformer"}}, 2).find("parallel.partition"), std::string::npos);
+  EXPECT_NE(msg({{"pp", 2}, {"pipeline_schedule", "zb-h1"}}, 2).find("parallel.pipeline_schedule"), std::string::npos);
+}
+
+TEST(PpConfig, DeepSpeedPipelineBlockIsReadKeyByKey) {
+  auto j = layout_config(R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 4, "n_head": 4}})",
+                         "fp32", 1, 4);
+  j["pipeline"] = {{"stages", 2}, {"partition", "uniform"}, {"activation_checkpoint_interval", 1}, {"pipe_partitioned", true},
+                   {"grad_partitioned", true}, {"seed_layers", true}};
+  RunConfig c = ds_config_parse(j, "pp_test", 2);
+  EXPECT_EQ(c.pp, 2);
+  EXPECT_EQ(c.world_size, 1);
+  EXPECT_EQ(c.partition, "uniform");
+  EXPECT_TRUE(c.activation_checkpointing);
+  EXPECT_EQ(c.warnings.size(), 2u);  // pipe_partitioned, grad_partitioned: accepted, one line each
+  j["pipeline"]["activation_checkpoint_interval"] = 2;
+  EXPECT_THROW(ds_config_parse(j, "pp_test", 2), Error);
+  j["pipeline"] = {{"stages", 2}, {"partition", "type:transformer"}};
+  EXPECT_THROW(ds_config_parse(j, "pp_test", 2), Error);
+  j["pipeline"] = {{"stages", 4}};
+  j["parallel"] = {{"pp", 2}};
+  EXPECT_THROW(ds_config_parse(j, "pp_test", 2), Error);  // disagree
+}
+
+TEST(PpPartition, ParameterBalancedCountsTheEmbeddingAndHead) {
+  // GPT-2 124M's shape on 24 layers: the embedding (wte 38.6M + wpe 0.8M) weighs ~5.5 blocks of
+  // 7.1M, the head (tied table) as much again: the balanced split gives the end stages fewer
+  // layers than uniform's 12/12 ... every layer placed.
+  auto j = layout_config(R"({"model": {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 24, "n_head": 12}})",
+                         "fp32", 1, 4);
+  j["parallel"] = {{"pp", 4}};
+  RunConfig c = ds_config_parse(j, "pp_test", 4);
+  std::string report;
+  auto b = engine_pipeline_bounds(c, &report);
+  ASSERT_EQ(b.size(), 5u);
+  EXPECT_EQ(b.front(), 0);
+  EXPECT_EQ(b.back(), 24);
+  EXPECT_LT(b[1] - b[0], 6);   // the embedding's stage holds fewer layers
+  EXPECT_LT(b[4] - b[3], 6);   // and the head's
+  EXPECT_GT(b[2] - b[1], 6);
+  std::printf("%s\n", report.c_str());
+  c.partition = "uniform";
+  EXPECT_EQ(engine_pipeline_bounds(c), (std::vector<int>{0, 6, 12, 18, 24}));
+}
+
+}  // namespace
+}  // namespace mt::engine
