@@ -153,9 +153,13 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                  static_cast<long long>(cfg.batch.micro_batch_per_gpu),
                  static_cast<long long>(cfg.batch.gradient_accumulation_steps), DW, static_cast<long long>(cfg.seq_length),
                  dtype_name(cfg.compute_dtype), cfg.zero.stage,
-                 ctx->tp() > 1 ? (", tensor parallel " + std::to_string(ctx->tp()) +
-                                  (ctx->sequence_parallel ? " (sequence parallel)" : "")).c_str()
-                               : "");
+                 ((ctx->tp() > 1 ? ", tensor parallel " + std::to_string(ctx->tp()) +
+                                       (ctx->sequence_parallel ? " (sequence parallel)" : "")
+                                 : std::string()) +
+                  (ctx->pp() > 1 ? ", pipeline " + std::to_string(ctx->pp()) + " stages (" + cfg.pipeline_schedule +
+                                       (cfg.virtual_stages > 1 ? ", " + std::to_string(cfg.virtual_stages) + " chunks per rank" : "") + ")"
+                                 : std::string()))
+                     .c_str());
   std::ofstream metrics;
   if (lead && !args.metrics.empty()) {
     metrics.open(args.metrics, std::ios::app);
@@ -207,6 +211,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
         m["tp_comm_bytes"] = r.tp_comm_bytes;
         m["tp_comm_seconds"] = r.tp_comm_seconds;
       }
+      if (cfg.pp > 1) m["pp_wait_seconds"] = r.pp_wait_seconds;  // rank 0's (the first stage's)
       if (have_val) m["val_loss"] = val_loss;
       MemStats mem = eng.memory_stats();
       for (int c = 0; c < kMemCategoryCount; ++c)
@@ -229,9 +234,13 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                   r.skipped ? " (skipped: overflow)" : "");
     }
     if (lead && cfg.wall_clock_breakdown && (done % cfg.steps_per_print == 0 || done == cfg.train_iters))
-      std::printf("%stime (ms) | forward: %.2f | backward: %.2f | step: %.2f | data: %.2f%s\n", tty ? "\n" : "",
+      std::printf("%stime (ms) | forward: %.2f | backward: %.2f | step: %.2f | data: %.2f%s%s\n", tty ? "\n" : "",
                   r.forward_seconds * 1e3, r.backward_seconds * 1e3, r.step_seconds * 1e3,
-                  (secs - r.forward_seconds - r.backward_seconds - r.step_seconds) * 1e3,
+                  (secs - r.forward_seconds - r.backward_seconds - r.step_seconds - r.pp_wait_seconds) * 1e3,
+                  cfg.pp > 1 ? (" | pipeline wait: " + std::to_string(r.pp_wait_seconds * 1e3).substr(0, 8) + " (" +
+                                std::to_string(static_cast<int>(100.0 * r.pp_wait_seconds / secs + 0.5)) + "% of the step)")
+                                   .c_str()
+                             : "",
                   cfg.tp > 1 ? (" | tp comm: " + std::to_string(r.tp_comm_seconds * 1e3).substr(0, 8) + " (" +
                                 std::to_string(r.tp_comm_bytes >> 20) + " MiB)")
                                    .c_str()

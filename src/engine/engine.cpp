@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -310,6 +311,8 @@ StepResult Engine::step() {
   StepResult r;
   r.forward_seconds = forward_seconds_;
   r.backward_seconds = backward_seconds_;
+  r.pp_wait_seconds = pp_wait_seconds_;
+  pp_wait_seconds_ = 0.0;
   r.tp_comm_bytes = model_.tp().bytes();
   r.tp_comm_seconds = model_.tp().seconds();
   model_.tp().reset_bytes();
@@ -431,11 +434,12 @@ void Engine::sum_tied_embedding_grads() {
   nn::Parameter* t = r == 0 ? model_.store().parameters().front() : model_.tied_head_copy();  // the token table
   MT_CHECK(t != nullptr && t->grad != nullptr, ErrorKind::kInternal, "the tied token table has no gradient here");
   const size_t n = static_cast<size_t>(t->numel());
-  std::vector<float> other(n);
+  Buffer other_buffer(n * 4, MemCategory::kComm);
+  float* other = other_buffer.as<float>();
   const char* tag = "pipeline tied embedding grad";
   comm::Backend& pipe = *ctx_->groups.pp;
   auto sent = pipe.send(t->grad, n, DType::kF32, r == 0 ? P - 1 : 0, p2p_options<comm::SendOptions>(tag, comm::kMaxMsgTag, timeout()));
-  pipe.recv(other.data(), n, DType::kF32, r == 0 ? P - 1 : 0, p2p_options<comm::RecvOptions>(tag, comm::kMaxMsgTag, timeout()))->wait();
+  pipe.recv(other, n, DType::kF32, r == 0 ? P - 1 : 0, p2p_options<comm::RecvOptions>(tag, comm::kMaxMsgTag, timeout()))->wait();
   sent->wait();
   for (size_t i = 0; i < n; ++i) t->grad[i] = r == 0 ? t->grad[i] + other[i] : other[i] + t->grad[i];
 }
@@ -455,9 +459,9 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
   std::vector<int> free_slots;
   for (int s = model_.slots() - 1; s >= 0; --s) free_slots.push_back(s);
   std::vector<std::unique_ptr<comm::Work>> slot_send(model_.slots());  // a slot's activation, in flight
-  std::vector<std::vector<float>> grad_out;  // gradients in flight to the previous stage
+  std::vector<Buffer> grad_out;  // gradients in flight to the previous stage
   std::vector<std::unique_ptr<comm::Work>> grad_sends;
-  std::vector<float> grad_in(E);
+  Buffer grad_in(E * 4, MemCategory::kComm);
   auto slot = [&](const parallel::pp::Instr& i) {
     auto it = slot_of.find({i.chunk, i.micro});
     if (it != slot_of.end()) return it->second;
@@ -475,8 +479,10 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
   for (const parallel::pp::Instr& i : schedule_) {
     switch (i.kind) {
       case OpKind::kRecvActivation: {
+        Timer w;
         pipe.recv(model_.chunk_input(slot(i)), E, DType::kF32, i.peer, p2p_options<RecvOptions>(tag(i, "activation"), i.tag, timeout()))
             ->wait();
+        pp_wait_seconds_ += w.seconds();
         break;
       }
       case OpKind::kForward: {
@@ -495,18 +501,22 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
         break;
       }
       case OpKind::kRecvGrad: {
+        Timer w;
         pipe.recv(grad_in.data(), E, DType::kF32, i.peer, p2p_options<RecvOptions>(tag(i, "gradient"), i.tag, timeout()))->wait();
+        pp_wait_seconds_ += w.seconds();
         break;
       }
       case OpKind::kBackward: {
         Timer t;
         const int s = slot(i);
         if (sync_) sync_->begin_backward(false);  // reduced once, after the schedule
-        model_.backward_chunk(i.chunk, s, model_.chunk_has_head(i.chunk) ? nullptr : grad_in.data());
+        model_.backward_chunk(i.chunk, s, model_.chunk_has_head(i.chunk) ? nullptr : grad_in.as<float>());
         if (sync_) sync_->end_backward(false);
         backward_seconds_ += t.seconds();
         if (slot_send[s]) {  // the next stage has received it: it sent this backward's gradient
+          Timer w;
           slot_send[s]->wait();
+          pp_wait_seconds_ += w.seconds();
           slot_send[s].reset();
         }
         slot_of.erase({i.chunk, i.micro});
@@ -515,14 +525,19 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
         break;
       }
       case OpKind::kSendGrad: {
-        grad_out.emplace_back(model_.input_grad(), model_.input_grad() + E);
+        grad_out.emplace_back(E * 4, MemCategory::kComm);
+        std::memcpy(grad_out.back().data(), model_.input_grad(), E * 4);
         grad_sends.push_back(
             pipe.send(grad_out.back().data(), E, DType::kF32, i.peer, p2p_options<SendOptions>(tag(i, "gradient"), i.tag, timeout())));
         break;
       }
     }
   }
-  for (auto& w : grad_sends) w->wait();
+  {
+    Timer w;
+    for (auto& g : grad_sends) g->wait();
+    pp_wait_seconds_ += w.seconds();
+  }
   micro_in_step_ = m;
   // The loss lives on the last stage: every rank gets it (and a non-finite one stops every rank).
   loss_sum_ = pipe_sum(static_cast<float>(loss_sum_), "pipeline loss");

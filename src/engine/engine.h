@@ -35,6 +35,9 @@ struct StepResult {
   // spent in them (waiting for the peers included).
   size_t tp_comm_bytes = 0;
   double tp_comm_seconds = 0.0;
+  // Pipeline parallelism: the time this rank waited on its stage neighbours this step (blocked in
+  // a receive or on a send's completion): its share of the step is the measured bubble.
+  double pp_wait_seconds = 0.0;
 };
 
 class Engine {
@@ -133,7 +136,7 @@ class Engine {
   int micro_in_step_ = 0;
   bool pending_backward_ = false;
   double loss_sum_ = 0.0;
-  double forward_seconds_ = 0.0, backward_seconds_ = 0.0;
+  double forward_seconds_ = 0.0, backward_seconds_ = 0.0, pp_wait_seconds_ = 0.0;
   parallel::pp::ScheduleSpec pp_spec_;
   std::vector<parallel::pp::Instr> schedule_;
 };
