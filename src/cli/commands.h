@@ -22,7 +22,7 @@ void register_launch(CLI::App& app);
 void register_estimate(CLI::App& app);
 
 // The estimator's input for a run configuration on `procs` data-parallel ranks.
-planner::MemoryInput estimate_input(const engine::RunConfig& config, int procs);
+planner::MemoryInput estimate_input(const engine::RunConfig& config, int procs, int pp_rank = 0);
 
 // Draws the loss curve of a --metrics file into out (.png/.svg) with gnuplot. Without gnuplot:
 // throws kNotFound when required, else prints a note and returns false.

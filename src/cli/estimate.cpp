@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "engine/ds_config.h"
+#include "engine/engine.h"
 #include "engine/json_file.h"
 #include "planner/memory.h"
 
@@ -37,18 +38,31 @@ size_t physical_memory_bytes() {
 
 // Loads the run configuration as train does; the estimate covers every stage whatever its
 // zero_optimization.stage says, with its stage-3 knobs.
-planner::MemoryInput load_input(const EstimateOptions& o) {
+// One input per pipeline rank (one without a pipeline).
+std::vector<planner::MemoryInput> load_inputs(const EstimateOptions& o) {
   engine::RunConfig c = engine::ds_config_load(o.path, o.sets, o.procs);
   for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
-  return estimate_input(c, o.procs);
+  std::vector<planner::MemoryInput> out;
+  for (int r = 0; r < c.pp; ++r) out.push_back(estimate_input(c, o.procs, r));
+  return out;
+}
+
+// " of pipeline rank 1 (layers 6-11 + head, 2 micro-batches in flight)"
+std::string pipeline_rank(const planner::MemoryInput& in) {
+  if (!in.pipeline()) return "";
+  std::string layers;
+  for (auto [lo, hi] : in.chunks) layers += (layers.empty() ? "" : ", ") + std::to_string(lo) + "-" + std::to_string(hi - 1);
+  return " of pipeline rank " + std::to_string(in.pp_rank) + " (" + (in.first_stage ? "embedding + " : "") + "layers " + layers +
+         (in.last_stage ? " + head" : "") + ", " + std::to_string(in.slots) + " micro-batch(es) in flight)";
 }
 
 void print_table(const planner::MemoryInput& in, const std::vector<planner::StageEstimate>& est,
                  const std::vector<int>& fits, size_t budget) {
-  std::printf("%s; B=%d T=%d %s, %d optimizer state(s) per parameter%s; %d process(es) = tp %d%s x dp %d; per rank:\n",
+  std::printf("%s; B=%d T=%d %s, %d optimizer state(s) per parameter%s; %d process(es) = tp %d%s x dp %d%s; per rank%s:\n",
               in.model.describe().c_str(), in.micro_batch, in.seq_length, dtype_name(in.compute_dtype),
-              in.optimizer_states, in.recompute ? ", recompute" : "", in.world * in.tp, in.tp,
-              in.sequence_parallel ? " (sequence parallel)" : "", in.world);
+              in.optimizer_states, in.recompute ? ", recompute" : "", in.world * in.tp * in.pp, in.tp,
+              in.sequence_parallel ? " (sequence parallel)" : "", in.world,
+              in.pipeline() ? (" x pp " + std::to_string(in.pp)).c_str() : "", pipeline_rank(in).c_str());
   std::printf("%-6s", "stage");
   for (MemCategory c : kColumns) std::printf(" %11s", mem_category_name(c));
   std::printf(" %11s | %11s %11s\n", "total", "DS paper", "DS estimate");
@@ -76,14 +90,22 @@ void print_table(const planner::MemoryInput& in, const std::vector<planner::Stag
   std::printf("\n");
 }
 
-void print_json(const planner::MemoryInput& in, const std::vector<planner::StageEstimate>& est,
-                const std::vector<int>& fits, size_t budget) {
+nlohmann::json to_json(const planner::MemoryInput& in, const std::vector<planner::StageEstimate>& est,
+                       const std::vector<int>& fits, size_t budget) {
   nlohmann::json j;
   j["model"] = in.model.describe();
   j["params"] = in.model.num_params();
-  j["procs"] = in.world * in.tp;
+  j["procs"] = in.world * in.tp * in.pp;
   j["dp"] = in.world;
   j["tp"] = in.tp;
+  j["pp"] = in.pp;
+  if (in.pipeline()) {
+    j["pp_rank"] = in.pp_rank;
+    j["chunks"] = in.chunks;
+    j["first_stage"] = in.first_stage;
+    j["last_stage"] = in.last_stage;
+    j["activation_slots"] = in.slots;
+  }
   j["sequence_parallel"] = in.sequence_parallel;
   j["micro_batch"] = in.micro_batch;
   j["seq_length"] = in.seq_length;
@@ -106,31 +128,33 @@ void print_json(const planner::MemoryInput& in, const std::vector<planner::Stage
     j["stages"].push_back(s);
   }
   for (size_t s = 0; s < fits.size(); ++s) j["largest_micro_batch"]["stage" + std::to_string(s)] = fits[s];
-  std::printf("%s\n", j.dump(2).c_str());
+  return j;
 }
 
 void run_estimate(const EstimateOptions& o) {
   MT_CHECK(o.procs >= 1, ErrorKind::kInvalidArgument, "--procs must be at least 1, got " + std::to_string(o.procs));
   MT_CHECK(o.memory_gib >= 0.0, ErrorKind::kInvalidArgument, "--memory must be positive (GiB)");
-  planner::MemoryInput in = load_input(o);
   size_t budget = o.memory_gib > 0.0 ? static_cast<size_t>(o.memory_gib * 1073741824.0)
                                      : physical_memory_bytes() / static_cast<size_t>(o.procs);
-  std::vector<planner::StageEstimate> est;
-  std::vector<int> fits;
-  for (int stage = 0; stage <= 3; ++stage) {
-    est.push_back(planner::estimate_stage(in, stage));
-    fits.push_back(planner::largest_micro_batch(in, stage, budget));
+  // Under pipeline parallelism one table per pipeline rank (stages differ), ZeRO stages 0-1; in
+  // JSON an array of the ranks' objects.
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const planner::MemoryInput& in : load_inputs(o)) {
+    std::vector<planner::StageEstimate> est;
+    std::vector<int> fits;
+    for (int stage = 0; stage <= (in.pipeline() ? 1 : 3); ++stage) {
+      est.push_back(planner::estimate_stage(in, stage));
+      fits.push_back(planner::largest_micro_batch(in, stage, budget));
+    }
+    if (o.json) ranks.push_back(to_json(in, est, fits, budget));
+    else print_table(in, est, fits, budget);
   }
-  if (o.json) {
-    print_json(in, est, fits, budget);
-  } else {
-    print_table(in, est, fits, budget);
-  }
+  if (o.json) std::printf("%s\n", (ranks.size() == 1 ? ranks[0] : ranks).dump(2).c_str());
 }
 
 }  // namespace
 
-planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs) {
+planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int pp_rank) {
   planner::MemoryInput in;
   in.model = c.model;
   in.micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu);
@@ -147,6 +171,18 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs) {
   in.zero.max_live_parameters = c.zero.stage3_max_live_parameters;
   in.zero.prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
   in.zero.overlap_comm = c.zero.overlap_comm;  // the configuration's value for every stage's row
+  in.pp = c.pp;
+  in.pp_rank = pp_rank;
+  if (c.pp > 1) {  // this rank's stage as engine_build_model makes it
+    const std::vector<int> b = engine::engine_pipeline_bounds(c);
+    const int S = static_cast<int>(b.size()) - 1;
+    for (int st = pp_rank; st < S; st += c.pp) in.chunks.push_back({b[st], b[st + 1]});
+    in.first_stage = pp_rank == 0;
+    in.last_stage = pp_rank == c.pp - 1;
+    const auto list = parallel::pp::build_schedule(engine::engine_schedule_spec(c), pp_rank);
+    in.slots = parallel::pp::max_in_flight(list);
+    for (const parallel::pp::Instr& i : list) in.grads_sent += i.kind == parallel::pp::OpKind::kSendGrad;
+  }
   return in;
 }
 

@@ -70,11 +70,14 @@ struct Case {
   bool overlap;
   int tp = 1, procs = 2;
   bool sp = false;
+  int pp = 1;
+  const char* schedule = "1f1b";
 };
 
 std::string case_name(const Case& k) {
   return k.arch + (k.bf16 ? "_bf16" : "_fp32") + "_stage" + std::to_string(k.stage) + (k.overlap ? "_overlap" : "") +
-         (k.tp > 1 ? "_tp" + std::to_string(k.tp) + "_n" + std::to_string(k.procs) : "") + (k.sp ? "_sp" : "");
+         (k.tp > 1 ? "_tp" + std::to_string(k.tp) + "_n" + std::to_string(k.procs) : "") + (k.sp ? "_sp" : "") +
+         (k.pp > 1 ? "_pp" + std::to_string(k.pp) + "_" + k.schedule + "_n" + std::to_string(k.procs) : "");
 }
 
 nlohmann::json config_json(const Case& k) {
@@ -97,7 +100,11 @@ nlohmann::json config_json(const Case& k) {
   j["zero_optimization"] = {{"stage", k.stage}, {"overlap_comm", k.overlap},
                             {"stage3_param_persistence_threshold", 0}};
   j["data"] = {{"train", dir() + "/train"}};
-  if (k.tp > 1) j["parallel"] = {{"tp", k.tp}, {"sequence_parallel", k.sp}};
+  if (k.tp > 1 || k.pp > 1) j["parallel"] = {{"tp", k.tp}, {"sequence_parallel", k.sp}, {"pp", k.pp}};
+  if (k.pp > 1) {  // rank 0 = the first stage: the embedding, one layer of two, 1F1B's pp slots
+    j["parallel"]["pipeline_schedule"] = k.schedule;
+    j["train_batch_size"] = 8;  // 8 micro-batches per pipeline (GPipe keeps them all)
+  }
   return j;
 }
 
@@ -129,7 +136,8 @@ Measured measure(const Case& k) {
   EXPECT_EQ(run("launch -n " + n + " -- train " + cfg + " --metrics " + metrics, &out, &err), 0) << err;
   m.metrics = last_line(metrics);
   EXPECT_EQ(run("estimate " + cfg + " --procs " + n + " --json", &out, &err), 0) << err;
-  m.estimate = nlohmann::json::parse(out)["stages"][k.stage];
+  nlohmann::json e = nlohmann::json::parse(out);
+  m.estimate = (e.is_array() ? e[0] : e)["stages"][k.stage];  // a pipeline: rank 0 is pipeline rank 0
   return m;
 }
 
@@ -158,7 +166,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", true, 3, true}, Case{"llama", false, 3, false}, Case{"llama", true, 2, false},
                       // Tensor (and sequence) parallelism: each rank's shard, tp 2 alone and x dp 2.
                       Case{"gpt2", false, 0, false, 2, 2}, Case{"llama", true, 0, false, 2, 2, true},
-                      Case{"gpt2", true, 3, false, 2, 4}, Case{"gpt2", false, 2, false, 2, 4, true}),
+                      Case{"gpt2", true, 3, false, 2, 4}, Case{"gpt2", false, 2, false, 2, 4, true},
+                      // Pipeline parallelism: the first stage's memory (its layers, activation slots).
+                      Case{"gpt2", false, 0, false, 1, 2, false, 2, "1f1b"}, Case{"gpt2", true, 1, false, 1, 4, false, 2, "gpipe"},
+                      Case{"llama", false, 1, false, 2, 4, true, 2, "1f1b"}),
     [](const auto& info) { return case_name(info.param); });
 
 // (2): stage-3 model states against the closed form (header comment), computed from the units

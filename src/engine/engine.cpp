@@ -455,88 +455,90 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
   comm::Backend& pipe = *ctx_->groups.pp;
   const size_t E = model_.boundary_numel();
   const float scale = static_cast<float>(scaler_.scale() / static_cast<double>(m) / static_cast<double>(world()));
-  std::map<std::pair<int, int>, int> slot_of;  // (chunk, micro) -> activation slot
-  std::vector<int> free_slots;
-  for (int s = model_.slots() - 1; s >= 0; --s) free_slots.push_back(s);
-  std::vector<std::unique_ptr<comm::Work>> slot_send(model_.slots());  // a slot's activation, in flight
-  std::vector<Buffer> grad_out;  // gradients in flight to the previous stage
-  std::vector<std::unique_ptr<comm::Work>> grad_sends;
-  Buffer grad_in(E * 4, MemCategory::kComm);
-  auto slot = [&](const parallel::pp::Instr& i) {
-    auto it = slot_of.find({i.chunk, i.micro});
-    if (it != slot_of.end()) return it->second;
-    MT_CHECK(!free_slots.empty(), ErrorKind::kInternal, "pipeline: no free activation slot");
-    int s = free_slots.back();
-    free_slots.pop_back();
-    slot_of[{i.chunk, i.micro}] = s;
-    return s;
-  };
-  auto tag = [](const parallel::pp::Instr& i, const char* what) {
-    return std::string("pipeline ") + what + " micro-batch " + std::to_string(i.micro);
-  };
-  using comm::RecvOptions;
-  using comm::SendOptions;
-  for (const parallel::pp::Instr& i : schedule_) {
-    switch (i.kind) {
-      case OpKind::kRecvActivation: {
-        Timer w;
-        pipe.recv(model_.chunk_input(slot(i)), E, DType::kF32, i.peer, p2p_options<RecvOptions>(tag(i, "activation"), i.tag, timeout()))
-            ->wait();
-        pp_wait_seconds_ += w.seconds();
-        break;
-      }
-      case OpKind::kForward: {
-        Timer t;
-        const int32_t* tok = tokens.data() + static_cast<size_t>(i.micro) * n;
-        const int32_t* tgt = targets.data() + static_cast<size_t>(i.micro) * n;
-        float loss = model_.forward_chunk(i.chunk, slot(i), tok, tgt, scale);
-        if (model_.chunk_has_head(i.chunk)) loss_sum_ += loss;
-        forward_seconds_ += t.seconds();
-        break;
-      }
-      case OpKind::kSendActivation: {
-        const int s = slot(i);
-        slot_send[s] = pipe.send(model_.chunk_output(s), E, DType::kF32, i.peer,
-                                 p2p_options<SendOptions>(tag(i, "activation"), i.tag, timeout()));
-        break;
-      }
-      case OpKind::kRecvGrad: {
-        Timer w;
-        pipe.recv(grad_in.data(), E, DType::kF32, i.peer, p2p_options<RecvOptions>(tag(i, "gradient"), i.tag, timeout()))->wait();
-        pp_wait_seconds_ += w.seconds();
-        break;
-      }
-      case OpKind::kBackward: {
-        Timer t;
-        const int s = slot(i);
-        if (sync_) sync_->begin_backward(false);  // reduced once, after the schedule
-        model_.backward_chunk(i.chunk, s, model_.chunk_has_head(i.chunk) ? nullptr : grad_in.as<float>());
-        if (sync_) sync_->end_backward(false);
-        backward_seconds_ += t.seconds();
-        if (slot_send[s]) {  // the next stage has received it: it sent this backward's gradient
+  {  // the executor's buffers are freed before the step's reductions
+    std::map<std::pair<int, int>, int> slot_of;  // (chunk, micro) -> activation slot
+    std::vector<int> free_slots;
+    for (int s = model_.slots() - 1; s >= 0; --s) free_slots.push_back(s);
+    std::vector<std::unique_ptr<comm::Work>> slot_send(model_.slots());  // a slot's activation, in flight
+    std::vector<Buffer> grad_out;  // gradients in flight to the previous stage
+    std::vector<std::unique_ptr<comm::Work>> grad_sends;
+    Buffer grad_in(E * 4, MemCategory::kComm);
+    auto slot = [&](const parallel::pp::Instr& i) {
+      auto it = slot_of.find({i.chunk, i.micro});
+      if (it != slot_of.end()) return it->second;
+      MT_CHECK(!free_slots.empty(), ErrorKind::kInternal, "pipeline: no free activation slot");
+      int s = free_slots.back();
+      free_slots.pop_back();
+      slot_of[{i.chunk, i.micro}] = s;
+      return s;
+    };
+    auto tag = [](const parallel::pp::Instr& i, const char* what) {
+      return std::string("pipeline ") + what + " micro-batch " + std::to_string(i.micro);
+    };
+    using comm::RecvOptions;
+    using comm::SendOptions;
+    for (const parallel::pp::Instr& i : schedule_) {
+      switch (i.kind) {
+        case OpKind::kRecvActivation: {
           Timer w;
-          slot_send[s]->wait();
+          pipe.recv(model_.chunk_input(slot(i)), E, DType::kF32, i.peer, p2p_options<RecvOptions>(tag(i, "activation"), i.tag, timeout()))
+              ->wait();
           pp_wait_seconds_ += w.seconds();
-          slot_send[s].reset();
+          break;
         }
-        slot_of.erase({i.chunk, i.micro});
-        free_slots.push_back(s);
-        ++micro_in_step_;
-        break;
-      }
-      case OpKind::kSendGrad: {
-        grad_out.emplace_back(E * 4, MemCategory::kComm);
-        std::memcpy(grad_out.back().data(), model_.input_grad(), E * 4);
-        grad_sends.push_back(
-            pipe.send(grad_out.back().data(), E, DType::kF32, i.peer, p2p_options<SendOptions>(tag(i, "gradient"), i.tag, timeout())));
-        break;
+        case OpKind::kForward: {
+          Timer t;
+          const int32_t* tok = tokens.data() + static_cast<size_t>(i.micro) * n;
+          const int32_t* tgt = targets.data() + static_cast<size_t>(i.micro) * n;
+          float loss = model_.forward_chunk(i.chunk, slot(i), tok, tgt, scale);
+          if (model_.chunk_has_head(i.chunk)) loss_sum_ += loss;
+          forward_seconds_ += t.seconds();
+          break;
+        }
+        case OpKind::kSendActivation: {
+          const int s = slot(i);
+          slot_send[s] = pipe.send(model_.chunk_output(s), E, DType::kF32, i.peer,
+                                   p2p_options<SendOptions>(tag(i, "activation"), i.tag, timeout()));
+          break;
+        }
+        case OpKind::kRecvGrad: {
+          Timer w;
+          pipe.recv(grad_in.data(), E, DType::kF32, i.peer, p2p_options<RecvOptions>(tag(i, "gradient"), i.tag, timeout()))->wait();
+          pp_wait_seconds_ += w.seconds();
+          break;
+        }
+        case OpKind::kBackward: {
+          Timer t;
+          const int s = slot(i);
+          if (sync_) sync_->begin_backward(false);  // reduced once, after the schedule
+          model_.backward_chunk(i.chunk, s, model_.chunk_has_head(i.chunk) ? nullptr : grad_in.as<float>());
+          if (sync_) sync_->end_backward(false);
+          backward_seconds_ += t.seconds();
+          if (slot_send[s]) {  // the next stage has received it: it sent this backward's gradient
+            Timer w;
+            slot_send[s]->wait();
+            pp_wait_seconds_ += w.seconds();
+            slot_send[s].reset();
+          }
+          slot_of.erase({i.chunk, i.micro});
+          free_slots.push_back(s);
+          ++micro_in_step_;
+          break;
+        }
+        case OpKind::kSendGrad: {
+          grad_out.emplace_back(E * 4, MemCategory::kComm);
+          std::memcpy(grad_out.back().data(), model_.input_grad(), E * 4);
+          grad_sends.push_back(
+              pipe.send(grad_out.back().data(), E, DType::kF32, i.peer, p2p_options<SendOptions>(tag(i, "gradient"), i.tag, timeout())));
+          break;
+        }
       }
     }
-  }
-  {
-    Timer w;
-    for (auto& g : grad_sends) g->wait();
-    pp_wait_seconds_ += w.seconds();
+    {
+      Timer w;
+      for (auto& g : grad_sends) g->wait();
+      pp_wait_seconds_ += w.seconds();
+    }
   }
   micro_in_step_ = m;
   // The loss lives on the last stage: every rank gets it (and a non-finite one stops every rank).

@@ -143,6 +143,25 @@ std::vector<parallel::Unit> model_units(const models::ModelConfig& cfg, int tp, 
   return units;
 }
 
+std::vector<parallel::Unit> stage_units(const MemoryInput& in) {
+  if (!in.pipeline()) return model_units(in.model, in.tp, in.vocab_divisible);
+  // TransformerLM's registration order on a stage: the token table (with the embedding, or as the
+  // tied head), positions (with the embedding), the chunks' blocks, the tail (with the head).
+  ModelSkeleton sk(in.model, in.tp, in.vocab_divisible);
+  std::vector<parallel::Unit> units;
+  size_t offset = 0;
+  auto add = [&](std::string name, const std::vector<nn::Module*>& ms) {
+    units.push_back(unit_of(std::move(name), ms, offset));
+    offset += units.back().numel;
+  };
+  if (in.first_stage) add("embeddings", raw(sk.embeddings));
+  else if (in.last_stage && in.model.tie_embeddings) add("embeddings", {sk.embeddings[0].get()});
+  for (auto [lo, hi] : in.chunks)
+    for (int l = lo; l < hi; ++l) add("h." + std::to_string(l), {sk.block.get()});
+  if (in.last_stage) add("tail", raw(sk.tail));
+  return units;
+}
+
 size_t largest_module_params(const models::ModelConfig& cfg) {
   ModelSkeleton sk(cfg);
   size_t best = largest_own_params(*sk.block);
@@ -162,9 +181,9 @@ namespace {
 class ZeroReplay : private parallel::ZeroEffects {
  public:
   ZeroReplay(const std::vector<parallel::Unit>& units, int stage, int world, size_t e, int k, bool tied_head,
-             const ZeroKnobs& z)
+             const ZeroKnobs& z, bool pipeline)
       : units_(units), stage_(stage), N_(static_cast<size_t>(world)), e_(e), k_(static_cast<size_t>(k)),
-        tied_(tied_head), views_(units.size()), schedule_(units, schedule_options(stage, z), *this) {
+        tied_(tied_head), pipeline_(pipeline), views_(units.size()), schedule_(units, schedule_options(stage, z), *this) {
     for (const parallel::Unit& u : units_) {
       P_ += u.numel;
       S_ += piece(u);
@@ -200,8 +219,16 @@ class ZeroReplay : private parallel::ZeroEffects {
     setup = peak_;
     peak_ = cur_;  // Allocator::reset_peaks() after the engine is built (cli/train.cpp)
     for (int step = 0; step < 2; ++step) {
-      schedule_.set_last_micro_batch(true);
-      micro_batch();
+      if (pipeline_) {
+        // engine::Engine::train_pipeline: backwards that do not reduce (stage 1 allocates nothing
+        // in their hooks), then the whole step's reduction without a backward.
+        schedule_.set_last_micro_batch(false);
+        schedule_.finish_backward();
+        schedule_.set_last_micro_batch(true);
+      } else {
+        schedule_.set_last_micro_batch(true);
+        micro_batch();
+      }
       schedule_.finish_backward();
       schedule_.refresh();
     }
@@ -297,7 +324,7 @@ class ZeroReplay : private parallel::ZeroEffects {
   const std::vector<parallel::Unit>& units_;
   int stage_;
   size_t N_, e_, k_;
-  bool tied_;
+  bool tied_, pipeline_;
   std::vector<View> views_;
   std::vector<size_t> recv_;  // receive buffers of the reductions in flight, oldest first
   size_t P_ = 0, S_ = 0;
@@ -309,8 +336,9 @@ class ZeroReplay : private parallel::ZeroEffects {
 
 MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int stage, int world,
                                    size_t e, int k, const ZeroKnobs& zero, bool tied_head,
-                                   MemoryBreakdown* setup) {
-  MT_CHECK(world >= 1 && stage >= 0 && stage <= 3 && (e == 2 || e == 4) && units.size() >= 2,
+                                   MemoryBreakdown* setup, bool pipeline) {
+  MT_CHECK(world >= 1 && stage >= 0 && stage <= 3 && (e == 2 || e == 4) && units.size() >= (pipeline ? 1u : 2u) &&
+               (!pipeline || stage <= 1),
            ErrorKind::kInvalidArgument, "memory estimate: bad stage/world/dtype/units");
   const bool lowp = e != 4;
   const size_t ku = static_cast<size_t>(k);
@@ -325,7 +353,7 @@ MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int
     return m;
   }
   MemoryBreakdown s;
-  ZeroReplay(units, stage, world, e, k, tied_head, zero).run(s, m);
+  ZeroReplay(units, stage, world, e, k, tied_head, zero, pipeline).run(s, m);
   if (setup) *setup = s;
   return m;
 }
@@ -345,12 +373,21 @@ MemoryBreakdown step_memory(const MemoryInput& in) {
   // stream (L+1 copies of this rank's rows) and the head's rows (norm stats, final-norm output,
   // dL/dnorm, dres, losses, + the gathered rows under sequence parallelism; 64-byte-aligned
   // pieces), and the token copy (+ this shard's token rows under tp).
+  // Per activation slot (one per micro-batch in flight; a pipeline stage holds its chunks' layers,
+  // the head's rows only with the head, the tokens only with the embedding), then the shared
+  // recompute set and dres.
   models::BlockActs acts{};
   size_t per_block = models::BlockActs::layout(&acts, nullptr, d, in.compute_dtype, gpt2);
-  size_t sets = in.recompute ? 1 : static_cast<size_t>(cfg.n_layer);
-  size_t resid = (static_cast<size_t>(cfg.n_layer) + 1) * Rr * C * 4;
-  size_t head_rows = 2 * Rr * 4 + N * C * e + N * C * 4 + Rr * C * 4 + N * 4 + (d.sp ? N * C * 4 + 64 * 7 : 64 * 6);
-  m[MemCategory::kActivations] = per_block * sets + resid + head_rows + N * 4 * (in.tp > 1 ? 2 : 1);
+  size_t layers = static_cast<size_t>(cfg.n_layer);
+  if (in.pipeline()) {
+    layers = 0;
+    for (auto [lo, hi] : in.chunks) layers = std::max(layers, static_cast<size_t>(hi - lo));
+  }
+  size_t slot = (in.recompute ? 0 : per_block * layers) + (layers + 1) * Rr * C * 4 + 64;
+  if (in.last_stage) slot += 2 * Rr * 4 + N * C * e + N * C * 4 + N * 4 + 4 * 64;
+  if (d.sp) slot += N * C * 4 + 64;
+  if (in.first_stage) slot += N * 4 * (in.tp > 1 ? 2 : 1) + 64;
+  m[MemCategory::kActivations] = slot * static_cast<size_t>(in.slots) + (in.recompute ? per_block : 0) + Rr * C * 4;
 
   // Workspace: BlockScratch (+ LLaMA's RoPE tables), then nn::Workspace's slots.
   models::BlockScratch scratch{};
@@ -358,9 +395,11 @@ MemoryBreakdown step_memory(const MemoryInput& in) {
   if (!gpt2) ws += 2 * static_cast<size_t>(d.T) * (d.HS / 2) * 4 + 128;
   // nn::lm_head_cross_entropy: equal row tiles of at most 64 MiB of f32 logits (lm_head.cpp):
   // logits R V f32, their compute-dtype copy (low precision), the row log-sum-exps.
-  size_t budget_rows = std::max<size_t>(1, (size_t{64} << 20) / (4 * V));
-  size_t R = std::min(N, ceil_div(N, ceil_div(N, budget_rows)));
-  ws += R * V * 4 + (lowp ? R * V * e : 0) + R * 4;
+  if (in.last_stage) {  // a pipeline stage without the head has no logits
+    size_t budget_rows = std::max<size_t>(1, (size_t{64} << 20) / (4 * V));
+    size_t R = std::min(N, ceil_div(N, ceil_div(N, budget_rows)));
+    ws += R * V * 4 + (lowp ? R * V * e : 0) + R * 4;
+  }
   // nn::Linear::backward converts dL/dy (N, out) to the compute dtype in one slot that grows to the
   // largest request; a growth holds the old and the new buffer for a moment. Backward visits each
   // block's GEMMs as down/c_proj (C), up+gate/c_fc (H), o_proj/c_proj (C), qkv/c_attn (QKV).
@@ -376,20 +415,31 @@ MemoryBreakdown step_memory(const MemoryInput& in) {
     ws += peak;
   }
   m[MemCategory::kWorkspace] = ws;
+  if (in.pipeline()) {
+    const size_t E = Rr * C * 4;
+    size_t executor = E * (1 + static_cast<size_t>(in.grads_sent));
+    size_t tied = 0;
+    if (cfg.tie_embeddings && in.pp > 1 && (in.first_stage || in.last_stage)) tied = V * C * 4;
+    m[MemCategory::kComm] = std::max(executor, tied);
+  }
   return m;
 }
 
 StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   check_input(in, stage);
-  std::vector<parallel::Unit> units = model_units(in.model, in.tp, in.vocab_divisible);
+  std::vector<parallel::Unit> units = stage_units(in);
   size_t e = dtype_size(in.compute_dtype);
   StageEstimate r;
   r.stage = stage;
   r.ours = model_state_memory(units, stage, in.world, e, in.optimizer_states, in.zero, in.model.tie_embeddings,
-                              &r.setup);
+                              &r.setup, in.pipeline());
   MemoryBreakdown step = step_memory(in);
   r.ours[MemCategory::kActivations] = step[MemCategory::kActivations];
   r.ours[MemCategory::kWorkspace] = step[MemCategory::kWorkspace];
+  // The pipeline executor's buffers (engine::Engine::train_pipeline), freed before the step's
+  // reduction: the received gradient and each gradient sent back; then the tied token table's
+  // partner gradient. The comm peak is the largest of these phases.
+  r.ours[MemCategory::kComm] = std::max(r.ours[MemCategory::kComm], step[MemCategory::kComm]);
   size_t P = 0;
   for (const parallel::Unit& u : units) P += u.numel;
   r.ds_paper_bytes = ds_paper(P, stage, in.world, e, in.optimizer_states);
@@ -402,8 +452,9 @@ int largest_micro_batch(const MemoryInput& in, int stage, size_t budget_bytes, i
   MemoryInput probe = in;
   probe.micro_batch = 1;
   check_input(probe, stage);
-  size_t states = model_state_memory(model_units(in.model, in.tp, in.vocab_divisible), stage, in.world, dtype_size(in.compute_dtype),
-                                     in.optimizer_states, in.zero, in.model.tie_embeddings).total();
+  size_t states = model_state_memory(stage_units(in), stage, in.world, dtype_size(in.compute_dtype), in.optimizer_states,
+                                     in.zero, in.model.tie_embeddings, nullptr, in.pipeline())
+                      .total();
   if (states > budget_bytes) return 0;
   // A linear walk: the total grows with B except where the LM head's tile shrinks as one more tile
   // is needed, so "every smaller B fits too" needs each B checked; each check is a few formulas.

@@ -42,6 +42,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "models/config.h"
@@ -76,6 +77,16 @@ struct MemoryInput {
   int tp = 1;
   bool sequence_parallel = false;
   int vocab_divisible = 128;
+  // Pipeline parallelism: this rank's stage, as models::TransformerLM builds it — the layer ranges
+  // of its chunks (empty: every layer), whether it holds the embedding and the head (a tied token
+  // table is held on both), and the activation slots its schedule keeps (micro-batches in flight).
+  // ZeRO's reduction then runs once after the schedule (stages 0-1 only).
+  std::vector<std::pair<int, int>> chunks;
+  bool first_stage = true, last_stage = true;
+  int slots = 1;
+  int grads_sent = 0;  // gradients the rank sends back in a step (its schedule's send-grads)
+  int pp = 1, pp_rank = 0;
+  bool pipeline() const { return !chunks.empty(); }
 };
 
 // Bytes per rank, each category at its own peak (the sum is an upper bound on the total peak).
@@ -103,6 +114,8 @@ int optimizer_state_count(const optim::OptimizerSpec& spec);
 // (embeddings, one per block, tail), counted from metadata-only modules: nothing is allocated.
 // tp > 1: the units of one tensor-parallel rank's shard (every rank's are the same size).
 std::vector<parallel::Unit> model_units(const models::ModelConfig& cfg, int tp = 1, int vocab_divisible = 128);
+// The units of in's rank: its pipeline stage's part of the model (model_units without a pipeline).
+std::vector<parallel::Unit> stage_units(const MemoryInput& in);
 // Largest number of parameters one module holds itself (DeepSpeed's largest_layer_params).
 size_t largest_module_params(const models::ModelConfig& cfg);
 
@@ -110,11 +123,12 @@ size_t largest_module_params(const models::ModelConfig& cfg);
 // first is the embeddings, the last the tail, blocks between), the steady-state peaks of training;
 // *setup (if given) gets the peaks while the engine is built. tied_head: the LM head is the token
 // embedding (unit 0), else the tail's own matrix.
+// pipeline: the reduction runs once after the schedule's backwards (stage <= 1).
 // REQUIRES: 0 <= stage <= 3, world >= 1, compute_bytes 2 or 4 (4: fp32, no separate master),
-// at least two units.
+// at least two units (one with a pipeline).
 MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int stage, int world,
                                    size_t compute_bytes, int optimizer_states, const ZeroKnobs& zero,
-                                   bool tied_head = true, MemoryBreakdown* setup = nullptr);
+                                   bool tied_head = true, MemoryBreakdown* setup = nullptr, bool pipeline = false);
 // Activations and workspace of one step for the micro-batch shape of in.
 MemoryBreakdown step_memory(const MemoryInput& in);
 
