@@ -211,7 +211,17 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
         m["tp_comm_bytes"] = r.tp_comm_bytes;
         m["tp_comm_seconds"] = r.tp_comm_seconds;
       }
-      if (cfg.pp > 1) m["pp_wait_seconds"] = r.pp_wait_seconds;  // rank 0's (the first stage's)
+      if (cfg.pp > 1) {
+        m["pp_wait_seconds"] = r.pp_wait_seconds;  // rank 0's (the first stage's)
+        m["pp_stage_wait_seconds"] = r.pp_stage_wait_seconds;  // every stage's, by pp rank
+        m["pp_stage_compute_seconds"] = r.pp_stage_compute_seconds;
+        m["pp_schedule_seconds"] = r.pp_schedule_seconds;
+      }
+      if (cfg.wall_clock_breakdown) {
+        m["forward_seconds"] = r.forward_seconds;
+        m["backward_seconds"] = r.backward_seconds;
+        m["step_seconds"] = r.step_seconds;
+      }
       if (have_val) m["val_loss"] = val_loss;
       MemStats mem = eng.memory_stats();
       for (int c = 0; c < kMemCategoryCount; ++c)

@@ -312,6 +312,11 @@ StepResult Engine::step() {
   r.forward_seconds = forward_seconds_;
   r.backward_seconds = backward_seconds_;
   r.pp_wait_seconds = pp_wait_seconds_;
+  r.pp_stage_wait_seconds = std::move(pp_stage_wait_);
+  r.pp_stage_compute_seconds = std::move(pp_stage_compute_);
+  r.pp_schedule_seconds = pp_schedule_seconds_;
+  pp_stage_wait_.clear();
+  pp_stage_compute_.clear();
   pp_wait_seconds_ = 0.0;
   r.tp_comm_bytes = model_.tp().bytes();
   r.tp_comm_seconds = model_.tp().seconds();
@@ -455,6 +460,7 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
   comm::Backend& pipe = *ctx_->groups.pp;
   const size_t E = model_.boundary_numel();
   const float scale = static_cast<float>(scaler_.scale() / static_cast<double>(m) / static_cast<double>(world()));
+  Timer schedule_time;
   {  // the executor's buffers are freed before the step's reductions
     std::map<std::pair<int, int>, int> slot_of;  // (chunk, micro) -> activation slot
     std::vector<int> free_slots;
@@ -545,6 +551,23 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
   loss_sum_ = pipe_sum(static_cast<float>(loss_sum_), "pipeline loss");
   MT_CHECK(std::isfinite(loss_sum_), ErrorKind::kNumerical,
            "loss is " + std::to_string(loss_sum_ / m) + " at step " + std::to_string(global_step_ + 1) + " (pipeline)");
+  {  // every stage's wait and compute time, for the step's report (two floats per stage)
+    float mine[3] = {static_cast<float>(pp_wait_seconds_), static_cast<float>(forward_seconds_ + backward_seconds_),
+                     static_cast<float>(schedule_time.seconds())};
+    std::vector<float> all(3 * static_cast<size_t>(ctx_->pp()));
+    comm::AllGatherOptions o;
+    o.tag = "pipeline stage times";
+    o.timeout = timeout();
+    pipe.all_gather(all.data(), mine, 3, DType::kF32, o)->wait();
+    pp_stage_wait_.clear();
+    pp_stage_compute_.clear();
+    pp_schedule_seconds_ = 0.0;
+    for (int q = 0; q < ctx_->pp(); ++q) {
+      pp_stage_wait_.push_back(all[3 * q]);
+      pp_stage_compute_.push_back(all[3 * q + 1]);
+      pp_schedule_seconds_ = std::max(pp_schedule_seconds_, static_cast<double>(all[3 * q + 2]));
+    }
+  }
   Timer t;
   sum_tied_embedding_grads();
   if (sync_) {  // the data-parallel reduction of the whole step's gradients

@@ -38,6 +38,12 @@ struct StepResult {
   // Pipeline parallelism: the time this rank waited on its stage neighbours this step (blocked in
   // a receive or on a send's completion): its share of the step is the measured bubble.
   double pp_wait_seconds = 0.0;
+  // Every pipeline stage's wait and compute (forward + backward) seconds this step, by pp rank:
+  // a slower stage makes the others wait beyond the schedule's bubble.
+  std::vector<double> pp_stage_wait_seconds, pp_stage_compute_seconds;
+  // The schedule's wall time (the longest stage's: the first, which runs the last backward):
+  // 1 - compute / this is a stage's idle share, the measured bubble.
+  double pp_schedule_seconds = 0.0;
 };
 
 class Engine {
@@ -137,6 +143,8 @@ class Engine {
   bool pending_backward_ = false;
   double loss_sum_ = 0.0;
   double forward_seconds_ = 0.0, backward_seconds_ = 0.0, pp_wait_seconds_ = 0.0;
+  std::vector<double> pp_stage_wait_, pp_stage_compute_;
+  double pp_schedule_seconds_ = 0.0;
   parallel::pp::ScheduleSpec pp_spec_;
   std::vector<parallel::pp::Instr> schedule_;
 };

@@ -123,7 +123,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", 1, 2, 2, 0, "1f1b", 1}, Case{"gpt2", 1, 2, 2, 1, "interleaved", 2},
                       Case{"gpt2", 2, 2, 2, 1, "1f1b", 1, "fp32", false, true},
                       Case{"llama", 2, 2, 2, 1, "interleaved", 2, "fp32", true, true},
-                      Case{"gpt2", 1, 2, 1, 0, "1f1b", 1, "bf16"}, Case{"gpt2", 1, 2, 2, 1, "1f1b", 1, "fp16"}),
+                      Case{"gpt2", 1, 2, 1, 0, "1f1b", 1, "bf16"}, Case{"gpt2", 1, 2, 2, 1, "1f1b", 1, "fp16"},
+                      Case{"llama", 1, 2, 1, 0, "gpipe", 1}, Case{"llama", 1, 4, 1, 0, "1f1b", 1},
+                      Case{"gpt2", 1, 4, 1, 0, "interleaved", 2, "fp32", false, false, 8},
+                      Case{"llama", 1, 4, 1, 0, "interleaved", 2, "fp32", false, false, 8}),
     case_name);
 
 TEST(PpConfig, RefusesWhatThePipelineCannotRunNamingTheKey) {
