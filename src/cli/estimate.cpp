@@ -174,7 +174,10 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   in.pp = c.pp;
   in.pp_rank = pp_rank;
   if (c.pp > 1) {  // this rank's stage as engine_build_model makes it
-    const std::vector<int> b = engine::engine_pipeline_bounds(c);
+    // "time": measured here, as the run's rank 0 would (timings vary: the run may cut otherwise).
+    engine::LayerTimes times;
+    if (c.partition == "time") times = engine::engine_measure_layer_times(c);
+    const std::vector<int> b = engine::engine_pipeline_bounds(c, nullptr, &times);
     const int S = static_cast<int>(b.size()) - 1;
     for (int st = pp_rank; st < S; st += c.pp) in.chunks.push_back({b[st], b[st + 1]});
     in.first_stage = pp_rank == 0;

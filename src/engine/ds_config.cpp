@@ -472,8 +472,8 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
     Section q = root.sub("pipeline");
     if (q.has("stages") && !q.is_auto("stages")) stages = q.integer("stages", 1);
     c.partition = q.string("partition", q.string("partition_method", c.partition));
-    MT_CHECK(c.partition == "parameters" || c.partition == "uniform", ErrorKind::kNotSupported,
-             q.where("partition") + ": \"" + c.partition + "\" is not supported (\"parameters\" or \"uniform\"; DeepSpeed's \"type:regex\" needs named layer types)");
+    MT_CHECK(c.partition == "parameters" || c.partition == "uniform" || c.partition == "time", ErrorKind::kNotSupported,
+             q.where("partition") + ": \"" + c.partition + "\" is not supported (\"parameters\", \"uniform\" or \"time\"; DeepSpeed's \"type:regex\" needs named layer types)");
     // Recompute every block (our activation checkpointing's granularity) or none.
     int64_t aci = q.integer("activation_checkpoint_interval", 0);
     MT_CHECK(aci == 0 || aci == 1, ErrorKind::kNotSupported,

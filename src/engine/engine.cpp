@@ -50,7 +50,39 @@ parallel::pp::ScheduleSpec engine_schedule_spec(const RunConfig& config) {
           static_cast<int>(config.batch.gradient_accumulation_steps)};
 }
 
-std::vector<int> engine_pipeline_bounds(const RunConfig& config, std::string* report) {
+LayerTimes engine_measure_layer_times(const RunConfig& config) {
+  const int B = static_cast<int>(config.batch.micro_batch_per_gpu), T = static_cast<int>(config.seq_length);
+  auto seconds = [&](int layers) {
+    models::ModelConfig m = config.model;
+    m.n_layer = layers;
+    models::ModelOptions o;
+    o.compute_dtype = config.compute_dtype;
+    o.recompute = config.activation_checkpointing;
+    o.seed = config.seed;
+    models::TransformerLM model(m, o);
+    model.prepare(B, T);
+    std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
+    for (size_t i = 0; i < tok.size(); ++i) {
+      tok[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(m.vocab_size));
+      tgt[i] = static_cast<int32_t>((i * 104729 + 1) % static_cast<size_t>(m.vocab_size));
+    }
+    double best = 1e30;
+    for (int rep = 0; rep < 4; ++rep) {  // the first warms up; the fastest of the others
+      Timer t;
+      model.forward(tok.data(), tgt.data(), 1.0f);
+      model.backward();
+      if (rep > 0) best = std::min(best, t.seconds());
+    }
+    return best;
+  };
+  const double one = seconds(1), two = seconds(2);
+  LayerTimes lt;
+  lt.block = std::max(two - one, 1e-9);
+  lt.rest = std::max(one - lt.block, 0.0);
+  return lt;
+}
+
+std::vector<int> engine_pipeline_bounds(const RunConfig& config, std::string* report, const LayerTimes* times) {
   // Parameters of each part of the model (whole tensors): a block, the embedding (token table and
   // positions) and the head (final norm and the token table or untied head).
   const models::ModelConfig& m = config.model;
@@ -63,6 +95,12 @@ std::vector<int> engine_pipeline_bounds(const RunConfig& config, std::string* re
   in.layer_cost.assign(m.n_layer, block);
   in.first_cost = V * C + (gpt2 ? m.max_positions * C : 0.0);
   in.last_cost = (gpt2 ? 2 * C : C) + V * C;
+  if (config.partition == "time") {
+    MT_CHECK(times != nullptr, ErrorKind::kInternal, "parallel.partition \"time\" needs measured layer times");
+    in.layer_cost.assign(m.n_layer, times->block);
+    in.first_cost = 0.0;
+    in.last_cost = times->rest;
+  }
   auto b = parallel::pp::partition_layers(parallel::pp::parse_partition(config.partition, "parallel.partition"), in);
   if (report) *report = parallel::pp::describe_partition(b, in);
   return b;
@@ -81,12 +119,28 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
     MT_CHECK(opts.parallel && opts.parallel->pp() == config.pp, ErrorKind::kInternal,
              "the layout has no pipeline of parallel.pp = " + std::to_string(config.pp) + " stages");
     std::string report;
-    opts.pipeline_bounds = engine_pipeline_bounds(config, &report);
+    LayerTimes times;
+    if (config.partition == "time") {
+      // Measured on world rank 0 and sent to every rank: every rank must cut the same stages.
+      float t[2] = {0.0f, 0.0f};
+      if (opts.parallel->rank() == 0) {
+        times = engine_measure_layer_times(config);
+        t[0] = static_cast<float>(times.block);
+        t[1] = static_cast<float>(times.rest);
+      }
+      comm::BroadcastOptions o;
+      o.tag = "pipeline partition times";
+      o.timeout = opts.parallel->timeout;
+      opts.parallel->world->broadcast(t, 2, DType::kF32, o)->wait();
+      times.block = t[0];
+      times.rest = t[1];
+    }
+    opts.pipeline_bounds = engine_pipeline_bounds(config, &report, &times);
     if (opts.parallel->rank() == 0)
       log_info("pipeline: " + std::string(parallel::pp::schedule_name(engine_schedule_spec(config).kind)) + ", " +
                std::to_string(config.pp) + " ranks x " + std::to_string(config.virtual_stages) + " chunk(s), " +
                std::to_string(config.batch.gradient_accumulation_steps) + " micro-batches, partition " + config.partition +
-               " (parameters): " + report);
+               (config.partition == "time" ? " (seconds of forward + backward per micro-batch): " : " (parameters): ") + report);
     slots = parallel::pp::max_in_flight(parallel::pp::build_schedule(engine_schedule_spec(config), opts.parallel->pp_rank()));
   }
   auto model = std::make_unique<models::TransformerLM>(config.model, opts);

@@ -167,9 +167,18 @@ std::shared_ptr<parallel::ParallelContext> engine_parallel_context(const RunConf
 // (with as many activation slots as the rank's pipeline schedule keeps in flight).
 std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& config,
                                                           std::shared_ptr<parallel::ParallelContext> ctx = nullptr);
+// Seconds of one training micro-batch (forward + backward) of one transformer block and of the
+// rest (embedding, final norm, LM head and loss), measured on this machine on one process with the
+// configuration's shape and dtype (parallel.partition "time").
+struct LayerTimes {
+  double block = 0.0, rest = 0.0;
+};
+LayerTimes engine_measure_layer_times(const RunConfig& config);
 // Layer boundaries of the pp x virtual_stages pipeline stages of a configuration
-// (parallel.partition), and the line that reports them.
-std::vector<int> engine_pipeline_bounds(const RunConfig& config, std::string* report = nullptr);
+// (parallel.partition), and the line that reports them. "time" needs the measured times (the
+// embedding's lookup is counted as free: the rest goes to the last stage).
+std::vector<int> engine_pipeline_bounds(const RunConfig& config, std::string* report = nullptr,
+                                        const LayerTimes* times = nullptr);
 parallel::pp::ScheduleSpec engine_schedule_spec(const RunConfig& config);
 
 }  // namespace mt::engine

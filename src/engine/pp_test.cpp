@@ -26,13 +26,14 @@ struct Case {
   bool recompute = false;
   bool sp = false;
   int layers = 4;
+  const char* partition = "parameters";
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return std::string(c.arch) + "_tp" + std::to_string(c.tp) + "_pp" + std::to_string(c.pp) + "_dp" + std::to_string(c.dp) +
          "_stage" + std::to_string(c.stage) + "_" + c.schedule + (c.v > 1 ? "_v" + std::to_string(c.v) : "") + "_" + c.dtype +
-         (c.recompute ? "_recompute" : "") + (c.sp ? "_sp" : "") + "_L" + std::to_string(c.layers);
+         (c.recompute ? "_recompute" : "") + (c.sp ? "_sp" : "") + "_L" + std::to_string(c.layers) + "_" + c.partition;
 }
 
 nlohmann::json config(const Case& k, bool one_process, int g) {
@@ -49,7 +50,7 @@ nlohmann::json config(const Case& k, bool one_process, int g) {
   j["zero_optimization"] = {{"stage", one_process ? 0 : k.stage}, {"reduce_bucket_size", 3000}};
   if (!one_process)
     j["parallel"] = {{"tp", k.tp}, {"pp", k.pp}, {"sequence_parallel", k.sp}, {"pipeline_schedule", k.schedule},
-                     {"virtual_stages", k.v}};
+                     {"virtual_stages", k.v}, {"partition", k.partition}};
   return j;
 }
 
@@ -126,7 +127,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", 1, 2, 1, 0, "1f1b", 1, "bf16"}, Case{"gpt2", 1, 2, 2, 1, "1f1b", 1, "fp16"},
                       Case{"llama", 1, 2, 1, 0, "gpipe", 1}, Case{"llama", 1, 4, 1, 0, "1f1b", 1},
                       Case{"gpt2", 1, 4, 1, 0, "interleaved", 2, "fp32", false, false, 8},
-                      Case{"llama", 1, 4, 1, 0, "interleaved", 2, "fp32", false, false, 8}),
+                      Case{"llama", 1, 4, 1, 0, "interleaved", 2, "fp32", false, false, 8},
+                      // Stages cut by times measured on rank 0 (every rank must cut the same).
+                      Case{"gpt2", 1, 2, 2, 1, "1f1b", 1, "fp32", false, false, 6, "time"}),
     case_name);
 
 TEST(PpConfig, RefusesWhatThePipelineCannotRunNamingTheKey) {
@@ -191,6 +194,23 @@ TEST(PpPartition, ParameterBalancedCountsTheEmbeddingAndHead) {
   std::printf("%s\n", report.c_str());
   c.partition = "uniform";
   EXPECT_EQ(engine_pipeline_bounds(c), (std::vector<int>{0, 6, 12, 18, 24}));
+  // "time": measured costs, the head's share on the last stage, the embedding's lookup free.
+  c.partition = "time";
+  c.pp = 2;
+  c.model.n_layer = 8;
+  LayerTimes t{1.0, 5.0};
+  EXPECT_EQ(engine_pipeline_bounds(c, &report, &t), (std::vector<int>{0, 6, 8}));  // 6 vs 2 + 5
+  EXPECT_THROW(engine_pipeline_bounds(c), Error);  // no times
+  c.model.hidden = 64;
+  c.model.n_head = 4;
+  c.model.n_kv_head = 4;
+  c.model.intermediate = 256;
+  c.model.vocab_size = 97;
+  c.model.max_positions = 32;
+  c.seq_length = 16;
+  LayerTimes measured = engine_measure_layer_times(c);
+  EXPECT_GT(measured.block, 0.0);
+  EXPECT_GE(measured.rest, 0.0);
 }
 
 }  // namespace

@@ -12,7 +12,8 @@ namespace mt::parallel::pp {
 PartitionMethod parse_partition(const std::string& name, const std::string& key) {
   if (name == "uniform") return PartitionMethod::kUniform;
   if (name == "parameters") return PartitionMethod::kParameters;
-  throw Error(ErrorKind::kInvalidArgument, key + ": unknown partition \"" + name + "\" (uniform or parameters)");
+  if (name == "time") return PartitionMethod::kTime;
+  throw Error(ErrorKind::kInvalidArgument, key + ": unknown partition \"" + name + "\" (uniform, parameters or time)");
 }
 
 std::vector<int> partition_layers(PartitionMethod method, const PartitionInput& in) {
@@ -60,7 +61,8 @@ std::string describe_partition(const std::vector<int>& b, const PartitionInput& 
     for (int l = b[s]; l < b[s + 1]; ++l) c += in.layer_cost[l];
     char cost[32];
     if (c >= 1e6) std::snprintf(cost, sizeof cost, "%.2fM", c / 1e6);
-    else std::snprintf(cost, sizeof cost, "%.0f", c);
+    else if (c >= 100) std::snprintf(cost, sizeof cost, "%.0f", c);
+    else std::snprintf(cost, sizeof cost, "%.3g", c);  // seconds
     if (!out.empty()) out += ", ";
     out += "stage " + std::to_string(s) + ": " + (s == 0 ? "embedding + " : "") + "layers " + std::to_string(b[s]) + "-" +
            std::to_string(b[s + 1] - 1) + (s == S - 1 ? " + head" : "") + " (" + cost + ")";

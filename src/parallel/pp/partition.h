@@ -9,8 +9,9 @@
 
 namespace mt::parallel::pp {
 
-enum class PartitionMethod { kUniform, kParameters };
-// "uniform", "parameters" (DeepSpeed's pipeline.partition / partition_method names). Throws
+enum class PartitionMethod { kUniform, kParameters, kTime };
+// "uniform", "parameters" (DeepSpeed's pipeline.partition / partition_method names), "time"
+// (costs measured on this machine; the split is balanced as for parameters). Throws
 // kInvalidArgument naming `key` otherwise.
 PartitionMethod parse_partition(const std::string& name, const std::string& key);
 
@@ -23,8 +24,8 @@ struct PartitionInput {
 
 // Boundaries b (S + 1 entries): stage s holds layers [b[s], b[s+1]). Every stage holds at least
 // one layer (kInvalidArgument naming the layer and stage counts otherwise). uniform: DeepSpeed's
-// split (the first L mod S stages one layer more); parameters: the split whose largest stage cost
-// (first_cost / last_cost included) is smallest, ties broken toward earlier cuts.
+// split (the first L mod S stages one layer more); parameters and time: the split whose largest
+// stage cost (first_cost / last_cost included) is smallest, ties broken toward earlier cuts.
 std::vector<int> partition_layers(PartitionMethod method, const PartitionInput& in);
 
 // "stage 0: embedding + layers 0-5 (7.1M), stage 1: layers 6-11 + head (7.9M)" with each stage's
