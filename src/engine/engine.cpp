@@ -52,33 +52,40 @@ parallel::pp::ScheduleSpec engine_schedule_spec(const RunConfig& config) {
 
 LayerTimes engine_measure_layer_times(const RunConfig& config) {
   const int B = static_cast<int>(config.batch.micro_batch_per_gpu), T = static_cast<int>(config.seq_length);
-  auto seconds = [&](int layers) {
+  auto build = [&](int layers) {
     models::ModelConfig m = config.model;
     m.n_layer = layers;
     models::ModelOptions o;
     o.compute_dtype = config.compute_dtype;
     o.recompute = config.activation_checkpointing;
     o.seed = config.seed;
-    models::TransformerLM model(m, o);
-    model.prepare(B, T);
-    std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
-    for (size_t i = 0; i < tok.size(); ++i) {
-      tok[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(m.vocab_size));
-      tgt[i] = static_cast<int32_t>((i * 104729 + 1) % static_cast<size_t>(m.vocab_size));
-    }
-    double best = 1e30;
-    for (int rep = 0; rep < 4; ++rep) {  // the first warms up; the fastest of the others
-      Timer t;
-      model.forward(tok.data(), tgt.data(), 1.0f);
-      model.backward();
-      if (rep > 0) best = std::min(best, t.seconds());
-    }
-    return best;
+    auto model = std::make_unique<models::TransformerLM>(m, o);
+    model->prepare(B, T);
+    return model;
   };
-  const double one = seconds(1), two = seconds(2);
+  auto one = build(1), two = build(2);
+  std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
+  for (size_t i = 0; i < tok.size(); ++i) {
+    tok[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(config.model.vocab_size));
+    tgt[i] = static_cast<int32_t>((i * 104729 + 1) % static_cast<size_t>(config.model.vocab_size));
+  }
+  auto seconds = [&](models::TransformerLM& model) {
+    Timer t;
+    model.forward(tok.data(), tgt.data(), 1.0f);
+    model.backward();
+    return t.seconds();
+  };
+  // Alternating, so that a disturbance hits both; the first pair warms up; the fastest of the rest.
+  double t1 = 1e30, t2 = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    double a = seconds(*one), b = seconds(*two);
+    if (rep == 0) continue;
+    t1 = std::min(t1, a);
+    t2 = std::min(t2, b);
+  }
   LayerTimes lt;
-  lt.block = std::max(two - one, 1e-9);
-  lt.rest = std::max(one - lt.block, 0.0);
+  lt.block = std::max(t2 - t1, 1e-9);
+  lt.rest = std::max(t1 - lt.block, 0.0);
   return lt;
 }
 
@@ -121,17 +128,15 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
     std::string report;
     LayerTimes times;
     if (config.partition == "time") {
-      // Measured on world rank 0 and sent to every rank: every rank must cut the same stages.
-      float t[2] = {0.0f, 0.0f};
-      if (opts.parallel->rank() == 0) {
-        times = engine_measure_layer_times(config);
-        t[0] = static_cast<float>(times.block);
-        t[1] = static_cast<float>(times.rest);
-      }
-      comm::BroadcastOptions o;
+      // Measured on every rank at once (each on its share of the machine, as in training) and
+      // averaged over the world: every rank must cut the same stages.
+      times = engine_measure_layer_times(config);
+      float t[2] = {static_cast<float>(times.block), static_cast<float>(times.rest)};
+      comm::AllReduceOptions o;
+      o.op = comm::ReduceOp::kAvg;
       o.tag = "pipeline partition times";
       o.timeout = opts.parallel->timeout;
-      opts.parallel->world->broadcast(t, 2, DType::kF32, o)->wait();
+      opts.parallel->world->all_reduce(t, 2, DType::kF32, o)->wait();
       times.block = t[0];
       times.rest = t[1];
     }
