@@ -216,6 +216,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
         m["pp_stage_wait_seconds"] = r.pp_stage_wait_seconds;  // every stage's, by pp rank
         m["pp_stage_compute_seconds"] = r.pp_stage_compute_seconds;
         m["pp_schedule_seconds"] = r.pp_schedule_seconds;
+        m["pp_stage_peak_mib"] = r.pp_stage_peak_mib;  // rank 0's categories above; every stage's total here
       }
       if (cfg.wall_clock_breakdown) {
         m["forward_seconds"] = r.forward_seconds;

@@ -629,6 +629,22 @@ TEST(TrainMpi, PipelineAnd3DMatchOneProcessAndCheckpointsReshard) {
     expect_close(losses(dir() + "/pp-one-" + ref + ".jsonl"), losses(dir() + "/" + name + ".jsonl"), 1e-5, name);
     expect_close(values(dir() + "/pp-one-" + ref + ".jsonl", "val_loss"), values(dir() + "/" + name + ".jsonl", "val_loss"), 1e-5,
                  name + " validation");
+    // Every stage's times and accounted peak are in the metrics.
+    const std::vector<double> idle = values(dir() + "/" + name + ".jsonl", "pp_schedule_seconds");
+    ASSERT_EQ(idle.size(), 10u) << name;
+    {
+      std::ifstream f(dir() + "/" + name + ".jsonl");
+      std::string line;
+      std::getline(f, line);
+      nlohmann::json m = nlohmann::json::parse(line);
+      const size_t stages = std::string(l.sets).find("pp=4") != std::string::npos ? 4 : 2;
+      ASSERT_EQ(m["pp_stage_peak_mib"].size(), stages) << name;
+      ASSERT_EQ(m["pp_stage_compute_seconds"].size(), stages) << name;
+      for (size_t q = 0; q < stages; ++q) {
+        EXPECT_GT(m["pp_stage_peak_mib"][q].get<double>(), 0.0) << name;
+        EXPECT_LE(m["pp_stage_compute_seconds"][q].get<double>(), m["pp_schedule_seconds"].get<double>() * 1.001) << name;
+      }
+    }
     std::vector<float> w1 = checkpoint_weights(dir() + "/ckpt-pp-one-" + ref + "/step-10");
     std::vector<float> w = checkpoint_weights(dir() + "/ckpt-" + name + "/step-10");
     ASSERT_EQ(w.size(), w1.size()) << name;

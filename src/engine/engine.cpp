@@ -374,6 +374,8 @@ StepResult Engine::step() {
   r.pp_stage_wait_seconds = std::move(pp_stage_wait_);
   r.pp_stage_compute_seconds = std::move(pp_stage_compute_);
   r.pp_schedule_seconds = pp_schedule_seconds_;
+  r.pp_stage_peak_mib = std::move(pp_stage_peak_mib_);
+  pp_stage_peak_mib_.clear();
   pp_stage_wait_.clear();
   pp_stage_compute_.clear();
   pp_wait_seconds_ = 0.0;
@@ -611,20 +613,24 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
   MT_CHECK(std::isfinite(loss_sum_), ErrorKind::kNumerical,
            "loss is " + std::to_string(loss_sum_ / m) + " at step " + std::to_string(global_step_ + 1) + " (pipeline)");
   {  // every stage's wait and compute time, for the step's report (two floats per stage)
-    float mine[3] = {static_cast<float>(pp_wait_seconds_), static_cast<float>(forward_seconds_ + backward_seconds_),
-                     static_cast<float>(schedule_time.seconds())};
-    std::vector<float> all(3 * static_cast<size_t>(ctx_->pp()));
+    // MiB (a float holds them exactly to 16 TiB)
+    const double peak_mib = static_cast<double>(memory_stats().total_peak) / 1048576.0;
+    float mine[4] = {static_cast<float>(pp_wait_seconds_), static_cast<float>(forward_seconds_ + backward_seconds_),
+                     static_cast<float>(schedule_time.seconds()), static_cast<float>(peak_mib)};
+    std::vector<float> all(4 * static_cast<size_t>(ctx_->pp()));
     comm::AllGatherOptions o;
     o.tag = "pipeline stage times";
     o.timeout = timeout();
-    pipe.all_gather(all.data(), mine, 3, DType::kF32, o)->wait();
+    pipe.all_gather(all.data(), mine, 4, DType::kF32, o)->wait();
     pp_stage_wait_.clear();
     pp_stage_compute_.clear();
+    pp_stage_peak_mib_.clear();
     pp_schedule_seconds_ = 0.0;
     for (int q = 0; q < ctx_->pp(); ++q) {
-      pp_stage_wait_.push_back(all[3 * q]);
-      pp_stage_compute_.push_back(all[3 * q + 1]);
-      pp_schedule_seconds_ = std::max(pp_schedule_seconds_, static_cast<double>(all[3 * q + 2]));
+      pp_stage_wait_.push_back(all[4 * q]);
+      pp_stage_compute_.push_back(all[4 * q + 1]);
+      pp_schedule_seconds_ = std::max(pp_schedule_seconds_, static_cast<double>(all[4 * q + 2]));
+      pp_stage_peak_mib_.push_back(all[4 * q + 3]);
     }
   }
   Timer t;

@@ -44,6 +44,9 @@ struct StepResult {
   // The schedule's wall time (the longest stage's: the first, which runs the last backward):
   // 1 - compute / this is a stage's idle share, the measured bubble.
   double pp_schedule_seconds = 0.0;
+  // Every stage's accounted peak (all categories, since the last reset_memory_peaks), MiB, at the
+  // end of its schedule: stages hold different layers, slots and buffers.
+  std::vector<double> pp_stage_peak_mib;
 };
 
 class Engine {
@@ -145,6 +148,7 @@ class Engine {
   double forward_seconds_ = 0.0, backward_seconds_ = 0.0, pp_wait_seconds_ = 0.0;
   std::vector<double> pp_stage_wait_, pp_stage_compute_;
   double pp_schedule_seconds_ = 0.0;
+  std::vector<double> pp_stage_peak_mib_;
   parallel::pp::ScheduleSpec pp_spec_;
   std::vector<parallel::pp::Instr> schedule_;
 };
