@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/local_backend.h"
+#include "engine/ds_config.h"
+#include "engine/engine.h"
 #include "nn/param_store.h"
 
 namespace mt::engine {
@@ -100,6 +102,46 @@ Result layout_rank0(int world, const std::function<Result(comm::Backend&)>& fn) 
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   return out;
+}
+
+// What a layout test compares of a 10-step run (rank 0's; the state in the one-process layout).
+struct LayoutRun {
+  std::vector<float> losses;
+  std::vector<double> norms;
+  std::vector<size_t> tp_bytes;        // per step, rank 0's
+  std::vector<float> master, exp_avg;  // gathered on rank 0
+  std::vector<std::pair<size_t, size_t>> noise;  // GPT-2's key bias (layout_key_bias_ranges)
+  float eval_loss = 0.0f;              // evaluate() of sample 1000 after training
+};
+
+// Trains `cfg` (a layout_config) for 10 steps on `processes` ranks (threads over the local
+// backend; 1: one process): dp rank d reads samples step·g·dp + d·g ... of each step, every rank of
+// a tp group or pipeline the same ones.
+inline LayoutRun layout_train(const nlohmann::json& cfg, int processes, int g, const char* where) {
+  return layout_rank0<LayoutRun>(processes, [&](comm::Backend& b) {
+    RunConfig c = ds_config_parse(cfg, where, processes);
+    std::shared_ptr<comm::Backend> world(&b, [](comm::Backend*) {});
+    auto ctx = engine_parallel_context(c, processes > 1 ? world : nullptr);
+    auto model = engine_build_model(c, ctx);
+    Engine eng(c, *model, ctx);
+    LayoutRun mine;
+    const int dp = ctx->dp(), d = ctx->dp_rank();
+    for (int step = 0; step < 10; ++step) {
+      uint64_t next = static_cast<uint64_t>(step) * static_cast<uint64_t>(g * dp) + static_cast<uint64_t>(d * g);
+      StepResult r = eng.train_batch([&](int32_t* t, int32_t* y) { layout_sample(next++, t, y); });
+      mine.losses.push_back(r.loss);
+      mine.norms.push_back(r.grad_norm);
+      mine.tp_bytes.push_back(r.tp_comm_bytes);
+    }
+    std::vector<int32_t> t(16), y(16);
+    layout_sample(1000, t.data(), y.data());
+    mine.eval_loss = eng.evaluate(t.data(), y.data());
+    eng.gather_master(mine.master);
+    for (auto& [name, v] : eng.gather_optimizer_state())
+      if (name == "exp_avg") mine.exp_avg = std::move(v);
+    mine.noise = layout_key_bias_ranges(model->store());
+    return mine;
+  });
 }
 
 }  // namespace mt::engine

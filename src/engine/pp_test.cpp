@@ -54,39 +54,8 @@ nlohmann::json config(const Case& k, bool one_process, int g) {
   return j;
 }
 
-struct PpRun {
-  std::vector<float> losses;
-  std::vector<double> norms;
-  std::vector<float> master, exp_avg;
-  std::vector<std::pair<size_t, size_t>> noise;
-  float eval_loss = 0.0f;
-};
-
-PpRun train(const Case& k, bool one_process, int g) {
-  const int processes = one_process ? 1 : k.tp * k.pp * k.dp;
-  return layout_rank0<PpRun>(processes, [&](comm::Backend& b) {
-    RunConfig c = ds_config_parse(config(k, one_process, g), "pp_test", processes);
-    std::shared_ptr<comm::Backend> world(&b, [](comm::Backend*) {});
-    auto ctx = engine_parallel_context(c, processes > 1 ? world : nullptr);
-    auto model = engine_build_model(c, ctx);
-    Engine eng(c, *model, ctx);
-    PpRun mine;
-    const int dp = ctx->dp(), d = ctx->dp_rank();
-    for (int step = 0; step < 10; ++step) {
-      uint64_t next = static_cast<uint64_t>(step) * static_cast<uint64_t>(g * dp) + static_cast<uint64_t>(d * g);
-      StepResult r = eng.train_batch([&](int32_t* t, int32_t* y) { layout_sample(next++, t, y); });
-      mine.losses.push_back(r.loss);
-      mine.norms.push_back(r.grad_norm);
-    }
-    std::vector<int32_t> t(16), y(16);
-    layout_sample(1000, t.data(), y.data());
-    mine.eval_loss = eng.evaluate(t.data(), y.data());
-    eng.gather_master(mine.master);
-    for (auto& [name, v] : eng.gather_optimizer_state())
-      if (name == "exp_avg") mine.exp_avg = std::move(v);
-    mine.noise = layout_key_bias_ranges(model->store());
-    return mine;
-  });
+LayoutRun train(const Case& k, bool one_process, int g) {
+  return layout_train(config(k, one_process, g), one_process ? 1 : k.tp * k.pp * k.dp, g, "pp_test");
 }
 
 class PpMatchesOneProcess : public ::testing::TestWithParam<Case> {};
@@ -94,8 +63,8 @@ class PpMatchesOneProcess : public ::testing::TestWithParam<Case> {};
 TEST_P(PpMatchesOneProcess, LossesNormsAndFinalState) {
   const Case& k = GetParam();
   const int g = 4;  // micro-batches per step and dp rank: m = 2 pp for pp = 2, m = pp for pp = 4
-  PpRun ref = train(k, true, g * k.dp);
-  PpRun got = train(k, false, g);
+  LayoutRun ref = train(k, true, g * k.dp);
+  LayoutRun got = train(k, false, g);
   const bool lowp = std::string(k.dtype) != "fp32";
   const double tol = lowp ? 2e-3 : 1e-5;
   ASSERT_EQ(ref.losses.size(), got.losses.size());

@@ -47,46 +47,16 @@ nlohmann::json config(const Case& k, int processes, int g) {
   return j;
 }
 
-struct TpRun {
-  std::vector<float> losses;
-  std::vector<double> norms;
-  std::vector<size_t> tp_bytes;  // per step, rank 0's
-  std::vector<float> master, exp_avg;  // one-process layout, gathered on rank 0
-  std::vector<std::pair<size_t, size_t>> noise;  // GPT-2's key bias (see zero_test.cpp)
-};
-
 // processes == 1: the reference (one process, g·dp micro-batches).
-TpRun train(const Case& k, int processes, int g) {
-  return layout_rank0<TpRun>(processes, [&](comm::Backend& b) {
-    RunConfig c = ds_config_parse(config(k, processes, g), "tp_test", processes);
-    std::shared_ptr<comm::Backend> world(&b, [](comm::Backend*) {});
-    auto ctx = engine_parallel_context(c, processes > 1 ? world : nullptr);
-    auto model = engine_build_model(c, ctx);
-    Engine eng(c, *model, ctx);
-    TpRun mine;
-    const int dp = ctx->dp(), d = ctx->dp_rank();
-    for (int step = 0; step < 10; ++step) {
-      uint64_t next = static_cast<uint64_t>(step) * static_cast<uint64_t>(g * dp) + static_cast<uint64_t>(d * g);
-      StepResult r = eng.train_batch([&](int32_t* t, int32_t* y) { layout_sample(next++, t, y); });
-      mine.losses.push_back(r.loss);
-      mine.norms.push_back(r.grad_norm);
-      mine.tp_bytes.push_back(r.tp_comm_bytes);
-    }
-    eng.gather_master(mine.master);
-    for (auto& [name, v] : eng.gather_optimizer_state())
-      if (name == "exp_avg") mine.exp_avg = std::move(v);
-    mine.noise = layout_key_bias_ranges(model->store());
-    return mine;
-  });
-}
+LayoutRun train(const Case& k, int processes, int g) { return layout_train(config(k, processes, g), processes, g, "tp_test"); }
 
 class TpMatchesOneProcess : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TpMatchesOneProcess, LossesNormsAndFinalState) {
   const Case& k = GetParam();
   const int g = 2;
-  TpRun ref = train(k, 1, g * k.dp);
-  TpRun got = train(k, k.tp * k.dp, g);
+  LayoutRun ref = train(k, 1, g * k.dp);
+  LayoutRun got = train(k, k.tp * k.dp, g);
   // fp32: the same arithmetic up to summation order (the row-parallel all-reduce sums partial
   // products in another order): 1e-5. bf16: a GEMM operand rounded from an f32 that differs in its
   // last bits moves by a bf16 ulp (4e-3): 2e-3 on losses, as for ZeRO's bf16 layouts.
