@@ -1,5 +1,10 @@
 #include "checkpoint/safetensors.h"
 
+#include <cerrno>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -48,7 +53,60 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   if (hlen > bytes_.size() - 8)
     throw corrupt(path, "header length " + std::to_string(hlen) + " runs past the end of the file");
   data_start_ = 8 + hlen;
-  size_t data_size = bytes_.size() - data_start_;
+  parse(bytes_.size() - data_start_);
+}
+
+namespace {
+// n bytes at offset of an open file, or kCorruption / kIOError naming it.
+void pread_all(int fd, const std::string& path, char* dst, size_t n, size_t offset) {
+  while (n > 0) {
+    ssize_t got = ::pread(fd, dst, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw Error(ErrorKind::kIOError, path + ": read failed: " + std::strerror(errno));
+    if (got == 0) throw corrupt(path, "ends before the bytes its header promises");
+    dst += got;
+    n -= static_cast<size_t>(got);
+    offset += static_cast<size_t>(got);
+  }
+}
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : path_(path), header_only_(header_only) {
+  if (!header_only) {
+    *this = SafetensorsFile(path);
+    return;
+  }
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  MT_CHECK(f.fd >= 0, errno == ENOENT ? ErrorKind::kNotFound : ErrorKind::kIOError,
+           path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  MT_CHECK(::fstat(f.fd, &st) == 0, ErrorKind::kIOError, path + ": cannot stat: " + std::strerror(errno));
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size < 8) throw corrupt(path, "shorter than the 8-byte safetensors header length");
+  bytes_.resize(8);
+  pread_all(f.fd, path, bytes_.data(), 8, 0);
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; --i) hlen = (hlen << 8) | static_cast<uint8_t>(bytes_[i]);
+  if (hlen > size - 8) throw corrupt(path, "header length " + std::to_string(hlen) + " runs past the end of the file");
+  data_start_ = 8 + hlen;
+  bytes_.resize(data_start_);
+  pread_all(f.fd, path, bytes_.data() + 8, hlen, 8);
+  parse(size - data_start_);
+}
+
+const void* SafetensorsFile::data(const StTensorInfo& t) const {
+  MT_CHECK(!header_only_, ErrorKind::kInternal, path_ + ": opened header-only: tensor data is read by read_f32");
+  return bytes_.data() + data_start_ + t.begin;
+}
+
+void SafetensorsFile::parse(size_t data_size) {
+  const std::string& path = path_;
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + static_cast<long>(data_start_));
@@ -142,8 +200,15 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   const StTensorInfo& t = get(name);
   size_t n = (t.end - t.begin) / std::max<size_t>(1, st_dtype_size(t.dtype));
   std::vector<float> out(n);
-  const void* src = data(t);
   if (n == 0) return out;  // NOTE: memcpy from/to an empty vector's null data() is undefined
+  std::vector<char> read;
+  if (header_only_) {
+    read.resize(t.end - t.begin);
+    Fd f{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
+    MT_CHECK(f.fd >= 0, ErrorKind::kIOError, path_ + ": cannot open: " + std::strerror(errno));
+    pread_all(f.fd, path_, read.data(), read.size(), data_start_ + t.begin);
+  }
+  const void* src = header_only_ ? static_cast<const void*>(read.data()) : data(t);
   switch (t.dtype) {
     case StDType::kF32: std::memcpy(out.data(), src, n * 4); break;
     case StDType::kBF16: convert(out.data(), DType::kF32, src, DType::kBF16, n); break;

@@ -26,20 +26,26 @@ struct StTensorInfo {
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);  // reads and validates the whole file
+  // header_only: reads and validates the header alone (against the file's size); read_f32 then
+  // reads each tensor's bytes from the file when asked (sharded checkpoints read a few tensors of
+  // a file), and data() is unavailable.
+  SafetensorsFile(const std::string& path, bool header_only);
 
   const std::string& path() const { return path_; }
   const std::vector<StTensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const StTensorInfo* find(const std::string& name) const;
   const StTensorInfo& get(const std::string& name) const;  // throws kNotFound naming file + tensor
-  const void* data(const StTensorInfo& t) const { return bytes_.data() + data_start_ + t.begin; }
+  const void* data(const StTensorInfo& t) const;
   // Copies a floating tensor into f32, checking its shape (throws naming the tensor on mismatch).
   std::vector<float> read_f32(const std::string& name, const std::vector<int64_t>& shape) const;
   std::vector<float> read_f32(const std::string& name) const;
   std::vector<int32_t> read_i32(const std::string& name) const;
 
  private:
+  void parse(size_t data_size);  // the header in bytes_[8, data_start_)
   std::string path_;
+  bool header_only_ = false;
   std::vector<char> bytes_;
   size_t data_start_ = 0;
   std::vector<StTensorInfo> tensors_;

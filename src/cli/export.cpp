@@ -31,8 +31,7 @@ void run_export(const ExportArgs& a) {
   // Building the model checks every tensor's name and shape against the architecture.
   models::ModelOptions opts;
   models::TransformerLM model(info.model, opts);
-  checkpoint::SafetensorsFile weights(info.weights);
-  engine::hf_weights_load(model.store(), weights);
+  engine::checkpoint_load_weights(info, model.store());  // any layout it was saved from
 
   fs::create_directories(a.out);
   engine::hf_weights_save(model.store(), (fs::path(a.out) / "model.safetensors").string(), dtype);

@@ -48,7 +48,7 @@ LoadedModel load_model(const std::string& path) {
   }
   engine::CheckpointInfo info = engine::checkpoint_info(path);
   out.model = std::make_unique<models::TransformerLM>(info.model, opts);
-  engine::hf_weights_load_path(out.model->store(), info.weights);
+  engine::checkpoint_load_weights(info, out.model->store());
   out.tokenizer = info.tokenizer;
   return out;
 }

@@ -449,6 +449,7 @@ TEST(Faults, RandomKillsAndFlippedBytesNeverTrainOnBadData) {
       if (clean_loss.empty()) {
         std::string cd = dir() + "/flip-clean";
         fs::remove_all(cd);
+        fs::create_directories(cd);
         fs::copy(save + "/step-" + std::to_string(kIters), cd + "/step-" + std::to_string(kIters), fs::copy_options::recursive);
         std::string o2;
         ASSERT_EQ(run("train " + config("flip-clean", {{"train_iters", kIters + 1}, {"save_interval", 0}, {"save_dir", cd}}) +

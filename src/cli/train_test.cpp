@@ -22,6 +22,8 @@
 #include "data/indexed_dataset.h"
 #include "data/token_stream.h"
 #include "data/tokenizer.h"
+#include "engine/checkpoint_io.h"
+#include "models/transformer.h"
 
 namespace fs = std::filesystem;
 
@@ -396,6 +398,20 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
   std::stringstream ss2;
   ss2 << out2.rdbuf();
   EXPECT_EQ(ss2.str(), text + "\n");
+  // generate reads a sharded checkpoint (tp2 x pp2: four ranks' files) as it reads a whole one: the
+  // same text as from that checkpoint's Hugging Face export.
+  std::string cfg3d = write_config("gen3d", {{"data", {{"train", dir() + "/gen"}, {"tokenizer", tokjson}}},
+                                             {"model", {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 64},
+                                                        {"n_embd", 32}, {"n_layer", 2}, {"n_head", 2}}},
+                                             {"train_iters", 6}, {"save_interval", 6}, {"eval_interval", 0}});
+  ASSERT_EQ(run("launch -n 4 -- train " + cfg3d + " --set parallel.tp=2 --set parallel.pp=2", &err), 0) << err;
+  ASSERT_TRUE(fs::exists(dir() + "/ckpt-gen3d/step-6/model-00004-of-00004.safetensors"));
+  ASSERT_EQ(run("generate " + dir() + "/ckpt-gen3d --prompt \"" + prompt + "\" --temperature 0 --max-new-tokens 12 --quiet", &err), 0)
+      << err;
+  std::string sharded_text = mt::cli::testing::slurp(dir() + "/stdout.txt");
+  ASSERT_EQ(run("export " + dir() + "/ckpt-gen3d --hf " + dir() + "/gen3d-hf"), 0);
+  ASSERT_EQ(run("generate " + dir() + "/gen3d-hf --prompt \"" + prompt + "\" --temperature 0 --max-new-tokens 12 --quiet"), 0);
+  EXPECT_EQ(mt::cli::testing::slurp(dir() + "/stdout.txt"), sharded_text);
   // Sampling with a seed is reproducible; bad options are one line.
   std::string s1, s2;
   ASSERT_EQ(run("generate " + dir() + "/ckpt-gen --prompt The --temperature 0.9 --top-k 20 --top-p 0.9 --seed 7 --quiet"), 0);
@@ -411,17 +427,13 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
 
 // ---- Many processes: `meshtrain launch -n N -- train` (mpirun underneath) ----
 
-// The weights of a checkpoint, flat, in file order.
+// The weights of a checkpoint (saved in any layout), flat, in the one-process layout: read through
+// the loader export and generate use.
 std::vector<float> checkpoint_weights(const std::string& step_dir) {
-  std::ifstream f(step_dir + "/model.safetensors", std::ios::binary);
-  uint64_t n = 0;
-  f.read(reinterpret_cast<char*>(&n), 8);
-  std::string header(n, '\0');
-  f.read(header.data(), static_cast<std::streamsize>(n));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::vector<float> w(bytes.size() / 4);
-  std::memcpy(w.data(), bytes.data(), w.size() * 4);
-  return w;
+  mt::engine::CheckpointInfo info = mt::engine::checkpoint_info(step_dir);
+  mt::models::TransformerLM model(info.model, mt::models::ModelOptions{});
+  mt::engine::checkpoint_load_weights(info, model.store());
+  return std::vector<float>(model.store().master(), model.store().master() + model.store().numel());
 }
 
 // A global batch of 4 sequences: one process runs 4 micro-batches of 1, N ranks 4/N each.
@@ -653,6 +665,12 @@ TEST(TrainMpi, PipelineAnd3DMatchOneProcessAndCheckpointsReshard) {
   std::vector<double> ref = losses(dir() + "/pp-one-gpt2.jsonl");
   const std::vector<double> rest(ref.begin() + 3, ref.end());
   const std::string ck = dir() + "/ckpt-pp-3d/step-3";
+  // Sharded: each of the 8 ranks (ZeRO-1 pieces of its tp shard of its stage) wrote its own files;
+  // no rank gathered the model.
+  EXPECT_FALSE(fs::exists(ck + "/model.safetensors"));
+  EXPECT_TRUE(fs::exists(ck + "/model-00008-of-00008.safetensors"));
+  EXPECT_TRUE(fs::exists(ck + "/optimizer-00008-of-00008.safetensors"));
+  EXPECT_TRUE(fs::exists(ck + "/meshtrain.index.json"));
   std::string err;
   ASSERT_EQ(run("train " + dp_config("pp-r1", 0, base) + " --resume " + ck + " --metrics " + dir() + "/pp-r1.jsonl", &err), 0) << err;
   expect_close(rest, losses(dir() + "/pp-r1.jsonl"), 1e-5, "tp2 pp2 dp2 -> 1");

@@ -6,7 +6,11 @@
 #include <cstring>
 #include <unistd.h>
 
+#include <chrono>
+#include <exception>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <fstream>
 #include <vector>
 
@@ -19,6 +23,8 @@
 #include "engine/hf_config.h"
 #include "engine/hf_weights.h"
 #include "engine/json_file.h"
+#include "nn/tp_split.h"
+#include "parallel/context.h"
 
 namespace mt::engine {
 namespace fs = std::filesystem;
@@ -34,7 +40,11 @@ void fsync_dir(const fs::path& dir) {
 }
 
 // The files a checkpoint's state.json lists with their size and XXH3-64.
+// (Checkpoints before sharding: rank 0 gathered the whole model into these three.)
 const char* const kCheckpointFiles[] = {"model.safetensors", "model.safetensors.index.json", "optimizer.safetensors"};
+// The sharded format's table of every piece: which parameter, which file and tensor, its
+// tensor-parallel place and its element range in that place's shard.
+const char* const kShardIndex = "meshtrain.index.json";
 
 // state.json's own checksum covers its text with "state_xxh3" removed (nlohmann dumps objects with
 // sorted keys and round-trip numbers, so the text is canonical).
@@ -60,11 +70,34 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& save_dir) {
   return all;
 }
 
+// Empty when file `name` of checkpoint dir has the size and XXH3-64 state.json records for it.
+std::string file_damage(const fs::path& dir, const nlohmann::json& state, const std::string& name) {
+  fs::path sp = dir / "state.json", fp = dir / name;
+  if (!state["files"].contains(name)) return sp.string() + " does not list " + name;
+  const nlohmann::json& want = state["files"][name];
+  if (!fs::exists(fp)) return fp.string() + " is missing";
+  size_t bytes = 0;
+  std::string got;
+  try {
+    got = file_xxh3_hex(fp.string(), &bytes);
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  if (!want.is_object() || want.value("bytes", int64_t{-1}) != static_cast<int64_t>(bytes))
+    return fp.string() + " is truncated or extended (" + std::to_string(bytes) + " bytes, the checkpoint recorded " +
+           (want.is_object() ? std::to_string(want.value("bytes", int64_t{-1})) : std::string("?")) + ")";
+  if (want.value("xxh3", std::string()) != got)
+    return fp.string() + " is corrupt (XXH3 " + got + ", the checkpoint recorded " + want.value("xxh3", std::string()) + ")";
+  return "";
+}
+
 // Empty when dir is an intact checkpoint, else what is wrong with it (one phrase naming the file).
-std::string checkpoint_damage(const fs::path& dir) {
+// Empty when dir's state.json is intact (read into *out), else what is wrong with it. A state.json
+// written before checksums passes (and has no "files").
+std::string state_damage(const fs::path& dir, nlohmann::json* out) {
   fs::path sp = dir / "state.json";
   if (!fs::exists(sp)) return sp.string() + " is missing";
-  nlohmann::json state;
+  nlohmann::json& state = *out;
   try {
     state = json_load_file(sp.string(), ErrorKind::kCorruption);
   } catch (const Error& e) {
@@ -75,32 +108,32 @@ std::string checkpoint_damage(const fs::path& dir) {
   if (!state["state_xxh3"].is_string() || state["state_xxh3"].get<std::string>() != state_checksum(state))
     return sp.string() + " is corrupt (its checksum does not match its contents)";
   if (!state.contains("files") || !state["files"].is_object()) return sp.string() + " lists no files";
-  for (const char* name : kCheckpointFiles) {
-    fs::path fp = dir / name;
-    if (!state["files"].contains(name)) return sp.string() + " does not list " + name;
-    const nlohmann::json& want = state["files"][name];
-    if (!fs::exists(fp)) return fp.string() + " is missing";
-    size_t bytes = 0;
-    std::string got;
-    try {
-      got = file_xxh3_hex(fp.string(), &bytes);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    if (!want.is_object() || want.value("bytes", int64_t{-1}) != static_cast<int64_t>(bytes))
-      return fp.string() + " is truncated or extended (" + std::to_string(bytes) + " bytes, the checkpoint recorded " +
-             (want.is_object() ? std::to_string(want.value("bytes", int64_t{-1})) : std::string("?")) + ")";
-    if (want.value("xxh3", std::string()) != got)
-      return fp.string() + " is corrupt (XXH3 " + got + ", the checkpoint recorded " + want.value("xxh3", std::string()) + ")";
+  return "";
+}
+
+std::string checkpoint_damage(const fs::path& dir) {
+  nlohmann::json state;
+  std::string damage = state_damage(dir, &state);
+  if (!damage.empty() || !state.contains("state_xxh3")) return damage;
+  std::vector<std::string> names;
+  if (state.contains("format")) {  // sharded: every file it lists, the shard index among them
+    for (auto it = state["files"].begin(); it != state["files"].end(); ++it) names.push_back(it.key());
+    if (!state["files"].contains(kShardIndex)) return (dir / "state.json").string() + " does not list " + kShardIndex;
+  } else {
+    names.assign(std::begin(kCheckpointFiles), std::end(kCheckpointFiles));
+  }
+  for (const std::string& name : names) {
+    damage = file_damage(dir, state, name);
+    if (!damage.empty()) return damage;
   }
   return "";
 }
 
 }  // namespace
 
-void checkpoint_verify(const std::string& dir) {
-  std::string damage = checkpoint_damage(dir);
-  if (damage.empty()) return;
+namespace {
+// Throws kCorruption with the damage and the newest intact checkpoint beside dir.
+[[noreturn]] void throw_damaged(const std::string& dir, const std::string& damage) {
   // Name the newest intact checkpoint beside it, to resume from.
   fs::path self = fs::weakly_canonical(dir);
   std::string advice = "no intact checkpoint is left beside it";
@@ -111,121 +144,301 @@ void checkpoint_verify(const std::string& dir) {
   }
   throw Error(ErrorKind::kCorruption, "checkpoint " + dir + ": " + damage + "; " + advice);
 }
+}  // namespace
+
+void checkpoint_verify(const std::string& dir) {
+  std::string damage = checkpoint_damage(dir);
+  if (!damage.empty()) throw_damaged(dir, damage);
+}
+
+namespace {
+
+// Every rank learns whether any rank failed a phase of a collective save or load, so all of them
+// stop together (none left waiting in the next collective until the timeout). The failing rank
+// rethrows its own error; the others throw one naming the phase.
+void agree(const parallel::ParallelContext& ctx, std::exception_ptr failed, std::chrono::milliseconds timeout,
+           const std::string& what) {
+  float flag = failed ? 1.0f : 0.0f;
+  if (ctx.world->size() > 1) {
+    comm::AllReduceOptions o;
+    o.op = comm::ReduceOp::kMax;
+    o.tag = "checkpoint: " + what;
+    o.timeout = timeout;
+    ctx.world->all_reduce(&flag, 1, DType::kF32, o)->wait();
+  }
+  if (failed) std::rethrow_exception(failed);
+  if (flag > 0.0f) throw Error(ErrorKind::kIOError, what + " failed on another rank (its own message names the file and why)");
+}
+
+// Rank 0 receives every rank's string (world order); the others get {}. Strings travel as the
+// bytes of f32 words (gather moves bits, it does not convert).
+std::vector<std::string> gather_strings(const parallel::ParallelContext& ctx, const std::string& mine,
+                                        std::chrono::milliseconds timeout) {
+  comm::Backend& world = *ctx.world;
+  if (world.size() == 1) return {mine};
+  float len = static_cast<float>((mine.size() + 3) / 4);
+  MT_CHECK(mine.size() < (size_t{1} << 26), ErrorKind::kInternal, "checkpoint: a rank's shard table is too large to gather");
+  comm::AllReduceOptions ao;
+  ao.op = comm::ReduceOp::kMax;
+  ao.tag = "checkpoint shard tables (length)";
+  ao.timeout = timeout;
+  world.all_reduce(&len, 1, DType::kF32, ao)->wait();
+  const size_t words = static_cast<size_t>(len);
+  std::vector<float> send(words, 0.0f), recv(world.rank() == 0 ? words * static_cast<size_t>(world.size()) : 0);
+  std::memcpy(send.data(), mine.data(), mine.size());
+  comm::GatherOptions go;
+  go.tag = "checkpoint shard tables";
+  go.timeout = timeout;
+  world.gather(recv.empty() ? nullptr : recv.data(), send.data(), words, DType::kF32, go)->wait();
+  std::vector<std::string> out;
+  if (world.rank() != 0) return out;
+  for (int r = 0; r < world.size(); ++r) {
+    const char* c = reinterpret_cast<const char*>(recv.data() + static_cast<size_t>(r) * words);
+    out.emplace_back(c, strnlen(c, words * 4));
+  }
+  return out;
+}
+
+nlohmann::json split_json(const nn::TpSplit& s) { return {{"dim", s.dim}, {"parts", s.parts}, {"valid", s.valid}}; }
+
+std::string shard_file_name(const char* stem, int64_t index, int64_t total) {
+  if (total == 1) return std::string(stem) + ".safetensors";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s-%05lld-of-%05lld.safetensors", stem, static_cast<long long>(index + 1),
+                static_cast<long long>(total));
+  return buf;
+}
+
+}  // namespace
 
 std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t keep_last, bool drop_others) {
   models::TransformerLM& model = engine.model();
   nn::ParamStore& store = model.store();
+  const parallel::ParallelContext& ctx = engine.parallel();
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(engine.config().comm_timeout_s * 1000.0));
+  const bool lead = engine.rank() == 0;
   std::string name = "step-" + std::to_string(engine.global_step());
   fs::path final_dir = fs::path(save_dir) / name;
-  // ZeRO: the partitions are gathered on rank 0, which alone writes, in the layout one process
-  // writes; so a checkpoint loads at any stage and world size.
-  std::vector<float> master;
-  engine.gather_master(master);
-  auto opt_full = engine.gather_optimizer_state();
-  if (engine.rank() != 0) return final_dir.string();
-  fs::create_directories(save_dir);
   fs::path tmp_dir = fs::path(save_dir) / (name + ".tmp");
-  // Leftovers of saves killed half-way are never loaded; remove them. A step-N.old is the previous
-  // copy of a re-saved step (the fallback path below): it goes once step-N exists, else it is
-  // step-N again.
-  for (const auto& e : fs::directory_iterator(save_dir)) {
-    if (!e.is_directory()) continue;
-    fs::path p = e.path();
-    if (p.extension() == ".tmp") {
-      fs::remove_all(p);
-    } else if (p.extension() == ".old") {
-      fs::path orig = p;
-      orig.replace_extension();
-      if (fs::exists(orig)) fs::remove_all(p);
-      else fs::rename(p, orig);
-    }
-  }
-  fs::create_directories(tmp_dir);
 
-  std::vector<checkpoint::StTensorOut> weights;
-  const std::vector<models::ParamLayout> layout = models::one_process_layout(model.config());
-  for (const models::ParamLayout& p : layout)  // whole tensors, at their one-process offsets
-    weights.push_back({p.name, DType::kF32, p.shape, master.data() + p.offset});
-  checkpoint::safetensors_write((tmp_dir / "model.safetensors").string(), weights, {{"format", "pt"}});
-  // Hugging Face's index of a (here one-shard) safetensors checkpoint.
-  nlohmann::json index = {{"metadata", {{"total_size", store.global_numel() * sizeof(float)}}}, {"weight_map", nlohmann::json::object()}};
-  for (const models::ParamLayout& p : layout) index["weight_map"][p.name] = "model.safetensors";
-  std::string index_text = index.dump(2);
-  file_write_atomic((tmp_dir / "model.safetensors.index.json").string(), index_text.data(), index_text.size());
-  fault_point("checkpoint.after_weights");
-  int64_t n = static_cast<int64_t>(store.global_numel());
-  std::vector<checkpoint::StTensorOut> opt_state;
-  for (const auto& [state_name, values] : opt_full)
-    opt_state.push_back({state_name, DType::kF32, {static_cast<int64_t>(values.size())}, values.data()});
-  checkpoint::safetensors_write((tmp_dir / "optimizer.safetensors").string(), opt_state,
-                                {{"optimizer", engine.optimizer().type_name()}});
-  const optim::LossScalerState& ls = engine.loss_scaler().state();
-  nlohmann::json state = {{"global_step", engine.global_step()},
-                          {"applied_steps", engine.applied_steps()},
-                          {"optimizer_step", engine.optimizer().step_count()},
-                          {"num_params", n},
-                          {"loss_scale", ls.scale},
-                          {"scaler_iter", ls.iter},
-                          {"scaler_last_overflow_iter", ls.last_overflow_iter},
-                          {"scaler_hysteresis_left", ls.hysteresis_left},
-                          {"model", ds_config_resolved(engine.config())["model"]},
-                          {"data", {{"next_sample", engine.global_step() * engine.config().batch.train_batch_size},
-                                    {"seed", engine.config().seed},
-                                    {"shuffle", engine.config().shuffle},
-                                    {"train", engine.config().data_train}}},
-                          {"tokenizer", engine.config().tokenizer.empty() ? std::string()
-                                                                  : fs::absolute(engine.config().tokenizer).string()}};
-  // Integrity: the size and XXH3-64 of every file as it is on disk, and of state.json itself.
-  for (const char* f : kCheckpointFiles) {
-    size_t bytes = 0;
-    std::string h = file_xxh3_hex((tmp_dir / f).string(), &bytes);
-    state["files"][f] = {{"bytes", bytes}, {"xxh3", h}};
-  }
-  state["state_xxh3"] = state_checksum(state);
-  std::string text = state.dump(2);
-  file_write_atomic((tmp_dir / "state.json").string(), text.data(), text.size());
-  fsync_dir(tmp_dir);
-  fault_point("checkpoint.before_rename");
-  if (fs::exists(final_dir)) {
-    // Re-saving a step: swap the new directory in atomically (renameat2 RENAME_EXCHANGE), so step-N
-    // is always a whole checkpoint, then delete the old one. Where the filesystem cannot exchange,
-    // step-N moves to step-N.old first; a kill in between is repaired by the next save and by
-    // checkpoint_resolve.
-    if (renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
-      fault_point("checkpoint.after_exchange");
-      fs::remove_all(tmp_dir);
-    } else {
-      fs::path old = final_dir;
-      old += ".old";
-      fs::remove_all(old);
-      fs::rename(final_dir, old);
-      fault_point("checkpoint.after_move_old");
-      fs::rename(tmp_dir, final_dir);
-      fs::remove_all(old);
+  // 1. Rank 0 prepares the temporary directory. Leftovers of saves killed half-way are never
+  // loaded; remove them. A step-N.old is the previous copy of a re-saved step (the fallback path
+  // below): it goes once step-N exists, else it is step-N again.
+  std::exception_ptr failed;
+  if (lead) {
+    try {
+      fs::create_directories(save_dir);
+      for (const auto& e : fs::directory_iterator(save_dir)) {
+        if (!e.is_directory()) continue;
+        fs::path p = e.path();
+        if (p.extension() == ".tmp") {
+          fs::remove_all(p);
+        } else if (p.extension() == ".old") {
+          fs::path orig = p;
+          orig.replace_extension();
+          if (fs::exists(orig)) fs::remove_all(p);
+          else fs::rename(p, orig);
+        }
+      }
+      fs::create_directories(tmp_dir);
+    } catch (...) {
+      failed = std::current_exception();
     }
-  } else {
-    fs::rename(tmp_dir, final_dir);
   }
-  fault_point("checkpoint.before_latest");
-  std::string latest = name + "\n";
-  file_write_atomic((fs::path(save_dir) / "latest").string(), latest.data(), latest.size());
-  fsync_dir(save_dir);
+  agree(ctx, failed, timeout, "preparing " + tmp_dir.string());
 
-  // Rotation: the checkpoint just written (which `latest` names) is never removed, and neither are
-  // checkpoints of later steps (left by a run that went further before this one resumed from an
-  // earlier step: the user's to delete). Of the earlier steps, the newest keep_last - 1 stay.
-  // drop_others (train --overwrite, first save): every other checkpoint goes.
-  const int64_t step = engine.global_step();
-  int64_t kept = 1;
-  for (const auto& [s, p] : step_dirs(save_dir)) {
-    if (s == step) continue;
-    if (drop_others) {
-      fs::remove_all(p);
-    } else if (s < step) {
-      if (keep_last > 0 && kept >= keep_last) fs::remove_all(p);
-      else ++kept;
+  // 2. Every rank that holds a part nobody else writes writes it, without gathering: its ZeRO
+  // pieces (every dp rank) or, without ZeRO, the whole local buffer (dp rank 0). A parameter
+  // replicated over the tp group is written by tp rank 0; the last stage's copy of a tied
+  // embedding is not written (the first stage's is).
+  const bool replicated = engine.span_replicated();
+  const bool writer = !replicated || ctx.dp_rank() == 0;
+  const int64_t dp_writers = replicated ? 1 : ctx.dp();
+  const int64_t total_files = static_cast<int64_t>(ctx.pp()) * ctx.tp() * dp_writers;
+  const int64_t file_index = (static_cast<int64_t>(ctx.pp_rank()) * ctx.tp() + ctx.tp_rank()) * dp_writers +
+                             (replicated ? 0 : ctx.dp_rank());
+  nlohmann::json report = {{"pieces", nlohmann::json::array()}, {"files", nlohmann::json::object()}};
+  try {
+    if (writer) {
+      const std::string model_file = shard_file_name("model", file_index, total_files);
+      const std::string opt_file = shard_file_name("optimizer", file_index, total_files);
+      std::vector<Engine::SpanRun> runs = engine.span_runs();
+      struct Piece {
+        const nn::Parameter* p;
+        size_t begin, end, span_at;
+        std::string tensor;
+        bool whole;
+      };
+      std::vector<Piece> pieces;
+      const nn::Parameter* tied_copy = model.tied_head_copy();
+      for (const nn::Parameter* p : store.parameters()) {
+        if (p == tied_copy || (p->split.dim < 0 && ctx.tp_rank() != 0)) continue;
+        const size_t lo = p->offset, hi = p->offset + static_cast<size_t>(p->numel());
+        for (const Engine::SpanRun& r : runs) {
+          size_t a = std::max(lo, r.flat_begin), b = std::min(hi, r.flat_end);
+          if (a >= b) continue;
+          Piece pc{p, a - lo, b - lo, r.span_begin + (a - r.flat_begin), "", false};
+          pc.whole = p->tp_replicated() && pc.begin == 0 && pc.end == hi - lo && p->shape == p->unpadded_shape();
+          const nn::TpPlace place = p->split.dim < 0 ? nn::TpPlace{0, 1} : p->place;
+          // Whole tensors keep their Hugging Face name and shape (a one-process checkpoint's
+          // model.safetensors is a Hugging Face file); parts are named by place and range.
+          pc.tensor = pc.whole ? p->name
+                               : p->name + "@tp" + std::to_string(place.rank) + "of" + std::to_string(place.size) + "[" +
+                                     std::to_string(pc.begin) + ":" + std::to_string(pc.end) + "]";
+          pieces.push_back(pc);
+          report["pieces"].push_back({{"param", p->name},
+                                      {"tensor", pc.tensor},
+                                      {"file", model_file},
+                                      {"optimizer_file", opt_file},
+                                      {"tp", {place.rank, place.size}},
+                                      {"shape", p->shape},
+                                      {"global_shape", p->split.dim < 0 ? p->unpadded_shape() : p->global_shape},
+                                      {"split", split_json(p->split)},
+                                      {"begin", pc.begin},
+                                      {"end", pc.end}});
+        }
+      }
+      // A device copies each state into its own scratch, so the spans stay valid until written.
+      std::vector<std::string> names = engine.state_names();
+      std::vector<std::vector<float>> scratch(names.size());
+      // Each piece's XXH3-64 per state goes in the index: a rank that reads a few tensors of a file
+      // verifies just those.
+      auto add_state = [&](size_t i, const std::string& prefix, std::vector<checkpoint::StTensorOut>& out) {
+        const float* span = engine.span_state(names[i], scratch[i]);
+        for (size_t j = 0; j < pieces.size(); ++j) {
+          const Piece& pc = pieces[j];
+          std::vector<int64_t> shape = pc.whole ? std::vector<int64_t>(pc.p->shape.begin(), pc.p->shape.end())
+                                                : std::vector<int64_t>{static_cast<int64_t>(pc.end - pc.begin)};
+          out.push_back({prefix + pc.tensor, DType::kF32, shape, span + pc.span_at});
+          report["pieces"][j]["xxh3"][names[i]] = xxh3_hex(span + pc.span_at, (pc.end - pc.begin) * sizeof(float));
+        }
+      };
+      std::vector<checkpoint::StTensorOut> weights, opt_state;
+      for (size_t i = 0; i < names.size(); ++i)
+        if (names[i] == "master") add_state(i, "", weights);
+      checkpoint::safetensors_write((tmp_dir / model_file).string(), weights, {{"format", "pt"}});
+      fault_point("checkpoint.after_weights");
+      for (size_t i = 0; i < names.size(); ++i)
+        if (names[i] != "master") add_state(i, names[i] + "/", opt_state);
+      checkpoint::safetensors_write((tmp_dir / opt_file).string(), opt_state, {{"optimizer", engine.optimizer().type_name()}});
+      for (const std::string& f : {model_file, opt_file}) {
+        size_t bytes = 0;
+        std::string h = file_xxh3_hex((tmp_dir / f).string(), &bytes);
+        report["files"][f] = {{"bytes", bytes}, {"xxh3", h}};
+      }
+    }
+  } catch (const std::exception& e) {
+    report["error"] = e.what();
+  }
+  std::vector<std::string> reports = gather_strings(ctx, report.dump(), timeout);
+
+  // 3. Rank 0 writes the index of every shard and state.json, then renames the directory in.
+  if (lead) {
+    try {
+      nlohmann::json index = {{"format", "meshtrain-sharded-1"}, {"pieces", nlohmann::json::array()}};
+      nlohmann::json files = nlohmann::json::object();
+      for (size_t r = 0; r < reports.size(); ++r) {
+        nlohmann::json rep = nlohmann::json::parse(reports[r]);
+        if (rep.contains("error"))
+          throw Error(ErrorKind::kIOError, "rank " + std::to_string(r) + " could not write its shard: " + rep["error"].get<std::string>());
+        for (auto& pc : rep["pieces"]) index["pieces"].push_back(pc);
+        for (auto it = rep["files"].begin(); it != rep["files"].end(); ++it) files[it.key()] = it.value();
+      }
+      index["layout"] = {{"world", ctx.world->size()}, {"dp", ctx.dp()}, {"tp", ctx.tp()}, {"pp", ctx.pp()},
+                         {"zero_stage", engine.config().zero.stage}};
+      std::string index_text = index.dump(1);
+      file_write_atomic((tmp_dir / kShardIndex).string(), index_text.data(), index_text.size());
+      // Hugging Face's index where every tensor is whole (one process, or pipeline stages without
+      // ZeRO or tp): the directory then loads as a Hugging Face sharded checkpoint.
+      bool all_whole = true;
+      nlohmann::json hf = {{"metadata", {{"total_size", store.global_numel() * sizeof(float)}}}, {"weight_map", nlohmann::json::object()}};
+      for (const auto& pc : index["pieces"]) {
+        if (pc["tensor"] != pc["param"]) all_whole = false;
+        hf["weight_map"][pc["param"].get<std::string>()] = pc["file"];
+      }
+      std::vector<std::string> listed{kShardIndex};
+      if (all_whole) {
+        std::string hf_text = hf.dump(2);
+        file_write_atomic((tmp_dir / "model.safetensors.index.json").string(), hf_text.data(), hf_text.size());
+        listed.push_back("model.safetensors.index.json");
+      }
+      for (const std::string& f : listed) {
+        size_t bytes = 0;
+        std::string h = file_xxh3_hex((tmp_dir / f).string(), &bytes);
+        files[f] = {{"bytes", bytes}, {"xxh3", h}};
+      }
+      const optim::LossScalerState& ls = engine.loss_scaler().state();
+      nlohmann::json state = {{"format", "meshtrain-sharded-1"},
+                              {"global_step", engine.global_step()},
+                              {"applied_steps", engine.applied_steps()},
+                              {"optimizer", engine.optimizer().type_name()},
+                              {"optimizer_step", engine.optimizer().step_count()},
+                              {"num_params", static_cast<int64_t>(store.global_numel())},
+                              {"loss_scale", ls.scale},
+                              {"scaler_iter", ls.iter},
+                              {"scaler_last_overflow_iter", ls.last_overflow_iter},
+                              {"scaler_hysteresis_left", ls.hysteresis_left},
+                              {"model", ds_config_resolved(engine.config())["model"]},
+                              {"data", {{"next_sample", engine.global_step() * engine.config().batch.train_batch_size},
+                                        {"seed", engine.config().seed},
+                                        {"shuffle", engine.config().shuffle},
+                                        {"train", engine.config().data_train}}},
+                              {"tokenizer", engine.config().tokenizer.empty() ? std::string()
+                                                                              : fs::absolute(engine.config().tokenizer).string()},
+                              {"files", files}};
+      // Integrity: the size and XXH3-64 of every file as it is on disk, and of state.json itself.
+      state["state_xxh3"] = state_checksum(state);
+      std::string text = state.dump(2);
+      file_write_atomic((tmp_dir / "state.json").string(), text.data(), text.size());
+      fsync_dir(tmp_dir);
+      fault_point("checkpoint.before_rename");
+      if (fs::exists(final_dir)) {
+        // Re-saving a step: swap the new directory in atomically (renameat2 RENAME_EXCHANGE), so
+        // step-N is always a whole checkpoint, then delete the old one. Where the filesystem cannot
+        // exchange, step-N moves to step-N.old first; a kill in between is repaired by the next save
+        // and by checkpoint_resolve.
+        if (renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+          fault_point("checkpoint.after_exchange");
+          fs::remove_all(tmp_dir);
+        } else {
+          fs::path old = final_dir;
+          old += ".old";
+          fs::remove_all(old);
+          fs::rename(final_dir, old);
+          fault_point("checkpoint.after_move_old");
+          fs::rename(tmp_dir, final_dir);
+          fs::remove_all(old);
+        }
+      } else {
+        fs::rename(tmp_dir, final_dir);
+      }
+      fault_point("checkpoint.before_latest");
+      std::string latest = name + "\n";
+      file_write_atomic((fs::path(save_dir) / "latest").string(), latest.data(), latest.size());
+      fsync_dir(save_dir);
+
+      // Rotation: the checkpoint just written (which `latest` names) is never removed, and neither
+      // are checkpoints of later steps (left by a run that went further before this one resumed
+      // from an earlier step: the user's to delete). Of the earlier steps, the newest keep_last - 1
+      // stay. drop_others (train --overwrite, first save): every other checkpoint goes.
+      const int64_t step = engine.global_step();
+      int64_t kept = 1;
+      for (const auto& [s, p] : step_dirs(save_dir)) {
+        if (s == step) continue;
+        if (drop_others) {
+          fs::remove_all(p);
+        } else if (s < step) {
+          if (keep_last > 0 && kept >= keep_last) fs::remove_all(p);
+          else ++kept;
+        }
+      }
+    } catch (...) {
+      failed = std::current_exception();
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);  // never loaded; the previous checkpoint stays the newest
     }
   }
+  agree(ctx, failed, timeout, "saving " + final_dir.string());
   return final_dir.string();
 }
 
@@ -249,45 +462,174 @@ std::string checkpoint_resolve(const std::string& path) {
   return dir.string();
 }
 
-CheckpointInfo checkpoint_info(const std::string& path) {
-  CheckpointInfo info;
-  info.dir = checkpoint_resolve(path);
-  checkpoint_verify(info.dir);
-  std::string state_path = (fs::path(info.dir) / "state.json").string();
-  nlohmann::json state = json_load_file(state_path, ErrorKind::kCorruption);
-  MT_CHECK(state.contains("model") && state["model"].is_object(), ErrorKind::kCorruption,
-           state_path + ": no \"model\" object");
-  info.model_json = state["model"];
-  info.model = hf_config_parse(info.model_json, state_path + ": model");
-  if (state.contains("tokenizer") && state["tokenizer"].is_string()) info.tokenizer = state["tokenizer"].get<std::string>();
-  info.global_step = state.value("global_step", int64_t{0});
-  info.weights = (fs::path(info.dir) / "model.safetensors").string();
-  return info;
-}
+namespace {
 
-void checkpoint_load(Engine& engine, const std::string& path) {
-  fs::path dir = checkpoint_resolve(path);
-  checkpoint_verify(dir.string());
-  nlohmann::json state = json_load_file((dir / "state.json").string(), ErrorKind::kCorruption);
-  if (!state.contains("state_xxh3"))
-    log_warning((dir / "state.json").string() + ": written without checksums (an older meshtrain): not verified");
-  nn::ParamStore& store = engine.model().store();
-  MT_CHECK(state.value("num_params", int64_t{-1}) == static_cast<int64_t>(store.global_numel()), ErrorKind::kInvalidArgument,
-           (dir / "state.json").string() + ": the checkpoint's model has a different parameter count");
-  checkpoint::SafetensorsFile weights((dir / "model.safetensors").string());
-  std::vector<float> flat(store.global_numel());
-  hf_weights_load(store, weights, "", flat.data());
-  engine.load_master(flat.data());
-  checkpoint::SafetensorsFile opt((dir / "optimizer.safetensors").string());
-  auto saved_type = opt.metadata().find("optimizer");
-  std::string want = engine.optimizer().type_name();
-  MT_CHECK(saved_type == opt.metadata().end() ? want == "AdamW" : saved_type->second == want, ErrorKind::kInvalidArgument,
-           opt.path() + ": the checkpoint's optimizer is " +
-               (saved_type == opt.metadata().end() ? std::string("AdamW") : saved_type->second) + ", the config's " + want);
-  for (const optim::StateBuffer& b : engine.optimizer().state()) {
-    flat = opt.read_f32(b.name, {static_cast<int64_t>(store.global_numel())});
-    engine.load_optimizer_state(b.name, flat.data());
+// One entry of the shard index: a range of one tensor-parallel place's shard of a parameter.
+struct ShardPiece {
+  std::string param, tensor, file, optimizer_file;
+  nn::TpPlace place;
+  Shape shape, global_shape;  // the place's shard, and the whole (padded for place.size) parameter
+  nn::TpSplit split;
+  size_t begin = 0, end = 0;
+  int64_t numel = 0;  // of the shard
+  nlohmann::json xxh3;  // per state
+};
+
+// Reads parameters of a sharded checkpoint in any layout: the pieces one needs, from the files
+// that hold them, each file verified against state.json when first opened.
+class ShardReader {
+ public:
+  ShardReader(fs::path dir, const nlohmann::json& state) : dir_(std::move(dir)), state_(state) {
+    const std::string index_path = (dir_ / kShardIndex).string();
+    std::string damage = file_damage(dir_, state_, kShardIndex);
+    if (!damage.empty()) throw_damaged(dir_.string(), damage);
+    nlohmann::json index = json_load_file(index_path, ErrorKind::kCorruption);
+    try {
+      for (const nlohmann::json& j : index.at("pieces")) {
+        ShardPiece pc;
+        pc.param = j.at("param").get<std::string>();
+        pc.tensor = j.at("tensor").get<std::string>();
+        pc.file = j.at("file").get<std::string>();
+        pc.optimizer_file = j.at("optimizer_file").get<std::string>();
+        pc.place = {j.at("tp").at(0).get<int>(), j.at("tp").at(1).get<int>()};
+        pc.shape = j.at("shape").get<Shape>();
+        pc.global_shape = j.at("global_shape").get<Shape>();
+        pc.split = {j.at("split").at("dim").get<int>(), j.at("split").at("parts").get<int>(),
+                    j.at("split").at("valid").get<int64_t>()};
+        pc.begin = j.at("begin").get<size_t>();
+        pc.end = j.at("end").get<size_t>();
+        pc.numel = shape_numel(pc.shape);
+        pc.xxh3 = j.value("xxh3", nlohmann::json::object());
+        if (pc.place.size < 1 || pc.place.rank < 0 || pc.place.rank >= pc.place.size || pc.begin >= pc.end ||
+            pc.end > static_cast<size_t>(pc.numel) || pc.global_shape.size() > 2)
+          throw Error(ErrorKind::kCorruption, index_path + ": piece " + pc.tensor + " has an impossible place or range");
+        by_param_[pc.param].push_back(std::move(pc));
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(ErrorKind::kCorruption, index_path + ": malformed: " + e.what());
+    }
   }
+
+  // out = the shard at `place` (numel elements) of parameter `name` whose whole shape, padded for
+  // place.size, is global_shape, of state `state` ("master" or an optimizer buffer).
+  // need: the element ranges of the shard wanted (null: all of it); pieces outside them are not read.
+  void read(const std::string& state, const std::string& name, const Shape& global_shape, const nn::TpSplit& split,
+            nn::TpPlace place, int64_t numel, float* out, const std::vector<std::pair<size_t, size_t>>* need = nullptr) {
+    const std::string index_path = (dir_ / kShardIndex).string();
+    auto it = by_param_.find(name);
+    MT_CHECK(it != by_param_.end(), ErrorKind::kInvalidArgument, index_path + ": the checkpoint has no parameter " + name);
+    const Shape whole = nn::tp_unpadded_shape(global_shape, split);
+    const nn::TpPlace want = split.dim < 0 ? nn::TpPlace{0, 1} : place;
+    // Saved at the same place: copy the pieces straight in.
+    std::vector<const ShardPiece*> same;
+    for (const ShardPiece& pc : it->second) {
+      MT_CHECK(nn::tp_unpadded_shape(pc.global_shape, pc.split) == whole, ErrorKind::kInvalidArgument,
+               index_path + ": " + name + " has shape " + shape_str(nn::tp_unpadded_shape(pc.global_shape, pc.split)) +
+                   " in the checkpoint, " + shape_str(whole) + " in this model");
+      if (pc.place.rank == want.rank && pc.place.size == want.size && pc.numel == numel) same.push_back(&pc);
+    }
+    if (!same.empty() && covers(same, numel)) {
+      for (const ShardPiece* pc : same) {
+        bool wanted = !need;
+        for (size_t k = 0; need && k < need->size(); ++k)
+          wanted = wanted || ((*need)[k].first < pc->end && pc->begin < (*need)[k].second);
+        if (wanted) copy_piece(*pc, state, out + pc->begin);
+      }
+      return;
+    }
+    // Another tensor-parallel split: put the whole parameter together from every place's pieces,
+    // then cut this place's shard out of it.
+    std::map<int, std::vector<const ShardPiece*>> by_rank;
+    int saved_tp = 0;
+    for (const ShardPiece& pc : it->second) {
+      MT_CHECK(saved_tp == 0 || saved_tp == pc.place.size, ErrorKind::kCorruption,
+               index_path + ": " + name + " is saved at two tensor-parallel sizes");
+      saved_tp = pc.place.size;
+      by_rank[pc.place.rank].push_back(&pc);
+    }
+    MT_CHECK(static_cast<int>(by_rank.size()) == saved_tp, ErrorKind::kCorruption,
+             index_path + ": " + name + ": pieces of " + std::to_string(by_rank.size()) + " of its " +
+                 std::to_string(saved_tp) + " tensor-parallel shards");
+    std::vector<float> full(static_cast<size_t>(shape_numel(whole)));
+    for (auto& [rank, pieces] : by_rank) {
+      const ShardPiece& first = *pieces.front();
+      MT_CHECK(covers(pieces, first.numel), ErrorKind::kCorruption,
+               index_path + ": the pieces of " + name + " do not cover tensor-parallel shard " + std::to_string(rank));
+      std::vector<float> shard(static_cast<size_t>(first.numel));
+      for (const ShardPiece* pc : pieces) copy_piece(*pc, state, shard.data() + pc->begin);
+      nn::tp_insert(full.data(), shard.data(), first.global_shape, first.split, first.place);
+    }
+    nn::tp_extract(out, full.data(), global_shape, split, place);
+  }
+  // Closes the files opened so far (the weights' once the master is read).
+  void close_files() { files_.clear(); }
+  // Every file opened so far, in order.
+  const std::vector<std::string>& opened() const { return opened_; }
+
+ private:
+  static bool covers(std::vector<const ShardPiece*>& pieces, int64_t numel) {
+    std::sort(pieces.begin(), pieces.end(), [](const ShardPiece* a, const ShardPiece* b) { return a->begin < b->begin; });
+    size_t at = 0;
+    for (const ShardPiece* pc : pieces) {
+      if (pc->begin != at || pc->numel != pieces.front()->numel) return false;
+      at = pc->end;
+    }
+    return at == static_cast<size_t>(numel);
+  }
+  void copy_piece(const ShardPiece& pc, const std::string& state, float* out) {
+    const bool master = state == "master";
+    const checkpoint::SafetensorsFile& f = file(master ? pc.file : pc.optimizer_file);
+    const std::string tensor = master ? pc.tensor : state + "/" + pc.tensor;
+    std::vector<float> v;
+    try {
+      v = f.read_f32(tensor);
+    } catch (const Error& e) {  // a damaged header: a tensor gone, renamed or of another dtype
+      if (e.kind() == ErrorKind::kIOError) throw;
+      throw_damaged(dir_.string(), e.what());
+    }
+    MT_CHECK(v.size() == pc.end - pc.begin, ErrorKind::kCorruption,
+             f.path() + ": tensor " + tensor + " has " + std::to_string(v.size()) + " elements, the index says " +
+                 std::to_string(pc.end - pc.begin));
+    const std::string want = pc.xxh3.value(state, std::string()), got = xxh3_hex(v.data(), v.size() * sizeof(float));
+    if (want != got)
+      throw_damaged(dir_.string(), f.path() + " is corrupt (tensor " + tensor + ": XXH3 " + got + ", the index recorded " +
+                                       (want.empty() ? std::string("none") : want) + ")");
+    std::copy(v.begin(), v.end(), out);
+  }
+  const checkpoint::SafetensorsFile& file(const std::string& name) {
+    auto it = files_.find(name);
+    if (it != files_.end()) return *it->second;
+    MT_CHECK(name.find('/') == std::string::npos && name.find("..") == std::string::npos, ErrorKind::kCorruption,
+             (dir_ / kShardIndex).string() + ": names a file outside the checkpoint: " + name);
+    // Its size as recorded; its header read and checked; each tensor read is checked against the
+    // index's XXH3 (the whole file's is in state.json, for checkpoint_verify).
+    const fs::path fp = dir_ / name;
+    MT_CHECK(state_["files"].contains(name), ErrorKind::kCorruption, (dir_ / "state.json").string() + " does not list " + name);
+    std::error_code ec;
+    const int64_t bytes = fs::exists(fp, ec) ? static_cast<int64_t>(fs::file_size(fp, ec)) : -1;
+    if (bytes < 0) throw_damaged(dir_.string(), fp.string() + " is missing");
+    if (bytes != state_["files"][name].value("bytes", int64_t{-1}))
+      throw_damaged(dir_.string(), fp.string() + " is truncated or extended (" + std::to_string(bytes) +
+                                       " bytes, the checkpoint recorded " +
+                                       std::to_string(state_["files"][name].value("bytes", int64_t{-1})) + ")");
+    opened_.push_back(name);
+    try {
+      return *(files_[name] = std::make_unique<checkpoint::SafetensorsFile>(fp.string(), true));
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::kIOError) throw;
+      throw_damaged(dir_.string(), e.what());
+    }
+  }
+
+  fs::path dir_;
+  nlohmann::json state_;
+  std::map<std::string, std::vector<ShardPiece>> by_param_;
+  std::map<std::string, std::unique_ptr<checkpoint::SafetensorsFile>> files_;
+  std::vector<std::string> opened_;
+};
+
+// Optimizer step count, loss scaler, counters; warns when the data order will not continue.
+void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json& state) {
   try {
     engine.optimizer().set_step_count(state.at("optimizer_step").get<int64_t>());
     optim::LossScalerState ls;
@@ -310,6 +652,126 @@ void checkpoint_load(Engine& engine, const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorKind::kCorruption, (dir / "state.json").string() + ": missing or malformed field: " + e.what());
   }
+}
+
+// A checkpoint of an older meshtrain: rank 0 wrote the whole model to model.safetensors and the
+// optimizer's flat buffers to optimizer.safetensors; every rank reads them whole.
+void legacy_load(Engine& engine, const fs::path& dir) {
+  checkpoint_verify(dir.string());
+  nn::ParamStore& store = engine.model().store();
+  checkpoint::SafetensorsFile weights((dir / "model.safetensors").string());
+  std::vector<float> flat(store.global_numel());
+  hf_weights_load(store, weights, "", flat.data());
+  engine.load_master(flat.data());
+  checkpoint::SafetensorsFile opt((dir / "optimizer.safetensors").string());
+  auto saved_type = opt.metadata().find("optimizer");
+  std::string want = engine.optimizer().type_name();
+  MT_CHECK(saved_type == opt.metadata().end() ? want == "AdamW" : saved_type->second == want, ErrorKind::kInvalidArgument,
+           opt.path() + ": the checkpoint's optimizer is " +
+               (saved_type == opt.metadata().end() ? std::string("AdamW") : saved_type->second) + ", the config's " + want);
+  for (const optim::StateBuffer& b : engine.optimizer().state()) {
+    flat = opt.read_f32(b.name, {static_cast<int64_t>(store.global_numel())});
+    engine.load_optimizer_state(b.name, flat.data());
+  }
+}
+
+}  // namespace
+
+CheckpointInfo checkpoint_info(const std::string& path) {
+  CheckpointInfo info;
+  info.dir = checkpoint_resolve(path);
+  checkpoint_verify(info.dir);
+  std::string state_path = (fs::path(info.dir) / "state.json").string();
+  nlohmann::json state = json_load_file(state_path, ErrorKind::kCorruption);
+  MT_CHECK(state.contains("model") && state["model"].is_object(), ErrorKind::kCorruption,
+           state_path + ": no \"model\" object");
+  info.model_json = state["model"];
+  info.model = hf_config_parse(info.model_json, state_path + ": model");
+  if (state.contains("tokenizer") && state["tokenizer"].is_string()) info.tokenizer = state["tokenizer"].get<std::string>();
+  info.global_step = state.value("global_step", int64_t{0});
+  info.sharded = state.contains("format");
+  info.weights = (fs::path(info.dir) / "model.safetensors").string();
+  return info;
+}
+
+void checkpoint_load_weights(const CheckpointInfo& info, nn::ParamStore& store) {
+  if (!info.sharded) {
+    checkpoint::SafetensorsFile weights(info.weights);
+    hf_weights_load(store, weights);
+    return;
+  }
+  nlohmann::json state = json_load_file((fs::path(info.dir) / "state.json").string(), ErrorKind::kCorruption);
+  ShardReader reader(info.dir, state);
+  for (nn::Parameter* p : store.parameters())
+    reader.read("master", p->name, p->global_shape, p->split, p->place, p->numel(), p->master);
+  store.sync_compute();
+}
+
+std::vector<std::string> checkpoint_load(Engine& engine, const std::string& path) {
+  const parallel::ParallelContext& ctx = engine.parallel();
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(engine.config().comm_timeout_s * 1000.0));
+  fs::path dir;
+  nlohmann::json state;
+  std::unique_ptr<ShardReader> reader;
+  nn::ParamStore& store = engine.model().store();
+  std::exception_ptr failed;
+  try {
+    dir = checkpoint_resolve(path);
+    std::string damage = state_damage(dir, &state);
+    if (!damage.empty()) throw_damaged(dir.string(), damage);
+    if (!state.contains("state_xxh3"))
+      log_warning((dir / "state.json").string() + ": written without checksums (an older meshtrain): not verified");
+    MT_CHECK(state.value("num_params", int64_t{-1}) == static_cast<int64_t>(store.global_numel()), ErrorKind::kInvalidArgument,
+             (dir / "state.json").string() + ": the checkpoint's model has a different parameter count");
+    if (state.contains("format")) {
+      MT_CHECK(state["format"] == "meshtrain-sharded-1", ErrorKind::kNotSupported,
+               (dir / "state.json").string() + ": format " + state["format"].dump() + " is newer than this meshtrain reads");
+      std::string saved = state.value("optimizer", std::string("?")), want = engine.optimizer().type_name();
+      MT_CHECK(saved == want, ErrorKind::kInvalidArgument,
+               (dir / "state.json").string() + ": the checkpoint's optimizer is " + saved + ", the config's " + want);
+      // The small files (the indexes) on every rank; each shard file by the ranks that read it
+      // (every one is read by some rank, whatever the new layout).
+      for (auto it = state["files"].begin(); it != state["files"].end(); ++it) {
+        if (fs::path(it.key()).extension() == ".safetensors") continue;
+        std::string bad = file_damage(dir, state, it.key());
+        if (!bad.empty()) throw_damaged(dir.string(), bad);
+      }
+      reader = std::make_unique<ShardReader>(dir, state);
+    }
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  agree(ctx, failed, timeout, "loading checkpoint " + path);
+  std::vector<std::string> read{"model.safetensors", "optimizer.safetensors"};
+  if (!reader) {
+    legacy_load(engine, dir);
+  } else {
+    // Each rank reads the parameters its span holds (its ZeRO pieces, or its whole stage and
+    // tensor-parallel shard), each from the pieces that hold it, in whatever layout they were saved.
+    const std::vector<Engine::SpanRun> runs = engine.span_runs();
+    for (const std::string& name : engine.state_names()) {
+      std::vector<float> local;
+      try {
+        local.assign(store.numel(), 0.0f);
+        for (const nn::Parameter* p : store.parameters()) {
+          const size_t lo = p->offset, hi = p->offset + static_cast<size_t>(p->numel());
+          std::vector<std::pair<size_t, size_t>> need;  // of the parameter's local shard
+          for (const Engine::SpanRun& r : runs)
+            if (r.flat_begin < hi && lo < r.flat_end) need.emplace_back(std::max(lo, r.flat_begin) - lo, std::min(hi, r.flat_end) - lo);
+          if (!need.empty())
+            reader->read(name, p->name, p->global_shape, p->split, p->place, p->numel(), local.data() + lo, &need);
+        }
+        if (name == "master") reader->close_files();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      agree(ctx, failed, timeout, "loading checkpoint " + dir.string());
+      engine.load_local_state(name, local.data());
+    }
+    read = reader->opened();
+  }
+  restore_counters(engine, dir, state);
+  return read;
 }
 
 }  // namespace mt::engine

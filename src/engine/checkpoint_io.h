@@ -1,16 +1,28 @@
 // Training checkpoints: a directory per save, step-<N>/, written as a whole into a temporary
-// directory, fsynced and renamed, so a kill during a save leaves the previous checkpoint loadable:
-//   model.safetensors      weights in Hugging Face names and layouts (f32 masters)
-//   model.safetensors.index.json  Hugging Face's index (weight_map) of the weights
-//   optimizer.safetensors  the optimizer's state() buffers as flat f32 spans (AdamW/Lamb exp_avg,
-//                          exp_avg_sq; SGD momentum_buffer), its type in the metadata
-//   state.json             counters (optimizer step count: bias correction, schedule position),
-//                          loss scaler, model config, tokenizer, data position, seed and order
-// Training has no other randomness (no dropout), so this is the whole state of a run.
-// `latest` in the save directory names the newest complete checkpoint. The last keep_last are kept.
+// directory, fsynced and renamed, so a kill during a save leaves the previous checkpoint loadable.
+// Sharded (no rank gathers the model): every rank writes what only it holds, in safetensors files
+//   model[-K-of-N].safetensors      master weights (f32): whole tensors in Hugging Face names and
+//                                   shapes; parts of tensors (a tensor-parallel shard, a ZeRO
+//                                   piece) as 1-D "NAME@tpQofT[begin:end]"
+//   optimizer[-K-of-N].safetensors  the optimizer's state() buffers, the same pieces as
+//                                   "exp_avg/…", "exp_avg_sq/…" (SGD: "momentum_buffer/…")
+//   meshtrain.index.json            every piece: parameter, file, tensor, tensor-parallel place
+//                                   (rank, size), shard shape, whole (padded) shape, split rule and
+//                                   element range in the shard
+//   model.safetensors.index.json    Hugging Face's weight_map, where every tensor is whole
+//   state.json                      counters (optimizer step count: bias correction, schedule
+//                                   position), loss scaler, model config, tokenizer, data
+//                                   position, seed and order, the layout it was saved from, and
+//                                   the size and XXH3-64 of every file
+// Loading reads, on each rank, only the pieces of the parameters its new layout holds (any dp, tp,
+// pp, ZeRO stage and world size), verifying each file it opens. One process writes one
+// model.safetensors: a Hugging Face file. Training has no other randomness (no dropout), so this
+// is the whole state of a run. `latest` in the save directory names the newest complete
+// checkpoint. The last keep_last are kept.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,6 +34,8 @@ namespace mt::engine {
 // size and XXH3-64 of every file in state.json, points `latest` at it, and rotates: it and later
 // steps stay, of the earlier ones the newest keep_last - 1 (all of them kept when keep_last <= 0).
 // drop_others removes every other checkpoint instead (train --overwrite's first save).
+// Collective over the whole job: every rank writes its shard, rank 0 the index and state.json; a
+// failure on any rank fails the save on every rank (the previous checkpoint stays the newest).
 std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t keep_last, bool drop_others = false);
 // Throws kCorruption naming the damaged file (missing, truncated, checksum mismatch) and the newest
 // intact checkpoint beside it. A checkpoint written before checksums passes.
@@ -34,16 +48,21 @@ std::string checkpoint_resolve(const std::string& path);
 
 // What export and generate need from a checkpoint without building an engine.
 struct CheckpointInfo {
-  std::string dir, weights;   // the step-N directory and its model.safetensors
+  std::string dir, weights;   // the step-N directory and its model.safetensors (one file: unsharded)
+  bool sharded = false;       // the sharded format (else an older meshtrain's gathered one)
   nlohmann::json model_json;  // the Hugging Face config of the model
   models::ModelConfig model;
   std::string tokenizer;      // data.tokenizer of the run ("" when it had none)
   int64_t global_step = 0;
 };
 CheckpointInfo checkpoint_info(const std::string& path);
+// Fills a model built from info.model (one process, or any layout) with the checkpoint's weights.
+void checkpoint_load_weights(const CheckpointInfo& info, nn::ParamStore& store);
 
 // Restores weights, optimizer, scaler and counters from a checkpoint directory (or a save_dir
-// holding `latest`). Throws naming the file on any mismatch.
-void checkpoint_load(Engine& engine, const std::string& path);
+// holding `latest`), saved in any layout. Collective; throws naming the file on any mismatch, on
+// every rank when one fails.
+// Returns the safetensors files this rank read.
+std::vector<std::string> checkpoint_load(Engine& engine, const std::string& path);
 
 }  // namespace mt::engine

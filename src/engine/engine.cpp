@@ -730,28 +730,62 @@ std::vector<std::pair<std::string, std::vector<float>>> Engine::gather_optimizer
   return out;
 }
 
-void Engine::load_master(const float* flat) {
-  std::vector<float> local = from_one_process(flat);
-  if (device_) {
-    nn::ParamStore& store = model_.store();
-    std::copy(local.begin(), local.end(), store.master());
-    store.sync_compute();
-    device_->load_master(local.data());
-    return;
-  }
-  sync_->scatter(master(), local.data());
-  sync_->after_update();
-}
+void Engine::load_master(const float* flat) { load_local_state("master", from_one_process(flat).data()); }
 
 void Engine::load_optimizer_state(const std::string& name, const float* flat) {
+  load_local_state(name, from_one_process(flat).data());
+}
+
+std::vector<Engine::SpanRun> Engine::span_runs() const {
+  const parallel::ZeroRuntime* z = zero();
+  if (!z) return {SpanRun{0, model_.store().numel(), 0}};
+  std::vector<SpanRun> runs;
+  const parallel::ZeroPartition& part = z->partition();
+  for (size_t u = 0; u < part.units().size(); ++u)
+    if (part.piece_end(u) > part.piece_begin(u)) runs.push_back({part.piece_begin(u), part.piece_end(u), part.shard_offset(u)});
+  return runs;
+}
+
+std::vector<std::string> Engine::state_names() const {
+  std::vector<std::string> names{"master"};
+  for (const optim::StateBuffer& b : optimizer_->state()) names.push_back(b.name);
+  return names;
+}
+
+const float* Engine::span_state(const std::string& name, std::vector<float>& scratch) {
+  if (name == "master") {
+    if (!device_) return master();
+    scratch.assign(model_.store().numel(), 0.0f);
+    device_->store_master(scratch.data());
+    return scratch.data();
+  }
   for (const optim::StateBuffer& b : optimizer_->state()) {
     if (b.name != name) continue;
-    std::vector<float> local = from_one_process(flat);
+    if (!device_) return b.data;
+    scratch.assign(model_.store().numel(), 0.0f);
+    device_->store_state(b.name, scratch.data());
+    return scratch.data();
+  }
+  throw Error(ErrorKind::kInvalidArgument, "optimizer " + std::string(optimizer_->type_name()) + " has no state '" + name + "'");
+}
+
+void Engine::load_local_state(const std::string& name, const float* local) {
+  if (name == "master") {
     if (device_) {
-      device_->load_state(name, local.data());
-    } else {
-      sync_->scatter(b.data, local.data());
+      nn::ParamStore& store = model_.store();
+      std::copy(local, local + store.numel(), store.master());
+      store.sync_compute();
+      device_->load_master(local);
+      return;
     }
+    sync_->scatter(master(), local);
+    sync_->after_update();
+    return;
+  }
+  for (const optim::StateBuffer& b : optimizer_->state()) {
+    if (b.name != name) continue;
+    if (device_) device_->load_state(name, local);
+    else sync_->scatter(b.data, local);
     return;
   }
   throw Error(ErrorKind::kInvalidArgument, "optimizer " + std::string(optimizer_->type_name()) + " has no state '" + name + "'");

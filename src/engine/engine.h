@@ -101,6 +101,23 @@ class Engine {
   // Every rank passes the full buffers (one-process layout, read from a checkpoint): each keeps its part.
   void load_master(const float* flat);
   void load_optimizer_state(const std::string& name, const float* flat);
+
+  // Sharded checkpoints (engine/checkpoint_io.h), without gathering: the runs of the local flat
+  // layout (nn::Parameter::offset) that this rank's span holds, [flat_begin, flat_end) at
+  // span_begin (its ZeRO pieces, or the whole local buffer).
+  struct SpanRun {
+    size_t flat_begin = 0, flat_end = 0, span_begin = 0;
+  };
+  std::vector<SpanRun> span_runs() const;
+  // Whether the other data-parallel ranks hold the same span (no ZeRO partition).
+  bool span_replicated() const { return !(sync_ && sync_->sharded()); }
+  // The names of the state a checkpoint holds: "master", then the optimizer's state() buffers.
+  std::vector<std::string> state_names() const;
+  // One of them as this rank's span (state_numel() elements); with a device, copied into scratch.
+  const float* span_state(const std::string& name, std::vector<float>& scratch);
+  // local: the whole local flat buffer (store.numel()), correct at least on this rank's span runs:
+  // each rank keeps its span. "master" refreshes the parameters (collective under ZeRO).
+  void load_local_state(const std::string& name, const float* local);
   models::TransformerLM& model() { return model_; }
   // The model's step on an accelerator (config.device "cuda"), else null.
   models::DeviceLM* device() const { return device_.get(); }
