@@ -15,6 +15,8 @@ PACKAGES=(
   clang libclang-rt-dev   # scripts/fuzz.sh: libFuzzer and the ASan/UBSan runtimes (clang-14 on bookworm)
   libomp-dev llvm         # OpenMP for clang builds; llvm-symbolizer for readable sanitizer stacks
   libopenmpi-dev openmpi-bin   # comm/: the MPI backend (OpenMPI) and mpirun for multi-rank tests
+  iproute2 openssh-server openssh-client  # scripts/netns-hosts.sh: "hosts" as network namespaces,
+                                          # an sshd in each, for the multi-host mpirun tests
   fortunes                # real English text for the quick-start demo
   gnuplot-nox             # the loss-curve plot (meshtrain plot, train --metrics)
   debootstrap             # scripts/fresh-machine-check.sh: a clean Debian root for the install check

@@ -13,6 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <chrono>
+#include <thread>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -723,4 +726,102 @@ TEST(TrainMpi, AStuckRankIsNamedByTheCollectiveTimeout) {
   EXPECT_NE(rc, 0);
   EXPECT_NE(err.find("rank 1 has not arrived"), std::string::npos) << err;
   EXPECT_NE(err.find("timed out"), std::string::npos) << err;
+}
+
+// ---- Several hosts: network namespaces with an sshd each (scripts/netns-hosts.sh) ----
+
+// Two "hosts" of 2 slots for the length of a test (skipped where namespaces cannot be made); their
+// OMPI_MCA_* settings are in this process's environment, which `meshtrain launch` passes to mpirun.
+class NetnsHosts {
+ public:
+  explicit NetnsHosts(const std::string& where) : dir_(where) {
+    std::string log = where + ".log";
+    int rc = std::system(("bash " + std::string(MT_SOURCE_DIR) + "/scripts/netns-hosts.sh up 2 " + dir_ + " > " + log + " 2>&1").c_str());
+    status_ = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    message_ = mt::cli::testing::slurp(log);
+    if (status_ != 0) return;
+    std::ifstream env(dir_ + "/env");
+    for (std::string line; std::getline(env, line);) {
+      if (line.rfind("export ", 0) != 0) continue;
+      std::string kv = line.substr(7), k = kv.substr(0, kv.find('=')), v = kv.substr(kv.find('=') + 1);
+      if (v.size() >= 2 && v.front() == '"') v = v.substr(1, v.size() - 2);
+      setenv(k.c_str(), v.c_str(), 1);
+      vars_.push_back(k);
+    }
+  }
+  ~NetnsHosts() {
+    for (const std::string& k : vars_) unsetenv(k.c_str());
+    if (status_ == 0)
+      (void)std::system(("bash " + std::string(MT_SOURCE_DIR) + "/scripts/netns-hosts.sh down " + dir_ + " > /dev/null 2>&1").c_str());
+  }
+  int status() const { return status_; }
+  const std::string& message() const { return message_; }
+  std::string hostfile() const { return dir_ + "/hostfile"; }
+
+ private:
+  std::string dir_, message_;
+  int status_ = -1;
+  std::vector<std::string> vars_;
+};
+
+// tp inside a host, pp and dp across the two: the one-process numbers. Then one host's ranks are
+// killed: the job ends (not hangs) with a message naming a lost rank.
+TEST(TrainMultiHost, TpWithinAHostPpAndDpAcrossHostsMatchOneProcessAndALostHostIsNamed) {
+  NetnsHosts hosts(dir() + "/hosts");
+  if (hosts.status() == 77) GTEST_SKIP() << "no network namespaces here: " << hosts.message();
+  ASSERT_EQ(hosts.status(), 0) << hosts.message();
+  write_dataset(dir() + "/train", 30);
+  const nlohmann::json base = {
+      {"model", {{"model_type", "gpt2"}, {"vocab_size", 97}, {"n_positions", 32}, {"n_embd", 48}, {"n_layer", 4}, {"n_head", 4}}},
+      {"train_iters", 10}, {"keep_last", 0},
+      {"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"warmup_num_steps", 2}, {"warmup_max_lr", 0.01}, {"total_num_steps", 10}}}}}};
+  ASSERT_EQ(run("train " + dp_config("mh-one", 0, base) + " --metrics " + dir() + "/mh-one.jsonl"), 0);
+  const std::string hf = " --hostfile " + hosts.hostfile();
+  std::string err;
+  // Ranks 0, 1 on host 0 and 2, 3 on host 1; tp (the innermost dimension) pairs 0-1 and 2-3.
+  for (auto [name, sets, stage] : {std::tuple{"mh-tp2pp2", " --set parallel.tp=2 --set parallel.pp=2", 0},
+                                   std::tuple{"mh-tp2dp2", " --set parallel.tp=2", 1}}) {
+    ASSERT_EQ(run("launch -n 4" + hf + " -- train " + dp_config(name, stage, base) + sets + " --metrics " + dir() + "/" + name + ".jsonl", &err), 0)
+        << err;
+    EXPECT_NE(err.find("10.77.0.11"), std::string::npos) << "the mpirun line names the second host: " << err;
+    expect_close(losses(dir() + "/mh-one.jsonl"), losses(dir() + "/" + std::string(name) + ".jsonl"), 1e-5, name);
+  }
+  // A long run; once it has made a step, host 1's ranks are killed.
+  nlohmann::json longer = base;
+  longer["train_iters"] = 100000;
+  longer["scheduler"]["params"]["total_num_steps"] = 100000;
+  longer["comm_timeout"] = 10;
+  const std::string cfg = dp_config("mh-kill", 1, longer);
+  const std::string metrics = dir() + "/mh-kill.jsonl";
+  const std::string cmd = std::string(MT_MESHTRAIN_BIN) + " launch -n 4" + hf + " -- train " + cfg + " --metrics " + metrics +
+                          " > " + dir() + "/mh-kill.out 2> " + dir() + "/mh-kill.err";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  bool stepped = false;
+  for (int i = 0; i < 1200 && !stepped; ++i) {  // up to 2 minutes to start and make a step
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    stepped = mt::cli::testing::slurp(metrics).find('\n') != std::string::npos;  // a whole metrics line
+    if (waitpid(pid, &status, WNOHANG) == pid) FAIL() << "ended before it was killed: " << mt::cli::testing::slurp(dir() + "/mh-kill.err");
+  }
+  ASSERT_TRUE(stepped) << mt::cli::testing::slurp(dir() + "/mh-kill.err");
+  ASSERT_EQ(std::system(("for p in $(bash " + std::string(MT_SOURCE_DIR) + "/scripts/netns-hosts.sh pids 1); do kill -9 $p; done").c_str()), 0);
+  // Every surviving rank ends: well within comm_timeout (10 s) plus mpirun's teardown.
+  bool ended = false;
+  for (int i = 0; i < 600 && !ended; ++i) {
+    ended = waitpid(pid, &status, WNOHANG) == pid;
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!ended) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  ASSERT_TRUE(ended) << "the job hung after a host's ranks were killed";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+  std::string all = mt::cli::testing::slurp(dir() + "/mh-kill.out") + mt::cli::testing::slurp(dir() + "/mh-kill.err");
+  EXPECT_TRUE(all.find("rank 2") != std::string::npos || all.find("rank 3") != std::string::npos) << all;
 }
