@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 MT=${MT:-./build/release/meshtrain}
 out=${OUT:-/tmp/multihost-bench}
 mkdir -p "$out"
+export OMP_NUM_THREADS=1  # one core per rank, here and on the hosts (which share this machine's)
 MT_SLOTS=1 bash scripts/netns-hosts.sh up 2 "$out/hosts" >/dev/null
 trap 'bash scripts/netns-hosts.sh down "$out/hosts"' EXIT
 printf "%-6s %-10s %8s %9s %9s\n" layout hosts "step s" "tok/s" "pp wait s"

@@ -153,7 +153,10 @@ int run_launch(const LaunchArgs& a) {
     if (!host_list.empty()) host_list += ',';
     host_list += h.host + ":" + std::to_string(h.slots);
   }
-  const int omp_threads = std::max(1, cores / busiest);
+  // A user's OMP_NUM_THREADS wins (as under torchrun): hosts that share cores (scripts/netns-hosts.sh)
+  // or have fewer than this one.
+  std::string omp_threads = std::to_string(std::max(1, cores / busiest));
+  if (const char* user = std::getenv("OMP_NUM_THREADS"); user && *user) omp_threads = user;
 
   std::vector<std::string> cmd = {"mpirun"};
   if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");
@@ -161,7 +164,7 @@ int run_launch(const LaunchArgs& a) {
   // Each rank runs OMP_NUM_THREADS OpenMP threads: binding every rank to one core (OpenMPI's
   // default for small jobs) would pile those threads onto it.
   cmd.insert(cmd.end(), {"--bind-to", "none", "-np", std::to_string(n), "--host", host_list, "--tag-output"});
-  cmd.insert(cmd.end(), {"-x", "OMP_NUM_THREADS=" + std::to_string(omp_threads), "-x", "MT_LAUNCHED=1"});
+  cmd.insert(cmd.end(), {"-x", "OMP_NUM_THREADS=" + omp_threads, "-x", "MT_LAUNCHED=1"});
   // mpirun gives its ranks a pseudo-terminal: tell rank 0 whether ours is a real one (progress bar
   // or plain lines).
   cmd.insert(cmd.end(), {"-x", std::string("MT_STDOUT_TTY=") + (isatty(STDOUT_FILENO) ? "1" : "0")});

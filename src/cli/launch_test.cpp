@@ -109,6 +109,22 @@ TEST(Launch, RunsASubcommandOnTwoRanksWithTaggedOutput) {
   EXPECT_NE(err.find("-x OMP_NUM_THREADS="), std::string::npos) << err;
 }
 
+// A user's OMP_NUM_THREADS is what the ranks get (hosts sharing cores: scripts/netns-hosts.sh).
+TEST(Launch, AUsersOmpNumThreadsWins) {
+  const char* before = std::getenv("OMP_NUM_THREADS");
+  std::string saved = before ? before : "";
+  setenv("OMP_NUM_THREADS", "3", 1);
+  std::string out, err;
+  int rc = run("launch -n 1 -- config check " +
+                   write("omp.json", R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,)"
+                                     R"( "n_embd": 48, "n_layer": 2, "n_head": 4}, "train_micro_batch_size_per_gpu": 1})"),
+               &out, &err);
+  if (before) setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  else unsetenv("OMP_NUM_THREADS");
+  ASSERT_EQ(rc, 0) << out << err;
+  EXPECT_NE(err.find("-x OMP_NUM_THREADS=3 "), std::string::npos) << err;
+}
+
 TEST(Launch, PassesMasterAddrAndPortThrough) {
   std::string out, err;
   std::string hosts = write("one.txt", "localhost slots=1\n");

@@ -696,8 +696,7 @@ CheckpointInfo checkpoint_info(const std::string& path) {
 
 void checkpoint_load_weights(const CheckpointInfo& info, nn::ParamStore& store) {
   if (!info.sharded) {
-    checkpoint::SafetensorsFile weights(info.weights);
-    hf_weights_load(store, weights);
+    hf_weights_load_path(store, info.weights);
     return;
   }
   nlohmann::json state = json_load_file((fs::path(info.dir) / "state.json").string(), ErrorKind::kCorruption);

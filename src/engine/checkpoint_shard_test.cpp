@@ -138,6 +138,10 @@ TEST(ShardedCheckpoint, EveryRankWritesItsPartAndEachLayoutReadsOnlyWhatItHolds)
     EXPECT_EQ(got[0].master, saved[0].master) << name;
     EXPECT_EQ(got[0].exp_avg, saved[0].exp_avg) << name;
   }
+  // model.init_from a sharded checkpoint (fine-tuning from it) in another layout: its weights.
+  nlohmann::json init = layout(2, 1, 1, 0);
+  init["model"]["init_from"] = ck;
+  EXPECT_EQ(run(init, 2, 0, "", "")[0].master, saved[0].master);
 }
 
 // ZeRO-1 over dp2: each dp rank writes its own pieces; resuming in the same layout each reads only
