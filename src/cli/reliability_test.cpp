@@ -140,6 +140,24 @@ TEST(Checkpoints, AKillWhileReSavingAStepLeavesLatestLoadable) {
   }
 }
 
+TEST(Checkpoints, AKillBeforeTheFirstLatestLeavesAResumableSaveDir) {
+  std::string cfg = config("nolatest");
+  std::string cmd = "MT_FAULT=checkpoint.before_latest " + std::string(MT_MESHTRAIN_BIN) + " train " + cfg +
+                    " > /dev/null 2>&1";
+  int rc = std::system(cmd.c_str());
+  ASSERT_FALSE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << "the fault point was not reached";
+  ASSERT_TRUE(fs::exists(save_dir("nolatest") + "/step-3/state.json"));
+  ASSERT_FALSE(fs::exists(save_dir("nolatest") + "/latest"));
+  std::string err, out;
+  EXPECT_EQ(run("train " + cfg, &err), 2);  // a new run does not write over step-3
+  EXPECT_NE(err.find("--resume"), std::string::npos) << err;
+  // was: "ckpt-nolatest: not a checkpoint (no state.json)"
+  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("nolatest"), &err, &out), 0) << err;
+  EXPECT_EQ(out.find("step 3/"), std::string::npos) << "resumed after step 3: " << out;
+  EXPECT_NE(out.find("step 4/"), std::string::npos) << out;
+  EXPECT_EQ(latest(save_dir("nolatest")), "step-6");
+}
+
 TEST(Checkpoints, CorruptOrTruncatedFilesAreNamedWithTheNewestIntactCheckpoint) {
   std::string cfg = config("corrupt");
   ASSERT_EQ(run("train " + cfg), 0);
@@ -384,7 +402,9 @@ TEST(Faults, RandomKillsAndFlippedBytesNeverTrainOnBadData) {
     int stalled = 0;  // consecutive kills after which `latest` had not moved
     for (int attempt = 0; attempt < 100; ++attempt) {
       std::vector<std::string> args = {"train", cfg};
-      if (fs::exists(save + "/latest")) args.insert(args.end(), {"--resume", save});
+      // As a user would: resume whenever the save_dir holds a checkpoint (a kill between the first
+      // save's rename and its `latest` leaves step-N without `latest`; a plain `train` refuses it).
+      if (mt::engine::checkpoint_dir_has_checkpoints(save)) args.insert(args.end(), {"--resume", save});
       const std::string before = fs::exists(save + "/latest") ? latest(save) : "";
       auto t_start = std::chrono::steady_clock::now();
       pid_t pid = spawn(args, dir() + "/campaign.out", dir() + "/campaign.err");

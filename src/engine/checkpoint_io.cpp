@@ -457,6 +457,15 @@ std::string checkpoint_resolve(const std::string& path) {
     MT_CHECK(fs::exists(named), ErrorKind::kCorruption,
              (dir / "latest").string() + " names " + name + ", which does not exist");
     dir = named;
+  } else if (!fs::exists(dir / "state.json")) {
+    // A save_dir whose first save was killed after step-N was renamed into place and before
+    // `latest` was written: step-N is complete (it is renamed only when whole); take the newest.
+    for (const auto& [step, p] : step_dirs(dir)) {
+      if (fs::exists(p / "state.json")) {
+        dir = p;
+        break;
+      }
+    }
   }
   MT_CHECK(fs::exists(dir / "state.json"), ErrorKind::kNotFound, dir.string() + ": not a checkpoint (no state.json)");
   return dir.string();

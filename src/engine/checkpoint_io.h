@@ -42,8 +42,8 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
 void checkpoint_verify(const std::string& dir);
 // Whether save_dir holds any checkpoint (a `latest` or a step-N directory).
 bool checkpoint_dir_has_checkpoints(const std::string& save_dir);
-// The checkpoint directory a path names: itself, or the one `latest` names in a save_dir.
-// Throws kNotFound when it holds no state.json.
+// The checkpoint directory a path names: itself, or the one `latest` names in a save_dir (a
+// save_dir without `latest`, its first save killed before writing it: the newest step-N). Throws kNotFound when it holds no state.json.
 std::string checkpoint_resolve(const std::string& path);
 
 // What export and generate need from a checkpoint without building an engine.
