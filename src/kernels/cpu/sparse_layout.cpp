@@ -70,7 +70,8 @@ class Plane {
   }
   void lower_triangle() {
     for (int r = 0; r < nb_; ++r)
-      std::fill(p_ + static_cast<size_t>(r) * nb_ + r + 1, p_ + static_cast<size_t>(r + 1) * nb_, 0);
+      std::fill(p_ + static_cast<size_t>(r) * nb_ + r + 1, p_ + static_cast<size_t>(r + 1) * nb_,
+                0);
   }
 
  private:

@@ -1,13 +1,14 @@
-// Block layouts of DeepSpeed's sparse attention (deepspeed/ops/sparse_attention/sparsity_config.py):
-// which (block x block) tiles of each head's (T, T) score matrix are computed. A layout is
-// (num_heads, nb, nb) with nb = T / block; entry (h, r, c) = 1 iff query block r of head h attends
-// to key block c. Modes and keys are DeepSpeed's, with its defaults:
+// Block layouts of DeepSpeed's sparse attention
+// (deepspeed/ops/sparse_attention/sparsity_config.py): which (block x block) tiles of each head's
+// (T, T) score matrix are computed. A layout is (num_heads, nb, nb) with nb = T / block; entry (h,
+// r, c) = 1 iff query block r of head h attends to key block c. Modes and keys are DeepSpeed's,
+// with its defaults:
 //   dense         every block
 //   fixed         Child et al. 2019 ("Generative Modeling with Sparse Transformers"): local windows
 //                 of num_local_blocks, the last num_global_blocks of each window attended by all
 //   variable      fixed with a list of window sizes, explicit global blocks and random blocks
 //   bigbird       Zaheer et al. 2020: random + sliding window + the first global blocks
-//   bslongformer  Beltagy et al. 2020, block-sparse: sliding window + global blocks (rows and columns)
+//   bslongformer  Beltagy et al. 2020, block-sparse: sliding window + global rows and columns
 // "unidirectional" makes the local windows causal and starts global columns at their own block;
 // bigbird and bslongformer then keep only blocks at or below the diagonal. variable, as in
 // DeepSpeed, may keep random blocks and global ranges above it. Masking inside the diagonal blocks
