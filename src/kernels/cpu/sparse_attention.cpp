@@ -7,7 +7,8 @@
 // which is the last of its row, so the tile's band is diag = its offset in the tile.
 // Backward, per (b, kv head) (one thread owns dK, dV and its query heads' dQ: deterministic sums):
 // per key block column, its query blocks, up to 64 rows at a time, are packed into one query tile;
-// a causal diagonal block is the first of its column (diag = 0); dQ is added block by block.
+// a causal diagonal block is the first of its column (diag = 0); dQ is added block by block into a
+// packed per-thread (group, T, HS) buffer, copied into dqkv once per unit.
 #include "kernels/cpu/sparse_attention.h"
 
 #include <algorithm>
@@ -148,11 +149,16 @@ void sparse_attention_backward(float* dqkv, const float* dout, const float* qkv,
     AttnBackwardTiles tiles(HS, static_cast<size_t>(group) * T);  // Qp...D_t: gathered blocks
     float *dP = tiles.dP, *Kp = tiles.Kp, *Qp = tiles.Qp, *dOp = tiles.dOp, *D = tiles.D;
     float *lse_t = tiles.lse_t, *D_t = tiles.D_t;
+    // (group, T, HS): dQ of the unit's query heads, rows packed rather than C3 apart in dqkv: each
+    // (query block, key block) pair adds to 16..64 of them.
+    AttnScratch dq_scratch(static_cast<size_t>(group) * T * HS);
+    float* dQ = dq_scratch.data();
 #pragma omp for schedule(dynamic, 1)
     for (long u = 0; u < units; ++u) {
       const int b = static_cast<int>(u / NKV), kvh = static_cast<int>(u % NKV);
       const long row0 = static_cast<long>(b) * T;
       attn_backward_begin(D, dqkv, out, dout, b, kvh, T, NH, NKV, HS);
+      std::fill(dQ, dQ + static_cast<size_t>(group) * T * HS, 0.0f);
       for (int jb = 0; jb < nb; ++jb) {
         const int j0 = jb * blk;
         const long kofs = (row0 + j0) * C3 + (NH + kvh) * HS;
@@ -174,14 +180,17 @@ void sparse_attention_backward(float* dqkv, const float* dout, const float* qkv,
             const int diag = plan.causal && plan.col_rows[k0] == jb ? 0 : kAttnNoLimit;
             tiles.add_queries(ops, lse_t, D_t, rows, blk, diag, HS, c, scale);
             for (int i = 0; i < n; ++i) {
-              const long qofs = (row0 + plan.col_rows[k0 + i] * blk) * C3 + h * HS;
-              ops.accumulate(dqkv + qofs, C3, dP + i * blk * kLd, kLd, 1, Kp, HS, blk, blk, HS,
+              float* dq = dQ + (static_cast<size_t>(g) * T + plan.col_rows[k0 + i] * blk) * HS;
+              ops.accumulate(dq, HS, dP + i * blk * kLd, kLd, 1, Kp, HS, blk, blk, HS,
                              -kAttnNoLimit, i == 0 ? diag : kAttnNoLimit, nullptr);
             }
           }
         }
         tiles.store_keys(dqkv + kofs, dqkv + vofs, C3, blk, HS);
       }
+      for (int g = 0; g < group; ++g)
+        attn_unpack_rows(dqkv + row0 * C3 + (kvh * group + g) * HS, C3,
+                         dQ + static_cast<size_t>(g) * T * HS, T, HS);
     }
   }
 }

@@ -48,6 +48,7 @@ void sparse_attention_forward(float* out, float* lse, const float* qkv,
 
 // dqkv: (B, T, (NH + 2*NKV) * HS) = gradient w.r.t. qkv (overwritten, all three parts; zero for
 // queries that see nothing and keys nobody sees). Deterministic: one thread per (b, kv head).
+// Each thread holds (NH / NKV) * T * (HS + 1) floats of scratch.
 void sparse_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                const float* lse, const SparseAttentionPlan& plan, int B, int T,
                                int NH, int NKV, int HS);
