@@ -1,12 +1,16 @@
 // Flash attention forward and backward (kernels/cpu/attention.h) at GPT-2 124M shapes:
 // B=4, T=256 and B=1, T=1024, NH=NKV=12, HS=64. FLOP counts are the causal ones: forward
 // 2*B*NH*T^2*HS (two products over half the score matrix), backward 2.5x that (five products).
+// Long sequences (B=1, T=4096 and 16384, same heads): forward + backward of the dense causal kernel
+// against the block-sparse one (sparse_attention.h) with DeepSpeed's fixed layout (block 16, 4
+// local blocks, 1 global, unidirectional); FLOPs count the (query, key) pairs each computes.
 #include <benchmark/benchmark.h>
 
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/sparse_attention.h"
 
 namespace {
 
@@ -55,8 +59,60 @@ void BM_AttentionBackward(benchmark::State& state) {
   set_flops(state, 2.5 * a.forward_flops());
 }
 
+// Forward + backward: 3.5x the forward's 4 * HS FLOPs per visible (query, key) pair.
+double fwd_bwd_flops(const AttentionBuffers& a, double pairs_per_head) {
+  return 3.5 * 4.0 * a.HS * pairs_per_head * a.NH * a.B;
+}
+
+void BM_AttentionCausalFwdBwd(benchmark::State& state) {
+  AttentionBuffers a(1, state.range(0), 12, 64);
+  for (auto _ : state) {
+    mt::kernels::attention_forward(a.out.data(), a.lse.data(), a.qkv.data(), a.B, a.T, a.NH, a.NH,
+                                   a.HS);
+    mt::kernels::attention_backward(a.dqkv.data(), a.dout.data(), a.qkv.data(), a.out.data(),
+                                    a.lse.data(), a.B, a.T, a.NH, a.NH, a.HS);
+    benchmark::DoNotOptimize(a.dqkv.data());
+  }
+  set_flops(state, fwd_bwd_flops(a, 0.5 * a.T * (a.T + 1.0)));
+  state.counters["density"] = 1.0;
+}
+
+void BM_SparseAttentionFixedFwdBwd(benchmark::State& state) {
+  AttentionBuffers a(1, state.range(0), 12, 64);
+  mt::kernels::SparsityConfig config;
+  config.num_heads = a.NH;
+  config.pattern =
+      mt::kernels::FixedSparsity{.attention = mt::kernels::SparseDirection::kUnidirectional};
+  const auto plan =
+      mt::kernels::sparse_attention_plan(mt::kernels::sparse_layout_make(config, a.T), true);
+  for (auto _ : state) {
+    mt::kernels::sparse_attention_forward(a.out.data(), a.lse.data(), a.qkv.data(), plan, a.B, a.T,
+                                          a.NH, a.NH, a.HS);
+    mt::kernels::sparse_attention_backward(a.dqkv.data(), a.dout.data(), a.qkv.data(), a.out.data(),
+                                           a.lse.data(), plan, a.B, a.T, a.NH, a.NH, a.HS);
+    benchmark::DoNotOptimize(a.dqkv.data());
+  }
+  // Off-diagonal blocks: block^2 pairs; diagonal ones (every row has its own): block(block+1)/2.
+  const double blk = plan.block, nb = plan.num_blocks;
+  const double pairs = (plan.nonzero_blocks() / a.NH - nb) * blk * blk + nb * blk * (blk + 1) / 2;
+  set_flops(state, fwd_bwd_flops(a, pairs));
+  state.counters["density"] = pairs / (0.5 * a.T * (a.T + 1.0));
+}
+
 }  // namespace
 
+BENCHMARK(BM_AttentionCausalFwdBwd)
+    ->ArgName("T")
+    ->Arg(4096)
+    ->Arg(16384)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_SparseAttentionFixedFwdBwd)
+    ->ArgName("T")
+    ->Arg(4096)
+    ->Arg(16384)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_AttentionForward)
     ->ArgNames({"B", "T", "NH", "HS"})
     ->Args({4, 256, 12, 64})

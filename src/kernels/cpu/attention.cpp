@@ -22,7 +22,7 @@
 
 #include "base/cpu_features.h"
 #include "base/error.h"
-#include "kernels/cpu/attention_avx512.h"
+#include "kernels/cpu/attention_tiles.h"
 
 namespace mt::kernels {
 namespace {
@@ -30,7 +30,7 @@ namespace {
 using namespace detail;
 
 constexpr int kLd = kAttnTile;
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLog2e = kAttnLog2e;
 
 // ---- portable tile primitives (same contracts as the _avx512 ones) ----
 
@@ -137,15 +137,11 @@ void accumulate_portable(float* C, int ldc, const float* A, int sa_r, int sa_k, 
   }
 }
 
-struct TileOps {
-  decltype(&attn_transpose_avx512) transpose;
-  decltype(&attn_scores_avx512) scores;
-  decltype(&attn_softmax_fwd_avx512) softmax_fwd;
-  decltype(&attn_softmax_bwd_avx512) softmax_bwd;
-  decltype(&attn_accumulate_avx512) accumulate;
-};
+}  // namespace
 
-TileOps tile_ops() {
+namespace detail {
+
+AttnTileOps attn_tile_ops() {
   if (isa_active() == Isa::kAvx512)
     return {attn_transpose_avx512, attn_scores_avx512, attn_softmax_fwd_avx512,
             attn_softmax_bwd_avx512, attn_accumulate_avx512};
@@ -153,29 +149,7 @@ TileOps tile_ops() {
           accumulate_portable};
 }
 
-// ---- driver ----
-
-// 64-byte aligned scratch for one thread.
-class Scratch {
- public:
-  explicit Scratch(size_t n) : buf_(n + 16, 0.0f) {}
-  float* data() {
-    auto p = reinterpret_cast<uintptr_t>(buf_.data());
-    return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
-  }
-
- private:
-  std::vector<float> buf_;
-};
-
-// dst (n, HS) contiguous = src (n, HS; row stride ld). Tiles are packed before the products: rows
-// kilobytes apart in qkv would each cost a TLB entry.
-void pack_rows(float* dst, const float* src, int ld, int n, int HS) {
-  for (int j = 0; j < n; ++j)
-    std::memcpy(dst + j * HS, src + static_cast<long>(j) * ld, sizeof(float) * HS);
-}
-
-void check_dims(const char* where, int B, int T, int NH, int NKV, int HS) {
+void attn_check_dims(const char* where, int B, int T, int NH, int NKV, int HS) {
   MT_CHECK(B >= 0 && T >= 0 && NH > 0 && NKV > 0 && HS > 0 && NH % NKV == 0,
            ErrorKind::kInvalidArgument,
            std::string(where) + ": bad dims B=" + std::to_string(B) + " T=" + std::to_string(T) +
@@ -183,12 +157,112 @@ void check_dims(const char* where, int B, int T, int NH, int NKV, int HS) {
                " HS=" + std::to_string(HS) + " (REQUIRES NH % NKV == 0)");
 }
 
-}  // namespace
+void attn_backward_begin(float* D, float* dqkv, const float* out, const float* dout, int b, int kvh,
+                         int T, int NH, int NKV, int HS) {
+  const int C = NH * HS, C3 = (NH + 2 * NKV) * HS, group = NH / NKV;
+  const long row0 = static_cast<long>(b) * T;
+  for (int g = 0; g < group; ++g) {
+    const int h = kvh * group + g;
+    for (int t = 0; t < T; ++t) {
+      const float* o = out + (row0 + t) * C + h * HS;
+      const float* dout_row = dout + (row0 + t) * C + h * HS;
+      float sum = 0.0f;
+      for (int d = 0; d < HS; ++d) sum += o[d] * dout_row[d];
+      D[static_cast<long>(g) * T + t] = sum;
+      float* dq = dqkv + (row0 + t) * C3 + h * HS;
+      std::fill(dq, dq + HS, 0.0f);
+    }
+  }
+}
+
+AttnForwardTiles::AttnForwardTiles(int HS)
+    : scratch(4 * static_cast<size_t>(HS) * kLd + kAttnTile * kLd + 3 * kAttnTile) {
+  const size_t tile_hs = static_cast<size_t>(HS) * kLd;
+  Qt = scratch.data();
+  O = Qt + tile_hs;
+  St = O + tile_hs;
+  m = St + kAttnTile * kLd;
+  l = m + kAttnTile;
+  alpha = l + kAttnTile;
+  Kp = alpha + kAttnTile;
+  Vp = Kp + tile_hs;
+}
+
+void AttnForwardTiles::start(int rows, int HS) {
+  std::fill(O, O + rows * HS, 0.0f);
+  std::fill(m, m + kAttnTile, -INFINITY);
+  std::fill(l, l + kAttnTile, 0.0f);
+}
+
+void AttnForwardTiles::finish(float* out, int ldo, float* lse, int rows, int HS) const {
+  for (int i = 0; i < rows; ++i) {
+    float* o = out + static_cast<long>(i) * ldo;
+    if (l[i] == 0.0f) {
+      std::fill(o, o + HS, 0.0f);
+      lse[i] = -INFINITY;
+      continue;
+    }
+    const float inv = 1.0f / l[i];
+    for (int d = 0; d < HS; ++d) o[d] = O[i * HS + d] * inv;
+    lse[i] = m[i] / kLog2e + std::log(l[i]);
+  }
+}
+
+void AttnForwardTiles::add_keys(const AttnTileOps& ops, int keys, int queries, int diag, int HS,
+                                float c) {
+  ops.scores(St, Kp, HS, Qt, keys, queries, HS, -diag, kAttnNoLimit);
+  ops.softmax_fwd(St, m, l, alpha, keys, queries, diag, c);
+  ops.accumulate(O, HS, St, 1, kLd, Vp, HS, queries, keys, HS, -kAttnNoLimit, diag, alpha);
+}
+
+AttnBackwardTiles::AttnBackwardTiles(int HS, size_t d_size)
+    : scratch(7 * static_cast<size_t>(HS) * kLd + 2 * kAttnTile * kLd + 2 * kAttnTile + d_size) {
+  const size_t tile_hs = static_cast<size_t>(HS) * kLd;
+  Kt = scratch.data();
+  Vt = Kt + tile_hs;
+  dK = Vt + tile_hs;
+  dV = dK + tile_hs;
+  S = dV + tile_hs;
+  dP = S + kAttnTile * kLd;
+  Kp = dP + kAttnTile * kLd;
+  Qp = Kp + tile_hs;
+  dOp = Qp + tile_hs;
+  lse_t = dOp + tile_hs;
+  D_t = lse_t + kAttnTile;
+  D = D_t + kAttnTile;
+}
+
+void AttnBackwardTiles::load_keys(const AttnTileOps& ops, const float* K, const float* V, int ld,
+                                  int cols, int HS) {
+  ops.transpose(Kt, K, ld, cols, HS);
+  ops.transpose(Vt, V, ld, cols, HS);
+  attn_pack_rows(Kp, K, ld, cols, HS);
+  std::fill(dK, dK + cols * HS, 0.0f);
+  std::fill(dV, dV + cols * HS, 0.0f);
+}
+
+void AttnBackwardTiles::add_queries(const AttnTileOps& ops, const float* lse, const float* D_rows,
+                                    int rows, int cols, int diag, int HS, float c, float scale) {
+  ops.scores(S, Qp, HS, Kt, rows, cols, HS, -kAttnNoLimit, diag);
+  ops.scores(dP, dOp, HS, Vt, rows, cols, HS, -kAttnNoLimit, diag);
+  ops.softmax_bwd(S, dP, lse, D_rows, rows, cols, diag, c, scale);
+  ops.accumulate(dV, HS, S, 1, kLd, dOp, HS, cols, rows, HS, -diag, kAttnNoLimit, nullptr);
+  ops.accumulate(dK, HS, dP, 1, kLd, Qp, HS, cols, rows, HS, -diag, kAttnNoLimit, nullptr);
+}
+
+void AttnBackwardTiles::store_keys(float* dK_out, float* dV_out, int ld, int cols, int HS) const {
+  attn_unpack_rows(dK_out, ld, dK, cols, HS);
+  attn_unpack_rows(dV_out, ld, dV, cols, HS);
+}
+
+}  // namespace detail
+
+// ---- drivers ----
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV,
                        int HS) {
-  check_dims("attention_forward", B, T, NH, NKV, HS);
-  const TileOps ops = tile_ops();
+  attn_check_dims("attention_forward", B, T, NH, NKV, HS);
+  const AttnTileOps ops = attn_tile_ops();
   const int C3 = (NH + 2 * NKV) * HS;
   const int group = NH / NKV;
   const int nqt = (T + kAttnTile - 1) / kAttnTile;
@@ -196,16 +270,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   const long units = static_cast<long>(B) * NH * nqt;
 #pragma omp parallel
   {
-    const size_t tile_hs = static_cast<size_t>(HS) * kLd;
-    Scratch scratch(4 * tile_hs + kAttnTile * kLd + 3 * kAttnTile);
-    float* Qt = scratch.data();       // (HS, kLd): the query tile, transposed
-    float* O = Qt + tile_hs;          // (kAttnTile, HS): unnormalised output rows
-    float* St = O + tile_hs;          // (kAttnTile keys, kLd queries): scores, then P^T
-    float* m = St + kAttnTile * kLd;  // (kAttnTile): running max, log2 units
-    float* l = m + kAttnTile;         // (kAttnTile): running sum
-    float* alpha = l + kAttnTile;     // (kAttnTile): this tile's rescaling
-    float* Kp = alpha + kAttnTile;    // (kAttnTile, HS): the key tile, packed
-    float* Vp = Kp + tile_hs;         // (kAttnTile, HS): the value tile, packed
+    AttnForwardTiles tiles(HS);
 #pragma omp for schedule(dynamic, 1)
     for (long u = 0; u < units; ++u) {
       const int qt = nqt - 1 - static_cast<int>(u % nqt);  // longest tiles first
@@ -213,34 +278,26 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
       const int b = static_cast<int>(u / nqt / NH);
       const int q0 = qt * kAttnTile, rows = std::min(kAttnTile, T - q0);
       const long row0 = static_cast<long>(b) * T;
-      ops.transpose(Qt, qkv + (row0 + q0) * C3 + h * HS, C3, rows, HS);
-      std::fill(O, O + rows * HS, 0.0f);
-      std::fill(m, m + kAttnTile, -INFINITY);
-      std::fill(l, l + kAttnTile, 0.0f);
+      ops.transpose(tiles.Qt, qkv + (row0 + q0) * C3 + h * HS, C3, rows, HS);
+      tiles.start(rows, HS);
       for (int j0 = 0; j0 < q0 + rows; j0 += kAttnTile) {
         const int cols = std::min(kAttnTile, T - j0), diag = q0 - j0;
         const float* K = qkv + (row0 + j0) * C3 + (NH + h / group) * HS;
         const float* V = K + NKV * HS;
-        pack_rows(Kp, K, C3, cols, HS);
-        pack_rows(Vp, V, C3, cols, HS);
-        ops.scores(St, Kp, HS, Qt, cols, rows, HS, -diag, kAttnNoLimit);
-        ops.softmax_fwd(St, m, l, alpha, cols, rows, diag, c);
-        ops.accumulate(O, HS, St, 1, kLd, Vp, HS, rows, cols, HS, -kAttnNoLimit, diag, alpha);
+        attn_pack_rows(tiles.Kp, K, C3, cols, HS);
+        attn_pack_rows(tiles.Vp, V, C3, cols, HS);
+        tiles.add_keys(ops, cols, rows, diag, HS, c);
       }
-      for (int i = 0; i < rows; ++i) {
-        float* o = out + (row0 + q0 + i) * NH * HS + h * HS;
-        const float inv = 1.0f / l[i];
-        for (int d = 0; d < HS; ++d) o[d] = O[i * HS + d] * inv;
-        lse[(static_cast<long>(b) * NH + h) * T + q0 + i] = m[i] / kLog2e + std::log(l[i]);
-      }
+      tiles.finish(out + (row0 + q0) * NH * HS + h * HS, NH * HS,
+                   lse + (static_cast<long>(b) * NH + h) * T + q0, rows, HS);
     }
   }
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int NH, int NKV, int HS) {
-  check_dims("attention_backward", B, T, NH, NKV, HS);
-  const TileOps ops = tile_ops();
+  attn_check_dims("attention_backward", B, T, NH, NKV, HS);
+  const AttnTileOps ops = attn_tile_ops();
   const int C3 = (NH + 2 * NKV) * HS;
   const int C = NH * HS;
   const int group = NH / NKV;
@@ -249,67 +306,33 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   const long units = static_cast<long>(B) * NKV;
 #pragma omp parallel
   {
-    const size_t tile_hs = static_cast<size_t>(HS) * kLd;
-    Scratch scratch(7 * tile_hs + 2 * kAttnTile * kLd + static_cast<size_t>(group) * T);
-    float* Kt = scratch.data();        // (HS, kLd)
-    float* Vt = Kt + tile_hs;          // (HS, kLd)
-    float* dK = Vt + tile_hs;          // (kAttnTile, HS)
-    float* dV = dK + tile_hs;          // (kAttnTile, HS)
-    float* S = dV + tile_hs;           // (kAttnTile, kLd): scores, then P
-    float* dP = S + kAttnTile * kLd;   // (kAttnTile, kLd): dP, then dS
-    float* Kp = dP + kAttnTile * kLd;  // (kAttnTile, HS): the key tile, packed
-    float* Qp = Kp + tile_hs;          // (kAttnTile, HS): the query tile, packed
-    float* dOp = Qp + tile_hs;         // (kAttnTile, HS): its output gradient, packed
-    float* D = dOp + tile_hs;          // (group, T): rowsum(dO * O)
+    AttnBackwardTiles tiles(HS, static_cast<size_t>(group) * T);
+    float *dP = tiles.dP, *Kp = tiles.Kp, *Qp = tiles.Qp, *dOp = tiles.dOp, *D = tiles.D;
 #pragma omp for schedule(dynamic, 1)
     for (long u = 0; u < units; ++u) {
       const int b = static_cast<int>(u / NKV), kvh = static_cast<int>(u % NKV);
       const long row0 = static_cast<long>(b) * T;
-      for (int g = 0; g < group; ++g) {
-        const int h = kvh * group + g;
-        for (int t = 0; t < T; ++t) {
-          const float* o = out + (row0 + t) * C + h * HS;
-          const float* dout_row = dout + (row0 + t) * C + h * HS;
-          float sum = 0.0f;
-          for (int d = 0; d < HS; ++d) sum += o[d] * dout_row[d];
-          D[static_cast<long>(g) * T + t] = sum;
-          float* dq = dqkv + (row0 + t) * C3 + h * HS;
-          std::fill(dq, dq + HS, 0.0f);
-        }
-      }
+      attn_backward_begin(D, dqkv, out, dout, b, kvh, T, NH, NKV, HS);
       for (int j0 = 0; j0 < T; j0 += kAttnTile) {
         const int cols = std::min(kAttnTile, T - j0);
         const long kofs = (row0 + j0) * C3 + (NH + kvh) * HS;
         const long vofs = kofs + NKV * HS;
-        ops.transpose(Kt, qkv + kofs, C3, cols, HS);
-        ops.transpose(Vt, qkv + vofs, C3, cols, HS);
-        pack_rows(Kp, qkv + kofs, C3, cols, HS);
-        std::fill(dK, dK + cols * HS, 0.0f);
-        std::fill(dV, dV + cols * HS, 0.0f);
+        tiles.load_keys(ops, qkv + kofs, qkv + vofs, C3, cols, HS);
         for (int g = 0; g < group; ++g) {
           const int h = kvh * group + g;
           for (int q0 = j0; q0 < T; q0 += kAttnTile) {
             const int rows = std::min(kAttnTile, T - q0), diag = q0 - j0;
             const long qofs = (row0 + q0) * C3 + h * HS;
-            pack_rows(Qp, qkv + qofs, C3, rows, HS);
-            pack_rows(dOp, dout + (row0 + q0) * C + h * HS, C, rows, HS);
+            attn_pack_rows(Qp, qkv + qofs, C3, rows, HS);
+            attn_pack_rows(dOp, dout + (row0 + q0) * C + h * HS, C, rows, HS);
             const float* lse_q = lse + (static_cast<long>(b) * NH + h) * T + q0;
-            ops.scores(S, Qp, HS, Kt, rows, cols, HS, -kAttnNoLimit, diag);
-            ops.scores(dP, dOp, HS, Vt, rows, cols, HS, -kAttnNoLimit, diag);
-            ops.softmax_bwd(S, dP, lse_q, D + static_cast<long>(g) * T + q0, rows, cols, diag, c,
-                            scale);
-            ops.accumulate(dV, HS, S, 1, kLd, dOp, HS, cols, rows, HS, -diag, kAttnNoLimit,
-                           nullptr);
-            ops.accumulate(dK, HS, dP, 1, kLd, Qp, HS, cols, rows, HS, -diag, kAttnNoLimit,
-                           nullptr);
+            tiles.add_queries(ops, lse_q, D + static_cast<long>(g) * T + q0, rows, cols, diag, HS, c,
+                              scale);
             ops.accumulate(dqkv + qofs, C3, dP, kLd, 1, Kp, HS, rows, cols, HS, -kAttnNoLimit, diag,
                            nullptr);
           }
         }
-        for (int j = 0; j < cols; ++j) {
-          std::memcpy(dqkv + kofs + j * C3, dK + j * HS, sizeof(float) * HS);
-          std::memcpy(dqkv + vofs + j * C3, dV + j * HS, sizeof(float) * HS);
-        }
+        tiles.store_keys(dqkv + kofs, dqkv + vofs, C3, cols, HS);
       }
     }
   }

@@ -16,79 +16,10 @@
 
 #include "base/cpu_features.h"
 #include "base/error.h"
+#include "kernels/cpu/attention_test_util.h"
 
 namespace mt::kernels {
 namespace {
-
-struct Shape {
-  int B, T, NH, NKV, HS;
-  int c3() const { return (NH + 2 * NKV) * HS; }
-  size_t qkv_size() const { return static_cast<size_t>(B) * T * c3(); }
-  size_t out_size() const { return static_cast<size_t>(B) * T * NH * HS; }
-  size_t lse_size() const { return static_cast<size_t>(B) * NH * T; }
-};
-
-std::string shape_name(const Shape& s) {
-  return "B" + std::to_string(s.B) + "_T" + std::to_string(s.T) + "_NH" + std::to_string(s.NH) +
-         "_NKV" + std::to_string(s.NKV) + "_HS" + std::to_string(s.HS);
-}
-
-// Forces an ISA for the scope, restores the previous one after.
-class IsaScope {
- public:
-  explicit IsaScope(Isa isa) : saved_(isa_active()) { isa_force(isa); }
-  ~IsaScope() { isa_force(saved_); }
-
- private:
-  Isa saved_;
-};
-
-std::vector<float> random_vector(size_t n, unsigned seed, float amplitude = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-amplitude, amplitude);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-std::vector<double> to_double(const std::vector<float>& v) {
-  return {v.begin(), v.end()};
-}
-
-// Naive attention in double. out: (B, T, NH*HS), lse: (B, NH, T).
-void reference_forward(std::vector<double>& out, std::vector<double>& lse,
-                       const std::vector<double>& qkv, const Shape& s) {
-  const int C3 = s.c3(), group = s.NH / s.NKV;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(s.HS));
-  out.assign(s.out_size(), 0.0);
-  lse.assign(s.lse_size(), 0.0);
-  std::vector<double> p(s.T);
-  for (int b = 0; b < s.B; ++b)
-    for (int h = 0; h < s.NH; ++h) {
-      const int kvh = h / group;
-      for (int i = 0; i < s.T; ++i) {
-        const double* q = &qkv[(static_cast<size_t>(b) * s.T + i) * C3 + h * s.HS];
-        double mx = -INFINITY;
-        for (int j = 0; j <= i; ++j) {
-          const double* k = &qkv[(static_cast<size_t>(b) * s.T + j) * C3 + (s.NH + kvh) * s.HS];
-          double dot = 0.0;
-          for (int d = 0; d < s.HS; ++d) dot += q[d] * k[d];
-          p[j] = dot * scale;
-          mx = std::max(mx, p[j]);
-        }
-        double sum = 0.0;
-        for (int j = 0; j <= i; ++j) sum += std::exp(p[j] - mx);
-        double* o = &out[(static_cast<size_t>(b) * s.T + i) * s.NH * s.HS + h * s.HS];
-        for (int j = 0; j <= i; ++j) {
-          const double w = std::exp(p[j] - mx) / sum;
-          const double* v =
-              &qkv[(static_cast<size_t>(b) * s.T + j) * C3 + (s.NH + s.NKV + kvh) * s.HS];
-          for (int d = 0; d < s.HS; ++d) o[d] += w * v[d];
-        }
-        lse[(static_cast<size_t>(b) * s.NH + h) * s.T + i] = mx + std::log(sum);
-      }
-    }
-}
 
 // Analytic backward of the naive attention: dS = P * (dP - rowsum(P * dP)).
 std::vector<double> reference_backward(const std::vector<double>& dout,
@@ -134,21 +65,6 @@ std::vector<double> reference_backward(const std::vector<double>& dout,
       }
     }
   return dqkv;
-}
-
-// max |a - b| / max |b|  (norm-wise relative error)
-template <typename A>
-double rel_error(const std::vector<A>& a, const std::vector<double>& b) {
-  double num = 0.0, den = 1e-30;
-  for (size_t i = 0; i < b.size(); ++i) {
-    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::abs(b[i]));
-  }
-  return num / den;
-}
-
-bool all_finite(const std::vector<float>& v) {
-  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
 
 struct Result {
@@ -207,23 +123,14 @@ TEST(AttentionGradTest, MatchesFiniteDifferences) {
     auto qkv = random_vector(s.qkv_size(), 3);
     auto dout = random_vector(s.out_size(), 4);
     const std::vector<double> dout_d = to_double(dout);
-    std::vector<double> x = to_double(qkv), fd(x.size()), out, lse;
+    std::vector<double> x = to_double(qkv), out, lse;
     auto loss = [&]() {
       reference_forward(out, lse, x, s);
       double sum = 0.0;
       for (size_t i = 0; i < out.size(); ++i) sum += dout_d[i] * out[i];
       return sum;
     };
-    const double eps = 1e-5;
-    for (size_t i = 0; i < x.size(); ++i) {
-      const double x0 = x[i];
-      x[i] = x0 + eps;
-      const double up = loss();
-      x[i] = x0 - eps;
-      const double down = loss();
-      x[i] = x0;
-      fd[i] = (up - down) / (2 * eps);
-    }
+    const std::vector<double> fd = central_differences(x, loss);
     EXPECT_LE(rel_error(reference_backward(dout_d, x, s), fd), 1e-7) << shape_name(s);
     for (Isa isa : kIsas) {
       if (isa == Isa::kAvx512 && isa_detected() != Isa::kAvx512) continue;
