@@ -21,6 +21,9 @@ void register_plot(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_estimate(CLI::App& app);
 
+// --deepspeed, --model, --data, --tokenizer and --set: where a run's configuration comes from.
+void add_config_source_options(CLI::App* cmd, engine::ConfigSources& src);
+
 // The estimator's input for a run configuration on `procs` data-parallel ranks.
 planner::MemoryInput estimate_input(const engine::RunConfig& config, int procs, int pp_rank = 0);
 

@@ -1,12 +1,14 @@
-// meshtrain config check FILE [--set k=v ...]: validates a run configuration (a bare DeepSpeed
-// ds_config.json included, which needs a model block to train but is checked for everything else)
-// and prints the resolved form; exit 0, or 2 with one line naming the key.
+// meshtrain config check [FILE] [--deepspeed DS] [--model M] [--data D] [--set k=v ...]: validates a
+// run configuration (a bare DeepSpeed ds_config.json included: its keys are checked alone, and it
+// says that model and data were not) and prints the resolved form; exit 0, or 2 with one line
+// naming the key.
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "base/error.h"
 #include "engine/ds_config.h"
 
 namespace mt::cli {
@@ -15,16 +17,32 @@ void register_config(CLI::App& app) {
   auto* cmd = app.add_subcommand("config", "Work with run configurations");
   auto* check = cmd->add_subcommand("check", "Validate a configuration and print its resolved form");
   cmd->require_subcommand(1);
-  auto path = std::make_shared<std::string>();
-  auto sets = std::make_shared<std::vector<std::string>>();
-  check->add_option("FILE", *path, "configuration JSON")->required();
-  check->add_option("--set", *sets, "override a key: a.b.c=value (JSON value or plain string)");
-  check->callback([path, sets] {
-    engine::RunConfig c = engine::ds_config_load(*path, *sets);
+  auto src = std::make_shared<engine::ConfigSources>();
+  check->add_option("FILE", src->config, "configuration JSON (a run file, or a bare DeepSpeed ds_config.json)");
+  add_config_source_options(check, *src);
+  check->callback([src] {
+    MT_CHECK(!src->config.empty() || !src->deepspeed.empty(), ErrorKind::kInvalidArgument,
+             "config check: give a configuration FILE or --deepspeed FILE");
+    engine::RunConfig c = engine::ds_config_load(*src, 1, /*allow_bare=*/true);
     engine::ds_config_check_paths(c);
     for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
-    std::printf("%s\n", engine::ds_config_resolved(c).dump(2).c_str());
+    for (const auto& n : c.notes) std::fprintf(stderr, "auto: %s\n", n.c_str());
+    if (c.bare)
+      std::fprintf(stderr, "note: the DeepSpeed keys are valid; model and data were not checked (none given: add "
+                           "--model/--data, or a run file with --deepspeed)\n");
+    nlohmann::json r = engine::ds_config_resolved(c);
+    if (c.bare) r.erase("model");
+    std::printf("%s\n", r.dump(2).c_str());
   });
+}
+
+void add_config_source_options(CLI::App* cmd, engine::ConfigSources& src) {
+  cmd->add_option("--deepspeed", src.deepspeed,
+                  "a DeepSpeed ds_config.json, used as it is: merged with CONFIG (a key in both must agree)");
+  cmd->add_option("--model", src.model, "the model: a Hugging Face directory (config.json, weights) or a config.json");
+  cmd->add_option("--data", src.data, "training data (data.train): an indexed-dataset prefix or a .txt/.jsonl file");
+  cmd->add_option("--tokenizer", src.tokenizer, "tokenizer.json for text data (data.tokenizer)");
+  cmd->add_option("--set", src.sets, "override a key: a.b.c=value (JSON value or plain string); applied last");
 }
 
 }  // namespace mt::cli

@@ -36,8 +36,8 @@ namespace fs = std::filesystem;
 namespace {
 
 struct TrainArgs {
-  std::string config, resume, metrics;
-  std::vector<std::string> sets;
+  engine::ConfigSources src;
+  std::string resume, metrics;
   bool overwrite = false;
 };
 
@@ -108,9 +108,12 @@ struct StopRequested {
 void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared_ptr<comm::Backend>& world, bool& started) {
   const int R = world ? world->rank() : 0;
   const bool lead = R == 0;
-  if (lead)
+  if (lead) {
     for (const auto& w : cfg.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
-  MT_CHECK(cfg.train_iters > 0, ErrorKind::kInvalidArgument, args.config + ": train_iters must be positive");
+    for (const auto& n : cfg.notes) std::fprintf(stderr, "auto: %s\n", n.c_str());
+  }
+  MT_CHECK(cfg.train_iters > 0, ErrorKind::kInvalidArgument,
+           args.src.name() + ": train_iters must be positive (a DeepSpeed config has none: --set train_iters=N)");
   engine::ds_config_check_paths(cfg);  // data, tokenizer, save_dir: before any work
   // A new run does not write over an earlier run's checkpoints unless told to (HF Trainer's
   // overwrite_output_dir): rotation and re-saves would otherwise mix the two runs.
@@ -300,7 +303,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
 void run_train(const TrainArgs& args) {
   std::shared_ptr<comm::Backend> world = mpi_world();
   if (!world) {
-    engine::RunConfig cfg = engine::ds_config_load(args.config, args.sets);
+    engine::RunConfig cfg = engine::ds_config_load(args.src);
     bool started = false;
     try {
       train_loop(args, cfg, nullptr, started);
@@ -312,7 +315,7 @@ void run_train(const TrainArgs& args) {
   bool started = false;
   int stop_code = 0;
   try {
-    engine::RunConfig cfg = engine::ds_config_load(args.config, args.sets, world->size());
+    engine::RunConfig cfg = engine::ds_config_load(args.src, world->size());
     train_loop(args, cfg, world, started);
   } catch (const StopRequested& s) {
     stop_code = 128 + s.signal;
@@ -339,13 +342,17 @@ void run_train(const TrainArgs& args) {
 void register_train(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   auto* cmd = app.add_subcommand("train", "Train a model on one process from a run configuration");
-  cmd->add_option("CONFIG", args->config, "run configuration (JSON, DeepSpeed keys + model/data)")->required();
-  cmd->add_option("--set", args->sets, "override a key: a.b.c=value");
+  cmd->add_option("CONFIG", args->src.config, "run configuration (JSON, DeepSpeed keys + model/data)");
+  add_config_source_options(cmd, args->src);
   cmd->add_option("--resume", args->resume, "continue from a checkpoint directory (or a save_dir)");
   cmd->add_option("--metrics", args->metrics, "append one JSON object per step to this file");
   cmd->add_flag("--overwrite", args->overwrite,
                 "start a new run in a save_dir that holds an earlier run's checkpoints (removed at the first save)");
-  cmd->callback([args] { run_train(*args); });
+  cmd->callback([args] {
+    MT_CHECK(!args->src.config.empty() || !args->src.deepspeed.empty(), ErrorKind::kInvalidArgument,
+             "train: give a run configuration CONFIG, or --deepspeed ds_config.json with --model and --data");
+    run_train(*args);
+  });
 }
 
 }  // namespace mt::cli

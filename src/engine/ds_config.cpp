@@ -24,14 +24,28 @@ namespace {
 using nlohmann::json;
 
 // How a key we do not parse into RunConfig is treated.
+//   kWarn            accepted with one warning line (logging, tuning: what is trained is the same)
+//   kRefuseIfEnabled a DeepSpeed block with an "enabled" switch (off unless given): refused when on
+//                    (true, "enabled": true, or any nested "enabled": true); a block without the
+//                    switch is off in DeepSpeed too, and says so in one line
 enum class Unparsed { kWarn, kRefuseIfEnabled };
+
+// Whether v, or any object inside it, says "enabled": true.
+bool enables_something(const nlohmann::json& v) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (!v.is_object()) return false;
+  if (v.contains("enabled")) return v["enabled"] == true;
+  for (const auto& [k, e] : v.items())
+    if (e.is_object() && enables_something(e)) return true;
+  return false;
+}
 
 // Walks one JSON object: typed getters that record which keys were read, "auto" handling, and a
 // final pass that warns about or refuses the rest.
 class Section {
  public:
-  Section(const json& j, std::string path, std::vector<std::string>& warnings)
-      : j_(j), path_(std::move(path)), warnings_(warnings) {
+  Section(const json& j, std::string path, std::vector<std::string>& warnings, std::vector<std::string>& notes)
+      : j_(j), path_(std::move(path)), warnings_(warnings), notes_(notes) {
     MT_CHECK(j_.is_object(), ErrorKind::kInvalidArgument, where() + " must be a JSON object");
   }
 
@@ -42,6 +56,18 @@ class Section {
   bool has(const std::string& key) { known_.push_back(key); return j_.contains(key) && !j_[key].is_null(); }
   bool is_auto(const std::string& key) { return has(key) && j_[key].is_string() && j_[key] == "auto"; }
   const json& raw(const std::string& key) { known_.push_back(key); return j_.at(key); }
+  // An "auto" resolved to `value`: one line for the user (printed once by config check and train).
+  template <typename T>
+  T resolved(const std::string& key, T value, const std::string& from) {
+    notes_.push_back(where(key) + ": \"auto\" -> " + json(value).dump() + " (" + from + ")");
+    return value;
+  }
+  double number_or_auto(const std::string& key, double fallback, double auto_value, const std::string& from) {
+    return is_auto(key) ? resolved(key, auto_value, from) : number(key, fallback);
+  }
+  int64_t integer_or_auto(const std::string& key, int64_t fallback, int64_t auto_value, const std::string& from) {
+    return is_auto(key) ? resolved(key, auto_value, from) : integer(key, fallback);
+  }
 
   double number(const std::string& key, double fallback) {
     if (!has(key)) return fallback;
@@ -95,10 +121,13 @@ class Section {
       auto e = extra_.find(k);
       if (e != extra_.end()) {
         const json& v = it.value();
-        bool enabled = (v.is_boolean() && v.get<bool>()) ||
-                       (v.is_object() && v.contains("enabled") && v["enabled"] == true);
-        if (e->second == Unparsed::kRefuseIfEnabled && enabled)
-          throw Error(ErrorKind::kNotSupported, where(k) + " is not supported yet (it would change what is trained)");
+        if (e->second == Unparsed::kRefuseIfEnabled) {
+          if (enables_something(v))
+            throw Error(ErrorKind::kNotSupported, where(k) + " is not supported yet (it would change what is trained)");
+          if (v.is_object() && !v.contains("enabled") && !v.empty())
+            warnings_.push_back(where(k) + ": has no \"enabled\" key, so it is off (as in DeepSpeed)");
+          continue;  // off: nothing to say
+        }
         warnings_.push_back(where(k) + ": accepted but has no effect in meshtrain");
         continue;
       }
@@ -114,12 +143,16 @@ class Section {
     }
   }
 
-  Section sub(const std::string& key) { known_.push_back(key); return Section(j_.at(key), where(key), warnings_); }
+  Section sub(const std::string& key) {
+    known_.push_back(key);
+    return Section(j_.at(key), where(key), warnings_, notes_);
+  }
 
  private:
   const json& j_;
   std::string path_;
   std::vector<std::string>& warnings_;
+  std::vector<std::string>& notes_;
   std::vector<std::string> known_;
   std::map<std::string, Unparsed> extra_;
 };
@@ -135,6 +168,24 @@ void parse_batch(Section& s, RunConfig& c, int world) {
   };
   int64_t tbs = get("train_batch_size"), mb = get("train_micro_batch_size_per_gpu"),
           gas = get("gradient_accumulation_steps");
+  // Hugging Face's integration fills an "auto" micro-batch with per_device_train_batch_size (8)
+  // and an "auto" accumulation with gradient_accumulation_steps (1), then the train batch with
+  // their product over the ranks; where the numbers given determine one, DeepSpeed's rule does.
+  const bool tbs_auto = s.is_auto("train_batch_size");
+  bool mb_auto = s.is_auto("train_micro_batch_size_per_gpu"), gas_auto = s.is_auto("gradient_accumulation_steps");
+  // None of the three given (a Hugging Face config that leaves them to the Trainer): as "auto".
+  if (!s.has("train_batch_size") && !s.has("train_micro_batch_size_per_gpu") && !s.has("gradient_accumulation_steps")) {
+    mb = s.resolved("train_micro_batch_size_per_gpu", int64_t{8}, "none given: Hugging Face's per_device_train_batch_size default");
+    gas = s.resolved("gradient_accumulation_steps", int64_t{1}, "none given: Hugging Face's gradient_accumulation_steps default");
+  }
+  if (mb_auto && !(tbs && gas)) {
+    mb = s.resolved("train_micro_batch_size_per_gpu", int64_t{8}, "Hugging Face's per_device_train_batch_size default");
+    mb_auto = false;
+  }
+  if (gas_auto && !(tbs && mb)) {
+    gas = s.resolved("gradient_accumulation_steps", int64_t{1}, "Hugging Face's gradient_accumulation_steps default");
+    gas_auto = false;
+  }
   // Derived values must divide exactly: say so in terms of what the user gave.
   auto divisible = [&](int64_t by, const std::string& what) {
     MT_CHECK(by > 0 && tbs % by == 0, ErrorKind::kInvalidArgument,
@@ -167,6 +218,10 @@ void parse_batch(Section& s, RunConfig& c, int world) {
            "train_micro_batch_size_per_gpu (" + std::to_string(mb) + ") * gradient_accumulation_steps (" +
                std::to_string(gas) + ") * data-parallel size (" + std::to_string(world) + ") overflows");
   if (tbs == 0) tbs = product;
+  if (tbs_auto)
+    s.resolved("train_batch_size", tbs, "train_micro_batch_size_per_gpu x gradient_accumulation_steps x " + ranks);
+  if (mb_auto) s.resolved("train_micro_batch_size_per_gpu", mb, "train_batch_size / gradient_accumulation_steps / " + ranks);
+  if (gas_auto) s.resolved("gradient_accumulation_steps", gas, "train_batch_size / train_micro_batch_size_per_gpu / " + ranks);
   MT_CHECK(tbs > 0 && mb > 0 && gas > 0 && tbs == product, ErrorKind::kInvalidArgument,
            "train_batch_size (" + std::to_string(tbs) + ") must equal train_micro_batch_size_per_gpu (" +
                std::to_string(mb) + ") * gradient_accumulation_steps (" + std::to_string(gas) +
@@ -178,7 +233,7 @@ void parse_precision(Section& root, RunConfig& c) {
   bool fp16 = false, bf16 = false;
   if (root.has("fp16")) {
     Section s = root.sub("fp16");
-    fp16 = s.is_auto("enabled") ? false : s.boolean("enabled", false);
+    fp16 = s.is_auto("enabled") ? s.resolved("enabled", false, "Hugging Face's --fp16 default") : s.boolean("enabled", false);
     double ls = s.number("loss_scale", 0.0);
     c.loss_scaler.dynamic = ls == 0.0;
     c.loss_scaler.static_scale = ls;
@@ -207,7 +262,7 @@ void parse_precision(Section& root, RunConfig& c) {
   }
   if (root.has("bf16")) {
     Section s = root.sub("bf16");
-    bf16 = s.is_auto("enabled") ? false : s.boolean("enabled", false);
+    bf16 = s.is_auto("enabled") ? s.resolved("enabled", false, "Hugging Face's --bf16 default") : s.boolean("enabled", false);
     s.unparsed("immediate_grad_update", Unparsed::kWarn);
     s.finish();
   }
@@ -224,6 +279,7 @@ void parse_betas(Section& p, optim::OptimizerSpec& o) {
   if (p.is_auto("betas")) {
     o.beta1 = kHfBeta1;
     o.beta2 = kHfBeta2;
+    p.resolved("betas", json::array({kHfBeta1, kHfBeta2}), "Hugging Face's adam_beta1, adam_beta2 defaults");
   } else if (p.has("betas")) {
     const json& b = p.raw("betas");
     MT_CHECK(b.is_array() && b.size() == 2 && b[0].is_number() && b[1].is_number(), ErrorKind::kInvalidArgument,
@@ -249,18 +305,18 @@ void parse_optimizer(Section& root, RunConfig& c) {
   o.weight_decay = lower == "adamw" ? 0.01 : 0.0;  // torch.optim.AdamW's default; the others' is 0
   if (s.has("params")) {
     Section p = s.sub("params");
-    o.lr = p.is_auto("lr") ? kHfLr : p.number("lr", 1e-3);
+    o.lr = p.number_or_auto("lr", 1e-3, kHfLr, "Hugging Face's learning_rate default");
     MT_CHECK(std::isfinite(o.lr) && o.lr >= 0.0, ErrorKind::kInvalidArgument,
              p.where("lr") + ": must be a non-negative number (got " + std::to_string(o.lr) + ")");
-    o.weight_decay = p.is_auto("weight_decay") ? kHfWd : p.number("weight_decay", o.weight_decay);
+    o.weight_decay = p.number_or_auto("weight_decay", o.weight_decay, kHfWd, "Hugging Face's weight_decay default");
     if (adam || lamb) {
       parse_betas(p, o);
-      o.eps = p.is_auto("eps") ? kHfEps : p.number("eps", lamb ? 1e-6 : 1e-8);
+      o.eps = p.number_or_auto("eps", lamb ? 1e-6 : 1e-8, kHfEps, "Hugging Face's adam_epsilon default");
       p.require_default("amsgrad", false, "amsgrad is not supported");
     }
     if (adam) {
       o.adam_w_mode = lower == "adamw" || p.boolean("adam_w_mode", true);
-      p.require_default("bias_correction", true, "bias_correction false is not supported for Adam");
+      o.bias_correction = p.boolean("bias_correction", true);
       p.unparsed("torch_adam", Unparsed::kWarn);
       p.unparsed("fused", Unparsed::kWarn);
     } else if (lamb) {  // DeepSpeed's FusedLamb
@@ -322,8 +378,8 @@ void parse_scheduler(Section& root, RunConfig& c) {
     if (one_cycle) {
       MT_CHECK(p.has("cycle_min_lr") && p.has("cycle_max_lr"), ErrorKind::kInvalidArgument,
                "scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle");
-      sc.cycle_min_lr = p.is_auto("cycle_min_lr") ? 0.0 : p.number("cycle_min_lr", 0.0);
-      sc.cycle_max_lr = p.is_auto("cycle_max_lr") ? c.optimizer.lr : p.number("cycle_max_lr", 0.0);
+      sc.cycle_min_lr = p.number_or_auto("cycle_min_lr", 0.0, 0.0, "0");
+      sc.cycle_max_lr = p.number_or_auto("cycle_max_lr", 0.0, c.optimizer.lr, "optimizer.params.lr");
       sc.decay_lr_rate = p.number("decay_lr_rate", 0.0);
       sc.cycle_first_step_size = p.integer("cycle_first_step_size", 2000);
       sc.cycle_second_step_size = p.has("cycle_second_step_size") ? p.integer("cycle_second_step_size", -1) : -1;  // null: None
@@ -335,11 +391,11 @@ void parse_scheduler(Section& root, RunConfig& c) {
       sc.cycle_max_mom = p.number("cycle_max_mom", 0.9);
       sc.decay_mom_rate = p.number("decay_mom_rate", 0.0);
     } else {
-      sc.warmup_min_lr = p.is_auto("warmup_min_lr") ? 0.0 : p.number("warmup_min_lr", 0.0);
-      sc.warmup_max_lr = p.is_auto("warmup_max_lr") ? c.optimizer.lr : p.number("warmup_max_lr", 1e-3);
-      sc.warmup_num_steps = p.is_auto("warmup_num_steps") ? 0 : p.integer("warmup_num_steps", 1000);
+      sc.warmup_min_lr = p.number_or_auto("warmup_min_lr", 0.0, 0.0, "Hugging Face: 0");
+      sc.warmup_max_lr = p.number_or_auto("warmup_max_lr", 1e-3, c.optimizer.lr, "optimizer.params.lr");
+      sc.warmup_num_steps = p.integer_or_auto("warmup_num_steps", 1000, 0, "Hugging Face's warmup_steps default");
       sc.warmup_log = optim::lr_warmup_type_is_log(p.string("warmup_type", "log"), p.where("warmup_type"));
-      sc.total_num_steps = p.is_auto("total_num_steps") ? c.train_iters : p.integer("total_num_steps", c.train_iters);
+      sc.total_num_steps = p.integer_or_auto("total_num_steps", c.train_iters, c.train_iters, "train_iters");
       sc.warmup_min_ratio = p.number("warmup_min_ratio", 0.0);
       sc.cos_min_ratio = p.number("cos_min_ratio", 1e-4);
     }
@@ -354,7 +410,7 @@ void parse_scheduler(Section& root, RunConfig& c) {
       c.warnings.push_back("scheduler.params.cycle_momentum: disabled because optimizer SGD has no betas (as DeepSpeed does)");
       sc.cycle_momentum = false;
     }
-  } else if (sc.type != optim::LrScheduleType::kWarmupLR) {
+  } else if (sc.type != optim::LrScheduleType::kWarmupLR && !(c.bare && c.train_iters == 0)) {
     MT_CHECK(sc.total_num_steps > 0, ErrorKind::kInvalidArgument, "scheduler.params.total_num_steps must be positive");
   }
   s.finish();
@@ -373,10 +429,18 @@ void parse_zero(Section& root, RunConfig& c) {
   z.overlap_comm = s.boolean("overlap_comm", z.stage == 3);
   // Hugging Face Trainer's "auto" rules (its DeepSpeed integration): from the hidden size.
   const int64_t H = c.model.hidden;
-  auto size = [&s](const char* key, int64_t fallback, int64_t auto_value) {
-    int64_t v = s.is_auto(key) ? auto_value : s.integer(key, fallback);
-    MT_CHECK(v > 0 || (std::string(key) == "stage3_param_persistence_threshold" && v == 0), ErrorKind::kInvalidArgument,
-             s.where(key) + " must be positive");
+  auto size = [&s, &c](const char* key, int64_t fallback, int64_t auto_value) {
+    if (c.bare && s.is_auto(key)) {  // no model yet: DeepSpeed's default stands in for the printout
+      s.resolved(key, fallback, "Hugging Face's rule from the model's hidden size; no model given, DeepSpeed's default shown");
+      return fallback;
+    }
+    int64_t v = s.integer_or_auto(key, fallback, auto_value, "Hugging Face's rule from the model's hidden size");
+    // 0 is DeepSpeed's "none": no persistent parameters, no prefetch; at stages 1-3 meshtrain
+    // reduces gradients per ZeRO unit (module), so reduce_bucket_size 0 is allowed there too.
+    const std::string k = key;
+    const bool zero_ok = k == "stage3_param_persistence_threshold" || k == "stage3_prefetch_bucket_size" ||
+                         (k == "reduce_bucket_size" && c.zero.stage >= 1);
+    MT_CHECK(v > 0 || (zero_ok && v == 0), ErrorKind::kInvalidArgument, s.where(key) + " must be positive");
     return v;
   };
   z.reduce_bucket_size = size("reduce_bucket_size", z.reduce_bucket_size, H * H);
@@ -397,18 +461,24 @@ void parse_zero(Section& root, RunConfig& c) {
     o.finish();
     return device;
   };
+  // DeepSpeed's elastic_checkpoint lets stage 1/2 optimizer state load on another dp size; every
+  // meshtrain checkpoint loads into any layout, so either value gets that.
+  s.boolean("elastic_checkpoint", false);
   z.offload_optimizer = offload("offload_optimizer");
   z.offload_param = offload("offload_param");
   if (s.boolean("cpu_offload", false)) z.offload_optimizer = "cpu";  // DeepSpeed's legacy key
   if (s.boolean("cpu_offload_params", false)) z.offload_param = "cpu";
   MT_CHECK(z.offload_optimizer == "none" || z.stage >= 1, ErrorKind::kInvalidArgument,
            "zero_optimization.offload_optimizer needs stage 1, 2 or 3 (DeepSpeed's rule)");
-  MT_CHECK(z.offload_param == "none" || z.stage == 3, ErrorKind::kInvalidArgument,
-           "zero_optimization.offload_param needs stage 3 (DeepSpeed's rule)");
+  if (z.offload_param != "none" && z.stage != 3) {  // DeepSpeed reads it at stage 3 only
+    c.warnings.push_back("zero_optimization.offload_param: applies to stage 3 only; ignored at stage " +
+                         std::to_string(z.stage) + " (as in DeepSpeed)");
+    z.offload_param = "none";
+  }
   // Tuning knobs of DeepSpeed's implementation that do not change what is trained.
   for (const char* k : {"allgather_partitions", "reduce_scatter", "contiguous_gradients", "stage3_max_reuse_distance",
                         "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-                        "sub_group_size", "round_robin_gradients", "memory_efficient_linear", "elastic_checkpoint",
+                        "sub_group_size", "round_robin_gradients", "memory_efficient_linear",
                         "load_from_fp32_weights", "ignore_unused_parameters", "use_multi_rank_bucket_allreduce",
                         "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients"})
     s.unparsed(k, Unparsed::kWarn);
@@ -529,6 +599,79 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
   c.world_size = world / (c.tp * c.pp);
 }
 
+// sparse_attention: DeepSpeed's keys per mode (its get_sparse_attention), checked as its
+// SparsityConfig classes check them; with a model, the layout for seq_length is built once here so
+// its length-dependent errors are config errors.
+void parse_sparse_attention(Section& root, RunConfig& c) {
+  if (!root.has("sparse_attention")) return;
+  Section s = root.sub("sparse_attention");
+  kernels::SparsityConfig sc;
+  const std::string mode = s.string("mode", "fixed");
+  sc.block = s.small_integer("block", 16);
+  sc.different_layout_per_head = s.boolean("different_layout_per_head", false);
+  auto direction = [&s] { return kernels::sparse_direction_from_name(s.string("attention", "bidirectional")); };
+  auto ints = [&s](const std::string& key, std::vector<int> fallback) {
+    if (!s.has(key)) return fallback;
+    const json& v = s.raw(key);
+    MT_CHECK(v.is_array(), ErrorKind::kInvalidArgument, s.where(key) + " must be a list of integers");
+    std::vector<int> out;
+    for (const json& e : v) {
+      MT_CHECK(e.is_number_integer(), ErrorKind::kInvalidArgument, s.where(key) + " must be a list of integers");
+      out.push_back(e.get<int>());
+    }
+    return out;
+  };
+  if (mode == "dense") {
+    sc.pattern = kernels::DenseSparsity{};
+  } else if (mode == "fixed") {
+    kernels::FixedSparsity f;
+    f.num_local_blocks = s.small_integer("num_local_blocks", f.num_local_blocks);
+    f.num_global_blocks = s.small_integer("num_global_blocks", f.num_global_blocks);
+    f.attention = direction();
+    f.horizontal_global_attention = s.boolean("horizontal_global_attention", false);
+    f.num_different_global_patterns = s.small_integer("num_different_global_patterns", 1);
+    sc.pattern = f;
+  } else if (mode == "variable") {
+    kernels::VariableSparsity v;
+    v.num_random_blocks = s.small_integer("num_random_blocks", v.num_random_blocks);
+    v.local_window_blocks = ints("local_window_blocks", v.local_window_blocks);
+    v.global_block_indices = ints("global_block_indices", v.global_block_indices);
+    if (s.has("global_block_end_indices")) v.global_block_end_indices = ints("global_block_end_indices", {});
+    v.attention = direction();
+    v.horizontal_global_attention = s.boolean("horizontal_global_attention", false);
+    sc.pattern = v;
+  } else if (mode == "bigbird") {
+    kernels::BigBirdSparsity b;
+    b.num_random_blocks = s.small_integer("num_random_blocks", b.num_random_blocks);
+    b.num_sliding_window_blocks = s.small_integer("num_sliding_window_blocks", b.num_sliding_window_blocks);
+    b.num_global_blocks = s.small_integer("num_global_blocks", b.num_global_blocks);
+    b.attention = direction();
+    sc.pattern = b;
+  } else if (mode == "bslongformer") {
+    kernels::BSLongformerSparsity b;
+    b.num_sliding_window_blocks = s.small_integer("num_sliding_window_blocks", b.num_sliding_window_blocks);
+    b.global_block_indices = ints("global_block_indices", b.global_block_indices);
+    if (s.has("global_block_end_indices")) b.global_block_end_indices = ints("global_block_end_indices", {});
+    b.attention = direction();
+    sc.pattern = b;
+  } else {
+    throw Error(ErrorKind::kInvalidArgument, s.where("mode") + ": '" + mode +
+                                                 "' is not a DeepSpeed sparsity mode (dense, fixed, variable, bigbird, bslongformer)");
+  }
+  sc.seed = c.seed;
+  sc.num_heads = c.bare ? 1 : c.model.n_head;
+  kernels::sparsity_config_validate(sc);
+  if (!c.bare) {
+    MT_CHECK(c.seq_length % sc.block == 0, ErrorKind::kInvalidArgument,
+             "sparse_attention.block (" + std::to_string(sc.block) + ") must divide seq_length (" +
+                 std::to_string(c.seq_length) + ")");
+    kernels::sparse_layout_make(sc, static_cast<int>(c.seq_length));
+  }
+  MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, "sparse_attention: not implemented on device \"cuda\" yet");
+  s.finish();
+  c.sparse_attention = sc;
+}
+
 // device: "cpu" | "cuda". What the GPU path does not implement is refused here, by its key.
 void parse_device(Section& root, RunConfig& c) {
   c.device = root.string("device", "cpu");
@@ -548,13 +691,15 @@ void parse_device(Section& root, RunConfig& c) {
 
 }  // namespace
 
-RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
+RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool allow_bare) {
   RunConfig c;
-  Section root(j, "", c.warnings);
-  parse_model(root, c, where);
-  c.seq_length = root.integer("seq_length", std::min(1024, c.model.max_positions));
+  Section root(j, "", c.warnings, c.notes);
+  // A bare DeepSpeed config (no model block): its keys are checked alone, nothing model-dependent.
+  c.bare = allow_bare && !root.has("model");
+  if (!c.bare) parse_model(root, c, where);
+  c.seq_length = root.integer("seq_length", c.bare ? 1024 : std::min(1024, c.model.max_positions));
   MT_CHECK(c.seq_length > 0, ErrorKind::kInvalidArgument, "seq_length must be positive");
-  MT_CHECK(c.model.arch != models::Arch::kGpt2 || c.seq_length <= c.model.max_positions, ErrorKind::kInvalidArgument,
+  MT_CHECK(c.bare || c.model.arch != models::Arch::kGpt2 || c.seq_length <= c.model.max_positions, ErrorKind::kInvalidArgument,
            "seq_length " + std::to_string(c.seq_length) + " exceeds model n_positions " + std::to_string(c.model.max_positions));
   c.train_iters = root.integer("train_iters", 0);
   c.seed = static_cast<uint64_t>(root.integer("seed", 1234));
@@ -568,7 +713,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
     MT_CHECK(v >= 0, ErrorKind::kInvalidArgument, std::string(key) + ": must not be negative (got " + std::to_string(v) + ")");
   parse_data(root, c);
   parse_parallel(root, c, world_size);
-  if (c.tp > 1) {  // Megatron's split gives each rank whole heads and equal MLP slices
+  if (c.tp > 1 && !c.bare) {  // Megatron's split gives each rank whole heads and equal MLP slices
     const bool gpt2 = c.model.arch == models::Arch::kGpt2;
     for (auto [key, v] : {std::pair<const char*, int>{gpt2 ? "n_head" : "num_attention_heads", c.model.n_head},
                           {gpt2 ? "n_head" : "num_key_value_heads", c.model.n_kv_head},
@@ -580,13 +725,14 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
   c.comm_timeout_s = root.number("comm_timeout", c.comm_timeout_s);
   MT_CHECK(c.comm_timeout_s > 0, ErrorKind::kInvalidArgument, "comm_timeout must be positive (seconds)");
   parse_batch(root, c, c.world_size);
-  c.gradient_clipping = root.is_auto("gradient_clipping") ? 1.0 : root.number("gradient_clipping", 0.0);
+  c.gradient_clipping = root.number_or_auto("gradient_clipping", 0.0, 1.0, "Hugging Face's max_grad_norm default");
   parse_precision(root, c);
   parse_optimizer(root, c);
   parse_no_weight_decay(root, c);
   parse_scheduler(root, c);
   parse_zero(root, c);
   parse_device(root, c);
+  parse_sparse_attention(root, c);
   if (c.pp > 1) {
     // ZeRO under pipeline parallelism: stage 1 (as DeepSpeed); stages 2 and 3 reduce or gather
     // per micro-batch use, which the interleaving of forwards and backwards of a pipeline breaks.
@@ -596,7 +742,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
     parallel::pp::ScheduleSpec spec{parallel::pp::parse_schedule(c.pipeline_schedule), c.pp, c.virtual_stages,
                                     static_cast<int>(c.batch.gradient_accumulation_steps)};
     parallel::pp::check_schedule_spec(spec);
-    MT_CHECK(c.model.n_layer >= c.pp * c.virtual_stages, ErrorKind::kInvalidArgument,
+    MT_CHECK(c.bare || c.model.n_layer >= c.pp * c.virtual_stages, ErrorKind::kInvalidArgument,
              "the model's " + std::to_string(c.model.n_layer) + " layer(s) cannot fill parallel.pp (" + std::to_string(c.pp) +
                  ") x parallel.virtual_stages (" + std::to_string(c.virtual_stages) + ") pipeline stages");
   }
@@ -622,12 +768,38 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size) {
   c.wall_clock_breakdown = root.boolean("wall_clock_breakdown", false);
   // DeepSpeed keys that change what is trained: refused when enabled.
   for (const char* k : {"amp", "curriculum_learning", "data_efficiency", "compression_training",
-                        "progressive_layer_drop", "eigenvalue", "quantize_training", "elasticity", "sparse_attention",
-                        "sparse_gradients", "prescale_gradients", "disable_allgather", "zero_allow_untested_optimizer"})
+                        "progressive_layer_drop", "eigenvalue", "quantize_training", "elasticity", "sparse_gradients"})
     root.unparsed(k, Unparsed::kRefuseIfEnabled);
-  root.require_default("gradient_predivide_factor", 1.0, "only 1.0 is supported");
-  for (const char* k : {"communication_data_type", "seq_parallel_communication_data_type"})
-    if (root.has(k)) MT_CHECK(root.raw(k) == "fp32", ErrorKind::kNotSupported, std::string(k) + ": only fp32 is supported");
+  // DeepSpeed's gradient averaging: prescale divides by the dp size before the all-reduce;
+  // otherwise the gradients are divided by gradient_predivide_factor before it and multiplied by
+  // factor / dp size after it.
+  c.prescale_gradients = root.boolean("prescale_gradients", false);
+  c.gradient_predivide_factor = root.number("gradient_predivide_factor", 1.0);
+  MT_CHECK(std::isfinite(c.gradient_predivide_factor) && c.gradient_predivide_factor > 0.0, ErrorKind::kInvalidArgument,
+           "gradient_predivide_factor: must be a positive number");
+  if (c.prescale_gradients && c.gradient_predivide_factor != 1.0)
+    c.warnings.push_back("gradient_predivide_factor: ignored because prescale_gradients is true (as in DeepSpeed)");
+  // DeepSpeed refuses client optimizers it has not tested with ZeRO unless this is true; every
+  // optimizer meshtrain builds is either tested with ZeRO or refused by name, so it permits nothing.
+  root.boolean("zero_allow_untested_optimizer", false);
+  // disable_allgather: DeepSpeed's stage-1/2 parameter refresh by broadcasts instead of all-gathers;
+  // the same parameters either way.
+  if (root.boolean("disable_allgather", false))
+    c.warnings.push_back("disable_allgather: accepted; ZeRO refreshes parameters by all-gathers (the same values)");
+  // communication_data_type: the dtype gradients are all-reduced in (DeepSpeed: fp16, bf16 or
+  // fp32; older versions spelt bf16 "bfp16").
+  if (root.has("communication_data_type")) {
+    std::string t = root.string("communication_data_type", "fp32");
+    std::transform(t.begin(), t.end(), t.begin(), ::tolower);
+    MT_CHECK(t == "fp32" || t == "fp16" || t == "bf16" || t == "bfp16", ErrorKind::kInvalidArgument,
+             "communication_data_type: '" + t + "' is not a DeepSpeed communication type (fp16, bf16, fp32)");
+    MT_CHECK(t == "fp32", ErrorKind::kNotSupported,
+             "communication_data_type: '" + t + "' is not implemented yet: gradients are all-reduced in fp32 (give \"fp32\")");
+  }
+  // Ulysses sequence parallelism's all-to-all dtype: there is no Ulysses here (parallel.sp = 1).
+  if (root.has("seq_parallel_communication_data_type"))
+    c.warnings.push_back("seq_parallel_communication_data_type: accepted; it applies to Ulysses sequence parallelism, "
+                         "which meshtrain does not run (parallel.sp = 1)");
   // Logging, monitoring and tuning: accepted with a warning.
   for (const char* k : {"tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "autotuning", "aio",
                         "checkpoint", "memory_breakdown", "dump_state", "zero_force_ds_cpu_optimizer",
@@ -672,16 +844,89 @@ void ds_config_set(json& j, const std::string& assignment) {
   }
 }
 
-RunConfig ds_config_load(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
-  json j = json_load_file(path);
-  for (const auto& o : overrides) ds_config_set(j, o);
+namespace {
+
+// The DeepSpeed file's keys into the run file's: objects merge key by key; a value given in both
+// must agree, except that "auto" yields to the other file's value (Hugging Face's integration
+// refuses mismatches between its arguments and the ds_config the same way).
+void merge_deepspeed(json& into, const json& from, const std::string& path, const std::string& a, const std::string& b) {
+  for (const auto& [k, v] : from.items()) {
+    const std::string kp = path.empty() ? k : path + "." + k;
+    if (!into.contains(k)) {
+      into[k] = v;
+      continue;
+    }
+    json& cur = into[k];
+    if (cur.is_object() && v.is_object()) {
+      merge_deepspeed(cur, v, kp, a, b);
+    } else if (cur == "auto") {
+      cur = v;
+    } else if (v != "auto" && cur != v) {
+      throw Error(ErrorKind::kInvalidArgument, kp + ": " + a + " says " + cur.dump() + " and " + b + " says " + v.dump() +
+                                                   " (a key given in both files must agree; --set decides)");
+    }
+  }
+}
+
+// --model: an HF directory with weights (init_from), one with config.json only, or a config file.
+json model_from_flag(const std::string& m) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(m, ec)) {
+    MT_CHECK(fs::exists(fs::path(m) / "config.json", ec), ErrorKind::kNotFound,
+             "--model " + m + ": a directory without config.json");
+    for (const auto& e : fs::directory_iterator(m, ec))
+      if (e.path().extension() == ".safetensors") return {{"init_from", m}};
+    return {{"config", (fs::path(m) / "config.json").string()}};
+  }
+  MT_CHECK(fs::is_regular_file(m, ec), ErrorKind::kNotFound, "--model " + m + ": no such file or directory");
+  return {{"config", m}};
+}
+
+}  // namespace
+
+std::string ConfigSources::name() const {
+  return !config.empty() ? config : !deepspeed.empty() ? deepspeed : std::string("the command line");
+}
+
+json ds_config_compose(const ConfigSources& s) {
+  json j = s.config.empty() ? json::object() : json_load_file(s.config);
+  MT_CHECK(j.is_object(), ErrorKind::kInvalidArgument, s.config + ": the configuration is not a JSON object");
+  if (!s.deepspeed.empty()) {
+    json ds = json_load_file(s.deepspeed);
+    MT_CHECK(ds.is_object(), ErrorKind::kInvalidArgument, s.deepspeed + ": a DeepSpeed config is a JSON object");
+    merge_deepspeed(j, ds, "", s.config.empty() ? "the run file" : s.config, s.deepspeed);
+  }
+  if (!s.model.empty()) j["model"] = model_from_flag(s.model);
+  if (!s.data.empty()) {
+    if (!j.contains("data") || !j["data"].is_object()) j["data"] = json::object();
+    j["data"]["train"] = s.data;
+  }
+  if (!s.tokenizer.empty()) {
+    if (!j.contains("data") || !j["data"].is_object()) j["data"] = json::object();
+    j["data"]["tokenizer"] = s.tokenizer;
+  }
+  for (const auto& o : s.sets) ds_config_set(j, o);
+  return j;
+}
+
+RunConfig ds_config_load(const ConfigSources& s, int world_size, bool allow_bare) {
+  const std::string where = s.name();
   try {
-    return ds_config_parse(std::move(j), path, world_size);
+    return ds_config_parse(ds_config_compose(s), where, world_size, allow_bare);
   } catch (const Error& e) {
     std::string msg = e.what();
-    if (msg.rfind(path, 0) == 0) throw;
-    throw Error(e.kind(), path + ": " + msg);
+    if (msg.rfind(where, 0) == 0 || (!s.deepspeed.empty() && msg.rfind(s.deepspeed, 0) == 0) || msg.rfind("--", 0) == 0)
+      throw;
+    throw Error(e.kind(), where + ": " + msg);
   }
+}
+
+RunConfig ds_config_load(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
+  ConfigSources s;
+  s.config = path;
+  s.sets = overrides;
+  return ds_config_load(s, world_size);
 }
 
 json ds_config_resolved(const RunConfig& c) {
@@ -715,9 +960,9 @@ json ds_config_resolved(const RunConfig& c) {
   } else {
     op["betas"] = {o.beta1, o.beta2};
     op["eps"] = o.eps;
+    op["bias_correction"] = o.bias_correction;
   }
   if (o.type == "Lamb") {
-    op["bias_correction"] = o.bias_correction;
     op["eps_inside_sqrt"] = o.eps_inside_sqrt;
     op["max_coeff"] = o.max_coeff;
     op["min_coeff"] = o.min_coeff;
@@ -757,6 +1002,12 @@ json ds_config_resolved(const RunConfig& c) {
                             {"offload_optimizer", {{"device", c.zero.offload_optimizer}}},
                             {"offload_param", {{"device", c.zero.offload_param}}}};
   if (c.activation_checkpointing) j["activation_checkpointing"] = {{"enabled", true}};
+  if (c.sparse_attention)
+    j["sparse_attention"] = {{"mode", kernels::sparsity_mode_name(c.sparse_attention->pattern)},
+                             {"block", c.sparse_attention->block},
+                             {"different_layout_per_head", c.sparse_attention->different_layout_per_head}};
+  if (c.prescale_gradients) j["prescale_gradients"] = true;
+  if (c.gradient_predivide_factor != 1.0) j["gradient_predivide_factor"] = c.gradient_predivide_factor;
   j["parallel"] = {{"tp", c.tp}, {"pp", c.pp}, {"sequence_parallel", c.sequence_parallel},
                    {"make_vocab_size_divisible_by", c.vocab_divisible}, {"pipeline_schedule", c.pipeline_schedule},
                    {"virtual_stages", c.virtual_stages}, {"partition", c.partition}};

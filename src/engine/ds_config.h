@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,16 +93,39 @@ struct RunConfig {
   // than Adam/AdamW, more than one process (the NCCL backend).
   std::string device = "cpu";
   bool activation_checkpointing = false;
+  // sparse_attention (DeepSpeed's block, every mode and key): block-sparse attention in every
+  // layer, causal inside the blocks. Random blocks are seeded by `seed`.
+  std::optional<kernels::SparsityConfig> sparse_attention;
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
+  // prescale_gradients / gradient_predivide_factor (DeepSpeed): where the data-parallel average's
+  // division happens (before the all-reduce, or 1/factor before and factor/dp after).
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  // A bare DeepSpeed config (no model block; `config check` only): model-dependent checks skipped.
+  bool bare = false;
   std::vector<std::string> warnings;  // one line each, already worded
+  std::vector<std::string> notes;     // each "auto" resolved, one line each
+};
+
+// Where a run's configuration comes from (train and config check): a run file (model/data/
+// parallel and any DeepSpeed keys), the user's DeepSpeed file (--deepspeed, untouched), the
+// --model/--data/--tokenizer flags and --set overrides. Precedence in docs/CONFIG.md.
+struct ConfigSources {
+  std::string config, deepspeed, model, data, tokenizer;
+  std::vector<std::string> sets;
+  std::string name() const;  // how messages name the source
 };
 
 // Parses and validates. world_size: the job's processes (dp = world_size / parallel.tp).
 // `where` names the source in messages (a path). Throws Error naming the key's full path.
-RunConfig ds_config_parse(nlohmann::json j, const std::string& where, int world_size = 1);
+RunConfig ds_config_parse(nlohmann::json j, const std::string& where, int world_size = 1, bool allow_bare = false);
 RunConfig ds_config_load(const std::string& path, const std::vector<std::string>& overrides,
                          int world_size = 1);
+// The JSON the sources compose to: the run file; the DeepSpeed file's keys merged in (a key in
+// both files must agree, except that an "auto" takes the other file's value); the flags; --set.
+nlohmann::json ds_config_compose(const ConfigSources& s);
+RunConfig ds_config_load(const ConfigSources& s, int world_size = 1, bool allow_bare = false);
 // What exists outside the file, checked before any work: data.train/data.valid (a dataset prefix
 // with .bin/.idx files, or a .txt/.jsonl file), data.tokenizer, and a save_dir that can be created
 // and written. Throws naming the key. `config check` and the start of `train` call it.

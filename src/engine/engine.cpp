@@ -121,6 +121,7 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
   opts.seed = config.seed;
   opts.parallel = std::move(ctx);
   opts.vocab_divisible = config.vocab_divisible;
+  opts.sparse_attention = config.sparse_attention;
   int slots = 1;
   if (config.pp > 1) {
     MT_CHECK(opts.parallel && opts.parallel->pp() == config.pp, ErrorKind::kInternal,
@@ -324,8 +325,8 @@ float Engine::forward(const int32_t* tokens, const int32_t* targets) {
   // DeepSpeed scales each micro-batch's loss by 1/gradient_accumulation_steps (and the loss scale)
   // and averages the gradients over the ranks; scaling by 1/(steps · ranks) and summing is the
   // same (and is exactly what one process does with the whole global batch).
-  float scale = static_cast<float>(scaler_.scale() / static_cast<double>(config_.batch.gradient_accumulation_steps) /
-                                   static_cast<double>(world()));
+  float scale = static_cast<float>(scaler_.scale() / static_cast<double>(config_.batch.gradient_accumulation_steps) *
+                                   grad_average_factors().first);
   float loss = device_ ? device_->forward(tokens, targets, scale) : model_.forward(tokens, targets, scale);
   forward_seconds_ += t.seconds();
   MT_CHECK(std::isfinite(loss), ErrorKind::kNumerical,
@@ -386,6 +387,11 @@ StepResult Engine::step() {
   r.loss = static_cast<float>(mean_over_ranks(loss_sum_ / micro_in_step_));
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
+  if (const double post = grad_average_factors().second; post != 1.0 && !device_) {
+    float* g = grad();
+    const float f = static_cast<float>(post);
+    for (size_t i = 0, n = state_numel(); i < n; ++i) g[i] *= f;
+  }
   if (fault_active("engine.nonfinite_grad") && !device_ && grad() != nullptr) grad()[state_numel() / 2] = INFINITY;
   double norm;
   if (device_) {
@@ -521,7 +527,7 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
   for (int i = 0; i < m; ++i) next(tokens.data() + i * n, targets.data() + i * n);
   comm::Backend& pipe = *ctx_->groups.pp;
   const size_t E = model_.boundary_numel();
-  const float scale = static_cast<float>(scaler_.scale() / static_cast<double>(m) / static_cast<double>(world()));
+  const float scale = static_cast<float>(scaler_.scale() / static_cast<double>(m) * grad_average_factors().first);
   Timer schedule_time;
   {  // the executor's buffers are freed before the step's reductions
     std::map<std::pair<int, int>, int> slot_of;  // (chunk, micro) -> activation slot
@@ -642,6 +648,13 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
   }
   backward_seconds_ += t.seconds();
   return step();
+}
+
+std::pair<double, double> Engine::grad_average_factors() const {
+  const double W = static_cast<double>(world()), f = config_.gradient_predivide_factor;
+  if (world() == 1) return {1.0, 1.0};
+  if (config_.prescale_gradients || f == 1.0) return {1.0 / W, 1.0};
+  return {1.0 / f, f / W};
 }
 
 MemStats Engine::memory_stats() const { return device_ ? device_->memory() : Allocator::global().stats(); }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 
 #include "comm/backend.h"
 #include "engine/ds_config.h"
@@ -84,6 +85,12 @@ class Engine {
   double current_lr() const;
   const RunConfig& config() const { return config_; }
   int world() const { return dp_->size(); }       // data-parallel ranks
+  // DeepSpeed's gradient averaging over the dp ranks (prescale_gradients, gradient_predivide_factor):
+  // the factor the micro-batch losses carry into backward (before the all-reduce) and the one the
+  // reduced gradients get after it. Default and prescale: 1/dp before, 1 after (DeepSpeed's
+  // default divides after; for a power-of-two dp size the results are the same bits). A predivide
+  // factor f: 1/f before, f/dp after. One rank: 1 and 1.
+  std::pair<double, double> grad_average_factors() const;
   int rank() const { return ctx_->rank(); }        // in the whole job (0 writes checkpoints)
   const parallel::ParallelContext& parallel() const { return *ctx_; }
   comm::Backend* dp() const { return dp_.get(); }

@@ -196,7 +196,8 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
     qkv_.forward(a.qkv, a.n1c, d.N);
     kernels::rope_forward(a.qkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
   }
-  kernels::attention_forward(a.att, a.lse, a.qkv, d.B, d.T, d.NH, d.NKV, d.HS);
+  if (d.sparse) kernels::sparse_attention_forward(a.att, a.lse, a.qkv, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
+  else kernels::attention_forward(a.att, a.lse, a.qkv, d.B, d.T, d.NH, d.NKV, d.HS);
   store_cd(a.attc, cd, a.att, N * d.A);
   nn::Linear* proj = arch_ == Arch::kGpt2 ? attn_proj_ : o_proj_;
   proj->forward(s.f, a.attc, d.N);
@@ -246,7 +247,10 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
   // Attention: dres now holds dL/dx2 = dL/dx (residual) + the attention branch's contribution.
   nn::Linear* proj = arch_ == Arch::kGpt2 ? attn_proj_ : o_proj_;
   proj->backward(s.datt, false, full_grad(dres, s, d), a.attc, d.N, ws);
-  kernels::attention_backward(s.dqkv, s.datt, a.qkv, a.att, a.lse, d.B, d.T, d.NH, d.NKV, d.HS);
+  if (d.sparse)
+    kernels::sparse_attention_backward(s.dqkv, s.datt, a.qkv, a.att, a.lse, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
+  else
+    kernels::attention_backward(s.dqkv, s.datt, a.qkv, a.att, a.lse, d.B, d.T, d.NH, d.NKV, d.HS);
   if (arch_ == Arch::kGpt2) {
     c_attn_->backward(s.dn, false, s.dqkv, a.n1c, d.N, ws);
     const float* dn = reduce_to_rows(s.dn, s, d);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "kernels/cpu/sparse_attention.h"
 #include "models/config.h"
 #include "nn/linear.h"
 #include "nn/norm.h"
@@ -29,6 +30,8 @@ struct BlockDims {
   // row-parallel ones.
   bool sp = false;
   int Nl = 0;
+  // DeepSpeed's sparse attention: the block-sparse plan of this rank's heads (null: dense causal).
+  const kernels::SparseAttentionPlan* sparse = nullptr;
   int rows() const { return sp ? Nl : N; }  // rows of the residual stream on this rank
 };
 

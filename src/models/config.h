@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/sparse_layout.h"
 #include "parallel/context.h"
 #include "tensor/dtype.h"
 
@@ -55,6 +57,9 @@ struct ModelOptions {
   // parallel/pp/partition.h); this rank builds the chunks of virtual stages c·pp + (its pp rank),
   // the embedding with stage 0 and the final norm + head with the last. Empty: every layer.
   std::vector<int> pipeline_bounds;
+  // DeepSpeed's sparse_attention: every layer's attention computes only the layout's blocks
+  // (kernels/cpu/sparse_layout.h), causal inside them (a decoder). num_heads is the model's.
+  std::optional<kernels::SparsityConfig> sparse_attention;
 };
 
 }  // namespace mt::models

@@ -155,6 +155,16 @@ void TransformerLM::prepare(int B, int T, int slots) {
                  " tokens (train_micro_batch_size_per_gpu x seq_length) over parallel.tp = " + std::to_string(tp) +
                  ": they must divide evenly");
   d.Nl = d.sp ? d.N / tp : d.N;
+  if (opts_.sparse_attention) {  // the layout of the whole model's heads; this rank plans its own
+    kernels::SparsityConfig sc = *opts_.sparse_attention;
+    sc.num_heads = cfg_.n_head;
+    kernels::SparseLayout L = kernels::sparse_layout_make(sc, T);
+    const size_t per_head = static_cast<size_t>(L.num_blocks) * static_cast<size_t>(L.num_blocks);
+    sparse_plan_ = std::make_shared<kernels::SparseAttentionPlan>(kernels::sparse_attention_plan(
+        L.blocks.data() + static_cast<size_t>(tp_.rank()) * static_cast<size_t>(d.NH) * per_head, d.NH, L.num_blocks,
+        L.block, /*causal=*/true));
+    d.sparse = sparse_plan_.get();
+  }
   dims_ = d;
   DType cd = opts_.compute_dtype;
   size_t N = d.N, C = d.C, R = d.rows(), es = dtype_size(cd);

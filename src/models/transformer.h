@@ -136,6 +136,7 @@ class TransformerLM : public nn::Module {
   std::unique_ptr<nn::ParamStore> store_;
 
   BlockDims dims_{};
+  std::shared_ptr<kernels::SparseAttentionPlan> sparse_plan_;  // dims_.sparse
   std::vector<Slot> slots_;
   Buffer shared_acts_buffer_, scratch_buffer_, dres_buffer_;
   BlockActs shared_acts_{};  // with recompute: one set for every block and slot

@@ -27,6 +27,7 @@ void AdamW::step(float* master, const float* grad, void* lowp, DType lowp_dtype,
   p.eps = config_.eps;
   p.step = step_;
   p.grad_scale = grad_scale;
+  p.bias_correction = config_.bias_correction;
   const size_t esz = dtype_size(lowp_dtype);
   for (const DecayRun& r : runs_) {
     p.weight_decay = r.weight_decay;

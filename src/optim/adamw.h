@@ -21,6 +21,7 @@ struct AdamWConfig {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.01f;
+  bool bias_correction = true;  // DeepSpeed's Adam/AdamW params.bias_correction
 };
 
 class AdamW : public Optimizer {

@@ -354,6 +354,44 @@ TEST(MakeOptimizer, BuildsEachTypeAndRefusesOthers) {
   EXPECT_THROW(make_optimizer(spec, 4, single_segment(4, 0.0f)), Error);
 }
 
+// DeepSpeed's Adam/AdamW with "bias_correction": false (FusedAdam): the textbook step without the
+// 1 - beta^t factors, p = p (1 - lr wd) - lr m / (sqrt(v) + eps), computed here in double.
+TEST(AdamWNoBiasCorrection, IsTheTextbookStepWithoutCorrection) {
+  const size_t n = 7;
+  OptimizerSpec spec;
+  spec.type = "AdamW";
+  spec.lr = 0.01;
+  spec.weight_decay = 0.1;
+  spec.beta1 = 0.8;
+  spec.beta2 = 0.9;
+  spec.eps = 1e-6;
+  spec.bias_correction = false;
+  auto opt = make_optimizer(spec, n, single_segment(n, 0.1f));
+  std::vector<float> p(n), g(n);
+  std::vector<double> pd(n), m(n, 0.0), v(n, 0.0);
+  for (size_t i = 0; i < n; ++i) pd[i] = p[i] = 0.25f * static_cast<float>(i) - 0.7f;
+  for (int t = 1; t <= 4; ++t) {
+    for (size_t i = 0; i < n; ++i) g[i] = std::sin(0.7f * static_cast<float>(i + 1) * static_cast<float>(t));
+    opt->step(p.data(), g.data(), nullptr, DType::kF32, 0.01f, 1.0f);
+    for (size_t i = 0; i < n; ++i) {
+      const double gi = g[i];
+      m[i] = 0.8 * m[i] + 0.2 * gi;
+      v[i] = 0.9 * v[i] + 0.1 * gi * gi;
+      pd[i] = pd[i] * (1.0 - 0.01 * 0.1) - 0.01 * m[i] / (std::sqrt(v[i]) + 1e-6);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(p[i], pd[i], 2e-6) << i;
+  // ...and it differs from the corrected step (the flag is read).
+  auto uncorrected = make_optimizer(spec, n, single_segment(n, 0.1f));
+  spec.bias_correction = true;
+  auto corrected = make_optimizer(spec, n, single_segment(n, 0.1f));
+  std::vector<float> q(n, 0.5f), gq(n, 1.0f);
+  std::vector<float> r = q;
+  corrected->step(q.data(), gq.data(), nullptr, DType::kF32, 0.01f, 1.0f);
+  uncorrected->step(r.data(), gq.data(), nullptr, DType::kF32, 0.01f, 1.0f);
+  EXPECT_GT(std::fabs(q[0] - r[0]), 1e-4);
+}
+
 TEST(MakeOptimizer, SegmentsMustCoverTheSpanInOrder) {
   OptimizerSpec spec;
   try {

@@ -63,14 +63,13 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, size_t nume
   if (type == "adam" || type == "adamw") {
     MT_CHECK(type == "adamw" || spec.adam_w_mode, ErrorKind::kNotSupported,
              "optimizer: Adam with adam_w_mode false (L2 weight decay) is not implemented");
-    MT_CHECK(spec.bias_correction, ErrorKind::kNotSupported,
-             "optimizer: Adam without bias_correction is not implemented");
     AdamWConfig c;
     c.lr = static_cast<float>(spec.lr);
     c.beta1 = static_cast<float>(spec.beta1);
     c.beta2 = static_cast<float>(spec.beta2);
     c.eps = static_cast<float>(spec.eps);
     c.weight_decay = static_cast<float>(spec.weight_decay);
+    c.bias_correction = spec.bias_correction;
     return std::make_unique<AdamW>(numel, std::move(segments), c);
   }
   if (type == "sgd") {

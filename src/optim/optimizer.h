@@ -101,7 +101,7 @@ struct OptimizerSpec {
   // Adam, AdamW, Lamb
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   bool adam_w_mode = true;      // Adam: true (DeepSpeed's default) is AdamW; false is refused
-  bool bias_correction = true;  // Lamb (Adam/AdamW: must be true)
+  bool bias_correction = true;  // Adam, AdamW, Lamb
   // Lamb (DeepSpeed FusedLamb)
   bool eps_inside_sqrt = false;
   double max_grad_norm = 0.0;

@@ -529,8 +529,8 @@ void vp_cross_entropy_grad(float* logits, const float* sumexp, const float* scal
 // _single_tensor_adamw / _multi_tensor_adamw do with Python floats. lowp_dtype kF32 is a copy.
 AdamWScalars adamw_scalars(const AdamWParams& params) {
   const double t = static_cast<double>(params.step);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(params.beta1), t);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(params.beta2), t);
+  const double bc1 = params.bias_correction ? 1.0 - std::pow(static_cast<double>(params.beta1), t) : 1.0;
+  const double bc2 = params.bias_correction ? 1.0 - std::pow(static_cast<double>(params.beta2), t) : 1.0;
   AdamWScalars s;
   s.grad_scale = params.grad_scale;
   s.beta1 = params.beta1;

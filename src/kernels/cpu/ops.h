@@ -104,6 +104,7 @@ struct AdamWParams {
   float weight_decay = 0.0f;
   int64_t step = 1;  // t, 1-based, for bias correction
   float grad_scale = 1.0f;
+  bool bias_correction = true;  // false: DeepSpeed's FusedAdam(bias_correction=False), bc1 = bc2 = 1
 };
 void adamw_update(float* master, const float* grad, float* m, float* v, void* lowp,
                   DType lowp_dtype, size_t n, const AdamWParams& params);
