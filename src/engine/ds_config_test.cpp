@@ -99,7 +99,7 @@ TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
     RunConfig c = ds_config_parse(j, "cfg.json");
     EXPECT_EQ(c.zero.offload_param, "none");
     EXPECT_TRUE(std::any_of(c.warnings.begin(), c.warnings.end(),
-                            [](const std::string& w) { return w.find("offload_param: applies to stage 3 only") == 0; }));
+                            [](const std::string& w) { return w.find("zero_optimization.offload_param: applies to stage 3 only") == 0; }));
   }
   j = base();
   j["optimizer"] = {{"type", "AdamW"}, {"params", {{"amsgrad", true}}}};
