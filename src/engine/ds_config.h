@@ -40,6 +40,14 @@ struct ZeroConfig {
   std::string offload_optimizer = "none", offload_param = "none";  // "none" or "cpu"
 };
 
+// DeepSpeed's comms_logger: the communicator's per-op counters (comm/comm_log.h) printed as a
+// summary at the end of training (enabled), and per step (verbose). prof_all false: only prof_ops.
+// debug: ops are told apart by the caller's tag. Counting itself is always on (metrics' comm_bytes).
+struct CommsLoggerConfig {
+  bool enabled = false, verbose = false, prof_all = true, debug = false;
+  std::vector<std::string> prof_ops;
+};
+
 struct RunConfig {
   nlohmann::json model_json;  // the HF config as given (or loaded from the path)
   models::ModelConfig model;
@@ -94,6 +102,7 @@ struct RunConfig {
   bool activation_checkpointing = false;
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
+  CommsLoggerConfig comms_logger;
   std::vector<std::string> warnings;  // one line each, already worded
 };
 
