@@ -33,7 +33,7 @@ std::string write_config(const std::string& name, const nlohmann::json& extra) {
   j["save_dir"] = dir() + "/ckpt-" + name;
   j["eval_interval"] = 4;
   j["eval_iters"] = 2;
-  j.update(extra);
+  if (extra.is_object()) j.update(extra);
   std::string path = dir() + "/" + name + ".json";
   std::ofstream(path) << j.dump();
   return path;
