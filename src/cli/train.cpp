@@ -24,6 +24,7 @@
 #include "base/error.h"
 #include "base/fault.h"
 #include "base/timer.h"
+#include "comm/comm_log.h"
 #include "comm/mpi_backend.h"
 #include "cli/commands.h"
 #include "data/token_stream.h"
@@ -137,7 +138,12 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   }
   if (world && lead) world->barrier(bo)->wait();
   started = true;  // from here on the ranks run collectives together
-  auto ctx = engine::engine_parallel_context(cfg, world);
+  // Every collective of the run goes through the comms logger (comm/comm_log.h): its counters give
+  // each step's comm_bytes; the comms_logger block says what is printed.
+  auto comm_log = std::make_shared<comm::CommLog>();
+  comm_log->set_debug(cfg.comms_logger.debug);
+  comm_log->set_profiled(cfg.comms_logger.prof_all, cfg.comms_logger.prof_ops);
+  auto ctx = engine::engine_parallel_context(cfg, comm::log_backend(world, comm_log));
   auto model = engine::engine_build_model(cfg, ctx);
   engine::Engine eng(cfg, *model, ctx);
   // Data is sharded by the data-parallel coordinate: the ranks of one tensor-parallel group read
@@ -184,11 +190,13 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     // batch is the one a single process trains on, and each rank reads only its part of it.
     uint64_t next_sample = static_cast<uint64_t>(step * tbs + DR * gas * B);
     Timer t;
+    const uint64_t sent_before = comm_log->sent_bytes();
     engine::StepResult r = eng.train_batch([&](int32_t* tokens, int32_t* targets) {
       train.batch(next_sample, B, tokens, targets);
       next_sample += static_cast<uint64_t>(B);
     });
     double secs = t.seconds();
+    const uint64_t comm_bytes = comm_log->sent_bytes() - sent_before;  // this rank's, in the step's collectives
     double tok_s = static_cast<double>(tbs * T) / secs;
     int64_t done = eng.global_step();
     fault_point(("train.after_step_" + std::to_string(done)).c_str());
@@ -209,7 +217,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     if (metrics.is_open()) {
       nlohmann::json m = {{"step", done}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
                           {"loss_scale", r.loss_scale}, {"skipped", r.skipped}, {"tokens_per_s", tok_s},
-                          {"tflops", flops / secs / 1e12}};
+                          {"tflops", flops / secs / 1e12}, {"comm_bytes", comm_bytes}};
       if (cfg.tp > 1) {
         m["tp_comm_bytes"] = r.tp_comm_bytes;
         m["tp_comm_seconds"] = r.tp_comm_seconds;
@@ -259,6 +267,13 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                                 std::to_string(r.tp_comm_bytes >> 20) + " MiB)")
                                    .c_str()
                              : "");
+    if (cfg.comms_logger.enabled && cfg.comms_logger.verbose) {
+      std::vector<std::string> lines = comm_log->step_lines();
+      if (lead) {
+        std::printf("%scomms step %lld (rank 0):\n", tty ? "\n" : "", static_cast<long long>(done));
+        for (const std::string& l : lines) std::printf("  %s\n", l.c_str());
+      }
+    }
     if (lead && have_val)
       std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), val_loss);
     // A stop signal on any rank stops every rank after the same step (one tiny all-reduce).
@@ -293,6 +308,10 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     }
   }
   if (tty) std::printf("\n");
+  if (lead && cfg.comms_logger.enabled) {  // DeepSpeed's comm log_summary, rank 0's counters
+    std::printf("comms summary (rank 0, %s):\n", world ? "every collective of the run" : "one process: no collectives");
+    for (const std::string& l : comm_log->summary_lines()) std::printf("  %s\n", l.c_str());
+  }
   if (metrics.is_open()) {
     metrics.close();
     std::string png = fs::path(args.metrics).replace_extension(".png").string();

@@ -201,6 +201,11 @@ std::vector<std::string> gather_strings(const parallel::ParallelContext& ctx, co
 
 nlohmann::json split_json(const nn::TpSplit& s) { return {{"dim", s.dim}, {"parts", s.parts}, {"valid", s.valid}}; }
 
+// One rank's own state (engine.rank_state()): rank_state-R-of-N.safetensors, R the world rank.
+std::string rank_state_file(int rank, int world) {
+  return "rank_state-" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
+}
+
 std::string shard_file_name(const char* stem, int64_t index, int64_t total) {
   if (total == 1) return std::string(stem) + ".safetensors";
   char buf[64];
@@ -327,6 +332,17 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
         report["files"][f] = {{"bytes", bytes}, {"xxh3", h}};
       }
     }
+    // State only this rank holds (a 1-bit optimizer's worker and server errors): every rank its file.
+    const std::vector<optim::StateBuffer> own = engine.rank_state();
+    if (!own.empty()) {
+      const std::string f = rank_state_file(ctx.world->rank(), ctx.world->size());
+      std::vector<checkpoint::StTensorOut> out;
+      for (const optim::StateBuffer& b : own) out.push_back({b.name, DType::kF32, {static_cast<int64_t>(b.numel)}, b.data});
+      checkpoint::safetensors_write((tmp_dir / f).string(), out, {{"optimizer", engine.optimizer().type_name()}});
+      size_t bytes = 0;
+      std::string h = file_xxh3_hex((tmp_dir / f).string(), &bytes);
+      report["files"][f] = {{"bytes", bytes}, {"xxh3", h}};
+    }
   } catch (const std::exception& e) {
     report["error"] = e.what();
   }
@@ -373,6 +389,7 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                               {"applied_steps", engine.applied_steps()},
                               {"optimizer", engine.optimizer().type_name()},
                               {"optimizer_step", engine.optimizer().step_count()},
+                              {"rank_state_world", engine.rank_state().empty() ? 0 : ctx.world->size()},
                               {"num_params", static_cast<int64_t>(store.global_numel())},
                               {"loss_scale", ls.scale},
                               {"scaler_iter", ls.iter},
@@ -715,6 +732,38 @@ void checkpoint_load_weights(const CheckpointInfo& info, nn::ParamStore& store) 
   store.sync_compute();
 }
 
+// A 1-bit optimizer's error buffers: restored when the checkpoint was saved by as many ranks (each
+// rank reads its own file), else left at zero with a warning (what DeepSpeed does on every load).
+void load_rank_state(Engine& engine, const fs::path& dir, const nlohmann::json& state, std::vector<std::string>& read) {
+  const std::vector<optim::StateBuffer> own = engine.rank_state();
+  if (own.empty()) return;
+  const parallel::ParallelContext& ctx = engine.parallel();
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(engine.config().comm_timeout_s * 1000.0));
+  std::exception_ptr failed;
+  bool restored = false;
+  try {
+    const int saved = state.value("rank_state_world", 0);
+    const std::string f = rank_state_file(ctx.world->rank(), ctx.world->size());
+    if (saved == ctx.world->size() && state.contains("files") && state["files"].contains(f)) {
+      std::string bad = file_damage(dir, state, f);
+      if (!bad.empty()) throw_damaged(dir.string(), bad);
+      checkpoint::SafetensorsFile file((dir / f).string());
+      for (const optim::StateBuffer& b : own) {
+        std::vector<float> v = file.read_f32(b.name, {static_cast<int64_t>(b.numel)});
+        std::copy(v.begin(), v.end(), b.data);
+      }
+      read.push_back(f);
+      restored = true;
+    }
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  agree(ctx, failed, timeout, "loading checkpoint " + dir.string());
+  if (!restored && ctx.world->rank() == 0)
+    log_warning(dir.string() + ": no error-feedback buffers saved by " + std::to_string(ctx.world->size()) +
+                " ranks: " + engine.optimizer().type_name() + " starts them at zero");
+}
+
 std::vector<std::string> checkpoint_load(Engine& engine, const std::string& path) {
   const parallel::ParallelContext& ctx = engine.parallel();
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(engine.config().comm_timeout_s * 1000.0));
@@ -779,6 +828,7 @@ std::vector<std::string> checkpoint_load(Engine& engine, const std::string& path
     read = reader->opened();
   }
   restore_counters(engine, dir, state);
+  load_rank_state(engine, dir, state, read);
   return read;
 }
 

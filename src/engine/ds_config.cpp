@@ -14,6 +14,7 @@
 #include "base/text.h"
 #include "engine/json_file.h"
 #include "engine/hf_config.h"
+#include "comm/comm_log.h"
 #include "engine/hf_weights.h"
 #include "parallel/pp/partition.h"
 #include "parallel/pp/schedule.h"
@@ -289,6 +290,35 @@ void parse_betas(Section& p, optim::OptimizerSpec& o) {
   }
 }
 
+// DeepSpeed's OnebitAdam: its own keys (lr, betas, eps, weight_decay are read by the caller).
+void parse_onebit(Section& p, optim::OptimizerSpec& o, std::vector<std::string>& warnings) {
+  o.freeze_step = p.integer("freeze_step", 100000);
+  MT_CHECK(o.freeze_step >= 0, ErrorKind::kInvalidArgument, p.where("freeze_step") + ": must not be negative");
+  o.bias_correction = p.boolean("bias_correction", true);
+  // DeepSpeed's default backend is "nccl"; ours is MPI, the one we have, whatever is absent.
+  const std::string backend = p.string("comm_backend_name", "mpi");
+  MT_CHECK(backend == "mpi", ErrorKind::kNotSupported,
+           p.where("comm_backend_name") + ": \"" + backend + "\" is not available; meshtrain's compressed all-reduce runs on \"mpi\"");
+  if (p.has("cuda_aware"))
+    warnings.push_back(p.where("cuda_aware") + ": ignored (the compressed all-reduce runs on host buffers over MPI)");
+  p.require_default("eps_inside_sqrt", false, "eps_inside_sqrt is not supported by OneBitAdam here");
+  p.require_default("max_grad_norm", 0.0, "use gradient_clipping (DeepSpeed refuses max_grad_norm as an optimizer parameter)");
+}
+
+// 1-bit optimizers (DeepSpeed's rules): ZeRO stage 0 only, no pipeline (DeepSpeed's MPI backend does
+// not support it), no tensor parallelism, fp16 or fp32 (DeepSpeed wraps them in its fp16
+// optimizer only), on CPU ranks.
+void check_onebit(const RunConfig& c) {
+  if (!optim::optimizer_is_onebit(c.optimizer)) return;
+  const std::string t = "optimizer.type " + c.optimizer.type;
+  MT_CHECK(c.zero.stage == 0, ErrorKind::kNotSupported,
+           "zero_optimization.stage " + std::to_string(c.zero.stage) + " with " + t + ": 1-bit optimizers need stage 0 (as in DeepSpeed)");
+  MT_CHECK(c.pp == 1, ErrorKind::kNotSupported, "parallel.pp > 1 with " + t + " is not supported (nor by DeepSpeed's MPI backend)");
+  MT_CHECK(c.tp == 1, ErrorKind::kNotSupported, "parallel.tp > 1 with " + t + " is not supported yet");
+  MT_CHECK(c.compute_dtype != DType::kBF16, ErrorKind::kNotSupported,
+           "bf16.enabled with " + t + ": DeepSpeed runs its 1-bit optimizers under fp16 or fp32 only");
+}
+
 // DeepSpeed resolves the type case-insensitively for its own optimizers (Adam, AdamW, Lamb) and
 // looks any other name up in torch.optim (SGD).
 void parse_optimizer(Section& root, RunConfig& c) {
@@ -299,9 +329,14 @@ void parse_optimizer(Section& root, RunConfig& c) {
   std::string lower = type;
   std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
   const bool adam = lower == "adam" || lower == "adamw", lamb = lower == "lamb", sgd = lower == "sgd";
-  if (!adam && !lamb && !sgd)
-    throw Error(ErrorKind::kNotSupported, "optimizer.type: '" + type + "' is not implemented (Adam, AdamW, Lamb, SGD)");
-  o.type = adam ? (lower == "adam" ? "Adam" : "AdamW") : lamb ? "Lamb" : "SGD";
+  const bool onebit = lower == "onebitadam";
+  if (lower == "zerooneadam" || lower == "onebitlamb")
+    throw Error(ErrorKind::kNotSupported, "optimizer.type: '" + type + "' (DeepSpeed's " +
+                                              (lower == "zerooneadam" ? "0/1 Adam" : "1-bit LAMB") +
+                                              ") is not implemented yet; OneBitAdam is");
+  if (!adam && !lamb && !sgd && !onebit)
+    throw Error(ErrorKind::kNotSupported, "optimizer.type: '" + type + "' is not implemented (Adam, AdamW, Lamb, SGD, OneBitAdam)");
+  o.type = adam ? (lower == "adam" ? "Adam" : "AdamW") : lamb ? "Lamb" : onebit ? "OneBitAdam" : "SGD";
   o.weight_decay = lower == "adamw" ? 0.01 : 0.0;  // torch.optim.AdamW's default; the others' is 0
   if (s.has("params")) {
     Section p = s.sub("params");
@@ -309,7 +344,8 @@ void parse_optimizer(Section& root, RunConfig& c) {
     MT_CHECK(std::isfinite(o.lr) && o.lr >= 0.0, ErrorKind::kInvalidArgument,
              p.where("lr") + ": must be a non-negative number (got " + std::to_string(o.lr) + ")");
     o.weight_decay = p.number_or_auto("weight_decay", o.weight_decay, kHfWd, "Hugging Face's weight_decay default");
-    if (adam || lamb) {
+    if (onebit) parse_onebit(p, o, c.warnings);
+    if (adam || lamb || onebit) {
       parse_betas(p, o);
       o.eps = p.number_or_auto("eps", lamb ? 1e-6 : 1e-8, kHfEps, "Hugging Face's adam_epsilon default");
       p.require_default("amsgrad", false, "amsgrad is not supported");
@@ -672,6 +708,28 @@ void parse_sparse_attention(Section& root, RunConfig& c) {
   c.sparse_attention = sc;
 }
 
+// DeepSpeed's comms_logger block: what the communicator's counters print (engine/ds_config.h).
+void parse_comms_logger(Section& root, RunConfig& c) {
+  if (!root.has("comms_logger")) return;
+  Section s = root.sub("comms_logger");
+  CommsLoggerConfig& l = c.comms_logger;
+  l.enabled = s.boolean("enabled", false);
+  l.verbose = s.boolean("verbose", false);
+  l.prof_all = s.boolean("prof_all", true);
+  l.debug = s.boolean("debug", false);
+  if (s.has("prof_ops")) {
+    const json& ops = s.raw("prof_ops");
+    MT_CHECK(ops.is_array(), ErrorKind::kInvalidArgument, "comms_logger.prof_ops must be a list of op names");
+    for (const json& op : ops) {
+      comm::CommOp k;
+      MT_CHECK(op.is_string() && comm::comm_op_from_name(op.get<std::string>(), &k), ErrorKind::kInvalidArgument,
+               "comms_logger.prof_ops: " + op.dump() + " is not an op (all_reduce, reduce_scatter, all_gather, broadcast, ...)");
+      l.prof_ops.push_back(op.get<std::string>());
+    }
+  }
+  s.finish();
+}
+
 // device: "cpu" | "cuda". What the GPU path does not implement is refused here, by its key.
 void parse_device(Section& root, RunConfig& c) {
   c.device = root.string("device", "cpu");
@@ -731,6 +789,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   parse_no_weight_decay(root, c);
   parse_scheduler(root, c);
   parse_zero(root, c);
+  check_onebit(c);
   parse_device(root, c);
   parse_sparse_attention(root, c);
   if (c.pp > 1) {
@@ -770,6 +829,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   for (const char* k : {"amp", "curriculum_learning", "data_efficiency", "compression_training",
                         "progressive_layer_drop", "eigenvalue", "quantize_training", "elasticity", "sparse_gradients"})
     root.unparsed(k, Unparsed::kRefuseIfEnabled);
+  parse_comms_logger(root, c);
   // DeepSpeed's gradient averaging: prescale divides by the dp size before the all-reduce;
   // otherwise the gradients are divided by gradient_predivide_factor before it and multiplied by
   // factor / dp size after it.
@@ -779,6 +839,9 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
            "gradient_predivide_factor: must be a positive number");
   if (c.prescale_gradients && c.gradient_predivide_factor != 1.0)
     c.warnings.push_back("gradient_predivide_factor: ignored because prescale_gradients is true (as in DeepSpeed)");
+  MT_CHECK(c.gradient_predivide_factor == 1.0 || c.prescale_gradients || !optim::optimizer_is_onebit(c.optimizer),
+           ErrorKind::kNotSupported, "gradient_predivide_factor with optimizer.type " + c.optimizer.type +
+                                         ": the compressed momentum exchange averages by itself (give 1.0)");
   // DeepSpeed refuses client optimizers it has not tested with ZeRO unless this is true; every
   // optimizer meshtrain builds is either tested with ZeRO or refused by name, so it permits nothing.
   root.boolean("zero_allow_untested_optimizer", false);
@@ -803,7 +866,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   // Logging, monitoring and tuning: accepted with a warning.
   for (const char* k : {"tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "autotuning", "aio",
                         "checkpoint", "memory_breakdown", "dump_state", "zero_force_ds_cpu_optimizer",
-                        "comms_logger", "timers", "train_micro_batch_size_per_gpu_auto", "data_types"})
+                        "timers", "train_micro_batch_size_per_gpu_auto", "data_types"})
     root.unparsed(k, Unparsed::kWarn);
   root.finish();
   return c;
@@ -961,6 +1024,10 @@ json ds_config_resolved(const RunConfig& c) {
     op["betas"] = {o.beta1, o.beta2};
     op["eps"] = o.eps;
     op["bias_correction"] = o.bias_correction;
+  }
+  if (o.type == "OneBitAdam") {
+    op["freeze_step"] = o.freeze_step;
+    op["comm_backend_name"] = "mpi";
   }
   if (o.type == "Lamb") {
     op["eps_inside_sqrt"] = o.eps_inside_sqrt;

@@ -41,6 +41,14 @@ struct ZeroConfig {
   std::string offload_optimizer = "none", offload_param = "none";  // "none" or "cpu"
 };
 
+// DeepSpeed's comms_logger: the communicator's per-op counters (comm/comm_log.h) printed as a
+// summary at the end of training (enabled), and per step (verbose). prof_all false: only prof_ops.
+// debug: ops are told apart by the caller's tag. Counting itself is always on (metrics' comm_bytes).
+struct CommsLoggerConfig {
+  bool enabled = false, verbose = false, prof_all = true, debug = false;
+  std::vector<std::string> prof_ops;
+};
+
 struct RunConfig {
   nlohmann::json model_json;  // the HF config as given (or loaded from the path)
   models::ModelConfig model;
@@ -104,6 +112,7 @@ struct RunConfig {
   double gradient_predivide_factor = 1.0;
   // A bare DeepSpeed config (no model block; `config check` only): model-dependent checks skipped.
   bool bare = false;
+  CommsLoggerConfig comms_logger;
   std::vector<std::string> warnings;  // one line each, already worded
   std::vector<std::string> notes;     // each "auto" resolved, one line each
 };

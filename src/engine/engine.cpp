@@ -227,6 +227,7 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   go.zero.persistence_threshold = static_cast<size_t>(z.stage3_param_persistence_threshold);
   go.zero.max_live_elems = static_cast<size_t>(z.stage3_max_live_parameters);
   go.zero.timeout = timeout();
+  go.onebit = optim::optimizer_is_onebit(config.optimizer);
   sync_ = parallel::make_grad_sync(store, model.zero_units(), model.zero_unit_modules(), *dp_, go);
   segments = sync_->span_segments(segments);
   if (z.stage >= 1 && rank() == 0) {
@@ -248,6 +249,7 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
       norm_ranges_.emplace_back(sg.offset, sg.numel);
   }
   optimizer_ = optim::make_optimizer(config.optimizer, state_numel(), segments);
+  sync_->bind(*optimizer_);
   store.zero_grad();
   if (ctx_->pp() > 1) {
     pp_spec_ = engine_schedule_spec(config);
@@ -403,6 +405,17 @@ StepResult Engine::step() {
   }
   r.grad_norm = norm;
   bool overflow = !std::isfinite(norm);
+  // Each rank's own gradients (a 1-bit optimizer after its warm-up): the ranks agree on an overflow
+  // (DeepSpeed's overflow check reduces over the ranks; the clipping norm stays local, as there).
+  if (!device_ && sync_->grads_local() && world() > 1) {
+    float f = overflow ? 1.0f : 0.0f;
+    comm::AllReduceOptions o;
+    o.op = comm::ReduceOp::kMax;
+    o.tag = "overflow";
+    o.timeout = timeout();
+    dp_->all_reduce(&f, 1, DType::kF32, o)->wait();
+    overflow = f != 0.0f;
+  }
   // Without a dynamic loss scaler (fp32, bf16, a static fp16 scale) skipping cannot recover: the
   // next step's gradients come from the same weights. Stop, naming the step and the first parameter
   // whose gradient is not finite.

@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "optim/adamw.h"
 #include "optim/lamb.h"
+#include "optim/onebit_adam.h"
 #include "optim/sgd.h"
 
 namespace mt::optim {
@@ -57,6 +58,11 @@ std::string lower(std::string s) {
 
 }  // namespace
 
+bool optimizer_is_onebit(const OptimizerSpec& spec) {
+  const std::string t = lower(spec.type);
+  return t == "onebitadam" || t == "zerooneadam" || t == "onebitlamb";
+}
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, size_t numel,
                                           std::vector<ParamSegment> segments) {
   const std::string type = lower(spec.type);
@@ -71,6 +77,19 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, size_t nume
     c.weight_decay = static_cast<float>(spec.weight_decay);
     c.bias_correction = spec.bias_correction;
     return std::make_unique<AdamW>(numel, std::move(segments), c);
+  }
+  if (type == "onebitadam") {
+    OneBitAdamConfig c;
+    c.adam.lr = static_cast<float>(spec.lr);
+    c.adam.beta1 = static_cast<float>(spec.beta1);
+    c.adam.beta2 = static_cast<float>(spec.beta2);
+    c.adam.eps = static_cast<float>(spec.eps);
+    c.adam.weight_decay = static_cast<float>(spec.weight_decay);
+    c.freeze_step = spec.freeze_step;
+    c.bias_correction = spec.bias_correction;
+    MT_CHECK(spec.freeze_step >= 0, ErrorKind::kInvalidArgument,
+             "optimizer.params.freeze_step: must be >= 0 (got " + std::to_string(spec.freeze_step) + ")");
+    return std::make_unique<OneBitAdam>(numel, std::move(segments), c);
   }
   if (type == "sgd") {
     SgdConfig c;
@@ -96,7 +115,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, size_t nume
     return std::make_unique<Lamb>(numel, std::move(segments), c);
   }
   throw Error(ErrorKind::kNotSupported,
-              "optimizer.type: '" + spec.type + "' is not implemented (Adam, AdamW, SGD, Lamb)");
+              "optimizer.type: '" + spec.type + "' is not implemented (Adam, AdamW, SGD, Lamb, OneBitAdam)");
 }
 
 }  // namespace mt::optim

@@ -32,6 +32,17 @@ struct StateBuffer {
   size_t numel = 0;
 };
 
+// How an optimizer that communicates its own state averages a buffer over the data-parallel ranks:
+// 1-bit Adam's momentum (optim/onebit_adam.h). A GradSync provides it (parallel/grad_sync.h, the
+// compressed sync holds the error-feedback buffers); the optimizer only calls it.
+class StateExchange {
+ public:
+  virtual ~StateExchange() = default;
+  // buf (n) in, its average over the data-parallel ranks out (compressed: approximate, the same on
+  // every rank). Collective over the dp group.
+  virtual void average(float* buf, size_t n) = 0;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -66,6 +77,11 @@ class Optimizer {
   // The optimizer's state, one flat f32 buffer per entry, each covering the whole span (numel).
   // Saving them and step_count(), and restoring both, resumes the exact run.
   virtual std::vector<StateBuffer> state() const = 0;
+
+  // 1-bit optimizers after their warm-up: the next step() wants this rank's own (not averaged)
+  // gradients, and averages its momentum itself through the exchange set here (null: one rank).
+  virtual bool wants_local_gradients() const { return false; }
+  virtual void set_exchange(StateExchange* exchange) { (void)exchange; }
 
   size_t numel() const { return numel_; }
   const std::vector<ParamSegment>& segments() const { return segments_; }
@@ -109,7 +125,13 @@ struct OptimizerSpec {
   // SGD (torch.optim.SGD)
   double momentum = 0.0, dampening = 0.0;
   bool nesterov = false;
+  // OneBitAdam (DeepSpeed's OnebitAdam): full-precision Adam for freeze_step steps, then the
+  // variance is frozen and the momentum is averaged by a 1-bit compressed all-reduce.
+  int64_t freeze_step = 100000;
 };
+
+// Whether spec.type names a 1-bit optimizer (its momentum is averaged by a StateExchange).
+bool optimizer_is_onebit(const OptimizerSpec& spec);
 
 // Builds the optimizer named by spec.type over numel elements split into segments. Throws
 // kNotSupported for an unknown type or Adam with adam_w_mode false, kInvalidArgument for bad

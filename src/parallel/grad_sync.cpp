@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "comm/onebit.h"
 #include "parallel/dp/grad_buckets.h"
+#include "tensor/allocator.h"
 
 namespace mt::parallel {
 namespace {
@@ -57,6 +59,67 @@ class BucketedSync : public LocalSync {
   GradBuckets buckets_;
 };
 
+// Stage 0 with a 1-bit optimizer: BucketedSync while the optimizer wants averaged gradients; then
+// nothing during backward, and the optimizer's momentum through compressed_all_reduce.
+class OneBitSync : public GradSync, public optim::StateExchange {
+ public:
+  OneBitSync(nn::ParamStore& store, const std::vector<Unit>& units, const std::vector<std::vector<nn::Module*>>& modules,
+             comm::Backend& dp, const GradSyncOptions& o)
+      : full_(store, units, modules, dp, o), dp_(dp), timeout_(o.timeout), layout_(store.numel(), dp.size()),
+        worker_error_(store.numel() * 4, MemCategory::kOptimizer),
+        server_error_(layout_.chunk * 4, MemCategory::kOptimizer) {
+    std::fill_n(worker_error_.as<float>(), store.numel(), 0.0f);
+    std::fill_n(server_error_.as<float>(), layout_.chunk, 0.0f);
+  }
+  const char* kind() const override { return "onebit"; }
+  float* master() const override { return full_.master(); }
+  float* grad() const override { return full_.grad(); }
+  size_t numel() const override { return full_.numel(); }
+  void* compute() const override { return full_.compute(); }
+  DType compute_dtype() const override { return full_.compute_dtype(); }
+  void begin_backward(bool last) override {
+    if (!grads_local()) full_.begin_backward(last);
+  }
+  // The engine scales each rank's loss by 1/dp for a summing reduction: a local gradient is
+  // multiplied back by dp, so grad() is this rank's own mean gradient (what DeepSpeed's ranks hold
+  // with their backward all-reduce off).
+  void end_backward(bool last) override {
+    if (!grads_local()) {
+      full_.end_backward(last);
+    } else if (last) {
+      float* g = full_.grad();
+      const float n = static_cast<float>(dp_.size());
+      for (size_t i = 0, e = full_.numel(); i < e; ++i) g[i] *= n;
+    }
+  }
+  void zero_grad() override { full_.zero_grad(); }
+  void gather(float* dst, const float* span) override { full_.gather(dst, span); }
+  void scatter(float* span, const float* local) const override { full_.scatter(span, local); }
+
+  void bind(optim::Optimizer& optimizer) override {
+    optimizer_ = &optimizer;
+    optimizer.set_exchange(this);
+  }
+  bool grads_local() const override { return optimizer_ && optimizer_->wants_local_gradients(); }
+  std::vector<optim::StateBuffer> rank_state() const override {
+    return {{"worker_error", worker_error_.as<float>(), layout_.len}, {"server_error", server_error_.as<float>(), layout_.chunk}};
+  }
+  void average(float* buf, size_t n) override {
+    MT_CHECK(n == layout_.len, ErrorKind::kInternal, "onebit sync: the exchange covers the whole flat buffer");
+    comm::CommOptions o;
+    o.timeout = timeout_;
+    comm::compressed_all_reduce(dp_, buf, n, worker_error_.as<float>(), server_error_.as<float>(), o);
+  }
+
+ private:
+  BucketedSync full_;
+  comm::Backend& dp_;
+  std::chrono::milliseconds timeout_;
+  comm::OneBitLayout layout_;
+  Buffer worker_error_, server_error_;
+  optim::Optimizer* optimizer_ = nullptr;
+};
+
 class ZeroSync : public GradSync {
  public:
   ZeroSync(nn::ParamStore& store, const std::vector<Unit>& units, const std::vector<std::vector<nn::Module*>>& modules,
@@ -87,7 +150,11 @@ class ZeroSync : public GradSync {
 std::unique_ptr<GradSync> make_grad_sync(nn::ParamStore& store, const std::vector<Unit>& units,
                                          const std::vector<std::vector<nn::Module*>>& modules, comm::Backend& dp,
                                          const GradSyncOptions& o) {
-  if (o.stage >= 1) return std::make_unique<ZeroSync>(store, units, modules, dp, o);
+  if (o.stage >= 1) {
+    MT_CHECK(!o.onebit, ErrorKind::kNotSupported, "1-bit optimizers run with ZeRO stage 0 only");
+    return std::make_unique<ZeroSync>(store, units, modules, dp, o);
+  }
+  if (o.onebit && dp.size() > 1) return std::make_unique<OneBitSync>(store, units, modules, dp, o);
   if (dp.size() > 1) return std::make_unique<BucketedSync>(store, units, modules, dp, o);
   return std::make_unique<LocalSync>(store);
 }

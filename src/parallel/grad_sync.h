@@ -4,7 +4,14 @@
 //   local     one data-parallel rank: nothing to reduce; the optimizer spans the whole buffers
 //   bucketed  stage 0 on more ranks: all-reduce in buckets during the last micro-batch's backward
 //   zero      stages 1-3: partitioned master/optimizer state (and gradients, parameters)
-// Later: compressed (1-bit Adam) and offloaded (NVMe) implementations.
+//   onebit    stage 0 with a 1-bit optimizer (OneBitAdam): bucketed all-reduce during the warm-up;
+//             afterwards no gradient communication (the optimizer wants local gradients) and the
+//             optimizer's momentum is averaged through this sync's compressed all-reduce
+//             (comm/onebit.h), which keeps this rank's worker and server error buffers
+// Later: offloaded (NVMe) implementations.
+// The 1-bit case needs two things of the interface: bind() (the sync learns its optimizer, and
+// hands it the exchange) and grads_local() (the gradients of this step are the rank's own, so the
+// engine agrees over dp on an overflow); rank_state() is what only this rank holds (checkpoints).
 #pragma once
 
 #include <chrono>
@@ -24,6 +31,7 @@ struct GradSyncOptions {
   size_t bucket_elems = 500'000'000;   // reduce_bucket_size (stage 0)
   bool overlap_comm = false;
   ZeroOptions zero;                    // stages 1-3
+  bool onebit = false;                 // a 1-bit optimizer (stage 0 only)
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
 };
 
@@ -56,6 +64,13 @@ class GradSync {
   virtual void scatter(float* span, const float* local) const = 0;
 
   virtual const ZeroRuntime* zero() const { return nullptr; }
+
+  // The optimizer this sync serves (called once, after both are built).
+  virtual void bind(optim::Optimizer& optimizer) { (void)optimizer; }
+  // This step's grad() holds the rank's own gradients, not their dp average.
+  virtual bool grads_local() const { return false; }
+  // State only this rank holds (not a part of the span's buffers): saved per rank.
+  virtual std::vector<optim::StateBuffer> rank_state() const { return {}; }
 };
 
 // units / modules: the model's zero_units() and zero_unit_modules() (bucket launch points, ZeRO

@@ -1,0 +1,117 @@
+// OneBitAdam end to end under `meshtrain launch` on 2 and 4 ranks (a tiny GPT-2 on a generated
+// dataset): the warm-up steps equal AdamW bit for bit; after the freeze the bytes each step sends
+// (metrics' comm_bytes, the comms logger's counters) are at least 16x fewer than a warm-up step's;
+// a resume from a checkpoint saved mid-compression (worker and server errors in it) continues the
+// uninterrupted run bit for bit; the comms_logger block prints DeepSpeed's summary.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_test_util.h"
+
+namespace {
+
+std::string dir() {
+  static std::string d = mt::cli::testing::make_test_dir("mt_onebit_test");
+  return d;
+}
+
+std::string write_config(const std::string& name, const nlohmann::json& extra) {
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 2, "n_head": 4},
+    "seq_length": 16, "train_iters": 8, "train_batch_size": 4, "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": "auto", "comm_timeout": 30,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}}, "gradient_clipping": 1.0,
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2, "warmup_max_lr": 0.01}},
+    "steps_per_print": 1, "save_interval": 5, "keep_last": 0
+  })");
+  j["data"] = {{"train", dir() + "/train"}, {"valid", dir() + "/train"}, {"shuffle", true}};
+  j["save_dir"] = dir() + "/ckpt-" + name;
+  j["eval_interval"] = 4;
+  j["eval_iters"] = 2;
+  if (extra.is_object()) j.update(extra);
+  std::string path = dir() + "/" + name + ".json";
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+int run(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
+  return mt::cli::testing::run_meshtrain(dir(), args, out, err);
+}
+
+std::vector<double> values(const std::string& metrics, const std::string& key) {
+  std::vector<double> v;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains(key)) v.push_back(j[key].get<double>());
+  }
+  return v;
+}
+
+const nlohmann::json kOneBit = {{"optimizer",
+                                 {{"type", "OneBitAdam"},
+                                  {"params", {{"lr", 0.01}, {"weight_decay", 0.01}, {"freeze_step", 3},
+                                              {"comm_backend_name", "mpi"}, {"cuda_aware", false}}}}}};
+
+TEST(OneBitMpi, WarmupIsAdamWThenCompressedBytesAndResume) {
+  mt::cli::testing::write_chain_dataset(dir() + "/train", 30);
+  for (int n : {2, 4}) {
+    const std::string N = std::to_string(n), launch = "launch -n " + N + " -- train ";
+    std::string err;
+    ASSERT_EQ(run(launch + write_config("adamw" + N, {}) + " --metrics " + dir() + "/adamw" + N + ".jsonl", nullptr, &err), 0)
+        << err;
+    nlohmann::json ob = kOneBit;
+    ob["comms_logger"] = {{"enabled", true}, {"prof_all", true}};
+    std::string out;
+    ASSERT_EQ(run(launch + write_config("onebit" + N, ob) + " --metrics " + dir() + "/onebit" + N + ".jsonl", &out, &err), 0)
+        << err;
+    const auto la = values(dir() + "/adamw" + N + ".jsonl", "loss"), lo = values(dir() + "/onebit" + N + ".jsonl", "loss");
+    const auto ba = values(dir() + "/adamw" + N + ".jsonl", "comm_bytes"), bo = values(dir() + "/onebit" + N + ".jsonl", "comm_bytes");
+    ASSERT_EQ(la.size(), 8u);
+    ASSERT_EQ(lo.size(), 8u);
+    ASSERT_EQ(bo.size(), 8u);
+    // Steps 1-3 are Adam's updates: the loss of steps 1-4 (step 4 reads the weights after step 3).
+    for (int s = 0; s < 4; ++s) EXPECT_EQ(la[s], lo[s]) << "n " << n << " step " << s + 1;
+    for (int s = 0; s < 3; ++s) EXPECT_EQ(ba[s], bo[s]) << "n " << n << " step " << s + 1;
+    for (int s = 3; s < 8; ++s) {
+      EXPECT_GT(bo[s], 0.0);
+      EXPECT_GE(ba[s] / bo[s], 16.0) << "n " << n << " step " << s + 1 << ": " << ba[s] << " vs " << bo[s];
+    }
+    EXPECT_NE(out.find("comms summary"), std::string::npos) << out;
+    EXPECT_NE(out.find("all_to_all"), std::string::npos) << out;
+    EXPECT_NE(out.find("busbw_avg (Gbps)"), std::string::npos) << out;
+    // Resumed from step 5 (two compressed steps in): steps 6-8 as the uninterrupted run.
+    ASSERT_EQ(run(launch + write_config("resumed" + N, kOneBit) + " --resume " + dir() + "/ckpt-onebit" + N +
+                      "/step-5 --metrics " + dir() + "/resumed" + N + ".jsonl",
+                  nullptr, &err),
+              0)
+        << err;
+    const auto lr = values(dir() + "/resumed" + N + ".jsonl", "loss");
+    ASSERT_EQ(lr.size(), 3u);
+    for (int s = 0; s < 3; ++s) EXPECT_EQ(lr[s], lo[5 + s]) << "n " << n << " resumed step " << s + 6;
+    const auto vo = values(dir() + "/onebit" + N + ".jsonl", "val_loss"), vr = values(dir() + "/resumed" + N + ".jsonl", "val_loss");
+    ASSERT_FALSE(vr.empty());
+    EXPECT_EQ(vr.back(), vo.back());
+  }
+}
+
+TEST(OneBitMpi, RefusedWithZeroStagesAndOtherBackends) {
+  mt::cli::testing::write_chain_dataset(dir() + "/train", 30);
+  nlohmann::json z = kOneBit;
+  z["zero_optimization"] = {{"stage", 1}};
+  std::string err;
+  EXPECT_EQ(run("train " + write_config("zero", z), nullptr, &err), 2);
+  EXPECT_NE(err.find("zero_optimization.stage 1 with optimizer.type OneBitAdam"), std::string::npos) << err;
+  nlohmann::json nccl = kOneBit;
+  nccl["optimizer"]["params"]["comm_backend_name"] = "nccl";
+  EXPECT_EQ(run("train " + write_config("nccl", nccl), nullptr, &err), 2);
+  EXPECT_NE(err.find("optimizer.params.comm_backend_name: \"nccl\""), std::string::npos) << err;
+}
+
+}  // namespace
