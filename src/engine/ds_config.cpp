@@ -295,10 +295,14 @@ void parse_onebit(Section& p, optim::OptimizerSpec& o, std::vector<std::string>&
   o.freeze_step = p.integer("freeze_step", 100000);
   MT_CHECK(o.freeze_step >= 0, ErrorKind::kInvalidArgument, p.where("freeze_step") + ": must not be negative");
   o.bias_correction = p.boolean("bias_correction", true);
-  // DeepSpeed's default backend is "nccl"; ours is MPI, the one we have, whatever is absent.
+  // DeepSpeed's backends ("nccl", its default, "mpi", "compressed") move the same compressed
+  // bytes with the same arithmetic; meshtrain's runs on MPI whichever is named.
   const std::string backend = p.string("comm_backend_name", "mpi");
-  MT_CHECK(backend == "mpi", ErrorKind::kNotSupported,
-           p.where("comm_backend_name") + ": \"" + backend + "\" is not available; meshtrain's compressed all-reduce runs on \"mpi\"");
+  MT_CHECK(backend == "mpi" || backend == "nccl" || backend == "compressed", ErrorKind::kNotSupported,
+           p.where("comm_backend_name") + ": \"" + backend + "\" is not a DeepSpeed backend (nccl, mpi, compressed)");
+  if (backend != "mpi")
+    warnings.push_back(p.where("comm_backend_name") + ": \"" + backend +
+                       "\": the compressed all-reduce runs on MPI here (the same compressed exchange)");
   if (p.has("cuda_aware"))
     warnings.push_back(p.where("cuda_aware") + ": ignored (the compressed all-reduce runs on host buffers over MPI)");
   p.require_default("eps_inside_sqrt", false, "eps_inside_sqrt is not supported by OneBitAdam here");
