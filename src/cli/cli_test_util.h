@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "data/indexed_dataset.h"
 
@@ -60,6 +61,18 @@ inline void write_chain_dataset(const std::string& prefix, int docs, int vocab =
     w.end_document();
   }
   w.finalize();
+}
+
+// Every value of `key` in a --metrics file (one JSON object per line), in order.
+inline std::vector<double> metric_values(const std::string& metrics, const std::string& key) {
+  std::vector<double> v;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains(key) && j[key].is_number()) v.push_back(j[key].get<double>());
+  }
+  return v;
 }
 
 }  // namespace mt::cli::testing

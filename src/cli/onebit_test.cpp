@@ -44,14 +44,7 @@ int run(const std::string& args, std::string* out = nullptr, std::string* err = 
 }
 
 std::vector<double> values(const std::string& metrics, const std::string& key) {
-  std::vector<double> v;
-  std::ifstream f(metrics);
-  std::string line;
-  while (std::getline(f, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains(key)) v.push_back(j[key].get<double>());
-  }
-  return v;
+  return mt::cli::testing::metric_values(metrics, key);
 }
 
 const nlohmann::json kOneBit = {{"optimizer",

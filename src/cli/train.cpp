@@ -179,7 +179,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   // Under `meshtrain launch`, stdout is mpirun's pseudo-terminal; the launcher says what its is.
   const char* launcher_tty = std::getenv("MT_STDOUT_TTY");
   const bool tty = lead && (launcher_tty ? std::strcmp(launcher_tty, "1") == 0 : isatty(fileno(stdout)));
-  double flops = model->train_flops_per_step() * static_cast<double>(gas * DW);
+  const double full_flops = model->train_flops_per_step() * static_cast<double>(gas * DW);
   Timer total;
   int64_t start_step = eng.global_step();
   bool first_save = true;
@@ -197,7 +197,10 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     });
     double secs = t.seconds();
     const uint64_t comm_bytes = comm_log->sent_bytes() - sent_before;  // this rank's, in the step's collectives
-    double tok_s = static_cast<double>(tbs * T) / secs;
+    // A curriculum step trains on fewer tokens (and FLOPs) than seq_length's.
+    const int64_t step_T = r.seq_length > 0 ? r.seq_length : T;
+    const double flops = step_T == T ? full_flops : model->train_flops_per_step() * static_cast<double>(gas * DW);
+    double tok_s = static_cast<double>(tbs * step_T) / secs;
     int64_t done = eng.global_step();
     fault_point(("train.after_step_" + std::to_string(done)).c_str());
     bool have_val = valid && cfg.eval_interval > 0 && (done % cfg.eval_interval == 0 || done == cfg.train_iters);
@@ -222,6 +225,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
         m["tp_comm_bytes"] = r.tp_comm_bytes;
         m["tp_comm_seconds"] = r.tp_comm_seconds;
       }
+      if (cfg.curriculum.enabled) m["curriculum_seqlen"] = step_T;
       if (cfg.pp > 1) {
         m["pp_wait_seconds"] = r.pp_wait_seconds;  // rank 0's (the first stage's)
         m["pp_stage_wait_seconds"] = r.pp_stage_wait_seconds;  // every stage's, by pp rank

@@ -144,6 +144,10 @@ class Section {
     }
   }
 
+  // Every key of the object counts as read (a block switched off: its settings are not checked).
+  void ignore_rest() {
+    for (auto it = j_.begin(); it != j_.end(); ++it) known_.push_back(it.key());
+  }
   Section sub(const std::string& key) {
     known_.push_back(key);
     return Section(j_.at(key), where(key), warnings_, notes_);
@@ -712,6 +716,92 @@ void parse_sparse_attention(Section& root, RunConfig& c) {
   c.sparse_attention = sc;
 }
 
+// curriculum_learning (DeepSpeed's legacy block): what its CurriculumScheduler asserts, plus what
+// would make a step's sequence empty or longer than the data's.
+void parse_curriculum(Section& root, RunConfig& c) {
+  if (!root.has("curriculum_learning")) return;
+  Section s = root.sub("curriculum_learning");
+  if (!s.has("enabled")) {
+    if (!root.raw("curriculum_learning").empty())
+      c.warnings.push_back("curriculum_learning: has no \"enabled\" key, so it is off (as in DeepSpeed)");
+    s.ignore_rest();
+    return;
+  }
+  if (!s.boolean("enabled", false)) {
+    s.ignore_rest();
+    return;
+  }
+  CurriculumConfig& k = c.curriculum;
+  k.enabled = true;
+  for (const char* req : {"curriculum_type", "min_difficulty", "max_difficulty", "schedule_type"})
+    MT_CHECK(s.has(req), ErrorKind::kInvalidArgument, s.where(req) + ": required (as DeepSpeed asserts)");
+  const std::string type = s.string("curriculum_type", "");
+  MT_CHECK(type == "seqlen", ErrorKind::kNotSupported,
+           s.where("curriculum_type") + ": '" + type + "' is not supported (\"seqlen\": sequences truncated to the difficulty, as Megatron-DeepSpeed does)");
+  k.min_difficulty = s.integer("min_difficulty", 0);
+  k.max_difficulty = s.integer("max_difficulty", 0);
+  k.schedule_type = s.string("schedule_type", "");
+  MT_CHECK(s.has("schedule_config"), ErrorKind::kInvalidArgument, s.where("schedule_config") + ": required");
+  Section sc = s.sub("schedule_config");
+  auto need = [&sc](const char* key) {
+    MT_CHECK(sc.has(key), ErrorKind::kInvalidArgument, sc.where(key) + ": required by schedule_type");
+  };
+  auto list = [&sc](const char* key) {
+    const json& v = sc.raw(key);
+    MT_CHECK(v.is_array() && !v.empty(), ErrorKind::kInvalidArgument, sc.where(key) + " must be a non-empty list of integers");
+    std::vector<int64_t> out;
+    for (const json& e : v) {
+      MT_CHECK(e.is_number_integer(), ErrorKind::kInvalidArgument, sc.where(key) + " must be a list of integers");
+      out.push_back(e.get<int64_t>());
+    }
+    return out;
+  };
+  if (k.schedule_type == "fixed_discrete") {
+    need("difficulty");
+    need("max_step");
+    k.difficulty = list("difficulty");
+    k.max_step = list("max_step");
+    MT_CHECK(k.difficulty.size() == k.max_step.size() + 1, ErrorKind::kInvalidArgument,
+             sc.where("difficulty") + ": needs one entry more than max_step (the last applies to every later step)");
+  } else if (k.schedule_type == "fixed_linear" || k.schedule_type == "fixed_root") {
+    need("total_curriculum_step");
+    need("difficulty_step");
+    k.total_curriculum_step = sc.integer("total_curriculum_step", 0);
+    k.difficulty_step = sc.integer("difficulty_step", 0);
+    MT_CHECK(k.total_curriculum_step > 0 && k.difficulty_step > 0, ErrorKind::kInvalidArgument,
+             sc.where("total_curriculum_step") + " and difficulty_step must be positive");
+    if (k.schedule_type == "fixed_root") {
+      need("root_degree");
+      k.root_degree = sc.number("root_degree", 1.0);
+      MT_CHECK(k.root_degree > 0.0, ErrorKind::kInvalidArgument, sc.where("root_degree") + " must be positive");
+    }
+  } else {
+    throw Error(k.schedule_type == "custom" ? ErrorKind::kNotSupported : ErrorKind::kInvalidArgument,
+                s.where("schedule_type") + ": '" + k.schedule_type +
+                    "' is not supported (fixed_linear, fixed_root, fixed_discrete; \"custom\" needs a Python function)");
+  }
+  sc.finish();
+  s.finish();
+  MT_CHECK(k.min_difficulty >= 1 && k.min_difficulty <= k.max_difficulty, ErrorKind::kInvalidArgument,
+           s.where("min_difficulty") + " must be at least 1 and at most max_difficulty");
+  MT_CHECK(k.max_difficulty <= c.seq_length, ErrorKind::kInvalidArgument,
+           s.where("max_difficulty") + " (" + std::to_string(k.max_difficulty) + ") exceeds seq_length (" +
+               std::to_string(c.seq_length) + "): a sample has no more tokens");
+  // Every step of the run trains on 1..seq_length tokens (DeepSpeed's rounding down to
+  // difficulty_step can reach 0 when min_difficulty is not a multiple of it).
+  CurriculumSchedule sched(k);
+  for (int64_t step = 1; step <= std::max<int64_t>(c.train_iters, 1); ++step) {
+    const int64_t d = sched.at(step);
+    MT_CHECK(d >= 1 && d <= c.seq_length, ErrorKind::kInvalidArgument,
+             "curriculum_learning: the schedule gives " + std::to_string(d) + " tokens at step " + std::to_string(step) +
+                 " (min_difficulty should be a multiple of difficulty_step)");
+  }
+  MT_CHECK(c.pp == 1, ErrorKind::kNotSupported, "curriculum_learning with parallel.pp > 1 is not supported yet");
+  MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, "curriculum_learning: not implemented on device \"cuda\" yet");
+  MT_CHECK(!c.sparse_attention, ErrorKind::kNotSupported,
+           "curriculum_learning with sparse_attention is not supported yet (the block layout is built for seq_length)");
+}
+
 // DeepSpeed's comms_logger block: what the communicator's counters print (engine/ds_config.h).
 void parse_comms_logger(Section& root, RunConfig& c) {
   if (!root.has("comms_logger")) return;
@@ -796,6 +886,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   check_onebit(c);
   parse_device(root, c);
   parse_sparse_attention(root, c);
+  parse_curriculum(root, c);
   if (c.pp > 1) {
     // ZeRO under pipeline parallelism: stage 1 (as DeepSpeed); stages 2 and 3 reduce or gather
     // per micro-batch use, which the interleaving of forwards and backwards of a pipeline breaks.
@@ -830,7 +921,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   c.steps_per_print = root.integer("steps_per_print", 10);
   c.wall_clock_breakdown = root.boolean("wall_clock_breakdown", false);
   // DeepSpeed keys that change what is trained: refused when enabled.
-  for (const char* k : {"amp", "curriculum_learning", "data_efficiency", "compression_training",
+  for (const char* k : {"amp", "data_efficiency", "compression_training",
                         "progressive_layer_drop", "eigenvalue", "quantize_training", "elasticity", "sparse_gradients"})
     root.unparsed(k, Unparsed::kRefuseIfEnabled);
   parse_comms_logger(root, c);

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/curriculum.h"
 #include "models/config.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
@@ -104,6 +105,8 @@ struct RunConfig {
   // sparse_attention (DeepSpeed's block, every mode and key): block-sparse attention in every
   // layer, causal inside the blocks. Random blocks are seeded by `seed`.
   std::optional<kernels::SparsityConfig> sparse_attention;
+  // curriculum_learning (DeepSpeed's legacy block, curriculum_type "seqlen"): engine/curriculum.h.
+  CurriculumConfig curriculum;
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
   // prescale_gradients / gradient_predivide_factor (DeepSpeed): where the data-parallel average's

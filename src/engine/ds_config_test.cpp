@@ -457,5 +457,38 @@ TEST(DsCompat, RealConfigsPassBareOrAreRefusedByKey) {
   EXPECT_GE(passed, 15);
 }
 
+// DeepSpeed's CurriculumScheduler, worked by hand from its formulas (curriculum.h).
+TEST(Curriculum, DifficultiesFollowDeepSpeedsSchedules) {
+  CurriculumConfig c;
+  c.min_difficulty = 8;
+  c.max_difficulty = 64;
+  c.schedule_type = "fixed_linear";
+  c.total_curriculum_step = 10;
+  c.difficulty_step = 8;
+  EXPECT_EQ(curriculum_difficulty(c, 1), 8);    // floor(0.1 * 56 + 8) = 13, down to a multiple of 8
+  EXPECT_EQ(curriculum_difficulty(c, 5), 32);   // floor(0.5 * 56 + 8) = 36 -> 32
+  EXPECT_EQ(curriculum_difficulty(c, 10), 64);
+  EXPECT_EQ(curriculum_difficulty(c, 11), 64);  // 69 -> 64, at most max
+  c.schedule_type = "fixed_root";
+  c.root_degree = 2.0;
+  c.total_curriculum_step = 100;
+  EXPECT_EQ(curriculum_difficulty(c, 25), 32);  // sqrt(0.25) = 0.5 -> 36 -> 32
+  EXPECT_EQ(curriculum_difficulty(c, 1), 8);    // sqrt(0.01) = 0.1 -> 13 -> 8
+  EXPECT_EQ(curriculum_difficulty(c, 64), 48);  // 0.8 -> floor(52.8) = 52 -> 48
+  c.schedule_type = "fixed_discrete";
+  c.difficulty = {8, 16, 32};
+  c.max_step = {2, 4};
+  EXPECT_EQ(curriculum_difficulty(c, 2), 8);
+  EXPECT_EQ(curriculum_difficulty(c, 3), 16);
+  EXPECT_EQ(curriculum_difficulty(c, 5), 32);
+  // update_difficulty: once at max_difficulty it stays, whatever the schedule says later.
+  c.max_difficulty = 16;
+  c.difficulty = {16, 8, 8};
+  CurriculumSchedule s(c);
+  EXPECT_EQ(s.at(1), 16);
+  EXPECT_EQ(s.at(3), 16);
+  EXPECT_EQ(s.at(9), 16);
+}
+
 }  // namespace
 }  // namespace mt::engine

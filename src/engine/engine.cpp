@@ -471,17 +471,34 @@ StepResult Engine::step() {
 
 StepResult Engine::train_batch(const MicroBatchFn& next) {
   if (ctx_->pp() > 1) return train_pipeline(next);
-  size_t n = static_cast<size_t>(model_.batch()) * static_cast<size_t>(model_.seq());
-  std::vector<int32_t> tokens(n), targets(n);
+  const int B = model_.batch();
+  const int64_t T = config_.seq_length;
+  // curriculum_learning (seqlen): this step trains on the first L tokens of every sample (and
+  // their targets), as Megatron-DeepSpeed truncates tokens[:, :L].
+  int64_t L = T;
+  if (config_.curriculum.enabled) {
+    if (!curriculum_) curriculum_ = std::make_unique<CurriculumSchedule>(config_.curriculum);
+    L = curriculum_->at(global_step_ + 1);
+  }
+  if (L != model_.seq()) model_.prepare(B, static_cast<int>(L));
+  std::vector<int32_t> tokens(static_cast<size_t>(B) * static_cast<size_t>(T)), targets(tokens.size());
   for (int64_t m = 0; m < config_.batch.gradient_accumulation_steps; ++m) {
     next(tokens.data(), targets.data());
+    for (int b = 1; b < B && L != T; ++b) {
+      std::copy_n(tokens.data() + b * T, L, tokens.data() + b * L);
+      std::copy_n(targets.data() + b * T, L, targets.data() + b * L);
+    }
     forward_backward(tokens.data(), targets.data());
   }
-  return step();
+  StepResult r = step();
+  r.seq_length = L;
+  return r;
 }
 
 float Engine::evaluate(const int32_t* tokens, const int32_t* targets) {
   if (device_) return device_->forward(tokens, targets, 0.0f);
+  // Validation reads whole samples (a curriculum shortens training steps only).
+  if (model_.seq() != config_.seq_length) model_.prepare(model_.batch(), static_cast<int>(config_.seq_length));
   if (ctx_->pp() == 1) return model_.forward(tokens, targets, 0.0f);
   // Through the virtual stages in order: receive, forward, send (slot 0; between steps).
   comm::Backend& pipe = *ctx_->groups.pp;

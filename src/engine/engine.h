@@ -45,6 +45,8 @@ struct StepResult {
   // The schedule's wall time (the longest stage's: the first, which runs the last backward):
   // 1 - compute / this is a stage's idle share, the measured bubble.
   double pp_schedule_seconds = 0.0;
+  // Tokens per sample this step trained on: seq_length, or the curriculum's difficulty.
+  int64_t seq_length = 0;
   // Every stage's accounted peak (all categories, since the last reset_memory_peaks), MiB, at the
   // end of its schedule: stages hold different layers, slots and buffers.
   std::vector<double> pp_stage_peak_mib;
@@ -168,6 +170,7 @@ class Engine {
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LossScaler scaler_;
   int64_t global_step_ = 0, applied_steps_ = 0;
+  std::unique_ptr<CurriculumSchedule> curriculum_;  // curriculum_learning (null: off)
   int micro_in_step_ = 0;
   bool pending_backward_ = false;
   double loss_sum_ = 0.0;

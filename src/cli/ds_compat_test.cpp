@@ -1,0 +1,131 @@
+// DeepSpeed compatibility end to end (issue 12): every real ds_config of tests/fixtures/ds_configs
+// that passes `config check` bare trains a tiny model through `--deepspeed`, as it is; legacy
+// curriculum learning truncates sequences the way Megatron-DeepSpeed does.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string dir() {
+  static std::string d = mt::cli::testing::make_test_dir("mt_ds_compat_test");
+  return d;
+}
+
+int run(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
+  return mt::cli::testing::run_meshtrain(dir(), args, out, err);
+}
+
+// A tiny GPT-2 as a Hugging Face config.json (what --model takes) and the chain dataset.
+void tiny_model_and_data() {
+  static bool done = [] {
+    std::ofstream(dir() + "/config.json") << R"({"model_type": "gpt2", "vocab_size": 97, "n_positions": 64,
+      "n_embd": 32, "n_layer": 2, "n_head": 2})";
+    mt::cli::testing::write_chain_dataset(dir() + "/train", 64);
+    return true;
+  }();
+  (void)done;
+}
+
+TEST(DeepSpeedFixtures, EveryValidRealConfigTrainsThroughDashDashDeepspeed) {
+  tiny_model_and_data();
+  int trained = 0, refused = 0;
+  for (const auto& e : fs::directory_iterator(std::string(MT_SOURCE_DIR) + "/tests/fixtures/ds_configs")) {
+    if (e.path().extension() != ".json") continue;
+    const std::string f = e.path().string(), name = e.path().stem().string();
+    std::string err;
+    if (run("config check " + f, nullptr, &err) != 0) {  // refused: one line naming the key
+      EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << name << ": " << err;
+      EXPECT_NE(err.find("meshtrain: error: "), std::string::npos) << name << ": " << err;
+      ++refused;
+      continue;
+    }
+    // The file as it is; only its batch is made tiny where it asks for thousands of sequences a
+    // step (a speed matter for the test, not a change of what the file means).
+    nlohmann::json ds = nlohmann::json::parse(std::ifstream(f));
+    std::string sets = " --set train_iters=2 --set seq_length=64 --set save_dir=" + dir() + "/ckpt-" + name;
+    auto big = [&](const char* k, int64_t most) { return ds.contains(k) && ds[k].is_number() && ds[k].get<int64_t>() > most; };
+    if (big("train_batch_size", 8) || big("train_micro_batch_size_per_gpu", 8) || big("gradient_accumulation_steps", 8))
+      sets += " --set train_batch_size=2 --set train_micro_batch_size_per_gpu=2 --set gradient_accumulation_steps=1";
+    std::string out;
+    EXPECT_EQ(run("train --deepspeed " + f + " --model " + dir() + "/config.json --data " + dir() + "/train" + sets, &out,
+                  &err),
+              0)
+        << name << ": " << err;
+    EXPECT_NE(out.find("step 2/2"), std::string::npos) << name << ": " << out << err;
+    ++trained;
+  }
+  EXPECT_GE(trained, 15);
+  std::printf("ds_config fixtures: %d trained through --deepspeed, %d refused by key\n", trained, refused);
+}
+
+// Megatron-DeepSpeed's legacy curriculum: a step at difficulty L trains on tokens[:, :L]. With one
+// unshuffled sample per step, step 1 at L = 8 of seq_length 16 sees exactly the window a
+// seq_length-8 run's step 1 sees: the same loss and gradient norm, bit for bit.
+TEST(CurriculumLearning, AStepTrainsOnTheFirstDifficultyTokens) {
+  tiny_model_and_data();
+  auto cfg = [](const std::string& name, const nlohmann::json& extra) {
+    nlohmann::json j = {{"model", dir() + "/config.json"},
+                        {"data", {{"train", dir() + "/train"}, {"shuffle", false}}},
+                        {"seq_length", 16},
+                        {"train_iters", 4},
+                        {"train_micro_batch_size_per_gpu", 1},
+                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                        {"steps_per_print", 1}};
+    j.update(extra);
+    std::string path = dir() + "/" + name + ".json";
+    std::ofstream(path) << j.dump();
+    return path;
+  };
+  const nlohmann::json curriculum = {
+      {"curriculum_learning",
+       {{"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", 8}, {"max_difficulty", 16},
+        {"schedule_type", "fixed_discrete"}, {"schedule_config", {{"difficulty", {8, 12, 16}}, {"max_step", {1, 2}}}}}}};
+  std::string err;
+  const std::string m_cur = dir() + "/cur.jsonl", m_short = dir() + "/short.jsonl", m_full = dir() + "/full.jsonl";
+  ASSERT_EQ(run("train " + cfg("cur", curriculum) + " --metrics " + m_cur, nullptr, &err), 0) << err;
+  ASSERT_EQ(run("train " + cfg("short", {{"seq_length", 8}}) + " --metrics " + m_short, nullptr, &err), 0) << err;
+  ASSERT_EQ(run("train " + cfg("full", nlohmann::json::object()) + " --metrics " + m_full, nullptr, &err), 0) << err;
+  using mt::cli::testing::metric_values;
+  EXPECT_EQ(metric_values(m_cur, "curriculum_seqlen"), (std::vector<double>{8, 12, 16, 16}));
+  EXPECT_EQ(metric_values(m_cur, "loss")[0], metric_values(m_short, "loss")[0]);
+  EXPECT_EQ(metric_values(m_cur, "grad_norm")[0], metric_values(m_short, "grad_norm")[0]);
+  EXPECT_NE(metric_values(m_cur, "loss")[0], metric_values(m_full, "loss")[0]);  // not the whole sample
+  EXPECT_TRUE(metric_values(m_full, "curriculum_seqlen").empty());
+}
+
+TEST(CurriculumLearning, AScheduleThatEmptiesASequenceIsRefusedBeforeTraining) {
+  tiny_model_and_data();
+  nlohmann::json j = {{"model", dir() + "/config.json"},
+                      {"data", {{"train", dir() + "/train"}}},
+                      {"seq_length", 16},
+                      {"train_iters", 4},
+                      {"train_micro_batch_size_per_gpu", 1},
+                      {"curriculum_learning",
+                       {{"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", 4}, {"max_difficulty", 16},
+                        {"schedule_type", "fixed_linear"},
+                        {"schedule_config", {{"total_curriculum_step", 100}, {"difficulty_step", 8}}}}}};
+  std::ofstream(dir() + "/empty.json") << j.dump();
+  std::string err;
+  EXPECT_EQ(run("train " + dir() + "/empty.json", nullptr, &err), 2);  // DeepSpeed: step 1 at length 0
+  EXPECT_NE(err.find("curriculum_learning: the schedule gives 0 tokens at step 1"), std::string::npos) << err;
+  j["curriculum_learning"]["max_difficulty"] = 32;
+  j["curriculum_learning"]["min_difficulty"] = 8;
+  std::ofstream(dir() + "/long.json") << j.dump();
+  EXPECT_EQ(run("train " + dir() + "/long.json", nullptr, &err), 2);
+  EXPECT_NE(err.find("curriculum_learning.max_difficulty (32) exceeds seq_length (16)"), std::string::npos) << err;
+}
+
+}  // namespace

@@ -1,0 +1,32 @@
+#include "engine/curriculum.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/error.h"
+
+namespace mt::engine {
+
+int64_t curriculum_difficulty(const CurriculumConfig& c, int64_t step) {
+  if (c.schedule_type == "fixed_discrete") {
+    for (size_t i = 0; i < c.max_step.size(); ++i)
+      if (step <= c.max_step[i]) return c.difficulty[i];
+    return c.difficulty.back();
+  }
+  const double r = c.schedule_type == "fixed_root" ? c.root_degree : 1.0;
+  const double frac = std::pow(static_cast<double>(step) / static_cast<double>(c.total_curriculum_step), 1.0 / r);
+  auto d = static_cast<int64_t>(
+      std::floor(frac * static_cast<double>(c.max_difficulty - c.min_difficulty) + static_cast<double>(c.min_difficulty)));
+  d -= d % c.difficulty_step;
+  return std::min(d, c.max_difficulty);
+}
+
+int64_t CurriculumSchedule::at(int64_t step) {
+  MT_CHECK(step > done_, ErrorKind::kInternal, "curriculum schedule asked for an earlier step");
+  for (int64_t s = done_ + 1; s <= step; ++s)
+    if (current_ < c_.max_difficulty) current_ = curriculum_difficulty(c_, s);
+  done_ = step;
+  return current_;
+}
+
+}  // namespace mt::engine
