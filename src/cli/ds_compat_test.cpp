@@ -128,4 +128,54 @@ TEST(CurriculumLearning, AScheduleThatEmptiesASequenceIsRefusedBeforeTraining) {
   EXPECT_NE(err.find("curriculum_learning.max_difficulty (32) exceeds seq_length (16)"), std::string::npos) << err;
 }
 
+// DeepSpeed's sparse_attention block in a training run: the fixed layout changes what is trained
+// (a query no longer sees every earlier block), the dense layout is the causal attention, and tensor
+// parallelism, which gives each rank whole heads with their own layouts, equals one process.
+TEST(SparseAttention, TrainsAndEveryLayoutEqualsOneProcess) {
+  tiny_model_and_data();
+  auto cfg = [](const std::string& name, const nlohmann::json& extra) {
+    nlohmann::json j = {{"model", {{"model_type", "gpt2"}, {"vocab_size", 97}, {"n_positions", 64}, {"n_embd", 32},
+                                   {"n_layer", 2}, {"n_head", 4}}},
+                        {"data", {{"train", dir() + "/train"}}},
+                        {"seq_length", 64},
+                        {"train_iters", 3},
+                        {"train_batch_size", 4},
+                        {"train_micro_batch_size_per_gpu", 2},
+                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                        {"steps_per_print", 1}};
+    j.update(extra);
+    std::string path = dir() + "/" + name + ".json";
+    std::ofstream(path) << j.dump();
+    return path;
+  };
+  const nlohmann::json fixed = {{"sparse_attention",
+                                 {{"mode", "fixed"}, {"block", 8}, {"num_local_blocks", 4}, {"num_global_blocks", 1},
+                                  {"different_layout_per_head", true}, {"num_different_global_patterns", 4},
+                                  {"attention", "unidirectional"}}}};
+  const nlohmann::json dense = {{"sparse_attention", {{"mode", "dense"}, {"block", 16}}}};
+  using mt::cli::testing::metric_values;
+  auto losses = [&](const std::string& name, const std::string& cmd) {
+    std::string err;
+    const std::string m = dir() + "/" + name + ".jsonl";
+    fs::remove(m);
+    EXPECT_EQ(run(cmd + " --metrics " + m, nullptr, &err), 0) << name << ": " << err;
+    return metric_values(m, "loss");
+  };
+  const auto causal = losses("causal", "train " + cfg("causal", nlohmann::json::object()));
+  const auto one = losses("fixed1", "train " + cfg("fixed1", fixed));
+  const auto tp2 = losses("fixed-tp2", "launch -n 2 -- train " + cfg("fixed-tp2", fixed) + " --set parallel.tp=2");
+  const auto dp2 = losses("fixed-dp2", "launch -n 2 -- train " + cfg("fixed-dp2", fixed));
+  const auto all = losses("dense", "train " + cfg("dense", dense));
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(tp2.size(), 3u);
+  ASSERT_EQ(dp2.size(), 3u);
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_NE(one[0], causal[0]);  // the layout is applied
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(tp2[i], one[i], 1e-5 * one[i]) << "tp2 step " << i + 1;
+    EXPECT_NEAR(dp2[i], one[i], 1e-5 * one[i]) << "dp2 step " << i + 1;
+    EXPECT_NEAR(all[i], causal[i], 1e-5 * causal[i]) << "dense layout step " << i + 1;
+  }
+}
+
 }  // namespace
