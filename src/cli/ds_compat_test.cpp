@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -176,6 +177,46 @@ TEST(SparseAttention, TrainsAndEveryLayoutEqualsOneProcess) {
     EXPECT_NEAR(dp2[i], one[i], 1e-5 * one[i]) << "dp2 step " << i + 1;
     EXPECT_NEAR(all[i], causal[i], 1e-5 * causal[i]) << "dense layout step " << i + 1;
   }
+}
+
+// DeepSpeed's csv_monitor (here inside monitor_config, as LLaMA-Factory's configs carry it): one
+// CSV per event named as DeepSpeed names it, stepped in samples, the values the run printed.
+TEST(CsvMonitor, WritesDeepSpeedsEventFiles) {
+  tiny_model_and_data();
+  nlohmann::json j = {{"model", dir() + "/config.json"},
+                      {"data", {{"train", dir() + "/train"}}},
+                      {"seq_length", 16},
+                      {"train_iters", 3},
+                      {"train_batch_size", 4},
+                      {"train_micro_batch_size_per_gpu", 2},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                      {"monitor_config", {{"enabled", true}, {"tag", "DeepSpeedMonitor"},
+                                          {"csv_monitor", {{"enabled", true}, {"output_path", dir() + "/csv"}, {"job_name", "job"}}}}}};
+  std::ofstream(dir() + "/csv.json") << j.dump();
+  std::string err;
+  const std::string m = dir() + "/csv.jsonl";
+  ASSERT_EQ(run("train " + dir() + "/csv.json --metrics " + m, nullptr, &err), 0) << err;
+  EXPECT_EQ(err.find("monitor_config"), std::string::npos) << "implemented, not warned about: " << err;
+  const std::string loss_csv = mt::cli::testing::slurp(dir() + "/csv/job/Train_Samples_train_loss.csv");
+  const std::vector<double> loss = mt::cli::testing::metric_values(m, "loss");
+  ASSERT_EQ(loss.size(), 3u);
+  std::istringstream in(loss_csv);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "step,train_loss\r");
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(std::getline(in, line)) << loss_csv;
+    EXPECT_EQ(line.substr(0, line.find(',')), std::to_string(4 * (i + 1)));  // samples
+    EXPECT_NEAR(std::stod(line.substr(line.find(',') + 1)), loss[i], 1e-6 * loss[i]);
+  }
+  EXPECT_TRUE(fs::exists(dir() + "/csv/job/Train_Samples_lr.csv"));
+  EXPECT_FALSE(fs::exists(dir() + "/csv/job/Train_Samples_loss_scale.csv"));  // fp16 only
+  // Off when monitor_config is off, whatever csv_monitor says.
+  j["monitor_config"]["enabled"] = false;
+  j["monitor_config"]["csv_monitor"]["job_name"] = "off";
+  std::ofstream(dir() + "/csv-off.json") << j.dump();
+  ASSERT_EQ(run("train " + dir() + "/csv-off.json", nullptr, &err), 0) << err;
+  EXPECT_FALSE(fs::exists(dir() + "/csv/off"));
 }
 
 }  // namespace

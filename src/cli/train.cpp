@@ -12,12 +12,14 @@
 
 #include <csignal>
 
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,38 @@ std::shared_ptr<comm::Backend> mpi_world() {
   return comm::mpi_init(nullptr, nullptr);
 }
 
+// DeepSpeed's csv_monitor: each event (a tensorboard-style name, a value, a step in samples) is
+// appended to <output_path>/<job_name>/<name with '/' and ' ' as '_'>.csv, whose first line in
+// this process is "step,<last part of the name>". Values are written as Python's repr writes them.
+class CsvMonitor {
+ public:
+  explicit CsvMonitor(const engine::RunConfig::CsvMonitor& c)
+      : dir_(c.output_path.empty() ? fs::path(c.job_name) : fs::path(c.output_path) / c.job_name) {
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    MT_CHECK(!ec, ErrorKind::kIOError, "csv_monitor: cannot create " + dir_.string() + " (" + ec.message() + ")");
+  }
+  void write(const std::string& name, double value, int64_t step) {
+    std::string file = name;
+    for (char& ch : file)
+      if (ch == '/' || ch == ' ') ch = '_';
+    const fs::path path = dir_ / (file + ".csv");
+    std::ofstream f(path, std::ios::app);
+    MT_CHECK(f.good(), ErrorKind::kIOError, "csv_monitor: cannot append to " + path.string());
+    if (started_.insert(file).second) f << "step," << name.substr(name.rfind('/') + 1) << "\r\n";
+    char buf[64];
+    auto res = std::to_chars(buf, buf + sizeof buf, value);
+    std::string v(buf, res.ptr);
+    if (v.find_first_of(".en") == std::string::npos) v += ".0";  // Python writes 2.0, not 2
+    f << step << "," << v << "\r\n";
+    MT_CHECK(f.good(), ErrorKind::kIOError, "csv_monitor: cannot write " + path.string());
+  }
+
+ private:
+  fs::path dir_;
+  std::set<std::string> started_;
+};
+
 // Thrown when a stop signal ended the loop after a save: the process exits 128 + signal.
 struct StopRequested {
   int signal;
@@ -169,6 +203,8 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                                        (cfg.virtual_stages > 1 ? ", " + std::to_string(cfg.virtual_stages) + " chunks per rank" : "") + ")"
                                  : std::string()))
                      .c_str());
+  std::unique_ptr<CsvMonitor> csv;
+  if (lead && cfg.csv_monitor.enabled) csv = std::make_unique<CsvMonitor>(cfg.csv_monitor);
   std::ofstream metrics;
   if (lead && !args.metrics.empty()) {
     metrics.open(args.metrics, std::ios::app);
@@ -216,6 +252,12 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
         if (i < cfg.eval_iters) val_loss += l;
       }
       val_loss = eng.mean_over_ranks(val_loss) * DW / static_cast<double>(cfg.eval_iters);
+    }
+    if (csv) {  // DeepSpeed's events, stepped in samples
+      const int64_t samples = done * tbs;
+      csv->write("Train/Samples/train_loss", r.loss, samples);
+      csv->write("Train/Samples/lr", r.lr, samples);
+      if (cfg.compute_dtype == DType::kF16) csv->write("Train/Samples/loss_scale", r.loss_scale, samples);
     }
     if (metrics.is_open()) {
       nlohmann::json m = {{"step", done}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},

@@ -802,6 +802,33 @@ void parse_curriculum(Section& root, RunConfig& c) {
            "curriculum_learning with sparse_attention is not supported yet (the block layout is built for seq_length)");
 }
 
+// csv_monitor: DeepSpeed's keys (enabled, output_path, job_name), top-level as DeepSpeed reads them
+// or inside a monitor_config block (enabled there too) as some configs carry them.
+void parse_csv_monitor(Section& root, RunConfig& c) {
+  auto read = [&c](Section& s, bool on) {
+    c.csv_monitor.enabled = s.boolean("enabled", false) && on;
+    c.csv_monitor.output_path = s.string("output_path", c.csv_monitor.output_path);
+    c.csv_monitor.job_name = s.string("job_name", c.csv_monitor.job_name);
+    MT_CHECK(!c.csv_monitor.job_name.empty(), ErrorKind::kInvalidArgument, s.where("job_name") + " must not be empty");
+    s.finish();
+  };
+  if (root.has("csv_monitor")) {
+    Section s = root.sub("csv_monitor");
+    read(s, true);
+  }
+  if (root.has("monitor_config")) {
+    Section m = root.sub("monitor_config");
+    const bool on = m.boolean("enabled", false);
+    m.string("tag", "");
+    if (m.has("csv_monitor")) {
+      Section s = m.sub("csv_monitor");
+      read(s, on);
+    }
+    for (const char* k : {"tensorboard", "wandb", "comet"}) m.unparsed(k, Unparsed::kWarn);
+    m.finish();
+  }
+}
+
 // DeepSpeed's comms_logger block: what the communicator's counters print (engine/ds_config.h).
 void parse_comms_logger(Section& root, RunConfig& c) {
   if (!root.has("comms_logger")) return;
@@ -959,7 +986,8 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     c.warnings.push_back("seq_parallel_communication_data_type: accepted; it applies to Ulysses sequence parallelism, "
                          "which meshtrain does not run (parallel.sp = 1)");
   // Logging, monitoring and tuning: accepted with a warning.
-  for (const char* k : {"tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "autotuning", "aio",
+  parse_csv_monitor(root, c);
+  for (const char* k : {"tensorboard", "wandb", "comet", "flops_profiler", "autotuning", "aio",
                         "checkpoint", "memory_breakdown", "dump_state", "zero_force_ds_cpu_optimizer",
                         "timers", "train_micro_batch_size_per_gpu_auto", "data_types"})
     root.unparsed(k, Unparsed::kWarn);

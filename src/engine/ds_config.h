@@ -116,6 +116,12 @@ struct RunConfig {
   // A bare DeepSpeed config (no model block; `config check` only): model-dependent checks skipped.
   bool bare = false;
   CommsLoggerConfig comms_logger;
+  // csv_monitor (DeepSpeed's, top-level or inside monitor_config): one CSV per event under
+  // output_path/job_name, written by rank 0 (cli/train.cpp).
+  struct CsvMonitor {
+    bool enabled = false;
+    std::string output_path, job_name = "DeepSpeedJobName";
+  } csv_monitor;
   std::vector<std::string> warnings;  // one line each, already worded
   std::vector<std::string> notes;     // each "auto" resolved, one line each
 };
