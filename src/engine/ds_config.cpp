@@ -248,7 +248,7 @@ void parse_precision(Section& root, RunConfig& c) {
     c.loss_scaler.consecutive_hysteresis = s.boolean("consecutive_hysteresis", false);
     c.loss_scaler.min_scale = s.number("min_loss_scale", 1.0);
     s.require_default("auto_cast", false, "auto_cast is not supported");
-    s.require_default("fp16_master_weights_and_grads", false, "fp16 master weights are not supported (f32 masters are kept)");
+    if (s.boolean("fp16_master_weights_and_grads", false)) c.master_dtype = DType::kF16;
     MT_CHECK(c.loss_scaler.scale_window > 0 && c.loss_scaler.hysteresis > 0, ErrorKind::kInvalidArgument,
              "fp16.loss_scale_window and fp16.hysteresis must be positive");
     // Scales are applied in f32: 2^127 is the largest finite power (2^2000 became inf and every
@@ -268,10 +268,18 @@ void parse_precision(Section& root, RunConfig& c) {
   if (root.has("bf16")) {
     Section s = root.sub("bf16");
     bf16 = s.is_auto("enabled") ? s.resolved("enabled", false, "Hugging Face's --bf16 default") : s.boolean("enabled", false);
+    if (s.boolean("bf16_master_weights_and_grads", false)) {
+      if (bf16) c.master_dtype = DType::kBF16;
+      else c.warnings.push_back("bf16.bf16_master_weights_and_grads: ignored because bf16 is not enabled");
+    }
     s.unparsed("immediate_grad_update", Unparsed::kWarn);
     s.finish();
   }
   MT_CHECK(!(fp16 && bf16), ErrorKind::kInvalidArgument, "fp16.enabled and bf16.enabled cannot both be true");
+  if (c.master_dtype == DType::kF16 && !fp16) {  // read by DeepSpeed only with fp16 on
+    c.warnings.push_back("fp16.fp16_master_weights_and_grads: ignored because fp16 is not enabled");
+    c.master_dtype = DType::kF32;
+  }
   c.compute_dtype = fp16 ? DType::kF16 : bf16 ? DType::kBF16 : DType::kF32;
 }
 
@@ -910,6 +918,11 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   parse_no_weight_decay(root, c);
   parse_scheduler(root, c);
   parse_zero(root, c);
+  MT_CHECK(c.master_dtype == DType::kF32 || c.zero.stage >= 1, ErrorKind::kNotSupported,
+           std::string(c.master_dtype == DType::kF16 ? "fp16.fp16_master_weights_and_grads" : "bf16.bf16_master_weights_and_grads") +
+               " needs zero_optimization.stage 1, 2 or 3 (as DeepSpeed asserts)");
+  MT_CHECK(c.master_dtype == DType::kF32 || c.device == "cpu", ErrorKind::kNotSupported,
+           "16-bit master weights are not implemented on device \"cuda\" yet");
   check_onebit(c);
   parse_device(root, c);
   parse_sparse_attention(root, c);
@@ -1136,7 +1149,9 @@ json ds_config_resolved(const RunConfig& c) {
                {"loss_scale_window", c.loss_scaler.scale_window},
                {"hysteresis", c.loss_scaler.hysteresis},
                {"min_loss_scale", c.loss_scaler.min_scale}};
-  j["bf16"] = {{"enabled", c.compute_dtype == DType::kBF16}};
+  j["bf16"] = {{"enabled", c.compute_dtype == DType::kBF16},
+               {"bf16_master_weights_and_grads", c.master_dtype == DType::kBF16}};
+  j["fp16"]["fp16_master_weights_and_grads"] = c.master_dtype == DType::kF16;
   const optim::OptimizerSpec& o = c.optimizer;
   json op = {{"lr", o.lr}, {"weight_decay", o.weight_decay}};
   if (o.type == "SGD") {

@@ -367,6 +367,20 @@ std::unique_ptr<Engine> initialize(const RunConfig& config, models::TransformerL
   return std::make_unique<Engine>(config, model, std::move(dp));
 }
 
+namespace {
+
+// x := x rounded to dtype (a 16-bit float) and back, in pieces.
+void round_through(float* x, size_t n, DType dtype) {
+  std::vector<uint16_t> tmp(std::min<size_t>(n, size_t{1} << 16));
+  for (size_t i = 0; i < n; i += tmp.size()) {
+    const size_t k = std::min(tmp.size(), n - i);
+    convert(tmp.data(), dtype, x + i, DType::kF32, k);
+    convert(x + i, DType::kF32, tmp.data(), dtype, k);
+  }
+}
+
+}  // namespace
+
 StepResult Engine::step() {
   MT_CHECK(micro_in_step_ > 0 && !pending_backward_, ErrorKind::kInvalidArgument,
            "step() needs forward() and backward() of at least one micro-batch first");
@@ -448,8 +462,17 @@ StepResult Engine::step() {
       p.grad_scale = static_cast<float>(coef);
       device_->adamw_step(segments_, p);
     } else {
+      // 16-bit masters (fp16/bf16_master_weights_and_grads): the optimizer reads 16-bit gradients
+      // (still scaled, as DeepSpeed's 16-bit gradient partition holds them) and 16-bit weights,
+      // and its update is stored back at 16 bits. The buffers stay f32 holding those values.
+      const DType md = config_.master_dtype;
+      if (md != DType::kF32) {
+        round_through(sync_->grad(), state_numel(), md);
+        round_through(sync_->master(), state_numel(), md);
+      }
       optimizer_->step(sync_->master(), sync_->grad(), sync_->compute(), sync_->compute_dtype(), static_cast<float>(r.lr),
                        static_cast<float>(coef));
+      if (md != DType::kF32) round_through(sync_->master(), state_numel(), md);
       sync_->after_update();
     }
     ++applied_steps_;
