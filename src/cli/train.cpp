@@ -31,6 +31,7 @@
 #include "engine/checkpoint_io.h"
 #include "engine/corpus.h"
 #include "engine/engine.h"
+#include "engine/flops_profiler.h"
 
 namespace mt::cli {
 namespace fs = std::filesystem;
@@ -189,6 +190,12 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     // Rank R's micro-batches are samples [R·gas·B, (R+1)·gas·B) of the global batch: the global
     // batch is the one a single process trains on, and each rank reads only its part of it.
     uint64_t next_sample = static_cast<uint64_t>(step * tbs + DR * gas * B);
+    // DeepSpeed's flops profiler: rank 0 times every module of step profile_step.
+    std::unique_ptr<models::ModuleProfile> profile;
+    if (lead && cfg.flops_profiler.enabled && step + 1 == cfg.flops_profiler.profile_step && !eng.device()) {
+      profile = std::make_unique<models::ModuleProfile>();
+      model->set_profiler(profile.get());
+    }
     Timer t;
     const uint64_t sent_before = comm_log->sent_bytes();
     engine::StepResult r = eng.train_batch([&](int32_t* tokens, int32_t* targets) {
@@ -196,6 +203,13 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       next_sample += static_cast<uint64_t>(B);
     });
     double secs = t.seconds();
+    if (profile) {
+      model->set_profiler(nullptr);
+      if (tty) std::printf("\n");
+      std::string report = engine::flops_profiler_report(*profile, engine::flops_profile_step(eng, r), cfg.flops_profiler);
+      std::string where = engine::flops_profiler_write(report, cfg.flops_profiler);
+      if (where != "stdout") std::fprintf(stderr, "flops profile of step %lld: %s\n", static_cast<long long>(step + 1), where.c_str());
+    }
     const uint64_t comm_bytes = comm_log->sent_bytes() - sent_before;  // this rank's, in the step's collectives
     double tok_s = static_cast<double>(tbs * T) / secs;
     int64_t done = eng.global_step();
