@@ -33,6 +33,7 @@
 #include "engine/checkpoint_io.h"
 #include "engine/corpus.h"
 #include "engine/engine.h"
+#include "engine/flops_profiler.h"
 
 namespace mt::cli {
 namespace fs = std::filesystem;
@@ -225,6 +226,13 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     // Rank R's micro-batches are samples [R·gas·B, (R+1)·gas·B) of the global batch: the global
     // batch is the one a single process trains on, and each rank reads only its part of it.
     uint64_t next_sample = static_cast<uint64_t>(step * tbs + DR * gas * B);
+    // DeepSpeed's flops profiler: rank 0 times every module of the step run when profile_step steps
+    // are done (DeepSpeed's global_steps == profile_step; 1: the second step).
+    std::unique_ptr<models::ModuleProfile> profile;
+    if (lead && cfg.flops_profiler.enabled && step == cfg.flops_profiler.profile_step && !eng.device()) {
+      profile = std::make_unique<models::ModuleProfile>();
+      model->set_profiler(profile.get());
+    }
     Timer t;
     const uint64_t sent_before = comm_log->sent_bytes();
     engine::StepResult r = eng.train_batch([&](int32_t* tokens, int32_t* targets) {
@@ -232,6 +240,13 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       next_sample += static_cast<uint64_t>(B);
     });
     double secs = t.seconds();
+    if (profile) {
+      model->set_profiler(nullptr);
+      if (tty) std::printf("\n");
+      std::string report = engine::flops_profiler_report(*profile, engine::flops_profile_step(eng, r), cfg.flops_profiler);
+      std::string where = engine::flops_profiler_write(report, cfg.flops_profiler);
+      if (where != "stdout") std::fprintf(stderr, "flops profile of step %lld: %s\n", static_cast<long long>(step + 1), where.c_str());
+    }
     const uint64_t comm_bytes = comm_log->sent_bytes() - sent_before;  // this rank's, in the step's collectives
     // A curriculum step trains on fewer tokens (and FLOPs) than seq_length's.
     const int64_t step_T = r.seq_length > 0 ? r.seq_length : T;

@@ -103,6 +103,31 @@ TEST(Train, BadInputIsOneLineAndExitTwo) {
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
 }
 
+// DeepSpeed's flops_profiler block: step 2 of the run profiled into output_file (its directory
+// created), with the aggregated profile to module_depth and the detailed tree.
+TEST(Train, FlopsProfilerWritesItsReportToTheOutputFile) {
+  write_dataset(dir() + "/train", 30);
+  const std::string out_file = dir() + "/profile/flops.txt";
+  std::string cfg = write_config("fp", {{"flops_profiler", {{"enabled", true}, {"profile_step", 1}, {"module_depth", 2},
+                                                          {"top_modules", 2}, {"output_file", out_file}}},
+                                        {"save_interval", 0}, {"eval_interval", 0}});
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "train " + cfg + " --overwrite", &out, &err), 0) << err;
+  EXPECT_NE(err.find("flops profile of step 2: " + out_file), std::string::npos) << err;
+  EXPECT_EQ(out.find("flops profiler"), std::string::npos) << out;  // the report went to the file
+  ASSERT_TRUE(fs::exists(out_file));
+  const std::string rep = mt::cli::testing::slurp(out_file);
+  for (const char* want : {"Profile of step 2", "world size:", "batch size per GPU:", "params per GPU:", "fwd MACs per GPU:",
+                           "fwd latency:", "bwd latency:", "step latency:", "iter latency:", "samples/second:",
+                           "Aggregated profile per GPU", "Detailed profile per GPU", "  h.1 (Block): ", "      c_fc (Linear): ",
+                           "  lm_head+loss (LMHead): "})
+    EXPECT_NE(rep.find(want), std::string::npos) << want << "\n" << rep;
+  // module_depth 2: depths 0, 1 and 2 of the aggregated profile; top_modules 2 at depth 1.
+  EXPECT_NE(rep.find("depth 2:"), std::string::npos);
+  EXPECT_EQ(rep.find("depth 3:"), std::string::npos);
+  EXPECT_NE(rep.find("params      - Block "), std::string::npos) << rep;
+}
+
 }  // namespace
 
 namespace {

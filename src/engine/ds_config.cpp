@@ -859,6 +859,38 @@ void parse_comms_logger(Section& root, RunConfig& c) {
   s.finish();
 }
 
+// DeepSpeed's flops_profiler block (engine/ds_config.h). Off on a GPU: the module timers are the
+// CPU model's.
+void parse_flops_profiler(Section& root, RunConfig& c) {
+  if (!root.has("flops_profiler")) return;
+  Section s = root.sub("flops_profiler");
+  FlopsProfilerConfig& f = c.flops_profiler;
+  f.enabled = s.boolean("enabled", false);
+  f.recompute_fwd_factor = s.number("recompute_fwd_factor", 0.0);
+  f.profile_step = s.integer("profile_step", 1);
+  f.module_depth = s.small_integer("module_depth", -1);
+  f.top_modules = s.small_integer("top_modules", 1);
+  f.detailed = s.boolean("detailed", true);
+  f.output_file = s.string("output_file", "");
+  MT_CHECK(std::isfinite(f.recompute_fwd_factor) && f.recompute_fwd_factor >= 0.0, ErrorKind::kInvalidArgument,
+           s.where("recompute_fwd_factor") + " must be >= 0 (the share of the forward a backward recomputes)");
+  MT_CHECK(f.module_depth >= -1, ErrorKind::kInvalidArgument, s.where("module_depth") + " must be >= -1 (-1: every depth)");
+  MT_CHECK(f.top_modules >= 1, ErrorKind::kInvalidArgument, s.where("top_modules") + " must be >= 1");
+  s.finish();
+  // DeepSpeed's count: the step run when profile_step steps are done (1: the second step, after a
+  // warm-up one). It accepts any value (Megatron-DeepSpeed's configs give -1: never).
+  if (f.enabled && f.profile_step < 0)
+    c.warnings.push_back(s.where("profile_step") + " (" + std::to_string(f.profile_step) +
+                         "): no step has that many steps before it, so nothing will be profiled (as in DeepSpeed)");
+  else if (f.enabled && c.train_iters > 0 && f.profile_step >= c.train_iters)
+    c.warnings.push_back(s.where("profile_step") + " (" + std::to_string(f.profile_step) + ") is after the last step (train_iters " +
+                         std::to_string(c.train_iters) + "): nothing will be profiled");
+  if (f.enabled && c.device == "cuda") {
+    c.warnings.push_back("flops_profiler: off on device \"cuda\" (its module timers are the CPU model's)");
+    f.enabled = false;
+  }
+}
+
 // device: "cpu" | "cuda". What the GPU path does not implement is refused here, by its key.
 void parse_device(Section& root, RunConfig& c) {
   c.device = root.string("device", "cpu");
@@ -965,6 +997,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                         "progressive_layer_drop", "eigenvalue", "quantize_training", "elasticity", "sparse_gradients"})
     root.unparsed(k, Unparsed::kRefuseIfEnabled);
   parse_comms_logger(root, c);
+  parse_flops_profiler(root, c);
   // DeepSpeed's gradient averaging: prescale divides by the dp size before the all-reduce;
   // otherwise the gradients are divided by gradient_predivide_factor before it and multiplied by
   // factor / dp size after it.
@@ -1000,7 +1033,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                          "which meshtrain does not run (parallel.sp = 1)");
   // Logging, monitoring and tuning: accepted with a warning.
   parse_csv_monitor(root, c);
-  for (const char* k : {"tensorboard", "wandb", "comet", "flops_profiler", "autotuning", "aio",
+  for (const char* k : {"tensorboard", "wandb", "comet", "autotuning", "aio",
                         "checkpoint", "memory_breakdown", "dump_state", "zero_force_ds_cpu_optimizer",
                         "timers", "train_micro_batch_size_per_gpu_auto", "data_types"})
     root.unparsed(k, Unparsed::kWarn);

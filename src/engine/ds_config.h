@@ -50,6 +50,21 @@ struct CommsLoggerConfig {
   std::vector<std::string> prof_ops;
 };
 
+// DeepSpeed's flops_profiler (its keys and defaults): at training step profile_step (1-based),
+// rank 0 times every module's forward and backward and prints the profile (engine/flops_profiler.h)
+// to stdout, or to output_file (empty: stdout). module_depth -1: every depth of the aggregated
+// profile; top_modules: module kinds listed per depth; detailed: the whole module tree too.
+// recompute_fwd_factor: the extra forward share a backward recomputes (activation checkpointing).
+struct FlopsProfilerConfig {
+  bool enabled = false;
+  double recompute_fwd_factor = 0.0;
+  int64_t profile_step = 1;
+  int module_depth = -1;
+  int top_modules = 1;
+  bool detailed = true;
+  std::string output_file;
+};
+
 struct RunConfig {
   nlohmann::json model_json;  // the HF config as given (or loaded from the path)
   models::ModelConfig model;
@@ -125,6 +140,7 @@ struct RunConfig {
     bool enabled = false;
     std::string output_path, job_name = "DeepSpeedJobName";
   } csv_monitor;
+  FlopsProfilerConfig flops_profiler;
   std::vector<std::string> warnings;  // one line each, already worded
   std::vector<std::string> notes;     // each "auto" resolved, one line each
 };

@@ -85,10 +85,12 @@ Block::Block(const ModelConfig& cfg, int index, parallel::TpComm& tp)
     float proj_std = std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
     ln_1_ = add_module(std::make_unique<nn::LayerNorm>("ln_1", C, eps_));
     auto* attn = add_module(std::make_unique<nn::Container>("attn"));
+    attn_ = attn;
     c_attn_ = attn->add_module(std::make_unique<nn::Linear>("c_attn", C, 3 * C, true, nn::WeightLayout::kInOut, std, col, place, 3));
     attn_proj_ = attn->add_module(std::make_unique<nn::Linear>("c_proj", C, C, true, nn::WeightLayout::kInOut, proj_std, row, place));
     ln_2_ = add_module(std::make_unique<nn::LayerNorm>("ln_2", C, eps_));
     auto* mlp = add_module(std::make_unique<nn::Container>("mlp"));
+    mlp_ = mlp;
     c_fc_ = mlp->add_module(std::make_unique<nn::Linear>("c_fc", C, I, true, nn::WeightLayout::kInOut, std, col, place));
     mlp_proj_ = mlp->add_module(std::make_unique<nn::Linear>("c_proj", I, C, true, nn::WeightLayout::kInOut, proj_std, row, place));
   } else {
@@ -96,6 +98,7 @@ Block::Block(const ModelConfig& cfg, int index, parallel::TpComm& tp)
     using nn::WeightLayout;
     rms_1_ = add_module(std::make_unique<nn::RMSNorm>("input_layernorm", C, eps_));
     auto* attn = add_module(std::make_unique<nn::Container>("self_attn"));
+    attn_ = attn;
     auto* q = attn->add_module(std::make_unique<Linear>("q_proj", C, A, false, WeightLayout::kOutIn, std, col, place));
     auto* k = attn->add_module(std::make_unique<Linear>("k_proj", C, KV, false, WeightLayout::kOutIn, std, col, place));
     auto* v = attn->add_module(std::make_unique<Linear>("v_proj", C, KV, false, WeightLayout::kOutIn, std, col, place));
@@ -103,6 +106,7 @@ Block::Block(const ModelConfig& cfg, int index, parallel::TpComm& tp)
     qkv_ = nn::LinearGroup({q, k, v});
     rms_2_ = add_module(std::make_unique<nn::RMSNorm>("post_attention_layernorm", C, eps_));
     auto* mlp = add_module(std::make_unique<nn::Container>("mlp"));
+    mlp_ = mlp;
     auto* gate = mlp->add_module(std::make_unique<Linear>("gate_proj", C, I, false, WeightLayout::kOutIn, std, col, place));
     auto* up = mlp->add_module(std::make_unique<Linear>("up_proj", C, I, false, WeightLayout::kOutIn, std, col, place));
     down_proj_ = mlp->add_module(std::make_unique<Linear>("down_proj", I, C, false, WeightLayout::kOutIn, std, row, place));
@@ -169,9 +173,11 @@ void norm_backward_sp(nn::Module& norm, parallel::TpComm& tp, bool sp, const std
 
 void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, const BlockDims& d,
                     const float* rope_cos, const float* rope_sin, nn::Workspace& ws) {
+  ProfileScope block_scope(prof_, pid_.block);
   run_hooks(nn::HookPoint::kPreForward);
   const size_t N = d.N, R = d.rows(), C = d.C;
-  DType cd = arch_ == Arch::kGpt2 ? c_attn_->weight()->compute_dtype : o_proj_->weight()->compute_dtype;
+  const bool gpt2 = arch_ == Arch::kGpt2;
+  DType cd = gpt2 ? c_attn_->weight()->compute_dtype : o_proj_->weight()->compute_dtype;
   bool f32 = cd == DType::kF32;
   // A norm's output (R, C) f32, then all N rows of it in the compute dtype (gathered under
   // sequence parallelism: Megatron's gather-from-sequence region before a column-parallel layer).
@@ -186,82 +192,168 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
     }
   };
   float* n1 = norm_out(a.n1c);
-  if (arch_ == Arch::kGpt2) {
-    ln_1_->forward(n1, a.mean1, a.rstd1, x, d.rows());
-    to_gemm_input(a.n1c, n1);
-    c_attn_->forward(a.qkv, a.n1c, d.N);
-  } else {
-    rms_1_->forward(n1, a.rstd1, x, d.rows());
-    to_gemm_input(a.n1c, n1);
-    qkv_.forward(a.qkv, a.n1c, d.N);
-    kernels::rope_forward(a.qkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
+  {
+    ProfileScope p(prof_, pid_.norm1);
+    if (gpt2) ln_1_->forward(n1, a.mean1, a.rstd1, x, d.rows());
+    else rms_1_->forward(n1, a.rstd1, x, d.rows());
   }
-  if (d.sparse) kernels::sparse_attention_forward(a.att, a.lse, a.qkv, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
-  else kernels::attention_forward(a.att, a.lse, a.qkv, d.B, d.T, d.NH, d.NKV, d.HS);
-  store_cd(a.attc, cd, a.att, N * d.A);
-  nn::Linear* proj = arch_ == Arch::kGpt2 ? attn_proj_ : o_proj_;
-  proj->forward(s.f, a.attc, d.N);
-  kernels::add_forward(a.x2, x, reduce_from(*proj, s.f, s, d), R * C);
+  {
+    ProfileScope attn_scope(prof_, pid_.attn);
+    to_gemm_input(a.n1c, n1);
+    {
+      ProfileScope p(prof_, pid_.qkv);
+      if (gpt2) c_attn_->forward(a.qkv, a.n1c, d.N);
+      else qkv_.forward(a.qkv, a.n1c, d.N);
+    }
+    {
+      ProfileScope p(prof_, pid_.core);
+      if (!gpt2) kernels::rope_forward(a.qkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
+      if (d.sparse) kernels::sparse_attention_forward(a.att, a.lse, a.qkv, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
+      else kernels::attention_forward(a.att, a.lse, a.qkv, d.B, d.T, d.NH, d.NKV, d.HS);
+    }
+    store_cd(a.attc, cd, a.att, N * d.A);
+    nn::Linear* proj = gpt2 ? attn_proj_ : o_proj_;
+    {
+      ProfileScope p(prof_, pid_.proj);
+      proj->forward(s.f, a.attc, d.N);
+    }
+    kernels::add_forward(a.x2, x, reduce_from(*proj, s.f, s, d), R * C);
+  }
 
   float* n2 = norm_out(a.n2c);
-  float* act = f32 ? static_cast<float*>(a.actc) : s.f;
-  if (arch_ == Arch::kGpt2) {
-    ln_2_->forward(n2, a.mean2, a.rstd2, a.x2, d.rows());
-    to_gemm_input(a.n2c, n2);
-    c_fc_->forward(a.h, a.n2c, d.N);
-    kernels::gelu_forward(act, a.h, N * d.G);
-  } else {
-    rms_2_->forward(n2, a.rstd2, a.x2, d.rows());
-    to_gemm_input(a.n2c, n2);
-    gate_up_.forward(a.h, a.n2c, d.N);
-    kernels::swiglu_forward(act, a.h, d.N, d.G);
+  {
+    ProfileScope p(prof_, pid_.norm2);
+    if (gpt2) ln_2_->forward(n2, a.mean2, a.rstd2, a.x2, d.rows());
+    else rms_2_->forward(n2, a.rstd2, a.x2, d.rows());
   }
-  store_cd(a.actc, cd, act, N * d.G);
-  nn::Linear* down = arch_ == Arch::kGpt2 ? mlp_proj_ : down_proj_;
-  down->forward(s.f, a.actc, d.N);
-  kernels::add_forward(y, a.x2, reduce_from(*down, s.f, s, d), R * C);
+  {
+    ProfileScope mlp_scope(prof_, pid_.mlp);
+    to_gemm_input(a.n2c, n2);
+    float* act = f32 ? static_cast<float*>(a.actc) : s.f;
+    {
+      ProfileScope p(prof_, pid_.up);
+      if (gpt2) c_fc_->forward(a.h, a.n2c, d.N);
+      else gate_up_.forward(a.h, a.n2c, d.N);
+    }
+    {
+      ProfileScope p(prof_, pid_.act);
+      if (gpt2) kernels::gelu_forward(act, a.h, N * d.G);
+      else kernels::swiglu_forward(act, a.h, d.N, d.G);
+    }
+    store_cd(a.actc, cd, act, N * d.G);
+    nn::Linear* down = gpt2 ? mlp_proj_ : down_proj_;
+    {
+      ProfileScope p(prof_, pid_.down);
+      down->forward(s.f, a.actc, d.N);
+    }
+    kernels::add_forward(y, a.x2, reduce_from(*down, s.f, s, d), R * C);
+  }
   run_hooks(nn::HookPoint::kPostForward);
 }
 
 void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScratch& s,
                      const BlockDims& d, const float* rope_cos, const float* rope_sin,
                      nn::Workspace& ws) {
+  ProfileScope block_scope(prof_, pid_.block);
   run_hooks(nn::HookPoint::kPreBackward);
   const size_t N = d.N;
   const int R = d.rows();
+  const bool gpt2 = arch_ == Arch::kGpt2;
   // MLP: dres is dL/dy = dL/dx2 (residual path) + the MLP branch's contribution. Row-parallel
   // layers' backward takes the whole N rows (the reduce-scatter's backward is an all-gather).
-  nn::Linear* down = arch_ == Arch::kGpt2 ? mlp_proj_ : down_proj_;
-  down->backward(s.dact, false, full_grad(dres, s, d), a.actc, d.N, ws);
-  if (arch_ == Arch::kGpt2) {
-    kernels::gelu_backward(s.dh, a.h, s.dact, N * d.G);
-    c_fc_->backward(s.dn, false, s.dh, a.n2c, d.N, ws);
-    const float* dn = reduce_to_rows(s.dn, s, d);
-    norm_backward_sp(*ln_2_, tp_, d.sp, [&] { ln_2_->backward(dres, dn, a.x2, a.mean2, a.rstd2, R); });
-  } else {
-    kernels::swiglu_backward(s.dh, s.dact, a.h, d.N, d.G);
-    gate_up_.backward(s.dn, false, s.dh, a.n2c, d.N, ws);
-    const float* dn = reduce_to_rows(s.dn, s, d);
-    norm_backward_sp(*rms_2_, tp_, d.sp, [&] { rms_2_->backward(dres, dn, a.x2, a.rstd2, R); });
+  const float* dn = nullptr;
+  {
+    ProfileScope mlp_scope(prof_, pid_.mlp);
+    nn::Linear* down = gpt2 ? mlp_proj_ : down_proj_;
+    const float* dy = full_grad(dres, s, d);
+    {
+      ProfileScope p(prof_, pid_.down);
+      down->backward(s.dact, false, dy, a.actc, d.N, ws);
+    }
+    {
+      ProfileScope p(prof_, pid_.act);
+      if (gpt2) kernels::gelu_backward(s.dh, a.h, s.dact, N * d.G);
+      else kernels::swiglu_backward(s.dh, s.dact, a.h, d.N, d.G);
+    }
+    {
+      ProfileScope p(prof_, pid_.up);
+      if (gpt2) c_fc_->backward(s.dn, false, s.dh, a.n2c, d.N, ws);
+      else gate_up_.backward(s.dn, false, s.dh, a.n2c, d.N, ws);
+    }
+    dn = reduce_to_rows(s.dn, s, d);
+  }
+  {
+    ProfileScope p(prof_, pid_.norm2);
+    if (gpt2) norm_backward_sp(*ln_2_, tp_, d.sp, [&] { ln_2_->backward(dres, dn, a.x2, a.mean2, a.rstd2, R); });
+    else norm_backward_sp(*rms_2_, tp_, d.sp, [&] { rms_2_->backward(dres, dn, a.x2, a.rstd2, R); });
   }
   // Attention: dres now holds dL/dx2 = dL/dx (residual) + the attention branch's contribution.
-  nn::Linear* proj = arch_ == Arch::kGpt2 ? attn_proj_ : o_proj_;
-  proj->backward(s.datt, false, full_grad(dres, s, d), a.attc, d.N, ws);
-  if (d.sparse)
-    kernels::sparse_attention_backward(s.dqkv, s.datt, a.qkv, a.att, a.lse, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
-  else
-    kernels::attention_backward(s.dqkv, s.datt, a.qkv, a.att, a.lse, d.B, d.T, d.NH, d.NKV, d.HS);
-  if (arch_ == Arch::kGpt2) {
-    c_attn_->backward(s.dn, false, s.dqkv, a.n1c, d.N, ws);
-    const float* dn = reduce_to_rows(s.dn, s, d);
-    norm_backward_sp(*ln_1_, tp_, d.sp, [&] { ln_1_->backward(dres, dn, x, a.mean1, a.rstd1, R); });
-  } else {
-    kernels::rope_backward(s.dqkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
-    qkv_.backward(s.dn, false, s.dqkv, a.n1c, d.N, ws);
-    const float* dn = reduce_to_rows(s.dn, s, d);
-    norm_backward_sp(*rms_1_, tp_, d.sp, [&] { rms_1_->backward(dres, dn, x, a.rstd1, R); });
+  {
+    ProfileScope attn_scope(prof_, pid_.attn);
+    nn::Linear* proj = gpt2 ? attn_proj_ : o_proj_;
+    const float* dy = full_grad(dres, s, d);
+    {
+      ProfileScope p(prof_, pid_.proj);
+      proj->backward(s.datt, false, dy, a.attc, d.N, ws);
+    }
+    {
+      ProfileScope p(prof_, pid_.core);
+      if (d.sparse)
+        kernels::sparse_attention_backward(s.dqkv, s.datt, a.qkv, a.att, a.lse, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
+      else
+        kernels::attention_backward(s.dqkv, s.datt, a.qkv, a.att, a.lse, d.B, d.T, d.NH, d.NKV, d.HS);
+      if (!gpt2) kernels::rope_backward(s.dqkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
+    }
+    {
+      ProfileScope p(prof_, pid_.qkv);
+      if (gpt2) c_attn_->backward(s.dn, false, s.dqkv, a.n1c, d.N, ws);
+      else qkv_.backward(s.dn, false, s.dqkv, a.n1c, d.N, ws);
+    }
+    dn = reduce_to_rows(s.dn, s, d);
+  }
+  {
+    ProfileScope p(prof_, pid_.norm1);
+    if (gpt2) norm_backward_sp(*ln_1_, tp_, d.sp, [&] { ln_1_->backward(dres, dn, x, a.mean1, a.rstd1, R); });
+    else norm_backward_sp(*rms_1_, tp_, d.sp, [&] { rms_1_->backward(dres, dn, x, a.rstd1, R); });
   }
   run_hooks(nn::HookPoint::kPostBackward);
+}
+
+namespace {
+int64_t params_of(nn::Module& m) {
+  std::vector<nn::Parameter*> ps;
+  m.collect_parameters(ps);
+  int64_t n = 0;
+  for (const nn::Parameter* p : ps) n += p->numel();
+  return n;
+}
+}  // namespace
+
+void Block::profile_attach(ModuleProfile* p, int parent, const BlockDims& d) {
+  prof_ = p;
+  if (p == nullptr) return;
+  // Own parameters and FLOPs of each node; the containers' come from their children (finish()).
+  const bool gpt2 = arch_ == Arch::kGpt2;
+  const double N = d.N, C = d.C;
+  nn::Linear* proj = gpt2 ? attn_proj_ : o_proj_;
+  nn::Linear* down = gpt2 ? mlp_proj_ : down_proj_;
+  nn::Module& norm1 = gpt2 ? static_cast<nn::Module&>(*ln_1_) : *rms_1_;
+  nn::Module& norm2 = gpt2 ? static_cast<nn::Module&>(*ln_2_) : *rms_2_;
+  const std::string norm_kind = gpt2 ? "LayerNorm" : "RMSNorm";
+  pid_.block = p->add(name(), "Block", parent, 0, 0.0);
+  pid_.norm1 = p->add(norm1.name(), norm_kind, pid_.block, params_of(norm1), 0.0);
+  pid_.attn = p->add(attn_->name(), "Attention", pid_.block, 0, 0.0);
+  pid_.qkv = p->add(gpt2 ? "c_attn" : "q_proj+k_proj+v_proj", "Linear", pid_.attn,
+                    params_of(*attn_) - params_of(*proj), gemm_flops(N, C, d.QKV));
+  pid_.core = p->add(d.sparse ? "sparse_core" : "core", d.sparse ? "SparseAttentionCore" : "AttentionCore", pid_.attn, 0,
+                     attention_core_flops(d.B, d.T, d.NH, d.HS, d.sparse));
+  pid_.proj = p->add(proj->name(), "Linear", pid_.attn, params_of(*proj), gemm_flops(N, d.A, C));
+  pid_.norm2 = p->add(norm2.name(), norm_kind, pid_.block, params_of(norm2), 0.0);
+  pid_.mlp = p->add(mlp_->name(), "MLP", pid_.block, 0, 0.0);
+  pid_.up = p->add(gpt2 ? "c_fc" : "gate_proj+up_proj", "Linear", pid_.mlp, params_of(*mlp_) - params_of(*down),
+                   gemm_flops(N, C, d.H));
+  pid_.act = p->add(gpt2 ? "gelu" : "swiglu", gpt2 ? "GELU" : "SwiGLU", pid_.mlp, 0, 0.0);
+  pid_.down = p->add(down->name(), "Linear", pid_.mlp, params_of(*down), gemm_flops(N, d.G, C));
 }
 
 }  // namespace mt::models

@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/sparse_attention.h"
 #include "models/config.h"
+#include "models/module_profile.h"
 #include "nn/linear.h"
 #include "nn/norm.h"
 #include "nn/workspace.h"
@@ -77,7 +78,14 @@ class Block : public nn::Module {
   void backward(float* dres, const float* x, const BlockActs& acts, BlockScratch& s,
                 const BlockDims& d, const float* rope_cos, const float* rope_sin, nn::Workspace& ws);
 
+  // The flops profiler: adds this block's modules under node `parent` of p (this rank's parameters
+  // and forward FLOPs for shape d) and times them into p from now on. p null: off.
+  void profile_attach(ModuleProfile* p, int parent, const BlockDims& d);
+
  private:
+  struct ProfileIds {  // node ids of this block's parts in prof_
+    int block, norm1, attn, qkv, core, proj, norm2, mlp, up, act, down;
+  };
   // After a row-parallel layer: y (N, C) partial -> the sum over the tp group plus the bias, in
   // out (rows, C) (== y without sequence parallelism: all-reduce in place; with it: reduce-scatter).
   float* reduce_from(const nn::Linear& layer, float* y, BlockScratch& s, const BlockDims& d);
@@ -102,6 +110,10 @@ class Block : public nn::Module {
   nn::LinearGroup qkv_, gate_up_;
   nn::Linear* o_proj_ = nullptr;
   nn::Linear* down_proj_ = nullptr;
+  nn::Module* attn_ = nullptr;  // the attention and MLP containers
+  nn::Module* mlp_ = nullptr;
+  ModuleProfile* prof_ = nullptr;
+  ProfileIds pid_{};
 };
 
 // Runs a norm's backward; with sequence parallelism its weight gradients cover this rank's rows

@@ -251,6 +251,7 @@ void TransformerLM::embed(Slot& s, const int32_t* tokens) {
   size_t NC = static_cast<size_t>(d.N) * d.C;
   float* resid = s.resid;
   nn::Parameter* wte = wte_->weight();
+  ProfileScope scope(prof_, pid_.embed);
   wte_->run_hooks(nn::HookPoint::kPreForward);
   if (tp_.size() == 1) {
     kernels::embedding_forward(resid, s.tokens, wte->compute, wte->compute_dtype,
@@ -287,6 +288,8 @@ float TransformerLM::forward_chunk(int c, int slot, const int32_t* tokens, const
   Slot& s = slots_[slot];
   s.chunk = c;
   s.backward_ready = false;
+  if (prof_) prof_->set_phase(ProfilePhase::kForward);
+  ProfileScope scope(prof_, pid_.root);
   if (chunk_has_embedding(c)) embed(s, tokens);
   const size_t RC = boundary_numel();
   const int n = chunk_size(c);
@@ -306,13 +309,18 @@ float TransformerLM::head_forward(Slot& s, const float* last, const int32_t* tar
   const bool f32 = cd == DType::kF32;
   // The final norm's rows (this rank's under sequence parallelism, gathered for the LM head).
   float* nf = d.sp ? s.dnf : f32 ? static_cast<float*>(s.nfc) : scratch_.f;
-  norm_f_->run_hooks(nn::HookPoint::kPreForward);
-  if (cfg_.arch == Arch::kGpt2) {
-    static_cast<nn::LayerNorm*>(norm_f_)->forward(nf, s.norm_mean, s.norm_rstd, last, d.rows());
-  } else {
-    static_cast<nn::RMSNorm*>(norm_f_)->forward(nf, s.norm_rstd, last, d.rows());
+  {
+    ProfileScope scope(prof_, pid_.norm);
+    norm_f_->run_hooks(nn::HookPoint::kPreForward);
+    if (cfg_.arch == Arch::kGpt2) {
+      static_cast<nn::LayerNorm*>(norm_f_)->forward(nf, s.norm_mean, s.norm_rstd, last, d.rows());
+    } else {
+      static_cast<nn::RMSNorm*>(norm_f_)->forward(nf, s.norm_rstd, last, d.rows());
+    }
+    norm_f_->run_hooks(nn::HookPoint::kPostForward);
   }
-  norm_f_->run_hooks(nn::HookPoint::kPostForward);
+  // The LM head and the loss (the fused kernel computes the head's gradients here too).
+  ProfileScope head_scope(prof_, pid_.head);
   if (d.sp) {
     float* full = f32 ? static_cast<float*>(s.nfc) : s.sp_full;
     tp_.gather_rows(full, nf, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp lm-head forward");
@@ -383,10 +391,13 @@ void TransformerLM::backward_chunk(int c, int slot, const float* grad_output) {
   const BlockDims& d = dims_;
   const size_t RC = boundary_numel();
   const int n = chunk_size(c);
+  if (prof_) prof_->set_phase(ProfilePhase::kBackward);  // a recomputed forward counts as backward
+  ProfileScope scope(prof_, pid_.root);
   if (chunk_has_head(c)) {
     std::memset(dres_, 0, RC * 4);
     const float* last = s.resid + n * RC;
     const float* dnf = d.sp ? s.sp_full : s.dnf;
+    ProfileScope norm_scope(prof_, pid_.norm);
     norm_f_->run_hooks(nn::HookPoint::kPreBackward);
     norm_backward_sp(*norm_f_, tp_, d.sp, [&] {
       if (cfg_.arch == Arch::kGpt2) {
@@ -407,6 +418,7 @@ void TransformerLM::backward_chunk(int c, int slot, const float* grad_output) {
     block(c, j)->backward(dres_, s.resid + j * RC, acts_for(s, j), scratch_, d, rope_cos_, rope_sin_, ws_);
   }
   if (!chunk_has_embedding(c)) return;
+  ProfileScope embed_scope(prof_, pid_.embed);
   wte_->run_hooks(nn::HookPoint::kPreBackward);
   const float* demb = dres_;
   if (d.sp) {  // the lookup's gradient needs every row: gathered from the group
@@ -476,6 +488,39 @@ void TransformerLM::logits(float* out, const int32_t* tokens) {
     for (size_t i = 0; i < N; ++i) std::memcpy(out + i * V, all.data() + i * vl * tp_.size(), V * sizeof(float));
   }
   head_module->run_hooks(nn::HookPoint::kPostForward);
+}
+
+void TransformerLM::set_profiler(ModuleProfile* p) {
+  MT_CHECK(p == nullptr || dims_.N > 0, ErrorKind::kInternal, "set_profiler before prepare(B, T)");
+  MT_CHECK(p == nullptr || p->empty(), ErrorKind::kInternal, "set_profiler: give a fresh (empty) ModuleProfile");
+  prof_ = p;
+  if (p != nullptr) {
+    // This rank's modules in forward order; FLOPs of one micro-batch (models/module_profile.h).
+    auto params = [](nn::Module* m) {
+      std::vector<nn::Parameter*> ps;
+      if (m) m->collect_parameters(ps);
+      int64_t n = 0;
+      for (const nn::Parameter* q : ps) n += q->numel();
+      return n;
+    };
+    const bool gpt2 = cfg_.arch == Arch::kGpt2;
+    pid_.root = p->add("model", "TransformerLM", -1, 0, 0.0);
+    pid_.embed = pid_.norm = pid_.head = -1;
+    // The token table of a last stage with a tied head is the head's.
+    if (embed_) pid_.embed = p->add(gpt2 ? "wte+wpe" : "embed_tokens", "Embedding", pid_.root,
+                                    params(wte_) + params(wpe_), 0.0);
+    for (Block* b : blocks_) b->profile_attach(p, pid_.root, dims_);
+    if (head_) {
+      pid_.norm = p->add(norm_f_->name(), gpt2 ? "LayerNorm" : "RMSNorm", pid_.root, params(norm_f_), 0.0);
+      nn::Parameter* w = head();
+      pid_.head = p->add("lm_head+loss", "LMHead", pid_.root,
+                         lm_head_ ? params(lm_head_) : tied_copy_ ? params(wte_) : 0,
+                         gemm_flops(dims_.N, dims_.C, static_cast<double>(w->shape[0])));
+    }
+    p->finish();
+    return;
+  }
+  for (Block* b : blocks_) b->profile_attach(nullptr, -1, dims_);
 }
 
 double TransformerLM::train_flops_per_step() const {

@@ -14,6 +14,7 @@
 
 #include "models/block.h"
 #include "models/config.h"
+#include "models/module_profile.h"
 #include "nn/embedding.h"
 #include "nn/param_store.h"
 #include "nn/workspace.h"
@@ -99,6 +100,11 @@ class TransformerLM : public nn::Module {
   // Bytes of activations saved (every slot) for the prepared shape (formula in docs/PERF.md).
   size_t activation_bytes() const;
 
+  // DeepSpeed's flops profiler: p (empty) gets this rank's module tree with parameters and forward
+  // FLOPs for the prepared shape (models/module_profile.h), and until set_profiler(nullptr) forward
+  // and backward time every module into it. REQUIRES: prepare() was called.
+  void set_profiler(ModuleProfile* p);
+
  private:
   struct Slot {  // one micro-batch's saved state
     Buffer buffer;
@@ -145,6 +151,10 @@ class TransformerLM : public nn::Module {
   float* rope_cos_ = nullptr;   // (T, HS/2)
   float* rope_sin_ = nullptr;
   nn::Workspace ws_;
+  ModuleProfile* prof_ = nullptr;  // null: not profiling
+  struct {
+    int root = -1, embed = -1, norm = -1, head = -1;
+  } pid_;
 };
 
 }  // namespace mt::models

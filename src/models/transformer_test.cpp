@@ -11,24 +11,11 @@
 #include <vector>
 
 #include "comm/local_backend.h"
+#include "models/tiny_model_test_util.h"
 #include "nn/tp_split.h"
 
 namespace mt::models {
 namespace {
-
-ModelConfig tiny(Arch arch) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 97;
-  c.hidden = 32;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = arch == Arch::kGpt2 ? 4 : 2;
-  c.intermediate = arch == Arch::kGpt2 ? 128 : 64;
-  c.max_positions = 16;
-  c.tie_embeddings = arch == Arch::kGpt2;
-  return c;
-}
 
 TEST(PaddedVocab, MegatronsRule) {
   ModelConfig c = tiny(Arch::kGpt2);
