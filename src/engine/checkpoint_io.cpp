@@ -766,6 +766,7 @@ void load_rank_state(Engine& engine, const fs::path& dir, const nlohmann::json& 
       }
       read.push_back(f);
       restored = true;
+      engine.rank_state_loaded();
     }
   } catch (...) {
     failed = std::current_exception();

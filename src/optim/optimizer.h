@@ -90,6 +90,9 @@ class Optimizer {
   // The optimizer's state, one flat f32 buffer per entry, each covering the whole span (numel).
   // Saving them and step_count(), and restoring both, resumes the exact run.
   virtual std::vector<StateBuffer> state() const = 0;
+  // State buffers (of state()) that the data-parallel ranks hold apart, the parameters with them
+  // (0/1 Adam's local steps: each rank's momentum and accumulated updates): saved per rank.
+  virtual std::vector<StateBuffer> rank_local_state() const { return {}; }
   // State that is not over the span (see ScalarState); restored with the size it was saved with.
   virtual std::vector<ScalarState> scalar_state() { return {}; }
 

@@ -157,6 +157,10 @@ std::vector<StateBuffer> ZeroOneAdam::state() const {
           {"momentum_accumulator", u_.as<float>(), numel_}};
 }
 
+std::vector<StateBuffer> ZeroOneAdam::rank_local_state() const {
+  return {{"exp_avg", adam_.exp_avg(), numel_}, {"momentum_accumulator", u_.as<float>(), numel_}};
+}
+
 std::vector<ScalarState> ZeroOneAdam::scalar_state() { return {{"lrs", &lrs_}}; }
 
 }  // namespace mt::optim

@@ -77,6 +77,8 @@ class ZeroOneAdam : public Optimizer {
   void set_betas(double beta1, double beta2) override { adam_.set_betas(beta1, beta2); }
   std::vector<StateBuffer> state() const override;  // "exp_avg", "exp_avg_sq", "momentum_accumulator"
   std::vector<ScalarState> scalar_state() override;  // "lrs"
+  // Between syncs each rank's momentum, accumulator (and parameters) are its own.
+  std::vector<StateBuffer> rank_local_state() const override;
   // The next update wants this rank's own gradients (all but the variance steps).
   bool wants_local_gradients() const override;
   void set_exchange(StateExchange* exchange) override { exchange_ = exchange; }
