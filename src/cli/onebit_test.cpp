@@ -1,10 +1,12 @@
 // OneBitAdam end to end under `meshtrain launch` on 2 and 4 ranks (a tiny GPT-2 on a generated
-// dataset): the warm-up steps equal AdamW bit for bit; after the freeze the bytes each step sends
+// dataset): the warm-up steps equal AdamW bit for bit; ZeroOneAdam's first variance steps equal
+// AdamW without bias correction and OneBitLamb's warm-up Lamb without it (2 ranks); after the freeze the bytes each step sends
 // (metrics' comm_bytes, the comms logger's counters) are at least 16x fewer than a warm-up step's;
 // a resume from a checkpoint saved mid-compression (worker and server errors in it) continues the
 // uninterrupted run bit for bit; the comms_logger block prints DeepSpeed's summary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -94,6 +96,70 @@ TEST(OneBitMpi, WarmupIsAdamWThenCompressedBytesAndResume) {
   }
 }
 
+// A 1-bit optimizer against its full-precision twin on 2 ranks: the losses of the first `same`
+// steps equal, the bytes of every step in `compressed` (1-based) are >= 16x fewer, and a resume
+// from step `resume_at` continues the uninterrupted run bit for bit.
+void check_against_twin(const std::string& name, const nlohmann::json& twin, const nlohmann::json& onebit, int iters,
+                        int same, const std::vector<int>& compressed, int resume_at) {
+  mt::cli::testing::write_chain_dataset(dir() + "/train", 30);
+  const std::string launch = "launch -n 2 -- train ", m = dir() + "/" + name;
+  nlohmann::json extra = {{"train_iters", iters}, {"save_interval", resume_at}};
+  nlohmann::json a = twin, b = onebit;
+  a.update(extra);
+  b.update(extra);
+  std::string err;
+  ASSERT_EQ(run(launch + write_config(name + "-twin", a) + " --metrics " + m + "-twin.jsonl", nullptr, &err), 0) << err;
+  ASSERT_EQ(run(launch + write_config(name, b) + " --metrics " + m + ".jsonl", nullptr, &err), 0) << err;
+  const auto la = values(m + "-twin.jsonl", "loss"), lo = values(m + ".jsonl", "loss");
+  const auto ba = values(m + "-twin.jsonl", "comm_bytes"), bo = values(m + ".jsonl", "comm_bytes");
+  ASSERT_EQ(la.size(), static_cast<size_t>(iters));
+  ASSERT_EQ(lo.size(), static_cast<size_t>(iters));
+  ASSERT_EQ(bo.size(), static_cast<size_t>(iters));
+  for (int s = 0; s < same; ++s) EXPECT_EQ(la[s], lo[s]) << name << " step " << s + 1;
+  EXPECT_NE(la[iters - 1], lo[iters - 1]) << name;
+  for (int s : compressed) {
+    EXPECT_GT(bo[s - 1], 0.0);
+    EXPECT_GE(ba[s - 1] / bo[s - 1], 16.0) << name << " step " << s << ": " << ba[s - 1] << " vs " << bo[s - 1];
+  }
+  for (int s = 1; s <= iters; ++s) {
+    if (std::find(compressed.begin(), compressed.end(), s) == compressed.end()) {
+      EXPECT_EQ(ba[s - 1], bo[s - 1]) << name << " step " << s << " is a full-precision step";
+    }
+  }
+  ASSERT_EQ(run(launch + write_config(name + "-resumed", b) + " --resume " + dir() + "/ckpt-" + name + "/step-" +
+                    std::to_string(resume_at) + " --metrics " + m + "-resumed.jsonl",
+                nullptr, &err),
+            0)
+      << err;
+  const auto lr = values(m + "-resumed.jsonl", "loss");
+  ASSERT_EQ(lr.size(), static_cast<size_t>(iters - resume_at));
+  for (int s = resume_at; s < iters; ++s) EXPECT_EQ(lr[s - resume_at], lo[s]) << name << " resumed step " << s + 1;
+  const auto vo = values(m + ".jsonl", "val_loss"), vr = values(m + "-resumed.jsonl", "val_loss");
+  ASSERT_FALSE(vr.empty());
+  EXPECT_EQ(vr.back(), vo.back());
+}
+
+// var_update_scaler 2: variance steps (DeepSpeed's s = t + 1) at t = 1, 2, 3, 5; compressed
+// gradients at 4, 6; frozen after 6; local_step_scaler 1, clipper 2: syncs at 7, 9, local steps
+// (no communication) at 8, 10. The checkpoint at 8 holds a half-accumulated momentum.
+TEST(OneBitMpi, ZeroOneAdamVarianceStepsAreAdamThenCompressedAndLocalStepsAndResume) {
+  nlohmann::json twin = {{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}, {"bias_correction", false}}}}}};
+  nlohmann::json zo = {{"optimizer",
+                        {{"type", "ZeroOneAdam"},
+                         {"params", {{"lr", 0.01}, {"weight_decay", 0.01}, {"var_freeze_step", 6}, {"var_update_scaler", 2},
+                                     {"local_step_scaler", 1}, {"local_step_clipper", 2}, {"comm_backend_name", "mpi"}}}}}};
+  check_against_twin("zoadam", twin, zo, 10, 4, {4, 6, 7, 8, 9, 10}, 8);
+}
+
+// freeze_step 4: Lamb updates 1-3 (DeepSpeed's steps 2-4), compressed from update 4 on.
+TEST(OneBitMpi, OneBitLambWarmupIsLambThenCompressedAndResume) {
+  nlohmann::json twin = {{"optimizer", {{"type", "Lamb"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}, {"bias_correction", false}}}}}};
+  nlohmann::json ob = {{"optimizer",
+                        {{"type", "OneBitLamb"},
+                         {"params", {{"lr", 0.01}, {"weight_decay", 0.01}, {"freeze_step", 4}, {"comm_backend_name", "mpi"}}}}}};
+  check_against_twin("onebitlamb", twin, ob, 8, 4, {4, 5, 6, 7, 8}, 5);
+}
+
 TEST(OneBitMpi, RefusedWithZeroStagesAndOtherBackends) {
   mt::cli::testing::write_chain_dataset(dir() + "/train", 30);
   nlohmann::json z = kOneBit;
@@ -101,6 +167,12 @@ TEST(OneBitMpi, RefusedWithZeroStagesAndOtherBackends) {
   std::string err;
   EXPECT_EQ(run("train " + write_config("zero", z), nullptr, &err), 2);
   EXPECT_NE(err.find("zero_optimization.stage 1 with optimizer.type OneBitAdam"), std::string::npos) << err;
+  for (const char* type : {"ZeroOneAdam", "OneBitLamb"}) {
+    nlohmann::json o = z;
+    o["optimizer"] = {{"type", type}, {"params", {{"lr", 0.01}}}};
+    EXPECT_EQ(run("train " + write_config(std::string("zero-") + type, o), nullptr, &err), 2);
+    EXPECT_NE(err.find(std::string("zero_optimization.stage 1 with optimizer.type ") + type), std::string::npos) << err;
+  }
   nlohmann::json nccl = kOneBit;
   nccl["optimizer"]["params"]["comm_backend_name"] = "gloo";
   EXPECT_EQ(run("train " + write_config("nccl", nccl), nullptr, &err), 2);

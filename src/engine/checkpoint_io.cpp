@@ -403,6 +403,11 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                               {"tokenizer", engine.config().tokenizer.empty() ? std::string()
                                                                               : fs::absolute(engine.config().tokenizer).string()},
                               {"files", files}};
+      // An optimizer's few values not over the span (the same on every rank): doubles, which JSON
+      // writes in the shortest form that reads back to the same bits.
+      nlohmann::json scalars = nlohmann::json::object();
+      for (const optim::ScalarState& sc : engine.optimizer().scalar_state()) scalars[sc.name] = *sc.values;
+      if (!scalars.empty()) state["optimizer_scalars"] = scalars;
       // Integrity: the size and XXH3-64 of every file as it is on disk, and of state.json itself.
       state["state_xxh3"] = state_checksum(state);
       std::string text = state.dump(2);
@@ -658,6 +663,13 @@ class ShardReader {
 void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json& state) {
   try {
     engine.optimizer().set_step_count(state.at("optimizer_step").get<int64_t>());
+    for (const optim::ScalarState& sc : engine.optimizer().scalar_state()) {
+      std::vector<double> v = state.at("optimizer_scalars").at(sc.name).get<std::vector<double>>();
+      MT_CHECK(v.size() == sc.values->size(), ErrorKind::kInvalidArgument,
+               (dir / "state.json").string() + ": optimizer_scalars." + sc.name + " has " + std::to_string(v.size()) +
+                   " values, the optimizer " + std::to_string(sc.values->size()) + " (another model?)");
+      *sc.values = std::move(v);
+    }
     optim::LossScalerState ls;
     ls.scale = state.at("loss_scale").get<double>();
     ls.iter = state.at("scaler_iter").get<int64_t>();
@@ -754,6 +766,7 @@ void load_rank_state(Engine& engine, const fs::path& dir, const nlohmann::json& 
       }
       read.push_back(f);
       restored = true;
+      engine.rank_state_loaded();
     }
   } catch (...) {
     failed = std::current_exception();

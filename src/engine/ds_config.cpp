@@ -302,11 +302,32 @@ void parse_betas(Section& p, optim::OptimizerSpec& o) {
   }
 }
 
-// DeepSpeed's OnebitAdam: its own keys (lr, betas, eps, weight_decay are read by the caller).
-void parse_onebit(Section& p, optim::OptimizerSpec& o, std::vector<std::string>& warnings) {
-  o.freeze_step = p.integer("freeze_step", 100000);
-  MT_CHECK(o.freeze_step >= 0, ErrorKind::kInvalidArgument, p.where("freeze_step") + ": must not be negative");
-  o.bias_correction = p.boolean("bias_correction", true);
+// DeepSpeed's 1-bit optimizers (OnebitAdam, ZeroOneAdam, OnebitLamb): their own keys (lr, betas,
+// eps, weight_decay are read by the caller; OnebitLamb's max_coeff, min_coeff too).
+void parse_onebit(Section& p, const std::string& type, optim::OptimizerSpec& o, std::vector<std::string>& warnings) {
+  if (type == "ZeroOneAdam") {
+    o.var_freeze_step = p.integer("var_freeze_step", 100000);
+    o.var_update_scaler = p.integer("var_update_scaler", 16);
+    o.local_step_scaler = p.integer("local_step_scaler", 32678);
+    o.local_step_clipper = p.integer("local_step_clipper", 16);
+  } else {
+    o.freeze_step = p.integer("freeze_step", 100000);
+    MT_CHECK(o.freeze_step >= 0, ErrorKind::kInvalidArgument, p.where("freeze_step") + ": must not be negative");
+  }
+  if (type == "OneBitLamb") {
+    o.coeff_beta = p.number("coeff_beta", 0.9);
+    o.factor_max = p.number("factor_max", 4.0);
+    o.factor_min = p.number("factor_min", 0.5);
+    o.factor_threshold = p.number("factor_threshold", 0.1);
+  }
+  if (type == "OneBitAdam") {
+    o.bias_correction = p.boolean("bias_correction", true);
+  } else if (p.boolean("bias_correction", true) && p.has("bias_correction")) {
+    // DeepSpeed's ZeroOneAdam and OnebitLamb take the key and never apply it.
+    warnings.push_back(p.where("bias_correction") + ": true is ignored: DeepSpeed's " + type +
+                       " never applies bias correction (nor does meshtrain's)");
+  }
+  if (type != "OneBitAdam") o.bias_correction = false;
   // DeepSpeed's backends ("nccl", its default, "mpi", "compressed") move the same compressed
   // bytes with the same arithmetic; meshtrain's runs on MPI whichever is named.
   const std::string backend = p.string("comm_backend_name", "mpi");
@@ -317,7 +338,7 @@ void parse_onebit(Section& p, optim::OptimizerSpec& o, std::vector<std::string>&
                        "\": the compressed all-reduce runs on MPI here (the same compressed exchange)");
   if (p.has("cuda_aware"))
     warnings.push_back(p.where("cuda_aware") + ": ignored (the compressed all-reduce runs on host buffers over MPI)");
-  p.require_default("eps_inside_sqrt", false, "eps_inside_sqrt is not supported by OneBitAdam here");
+  p.require_default("eps_inside_sqrt", false, "eps_inside_sqrt is not supported by " + type + " here");
   p.require_default("max_grad_norm", 0.0, "use gradient_clipping (DeepSpeed refuses max_grad_norm as an optimizer parameter)");
 }
 
@@ -345,14 +366,14 @@ void parse_optimizer(Section& root, RunConfig& c) {
   std::string lower = type;
   std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
   const bool adam = lower == "adam" || lower == "adamw", lamb = lower == "lamb", sgd = lower == "sgd";
-  const bool onebit = lower == "onebitadam";
-  if (lower == "zerooneadam" || lower == "onebitlamb")
-    throw Error(ErrorKind::kNotSupported, "optimizer.type: '" + type + "' (DeepSpeed's " +
-                                              (lower == "zerooneadam" ? "0/1 Adam" : "1-bit LAMB") +
-                                              ") is not implemented yet; OneBitAdam is");
+  const bool onebit = lower == "onebitadam" || lower == "zerooneadam" || lower == "onebitlamb";
   if (!adam && !lamb && !sgd && !onebit)
-    throw Error(ErrorKind::kNotSupported, "optimizer.type: '" + type + "' is not implemented (Adam, AdamW, Lamb, SGD, OneBitAdam)");
-  o.type = adam ? (lower == "adam" ? "Adam" : "AdamW") : lamb ? "Lamb" : onebit ? "OneBitAdam" : "SGD";
+    throw Error(ErrorKind::kNotSupported, "optimizer.type: '" + type +
+                                              "' is not implemented (Adam, AdamW, Lamb, SGD, OneBitAdam, ZeroOneAdam, OneBitLamb)");
+  o.type = adam     ? (lower == "adam" ? "Adam" : "AdamW")
+           : lamb   ? "Lamb"
+           : onebit ? (lower == "onebitadam" ? "OneBitAdam" : lower == "zerooneadam" ? "ZeroOneAdam" : "OneBitLamb")
+                    : "SGD";
   o.weight_decay = lower == "adamw" ? 0.01 : 0.0;  // torch.optim.AdamW's default; the others' is 0
   if (s.has("params")) {
     Section p = s.sub("params");
@@ -360,10 +381,14 @@ void parse_optimizer(Section& root, RunConfig& c) {
     MT_CHECK(std::isfinite(o.lr) && o.lr >= 0.0, ErrorKind::kInvalidArgument,
              p.where("lr") + ": must be a non-negative number (got " + std::to_string(o.lr) + ")");
     o.weight_decay = p.number_or_auto("weight_decay", o.weight_decay, kHfWd, "Hugging Face's weight_decay default");
-    if (onebit) parse_onebit(p, o, c.warnings);
+    if (onebit) parse_onebit(p, o.type, o, c.warnings);
+    if (o.type == "OneBitLamb") {
+      o.max_coeff = p.number("max_coeff", 10.0);
+      o.min_coeff = p.number("min_coeff", 0.01);
+    }
     if (adam || lamb || onebit) {
       parse_betas(p, o);
-      o.eps = p.number_or_auto("eps", lamb ? 1e-6 : 1e-8, kHfEps, "Hugging Face's adam_epsilon default");
+      o.eps = p.number_or_auto("eps", 1e-8, kHfEps, "Hugging Face's adam_epsilon default");
       p.require_default("amsgrad", false, "amsgrad is not supported");
     }
     if (adam) {
@@ -1196,9 +1221,21 @@ json ds_config_resolved(const RunConfig& c) {
     op["eps"] = o.eps;
     op["bias_correction"] = o.bias_correction;
   }
-  if (o.type == "OneBitAdam") {
-    op["freeze_step"] = o.freeze_step;
-    op["comm_backend_name"] = "mpi";
+  if (optim::optimizer_is_onebit(o)) op["comm_backend_name"] = "mpi";
+  if (o.type == "OneBitAdam" || o.type == "OneBitLamb") op["freeze_step"] = o.freeze_step;
+  if (o.type == "ZeroOneAdam") {
+    op["var_freeze_step"] = o.var_freeze_step;
+    op["var_update_scaler"] = o.var_update_scaler;
+    op["local_step_scaler"] = o.local_step_scaler;
+    op["local_step_clipper"] = o.local_step_clipper;
+  }
+  if (o.type == "OneBitLamb") {
+    op["coeff_beta"] = o.coeff_beta;
+    op["factor_max"] = o.factor_max;
+    op["factor_min"] = o.factor_min;
+    op["factor_threshold"] = o.factor_threshold;
+    op["max_coeff"] = o.max_coeff;
+    op["min_coeff"] = o.min_coeff;
   }
   if (o.type == "Lamb") {
     op["eps_inside_sqrt"] = o.eps_inside_sqrt;

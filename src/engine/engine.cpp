@@ -300,6 +300,21 @@ std::string Engine::first_nonfinite_grad() {
 
 float* Engine::master() const { return sync_ ? sync_->master() : model_.store().master(); }
 float* Engine::grad() const { return sync_ ? sync_->grad() : model_.store().grad(); }
+std::vector<optim::StateBuffer> Engine::rank_state() const {
+  if (!sync_) return {};
+  std::vector<optim::StateBuffer> s = sync_->rank_state();
+  const std::vector<optim::StateBuffer> own = optimizer_->rank_local_state();
+  if (s.empty() || own.empty()) return s;
+  s.push_back({"local/master", master(), state_numel()});
+  for (const optim::StateBuffer& b : own) s.push_back({"local/" + b.name, b.data, b.numel});
+  return s;
+}
+
+void Engine::rank_state_loaded() {
+  model_.store().sync_compute();
+  sync_->after_update();
+}
+
 size_t Engine::state_numel() const { return sync_ ? sync_->numel() : model_.store().numel(); }
 
 std::chrono::milliseconds Engine::timeout() const {

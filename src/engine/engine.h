@@ -122,8 +122,11 @@ class Engine {
   bool span_replicated() const { return !(sync_ && sync_->sharded()); }
   // The names of the state a checkpoint holds: "master", then the optimizer's state() buffers.
   std::vector<std::string> state_names() const;
-  // State only this rank holds (a 1-bit optimizer's error-feedback buffers): saved per rank.
-  std::vector<optim::StateBuffer> rank_state() const { return sync_ ? sync_->rank_state() : std::vector<optim::StateBuffer>{}; }
+  // State only this rank holds (a 1-bit optimizer's error-feedback buffers; with 0/1 Adam also the
+  // parameters, momentum and accumulated updates of its local steps): saved per rank.
+  std::vector<optim::StateBuffer> rank_state() const;
+  // After rank_state() was written into: the parameters as the next forward reads them.
+  void rank_state_loaded();
   // One of them as this rank's span (state_numel() elements); with a device, copied into scratch.
   const float* span_state(const std::string& name, std::vector<float>& scratch);
   // local: the whole local flat buffer (store.numel()), correct at least on this rank's span runs:

@@ -9,7 +9,9 @@
 #include "optim/adamw.h"
 #include "optim/lamb.h"
 #include "optim/onebit_adam.h"
+#include "optim/onebit_lamb.h"
 #include "optim/sgd.h"
+#include "optim/zero_one_adam.h"
 
 namespace mt::optim {
 
@@ -56,6 +58,17 @@ std::string lower(std::string s) {
   return s;
 }
 
+AdamWConfig adamw_config(const OptimizerSpec& spec) {
+  AdamWConfig c;
+  c.lr = static_cast<float>(spec.lr);
+  c.beta1 = static_cast<float>(spec.beta1);
+  c.beta2 = static_cast<float>(spec.beta2);
+  c.eps = static_cast<float>(spec.eps);
+  c.weight_decay = static_cast<float>(spec.weight_decay);
+  c.bias_correction = spec.bias_correction;
+  return c;
+}
+
 }  // namespace
 
 bool optimizer_is_onebit(const OptimizerSpec& spec) {
@@ -69,27 +82,41 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, size_t nume
   if (type == "adam" || type == "adamw") {
     MT_CHECK(type == "adamw" || spec.adam_w_mode, ErrorKind::kNotSupported,
              "optimizer: Adam with adam_w_mode false (L2 weight decay) is not implemented");
-    AdamWConfig c;
-    c.lr = static_cast<float>(spec.lr);
-    c.beta1 = static_cast<float>(spec.beta1);
-    c.beta2 = static_cast<float>(spec.beta2);
-    c.eps = static_cast<float>(spec.eps);
-    c.weight_decay = static_cast<float>(spec.weight_decay);
-    c.bias_correction = spec.bias_correction;
-    return std::make_unique<AdamW>(numel, std::move(segments), c);
+    return std::make_unique<AdamW>(numel, std::move(segments), adamw_config(spec));
   }
   if (type == "onebitadam") {
     OneBitAdamConfig c;
-    c.adam.lr = static_cast<float>(spec.lr);
-    c.adam.beta1 = static_cast<float>(spec.beta1);
-    c.adam.beta2 = static_cast<float>(spec.beta2);
-    c.adam.eps = static_cast<float>(spec.eps);
-    c.adam.weight_decay = static_cast<float>(spec.weight_decay);
+    c.adam = adamw_config(spec);
     c.freeze_step = spec.freeze_step;
     c.bias_correction = spec.bias_correction;
     MT_CHECK(spec.freeze_step >= 0, ErrorKind::kInvalidArgument,
              "optimizer.params.freeze_step: must be >= 0 (got " + std::to_string(spec.freeze_step) + ")");
     return std::make_unique<OneBitAdam>(numel, std::move(segments), c);
+  }
+  if (type == "zerooneadam") {
+    ZeroOneAdamConfig c;
+    c.adam = adamw_config(spec);
+    c.var_freeze_step = spec.var_freeze_step;
+    c.var_update_scaler = spec.var_update_scaler;
+    c.local_step_scaler = spec.local_step_scaler;
+    c.local_step_clipper = spec.local_step_clipper;
+    return std::make_unique<ZeroOneAdam>(numel, std::move(segments), c);
+  }
+  if (type == "onebitlamb") {
+    OneBitLambConfig c;
+    c.lamb.lr = spec.lr;
+    c.lamb.beta1 = spec.beta1;
+    c.lamb.beta2 = spec.beta2;
+    c.lamb.eps = spec.eps;
+    c.lamb.weight_decay = spec.weight_decay;
+    c.lamb.max_coeff = spec.max_coeff;
+    c.lamb.min_coeff = spec.min_coeff;
+    c.freeze_step = spec.freeze_step;
+    c.coeff_beta = spec.coeff_beta;
+    c.factor_max = spec.factor_max;
+    c.factor_min = spec.factor_min;
+    c.factor_threshold = spec.factor_threshold;
+    return std::make_unique<OneBitLamb>(numel, std::move(segments), c);
   }
   if (type == "sgd") {
     SgdConfig c;
@@ -115,7 +142,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, size_t nume
     return std::make_unique<Lamb>(numel, std::move(segments), c);
   }
   throw Error(ErrorKind::kNotSupported,
-              "optimizer.type: '" + spec.type + "' is not implemented (Adam, AdamW, SGD, Lamb, OneBitAdam)");
+              "optimizer.type: '" + spec.type + "' is not implemented (Adam, AdamW, SGD, Lamb, OneBitAdam, ZeroOneAdam, OneBitLamb)");
 }
 
 }  // namespace mt::optim

@@ -33,7 +33,8 @@ struct StateBuffer {
 };
 
 // How an optimizer that communicates its own state averages a buffer over the data-parallel ranks:
-// 1-bit Adam's momentum (optim/onebit_adam.h). A GradSync provides it (parallel/grad_sync.h, the
+// 1-bit Adam's momentum (optim/onebit_adam.h), 0/1 Adam's gradients and accumulated updates
+// (optim/zero_one_adam.h), 1-bit LAMB's scaled momentum (optim/onebit_lamb.h). A GradSync provides it (parallel/grad_sync.h, the
 // compressed sync holds the error-feedback buffers); the optimizer only calls it.
 class StateExchange {
  public:
@@ -41,6 +42,18 @@ class StateExchange {
   // buf (n) in, its average over the data-parallel ranks out (compressed: approximate, the same on
   // every rank). Collective over the dp group.
   virtual void average(float* buf, size_t n) = 0;
+  // Zeroes this rank's error feedback (0/1 Adam: the errors of compressed gradients are not those
+  // of the accumulated momentum it sends after the variance freezes). Local.
+  virtual void reset_errors() {}
+};
+
+// A few values of an optimizer's state that do not cover the span: one per parameter segment
+// (1-bit LAMB's frozen lamb coefficients) or one in all (0/1 Adam's sum of learning rates since
+// the last synchronisation), the same on every rank. Doubles, as DeepSpeed keeps them (Python
+// floats); checkpoints keep them in state.json.
+struct ScalarState {
+  std::string name;
+  std::vector<double>* values = nullptr;
 };
 
 class Optimizer {
@@ -77,6 +90,11 @@ class Optimizer {
   // The optimizer's state, one flat f32 buffer per entry, each covering the whole span (numel).
   // Saving them and step_count(), and restoring both, resumes the exact run.
   virtual std::vector<StateBuffer> state() const = 0;
+  // State buffers (of state()) that the data-parallel ranks hold apart, the parameters with them
+  // (0/1 Adam's local steps: each rank's momentum and accumulated updates): saved per rank.
+  virtual std::vector<StateBuffer> rank_local_state() const { return {}; }
+  // State that is not over the span (see ScalarState); restored with the size it was saved with.
+  virtual std::vector<ScalarState> scalar_state() { return {}; }
 
   // 1-bit optimizers after their warm-up: the next step() wants this rank's own (not averaged)
   // gradients, and averages its momentum itself through the exchange set here (null: one rank).
@@ -126,8 +144,13 @@ struct OptimizerSpec {
   double momentum = 0.0, dampening = 0.0;
   bool nesterov = false;
   // OneBitAdam (DeepSpeed's OnebitAdam): full-precision Adam for freeze_step steps, then the
-  // variance is frozen and the momentum is averaged by a 1-bit compressed all-reduce.
+  // variance is frozen and the momentum is averaged by a 1-bit compressed all-reduce. Also
+  // OneBitLamb's warm-up length.
   int64_t freeze_step = 100000;
+  // ZeroOneAdam (DeepSpeed's 0/1 Adam, optim/zero_one_adam.h).
+  int64_t var_freeze_step = 100000, var_update_scaler = 16, local_step_scaler = 32678, local_step_clipper = 16;
+  // OneBitLamb (DeepSpeed's OnebitLamb, optim/onebit_lamb.h); also freeze_step, max/min_coeff.
+  double coeff_beta = 0.9, factor_max = 4.0, factor_min = 0.5, factor_threshold = 0.1;
 };
 
 // Whether spec.type names a 1-bit optimizer (its momentum is averaged by a StateExchange).

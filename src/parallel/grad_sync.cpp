@@ -110,6 +110,10 @@ class OneBitSync : public GradSync, public optim::StateExchange {
     o.timeout = timeout_;
     comm::compressed_all_reduce(dp_, buf, n, worker_error_.as<float>(), server_error_.as<float>(), o);
   }
+  void reset_errors() override {
+    std::fill_n(worker_error_.as<float>(), layout_.len, 0.0f);
+    std::fill_n(server_error_.as<float>(), layout_.chunk, 0.0f);
+  }
 
  private:
   BucketedSync full_;

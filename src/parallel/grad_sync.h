@@ -4,9 +4,10 @@
 //   local     one data-parallel rank: nothing to reduce; the optimizer spans the whole buffers
 //   bucketed  stage 0 on more ranks: all-reduce in buckets during the last micro-batch's backward
 //   zero      stages 1-3: partitioned master/optimizer state (and gradients, parameters)
-//   onebit    stage 0 with a 1-bit optimizer (OneBitAdam): bucketed all-reduce during the warm-up;
-//             afterwards no gradient communication (the optimizer wants local gradients) and the
-//             optimizer's momentum is averaged through this sync's compressed all-reduce
+//   onebit    stage 0 with a 1-bit optimizer (OneBitAdam, ZeroOneAdam, OneBitLamb): bucketed
+//             all-reduce for the steps that want averaged gradients (the warm-up, 0/1 Adam's
+//             variance steps); otherwise no gradient communication (the optimizer wants local
+//             gradients) and the optimizer averages its state through this sync's compressed all-reduce
 //             (comm/onebit.h), which keeps this rank's worker and server error buffers
 // Later: offloaded (NVMe) implementations.
 // The 1-bit case needs two things of the interface: bind() (the sync learns its optimizer, and
