@@ -36,26 +36,6 @@ struct BenchArgs {
   int decode = 0;  // > 0: time KV-cache generation instead (prefill --seq tokens, then decode)
 };
 
-// The GEMM ceiling: the model's MLP up-projection shape (B*T, C) x (C, I), timed for ~0.3 s.
-double gemm_ceiling_tflops(int M, int N, int K, DType dt) {
-  size_t es = dtype_size(dt);
-  std::vector<char> a(static_cast<size_t>(M) * K * es), b(static_cast<size_t>(K) * N * es);
-  std::vector<float> c(static_cast<size_t>(M) * N);
-  std::mt19937 rng(1);
-  std::vector<float> tmp(std::max(a.size(), b.size()) / es);
-  for (auto& x : tmp) x = static_cast<float>(rng() % 1000) / 1000.0f - 0.5f;
-  convert(a.data(), dt, tmp.data(), DType::kF32, a.size() / es);
-  convert(b.data(), dt, tmp.data(), DType::kF32, b.size() / es);
-  kernels::gemm(M, N, K, a.data(), K, false, b.data(), K, true, c.data(), N, dt, false);
-  Timer t;
-  int iters = 0;
-  while (t.seconds() < 0.3 || iters < 3) {
-    kernels::gemm(M, N, K, a.data(), K, false, b.data(), K, true, c.data(), N, dt, false);
-    ++iters;
-  }
-  return 2.0 * M * N * K * iters / t.seconds() / 1e12;
-}
-
 // Generation: prefill of a --seq token prompt, then --decode greedy steps with the KV cache (f32
 // weights, batch 1). Decode reads every weight once per token, so weights/time is its bandwidth.
 void run_decode_bench(const BenchArgs& args) {
@@ -218,7 +198,7 @@ void run_bench(const BenchArgs& args) {
   double flops = model->train_flops_per_step();
   double tflops = flops / step_s / 1e12;
   double tokens_per_s = N / step_s;
-  double ceiling = gemm_ceiling_tflops(N, cfg.intermediate, cfg.hidden, opts.compute_dtype);
+  double ceiling = kernels::gemm_ceiling_tflops(N, cfg.intermediate, cfg.hidden, opts.compute_dtype);
   MemStats mem = Allocator::global().stats();
   double act_per_token = static_cast<double>(model->activation_bytes()) / N;
 

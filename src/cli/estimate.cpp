@@ -171,6 +171,7 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   in.zero.max_live_parameters = c.zero.stage3_max_live_parameters;
   in.zero.prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
   in.zero.overlap_comm = c.zero.overlap_comm;  // the configuration's value for every stage's row
+  in.zero.comm_dtype = c.comm_dtype;
   in.pp = c.pp;
   in.pp_rank = pp_rank;
   if (c.pp > 1) {  // this rank's stage as engine_build_model makes it

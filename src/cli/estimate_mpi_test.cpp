@@ -72,12 +72,14 @@ struct Case {
   bool sp = false;
   int pp = 1;
   const char* schedule = "1f1b";
+  const char* comm = nullptr;  // communication_data_type
 };
 
 std::string case_name(const Case& k) {
   return k.arch + (k.bf16 ? "_bf16" : "_fp32") + "_stage" + std::to_string(k.stage) + (k.overlap ? "_overlap" : "") +
          (k.tp > 1 ? "_tp" + std::to_string(k.tp) + "_n" + std::to_string(k.procs) : "") + (k.sp ? "_sp" : "") +
-         (k.pp > 1 ? "_pp" + std::to_string(k.pp) + "_" + k.schedule + "_n" + std::to_string(k.procs) : "");
+         (k.pp > 1 ? "_pp" + std::to_string(k.pp) + "_" + k.schedule + "_n" + std::to_string(k.procs) : "") +
+         (k.comm ? std::string("_comm_") + k.comm : "");
 }
 
 nlohmann::json config_json(const Case& k) {
@@ -100,6 +102,7 @@ nlohmann::json config_json(const Case& k) {
   j["zero_optimization"] = {{"stage", k.stage}, {"overlap_comm", k.overlap},
                             {"stage3_param_persistence_threshold", 0}};
   j["data"] = {{"train", dir() + "/train"}};
+  if (k.comm) j["communication_data_type"] = k.comm;
   if (k.tp > 1 || k.pp > 1) j["parallel"] = {{"tp", k.tp}, {"sequence_parallel", k.sp}, {"pp", k.pp}};
   if (k.pp > 1) {  // rank 0 = the first stage: the embedding, one layer of two, 1F1B's pp slots
     j["parallel"]["pipeline_schedule"] = k.schedule;
@@ -169,7 +172,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", true, 3, false, 2, 4}, Case{"gpt2", false, 2, false, 2, 4, true},
                       // Pipeline parallelism: the first stage's memory (its layers, activation slots).
                       Case{"gpt2", false, 0, false, 1, 2, false, 2, "1f1b"}, Case{"gpt2", true, 1, false, 1, 4, false, 2, "gpipe"},
-                      Case{"llama", false, 1, false, 2, 4, true, 2, "1f1b"}),
+                      Case{"llama", false, 1, false, 2, 4, true, 2, "1f1b"},
+                      // communication_data_type: 2-byte bucket staging (stage 0), slab + receive (stage 2).
+                      Case{"gpt2", false, 0, false, 1, 2, false, 1, "1f1b", "bf16"},
+                      Case{"gpt2", false, 2, true, 1, 2, false, 1, "1f1b", "fp16"}),
     [](const auto& info) { return case_name(info.param); });
 
 // (2): stage-3 model states against the closed form (header comment), computed from the units

@@ -126,6 +126,10 @@ TEST(Train, FlopsProfilerWritesItsReportToTheOutputFile) {
   EXPECT_NE(rep.find("depth 2:"), std::string::npos);
   EXPECT_EQ(rep.find("depth 3:"), std::string::npos);
   EXPECT_NE(rep.find("params      - Block "), std::string::npos) << rep;
+  // MFU against the GEMM ceiling train measured at the model's MLP shape in its dtype.
+  EXPECT_NE(rep.find("peak FLOPS per GPU (measured f32 GEMM ceiling, "), std::string::npos) << rep;
+  EXPECT_NE(rep.find("MFU = FLOPS per GPU / peak FLOPS per GPU: "), std::string::npos) << rep;
+  EXPECT_EQ(rep.find("not reported"), std::string::npos) << rep;
 }
 
 }  // namespace

@@ -40,6 +40,25 @@ std::string timeout_message(const std::string& backend, const std::string& colle
   return m + (missing.size() == 1 ? " has not arrived" : " have not arrived");
 }
 
+void sum_16bit_into(void* acc, const void* src, size_t n, DType dtype) {
+  if (dtype == DType::kBF16) {
+    auto* a = static_cast<bf16_t*>(acc);
+    const auto* b = static_cast<const bf16_t*>(src);
+    for (size_t i = 0; i < n; ++i) a[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+  } else {
+    MT_CHECK(dtype == DType::kF16, ErrorKind::kInternal, "sum_16bit_into: not a 16-bit type");
+    auto* a = static_cast<f16_t*>(acc);
+    const auto* b = static_cast<const f16_t*>(src);
+    for (size_t i = 0; i < n; ++i) a[i] = f32_to_f16(f16_to_f32(a[i]) + f16_to_f32(b[i]));
+  }
+}
+
+void check_in_dtype(const char* what, DType dtype, ReduceOp op) {
+  MT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg, ErrorKind::kNotSupported,
+           std::string(what) + ": a reduction in the element type is a sum or an average, not " + reduce_op_name(op));
+  (void)dtype;
+}
+
 void reduce_f32_into(float* acc, const float* src, size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:

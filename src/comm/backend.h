@@ -10,6 +10,9 @@
 //
 // Reductions of bf16/f16 are accumulated in fp32: inputs are widened to f32, reduced in f32 and
 // rounded once to the element type at the end. kAvg is the sum divided by the group size (in f32).
+// With in_dtype (all_reduce and reduce_scatter, kSum/kAvg) they are instead reduced on the 2-byte
+// values themselves, as NCCL reduces bf16/f16: every partial sum is rounded to the element type,
+// and half the bytes of the f32 path travel (DeepSpeed's communication_data_type).
 #pragma once
 
 #include <chrono>
@@ -36,12 +39,18 @@ struct CommOptions {
   std::string tag;                                      // free text quoted in error messages
 };
 struct BroadcastOptions : CommOptions { int root = 0; };
-struct AllReduceOptions : CommOptions { ReduceOp op = ReduceOp::kSum; };
+struct AllReduceOptions : CommOptions {
+  ReduceOp op = ReduceOp::kSum;
+  bool in_dtype = false;  // bf16/f16: reduce the 2-byte values, rounding each partial sum
+};
 struct ReduceOptions : CommOptions { int root = 0; ReduceOp op = ReduceOp::kSum; };
 struct AllGatherOptions : CommOptions {};
 struct GatherOptions : CommOptions { int root = 0; };
 struct ScatterOptions : CommOptions { int root = 0; };
-struct ReduceScatterOptions : CommOptions { ReduceOp op = ReduceOp::kSum; };
+struct ReduceScatterOptions : CommOptions {
+  ReduceOp op = ReduceOp::kSum;
+  bool in_dtype = false;  // as AllReduceOptions::in_dtype
+};
 struct AllToAllOptions : CommOptions {};
 // Point to point messages carry an integer tag (MPI's): a recv matches the next send from its
 // peer with the same tag, so a pipeline stage can receive the activation of micro-batch 3 before a
@@ -145,5 +154,9 @@ class Backend {
 
 // acc[i] = op(acc[i], src[i]) over n floats; kAvg accumulates as kSum (divide at the end).
 void reduce_f32_into(float* acc, const float* src, size_t n, ReduceOp op);
+// in_dtype reductions: acc[i] = round_to_dtype(acc[i] + src[i]) over 2-byte bf16/f16 values.
+void sum_16bit_into(void* acc, const void* src, size_t n, DType dtype);
+// Refuses in_dtype for what it does not cover (f32 is fine: it is exact already), naming `what`.
+void check_in_dtype(const char* what, DType dtype, ReduceOp op);
 
 }  // namespace mt::comm

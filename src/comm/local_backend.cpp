@@ -29,9 +29,10 @@ struct OpDesc {
   DType dtype = DType::kF32;
   int root = 0;
   ReduceOp op = ReduceOp::kSum;
+  bool in_dtype = false;  // a 16-bit reduction on the 2-byte values (backend.h)
   std::string describe() const {
     return name + "(count " + std::to_string(count) + ", " + dtype_name(dtype) + ", root " +
-           std::to_string(root) + ", " + reduce_op_name(op) + ")";
+           std::to_string(root) + ", " + reduce_op_name(op) + (in_dtype ? ", in dtype" : "") + ")";
   }
   bool operator==(const OpDesc&) const = default;
 };
@@ -72,7 +73,19 @@ std::vector<float> widen(const void* src, DType dtype, size_t n) {
 }
 
 // The reduction over ranks of every rank's `pick(arrival)` buffer, in f32, rank order.
+// in_dtype 16-bit reductions add the 2-byte values in rank order, rounding every partial sum.
 std::vector<float> reduce_all(const Op& op, size_t n, const void* (*pick)(const Arrival&)) {
+  if (op.desc.in_dtype && op.desc.dtype != DType::kF32) {
+    std::vector<uint16_t> acc16(n);
+    if (n) std::memcpy(acc16.data(), pick(op.arrivals[0]), 2 * n);
+    for (size_t r = 1; r < op.arrivals.size(); ++r) sum_16bit_into(acc16.data(), pick(op.arrivals[r]), n, op.desc.dtype);
+    std::vector<float> acc = widen(acc16.data(), op.desc.dtype, n);
+    if (op.desc.op == ReduceOp::kAvg) {
+      const float inv = 1.0f / static_cast<float>(op.arrivals.size());
+      for (float& v : acc) v *= inv;
+    }
+    return acc;
+  }
   std::vector<float> acc = widen(pick(op.arrivals[0]), op.desc.dtype, n);
   for (size_t r = 1; r < op.arrivals.size(); ++r) {
     std::vector<float> x = widen(pick(op.arrivals[r]), op.desc.dtype, n);
@@ -146,7 +159,8 @@ class LocalBackend : public Backend {
   }
   std::unique_ptr<Work> all_reduce(void* buf, size_t count, DType dtype,
                                    const AllReduceOptions& o) override {
-    return post({"all_reduce", count, dtype, 0, o.op}, nullptr, buf, o);
+    if (o.in_dtype) check_in_dtype("all_reduce", dtype, o.op);
+    return post({"all_reduce", count, dtype, 0, o.op, o.in_dtype}, nullptr, buf, o);
   }
   std::unique_ptr<Work> reduce(void* buf, size_t count, DType dtype,
                                const ReduceOptions& o) override {
@@ -169,7 +183,8 @@ class LocalBackend : public Backend {
   }
   std::unique_ptr<Work> reduce_scatter(void* recv, const void* send, size_t count, DType dtype,
                                        const ReduceScatterOptions& o) override {
-    return post({"reduce_scatter", count, dtype, 0, o.op}, send, recv, o);
+    if (o.in_dtype) check_in_dtype("reduce_scatter", dtype, o.op);
+    return post({"reduce_scatter", count, dtype, 0, o.op, o.in_dtype}, send, recv, o);
   }
   std::unique_ptr<Work> all_to_all(void* recv, const void* send, size_t count, DType dtype,
                                    const AllToAllOptions& o) override {

@@ -140,6 +140,32 @@ TEST(LocalBackend, Bf16SumAccumulatesInF32) {
   EXPECT_GT(naive_differs, 0) << "the test data should tell f32 from bf16 accumulation";
 }
 
+// in_dtype: the 2-byte values are summed in rank order, each partial sum rounded (as NCCL does):
+// 1 + 2^-8 + 2^-8 + 2^-8 is 1 in bf16 (ties to even at every step), 1 + 2^-6 summed in f32.
+TEST(LocalBackend, InDtypeSumsRoundEveryPartialSum) {
+  run(4, [](Backend& b) {
+    const float mine = b.rank() == 0 ? 1.0f : 1.0f / 256.0f;
+    std::vector<bf16_t> v = {f32_to_bf16(mine), f32_to_bf16(2.0f)};
+    std::vector<bf16_t> w = v;
+    AllReduceOptions o;
+    o.in_dtype = true;
+    b.all_reduce(v.data(), 2, DType::kBF16, o)->wait();
+    EXPECT_EQ(bf16_to_f32(v[0]), 1.0f);
+    EXPECT_EQ(bf16_to_f32(v[1]), 8.0f);
+    b.all_reduce(w.data(), 2, DType::kBF16, {})->wait();
+    EXPECT_EQ(bf16_to_f32(w[0]), 1.015625f);
+    std::vector<f16_t> s = {f32_to_f16(1.0f), f32_to_f16(2.0f), f32_to_f16(3.0f), f32_to_f16(4.0f)};
+    std::vector<f16_t> r(1);
+    ReduceScatterOptions ro;
+    ro.in_dtype = true;
+    ro.op = ReduceOp::kAvg;
+    b.reduce_scatter(r.data(), s.data(), 1, DType::kF16, ro)->wait();
+    EXPECT_EQ(f16_to_f32(r[0]), 1.0f + b.rank());
+    o.op = ReduceOp::kMax;
+    EXPECT_THROW(b.all_reduce(v.data(), 2, DType::kBF16, o), Error);
+  });
+}
+
 TEST(LocalBackend, F16AvgAndReduceScatter) {
   run(2, [](Backend& b) {
     std::vector<f16_t> v = {f32_to_f16(1.0f + b.rank()), f32_to_f16(-3.0f * b.rank())};

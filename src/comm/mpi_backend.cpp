@@ -51,6 +51,24 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_SUM;
 }
 
+// in_dtype sums of bf16 / f16 (backend.h): user MPI ops over MPI_UINT16_T that add the 2-byte
+// values and round each partial sum, created once after MPI_Init (commutative).
+void sum_bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  sum_16bit_into(inout, in, static_cast<size_t>(*len), DType::kBF16);
+}
+void sum_f16_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  sum_16bit_into(inout, in, static_cast<size_t>(*len), DType::kF16);
+}
+MPI_Op sum_16bit_op(DType dtype) {
+  static MPI_Op bf16 = MPI_OP_NULL, f16 = MPI_OP_NULL;
+  MPI_Op& op = dtype == DType::kBF16 ? bf16 : f16;
+  if (op == MPI_OP_NULL) {
+    int rc = MPI_Op_create(dtype == DType::kBF16 ? sum_bf16_op : sum_f16_op, 1, &op);
+    if (rc != MPI_SUCCESS) throw Error(ErrorKind::kIOError, "MPI Op_create failed for a 16-bit sum");
+  }
+  return op;
+}
+
 int checked_int(size_t n, const char* what) {
   MT_CHECK(n <= static_cast<size_t>(INT_MAX), ErrorKind::kNotSupported,
            std::string(what) + ": " + std::to_string(n) + " elements exceed MPI's int count");
@@ -121,6 +139,14 @@ class MpiBackend : public Backend {
   std::unique_ptr<Work> all_reduce(void* buf, size_t count, DType dtype,
                                    const AllReduceOptions& o) override {
     auto w = begin("all_reduce", o);
+    if (o.in_dtype && dtype != DType::kF32) {
+      check_in_dtype("all_reduce", dtype, o.op);
+      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf, checked_int(count, "all_reduce"), MPI_UINT16_T,
+                               sum_16bit_op(dtype), comm_, &w->req),
+                "Iallreduce");
+      if (o.op == ReduceOp::kAvg) w->finish = scale_16bit(buf, count, dtype);
+      return w;
+    }
     float* data = widen(*w, w->f32_a, buf, count, dtype);
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, checked_int(count, "all_reduce"), MPI_FLOAT,
                              mpi_op(o.op), comm_, &w->req),
@@ -145,6 +171,14 @@ class MpiBackend : public Backend {
   std::unique_ptr<Work> reduce_scatter(void* recv, const void* send, size_t count, DType dtype,
                                        const ReduceScatterOptions& o) override {
     auto w = begin("reduce_scatter", o);
+    if (o.in_dtype && dtype != DType::kF32) {
+      check_in_dtype("reduce_scatter", dtype, o.op);
+      check_mpi(MPI_Ireduce_scatter_block(send, recv, checked_int(count, "reduce_scatter"), MPI_UINT16_T,
+                                          sum_16bit_op(dtype), comm_, &w->req),
+                "Ireduce_scatter_block");
+      if (o.op == ReduceOp::kAvg) w->finish = scale_16bit(recv, count, dtype);
+      return w;
+    }
     const float* in = widen(*w, w->f32_a, const_cast<void*>(send), count * size_, dtype);
     float* out = dtype == DType::kF32 ? static_cast<float*>(recv) : nullptr;
     if (!out) {
@@ -418,6 +452,17 @@ class MpiBackend : public Backend {
     keep.resize(n);
     convert(keep.data(), DType::kF32, buf, dtype, n);
     return keep.data();
+  }
+
+  // kAvg of an in_dtype reduction: the rounded sum divided by the group size, rounded again.
+  std::function<void()> scale_16bit(void* buf, size_t n, DType dtype) const {
+    const float inv = 1.0f / static_cast<float>(size_);
+    return [=] {
+      std::vector<float> f(n);
+      convert(f.data(), DType::kF32, buf, dtype, n);
+      for (float& v : f) v *= inv;
+      convert(buf, dtype, f.data(), DType::kF32, n);
+    };
   }
 
   std::function<void()> narrow_back(MpiWork&, void* dst, float* f32, size_t n, DType dtype,

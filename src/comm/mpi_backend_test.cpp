@@ -97,6 +97,71 @@ void check_bf16_sum(Backend& b) {
   EXPECT(bad_rs == 0, std::to_string(bad_rs) + " bf16 reduce_scatter elements differ");
 }
 
+// in_dtype: bf16/f16 summed as 2-byte values (user MPI ops over MPI_UINT16_T), every partial sum
+// rounded. Element 0 is 1 on rank 0 and 2^-8 elsewhere: 1 + 2^-8 rounds to 1 (tie to even) while
+// 2^-8 + 2^-8 is exact, so on 4 ranks a reduction in bf16 gives 1 or 1 + 2^-7 (by its order),
+// never the f32-accumulated sum rounded once, 1 + 2^-6. The other elements are random: within the
+// rounding of n - 1 partial sums of the exact sum.
+void check_in_dtype(Backend& b) {
+  const int n = b.size();
+  const size_t count = 64 * static_cast<size_t>(n);
+  auto make = [&](int r) {
+    std::mt19937 rng(300 + r);
+    std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+    std::vector<float> v(count);
+    for (auto& e : v) e = bf16_to_f32(f32_to_bf16(u(rng)));
+    v[0] = r == 0 ? 1.0f : 1.0f / 256.0f;
+    return v;
+  };
+  std::vector<double> exact(count, 0.0);
+  for (int r = 0; r < n; ++r) {
+    auto v = make(r);
+    for (size_t i = 0; i < count; ++i) exact[i] += v[i];
+  }
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    const double eps = dt == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048;  // half an ulp at 1, relative
+    std::vector<float> f = make(b.rank());
+    std::vector<uint16_t> mine(count), rs_out(count / n);
+    convert(mine.data(), dt, f.data(), DType::kF32, count);
+    std::vector<uint16_t> rs_in = mine;
+    AllReduceOptions o;
+    o.in_dtype = true;
+    b.all_reduce(mine.data(), count, dt, o)->wait();
+    ReduceScatterOptions ro;
+    ro.in_dtype = true;
+    ro.op = ReduceOp::kAvg;
+    b.reduce_scatter(rs_out.data(), rs_in.data(), count / n, dt, ro)->wait();
+    std::vector<float> got(count), got_rs(count / n);
+    convert(got.data(), DType::kF32, mine.data(), dt, count);
+    convert(got_rs.data(), DType::kF32, rs_out.data(), dt, count / n);
+    int bad = 0, bad_rs = 0;
+    for (size_t i = 1; i < count; ++i)
+      bad += std::fabs(got[i] - exact[i]) > n * eps * 16.0;  // 16: values up to 4 n, sums rounded n - 1 times
+    for (size_t i = 0; i < count / n; ++i) {
+      const size_t g = b.rank() * (count / n) + i;
+      if (g == 0) continue;
+      bad_rs += std::fabs(got_rs[i] - exact[g] / n) > eps * 16.0;
+    }
+    EXPECT(bad == 0, std::to_string(bad) + " in-dtype all_reduce elements off the exact sum");
+    EXPECT(bad_rs == 0, std::to_string(bad_rs) + " in-dtype reduce_scatter (avg) elements off");
+    if (dt == DType::kBF16 && n == 4)
+      EXPECT(got[0] == 1.0f || got[0] == 1.0078125f,
+             "element 0 summed in bf16 gave " + std::to_string(got[0]) + ", not 1 or 1 + 2^-7 (1.015625: summed in f32)");
+    if (dt == DType::kBF16 && n == 2) EXPECT(got[0] == 1.0f, "1 + 2^-8 in bf16: " + std::to_string(got[0]));
+  }
+  bool refused = false;
+  try {
+    AllReduceOptions o;
+    o.in_dtype = true;
+    o.op = ReduceOp::kMax;
+    uint16_t v = 0;
+    b.all_reduce(&v, 1, DType::kBF16, o)->wait();
+  } catch (const Error& e) {
+    refused = std::string(e.what()).find("a sum or an average, not max") != std::string::npos;
+  }
+  EXPECT(refused, "in_dtype max is refused");
+}
+
 void check_rooted(Backend& b) {
   const int n = b.size(), me = b.rank(), root = n - 1;
   auto v = inputs(me, 3);
@@ -300,7 +365,7 @@ int main(int argc, char** argv) {
   }
   g_rank = world->rank();
   if (argc > 1 && std::strcmp(argv[1], "--timeout-case") == 0) return timeout_case(*world);
-  for (auto check : {check_all_reduce, check_bf16_sum, check_rooted, check_gather_scatter_all,
+  for (auto check : {check_all_reduce, check_bf16_sum, check_in_dtype, check_rooted, check_gather_scatter_all,
                      check_p2p_and_groups, check_onebit}) {
     try {
       check(*world);

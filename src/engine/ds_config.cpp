@@ -1042,15 +1042,18 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   // the same parameters either way.
   if (root.boolean("disable_allgather", false))
     c.warnings.push_back("disable_allgather: accepted; ZeRO refreshes parameters by all-gathers (the same values)");
-  // communication_data_type: the dtype gradients are all-reduced in (DeepSpeed: fp16, bf16 or
-  // fp32; older versions spelt bf16 "bfp16").
+  // communication_data_type: the dtype data-parallel gradients are reduced in (DeepSpeed: fp16,
+  // bf16 or fp32; older versions spelt bf16 "bfp16"). 16-bit: rounded to it and summed in it on the
+  // wire (parallel::GradBuckets, ZeroRuntime), half the bytes of fp32.
   if (root.has("communication_data_type")) {
     std::string t = root.string("communication_data_type", "fp32");
     std::transform(t.begin(), t.end(), t.begin(), ::tolower);
     MT_CHECK(t == "fp32" || t == "fp16" || t == "bf16" || t == "bfp16", ErrorKind::kInvalidArgument,
              "communication_data_type: '" + t + "' is not a DeepSpeed communication type (fp16, bf16, fp32)");
-    MT_CHECK(t == "fp32", ErrorKind::kNotSupported,
-             "communication_data_type: '" + t + "' is not implemented yet: gradients are all-reduced in fp32 (give \"fp32\")");
+    c.comm_dtype = t == "fp32" ? DType::kF32 : t == "fp16" ? DType::kF16 : DType::kBF16;
+    MT_CHECK(c.comm_dtype == DType::kF32 || !optim::optimizer_is_onebit(c.optimizer), ErrorKind::kNotSupported,
+             "communication_data_type: '" + t + "' with optimizer.type " + c.optimizer.type +
+                 ": the 1-bit exchange sends signs and f32 scales; give \"fp32\" or leave it out");
   }
   // Ulysses sequence parallelism's all-to-all dtype: there is no Ulysses here (parallel.sp = 1).
   if (root.has("seq_parallel_communication_data_type"))
@@ -1210,6 +1213,7 @@ json ds_config_resolved(const RunConfig& c) {
   j["bf16"] = {{"enabled", c.compute_dtype == DType::kBF16},
                {"bf16_master_weights_and_grads", c.master_dtype == DType::kBF16}};
   j["fp16"]["fp16_master_weights_and_grads"] = c.master_dtype == DType::kF16;
+  j["communication_data_type"] = c.comm_dtype == DType::kF32 ? "fp32" : c.comm_dtype == DType::kF16 ? "fp16" : "bf16";
   const optim::OptimizerSpec& o = c.optimizer;
   json op = {{"lr", o.lr}, {"weight_decay", o.weight_decay}};
   if (o.type == "SGD") {

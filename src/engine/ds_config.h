@@ -82,6 +82,9 @@ struct RunConfig {
   // fp16.fp16_master_weights_and_grads / bf16.bf16_master_weights_and_grads (DeepSpeed, ZeRO 1-3):
   // the optimizer's master weights and the gradients it reads hold 16-bit values (kF32: off).
   DType master_dtype = DType::kF32;
+  // communication_data_type: the dtype data-parallel gradients are reduced in (fp32 by default;
+  // bf16/f16: rounded to it and summed in it on the wire).
+  DType comm_dtype = DType::kF32;
   optim::LossScalerConfig loss_scaler;  // meaningful for fp16
   optim::OptimizerSpec optimizer;
   // Parameters without weight decay: substrings of HF parameter names, or "hf" for Hugging Face

@@ -227,6 +227,8 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   go.zero.persistence_threshold = static_cast<size_t>(z.stage3_param_persistence_threshold);
   go.zero.max_live_elems = static_cast<size_t>(z.stage3_max_live_parameters);
   go.zero.timeout = timeout();
+  go.comm_dtype = config.comm_dtype;
+  go.zero.comm_dtype = config.comm_dtype;
   go.onebit = optim::optimizer_is_onebit(config.optimizer);
   sync_ = parallel::make_grad_sync(store, model.zero_units(), model.zero_unit_modules(), *dp_, go);
   segments = sync_->span_segments(segments);

@@ -84,7 +84,13 @@ void summary(std::string& out, const ModuleProfile& p, const FlopsProfileStep& s
   line(out, "iter latency", seconds_string(iter));
   line(out, "FLOPS per GPU = " + tf + " * fwd flops per GPU / iter latency", rate((bwd_factor + 1.0) * fwd, iter));
   line(out, "samples/second", printf_string("%.2f", iter > 0.0 ? static_cast<double>(s.micro_batch * s.micro_batches * s.dp) / iter : 0.0));
-  line(out, "MFU", "not reported: this run measures no peak (meshtrain bench measures a GEMM ceiling)");
+  if (s.peak_tflops > 0.0) {
+    const double achieved = iter > 0.0 ? (bwd_factor + 1.0) * fwd / iter : 0.0;
+    line(out, "peak FLOPS per GPU (" + s.peak_what + ")", rate(s.peak_tflops * 1e12, 1.0));
+    line(out, "MFU = FLOPS per GPU / peak FLOPS per GPU", printf_string("%.1f%%", 100.0 * achieved / (s.peak_tflops * 1e12)));
+  } else {
+    line(out, "MFU", "not reported: no peak was measured");
+  }
 }
 
 // Per depth, the module kinds' summed params, MACs and latencies, top_modules of each.

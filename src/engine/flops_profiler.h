@@ -28,6 +28,10 @@ struct FlopsProfileStep {
   int64_t micro_batches = 1;    // per step (gradient accumulation)
   int64_t model_params = 0;     // the whole model's
   double fwd_seconds = 0.0, bwd_seconds = 0.0, step_seconds = 0.0;  // the engine's, for the step
+  // The peak MFU is taken against: a GEMM ceiling this rank measured (kernels::gemm_ceiling_tflops)
+  // and what it was (shape, dtype). peak_tflops <= 0: none measured, MFU not reported.
+  double peak_tflops = 0.0;
+  std::string peak_what;
 };
 
 // The facts of the step `r` that eng has just run.

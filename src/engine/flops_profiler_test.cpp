@@ -98,7 +98,8 @@ struct ProfiledStep {
   double step_flops = 0.0;
 };
 
-ProfiledStep profile_one_step(const nlohmann::json& profiler) {
+// peak_tflops: the peak MFU is taken against (0: none, MFU not reported).
+ProfiledStep profile_one_step(const nlohmann::json& profiler, double peak_tflops = 0.25) {
   RunConfig c = ds_config_parse(tiny_config(profiler), "test");
   auto model = engine_build_model(c);
   Engine eng(c, *model);
@@ -117,7 +118,10 @@ ProfiledStep profile_one_step(const nlohmann::json& profiler) {
   StepResult r = eng.train_batch(next);
   model->set_profiler(nullptr);
   ProfiledStep out;
-  out.report = flops_profiler_report(p, flops_profile_step(eng, r), c.flops_profiler);
+  FlopsProfileStep ps = flops_profile_step(eng, r);
+  ps.peak_tflops = peak_tflops;
+  ps.peak_what = "test peak";
+  out.report = flops_profiler_report(p, ps, c.flops_profiler);
   out.step_flops = model->train_flops_per_step() * 2;  // two micro-batches
   return out;
 }
@@ -153,7 +157,16 @@ TEST(FlopsProfiler, ReportNumbersAddUp) {
   EXPECT_LE(fwd_pct, 100.0 + 0.05);
   EXPECT_LE(fwd, fwd_latency + 1e-5);
   EXPECT_NE(rep.find("LMHead"), std::string::npos);
-  EXPECT_NE(rep.find("MFU"), std::string::npos);
+  // MFU = the step's FLOPS per GPU over the given peak (0.25 TFLOP/s), printed to 0.1 %.
+  const double flops_per_gpu = summary_value(rep, "FLOPS per GPU = 3 * fwd flops per GPU / iter latency");
+  EXPECT_NEAR(summary_value(rep, "peak FLOPS per GPU (test peak)"), 0.25e12, 1e9);
+  const double mfu = summary_value(rep, "MFU = FLOPS per GPU / peak FLOPS per GPU");
+  EXPECT_GT(mfu, 0.0);
+  EXPECT_NEAR(mfu, 100.0 * flops_per_gpu / 0.25e12, 0.06 + 0.01 * mfu) << rep;
+  // Without a measured peak MFU is said to be missing, not made up.
+  std::string none = profile_one_step({{"enabled", true}}, 0.0).report;
+  EXPECT_NE(none.find("\nMFU:"), std::string::npos);
+  EXPECT_NE(none.find("not reported: no peak was measured"), std::string::npos) << none;
 }
 
 std::vector<std::string> aggregated_lines(const std::string& rep, const std::string& starts) {

@@ -38,7 +38,7 @@ class BucketedSync : public LocalSync {
  public:
   BucketedSync(nn::ParamStore& store, const std::vector<Unit>& units, const std::vector<std::vector<nn::Module*>>& modules,
                comm::Backend& dp, const GradSyncOptions& o)
-      : LocalSync(store), buckets_(store.grad(), store.numel(), o.bucket_elems, dp, o.overlap_comm, o.timeout) {
+      : LocalSync(store), buckets_(store.grad(), store.numel(), o.bucket_elems, dp, o.overlap_comm, o.timeout, o.comm_dtype) {
     for (size_t u = 1; u < units.size(); ++u) {
       size_t from = units[u].offset;
       for (nn::Module* m : modules[u])

@@ -33,6 +33,7 @@ struct GradSyncOptions {
   bool overlap_comm = false;
   ZeroOptions zero;                    // stages 1-3
   bool onebit = false;                 // a 1-bit optimizer (stage 0 only)
+  DType comm_dtype = DType::kF32;      // communication_data_type (stage 0; stages 1-3: zero.comm_dtype)
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
 };
 

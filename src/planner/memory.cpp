@@ -183,7 +183,8 @@ class ZeroReplay : private parallel::ZeroEffects {
   ZeroReplay(const std::vector<parallel::Unit>& units, int stage, int world, size_t e, int k, bool tied_head,
              const ZeroKnobs& z, bool pipeline)
       : units_(units), stage_(stage), N_(static_cast<size_t>(world)), e_(e), k_(static_cast<size_t>(k)),
-        tied_(tied_head), pipeline_(pipeline), views_(units.size()), schedule_(units, schedule_options(stage, z), *this) {
+        tied_(tied_head), pipeline_(pipeline), comm_(z.comm_dtype), views_(units.size()),
+        schedule_(units, schedule_options(stage, z), *this) {
     for (const parallel::Unit& u : units_) {
       P_ += u.numel;
       S_ += piece(u);
@@ -247,6 +248,7 @@ class ZeroReplay : private parallel::ZeroEffects {
     o.prefetch_elems = static_cast<size_t>(z.prefetch_bucket_size);
     o.persistence_threshold = static_cast<size_t>(z.param_persistence_threshold);
     o.max_live_elems = static_cast<size_t>(z.max_live_parameters);
+    o.comm_dtype = z.comm_dtype;
     return o;
   }
   size_t piece(const parallel::Unit& u) const { return (u.numel + N_ - 1) / N_; }
@@ -291,9 +293,12 @@ class ZeroReplay : private parallel::ZeroEffects {
     if (!v.grad) alloc(MemCategory::kGrads, v.grad = 4 * padded(u));
   }
   void launch_reduce(size_t u) override {
-    size_t recv = 4 * piece(units_[u]);
-    alloc(MemCategory::kComm, recv);
-    recv_.push_back(recv);
+    // f32: the receive buffer; a 16-bit communication_data_type: the unit's slab rounded to it and
+    // a 2-byte receive buffer (ZeroRuntime::launch_reduce).
+    const size_t w = dtype_size(comm_);
+    size_t bytes = w * piece(units_[u]) + (comm_ != DType::kF32 ? w * padded(u) : 0);
+    alloc(MemCategory::kComm, bytes);
+    recv_.push_back(bytes);
   }
   void complete_reduce(size_t u, bool free_slab) override {
     release(MemCategory::kComm, recv_.front());
@@ -325,6 +330,7 @@ class ZeroReplay : private parallel::ZeroEffects {
   int stage_;
   size_t N_, e_, k_;
   bool tied_, pipeline_;
+  DType comm_;
   std::vector<View> views_;
   std::vector<size_t> recv_;  // receive buffers of the reductions in flight, oldest first
   size_t P_ = 0, S_ = 0;
@@ -350,6 +356,9 @@ MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int
     m[MemCategory::kOptimizer] = (lowp ? 4 * P : 0) + 4 * ku * P;
     m[MemCategory::kGrads] = 4 * P;
     if (setup) *setup = m;
+    // parallel::GradBuckets with a 16-bit communication_data_type: every bucket's 2-byte staging
+    // lives until the step's reduction ends.
+    if (world > 1 && zero.comm_dtype != DType::kF32) m[MemCategory::kComm] = dtype_size(zero.comm_dtype) * P;
     return m;
   }
   MemoryBreakdown s;

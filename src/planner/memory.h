@@ -61,6 +61,9 @@ struct ZeroKnobs {
   // overlap_comm: a gradient reduction is left in flight while the next unit's backward runs, so
   // its receive buffer and (stages 2-3) gradient slab may still be live when the next are made.
   bool overlap_comm = false;
+  // communication_data_type: bf16/f16 reductions stage the gradients in 2 bytes (stage 0: every
+  // bucket until the step's reduction ends; stages 1-3: the unit's slab and its receive buffer).
+  DType comm_dtype = DType::kF32;
 };
 
 struct MemoryInput {

@@ -88,6 +88,10 @@ TEST(ModelStateMemory, Stage0IsTheParamStore) {
   MemoryBreakdown b = model_state_memory(tiny_units(), 0, 4, 2, 2, z);
   EXPECT_EQ(b[MemCategory::kParams], 44u);       // 2 P compute copy
   EXPECT_EQ(b[MemCategory::kOptimizer], 264u);   // 4 P master + 8 P states
+  // communication_data_type bf16: every bucket's 2-byte staging, 2 P (none on one rank).
+  z.comm_dtype = DType::kBF16;
+  EXPECT_EQ(model_state_memory(tiny_units(), 0, 4, 4, 2, z)[MemCategory::kComm], 44u);
+  EXPECT_EQ(model_state_memory(tiny_units(), 0, 1, 4, 2, z)[MemCategory::kComm], 0u);
 }
 
 // The units as the runtime uses them: A the embeddings (and the tied head), B a block, C the tail.
@@ -121,6 +125,11 @@ TEST(ModelStateMemory, Stage2KeepsOneGradSlabOrTwoWithOverlap) {
   b = model_state_memory(tiny_units(), 2, 4, 2, 2, z);
   EXPECT_EQ(b[MemCategory::kGrads], 28u + 80u);
   EXPECT_EQ(model_state_memory(tiny_units(), 2, 4, 4, 2, z)[MemCategory::kComm], 12u + 8u);
+  // communication_data_type bf16 (f32 run): a reduction holds its slab rounded to 2 N s and a
+  // 2 s receive buffer (A 24 + 6, C 16 + 4): the two in flight, A + C.
+  z.comm_dtype = DType::kBF16;
+  EXPECT_EQ(model_state_memory(tiny_units(), 2, 4, 4, 2, z)[MemCategory::kComm], 30u + 20u);
+  z.comm_dtype = DType::kF32;
   // SGD without momentum: no optimizer state, the master shard only.
   EXPECT_EQ(model_state_memory(tiny_units(), 2, 4, 2, 0, z)[MemCategory::kOptimizer], 28u);
 }

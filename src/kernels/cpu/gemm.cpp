@@ -1,12 +1,15 @@
 #include "kernels/cpu/gemm.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <tuple>
 #include <vector>
 
 #include "base/error.h"
+#include "base/timer.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "tensor/allocator.h"
 
@@ -115,6 +118,25 @@ int gemm_primitive_count() {
   Context& ctx = context();
   std::lock_guard<std::mutex> lock(ctx.mu);
   return static_cast<int>(ctx.cache.size());
+}
+
+double gemm_ceiling_tflops(int M, int N, int K, DType dt, double seconds) {
+  size_t es = dtype_size(dt);
+  std::vector<char> a(static_cast<size_t>(M) * K * es), b(static_cast<size_t>(K) * N * es);
+  std::vector<float> c(static_cast<size_t>(M) * N);
+  std::mt19937 rng(1);
+  std::vector<float> tmp(std::max(a.size(), b.size()) / es);
+  for (auto& x : tmp) x = static_cast<float>(rng() % 1000) / 1000.0f - 0.5f;
+  convert(a.data(), dt, tmp.data(), DType::kF32, a.size() / es);
+  convert(b.data(), dt, tmp.data(), DType::kF32, b.size() / es);
+  gemm(M, N, K, a.data(), K, false, b.data(), K, true, c.data(), N, dt, false);
+  Timer t;
+  int iters = 0;
+  while (t.seconds() < seconds || iters < 3) {
+    gemm(M, N, K, a.data(), K, false, b.data(), K, true, c.data(), N, dt, false);
+    ++iters;
+  }
+  return 2.0 * M * N * K * iters / t.seconds() / 1e12;
 }
 
 }  // namespace mt::kernels

@@ -17,6 +17,11 @@ void gemm(int M, int N, int K, const void* A, int lda, bool trans_a, const void*
           bool trans_b, float* C, int ldc, DType ab_dtype, bool accumulate,
           const float* bias = nullptr);
 
+// The GEMM ceiling of this process: C (M, N) = A (M, K) · B^T with ab_dtype operands, timed for
+// at least `seconds` (and 3 calls) after one untimed call. TFLOP/s. Used by `meshtrain bench` and
+// the flops profiler's MFU, with the model's MLP up-projection shape (B·T, I, C).
+double gemm_ceiling_tflops(int M, int N, int K, DType ab_dtype, double seconds = 0.3);
+
 // Number of distinct primitives created so far (to test that primitives are reused).
 int gemm_primitive_count();
 

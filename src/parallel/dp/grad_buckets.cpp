@@ -19,8 +19,9 @@ std::vector<std::pair<size_t, size_t>> grad_bucket_ranges(size_t numel, size_t b
 }
 
 GradBuckets::GradBuckets(float* grad, size_t numel, size_t bucket_elems, comm::Backend& group, bool overlap,
-                         std::chrono::milliseconds timeout)
-    : grad_(grad), group_(group), overlap_(overlap), timeout_(timeout), ranges_(grad_bucket_ranges(numel, bucket_elems)) {}
+                         std::chrono::milliseconds timeout, DType wire)
+    : grad_(grad), group_(group), overlap_(overlap), timeout_(timeout), ranges_(grad_bucket_ranges(numel, bucket_elems)),
+      wire_(wire) {}
 
 void GradBuckets::begin() {
   MT_CHECK(inflight_.empty(), ErrorKind::kInternal, "GradBuckets::begin with reductions in flight");
@@ -42,7 +43,14 @@ void GradBuckets::ready_from(size_t offset) {
     o.op = comm::ReduceOp::kSum;
     o.timeout = timeout_;
     o.tag = "grad bucket " + std::to_string(next_);
-    inflight_.push_back(group_.all_reduce(grad_ + lo, hi - lo, DType::kF32, o));
+    if (wire_ == DType::kF32) {
+      inflight_.push_back(group_.all_reduce(grad_ + lo, hi - lo, DType::kF32, o));
+    } else {
+      Buffer& b = staging_.emplace_back((hi - lo) * dtype_size(wire_), MemCategory::kComm);
+      convert(b.data(), wire_, grad_ + lo, DType::kF32, hi - lo);
+      o.in_dtype = true;
+      inflight_.push_back(group_.all_reduce(b.data(), hi - lo, wire_, o));
+    }
     if (!overlap_) inflight_.back()->wait();
     ++next_;
   }
@@ -52,6 +60,11 @@ void GradBuckets::finish() {
   if (!armed_) return;
   ready_from(0);
   for (auto& w : inflight_) w->wait();
+  for (size_t i = 0; i < staging_.size(); ++i) {
+    auto [lo, hi] = ranges_[i];
+    convert(grad_ + lo, DType::kF32, staging_[i].data(), wire_, hi - lo);
+  }
+  staging_.clear();
   inflight_.clear();
   armed_ = false;
 }

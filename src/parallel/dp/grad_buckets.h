@@ -8,6 +8,9 @@
 // bucket lying wholly inside it (nonblocking); finish() launches the rest and waits for all. With
 // overlap false each bucket is waited for when launched (so nothing runs behind compute).
 // Only the last micro-batch of an accumulation communicates: the engine arms begin() then.
+// wire bf16/f16 (DeepSpeed's communication_data_type): each bucket is rounded into a 2-byte staging
+// buffer (comm memory, held until finish()), summed in that type on the wire (in_dtype) and
+// widened back into the f32 gradients: half the bytes, each partial sum rounded.
 #pragma once
 
 #include <chrono>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "tensor/allocator.h"
 
 namespace mt::parallel {
 
@@ -26,7 +30,7 @@ std::vector<std::pair<size_t, size_t>> grad_bucket_ranges(size_t numel, size_t b
 class GradBuckets {
  public:
   GradBuckets(float* grad, size_t numel, size_t bucket_elems, comm::Backend& group, bool overlap,
-              std::chrono::milliseconds timeout = comm::kDefaultTimeout);
+              std::chrono::milliseconds timeout = comm::kDefaultTimeout, DType wire = DType::kF32);
   void begin();                    // the last micro-batch's backward starts
   bool armed() const { return armed_; }
   void ready_from(size_t offset);  // gradients of [offset, numel) are final
@@ -41,7 +45,9 @@ class GradBuckets {
   bool overlap_;
   std::chrono::milliseconds timeout_;
   std::vector<std::pair<size_t, size_t>> ranges_;
+  DType wire_;
   std::vector<std::unique_ptr<comm::Work>> inflight_;
+  std::vector<Buffer> staging_;  // wire != f32: one per launched bucket, in launch order
   size_t next_ = 0;
   bool armed_ = false;
 };

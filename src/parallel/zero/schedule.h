@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "parallel/zero/partition.h"
+#include "tensor/dtype.h"
 
 namespace mt::parallel {
 
@@ -23,6 +24,9 @@ struct ZeroScheduleOptions {
   size_t prefetch_elems = 50'000'000;      // stage3_prefetch_bucket_size
   size_t persistence_threshold = 100'000;  // stage3_param_persistence_threshold
   size_t max_live_elems = 1'000'000'000;   // stage3_max_live_parameters
+  // communication_data_type: gradients are reduce-scattered in f32, or rounded to bf16/f16 and
+  // summed in that type (a send staging of the unit and a 2-byte receive buffer per reduction).
+  DType comm_dtype = DType::kF32;
 };
 
 // What the schedule asks for. Unit indices are those of the partition's units.

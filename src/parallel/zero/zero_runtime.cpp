@@ -176,12 +176,20 @@ void ZeroRuntime::begin_grad_slab(size_t u) {
 
 void ZeroRuntime::launch_reduce(size_t u) {
   PendingReduce r;
-  r.recv = Buffer(part_.piece(u) * 4, MemCategory::kComm);
+  const DType w = opts_.comm_dtype;
+  r.recv = Buffer(part_.piece(u) * dtype_size(w), MemCategory::kComm);
   comm::ReduceScatterOptions o;
   o.timeout = opts_.timeout;
   o.op = comm::ReduceOp::kSum;
   o.tag = "zero grads " + part_.units()[u].name;
-  r.work = group_.reduce_scatter(r.recv.data(), views_[u]->grad.data(), part_.piece(u), DType::kF32, o);
+  const void* send = views_[u]->grad.data();
+  if (w != DType::kF32) {  // communication_data_type: the slab rounded to 2 bytes, summed in that type
+    r.send = Buffer(part_.padded(u) * dtype_size(w), MemCategory::kComm);
+    convert(r.send.data(), w, views_[u]->grad.data(), DType::kF32, part_.padded(u));
+    send = r.send.data();
+    o.in_dtype = true;
+  }
+  r.work = group_.reduce_scatter(r.recv.data(), send, part_.piece(u), w, o);
   pending_.push_back(std::move(r));
 }
 
@@ -189,8 +197,15 @@ void ZeroRuntime::complete_reduce(size_t u, bool free_slab) {
   PendingReduce& r = pending_.front();
   r.work->wait();
   float* dst = grad() + part_.shard_offset(u);
-  const float* src = r.recv.as<float>();
-  for (size_t i = 0, n = part_.piece(u); i < n; ++i) dst[i] += src[i];
+  const size_t n = part_.piece(u);
+  if (opts_.comm_dtype != DType::kF32) {
+    std::vector<float> wide(n);
+    convert(wide.data(), DType::kF32, r.recv.data(), opts_.comm_dtype, n);
+    for (size_t i = 0; i < n; ++i) dst[i] += wide[i];
+  } else {
+    const float* src = r.recv.as<float>();
+    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+  }
   pending_.pop_front();
   if (free_slab) {
     for (nn::Parameter* p : params_[u]) p->grad = nullptr;

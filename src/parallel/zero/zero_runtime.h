@@ -107,7 +107,8 @@ class ZeroRuntime : private ZeroEffects {
   Buffer master_, grad_;
   std::vector<std::unique_ptr<View>> views_;
   struct PendingReduce {
-    Buffer recv;  // s f32
+    Buffer recv;  // s elements of comm_dtype
+    Buffer send;  // comm_dtype != f32: the unit's slab rounded to it
     std::unique_ptr<comm::Work> work;
   };
   std::deque<PendingReduce> pending_;  // in the schedule's order
