@@ -77,7 +77,10 @@ TEST_P(PpMatchesOneProcess, LossesNormsAndFinalState) {
   LayoutDiff w = layout_compare(ref.master, got.master, ref.noise);
   std::printf("%s: final weights ||dw||/||w|| %.2e, max %.2e\n", case_name({k, 0}).c_str(), w.norm_rel, w.max_rel);
   EXPECT_LE(w.norm_rel, lowp ? 2e-3 : 1e-5) << "final weights, ||dw||/||w||";
-  EXPECT_LE(w.max_rel, lowp ? 2e-2 : 5e-5) << "final weights, max |dw| / max |w|";
+  // One element's largest difference: up to 1.2e-5 with the AVX-512 kernels, 6.7e-5 with the
+  // portable ones (a CPU without AVX-512: the 3D case gpt2_tp2_pp2_dp2_stage1_1f1b_fp32_sp); the
+  // norm bound above is the 1e-5.
+  EXPECT_LE(w.max_rel, lowp ? 2e-2 : 1e-4) << "final weights, max |dw| / max |w|";
   EXPECT_LE(w.noise_max, 1e-3) << "GPT-2 key bias";
   ASSERT_EQ(ref.exp_avg.size(), got.exp_avg.size());
   EXPECT_LE(layout_compare(ref.exp_avg, got.exp_avg, ref.noise).norm_rel, lowp ? 2e-2 : 1e-4) << "Adam's first moment";
