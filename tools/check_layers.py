@@ -6,7 +6,7 @@ import re
 import sys
 
 LAYERS = {
-    "base": 0, "tensor": 1, "kernels": 2, "comm": 2, "data": 2, "checkpoint": 3,
+    "base": 0, "tensor": 1, "kernels": 2, "comm": 2, "data": 2, "io": 2, "checkpoint": 3,
     "nn": 4, "optim": 4, "parallel": 5, "models": 6, "planner": 7, "serve": 7,
     "engine": 8, "cli": 9,
 }

@@ -33,6 +33,24 @@ void Optimizer::set_betas(double, double) {
   throw Error(ErrorKind::kNotSupported, std::string("optimizer ") + type_name() + " has no betas");
 }
 
+void Optimizer::read_state(const std::string& name, float* dst) {
+  for (const StateBuffer& b : state())
+    if (b.name == name) {
+      std::copy(b.data, b.data + b.numel, dst);
+      return;
+    }
+  throw Error(ErrorKind::kInvalidArgument, std::string("optimizer ") + type_name() + " has no state '" + name + "'");
+}
+
+void Optimizer::write_state(const std::string& name, const float* src) {
+  for (const StateBuffer& b : state())
+    if (b.name == name) {
+      std::copy(src, src + b.numel, b.data);
+      return;
+    }
+  throw Error(ErrorKind::kInvalidArgument, std::string("optimizer ") + type_name() + " has no state '" + name + "'");
+}
+
 std::vector<ParamSegment> single_segment(size_t numel, float weight_decay) {
   return {ParamSegment{0, numel, weight_decay, "all"}};
 }

@@ -93,6 +93,11 @@ class Optimizer {
   // State buffers (of state()) that the data-parallel ranks hold apart, the parameters with them
   // (0/1 Adam's local steps: each rank's momentum and accumulated updates): saved per rank.
   virtual std::vector<StateBuffer> rank_local_state() const { return {}; }
+  // Whether state()'s buffers live outside memory (ZeRO-Infinity's swap, swapped_adamw.h): their
+  // data pointers are null, and the span of each is copied out and in by name.
+  virtual bool state_swapped() const { return false; }
+  virtual void read_state(const std::string& name, float* dst);
+  virtual void write_state(const std::string& name, const float* src);
   // State that is not over the span (see ScalarState); restored with the size it was saved with.
   virtual std::vector<ScalarState> scalar_state() { return {}; }
 

@@ -1,0 +1,495 @@
+#include "io/aio.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "base/error.h"
+#include "base/log.h"
+
+namespace mt::io {
+
+namespace {
+
+[[noreturn]] void os_error(const std::string& path, const char* op, uint64_t off, size_t n, int err) {
+  throw Error(ErrorKind::kIOError, path + ": " + op + " of " + std::to_string(n) + " bytes at offset " +
+                                       std::to_string(off) + ": " + std::strerror(err));
+}
+
+[[noreturn]] void short_error(const std::string& path, const char* op, uint64_t off, size_t n, size_t got) {
+  throw Error(ErrorKind::kIOError, path + ": short " + op + " at offset " + std::to_string(off) + ": " +
+                                       std::to_string(got) + " of " + std::to_string(n) + " bytes");
+}
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+void File::read_blocks(void* buf, size_t n, uint64_t off, const AioOptions& o) {
+  char* p = static_cast<char*>(buf);
+  for (size_t i = 0; i < n; i += o.block_size) read(p + i, std::min(o.block_size, n - i), off + i);
+}
+
+void File::write_blocks(const void* buf, size_t n, uint64_t off, const AioOptions& o) {
+  const char* p = static_cast<const char*>(buf);
+  for (size_t i = 0; i < n; i += o.block_size) write(p + i, std::min(o.block_size, n - i), off + i);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real filesystem.
+
+namespace {
+
+// One io_uring per I/O thread, made on first use; null where the kernel refuses io_uring.
+struct Ring {
+  io_uring ring{};
+  unsigned depth = 0;
+  bool ok = false;
+  ~Ring() {
+    if (ok) io_uring_queue_exit(&ring);
+  }
+};
+
+Ring& this_thread_ring() {
+  thread_local Ring r;
+  return r;
+}
+
+io_uring* thread_ring(unsigned depth) {
+  Ring& r = this_thread_ring();
+  if (r.ok && r.depth >= depth) return &r.ring;
+  if (r.ok) io_uring_queue_exit(&r.ring), r.ok = false;
+  if (io_uring_queue_init(depth, &r.ring, 0) != 0) return nullptr;
+  r.ok = true;
+  r.depth = depth;
+  return &r.ring;
+}
+
+class PosixFile : public File {
+ public:
+  PosixFile(std::string path, int fd, bool direct) : path_(std::move(path)), fd_(fd), direct_(direct) {}
+  ~PosixFile() override { ::close(fd_); }
+  const std::string& path() const override { return path_; }
+  bool direct() const override { return direct_; }
+
+  void read(void* buf, size_t n, uint64_t off) override {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::pread(fd_, static_cast<char*>(buf) + done, n - done, static_cast<off_t>(off + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) os_error(path_, "read", off + done, n - done, errno);
+      if (r == 0) short_error(path_, "read", off, n, done);
+      done += static_cast<size_t>(r);
+    }
+  }
+  void write(const void* buf, size_t n, uint64_t off) override {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::pwrite(fd_, static_cast<const char*>(buf) + done, n - done, static_cast<off_t>(off + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) os_error(path_, "write", off + done, n - done, errno);
+      if (r == 0) short_error(path_, "write", off, n, done);
+      done += static_cast<size_t>(r);
+    }
+  }
+  void read_blocks(void* buf, size_t n, uint64_t off, const AioOptions& o) override {
+    transfer(false, static_cast<char*>(buf), n, off, o);
+  }
+  void write_blocks(const void* buf, size_t n, uint64_t off, const AioOptions& o) override {
+    transfer(true, const_cast<char*>(static_cast<const char*>(buf)), n, off, o);
+  }
+
+ private:
+  // Up to queue_depth requests of block_size in flight on this thread's ring. A request the kernel
+  // completes short is finished by read/write (which name a true short transfer). On an error the
+  // requests in flight are reaped before throwing: the kernel must not write a freed buffer.
+  void transfer(bool writing, char* buf, size_t n, uint64_t off, const AioOptions& o) {
+    const unsigned depth = static_cast<unsigned>(std::max(1, o.queue_depth));
+    io_uring* ring = thread_ring(depth);
+    if (ring == nullptr) {
+      if (writing) File::write_blocks(buf, n, off, o);
+      else File::read_blocks(buf, n, off, o);
+      return;
+    }
+    struct Req {
+      size_t at = 0, len = 0;
+    };
+    std::vector<Req> reqs((n + o.block_size - 1) / o.block_size);
+    for (size_t i = 0; i < reqs.size(); ++i) reqs[i] = {i * o.block_size, std::min(o.block_size, n - i * o.block_size)};
+    size_t next = 0;
+    unsigned inflight = 0;
+    int first_err = 0;
+    size_t err_at = 0;
+    std::vector<Req> partial;
+    while ((next < reqs.size() && first_err == 0) || inflight > 0) {
+      unsigned queued = 0;
+      while (first_err == 0 && next < reqs.size() && inflight < depth && !(o.single_submit && queued > 0)) {
+        io_uring_sqe* sqe = io_uring_get_sqe(ring);
+        if (sqe == nullptr) break;
+        Req& r = reqs[next++];
+        if (writing) io_uring_prep_write(sqe, fd_, buf + r.at, static_cast<unsigned>(r.len), off + r.at);
+        else io_uring_prep_read(sqe, fd_, buf + r.at, static_cast<unsigned>(r.len), off + r.at);
+        io_uring_sqe_set_data(sqe, &r);
+        ++inflight;
+        ++queued;
+      }
+      if (queued > 0) {
+        int s = io_uring_submit(ring);
+        if (s < 0) {  // nothing of this batch reached the kernel; its entries must never be submitted later
+          inflight -= queued;
+          if (first_err == 0) first_err = -s, err_at = 0;
+          if (inflight == 0) {
+            Ring& r = this_thread_ring();
+            io_uring_queue_exit(&r.ring);
+            r.ok = false;
+            break;
+          }
+        }
+      }
+      io_uring_cqe* cqe = nullptr;
+      int w = io_uring_wait_cqe(ring, &cqe);
+      if (w == -EINTR) continue;
+      if (w < 0) os_error(path_, writing ? "write" : "read", off, n, -w);
+      Req* r = static_cast<Req*>(io_uring_cqe_get_data(cqe));
+      const int res = cqe->res;
+      io_uring_cqe_seen(ring, cqe);
+      --inflight;
+      if (res < 0) {
+        if (first_err == 0) first_err = -res, err_at = r->at;
+      } else if (static_cast<size_t>(res) < r->len) {
+        partial.push_back({r->at + static_cast<size_t>(res), r->len - static_cast<size_t>(res)});
+      }
+    }
+    if (first_err != 0) os_error(path_, writing ? "write" : "read", off + err_at, n - err_at, first_err);
+    for (const Req& r : partial) {  // the rest of a short completion, or the real short transfer
+      if (writing) write(buf + r.at, r.len, off + r.at);
+      else read(buf + r.at, r.len, off + r.at);
+    }
+  }
+
+  std::string path_;
+  int fd_;
+  bool direct_;
+};
+
+class PosixEnv : public Env {
+ public:
+  const char* name() const override { return "posix"; }
+  std::unique_ptr<File> open(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
+    bool direct = true;
+    if (fd < 0 && errno == EINVAL) {  // the filesystem has no O_DIRECT (tmpfs): the page cache it is
+      direct = false;
+      std::call_once(warned_, [&] {
+        log_warning(path + ": the filesystem does not support O_DIRECT; swapping through the page cache");
+      });
+      fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    }
+    if (fd < 0) throw Error(ErrorKind::kIOError, path + ": cannot open for swapping: " + std::strerror(errno));
+    return std::make_unique<PosixFile>(path, fd, direct);
+  }
+
+ private:
+  std::once_flag warned_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// In memory.
+
+class MemFile : public File {
+ public:
+  MemFile(std::string path, std::shared_ptr<std::vector<char>> bytes, std::shared_ptr<std::mutex> mu)
+      : path_(std::move(path)), bytes_(std::move(bytes)), mu_(std::move(mu)) {}
+  const std::string& path() const override { return path_; }
+  void read(void* buf, size_t n, uint64_t off) override {
+    std::lock_guard<std::mutex> l(*mu_);
+    size_t have = off >= bytes_->size() ? 0 : std::min(n, bytes_->size() - off);
+    if (have > 0) std::memcpy(buf, bytes_->data() + off, have);
+    if (have < n) short_error(path_, "read", off, n, have);
+  }
+  void write(const void* buf, size_t n, uint64_t off) override {
+    std::lock_guard<std::mutex> l(*mu_);
+    if (bytes_->size() < off + n) bytes_->resize(off + n);
+    std::memcpy(bytes_->data() + off, buf, n);
+  }
+
+ private:
+  std::string path_;
+  std::shared_ptr<std::vector<char>> bytes_;
+  std::shared_ptr<std::mutex> mu_;
+};
+
+class MemEnv : public Env {
+ public:
+  const char* name() const override { return "memory"; }
+  std::unique_ptr<File> open(const std::string& path) override {
+    std::lock_guard<std::mutex> l(mu_);
+    auto& f = files_[path];
+    if (!f) f = std::make_shared<std::vector<char>>();
+    return std::make_unique<MemFile>(path, f, file_mu_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::shared_ptr<std::mutex> file_mu_ = std::make_shared<std::mutex>();
+  std::map<std::string, std::shared_ptr<std::vector<char>>> files_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Faults.
+
+struct FaultState {
+  Faults f;
+  std::mutex mu;
+  int64_t reads = 0, writes = 0, written = 0;
+};
+
+class FaultFile : public File {
+ public:
+  FaultFile(std::unique_ptr<File> inner, std::shared_ptr<FaultState> s) : inner_(std::move(inner)), s_(std::move(s)) {}
+  const std::string& path() const override { return inner_->path(); }
+  bool direct() const override { return inner_->direct(); }
+  void read(void* buf, size_t n, uint64_t off) override {
+    int64_t k;
+    {
+      std::lock_guard<std::mutex> l(s_->mu);
+      k = ++s_->reads;
+    }
+    if (k == s_->f.eio_read_at) os_error(path(), "read", off, n, EIO);
+    if (k == s_->f.short_read_at) {
+      inner_->read(buf, n / 2, off);
+      short_error(path(), "read", off, n, n / 2);
+    }
+    inner_->read(buf, n, off);
+  }
+  void write(const void* buf, size_t n, uint64_t off) override {
+    int64_t k;
+    bool full;
+    {
+      std::lock_guard<std::mutex> l(s_->mu);
+      k = ++s_->writes;
+      full = s_->f.enospc_after_bytes >= 0 && s_->written + static_cast<int64_t>(n) > s_->f.enospc_after_bytes;
+      if (!full) s_->written += static_cast<int64_t>(n);
+    }
+    if (k == s_->f.eio_write_at) os_error(path(), "write", off, n, EIO);
+    if (full) os_error(path(), "write", off, n, ENOSPC);
+    if (k == s_->f.short_write_at) {
+      inner_->write(buf, n / 2, off);
+      short_error(path(), "write", off, n, n / 2);
+    }
+    inner_->write(buf, n, off);
+  }
+
+ private:
+  std::unique_ptr<File> inner_;
+  std::shared_ptr<FaultState> s_;
+};
+
+class FaultEnv : public Env {
+ public:
+  FaultEnv(Env& inner, const Faults& f) : inner_(inner), s_(std::make_shared<FaultState>()) { s_->f = f; }
+  const char* name() const override { return "fault"; }
+  std::unique_ptr<File> open(const std::string& path) override {
+    return std::make_unique<FaultFile>(inner_.open(path), s_);
+  }
+
+ private:
+  Env& inner_;
+  std::shared_ptr<FaultState> s_;
+};
+
+}  // namespace
+
+Env& posix_env() {
+  static PosixEnv env;
+  return env;
+}
+
+std::unique_ptr<Env> memory_env() { return std::make_unique<MemEnv>(); }
+
+std::unique_ptr<Env> fault_env(Env& inner, const Faults& faults) { return std::make_unique<FaultEnv>(inner, faults); }
+
+DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  MT_CHECK(!ec && fs::is_directory(dir), ErrorKind::kIOError, dir + ": cannot create the swap directory: " + ec.message());
+  DirCheck c;
+  const std::string probe = (fs::path(dir) / ".meshtrain-probe").string();
+  int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  c.direct = fd >= 0;
+  if (fd < 0) fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw Error(ErrorKind::kIOError, dir + ": the swap directory is not writable: " + std::strerror(errno));
+  if (c.direct) {  // some filesystems accept the flag and refuse the first aligned write
+    AlignedBuffer b(kAlign, MemCategory::kWorkspace);
+    c.direct = ::pwrite(fd, b.data(), kAlign, 0) == static_cast<ssize_t>(kAlign);
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  struct statvfs st{};
+  if (::statvfs(dir.c_str(), &st) == 0) c.free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  MT_CHECK(c.free_bytes >= need_bytes, ErrorKind::kIOError,
+           dir + ": the swap needs " + std::to_string(need_bytes >> 20) + " MiB, the filesystem has " +
+               std::to_string(c.free_bytes >> 20) + " MiB free");
+  return c;
+}
+
+AlignedBuffer::AlignedBuffer(size_t bytes, MemCategory category) : raw_(bytes + kAlign, category), bytes_(bytes) {
+  auto a = reinterpret_cast<uintptr_t>(raw_.data());
+  p_ = reinterpret_cast<void*>((a + kAlign - 1) / kAlign * kAlign);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine.
+
+struct AsyncIo::Impl {
+  struct Job {
+    Ticket t;
+    bool writing;
+    File* f;
+    char* buf;
+    size_t n;
+    uint64_t off;
+  };
+  struct Done {
+    bool done = false;
+    std::string error;
+    ErrorKind kind = ErrorKind::kIOError;
+  };
+  AioOptions opts;
+  std::mutex mu;
+  std::condition_variable cv_work, cv_done;
+  std::deque<Job> queue;
+  std::unordered_map<Ticket, Done> state;  // issued and not yet waited for
+  Ticket next = 1;
+  bool stop = false;
+  Stats stats;
+  std::vector<std::thread> threads;
+
+  void run() {
+    for (;;) {
+      Job j;
+      {
+        std::unique_lock<std::mutex> l(mu);
+        cv_work.wait(l, [&] { return stop || !queue.empty(); });
+        if (queue.empty()) return;
+        j = queue.front();
+        queue.pop_front();
+      }
+      std::string err;
+      ErrorKind kind = ErrorKind::kIOError;
+      const double t0 = now();
+      try {
+        if (j.writing) j.f->write_blocks(j.buf, j.n, j.off, opts);
+        else j.f->read_blocks(j.buf, j.n, j.off, opts);
+      } catch (const Error& e) {
+        err = e.what(), kind = e.kind();
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+      const double dt = now() - t0;
+      std::lock_guard<std::mutex> l(mu);
+      if (j.writing) stats.bytes_written += err.empty() ? j.n : 0, stats.write_seconds += dt;
+      else stats.bytes_read += err.empty() ? j.n : 0, stats.read_seconds += dt;
+      Done& d = state[j.t];
+      d.done = true;
+      d.error = std::move(err);
+      d.kind = kind;
+      cv_done.notify_all();
+    }
+  }
+
+  Ticket submit(bool writing, File& f, const void* buf, size_t n, uint64_t off) {
+    if (f.direct())
+      MT_CHECK(reinterpret_cast<uintptr_t>(buf) % kAlign == 0 && n % kAlign == 0 && off % kAlign == 0,
+               ErrorKind::kInternal, f.path() + ": an O_DIRECT transfer that is not 4 KiB-aligned");
+    std::lock_guard<std::mutex> l(mu);
+    Ticket t = next++;
+    state[t];
+    queue.push_back({t, writing, &f, const_cast<char*>(static_cast<const char*>(buf)), n, off});
+    cv_work.notify_one();
+    return t;
+  }
+
+  void wait(Ticket t) {
+    const double t0 = now();
+    std::unique_lock<std::mutex> l(mu);
+    auto it = state.find(t);
+    MT_CHECK(it != state.end(), ErrorKind::kInternal, "AsyncIo: a ticket waited for twice or never issued");
+    cv_done.wait(l, [&] { return it->second.done; });
+    Done d = std::move(it->second);
+    state.erase(it);
+    stats.wait_seconds += now() - t0;
+    if (!d.error.empty()) throw Error(d.kind, d.error);
+  }
+};
+
+AsyncIo::AsyncIo(const AioOptions& options) : opts_(options), impl_(std::make_unique<Impl>()) {
+  MT_CHECK(opts_.block_size >= kAlign && opts_.block_size % kAlign == 0, ErrorKind::kInvalidArgument,
+           "aio.block_size must be a positive multiple of 4096 bytes (got " + std::to_string(opts_.block_size) + ")");
+  MT_CHECK(opts_.queue_depth >= 1 && opts_.thread_count >= 1, ErrorKind::kInvalidArgument,
+           "aio.queue_depth and aio.thread_count must be at least 1");
+  impl_->opts = opts_;
+  for (int i = 0; i < opts_.thread_count; ++i) impl_->threads.emplace_back([this] { impl_->run(); });
+}
+
+AsyncIo::~AsyncIo() {
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    impl_->stop = true;  // the threads finish the queue first: no buffer is left to a transfer
+  }
+  impl_->cv_work.notify_all();
+  for (std::thread& t : impl_->threads) t.join();
+}
+
+AsyncIo::Ticket AsyncIo::read(File& f, void* buf, size_t n, uint64_t off) { return impl_->submit(false, f, buf, n, off); }
+AsyncIo::Ticket AsyncIo::write(File& f, const void* buf, size_t n, uint64_t off) { return impl_->submit(true, f, buf, n, off); }
+void AsyncIo::wait(Ticket t) { impl_->wait(t); }
+
+void AsyncIo::wait_all() {
+  std::vector<Ticket> ts;
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    for (auto& [t, d] : impl_->state) ts.push_back(t);
+  }
+  std::sort(ts.begin(), ts.end());
+  std::string first;
+  ErrorKind kind = ErrorKind::kIOError;
+  for (Ticket t : ts) {
+    try {
+      impl_->wait(t);
+    } catch (const Error& e) {
+      if (first.empty()) first = e.what(), kind = e.kind();
+    }
+  }
+  if (!first.empty()) throw Error(kind, first);
+}
+
+AsyncIo::Stats AsyncIo::stats() const {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  return impl_->stats;
+}
+
+void AsyncIo::reset_stats() {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  impl_->stats = {};
+}
+
+}  // namespace mt::io

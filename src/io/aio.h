@@ -1,0 +1,133 @@
+// Swap I/O for ZeRO-Infinity (../shared/DESIGN.md decision 10): an Env-style seam over files
+// (the real disk with O_DIRECT and io_uring, an in-memory fake, a fault-injecting fake) and an
+// asynchronous engine that moves large buffers between memory and those files in blocks, several
+// in flight, on its own threads, so the optimizer computes while its state streams.
+//
+// DeepSpeed's `aio` block maps onto AioOptions: block_size (bytes per request), queue_depth
+// (requests in flight per thread), thread_count (I/O threads), single_submit (one request per
+// submission), overlap_events (submit the next requests before reaping: always, with
+// overlap_events true). Every failure is an Error (kIOError) naming the file, the operation, the
+// offset and the OS's reason; a short transfer is an error, never a silent partial buffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensor/allocator.h"
+
+namespace mt::io {
+
+// O_DIRECT needs buffers, offsets and lengths aligned to the device's logical block; 4 KiB covers
+// every disk we meet.
+constexpr size_t kAlign = 4096;
+inline size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+struct AioOptions {
+  size_t block_size = 1 << 20;  // DeepSpeed's default 1 MiB
+  int queue_depth = 8;
+  int thread_count = 1;
+  bool single_submit = false;
+  bool overlap_events = true;
+};
+
+// An open swap file, read and written at offsets. read/write are blocking and whole: they transfer
+// exactly n bytes or throw.
+class File {
+ public:
+  virtual ~File() = default;
+  virtual const std::string& path() const = 0;
+  // Whether the file bypasses the page cache (O_DIRECT): then buf, off and n are kAlign-aligned.
+  virtual bool direct() const { return false; }
+  virtual void read(void* buf, size_t n, uint64_t off) = 0;
+  virtual void write(const void* buf, size_t n, uint64_t off) = 0;
+  // The same, cut into `block` bytes with up to `depth` requests in flight where the file can
+  // (io_uring); the default is a loop of read/write.
+  virtual void read_blocks(void* buf, size_t n, uint64_t off, const AioOptions& o);
+  virtual void write_blocks(const void* buf, size_t n, uint64_t off, const AioOptions& o);
+};
+
+// Where files come from.
+class Env {
+ public:
+  virtual ~Env() = default;
+  virtual const char* name() const = 0;
+  // Opens path read-write, creating it (its size is whatever was written before).
+  virtual std::unique_ptr<File> open(const std::string& path) = 0;
+};
+
+// The real filesystem: O_DIRECT where the filesystem takes it (a buffered fallback with one log
+// line where it does not, e.g. tmpfs), io_uring for block transfers (pread/pwrite when the kernel
+// refuses io_uring).
+Env& posix_env();
+// Files held in memory (tests: offload logic without a disk).
+std::unique_ptr<Env> memory_env();
+
+// Faults injected into another Env's files (tests). Operations are counted over all files, from 1.
+struct Faults {
+  int64_t eio_read_at = -1;   // the n-th read fails with EIO
+  int64_t eio_write_at = -1;  // the n-th write fails with EIO
+  int64_t short_read_at = -1;   // the n-th read returns half the bytes (as at EOF)
+  int64_t short_write_at = -1;  // the n-th write stores half and reports it (a full disk's first sign)
+  int64_t enospc_after_bytes = -1;  // writes beyond this many bytes in all fail with ENOSPC
+};
+std::unique_ptr<Env> fault_env(Env& inner, const Faults& faults);
+
+// What a swap directory can do: checked before a run writes to it.
+struct DirCheck {
+  bool direct = false;      // O_DIRECT works there
+  uint64_t free_bytes = 0;  // statvfs: available to this user
+};
+// Creates dir if needed; throws naming dir when it cannot be created or written, or when
+// need_bytes exceed its free space.
+DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes);
+
+// A kAlign-aligned, accounted buffer (O_DIRECT's requirement).
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  AlignedBuffer(size_t bytes, MemCategory category);
+  void* data() const { return p_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+  size_t size() const { return bytes_; }
+
+ private:
+  Buffer raw_;
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Asynchronous transfers on thread_count threads. A ticket is waited for once; wait() rethrows
+// the transfer's error. The destructor waits for everything in flight (buffers stay valid).
+class AsyncIo {
+ public:
+  using Ticket = uint64_t;
+  explicit AsyncIo(const AioOptions& options = {});
+  ~AsyncIo();
+  AsyncIo(const AsyncIo&) = delete;
+  AsyncIo& operator=(const AsyncIo&) = delete;
+
+  Ticket read(File& f, void* buf, size_t n, uint64_t off);
+  Ticket write(File& f, const void* buf, size_t n, uint64_t off);
+  void wait(Ticket t);
+  // Waits for every ticket issued; throws the first error among those not yet waited for.
+  void wait_all();
+
+  struct Stats {
+    uint64_t bytes_read = 0, bytes_written = 0;
+    double read_seconds = 0, write_seconds = 0;  // time transfers were in progress on the threads
+    double wait_seconds = 0;                     // time callers blocked in wait()
+  };
+  Stats stats() const;
+  void reset_stats();
+  const AioOptions& options() const { return opts_; }
+
+ private:
+  struct Impl;
+  AioOptions opts_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mt::io

@@ -1,0 +1,165 @@
+#include "io/aio.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+
+namespace mt::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A directory on the build tree's disk (not /tmp, which may be tmpfs without O_DIRECT).
+std::string test_dir(const std::string& name) {
+  std::string d = std::string(MT_GOLDEN_DIR) + "/../io_test/" + name + "-" + std::to_string(::getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+AlignedBuffer random_buffer(size_t n, unsigned seed) {
+  AlignedBuffer b(n, MemCategory::kWorkspace);
+  std::mt19937 g(seed);
+  for (size_t i = 0; i < n; ++i) b.as<unsigned char>()[i] = static_cast<unsigned char>(g());
+  return b;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIOError) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+// Bytes written in blocks, several in flight, come back the same: over the disk (O_DIRECT and
+// io_uring where they work) and in memory, with a length that is not a multiple of the block.
+TEST(AsyncIo, RoundTripsInBlocksOnDiskAndInMemory) {
+  const std::string dir = test_dir("roundtrip");
+  DirCheck c = check_swap_dir(dir, 1 << 20);
+  EXPECT_GT(c.free_bytes, 1u << 20);
+  auto mem = memory_env();
+  for (Env* env : {&posix_env(), mem.get()}) {
+    AioOptions o;
+    o.block_size = 64 << 10;
+    o.queue_depth = 4;
+    o.thread_count = 2;
+    AsyncIo io(o);
+    auto f = env->open(dir + "/a.swp");
+    EXPECT_EQ(f->direct(), env == &posix_env() && c.direct) << env->name();
+    const size_t n = (3 << 20) + kAlign;  // 48 blocks and one page
+    AlignedBuffer a = random_buffer(n, 1), b = random_buffer(n, 2), back(n, MemCategory::kWorkspace);
+    auto t1 = io.write(*f, a.data(), n, 0);
+    auto t2 = io.write(*f, b.data(), n, n);  // a second region, concurrently
+    io.wait(t2);
+    io.wait(t1);
+    io.wait(io.read(*f, back.data(), n, n));
+    EXPECT_EQ(std::memcmp(back.data(), b.data(), n), 0) << env->name();
+    io.wait(io.read(*f, back.data(), n, 0));
+    EXPECT_EQ(std::memcmp(back.data(), a.data(), n), 0) << env->name();
+    AsyncIo::Stats s = io.stats();
+    EXPECT_EQ(s.bytes_written, 2 * n);
+    EXPECT_EQ(s.bytes_read, 2 * n);
+    // Reading past the end is a short read, named, never a partly filled buffer taken as whole.
+    std::string err = error_of([&] { io.wait(io.read(*f, back.data(), n, 2 * n)); });
+    EXPECT_NE(err.find("a.swp: short read at offset " + std::to_string(2 * n)), std::string::npos) << err;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(AsyncIo, DirectFilesRefuseUnalignedTransfers) {
+  const std::string dir = test_dir("align");
+  if (!check_swap_dir(dir, 0).direct) GTEST_SKIP() << dir << " has no O_DIRECT";
+  AsyncIo io;
+  auto f = posix_env().open(dir + "/a.swp");
+  AlignedBuffer a(2 * kAlign, MemCategory::kWorkspace);
+  EXPECT_THROW(io.write(*f, a.as<char>() + 8, kAlign, 0), Error);
+  EXPECT_THROW(io.write(*f, a.data(), kAlign, 512), Error);
+  fs::remove_all(dir);
+}
+
+// Each injected fault is an Error naming the file, the operation, the offset and the reason.
+TEST(AsyncIo, FaultsAreErrorsNamingFileOffsetAndReason) {
+  auto mem = memory_env();
+  AioOptions o;
+  o.block_size = kAlign;
+  const size_t n = 4 * kAlign;
+  AlignedBuffer a = random_buffer(n, 3), back(n, MemCategory::kWorkspace);
+  {
+    Faults fl;
+    fl.eio_read_at = 2;  // the second block of the read
+    auto env = fault_env(*mem, fl);
+    auto f = env->open("s/eio.swp");
+    AsyncIo io(o);
+    io.wait(io.write(*f, a.data(), n, 0));
+    std::string err = error_of([&] { io.wait(io.read(*f, back.data(), n, 0)); });
+    EXPECT_EQ(err, "s/eio.swp: read of 4096 bytes at offset 4096: Input/output error");
+  }
+  {
+    Faults fl;
+    fl.short_read_at = 1;
+    auto env = fault_env(*mem, fl);
+    auto f = env->open("s/eio.swp");
+    AsyncIo io(o);
+    std::string err = error_of([&] { io.wait(io.read(*f, back.data(), n, 0)); });
+    EXPECT_EQ(err, "s/eio.swp: short read at offset 0: 2048 of 4096 bytes");
+  }
+  {
+    Faults fl;
+    fl.short_write_at = 3;
+    auto env = fault_env(*mem, fl);
+    auto f = env->open("s/short.swp");
+    AsyncIo io(o);
+    std::string err = error_of([&] { io.wait(io.write(*f, a.data(), n, 0)); });
+    EXPECT_EQ(err, "s/short.swp: short write at offset 8192: 2048 of 4096 bytes");
+  }
+  {
+    Faults fl;
+    fl.enospc_after_bytes = static_cast<int64_t>(n + kAlign);  // the second transfer's second block
+    auto env = fault_env(*mem, fl);
+    auto f = env->open("s/full.swp");
+    AsyncIo io(o);
+    auto t1 = io.write(*f, a.data(), n, 0);
+    auto t2 = io.write(*f, a.data(), n, n);
+    std::string err = error_of([&] { io.wait_all(); });
+    EXPECT_EQ(err, "s/full.swp: write of 4096 bytes at offset " + std::to_string(n + kAlign) +
+                       ": No space left on device");
+    (void)t1, (void)t2;
+  }
+  {
+    Faults fl;
+    fl.eio_write_at = 1;
+    auto env = fault_env(*mem, fl);
+    auto f = env->open("s/w.swp");
+    AsyncIo io(o);
+    std::string err = error_of([&] { io.wait(io.write(*f, a.data(), n, 0)); });
+    EXPECT_EQ(err, "s/w.swp: write of 4096 bytes at offset 0: Input/output error");
+  }
+}
+
+TEST(AsyncIo, SwapDirectoryChecksNameTheDirectory) {
+  const std::string dir = test_dir("check");
+  std::string err = error_of([&] { check_swap_dir(dir, uint64_t{1} << 62); });
+  EXPECT_NE(err.find(dir + ": the swap needs"), std::string::npos) << err;
+  std::ofstream(dir + "/file") << "x";
+  err = error_of([&] { check_swap_dir(dir + "/file/sub", 0); });
+  EXPECT_NE(err.find(dir + "/file/sub: cannot create the swap directory"), std::string::npos) << err;
+  AioOptions o;
+  o.block_size = 1000;
+  EXPECT_THROW(AsyncIo{o}, Error);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mt::io

@@ -1,0 +1,82 @@
+// AdamW whose moments live on disk (ZeRO-Infinity's offload_optimizer device "nvme"; DeepSpeed's
+// OptimizerSwapper): the span is cut into sub-groups of sub_group_size elements (DeepSpeed's
+// swap unit), and step() streams them through buffer_count slots — reading the next sub-group's
+// exp_avg and exp_avg_sq while this one is updated and the previous one is written back — so the
+// resident optimizer state is buffer_count sub-groups, not the span. The update is the same fused
+// kernel on the same elements as AdamW (it is elementwise): the numbers are bit for bit AdamW's.
+//
+// Files: DIR/exp_avg.swp and DIR/exp_avg_sq.swp, sub-group g at g * align_up(4 * sub_group) bytes.
+// A sub-group never written reads as zeros (AdamW's initial moments) without touching the disk.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/aio.h"
+#include "optim/adamw.h"
+#include "optim/optimizer.h"
+
+namespace mt::optim {
+
+struct SwapOptions {
+  std::string dir;                        // this rank's swap directory (created)
+  size_t sub_group_size = 1'000'000'000;  // elements per swap unit (DeepSpeed's default 1e9)
+  int buffer_count = 4;                   // sub-groups resident at once (>= 2)
+  bool pipeline_read = true;              // read the next sub-group during this one's update
+  bool pipeline_write = true;             // write this sub-group back during the next one's update
+  io::AioOptions aio;
+  io::Env* env = nullptr;  // null: the real filesystem (io::posix_env())
+};
+
+// Seconds and bytes of the last step(): compute is the kernel's time, wait the time the update
+// waited for the disk (what the overlap did not hide).
+struct SwapStepStats {
+  double step_seconds = 0, compute_seconds = 0, wait_seconds = 0;
+  double read_seconds = 0, write_seconds = 0;  // the I/O threads' busy time
+  uint64_t bytes_read = 0, bytes_written = 0;
+};
+
+class SwappedAdamW : public Optimizer {
+ public:
+  SwappedAdamW(size_t numel, std::vector<ParamSegment> segments, const AdamWConfig& config, const SwapOptions& swap);
+  ~SwappedAdamW() override;
+
+  // Checkpoints name it AdamW: its state is AdamW's, and resumes in memory or swapped alike.
+  const char* type_name() const override { return "AdamW"; }
+  void step(float* master, const float* grad, void* lowp, DType lowp_dtype, float lr,
+            float grad_scale = 1.0f) override;
+  void set_momentum(double momentum) override { config_.beta1 = static_cast<float>(momentum); }
+  bool has_betas() const override { return true; }
+  void set_betas(double beta1, double beta2) override;
+  // "exp_avg", "exp_avg_sq" with data null: read and written through read_state/write_state.
+  std::vector<StateBuffer> state() const override;
+  bool state_swapped() const override { return true; }
+  void read_state(const std::string& name, float* dst) override;
+  void write_state(const std::string& name, const float* src) override;
+
+  const SwapStepStats& last_step() const { return last_; }
+  size_t sub_groups() const { return groups_; }
+  size_t resident_bytes() const;  // the slots
+  uint64_t disk_bytes() const;    // both files at full size
+
+ private:
+  struct Slot;
+  size_t group_begin(size_t g) const { return g * group_; }
+  size_t group_len(size_t g) const { return std::min(group_, numel_ - g * group_); }
+  uint64_t group_off(size_t g) const { return g * io::align_up(group_ * 4); }
+  size_t state_index(const std::string& name) const;
+
+  AdamWConfig config_;
+  SwapOptions swap_;
+  std::vector<DecayRun> runs_;
+  size_t group_ = 0, groups_ = 0;
+  std::unique_ptr<io::AsyncIo> io_;
+  std::unique_ptr<io::File> files_[2];
+  std::vector<bool> on_disk_;  // per sub-group: written at least once (else zeros)
+  std::vector<std::unique_ptr<Slot>> slots_;
+  SwapStepStats last_;
+};
+
+}  // namespace mt::optim
