@@ -521,6 +521,9 @@ void parse_zero(Section& root, RunConfig& c) {
     return v;
   };
   z.reduce_bucket_size = size("reduce_bucket_size", z.reduce_bucket_size, H * H);
+  if (s.has("allgather_bucket_size"))  // read (resolved JSON shows it), but it tunes nothing here
+    c.warnings.push_back(s.where("allgather_bucket_size") +
+                         ": no effect; ZeRO gathers each unit (module) whole, in one all-gather");
   z.allgather_bucket_size = size("allgather_bucket_size", z.allgather_bucket_size, H * H);
   z.stage3_prefetch_bucket_size = size("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 9 * H * H / 10);
   z.stage3_param_persistence_threshold = size("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 10 * H);
@@ -557,8 +560,12 @@ void parse_zero(Section& root, RunConfig& c) {
                         "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
                         "sub_group_size", "round_robin_gradients", "memory_efficient_linear",
                         "load_from_fp32_weights", "ignore_unused_parameters", "use_multi_rank_bucket_allreduce",
-                        "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients"})
+                        "zero_hpz_partition_size"})
     s.unparsed(k, Unparsed::kWarn);
+  // ZeRO++'s quantized exchanges change the values trained on: refused by key when on.
+  for (const char* k : {"zero_quantized_weights", "zero_quantized_gradients", "zero_quantized_nontrainable_weights"})
+    MT_CHECK(!s.boolean(k, false), ErrorKind::kNotSupported,
+             s.where(k) + ": ZeRO++ quantized exchange is not supported (it changes the values trained on); set it false");
   s.finish();
 }
 

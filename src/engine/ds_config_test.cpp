@@ -132,19 +132,27 @@ TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   j = base();
   j["scheduler"] = {{"type", "OneCycle"}, {"params", {{"cycle_max_lr", 0.1}}}};
   EXPECT_NE(error_of(j).find("cycle_min_lr"), std::string::npos);
+  for (const char* k : {"zero_quantized_gradients", "zero_quantized_weights", "zero_quantized_nontrainable_weights"}) {
+    j = base();  // ZeRO++ changes the values exchanged: refused when on, accepted when off
+    j["zero_optimization"] = {{"stage", 3}, {k, true}};
+    EXPECT_NE(error_of(j).find(std::string("zero_optimization.") + k + ": ZeRO++"), std::string::npos) << k;
+    j["zero_optimization"][k] = false;
+    EXPECT_EQ(error_of(j), "") << k;
+  }
 }
 
 TEST(DsConfig, LoggingKeysAndTyposWarnWithDidYouMean) {
   auto j = base();
   j["tensorboard"] = {{"enabled", true}};
   j["steps_per_prnt"] = 5;
-  j["zero_optimization"] = {{"stage", 0}, {"contiguous_gradients", true}};
+  j["zero_optimization"] = {{"stage", 0}, {"contiguous_gradients", true}, {"allgather_bucket_size", 2e8}};
   RunConfig c = ds_config_parse(j, "cfg.json");
   std::string all;
   for (auto& w : c.warnings) all += w + "\n";
   EXPECT_NE(all.find("tensorboard"), std::string::npos);
   EXPECT_NE(all.find("did you mean 'steps_per_print'"), std::string::npos) << all;
   EXPECT_NE(all.find("zero_optimization.contiguous_gradients"), std::string::npos);
+  EXPECT_NE(all.find("zero_optimization.allgather_bucket_size: no effect"), std::string::npos) << all;
 }
 
 TEST(DsConfig, ZeroKeysAsDeepSpeedReadsThem) {
@@ -433,6 +441,7 @@ TEST(DsCompat, RealConfigsPassBareOrAreRefusedByKey) {
       {"13-dsexamples-compression-gpt2-w8a8.json", "compression_training is not supported"},
       {"14-dsexamples-data-efficiency-random-ltd.json", "data_efficiency is not supported"},
       {"18-deepspeed-tests-bingbertsquad-eigenvalue-quantize.json", "eigenvalue is not supported"},
+      {"29-llamafactory-z3-quantized-grads.json", "zero_optimization.zero_quantized_gradients: ZeRO++"},
   };
   int passed = 0, seen = 0;
   for (const auto& e : fs::directory_iterator(std::string(MT_SOURCE_DIR) + "/tests/fixtures/ds_configs")) {
