@@ -300,6 +300,15 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
         m["pp_schedule_seconds"] = r.pp_schedule_seconds;
         m["pp_stage_peak_mib"] = r.pp_stage_peak_mib;  // rank 0's categories above; every stage's total here
       }
+      if (cfg.zero.offload_optimizer == "nvme") {  // rank 0's swap this step
+        m["swap_optimizer_seconds"] = r.swap_optimizer_seconds;
+        m["swap_compute_seconds"] = r.swap_compute_seconds;
+        m["swap_wait_seconds"] = r.swap_wait_seconds;
+        m["swap_read_seconds"] = r.swap_read_seconds;
+        m["swap_write_seconds"] = r.swap_write_seconds;
+        m["swap_read_bytes"] = r.swap_read_bytes;
+        m["swap_write_bytes"] = r.swap_write_bytes;
+      }
       if (cfg.wall_clock_breakdown) {
         m["forward_seconds"] = r.forward_seconds;
         m["backward_seconds"] = r.backward_seconds;

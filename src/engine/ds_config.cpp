@@ -528,16 +528,33 @@ void parse_zero(Section& root, RunConfig& c) {
   z.stage3_prefetch_bucket_size = size("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 9 * H * H / 10);
   z.stage3_param_persistence_threshold = size("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 10 * H);
   z.stage3_max_live_parameters = size("stage3_max_live_parameters", z.stage3_max_live_parameters, z.stage3_max_live_parameters);
-  auto offload = [&s](const char* k) -> std::string {
+  auto offload = [&s, &c, &z](const char* k) -> std::string {
     if (!s.has(k)) return "none";
     Section o = s.sub(k);
     std::string device = o.string("device", "none");
-    MT_CHECK(device != "nvme", ErrorKind::kNotSupported,
-             o.where("device") + ": 'nvme' (ZeRO-Infinity) is not supported yet; use 'cpu' or 'none'");
-    MT_CHECK(device == "none" || device == "cpu", ErrorKind::kInvalidArgument,
+    MT_CHECK(device == "none" || device == "cpu" || device == "nvme", ErrorKind::kInvalidArgument,
              o.where("device") + ": '" + device + "' is not a device (none, cpu or nvme)");
-    for (const char* w : {"pin_memory", "buffer_count", "fast_init", "ratio", "nvme_path", "buffer_size", "max_in_cpu"})
-      o.unparsed(w, Unparsed::kWarn);
+    const bool optimizer = std::string(k) == "offload_optimizer";
+    MT_CHECK(device != "nvme" || optimizer, ErrorKind::kNotSupported,
+             o.where("device") + ": 'nvme' for parameters is not supported yet (offload_optimizer's 'nvme' is); "
+                                 "use 'cpu' or 'none'");
+    if (device == "nvme") {
+      MT_CHECK(o.has("nvme_path") && o.raw("nvme_path").is_string() && !o.raw("nvme_path").get<std::string>().empty(),
+               ErrorKind::kInvalidArgument, o.where("nvme_path") + ": device 'nvme' needs the swap directory");
+      z.optimizer_nvme_path = o.string("nvme_path", "");
+      const int64_t bc = o.integer("buffer_count", 4);
+      MT_CHECK(bc >= 2 && bc <= 64, ErrorKind::kInvalidArgument, o.where("buffer_count") + " must be 2 to 64");
+      z.optimizer_buffer_count = static_cast<int>(bc);
+      z.pipeline_read = o.boolean("pipeline_read", false);
+      z.pipeline_write = o.boolean("pipeline_write", false);
+      if (o.has("ratio") && o.number("ratio", 1.0) != 1.0)
+        c.warnings.push_back(o.where("ratio") + ": partial offload has no effect with 'nvme'; the whole state is swapped");
+      o.boolean("fast_init", false);  // the swap starts from zeros without writing them: always fast
+    } else {
+      for (const char* w : {"buffer_count", "fast_init", "ratio", "nvme_path", "pipeline_read", "pipeline_write"})
+        o.unparsed(w, Unparsed::kWarn);
+    }
+    for (const char* w : {"pin_memory", "buffer_size", "max_in_cpu"}) o.unparsed(w, Unparsed::kWarn);
     o.finish();
     return device;
   };
@@ -546,6 +563,13 @@ void parse_zero(Section& root, RunConfig& c) {
   s.boolean("elastic_checkpoint", false);
   z.offload_optimizer = offload("offload_optimizer");
   z.offload_param = offload("offload_param");
+  if (z.offload_optimizer == "nvme") {
+    z.sub_group_size = s.integer("sub_group_size", z.sub_group_size);
+    MT_CHECK(z.sub_group_size > 0, ErrorKind::kInvalidArgument, s.where("sub_group_size") + " must be positive");
+    MT_CHECK(c.optimizer.type == "AdamW" || c.optimizer.type == "Adam", ErrorKind::kNotSupported,
+             "zero_optimization.offload_optimizer.device 'nvme' with optimizer.type " + c.optimizer.type +
+                 ": swapped state is implemented for Adam and AdamW (DeepSpeed's CPU Adam)");
+  }
   if (s.boolean("cpu_offload", false)) z.offload_optimizer = "cpu";  // DeepSpeed's legacy key
   if (s.boolean("cpu_offload_params", false)) z.offload_param = "cpu";
   MT_CHECK(z.offload_optimizer == "none" || z.stage >= 1, ErrorKind::kInvalidArgument,
@@ -558,10 +582,11 @@ void parse_zero(Section& root, RunConfig& c) {
   // Tuning knobs of DeepSpeed's implementation that do not change what is trained.
   for (const char* k : {"allgather_partitions", "reduce_scatter", "contiguous_gradients", "stage3_max_reuse_distance",
                         "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-                        "sub_group_size", "round_robin_gradients", "memory_efficient_linear",
+                        "round_robin_gradients", "memory_efficient_linear",
                         "load_from_fp32_weights", "ignore_unused_parameters", "use_multi_rank_bucket_allreduce",
                         "zero_hpz_partition_size"})
     s.unparsed(k, Unparsed::kWarn);
+  if (z.offload_optimizer != "nvme") s.unparsed("sub_group_size", Unparsed::kWarn);  // nvme: the swap unit
   // ZeRO++'s quantized exchanges change the values trained on: refused by key when on.
   for (const char* k : {"zero_quantized_weights", "zero_quantized_gradients", "zero_quantized_nontrainable_weights"})
     MT_CHECK(!s.boolean(k, false), ErrorKind::kNotSupported,
@@ -929,6 +954,8 @@ void parse_device(Section& root, RunConfig& c) {
   MT_CHECK(c.device == "cpu" || c.device == "cuda", ErrorKind::kInvalidArgument,
            "device: \"" + c.device + "\" is not a device (\"cpu\" or \"cuda\")");
   if (c.device != "cuda") return;
+  MT_CHECK(c.zero.offload_optimizer != "nvme", ErrorKind::kNotSupported,
+           "zero_optimization.offload_optimizer.device: 'nvme' is not implemented on device \"cuda\" yet");
   MT_CHECK(c.compute_dtype != DType::kF16, ErrorKind::kNotSupported,
            "fp16.enabled: fp16 is not implemented on device \"cuda\"; use bf16.enabled or fp32");
   std::string t = c.optimizer.type;
@@ -1068,7 +1095,25 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                          "which meshtrain does not run (parallel.sp = 1)");
   // Logging, monitoring and tuning: accepted with a warning.
   parse_csv_monitor(root, c);
-  for (const char* k : {"tensorboard", "wandb", "comet", "autotuning", "aio",
+  if (root.has("aio")) {  // the swap I/O engine (offload to nvme); read whether or not it is used
+    Section a = root.sub("aio");
+    c.aio.block_size = a.integer("block_size", c.aio.block_size);
+    MT_CHECK(c.aio.block_size >= 4096 && c.aio.block_size % 4096 == 0 && c.aio.block_size <= (int64_t{1} << 30),
+             ErrorKind::kInvalidArgument, a.where("block_size") + " must be a multiple of 4096 bytes, at most 1 GiB");
+    c.aio.queue_depth = a.small_integer("queue_depth", c.aio.queue_depth);
+    MT_CHECK(c.aio.queue_depth >= 1 && c.aio.queue_depth <= 4096, ErrorKind::kInvalidArgument,
+             a.where("queue_depth") + " must be 1 to 4096");
+    c.aio.thread_count = a.small_integer("thread_count", c.aio.thread_count);
+    MT_CHECK(c.aio.thread_count >= 1 && c.aio.thread_count <= 64, ErrorKind::kInvalidArgument,
+             a.where("thread_count") + " must be 1 to 64");
+    c.aio.single_submit = a.boolean("single_submit", false);
+    c.aio.overlap_events = a.boolean("overlap_events", true);
+    MT_CHECK(!a.boolean("use_gds", false), ErrorKind::kNotSupported,
+             a.where("use_gds") + ": GPUDirect Storage is not supported (the swap goes through host memory)");
+    a.unparsed("intra_op_parallelism", Unparsed::kWarn);
+    a.finish();
+  }
+  for (const char* k : {"tensorboard", "wandb", "comet", "autotuning",
                         "checkpoint", "memory_breakdown", "dump_state", "zero_force_ds_cpu_optimizer",
                         "timers", "train_micro_batch_size_per_gpu_auto", "data_types"})
     root.unparsed(k, Unparsed::kWarn);
@@ -1281,12 +1326,22 @@ json ds_config_resolved(const RunConfig& c) {
   j["zero_optimization"] = {{"stage", c.zero.stage},
                             {"overlap_comm", c.zero.overlap_comm},
                             {"reduce_bucket_size", c.zero.reduce_bucket_size},
-                            {"allgather_bucket_size", c.zero.allgather_bucket_size},
                             {"stage3_prefetch_bucket_size", c.zero.stage3_prefetch_bucket_size},
                             {"stage3_param_persistence_threshold", c.zero.stage3_param_persistence_threshold},
                             {"stage3_max_live_parameters", c.zero.stage3_max_live_parameters},
                             {"offload_optimizer", {{"device", c.zero.offload_optimizer}}},
                             {"offload_param", {{"device", c.zero.offload_param}}}};
+  if (c.zero.offload_optimizer == "nvme") {
+    j["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"},
+                                                   {"nvme_path", c.zero.optimizer_nvme_path},
+                                                   {"buffer_count", c.zero.optimizer_buffer_count},
+                                                   {"pipeline_read", c.zero.pipeline_read},
+                                                   {"pipeline_write", c.zero.pipeline_write}};
+    j["zero_optimization"]["sub_group_size"] = c.zero.sub_group_size;
+    j["aio"] = {{"block_size", c.aio.block_size}, {"queue_depth", c.aio.queue_depth},
+                {"thread_count", c.aio.thread_count}, {"single_submit", c.aio.single_submit},
+                {"overlap_events", c.aio.overlap_events}};
+  }
   if (c.activation_checkpointing) j["activation_checkpointing"] = {{"enabled", true}};
   if (c.sparse_attention)
     j["sparse_attention"] = {{"mode", kernels::sparsity_mode_name(c.sparse_attention->pattern)},

@@ -39,7 +39,21 @@ struct ZeroConfig {
   int64_t stage3_prefetch_bucket_size = 50'000'000;  // 5e7
   int64_t stage3_param_persistence_threshold = 100'000;  // 1e5
   int64_t stage3_max_live_parameters = 1'000'000'000;    // 1e9
-  std::string offload_optimizer = "none", offload_param = "none";  // "none" or "cpu"
+  std::string offload_optimizer = "none", offload_param = "none";  // "none", "cpu" or "nvme" (optimizer)
+  // offload_optimizer device "nvme" (ZeRO-Infinity): the AdamW moments swapped in sub-groups of
+  // sub_group_size elements under nvme_path, buffer_count of them resident; pipeline_read /
+  // pipeline_write overlap the reads and writes with the update (DeepSpeed's defaults: off).
+  std::string optimizer_nvme_path;
+  int optimizer_buffer_count = 4;
+  bool pipeline_read = false, pipeline_write = false;
+  int64_t sub_group_size = 1'000'000'000;  // 1e9
+};
+
+// DeepSpeed's `aio` block: the swap I/O engine's request size, depth and threads (io/aio.h).
+struct AioConfig {
+  int64_t block_size = 1'048'576;
+  int queue_depth = 8, thread_count = 1;
+  bool single_submit = false, overlap_events = true;
 };
 
 // DeepSpeed's comms_logger: the communicator's per-op counters (comm/comm_log.h) printed as a
@@ -94,6 +108,7 @@ struct RunConfig {
   optim::LrScheduleConfig scheduler;
   int zero_stage = 0;  // == zero.stage
   ZeroConfig zero;
+  AioConfig aio;
   int world_size = 1;  // data-parallel processes the configuration was resolved for (processes / tp)
   int processes = 1;   // every process of the job
   // parallel.tp: Megatron's tensor parallelism over tp consecutive ranks (dp = processes / tp).

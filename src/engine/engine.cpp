@@ -13,6 +13,7 @@
 #include "comm/local_backend.h"
 #include "engine/checkpoint_io.h"
 #include "engine/hf_weights.h"
+#include "optim/swapped_adamw.h"
 #include "parallel/pp/partition.h"
 
 namespace mt::engine {
@@ -250,7 +251,31 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     else
       norm_ranges_.emplace_back(sg.offset, sg.numel);
   }
-  optimizer_ = optim::make_optimizer(config.optimizer, state_numel(), segments);
+  if (z.offload_optimizer == "nvme") {
+    // ZeRO-Infinity: the moments swapped under nvme_path, as DeepSpeed lays its swap folders out.
+    optim::SwapOptions so;
+    so.dir = (std::filesystem::path(z.optimizer_nvme_path) / ("zero_stage_" + std::to_string(z.stage)) / "optimizer" /
+              ("rank" + std::to_string(rank())))
+                 .string();
+    so.sub_group_size = static_cast<size_t>(z.sub_group_size);
+    so.buffer_count = z.optimizer_buffer_count;
+    so.pipeline_read = z.pipeline_read;
+    so.pipeline_write = z.pipeline_write;
+    so.aio.block_size = static_cast<size_t>(config.aio.block_size);
+    so.aio.queue_depth = config.aio.queue_depth;
+    so.aio.thread_count = config.aio.thread_count;
+    so.aio.single_submit = config.aio.single_submit;
+    so.aio.overlap_events = config.aio.overlap_events;
+    optimizer_ = optim::make_swapped_optimizer(config.optimizer, state_numel(), segments, so);
+    if (rank() == 0) {
+      auto* sw = static_cast<const optim::SwappedAdamW*>(optimizer_.get());
+      log_info("zero_optimization.offload_optimizer: nvme — AdamW moments swapped under " + so.dir + " (" +
+               std::to_string(sw->disk_bytes() >> 20) + " MiB on disk per rank, " + std::to_string(sw->sub_groups()) +
+               " sub-group(s), " + std::to_string(sw->resident_bytes() >> 20) + " MiB resident)");
+    }
+  } else {
+    optimizer_ = optim::make_optimizer(config.optimizer, state_numel(), segments);
+  }
   sync_->bind(*optimizer_);
   store.zero_grad();
   if (ctx_->pp() > 1) {
@@ -490,6 +515,16 @@ StepResult Engine::step() {
       optimizer_->step(sync_->master(), sync_->grad(), sync_->compute(), sync_->compute_dtype(), static_cast<float>(r.lr),
                        static_cast<float>(coef));
       if (md != DType::kF32) round_through(sync_->master(), state_numel(), md);
+      if (optimizer_->state_swapped()) {
+        const optim::SwapStepStats& sw = static_cast<const optim::SwappedAdamW*>(optimizer_.get())->last_step();
+        r.swap_optimizer_seconds = sw.step_seconds;
+        r.swap_compute_seconds = sw.compute_seconds;
+        r.swap_wait_seconds = sw.wait_seconds;
+        r.swap_read_seconds = sw.read_seconds;
+        r.swap_write_seconds = sw.write_seconds;
+        r.swap_read_bytes = sw.bytes_read;
+        r.swap_write_bytes = sw.bytes_written;
+      }
       sync_->after_update();
     }
     ++applied_steps_;
@@ -806,7 +841,8 @@ std::vector<std::pair<std::string, std::vector<float>>> Engine::gather_optimizer
       v.resize(model_.store().numel());
       device_->store_state(b.name, v.data());
     } else {
-      v = to_one_process(b.data);
+      std::vector<float> scratch;
+      v = to_one_process(span_state(b.name, scratch));
       if (rank() != 0) v.clear();
     }
     out.emplace_back(b.name, std::move(v));
@@ -845,6 +881,11 @@ const float* Engine::span_state(const std::string& name, std::vector<float>& scr
   }
   for (const optim::StateBuffer& b : optimizer_->state()) {
     if (b.name != name) continue;
+    if (!device_ && optimizer_->state_swapped()) {  // one buffer read back from the swap
+      scratch.assign(state_numel(), 0.0f);
+      optimizer_->read_state(name, scratch.data());
+      return scratch.data();
+    }
     if (!device_) return b.data;
     scratch.assign(model_.store().numel(), 0.0f);
     device_->store_state(b.name, scratch.data());
@@ -868,8 +909,15 @@ void Engine::load_local_state(const std::string& name, const float* local) {
   }
   for (const optim::StateBuffer& b : optimizer_->state()) {
     if (b.name != name) continue;
-    if (device_) device_->load_state(name, local);
-    else sync_->scatter(b.data, local);
+    if (device_) {
+      device_->load_state(name, local);
+    } else if (optimizer_->state_swapped()) {
+      std::vector<float> span(state_numel());
+      sync_->scatter(span.data(), local);
+      optimizer_->write_state(name, span.data());
+    } else {
+      sync_->scatter(b.data, local);
+    }
     return;
   }
   throw Error(ErrorKind::kInvalidArgument, "optimizer " + std::string(optimizer_->type_name()) + " has no state '" + name + "'");

@@ -50,6 +50,12 @@ struct StepResult {
   // Every stage's accounted peak (all categories, since the last reset_memory_peaks), MiB, at the
   // end of its schedule: stages hold different layers, slots and buffers.
   std::vector<double> pp_stage_peak_mib;
+  // offload_optimizer "nvme": this step's swap (optim/swapped_adamw.h). The optimizer's seconds
+  // split into the update's compute and its waits on the disk; the I/O threads' read and write
+  // seconds and bytes (their overlap with compute is read + write − wait).
+  double swap_optimizer_seconds = 0.0, swap_compute_seconds = 0.0, swap_wait_seconds = 0.0;
+  double swap_read_seconds = 0.0, swap_write_seconds = 0.0;
+  uint64_t swap_read_bytes = 0, swap_write_bytes = 0;
 };
 
 class Engine {

@@ -10,6 +10,7 @@
 #include "optim/lamb.h"
 #include "optim/onebit_adam.h"
 #include "optim/onebit_lamb.h"
+#include "optim/swapped_adamw.h"
 #include "optim/sgd.h"
 #include "optim/zero_one_adam.h"
 
@@ -88,6 +89,15 @@ AdamWConfig adamw_config(const OptimizerSpec& spec) {
 }
 
 }  // namespace
+
+std::unique_ptr<Optimizer> make_swapped_optimizer(const OptimizerSpec& spec, size_t numel, std::vector<ParamSegment> segments,
+                                                  const SwapOptions& swap) {
+  make_optimizer(spec, 1, single_segment(1, 0.0f));  // the spec's own checks
+  const std::string t = lower(spec.type);
+  MT_CHECK(t == "adam" || t == "adamw", ErrorKind::kNotSupported,
+           "optimizer.type " + spec.type + ": swapped (nvme) state is implemented for Adam and AdamW");
+  return std::make_unique<SwappedAdamW>(numel, std::move(segments), adamw_config(spec), swap);
+}
 
 bool optimizer_is_onebit(const OptimizerSpec& spec) {
   const std::string t = lower(spec.type);

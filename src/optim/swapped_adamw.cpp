@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "base/fault.h"
 #include "base/timer.h"
 #include "kernels/cpu/ops.h"
 
@@ -120,6 +121,7 @@ void SwappedAdamW::step(float* master, const float* grad, void* lowp, DType lowp
       const size_t bytes = io::align_up(group_len(g) * 4);
       for (int k = 0; k < 2; ++k) s.writes.push_back(io_->write(*files_[k], s.buf[k].data(), bytes, group_off(g)));
       on_disk_[g] = true;
+      if (g == 0 && groups_ > 1) fault_point(("optim.swap_step_" + std::to_string(step_)).c_str());  // tests: killed mid-swap
       if (!swap_.pipeline_write) {
         for (auto t : s.writes) io_->wait(t);
         s.writes.clear();

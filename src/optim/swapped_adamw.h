@@ -79,4 +79,8 @@ class SwappedAdamW : public Optimizer {
   SwapStepStats last_;
 };
 
+// Adam/AdamW of spec with its moments swapped (offload_optimizer device "nvme"); others refused.
+std::unique_ptr<Optimizer> make_swapped_optimizer(const OptimizerSpec& spec, size_t numel, std::vector<ParamSegment> segments,
+                                                  const SwapOptions& swap);
+
 }  // namespace mt::optim
