@@ -20,6 +20,7 @@
 #include "engine/hf_config.h"
 #include "engine/ds_config.h"
 #include "engine/engine.h"
+#include "io/aio.h"
 #include "kernels/cpu/gemm.h"
 #include "models/device_lm.h"
 #include "serve/generator.h"
@@ -34,6 +35,9 @@ struct BenchArgs {
   std::string device = "cpu";
   bool recompute = false, json = false;
   int decode = 0;  // > 0: time KV-cache generation instead (prefill --seq tokens, then decode)
+  std::string io_dir;  // --io: the disk's bandwidth instead
+  int64_t io_mib = 2048, io_block = 1 << 20;
+  int io_depth = 8, io_threads = 1;
 };
 
 // Generation: prefill of a --seq token prompt, then --decode greedy steps with the KV cache (f32
@@ -252,10 +256,40 @@ void run_bench(const BenchArgs& args) {
 
 }  // namespace
 
+// The disk's ceiling for the swap: one sequential pass each way, and the sweep over request size
+// and depth that finds the best (what fio's sequential direct-I/O jobs report).
+void run_io_bench(const BenchArgs& args) {
+  io::AioOptions o;
+  o.block_size = static_cast<size_t>(args.io_block);
+  o.queue_depth = args.io_depth;
+  o.thread_count = args.io_threads;
+  const uint64_t bytes = static_cast<uint64_t>(args.io_mib) << 20;
+  io::Bandwidth bw = io::bandwidth_probe(args.io_dir, bytes, o);
+  if (args.json) {
+    nlohmann::json j = {{"dir", args.io_dir}, {"bytes", bytes}, {"direct", bw.direct}, {"block_size", o.block_size},
+                        {"queue_depth", o.queue_depth}, {"thread_count", o.thread_count}, {"io_uring", io::io_uring_available()},
+                        {"write_gbs", bw.write_gbs}, {"read_gbs", bw.read_gbs}};
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("disk         %s (%s, %s)\n", args.io_dir.c_str(), bw.direct ? "O_DIRECT" : "buffered: no O_DIRECT here",
+              io::io_uring_available() ? "io_uring" : "pread/pwrite: no io_uring here");
+  std::printf("setup        %llu MiB each way, block %zu KiB, depth %d, %d thread(s)\n",
+              static_cast<unsigned long long>(args.io_mib), o.block_size >> 10, o.queue_depth, o.thread_count);
+  std::printf("write        %.2f GB/s\n", bw.write_gbs);
+  std::printf("read         %.2f GB/s\n", bw.read_gbs);
+}
+
 void register_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   auto* cmd = app.add_subcommand("bench", "Time full training steps of a model (forward + backward + AdamW)");
-  cmd->add_option("MODEL_CONFIG", args->config, "Hugging Face config.json of the model")->required();
+  cmd->add_option("MODEL_CONFIG", args->config, "Hugging Face config.json of the model (not with --io)");
+  cmd->add_option("--io", args->io_dir, "measure the disk under this directory instead: sequential direct-I/O write "
+                                        "and read bandwidth (the ceiling for offload to nvme)");
+  cmd->add_option("--io-size", args->io_mib, "--io: MiB written and read")->capture_default_str();
+  cmd->add_option("--io-block", args->io_block, "--io: bytes per request (aio.block_size)")->capture_default_str();
+  cmd->add_option("--io-depth", args->io_depth, "--io: requests in flight per thread (aio.queue_depth)")->capture_default_str();
+  cmd->add_option("--io-threads", args->io_threads, "--io: I/O threads (aio.thread_count)")->capture_default_str();
   cmd->add_option("--batch", args->batch, "micro-batch size B")->capture_default_str();
   cmd->add_option("--seq", args->seq, "sequence length T")->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "compute dtype: fp32, bf16 or fp16")->capture_default_str();
@@ -266,7 +300,11 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--recompute", args->recompute, "recompute each block in backward (activation checkpointing)");
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_option("--decode", args->decode, "time generation instead: prefill --seq tokens, then this many decode steps");
-  cmd->callback([args] { run_bench(*args); });
+  cmd->callback([args] {
+    if (!args->io_dir.empty()) return run_io_bench(*args);
+    MT_CHECK(!args->config.empty(), ErrorKind::kInvalidArgument, "bench: MODEL_CONFIG is required (or --io DIR)");
+    run_bench(*args);
+  });
 }
 
 }  // namespace mt::cli

@@ -85,6 +85,13 @@ void print_table(const planner::MemoryInput& in, const std::vector<planner::Stag
       "DS estimate: DeepSpeed's estimate_zero2/zero3_model_states_mem_needs (mixed-precision Adam, no offload).\n"
       "Ours differs: f32 gradients (as DeepSpeed's bf16 optimizer accumulates), f32 non-matrix weights in the "
       "model view, gathered/reduced unit buffers (comm), and activations and workspace, which DeepSpeed leaves out.\n");
+  if (in.zero.optimizer_nvme) {
+    std::printf("offload_optimizer nvme: the optimizer state on disk per rank (stage 0 cannot offload; its row is in "
+                "memory):");
+    for (const planner::StageEstimate& e : est)
+      if (e.stage >= 1) std::printf("%s stage%d %s", e.stage > 1 ? "," : "", e.stage, format_bytes(e.disk_bytes).c_str());
+    std::printf("; %d sub-group(s) of the span resident\n", in.zero.swap_buffers);
+  }
   std::printf("largest micro-batch that fits %s:", format_bytes(budget).c_str());
   for (size_t s = 0; s < fits.size(); ++s) std::printf("%s stage%zu B=%d", s ? "," : "", s, fits[s]);
   std::printf("\n");
@@ -125,6 +132,7 @@ nlohmann::json to_json(const planner::MemoryInput& in, const std::vector<planner
     s["setup"] = setup;
     s["ds_paper"] = e.ds_paper_bytes;
     s["ds_estimator"] = e.ds_estimator_bytes ? nlohmann::json(e.ds_estimator_bytes) : nlohmann::json(nullptr);
+    s["disk"] = e.disk_bytes;  // offload to nvme: the swap files
     j["stages"].push_back(s);
   }
   for (size_t s = 0; s < fits.size(); ++s) j["largest_micro_batch"]["stage" + std::to_string(s)] = fits[s];
@@ -172,6 +180,9 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   in.zero.prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
   in.zero.overlap_comm = c.zero.overlap_comm;  // the configuration's value for every stage's row
   in.zero.comm_dtype = c.comm_dtype;
+  in.zero.optimizer_nvme = c.zero.offload_optimizer == "nvme";
+  in.zero.sub_group_size = c.zero.sub_group_size;
+  in.zero.swap_buffers = c.zero.optimizer_buffer_count;
   in.pp = c.pp;
   in.pp_rank = pp_rank;
   if (c.pp > 1) {  // this rank's stage as engine_build_model makes it

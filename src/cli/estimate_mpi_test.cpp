@@ -73,13 +73,14 @@ struct Case {
   int pp = 1;
   const char* schedule = "1f1b";
   const char* comm = nullptr;  // communication_data_type
+  bool nvme = false;           // offload_optimizer device nvme
 };
 
 std::string case_name(const Case& k) {
   return k.arch + (k.bf16 ? "_bf16" : "_fp32") + "_stage" + std::to_string(k.stage) + (k.overlap ? "_overlap" : "") +
          (k.tp > 1 ? "_tp" + std::to_string(k.tp) + "_n" + std::to_string(k.procs) : "") + (k.sp ? "_sp" : "") +
          (k.pp > 1 ? "_pp" + std::to_string(k.pp) + "_" + k.schedule + "_n" + std::to_string(k.procs) : "") +
-         (k.comm ? std::string("_comm_") + k.comm : "");
+         (k.comm ? std::string("_comm_") + k.comm : "") + (k.nvme ? "_nvme" : "");
 }
 
 nlohmann::json config_json(const Case& k) {
@@ -103,6 +104,11 @@ nlohmann::json config_json(const Case& k) {
                             {"stage3_param_persistence_threshold", 0}};
   j["data"] = {{"train", dir() + "/train"}};
   if (k.comm) j["communication_data_type"] = k.comm;
+  if (k.nvme) {  // several sub-groups, three resident
+    j["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", dir() + "/swap-" + case_name(k)},
+                                                   {"buffer_count", 3}, {"pipeline_read", true}};
+    j["zero_optimization"]["sub_group_size"] = 3000;
+  }
   if (k.tp > 1 || k.pp > 1) j["parallel"] = {{"tp", k.tp}, {"sequence_parallel", k.sp}, {"pp", k.pp}};
   if (k.pp > 1) {  // rank 0 = the first stage: the embedding, one layer of two, 1F1B's pp slots
     j["parallel"]["pipeline_schedule"] = k.schedule;
@@ -159,6 +165,12 @@ TEST_P(EstimateMpi, PeaksPerCategoryAgree) {
     std::printf("  %-12s measured %9.0f estimated %9.0f  (%+.2f%%)\n", name.c_str(), measured, estimated,
                 measured > 0 ? 100.0 * (estimated - measured) / measured : 0.0);
   }
+  if (k.nvme) {  // the swap files of rank 0 hold what the estimate says, byte for byte
+    const std::string d = dir() + "/swap-" + case_name(k) + "/zero_stage_" + std::to_string(k.stage) + "/optimizer/rank0/";
+    const uintmax_t on_disk = fs::file_size(d + "exp_avg.swp") + fs::file_size(d + "exp_avg_sq.swp");
+    EXPECT_EQ(on_disk, m.estimate["disk"].get<uintmax_t>());
+    EXPECT_GT(on_disk, 0u);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -175,7 +187,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama", false, 1, false, 2, 4, true, 2, "1f1b"},
                       // communication_data_type: 2-byte bucket staging (stage 0), slab + receive (stage 2).
                       Case{"gpt2", false, 0, false, 1, 2, false, 1, "1f1b", "bf16"},
-                      Case{"gpt2", false, 2, true, 1, 2, false, 1, "1f1b", "fp16"}),
+                      Case{"gpt2", false, 2, true, 1, 2, false, 1, "1f1b", "fp16"},
+                      // offload_optimizer nvme: only the swap's slots are resident; its files on disk.
+                      Case{"gpt2", true, 2, false, 1, 2, false, 1, "1f1b", nullptr, true},
+                      Case{"llama", false, 3, true, 1, 2, false, 1, "1f1b", nullptr, true}),
     [](const auto& info) { return case_name(info.param); });
 
 // (2): stage-3 model states against the closed form (header comment), computed from the units

@@ -322,6 +322,16 @@ Env& posix_env() {
   return env;
 }
 
+bool io_uring_available() {
+  static const bool ok = [] {
+    io_uring r;
+    if (io_uring_queue_init(2, &r, 0) != 0) return false;
+    io_uring_queue_exit(&r);
+    return true;
+  }();
+  return ok;
+}
+
 std::unique_ptr<Env> memory_env() { return std::make_unique<MemEnv>(); }
 
 std::unique_ptr<Env> fault_env(Env& inner, const Faults& faults) { return std::make_unique<FaultEnv>(inner, faults); }
@@ -349,6 +359,43 @@ DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes) {
            dir + ": the swap needs " + std::to_string(need_bytes >> 20) + " MiB, the filesystem has " +
                std::to_string(c.free_bytes >> 20) + " MiB free");
   return c;
+}
+
+Bandwidth bandwidth_probe(const std::string& dir, uint64_t bytes, const AioOptions& options, size_t chunk) {
+  chunk = align_up(std::max<size_t>(chunk, options.block_size));
+  const uint64_t n = std::max<uint64_t>(1, bytes / chunk);
+  DirCheck c = check_swap_dir(dir, n * chunk);
+  const std::string path = (std::filesystem::path(dir) / ".meshtrain-io-probe").string();
+  Bandwidth bw;
+  {
+    auto f = posix_env().open(path);
+    bw.direct = f->direct();
+    AlignedBuffer buf[2] = {AlignedBuffer(chunk, MemCategory::kWorkspace), AlignedBuffer(chunk, MemCategory::kWorkspace)};
+    for (auto& b : buf)
+      for (size_t i = 0; i < chunk; i += 8) *reinterpret_cast<uint64_t*>(b.as<char>() + i) = i * 0x9E3779B97F4A7C15ull;
+    AsyncIo io(options);
+    auto pass = [&](bool writing) {
+      AsyncIo::Ticket t[2] = {0, 0};
+      const double t0 = now();
+      for (uint64_t k = 0; k < n; ++k) {
+        const int s = static_cast<int>(k % 2);
+        if (t[s] != 0) io.wait(t[s]);
+        t[s] = writing ? io.write(*f, buf[s].data(), chunk, k * chunk) : io.read(*f, buf[s].data(), chunk, k * chunk);
+      }
+      for (auto x : t)
+        if (x != 0) io.wait(x);
+      if (writing && !bw.direct) {  // buffered: the write ends on the disk
+        int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) ::fdatasync(fd), ::close(fd);
+      }
+      return static_cast<double>(n * chunk) / (now() - t0) / 1e9;
+    };
+    bw.write_gbs = pass(true);
+    bw.read_gbs = pass(false);
+  }
+  std::filesystem::remove(path);
+  (void)c;
+  return bw;
 }
 
 AlignedBuffer::AlignedBuffer(size_t bytes, MemCategory category) : raw_(bytes + kAlign, category), bytes_(bytes) {

@@ -61,6 +61,8 @@ class Env {
 // line where it does not, e.g. tmpfs), io_uring for block transfers (pread/pwrite when the kernel
 // refuses io_uring).
 Env& posix_env();
+// Whether this kernel lets the process use io_uring (else pread/pwrite on the I/O threads).
+bool io_uring_available();
 // Files held in memory (tests: offload logic without a disk).
 std::unique_ptr<Env> memory_env();
 
@@ -82,6 +84,16 @@ struct DirCheck {
 // Creates dir if needed; throws naming dir when it cannot be created or written, or when
 // need_bytes exceed its free space.
 DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes);
+
+// The disk's sequential write and read bandwidth under dir, measured as fio would with direct I/O:
+// a file of `bytes` written then read in `chunk`-byte transfers, two in flight, each cut into
+// options.block_size requests, options.queue_depth of them in flight per thread. The file is
+// removed after. direct: whether O_DIRECT was used (false on filesystems without it).
+struct Bandwidth {
+  double write_gbs = 0, read_gbs = 0;  // 1e9 bytes per second
+  bool direct = false;
+};
+Bandwidth bandwidth_probe(const std::string& dir, uint64_t bytes, const AioOptions& options, size_t chunk = 64 << 20);
 
 // A kAlign-aligned, accounted buffer (O_DIRECT's requirement).
 class AlignedBuffer {

@@ -55,7 +55,10 @@ SwappedAdamW::~SwappedAdamW() {
 }
 
 size_t SwappedAdamW::resident_bytes() const { return slots_.size() * 2 * io::align_up(group_ * 4); }
-uint64_t SwappedAdamW::disk_bytes() const { return 2 * static_cast<uint64_t>(groups_) * io::align_up(group_ * 4); }
+uint64_t SwappedAdamW::disk_bytes() const {  // every sub-group at its stride, the last one's own length
+  if (groups_ == 0) return 0;
+  return 2 * ((groups_ - 1) * static_cast<uint64_t>(io::align_up(group_ * 4)) + io::align_up(group_len(groups_ - 1) * 4));
+}
 
 void SwappedAdamW::set_betas(double beta1, double beta2) {
   config_.beta1 = static_cast<float>(beta1);

@@ -59,7 +59,7 @@ class SwappedAdamW : public Optimizer {
   const SwapStepStats& last_step() const { return last_; }
   size_t sub_groups() const { return groups_; }
   size_t resident_bytes() const;  // the slots
-  uint64_t disk_bytes() const;    // both files at full size
+  uint64_t disk_bytes() const;    // both files at full size (planner::optimizer_swap's figure)
 
  private:
   struct Slot;

@@ -170,6 +170,23 @@ size_t largest_module_params(const models::ModelConfig& cfg) {
   return best;
 }
 
+OptimizerSwap optimizer_swap(size_t span, int states, int64_t sub_group_size, int buffers) {
+  // optim::SwappedAdamW: sub-groups of a multiple of 1024 elements (4 KiB of f32), one slot
+  // buffer per state per resident sub-group, each an io::AlignedBuffer (4 KiB more than asked).
+  constexpr size_t kAlign = 4096, unit = kAlign / 4;
+  auto align_up = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
+  OptimizerSwap r;
+  const size_t sub = static_cast<size_t>(std::max<int64_t>(sub_group_size, 1));
+  const size_t group = std::max(unit, (std::min(sub, std::max<size_t>(span, 1)) + unit - 1) / unit * unit);
+  r.sub_groups = span == 0 ? 0 : (span + group - 1) / group;
+  const size_t slots = std::min(static_cast<size_t>(std::max(buffers, 1)), std::max<size_t>(r.sub_groups, 1));
+  r.resident = slots * static_cast<size_t>(states) * (align_up(group * 4) + kAlign);
+  if (r.sub_groups > 0)  // every sub-group at its stride; the last one's own length rounded to 4 KiB
+    r.disk = static_cast<uint64_t>(states) *
+             ((r.sub_groups - 1) * align_up(group * 4) + align_up((span - (r.sub_groups - 1) * group) * 4));
+  return r;
+}
+
 namespace {
 
 // Replays what parallel::ZeroRuntime allocates: the runtime's own schedule (parallel::ZeroSchedule)
@@ -183,7 +200,7 @@ class ZeroReplay : private parallel::ZeroEffects {
   ZeroReplay(const std::vector<parallel::Unit>& units, int stage, int world, size_t e, int k, bool tied_head,
              const ZeroKnobs& z, bool pipeline)
       : units_(units), stage_(stage), N_(static_cast<size_t>(world)), e_(e), k_(static_cast<size_t>(k)),
-        tied_(tied_head), pipeline_(pipeline), comm_(z.comm_dtype), views_(units.size()),
+        tied_(tied_head), pipeline_(pipeline), comm_(z.comm_dtype), zero_(z), views_(units.size()),
         schedule_(units, schedule_options(stage, z), *this) {
     for (const parallel::Unit& u : units_) {
       P_ += u.numel;
@@ -216,7 +233,10 @@ class ZeroReplay : private parallel::ZeroEffects {
     release(lowp ? MemCategory::kOptimizer : MemCategory::kParams, store_master);  // store.release_buffers()
     release(MemCategory::kGrads, store_grad);
     if (lowp) release(MemCategory::kParams, store_compute);
-    alloc(MemCategory::kOptimizer, 4 * k_ * S_);  // the optimizer's state over the shard
+    if (zero_.optimizer_nvme)  // only the swap's slots are resident
+      alloc(MemCategory::kOptimizer, optimizer_swap(S_, static_cast<int>(k_), zero_.sub_group_size, zero_.swap_buffers).resident);
+    else
+      alloc(MemCategory::kOptimizer, 4 * k_ * S_);  // the optimizer's state over the shard
     setup = peak_;
     peak_ = cur_;  // Allocator::reset_peaks() after the engine is built (cli/train.cpp)
     for (int step = 0; step < 2; ++step) {
@@ -331,6 +351,7 @@ class ZeroReplay : private parallel::ZeroEffects {
   size_t N_, e_, k_;
   bool tied_, pipeline_;
   DType comm_;
+  ZeroKnobs zero_;
   std::vector<View> views_;
   std::vector<size_t> recv_;  // receive buffers of the reductions in flight, oldest first
   size_t P_ = 0, S_ = 0;
@@ -452,6 +473,11 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   size_t P = 0;
   for (const parallel::Unit& u : units) P += u.numel;
   r.ds_paper_bytes = ds_paper(P, stage, in.world, e, in.optimizer_states);
+  if (in.zero.optimizer_nvme && stage >= 1) {
+    size_t S = 0;
+    for (const parallel::Unit& u : units) S += (u.numel + static_cast<size_t>(in.world) - 1) / static_cast<size_t>(in.world);
+    r.disk_bytes = optimizer_swap(S, in.optimizer_states, in.zero.sub_group_size, in.zero.swap_buffers).disk;
+  }
   if (stage == 1 || stage == 2) r.ds_estimator_bytes = 4 * P + 16 * P / static_cast<size_t>(in.world);
   if (stage == 3) r.ds_estimator_bytes = 4 * largest_module_params(in.model) + 18 * P / static_cast<size_t>(in.world);
   return r;

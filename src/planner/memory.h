@@ -64,7 +64,21 @@ struct ZeroKnobs {
   // communication_data_type: bf16/f16 reductions stage the gradients in 2 bytes (stage 0: every
   // bucket until the step's reduction ends; stages 1-3: the unit's slab and its receive buffer).
   DType comm_dtype = DType::kF32;
+  // offload_optimizer device "nvme" (stages 1-3): the optimizer state is swapped in sub-groups of
+  // sub_group_size elements, swap_buffers of them resident (optim/swapped_adamw.h).
+  bool optimizer_nvme = false;
+  int64_t sub_group_size = 1000000000;
+  int swap_buffers = 4;
 };
+
+// The optimizer swap of a span of `span` elements with `states` f32 states (optim/swapped_adamw.h):
+// the resident slot buffers (accounted optimizer bytes) and the bytes its swap files hold.
+struct OptimizerSwap {
+  size_t resident = 0;
+  uint64_t disk = 0;
+  size_t sub_groups = 0;
+};
+OptimizerSwap optimizer_swap(size_t span, int states, int64_t sub_group_size, int buffers);
 
 struct MemoryInput {
   models::ModelConfig model;
@@ -107,6 +121,7 @@ struct StageEstimate {
                           // buffers and the runtime's shards live together); stage 0: = ours
   size_t ds_paper_bytes = 0;      // ZeRO paper, model states
   size_t ds_estimator_bytes = 0;  // DeepSpeed's estimate_zero2/3 function; 0 for stage 0 (none)
+  uint64_t disk_bytes = 0;        // offload to nvme: the rank's swap files
 };
 
 // f32 state buffers per parameter of spec's optimizer: Adam/AdamW/Lamb 2, SGD 1 with momentum
