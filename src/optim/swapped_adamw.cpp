@@ -14,12 +14,13 @@ namespace mt::optim {
 
 namespace {
 const char* const kStateNames[2] = {"exp_avg", "exp_avg_sq"};
-}
+enum : int { kM = 0, kV = 1, kMaster = 2, kGrad = 3 };
+}  // namespace
 
-// One resident sub-group: both moments, and the transfers in flight on them.
+// One resident sub-group: the moments (and, swapped, the master and gradients), and the
+// transfers in flight on them.
 struct SwappedAdamW::Slot {
-  io::AlignedBuffer buf[2];
-  size_t group = SIZE_MAX;  // the sub-group held (or being read / written)
+  io::AlignedBuffer buf[4];
   std::vector<io::AsyncIo::Ticket> reads, writes;
 };
 
@@ -30,19 +31,47 @@ SwappedAdamW::SwappedAdamW(size_t numel, std::vector<ParamSegment> segments, con
            "zero_optimization.offload_optimizer.buffer_count must be at least 2 (got " +
                std::to_string(swap_.buffer_count) + ")");
   MT_CHECK(swap_.sub_group_size > 0, ErrorKind::kInvalidArgument, "zero_optimization.sub_group_size must be positive");
-  // Sub-groups start on 4 KiB of f32 (1024 elements), so every transfer is O_DIRECT-aligned.
-  const size_t unit = io::kAlign / 4;
-  group_ = std::max<size_t>(unit, (std::min(swap_.sub_group_size, std::max<size_t>(numel_, 1)) + unit - 1) / unit * unit);
-  groups_ = numel_ == 0 ? 0 : (numel_ + group_ - 1) / group_;
+  MT_CHECK((swap_.master_file == nullptr) == (swap_.grad_file == nullptr), ErrorKind::kInternal,
+           "SwappedAdamW: master and gradients are swapped together");
+  records_ = swap_.records;
+  if (records_.empty()) {
+    // The span in records of sub_group_size rounded to 4 KiB of f32 (1024 elements): one record
+    // per sub-group, every transfer O_DIRECT-aligned.
+    const size_t unit = io::kAlign / 4;
+    const size_t group = std::max<size_t>(unit, (std::min(swap_.sub_group_size, std::max<size_t>(numel_, 1)) + unit - 1) / unit * unit);
+    for (size_t b = 0; b < numel_; b += group)
+      records_.push_back({b, std::min(group, numel_ - b), static_cast<uint64_t>(b / group) * io::align_up(group * 4)});
+  }
+  size_t at = 0;
+  for (const SwapRecord& r : records_) {
+    MT_CHECK(r.begin == at && r.file_off % io::kAlign == 0, ErrorKind::kInternal,
+             "SwappedAdamW: records must cover the span in order at aligned offsets");
+    at += r.numel;
+  }
+  MT_CHECK(at == numel_, ErrorKind::kInternal, "SwappedAdamW: records do not cover the span");
+  // Sub-groups: whole records, up to sub_group_size elements (at least one record each).
+  for (size_t i = 0; i < records_.size();) {
+    Group g;
+    g.first = i;
+    size_t n = 0;
+    while (i < records_.size() && (i == g.first || n + records_[i].numel <= swap_.sub_group_size)) n += records_[i++].numel;
+    g.last = i;
+    g.file_off = records_[g.first].file_off;
+    g.bytes = io::align_up(static_cast<size_t>(records_[g.last - 1].file_off - g.file_off) + records_[g.last - 1].numel * 4);
+    slot_bytes_ = std::max(slot_bytes_, g.bytes);
+    groups_info_.push_back(g);
+  }
+  groups_ = groups_info_.size();
   io::Env& env = swap_.env ? *swap_.env : io::posix_env();
   if (swap_.env == nullptr) io::check_swap_dir(swap_.dir, disk_bytes());
   for (int s = 0; s < 2; ++s) files_[s] = env.open(swap_.dir + "/" + kStateNames[s] + ".swp");
   io_ = std::make_unique<io::AsyncIo>(swap_.aio);
   on_disk_.assign(groups_, false);
+  const int nbuf = swap_.master_file ? 4 : 2;
   const size_t nslots = std::min<size_t>(static_cast<size_t>(swap_.buffer_count), std::max<size_t>(groups_, 1));
   for (size_t i = 0; i < nslots; ++i) {
     auto slot = std::make_unique<Slot>();
-    for (auto& b : slot->buf) b = io::AlignedBuffer(io::align_up(group_ * 4), MemCategory::kOptimizer);
+    for (int k = 0; k < nbuf; ++k) slot->buf[k] = io::AlignedBuffer(slot_bytes_, MemCategory::kOptimizer);
     slots_.push_back(std::move(slot));
   }
 }
@@ -54,10 +83,17 @@ SwappedAdamW::~SwappedAdamW() {
   }
 }
 
-size_t SwappedAdamW::resident_bytes() const { return slots_.size() * 2 * io::align_up(group_ * 4); }
-uint64_t SwappedAdamW::disk_bytes() const {  // every sub-group at its stride, the last one's own length
-  if (groups_ == 0) return 0;
-  return 2 * ((groups_ - 1) * static_cast<uint64_t>(io::align_up(group_ * 4)) + io::align_up(group_len(groups_ - 1) * 4));
+io::File& SwappedAdamW::file(int k) const {
+  return k == kMaster ? *swap_.master_file : k == kGrad ? *swap_.grad_file : *files_[k];
+}
+
+size_t SwappedAdamW::resident_bytes() const {
+  return slots_.size() * (swap_.master_file ? 4 : 2) * (slot_bytes_ + io::kAlign);
+}
+
+uint64_t SwappedAdamW::disk_bytes() const {  // the moments' files: up to the last record's end
+  if (records_.empty()) return 0;
+  return 2 * (records_.back().file_off + io::align_up(records_.back().numel * 4));
 }
 
 void SwappedAdamW::set_betas(double beta1, double beta2) {
@@ -76,6 +112,8 @@ size_t SwappedAdamW::state_index(const std::string& name) const {
 }
 
 void SwappedAdamW::step(float* master, const float* grad, void* lowp, DType lowp_dtype, float lr, float grad_scale) {
+  const bool swapped = swap_.master_file != nullptr;
+  MT_CHECK(swapped == (master == nullptr), ErrorKind::kInternal, "SwappedAdamW: master in memory or on disk, not both");
   ++step_;
   Timer total;
   io_->reset_stats();
@@ -95,12 +133,13 @@ void SwappedAdamW::step(float* master, const float* grad, void* lowp, DType lowp
     Slot& s = *slots_[g % nslots];
     for (auto t : s.writes) io_->wait(t);
     s.writes.clear();
-    s.group = g;
-    const size_t bytes = io::align_up(group_len(g) * 4);
-    for (int k = 0; k < 2; ++k) {
-      if (on_disk_[g]) s.reads.push_back(io_->read(*files_[k], s.buf[k].data(), bytes, group_off(g)));
-      else std::memset(s.buf[k].data(), 0, bytes);
+    const Group& gr = groups_info_[g];
+    for (int k : {kM, kV}) {
+      if (on_disk_[g]) s.reads.push_back(io_->read(file(k), s.buf[k].data(), gr.bytes, gr.file_off));
+      else std::memset(s.buf[k].data(), 0, gr.bytes);
     }
+    if (swapped)
+      for (int k : {kMaster, kGrad}) s.reads.push_back(io_->read(file(k), s.buf[k].data(), gr.bytes, gr.file_off));
   };
   try {
     if (groups_ > 0) fetch(0);
@@ -110,19 +149,25 @@ void SwappedAdamW::step(float* master, const float* grad, void* lowp, DType lowp
       s.reads.clear();
       if (swap_.pipeline_read && g + 1 < groups_) fetch(g + 1);  // read while this sub-group is updated
       Timer c;
-      const size_t a = group_begin(g), b = a + group_len(g);
-      float* m = s.buf[0].as<float>();
-      float* v = s.buf[1].as<float>();
-      for (const DecayRun& r : runs_) {
-        const size_t lo = std::max(a, r.offset), hi = std::min(b, r.offset + r.numel);
-        if (lo >= hi) continue;
-        p.weight_decay = r.weight_decay;
-        void* lp = lowp ? static_cast<char*>(lowp) + lo * esz : nullptr;
-        kernels::adamw_update(master + lo, grad + lo, m + (lo - a), v + (lo - a), lp, lowp_dtype, hi - lo, p);
+      const Group& gr = groups_info_[g];
+      for (size_t ri = gr.first; ri < gr.last; ++ri) {
+        const SwapRecord& rec = records_[ri];
+        const size_t a = rec.begin, b = a + rec.numel, at = static_cast<size_t>(rec.file_off - gr.file_off) / 4;
+        float* m = s.buf[kM].as<float>() + at;
+        float* v = s.buf[kV].as<float>() + at;
+        float* w = swapped ? s.buf[kMaster].as<float>() + at : master + a;
+        const float* gd = swapped ? s.buf[kGrad].as<float>() + at : grad + a;
+        for (const DecayRun& r : runs_) {
+          const size_t lo = std::max(a, r.offset), hi = std::min(b, r.offset + r.numel);
+          if (lo >= hi) continue;
+          p.weight_decay = r.weight_decay;
+          void* lp = lowp ? static_cast<char*>(lowp) + lo * esz : nullptr;
+          kernels::adamw_update(w + (lo - a), gd + (lo - a), m + (lo - a), v + (lo - a), lp, lowp_dtype, hi - lo, p);
+        }
       }
       compute += c.seconds();
-      const size_t bytes = io::align_up(group_len(g) * 4);
-      for (int k = 0; k < 2; ++k) s.writes.push_back(io_->write(*files_[k], s.buf[k].data(), bytes, group_off(g)));
+      for (int k : {kM, kV}) s.writes.push_back(io_->write(file(k), s.buf[k].data(), gr.bytes, gr.file_off));
+      if (swapped) s.writes.push_back(io_->write(file(kMaster), s.buf[kMaster].data(), gr.bytes, gr.file_off));
       on_disk_[g] = true;
       if (g == 0 && groups_ > 1) fault_point(("optim.swap_step_" + std::to_string(step_)).c_str());  // tests: killed mid-swap
       if (!swap_.pipeline_write) {
@@ -159,13 +204,13 @@ void SwappedAdamW::read_state(const std::string& name, float* dst) {
   const size_t k = state_index(name);
   Slot& s = *slots_[0];
   for (size_t g = 0; g < groups_; ++g) {
-    const size_t len = group_len(g);
-    if (!on_disk_[g]) {
-      std::fill(dst + group_begin(g), dst + group_begin(g) + len, 0.0f);
-      continue;
+    const Group& gr = groups_info_[g];
+    if (on_disk_[g]) io_->wait(io_->read(*files_[k], s.buf[k].data(), gr.bytes, gr.file_off));
+    for (size_t ri = gr.first; ri < gr.last; ++ri) {
+      const SwapRecord& rec = records_[ri];
+      if (on_disk_[g]) std::memcpy(dst + rec.begin, s.buf[k].as<char>() + (rec.file_off - gr.file_off), rec.numel * 4);
+      else std::fill(dst + rec.begin, dst + rec.begin + rec.numel, 0.0f);
     }
-    io_->wait(io_->read(*files_[k], s.buf[k].data(), io::align_up(len * 4), group_off(g)));
-    std::memcpy(dst + group_begin(g), s.buf[k].data(), len * 4);
   }
 }
 
@@ -173,15 +218,17 @@ void SwappedAdamW::write_state(const std::string& name, const float* src) {
   const size_t k = state_index(name);
   Slot& s = *slots_[0];
   for (size_t g = 0; g < groups_; ++g) {
-    const size_t len = group_len(g);
-    const size_t bytes = io::align_up(len * 4);
+    const Group& gr = groups_info_[g];
     if (!on_disk_[g]) {  // the other moment of this sub-group must read as zeros: write them too
-      std::memset(s.buf[1 - k].data(), 0, bytes);
-      io_->wait(io_->write(*files_[1 - k], s.buf[1 - k].data(), bytes, group_off(g)));
+      std::memset(s.buf[1 - k].data(), 0, gr.bytes);
+      io_->wait(io_->write(*files_[1 - k], s.buf[1 - k].data(), gr.bytes, gr.file_off));
     }
-    std::memset(s.buf[k].data(), 0, bytes);
-    std::memcpy(s.buf[k].data(), src + group_begin(g), len * 4);
-    io_->wait(io_->write(*files_[k], s.buf[k].data(), bytes, group_off(g)));
+    std::memset(s.buf[k].data(), 0, gr.bytes);
+    for (size_t ri = gr.first; ri < gr.last; ++ri) {
+      const SwapRecord& rec = records_[ri];
+      std::memcpy(s.buf[k].as<char>() + (rec.file_off - gr.file_off), src + rec.begin, rec.numel * 4);
+    }
+    io_->wait(io_->write(*files_[k], s.buf[k].data(), gr.bytes, gr.file_off));
     on_disk_[g] = true;
   }
 }

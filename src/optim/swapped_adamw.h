@@ -20,8 +20,22 @@
 
 namespace mt::optim {
 
+// A run of the span stored at a 4 KiB-aligned file offset: the unit of the layout on disk. Records
+// are consecutive and in span order; a sub-group is a run of whole records.
+struct SwapRecord {
+  size_t begin = 0, numel = 0;  // span elements
+  uint64_t file_off = 0;        // bytes, in every swap file of the layout
+};
+
 struct SwapOptions {
   std::string dir;                        // this rank's swap directory (created)
+  // The layout (empty: the span cut into sub_group_size records). ZeRO-3 with offload_param nvme
+  // gives one record per ZeRO unit piece, the layout of its master and gradient files.
+  std::vector<SwapRecord> records;
+  // Master weights and gradients on disk in the same layout (null: in memory, step()'s pointers).
+  // Owned by the caller; step() then takes master and grad null, reads both and writes the master.
+  io::File* master_file = nullptr;
+  io::File* grad_file = nullptr;
   size_t sub_group_size = 1'000'000'000;  // elements per swap unit (DeepSpeed's default 1e9)
   int buffer_count = 4;                   // sub-groups resident at once (>= 2)
   bool pipeline_read = true;              // read the next sub-group during this one's update
@@ -63,15 +77,21 @@ class SwappedAdamW : public Optimizer {
 
  private:
   struct Slot;
-  size_t group_begin(size_t g) const { return g * group_; }
-  size_t group_len(size_t g) const { return std::min(group_, numel_ - g * group_); }
-  uint64_t group_off(size_t g) const { return g * io::align_up(group_ * 4); }
+  struct Group {
+    size_t first = 0, last = 0;  // records [first, last)
+    uint64_t file_off = 0;
+    size_t bytes = 0;  // the records and their padding, 4 KiB-aligned
+  };
   size_t state_index(const std::string& name) const;
+  // Reads (writing: writes) state k's part of group g between the slot buffer and its file.
+  io::File& file(int k) const;
 
   AdamWConfig config_;
   SwapOptions swap_;
   std::vector<DecayRun> runs_;
-  size_t group_ = 0, groups_ = 0;
+  std::vector<SwapRecord> records_;
+  std::vector<Group> groups_info_;
+  size_t groups_ = 0, slot_bytes_ = 0;
   std::unique_ptr<io::AsyncIo> io_;
   std::unique_ptr<io::File> files_[2];
   std::vector<bool> on_disk_;  // per sub-group: written at least once (else zeros)
