@@ -60,6 +60,11 @@ TEST(DeepSpeedFixtures, EveryValidRealConfigTrainsThroughDashDashDeepspeed) {
     auto big = [&](const char* k, int64_t most) { return ds.contains(k) && ds[k].is_number() && ds[k].get<int64_t>() > most; };
     if (big("train_batch_size", 8) || big("train_micro_batch_size_per_gpu", 8) || big("gradient_accumulation_steps", 8))
       sets += " --set train_batch_size=2 --set train_micro_batch_size_per_gpu=2 --set gradient_accumulation_steps=1";
+    // ZeRO-Infinity's swap goes to the test's directory, not to the file's /nvme_data.
+    if (ds.contains("zero_optimization"))
+      for (const char* k : {"offload_optimizer", "offload_param"})
+        if (ds["zero_optimization"].contains(k) && ds["zero_optimization"][k].value("device", "") == "nvme")
+          sets += std::string(" --set zero_optimization.") + k + ".nvme_path=" + dir() + "/swap-" + name;
     std::string out;
     EXPECT_EQ(run("train --deepspeed " + f + " --model " + dir() + "/config.json --data " + dir() + "/train" + sets, &out,
                   &err),

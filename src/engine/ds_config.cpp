@@ -535,12 +535,17 @@ void parse_zero(Section& root, RunConfig& c) {
     MT_CHECK(device == "none" || device == "cpu" || device == "nvme", ErrorKind::kInvalidArgument,
              o.where("device") + ": '" + device + "' is not a device (none, cpu or nvme)");
     const bool optimizer = std::string(k) == "offload_optimizer";
-    MT_CHECK(device != "nvme" || optimizer, ErrorKind::kNotSupported,
-             o.where("device") + ": 'nvme' for parameters is not supported yet (offload_optimizer's 'nvme' is); "
-                                 "use 'cpu' or 'none'");
-    if (device == "nvme") {
+    if (device == "nvme")
       MT_CHECK(o.has("nvme_path") && o.raw("nvme_path").is_string() && !o.raw("nvme_path").get<std::string>().empty(),
                ErrorKind::kInvalidArgument, o.where("nvme_path") + ": device 'nvme' needs the swap directory");
+    if (device == "nvme" && !optimizer) {
+      z.param_nvme_path = o.string("nvme_path", "");
+      // DeepSpeed's pinned staging buffers and its host-side parameter cache: the swap's own
+      // buffers are the unit being gathered and the prefetched one (stage3_* knobs) here.
+      for (const char* w : {"buffer_count", "buffer_size", "max_in_cpu"})
+        if (o.has(w)) c.warnings.push_back(o.where(w) + ": accepted; parameters are read per ZeRO unit as the "
+                                                         "stage-3 prefetch asks (stage3_prefetch_bucket_size)");
+    } else if (device == "nvme") {
       z.optimizer_nvme_path = o.string("nvme_path", "");
       const int64_t bc = o.integer("buffer_count", 4);
       MT_CHECK(bc >= 2 && bc <= 64, ErrorKind::kInvalidArgument, o.where("buffer_count") + " must be 2 to 64");
@@ -551,10 +556,11 @@ void parse_zero(Section& root, RunConfig& c) {
         c.warnings.push_back(o.where("ratio") + ": partial offload has no effect with 'nvme'; the whole state is swapped");
       o.boolean("fast_init", false);  // the swap starts from zeros without writing them: always fast
     } else {
-      for (const char* w : {"buffer_count", "fast_init", "ratio", "nvme_path", "pipeline_read", "pipeline_write"})
+      for (const char* w : {"buffer_count", "fast_init", "ratio", "nvme_path", "pipeline_read", "pipeline_write",
+                            "buffer_size", "max_in_cpu"})
         o.unparsed(w, Unparsed::kWarn);
     }
-    for (const char* w : {"pin_memory", "buffer_size", "max_in_cpu"}) o.unparsed(w, Unparsed::kWarn);
+    o.unparsed("pin_memory", Unparsed::kWarn);
     o.finish();
     return device;
   };
@@ -1069,6 +1075,15 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   MT_CHECK(c.gradient_predivide_factor == 1.0 || c.prescale_gradients || !optim::optimizer_is_onebit(c.optimizer),
            ErrorKind::kNotSupported, "gradient_predivide_factor with optimizer.type " + c.optimizer.type +
                                          ": the compressed momentum exchange averages by itself (give 1.0)");
+  if (c.zero.offload_param == "nvme") {  // ZeRO-Infinity: master and gradient shards on disk
+    const std::string k = "zero_optimization.offload_param.device 'nvme'";
+    MT_CHECK(c.zero.offload_optimizer == "nvme", ErrorKind::kNotSupported,
+             k + " needs zero_optimization.offload_optimizer.device 'nvme' (the master weights are the optimizer's)");
+    MT_CHECK(c.tp == 1 && c.pp == 1, ErrorKind::kNotSupported, k + " with parallel.tp or parallel.pp > 1 is not supported yet");
+    MT_CHECK(c.master_dtype == DType::kF32, ErrorKind::kNotSupported, k + " with 16-bit master weights is not supported yet");
+    MT_CHECK(c.world_size == 1 || c.prescale_gradients || c.gradient_predivide_factor == 1.0, ErrorKind::kNotSupported,
+             k + " with gradient_predivide_factor is not supported yet");
+  }
   // DeepSpeed refuses client optimizers it has not tested with ZeRO unless this is true; every
   // optimizer meshtrain builds is either tested with ZeRO or refused by name, so it permits nothing.
   root.boolean("zero_allow_untested_optimizer", false);
@@ -1338,6 +1353,8 @@ json ds_config_resolved(const RunConfig& c) {
                                                    {"pipeline_read", c.zero.pipeline_read},
                                                    {"pipeline_write", c.zero.pipeline_write}};
     j["zero_optimization"]["sub_group_size"] = c.zero.sub_group_size;
+    if (c.zero.offload_param == "nvme")
+      j["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", c.zero.param_nvme_path}};
     j["aio"] = {{"block_size", c.aio.block_size}, {"queue_depth", c.aio.queue_depth},
                 {"thread_count", c.aio.thread_count}, {"single_submit", c.aio.single_submit},
                 {"overlap_events", c.aio.overlap_events}};

@@ -47,6 +47,9 @@ struct ZeroConfig {
   int optimizer_buffer_count = 4;
   bool pipeline_read = false, pipeline_write = false;
   int64_t sub_group_size = 1'000'000'000;  // 1e9
+  // offload_param device "nvme" (stage 3, with offload_optimizer "nvme"): the f32 master and
+  // gradient shards on disk under param_nvme_path (parallel/zero/zero_runtime.h).
+  std::string param_nvme_path;
 };
 
 // DeepSpeed's `aio` block: the swap I/O engine's request size, depth and threads (io/aio.h).

@@ -88,7 +88,7 @@ TEST(DsConfig, AutoValuesResolveLikeHuggingFace) {
 TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   auto j = base();
   j["zero_optimization"] = {{"stage", 3}, {"offload_param", {{"device", "nvme"}, {"nvme_path", "/x"}}}};
-  EXPECT_NE(error_of(j).find("zero_optimization.offload_param.device: 'nvme'"), std::string::npos);
+  EXPECT_NE(error_of(j).find("zero_optimization.offload_param.device 'nvme' needs"), std::string::npos);
   j = base();
   j["zero_optimization"] = {{"stage", 2}};
   j["optimizer"] = {{"type", "Lamb"}, {"params", {{"lr", 1e-3}}}};
@@ -437,7 +437,6 @@ TEST(DsCompat, DeepSpeedFileMergesWithTheRunFile) {
 TEST(DsCompat, RealConfigsPassBareOrAreRefusedByKey) {
   namespace fs = std::filesystem;
   const std::map<std::string, std::string> refused = {
-      {"08-dsexamples-megatron-zero-infinity-nvme.json", "zero_optimization.offload_param.device: 'nvme'"},
       {"13-dsexamples-compression-gpt2-w8a8.json", "compression_training is not supported"},
       {"14-dsexamples-data-efficiency-random-ltd.json", "data_efficiency is not supported"},
       {"18-deepspeed-tests-bingbertsquad-eigenvalue-quantize.json", "eigenvalue is not supported"},

@@ -231,6 +231,15 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   go.comm_dtype = config.comm_dtype;
   go.zero.comm_dtype = config.comm_dtype;
   go.onebit = optim::optimizer_is_onebit(config.optimizer);
+  const std::string rank_dir = "rank" + std::to_string(rank());
+  if (z.offload_param == "nvme") {  // ZeRO-Infinity: master and gradient shards on disk
+    go.zero.swap_dir = (std::filesystem::path(z.param_nvme_path) / "zero_stage_3" / "param" / rank_dir).string();
+    go.zero.aio.block_size = static_cast<size_t>(config.aio.block_size);
+    go.zero.aio.queue_depth = config.aio.queue_depth;
+    go.zero.aio.thread_count = config.aio.thread_count;
+    go.zero.aio.single_submit = config.aio.single_submit;
+    go.zero.aio.overlap_events = config.aio.overlap_events;
+  }
   sync_ = parallel::make_grad_sync(store, model.zero_units(), model.zero_unit_modules(), *dp_, go);
   segments = sync_->span_segments(segments);
   if (z.stage >= 1 && rank() == 0) {
@@ -251,12 +260,34 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     else
       norm_ranges_.emplace_back(sg.offset, sg.numel);
   }
+  // At stages 1-3 the norm's ranges end at every unit piece: the sum of squares is then the same
+  // whether a piece's gradient sits in memory or was summed on its way to disk (offload_param).
+  if (parallel::ZeroRuntime* rt = sync_->zero(); rt != nullptr) {
+    const parallel::ZeroPartition& part = rt->partition();
+    std::vector<std::pair<size_t, size_t>> split;
+    for (auto [off, n] : norm_ranges_) {
+      const size_t end = off + n;
+      for (size_t u = 0; u < part.units().size() && off < end; ++u) {
+        const size_t lo = part.shard_offset(u), hi = lo + part.piece(u);
+        if (hi <= off || lo >= end) continue;
+        const size_t a = std::max(off, lo), b = std::min(end, hi);
+        split.emplace_back(a, b - a);
+      }
+    }
+    norm_ranges_ = std::move(split);
+    if (rt->swapped()) rt->set_norm_ranges(norm_ranges_);
+  }
   if (z.offload_optimizer == "nvme") {
     // ZeRO-Infinity: the moments swapped under nvme_path, as DeepSpeed lays its swap folders out.
     optim::SwapOptions so;
     so.dir = (std::filesystem::path(z.optimizer_nvme_path) / ("zero_stage_" + std::to_string(z.stage)) / "optimizer" /
-              ("rank" + std::to_string(rank())))
+              rank_dir)
                  .string();
+    if (parallel::ZeroRuntime* rt = sync_->zero(); rt != nullptr && rt->swapped()) {
+      so.records = rt->swap_records();  // sub-groups of whole unit pieces, the runtime's layout
+      so.master_file = rt->master_file();
+      so.grad_file = rt->grad_file();
+    }
     so.sub_group_size = static_cast<size_t>(z.sub_group_size);
     so.buffer_count = z.optimizer_buffer_count;
     so.pipeline_read = z.pipeline_read;
@@ -269,9 +300,11 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     optimizer_ = optim::make_swapped_optimizer(config.optimizer, state_numel(), segments, so);
     if (rank() == 0) {
       auto* sw = static_cast<const optim::SwappedAdamW*>(optimizer_.get());
-      log_info("zero_optimization.offload_optimizer: nvme — AdamW moments swapped under " + so.dir + " (" +
-               std::to_string(sw->disk_bytes() >> 20) + " MiB on disk per rank, " + std::to_string(sw->sub_groups()) +
-               " sub-group(s), " + std::to_string(sw->resident_bytes() >> 20) + " MiB resident)");
+      log_info("zero_optimization.offload_optimizer: nvme — AdamW moments" +
+               std::string(so.master_file ? ", master weights and gradients (offload_param nvme)" : "") +
+               " swapped under " + so.dir + (so.master_file ? " and " + go.zero.swap_dir : "") + " (" +
+               format_bytes(sw->disk_bytes() * (so.master_file ? 2 : 1)) + " on disk per rank, " +
+               std::to_string(sw->sub_groups()) + " sub-group(s), " + format_bytes(sw->resident_bytes()) + " resident)");
     }
   } else {
     optimizer_ = optim::make_optimizer(config.optimizer, state_numel(), segments);
@@ -289,9 +322,14 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
 double Engine::grad_sum_squares() {
   double sq = 0.0;
   const float* g = grad();
-  for (const auto& [off, n] : norm_ranges_) {
-    double norm = optim::grad_norm(g + off, n);
-    sq += norm * norm;
+  const parallel::ZeroRuntime* rt = sync_ ? sync_->zero() : nullptr;
+  if (rt != nullptr && rt->swapped()) {  // the norms taken as the gradients went to disk
+    for (double norm : rt->range_norms()) sq += norm * norm;
+  } else {
+    for (const auto& [off, n] : norm_ranges_) {
+      double norm = optim::grad_norm(g + off, n);
+      sq += norm * norm;
+    }
   }
   float v = static_cast<float>(sq);
   comm::AllReduceOptions o;
@@ -829,7 +867,8 @@ void Engine::gather_master(std::vector<float>& flat) {
     device_->store_master(flat.data());
     return;
   }
-  flat = to_one_process(master());
+  std::vector<float> scratch;
+  flat = to_one_process(span_state("master", scratch));
   if (rank() != 0) flat.clear();
 }
 
@@ -874,6 +913,11 @@ std::vector<std::string> Engine::state_names() const {
 
 const float* Engine::span_state(const std::string& name, std::vector<float>& scratch) {
   if (name == "master") {
+    if (const parallel::ZeroRuntime* rt = sync_ ? sync_->zero() : nullptr; rt != nullptr && rt->swapped()) {
+      scratch.assign(state_numel(), 0.0f);
+      rt->read_master(scratch.data());
+      return scratch.data();
+    }
     if (!device_) return master();
     scratch.assign(model_.store().numel(), 0.0f);
     device_->store_master(scratch.data());
@@ -903,7 +947,13 @@ void Engine::load_local_state(const std::string& name, const float* local) {
       device_->load_master(local);
       return;
     }
-    sync_->scatter(master(), local);
+    if (parallel::ZeroRuntime* rt = sync_->zero(); rt != nullptr && rt->swapped()) {
+      std::vector<float> span(state_numel());
+      sync_->scatter(span.data(), local);
+      rt->write_master(span.data());
+    } else {
+      sync_->scatter(master(), local);
+    }
     sync_->after_update();
     return;
   }

@@ -65,6 +65,44 @@ TEST(NvmeOffload, OptimizerOnDiskEqualsInMemoryBitForBit) {
   std::filesystem::remove_all(swap_root());
 }
 
+// ZeRO-Infinity at stage 3: master weights, gradients and moments all on disk. Every unit's master
+// piece is read back for its gather, every reduced gradient is summed on its record, the clipping
+// norm is taken as the gradients go out — and the run is still the in-memory run bit for bit:
+// 1 and 2 ranks, 2 micro-batches a step (the gradient records are read, added to and rewritten),
+// units gathered at use or persistent, with and without overlap_comm, fp32 and bf16.
+TEST(NvmeOffload, ParametersGradientsAndOptimizerOnDiskEqualInMemory) {
+  struct Case {
+    int dp;
+    const char* dtype;
+    bool overlap;
+    int64_t persistence;
+  };
+  for (Case k : {Case{1, "fp32", false, 0}, Case{2, "fp32", true, 0}, Case{2, "bf16", false, 0},
+                 Case{2, "fp32", false, 100000}, Case{1, "bf16", true, 100000}}) {
+    const std::string what = "dp " + std::to_string(k.dp) + " " + k.dtype + (k.overlap ? " overlap" : "") +
+                             " persistence " + std::to_string(k.persistence);
+    auto cfg = [&](bool nvme) {
+      auto j = layout_config(kGpt2, k.dtype, k.dp, 2);
+      j["zero_optimization"] = {{"stage", 3}, {"overlap_comm", k.overlap},
+                                {"stage3_param_persistence_threshold", k.persistence}};
+      if (nvme) {
+        j["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", swap_root()},
+                                                       {"pipeline_read", true}, {"pipeline_write", true}};
+        j["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", swap_root()}};
+        j["zero_optimization"]["sub_group_size"] = 6000;
+        j["aio"] = {{"block_size", 8192}, {"thread_count", 2}};
+      }
+      return j;
+    };
+    LayoutRun mem = layout_train(cfg(false), k.dp, 2, "memory");
+    LayoutRun disk = layout_train(cfg(true), k.dp, 2, "nvme");
+    expect_same(mem, disk, what);
+    EXPECT_TRUE(std::filesystem::exists(swap_root() + "/zero_stage_3/param/rank0/params.swp")) << what;
+    EXPECT_TRUE(std::filesystem::exists(swap_root() + "/zero_stage_3/param/rank0/grads.swp")) << what;
+  }
+  std::filesystem::remove_all(swap_root());
+}
+
 std::string error_of(const nlohmann::json& j) {
   try {
     ds_config_parse(j, "cfg.json", 1);
@@ -109,8 +147,23 @@ TEST(NvmeOffload, DeepSpeedKeysReadResolvedAndRefusedByKey) {
        "zero_optimization.offload_optimizer.buffer_count must be 2 to 64"},
       {[](nlohmann::json& k) { k["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.1}}}}; },
        "zero_optimization.offload_optimizer.device 'nvme' with optimizer.type SGD"},
-      {[](nlohmann::json& k) { k["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", "/x"}}; },
-       "zero_optimization.offload_param.device: 'nvme' for parameters is not supported yet"},
+      {[](nlohmann::json& k) {
+         k["zero_optimization"]["stage"] = 3;
+         k["zero_optimization"]["offload_optimizer"]["device"] = "cpu";
+         k["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", "/x"}};
+       },
+       "zero_optimization.offload_param.device 'nvme' needs zero_optimization.offload_optimizer.device 'nvme'"},
+      {[](nlohmann::json& k) {
+         k["zero_optimization"]["stage"] = 3;
+         k["zero_optimization"]["offload_param"] = {{"device", "nvme"}};
+       },
+       "zero_optimization.offload_param.nvme_path: device 'nvme' needs the swap directory"},
+      {[](nlohmann::json& k) {
+         k["zero_optimization"]["stage"] = 3;
+         k["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", "/x"}};
+         k["bf16"] = {{"enabled", true}, {"bf16_master_weights_and_grads", true}};
+       },
+       "zero_optimization.offload_param.device 'nvme' with 16-bit master weights"},
       {[](nlohmann::json& k) { k["aio"] = {{"use_gds", true}}; }, "aio.use_gds: GPUDirect Storage is not supported"},
       {[](nlohmann::json& k) { k["aio"] = {{"block_size", 1000}}; }, "aio.block_size must be a multiple of 4096"},
       {[](nlohmann::json& k) { k["aio"] = {{"queue_depth", 0}}; }, "aio.queue_depth must be 1 to 4096"},

@@ -144,6 +144,7 @@ class ZeroSync : public GradSync {
   void gather(float* dst, const float* span) override { rt_.gather_flat(dst, span, 0); }
   void scatter(float* span, const float* local) const override { rt_.scatter_flat(span, local); }
   const ZeroRuntime* zero() const override { return &rt_; }
+  ZeroRuntime* zero() override { return &rt_; }
 
  private:
   ZeroRuntime rt_;

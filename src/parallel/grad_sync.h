@@ -66,6 +66,7 @@ class GradSync {
   virtual void scatter(float* span, const float* local) const = 0;
 
   virtual const ZeroRuntime* zero() const { return nullptr; }
+  virtual ZeroRuntime* zero() { return nullptr; }
 
   // The optimizer this sync serves (called once, after both are built).
   virtual void bind(optim::Optimizer& optimizer) { (void)optimizer; }

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "optim/adamw.h"
 #include "tensor/dtype.h"
 
 namespace mt::parallel {
@@ -16,6 +17,30 @@ struct ZeroRuntime::View {
   Buffer staging;  // low precision: N·s f32 all_gather target while a gather is in flight
   std::unique_ptr<comm::Work> gather;  // in flight
   Buffer grad;  // N·s f32, bound to the parameters' grad pointers while allocated
+  // offload_param nvme: the unit's master piece read from disk for its gather (then all-gathered
+  // at finish_gather).
+  io::AlignedBuffer piece;
+  io::AsyncIo::Ticket piece_read = 0;
+};
+
+struct ZeroRuntime::Swap {
+  std::unique_ptr<io::AsyncIo> io;
+  std::unique_ptr<io::File> master, grad;
+  std::vector<uint64_t> off;         // per unit: its record's byte offset
+  std::vector<char> grad_on_disk;    // per unit: its record holds this step's sum so far
+  struct Write {
+    io::AsyncIo::Ticket t = 0;
+    io::AlignedBuffer buf;
+  };
+  std::vector<Write> grad_write;     // per unit: the write behind in flight
+  std::vector<std::pair<size_t, size_t>> norm_ranges;
+  std::vector<std::vector<size_t>> unit_ranges;  // per unit: indices into norm_ranges
+  std::vector<double> norms;         // per norm range, at the last micro-batch
+  void wait_write(size_t u) {
+    if (grad_write[u].t != 0) io->wait(grad_write[u].t);
+    grad_write[u].t = 0;
+    grad_write[u].buf = io::AlignedBuffer();
+  }
 };
 
 
@@ -37,9 +62,39 @@ ZeroRuntime::ZeroRuntime(nn::ParamStore& store, std::vector<Unit> units,
     p->grad = nullptr;  // bound to a gradient slab while one exists
   }
   bool lowp_master = cd_ != DType::kF32;
-  master_ = Buffer(part_.shard_numel() * 4, lowp_master ? MemCategory::kOptimizer : MemCategory::kParams);
-  grad_ = Buffer(part_.shard_numel() * 4, MemCategory::kGrads);
-  part_.flat_to_shard(master(), store.master());
+  if (opts_.swap_dir.empty()) {
+    master_ = Buffer(part_.shard_numel() * 4, lowp_master ? MemCategory::kOptimizer : MemCategory::kParams);
+    grad_ = Buffer(part_.shard_numel() * 4, MemCategory::kGrads);
+    part_.flat_to_shard(master(), store.master());
+  } else {
+    MT_CHECK(opts_.stage == 3, ErrorKind::kInvalidArgument, "ZeRO runtime: parameters on disk need stage 3");
+    swap_ = std::make_unique<Swap>();
+    io::Env& env = opts_.env ? *opts_.env : io::posix_env();
+    uint64_t at = 0;
+    for (size_t i = 0; i < U; ++i) {
+      swap_->off.push_back(at);
+      at += io::align_up(part_.piece(i) * 4);
+    }
+    if (!opts_.env) io::check_swap_dir(opts_.swap_dir, 2 * at);
+    swap_->master = env.open(opts_.swap_dir + "/params.swp");
+    swap_->grad = env.open(opts_.swap_dir + "/grads.swp");
+    swap_->io = std::make_unique<io::AsyncIo>(opts_.aio);
+    swap_->grad_on_disk.assign(U, 0);
+    swap_->grad_write.resize(U);
+    swap_->unit_ranges.resize(U);
+    // This rank's master pieces to disk, one unit at a time; the gradient records start as zeros
+    // (a unit whose gradient is never reduced reads as zero, not as a short file).
+    size_t most = 0;
+    for (size_t i = 0; i < U; ++i) most = std::max(most, io::align_up(part_.piece(i) * 4));
+    io::AlignedBuffer bounce(most, MemCategory::kComm);
+    for (size_t i = 0; i < U; ++i) {
+      const size_t bytes = io::align_up(part_.piece(i) * 4);
+      std::memset(bounce.data(), 0, bytes);
+      swap_->io->wait(swap_->io->write(*swap_->grad, bounce.data(), bytes, swap_->off[i]));
+      std::memcpy(bounce.data(), store.master() + part_.piece_begin(i), (part_.piece_end(i) - part_.piece_begin(i)) * 4);
+      swap_->io->wait(swap_->io->write(*swap_->master, bounce.data(), bytes, swap_->off[i]));
+    }
+  }
 
   // Views that persist are built from the store's values (identical on every rank, so no gather):
   // their gather targets are filled here and the schedule completes them.
@@ -72,7 +127,59 @@ ZeroRuntime::~ZeroRuntime() {
     for (auto& r : pending_) r.work->wait();
   } catch (...) {
   }
+  if (swap_) {
+    try {
+      swap_->io->wait_all();
+    } catch (...) {
+    }
+  }
 }
+
+void ZeroRuntime::set_last_micro_batch(bool last) {
+  last_micro_ = last;
+  schedule_.set_last_micro_batch(last);
+}
+
+std::vector<optim::SwapRecord> ZeroRuntime::swap_records() const {
+  std::vector<optim::SwapRecord> r;
+  for (size_t u = 0; u < part_.units().size(); ++u) r.push_back({part_.shard_offset(u), part_.piece(u), swap_->off[u]});
+  return r;
+}
+
+io::File* ZeroRuntime::master_file() const { return swap_ ? swap_->master.get() : nullptr; }
+io::File* ZeroRuntime::grad_file() const { return swap_ ? swap_->grad.get() : nullptr; }
+
+void ZeroRuntime::read_master(float* shard) const {
+  for (size_t u = 0; u < part_.units().size(); ++u) {
+    io::AlignedBuffer b(io::align_up(part_.piece(u) * 4), MemCategory::kComm);
+    swap_->io->wait(swap_->io->read(*swap_->master, b.data(), b.size(), swap_->off[u]));
+    std::memcpy(shard + part_.shard_offset(u), b.data(), part_.piece(u) * 4);
+  }
+}
+
+void ZeroRuntime::write_master(const float* shard) {
+  for (size_t u = 0; u < part_.units().size(); ++u) {
+    io::AlignedBuffer b(io::align_up(part_.piece(u) * 4), MemCategory::kComm);
+    std::memcpy(b.data(), shard + part_.shard_offset(u), part_.piece(u) * 4);
+    swap_->io->wait(swap_->io->write(*swap_->master, b.data(), b.size(), swap_->off[u]));
+  }
+}
+
+void ZeroRuntime::set_norm_ranges(std::vector<std::pair<size_t, size_t>> ranges) {
+  swap_->norm_ranges = std::move(ranges);
+  swap_->norms.assign(swap_->norm_ranges.size(), 0.0);
+  for (auto& v : swap_->unit_ranges) v.clear();
+  for (size_t i = 0; i < swap_->norm_ranges.size(); ++i) {
+    const auto [off, n] = swap_->norm_ranges[i];
+    size_t u = 0;
+    while (u + 1 < part_.units().size() && part_.shard_offset(u + 1) <= off) ++u;
+    MT_CHECK(off >= part_.shard_offset(u) && off + n <= part_.shard_offset(u) + part_.piece(u), ErrorKind::kInternal,
+             "ZeRO runtime: a gradient-norm range crosses a unit piece");
+    swap_->unit_ranges[u].push_back(i);
+  }
+}
+
+const std::vector<double>& ZeroRuntime::range_norms() const { return swap_->norms; }
 
 void ZeroRuntime::start_gather(size_t u) {
   View& v = *views_[u];
@@ -84,15 +191,33 @@ void ZeroRuntime::start_gather(size_t u) {
     v.staging = Buffer(part_.padded(u) * 4, MemCategory::kComm);
     target = v.staging.data();
   }
+  if (swap_) {  // the piece comes off the disk first; the all_gather runs when the unit is used
+    v.piece = io::AlignedBuffer(io::align_up(part_.piece(u) * 4), MemCategory::kComm);
+    v.piece_read = swap_->io->read(*swap_->master, v.piece.data(), v.piece.size(), swap_->off[u]);
+    return;
+  }
   comm::AllGatherOptions o;
   o.timeout = opts_.timeout;
   o.tag = "zero params " + part_.units()[u].name;
   v.gather = group_.all_gather(target, master() + part_.shard_offset(u), part_.piece(u), DType::kF32, o);
 }
 
+namespace {
+void* view_target(Buffer& f32, Buffer& staging, DType cd) { return cd == DType::kF32 ? f32.data() : staging.data(); }
+}  // namespace
+
 // Completes a gather (or, at construction, a target filled by hand) and binds the view.
 void ZeroRuntime::finish_gather(size_t u) {
   View& v = *views_[u];
+  if (v.piece_read != 0) {
+    swap_->io->wait(v.piece_read);
+    v.piece_read = 0;
+    comm::AllGatherOptions o;
+    o.timeout = opts_.timeout;
+    o.tag = "zero params " + part_.units()[u].name;
+    group_.all_gather(view_target(v.f32, v.staging, cd_), v.piece.data(), part_.piece(u), DType::kF32, o)->wait();
+    v.piece = io::AlignedBuffer();
+  }
   if (v.gather) {
     v.gather->wait();
     v.gather.reset();
@@ -122,6 +247,11 @@ void ZeroRuntime::finish_gather(size_t u) {
 
 void ZeroRuntime::cancel_gather(size_t u) {
   View& v = *views_[u];
+  if (v.piece_read != 0) {
+    swap_->io->wait(v.piece_read);
+    v.piece_read = 0;
+    v.piece = io::AlignedBuffer();
+  }
   if (v.gather) {
     v.gather->wait();
     v.gather.reset();
@@ -196,8 +326,18 @@ void ZeroRuntime::launch_reduce(size_t u) {
 void ZeroRuntime::complete_reduce(size_t u, bool free_slab) {
   PendingReduce& r = pending_.front();
   r.work->wait();
-  float* dst = grad() + part_.shard_offset(u);
   const size_t n = part_.piece(u);
+  float* dst;
+  io::AlignedBuffer record;
+  if (swap_) {  // the record is the shard's piece: read it back unless this step has not written it
+    swap_->wait_write(u);
+    record = io::AlignedBuffer(io::align_up(n * 4), MemCategory::kComm);
+    if (swap_->grad_on_disk[u]) swap_->io->wait(swap_->io->read(*swap_->grad, record.data(), record.size(), swap_->off[u]));
+    else std::memset(record.data(), 0, record.size());
+    dst = record.as<float>();
+  } else {
+    dst = grad() + part_.shard_offset(u);
+  }
   if (opts_.comm_dtype != DType::kF32) {
     std::vector<float> wide(n);
     convert(wide.data(), DType::kF32, r.recv.data(), opts_.comm_dtype, n);
@@ -205,6 +345,16 @@ void ZeroRuntime::complete_reduce(size_t u, bool free_slab) {
   } else {
     const float* src = r.recv.as<float>();
     for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+  }
+  if (swap_) {
+    if (last_micro_)  // the piece's gradient is final: the norm's ranges in it
+      for (size_t i : swap_->unit_ranges[u]) {
+        const auto [off, len] = swap_->norm_ranges[i];
+        swap_->norms[i] = optim::grad_norm(dst + (off - part_.shard_offset(u)), len);
+      }
+    swap_->grad_write[u].t = swap_->io->write(*swap_->grad, record.data(), record.size(), swap_->off[u]);
+    swap_->grad_write[u].buf = std::move(record);
+    swap_->grad_on_disk[u] = 1;
   }
   pending_.pop_front();
   if (free_slab) {
@@ -220,9 +370,17 @@ void ZeroRuntime::progress() {
     if (v->gather) v->gather->is_completed();  // MPI progresses nonblocking collectives in MPI_Test
 }
 
-void ZeroRuntime::finish_backward() { schedule_.finish_backward(); }
+void ZeroRuntime::finish_backward() {
+  schedule_.finish_backward();
+  if (swap_)  // every gradient record on disk before the optimizer reads them
+    for (size_t u = 0; u < views_.size(); ++u) swap_->wait_write(u);
+}
 
 void ZeroRuntime::zero_grad() {
+  if (swap_) {  // the records are stale, not rewritten: the next reduction starts from zero
+    std::fill(swap_->grad_on_disk.begin(), swap_->grad_on_disk.end(), 0);
+    return;
+  }
   std::memset(grad_.data(), 0, grad_.bytes());
   if (opts_.stage == 1)
     for (auto& v : views_) std::memset(v->grad.data(), 0, v->grad.bytes());

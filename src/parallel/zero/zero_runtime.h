@@ -33,8 +33,10 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "io/aio.h"
 #include "nn/module.h"
 #include "nn/param_store.h"
+#include "optim/swapped_adamw.h"
 #include "parallel/zero/partition.h"
 #include "parallel/zero/schedule.h"
 #include "tensor/allocator.h"
@@ -45,6 +47,15 @@ namespace mt::parallel {
 // timeout.
 struct ZeroOptions : ZeroScheduleOptions {
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+  // offload_param device "nvme" (ZeRO-Infinity, stage 3): the f32 master and gradient shards live
+  // in swap_dir (params.swp, grads.swp), one 4 KiB-aligned record per unit piece. A unit's master
+  // piece is read from disk when the schedule starts its gather (prefetch included) and
+  // all-gathered when it is used; each reduced gradient piece is added to its record (read, add,
+  // write) and written behind; the optimizer (optim::SwappedAdamW) streams both in sub-groups of
+  // whole records. Empty: in memory.
+  std::string swap_dir;
+  io::AioOptions aio;
+  io::Env* env = nullptr;  // null: the real filesystem
 };
 
 class ZeroRuntime : private ZeroEffects {
@@ -64,7 +75,7 @@ class ZeroRuntime : private ZeroEffects {
   float* grad() const { return grad_.as<float>(); }
 
   // Before each micro-batch's backward: whether it is the last of the step (stage 1 reduces then).
-  void set_last_micro_batch(bool last) { schedule_.set_last_micro_batch(last); }
+  void set_last_micro_batch(bool last);
   // After each micro-batch's backward: launches what is left and waits for every reduction.
   void finish_backward();
   // Zeroes the gradient shard (and stage 1's gradient slabs): after the optimizer step.
@@ -77,6 +88,21 @@ class ZeroRuntime : private ZeroEffects {
   void gather_flat(float* flat, const float* shard, int root);
   // Local: this rank's pieces of a full flat buffer into `shard` (every rank holds flat).
   void scatter_flat(float* shard, const float* flat) const { part_.flat_to_shard(shard, flat); }
+
+  // offload_param nvme: master() and grad() are null; the shards are in these files, laid out by
+  // swap_records() (span elements of each unit piece at its record's offset).
+  bool swapped() const { return swap_ != nullptr; }
+  std::vector<optim::SwapRecord> swap_records() const;
+  io::File* master_file() const;
+  io::File* grad_file() const;
+  // The whole master shard from / to disk (checkpoints); write_master then refresh_params().
+  void read_master(float* shard) const;
+  void write_master(const float* shard);
+  // The gradient norm's ranges of the shard (each inside one unit piece): the runtime takes
+  // optim::grad_norm of each once its gradient is final (the last micro-batch's reduction), so
+  // the engine sums the same values as over an in-memory shard.
+  void set_norm_ranges(std::vector<std::pair<size_t, size_t>> ranges);
+  const std::vector<double>& range_norms() const;
 
   // Elements of parameters currently held in views (for the live-window tests).
   size_t live_param_elems() const { return schedule_.live_elems(); }
@@ -113,6 +139,9 @@ class ZeroRuntime : private ZeroEffects {
   };
   std::deque<PendingReduce> pending_;  // in the schedule's order
   ZeroSchedule schedule_;
+  struct Swap;
+  std::unique_ptr<Swap> swap_;
+  bool last_micro_ = true;
 };
 
 }  // namespace mt::parallel
