@@ -123,6 +123,8 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
   opts.parallel = std::move(ctx);
   opts.vocab_divisible = config.vocab_divisible;
   opts.sparse_attention = config.sparse_attention;
+  // ZeRO-Infinity: the weights are made unit by unit straight into the swap (zero.Init).
+  opts.deferred_init = config.zero.offload_param == "nvme" && config.zero.stage == 3 && config.device == "cpu";
   int slots = 1;
   if (config.pp > 1) {
     MT_CHECK(opts.parallel && opts.parallel->pp() == config.pp, ErrorKind::kInternal,
@@ -239,6 +241,7 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     go.zero.aio.thread_count = config.aio.thread_count;
     go.zero.aio.single_submit = config.aio.single_submit;
     go.zero.aio.overlap_events = config.aio.overlap_events;
+    go.zero.initial_values = [&model](size_t a, size_t b, float* dst) { model.init_values(a, b, dst); };
   }
   sync_ = parallel::make_grad_sync(store, model.zero_units(), model.zero_unit_modules(), *dp_, go);
   segments = sync_->span_segments(segments);

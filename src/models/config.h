@@ -60,6 +60,10 @@ struct ModelOptions {
   // DeepSpeed's sparse_attention: every layer's attention computes only the layout's blocks
   // (kernels/cpu/sparse_layout.h), causal inside them (a decoder). num_heads is the model's.
   std::optional<kernels::SparsityConfig> sparse_attention;
+  // ZeRO-Infinity (offload_param nvme): the ParamStore allocates no flat buffers and nothing is
+  // initialised here; the ZeRO runtime writes each unit's initial values (init_values) straight to
+  // its swap, so the whole model is never in memory (DeepSpeed's zero.Init).
+  bool deferred_init = false;
 };
 
 }  // namespace mt::models

@@ -113,7 +113,7 @@ TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
   norm_f_ = m.norm_f;
   lm_head_ = m.lm_head;
   finalize_names();
-  store_ = std::make_unique<nn::ParamStore>(*this, opts.compute_dtype);
+  store_ = std::make_unique<nn::ParamStore>(*this, opts.compute_dtype, !opts.deferred_init);
   if (!whole_model()) {
     // Offsets in the whole model's one-process layout (checkpoints, HF files): from the module
     // tree of the whole model, built without buffers.
@@ -131,7 +131,7 @@ TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
     }
     store_->set_global_layout([&](const std::string& name) { return offsets.at(name); }, total);
   }
-  store_->init(opts.seed);
+  if (!opts.deferred_init) store_->init(opts.seed);
 }
 
 void TransformerLM::prepare(int B, int T, int slots) {

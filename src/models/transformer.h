@@ -39,6 +39,9 @@ class TransformerLM : public nn::Module {
   const ModelConfig& config() const { return cfg_; }
   const ModelOptions& options() const { return opts_; }
   nn::ParamStore& store() { return *store_; }
+  // The initial values of flat elements [begin, end) (ModelOptions::deferred_init: the store holds
+  // none; the ZeRO runtime asks unit by unit).
+  void init_values(size_t begin, size_t end, float* dst) const { store_->init_values(opts_.seed, begin, end, dst); }
   parallel::TpComm& tp() { return tp_; }
   // Rows of the (padded) vocabulary on this rank: cfg.vocab_size without tensor parallelism.
   int padded_vocab() const;

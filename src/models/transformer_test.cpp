@@ -17,6 +17,27 @@
 namespace mt::models {
 namespace {
 
+// ZeRO-Infinity's deferred initialisation: a model built without buffers gives, for any range of
+// its flat elements (inside a parameter, across several, the whole), exactly init()'s values.
+TEST(DeferredInit, InitValuesEqualTheStoresInitialisation) {
+  for (Arch arch : {Arch::kGpt2, Arch::kLlama}) {
+    ModelOptions o;
+    o.seed = 77;
+    TransformerLM full(tiny(arch), o);
+    o.deferred_init = true;
+    TransformerLM lazy(tiny(arch), o);
+    EXPECT_TRUE(lazy.store().released());
+    EXPECT_EQ(lazy.store().master(), nullptr);
+    const size_t n = full.store().numel();
+    ASSERT_EQ(lazy.store().numel(), n);
+    for (auto [a, b] : {std::pair<size_t, size_t>{0, n}, {3, 17}, {n / 3, n / 2}, {n - 5, n}, {1000, 1001}}) {
+      std::vector<float> v(b - a, -1.0f);
+      lazy.init_values(a, b, v.data());
+      for (size_t i = a; i < b; ++i) ASSERT_EQ(v[i - a], full.store().master()[i]) << i;
+    }
+  }
+}
+
 TEST(PaddedVocab, MegatronsRule) {
   ModelConfig c = tiny(Arch::kGpt2);
   c.vocab_size = 50257;

@@ -1,5 +1,6 @@
 #include "nn/param_store.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -7,7 +8,7 @@
 
 namespace mt::nn {
 
-ParamStore::ParamStore(Module& root, DType compute_dtype) : compute_dtype_(compute_dtype) {
+ParamStore::ParamStore(Module& root, DType compute_dtype, bool allocate) : compute_dtype_(compute_dtype) {
   root.collect_parameters(params_);
   for (Parameter* p : params_) {
     p->offset = numel_;
@@ -16,6 +17,16 @@ ParamStore::ParamStore(Module& root, DType compute_dtype) : compute_dtype_(compu
     global_numel_ += static_cast<size_t>(p->global_numel());
   }
   bool lowp = compute_dtype != DType::kF32;
+  if (!allocate) {
+    for (Parameter* p : params_) {
+      p->master = nullptr;
+      p->grad = nullptr;
+      p->compute = nullptr;
+      p->compute_dtype = (lowp && p->is_matrix) ? compute_dtype : DType::kF32;
+    }
+    released_ = true;
+    return;
+  }
   master_ = Buffer(numel_ * 4, lowp ? MemCategory::kOptimizer : MemCategory::kParams);
   grad_ = Buffer(numel_ * 4, MemCategory::kGrads);
   if (lowp) compute_ = Buffer(numel_ * dtype_size(compute_dtype), MemCategory::kParams);
@@ -62,24 +73,34 @@ float normal_at(uint64_t seed, uint64_t i) {
 }  // namespace
 
 void ParamStore::init(uint64_t seed) {
+  MT_CHECK(!released_, ErrorKind::kInternal, "ParamStore::init: the store holds no buffers");
+  init_values(seed, 0, numel_, master());
+  sync_compute();
+}
+
+void ParamStore::init_values(uint64_t seed, size_t begin, size_t end, float* dst) const {
   for (Parameter* p : params_) {
-    float* w = p->master;
-    int64_t n = p->numel();
+    const int64_t n = p->numel();
+    const int64_t a = std::max<int64_t>(0, static_cast<int64_t>(begin) - static_cast<int64_t>(p->offset));
+    const int64_t b = std::min<int64_t>(n, static_cast<int64_t>(end) - static_cast<int64_t>(p->offset));
+    if (a >= b) continue;
+    float* w = dst + (static_cast<int64_t>(p->offset) - static_cast<int64_t>(begin));  // element 0 of p
     uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the name
     for (char c : p->name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
     uint64_t pseed = splitmix64(seed ^ h);
-    std::memset(w, 0, static_cast<size_t>(n) * sizeof(float));  // padding stays 0
+    std::memset(w + a, 0, static_cast<size_t>(b - a) * sizeof(float));  // padding stays 0
     if (p->init == Init::kZeros) continue;
     tp_for_each_run(p->global_shape, p->split, p->place, [&](int64_t lo, int64_t go, int64_t len) {
+      const int64_t lo2 = std::max(lo, a), hi2 = std::min(lo + len, b);  // the run within [a, b)
+      if (lo2 >= hi2) return;
       if (p->init == Init::kOnes) {
-        for (int64_t i = 0; i < len; ++i) w[lo + i] = 1.0f;
+        for (int64_t i = lo2; i < hi2; ++i) w[i] = 1.0f;
         return;
       }
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < len; ++i) w[lo + i] = p->init_std * normal_at(pseed, static_cast<uint64_t>(go + i));
+      for (int64_t i = lo2; i < hi2; ++i) w[i] = p->init_std * normal_at(pseed, static_cast<uint64_t>(go + (i - lo)));
     });
   }
-  sync_compute();
 }
 
 void ParamStore::zero_grad() {

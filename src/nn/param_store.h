@@ -19,7 +19,9 @@ namespace mt::nn {
 
 class ParamStore {
  public:
-  ParamStore(Module& root, DType compute_dtype);
+  // allocate false: no flat buffers (released() from the start, pointers null); the values come
+  // from init_values (ZeRO-Infinity's deferred initialisation).
+  ParamStore(Module& root, DType compute_dtype, bool allocate = true);
 
   size_t numel() const { return numel_; }
   // Elements of the one-process layout (every parameter whole, no vocabulary padding): the layout
@@ -38,6 +40,9 @@ class ParamStore {
   // so the same seed gives the same weights whatever the thread count, the tensor-parallel shard or
   // the pipeline stage. Padding rows are zero.
   void init(uint64_t seed);
+  // init(seed)'s values of flat elements [begin, end) into dst (end - begin floats), without the
+  // store's buffers: the same numbers, for a runtime that never holds the whole model.
+  void init_values(uint64_t seed, size_t begin, size_t end, float* dst) const;
   void zero_grad();
   // Refreshes the compute copy from master (after an optimizer step or a weight load).
   void sync_compute();

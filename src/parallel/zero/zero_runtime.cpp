@@ -62,6 +62,8 @@ ZeroRuntime::ZeroRuntime(nn::ParamStore& store, std::vector<Unit> units,
     p->grad = nullptr;  // bound to a gradient slab while one exists
   }
   bool lowp_master = cd_ != DType::kF32;
+  MT_CHECK(!store.released() || (opts_.initial_values && !opts_.swap_dir.empty()), ErrorKind::kInternal,
+           "ZeRO runtime: a store without buffers needs the swap and initial values");
   if (opts_.swap_dir.empty()) {
     master_ = Buffer(part_.shard_numel() * 4, lowp_master ? MemCategory::kOptimizer : MemCategory::kParams);
     grad_ = Buffer(part_.shard_numel() * 4, MemCategory::kGrads);
@@ -91,7 +93,9 @@ ZeroRuntime::ZeroRuntime(nn::ParamStore& store, std::vector<Unit> units,
       const size_t bytes = io::align_up(part_.piece(i) * 4);
       std::memset(bounce.data(), 0, bytes);
       swap_->io->wait(swap_->io->write(*swap_->grad, bounce.data(), bytes, swap_->off[i]));
-      std::memcpy(bounce.data(), store.master() + part_.piece_begin(i), (part_.piece_end(i) - part_.piece_begin(i)) * 4);
+      const size_t a = part_.piece_begin(i), n = part_.piece_end(i) - a;
+      if (store.released()) opts_.initial_values(a, a + n, bounce.as<float>());
+      else std::memcpy(bounce.data(), store.master() + a, n * 4);
       swap_->io->wait(swap_->io->write(*swap_->master, bounce.data(), bytes, swap_->off[i]));
     }
   }
@@ -105,7 +109,9 @@ ZeroRuntime::ZeroRuntime(nn::ParamStore& store, std::vector<Unit> units,
     View& v = *views_[i];
     Buffer& dst = cd_ == DType::kF32 ? v.f32 : v.staging;
     dst = Buffer(part_.padded(i) * 4, cd_ == DType::kF32 ? MemCategory::kParams : MemCategory::kComm);
-    std::memcpy(dst.data(), store.master() + part_.units()[i].offset, part_.units()[i].numel * 4);
+    const Unit& unit = part_.units()[i];
+    if (store.released()) opts_.initial_values(unit.offset, unit.offset + unit.numel, dst.as<float>());
+    else std::memcpy(dst.data(), store.master() + unit.offset, unit.numel * 4);
   }
   schedule_.construct();
   store.release_buffers();

@@ -28,6 +28,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -56,6 +57,9 @@ struct ZeroOptions : ZeroScheduleOptions {
   std::string swap_dir;
   io::AioOptions aio;
   io::Env* env = nullptr;  // null: the real filesystem
+  // A store built without buffers (models::ModelOptions::deferred_init): the initial values of
+  // flat elements [begin, end), asked unit by unit.
+  std::function<void(size_t begin, size_t end, float* dst)> initial_values;
 };
 
 class ZeroRuntime : private ZeroEffects {
