@@ -287,7 +287,7 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
               rank_dir)
                  .string();
     if (parallel::ZeroRuntime* rt = sync_->zero(); rt != nullptr && rt->swapped()) {
-      so.records = rt->swap_records();  // sub-groups of whole unit pieces, the runtime's layout
+      so.records = rt->swap_records(static_cast<size_t>(z.sub_group_size));  // the runtime's layout, in sub-group-sized records
       so.master_file = rt->master_file();
       so.grad_file = rt->grad_file();
     }

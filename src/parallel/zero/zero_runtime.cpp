@@ -146,9 +146,12 @@ void ZeroRuntime::set_last_micro_batch(bool last) {
   schedule_.set_last_micro_batch(last);
 }
 
-std::vector<optim::SwapRecord> ZeroRuntime::swap_records() const {
+std::vector<optim::SwapRecord> ZeroRuntime::swap_records(size_t max_elems) const {
+  const size_t chunk = std::max<size_t>(1024, max_elems / 1024 * 1024);
   std::vector<optim::SwapRecord> r;
-  for (size_t u = 0; u < part_.units().size(); ++u) r.push_back({part_.shard_offset(u), part_.piece(u), swap_->off[u]});
+  for (size_t u = 0; u < part_.units().size(); ++u)
+    for (size_t k = 0; k < part_.piece(u); k += chunk)
+      r.push_back({part_.shard_offset(u) + k, std::min(chunk, part_.piece(u) - k), swap_->off[u] + k * 4});
   return r;
 }
 

@@ -96,7 +96,9 @@ class ZeroRuntime : private ZeroEffects {
   // offload_param nvme: master() and grad() are null; the shards are in these files, laid out by
   // swap_records() (span elements of each unit piece at its record's offset).
   bool swapped() const { return swap_ != nullptr; }
-  std::vector<optim::SwapRecord> swap_records() const;
+  // Each unit piece cut into records of at most max_elems (rounded down to 1024 elements, 4 KiB of
+  // f32): the pieces' file layout is unchanged, the optimizer's sub-groups can be smaller than a unit.
+  std::vector<optim::SwapRecord> swap_records(size_t max_elems = SIZE_MAX) const;
   io::File* master_file() const;
   io::File* grad_file() const;
   // The whole master shard from / to disk (checkpoints); write_master then refresh_params().
