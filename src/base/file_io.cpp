@@ -59,3 +59,15 @@ bool file_exists(const std::string& path) {
 }
 
 }  // namespace mt
+
+namespace mt {
+
+size_t process_peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return static_cast<size_t>(std::stoull(line.substr(6))) * 1024;  // "kB"
+  return 0;
+}
+
+}  // namespace mt

@@ -14,3 +14,10 @@ void file_write_atomic(const std::string& path, const void* data, size_t bytes);
 bool file_exists(const std::string& path);
 
 }  // namespace mt
+
+namespace mt {
+
+// The process's peak resident set (VmHWM of /proc/self/status), bytes; 0 where unknown.
+size_t process_peak_rss_bytes();
+
+}  // namespace mt

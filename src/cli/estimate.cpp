@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@ struct EstimateOptions {
   int procs = 1;
   std::vector<std::string> sets;
   double memory_gib = 0.0;
+  double disk_gib = 0.0;  // 0: the free space where the swap goes
   bool json = false;
 };
 
@@ -39,8 +41,9 @@ size_t physical_memory_bytes() {
 // Loads the run configuration as train does; the estimate covers every stage whatever its
 // zero_optimization.stage says, with its stage-3 knobs.
 // One input per pipeline rank (one without a pipeline).
-std::vector<planner::MemoryInput> load_inputs(const EstimateOptions& o) {
+std::vector<planner::MemoryInput> load_inputs(const EstimateOptions& o, std::string* swap_dir = nullptr) {
   engine::RunConfig c = engine::ds_config_load(o.path, o.sets, o.procs);
+  if (swap_dir) *swap_dir = c.zero.optimizer_nvme_path;
   for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   std::vector<planner::MemoryInput> out;
   for (int r = 0; r < c.pp; ++r) out.push_back(estimate_input(c, o.procs, r));
@@ -86,8 +89,10 @@ void print_table(const planner::MemoryInput& in, const std::vector<planner::Stag
       "Ours differs: f32 gradients (as DeepSpeed's bf16 optimizer accumulates), f32 non-matrix weights in the "
       "model view, gathered/reduced unit buffers (comm), and activations and workspace, which DeepSpeed leaves out.\n");
   if (in.zero.optimizer_nvme) {
-    std::printf("offload_optimizer nvme: the optimizer state on disk per rank (stage 0 cannot offload; its row is in "
-                "memory):");
+    std::printf("%s: on disk per rank (stage 0 cannot offload; its row is in memory%s):",
+                in.zero.param_nvme ? "offload_optimizer + offload_param nvme (stage 3: master, gradients, moments)"
+                                   : "offload_optimizer nvme: the optimizer state",
+                in.zero.param_nvme ? "; stages 1-2 swap the optimizer state only" : "");
     for (const planner::StageEstimate& e : est)
       if (e.stage >= 1) std::printf("%s stage%d %s", e.stage > 1 ? "," : "", e.stage, format_bytes(e.disk_bytes).c_str());
     std::printf("; %d sub-group(s) of the span resident\n", in.zero.swap_buffers);
@@ -139,6 +144,34 @@ nlohmann::json to_json(const planner::MemoryInput& in, const std::vector<planner
   return j;
 }
 
+// Free bytes of the filesystem holding path (its nearest existing ancestor).
+uint64_t free_disk_bytes(std::string path) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::absolute(path.empty() ? "." : path);
+  while (!fs::exists(p) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
+  std::error_code ec;
+  const fs::space_info si = fs::space(p, ec);
+  return ec ? 0 : si.available;
+}
+
+// The most layers of in's shape whose stage-3 estimate fits the RAM budget and the disk (the swap
+// grows with the layers, the resident part with the largest unit): binary search, both monotone.
+int largest_layers(planner::MemoryInput in, size_t budget, uint64_t disk) {
+  auto fits = [&](int L) {
+    in.model.n_layer = L;
+    planner::StageEstimate e = planner::estimate_stage(in, 3);
+    return e.ours.total() <= budget && e.disk_bytes <= disk;
+  };
+  if (!fits(1)) return 0;
+  int lo = 1, hi = 2;
+  while (hi < (1 << 16) && fits(hi)) lo = hi, hi *= 2;
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 void run_estimate(const EstimateOptions& o) {
   MT_CHECK(o.procs >= 1, ErrorKind::kInvalidArgument, "--procs must be at least 1, got " + std::to_string(o.procs));
   MT_CHECK(o.memory_gib >= 0.0, ErrorKind::kInvalidArgument, "--memory must be positive (GiB)");
@@ -147,7 +180,9 @@ void run_estimate(const EstimateOptions& o) {
   // Under pipeline parallelism one table per pipeline rank (stages differ), ZeRO stages 0-1; in
   // JSON an array of the ranks' objects.
   nlohmann::json ranks = nlohmann::json::array();
-  for (const planner::MemoryInput& in : load_inputs(o)) {
+  std::string swap_dir;
+  const std::vector<planner::MemoryInput> inputs = load_inputs(o, &swap_dir);
+  for (const planner::MemoryInput& in : inputs) {
     std::vector<planner::StageEstimate> est;
     std::vector<int> fits;
     for (int stage = 0; stage <= (in.pipeline() ? 1 : 3); ++stage) {
@@ -156,6 +191,21 @@ void run_estimate(const EstimateOptions& o) {
     }
     if (o.json) ranks.push_back(to_json(in, est, fits, budget));
     else print_table(in, est, fits, budget);
+    if (in.zero.param_nvme && !in.pipeline()) {  // ZeRO-Infinity: how far RAM + disk reach
+      const uint64_t disk = o.disk_gib > 0.0 ? static_cast<uint64_t>(o.disk_gib * 1073741824.0) : free_disk_bytes(swap_dir);
+      const int L = largest_layers(in, budget, disk);
+      planner::MemoryInput big = in;
+      big.model.n_layer = std::max(L, 1);
+      if (o.json) {
+        ranks.back()["disk_bytes_available"] = disk;
+        ranks.back()["largest_layers_stage3_swapped"] = L;
+        ranks.back()["largest_params_stage3_swapped"] = L > 0 ? big.model.num_params() : 0;
+      } else {
+        std::printf("largest model of this shape in %s of RAM and %s of disk (stage 3, parameters and optimizer on "
+                    "nvme): %d layers, %.2fB parameters\n",
+                    format_bytes(budget).c_str(), format_bytes(disk).c_str(), L, L > 0 ? big.model.num_params() / 1e9 : 0.0);
+      }
+    }
   }
   if (o.json) std::printf("%s\n", (ranks.size() == 1 ? ranks[0] : ranks).dump(2).c_str());
 }
@@ -183,6 +233,7 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   in.zero.optimizer_nvme = c.zero.offload_optimizer == "nvme";
   in.zero.sub_group_size = c.zero.sub_group_size;
   in.zero.swap_buffers = c.zero.optimizer_buffer_count;
+  in.zero.param_nvme = c.zero.offload_param == "nvme";
   in.pp = c.pp;
   in.pp_rank = pp_rank;
   if (c.pp > 1) {  // this rank's stage as engine_build_model makes it
@@ -208,6 +259,8 @@ void register_estimate(CLI::App& app) {
   cmd->add_option("--procs", o->procs, "processes (default 1); data parallelism takes procs / parallel.tp");
   cmd->add_option("--set", o->sets, "override a key: a.b.c=value (JSON value or plain string)");
   cmd->add_option("--memory", o->memory_gib, "memory per rank in GiB (default: physical RAM / procs)");
+  cmd->add_option("--disk", o->disk_gib,
+                  "disk for the swap in GiB (offload to nvme; default: the free space under nvme_path)");
   cmd->add_flag("--json", o->json, "print JSON");
   cmd->callback([o] { run_estimate(*o); });
 }

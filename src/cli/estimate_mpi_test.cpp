@@ -74,13 +74,14 @@ struct Case {
   const char* schedule = "1f1b";
   const char* comm = nullptr;  // communication_data_type
   bool nvme = false;           // offload_optimizer device nvme
+  bool param_nvme = false;     // and offload_param (stage 3)
 };
 
 std::string case_name(const Case& k) {
   return k.arch + (k.bf16 ? "_bf16" : "_fp32") + "_stage" + std::to_string(k.stage) + (k.overlap ? "_overlap" : "") +
          (k.tp > 1 ? "_tp" + std::to_string(k.tp) + "_n" + std::to_string(k.procs) : "") + (k.sp ? "_sp" : "") +
          (k.pp > 1 ? "_pp" + std::to_string(k.pp) + "_" + k.schedule + "_n" + std::to_string(k.procs) : "") +
-         (k.comm ? std::string("_comm_") + k.comm : "") + (k.nvme ? "_nvme" : "");
+         (k.comm ? std::string("_comm_") + k.comm : "") + (k.nvme ? "_nvme" : "") + (k.param_nvme ? "_params" : "");
 }
 
 nlohmann::json config_json(const Case& k) {
@@ -108,6 +109,8 @@ nlohmann::json config_json(const Case& k) {
     j["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", dir() + "/swap-" + case_name(k)},
                                                    {"buffer_count", 3}, {"pipeline_read", true}};
     j["zero_optimization"]["sub_group_size"] = 3000;
+    if (k.param_nvme)
+      j["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", dir() + "/swap-" + case_name(k)}};
   }
   if (k.tp > 1 || k.pp > 1) j["parallel"] = {{"tp", k.tp}, {"sequence_parallel", k.sp}, {"pp", k.pp}};
   if (k.pp > 1) {  // rank 0 = the first stage: the embedding, one layer of two, 1F1B's pp slots
@@ -166,8 +169,10 @@ TEST_P(EstimateMpi, PeaksPerCategoryAgree) {
                 measured > 0 ? 100.0 * (estimated - measured) / measured : 0.0);
   }
   if (k.nvme) {  // the swap files of rank 0 hold what the estimate says, byte for byte
-    const std::string d = dir() + "/swap-" + case_name(k) + "/zero_stage_" + std::to_string(k.stage) + "/optimizer/rank0/";
-    const uintmax_t on_disk = fs::file_size(d + "exp_avg.swp") + fs::file_size(d + "exp_avg_sq.swp");
+    const std::string root = dir() + "/swap-" + case_name(k) + "/zero_stage_" + std::to_string(k.stage);
+    const std::string d = root + "/optimizer/rank0/";
+    uintmax_t on_disk = fs::file_size(d + "exp_avg.swp") + fs::file_size(d + "exp_avg_sq.swp");
+    if (k.param_nvme) on_disk += fs::file_size(root + "/param/rank0/params.swp") + fs::file_size(root + "/param/rank0/grads.swp");
     EXPECT_EQ(on_disk, m.estimate["disk"].get<uintmax_t>());
     EXPECT_GT(on_disk, 0u);
   }
@@ -190,7 +195,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", false, 2, true, 1, 2, false, 1, "1f1b", "fp16"},
                       // offload_optimizer nvme: only the swap's slots are resident; its files on disk.
                       Case{"gpt2", true, 2, false, 1, 2, false, 1, "1f1b", nullptr, true},
-                      Case{"llama", false, 3, true, 1, 2, false, 1, "1f1b", nullptr, true}),
+                      Case{"llama", false, 3, true, 1, 2, false, 1, "1f1b", nullptr, true},
+                      // offload_param nvme too: master and gradient shards on disk, read and
+                      // summed through comm buffers, the optimizer's slots of four states.
+                      Case{"gpt2", true, 3, false, 1, 2, false, 1, "1f1b", nullptr, true, true},
+                      Case{"llama", false, 3, true, 1, 2, false, 1, "1f1b", nullptr, true, true}),
     [](const auto& info) { return case_name(info.param); });
 
 // (2): stage-3 model states against the closed form (header comment), computed from the units

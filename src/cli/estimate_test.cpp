@@ -169,6 +169,35 @@ TEST(EstimateCli, TableAndJsonAgree) {
   }
 }
 
+// ZeRO-Infinity: the largest model of the configuration's shape that fits a RAM and a disk
+// budget — L layers fit both, L + 1 does not fit one of them (each checked with its own estimate).
+TEST(EstimateCli, LargestSwappedModelFitsRamAndDisk) {
+  std::string cfg = write_config(), out, err;
+  const std::string swap = " --set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_param.device=nvme"
+                           " --set zero_optimization.offload_optimizer.nvme_path=" + temp_dir() +
+                           "/swap --set zero_optimization.offload_param.nvme_path=" + temp_dir() + "/swap";
+  ASSERT_EQ(run("estimate " + cfg + swap + " --memory 0.01 --disk 0.005 --json", &out, &err), 0) << err;
+  nlohmann::json j = nlohmann::json::parse(out);
+  const int L = j["largest_layers_stage3_swapped"].get<int>();
+  ASSERT_GT(L, 2) << out;
+  EXPECT_EQ(j["disk_bytes_available"].get<double>(), std::floor(0.005 * 1073741824.0));
+  auto row = [&](int layers) {
+    std::string o, e;
+    EXPECT_EQ(run("estimate " + cfg + swap + " --memory 0.01 --json --set model.num_hidden_layers=" + std::to_string(layers), &o, &e), 0)
+        << e;
+    return nlohmann::json::parse(o)["stages"][3];
+  };
+  const double ram = 0.01 * 1073741824.0, disk = 0.005 * 1073741824.0;
+  nlohmann::json at = row(L), over = row(L + 1);
+  EXPECT_LE(at["total"].get<double>(), ram);
+  EXPECT_LE(at["disk"].get<double>(), disk);
+  EXPECT_TRUE(over["total"].get<double>() > ram || over["disk"].get<double>() > disk);
+  EXPECT_GT(over["disk"].get<double>(), at["disk"].get<double>());
+  ASSERT_EQ(run("estimate " + cfg + swap + " --memory 0.01 --disk 0.005", &out, &err), 0) << err;
+  EXPECT_NE(out.find("largest model of this shape in 10.2 MiB of RAM and 5.1 MiB of disk"), std::string::npos) << out;
+  EXPECT_NE(out.find(std::to_string(L) + " layers"), std::string::npos) << out;
+}
+
 TEST(EstimateCli, BadProcsIsOneLine) {
   std::string cfg = write_config(), out, err;
   EXPECT_EQ(run("estimate " + cfg + " --procs 0", &out, &err), 2);

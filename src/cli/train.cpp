@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "base/file_io.h"
 #include "base/error.h"
 #include "base/fault.h"
 #include "base/timer.h"
@@ -318,6 +319,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       MemStats mem = eng.memory_stats();
       for (int c = 0; c < kMemCategoryCount; ++c)
         m["peak_" + std::string(mem_category_name(static_cast<MemCategory>(c))) + "_bytes"] = mem.peak[c];
+      m["rss_peak_bytes"] = process_peak_rss_bytes();  // VmHWM: everything the process ever held
       metrics << m.dump() << "\n";
       metrics.flush();
     }

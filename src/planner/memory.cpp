@@ -187,6 +187,37 @@ OptimizerSwap optimizer_swap(size_t span, int states, int64_t sub_group_size, in
   return r;
 }
 
+OptimizerSwap param_swap(const std::vector<size_t>& pieces, int64_t sub_group_size, int buffers) {
+  // parallel::ZeroRuntime::swap_records and optim::SwappedAdamW's sub-groups of whole records.
+  constexpr size_t kAlign = 4096;
+  auto align_up = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
+  const size_t sub = static_cast<size_t>(std::max<int64_t>(sub_group_size, 1));
+  const size_t chunk = std::max<size_t>(1024, sub / 1024 * 1024);
+  struct Rec {
+    size_t numel;
+    uint64_t off;
+  };
+  std::vector<Rec> recs;
+  uint64_t at = 0;
+  for (size_t p : pieces) {
+    for (size_t k = 0; k < p; k += chunk) recs.push_back({std::min(chunk, p - k), at + k * 4});
+    at += align_up(p * 4);
+  }
+  OptimizerSwap r;
+  size_t slot = 0;
+  for (size_t i = 0; i < recs.size();) {
+    const size_t first = i;
+    size_t n = 0;
+    while (i < recs.size() && (i == first || n + recs[i].numel <= sub)) n += recs[i++].numel;
+    slot = std::max(slot, align_up(static_cast<size_t>(recs[i - 1].off - recs[first].off) + recs[i - 1].numel * 4));
+    ++r.sub_groups;
+  }
+  const size_t slots = std::min(static_cast<size_t>(std::max(buffers, 1)), std::max<size_t>(r.sub_groups, 1));
+  r.resident = slots * 4 * (slot + kAlign);
+  if (!recs.empty()) r.disk = 2 * (recs.back().off + align_up(recs.back().numel * 4)) + 2 * at;
+  return r;
+}
+
 namespace {
 
 // Replays what parallel::ZeroRuntime allocates: the runtime's own schedule (parallel::ZeroSchedule)
@@ -200,7 +231,7 @@ class ZeroReplay : private parallel::ZeroEffects {
   ZeroReplay(const std::vector<parallel::Unit>& units, int stage, int world, size_t e, int k, bool tied_head,
              const ZeroKnobs& z, bool pipeline)
       : units_(units), stage_(stage), N_(static_cast<size_t>(world)), e_(e), k_(static_cast<size_t>(k)),
-        tied_(tied_head), pipeline_(pipeline), comm_(z.comm_dtype), zero_(z), views_(units.size()),
+        tied_(tied_head), pipeline_(pipeline), comm_(z.comm_dtype), zero_(z), record_(units.size()), views_(units.size()),
         schedule_(units, schedule_options(stage, z), *this) {
     for (const parallel::Unit& u : units_) {
       P_ += u.numel;
@@ -211,15 +242,25 @@ class ZeroReplay : private parallel::ZeroEffects {
   // Setup peak (store + runtime construction + optimizer) and the steady-state peak of training.
   void run(MemoryBreakdown& setup, MemoryBreakdown& steady) {
     const bool lowp = e_ != 4;
-    // nn::ParamStore (TransformerLM's constructor): master, gradients, compute copy.
-    size_t store_master = 4 * P_, store_grad = 4 * P_, store_compute = lowp ? e_ * P_ : 0;
+    const bool swap = param_swap_on();
+    // nn::ParamStore (TransformerLM's constructor): master, gradients, compute copy; none when the
+    // model is built for the swap (deferred initialisation).
+    size_t store_master = swap ? 0 : 4 * P_, store_grad = swap ? 0 : 4 * P_, store_compute = lowp && !swap ? e_ * P_ : 0;
     alloc(lowp ? MemCategory::kOptimizer : MemCategory::kParams, store_master);
     alloc(MemCategory::kGrads, store_grad);
     if (lowp) alloc(MemCategory::kParams, store_compute);
-    // ZeroRuntime(): master and gradient shards, the persistent views' targets filled from the
-    // store, then the schedule's construction.
-    alloc(lowp ? MemCategory::kOptimizer : MemCategory::kParams, 4 * S_);
-    alloc(MemCategory::kGrads, 4 * S_);
+    // ZeroRuntime(): master and gradient shards (or, swapped, one bounce buffer of the largest
+    // piece while the records are written), the persistent views' targets filled from the store,
+    // then the schedule's construction.
+    if (swap) {
+      size_t most = 0;
+      for (const parallel::Unit& u : units_) most = std::max(most, align4k(piece(u) * 4));
+      alloc(MemCategory::kComm, most + 4096);
+      release(MemCategory::kComm, most + 4096);
+    } else {
+      alloc(lowp ? MemCategory::kOptimizer : MemCategory::kParams, 4 * S_);
+      alloc(MemCategory::kGrads, 4 * S_);
+    }
     for (size_t u = 0; u < units_.size(); ++u) {
       if (!schedule_.persistent(u)) continue;
       View& v = views_[u];
@@ -233,7 +274,11 @@ class ZeroReplay : private parallel::ZeroEffects {
     release(lowp ? MemCategory::kOptimizer : MemCategory::kParams, store_master);  // store.release_buffers()
     release(MemCategory::kGrads, store_grad);
     if (lowp) release(MemCategory::kParams, store_compute);
-    if (zero_.optimizer_nvme)  // only the swap's slots are resident
+    if (swap) {  // the slots of master, gradients and moments
+      std::vector<size_t> pieces;
+      for (const parallel::Unit& u : units_) pieces.push_back(piece(u));
+      alloc(MemCategory::kOptimizer, param_swap(pieces, zero_.sub_group_size, zero_.swap_buffers).resident);
+    } else if (zero_.optimizer_nvme)  // only the swap's slots are resident
       alloc(MemCategory::kOptimizer, optimizer_swap(S_, static_cast<int>(k_), zero_.sub_group_size, zero_.swap_buffers).resident);
     else
       alloc(MemCategory::kOptimizer, 4 * k_ * S_);  // the optimizer's state over the shard
@@ -251,6 +296,10 @@ class ZeroReplay : private parallel::ZeroEffects {
         micro_batch();
       }
       schedule_.finish_backward();
+      if (swap) {  // ZeroRuntime::finish_backward: every gradient record written
+        for (size_t u = 0; u < record_.size(); ++u) free_record(u);
+        writing_.clear();
+      }
       schedule_.refresh();
     }
     steady = peak_;
@@ -258,7 +307,7 @@ class ZeroReplay : private parallel::ZeroEffects {
 
  private:
   struct View {
-    size_t f32 = 0, lowp = 0, staging = 0, grad = 0;
+    size_t f32 = 0, lowp = 0, staging = 0, grad = 0, piece = 0;
   };
 
   static parallel::ZeroScheduleOptions schedule_options(int stage, const ZeroKnobs& z) {
@@ -272,6 +321,12 @@ class ZeroReplay : private parallel::ZeroEffects {
     return o;
   }
   size_t piece(const parallel::Unit& u) const { return (u.numel + N_ - 1) / N_; }
+  static size_t align4k(size_t b) { return (b + 4095) / 4096 * 4096; }
+  bool param_swap_on() const { return zero_.param_nvme && stage_ == 3; }
+  void free_record(size_t u) {
+    release(MemCategory::kComm, record_[u]);
+    record_[u] = 0;
+  }
   size_t padded(size_t u) const { return piece(units_[u]) * N_; }
   void alloc(MemCategory c, size_t b) {
     cur_[c] += b;
@@ -287,9 +342,12 @@ class ZeroReplay : private parallel::ZeroEffects {
     } else {
       alloc(MemCategory::kComm, v.staging = 4 * padded(u));
     }
+    if (param_swap_on()) alloc(MemCategory::kComm, v.piece = align4k(piece(units_[u]) * 4) + 4096);  // read from disk
   }
   void finish_gather(size_t u) override {
     View& v = views_[u];
+    release(MemCategory::kComm, v.piece);  // all-gathered, then freed
+    v.piece = 0;
     if (e_ == 4) return;
     const parallel::Unit& unit = units_[u];
     if (!v.lowp) {
@@ -300,8 +358,8 @@ class ZeroReplay : private parallel::ZeroEffects {
     v.staging = 0;
   }
   void cancel_gather(size_t u) override {
-    release(MemCategory::kComm, views_[u].staging);
-    views_[u].staging = 0;
+    release(MemCategory::kComm, views_[u].staging + views_[u].piece);
+    views_[u].staging = views_[u].piece = 0;
   }
   void free_view(size_t u) override {
     View& v = views_[u];
@@ -321,6 +379,15 @@ class ZeroReplay : private parallel::ZeroEffects {
     recv_.push_back(bytes);
   }
   void complete_reduce(size_t u, bool free_slab) override {
+    if (param_swap_on()) {  // the piece's record: summed, written behind (two writes in flight)
+      free_record(u);
+      alloc(MemCategory::kComm, record_[u] = align4k(piece(units_[u]) * 4) + 4096);
+      writing_.push_back(u);
+      while (writing_.size() > 2) {
+        free_record(writing_.front());
+        writing_.erase(writing_.begin());
+      }
+    }
     release(MemCategory::kComm, recv_.front());
     recv_.erase(recv_.begin());
     if (free_slab) {
@@ -352,6 +419,8 @@ class ZeroReplay : private parallel::ZeroEffects {
   bool tied_, pipeline_;
   DType comm_;
   ZeroKnobs zero_;
+  std::vector<size_t> record_;   // per unit: its gradient record in memory (offload_param nvme)
+  std::vector<size_t> writing_;  // units whose record is being written, oldest first
   std::vector<View> views_;
   std::vector<size_t> recv_;  // receive buffers of the reductions in flight, oldest first
   size_t P_ = 0, S_ = 0;
@@ -474,9 +543,15 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   for (const parallel::Unit& u : units) P += u.numel;
   r.ds_paper_bytes = ds_paper(P, stage, in.world, e, in.optimizer_states);
   if (in.zero.optimizer_nvme && stage >= 1) {
+    std::vector<size_t> pieces;
     size_t S = 0;
-    for (const parallel::Unit& u : units) S += (u.numel + static_cast<size_t>(in.world) - 1) / static_cast<size_t>(in.world);
-    r.disk_bytes = optimizer_swap(S, in.optimizer_states, in.zero.sub_group_size, in.zero.swap_buffers).disk;
+    for (const parallel::Unit& u : units) {
+      pieces.push_back((u.numel + static_cast<size_t>(in.world) - 1) / static_cast<size_t>(in.world));
+      S += pieces.back();
+    }
+    r.disk_bytes = in.zero.param_nvme && stage == 3
+                       ? param_swap(pieces, in.zero.sub_group_size, in.zero.swap_buffers).disk
+                       : optimizer_swap(S, in.optimizer_states, in.zero.sub_group_size, in.zero.swap_buffers).disk;
   }
   if (stage == 1 || stage == 2) r.ds_estimator_bytes = 4 * P + 16 * P / static_cast<size_t>(in.world);
   if (stage == 3) r.ds_estimator_bytes = 4 * largest_module_params(in.model) + 18 * P / static_cast<size_t>(in.world);

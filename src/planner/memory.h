@@ -69,6 +69,11 @@ struct ZeroKnobs {
   bool optimizer_nvme = false;
   int64_t sub_group_size = 1000000000;
   int swap_buffers = 4;
+  // offload_param device "nvme" (stage 3, with optimizer_nvme): the f32 master and gradient shards
+  // on disk, one aligned record per unit piece (parallel/zero/zero_runtime.h); the model built
+  // without its flat buffers; each gather reads its piece into a comm buffer, each reduction sums
+  // into a comm record written behind (two in flight); the optimizer's slots hold 4 states.
+  bool param_nvme = false;
 };
 
 // The optimizer swap of a span of `span` elements with `states` f32 states (optim/swapped_adamw.h):
@@ -79,6 +84,10 @@ struct OptimizerSwap {
   size_t sub_groups = 0;
 };
 OptimizerSwap optimizer_swap(size_t span, int states, int64_t sub_group_size, int buffers);
+// The same with offload_param nvme: the span is the unit pieces (pieces[u] elements each, records
+// at 4 KiB-aligned offsets, cut at sub_group_size), the slots hold master, gradients and moments;
+// disk: the moments' files and the master and gradient files.
+OptimizerSwap param_swap(const std::vector<size_t>& pieces, int64_t sub_group_size, int buffers);
 
 struct MemoryInput {
   models::ModelConfig model;

@@ -33,6 +33,7 @@ struct ZeroRuntime::Swap {
     io::AlignedBuffer buf;
   };
   std::vector<Write> grad_write;     // per unit: the write behind in flight
+  std::deque<size_t> writing;        // units with a write in flight, oldest first (at most two)
   std::vector<std::pair<size_t, size_t>> norm_ranges;
   std::vector<std::vector<size_t>> unit_ranges;  // per unit: indices into norm_ranges
   std::vector<double> norms;         // per norm range, at the last micro-batch
@@ -364,6 +365,11 @@ void ZeroRuntime::complete_reduce(size_t u, bool free_slab) {
     swap_->grad_write[u].t = swap_->io->write(*swap_->grad, record.data(), record.size(), swap_->off[u]);
     swap_->grad_write[u].buf = std::move(record);
     swap_->grad_on_disk[u] = 1;
+    swap_->writing.push_back(u);
+    while (swap_->writing.size() > 2) {  // written behind, but not a second copy of the gradients in memory
+      swap_->wait_write(swap_->writing.front());
+      swap_->writing.pop_front();
+    }
   }
   pending_.pop_front();
   if (free_slab) {
@@ -381,8 +387,10 @@ void ZeroRuntime::progress() {
 
 void ZeroRuntime::finish_backward() {
   schedule_.finish_backward();
-  if (swap_)  // every gradient record on disk before the optimizer reads them
+  if (swap_) {  // every gradient record on disk before the optimizer reads them
     for (size_t u = 0; u < views_.size(); ++u) swap_->wait_write(u);
+    swap_->writing.clear();
+  }
 }
 
 void ZeroRuntime::zero_grad() {
