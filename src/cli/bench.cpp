@@ -268,7 +268,7 @@ void run_io_bench(const BenchArgs& args) {
   if (args.json) {
     nlohmann::json j = {{"dir", args.io_dir}, {"bytes", bytes}, {"direct", bw.direct}, {"block_size", o.block_size},
                         {"queue_depth", o.queue_depth}, {"thread_count", o.thread_count}, {"io_uring", io::io_uring_available()},
-                        {"write_gbs", bw.write_gbs}, {"read_gbs", bw.read_gbs}};
+                        {"write_gbs", bw.write_gbs}, {"read_gbs", bw.read_gbs}, {"mixed_gbs", bw.mixed_gbs}};
     std::printf("%s\n", j.dump().c_str());
     return;
   }
@@ -278,6 +278,7 @@ void run_io_bench(const BenchArgs& args) {
               static_cast<unsigned long long>(args.io_mib), o.block_size >> 10, o.queue_depth, o.thread_count);
   std::printf("write        %.2f GB/s\n", bw.write_gbs);
   std::printf("read         %.2f GB/s\n", bw.read_gbs);
+  std::printf("mixed        %.2f GB/s read + written (one half read while the other is written)\n", bw.mixed_gbs);
 }
 
 void register_bench(CLI::App& app) {

@@ -392,6 +392,24 @@ Bandwidth bandwidth_probe(const std::string& dir, uint64_t bytes, const AioOptio
     };
     bw.write_gbs = pass(true);
     bw.read_gbs = pass(false);
+    if (n >= 2) {  // the first half read while the second is written, on two threads
+      AioOptions mo = options;
+      mo.thread_count = std::max(2, options.thread_count);
+      AsyncIo mio(mo);
+      AlignedBuffer rbuf(chunk, MemCategory::kWorkspace);
+      const uint64_t half = n / 2;
+      AsyncIo::Ticket tr = 0, tw = 0;
+      const double t0 = now();
+      for (uint64_t k = 0; k < half; ++k) {
+        if (tr != 0) mio.wait(tr);
+        if (tw != 0) mio.wait(tw);
+        tr = mio.read(*f, rbuf.data(), chunk, k * chunk);
+        tw = mio.write(*f, buf[0].data(), chunk, (half + k) * chunk);
+      }
+      mio.wait(tr);
+      mio.wait(tw);
+      bw.mixed_gbs = static_cast<double>(2 * half * chunk) / (now() - t0) / 1e9;
+    }
   }
   std::filesystem::remove(path);
   (void)c;

@@ -91,6 +91,9 @@ DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes);
 // removed after. direct: whether O_DIRECT was used (false on filesystems without it).
 struct Bandwidth {
   double write_gbs = 0, read_gbs = 0;  // 1e9 bytes per second
+  // Reading one half of the file while writing the other (what a pipelined swap does): bytes
+  // read plus written per second.
+  double mixed_gbs = 0;
   bool direct = false;
 };
 Bandwidth bandwidth_probe(const std::string& dir, uint64_t bytes, const AioOptions& options, size_t chunk = 64 << 20);
