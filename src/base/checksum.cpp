@@ -20,6 +20,14 @@ std::string hex64(XXH64_hash_t h) {
 
 std::string xxh3_hex(const void* data, size_t bytes) { return hex64(XXH3_64bits(data, bytes)); }
 
+Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
+  MT_CHECK(state_ != nullptr, ErrorKind::kOutOfMemory, "XXH3 state");
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+Xxh3Stream::~Xxh3Stream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void Xxh3Stream::update(const void* data, size_t bytes) { XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes); }
+std::string Xxh3Stream::hex() const { return hex64(XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_))); }
+
 std::string file_xxh3_hex(const std::string& path, size_t* bytes) {
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) throw Error(ErrorKind::kIOError, path + ": cannot open: " + std::strerror(errno));

@@ -29,28 +29,45 @@ std::vector<char> file_read_all(const std::string& path) {
 }
 
 void file_write_atomic(const std::string& path, const void* data, size_t bytes) {
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  MT_CHECK(fd >= 0, ErrorKind::kIOError, tmp + ": " + std::strerror(errno));
-  const char* p = static_cast<const char*>(data);
-  size_t left = bytes;
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(ErrorKind::kIOError, tmp + ": write failed: " + std::strerror(e));
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
+  AtomicFile f(path);
+  f.append(data, bytes);
+  f.commit();
+}
+
+AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  MT_CHECK(fd_ >= 0, ErrorKind::kIOError, tmp_ + ": " + std::strerror(errno));
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
   }
-  bool ok = ::fsync(fd) == 0;
-  ok = (::close(fd) == 0) && ok;
-  MT_CHECK(ok, ErrorKind::kIOError, tmp + ": fsync/close failed");
-  MT_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, ErrorKind::kIOError,
-           path + ": rename failed: " + std::strerror(errno));
+}
+
+void AtomicFile::append(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(ErrorKind::kIOError, tmp_ + ": write failed: " + std::strerror(n < 0 ? errno : ENOSPC));
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFile::commit() {
+  bool ok = ::fsync(fd_) == 0;
+  ok = (::close(fd_) == 0) && ok;
+  const int fd = fd_;
+  fd_ = -1;
+  if (!ok) {
+    ::unlink(tmp_.c_str());
+    throw Error(ErrorKind::kIOError, tmp_ + ": fsync/close failed");
+  }
+  (void)fd;
+  MT_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, ErrorKind::kIOError, path_ + ": rename failed: " + std::strerror(errno));
 }
 
 bool file_exists(const std::string& path) {

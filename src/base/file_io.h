@@ -13,6 +13,22 @@ std::vector<char> file_read_all(const std::string& path);
 void file_write_atomic(const std::string& path, const void* data, size_t bytes);
 bool file_exists(const std::string& path);
 
+// file_write_atomic in parts: path.tmp is written by append(), then commit() fsyncs and renames it
+// over path. Destroyed without commit (an error on the way), the temp file is removed.
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  void append(const void* data, size_t bytes);
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
 }  // namespace mt
 
 namespace mt {

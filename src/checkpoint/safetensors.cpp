@@ -259,19 +259,31 @@ void safetensors_write(const std::string& path, const std::vector<StTensorOut>& 
   }
   std::string h = header.dump();
   while (h.size() % 8) h.push_back(' ');
-  std::vector<char> out(8 + h.size() + offset);
+  char len[8];
   uint64_t hl = h.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((hl >> (8 * i)) & 0xff);
-  std::memcpy(out.data() + 8, h.data(), h.size());
-  size_t pos = 8 + h.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((hl >> (8 * i)) & 0xff);
+  AtomicFile out(path);
+  out.append(len, 8);
+  out.append(h.data(), h.size());
+  std::vector<char> part;
   for (const auto& t : tensors) {
     size_t numel = 1;
     for (int64_t d : t.shape) numel *= static_cast<size_t>(d);
-    size_t bytes = numel * dtype_size(t.dtype);
-    std::memcpy(out.data() + pos, t.data, bytes);
-    pos += bytes;
+    const size_t esz = dtype_size(t.dtype);
+    if (t.data != nullptr) {
+      out.append(t.data, numel * esz);
+      continue;
+    }
+    MT_CHECK(t.fill != nullptr, ErrorKind::kInternal, path + ": tensor " + t.name + " has neither data nor fill");
+    const size_t chunk = (size_t{8} << 20) / esz;
+    part.resize(std::min(numel, chunk) * esz);
+    for (size_t b = 0; b < numel; b += chunk) {
+      const size_t n = std::min(chunk, numel - b);
+      t.fill(b, n, part.data());
+      out.append(part.data(), n * esz);
+    }
   }
-  file_write_atomic(path, out.data(), out.size());
+  out.commit();
 }
 
 }  // namespace mt::checkpoint

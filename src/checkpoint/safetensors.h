@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -57,8 +58,12 @@ struct StTensorOut {
   DType dtype;  // f32, bf16 or f16
   std::vector<int64_t> shape;
   const void* data;
+  // Null data: the tensor's elements [begin, begin + n) are asked for in parts, in order, into dst
+  // (a tensor that is not in memory, e.g. ZeRO-Infinity's swapped state).
+  std::function<void(size_t begin, size_t n, void* dst)> fill = nullptr;
 };
-// Writes a safetensors file atomically (temp, fsync, rename).
+// Writes a safetensors file atomically (temp, fsync, rename), streaming: the file is never staged
+// in memory (a tensor with fill, a few MiB at a time).
 void safetensors_write(const std::string& path, const std::vector<StTensorOut>& tensors,
                        const std::map<std::string, std::string>& metadata);
 

@@ -137,6 +137,7 @@ nlohmann::json last_line(const std::string& path) {
 struct Measured {
   nlohmann::json metrics;   // rank 0's last metrics line
   nlohmann::json estimate;  // this stage's row of estimate --json
+  nlohmann::json serial;    // overlap_comm: the row with every reduction waited for at once
 };
 
 Measured measure(const Case& k) {
@@ -150,6 +151,12 @@ Measured measure(const Case& k) {
   EXPECT_EQ(run("estimate " + cfg + " --procs " + n + " --json", &out, &err), 0) << err;
   nlohmann::json e = nlohmann::json::parse(out);
   m.estimate = (e.is_array() ? e[0] : e)["stages"][k.stage];  // a pipeline: rank 0 is pipeline rank 0
+  if (k.overlap) {
+    EXPECT_EQ(run("estimate " + cfg + " --procs " + n + " --json --set zero_optimization.overlap_comm=false", &out, &err), 0)
+        << err;
+    e = nlohmann::json::parse(out);
+    m.serial = (e.is_array() ? e[0] : e)["stages"][k.stage];
+  }
   return m;
 }
 
@@ -164,7 +171,15 @@ TEST_P(EstimateMpi, PeaksPerCategoryAgree) {
     double measured = m.metrics["peak_" + name + "_bytes"].get<double>();
     double estimated = m.estimate[name].get<double>();
     double tol = std::max(kRel * measured, name == "comm" ? kCommSlack : 0.0);
-    EXPECT_LE(std::fabs(measured - estimated), tol) << name << ": measured " << measured << " estimated " << estimated;
+    if (k.overlap && name == "comm") {
+      // A reduction left in flight may finish before the next is made (MPI's timing): comm then
+      // lies between the run that waits for each at once and the estimate's worst case.
+      const double serial = m.serial[name].get<double>();
+      EXPECT_LE(measured, estimated + tol) << name;
+      EXPECT_GE(measured, std::min(serial, estimated) - tol) << name << ": measured " << measured << " serial " << serial;
+    } else {
+      EXPECT_LE(std::fabs(measured - estimated), tol) << name << ": measured " << measured << " estimated " << estimated;
+    }
     std::printf("  %-12s measured %9.0f estimated %9.0f  (%+.2f%%)\n", name.c_str(), measured, estimated,
                 measured > 0 ? 100.0 * (estimated - measured) / measured : 0.0);
   }

@@ -747,11 +747,12 @@ TEST(TrainMpi, AKilledRankEndsTheJobNamingItAndResumeContinues) {
 // ZeRO-Infinity's optimizer swap on 2 ranks: the curve equals the in-memory run bit for bit; a
 // rank killed in the middle of a step's swap (half its sub-groups written back) loses nothing: the
 // step-3 checkpoint resumes, swapped or in memory, and continues the same curve exactly.
-nlohmann::json nvme_zero(const std::string& swap, bool on) {
-  nlohmann::json z = {{"stage", 2}, {"reduce_bucket_size", 5000}};
+nlohmann::json nvme_zero(const std::string& swap, bool on, int stage = 2) {
+  nlohmann::json z = {{"stage", stage}, {"reduce_bucket_size", 5000}, {"stage3_param_persistence_threshold", 0}};
   if (on) {
     z["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", swap}, {"pipeline_read", true}, {"pipeline_write", true}};
     z["sub_group_size"] = 2000;
+    if (stage == 3) z["offload_param"] = {{"device", "nvme"}, {"nvme_path", swap}};
   }
   return {{"train_batch_size", 4}, {"train_micro_batch_size_per_gpu", 1}, {"gradient_accumulation_steps", "auto"},
           {"comm_timeout", 20}, {"zero_optimization", z}, {"aio", {{"block_size", 8192}}}};
@@ -787,6 +788,25 @@ TEST(TrainMpi, NvmeOffloadEqualsMemoryAndAKillMidSwapLosesNothing) {
               0)
         << err;
     EXPECT_EQ(losses(dir() + "/" + name + ".jsonl"), std::vector<double>(ref.begin() + 3, ref.end())) << z;
+  }
+  // Stage 3 with the parameters on disk too: the same curve as stage 3 in memory; its checkpoint
+  // (streamed from the swap files) resumes in memory and swapped, and continues exactly.
+  ASSERT_EQ(run(launch(2) + write_config("nv3-mem", nvme_zero(swap, false, 3)) + " --metrics " + dir() + "/nv3-mem.jsonl", &err), 0)
+      << err;
+  ASSERT_EQ(run(launch(2) + write_config("nv3-disk", nvme_zero(swap, true, 3)) + " --metrics " + dir() + "/nv3-disk.jsonl", &err), 0)
+      << err;
+  const std::vector<double> ref3 = losses(dir() + "/nv3-mem.jsonl");
+  ASSERT_EQ(ref3.size(), 6u);
+  EXPECT_EQ(losses(dir() + "/nv3-disk.jsonl"), ref3);
+  EXPECT_TRUE(fs::exists(swap + "/zero_stage_3/param/rank1/params.swp"));
+  for (const char* z : {"true", "false"}) {
+    const std::string name = std::string("nv3-resume-") + z;
+    ASSERT_EQ(run(launch(2) + write_config(name, nvme_zero(swap, std::string(z) == "true", 3)) + " --resume " + dir() +
+                      "/ckpt-nv3-disk/step-3 --metrics " + dir() + "/" + name + ".jsonl",
+                  &err),
+              0)
+        << err;
+    EXPECT_EQ(losses(dir() + "/" + name + ".jsonl"), std::vector<double>(ref3.begin() + 3, ref3.end())) << z;
   }
 }
 

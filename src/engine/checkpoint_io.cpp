@@ -308,7 +308,36 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
       std::vector<std::vector<float>> scratch(names.size());
       // Each piece's XXH3-64 per state goes in the index: a rank that reads a few tensors of a file
       // verifies just those.
+      // A swapped state (ZeRO-Infinity) is streamed from its swap files piece by piece, hashed as
+      // it is written: never staged whole.
+      struct StreamedHash {
+        size_t piece;
+        std::string state;
+        std::unique_ptr<Xxh3Stream> h;
+      };
+      std::vector<StreamedHash> streamed;
+      auto record_hashes = [&] {
+        for (StreamedHash& sh : streamed) report["pieces"][sh.piece]["xxh3"][sh.state] = sh.h->hex();
+        streamed.clear();
+      };
       auto add_state = [&](size_t i, const std::string& prefix, std::vector<checkpoint::StTensorOut>& out) {
+        if (engine.state_swapped(names[i])) {
+          for (size_t j = 0; j < pieces.size(); ++j) {
+            const Piece& pc = pieces[j];
+            std::vector<int64_t> shape = pc.whole ? std::vector<int64_t>(pc.p->shape.begin(), pc.p->shape.end())
+                                                  : std::vector<int64_t>{static_cast<int64_t>(pc.end - pc.begin)};
+            streamed.push_back({j, names[i], std::make_unique<Xxh3Stream>()});
+            Xxh3Stream* h = streamed.back().h.get();
+            const std::string state = names[i];
+            const size_t at = pc.span_at;
+            out.push_back({prefix + pc.tensor, DType::kF32, shape, nullptr,
+                           [&engine, state, at, h](size_t b, size_t n, void* dst) {
+                             engine.read_span_state(state, at + b, n, static_cast<float*>(dst));
+                             h->update(dst, n * sizeof(float));
+                           }});
+          }
+          return;
+        }
         const float* span = engine.span_state(names[i], scratch[i]);
         for (size_t j = 0; j < pieces.size(); ++j) {
           const Piece& pc = pieces[j];
@@ -322,10 +351,13 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
       for (size_t i = 0; i < names.size(); ++i)
         if (names[i] == "master") add_state(i, "", weights);
       checkpoint::safetensors_write((tmp_dir / model_file).string(), weights, {{"format", "pt"}});
+      record_hashes();
+      for (auto& sc : scratch) std::vector<float>().swap(sc);  // the master's copy, if any, is written
       fault_point("checkpoint.after_weights");
       for (size_t i = 0; i < names.size(); ++i)
         if (names[i] != "master") add_state(i, names[i] + "/", opt_state);
       checkpoint::safetensors_write((tmp_dir / opt_file).string(), opt_state, {{"optimizer", engine.optimizer().type_name()}});
+      record_hashes();
       for (const std::string& f : {model_file, opt_file}) {
         size_t bytes = 0;
         std::string h = file_xxh3_hex((tmp_dir / f).string(), &bytes);

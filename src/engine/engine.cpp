@@ -941,6 +941,35 @@ const float* Engine::span_state(const std::string& name, std::vector<float>& scr
   throw Error(ErrorKind::kInvalidArgument, "optimizer " + std::string(optimizer_->type_name()) + " has no state '" + name + "'");
 }
 
+std::function<void(size_t, size_t, float*)> Engine::span_from_local(const float* local) const {
+  // The ZeRO partition's map of this rank's shard onto the local flat buffer: padding is zero.
+  const parallel::ZeroPartition& part = sync_->zero()->partition();
+  return [&part, local](size_t begin, size_t n, float* dst) {
+    std::fill(dst, dst + n, 0.0f);
+    const size_t end = begin + n;
+    for (size_t u = 0; u < part.units().size(); ++u) {
+      const size_t lo = part.shard_offset(u), real = part.piece_end(u) - part.piece_begin(u);
+      const size_t a = std::max(begin, lo), b = std::min(end, lo + real);
+      if (a < b) std::memcpy(dst + (a - begin), local + part.piece_begin(u) + (a - lo), (b - a) * sizeof(float));
+    }
+  };
+}
+
+bool Engine::state_swapped(const std::string& name) const {
+  if (device_ || !sync_) return false;
+  if (name == "master") {
+    const parallel::ZeroRuntime* rt = sync_->zero();
+    return rt != nullptr && rt->swapped();
+  }
+  return optimizer_->state_swapped();
+}
+
+void Engine::read_span_state(const std::string& name, size_t begin, size_t n, float* dst) {
+  MT_CHECK(state_swapped(name), ErrorKind::kInternal, "read_span_state: " + name + " is not swapped");
+  if (name == "master") sync_->zero()->read_master_range(begin, n, dst);
+  else static_cast<optim::SwappedAdamW*>(optimizer_.get())->read_state_range(name, begin, n, dst);
+}
+
 void Engine::load_local_state(const std::string& name, const float* local) {
   if (name == "master") {
     if (device_) {
@@ -951,9 +980,7 @@ void Engine::load_local_state(const std::string& name, const float* local) {
       return;
     }
     if (parallel::ZeroRuntime* rt = sync_->zero(); rt != nullptr && rt->swapped()) {
-      std::vector<float> span(state_numel());
-      sync_->scatter(span.data(), local);
-      rt->write_master(span.data());
+      rt->write_master_from(span_from_local(local));  // piece by piece, never the whole span
     } else {
       sync_->scatter(master(), local);
     }
@@ -965,9 +992,13 @@ void Engine::load_local_state(const std::string& name, const float* local) {
     if (device_) {
       device_->load_state(name, local);
     } else if (optimizer_->state_swapped()) {
-      std::vector<float> span(state_numel());
-      sync_->scatter(span.data(), local);
-      optimizer_->write_state(name, span.data());
+      if (const parallel::ZeroRuntime* rt = sync_->zero(); rt != nullptr && rt->swapped()) {
+        static_cast<optim::SwappedAdamW*>(optimizer_.get())->write_state_from(name, span_from_local(local));
+      } else {
+        std::vector<float> span(state_numel());
+        sync_->scatter(span.data(), local);
+        optimizer_->write_state(name, span.data());
+      }
     } else {
       sync_->scatter(b.data, local);
     }

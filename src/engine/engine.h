@@ -135,6 +135,13 @@ class Engine {
   void rank_state_loaded();
   // One of them as this rank's span (state_numel() elements); with a device, copied into scratch.
   const float* span_state(const std::string& name, std::vector<float>& scratch);
+  // ZeRO-Infinity: whether state `name` lives on disk (then span_state stages it whole; a
+  // checkpoint reads it in parts with read_span_state instead).
+  bool state_swapped(const std::string& name) const;
+  // Elements [begin, begin + n) of state `name` over this rank's span, read from the swap.
+  void read_span_state(const std::string& name, size_t begin, size_t n, float* dst);
+  // Span elements [begin, begin + n) from a local flat buffer (ZeRO: this rank's pieces of it).
+  std::function<void(size_t, size_t, float*)> span_from_local(const float* local) const;
   // local: the whole local flat buffer (store.numel()), correct at least on this rank's span runs:
   // each rank keeps its span. "master" refreshes the parameters (collective under ZeRO).
   void load_local_state(const std::string& name, const float* local);

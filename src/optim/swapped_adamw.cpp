@@ -117,6 +117,8 @@ void SwappedAdamW::step(float* master, const float* grad, void* lowp, DType lowp
   ++step_;
   Timer total;
   io_->reset_stats();
+  cache_ = io::AlignedBuffer();
+  cached_group_ = cached_state_ = SIZE_MAX;
   kernels::AdamWParams p;
   p.lr = lr;
   p.beta1 = config_.beta1;
@@ -214,8 +216,42 @@ void SwappedAdamW::read_state(const std::string& name, float* dst) {
   }
 }
 
+void SwappedAdamW::read_state_range(const std::string& name, size_t begin, size_t n, float* dst) {
+  const size_t k = state_index(name), end = begin + n;
+  for (size_t g = 0; g < groups_; ++g) {
+    const Group& gr = groups_info_[g];
+    const size_t lo = records_[gr.first].begin, hi = records_[gr.last - 1].begin + records_[gr.last - 1].numel;
+    if (hi <= begin || lo >= end) continue;
+    if (!on_disk_[g]) {
+      std::fill(dst + (std::max(begin, lo) - begin), dst + (std::min(end, hi) - begin), 0.0f);
+      continue;
+    }
+    if (cached_group_ != g || cached_state_ != k) {
+      if (cache_.size() < gr.bytes) cache_ = io::AlignedBuffer(slot_bytes_, MemCategory::kOptimizer);
+      io_->wait(io_->read(*files_[k], cache_.data(), gr.bytes, gr.file_off));
+      cached_group_ = g, cached_state_ = k;
+    }
+    for (size_t ri = gr.first; ri < gr.last; ++ri) {
+      const SwapRecord& rec = records_[ri];
+      const size_t a = std::max(begin, rec.begin), b = std::min(end, rec.begin + rec.numel);
+      if (a >= b) continue;
+      std::memcpy(dst + (a - begin), cache_.as<char>() + (rec.file_off - gr.file_off) + (a - rec.begin) * 4, (b - a) * 4);
+    }
+    if (std::min(end, hi) == hi) {  // read to the sub-group's end
+      cache_ = io::AlignedBuffer();
+      cached_group_ = cached_state_ = SIZE_MAX;
+    }
+  }
+}
+
 void SwappedAdamW::write_state(const std::string& name, const float* src) {
+  write_state_from(name, [src](size_t b, size_t n, float* dst) { std::memcpy(dst, src + b, n * sizeof(float)); });
+}
+
+void SwappedAdamW::write_state_from(const std::string& name, const std::function<void(size_t, size_t, float*)>& fill) {
   const size_t k = state_index(name);
+  cache_ = io::AlignedBuffer();
+  cached_group_ = cached_state_ = SIZE_MAX;
   Slot& s = *slots_[0];
   for (size_t g = 0; g < groups_; ++g) {
     const Group& gr = groups_info_[g];
@@ -226,7 +262,7 @@ void SwappedAdamW::write_state(const std::string& name, const float* src) {
     std::memset(s.buf[k].data(), 0, gr.bytes);
     for (size_t ri = gr.first; ri < gr.last; ++ri) {
       const SwapRecord& rec = records_[ri];
-      std::memcpy(s.buf[k].as<char>() + (rec.file_off - gr.file_off), src + rec.begin, rec.numel * 4);
+      fill(rec.begin, rec.numel, reinterpret_cast<float*>(s.buf[k].as<char>() + (rec.file_off - gr.file_off)));
     }
     io_->wait(io_->write(*files_[k], s.buf[k].data(), gr.bytes, gr.file_off));
     on_disk_[g] = true;

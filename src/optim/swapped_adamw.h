@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,11 @@ class SwappedAdamW : public Optimizer {
   bool state_swapped() const override { return true; }
   void read_state(const std::string& name, float* dst) override;
   void write_state(const std::string& name, const float* src) override;
+  // The same, the span's elements [begin, begin + n) given by fill in order (never the whole span).
+  void write_state_from(const std::string& name, const std::function<void(size_t begin, size_t n, float* dst)>& fill);
+  // Span elements [begin, begin + n) of state `name` (one sub-group cached between calls, dropped
+  // when a read reaches its end: a checkpoint streams the state in order).
+  void read_state_range(const std::string& name, size_t begin, size_t n, float* dst);
 
   const SwapStepStats& last_step() const { return last_; }
   size_t sub_groups() const { return groups_; }
@@ -96,6 +102,8 @@ class SwappedAdamW : public Optimizer {
   std::unique_ptr<io::File> files_[2];
   std::vector<bool> on_disk_;  // per sub-group: written at least once (else zeros)
   std::vector<std::unique_ptr<Slot>> slots_;
+  io::AlignedBuffer cache_;
+  size_t cached_group_ = SIZE_MAX, cached_state_ = SIZE_MAX;
   SwapStepStats last_;
 };
 

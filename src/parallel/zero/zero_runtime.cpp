@@ -35,6 +35,8 @@ struct ZeroRuntime::Swap {
   std::vector<Write> grad_write;     // per unit: the write behind in flight
   std::deque<size_t> writing;        // units with a write in flight, oldest first (at most two)
   std::vector<std::pair<size_t, size_t>> norm_ranges;
+  size_t cached = SIZE_MAX;  // read_master_range: the unit whose record `cache` holds
+  io::AlignedBuffer cache;
   std::vector<std::vector<size_t>> unit_ranges;  // per unit: indices into norm_ranges
   std::vector<double> norms;         // per norm range, at the last micro-batch
   void wait_write(size_t u) {
@@ -167,10 +169,36 @@ void ZeroRuntime::read_master(float* shard) const {
   }
 }
 
+void ZeroRuntime::read_master_range(size_t begin, size_t n, float* dst) const {
+  const size_t end = begin + n;
+  for (size_t u = 0; u < part_.units().size(); ++u) {
+    const size_t lo = part_.shard_offset(u), hi = lo + part_.piece(u);
+    if (hi <= begin || lo >= end) continue;
+    if (swap_->cached != u) {
+      swap_->cache = io::AlignedBuffer(io::align_up(part_.piece(u) * 4), MemCategory::kComm);
+      swap_->io->wait(swap_->io->read(*swap_->master, swap_->cache.data(), swap_->cache.size(), swap_->off[u]));
+      swap_->cached = u;
+    }
+    const size_t a = std::max(begin, lo), b = std::min(end, hi);
+    std::memcpy(dst + (a - begin), swap_->cache.as<float>() + (a - lo), (b - a) * 4);
+    if (b == hi) {  // the unit read to its end: sequential readers are done with it
+      swap_->cached = SIZE_MAX;
+      swap_->cache = io::AlignedBuffer();
+    }
+  }
+}
+
 void ZeroRuntime::write_master(const float* shard) {
+  write_master_from([shard](size_t b, size_t n, float* dst) { std::memcpy(dst, shard + b, n * sizeof(float)); });
+}
+
+void ZeroRuntime::write_master_from(const std::function<void(size_t, size_t, float*)>& fill) {
+  swap_->cached = SIZE_MAX;
+  swap_->cache = io::AlignedBuffer();
   for (size_t u = 0; u < part_.units().size(); ++u) {
     io::AlignedBuffer b(io::align_up(part_.piece(u) * 4), MemCategory::kComm);
-    std::memcpy(b.data(), shard + part_.shard_offset(u), part_.piece(u) * 4);
+    std::memset(b.data(), 0, b.size());
+    fill(part_.shard_offset(u), part_.piece(u), b.as<float>());
     swap_->io->wait(swap_->io->write(*swap_->master, b.data(), b.size(), swap_->off[u]));
   }
 }
@@ -403,7 +431,13 @@ void ZeroRuntime::zero_grad() {
     for (auto& v : views_) std::memset(v->grad.data(), 0, v->grad.bytes());
 }
 
-void ZeroRuntime::refresh_params() { schedule_.refresh(); }
+void ZeroRuntime::refresh_params() {
+  if (swap_) {  // the optimizer rewrote the master records
+    swap_->cached = SIZE_MAX;
+    swap_->cache = io::AlignedBuffer();
+  }
+  schedule_.refresh();
+}
 
 void ZeroRuntime::gather_flat(float* flat, const float* shard, int root) {
   const bool is_root = group_.rank() == root;

@@ -103,7 +103,12 @@ class ZeroRuntime : private ZeroEffects {
   io::File* grad_file() const;
   // The whole master shard from / to disk (checkpoints); write_master then refresh_params().
   void read_master(float* shard) const;
+  // Shard elements [begin, begin + n) of the master from disk (one unit's record cached between
+  // calls: reading a unit in parts reads it once).
+  void read_master_range(size_t begin, size_t n, float* dst) const;
   void write_master(const float* shard);
+  // The same, the shard's elements [begin, begin + n) given by fill, one unit piece at a time.
+  void write_master_from(const std::function<void(size_t begin, size_t n, float* dst)>& fill);
   // The gradient norm's ranges of the shard (each inside one unit piece): the runtime takes
   // optim::grad_norm of each once its gradient is final (the last micro-batch's reduction), so
   // the engine sums the same values as over an in-memory shard.
