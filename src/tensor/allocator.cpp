@@ -3,6 +3,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
 
 #include "base/error.h"
 
@@ -27,10 +30,44 @@ void raise_peak(std::atomic<size_t>& peak, size_t value) {
 }
 }  // namespace
 
+namespace {
+constexpr size_t kCacheMin = size_t{1} << 20;
+size_t round64(size_t bytes) { return bytes == 0 ? 64 : (bytes + 63) / 64 * 64; }
+}  // namespace
+
+struct Allocator::Cache {
+  std::mutex mu;
+  std::multimap<size_t, void*> blocks;  // rounded size -> block
+  size_t bytes = 0;
+};
+
+size_t Allocator::cached_bytes() const {
+  if (!cache_) return 0;
+  std::lock_guard<std::mutex> l(cache_->mu);
+  return cache_->bytes;
+}
+
 void* Allocator::allocate(size_t bytes, MemCategory category) {
-  size_t rounded = (bytes + 63) / 64 * 64;
-  if (rounded == 0) rounded = 64;
-  void* p = std::aligned_alloc(64, rounded);
+  const size_t rounded = round64(bytes);
+  void* p = nullptr;
+  if (rounded >= kCacheMin) {
+    std::call_once(cache_once_, [this] { cache_ = new Cache; });
+    std::lock_guard<std::mutex> l(cache_->mu);
+    auto it = cache_->blocks.find(rounded);
+    if (it != cache_->blocks.end()) {
+      p = it->second;
+      cache_->blocks.erase(it);
+      cache_->bytes -= rounded;
+    } else {  // no block of this size: drop kept ones (largest first) rather than grow past the high water
+      while (!cache_->blocks.empty() && total_current_.load() + cache_->bytes + rounded > high_water_.load()) {
+        auto last = std::prev(cache_->blocks.end());
+        std::free(last->second);
+        cache_->bytes -= last->first;
+        cache_->blocks.erase(last);
+      }
+    }
+  }
+  if (p == nullptr) p = std::aligned_alloc(64, rounded);
   if (p == nullptr) {
     throw Error(ErrorKind::kOutOfMemory, std::string(mem_category_name(category)) + " need " +
                                              format_bytes(bytes) + " more; in use: " + describe());
@@ -38,15 +75,26 @@ void* Allocator::allocate(size_t bytes, MemCategory category) {
   std::memset(p, 0, rounded);
   int c = static_cast<int>(category);
   raise_peak(peak_[c], current_[c].fetch_add(bytes) + bytes);
-  raise_peak(total_peak_, total_current_.fetch_add(bytes) + bytes);
+  const size_t total = total_current_.fetch_add(bytes) + bytes;
+  raise_peak(total_peak_, total);
+  raise_peak(high_water_, total);
   return p;
 }
 
 void Allocator::deallocate(void* p, size_t bytes, MemCategory category) {
   if (p == nullptr) return;
-  std::free(p);
   current_[static_cast<int>(category)].fetch_sub(bytes);
-  total_current_.fetch_sub(bytes);
+  const size_t left = total_current_.fetch_sub(bytes) - bytes;
+  const size_t rounded = round64(bytes);
+  if (rounded >= kCacheMin && cache_ != nullptr) {
+    std::lock_guard<std::mutex> l(cache_->mu);
+    if (left + cache_->bytes + rounded <= high_water_.load()) {
+      cache_->blocks.emplace(rounded, p);
+      cache_->bytes += rounded;
+      return;
+    }
+  }
+  std::free(p);
 }
 
 MemStats Allocator::stats() const {

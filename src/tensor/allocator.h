@@ -5,6 +5,7 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <mutex>
 #include <string>
 
 namespace mt {
@@ -42,11 +43,22 @@ class Allocator {
   void reset_peaks();  // peak := current, per category and in total
   std::string describe() const;  // one line: "params 1.2 GiB, grads ..."
 
+  // Bytes of freed large blocks kept for reuse (see allocate()).
+  size_t cached_bytes() const;
+
  private:
   std::array<std::atomic<size_t>, kMemCategoryCount> current_{};
   std::array<std::atomic<size_t>, kMemCategoryCount> peak_{};
   std::atomic<size_t> total_current_{0};
   std::atomic<size_t> total_peak_{0};
+  // Large blocks (>= 1 MiB) freed and kept, by size: ZeRO-3 gathers and frees the same unit sizes
+  // every pass, and a fresh mapping faults in every page again (most of a stage-3 step's time in
+  // the kernel). Kept only while in use + kept <= the highest in-use total so far (never reset),
+  // and evicted before a new block would exceed it: the process holds no more than without them.
+  struct Cache;
+  Cache* cache_ = nullptr;  // made on the first large block; kept to the process's end
+  std::once_flag cache_once_;
+  std::atomic<size_t> high_water_{0};
 };
 
 // Buffer: RAII owner of one accounted allocation. Movable, not copyable.

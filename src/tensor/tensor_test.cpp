@@ -99,3 +99,37 @@ TEST(Tensor, ViewsShareStorage) {
 
 }  // namespace
 }  // namespace mt
+
+namespace mt {
+namespace {
+
+// Freed large blocks are reused (zero-filled again) instead of mapped afresh, and the allocator
+// never holds more than its highest in-use total: a block of another size evicts kept ones first.
+TEST(AllocatorCache, ReusesLargeBlocksWithinTheHighWater) {
+  Allocator a;
+  const size_t mib = size_t{1} << 20;
+  void* p = a.allocate(4 * mib, MemCategory::kComm);
+  static_cast<char*>(p)[123] = 7;
+  a.deallocate(p, 4 * mib, MemCategory::kComm);
+  EXPECT_EQ(a.cached_bytes(), 4 * mib);
+  void* q = a.allocate(4 * mib, MemCategory::kParams);
+  EXPECT_EQ(q, p);                                // the same block
+  EXPECT_EQ(static_cast<char*>(q)[123], 0);       // zero-filled as promised
+  EXPECT_EQ(a.cached_bytes(), 0u);
+  EXPECT_EQ(a.stats().current[static_cast<int>(MemCategory::kParams)], 4 * mib);
+  a.deallocate(q, 4 * mib, MemCategory::kParams);
+  void* r = a.allocate(6 * mib, MemCategory::kComm);  // 6 + 4 kept > the 4 MiB high water: evicted
+  EXPECT_EQ(a.cached_bytes(), 0u);
+  void* s = a.allocate(2 * mib, MemCategory::kComm);  // high water now 8 MiB
+  a.deallocate(s, 2 * mib, MemCategory::kComm);
+  EXPECT_EQ(a.cached_bytes(), 2 * mib);  // 6 in use + 2 kept <= 8
+  a.deallocate(r, 6 * mib, MemCategory::kComm);
+  EXPECT_EQ(a.cached_bytes(), 8 * mib);  // 0 in use + 8 kept <= 8
+  void* small = a.allocate(1000, MemCategory::kComm);  // small blocks are not kept
+  a.deallocate(small, 1000, MemCategory::kComm);
+  EXPECT_EQ(a.cached_bytes(), 8 * mib);
+  EXPECT_EQ(a.stats().total_current, 0u);
+}
+
+}  // namespace
+}  // namespace mt
