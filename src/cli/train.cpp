@@ -302,13 +302,12 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
         m["pp_stage_peak_mib"] = r.pp_stage_peak_mib;  // rank 0's categories above; every stage's total here
       }
       if (cfg.zero.offload_optimizer == "nvme") {  // rank 0's swap this step
-        m["swap_optimizer_seconds"] = r.swap_optimizer_seconds;
-        m["swap_compute_seconds"] = r.swap_compute_seconds;
-        m["swap_wait_seconds"] = r.swap_wait_seconds;
-        m["swap_read_seconds"] = r.swap_read_seconds;
-        m["swap_write_seconds"] = r.swap_write_seconds;
-        m["swap_read_bytes"] = r.swap_read_bytes;
-        m["swap_write_bytes"] = r.swap_write_bytes;
+        const optim::SwapStepStats& w = r.swap;
+        for (const auto& [key, value] :
+             {std::pair<const char*, double>{"optimizer_seconds", w.step_seconds}, {"compute_seconds", w.compute_seconds},
+              {"wait_seconds", w.wait_seconds}, {"read_seconds", w.read_seconds}, {"write_seconds", w.write_seconds},
+              {"read_bytes", static_cast<double>(w.bytes_read)}, {"write_bytes", static_cast<double>(w.bytes_written)}})
+          m[std::string("swap_") + key] = value;
       }
       if (cfg.wall_clock_breakdown) {
         m["forward_seconds"] = r.forward_seconds;

@@ -556,16 +556,7 @@ StepResult Engine::step() {
       optimizer_->step(sync_->master(), sync_->grad(), sync_->compute(), sync_->compute_dtype(), static_cast<float>(r.lr),
                        static_cast<float>(coef));
       if (md != DType::kF32) round_through(sync_->master(), state_numel(), md);
-      if (optimizer_->state_swapped()) {
-        const optim::SwapStepStats& sw = static_cast<const optim::SwappedAdamW*>(optimizer_.get())->last_step();
-        r.swap_optimizer_seconds = sw.step_seconds;
-        r.swap_compute_seconds = sw.compute_seconds;
-        r.swap_wait_seconds = sw.wait_seconds;
-        r.swap_read_seconds = sw.read_seconds;
-        r.swap_write_seconds = sw.write_seconds;
-        r.swap_read_bytes = sw.bytes_read;
-        r.swap_write_bytes = sw.bytes_written;
-      }
+      if (optimizer_->state_swapped()) r.swap = static_cast<const optim::SwappedAdamW*>(optimizer_.get())->last_step();
       sync_->after_update();
     }
     ++applied_steps_;

@@ -17,6 +17,7 @@
 #include "models/transformer.h"
 #include "optim/adamw.h"  // grad_norm
 #include "optim/optimizer.h"
+#include "optim/swapped_adamw.h"
 #include "optim/loss_scaler.h"
 #include "parallel/context.h"
 #include "parallel/pp/schedule.h"
@@ -53,9 +54,7 @@ struct StepResult {
   // offload_optimizer "nvme": this step's swap (optim/swapped_adamw.h). The optimizer's seconds
   // split into the update's compute and its waits on the disk; the I/O threads' read and write
   // seconds and bytes (their overlap with compute is read + write − wait).
-  double swap_optimizer_seconds = 0.0, swap_compute_seconds = 0.0, swap_wait_seconds = 0.0;
-  double swap_read_seconds = 0.0, swap_write_seconds = 0.0;
-  uint64_t swap_read_bytes = 0, swap_write_bytes = 0;
+  optim::SwapStepStats swap;
 };
 
 class Engine {

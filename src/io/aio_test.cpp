@@ -96,56 +96,38 @@ TEST(AsyncIo, FaultsAreErrorsNamingFileOffsetAndReason) {
   o.block_size = kAlign;
   const size_t n = 4 * kAlign;
   AlignedBuffer a = random_buffer(n, 3), back(n, MemCategory::kWorkspace);
-  {
-    Faults fl;
-    fl.eio_read_at = 2;  // the second block of the read
+  // The file "s/eio.swp" holds n bytes written before the faults start counting; `act` runs the
+  // transfers on a fresh engine over a fault-injecting view of it, and the error is returned.
+  mem->open("s/eio.swp")->write(a.data(), n, 0);
+  auto fault = [&](Faults fl, const char* file, const std::function<void(AsyncIo&, File&)>& act) {
     auto env = fault_env(*mem, fl);
-    auto f = env->open("s/eio.swp");
+    auto f = env->open(file);
     AsyncIo io(o);
-    io.wait(io.write(*f, a.data(), n, 0));
-    std::string err = error_of([&] { io.wait(io.read(*f, back.data(), n, 0)); });
-    EXPECT_EQ(err, "s/eio.swp: read of 4096 bytes at offset 4096: Input/output error");
-  }
-  {
-    Faults fl;
-    fl.short_read_at = 1;
-    auto env = fault_env(*mem, fl);
-    auto f = env->open("s/eio.swp");
-    AsyncIo io(o);
-    std::string err = error_of([&] { io.wait(io.read(*f, back.data(), n, 0)); });
-    EXPECT_EQ(err, "s/eio.swp: short read at offset 0: 2048 of 4096 bytes");
-  }
-  {
-    Faults fl;
-    fl.short_write_at = 3;
-    auto env = fault_env(*mem, fl);
-    auto f = env->open("s/short.swp");
-    AsyncIo io(o);
-    std::string err = error_of([&] { io.wait(io.write(*f, a.data(), n, 0)); });
-    EXPECT_EQ(err, "s/short.swp: short write at offset 8192: 2048 of 4096 bytes");
-  }
-  {
-    Faults fl;
-    fl.enospc_after_bytes = static_cast<int64_t>(n + kAlign);  // the second transfer's second block
-    auto env = fault_env(*mem, fl);
-    auto f = env->open("s/full.swp");
-    AsyncIo io(o);
-    auto t1 = io.write(*f, a.data(), n, 0);
-    auto t2 = io.write(*f, a.data(), n, n);
-    std::string err = error_of([&] { io.wait_all(); });
-    EXPECT_EQ(err, "s/full.swp: write of 4096 bytes at offset " + std::to_string(n + kAlign) +
-                       ": No space left on device");
-    (void)t1, (void)t2;
-  }
-  {
-    Faults fl;
-    fl.eio_write_at = 1;
-    auto env = fault_env(*mem, fl);
-    auto f = env->open("s/w.swp");
-    AsyncIo io(o);
-    std::string err = error_of([&] { io.wait(io.write(*f, a.data(), n, 0)); });
-    EXPECT_EQ(err, "s/w.swp: write of 4096 bytes at offset 0: Input/output error");
-  }
+    return error_of([&] { act(io, *f); });
+  };
+  auto read_all = [&](AsyncIo& io, File& f) { io.wait(io.read(f, back.data(), n, 0)); };
+  auto write_all = [&](AsyncIo& io, File& f) { io.wait(io.write(f, a.data(), n, 0)); };
+  Faults fl;
+  fl.eio_read_at = 2;  // the second block of the read
+  EXPECT_EQ(fault(fl, "s/eio.swp", read_all), "s/eio.swp: read of 4096 bytes at offset 4096: Input/output error");
+  fl = Faults{};
+  fl.short_read_at = 1;
+  EXPECT_EQ(fault(fl, "s/eio.swp", read_all), "s/eio.swp: short read at offset 0: 2048 of 4096 bytes");
+  fl = Faults{};
+  fl.short_write_at = 3;
+  EXPECT_EQ(fault(fl, "s/short.swp", write_all), "s/short.swp: short write at offset 8192: 2048 of 4096 bytes");
+  fl = Faults{};
+  fl.eio_write_at = 1;
+  EXPECT_EQ(fault(fl, "s/w.swp", write_all), "s/w.swp: write of 4096 bytes at offset 0: Input/output error");
+  fl = Faults{};
+  fl.enospc_after_bytes = static_cast<int64_t>(n + kAlign);  // the second transfer's second block
+  EXPECT_EQ(fault(fl, "s/full.swp",
+                  [&](AsyncIo& io, File& f) {
+                    io.write(f, a.data(), n, 0);
+                    io.write(f, a.data(), n, n);
+                    io.wait_all();
+                  }),
+            "s/full.swp: write of 4096 bytes at offset " + std::to_string(n + kAlign) + ": No space left on device");
 }
 
 TEST(AsyncIo, SwapDirectoryChecksNameTheDirectory) {

@@ -20,14 +20,7 @@ AdamW::AdamW(size_t numel, std::vector<ParamSegment> segments, const AdamWConfig
 void AdamW::step(float* master, const float* grad, void* lowp, DType lowp_dtype, float lr,
                  float grad_scale) {
   ++step_;
-  kernels::AdamWParams p;
-  p.lr = lr;
-  p.beta1 = config_.beta1;
-  p.beta2 = config_.beta2;
-  p.eps = config_.eps;
-  p.step = step_;
-  p.grad_scale = grad_scale;
-  p.bias_correction = config_.bias_correction;
+  kernels::AdamWParams p = adamw_step_params(config_, lr, step_, grad_scale);
   const size_t esz = dtype_size(lowp_dtype);
   for (const DecayRun& r : runs_) {
     p.weight_decay = r.weight_decay;
@@ -35,6 +28,18 @@ void AdamW::step(float* master, const float* grad, void* lowp, DType lowp_dtype,
     kernels::adamw_update(master + r.offset, grad + r.offset, m_.as<float>() + r.offset,
                           v_.as<float>() + r.offset, lp, lowp_dtype, r.numel, p);
   }
+}
+
+kernels::AdamWParams adamw_step_params(const AdamWConfig& config, float lr, int64_t step, float grad_scale) {
+  kernels::AdamWParams p;
+  p.lr = lr;
+  p.beta1 = config.beta1;
+  p.beta2 = config.beta2;
+  p.eps = config.eps;
+  p.step = step;
+  p.grad_scale = grad_scale;
+  p.bias_correction = config.bias_correction;
+  return p;
 }
 
 void AdamW::set_momentum(double momentum) { config_.beta1 = static_cast<float>(momentum); }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/ops.h"
 #include "optim/optimizer.h"
 #include "tensor/allocator.h"
 #include "tensor/dtype.h"
@@ -52,6 +53,9 @@ class AdamW : public Optimizer {
   std::vector<DecayRun> runs_;
   Buffer m_, v_;
 };
+
+// The fused kernel's parameters for step `step` of `config` (the caller sets weight_decay per run).
+kernels::AdamWParams adamw_step_params(const AdamWConfig& config, float lr, int64_t step, float grad_scale);
 
 // Global L2 norm of a flat gradient span; non-finite when any element is (the overflow check).
 double grad_norm(const float* grad, size_t numel);

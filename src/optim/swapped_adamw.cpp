@@ -119,14 +119,7 @@ void SwappedAdamW::step(float* master, const float* grad, void* lowp, DType lowp
   io_->reset_stats();
   cache_ = io::AlignedBuffer();
   cached_group_ = cached_state_ = SIZE_MAX;
-  kernels::AdamWParams p;
-  p.lr = lr;
-  p.beta1 = config_.beta1;
-  p.beta2 = config_.beta2;
-  p.eps = config_.eps;
-  p.step = step_;
-  p.grad_scale = grad_scale;
-  p.bias_correction = config_.bias_correction;
+  kernels::AdamWParams p = adamw_step_params(config_, lr, step_, grad_scale);
   const size_t esz = dtype_size(lowp_dtype);
   const size_t nslots = slots_.size();
   double compute = 0;
