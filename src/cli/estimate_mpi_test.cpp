@@ -6,9 +6,10 @@
 //
 // (1) Every category agrees within 5% of the measured value, or within kCommSlack bytes for comm:
 //     comm holds a few KiB here (reduce-scatter receive buffers of s_u floats, low-precision staging
-//     of one unit), and with overlap_comm a reduction that MPI happens to finish early frees its
-//     buffer before the next is made — the estimate is the worst case, so a tiny category can sit a
-//     few KiB below it without meaning anything.
+//     of one unit). With overlap_comm a reduction that MPI happens to finish early frees its buffer
+//     (and, with parameters on disk, makes its gradient record) sooner: comm then lies at most the
+//     estimate's comm, and at least its comm_low (every reduction finishing at its first chance)
+//     less kOverlapSlack — a run mixes early and late reductions (see the test).
 // (2) Stage 3 model states (params + grads + optimizer, measured) are within 10% of
 //        16 Ψ/N + 4 W_p + 4 W_g    (fp32, Adam)
 //        16 Ψ/N + V_max + 4 W_g    (bf16: V_max = the largest unit's view, 2 m_u + 4 (n_u - m_u))
@@ -49,6 +50,7 @@ namespace {
 
 constexpr double kRel = 0.05;
 constexpr double kCommSlack = 4096;  // bytes, comm only (see above)
+constexpr double kOverlapSlack = 0.12;  // overlap_comm's comm below comm_low (see the test)
 
 std::string dir() {
   static std::string d = cli::testing::make_test_dir("mt_estimate_mpi_test");
@@ -137,7 +139,6 @@ nlohmann::json last_line(const std::string& path) {
 struct Measured {
   nlohmann::json metrics;   // rank 0's last metrics line
   nlohmann::json estimate;  // this stage's row of estimate --json
-  nlohmann::json serial;    // overlap_comm: the row with every reduction waited for at once
 };
 
 Measured measure(const Case& k) {
@@ -151,12 +152,6 @@ Measured measure(const Case& k) {
   EXPECT_EQ(run("estimate " + cfg + " --procs " + n + " --json", &out, &err), 0) << err;
   nlohmann::json e = nlohmann::json::parse(out);
   m.estimate = (e.is_array() ? e[0] : e)["stages"][k.stage];  // a pipeline: rank 0 is pipeline rank 0
-  if (k.overlap) {
-    EXPECT_EQ(run("estimate " + cfg + " --procs " + n + " --json --set zero_optimization.overlap_comm=false", &out, &err), 0)
-        << err;
-    e = nlohmann::json::parse(out);
-    m.serial = (e.is_array() ? e[0] : e)["stages"][k.stage];
-  }
   return m;
 }
 
@@ -172,11 +167,14 @@ TEST_P(EstimateMpi, PeaksPerCategoryAgree) {
     double estimated = m.estimate[name].get<double>();
     double tol = std::max(kRel * measured, name == "comm" ? kCommSlack : 0.0);
     if (k.overlap && name == "comm") {
-      // A reduction left in flight may finish before the next is made (MPI's timing): comm then
-      // lies between the run that waits for each at once and the estimate's worst case.
-      const double serial = m.serial[name].get<double>();
+      // A reduction left in flight finishes when MPI finishes it. The estimate replays two
+      // policies: every reduction finishing at its first chance (comm_low) and only when waited
+      // for; its comm is the larger. A run mixes the two reduction by reduction, and with
+      // parameters on disk a completion also makes a gradient record, so a mix can sit below
+      // both replays: the lower side gets kOverlapSlack of the estimate.
+      const double low = m.estimate["comm_low"].get<double>();
       EXPECT_LE(measured, estimated + tol) << name;
-      EXPECT_GE(measured, std::min(serial, estimated) - tol) << name << ": measured " << measured << " serial " << serial;
+      EXPECT_GE(measured, low - std::max(tol, kOverlapSlack * estimated)) << name << ": measured " << measured << " comm_low " << low;
     } else {
       EXPECT_LE(std::fabs(measured - estimated), tol) << name << ": measured " << measured << " estimated " << estimated;
     }

@@ -224,13 +224,15 @@ namespace {
 // driven through the hooks the model runs, with effects that count bytes instead of allocating:
 // construction from the ParamStore, then training micro-batches and optimizer steps. Every
 // Buffer of the runtime is one alloc()/release() here with the same bytes and category.
-// Nonblocking work is taken to finish only when waited for (oldest_reduce_done() is false): the
-// worst case, since completing frees and never allocates.
+// Nonblocking work finishes either only when waited for (late) or at the first hook after its
+// launch (early: oldest_reduce_done() is true whenever a reduction is pending). Which one holds is
+// MPI's timing; completing frees the receive buffer, but with parameters on disk it also allocates
+// the piece's gradient record, so neither policy bounds the other: estimate_stage runs both.
 class ZeroReplay : private parallel::ZeroEffects {
  public:
   ZeroReplay(const std::vector<parallel::Unit>& units, int stage, int world, size_t e, int k, bool tied_head,
-             const ZeroKnobs& z, bool pipeline)
-      : units_(units), stage_(stage), N_(static_cast<size_t>(world)), e_(e), k_(static_cast<size_t>(k)),
+             const ZeroKnobs& z, bool pipeline, bool early)
+      : early_(early), units_(units), stage_(stage), N_(static_cast<size_t>(world)), e_(e), k_(static_cast<size_t>(k)),
         tied_(tied_head), pipeline_(pipeline), comm_(z.comm_dtype), zero_(z), record_(units.size()), views_(units.size()),
         schedule_(units, schedule_options(stage, z), *this) {
     for (const parallel::Unit& u : units_) {
@@ -370,6 +372,7 @@ class ZeroReplay : private parallel::ZeroEffects {
     View& v = views_[u];
     if (!v.grad) alloc(MemCategory::kGrads, v.grad = 4 * padded(u));
   }
+  bool oldest_reduce_done() override { return early_ && !recv_.empty(); }
   void launch_reduce(size_t u) override {
     // f32: the receive buffer; a 16-bit communication_data_type: the unit's slab rounded to it and
     // a 2-byte receive buffer (ZeroRuntime::launch_reduce).
@@ -413,6 +416,7 @@ class ZeroReplay : private parallel::ZeroEffects {
     }
   }
 
+  bool early_;
   const std::vector<parallel::Unit>& units_;
   int stage_;
   size_t N_, e_, k_;
@@ -432,7 +436,7 @@ class ZeroReplay : private parallel::ZeroEffects {
 
 MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int stage, int world,
                                    size_t e, int k, const ZeroKnobs& zero, bool tied_head,
-                                   MemoryBreakdown* setup, bool pipeline) {
+                                   MemoryBreakdown* setup, bool pipeline, bool early_completion) {
   MT_CHECK(world >= 1 && stage >= 0 && stage <= 3 && (e == 2 || e == 4) && units.size() >= (pipeline ? 1u : 2u) &&
                (!pipeline || stage <= 1),
            ErrorKind::kInvalidArgument, "memory estimate: bad stage/world/dtype/units");
@@ -452,7 +456,7 @@ MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int
     return m;
   }
   MemoryBreakdown s;
-  ZeroReplay(units, stage, world, e, k, tied_head, zero, pipeline).run(s, m);
+  ZeroReplay(units, stage, world, e, k, tied_head, zero, pipeline, early_completion).run(s, m);
   if (setup) *setup = s;
   return m;
 }
@@ -538,7 +542,17 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   // The pipeline executor's buffers (engine::Engine::train_pipeline), freed before the step's
   // reduction: the received gradient and each gradient sent back; then the tied token table's
   // partner gradient. The comm peak is the largest of these phases.
+  // overlap_comm: the comm peak depends on when MPI finishes a reduction left in flight; the row
+  // holds the larger of the two replays (late, early) and comm_low the smaller.
+  size_t comm_low = r.ours[MemCategory::kComm];
+  if (stage >= 1 && in.zero.overlap_comm) {
+    const size_t early = model_state_memory(units, stage, in.world, e, in.optimizer_states, in.zero,
+                                            in.model.tie_embeddings, nullptr, in.pipeline(), true)[MemCategory::kComm];
+    comm_low = std::min(comm_low, early);
+    r.ours[MemCategory::kComm] = std::max(r.ours[MemCategory::kComm], early);
+  }
   r.ours[MemCategory::kComm] = std::max(r.ours[MemCategory::kComm], step[MemCategory::kComm]);
+  r.comm_low = std::max(comm_low, step[MemCategory::kComm]);
   size_t P = 0;
   for (const parallel::Unit& u : units) P += u.numel;
   r.ds_paper_bytes = ds_paper(P, stage, in.world, e, in.optimizer_states);

@@ -131,6 +131,8 @@ struct StageEstimate {
   size_t ds_paper_bytes = 0;      // ZeRO paper, model states
   size_t ds_estimator_bytes = 0;  // DeepSpeed's estimate_zero2/3 function; 0 for stage 0 (none)
   uint64_t disk_bytes = 0;        // offload to nvme: the rank's swap files
+  size_t comm_low = 0;  // overlap_comm: the comm peak when every reduction finishes as early as it
+                        // can (ours[kComm] is the larger of that and finishing only when waited for)
 };
 
 // f32 state buffers per parameter of spec's optimizer: Adam/AdamW/Lamb 2, SGD 1 with momentum
@@ -151,11 +153,14 @@ size_t largest_module_params(const models::ModelConfig& cfg);
 // *setup (if given) gets the peaks while the engine is built. tied_head: the LM head is the token
 // embedding (unit 0), else the tail's own matrix.
 // pipeline: the reduction runs once after the schedule's backwards (stage <= 1).
+// early_completion: a reduction in flight finishes at the first hook after its launch (else only
+// when waited for).
 // REQUIRES: 0 <= stage <= 3, world >= 1, compute_bytes 2 or 4 (4: fp32, no separate master),
 // at least two units (one with a pipeline).
 MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int stage, int world,
                                    size_t compute_bytes, int optimizer_states, const ZeroKnobs& zero,
-                                   bool tied_head = true, MemoryBreakdown* setup = nullptr, bool pipeline = false);
+                                   bool tied_head = true, MemoryBreakdown* setup = nullptr, bool pipeline = false,
+                                   bool early_completion = false);
 // Activations and workspace of one step for the micro-batch shape of in.
 MemoryBreakdown step_memory(const MemoryInput& in);
 
