@@ -309,6 +309,14 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
               {"read_bytes", static_cast<double>(w.bytes_read)}, {"write_bytes", static_cast<double>(w.bytes_written)}})
           m[std::string("swap_") + key] = value;
       }
+      if (cfg.zero.offload_param == "nvme" && cfg.zero.stage == 3) {  // forward + backward: pieces and records
+        const io::AsyncIo::Stats& p = r.param_swap;
+        for (const auto& [key, value] :
+             {std::pair<const char*, double>{"wait_seconds", p.wait_seconds}, {"read_seconds", p.read_seconds},
+              {"write_seconds", p.write_seconds}, {"read_bytes", static_cast<double>(p.bytes_read)},
+              {"write_bytes", static_cast<double>(p.bytes_written)}})
+          m[std::string("swap_param_") + key] = value;
+      }
       if (cfg.wall_clock_breakdown) {
         m["forward_seconds"] = r.forward_seconds;
         m["backward_seconds"] = r.backward_seconds;

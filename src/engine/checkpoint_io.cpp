@@ -851,24 +851,58 @@ std::vector<std::string> checkpoint_load(Engine& engine, const std::string& path
     // Each rank reads the parameters its span holds (its ZeRO pieces, or its whole stage and
     // tensor-parallel shard), each from the pieces that hold it, in whatever layout they were saved.
     const std::vector<Engine::SpanRun> runs = engine.span_runs();
+    // The parameter's elements of this rank's span runs (of its local shard), empty if none.
+    auto needed = [&runs](const nn::Parameter* p) {
+      const size_t lo = p->offset, hi = p->offset + static_cast<size_t>(p->numel());
+      std::vector<std::pair<size_t, size_t>> need;
+      for (const Engine::SpanRun& r : runs)
+        if (r.flat_begin < hi && lo < r.flat_end) need.emplace_back(std::max(lo, r.flat_begin) - lo, std::min(hi, r.flat_end) - lo);
+      return need;
+    };
+    std::vector<const nn::Parameter*> by_offset(store.parameters().begin(), store.parameters().end());
+    std::sort(by_offset.begin(), by_offset.end(), [](const nn::Parameter* a, const nn::Parameter* b) { return a->offset < b->offset; });
     for (const std::string& name : engine.state_names()) {
+      const bool swapped = engine.state_swapped(name);
       std::vector<float> local;
       try {
-        local.assign(store.numel(), 0.0f);
-        for (const nn::Parameter* p : store.parameters()) {
-          const size_t lo = p->offset, hi = p->offset + static_cast<size_t>(p->numel());
-          std::vector<std::pair<size_t, size_t>> need;  // of the parameter's local shard
-          for (const Engine::SpanRun& r : runs)
-            if (r.flat_begin < hi && lo < r.flat_end) need.emplace_back(std::max(lo, r.flat_begin) - lo, std::min(hi, r.flat_end) - lo);
-          if (!need.empty())
-            reader->read(name, p->name, p->global_shape, p->split, p->place, p->numel(), local.data() + lo, &need);
+        if (swapped) {
+          // ZeRO-Infinity: straight into the swap, one parameter in memory at a time (the flat
+          // ranges come in increasing order, so each parameter is read once).
+          size_t next = 0;  // by_offset index of the first parameter not wholly behind
+          const nn::Parameter* held = nullptr;
+          std::vector<float> value;
+          engine.load_swapped_state(name, [&](size_t begin, size_t n, float* dst) {
+            std::fill(dst, dst + n, 0.0f);
+            const size_t end = begin + n;
+            while (next < by_offset.size() && by_offset[next]->offset + static_cast<size_t>(by_offset[next]->numel()) <= begin) ++next;
+            for (size_t i = next; i < by_offset.size() && by_offset[i]->offset < end; ++i) {
+              const nn::Parameter* p = by_offset[i];
+              if (p != held) {
+                const std::vector<std::pair<size_t, size_t>> need = needed(p);
+                value.assign(static_cast<size_t>(p->numel()), 0.0f);
+                reader->read(name, p->name, p->global_shape, p->split, p->place, p->numel(), value.data(), &need);
+                held = p;
+              }
+              const size_t a = std::max(begin, p->offset), b = std::min(end, p->offset + value.size());
+              std::copy(value.begin() + static_cast<std::ptrdiff_t>(a - p->offset), value.begin() + static_cast<std::ptrdiff_t>(b - p->offset),
+                        dst + (a - begin));
+            }
+          });
+        } else {
+          local.assign(store.numel(), 0.0f);
+          for (const nn::Parameter* p : by_offset) {
+            const std::vector<std::pair<size_t, size_t>> need = needed(p);
+            if (!need.empty())
+              reader->read(name, p->name, p->global_shape, p->split, p->place, p->numel(), local.data() + p->offset, &need);
+          }
         }
         if (name == "master") reader->close_files();
       } catch (...) {
         failed = std::current_exception();
       }
       agree(ctx, failed, timeout, "loading checkpoint " + dir.string());
-      engine.load_local_state(name, local.data());
+      if (!swapped) engine.load_local_state(name, local.data());
+      else if (name == "master") engine.refresh_params();
     }
     read = reader->opened();
   }

@@ -471,6 +471,7 @@ StepResult Engine::step() {
   StepResult r;
   r.forward_seconds = forward_seconds_;
   r.backward_seconds = backward_seconds_;
+  if (parallel::ZeroRuntime* rt = sync_ ? sync_->zero() : nullptr; rt != nullptr) r.param_swap = rt->take_swap_io_stats();
   r.pp_wait_seconds = pp_wait_seconds_;
   r.pp_stage_wait_seconds = std::move(pp_stage_wait_);
   r.pp_stage_compute_seconds = std::move(pp_stage_compute_);
@@ -932,18 +933,31 @@ const float* Engine::span_state(const std::string& name, std::vector<float>& scr
   throw Error(ErrorKind::kInvalidArgument, "optimizer " + std::string(optimizer_->type_name()) + " has no state '" + name + "'");
 }
 
-std::function<void(size_t, size_t, float*)> Engine::span_from_local(const float* local) const {
+namespace {
+Engine::FlatFill local_fill(const float* local) {
+  return [local](size_t begin, size_t n, float* dst) { std::memcpy(dst, local + begin, n * sizeof(float)); };
+}
+}  // namespace
+
+std::function<void(size_t, size_t, float*)> Engine::span_from_flat(FlatFill flat) const {
   // The ZeRO partition's map of this rank's shard onto the local flat buffer: padding is zero.
   const parallel::ZeroPartition& part = sync_->zero()->partition();
-  return [&part, local](size_t begin, size_t n, float* dst) {
+  return [&part, flat = std::move(flat)](size_t begin, size_t n, float* dst) {
     std::fill(dst, dst + n, 0.0f);
     const size_t end = begin + n;
     for (size_t u = 0; u < part.units().size(); ++u) {
       const size_t lo = part.shard_offset(u), real = part.piece_end(u) - part.piece_begin(u);
       const size_t a = std::max(begin, lo), b = std::min(end, lo + real);
-      if (a < b) std::memcpy(dst + (a - begin), local + part.piece_begin(u) + (a - lo), (b - a) * sizeof(float));
+      if (a < b) flat(part.piece_begin(u) + (a - lo), b - a, dst + (a - begin));
     }
   };
+}
+
+void Engine::load_swapped_state(const std::string& name, const FlatFill& flat) {
+  MT_CHECK(state_swapped(name) && sync_->zero() != nullptr, ErrorKind::kInternal,
+           "load_swapped_state: " + name + " is not swapped");
+  if (name == "master") sync_->zero()->write_master_from(span_from_flat(flat));
+  else static_cast<optim::SwappedAdamW*>(optimizer_.get())->write_state_from(name, span_from_flat(flat));
 }
 
 bool Engine::state_swapped(const std::string& name) const {
@@ -970,8 +984,8 @@ void Engine::load_local_state(const std::string& name, const float* local) {
       device_->load_master(local);
       return;
     }
-    if (parallel::ZeroRuntime* rt = sync_->zero(); rt != nullptr && rt->swapped()) {
-      rt->write_master_from(span_from_local(local));  // piece by piece, never the whole span
+    if (state_swapped(name)) {
+      load_swapped_state(name, local_fill(local));  // piece by piece, never the whole span
     } else {
       sync_->scatter(master(), local);
     }
@@ -983,13 +997,7 @@ void Engine::load_local_state(const std::string& name, const float* local) {
     if (device_) {
       device_->load_state(name, local);
     } else if (optimizer_->state_swapped()) {
-      if (const parallel::ZeroRuntime* rt = sync_->zero(); rt != nullptr && rt->swapped()) {
-        static_cast<optim::SwappedAdamW*>(optimizer_.get())->write_state_from(name, span_from_local(local));
-      } else {
-        std::vector<float> span(state_numel());
-        sync_->scatter(span.data(), local);
-        optimizer_->write_state(name, span.data());
-      }
+      load_swapped_state(name, local_fill(local));
     } else {
       sync_->scatter(b.data, local);
     }

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "comm/backend.h"
+#include "io/aio.h"
 #include "engine/ds_config.h"
 #include "parallel/grad_sync.h"
 #include "models/device_lm.h"
@@ -55,6 +56,9 @@ struct StepResult {
   // split into the update's compute and its waits on the disk; the I/O threads' read and write
   // seconds and bytes (their overlap with compute is read + write − wait).
   optim::SwapStepStats swap;
+  // offload_param "nvme": the forward and backward passes' parameter and gradient traffic (piece
+  // reads for the gathers, gradient records) and the seconds they blocked on it.
+  io::AsyncIo::Stats param_swap;
 };
 
 class Engine {
@@ -139,11 +143,19 @@ class Engine {
   bool state_swapped(const std::string& name) const;
   // Elements [begin, begin + n) of state `name` over this rank's span, read from the swap.
   void read_span_state(const std::string& name, size_t begin, size_t n, float* dst);
-  // Span elements [begin, begin + n) from a local flat buffer (ZeRO: this rank's pieces of it).
-  std::function<void(size_t, size_t, float*)> span_from_local(const float* local) const;
+  // fill(begin, n, dst): elements [begin, begin + n) of the local flat buffer (store.numel()).
+  using FlatFill = std::function<void(size_t, size_t, float*)>;
+  // Span elements [begin, begin + n) from the local flat buffer given by flat (ZeRO: this rank's
+  // pieces of it, in flat order; padding is zero).
+  std::function<void(size_t, size_t, float*)> span_from_flat(FlatFill flat) const;
   // local: the whole local flat buffer (store.numel()), correct at least on this rank's span runs:
   // each rank keeps its span. "master" refreshes the parameters (collective under ZeRO).
   void load_local_state(const std::string& name, const float* local);
+  // A swapped state (state_swapped(name)) written to the swap piece by piece from flat, asked for
+  // this rank's span runs in increasing order, never the whole buffer at once. "master" then needs
+  // refresh_params() (collective; called apart so that ranks can agree on a failed read first).
+  void load_swapped_state(const std::string& name, const FlatFill& flat);
+  void refresh_params() { sync_->after_update(); }
   models::TransformerLM& model() { return model_; }
   // The model's step on an accelerator (config.device "cuda"), else null.
   models::DeviceLM* device() const { return device_.get(); }

@@ -406,6 +406,13 @@ void ZeroRuntime::complete_reduce(size_t u, bool free_slab) {
   }
 }
 
+io::AsyncIo::Stats ZeroRuntime::take_swap_io_stats() {
+  if (!swap_) return {};
+  io::AsyncIo::Stats s = swap_->io->stats();
+  swap_->io->reset_stats();
+  return s;
+}
+
 bool ZeroRuntime::oldest_reduce_done() { return !pending_.empty() && pending_.front().work->is_completed(); }
 
 void ZeroRuntime::progress() {

@@ -96,6 +96,10 @@ class ZeroRuntime : private ZeroEffects {
   // offload_param nvme: master() and grad() are null; the shards are in these files, laid out by
   // swap_records() (span elements of each unit piece at its record's offset).
   bool swapped() const { return swap_ != nullptr; }
+  // offload_param nvme: the parameter and gradient traffic since the last call (gathers' piece
+  // reads, gradient records read and written, and the time the step blocked on them); zeros
+  // otherwise. Resets the counters.
+  io::AsyncIo::Stats take_swap_io_stats();
   // Each unit piece cut into records of at most max_elems (rounded down to 1024 elements, 4 KiB of
   // f32): the pieces' file layout is unchanged, the optimizer's sub-groups can be smaller than a unit.
   std::vector<optim::SwapRecord> swap_records(size_t max_elems = SIZE_MAX) const;
