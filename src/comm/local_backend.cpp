@@ -87,9 +87,15 @@ std::vector<float> reduce_all(const Op& op, size_t n, const void* (*pick)(const 
     return acc;
   }
   std::vector<float> acc = widen(pick(op.arrivals[0]), op.desc.dtype, n);
+  std::vector<float> x;
   for (size_t r = 1; r < op.arrivals.size(); ++r) {
-    std::vector<float> x = widen(pick(op.arrivals[r]), op.desc.dtype, n);
-    reduce_f32_into(acc.data(), x.data(), n, op.desc.op);
+    const float* src = static_cast<const float*>(pick(op.arrivals[r]));
+    if (op.desc.dtype != DType::kF32) {  // f32 arrivals are summed where they lie
+      if (x.size() != n) x.resize(n);
+      convert(x.data(), DType::kF32, src, op.desc.dtype, n);
+      src = x.data();
+    }
+    reduce_f32_into(acc.data(), src, n, op.desc.op);
   }
   if (op.desc.op == ReduceOp::kAvg) {
     const float inv = 1.0f / static_cast<float>(op.arrivals.size());
@@ -306,6 +312,13 @@ void execute(LocalGroup& group, Op& op) {
     convert(dst, op.desc.dtype, src, DType::kF32, k);
   };
   if (name == "barrier") return;
+  // One rank (a single-process run's groups): a reduction is its own values in every dtype (the
+  // f32 round trip of a 2-byte value is exact, an average divides by 1), so nothing is widened.
+  if (n == 1 && (name == "all_reduce" || name == "reduce")) return;
+  if (n == 1 && name == "reduce_scatter") {
+    if (bytes && a[0].recv != a[0].send) std::memmove(a[0].recv, a[0].send, bytes);
+    return;
+  }
   if (name == "broadcast") {
     for (int r = 0; r < n; ++r)
       if (r != op.desc.root && bytes) std::memcpy(a[r].recv, a[op.desc.root].recv, bytes);

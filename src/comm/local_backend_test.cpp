@@ -183,6 +183,35 @@ TEST(LocalBackend, F16AvgAndReduceScatter) {
   });
 }
 
+// One rank (a single-process run's groups): every reduction leaves its values bit for bit, in
+// every dtype and op (they are not widened and narrowed), and reduce_scatter copies send to recv.
+TEST(LocalBackend, OneRankReductionsAreItsOwnValues) {
+  run(1, [](Backend& b) {
+    const std::vector<float> f = {1.0f / 3.0f, -0.0f, 1e-40f, 65504.0f, -7.25f, 3e38f};
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax})
+        for (bool in_dtype : {false, true}) {
+          if (in_dtype && (dt == DType::kF32 || op != ReduceOp::kSum)) continue;
+          const size_t esz = dtype_size(dt), n = f.size();
+          std::vector<char> want(n * esz), v(n * esz), s(n * esz), r(n * esz, 0x5a);
+          convert(want.data(), dt, f.data(), DType::kF32, n);
+          v = want;
+          s = want;
+          AllReduceOptions o;
+          o.op = op;
+          o.in_dtype = in_dtype;
+          b.all_reduce(v.data(), n, dt, o)->wait();
+          EXPECT_EQ(v, want) << dtype_name(dt) << " op " << static_cast<int>(op);
+          ReduceScatterOptions ro;
+          ro.op = op;
+          ro.in_dtype = in_dtype;
+          b.reduce_scatter(r.data(), s.data(), n, dt, ro)->wait();
+          EXPECT_EQ(r, want) << dtype_name(dt) << " op " << static_cast<int>(op);
+          EXPECT_EQ(s, want);
+        }
+  });
+}
+
 TEST(LocalBackend, TimeoutNamesTheMissingRankCollectiveAndSeq) {
   auto errors = run_local_ranks(3, [](Backend& b) {
     float v = 1;
