@@ -416,9 +416,13 @@ Bandwidth bandwidth_probe(const std::string& dir, uint64_t bytes, const AioOptio
   return bw;
 }
 
-AlignedBuffer::AlignedBuffer(size_t bytes, MemCategory category) : raw_(bytes + kAlign, category), bytes_(bytes) {
+// Whole pages are taken as they are (the Allocator starts blocks of a page or more on a page);
+// any other size gets a page of pad to align it.
+AlignedBuffer::AlignedBuffer(size_t bytes, MemCategory category)
+    : raw_(bytes > 0 && bytes % kAlign == 0 ? bytes : bytes + kAlign, category), bytes_(bytes) {
   auto a = reinterpret_cast<uintptr_t>(raw_.data());
   p_ = reinterpret_cast<void*>((a + kAlign - 1) / kAlign * kAlign);
+  MT_CHECK(raw_.bytes() != bytes || p_ == raw_.data(), ErrorKind::kInternal, "AlignedBuffer: a block of whole pages off a page");
 }
 
 // ---------------------------------------------------------------------------------------------

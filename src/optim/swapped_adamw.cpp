@@ -88,7 +88,7 @@ io::File& SwappedAdamW::file(int k) const {
 }
 
 size_t SwappedAdamW::resident_bytes() const {
-  return slots_.size() * (swap_.master_file ? 4 : 2) * (slot_bytes_ + io::kAlign);
+  return slots_.size() * (swap_.master_file ? 4 : 2) * slot_bytes_;  // whole pages: no pad
 }
 
 uint64_t SwappedAdamW::disk_bytes() const {  // the moments' files: up to the last record's end

@@ -172,7 +172,7 @@ size_t largest_module_params(const models::ModelConfig& cfg) {
 
 OptimizerSwap optimizer_swap(size_t span, int states, int64_t sub_group_size, int buffers) {
   // optim::SwappedAdamW: sub-groups of a multiple of 1024 elements (4 KiB of f32), one slot
-  // buffer per state per resident sub-group, each an io::AlignedBuffer (4 KiB more than asked).
+  // buffer per state per resident sub-group, each an io::AlignedBuffer of whole pages (no pad).
   constexpr size_t kAlign = 4096, unit = kAlign / 4;
   auto align_up = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
   OptimizerSwap r;
@@ -180,7 +180,7 @@ OptimizerSwap optimizer_swap(size_t span, int states, int64_t sub_group_size, in
   const size_t group = std::max(unit, (std::min(sub, std::max<size_t>(span, 1)) + unit - 1) / unit * unit);
   r.sub_groups = span == 0 ? 0 : (span + group - 1) / group;
   const size_t slots = std::min(static_cast<size_t>(std::max(buffers, 1)), std::max<size_t>(r.sub_groups, 1));
-  r.resident = slots * static_cast<size_t>(states) * (align_up(group * 4) + kAlign);
+  r.resident = slots * static_cast<size_t>(states) * align_up(group * 4);
   if (r.sub_groups > 0)  // every sub-group at its stride; the last one's own length rounded to 4 KiB
     r.disk = static_cast<uint64_t>(states) *
              ((r.sub_groups - 1) * align_up(group * 4) + align_up((span - (r.sub_groups - 1) * group) * 4));
@@ -213,7 +213,7 @@ OptimizerSwap param_swap(const std::vector<size_t>& pieces, int64_t sub_group_si
     ++r.sub_groups;
   }
   const size_t slots = std::min(static_cast<size_t>(std::max(buffers, 1)), std::max<size_t>(r.sub_groups, 1));
-  r.resident = slots * 4 * (slot + kAlign);
+  r.resident = slots * 4 * slot;
   if (!recs.empty()) r.disk = 2 * (recs.back().off + align_up(recs.back().numel * 4)) + 2 * at;
   return r;
 }
@@ -257,8 +257,8 @@ class ZeroReplay : private parallel::ZeroEffects {
     if (swap) {
       size_t most = 0;
       for (const parallel::Unit& u : units_) most = std::max(most, align4k(piece(u) * 4));
-      alloc(MemCategory::kComm, most + 4096);
-      release(MemCategory::kComm, most + 4096);
+      alloc(MemCategory::kComm, most);  // AlignedBuffers of whole pages: no pad
+      release(MemCategory::kComm, most);
     } else {
       alloc(lowp ? MemCategory::kOptimizer : MemCategory::kParams, 4 * S_);
       alloc(MemCategory::kGrads, 4 * S_);
@@ -344,7 +344,7 @@ class ZeroReplay : private parallel::ZeroEffects {
     } else {
       alloc(MemCategory::kComm, v.staging = 4 * padded(u));
     }
-    if (param_swap_on()) alloc(MemCategory::kComm, v.piece = align4k(piece(units_[u]) * 4) + 4096);  // read from disk
+    if (param_swap_on()) alloc(MemCategory::kComm, v.piece = align4k(piece(units_[u]) * 4));  // read from disk
   }
   void finish_gather(size_t u) override {
     View& v = views_[u];
@@ -384,7 +384,7 @@ class ZeroReplay : private parallel::ZeroEffects {
   void complete_reduce(size_t u, bool free_slab) override {
     if (param_swap_on()) {  // the piece's record: summed, written behind (two writes in flight)
       free_record(u);
-      alloc(MemCategory::kComm, record_[u] = align4k(piece(units_[u]) * 4) + 4096);
+      alloc(MemCategory::kComm, record_[u] = align4k(piece(units_[u]) * 4));
       writing_.push_back(u);
       while (writing_.size() > 2) {
         free_record(writing_.front());

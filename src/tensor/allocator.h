@@ -53,8 +53,9 @@ class Allocator {
   std::atomic<size_t> total_peak_{0};
   // Large blocks (>= 1 MiB) freed and kept, by size: ZeRO-3 gathers and frees the same unit sizes
   // every pass, and a fresh mapping faults in every page again (most of a stage-3 step's time in
-  // the kernel). Kept only while in use + kept <= the highest in-use total so far (never reset),
-  // and evicted before a new block would exceed it: the process holds no more than without them.
+  // the kernel). Kept only while in use + kept <= the highest in-use total so far (never reset)
+  // plus a margin of 128 MiB (an eighth of that total at most), and evicted before a new block would
+  // exceed it: the process holds at most that margin more than without them.
   struct Cache;
   Cache* cache_ = nullptr;  // made on the first large block; kept to the process's end
   std::once_flag cache_once_;
