@@ -397,6 +397,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     }
   }
   if (tty) std::printf("\n");
+  eng.settle();  // the last optimizer swap may still be running: its error is this run's
   if (lead && cfg.comms_logger.enabled) {  // DeepSpeed's comm log_summary, rank 0's counters
     std::printf("comms summary (rank 0, %s):\n", world ? "every collective of the run" : "one process: no collectives");
     for (const std::string& l : comm_log->summary_lines()) std::printf("  %s\n", l.c_str());

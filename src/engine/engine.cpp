@@ -290,6 +290,10 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
       so.records = rt->swap_records(static_cast<size_t>(z.sub_group_size));  // the runtime's layout, in sub-group-sized records
       so.master_file = rt->master_file();
       so.grad_file = rt->grad_file();
+      // The step runs beside the next forward: each gather waits for its unit's sub-groups only,
+      // and the persistent units (gathered as the step ends) go first.
+      so.asynchronous = true;
+      so.first_records = rt->persistent_records(static_cast<size_t>(z.sub_group_size));
     }
     so.sub_group_size = static_cast<size_t>(z.sub_group_size);
     so.buffer_count = z.optimizer_buffer_count;
@@ -301,6 +305,10 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     so.aio.single_submit = config.aio.single_submit;
     so.aio.overlap_events = config.aio.overlap_events;
     optimizer_ = optim::make_swapped_optimizer(config.optimizer, state_numel(), segments, so);
+    if (so.asynchronous) {
+      auto* sw = static_cast<optim::SwappedAdamW*>(optimizer_.get());
+      sync_->zero()->set_master_wait([sw](size_t begin, size_t end) { sw->wait_range(begin, end); });
+    }
     if (rank() == 0) {
       auto* sw = static_cast<const optim::SwappedAdamW*>(optimizer_.get());
       log_info("zero_optimization.offload_optimizer: nvme — AdamW moments" +
@@ -345,6 +353,10 @@ double Engine::grad_sum_squares() {
 }
 
 Engine::~Engine() = default;
+
+void Engine::settle() {
+  if (optimizer_ && optimizer_->state_swapped()) static_cast<optim::SwappedAdamW*>(optimizer_.get())->wait();
+}
 
 std::string Engine::first_nonfinite_grad() {
   // This rank's span: the whole buffer, or its ZeRO shard (whose segments carry the names).
@@ -554,10 +566,14 @@ StepResult Engine::step() {
         round_through(sync_->grad(), state_numel(), md);
         round_through(sync_->master(), state_numel(), md);
       }
+      auto* sw = optimizer_->state_swapped() ? static_cast<optim::SwappedAdamW*>(optimizer_.get()) : nullptr;
+      if (sw != nullptr) sw->wait();  // an asynchronous step before this one: done by now, its error here
+      const optim::SwapStepStats before = sw != nullptr ? sw->last_step() : optim::SwapStepStats{};
       optimizer_->step(sync_->master(), sync_->grad(), sync_->compute(), sync_->compute_dtype(), static_cast<float>(r.lr),
                        static_cast<float>(coef));
       if (md != DType::kF32) round_through(sync_->master(), state_numel(), md);
-      if (optimizer_->state_swapped()) r.swap = static_cast<const optim::SwappedAdamW*>(optimizer_.get())->last_step();
+      // An asynchronous swap reports the step before (this one runs beside the next forward).
+      if (sw != nullptr) r.swap = sw->asynchronous() ? before : sw->last_step();
       sync_->after_update();
     }
     ++applied_steps_;

@@ -78,6 +78,9 @@ class Engine {
   float forward(const int32_t* tokens, const int32_t* targets);
   void backward();
   float forward_backward(const int32_t* tokens, const int32_t* targets);
+  // Waits for what the last step() left running (ZeRO-Infinity's optimizer swap steps beside the
+  // next forward) and throws its error: call it when training ends, before reporting success.
+  void settle();
   // After gradient_accumulation_steps micro-batches: overflow check, unscale, clip, update.
   StepResult step();
   // A whole global batch: next(tokens, targets) fills each micro-batch. With pipeline parallelism

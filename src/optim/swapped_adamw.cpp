@@ -62,6 +62,16 @@ SwappedAdamW::SwappedAdamW(size_t numel, std::vector<ParamSegment> segments, con
     groups_info_.push_back(g);
   }
   groups_ = groups_info_.size();
+  std::vector<char> taken(groups_, 0);
+  for (size_t r : swap_.first_records) {
+    MT_CHECK(r < records_.size(), ErrorKind::kInternal, "SwappedAdamW: first_records past the layout");
+    size_t g = 0;
+    while (groups_info_[g].last <= r) ++g;
+    if (!taken[g]) order_.push_back(g), taken[g] = 1;
+  }
+  for (size_t g = 0; g < groups_; ++g)
+    if (!taken[g]) order_.push_back(g);
+  done_.assign(groups_, 1);
   io::Env& env = swap_.env ? *swap_.env : io::posix_env();
   if (swap_.env == nullptr) io::check_swap_dir(swap_.dir, disk_bytes());
   for (int s = 0; s < 2; ++s) files_[s] = env.open(swap_.dir + "/" + kStateNames[s] + ".swp");
@@ -77,6 +87,7 @@ SwappedAdamW::SwappedAdamW(size_t numel, std::vector<ParamSegment> segments, con
 }
 
 SwappedAdamW::~SwappedAdamW() {
+  if (worker_.joinable()) worker_.join();  // an error it met was the engine's to collect (wait())
   try {
     if (io_) io_->wait_all();
   } catch (...) {  // a failed write was reported by the step that issued it
@@ -97,6 +108,7 @@ uint64_t SwappedAdamW::disk_bytes() const {  // the moments' files: up to the la
 }
 
 void SwappedAdamW::set_betas(double beta1, double beta2) {
+  wait();
   config_.beta1 = static_cast<float>(beta1);
   config_.beta2 = static_cast<float>(beta2);
 }
@@ -112,20 +124,77 @@ size_t SwappedAdamW::state_index(const std::string& name) const {
 }
 
 void SwappedAdamW::step(float* master, const float* grad, void* lowp, DType lowp_dtype, float lr, float grad_scale) {
+  wait();
   const bool swapped = swap_.master_file != nullptr;
   MT_CHECK(swapped == (master == nullptr), ErrorKind::kInternal, "SwappedAdamW: master in memory or on disk, not both");
   ++step_;
-  Timer total;
-  io_->reset_stats();
   cache_ = io::AlignedBuffer();
   cached_group_ = cached_state_ = SIZE_MAX;
-  kernels::AdamWParams p = adamw_step_params(config_, lr, step_, grad_scale);
+  const kernels::AdamWParams p = adamw_step_params(config_, lr, step_, grad_scale);
+  if (!swap_.asynchronous) {
+    run_step(master, grad, lowp, lowp_dtype, p);
+    return;
+  }
+  MT_CHECK(swapped && lowp == nullptr, ErrorKind::kInternal, "SwappedAdamW: an asynchronous step needs the master on disk");
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    std::fill(done_.begin(), done_.end(), 0);
+    running_ = true;
+  }
+  worker_ = std::thread([this, p] {
+    std::exception_ptr error;
+    try {
+      run_step(nullptr, nullptr, nullptr, DType::kF32, p);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    error_ = error;
+    running_ = false;
+    cv_.notify_all();
+  });
+}
+
+void SwappedAdamW::wait() {
+  if (worker_.joinable()) worker_.join();
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    std::swap(error, error_);
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void SwappedAdamW::wait_range(size_t begin, size_t end) {
+  if (end == SIZE_MAX) return wait();
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] {
+      if (!running_) return true;
+      for (size_t g = 0; g < groups_; ++g) {
+        const Group& gr = groups_info_[g];
+        const size_t lo = records_[gr.first].begin, hi = records_[gr.last - 1].begin + records_[gr.last - 1].numel;
+        if (lo < end && hi > begin && !done_[g]) return false;
+      }
+      return true;
+    });
+    if (running_) return;
+  }
+  wait();  // finished (or failed): collect it
+}
+
+void SwappedAdamW::run_step(float* master, const float* grad, void* lowp, DType lowp_dtype, const kernels::AdamWParams& p0) {
+  const bool swapped = swap_.master_file != nullptr;
+  kernels::AdamWParams p = p0;
+  Timer total;
+  io_->reset_stats();
   const size_t esz = dtype_size(lowp_dtype);
   const size_t nslots = slots_.size();
   double compute = 0;
-  // Brings sub-group g into its slot: waits for the slot's previous write-back first.
-  auto fetch = [&](size_t g) {
-    Slot& s = *slots_[g % nslots];
+  // The i-th sub-group of the order into slot i mod nslots: waits for the slot's previous write-back first.
+  auto fetch = [&](size_t i) {
+    const size_t g = order_[i];
+    Slot& s = *slots_[i % nslots];
     for (auto t : s.writes) io_->wait(t);
     s.writes.clear();
     const Group& gr = groups_info_[g];
@@ -137,12 +206,24 @@ void SwappedAdamW::step(float* master, const float* grad, void* lowp, DType lowp
       for (int k : {kMaster, kGrad}) s.reads.push_back(io_->read(file(k), s.buf[k].data(), gr.bytes, gr.file_off));
   };
   try {
+    // Asynchronous: sub-group order_[i] is marked written once its writes are done (at the latest
+    // during the next one's update), and the waiters told.
+    auto written = [&](size_t i) {
+      Slot& s = *slots_[i % nslots];
+      for (auto t : s.writes) io_->wait(t);
+      s.writes.clear();
+      if (!swap_.asynchronous) return;
+      std::lock_guard<std::mutex> l(mu_);
+      done_[order_[i]] = 1;
+      cv_.notify_all();
+    };
     if (groups_ > 0) fetch(0);
-    for (size_t g = 0; g < groups_; ++g) {
-      Slot& s = *slots_[g % nslots];
+    for (size_t i = 0; i < groups_; ++i) {
+      const size_t g = order_[i];
+      Slot& s = *slots_[i % nslots];
       for (auto t : s.reads) io_->wait(t);
       s.reads.clear();
-      if (swap_.pipeline_read && g + 1 < groups_) fetch(g + 1);  // read while this sub-group is updated
+      if (swap_.pipeline_read && i + 1 < groups_) fetch(i + 1);  // read while this sub-group is updated
       Timer c;
       const Group& gr = groups_info_[g];
       for (size_t ri = gr.first; ri < gr.last; ++ri) {
@@ -164,17 +245,12 @@ void SwappedAdamW::step(float* master, const float* grad, void* lowp, DType lowp
       for (int k : {kM, kV}) s.writes.push_back(io_->write(file(k), s.buf[k].data(), gr.bytes, gr.file_off));
       if (swapped) s.writes.push_back(io_->write(file(kMaster), s.buf[kMaster].data(), gr.bytes, gr.file_off));
       on_disk_[g] = true;
-      if (g == 0 && groups_ > 1) fault_point(("optim.swap_step_" + std::to_string(step_)).c_str());  // tests: killed mid-swap
-      if (!swap_.pipeline_write) {
-        for (auto t : s.writes) io_->wait(t);
-        s.writes.clear();
-      }
-      if (!swap_.pipeline_read && g + 1 < groups_) fetch(g + 1);
+      if (i == 0 && groups_ > 1) fault_point(("optim.swap_step_" + std::to_string(step_)).c_str());  // tests: killed mid-swap
+      if (!swap_.pipeline_write) written(i);
+      else if (swap_.asynchronous && i > 0) written(i - 1);
+      if (!swap_.pipeline_read && i + 1 < groups_) fetch(i + 1);
     }
-    for (auto& s : slots_) {
-      for (auto t : s->writes) io_->wait(t);
-      s->writes.clear();
-    }
+    for (size_t i = groups_ > nslots ? groups_ - nslots : 0; i < groups_; ++i) written(i);
   } catch (...) {
     // The swap files are this step's scratch: the last checkpoint is elsewhere and intact. Let
     // every transfer finish before the buffers can go.
@@ -196,6 +272,7 @@ void SwappedAdamW::step(float* master, const float* grad, void* lowp, DType lowp
 }
 
 void SwappedAdamW::read_state(const std::string& name, float* dst) {
+  wait();
   const size_t k = state_index(name);
   Slot& s = *slots_[0];
   for (size_t g = 0; g < groups_; ++g) {
@@ -210,6 +287,7 @@ void SwappedAdamW::read_state(const std::string& name, float* dst) {
 }
 
 void SwappedAdamW::read_state_range(const std::string& name, size_t begin, size_t n, float* dst) {
+  wait();
   const size_t k = state_index(name), end = begin + n;
   for (size_t g = 0; g < groups_; ++g) {
     const Group& gr = groups_info_[g];
@@ -242,6 +320,7 @@ void SwappedAdamW::write_state(const std::string& name, const float* src) {
 }
 
 void SwappedAdamW::write_state_from(const std::string& name, const std::function<void(size_t, size_t, float*)>& fill) {
+  wait();
   const size_t k = state_index(name);
   cache_ = io::AlignedBuffer();
   cached_group_ = cached_state_ = SIZE_MAX;

@@ -9,13 +9,18 @@
 // A sub-group never written reads as zeros (AdamW's initial moments) without touching the disk.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/aio.h"
+#include "kernels/cpu/ops.h"
 #include "optim/adamw.h"
 #include "optim/optimizer.h"
 
@@ -43,6 +48,14 @@ struct SwapOptions {
   bool pipeline_write = true;             // write this sub-group back during the next one's update
   io::AioOptions aio;
   io::Env* env = nullptr;  // null: the real filesystem (io::posix_env())
+  // With the master on disk: step() hands the step to a thread of its own and returns, so the
+  // next forward runs beside it; wait_range() blocks until the sub-groups holding given span
+  // elements are written back (a ZeRO-3 gather reads its unit's piece after that), wait() until
+  // the whole step is. Every other call waits first. The update is the same either way.
+  bool asynchronous = false;
+  // Records whose sub-groups step before all others, in this order (ZeRO-3's persistent units:
+  // they are gathered as the step ends); the rest follow in span order.
+  std::vector<size_t> first_records;
 };
 
 // Seconds and bytes of the last step(): compute is the kernel's time, wait the time the update
@@ -76,7 +89,13 @@ class SwappedAdamW : public Optimizer {
   // when a read reaches its end: a checkpoint streams the state in order).
   void read_state_range(const std::string& name, size_t begin, size_t n, float* dst);
 
+  // The last finished step's figures (asynchronous: call wait() first).
   const SwapStepStats& last_step() const { return last_; }
+  // Asynchronous: blocks until span elements [begin, end) are updated and on disk (end SIZE_MAX:
+  // until the whole step is, as wait()); rethrows the step's error. Synchronous: returns at once.
+  void wait_range(size_t begin, size_t end);
+  void wait();
+  bool asynchronous() const { return swap_.asynchronous; }
   size_t sub_groups() const { return groups_; }
   size_t resident_bytes() const;  // the slots
   uint64_t disk_bytes() const;    // both files at full size (planner::optimizer_swap's figure)
@@ -91,6 +110,8 @@ class SwappedAdamW : public Optimizer {
   size_t state_index(const std::string& name) const;
   // Reads (writing: writes) state k's part of group g between the slot buffer and its file.
   io::File& file(int k) const;
+  // The step itself (on the caller's thread, or the worker's when asynchronous).
+  void run_step(float* master, const float* grad, void* lowp, DType lowp_dtype, const kernels::AdamWParams& p);
 
   AdamWConfig config_;
   SwapOptions swap_;
@@ -105,6 +126,14 @@ class SwappedAdamW : public Optimizer {
   io::AlignedBuffer cache_;
   size_t cached_group_ = SIZE_MAX, cached_state_ = SIZE_MAX;
   SwapStepStats last_;
+  std::vector<size_t> order_;  // the sub-groups in the order a step takes them
+  // Asynchronous step: its thread, which sub-groups it has written back, its error.
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<char> done_;
+  bool running_ = false;
+  std::exception_ptr error_;
 };
 
 // Adam/AdamW of spec with its moments swapped (offload_optimizer device "nvme"); others refused.

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <random>
 #include <vector>
 
@@ -37,6 +39,24 @@ void steps(Optimizer& o, Trial& r, int from, int to) {
     std::vector<float> g = randoms(r.master.size(), 100 + s, 1e-2f);
     o.step(r.master.data(), g.data(), r.lowp.data(), DType::kBF16, 1e-3f * (s + 1), 0.5f);
   }
+}
+
+// A span written into / read from a swap file in a record layout.
+void put_records(io::File& f, const std::vector<SwapRecord>& recs, const std::vector<float>& span) {
+  for (const SwapRecord& r : recs) {
+    io::AlignedBuffer b(io::align_up(r.numel * 4), MemCategory::kWorkspace);
+    std::memcpy(b.data(), span.data() + r.begin, r.numel * 4);
+    f.write(b.data(), b.size(), r.file_off);
+  }
+}
+std::vector<float> get_records(io::File& f, const std::vector<SwapRecord>& recs, size_t n) {
+  std::vector<float> span(n);
+  for (const SwapRecord& r : recs) {
+    io::AlignedBuffer b(io::align_up(r.numel * 4), MemCategory::kWorkspace);
+    f.read(b.data(), b.size(), r.file_off);
+    std::memcpy(span.data() + r.begin, b.data(), r.numel * 4);
+  }
+  return span;
 }
 
 std::string dir(const std::string& name) {
@@ -126,14 +146,7 @@ TEST(SwappedAdamW, MasterAndGradientsOnDiskInARecordLayout) {
     auto mem = io::memory_env();
     auto wf = mem->open("w.swp"), gf = mem->open("g.swp");
     std::vector<float> w0 = randoms(n, 7, 0.1f);
-    auto put = [&](io::File& f, const std::vector<float>& span) {
-      for (const SwapRecord& r : recs) {
-        io::AlignedBuffer b(io::align_up(r.numel * 4), MemCategory::kWorkspace);
-        std::memcpy(b.data(), span.data() + r.begin, r.numel * 4);
-        f.write(b.data(), b.size(), r.file_off);
-      }
-    };
-    put(*wf, w0);
+    put_records(*wf, recs, w0);
     SwapOptions so;
     so.dir = "rec";
     so.env = mem.get();
@@ -144,15 +157,10 @@ TEST(SwappedAdamW, MasterAndGradientsOnDiskInARecordLayout) {
     so.buffer_count = 2;
     SwappedAdamW o(n, segments(n), cfg, so);
     for (int s = 0; s < 4; ++s) {
-      put(*gf, randoms(n, 100 + s, 1e-2f));
+      put_records(*gf, recs, randoms(n, 100 + s, 1e-2f));
       o.step(nullptr, nullptr, nullptr, DType::kBF16, 1e-3f * (s + 1), 0.5f);
     }
-    std::vector<float> got(n);
-    for (const SwapRecord& r : recs) {
-      io::AlignedBuffer b(io::align_up(r.numel * 4), MemCategory::kWorkspace);
-      wf->read(b.data(), b.size(), r.file_off);
-      std::memcpy(got.data() + r.begin, b.data(), r.numel * 4);
-    }
+    const std::vector<float> got = get_records(*wf, recs, n);
     EXPECT_EQ(std::memcmp(got.data(), want.master.data(), n * 4), 0) << "sub " << sub;
     std::vector<float> m(n);
     o.read_state("exp_avg", m.data());
@@ -189,6 +197,114 @@ TEST(SwappedAdamW, DiskFaultsMidStepAreNamedErrors) {
     EXPECT_NE(err.find(want[which]), std::string::npos) << which << ": " << err;
     EXPECT_NE(err.find(so.dir + "/exp_avg"), std::string::npos) << err;
   }
+}
+
+// A file whose writes at one offset block until released (and say when one has begun).
+class GatedFile : public io::File {
+ public:
+  GatedFile(io::File& inner, uint64_t gate_off) : inner_(inner), gate_off_(gate_off) {}
+  const std::string& path() const override { return inner_.path(); }
+  void read(void* buf, size_t n, uint64_t off) override { inner_.read(buf, n, off); }
+  void write(const void* buf, size_t n, uint64_t off) override {
+    if (off == gate_off_) {
+      std::unique_lock<std::mutex> l(mu_);
+      entered_ = true;
+      cv_.notify_all();
+      cv_.wait(l, [&] { return open_; });
+    }
+    inner_.write(buf, n, off);
+  }
+  void close_gate() {
+    std::lock_guard<std::mutex> l(mu_);
+    open_ = false;
+    entered_ = false;
+  }
+  void wait_entered() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return entered_; });
+  }
+  void open_gate() {
+    std::lock_guard<std::mutex> l(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  io::File& inner_;
+  uint64_t gate_off_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true, entered_ = false;
+};
+
+// ZeRO-Infinity's overlap: an asynchronous step returns at once and runs on its own thread, its
+// sub-groups in the order asked for (first_records first, then span order); wait_range() returns
+// as soon as the sub-groups holding a range are on disk, while a later one's write is still held
+// back; the result is AdamW's bit for bit. An I/O error of such a step surfaces at the next wait.
+TEST(SwappedAdamW, AsynchronousStepRunsBesideTheCallerInItsOrder) {
+  const size_t n = 10000;
+  AdamWConfig cfg;
+  AdamW ref(n, segments(n), cfg);
+  Trial want{randoms(n, 7, 0.1f), std::vector<uint16_t>(n)};
+  steps(ref, want, 0, 3);
+  const std::vector<SwapRecord> recs = {{0, 1500, 0}, {1500, 2600, 8192}, {4100, 5900, 20480}};
+  auto mem = io::memory_env();
+  auto raw_w = mem->open("w.swp"), gf = mem->open("g.swp");
+  GatedFile wf(*raw_w, recs[1].file_off);  // the master's write of the middle record waits for the test
+  const std::vector<float> w0 = randoms(n, 7, 0.1f);
+  put_records(*raw_w, recs, w0);
+  SwapOptions so;
+  so.dir = "async";
+  so.env = mem.get();
+  so.sub_group_size = 1000;  // one record per sub-group
+  so.records = recs;
+  so.master_file = &wf;
+  so.grad_file = gf.get();
+  so.buffer_count = 2;
+  so.asynchronous = true;
+  so.first_records = {2};  // order: 2, 0, 1
+  SwappedAdamW o(n, segments(n), cfg, so);
+  for (int s = 0; s < 3; ++s) {
+    o.wait();  // the gradients of the step before were read (the engine's gathers see to it)
+    put_records(*gf, recs, randoms(n, 100 + s, 1e-2f));
+    if (s == 2) wf.close_gate();
+    o.step(nullptr, nullptr, nullptr, DType::kBF16, 1e-3f * (s + 1), 0.5f);  // returns while held
+    if (s == 2) {
+      wf.wait_entered();  // the last sub-group's master write has begun and is held
+      o.wait_range(recs[2].begin, recs[2].begin + recs[2].numel);  // first in the order: on disk
+      o.wait_range(0, recs[0].numel);                              // second: on disk too
+      io::AlignedBuffer b(io::align_up(recs[2].numel * 4), MemCategory::kWorkspace);
+      raw_w->read(b.data(), b.size(), recs[2].file_off);
+      EXPECT_EQ(std::memcmp(b.data(), want.master.data() + recs[2].begin, recs[2].numel * 4), 0);
+      wf.open_gate();
+    }
+  }
+  o.wait_range(0, SIZE_MAX);
+  const std::vector<float> got = get_records(*raw_w, recs, n);
+  EXPECT_EQ(std::memcmp(got.data(), want.master.data(), n * 4), 0);
+  std::vector<float> m(n);
+  o.read_state("exp_avg_sq", m.data());
+  EXPECT_EQ(std::memcmp(m.data(), ref.exp_avg_sq(), n * 4), 0);
+  EXPECT_EQ(o.last_step().bytes_written, 3u * (8192u + 12288u + 24576u));  // m, v and master of each sub-group
+
+  // An error on the step's thread: the next wait throws it, once.
+  io::Faults f;
+  f.eio_write_at = 1;  // a moment's write-back
+  auto env = io::fault_env(*mem, f);
+  SwapOptions fo = so;
+  fo.dir = "async-fault";
+  fo.env = env.get();
+  fo.master_file = raw_w.get();
+  SwappedAdamW bad(n, segments(n), cfg, fo);
+  bad.step(nullptr, nullptr, nullptr, DType::kBF16, 1e-3f, 1.0f);
+  std::string err;
+  try {
+    bad.wait_range(0, 10);
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("async-fault/exp_avg"), std::string::npos) << err;
+  EXPECT_NO_THROW(bad.wait());
 }
 
 }  // namespace

@@ -158,10 +158,21 @@ std::vector<optim::SwapRecord> ZeroRuntime::swap_records(size_t max_elems) const
   return r;
 }
 
+std::vector<size_t> ZeroRuntime::persistent_records(size_t max_elems) const {
+  const size_t chunk = std::max<size_t>(1024, max_elems / 1024 * 1024);
+  std::vector<size_t> out;
+  size_t i = 0;
+  for (size_t u = 0; u < part_.units().size(); ++u)
+    for (size_t k = 0; k < part_.piece(u); k += chunk, ++i)
+      if (schedule_.persistent(u)) out.push_back(i);
+  return out;
+}
+
 io::File* ZeroRuntime::master_file() const { return swap_ ? swap_->master.get() : nullptr; }
 io::File* ZeroRuntime::grad_file() const { return swap_ ? swap_->grad.get() : nullptr; }
 
 void ZeroRuntime::read_master(float* shard) const {
+  wait_master(0, SIZE_MAX);
   for (size_t u = 0; u < part_.units().size(); ++u) {
     io::AlignedBuffer b(io::align_up(part_.piece(u) * 4), MemCategory::kComm);
     swap_->io->wait(swap_->io->read(*swap_->master, b.data(), b.size(), swap_->off[u]));
@@ -170,6 +181,7 @@ void ZeroRuntime::read_master(float* shard) const {
 }
 
 void ZeroRuntime::read_master_range(size_t begin, size_t n, float* dst) const {
+  wait_master(0, SIZE_MAX);
   const size_t end = begin + n;
   for (size_t u = 0; u < part_.units().size(); ++u) {
     const size_t lo = part_.shard_offset(u), hi = lo + part_.piece(u);
@@ -189,10 +201,12 @@ void ZeroRuntime::read_master_range(size_t begin, size_t n, float* dst) const {
 }
 
 void ZeroRuntime::write_master(const float* shard) {
+  wait_master(0, SIZE_MAX);
   write_master_from([shard](size_t b, size_t n, float* dst) { std::memcpy(dst, shard + b, n * sizeof(float)); });
 }
 
 void ZeroRuntime::write_master_from(const std::function<void(size_t, size_t, float*)>& fill) {
+  wait_master(0, SIZE_MAX);
   swap_->cached = SIZE_MAX;
   swap_->cache = io::AlignedBuffer();
   for (size_t u = 0; u < part_.units().size(); ++u) {
@@ -230,6 +244,7 @@ void ZeroRuntime::start_gather(size_t u) {
     target = v.staging.data();
   }
   if (swap_) {  // the piece comes off the disk first; the all_gather runs when the unit is used
+    wait_master(part_.shard_offset(u), part_.shard_offset(u) + part_.piece(u));
     v.piece = io::AlignedBuffer(io::align_up(part_.piece(u) * 4), MemCategory::kComm);
     v.piece_read = swap_->io->read(*swap_->master, v.piece.data(), v.piece.size(), swap_->off[u]);
     return;

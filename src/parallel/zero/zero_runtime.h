@@ -103,6 +103,8 @@ class ZeroRuntime : private ZeroEffects {
   // Each unit piece cut into records of at most max_elems (rounded down to 1024 elements, 4 KiB of
   // f32): the pieces' file layout is unchanged, the optimizer's sub-groups can be smaller than a unit.
   std::vector<optim::SwapRecord> swap_records(size_t max_elems = SIZE_MAX) const;
+  // Indices into swap_records(max_elems) of the records of persistent units (gathered as a step ends).
+  std::vector<size_t> persistent_records(size_t max_elems = SIZE_MAX) const;
   io::File* master_file() const;
   io::File* grad_file() const;
   // The whole master shard from / to disk (checkpoints); write_master then refresh_params().
@@ -113,6 +115,10 @@ class ZeroRuntime : private ZeroEffects {
   void write_master(const float* shard);
   // The same, the shard's elements [begin, begin + n) given by fill, one unit piece at a time.
   void write_master_from(const std::function<void(size_t begin, size_t n, float* dst)>& fill);
+  // offload_param nvme with an asynchronous optimizer step: called with shard elements [begin,
+  // end) before the master is read or written there (end SIZE_MAX: all of it), so each gather reads
+  // its piece only once the step has written it back; the step is the next forward's neighbour.
+  void set_master_wait(std::function<void(size_t begin, size_t end)> wait) { master_wait_ = std::move(wait); }
   // The gradient norm's ranges of the shard (each inside one unit piece): the runtime takes
   // optim::grad_norm of each once its gradient is final (the last micro-batch's reduction), so
   // the engine sums the same values as over an in-memory shard.
@@ -157,6 +163,10 @@ class ZeroRuntime : private ZeroEffects {
   struct Swap;
   std::unique_ptr<Swap> swap_;
   bool last_micro_ = true;
+  std::function<void(size_t, size_t)> master_wait_;
+  void wait_master(size_t begin, size_t end) const {
+    if (master_wait_) master_wait_(begin, end);
+  }
 };
 
 }  // namespace mt::parallel
