@@ -1,0 +1,68 @@
+// The step simulator (issue 14): per-rank programs of compute and communication, each rank with a
+// compute stream (its thread) and one communication stream (its communicator, one operation at a
+// time), simulated in time with their dependencies. What overlaps is what the runtime overlaps:
+//   - compute runs on the compute stream, in program order;
+//   - a blocking send or collective holds the compute stream until it ends; an asynchronous one
+//     is queued on the communication stream and the compute stream goes on until a kWait names it;
+//   - with progress = false (MPI without a progress thread, and no polling), an asynchronous
+//     collective only moves while its rank is inside MPI: it starts at its kWait at the earliest,
+//     so it adds its time as a blocking one would. An asynchronous send still moves (the
+//     receiver's blocking receive drives it);
+//   - a rank's asynchronous operations have distinct tags within a step;
+//   - a collective starts when every member has issued it and its members' communication streams
+//     are free; it ends on all of them at once;
+//   - a message (send) arrives when its transfer ends; a receive blocks until then.
+// Pure: no kernels, no communicator. The times come from the caller (calibration, or a test's
+// hand-computable numbers).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "parallel/pp/schedule.h"
+
+namespace mt::planner {
+
+enum class SimOpKind { kCompute, kSend, kRecv, kCollective, kWait };
+
+struct SimOp {
+  SimOpKind kind = SimOpKind::kCompute;
+  double seconds = 0.0;  // compute: its time; send: the transfer; collective: once all members are in
+  int peer = -1;         // send/recv: the other rank
+  int tag = -1;          // send/recv: the message (matched by (from, to, tag)); collective/wait: the handle
+  int group = -1;        // collective: index into SimProgram::groups
+  bool async = false;    // send/collective: issued on the communication stream, waited for by a kWait
+  std::string name;      // what it is, for reports
+};
+
+struct SimProgram {
+  std::vector<std::vector<SimOp>> ranks;  // one instruction list per rank
+  std::vector<std::vector<int>> groups;   // collective groups: their member ranks
+};
+
+struct SimOptions {
+  bool progress = true;  // asynchronous operations move while compute runs (false: only at their wait)
+};
+
+struct SimReport {
+  bool deadlock = false;
+  std::string where;              // the blocked instruction of every stuck rank, on deadlock
+  double makespan = 0.0;          // the step: the last rank's end
+  std::vector<double> end;        // per rank: when its compute stream finished its list
+  std::vector<double> compute;    // per rank: seconds of compute
+  std::vector<double> comm;       // per rank: seconds its communication stream was busy
+  std::vector<double> blocked;    // per rank: seconds its compute stream waited (receives, blocking ops, waits)
+  // A rank's idle share of the step (the pipeline bubble on a pipeline program).
+  double idle_share(int rank) const { return makespan > 0 ? (makespan - compute[rank]) / makespan : 0.0; }
+};
+
+// Throws kInvalidArgument on a malformed program (a collective's group missing or not holding the
+// rank, a wait without its operation, a send to itself).
+SimReport simulate(const SimProgram& program, const SimOptions& options = {});
+
+// A pipeline step's instruction lists (parallel/pp, the executor's own) as a program: a forward of
+// one chunk takes t_forward / v, a backward t_backward / v, a message t_message.
+SimProgram pipeline_program(const parallel::pp::ScheduleSpec& spec, double t_forward, double t_backward,
+                            double t_message = 0.0);
+
+}  // namespace mt::planner

@@ -1,0 +1,122 @@
+// The step simulator on programs whose times can be worked out by hand.
+#include "planner/sim.h"
+
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+
+namespace mt::planner {
+namespace {
+
+SimOp compute(double s, const char* name = "") { return {SimOpKind::kCompute, s, -1, -1, -1, false, name}; }
+SimOp collective(int group, int tag, double s, bool async) {
+  return {SimOpKind::kCollective, s, -1, tag, group, async, "all_reduce"};
+}
+SimOp wait(int tag) { return {SimOpKind::kWait, 0.0, -1, tag, -1, false, "wait"}; }
+
+// A pure pipeline, the executor's own instruction lists: every rank idles the formula's share
+// ((p-1)/(m+p-1); interleaved (p-1)/(v·m+p-1)) when messages cost nothing and a backward is twice a
+// forward, and the step is (m+p-1)·(t_f+t_b) for GPipe and 1F1B.
+TEST(Simulator, PipelineBubbleIsTheFormula) {
+  using parallel::pp::ScheduleKind;
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved}) {
+    for (int p : {2, 4}) {
+      parallel::pp::ScheduleSpec spec;
+      spec.kind = kind;
+      spec.pp = p;
+      spec.micro_batches = 8;
+      spec.virtual_stages = kind == ScheduleKind::kInterleaved ? 2 : 1;
+      const SimReport r = simulate(pipeline_program(spec, 1.0, 2.0));
+      ASSERT_FALSE(r.deadlock) << r.where;
+      const double want = parallel::pp::bubble_formula(spec);
+      for (int q = 0; q < p; ++q) {
+        EXPECT_NEAR(r.idle_share(q), want, 1e-12) << parallel::pp::schedule_name(kind) << " p " << p << " rank " << q;
+      }
+      if (kind != ScheduleKind::kInterleaved) {
+        EXPECT_DOUBLE_EQ(r.makespan, (8 + p - 1) * 3.0);
+      }
+    }
+  }
+}
+
+// Messages on the critical path add their time: a GPipe of p stages with a message time c sends
+// 2(p-1) of them along the first micro-batch's way up and the last one's way down.
+TEST(Simulator, PipelineMessagesOnTheCriticalPathAddUp) {
+  parallel::pp::ScheduleSpec spec;
+  spec.kind = parallel::pp::ScheduleKind::kGPipe;
+  spec.pp = 3;
+  spec.micro_batches = 4;
+  const SimReport r = simulate(pipeline_program(spec, 1.0, 2.0, 0.25));
+  ASSERT_FALSE(r.deadlock) << r.where;
+  EXPECT_DOUBLE_EQ(r.makespan, (4 + 3 - 1) * 3.0 + 2 * (3 - 1) * 0.25);
+}
+
+// Data parallelism's gradient all-reduce: launched after the last layer's backward and waited for
+// at the end, it hides behind the remaining backward when that takes longer (costs nothing), and
+// shows only its excess otherwise; a blocking one — or an asynchronous one without progress —
+// adds its whole time.
+TEST(Simulator, OverlappedAllReduceCostsNothingASerialisedOneAddsItsTime) {
+  auto program = [](double comm, bool async) {
+    SimProgram p;
+    p.groups = {{0, 1}};
+    for (int q = 0; q < 2; ++q)
+      p.ranks.push_back({compute(1.0, "backward layer 2"), collective(0, 7, comm, async), compute(1.0, "backward layer 1"),
+                         wait(7)});
+    if (!async) {
+      for (auto& list : p.ranks) list.pop_back();  // a blocking collective has no wait
+    }
+    return p;
+  };
+  EXPECT_DOUBLE_EQ(simulate(program(0.5, true)).makespan, 2.0);   // hidden
+  EXPECT_DOUBLE_EQ(simulate(program(1.5, true)).makespan, 2.5);   // 0.5 s shows
+  EXPECT_DOUBLE_EQ(simulate(program(0.5, false)).makespan, 2.5);  // serialised
+  SimOptions no_progress;
+  no_progress.progress = false;
+  const SimReport r = simulate(program(0.5, true), no_progress);
+  EXPECT_DOUBLE_EQ(r.makespan, 2.5);
+  EXPECT_DOUBLE_EQ(r.blocked[0], 0.5);
+  EXPECT_DOUBLE_EQ(r.comm[1], 0.5);
+}
+
+// A collective starts when its last member arrives and ends on all of them at once; one rank's
+// communication stream runs its operations one at a time.
+TEST(Simulator, CollectivesWaitForTheSlowestMemberAndShareOneStream) {
+  SimProgram p;
+  p.groups = {{0, 1}, {0, 1}};
+  p.ranks = {{compute(1.0), collective(0, 1, 0.5, false), compute(0.25)},
+             {compute(3.0), collective(0, 1, 0.5, false)}};
+  SimReport r = simulate(p);
+  EXPECT_DOUBLE_EQ(r.end[0], 3.75);
+  EXPECT_DOUBLE_EQ(r.end[1], 3.5);
+  EXPECT_DOUBLE_EQ(r.blocked[0], 2.5);
+  EXPECT_DOUBLE_EQ(r.idle_share(1), (3.75 - 3.0) / 3.75);
+  // Two asynchronous all-reduces of 1 s issued at 0 beside 1.5 s of compute: the second runs
+  // after the first, so the step is 2 s.
+  p.ranks = {{collective(0, 1, 1.0, true), collective(1, 2, 1.0, true), compute(1.5), wait(1), wait(2)},
+             {collective(0, 1, 1.0, true), collective(1, 2, 1.0, true), compute(1.5), wait(1), wait(2)}};
+  r = simulate(p);
+  EXPECT_DOUBLE_EQ(r.makespan, 2.0);
+  EXPECT_DOUBLE_EQ(r.blocked[0], 0.5);
+}
+
+// A receive nobody sends, and a collective a member never joins, are deadlocks named by rank;
+// malformed programs are refused.
+TEST(Simulator, DeadlocksAreReportedAndBadProgramsRefused) {
+  SimProgram p;
+  p.groups = {{0, 1}};
+  p.ranks = {{compute(1.0), {SimOpKind::kRecv, 0.0, 1, 5, -1, false, "recv activation"}},
+             {collective(0, 3, 1.0, false)}};
+  SimReport r = simulate(p);
+  EXPECT_TRUE(r.deadlock);
+  EXPECT_NE(r.where.find("rank 0 waits at recv recv activation tag 5"), std::string::npos) << r.where;
+  EXPECT_NE(r.where.find("rank 1 waits at collective"), std::string::npos) << r.where;
+  p.ranks = {{collective(1, 3, 1.0, false)}, {}};
+  EXPECT_THROW(simulate(p), Error);  // no group 1
+  p.ranks = {{wait(9)}, {}};
+  EXPECT_THROW(simulate(p), Error);  // nothing issued with tag 9
+  p.ranks = {{{SimOpKind::kSend, 1.0, 0, 1, -1, false, "to itself"}}, {}};
+  EXPECT_THROW(simulate(p), Error);
+}
+
+}  // namespace
+}  // namespace mt::planner
