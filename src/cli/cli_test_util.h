@@ -20,12 +20,30 @@
 
 namespace mt::cli::testing {
 
+// The directories make_test_dir made, removed when the test process ends (a swapped-model test
+// leaves gigabytes; ctest runs hundreds of processes). MT_KEEP_TEST_DIRS=1 keeps them to look at.
+struct TestDirs {
+  std::vector<std::string> paths;
+  ~TestDirs() {
+    if (std::getenv("MT_KEEP_TEST_DIRS") != nullptr) return;
+    for (const std::string& p : paths) {
+      std::error_code ec;
+      std::filesystem::remove_all(p, ec);
+    }
+  }
+};
+inline TestDirs& test_dirs() {
+  static TestDirs dirs;
+  return dirs;
+}
+
 // A fresh directory named `name`_<pid> under the test temp dir (ctest runs each test as its own
-// process, possibly in parallel, so the pid keeps them apart).
+// process, possibly in parallel, so the pid keeps them apart), removed when the process ends.
 inline std::string make_test_dir(const std::string& name) {
   std::string p = ::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid());
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
+  test_dirs().paths.push_back(p);
   return p;
 }
 
