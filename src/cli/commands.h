@@ -1,10 +1,12 @@
 // One subcommand per file; each registers its flags on the app and runs when chosen.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "comm/backend.h"
 #include "engine/ds_config.h"
 #include "planner/memory.h"
 
@@ -20,6 +22,10 @@ void register_generate(CLI::App& app);
 void register_plot(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_estimate(CLI::App& app);
+void register_calibrate(CLI::App& app);
+
+// Under mpirun (ours or the user's): the MPI world; else null.
+std::shared_ptr<comm::Backend> mpi_world();
 
 // --deepspeed, --model, --data, --tokenizer and --set: where a run's configuration comes from.
 void add_config_source_options(CLI::App* cmd, engine::ConfigSources& src);

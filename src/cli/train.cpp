@@ -39,6 +39,12 @@
 
 namespace mt::cli {
 namespace fs = std::filesystem;
+
+std::shared_ptr<comm::Backend> mpi_world() {
+  if (!std::getenv("OMPI_COMM_WORLD_SIZE")) return nullptr;
+  return comm::mpi_init(nullptr, nullptr);
+}
+
 namespace {
 
 struct TrainArgs {
@@ -100,11 +106,6 @@ DataSource open_data(const engine::RunConfig& cfg, const std::string& path, cons
   return d;
 }
 
-// Under mpirun (ours or the user's): the MPI world; else null.
-std::shared_ptr<comm::Backend> mpi_world() {
-  if (!std::getenv("OMPI_COMM_WORLD_SIZE")) return nullptr;
-  return comm::mpi_init(nullptr, nullptr);
-}
 
 // DeepSpeed's csv_monitor: each event (a tensorboard-style name, a value, a step in samples) is
 // appended to <output_path>/<job_name>/<name with '/' and ' ' as '_'>.csv, whose first line in

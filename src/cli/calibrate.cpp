@@ -1,0 +1,133 @@
+// meshtrain calibrate [-o cal.json] [--quick] [--io DIR] [--force]: times this machine's GEMMs,
+// a memory-bound kernel, the AdamW update, and (under mpirun, 2 or more ranks) every collective
+// and p2p over message sizes, and the disk where asked (planner/calibrate.h), and writes the
+// fitted lines as JSON for the planner. The file is reused while the binary and the hardware are
+// the same (its fingerprint); --force measures again.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/file_io.h"
+#include "base/threads.h"
+#include "cli/commands.h"
+#include "comm/mpi_backend.h"
+#include "engine/json_file.h"
+#include "planner/calibrate.h"
+
+namespace mt::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CalibrateArgs {
+  std::string out = "calibration.json";
+  bool quick = false, force = false;
+  std::string io_dir;
+  unsigned long long io_mib = 1024;
+  int threads = 0;
+};
+
+// What a calibration is valid for: the binary (size and modification time), the CPU, its cores,
+// the threads and ranks it ran with.
+nlohmann::json fingerprint(int world) {
+  std::string cpu;
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);)
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  const auto size = ec ? 0 : fs::file_size(exe, ec);
+  const auto mtime = ec ? 0 : fs::last_write_time(exe, ec).time_since_epoch().count();
+  return {{"cpu", cpu},           {"cores", std::thread::hardware_concurrency()},
+          {"threads", threads_get()}, {"world", world},
+          {"binary", exe.string()}, {"binary_bytes", size},
+          {"binary_mtime", mtime}};
+}
+
+void run_calibrate(const CalibrateArgs& args) {
+  std::shared_ptr<comm::Backend> world = mpi_world();
+  if (args.threads > 0) threads_set(args.threads);  // else OpenMP's (meshtrain launch sets one per rank's share)
+  const int P = world ? world->size() : 1;
+  const bool lead = !world || world->rank() == 0;
+  const nlohmann::json fp = fingerprint(P);
+  bool fresh = args.force || !fs::exists(args.out);
+  if (!fresh) {
+    const nlohmann::json old = engine::json_load_file(args.out);
+    fresh = !old.contains("fingerprint") || old["fingerprint"] != fp ||
+            (!args.io_dir.empty() && !old.contains("disk"));
+  }
+  if (!fresh) {
+    if (lead)
+      std::printf("calibration up to date: %s (same binary, hardware, threads and ranks); --force measures again\n",
+                  args.out.c_str());
+    if (world) {
+      world.reset();
+      comm::mpi_finalize();
+    }
+    return;
+  }
+  planner::CalibrateOptions o;
+  o.quick = args.quick;
+  o.group = world.get();
+  o.io_dir = args.io_dir;
+  o.io_bytes = args.io_mib << 20;
+  const planner::Calibration cal = planner::calibrate(o);
+  if (lead) {
+    nlohmann::json j;
+    j["fingerprint"] = fp;
+    j["world"] = cal.world;
+    j["threads"] = cal.threads;
+    for (const auto& [family, f] : cal.fits) j["fits"][family] = {{"latency_s", f.latency}, {"per_unit_s", f.per_unit}};
+    for (const planner::CalPoint& p : cal.points)
+      j["points"].push_back({{"what", p.what}, {"units", p.units}, {"seconds", p.seconds}});
+    if (cal.disk_read_gbs > 0)
+      j["disk"] = {{"dir", args.io_dir}, {"read_gbs", cal.disk_read_gbs}, {"write_gbs", cal.disk_write_gbs},
+                   {"mixed_gbs", cal.disk_mixed_gbs}};
+    const std::string text = j.dump(1) + "\n";
+    file_write_atomic(args.out, text.data(), text.size());
+    std::printf("calibrated %d rank(s) x %d thread(s) -> %s\n", cal.world, cal.threads, args.out.c_str());
+    std::printf("%-16s %12s %16s\n", "family", "latency", "rate");
+    for (const auto& [family, f] : cal.fits) {
+      const bool flops = family.rfind("gemm", 0) == 0, elems = family == "adamw";
+      const double rate = f.per_unit > 0 ? 1.0 / f.per_unit : 0.0;
+      std::printf("%-16s %9.1f us %12.2f %s\n", family.c_str(), f.latency * 1e6,
+                  flops ? rate / 1e12 : elems ? rate / 1e9 : rate / 1e9,
+                  flops ? "TFLOP/s" : elems ? "Gelem/s" : "GB/s");
+    }
+    if (cal.disk_read_gbs > 0)
+      std::printf("disk %s: read %.2f GB/s, write %.2f GB/s, mixed %.2f GB/s\n", args.io_dir.c_str(), cal.disk_read_gbs,
+                  cal.disk_write_gbs, cal.disk_mixed_gbs);
+  }
+  if (world) {
+    world.reset();
+    comm::mpi_finalize();
+  }
+}
+
+}  // namespace
+
+void register_calibrate(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "calibrate", "Time this machine's kernels, collectives (under mpirun) and disk for the planner's cost model");
+  auto a = std::make_shared<CalibrateArgs>();
+  cmd->add_option("-o,--output", a->out, "calibration JSON to write (default calibration.json)");
+  cmd->add_flag("--quick", a->quick, "fewer and smaller points");
+  cmd->add_flag("--force", a->force, "measure even when the file matches this binary and machine");
+  cmd->add_option("--io", a->io_dir, "also probe the disk under this directory");
+  cmd->add_option("--io-size", a->io_mib, "MiB each way for the disk probe (default 1024)");
+  cmd->add_option("--threads", a->threads, "threads per rank (default: OMP_NUM_THREADS, which meshtrain launch sets to the cores per rank)");
+  cmd->callback([a] { run_calibrate(*a); });
+}
+
+}  // namespace mt::cli

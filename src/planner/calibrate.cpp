@@ -1,0 +1,206 @@
+#include "planner/calibrate.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "base/error.h"
+#include "base/threads.h"
+#include "base/timer.h"
+#include "io/aio.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/ops.h"
+
+namespace mt::planner {
+
+LinearFit fit_line(const std::vector<std::pair<double, double>>& points) {
+  MT_CHECK(!points.empty(), ErrorKind::kInvalidArgument, "fit_line: no points");
+  // Relative least squares (each point weighted by 1/seconds²): the points span orders of
+  // magnitude, and a plain fit would let the largest decide the latency alone.
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [x, y] : points) {
+    const double w = y > 0 ? 1.0 / (y * y) : 1.0;
+    sw += w;
+    sx += w * x;
+    sy += w * y;
+    sxx += w * x * x;
+    sxy += w * x * y;
+  }
+  LinearFit f;
+  const double det = sw * sxx - sx * sx;
+  const bool line = points.size() > 1 && det > 0;
+  if (line) {
+    f.per_unit = (sw * sxy - sx * sy) / det;
+    f.latency = (sy - f.per_unit * sx) / sw;
+  }
+  if (!line || f.latency < 0 || f.per_unit < 0) {  // a rate through the origin
+    f.latency = 0.0;
+    f.per_unit = sxx > 0 ? sxy / sxx : 0.0;
+  }
+  return f;
+}
+
+double Calibration::seconds(const std::string& family, double units) const {
+  auto it = fits.find(family);
+  if (it == fits.end())
+    throw Error(ErrorKind::kNotFound, "calibration: '" + family + "' was not measured" +
+                                          (family.rfind("all_", 0) == 0 || family == "reduce_scatter" || family == "send_recv"
+                                               ? " (collectives need a calibration run under mpirun with 2 or more ranks)"
+                                               : ""));
+  return it->second.seconds(units);
+}
+
+double Calibration::gemm_seconds(long m, long n, long k, DType dtype) const {
+  return seconds(std::string("gemm ") + dtype_name(dtype), 2.0 * static_cast<double>(m) * n * k);
+}
+
+namespace {
+
+// Seconds per call of f, timed for at least `budget` seconds and `min_calls` calls after one
+// untimed call. With a group, every rank runs the same calls and takes the slowest rank's time.
+template <typename F>
+double time_calls(F&& f, double budget, int min_calls, comm::Backend* group) {
+  f();
+  if (group) group->barrier(comm::BarrierOptions{})->wait();
+  Timer t;
+  int calls = 0;
+  // Every rank must run the same number of calls: rank 0 decides after its budget, and the
+  // group follows (a one-element max-reduce per round keeps them in step).
+  for (;;) {
+    f();
+    ++calls;
+    float more = calls < min_calls || t.seconds() < budget ? 1.0f : 0.0f;
+    if (group) {
+      comm::AllReduceOptions o;
+      o.op = comm::ReduceOp::kMax;
+      o.tag = "calibrate";
+      group->all_reduce(&more, 1, DType::kF32, o)->wait();
+    }
+    if (more == 0.0f) break;
+  }
+  float s = static_cast<float>(t.seconds() / calls);
+  if (group) {
+    comm::AllReduceOptions o;
+    o.op = comm::ReduceOp::kMax;
+    o.tag = "calibrate time";
+    group->all_reduce(&s, 1, DType::kF32, o)->wait();
+  }
+  return s;
+}
+
+void add_family(Calibration& cal, const std::string& family, const std::vector<CalPoint>& pts) {
+  std::vector<std::pair<double, double>> xy;
+  for (const CalPoint& p : pts) {
+    cal.points.push_back(p);
+    xy.emplace_back(p.units, p.seconds);
+  }
+  cal.fits[family] = fit_line(xy);
+}
+
+}  // namespace
+
+Calibration calibrate(const CalibrateOptions& options) {
+  Calibration cal;
+  cal.threads = threads_get();
+  comm::Backend* group = options.group != nullptr && options.group->size() > 1 ? options.group : nullptr;
+  cal.world = group ? group->size() : 1;
+  const double budget = options.quick ? 0.02 : 0.2;
+
+  // GEMMs: the shapes a transformer step runs (tokens × out × in), from a small MLP to a wide one.
+  // gemm_ceiling_tflops times C = A·Bᵀ on this process's threads (one GEMM per rank at a time).
+  struct Shape {
+    int m, n, k;
+  };
+  const std::vector<Shape> shapes = options.quick ? std::vector<Shape>{{64, 256, 256}, {256, 512, 512}, {256, 1024, 512}}
+                                                  : std::vector<Shape>{{64, 256, 256},    {256, 1024, 256},
+                                                                       {512, 1024, 1024}, {1024, 2048, 1024},
+                                                                       {2048, 4096, 1024}, {2048, 2048, 4096}};
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    std::vector<CalPoint> pts;
+    for (const Shape& s : shapes) {
+      const double tflops = kernels::gemm_ceiling_tflops(s.m, s.n, s.k, dt, budget);
+      const double flops = 2.0 * s.m * s.n * s.k;
+      pts.push_back({std::string("gemm ") + dtype_name(dt) + " " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
+                         std::to_string(s.k),
+                     flops, flops / (tflops * 1e12)});
+    }
+    add_family(cal, std::string("gemm ") + dtype_name(dt), pts);
+  }
+
+  // A memory-bound kernel (GELU: 4 bytes read and 4 written per element), and the AdamW update
+  // (the optimizer's cost per element: master, gradient and both moments).
+  const std::vector<size_t> sizes = options.quick ? std::vector<size_t>{1 << 14, 1 << 17, 1 << 19}
+                                                  : std::vector<size_t>{1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 24};
+  {
+    std::vector<CalPoint> mem, adam;
+    for (size_t n : sizes) {
+      std::vector<float> a(n, 0.5f), b(n), g(n, 1e-3f), m(n), v(n);
+      const double s = time_calls([&] { kernels::gelu_forward(b.data(), a.data(), n); }, budget, 3, nullptr);
+      mem.push_back({"gelu_forward f32 " + std::to_string(n), 8.0 * static_cast<double>(n), s});
+      kernels::AdamWParams p;
+      const double sa = time_calls(
+          [&] { kernels::adamw_update(a.data(), g.data(), m.data(), v.data(), nullptr, DType::kF32, n, p); }, budget, 3,
+          nullptr);
+      adam.push_back({"adamw_update " + std::to_string(n), static_cast<double>(n), sa});
+    }
+    add_family(cal, "memory", mem);
+    add_family(cal, "adamw", adam);
+  }
+
+  // Collectives over the group, by bytes per rank (f32), and a p2p round trip between ranks 0
+  // and 1 (half of it is one message).
+  if (group) {
+    const std::vector<size_t> bytes = options.quick ? std::vector<size_t>{4096, 1 << 16, 1 << 20}
+                                                    : std::vector<size_t>{4096, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22,
+                                                                          1 << 24};
+    const int P = group->size(), me = group->rank();
+    std::vector<CalPoint> ar, ag, rs, sr;
+    for (size_t b : bytes) {
+      const size_t n = b / 4;
+      std::vector<float> x(n * P, 1.0f), y(n * P);
+      ar.push_back({"all_reduce f32", static_cast<double>(b), time_calls([&] {
+                      comm::AllReduceOptions o;
+                      o.tag = "calibrate all_reduce";
+                      group->all_reduce(x.data(), n, DType::kF32, o)->wait();
+                    }, budget, 3, group)});
+      ag.push_back({"all_gather f32", static_cast<double>(b), time_calls([&] {
+                      comm::AllGatherOptions o;
+                      o.tag = "calibrate all_gather";
+                      group->all_gather(y.data(), x.data(), n, DType::kF32, o)->wait();
+                    }, budget, 3, group)});
+      rs.push_back({"reduce_scatter f32", static_cast<double>(b), time_calls([&] {
+                      comm::ReduceScatterOptions o;
+                      o.tag = "calibrate reduce_scatter";
+                      group->reduce_scatter(y.data(), x.data(), n, DType::kF32, o)->wait();
+                    }, budget, 3, group)});
+      const double rt = time_calls([&] {
+        if (me == 0) {
+          comm::SendOptions so;
+          group->send(x.data(), n, DType::kF32, 1, so)->wait();
+          comm::RecvOptions ro;
+          group->recv(y.data(), n, DType::kF32, 1, ro)->wait();
+        } else if (me == 1) {
+          comm::RecvOptions ro;
+          group->recv(y.data(), n, DType::kF32, 0, ro)->wait();
+          comm::SendOptions so;
+          group->send(y.data(), n, DType::kF32, 0, so)->wait();
+        }
+      }, budget, 3, group);
+      sr.push_back({"send_recv f32", static_cast<double>(b), rt / 2});
+    }
+    add_family(cal, "all_reduce", ar);
+    add_family(cal, "all_gather", ag);
+    add_family(cal, "reduce_scatter", rs);
+    add_family(cal, "send_recv", sr);
+  }
+
+  if (!options.io_dir.empty()) {
+    io::AioOptions o;
+    const io::Bandwidth bw = io::bandwidth_probe(options.io_dir, options.io_bytes, o);
+    cal.disk_read_gbs = bw.read_gbs;
+    cal.disk_write_gbs = bw.write_gbs;
+    cal.disk_mixed_gbs = bw.mixed_gbs;
+  }
+  return cal;
+}
+
+}  // namespace mt::planner

@@ -1,0 +1,57 @@
+// Calibration (issue 14): the only part of the planner that runs kernels and collectives. It
+// times this machine's own GEMMs by shape and dtype, a memory-bound kernel by bytes, the AdamW
+// update by elements, every collective and p2p by message size over the given group, and the disk
+// where asked. Each family is a least-squares line, time = latency + units × seconds-per-unit: the
+// cost model's input (DESIGN decision 6: the planner uses the real system's numbers).
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/backend.h"
+#include "tensor/dtype.h"
+
+namespace mt::planner {
+
+// time = latency + per_unit × units, fitted to measured (units, seconds) points by least squares.
+// A negative intercept (the points' noise) is refitted through the origin: latency is never < 0.
+struct LinearFit {
+  double latency = 0.0;   // seconds
+  double per_unit = 0.0;  // seconds per unit (flop, byte or element)
+  double seconds(double units) const { return latency + per_unit * units; }
+};
+LinearFit fit_line(const std::vector<std::pair<double, double>>& points);
+
+struct CalPoint {
+  std::string what;     // "gemm bf16 512x2048x2048", "all_reduce f32", ...
+  double units = 0.0;   // flops, bytes or elements
+  double seconds = 0.0;
+};
+
+struct Calibration {
+  int world = 1;  // ranks of the group the collectives were timed on
+  int threads = 1;
+  std::vector<CalPoint> points;             // everything measured
+  std::map<std::string, LinearFit> fits;    // "gemm f32", "gemm bf16" (flops), "memory" (bytes),
+                                            // "adamw" (elements), "all_reduce", "all_gather",
+                                            // "reduce_scatter", "send_recv" (bytes per rank)
+  double disk_read_gbs = 0.0, disk_write_gbs = 0.0, disk_mixed_gbs = 0.0;  // 0: not measured
+  // A fitted family's time for `units`; throws kNotFound naming the family when it was not measured.
+  double seconds(const std::string& family, double units) const;
+  double gemm_seconds(long m, long n, long k, DType dtype) const;
+};
+
+struct CalibrateOptions {
+  bool quick = false;            // fewer, smaller points (tests, a first look)
+  comm::Backend* group = nullptr;  // collectives over it (null or one rank: none)
+  std::string io_dir;            // the disk probe's directory (empty: not measured)
+  unsigned long long io_bytes = 1ull << 30;
+};
+
+// Collective when group has more than one rank: every rank calls it.
+Calibration calibrate(const CalibrateOptions& options);
+
+}  // namespace mt::planner

@@ -1,0 +1,59 @@
+// The calibration's fits on numbers worked out by hand, and a quick calibration of this process.
+#include "planner/calibrate.h"
+
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+
+namespace mt::planner {
+namespace {
+
+// Exact lines are recovered; a negative intercept (noise around a pure rate) is refitted through
+// the origin; one point is a rate through the origin.
+TEST(CalibrationFit, LeastSquaresLineWithANonNegativeLatency) {
+  LinearFit f = fit_line({{1e6, 1e-5 + 1e6 * 2e-9}, {4e6, 1e-5 + 4e6 * 2e-9}, {16e6, 1e-5 + 16e6 * 2e-9}});
+  EXPECT_NEAR(f.latency, 1e-5, 1e-12);
+  EXPECT_NEAR(f.per_unit, 2e-9, 1e-18);
+  EXPECT_NEAR(f.seconds(8e6), 1e-5 + 16e-3, 1e-12);
+  f = fit_line({{1.0, 0.5}, {2.0, 2.0}, {3.0, 3.5}});  // on a line through (0, -1)
+  EXPECT_EQ(f.latency, 0.0);
+  // Through the origin, each point weighted by 1/y²: Σ(x/y) / Σ(x/y)².
+  const double r1 = 1.0 / 0.5, r2 = 2.0 / 2.0, r3 = 3.0 / 3.5;
+  EXPECT_NEAR(f.per_unit, (r1 + r2 + r3) / (r1 * r1 + r2 * r2 + r3 * r3), 1e-15);
+  // Relative weighting: a small point's latency is not drowned by a large one's noise.
+  f = fit_line({{1e3, 1e-5 + 1e3 * 1e-9}, {1e6, 1e-5 + 1e6 * 1e-9}, {1e9, (1.0 + 1e-3) * (1e-5 + 1e9 * 1e-9)}});
+  EXPECT_NEAR(f.latency, 1e-5, 1e-7);
+  f = fit_line({{10.0, 5.0}});
+  EXPECT_EQ(f.latency, 0.0);
+  EXPECT_DOUBLE_EQ(f.per_unit, 0.5);
+  EXPECT_THROW(fit_line({}), Error);
+}
+
+// A quick calibration of one process: GEMM lines per dtype (by flops), the memory-bound kernel
+// (by bytes) and AdamW (by elements), every point kept; no collectives without a group, and
+// asking for one says how to get it.
+TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
+  CalibrateOptions o;
+  o.quick = true;
+  const Calibration cal = calibrate(o);
+  EXPECT_EQ(cal.world, 1);
+  for (const char* family : {"gemm f32", "gemm bf16", "memory", "adamw"}) {
+    ASSERT_TRUE(cal.fits.count(family)) << family;
+    EXPECT_GT(cal.fits.at(family).per_unit, 0.0) << family;
+    EXPECT_GE(cal.fits.at(family).latency, 0.0) << family;
+  }
+  EXPECT_EQ(cal.points.size(), 12u);
+  for (const CalPoint& p : cal.points) EXPECT_GT(p.seconds, 0.0) << p.what;
+  const LinearFit& g = cal.fits.at("gemm bf16");
+  EXPECT_DOUBLE_EQ(cal.gemm_seconds(256, 512, 512, DType::kBF16), g.seconds(2.0 * 256 * 512 * 512));
+  try {
+    cal.seconds("all_reduce", 1e6);
+    ADD_FAILURE() << "no collectives were measured";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
+    EXPECT_NE(std::string(e.what()).find("mpirun"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mt::planner
