@@ -20,7 +20,9 @@
 #include <fstream>
 #include <memory>
 #include <set>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/file_io.h"
@@ -435,7 +437,12 @@ void run_train(const TrainArgs& args) {
     int code = bad_input ? 2 : 1;
     // Before the first collective every rank fails alike (same config, same files): rank 0 says it.
     if (!started) {
-      if (world->rank() != 0) std::_Exit(code);
+      // The others leave a moment later: mpirun aborts the job at the first non-zero exit, and a
+      // rank that exited first could take rank 0 down before its line was written (seen in CI).
+      if (world->rank() != 0) {
+        std::this_thread::sleep_for(std::chrono::seconds(3));
+        std::_Exit(code);
+      }
       std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
       std::fflush(stderr);
       std::_Exit(code);
