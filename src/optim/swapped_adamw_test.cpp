@@ -41,6 +41,14 @@ void steps(Optimizer& o, Trial& r, int from, int to) {
   }
 }
 
+// The oracle: in-memory AdamW `ref` from the shared start (randoms(n, 7, 0.1)) over the first
+// `count` fixed-gradient steps; a swapped run from the same start must end on these numbers.
+Trial reference(AdamW& ref, size_t n, int count) {
+  Trial want{randoms(n, 7, 0.1f), std::vector<uint16_t>(n)};
+  steps(ref, want, 0, count);
+  return want;
+}
+
 // A span written into / read from a swap file in a record layout.
 void put_records(io::File& f, const std::vector<SwapRecord>& recs, const std::vector<float>& span) {
   for (const SwapRecord& r : recs) {
@@ -73,8 +81,7 @@ TEST(SwappedAdamW, EqualsAdamWBitForBitOnDiskAndInMemory) {
   AdamWConfig cfg;
   cfg.beta2 = 0.99f;
   AdamW ref(n, segments(n), cfg);
-  Trial want{randoms(n, 7, 0.1f), std::vector<uint16_t>(n)};
-  steps(ref, want, 0, 5);
+  const Trial want = reference(ref, n, 5);
   std::vector<float> m(n), v(n);
   auto mem = io::memory_env();
   struct Case {
@@ -131,8 +138,7 @@ TEST(SwappedAdamW, MasterAndGradientsOnDiskInARecordLayout) {
   const size_t n = 10000;
   AdamWConfig cfg;
   AdamW ref(n, segments(n), cfg);
-  Trial want{randoms(n, 7, 0.1f), std::vector<uint16_t>(n)};
-  steps(ref, want, 0, 4);
+  const Trial want = reference(ref, n, 4);
   const size_t sizes[] = {1500, 2600, 5900};
   std::vector<SwapRecord> recs;
   uint64_t off = 0;
@@ -245,8 +251,7 @@ TEST(SwappedAdamW, AsynchronousStepRunsBesideTheCallerInItsOrder) {
   const size_t n = 10000;
   AdamWConfig cfg;
   AdamW ref(n, segments(n), cfg);
-  Trial want{randoms(n, 7, 0.1f), std::vector<uint16_t>(n)};
-  steps(ref, want, 0, 3);
+  const Trial want = reference(ref, n, 3);
   const std::vector<SwapRecord> recs = {{0, 1500, 0}, {1500, 2600, 8192}, {4100, 5900, 20480}};
   auto mem = io::memory_env();
   auto raw_w = mem->open("w.swp"), gf = mem->open("g.swp");
