@@ -371,8 +371,22 @@ Bandwidth bandwidth_probe(const std::string& dir, uint64_t bytes, const AioOptio
     auto f = posix_env().open(path);
     bw.direct = f->direct();
     AlignedBuffer buf[2] = {AlignedBuffer(chunk, MemCategory::kWorkspace), AlignedBuffer(chunk, MemCategory::kWorkspace)};
+    // Data a virtual disk's host can neither compress nor deduplicate: random bytes, and every
+    // 4 KiB block stamped with its chunk and block before it is written (a repeated pattern read
+    // back faster than the swap's own records did).
+    uint64_t x = 0x9E3779B97F4A7C15ull;
     for (auto& b : buf)
-      for (size_t i = 0; i < chunk; i += 8) *reinterpret_cast<uint64_t*>(b.as<char>() + i) = i * 0x9E3779B97F4A7C15ull;
+      for (size_t i = 0; i + 8 <= chunk; i += 8) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        *reinterpret_cast<uint64_t*>(b.as<char>() + i) = x;
+      }
+    auto stamp = [chunk](void* p, uint64_t k) {
+      for (size_t i = 0; i + 16 <= chunk; i += 4096) {
+        auto* w = reinterpret_cast<uint64_t*>(static_cast<char*>(p) + i);
+        w[0] = k;
+        w[1] = i ^ 0xA5A5A5A5A5A5A5A5ull;
+      }
+    };
     AsyncIo io(options);
     auto pass = [&](bool writing) {
       AsyncIo::Ticket t[2] = {0, 0};
@@ -380,6 +394,7 @@ Bandwidth bandwidth_probe(const std::string& dir, uint64_t bytes, const AioOptio
       for (uint64_t k = 0; k < n; ++k) {
         const int s = static_cast<int>(k % 2);
         if (t[s] != 0) io.wait(t[s]);
+        if (writing) stamp(buf[s].data(), k);
         t[s] = writing ? io.write(*f, buf[s].data(), chunk, k * chunk) : io.read(*f, buf[s].data(), chunk, k * chunk);
       }
       for (auto x : t)
@@ -404,6 +419,7 @@ Bandwidth bandwidth_probe(const std::string& dir, uint64_t bytes, const AioOptio
         if (tr != 0) mio.wait(tr);
         if (tw != 0) mio.wait(tw);
         tr = mio.read(*f, rbuf.data(), chunk, k * chunk);
+        stamp(buf[0].data(), n + k);  // not the bytes the write pass left there
         tw = mio.write(*f, buf[0].data(), chunk, (half + k) * chunk);
       }
       mio.wait(tr);
@@ -418,8 +434,9 @@ Bandwidth bandwidth_probe(const std::string& dir, uint64_t bytes, const AioOptio
 
 // Whole pages are taken as they are (the Allocator starts blocks of a page or more on a page);
 // any other size gets a page of pad to align it.
-AlignedBuffer::AlignedBuffer(size_t bytes, MemCategory category)
-    : raw_(bytes > 0 && bytes % kAlign == 0 ? bytes : bytes + kAlign, category), bytes_(bytes) {
+AlignedBuffer::AlignedBuffer(size_t bytes, MemCategory category, bool zero) : bytes_(bytes) {
+  const size_t raw = bytes > 0 && bytes % kAlign == 0 ? bytes : bytes + kAlign;
+  raw_ = zero ? Buffer(raw, category) : Buffer::uninitialized(raw, category);
   auto a = reinterpret_cast<uintptr_t>(raw_.data());
   p_ = reinterpret_cast<void*>((a + kAlign - 1) / kAlign * kAlign);
   MT_CHECK(raw_.bytes() != bytes || p_ == raw_.data(), ErrorKind::kInternal, "AlignedBuffer: a block of whole pages off a page");

@@ -88,7 +88,10 @@ DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes);
 // The disk's sequential write and read bandwidth under dir, measured as fio would with direct I/O:
 // a file of `bytes` written then read in `chunk`-byte transfers, two in flight, each cut into
 // options.block_size requests, options.queue_depth of them in flight per thread. The file is
-// removed after. direct: whether O_DIRECT was used (false on filesystems without it).
+// removed after. direct: whether O_DIRECT was used (false on filesystems without it). The bytes
+// are random, each 4 KiB block unique. A virtual disk's host may cache recent blocks: the read pass
+// starts at the file's oldest bytes, so a probe as large as the swap's working set reads what the
+// swap would find cold (docs/PERF.md (j)).
 struct Bandwidth {
   double write_gbs = 0, read_gbs = 0;  // 1e9 bytes per second
   // Reading one half of the file while writing the other (what a pipelined swap does): bytes
@@ -102,7 +105,7 @@ Bandwidth bandwidth_probe(const std::string& dir, uint64_t bytes, const AioOptio
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
-  AlignedBuffer(size_t bytes, MemCategory category);
+  AlignedBuffer(size_t bytes, MemCategory category, bool zero = true);  // zero false: Buffer::uninitialized
   void* data() const { return p_; }
   template <class T>
   T* as() const { return static_cast<T*>(p_); }
