@@ -78,7 +78,8 @@ TEST(NvmeOffload, ParametersGradientsAndOptimizerOnDiskEqualInMemory) {
     int64_t persistence;
   };
   for (Case k : {Case{1, "fp32", false, 0}, Case{2, "fp32", true, 0}, Case{2, "bf16", false, 0},
-                 Case{2, "fp32", false, 100000}, Case{1, "bf16", true, 100000}}) {
+                 Case{2, "fp32", false, 100000}, Case{1, "bf16", true, 100000},
+                 Case{1, "bf16", false, 0}}) {  // one rank, bf16: views converted from the piece read
     const std::string what = "dp " + std::to_string(k.dp) + " " + k.dtype + (k.overlap ? " overlap" : "") +
                              " persistence " + std::to_string(k.persistence);
     auto cfg = [&](bool nvme) {

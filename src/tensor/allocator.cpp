@@ -89,7 +89,7 @@ size_t Allocator::cached_bytes() const {
   return cache_->bytes;
 }
 
-void* Allocator::allocate(size_t bytes, MemCategory category) {
+void* Allocator::allocate(size_t bytes, MemCategory category, bool zero_fill) {
   const size_t rounded = round64(bytes);
   void* p = nullptr;
   if (rounded >= kCacheMin) {
@@ -125,7 +125,7 @@ void* Allocator::allocate(size_t bytes, MemCategory category) {
     throw Error(ErrorKind::kOutOfMemory, std::string(mem_category_name(category)) + " need " +
                                              format_bytes(bytes) + " more; in use: " + describe());
   }
-  if (!zero) std::memset(p, 0, rounded);
+  if (!zero && zero_fill) std::memset(p, 0, rounded);
   int c = static_cast<int>(category);
   raise_peak(peak_[c], current_[c].fetch_add(bytes) + bytes);
   const size_t total = total_current_.fetch_add(bytes) + bytes;
@@ -182,6 +182,15 @@ Buffer::Buffer(size_t bytes, MemCategory category, Allocator& allocator)
       bytes_(bytes),
       category_(category),
       allocator_(&allocator) {}
+
+Buffer Buffer::uninitialized(size_t bytes, MemCategory category, Allocator& allocator) {
+  Buffer b;
+  b.data_ = allocator.allocate(bytes, category, false);
+  b.bytes_ = bytes;
+  b.category_ = category;
+  b.allocator_ = &allocator;
+  return b;
+}
 
 Buffer::~Buffer() { release(); }
 

@@ -35,8 +35,9 @@ class Allocator {
   static Allocator& global();
 
   // Returns 64-byte-aligned, zero-filled memory of at least `bytes`. Throws kOutOfMemory with the
-  // accounted figures when the OS refuses.
-  void* allocate(size_t bytes, MemCategory category);
+  // accounted figures when the OS refuses. zero false: the caller writes every byte before reading
+  // one (a read target, a collective's receive buffer), so a kept block is handed back as it is.
+  void* allocate(size_t bytes, MemCategory category, bool zero = true);
   void deallocate(void* p, size_t bytes, MemCategory category);
 
   MemStats stats() const;
@@ -67,6 +68,8 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(size_t bytes, MemCategory category, Allocator& allocator = Allocator::global());
+  // Not zero-filled (Allocator::allocate's zero false): for memory written whole before it is read.
+  static Buffer uninitialized(size_t bytes, MemCategory category, Allocator& allocator = Allocator::global());
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;

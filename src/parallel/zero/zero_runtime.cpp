@@ -235,17 +235,17 @@ const std::vector<double>& ZeroRuntime::range_norms() const { return swap_->norm
 
 void ZeroRuntime::start_gather(size_t u) {
   View& v = *views_[u];
-  void* target;
+  void* target = nullptr;
   if (cd_ == DType::kF32) {
     if (!v.f32.bytes()) v.f32 = Buffer(part_.padded(u) * 4, MemCategory::kParams);
     target = v.f32.data();
-  } else {
-    v.staging = Buffer(part_.padded(u) * 4, MemCategory::kComm);
+  } else if (!piece_is_unit()) {  // the all_gather writes all of it
+    v.staging = Buffer::uninitialized(part_.padded(u) * 4, MemCategory::kComm);
     target = v.staging.data();
   }
   if (swap_) {  // the piece comes off the disk first; the all_gather runs when the unit is used
     wait_master(part_.shard_offset(u), part_.shard_offset(u) + part_.piece(u));
-    v.piece = io::AlignedBuffer(io::align_up(part_.piece(u) * 4), MemCategory::kComm);
+    v.piece = io::AlignedBuffer(io::align_up(part_.piece(u) * 4), MemCategory::kComm, false);
     v.piece_read = swap_->io->read(*swap_->master, v.piece.data(), v.piece.size(), swap_->off[u]);
     return;
   }
@@ -265,11 +265,13 @@ void ZeroRuntime::finish_gather(size_t u) {
   if (v.piece_read != 0) {
     swap_->io->wait(v.piece_read);
     v.piece_read = 0;
-    comm::AllGatherOptions o;
-    o.timeout = opts_.timeout;
-    o.tag = "zero params " + part_.units()[u].name;
-    group_.all_gather(view_target(v.f32, v.staging, cd_), v.piece.data(), part_.piece(u), DType::kF32, o)->wait();
-    v.piece = io::AlignedBuffer();
+    if (!piece_is_unit()) {
+      comm::AllGatherOptions o;
+      o.timeout = opts_.timeout;
+      o.tag = "zero params " + part_.units()[u].name;
+      group_.all_gather(view_target(v.f32, v.staging, cd_), v.piece.data(), part_.piece(u), DType::kF32, o)->wait();
+      v.piece = io::AlignedBuffer();
+    }
   }
   if (v.gather) {
     v.gather->wait();
@@ -277,11 +279,11 @@ void ZeroRuntime::finish_gather(size_t u) {
   }
   if (cd_ != DType::kF32) {
     const Unit& unit = part_.units()[u];
-    if (!v.lowp.bytes()) {
-      v.lowp = Buffer(std::max<size_t>(unit.matrix_numel, 1) * dtype_size(cd_), MemCategory::kParams);
-      v.f32 = Buffer(std::max<size_t>(unit.numel - unit.matrix_numel, 1) * 4, MemCategory::kParams);
+    if (!v.lowp.bytes()) {  // written whole below
+      v.lowp = Buffer::uninitialized(std::max<size_t>(unit.matrix_numel, 1) * dtype_size(cd_), MemCategory::kParams);
+      v.f32 = Buffer::uninitialized(std::max<size_t>(unit.numel - unit.matrix_numel, 1) * 4, MemCategory::kParams);
     }
-    const float* src = v.staging.as<float>();
+    const float* src = v.piece.size() ? v.piece.as<float>() : v.staging.as<float>();
     size_t mo = 0, fo = 0;
     for (nn::Parameter* p : params_[u]) {
       size_t n = static_cast<size_t>(p->numel()), rel = p->offset - unit.offset;
@@ -294,6 +296,7 @@ void ZeroRuntime::finish_gather(size_t u) {
       }
     }
     v.staging = Buffer();
+    v.piece = io::AlignedBuffer();
   }
   bind_params(u);
 }
@@ -360,7 +363,16 @@ void ZeroRuntime::begin_grad_slab(size_t u) {
 void ZeroRuntime::launch_reduce(size_t u) {
   PendingReduce r;
   const DType w = opts_.comm_dtype;
-  r.recv = Buffer(part_.piece(u) * dtype_size(w), MemCategory::kComm);
+  void* recv;
+  if (swap_ && w == DType::kF32) {  // received straight into the unit's gradient record
+    const size_t n = part_.piece(u) * 4;
+    r.record = io::AlignedBuffer(io::align_up(n), MemCategory::kComm, false);
+    std::memset(r.record.as<char>() + n, 0, r.record.size() - n);
+    recv = r.record.data();
+  } else {
+    r.recv = Buffer::uninitialized(part_.piece(u) * dtype_size(w), MemCategory::kComm);
+    recv = r.recv.data();
+  }
   comm::ReduceScatterOptions o;
   o.timeout = opts_.timeout;
   o.op = comm::ReduceOp::kSum;
@@ -372,7 +384,7 @@ void ZeroRuntime::launch_reduce(size_t u) {
     send = r.send.data();
     o.in_dtype = true;
   }
-  r.work = group_.reduce_scatter(r.recv.data(), send, part_.piece(u), w, o);
+  r.work = group_.reduce_scatter(recv, send, part_.piece(u), w, o);
   pending_.push_back(std::move(r));
 }
 
@@ -382,20 +394,33 @@ void ZeroRuntime::complete_reduce(size_t u, bool free_slab) {
   const size_t n = part_.piece(u);
   float* dst;
   io::AlignedBuffer record;
+  bool summed = false;
   if (swap_) {  // the record is the shard's piece: read it back unless this step has not written it
     swap_->wait_write(u);
-    record = io::AlignedBuffer(io::align_up(n * 4), MemCategory::kComm);
-    if (swap_->grad_on_disk[u]) swap_->io->wait(swap_->io->read(*swap_->grad, record.data(), record.size(), swap_->off[u]));
-    else std::memset(record.data(), 0, record.size());
+    const bool on_disk = swap_->grad_on_disk[u];
+    if (r.record.size()) {  // f32: the reduction is in its record already; the earlier sum added to it
+      record = std::move(r.record);
+      if (on_disk) {
+        io::AlignedBuffer old(record.size(), MemCategory::kComm, false);
+        swap_->io->wait(swap_->io->read(*swap_->grad, old.data(), old.size(), swap_->off[u]));
+        float* acc = record.as<float>();
+        const float* prev = old.as<float>();
+        for (size_t i = 0; i < n; ++i) acc[i] += prev[i];  // = prev + received, as below
+      }
+      summed = true;
+    } else {
+      record = io::AlignedBuffer(io::align_up(n * 4), MemCategory::kComm, on_disk ? false : true);
+      if (on_disk) swap_->io->wait(swap_->io->read(*swap_->grad, record.data(), record.size(), swap_->off[u]));
+    }
     dst = record.as<float>();
   } else {
     dst = grad() + part_.shard_offset(u);
   }
-  if (opts_.comm_dtype != DType::kF32) {
+  if (!summed && opts_.comm_dtype != DType::kF32) {
     std::vector<float> wide(n);
     convert(wide.data(), DType::kF32, r.recv.data(), opts_.comm_dtype, n);
     for (size_t i = 0; i < n; ++i) dst[i] += wide[i];
-  } else {
+  } else if (!summed) {
     const float* src = r.recv.as<float>();
     for (size_t i = 0; i < n; ++i) dst[i] += src[i];
   }

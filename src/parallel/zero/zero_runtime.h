@@ -143,6 +143,9 @@ class ZeroRuntime : private ZeroEffects {
   void progress() override;
 
   void bind_params(size_t u);
+  // offload_param nvme on a one-rank group with a low-precision compute dtype: the piece read from
+  // disk is the whole unit, and the views are converted from it (no all_gather, no staging copy).
+  bool piece_is_unit() const { return swap_ && group_.size() == 1 && cd_ != DType::kF32; }
   void unbind_params(size_t u);
 
   nn::ParamStore& store_;
@@ -155,6 +158,7 @@ class ZeroRuntime : private ZeroEffects {
   std::vector<std::unique_ptr<View>> views_;
   struct PendingReduce {
     Buffer recv;  // s elements of comm_dtype
+    io::AlignedBuffer record;  // offload_param nvme, f32: the receive buffer is the gradient record
     Buffer send;  // comm_dtype != f32: the unit's slab rounded to it
     std::unique_ptr<comm::Work> work;
   };
