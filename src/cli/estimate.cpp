@@ -235,6 +235,7 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   in.zero.sub_group_size = c.zero.sub_group_size;
   in.zero.swap_buffers = c.zero.optimizer_buffer_count;
   in.zero.param_nvme = c.zero.offload_param == "nvme";
+  in.zero.accumulation = c.batch.gradient_accumulation_steps > 1;
   in.pp = c.pp;
   in.pp_rank = pp_rank;
   if (c.pp > 1) {  // this rank's stage as engine_build_model makes it

@@ -337,27 +337,32 @@ class ZeroReplay : private parallel::ZeroEffects {
   void release(MemCategory c, size_t b) { cur_[c] -= b; }
 
   // parallel::ZeroEffects, as ZeroRuntime implements them, in bytes.
+  // ZeroRuntime::piece_is_unit(): one rank, low precision, on disk — the views are converted from
+  // the piece read, with no staging.
+  bool piece_is_unit() const { return param_swap_on() && N_ == 1 && e_ != 4; }
   void start_gather(size_t u) override {
     View& v = views_[u];
     if (e_ == 4) {
       if (!v.f32) alloc(MemCategory::kParams, v.f32 = 4 * padded(u));
-    } else {
+    } else if (!piece_is_unit()) {
       alloc(MemCategory::kComm, v.staging = 4 * padded(u));
     }
     if (param_swap_on()) alloc(MemCategory::kComm, v.piece = align4k(piece(units_[u]) * 4));  // read from disk
   }
   void finish_gather(size_t u) override {
     View& v = views_[u];
-    release(MemCategory::kComm, v.piece);  // all-gathered, then freed
-    v.piece = 0;
+    if (!piece_is_unit()) {
+      release(MemCategory::kComm, v.piece);  // all-gathered, then freed
+      v.piece = 0;
+    }
     if (e_ == 4) return;
     const parallel::Unit& unit = units_[u];
     if (!v.lowp) {
       alloc(MemCategory::kParams, v.lowp = std::max<size_t>(unit.matrix_numel, 1) * e_);
       alloc(MemCategory::kParams, v.f32 = std::max<size_t>(unit.numel - unit.matrix_numel, 1) * 4);
     }
-    release(MemCategory::kComm, v.staging);
-    v.staging = 0;
+    release(MemCategory::kComm, v.staging + v.piece);
+    v.staging = v.piece = 0;
   }
   void cancel_gather(size_t u) override {
     release(MemCategory::kComm, views_[u].staging + views_[u].piece);
@@ -376,22 +381,32 @@ class ZeroReplay : private parallel::ZeroEffects {
   void launch_reduce(size_t u) override {
     // f32: the receive buffer; a 16-bit communication_data_type: the unit's slab rounded to it and
     // a 2-byte receive buffer (ZeroRuntime::launch_reduce).
+    // On disk, f32: the receive buffer is the piece's gradient record (whole pages).
     const size_t w = dtype_size(comm_);
     size_t bytes = w * piece(units_[u]) + (comm_ != DType::kF32 ? w * padded(u) : 0);
+    if (param_swap_on() && comm_ == DType::kF32) bytes = align4k(4 * piece(units_[u]));
     alloc(MemCategory::kComm, bytes);
     recv_.push_back(bytes);
   }
   void complete_reduce(size_t u, bool free_slab) override {
+    const bool received_in_record = param_swap_on() && comm_ == DType::kF32;
     if (param_swap_on()) {  // the piece's record: summed, written behind (two writes in flight)
       free_record(u);
-      alloc(MemCategory::kComm, record_[u] = align4k(piece(units_[u]) * 4));
+      if (received_in_record) {  // the receive buffer becomes the record; the sum so far read beside it
+        record_[u] = recv_.front();
+        if (zero_.accumulation) {
+          alloc(MemCategory::kComm, record_[u]);
+          release(MemCategory::kComm, record_[u]);
+        }
+      }
+      else alloc(MemCategory::kComm, record_[u] = align4k(piece(units_[u]) * 4));
       writing_.push_back(u);
       while (writing_.size() > 2) {
         free_record(writing_.front());
         writing_.erase(writing_.begin());
       }
     }
-    release(MemCategory::kComm, recv_.front());
+    if (!received_in_record) release(MemCategory::kComm, recv_.front());
     recv_.erase(recv_.begin());
     if (free_slab) {
       release(MemCategory::kGrads, views_[u].grad);

@@ -74,6 +74,9 @@ struct ZeroKnobs {
   // without its flat buffers; each gather reads its piece into a comm buffer, each reduction sums
   // into a comm record written behind (two in flight); the optimizer's slots hold 4 states.
   bool param_nvme = false;
+  // More than one micro-batch a step (gradient_accumulation_steps > 1): with param_nvme and f32
+  // reductions, a later micro-batch reads the piece's record back beside the one it received into.
+  bool accumulation = false;
 };
 
 // The optimizer swap of a span of `span` elements with `states` f32 states (optim/swapped_adamw.h):
