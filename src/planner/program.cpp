@@ -1,0 +1,127 @@
+#include "planner/program.h"
+
+#include "base/error.h"
+
+namespace mt::planner {
+namespace {
+
+// parallel::ZeroEffects as instructions of one rank (every rank runs the same list).
+class ZeroEmitter : private parallel::ZeroEffects {
+ public:
+  ZeroEmitter(const ZeroStepSpec& spec, const ZeroStepCosts& costs)
+      : spec_(spec), costs_(costs), gather_(spec.units.size(), -1), schedule_(spec.units, spec.schedule, *this) {
+    const size_t U = spec.units.size();
+    MT_CHECK(U > 0 && spec.world >= 1 && spec.micro_batches >= 1, ErrorKind::kInvalidArgument,
+             "zero step program: units, world and micro-batches must be positive");
+    MT_CHECK(costs.forward.size() == U && costs.backward.size() == U, ErrorKind::kInvalidArgument,
+             "zero step program: one forward and one backward time per unit");
+    MT_CHECK(costs.all_gather && costs.reduce_scatter, ErrorKind::kInvalidArgument,
+             "zero step program: the collectives' costs are missing");
+    for (const parallel::Unit& u : spec.units) shard_ += piece(u);
+  }
+
+  std::vector<SimOp> run() {
+    schedule_.construct();
+    ops_.clear();  // construction is not part of a step
+    const size_t last = spec_.units.size() - 1, head = spec_.tied_head ? 0 : last;
+    for (int m = 0; m < spec_.micro_batches; ++m) {
+      schedule_.set_last_micro_batch(m + 1 == spec_.micro_batches);
+      for (size_t u = 0; u <= last; ++u) {
+        schedule_.on_hook(u, true, true);
+        compute(costs_.forward[u], "forward " + spec_.units[u].name);
+        schedule_.on_hook(u, false, true);
+      }
+      schedule_.on_hook(head, true, false);
+      compute(costs_.head_backward, "head backward");
+      schedule_.on_hook(head, false, false);
+      for (size_t u = last + 1; u-- > 0;) {
+        schedule_.on_hook(u, true, false);
+        compute(costs_.backward[u], "backward " + spec_.units[u].name);
+        schedule_.on_hook(u, false, false);
+      }
+      schedule_.finish_backward();
+    }
+    compute(costs_.optimizer_per_element * static_cast<double>(shard_), "optimizer");
+    schedule_.refresh();
+    return std::move(ops_);
+  }
+
+ private:
+  size_t piece(const parallel::Unit& u) const { return (u.numel + spec_.world - 1) / spec_.world; }
+  double piece_bytes(size_t u) const { return 4.0 * static_cast<double>(piece(spec_.units[u])); }
+  double padded_bytes(size_t u) const { return piece_bytes(u) * spec_.world; }
+  void compute(double seconds, std::string name) {
+    SimOp op;
+    op.seconds = seconds;
+    op.name = std::move(name);
+    ops_.push_back(std::move(op));
+  }
+  int collective(double seconds, std::string name) {
+    SimOp op;
+    op.kind = SimOpKind::kCollective;
+    op.seconds = seconds;
+    op.group = 0;
+    op.async = true;  // ZeroRuntime's gathers and reductions are nonblocking
+    op.tag = next_tag_++;
+    op.name = std::move(name);
+    ops_.push_back(op);
+    return op.tag;
+  }
+  void wait(int tag, const std::string& name) {
+    SimOp op;
+    op.kind = SimOpKind::kWait;
+    op.tag = tag;
+    op.name = "wait " + name;
+    ops_.push_back(std::move(op));
+  }
+
+  void start_gather(size_t u) override {
+    gather_[u] = collective(costs_.all_gather(piece_bytes(u)), "all_gather " + spec_.units[u].name);
+  }
+  void finish_gather(size_t u) override {
+    if (gather_[u] >= 0) wait(gather_[u], "all_gather " + spec_.units[u].name);
+    gather_[u] = -1;
+    // The conversion reads the f32 unit and writes it in 2 bytes.
+    if (spec_.low_precision) compute(costs_.memory_per_byte * 1.5 * padded_bytes(u), "convert " + spec_.units[u].name);
+  }
+  void cancel_gather(size_t u) override {
+    if (gather_[u] >= 0) wait(gather_[u], "all_gather " + spec_.units[u].name);
+    gather_[u] = -1;
+  }
+  void free_view(size_t) override {}
+  void begin_grad_slab(size_t u) override {
+    compute(costs_.memory_per_byte * padded_bytes(u), "zero grads " + spec_.units[u].name);
+  }
+  void launch_reduce(size_t u) override {
+    reduce_.push_back(collective(costs_.reduce_scatter(piece_bytes(u)), "reduce_scatter " + spec_.units[u].name));
+  }
+  void complete_reduce(size_t u, bool) override {
+    wait(reduce_.front(), "reduce_scatter " + spec_.units[u].name);
+    reduce_.erase(reduce_.begin());
+    // The sum into the shard reads two pieces and writes one.
+    compute(costs_.memory_per_byte * 3.0 * piece_bytes(u), "sum grads " + spec_.units[u].name);
+  }
+
+  const ZeroStepSpec& spec_;
+  const ZeroStepCosts& costs_;
+  std::vector<int> gather_;  // per unit: the gather in flight, or -1
+  std::vector<int> reduce_;  // reductions in flight, oldest first
+  int next_tag_ = 0;
+  size_t shard_ = 0;
+  std::vector<SimOp> ops_;
+  parallel::ZeroSchedule schedule_;
+};
+
+}  // namespace
+
+SimProgram zero_step_program(const ZeroStepSpec& spec, const ZeroStepCosts& costs) {
+  SimProgram p;
+  std::vector<SimOp> ops = ZeroEmitter(spec, costs).run();
+  p.ranks.assign(static_cast<size_t>(spec.world), ops);
+  std::vector<int> all;
+  for (int r = 0; r < spec.world; ++r) all.push_back(r);
+  p.groups.push_back(all);
+  return p;
+}
+
+}  // namespace mt::planner

@@ -1,0 +1,58 @@
+// Step programs from the runtime's own decisions (issue 14, DESIGN decisions 6-8): a data-parallel
+// ZeRO step (stages 1-3) as a SimProgram, built by driving parallel::ZeroSchedule — the object that
+// decides, in the real runtime, when each unit is gathered, prefetched, freed and reduce-scattered
+// — with effects that emit instructions instead of buffers and collectives. The memory estimator
+// drives the same schedule with byte counts (planner/memory.cpp), so the three cannot disagree on
+// what happens when.
+//
+// Instructions per effect, as parallel::ZeroRuntime performs them:
+//   start_gather       an asynchronous all_gather of the unit (piece bytes per rank)
+//   finish_gather      its wait, then the conversion to the compute dtype (bf16/f16: a memory-bound
+//                      pass over the unit) — compute
+//   begin_grad_slab    zeroing the unit's f32 gradient slab — compute
+//   launch_reduce      an asynchronous reduce_scatter of the slab (piece bytes per rank)
+//   complete_reduce    its wait, then the sum into the shard — compute
+// and around them the passes' compute: each unit's forward between its pre- and post-forward
+// hooks, the head's backward (its own hook pair, as TransformerLM runs it), each unit's backward
+// between its backward hooks; after the last micro-batch the optimizer over the shard, then the
+// refresh's gathers (stages 1-2: every view; stage 3: the persistent ones).
+//
+// oldest_reduce_done() is false: a reduction completes where the schedule must wait for it. With
+// SimOptions::progress the simulator lets it move meanwhile (a progress thread, or polling that
+// keeps up); without, it moves only at its wait (MPI inside the wait alone).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "parallel/zero/partition.h"
+#include "parallel/zero/schedule.h"
+#include "planner/sim.h"
+
+namespace mt::planner {
+
+struct ZeroStepSpec {
+  std::vector<parallel::Unit> units;  // the model's zero_units(), in order
+  int world = 1;                      // data-parallel ranks
+  parallel::ZeroScheduleOptions schedule;
+  int micro_batches = 1;              // gradient_accumulation_steps
+  bool tied_head = true;              // the head's backward hooks are unit 0's (tied) or the last unit's
+  bool low_precision = false;         // bf16/f16 compute: each gather is converted from f32
+};
+
+// Seconds for each instruction. Collective times take the bytes each rank sends or receives
+// (the unit's piece, 4 bytes an element).
+struct ZeroStepCosts {
+  std::vector<double> forward, backward;  // per unit, one micro-batch
+  double head_backward = 0.0;             // the head's backward (its own hook pair)
+  std::function<double(double bytes)> all_gather, reduce_scatter;
+  double memory_per_byte = 0.0;           // memory-bound passes (conversion, zeroing, sums)
+  double optimizer_per_element = 0.0;     // the update over this rank's shard
+};
+
+// One optimizer step of every rank; all ranks run the same list (one group of `world` ranks).
+SimProgram zero_step_program(const ZeroStepSpec& spec, const ZeroStepCosts& costs);
+
+}  // namespace mt::planner

@@ -1,0 +1,96 @@
+// ZeRO step programs (planner/program.h) on hand-computable costs: the schedule's own decisions,
+// timed by the simulator, give the step the timeline written out in each test.
+#include "planner/program.h"
+
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+
+namespace mt::planner {
+namespace {
+
+// Three units of 1000 elements, an untied head (its backward hooks are the last unit's).
+ZeroStepSpec three_units(int stage, bool overlap) {
+  ZeroStepSpec s;
+  for (int i = 0; i < 3; ++i) {
+    parallel::Unit u;
+    u.name = std::string(1, static_cast<char>('a' + i));
+    u.offset = 1000 * i;
+    u.numel = 1000;
+    s.units.push_back(u);
+  }
+  s.world = 2;
+  s.tied_head = false;
+  s.schedule.stage = stage;
+  s.schedule.overlap_comm = overlap;
+  s.schedule.persistence_threshold = 0;
+  s.schedule.prefetch_elems = 0;
+  return s;
+}
+
+ZeroStepCosts costs(double f, double b, double gather, double reduce) {
+  ZeroStepCosts c;
+  c.forward.assign(3, f);
+  c.backward.assign(3, b);
+  c.all_gather = [gather](double bytes) {
+    EXPECT_EQ(bytes, 2000.0);  // 500 elements a rank, 4 bytes each
+    return gather;
+  };
+  c.reduce_scatter = [reduce](double) { return reduce; };
+  return c;
+}
+
+// Stage 2, overlap_comm: the head's reduction is waited for at once (the last unit's backward
+// reuses its slab), every block's reduction hides behind the next unit's backward, the last one
+// is waited for by finish_backward, and the refresh gathers the three views one after another.
+TEST(ZeroProgram, Stage2OverlapHidesEachReductionBehindTheNextBackward) {
+  const double f = 1, b = 2, R = 0.5, G = 0.25;
+  SimProgram p = zero_step_program(three_units(2, true), costs(f, b, G, R));
+  ASSERT_EQ(p.ranks.size(), 2u);
+  SimReport r = simulate(p);
+  ASSERT_FALSE(r.deadlock) << r.where;
+  EXPECT_DOUBLE_EQ(r.makespan, 3 * f + R + 3 * b + R + 3 * G);
+  EXPECT_DOUBLE_EQ(r.compute[0], 3 * f + 3 * b);
+
+  // Without progress (MPI moves a nonblocking collective only inside its wait), every reduction
+  // costs its whole time.
+  SimOptions o;
+  o.progress = false;
+  SimReport s = simulate(p, o);
+  EXPECT_DOUBLE_EQ(s.makespan, 3 * f + 3 * b + 4 * R + 3 * G);
+}
+
+// Stage 3 without prefetch or overlap: every gather and reduction is waited for where it is made.
+// The forward gathers 3 units, the head's backward the last one again, the backward all 3 (each
+// freed after its use): 7 gathers and 4 reductions, nothing persistent to refresh.
+TEST(ZeroProgram, Stage3WithoutPrefetchWaitsForEveryGatherTheScheduleMakes) {
+  const double f = 1, b = 2, R = 0.5, G = 0.25;
+  SimReport r = simulate(zero_step_program(three_units(3, false), costs(f, b, G, R)));
+  ASSERT_FALSE(r.deadlock) << r.where;
+  EXPECT_DOUBLE_EQ(r.makespan, 3 * f + 3 * b + 7 * G + 4 * R);
+
+  // With the prefetch, the next unit's gather runs under this unit's compute: of the forward's
+  // gathers only the first is waited for.
+  ZeroStepSpec pre = three_units(3, false);
+  pre.schedule.prefetch_elems = 1000;
+  SimReport q = simulate(zero_step_program(pre, costs(f, b, G, R)));
+  EXPECT_LT(q.makespan, r.makespan - 2 * G + 1e-12);
+  // Free collectives: the step is its compute.
+  SimReport z = simulate(zero_step_program(pre, costs(f, b, 0, 0)));
+  EXPECT_DOUBLE_EQ(z.makespan, 3 * f + 3 * b);
+}
+
+// Micro-batches: stage 2 reduces after every micro-batch's backward, the optimizer runs once.
+TEST(ZeroProgram, AccumulationRepeatsThePassesAndStepsOnce) {
+  ZeroStepSpec s = three_units(2, false);
+  s.micro_batches = 2;
+  ZeroStepCosts c = costs(1, 2, 0, 0);
+  c.optimizer_per_element = 0.001;  // 1500 elements a rank
+  SimReport r = simulate(zero_step_program(s, c));
+  EXPECT_DOUBLE_EQ(r.makespan, 2 * (3 * 1 + 3 * 2) + 1.5);
+  c.forward.pop_back();
+  EXPECT_THROW(zero_step_program(s, c), Error);
+}
+
+}  // namespace
+}  // namespace mt::planner
