@@ -1,7 +1,8 @@
 // `meshtrain calibrate` end to end: the JSON it writes, its reuse on the same binary and machine,
-// and the collectives' lines under `meshtrain launch -n 2`.
+// and the collectives' lines under `meshtrain launch -n 2`; `meshtrain plan` reading it.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -52,6 +53,38 @@ TEST(Calibrate, TwoRanksTimeEveryCollective) {
     ASSERT_TRUE(j["fits"].contains(family)) << j.dump();
     EXPECT_GT(j["fits"][family]["per_unit_s"].get<double>(), 0.0) << family;
   }
+}
+
+// `meshtrain plan` at a calibration written by hand: one rank, stage 1, f32, two micro-batches of
+// a tiny GPT-2 (N = 3·16 rows, C = 48, V = 97). GEMMs and attention at 1e-9 s a FLOP, free memory
+// traffic, AdamW at 1e-7 s an element: each block's forward is 24·N·C² + attention's 2·2·B·HS·NH·T(T+1)/2
+// FLOPs and its backward twice that, the head 2·N·C·V three times, the update over all 62832
+// parameters (V·C + 32·C + 2·(12·C² + 13·C) + 2·C).
+TEST(Plan, PredictsTheStepFromTheCalibrationAndRefusesWhatItDoesNotModel) {
+  const std::string cal = dir() + "/hand.json", cfg = dir() + "/plan.json";
+  std::ofstream(cal) << R"({"world": 1, "threads": 1, "fits": {
+    "gemm f32": {"latency_s": 0, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 0, "per_unit_s": 1e-9},
+    "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7}}})";
+  std::ofstream(cfg) << R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48,
+    "n_layer": 2, "n_head": 4}, "seq_length": 16, "train_iters": 1, "train_micro_batch_size_per_gpu": 3,
+    "gradient_accumulation_steps": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+    "zero_optimization": {"stage": 1}})";
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal, &out, &err), 0) << err;
+  const double block = 24.0 * 48 * 48 * 48 + 2.0 * 2 * 3 * 12 * 4 * (16 * 17 / 2), head = 2.0 * 48 * 48 * 97;
+  const double step = 2 * 1e-9 * (2 * 3 * block + 3 * head) + 1e-7 * 62832;
+  const size_t at = out.find("step ");
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_NEAR(std::stod(out.substr(at + 5)), step, 1e-6) << out;
+
+  for (const char* set : {"zero_optimization.stage=0", "parallel.tp=2"}) {
+    EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal + " --set " + set,
+                                              &out, &err), 0);
+    EXPECT_NE(err.find("not in the cost model yet"), std::string::npos) << err;
+  }
+  std::ofstream(cal) << "{}";
+  EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal, &out, &err), 0);
+  EXPECT_NE(err.find("no 'fits'"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ void register_plot(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_estimate(CLI::App& app);
 void register_calibrate(CLI::App& app);
+void register_plan(CLI::App& app);
 
 // Under mpirun (ours or the user's): the MPI world; else null.
 std::shared_ptr<comm::Backend> mpi_world();

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   mt::cli::register_launch(app);
   mt::cli::register_estimate(app);
   mt::cli::register_calibrate(app);
+  mt::cli::register_plan(app);
   // A mistyped subcommand: CLI11 would say only "A subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     std::string given = argv[1];

@@ -23,7 +23,9 @@ struct LinearFit {
   double per_unit = 0.0;  // seconds per unit (flop, byte or element)
   double seconds(double units) const { return latency + per_unit * units; }
 };
-LinearFit fit_line(const std::vector<std::pair<double, double>>& points);
+// relative false: every point weighs the same, so the largest set the rate (bandwidth-bound
+// families, whose small points fit in the caches).
+LinearFit fit_line(const std::vector<std::pair<double, double>>& points, bool relative = true);
 
 struct CalPoint {
   std::string what;     // "gemm bf16 512x2048x2048", "all_reduce f32", ...

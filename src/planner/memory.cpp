@@ -84,7 +84,8 @@ std::vector<nn::Module*> raw(const std::vector<std::unique_ptr<nn::Module>>& ms)
   return out;
 }
 
-// The same dimensions TransformerLM::prepare computes (this rank's widths under tp).
+}  // namespace
+
 models::BlockDims block_dims(const models::ModelConfig& cfg, int B, int T, int tp, bool sp) {
   models::BlockDims d;
   d.B = B; d.T = T; d.N = B * T; d.C = cfg.hidden; d.NH = cfg.n_head / tp; d.NKV = cfg.n_kv_head / tp;
@@ -96,6 +97,8 @@ models::BlockDims block_dims(const models::ModelConfig& cfg, int B, int T, int t
   d.Nl = d.sp ? d.N / tp : d.N;
   return d;
 }
+
+namespace {
 
 void check_input(const MemoryInput& in, int stage) {
   MT_CHECK(in.world >= 1, ErrorKind::kInvalidArgument, "memory estimate: processes must be at least 1, got " + std::to_string(in.world));

@@ -45,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/block.h"
 #include "models/config.h"
 #include "optim/optimizer.h"
 #include "parallel/zero/partition.h"
@@ -146,6 +147,8 @@ int optimizer_state_count(const optim::OptimizerSpec& spec);
 // (embeddings, one per block, tail), counted from metadata-only modules: nothing is allocated.
 // tp > 1: the units of one tensor-parallel rank's shard (every rank's are the same size).
 std::vector<parallel::Unit> model_units(const models::ModelConfig& cfg, int tp = 1, int vocab_divisible = 128);
+// The same dimensions TransformerLM::prepare computes (this rank's widths under tp).
+models::BlockDims block_dims(const models::ModelConfig& cfg, int B, int T, int tp = 1, bool sp = false);
 // The units of in's rank: its pipeline stage's part of the model (model_units without a pipeline).
 std::vector<parallel::Unit> stage_units(const MemoryInput& in);
 // Largest number of parameters one module holds itself (DeepSpeed's largest_layer_params).

@@ -1,0 +1,73 @@
+#include "planner/cost.h"
+
+#include "base/error.h"
+#include "models/module_profile.h"
+#include "planner/memory.h"
+
+namespace mt::planner {
+namespace {
+
+double gemm(const Calibration& cal, DType cd, double m, double k, double n) {
+  return cal.gemm_seconds(static_cast<long>(m), static_cast<long>(n), static_cast<long>(k),
+                          cd == DType::kF32 ? DType::kF32 : DType::kBF16);
+}
+
+}  // namespace
+
+double block_gemm_flops(const StepShape& s) {
+  const models::BlockDims d = block_dims(s.model, s.micro_batch, s.seq_length);
+  const double N = d.N, C = d.C;
+  return models::gemm_flops(N, C, d.QKV) + models::gemm_flops(N, d.A, C) + models::gemm_flops(N, C, d.H) +
+         models::gemm_flops(N, d.G, C);
+}
+
+ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
+  MT_CHECK(s.micro_batch >= 1 && s.seq_length >= 1 && s.world >= 1, ErrorKind::kInvalidArgument,
+           "cost model: micro-batch, sequence length and world must be positive");
+  const models::BlockDims d = block_dims(s.model, s.micro_batch, s.seq_length);
+  const double N = d.N, C = d.C, e = static_cast<double>(dtype_size(s.compute));
+  const double V = models::padded_vocab(s.model, 1, s.vocab_divisible);
+  const bool llama = s.model.arch != models::Arch::kGpt2;
+  const double mem = cal.fits.count("memory") ? cal.fits.at("memory").per_unit : 0.0;
+  const DType cd = s.compute;
+
+  // A block: its GEMMs, attention's core, and the bytes of its elementwise work.
+  const double gemms = gemm(cal, cd, N, C, d.QKV) + gemm(cal, cd, N, d.A, C) + gemm(cal, cd, N, C, d.H) +
+                       gemm(cal, cd, N, d.G, C);
+  const double attention = cal.seconds("gemm f32", models::attention_core_flops(d.B, d.T, d.NH, d.HS, nullptr));
+  double bytes = 2 * (4 + e) * N * C       // two norms: f32 in, compute dtype out
+                 + 2 * 12 * N * C          // two residual adds: read two, write one (f32)
+                 + (4 + e) * N * d.A       // attention output and its compute-dtype copy
+                 + (8 + e) * N * d.G;      // the activation: f32 in (GELU) or gate and up (SwiGLU)
+  if (llama) bytes += 8 * N * (d.A + d.NKV * d.HS);  // RoPE on q and k
+  const double block_fwd = gemms + attention + mem * bytes;
+  const double block_bwd = 2 * gemms + 2 * attention + 2 * mem * bytes;
+
+  // The embeddings: a row gather (and GPT-2's positions added); the backward scatters them back.
+  const double emb = mem * 12 * N * C;
+  // The tail: the final norm, the head's GEMM and the loss over the logits (written and read back
+  // tile by tile).
+  const double head = gemm(cal, cd, N, C, V);
+  const double loss = mem * 12 * N * V;
+
+  ZeroStepCosts c;
+  const size_t U = static_cast<size_t>(s.model.n_layer) + 2;
+  c.forward.assign(U, block_fwd);
+  c.backward.assign(U, block_bwd);
+  c.forward.front() = emb;
+  c.backward.front() = emb;
+  c.forward.back() = mem * (4 + e) * N * C + head + loss;
+  c.backward.back() = mem * 2 * (4 + e) * N * C;
+  c.head_backward = 2 * head + loss;
+  c.memory_per_byte = mem;
+  c.optimizer_per_element = cal.fits.count("adamw") ? cal.fits.at("adamw").per_unit : 0.0;
+  if (s.world > 1) {
+    c.all_gather = [&cal](double b) { return cal.seconds("all_gather", b); };
+    c.reduce_scatter = [&cal](double b) { return cal.seconds("reduce_scatter", b); };
+  } else {  // one rank: the collectives are local copies
+    c.all_gather = c.reduce_scatter = [mem](double b) { return mem * 2 * b; };
+  }
+  return c;
+}
+
+}  // namespace mt::planner

@@ -1,0 +1,40 @@
+// The cost model (issue 14): a ZeRO step's instruction times from the machine's calibration and
+// the model's own shapes. Per unit, one micro-batch of N = B·T rows (BlockDims' letters):
+//   GEMMs        every projection at the calibrated GEMM line of the compute dtype, by its shape
+//                (QKV N×C×QKV, output N×A×C; GPT-2's MLP N×C×G and N×G×C, LLaMA's gate and up
+//                N×C×2G and down N×G×C; the head N×C×V); the backward runs two GEMMs of each shape
+//                (input and weight gradients)
+//   attention    the core's FLOPs (models::attention_core_flops) at the f32 GEMM rate; the
+//                backward twice that
+//   elementwise  the bytes the norms, activation, residual adds, RoPE, the compute-dtype copies
+//                and the loss read and write, at the calibrated memory rate; the backward twice
+//   optimizer    the calibrated AdamW rate by elements of this rank's shard
+//   collectives  the calibrated all_gather / reduce_scatter lines by bytes a rank (one rank: a
+//                local copy at the memory rate)
+// The head's backward (its own hooks) is the head GEMM's two backward GEMMs and the loss's bytes.
+#pragma once
+
+#include "models/config.h"
+#include "planner/calibrate.h"
+#include "planner/program.h"
+#include "tensor/dtype.h"
+
+namespace mt::planner {
+
+struct StepShape {
+  models::ModelConfig model;
+  int micro_batch = 1;  // B
+  int seq_length = 1;   // T
+  DType compute = DType::kF32;
+  int world = 1;        // data-parallel ranks
+  int vocab_divisible = 128;
+};
+
+// FLOPs of one block's GEMMs in the forward (the textbook 24·N·C² for GPT-2's 4C MLP, without
+// attention's core).
+double block_gemm_flops(const StepShape& s);
+
+// Seconds per unit of models/planner::model_units(s.model) order: embeddings, blocks, tail.
+ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal);
+
+}  // namespace mt::planner

@@ -1,0 +1,81 @@
+// The cost model (planner/cost.h) against textbook counts: a block's forward GEMMs are
+// 24·N·C² for GPT-2 (Narayanan et al. 2021, Megatron-LM's FLOPs formula) and 8·N·C² + 6·N·C·I for
+// LLaMA (QKV and output 4·2·N·C², SwiGLU's three projections 3·2·N·C·I), timed at a calibration
+// whose lines are given here.
+#include "planner/cost.h"
+
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+
+#include "planner/memory.h"
+
+namespace mt::planner {
+namespace {
+
+Calibration synthetic() {
+  Calibration c;
+  c.fits["gemm bf16"] = LinearFit{0.0, 1e-12};
+  c.fits["gemm f32"] = LinearFit{0.0, 2e-12};
+  c.fits["memory"] = LinearFit{0.0, 0.0};
+  c.fits["adamw"] = LinearFit{0.0, 1e-9};
+  return c;
+}
+
+StepShape tiny(models::Arch arch) {
+  StepShape s;
+  s.model.arch = arch;
+  s.model.vocab_size = 100;
+  s.model.hidden = 64;
+  s.model.n_layer = 2;
+  s.model.n_head = 4;
+  s.model.n_kv_head = 4;
+  s.model.intermediate = arch == models::Arch::kGpt2 ? 256 : 176;
+  s.model.max_positions = 32;
+  s.model.tie_embeddings = arch == models::Arch::kGpt2;
+  s.micro_batch = 2;
+  s.seq_length = 8;
+  s.compute = DType::kBF16;
+  return s;
+}
+
+TEST(CostModel, BlockGemmFlopsAreTheTextbookCounts) {
+  const double N = 16, C = 64;
+  EXPECT_DOUBLE_EQ(block_gemm_flops(tiny(models::Arch::kGpt2)), 24 * N * C * C);
+  EXPECT_DOUBLE_EQ(block_gemm_flops(tiny(models::Arch::kLlama)), 8 * N * C * C + 6 * N * C * 176);
+}
+
+TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
+  StepShape s = tiny(models::Arch::kGpt2);
+  Calibration cal = synthetic();
+  ZeroStepCosts c = zero_step_costs(s, cal);
+  ASSERT_EQ(c.forward.size(), 4u);  // embeddings, two blocks, tail
+  // Attention's core: QK^T and PV over the causal pairs, 2·2·B·HS·NH·T(T+1)/2, at the f32 rate.
+  const double att = 2.0 * 2 * 2 * 16 * 4 * (8 * 9 / 2);
+  const double fwd = 1e-12 * 24 * 16 * 64 * 64 + 2e-12 * att;
+  EXPECT_NEAR(c.forward[1], fwd, 1e-18);
+  EXPECT_NEAR(c.backward[2], 2 * fwd, 1e-18);
+  // The head: N×C×V at the bf16 rate (one rank: the vocabulary unpadded), twice in its backward.
+  EXPECT_NEAR(c.forward[3], 1e-12 * 2 * 16 * 64 * 100, 1e-18);
+  EXPECT_NEAR(c.head_backward, 2 * c.forward[3], 1e-18);
+
+  // One rank, stage 1, free memory traffic: the simulated step is the passes and the update.
+  ZeroStepSpec spec;
+  spec.units = model_units(s.model);
+  spec.schedule.stage = 1;
+  spec.low_precision = true;
+  spec.tied_head = true;
+  size_t P = 0;
+  for (const parallel::Unit& u : spec.units) P += u.numel;
+  SimReport r = simulate(zero_step_program(spec, c));
+  double passes = c.head_backward;
+  for (size_t u = 0; u < c.forward.size(); ++u) passes += c.forward[u] + c.backward[u];
+  EXPECT_NEAR(r.makespan, passes + 1e-9 * static_cast<double>(P), 1e-15);
+
+  // A family the calibration lacks is named.
+  cal.fits.erase("gemm f32");
+  EXPECT_THROW(zero_step_costs(s, cal), Error);
+}
+
+}  // namespace
+}  // namespace mt::planner
