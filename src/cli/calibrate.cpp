@@ -99,7 +99,7 @@ void run_calibrate(const CalibrateArgs& args) {
     std::printf("calibrated %d rank(s) x %d thread(s) -> %s\n", cal.world, cal.threads, args.out.c_str());
     std::printf("%-16s %12s %16s\n", "family", "latency", "rate");
     for (const auto& [family, f] : cal.fits) {
-      const bool flops = family.rfind("gemm", 0) == 0, elems = family == "adamw";
+      const bool flops = family.rfind("gemm", 0) == 0 || family.rfind("attention", 0) == 0, elems = family == "adamw";
       const double rate = f.per_unit > 0 ? 1.0 / f.per_unit : 0.0;
       std::printf("%-16s %9.1f us %12.2f %s\n", family.c_str(), f.latency * 1e6,
                   flops ? rate / 1e12 : elems ? rate / 1e9 : rate / 1e9,

@@ -26,12 +26,12 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
   nlohmann::json j = load(cal);
   EXPECT_EQ(j["world"], 1);
   EXPECT_TRUE(j["fingerprint"].contains("binary_mtime"));
-  for (const char* family : {"gemm f32", "gemm bf16", "memory", "adamw"}) {
+  for (const char* family : {"gemm f32", "gemm bf16", "gemm backward bf16", "attention forward", "memory", "adamw"}) {
     ASSERT_TRUE(j["fits"].contains(family)) << j.dump();
     EXPECT_GT(j["fits"][family]["per_unit_s"].get<double>(), 0.0) << family;
   }
   EXPECT_FALSE(j["fits"].contains("all_reduce"));
-  EXPECT_EQ(j["points"].size(), 12u);
+  EXPECT_EQ(j["points"].size(), 22u);
   // Same binary, machine, threads and ranks: reused, not measured again.
   ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --quick -o " + cal, &out, &err), 0) << err;
   EXPECT_NE(out.find("calibration up to date"), std::string::npos) << out;

@@ -7,6 +7,7 @@
 #include "base/threads.h"
 #include "base/timer.h"
 #include "io/aio.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
@@ -124,6 +125,53 @@ Calibration calibrate(const CalibrateOptions& options) {
                      flops, flops / (tflops * 1e12)});
     }
     add_family(cal, std::string("gemm ") + dtype_name(dt), pts);
+  }
+  // The backward's two GEMMs of each shape: the input gradient dX (M, K) = dY (M, N) · W (N, K)
+  // and the weight gradient dW (N, K) += dY^T · X, accumulated (what Linear's backward runs).
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    std::vector<CalPoint> pts;
+    for (const Shape& s : shapes) {
+      const size_t es = dtype_size(dt);
+      std::vector<char> dy(static_cast<size_t>(s.m) * s.n * es), w(static_cast<size_t>(s.n) * s.k * es),
+          x(static_cast<size_t>(s.m) * s.k * es);
+      std::vector<float> dx(static_cast<size_t>(s.m) * s.k), dw(static_cast<size_t>(s.n) * s.k);
+      const double sec = time_calls(
+          [&] {
+            kernels::gemm(s.m, s.k, s.n, dy.data(), s.n, false, w.data(), s.k, false, dx.data(), s.k, dt, false);
+            kernels::gemm(s.n, s.k, s.m, dy.data(), s.n, true, x.data(), s.k, false, dw.data(), s.k, dt, true);
+          },
+          budget, 3, nullptr);
+      pts.push_back({std::string("gemm backward ") + dtype_name(dt) + " " + std::to_string(s.m) + "x" +
+                         std::to_string(s.n) + "x" + std::to_string(s.k),
+                     4.0 * s.m * s.n * s.k, sec});
+    }
+    add_family(cal, std::string("gemm backward ") + dtype_name(dt), pts);
+  }
+  // Causal attention's core (the tiled kernel, f32), forward and backward, by the FLOPs of QK^T
+  // and PV over the causal pairs (models::attention_core_flops): 64-wide heads, T 64 to 512.
+  {
+    std::vector<CalPoint> fwd, bwd;
+    const std::vector<int> Ts = options.quick ? std::vector<int>{64, 128} : std::vector<int>{64, 128, 256, 512};
+    for (int T : Ts) {
+      const int B = 2, NH = 8, HS = 64;
+      const size_t rows = static_cast<size_t>(B) * T;
+      std::vector<float> qkv(rows * 3 * NH * HS, 0.01f), out(rows * NH * HS), lse(rows * NH), dqkv(qkv.size()),
+          dout(out.size(), 1e-3f);
+      for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i % 97) / 97.0f - 0.5f;
+      const double flops = 2.0 * 2.0 * B * HS * NH * (static_cast<double>(T) * (T + 1) / 2);
+      fwd.push_back({"attention forward T=" + std::to_string(T), flops,
+                     time_calls([&] { kernels::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS); },
+                                budget, 3, nullptr)});
+      bwd.push_back({"attention backward T=" + std::to_string(T), flops,
+                     time_calls(
+                         [&] {
+                           kernels::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B,
+                                                       T, NH, NH, HS);
+                         },
+                         budget, 3, nullptr)});
+    }
+    add_family(cal, "attention forward", fwd);
+    add_family(cal, "attention backward", bwd);  // by the forward's FLOPs
   }
 
   // A memory-bound kernel (GELU: 4 bytes read and 4 written per element), and the AdamW update

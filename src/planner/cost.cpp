@@ -1,5 +1,7 @@
 #include "planner/cost.h"
 
+#include <string>
+
 #include "base/error.h"
 #include "models/module_profile.h"
 #include "planner/memory.h"
@@ -10,6 +12,13 @@ namespace {
 double gemm(const Calibration& cal, DType cd, double m, double k, double n) {
   return cal.gemm_seconds(static_cast<long>(m), static_cast<long>(n), static_cast<long>(k),
                           cd == DType::kF32 ? DType::kF32 : DType::kBF16);
+}
+
+// The backward's two GEMMs of a forward GEMM's shape: their own line where calibrated (older
+// calibrations: twice the forward's).
+double gemm_backward(const Calibration& cal, DType cd, double m, double k, double n) {
+  const std::string family = std::string("gemm backward ") + (cd == DType::kF32 ? "f32" : "bf16");
+  return cal.fits.count(family) ? cal.seconds(family, 4.0 * m * k * n) : 2.0 * gemm(cal, cd, m, k, n);
 }
 
 }  // namespace
@@ -34,14 +43,20 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   // A block: its GEMMs, attention's core, and the bytes of its elementwise work.
   const double gemms = gemm(cal, cd, N, C, d.QKV) + gemm(cal, cd, N, d.A, C) + gemm(cal, cd, N, C, d.H) +
                        gemm(cal, cd, N, d.G, C);
-  const double attention = cal.seconds("gemm f32", models::attention_core_flops(d.B, d.T, d.NH, d.HS, nullptr));
+  const double gemms_bwd = gemm_backward(cal, cd, N, C, d.QKV) + gemm_backward(cal, cd, N, d.A, C) +
+                           gemm_backward(cal, cd, N, C, d.H) + gemm_backward(cal, cd, N, d.G, C);
+  // Attention's core: its own lines where calibrated (else the f32 GEMM rate, the backward twice).
+  const double att_flops = models::attention_core_flops(d.B, d.T, d.NH, d.HS, nullptr);
+  const bool att_cal = cal.fits.count("attention forward") && cal.fits.count("attention backward");
+  const double attention = att_cal ? cal.seconds("attention forward", att_flops) : cal.seconds("gemm f32", att_flops);
+  const double attention_bwd = att_cal ? cal.seconds("attention backward", att_flops) : 2 * attention;
   double bytes = 2 * (4 + e) * N * C       // two norms: f32 in, compute dtype out
                  + 2 * 12 * N * C          // two residual adds: read two, write one (f32)
                  + (4 + e) * N * d.A       // attention output and its compute-dtype copy
                  + (8 + e) * N * d.G;      // the activation: f32 in (GELU) or gate and up (SwiGLU)
   if (llama) bytes += 8 * N * (d.A + d.NKV * d.HS);  // RoPE on q and k
   const double block_fwd = gemms + attention + mem * bytes;
-  const double block_bwd = 2 * gemms + 2 * attention + 2 * mem * bytes;
+  const double block_bwd = gemms_bwd + attention_bwd + 2 * mem * bytes;
 
   // The embeddings: a row gather (and GPT-2's positions added); the backward scatters them back.
   const double emb = mem * 12 * N * C;
@@ -58,7 +73,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   c.backward.front() = emb;
   c.forward.back() = mem * (4 + e) * N * C + head + loss;
   c.backward.back() = mem * 2 * (4 + e) * N * C;
-  c.head_backward = 2 * head + loss;
+  c.head_backward = gemm_backward(cal, cd, N, C, V) + loss;
   c.memory_per_byte = mem;
   c.optimizer_per_element = cal.fits.count("adamw") ? cal.fits.at("adamw").per_unit : 0.0;
   if (s.world > 1) {

@@ -2,10 +2,10 @@
 // the model's own shapes. Per unit, one micro-batch of N = B·T rows (BlockDims' letters):
 //   GEMMs        every projection at the calibrated GEMM line of the compute dtype, by its shape
 //                (QKV N×C×QKV, output N×A×C; GPT-2's MLP N×C×G and N×G×C, LLaMA's gate and up
-//                N×C×2G and down N×G×C; the head N×C×V); the backward runs two GEMMs of each shape
-//                (input and weight gradients)
-//   attention    the core's FLOPs (models::attention_core_flops) at the f32 GEMM rate; the
-//                backward twice that
+//                N×C×2G and down N×G×C; the head N×C×V); the backward's two GEMMs of each shape
+//                (input and weight gradients) at the "gemm backward" line (absent: 2× forward)
+//   attention    the core's FLOPs (models::attention_core_flops) at the "attention forward" and
+//                "attention backward" lines (absent: the f32 GEMM rate, the backward twice)
 //   elementwise  the bytes the norms, activation, residual adds, RoPE, the compute-dtype copies
 //                and the loss read and write, at the calibrated memory rate; the backward twice
 //   optimizer    the calibrated AdamW rate by elements of this rank's shard
