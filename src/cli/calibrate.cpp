@@ -89,6 +89,7 @@ void run_calibrate(const CalibrateArgs& args) {
     j["world"] = cal.world;
     j["threads"] = cal.threads;
     for (const auto& [family, f] : cal.fits) j["fits"][family] = {{"latency_s", f.latency}, {"per_unit_s", f.per_unit}};
+    for (const auto& [family, pts] : cal.curves) j["fits"][family]["curve"] = pts;  // [[units, seconds], ...]
     for (const planner::CalPoint& p : cal.points)
       j["points"].push_back({{"what", p.what}, {"units", p.units}, {"seconds", p.seconds}});
     if (cal.disk_read_gbs > 0)

@@ -2,7 +2,7 @@
 // the configuration's layout (issue 14). The step program comes from the runtime's own ZeRO
 // schedule (planner/program.h), its times from the machine's calibration (`meshtrain calibrate`)
 // and the model's shapes (planner/cost.h); the simulator gives the step. So far: data parallelism
-// with ZeRO stages 1-3 in memory; other layouts are refused by name.
+// with ZeRO stages 0-3 in memory; other layouts are refused by name.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -35,8 +35,10 @@ planner::Calibration load_calibration(const std::string& path) {
   planner::Calibration cal;
   cal.world = j.value("world", 1);
   cal.threads = j.value("threads", 1);
-  for (const auto& [family, f] : j["fits"].items())
+  for (const auto& [family, f] : j["fits"].items()) {
     cal.fits[family] = planner::LinearFit{f.at("latency_s").get<double>(), f.at("per_unit_s").get<double>()};
+    if (f.contains("curve")) cal.curves[family] = f["curve"].get<std::vector<std::pair<double, double>>>();
+  }
   return cal;
 }
 
@@ -44,9 +46,7 @@ void run_plan(const PlanOptions& o) {
   engine::RunConfig c = engine::ds_config_load(o.path, o.sets, o.procs);
   for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   MT_CHECK(c.tp == 1 && c.pp == 1, ErrorKind::kNotSupported,
-           "plan: tensor and pipeline parallelism are not in the cost model yet (data parallelism with ZeRO 1-3 is)");
-  MT_CHECK(c.zero.stage >= 1, ErrorKind::kNotSupported,
-           "plan: ZeRO stage 0's bucketed all-reduce is not in the cost model yet (stages 1-3 are)");
+           "plan: tensor and pipeline parallelism are not in the cost model yet (data parallelism with ZeRO 0-3 is)");
   MT_CHECK(c.zero.offload_optimizer == "none" && c.zero.offload_param == "none", ErrorKind::kNotSupported,
            "plan: offload's disk traffic is not in the cost model yet");
   const planner::Calibration cal = load_calibration(o.calibration);
@@ -71,6 +71,7 @@ void run_plan(const PlanOptions& o) {
   spec.schedule.persistence_threshold = static_cast<size_t>(c.zero.stage3_param_persistence_threshold);
   spec.schedule.max_live_elems = static_cast<size_t>(c.zero.stage3_max_live_parameters);
   spec.schedule.comm_dtype = c.comm_dtype;
+  spec.bucket_elems = static_cast<size_t>(c.zero.reduce_bucket_size);
   spec.micro_batches = static_cast<int>(c.batch.gradient_accumulation_steps);
   spec.tied_head = c.model.tie_embeddings;
   spec.low_precision = c.compute_dtype != DType::kF32;

@@ -47,7 +47,16 @@ double Calibration::seconds(const std::string& family, double units) const {
                                           (family.rfind("all_", 0) == 0 || family == "reduce_scatter" || family == "send_recv"
                                                ? " (collectives need a calibration run under mpirun with 2 or more ranks)"
                                                : ""));
-  return it->second.seconds(units);
+  auto c = curves.find(family);
+  if (c == curves.end() || c->second.size() < 2 || units < c->second.front().first) return it->second.seconds(units);
+  const auto& pts = c->second;
+  for (size_t i = 1; i < pts.size(); ++i)
+    if (units <= pts[i].first) {
+      const auto [x0, y0] = pts[i - 1];
+      const auto [x1, y1] = pts[i];
+      return y0 + (y1 - y0) * (units - x0) / (x1 - x0);
+    }
+  return pts.back().second * units / pts.back().first;  // past the largest: at its rate
 }
 
 double Calibration::gemm_seconds(long m, long n, long k, DType dtype) const {
@@ -88,13 +97,18 @@ double time_calls(F&& f, double budget, int min_calls, comm::Backend* group) {
   return s;
 }
 
-void add_family(Calibration& cal, const std::string& family, const std::vector<CalPoint>& pts, bool relative = true) {
+void add_family(Calibration& cal, const std::string& family, const std::vector<CalPoint>& pts, bool relative = true,
+                bool curve = false) {
   std::vector<std::pair<double, double>> xy;
   for (const CalPoint& p : pts) {
     cal.points.push_back(p);
     xy.emplace_back(p.units, p.seconds);
   }
   cal.fits[family] = fit_line(xy, relative);
+  if (curve) {
+    std::sort(xy.begin(), xy.end());
+    cal.curves[family] = xy;
+  }
 }
 
 }  // namespace
@@ -198,11 +212,13 @@ Calibration calibrate(const CalibrateOptions& options) {
   }
 
   // Collectives over the group, by bytes per rank (f32), and a p2p round trip between ranks 0
-  // and 1 (half of it is one message).
+  // and 1 (half of it is one message). Dense between 4 and 16 MiB, where OpenMPI's algorithms
+  // change here, and up to 128 MiB (a stage-0 bucket of a small model).
   if (group) {
     const std::vector<size_t> bytes = options.quick ? std::vector<size_t>{4096, 1 << 16, 1 << 20}
-                                                    : std::vector<size_t>{4096, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22,
-                                                                          1 << 24};
+                                                    : std::vector<size_t>{4096,    1 << 14, 1 << 16, 1 << 18, 1 << 20,
+                                                                          1 << 22, 3 << 21, 1 << 23, 3 << 22, 1 << 24,
+                                                                          1 << 26, 1 << 27};
     const int P = group->size(), me = group->rank();
     std::vector<CalPoint> ar, ag, rs, sr;
     for (size_t b : bytes) {
@@ -238,10 +254,10 @@ Calibration calibrate(const CalibrateOptions& options) {
       }, budget, 3, group);
       sr.push_back({"send_recv f32", static_cast<double>(b), rt / 2});
     }
-    add_family(cal, "all_reduce", ar);
-    add_family(cal, "all_gather", ag);
-    add_family(cal, "reduce_scatter", rs);
-    add_family(cal, "send_recv", sr);
+    add_family(cal, "all_reduce", ar, true, true);
+    add_family(cal, "all_gather", ag, true, true);
+    add_family(cal, "reduce_scatter", rs, true, true);
+    add_family(cal, "send_recv", sr, true, true);
   }
 
   if (!options.io_dir.empty()) {

@@ -41,7 +41,12 @@ struct Calibration {
                                             // "adamw" (elements), "all_reduce", "all_gather",
                                             // "reduce_scatter", "send_recv" (bytes per rank)
   double disk_read_gbs = 0.0, disk_write_gbs = 0.0, disk_mixed_gbs = 0.0;  // 0: not measured
-  // A fitted family's time for `units`; throws kNotFound naming the family when it was not measured.
+  // The collectives' measured (bytes, seconds), by size: MPI's algorithms change with the message
+  // size (OpenMPI's reduce_scatter here: 3.85 GB/s at 1 MiB, 0.12 at 16 MiB), so no one line holds.
+  // seconds() interpolates them piecewise-linearly, past the largest at its rate, below the
+  // smallest on the line.
+  std::map<std::string, std::vector<std::pair<double, double>>> curves;
+  // A family's time for `units`; throws kNotFound naming the family when it was not measured.
   double seconds(const std::string& family, double units) const;
   double gemm_seconds(long m, long n, long k, DType dtype) const;
 };

@@ -10,6 +10,18 @@ namespace {
 
 // Exact lines are recovered; a negative intercept (noise around a pure rate) is refitted through
 // the origin; one point is a rate through the origin.
+// A collective's measured curve: interpolated between its points, at the largest one's rate past
+// it, and on the line below the smallest.
+TEST(CalibrationFit, CollectivesFollowTheirMeasuredCurve) {
+  Calibration cal;
+  cal.fits["all_reduce"] = LinearFit{0.5, 0.25};
+  cal.curves["all_reduce"] = {{1.0, 1.0}, {3.0, 5.0}, {4.0, 10.0}};
+  EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 2.0), 3.0);
+  EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 3.5), 7.5);  // a cliff between the points
+  EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 8.0), 20.0);
+  EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 0.5), 0.5 + 0.25 * 0.5);
+}
+
 TEST(CalibrationFit, LeastSquaresLineWithANonNegativeLatency) {
   LinearFit f = fit_line({{1e6, 1e-5 + 1e6 * 2e-9}, {4e6, 1e-5 + 4e6 * 2e-9}, {16e6, 1e-5 + 16e6 * 2e-9}});
   EXPECT_NEAR(f.latency, 1e-5, 1e-12);

@@ -79,8 +79,9 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   if (s.world > 1) {
     c.all_gather = [&cal](double b) { return cal.seconds("all_gather", b); };
     c.reduce_scatter = [&cal](double b) { return cal.seconds("reduce_scatter", b); };
+    c.all_reduce = [&cal](double b) { return cal.seconds("all_reduce", b); };
   } else {  // one rank: the collectives are local copies
-    c.all_gather = c.reduce_scatter = [mem](double b) { return mem * 2 * b; };
+    c.all_gather = c.reduce_scatter = c.all_reduce = [mem](double b) { return mem * 2 * b; };
   }
   return c;
 }

@@ -1,6 +1,7 @@
 #include "planner/program.h"
 
 #include "base/error.h"
+#include "parallel/dp/grad_buckets.h"
 
 namespace mt::planner {
 namespace {
@@ -114,9 +115,66 @@ class ZeroEmitter : private parallel::ZeroEffects {
 
 }  // namespace
 
+// Stage 0 (parallel/grad_sync.cpp's LocalSync and BucketedSync over GradBuckets).
+std::vector<SimOp> bucketed_step(const ZeroStepSpec& spec, const ZeroStepCosts& costs) {
+  const size_t U = spec.units.size();
+  MT_CHECK(U > 0 && spec.micro_batches >= 1 && costs.forward.size() == U && costs.backward.size() == U,
+           ErrorKind::kInvalidArgument, "step program: units, micro-batches and one time per unit");
+  MT_CHECK(spec.world == 1 || costs.all_reduce, ErrorKind::kInvalidArgument, "step program: the all_reduce's cost is missing");
+  size_t P = 0;
+  for (const parallel::Unit& u : spec.units) P += u.numel;
+  const std::vector<std::pair<size_t, size_t>> ranges = parallel::grad_bucket_ranges(P, spec.bucket_elems);
+  std::vector<SimOp> ops;
+  auto compute = [&ops](double s, std::string name) {
+    SimOp op;
+    op.seconds = s;
+    op.name = std::move(name);
+    ops.push_back(std::move(op));
+  };
+  size_t next = 0;
+  std::vector<int> inflight;
+  auto ready_from = [&](size_t offset) {  // GradBuckets::ready_from
+    while (next < ranges.size() && ranges[next].first >= offset) {
+      SimOp op;
+      op.kind = SimOpKind::kCollective;
+      op.group = 0;
+      op.async = true;
+      op.tag = static_cast<int>(next);
+      op.seconds = costs.all_reduce(4.0 * static_cast<double>(ranges[next].second - ranges[next].first));
+      op.name = "all_reduce bucket " + std::to_string(next);
+      ops.push_back(op);
+      inflight.push_back(op.tag);
+      if (!spec.schedule.overlap_comm) {
+        ops.push_back(SimOp{SimOpKind::kWait, 0.0, -1, op.tag, -1, false, "wait " + op.name});
+        inflight.pop_back();
+      }
+      ++next;
+    }
+  };
+  const bool reduce = spec.world > 1;
+  const size_t last = U - 1, head = spec.tied_head ? 0 : last;
+  for (int m = 0; m < spec.micro_batches; ++m) {
+    const bool armed = reduce && m + 1 == spec.micro_batches;
+    for (size_t u = 0; u <= last; ++u) compute(costs.forward[u], "forward " + spec.units[u].name);
+    compute(costs.head_backward, "head backward");
+    if (armed && head > 0) ready_from(spec.units[head].offset);  // the head's module hook (units past the first)
+    for (size_t u = last + 1; u-- > 0;) {
+      compute(costs.backward[u], "backward " + spec.units[u].name);
+      if (armed && u > 0) ready_from(spec.units[u].offset);
+    }
+    if (armed) {  // GradBuckets::finish
+      ready_from(0);
+      for (int t : inflight) ops.push_back(SimOp{SimOpKind::kWait, 0.0, -1, t, -1, false, "wait all_reduce bucket " + std::to_string(t)});
+      inflight.clear();
+    }
+  }
+  compute(costs.optimizer_per_element * static_cast<double>(P), "optimizer");
+  return ops;
+}
+
 SimProgram zero_step_program(const ZeroStepSpec& spec, const ZeroStepCosts& costs) {
   SimProgram p;
-  std::vector<SimOp> ops = ZeroEmitter(spec, costs).run();
+  std::vector<SimOp> ops = spec.schedule.stage == 0 ? bucketed_step(spec, costs) : ZeroEmitter(spec, costs).run();
   p.ranks.assign(static_cast<size_t>(spec.world), ops);
   std::vector<int> all;
   for (int r = 0; r < spec.world; ++r) all.push_back(r);

@@ -36,7 +36,12 @@ namespace mt::planner {
 struct ZeroStepSpec {
   std::vector<parallel::Unit> units;  // the model's zero_units(), in order
   int world = 1;                      // data-parallel ranks
+  // schedule.stage 0: no ZeRO schedule; on more than one rank the gradients are all-reduced in
+  // buckets of bucket_elems cut from the buffer's end (parallel/dp/grad_buckets.h), each launched
+  // at the first unit's post-backward hook below which it lies, during the last micro-batch
+  // (waited for at once without overlap_comm), the rest at the backward's end.
   parallel::ZeroScheduleOptions schedule;
+  size_t bucket_elems = 500'000'000;  // reduce_bucket_size (stage 0)
   int micro_batches = 1;              // gradient_accumulation_steps
   bool tied_head = true;              // the head's backward hooks are unit 0's (tied) or the last unit's
   bool low_precision = false;         // bf16/f16 compute: each gather is converted from f32
@@ -48,11 +53,13 @@ struct ZeroStepCosts {
   std::vector<double> forward, backward;  // per unit, one micro-batch
   double head_backward = 0.0;             // the head's backward (its own hook pair)
   std::function<double(double bytes)> all_gather, reduce_scatter;
+  std::function<double(double bytes)> all_reduce;  // stage 0 on more than one rank
   double memory_per_byte = 0.0;           // memory-bound passes (conversion, zeroing, sums)
   double optimizer_per_element = 0.0;     // the update over this rank's shard
 };
 
 // One optimizer step of every rank; all ranks run the same list (one group of `world` ranks).
+// Stage 0 is parallel/grad_sync's local (one rank) or bucketed implementation.
 SimProgram zero_step_program(const ZeroStepSpec& spec, const ZeroStepCosts& costs);
 
 }  // namespace mt::planner

@@ -80,6 +80,26 @@ TEST(ZeroProgram, Stage3WithoutPrefetchWaitsForEveryGatherTheScheduleMakes) {
   EXPECT_DOUBLE_EQ(z.makespan, 3 * f + 3 * b);
 }
 
+// Stage 0 on two ranks, buckets of 1500 elements cut from the end: [1500, 3000) is launched at
+// unit 1's post-backward hook (its offset 1000 is below the bucket), hides behind unit 0's
+// backward, and [0, 1500) is launched and waited for at the backward's end.
+TEST(ZeroProgram, Stage0BucketsLaunchWhereTheBackwardHasPassedThem) {
+  ZeroStepSpec s = three_units(0, true);
+  s.bucket_elems = 1500;
+  ZeroStepCosts c = costs(1, 2, 0, 0);
+  c.all_reduce = [](double bytes) {
+    EXPECT_EQ(bytes, 6000.0);
+    return 0.5;
+  };
+  SimReport r = simulate(zero_step_program(s, c));
+  ASSERT_FALSE(r.deadlock) << r.where;
+  EXPECT_DOUBLE_EQ(r.makespan, 3 * 1 + 3 * 2 + 0.5);
+  s.schedule.overlap_comm = false;  // each bucket waited for where it is launched
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 3 * 1 + 3 * 2 + 2 * 0.5);
+  s.world = 1;  // one rank: nothing to reduce
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 3 * 1 + 3 * 2);
+}
+
 // Micro-batches: stage 2 reduces after every micro-batch's backward, the optimizer runs once.
 TEST(ZeroProgram, AccumulationRepeatsThePassesAndStepsOnce) {
   ZeroStepSpec s = three_units(2, false);
