@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "base/cpu_features.h"
 #include "base/error.h"
+#include "base/file_io.h"
 #include "base/threads.h"
 #include "base/timer.h"
 #include "cli/commands.h"
@@ -256,6 +258,22 @@ void run_bench(const BenchArgs& args) {
 
 }  // namespace
 
+void write_disk_ceiling(const std::string& dir, const DiskCeiling& c) {
+  const nlohmann::json j = {{"write_gbs", c.write_gbs}, {"read_gbs", c.read_gbs}, {"mixed_gbs", c.mixed_gbs}, {"bytes", c.bytes}};
+  const std::string text = j.dump() + "\n";
+  file_write_atomic(dir + "/.meshtrain-io-ceiling.json", text.data(), text.size());
+}
+
+bool read_disk_ceiling(const std::string& dir, DiskCeiling* c) {
+  std::ifstream f(dir + "/.meshtrain-io-ceiling.json");
+  if (!f) return false;
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.value("read_gbs", 0.0) || !j.value("write_gbs", 0.0)) return false;
+  *c = DiskCeiling{j.value("write_gbs", 0.0), j.value("read_gbs", 0.0), j.value("mixed_gbs", 0.0),
+                   j.value("bytes", 0ull)};
+  return true;
+}
+
 // The disk's ceiling for the swap: one sequential pass each way, and the sweep over request size
 // and depth that finds the best (what fio's sequential direct-I/O jobs report).
 void run_io_bench(const BenchArgs& args) {
@@ -265,6 +283,7 @@ void run_io_bench(const BenchArgs& args) {
   o.thread_count = args.io_threads;
   const uint64_t bytes = static_cast<uint64_t>(args.io_mib) << 20;
   io::Bandwidth bw = io::bandwidth_probe(args.io_dir, bytes, o);
+  write_disk_ceiling(args.io_dir, DiskCeiling{bw.write_gbs, bw.read_gbs, bw.mixed_gbs, bytes});
   if (args.json) {
     nlohmann::json j = {{"dir", args.io_dir}, {"bytes", bytes}, {"direct", bw.direct}, {"block_size", o.block_size},
                         {"queue_depth", o.queue_depth}, {"thread_count", o.thread_count}, {"io_uring", io::io_uring_available()},
@@ -279,6 +298,8 @@ void run_io_bench(const BenchArgs& args) {
   std::printf("write        %.2f GB/s\n", bw.write_gbs);
   std::printf("read         %.2f GB/s\n", bw.read_gbs);
   std::printf("mixed        %.2f GB/s read + written (one half read while the other is written)\n", bw.mixed_gbs);
+  std::printf("recorded     %s/.meshtrain-io-ceiling.json (a run swapping under %s reports its share of it)\n",
+              args.io_dir.c_str(), args.io_dir.c_str());
 }
 
 void register_bench(CLI::App& app) {

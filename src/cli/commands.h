@@ -34,6 +34,19 @@ void add_config_source_options(CLI::App* cmd, engine::ConfigSources& src);
 // The estimator's input for a run configuration on `procs` data-parallel ranks.
 planner::MemoryInput estimate_input(const engine::RunConfig& config, int procs, int pp_rank = 0);
 
+// The disk ceiling `meshtrain bench --io DIR` measured, kept in DIR/.meshtrain-io-ceiling.json so
+// a run that swaps under DIR reports its share of it.
+struct DiskCeiling {
+  double write_gbs = 0, read_gbs = 0, mixed_gbs = 0;
+  unsigned long long bytes = 0;  // the probe's size each way
+  // Seconds the disk needs for these bytes one after the other at the probe's rates.
+  double serial_seconds(double read_bytes, double written_bytes) const {
+    return read_bytes / (read_gbs * 1e9) + written_bytes / (write_gbs * 1e9);
+  }
+};
+void write_disk_ceiling(const std::string& dir, const DiskCeiling& c);
+bool read_disk_ceiling(const std::string& dir, DiskCeiling* c);  // false: none recorded (or unreadable)
+
 // Draws the loss curve of a --metrics file into out (.png/.svg) with gnuplot. Without gnuplot:
 // throws kNotFound when required, else prints a note and returns false.
 bool plot_metrics(const std::string& metrics, const std::string& out, bool required);

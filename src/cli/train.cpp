@@ -222,6 +222,20 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   const char* launcher_tty = std::getenv("MT_STDOUT_TTY");
   const bool tty = lead && (launcher_tty ? std::strcmp(launcher_tty, "1") == 0 : isatty(fileno(stdout)));
   const double full_flops = model->train_flops_per_step() * static_cast<double>(gas * DW);
+  // The optimizer swap's share of the disk's ceiling (meshtrain bench --io under its nvme_path).
+  DiskCeiling ceiling;
+  const bool swapping = cfg.zero.offload_optimizer == "nvme";
+  const bool have_ceiling = swapping && read_disk_ceiling(cfg.zero.optimizer_nvme_path, &ceiling);
+  if (lead && swapping && cfg.wall_clock_breakdown) {
+    if (have_ceiling)
+      std::printf("disk ceiling of %s (bench --io, %.1f GiB each way): write %.2f GB/s, read %.2f GB/s, mixed %.2f GB/s\n",
+                  cfg.zero.optimizer_nvme_path.c_str(), static_cast<double>(ceiling.bytes) / 1073741824.0,
+                  ceiling.write_gbs, ceiling.read_gbs, ceiling.mixed_gbs);
+    else
+      std::printf("no disk ceiling recorded for %s: `meshtrain bench --io %s --io-size MIB` measures it (MIB about the "
+                  "swap's size)\n",
+                  cfg.zero.optimizer_nvme_path.c_str(), cfg.zero.optimizer_nvme_path.c_str());
+  }
   Timer total;
   int64_t start_step = eng.global_step();
   bool first_save = true;
@@ -311,6 +325,10 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
               {"wait_seconds", w.wait_seconds}, {"read_seconds", w.read_seconds}, {"write_seconds", w.write_seconds},
               {"read_bytes", static_cast<double>(w.bytes_read)}, {"write_bytes", static_cast<double>(w.bytes_written)}})
           m[std::string("swap_") + key] = value;
+        // The serial time of its bytes at the recorded ceiling over the time it took.
+        if (have_ceiling && w.step_seconds > 0)
+          m["swap_ceiling_share"] = ceiling.serial_seconds(static_cast<double>(w.bytes_read), static_cast<double>(w.bytes_written)) /
+                                    w.step_seconds;
       }
       if (cfg.zero.offload_param == "nvme" && cfg.zero.stage == 3) {  // forward + backward: pieces and records
         const io::AsyncIo::Stats& p = r.param_swap;
@@ -359,6 +377,21 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                                 std::to_string(r.tp_comm_bytes >> 20) + " MiB)")
                                    .c_str()
                              : "");
+    if (lead && swapping && cfg.wall_clock_breakdown && (done % cfg.steps_per_print == 0 || done == cfg.train_iters) &&
+        r.swap.step_seconds > 0) {
+      const optim::SwapStepStats& w = r.swap;
+      const double rb = static_cast<double>(w.bytes_read), wb = static_cast<double>(w.bytes_written);
+      char share[160] = "";
+      if (have_ceiling)
+        std::snprintf(share, sizeof share, ", %.0f%% of the disk's ceiling: %.2f s at the recorded read and write rates",
+                      100.0 * ceiling.serial_seconds(rb, wb) / w.step_seconds, ceiling.serial_seconds(rb, wb));
+      std::printf("swap | optimizer: read %.2f GB, wrote %.2f GB in %.2f s (%.2f GB/s%s; waited %.2f s)", rb / 1e9, wb / 1e9,
+                  w.step_seconds, (rb + wb) / w.step_seconds / 1e9, share, w.wait_seconds);
+      if (cfg.zero.offload_param == "nvme" && cfg.zero.stage == 3)
+        std::printf(" | passes: read %.2f GB, wrote %.2f GB, waited %.2f s", static_cast<double>(r.param_swap.bytes_read) / 1e9,
+                    static_cast<double>(r.param_swap.bytes_written) / 1e9, r.param_swap.wait_seconds);
+      std::printf("\n");
+    }
     if (cfg.comms_logger.enabled && cfg.comms_logger.verbose) {
       std::vector<std::string> lines = comm_log->step_lines();
       if (lead) {

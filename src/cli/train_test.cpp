@@ -814,6 +814,37 @@ TEST(TrainMpi, NvmeOffloadEqualsMemoryAndAKillMidSwapLosesNothing) {
 // time: the resumed process's peak RSS stays within a few parameters of the run that saved it,
 // where staging each state whole (4 P bytes, 252 MB here: more than the training's own peak)
 // would add that much.
+// `bench --io DIR` records the disk's ceiling under DIR; a run swapping there reports, each
+// printed step, its optimizer swap's bytes and its share of that ceiling (the serial time of those
+// bytes at the recorded rates over the swap's time), in the output and the metrics.
+TEST(TrainNvme, TheSwapReportsItsShareOfTheRecordedCeiling) {
+  write_dataset(dir() + "/train", 30);
+  const std::string swap = dir() + "/swap-share";
+  fs::create_directories(swap);
+  nlohmann::json extra = nvme_zero(swap, true, 2);
+  extra["train_iters"] = 2;
+  extra["wall_clock_breakdown"] = true;
+  extra["steps_per_print"] = 1;
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "train " + write_config("share-a", extra), &out, &err), 0) << err;
+  EXPECT_NE(out.find("no disk ceiling recorded for " + swap), std::string::npos) << out;
+  EXPECT_NE(out.find("swap | optimizer: read"), std::string::npos) << out;
+  EXPECT_EQ(out.find("of the disk's ceiling"), std::string::npos) << out;
+
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "bench --io " + swap + " --io-size 8", &out, &err), 0) << err;
+  ASSERT_TRUE(fs::exists(swap + "/.meshtrain-io-ceiling.json"));
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "train " + write_config("share-b", extra) + " --metrics " + dir() +
+                                                       "/share-b.jsonl",
+                                            &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("disk ceiling of " + swap + " (bench --io, 0.0 GiB each way)"), std::string::npos) << out;
+  EXPECT_NE(out.find("of the disk's ceiling:"), std::string::npos) << out;
+  const std::vector<double> share = values(dir() + "/share-b.jsonl", "swap_ceiling_share");
+  ASSERT_EQ(share.size(), 2u);
+  for (double x : share) EXPECT_GT(x, 0.0);
+}
+
 TEST(TrainNvme, ResumeStreamsTheCheckpointIntoTheSwap) {
   write_dataset(dir() + "/train", 30);
   const std::string swap = dir() + "/swap-stream";
