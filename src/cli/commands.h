@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -30,6 +31,11 @@ std::shared_ptr<comm::Backend> mpi_world();
 
 // --deepspeed, --model, --data, --tokenizer and --set: where a run's configuration comes from.
 void add_config_source_options(CLI::App* cmd, engine::ConfigSources& src);
+
+// CONFIG, --procs and --set: a run configuration as a layout on a process count (estimate, plan).
+void add_layout_options(CLI::App* cmd, std::string& path, int& procs, std::vector<std::string>& sets);
+// That configuration resolved for procs processes, its warnings printed to stderr.
+engine::RunConfig load_layout_config(const std::string& path, const std::vector<std::string>& sets, int procs);
 
 // The estimator's input for a run configuration on `procs` data-parallel ranks.
 planner::MemoryInput estimate_input(const engine::RunConfig& config, int procs, int pp_rank = 0);

@@ -42,9 +42,8 @@ size_t physical_memory_bytes() {
 // zero_optimization.stage says, with its stage-3 knobs.
 // One input per pipeline rank (one without a pipeline).
 std::vector<planner::MemoryInput> load_inputs(const EstimateOptions& o, std::string* swap_dir = nullptr) {
-  engine::RunConfig c = engine::ds_config_load(o.path, o.sets, o.procs);
+  engine::RunConfig c = load_layout_config(o.path, o.sets, o.procs);
   if (swap_dir) *swap_dir = c.zero.optimizer_nvme_path;
-  for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   std::vector<planner::MemoryInput> out;
   for (int r = 0; r < c.pp; ++r) out.push_back(estimate_input(c, o.procs, r));
   return out;
@@ -254,12 +253,22 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   return in;
 }
 
+void add_layout_options(CLI::App* cmd, std::string& path, int& procs, std::vector<std::string>& sets) {
+  cmd->add_option("CONFIG", path, "run configuration JSON")->required();
+  cmd->add_option("--procs", procs, "processes (default 1); data parallelism takes procs / parallel.tp");
+  cmd->add_option("--set", sets, "override a key: a.b.c=value (JSON value or plain string)");
+}
+
+engine::RunConfig load_layout_config(const std::string& path, const std::vector<std::string>& sets, int procs) {
+  engine::RunConfig c = engine::ds_config_load(path, sets, procs);
+  for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  return c;
+}
+
 void register_estimate(CLI::App& app) {
   auto* cmd = app.add_subcommand("estimate", "Memory per rank for ZeRO stages 0-3 and the largest micro-batch that fits");
   auto o = std::make_shared<EstimateOptions>();
-  cmd->add_option("CONFIG", o->path, "run configuration JSON")->required();
-  cmd->add_option("--procs", o->procs, "processes (default 1); data parallelism takes procs / parallel.tp");
-  cmd->add_option("--set", o->sets, "override a key: a.b.c=value (JSON value or plain string)");
+  add_layout_options(cmd, o->path, o->procs, o->sets);
   cmd->add_option("--memory", o->memory_gib, "memory per rank in GiB (default: physical RAM / procs)");
   cmd->add_option("--disk", o->disk_gib,
                   "disk for the swap in GiB (offload to nvme; default: the free space under nvme_path)");

@@ -43,8 +43,7 @@ planner::Calibration load_calibration(const std::string& path) {
 }
 
 void run_plan(const PlanOptions& o) {
-  engine::RunConfig c = engine::ds_config_load(o.path, o.sets, o.procs);
-  for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  const engine::RunConfig c = load_layout_config(o.path, o.sets, o.procs);
   MT_CHECK(c.tp == 1 && c.pp == 1, ErrorKind::kNotSupported,
            "plan: tensor and pipeline parallelism are not in the cost model yet (data parallelism with ZeRO 0-3 is)");
   MT_CHECK(c.zero.offload_optimizer == "none" && c.zero.offload_param == "none", ErrorKind::kNotSupported,
@@ -97,10 +96,8 @@ void run_plan(const PlanOptions& o) {
 void register_plan(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "Predict the step time of a configuration's layout from the calibration");
   auto o = std::make_shared<PlanOptions>();
-  cmd->add_option("CONFIG", o->path, "run configuration JSON")->required();
-  cmd->add_option("--procs", o->procs, "processes (default 1)");
+  add_layout_options(cmd, o->path, o->procs, o->sets);
   cmd->add_option("--calibration", o->calibration, "meshtrain calibrate's JSON (default calibration.json)");
-  cmd->add_option("--set", o->sets, "override a key: a.b.c=value (JSON value or plain string)");
   cmd->callback([o] { run_plan(*o); });
 }
 
