@@ -52,13 +52,10 @@ void run_plan(const PlanOptions& o) {
   MT_CHECK(c.world_size == 1 || cal.world >= 2, ErrorKind::kInvalidArgument,
            o.calibration + ": its collectives were not measured (calibrate under meshtrain launch -n 2 or more)");
 
-  planner::StepShape shape;
-  shape.model = c.model;
-  shape.micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu);
-  shape.seq_length = static_cast<int>(c.seq_length);
-  shape.compute = c.compute_dtype;
-  shape.world = c.world_size;
-  shape.vocab_divisible = c.vocab_divisible;
+  // The step's shape as the estimator reads the configuration.
+  const planner::MemoryInput in = estimate_input(c, o.procs);
+  const planner::StepShape shape{.model = in.model, .micro_batch = in.micro_batch, .seq_length = in.seq_length,
+                                 .compute = in.compute_dtype, .world = in.world, .vocab_divisible = in.vocab_divisible};
   const planner::ZeroStepCosts costs = planner::zero_step_costs(shape, cal);
 
   planner::ZeroStepSpec spec;
