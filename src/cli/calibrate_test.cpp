@@ -2,6 +2,8 @@
 // and the collectives' lines under `meshtrain launch -n 2`; `meshtrain plan` reading it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -91,6 +93,70 @@ TEST(Plan, PredictsTheStepFromTheCalibrationAndRefusesWhatItDoesNotModel) {
   std::ofstream(cal) << "{}";
   EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal, &out, &err), 0);
   EXPECT_NE(err.find("no 'fits'"), std::string::npos) << err;
+}
+
+// plan --search and `"parallel": "auto"` at a calibration written by hand (GEMMs with a call
+// latency, so fewer micro-batches are faster): the ranking, a budget that removes the fastest
+// layout, and train choosing the search's first layout within planner.memory_gib.
+TEST(Plan, SearchRanksWhatFitsAndTrainResolvesAnAutoLayout) {
+  const std::string cal = dir() + "/hand-search.json", cfg = dir() + "/auto.json", data = dir() + "/chain";
+  mt::cli::testing::write_chain_dataset(data, 24);
+  std::ofstream(cal) << R"({"world": 1, "threads": 1, "fits": {
+    "gemm f32": {"latency_s": 1e-5, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 1e-5, "per_unit_s": 1e-9},
+    "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7}}})";
+  nlohmann::json c = nlohmann::json::parse(R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,
+    "n_embd": 48, "n_layer": 2, "n_head": 4}, "seq_length": 16, "train_iters": 2, "train_batch_size": 8,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "parallel": "auto", "zero_optimization": {"stage": "auto"},
+    "steps_per_print": 1})");
+  c["data"] = {{"train", data}};
+  c["planner"] = {{"calibration", cal}};
+  std::ofstream(cfg) << c.dump();
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --search --top 100 --json", &out, &err), 0) << err;
+  nlohmann::json all = nlohmann::json::parse(out);
+  EXPECT_EQ(all["considered"], 32);  // stages 0-3 x B in {1, 2, 4, 8} x recompute or not
+  ASSERT_EQ(all["ranked"].size(), 32u);
+  for (size_t i = 1; i < all["ranked"].size(); ++i)
+    EXPECT_LE(all["ranked"][i - 1]["step_s"].get<double>(), all["ranked"][i]["step_s"].get<double>());
+  EXPECT_EQ(all["ranked"][0]["micro_batch"], 8);
+  EXPECT_EQ(all["ranked"][0]["recompute"], false);
+
+  // A budget a byte under the fastest layout's peak.
+  const double budget_gib = (all["ranked"][0]["memory_bytes"].get<double>() - 1) / (1024.0 * 1024.0 * 1024.0);
+  char gib[64];
+  std::snprintf(gib, sizeof gib, "%.12f", budget_gib);
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --search --json --memory " + gib, &out, &err), 0) << err;
+  const nlohmann::json capped = nlohmann::json::parse(out);
+  ASSERT_FALSE(capped["ranked"].empty());
+  const nlohmann::json top = capped["ranked"][0];
+  EXPECT_LE(top["memory_bytes"].get<double>(), budget_gib * 1024.0 * 1024.0 * 1024.0 + 1);
+  EXPECT_NE(top, all["ranked"][0]);
+  EXPECT_FALSE(capped["rejected"].empty());
+
+  // train picks that layout under planner.memory_gib, says so, and trains it.
+  c["planner"]["memory_gib"] = budget_gib;
+  std::ofstream(cfg) << c.dump();
+  const std::string metrics = dir() + "/auto-metrics.jsonl";
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "train " + cfg + " --metrics " + metrics, &out, &err), 0) << err;
+  std::string chosen = "dp 1, ZeRO " + std::to_string(top["stage"].get<int>()) + ", B " + std::to_string(top["micro_batch"].get<int>());
+  if (top["accumulation"].get<int>() > 1) chosen += " x " + std::to_string(top["accumulation"].get<int>()) + " micro-batches";
+  if (top["recompute"].get<bool>()) chosen += ", recompute";
+  EXPECT_NE(err.find("auto: parallel, zero_optimization.stage -> " + chosen + ":"), std::string::npos) << err;
+  EXPECT_EQ(mt::cli::testing::metric_values(metrics, "loss").size(), 2u);
+  // The run's accounted peaks, category by category, are within the predicted figure.
+  double peaks = 0;
+  for (const char* k : {"params", "grads", "optimizer", "activations", "comm", "workspace"}) {
+    const auto v = mt::cli::testing::metric_values(metrics, std::string("peak_") + k + "_bytes");
+    ASSERT_FALSE(v.empty()) << k;
+    peaks += *std::max_element(v.begin(), v.end());
+  }
+  EXPECT_LE(peaks, top["memory_bytes"].get<double>());
+
+  // No calibration: one line naming the command that makes it.
+  c["planner"]["calibration"] = dir() + "/absent.json";
+  std::ofstream(cfg) << c.dump();
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "train " + cfg, &out, &err), 2);
+  EXPECT_NE(err.find("meshtrain calibrate -o"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -37,6 +37,19 @@ void add_layout_options(CLI::App* cmd, std::string& path, int& procs, std::vecto
 // That configuration resolved for procs processes, its warnings printed to stderr.
 engine::RunConfig load_layout_config(const std::string& path, const std::vector<std::string>& sets, int procs);
 
+// A run configuration loaded as train loads it, with what it leaves to the planner chosen by the
+// search (cli/plan.cpp, planner/search.h): `"parallel": "auto"` (the layout of the processes, and
+// with train_batch_size given and neither train_micro_batch_size_per_gpu nor
+// gradient_accumulation_steps a number, their split; with no activation_checkpointing block,
+// recompute), `zero_optimization.stage: "auto"` and `activation_checkpointing.enabled: "auto"`.
+// The choice is one line in the result's notes. Every rank computes the same choice from the same
+// files.
+engine::RunConfig load_planned_config(const engine::ConfigSources& src, int procs);
+// This binary's path (/proc/self/exe), for re-executing it (launch, plan --validate).
+std::string self_exe();
+// Physical memory of this host in bytes (0: unknown).
+size_t physical_memory_bytes();
+
 // The estimator's input for a run configuration on `procs` data-parallel ranks.
 planner::MemoryInput estimate_input(const engine::RunConfig& config, int procs, int pp_rank = 0);
 

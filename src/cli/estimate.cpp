@@ -33,10 +33,6 @@ struct EstimateOptions {
 constexpr MemCategory kColumns[] = {MemCategory::kParams, MemCategory::kGrads, MemCategory::kOptimizer,
                                     MemCategory::kActivations, MemCategory::kComm, MemCategory::kWorkspace};
 
-size_t physical_memory_bytes() {
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
-}
 
 // Loads the run configuration as train does; the estimate covers every stage whatever its
 // zero_optimization.stage says, with its stage-3 knobs.
@@ -212,6 +208,11 @@ void run_estimate(const EstimateOptions& o) {
 
 }  // namespace
 
+size_t physical_memory_bytes() {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
 planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int pp_rank) {
   planner::MemoryInput in;
   in.model = c.model;
@@ -260,8 +261,12 @@ void add_layout_options(CLI::App* cmd, std::string& path, int& procs, std::vecto
 }
 
 engine::RunConfig load_layout_config(const std::string& path, const std::vector<std::string>& sets, int procs) {
-  engine::RunConfig c = engine::ds_config_load(path, sets, procs);
+  engine::ConfigSources src;
+  src.config = path;
+  src.sets = sets;
+  engine::RunConfig c = load_planned_config(src, procs);
   for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  for (const auto& n : c.notes) std::fprintf(stderr, "auto: %s\n", n.c_str());
   return c;
 }
 

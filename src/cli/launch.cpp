@@ -97,13 +97,6 @@ int run_process(const std::vector<std::string>& argv) {
   return 1;
 }
 
-std::string self_exe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  MT_CHECK(!ec, ErrorKind::kInternal, "launch: cannot read /proc/self/exe: " + ec.message());
-  return p.string();
-}
-
 int run_launch(const LaunchArgs& a) {
   MT_CHECK(!a.rest.empty(), ErrorKind::kInvalidArgument, "launch: nothing to run: expected `-- SUBCOMMAND ARGS...`");
   MT_CHECK(a.n == -1 || a.n >= 1, ErrorKind::kInvalidArgument,
@@ -185,6 +178,13 @@ int run_launch(const LaunchArgs& a) {
 }
 
 }  // namespace
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  MT_CHECK(!ec, ErrorKind::kInternal, "launch: cannot read /proc/self/exe: " + ec.message());
+  return p.string();
+}
 
 void register_launch(CLI::App& app) {
   auto a = std::make_shared<LaunchArgs>();

@@ -1,9 +1,22 @@
-// meshtrain plan CONFIG [--procs N] [--calibration cal.json] [--set k=v]: the predicted step of
-// the configuration's layout (issue 14). The step program comes from the runtime's own ZeRO
-// schedule (planner/program.h), its times from the machine's calibration (`meshtrain calibrate`)
-// and the model's shapes (planner/cost.h); the simulator gives the step. So far: data parallelism
-// with ZeRO stages 0-3 in memory; other layouts are refused by name.
+// meshtrain plan CONFIG [--procs N] [--calibration cal.json] [--search] [--top K] [--memory GiB]
+// [--set k=v]: the predicted step of the configuration's layout, or (--search, or a configuration
+// that leaves its layout "auto") the layouts of N processes ranked by predicted step time within
+// the memory budget, with the families rejected and why (issue 14). The step program comes from
+// the runtime's own ZeRO schedule (planner/program.h), its times from the machine's calibration
+// (`meshtrain calibrate`) and the model's shapes (planner/cost.h); the simulator gives the step.
+// So far: data parallelism with ZeRO stages 0-3 in memory, micro-batch, accumulation and
+// recompute; tensor and pipeline parallelism and offload are refused by name.
+//
+// load_planned_config: the same search resolves "auto" layouts at train's start-up.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <cmath>
+#include <unistd.h>
+#include <random>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,21 +27,25 @@
 #include "cli/commands.h"
 #include "engine/ds_config.h"
 #include "engine/json_file.h"
-#include "planner/cost.h"
-#include "planner/memory.h"
-#include "planner/program.h"
-#include "planner/sim.h"
+#include "planner/search.h"
 
 namespace mt::cli {
 namespace {
 
 struct PlanOptions {
-  std::string path, calibration = "calibration.json";
+  std::string path, calibration;
   int procs = 1;
   std::vector<std::string> sets;
+  bool search = false, json = false;
+  int top = 5;
+  int validate = 0, steps = 6;
+  double memory_gib = 0.0;
 };
 
-planner::Calibration load_calibration(const std::string& path) {
+planner::Calibration load_calibration(const std::string& path, const std::string& key) {
+  MT_CHECK(std::filesystem::exists(path), ErrorKind::kNotFound,
+           key + ": " + path + " does not exist (meshtrain calibrate -o " + path +
+               " measures this machine; under meshtrain launch -n N -- for N ranks' collectives)");
   const nlohmann::json j = engine::json_load_file(path);
   MT_CHECK(j.contains("fits") && j["fits"].is_object(), ErrorKind::kInvalidArgument,
            path + ": no 'fits' (write it with meshtrain calibrate)");
@@ -42,60 +59,310 @@ planner::Calibration load_calibration(const std::string& path) {
   return cal;
 }
 
+// The job a configuration describes, its own layout as the base.
+planner::PlanJob plan_job(const engine::RunConfig& c, int procs) {
+  MT_CHECK(c.zero.offload_optimizer == "none" && c.zero.offload_param == "none", ErrorKind::kNotSupported,
+           "plan: offload's traffic is not in the cost model yet");
+  planner::PlanJob job;
+  job.memory = estimate_input(c, procs);
+  job.schedule.overlap_comm = c.zero.overlap_comm;
+  job.schedule.prefetch_elems = static_cast<size_t>(c.zero.stage3_prefetch_bucket_size);
+  job.schedule.persistence_threshold = static_cast<size_t>(c.zero.stage3_param_persistence_threshold);
+  job.schedule.max_live_elems = static_cast<size_t>(c.zero.stage3_max_live_parameters);
+  job.schedule.comm_dtype = c.comm_dtype;
+  job.bucket_elems = static_cast<size_t>(c.zero.reduce_bucket_size);
+  job.procs = procs;
+  job.global_batch = c.batch.train_batch_size;
+  job.base = planner::Layout{.dp = c.world_size, .tp = c.tp, .pp = c.pp, .stage = c.zero.stage,
+                             .micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu),
+                             .accumulation = static_cast<int>(c.batch.gradient_accumulation_steps),
+                             .recompute = c.activation_checkpointing};
+  return job;
+}
+
+size_t budget_bytes(double gib, int procs) {
+  if (gib > 0) return static_cast<size_t>(gib * 1024.0 * 1024.0 * 1024.0);
+  return physical_memory_bytes() / static_cast<size_t>(procs);
+}
+
+std::string gib(size_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+std::string prediction_line(const planner::Layout& l, const planner::Prediction& p) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s: %.4f s a step, %.0f tokens/s, %s a rank", l.describe().c_str(), p.step,
+                p.tokens_per_s, gib(p.memory).c_str());
+  return buf;
+}
+
+void print_search(const planner::SearchResult& r, int top, size_t budget, bool json) {
+  if (json) {
+    nlohmann::json j;
+    j["budget_bytes"] = budget;
+    j["considered"] = r.considered;
+    for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top; ++i) {
+      const auto& [l, p] = r.ranked[i];
+      j["ranked"].push_back({{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"stage", l.stage}, {"micro_batch", l.micro_batch},
+                             {"accumulation", l.accumulation}, {"recompute", l.recompute}, {"step_s", p.step},
+                             {"step_progress_s", p.step_progress}, {"tokens_per_s", p.tokens_per_s},
+                             {"memory_bytes", p.memory}});
+    }
+    j["rejected"] = r.rejected;
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("%d layout(s) considered, %zu within %s a rank; the fastest %d:\n", r.considered, r.ranked.size(),
+              gib(budget).c_str(), top);
+  std::printf("%4s  %-52s %10s %12s %11s\n", "rank", "layout", "step s", "tokens/s", "memory");
+  for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top; ++i) {
+    const auto& [l, p] = r.ranked[i];
+    std::printf("%4zu  %-52s %10.4f %12.0f %11s\n", i + 1, l.describe().c_str(), p.step, p.tokens_per_s,
+                gib(p.memory).c_str());
+  }
+  if (!r.rejected.empty()) {
+    std::printf("rejected:\n");
+    for (const std::string& why : r.rejected) std::printf("  %s\n", why.c_str());
+  }
+}
+
+// The --set overrides that make a configuration train `l`.
+std::vector<std::string> layout_sets(const planner::Layout& l) {
+  return {"parallel={\"tp\":" + std::to_string(l.tp) + ",\"pp\":" + std::to_string(l.pp) + "}",
+          "zero_optimization.stage=" + std::to_string(l.stage),
+          "train_micro_batch_size_per_gpu=" + std::to_string(l.micro_batch),
+          "gradient_accumulation_steps=" + std::to_string(l.accumulation),
+          std::string("activation_checkpointing.enabled=") + (l.recompute ? "true" : "false")};
+}
+
+struct Measured {
+  double step = 0.0;   // the median step of steps 3.. (seconds: the batch's tokens / tokens_per_s)
+  double memory = 0.0; // rank 0's accounted peaks, each category at its own, summed (bytes)
+};
+
+// Trains `l` for o.steps steps (under meshtrain launch when it has several processes) and reads its
+// --metrics file: tokens a step / tokens_per_s gives each step's seconds. Throws naming the layout
+// and its log when the run fails.
+Measured measure_layout(const PlanOptions& o, const planner::Layout& l, double tokens, const std::string& dir, int index) {
+  const std::string stem = dir + "/layout" + std::to_string(index), metrics = stem + ".jsonl", log = stem + ".log";
+  std::filesystem::remove(metrics);
+  std::string cmd = self_exe();
+  const int procs = l.dp * l.tp * l.pp;
+  if (procs > 1) cmd += " launch -n " + std::to_string(procs) + " --";
+  cmd += " train '" + o.path + "'";
+  std::vector<std::string> sets = o.sets;
+  for (const std::string& s : layout_sets(l)) sets.push_back(s);
+  for (const std::string& s : {std::string("train_iters=") + std::to_string(o.steps), std::string("save_dir="),
+                               std::string("eval_interval=0"), std::string("steps_per_print=1")})
+    sets.push_back(s);
+  for (const std::string& s : sets) cmd += " --set '" + s + "'";
+  cmd += " --metrics '" + metrics + "' > '" + log + "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  MT_CHECK(rc == 0, ErrorKind::kInternal, "plan --validate: " + l.describe() + " did not train (see " + log + ")");
+  std::vector<double> steps;
+  Measured m;
+  std::map<std::string, double> peaks;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("step", 0) >= 3 && j.value("tokens_per_s", 0.0) > 0) steps.push_back(tokens / j["tokens_per_s"].get<double>());
+    for (const auto& [k, v] : j.items())
+      if (k.rfind("peak_", 0) == 0 && v.is_number()) peaks[k] = std::max(peaks[k], v.get<double>());
+  }
+  MT_CHECK(!steps.empty(), ErrorKind::kInternal, "plan --validate: " + metrics + " has no step past the second");
+  std::sort(steps.begin(), steps.end());
+  m.step = steps.size() % 2 ? steps[steps.size() / 2] : 0.5 * (steps[steps.size() / 2 - 1] + steps[steps.size() / 2]);
+  for (const auto& [k, v] : peaks) m.memory += v;
+  return m;
+}
+
+// Kendall's tau-a of two orders.
+double kendall_tau(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  const size_t n = a.size();
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = i + 1; j < n; ++j) {
+      const double x = (a[i] - a[j]) * (b[i] - b[j]);
+      s += x > 0 ? 1 : x < 0 ? -1 : 0;
+    }
+  return n > 1 ? s / (0.5 * static_cast<double>(n) * static_cast<double>(n - 1)) : 1.0;
+}
+
+// plan --validate K: the search's first K layouts, K others drawn from the rest of those that fit,
+// and the configuration's own (when it fits), trained here; predicted against measured.
+void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::SearchResult& r) {
+  std::vector<size_t> picks;
+  for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < o.validate; ++i) picks.push_back(i);
+  std::vector<size_t> rest;
+  for (size_t i = picks.size(); i < r.ranked.size(); ++i) rest.push_back(i);
+  std::mt19937 rng(1);
+  std::shuffle(rest.begin(), rest.end(), rng);
+  for (size_t i = 0; i < rest.size() && static_cast<int>(i) < o.validate; ++i) picks.push_back(rest[i]);
+  for (size_t i = 0; i < r.ranked.size(); ++i) {
+    const planner::Layout& l = r.ranked[i].layout;
+    const planner::Layout& b = job.base;
+    if (l.dp == b.dp && l.tp == b.tp && l.pp == b.pp && l.stage == b.stage && l.micro_batch == b.micro_batch &&
+        l.recompute == b.recompute && std::find(picks.begin(), picks.end(), i) == picks.end())
+      picks.push_back(i);
+  }
+  std::sort(picks.begin(), picks.end());
+  const std::string dir = (std::filesystem::temp_directory_path() / ("meshtrain-validate-" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  const double tokens = static_cast<double>(job.global_batch) * job.memory.seq_length;
+  std::printf("%4s  %-48s %10s %10s %7s %11s %11s %7s\n", "rank", "layout", "predicted", "measured", "error",
+              "memory", "measured", "error");
+  std::vector<double> predicted, measured, step_errors, memory_errors;
+  for (size_t i : picks) {
+    const auto& [l, p] = r.ranked[i];
+    const Measured m = measure_layout(o, l, tokens, dir, static_cast<int>(i));
+    predicted.push_back(p.step);
+    measured.push_back(m.step);
+    step_errors.push_back(std::abs(p.step / m.step - 1));
+    memory_errors.push_back(m.memory > 0 ? std::abs(static_cast<double>(p.memory_train) / m.memory - 1) : 0.0);
+    std::printf("%4zu  %-48s %9.4fs %9.4fs %+6.1f%% %11s %11s %+6.1f%%\n", i + 1, l.describe().c_str(), p.step, m.step,
+                100 * (p.step / m.step - 1), gib(p.memory_train).c_str(), gib(static_cast<size_t>(m.memory)).c_str(),
+                m.memory > 0 ? 100 * (static_cast<double>(p.memory_train) / m.memory - 1) : 0.0);
+    std::fflush(stdout);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  const double best = *std::min_element(measured.begin(), measured.end());
+  std::printf("step error: median %.1f%%, worst %.1f%%; memory error: median %.1f%%, worst %.1f%%; Kendall's tau %.2f\n",
+              100 * median(step_errors), 100 * *std::max_element(step_errors.begin(), step_errors.end()),
+              100 * median(memory_errors), 100 * *std::max_element(memory_errors.begin(), memory_errors.end()),
+              kendall_tau(predicted, measured));
+  std::printf("the chosen layout (rank 1) measured %.4f s, %.1f%% over the best measured (%.4f s)\n", measured.front(),
+              100 * (measured.front() / best - 1), best);
+  std::filesystem::remove_all(dir);
+}
+
 void run_plan(const PlanOptions& o) {
   const engine::RunConfig c = load_layout_config(o.path, o.sets, o.procs);
-  MT_CHECK(c.tp == 1 && c.pp == 1, ErrorKind::kNotSupported,
-           "plan: tensor and pipeline parallelism are not in the cost model yet (data parallelism with ZeRO 0-3 is)");
-  MT_CHECK(c.zero.offload_optimizer == "none" && c.zero.offload_param == "none", ErrorKind::kNotSupported,
-           "plan: offload's disk traffic is not in the cost model yet");
-  const planner::Calibration cal = load_calibration(o.calibration);
+  const std::string cal_path = o.calibration.empty() ? c.planner.calibration : o.calibration;
+  const planner::Calibration cal = load_calibration(cal_path, o.calibration.empty() ? "planner.calibration" : "--calibration");
+  const planner::PlanJob job = plan_job(c, o.procs);
+  const size_t budget = budget_bytes(o.memory_gib > 0 ? o.memory_gib : c.planner.memory_gib, o.procs);
+  if (o.search) {
+    planner::SearchSpace all;
+    all.parallel = all.stage = all.batch = all.recompute = true;
+    const planner::SearchResult r = planner::search_layouts(job, all, budget, cal);
+    print_search(r, o.top, budget, o.json);
+    MT_CHECK(o.validate == 0 || !r.ranked.empty(), ErrorKind::kInvalidArgument, "plan --validate: no layout fits");
+    if (o.validate > 0) validate(o, job, r);
+    return;
+  }
   MT_CHECK(c.world_size == 1 || cal.world >= 2, ErrorKind::kInvalidArgument,
-           o.calibration + ": its collectives were not measured (calibrate under meshtrain launch -n 2 or more)");
-
-  // The step's shape as the estimator reads the configuration.
-  const planner::MemoryInput in = estimate_input(c, o.procs);
-  const planner::StepShape shape{.model = in.model, .micro_batch = in.micro_batch, .seq_length = in.seq_length,
-                                 .compute = in.compute_dtype, .world = in.world, .vocab_divisible = in.vocab_divisible};
-  const planner::ZeroStepCosts costs = planner::zero_step_costs(shape, cal);
-
-  planner::ZeroStepSpec spec;
-  spec.units = planner::model_units(c.model, 1, c.vocab_divisible);
-  spec.world = c.world_size;
-  spec.schedule.stage = c.zero.stage;
-  spec.schedule.overlap_comm = c.zero.overlap_comm;
-  spec.schedule.prefetch_elems = static_cast<size_t>(c.zero.stage3_prefetch_bucket_size);
-  spec.schedule.persistence_threshold = static_cast<size_t>(c.zero.stage3_param_persistence_threshold);
-  spec.schedule.max_live_elems = static_cast<size_t>(c.zero.stage3_max_live_parameters);
-  spec.schedule.comm_dtype = c.comm_dtype;
-  spec.bucket_elems = static_cast<size_t>(c.zero.reduce_bucket_size);
-  spec.micro_batches = static_cast<int>(c.batch.gradient_accumulation_steps);
-  spec.tied_head = c.model.tie_embeddings;
-  spec.low_precision = c.compute_dtype != DType::kF32;
-  const planner::SimProgram program = planner::zero_step_program(spec, costs);
-  const planner::SimReport fast = planner::simulate(program);
-  planner::SimOptions no_progress;
-  no_progress.progress = false;
-  const planner::SimReport slow = planner::simulate(program, no_progress);
-
-  double fwd = 0, bwd = costs.head_backward;
-  for (size_t u = 0; u < costs.forward.size(); ++u) fwd += costs.forward[u], bwd += costs.backward[u];
-  std::printf("layout       dp %d, ZeRO stage %d, %d micro-batch(es) of B=%d T=%d, %s\n", c.world_size, c.zero.stage,
-              spec.micro_batches, shape.micro_batch, shape.seq_length, dtype_name(c.compute_dtype));
-  std::printf("calibration  %s (%d rank(s) x %d thread(s))\n", o.calibration.c_str(), cal.world, cal.threads);
-  std::printf("passes       forward %.4f s, backward %.4f s per micro-batch (GEMMs, attention, elementwise)\n", fwd, bwd);
-  std::printf("step         %.6f s predicted (%.6f s if MPI moves a nonblocking collective only inside its wait); "
+           cal_path + ": its collectives were not measured (calibrate under meshtrain launch -n 2 or more)");
+  const planner::Prediction p = planner::predict_layout(job, job.base, cal);
+  if (o.json) {
+    std::printf("%s\n", nlohmann::json{{"step_s", p.step}, {"step_progress_s", p.step_progress},
+                                       {"forward_s", p.forward}, {"backward_s", p.backward},
+                                       {"tokens_per_s", p.tokens_per_s}, {"memory_bytes", p.memory}}
+                            .dump(2)
+                            .c_str());
+    return;
+  }
+  std::printf("layout       %s (train_batch_size %lld, T=%d, %s)\n", job.base.describe().c_str(),
+              static_cast<long long>(job.global_batch), job.memory.seq_length, dtype_name(c.compute_dtype));
+  std::printf("calibration  %s (%d rank(s) x %d thread(s))\n", cal_path.c_str(), cal.world, cal.threads);
+  std::printf("passes       forward %.4f s, backward %.4f s per micro-batch (GEMMs, attention, elementwise)\n", p.forward,
+              p.backward);
+  std::printf("step         %.6f s predicted (%.6f s if MPI moved a nonblocking collective beside compute); "
               "rank 0 computes %.4f s, its communication stream is busy %.4f s\n",
-              fast.makespan, slow.makespan, fast.compute[0], fast.comm[0]);
+              p.step, p.step_progress, p.compute, p.comm);
+  std::printf("memory       %s a rank at its peak (the estimate's replay)%s\n", gib(p.memory).c_str(),
+              p.memory > budget ? (", over the budget of " + gib(budget)).c_str() : "");
 }
+
+bool is_auto(const nlohmann::json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_string() && j[key] == "auto";
+}
+bool is_number(const nlohmann::json& j, const char* key) { return j.contains(key) && j[key].is_number(); }
 
 }  // namespace
 
+engine::RunConfig load_planned_config(const engine::ConfigSources& src, int procs) {
+  const nlohmann::json j = engine::ds_config_compose(src);
+  planner::SearchSpace space;
+  engine::ConfigSources base = src;  // the configuration with placeholders for what is searched
+  std::vector<std::string> keys;     // what the configuration left to the planner
+  if (is_auto(j, "parallel")) {
+    space.parallel = true;
+    keys.push_back("parallel");
+    base.sets.push_back("parallel={}");
+    if (is_number(j, "train_batch_size") && !is_number(j, "train_micro_batch_size_per_gpu") &&
+        !is_number(j, "gradient_accumulation_steps")) {
+      space.batch = true;
+      const int64_t tbs = j["train_batch_size"].get<int64_t>();
+      if (tbs > 0 && tbs % procs == 0) {
+        base.sets.push_back("train_micro_batch_size_per_gpu=" + std::to_string(tbs / procs));
+        base.sets.push_back("gradient_accumulation_steps=1");
+      }
+    }
+    if (!j.contains("activation_checkpointing")) space.recompute = true;
+  }
+  if (j.contains("zero_optimization") && is_auto(j["zero_optimization"], "stage")) {
+    space.stage = true;
+    keys.push_back("zero_optimization.stage");
+    base.sets.push_back("zero_optimization.stage=0");
+  }
+  if (j.contains("activation_checkpointing") && is_auto(j["activation_checkpointing"], "enabled")) {
+    space.recompute = true;
+    keys.push_back("activation_checkpointing.enabled");
+    base.sets.push_back("activation_checkpointing.enabled=false");
+  }
+  if (keys.empty()) return engine::ds_config_load(src, procs);
+
+  const engine::RunConfig c = engine::ds_config_load(base, procs);
+  const planner::Calibration cal = load_calibration(c.planner.calibration, "planner.calibration");
+  const size_t budget = budget_bytes(c.planner.memory_gib, procs);
+  const planner::SearchResult r = planner::search_layouts(plan_job(c, procs), space, budget, cal);
+  if (r.ranked.empty()) {
+    std::string why;
+    for (const std::string& w : r.rejected) why += "; " + w;
+    throw Error(ErrorKind::kInvalidArgument, "the planner found no layout of " + std::to_string(procs) +
+                                                 " process(es) within " + gib(budget) + " a rank" + why);
+  }
+  const auto& [l, p] = r.ranked.front();
+  engine::ConfigSources chosen = base;
+  if (space.parallel) chosen.sets.push_back("parallel={\"tp\":" + std::to_string(l.tp) + ",\"pp\":" + std::to_string(l.pp) + "}");
+  if (space.stage) chosen.sets.push_back("zero_optimization.stage=" + std::to_string(l.stage));
+  if (space.batch) {
+    chosen.sets.push_back("train_micro_batch_size_per_gpu=" + std::to_string(l.micro_batch));
+    chosen.sets.push_back("gradient_accumulation_steps=" + std::to_string(l.accumulation));
+  }
+  if (space.recompute) chosen.sets.push_back(std::string("activation_checkpointing.enabled=") + (l.recompute ? "true" : "false"));
+  engine::RunConfig out = engine::ds_config_load(chosen, procs);
+  std::string left;
+  for (const std::string& k : keys) left += (left.empty() ? "" : ", ") + k;
+  out.notes.push_back(left + " -> " + prediction_line(l, p) + " predicted (the fastest of " + std::to_string(r.ranked.size()) +
+                      " layouts within " + gib(budget) + " a rank; " + c.planner.calibration + ")");
+  return out;
+}
+
 void register_plan(CLI::App& app) {
-  auto* cmd = app.add_subcommand("plan", "Predict the step time of a configuration's layout from the calibration");
+  auto* cmd = app.add_subcommand("plan", "Predict a layout's step from the calibration, or search the layouts (--search)");
   auto o = std::make_shared<PlanOptions>();
   add_layout_options(cmd, o->path, o->procs, o->sets);
-  cmd->add_option("--calibration", o->calibration, "meshtrain calibrate's JSON (default calibration.json)");
-  cmd->callback([o] { run_plan(*o); });
+  cmd->add_option("--calibration", o->calibration, "meshtrain calibrate's JSON (default: planner.calibration, calibration.json)");
+  cmd->add_flag("--search", o->search, "rank every layout of --procs processes that fits (dp, ZeRO stage, micro-batch, recompute)");
+  cmd->add_option("--top", o->top, "layouts to print with --search (default 5)")->check(CLI::PositiveNumber);
+  cmd->add_option("--memory", o->memory_gib, "memory per rank in GiB (default: planner.memory_gib, else physical RAM / procs)");
+  cmd->add_option("--validate", o->validate,
+                  "with --search: train the first K layouts, K others that fit and the configured one here, "
+                  "and print predicted against measured")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--steps", o->steps, "steps each --validate run trains (default 6; steps 3.. are measured)")
+      ->check(CLI::Range(3, 1000));
+  cmd->add_flag("--json", o->json, "print JSON");
+  cmd->callback([o] {
+    if (o->validate > 0) o->search = true;
+    run_plan(*o);
+  });
 }
 
 }  // namespace mt::cli

@@ -448,7 +448,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
 void run_train(const TrainArgs& args) {
   std::shared_ptr<comm::Backend> world = mpi_world();
   if (!world) {
-    engine::RunConfig cfg = engine::ds_config_load(args.src);
+    engine::RunConfig cfg = load_planned_config(args.src, 1);
     bool started = false;
     try {
       train_loop(args, cfg, nullptr, started);
@@ -460,7 +460,7 @@ void run_train(const TrainArgs& args) {
   bool started = false;
   int stop_code = 0;
   try {
-    engine::RunConfig cfg = engine::ds_config_load(args.src, world->size());
+    engine::RunConfig cfg = load_planned_config(args.src, world->size());
     train_loop(args, cfg, world, started);
   } catch (const StopRequested& s) {
     stop_code = 128 + s.signal;

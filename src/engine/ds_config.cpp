@@ -679,7 +679,7 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
   if (!root.has("parallel")) {
     if (stages > 0) c.pp = static_cast<int>(stages);
   } else {
-    MT_CHECK(!root.is_auto("parallel"), ErrorKind::kNotSupported, "parallel: \"auto\" needs the planner, which is not implemented yet");
+    MT_CHECK(!root.is_auto("parallel"), ErrorKind::kNotSupported, "parallel: \"auto\" is chosen by the planner in meshtrain train, plan and estimate (planner.calibration)");
     Section p = root.sub("parallel");
     int64_t tp = p.integer("tp", 1);
     MT_CHECK(tp >= 1, ErrorKind::kInvalidArgument, p.where("tp") + ": must be >= 1 (got " + std::to_string(tp) + ")");
@@ -1129,6 +1129,14 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
              a.where("use_gds") + ": GPUDirect Storage is not supported (the swap goes through host memory)");
     a.unparsed("intra_op_parallelism", Unparsed::kWarn);
     a.finish();
+  }
+  if (root.has("planner")) {  // our key: what "auto" layouts are planned with (cli/plan.cpp)
+    Section p = root.sub("planner");
+    c.planner.calibration = p.string("calibration", c.planner.calibration);
+    c.planner.memory_gib = p.number("memory_gib", 0.0);
+    MT_CHECK(std::isfinite(c.planner.memory_gib) && c.planner.memory_gib >= 0.0, ErrorKind::kInvalidArgument,
+             p.where("memory_gib") + ": must be a non-negative number of GiB (0: physical memory / processes)");
+    p.finish();
   }
   for (const char* k : {"tensorboard", "wandb", "comet", "autotuning",
                         "checkpoint", "memory_breakdown", "dump_state", "zero_force_ds_cpu_optimizer",

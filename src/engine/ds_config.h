@@ -162,6 +162,14 @@ struct RunConfig {
     std::string output_path, job_name = "DeepSpeedJobName";
   } csv_monitor;
   FlopsProfilerConfig flops_profiler;
+  // planner (our key): the search behind "auto" layouts (`parallel: "auto"`,
+  // zero_optimization.stage "auto", activation_checkpointing.enabled "auto"; cli/plan.cpp) reads
+  // this calibration (`meshtrain calibrate -o FILE`) and keeps every rank within memory_gib
+  // (0: physical memory / processes).
+  struct Planner {
+    std::string calibration = "calibration.json";
+    double memory_gib = 0.0;
+  } planner;
   std::vector<std::string> warnings;  // one line each, already worded
   std::vector<std::string> notes;     // each "auto" resolved, one line each
 };

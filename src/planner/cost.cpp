@@ -56,7 +56,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
                  + (8 + e) * N * d.G;      // the activation: f32 in (GELU) or gate and up (SwiGLU)
   if (llama) bytes += 8 * N * (d.A + d.NKV * d.HS);  // RoPE on q and k
   const double block_fwd = gemms + attention + mem * bytes;
-  const double block_bwd = gemms_bwd + attention_bwd + 2 * mem * bytes;
+  const double block_bwd = gemms_bwd + attention_bwd + 2 * mem * bytes + (s.recompute ? block_fwd : 0.0);
 
   // The embeddings: a row gather (and GPT-2's positions added); the backward scatters them back.
   const double emb = mem * 12 * N * C;

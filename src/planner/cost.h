@@ -12,6 +12,7 @@
 //   collectives  the calibrated all_gather / reduce_scatter lines by bytes a rank (one rank: a
 //                local copy at the memory rate)
 // The head's backward (its own hooks) is the head GEMM's two backward GEMMs and the loss's bytes.
+// Recompute (models' activation checkpointing, per block) adds a block's forward to its backward.
 #pragma once
 
 #include "models/config.h"
@@ -28,6 +29,7 @@ struct StepShape {
   DType compute = DType::kF32;
   int world = 1;        // data-parallel ranks
   int vocab_divisible = 128;
+  bool recompute = false;  // activation checkpointing: each block's backward runs its forward again first
 };
 
 // FLOPs of one block's GEMMs in the forward (the textbook 24·N·C² for GPT-2's 4C MLP, without

@@ -1,0 +1,200 @@
+#include "planner/search.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include "base/error.h"
+#include "planner/sim.h"
+
+namespace mt::planner {
+namespace {
+
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+void check_layout(const PlanJob& job, const Layout& l) {
+  MT_CHECK(l.tp == 1 && l.pp == 1, ErrorKind::kNotSupported,
+           "plan: tensor and pipeline parallelism are not in the cost model yet (data parallelism with ZeRO 0-3 is)");
+  MT_CHECK(!job.memory.zero.optimizer_nvme && !job.memory.zero.param_nvme, ErrorKind::kNotSupported,
+           "plan: offload's disk traffic is not in the cost model yet");
+  MT_CHECK(l.dp >= 1 && l.dp * l.tp * l.pp == job.procs, ErrorKind::kInvalidArgument,
+           "plan: dp " + std::to_string(l.dp) + " x tp " + std::to_string(l.tp) + " x pp " + std::to_string(l.pp) +
+               " is not the job's " + std::to_string(job.procs) + " process(es)");
+  MT_CHECK(l.stage >= 0 && l.stage <= 3, ErrorKind::kInvalidArgument, "plan: ZeRO stage must be 0-3");
+  MT_CHECK(l.micro_batch >= 1 && l.accumulation >= 1 &&
+               static_cast<int64_t>(l.dp) * l.micro_batch * l.accumulation == job.global_batch,
+           ErrorKind::kInvalidArgument,
+           "plan: dp " + std::to_string(l.dp) + " x B " + std::to_string(l.micro_batch) + " x accumulation " +
+               std::to_string(l.accumulation) + " is not train_batch_size " + std::to_string(job.global_batch));
+}
+
+MemoryInput layout_memory_input(const PlanJob& job, const Layout& l) {
+  MemoryInput in = job.memory;
+  in.world = l.dp;
+  in.tp = 1;
+  in.pp = 1;
+  in.pp_rank = 0;
+  in.chunks.clear();
+  in.first_stage = in.last_stage = true;
+  in.slots = 1;
+  in.grads_sent = 0;
+  in.micro_batch = l.micro_batch;
+  in.recompute = l.recompute;
+  in.zero.accumulation = l.accumulation > 1;
+  return in;
+}
+
+size_t layout_memory(const PlanJob& job, const Layout& l, size_t* train = nullptr) {
+  const StageEstimate e = estimate_stage(layout_memory_input(job, l), l.stage);
+  if (train) *train = e.ours.total();
+  return std::max(e.ours.total(), e.setup.total());
+}
+
+Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal) {
+  const MemoryInput& m = job.memory;
+  const StepShape shape{.model = m.model, .micro_batch = l.micro_batch, .seq_length = m.seq_length,
+                        .compute = m.compute_dtype, .world = l.dp, .vocab_divisible = m.vocab_divisible,
+                        .recompute = l.recompute};
+  const ZeroStepCosts costs = zero_step_costs(shape, cal);
+  ZeroStepSpec spec;
+  spec.units = model_units(m.model, 1, m.vocab_divisible);
+  spec.world = l.dp;
+  spec.schedule = job.schedule;
+  spec.schedule.stage = l.stage;
+  spec.bucket_elems = job.bucket_elems;
+  spec.micro_batches = l.accumulation;
+  spec.tied_head = m.model.tie_embeddings;
+  spec.low_precision = m.compute_dtype != DType::kF32;
+  const SimProgram program = zero_step_program(spec, costs);
+  SimOptions no_progress;
+  no_progress.progress = false;
+  const SimReport slow = simulate(program, no_progress);
+  const SimReport fast = simulate(program);
+  Prediction p;
+  p.step = slow.makespan;
+  p.step_progress = fast.makespan;
+  p.compute = slow.compute[0];
+  p.comm = slow.comm[0];
+  p.backward = costs.head_backward;
+  for (size_t u = 0; u < costs.forward.size(); ++u) p.forward += costs.forward[u], p.backward += costs.backward[u];
+  p.tokens_per_s = p.step > 0 ? static_cast<double>(job.global_batch) * m.seq_length / p.step : 0.0;
+  return p;
+}
+
+}  // namespace
+
+std::string Layout::describe() const {
+  std::string s = "dp " + std::to_string(dp);
+  if (tp > 1) s += ", tp " + std::to_string(tp);
+  if (pp > 1) s += ", pp " + std::to_string(pp);
+  s += ", ZeRO " + std::to_string(stage) + ", B " + std::to_string(micro_batch);
+  if (accumulation > 1) s += " x " + std::to_string(accumulation) + " micro-batches";
+  if (recompute) s += ", recompute";
+  return s;
+}
+
+Prediction predict_layout(const PlanJob& job, const Layout& layout, const Calibration& cal) {
+  check_layout(job, layout);
+  Prediction p = time_layout(job, layout, cal);
+  p.memory = layout_memory(job, layout, &p.memory_train);
+  return p;
+}
+
+SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t budget, const Calibration& cal) {
+  MT_CHECK(job.procs >= 1 && job.global_batch >= 1, ErrorKind::kInvalidArgument,
+           "plan: the job needs at least one process and one sample a step");
+  MT_CHECK(!job.memory.zero.optimizer_nvme && !job.memory.zero.param_nvme, ErrorKind::kNotSupported,
+           "plan: offload's disk traffic is not in the cost model yet (search without offload_optimizer/offload_param nvme)");
+  SearchResult r;
+  std::vector<std::pair<int, int>> grids;  // (tp, pp)
+  if (space.parallel) {
+    for (int64_t tp : divisors(job.procs))
+      for (int64_t pp : divisors(job.procs / tp)) grids.emplace_back(static_cast<int>(tp), static_cast<int>(pp));
+  } else {
+    grids.emplace_back(job.base.tp, job.base.pp);
+  }
+  for (auto [tp, pp] : grids) {
+    const int dp = job.procs / (tp * pp);
+    const std::string family = "dp " + std::to_string(dp) + (tp > 1 ? ", tp " + std::to_string(tp) : "") +
+                               (pp > 1 ? ", pp " + std::to_string(pp) : "");
+    if (tp > 1) {
+      r.rejected.push_back(family + ": tensor parallelism's step program (its collectives inside the blocks) is not in the cost model yet");
+      continue;
+    }
+    if (pp > 1) {
+      r.rejected.push_back(family + ": the pipeline's program is not timed by the cost model yet");
+      continue;
+    }
+    if (job.global_batch % dp != 0) {
+      r.rejected.push_back(family + ": " + std::to_string(dp) + " ranks do not divide train_batch_size " +
+                           std::to_string(job.global_batch));
+      continue;
+    }
+    if (dp > 1 && cal.world < 2) {
+      r.rejected.push_back(family + ": the calibration has no collectives (calibrate under meshtrain launch -n " +
+                           std::to_string(dp) + ")");
+      continue;
+    }
+    const int64_t share = job.global_batch / dp;
+    std::vector<int64_t> batches;
+    if (space.batch) {
+      batches = divisors(share);
+    } else if (share % job.base.micro_batch == 0) {
+      batches = {job.base.micro_batch};
+    } else {
+      r.rejected.push_back(family + ": B " + std::to_string(job.base.micro_batch) + " does not divide the rank's " +
+                           std::to_string(share) + " samples");
+      continue;
+    }
+    std::vector<int> stages = space.stage ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{job.base.stage};
+    std::vector<bool> recomputes = space.recompute ? std::vector<bool>{false, true} : std::vector<bool>{job.base.recompute};
+    for (int stage : stages)
+      for (bool rec : recomputes) {
+        int over_from = 0, over_count = 0;
+        size_t over_bytes = 0;
+        for (int64_t B : batches) {
+          Layout l{.dp = dp, .tp = tp, .pp = pp, .stage = stage, .micro_batch = static_cast<int>(B),
+                   .accumulation = static_cast<int>(share / B), .recompute = rec};
+          ++r.considered;
+          check_layout(job, l);
+          size_t train = 0;
+          const size_t bytes = layout_memory(job, l, &train);
+          if (bytes > budget) {
+            if (over_count++ == 0) over_from = static_cast<int>(B), over_bytes = bytes;
+            continue;
+          }
+          Prediction p = time_layout(job, l, cal);
+          p.memory = bytes;
+          p.memory_train = train;
+          r.ranked.push_back({l, p});
+        }
+        if (over_count) {
+          const std::string what = family + ", ZeRO " + std::to_string(stage) + (rec ? ", recompute" : "");
+          r.rejected.push_back(what + ": " +
+                               (over_count == static_cast<int>(batches.size())
+                                    ? std::string("every micro-batch")
+                                    : std::to_string(over_count) + " of " + std::to_string(batches.size()) + " micro-batch sizes") +
+                               " over the budget of " + gib(budget) + " (B " + std::to_string(over_from) + " needs " +
+                               gib(over_bytes) + ")");
+        }
+      }
+  }
+  std::stable_sort(r.ranked.begin(), r.ranked.end(), [](const RankedLayout& a, const RankedLayout& b) {
+    if (a.prediction.step != b.prediction.step) return a.prediction.step < b.prediction.step;
+    return a.prediction.memory < b.prediction.memory;
+  });
+  return r;
+}
+
+}  // namespace mt::planner

@@ -1,0 +1,85 @@
+// The layout search (issue 14): every layout of a job's processes that the cost model can time,
+// each checked against the memory budget first (planner/memory.h, the replay `estimate` prints),
+// then timed by simulating its step program (planner/program.h with planner/cost.h's times), and
+// ranked by predicted step time. The global batch (train_batch_size) is fixed: a layout splits it
+// into data-parallel ranks × micro-batches × accumulation steps, so every layout trains the same
+// samples per step and step time orders them as tokens/s does.
+//
+// Searched, where the caller leaves them free: the ZeRO stage (0-3), the micro-batch B with its
+// accumulation (every divisor of the rank's share of the batch), and recompute (activation
+// checkpointing). Families the cost model cannot time yet (tensor and pipeline parallelism) are
+// reported as rejected with that reason, as are layouts over the budget and shares that do not
+// divide the batch. Pure: the calibration comes from the caller.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/zero/schedule.h"
+#include "planner/calibrate.h"
+#include "planner/cost.h"
+#include "planner/memory.h"
+#include "planner/program.h"
+
+namespace mt::planner {
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1;
+  int stage = 0;
+  int micro_batch = 1, accumulation = 1;
+  bool recompute = false;
+  std::string describe() const;  // "dp 2, ZeRO 1, B 4 x 2, recompute"
+};
+
+// The job: what every layout shares (the configuration's model, sequence, dtype, optimizer and
+// ZeRO knobs), its processes and global batch, and its own layout (the fixed values of what is not
+// searched).
+struct PlanJob {
+  MemoryInput memory;                  // estimate_input's reading; its layout fields are replaced per layout
+  parallel::ZeroScheduleOptions schedule;  // overlap_comm, stage-3 knobs, comm dtype (stage: per layout)
+  size_t bucket_elems = 500'000'000;   // reduce_bucket_size (stage 0)
+  int procs = 1;
+  int64_t global_batch = 1;            // train_batch_size: samples per optimizer step
+  Layout base;                         // the configuration's own layout
+};
+
+// What the search may change (false: the base's value).
+struct SearchSpace {
+  bool parallel = false;   // dp x tp x pp (today dp = procs only: tp and pp are reported rejected)
+  bool stage = false;
+  bool batch = false;      // micro-batch and accumulation, their product fixed by the global batch
+  bool recompute = false;
+};
+
+struct Prediction {
+  double step = 0.0;           // seconds: MPI moves a nonblocking collective only inside its wait
+  double step_progress = 0.0;  // seconds if it moved beside compute (a progress thread)
+  double forward = 0.0, backward = 0.0;  // one micro-batch's passes (compute only)
+  double compute = 0.0, comm = 0.0;      // rank 0's compute and communication-stream seconds (no progress)
+  size_t memory = 0;           // bytes per rank at its peak: max(training step, engine setup)
+  size_t memory_train = 0;     // bytes per rank in training steps (every category at its peak)
+  double tokens_per_s = 0.0;   // global batch x T / step
+};
+
+// The predicted step and memory of one layout. Throws kNotSupported for tp or pp > 1 (not in the
+// cost model yet) and kInvalidArgument when the layout does not split the job's batch.
+Prediction predict_layout(const PlanJob& job, const Layout& layout, const Calibration& cal);
+
+struct RankedLayout {
+  Layout layout;
+  Prediction prediction;
+};
+
+struct SearchResult {
+  std::vector<RankedLayout> ranked;  // feasible layouts, fastest first (ties: less memory first)
+  std::vector<std::string> rejected; // one line per rejected family or layout group, with why
+  int considered = 0;                // layouts enumerated (feasible or not)
+};
+
+// Layouts for job.procs processes within budget bytes per rank. Every feasible layout is ranked
+// (the caller prints the top k).
+SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t budget, const Calibration& cal);
+
+}  // namespace mt::planner

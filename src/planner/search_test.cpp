@@ -1,0 +1,159 @@
+// The layout search on a hand-written calibration: what must hold whatever the machine (the memory
+// budget is a hard limit, recompute only costs time, a per-call latency makes fewer micro-batches
+// faster, a priced collective moves the choice off the naive layout) and the rejections' reasons.
+#include "planner/search.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "models/config.h"
+
+namespace mt::planner {
+namespace {
+
+models::ModelConfig tiny_gpt2() {
+  models::ModelConfig m;
+  m.arch = models::Arch::kGpt2;
+  m.vocab_size = 97;
+  m.hidden = 48;
+  m.n_layer = 2;
+  m.n_head = 4;
+  m.n_kv_head = 4;
+  m.intermediate = 192;
+  m.max_positions = 32;
+  return m;
+}
+
+// GEMMs and attention at 1e-9 s a FLOP plus 1e-5 s a call, free memory traffic, AdamW 1e-7 s an
+// element; collectives (two ranks) at 1e-9 s a byte.
+Calibration hand_calibration(int world) {
+  Calibration c;
+  c.world = world;
+  c.fits["gemm f32"] = {1e-5, 1e-9};
+  c.fits["gemm bf16"] = {1e-5, 1e-9};
+  c.fits["memory"] = {0.0, 0.0};
+  c.fits["adamw"] = {0.0, 1e-7};
+  if (world > 1)
+    for (const char* f : {"all_reduce", "all_gather", "reduce_scatter"}) c.fits[f] = {0.0, 1e-9};
+  return c;
+}
+
+PlanJob tiny_job(int procs, int64_t global_batch) {
+  PlanJob job;
+  job.memory.model = tiny_gpt2();
+  job.memory.seq_length = 16;
+  job.memory.compute_dtype = DType::kF32;
+  job.memory.optimizer_states = 2;
+  job.procs = procs;
+  job.global_batch = global_batch;
+  job.base = Layout{.dp = procs, .stage = 0, .micro_batch = static_cast<int>(global_batch / procs)};
+  return job;
+}
+
+SearchSpace everything() {
+  SearchSpace s;
+  s.parallel = s.stage = s.batch = s.recompute = true;
+  return s;
+}
+
+TEST(Search, RanksEveryLayoutByItsSimulatedStepAndFewerMicroBatchesWinWithACallLatency) {
+  const PlanJob job = tiny_job(1, 8);
+  const Calibration cal = hand_calibration(1);
+  const SearchResult r = search_layouts(job, everything(), size_t{1} << 40, cal);
+  // 4 stages x B in {1, 2, 4, 8} x recompute or not, all within a terabyte.
+  EXPECT_EQ(r.considered, 4 * 4 * 2);
+  ASSERT_EQ(r.ranked.size(), 32u);
+  EXPECT_TRUE(r.rejected.empty());
+  for (size_t i = 0; i < r.ranked.size(); ++i) {
+    const RankedLayout& x = r.ranked[i];
+    EXPECT_DOUBLE_EQ(x.prediction.step, predict_layout(job, x.layout, cal).step) << x.layout.describe();
+    EXPECT_EQ(x.prediction.memory, predict_layout(job, x.layout, cal).memory);
+    if (i) {
+      EXPECT_LE(r.ranked[i - 1].prediction.step, x.prediction.step);
+    }
+    EXPECT_NEAR(x.prediction.tokens_per_s, 8.0 * 16 / x.prediction.step, 1e-6 * x.prediction.tokens_per_s);
+  }
+  // The FLOPs are the same for every split; each micro-batch pays every GEMM's call latency again.
+  EXPECT_EQ(r.ranked.front().layout.micro_batch, 8);
+  EXPECT_EQ(r.ranked.front().layout.accumulation, 1);
+  EXPECT_FALSE(r.ranked.front().layout.recompute);
+  // Recompute runs each block's forward again: never faster than the same layout without it.
+  for (const RankedLayout& a : r.ranked) {
+    if (!a.layout.recompute) continue;
+    {
+      Layout b = a.layout;
+      b.recompute = false;
+      EXPECT_GT(a.prediction.step, predict_layout(job, b, cal).step) << a.layout.describe();
+      EXPECT_LT(a.prediction.memory_train, predict_layout(job, b, cal).memory_train) << a.layout.describe();
+      EXPECT_LE(a.prediction.memory, predict_layout(job, b, cal).memory) << a.layout.describe();
+    }
+  }
+}
+
+TEST(Search, TheBudgetIsAHardLimitAndWhatItRejectsIsNamed) {
+  const PlanJob job = tiny_job(1, 8);
+  const Calibration cal = hand_calibration(1);
+  const SearchResult all = search_layouts(job, everything(), size_t{1} << 40, cal);
+  // A budget one byte under the fastest layout's peak: it goes, and the new first fits.
+  const size_t budget = all.ranked.front().prediction.memory - 1;
+  const SearchResult r = search_layouts(job, everything(), budget, cal);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const RankedLayout& x : r.ranked) EXPECT_LE(x.prediction.memory, budget) << x.layout.describe();
+  const Layout& first = r.ranked.front().layout;
+  EXPECT_FALSE(first.micro_batch == all.ranked.front().layout.micro_batch && first.stage == all.ranked.front().layout.stage &&
+               first.recompute == all.ranked.front().layout.recompute);
+  // The ranked and the over-budget layouts are all the layouts.
+  size_t under = 0;
+  for (const RankedLayout& x : all.ranked) under += x.prediction.memory <= budget;
+  EXPECT_EQ(r.ranked.size(), under);
+  ASSERT_FALSE(r.rejected.empty());
+  EXPECT_NE(r.rejected.front().find("over the budget"), std::string::npos) << r.rejected.front();
+  // Nothing fits: every family says so.
+  const SearchResult none = search_layouts(job, everything(), 1000, cal);
+  EXPECT_TRUE(none.ranked.empty());
+  EXPECT_EQ(none.rejected.size(), 8u);  // 4 stages x recompute or not
+  for (const std::string& why : none.rejected) EXPECT_NE(why.find("every micro-batch over the budget"), std::string::npos) << why;
+}
+
+TEST(Search, TheCollectivesPricesDecideBetweenPlainDataParallelismAndZeROAndUnmodelledFamiliesAreRejected) {
+  const PlanJob job = tiny_job(2, 8);
+  Calibration cal = hand_calibration(2);
+  // All-reduce free and a second per reduce-scatter and all-gather: stage 0 (no gathers, no
+  // refresh) is first, though every rank updates every parameter.
+  cal.fits["all_reduce"] = {0.0, 0.0};
+  cal.fits["reduce_scatter"] = cal.fits["all_gather"] = {1.0, 0.0};
+  SearchResult r = search_layouts(job, everything(), size_t{1} << 40, cal);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_EQ(r.ranked.front().layout.stage, 0);
+  EXPECT_EQ(r.ranked.front().layout.dp, 2);
+  // The other way round: a ZeRO stage's reduce-scatter and gathers are cheaper.
+  cal.fits["all_reduce"] = {1.0, 0.0};
+  cal.fits["reduce_scatter"] = cal.fits["all_gather"] = {0.0, 1e-9};
+  r = search_layouts(job, everything(), size_t{1} << 40, cal);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_GE(r.ranked.front().layout.stage, 1);
+  // tp 2 and pp 2 over two processes: named, not timed.
+  int tp = 0, pp = 0;
+  for (const std::string& why : r.rejected) {
+    tp += why.rfind("dp 1, tp 2:", 0) == 0 && why.find("not in the cost model yet") != std::string::npos;
+    pp += why.rfind("dp 1, pp 2:", 0) == 0 && why.find("not timed by the cost model yet") != std::string::npos;
+  }
+  EXPECT_EQ(tp, 1);
+  EXPECT_EQ(pp, 1);
+  // A one-rank calibration cannot time two ranks' collectives.
+  r = search_layouts(job, everything(), size_t{1} << 40, hand_calibration(1));
+  EXPECT_TRUE(r.ranked.empty());
+  EXPECT_TRUE(std::any_of(r.rejected.begin(), r.rejected.end(),
+                          [](const std::string& w) { return w.find("no collectives") != std::string::npos; }));
+  // A batch the ranks cannot share.
+  PlanJob odd = tiny_job(2, 8);
+  odd.global_batch = 7;
+  r = search_layouts(odd, everything(), size_t{1} << 40, cal);
+  EXPECT_TRUE(r.ranked.empty());
+  EXPECT_TRUE(std::any_of(r.rejected.begin(), r.rejected.end(),
+                          [](const std::string& w) { return w.find("do not divide train_batch_size 7") != std::string::npos; }));
+}
+
+}  // namespace
+}  // namespace mt::planner
