@@ -98,13 +98,18 @@ void run_calibrate(const CalibrateArgs& args) {
     const std::string text = j.dump(1) + "\n";
     file_write_atomic(args.out, text.data(), text.size());
     std::printf("calibrated %d rank(s) x %d thread(s) -> %s\n", cal.world, cal.threads, args.out.c_str());
-    std::printf("%-16s %12s %16s\n", "family", "latency", "rate");
+    std::printf("%-24s %12s %16s\n", "family", "latency", "rate");
     for (const auto& [family, f] : cal.fits) {
-      const bool flops = family.rfind("gemm", 0) == 0 || family.rfind("attention", 0) == 0, elems = family == "adamw";
+      if (family.rfind("in situ", 0) == 0) {  // a factor, not a rate
+        std::printf("%-24s %12.3f x the kernels' sum\n", family.c_str(), f.per_unit);
+        continue;
+      }
+      const bool flops = family.rfind("gemm", 0) == 0 || family.rfind("attention", 0) == 0;
+      const bool bytes = family == "memory" || family == "all_reduce" || family == "all_gather" ||
+                         family == "reduce_scatter" || family == "send_recv";
       const double rate = f.per_unit > 0 ? 1.0 / f.per_unit : 0.0;
-      std::printf("%-16s %9.1f us %12.2f %s\n", family.c_str(), f.latency * 1e6,
-                  flops ? rate / 1e12 : elems ? rate / 1e9 : rate / 1e9,
-                  flops ? "TFLOP/s" : elems ? "Gelem/s" : "GB/s");
+      std::printf("%-24s %9.1f us %12.2f %s\n", family.c_str(), f.latency * 1e6, flops ? rate / 1e12 : rate / 1e9,
+                  flops ? "TFLOP/s" : bytes ? "GB/s" : "G elements/s");
     }
     if (cal.disk_read_gbs > 0)
       std::printf("disk %s: read %.2f GB/s, write %.2f GB/s, mixed %.2f GB/s\n", args.io_dir.c_str(), cal.disk_read_gbs,

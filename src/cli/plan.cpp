@@ -66,6 +66,7 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs) {
   planner::PlanJob job;
   job.memory = estimate_input(c, procs);
   job.schedule.overlap_comm = c.zero.overlap_comm;
+  job.overlap_comm_given = c.zero.overlap_comm_given;
   job.schedule.prefetch_elems = static_cast<size_t>(c.zero.stage3_prefetch_bucket_size);
   job.schedule.persistence_threshold = static_cast<size_t>(c.zero.stage3_param_persistence_threshold);
   job.schedule.max_live_elems = static_cast<size_t>(c.zero.stage3_max_live_parameters);

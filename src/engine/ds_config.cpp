@@ -503,6 +503,7 @@ void parse_zero(Section& root, RunConfig& c) {
   MT_CHECK(z.stage == 0 || c.optimizer.type != "Lamb", ErrorKind::kNotSupported,
            "zero_optimization.stage " + std::to_string(z.stage) +
                " with optimizer Lamb: Lamb's per-tensor trust ratio needs whole tensors, not ZeRO partitions (use stage 0)");
+  z.overlap_comm_given = s.has("overlap_comm");
   z.overlap_comm = s.boolean("overlap_comm", z.stage == 3);
   // Hugging Face Trainer's "auto" rules (its DeepSpeed integration): from the hidden size.
   const int64_t H = c.model.hidden;

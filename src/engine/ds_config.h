@@ -34,6 +34,7 @@ struct BatchConfig {
 struct ZeroConfig {
   int stage = 0;
   bool overlap_comm = false;                  // DeepSpeed: false, but true at stage 3
+  bool overlap_comm_given = false;            // set by the configuration (else the stage's default)
   int64_t reduce_bucket_size = 500'000'000;   // 5e8
   int64_t allgather_bucket_size = 500'000'000;
   int64_t stage3_prefetch_bucket_size = 50'000'000;  // 5e7

@@ -1,6 +1,8 @@
 #include "planner/calibrate.h"
 
 #include <algorithm>
+#include <memory>
+#include <cstdint>
 #include <vector>
 
 #include "base/error.h"
@@ -10,6 +12,8 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
+#include "models/transformer.h"
+#include "planner/cost.h"
 
 namespace mt::planner {
 
@@ -111,6 +115,20 @@ void add_family(Calibration& cal, const std::string& family, const std::vector<C
   }
 }
 
+// Copies of a call's operands that together exceed the caches (96 MiB), at most 16.
+int rotation(size_t bytes) {
+  const size_t want = size_t{96} << 20;
+  return static_cast<int>(std::clamp<size_t>((want + bytes - 1) / std::max<size_t>(bytes, 1), 1, 16));
+}
+
+// Small values in dt (f32 or a 16-bit type) in a byte buffer.
+void fill_lowp(std::vector<char>& buf, DType dt) {
+  const size_t n = buf.size() / dtype_size(dt);
+  std::vector<float> tmp(n);
+  for (size_t i = 0; i < n; ++i) tmp[i] = static_cast<float>(i % 1000) / 1000.0f - 0.5f;
+  convert(buf.data(), dt, tmp.data(), DType::kF32, n);
+}
+
 }  // namespace
 
 Calibration calibrate(const CalibrateOptions& options) {
@@ -129,14 +147,29 @@ Calibration calibrate(const CalibrateOptions& options) {
                                                   : std::vector<Shape>{{64, 256, 256},    {256, 1024, 256},
                                                                        {512, 1024, 1024}, {1024, 2048, 1024},
                                                                        {2048, 4096, 1024}, {2048, 2048, 4096}};
+  // Each call reads its operands from memory, as a step's GEMMs do (every layer's weights and
+  // activations are others): the operands rotate through copies that together exceed the caches
+  // (a hot loop on one set ran 10-15 % faster than the same shapes inside the model).
   for (DType dt : {DType::kF32, DType::kBF16}) {
     std::vector<CalPoint> pts;
     for (const Shape& s : shapes) {
-      const double tflops = kernels::gemm_ceiling_tflops(s.m, s.n, s.k, dt, budget);
-      const double flops = 2.0 * s.m * s.n * s.k;
+      const size_t es = dtype_size(dt);
+      const size_t a_bytes = static_cast<size_t>(s.m) * s.k * es, b_bytes = static_cast<size_t>(s.n) * s.k * es;
+      const int copies = rotation(a_bytes + b_bytes + static_cast<size_t>(s.m) * s.n * 4);
+      std::vector<std::vector<char>> a(copies, std::vector<char>(a_bytes)), b(copies, std::vector<char>(b_bytes));
+      std::vector<std::vector<float>> c(copies, std::vector<float>(static_cast<size_t>(s.m) * s.n));
+      for (int i = 0; i < copies; ++i) fill_lowp(a[i], dt), fill_lowp(b[i], dt);
+      int next = 0;
+      const double sec = time_calls(
+          [&] {
+            kernels::gemm(s.m, s.n, s.k, a[next].data(), s.k, false, b[next].data(), s.k, true, c[next].data(), s.n, dt,
+                          false);
+            next = (next + 1) % copies;
+          },
+          budget, 3, nullptr);
       pts.push_back({std::string("gemm ") + dtype_name(dt) + " " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
                          std::to_string(s.k),
-                     flops, flops / (tflops * 1e12)});
+                     2.0 * s.m * s.n * s.k, sec});
     }
     add_family(cal, std::string("gemm ") + dtype_name(dt), pts);
   }
@@ -146,13 +179,19 @@ Calibration calibrate(const CalibrateOptions& options) {
     std::vector<CalPoint> pts;
     for (const Shape& s : shapes) {
       const size_t es = dtype_size(dt);
-      std::vector<char> dy(static_cast<size_t>(s.m) * s.n * es), w(static_cast<size_t>(s.n) * s.k * es),
-          x(static_cast<size_t>(s.m) * s.k * es);
-      std::vector<float> dx(static_cast<size_t>(s.m) * s.k), dw(static_cast<size_t>(s.n) * s.k);
+      const size_t dy_n = static_cast<size_t>(s.m) * s.n, w_n = static_cast<size_t>(s.n) * s.k, x_n = static_cast<size_t>(s.m) * s.k;
+      const int copies = rotation((dy_n + w_n + x_n) * es + (x_n + w_n) * 4);
+      std::vector<std::vector<char>> dy(copies, std::vector<char>(dy_n * es)), w(copies, std::vector<char>(w_n * es)),
+          x(copies, std::vector<char>(x_n * es));
+      std::vector<std::vector<float>> dx(copies, std::vector<float>(x_n)), dw(copies, std::vector<float>(w_n));
+      for (int i = 0; i < copies; ++i) fill_lowp(dy[i], dt), fill_lowp(w[i], dt), fill_lowp(x[i], dt);
+      int next = 0;
       const double sec = time_calls(
           [&] {
-            kernels::gemm(s.m, s.k, s.n, dy.data(), s.n, false, w.data(), s.k, false, dx.data(), s.k, dt, false);
-            kernels::gemm(s.n, s.k, s.m, dy.data(), s.n, true, x.data(), s.k, false, dw.data(), s.k, dt, true);
+            const int i = next;
+            kernels::gemm(s.m, s.k, s.n, dy[i].data(), s.n, false, w[i].data(), s.k, false, dx[i].data(), s.k, dt, false);
+            kernels::gemm(s.n, s.k, s.m, dy[i].data(), s.n, true, x[i].data(), s.k, false, dw[i].data(), s.k, dt, true);
+            next = (next + 1) % copies;
           },
           budget, 3, nullptr);
       pts.push_back({std::string("gemm backward ") + dtype_name(dt) + " " + std::to_string(s.m) + "x" +
@@ -210,6 +249,116 @@ Calibration calibrate(const CalibrateOptions& options) {
     add_family(cal, "memory", mem, false);
     add_family(cal, "adamw", adam, false);
   }
+  // The blocks' own elementwise kernels, by elements of their input (rows x width): the norms
+  // forward and backward (their backward reads the input, the gradient and the statistics, and
+  // accumulates the weights' gradients), the activations (GELU's input, SwiGLU's N x I output),
+  // the residual add; and AdamW writing the bf16 copy the step's GEMMs read (low-precision runs).
+  {
+    const int C = 768;
+    const std::vector<int> rows = options.quick ? std::vector<int>{16, 256} : std::vector<int>{64, 1024, 4096, 16384};
+    std::vector<CalPoint> lnf, lnb, rmf, rmb, gb, swf, swb, add, adam16;
+    for (int N : rows) {
+      const size_t n = static_cast<size_t>(N) * C;
+      std::vector<float> x(2 * n, 0.25f), y(2 * n), dy(2 * n, 1e-3f), dx(2 * n), w(C, 1.0f), b(C), dw(C), db(C), mean(N),
+          rstd(N), m(n), v(n);
+      std::vector<uint16_t> lowp(n);
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 89) / 89.0f - 0.5f;
+      kernels::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+      const double e = static_cast<double>(n);
+      const std::string at = " " + std::to_string(N) + "x" + std::to_string(C);
+      lnf.push_back({"layernorm forward" + at, e, time_calls([&] {
+                       kernels::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+                     }, budget, 3, nullptr)});
+      lnb.push_back({"layernorm backward" + at, e, time_calls([&] {
+                       kernels::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                                                   rstd.data(), N, C);
+                     }, budget, 3, nullptr)});
+      rmf.push_back({"rmsnorm forward" + at, e, time_calls([&] {
+                       kernels::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+                     }, budget, 3, nullptr)});
+      rmb.push_back({"rmsnorm backward" + at, e, time_calls([&] {
+                       kernels::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+                     }, budget, 3, nullptr)});
+      gb.push_back({"gelu backward" + at, e, time_calls([&] { kernels::gelu_backward(dx.data(), x.data(), dy.data(), n); },
+                                                         budget, 3, nullptr)});
+      // SwiGLU over N x C outputs from N x 2C inputs.
+      swf.push_back({"swiglu forward" + at, e, time_calls([&] { kernels::swiglu_forward(y.data(), x.data(), N, C); },
+                                                           budget, 3, nullptr)});
+      swb.push_back({"swiglu backward" + at, e, time_calls([&] { kernels::swiglu_backward(dx.data(), dy.data(), x.data(), N, C); },
+                                                            budget, 3, nullptr)});
+      add.push_back({"add" + at, e, time_calls([&] { kernels::add_inplace(y.data(), x.data(), n); }, budget, 3, nullptr)});
+      kernels::AdamWParams p;
+      adam16.push_back({"adamw_update bf16 copy" + at, e, time_calls([&] {
+                          kernels::adamw_update(y.data(), dy.data(), m.data(), v.data(), lowp.data(), DType::kBF16, n, p);
+                        }, budget, 3, nullptr)});
+    }
+    add_family(cal, "layernorm forward", lnf, false);
+    add_family(cal, "layernorm backward", lnb, false);
+    add_family(cal, "rmsnorm forward", rmf, false);
+    add_family(cal, "rmsnorm backward", rmb, false);
+    add_family(cal, "gelu backward", gb, false);
+    add_family(cal, "swiglu forward", swf, false);
+    add_family(cal, "swiglu backward", swb, false);
+    add_family(cal, "add", add, false);
+    add_family(cal, "adamw bf16", adam16, false);
+  }
+
+  // In situ: a real block of each architecture and dtype (models::TransformerLM, six layers minus
+  // two over four, forward and backward apart: a model whose weights and activations outgrow the
+  // caches, as a step's do) against the cost model's sum of its kernels at the same
+  // shape. Inside a step each kernel finds its operands out of cache, and the bias adds and casts
+  // between them are not among the families; the ratio, "in situ forward|backward ARCH DTYPE",
+  // scales the cost model's blocks (a factor: per_unit, no latency).
+  for (models::Arch arch : {models::Arch::kGpt2, models::Arch::kLlama})
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      const bool gpt2 = arch == models::Arch::kGpt2;
+      const int B = options.quick ? 2 : 4, T = options.quick ? 64 : 256;
+      models::ModelConfig m;
+      m.arch = arch;
+      m.vocab_size = 1024;
+      m.hidden = options.quick ? 128 : 512;
+      m.n_head = m.n_kv_head = options.quick ? 2 : 8;
+      m.intermediate = gpt2 ? 4 * m.hidden : m.hidden * 11 / 4;
+      m.max_positions = T;
+      m.tie_embeddings = gpt2;
+      std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
+      for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>((i * 7919) % 1024), tgt[i] = static_cast<int32_t>((i * 104729 + 1) % 1024);
+      auto build = [&](int layers) {
+        models::ModelConfig c = m;
+        c.n_layer = layers;
+        models::ModelOptions o;
+        o.compute_dtype = dt;
+        auto model = std::make_unique<models::TransformerLM>(c, o);
+        model->prepare(B, T);
+        return model;
+      };
+      const int lo = 2, hi = options.quick ? 3 : 6;
+      auto one = build(lo), two = build(hi);
+      // Alternating, so a disturbance hits both; the first round warms up; the fastest of the rest.
+      double f[2] = {1e30, 1e30}, b[2] = {1e30, 1e30};
+      const int rounds = options.quick ? 3 : 6;
+      for (int r = 0; r < rounds; ++r)
+        for (int k = 0; k < 2; ++k) {
+          models::TransformerLM& model = k ? *two : *one;
+          Timer t;
+          model.forward(tok.data(), tgt.data(), 1.0f);
+          const double tf = t.seconds();
+          model.backward();
+          const double tb = t.seconds() - tf;
+          if (r == 0) continue;
+          f[k] = std::min(f[k], tf);
+          b[k] = std::min(b[k], tb);
+        }
+      m.n_layer = 1;
+      const StepShape shape{.model = m, .micro_batch = B, .seq_length = T, .compute = dt};
+      const ZeroStepCosts modelled = zero_step_costs(shape, cal);
+      const std::string what = std::string(gpt2 ? "gpt2 " : "llama ") + dtype_name(dt);
+      const double mf = std::max(f[1] - f[0], 1e-9) / (hi - lo), mb = std::max(b[1] - b[0], 1e-9) / (hi - lo);
+      cal.points.push_back({"in situ block forward " + what, 1.0, mf});
+      cal.points.push_back({"in situ block backward " + what, 1.0, mb});
+      cal.fits["in situ forward " + what] = {0.0, mf / modelled.forward[1]};
+      cal.fits["in situ backward " + what] = {0.0, mb / modelled.backward[1]};
+    }
 
   // Collectives over the group, by bytes per rank (f32), and a p2p round trip between ranks 0
   // and 1 (half of it is one message). Dense between 4 and 16 MiB, where OpenMPI's algorithms

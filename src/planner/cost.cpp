@@ -50,13 +50,38 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   const bool att_cal = cal.fits.count("attention forward") && cal.fits.count("attention backward");
   const double attention = att_cal ? cal.seconds("attention forward", att_flops) : cal.seconds("gemm f32", att_flops);
   const double attention_bwd = att_cal ? cal.seconds("attention backward", att_flops) : 2 * attention;
-  double bytes = 2 * (4 + e) * N * C       // two norms: f32 in, compute dtype out
-                 + 2 * 12 * N * C          // two residual adds: read two, write one (f32)
-                 + (4 + e) * N * d.A       // attention output and its compute-dtype copy
-                 + (8 + e) * N * d.G;      // the activation: f32 in (GELU) or gate and up (SwiGLU)
-  if (llama) bytes += 8 * N * (d.A + d.NKV * d.HS);  // RoPE on q and k
-  const double block_fwd = gemms + attention + mem * bytes;
-  const double block_bwd = gemms_bwd + attention_bwd + 2 * mem * bytes + (s.recompute ? block_fwd : 0.0);
+  // The elementwise work: the blocks' own kernels where calibrated (by elements), else every byte
+  // they read and write at the memory rate (older calibrations).
+  const bool own = cal.fits.count("add") && cal.fits.count("gelu backward") && cal.fits.count("swiglu backward") &&
+                   cal.fits.count(llama ? "rmsnorm backward" : "layernorm backward");
+  double elem_fwd = 0.0, elem_bwd = 0.0;
+  if (own) {
+    const std::string norm = llama ? "rmsnorm" : "layernorm";
+    const double NC = N * C, NG = N * d.G;
+    // Casts to the compute dtype of what the GEMMs read: the two norms' outputs, attention's output
+    // and the activation (forward), the same gradients (backward).
+    const double casts = e < 4 ? (4 + e) * (2 * NC + N * d.A + NG) : 0.0;
+    const double rope = llama ? 8 * N * (d.A + d.NKV * d.HS) : 0.0;
+    elem_fwd = 2 * cal.seconds(norm + " forward", NC) + 2 * cal.seconds("add", NC) +
+               (llama ? cal.seconds("swiglu forward", NG) : mem * 8 * NG) + mem * (casts + rope);
+    elem_bwd = 2 * cal.seconds(norm + " backward", NC) + 2 * cal.seconds("add", NC) +
+               (llama ? cal.seconds("swiglu backward", NG) : cal.seconds("gelu backward", NG)) + mem * (casts + rope);
+  } else {
+    double bytes = 2 * (4 + e) * N * C       // two norms: f32 in, compute dtype out
+                   + 2 * 12 * N * C          // two residual adds: read two, write one (f32)
+                   + (4 + e) * N * d.A       // attention output and its compute-dtype copy
+                   + (8 + e) * N * d.G;      // the activation: f32 in (GELU) or gate and up (SwiGLU)
+    if (llama) bytes += 8 * N * (d.A + d.NKV * d.HS);  // RoPE on q and k
+    elem_fwd = mem * bytes;
+    elem_bwd = 2 * mem * bytes;
+  }
+  // The block's kernels as a step runs them: the calibration's in-situ factor for the architecture
+  // and dtype (a real block against this sum), where measured.
+  const std::string what = std::string(llama ? "llama " : "gpt2 ") + dtype_name(cd == DType::kF32 ? DType::kF32 : DType::kBF16);
+  const double in_fwd = cal.fits.count("in situ forward " + what) ? cal.fits.at("in situ forward " + what).per_unit : 1.0;
+  const double in_bwd = cal.fits.count("in situ backward " + what) ? cal.fits.at("in situ backward " + what).per_unit : 1.0;
+  const double block_fwd = in_fwd * (gemms + attention + elem_fwd);
+  const double block_bwd = in_bwd * (gemms_bwd + attention_bwd + elem_bwd) + (s.recompute ? block_fwd : 0.0);
 
   // The embeddings: a row gather (and GPT-2's positions added); the backward scatters them back.
   const double emb = mem * 12 * N * C;
@@ -75,7 +100,10 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   c.backward.back() = mem * 2 * (4 + e) * N * C;
   c.head_backward = gemm_backward(cal, cd, N, C, V) + loss;
   c.memory_per_byte = mem;
-  c.optimizer_per_element = cal.fits.count("adamw") ? cal.fits.at("adamw").per_unit : 0.0;
+  // The update (writing the compute-dtype copy where calibrated so), and the step's other passes
+  // over the shard: the gradient norm reads it and zero_grad writes it.
+  const char* update = e < 4 && cal.fits.count("adamw bf16") ? "adamw bf16" : "adamw";
+  c.optimizer_per_element = (cal.fits.count(update) ? cal.fits.at(update).per_unit : 0.0) + (own ? mem * 8 : 0.0);
   if (s.world > 1) {
     c.all_gather = [&cal](double b) { return cal.seconds("all_gather", b); };
     c.reduce_scatter = [&cal](double b) { return cal.seconds("reduce_scatter", b); };

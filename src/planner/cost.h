@@ -6,9 +6,15 @@
 //                (input and weight gradients) at the "gemm backward" line (absent: 2× forward)
 //   attention    the core's FLOPs (models::attention_core_flops) at the "attention forward" and
 //                "attention backward" lines (absent: the f32 GEMM rate, the backward twice)
-//   elementwise  the bytes the norms, activation, residual adds, RoPE, the compute-dtype copies
-//                and the loss read and write, at the calibrated memory rate; the backward twice
-//   optimizer    the calibrated AdamW rate by elements of this rank's shard
+//   elementwise  the blocks' own kernels at their calibrated lines by elements (the two norms,
+//                the two residual adds, GELU or SwiGLU, forward and backward), and the bytes of
+//                RoPE, the compute-dtype copies and the loss at the memory rate (a calibration
+//                without those families: every byte at the memory rate, the backward twice)
+//   in situ      a block's forward and backward scaled by the calibration's in-situ factors
+//                (a real block of the architecture and dtype timed against this sum; 1 if absent)
+//   optimizer    the calibrated AdamW rate by elements of this rank's shard (the variant writing
+//                the bf16 copy in low precision), with the gradient norm's read and zero_grad's
+//                write of the shard at the memory rate
 //   collectives  the calibrated all_gather / reduce_scatter lines by bytes a rank (one rank: a
 //                local copy at the memory rate)
 // The head's backward (its own hooks) is the head GEMM's two backward GEMMs and the loss's bytes.

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "base/error.h"
 
 #include "planner/memory.h"
@@ -71,6 +73,28 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
   double passes = c.head_backward;
   for (size_t u = 0; u < c.forward.size(); ++u) passes += c.forward[u] + c.backward[u];
   EXPECT_NEAR(r.makespan, passes + 1e-9 * static_cast<double>(P), 1e-15);
+
+  // The blocks' own elementwise kernels, where calibrated, by elements: two norms and two residual
+  // adds over N·C, GELU over N·G (the memory rate's 8 bytes an element forward, its own line
+  // backward); bf16 casts of the norms' outputs, attention's output and the activation at the memory
+  // rate, (4 + 2)·(2·N·C + N·A + N·G) bytes. Recompute adds the forward to the backward.
+  cal.fits["memory"] = {0.0, 1e-11};
+  for (const char* f : {"layernorm forward", "layernorm backward", "rmsnorm forward", "rmsnorm backward",
+                        "gelu backward", "swiglu forward", "swiglu backward", "add"})
+    cal.fits[f] = {0.0, std::string(f).find("backward") != std::string::npos ? 3e-10 : 1e-10};
+  cal.fits["adamw bf16"] = {0.0, 2e-9};
+  const double NC = 16 * 64, NG = 16 * 256, NA = 16 * 64;
+  const double casts = 1e-11 * 6 * (2 * NC + NA + NG);
+  const double elem_f = 2 * 1e-10 * NC + 2 * 1e-10 * NC + 1e-11 * 8 * NG + casts;
+  const double elem_b = 2 * 3e-10 * NC + 2 * 1e-10 * NC + 3e-10 * NG + casts;
+  c = zero_step_costs(s, cal);
+  EXPECT_NEAR(c.forward[1], fwd + elem_f, 1e-15);
+  EXPECT_NEAR(c.backward[1], 2 * fwd + elem_b, 1e-15);
+  // The update writing the bf16 copy, and the norm's read and zero_grad's write: 8 bytes.
+  EXPECT_NEAR(c.optimizer_per_element, 2e-9 + 8e-11, 1e-20);
+  s.recompute = true;
+  EXPECT_NEAR(zero_step_costs(s, cal).backward[1], 2 * fwd + elem_b + fwd + elem_f, 1e-15);
+  s.recompute = false;
 
   // A family the calibration lacks is named.
   cal.fits.erase("gemm f32");

@@ -52,6 +52,7 @@ MemoryInput layout_memory_input(const PlanJob& job, const Layout& l) {
   in.micro_batch = l.micro_batch;
   in.recompute = l.recompute;
   in.zero.accumulation = l.accumulation > 1;
+  if (!job.overlap_comm_given) in.zero.overlap_comm = l.stage == 3;
   return in;
 }
 
@@ -72,6 +73,7 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
   spec.world = l.dp;
   spec.schedule = job.schedule;
   spec.schedule.stage = l.stage;
+  if (!job.overlap_comm_given) spec.schedule.overlap_comm = l.stage == 3;
   spec.bucket_elems = job.bucket_elems;
   spec.micro_batches = l.accumulation;
   spec.tied_head = m.model.tie_embeddings;

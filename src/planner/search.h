@@ -39,6 +39,7 @@ struct Layout {
 struct PlanJob {
   MemoryInput memory;                  // estimate_input's reading; its layout fields are replaced per layout
   parallel::ZeroScheduleOptions schedule;  // overlap_comm, stage-3 knobs, comm dtype (stage: per layout)
+  bool overlap_comm_given = true;      // false: overlap_comm is each stage's default (DeepSpeed's: on at stage 3)
   size_t bucket_elems = 500'000'000;   // reduce_bucket_size (stage 0)
   int procs = 1;
   int64_t global_batch = 1;            // train_batch_size: samples per optimizer step

@@ -146,6 +146,21 @@ TEST(Search, TheCollectivesPricesDecideBetweenPlainDataParallelismAndZeROAndUnmo
   EXPECT_TRUE(r.ranked.empty());
   EXPECT_TRUE(std::any_of(r.rejected.begin(), r.rejected.end(),
                           [](const std::string& w) { return w.find("no collectives") != std::string::npos; }));
+  // overlap_comm left to its default: on at stage 3 (DeepSpeed's), off below, in the memory
+  // replay as in the program.
+  PlanJob defaults = tiny_job(2, 8);
+  defaults.overlap_comm_given = false;
+  MemoryInput in = defaults.memory;
+  in.world = 2;
+  in.micro_batch = 4;
+  for (int stage : {2, 3}) {
+    in.zero.overlap_comm = stage == 3;
+    const Layout l{.dp = 2, .stage = stage, .micro_batch = 4};
+    EXPECT_EQ(predict_layout(defaults, l, cal).memory_train, estimate_stage(in, stage).ours.total()) << stage;
+  }
+  in.zero.overlap_comm = false;
+  EXPECT_NE(predict_layout(defaults, Layout{.dp = 2, .stage = 3, .micro_batch = 4}, cal).memory_train,
+            estimate_stage(in, 3).ours.total());
   // A batch the ranks cannot share.
   PlanJob odd = tiny_job(2, 8);
   odd.global_batch = 7;
