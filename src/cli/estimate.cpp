@@ -243,13 +243,7 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
     engine::LayerTimes times;
     if (c.partition == "time") times = engine::engine_measure_layer_times(c);
     const std::vector<int> b = engine::engine_pipeline_bounds(c, nullptr, &times);
-    const int S = static_cast<int>(b.size()) - 1;
-    for (int st = pp_rank; st < S; st += c.pp) in.chunks.push_back({b[st], b[st + 1]});
-    in.first_stage = pp_rank == 0;
-    in.last_stage = pp_rank == c.pp - 1;
-    const auto list = parallel::pp::build_schedule(engine::engine_schedule_spec(c), pp_rank);
-    in.slots = parallel::pp::max_in_flight(list);
-    for (const parallel::pp::Instr& i : list) in.grads_sent += i.kind == parallel::pp::OpKind::kSendGrad;
+    in = planner::pipeline_rank_input(in, engine::engine_schedule_spec(c), b, pp_rank);
   }
   return in;
 }

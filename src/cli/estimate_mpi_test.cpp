@@ -82,6 +82,7 @@ struct Case {
 std::string case_name(const Case& k) {
   return k.arch + (k.bf16 ? "_bf16" : "_fp32") + "_stage" + std::to_string(k.stage) + (k.overlap ? "_overlap" : "") +
          (k.tp > 1 ? "_tp" + std::to_string(k.tp) + "_n" + std::to_string(k.procs) : "") + (k.sp ? "_sp" : "") +
+         (k.procs == 1 ? "_one_process" : "") +
          (k.pp > 1 ? "_pp" + std::to_string(k.pp) + "_" + k.schedule + "_n" + std::to_string(k.procs) : "") +
          (k.comm ? std::string("_comm_") + k.comm : "") + (k.nvme ? "_nvme" : "") + (k.param_nvme ? "_params" : "");
 }
@@ -147,7 +148,9 @@ Measured measure(const Case& k) {
   fs::remove(metrics);
   Measured m;
   const std::string n = std::to_string(k.procs);
-  EXPECT_EQ(run("launch -n " + n + " -- train " + cfg + " --metrics " + metrics, &out, &err), 0) << err;
+  // One process trains without MPI (its reductions are local copies, done when launched).
+  EXPECT_EQ(run((k.procs == 1 ? std::string("train ") : "launch -n " + n + " -- train ") + cfg + " --metrics " + metrics, &out, &err), 0)
+      << err;
   m.metrics = last_line(metrics);
   EXPECT_EQ(run("estimate " + cfg + " --procs " + n + " --json", &out, &err), 0) << err;
   nlohmann::json e = nlohmann::json::parse(out);
@@ -212,7 +215,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // offload_param nvme too: master and gradient shards on disk, read and
                       // summed through comm buffers, the optimizer's slots of four states.
                       Case{"gpt2", true, 3, false, 1, 2, false, 1, "1f1b", nullptr, true, true},
-                      Case{"llama", false, 3, true, 1, 2, false, 1, "1f1b", nullptr, true, true}),
+                      Case{"llama", false, 3, true, 1, 2, false, 1, "1f1b", nullptr, true, true},
+                      // One process: each reduction completes at its launch (overlap_comm or not).
+                      Case{"gpt2", true, 3, true, 1, 1}, Case{"llama", false, 2, true, 1, 1}),
     [](const auto& info) { return case_name(info.param); });
 
 // (2): stage-3 model states against the closed form (header comment), computed from the units

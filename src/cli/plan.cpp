@@ -5,7 +5,8 @@
 // the runtime's own ZeRO schedule (planner/program.h), its times from the machine's calibration
 // (`meshtrain calibrate`) and the model's shapes (planner/cost.h); the simulator gives the step.
 // So far: data parallelism with ZeRO stages 0-3 in memory, micro-batch, accumulation and
-// recompute; tensor and pipeline parallelism and offload are refused by name.
+// recompute, and pipelines (stages x data-parallel ranks); tensor parallelism and offload are
+// refused by name.
 //
 // load_planned_config: the same search resolves "auto" layouts at train's start-up.
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "cli/commands.h"
 #include "engine/ds_config.h"
 #include "engine/json_file.h"
+#include "parallel/pp/schedule.h"
 #include "planner/search.h"
 
 namespace mt::cli {
@@ -74,6 +76,9 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs) {
   job.bucket_elems = static_cast<size_t>(c.zero.reduce_bucket_size);
   job.procs = procs;
   job.global_batch = c.batch.train_batch_size;
+  job.schedule_kind = parallel::pp::parse_schedule(c.pipeline_schedule);
+  job.virtual_stages = c.virtual_stages;
+  job.partition = c.partition;
   job.base = planner::Layout{.dp = c.world_size, .tp = c.tp, .pp = c.pp, .stage = c.zero.stage,
                              .micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu),
                              .accumulation = static_cast<int>(c.batch.gradient_accumulation_steps),
@@ -131,7 +136,7 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
 
 // The --set overrides that make a configuration train `l`.
 std::vector<std::string> layout_sets(const planner::Layout& l) {
-  return {"parallel={\"tp\":" + std::to_string(l.tp) + ",\"pp\":" + std::to_string(l.pp) + "}",
+  return {"parallel.tp=" + std::to_string(l.tp), "parallel.pp=" + std::to_string(l.pp),
           "zero_optimization.stage=" + std::to_string(l.stage),
           "train_micro_batch_size_per_gpu=" + std::to_string(l.micro_batch),
           "gradient_accumulation_steps=" + std::to_string(l.accumulation),
@@ -329,20 +334,41 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
     throw Error(ErrorKind::kInvalidArgument, "the planner found no layout of " + std::to_string(procs) +
                                                  " process(es) within " + gib(budget) + " a rank" + why);
   }
-  const auto& [l, p] = r.ranked.front();
-  engine::ConfigSources chosen = base;
-  if (space.parallel) chosen.sets.push_back("parallel={\"tp\":" + std::to_string(l.tp) + ",\"pp\":" + std::to_string(l.pp) + "}");
-  if (space.stage) chosen.sets.push_back("zero_optimization.stage=" + std::to_string(l.stage));
-  if (space.batch) {
-    chosen.sets.push_back("train_micro_batch_size_per_gpu=" + std::to_string(l.micro_batch));
-    chosen.sets.push_back("gradient_accumulation_steps=" + std::to_string(l.accumulation));
+  // The fastest layout the runtime accepts: a key the search does not vary may refuse one (a
+  // pipeline with an optimizer or feature it does not take), and the next is tried.
+  engine::RunConfig out;
+  const planner::RankedLayout* pick = nullptr;
+  std::string refused;
+  for (const planner::RankedLayout& x : r.ranked) {
+    engine::ConfigSources chosen = base;
+    if (space.parallel)
+      for (const std::string& k : {"parallel.tp=" + std::to_string(x.layout.tp), "parallel.pp=" + std::to_string(x.layout.pp)})
+        chosen.sets.push_back(k);
+    if (space.stage) chosen.sets.push_back("zero_optimization.stage=" + std::to_string(x.layout.stage));
+    if (space.batch) {
+      chosen.sets.push_back("train_micro_batch_size_per_gpu=" + std::to_string(x.layout.micro_batch));
+      chosen.sets.push_back("gradient_accumulation_steps=" + std::to_string(x.layout.accumulation));
+    }
+    if (space.recompute)
+      chosen.sets.push_back(std::string("activation_checkpointing.enabled=") + (x.layout.recompute ? "true" : "false"));
+    try {
+      out = engine::ds_config_load(chosen, procs);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kNotSupported) throw;
+      if (refused.empty()) refused = std::string("; faster layouts refused: ") + e.what();
+      continue;
+    }
+    pick = &x;
+    break;
   }
-  if (space.recompute) chosen.sets.push_back(std::string("activation_checkpointing.enabled=") + (l.recompute ? "true" : "false"));
-  engine::RunConfig out = engine::ds_config_load(chosen, procs);
+  MT_CHECK(pick != nullptr, ErrorKind::kNotSupported, "the planner's layouts were all refused by the configuration" + refused);
+  const planner::Layout& l = pick->layout;
+  const planner::Prediction& p = pick->prediction;
   std::string left;
   for (const std::string& k : keys) left += (left.empty() ? "" : ", ") + k;
   out.notes.push_back(left + " -> " + prediction_line(l, p) + " predicted (the fastest of " + std::to_string(r.ranked.size()) +
-                      " layouts within " + gib(budget) + " a rank; " + c.planner.calibration + ")");
+                      " layouts within " + gib(budget) + " a rank; " + c.planner.calibration + ")" +
+                      (refused.empty() ? "" : refused));
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include "engine/hf_weights.h"
 #include "optim/swapped_adamw.h"
 #include "parallel/pp/partition.h"
+#include "planner/memory.h"
 
 namespace mt::engine {
 namespace {
@@ -91,18 +92,9 @@ LayerTimes engine_measure_layer_times(const RunConfig& config) {
 }
 
 std::vector<int> engine_pipeline_bounds(const RunConfig& config, std::string* report, const LayerTimes* times) {
-  // Parameters of each part of the model (whole tensors): a block, the embedding (token table and
-  // positions) and the head (final norm and the token table or untied head).
+  // Parameters of each part of the model (planner/memory.h, which the planner's search cuts by too).
+  parallel::pp::PartitionInput in = planner::pipeline_partition_input(config.model, config.pp * config.virtual_stages);
   const models::ModelConfig& m = config.model;
-  const double C = m.hidden, I = m.intermediate, V = m.vocab_size, HS = m.head_dim();
-  const bool gpt2 = m.arch == models::Arch::kGpt2;
-  const double block = gpt2 ? 4 * C + 3 * C * C + 3 * C + C * C + C + C * I + I + I * C + C
-                            : 2 * C + C * HS * (m.n_head + 2.0 * m.n_kv_head) + m.n_head * HS * C + 3 * C * I;
-  parallel::pp::PartitionInput in;
-  in.stages = config.pp * config.virtual_stages;
-  in.layer_cost.assign(m.n_layer, block);
-  in.first_cost = V * C + (gpt2 ? m.max_positions * C : 0.0);
-  in.last_cost = (gpt2 ? 2 * C : C) + V * C;
   if (config.partition == "time") {
     MT_CHECK(times != nullptr, ErrorKind::kInternal, "parallel.partition \"time\" needs measured layer times");
     in.layer_cost.assign(m.n_layer, times->block);

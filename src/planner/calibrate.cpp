@@ -334,9 +334,10 @@ Calibration calibrate(const CalibrateOptions& options) {
       };
       const int lo = 2, hi = options.quick ? 3 : 6;
       auto one = build(lo), two = build(hi);
-      // Alternating, so a disturbance hits both; the first round warms up; the fastest of the rest.
-      double f[2] = {1e30, 1e30}, b[2] = {1e30, 1e30};
-      const int rounds = options.quick ? 3 : 6;
+      // Alternating, so a disturbance hits both; the first round warms up; the median of the rest
+      // (the kernels' lines are means over calls: a fastest-of would bias the ratio low).
+      std::vector<double> f[2], b[2];
+      const int rounds = options.quick ? 3 : 8;
       for (int r = 0; r < rounds; ++r)
         for (int k = 0; k < 2; ++k) {
           models::TransformerLM& model = k ? *two : *one;
@@ -346,14 +347,19 @@ Calibration calibrate(const CalibrateOptions& options) {
           model.backward();
           const double tb = t.seconds() - tf;
           if (r == 0) continue;
-          f[k] = std::min(f[k], tf);
-          b[k] = std::min(b[k], tb);
+          f[k].push_back(tf);
+          b[k].push_back(tb);
         }
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
       m.n_layer = 1;
       const StepShape shape{.model = m, .micro_batch = B, .seq_length = T, .compute = dt};
       const ZeroStepCosts modelled = zero_step_costs(shape, cal);
       const std::string what = std::string(gpt2 ? "gpt2 " : "llama ") + dtype_name(dt);
-      const double mf = std::max(f[1] - f[0], 1e-9) / (hi - lo), mb = std::max(b[1] - b[0], 1e-9) / (hi - lo);
+      const double mf = std::max(median(f[1]) - median(f[0]), 1e-9) / (hi - lo),
+                   mb = std::max(median(b[1]) - median(b[0]), 1e-9) / (hi - lo);
       cal.points.push_back({"in situ block forward " + what, 1.0, mf});
       cal.points.push_back({"in situ block backward " + what, 1.0, mb});
       cal.fits["in situ forward " + what] = {0.0, mf / modelled.forward[1]};

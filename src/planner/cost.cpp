@@ -108,8 +108,10 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     c.all_gather = [&cal](double b) { return cal.seconds("all_gather", b); };
     c.reduce_scatter = [&cal](double b) { return cal.seconds("reduce_scatter", b); };
     c.all_reduce = [&cal](double b) { return cal.seconds("all_reduce", b); };
+    c.send_recv = [&cal](double b) { return cal.seconds("send_recv", b); };
   } else {  // one rank: the collectives are local copies
     c.all_gather = c.reduce_scatter = c.all_reduce = [mem](double b) { return mem * 2 * b; };
+    c.send_recv = [&cal](double b) { return cal.seconds("send_recv", b); };
   }
   return c;
 }

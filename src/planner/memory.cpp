@@ -165,6 +165,34 @@ std::vector<parallel::Unit> stage_units(const MemoryInput& in) {
   return units;
 }
 
+parallel::pp::PartitionInput pipeline_partition_input(const models::ModelConfig& m, int stages) {
+  const double C = m.hidden, I = m.intermediate, V = m.vocab_size, HS = m.head_dim();
+  const bool gpt2 = m.arch == models::Arch::kGpt2;
+  const double block = gpt2 ? 4 * C + 3 * C * C + 3 * C + C * C + C + C * I + I + I * C + C
+                            : 2 * C + C * HS * (m.n_head + 2.0 * m.n_kv_head) + m.n_head * HS * C + 3 * C * I;
+  parallel::pp::PartitionInput in;
+  in.stages = stages;
+  in.layer_cost.assign(m.n_layer, block);
+  in.first_cost = V * C + (gpt2 ? m.max_positions * C : 0.0);
+  in.last_cost = (gpt2 ? 2 * C : C) + V * C;
+  return in;
+}
+
+MemoryInput pipeline_rank_input(MemoryInput in, const parallel::pp::ScheduleSpec& spec, const std::vector<int>& bounds, int q) {
+  in.pp = spec.pp;
+  in.pp_rank = q;
+  in.chunks.clear();
+  const int S = static_cast<int>(bounds.size()) - 1;
+  for (int st = q; st < S; st += spec.pp) in.chunks.push_back({bounds[st], bounds[st + 1]});
+  in.first_stage = q == 0;
+  in.last_stage = q == spec.pp - 1;
+  const auto list = parallel::pp::build_schedule(spec, q);
+  in.slots = parallel::pp::max_in_flight(list);
+  in.grads_sent = 0;
+  for (const parallel::pp::Instr& i : list) in.grads_sent += i.kind == parallel::pp::OpKind::kSendGrad;
+  return in;
+}
+
 size_t largest_module_params(const models::ModelConfig& cfg) {
   ModelSkeleton sk(cfg);
   size_t best = largest_own_params(*sk.block);
@@ -552,8 +580,10 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   size_t e = dtype_size(in.compute_dtype);
   StageEstimate r;
   r.stage = stage;
+  // On one rank a reduction is a local copy, done when launched: its buffers go at the next hook.
+  const bool local = in.world == 1;
   r.ours = model_state_memory(units, stage, in.world, e, in.optimizer_states, in.zero, in.model.tie_embeddings,
-                              &r.setup, in.pipeline());
+                              &r.setup, in.pipeline(), local);
   MemoryBreakdown step = step_memory(in);
   r.ours[MemCategory::kActivations] = step[MemCategory::kActivations];
   r.ours[MemCategory::kWorkspace] = step[MemCategory::kWorkspace];
@@ -563,7 +593,7 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   // overlap_comm: the comm peak depends on when MPI finishes a reduction left in flight; the row
   // holds the larger of the two replays (late, early) and comm_low the smaller.
   size_t comm_low = r.ours[MemCategory::kComm];
-  if (stage >= 1 && in.zero.overlap_comm) {
+  if (stage >= 1 && in.zero.overlap_comm && !local) {
     const size_t early = model_state_memory(units, stage, in.world, e, in.optimizer_states, in.zero,
                                             in.model.tie_embeddings, nullptr, in.pipeline(), true)[MemCategory::kComm];
     comm_low = std::min(comm_low, early);

@@ -48,6 +48,8 @@
 #include "models/block.h"
 #include "models/config.h"
 #include "optim/optimizer.h"
+#include "parallel/pp/partition.h"
+#include "parallel/pp/schedule.h"
 #include "parallel/zero/partition.h"
 #include "tensor/allocator.h"
 #include "tensor/dtype.h"
@@ -151,6 +153,15 @@ std::vector<parallel::Unit> model_units(const models::ModelConfig& cfg, int tp =
 models::BlockDims block_dims(const models::ModelConfig& cfg, int B, int T, int tp = 1, bool sp = false);
 // The units of in's rank: its pipeline stage's part of the model (model_units without a pipeline).
 std::vector<parallel::Unit> stage_units(const MemoryInput& in);
+// The pipeline partition's input by parameter counts (whole tensors), as the engine cuts stages for
+// parallel.partition "parameters" and "uniform": a block's, the embedding's (token table and
+// positions) and the head's (final norm and the token table or untied head).
+parallel::pp::PartitionInput pipeline_partition_input(const models::ModelConfig& cfg, int stages);
+// Pipeline rank q's share of `in` (built without a pipeline) under `spec` with stage bounds
+// `bounds` (S + 1 entries; chunk c of rank q is virtual stage c·pp + q): its layer ranges, whether it
+// holds the embedding and the head, the activation slots its schedule keeps and the gradients it
+// sends back.
+MemoryInput pipeline_rank_input(MemoryInput in, const parallel::pp::ScheduleSpec& spec, const std::vector<int>& bounds, int q);
 // Largest number of parameters one module holds itself (DeepSpeed's largest_layer_params).
 size_t largest_module_params(const models::ModelConfig& cfg);
 

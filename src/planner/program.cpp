@@ -182,4 +182,100 @@ SimProgram zero_step_program(const ZeroStepSpec& spec, const ZeroStepCosts& cost
   return p;
 }
 
+SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCosts& costs) {
+  using parallel::pp::OpKind;
+  const int P = spec.schedule.pp, D = spec.dp, S = static_cast<int>(spec.bounds.size()) - 1;
+  const int L = static_cast<int>(costs.forward.size()) - 2;
+  MT_CHECK(P >= 1 && D >= 1 && S == spec.schedule.stages() && L >= 1 && spec.bounds.front() == 0 && spec.bounds.back() == L &&
+               static_cast<int>(spec.stage_params.size()) == P && costs.backward.size() == costs.forward.size(),
+           ErrorKind::kInvalidArgument, "pipeline step program: bounds, stage parameters and unit costs disagree");
+  MT_CHECK(spec.zero_stage == 0 || spec.zero_stage == 1, ErrorKind::kInvalidArgument,
+           "pipeline step program: ZeRO stage 0 or 1");
+  MT_CHECK(P == 1 || costs.send_recv, ErrorKind::kInvalidArgument, "pipeline step program: the send_recv cost is missing");
+  auto chunk_seconds = [&](int q, int chunk, bool backward) {
+    const int st = chunk * P + q;
+    const std::vector<double>& t = backward ? costs.backward : costs.forward;
+    double s = 0.0;
+    for (int l = spec.bounds[st]; l < spec.bounds[st + 1]; ++l) s += t[1 + l];
+    if (st == 0) s += t[0];
+    if (st == S - 1) s += backward ? t[L + 1] : t[L + 1] + costs.head_backward;
+    return s;
+  };
+  const double message = P > 1 ? costs.send_recv(spec.boundary_bytes) : 0.0;
+  SimProgram p;
+  for (int q = 0; q < P; ++q) {
+    std::vector<int> g;
+    for (int d = 0; d < D; ++d) g.push_back(q * D + d);
+    p.groups.push_back(g);
+  }
+  p.ranks.resize(static_cast<size_t>(P) * D);
+  const int tied_tag = 1 << 24;  // beyond the schedule's tags
+  for (int q = 0; q < P; ++q) {
+    const std::vector<parallel::pp::Instr> list = parallel::pp::build_schedule(spec.schedule, q);
+    for (int d = 0; d < D; ++d) {
+      std::vector<SimOp>& ops = p.ranks[static_cast<size_t>(q) * D + d];
+      auto compute = [&ops](double seconds, std::string name) {
+        SimOp op;
+        op.seconds = seconds;
+        op.name = std::move(name);
+        ops.push_back(std::move(op));
+      };
+      auto collective = [&](double seconds, std::string name) {  // blocking, over the stage's dp group
+        SimOp op;
+        op.kind = SimOpKind::kCollective;
+        op.seconds = seconds;
+        op.group = q;
+        op.tag = static_cast<int>(ops.size());
+        op.name = std::move(name);
+        ops.push_back(std::move(op));
+      };
+      for (const parallel::pp::Instr& i : list) {
+        SimOp op;
+        op.name = std::string(parallel::pp::op_name(i.kind)) + " c" + std::to_string(i.chunk) + " m" + std::to_string(i.micro);
+        switch (i.kind) {
+          case OpKind::kForward:
+          case OpKind::kBackward:
+            op.seconds = chunk_seconds(q, i.chunk, i.kind == OpKind::kBackward);
+            break;
+          case OpKind::kSendActivation:
+          case OpKind::kSendGrad:
+            op.kind = SimOpKind::kSend;
+            op.seconds = message;
+            op.async = true;  // posted without blocking; waited for at the step's end
+            op.peer = i.peer * D + d;
+            op.tag = i.tag;
+            break;
+          case OpKind::kRecvActivation:
+          case OpKind::kRecvGrad:
+            op.kind = SimOpKind::kRecv;
+            op.peer = i.peer * D + d;
+            op.tag = i.tag;
+            break;
+        }
+        ops.push_back(std::move(op));
+      }
+      if (spec.tied_elems > 0 && P > 1 && (q == 0 || q == P - 1)) {
+        const int other = (q == 0 ? P - 1 : 0) * D + d;
+        const double bytes = 4.0 * static_cast<double>(spec.tied_elems);
+        ops.push_back(SimOp{SimOpKind::kSend, costs.send_recv(bytes), other, tied_tag, -1, true, "send tied embedding grad"});
+        ops.push_back(SimOp{SimOpKind::kRecv, 0.0, other, tied_tag, -1, false, "recv tied embedding grad"});
+        ops.push_back(SimOp{SimOpKind::kWait, 0.0, -1, tied_tag, -1, false, "wait send tied embedding grad"});
+        compute(costs.memory_per_byte * 3.0 * bytes, "sum tied embedding grad");
+      }
+      const size_t n = spec.stage_params[q], shard = (n + D - 1) / D;
+      if (D > 1 && spec.zero_stage == 0) {
+        const auto ranges = parallel::grad_bucket_ranges(n, spec.bucket_elems);
+        for (size_t b = 0; b < ranges.size(); ++b)
+          collective(costs.all_reduce(4.0 * static_cast<double>(ranges[b].second - ranges[b].first)),
+                     "all_reduce bucket " + std::to_string(b));
+      } else if (D > 1) {
+        collective(costs.reduce_scatter(4.0 * static_cast<double>(shard)), "reduce_scatter");
+      }
+      compute(costs.optimizer_per_element * static_cast<double>(spec.zero_stage == 1 ? shard : n), "optimizer");
+      if (D > 1 && spec.zero_stage == 1) collective(costs.all_gather(4.0 * static_cast<double>(shard)), "all_gather");
+    }
+  }
+  return p;
+}
+
 }  // namespace mt::planner

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/pp/schedule.h"
 #include "parallel/zero/partition.h"
 #include "parallel/zero/schedule.h"
 #include "planner/sim.h"
@@ -54,9 +55,31 @@ struct ZeroStepCosts {
   double head_backward = 0.0;             // the head's backward (its own hook pair)
   std::function<double(double bytes)> all_gather, reduce_scatter;
   std::function<double(double bytes)> all_reduce;  // stage 0 on more than one rank
+  std::function<double(double bytes)> send_recv;   // one message between two ranks (pipelines)
   double memory_per_byte = 0.0;           // memory-bound passes (conversion, zeroing, sums)
   double optimizer_per_element = 0.0;     // the update over this rank's shard
 };
+
+// A pipeline step (engine::Engine::train_pipeline): pp stages, each replicated over dp data-parallel
+// ranks (rank = q·dp + d). Each rank runs its schedule's own instruction list (parallel::pp::
+// build_schedule) with every chunk's forward and backward summed from the per-unit costs over its
+// layers (the embedding on virtual stage 0; the last stage's forward carries the fused LM head's
+// backward GEMMs, which the runtime computes there), and boundary_bytes messages at send_recv.
+// After the schedule: the tied token table's gradient (tied_elems) exchanged between the first and
+// last stage (each sends, receives, and waits for its send) and summed; the stage's data-parallel reduction of its stage_params[q] gradients
+// (ZeRO 0: blocking all-reduces in buckets of bucket_elems; ZeRO 1: a reduce-scatter, then the
+// refresh's all-gather after the update); the update over the rank's parameters or shard.
+struct PipelineStepSpec {
+  parallel::pp::ScheduleSpec schedule;
+  std::vector<int> bounds;           // S + 1 layer bounds of the virtual stages
+  std::vector<size_t> stage_params;  // elements per pipeline rank
+  int dp = 1;
+  int zero_stage = 0;                // 0 or 1 (the runtime's pipeline takes no other)
+  size_t bucket_elems = 500'000'000;
+  double boundary_bytes = 0.0;       // one activation (or its gradient) between stages
+  size_t tied_elems = 0;             // the tied token table (0: untied)
+};
+SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCosts& costs);
 
 // One optimizer step of every rank; all ranks run the same list (one group of `world` ranks).
 // Stage 0 is parallel/grad_sync's local (one rank) or bucketed implementation.

@@ -112,5 +112,57 @@ TEST(ZeroProgram, AccumulationRepeatsThePassesAndStepsOnce) {
   EXPECT_THROW(zero_step_program(s, c), Error);
 }
 
+// A 1F1B pipeline of two stages (one layer each, forward 1, backward 2, free messages) over four
+// micro-batches: the schedule ends at (m + p - 1)(f + b) = 15 on rank 0 and 13 on rank 1 (its last
+// backward precedes rank 0's). Then the tied table's gradient crosses each way in 1 s: rank 1's
+// arrived before rank 0 asks, but each waits for its own send (rank 0's ends at 16) and rank 1 for
+// rank 0's message (16); then each stage updates its own parameters (100 and 300 at 1 ms each).
+TEST(PipelineProgram, OneFOneBThenTheTiedExchangeTheReductionAndEachStagesUpdate) {
+  ZeroStepCosts c;
+  c.forward = {0.0, 1.0, 1.0, 0.0};  // embeddings, two blocks, tail
+  c.backward = {0.0, 2.0, 2.0, 0.0};
+  c.optimizer_per_element = 1e-3;
+  c.send_recv = [](double bytes) { return bytes == 1000.0 ? 1.0 : 0.0; };
+  PipelineStepSpec s;
+  s.schedule = {parallel::pp::ScheduleKind::k1F1B, 2, 1, 4};
+  s.bounds = {0, 1, 2};
+  s.stage_params = {100, 300};
+  s.boundary_bytes = 64;
+  SimProgram p = pipeline_step_program(s, c);
+  ASSERT_EQ(p.ranks.size(), 2u);
+  SimReport r = simulate(p);
+  EXPECT_NEAR(r.end[0], 15.1, 1e-12);
+  EXPECT_NEAR(r.end[1], 13.3, 1e-12);
+  s.tied_elems = 250;  // 1000 bytes
+  r = simulate(pipeline_step_program(s, c));
+  EXPECT_NEAR(r.end[0], 16.1, 1e-12);
+  EXPECT_NEAR(r.end[1], 16.3, 1e-12);
+  EXPECT_NEAR(r.makespan, 16.3, 1e-12);
+
+  // Two data-parallel replicas of each stage (ranks q·2 + d). ZeRO 0: one all-reduce (0.5 s) of the
+  // stage's gradients, then the whole update; ZeRO 1: a reduce-scatter (0.5), the update over half
+  // (150 and 50 elements) and the refresh's all-gather (0.25).
+  s.dp = 2;
+  c.all_reduce = c.reduce_scatter = [](double) { return 0.5; };
+  c.all_gather = [](double) { return 0.25; };
+  p = pipeline_step_program(s, c);
+  ASSERT_EQ(p.ranks.size(), 4u);
+  ASSERT_EQ(p.groups.size(), 2u);
+  EXPECT_EQ(p.groups[1], (std::vector<int>{2, 3}));
+  r = simulate(p);
+  EXPECT_NEAR(r.end[0], 16.6, 1e-12);
+  EXPECT_NEAR(r.end[3], 16.8, 1e-12);
+  s.zero_stage = 1;
+  r = simulate(pipeline_step_program(s, c));
+  EXPECT_NEAR(r.end[1], 16.8, 1e-12);
+  EXPECT_NEAR(r.makespan, 16.9, 1e-12);
+  // The runtime's pipeline takes ZeRO 0 or 1; the bounds must cover the costs' layers.
+  s.zero_stage = 2;
+  EXPECT_THROW(pipeline_step_program(s, c), Error);
+  s.zero_stage = 0;
+  s.bounds = {0, 1, 3};
+  EXPECT_THROW(pipeline_step_program(s, c), Error);
+}
+
 }  // namespace
 }  // namespace mt::planner

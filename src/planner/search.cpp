@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "base/error.h"
+#include "parallel/pp/partition.h"
 #include "planner/sim.h"
 
 namespace mt::planner {
@@ -24,8 +25,12 @@ std::vector<int64_t> divisors(int64_t n) {
 }
 
 void check_layout(const PlanJob& job, const Layout& l) {
-  MT_CHECK(l.tp == 1 && l.pp == 1, ErrorKind::kNotSupported,
-           "plan: tensor and pipeline parallelism are not in the cost model yet (data parallelism with ZeRO 0-3 is)");
+  MT_CHECK(l.tp == 1, ErrorKind::kNotSupported,
+           "plan: tensor parallelism is not in the cost model yet (data and pipeline parallelism with ZeRO are)");
+  MT_CHECK(l.pp == 1 || l.stage <= 1, ErrorKind::kNotSupported,
+           "plan: a pipeline takes ZeRO stage 0 or 1 (as DeepSpeed's pipeline engine)");
+  MT_CHECK(l.pp == 1 || job.partition != "time", ErrorKind::kNotSupported,
+           "plan: a pipeline cut by parallel.partition \"time\" is measured at start-up, not planned (\"parameters\" or \"uniform\")");
   MT_CHECK(!job.memory.zero.optimizer_nvme && !job.memory.zero.param_nvme, ErrorKind::kNotSupported,
            "plan: offload's disk traffic is not in the cost model yet");
   MT_CHECK(l.dp >= 1 && l.dp * l.tp * l.pp == job.procs, ErrorKind::kInvalidArgument,
@@ -56,11 +61,41 @@ MemoryInput layout_memory_input(const PlanJob& job, const Layout& l) {
   return in;
 }
 
-size_t layout_memory(const PlanJob& job, const Layout& l, size_t* train = nullptr) {
-  const StageEstimate e = estimate_stage(layout_memory_input(job, l), l.stage);
-  if (train) *train = e.ours.total();
-  return std::max(e.ours.total(), e.setup.total());
+parallel::pp::ScheduleSpec pipeline_spec(const PlanJob& job, const Layout& l) {
+  parallel::pp::ScheduleSpec spec{job.schedule_kind, l.pp, job.virtual_stages, l.accumulation};
+  parallel::pp::check_schedule_spec(spec);
+  return spec;
 }
+
+std::vector<int> pipeline_bounds(const PlanJob& job, const parallel::pp::ScheduleSpec& spec) {
+  return parallel::pp::partition_layers(parallel::pp::parse_partition(job.partition, "parallel.partition"),
+                                        pipeline_partition_input(job.memory.model, spec.stages()));
+}
+
+// Every pipeline rank's memory input (one, the whole model, without a pipeline).
+std::vector<MemoryInput> rank_inputs(const PlanJob& job, const Layout& l) {
+  const MemoryInput in = layout_memory_input(job, l);
+  if (l.pp == 1) return {in};
+  const parallel::pp::ScheduleSpec spec = pipeline_spec(job, l);
+  const std::vector<int> bounds = pipeline_bounds(job, spec);
+  std::vector<MemoryInput> out;
+  for (int q = 0; q < l.pp; ++q) out.push_back(pipeline_rank_input(in, spec, bounds, q));
+  return out;
+}
+
+size_t layout_memory(const PlanJob& job, const Layout& l, size_t* train = nullptr) {
+  size_t peak = 0, steady = 0;
+  for (const MemoryInput& in : rank_inputs(job, l)) {
+    const StageEstimate e = estimate_stage(in, l.stage);
+    steady = std::max(steady, e.ours.total());
+    peak = std::max(peak, std::max(e.ours.total(), e.setup.total()));
+  }
+  if (train) *train = steady;
+  return peak;
+}
+
+SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs);
+Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, const SimProgram& program);
 
 Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal) {
   const MemoryInput& m = job.memory;
@@ -68,6 +103,32 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
                         .compute = m.compute_dtype, .world = l.dp, .vocab_divisible = m.vocab_divisible,
                         .recompute = l.recompute};
   const ZeroStepCosts costs = zero_step_costs(shape, cal);
+  SimProgram program;
+  if (l.pp > 1) {
+    PipelineStepSpec spec;
+    spec.schedule = pipeline_spec(job, l);
+    spec.bounds = pipeline_bounds(job, spec.schedule);
+    for (const MemoryInput& in : rank_inputs(job, l)) {
+      size_t n = 0;
+      for (const parallel::Unit& u : stage_units(in)) n += u.numel;
+      spec.stage_params.push_back(n);
+    }
+    spec.dp = l.dp;
+    spec.zero_stage = l.stage;
+    spec.bucket_elems = job.bucket_elems;
+    spec.boundary_bytes = 4.0 * l.micro_batch * m.seq_length * m.model.hidden;
+    spec.tied_elems = m.model.tie_embeddings
+                          ? static_cast<size_t>(models::padded_vocab(m.model, 1, m.vocab_divisible)) * m.model.hidden
+                          : 0;
+    program = pipeline_step_program(spec, costs);
+  } else {
+    program = zero_program(job, l, costs);
+  }
+  return finish_prediction(job, l, costs, program);
+}
+
+SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs) {
+  const MemoryInput& m = job.memory;
   ZeroStepSpec spec;
   spec.units = model_units(m.model, 1, m.vocab_divisible);
   spec.world = l.dp;
@@ -78,7 +139,11 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
   spec.micro_batches = l.accumulation;
   spec.tied_head = m.model.tie_embeddings;
   spec.low_precision = m.compute_dtype != DType::kF32;
-  const SimProgram program = zero_step_program(spec, costs);
+  return zero_step_program(spec, costs);
+}
+
+Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, const SimProgram& program) {
+  const MemoryInput& m = job.memory;
   SimOptions no_progress;
   no_progress.progress = false;
   const SimReport slow = simulate(program, no_progress);
@@ -86,6 +151,8 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
   Prediction p;
   p.step = slow.makespan;
   p.step_progress = fast.makespan;
+  MT_CHECK(!slow.deadlock && !fast.deadlock, ErrorKind::kInternal, "plan: the step program of " + l.describe() +
+                                                                     " deadlocks: " + slow.where + fast.where);
   p.compute = slow.compute[0];
   p.comm = slow.comm[0];
   p.backward = costs.head_backward;
@@ -134,8 +201,8 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       r.rejected.push_back(family + ": tensor parallelism's step program (its collectives inside the blocks) is not in the cost model yet");
       continue;
     }
-    if (pp > 1) {
-      r.rejected.push_back(family + ": the pipeline's program is not timed by the cost model yet");
+    if (pp > 1 && job.partition == "time") {
+      r.rejected.push_back(family + ": parallel.partition \"time\" is measured at the run's start-up, not planned");
       continue;
     }
     if (job.global_batch % dp != 0) {
@@ -143,9 +210,9 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
                            std::to_string(job.global_batch));
       continue;
     }
-    if (dp > 1 && cal.world < 2) {
+    if ((dp > 1 || pp > 1) && cal.world < 2) {
       r.rejected.push_back(family + ": the calibration has no collectives (calibrate under meshtrain launch -n " +
-                           std::to_string(dp) + ")");
+                           std::to_string(std::max(dp, 2)) + ")");
       continue;
     }
     const int64_t share = job.global_batch / dp;
@@ -160,6 +227,13 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       continue;
     }
     std::vector<int> stages = space.stage ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{job.base.stage};
+    if (pp > 1) {  // the runtime's pipeline takes ZeRO 0 or 1
+      std::erase_if(stages, [](int st) { return st > 1; });
+      if (stages.empty()) {
+        r.rejected.push_back(family + ": a pipeline takes ZeRO stage 0 or 1 (as DeepSpeed's pipeline engine)");
+        continue;
+      }
+    }
     std::vector<bool> recomputes = space.recompute ? std::vector<bool>{false, true} : std::vector<bool>{job.base.recompute};
     for (int stage : stages)
       for (bool rec : recomputes) {
@@ -170,8 +244,14 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
                    .accumulation = static_cast<int>(share / B), .recompute = rec};
           ++r.considered;
           check_layout(job, l);
-          size_t train = 0;
-          const size_t bytes = layout_memory(job, l, &train);
+          size_t train = 0, bytes = 0;
+          try {
+            bytes = layout_memory(job, l, &train);
+          } catch (const Error& e) {  // a schedule or partition the runtime cannot run
+            const std::string why = family + ": " + e.what();
+            if (std::find(r.rejected.begin(), r.rejected.end(), why) == r.rejected.end()) r.rejected.push_back(why);
+            continue;
+          }
           if (bytes > budget) {
             if (over_count++ == 0) over_from = static_cast<int>(B), over_bytes = bytes;
             continue;

@@ -7,9 +7,11 @@
 //
 // Searched, where the caller leaves them free: the ZeRO stage (0-3), the micro-batch B with its
 // accumulation (every divisor of the rank's share of the batch), and recompute (activation
-// checkpointing). Families the cost model cannot time yet (tensor and pipeline parallelism) are
-// reported as rejected with that reason, as are layouts over the budget and shares that do not
-// divide the batch. Pure: the calibration comes from the caller.
+// checkpointing), and the processes' split into pipeline stages × data-parallel ranks (each stage
+// cut as the engine cuts it, its program the schedule's own, planner/program.h). Tensor
+// parallelism, which the cost model cannot time yet, is reported as rejected with that reason, as
+// are layouts over the budget, shares that do not divide the batch and what the runtime refuses
+// (a pipeline with ZeRO 2-3). Pure: the calibration comes from the caller.
 #pragma once
 
 #include <cstddef>
@@ -44,11 +46,17 @@ struct PlanJob {
   int procs = 1;
   int64_t global_batch = 1;            // train_batch_size: samples per optimizer step
   Layout base;                         // the configuration's own layout
+  // Pipelines (pp > 1): the configuration's schedule and virtual stages (its micro-batches are each
+  // layout's accumulation) and how layers are cut ("parameters" or "uniform"; "time" is measured
+  // at the run's start-up, so pipelines cut by it are not searched).
+  parallel::pp::ScheduleKind schedule_kind = parallel::pp::ScheduleKind::k1F1B;
+  int virtual_stages = 1;
+  std::string partition = "parameters";
 };
 
 // What the search may change (false: the base's value).
 struct SearchSpace {
-  bool parallel = false;   // dp x tp x pp (today dp = procs only: tp and pp are reported rejected)
+  bool parallel = false;   // dp x tp x pp (tp is reported rejected)
   bool stage = false;
   bool batch = false;      // micro-batch and accumulation, their product fixed by the global batch
   bool recompute = false;
@@ -64,8 +72,9 @@ struct Prediction {
   double tokens_per_s = 0.0;   // global batch x T / step
 };
 
-// The predicted step and memory of one layout. Throws kNotSupported for tp or pp > 1 (not in the
-// cost model yet) and kInvalidArgument when the layout does not split the job's batch.
+// The predicted step and memory of one layout (a pipeline's: its slowest stage's memory). Throws
+// kNotSupported for tp > 1 (not in the cost model yet), a pipeline with ZeRO 2-3 or cut by time,
+// and kInvalidArgument when the layout does not split the job's batch or its schedule cannot run.
 Prediction predict_layout(const PlanJob& job, const Layout& layout, const Calibration& cal);
 
 struct RankedLayout {
