@@ -18,6 +18,7 @@
 #include <cmath>
 #include <unistd.h>
 #include <random>
+#include <thread>
 #include <memory>
 #include <string>
 #include <vector>
@@ -219,7 +220,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   std::filesystem::create_directories(dir);
   const double tokens = static_cast<double>(job.global_batch) * job.memory.seq_length;
   std::printf("%4s  %-48s %10s %10s %7s %11s %11s %7s\n", "rank", "layout", "predicted", "measured", "error",
-              "memory", "measured", "error");
+              "rank 0 mem", "measured", "error");
   std::vector<double> predicted, measured, step_errors, memory_errors;
   for (size_t i : picks) {
     const auto& [l, p] = r.ranked[i];
@@ -227,10 +228,12 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
     predicted.push_back(p.step);
     measured.push_back(m.step);
     step_errors.push_back(std::abs(p.step / m.step - 1));
-    memory_errors.push_back(m.memory > 0 ? std::abs(static_cast<double>(p.memory_train) / m.memory - 1) : 0.0);
+    // Rank 0's categories (a pipeline's first stage) against its own prediction.
+    const double mine = static_cast<double>(p.memory_by_stage.empty() ? p.memory_train : p.memory_by_stage.front());
+    memory_errors.push_back(m.memory > 0 ? std::abs(mine / m.memory - 1) : 0.0);
     std::printf("%4zu  %-48s %9.4fs %9.4fs %+6.1f%% %11s %11s %+6.1f%%\n", i + 1, l.describe().c_str(), p.step, m.step,
-                100 * (p.step / m.step - 1), gib(p.memory_train).c_str(), gib(static_cast<size_t>(m.memory)).c_str(),
-                m.memory > 0 ? 100 * (static_cast<double>(p.memory_train) / m.memory - 1) : 0.0);
+                100 * (p.step / m.step - 1), gib(static_cast<size_t>(mine)).c_str(), gib(static_cast<size_t>(m.memory)).c_str(),
+                m.memory > 0 ? 100 * (mine / m.memory - 1) : 0.0);
     std::fflush(stdout);
   }
   auto median = [](std::vector<double> v) {
@@ -253,6 +256,12 @@ void run_plan(const PlanOptions& o) {
   const planner::Calibration cal = load_calibration(cal_path, o.calibration.empty() ? "planner.calibration" : "--calibration");
   const planner::PlanJob job = plan_job(c, o.procs);
   const size_t budget = budget_bytes(o.memory_gib > 0 ? o.memory_gib : c.planner.memory_gib, o.procs);
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores > 0 && static_cast<unsigned>(o.procs * cal.threads) > cores)
+    std::fprintf(stderr,
+                 "warning: %d process(es) x %d thread(s) on %u core(s): the calibration's rates assume each rank its own "
+                 "cores; oversubscribed ranks share them in ways the cost model does not follow\n",
+                 o.procs, cal.threads, cores);
   if (o.search) {
     planner::SearchSpace all;
     all.parallel = all.stage = all.batch = all.recompute = true;

@@ -83,10 +83,12 @@ std::vector<MemoryInput> rank_inputs(const PlanJob& job, const Layout& l) {
   return out;
 }
 
-size_t layout_memory(const PlanJob& job, const Layout& l, size_t* train = nullptr) {
+size_t layout_memory(const PlanJob& job, const Layout& l, size_t* train = nullptr, std::vector<size_t>* by_stage = nullptr) {
   size_t peak = 0, steady = 0;
+  if (by_stage) by_stage->clear();
   for (const MemoryInput& in : rank_inputs(job, l)) {
     const StageEstimate e = estimate_stage(in, l.stage);
+    if (by_stage) by_stage->push_back(e.ours.total());
     steady = std::max(steady, e.ours.total());
     peak = std::max(peak, std::max(e.ours.total(), e.setup.total()));
   }
@@ -176,7 +178,7 @@ std::string Layout::describe() const {
 Prediction predict_layout(const PlanJob& job, const Layout& layout, const Calibration& cal) {
   check_layout(job, layout);
   Prediction p = time_layout(job, layout, cal);
-  p.memory = layout_memory(job, layout, &p.memory_train);
+  p.memory = layout_memory(job, layout, &p.memory_train, &p.memory_by_stage);
   return p;
 }
 
@@ -245,8 +247,9 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
           ++r.considered;
           check_layout(job, l);
           size_t train = 0, bytes = 0;
+          std::vector<size_t> by_stage;
           try {
-            bytes = layout_memory(job, l, &train);
+            bytes = layout_memory(job, l, &train, &by_stage);
           } catch (const Error& e) {  // a schedule or partition the runtime cannot run
             const std::string why = family + ": " + e.what();
             if (std::find(r.rejected.begin(), r.rejected.end(), why) == r.rejected.end()) r.rejected.push_back(why);
@@ -259,6 +262,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
           Prediction p = time_layout(job, l, cal);
           p.memory = bytes;
           p.memory_train = train;
+          p.memory_by_stage = std::move(by_stage);
           r.ranked.push_back({l, p});
         }
         if (over_count) {

@@ -69,6 +69,7 @@ struct Prediction {
   double compute = 0.0, comm = 0.0;      // rank 0's compute and communication-stream seconds (no progress)
   size_t memory = 0;           // bytes per rank at its peak: max(training step, engine setup)
   size_t memory_train = 0;     // bytes per rank in training steps (every category at its peak)
+  std::vector<size_t> memory_by_stage;  // the same per pipeline rank (one entry without a pipeline)
   double tokens_per_s = 0.0;   // global batch x T / step
 };
 
