@@ -85,11 +85,14 @@ TEST(Plan, PredictsTheStepFromTheCalibrationAndRefusesWhatItDoesNotModel) {
   ASSERT_NE(out.find("step "), std::string::npos) << out;
   EXPECT_NEAR(std::stod(out.substr(out.find("step ") + 5)), step, 1e-6) << out;
 
-  for (const char* set : {"parallel.tp=2", "zero_optimization.offload_optimizer.device=cpu"}) {
-    EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal + " --set " + set,
-                                              &out, &err), 0);
+  for (const char* set : {"parallel.tp=2 --set parallel.pp=2 --procs 4", "zero_optimization.offload_optimizer.device=cpu --procs 2"}) {
+    EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal + " --set " + set, &out, &err), 0);
     EXPECT_NE(err.find("not in the cost model yet"), std::string::npos) << err;
   }
+  // tp 2 is timed, but not from a one-process calibration.
+  EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal + " --set parallel.tp=2",
+                                            &out, &err), 0);
+  EXPECT_NE(err.find("its collectives were not measured"), std::string::npos) << err;
   std::ofstream(cal) << "{}";
   EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal, &out, &err), 0);
   EXPECT_NE(err.find("no 'fits'"), std::string::npos) << err;

@@ -5,8 +5,8 @@
 // the runtime's own ZeRO schedule (planner/program.h), its times from the machine's calibration
 // (`meshtrain calibrate`) and the model's shapes (planner/cost.h); the simulator gives the step.
 // So far: data parallelism with ZeRO stages 0-3 in memory, micro-batch, accumulation and
-// recompute, and pipelines (stages x data-parallel ranks); tensor parallelism and offload are
-// refused by name.
+// recompute, tensor parallelism (x dp) and pipelines (stages x dp); tp and pp together and
+// offload are refused by name.
 //
 // load_planned_config: the same search resolves "auto" layouts at train's start-up.
 #include <algorithm>
@@ -271,7 +271,8 @@ void run_plan(const PlanOptions& o) {
     if (o.validate > 0) validate(o, job, r);
     return;
   }
-  MT_CHECK(c.world_size == 1 || cal.world >= 2, ErrorKind::kInvalidArgument,
+  planner::check_layout(job, job.base);
+  MT_CHECK(o.procs == 1 || cal.world >= 2, ErrorKind::kInvalidArgument,
            cal_path + ": its collectives were not measured (calibrate under meshtrain launch -n 2 or more)");
   const planner::Prediction p = planner::predict_layout(job, job.base, cal);
   if (o.json) {

@@ -33,9 +33,11 @@ double block_gemm_flops(const StepShape& s) {
 ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   MT_CHECK(s.micro_batch >= 1 && s.seq_length >= 1 && s.world >= 1, ErrorKind::kInvalidArgument,
            "cost model: micro-batch, sequence length and world must be positive");
-  const models::BlockDims d = block_dims(s.model, s.micro_batch, s.seq_length);
+  MT_CHECK(s.tp >= 1, ErrorKind::kInvalidArgument, "cost model: tp must be positive");
+  const models::BlockDims d = block_dims(s.model, s.micro_batch, s.seq_length, s.tp, s.sequence_parallel);
   const double N = d.N, C = d.C, e = static_cast<double>(dtype_size(s.compute));
-  const double V = models::padded_vocab(s.model, 1, s.vocab_divisible);
+  const double Nl = d.rows();  // the residual stream's rows on this rank (N / tp under sequence parallelism)
+  const double V = models::padded_vocab(s.model, s.tp, s.vocab_divisible) / s.tp;  // this rank's vocabulary rows
   const bool llama = s.model.arch != models::Arch::kGpt2;
   const double mem = cal.fits.count("memory") ? cal.fits.at("memory").per_unit : 0.0;
   const DType cd = s.compute;
@@ -57,10 +59,10 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   double elem_fwd = 0.0, elem_bwd = 0.0;
   if (own) {
     const std::string norm = llama ? "rmsnorm" : "layernorm";
-    const double NC = N * C, NG = N * d.G;
+    const double NC = Nl * C, NG = N * d.G;
     // Casts to the compute dtype of what the GEMMs read: the two norms' outputs, attention's output
     // and the activation (forward), the same gradients (backward).
-    const double casts = e < 4 ? (4 + e) * (2 * NC + N * d.A + NG) : 0.0;
+    const double casts = e < 4 ? (4 + e) * (2 * N * C + N * d.A + NG) : 0.0;
     const double rope = llama ? 8 * N * (d.A + d.NKV * d.HS) : 0.0;
     elem_fwd = 2 * cal.seconds(norm + " forward", NC) + 2 * cal.seconds("add", NC) +
                (llama ? cal.seconds("swiglu forward", NG) : mem * 8 * NG) + mem * (casts + rope);
@@ -99,6 +101,25 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   c.forward.back() = mem * (4 + e) * N * C + head + loss;
   c.backward.back() = mem * 2 * (4 + e) * N * C;
   c.head_backward = gemm_backward(cal, cd, N, C, V) + loss;
+  if (s.tp > 1) {  // the tp group's blocking collectives (cost.h)
+    auto ar = [&cal](double b) { return cal.seconds("all_reduce", b); };
+    auto ag = [&cal](double b) { return cal.seconds("all_gather", b); };
+    auto rs = [&cal](double b) { return cal.seconds("reduce_scatter", b); };
+    const double full = 4 * N * C, part = 4 * Nl * C;
+    const bool sp = d.sp;
+    const std::vector<double> block = sp ? std::vector<double>{ag(part), rs(part), ag(part), rs(part)}
+                                         : std::vector<double>{ar(full), ar(full)};
+    std::vector<double> block_bwd = block;
+    if (sp) block_bwd.push_back(ar(4.0 * (llama ? 2 : 4) * C));  // the norms' weight gradients
+    c.tp_forward.assign(U, block);
+    c.tp_backward.assign(U, block_bwd);
+    c.tp_forward.front() = {sp ? rs(part) : ar(full)};                     // the vocabulary-parallel embedding
+    c.tp_backward.front() = sp ? std::vector<double>{ag(part)} : std::vector<double>{};
+    c.tp_forward.back() = sp ? std::vector<double>{ag(part), ar(4 * N), ar(4 * N)}  // the head's rows, the loss's max and sum
+                             : std::vector<double>{ar(4 * N), ar(4 * N)};
+    c.tp_backward.back() = {};
+    c.tp_head_backward = {sp ? rs(part) : ar(full)};
+  }
   c.memory_per_byte = mem;
   // The update (writing the compute-dtype copy where calibrated so), and the step's other passes
   // over the shard: the gradient norm reads it and zero_grad writes it.

@@ -19,6 +19,14 @@
 //                local copy at the memory rate)
 // The head's backward (its own hooks) is the head GEMM's two backward GEMMs and the loss's bytes.
 // Recompute (models' activation checkpointing, per block) adds a block's forward to its backward.
+// Tensor parallelism (tp > 1): each unit's pass also makes the tp group's blocking collectives
+// (ZeroStepCosts::tp_forward/tp_backward), as models/block.cpp and transformer.cpp make them, of
+// N·C floats each: a block's forward two all-reduces (after the attention and MLP outputs), its
+// backward two (the column-parallel inputs' gradients); the embedding's forward one, the head's
+// backward one, and the vocabulary-parallel loss two of N floats. Under sequence parallelism each
+// all-reduce becomes an all-gather of the rows before the column-parallel layer and a
+// reduce-scatter after the row-parallel one (forward), and the reverse in the backward. Collective
+// times are the calibration's world lines (the tp group is taken to be as fast as the world).
 #pragma once
 
 #include "models/config.h"
@@ -36,6 +44,10 @@ struct StepShape {
   int world = 1;        // data-parallel ranks
   int vocab_divisible = 128;
   bool recompute = false;  // activation checkpointing: each block's backward runs its forward again first
+  // Megatron's tensor parallelism over tp ranks (this rank's widths: NH/tp heads, I/tp features,
+  // V/tp vocabulary rows), with sequence parallelism: the norms and residual adds on N/tp rows.
+  int tp = 1;
+  bool sequence_parallel = false;
 };
 
 // FLOPs of one block's GEMMs in the forward (the textbook 24·N·C² for GPT-2's 4C MLP, without

@@ -96,6 +96,29 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
   EXPECT_NEAR(zero_step_costs(s, cal).backward[1], 2 * fwd + elem_b + fwd + elem_f, 1e-15);
   s.recompute = false;
 
+  // Tensor parallelism over 2 ranks: the block's GEMMs are this rank's half (24·N·C²/2), the head's
+  // its half of the vocabulary (256 padded rows / 2), and each pass makes the tp group's blocking
+  // collectives of N·C floats: a block two all-reduces forward and two backward, the embedding
+  // one forward, the loss two of N floats, the head's backward one.
+  {
+    cal = synthetic();
+    cal.fits["all_reduce"] = {1e-6, 1e-9};
+    StepShape t = tiny(models::Arch::kGpt2);
+    t.tp = 2;
+    const ZeroStepCosts h = zero_step_costs(t, cal);
+    const double att2 = 2.0 * 2 * 2 * 16 * 2 * (8 * 9 / 2);  // NH/2 heads
+    EXPECT_NEAR(h.forward[1], 1e-12 * 12 * 16 * 64 * 64 + 2e-12 * att2, 1e-18);
+    EXPECT_NEAR(h.forward[3], 1e-12 * 2 * 16 * 64 * 128, 1e-18);
+    const double ar = 1e-6 + 1e-9 * 4 * 16 * 64;
+    EXPECT_EQ(h.tp_forward[1], (std::vector<double>{ar, ar}));
+    EXPECT_EQ(h.tp_backward[2], (std::vector<double>{ar, ar}));
+    EXPECT_EQ(h.tp_forward[0], (std::vector<double>{ar}));
+    EXPECT_TRUE(h.tp_backward[0].empty());
+    EXPECT_EQ(h.tp_forward[3], (std::vector<double>{1e-6 + 1e-9 * 4 * 16, 1e-6 + 1e-9 * 4 * 16}));
+    EXPECT_EQ(h.tp_head_backward, (std::vector<double>{ar}));
+  }
+  cal = synthetic();
+
   // A family the calibration lacks is named.
   cal.fits.erase("gemm f32");
   EXPECT_THROW(zero_step_costs(s, cal), Error);

@@ -6,6 +6,33 @@
 namespace mt::planner {
 namespace {
 
+// The tp group's placeholder in a list built for one rank; zero_step_program maps it (and group 0,
+// the dp group) to each rank's own groups.
+constexpr int kTpGroup = 1;
+
+// A unit's pass: its compute, split evenly around the blocking tp collectives it makes.
+void emit_pass(std::vector<SimOp>& ops, int& next_tag, double seconds, const std::vector<double>* tp, const std::string& name) {
+  const size_t k = tp ? tp->size() : 0;
+  for (size_t i = 0; i <= k; ++i) {
+    SimOp op;
+    op.seconds = seconds / static_cast<double>(k + 1);
+    op.name = name;
+    ops.push_back(std::move(op));
+    if (i == k) break;
+    SimOp c;
+    c.kind = SimOpKind::kCollective;
+    c.seconds = (*tp)[i];
+    c.group = kTpGroup;
+    c.tag = next_tag++;
+    c.name = "tp collective in " + name;
+    ops.push_back(std::move(c));
+  }
+}
+
+const std::vector<double>* tp_of(const std::vector<std::vector<double>>& v, size_t u) {
+  return u < v.size() && !v[u].empty() ? &v[u] : nullptr;
+}
+
 // parallel::ZeroEffects as instructions of one rank (every rank runs the same list).
 class ZeroEmitter : private parallel::ZeroEffects {
  public:
@@ -29,15 +56,16 @@ class ZeroEmitter : private parallel::ZeroEffects {
       schedule_.set_last_micro_batch(m + 1 == spec_.micro_batches);
       for (size_t u = 0; u <= last; ++u) {
         schedule_.on_hook(u, true, true);
-        compute(costs_.forward[u], "forward " + spec_.units[u].name);
+        emit_pass(ops_, next_tag_, costs_.forward[u], tp_of(costs_.tp_forward, u), "forward " + spec_.units[u].name);
         schedule_.on_hook(u, false, true);
       }
       schedule_.on_hook(head, true, false);
-      compute(costs_.head_backward, "head backward");
+      emit_pass(ops_, next_tag_, costs_.head_backward, costs_.tp_head_backward.empty() ? nullptr : &costs_.tp_head_backward,
+                "head backward");
       schedule_.on_hook(head, false, false);
       for (size_t u = last + 1; u-- > 0;) {
         schedule_.on_hook(u, true, false);
-        compute(costs_.backward[u], "backward " + spec_.units[u].name);
+        emit_pass(ops_, next_tag_, costs_.backward[u], tp_of(costs_.tp_backward, u), "backward " + spec_.units[u].name);
         schedule_.on_hook(u, false, false);
       }
       schedule_.finish_backward();
@@ -153,13 +181,16 @@ std::vector<SimOp> bucketed_step(const ZeroStepSpec& spec, const ZeroStepCosts& 
   };
   const bool reduce = spec.world > 1;
   const size_t last = U - 1, head = spec.tied_head ? 0 : last;
+  int tp_tag = 1 << 20;  // the tp collectives' tags, apart from the buckets'
   for (int m = 0; m < spec.micro_batches; ++m) {
     const bool armed = reduce && m + 1 == spec.micro_batches;
-    for (size_t u = 0; u <= last; ++u) compute(costs.forward[u], "forward " + spec.units[u].name);
-    compute(costs.head_backward, "head backward");
+    for (size_t u = 0; u <= last; ++u)
+      emit_pass(ops, tp_tag, costs.forward[u], tp_of(costs.tp_forward, u), "forward " + spec.units[u].name);
+    emit_pass(ops, tp_tag, costs.head_backward, costs.tp_head_backward.empty() ? nullptr : &costs.tp_head_backward,
+              "head backward");
     if (armed && head > 0) ready_from(spec.units[head].offset);  // the head's module hook (units past the first)
     for (size_t u = last + 1; u-- > 0;) {
-      compute(costs.backward[u], "backward " + spec.units[u].name);
+      emit_pass(ops, tp_tag, costs.backward[u], tp_of(costs.tp_backward, u), "backward " + spec.units[u].name);
       if (armed && u > 0) ready_from(spec.units[u].offset);
     }
     if (armed) {  // GradBuckets::finish
@@ -173,12 +204,35 @@ std::vector<SimOp> bucketed_step(const ZeroStepSpec& spec, const ZeroStepCosts& 
 }
 
 SimProgram zero_step_program(const ZeroStepSpec& spec, const ZeroStepCosts& costs) {
+  MT_CHECK(spec.tp >= 1, ErrorKind::kInvalidArgument, "step program: tp must be positive");
   SimProgram p;
-  std::vector<SimOp> ops = spec.schedule.stage == 0 ? bucketed_step(spec, costs) : ZeroEmitter(spec, costs).run();
-  p.ranks.assign(static_cast<size_t>(spec.world), ops);
-  std::vector<int> all;
-  for (int r = 0; r < spec.world; ++r) all.push_back(r);
-  p.groups.push_back(all);
+  const std::vector<SimOp> ops = spec.schedule.stage == 0 ? bucketed_step(spec, costs) : ZeroEmitter(spec, costs).run();
+  const int D = spec.world, T = spec.tp;
+  if (T == 1) {
+    p.ranks.assign(static_cast<size_t>(D), ops);
+    std::vector<int> all;
+    for (int r = 0; r < D; ++r) all.push_back(r);
+    p.groups.push_back(all);
+    return p;
+  }
+  // Rank d·T + t: its dp group is groups[t], its tp group groups[T + d].
+  for (int t = 0; t < T; ++t) {
+    std::vector<int> g;
+    for (int d = 0; d < D; ++d) g.push_back(d * T + t);
+    p.groups.push_back(g);
+  }
+  for (int d = 0; d < D; ++d) {
+    std::vector<int> g;
+    for (int t = 0; t < T; ++t) g.push_back(d * T + t);
+    p.groups.push_back(g);
+  }
+  for (int d = 0; d < D; ++d)
+    for (int t = 0; t < T; ++t) {
+      std::vector<SimOp> mine = ops;
+      for (SimOp& op : mine)
+        if (op.kind == SimOpKind::kCollective) op.group = op.group == kTpGroup ? T + d : t;
+      p.ranks.push_back(std::move(mine));
+    }
   return p;
 }
 

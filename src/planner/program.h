@@ -35,8 +35,11 @@
 namespace mt::planner {
 
 struct ZeroStepSpec {
-  std::vector<parallel::Unit> units;  // the model's zero_units(), in order
+  std::vector<parallel::Unit> units;  // the model's zero_units(), in order (one tp rank's shard)
   int world = 1;                      // data-parallel ranks
+  // Tensor-parallel ranks (consecutive: rank = d·tp + t); the ZeRO collectives run over the dp group
+  // of equal t, the costs' tp collectives over the tp group of equal d.
+  int tp = 1;
   // schedule.stage 0: no ZeRO schedule; on more than one rank the gradients are all-reduced in
   // buckets of bucket_elems cut from the buffer's end (parallel/dp/grad_buckets.h), each launched
   // at the first unit's post-backward hook below which it lies, during the last micro-batch
@@ -56,6 +59,10 @@ struct ZeroStepCosts {
   std::function<double(double bytes)> all_gather, reduce_scatter;
   std::function<double(double bytes)> all_reduce;  // stage 0 on more than one rank
   std::function<double(double bytes)> send_recv;   // one message between two ranks (pipelines)
+  // Tensor parallelism: per unit, the seconds of each blocking tp-group collective its forward and
+  // backward make (empty: none); the unit's compute is split evenly around them.
+  std::vector<std::vector<double>> tp_forward, tp_backward;
+  std::vector<double> tp_head_backward;
   double memory_per_byte = 0.0;           // memory-bound passes (conversion, zeroing, sums)
   double optimizer_per_element = 0.0;     // the update over this rank's shard
 };

@@ -112,6 +112,34 @@ TEST(ZeroProgram, AccumulationRepeatsThePassesAndStepsOnce) {
   EXPECT_THROW(zero_step_program(s, c), Error);
 }
 
+// Tensor parallelism: each pass makes its blocking tp collectives between pieces of its compute.
+// One replica of two tp ranks at stage 0 (no dp reduction): every unit's forward 1 s with one
+// 0.5 s collective, its backward 2 s with one of 0.25, the head's backward one of 0.1; the update
+// (1e-3 s an element over 3000). Two replicas x two tp ranks: the dp groups join equal tp ranks,
+// the tp groups each replica's ranks.
+TEST(ZeroProgram, TensorParallelCollectivesBlockInsideEachPass) {
+  ZeroStepSpec s = three_units(0, false);
+  s.world = 1;
+  s.tp = 2;
+  ZeroStepCosts c = costs(1, 2, 0, 0);
+  c.tp_forward.assign(3, {0.5});
+  c.tp_backward.assign(3, {0.25});
+  c.tp_head_backward = {0.1};
+  c.optimizer_per_element = 1e-3;
+  SimProgram p = zero_step_program(s, c);
+  ASSERT_EQ(p.ranks.size(), 2u);
+  EXPECT_EQ(p.groups, (std::vector<std::vector<int>>{{0}, {1}, {0, 1}}));
+  SimReport r = simulate(p);
+  EXPECT_NEAR(r.makespan, 3 * (1 + 0.5) + 0.1 + 3 * (2 + 0.25) + 3.0, 1e-12);
+  EXPECT_NEAR(r.compute[1], 3 * 1 + 3 * 2 + 3.0, 1e-12);
+  s.world = 2;
+  c.all_reduce = [](double) { return 0.0; };
+  p = zero_step_program(s, c);
+  ASSERT_EQ(p.ranks.size(), 4u);
+  EXPECT_EQ(p.groups, (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {0, 1}, {2, 3}}));
+  EXPECT_FALSE(simulate(p).deadlock);
+}
+
 // A 1F1B pipeline of two stages (one layer each, forward 1, backward 2, free messages) over four
 // micro-batches: the schedule ends at (m + p - 1)(f + b) = 15 on rank 0 and 13 on rank 1 (its last
 // backward precedes rank 0's). Then the tied table's gradient crosses each way in 1 s: rank 1's

@@ -24,9 +24,18 @@ std::vector<int64_t> divisors(int64_t n) {
   return d;
 }
 
+}  // namespace
+
 void check_layout(const PlanJob& job, const Layout& l) {
-  MT_CHECK(l.tp == 1, ErrorKind::kNotSupported,
-           "plan: tensor parallelism is not in the cost model yet (data and pipeline parallelism with ZeRO are)");
+  MT_CHECK(l.tp == 1 || l.pp == 1, ErrorKind::kNotSupported,
+           "plan: tensor parallelism within a pipeline is not in the cost model yet (each alone is)");
+  const models::ModelConfig& m = job.memory.model;
+  MT_CHECK(m.n_head % l.tp == 0 && m.n_kv_head % l.tp == 0 && m.intermediate % l.tp == 0, ErrorKind::kInvalidArgument,
+           "plan: tp " + std::to_string(l.tp) + " does not divide the model's heads (" + std::to_string(m.n_head) +
+               "), kv heads (" + std::to_string(m.n_kv_head) + ") and MLP features (" + std::to_string(m.intermediate) + ")");
+  MT_CHECK(!job.memory.sequence_parallel || l.tp == 1 ||
+               (static_cast<int64_t>(l.micro_batch) * job.memory.seq_length) % l.tp == 0,
+           ErrorKind::kInvalidArgument, "plan: sequence parallelism needs B x T divisible by tp");
   MT_CHECK(l.pp == 1 || l.stage <= 1, ErrorKind::kNotSupported,
            "plan: a pipeline takes ZeRO stage 0 or 1 (as DeepSpeed's pipeline engine)");
   MT_CHECK(l.pp == 1 || job.partition != "time", ErrorKind::kNotSupported,
@@ -44,10 +53,13 @@ void check_layout(const PlanJob& job, const Layout& l) {
                std::to_string(l.accumulation) + " is not train_batch_size " + std::to_string(job.global_batch));
 }
 
+namespace {
+
 MemoryInput layout_memory_input(const PlanJob& job, const Layout& l) {
   MemoryInput in = job.memory;
   in.world = l.dp;
-  in.tp = 1;
+  in.tp = l.tp;
+  in.sequence_parallel = job.memory.sequence_parallel && l.tp > 1;
   in.pp = 1;
   in.pp_rank = 0;
   in.chunks.clear();
@@ -103,7 +115,7 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
   const MemoryInput& m = job.memory;
   const StepShape shape{.model = m.model, .micro_batch = l.micro_batch, .seq_length = m.seq_length,
                         .compute = m.compute_dtype, .world = l.dp, .vocab_divisible = m.vocab_divisible,
-                        .recompute = l.recompute};
+                        .recompute = l.recompute, .tp = l.tp, .sequence_parallel = m.sequence_parallel && l.tp > 1};
   const ZeroStepCosts costs = zero_step_costs(shape, cal);
   SimProgram program;
   if (l.pp > 1) {
@@ -132,8 +144,9 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
 SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs) {
   const MemoryInput& m = job.memory;
   ZeroStepSpec spec;
-  spec.units = model_units(m.model, 1, m.vocab_divisible);
+  spec.units = model_units(m.model, l.tp, m.vocab_divisible);
   spec.world = l.dp;
+  spec.tp = l.tp;
   spec.schedule = job.schedule;
   spec.schedule.stage = l.stage;
   if (!job.overlap_comm_given) spec.schedule.overlap_comm = l.stage == 3;
@@ -199,8 +212,13 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
     const int dp = job.procs / (tp * pp);
     const std::string family = "dp " + std::to_string(dp) + (tp > 1 ? ", tp " + std::to_string(tp) : "") +
                                (pp > 1 ? ", pp " + std::to_string(pp) : "");
-    if (tp > 1) {
-      r.rejected.push_back(family + ": tensor parallelism's step program (its collectives inside the blocks) is not in the cost model yet");
+    if (tp > 1 && pp > 1) {
+      r.rejected.push_back(family + ": tensor parallelism within a pipeline is not in the cost model yet");
+      continue;
+    }
+    const models::ModelConfig& model = job.memory.model;
+    if (model.n_head % tp != 0 || model.n_kv_head % tp != 0 || model.intermediate % tp != 0) {
+      r.rejected.push_back(family + ": tp does not divide the model's heads, kv heads and MLP features");
       continue;
     }
     if (pp > 1 && job.partition == "time") {
@@ -212,7 +230,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
                            std::to_string(job.global_batch));
       continue;
     }
-    if ((dp > 1 || pp > 1) && cal.world < 2) {
+    if ((dp > 1 || pp > 1 || tp > 1) && cal.world < 2) {
       r.rejected.push_back(family + ": the calibration has no collectives (calibrate under meshtrain launch -n " +
                            std::to_string(std::max(dp, 2)) + ")");
       continue;

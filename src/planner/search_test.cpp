@@ -133,12 +133,23 @@ TEST(Search, TheCollectivesPricesDecideBetweenPlainDataParallelismAndZeROAndUnmo
   r = search_layouts(job, everything(), size_t{1} << 40, cal);
   ASSERT_FALSE(r.ranked.empty());
   EXPECT_GE(r.ranked.front().layout.stage, 1);
-  // tp 2 over two processes: named, not timed. pp 2: timed at ZeRO 0 and 1 (the runtime's
-  // pipeline takes no other), each stage one layer; its memory the larger stage's.
+  // tp 2 over two processes: timed at every stage, its units one tp rank's shard. pp 2: timed
+  // at ZeRO 0 and 1 (the runtime's pipeline takes no other), each stage one layer; its memory the
+  // larger stage's.
   int tp = 0, pipelines = 0;
-  for (const std::string& why : r.rejected)
-    tp += why.rfind("dp 1, tp 2:", 0) == 0 && why.find("not in the cost model yet") != std::string::npos;
-  EXPECT_EQ(tp, 1);
+  for (const RankedLayout& x : r.ranked) {
+    if (x.layout.tp == 1) continue;
+    ++tp;
+    EXPECT_EQ(x.layout.dp, 1);
+    EXPECT_DOUBLE_EQ(x.prediction.step, predict_layout(job, x.layout, cal).step);
+  }
+  EXPECT_EQ(tp, 4 * 4 * 2);  // stages 0-3 x B in {1, 2, 4, 8} x recompute or not
+  // tp 3 does not divide the heads: named.
+  PlanJob three = tiny_job(3, 6);
+  SearchResult r3 = search_layouts(three, everything(), size_t{1} << 40, cal);
+  EXPECT_TRUE(std::any_of(r3.rejected.begin(), r3.rejected.end(), [](const std::string& w) {
+    return w.rfind("dp 1, tp 3:", 0) == 0 && w.find("does not divide") != std::string::npos;
+  }));
   for (const RankedLayout& x : r.ranked) {
     if (x.layout.pp == 1) continue;
     ++pipelines;
@@ -167,12 +178,12 @@ TEST(Search, TheCollectivesPricesDecideBetweenPlainDataParallelismAndZeROAndUnmo
   in.zero.overlap_comm = false;
   EXPECT_NE(predict_layout(defaults, Layout{.dp = 2, .stage = 3, .micro_batch = 4}, cal).memory_train,
             estimate_stage(in, 3).ours.total());
-  // A batch two data-parallel ranks cannot share: only the pipeline (one replica) takes it.
+  // A batch two data-parallel ranks cannot share: only one replica (tp 2 or pp 2) takes it.
   PlanJob odd = tiny_job(2, 8);
   odd.global_batch = 7;
   r = search_layouts(odd, everything(), size_t{1} << 40, cal);
   ASSERT_FALSE(r.ranked.empty());
-  for (const RankedLayout& x : r.ranked) EXPECT_EQ(x.layout.pp, 2) << x.layout.describe();
+  for (const RankedLayout& x : r.ranked) EXPECT_EQ(x.layout.dp, 1) << x.layout.describe();
   EXPECT_TRUE(std::any_of(r.rejected.begin(), r.rejected.end(),
                           [](const std::string& w) { return w.find("do not divide train_batch_size 7") != std::string::npos; }));
 }
