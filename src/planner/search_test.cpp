@@ -7,23 +7,10 @@
 
 #include <algorithm>
 
-#include "models/config.h"
+#include "models/tiny_model_test_util.h"
 
 namespace mt::planner {
 namespace {
-
-models::ModelConfig tiny_gpt2() {
-  models::ModelConfig m;
-  m.arch = models::Arch::kGpt2;
-  m.vocab_size = 97;
-  m.hidden = 48;
-  m.n_layer = 2;
-  m.n_head = 4;
-  m.n_kv_head = 4;
-  m.intermediate = 192;
-  m.max_positions = 32;
-  return m;
-}
 
 // GEMMs and attention at 1e-9 s a FLOP plus 1e-5 s a call, free memory traffic, AdamW 1e-7 s an
 // element; collectives (two ranks) at 1e-9 s a byte.
@@ -41,7 +28,7 @@ Calibration hand_calibration(int world) {
 
 PlanJob tiny_job(int procs, int64_t global_batch) {
   PlanJob job;
-  job.memory.model = tiny_gpt2();
+  job.memory.model = models::tiny(models::Arch::kGpt2);  // models' shared tiny GPT-2
   job.memory.seq_length = 16;
   job.memory.compute_dtype = DType::kF32;
   job.memory.optimizer_states = 2;
