@@ -3,8 +3,10 @@
 # scripts/gpu-bundle.sh), run the GPU tests (cross-backend ops, PyTorch golden data, the engine
 # against the CPU engine), train a few steps through the CLI, and benchmark GPT-2 124M against
 # PyTorch (eager and torch.compile) in the same run. Results go under $OUT (default build/gpu-check):
-# gpu.txt, test_cuda.log, train.log, train-metrics.jsonl, bench.jsonl, summary.txt.
-# Usage: scripts/gpu-check.sh [--bundle FILE] [--quick]   (--quick: tests only, no benchmark)
+# gpu.txt, test_cuda.log (test_cuda_alone.log, sanitizer.log on failures), train.log, train-metrics.jsonl,
+# bench.jsonl, torch.err (at most 8 files: what a lent device machine sends back).
+# Usage: scripts/gpu-check.sh [--bundle FILE] [--quick] [--no-peer]
+#   --quick: tests only, no benchmark; --no-peer: meshtrain's benchmark without PyTorch's
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -12,10 +14,12 @@ OUT=${OUT:-$ROOT/build/gpu-check}
 mkdir -p "$OUT"
 BUNDLE=""
 QUICK=0
+PEER=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) BUNDLE=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
+    --no-peer) PEER=0; shift ;;
     *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -47,10 +51,29 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 status=0
 
+uname -r | sed 's/^/kernel: /' | tee -a "$OUT/gpu.txt"
+T0=$(date +%s)
 echo "== GPU tests"
-timeout 300 "$BIN/test_cuda" > "$OUT/test_cuda.log" 2>&1 || status=1
+timeout 200 "$BIN/test_cuda" > "$OUT/test_cuda.log" 2>&1 || status=1
 grep -E "^\[  (PASSED|FAILED|  OK|SKIPPED) |^\[  FAILED|Failure|error|Expected|Which is|actual" "$OUT/test_cuda.log" | tail -60
 tail -3 "$OUT/test_cuda.log"
+# A device fault poisons the rest of the process: each failed test again on its own, and the first
+# one under compute-sanitizer where the runtime allows it (Firecracker).
+FAILED=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/test_cuda.log" | awk '{print $4}' | tr -d , | sort -u)
+if [ -n "$FAILED" ]; then
+  echo "== failed tests, each alone"
+  for t in $(echo "$FAILED" | head -6); do
+    echo "---- $t" >> "$OUT/test_cuda_alone.log"
+    timeout 40 "$BIN/test_cuda" --gtest_filter="$t" >> "$OUT/test_cuda_alone.log" 2>&1 && echo "$t: passes alone" || echo "$t: fails alone"
+  done
+  if command -v compute-sanitizer >/dev/null && grep -qiE 'illegal|misaligned|out of bounds|unspecified launch' "$OUT/test_cuda.log" "$OUT/test_cuda_alone.log"; then
+    first=$(echo "$FAILED" | head -1)
+    echo "== compute-sanitizer $first"
+    timeout 90 compute-sanitizer --print-limit 20 "$BIN/test_cuda" --gtest_filter="$first" > "$OUT/sanitizer.log" 2>&1
+    grep -m 30 -E 'Invalid|at 0x|by thread|Address|Error|========= +at' "$OUT/sanitizer.log"
+  fi
+fi
+echo "tests took $(( $(date +%s) - T0 )) s"
 
 echo "== train through the CLI on the GPU (data loader, progress, metrics, checkpoint)"
 cat > "$W/train.json" <<JSON
@@ -61,23 +84,34 @@ cat > "$W/train.json" <<JSON
  "gradient_clipping": 1.0, "device": "cuda",
  "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "weight_decay": 0.1}}}
 JSON
-(cd "$W" && timeout 120 "$BIN/meshtrain" train "$W/train.json" --metrics "$OUT/train-metrics.jsonl") > "$OUT/train.log" 2>&1 || status=1
+(cd "$W" && timeout 90 "$BIN/meshtrain" train "$W/train.json" --metrics "$OUT/train-metrics.jsonl") > "$OUT/train.log" 2>&1 || status=1
 tail -6 "$OUT/train.log"
 
 if [ "$QUICK" = 0 ]; then
   echo "== benchmark: GPT-2 124M, bf16, B=16, T=1024, AdamW"
   : > "$OUT/bench.jsonl"
   timeout 120 "$BIN/meshtrain" bench configs/models/gpt2-124m.json --device cuda --dtype bf16 --batch 16 --seq 1024 \
-    --steps 20 --warmup 5 --json | tee -a "$OUT/bench.jsonl" || status=1
-  PYTHONUNBUFFERED=1 timeout 300 python3 bench/gpu/torch_gpt2_train.py --batch 16 --seq 1024 --steps 20 --modes eager,compile \
-    2> "$OUT/torch.err" | tee -a "$OUT/bench.jsonl" || status=1
-  python3 - "$OUT/bench.jsonl" <<'PY' | tee "$OUT/summary.txt"
+    --steps 20 --warmup 5 --json --profile | tee -a "$OUT/bench.jsonl" || status=1
+  if [ "$PEER" = 1 ]; then
+    PYTHONUNBUFFERED=1 timeout 240 python3 bench/gpu/torch_gpt2_train.py --batch 16 --seq 1024 --steps 20 --modes eager,compile \
+      2> "$OUT/torch.err" | tee -a "$OUT/bench.jsonl" || status=1
+  fi
+  python3 - "$OUT/bench.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 for r in rows:
     name = r.get("peer") or f"meshtrain ({r.get('device', '')})"
     extra = f", {100*r['mfu_vs_ceiling']:.1f}% of {r['gemm_ceiling_tflops']:.0f} TFLOP/s bf16 GEMM" if "mfu_vs_ceiling" in r else ""
     print(f"{name:45s} {r['tokens_per_s']:>10.0f} tok/s  step {1e3*r['step_seconds']:.1f} ms{extra}")
+    prof = r.get("profile", [])
+    if prof:
+        total = sum(e["ms_per_step"] for e in prof)
+        print(f"  per op, event-timed ({total:.1f} ms of ops a step):")
+        for e in prof[:60]:
+            if "tflops" in e:
+                print(f"    {e['op']:50s} {e['tflops']:8.1f} TFLOP/s")
+            else:
+                print(f"    {e['op']:32s} {e['ms_per_step']:8.3f} ms {100*e['ms_per_step']/total:5.1f}%  x{e['calls_per_step']}")
 PY
 fi
 exit $status

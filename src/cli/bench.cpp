@@ -35,7 +35,7 @@ struct BenchArgs {
   int batch = 4, seq = 256, threads = 0, steps = 5, warmup = 2;
   std::string dtype = "fp32";
   std::string device = "cpu";
-  bool recompute = false, json = false;
+  bool recompute = false, json = false, profile = false;
   int decode = 0;  // > 0: time KV-cache generation instead (prefill --seq tokens, then decode)
   std::string io_dir;  // --io: the disk's bandwidth instead
   int64_t io_mib = 2048, io_block = 1 << 20;
@@ -119,8 +119,23 @@ void run_device_bench(const BenchArgs& args) {
   double step_s = times[times.size() / 2];
   double flops = model.train_flops_per_step();
   double tflops = flops / step_s / 1e12;
-  models::DeviceCeilings ceil = models::cuda_ceilings();
   MemStats mem = dev->memory();
+  // Where the time goes: a few more steps with every op timed by events (not in the figures above).
+  nlohmann::json prof = nlohmann::json::array();
+  if (args.profile) {
+    const int psteps = 3;
+    models::cuda_set_profiling(true);
+    for (int i = 0; i < psteps; ++i) step(args.warmup + args.steps + i + 1);
+    models::cuda_set_profiling(false);
+    for (const models::DeviceOpTime& e : models::cuda_profile_report())
+      prof.push_back({{"op", e.op}, {"ms_per_step", e.ms / psteps}, {"calls_per_step", e.calls / psteps}});
+    // The MLP's up-projection shape under a few epilogues and layouts (TFLOP/s).
+    for (auto& [name, tf] : models::cuda_gemm_probe(N, cfg.intermediate, cfg.hidden))
+      prof.push_back({{"op", "probe " + std::to_string(N) + "x" + std::to_string(cfg.intermediate) + "x" +
+                                 std::to_string(cfg.hidden) + " " + name},
+                      {"ms_per_step", 0.0}, {"calls_per_step", 0}, {"tflops", tf}});
+  }
+  models::DeviceCeilings ceil = models::cuda_ceilings();
   nlohmann::json j;
   j["model"] = cfg.describe();
   j["device"] = dev->device_name();
@@ -141,6 +156,7 @@ void run_device_bench(const BenchArgs& args) {
   for (int c = 0; c < kMemCategoryCount; ++c) peak[mem_category_name(static_cast<MemCategory>(c))] = mem.peak[c];
   j["peak_bytes"] = peak;
   j["peak_total_bytes"] = mem.total_peak;
+  if (args.profile) j["profile"] = prof;
   if (args.json) {
     std::printf("%s\n", j.dump().c_str());
     return;
@@ -154,6 +170,18 @@ void run_device_bench(const BenchArgs& args) {
   std::printf("flops        %.1f TFLOP/s = %.1f%% of the measured bf16 GEMM ceiling %.1f TFLOP/s (copy %.0f GB/s)\n",
               tflops, 100.0 * tflops / ceil.bf16_gemm_tflops, ceil.bf16_gemm_tflops, ceil.copy_gbps);
   std::printf("peak memory  %s total\n", format_bytes(mem.total_peak).c_str());
+  if (args.profile) {
+    double total = 0.0;
+    for (const auto& e : prof) total += e["ms_per_step"].get<double>();
+    std::printf("per op (event-timed steps, %.2f ms of ops a step)\n", total);
+    for (const auto& e : prof) {
+      if (e.contains("tflops"))
+        std::printf("  %-50s %8.1f TFLOP/s\n", e["op"].get<std::string>().c_str(), e["tflops"].get<double>());
+      else
+        std::printf("  %-34s %8.3f ms %5.1f%%  x%d\n", e["op"].get<std::string>().c_str(), e["ms_per_step"].get<double>(),
+                    100.0 * e["ms_per_step"].get<double>() / total, e["calls_per_step"].get<int>());
+    }
+  }
 }
 
 void run_bench(const BenchArgs& args) {
@@ -320,6 +348,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--warmup", args->warmup, "untimed warm-up steps")->capture_default_str();
   cmd->add_option("--device", args->device, "cpu or cuda (a build with -DMT_CUDA=ON)")->capture_default_str();
   cmd->add_flag("--recompute", args->recompute, "recompute each block in backward (activation checkpointing)");
+  cmd->add_flag("--profile", args->profile,
+                "--device cuda: 3 more steps with every op timed by CUDA events, the time per op (not in the step figure)");
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_option("--decode", args->decode, "time generation instead: prefill --seq tokens, then this many decode steps");
   cmd->callback([args] {

@@ -16,6 +16,13 @@ std::unique_ptr<DeviceLM> make_cuda_lm(TransformerLM&) {
 DeviceCeilings cuda_ceilings() {
   throw Error(ErrorKind::kNotSupported, "this meshtrain was built without CUDA (-DMT_CUDA=ON)");
 }
+void cuda_set_profiling(bool) {
+  throw Error(ErrorKind::kNotSupported, "this meshtrain was built without CUDA (-DMT_CUDA=ON)");
+}
+
+std::vector<DeviceOpTime> cuda_profile_report() { return {}; }
+
+std::vector<std::pair<std::string, double>> cuda_gemm_probe(int, int, int) { return {}; }
 #endif
 
 }  // namespace mt::models

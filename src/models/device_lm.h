@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/ops.h"  // AdamWParams
@@ -58,5 +59,16 @@ struct DeviceCeilings {
 };
 DeviceCeilings cuda_ceilings();
 std::unique_ptr<DeviceLM> make_cuda_lm(TransformerLM& model);
+// The benchmark's per-op breakdown: while on, each device op is timed by CUDA events; the report
+// waits for them and gives (op, milliseconds, calls) summed since the last report, largest first.
+struct DeviceOpTime {
+  std::string op;
+  double ms = 0.0;
+  int calls = 0;
+};
+void cuda_set_profiling(bool on);
+std::vector<DeviceOpTime> cuda_profile_report();
+// TFLOP/s of one GEMM shape (M, N, K) under a few epilogues, output types and transposes.
+std::vector<std::pair<std::string, double>> cuda_gemm_probe(int M, int N, int K);
 
 }  // namespace mt::models

@@ -205,6 +205,24 @@ TEST_P(GpuEngine, Bf16TrainingFollowsTheCpuEngine) {
   EXPECT_LT(gpu.losses.back(), gpu.losses.front());
 }
 
+TEST_P(GpuEngine, TwoRunsAreBitwiseEqual) {
+  // Every reduction runs in a fixed order (the embedding's too): a second run in the same process,
+  // on reused pool blocks, repeats the first bit for bit, in fp32 and bf16.
+  REQUIRE_GPU();
+  for (bool bf16 : {false, true}) {
+    TrainRun a = train(run_config(GetParam(), "cuda", bf16), 4);
+    TrainRun b = train(run_config(GetParam(), "cuda", bf16), 4);
+    for (size_t s = 0; s < a.losses.size(); ++s) {
+      EXPECT_EQ(a.losses[s], b.losses[s]) << "step " << s << (bf16 ? " bf16" : " fp32");
+      EXPECT_EQ(a.norms[s], b.norms[s]) << "step " << s << (bf16 ? " bf16" : " fp32");
+    }
+    ASSERT_EQ(a.master.size(), b.master.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a.master.size(); ++i) differ += a.master[i] != b.master[i];
+    EXPECT_EQ(differ, 0u) << (bf16 ? "bf16" : "fp32");
+  }
+}
+
 TEST_P(GpuEngine, ZeroStagesOnOneGpuEqualStageZero) {
   REQUIRE_GPU();
   TrainRun s0 = train(run_config(GetParam(), "cuda", true, 0), 3);
@@ -261,7 +279,9 @@ TEST_P(GpuEngine, MemoryIsAccountedAndTheLoopDoesNotAllocate) {
   Engine eng(c, *model);
   size_t P = model->store().numel();
   MemStats m = eng.memory_stats();
-  EXPECT_EQ(m.current[static_cast<int>(MemCategory::kParams)], P * 2);      // bf16 compute copy
+  // bf16 compute copy, and the LM head's bf16 copy padded to a multiple of 64 rows
+  size_t Vp = (static_cast<size_t>(c.model.vocab_size) + 63) / 64 * 64;
+  EXPECT_EQ(m.current[static_cast<int>(MemCategory::kParams)], P * 2 + Vp * static_cast<size_t>(c.model.hidden) * 2);
   EXPECT_EQ(m.current[static_cast<int>(MemCategory::kGrads)], P * 4);
   EXPECT_EQ(m.current[static_cast<int>(MemCategory::kOptimizer)], P * 12);  // master, m, v
   EXPECT_GT(m.current[static_cast<int>(MemCategory::kActivations)], 0u);

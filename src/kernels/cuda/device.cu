@@ -2,7 +2,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "base/error.h"
 #include "kernels/cuda/check.cuh"
@@ -40,6 +42,59 @@ void check_launch(const char* what) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     throw Error(ErrorKind::kInternal, std::string("CUDA launch of ") + what + " failed: " + cudaGetErrorString(e));
+}
+
+namespace {
+struct ProfRecord {
+  const char* name;
+  cudaEvent_t begin, end;
+};
+bool g_profiling = false;
+std::vector<ProfRecord> g_records;
+std::vector<cudaEvent_t> g_events;  // created on demand, reused after each report
+size_t g_events_used = 0;
+cudaEvent_t prof_event() {
+  if (g_events_used == g_events.size()) {
+    cudaEvent_t e = nullptr;
+    MT_CUDA_CHECK(cudaEventCreate(&e));
+    g_events.push_back(e);
+  }
+  return g_events[g_events_used++];
+}
+}  // namespace
+
+void set_profiling(bool on) { g_profiling = on; }
+bool profiling() { return g_profiling; }
+
+ProfScope::ProfScope(const char* name) {
+  if (!g_profiling) return;
+  cudaEvent_t b = prof_event(), e = prof_event();
+  MT_CUDA_CHECK(cudaEventRecord(b, static_cast<cudaStream_t>(stream())));
+  index_ = static_cast<int>(g_records.size());
+  g_records.push_back({name, b, e});
+}
+
+ProfScope::~ProfScope() {
+  if (index_ >= 0) cudaEventRecord(g_records[static_cast<size_t>(index_)].end, static_cast<cudaStream_t>(stream()));
+}
+
+std::vector<ProfEntry> profile_report() {
+  synchronize();
+  std::map<std::string, ProfEntry> by;
+  for (const ProfRecord& r : g_records) {
+    float ms = 0.0f;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, r.begin, r.end));
+    ProfEntry& e = by[r.name];
+    e.name = r.name;
+    e.ms += ms;
+    e.calls += 1;
+  }
+  g_records.clear();
+  g_events_used = 0;
+  std::vector<ProfEntry> out;
+  for (auto& [name, e] : by) out.push_back(e);
+  std::sort(out.begin(), out.end(), [](const ProfEntry& a, const ProfEntry& b) { return a.ms > b.ms; });
+  return out;
 }
 
 namespace {

@@ -86,6 +86,29 @@ void fill_zero(void* dst, size_t bytes);                          // async on th
 // the next call; callers use it within one operation on the compute stream.
 void* scratch(size_t bytes);
 
+// Per-op GPU time for the benchmark's breakdown: while profiling is on, each ProfScope records an
+// event pair on the compute stream; profile_report() waits for them and sums by name (then clears).
+// Off by default: a scope then costs one branch.
+void set_profiling(bool on);
+bool profiling();
+class ProfScope {
+ public:
+  explicit ProfScope(const char* name);
+  ~ProfScope();
+  ProfScope(const ProfScope&) = delete;
+  ProfScope& operator=(const ProfScope&) = delete;
+
+ private:
+  int index_ = -1;
+};
+// (name, milliseconds, calls), the largest first.
+struct ProfEntry {
+  std::string name;
+  double ms = 0.0;
+  int calls = 0;
+};
+std::vector<ProfEntry> profile_report();
+
 // Measured on the device: a large bf16 GEMM (TFLOP/s) and a device-to-device copy (GB/s, bytes
 // read + written), the ceilings the benchmark reports against.
 struct Ceilings {

@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -76,7 +77,7 @@ bool lt_matmul(const GemmOp& op, bool with_bias) {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &op.bias, sizeof op.bias));
-    cudaDataType_t bt = CUDA_R_32F;
+    cudaDataType_t bt = cuda_type(op.bias_type);
     MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
   }
   // Stored shapes (column-major): first operand B^T-view is (m, k) for N, (k, m) for T.
@@ -87,7 +88,7 @@ bool lt_matmul(const GemmOp& op, bool with_bias) {
 
   auto align = [](const void* p) { return static_cast<int>(reinterpret_cast<uintptr_t>(p) % 256); };
   Lt::Key key{m, n, k, op.lda, op.ldb, op.ldd, op.trans_a, op.trans_b, static_cast<int>(ab) * 100 + static_cast<int>(dt),
-              with_bias ? 1 : 0, (align(op.a) % 16) * 1000 + (align(op.b) % 16) * 10 + align(op.d) % 16, beta_one,
+              with_bias ? 1 + static_cast<int>(op.bias_type) : 0, (align(op.a) % 16) * 1000 + (align(op.b) % 16) * 10 + align(op.d) % 16, beta_one,
               0};
   cublasLtMatmulAlgo_t algo{};
   bool found = false;
@@ -135,7 +136,61 @@ void gemm(const GemmOp& op) {
     throw Error(ErrorKind::kNotSupported, "cuBLASLt has no algorithm for a " + std::to_string(op.M) + "x" +
                                               std::to_string(op.N) + "x" + std::to_string(op.K) + " " +
                                               dtype_name(op.ab_type) + " GEMM into " + dtype_name(op.d_type));
-  if (op.bias) add_bias(op.d, op.d_type, op.bias, op.M, op.N, op.ldd);
+  if (op.bias) {
+    const float* bias = op.bias;
+    if (op.bias_type != DType::kF32) {  // add_bias takes f32
+      float* f = static_cast<float*>(scratch(static_cast<size_t>(op.N) * sizeof(float)));
+      cuda::convert(f, DType::kF32, op.bias, op.bias_type, static_cast<size_t>(op.N));
+      bias = f;
+    }
+    add_bias(op.d, op.d_type, bias, op.M, op.N, op.ldd);
+  }
+}
+
+std::vector<std::pair<std::string, double>> gemm_probe(int M, int N, int K) {
+  std::vector<std::pair<std::string, double>> out;
+  size_t big = static_cast<size_t>(std::max({M, N, K})) * std::max({M, N, K});
+  DeviceBuffer a(big * 2, MemCategory::kWorkspace), b(big * 2, MemCategory::kWorkspace),
+      d(static_cast<size_t>(M) * N * 4, MemCategory::kWorkspace), bias(static_cast<size_t>(N) * 4, MemCategory::kWorkspace);
+  fill_random_bf16(a.data(), big, 3);
+  fill_random_bf16(b.data(), big, 4);
+  auto s = static_cast<cudaStream_t>(stream());
+  cudaEvent_t e0, e1;
+  MT_CUDA_CHECK(cudaEventCreate(&e0));
+  MT_CUDA_CHECK(cudaEventCreate(&e1));
+  auto run = [&](const std::string& name, GemmOp op) {
+    op.M = M; op.N = N; op.K = K; op.a = a.data(); op.b = b.data(); op.d = d.data(); op.ldd = N;
+    op.lda = op.trans_a ? M : K;
+    op.ldb = op.trans_b ? K : N;
+    for (int i = 0; i < 3; ++i) gemm(op);
+    MT_CUDA_CHECK(cudaEventRecord(e0, s));
+    for (int i = 0; i < 20; ++i) gemm(op);
+    MT_CUDA_CHECK(cudaEventRecord(e1, s));
+    MT_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    out.emplace_back(name, 2.0 * M * N * static_cast<double>(K) / (ms / 20 * 1e-3) / 1e12);
+  };
+  struct Variant {
+    DType out, bias;  // bias kF16 here: none
+  };
+  const Variant variants[] = {{DType::kBF16, DType::kF16}, {DType::kBF16, DType::kF32}, {DType::kBF16, DType::kBF16},
+                              {DType::kF32, DType::kF16},  {DType::kF32, DType::kF32}};
+  for (bool tb : {false, true})
+    for (const Variant& v : variants) {
+      GemmOp op;
+      op.trans_b = tb;
+      op.ab_type = DType::kBF16;
+      op.d_type = v.out;
+      op.bias = v.bias == DType::kF16 ? nullptr : bias.as<float>();
+      op.bias_type = v.bias == DType::kF16 ? DType::kF32 : v.bias;
+      run(std::string(tb ? "NT " : "NN ") + dtype_name(v.out) + " out" +
+              (op.bias ? std::string(" + ") + dtype_name(v.bias) + " bias" : std::string()),
+          op);
+    }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return out;
 }
 
 Ceilings measure_ceilings() {

@@ -4,8 +4,13 @@
 // are in elements. A and B share one type (f32 or bf16); D is f32 or bf16; accumulation is f32
 // (pure f32 for f32 operands: no TF32, so the f32 path is the exact reference).
 // accumulate: D += product (beta 1). cin (same type and ld as D): D = cin + product (the residual
-// add fused into the GEMM). bias is f32.
+// add fused into the GEMM). bias is f32, or bf16 with a bf16 D (cuBLASLt's bf16-output kernels
+// with an f32 bias ran at 40% of the bf16-bias speed on an H200).
 #pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tensor/dtype.h"
 
@@ -26,21 +31,26 @@ struct GemmOp {
   bool accumulate = false;
   const float* bias = nullptr;
   const void* cin = nullptr;
+  DType bias_type = DType::kF32;  // bf16 allowed with a bf16 D (the bias pointer then holds bf16)
 };
 
 void gemm(const GemmOp& op);
 
+// Times a few variants of one GEMM shape (epilogues, output types, transposes) for the benchmark's
+// breakdown: (variant, TFLOP/s).
+std::vector<std::pair<std::string, double>> gemm_probe(int M, int N, int K);
+
 // Shorthand with the CPU gemm's argument order.
 inline void gemm(int M, int N, int K, const void* a, int lda, bool ta, const void* b, int ldb, bool tb,
                  void* d, int ldd, DType ab_type, DType d_type, bool accumulate,
-                 const float* bias = nullptr, const void* cin = nullptr) {
+                 const float* bias = nullptr, const void* cin = nullptr, DType bias_type = DType::kF32) {
   GemmOp op;
   op.M = M; op.N = N; op.K = K;
   op.a = a; op.lda = lda; op.trans_a = ta;
   op.b = b; op.ldb = ldb; op.trans_b = tb;
   op.d = d; op.ldd = ldd;
   op.ab_type = ab_type; op.d_type = d_type;
-  op.accumulate = accumulate; op.bias = bias; op.cin = cin;
+  op.accumulate = accumulate; op.bias = bias; op.cin = cin; op.bias_type = bias_type;
   gemm(op);
 }
 

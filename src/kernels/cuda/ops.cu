@@ -21,11 +21,19 @@ __global__ void embedding_fwd_k(float* out, const int32_t* tokens, const T* wte,
   }
 }
 
-__global__ void embedding_bwd_wte_k(float* dwte, const float* dout, const int32_t* tokens, int N, int C) {
-  size_t total = static_cast<size_t>(N) * C;
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total; i += size_t{gridDim.x} * blockDim.x) {
-    int n = static_cast<int>(i / C), c = static_cast<int>(i % C);
-    atomicAdd(&dwte[static_cast<size_t>(tokens[n]) * C + c], dout[i]);
+// One block per distinct token: its positions' rows summed in position order, then added once
+// (deterministic, no atomics). buckets: positions (N) grouped by token, token (U), start (U + 1).
+__global__ void embedding_bwd_wte_k(float* dwte, const float* dout, const int32_t* buckets, int U, int N, int C) {
+  const int32_t* pos = buckets;
+  const int32_t* tok = buckets + N;
+  const int32_t* start = buckets + N + U;
+  int u = blockIdx.x;
+  int b = start[u], e = start[u + 1];
+  float* row = dwte + static_cast<size_t>(tok[u]) * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float s = 0.0f;
+    for (int i = b; i < e; ++i) s += dout[static_cast<size_t>(pos[i]) * C + c];
+    row[c] += s;
   }
 }
 
@@ -199,25 +207,52 @@ __global__ void rmsnorm_bwd_k(float* dinp, const float* dout, const float* inp, 
 // ---- activations ----
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
 
-template <typename T>
-__global__ void gelu_fwd_k(T* out, const T* inp, size_t n) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    float x = to_f(inp[i]);
-    float u = kGeluK * (x + 0.044715f * x * x * x);
-    out[i] = from_f<T>(0.5f * x * (1.0f + tanhf(u)));
-  }
+__device__ __forceinline__ float gelu_f(float x) {
+  float u = kGeluK * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  float u = kGeluK * (x + 0.044715f * x * x * x);
+  float th = tanhf(u);
+  float du = kGeluK * (1.0f + 3.0f * 0.044715f * x * x);
+  return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
 }
 
+// 16 bytes of T: elementwise kernels load and store whole vectors where the pointers allow.
 template <typename T>
-__global__ void gelu_bwd_k(T* dinp, const T* inp, const T* dout, size_t n) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    float x = to_f(inp[i]);
-    float u = kGeluK * (x + 0.044715f * x * x * x);
-    float th = tanhf(u);
-    float du = kGeluK * (1.0f + 3.0f * 0.044715f * x * x);
-    float g = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-    dinp[i] = from_f<T>(to_f(dout[i]) * g);
+struct alignas(16) Vec16 {
+  static constexpr int kW = 16 / sizeof(T);
+  T v[kW];
+};
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Elements [0, nv * W) as vectors when kVec, the rest one by one.
+template <typename T, bool kVec>
+__global__ void gelu_fwd_k(T* out, const T* inp, size_t n) {
+  constexpr int W = Vec16<T>::kW;
+  size_t stride = size_t{gridDim.x} * blockDim.x, t0 = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  size_t nv = kVec ? n / W : 0;
+  for (size_t i = t0; i < nv; i += stride) {
+    Vec16<T> x = reinterpret_cast<const Vec16<T>*>(inp)[i], y;
+#pragma unroll
+    for (int k = 0; k < W; ++k) y.v[k] = from_f<T>(gelu_f(to_f(x.v[k])));
+    reinterpret_cast<Vec16<T>*>(out)[i] = y;
   }
+  for (size_t i = nv * W + t0; i < n; i += stride) out[i] = from_f<T>(gelu_f(to_f(inp[i])));
+}
+
+template <typename T, bool kVec>
+__global__ void gelu_bwd_k(T* dinp, const T* inp, const T* dout, size_t n) {
+  constexpr int W = Vec16<T>::kW;
+  size_t stride = size_t{gridDim.x} * blockDim.x, t0 = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  size_t nv = kVec ? n / W : 0;
+  for (size_t i = t0; i < nv; i += stride) {
+    Vec16<T> x = reinterpret_cast<const Vec16<T>*>(inp)[i], d = reinterpret_cast<const Vec16<T>*>(dout)[i], y;
+#pragma unroll
+    for (int k = 0; k < W; ++k) y.v[k] = from_f<T>(to_f(d.v[k]) * gelu_grad(to_f(x.v[k])));
+    reinterpret_cast<Vec16<T>*>(dinp)[i] = y;
+  }
+  for (size_t i = nv * W + t0; i < n; i += stride) dinp[i] = from_f<T>(to_f(dout[i]) * gelu_grad(to_f(inp[i])));
 }
 
 template <typename T>
@@ -291,16 +326,27 @@ __global__ void cross_entropy_k(float* loss, float* lse_out, const float* logits
                                 int V, float grad_scale, T* dl, int ldd) {
   int r = blockIdx.x;
   const float* x = logits + static_cast<size_t>(r) * ldl;
-  float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, x[v]);
-  mx = block_max(mx);
-  float s = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += __expf(x[v] - mx);
-  s = block_sum(s);
-  float lse = mx + logf(s);
   int tgt = targets[r];
+  // The target's logit is read before the reductions' barriers: dl may be the logits themselves
+  // (f32, in place), and past the barriers other threads overwrite them with the gradient.
+  float xt = tgt >= 0 && threadIdx.x == 0 ? x[tgt] : 0.0f;
+  // One pass for the max and the sum (online: the sum rescaled when the max grows), then the
+  // gradient pass: the logits are read twice, not three times.
+  float m = -INFINITY, s = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    float xv = x[v];
+    if (xv > m) {
+      s = s * __expf(m - xv) + 1.0f;
+      m = xv;
+    } else {
+      s += __expf(xv - m);
+    }
+  }
+  float mx = block_max(m);
+  s = block_sum(m == -INFINITY ? 0.0f : s * __expf(m - mx));
+  float lse = mx + logf(s);
   if (threadIdx.x == 0) {
-    loss[r] = tgt < 0 ? 0.0f : lse - x[tgt];
+    loss[r] = tgt < 0 ? 0.0f : lse - xt;
     if (lse_out) lse_out[r] = lse;
   }
   if (grad_scale == 0.0f) return;
@@ -375,10 +421,38 @@ void embedding_forward(float* out, const int32_t* tokens, const void* wte, DType
   MT_LAUNCH_CHECK("embedding_forward");
 }
 
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C) {
-  size_t n = static_cast<size_t>(N) * C;
-  embedding_bwd_wte_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(dwte, dout, tokens, N, C);
-  MT_LAUNCH_CHECK("embedding_backward");
+int embedding_buckets(const int32_t* tokens, int N, int V, std::vector<int32_t>& out) {
+  std::vector<int32_t> count(static_cast<size_t>(V) + 1, 0);
+  for (int n = 0; n < N; ++n) ++count[static_cast<size_t>(tokens[n]) + 1];
+  int U = 0;
+  for (int v = 0; v < V; ++v) {
+    U += count[static_cast<size_t>(v) + 1] > 0;
+    count[static_cast<size_t>(v) + 1] += count[static_cast<size_t>(v)];
+  }
+  out.assign(static_cast<size_t>(N) + 2 * static_cast<size_t>(U) + 1, 0);
+  int32_t* pos = out.data();
+  int32_t* tok = pos + N;
+  int32_t* start = tok + U;
+  std::vector<int32_t> fill(count.begin(), count.end() - 1);
+  for (int n = 0; n < N; ++n) pos[fill[static_cast<size_t>(tokens[n])]++] = n;  // position order within a token
+  int u = 0;
+  for (int v = 0; v < V; ++v)
+    if (count[static_cast<size_t>(v) + 1] > count[static_cast<size_t>(v)]) {
+      tok[u] = v;
+      start[u] = count[static_cast<size_t>(v)];
+      ++u;
+    }
+  start[U] = N;
+  return U;
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* buckets, int unique, int N, int T,
+                        int C) {
+  if (unique > 0) {
+    embedding_bwd_wte_k<<<unique, std::min(256, (C + 31) / 32 * 32), 0, cu_stream()>>>(dwte, dout, buckets, unique, N,
+                                                                                       C);
+    MT_LAUNCH_CHECK("embedding_backward");
+  }
   if (dwpe) {
     size_t m = static_cast<size_t>(T) * C;
     embedding_bwd_wpe_k<<<grid_for(m, kThreads), kThreads, 0, cu_stream()>>>(dwpe, dout, N, T, C);
@@ -419,14 +493,31 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 }
 
 void gelu_forward(void* out, const void* inp, DType dt, size_t n) {
-  MT_DISPATCH(dt, T, gelu_fwd_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(static_cast<T*>(out),
-                                                                                     static_cast<const T*>(inp), n));
+  bool vec = aligned16(out) && aligned16(inp);
+  MT_DISPATCH(dt, T, {
+    size_t work = vec ? n / Vec16<T>::kW + n % Vec16<T>::kW : n;
+    if (vec)
+      gelu_fwd_k<T, true><<<grid_for(work, kThreads), kThreads, 0, cu_stream()>>>(static_cast<T*>(out),
+                                                                                 static_cast<const T*>(inp), n);
+    else
+      gelu_fwd_k<T, false><<<grid_for(work, kThreads), kThreads, 0, cu_stream()>>>(static_cast<T*>(out),
+                                                                                  static_cast<const T*>(inp), n);
+  });
   MT_LAUNCH_CHECK("gelu_forward");
 }
 
 void gelu_backward(void* dinp, const void* inp, const void* dout, DType dt, size_t n) {
-  MT_DISPATCH(dt, T, gelu_bwd_k<<<grid_for(n, kThreads), kThreads, 0, cu_stream()>>>(
-                         static_cast<T*>(dinp), static_cast<const T*>(inp), static_cast<const T*>(dout), n));
+  bool vec = aligned16(dinp) && aligned16(inp) && aligned16(dout);
+  MT_DISPATCH(dt, T, {
+    size_t work = vec ? n / Vec16<T>::kW + n % Vec16<T>::kW : n;
+    auto* d = static_cast<T*>(dinp);
+    auto* x = static_cast<const T*>(inp);
+    auto* g = static_cast<const T*>(dout);
+    if (vec)
+      gelu_bwd_k<T, true><<<grid_for(work, kThreads), kThreads, 0, cu_stream()>>>(d, x, g, n);
+    else
+      gelu_bwd_k<T, false><<<grid_for(work, kThreads), kThreads, 0, cu_stream()>>>(d, x, g, n);
+  });
   MT_LAUNCH_CHECK("gelu_backward");
 }
 

@@ -3,12 +3,13 @@
 // the GPU kernel takes them in a compute dtype `dt` (f32 or bf16) given per call: "T" below.
 // Statistics (mean, rstd, lse, losses), the residual stream and every gradient of a parameter stay
 // f32. Reductions over rows (LayerNorm/RMSNorm weight grads, bias grads, sums of squares) run in
-// a fixed order: results are deterministic for a given shape. The embedding's weight gradient uses
-// atomics (order-dependent in the last bits), as PyTorch's CUDA embedding backward does.
+// a fixed order, and so does the embedding's weight gradient (tokens bucketed on the host): results
+// are deterministic for a given shape, run after run.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/ops.h"  // AdamWParams
 #include "tensor/dtype.h"
@@ -18,9 +19,14 @@ namespace mt::cuda {
 // out (N,C) f32 = wte[tokens[n]] + (wpe ? wpe[n % T] : 0); wte in wte_dtype, wpe f32.
 void embedding_forward(float* out, const int32_t* tokens, const void* wte, DType wte_dtype,
                        const float* wpe, int N, int T, int C);
-// dwte[tokens[n]] += dout[n]; dwpe[t] += sum_b dout[b, t] (dwpe may be nullptr).
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N,
-                        int T, int C);
+// The host side of the embedding's backward: positions grouped by token (counting sort, position
+// order kept), as `out` = positions (N), distinct tokens (U), starts (U + 1); returns U.
+int embedding_buckets(const int32_t* tokens, int N, int V, std::vector<int32_t>& out);
+// dwte[tokens[n]] += dout[n] from the device copy of embedding_buckets' output, one block per
+// distinct token summing its rows in position order (deterministic: no atomics);
+// dwpe[t] += sum_b dout[b, t] (dwpe may be nullptr).
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* buckets, int unique,
+                        int N, int T, int C);
 
 // out (N,C) T =; mean, rstd (N) = (mean may be nullptr for RMSNorm). bias may be nullptr.
 void layernorm_forward(void* out, DType dt, float* mean, float* rstd, const float* inp,

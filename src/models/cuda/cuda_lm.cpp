@@ -16,6 +16,13 @@
 #include "kernels/cuda/ops.h"
 #include "models/device_lm.h"
 
+// The benchmark's per-op breakdown (kernels/cuda/device.h ProfScope): one scope per call.
+#define MT_PROF(name, ...)                \
+  do {                                    \
+    ::mt::cuda::ProfScope mt_prof_(name); \
+    __VA_ARGS__;                          \
+  } while (0)
+
 namespace mt::models {
 namespace {
 
@@ -39,7 +46,10 @@ class CudaLM final : public DeviceLM {
   float forward(const int32_t* tokens, const int32_t* targets, float loss_scale) override;
   void backward() override;
   void zero_grad() override { cu::fill_zero(grad_.data(), P_ * 4); }
-  double grad_sum_squares() override { return cu::sum_squares(grad_.as<float>(), P_); }
+  double grad_sum_squares() override {
+    cu::ProfScope prof("opt sum_squares");
+    return cu::sum_squares(grad_.as<float>(), P_);
+  }
   void adamw_step(const std::vector<optim::ParamSegment>& segments, kernels::AdamWParams params) override;
   void load_master(const float* host) override;
   void store_master(float* host) override { cu::copy_to_host(host, master_.data(), P_ * 4); }
@@ -60,6 +70,10 @@ class CudaLM final : public DeviceLM {
   float* gf(size_t off) const { return grad_.as<float>() + off; }
   const void* wc(size_t off) const {  // compute copy of a matrix
     return static_cast<const char*>(compute()) + off * es_;
+  }
+  // A bias for a GEMM whose output is in cd: the compute copy's (bf16) with a bf16 output.
+  const float* bias_cd(size_t off) const {
+    return cd_ == DType::kF32 ? mf(off) : static_cast<const float*>(wc(off));
   }
   const void* compute() const { return cd_ == DType::kF32 ? master_.data() : compute_.data(); }
   void* at(void* base, size_t elems) const { return static_cast<char*>(base) + elems * es_; }
@@ -86,12 +100,20 @@ class CudaLM final : public DeviceLM {
   std::vector<LayerW> layers_;
   cu::DeviceBuffer master_, compute_, grad_, m_, v_;
   cu::DeviceBuffer acts_buf_, resid_buf_, scratch_buf_, head_buf_, io_buf_;
+  // The LM head's weight in cd, padded with zero rows to Vp_: the logits and dL/dx GEMMs then run on
+  // a vocabulary that is a multiple of 64 (cuBLASLt's fast kernels; 50257 columns ran 5x slower).
+  cu::DeviceBuffer head_pad_;
+  void refresh_head() {
+    cu::copy_on_device(head_pad_.data(), wc(head_), static_cast<size_t>(V_) * C_ * es_);
+  }
   std::vector<Acts> acts_;
   float* resid_ = nullptr;
   float *nmean_ = nullptr, *nrstd_ = nullptr, *dnf_ = nullptr, *dres_ = nullptr, *losses_ = nullptr;
   void* nf_ = nullptr;
   float *rope_cos_ = nullptr, *rope_sin_ = nullptr;
-  int32_t *tokens_ = nullptr, *targets_ = nullptr;
+  int32_t *tokens_ = nullptr, *targets_ = nullptr, *buckets_ = nullptr;
+  int unique_tokens_ = 0;
+  std::vector<int32_t> host_buckets_;
   void *dy_c_ = nullptr, *dact_ = nullptr, *dh_ = nullptr, *datt_ = nullptr, *dqkv_ = nullptr;
   float* dn_ = nullptr;
   float* logits_ = nullptr;
@@ -183,6 +205,7 @@ CudaLM::CudaLM(TransformerLM& model)
   grad_ = cu::DeviceBuffer(P_ * 4, MemCategory::kGrads);
   m_ = cu::DeviceBuffer(P_ * 4, MemCategory::kOptimizer);
   v_ = cu::DeviceBuffer(P_ * 4, MemCategory::kOptimizer);
+  head_pad_ = cu::DeviceBuffer(static_cast<size_t>(Vp_) * C_ * es_, MemCategory::kParams);  // zero-filled
   load_master(store_.master());
 
   // Saved activations: one set per block (one in all with recompute).
@@ -249,6 +272,7 @@ CudaLM::CudaLM(TransformerLM& model)
       c = Carve(pass ? io_buf_.data() : nullptr);
       tokens_ = static_cast<int32_t*>(c.take(N * 4));
       targets_ = static_cast<int32_t*>(c.take(N * 4));
+      buckets_ = static_cast<int32_t*>(c.take((3 * N + 1) * 4));  // embedding_buckets: at most 3N + 1
       if (pass == 0) io_buf_ = cu::DeviceBuffer(c.used(), MemCategory::kActivations);
     }
   }
@@ -265,11 +289,12 @@ CudaLM::CudaLM(TransformerLM& model)
 void CudaLM::load_master(const float* host) {
   cu::copy_to_device(master_.data(), host, P_ * 4);
   if (cd_ != DType::kF32) cu::convert(compute_.data(), cd_, master_.data(), DType::kF32, P_);
+  refresh_head();
 }
 
 const void* CudaLM::as_cd(const float* x, size_t n) {
   if (cd_ == DType::kF32) return x;
-  cu::convert(dy_c_, cd_, x, DType::kF32, n);
+  MT_PROF("bwd convert", cu::convert(dy_c_, cd_, x, DType::kF32, n));
   return dy_c_;
 }
 
@@ -279,27 +304,29 @@ void CudaLM::block_forward(int l, float* y, const float* x, Acts& a) {
   const DType cd = cd_;
   const float eps = cfg_.norm_eps;
   if (gpt2_) {
-    cu::layernorm_forward(a.n1, cd, a.mean1, a.rstd1, x, mf(w.n1w), mf(w.n1b), N, C, eps);
-    cu::gemm(N, QKV_, C, a.n1, C, false, wc(w.qkvw), QKV_, false, a.qkv, QKV_, cd, cd, false, mf(w.qkvb));
+    MT_PROF("fwd layernorm_forward", cu::layernorm_forward(a.n1, cd, a.mean1, a.rstd1, x, mf(w.n1w), mf(w.n1b), N, C, eps));
+    MT_PROF("fwd gemm NxQKVxC", cu::gemm(N, QKV_, C, a.n1, C, false, wc(w.qkvw), QKV_, false, a.qkv, QKV_, cd, cd, false, bias_cd(w.qkvb),
+                                          nullptr, cd));
   } else {
-    cu::rmsnorm_forward(a.n1, cd, a.rstd1, x, mf(w.n1w), N, C, eps);
-    cu::gemm(N, QKV_, C, a.n1, C, false, wc(w.qkvw), C, true, a.qkv, QKV_, cd, cd, false);
-    cu::rope_forward(a.qkv, cd, rope_cos_, rope_sin_, B_, T_, NH_, NKV_, HS_);
+    MT_PROF("fwd rmsnorm_forward", cu::rmsnorm_forward(a.n1, cd, a.rstd1, x, mf(w.n1w), N, C, eps));
+    MT_PROF("fwd gemm NxQKVxC", cu::gemm(N, QKV_, C, a.n1, C, false, wc(w.qkvw), C, true, a.qkv, QKV_, cd, cd, false));
+    MT_PROF("fwd rope_forward", cu::rope_forward(a.qkv, cd, rope_cos_, rope_sin_, B_, T_, NH_, NKV_, HS_));
   }
-  cu::attention_forward(a.att, a.lse, a.qkv, cd, B_, T_, NH_, NKV_, HS_);
+  MT_PROF("fwd attention_forward", cu::attention_forward(a.att, a.lse, a.qkv, cd, B_, T_, NH_, NKV_, HS_));
   // x2 = x + att W_o (+ b): the residual add fused into the GEMM.
   if (gpt2_) {
-    cu::gemm(N, C, A_, a.att, A_, false, wc(w.projw), C, false, a.x2, C, cd, DType::kF32, false, mf(w.projb), x);
-    cu::layernorm_forward(a.n2, cd, a.mean2, a.rstd2, a.x2, mf(w.n2w), mf(w.n2b), N, C, eps);
-    cu::gemm(N, H_, C, a.n2, C, false, wc(w.fcw), H_, false, a.h, H_, cd, cd, false, mf(w.fcb));
-    cu::gelu_forward(a.act, a.h, cd, static_cast<size_t>(N) * G_);
-    cu::gemm(N, C, G_, a.act, G_, false, wc(w.outw), C, false, y, C, cd, DType::kF32, false, mf(w.outb), a.x2);
+    MT_PROF("fwd gemm NxCxA", cu::gemm(N, C, A_, a.att, A_, false, wc(w.projw), C, false, a.x2, C, cd, DType::kF32, false, mf(w.projb), x));
+    MT_PROF("fwd layernorm_forward", cu::layernorm_forward(a.n2, cd, a.mean2, a.rstd2, a.x2, mf(w.n2w), mf(w.n2b), N, C, eps));
+    MT_PROF("fwd gemm NxHxC", cu::gemm(N, H_, C, a.n2, C, false, wc(w.fcw), H_, false, a.h, H_, cd, cd, false, bias_cd(w.fcb), nullptr,
+                                        cd));
+    MT_PROF("fwd gelu_forward", cu::gelu_forward(a.act, a.h, cd, static_cast<size_t>(N) * G_));
+    MT_PROF("fwd gemm NxCxG", cu::gemm(N, C, G_, a.act, G_, false, wc(w.outw), C, false, y, C, cd, DType::kF32, false, mf(w.outb), a.x2));
   } else {
-    cu::gemm(N, C, A_, a.att, A_, false, wc(w.projw), A_, true, a.x2, C, cd, DType::kF32, false, nullptr, x);
-    cu::rmsnorm_forward(a.n2, cd, a.rstd2, a.x2, mf(w.n2w), N, C, eps);
-    cu::gemm(N, H_, C, a.n2, C, false, wc(w.fcw), C, true, a.h, H_, cd, cd, false);
-    cu::swiglu_forward(a.act, a.h, cd, N, G_);
-    cu::gemm(N, C, G_, a.act, G_, false, wc(w.outw), G_, true, y, C, cd, DType::kF32, false, nullptr, a.x2);
+    MT_PROF("fwd gemm NxCxA", cu::gemm(N, C, A_, a.att, A_, false, wc(w.projw), A_, true, a.x2, C, cd, DType::kF32, false, nullptr, x));
+    MT_PROF("fwd rmsnorm_forward", cu::rmsnorm_forward(a.n2, cd, a.rstd2, a.x2, mf(w.n2w), N, C, eps));
+    MT_PROF("fwd gemm NxHxC", cu::gemm(N, H_, C, a.n2, C, false, wc(w.fcw), C, true, a.h, H_, cd, cd, false));
+    MT_PROF("fwd swiglu_forward", cu::swiglu_forward(a.act, a.h, cd, N, G_));
+    MT_PROF("fwd gemm NxCxG", cu::gemm(N, C, G_, a.act, G_, false, wc(w.outw), G_, true, y, C, cd, DType::kF32, false, nullptr, a.x2));
   }
 }
 
@@ -310,55 +337,55 @@ void CudaLM::block_backward(int l, const float* x, const Acts& a) {
   // MLP. dres = dL/dy.
   const void* dy = as_cd(dres_, static_cast<size_t>(N) * C);
   if (gpt2_) {
-    cu::gemm(N, G_, C, dy, C, false, wc(w.outw), C, true, dact_, G_, cd, cd, false);
-    cu::gemm(G_, C, N, a.act, G_, true, dy, C, false, gf(w.outw), C, cd, f32, true);
-    cu::bias_backward(gf(w.outb), dres_, f32, N, C);
-    cu::gelu_backward(dh_, a.h, dact_, cd, static_cast<size_t>(N) * G_);
-    cu::gemm(N, C, H_, dh_, H_, false, wc(w.fcw), H_, true, dn_, C, cd, f32, false);
-    cu::gemm(C, H_, N, a.n2, C, true, dh_, H_, false, gf(w.fcw), H_, cd, f32, true);
-    cu::bias_backward(gf(w.fcb), dh_, cd, N, H_);
-    cu::layernorm_backward(dres_, gf(w.n2w), gf(w.n2b), dn_, a.x2, mf(w.n2w), a.mean2, a.rstd2, N, C);
+    MT_PROF("bwd gemm NxGxC", cu::gemm(N, G_, C, dy, C, false, wc(w.outw), C, true, dact_, G_, cd, cd, false));
+    MT_PROF("bwd gemm GxCxN", cu::gemm(G_, C, N, a.act, G_, true, dy, C, false, gf(w.outw), C, cd, f32, true));
+    MT_PROF("bwd bias_backward", cu::bias_backward(gf(w.outb), dres_, f32, N, C));
+    MT_PROF("bwd gelu_backward", cu::gelu_backward(dh_, a.h, dact_, cd, static_cast<size_t>(N) * G_));
+    MT_PROF("bwd gemm NxCxH", cu::gemm(N, C, H_, dh_, H_, false, wc(w.fcw), H_, true, dn_, C, cd, f32, false));
+    MT_PROF("bwd gemm CxHxN", cu::gemm(C, H_, N, a.n2, C, true, dh_, H_, false, gf(w.fcw), H_, cd, f32, true));
+    MT_PROF("bwd bias_backward", cu::bias_backward(gf(w.fcb), dh_, cd, N, H_));
+    MT_PROF("bwd layernorm_backward", cu::layernorm_backward(dres_, gf(w.n2w), gf(w.n2b), dn_, a.x2, mf(w.n2w), a.mean2, a.rstd2, N, C));
   } else {
-    cu::gemm(N, G_, C, dy, C, false, wc(w.outw), G_, false, dact_, G_, cd, cd, false);
-    cu::gemm(C, G_, N, dy, C, true, a.act, G_, false, gf(w.outw), G_, cd, f32, true);
-    cu::swiglu_backward(dh_, dact_, a.h, cd, N, G_);
-    cu::gemm(N, C, H_, dh_, H_, false, wc(w.fcw), C, false, dn_, C, cd, f32, false);
-    cu::gemm(H_, C, N, dh_, H_, true, a.n2, C, false, gf(w.fcw), C, cd, f32, true);
-    cu::rmsnorm_backward(dres_, gf(w.n2w), dn_, a.x2, mf(w.n2w), a.rstd2, N, C);
+    MT_PROF("bwd gemm NxGxC", cu::gemm(N, G_, C, dy, C, false, wc(w.outw), G_, false, dact_, G_, cd, cd, false));
+    MT_PROF("bwd gemm CxGxN", cu::gemm(C, G_, N, dy, C, true, a.act, G_, false, gf(w.outw), G_, cd, f32, true));
+    MT_PROF("bwd swiglu_backward", cu::swiglu_backward(dh_, dact_, a.h, cd, N, G_));
+    MT_PROF("bwd gemm NxCxH", cu::gemm(N, C, H_, dh_, H_, false, wc(w.fcw), C, false, dn_, C, cd, f32, false));
+    MT_PROF("bwd gemm HxCxN", cu::gemm(H_, C, N, dh_, H_, true, a.n2, C, false, gf(w.fcw), C, cd, f32, true));
+    MT_PROF("bwd rmsnorm_backward", cu::rmsnorm_backward(dres_, gf(w.n2w), dn_, a.x2, mf(w.n2w), a.rstd2, N, C));
   }
   // Attention. dres = dL/dx2.
   dy = as_cd(dres_, static_cast<size_t>(N) * C);
   if (gpt2_) {
-    cu::gemm(N, A_, C, dy, C, false, wc(w.projw), C, true, datt_, A_, cd, cd, false);
-    cu::gemm(A_, C, N, a.att, A_, true, dy, C, false, gf(w.projw), C, cd, f32, true);
-    cu::bias_backward(gf(w.projb), dres_, f32, N, C);
+    MT_PROF("bwd gemm NxAxC", cu::gemm(N, A_, C, dy, C, false, wc(w.projw), C, true, datt_, A_, cd, cd, false));
+    MT_PROF("bwd gemm AxCxN", cu::gemm(A_, C, N, a.att, A_, true, dy, C, false, gf(w.projw), C, cd, f32, true));
+    MT_PROF("bwd bias_backward", cu::bias_backward(gf(w.projb), dres_, f32, N, C));
   } else {
-    cu::gemm(N, A_, C, dy, C, false, wc(w.projw), A_, false, datt_, A_, cd, cd, false);
-    cu::gemm(C, A_, N, dy, C, true, a.att, A_, false, gf(w.projw), A_, cd, f32, true);
+    MT_PROF("bwd gemm NxAxC", cu::gemm(N, A_, C, dy, C, false, wc(w.projw), A_, false, datt_, A_, cd, cd, false));
+    MT_PROF("bwd gemm CxAxN", cu::gemm(C, A_, N, dy, C, true, a.att, A_, false, gf(w.projw), A_, cd, f32, true));
   }
-  cu::attention_backward(dqkv_, datt_, a.qkv, a.att, a.lse, cd, B_, T_, NH_, NKV_, HS_);
+  MT_PROF("bwd attention_backward", cu::attention_backward(dqkv_, datt_, a.qkv, a.att, a.lse, cd, B_, T_, NH_, NKV_, HS_));
   if (gpt2_) {
-    cu::gemm(N, C, QKV_, dqkv_, QKV_, false, wc(w.qkvw), QKV_, true, dn_, C, cd, f32, false);
-    cu::gemm(C, QKV_, N, a.n1, C, true, dqkv_, QKV_, false, gf(w.qkvw), QKV_, cd, f32, true);
-    cu::bias_backward(gf(w.qkvb), dqkv_, cd, N, QKV_);
-    cu::layernorm_backward(dres_, gf(w.n1w), gf(w.n1b), dn_, x, mf(w.n1w), a.mean1, a.rstd1, N, C);
+    MT_PROF("bwd gemm NxCxQKV", cu::gemm(N, C, QKV_, dqkv_, QKV_, false, wc(w.qkvw), QKV_, true, dn_, C, cd, f32, false));
+    MT_PROF("bwd gemm CxQKVxN", cu::gemm(C, QKV_, N, a.n1, C, true, dqkv_, QKV_, false, gf(w.qkvw), QKV_, cd, f32, true));
+    MT_PROF("bwd bias_backward", cu::bias_backward(gf(w.qkvb), dqkv_, cd, N, QKV_));
+    MT_PROF("bwd layernorm_backward", cu::layernorm_backward(dres_, gf(w.n1w), gf(w.n1b), dn_, x, mf(w.n1w), a.mean1, a.rstd1, N, C));
   } else {
-    cu::rope_backward(dqkv_, cd, rope_cos_, rope_sin_, B_, T_, NH_, NKV_, HS_);
-    cu::gemm(N, C, QKV_, dqkv_, QKV_, false, wc(w.qkvw), C, false, dn_, C, cd, f32, false);
-    cu::gemm(QKV_, C, N, dqkv_, QKV_, true, a.n1, C, false, gf(w.qkvw), C, cd, f32, true);
-    cu::rmsnorm_backward(dres_, gf(w.n1w), dn_, x, mf(w.n1w), a.rstd1, N, C);
+    MT_PROF("bwd rope_backward", cu::rope_backward(dqkv_, cd, rope_cos_, rope_sin_, B_, T_, NH_, NKV_, HS_));
+    MT_PROF("bwd gemm NxCxQKV", cu::gemm(N, C, QKV_, dqkv_, QKV_, false, wc(w.qkvw), C, false, dn_, C, cd, f32, false));
+    MT_PROF("bwd gemm QKVxCxN", cu::gemm(QKV_, C, N, dqkv_, QKV_, true, a.n1, C, false, gf(w.qkvw), C, cd, f32, true));
+    MT_PROF("bwd rmsnorm_backward", cu::rmsnorm_backward(dres_, gf(w.n1w), dn_, x, mf(w.n1w), a.rstd1, N, C));
   }
 }
 
 void CudaLM::trunk_forward() {
   const size_t NC = static_cast<size_t>(N_) * C_;
-  cu::embedding_forward(resid_, tokens_, wc(wte_), cd_, gpt2_ ? mf(wpe_) : nullptr, N_, T_, C_);
+  MT_PROF("fwd embedding_forward", cu::embedding_forward(resid_, tokens_, wc(wte_), cd_, gpt2_ ? mf(wpe_) : nullptr, N_, T_, C_));
   for (int l = 0; l < cfg_.n_layer; ++l) block_forward(l, resid_ + (l + 1) * NC, resid_ + l * NC, acts_for(l));
   const float* last = resid_ + cfg_.n_layer * NC;
   if (gpt2_) {
-    cu::layernorm_forward(nf_, cd_, nmean_, nrstd_, last, mf(nfw_), mf(nfb_), N_, C_, cfg_.norm_eps);
+    MT_PROF("fwd layernorm_forward", cu::layernorm_forward(nf_, cd_, nmean_, nrstd_, last, mf(nfw_), mf(nfb_), N_, C_, cfg_.norm_eps));
   } else {
-    cu::rmsnorm_forward(nf_, cd_, nrstd_, last, mf(nfw_), N_, C_, cfg_.norm_eps);
+    MT_PROF("fwd rmsnorm_forward", cu::rmsnorm_forward(nf_, cd_, nrstd_, last, mf(nfw_), N_, C_, cfg_.norm_eps));
   }
 }
 
@@ -369,6 +396,8 @@ float CudaLM::forward(const int32_t* tokens, const int32_t* targets, float loss_
                  " is outside the vocabulary [0, " + std::to_string(V_) + ")");
   backward_ready_ = false;
   cu::copy_to_device(tokens_, tokens, static_cast<size_t>(N_) * 4);
+  unique_tokens_ = cu::embedding_buckets(tokens, N_, V_, host_buckets_);
+  cu::copy_to_device(buckets_, host_buckets_.data(), host_buckets_.size() * 4);
   trunk_forward();
   if (targets == nullptr) return 0.0f;
   int count = 0;
@@ -386,13 +415,13 @@ float CudaLM::forward(const int32_t* tokens, const int32_t* targets, float loss_
   for (int r0 = 0; r0 < N_; r0 += R_) {
     int r = std::min(R_, N_ - r0);
     const void* x = at(nf_, static_cast<size_t>(r0) * C_);
-    cu::gemm(r, V_, C_, x, C_, false, wc(head_), C_, true, logits_, Vp_, cd_, DType::kF32, false);
-    cu::cross_entropy_tile(losses_ + r0, nullptr, logits_, Vp_, targets_ + r0, r, V_, train ? grad_scale : 0.0f,
-                           dlogits_, cd_, Vp_);
+    MT_PROF("head gemm logits", cu::gemm(r, Vp_, C_, x, C_, false, head_pad_.data(), C_, true, logits_, Vp_, cd_, DType::kF32, false));
+    MT_PROF("head cross_entropy_tile", cu::cross_entropy_tile(losses_ + r0, nullptr, logits_, Vp_, targets_ + r0, r, V_, train ? grad_scale : 0.0f,
+                           dlogits_, cd_, Vp_));
     if (!train) continue;
-    cu::gemm(r, C_, V_, dlogits_, Vp_, false, wc(head_), C_, false, dnf_ + static_cast<size_t>(r0) * C_, C_, cd_,
-             DType::kF32, false);
-    cu::gemm(V_, C_, r, dlogits_, Vp_, true, x, C_, false, gf(head_), C_, cd_, DType::kF32, true);
+    MT_PROF("head gemm dx", cu::gemm(r, C_, Vp_, dlogits_, Vp_, false, head_pad_.data(), C_, false, dnf_ + static_cast<size_t>(r0) * C_, C_, cd_,
+             DType::kF32, false));
+    MT_PROF("head gemm dW", cu::gemm(V_, C_, r, dlogits_, Vp_, true, x, C_, false, gf(head_), C_, cd_, DType::kF32, true));
   }
   cu::copy_to_host(host_losses_.data(), losses_, static_cast<size_t>(N_) * 4);
   double total = 0.0;
@@ -413,15 +442,16 @@ void CudaLM::backward() {
   cu::fill_zero(dres_, NC * 4);
   const float* last = resid_ + cfg_.n_layer * NC;
   if (gpt2_) {
-    cu::layernorm_backward(dres_, gf(nfw_), gf(nfb_), dnf_, last, mf(nfw_), nmean_, nrstd_, N_, C_);
+    MT_PROF("bwd layernorm_backward", cu::layernorm_backward(dres_, gf(nfw_), gf(nfb_), dnf_, last, mf(nfw_), nmean_, nrstd_, N_, C_));
   } else {
-    cu::rmsnorm_backward(dres_, gf(nfw_), dnf_, last, mf(nfw_), nrstd_, N_, C_);
+    MT_PROF("bwd rmsnorm_backward", cu::rmsnorm_backward(dres_, gf(nfw_), dnf_, last, mf(nfw_), nrstd_, N_, C_));
   }
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     if (recompute_) block_forward(l, dn_ /* unused output */, resid_ + l * NC, acts_for(l));
     block_backward(l, resid_ + l * NC, acts_for(l));
   }
-  cu::embedding_backward(gf(wte_), gpt2_ ? gf(wpe_) : nullptr, dres_, tokens_, N_, T_, C_);
+  MT_PROF("bwd embedding_backward", cu::embedding_backward(gf(wte_), gpt2_ ? gf(wpe_) : nullptr, dres_, buckets_, unique_tokens_, N_, T_,
+                                                           C_));
 }
 
 void CudaLM::adamw_step(const std::vector<optim::ParamSegment>& segments, kernels::AdamWParams params) {
@@ -438,10 +468,11 @@ void CudaLM::adamw_step(const std::vector<optim::ParamSegment>& segments, kernel
     size_t off = segments[i].offset, n = end - off;
     params.weight_decay = segments[i].weight_decay;
     void* lowp = cd_ == DType::kF32 ? nullptr : at(compute_.data(), off);
-    cu::adamw_update(master_.as<float>() + off, grad_.as<float>() + off, m_.as<float>() + off, v_.as<float>() + off,
-                     lowp, cd_, n, params);
+    MT_PROF("opt adamw_update", cu::adamw_update(master_.as<float>() + off, grad_.as<float>() + off, m_.as<float>() + off, v_.as<float>() + off,
+                     lowp, cd_, n, params));
     i = j;
   }
+  refresh_head();
 }
 
 }  // namespace
@@ -449,6 +480,16 @@ void CudaLM::adamw_step(const std::vector<optim::ParamSegment>& segments, kernel
 bool cuda_built() { return true; }
 
 std::unique_ptr<DeviceLM> make_cuda_lm(TransformerLM& model) { return std::make_unique<CudaLM>(model); }
+
+void cuda_set_profiling(bool on) { cu::set_profiling(on); }
+
+std::vector<DeviceOpTime> cuda_profile_report() {
+  std::vector<DeviceOpTime> out;
+  for (const cu::ProfEntry& e : cu::profile_report()) out.push_back({e.name, e.ms, e.calls});
+  return out;
+}
+
+std::vector<std::pair<std::string, double>> cuda_gemm_probe(int M, int N, int K) { return cu::gemm_probe(M, N, K); }
 
 DeviceCeilings cuda_ceilings() {
   cu::Ceilings c = cu::measure_ceilings();
