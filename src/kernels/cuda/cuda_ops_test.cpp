@@ -129,7 +129,7 @@ TEST_F(CudaOps, Embedding) {
 
 TEST_F(CudaOps, LayerNormAndRMSNorm) {
   for (DType dt : kDtypes) {
-    for (auto [N, C] : {std::pair{19, 67}, std::pair{1, 32}, std::pair{300, 768}}) {
+    for (auto [N, C] : {std::pair{19, 67}, std::pair{1, 32}, std::pair{300, 768}, std::pair{9, 1100}}) {
       auto x = randv(static_cast<size_t>(N) * C, 10, 3.0f);
       for (int i = 0; i < N; ++i) x[static_cast<size_t>(i) * C] += 5.0f;  // a non-zero mean
       auto w = randv(C, 11), b = randv(C, 12);
@@ -144,12 +144,25 @@ TEST_F(CudaOps, LayerNormAndRMSNorm) {
       auto dout = randv(x.size(), 13);
       auto dinp = randv(x.size(), 14), gw = randv(C, 15), gb = randv(C, 16);
       Dev ddout(dout, DType::kF32), ddinp(dinp, DType::kF32), dgw(gw, DType::kF32), dgb(gb, DType::kF32);
+      Dev ddinp2(dinp, DType::kF32), dgw2(gw, DType::kF32), dgb2(gb, DType::kF32);
+      auto cs0 = randv(C, 19);
+      Dev dcs(cs0, DType::kF32), dcopy = Dev::poisoned(x.size(), dt);
       kernels::layernorm_backward(dinp.data(), gw.data(), gb.data(), dout.data(), x.data(), w.data(), mean.data(),
                                   rstd.data(), N, C);
       layernorm_backward(ddinp.f(), dgw.f(), dgb.f(), ddout.f(), dx.f(), dw.f(), m.f(), r.f(), N, C);
       EXPECT_LT(rel_err(ddinp.get(), dinp), 1e-5);
       EXPECT_LT(rel_err(dgw.get(), gw), 1e-5);
       EXPECT_LT(rel_err(dgb.get(), gb), 1e-5);
+      // The fused extras: dinp's copy in dt, and its column sums added onto cs0.
+      layernorm_backward(ddinp2.f(), dgw2.f(), dgb2.f(), ddout.f(), dx.f(), dw.f(), m.f(), r.f(), N, C, dcopy.p(), dt,
+                         dcs.f());
+      EXPECT_LT(rel_err(ddinp2.get(), dinp), 1e-5) << C;
+      EXPECT_LT(rel_err(dgw2.get(), gw), 1e-5) << C;
+      EXPECT_LT(rel_err(dcopy.get(), round_to(dt, dinp)), dt == DType::kF32 ? 1e-5 : 1e-3) << C;
+      std::vector<float> cs = cs0;
+      for (int n = 0; n < N; ++n)
+        for (int c = 0; c < C; ++c) cs[c] += dinp[static_cast<size_t>(n) * C + c];
+      EXPECT_LT(rel_err(dcs.get(), cs), 1e-5) << C;
 
       std::vector<float> rout(x.size()), rr(N);
       kernels::rmsnorm_forward(rout.data(), rr.data(), x.data(), w.data(), N, C, 1e-6f);
@@ -190,6 +203,23 @@ TEST_F(CudaOps, GeluAndSwiGLU) {
               dt == DType::kF32 ? 1e-6 : 5e-3);
     EXPECT_LT(rel_err(std::vector<float>(dx1.begin() + 1, dx1.end()), std::vector<float>(dx.begin() + 1, dx.end())),
               dt == DType::kF32 ? 1e-6 : 5e-3);
+
+    // With the bias gradient fused (rows of 48: vectors; 45: the unfused fallback).
+    for (int H : {48, 45}) {
+      int R = 37;
+      auto hx = round_to(dt, randv(static_cast<size_t>(R) * H, 24, 4.0f)), hd = round_to(dt, randv(static_cast<size_t>(R) * H, 25));
+      std::vector<float> hdx(hx.size());
+      kernels::gelu_backward(hdx.data(), hx.data(), hd.data(), hx.size());
+      hdx = round_to(dt, hdx);
+      auto bias0 = randv(H, 26);
+      std::vector<float> bias = bias0;
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < H; ++c) bias[c] += hdx[static_cast<size_t>(r) * H + c];
+      Dev ghx(hx, dt), ghd(hd, dt), ghdx = Dev::poisoned(hx.size(), dt), gbias(bias0, DType::kF32);
+      gelu_backward_bias(ghdx.p(), gbias.f(), ghx.p(), ghd.p(), dt, R, H);
+      EXPECT_LT(rel_err(ghdx.get(), hdx), dt == DType::kF32 ? 1e-6 : 5e-3) << H;
+      EXPECT_LT(rel_err(gbias.get(), bias), dt == DType::kF32 ? 1e-5 : 5e-3) << H;
+    }
 
     int N = 13, I = 45;
     auto h = round_to(dt, randv(static_cast<size_t>(N) * 2 * I, 22, 3.0f)), da = round_to(dt, randv(static_cast<size_t>(N) * I, 23));
@@ -281,14 +311,22 @@ TEST_F(CudaOps, CrossEntropyInPlaceF32) {
   std::vector<float> loss(R), lse(R), dl = logits;
   kernels::cross_entropy_tile(loss.data(), lse.data(), dl.data(), tg.data(), R, V, 0.5f);
   Dev gt = ints(tg), gloss = Dev::poisoned(R, DType::kF32);
-  for (int rep = 0; rep < 5; ++rep) {
-    Dev gi(logits, DType::kF32);
-    cross_entropy_tile(gloss.f(), nullptr, gi.f(), V, static_cast<int32_t*>(gt.p()), R, V, 0.5f, gi.p(), DType::kF32, V);
-    auto got = gloss.get();
-    int bad = 0;
-    for (int r = 0; r < R; ++r) bad += std::fabs(got[r] - loss[r]) > 1e-5f * std::max(1.0f, std::fabs(loss[r]));
-    EXPECT_EQ(bad, 0) << "rows whose loss read the gradient, repetition " << rep;
-    EXPECT_LT(rel_err(gi.get(), dl), 1e-5);
+  for (int ld : {V, 1024}) {  // one by one, and four at a time (production pads rows to 64)
+    std::vector<float> padded(static_cast<size_t>(R) * ld, 0.0f), want(padded.size(), 0.0f);
+    for (int r = 0; r < R; ++r) {
+      std::memcpy(&padded[static_cast<size_t>(r) * ld], &logits[static_cast<size_t>(r) * V], V * 4);
+      std::memcpy(&want[static_cast<size_t>(r) * ld], &dl[static_cast<size_t>(r) * V], V * 4);
+    }
+    for (int rep = 0; rep < 3; ++rep) {
+      Dev gi(padded, DType::kF32);
+      cross_entropy_tile(gloss.f(), nullptr, gi.f(), ld, static_cast<int32_t*>(gt.p()), R, V, 0.5f, gi.p(), DType::kF32,
+                         ld);
+      auto got = gloss.get();
+      int bad = 0;
+      for (int r = 0; r < R; ++r) bad += std::fabs(got[r] - loss[r]) > 1e-5f * std::max(1.0f, std::fabs(loss[r]));
+      EXPECT_EQ(bad, 0) << "rows whose loss read the gradient, ld " << ld << ", repetition " << rep;
+      EXPECT_LT(rel_err(gi.get(), want), 1e-5) << ld;
+    }
   }
 }
 

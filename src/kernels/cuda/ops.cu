@@ -1,6 +1,7 @@
 #include "kernels/cuda/ops.h"
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -78,16 +79,33 @@ __global__ void colreduce_partial_k(float* partial, int N, int C, int rows_per_c
   }
 }
 
-__global__ void colreduce_final_k(float* out0, float* out1, const float* partial, int chunks, int C) {
-  int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float a = 0.0f, b = 0.0f;
-  for (int k = 0; k < chunks; ++k) {
-    a += partial[static_cast<size_t>(k) * C + c];
-    b += partial[static_cast<size_t>(chunks + k) * C + c];
+// out_q[c] += sum over k < G of partial[q][k][c] for q < 3 (null outputs skipped), in a fixed order:
+// 16 row lanes each sum a strided share, then lane 0 sums the 16. Blocks (32 columns x 16), grid
+// (columns / 32, 3). (One thread per column summing all G serially was latency-bound: 0.1-0.4 ms.)
+constexpr int kFinalLanes = 16;
+__global__ void colsum_final_k(float* o0, float* o1, float* o2, const float* partial, int G, int C) {
+  __shared__ float red[kFinalLanes][33];
+  int q = blockIdx.y;
+  float* out = q == 0 ? o0 : (q == 1 ? o1 : o2);
+  if (out == nullptr) return;
+  int c = blockIdx.x * 32 + threadIdx.x;
+  float t = 0.0f;
+  if (c < C) {
+#pragma unroll 4
+    for (int k = threadIdx.y; k < G; k += kFinalLanes) t += partial[(static_cast<size_t>(q) * G + k) * C + c];
   }
-  if (out0) out0[c] += a;
-  if (out1) out1[c] += b;
+  red[threadIdx.y][threadIdx.x] = t;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float s = 0.0f;
+    for (int i = 0; i < kFinalLanes; ++i) s += red[i][threadIdx.x];
+    out[c] += s;
+  }
+}
+
+void colsum_final(float* o0, float* o1, float* o2, const float* partial, int G, int C) {
+  colsum_final_k<<<dim3((C + 31) / 32, 3), dim3(32, kFinalLanes), 0, cu_stream()>>>(o0, o1, o2, partial, G, C);
+  MT_LAUNCH_CHECK("colsum_final");
 }
 
 template <typename F>
@@ -98,8 +116,7 @@ void colreduce(float* out0, float* out1, int N, int C, F f) {
   dim3 grid((C + 31) / 32, chunks);
   colreduce_partial_k<<<grid, dim3(32, kColLanes), 0, cu_stream()>>>(partial, N, C, rows, f);
   MT_LAUNCH_CHECK("colreduce_partial");
-  colreduce_final_k<<<(C + 255) / 256, 256, 0, cu_stream()>>>(out0, out1, partial, chunks, C);
-  MT_LAUNCH_CHECK("colreduce_final");
+  colsum_final(out0, out1, nullptr, partial, chunks, C);
 }
 
 template <typename T>
@@ -175,6 +192,75 @@ __global__ void layernorm_bwd_k(float* dinp, const float* dout, const float* inp
     float xhat = (inp[base + c] - m) * r;
     float dn = dout[base + c] * w[c];
     dinp[base + c] += r * (dn - a - xhat * bsum);
+  }
+}
+
+// LayerNorm backward in one pass over the rows (C <= 32 * kLnLanes): each warp owns rows, keeps its
+// columns' weight/bias gradient sums (and, if asked, the column sums of the updated dinp: the next
+// bias gradient down the stack) in registers, then the block sums its warps in a fixed order into
+// partial[q][block][C] for colsum_final_k. Also writes dinp's copy in TC (the next GEMM's input).
+constexpr int kLnLanes = 32;  // the most columns per lane (C <= 1024)
+template <typename TC, int kL>  // kL: columns per lane, ceil(C / 32) rounded up to a multiple of 8
+__global__ void __launch_bounds__(256, kL <= 24 ? 2 : 1) layernorm_bwd_fused_k(float* __restrict__ dinp, TC* __restrict__ copy,
+                                                            float* __restrict__ partial, const float* __restrict__ dout,
+                                                            const float* __restrict__ inp, const float* __restrict__ w,
+                                                            const float* __restrict__ mean,
+                                                            const float* __restrict__ rstd, int N, int C, bool colsum) {
+  extern __shared__ float red[];  // warps x C
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+  float gw[kL], gb[kL], gs[kL];
+#pragma unroll
+  for (int i = 0; i < kL; ++i) gw[i] = gb[i] = gs[i] = 0.0f;
+  for (int row = blockIdx.x * nw + warp; row < N; row += gridDim.x * nw) {
+    size_t base = static_cast<size_t>(row) * C;
+    float m = mean[row], r = rstd[row];
+    float a = 0.0f, bsum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kL; ++i) {
+      int c = lane + 32 * i;
+      if (c < C) {
+        float dn = dout[base + c] * w[c];
+        a += dn;
+        bsum += dn * (inp[base + c] - m) * r;
+      }
+    }
+    // dinp's row is loaded before the reductions so its loads overlap them (no aliasing: restrict).
+    float dv[kL];
+#pragma unroll
+    for (int i = 0; i < kL; ++i) {
+      int c = lane + 32 * i;
+      dv[i] = c < C ? dinp[base + c] : 0.0f;
+    }
+    a = warp_sum(a) / C;
+    bsum = warp_sum(bsum) / C;
+#pragma unroll
+    for (int i = 0; i < kL; ++i) {  // dout and inp again (from L1), so that they need not live in registers
+      int c = lane + 32 * i;
+      if (c < C) {
+        float go = dout[base + c], xh = (inp[base + c] - m) * r;
+        float d = dv[i] + r * (go * w[c] - a - xh * bsum);
+        dinp[base + c] = d;
+        if (copy) copy[base + c] = from_f<TC>(d);
+        gw[i] += go * xh;
+        gb[i] += go;
+        gs[i] += d;
+      }
+    }
+  }
+  const int G = gridDim.x;
+  for (int q = 0; q < (colsum ? 3 : 2); ++q) {
+#pragma unroll
+    for (int i = 0; i < kL; ++i) {
+      int c = lane + 32 * i;
+      if (c < C) red[warp * C + c] = q == 0 ? gw[i] : (q == 1 ? gb[i] : gs[i]);
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      float t = 0.0f;
+      for (int k = 0; k < nw; ++k) t += red[k * C + c];
+      partial[(static_cast<size_t>(q) * G + blockIdx.x) * C + c] = t;
+    }
+    __syncthreads();
   }
 }
 
@@ -255,6 +341,33 @@ __global__ void gelu_bwd_k(T* dinp, const T* inp, const T* dout, size_t n) {
   for (size_t i = nv * W + t0; i < n; i += stride) dinp[i] = from_f<T>(to_f(dout[i]) * gelu_grad(to_f(inp[i])));
 }
 
+// GELU backward over rows (N, H) with the bias gradient fused: each thread owns W = 16 / sizeof(T)
+// adjacent columns, sums their dinp over the block's rows in order, and writes partial[block][H] for
+// colsum_final (deterministic). Needs H % W == 0, H / W <= 1024 and 16-byte aligned rows.
+template <typename T>
+__global__ void gelu_bwd_bias_k(T* dinp, float* partial, const T* inp, const T* dout, int N, int H) {
+  constexpr int W = Vec16<T>::kW;
+  const int j = threadIdx.x, HV = H / W;
+  const int rows = (N + gridDim.x - 1) / gridDim.x, n0 = blockIdx.x * rows, n1 = min(N, n0 + rows);
+  float acc[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) acc[k] = 0.0f;
+  if (j < HV) {
+    for (int n = n0; n < n1; ++n) {
+      size_t i = static_cast<size_t>(n) * HV + j;
+      Vec16<T> x = reinterpret_cast<const Vec16<T>*>(inp)[i], d = reinterpret_cast<const Vec16<T>*>(dout)[i], y;
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        y.v[k] = from_f<T>(to_f(d.v[k]) * gelu_grad(to_f(x.v[k])));
+        acc[k] += to_f(y.v[k]);  // the stored (rounded) value, as a separate bias_backward would read it
+      }
+      reinterpret_cast<Vec16<T>*>(dinp)[i] = y;
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) partial[static_cast<size_t>(blockIdx.x) * H + j * W + k] = acc[k];
+  }
+}
+
 template <typename T>
 __global__ void swiglu_fwd_k(T* out, const T* inp, int N, int I) {
   size_t total = static_cast<size_t>(N) * I;
@@ -321,7 +434,21 @@ __global__ void add_bias_k(T* d, const float* bias, int M, int N, int ld) {
 }
 
 // ---- cross-entropy: one block per row ----
-template <typename T>
+// Stores 4 consecutive values of T (16 or 8 bytes; the caller checked the alignment).
+__device__ __forceinline__ void store4(float* d, float a, float b, float c, float e) {
+  *reinterpret_cast<float4*>(d) = make_float4(a, b, c, e);
+}
+__device__ __forceinline__ void store4(bf16* d, float a, float b, float c, float e) {
+  __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, e);
+  uint2 u;
+  u.x = *reinterpret_cast<uint32_t*>(&lo);
+  u.y = *reinterpret_cast<uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(d) = u;
+}
+
+// kVec: the logits and dl rows are 16-byte aligned with leading dimensions a multiple of 4, so the
+// first V / 4 * 4 columns go four at a time (float4 loads), the rest one by one.
+template <typename T, bool kVec>
 __global__ void cross_entropy_k(float* loss, float* lse_out, const float* logits, int ldl, const int32_t* targets,
                                 int V, float grad_scale, T* dl, int ldd) {
   int r = blockIdx.x;
@@ -332,8 +459,19 @@ __global__ void cross_entropy_k(float* loss, float* lse_out, const float* logits
   float xt = tgt >= 0 && threadIdx.x == 0 ? x[tgt] : 0.0f;
   // One pass for the max and the sum (online: the sum rescaled when the max grows), then the
   // gradient pass: the logits are read twice, not three times.
+  const int V4 = kVec ? V / 4 : 0;
   float m = -INFINITY, s = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+#pragma unroll 4
+  for (int q = threadIdx.x; q < V4; q += blockDim.x) {
+    float4 v = reinterpret_cast<const float4*>(x)[q];
+    float m4 = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+    if (m4 > m) {
+      s *= __expf(m - m4);
+      m = m4;
+    }
+    s += __expf(v.x - m) + __expf(v.y - m) + __expf(v.z - m) + __expf(v.w - m);
+  }
+  for (int v = V4 * 4 + threadIdx.x; v < V; v += blockDim.x) {
     float xv = x[v];
     if (xv > m) {
       s = s * __expf(m - xv) + 1.0f;
@@ -351,8 +489,17 @@ __global__ void cross_entropy_k(float* loss, float* lse_out, const float* logits
   }
   if (grad_scale == 0.0f) return;
   T* d = dl + static_cast<size_t>(r) * ldd;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    float g = tgt < 0 ? 0.0f : (__expf(x[v] - lse) - (v == tgt ? 1.0f : 0.0f)) * grad_scale;
+  const float gs = tgt < 0 ? 0.0f : grad_scale;
+#pragma unroll 4
+  for (int q = threadIdx.x; q < V4; q += blockDim.x) {
+    float4 v = reinterpret_cast<const float4*>(x)[q];
+    int c = 4 * q;
+    store4(d + c, (__expf(v.x - lse) - (c == tgt ? 1.0f : 0.0f)) * gs,
+           (__expf(v.y - lse) - (c + 1 == tgt ? 1.0f : 0.0f)) * gs, (__expf(v.z - lse) - (c + 2 == tgt ? 1.0f : 0.0f)) * gs,
+           (__expf(v.w - lse) - (c + 3 == tgt ? 1.0f : 0.0f)) * gs);
+  }
+  for (int v = V4 * 4 + threadIdx.x; v < V; v += blockDim.x) {
+    float g = (__expf(x[v] - lse) - (v == tgt ? 1.0f : 0.0f)) * gs;
     d[v] = from_f<T>(g);
   }
 }
@@ -469,11 +616,37 @@ void layernorm_forward(void* out, DType dt, float* mean, float* rstd, const floa
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+                        const float* weight, const float* mean, const float* rstd, int N, int C, void* dinp_copy,
+                        DType copy_dtype, float* dinp_colsum) {
+  if (C <= 32 * kLnLanes && dweight != nullptr) {
+    constexpr int kWarps = 8;
+    int G = std::max(1, std::min((N + kWarps - 1) / kWarps, 264));
+    float* partial = static_cast<float*>(scratch(size_t{3} * G * C * sizeof(float)));
+    size_t smem = size_t{kWarps} * C * sizeof(float);
+    bool cs = dinp_colsum != nullptr;
+    int lanes = ((C + 31) / 32 + 7) / 8 * 8;
+    auto launch = [&](auto* copy) {
+      using TC = std::remove_pointer_t<decltype(copy)>;
+      auto k = lanes == 8    ? layernorm_bwd_fused_k<TC, 8>
+               : lanes == 16 ? layernorm_bwd_fused_k<TC, 16>
+               : lanes == 24 ? layernorm_bwd_fused_k<TC, 24>
+                             : layernorm_bwd_fused_k<TC, 32>;
+      k<<<G, 32 * kWarps, smem, cu_stream()>>>(dinp, copy, partial, dout, inp, weight, mean, rstd, N, C, cs);
+    };
+    if (dinp_copy == nullptr || copy_dtype == DType::kF32)
+      launch(static_cast<float*>(dinp_copy));
+    else
+      MT_DISPATCH(copy_dtype, T, launch(static_cast<T*>(dinp_copy)));
+    MT_LAUNCH_CHECK("layernorm_backward");
+    colsum_final(dweight, dbias, dinp_colsum, partial, G, C);
+    return;
+  }
   colreduce(dweight, dbias, N, C, LnGradF{dout, inp, mean, rstd, C});
   unsigned g = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   layernorm_bwd_k<<<g, 32 * kRowsPerBlock, 0, cu_stream()>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   MT_LAUNCH_CHECK("layernorm_backward");
+  if (dinp_copy) cuda::convert(dinp_copy, copy_dtype, dinp, DType::kF32, static_cast<size_t>(N) * C);
+  if (dinp_colsum) bias_backward(dinp_colsum, dinp, DType::kF32, N, C);
 }
 
 void rmsnorm_forward(void* out, DType dt, float* rstd, const float* inp, const float* weight, int N, int C,
@@ -519,6 +692,23 @@ void gelu_backward(void* dinp, const void* inp, const void* dout, DType dt, size
       gelu_bwd_k<T, false><<<grid_for(work, kThreads), kThreads, 0, cu_stream()>>>(d, x, g, n);
   });
   MT_LAUNCH_CHECK("gelu_backward");
+}
+
+void gelu_backward_bias(void* dinp, float* dbias, const void* inp, const void* dout, DType dt, int N, int H) {
+  int W = static_cast<int>(16 / dtype_size(dt));
+  if (H % W != 0 || H / W > 1024 || !aligned16(dinp) || !aligned16(inp) || !aligned16(dout)) {
+    gelu_backward(dinp, inp, dout, dt, static_cast<size_t>(N) * H);
+    bias_backward(dbias, dinp, dt, N, H);
+    return;
+  }
+  int G = std::max(1, std::min(N, 264));
+  float* partial = static_cast<float*>(scratch(static_cast<size_t>(G) * H * sizeof(float)));
+  unsigned threads = static_cast<unsigned>((H / W + 31) / 32 * 32);
+  MT_DISPATCH(dt, T, gelu_bwd_bias_k<T><<<G, threads, 0, cu_stream()>>>(static_cast<T*>(dinp), partial,
+                                                                      static_cast<const T*>(inp),
+                                                                      static_cast<const T*>(dout), N, H));
+  MT_LAUNCH_CHECK("gelu_backward_bias");
+  colsum_final(dbias, nullptr, nullptr, partial, G, H);
 }
 
 void swiglu_forward(void* out, const void* inp, DType dt, int N, int I) {
@@ -579,8 +769,15 @@ void add_bias(void* d, DType dt, const float* bias, int M, int N, int ld) {
 
 void cross_entropy_tile(float* loss, float* lse, const float* logits, int ld_logits, const int32_t* targets, int R,
                         int V, float grad_scale, void* dlogits, DType dl_dtype, int ld_dl) {
-  MT_DISPATCH(dl_dtype, T, cross_entropy_k<<<R, 512, 0, cu_stream()>>>(loss, lse, logits, ld_logits, targets, V,
-                                                                       grad_scale, static_cast<T*>(dlogits), ld_dl));
+  bool vec = aligned16(logits) && ld_logits % 4 == 0 && (grad_scale == 0.0f || (aligned16(dlogits) && ld_dl % 4 == 0));
+  MT_DISPATCH(dl_dtype, T, {
+    if (vec)
+      cross_entropy_k<T, true><<<R, 512, 0, cu_stream()>>>(loss, lse, logits, ld_logits, targets, V, grad_scale,
+                                                         static_cast<T*>(dlogits), ld_dl);
+    else
+      cross_entropy_k<T, false><<<R, 512, 0, cu_stream()>>>(loss, lse, logits, ld_logits, targets, V, grad_scale,
+                                                          static_cast<T*>(dlogits), ld_dl);
+  });
   MT_LAUNCH_CHECK("cross_entropy_tile");
 }
 

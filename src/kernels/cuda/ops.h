@@ -31,10 +31,13 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 // out (N,C) T =; mean, rstd (N) = (mean may be nullptr for RMSNorm). bias may be nullptr.
 void layernorm_forward(void* out, DType dt, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int N, int C, float eps);
-// dinp +=, dweight +=, dbias += (nullable); dout f32.
+// dinp +=, dweight +=, dbias += (nullable); dout f32. Fused extras for the layer below (nullable):
+// dinp_copy = the updated dinp in copy_dtype (the next GEMM's input), dinp_colsum += its column
+// sums (the next bias gradient). One pass over the rows where C <= 1024.
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C);
+                        int N, int C, void* dinp_copy = nullptr, DType copy_dtype = DType::kBF16,
+                        float* dinp_colsum = nullptr);
 void rmsnorm_forward(void* out, DType dt, float* rstd, const float* inp, const float* weight,
                      int N, int C, float eps);
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
@@ -42,6 +45,8 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 
 void gelu_forward(void* out, const void* inp, DType dt, size_t n);                    // out =
 void gelu_backward(void* dinp, const void* inp, const void* dout, DType dt, size_t n);  // dinp =
+// dinp (N, H) = gelu'(inp) * dout and dbias (H) += its column sums, in one pass where H allows.
+void gelu_backward_bias(void* dinp, float* dbias, const void* inp, const void* dout, DType dt, int N, int H);
 void swiglu_forward(void* out, const void* inp, DType dt, int N, int I);               // (N,I) =
 void swiglu_backward(void* dinp, const void* dout, const void* inp, DType dt, int N, int I);  // (N,2I) =
 

@@ -82,6 +82,9 @@ class CudaLM final : public DeviceLM {
   void block_backward(int l, const float* x, const Acts& a);
   Acts& acts_for(int l) { return acts_[recompute_ ? 0 : l]; }
   const void* as_cd(const float* x, size_t n);  // x in cd (a conversion into scratch unless f32)
+  // GPT-2's LayerNorm backwards write dres's cd copy into dy_c_ (none needed in f32).
+  void* dres_copy() const { return cd_ == DType::kF32 ? nullptr : dy_c_; }
+  const void* dres_cd() const { return cd_ == DType::kF32 ? static_cast<const void*>(dres_) : dy_c_; }
   size_t offset(const std::string& name) const {
     nn::Parameter* p = store_.find(name);
     MT_CHECK(p != nullptr, ErrorKind::kInternal, "cuda model: no parameter " + name);
@@ -102,7 +105,7 @@ class CudaLM final : public DeviceLM {
   cu::DeviceBuffer acts_buf_, resid_buf_, scratch_buf_, head_buf_, io_buf_;
   // The LM head's weight in cd, padded with zero rows to Vp_: the logits and dL/dx GEMMs then run on
   // a vocabulary that is a multiple of 64 (cuBLASLt's fast kernels; 50257 columns ran 5x slower).
-  cu::DeviceBuffer head_pad_;
+  cu::DeviceBuffer head_pad_, head_grad_pad_;
   void refresh_head() {
     cu::copy_on_device(head_pad_.data(), wc(head_), static_cast<size_t>(V_) * C_ * es_);
   }
@@ -206,6 +209,7 @@ CudaLM::CudaLM(TransformerLM& model)
   m_ = cu::DeviceBuffer(P_ * 4, MemCategory::kOptimizer);
   v_ = cu::DeviceBuffer(P_ * 4, MemCategory::kOptimizer);
   head_pad_ = cu::DeviceBuffer(static_cast<size_t>(Vp_) * C_ * es_, MemCategory::kParams);  // zero-filled
+  head_grad_pad_ = cu::DeviceBuffer(static_cast<size_t>(Vp_) * C_ * 4, MemCategory::kWorkspace);
   load_master(store_.master());
 
   // Saved activations: one set per block (one in all with recompute).
@@ -334,17 +338,17 @@ void CudaLM::block_backward(int l, const float* x, const Acts& a) {
   const LayerW& w = layers_[l];
   const int N = N_, C = C_;
   const DType cd = cd_, f32 = DType::kF32;
-  // MLP. dres = dL/dy.
-  const void* dy = as_cd(dres_, static_cast<size_t>(N) * C);
+  // MLP. dres = dL/dy. GPT-2: the LayerNorm backward above left dres's copy in cd (dy_c_) and
+  // added dres's column sums into this block's output bias gradient.
+  const void* dy = gpt2_ ? dres_cd() : as_cd(dres_, static_cast<size_t>(N) * C);
   if (gpt2_) {
     MT_PROF("bwd gemm NxGxC", cu::gemm(N, G_, C, dy, C, false, wc(w.outw), C, true, dact_, G_, cd, cd, false));
     MT_PROF("bwd gemm GxCxN", cu::gemm(G_, C, N, a.act, G_, true, dy, C, false, gf(w.outw), C, cd, f32, true));
-    MT_PROF("bwd bias_backward", cu::bias_backward(gf(w.outb), dres_, f32, N, C));
-    MT_PROF("bwd gelu_backward", cu::gelu_backward(dh_, a.h, dact_, cd, static_cast<size_t>(N) * G_));
+    MT_PROF("bwd gelu_backward", cu::gelu_backward_bias(dh_, gf(w.fcb), a.h, dact_, cd, N, G_));
     MT_PROF("bwd gemm NxCxH", cu::gemm(N, C, H_, dh_, H_, false, wc(w.fcw), H_, true, dn_, C, cd, f32, false));
     MT_PROF("bwd gemm CxHxN", cu::gemm(C, H_, N, a.n2, C, true, dh_, H_, false, gf(w.fcw), H_, cd, f32, true));
-    MT_PROF("bwd bias_backward", cu::bias_backward(gf(w.fcb), dh_, cd, N, H_));
-    MT_PROF("bwd layernorm_backward", cu::layernorm_backward(dres_, gf(w.n2w), gf(w.n2b), dn_, a.x2, mf(w.n2w), a.mean2, a.rstd2, N, C));
+    MT_PROF("bwd layernorm_backward", cu::layernorm_backward(dres_, gf(w.n2w), gf(w.n2b), dn_, a.x2, mf(w.n2w), a.mean2, a.rstd2, N, C,
+                                                             dres_copy(), cd, gf(w.projb)));
   } else {
     MT_PROF("bwd gemm NxGxC", cu::gemm(N, G_, C, dy, C, false, wc(w.outw), G_, false, dact_, G_, cd, cd, false));
     MT_PROF("bwd gemm CxGxN", cu::gemm(C, G_, N, dy, C, true, a.act, G_, false, gf(w.outw), G_, cd, f32, true));
@@ -353,12 +357,11 @@ void CudaLM::block_backward(int l, const float* x, const Acts& a) {
     MT_PROF("bwd gemm HxCxN", cu::gemm(H_, C, N, dh_, H_, true, a.n2, C, false, gf(w.fcw), C, cd, f32, true));
     MT_PROF("bwd rmsnorm_backward", cu::rmsnorm_backward(dres_, gf(w.n2w), dn_, a.x2, mf(w.n2w), a.rstd2, N, C));
   }
-  // Attention. dres = dL/dx2.
-  dy = as_cd(dres_, static_cast<size_t>(N) * C);
+  // Attention. dres = dL/dx2 (GPT-2: copy and projection bias gradient from the LayerNorm backward).
+  dy = gpt2_ ? dres_cd() : as_cd(dres_, static_cast<size_t>(N) * C);
   if (gpt2_) {
     MT_PROF("bwd gemm NxAxC", cu::gemm(N, A_, C, dy, C, false, wc(w.projw), C, true, datt_, A_, cd, cd, false));
     MT_PROF("bwd gemm AxCxN", cu::gemm(A_, C, N, a.att, A_, true, dy, C, false, gf(w.projw), C, cd, f32, true));
-    MT_PROF("bwd bias_backward", cu::bias_backward(gf(w.projb), dres_, f32, N, C));
   } else {
     MT_PROF("bwd gemm NxAxC", cu::gemm(N, A_, C, dy, C, false, wc(w.projw), A_, false, datt_, A_, cd, cd, false));
     MT_PROF("bwd gemm CxAxN", cu::gemm(C, A_, N, dy, C, true, a.att, A_, false, gf(w.projw), A_, cd, f32, true));
@@ -368,7 +371,8 @@ void CudaLM::block_backward(int l, const float* x, const Acts& a) {
     MT_PROF("bwd gemm NxCxQKV", cu::gemm(N, C, QKV_, dqkv_, QKV_, false, wc(w.qkvw), QKV_, true, dn_, C, cd, f32, false));
     MT_PROF("bwd gemm CxQKVxN", cu::gemm(C, QKV_, N, a.n1, C, true, dqkv_, QKV_, false, gf(w.qkvw), QKV_, cd, f32, true));
     MT_PROF("bwd bias_backward", cu::bias_backward(gf(w.qkvb), dqkv_, cd, N, QKV_));
-    MT_PROF("bwd layernorm_backward", cu::layernorm_backward(dres_, gf(w.n1w), gf(w.n1b), dn_, x, mf(w.n1w), a.mean1, a.rstd1, N, C));
+    MT_PROF("bwd layernorm_backward", cu::layernorm_backward(dres_, gf(w.n1w), gf(w.n1b), dn_, x, mf(w.n1w), a.mean1, a.rstd1, N, C,
+                                                             dres_copy(), cd, l > 0 ? gf(layers_[l - 1].outb) : nullptr));
   } else {
     MT_PROF("bwd rope_backward", cu::rope_backward(dqkv_, cd, rope_cos_, rope_sin_, B_, T_, NH_, NKV_, HS_));
     MT_PROF("bwd gemm NxCxQKV", cu::gemm(N, C, QKV_, dqkv_, QKV_, false, wc(w.qkvw), C, false, dn_, C, cd, f32, false));
@@ -421,8 +425,13 @@ float CudaLM::forward(const int32_t* tokens, const int32_t* targets, float loss_
     if (!train) continue;
     MT_PROF("head gemm dx", cu::gemm(r, C_, Vp_, dlogits_, Vp_, false, head_pad_.data(), C_, false, dnf_ + static_cast<size_t>(r0) * C_, C_, cd_,
              DType::kF32, false));
-    MT_PROF("head gemm dW", cu::gemm(V_, C_, r, dlogits_, Vp_, true, x, C_, false, gf(head_), C_, cd_, DType::kF32, true));
+    // The head's weight gradient over the padded vocabulary (as fast as the logits GEMM; 50257 rows
+    // ran at 460 TFLOP/s), summed over the tiles, then added to the gradient buffer once.
+    MT_PROF("head gemm dW", cu::gemm(Vp_, C_, r, dlogits_, Vp_, true, x, C_, false, head_grad_pad_.data(), C_, cd_,
+                                     DType::kF32, r0 > 0));
   }
+  if (train)
+    MT_PROF("head add dW", cu::add_inplace(gf(head_), head_grad_pad_.as<float>(), static_cast<size_t>(V_) * C_));
   cu::copy_to_host(host_losses_.data(), losses_, static_cast<size_t>(N_) * 4);
   double total = 0.0;
   for (float v : host_losses_) total += v;
@@ -442,7 +451,8 @@ void CudaLM::backward() {
   cu::fill_zero(dres_, NC * 4);
   const float* last = resid_ + cfg_.n_layer * NC;
   if (gpt2_) {
-    MT_PROF("bwd layernorm_backward", cu::layernorm_backward(dres_, gf(nfw_), gf(nfb_), dnf_, last, mf(nfw_), nmean_, nrstd_, N_, C_));
+    MT_PROF("bwd layernorm_backward", cu::layernorm_backward(dres_, gf(nfw_), gf(nfb_), dnf_, last, mf(nfw_), nmean_, nrstd_, N_, C_,
+                                                             dres_copy(), cd_, gf(layers_.back().outb)));
   } else {
     MT_PROF("bwd rmsnorm_backward", cu::rmsnorm_backward(dres_, gf(nfw_), dnf_, last, mf(nfw_), nrstd_, N_, C_));
   }
