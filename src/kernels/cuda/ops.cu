@@ -195,73 +195,70 @@ __global__ void layernorm_bwd_k(float* dinp, const float* dout, const float* inp
   }
 }
 
-// LayerNorm backward in one pass over the rows (C <= 32 * kLnLanes): each warp owns rows, keeps its
-// columns' weight/bias gradient sums (and, if asked, the column sums of the updated dinp: the next
-// bias gradient down the stack) in registers, then the block sums its warps in a fixed order into
-// partial[q][block][C] for colsum_final_k. Also writes dinp's copy in TC (the next GEMM's input).
+// LayerNorm backward in one pass over the rows (C <= 32 * kLnLanes): each warp owns rows and loads a
+// row's dout, inp and dinp into registers with every load issued before the first use (one memory
+// latency a row, not one a column: the kernel is latency-bound otherwise); the columns' weight/bias
+// gradient sums (and, if asked, the column sums of the updated dinp: the next bias gradient down the
+// stack) accumulate in the warp's own slice of shared memory; the block then sums its warps in a
+// fixed order into partial[q][block][C] for colsum_final. Also writes dinp's copy in TC (the next
+// GEMM's input).
 constexpr int kLnLanes = 32;  // the most columns per lane (C <= 1024)
+constexpr int kLnWarps = 8;
 template <typename TC, int kL>  // kL: columns per lane, ceil(C / 32) rounded up to a multiple of 8
-__global__ void __launch_bounds__(256, kL <= 24 ? 2 : 1) layernorm_bwd_fused_k(float* __restrict__ dinp, TC* __restrict__ copy,
-                                                            float* __restrict__ partial, const float* __restrict__ dout,
-                                                            const float* __restrict__ inp, const float* __restrict__ w,
-                                                            const float* __restrict__ mean,
-                                                            const float* __restrict__ rstd, int N, int C, bool colsum) {
-  extern __shared__ float red[];  // warps x C
+__global__ void __launch_bounds__(256, 2) layernorm_bwd_fused_k(float* __restrict__ dinp, TC* __restrict__ copy,
+                                                               float* __restrict__ partial, const float* __restrict__ dout,
+                                                               const float* __restrict__ inp,
+                                                               const float* __restrict__ w,
+                                                               const float* __restrict__ mean,
+                                                               const float* __restrict__ rstd, int N, int C, bool colsum) {
+  extern __shared__ float acc[];  // [warp][3][C]: this warp's sums of dout * xhat, dout, new dinp
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
-  float gw[kL], gb[kL], gs[kL];
-#pragma unroll
-  for (int i = 0; i < kL; ++i) gw[i] = gb[i] = gs[i] = 0.0f;
+  float* mine = acc + static_cast<size_t>(warp) * 3 * C;
+  for (int c = lane; c < 3 * C; c += 32) mine[c] = 0.0f;
+  __syncwarp();
   for (int row = blockIdx.x * nw + warp; row < N; row += gridDim.x * nw) {
     size_t base = static_cast<size_t>(row) * C;
+    float go[kL], xh[kL], dv[kL];
+#pragma unroll
+    for (int i = 0; i < kL; ++i) {
+      int c = lane + 32 * i;
+      go[i] = c < C ? dout[base + c] : 0.0f;
+      xh[i] = c < C ? inp[base + c] : 0.0f;
+      dv[i] = c < C ? dinp[base + c] : 0.0f;
+    }
     float m = mean[row], r = rstd[row];
     float a = 0.0f, bsum = 0.0f;
 #pragma unroll
     for (int i = 0; i < kL; ++i) {
       int c = lane + 32 * i;
-      if (c < C) {
-        float dn = dout[base + c] * w[c];
-        a += dn;
-        bsum += dn * (inp[base + c] - m) * r;
-      }
-    }
-    // dinp's row is loaded before the reductions so its loads overlap them (no aliasing: restrict).
-    float dv[kL];
-#pragma unroll
-    for (int i = 0; i < kL; ++i) {
-      int c = lane + 32 * i;
-      dv[i] = c < C ? dinp[base + c] : 0.0f;
+      xh[i] = (xh[i] - m) * r;
+      float dn = c < C ? go[i] * w[c] : 0.0f;
+      a += dn;
+      bsum += dn * xh[i];
     }
     a = warp_sum(a) / C;
     bsum = warp_sum(bsum) / C;
 #pragma unroll
-    for (int i = 0; i < kL; ++i) {  // dout and inp again (from L1), so that they need not live in registers
+    for (int i = 0; i < kL; ++i) {
       int c = lane + 32 * i;
       if (c < C) {
-        float go = dout[base + c], xh = (inp[base + c] - m) * r;
-        float d = dv[i] + r * (go * w[c] - a - xh * bsum);
+        float d = dv[i] + r * (go[i] * w[c] - a - xh[i] * bsum);
         dinp[base + c] = d;
         if (copy) copy[base + c] = from_f<TC>(d);
-        gw[i] += go * xh;
-        gb[i] += go;
-        gs[i] += d;
+        mine[c] += go[i] * xh[i];
+        mine[C + c] += go[i];
+        mine[2 * C + c] += d;
       }
     }
   }
+  __syncthreads();
   const int G = gridDim.x;
-  for (int q = 0; q < (colsum ? 3 : 2); ++q) {
-#pragma unroll
-    for (int i = 0; i < kL; ++i) {
-      int c = lane + 32 * i;
-      if (c < C) red[warp * C + c] = q == 0 ? gw[i] : (q == 1 ? gb[i] : gs[i]);
-    }
-    __syncthreads();
+  for (int q = 0; q < (colsum ? 3 : 2); ++q)
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
       float t = 0.0f;
-      for (int k = 0; k < nw; ++k) t += red[k * C + c];
+      for (int k = 0; k < nw; ++k) t += acc[(static_cast<size_t>(k) * 3 + q) * C + c];
       partial[(static_cast<size_t>(q) * G + blockIdx.x) * C + c] = t;
     }
-    __syncthreads();
-  }
 }
 
 template <typename T>
@@ -619,10 +616,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* weight, const float* mean, const float* rstd, int N, int C, void* dinp_copy,
                         DType copy_dtype, float* dinp_colsum) {
   if (C <= 32 * kLnLanes && dweight != nullptr) {
-    constexpr int kWarps = 8;
-    int G = std::max(1, std::min((N + kWarps - 1) / kWarps, 264));
+    int G = std::max(1, std::min((N + kLnWarps - 1) / kLnWarps, 264));
     float* partial = static_cast<float*>(scratch(size_t{3} * G * C * sizeof(float)));
-    size_t smem = size_t{kWarps} * C * sizeof(float);
+    size_t smem = size_t{kLnWarps} * 3 * C * sizeof(float);
     bool cs = dinp_colsum != nullptr;
     int lanes = ((C + 31) / 32 + 7) / 8 * 8;
     auto launch = [&](auto* copy) {
@@ -631,7 +627,19 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                : lanes == 16 ? layernorm_bwd_fused_k<TC, 16>
                : lanes == 24 ? layernorm_bwd_fused_k<TC, 24>
                              : layernorm_bwd_fused_k<TC, 32>;
-      k<<<G, 32 * kWarps, smem, cu_stream()>>>(dinp, copy, partial, dout, inp, weight, mean, rstd, N, C, cs);
+      static bool attr = [&] {  // over 48 KB of shared memory for C > 512
+        MT_CUDA_CHECK(cudaFuncSetAttribute(layernorm_bwd_fused_k<TC, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kLnWarps * 3 * 32 * kLnLanes * 4));
+        MT_CUDA_CHECK(cudaFuncSetAttribute(layernorm_bwd_fused_k<TC, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kLnWarps * 3 * 32 * kLnLanes * 4));
+        MT_CUDA_CHECK(cudaFuncSetAttribute(layernorm_bwd_fused_k<TC, 24>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kLnWarps * 3 * 32 * kLnLanes * 4));
+        MT_CUDA_CHECK(cudaFuncSetAttribute(layernorm_bwd_fused_k<TC, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kLnWarps * 3 * 32 * kLnLanes * 4));
+        return true;
+      }();
+      (void)attr;
+      k<<<G, 32 * kLnWarps, smem, cu_stream()>>>(dinp, copy, partial, dout, inp, weight, mean, rstd, N, C, cs);
     };
     if (dinp_copy == nullptr || copy_dtype == DType::kF32)
       launch(static_cast<float*>(dinp_copy));
