@@ -18,10 +18,11 @@ STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/lib" "$STAGE/golden" "$STAGE/data"
 cp "$BUILD/meshtrain" "$BUILD/tests/test_cuda" "$STAGE/bin/"
-# Every resolved library except the C runtime and the CUDA driver/toolkit (the GPU machine's own).
+# Every resolved library except the C runtime, the CUDA driver/toolkit and NCCL (the GPU machine's
+# own: the toolkit's or PyTorch's wheels').
 for bin in "$STAGE"/bin/*; do
   ldd "$bin" | awk '$3 ~ /^\// {print $3}'
-done | sort -u | grep -v -E '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so|libcublas|libcudart|libcuda\.' |
+done | sort -u | grep -v -E '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so|libcublas|libcudart|libcuda\.|libnccl' |
   while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
 [ -f "$BUILD/golden/tiny-gpt2.safetensors" ] ||
   /usr/bin/python3 tools/make_golden.py --configs configs/models --out "$BUILD/golden" >/dev/null

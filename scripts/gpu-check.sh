@@ -24,9 +24,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 # cuBLASLt: the toolkit's, or the one PyTorch's wheels bring.
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas")))' 2>/dev/null); do
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas", "nccl")))' 2>/dev/null); do
   [ -e "$d/libcublasLt.so.13" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+  [ -e "$d/libnccl.so.2" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
 if [ -n "$BUNDLE" ]; then
   W=$(mktemp -d)
@@ -47,6 +48,9 @@ else
   mkdir -p "$DATA"
   python3 -c 'import random; random.seed(1); s="ka lo mi ter an sul dor ve qui ny pha ro est ing ba zu".split(); w=["".join(random.choice(s) for _ in range(random.randint(1,4))) for _ in range(3000)]; print("\n".join(" ".join(random.choice(w) for _ in range(12)) for _ in range(4000)))' > "$DATA/corpus.txt"
   "$BIN/meshtrain" tokenize "$DATA/corpus.txt" --train-bpe 512 -o "$DATA/corpus" >/dev/null
+fi
+if ldd "$BIN/test_cuda" | grep -q 'not found'; then
+  echo "gpu-check: libraries missing:"; ldd "$BIN/test_cuda" | grep 'not found'
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 status=0

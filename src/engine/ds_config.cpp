@@ -960,6 +960,15 @@ void parse_device(Section& root, RunConfig& c) {
   c.device = root.string("device", "cpu");
   MT_CHECK(c.device == "cpu" || c.device == "cuda", ErrorKind::kInvalidArgument,
            "device: \"" + c.device + "\" is not a device (\"cpu\" or \"cuda\")");
+  c.comm_backend = root.string("comm_backend", "mpi");
+  MT_CHECK(c.comm_backend == "mpi" || c.comm_backend == "nccl", ErrorKind::kInvalidArgument,
+           "comm_backend: \"" + c.comm_backend + "\" is not a backend (\"mpi\" or \"nccl\")");
+  MT_CHECK(c.comm_backend == "mpi" || c.device == "cuda", ErrorKind::kInvalidArgument,
+           "comm_backend: \"nccl\" reduces GPU buffers: it needs \"device\": \"cuda\"");
+#ifndef MT_NCCL
+  MT_CHECK(c.comm_backend == "mpi", ErrorKind::kNotSupported,
+           "comm_backend: \"nccl\": this meshtrain was built without NCCL (-DMT_CUDA=ON where libnccl is installed)");
+#endif
   if (c.device != "cuda") return;
   MT_CHECK(c.zero.offload_optimizer != "nvme", ErrorKind::kNotSupported,
            "zero_optimization.offload_optimizer.device: 'nvme' is not implemented on device \"cuda\" yet");
@@ -969,9 +978,18 @@ void parse_device(Section& root, RunConfig& c) {
   for (char& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   MT_CHECK(t == "adam" || t == "adamw", ErrorKind::kNotSupported,
            "optimizer.type: " + c.optimizer.type + " is not implemented on device \"cuda\" (Adam/AdamW are)");
-  MT_CHECK(c.processes == 1, ErrorKind::kNotSupported,
-           "device \"cuda\" with " + std::to_string(c.processes) +
-               " processes needs the NCCL backend, which is not implemented yet (one process per GPU: run 1)");
+  if (c.processes > 1) {  // one GPU per process, a replica each, gradients all-reduced by NCCL
+    const std::string n = std::to_string(c.processes);
+    MT_CHECK(c.comm_backend == "nccl", ErrorKind::kNotSupported,
+             "device \"cuda\" with " + n + " processes: set \"comm_backend\": \"nccl\" (the gradients are reduced on the GPUs)");
+    MT_CHECK(c.tp == 1 && c.pp == 1, ErrorKind::kNotSupported,
+             "parallel.tp/pp on device \"cuda\": not implemented yet (data parallelism over GPUs is)");
+    MT_CHECK(c.zero.stage == 0, ErrorKind::kNotSupported,
+             "zero_optimization.stage " + std::to_string(c.zero.stage) + " over " + n +
+                 " GPUs: not implemented yet (stage 0: a replica on every GPU, gradients all-reduced by NCCL)");
+    MT_CHECK(c.prescale_gradients || c.gradient_predivide_factor == 1.0, ErrorKind::kNotSupported,
+             "gradient_predivide_factor on device \"cuda\" over several GPUs: not implemented (use 1.0 or prescale_gradients)");
+  }
 }
 
 }  // namespace

@@ -141,6 +141,9 @@ struct RunConfig {
   // the GPU, models/device_lm.h). Refused with what the GPU path lacks: fp16, optimizers other
   // than Adam/AdamW, more than one process (the NCCL backend).
   std::string device = "cpu";
+  // comm_backend (our key): "mpi" (default) or "nccl": with device "cuda", the data-parallel
+  // gradient all-reduce runs on the GPUs through NCCL (comm/nccl/); needed for several GPU ranks.
+  std::string comm_backend = "mpi";
   bool activation_checkpointing = false;
   // sparse_attention (DeepSpeed's block, every mode and key): block-sparse attention in every
   // layer, causal inside the blocks. Random blocks are seeded by `seed`.

@@ -48,6 +48,24 @@ TEST(DsConfig, BatchRuleAnyTwoGiveTheThird) {
   EXPECT_NE(error_of(j, 2).find("must equal"), std::string::npos);
 }
 
+TEST(DsConfig, GpuRanksNeedTheNcclBackendAndStageZero) {
+  auto j = base();
+  j["comm_backend"] = "gloo";
+  EXPECT_NE(error_of(j).find("comm_backend: \"gloo\" is not a backend"), std::string::npos) << error_of(j);
+  j["comm_backend"] = "nccl";  // on the CPU
+  EXPECT_NE(error_of(j).find("needs \"device\": \"cuda\""), std::string::npos) << error_of(j);
+  j = base();
+  j["device"] = "cuda";
+  EXPECT_NE(error_of(j, 2).find("set \"comm_backend\": \"nccl\""), std::string::npos) << error_of(j, 2);
+  j["comm_backend"] = "nccl";
+  j["zero_optimization"] = {{"stage", 2}};
+  std::string e = error_of(j, 2);
+  // A build with NCCL names the stage; one without says so first.
+  EXPECT_TRUE(e.find("zero_optimization.stage 2 over 2 GPUs") != std::string::npos ||
+              e.find("built without NCCL") != std::string::npos)
+      << e;
+}
+
 TEST(DsConfig, AnIndivisibleBatchBlamesWhatTheUserGave) {
   // `launch -n 3` with train_batch_size 8 alone: was "train_batch_size (8) must equal
   // train_micro_batch_size_per_gpu (2) * ...", a micro batch the user never set.

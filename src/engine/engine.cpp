@@ -1,5 +1,9 @@
 #include "engine/engine.h"
 
+#ifdef MT_NCCL
+#include "comm/nccl/nccl_backend.h"
+#endif
+
 #include <cmath>
 #include <filesystem>
 #include <cstring>
@@ -193,14 +197,26 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   const ZeroConfig& z = config.zero;
   std::vector<optim::ParamSegment> segments = engine_param_segments(config, store);
   if (config.device == "cuda") {
-    // One process, one GPU (ds_config refuses more until the NCCL backend): a ZeRO partition over
-    // one rank is the whole model, so every stage is stage 0's arithmetic on the device.
-    MT_CHECK(world() == 1, ErrorKind::kNotSupported, "device \"cuda\" runs one process (no NCCL backend yet)");
-    if (z.stage >= 1)
+    // One GPU per process (local rank modulo the visible GPUs). Over one rank a ZeRO partition is
+    // the whole model, so every stage is stage 0's arithmetic on the device; over several
+    // (comm_backend "nccl", stage 0: ds_config refuses the rest) each GPU keeps a replica and the
+    // gradients are all-reduced on the GPUs.
+    MT_CHECK(world() == 1 || config.comm_backend == "nccl", ErrorKind::kNotSupported,
+             "device \"cuda\" with " + std::to_string(world()) + " processes needs \"comm_backend\": \"nccl\"");
+    if (z.stage >= 1 && world() == 1)
       log_info("zero_optimization.stage " + std::to_string(z.stage) +
                " on one GPU: the partition over one rank is the whole model (stage 0's arithmetic)");
+    const int gpu = models::cuda_select_device();
     device_ = models::make_cuda_lm(model);
-    log_info("device: " + device_->device_name());
+    log_info("device: " + device_->device_name() + (world() > 1 ? " (GPU " + std::to_string(gpu) + ")" : ""));
+    if (config.comm_backend == "nccl") {
+#ifdef MT_NCCL
+      nccl_ = comm::make_nccl_backend(*dp_, gpu);
+      if (rank() == 0) log_info("comm: NCCL " + comm::nccl_version() + " over " + std::to_string(world()) + " GPU(s)");
+#else
+      throw Error(ErrorKind::kNotSupported, "comm_backend: \"nccl\": this meshtrain was built without NCCL");
+#endif
+    }
     segments_ = segments;
     // The host optimizer keeps the step count and configuration, and its state buffers are the
     // staging area for checkpoints; the update itself runs on the device.
@@ -498,6 +514,12 @@ StepResult Engine::step() {
   }
   if (fault_active("engine.nonfinite_grad") && !device_ && grad() != nullptr) grad()[state_numel() / 2] = INFINITY;
   double norm;
+  if (device_ && nccl_) {  // the data-parallel sum (each micro-batch's loss was scaled by 1 / ranks)
+    comm::AllReduceOptions o;
+    o.tag = "grads";
+    o.timeout = timeout();
+    nccl_->all_reduce(device_->grads_device(), state_numel(), DType::kF32, o)->wait();
+  }
   if (device_) {
     norm = std::sqrt(device_->grad_sum_squares()) / r.loss_scale;
   } else if (sync_->sharded() || ctx_->tp() > 1 || ctx_->pp() > 1) {  // shards of the gradient: sum the squares over them

@@ -196,6 +196,7 @@ class Engine {
   std::vector<std::pair<size_t, size_t>> norm_ranges_;
   std::unique_ptr<parallel::GradSync> sync_;  // null with a device (the device steps itself)
   std::unique_ptr<models::DeviceLM> device_;        // config.device "cuda"
+  std::shared_ptr<comm::Backend> nccl_;             // comm_backend "nccl": the dp group on the GPUs
   std::vector<optim::ParamSegment> segments_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LossScaler scaler_;

@@ -40,6 +40,9 @@ class DeviceLM {
   virtual void load_master(const float* host) = 0;
   virtual void store_master(float* host) = 0;
   virtual void store_grads(float* host) = 0;
+  // The flat f32 gradient buffer on the device (numel elements): a GPU communicator (NCCL)
+  // reduces it in place.
+  virtual float* grads_device() = 0;
   // AdamW moments by the CPU optimizer's names, "exp_avg" and "exp_avg_sq".
   virtual void load_state(const std::string& name, const float* host) = 0;
   virtual void store_state(const std::string& name, float* host) = 0;
@@ -59,6 +62,8 @@ struct DeviceCeilings {
 };
 DeviceCeilings cuda_ceilings();
 std::unique_ptr<DeviceLM> make_cuda_lm(TransformerLM& model);
+// Makes this rank's GPU current (local rank modulo the visible devices) and returns its index.
+int cuda_select_device();
 // The benchmark's per-op breakdown: while on, each device op is timed by CUDA events; the report
 // waits for them and gives (op, milliseconds, calls) summed since the last report, largest first.
 struct DeviceOpTime {

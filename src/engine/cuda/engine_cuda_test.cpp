@@ -223,6 +223,20 @@ TEST_P(GpuEngine, TwoRunsAreBitwiseEqual) {
   }
 }
 
+#ifdef MT_NCCL
+TEST_P(GpuEngine, NcclOneRankEqualsTheRunWithout) {
+  // comm_backend "nccl" on one GPU: the gradient all-reduce over one rank runs (NCCL's path,
+  // bootstrap included) and leaves the training bit for bit as it was.
+  REQUIRE_GPU();
+  nlohmann::json j = run_config(GetParam(), "cuda", true);
+  TrainRun plain = train(j, 3);
+  j["comm_backend"] = "nccl";
+  TrainRun nccl = train(j, 3);
+  for (size_t s = 0; s < plain.losses.size(); ++s) EXPECT_EQ(nccl.losses[s], plain.losses[s]) << "step " << s;
+  EXPECT_EQ(nccl.master, plain.master);
+}
+#endif
+
 TEST_P(GpuEngine, ZeroStagesOnOneGpuEqualStageZero) {
   REQUIRE_GPU();
   TrainRun s0 = train(run_config(GetParam(), "cuda", true, 0), 3);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "base/error.h"
@@ -14,6 +15,21 @@ namespace mt::cuda {
 bool available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+int select_device(int local_rank) {
+  int n = 0;
+  MT_CUDA_CHECK(cudaGetDeviceCount(&n));
+  MT_CHECK(n > 0, ErrorKind::kNotSupported, "no CUDA device is visible to this process");
+  int d = local_rank % n;
+  MT_CUDA_CHECK(cudaSetDevice(d));
+  return d;
+}
+
+int local_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK"})
+    if (const char* e = std::getenv(v); e != nullptr && *e) return std::max(0, std::atoi(e));
+  return 0;
 }
 
 std::string device_name() {

@@ -21,6 +21,10 @@
 namespace mt::cuda {
 
 bool available();             // a CUDA device is visible to this process
+// One GPU per rank: makes device local_rank % (visible devices) current for this process and
+// returns its index (mpirun's OMPI_COMM_WORLD_LOCAL_RANK, torchrun's LOCAL_RANK: local_rank()).
+int select_device(int local_rank);
+int local_rank();             // from the launcher's environment; 0 without one
 std::string device_name();    // "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)"
 void* stream();               // the compute stream (a cudaStream_t)
 void synchronize();           // waits for the compute stream; throws on a pending device error

@@ -147,6 +147,48 @@ struct RmsGradF {  // a += dout * x * rstd
 };
 
 // ---- norms: one warp per row ----
+// LayerNorm forward with the row in registers (C <= 32 kL): one read of the row, all its loads in
+// flight at once, then the mean, the variance about it and the output.
+template <typename T, int kL>
+__global__ void layernorm_fwd_reg_k(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                                    const float* __restrict__ inp, const float* __restrict__ w,
+                                    const float* __restrict__ b, int N, int C, float eps) {
+  int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const float* x = inp + static_cast<size_t>(row) * C;
+  float v[kL];
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kL; ++i) {
+    int c = lane + 32 * i;
+    v[i] = c < C ? x[c] : 0.0f;
+    s += v[i];
+  }
+  float m = warp_sum(s) / C;
+  float q = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kL; ++i) {
+    int c = lane + 32 * i;
+    float d = c < C ? v[i] - m : 0.0f;
+    q += d * d;
+  }
+  float r = rsqrtf(warp_sum(q) / C + eps);
+  T* o = out + static_cast<size_t>(row) * C;
+#pragma unroll
+  for (int i = 0; i < kL; ++i) {
+    int c = lane + 32 * i;
+    if (c < C) {
+      float y = (v[i] - m) * r * w[c];
+      if (b) y += b[c];
+      o[c] = from_f<T>(y);
+    }
+  }
+  if (lane == 0) {
+    if (mean) mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
 template <typename T>
 __global__ void layernorm_fwd_k(T* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                                 int N, int C, float eps) {
@@ -350,6 +392,7 @@ __global__ void gelu_bwd_bias_k(T* dinp, float* partial, const T* inp, const T* 
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.0f;
   if (j < HV) {
+#pragma unroll 4
     for (int n = n0; n < n1; ++n) {
       size_t i = static_cast<size_t>(n) * HV + j;
       Vec16<T> x = reinterpret_cast<const Vec16<T>*>(inp)[i], d = reinterpret_cast<const Vec16<T>*>(dout)[i], y;
@@ -607,8 +650,20 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 void layernorm_forward(void* out, DType dt, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C, float eps) {
   unsigned g = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  MT_DISPATCH(dt, T, layernorm_fwd_k<<<g, 32 * kRowsPerBlock, 0, cu_stream()>>>(static_cast<T*>(out), mean, rstd, inp,
-                                                                                  weight, bias, N, C, eps));
+  int lanes = ((C + 31) / 32 + 7) / 8 * 8;
+  MT_DISPATCH(dt, T, {
+    auto* o = static_cast<T*>(out);
+    if (lanes == 8)
+      layernorm_fwd_reg_k<T, 8><<<g, 32 * kRowsPerBlock, 0, cu_stream()>>>(o, mean, rstd, inp, weight, bias, N, C, eps);
+    else if (lanes == 16)
+      layernorm_fwd_reg_k<T, 16><<<g, 32 * kRowsPerBlock, 0, cu_stream()>>>(o, mean, rstd, inp, weight, bias, N, C, eps);
+    else if (lanes == 24)
+      layernorm_fwd_reg_k<T, 24><<<g, 32 * kRowsPerBlock, 0, cu_stream()>>>(o, mean, rstd, inp, weight, bias, N, C, eps);
+    else if (lanes == 32)
+      layernorm_fwd_reg_k<T, 32><<<g, 32 * kRowsPerBlock, 0, cu_stream()>>>(o, mean, rstd, inp, weight, bias, N, C, eps);
+    else
+      layernorm_fwd_k<<<g, 32 * kRowsPerBlock, 0, cu_stream()>>>(o, mean, rstd, inp, weight, bias, N, C, eps);
+  });
   MT_LAUNCH_CHECK("layernorm_forward");
 }
 

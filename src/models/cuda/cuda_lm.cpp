@@ -54,6 +54,7 @@ class CudaLM final : public DeviceLM {
   void load_master(const float* host) override;
   void store_master(float* host) override { cu::copy_to_host(host, master_.data(), P_ * 4); }
   void store_grads(float* host) override { cu::copy_to_host(host, grad_.data(), P_ * 4); }
+  float* grads_device() override { return grad_.as<float>(); }
   void load_state(const std::string& name, const float* host) override { cu::copy_to_device(state(name), host, P_ * 4); }
   void store_state(const std::string& name, float* host) override { cu::copy_to_host(host, state(name), P_ * 4); }
   MemStats memory() const override { return cu::DeviceAllocator::global().stats(); }
@@ -490,6 +491,8 @@ void CudaLM::adamw_step(const std::vector<optim::ParamSegment>& segments, kernel
 bool cuda_built() { return true; }
 
 std::unique_ptr<DeviceLM> make_cuda_lm(TransformerLM& model) { return std::make_unique<CudaLM>(model); }
+
+int cuda_select_device() { return cu::select_device(cu::local_rank()); }
 
 void cuda_set_profiling(bool on) { cu::set_profiling(on); }
 
