@@ -399,6 +399,55 @@ TEST_F(CudaOps, GemmEveryTransposeDtypeBiasAccumulate) {
   }
 }
 
+TEST_F(CudaOps, GemmGeluEpiloguesAreTanhGeluAndItsGradient) {
+  // The fused epilogues against the product and the CPU's tanh GELU applied to the GPU's own
+  // pre-activation: in f32 output, tanh against erf GELU would differ by ~1e-3 (caught here).
+  const int M = 40, N = 48, K = 32;
+  auto a = round_to(DType::kBF16, randv(static_cast<size_t>(M) * K, 60)), b = round_to(DType::kBF16, randv(static_cast<size_t>(K) * N, 61));
+  auto bias = randv(N, 62), g = randv(static_cast<size_t>(M) * N, 63, 2.0f);
+  Dev ga(a, DType::kBF16), gb(b, DType::kBF16), gbias(bias, DType::kF32);
+  for (bool fused : {true, false}) {
+    set_gemm_fused_epilogues(fused);
+    for (DType out : kDtypes) {
+      std::string what = std::string(fused ? "fused " : "unfused ") + dtype_name(out);
+      Dev pre = Dev::poisoned(static_cast<size_t>(M) * N, out);  // the plain product + bias
+      gemm(M, N, K, ga.p(), K, false, gb.p(), N, false, pre.p(), N, DType::kBF16, out, false, gbias.f());
+      GemmOp op;
+      op.M = M; op.N = N; op.K = K;
+      op.a = ga.p(); op.lda = K; op.b = gb.p(); op.ldb = N;
+      op.ab_type = DType::kBF16; op.d_type = out;
+      op.bias = gbias.f();
+      op.epilogue = Epilogue::kGelu;
+      Dev d = Dev::poisoned(static_cast<size_t>(M) * N, out), aux = Dev::poisoned(static_cast<size_t>(M) * N, out);
+      op.d = d.p(); op.ldd = N; op.aux = aux.p(); op.ldaux = N;
+      gemm(op);
+      auto auxv = aux.get();
+      EXPECT_LT(rel_err(auxv, pre.get()), out == DType::kF32 ? 1e-6 : 1e-2) << what;
+      std::vector<float> want(auxv.size());
+      kernels::gelu_forward(want.data(), auxv.data(), want.size());
+      EXPECT_LT(rel_err(d.get(), round_to(out, want)), out == DType::kF32 ? 1e-5 : 1e-2) << what;
+      // dGELU with the bias gradient: D = (A B) * gelu'(aux), bgrad = column sums of D.
+      Dev prod = Dev::poisoned(static_cast<size_t>(M) * N, out);
+      gemm(M, N, K, ga.p(), K, false, gb.p(), N, false, prod.p(), N, DType::kBF16, out, false);
+      Dev gaux(g, out), dd = Dev::poisoned(static_cast<size_t>(M) * N, out), bg = Dev::poisoned(N, DType::kF32);
+      GemmOp bo = op;
+      bo.bias = nullptr;
+      bo.epilogue = Epilogue::kDGelu;
+      bo.d = dd.p(); bo.aux = gaux.p(); bo.bgrad = bg.f();
+      gemm(bo);
+      auto pv = prod.get(), gv = gaux.get();
+      std::vector<float> wd(pv.size()), wb(N, 0.0f);
+      kernels::gelu_backward(wd.data(), gv.data(), pv.data(), wd.size());
+      auto ddv = dd.get();
+      EXPECT_LT(rel_err(ddv, round_to(out, wd)), out == DType::kF32 ? 1e-5 : 1e-2) << what;
+      for (int r = 0; r < M; ++r)
+        for (int c = 0; c < N; ++c) wb[c] += ddv[static_cast<size_t>(r) * N + c];
+      EXPECT_LT(rel_err(bg.get(), wb), out == DType::kF32 ? 1e-5 : 1e-2) << what;
+    }
+  }
+  set_gemm_fused_epilogues(true);
+}
+
 struct AttnShape {
   int B, T, NH, NKV, HS;
 };

@@ -57,6 +57,8 @@ Lt& lt() {
 
 // One matmul: the descriptors are cheap to build; the heuristic is cached per key.
 // Returns false when cuBLASLt has no algorithm for this combination (the caller falls back).
+bool g_fused_epilogues = true;
+
 bool lt_matmul(const GemmOp& op, bool with_bias) {
   Lt& L = lt();
   // Column-major view: D^T (N, M) = op(B)^T · op(A)^T.
@@ -73,12 +75,26 @@ bool lt_matmul(const GemmOp& op, bool with_bias) {
   MT_LT_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
   MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
   MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+  // with_bias: the fused epilogue (bias, GELU with its aux, dGELU with its bias gradient).
+  const bool gelu = with_bias && op.epilogue == Epilogue::kGelu, dgelu = with_bias && op.epilogue == Epilogue::kDGelu;
   if (with_bias) {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    if (gelu) epi = op.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    if (dgelu) epi = op.bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
     MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &op.bias, sizeof op.bias));
-    cudaDataType_t bt = cuda_type(op.bias_type);
-    MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    const void* bias = dgelu ? static_cast<const void*>(op.bgrad) : static_cast<const void*>(op.bias);
+    if (bias != nullptr) {
+      MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+      cudaDataType_t bt = dgelu ? CUDA_R_32F : cuda_type(op.bias_type);
+      MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    if (gelu || dgelu) {
+      MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &op.aux, sizeof op.aux));
+      int64_t ldaux = op.ldaux;
+      MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux, sizeof ldaux));
+      cudaDataType_t at = dt;
+      MT_LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof at));
+    }
   }
   // Stored shapes (column-major): first operand B^T-view is (m, k) for N, (k, m) for T.
   MT_LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, opa == CUBLAS_OP_N ? m : k, opa == CUBLAS_OP_N ? k : m, op.ldb));
@@ -88,8 +104,11 @@ bool lt_matmul(const GemmOp& op, bool with_bias) {
 
   auto align = [](const void* p) { return static_cast<int>(reinterpret_cast<uintptr_t>(p) % 256); };
   Lt::Key key{m, n, k, op.lda, op.ldb, op.ldd, op.trans_a, op.trans_b, static_cast<int>(ab) * 100 + static_cast<int>(dt),
-              with_bias ? 1 + static_cast<int>(op.bias_type) : 0, (align(op.a) % 16) * 1000 + (align(op.b) % 16) * 10 + align(op.d) % 16, beta_one,
-              0};
+              with_bias ? 1 + static_cast<int>(op.bias_type) + 10 * static_cast<int>(op.epilogue) + 100 * (op.bias != nullptr) +
+                              1000 * (op.bgrad != nullptr)
+                        : 0,
+              (align(op.a) % 16) * 1000 + (align(op.b) % 16) * 10 + align(op.d) % 16, beta_one,
+              with_bias && op.aux ? op.ldaux * 16 + align(op.aux) % 16 : 0};
   cublasLtMatmulAlgo_t algo{};
   bool found = false;
   {
@@ -130,6 +149,34 @@ bool lt_matmul(const GemmOp& op, bool with_bias) {
 void gemm(const GemmOp& op) {
   MT_CHECK(op.M > 0 && op.N > 0 && op.K > 0, ErrorKind::kInvalidArgument, "cuda gemm: empty shape");
   MT_CHECK(!(op.accumulate && op.cin), ErrorKind::kInvalidArgument, "cuda gemm: accumulate and cin together");
+  if (op.epilogue != Epilogue::kNone) {
+    MT_CHECK(!op.accumulate && !op.cin && op.aux != nullptr, ErrorKind::kInvalidArgument,
+             "cuda gemm: a GELU epilogue needs aux, and neither accumulate nor cin");
+    MT_CHECK(op.epilogue == Epilogue::kGelu || op.bias == nullptr, ErrorKind::kInvalidArgument,
+             "cuda gemm: dGELU takes no bias (its bias gradient goes to bgrad)");
+    if (g_fused_epilogues && lt_matmul(op, true)) return;
+    // The same results from the product and the kernels (rows of N elements: ld == N).
+    MT_CHECK(op.ldd == op.N && op.ldaux == op.N, ErrorKind::kNotSupported,
+             "cuda gemm: the unfused GELU epilogue needs dense rows (ld == N)");
+    const size_t n = static_cast<size_t>(op.M) * op.N;
+    GemmOp p = op;
+    p.epilogue = Epilogue::kNone;
+    p.bgrad = nullptr;
+    p.aux = nullptr;
+    if (op.epilogue == Epilogue::kGelu) {
+      p.d = op.aux;  // the pre-activation (with the bias)
+      gemm(p);
+      gelu_forward(op.d, op.aux, op.d_type, n);
+    } else {
+      gemm(p);  // the product into D, then D *= gelu'(aux) in place
+      gelu_backward(op.d, op.aux, op.d, op.d_type, n);
+      if (op.bgrad) {
+        fill_zero(op.bgrad, static_cast<size_t>(op.N) * sizeof(float));
+        bias_backward(op.bgrad, op.d, op.d_type, op.M, op.N);
+      }
+    }
+    return;
+  }
   if (op.bias && lt_matmul(op, true)) return;
   // No fused-bias algorithm for this combination: the product, then the bias as its own pass.
   if (!lt_matmul(op, false))
@@ -146,6 +193,8 @@ void gemm(const GemmOp& op) {
     add_bias(op.d, op.d_type, bias, op.M, op.N, op.ldd);
   }
 }
+
+void set_gemm_fused_epilogues(bool fused) { g_fused_epilogues = fused; }
 
 std::vector<std::pair<std::string, double>> gemm_probe(int M, int N, int K) {
   std::vector<std::pair<std::string, double>> out;

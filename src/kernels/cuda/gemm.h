@@ -8,6 +8,7 @@
 // with an f32 bias ran at 40% of the bf16-bias speed on an H200).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,12 @@
 #include "tensor/dtype.h"
 
 namespace mt::cuda {
+
+// Epilogues cuBLASLt fuses into the product (tanh GELU, as GPT-2's; the tests check it):
+//   kGelu:  aux = A·B (+ bias), D = gelu(aux): the MLP's up-projection saves its pre-activation.
+//   kDGelu: D = (A·B) * gelu'(aux); bgrad (f32, N), when set, = the column sums of D (overwritten).
+// Where cuBLASLt has no algorithm the same results come from the product and the kernels of ops.h.
+enum class Epilogue : uint8_t { kNone, kGelu, kDGelu };
 
 struct GemmOp {
   int M = 0, N = 0, K = 0;
@@ -32,7 +39,14 @@ struct GemmOp {
   const float* bias = nullptr;
   const void* cin = nullptr;
   DType bias_type = DType::kF32;  // bf16 allowed with a bf16 D (the bias pointer then holds bf16)
+  Epilogue epilogue = Epilogue::kNone;
+  void* aux = nullptr;  // kGelu: written, kDGelu: read; D's type and shape
+  int ldaux = 0;
+  float* bgrad = nullptr;  // kDGelu
 };
+
+// Tests: false forces the unfused path (product, then the kernels) for the GELU epilogues.
+void set_gemm_fused_epilogues(bool fused);
 
 void gemm(const GemmOp& op);
 

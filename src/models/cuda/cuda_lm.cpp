@@ -7,6 +7,7 @@
 // f32 copies beside cd copies. The residual adds ride in the GEMMs (D = x + A·B + bias).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -120,6 +121,10 @@ class CudaLM final : public DeviceLM {
   std::vector<int32_t> host_buckets_;
   void *dy_c_ = nullptr, *dact_ = nullptr, *dh_ = nullptr, *datt_ = nullptr, *dqkv_ = nullptr;
   float* dn_ = nullptr;
+  float* fc_bgrad_ = nullptr;  // the dGELU epilogue's bias gradient, added to the gradient buffer
+  // bf16 GPT-2: GELU and its gradient in cuBLASLt's epilogues (tanh GELU, tested), or the kernels of
+  // ops.h (MT_CUDA_GELU_EPILOGUE=0: the benchmark compares both).
+  bool gelu_epilogue_ = false;
   float* logits_ = nullptr;
   void* dlogits_ = nullptr;
   std::vector<float> host_losses_;
@@ -155,6 +160,10 @@ CudaLM::CudaLM(TransformerLM& model)
   P_ = store_.numel();
   gpt2_ = cfg_.arch == Arch::kGpt2;
   recompute_ = model.options().recompute;
+  {
+    const char* e = std::getenv("MT_CUDA_GELU_EPILOGUE");
+    gelu_epilogue_ = cd_ == DType::kBF16 && !(e != nullptr && std::string(e) == "0");
+  }
   B_ = model.batch();
   T_ = model.seq();
   MT_CHECK(B_ > 0 && T_ > 0, ErrorKind::kInternal, "cuda model: prepare(B, T) the host model first");
@@ -258,6 +267,7 @@ CudaLM::CudaLM(TransformerLM& model)
       datt_ = c.take(N * A_ * es_);
       dqkv_ = c.take(N * QKV_ * es_);
       dn_ = c.f32(N * C_);
+      fc_bgrad_ = c.f32(static_cast<size_t>(G_));
       rope_cos_ = c.f32(static_cast<size_t>(T_) * (HS_ / 2));
       rope_sin_ = c.f32(static_cast<size_t>(T_) * (HS_ / 2));
       if (pass == 0) scratch_buf_ = cu::DeviceBuffer(c.used(), MemCategory::kWorkspace);
@@ -322,9 +332,19 @@ void CudaLM::block_forward(int l, float* y, const float* x, Acts& a) {
   if (gpt2_) {
     MT_PROF("fwd gemm NxCxA", cu::gemm(N, C, A_, a.att, A_, false, wc(w.projw), C, false, a.x2, C, cd, DType::kF32, false, mf(w.projb), x));
     MT_PROF("fwd layernorm_forward", cu::layernorm_forward(a.n2, cd, a.mean2, a.rstd2, a.x2, mf(w.n2w), mf(w.n2b), N, C, eps));
-    MT_PROF("fwd gemm NxHxC", cu::gemm(N, H_, C, a.n2, C, false, wc(w.fcw), H_, false, a.h, H_, cd, cd, false, bias_cd(w.fcb), nullptr,
-                                        cd));
-    MT_PROF("fwd gelu_forward", cu::gelu_forward(a.act, a.h, cd, static_cast<size_t>(N) * G_));
+    if (gelu_epilogue_) {  // GELU in the GEMM's epilogue: h is its pre-activation, act its output
+      cu::GemmOp op;
+      op.M = N; op.N = H_; op.K = C;
+      op.a = a.n2; op.lda = C; op.b = wc(w.fcw); op.ldb = H_;
+      op.d = a.act; op.ldd = H_; op.ab_type = cd; op.d_type = cd;
+      op.bias = bias_cd(w.fcb); op.bias_type = cd;
+      op.epilogue = cu::Epilogue::kGelu; op.aux = a.h; op.ldaux = H_;
+      MT_PROF("fwd gemm+gelu NxHxC", cu::gemm(op));
+    } else {
+      MT_PROF("fwd gemm NxHxC", cu::gemm(N, H_, C, a.n2, C, false, wc(w.fcw), H_, false, a.h, H_, cd, cd, false,
+                                          bias_cd(w.fcb), nullptr, cd));
+      MT_PROF("fwd gelu_forward", cu::gelu_forward(a.act, a.h, cd, static_cast<size_t>(N) * G_));
+    }
     MT_PROF("fwd gemm NxCxG", cu::gemm(N, C, G_, a.act, G_, false, wc(w.outw), C, false, y, C, cd, DType::kF32, false, mf(w.outb), a.x2));
   } else {
     MT_PROF("fwd gemm NxCxA", cu::gemm(N, C, A_, a.att, A_, false, wc(w.projw), A_, true, a.x2, C, cd, DType::kF32, false, nullptr, x));
@@ -343,9 +363,19 @@ void CudaLM::block_backward(int l, const float* x, const Acts& a) {
   // added dres's column sums into this block's output bias gradient.
   const void* dy = gpt2_ ? dres_cd() : as_cd(dres_, static_cast<size_t>(N) * C);
   if (gpt2_) {
-    MT_PROF("bwd gemm NxGxC", cu::gemm(N, G_, C, dy, C, false, wc(w.outw), C, true, dact_, G_, cd, cd, false));
+    if (gelu_epilogue_) {  // dGELU and the fc bias gradient in the GEMM's epilogue
+      cu::GemmOp op;
+      op.M = N; op.N = G_; op.K = C;
+      op.a = dy; op.lda = C; op.b = wc(w.outw); op.ldb = C; op.trans_b = true;
+      op.d = dh_; op.ldd = G_; op.ab_type = cd; op.d_type = cd;
+      op.epilogue = cu::Epilogue::kDGelu; op.aux = a.h; op.ldaux = G_; op.bgrad = fc_bgrad_;
+      MT_PROF("bwd gemm+dgelu NxGxC", cu::gemm(op));
+      MT_PROF("bwd add fc bias grad", cu::add_inplace(gf(w.fcb), fc_bgrad_, static_cast<size_t>(G_)));
+    } else {
+      MT_PROF("bwd gemm NxGxC", cu::gemm(N, G_, C, dy, C, false, wc(w.outw), C, true, dact_, G_, cd, cd, false));
+      MT_PROF("bwd gelu_backward", cu::gelu_backward_bias(dh_, gf(w.fcb), a.h, dact_, cd, N, G_));
+    }
     MT_PROF("bwd gemm GxCxN", cu::gemm(G_, C, N, a.act, G_, true, dy, C, false, gf(w.outw), C, cd, f32, true));
-    MT_PROF("bwd gelu_backward", cu::gelu_backward_bias(dh_, gf(w.fcb), a.h, dact_, cd, N, G_));
     MT_PROF("bwd gemm NxCxH", cu::gemm(N, C, H_, dh_, H_, false, wc(w.fcw), H_, true, dn_, C, cd, f32, false));
     MT_PROF("bwd gemm CxHxN", cu::gemm(C, H_, N, a.n2, C, true, dh_, H_, false, gf(w.fcw), H_, cd, f32, true));
     MT_PROF("bwd layernorm_backward", cu::layernorm_backward(dres_, gf(w.n2w), gf(w.n2b), dn_, a.x2, mf(w.n2w), a.mean2, a.rstd2, N, C,
