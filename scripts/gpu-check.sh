@@ -91,6 +91,25 @@ JSON
 (cd "$W" && timeout 90 "$BIN/meshtrain" train "$W/train.json" --metrics "$OUT/train-metrics.jsonl") > "$OUT/train.log" 2>&1 || status=1
 tail -6 "$OUT/train.log"
 
+# Several GPUs (a machine with 2 or more, and mpirun): data parallelism over NCCL against one GPU with
+# the same global batch (2 ranks x micro-batch 8 against 1 rank x 16): the losses must agree.
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$NGPU" -ge 2 ] && command -v mpirun >/dev/null; then
+  echo "== data parallelism over $NGPU GPUs (NCCL) against one GPU"
+  sed 's/"train_iters": 200/"train_iters": 20/; s/"save_interval": 200/"save_interval": 0/' "$W/train.json" > "$W/dp.json"
+  (cd "$W" && timeout 120 "$BIN/meshtrain" train "$W/dp.json" --set train_micro_batch_size_per_gpu=16 \
+     --metrics "$W/one.jsonl" > "$OUT/dp.log" 2>&1) || status=1
+  (cd "$W" && timeout 180 mpirun --allow-run-as-root --oversubscribe -n 2 "$BIN/meshtrain" train "$W/dp.json" \
+     --set train_micro_batch_size_per_gpu=8 --set comm_backend=nccl --metrics "$W/two.jsonl" >> "$OUT/dp.log" 2>&1) || status=1
+  python3 - "$W/one.jsonl" "$W/two.jsonl" <<'PY' || status=1
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(f) if '"loss"' in l] for f in sys.argv[1:3])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if a and len(a) == len(b) else float("inf")
+print(f"dp over 2 GPUs against 1: {len(a)} steps, worst relative loss difference {worst:.2e}")
+sys.exit(0 if worst < 2e-2 else 1)
+PY
+fi
+
 if [ "$QUICK" = 0 ]; then
   echo "== benchmark: GPT-2 124M, bf16, B=16, T=1024, AdamW"
   : > "$OUT/bench.jsonl"
