@@ -211,7 +211,7 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     log_info("device: " + device_->device_name() + (world() > 1 ? " (GPU " + std::to_string(gpu) + ")" : ""));
     if (config.comm_backend == "nccl") {
 #ifdef MT_NCCL
-      nccl_ = comm::make_nccl_backend(*dp_, gpu);
+      nccl_ = comm::make_nccl_backend(*dp_, gpu, models::cuda_stream());
       if (rank() == 0) log_info("comm: NCCL " + comm::nccl_version() + " over " + std::to_string(world()) + " GPU(s)");
 #else
       throw Error(ErrorKind::kNotSupported, "comm_backend: \"nccl\": this meshtrain was built without NCCL");

@@ -13,6 +13,10 @@ std::unique_ptr<DeviceLM> make_cuda_lm(TransformerLM&) {
               "CUDA toolkit is installed; see docs/GPU.md)");
 }
 
+void* cuda_stream() {
+  throw Error(ErrorKind::kNotSupported, "this meshtrain was built without CUDA (-DMT_CUDA=ON)");
+}
+
 int cuda_select_device() {
   throw Error(ErrorKind::kNotSupported, "this meshtrain was built without CUDA (-DMT_CUDA=ON)");
 }

@@ -64,6 +64,9 @@ DeviceCeilings cuda_ceilings();
 std::unique_ptr<DeviceLM> make_cuda_lm(TransformerLM& model);
 // Makes this rank's GPU current (local rank modulo the visible devices) and returns its index.
 int cuda_select_device();
+// The compute stream (a cudaStream_t) the device model runs on: a GPU communicator's collectives
+// go on it, ordered after the kernels that produce their inputs.
+void* cuda_stream();
 // The benchmark's per-op breakdown: while on, each device op is timed by CUDA events; the report
 // waits for them and gives (op, milliseconds, calls) summed since the last report, largest first.
 struct DeviceOpTime {

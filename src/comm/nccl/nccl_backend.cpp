@@ -7,7 +7,6 @@
 #include <cstring>
 #include <thread>
 
-#include "kernels/cuda/device.h"
 
 namespace mt::comm {
 namespace {
@@ -40,15 +39,14 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-cudaStream_t compute_stream() { return static_cast<cudaStream_t>(cuda::stream()); }
-
 class NcclWork : public Work {
  public:
-  NcclWork(ncclComm_t comm, std::string what, int rank, int size, std::chrono::milliseconds timeout)
+  NcclWork(ncclComm_t comm, cudaStream_t stream, std::string what, int rank, int size,
+           std::chrono::milliseconds timeout)
       : comm_(comm), what_(std::move(what)), rank_(rank), size_(size), timeout_(timeout),
         deadline_(std::chrono::steady_clock::now() + timeout) {
     check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(event_, compute_stream()), "cudaEventRecord after " + what_);
+    check_cuda(cudaEventRecord(event_, stream), "cudaEventRecord after " + what_);
   }
   ~NcclWork() override {
     if (event_) cudaEventDestroy(event_);
@@ -89,7 +87,8 @@ class NcclWork : public Work {
 
 class NcclBackend final : public Backend {
  public:
-  NcclBackend(ncclComm_t comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {}
+  NcclBackend(ncclComm_t comm, cudaStream_t stream, int rank, int size)
+      : comm_(comm), stream_(stream), rank_(rank), size_(size) {}
   ~NcclBackend() override {
     if (comm_) ncclCommDestroy(comm_);
   }
@@ -99,47 +98,47 @@ class NcclBackend final : public Backend {
 
   std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype, const BroadcastOptions& o) override {
     check_root(o.root, "broadcast");
-    check_nccl(ncclBroadcast(buf, buf, count, nccl_type(dtype), o.root, comm_, compute_stream()), "ncclBroadcast");
+    check_nccl(ncclBroadcast(buf, buf, count, nccl_type(dtype), o.root, comm_, stream_), "ncclBroadcast");
     return work("broadcast", o);
   }
   std::unique_ptr<Work> all_reduce(void* buf, size_t count, DType dtype, const AllReduceOptions& o) override {
     check_dtype("all_reduce", dtype, o.in_dtype);
-    check_nccl(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(o.op), comm_, compute_stream()),
+    check_nccl(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(o.op), comm_, stream_),
                "ncclAllReduce");
     return work("all_reduce", o);
   }
   std::unique_ptr<Work> reduce(void* buf, size_t count, DType dtype, const ReduceOptions& o) override {
     check_root(o.root, "reduce");
     check_dtype("reduce", dtype, false);
-    check_nccl(ncclReduce(buf, buf, count, nccl_type(dtype), nccl_op(o.op), o.root, comm_, compute_stream()),
+    check_nccl(ncclReduce(buf, buf, count, nccl_type(dtype), nccl_op(o.op), o.root, comm_, stream_),
                "ncclReduce");
     return work("reduce", o);
   }
   std::unique_ptr<Work> all_gather(void* recv, const void* send, size_t count, DType dtype,
                                    const AllGatherOptions& o) override {
-    check_nccl(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, compute_stream()), "ncclAllGather");
+    check_nccl(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, stream_), "ncclAllGather");
     return work("all_gather", o);
   }
   std::unique_ptr<Work> reduce_scatter(void* recv, const void* send, size_t count, DType dtype,
                                        const ReduceScatterOptions& o) override {
     check_dtype("reduce_scatter", dtype, o.in_dtype);
-    check_nccl(ncclReduceScatter(send, recv, count, nccl_type(dtype), nccl_op(o.op), comm_, compute_stream()),
+    check_nccl(ncclReduceScatter(send, recv, count, nccl_type(dtype), nccl_op(o.op), comm_, stream_),
                "ncclReduceScatter");
     return work("reduce_scatter", o);
   }
   std::unique_ptr<Work> send(const void* buf, size_t count, DType dtype, int dst, const SendOptions& o) override {
     MT_CHECK(o.msg_tag == 0, ErrorKind::kNotSupported, "nccl send: message tags are not supported (NCCL orders by call)");
-    check_nccl(ncclSend(buf, count, nccl_type(dtype), dst, comm_, compute_stream()), "ncclSend");
+    check_nccl(ncclSend(buf, count, nccl_type(dtype), dst, comm_, stream_), "ncclSend");
     return work("send", o);
   }
   std::unique_ptr<Work> recv(void* buf, size_t count, DType dtype, int src, const RecvOptions& o) override {
     MT_CHECK(o.msg_tag == 0, ErrorKind::kNotSupported, "nccl recv: message tags are not supported (NCCL orders by call)");
-    check_nccl(ncclRecv(buf, count, nccl_type(dtype), src, comm_, compute_stream()), "ncclRecv");
+    check_nccl(ncclRecv(buf, count, nccl_type(dtype), src, comm_, stream_), "ncclRecv");
     return work("recv", o);
   }
   std::unique_ptr<Work> barrier(const BarrierOptions& o) override {
     if (!token_) check_cuda(cudaMalloc(&token_, sizeof(float)), "cudaMalloc (barrier token)");
-    check_nccl(ncclAllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, compute_stream()), "ncclAllReduce (barrier)");
+    check_nccl(ncclAllReduce(token_, token_, 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce (barrier)");
     auto w = work("barrier", o);
     w->wait();  // a barrier returns once every rank arrived
     return w;
@@ -151,7 +150,7 @@ class NcclBackend final : public Backend {
     int r = 0, n = 0;
     check_nccl(ncclCommUserRank(sub, &r), "ncclCommUserRank");
     check_nccl(ncclCommCount(sub, &n), "ncclCommCount");
-    return std::make_shared<NcclBackend>(sub, r, n);
+    return std::make_shared<NcclBackend>(sub, stream_, r, n);
   }
 
  private:
@@ -162,10 +161,11 @@ class NcclBackend final : public Backend {
   }
   std::unique_ptr<Work> work(const char* what, const CommOptions& o) {
     std::string w = std::string(what) + " #" + std::to_string(seq_++) + (o.tag.empty() ? "" : " [tag " + o.tag + "]");
-    return std::make_unique<NcclWork>(comm_, w, rank_, size_, o.timeout);
+    return std::make_unique<NcclWork>(comm_, stream_, w, rank_, size_, o.timeout);
   }
 
   ncclComm_t comm_;
+  cudaStream_t stream_;
   int rank_, size_;
   uint64_t seq_ = 0;
   float* token_ = nullptr;
@@ -173,7 +173,7 @@ class NcclBackend final : public Backend {
 
 }  // namespace
 
-std::shared_ptr<Backend> make_nccl_backend(Backend& bootstrap, int device) {
+std::shared_ptr<Backend> make_nccl_backend(Backend& bootstrap, int device, void* stream) {
   check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
@@ -186,7 +186,7 @@ std::shared_ptr<Backend> make_nccl_backend(Backend& bootstrap, int device) {
   check_nccl(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()),
              "ncclCommInitRank (rank " + std::to_string(bootstrap.rank()) + " of " + std::to_string(bootstrap.size()) +
                  ", CUDA device " + std::to_string(device) + ")");
-  return std::make_shared<NcclBackend>(comm, bootstrap.rank(), bootstrap.size());
+  return std::make_shared<NcclBackend>(comm, static_cast<cudaStream_t>(stream), bootstrap.rank(), bootstrap.size());
 }
 
 std::string nccl_version() {

@@ -4,27 +4,37 @@
 // refusals; several ranks need a machine with several GPUs (scripts/gpu-check.sh notes it).
 #include "comm/nccl/nccl_backend.h"
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "comm/local_backend.h"
-#include "kernels/cuda/device.h"
 
 namespace mt::comm {
 namespace {
 
+// Plain CUDA runtime calls: comm/ sits beside kernels/ in the layering, not above it.
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
 struct DeviceVec {
-  cuda::DeviceBuffer buf;
+  float* ptr = nullptr;
   size_t n;
-  explicit DeviceVec(const std::vector<float>& v) : buf(v.size() * 4, MemCategory::kComm), n(v.size()) {
-    cuda::copy_to_device(buf.data(), v.data(), v.size() * 4);
+  explicit DeviceVec(const std::vector<float>& v) : n(v.size()) {
+    EXPECT_EQ(cudaMalloc(&ptr, v.size() * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   }
-  float* p() const { return buf.as<float>(); }
+  ~DeviceVec() { cudaFree(ptr); }
+  DeviceVec(const DeviceVec&) = delete;
+  DeviceVec& operator=(const DeviceVec&) = delete;
+  float* p() const { return ptr; }
   std::vector<float> get() const {
     std::vector<float> v(n);
-    cuda::synchronize();
-    cuda::copy_to_host(v.data(), buf.data(), n * 4);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(v.data(), ptr, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     return v;
   }
 };
@@ -32,10 +42,16 @@ struct DeviceVec {
 class Nccl : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!cuda::available()) GTEST_SKIP() << "no CUDA device";
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     world_ = make_local_world(1);
-    nccl_ = make_nccl_backend(*world_[0], cuda::select_device(0));
+    nccl_ = make_nccl_backend(*world_[0], 0, stream_);
   }
+  void TearDown() override {
+    nccl_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
   std::vector<std::shared_ptr<Backend>> world_;
   std::shared_ptr<Backend> nccl_;
 };

@@ -525,6 +525,8 @@ std::unique_ptr<DeviceLM> make_cuda_lm(TransformerLM& model) { return std::make_
 
 int cuda_select_device() { return cu::select_device(cu::local_rank()); }
 
+void* cuda_stream() { return cu::stream(); }
+
 void cuda_set_profiling(bool on) { cu::set_profiling(on); }
 
 std::vector<DeviceOpTime> cuda_profile_report() {
