@@ -253,6 +253,20 @@ template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// One step of a double buffer: where a next stage exists, `issue` starts its copies and the wait
+// leaves only that group in flight; at the last step everything is waited for. Then the barrier
+// that makes this stage's tiles visible to the whole block.
+template <typename Issue>
+__device__ __forceinline__ void next_stage(bool more, Issue&& issue) {
+  if (more) {
+    issue();
+    cp_commit();
+    cp_wait<1>();
+  } else {
+    cp_wait<0>();
+  }
+  __syncthreads();
+}
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -421,15 +435,10 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_tc_k(bf16* out, float* l
 
   for (int kt = 0; kt <= qt; ++kt) {
     const int st = kt & 1;
-    if (kt < qt) {
+    next_stage(kt < qt, [&] {
       load_tile<D>(sK(st ^ 1), kbase, QKV, (kt + 1) * kTile, T_);
       load_tile<D>(sV(st ^ 1), vbase, QKV, (kt + 1) * kTile, T_);
-      cp_commit();
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();
+    });
     if (kt == 0) load_a<D>(qf, sQ, aoff, warp * 16);
 
     float s[8][4];
@@ -555,14 +564,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dkv_tc_k(bf16* dqkv, con
 
   for (int it = 0; it < iters; ++it) {
     const int st = it & 1;
-    if (it + 1 < iters) {
-      issue(it + 1, st ^ 1);
-      cp_commit();
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();
+    next_stage(it + 1 < iters, [&] { issue(it + 1, st ^ 1); });
     if constexpr (C::kRegA) {
       if (it == 0) {
         load_a<D>(kf, sK, aoff, warp * 16);
@@ -669,15 +671,10 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_tc_k(bf16* dqkv, cons
 
   for (int kt = 0; kt <= qt; ++kt) {
     const int st = kt & 1;
-    if (kt < qt) {
+    next_stage(kt < qt, [&] {
       load_tile<D>(sK(st ^ 1), kbase, QKV, (kt + 1) * kTile, T_);
       load_tile<D>(sV(st ^ 1), vbase, QKV, (kt + 1) * kTile, T_);
-      cp_commit();
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();
+    });
     if constexpr (C::kRegA) {
       if (kt == 0) {
         load_a<D>(qf, sQ, aoff, warp * 16);
