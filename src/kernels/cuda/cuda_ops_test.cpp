@@ -275,57 +275,63 @@ TEST_F(CudaOps, BiasBackwardConvertAdd) {
 }
 
 TEST_F(CudaOps, CrossEntropyTile) {
-  for (DType dt : kDtypes) {
-    for (auto [R, V, scale] : {std::tuple{5, 1003, 1.0f}, std::tuple{3, 50257, 30.0f}, std::tuple{1, 7, 80.0f}}) {
-      int ld = (V + 63) / 64 * 64;
-      auto logits = randv(static_cast<size_t>(R) * V, 50, scale);
-      std::vector<int32_t> tg(R);
-      for (int r = 0; r < R; ++r) tg[r] = (r * 7919) % V;
-      if (R > 1) tg[1] = -100;
-      std::vector<float> padded(static_cast<size_t>(R) * ld, 0.0f);
-      for (int r = 0; r < R; ++r) std::memcpy(&padded[static_cast<size_t>(r) * ld], &logits[static_cast<size_t>(r) * V], V * 4);
-      std::vector<float> loss(R), lse(R), dl = logits;
-      float gs = 0.37f;
-      kernels::cross_entropy_tile(loss.data(), lse.data(), dl.data(), tg.data(), R, V, gs);
-      Dev gl(padded, DType::kF32), gt = ints(tg), gloss = Dev::poisoned(R, DType::kF32), glse = Dev::poisoned(R, DType::kF32);
-      Dev gd = Dev::poisoned(static_cast<size_t>(R) * ld, dt);
-      cross_entropy_tile(gloss.f(), glse.f(), gl.f(), ld, static_cast<int32_t*>(gt.p()), R, V, gs, gd.p(), dt, ld);
-      EXPECT_LT(rel_err(gloss.get(), loss), 1e-5) << V;
-      EXPECT_LT(rel_err(glse.get(), lse), 1e-6);
-      auto d = gd.get();
-      std::vector<float> dv(static_cast<size_t>(R) * V);
-      for (int r = 0; r < R; ++r) std::memcpy(&dv[static_cast<size_t>(r) * V], &d[static_cast<size_t>(r) * ld], V * 4);
-      EXPECT_LT(rel_err(dv, dl), dt == DType::kF32 ? 1e-5 : 5e-3);
+  // Logits in f32 or bf16 (the bf16 head GEMM's output); the CPU kernel reads the same (rounded)
+  // values in f32.
+  for (DType lt : kDtypes) {
+    for (DType dt : kDtypes) {
+      for (auto [R, V, scale] : {std::tuple{5, 1003, 1.0f}, std::tuple{3, 50257, 30.0f}, std::tuple{1, 7, 80.0f}}) {
+        int ld = (V + 63) / 64 * 64;
+        auto logits = round_to(lt, randv(static_cast<size_t>(R) * V, 50, scale));
+        std::vector<int32_t> tg(R);
+        for (int r = 0; r < R; ++r) tg[r] = (r * 7919) % V;
+        if (R > 1) tg[1] = -100;
+        std::vector<float> padded(static_cast<size_t>(R) * ld, 0.0f);
+        for (int r = 0; r < R; ++r) std::memcpy(&padded[static_cast<size_t>(r) * ld], &logits[static_cast<size_t>(r) * V], V * 4);
+        std::vector<float> loss(R), lse(R), dl = logits;
+        float gs = 0.37f;
+        kernels::cross_entropy_tile(loss.data(), lse.data(), dl.data(), tg.data(), R, V, gs);
+        Dev gl(padded, lt), gt = ints(tg), gloss = Dev::poisoned(R, DType::kF32), glse = Dev::poisoned(R, DType::kF32);
+        Dev gd = Dev::poisoned(static_cast<size_t>(R) * ld, dt);
+        cross_entropy_tile(gloss.f(), glse.f(), gl.p(), lt, ld, static_cast<int32_t*>(gt.p()), R, V, gs, gd.p(), dt, ld);
+        EXPECT_LT(rel_err(gloss.get(), loss), 1e-5) << V;
+        EXPECT_LT(rel_err(glse.get(), lse), 1e-6);
+        auto d = gd.get();
+        std::vector<float> dv(static_cast<size_t>(R) * V);
+        for (int r = 0; r < R; ++r) std::memcpy(&dv[static_cast<size_t>(r) * V], &d[static_cast<size_t>(r) * ld], V * 4);
+        EXPECT_LT(rel_err(dv, dl), dt == DType::kF32 ? 1e-5 : 5e-3);
+      }
     }
   }
 }
 
-TEST_F(CudaOps, CrossEntropyInPlaceF32) {
-  // f32 training writes the gradient over the logits (CudaLM: dlogits = logits). Every row's loss
-  // must still use the target's logit, not the gradient another thread wrote there first (a race
-  // that made f32 losses vary run to run before the logit was read ahead of the barriers).
+TEST_F(CudaOps, CrossEntropyInPlace) {
+  // Training writes the gradient over the logits (CudaLM: f32 logits in f32, bf16 logits in bf16).
+  // Every row's loss must still use the target's logit, not the gradient another thread wrote
+  // there first (a race that made f32 losses vary run to run before the logit was read ahead of
+  // the barriers).
   const int R = 4096, V = 1003;
-  auto logits = randv(static_cast<size_t>(R) * V, 51, 4.0f);
-  std::vector<int32_t> tg(R);
-  for (int r = 0; r < R; ++r) tg[r] = r % 3 == 0 ? V - 1 - (r % 97) : (r * 7919) % V;
-  std::vector<float> loss(R), lse(R), dl = logits;
-  kernels::cross_entropy_tile(loss.data(), lse.data(), dl.data(), tg.data(), R, V, 0.5f);
-  Dev gt = ints(tg), gloss = Dev::poisoned(R, DType::kF32);
-  for (int ld : {V, 1024}) {  // one by one, and four at a time (production pads rows to 64)
-    std::vector<float> padded(static_cast<size_t>(R) * ld, 0.0f), want(padded.size(), 0.0f);
-    for (int r = 0; r < R; ++r) {
-      std::memcpy(&padded[static_cast<size_t>(r) * ld], &logits[static_cast<size_t>(r) * V], V * 4);
-      std::memcpy(&want[static_cast<size_t>(r) * ld], &dl[static_cast<size_t>(r) * V], V * 4);
-    }
-    for (int rep = 0; rep < 3; ++rep) {
-      Dev gi(padded, DType::kF32);
-      cross_entropy_tile(gloss.f(), nullptr, gi.f(), ld, static_cast<int32_t*>(gt.p()), R, V, 0.5f, gi.p(), DType::kF32,
-                         ld);
-      auto got = gloss.get();
-      int bad = 0;
-      for (int r = 0; r < R; ++r) bad += std::fabs(got[r] - loss[r]) > 1e-5f * std::max(1.0f, std::fabs(loss[r]));
-      EXPECT_EQ(bad, 0) << "rows whose loss read the gradient, ld " << ld << ", repetition " << rep;
-      EXPECT_LT(rel_err(gi.get(), want), 1e-5) << ld;
+  for (DType dt : kDtypes) {
+    auto logits = round_to(dt, randv(static_cast<size_t>(R) * V, 51, 4.0f));
+    std::vector<int32_t> tg(R);
+    for (int r = 0; r < R; ++r) tg[r] = r % 3 == 0 ? V - 1 - (r % 97) : (r * 7919) % V;
+    std::vector<float> loss(R), lse(R), dl = logits;
+    kernels::cross_entropy_tile(loss.data(), lse.data(), dl.data(), tg.data(), R, V, 0.5f);
+    Dev gt = ints(tg), gloss = Dev::poisoned(R, DType::kF32);
+    for (int ld : {V, 1024}) {  // one by one, and four at a time (production pads rows to 64)
+      std::vector<float> padded(static_cast<size_t>(R) * ld, 0.0f), want(padded.size(), 0.0f);
+      for (int r = 0; r < R; ++r) {
+        std::memcpy(&padded[static_cast<size_t>(r) * ld], &logits[static_cast<size_t>(r) * V], V * 4);
+        std::memcpy(&want[static_cast<size_t>(r) * ld], &dl[static_cast<size_t>(r) * V], V * 4);
+      }
+      for (int rep = 0; rep < 3; ++rep) {
+        Dev gi(padded, dt);
+        cross_entropy_tile(gloss.f(), nullptr, gi.p(), dt, ld, static_cast<int32_t*>(gt.p()), R, V, 0.5f, gi.p(), dt, ld);
+        auto got = gloss.get();
+        int bad = 0;
+        for (int r = 0; r < R; ++r) bad += std::fabs(got[r] - loss[r]) > 1e-5f * std::max(1.0f, std::fabs(loss[r]));
+        EXPECT_EQ(bad, 0) << "rows whose loss read the gradient, ld " << ld << ", repetition " << rep << ", " << dtype_name(dt);
+        EXPECT_LT(rel_err(gi.get(), want), dt == DType::kF32 ? 1e-5 : 5e-3) << ld;
+      }
     }
   }
 }

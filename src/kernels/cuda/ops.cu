@@ -486,24 +486,33 @@ __device__ __forceinline__ void store4(bf16* d, float a, float b, float c, float
   *reinterpret_cast<uint2*>(d) = u;
 }
 
-// kVec: the logits and dl rows are 16-byte aligned with leading dimensions a multiple of 4, so the
-// first V / 4 * 4 columns go four at a time (float4 loads), the rest one by one.
-template <typename T, bool kVec>
-__global__ void cross_entropy_k(float* loss, float* lse_out, const float* logits, int ldl, const int32_t* targets,
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4(const bf16* p) {
+  uint2 u = *reinterpret_cast<const uint2*>(p);
+  float2 lo = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&u.x));
+  float2 hi = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// L: the logits' type (f32, or bf16 as a bf16 GEMM writes them); T: the gradient's. kVec: the
+// logits and dl rows are aligned to four elements with leading dimensions a multiple of 4, so the
+// first V / 4 * 4 columns go four at a time, the rest one by one.
+template <typename L, typename T, bool kVec>
+__global__ void cross_entropy_k(float* loss, float* lse_out, const L* logits, int ldl, const int32_t* targets,
                                 int V, float grad_scale, T* dl, int ldd) {
   int r = blockIdx.x;
-  const float* x = logits + static_cast<size_t>(r) * ldl;
+  const L* x = logits + static_cast<size_t>(r) * ldl;
   int tgt = targets[r];
   // The target's logit is read before the reductions' barriers: dl may be the logits themselves
-  // (f32, in place), and past the barriers other threads overwrite them with the gradient.
-  float xt = tgt >= 0 && threadIdx.x == 0 ? x[tgt] : 0.0f;
+  // (in place), and past the barriers other threads overwrite them with the gradient.
+  float xt = tgt >= 0 && threadIdx.x == 0 ? to_f(x[tgt]) : 0.0f;
   // One pass for the max and the sum (online: the sum rescaled when the max grows), then the
   // gradient pass: the logits are read twice, not three times.
   const int V4 = kVec ? V / 4 : 0;
   float m = -INFINITY, s = 0.0f;
 #pragma unroll 4
   for (int q = threadIdx.x; q < V4; q += blockDim.x) {
-    float4 v = reinterpret_cast<const float4*>(x)[q];
+    float4 v = load4(x + 4 * q);
     float m4 = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
     if (m4 > m) {
       s *= __expf(m - m4);
@@ -512,7 +521,7 @@ __global__ void cross_entropy_k(float* loss, float* lse_out, const float* logits
     s += __expf(v.x - m) + __expf(v.y - m) + __expf(v.z - m) + __expf(v.w - m);
   }
   for (int v = V4 * 4 + threadIdx.x; v < V; v += blockDim.x) {
-    float xv = x[v];
+    float xv = to_f(x[v]);
     if (xv > m) {
       s = s * __expf(m - xv) + 1.0f;
       m = xv;
@@ -532,14 +541,14 @@ __global__ void cross_entropy_k(float* loss, float* lse_out, const float* logits
   const float gs = tgt < 0 ? 0.0f : grad_scale;
 #pragma unroll 4
   for (int q = threadIdx.x; q < V4; q += blockDim.x) {
-    float4 v = reinterpret_cast<const float4*>(x)[q];
+    float4 v = load4(x + 4 * q);
     int c = 4 * q;
     store4(d + c, (__expf(v.x - lse) - (c == tgt ? 1.0f : 0.0f)) * gs,
            (__expf(v.y - lse) - (c + 1 == tgt ? 1.0f : 0.0f)) * gs, (__expf(v.z - lse) - (c + 2 == tgt ? 1.0f : 0.0f)) * gs,
            (__expf(v.w - lse) - (c + 3 == tgt ? 1.0f : 0.0f)) * gs);
   }
   for (int v = V4 * 4 + threadIdx.x; v < V; v += blockDim.x) {
-    float g = (__expf(x[v] - lse) - (v == tgt ? 1.0f : 0.0f)) * gs;
+    float g = (__expf(to_f(x[v]) - lse) - (v == tgt ? 1.0f : 0.0f)) * gs;
     d[v] = from_f<T>(g);
   }
 }
@@ -832,17 +841,20 @@ void add_bias(void* d, DType dt, const float* bias, int M, int N, int ld) {
   MT_LAUNCH_CHECK("add_bias");
 }
 
-void cross_entropy_tile(float* loss, float* lse, const float* logits, int ld_logits, const int32_t* targets, int R,
-                        int V, float grad_scale, void* dlogits, DType dl_dtype, int ld_dl) {
-  bool vec = aligned16(logits) && ld_logits % 4 == 0 && (grad_scale == 0.0f || (aligned16(dlogits) && ld_dl % 4 == 0));
-  MT_DISPATCH(dl_dtype, T, {
+void cross_entropy_tile(float* loss, float* lse, const void* logits, DType logits_dtype, int ld_logits,
+                        const int32_t* targets, int R, int V, float grad_scale, void* dlogits, DType dl_dtype, int ld_dl) {
+  const size_t la = logits_dtype == DType::kF32 ? 16 : 8, da = dl_dtype == DType::kF32 ? 16 : 8;
+  auto aligned = [](const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  bool vec = aligned(logits, la) && ld_logits % 4 == 0 && (grad_scale == 0.0f || (aligned(dlogits, da) && ld_dl % 4 == 0));
+  MT_DISPATCH(logits_dtype, L, MT_DISPATCH(dl_dtype, T, {
+    const L* x = static_cast<const L*>(logits);
     if (vec)
-      cross_entropy_k<T, true><<<R, 512, 0, cu_stream()>>>(loss, lse, logits, ld_logits, targets, V, grad_scale,
-                                                         static_cast<T*>(dlogits), ld_dl);
+      cross_entropy_k<L, T, true><<<R, 512, 0, cu_stream()>>>(loss, lse, x, ld_logits, targets, V, grad_scale,
+                                                            static_cast<T*>(dlogits), ld_dl);
     else
-      cross_entropy_k<T, false><<<R, 512, 0, cu_stream()>>>(loss, lse, logits, ld_logits, targets, V, grad_scale,
-                                                          static_cast<T*>(dlogits), ld_dl);
-  });
+      cross_entropy_k<L, T, false><<<R, 512, 0, cu_stream()>>>(loss, lse, x, ld_logits, targets, V, grad_scale,
+                                                             static_cast<T*>(dlogits), ld_dl);
+  }));
   MT_LAUNCH_CHECK("cross_entropy_tile");
 }
 

@@ -63,11 +63,13 @@ void bias_backward(float* dbias, const void* dout, DType dt, int N, int C);
 // d (M, N) of dtype dt with leading dimension ld += bias (N) on every row.
 void add_bias(void* d, DType dt, const float* bias, int M, int N, int ld);
 
-// Softmax cross-entropy on a tile of logits (R, V) f32 with leading dimension ld_logits.
-// loss (R) = lse - logits[target] (0 for target -100); lse (R) = row log-sum-exp (nullable).
-// If grad_scale != 0: dlogits (R, V) of dtype dl_dtype, leading dimension ld_dl, receives
-// (softmax - onehot(target)) * grad_scale (zero rows for ignored targets).
-void cross_entropy_tile(float* loss, float* lse, const float* logits, int ld_logits,
+// Softmax cross-entropy on a tile of logits (R, V) of dtype logits_dtype (f32, or bf16 as the bf16
+// head GEMM writes them, like PyTorch's autocast) with leading dimension ld_logits; the arithmetic
+// is f32. loss (R) = lse - logits[target] (0 for target -100); lse (R) = row log-sum-exp
+// (nullable). If grad_scale != 0: dlogits (R, V) of dtype dl_dtype, leading dimension ld_dl,
+// receives (softmax - onehot(target)) * grad_scale (zero rows for ignored targets); it may be the
+// logits themselves (same dtype and leading dimension: in place).
+void cross_entropy_tile(float* loss, float* lse, const void* logits, DType logits_dtype, int ld_logits,
                         const int32_t* targets, int R, int V, float grad_scale, void* dlogits,
                         DType dl_dtype, int ld_dl);
 

@@ -1,10 +1,12 @@
 // The CUDA DeviceLM: TransformerLM's forward/backward (models/block.cpp, models/transformer.cpp)
 // step for step on the GPU, with cuBLASLt GEMMs and the fused kernels of kernels/cuda/.
 //
-// Precision (compute dtype cd = f32 or bf16): the residual stream, norm statistics, the LM head's
-// logits, every parameter gradient and the master weights are f32, as on the CPU; the saved GEMM
-// inputs (norm outputs, qkv, attention output, MLP activations) are kept in cd, where the CPU keeps
-// f32 copies beside cd copies. The residual adds ride in the GEMMs (D = x + A·B + bias).
+// Precision (compute dtype cd = f32 or bf16): the residual stream, norm statistics, every parameter
+// gradient and the master weights are f32, as on the CPU; the saved GEMM inputs (norm outputs, qkv,
+// attention output, MLP activations) are kept in cd, where the CPU keeps f32 copies beside cd
+// copies. The LM head's logits are in cd (bf16 as under PyTorch's autocast; the CPU keeps them in
+// f32) with the cross-entropy's arithmetic in f32. The residual adds ride in the GEMMs
+// (D = x + A·B + bias).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -55,6 +57,7 @@ class CudaLM final : public DeviceLM {
   void load_master(const float* host) override;
   void store_master(float* host) override { cu::copy_to_host(host, master_.data(), P_ * 4); }
   void store_grads(float* host) override { cu::copy_to_host(host, grad_.data(), P_ * 4); }
+  void load_grads(const float* host) override { cu::copy_to_device(grad_.data(), host, P_ * 4); }
   float* grads_device() override { return grad_.as<float>(); }
   void load_state(const std::string& name, const float* host) override { cu::copy_to_device(state(name), host, P_ * 4); }
   void store_state(const std::string& name, float* host) override { cu::copy_to_host(host, state(name), P_ * 4); }
@@ -126,8 +129,7 @@ class CudaLM final : public DeviceLM {
   // tested), or the kernels of ops.h (the default: 0.4 ms a GPT-2 124M step faster on an H200,
   // docs/PERF.md (k)).
   bool gelu_epilogue_ = false;
-  float* logits_ = nullptr;
-  void* dlogits_ = nullptr;
+  void* logits_ = nullptr;  // (R_, Vp_) in cd; the gradient in place
   std::vector<float> host_losses_;
   bool backward_ready_ = false;
 };
@@ -273,17 +275,17 @@ CudaLM::CudaLM(TransformerLM& model)
       rope_sin_ = c.f32(static_cast<size_t>(T_) * (HS_ / 2));
       if (pass == 0) scratch_buf_ = cu::DeviceBuffer(c.used(), MemCategory::kWorkspace);
     }
-    // LM head tiles: f32 logits of at most 1 GiB, equal tiles.
-    size_t budget = std::max<size_t>(1, (size_t{1} << 30) / (4 * static_cast<size_t>(Vp_)));
+    // LM head tiles: logits of at most 1 GiB, equal tiles. The logits are in cd, as PyTorch's
+    // autocast makes them (a bf16 GEMM output; the cross-entropy's arithmetic is f32), and the
+    // cross-entropy writes the gradient over them.
+    size_t budget = std::max<size_t>(1, (size_t{1} << 30) / (es_ * static_cast<size_t>(Vp_)));
     size_t tiles = (N + budget - 1) / budget;
     R_ = static_cast<int>((N + tiles - 1) / tiles);
     for (int pass = 0; pass < 2; ++pass) {
       c = Carve(pass ? head_buf_.data() : nullptr);
-      logits_ = c.f32(static_cast<size_t>(R_) * Vp_);
-      dlogits_ = cd_ == DType::kF32 ? nullptr : c.take(static_cast<size_t>(R_) * Vp_ * es_);
+      logits_ = c.take(static_cast<size_t>(R_) * Vp_ * es_);
       if (pass == 0) head_buf_ = cu::DeviceBuffer(c.used(), MemCategory::kWorkspace);
     }
-    if (cd_ == DType::kF32) dlogits_ = logits_;  // the cross-entropy kernel writes in place
     for (int pass = 0; pass < 2; ++pass) {
       c = Carve(pass ? io_buf_.data() : nullptr);
       tokens_ = static_cast<int32_t*>(c.take(N * 4));
@@ -451,15 +453,15 @@ float CudaLM::forward(const int32_t* tokens, const int32_t* targets, float loss_
   for (int r0 = 0; r0 < N_; r0 += R_) {
     int r = std::min(R_, N_ - r0);
     const void* x = at(nf_, static_cast<size_t>(r0) * C_);
-    MT_PROF("head gemm logits", cu::gemm(r, Vp_, C_, x, C_, false, head_pad_.data(), C_, true, logits_, Vp_, cd_, DType::kF32, false));
-    MT_PROF("head cross_entropy_tile", cu::cross_entropy_tile(losses_ + r0, nullptr, logits_, Vp_, targets_ + r0, r, V_, train ? grad_scale : 0.0f,
-                           dlogits_, cd_, Vp_));
+    MT_PROF("head gemm logits", cu::gemm(r, Vp_, C_, x, C_, false, head_pad_.data(), C_, true, logits_, Vp_, cd_, cd_, false));
+    MT_PROF("head cross_entropy_tile", cu::cross_entropy_tile(losses_ + r0, nullptr, logits_, cd_, Vp_, targets_ + r0, r, V_,
+                                                              train ? grad_scale : 0.0f, logits_, cd_, Vp_));
     if (!train) continue;
-    MT_PROF("head gemm dx", cu::gemm(r, C_, Vp_, dlogits_, Vp_, false, head_pad_.data(), C_, false, dnf_ + static_cast<size_t>(r0) * C_, C_, cd_,
+    MT_PROF("head gemm dx", cu::gemm(r, C_, Vp_, logits_, Vp_, false, head_pad_.data(), C_, false, dnf_ + static_cast<size_t>(r0) * C_, C_, cd_,
              DType::kF32, false));
     // The head's weight gradient over the padded vocabulary (as fast as the logits GEMM; 50257 rows
     // ran at 460 TFLOP/s), summed over the tiles, then added to the gradient buffer once.
-    MT_PROF("head gemm dW", cu::gemm(Vp_, C_, r, dlogits_, Vp_, true, x, C_, false, head_grad_pad_.data(), C_, cd_,
+    MT_PROF("head gemm dW", cu::gemm(Vp_, C_, r, logits_, Vp_, true, x, C_, false, head_grad_pad_.data(), C_, cd_,
                                      DType::kF32, r0 > 0));
   }
   if (train)
