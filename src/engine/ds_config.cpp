@@ -978,15 +978,13 @@ void parse_device(Section& root, RunConfig& c) {
   for (char& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   MT_CHECK(t == "adam" || t == "adamw", ErrorKind::kNotSupported,
            "optimizer.type: " + c.optimizer.type + " is not implemented on device \"cuda\" (Adam/AdamW are)");
-  if (c.processes > 1) {  // one GPU per process, a replica each, gradients all-reduced by NCCL
+  if (c.processes > 1) {  // one GPU per process, a replica each, gradients all-reduced (NCCL, or MPI through the host)
     const std::string n = std::to_string(c.processes);
-    MT_CHECK(c.comm_backend == "nccl", ErrorKind::kNotSupported,
-             "device \"cuda\" with " + n + " processes: set \"comm_backend\": \"nccl\" (the gradients are reduced on the GPUs)");
     MT_CHECK(c.tp == 1 && c.pp == 1, ErrorKind::kNotSupported,
              "parallel.tp/pp on device \"cuda\": not implemented yet (data parallelism over GPUs is)");
     MT_CHECK(c.zero.stage == 0, ErrorKind::kNotSupported,
              "zero_optimization.stage " + std::to_string(c.zero.stage) + " over " + n +
-                 " GPUs: not implemented yet (stage 0: a replica on every GPU, gradients all-reduced by NCCL)");
+                 " GPUs: not implemented yet (stage 0: a replica on every GPU, gradients all-reduced)");
     MT_CHECK(c.prescale_gradients || c.gradient_predivide_factor == 1.0, ErrorKind::kNotSupported,
              "gradient_predivide_factor on device \"cuda\" over several GPUs: not implemented (use 1.0 or prescale_gradients)");
   }

@@ -198,17 +198,18 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   std::vector<optim::ParamSegment> segments = engine_param_segments(config, store);
   if (config.device == "cuda") {
     // One GPU per process (local rank modulo the visible GPUs). Over one rank a ZeRO partition is
-    // the whole model, so every stage is stage 0's arithmetic on the device; over several
-    // (comm_backend "nccl", stage 0: ds_config refuses the rest) each GPU keeps a replica and the
-    // gradients are all-reduced on the GPUs.
-    MT_CHECK(world() == 1 || config.comm_backend == "nccl", ErrorKind::kNotSupported,
-             "device \"cuda\" with " + std::to_string(world()) + " processes needs \"comm_backend\": \"nccl\"");
+    // the whole model, so every stage is stage 0's arithmetic on the device; over several (stage 0:
+    // ds_config refuses the rest) each GPU keeps a replica and the gradients are all-reduced: on the
+    // GPUs by NCCL (comm_backend "nccl"), or staged through the host and reduced by MPI
+    // (comm_backend "mpi": no NCCL, or several ranks sharing a GPU, which NCCL refuses).
     if (z.stage >= 1 && world() == 1)
       log_info("zero_optimization.stage " + std::to_string(z.stage) +
                " on one GPU: the partition over one rank is the whole model (stage 0's arithmetic)");
     const int gpu = models::cuda_select_device();
     device_ = models::make_cuda_lm(model);
     log_info("device: " + device_->device_name() + (world() > 1 ? " (GPU " + std::to_string(gpu) + ")" : ""));
+    if (world() > 1 && config.comm_backend == "mpi" && rank() == 0)
+      log_info("comm: MPI over " + std::to_string(world()) + " GPU processes, gradients staged through host memory");
     if (config.comm_backend == "nccl") {
 #ifdef MT_NCCL
       nccl_ = comm::make_nccl_backend(*dp_, gpu, models::cuda_stream());
@@ -519,6 +520,14 @@ StepResult Engine::step() {
     o.tag = "grads";
     o.timeout = timeout();
     nccl_->all_reduce(device_->grads_device(), state_numel(), DType::kF32, o)->wait();
+  } else if (device_ && world() > 1) {  // comm_backend "mpi": through the host
+    comm::AllReduceOptions o;
+    o.tag = "grads";
+    o.timeout = timeout();
+    staged_grads_.resize(state_numel());
+    device_->store_grads(staged_grads_.data());
+    dp_->all_reduce(staged_grads_.data(), state_numel(), DType::kF32, o)->wait();
+    device_->load_grads(staged_grads_.data());
   }
   if (device_) {
     norm = std::sqrt(device_->grad_sum_squares()) / r.loss_scale;

@@ -197,6 +197,7 @@ class Engine {
   std::unique_ptr<parallel::GradSync> sync_;  // null with a device (the device steps itself)
   std::unique_ptr<models::DeviceLM> device_;        // config.device "cuda"
   std::shared_ptr<comm::Backend> nccl_;             // comm_backend "nccl": the dp group on the GPUs
+  std::vector<float> staged_grads_;                 // device "cuda" over MPI: the gradients on the host
   std::vector<optim::ParamSegment> segments_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LossScaler scaler_;

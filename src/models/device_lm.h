@@ -40,6 +40,7 @@ class DeviceLM {
   virtual void load_master(const float* host) = 0;
   virtual void store_master(float* host) = 0;
   virtual void store_grads(float* host) = 0;
+  virtual void load_grads(const float* host) = 0;
   // The flat f32 gradient buffer on the device (numel elements): a GPU communicator (NCCL)
   // reduces it in place.
   virtual float* grads_device() = 0;
