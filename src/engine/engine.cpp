@@ -212,7 +212,9 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
       log_info("comm: MPI over " + std::to_string(world()) + " GPU processes, gradients staged through host memory");
     if (config.comm_backend == "nccl") {
 #ifdef MT_NCCL
-      nccl_ = comm::make_nccl_backend(*dp_, gpu, models::cuda_stream());
+      // The collectives run on their own stream, each gradient range's all-reduce queued as the
+      // backward finishes it (Engine::backward), overlapping the rest of the backward.
+      nccl_ = comm::make_nccl_backend(*dp_, gpu, models::cuda_comm_stream());
       if (rank() == 0) log_info("comm: NCCL " + comm::nccl_version() + " over " + std::to_string(world()) + " GPU(s)");
 #else
       throw Error(ErrorKind::kNotSupported, "comm_backend: \"nccl\": this meshtrain was built without NCCL");
@@ -449,6 +451,17 @@ void Engine::backward() {
   const bool last = micro_in_step_ + 1 == config_.batch.gradient_accumulation_steps;
   if (sync_) sync_->begin_backward(last);  // bucketed: no communication on the other micro-batches
   if (device_) {
+    if (nccl_ && last) {  // the data-parallel sum, a range at a time as the backward finishes them
+      device_->set_grad_ready([this](size_t offset, size_t count) {
+        comm::AllReduceOptions o;
+        o.tag = "grads";
+        o.timeout = timeout();
+        models::cuda_comm_waits_for_compute();
+        grad_reductions_.push_back(nccl_->all_reduce(device_->grads_device() + offset, count, DType::kF32, o));
+      });
+    } else {
+      device_->set_grad_ready({});
+    }
     device_->backward();
     if (config_.wall_clock_breakdown) device_->synchronize();  // honest per-phase timings
   } else {
@@ -516,10 +529,9 @@ StepResult Engine::step() {
   if (fault_active("engine.nonfinite_grad") && !device_ && grad() != nullptr) grad()[state_numel() / 2] = INFINITY;
   double norm;
   if (device_ && nccl_) {  // the data-parallel sum (each micro-batch's loss was scaled by 1 / ranks)
-    comm::AllReduceOptions o;
-    o.tag = "grads";
-    o.timeout = timeout();
-    nccl_->all_reduce(device_->grads_device(), state_numel(), DType::kF32, o)->wait();
+    for (auto& w : grad_reductions_) w->wait();
+    grad_reductions_.clear();
+    models::cuda_compute_waits_for_comm();
   } else if (device_ && world() > 1) {  // comm_backend "mpi": through the host
     comm::AllReduceOptions o;
     o.tag = "grads";

@@ -198,6 +198,7 @@ class Engine {
   std::unique_ptr<models::DeviceLM> device_;        // config.device "cuda"
   std::shared_ptr<comm::Backend> nccl_;             // comm_backend "nccl": the dp group on the GPUs
   std::vector<float> staged_grads_;                 // device "cuda" over MPI: the gradients on the host
+  std::vector<std::unique_ptr<comm::Work>> grad_reductions_;  // NCCL: the step's gradient all-reduces in flight
   std::vector<optim::ParamSegment> segments_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LossScaler scaler_;

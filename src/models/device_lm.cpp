@@ -16,6 +16,11 @@ std::unique_ptr<DeviceLM> make_cuda_lm(TransformerLM&) {
 void* cuda_stream() {
   throw Error(ErrorKind::kNotSupported, "this meshtrain was built without CUDA (-DMT_CUDA=ON)");
 }
+void* cuda_comm_stream() {
+  throw Error(ErrorKind::kNotSupported, "this meshtrain was built without CUDA (-DMT_CUDA=ON)");
+}
+void cuda_comm_waits_for_compute() {}
+void cuda_compute_waits_for_comm() {}
 
 int cuda_select_device() {
   throw Error(ErrorKind::kNotSupported, "this meshtrain was built without CUDA (-DMT_CUDA=ON)");

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,6 +30,12 @@ class DeviceLM {
   // Same contract as TransformerLM::forward/backward (mean loss; gradients += d(loss * scale)).
   virtual float forward(const int32_t* tokens, const int32_t* targets, float loss_scale) = 0;
   virtual void backward() = 0;
+  // Called during the following backward() calls each time a range [offset, offset + count) of the
+  // flat gradient buffer is final in the compute stream's order: ranges in descending order
+  // covering [0, numel) once per backward (a layer at a time where the layout allows, else the
+  // whole buffer at the end). The gradient all-reduce starts on them while the backward goes on.
+  // An empty function: no calls.
+  virtual void set_grad_ready(std::function<void(size_t offset, size_t count)> ready) = 0;
   virtual void zero_grad() = 0;
   // Sum of squares of the gradient buffer (f32, accumulated in double).
   virtual double grad_sum_squares() = 0;
@@ -65,9 +72,13 @@ DeviceCeilings cuda_ceilings();
 std::unique_ptr<DeviceLM> make_cuda_lm(TransformerLM& model);
 // Makes this rank's GPU current (local rank modulo the visible devices) and returns its index.
 int cuda_select_device();
-// The compute stream (a cudaStream_t) the device model runs on: a GPU communicator's collectives
-// go on it, ordered after the kernels that produce their inputs.
+// The compute stream (a cudaStream_t) the device model runs on.
 void* cuda_stream();
+// The stream a GPU communicator's collectives run on, and its ordering against the compute stream
+// (kernels/cuda/device.h comm_waits_for_compute / compute_waits_for_comm).
+void* cuda_comm_stream();
+void cuda_comm_waits_for_compute();
+void cuda_compute_waits_for_comm();
 // The benchmark's per-op breakdown: while on, each device op is timed by CUDA events; the report
 // waits for them and gives (op, milliseconds, calls) summed since the last report, largest first.
 struct DeviceOpTime {

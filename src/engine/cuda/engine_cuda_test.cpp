@@ -237,6 +237,50 @@ TEST_P(GpuEngine, NcclOneRankEqualsTheRunWithout) {
 }
 #endif
 
+TEST_P(GpuEngine, BackwardReportsEachGradientRangeOnceALayerAtATime) {
+  // set_grad_ready: the ranges the gradient all-reduce starts on during the backward, descending and
+  // adjacent, covering the buffer once: the last layer with the final norm (and an untied head),
+  // each layer, then the embeddings. The gradients are those of a backward without the hook.
+  REQUIRE_GPU();
+  RunConfig c = ds_config_parse(run_config(GetParam(), "cuda", true), "test");
+  auto model = engine_build_model(c);
+  auto lm = models::make_cuda_lm(*model);
+  const size_t P = model->store().numel(), n = static_cast<size_t>(c.batch.micro_batch_per_gpu * c.seq_length);
+  std::vector<int32_t> tok(n), tgt(n);
+  for (size_t i = 0; i < n; ++i) {
+    tok[i] = static_cast<int32_t>((i * 131 + i / 7) % c.model.vocab_size);
+    tgt[i] = static_cast<int32_t>((i * 31 + 3) % c.model.vocab_size);
+  }
+  std::vector<float> plain(P), hooked(P);
+  lm->forward(tok.data(), tgt.data(), 1.0f);
+  lm->backward();
+  lm->store_grads(plain.data());
+  lm->zero_grad();
+  std::vector<std::pair<size_t, size_t>> ranges;
+  lm->set_grad_ready([&](size_t off, size_t count) { ranges.emplace_back(off, count); });
+  for (int rep = 0; rep < 2; ++rep) {  // every backward reports anew
+    ranges.clear();
+    lm->zero_grad();
+    lm->forward(tok.data(), tgt.data(), 1.0f);
+    lm->backward();
+    ASSERT_EQ(ranges.size(), static_cast<size_t>(c.model.n_layer) + 1) << "one range per layer, then the embeddings";
+    size_t end = P;
+    for (auto [off, count] : ranges) {
+      EXPECT_EQ(off + count, end) << "ranges descend without gaps or overlaps";
+      EXPECT_GT(count, 0u);
+      end = off;
+    }
+    EXPECT_EQ(end, 0u);
+  }
+  lm->store_grads(hooked.data());
+  EXPECT_EQ(hooked, plain);
+  lm->set_grad_ready({});
+  ranges.clear();
+  lm->forward(tok.data(), tgt.data(), 1.0f);
+  lm->backward();
+  EXPECT_TRUE(ranges.empty());
+}
+
 TEST_P(GpuEngine, ZeroStagesOnOneGpuEqualStageZero) {
   REQUIRE_GPU();
   TrainRun s0 = train(run_config(GetParam(), "cuda", true, 0), 3);

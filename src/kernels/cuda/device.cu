@@ -54,6 +54,33 @@ void* stream() {
 
 void synchronize() { MT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream()))); }
 
+void* comm_stream() {
+  static cudaStream_t s = [] {
+    cudaStream_t st = nullptr;
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    return st;
+  }();
+  return s;
+}
+
+namespace {
+// `waiter` waits for the work queued on `producer` so far (the wait takes the event's state at the
+// call, so one event serves every pair).
+void order_after(cudaStream_t waiter, cudaStream_t producer, cudaEvent_t& ev) {
+  if (ev == nullptr) MT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  MT_CUDA_CHECK(cudaEventRecord(ev, producer));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(waiter, ev, 0));
+}
+cudaEvent_t g_compute_done = nullptr, g_comm_done = nullptr;
+}  // namespace
+
+void comm_waits_for_compute() {
+  order_after(static_cast<cudaStream_t>(comm_stream()), static_cast<cudaStream_t>(stream()), g_compute_done);
+}
+void compute_waits_for_comm() {
+  order_after(static_cast<cudaStream_t>(stream()), static_cast<cudaStream_t>(comm_stream()), g_comm_done);
+}
+
 void check_launch(const char* what) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)

@@ -28,6 +28,12 @@ int local_rank();             // from the launcher's environment; 0 without one
 std::string device_name();    // "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)"
 void* stream();               // the compute stream (a cudaStream_t)
 void synchronize();           // waits for the compute stream; throws on a pending device error
+// A second stream for collectives (the gradient all-reduce overlapping the backward), ordered
+// against the compute stream by events: comm_waits_for_compute() makes the comm stream's next work
+// start after everything queued on the compute stream so far, compute_waits_for_comm() the reverse.
+void* comm_stream();
+void comm_waits_for_compute();
+void compute_waits_for_comm();
 // Throws kInternal naming `what` if the last launch failed (cudaGetLastError).
 void check_launch(const char* what);
 

@@ -11,7 +11,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "base/error.h"
 #include "kernels/cuda/device.h"
@@ -48,6 +50,7 @@ class CudaLM final : public DeviceLM {
   std::string device_name() const override { return name_; }
   float forward(const int32_t* tokens, const int32_t* targets, float loss_scale) override;
   void backward() override;
+  void set_grad_ready(std::function<void(size_t, size_t)> ready) override { grad_ready_ = std::move(ready); }
   void zero_grad() override { cu::fill_zero(grad_.data(), P_ * 4); }
   double grad_sum_squares() override {
     cu::ProfScope prof("opt sum_squares");
@@ -90,6 +93,27 @@ class CudaLM final : public DeviceLM {
   // GPT-2's LayerNorm backwards write dres's cd copy into dy_c_ (none needed in f32).
   void* dres_copy() const { return cd_ == DType::kF32 ? nullptr : dy_c_; }
   const void* dres_cd() const { return cd_ == DType::kF32 ? static_cast<const void*>(dres_) : dy_c_; }
+  // Each parameter's group by name (-1: the embeddings, l: layer l, L: the final norm and head);
+  // the layers' starts if the groups are in that order in the flat buffer, else none.
+  std::vector<size_t> layer_starts() const {
+    const int L = cfg_.n_layer;
+    const std::string layer_prefix = gpt2_ ? "transformer.h." : "model.layers.";
+    std::vector<std::pair<size_t, int>> at;  // (offset, group)
+    for (const nn::Parameter* p : store_.parameters()) {
+      int group = L;
+      if (p->name.rfind(layer_prefix, 0) == 0) group = std::atoi(p->name.c_str() + layer_prefix.size());
+      else if (p->offset == wte_ || (gpt2_ && p->offset == wpe_)) group = -1;
+      at.emplace_back(p->offset, group);
+    }
+    std::sort(at.begin(), at.end());
+    std::vector<size_t> starts(static_cast<size_t>(L), P_);
+    for (size_t i = 0; i < at.size(); ++i) {
+      if (i > 0 && at[i].second < at[i - 1].second) return {};
+      if (at[i].second >= 0 && at[i].second < L)
+        starts[static_cast<size_t>(at[i].second)] = std::min(starts[static_cast<size_t>(at[i].second)], at[i].first);
+    }
+    return starts;
+  }
   size_t offset(const std::string& name) const {
     nn::Parameter* p = store_.find(name);
     MT_CHECK(p != nullptr, ErrorKind::kInternal, "cuda model: no parameter " + name);
@@ -106,6 +130,17 @@ class CudaLM final : public DeviceLM {
   int B_, T_, N_, C_, NH_, NKV_, HS_, QKV_, A_, H_, G_, V_, Vp_, R_;
   size_t wte_ = 0, wpe_ = 0, nfw_ = 0, nfb_ = 0, head_ = 0;
   std::vector<LayerW> layers_;
+  // The backward's ready ranges (set_grad_ready). layer_start_[l]: where layer l's parameters begin
+  // in the flat buffer, when the layout is embeddings, layer 0 .. L-1, then the final norm (and an
+  // untied head) with each layer's parameters inside its own span; empty otherwise (one range at
+  // the end).
+  std::function<void(size_t, size_t)> grad_ready_;
+  std::vector<size_t> layer_start_;
+  size_t ready_end_ = 0;  // the ranges reported in this backward begin here
+  void report_ready(size_t from) {
+    if (grad_ready_ && from < ready_end_) grad_ready_(from, ready_end_ - from);
+    ready_end_ = std::min(ready_end_, from);
+  }
   cu::DeviceBuffer master_, compute_, grad_, m_, v_;
   cu::DeviceBuffer acts_buf_, resid_buf_, scratch_buf_, head_buf_, io_buf_;
   // The LM head's weight in cd, padded with zero rows to Vp_: the logits and dL/dx GEMMs then run on
@@ -214,6 +249,7 @@ CudaLM::CudaLM(TransformerLM& model)
     nfw_ = offset("model.norm.weight");
   }
   head_ = cfg_.tie_embeddings ? wte_ : offset("lm_head.weight");
+  layer_start_ = layer_starts();
 
   // Flat buffers, categories as the host ParamStore's.
   master_ = cu::DeviceBuffer(P_ * 4, cd_ == DType::kF32 ? MemCategory::kParams : MemCategory::kOptimizer);
@@ -484,18 +520,24 @@ void CudaLM::backward() {
   const size_t NC = static_cast<size_t>(N_) * C_;
   cu::fill_zero(dres_, NC * 4);
   const float* last = resid_ + cfg_.n_layer * NC;
+  ready_end_ = P_;
   if (gpt2_) {
     MT_PROF("bwd layernorm_backward", cu::layernorm_backward(dres_, gf(nfw_), gf(nfb_), dnf_, last, mf(nfw_), nmean_, nrstd_, N_, C_,
                                                              dres_copy(), cd_, gf(layers_.back().outb)));
   } else {
     MT_PROF("bwd rmsnorm_backward", cu::rmsnorm_backward(dres_, gf(nfw_), dnf_, last, mf(nfw_), nrstd_, N_, C_));
   }
+  // Layer l's gradients are final after its backward (GPT-2's last bias gradient of layer l comes
+  // from the norm backward above it); the final norm's and an untied head's (added in forward())
+  // are final now.
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     if (recompute_) block_forward(l, dn_ /* unused output */, resid_ + l * NC, acts_for(l));
     block_backward(l, resid_ + l * NC, acts_for(l));
+    if (!layer_start_.empty()) report_ready(layer_start_[static_cast<size_t>(l)]);
   }
   MT_PROF("bwd embedding_backward", cu::embedding_backward(gf(wte_), gpt2_ ? gf(wpe_) : nullptr, dres_, buckets_, unique_tokens_, N_, T_,
                                                            C_));
+  report_ready(0);
 }
 
 void CudaLM::adamw_step(const std::vector<optim::ParamSegment>& segments, kernels::AdamWParams params) {
@@ -528,6 +570,9 @@ std::unique_ptr<DeviceLM> make_cuda_lm(TransformerLM& model) { return std::make_
 int cuda_select_device() { return cu::select_device(cu::local_rank()); }
 
 void* cuda_stream() { return cu::stream(); }
+void* cuda_comm_stream() { return cu::comm_stream(); }
+void cuda_comm_waits_for_compute() { cu::comm_waits_for_compute(); }
+void cuda_compute_waits_for_comm() { cu::compute_waits_for_comm(); }
 
 void cuda_set_profiling(bool on) { cu::set_profiling(on); }
 
