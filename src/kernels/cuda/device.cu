@@ -43,23 +43,23 @@ std::string device_name() {
   return buf;
 }
 
+namespace {
+cudaStream_t new_stream() {
+  cudaStream_t st = nullptr;
+  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  return st;
+}
+}  // namespace
+
 void* stream() {
-  static cudaStream_t s = [] {
-    cudaStream_t st = nullptr;
-    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    return st;
-  }();
+  static cudaStream_t s = new_stream();
   return s;
 }
 
 void synchronize() { MT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream()))); }
 
 void* comm_stream() {
-  static cudaStream_t s = [] {
-    cudaStream_t st = nullptr;
-    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    return st;
-  }();
+  static cudaStream_t s = new_stream();
   return s;
 }
 
