@@ -1,4 +1,5 @@
-// meshtrain plan CONFIG [--procs N] [--calibration cal.json] [--search] [--top K] [--memory GiB]
+// meshtrain plan CONFIG [--procs N] [--calibration cal.json | --cluster cluster.json] [--search | --search-batch]
+// [--top K] [--memory GiB]
 // [--set k=v]: the predicted step of the configuration's layout, or (--search, or a configuration
 // that leaves its layout "auto") the layouts of N processes ranked by predicted step time within
 // the memory budget, with the families rejected and why (issue 14). The step program comes from
@@ -30,13 +31,15 @@
 #include "engine/ds_config.h"
 #include "engine/json_file.h"
 #include "parallel/pp/schedule.h"
+#include "planner/cluster.h"
 #include "planner/search.h"
 
 namespace mt::cli {
 namespace {
 
 struct PlanOptions {
-  std::string path, calibration;
+  std::string path, calibration, cluster;
+  bool search_batch = false;
   int procs = 1;
   std::vector<std::string> sets;
   bool search = false, json = false;
@@ -252,19 +255,30 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
 
 void run_plan(const PlanOptions& o) {
   const engine::RunConfig c = load_layout_config(o.path, o.sets, o.procs);
-  const std::string cal_path = o.calibration.empty() ? c.planner.calibration : o.calibration;
-  const planner::Calibration cal = load_calibration(cal_path, o.calibration.empty() ? "planner.calibration" : "--calibration");
+  MT_CHECK(o.cluster.empty() || o.calibration.empty(), ErrorKind::kInvalidArgument,
+           "plan: --cluster and --calibration are two sources of the same rates; give one");
+  MT_CHECK(o.cluster.empty() || o.validate == 0, ErrorKind::kInvalidArgument,
+           "plan --validate trains here; a described --cluster cannot be validated on this machine");
+  // A described cluster (its devices' memory the budget), or this machine's calibration.
+  planner::ClusterSpec spec;
+  if (!o.cluster.empty()) spec = planner::parse_cluster(engine::json_load_file(o.cluster), o.cluster);
+  const std::string cal_path = !o.cluster.empty() ? o.cluster : o.calibration.empty() ? c.planner.calibration : o.calibration;
+  const planner::Calibration cal =
+      !o.cluster.empty() ? planner::cluster_calibration(spec)
+                         : load_calibration(cal_path, o.calibration.empty() ? "planner.calibration" : "--calibration");
   const planner::PlanJob job = plan_job(c, o.procs);
-  const size_t budget = budget_bytes(o.memory_gib > 0 ? o.memory_gib : c.planner.memory_gib, o.procs);
+  const double gib_given = o.memory_gib > 0 ? o.memory_gib : !o.cluster.empty() ? spec.memory_gib : c.planner.memory_gib;
+  const size_t budget = budget_bytes(gib_given, o.procs);
   const unsigned cores = std::thread::hardware_concurrency();
   if (cores > 0 && static_cast<unsigned>(o.procs * cal.threads) > cores)
     std::fprintf(stderr,
                  "warning: %d process(es) x %d thread(s) on %u core(s): the calibration's rates assume each rank its own "
                  "cores; oversubscribed ranks share them in ways the cost model does not follow\n",
                  o.procs, cal.threads, cores);
-  if (o.search) {
+  if (o.search || o.search_batch) {
     planner::SearchSpace all;
-    all.parallel = all.stage = all.batch = all.recompute = true;
+    all.batch = true;
+    all.parallel = all.stage = all.recompute = o.search;
     const planner::SearchResult r = planner::search_layouts(job, all, budget, cal);
     print_search(r, o.top, budget, o.json);
     MT_CHECK(o.validate == 0 || !r.ranked.empty(), ErrorKind::kInvalidArgument, "plan --validate: no layout fits");
@@ -285,7 +299,11 @@ void run_plan(const PlanOptions& o) {
   }
   std::printf("layout       %s (train_batch_size %lld, T=%d, %s)\n", job.base.describe().c_str(),
               static_cast<long long>(job.global_batch), job.memory.seq_length, dtype_name(c.compute_dtype));
-  std::printf("calibration  %s (%d rank(s) x %d thread(s))\n", cal_path.c_str(), cal.world, cal.threads);
+  if (!o.cluster.empty())
+    std::printf("cluster      %s: %s (%d devices a host, %.0f GiB each)\n", cal_path.c_str(), spec.name.c_str(),
+                spec.devices_per_host, spec.memory_gib);
+  else
+    std::printf("calibration  %s (%d rank(s) x %d thread(s))\n", cal_path.c_str(), cal.world, cal.threads);
   std::printf("passes       forward %.4f s, backward %.4f s per micro-batch (GEMMs, attention, elementwise)\n", p.forward,
               p.backward);
   std::printf("step         %.6f s predicted (%.6f s if MPI moved a nonblocking collective beside compute); "
@@ -388,6 +406,11 @@ void register_plan(CLI::App& app) {
   add_layout_options(cmd, o->path, o->procs, o->sets);
   cmd->add_option("--calibration", o->calibration, "meshtrain calibrate's JSON (default: planner.calibration, calibration.json)");
   cmd->add_flag("--search", o->search, "rank every layout of --procs processes that fits (dp, ZeRO stage, micro-batch, recompute)");
+  cmd->add_flag("--search-batch", o->search_batch,
+                "rank the micro-batch / accumulation splits only (the configuration's dp x tp x pp, ZeRO stage and recompute)");
+  cmd->add_option("--cluster", o->cluster,
+                  "plan for a described cluster (configs/clusters/*.json: devices, peaks, links) instead of this "
+                  "machine's calibration; its device memory is the budget");
   cmd->add_option("--top", o->top, "layouts to print with --search (default 5)")->check(CLI::PositiveNumber);
   cmd->add_option("--memory", o->memory_gib, "memory per rank in GiB (default: planner.memory_gib, else physical RAM / procs)");
   cmd->add_option("--validate", o->validate,

@@ -67,6 +67,20 @@ double Calibration::gemm_seconds(long m, long n, long k, DType dtype) const {
   return seconds(std::string("gemm ") + dtype_name(dtype), 2.0 * static_cast<double>(m) * n * k);
 }
 
+double Calibration::collective_seconds(const std::string& family, double bytes, int ranks, int stride) const {
+  if (!has_network) return seconds(family, bytes);
+  MT_CHECK(ranks >= 1 && stride >= 1, ErrorKind::kInvalidArgument, "collective_seconds: ranks and stride must be positive");
+  const bool intra = static_cast<long>(ranks) * stride <= network.devices_per_host;
+  const double a = intra ? network.intra_latency : network.inter_latency;
+  const double bw = intra ? network.intra_bytes_per_s : network.inter_bytes_per_s;
+  const double n = ranks;
+  if (family == "send_recv") return a + bytes / bw;
+  if (ranks == 1) return 0.0;
+  if (family == "all_reduce") return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes / bw;
+  if (family == "all_gather" || family == "reduce_scatter") return (n - 1) * (a + bytes / bw);
+  throw Error(ErrorKind::kInvalidArgument, "collective_seconds: no collective '" + family + "'");
+}
+
 namespace {
 
 // Seconds per call of f, timed for at least `budget` seconds and `min_calls` calls after one

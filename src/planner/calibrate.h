@@ -33,6 +33,14 @@ struct CalPoint {
   double seconds = 0.0;
 };
 
+// A described cluster's links (`plan --cluster`, planner/cluster.h): collectives are rings over the
+// intra-host links when the group fits in one host, else over the inter-host ones.
+struct Network {
+  int devices_per_host = 1;
+  double intra_latency = 0.0, intra_bytes_per_s = 0.0;  // one direction, one device
+  double inter_latency = 0.0, inter_bytes_per_s = 0.0;
+};
+
 struct Calibration {
   int world = 1;  // ranks of the group the collectives were timed on
   int threads = 1;
@@ -49,6 +57,17 @@ struct Calibration {
   // A family's time for `units`; throws kNotFound naming the family when it was not measured.
   double seconds(const std::string& family, double units) const;
   double gemm_seconds(long m, long n, long k, DType dtype) const;
+  // A described cluster's network (none for a machine's calibration).
+  bool has_network = false;
+  Network network;
+  // A collective ("all_reduce": bytes of the whole buffer; "all_gather", "reduce_scatter": bytes a
+  // rank; "send_recv": bytes) over a group of `ranks` ranks placed `stride` ranks apart (a tp group:
+  // 1; a dp group: tp; pipeline neighbours: tp x dp). With a network, the ring's textbook time
+  // (all_reduce 2(n-1) latencies + 2(n-1)/n bytes / bandwidth, all_gather and reduce_scatter
+  // (n-1)(latency + bytes / bandwidth), send_recv latency + bytes / bandwidth) over the intra-host
+  // links when ranks x stride <= devices_per_host, else the inter-host ones; without, the measured
+  // line (the group it was timed on stands for every group).
+  double collective_seconds(const std::string& family, double bytes, int ranks, int stride) const;
 };
 
 struct CalibrateOptions {

@@ -102,9 +102,10 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   c.backward.back() = mem * 2 * (4 + e) * N * C;
   c.head_backward = gemm_backward(cal, cd, N, C, V) + loss;
   if (s.tp > 1) {  // the tp group's blocking collectives (cost.h)
-    auto ar = [&cal](double b) { return cal.seconds("all_reduce", b); };
-    auto ag = [&cal](double b) { return cal.seconds("all_gather", b); };
-    auto rs = [&cal](double b) { return cal.seconds("reduce_scatter", b); };
+    const int tp = s.tp;  // the tp group: adjacent ranks
+    auto ar = [&cal, tp](double b) { return cal.collective_seconds("all_reduce", b, tp, 1); };
+    auto ag = [&cal, tp](double b) { return cal.collective_seconds("all_gather", b, tp, 1); };
+    auto rs = [&cal, tp](double b) { return cal.collective_seconds("reduce_scatter", b, tp, 1); };
     const double full = 4 * N * C, part = 4 * Nl * C;
     const bool sp = d.sp;
     const std::vector<double> block = sp ? std::vector<double>{ag(part), rs(part), ag(part), rs(part)}
@@ -125,15 +126,16 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   // over the shard: the gradient norm reads it and zero_grad writes it.
   const char* update = e < 4 && cal.fits.count("adamw bf16") ? "adamw bf16" : "adamw";
   c.optimizer_per_element = (cal.fits.count(update) ? cal.fits.at(update).per_unit : 0.0) + (own ? mem * 8 : 0.0);
+  // The dp group: world ranks, tp apart; pipeline neighbours tp x dp apart (Megatron's order).
+  const int dp = s.world, stride = s.tp, pp_stride = s.tp * s.world;
   if (s.world > 1) {
-    c.all_gather = [&cal](double b) { return cal.seconds("all_gather", b); };
-    c.reduce_scatter = [&cal](double b) { return cal.seconds("reduce_scatter", b); };
-    c.all_reduce = [&cal](double b) { return cal.seconds("all_reduce", b); };
-    c.send_recv = [&cal](double b) { return cal.seconds("send_recv", b); };
+    c.all_gather = [&cal, dp, stride](double b) { return cal.collective_seconds("all_gather", b, dp, stride); };
+    c.reduce_scatter = [&cal, dp, stride](double b) { return cal.collective_seconds("reduce_scatter", b, dp, stride); };
+    c.all_reduce = [&cal, dp, stride](double b) { return cal.collective_seconds("all_reduce", b, dp, stride); };
   } else {  // one rank: the collectives are local copies
     c.all_gather = c.reduce_scatter = c.all_reduce = [mem](double b) { return mem * 2 * b; };
-    c.send_recv = [&cal](double b) { return cal.seconds("send_recv", b); };
   }
+  c.send_recv = [&cal, pp_stride](double b) { return cal.collective_seconds("send_recv", b, 2, pp_stride); };
   return c;
 }
 

@@ -1,0 +1,83 @@
+#include "planner/cluster.h"
+
+#include "base/error.h"
+
+namespace mt::planner {
+namespace {
+
+double positive(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  MT_CHECK(j.is_object() && j.contains(key) && j[key].is_number() && j[key].get<double>() > 0, ErrorKind::kInvalidArgument,
+           where + ": '" + key + "' must be a positive number");
+  return j[key].get<double>();
+}
+const nlohmann::json& object(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  MT_CHECK(j.is_object() && j.contains(key) && j[key].is_object(), ErrorKind::kInvalidArgument,
+           where + ": '" + key + "' must be an object");
+  return j[key];
+}
+
+}  // namespace
+
+ClusterSpec parse_cluster(const nlohmann::json& j, const std::string& where) {
+  MT_CHECK(j.is_object(), ErrorKind::kInvalidArgument, where + ": a cluster description is a JSON object");
+  ClusterSpec c;
+  c.name = j.value("name", where);
+  if (j.contains("sources") && j["sources"].is_array())
+    for (const auto& s : j["sources"]) c.sources.push_back(s.is_string() ? s.get<std::string>() : s.dump());
+  c.devices_per_host = static_cast<int>(positive(j, "devices_per_host", where));
+  // Every other figure: (enclosing object or "", key, field).
+  const struct {
+    const char* object;
+    const char* key;
+    double ClusterSpec::*field;
+  } figures[] = {{"", "memory_gib", &ClusterSpec::memory_gib},
+                 {"peak_tflops", "bf16", &ClusterSpec::peak_bf16_tflops},
+                 {"peak_tflops", "f32", &ClusterSpec::peak_f32_tflops},
+                 {"gemm", "efficiency", &ClusterSpec::gemm_efficiency},
+                 {"gemm", "half_efficiency_gflop", &ClusterSpec::gemm_half_gflop},
+                 {"", "attention_efficiency", &ClusterSpec::attention_efficiency},
+                 {"", "memory_gbs", &ClusterSpec::memory_gbs},
+                 {"", "memory_efficiency", &ClusterSpec::memory_efficiency},
+                 {"intra_host", "gbs", &ClusterSpec::intra_gbs},
+                 {"intra_host", "latency_us", &ClusterSpec::intra_latency_us},
+                 {"inter_host", "gbs", &ClusterSpec::inter_gbs},
+                 {"inter_host", "latency_us", &ClusterSpec::inter_latency_us},
+                 {"", "link_efficiency", &ClusterSpec::link_efficiency}};
+  for (const auto& f : figures) {
+    const std::string obj = f.object;
+    c.*f.field = obj.empty() ? positive(j, f.key, where) : positive(object(j, obj, where), f.key, where + " " + obj);
+  }
+  for (double e : {c.gemm_efficiency, c.attention_efficiency, c.memory_efficiency, c.link_efficiency})
+    MT_CHECK(e <= 1.0, ErrorKind::kInvalidArgument, where + ": an efficiency is a fraction of the peak (at most 1)");
+  return c;
+}
+
+Calibration cluster_calibration(const ClusterSpec& c) {
+  Calibration cal;
+  cal.world = c.devices_per_host;
+  cal.threads = 0;  // devices, not CPU threads
+  auto gemm_line = [&](double peak_tflops) {
+    const double rate = peak_tflops * 1e12 * c.gemm_efficiency;  // flop/s of a large GEMM
+    return LinearFit{c.gemm_half_gflop * 1e9 / rate, 1.0 / rate};
+  };
+  cal.fits["gemm bf16"] = gemm_line(c.peak_bf16_tflops);
+  cal.fits["gemm f32"] = gemm_line(c.peak_f32_tflops);
+  const double att = 1.0 / (c.peak_bf16_tflops * 1e12 * c.attention_efficiency);
+  cal.fits["attention forward"] = LinearFit{0.0, att};
+  cal.fits["attention backward"] = LinearFit{0.0, 2.0 * att};  // twice the forward's FLOPs
+  const double per_byte = 1.0 / (c.memory_gbs * 1e9 * c.memory_efficiency);
+  cal.fits["memory"] = LinearFit{0.0, per_byte};
+  // AdamW an element: master, gradient and both moments read (16 bytes), master and moments
+  // written (12); with the bf16 copy 2 more.
+  cal.fits["adamw"] = LinearFit{0.0, 28.0 * per_byte};
+  cal.fits["adamw bf16"] = LinearFit{0.0, 30.0 * per_byte};
+  cal.has_network = true;
+  cal.network.devices_per_host = c.devices_per_host;
+  cal.network.intra_latency = c.intra_latency_us * 1e-6;
+  cal.network.intra_bytes_per_s = c.intra_gbs * 1e9 * c.link_efficiency;
+  cal.network.inter_latency = c.inter_latency_us * 1e-6;
+  cal.network.inter_bytes_per_s = c.inter_gbs * 1e9 * c.link_efficiency;
+  return cal;
+}
+
+}  // namespace mt::planner
