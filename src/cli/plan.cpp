@@ -6,8 +6,7 @@
 // the runtime's own ZeRO schedule (planner/program.h), its times from the machine's calibration
 // (`meshtrain calibrate`) and the model's shapes (planner/cost.h); the simulator gives the step.
 // So far: data parallelism with ZeRO stages 0-3 in memory, micro-batch, accumulation and
-// recompute, tensor parallelism (x dp) and pipelines (stages x dp); tp and pp together and
-// offload are refused by name.
+// recompute, tensor parallelism, pipelines, and both (dp x tp x pp); offload is refused by name.
 //
 // load_planned_config: the same search resolves "auto" layouts at train's start-up.
 #include <algorithm>

@@ -246,13 +246,25 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
   MT_CHECK(spec.zero_stage == 0 || spec.zero_stage == 1, ErrorKind::kInvalidArgument,
            "pipeline step program: ZeRO stage 0 or 1");
   MT_CHECK(P == 1 || costs.send_recv, ErrorKind::kInvalidArgument, "pipeline step program: the send_recv cost is missing");
+  // A unit's pass with its tensor-parallel collectives: they block the compute stream of every tp
+  // rank of the stage alike, so a stage's tp ranks run one timeline and the collectives add to it.
+  auto sum = [](const std::vector<double>& v) {
+    double x = 0.0;
+    for (double c : v) x += c;
+    return x;
+  };
+  auto unit_seconds = [&](int u, bool backward) {
+    const std::vector<double>& t = backward ? costs.backward : costs.forward;
+    const std::vector<std::vector<double>>& tp = backward ? costs.tp_backward : costs.tp_forward;
+    return t[u] + (static_cast<size_t>(u) < tp.size() ? sum(tp[u]) : 0.0);
+  };
   auto chunk_seconds = [&](int q, int chunk, bool backward) {
     const int st = chunk * P + q;
-    const std::vector<double>& t = backward ? costs.backward : costs.forward;
     double s = 0.0;
-    for (int l = spec.bounds[st]; l < spec.bounds[st + 1]; ++l) s += t[1 + l];
-    if (st == 0) s += t[0];
-    if (st == S - 1) s += backward ? t[L + 1] : t[L + 1] + costs.head_backward;
+    for (int l = spec.bounds[st]; l < spec.bounds[st + 1]; ++l) s += unit_seconds(1 + l, backward);
+    if (st == 0) s += unit_seconds(0, backward);
+    if (st == S - 1)
+      s += unit_seconds(L + 1, backward) + (backward ? 0.0 : costs.head_backward + sum(costs.tp_head_backward));
     return s;
   };
   const double message = P > 1 ? costs.send_recv(spec.boundary_bytes) : 0.0;

@@ -70,7 +70,8 @@ struct ZeroStepCosts {
 // A pipeline step (engine::Engine::train_pipeline): pp stages, each replicated over dp data-parallel
 // ranks (rank = q·dp + d). Each rank runs its schedule's own instruction list (parallel::pp::
 // build_schedule) with every chunk's forward and backward summed from the per-unit costs over its
-// layers (the embedding on virtual stage 0; the last stage's forward carries the fused LM head's
+// layers, each unit's tensor-parallel collectives included (a stage's tp ranks block on them
+// together, so one rank stands for its tp group) (the embedding on virtual stage 0; the last stage's forward carries the fused LM head's
 // backward GEMMs, which the runtime computes there), and boundary_bytes messages at send_recv.
 // After the schedule: the tied token table's gradient (tied_elems) exchanged between the first and
 // last stage (each sends, receives, and waits for its send) and summed; the stage's data-parallel reduction of its stage_params[q] gradients

@@ -192,5 +192,33 @@ TEST(PipelineProgram, OneFOneBThenTheTiedExchangeTheReductionAndEachStagesUpdate
   EXPECT_THROW(pipeline_step_program(s, c), Error);
 }
 
+// Tensor parallelism inside a pipeline (3D): a stage's tp ranks block on their collectives together,
+// so each unit's pass lasts its compute plus its collectives. GPipe over two stages and four
+// micro-batches with forward 1 + 0.5 and backward 2 + 0.25 (the tail's forward also carries the
+// head's backward 0.3 + 0.1) ends at the formula's (m + p - 1)(f + b) with those passes.
+TEST(PipelineProgram, TensorParallelCollectivesLengthenEachStagesPasses) {
+  ZeroStepCosts c;
+  c.forward = {0.0, 1.0, 1.0, 0.0};
+  c.backward = {0.0, 2.0, 2.0, 0.0};
+  c.head_backward = 0.3;
+  c.tp_forward = {{}, {0.25, 0.25}, {0.25, 0.25}, {}};
+  c.tp_backward = {{}, {0.25}, {0.25}, {}};
+  c.tp_head_backward = {0.1};
+  c.send_recv = [](double) { return 0.0; };
+  PipelineStepSpec s;
+  s.schedule = {parallel::pp::ScheduleKind::kGPipe, 2, 1, 4};
+  s.bounds = {0, 1, 2};
+  s.stage_params = {0, 0};
+  const SimReport r = simulate(pipeline_step_program(s, c));
+  // Stage 0: f 1.5, b 2.25; stage 1: f 1.5 + 0.4, b 2.25. GPipe: the forwards flow (stage 1 ends
+  // its four at 1.5 + 4 x 1.9 = 9.1), then the backwards (stage 1's four to 9.1 + 9 = 18.1, stage
+  // 0's last after it at 18.1 + 2.25).
+  EXPECT_NEAR(r.makespan, 9.1 + 4 * 2.25 + 2.25, 1e-12);
+  c.tp_forward.clear();
+  c.tp_backward.clear();
+  c.tp_head_backward.clear();
+  EXPECT_NEAR(simulate(pipeline_step_program(s, c)).makespan, 1 + 4 * 1.3 + 4 * 2 + 2, 1e-12);
+}
+
 }  // namespace
 }  // namespace mt::planner

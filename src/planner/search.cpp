@@ -27,8 +27,6 @@ std::vector<int64_t> divisors(int64_t n) {
 }  // namespace
 
 void check_layout(const PlanJob& job, const Layout& l) {
-  MT_CHECK(l.tp == 1 || l.pp == 1, ErrorKind::kNotSupported,
-           "plan: tensor parallelism within a pipeline is not in the cost model yet (each alone is)");
   const models::ModelConfig& m = job.memory.model;
   MT_CHECK(m.n_head % l.tp == 0 && m.n_kv_head % l.tp == 0 && m.intermediate % l.tp == 0, ErrorKind::kInvalidArgument,
            "plan: tp " + std::to_string(l.tp) + " does not divide the model's heads (" + std::to_string(m.n_head) +
@@ -212,10 +210,6 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
     const int dp = job.procs / (tp * pp);
     const std::string family = "dp " + std::to_string(dp) + (tp > 1 ? ", tp " + std::to_string(tp) : "") +
                                (pp > 1 ? ", pp " + std::to_string(pp) : "");
-    if (tp > 1 && pp > 1) {
-      r.rejected.push_back(family + ": tensor parallelism within a pipeline is not in the cost model yet");
-      continue;
-    }
     const models::ModelConfig& model = job.memory.model;
     if (model.n_head % tp != 0 || model.n_kv_head % tp != 0 || model.intermediate % tp != 0) {
       r.rejected.push_back(family + ": tp does not divide the model's heads, kv heads and MLP features");

@@ -10,8 +10,8 @@
 // checkpointing), and the processes' split into tensor-parallel ranks × data-parallel ranks (the
 // tp group's collectives inside each block's passes, planner/cost.h) or pipeline stages ×
 // data-parallel ranks (each stage cut as the engine cuts it, its program the schedule's own,
-// planner/program.h). Tensor parallelism within a pipeline, which the cost model cannot time yet,
-// is reported as rejected with that reason, as are layouts over the budget, shares that do not
+// planner/program.h), or all three (each stage's tp collectives inside its passes). Rejected with
+// the reason: layouts over the budget, shares that do not
 // divide the batch, tp not dividing the model, and what the runtime refuses (a pipeline with ZeRO
 // 2-3). Pure: the calibration comes from the caller.
 #pragma once
@@ -58,7 +58,7 @@ struct PlanJob {
 
 // What the search may change (false: the base's value).
 struct SearchSpace {
-  bool parallel = false;   // dp x tp x pp (tp x pp together is reported rejected)
+  bool parallel = false;   // dp x tp x pp
   bool stage = false;
   bool batch = false;      // micro-batch and accumulation, their product fixed by the global batch
   bool recompute = false;
@@ -76,7 +76,7 @@ struct Prediction {
 };
 
 // The predicted step and memory of one layout (a pipeline's: its largest stage's memory). Throws
-// kNotSupported for tp and pp > 1 together (not in the cost model yet), a pipeline with ZeRO 2-3
+// kNotSupported for a pipeline with ZeRO 2-3
 // or cut by time, and kInvalidArgument when the layout does not split the job's batch, tp does not
 // divide the model or its schedule cannot run.
 Prediction predict_layout(const PlanJob& job, const Layout& layout, const Calibration& cal);
