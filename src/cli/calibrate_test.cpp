@@ -85,10 +85,23 @@ TEST(Plan, PredictsTheStepFromTheCalibrationAndRefusesWhatItDoesNotModel) {
   ASSERT_NE(out.find("step "), std::string::npos) << out;
   EXPECT_NEAR(std::stod(out.substr(out.find("step ") + 5)), step, 1e-6) << out;
 
+  // Offload to "cpu" on CPU ranks changes nothing (the state already lives in host memory): the
+  // same step. offload_param nvme is refused by name; offload_optimizer nvme needs the disk's rates.
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal +
+                                                " --set zero_optimization.offload_optimizer.device=cpu",
+                                            &out, &err), 0) << err;
+  ASSERT_NE(out.find("step "), std::string::npos) << out;
+  EXPECT_NEAR(std::stod(out.substr(out.find("step ") + 5)), step, 1e-6) << out;
   EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal +
-                                                " --set zero_optimization.offload_optimizer.device=cpu --procs 2",
+                                                " --set zero_optimization.stage=3 --set zero_optimization.offload_optimizer.device=nvme"
+                                                " --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_optimizer.nvme_path=" +
+                                                dir() + " --set zero_optimization.offload_param.nvme_path=" + dir(),
                                             &out, &err), 0);
-  EXPECT_NE(err.find("not in the cost model yet"), std::string::npos) << err;
+  EXPECT_NE(err.find("offload_param nvme's traffic"), std::string::npos) << err;
+  EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal +
+                                                " --set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=" + dir(),
+                                            &out, &err), 0);
+  EXPECT_NE(err.find("calibrate --io DIR"), std::string::npos) << err;
   // tp 2 is timed, but not from a one-process calibration.
   EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal + " --set parallel.tp=2",
                                             &out, &err), 0);

@@ -61,14 +61,22 @@ planner::Calibration load_calibration(const std::string& path, const std::string
     cal.fits[family] = planner::LinearFit{f.at("latency_s").get<double>(), f.at("per_unit_s").get<double>()};
     if (f.contains("curve")) cal.curves[family] = f["curve"].get<std::vector<std::pair<double, double>>>();
   }
+  if (j.contains("disk") && j["disk"].is_object()) {  // calibrate --io DIR
+    cal.disk_read_gbs = j["disk"].value("read_gbs", 0.0);
+    cal.disk_write_gbs = j["disk"].value("write_gbs", 0.0);
+    cal.disk_mixed_gbs = j["disk"].value("mixed_gbs", 0.0);
+  }
   return cal;
 }
 
 // The job a configuration describes, its own layout as the base.
 planner::PlanJob plan_job(const engine::RunConfig& c, int procs) {
-  MT_CHECK(c.zero.offload_optimizer == "none" && c.zero.offload_param == "none", ErrorKind::kNotSupported,
-           "plan: offload's traffic is not in the cost model yet");
+  MT_CHECK(c.zero.offload_param != "nvme", ErrorKind::kNotSupported,
+           "plan: offload_param nvme's traffic (ZeRO-Infinity's master and gradients on disk) is not in the cost model yet");
+  MT_CHECK(c.device == "cpu" || (c.zero.offload_optimizer == "none" && c.zero.offload_param == "none"),
+           ErrorKind::kNotSupported, "plan: offload on device \"" + c.device + "\" is not in the cost model");
   planner::PlanJob job;
+  job.offload = c.zero.offload_optimizer != "none" || c.zero.offload_param != "none";
   job.memory = estimate_input(c, procs);
   job.schedule.overlap_comm = c.zero.overlap_comm;
   job.overlap_comm_given = c.zero.overlap_comm_given;

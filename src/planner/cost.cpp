@@ -1,5 +1,7 @@
 #include "planner/cost.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "base/error.h"
@@ -126,6 +128,17 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   // over the shard: the gradient norm reads it and zero_grad writes it.
   const char* update = e < 4 && cal.fits.count("adamw bf16") ? "adamw bf16" : "adamw";
   c.optimizer_per_element = (cal.fits.count(update) ? cal.fits.at(update).per_unit : 0.0) + (own ? mem * 8 : 0.0);
+  if (s.optimizer_nvme) {
+    MT_CHECK(cal.disk_read_gbs > 0 && cal.disk_write_gbs > 0 && cal.disk_mixed_gbs > 0, ErrorKind::kInvalidArgument,
+             "cost model: offload_optimizer nvme needs the disk's rates in the calibration (meshtrain calibrate --io DIR)");
+    const double u = c.optimizer_per_element, read = cal.disk_read_gbs * 1e9, write = cal.disk_write_gbs * 1e9,
+                 mixed = cal.disk_mixed_gbs * 1e9, group = static_cast<double>(std::max<int64_t>(1, s.sub_group_size));
+    c.optimizer = [u, read, write, mixed, group](double n) {
+      if (n <= 0) return 0.0;
+      const double k = std::ceil(n / group), g = n / k;
+      return 8 * g / read + u * g + 8 * g / write + (k - 1) * std::max(u * g, 16 * g / mixed);
+    };
+  }
   // The dp group: world ranks, tp apart; pipeline neighbours tp x dp apart (Megatron's order).
   const int dp = s.world, stride = s.tp, pp_stride = s.tp * s.world;
   if (s.world > 1) {

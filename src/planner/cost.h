@@ -19,6 +19,11 @@
 //                local copy at the memory rate)
 // The head's backward (its own hooks) is the head GEMM's two backward GEMMs and the loss's bytes.
 // Recompute (models' activation checkpointing, per block) adds a block's forward to its backward.
+// Offload of the optimizer to NVMe: the update of a shard of n elements goes through k = n /
+// sub_group_size sub-groups of g elements, each read (its two moments, 8 g bytes), updated and
+// written back, the next one's read beside this one's update and the previous one's write: the
+// first read, update and write, then k - 1 steps of the slower of the update and the disk's 16 g
+// bytes at its mixed read-and-write rate (the calibration's disk, `calibrate --io DIR`).
 // Tensor parallelism (tp > 1): each unit's pass also makes the tp group's blocking collectives
 // (ZeroStepCosts::tp_forward/tp_backward), as models/block.cpp and transformer.cpp make them, of
 // N·C floats each: a block's forward two all-reduces (after the attention and MLP outputs), its
@@ -48,6 +53,10 @@ struct StepShape {
   // V/tp vocabulary rows), with sequence parallelism: the norms and residual adds on N/tp rows.
   int tp = 1;
   bool sequence_parallel = false;
+  // offload_optimizer device "nvme" (optim/swapped_adamw.h): the moments stream from and to the
+  // disk in sub-groups of sub_group_size elements during the update.
+  bool optimizer_nvme = false;
+  int64_t sub_group_size = 1'000'000'000;
 };
 
 // FLOPs of one block's GEMMs in the forward (the textbook 24·N·C² for GPT-2's 4C MLP, without

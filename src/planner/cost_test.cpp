@@ -124,5 +124,32 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
   EXPECT_THROW(zero_step_costs(s, cal), Error);
 }
 
+// offload_optimizer nvme: the update of n elements in k sub-groups of g, the first read, update and
+// write in a row, then k - 1 steps of the slower of the update and the disk's 16 g bytes at the
+// mixed rate.
+TEST(CostModel, TheOptimizersSwapPipelinesItsSubGroupsThroughTheDisk) {
+  Calibration cal = synthetic();  // AdamW 1e-9 s an element
+  StepShape s = tiny(models::Arch::kGpt2);
+  s.optimizer_nvme = true;
+  s.sub_group_size = 1000;
+  EXPECT_THROW(zero_step_costs(s, cal), Error);  // no disk rates
+  cal.disk_read_gbs = 2.0;
+  cal.disk_write_gbs = 1.0;
+  cal.disk_mixed_gbs = 1.6;
+  const ZeroStepCosts c = zero_step_costs(s, cal);
+  const double u = c.optimizer_per_element;
+  EXPECT_NEAR(u, 1e-9, 1e-18);
+  // 4000 elements: 4 sub-groups of 1000; the disk's 16 000 bytes a step (10 us) outlast the update (1 us).
+  const double g = 1000;
+  EXPECT_NEAR(c.optimizer_seconds(4000), 8 * g / 2e9 + u * g + 8 * g / 1e9 + 3 * 16 * g / 1.6e9, 1e-15);
+  // One sub-group: read, update, write in a row.
+  EXPECT_NEAR(c.optimizer_seconds(500), 8 * 500 / 2e9 + u * 500 + 8 * 500 / 1e9, 1e-15);
+  // 2500 elements: 3 sub-groups of 833.3.
+  const double h = 2500.0 / 3;
+  EXPECT_NEAR(c.optimizer_seconds(2500), 8 * h / 2e9 + u * h + 8 * h / 1e9 + 2 * 16 * h / 1.6e9, 1e-15);
+  s.optimizer_nvme = false;
+  EXPECT_NEAR(zero_step_costs(s, cal).optimizer_seconds(4000), 4000 * u, 1e-15);
+}
+
 }  // namespace
 }  // namespace mt::planner

@@ -70,7 +70,7 @@ class ZeroEmitter : private parallel::ZeroEffects {
       }
       schedule_.finish_backward();
     }
-    compute(costs_.optimizer_per_element * static_cast<double>(shard_), "optimizer");
+    compute(costs_.optimizer_seconds(static_cast<double>(shard_)), "optimizer");
     schedule_.refresh();
     return std::move(ops_);
   }
@@ -199,7 +199,7 @@ std::vector<SimOp> bucketed_step(const ZeroStepSpec& spec, const ZeroStepCosts& 
       inflight.clear();
     }
   }
-  compute(costs.optimizer_per_element * static_cast<double>(P), "optimizer");
+  compute(costs.optimizer_seconds(static_cast<double>(P)), "optimizer");
   return ops;
 }
 
@@ -337,7 +337,7 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
       } else if (D > 1) {
         collective(costs.reduce_scatter(4.0 * static_cast<double>(shard)), "reduce_scatter");
       }
-      compute(costs.optimizer_per_element * static_cast<double>(spec.zero_stage == 1 ? shard : n), "optimizer");
+      compute(costs.optimizer_seconds(static_cast<double>(spec.zero_stage == 1 ? shard : n)), "optimizer");
       if (D > 1 && spec.zero_stage == 1) collective(costs.all_gather(4.0 * static_cast<double>(shard)), "all_gather");
     }
   }

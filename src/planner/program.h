@@ -65,6 +65,10 @@ struct ZeroStepCosts {
   std::vector<double> tp_head_backward;
   double memory_per_byte = 0.0;           // memory-bound passes (conversion, zeroing, sums)
   double optimizer_per_element = 0.0;     // the update over this rank's shard
+  // The update of n elements where it is not n x optimizer_per_element (offload_optimizer nvme: the
+  // moments' swap, planner/cost.h); null: that product.
+  std::function<double(double elements)> optimizer;
+  double optimizer_seconds(double n) const { return optimizer ? optimizer(n) : optimizer_per_element * n; }
 };
 
 // A pipeline step (engine::Engine::train_pipeline): pp stages, each replicated over dp data-parallel

@@ -38,8 +38,13 @@ void check_layout(const PlanJob& job, const Layout& l) {
            "plan: a pipeline takes ZeRO stage 0 or 1 (as DeepSpeed's pipeline engine)");
   MT_CHECK(l.pp == 1 || job.partition != "time", ErrorKind::kNotSupported,
            "plan: a pipeline cut by parallel.partition \"time\" is measured at start-up, not planned (\"parameters\" or \"uniform\")");
-  MT_CHECK(!job.memory.zero.optimizer_nvme && !job.memory.zero.param_nvme, ErrorKind::kNotSupported,
-           "plan: offload's disk traffic is not in the cost model yet");
+  MT_CHECK(!job.memory.zero.param_nvme, ErrorKind::kNotSupported,
+           "plan: offload_param nvme's disk traffic (ZeRO-Infinity's master and gradients on disk) is not in the cost "
+           "model yet");
+  MT_CHECK(!job.offload || l.stage >= 1, ErrorKind::kInvalidArgument,
+           "plan: offload needs ZeRO stage 1, 2 or 3 (DeepSpeed's rule)");
+  MT_CHECK(!job.memory.zero.optimizer_nvme || l.pp == 1, ErrorKind::kNotSupported,
+           "plan: a pipeline with offload_optimizer nvme is not in the cost model");
   MT_CHECK(l.dp >= 1 && l.dp * l.tp * l.pp == job.procs, ErrorKind::kInvalidArgument,
            "plan: dp " + std::to_string(l.dp) + " x tp " + std::to_string(l.tp) + " x pp " + std::to_string(l.pp) +
                " is not the job's " + std::to_string(job.procs) + " process(es)");
@@ -113,7 +118,8 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
   const MemoryInput& m = job.memory;
   const StepShape shape{.model = m.model, .micro_batch = l.micro_batch, .seq_length = m.seq_length,
                         .compute = m.compute_dtype, .world = l.dp, .vocab_divisible = m.vocab_divisible,
-                        .recompute = l.recompute, .tp = l.tp, .sequence_parallel = m.sequence_parallel && l.tp > 1};
+                        .recompute = l.recompute, .tp = l.tp, .sequence_parallel = m.sequence_parallel && l.tp > 1,
+                        .optimizer_nvme = m.zero.optimizer_nvme, .sub_group_size = m.zero.sub_group_size};
   const ZeroStepCosts costs = zero_step_costs(shape, cal);
   SimProgram program;
   if (l.pp > 1) {
@@ -196,8 +202,8 @@ Prediction predict_layout(const PlanJob& job, const Layout& layout, const Calibr
 SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t budget, const Calibration& cal) {
   MT_CHECK(job.procs >= 1 && job.global_batch >= 1, ErrorKind::kInvalidArgument,
            "plan: the job needs at least one process and one sample a step");
-  MT_CHECK(!job.memory.zero.optimizer_nvme && !job.memory.zero.param_nvme, ErrorKind::kNotSupported,
-           "plan: offload's disk traffic is not in the cost model yet (search without offload_optimizer/offload_param nvme)");
+  MT_CHECK(!job.memory.zero.param_nvme, ErrorKind::kNotSupported,
+           "plan: offload_param nvme's disk traffic is not in the cost model yet (search without it)");
   SearchResult r;
   std::vector<std::pair<int, int>> grids;  // (tp, pp)
   if (space.parallel) {
@@ -241,6 +247,11 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       continue;
     }
     std::vector<int> stages = space.stage ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{job.base.stage};
+    if (job.offload) std::erase_if(stages, [](int st) { return st < 1; });  // DeepSpeed's rule
+    if (pp > 1 && job.memory.zero.optimizer_nvme) {
+      r.rejected.push_back(family + ": a pipeline with offload_optimizer nvme is not in the cost model");
+      continue;
+    }
     if (pp > 1) {  // the runtime's pipeline takes ZeRO 0 or 1
       std::erase_if(stages, [](int st) { return st > 1; });
       if (stages.empty()) {

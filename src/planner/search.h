@@ -54,6 +54,10 @@ struct PlanJob {
   parallel::pp::ScheduleKind schedule_kind = parallel::pp::ScheduleKind::k1F1B;
   int virtual_stages = 1;
   std::string partition = "parameters";
+  // zero_optimization.offload_optimizer or offload_param set (any device): ZeRO stage 1-3 only. On
+  // CPU ranks device "cpu" changes nothing (the state already lives in host memory); "nvme" for the
+  // optimizer adds the moments' swap (planner/cost.h); offload_param "nvme" is refused.
+  bool offload = false;
 };
 
 // What the search may change (false: the base's value).
