@@ -147,11 +147,15 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
 
 // The --set overrides that make a configuration train `l`.
 std::vector<std::string> layout_sets(const planner::Layout& l) {
-  return {"parallel.tp=" + std::to_string(l.tp), "parallel.pp=" + std::to_string(l.pp),
-          "zero_optimization.stage=" + std::to_string(l.stage),
-          "train_micro_batch_size_per_gpu=" + std::to_string(l.micro_batch),
-          "gradient_accumulation_steps=" + std::to_string(l.accumulation),
-          std::string("activation_checkpointing.enabled=") + (l.recompute ? "true" : "false")};
+  std::vector<std::string> sets = {"parallel.tp=" + std::to_string(l.tp), "parallel.pp=" + std::to_string(l.pp),
+                                   "zero_optimization.stage=" + std::to_string(l.stage),
+                                   "train_micro_batch_size_per_gpu=" + std::to_string(l.micro_batch),
+                                   "gradient_accumulation_steps=" + std::to_string(l.accumulation),
+                                   std::string("activation_checkpointing.enabled=") + (l.recompute ? "true" : "false")};
+  // Without a pipeline, the configuration's pipeline knobs (an interleaved schedule's virtual
+  // stages) do not apply.
+  if (l.pp == 1) sets.insert(sets.end(), {"parallel.virtual_stages=1", "parallel.pipeline_schedule=1f1b"});
+  return sets;
 }
 
 struct Measured {
@@ -316,6 +320,13 @@ void run_plan(const PlanOptions& o) {
   std::printf("step         %.6f s predicted (%.6f s if MPI moved a nonblocking collective beside compute); "
               "rank 0 computes %.4f s, its communication stream is busy %.4f s\n",
               p.step, p.step_progress, p.compute, p.comm);
+  if (!p.bounds.empty()) {
+    std::string cuts;
+    for (size_t i = 0; i + 1 < p.bounds.size(); ++i)
+      cuts += (i ? ", " : "") + std::to_string(p.bounds[i]) + "-" + std::to_string(p.bounds[i + 1] - 1);
+    std::printf("stages       layers %s (parallel.partition \"%s\"%s)\n", cuts.c_str(), job.partition.c_str(),
+                job.partition == "time" ? ", by the cost model's times" : "");
+  }
   std::printf("memory       %s a rank at its peak (the estimate's replay)%s\n", gib(p.memory).c_str(),
               p.memory > budget ? (", over the budget of " + gib(budget)).c_str() : "");
 }

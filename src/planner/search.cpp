@@ -36,8 +36,6 @@ void check_layout(const PlanJob& job, const Layout& l) {
            ErrorKind::kInvalidArgument, "plan: sequence parallelism needs B x T divisible by tp");
   MT_CHECK(l.pp == 1 || l.stage <= 1, ErrorKind::kNotSupported,
            "plan: a pipeline takes ZeRO stage 0 or 1 (as DeepSpeed's pipeline engine)");
-  MT_CHECK(l.pp == 1 || job.partition != "time", ErrorKind::kNotSupported,
-           "plan: a pipeline cut by parallel.partition \"time\" is measured at start-up, not planned (\"parameters\" or \"uniform\")");
   MT_CHECK(!job.memory.zero.param_nvme, ErrorKind::kNotSupported,
            "plan: offload_param nvme's disk traffic (ZeRO-Infinity's master and gradients on disk) is not in the cost "
            "model yet");
@@ -82,26 +80,47 @@ parallel::pp::ScheduleSpec pipeline_spec(const PlanJob& job, const Layout& l) {
   return spec;
 }
 
-std::vector<int> pipeline_bounds(const PlanJob& job, const parallel::pp::ScheduleSpec& spec) {
-  return parallel::pp::partition_layers(parallel::pp::parse_partition(job.partition, "parallel.partition"),
-                                        pipeline_partition_input(job.memory.model, spec.stages()));
+StepShape step_shape(const PlanJob& job, const Layout& l) {
+  const MemoryInput& m = job.memory;
+  return StepShape{.model = m.model, .micro_batch = l.micro_batch, .seq_length = m.seq_length,
+                   .compute = m.compute_dtype, .world = l.dp, .vocab_divisible = m.vocab_divisible,
+                   .recompute = l.recompute, .tp = l.tp, .sequence_parallel = m.sequence_parallel && l.tp > 1,
+                   .optimizer_nvme = m.zero.optimizer_nvme, .sub_group_size = m.zero.sub_group_size};
+}
+
+// The layer bounds of a layout's pipeline stages. "time" cuts as the engine does at start-up
+// (engine_pipeline_bounds: every block at one micro-batch's forward + backward on one process, the
+// embedding free, the rest on the last stage) with the cost model's times in place of the measured
+// ones (the tp group's collectives left out, as the one-process measurement leaves them).
+std::vector<int> pipeline_bounds(const PlanJob& job, const Layout& l, const parallel::pp::ScheduleSpec& spec,
+                                 const Calibration& cal) {
+  parallel::pp::PartitionInput in = pipeline_partition_input(job.memory.model, spec.stages());
+  if (job.partition == "time") {
+    const ZeroStepCosts c = zero_step_costs(step_shape(job, l), cal);
+    const size_t L = c.forward.size() - 2;
+    in.layer_cost.assign(L, c.forward[1] + c.backward[1]);
+    in.first_cost = 0.0;
+    in.last_cost = c.forward[L + 1] + c.backward[L + 1] + c.head_backward;
+  }
+  return parallel::pp::partition_layers(parallel::pp::parse_partition(job.partition, "parallel.partition"), in);
 }
 
 // Every pipeline rank's memory input (one, the whole model, without a pipeline).
-std::vector<MemoryInput> rank_inputs(const PlanJob& job, const Layout& l) {
+std::vector<MemoryInput> rank_inputs(const PlanJob& job, const Layout& l, const Calibration& cal) {
   const MemoryInput in = layout_memory_input(job, l);
   if (l.pp == 1) return {in};
   const parallel::pp::ScheduleSpec spec = pipeline_spec(job, l);
-  const std::vector<int> bounds = pipeline_bounds(job, spec);
+  const std::vector<int> bounds = pipeline_bounds(job, l, spec, cal);
   std::vector<MemoryInput> out;
   for (int q = 0; q < l.pp; ++q) out.push_back(pipeline_rank_input(in, spec, bounds, q));
   return out;
 }
 
-size_t layout_memory(const PlanJob& job, const Layout& l, size_t* train = nullptr, std::vector<size_t>* by_stage = nullptr) {
+size_t layout_memory(const PlanJob& job, const Layout& l, const Calibration& cal, size_t* train = nullptr,
+                     std::vector<size_t>* by_stage = nullptr) {
   size_t peak = 0, steady = 0;
   if (by_stage) by_stage->clear();
-  for (const MemoryInput& in : rank_inputs(job, l)) {
+  for (const MemoryInput& in : rank_inputs(job, l, cal)) {
     const StageEstimate e = estimate_stage(in, l.stage);
     if (by_stage) by_stage->push_back(e.ours.total());
     steady = std::max(steady, e.ours.total());
@@ -116,17 +135,13 @@ Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStep
 
 Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal) {
   const MemoryInput& m = job.memory;
-  const StepShape shape{.model = m.model, .micro_batch = l.micro_batch, .seq_length = m.seq_length,
-                        .compute = m.compute_dtype, .world = l.dp, .vocab_divisible = m.vocab_divisible,
-                        .recompute = l.recompute, .tp = l.tp, .sequence_parallel = m.sequence_parallel && l.tp > 1,
-                        .optimizer_nvme = m.zero.optimizer_nvme, .sub_group_size = m.zero.sub_group_size};
-  const ZeroStepCosts costs = zero_step_costs(shape, cal);
+  const ZeroStepCosts costs = zero_step_costs(step_shape(job, l), cal);
   SimProgram program;
   if (l.pp > 1) {
     PipelineStepSpec spec;
     spec.schedule = pipeline_spec(job, l);
-    spec.bounds = pipeline_bounds(job, spec.schedule);
-    for (const MemoryInput& in : rank_inputs(job, l)) {
+    spec.bounds = pipeline_bounds(job, l, spec.schedule, cal);
+    for (const MemoryInput& in : rank_inputs(job, l, cal)) {
       size_t n = 0;
       for (const parallel::Unit& u : stage_units(in)) n += u.numel;
       spec.stage_params.push_back(n);
@@ -139,9 +154,11 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
                           ? static_cast<size_t>(models::padded_vocab(m.model, 1, m.vocab_divisible)) * m.model.hidden
                           : 0;
     program = pipeline_step_program(spec, costs);
-  } else {
-    program = zero_program(job, l, costs);
+    Prediction p = finish_prediction(job, l, costs, program);
+    p.bounds = spec.bounds;
+    return p;
   }
+  program = zero_program(job, l, costs);
   return finish_prediction(job, l, costs, program);
 }
 
@@ -195,7 +212,7 @@ std::string Layout::describe() const {
 Prediction predict_layout(const PlanJob& job, const Layout& layout, const Calibration& cal) {
   check_layout(job, layout);
   Prediction p = time_layout(job, layout, cal);
-  p.memory = layout_memory(job, layout, &p.memory_train, &p.memory_by_stage);
+  p.memory = layout_memory(job, layout, cal, &p.memory_train, &p.memory_by_stage);
   return p;
 }
 
@@ -219,10 +236,6 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
     const models::ModelConfig& model = job.memory.model;
     if (model.n_head % tp != 0 || model.n_kv_head % tp != 0 || model.intermediate % tp != 0) {
       r.rejected.push_back(family + ": tp does not divide the model's heads, kv heads and MLP features");
-      continue;
-    }
-    if (pp > 1 && job.partition == "time") {
-      r.rejected.push_back(family + ": parallel.partition \"time\" is measured at the run's start-up, not planned");
       continue;
     }
     if (job.global_batch % dp != 0) {
@@ -272,7 +285,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
           size_t train = 0, bytes = 0;
           std::vector<size_t> by_stage;
           try {
-            bytes = layout_memory(job, l, &train, &by_stage);
+            bytes = layout_memory(job, l, cal, &train, &by_stage);
           } catch (const Error& e) {  // a schedule or partition the runtime cannot run
             const std::string why = family + ": " + e.what();
             if (std::find(r.rejected.begin(), r.rejected.end(), why) == r.rejected.end()) r.rejected.push_back(why);

@@ -49,8 +49,8 @@ struct PlanJob {
   int64_t global_batch = 1;            // train_batch_size: samples per optimizer step
   Layout base;                         // the configuration's own layout
   // Pipelines (pp > 1): the configuration's schedule and virtual stages (its micro-batches are each
-  // layout's accumulation) and how layers are cut ("parameters" or "uniform"; "time" is measured
-  // at the run's start-up, so pipelines cut by it are not searched).
+  // layout's accumulation) and how layers are cut ("parameters", "uniform", or "time": the run
+  // measures its layers at start-up; the plan cuts by the cost model's times the same way).
   parallel::pp::ScheduleKind schedule_kind = parallel::pp::ScheduleKind::k1F1B;
   int virtual_stages = 1;
   std::string partition = "parameters";
@@ -76,6 +76,7 @@ struct Prediction {
   size_t memory = 0;           // bytes per rank at its peak: max(training step, engine setup)
   size_t memory_train = 0;     // bytes per rank in training steps (every category at its peak)
   std::vector<size_t> memory_by_stage;  // the same per pipeline rank (one entry without a pipeline)
+  std::vector<int> bounds;     // the pipeline's virtual stages' layer bounds (empty without one)
   double tokens_per_s = 0.0;   // global batch x T / step
 };
 

@@ -175,5 +175,30 @@ TEST(Search, TheCollectivesPricesDecideBetweenPlainDataParallelismAndZeROAndUnmo
                           [](const std::string& w) { return w.find("do not divide train_batch_size 7") != std::string::npos; }));
 }
 
+// parallel.partition "time": the engine measures a block's and the rest's time at start-up and cuts
+// to balance them; the plan cuts the same way with the cost model's times. Four blocks over two
+// stages with the rest (final norm, head, loss) between one and three blocks' time: three blocks
+// on the first stage, one with the rest on the second; "uniform" splits two and two.
+TEST(Search, APipelineCutByTimeBalancesTheCostModelsTimes) {
+  PlanJob job = tiny_job(2, 8);
+  job.memory.model.n_layer = 4;
+  job.memory.model.vocab_size = 1024;
+  job.base = Layout{.dp = 1, .pp = 2, .stage = 0, .micro_batch = 1, .accumulation = 8};
+  const Calibration cal = hand_calibration(2);
+  StepShape shape{.model = job.memory.model, .micro_batch = 1, .seq_length = job.memory.seq_length};
+  const ZeroStepCosts c = zero_step_costs(shape, cal);
+  const double block = c.forward[1] + c.backward[1], rest = c.forward[5] + c.backward[5] + c.head_backward;
+  ASSERT_GT(rest, 1.2 * block);
+  ASSERT_LT(rest, 2.8 * block);
+  job.partition = "time";
+  EXPECT_EQ(predict_layout(job, job.base, cal).bounds, (std::vector<int>{0, 3, 4}));
+  job.partition = "uniform";
+  EXPECT_EQ(predict_layout(job, job.base, cal).bounds, (std::vector<int>{0, 2, 4}));
+  job.base.pp = 1;
+  job.base.dp = 2;
+  job.base.accumulation = 4;
+  EXPECT_TRUE(predict_layout(job, job.base, cal).bounds.empty());
+}
+
 }  // namespace
 }  // namespace mt::planner
