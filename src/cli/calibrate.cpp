@@ -88,6 +88,7 @@ void run_calibrate(const CalibrateArgs& args) {
     j["fingerprint"] = fp;
     j["world"] = cal.world;
     j["threads"] = cal.threads;
+    if (cal.ranks_per_host > 0) j["ranks_per_host"] = cal.ranks_per_host;
     for (const auto& [family, f] : cal.fits) j["fits"][family] = {{"latency_s", f.latency}, {"per_unit_s", f.per_unit}};
     for (const auto& [family, pts] : cal.curves) j["fits"][family]["curve"] = pts;  // [[units, seconds], ...]
     for (const planner::CalPoint& p : cal.points)
@@ -97,7 +98,9 @@ void run_calibrate(const CalibrateArgs& args) {
                    {"mixed_gbs", cal.disk_mixed_gbs}};
     const std::string text = j.dump(1) + "\n";
     file_write_atomic(args.out, text.data(), text.size());
-    std::printf("calibrated %d rank(s) x %d thread(s) -> %s\n", cal.world, cal.threads, args.out.c_str());
+    std::printf("calibrated %d rank(s) x %d thread(s)%s -> %s\n", cal.world, cal.threads,
+                cal.ranks_per_host > 0 ? (" on " + std::to_string(cal.world / cal.ranks_per_host) + " hosts").c_str() : "",
+                args.out.c_str());
     std::printf("%-24s %12s %16s\n", "family", "latency", "rate");
     for (const auto& [family, f] : cal.fits) {
       if (family.rfind("in situ", 0) == 0) {  // a factor, not a rate
@@ -105,8 +108,9 @@ void run_calibrate(const CalibrateArgs& args) {
         continue;
       }
       const bool flops = family.rfind("gemm", 0) == 0 || family.rfind("attention", 0) == 0;
-      const bool bytes = family == "memory" || family == "all_reduce" || family == "all_gather" ||
-                         family == "reduce_scatter" || family == "send_recv";
+      const std::string base = family.substr(0, family.find(' '));  // "all_reduce intra" -> "all_reduce"
+      const bool bytes = family == "memory" || base == "all_reduce" || base == "all_gather" || base == "reduce_scatter" ||
+                         base == "send_recv";
       const double rate = f.per_unit > 0 ? 1.0 / f.per_unit : 0.0;
       std::printf("%-24s %9.1f us %12.2f %s\n", family.c_str(), f.latency * 1e6, flops ? rate / 1e12 : rate / 1e9,
                   flops ? "TFLOP/s" : bytes ? "GB/s" : "G elements/s");

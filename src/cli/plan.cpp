@@ -57,6 +57,7 @@ planner::Calibration load_calibration(const std::string& path, const std::string
   planner::Calibration cal;
   cal.world = j.value("world", 1);
   cal.threads = j.value("threads", 1);
+  cal.ranks_per_host = j.value("ranks_per_host", 0);
   for (const auto& [family, f] : j["fits"].items()) {
     cal.fits[family] = planner::LinearFit{f.at("latency_s").get<double>(), f.at("per_unit_s").get<double>()};
     if (f.contains("curve")) cal.curves[family] = f["curve"].get<std::vector<std::pair<double, double>>>();

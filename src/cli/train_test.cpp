@@ -951,6 +951,21 @@ TEST(TrainMultiHost, TpWithinAHostPpAndDpAcrossHostsMatchOneProcessAndALostHostI
     EXPECT_NE(err.find("10.77.0.11"), std::string::npos) << "the mpirun line names the second host: " << err;
     expect_close(losses(dir() + "/mh-one.jsonl"), losses(dir() + "/" + std::string(name) + ".jsonl"), 1e-5, name);
   }
+  // The calibration over the two hosts also times each collective within a host and across hosts
+  // (one rank a host): the planner's lines per group shape.
+  const std::string cal = dir() + "/mh-cal.json";
+  std::string out;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "launch -n 4" + hf + " -- calibrate --quick --force -o " + cal, &out, &err), 0) << err;
+  EXPECT_NE(out.find("calibrated 4 rank(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("on 2 hosts"), std::string::npos) << out;
+  const nlohmann::json c = nlohmann::json::parse(mt::cli::testing::slurp(cal));
+  EXPECT_EQ(c.value("ranks_per_host", 0), 2);
+  for (const char* f : {"all_reduce", "all_gather", "reduce_scatter", "send_recv"})
+    for (const std::string shape : {"", " intra", " inter"}) {
+      ASSERT_TRUE(c["fits"].contains(f + shape)) << f << shape;
+      EXPECT_GT(c["fits"][f + shape]["per_unit_s"].get<double>(), 0.0) << f << shape;
+    }
+
   // A long run; once it has made a step, host 1's ranks are killed.
   nlohmann::json longer = base;
   longer["train_iters"] = 100000;

@@ -1,8 +1,12 @@
 #include "planner/calibrate.h"
 
+#include <unistd.h>
+
 #include <algorithm>
-#include <memory>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "base/error.h"
@@ -68,7 +72,14 @@ double Calibration::gemm_seconds(long m, long n, long k, DType dtype) const {
 }
 
 double Calibration::collective_seconds(const std::string& family, double bytes, int ranks, int stride) const {
-  if (!has_network) return seconds(family, bytes);
+  if (!has_network) {
+    // Measured over several hosts: the line of the group's shape where it was timed.
+    if (ranks_per_host > 0) {
+      const std::string shaped = family + (static_cast<long>(ranks) * stride <= ranks_per_host ? " intra" : " inter");
+      if (fits.count(shaped)) return seconds(shaped, bytes);
+    }
+    return seconds(family, bytes);
+  }
   MT_CHECK(ranks >= 1 && stride >= 1, ErrorKind::kInvalidArgument, "collective_seconds: ranks and stride must be positive");
   const bool intra = static_cast<long>(ranks) * stride <= network.devices_per_host;
   const double a = intra ? network.intra_latency : network.inter_latency;
@@ -144,6 +155,78 @@ void fill_lowp(std::vector<char>& buf, DType dt) {
 }
 
 }  // namespace
+
+// Collectives over `group`, by bytes per rank (f32), and a p2p round trip between its ranks 0 and 1
+// (half of it is one message), as the families "all_reduce" .. "send_recv" + suffix. Dense between
+// 4 and 16 MiB, where OpenMPI's algorithms change here, and up to 128 MiB (a stage-0 bucket of a
+// small model). Every rank of the group calls it.
+void time_collectives(Calibration& cal, comm::Backend* group, const std::string& suffix, bool quick, double budget) {
+  const std::vector<size_t> bytes = quick ? std::vector<size_t>{4096, 1 << 16, 1 << 20}
+                                                  : std::vector<size_t>{4096,    1 << 14, 1 << 16, 1 << 18, 1 << 20,
+                                                                        1 << 22, 3 << 21, 1 << 23, 3 << 22, 1 << 24,
+                                                                        1 << 26, 1 << 27};
+  const int P = group->size(), me = group->rank();
+  std::vector<CalPoint> ar, ag, rs, sr;
+  for (size_t b : bytes) {
+    const size_t n = b / 4;
+    std::vector<float> x(n * P, 1.0f), y(n * P);
+    ar.push_back({"all_reduce f32" + suffix, static_cast<double>(b), time_calls([&] {
+                    comm::AllReduceOptions o;
+                    o.tag = "calibrate all_reduce";
+                    group->all_reduce(x.data(), n, DType::kF32, o)->wait();
+                  }, budget, 3, group)});
+    ag.push_back({"all_gather f32" + suffix, static_cast<double>(b), time_calls([&] {
+                    comm::AllGatherOptions o;
+                    o.tag = "calibrate all_gather";
+                    group->all_gather(y.data(), x.data(), n, DType::kF32, o)->wait();
+                  }, budget, 3, group)});
+    rs.push_back({"reduce_scatter f32" + suffix, static_cast<double>(b), time_calls([&] {
+                    comm::ReduceScatterOptions o;
+                    o.tag = "calibrate reduce_scatter";
+                    group->reduce_scatter(y.data(), x.data(), n, DType::kF32, o)->wait();
+                  }, budget, 3, group)});
+    const double rt = time_calls([&] {
+      if (me == 0) {
+        comm::SendOptions so;
+        group->send(x.data(), n, DType::kF32, 1, so)->wait();
+        comm::RecvOptions ro;
+        group->recv(y.data(), n, DType::kF32, 1, ro)->wait();
+      } else if (me == 1) {
+        comm::RecvOptions ro;
+        group->recv(y.data(), n, DType::kF32, 0, ro)->wait();
+        comm::SendOptions so;
+        group->send(y.data(), n, DType::kF32, 0, so)->wait();
+      }
+    }, budget, 3, group);
+    sr.push_back({"send_recv f32" + suffix, static_cast<double>(b), rt / 2});
+  }
+  add_family(cal, "all_reduce" + suffix, ar, true, true);
+  add_family(cal, "all_gather" + suffix, ag, true, true);
+  add_family(cal, "reduce_scatter" + suffix, rs, true, true);
+  add_family(cal, "send_recv" + suffix, sr, true, true);
+}
+
+// Which host each rank of `group` runs on (its hostname), as host indices in rank order.
+std::vector<int> host_of_ranks(comm::Backend& group) {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  const uint32_t h = static_cast<uint32_t>(std::hash<std::string>{}(name));
+  std::vector<float> mine(2), all(2 * static_cast<size_t>(group.size()));
+  mine[0] = static_cast<float>(h & 0xffff);  // exact in f32
+  mine[1] = static_cast<float>(h >> 16);
+  comm::AllGatherOptions o;
+  o.tag = "calibrate hosts";
+  group.all_gather(all.data(), mine.data(), 2, DType::kF32, o)->wait();
+  std::vector<uint32_t> seen;
+  std::vector<int> host(static_cast<size_t>(group.size()));
+  for (int r = 0; r < group.size(); ++r) {
+  const uint32_t x = static_cast<uint32_t>(all[2 * r]) | (static_cast<uint32_t>(all[2 * r + 1]) << 16);
+  auto it = std::find(seen.begin(), seen.end(), x);
+  if (it == seen.end()) seen.push_back(x), it = seen.end() - 1;
+  host[static_cast<size_t>(r)] = static_cast<int>(it - seen.begin());
+  }
+  return host;
+}
 
 Calibration calibrate(const CalibrateOptions& options) {
   Calibration cal;
@@ -380,53 +463,24 @@ Calibration calibrate(const CalibrateOptions& options) {
       cal.fits["in situ backward " + what] = {0.0, mb / modelled.backward[1]};
     }
 
-  // Collectives over the group, by bytes per rank (f32), and a p2p round trip between ranks 0
-  // and 1 (half of it is one message). Dense between 4 and 16 MiB, where OpenMPI's algorithms
-  // change here, and up to 128 MiB (a stage-0 bucket of a small model).
   if (group) {
-    const std::vector<size_t> bytes = options.quick ? std::vector<size_t>{4096, 1 << 16, 1 << 20}
-                                                    : std::vector<size_t>{4096,    1 << 14, 1 << 16, 1 << 18, 1 << 20,
-                                                                          1 << 22, 3 << 21, 1 << 23, 3 << 22, 1 << 24,
-                                                                          1 << 26, 1 << 27};
-    const int P = group->size(), me = group->rank();
-    std::vector<CalPoint> ar, ag, rs, sr;
-    for (size_t b : bytes) {
-      const size_t n = b / 4;
-      std::vector<float> x(n * P, 1.0f), y(n * P);
-      ar.push_back({"all_reduce f32", static_cast<double>(b), time_calls([&] {
-                      comm::AllReduceOptions o;
-                      o.tag = "calibrate all_reduce";
-                      group->all_reduce(x.data(), n, DType::kF32, o)->wait();
-                    }, budget, 3, group)});
-      ag.push_back({"all_gather f32", static_cast<double>(b), time_calls([&] {
-                      comm::AllGatherOptions o;
-                      o.tag = "calibrate all_gather";
-                      group->all_gather(y.data(), x.data(), n, DType::kF32, o)->wait();
-                    }, budget, 3, group)});
-      rs.push_back({"reduce_scatter f32", static_cast<double>(b), time_calls([&] {
-                      comm::ReduceScatterOptions o;
-                      o.tag = "calibrate reduce_scatter";
-                      group->reduce_scatter(y.data(), x.data(), n, DType::kF32, o)->wait();
-                    }, budget, 3, group)});
-      const double rt = time_calls([&] {
-        if (me == 0) {
-          comm::SendOptions so;
-          group->send(x.data(), n, DType::kF32, 1, so)->wait();
-          comm::RecvOptions ro;
-          group->recv(y.data(), n, DType::kF32, 1, ro)->wait();
-        } else if (me == 1) {
-          comm::RecvOptions ro;
-          group->recv(y.data(), n, DType::kF32, 0, ro)->wait();
-          comm::SendOptions so;
-          group->send(y.data(), n, DType::kF32, 0, so)->wait();
-        }
-      }, budget, 3, group);
-      sr.push_back({"send_recv f32", static_cast<double>(b), rt / 2});
+    time_collectives(cal, group, "", options.quick, budget);
+    // Several hosts with several ranks each: the same collectives within a host and across hosts
+    // (one rank a host), each group shape's own lines ("... intra", "... inter").
+    const std::vector<int> host = host_of_ranks(*group);
+    const int hosts = *std::max_element(host.begin(), host.end()) + 1;
+    const int me = group->rank();
+    int local = 0;
+    for (int r = 0; r < me; ++r) local += host[static_cast<size_t>(r)] == host[static_cast<size_t>(me)];
+    bool even = group->size() % hosts == 0;
+    for (int k = 0; k < hosts; ++k) even = even && std::count(host.begin(), host.end(), k) == group->size() / hosts;
+    if (hosts > 1 && even && group->size() > hosts) {
+      cal.ranks_per_host = group->size() / hosts;
+      std::shared_ptr<comm::Backend> intra = group->split(host[static_cast<size_t>(me)], me);
+      std::shared_ptr<comm::Backend> inter = group->split(local, me);
+      time_collectives(cal, intra.get(), " intra", options.quick, budget);
+      time_collectives(cal, inter.get(), " inter", options.quick, budget);
     }
-    add_family(cal, "all_reduce", ar, true, true);
-    add_family(cal, "all_gather", ag, true, true);
-    add_family(cal, "reduce_scatter", rs, true, true);
-    add_family(cal, "send_recv", sr, true, true);
   }
 
   if (!options.io_dir.empty()) {

@@ -57,6 +57,10 @@ struct Calibration {
   // A family's time for `units`; throws kNotFound naming the family when it was not measured.
   double seconds(const std::string& family, double units) const;
   double gemm_seconds(long m, long n, long k, DType dtype) const;
+  // Calibrated over several hosts of ranks_per_host ranks each (0: one host): every collective is
+  // also timed within a host and across hosts (one rank a host), families "<collective> intra" and
+  // "<collective> inter".
+  int ranks_per_host = 0;
   // A described cluster's network (none for a machine's calibration).
   bool has_network = false;
   Network network;
@@ -66,7 +70,9 @@ struct Calibration {
   // (all_reduce 2(n-1) latencies + 2(n-1)/n bytes / bandwidth, all_gather and reduce_scatter
   // (n-1)(latency + bytes / bandwidth), send_recv latency + bytes / bandwidth) over the intra-host
   // links when ranks x stride <= devices_per_host, else the inter-host ones; without, the measured
-  // line (the group it was timed on stands for every group).
+  // line of the group's shape ("... intra" when ranks x stride <= ranks_per_host, else "... inter")
+  // where calibrated over several hosts, else the world's (the group it was timed on stands for
+  // every group).
   double collective_seconds(const std::string& family, double bytes, int ranks, int stride) const;
 };
 

@@ -78,6 +78,21 @@ TEST(Cluster, CollectivesAreRingsOverTheLinkTheirPlacementUses) {
   EXPECT_THROW(cal.collective_seconds("broadcast", b, 2, 1), Error);
 }
 
+// A machine calibrated over several hosts: a group within one host takes the "intra" line, one
+// across hosts the "inter" line, and a family without shaped lines the world's.
+TEST(Cluster, AMeasuredCalibrationTimesEachGroupAtItsShapesLine) {
+  Calibration cal;
+  cal.fits["all_reduce"] = LinearFit{0.0, 3e-9};
+  cal.fits["all_reduce intra"] = LinearFit{1e-6, 1e-9};
+  cal.fits["all_reduce inter"] = LinearFit{1e-5, 1e-8};
+  cal.fits["all_gather"] = LinearFit{0.0, 2e-9};
+  EXPECT_EQ(cal.collective_seconds("all_reduce", 1e6, 2, 1), 3e-3);  // one host: the world's line
+  cal.ranks_per_host = 2;
+  EXPECT_DOUBLE_EQ(cal.collective_seconds("all_reduce", 1e6, 2, 1), 1e-6 + 1e-3);  // a tp pair in a host
+  EXPECT_DOUBLE_EQ(cal.collective_seconds("all_reduce", 1e6, 2, 2), 1e-5 + 1e-2);  // a dp pair across hosts
+  EXPECT_DOUBLE_EQ(cal.collective_seconds("all_gather", 1e6, 2, 2), 2e-3);         // no shaped line
+}
+
 TEST(Cluster, TheCostModelPutsTheTpGroupInTheHostAndTheDpGroupAcrossHosts) {
   const Calibration cal = cluster_calibration(round_cluster());
   StepShape s;
