@@ -253,15 +253,16 @@ TEST_F(CudaOps, Rope) {
 }
 
 TEST_F(CudaOps, BiasBackwardConvertAdd) {
-  for (DType dt : kDtypes) {
-    int N = 333, C = 71;
-    auto dy = round_to(dt, randv(static_cast<size_t>(N) * C, 40));
-    auto db = randv(C, 41);
-    Dev gdy(dy, dt), gdb(db, DType::kF32);
-    kernels::bias_backward(db.data(), dy.data(), N, C);
-    bias_backward(gdb.f(), gdy.p(), dt, N, C);
-    EXPECT_LT(rel_err(gdb.get(), db), 1e-5);
-  }
+  // C = 71: the column reduction; C = 2304 (GPT-2's qkv) and 72: 16-byte loads, 1 to 3 rows a block.
+  for (DType dt : kDtypes)
+    for (auto [N, C] : {std::pair{333, 71}, std::pair{1000, 2304}, std::pair{5, 72}, std::pair{20000, 72}}) {
+      auto dy = round_to(dt, randv(static_cast<size_t>(N) * C, 40));
+      auto db = randv(C, 41);
+      Dev gdy(dy, dt), gdb(db, DType::kF32);
+      kernels::bias_backward(db.data(), dy.data(), N, C);
+      bias_backward(gdb.f(), gdy.p(), dt, N, C);
+      EXPECT_LT(rel_err(gdb.get(), db), 1e-5) << N << " x " << C << " " << dtype_name(dt);
+    }
   auto x = randv(777, 42, 100.0f);
   Dev gx(x, DType::kF32), gb = Dev::poisoned(x.size(), DType::kBF16);
   cuda::convert(gb.p(), DType::kBF16, gx.p(), DType::kF32, x.size());
