@@ -12,6 +12,8 @@ PACKAGES=(
   libpcre2-dev            # GPT-2's pre-tokenizer regex (Unicode letter/number classes)
   libxxhash-dev           # checkpoint checksums (XXH3-64 of every file)
   liburing-dev            # ZeRO-Infinity's swap I/O (io_uring, O_DIRECT; src/io/)
+  libcpp-httplib-dev      # meshtrain serve's HTTP API (src/serve/)
+  curl                    # the serve end-to-end test script calls the API as a user would
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-dev   # scripts/fuzz.sh: libFuzzer and the ASan/UBSan runtimes (clang-14 on bookworm)
   libomp-dev llvm         # OpenMP for clang builds; llvm-symbolizer for readable sanitizer stacks

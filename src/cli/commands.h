@@ -20,6 +20,7 @@ void register_train(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_export(CLI::App& app);
 void register_generate(CLI::App& app);
+void register_serve(CLI::App& app);
 void register_plot(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_estimate(CLI::App& app);

@@ -12,10 +12,8 @@
 #include "base/error.h"
 #include "base/timer.h"
 #include "cli/commands.h"
+#include "cli/load_model.h"
 #include "data/tokenizer.h"
-#include "engine/checkpoint_io.h"
-#include "engine/hf_config.h"
-#include "engine/hf_weights.h"
 #include "serve/generator.h"
 
 namespace mt::cli {
@@ -29,41 +27,11 @@ struct GenerateArgs {
   bool quiet = false;
 };
 
-struct LoadedModel {
-  std::unique_ptr<models::TransformerLM> model;
-  std::string tokenizer;  // "" when the source names none
-};
-
-LoadedModel load_model(const std::string& path) {
-  LoadedModel out;
-  models::ModelOptions opts;
-  if (!engine::hf_weights_config_path(path).empty() && !fs::exists(fs::path(path) / "state.json") &&
-      !fs::exists(fs::path(path) / "latest")) {  // a Hugging Face directory
-    out.model = std::make_unique<models::TransformerLM>(engine::hf_config_load(engine::hf_weights_config_path(path)), opts);
-    engine::hf_weights_load_path(out.model->store(), path);
-    if (fs::exists(fs::path(path) / "tokenizer.json") || fs::exists(fs::path(path) / "encoder.json") ||
-        fs::exists(fs::path(path) / "vocab.json"))
-      out.tokenizer = path;  // Tokenizer::load finds the files in the directory
-    return out;
-  }
-  engine::CheckpointInfo info = engine::checkpoint_info(path);
-  out.model = std::make_unique<models::TransformerLM>(info.model, opts);
-  engine::checkpoint_load_weights(info, out.model->store());
-  out.tokenizer = info.tokenizer;
-  return out;
-}
-
 void run_generate(const GenerateArgs& a) {
   MT_CHECK(a.max_new_tokens > 0, ErrorKind::kInvalidArgument, "--max-new-tokens must be positive");
   serve::sampling_options_validate(a.sampling);
   LoadedModel lm = load_model(a.model);
-  std::string tok_path = a.tokenizer.empty() ? lm.tokenizer : a.tokenizer;
-  MT_CHECK(!tok_path.empty(), ErrorKind::kInvalidArgument,
-           a.model + ": names no tokenizer; give --tokenizer (a tokenizer.json or a GPT-2 vocabulary directory)");
-  data::Tokenizer tok = data::Tokenizer::load(tok_path);
-  MT_CHECK(tok.vocab_size() <= lm.model->config().vocab_size, ErrorKind::kInvalidArgument,
-           tok_path + ": " + std::to_string(tok.vocab_size()) + " tokens, more than the model's vocab_size " +
-               std::to_string(lm.model->config().vocab_size));
+  data::Tokenizer tok = load_model_tokenizer(lm, a.model, a.tokenizer);
   std::vector<int32_t> prompt = tok.encode(a.prompt);
   if (prompt.empty()) prompt.push_back(tok.eot_id());  // an empty prompt starts a new document
   serve::Generator gen(*lm.model);

@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "base/file_io.h"
+#include "data/chat.h"
 #include "data/indexed_dataset.h"
 
 namespace mt::engine {
@@ -33,16 +34,18 @@ CorpusDocument jsonl_document(const nlohmann::json& j, const std::string& where)
   }
   MT_CHECK(j.contains("prompt") && j.contains("response"), ErrorKind::kInvalidArgument,
            where + ": expected a \"text\" field or an SFT record with \"prompt\" and \"response\"");
+  data::ChatHistory history;
   if (j.contains("history")) {
     const nlohmann::json& h = j["history"];
     MT_CHECK(h.is_array(), ErrorKind::kInvalidArgument, where + ": \"history\" must be a list of [prompt, response]");
     for (const auto& turn : h) {
       MT_CHECK(turn.is_array() && turn.size() == 2 && turn[0].is_string() && turn[1].is_string(),
                ErrorKind::kInvalidArgument, where + ": each \"history\" entry must be [prompt, response] strings");
-      d.pieces.emplace_back(turn[0].get<std::string>() + "\n" + turn[1].get<std::string>() + "\n", false);
+      history.emplace_back(turn[0].get<std::string>(), turn[1].get<std::string>());
     }
   }
-  d.pieces.emplace_back(string_field(j, "prompt", where) + "\n", false);
+  for (std::string& piece : data::chat_prompt_pieces(history, string_field(j, "prompt", where)))
+    d.pieces.emplace_back(std::move(piece), false);
   d.pieces.emplace_back(string_field(j, "response", where), true);
   return d;
 }

@@ -8,7 +8,8 @@
 // An SFT record becomes one document: for each history turn, then the record's own turn,
 // prompt + "\n" + response, turns joined by "\n"; only the final response (and the <|endoftext|>
 // that ends every document) is trained: the loss mask is 1 on those tokens and 0 elsewhere. The
-// prompt and response are tokenized separately, so the boundary is exact.
+// prompt and response are tokenized separately, so the boundary is exact. The layout is
+// data/chat.h's, which `meshtrain serve` applies to chat requests.
 // Outputs: PREFIX.bin/.idx (tokens) and, when any token is masked, PREFIX.mask.bin/.idx (0/1, one
 // value per token, same sequence lengths); train picks the mask up automatically.
 #pragma once

@@ -31,19 +31,22 @@ Generator::Generator(models::TransformerLM& model, const GeneratorOptions& optio
                std::to_string(P) + "] (the model's max_positions)");
   MT_CHECK(prefill_chunk_ > 0, ErrorKind::kInvalidArgument,
            "generator: prefill_chunk must be positive, got " + std::to_string(prefill_chunk_));
+  MT_CHECK(options.slots > 0, ErrorKind::kInvalidArgument,
+           "generator: slots must be positive, got " + std::to_string(options.slots));
   gpt2_ = cfg_.arch == models::Arch::kGpt2;
   C_ = cfg_.hidden; NH_ = cfg_.n_head; NKV_ = cfg_.n_kv_head; HS_ = cfg_.head_dim();
   QKV_ = (NH_ + 2 * NKV_) * HS_; A_ = NH_ * HS_;
   H_ = gpt2_ ? cfg_.intermediate : 2 * cfg_.intermediate;
   G_ = cfg_.intermediate;
   bind_weights();
-  cache_ = KvCache(cfg_.n_layer, capacity, NH_, NKV_, HS_);
+  cache_ = KvCache(cfg_.n_layer, capacity, NH_, NKV_, HS_, options.slots);
+  pos_.assign(options.slots, 0);
 
   const size_t V = cfg_.vocab_size, half = static_cast<size_t>(capacity) * (HS_ / 2);
-  const size_t rope = gpt2_ ? 0 : 2 * align16(half);
-  fixed_ = Buffer((align16(V) + align16(C_) + rope) * sizeof(float), MemCategory::kWorkspace);
+  const size_t rope = gpt2_ ? 0 : 2 * align16(half), S = options.slots;
+  fixed_ = Buffer((align16(S * V) + align16(C_) + rope) * sizeof(float), MemCategory::kWorkspace);
   logits_ = fixed_.as<float>();
-  final_row_ = logits_ + align16(V);
+  final_row_ = logits_ + align16(S * V);
   if (!gpt2_) {
     rope_cos_ = final_row_ + align16(C_);
     rope_sin_ = rope_cos_ + align16(half);
@@ -126,7 +129,13 @@ void Generator::check_token(int32_t token, int position) const {
                " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
 }
 
-std::span<const float> Generator::prefill(const std::vector<int32_t>& prompt) {
+void Generator::check_slot(int slot) const {
+  MT_CHECK(slot >= 0 && slot < slots(), ErrorKind::kInvalidArgument,
+           "generator: slot " + std::to_string(slot) + " outside [0, " + std::to_string(slots()) + ")");
+}
+
+std::span<const float> Generator::prefill(int slot, const std::vector<int32_t>& prompt) {
+  check_slot(slot);
   const int n = static_cast<int>(prompt.size());
   MT_CHECK(n > 0, ErrorKind::kInvalidArgument, "generator: empty prompt");
   MT_CHECK(prompt.size() <= static_cast<size_t>(capacity()), ErrorKind::kInvalidArgument,
@@ -134,27 +143,45 @@ std::span<const float> Generator::prefill(const std::vector<int32_t>& prompt) {
                " tokens does not fit the context of " + std::to_string(capacity()));
   for (int i = 0; i < n; ++i) check_token(prompt[i], i);
   ensure_rows(std::min(n, prefill_chunk_));
-  pos_ = 0;
-  for (int i = 0; i < n; i += prefill_chunk_) forward(prompt.data() + i, std::min(prefill_chunk_, n - i));
+  pos_[slot] = 0;
+  for (int i = 0; i < n; i += prefill_chunk_)
+    forward_chunk(slot, prompt.data() + i, std::min(prefill_chunk_, n - i));
   return {logits_, static_cast<size_t>(cfg_.vocab_size)};
 }
 
-std::span<const float> Generator::decode(int32_t token) {
-  MT_CHECK(pos_ < capacity(), ErrorKind::kInvalidArgument,
-           "generator: the context is full (" + std::to_string(capacity()) +
-               " tokens); reset() or prefill() a shorter sequence");
-  check_token(token, pos_);
-  forward(&token, 1);
-  return {logits_, static_cast<size_t>(cfg_.vocab_size)};
+std::span<const float> Generator::decode(int slot, int32_t token) {
+  return decode_batch(std::span<const int>(&slot, 1), std::span<const int32_t>(&token, 1));
 }
 
-void Generator::forward(const int32_t* tokens, int n) {
-  MT_INTERNAL_CHECK(n > 0 && n <= rows_cap_ && pos_ + n <= capacity());
+std::span<const float> Generator::decode_batch(std::span<const int> slots, std::span<const int32_t> tokens) {
+  const int n = static_cast<int>(slots.size());
+  MT_CHECK(n > 0 && tokens.size() == slots.size(), ErrorKind::kInvalidArgument,
+           "generator: decode_batch needs one token per slot, got " + std::to_string(tokens.size()) +
+               " tokens for " + std::to_string(slots.size()) + " slots");
+  std::vector<char> seen(this->slots(), 0);
+  for (int i = 0; i < n; ++i) {
+    const int s = slots[i];
+    check_slot(s);
+    MT_CHECK(!seen[s], ErrorKind::kInvalidArgument, "generator: slot " + std::to_string(s) + " appears twice in a batch");
+    seen[s] = 1;
+    MT_CHECK(pos_[s] < capacity(), ErrorKind::kInvalidArgument,
+             "generator: the context of slot " + std::to_string(s) + " is full (" + std::to_string(capacity()) +
+                 " tokens); reset() or prefill() a shorter sequence");
+    check_token(tokens[i], pos_[s]);
+  }
+  ensure_rows(n);
+  forward_rows(slots.data(), tokens.data(), n);
+  return {logits_, static_cast<size_t>(n) * cfg_.vocab_size};
+}
+
+void Generator::forward_chunk(int slot, const int32_t* tokens, int n) {
+  const int pos = pos_[slot];
+  MT_INTERNAL_CHECK(n > 0 && n <= rows_cap_ && pos + n <= capacity());
   // wpe rows [pos, pos + n): embedding_forward adds wpe[i % T] to row i, so T = n.
   kernels::embedding_forward(x_, tokens, wte_, DType::kF32,
-                             wpe_ ? wpe_ + static_cast<size_t>(pos_) * C_ : nullptr, n, n, C_);
-  for (int l = 0; l < cfg_.n_layer; ++l) block_forward(l, n);
-  pos_ += n;
+                             wpe_ ? wpe_ + static_cast<size_t>(pos) * C_ : nullptr, n, n, C_);
+  for (int l = 0; l < cfg_.n_layer; ++l) block_forward(l, n, slot, pos, nullptr, nullptr);
+  pos_[slot] += n;
   // Final norm and head on the last row only.
   const float* last = x_ + static_cast<size_t>(n - 1) * C_;
   if (gpt2_) {
@@ -165,8 +192,26 @@ void Generator::forward(const int32_t* tokens, int n) {
   linear(logits_, final_row_, 1, C_, cfg_.vocab_size, head_, /*out_in=*/true, nullptr);
 }
 
+void Generator::forward_rows(const int* slots, const int32_t* tokens, int n) {
+  MT_INTERNAL_CHECK(n > 0 && n <= rows_cap_);
+  row_pos_.resize(n);
+  for (int i = 0; i < n; ++i) row_pos_[i] = pos_[slots[i]];
+  kernels::embedding_forward(x_, tokens, wte_, DType::kF32, nullptr, n, n, C_);
+  if (wpe_)  // each row's own position
+    for (int i = 0; i < n; ++i)
+      kernels::add_inplace(x_ + static_cast<size_t>(i) * C_, wpe_ + static_cast<size_t>(row_pos_[i]) * C_, C_);
+  for (int l = 0; l < cfg_.n_layer; ++l) block_forward(l, n, -1, -1, slots, row_pos_.data());
+  for (int i = 0; i < n; ++i) ++pos_[slots[i]];
+  if (gpt2_) {
+    kernels::layernorm_forward(n_, mean_, rstd_, x_, norm_f_w_, norm_f_b_, n, C_, cfg_.norm_eps);
+  } else {
+    kernels::rmsnorm_forward(n_, rstd_, x_, norm_f_w_, n, C_, cfg_.norm_eps);
+  }
+  linear(logits_, n_, n, C_, cfg_.vocab_size, head_, /*out_in=*/true, nullptr);
+}
+
 // x (n, C) += attention and MLP of layer l, as models::Block::forward does for these rows.
-void Generator::block_forward(int l, int n) {
+void Generator::block_forward(int l, int n, int slot, int pos0, const int* row_slot, const int* row_pos) {
   const LayerWeights& w = layers_[l];
   const float eps = cfg_.norm_eps;
   const size_t NC = static_cast<size_t>(n) * C_;
@@ -177,17 +222,25 @@ void Generator::block_forward(int l, int n) {
     kernels::rmsnorm_forward(n_, rstd_, x_, w.norm1_w, n, C_, eps);
   }
   linear(qkv_, n_, n, C_, QKV_, w.qkv_w, out_in, w.qkv_b);
-  if (!gpt2_) {
-    // Row i is position pos_ + i: start the tables at row pos_.
-    const size_t off = static_cast<size_t>(pos_) * (HS_ / 2);
-    kernels::rope_forward(qkv_, rope_cos_ + off, rope_sin_ + off, 1, n, NH_, NKV_, HS_);
-  }
-  cache_.store(l, pos_, n, qkv_);
-  if (pos_ == 0) {
-    // Nothing cached before these rows: the tiled (flash) kernel of training does the same math.
-    kernels::attention_forward(att_, lse_, qkv_, 1, n, NH_, NKV_, HS_);
+  const size_t half = HS_ / 2;
+  if (row_slot == nullptr) {
+    if (!gpt2_)  // row i is position pos0 + i: start the tables at row pos0
+      kernels::rope_forward(qkv_, rope_cos_ + pos0 * half, rope_sin_ + pos0 * half, 1, n, NH_, NKV_, HS_);
+    cache_.store(slot, l, pos0, n, qkv_);
+    if (pos0 == 0) {
+      // Nothing cached before these rows: the tiled (flash) kernel of training does the same math.
+      kernels::attention_forward(att_, lse_, qkv_, 1, n, NH_, NKV_, HS_);
+    } else {
+      cache_.attend(att_, slot, l, pos0, n, qkv_);
+    }
   } else {
-    cache_.attend(att_, l, pos_, n, qkv_);
+    for (int i = 0; i < n; ++i) {
+      float* row = qkv_ + static_cast<size_t>(i) * QKV_;
+      const size_t off = row_pos[i] * half;
+      if (!gpt2_) kernels::rope_forward(row, rope_cos_ + off, rope_sin_ + off, 1, 1, NH_, NKV_, HS_);
+      cache_.store(row_slot[i], l, row_pos[i], 1, row);
+    }
+    cache_.attend_rows(att_, l, n, qkv_, row_slot, row_pos);
   }
   linear(f_, att_, n, A_, C_, w.proj_w, out_in, w.proj_b);
   kernels::add_inplace(x_, f_, NC);
@@ -218,7 +271,7 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, int
     const int32_t id = sampler.sample(logits);
     out.push_back(id);
     if (static_cast<int>(out.size()) == max_new_tokens || (stop_token && id == *stop_token) ||
-        pos_ == capacity())
+        pos_[0] == capacity())
       return out;
     logits = decode(id);
   }

@@ -1,4 +1,5 @@
-// Generator: autoregressive inference with a KV cache over a TransformerLM, batch 1, in f32.
+// Generator: autoregressive inference with a KV cache over a TransformerLM, in f32, for one or
+// more independent sequences ("slots").
 //
 // It reads the model's f32 master weights in place through their Hugging Face names (GPT-2's
 // Conv1D weights (in, out), LLaMA's nn.Linear weights (out, in)), so it always sees the model's
@@ -13,8 +14,16 @@
 //   logits = gen.decode(next_id);                          // (V) of next_id's position
 //   std::vector<int32_t> ids = gen.generate(prompt, 64, {.temperature = 0.8f, .top_p = 0.95f});
 //
-// NOTE: the model must outlive the generator; one generator serves one sequence at a time and is
-// not thread-safe (its kernels use all OpenMP threads).
+// With options.slots = S the generator holds S sequences, each with its own cache rows and
+// position. decode_batch() appends one token to each of several slots in one pass: the GEMMs run
+// on all their rows together, so the weights are read once a step for every sequence (the
+// continuous batching of serve/scheduler.h); each row attends over its own slot.
+//
+//   gen.prefill(0, a); gen.prefill(1, b);
+//   std::span<const float> rows = gen.decode_batch({0, 1}, {ta, tb});   // (2, V)
+//
+// NOTE: the model must outlive the generator; the generator is not thread-safe (its kernels use
+// all OpenMP threads).
 #pragma once
 
 #include <cstdint>
@@ -33,28 +42,39 @@ namespace mt::serve {
 struct GeneratorOptions {
   int capacity = 0;         // positions the cache holds; 0 = the model's max_positions
   int prefill_chunk = 512;  // a prompt runs in chunks of at most this many rows (bounds scratch)
+  int slots = 1;            // sequences held at once (each has capacity positions of cache)
 };
 
 class Generator {
  public:
   // Throws kInvalidArgument when options.capacity exceeds the model's max_positions (n_positions /
-  // max_position_embeddings) or prefill_chunk < 1.
+  // max_position_embeddings), prefill_chunk < 1 or slots < 1.
   explicit Generator(models::TransformerLM& model, const GeneratorOptions& options = {});
 
   int capacity() const { return cache_.capacity(); }
-  int position() const { return pos_; }  // tokens in the cache = position of the next token
+  int slots() const { return cache_.slots(); }
+  // Tokens in slot s's cache = the position of its next token.
+  int position(int slot = 0) const { return pos_.at(slot); }
   int vocab_size() const { return cfg_.vocab_size; }
   size_t cache_bytes() const { return cache_.bytes(); }
 
-  void reset() { pos_ = 0; }  // forgets the sequence; the next decode is at position 0
+  void reset(int slot = 0) { pos_.at(slot) = 0; }  // forgets slot's sequence
 
-  // Starts a new sequence: runs prompt at positions [0, n) and returns the logits (V) of its last
-  // position, valid until the next prefill/decode. Throws kInvalidArgument (nothing changed) when
-  // the prompt is empty, longer than capacity() or holds an id outside [0, V).
-  std::span<const float> prefill(const std::vector<int32_t>& prompt);
-  // Appends token at position() and returns its logits (V). Throws kInvalidArgument (nothing
+  // Starts a new sequence in slot: runs prompt at positions [0, n) and returns the logits (V) of
+  // its last position, valid until the next prefill/decode. Throws kInvalidArgument (nothing
+  // changed) when the slot does not exist, the prompt is empty, longer than capacity() or holds an
+  // id outside [0, V).
+  std::span<const float> prefill(int slot, const std::vector<int32_t>& prompt);
+  std::span<const float> prefill(const std::vector<int32_t>& prompt) { return prefill(0, prompt); }
+  // Appends token at position(slot) and returns its logits (V). Throws kInvalidArgument (nothing
   // changed) when the context is full or the token is outside [0, V).
-  std::span<const float> decode(int32_t token);
+  std::span<const float> decode(int slot, int32_t token);
+  std::span<const float> decode(int32_t token) { return decode(0, token); }
+  // Appends tokens[i] to slot slots[i] for every i in one pass and returns the logits (n, V), row i
+  // for slots[i], valid until the next prefill/decode. Throws kInvalidArgument (nothing changed)
+  // when the spans differ in size or are empty, a slot repeats or does not exist, its context is
+  // full, or a token is outside [0, V).
+  std::span<const float> decode_batch(std::span<const int> slots, std::span<const int32_t> tokens);
 
   // prefill(prompt), then up to max_new_tokens draws, each fed back by decode. Returns the new
   // ids; they end early after stop_token (included) or when the context is full (capacity() -
@@ -75,11 +95,16 @@ class Generator {
   const float* weight(const std::string& name, std::vector<int64_t> shape) const;
   void bind_weights();
   void check_token(int32_t token, int position) const;
+  void check_slot(int slot) const;
   void ensure_rows(int n);
-  // Runs tokens (n) at positions [pos_, pos_ + n), caching their keys and values; leaves the
-  // final-norm logits of the last one in logits_. REQUIRES: pos_ + n <= capacity().
-  void forward(const int32_t* tokens, int n);
-  void block_forward(int l, int n);
+  // Runs tokens (n) of one slot at positions [pos_[slot], + n) (chunk), caching their keys and
+  // values; leaves the logits of the last one in logits_. REQUIRES: they fit the capacity.
+  void forward_chunk(int slot, const int32_t* tokens, int n);
+  // Runs token i at position pos_[slots[i]] of slot slots[i] for i < n; leaves logits (n, V).
+  void forward_rows(const int* slots, const int32_t* tokens, int n);
+  // x (n, C) += layer l's attention and MLP. Rows are a chunk of `slot` at [pos0, pos0 + n) when
+  // row_slot == nullptr, else row i is position row_pos[i] of slot row_slot[i].
+  void block_forward(int l, int n, int slot, int pos0, const int* row_slot, const int* row_pos);
 
   models::TransformerLM& model_;
   models::ModelConfig cfg_;
@@ -93,9 +118,10 @@ class Generator {
   std::vector<LayerWeights> layers_;
 
   KvCache cache_;
-  int pos_ = 0;
+  std::vector<int> pos_;  // per slot
+  std::vector<int> row_pos_;
   int prefill_chunk_;
-  Buffer fixed_;  // workspace: logits (V), final-norm row (C), RoPE tables (capacity, HS/2) x 2
+  Buffer fixed_;  // workspace: logits (slots, V), final-norm row (C), RoPE tables (capacity, HS/2) x 2
   float* logits_ = nullptr;
   float* final_row_ = nullptr;
   float* rope_cos_ = nullptr;

@@ -1,0 +1,43 @@
+#include "cli/load_model.h"
+
+#include <filesystem>
+
+#include "base/error.h"
+#include "engine/checkpoint_io.h"
+#include "engine/hf_config.h"
+#include "engine/hf_weights.h"
+
+namespace mt::cli {
+namespace fs = std::filesystem;
+
+LoadedModel load_model(const std::string& path) {
+  LoadedModel out;
+  models::ModelOptions opts;
+  if (!engine::hf_weights_config_path(path).empty() && !fs::exists(fs::path(path) / "state.json") &&
+      !fs::exists(fs::path(path) / "latest")) {  // a Hugging Face directory
+    out.model = std::make_unique<models::TransformerLM>(engine::hf_config_load(engine::hf_weights_config_path(path)), opts);
+    engine::hf_weights_load_path(out.model->store(), path);
+    if (fs::exists(fs::path(path) / "tokenizer.json") || fs::exists(fs::path(path) / "encoder.json") ||
+        fs::exists(fs::path(path) / "vocab.json"))
+      out.tokenizer = path;  // Tokenizer::load finds the files in the directory
+    return out;
+  }
+  engine::CheckpointInfo info = engine::checkpoint_info(path);
+  out.model = std::make_unique<models::TransformerLM>(info.model, opts);
+  engine::checkpoint_load_weights(info, out.model->store());
+  out.tokenizer = info.tokenizer;
+  return out;
+}
+
+data::Tokenizer load_model_tokenizer(const LoadedModel& lm, const std::string& path, const std::string& override) {
+  const std::string tok_path = override.empty() ? lm.tokenizer : override;
+  MT_CHECK(!tok_path.empty(), ErrorKind::kInvalidArgument,
+           path + ": names no tokenizer; give --tokenizer (a tokenizer.json or a GPT-2 vocabulary directory)");
+  data::Tokenizer tok = data::Tokenizer::load(tok_path);
+  MT_CHECK(tok.vocab_size() <= lm.model->config().vocab_size, ErrorKind::kInvalidArgument,
+           tok_path + ": " + std::to_string(tok.vocab_size()) + " tokens, more than the model's vocab_size " +
+               std::to_string(lm.model->config().vocab_size));
+  return tok;
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,25 @@
+// The model sources `generate` and `serve` read: a training checkpoint (step-N directory, or a
+// save_dir whose `latest` names one, whole or sharded) or a Hugging Face directory (config.json +
+// model.safetensors, as `export --hf` writes).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "data/tokenizer.h"
+#include "models/transformer.h"
+
+namespace mt::cli {
+
+struct LoadedModel {
+  std::unique_ptr<models::TransformerLM> model;
+  std::string tokenizer;  // the tokenizer the source names; "" when it names none
+};
+
+LoadedModel load_model(const std::string& path);
+
+// The tokenizer for a loaded model: `override` when given, else the one the source names. Throws
+// kInvalidArgument when there is none or it has more tokens than the model's vocabulary.
+data::Tokenizer load_model_tokenizer(const LoadedModel& lm, const std::string& path, const std::string& override);
+
+}  // namespace mt::cli

@@ -1,0 +1,637 @@
+#include "serve/http_server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "data/chat.h"
+
+namespace mt::serve {
+namespace {
+
+using json = nlohmann::json;
+
+// Latency histogram bounds (seconds), Prometheus' le labels.
+constexpr double kLatencyBounds[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
+constexpr size_t kLatencyBuckets = sizeof(kLatencyBounds) / sizeof(kLatencyBounds[0]);
+
+// A request error: an HTTP status and OpenAI's error object.
+struct HttpError {
+  int status;
+  std::string message, type, code;
+};
+
+[[noreturn]] void bad(const std::string& message, const std::string& code = "invalid_request_error") {
+  throw HttpError{400, message, "invalid_request_error", code};
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json error_json(const HttpError& e) {
+  json err = {{"message", e.message}, {"type", e.type}};
+  err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
+  return json{{"error", err}};
+}
+
+void send_error(httplib::Response& res, const HttpError& e) {
+  res.status = e.status;
+  if (e.status == 503) res.set_header("Retry-After", "1");
+  res.set_content(dump(error_json(e)), "application/json");
+}
+
+json parse_body(const httplib::Request& req) {
+  try {
+    json j = json::parse(req.body);
+    if (!j.is_object()) bad("the body must be a JSON object");
+    return j;
+  } catch (const json::parse_error& e) {
+    bad(std::string("the body is not valid JSON: ") + e.what(), "invalid_json");
+  }
+}
+
+bool present(const json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
+
+int get_int(const json& j, const char* key, int fallback, int lo, int hi) {
+  if (!present(j, key)) return fallback;
+  const json& v = j[key];
+  if (!v.is_number_integer()) bad(std::string("\"") + key + "\" must be an integer", "invalid_type");
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi)
+    bad(std::string("\"") + key + "\" must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+        std::to_string(x), "invalid_value");
+  return static_cast<int>(x);
+}
+
+float get_float(const json& j, const char* key, float fallback, float lo, float hi) {
+  if (!present(j, key)) return fallback;
+  const json& v = j[key];
+  if (!v.is_number()) bad(std::string("\"") + key + "\" must be a number", "invalid_type");
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi))
+    bad(std::string("\"") + key + "\" must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+        "invalid_value");
+  return static_cast<float>(x);
+}
+
+std::string get_string(const json& j, const char* key) {
+  if (!present(j, key)) bad(std::string("\"") + key + "\" is required", "missing_field");
+  if (!j[key].is_string()) bad(std::string("\"") + key + "\" must be a string", "invalid_type");
+  return j[key].get<std::string>();
+}
+
+// A field that would change what is generated and that we do not implement: refused unless it
+// holds its neutral value.
+void refuse_unless(const json& j, const char* key, const json& neutral) {
+  if (present(j, key) && j[key] != neutral)
+    bad(std::string("\"") + key + "\" is not supported (only " + neutral.dump() + ")", "unsupported_parameter");
+}
+
+// The sampling fields common to all endpoints. Without a seed, a draw is seeded at random.
+SamplingOptions sampling_from(const json& j, float temperature, float top_p) {
+  SamplingOptions s;
+  s.temperature = get_float(j, "temperature", temperature, 0.0f, 100.0f);
+  s.top_p = get_float(j, "top_p", top_p, 0.0f, 1.0f);
+  s.top_k = get_int(j, "top_k", 0, 0, 1 << 30);
+  if (present(j, "seed")) {
+    if (!j["seed"].is_number_integer()) bad("\"seed\" must be an integer", "invalid_type");
+    s.seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
+  } else {
+    s.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  }
+  return s;
+}
+
+std::vector<std::string> stops_from(const json& j) {
+  std::vector<std::string> stops;
+  if (!present(j, "stop")) return stops;
+  const json& v = j["stop"];
+  if (v.is_string()) {
+    stops.push_back(v.get<std::string>());
+  } else if (v.is_array() && v.size() <= 4) {
+    for (const json& s : v) {
+      if (!s.is_string()) bad("\"stop\" must be a string or a list of at most 4 strings", "invalid_type");
+      stops.push_back(s.get<std::string>());
+    }
+  } else {
+    bad("\"stop\" must be a string or a list of at most 4 strings", "invalid_type");
+  }
+  for (const std::string& s : stops)
+    if (s.empty()) bad("a \"stop\" string must not be empty", "invalid_value");
+  return stops;
+}
+
+std::string local_time() {  // ChatGLM's "%Y-%m-%d %H:%M:%S"
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+std::string random_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%s-%llx%06llx", prefix, static_cast<unsigned long long>(std::time(nullptr)),
+                static_cast<unsigned long long>(counter.fetch_add(1)));
+  return buf;
+}
+
+}  // namespace
+
+size_t utf8_complete_prefix(const std::string& s) {
+  // Walk back over at most 3 continuation bytes to the last lead byte; keep it only if its
+  // character is complete.
+  const size_t n = s.size();
+  size_t i = n, back = 0;
+  while (i > 0 && back < 4 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) {
+    --i;
+    ++back;
+  }
+  if (i == 0) return back == 0 ? 0 : n;  // only continuation bytes: not UTF-8 we can fix; keep
+  const unsigned char lead = static_cast<unsigned char>(s[i - 1]);
+  size_t need = 1;
+  if (lead >= 0xF0) need = 4;
+  else if (lead >= 0xE0) need = 3;
+  else if (lead >= 0xC0) need = 2;
+  else return n;  // ASCII lead: complete (stray continuation bytes are the model's; keep them)
+  return back + 1 >= need ? n : i - 1;
+}
+
+HttpServer::HttpServer(Generator& generator, const data::Tokenizer& tokenizer, const ServerOptions& options)
+    : gen_(generator), tok_(tokenizer), options_(options) {
+  MT_CHECK(options.max_queue >= 1, ErrorKind::kInvalidArgument, "serve: --max-queue must be at least 1");
+  MT_CHECK(options.request_timeout_s > 0, ErrorKind::kInvalidArgument, "serve: --timeout must be positive");
+  MT_CHECK(options.default_max_tokens >= 1, ErrorKind::kInvalidArgument, "serve: the default max_tokens must be >= 1");
+  scheduler_ = std::make_unique<Scheduler>(gen_, SchedulerOptions{options.max_queue});
+  http_ = std::make_unique<httplib::Server>();
+  latency_buckets_.assign(kLatencyBuckets, 0);
+  created_ = static_cast<int64_t>(std::time(nullptr));
+  route();
+}
+
+HttpServer::~HttpServer() {
+  if (http_->is_running()) http_->stop();
+}
+
+int HttpServer::bind() {
+  int port = options_.port;
+  if (port == 0) {
+    port = http_->bind_to_any_port(options_.host);
+    MT_CHECK(port > 0, ErrorKind::kIOError, "serve: cannot bind " + options_.host + " to any port");
+  } else {
+    MT_CHECK(http_->bind_to_port(options_.host, port), ErrorKind::kIOError,
+             "serve: cannot bind " + options_.host + ":" + std::to_string(port) + " (in use, or not an address here)");
+  }
+  return port;
+}
+
+void HttpServer::serve() { http_->listen_after_bind(); }
+
+void HttpServer::shutdown() {
+  if (draining_.exchange(true)) return;
+  scheduler_->drain();  // refuses new generations; waits for queued and active ones
+  // The handlers still write their last bytes after their generation ended.
+  while (in_flight_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  http_->stop();
+}
+
+void HttpServer::record(const std::string& endpoint, int status, double seconds) {
+  std::lock_guard<std::mutex> lock(metrics_mu_);
+  ++requests_[{endpoint, status}];
+  for (size_t b = 0; b < kLatencyBuckets; ++b)
+    if (seconds <= kLatencyBounds[b]) {
+      ++latency_buckets_[b];
+      break;
+    }
+  latency_sum_ += seconds;
+  ++latency_count_;
+}
+
+std::string HttpServer::metrics_text() const {
+  const Scheduler::Stats s = scheduler_->stats();
+  std::string out;
+  auto line = [&out](const std::string& l) { out += l + "\n"; };
+  line("# HELP meshtrain_requests_total HTTP requests by endpoint and status.");
+  line("# TYPE meshtrain_requests_total counter");
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu_);
+    for (const auto& [key, n] : requests_)
+      line("meshtrain_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
+           std::to_string(n));
+    line("# HELP meshtrain_request_duration_seconds Time from a request's arrival to its last byte.");
+    line("# TYPE meshtrain_request_duration_seconds histogram");
+    uint64_t cum = 0;
+    char le[32];
+    for (size_t b = 0; b < kLatencyBuckets; ++b) {
+      cum += latency_buckets_[b];
+      std::snprintf(le, sizeof(le), "%g", kLatencyBounds[b]);
+      line(std::string("meshtrain_request_duration_seconds_bucket{le=\"") + le + "\"} " + std::to_string(cum));
+    }
+    line("meshtrain_request_duration_seconds_bucket{le=\"+Inf\"} " + std::to_string(latency_count_));
+    char sum[64];
+    std::snprintf(sum, sizeof(sum), "%.6f", latency_sum_);
+    line(std::string("meshtrain_request_duration_seconds_sum ") + sum);
+    line("meshtrain_request_duration_seconds_count " + std::to_string(latency_count_));
+  }
+  auto metric = [&line](const char* name, const char* type, const char* help, uint64_t value) {
+    line(std::string("# HELP ") + name + " " + help);
+    line(std::string("# TYPE ") + name + " " + type);
+    line(std::string(name) + " " + std::to_string(value));
+  };
+  metric("meshtrain_prompt_tokens_total", "counter", "Prompt tokens prefilled.", s.prompt_tokens);
+  metric("meshtrain_generated_tokens_total", "counter", "Tokens generated.", s.generated_tokens);
+  metric("meshtrain_decode_steps_total", "counter", "Batched decode steps.", s.decode_steps);
+  metric("meshtrain_decode_rows_total", "counter", "Sequences in those steps (rows/steps = mean batch).", s.decode_rows);
+  metric("meshtrain_queue_depth", "gauge", "Requests waiting for a slot.", s.queued);
+  metric("meshtrain_active_sequences", "gauge", "Sequences being generated.", s.active);
+  metric("meshtrain_slots", "gauge", "Sequences the server generates at once.", s.slots);
+  return out;
+}
+
+std::vector<int32_t> HttpServer::encode_pieces(const std::vector<std::string>& pieces) const {
+  std::vector<int32_t> ids;
+  for (const std::string& p : pieces) {
+    std::vector<int32_t> part = tok_.encode(p);
+    ids.insert(ids.end(), part.begin(), part.end());
+  }
+  return ids;
+}
+
+namespace {
+
+// Runs one generation to its end, turning tokens into text: `stops` end it at their first
+// occurrence (excluded); on_delta gets each new piece of text that can no longer change (whole
+// UTF-8 characters, and nothing that may still begin a stop string) and returns false when the
+// client is gone, which cancels the generation.
+struct Outcome {
+  std::string text;
+  Finish finish = Finish::kNone;
+  int completion_tokens = 0;
+  std::string error;
+};
+
+template <typename OnDelta>
+Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
+                       const std::vector<std::string>& stops, OnDelta on_delta) {
+  const int prompt = static_cast<int>(request.prompt.size());
+  std::shared_ptr<Generation> g;
+  try {
+    g = sched.submit(std::move(request));
+  } catch (const Error& e) {
+    throw HttpError{400, e.what(), "invalid_request_error", prompt > 0 ? "context_length_exceeded" : "invalid_value"};
+  }
+  if (!g)
+    throw HttpError{503, sched.draining() ? "the server is shutting down" : "the queue is full; retry later",
+                    "server_busy", sched.draining() ? "shutting_down" : "queue_full"};
+  size_t hold = 0;
+  for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
+  std::vector<int32_t> ids;
+  std::string full;
+  size_t sent = 0;
+  bool done = false, stopped = false;
+  while (!done) {
+    std::vector<int32_t> more = g->wait(ids.size(), std::chrono::milliseconds(100), &done);
+    if (!more.empty() && !stopped) {
+      ids.insert(ids.end(), more.begin(), more.end());
+      full = tok.decode(ids);
+      const size_t whole = utf8_complete_prefix(full);
+      for (const std::string& s : stops) {
+        const size_t at = full.find(s, sent > hold ? sent - hold : 0);
+        if (at != std::string::npos && at + s.size() <= whole) {
+          full.resize(at);
+          stopped = true;
+        }
+      }
+      if (stopped) {
+        g->cancel(Finish::kStop);
+      } else {
+        const size_t safe = whole > hold ? whole - hold : 0;
+        if (safe > sent) {
+          if (!on_delta(full.substr(sent, safe - sent))) g->cancel(Finish::kCancelled);
+          sent = safe;
+        }
+      }
+    }
+  }
+  Outcome out;
+  out.finish = stopped ? Finish::kStop : g->finish();
+  out.error = g->error();
+  out.completion_tokens = static_cast<int>(ids.size());
+  if (out.finish == Finish::kStop || out.finish == Finish::kLength) {
+    // The end: what was held back is final now (a stop string cut it already).
+    if (full.size() > sent) on_delta(full.substr(sent));
+  }
+  out.text = std::move(full);
+  return out;
+}
+
+// The error a generation that did not end by "stop" or "length" answers with.
+HttpError finish_error(const Outcome& o, double timeout_s) {
+  if (o.finish == Finish::kTimeout)
+    return HttpError{504, "the request timed out after " + std::to_string(timeout_s) + " s", "timeout", "timeout"};
+  if (o.finish == Finish::kError) return HttpError{500, o.error, "server_error", ""};
+  return HttpError{503, "the server is shutting down", "server_busy", "shutting_down"};
+}
+
+// A whole generation for a non-streaming response; throws its error unless it ended by "stop" or
+// "length".
+Outcome generate_all(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
+                     const std::vector<std::string>& stops, double timeout_s) {
+  Outcome o = run_generation(sched, tok, std::move(request), stops, [](const std::string&) { return true; });
+  if (o.finish != Finish::kStop && o.finish != Finish::kLength) throw finish_error(o, timeout_s);
+  return o;
+}
+
+}  // namespace
+
+void HttpServer::route() {
+  httplib::Server& s = *http_;
+  const int threads = options_.threads > 0 ? options_.threads : gen_.slots() + options_.max_queue + 8;
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  s.set_payload_max_length(options_.max_body_bytes);
+  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;  // a handler's own error
+    HttpError e{res.status, "", "invalid_request_error", ""};
+    if (res.status == 413) {
+      e.message = "the body is larger than " + std::to_string(options_.max_body_bytes) + " bytes";
+      e.code = "payload_too_large";
+    } else if (res.status == 404) {
+      e.message = "no endpoint " + req.method + " " + req.path;
+      e.code = "not_found";
+    } else {
+      e.message = "HTTP " + std::to_string(res.status);
+    }
+    res.set_content(dump(error_json(e)), "application/json");
+    record(req.path, res.status, 0.0);
+  });
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, HttpError{500, what, "server_error", ""});
+  });
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining_) {
+      res.status = 503;
+      res.set_content(R"({"status":"draining"})", "application/json");
+    } else {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    }
+  });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_text(), "text/plain; version=0.0.4");
+  });
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json m = {{"id", options_.model_name}, {"object", "model"}, {"created", created_}, {"owned_by", "meshtrain"}};
+    res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
+    record("/v1/models", 200, 0.0);
+  });
+  s.Post("/", [this](const httplib::Request& req, httplib::Response& res) { handle_chatglm(req, res); });
+  s.Post("/v1/completions",
+         [this](const httplib::Request& req, httplib::Response& res) { handle_completion(req, res, false); });
+  s.Post("/v1/chat/completions",
+         [this](const httplib::Request& req, httplib::Response& res) { handle_completion(req, res, true); });
+}
+
+void HttpServer::handle_chatglm(const httplib::Request& req, httplib::Response& res) {
+  const auto t0 = Clock::now();
+  ++in_flight_;
+  int status = 200;
+  try {
+    const json body = parse_body(req);
+    const std::string prompt = get_string(body, "prompt");
+    data::ChatHistory history;
+    json history_json = json::array();
+    if (present(body, "history")) {
+      const json& h = body["history"];
+      if (!h.is_array()) bad("\"history\" must be a list of [prompt, response]", "invalid_type");
+      for (const json& turn : h) {
+        if (!turn.is_array() || turn.size() != 2 || !turn[0].is_string() || !turn[1].is_string())
+          bad("each \"history\" entry must be [prompt, response] strings", "invalid_type");
+        history.emplace_back(turn[0].get<std::string>(), turn[1].get<std::string>());
+        history_json.push_back(turn);
+      }
+    }
+    // ChatGLM's defaults: max_length 2048 (prompt and response together), top_p 0.7, temperature 0.95.
+    GenerationRequest r;
+    r.prompt = encode_pieces(data::chat_prompt_pieces(history, prompt));
+    const int max_length = get_int(body, "max_length", 2048, 1, 1 << 30);
+    if (static_cast<int>(r.prompt.size()) >= std::min(max_length, gen_.capacity()))
+      throw HttpError{400,
+                      "the prompt and history are " + std::to_string(r.prompt.size()) + " tokens; max_length " +
+                          std::to_string(max_length) + " and the context of " + std::to_string(gen_.capacity()) +
+                          " leave no room for a response",
+                      "invalid_request_error", "context_length_exceeded"};
+    r.max_new_tokens = max_length - static_cast<int>(r.prompt.size());
+    r.sampling = sampling_from(body, 0.95f, 0.7f);
+    r.stop_ids = {tok_.eot_id()};
+    r.stop_from = tok_.vocab_size();
+    r.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.request_timeout_s));
+    const std::string text = generate_all(*scheduler_, tok_, std::move(r), {}, options_.request_timeout_s).text;
+    history_json.push_back(json::array({prompt, text}));
+    json out = {{"response", text}, {"history", history_json}, {"status", 200}, {"time", local_time()}};
+    res.set_content(dump(out), "application/json");
+  } catch (const HttpError& e) {
+    status = e.status;
+    json j = error_json(e);
+    j["status"] = e.status;
+    res.status = e.status;
+    res.set_content(dump(j), "application/json");
+  }
+  record("/", status, std::chrono::duration<double>(Clock::now() - t0).count());
+  --in_flight_;
+}
+
+void HttpServer::handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const auto t0 = Clock::now();
+  const std::string endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+  ++in_flight_;
+  try {
+    const json body = parse_body(req);
+    if (present(body, "model") && (!body["model"].is_string() || body["model"].get<std::string>() != options_.model_name))
+      throw HttpError{404, "the model " + body["model"].dump() + " does not exist; this server has \"" +
+                               options_.model_name + "\"",
+                      "invalid_request_error", "model_not_found"};
+    refuse_unless(body, "n", 1);
+    refuse_unless(body, "presence_penalty", 0);
+    refuse_unless(body, "frequency_penalty", 0);
+    refuse_unless(body, "logit_bias", json::object());
+    refuse_unless(body, "logprobs", chat ? json(false) : json(nullptr));
+    if (!chat) {
+      refuse_unless(body, "best_of", 1);
+      refuse_unless(body, "echo", false);
+      refuse_unless(body, "suffix", nullptr);
+    } else {
+      refuse_unless(body, "tools", nullptr);
+      refuse_unless(body, "top_logprobs", nullptr);
+    }
+    GenerationRequest r;
+    if (chat) {
+      if (!present(body, "messages") || !body["messages"].is_array() || body["messages"].empty())
+        bad("\"messages\" must be a non-empty list of {\"role\", \"content\"}", "invalid_type");
+      std::vector<std::string> pieces;
+      data::ChatHistory history;
+      std::string pending;  // a user turn waiting for its assistant reply
+      bool have_pending = false;
+      const json& msgs = body["messages"];
+      for (size_t i = 0; i < msgs.size(); ++i) {
+        const json& m = msgs[i];
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+            !m["content"].is_string())
+          bad("messages[" + std::to_string(i) + "] must be {\"role\": string, \"content\": string}", "invalid_type");
+        const std::string role = m["role"], content = m["content"];
+        if (role == "system" && history.empty() && !have_pending) {
+          pieces.push_back(content + "\n");
+        } else if (role == "user" && !have_pending) {
+          pending = content;
+          have_pending = true;
+        } else if (role == "assistant" && have_pending) {
+          history.emplace_back(pending, content);
+          have_pending = false;
+        } else {
+          bad("messages[" + std::to_string(i) + "]: expected " +
+                  (have_pending ? "an \"assistant\" turn" : "a \"user\" turn (a \"system\" one only first)") +
+                  ", got \"" + role + "\"",
+              "invalid_value");
+        }
+      }
+      if (!have_pending) bad("the last message must be a \"user\" turn", "invalid_value");
+      for (std::string& p : data::chat_prompt_pieces(history, pending)) pieces.push_back(std::move(p));
+      r.prompt = encode_pieces(pieces);
+    } else {
+      if (!present(body, "prompt")) bad("\"prompt\" is required", "missing_field");
+      const json& p = body["prompt"];
+      std::string text;
+      if (p.is_string()) {
+        text = p.get<std::string>();
+      } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+        text = p[0].get<std::string>();
+      } else {
+        bad("\"prompt\" must be a string (or a list of one string)", "invalid_type");
+      }
+      r.prompt = tok_.encode(text);
+      if (r.prompt.empty()) r.prompt.push_back(tok_.eot_id());  // an empty prompt starts a document
+    }
+    if (static_cast<int>(r.prompt.size()) > gen_.capacity())
+      throw HttpError{400,
+                      "the prompt is " + std::to_string(r.prompt.size()) + " tokens; the context holds " +
+                          std::to_string(gen_.capacity()),
+                      "invalid_request_error", "context_length_exceeded"};
+    const char* max_key = chat && present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    r.max_new_tokens = get_int(body, max_key, chat ? gen_.capacity() : options_.default_max_tokens, 1, 1 << 30);
+    r.sampling = sampling_from(body, 1.0f, 1.0f);
+    r.stop_ids = {tok_.eot_id()};
+    r.stop_from = tok_.vocab_size();
+    r.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.request_timeout_s));
+    const std::vector<std::string> stops = stops_from(body);
+    bool stream = false;
+    if (present(body, "stream")) {
+      if (!body["stream"].is_boolean()) bad("\"stream\" must be true or false", "invalid_type");
+      stream = body["stream"].get<bool>();
+    }
+    const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
+    const int64_t created = static_cast<int64_t>(std::time(nullptr));
+    const int prompt_tokens = static_cast<int>(r.prompt.size());
+    auto finish_json = [](Finish f) { return json(f == Finish::kLength ? "length" : "stop"); };
+
+    if (!stream) {
+      const Outcome o = generate_all(*scheduler_, tok_, std::move(r), stops, options_.request_timeout_s);
+      const int completion = o.completion_tokens;
+      json choice = {{"index", 0}, {"finish_reason", finish_json(o.finish)}};
+      if (chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", o.text}};
+        choice["logprobs"] = nullptr;
+      } else {
+        choice["text"] = o.text;
+        choice["logprobs"] = nullptr;
+      }
+      json out = {{"id", id},
+                  {"object", chat ? "chat.completion" : "text_completion"},
+                  {"created", created},
+                  {"model", options_.model_name},
+                  {"choices", json::array({choice})},
+                  {"usage",
+                   {{"prompt_tokens", prompt_tokens},
+                    {"completion_tokens", completion},
+                    {"total_tokens", prompt_tokens + completion}}}};
+      res.set_content(dump(out), "application/json");
+      record(endpoint, 200, std::chrono::duration<double>(Clock::now() - t0).count());
+      --in_flight_;
+      return;
+    }
+
+    // Streaming: server-sent events, one per text delta, then the finish reason and [DONE]. The
+    // generation runs in the content provider, after the headers; a failed write cancels it.
+    auto req_ptr = std::make_shared<GenerationRequest>(std::move(r));
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, req_ptr, stops, id, created, chat, endpoint, t0, finish_json](size_t, httplib::DataSink& sink) {
+          auto chunk = [&](const json& delta_or_text, const json& finish_reason) {
+            json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+            if (chat) choice["delta"] = delta_or_text;
+            else choice["text"] = delta_or_text;
+            json ev = {{"id", id},
+                       {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                       {"created", created},
+                       {"model", options_.model_name},
+                       {"choices", json::array({choice})}};
+            const std::string line = "data: " + dump(ev) + "\n\n";
+            return sink.write(line.data(), line.size());
+          };
+          bool alive = !chat || chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr);
+          Finish finish = Finish::kNone;
+          int status = 200;
+          try {
+            const Outcome o = run_generation(*scheduler_, tok_, std::move(*req_ptr), stops, [&](const std::string& delta) {
+              if (alive) alive = chunk(chat ? json{{"content", delta}} : json(delta), nullptr);
+              return alive;
+            });
+            finish = o.finish;
+            if (alive) {
+              if (finish == Finish::kStop || finish == Finish::kLength) {
+                alive = chunk(chat ? json::object() : json(""), finish_json(finish));
+              } else {
+                const HttpError e = finish_error(o, options_.request_timeout_s);
+                status = e.status;
+                const std::string line = "data: " + dump(error_json(e)) + "\n\n";
+                alive = sink.write(line.data(), line.size());
+              }
+            }
+          } catch (const HttpError& e) {
+            status = e.status;
+            const std::string line = "data: " + dump(error_json(e)) + "\n\n";
+            alive = sink.write(line.data(), line.size());
+          }
+          if (alive) {
+            const std::string done = "data: [DONE]\n\n";
+            sink.write(done.data(), done.size());
+          } else if (finish == Finish::kCancelled) {
+            status = 499;  // the client closed the connection (nginx's code)
+          }
+          sink.done();
+          record(endpoint, status, std::chrono::duration<double>(Clock::now() - t0).count());
+          return true;
+        },
+        [this](bool) { --in_flight_; });
+  } catch (const HttpError& e) {
+    send_error(res, e);
+    record(endpoint, e.status, std::chrono::duration<double>(Clock::now() - t0).count());
+    --in_flight_;
+  }
+}
+
+}  // namespace mt::serve

@@ -1,0 +1,267 @@
+#include "serve/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "base/error.h"
+
+namespace mt::serve {
+
+const char* finish_name(Finish f) {
+  switch (f) {
+    case Finish::kStop: return "stop";
+    case Finish::kLength: return "length";
+    case Finish::kTimeout: return "timeout";
+    case Finish::kCancelled: return "cancelled";
+    case Finish::kError: return "error";
+    case Finish::kNone: break;
+  }
+  return "none";
+}
+
+std::vector<int32_t> Generation::wait(size_t have, std::chrono::milliseconds wait, bool* done) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, wait, [&] { return tokens_.size() > have || finish_ != Finish::kNone; });
+  *done = finish_ != Finish::kNone;
+  if (tokens_.size() <= have) return {};
+  return std::vector<int32_t>(tokens_.begin() + static_cast<std::ptrdiff_t>(have), tokens_.end());
+}
+
+void Generation::cancel(Finish why) {
+  int expected = 0;
+  cancel_.compare_exchange_strong(expected, static_cast<int>(why));
+}
+
+Finish Generation::finish() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finish_;
+}
+
+std::string Generation::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+double Generation::time_to_first_token() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (tokens_.empty()) return 0.0;
+  return std::chrono::duration<double>(first_token_ - submitted_).count();
+}
+
+void Generation::push(int32_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (tokens_.empty()) first_token_ = Clock::now();
+    tokens_.push_back(id);
+  }
+  cv_.notify_all();
+}
+
+void Generation::end(Finish why, std::string error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_ != Finish::kNone) return;
+    finish_ = why;
+    error_ = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+Scheduler::Scheduler(Generator& generator, const SchedulerOptions& options)
+    : gen_(generator), options_(options) {
+  MT_CHECK(options.max_queue >= 0, ErrorKind::kInvalidArgument, "scheduler: max_queue must be >= 0");
+  for (int s = gen_.slots() - 1; s >= 0; --s) free_slots_.push_back(s);
+  totals_.slots = gen_.slots();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    draining_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
+  const int n = static_cast<int>(request.prompt.size());
+  MT_CHECK(n > 0, ErrorKind::kInvalidArgument, "the prompt is empty");
+  MT_CHECK(n <= gen_.capacity(), ErrorKind::kInvalidArgument,
+           "the prompt has " + std::to_string(n) + " tokens; the context holds " + std::to_string(gen_.capacity()));
+  for (int32_t id : request.prompt)
+    MT_CHECK(id >= 0 && id < gen_.vocab_size(), ErrorKind::kInvalidArgument,
+             "prompt token " + std::to_string(id) + " is outside the vocabulary");
+  MT_CHECK(request.max_new_tokens >= 1, ErrorKind::kInvalidArgument,
+           "max_tokens must be at least 1, got " + std::to_string(request.max_new_tokens));
+  sampling_options_validate(request.sampling);
+  auto g = std::make_shared<Generation>();
+  g->prompt_tokens_ = n;
+  g->submitted_ = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_ || static_cast<int>(queue_.size()) >= options_.max_queue) return nullptr;
+    queue_.emplace_back(g, std::move(request));
+  }
+  cv_.notify_all();
+  return g;
+}
+
+void Scheduler::drain() {
+  draining_ = true;
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [&] { return queue_.empty() && active_count_ == 0; });
+}
+
+Scheduler::Stats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats s = totals_;
+  s.queued = static_cast<int>(queue_.size());
+  s.active = active_count_;
+  return s;
+}
+
+bool Scheduler::take(Active& a, std::span<const float> logits) {
+  int32_t id;
+  try {
+    id = a.sampler.sample(logits);
+  } catch (const std::exception& e) {
+    a.gen->end(Finish::kError, e.what());
+    return false;
+  }
+  if (id >= a.req.stop_from || std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), id) != a.req.stop_ids.end()) {
+    a.gen->end(Finish::kStop);
+    return false;
+  }
+  a.gen->push(id);
+  a.last = id;
+  ++a.produced;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++totals_.generated_tokens;
+  }
+  if (a.produced >= a.req.max_new_tokens || gen_.position(a.slot) >= gen_.capacity()) {
+    a.gen->end(Finish::kLength);
+    return false;
+  }
+  return true;
+}
+
+void Scheduler::loop() {
+  std::vector<int> slots;
+  std::vector<int32_t> tokens;
+  for (;;) {
+    std::vector<std::pair<std::shared_ptr<Generation>, GenerationRequest>> admit;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !active_.empty() || (!queue_.empty() && !free_slots_.empty()); });
+      if (stop_) {
+        for (auto& q : queue_) q.first->end(Finish::kCancelled, "the server is shutting down");
+        queue_.clear();
+        for (Active& a : active_) a.gen->end(Finish::kCancelled, "the server is shutting down");
+        active_.clear();
+        active_count_ = 0;
+        idle_cv_.notify_all();
+        return;
+      }
+      while (!queue_.empty() && admit.size() < free_slots_.size()) {
+        admit.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      active_count_ += static_cast<int>(admit.size());
+    }
+    const Clock::time_point now = Clock::now();
+    int removed = 0;
+    // Admit: a prefill each; the first token is drawn from the prompt's last logits.
+    for (auto& [g, req] : admit) {
+      if (g->cancel_.load() != 0 || now >= req.deadline) {
+        g->end(g->cancel_.load() != 0 ? static_cast<Finish>(g->cancel_.load()) : Finish::kTimeout);
+        ++removed;
+        continue;
+      }
+      const int slot = free_slots_.back();
+      free_slots_.pop_back();
+      Sampler sampler(req.sampling);
+      Active a{g, std::move(req), std::move(sampler), slot, 0, 0};
+      bool goes_on = false;
+      try {
+        std::span<const float> logits = gen_.prefill(slot, a.req.prompt);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          totals_.prompt_tokens += a.req.prompt.size();
+        }
+        goes_on = take(a, logits);
+      } catch (const std::exception& e) {
+        g->end(Finish::kError, e.what());
+      }
+      if (goes_on) {
+        active_.push_back(std::move(a));
+      } else {
+        free_slots_.push_back(slot);
+        ++removed;
+      }
+    }
+    // Cancellations and deadlines end a sequence before its next step.
+    const Clock::time_point t = Clock::now();
+    auto ended = [&](Active& a) {
+      const int c = a.gen->cancel_.load();
+      if (c != 0) a.gen->end(static_cast<Finish>(c));
+      else if (t >= a.req.deadline) a.gen->end(Finish::kTimeout);
+      return c != 0 || t >= a.req.deadline;
+    };
+    for (size_t i = 0; i < active_.size();) {
+      if (ended(active_[i])) {
+        free_slots_.push_back(active_[i].slot);
+        active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+        ++removed;
+      } else {
+        ++i;
+      }
+    }
+    // One decode step for every active sequence.
+    if (!active_.empty()) {
+      slots.clear();
+      tokens.clear();
+      for (const Active& a : active_) {
+        slots.push_back(a.slot);
+        tokens.push_back(a.last);
+      }
+      const size_t V = static_cast<size_t>(gen_.vocab_size());
+      try {
+        std::span<const float> rows = gen_.decode_batch(slots, tokens);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++totals_.decode_steps;
+          totals_.decode_rows += slots.size();
+        }
+        for (size_t i = 0; i < active_.size();) {
+          // active_ is in the order of slots: row i is active_[i] until one is erased, so index
+          // the rows by the position at the time of the step.
+          const size_t row = static_cast<size_t>(std::find(slots.begin(), slots.end(), active_[i].slot) - slots.begin());
+          if (!take(active_[i], rows.subspan(row * V, V))) {
+            free_slots_.push_back(active_[i].slot);
+            active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+            ++removed;
+          } else {
+            ++i;
+          }
+        }
+      } catch (const std::exception& e) {
+        for (Active& a : active_) {
+          a.gen->end(Finish::kError, e.what());
+          free_slots_.push_back(a.slot);
+          ++removed;
+        }
+        active_.clear();
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active_count_ -= removed;
+      if (queue_.empty() && active_count_ == 0) idle_cv_.notify_all();
+    }
+  }
+}
+
+}  // namespace mt::serve
