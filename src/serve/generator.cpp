@@ -165,8 +165,8 @@ std::span<const float> Generator::decode_batch(std::span<const int> slots, std::
     MT_CHECK(!seen[s], ErrorKind::kInvalidArgument, "generator: slot " + std::to_string(s) + " appears twice in a batch");
     seen[s] = 1;
     MT_CHECK(pos_[s] < capacity(), ErrorKind::kInvalidArgument,
-             "generator: the context of slot " + std::to_string(s) + " is full (" + std::to_string(capacity()) +
-                 " tokens); reset() or prefill() a shorter sequence");
+             "generator: the context is full (" + std::to_string(capacity()) + " tokens) in slot " +
+                 std::to_string(s) + "; reset() or prefill() a shorter sequence");
     check_token(tokens[i], pos_[s]);
   }
   ensure_rows(n);

@@ -14,49 +14,16 @@
 #include "models/transformer.h"
 #include "serve/generator.h"
 #include "serve/sampler.h"
+#include "serve/test_util.h"
 #include "tensor/allocator.h"
 
 namespace mt::serve {
 namespace {
 
-// configs/models/tiny-gpt2.json and tiny-llama.json (the JSON readers live in engine/, above us).
-models::ModelConfig tiny_config(const std::string& name) {
-  models::ModelConfig c;
-  if (name == "tiny-gpt2") {
-    c.arch = models::Arch::kGpt2;
-    c.vocab_size = 97; c.hidden = 48; c.n_layer = 2; c.n_head = 4; c.n_kv_head = 4;
-    c.intermediate = 4 * 48; c.max_positions = 32; c.norm_eps = 1e-5f; c.tie_embeddings = true;
-  } else {
-    c.arch = models::Arch::kLlama;
-    c.vocab_size = 101; c.hidden = 64; c.n_layer = 2; c.n_head = 4; c.n_kv_head = 2;
-    c.intermediate = 176; c.max_positions = 64; c.norm_eps = 1e-5f; c.rope_theta = 10000.0f;
-    c.tie_embeddings = false;
-  }
-  return c;
-}
-
-double uniform(uint64_t* state) {  // [0, 1)
-  return static_cast<double>(data::splitmix64_next(state) >> 11) * 0x1.0p-53;
-}
-
-// A model whose every parameter (norm weights and biases included) is its seeded init plus
-// uniform noise of +-0.15, so attention is far from uniform and positions matter.
-std::unique_ptr<models::TransformerLM> make_model(const models::ModelConfig& cfg) {
-  models::ModelOptions opts;
-  opts.seed = 77;
-  auto m = std::make_unique<models::TransformerLM>(cfg, opts);
-  uint64_t state = 5;
-  for (nn::Parameter* p : m->store().parameters())
-    for (int64_t i = 0; i < p->numel(); ++i) p->master[i] += static_cast<float>(0.3 * (uniform(&state) - 0.5));
-  m->store().sync_compute();
-  return m;
-}
-
-std::vector<int32_t> random_tokens(int n, int V, uint64_t seed) {
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(data::splitmix64_next(&seed) % static_cast<uint64_t>(V));
-  return t;
-}
+using testing::make_model;
+using testing::random_tokens;
+using testing::tiny_config;
+using testing::uniform;
 
 // Logits (len, V) of TransformerLM::logits() on tokens[0, len), prepared with B = 1, T = len.
 std::vector<float> full_logits(models::TransformerLM& m, const std::vector<int32_t>& tokens, int len) {
@@ -203,6 +170,47 @@ TEST_P(GeneratorTest, GenerateGreedyStopTokenAndFullContext) {
   SamplingOptions o{.temperature = 1.3f, .top_k = 20, .top_p = 0.9f, .seed = 42};
   EXPECT_EQ(gen.generate(prompt, 12, o), gen.generate(prompt, 12, o));
   EXPECT_THROW(gen.generate(prompt, -1, o), Error);
+}
+
+// Several sequences in one generator, decoded a step at a time together (continuous batching),
+// give each sequence the logits a generator of its own gives it, at every step: each row attends
+// over its own slot at its own position, and the batched GEMMs change nothing but the row count.
+TEST_P(GeneratorTest, DecodeBatchEqualsEachSequenceAlone) {
+  models::ModelConfig cfg = tiny_config(GetParam());
+  auto model = make_model(cfg);
+  const int V = cfg.vocab_size, S = 3;
+  Generator batch(*model, {.slots = S});
+  EXPECT_EQ(batch.slots(), S);
+  std::vector<std::unique_ptr<Generator>> alone;
+  std::vector<std::vector<int32_t>> next(S);
+  for (int s = 0; s < S; ++s) {
+    alone.push_back(std::make_unique<Generator>(*model));
+    std::vector<int32_t> prompt = random_tokens(2 + 5 * s, V, 20 + s);  // lengths 2, 7, 12
+    std::span<const float> a = alone[s]->prefill(prompt);
+    std::vector<float> want(a.begin(), a.end());
+    EXPECT_LE(rel_err(batch.prefill(s, prompt), want.data()), 1e-6) << "slot " << s;
+    next[s] = random_tokens(12, V, 40 + s);
+  }
+  for (int step = 0; step < 12; ++step) {
+    // Slot 1 sits out the odd steps: a batch is any subset of the slots, in any order.
+    std::vector<int> slots = step % 2 ? std::vector<int>{2, 0} : std::vector<int>{2, 0, 1};
+    std::vector<int32_t> tokens;
+    for (int s : slots) tokens.push_back(next[s][step]);
+    std::span<const float> rows = batch.decode_batch(slots, tokens);
+    ASSERT_EQ(rows.size(), slots.size() * V);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      std::span<const float> a = alone[slots[i]]->decode(tokens[i]);
+      EXPECT_LE(rel_err(rows.subspan(i * V, V), a.data()), 1e-5) << "step " << step << " slot " << slots[i];
+      EXPECT_EQ(batch.position(slots[i]), alone[slots[i]]->position());
+    }
+  }
+  const std::vector<int> dup = {0, 0}, one = {0}, bad = {S};
+  const std::vector<int32_t> two = {1, 2}, t1 = {1};
+  EXPECT_THROW(batch.decode_batch(dup, two), Error);
+  EXPECT_THROW(batch.decode_batch(one, two), Error);
+  EXPECT_THROW(batch.decode_batch(bad, t1), Error);
+  EXPECT_THROW(batch.prefill(S, {1}), Error);
+  EXPECT_THROW(Generator(*model, {.slots = 0}), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GeneratorTest, ::testing::Values("tiny-gpt2", "tiny-llama"),

@@ -1,0 +1,435 @@
+// serve/http_server over loopback with a real HTTP client (cpp-httplib's): every endpoint and
+// error, greedy answers equal to the generator's, streaming equal to the whole answer, stop
+// strings, concurrent clients, a client that disconnects, and a graceful shutdown.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/chat.h"
+#include "data/tokenizer.h"
+#include "serve/generator.h"
+#include "serve/http_server.h"
+#include "serve/test_util.h"
+
+namespace mt::serve {
+namespace {
+
+using json = nlohmann::json;
+
+const char* kCorpus =
+    "The cat sat on the mat. The dog sat on the log. A bird sang in the tree, and the cat watched it.\n"
+    "你好，世界。今天天气很好。我们去公园散步吧。\n"
+    "Once upon a time there was a model that answered questions over HTTP, one token at a time.\n";
+
+// A server on a free port, run on its own thread until shutdown.
+struct Running {
+  Running(models::TransformerLM& model, const data::Tokenizer& tok, GeneratorOptions go, ServerOptions so)
+      : gen(model, go), server(gen, tok, (so.port = 0, so)) {
+    port = server.bind();
+    thread = std::thread([this] { server.serve(); });
+  }
+  ~Running() {
+    server.shutdown();
+    thread.join();
+  }
+  Generator gen;
+  HttpServer server;
+  int port = 0;
+  std::thread thread;
+};
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::train(kCorpus, 300));
+    models::ModelConfig c = testing::tiny_config("tiny-gpt2");
+    c.vocab_size = 300;
+    c.max_positions = 128;
+    model_ = testing::make_model(c);
+    ServerOptions so;
+    so.model_name = "tiny";
+    so.max_body_bytes = 64 << 10;
+    server_ = std::make_unique<Running>(*model_, *tok_, GeneratorOptions{.slots = 4}, so);
+    alone_ = std::make_unique<Generator>(*model_);
+  }
+  static void TearDownTestSuite() {
+    server_.reset();
+    alone_.reset();
+    model_.reset();
+    tok_.reset();
+  }
+
+  static httplib::Result post(const std::string& path, const std::string& body) {
+    httplib::Client cli("127.0.0.1", server_->port);
+    cli.set_read_timeout(60, 0);
+    return cli.Post(path.c_str(), body, "application/json");
+  }
+  static json post_json(const std::string& path, const json& body, int want_status = 200) {
+    httplib::Result r = post(path, body.dump());
+    EXPECT_TRUE(r) << "no response";
+    if (!r) return json();
+    EXPECT_EQ(r->status, want_status) << r->body;
+    return json::parse(r->body);
+  }
+  // What the generator alone answers, greedily, to prompt ids: text up to <|endoftext|>, with
+  // bytes that are not UTF-8 replaced by U+FFFD as a JSON answer must (a random model's tokens
+  // split characters).
+  static std::string reference(const std::vector<int32_t>& prompt, int max_new) {
+    std::vector<int32_t> ids = alone_->generate(prompt, max_new, {.temperature = 0.0f}, tok_->eot_id());
+    if (!ids.empty() && ids.back() == tok_->eot_id()) ids.pop_back();
+    return json::parse(json(tok_->decode(ids)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+  }
+  static std::vector<int32_t> encode_pieces(const std::vector<std::string>& pieces) {
+    std::vector<int32_t> ids;
+    for (const std::string& p : pieces) {
+      std::vector<int32_t> part = tok_->encode(p);
+      ids.insert(ids.end(), part.begin(), part.end());
+    }
+    return ids;
+  }
+  // The JSON events of a server-sent-event body, [DONE] excluded; *done set when it came last.
+  static std::vector<json> events(const std::string& body, bool* done) {
+    std::vector<json> out;
+    *done = false;
+    size_t pos = 0;
+    while ((pos = body.find("data: ", pos)) != std::string::npos) {
+      const size_t end = body.find("\n\n", pos);
+      EXPECT_NE(end, std::string::npos);
+      const std::string data = body.substr(pos + 6, end - pos - 6);
+      pos = end + 2;
+      if (data == "[DONE]") {
+        *done = pos == body.size();
+        continue;
+      }
+      out.push_back(json::parse(data));
+    }
+    return out;
+  }
+
+  static std::unique_ptr<data::Tokenizer> tok_;
+  static std::unique_ptr<models::TransformerLM> model_;
+  static std::unique_ptr<Running> server_;
+  static std::unique_ptr<Generator> alone_;
+};
+std::unique_ptr<data::Tokenizer> HttpServerTest::tok_;
+std::unique_ptr<models::TransformerLM> HttpServerTest::model_;
+std::unique_ptr<Running> HttpServerTest::server_;
+std::unique_ptr<Generator> HttpServerTest::alone_;
+
+TEST_F(HttpServerTest, HealthModelsAndMetrics) {
+  httplib::Client cli("127.0.0.1", server_->port);
+  auto h = cli.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(json::parse(h->body)["status"], "ok");
+  auto m = cli.Get("/v1/models");
+  ASSERT_TRUE(m);
+  json models = json::parse(m->body);
+  EXPECT_EQ(models["object"], "list");
+  ASSERT_EQ(models["data"].size(), 1u);
+  EXPECT_EQ(models["data"][0]["id"], "tiny");
+  post_json("/v1/completions", {{"prompt", "The cat"}, {"max_tokens", 3}, {"temperature", 0}});
+  auto metrics = cli.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+  for (const char* name :
+       {"meshtrain_requests_total{endpoint=\"/v1/completions\",status=\"200\"}", "meshtrain_request_duration_seconds_bucket{le=\"+Inf\"}",
+        "meshtrain_generated_tokens_total", "meshtrain_prompt_tokens_total", "meshtrain_queue_depth 0",
+        "meshtrain_active_sequences", "meshtrain_slots 4"})
+    EXPECT_NE(metrics->body.find(name), std::string::npos) << name << "\n" << metrics->body;
+}
+
+TEST_F(HttpServerTest, GreedyCompletionEqualsTheGenerators) {
+  for (const std::string prompt : {"The cat sat", "Once upon", "你好"}) {
+    json r = post_json("/v1/completions", {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 20}, {"temperature", 0}});
+    const std::vector<int32_t> ids = tok_->encode(prompt);
+    const std::string want = reference(ids, 20);
+    EXPECT_EQ(r["object"], "text_completion");
+    EXPECT_EQ(r["model"], "tiny");
+    EXPECT_EQ(r["choices"][0]["text"], want) << prompt;
+    EXPECT_EQ(r["usage"]["prompt_tokens"], ids.size());
+    EXPECT_EQ(r["usage"]["total_tokens"], r["usage"]["prompt_tokens"].get<int>() + r["usage"]["completion_tokens"].get<int>());
+    const int n = r["usage"]["completion_tokens"];
+    EXPECT_EQ(r["choices"][0]["finish_reason"], n == 20 ? "length" : "stop");
+  }
+  // Seeded sampling is reproducible over HTTP.
+  const json s = {{"prompt", "The"}, {"max_tokens", 12}, {"temperature", 1.0}, {"top_k", 40}, {"top_p", 0.9}, {"seed", 5}};
+  EXPECT_EQ(post_json("/v1/completions", s)["choices"][0]["text"], post_json("/v1/completions", s)["choices"][0]["text"]);
+}
+
+TEST_F(HttpServerTest, StreamingConcatenatesToTheWholeAnswer) {
+  for (bool chat : {false, true}) {
+    SCOPED_TRACE(chat ? "chat" : "completions");
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    json body = {{"max_tokens", 25}, {"temperature", 0}};
+    if (chat) body["messages"] = json::array({{{"role", "user"}, {"content", "你好"}}});
+    else body["prompt"] = "The dog";
+    json whole = post_json(path, body);
+    body["stream"] = true;
+    httplib::Result r = post(path, body.dump());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_NE(r->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+    bool done = false;
+    std::vector<json> evs = events(r->body, &done);
+    EXPECT_TRUE(done) << "the stream does not end with data: [DONE]";
+    ASSERT_GE(evs.size(), 2u);
+    std::string text;
+    for (size_t i = 0; i < evs.size(); ++i) {
+      const json& c = evs[i]["choices"][0];
+      EXPECT_EQ(evs[i]["object"], chat ? "chat.completion.chunk" : "text_completion");
+      EXPECT_EQ(evs[i]["id"], evs[0]["id"]);
+      if (i + 1 < evs.size()) {
+        EXPECT_TRUE(c["finish_reason"].is_null());
+      }
+      text += chat ? c["delta"].value("content", "") : c["text"].get<std::string>();
+    }
+    if (chat) {
+      EXPECT_EQ(evs[0]["choices"][0]["delta"]["role"], "assistant");
+    }
+    const json& whole_choice = whole["choices"][0];
+    EXPECT_EQ(text, chat ? whole_choice["message"]["content"].get<std::string>() : whole_choice["text"].get<std::string>());
+    EXPECT_EQ(evs.back()["choices"][0]["finish_reason"], whole_choice["finish_reason"]);
+  }
+}
+
+TEST_F(HttpServerTest, ChatAndChatGLMApplyTheTrainingLayout) {
+  const data::ChatHistory history = {{"What sat on the mat?", "The cat."}};
+  const std::string want = reference(encode_pieces(data::chat_prompt_pieces(history, "And the dog?")), 30);
+  json chat = post_json("/v1/chat/completions",
+                        {{"messages", json::array({{{"role", "user"}, {"content", "What sat on the mat?"}},
+                                                   {{"role", "assistant"}, {"content", "The cat."}},
+                                                   {{"role", "user"}, {"content", "And the dog?"}}})},
+                         {"max_tokens", 30},
+                         {"temperature", 0}});
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], want);
+  // ChatGLM's api.py request and answer; max_length counts the prompt too.
+  const std::vector<int32_t> glm_prompt = encode_pieces(data::chat_prompt_pieces(history, "你好"));
+  json glm = post_json("/", {{"prompt", "你好"}, {"history", json::array({{"What sat on the mat?", "The cat."}})},
+                             {"max_length", 60}, {"temperature", 0}});
+  const std::string glm_want = reference(glm_prompt, 60 - static_cast<int>(glm_prompt.size()));
+  EXPECT_EQ(glm["status"], 200);
+  EXPECT_EQ(glm["response"], glm_want);
+  ASSERT_EQ(glm["history"].size(), 2u);
+  EXPECT_EQ(glm["history"][1][0], "你好");
+  EXPECT_EQ(glm["history"][1][1], glm["response"]);
+  EXPECT_TRUE(std::regex_match(glm["time"].get<std::string>(), std::regex(R"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")))
+      << glm["time"];
+}
+
+TEST_F(HttpServerTest, StopStringsCutTheAnswer) {
+  json body = {{"prompt", "Once upon a time"}, {"max_tokens", 40}, {"temperature", 0}};
+  const std::string full = post_json("/v1/completions", body)["choices"][0]["text"];
+  ASSERT_GE(full.size(), 8u) << full;
+  size_t at = 3;  // two ASCII bytes past the start (a random model's text has U+FFFD in it)
+  while (at + 1 < full.size() && (static_cast<unsigned char>(full[at]) >= 0x80 || static_cast<unsigned char>(full[at + 1]) >= 0x80))
+    ++at;
+  ASSERT_LT(at + 1, full.size()) << full;
+  const std::string stop = full.substr(at, 2);
+  const std::string want = full.substr(0, full.find(stop));
+  body["stop"] = json::array({"\x01never", stop});
+  json r = post_json("/v1/completions", body);
+  EXPECT_EQ(r["choices"][0]["text"], want);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  body["stream"] = true;
+  bool done = false;
+  httplib::Result s = post("/v1/completions", body.dump());
+  ASSERT_TRUE(s);
+  std::string text;
+  for (const json& e : events(s->body, &done)) text += e["choices"][0]["text"].get<std::string>();
+  EXPECT_TRUE(done);
+  EXPECT_EQ(text, want);
+}
+
+TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string code;
+  };
+  const std::string big(100 << 10, 'a');
+  const std::string too_long = "{\"prompt\": \"" + std::string(2000, 'x') + " " + std::string(2000, 'y') + "\"}";
+  const std::vector<Case> cases = {
+      {"/v1/completions", "not json", 400, "invalid_json"},
+      {"/v1/completions", "[1, 2]", 400, "invalid_request_error"},
+      {"/v1/completions", R"({"prompt": 3})", 400, "invalid_type"},
+      {"/v1/completions", R"({"max_tokens": 3})", 400, "missing_field"},
+      {"/v1/completions", R"({"prompt": "a", "max_tokens": "3"})", 400, "invalid_type"},
+      {"/v1/completions", R"({"prompt": "a", "max_tokens": 0})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": "a", "temperature": -1})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": "a", "top_p": 1.5})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": "a", "stream": "yes"})", 400, "invalid_type"},
+      {"/v1/completions", R"({"prompt": "a", "stop": [1]})", 400, "invalid_type"},
+      {"/v1/completions", R"({"prompt": "a", "n": 2})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "presence_penalty": 0.5})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "model": "gpt-4"})", 404, "model_not_found"},
+      {"/v1/completions", too_long, 400, "context_length_exceeded"},
+      {"/v1/completions", big, 413, "payload_too_large"},
+      {"/v1/chat/completions", R"({"messages": []})", 400, "invalid_type"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user"}]})", 400, "invalid_type"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})",
+       400, "invalid_value"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "robot", "content": "a"}]})", 400, "invalid_value"},
+      {"/", R"({"history": []})", 400, "missing_field"},
+      {"/", R"({"prompt": "a", "history": [["q"]]})", 400, "invalid_type"},
+      {"/", R"({"prompt": "a", "max_length": 1})", 400, "context_length_exceeded"},
+      {"/v1/nothing", "{}", 404, "not_found"},
+  };
+  for (const Case& c : cases) {
+    httplib::Result r = post(c.path, c.body);
+    ASSERT_TRUE(r) << c.path << " " << c.body.substr(0, 80);
+    EXPECT_EQ(r->status, c.status) << c.path << " " << c.body.substr(0, 80) << " -> " << r->body;
+    json e;
+    ASSERT_NO_THROW(e = json::parse(r->body)) << r->body;
+    EXPECT_EQ(e["error"]["code"], c.code) << c.body.substr(0, 80) << " -> " << r->body;
+    EXPECT_FALSE(e["error"]["message"].get<std::string>().empty());
+  }
+  httplib::Client cli("127.0.0.1", server_->port);
+  auto wrong_method = cli.Get("/v1/completions");
+  ASSERT_TRUE(wrong_method);
+  EXPECT_GE(wrong_method->status, 400);
+  EXPECT_LT(wrong_method->status, 500);
+  // Still serving.
+  json ok = post_json("/v1/completions", {{"prompt", "The"}, {"max_tokens", 2}, {"temperature", 0}});
+  EXPECT_EQ(ok["choices"].size(), 1u);
+}
+
+TEST_F(HttpServerTest, ConcurrentClientsGetTheirOwnAnswers) {
+  const std::vector<std::string> prompts = {"The cat", "The dog sat", "A bird", "Once", "你好", "Today the", "It was"};
+  std::vector<std::string> got(prompts.size());
+  const auto before = server_->server.stats();
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    clients.emplace_back([&, i] {
+      json r = post_json("/v1/completions", {{"prompt", prompts[i]}, {"max_tokens", 40}, {"temperature", 0}});
+      got[i] = r["choices"][0]["text"];
+    });
+  for (std::thread& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], reference(tok_->encode(prompts[i]), 40)) << prompts[i];
+  const auto after = server_->server.stats();
+  EXPECT_GT(after.decode_rows - before.decode_rows, after.decode_steps - before.decode_steps)
+      << "no decode step ran more than one sequence";
+}
+
+TEST(Utf8, CompletePrefixHoldsBackASplitCharacter) {
+  const std::string ni = "\xE4\xBD\xA0";  // 你
+  EXPECT_EQ(utf8_complete_prefix(""), 0u);
+  EXPECT_EQ(utf8_complete_prefix("ab"), 2u);
+  EXPECT_EQ(utf8_complete_prefix("a" + ni), 4u);
+  EXPECT_EQ(utf8_complete_prefix("a" + ni.substr(0, 2)), 1u);
+  EXPECT_EQ(utf8_complete_prefix("a" + ni.substr(0, 1)), 1u);
+  EXPECT_EQ(utf8_complete_prefix("a\xF0\x9F\x98"), 1u);       // 3 of an emoji's 4 bytes
+  EXPECT_EQ(utf8_complete_prefix("a\xF0\x9F\x98\x80"), 5u);  // all 4
+  EXPECT_EQ(utf8_complete_prefix("a\xC3"), 1u);
+  EXPECT_EQ(utf8_complete_prefix("a\xC3\xA9"), 3u);
+}
+
+// A raw client: sends one request, reads until `until` appears in the response, then closes.
+std::string request_then_close(int port, const std::string& path, const std::string& body, const std::string& until) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string req = "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  EXPECT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find(until) == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return got;
+}
+
+// A slower model (LLaMA-shaped, untied head whose <|endoftext|> row is zero, so greedy decoding
+// never ends by itself) for what needs a generation still running.
+class SlowServerTest : public HttpServerTest {
+ protected:
+  static std::unique_ptr<models::TransformerLM> slow_model() {
+    models::ModelConfig c = testing::tiny_config("tiny-llama");
+    c.vocab_size = 300; c.hidden = 256; c.n_head = 4; c.n_kv_head = 4;
+    c.intermediate = 688; c.n_layer = 4; c.max_positions = 2048;
+    auto m = testing::make_model(c);
+    nn::Parameter* head = m->store().find("lm_head.weight");
+    std::fill(head->master + static_cast<size_t>(tok_->eot_id()) * c.hidden,
+              head->master + static_cast<size_t>(tok_->eot_id() + 1) * c.hidden, 0.0f);
+    return m;
+  }
+};
+
+TEST_F(SlowServerTest, AClientThatDisconnectsCancelsItsGeneration) {
+  auto model = slow_model();
+  Running srv(*model, *tok_, {.slots = 2}, {});
+  const std::string got = request_then_close(
+      srv.port, "/v1/completions", R"({"prompt": "The cat", "max_tokens": 2000, "temperature": 0, "stream": true})",
+      "\"finish_reason\":null");
+  ASSERT_NE(got.find("200 OK"), std::string::npos) << got;
+  // The server notices at a following write and ends the generation long before 2000 tokens.
+  for (int i = 0; i < 200 && srv.server.metrics_text().find("status=\"499\"") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_NE(srv.server.metrics_text().find("meshtrain_requests_total{endpoint=\"/v1/completions\",status=\"499\"} 1"),
+            std::string::npos)
+      << srv.server.metrics_text();
+  const Scheduler::Stats s = srv.server.stats();
+  EXPECT_EQ(s.active, 0);
+  EXPECT_LT(s.generated_tokens, 1500u);
+}
+
+TEST_F(SlowServerTest, ShutdownFinishesInFlightRequestsAndRefusesNewOnes) {
+  auto model = slow_model();
+  auto srv = std::make_unique<Running>(*model, *tok_, GeneratorOptions{.slots = 2}, ServerOptions{});
+  const int port = srv->port;
+  std::string streamed;
+  std::thread client([&] {
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(120, 0);
+    auto r = cli.Post("/v1/completions", R"({"prompt": "The", "max_tokens": 300, "temperature": 0, "stream": true})",
+                      "application/json");
+    if (r) streamed = r->body;
+  });
+  while (srv->server.stats().generated_tokens < 5) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::thread stopper([&] { srv->server.shutdown(); });
+  while (!srv->server.stats().active || srv->server.metrics_text().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // While the stream runs, the server answers and refuses new work.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  httplib::Client cli("127.0.0.1", port);
+  auto h = cli.Get("/health");
+  auto refused = cli.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+  client.join();
+  stopper.join();
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503);
+  EXPECT_EQ(json::parse(refused->body)["error"]["code"], "shutting_down");
+  bool done = false;
+  std::vector<json> evs = events(streamed, &done);
+  EXPECT_TRUE(done);
+  ASSERT_FALSE(evs.empty());
+  EXPECT_EQ(evs.back()["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(srv->server.stats().generated_tokens, 300u);
+  srv.reset();  // serve() has returned: the destructor joins at once
+}
+
+}  // namespace
+}  // namespace mt::serve
