@@ -21,6 +21,7 @@ void register_tokenize(CLI::App& app);
 void register_export(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_loadtest(CLI::App& app);
 void register_plot(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_estimate(CLI::App& app);

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   mt::cli::register_plot(app);
   mt::cli::register_generate(app);
   mt::cli::register_serve(app);
+  mt::cli::register_loadtest(app);
   mt::cli::register_launch(app);
   mt::cli::register_estimate(app);
   mt::cli::register_calibrate(app);

@@ -533,7 +533,12 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     const char* max_key = chat && present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     r.max_new_tokens = get_int(body, max_key, chat ? gen_.capacity() : options_.default_max_tokens, 1, 1 << 30);
     r.sampling = sampling_from(body, 1.0f, 1.0f);
-    r.stop_ids = {tok_.eot_id()};
+    bool ignore_eos = false;  // vLLM's extension: generate max_tokens whatever comes (benchmarks)
+    if (present(body, "ignore_eos")) {
+      if (!body["ignore_eos"].is_boolean()) bad("\"ignore_eos\" must be true or false", "invalid_type");
+      ignore_eos = body["ignore_eos"].get<bool>();
+    }
+    if (!ignore_eos) r.stop_ids = {tok_.eot_id()};
     r.stop_from = tok_.vocab_size();
     r.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.request_timeout_s));
     const std::vector<std::string> stops = stops_from(body);

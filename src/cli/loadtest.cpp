@@ -1,0 +1,155 @@
+// meshtrain loadtest --url URL --clients 1,8 --duration S: a bounded HTTP load test of a running
+// `meshtrain serve` (or any OpenAI-compatible completions server). For each client count, that
+// many threads send completions back to back for the duration; it reports requests, errors,
+// p50/p99 latency and the generated tokens per second (the "usage" counts), and the speed-up of
+// each count over the first.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "cli/commands.h"
+
+namespace mt::cli {
+namespace {
+
+struct LoadArgs {
+  std::string url = "http://127.0.0.1:8000";
+  std::string clients = "1,8";
+  double duration = 10.0;
+  int max_tokens = 64;
+  std::string prompt = "The meaning of life is";
+  bool ignore_eos = true;
+  bool json_out = false;
+};
+
+struct Phase {
+  int clients = 0;
+  int requests = 0, errors = 0;
+  double seconds = 0, p50 = 0, p99 = 0;
+  long long tokens = 0;
+  double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5));
+  return v[i];
+}
+
+Phase run_phase(const LoadArgs& a, int clients) {
+  Phase ph;
+  ph.clients = clients;
+  std::mutex mu;
+  std::vector<double> latencies;
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const auto end = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.duration));
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c)
+    threads.emplace_back([&, c] {
+      httplib::Client cli(a.url);
+      cli.set_read_timeout(600, 0);
+      int k = 0;
+      while (Clock::now() < end) {
+        nlohmann::json body = {{"prompt", a.prompt}, {"max_tokens", a.max_tokens}, {"temperature", 1.0},
+                               {"seed", c * 100003 + k++}, {"ignore_eos", a.ignore_eos}};
+        const auto s = Clock::now();
+        httplib::Result r = cli.Post("/v1/completions", body.dump(), "application/json");
+        const double lat = std::chrono::duration<double>(Clock::now() - s).count();
+        long long tokens = 0;
+        bool ok = r && r->status == 200;
+        if (ok) {
+          try {
+            tokens = nlohmann::json::parse(r->body)["usage"]["completion_tokens"].get<long long>();
+          } catch (const std::exception&) {
+            ok = false;
+          }
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        ++ph.requests;
+        if (!ok) {
+          ++ph.errors;
+          continue;
+        }
+        ph.tokens += tokens;
+        latencies.push_back(lat);
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  ph.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  ph.p50 = percentile(latencies, 0.5);
+  ph.p99 = percentile(latencies, 0.99);
+  return ph;
+}
+
+void run_loadtest(const LoadArgs& a) {
+  MT_CHECK(a.duration > 0, ErrorKind::kInvalidArgument, "--duration must be positive");
+  MT_CHECK(a.max_tokens >= 1, ErrorKind::kInvalidArgument, "--max-tokens must be at least 1");
+  std::vector<int> counts;
+  std::stringstream ss(a.clients);
+  for (std::string item; std::getline(ss, item, ',');) {
+    int n = 0;
+    try {
+      n = std::stoi(item);
+    } catch (const std::exception&) {
+      n = 0;
+    }
+    MT_CHECK(n >= 1 && n <= 1024, ErrorKind::kInvalidArgument, "--clients: '" + item + "' is not a count in [1, 1024]");
+    counts.push_back(n);
+  }
+  {
+    httplib::Client probe(a.url);
+    httplib::Result h = probe.Get("/health");
+    MT_CHECK(static_cast<bool>(h), ErrorKind::kIOError, "loadtest: no server answers at " + a.url);
+  }
+  std::vector<Phase> phases;
+  nlohmann::json out = nlohmann::json::array();
+  for (int n : counts) {
+    phases.push_back(run_phase(a, n));
+    const Phase& p = phases.back();
+    const double speedup = phases.front().tokens_per_s() > 0 ? p.tokens_per_s() / phases.front().tokens_per_s() : 0;
+    if (a.json_out) {
+      out.push_back({{"clients", p.clients}, {"requests", p.requests}, {"errors", p.errors}, {"seconds", p.seconds},
+                     {"p50_s", p.p50}, {"p99_s", p.p99}, {"tokens", p.tokens}, {"tokens_per_s", p.tokens_per_s()},
+                     {"speedup", speedup}});
+    } else {
+      std::printf("clients %3d: %4d requests, %d errors, latency p50 %.3f s p99 %.3f s, %lld tokens in %.1f s = %.1f "
+                  "tokens/s (%.2fx the first)\n",
+                  p.clients, p.requests, p.errors, p.p50, p.p99, p.tokens, p.seconds, p.tokens_per_s(), speedup);
+      std::fflush(stdout);
+    }
+  }
+  if (a.json_out) std::printf("%s\n", out.dump(2).c_str());
+  int errors = 0;
+  for (const Phase& p : phases) errors += p.errors;
+  MT_CHECK(errors == 0, ErrorKind::kIOError, "loadtest: " + std::to_string(errors) + " requests failed");
+}
+
+}  // namespace
+
+void register_loadtest(CLI::App& app) {
+  auto a = std::make_shared<LoadArgs>();
+  auto* cmd = app.add_subcommand("loadtest", "Load-test a completions server: latency and tokens/s per client count");
+  cmd->add_option("--url", a->url, "server (default http://127.0.0.1:8000)");
+  cmd->add_option("--clients", a->clients, "concurrent clients, one phase per comma-separated count (default 1,8)");
+  cmd->add_option("--duration", a->duration, "seconds a phase sends requests (default 10)");
+  cmd->add_option("--max-tokens", a->max_tokens, "max_tokens of each request (default 64)");
+  cmd->add_option("--prompt", a->prompt, "the prompt of every request");
+  cmd->add_flag("!--stop-at-eos", a->ignore_eos, "let a request end at <|endoftext|> (default: ignore_eos, every request generates max_tokens)");
+  cmd->add_flag("--json", a->json_out, "one JSON list of the phases on stdout");
+  cmd->callback([a] { run_loadtest(*a); });
+}
+
+}  // namespace mt::cli
