@@ -33,6 +33,7 @@ namespace {
 struct BenchArgs {
   std::string config;
   int batch = 4, seq = 256, threads = 0, steps = 5, warmup = 2;
+  int decode_batch = 1;  // --decode: sequences decoded together (serve's continuous batching)
   std::string dtype = "fp32";
   std::string device = "cpu";
   bool recompute = false, json = false, profile = false;
@@ -49,23 +50,35 @@ void run_decode_bench(const BenchArgs& args) {
   models::ModelConfig cfg = engine::hf_config_load(args.config);
   MT_CHECK(args.seq >= 1 && args.seq + args.decode <= cfg.max_positions, ErrorKind::kInvalidArgument,
            "--seq + --decode must fit the model's " + std::to_string(cfg.max_positions) + " positions");
+  MT_CHECK(args.decode_batch >= 1, ErrorKind::kInvalidArgument, "--decode-batch must be at least 1");
   models::TransformerLM model(cfg, models::ModelOptions{});
-  serve::Generator gen(model);
-  std::vector<int32_t> prompt(static_cast<size_t>(args.seq));
+  const int B = args.decode_batch;
+  serve::Generator gen(model, {.capacity = args.seq + args.decode, .slots = B});
   std::mt19937 rng(42);
-  for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<unsigned>(cfg.vocab_size));
-  gen.prefill(prompt);  // warm-up (oneDNN primitives)
+  std::vector<std::vector<int32_t>> prompts(B, std::vector<int32_t>(static_cast<size_t>(args.seq)));
+  for (auto& p : prompts)
+    for (auto& t : p) t = static_cast<int32_t>(rng() % static_cast<unsigned>(cfg.vocab_size));
+  gen.prefill(0, prompts[0]);  // warm-up (oneDNN primitives)
   Timer t;
-  std::span<const float> logits = gen.prefill(prompt);
-  double prefill_s = t.seconds();
+  std::vector<int32_t> next(B);
+  std::vector<int> slots(B);
+  for (int b = 0; b < B; ++b) {
+    next[b] = serve::argmax(gen.prefill(b, prompts[b]));
+    slots[b] = b;
+  }
+  double prefill_s = t.seconds() / B;
   t.reset();
-  for (int i = 0; i < args.decode; ++i) logits = gen.decode(serve::argmax(logits));
-  double decode_s = t.seconds();
+  const size_t V = static_cast<size_t>(cfg.vocab_size);
+  for (int i = 0; i < args.decode; ++i) {
+    std::span<const float> rows = gen.decode_batch(slots, next);
+    for (int b = 0; b < B; ++b) next[b] = serve::argmax(rows.subspan(b * V, V));
+  }
+  double decode_s = t.seconds() / B;  // per token of one sequence, for the rates below
   double weight_bytes = static_cast<double>(model.store().numel()) * 4.0;
-  nlohmann::json j = {{"model", cfg.describe()}, {"threads", threads_get()}, {"prompt_tokens", args.seq},
+  nlohmann::json j = {{"model", cfg.describe()}, {"threads", threads_get()}, {"decode_batch", B}, {"prompt_tokens", args.seq},
                       {"decode_tokens", args.decode}, {"prefill_tokens_per_s", args.seq / prefill_s},
                       {"decode_tokens_per_s", args.decode / decode_s},
-                      {"decode_weight_gb_per_s", weight_bytes * args.decode / decode_s / 1e9},
+                      {"decode_weight_gb_per_s", weight_bytes * args.decode / (decode_s * B) / 1e9},
                       {"kv_cache_bytes", gen.cache_bytes()}};
   if (args.json) {
     std::printf("%s\n", j.dump().c_str());
@@ -73,8 +86,10 @@ void run_decode_bench(const BenchArgs& args) {
   }
   std::printf("model        %s, f32, threads=%d\n", cfg.describe().c_str(), threads_get());
   std::printf("prefill      %d tokens: %.1f tokens/s\n", args.seq, args.seq / prefill_s);
-  std::printf("decode       %d tokens after them: %.1f tokens/s (%.1f ms/token, weights read at %.1f GB/s)\n",
-              args.decode, args.decode / decode_s, decode_s / args.decode * 1e3, weight_bytes * args.decode / decode_s / 1e9);
+  std::printf("decode       %d tokens after them, %d sequences a step: %.1f tokens/s (%.1f ms a step, weights read "
+              "once a step at %.1f GB/s)\n",
+              args.decode, B, args.decode / decode_s, decode_s * B / args.decode * 1e3,
+              weight_bytes * args.decode / (decode_s * B) / 1e9);
   std::printf("kv cache     %s\n", format_bytes(gen.cache_bytes()).c_str());
 }
 
@@ -341,6 +356,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--io-depth", args->io_depth, "--io: requests in flight per thread (aio.queue_depth)")->capture_default_str();
   cmd->add_option("--io-threads", args->io_threads, "--io: I/O threads (aio.thread_count)")->capture_default_str();
   cmd->add_option("--batch", args->batch, "micro-batch size B")->capture_default_str();
+  cmd->add_option("--decode-batch", args->decode_batch, "with --decode: sequences decoded together each step (default 1)");
   cmd->add_option("--seq", args->seq, "sequence length T")->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "compute dtype: fp32, bf16 or fp16")->capture_default_str();
   cmd->add_option("--threads", args->threads, "threads (0: all cores)")->capture_default_str();

@@ -281,7 +281,7 @@ struct Outcome {
 
 template <typename OnDelta>
 Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
-                       const std::vector<std::string>& stops, OnDelta on_delta) {
+                       const std::vector<std::string>& stops, OnDelta on_delta, bool streaming) {
   const int prompt = static_cast<int>(request.prompt.size());
   std::shared_ptr<Generation> g;
   try {
@@ -299,7 +299,8 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
   size_t sent = 0;
   bool done = false, stopped = false;
   while (!done) {
-    std::vector<int32_t> more = g->wait(ids.size(), std::chrono::milliseconds(100), &done);
+    // A whole answer without stop strings needs only the end: no wake-up at every token.
+    std::vector<int32_t> more = g->wait(ids.size(), std::chrono::milliseconds(100), &done, !streaming && stops.empty());
     if (!more.empty() && !stopped) {
       ids.insert(ids.end(), more.begin(), more.end());
       full = tok.decode(ids);
@@ -346,7 +347,7 @@ HttpError finish_error(const Outcome& o, double timeout_s) {
 // "length".
 Outcome generate_all(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
                      const std::vector<std::string>& stops, double timeout_s) {
-  Outcome o = run_generation(sched, tok, std::move(request), stops, [](const std::string&) { return true; });
+  Outcome o = run_generation(sched, tok, std::move(request), stops, [](const std::string&) { return true; }, false);
   if (o.finish != Finish::kStop && o.finish != Finish::kLength) throw finish_error(o, timeout_s);
   return o;
 }
@@ -604,7 +605,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
             const Outcome o = run_generation(*scheduler_, tok_, std::move(*req_ptr), stops, [&](const std::string& delta) {
               if (alive) alive = chunk(chat ? json{{"content", delta}} : json(delta), nullptr);
               return alive;
-            });
+            }, true);
             finish = o.finish;
             if (alive) {
               if (finish == Finish::kStop || finish == Finish::kLength) {

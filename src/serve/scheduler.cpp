@@ -19,9 +19,10 @@ const char* finish_name(Finish f) {
   return "none";
 }
 
-std::vector<int32_t> Generation::wait(size_t have, std::chrono::milliseconds wait, bool* done) {
+std::vector<int32_t> Generation::wait(size_t have, std::chrono::milliseconds wait, bool* done, bool until_done) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, wait, [&] { return tokens_.size() > have || finish_ != Finish::kNone; });
+  token_waiter_ = !until_done;
+  cv_.wait_for(lock, wait, [&] { return (!until_done && tokens_.size() > have) || finish_ != Finish::kNone; });
   *done = finish_ != Finish::kNone;
   if (tokens_.size() <= have) return {};
   return std::vector<int32_t>(tokens_.begin() + static_cast<std::ptrdiff_t>(have), tokens_.end());
@@ -49,12 +50,14 @@ double Generation::time_to_first_token() const {
 }
 
 void Generation::push(int32_t id) {
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (tokens_.empty()) first_token_ = Clock::now();
     tokens_.push_back(id);
+    wake = token_waiter_;
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 void Generation::end(Finish why, std::string error) {

@@ -50,10 +50,11 @@ const char* finish_name(Finish f);  // "stop", "length", "timeout", "cancelled",
 
 class Generation {
  public:
-  // Waits until the sequence has more than `have` tokens, has ended, or `wait` passes; returns the
-  // tokens from index `have` on and sets *done when the sequence has ended (and all its tokens are
-  // in what was returned).
-  std::vector<int32_t> wait(size_t have, std::chrono::milliseconds wait, bool* done);
+  // Waits until the sequence has more than `have` tokens (or, when until_done, until it has ended),
+  // or `wait` passes; returns the tokens from index `have` on and sets *done when the sequence has
+  // ended (and all its tokens are in what was returned). The engine wakes only waiters whose
+  // condition holds: a caller that needs only the end (until_done) is not woken at every token.
+  std::vector<int32_t> wait(size_t have, std::chrono::milliseconds wait, bool* done, bool until_done = false);
   // Asks the engine to end the sequence (at its next iteration) with `why` (kCancelled or kStop).
   void cancel(Finish why = Finish::kCancelled);
   Finish finish() const;
@@ -69,6 +70,7 @@ class Generation {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  bool token_waiter_ = false;  // a caller waits for the next token (not only for the end)
   std::vector<int32_t> tokens_;
   Finish finish_ = Finish::kNone;
   std::string error_;
