@@ -15,6 +15,11 @@ trap 'kill $SERVER 2>/dev/null || true; rm -rf "$W"' EXIT
 TOK=""
 for d in build/*/tokenizer_golden; do [ -f "$d/encoder.json" ] && TOK="$d" && break; done
 [ -n "$TOK" ] || { echo "bench-serve: needs GPT-2's vocabulary (ctest -R tokenizer_golden writes it)" >&2; exit 2; }
+MB="$(dirname "$MT")/bench/mt_microbench"
+if [ -x "$MB" ]; then
+  echo "== memory-bandwidth ceiling (STREAM triad, 2 threads)"
+  OMP_NUM_THREADS=2 "$MB" --benchmark_filter=BM_StreamTriad 2>/dev/null | grep BM_StreamTriad
+fi
 echo "== engine: meshtrain bench --decode"
 for b in 1 8; do
   "$MT" bench configs/models/gpt2-124m.json --decode 64 --seq 16 --threads 2 --decode-batch "$b" | grep decode
