@@ -132,6 +132,35 @@ def make_golden(cfg: dict, batch: int, seq: int, steps: int) -> tuple[dict, dict
 
 
 ENGINE_STEPS, ENGINE_MICRO, ENGINE_ACCUM, ENGINE_SEQ = 5, 2, 2, 16
+CLS_LABELS, CLS_SEQ, CLS_LENGTHS = 3, 16, (16, 9, 5, 12)  # one row without padding
+
+
+def make_cls_golden(cfg: dict) -> tuple[dict, dict]:
+    """Sequence classification (Hugging Face's *ForSequenceClassification): rows of CLS_LENGTHS
+    tokens right-padded with pad = vocab_size - 1 (which no token uses), pooled at the last non-pad
+    token by HF's rule; the pooled logits, the loss and every gradient."""
+    vocab = cfg["vocab_size"]
+    pad = vocab - 1
+    model = tm.ForSequenceClassification(cfg, CLS_LABELS, pad).float()
+    torch.manual_seed(SEED + 1)
+    tm.init_params(model)
+    B = len(CLS_LENGTHS)
+    tokens = torch.full((B, CLS_SEQ), pad, dtype=torch.int64)
+    for b, n in enumerate(CLS_LENGTHS):
+        tokens[b, :n] = torch.randint(0, vocab - 1, (n,))
+    labels = torch.randint(0, CLS_LABELS, (B,))
+    _, pooled = model(tokens)
+    loss = torch.nn.functional.cross_entropy(pooled, labels)
+    loss.backward()
+    out = {"tokens": tokens.to(torch.int32), "lengths": torch.tensor(CLS_LENGTHS, dtype=torch.int32),
+           "labels": labels.to(torch.int32), "pooled_logits": pooled.detach().clone(),
+           "loss": loss.detach().reshape(1).clone()}
+    for name, p in model.named_parameters():
+        out["param." + name] = p.detach().clone()
+        out["grad." + name] = p.grad.detach().clone()
+    c = dict(cfg)
+    c["num_labels"] = CLS_LABELS
+    return out, {"config": json.dumps(c), "batch": str(B), "seq": str(CLS_SEQ), "steps": "0", "pad": str(pad)}
 
 
 def write_indexed_dataset(prefix: str, docs: list[list[int]]) -> None:
@@ -266,6 +295,12 @@ def main() -> int:
         write_safetensors(path, tensors, metadata)
         print(f"wrote {path}: {len(tensors)} tensors, loss {tensors['loss'].item():.6f}, "
               f"step_losses {[round(x, 6) for x in tensors['step_losses'].tolist()]}")
+    for name in MODELS:
+        cfg = tm.load_config(os.path.join(args.configs, name + ".json"))
+        tensors, metadata = make_cls_golden(cfg)
+        path = os.path.join(args.out, "cls-" + name + ".safetensors")
+        write_safetensors(path, tensors, metadata)
+        print(f"wrote {path}: classification, loss {tensors['loss'].item():.6f}")
     cfg = tm.load_config(os.path.join(args.configs, "tiny-gpt2.json"))
     losses = make_engine_golden(cfg, os.path.join(args.out, "engine-gpt2"))
     print(f"wrote {os.path.join(args.out, 'engine-gpt2')}: losses {[round(x, 6) for x in losses]}")

@@ -301,6 +301,31 @@ class LlamaForCausalLM(nn.Module):
 # ----------------------------------------------------------------------------------------------
 
 
+class ForSequenceClassification(nn.Module):
+    """Hugging Face's GPT2ForSequenceClassification / LlamaForSequenceClassification: the trunk
+    (``transformer`` / ``model``), a bias-free ``score`` Linear(C, num_labels) on every position,
+    pooled at the last non-pad token exactly as HF finds it: the first pad token's index minus 1
+    (modulo T, so a row without padding pools at its end)."""
+
+    def __init__(self, cfg: dict, num_labels: int, pad_token_id: int):
+        super().__init__()
+        self.config = cfg
+        self.pad_token_id = pad_token_id
+        if cfg.get("model_type") == "gpt2":
+            self.transformer = GPT2Model(cfg)
+        else:
+            self.model = LlamaModel(cfg)
+        self.score = nn.Linear(cfg.get("n_embd") or cfg["hidden_size"], num_labels, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        trunk = self.transformer if hasattr(self, "transformer") else self.model
+        logits = self.score(trunk(tokens))  # (B, T, num_labels)
+        lengths = torch.eq(tokens, self.pad_token_id).int().argmax(-1) - 1
+        lengths = lengths % tokens.shape[-1]
+        pooled = logits[torch.arange(tokens.shape[0]), lengths]
+        return logits, pooled
+
+
 def build_model(cfg: dict) -> nn.Module:
     """The causal LM for ``cfg["model_type"]`` ('gpt2' or 'llama'), fp32, uninitialised."""
     kind = cfg.get("model_type")

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "data/classification.h"
 #include "engine/golden_test_util.h"
 #include "engine/hf_config.h"
 #include "engine/hf_weights.h"
@@ -146,6 +147,51 @@ TEST_P(GoldenTest, F16OverflowIsDetectedAndTheStepSkipped) {
   EXPECT_TRUE(st.skipped);
   EXPECT_FALSE(std::isfinite(st.grad_norm));
   for (size_t i = 0; i < before.size(); ++i) ASSERT_EQ(before[i], m->store().master()[i]);
+}
+
+// Sequence classification against Hugging Face's *ForSequenceClassification (tools/make_golden.py,
+// cls-*.safetensors): rows of different lengths laid out by the production batcher
+// (data::classification_batch: the example, then padding, the label at its last token) give the
+// golden padded tokens; the model's logits at the pooled positions, the loss and every gradient
+// (score.weight included) equal PyTorch's, which pools by HF's own rule (first pad minus one).
+TEST_P(GoldenTest, ClassificationLogitsLossAndEveryGradient) {
+  Golden g = load_golden("cls-" + GetParam());
+  ASSERT_EQ(g.cfg.num_labels, 3);
+  const int32_t pad = std::stoi(g.file->metadata().at("pad"));
+  const std::vector<int32_t> lengths = g.file->read_i32("lengths"), labels = g.file->read_i32("labels");
+  std::vector<data::ClassificationExample> ex(g.B);
+  std::vector<const data::ClassificationExample*> rows;
+  for (int b = 0; b < g.B; ++b) {
+    ex[b].tokens.assign(g.tokens.begin() + static_cast<ptrdiff_t>(b) * g.T,
+                        g.tokens.begin() + static_cast<ptrdiff_t>(b) * g.T + lengths[b]);
+    ex[b].label = labels[b];
+    rows.push_back(&ex[b]);
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(g.B) * g.T), targets(tokens.size());
+  data::classification_batch(rows.data(), g.B, g.T, pad, tokens.data(), targets.data());
+  EXPECT_EQ(tokens, g.tokens);
+  auto m = make_model(g, DType::kF32, false);
+  std::vector<float> logits(tokens.size() * 3);
+  m->logits(logits.data(), tokens.data());
+  const std::vector<float> ref = g.file->read_f32("pooled_logits");
+  std::vector<float> pooled;
+  for (int b = 0; b < g.B; ++b)
+    for (int k = 0; k < 3; ++k)
+      pooled.push_back(logits[(static_cast<size_t>(b) * g.T + data::classification_pool(ex[b], g.T)) * 3 + k]);
+  EXPECT_LE(rel_err(pooled.data(), ref), 1e-4);
+  m->store().zero_grad();
+  const float loss = m->forward(tokens.data(), targets.data(), 1.0f);
+  const float want = g.file->read_f32("loss")[0];
+  EXPECT_LE(std::fabs(loss - want) / want, 1e-4) << loss << " vs " << want;
+  m->backward();
+  int checked = 0;
+  for (nn::Parameter* p : m->store().parameters()) {
+    EXPECT_LE(rel_err(p->grad, g.file->read_f32("grad." + p->name, p->shape)), 1e-4) << p->name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, static_cast<int>(m->store().parameters().size()));
+  EXPECT_NE(m->store().find("score.weight"), nullptr);
+  EXPECT_EQ(m->store().find("lm_head.weight"), nullptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GoldenTest, ::testing::Values("tiny-gpt2", "tiny-llama"),

@@ -104,6 +104,17 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
                 where + ": model_type '" + type + "' is not supported (gpt2, llama)");
   }
   c.init_std = r.number("initializer_range", 0.02f);
+  // Sequence classification: our "num_labels", or a *ForSequenceClassification architecture with
+  // Hugging Face's id2label (2 labels when it has none).
+  bool classifier = j.contains("num_labels");
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const auto& a : j["architectures"])
+      classifier |= a.is_string() && a.get<std::string>().ends_with("ForSequenceClassification");
+  if (classifier) {
+    const int from_map = j.contains("id2label") && j["id2label"].is_object() ? static_cast<int>(j["id2label"].size()) : 2;
+    c.num_labels = r.integer("num_labels", from_map, false);
+    r.refuse_if(c.num_labels < 1, "num_labels", "must be at least 1");
+  }
   try {
     c.validate();
   } catch (const Error& e) {
@@ -157,6 +168,16 @@ nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
     j["rms_norm_eps"] = shortest(c.norm_eps);
     j["rope_theta"] = shortest(c.rope_theta);
     j["hidden_act"] = "silu";
+  }
+  if (c.num_labels > 0) {  // Hugging Face's sequence-classification config
+    j["architectures"] = {c.arch == models::Arch::kGpt2 ? "GPT2ForSequenceClassification" : "LlamaForSequenceClassification"};
+    nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
+    for (int i = 0; i < c.num_labels; ++i) {
+      id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
+      label2id["LABEL_" + std::to_string(i)] = i;
+    }
+    j["id2label"] = id2label;
+    j["label2id"] = label2id;
   }
   return j;
 }

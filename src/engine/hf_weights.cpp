@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "engine/json_file.h"
 
 namespace mt::engine {
@@ -27,6 +28,13 @@ void hf_weights_load(nn::ParamStore& store, const checkpoint::SafetensorsFile& f
     if (!file.find(name)) {
       std::string alt = prefix + strip_first(p->name);
       if (!strip_first(p->name).empty() && file.find(alt)) name = alt;
+    }
+    // A classifier started from a causal LM: its score head keeps its initial values, as Hugging
+    // Face's from_pretrained does ("newly initialized").
+    if (p->name == "score.weight" && !file.find(name) && !flat) {
+      log_warning(file.path() + " has no score.weight (a causal LM): the classification head starts from its "
+                  "initial values");
+      continue;
     }
     // HF tensors are whole: into the one-process layout, or this rank's tensor-parallel shard.
     std::vector<float> w = file.read_f32(name, p->unpadded_shape());  // throws naming file + tensor

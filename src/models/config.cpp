@@ -16,8 +16,9 @@ int64_t ModelConfig::num_params() const {
     rest = V * C + static_cast<int64_t>(max_positions) * C + 2 * C;
   } else {
     per_layer = C + C * qkv + A * C + C + 3 * C * I;
-    rest = V * C + C + (tie_embeddings ? 0 : V * C);
+    rest = V * C + C + (tie_embeddings || num_labels > 0 ? 0 : V * C);
   }
+  if (num_labels > 0) rest += static_cast<int64_t>(num_labels) * C;  // score.weight
   return per_layer * n_layer + rest;
 }
 
@@ -40,6 +41,7 @@ void ModelConfig::validate() const {
        "RoPE needs an even head dimension");
   need(arch == Arch::kLlama || tie_embeddings, "tie_word_embeddings",
        "GPT-2 with an untied head is not supported");
+  need(num_labels >= 0, "num_labels", "must be >= 0 (0: a causal LM)");
 }
 
 std::string ModelConfig::describe() const {
@@ -47,6 +49,7 @@ std::string ModelConfig::describe() const {
   std::snprintf(buf, sizeof buf, "%s L=%d C=%d NH=%d NKV=%d I=%d V=%d (%.1fM params)",
                 arch == Arch::kGpt2 ? "gpt2" : "llama", n_layer, hidden, n_head, n_kv_head,
                 intermediate, vocab_size, static_cast<double>(num_params()) / 1e6);
+  if (num_labels > 0) return std::string(buf) + ", classifier of " + std::to_string(num_labels) + " labels";
   return buf;
 }
 

@@ -29,6 +29,10 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   bool tie_embeddings = true;
   float init_std = 0.02f;  // initializer_range
+  // > 0: sequence classification (HF's GPT2ForSequenceClassification / LlamaForSequenceClassification):
+  // the head is "score.weight" (num_labels, C), no bias, in place of the LM head; the loss is the
+  // cross-entropy of the score at each target that is not -100 (the pooled, last non-pad token).
+  int num_labels = 0;
 
   int head_dim() const { return hidden / n_head; }  // HS
   int64_t num_params() const;                       // N, counted from the formula

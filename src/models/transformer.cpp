@@ -38,7 +38,8 @@ Parts add_modules(const AddRoot& root, const ModelConfig& cfg, parallel::TpComm&
   const int C = cfg.hidden;
   const nn::TpPlace place{tp.rank(), tp.size()};
   auto* trunk = static_cast<nn::Container*>(root(std::make_unique<nn::Container>(gpt2 ? "transformer" : "model")));
-  if (embed || (head && cfg.tie_embeddings))
+  const bool cls = cfg.num_labels > 0;  // a score head (num_labels, C) in place of the LM head
+  if (embed || (head && cfg.tie_embeddings && !cls))
     m.wte = trunk->add_module(std::make_unique<nn::Embedding>(gpt2 ? "wte" : "embed_tokens", cfg.vocab_size, C, true, cfg.init_std, place, padded));
   if (gpt2 && embed) m.wpe = trunk->add_module(std::make_unique<nn::Embedding>("wpe", cfg.max_positions, C, false, cfg.init_std));
   // Blocks sit under "transformer" / "model" with local names "h.i" / "layers.i" (i global).
@@ -47,7 +48,9 @@ Parts add_modules(const AddRoot& root, const ModelConfig& cfg, parallel::TpComm&
   if (head) {
     if (gpt2) m.norm_f = trunk->add_module(std::make_unique<nn::LayerNorm>("ln_f", C, cfg.norm_eps));
     else m.norm_f = trunk->add_module(std::make_unique<nn::RMSNorm>("norm", C, cfg.norm_eps));
-    if (!cfg.tie_embeddings)
+    if (cls)
+      m.lm_head = static_cast<nn::Embedding*>(root(std::make_unique<nn::Embedding>("score", cfg.num_labels, C, true, cfg.init_std, place, cfg.num_labels)));
+    else if (!cfg.tie_embeddings)
       m.lm_head = static_cast<nn::Embedding*>(root(std::make_unique<nn::Embedding>("lm_head", cfg.vocab_size, C, true, cfg.init_std, place, padded)));
   }
   return m;
@@ -104,7 +107,10 @@ TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
     embed_ = rank == 0;
     head_ = rank == pp - 1;
   }
-  tied_copy_ = head_ && !embed_ && cfg.tie_embeddings;
+  MT_CHECK(cfg.num_labels == 0 || (tp == 1 && pp == 1), ErrorKind::kNotSupported,
+           "sequence classification (num_labels " + std::to_string(cfg.num_labels) +
+               ") runs without tensor or pipeline parallelism for now (parallel.tp and parallel.pp 1)");
+  tied_copy_ = head_ && !embed_ && cfg.tie_embeddings && cfg.num_labels == 0;
   for (int c = 0, first = 0; c < chunks(); first += chunk_size(c++)) chunk_first_.push_back(first);
   Parts m = add_modules([this](std::unique_ptr<nn::Module> mod) { return add_module(std::move(mod)); }, cfg, tp_, padded_vocab(), chunks_, embed_, head_);
   wte_ = m.wte;
@@ -329,11 +335,12 @@ float TransformerLM::head_forward(Slot& s, const float* last, const int32_t* tar
   if (nf != s.nfc) convert(s.nfc, cd, nf, DType::kF32, NC);
   if (targets == nullptr) return 0.0f;
   int count = 0;
+  const int classes = cfg_.num_labels > 0 ? cfg_.num_labels : cfg_.vocab_size;
   for (int i = 0; i < d.N; ++i) {
-    MT_CHECK(targets[i] == -100 || (targets[i] >= 0 && targets[i] < cfg_.vocab_size),
-             ErrorKind::kInvalidArgument,
-             "target " + std::to_string(targets[i]) + " at position " + std::to_string(i) +
-                 " is outside the vocabulary (and not -100)");
+    MT_CHECK(targets[i] == -100 || (targets[i] >= 0 && targets[i] < classes), ErrorKind::kInvalidArgument,
+             "target " + std::to_string(targets[i]) + " at position " + std::to_string(i) + " is outside " +
+                 (cfg_.num_labels > 0 ? "the labels [0, " + std::to_string(classes) + ")" : "the vocabulary") +
+                 " (and not -100)");
     count += targets[i] != -100;
   }
   nn::Module* head_module = lm_head_ ? lm_head_ : wte_;
@@ -478,8 +485,8 @@ void TransformerLM::logits(float* out, const int32_t* tokens) {
   nn::Module* head_module = lm_head_ ? lm_head_ : wte_;
   head_module->run_hooks(nn::HookPoint::kPreForward);
   nn::Parameter* head = this->head();
-  if (tp_.size() == 1) {
-    nn::lm_head_logits(out, nfc, head->compute, head->compute_dtype, dims_.N, dims_.C, cfg_.vocab_size);
+  if (tp_.size() == 1) {  // (N, V), or (N, num_labels) for a classifier
+    nn::lm_head_logits(out, nfc, head->compute, head->compute_dtype, dims_.N, dims_.C, static_cast<int>(head->shape[0]));
   } else {  // this shard's logits, gathered over the group; padding columns dropped
     const size_t N = static_cast<size_t>(dims_.N), vl = static_cast<size_t>(head->shape[0]), V = cfg_.vocab_size;
     std::vector<float> local(N * vl), all(N * vl * static_cast<size_t>(tp_.size()));
@@ -530,7 +537,8 @@ double TransformerLM::train_flops_per_step() const {
   double tokens = static_cast<double>(dims_.N);
   double matmul_params = static_cast<double>(cfg_.num_params());
   if (cfg_.arch == Arch::kGpt2) matmul_params -= static_cast<double>(cfg_.max_positions) * cfg_.hidden;
-  if (!cfg_.tie_embeddings) matmul_params -= static_cast<double>(cfg_.vocab_size) * cfg_.hidden;
+  if (!cfg_.tie_embeddings && cfg_.num_labels == 0) matmul_params -= static_cast<double>(cfg_.vocab_size) * cfg_.hidden;
+  if (cfg_.num_labels > 0) matmul_params -= static_cast<double>(cfg_.vocab_size) * cfg_.hidden;  // lookup only
   double attn = 6.0 * cfg_.n_layer * dims_.T * static_cast<double>(cfg_.n_head * cfg_.head_dim());
   return 6.0 * matmul_params * tokens + attn * tokens;
 }

@@ -60,7 +60,8 @@ class TransformerLM : public nn::Module {
   // (no pipeline stages).
   float forward(const int32_t* tokens, const int32_t* targets, float loss_scale);
   void backward();
-  // Logits (B, T, V) f32 of a forward over tokens (B, T) of the prepared shape (whole model).
+  // Logits (B, T, V) f32 of a forward over tokens (B, T) of the prepared shape (whole model);
+  // (B, T, num_labels) for a classifier (ModelConfig::num_labels).
   void logits(float* out, const int32_t* tokens);
 
   // Pipeline stage: this rank's model chunks (one without virtual stages), each a run of layers;

@@ -1,0 +1,105 @@
+#include "data/classification.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/file_io.h"
+
+namespace mt::data {
+namespace {
+
+std::string text_field(const nlohmann::json& j, const std::string& key, const std::string& where) {
+  MT_CHECK(j.contains(key) && j[key].is_string(), ErrorKind::kInvalidArgument,
+           where + ": \"" + key + "\" must be a string (data.texta_name / textb_name)");
+  return j[key].get<std::string>();
+}
+
+int label_field(const nlohmann::json& v, const ClassificationFields& f, int num_labels, const std::string& where) {
+  int label = -1;
+  if (v.is_number_integer()) {
+    label = static_cast<int>(v.get<int64_t>());
+  } else if (v.is_string()) {
+    const std::string s = v.get<std::string>();
+    auto it = std::find(f.labels.begin(), f.labels.end(), s);
+    if (it != f.labels.end()) {
+      label = static_cast<int>(it - f.labels.begin());
+    } else {
+      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), label);
+      MT_CHECK(ec == std::errc() && end == s.data() + s.size() && f.labels.empty(), ErrorKind::kInvalidArgument,
+               where + ": label \"" + s + "\" is " +
+                   (f.labels.empty() ? "not an integer (name the labels in data.labels)" : "not one of data.labels"));
+    }
+  } else {
+    throw Error(ErrorKind::kInvalidArgument, where + ": \"" + f.label + "\" must be an integer or a string");
+  }
+  MT_CHECK(label >= 0 && label < num_labels, ErrorKind::kInvalidArgument,
+           where + ": label " + std::to_string(label) + " is outside [0, " + std::to_string(num_labels) +
+               ") (model.num_labels)");
+  return label;
+}
+
+}  // namespace
+
+std::vector<ClassificationExample> classification_read(const std::string& path, const Tokenizer& tokenizer,
+                                                       const ClassificationFields& fields, int num_labels,
+                                                       bool require_labels) {
+  std::vector<char> bytes = file_read_all(path);
+  std::string text(bytes.begin(), bytes.end());
+  std::vector<ClassificationExample> out;
+  size_t pos = 0, line_no = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    const std::string line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(line_no);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      throw Error(ErrorKind::kInvalidArgument, where + ": not valid JSON");
+    }
+    MT_CHECK(j.is_object(), ErrorKind::kInvalidArgument, where + ": expected a JSON object");
+    ClassificationExample e;
+    if (j.contains(fields.id) && !j[fields.id].is_null())
+      e.id = j[fields.id].is_string() ? j[fields.id].get<std::string>() : j[fields.id].dump();
+    else
+      e.id = std::to_string(line_no);
+    if (fields.text_b.empty()) {
+      e.tokens = tokenizer.encode(text_field(j, fields.text_a, where));
+    } else {
+      e.tokens = tokenizer.encode(text_field(j, fields.text_a, where) + "\n");
+      std::vector<int32_t> b = tokenizer.encode(text_field(j, fields.text_b, where));
+      e.tokens.insert(e.tokens.end(), b.begin(), b.end());
+    }
+    MT_CHECK(!e.tokens.empty(), ErrorKind::kInvalidArgument, where + ": the text is empty");
+    if (j.contains(fields.label) && !j[fields.label].is_null()) e.label = label_field(j[fields.label], fields, num_labels, where);
+    MT_CHECK(!require_labels || e.label >= 0, ErrorKind::kInvalidArgument,
+             where + ": no \"" + fields.label + "\" (data.label_name)");
+    out.push_back(std::move(e));
+  }
+  MT_CHECK(!out.empty(), ErrorKind::kInvalidArgument, path + ": no records");
+  return out;
+}
+
+void classification_batch(const ClassificationExample* const* rows, int B, int T, int32_t pad, int32_t* tokens,
+                          int32_t* targets) {
+  for (int b = 0; b < B; ++b) {
+    int32_t* tk = tokens + static_cast<size_t>(b) * T;
+    int32_t* tg = targets + static_cast<size_t>(b) * T;
+    std::fill(tk, tk + T, pad);
+    std::fill(tg, tg + T, -100);
+    if (rows[b] == nullptr) continue;
+    const ClassificationExample& e = *rows[b];
+    const int n = classification_pool(e, T) + 1;
+    std::copy(e.tokens.begin(), e.tokens.begin() + n, tk);
+    if (e.label >= 0) tg[n - 1] = e.label;
+  }
+}
+
+}  // namespace mt::data
