@@ -9,6 +9,7 @@
 
 #include "comm/backend.h"
 #include "engine/ds_config.h"
+#include "engine/engine.h"
 #include "planner/memory.h"
 
 namespace mt::cli {
@@ -22,11 +23,31 @@ void register_export(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_loadtest(CLI::App& app);
+void register_predict(CLI::App& app);
 void register_plot(CLI::App& app);
 void register_launch(CLI::App& app);
 void register_estimate(CLI::App& app);
 void register_calibrate(CLI::App& app);
 void register_plan(CLI::App& app);
+
+// Thrown when a stop signal ended a training loop after a save: the process exits 128 + signal.
+struct StopRequested {
+  int signal;
+};
+// The first SIGTERM/SIGINT `train` received (0: none); the loop stops after the current step.
+int train_stop_signal();
+// --resume: restores eng from a checkpoint (nothing when path is empty) and says so on rank 0.
+void train_resume(engine::Engine& eng, const std::string& path, bool lead);
+
+// `train` with task "classification" (cli/classify.cpp): sequence classification over .jsonl
+// records, validation accuracy, the top-k checkpoints by a metric, an epoch progress bar.
+struct ClassifyArgs {
+  std::string resume, metrics;
+  bool overwrite = false;
+  std::string source;  // how messages name the configuration
+};
+void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::shared_ptr<comm::Backend>& world,
+                   bool& started);
 
 // Under mpirun (ours or the user's): the MPI world; else null.
 std::shared_ptr<comm::Backend> mpi_world();

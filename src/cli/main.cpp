@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   mt::cli::register_generate(app);
   mt::cli::register_serve(app);
   mt::cli::register_loadtest(app);
+  mt::cli::register_predict(app);
   mt::cli::register_launch(app);
   mt::cli::register_estimate(app);
   mt::cli::register_calibrate(app);

@@ -77,6 +77,18 @@ void install_stop_handlers() {
   sigaction(SIGINT, &sa, nullptr);
 }
 
+}  // namespace
+
+int train_stop_signal() { return g_stop_signal; }
+
+void train_resume(engine::Engine& eng, const std::string& path, bool lead) {
+  if (path.empty()) return;
+  engine::checkpoint_load(eng, path);
+  if (lead) std::fprintf(stderr, "resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(eng.global_step()));
+}
+
+namespace {
+
 std::string fmt_time(double s) {
   char buf[32];
   int t = static_cast<int>(s);
@@ -141,12 +153,12 @@ class CsvMonitor {
   std::set<std::string> started_;
 };
 
-// Thrown when a stop signal ended the loop after a save: the process exits 128 + signal.
-struct StopRequested {
-  int signal;
-};
-
 void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared_ptr<comm::Backend>& world, bool& started) {
+  if (cfg.task == "classification") {
+    install_stop_handlers();
+    classify_loop({args.resume, args.metrics, args.overwrite, args.src.name()}, cfg, world, started);
+    return;
+  }
   const int R = world ? world->rank() : 0;
   const bool lead = R == 0;
   if (lead) {
@@ -189,10 +201,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   // Data is sharded by the data-parallel coordinate: the ranks of one tensor-parallel group read
   // the same samples.
   const int DW = ctx->dp(), DR = ctx->dp_rank();
-  if (!args.resume.empty()) {
-    engine::checkpoint_load(eng, args.resume);
-    if (lead) std::fprintf(stderr, "resumed from %s at step %lld\n", args.resume.c_str(), static_cast<long long>(eng.global_step()));
-  }
+  train_resume(eng, args.resume, lead);
   // The metrics' peak_<category>_bytes describe training, not setup (the ParamStore's full buffers
   // live beside the ZeRO shards until the runtime releases them): `meshtrain estimate` predicts these.
   eng.reset_memory_peaks();

@@ -435,6 +435,12 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                               {"tokenizer", engine.config().tokenizer.empty() ? std::string()
                                                                               : fs::absolute(engine.config().tokenizer).string()},
                               {"files", files}};
+      if (engine.config().task == "classification") {  // what `meshtrain predict` reads the records with
+        const data::ClassificationFields& f = engine.config().cls_fields;
+        state["classification"] = {{"texta_name", f.text_a}, {"textb_name", f.text_b}, {"label_name", f.label},
+                                   {"id_name", f.id}, {"labels", f.labels},
+                                   {"seq_length", engine.config().seq_length}};
+      }
       // An optimizer's few values not over the span (the same on every rank): doubles, which JSON
       // writes in the shortest form that reads back to the same bits.
       nlohmann::json scalars = nlohmann::json::object();

@@ -642,6 +642,20 @@ void parse_data(Section& root, RunConfig& c) {
   c.data_valid = d.string("valid", "");
   c.tokenizer = d.string("tokenizer", "");
   c.shuffle = d.boolean("shuffle", true);
+  // Sequence classification's fields (the CLUE scripts' --texta_name ... names).
+  data::ClassificationFields& f = c.cls_fields;
+  f.text_a = d.string("texta_name", f.text_a);
+  f.text_b = d.string("textb_name", f.text_b);
+  f.label = d.string("label_name", f.label);
+  f.id = d.string("id_name", f.id);
+  if (d.has("labels")) {
+    const json& l = d.raw("labels");
+    MT_CHECK(l.is_array() && !l.empty(), ErrorKind::kInvalidArgument, d.where("labels") + " must be a list of label names");
+    for (const json& x : l) {
+      MT_CHECK(x.is_string(), ErrorKind::kInvalidArgument, d.where("labels") + " must be a list of label names");
+      f.labels.push_back(x.get<std::string>());
+    }
+  }
   c.seed = static_cast<uint64_t>(d.integer("seed", static_cast<int64_t>(c.seed)));
   d.finish();
 }
@@ -1013,6 +1027,38 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                         {"eval_iters", c.eval_iters}, {"keep_last", c.keep_last}, {"train_iters", c.train_iters}})
     MT_CHECK(v >= 0, ErrorKind::kInvalidArgument, std::string(key) + ": must not be negative (got " + std::to_string(v) + ")");
   parse_data(root, c);
+  c.task = root.string("task", c.task);
+  MT_CHECK(c.task == "causal_lm" || c.task == "classification", ErrorKind::kInvalidArgument,
+           "task: \"" + c.task + "\" is not a task (\"causal_lm\" or \"classification\")");
+  if (!c.bare) {
+    if (c.task == "classification" && c.model.num_labels == 0) c.model.num_labels = 2;
+    MT_CHECK(c.task == "classification" || c.model.num_labels == 0, ErrorKind::kInvalidArgument,
+             "model.num_labels (" + std::to_string(c.model.num_labels) +
+                 ", a sequence classifier) needs \"task\": \"classification\"");
+    MT_CHECK(c.cls_fields.labels.empty() || static_cast<int>(c.cls_fields.labels.size()) == c.model.num_labels,
+             ErrorKind::kInvalidArgument,
+             "data.labels names " + std::to_string(c.cls_fields.labels.size()) + " labels; model.num_labels is " +
+                 std::to_string(c.model.num_labels));
+  }
+  c.num_train_epochs = root.number("num_train_epochs", 0.0);
+  MT_CHECK(c.num_train_epochs >= 0, ErrorKind::kInvalidArgument, "num_train_epochs must not be negative");
+  if (root.has("model_checkpoint")) {
+    Section mc = root.sub("model_checkpoint");
+    c.model_checkpoint.monitor = mc.string("monitor", c.model_checkpoint.monitor);
+    c.model_checkpoint.mode = mc.string("mode", c.model_checkpoint.mode);
+    c.model_checkpoint.save_top_k = mc.integer("save_top_k", 1);
+    MT_CHECK(c.model_checkpoint.monitor == "val_acc" || c.model_checkpoint.monitor == "val_loss",
+             ErrorKind::kInvalidArgument, mc.where("monitor") + ": \"" + c.model_checkpoint.monitor +
+                                              "\" is not a metric meshtrain logs (\"val_acc\", \"val_loss\")");
+    MT_CHECK(c.model_checkpoint.mode == "max" || c.model_checkpoint.mode == "min", ErrorKind::kInvalidArgument,
+             mc.where("mode") + " must be \"max\" or \"min\"");
+    MT_CHECK(c.model_checkpoint.save_top_k >= 0, ErrorKind::kInvalidArgument, mc.where("save_top_k") + " must not be negative");
+    MT_CHECK(c.task == "classification" || c.model_checkpoint.monitor == "val_loss", ErrorKind::kNotSupported,
+             mc.where("monitor") + ": val_acc is logged by task \"classification\" only");
+    MT_CHECK(c.task == "classification", ErrorKind::kNotSupported,
+             mc.where() + ": kept by task \"classification\" runs for now (causal LMs rotate by save_interval / keep_last)");
+    mc.finish();
+  }
   parse_parallel(root, c, world_size);
   if (c.tp > 1 && !c.bare) {  // Megatron's split gives each rank whole heads and equal MLP slices
     const bool gpt2 = c.model.arch == models::Arch::kGpt2;
@@ -1160,6 +1206,14 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                         "timers", "train_micro_batch_size_per_gpu_auto", "data_types"})
     root.unparsed(k, Unparsed::kWarn);
   root.finish();
+  if (c.task == "classification") {  // what the classification loop (cli/classify.cpp) does not do yet, by name
+    MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, "task \"classification\": device \"cuda\" is not supported yet");
+    MT_CHECK(c.tp == 1 && c.pp == 1, ErrorKind::kNotSupported,
+             "task \"classification\": parallel.tp and parallel.pp must be 1 for now (data parallelism is supported)");
+    MT_CHECK(c.zero.stage < 3, ErrorKind::kNotSupported,
+             "task \"classification\": zero_optimization.stage 3 is not supported yet (0-2 are)");
+    MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported, "task \"classification\": curriculum_learning does not apply");
+  }
   return c;
 }
 
@@ -1288,6 +1342,18 @@ json ds_config_resolved(const RunConfig& c) {
   j["model"] = hf_config_to_json(c.model);
   if (!c.init_from.empty()) j["model"]["init_from"] = c.init_from;
   j["data"] = {{"train", c.data_train}, {"valid", c.data_valid}, {"tokenizer", c.tokenizer}, {"shuffle", c.shuffle}};
+  if (c.task == "classification") {
+    j["task"] = c.task;
+    j["data"]["texta_name"] = c.cls_fields.text_a;
+    j["data"]["textb_name"] = c.cls_fields.text_b;
+    j["data"]["label_name"] = c.cls_fields.label;
+    j["data"]["id_name"] = c.cls_fields.id;
+    if (!c.cls_fields.labels.empty()) j["data"]["labels"] = c.cls_fields.labels;
+    if (c.num_train_epochs > 0) j["num_train_epochs"] = c.num_train_epochs;
+    if (c.model_checkpoint.save_top_k > 0)
+      j["model_checkpoint"] = {{"monitor", c.model_checkpoint.monitor}, {"mode", c.model_checkpoint.mode},
+                               {"save_top_k", c.model_checkpoint.save_top_k}};
+  }
   j["seed"] = c.seed;
   j["seq_length"] = c.seq_length;
   j["train_iters"] = c.train_iters;

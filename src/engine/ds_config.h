@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/classification.h"
 #include "engine/curriculum.h"
 #include "models/config.h"
 #include "optim/loss_scaler.h"
@@ -174,6 +175,21 @@ struct RunConfig {
     std::string calibration = "calibration.json";
     double memory_gib = 0.0;
   } planner;
+  // task (our key, as Hugging Face's AutoModelFor*): "causal_lm" (default) or "classification":
+  // sequence classification (model.num_labels, default 2; data.texta_name / textb_name /
+  // label_name / id_name / labels over .jsonl records; validation accuracy; cli/classify.cpp).
+  std::string task = "causal_lm";
+  data::ClassificationFields cls_fields;
+  // num_train_epochs (Hugging Face's name), classification: train_iters = ceil(epochs x records /
+  // train_batch_size) when train_iters is not given.
+  double num_train_epochs = 0.0;
+  // model_checkpoint (Lightning's ModelCheckpoint): besides the step rotation (save_interval,
+  // keep_last), keep the save_top_k checkpoints with the best `monitor` ("val_acc" or "val_loss")
+  // in `mode` ("max" or "min") under save_dir/top_k/. save_top_k 0: off.
+  struct ModelCheckpoint {
+    std::string monitor = "val_acc", mode = "max";
+    int64_t save_top_k = 0;
+  } model_checkpoint;
   std::vector<std::string> warnings;  // one line each, already worded
   std::vector<std::string> notes;     // each "auto" resolved, one line each
 };

@@ -1,0 +1,174 @@
+// Sequence classification end to end through the binary: `train` with "task": "classification"
+// (validation accuracy, the top-k checkpoints by val_acc, the epoch progress lines), `predict`
+// (its accuracy equals the run's last val_acc), two data-parallel ranks equal to one process, and
+// bad input as one line with exit code 2.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_test_util.h"
+#include "data/token_stream.h"
+#include "data/tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string dir() {
+  static std::string d = mt::cli::testing::make_test_dir("mt_classify_test");
+  return d;
+}
+
+int run(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
+  return mt::cli::testing::run_meshtrain(dir(), args, out, err);
+}
+
+// Sentence pairs over a small vocabulary; label 1 when both or neither sentence holds "cat" (a
+// rule a small model learns in a few hundred steps), as strings, as CLUE's files have them.
+void write_records(const std::string& path, int n, uint64_t seed) {
+  const std::vector<std::string> words = {"the", "cat", "dog", "sat", "on", "mat", "log", "bird", "sang", "tree"};
+  std::ofstream f(path);
+  auto sentence = [&](bool* cat) {
+    std::string s;
+    const int len = 3 + static_cast<int>(mt::data::splitmix64_next(&seed) % 5);
+    *cat = false;
+    for (int i = 0; i < len; ++i) {
+      const std::string& w = words[mt::data::splitmix64_next(&seed) % words.size()];
+      *cat |= w == "cat";
+      s += (i ? " " : "") + w;
+    }
+    return s;
+  };
+  for (int i = 0; i < n; ++i) {
+    bool ca, cb;
+    const std::string a = sentence(&ca), b = sentence(&cb);
+    f << nlohmann::json{{"id", i}, {"sentence1", a}, {"sentence2", b}, {"label", ca == cb ? "1" : "0"}}.dump() << "\n";
+  }
+}
+
+std::string setup() {
+  static bool done = false;
+  if (!done) {
+    write_records(dir() + "/train.jsonl", 1200, 1);
+    write_records(dir() + "/dev.jsonl", 200, 2);
+    std::string corpus = mt::cli::testing::slurp(dir() + "/train.jsonl");
+    mt::data::Tokenizer::train(corpus, 300).save_json(dir() + "/tok.json");
+    done = true;
+  }
+  return dir();
+}
+
+std::string write_config(const std::string& name, const nlohmann::json& extra) {
+  nlohmann::json j = {
+      {"task", "classification"},
+      {"model", {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 48}, {"n_embd", 64}, {"n_layer", 2}, {"n_head", 4}}},
+      {"data", {{"train", setup() + "/train.jsonl"}, {"valid", dir() + "/dev.jsonl"}, {"tokenizer", dir() + "/tok.json"},
+                {"texta_name", "sentence1"}, {"textb_name", "sentence2"}, {"label_name", "label"}, {"id_name", "id"}}},
+      {"seq_length", 48},
+      {"num_train_epochs", 4},
+      {"train_micro_batch_size_per_gpu", 16},
+      {"gradient_clipping", 1.0},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 2e-3}, {"weight_decay", 0.1}}}}},
+      {"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"warmup_num_steps", 3}, {"total_num_steps", 300}}}}},
+      {"eval_interval", 50},
+      {"save_interval", 100},
+      {"steps_per_print", 25},
+      {"save_dir", dir() + "/run-" + name},
+      {"model_checkpoint", {{"monitor", "val_acc"}, {"mode", "max"}, {"save_top_k", 2}}}};
+  j.update(extra);
+  const std::string path = dir() + "/" + name + ".json";
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+TEST(Classify, TrainsKeepsTheTopKAndPredictsWhatValidationMeasured) {
+  const std::string cfg = write_config("a", nlohmann::json::object());
+  std::string out, err;
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/a.jsonl", &out, &err), 0) << err;
+  // 1200 records / 16 = 75 steps an epoch, 4 epochs.
+  EXPECT_NE(err.find("1200 training records"), std::string::npos) << err;
+  EXPECT_NE(err.find("300 steps = 4.00 epochs of 75 steps"), std::string::npos) << err;
+  // Lightning's progress line.
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(Epoch 3: 100% 75/75 \[\d\d:\d\d<\d\d:\d\d, [0-9.]+it/s, loss=[0-9.e-]+\])")))
+      << out;
+  const std::vector<double> acc = mt::cli::testing::metric_values(dir() + "/a.jsonl", "val_acc");
+  ASSERT_EQ(acc.size(), 6u);  // steps 50, 100, ..., 300
+  EXPECT_GT(acc.back(), 0.8) << "the rule is learnable: accuracy well above chance";
+  // The two best by val_acc are kept, listed best first, and no other.
+  nlohmann::json top = nlohmann::json::parse(mt::cli::testing::slurp(dir() + "/run-a/top_k/top_k.json"));
+  ASSERT_EQ(top["best"].size(), 2u);
+  std::vector<double> sorted = acc;
+  std::sort(sorted.rbegin(), sorted.rend());
+  EXPECT_DOUBLE_EQ(top["best"][0]["val_acc"].get<double>(), sorted[0]);
+  EXPECT_DOUBLE_EQ(top["best"][1]["val_acc"].get<double>(), sorted[1]);
+  int dirs = 0;
+  for (const auto& e : fs::directory_iterator(dir() + "/run-a/top_k")) dirs += e.is_directory();
+  EXPECT_EQ(dirs, 2);
+  for (const auto& e : top["best"]) EXPECT_TRUE(fs::exists(e["path"].get<std::string>()));
+  // predict over the validation records gives the accuracy the run measured at its last step.
+  ASSERT_EQ(run("predict " + dir() + "/run-a " + dir() + "/dev.jsonl -o " + dir() + "/pred.json", &out, &err), 0) << err;
+  char want[64];
+  std::snprintf(want, sizeof want, "accuracy %.4f on the 200", acc.back());
+  EXPECT_NE(err.find(want), std::string::npos) << err;
+  std::ifstream p(dir() + "/pred.json");
+  std::string line;
+  int n = 0;
+  while (std::getline(p, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["id"], std::to_string(n));
+    ASSERT_EQ(j["probabilities"].size(), 2u);
+    EXPECT_NEAR(j["probabilities"][0].get<double>() + j["probabilities"][1].get<double>(), 1.0, 1e-9);
+    EXPECT_EQ(j["label"].get<int>(), j["probabilities"][1].get<double>() > j["probabilities"][0].get<double>() ? 1 : 0);
+    ++n;
+  }
+  EXPECT_EQ(n, 200);
+}
+
+TEST(Classify, TwoDataParallelRanksEqualOneProcess) {
+  nlohmann::json short_run = {{"num_train_epochs", 0}, {"train_iters", 12}, {"eval_interval", 6},
+                              {"train_micro_batch_size_per_gpu", 4}, {"gradient_accumulation_steps", 2},
+                              {"model_checkpoint", {{"save_top_k", 0}}}};
+  const std::string one = write_config("one", short_run);
+  nlohmann::json two_cfg = short_run;
+  two_cfg["train_micro_batch_size_per_gpu"] = 2;
+  two_cfg["zero_optimization"] = {{"stage", 2}};
+  const std::string two = write_config("two", two_cfg);
+  std::string err;
+  ASSERT_EQ(run("train " + one + " --metrics " + dir() + "/one.jsonl", nullptr, &err), 0) << err;
+  ASSERT_EQ(run("launch -n 2 -- train " + two + " --metrics " + dir() + "/two.jsonl", nullptr, &err), 0) << err;
+  for (const char* key : {"loss", "val_loss", "val_acc"}) {
+    const auto a = mt::cli::testing::metric_values(dir() + "/one.jsonl", key);
+    const auto b = mt::cli::testing::metric_values(dir() + "/two.jsonl", key);
+    ASSERT_EQ(a.size(), b.size()) << key;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * std::max(1.0, std::fabs(a[i]))) << key << " " << i;
+  }
+}
+
+TEST(Classify, BadInputIsOneLineAndExitTwo) {
+  std::string err;
+  std::ofstream(dir() + "/bad.jsonl") << R"({"sentence1": "a", "sentence2": "b", "label": "7"})" << "\n";
+  EXPECT_EQ(run("train " + write_config("b1", {{"data", {{"train", dir() + "/bad.jsonl"}, {"tokenizer", dir() + "/tok.json"},
+                                                          {"texta_name", "sentence1"}, {"textb_name", "sentence2"}}},
+                                                 {"model_checkpoint", {{"save_top_k", 0}}}}),
+                nullptr, &err),
+            2);
+  EXPECT_NE(err.find("bad.jsonl:1: label 7 is outside [0, 2)"), std::string::npos) << err;
+  EXPECT_EQ(run("train " + write_config("b2", {{"task", "regression"}}), nullptr, &err), 2);
+  EXPECT_NE(err.find("task: \"regression\" is not a task"), std::string::npos) << err;
+  EXPECT_EQ(run("train " + write_config("b3", {{"data", {{"train", dir() + "/train.jsonl"}, {"tokenizer", dir() + "/tok.json"}}}}),
+                nullptr, &err),
+            2);
+  EXPECT_NE(err.find("train.jsonl:1: \"text\" must be a string"), std::string::npos) << err;
+  EXPECT_EQ(run("train " + write_config("b4", {{"zero_optimization", {{"stage", 3}}}}), nullptr, &err), 2);
+  EXPECT_NE(err.find("task \"classification\": zero_optimization.stage 3 is not supported yet"), std::string::npos) << err;
+  EXPECT_EQ(run("predict " + dir() + "/nothing " + dir() + "/dev.jsonl -o " + dir() + "/p.json", nullptr, &err), 2);
+  for (const std::string& e : {err}) EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 1) << e;
+}
+
+}  // namespace

@@ -1,0 +1,126 @@
+// meshtrain predict MODEL DATA.jsonl -o predict.json: runs a sequence classifier (a checkpoint of a
+// "task": "classification" run, or a Hugging Face *ForSequenceClassification directory) over
+// .jsonl records and writes one JSON object a line, {"id", "label", "probabilities"} (the CLUE
+// submission layout plus the softmax), in the input's order. The text, id and label fields and the
+// label names come from the checkpoint's run unless given; records with a label are also scored
+// (accuracy on stderr).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "cli/load_model.h"
+#include "data/classification.h"
+#include "engine/checkpoint_io.h"
+
+namespace mt::cli {
+namespace fs = std::filesystem;
+namespace {
+
+struct PredictArgs {
+  std::string model, data, output, tokenizer;
+  std::string texta, textb, label, id;
+  int batch = 16;
+};
+
+void run_predict(const PredictArgs& a) {
+  MT_CHECK(a.batch >= 1, ErrorKind::kInvalidArgument, "--batch must be at least 1");
+  MT_CHECK(!a.output.empty(), ErrorKind::kInvalidArgument, "-o FILE: where the predictions go");
+  LoadedModel lm = load_model(a.model);
+  const models::ModelConfig& cfg = lm.model->config();
+  MT_CHECK(cfg.num_labels > 0, ErrorKind::kInvalidArgument,
+           a.model + ": not a sequence classifier (a causal LM; train with \"task\": \"classification\")");
+  data::Tokenizer tok = load_model_tokenizer(lm, a.model, a.tokenizer);
+  // The run's fields, then the flags.
+  data::ClassificationFields f;
+  int run_T = 0;  // the run's seq_length: records are truncated as training truncated them
+  const fs::path p = a.model;
+  if (fs::exists(p / "state.json") || fs::exists(p / "latest")) {
+    const engine::CheckpointInfo info = engine::checkpoint_info(a.model);
+    std::ifstream in(fs::path(info.dir) / "state.json");
+    nlohmann::json state = nlohmann::json::parse(in, nullptr, false);
+    if (state.is_object() && state.contains("classification")) {
+      const nlohmann::json& c = state["classification"];
+      f.text_a = c.value("texta_name", f.text_a);
+      f.text_b = c.value("textb_name", f.text_b);
+      f.label = c.value("label_name", f.label);
+      f.id = c.value("id_name", f.id);
+      if (c.contains("labels")) f.labels = c["labels"].get<std::vector<std::string>>();
+      run_T = c.value("seq_length", 0);
+    }
+  }
+  if (!a.texta.empty()) f.text_a = a.texta;
+  if (!a.textb.empty()) f.text_b = a.textb == "-" ? "" : a.textb;
+  if (!a.label.empty()) f.label = a.label;
+  if (!a.id.empty()) f.id = a.id;
+  const int L = cfg.num_labels;
+  std::vector<data::ClassificationExample> recs = data::classification_read(a.data, tok, f, L, false);
+  size_t longest = 0;
+  for (const auto& e : recs) longest = std::max(longest, e.tokens.size());
+  const int T = static_cast<int>(std::min<size_t>(longest, static_cast<size_t>(run_T > 0 ? run_T : cfg.max_positions)));
+  const int B = std::min<int>(a.batch, static_cast<int>(recs.size()));
+  lm.model->prepare(B, T);
+  std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
+  std::vector<float> logits(tokens.size() * static_cast<size_t>(L));
+  const std::string tmp = a.output + ".tmp";
+  std::ofstream out(tmp);
+  MT_CHECK(out.good(), ErrorKind::kIOError, a.output + ": cannot write");
+  size_t labelled = 0, correct = 0;
+  for (size_t i = 0; i < recs.size(); i += static_cast<size_t>(B)) {
+    std::vector<const data::ClassificationExample*> rows(B, nullptr);
+    for (int b = 0; b < B && i + b < recs.size(); ++b) rows[b] = &recs[i + b];
+    data::classification_batch(rows.data(), B, T, tok.eot_id(), tokens.data(), targets.data());
+    lm.model->logits(logits.data(), tokens.data());
+    for (int b = 0; b < B && rows[b]; ++b) {
+      const float* z = logits.data() + (static_cast<size_t>(b) * T + data::classification_pool(*rows[b], T)) * L;
+      const float m = *std::max_element(z, z + L);
+      std::vector<double> prob(L);
+      double sum = 0;
+      for (int c = 0; c < L; ++c) sum += prob[c] = std::exp(static_cast<double>(z[c] - m));
+      for (double& q : prob) q /= sum;
+      const int best = static_cast<int>(std::max_element(z, z + L) - z);
+      nlohmann::json o = {{"id", rows[b]->id}, {"probabilities", prob}};
+      if (f.labels.empty()) o["label"] = best;
+      else o["label"] = f.labels[best];
+      out << o.dump() << "\n";
+      if (rows[b]->label >= 0) {
+        ++labelled;
+        correct += best == rows[b]->label;
+      }
+    }
+  }
+  out.close();
+  MT_CHECK(out.good(), ErrorKind::kIOError, a.output + ": cannot write (disk full?)");
+  fs::rename(tmp, a.output);
+  std::fprintf(stderr, "predict: %zu records -> %s", recs.size(), a.output.c_str());
+  if (labelled > 0)
+    std::fprintf(stderr, "; accuracy %.4f on the %zu with a label", static_cast<double>(correct) / labelled, labelled);
+  std::fprintf(stderr, "\n");
+}
+
+}  // namespace
+
+void register_predict(CLI::App& app) {
+  auto a = std::make_shared<PredictArgs>();
+  auto* cmd = app.add_subcommand("predict", "Classify .jsonl records with a sequence classifier");
+  cmd->add_option("MODEL", a->model, "checkpoint of a classification run (step-N or save_dir) or HF directory")->required();
+  cmd->add_option("DATA", a->data, ".jsonl records")->required();
+  cmd->add_option("-o,--output", a->output, "predictions, one JSON object a line: id, label, probabilities")->required();
+  cmd->add_option("--batch", a->batch, "records a forward (default 16)");
+  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json or GPT-2 vocabulary directory (default: the run's)");
+  cmd->add_option("--texta-name", a->texta, "text field (default: the run's data.texta_name)");
+  cmd->add_option("--textb-name", a->textb, "second text field (default: the run's; - for none)");
+  cmd->add_option("--label-name", a->label, "label field (default: the run's)");
+  cmd->add_option("--id-name", a->id, "id field (default: the run's)");
+  cmd->callback([a] { run_predict(*a); });
+}
+
+}  // namespace mt::cli
