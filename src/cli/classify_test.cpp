@@ -130,6 +130,50 @@ TEST(Classify, TrainsKeepsTheTopKAndPredictsWhatValidationMeasured) {
   EXPECT_EQ(n, 200);
 }
 
+// Fine-tuning a causal LM as a classifier: {"init_from": checkpoint, "num_labels": 2} takes the
+// architecture and trunk from the LM, score.weight starts fresh (one warning); the classifier
+// exported with --hf is a Hugging Face *ForSequenceClassification directory that predict reads
+// to the same answers.
+TEST(Classify, FromACausalLmCheckpointAndBackOutAsHuggingFace) {
+  setup();
+  mt::cli::testing::write_chain_dataset(dir() + "/chain", 40);
+  nlohmann::json lm = {{"model", {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 48}, {"n_embd", 64},
+                                  {"n_layer", 2}, {"n_head", 4}}},
+                       {"data", {{"train", dir() + "/chain"}}}, {"seq_length", 32}, {"train_iters", 4},
+                       {"train_micro_batch_size_per_gpu", 4}, {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                       {"save_dir", dir() + "/lm"}, {"save_interval", 4}};
+  std::ofstream(dir() + "/lm.json") << lm.dump();
+  std::string out, err;
+  ASSERT_EQ(run("train " + dir() + "/lm.json", &out, &err), 0) << err;
+  const std::string cfg = write_config("ft", {{"model", {{"init_from", dir() + "/lm"}, {"num_labels", 2}}},
+                                              {"num_train_epochs", 1}, {"model_checkpoint", {{"save_top_k", 0}}}});
+  ASSERT_EQ(run("train " + cfg, &out, &err), 0) << err;
+  EXPECT_NE(err.find("has no score.weight (a causal LM): the classification head starts from its initial values"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("classifier of 2 labels"), std::string::npos) << err;
+  ASSERT_EQ(run("export " + dir() + "/run-ft --hf " + dir() + "/ft-hf", &out, &err), 0) << err;
+  nlohmann::json hf = nlohmann::json::parse(mt::cli::testing::slurp(dir() + "/ft-hf/config.json"));
+  EXPECT_EQ(hf["architectures"][0], "GPT2ForSequenceClassification");
+  EXPECT_EQ(hf["id2label"].size(), 2u);
+  std::string a, b;
+  ASSERT_EQ(run("predict " + dir() + "/run-ft " + dir() + "/dev.jsonl -o " + dir() + "/p1.json", &out, &err), 0) << err;
+  ASSERT_EQ(run("predict " + dir() + "/ft-hf " + dir() + "/dev.jsonl -o " + dir() + "/p2.json --tokenizer " + dir() +
+                    "/tok.json --texta-name sentence1 --textb-name sentence2 --batch 7",
+                &out, &err),
+            0)
+      << err;
+  std::ifstream f1(dir() + "/p1.json"), f2(dir() + "/p2.json");
+  std::string l1, l2;
+  int n = 0;
+  while (std::getline(f1, l1) && std::getline(f2, l2)) {
+    nlohmann::json j1 = nlohmann::json::parse(l1), j2 = nlohmann::json::parse(l2);
+    EXPECT_EQ(j1["label"], j2["label"]);
+    EXPECT_NEAR(j1["probabilities"][0].get<double>(), j2["probabilities"][0].get<double>(), 1e-4);
+    ++n;
+  }
+  EXPECT_EQ(n, 200);
+}
+
 TEST(Classify, TwoDataParallelRanksEqualOneProcess) {
   nlohmann::json short_run = {{"num_train_epochs", 0}, {"train_iters", 12}, {"eval_interval", 6},
                               {"train_micro_batch_size_per_gpu", 4}, {"gradient_accumulation_steps", 2},

@@ -579,6 +579,8 @@ class ShardReader {
     }
   }
 
+  bool has(const std::string& name) const { return by_param_.count(name) > 0; }
+
   // out = the shard at `place` (numel elements) of parameter `name` whose whole shape, padded for
   // place.size, is global_shape, of state `state` ("master" or an optimizer buffer).
   // need: the element ranges of the shard wanted (null: all of it); pieces outside them are not read.
@@ -777,8 +779,14 @@ void checkpoint_load_weights(const CheckpointInfo& info, nn::ParamStore& store) 
   }
   nlohmann::json state = json_load_file((fs::path(info.dir) / "state.json").string(), ErrorKind::kCorruption);
   ShardReader reader(info.dir, state);
-  for (nn::Parameter* p : store.parameters())
+  for (nn::Parameter* p : store.parameters()) {
+    // A classifier started from a causal LM's checkpoint: score.weight keeps its initial values.
+    if (p->name == "score.weight" && !reader.has(p->name)) {
+      log_warning(info.dir + " has no score.weight (a causal LM): the classification head starts from its initial values");
+      continue;
+    }
     reader.read("master", p->name, p->global_shape, p->split, p->place, p->numel(), p->master);
+  }
   store.sync_compute();
 }
 

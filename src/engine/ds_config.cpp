@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/text.h"
+#include "engine/checkpoint_io.h"
 #include "engine/json_file.h"
 #include "engine/hf_config.h"
 #include "comm/comm_log.h"
@@ -623,12 +624,24 @@ void parse_model(Section& root, RunConfig& c, const std::string& where) {
     c.model = hf_config_parse(c.model_json, path);
     return;
   }
-  // {"init_from": "hf-dir"} alone: the architecture comes from hf-dir/config.json.
-  if (c.model_json.empty() && !c.init_from.empty()) {
+  // {"init_from": path} without a model_type: the architecture comes from path (a Hugging Face
+  // directory's config.json, or a meshtrain checkpoint's model); keys given beside init_from
+  // (num_labels, to fine-tune a causal LM as a classifier) override it.
+  if (!c.init_from.empty() && !c.model_json.contains("model_type")) {
     std::string path = hf_weights_config_path(c.init_from);
-    MT_CHECK(!path.empty(), ErrorKind::kInvalidArgument,
-             "model: only init_from given, and " + c.init_from + " is not a directory holding config.json");
-    c.model_json = json_load_file(path);
+    json base;
+    if (!path.empty()) {
+      base = json_load_file(path);
+    } else if (std::filesystem::exists(std::filesystem::path(c.init_from) / "state.json") ||
+               std::filesystem::exists(std::filesystem::path(c.init_from) / "latest")) {
+      path = c.init_from;
+      base = checkpoint_info(c.init_from).model_json;
+    }
+    MT_CHECK(!base.empty(), ErrorKind::kInvalidArgument,
+             "model: no model_type given, and init_from " + c.init_from +
+                 " is neither a directory holding config.json nor a meshtrain checkpoint");
+    for (const auto& [k, v] : c.model_json.items()) base[k] = v;
+    c.model_json = base;
     c.model = hf_config_parse(c.model_json, path);
     return;
   }

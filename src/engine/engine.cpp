@@ -155,6 +155,7 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
     std::filesystem::path d = std::filesystem::is_directory(p) ? p : p.parent_path();
     // Sharded or not, and saved in any layout: this rank's parameters from their pieces.
     if (std::filesystem::exists(d / "state.json")) checkpoint_load_weights(checkpoint_info(d.string()), model->store());
+    else if (std::filesystem::exists(p / "latest")) checkpoint_load_weights(checkpoint_info(p.string()), model->store());
     else hf_weights_load_path(model->store(), config.init_from);
   }
   model->prepare(static_cast<int>(config.batch.micro_batch_per_gpu), static_cast<int>(config.seq_length), slots);
