@@ -1,11 +1,19 @@
 #include "serve/http_server.h"
 
+#include <dirent.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
 #include <httplib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -277,11 +285,13 @@ struct Outcome {
   Finish finish = Finish::kNone;
   int completion_tokens = 0;
   std::string error;
+  bool client_gone = false;  // cancelled because the client closed the connection
 };
 
 template <typename OnDelta>
 Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
-                       const std::vector<std::string>& stops, OnDelta on_delta, bool streaming) {
+                       const std::vector<std::string>& stops, OnDelta on_delta, bool streaming,
+                       const std::function<bool()>& gone = nullptr) {
   const int prompt = static_cast<int>(request.prompt.size());
   std::shared_ptr<Generation> g;
   try {
@@ -297,10 +307,14 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
   std::vector<int32_t> ids;
   std::string full;
   size_t sent = 0;
-  bool done = false, stopped = false;
+  bool done = false, stopped = false, client_gone = false;
   while (!done) {
     // A whole answer without stop strings needs only the end: no wake-up at every token.
     std::vector<int32_t> more = g->wait(ids.size(), std::chrono::milliseconds(100), &done, !streaming && stops.empty());
+    if (!done && !client_gone && gone && gone()) {  // checked every 100 ms at least
+      client_gone = true;
+      g->cancel(Finish::kCancelled);
+    }
     if (!more.empty() && !stopped) {
       ids.insert(ids.end(), more.begin(), more.end());
       full = tok.decode(ids);
@@ -324,6 +338,7 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
     }
   }
   Outcome out;
+  out.client_gone = client_gone;
   out.finish = stopped ? Finish::kStop : g->finish();
   out.error = g->error();
   out.completion_tokens = static_cast<int>(ids.size());
@@ -346,10 +361,47 @@ HttpError finish_error(const Outcome& o, double timeout_s) {
 // A whole generation for a non-streaming response; throws its error unless it ended by "stop" or
 // "length".
 Outcome generate_all(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
-                     const std::vector<std::string>& stops, double timeout_s) {
-  Outcome o = run_generation(sched, tok, std::move(request), stops, [](const std::string&) { return true; }, false);
+                     const std::vector<std::string>& stops, double timeout_s, const std::function<bool()>& gone) {
+  Outcome o = run_generation(sched, tok, std::move(request), stops, [](const std::string&) { return true; }, false, gone);
+  if (o.client_gone) throw HttpError{499, "the client closed the connection", "cancelled", "client_closed"};
   if (o.finish != Finish::kStop && o.finish != Finish::kLength) throw finish_error(o, timeout_s);
   return o;
+}
+
+// The accepted socket a request arrived on, found by its peer address among this process's
+// sockets (cpp-httplib 0.11 does not hand a handler its socket); -1 when none matches. The socket
+// stays open while the handler runs.
+int request_socket(const httplib::Request& req) {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  int found = -1;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = std::atoi(e->d_name);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    char host[NI_MAXHOST], port[NI_MAXSERV];
+    if (::getnameinfo(reinterpret_cast<sockaddr*>(&peer), len, host, sizeof(host), port, sizeof(port),
+                      NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+      continue;
+    if (req.remote_addr == host && std::to_string(req.remote_port) == port) {
+      found = fd;
+      break;
+    }
+  }
+  ::closedir(d);
+  return found;
+}
+
+// Whether the client at the other end of fd has closed its side: a peek that reads end-of-file or
+// fails. (A pipelined next request is data, not a close.)
+bool peer_closed(int fd) {
+  char c;
+  const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 }  // namespace
@@ -441,7 +493,10 @@ void HttpServer::handle_chatglm(const httplib::Request& req, httplib::Response& 
     r.stop_ids = {tok_.eot_id()};
     r.stop_from = tok_.vocab_size();
     r.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.request_timeout_s));
-    const std::string text = generate_all(*scheduler_, tok_, std::move(r), {}, options_.request_timeout_s).text;
+    const int fd = request_socket(req);
+    const std::string text =
+        generate_all(*scheduler_, tok_, std::move(r), {}, options_.request_timeout_s, [fd] { return fd >= 0 && peer_closed(fd); })
+            .text;
     history_json.push_back(json::array({prompt, text}));
     json out = {{"response", text}, {"history", history_json}, {"status", 200}, {"time", local_time()}};
     res.set_content(dump(out), "application/json");
@@ -554,7 +609,9 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     auto finish_json = [](Finish f) { return json(f == Finish::kLength ? "length" : "stop"); };
 
     if (!stream) {
-      const Outcome o = generate_all(*scheduler_, tok_, std::move(r), stops, options_.request_timeout_s);
+      const int fd = request_socket(req);
+      const Outcome o = generate_all(*scheduler_, tok_, std::move(r), stops, options_.request_timeout_s,
+                                     [fd] { return fd >= 0 && peer_closed(fd); });
       const int completion = o.completion_tokens;
       json choice = {{"index", 0}, {"finish_reason", finish_json(o.finish)}};
       if (chat) {

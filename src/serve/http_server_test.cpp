@@ -395,6 +395,26 @@ TEST_F(SlowServerTest, AClientThatDisconnectsCancelsItsGeneration) {
   EXPECT_LT(s.generated_tokens, 1500u);
 }
 
+// The same for a whole (non-streaming) answer: the server finds the request's socket and sees it
+// closed while it waits for the end.
+TEST_F(SlowServerTest, AClientThatDisconnectsBeforeAWholeAnswerCancelsIt) {
+  auto model = slow_model();
+  Running srv(*model, *tok_, {.slots = 2}, {});
+  for (const char* path : {"/v1/completions", "/"}) {
+    SCOPED_TRACE(path);
+    const std::string body = std::string(path) == "/" ? R"({"prompt": "The cat", "max_length": 2000, "temperature": 0})"
+                                                       : R"({"prompt": "The cat", "max_tokens": 2000, "temperature": 0})";
+    const uint64_t before = srv.server.stats().generated_tokens;
+    request_then_close(srv.port, path, body, "");  // sends, closes at once
+    const std::string want = std::string("meshtrain_requests_total{endpoint=\"") + path + "\",status=\"499\"} 1";
+    for (int i = 0; i < 200 && srv.server.metrics_text().find(want) == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_NE(srv.server.metrics_text().find(want), std::string::npos) << srv.server.metrics_text();
+    EXPECT_EQ(srv.server.stats().active, 0);
+    EXPECT_LT(srv.server.stats().generated_tokens - before, 1500u);
+  }
+}
+
 TEST_F(SlowServerTest, ShutdownFinishesInFlightRequestsAndRefusesNewOnes) {
   auto model = slow_model();
   auto srv = std::make_unique<Running>(*model, *tok_, GeneratorOptions{.slots = 2}, ServerOptions{});
