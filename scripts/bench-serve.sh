@@ -8,6 +8,7 @@
 # Usage: scripts/bench-serve.sh [MESHTRAIN] [SECONDS a loadtest phase, default 20]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib-serve.sh
 MT="${1:-./build/release/meshtrain}"
 SECS="${2:-20}"
 W=$(mktemp -d /tmp/mt_bench_serve.XXXXXX)
@@ -31,12 +32,7 @@ for i in $(seq 200); do echo "A short text for one training step, line $i."; ech
   --set save_dir="$W/g124" --set save_interval=1 --set eval_interval=0 > /dev/null
 "$MT" serve "$W/g124" --port 0 --slots 8 --context 256 2> "$W/serve.log" &
 SERVER=$!
-PORT=""
-for _ in $(seq 300); do
-  PORT=$(sed -n 's/.*on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$W/serve.log")
-  [ -n "$PORT" ] && curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
-  sleep 0.2
-done
+PORT=$(serve_wait_port "$W/serve.log" 60) || { echo "bench-serve: the server did not start" >&2; cat "$W/serve.log" >&2; exit 1; }
 "$MT" loadtest --url "http://127.0.0.1:$PORT" --clients 1,8,32 --duration "$SECS" --max-tokens 32
 curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^meshtrain_decode_(steps|rows)_total'
 kill -TERM $SERVER; wait $SERVER || true

@@ -10,6 +10,7 @@
 # Exits non-zero, naming the check, when any step fails. ctest runs it with the default steps.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
+. "$HERE/../../scripts/lib-serve.sh"
 MT="${1:-$HERE/../../build/release/meshtrain}"
 W="${2:-$(mktemp -d /tmp/mt_chat.XXXXXX)}"
 STEPS="${STEPS:-2000}"
@@ -28,13 +29,7 @@ python3 "$HERE/make_records.py" "$W/sft.jsonl" 2000
 
 "$MT" serve "$W/run" --port 0 --model-name chat --slots 4 --max-body-bytes 65536 2> "$W/serve.log" &
 SERVER_PID=$!
-PORT=""
-for _ in $(seq 100); do
-  PORT=$(sed -n 's/.*on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$W/serve.log")
-  [ -n "$PORT" ] && curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
-  sleep 0.2
-done
-[ -n "$PORT" ] || fail "the server did not start"
+PORT=$(serve_wait_port "$W/serve.log" 20) || fail "the server did not start"
 URL="http://127.0.0.1:$PORT"
 echo "serving on $URL"
 
