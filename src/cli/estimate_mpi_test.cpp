@@ -140,6 +140,7 @@ nlohmann::json last_line(const std::string& path) {
 struct Measured {
   nlohmann::json metrics;   // rank 0's last metrics line
   nlohmann::json estimate;  // this stage's row of estimate --json
+  std::vector<nlohmann::json> pipeline_ranks;  // a pipeline: every pipeline rank's row
 };
 
 Measured measure(const Case& k) {
@@ -155,6 +156,8 @@ Measured measure(const Case& k) {
   EXPECT_EQ(run("estimate " + cfg + " --procs " + n + " --json", &out, &err), 0) << err;
   nlohmann::json e = nlohmann::json::parse(out);
   m.estimate = (e.is_array() ? e[0] : e)["stages"][k.stage];  // a pipeline: rank 0 is pipeline rank 0
+  if (e.is_array())
+    for (const auto& q : e) m.pipeline_ranks.push_back(q["stages"][k.stage]);
   return m;
 }
 
@@ -183,6 +186,24 @@ TEST_P(EstimateMpi, PeaksPerCategoryAgree) {
     }
     std::printf("  %-12s measured %9.0f estimated %9.0f  (%+.2f%%)\n", name.c_str(), measured, estimated,
                 measured > 0 ? 100.0 * (estimated - measured) / measured : 0.0);
+  }
+  if (k.pp > 1) {
+    // Every pipeline rank's comm peak (metrics: pp_stage_comm_peak_mib) against its row: the
+    // received gradient and the gradients in flight back, or the tied table's exchange.
+    const auto& comm = m.metrics["pp_stage_comm_peak_mib"];
+    ASSERT_EQ(comm.size(), static_cast<size_t>(k.pp));
+    ASSERT_EQ(m.pipeline_ranks.size(), static_cast<size_t>(k.pp));
+    for (int q = 0; q < k.pp; ++q) {
+      const double measured = comm[q].get<double>() * 1048576.0, estimated = m.pipeline_ranks[q]["comm"].get<double>();
+      EXPECT_LE(std::fabs(measured - estimated), kCommSlack) << "pipeline rank " << q << ": measured " << measured << " estimated " << estimated;
+      std::printf("  pipeline rank %d comm measured %9.0f estimated %9.0f\n", q, measured, estimated);
+    }
+    if (std::string(k.schedule) == "1f1b" && k.tp == 1 && k.arch == "gpt2") {
+      // 1F1B's last stage holds 2 sent gradients at once, not one per micro-batch (8 here: it
+      // held 1 + 8 boundary activations, 27648 bytes, above the tied table's 18624).
+      const double E = 16.0 * 48 * 4, m_micro = 8;
+      EXPECT_LT(comm[k.pp - 1].get<double>() * 1048576.0, (1 + m_micro) * E);
+    }
   }
   if (k.nvme) {  // the swap files of rank 0 hold what the estimate says, byte for byte
     const std::string root = dir() + "/swap-" + case_name(k) + "/zero_stage_" + std::to_string(k.stage);

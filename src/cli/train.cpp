@@ -326,6 +326,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
         m["pp_stage_compute_seconds"] = r.pp_stage_compute_seconds;
         m["pp_schedule_seconds"] = r.pp_schedule_seconds;
         m["pp_stage_peak_mib"] = r.pp_stage_peak_mib;  // rank 0's categories above; every stage's total here
+        m["pp_stage_comm_peak_mib"] = r.pp_stage_comm_peak_mib;
       }
       if (cfg.zero.offload_optimizer == "nvme") {  // rank 0's swap this step
         const optim::SwapStepStats& w = r.swap;

@@ -54,7 +54,8 @@ struct ReduceScatterOptions : CommOptions {
 struct AllToAllOptions : CommOptions {};
 // Point to point messages carry an integer tag (MPI's): a recv matches the next send from its
 // peer with the same tag, so a pipeline stage can receive the activation of micro-batch 3 before a
-// gradient sent earlier. 0 <= msg_tag <= kMaxMsgTag (the MPI standard's guaranteed minimum).
+// gradient sent earlier. 0 <= msg_tag <= Backend::max_msg_tag(): at least kMaxMsgTag (the MPI
+// standard's guaranteed minimum), MPI_TAG_UB under MPI (OpenMPI's is 2^31 - 1).
 inline constexpr int kMaxMsgTag = 32767;
 struct SendOptions : CommOptions { int msg_tag = 0; };
 struct RecvOptions : CommOptions { int msg_tag = 0; };
@@ -104,6 +105,7 @@ class Backend {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;  // "local", "mpi"
+  virtual int max_msg_tag() const { return kMaxMsgTag; }  // the largest msg_tag send/recv take
 
   // buf (count): root's values to every rank.
   virtual std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype,

@@ -126,6 +126,12 @@ class MpiBackend : public Backend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
+  int max_msg_tag() const override {
+    int* ub = nullptr;
+    int found = 0;
+    check_mpi(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &found), "Comm_get_attr(MPI_TAG_UB)");
+    return found && ub ? *ub : kMaxMsgTag;
+  }
 
   std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype,
                                   const BroadcastOptions& o) override {
@@ -236,9 +242,10 @@ class MpiBackend : public Backend {
     return w;
   }
 
-  static void check_msg_tag(int tag, const char* what) {
-    MT_CHECK(tag >= 0 && tag <= kMaxMsgTag, ErrorKind::kInvalidArgument,
-             std::string(what) + ": msg_tag " + std::to_string(tag) + " is outside [0, " + std::to_string(kMaxMsgTag) + "]");
+  void check_msg_tag(int tag, const char* what) const {
+    const int ub = max_msg_tag();
+    MT_CHECK(tag >= 0 && tag <= ub, ErrorKind::kInvalidArgument,
+             std::string(what) + ": msg_tag " + std::to_string(tag) + " is outside [0, " + std::to_string(ub) + "] (MPI_TAG_UB)");
   }
 
   std::unique_ptr<Work> send(const void* buf, size_t count, DType dtype, int dst,

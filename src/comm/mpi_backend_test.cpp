@@ -249,6 +249,18 @@ void check_p2p_and_groups(Backend& b) {
   w9->wait();
   EXPECT(r9 == 200.0f + static_cast<float>((me + n - 1) % n) && r7 == 100.0f + static_cast<float>((me + n - 1) % n),
          "tagged send/recv matched by tag");
+  // Tags past the standard's 32767 where MPI_TAG_UB allows them (long pipelines: 2·stages·m).
+  EXPECT(b.max_msg_tag() >= kMaxMsgTag, "MPI_TAG_UB below the standard's minimum");
+  if (b.max_msg_tag() >= 1000000) {
+    SendOptions sb;
+    RecvOptions qb;
+    sb.msg_tag = qb.msg_tag = 1000000;
+    float big = 7.0f + me, got = -1;
+    auto wb = b.send(&big, 1, DType::kF32, (me + 1) % n, sb);
+    b.recv(&got, 1, DType::kF32, (me + n - 1) % n, qb)->wait();
+    wb->wait();
+    EXPECT(got == 7.0f + static_cast<float>((me + n - 1) % n), "a tag of 1000000");
+  }
 
   auto half = b.split(me % 2, me);  // even and odd ranks
   float v = static_cast<float>(me);

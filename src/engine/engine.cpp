@@ -336,7 +336,12 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   store.zero_grad();
   if (ctx_->pp() > 1) {
     pp_spec_ = engine_schedule_spec(config);
+    parallel::pp::check_schedule_spec(pp_spec_, ctx_->groups.pp->max_msg_tag());
     schedule_ = parallel::pp::build_schedule(pp_spec_, ctx_->pp_rank());
+    std::vector<std::vector<parallel::pp::Instr>> lists;
+    for (int q = 0; q < ctx_->pp(); ++q)
+      lists.push_back(q == ctx_->pp_rank() ? schedule_ : parallel::pp::build_schedule(pp_spec_, q));
+    grad_releases_ = parallel::pp::grad_send_releases(lists, ctx_->pp_rank());
     MT_CHECK(model.slots() >= parallel::pp::max_in_flight(schedule_), ErrorKind::kInternal,
              "the model keeps fewer activation slots than the pipeline schedule needs");
   }
@@ -513,6 +518,8 @@ StepResult Engine::step() {
   r.pp_schedule_seconds = pp_schedule_seconds_;
   r.pp_stage_peak_mib = std::move(pp_stage_peak_mib_);
   pp_stage_peak_mib_.clear();
+  r.pp_stage_comm_peak_mib = std::move(pp_stage_comm_peak_mib_);
+  pp_stage_comm_peak_mib_.clear();
   pp_stage_wait_.clear();
   pp_stage_compute_.clear();
   pp_wait_seconds_ = 0.0;
@@ -701,8 +708,9 @@ void Engine::sum_tied_embedding_grads() {
   float* other = other_buffer.as<float>();
   const char* tag = "pipeline tied embedding grad";
   comm::Backend& pipe = *ctx_->groups.pp;
-  auto sent = pipe.send(t->grad, n, DType::kF32, r == 0 ? P - 1 : 0, p2p_options<comm::SendOptions>(tag, comm::kMaxMsgTag, timeout()));
-  pipe.recv(other, n, DType::kF32, r == 0 ? P - 1 : 0, p2p_options<comm::RecvOptions>(tag, comm::kMaxMsgTag, timeout()))->wait();
+  const int msg_tag = static_cast<int>(parallel::pp::step_tags(pp_spec_));  // past every step message's
+  auto sent = pipe.send(t->grad, n, DType::kF32, r == 0 ? P - 1 : 0, p2p_options<comm::SendOptions>(tag, msg_tag, timeout()));
+  pipe.recv(other, n, DType::kF32, r == 0 ? P - 1 : 0, p2p_options<comm::RecvOptions>(tag, msg_tag, timeout()))->wait();
   sent->wait();
   for (size_t i = 0; i < n; ++i) t->grad[i] = r == 0 ? t->grad[i] + other[i] : other[i] + t->grad[i];
 }
@@ -724,8 +732,10 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
     std::vector<int> free_slots;
     for (int s = model_.slots() - 1; s >= 0; --s) free_slots.push_back(s);
     std::vector<std::unique_ptr<comm::Work>> slot_send(model_.slots());  // a slot's activation, in flight
-    std::vector<Buffer> grad_out;  // gradients in flight to the previous stage
-    std::vector<std::unique_ptr<comm::Work>> grad_sends;
+    // Gradients in flight to the previous stage, by list index, each in its own buffer until a
+    // later message from that stage proves it received (grad_releases_); then the buffer is reused.
+    std::map<size_t, std::pair<Buffer, std::unique_ptr<comm::Work>>> grad_out;
+    std::vector<Buffer> grad_free;
     Buffer grad_in(E * 4, MemCategory::kComm);
     auto slot = [&](const parallel::pp::Instr& i) {
       auto it = slot_of.find({i.chunk, i.micro});
@@ -741,7 +751,8 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
     };
     using comm::RecvOptions;
     using comm::SendOptions;
-    for (const parallel::pp::Instr& i : schedule_) {
+    for (size_t at = 0; at < schedule_.size(); ++at) {
+      const parallel::pp::Instr& i = schedule_[at];
       switch (i.kind) {
         case OpKind::kRecvActivation: {
           Timer w;
@@ -790,17 +801,32 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
           break;
         }
         case OpKind::kSendGrad: {
-          grad_out.emplace_back(E * 4, MemCategory::kComm);
-          std::memcpy(grad_out.back().data(), model_.input_grad(), E * 4);
-          grad_sends.push_back(
-              pipe.send(grad_out.back().data(), E, DType::kF32, i.peer, p2p_options<SendOptions>(tag(i, "gradient"), i.tag, timeout())));
+          Buffer b;
+          if (grad_free.empty()) {
+            b = Buffer::uninitialized(E * 4, MemCategory::kComm);
+          } else {
+            b = std::move(grad_free.back());
+            grad_free.pop_back();
+          }
+          std::memcpy(b.data(), model_.input_grad(), E * 4);
+          auto w = pipe.send(b.data(), E, DType::kF32, i.peer, p2p_options<SendOptions>(tag(i, "gradient"), i.tag, timeout()));
+          grad_out.emplace(at, std::make_pair(std::move(b), std::move(w)));
           break;
         }
+      }
+      for (int sent : grad_releases_[at]) {  // received by now: the wait returns at once
+        auto it = grad_out.find(static_cast<size_t>(sent));
+        MT_CHECK(it != grad_out.end(), ErrorKind::kInternal, "pipeline: a gradient send released twice");
+        Timer w;
+        it->second.second->wait();
+        pp_wait_seconds_ += w.seconds();
+        grad_free.push_back(std::move(it->second.first));
+        grad_out.erase(it);
       }
     }
     {
       Timer w;
-      for (auto& g : grad_sends) g->wait();
+      for (auto& [at, g] : grad_out) g.second->wait();
       pp_wait_seconds_ += w.seconds();
     }
   }
@@ -809,25 +835,30 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
   loss_sum_ = pipe_sum(static_cast<float>(loss_sum_), "pipeline loss");
   MT_CHECK(std::isfinite(loss_sum_), ErrorKind::kNumerical,
            "loss is " + std::to_string(loss_sum_ / m) + " at step " + std::to_string(global_step_ + 1) + " (pipeline)");
-  {  // every stage's wait and compute time, for the step's report (two floats per stage)
+  {  // every stage's wait and compute time, schedule time, peak and comm peak, for the step's report
     // MiB (a float holds them exactly to 16 TiB)
-    const double peak_mib = static_cast<double>(memory_stats().total_peak) / 1048576.0;
-    float mine[4] = {static_cast<float>(pp_wait_seconds_), static_cast<float>(forward_seconds_ + backward_seconds_),
-                     static_cast<float>(schedule_time.seconds()), static_cast<float>(peak_mib)};
-    std::vector<float> all(4 * static_cast<size_t>(ctx_->pp()));
+    const MemStats ms = memory_stats();
+    const double peak_mib = static_cast<double>(ms.total_peak) / 1048576.0;
+    const double comm_mib = static_cast<double>(ms.peak[static_cast<size_t>(MemCategory::kComm)]) / 1048576.0;
+    constexpr size_t kF = 5;
+    float mine[kF] = {static_cast<float>(pp_wait_seconds_), static_cast<float>(forward_seconds_ + backward_seconds_),
+                      static_cast<float>(schedule_time.seconds()), static_cast<float>(peak_mib), static_cast<float>(comm_mib)};
+    std::vector<float> all(kF * static_cast<size_t>(ctx_->pp()));
     comm::AllGatherOptions o;
     o.tag = "pipeline stage times";
     o.timeout = timeout();
-    pipe.all_gather(all.data(), mine, 4, DType::kF32, o)->wait();
+    pipe.all_gather(all.data(), mine, kF, DType::kF32, o)->wait();
     pp_stage_wait_.clear();
     pp_stage_compute_.clear();
     pp_stage_peak_mib_.clear();
+    pp_stage_comm_peak_mib_.clear();
     pp_schedule_seconds_ = 0.0;
-    for (int q = 0; q < ctx_->pp(); ++q) {
-      pp_stage_wait_.push_back(all[4 * q]);
-      pp_stage_compute_.push_back(all[4 * q + 1]);
-      pp_schedule_seconds_ = std::max(pp_schedule_seconds_, static_cast<double>(all[4 * q + 2]));
-      pp_stage_peak_mib_.push_back(all[4 * q + 3]);
+    for (size_t q = 0; q < static_cast<size_t>(ctx_->pp()); ++q) {
+      pp_stage_wait_.push_back(all[kF * q]);
+      pp_stage_compute_.push_back(all[kF * q + 1]);
+      pp_schedule_seconds_ = std::max(pp_schedule_seconds_, static_cast<double>(all[kF * q + 2]));
+      pp_stage_peak_mib_.push_back(all[kF * q + 3]);
+      pp_stage_comm_peak_mib_.push_back(all[kF * q + 4]);
     }
   }
   Timer t;

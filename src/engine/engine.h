@@ -52,6 +52,7 @@ struct StepResult {
   // Every stage's accounted peak (all categories, since the last reset_memory_peaks), MiB, at the
   // end of its schedule: stages hold different layers, slots and buffers.
   std::vector<double> pp_stage_peak_mib;
+  std::vector<double> pp_stage_comm_peak_mib;  // the same for the comm category alone
   // offload_optimizer "nvme": this step's swap (optim/swapped_adamw.h). The optimizer's seconds
   // split into the update's compute and its waits on the disk; the I/O threads' read and write
   // seconds and bytes (their overlap with compute is read + write − wait).
@@ -211,8 +212,10 @@ class Engine {
   std::vector<double> pp_stage_wait_, pp_stage_compute_;
   double pp_schedule_seconds_ = 0.0;
   std::vector<double> pp_stage_peak_mib_;
+  std::vector<double> pp_stage_comm_peak_mib_;
   parallel::pp::ScheduleSpec pp_spec_;
   std::vector<parallel::pp::Instr> schedule_;
+  std::vector<std::vector<int>> grad_releases_;  // parallel::pp::grad_send_releases of schedule_
 };
 
 // The optimizer's segments: one per parameter, weight decay 0 where config.no_weight_decay says.

@@ -186,10 +186,10 @@ MemoryInput pipeline_rank_input(MemoryInput in, const parallel::pp::ScheduleSpec
   for (int st = q; st < S; st += spec.pp) in.chunks.push_back({bounds[st], bounds[st + 1]});
   in.first_stage = q == 0;
   in.last_stage = q == spec.pp - 1;
-  const auto list = parallel::pp::build_schedule(spec, q);
-  in.slots = parallel::pp::max_in_flight(list);
-  in.grads_sent = 0;
-  for (const parallel::pp::Instr& i : list) in.grads_sent += i.kind == parallel::pp::OpKind::kSendGrad;
+  std::vector<std::vector<parallel::pp::Instr>> lists;
+  for (int r = 0; r < spec.pp; ++r) lists.push_back(parallel::pp::build_schedule(spec, r));
+  in.slots = parallel::pp::max_in_flight(lists[q]);
+  in.grads_in_flight = parallel::pp::max_grads_in_flight(lists, q);
   return in;
 }
 
@@ -566,7 +566,7 @@ MemoryBreakdown step_memory(const MemoryInput& in) {
   m[MemCategory::kWorkspace] = ws;
   if (in.pipeline()) {
     const size_t E = Rr * C * 4;
-    size_t executor = E * (1 + static_cast<size_t>(in.grads_sent));
+    size_t executor = E * (1 + static_cast<size_t>(in.grads_in_flight));
     size_t tied = 0;
     if (cfg.tie_embeddings && in.pp > 1 && (in.first_stage || in.last_stage)) tied = V * C * 4;
     m[MemCategory::kComm] = std::max(executor, tied);

@@ -116,7 +116,7 @@ struct MemoryInput {
   std::vector<std::pair<int, int>> chunks;
   bool first_stage = true, last_stage = true;
   int slots = 1;
-  int grads_sent = 0;  // gradients the rank sends back in a step (its schedule's send-grads)
+  int grads_in_flight = 0;  // gradient buffers the rank holds at once (parallel::pp::max_grads_in_flight)
   int pp = 1, pp_rank = 0;
   bool pipeline() const { return !chunks.empty(); }
 };

@@ -66,7 +66,7 @@ MemoryInput layout_memory_input(const PlanJob& job, const Layout& l) {
   in.chunks.clear();
   in.first_stage = in.last_stage = true;
   in.slots = 1;
-  in.grads_sent = 0;
+  in.grads_in_flight = 0;
   in.micro_batch = l.micro_batch;
   in.recompute = l.recompute;
   in.zero.accumulation = l.accumulation > 1;

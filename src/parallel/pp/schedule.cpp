@@ -1,12 +1,12 @@
 #include "parallel/pp/schedule.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
 
 #include "base/error.h"
-#include "comm/backend.h"
 
 namespace mt::parallel::pp {
 
@@ -39,7 +39,9 @@ const char* op_name(OpKind k) {
   return "?";
 }
 
-void check_schedule_spec(const ScheduleSpec& s) {
+long long step_tags(const ScheduleSpec& s) { return 2LL * s.stages() * s.micro_batches; }
+
+void check_schedule_spec(const ScheduleSpec& s, long long max_tag) {
   MT_CHECK(s.pp >= 1, ErrorKind::kInvalidArgument, "parallel.pp must be >= 1");
   MT_CHECK(s.virtual_stages >= 1, ErrorKind::kInvalidArgument, "parallel.virtual_stages must be >= 1");
   MT_CHECK(s.micro_batches >= 1, ErrorKind::kInvalidArgument, "gradient_accumulation_steps (the micro-batches) must be >= 1");
@@ -51,10 +53,10 @@ void check_schedule_spec(const ScheduleSpec& s) {
     MT_CHECK(s.micro_batches % s.pp == 0, ErrorKind::kInvalidArgument,
              "the interleaved schedule runs micro-batches in groups of parallel.pp: gradient_accumulation_steps (" +
                  std::to_string(s.micro_batches) + ") must be a multiple of parallel.pp (" + std::to_string(s.pp) + ")");
-  const long long tags = 2LL * s.stages() * s.micro_batches;
-  MT_CHECK(tags <= comm::kMaxMsgTag + 1LL, ErrorKind::kInvalidArgument,
+  const long long tags = step_tags(s) + 1;  // and the tied embedding's
+  MT_CHECK(tags <= max_tag + 1LL, ErrorKind::kInvalidArgument,
            "pipeline stages (" + std::to_string(s.stages()) + ") x micro-batches (" + std::to_string(s.micro_batches) +
-               ") need " + std::to_string(tags) + " message tags; MPI guarantees " + std::to_string(comm::kMaxMsgTag + 1));
+               ") need " + std::to_string(tags) + " message tags; the communication backend allows " + std::to_string(max_tag + 1));
 }
 
 int message_tag(const ScheduleSpec& s, int stage, int micro, bool grad) {
@@ -152,6 +154,63 @@ int max_in_flight(const std::vector<Instr>& list) {
   for (const Instr& i : list) {
     if (i.kind == OpKind::kForward) most = std::max(most, ++live);
     if (i.kind == OpKind::kBackward) --live;
+  }
+  return most;
+}
+
+std::vector<std::vector<int>> grad_send_releases(const std::vector<std::vector<Instr>>& ranks, int rank) {
+  MT_CHECK(rank >= 0 && rank < static_cast<int>(ranks.size()), ErrorKind::kInvalidArgument, "pipeline rank out of range");
+  const std::vector<Instr>& mine = ranks[rank];
+  auto is_recv = [](const Instr& i) { return i.kind == OpKind::kRecvActivation || i.kind == OpKind::kRecvGrad; };
+  auto is_send = [](const Instr& i) { return i.kind == OpKind::kSendActivation || i.kind == OpKind::kSendGrad; };
+  std::map<std::pair<int, int>, int> my_recv;  // (peer, tag) -> index in my list
+  for (size_t j = 0; j < mine.size(); ++j)
+    if (is_recv(mine[j])) my_recv[{mine[j].peer, mine[j].tag}] = static_cast<int>(j);
+  constexpr int kNone = std::numeric_limits<int>::max();
+  struct Peer {
+    std::map<int, int> recv_from_me;  // tag -> index in the peer's list
+    std::vector<int> first_reply;     // [b]: my earliest receive of a message the peer sends at b or later
+  };
+  std::map<int, Peer> peers;
+  auto peer = [&](int q) -> Peer& {
+    auto it = peers.find(q);
+    if (it != peers.end()) return it->second;
+    Peer& p = peers[q];
+    const std::vector<Instr>& theirs = ranks.at(q);
+    p.first_reply.assign(theirs.size() + 1, kNone);
+    for (size_t b = theirs.size(); b-- > 0;) {
+      p.first_reply[b] = p.first_reply[b + 1];
+      const Instr& i = theirs[b];
+      if (i.peer != rank) continue;
+      if (is_recv(i)) p.recv_from_me[i.tag] = static_cast<int>(b);
+      if (is_send(i)) {
+        auto r = my_recv.find({q, i.tag});
+        MT_CHECK(r != my_recv.end(), ErrorKind::kInternal, "pipeline schedule: a message to rank " + std::to_string(rank) + " has no receive");
+        p.first_reply[b] = std::min(p.first_reply[b], r->second);
+      }
+    }
+    return p;
+  };
+  std::vector<std::vector<int>> out(mine.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (mine[i].kind != OpKind::kSendGrad) continue;
+    Peer& p = peer(mine[i].peer);
+    auto a = p.recv_from_me.find(mine[i].tag);
+    MT_CHECK(a != p.recv_from_me.end(), ErrorKind::kInternal, "pipeline schedule: a gradient sent has no receive");
+    const int j = p.first_reply[static_cast<size_t>(a->second) + 1];
+    if (j == kNone) continue;
+    MT_CHECK(j > static_cast<int>(i), ErrorKind::kInternal, "pipeline schedule: a reply received before its cause was sent");
+    out[static_cast<size_t>(j)].push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
+int max_grads_in_flight(const std::vector<std::vector<Instr>>& ranks, int rank) {
+  const std::vector<std::vector<int>> releases = grad_send_releases(ranks, rank);
+  int live = 0, most = 0;
+  for (size_t j = 0; j < ranks[rank].size(); ++j) {
+    if (ranks[rank][j].kind == OpKind::kSendGrad) most = std::max(most, ++live);
+    live -= static_cast<int>(releases[j].size());
   }
   return most;
 }

@@ -44,9 +44,11 @@ struct ScheduleSpec {
 };
 
 // Throws kInvalidArgument naming the key when the schedule cannot run the spec (v > 1 outside
-// the interleaved schedule; interleaved needs m to be a multiple of pp, as Megatron's; tags beyond
-// MPI's guaranteed range).
-void check_schedule_spec(const ScheduleSpec& s);
+// the interleaved schedule; interleaved needs m to be a multiple of pp, as Megatron's; more tags
+// than max_tag allows: the engine passes its backend's bound, MPI_TAG_UB under MPI).
+void check_schedule_spec(const ScheduleSpec& s, long long max_tag = 2147483647LL);
+// Tags a step uses: 0 .. step_tags(s) - 1 (the next one is free for the tied-embedding exchange).
+long long step_tags(const ScheduleSpec& s);
 // Instructions of pipeline rank `rank` for one step.
 std::vector<Instr> build_schedule(const ScheduleSpec& s, int rank);
 // Forwards a rank runs before its first backward (1F1B: min(pp - rank - 1, m); interleaved:
@@ -62,6 +64,17 @@ int message_tag(const ScheduleSpec& s, int stage, int micro, bool grad);
 // (chunk, micro) pairs whose forward has run and whose backward has not, at most, along the list:
 // the activation slots the executor needs.
 int max_in_flight(const std::vector<Instr>& list);
+
+// When a rank may reuse the buffer of a gradient it sent (the executor's and the memory model's
+// rule, one function): the send at list index i is known received once this rank has received a
+// message that its peer sent after its receive of i. Element j lists the kSendGrad indices whose
+// buffers are free after instruction j (a receive) completes; a send no later message vouches for
+// is waited when the list ends. Needs every pipeline rank's list (ranks[q] for rank q). Waiting
+// only on sends already received cannot deadlock, and the count below does not depend on timing.
+std::vector<std::vector<int>> grad_send_releases(const std::vector<std::vector<Instr>>& ranks, int rank);
+// The most gradient buffers `rank` holds at once along its list under those releases (1F1B: 2 on
+// the last stage whatever the micro-batches; GPipe: every micro-batch, its receives all come first).
+int max_grads_in_flight(const std::vector<std::vector<Instr>>& ranks, int rank);
 
 // Event simulation of a step: each rank runs its list in order, a forward of one chunk takes
 // t_forward / v, a backward t_backward / v, messages arrive when sent. Deadlock (every unfinished
