@@ -95,7 +95,7 @@ void run_calibrate(const CalibrateArgs& args) {
       j["points"].push_back({{"what", p.what}, {"units", p.units}, {"seconds", p.seconds}});
     if (cal.disk_read_gbs > 0)
       j["disk"] = {{"dir", args.io_dir}, {"read_gbs", cal.disk_read_gbs}, {"write_gbs", cal.disk_write_gbs},
-                   {"mixed_gbs", cal.disk_mixed_gbs}};
+                   {"mixed_gbs", cal.disk_mixed_gbs}, {"interference_s_per_gb", cal.disk_interference_s_per_byte * 1e9}};
     const std::string text = j.dump(1) + "\n";
     file_write_atomic(args.out, text.data(), text.size());
     std::printf("calibrated %d rank(s) x %d thread(s)%s -> %s\n", cal.world, cal.threads,
@@ -116,8 +116,9 @@ void run_calibrate(const CalibrateArgs& args) {
                   flops ? "TFLOP/s" : bytes ? "GB/s" : "G elements/s");
     }
     if (cal.disk_read_gbs > 0)
-      std::printf("disk %s: read %.2f GB/s, write %.2f GB/s, mixed %.2f GB/s\n", args.io_dir.c_str(), cal.disk_read_gbs,
-                  cal.disk_write_gbs, cal.disk_mixed_gbs);
+      std::printf("disk %s: read %.2f GB/s, write %.2f GB/s, mixed %.2f GB/s; compute beside it loses %.3f s per GB moved\n",
+                  args.io_dir.c_str(), cal.disk_read_gbs, cal.disk_write_gbs, cal.disk_mixed_gbs,
+                  cal.disk_interference_s_per_byte * 1e9);
   }
   if (world) {
     world.reset();

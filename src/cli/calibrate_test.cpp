@@ -86,7 +86,7 @@ TEST(Plan, PredictsTheStepFromTheCalibrationAndRefusesWhatItDoesNotModel) {
   EXPECT_NEAR(std::stod(out.substr(out.find("step ") + 5)), step, 1e-6) << out;
 
   // Offload to "cpu" on CPU ranks changes nothing (the state already lives in host memory): the
-  // same step. offload_param nvme is refused by name; offload_optimizer nvme needs the disk's rates.
+  // same step. offload_param and offload_optimizer nvme need the disk's rates.
   ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal +
                                                 " --set zero_optimization.offload_optimizer.device=cpu",
                                             &out, &err), 0) << err;
@@ -97,11 +97,26 @@ TEST(Plan, PredictsTheStepFromTheCalibrationAndRefusesWhatItDoesNotModel) {
                                                 " --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_optimizer.nvme_path=" +
                                                 dir() + " --set zero_optimization.offload_param.nvme_path=" + dir(),
                                             &out, &err), 0);
-  EXPECT_NE(err.find("offload_param nvme's traffic"), std::string::npos) << err;
+  EXPECT_NE(err.find("offload_param nvme needs the disk's rates in the calibration (meshtrain calibrate --io DIR)"), std::string::npos) << err;
   EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal +
                                                 " --set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=" + dir(),
                                             &out, &err), 0);
   EXPECT_NE(err.find("calibrate --io DIR"), std::string::npos) << err;
+  {  // with the disk's rates, ZeRO-Infinity's step is planned: its disk traffic lengthens stage 3's
+    const std::string io = dir() + "/hand-io.json";
+    std::ofstream(io) << R"({"world": 1, "threads": 1, "fits": {
+      "gemm f32": {"latency_s": 0, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 0, "per_unit_s": 1e-9},
+      "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7}},
+      "disk": {"read_gbs": 0.5, "write_gbs": 0.25, "mixed_gbs": 0.5, "interference_s_per_gb": 0.1}})";
+    const std::string stage3 = "plan " + cfg + " --calibration " + io + " --set zero_optimization.stage=3";
+    ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), stage3, &out, &err), 0) << err;
+    const double plain = std::stod(out.substr(out.find("step ") + 5));
+    ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), stage3 + " --set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=" +
+                                                  dir() + " --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_param.nvme_path=" + dir(),
+                                              &out, &err), 0) << err;
+    EXPECT_GT(std::stod(out.substr(out.find("step ") + 5)), plain) << out;
+    EXPECT_NE(out.find("offload      rank 0's disk and optimizer thread are busy"), std::string::npos) << out;
+  }
   // tp 2 is timed, but not from a one-process calibration.
   EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal + " --set parallel.tp=2",
                                             &out, &err), 0);

@@ -66,14 +66,13 @@ planner::Calibration load_calibration(const std::string& path, const std::string
     cal.disk_read_gbs = j["disk"].value("read_gbs", 0.0);
     cal.disk_write_gbs = j["disk"].value("write_gbs", 0.0);
     cal.disk_mixed_gbs = j["disk"].value("mixed_gbs", 0.0);
+    cal.disk_interference_s_per_byte = j["disk"].value("interference_s_per_gb", 0.0) / 1e9;
   }
   return cal;
 }
 
 // The job a configuration describes, its own layout as the base.
 planner::PlanJob plan_job(const engine::RunConfig& c, int procs) {
-  MT_CHECK(c.zero.offload_param != "nvme", ErrorKind::kNotSupported,
-           "plan: offload_param nvme's traffic (ZeRO-Infinity's master and gradients on disk) is not in the cost model yet");
   MT_CHECK(c.device == "cpu" || (c.zero.offload_optimizer == "none" && c.zero.offload_param == "none"),
            ErrorKind::kNotSupported, "plan: offload on device \"" + c.device + "\" is not in the cost model");
   planner::PlanJob job;
@@ -321,6 +320,9 @@ void run_plan(const PlanOptions& o) {
   std::printf("step         %.6f s predicted (%.6f s if MPI moved a nonblocking collective beside compute); "
               "rank 0 computes %.4f s, its communication stream is busy %.4f s\n",
               p.step, p.step_progress, p.compute, p.comm);
+  if (p.streams > 0)
+    std::printf("offload      rank 0's disk and optimizer thread are busy %.4f s; its compute waits %.4f s in all\n", p.streams,
+                p.blocked);
   if (!p.bounds.empty()) {
     std::string cuts;
     for (size_t i = 0; i + 1 < p.bounds.size(); ++i)

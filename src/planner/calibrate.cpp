@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <thread>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -226,6 +229,65 @@ std::vector<int> host_of_ranks(comm::Backend& group) {
   host[static_cast<size_t>(r)] = static_cast<int>(it - seen.begin());
   }
   return host;
+}
+
+// The compute a disk transfer costs: a bf16 GEMM loop timed alone, beside a thread streaming reads
+// and writes through a file under `dir` (the swap's own traffic), and alone again. Compute beside
+// r bytes a second takes 1 + k·r times as long (planner/sim.h); k from the two rates, 0 when the
+// difference is noise. On this project's VMs k is large: the host emulates the disk on the cores.
+static double disk_interference(const std::string& dir, unsigned long long io_bytes) {
+  constexpr size_t kChunk = 8u << 20;
+  const uint64_t chunks = std::max<uint64_t>(2, std::min<uint64_t>(io_bytes, 512ull << 20) / kChunk);
+  io::check_swap_dir(dir, chunks * kChunk);
+  const std::string path = dir + "/.meshtrain-io-interference";
+  double k = 0.0;
+  {
+    auto f = io::posix_env().open(path);
+    io::AioOptions o;
+    o.thread_count = 2;
+    io::AsyncIo aio(o);
+    io::AlignedBuffer rbuf(kChunk, MemCategory::kWorkspace), wbuf(kChunk, MemCategory::kWorkspace);
+    for (size_t i = 0; i < kChunk; i += 8) *reinterpret_cast<uint64_t*>(wbuf.as<char>() + i) = i * 0x9E3779B97F4A7C15ull;
+    for (uint64_t c = 0; c < chunks; ++c) aio.wait(aio.write(*f, wbuf.data(), kChunk, c * kChunk));
+    const int m = 1024, n = 1024, kk = 1024;
+    std::vector<char> a(static_cast<size_t>(m) * kk * 2), b(static_cast<size_t>(n) * kk * 2);
+    fill_lowp(a, DType::kBF16);
+    fill_lowp(b, DType::kBF16);
+    std::vector<float> c(static_cast<size_t>(m) * n);
+    auto gemm = [&] { kernels::gemm(m, n, kk, a.data(), kk, false, b.data(), kk, true, c.data(), n, DType::kBF16, false); };
+    gemm();
+    Timer one;
+    gemm();
+    const int calls = std::max(4, static_cast<int>(1.0 / std::max(one.seconds(), 1e-6)));
+    auto loop = [&] {
+      Timer t;
+      for (int i = 0; i < calls; ++i) gemm();
+      return t.seconds();
+    };
+    const double alone0 = loop();
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> moved{0};
+    std::thread streamer([&] {
+      for (uint64_t i = 0; !stop.load(); i = (i + 1) % chunks) {
+        const auto r = aio.read(*f, rbuf.data(), kChunk, i * kChunk);
+        const auto w = aio.write(*f, wbuf.data(), kChunk, ((i + chunks / 2) % chunks) * kChunk);
+        aio.wait(r);
+        aio.wait(w);
+        moved += 2 * kChunk;
+      }
+    });
+    const uint64_t before = moved.load();
+    const double beside = loop();
+    const uint64_t during = moved.load() - before;
+    stop = true;
+    streamer.join();
+    const double alone = 0.5 * (alone0 + loop());
+    const double rate = static_cast<double>(during) / beside;  // bytes a second
+    if (rate > 0 && beside > 1.03 * alone) k = (beside / alone - 1.0) / rate;
+  }
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  return k;
 }
 
 Calibration calibrate(const CalibrateOptions& options) {
@@ -489,6 +551,7 @@ Calibration calibrate(const CalibrateOptions& options) {
     cal.disk_read_gbs = bw.read_gbs;
     cal.disk_write_gbs = bw.write_gbs;
     cal.disk_mixed_gbs = bw.mixed_gbs;
+    cal.disk_interference_s_per_byte = disk_interference(options.io_dir, options.io_bytes);
   }
   return cal;
 }

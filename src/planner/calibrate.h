@@ -49,6 +49,9 @@ struct Calibration {
                                             // "adamw" (elements), "all_reduce", "all_gather",
                                             // "reduce_scatter", "send_recv" (bytes per rank)
   double disk_read_gbs = 0.0, disk_write_gbs = 0.0, disk_mixed_gbs = 0.0;  // 0: not measured
+  // Compute seconds lost per byte the disk moves beside it (calibrate --io: a GEMM loop alone and
+  // beside a stream of reads and writes; on a virtual machine the disk's emulation shares the cores).
+  double disk_interference_s_per_byte = 0.0;
   // The collectives' measured (bytes, seconds), by size: MPI's algorithms change with the message
   // size (OpenMPI's reduce_scatter here: 3.85 GB/s at 1 MiB, 0.12 at 16 MiB), so no one line holds.
   // seconds() interpolates them piecewise-linearly, past the largest at its rate, below the

@@ -128,7 +128,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   // over the shard: the gradient norm reads it and zero_grad writes it.
   const char* update = e < 4 && cal.fits.count("adamw bf16") ? "adamw bf16" : "adamw";
   c.optimizer_per_element = (cal.fits.count(update) ? cal.fits.at(update).per_unit : 0.0) + (own ? mem * 8 : 0.0);
-  if (s.optimizer_nvme) {
+  if (s.optimizer_nvme && !s.param_nvme) {  // with param_nvme the step program times the swap
     MT_CHECK(cal.disk_read_gbs > 0 && cal.disk_write_gbs > 0 && cal.disk_mixed_gbs > 0, ErrorKind::kInvalidArgument,
              "cost model: offload_optimizer nvme needs the disk's rates in the calibration (meshtrain calibrate --io DIR)");
     const double u = c.optimizer_per_element, read = cal.disk_read_gbs * 1e9, write = cal.disk_write_gbs * 1e9,
@@ -138,6 +138,15 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
       const double k = std::ceil(n / group), g = n / k;
       return 8 * g / read + u * g + 8 * g / write + (k - 1) * std::max(u * g, 16 * g / mixed);
     };
+  }
+  if (s.param_nvme) {
+    MT_CHECK(cal.disk_read_gbs > 0 && cal.disk_write_gbs > 0 && cal.disk_mixed_gbs > 0, ErrorKind::kInvalidArgument,
+             "cost model: offload_param nvme needs the disk's rates in the calibration (meshtrain calibrate --io DIR)");
+    c.disk_read_per_byte = 1.0 / (cal.disk_read_gbs * 1e9);
+    c.disk_write_per_byte = 1.0 / (cal.disk_write_gbs * 1e9);
+    c.disk_mixed_per_byte = 1.0 / (cal.disk_mixed_gbs * 1e9);
+    c.update_per_element = cal.fits.count("adamw") ? cal.fits.at("adamw").per_unit : 0.0;  // f32 master, no 16-bit copy
+    c.disk_interference = cal.disk_interference_s_per_byte;
   }
   // The dp group: world ranks, tp apart; pipeline neighbours tp x dp apart (Megatron's order).
   const int dp = s.world, stride = s.tp, pp_stride = s.tp * s.world;

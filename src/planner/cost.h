@@ -57,6 +57,9 @@ struct StepShape {
   // disk in sub-groups of sub_group_size elements during the update.
   bool optimizer_nvme = false;
   int64_t sub_group_size = 1'000'000'000;
+  // offload_param device "nvme" at stage 3: the disk's rates and the bare update for the step
+  // program's swap (planner/program.h); the same calibration's disk as optimizer_nvme.
+  bool param_nvme = false;
 };
 
 // FLOPs of one block's GEMMs in the forward (the textbook 24·N·C² for GPT-2's 4C MLP, without

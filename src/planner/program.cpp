@@ -1,5 +1,9 @@
 #include "planner/program.h"
 
+#include <algorithm>
+#include <map>
+#include <set>
+
 #include "base/error.h"
 #include "parallel/dp/grad_buckets.h"
 
@@ -52,6 +56,10 @@ class ZeroEmitter : private parallel::ZeroEffects {
     schedule_.construct();
     ops_.clear();  // construction is not part of a step
     const size_t last = spec_.units.size() - 1, head = spec_.tied_head ? 0 : last;
+    if (spec_.param_nvme) {  // the step before's optimizer on its thread, then the refresh (program.h)
+      optimizer_thread();
+      schedule_.refresh();
+    }
     for (int m = 0; m < spec_.micro_batches; ++m) {
       schedule_.set_last_micro_batch(m + 1 == spec_.micro_batches);
       for (size_t u = 0; u <= last; ++u) {
@@ -69,6 +77,13 @@ class ZeroEmitter : private parallel::ZeroEffects {
         schedule_.on_hook(u, false, false);
       }
       schedule_.finish_backward();
+      if (spec_.param_nvme)  // ZeroRuntime::finish_backward: every gradient record on disk
+        for (int t : writes_) wait(t, "gradient write");
+      writes_.clear();
+    }
+    if (spec_.param_nvme) {
+      wait(optimizer_end_, "the optimizer thread");
+      return std::move(ops_);
     }
     compute(costs_.optimizer_seconds(static_cast<double>(shard_)), "optimizer");
     schedule_.refresh();
@@ -104,11 +119,88 @@ class ZeroEmitter : private parallel::ZeroEffects {
     ops_.push_back(std::move(op));
   }
 
+  int stream(int which, double seconds, double bytes, bool async, std::string name) {
+    SimOp op;
+    op.kind = SimOpKind::kStream;
+    op.stream = which;
+    op.seconds = seconds;
+    op.bytes = bytes;
+    op.async = async;
+    op.tag = next_tag_++;
+    op.name = std::move(name);
+    ops_.push_back(op);
+    return op.tag;
+  }
+  // offload_param nvme: records (ZeroRuntime::swap_records), sub-groups of whole records and their
+  // order (SwappedAdamW), each as work on the optimizer's thread; unit u's gathers wait for
+  // unit_ready_[u], the tag after which every sub-group holding its piece is written.
+  void optimizer_thread() {
+    const size_t U = spec_.units.size(), sgs = std::max<size_t>(1, spec_.sub_group_size);
+    const size_t chunk = std::max<size_t>(1024, sgs / 1024 * 1024);
+    struct Record {
+      size_t unit, numel;
+    };
+    std::vector<Record> records;
+    for (size_t u = 0; u < U; ++u)
+      for (size_t k = 0; k < piece(spec_.units[u]); k += chunk) records.push_back({u, std::min(chunk, piece(spec_.units[u]) - k)});
+    std::vector<std::pair<size_t, size_t>> groups;  // [first, last) records
+    for (size_t i = 0; i < records.size();) {
+      const size_t first = i;
+      size_t n = 0;
+      while (i < records.size() && (i == first || n + records[i].numel <= sgs)) n += records[i++].numel;
+      groups.emplace_back(first, i);
+    }
+    std::vector<size_t> order;
+    std::vector<char> taken(groups.size(), 0);
+    for (size_t pass = 0; pass < 2; ++pass)
+      for (size_t g = 0; g < groups.size(); ++g) {
+        bool first = false;
+        for (size_t r = groups[g].first; r < groups[g].second; ++r) first = first || schedule_.persistent(records[r].unit);
+        if (!taken[g] && (pass == 1 || first)) order.push_back(g), taken[g] = 1;
+      }
+    const double u = costs_.update_per_element, rd = costs_.disk_read_per_byte, wr = costs_.disk_write_per_byte;
+    std::vector<int> tags;
+    for (size_t i = 0; i < order.size(); ++i) {
+      double n = 0;
+      for (size_t r = groups[order[i]].first; r < groups[order[i]].second; ++r) n += static_cast<double>(records[r].numel);
+      // The update beside the disk's traffic, which reads the sub-group's four states and writes
+      // three back one after another (one device queue: measured, the mixed rate is not reached).
+      const double t = std::max(u * n, 16 * n * rd + 12 * n * wr);
+      tags.push_back(stream(2, t, 28 * n, true, "optimizer sub-group " + std::to_string(order[i])));
+    }
+    optimizer_end_ = tags.back();
+    unit_ready_.assign(U, -1);
+    std::vector<size_t> rank(groups.size());
+    for (size_t i = 0; i < order.size(); ++i) rank[order[i]] = i;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      // Written once the next sub-group is updated: the next one's tag (the last: its own).
+      const int done = tags[std::min(rank[g] + 1, tags.size() - 1)];
+      for (size_t r = groups[g].first; r < groups[g].second; ++r) {
+        int& t = unit_ready_[records[r].unit];
+        if (t < 0 || done > t) t = done;  // tags grow along the thread's order
+      }
+    }
+  }
+
   void start_gather(size_t u) override {
+    if (spec_.param_nvme) {  // the piece comes off the disk once the optimizer has written it
+      wait(unit_ready_[u], "the optimizer's write of " + spec_.units[u].name);
+      gather_[u] = stream(1, costs_.disk_read_per_byte * piece_bytes(u), piece_bytes(u), true, "read piece " + spec_.units[u].name);
+      return;
+    }
     gather_[u] = collective(costs_.all_gather(piece_bytes(u)), "all_gather " + spec_.units[u].name);
   }
   void finish_gather(size_t u) override {
-    if (gather_[u] >= 0) wait(gather_[u], "all_gather " + spec_.units[u].name);
+    if (gather_[u] >= 0) wait(gather_[u], (spec_.param_nvme ? "read piece " : "all_gather ") + spec_.units[u].name);
+    if (spec_.param_nvme && spec_.world > 1 && gather_[u] >= 0) {
+      SimOp op;  // the all_gather of the piece just read, waited for at once
+      op.kind = SimOpKind::kCollective;
+      op.seconds = costs_.all_gather(piece_bytes(u));
+      op.group = 0;
+      op.tag = next_tag_++;
+      op.name = "all_gather " + spec_.units[u].name;
+      ops_.push_back(std::move(op));
+    }
     gather_[u] = -1;
     // The conversion reads the f32 unit and writes it in 2 bytes.
     if (spec_.low_precision) compute(costs_.memory_per_byte * 1.5 * padded_bytes(u), "convert " + spec_.units[u].name);
@@ -127,6 +219,22 @@ class ZeroEmitter : private parallel::ZeroEffects {
   void complete_reduce(size_t u, bool) override {
     wait(reduce_.front(), "reduce_scatter " + spec_.units[u].name);
     reduce_.erase(reduce_.begin());
+    if (spec_.param_nvme) {  // into the unit's record on disk (ZeroRuntime::complete_reduce)
+      const std::string name = spec_.units[u].name;
+      if (write_of_.count(u)) wait(write_of_[u], "gradient write " + name);
+      if (on_disk_.count(u)) {  // the record holds this step's earlier sum: read it back and add
+        stream(1, costs_.disk_read_per_byte * piece_bytes(u), piece_bytes(u), false, "read gradient " + name);
+        compute(costs_.memory_per_byte * 3.0 * piece_bytes(u), "sum grads " + name);
+      }
+      on_disk_.insert(u);
+      write_of_[u] = stream(1, costs_.disk_write_per_byte * piece_bytes(u), piece_bytes(u), true, "write gradient " + name);
+      writes_.push_back(write_of_[u]);
+      if (writes_.size() > 2) {  // written behind, at most two in flight
+        wait(writes_.front(), "gradient write");
+        writes_.erase(writes_.begin());
+      }
+      return;
+    }
     // The sum into the shard reads two pieces and writes one.
     compute(costs_.memory_per_byte * 3.0 * piece_bytes(u), "sum grads " + spec_.units[u].name);
   }
@@ -135,6 +243,12 @@ class ZeroEmitter : private parallel::ZeroEffects {
   const ZeroStepCosts& costs_;
   std::vector<int> gather_;  // per unit: the gather in flight, or -1
   std::vector<int> reduce_;  // reductions in flight, oldest first
+  // offload_param nvme
+  std::vector<int> unit_ready_;     // per unit: the optimizer thread's tag after which its piece is written
+  int optimizer_end_ = -1;
+  std::map<size_t, int> write_of_;  // per unit: its latest gradient write
+  std::set<size_t> on_disk_;        // units whose record holds a sum of this step (ZeroRuntime's grad_on_disk)
+  std::vector<int> writes_;         // gradient writes in flight, oldest first
   int next_tag_ = 0;
   size_t shard_ = 0;
   std::vector<SimOp> ops_;
@@ -208,6 +322,7 @@ SimProgram zero_step_program(const ZeroStepSpec& spec, const ZeroStepCosts& cost
   SimProgram p;
   const std::vector<SimOp> ops = spec.schedule.stage == 0 ? bucketed_step(spec, costs) : ZeroEmitter(spec, costs).run();
   const int D = spec.world, T = spec.tp;
+  p.disk_interference = costs.disk_interference;
   if (T == 1) {
     p.ranks.assign(static_cast<size_t>(D), ops);
     std::vector<int> all;

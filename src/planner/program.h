@@ -49,6 +49,25 @@ struct ZeroStepSpec {
   int micro_batches = 1;              // gradient_accumulation_steps
   bool tied_head = true;              // the head's backward hooks are unit 0's (tied) or the last unit's
   bool low_precision = false;         // bf16/f16 compute: each gather is converted from f32
+  // ZeRO-3 with offload_param nvme (ZeroRuntime's swap; optim/swapped_adamw.h asynchronous): the
+  // master shard and the gradient records live on disk in one record per unit piece (records of at
+  // most sub_group_size, rounded to 1024 elements), the optimizer streams sub-groups of whole
+  // records through the disk on a thread of its own, persistent units' sub-groups first. A step in
+  // the steady state, as this rank sees it from one optimizer step to the next:
+  //   - the optimizer thread (stream 2): per sub-group the slower of its update and its disk traffic,
+  //     16 bytes an element read (master, gradient, moments) and then 12 written (master, moments) at
+  //     the disk's read and write rates; a sub-group counts as written once the next one is (the
+  //     last at the thread's end);
+  //   - the refresh, then each gather: wait until the sub-groups holding the unit's piece are written
+  //     (wait_master), read the piece off the disk (stream 1), at the gather's finish wait for it and
+  //     all_gather it (blocking; one rank: the piece is the unit);
+  //   - each completed reduction: wait for the unit's earlier gradient write, read the record back
+  //     when this step wrote it before (a later micro-batch, or the head's reduction of the same
+  //     unit) and sum, write it behind (stream 1), at most two writes in flight;
+  //     the backward's end waits for every write;
+  //   - the step ends waiting for the optimizer thread (the engine's wait before the next update).
+  bool param_nvme = false;
+  size_t sub_group_size = 1'000'000'000;
 };
 
 // Seconds for each instruction. Collective times take the bytes each rank sends or receives
@@ -69,6 +88,10 @@ struct ZeroStepCosts {
   // moments' swap, planner/cost.h); null: that product.
   std::function<double(double elements)> optimizer;
   double optimizer_seconds(double n) const { return optimizer ? optimizer(n) : optimizer_per_element * n; }
+  // The disk (offload_param nvme): seconds per byte read, written, and read and written together.
+  double disk_read_per_byte = 0.0, disk_write_per_byte = 0.0, disk_mixed_per_byte = 0.0;
+  double update_per_element = 0.0;  // the update alone, without the norm's and zero_grad's passes
+  double disk_interference = 0.0;   // compute seconds lost per disk byte moved beside it (SimProgram)
 };
 
 // A pipeline step (engine::Engine::train_pipeline): pp stages, each replicated over dp data-parallel

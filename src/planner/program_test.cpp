@@ -80,6 +80,53 @@ TEST(ZeroProgram, Stage3WithoutPrefetchWaitsForEveryGatherTheScheduleMakes) {
   EXPECT_DOUBLE_EQ(z.makespan, 3 * f + 3 * b);
 }
 
+// ZeRO-3 with offload_param nvme on one rank, no prefetch, one sub-group a unit: the step before's
+// optimizer thread writes sub-group i by O·(i+1) (16 bytes an element read, 12 written: 2.8 s
+// each), a unit's piece is ready once the next sub-group is written (unit 0 at 5.6, units 1-2 at
+// 8.4), read off the disk (0.4) before its pass; every reduction's record is written behind (0.4),
+// at most two in flight, all before the step ends. By hand:
+//   forward    unit 0: wait 5.6, read to 6.0, f to 7.0; unit 1: wait 8.4, read 8.8, f 9.8;
+//              unit 2: read 9.8-10.2, f 11.2
+//   head       unit 2 read again 11.2-11.6; its record written 11.6-12.0
+//   backward   unit 2: read 12.0-12.4, b 14.4, its record read back (the head's sum) 14.4-14.8,
+//              written -15.2; unit 1: read -15.6, b 17.6, write -18.0; unit 0: read -18.4, b 20.4,
+//              write -20.8; the step waits for it.
+TEST(ZeroProgram, OffloadedParametersWaitForTheOptimizersWritesAndReadTheirPieces) {
+  ZeroStepSpec s = three_units(3, false);
+  s.world = 1;
+  s.param_nvme = true;
+  s.sub_group_size = 1000;
+  ZeroStepCosts c;
+  c.forward.assign(3, 1.0);
+  c.backward.assign(3, 2.0);
+  c.all_gather = c.reduce_scatter = [](double) { return 0.0; };
+  c.disk_read_per_byte = c.disk_write_per_byte = 1e-4;
+  SimProgram p = zero_step_program(s, c);
+  int optimizer_ops = 0;
+  for (const SimOp& op : p.ranks[0]) optimizer_ops += op.kind == SimOpKind::kStream && op.stream == 2;
+  EXPECT_EQ(optimizer_ops, 3);
+  SimReport r = simulate(p);
+  ASSERT_FALSE(r.deadlock) << r.where;
+  EXPECT_NEAR(r.makespan, 20.8, 1e-9);
+  EXPECT_NEAR(r.compute[0], 3 * 1.0 + 3 * 2.0, 1e-9);
+  // Two micro-batches: the optimizer is done; the second reads every record back before adding
+  // to it. Forward from 20.8: 3 x (0.4 + 1) to 25.0; head read -25.4, read back -25.8, write -26.2;
+  // each unit's backward then read 0.4, b 2, read back 0.4 (its write is done), write 0.4: 35.8.
+  s.micro_batches = 2;
+  SimReport two = simulate(zero_step_program(s, c));
+  ASSERT_FALSE(two.deadlock) << two.where;
+  EXPECT_NEAR(two.makespan, 35.8, 1e-9);
+  // A disk that slows compute (k = 1e-5 s a byte): unit 0's first forward runs beside the optimizer's
+  // third sub-group (28000 bytes in 2.8 s), at 1 / (1 + 0.1) speed: 1.1 s. The wait for unit 1's
+  // piece absorbs it; the step's other passes run beside no transfer (each read is waited for
+  // before its pass, and the writes queue ahead of the next read).
+  c.disk_interference = 1e-5;
+  s.micro_batches = 1;
+  SimReport slowed = simulate(zero_step_program(s, c));
+  EXPECT_NEAR(slowed.compute[0], 3 * 1.0 + 3 * 2.0 + 0.1, 1e-9);
+  EXPECT_NEAR(slowed.makespan, 20.8, 1e-9);
+}
+
 // Stage 0 on two ranks, buckets of 1500 elements cut from the end: [1500, 3000) is launched at
 // unit 1's post-backward hook (its offset 1000 is below the bucket), hides behind unit 0's
 // backward, and [0, 1500) is launched and waited for at the backward's end.

@@ -36,9 +36,8 @@ void check_layout(const PlanJob& job, const Layout& l) {
            ErrorKind::kInvalidArgument, "plan: sequence parallelism needs B x T divisible by tp");
   MT_CHECK(l.pp == 1 || l.stage <= 1, ErrorKind::kNotSupported,
            "plan: a pipeline takes ZeRO stage 0 or 1 (as DeepSpeed's pipeline engine)");
-  MT_CHECK(!job.memory.zero.param_nvme, ErrorKind::kNotSupported,
-           "plan: offload_param nvme's disk traffic (ZeRO-Infinity's master and gradients on disk) is not in the cost "
-           "model yet");
+  MT_CHECK(!job.memory.zero.param_nvme || l.stage < 3 || (l.tp == 1 && l.pp == 1), ErrorKind::kNotSupported,
+           "plan: offload_param nvme with tp or pp > 1 (the runtime's limit)");
   MT_CHECK(!job.offload || l.stage >= 1, ErrorKind::kInvalidArgument,
            "plan: offload needs ZeRO stage 1, 2 or 3 (DeepSpeed's rule)");
   MT_CHECK(!job.memory.zero.optimizer_nvme || l.pp == 1, ErrorKind::kNotSupported,
@@ -85,7 +84,8 @@ StepShape step_shape(const PlanJob& job, const Layout& l) {
   return StepShape{.model = m.model, .micro_batch = l.micro_batch, .seq_length = m.seq_length,
                    .compute = m.compute_dtype, .world = l.dp, .vocab_divisible = m.vocab_divisible,
                    .recompute = l.recompute, .tp = l.tp, .sequence_parallel = m.sequence_parallel && l.tp > 1,
-                   .optimizer_nvme = m.zero.optimizer_nvme, .sub_group_size = m.zero.sub_group_size};
+                   .optimizer_nvme = m.zero.optimizer_nvme, .sub_group_size = m.zero.sub_group_size,
+                   .param_nvme = m.zero.param_nvme && l.stage == 3};
 }
 
 // The layer bounds of a layout's pipeline stages. "time" cuts as the engine does at start-up
@@ -175,6 +175,8 @@ SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts
   spec.micro_batches = l.accumulation;
   spec.tied_head = m.model.tie_embeddings;
   spec.low_precision = m.compute_dtype != DType::kF32;
+  spec.param_nvme = m.zero.param_nvme && l.stage == 3;  // DeepSpeed reads offload_param at stage 3 only
+  spec.sub_group_size = static_cast<size_t>(std::max<int64_t>(1, m.zero.sub_group_size));
   return zero_step_program(spec, costs);
 }
 
@@ -191,6 +193,8 @@ Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStep
                                                                      " deadlocks: " + slow.where + fast.where);
   p.compute = slow.compute[0];
   p.comm = slow.comm[0];
+  p.blocked = slow.blocked[0];
+  p.streams = slow.streams[0];
   p.backward = costs.head_backward;
   for (size_t u = 0; u < costs.forward.size(); ++u) p.forward += costs.forward[u], p.backward += costs.backward[u];
   p.tokens_per_s = p.step > 0 ? static_cast<double>(job.global_batch) * m.seq_length / p.step : 0.0;
@@ -219,8 +223,6 @@ Prediction predict_layout(const PlanJob& job, const Layout& layout, const Calibr
 SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t budget, const Calibration& cal) {
   MT_CHECK(job.procs >= 1 && job.global_batch >= 1, ErrorKind::kInvalidArgument,
            "plan: the job needs at least one process and one sample a step");
-  MT_CHECK(!job.memory.zero.param_nvme, ErrorKind::kNotSupported,
-           "plan: offload_param nvme's disk traffic is not in the cost model yet (search without it)");
   SearchResult r;
   std::vector<std::pair<int, int>> grids;  // (tp, pp)
   if (space.parallel) {
@@ -264,6 +266,13 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
     if (pp > 1 && job.memory.zero.optimizer_nvme) {
       r.rejected.push_back(family + ": a pipeline with offload_optimizer nvme is not in the cost model");
       continue;
+    }
+    if (job.memory.zero.param_nvme && (tp > 1 || pp > 1)) {  // offload_param nvme: tp = pp = 1 (the runtime's limit)
+      std::erase_if(stages, [](int st) { return st == 3; });
+      if (stages.empty()) {
+        r.rejected.push_back(family + ": offload_param nvme with tp or pp > 1 is not supported by the runtime");
+        continue;
+      }
     }
     if (pp > 1) {  // the runtime's pipeline takes ZeRO 0 or 1
       std::erase_if(stages, [](int st) { return st > 1; });

@@ -73,6 +73,7 @@ struct Prediction {
   double step_progress = 0.0;  // seconds if it moved beside compute (a progress thread)
   double forward = 0.0, backward = 0.0;  // one micro-batch's passes (compute only)
   double compute = 0.0, comm = 0.0;      // rank 0's compute and communication-stream seconds (no progress)
+  double blocked = 0.0, streams = 0.0;   // rank 0's waits, and its own streams' busy seconds (disk, optimizer thread)
   size_t memory = 0;           // bytes per rank at its peak: max(training step, engine setup)
   size_t memory_train = 0;     // bytes per rank in training steps (every category at its peak)
   std::vector<size_t> memory_by_stage;  // the same per pipeline rank (one entry without a pipeline)

@@ -1,6 +1,7 @@
 #include "planner/sim.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -18,6 +19,7 @@ const char* kind_name(SimOpKind k) {
     case SimOpKind::kRecv: return "recv";
     case SimOpKind::kCollective: return "collective";
     case SimOpKind::kWait: return "wait";
+    case SimOpKind::kStream: return "stream";
   }
   return "?";
 }
@@ -26,8 +28,11 @@ struct Rank {
   size_t pc = 0;
   double main = 0.0;  // the compute stream's clock
   double comm = 0.0;  // when the communication stream is free
+  std::map<int, double> stream;  // kStream: when each of the rank's own streams is free
+  std::vector<std::tuple<double, double, double>> disk;  // kStream transfers: (start, end, bytes a second)
   bool registered = false;  // its current collective (or the one its wait issues) has been issued
   std::map<int, double> handle_end;  // async operations whose end is known, by tag
+  std::map<int, double> stream_end;  // kStream work by tag: waited for any number of times
   std::map<int, const SimOp*> deferred;  // progress = false: collectives issued at their wait
 };
 
@@ -45,6 +50,8 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
         MT_CHECK(std::find(g.begin(), g.end(), q) != g.end(), ErrorKind::kInvalidArgument,
                  at + ": the rank is not in group " + std::to_string(op.group));
       }
+      if (op.kind == SimOpKind::kStream)
+        MT_CHECK(op.stream >= 1, ErrorKind::kInvalidArgument, at + ": a stream's work names stream >= 1");
       if (op.kind == SimOpKind::kSend || op.kind == SimOpKind::kRecv)
         MT_CHECK(op.peer >= 0 && op.peer < P && op.peer != q, ErrorKind::kInvalidArgument, at + ": bad peer");
       if (op.kind == SimOpKind::kWait) {
@@ -58,11 +65,30 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
   r.compute.assign(P, 0.0);
   r.comm.assign(P, 0.0);
   r.blocked.assign(P, 0.0);
+  r.streams.assign(P, 0.0);
   std::vector<Rank> st(P);
   std::map<std::tuple<int, int, int>, double> arrival;                         // (from, to, tag) -> when
   std::map<std::pair<int, int>, std::vector<std::pair<int, double>>> issued;   // (group, tag) -> (rank, at)
   std::map<std::pair<int, int>, double> coll_end;                              // (group, tag) -> end
 
+  // Compute of `seconds` from the rank's clock under its disk transfers: its end.
+  auto stretched = [&](Rank& s, double seconds) {
+    const double k = program.disk_interference;
+    std::erase_if(s.disk, [&](const auto& d) { return std::get<1>(d) <= s.main; });
+    double t = s.main, left = seconds;
+    while (left > 0) {
+      double rate = 0.0, next = std::numeric_limits<double>::infinity();
+      for (const auto& [a, b, bps] : s.disk) {
+        if (a <= t && t < b) rate += bps, next = std::min(next, b);
+        else if (a > t) next = std::min(next, a);
+      }
+      const double speed = 1.0 / (1.0 + k * rate);
+      if (t + left / speed <= next) return t + left / speed;
+      left -= (next - t) * speed;
+      t = next;
+    }
+    return t;
+  };
   auto block_until = [&](int q, double t) {
     if (t > st[q].main) {
       r.blocked[q] += t - st[q].main;
@@ -115,10 +141,22 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
         const SimOp& op = list[s.pc];
         bool ok = true;
         switch (op.kind) {
-          case SimOpKind::kCompute:
-            s.main += op.seconds;
-            r.compute[q] += op.seconds;
+          case SimOpKind::kCompute: {
+            const double end = stretched(s, op.seconds);
+            r.compute[q] += end - s.main;
+            s.main = end;
             break;
+          }
+          case SimOpKind::kStream: {
+            double& free = s.stream[op.stream];
+            const double start = std::max(free, s.main);
+            free = start + op.seconds;
+            if (op.bytes > 0 && op.seconds > 0 && program.disk_interference > 0) s.disk.emplace_back(start, free, op.bytes / op.seconds);
+            r.streams[q] += op.seconds;
+            if (op.async) s.stream_end[op.tag] = free;
+            else block_until(q, free);
+            break;
+          }
           case SimOpKind::kSend:
             if (!op.async) block_until(q, transfer(q, op, s.main));
             else s.handle_end[op.tag] = transfer(q, op, s.main);  // the receiver's wait moves it
@@ -147,6 +185,10 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
             if (d != s.deferred.end()) {  // without progress the collective starts here, as a blocking one
               ok = blocking_collective(q, *d->second);
               if (ok) s.deferred.erase(d);
+              break;
+            }
+            if (auto w = s.stream_end.find(op.tag); w != s.stream_end.end()) {
+              block_until(q, w->second);
               break;
             }
             auto h = s.handle_end.find(op.tag);
@@ -189,6 +231,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
   }
   for (int q = 0; q < P; ++q) {
     r.end[q] = std::max(st[q].main, st[q].comm);
+    for (const auto& [k, t] : st[q].stream) r.end[q] = std::max(r.end[q], t);
     r.makespan = std::max(r.makespan, r.end[q]);
   }
   return r;

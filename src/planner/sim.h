@@ -11,7 +11,13 @@
 //   - a rank's asynchronous operations have distinct tags within a step;
 //   - a collective starts when every member has issued it and its members' communication streams
 //     are free; it ends on all of them at once;
-//   - a message (send) arrives when its transfer ends; a receive blocks until then.
+//   - a message (send) arrives when its transfer ends; a receive blocks until then;
+//   - work on a stream of its own (kStream: stream 1 a disk's queue, 2 a helper thread, ...) runs
+//     in issue order on that stream, beside the compute and communication streams; asynchronous,
+//     it is waited for by a kWait, otherwise the compute stream waits for its end;
+//   - disk transfers slow the rank's compute (a virtual machine's disk runs on the same cores):
+//     while its streams move r bytes a second, compute progresses at 1 / (1 + k·r) of its speed,
+//     k = SimProgram::disk_interference (calibrate --io measures it).
 // Pure: no kernels, no communicator. The times come from the caller (calibration, or a test's
 // hand-computable numbers).
 #pragma once
@@ -23,7 +29,7 @@
 
 namespace mt::planner {
 
-enum class SimOpKind { kCompute, kSend, kRecv, kCollective, kWait };
+enum class SimOpKind { kCompute, kSend, kRecv, kCollective, kWait, kStream };
 
 struct SimOp {
   SimOpKind kind = SimOpKind::kCompute;
@@ -33,11 +39,14 @@ struct SimOp {
   int group = -1;        // collective: index into SimProgram::groups
   bool async = false;    // send/collective: issued on the communication stream, waited for by a kWait
   std::string name;      // what it is, for reports
+  int stream = 0;        // kStream: which of the rank's own streams (>= 1) runs it
+  double bytes = 0.0;    // kStream: bytes it moves through the disk (their rate slows compute)
 };
 
 struct SimProgram {
   std::vector<std::vector<SimOp>> ranks;  // one instruction list per rank
   std::vector<std::vector<int>> groups;   // collective groups: their member ranks
+  double disk_interference = 0.0;         // k: compute seconds lost per disk byte moved while computing
 };
 
 struct SimOptions {
@@ -52,6 +61,7 @@ struct SimReport {
   std::vector<double> compute;    // per rank: seconds of compute
   std::vector<double> comm;       // per rank: seconds its communication stream was busy
   std::vector<double> blocked;    // per rank: seconds its compute stream waited (receives, blocking ops, waits)
+  std::vector<double> streams;    // per rank: seconds its own streams (kStream) were busy, all together
   // A rank's idle share of the step (the pipeline bubble on a pipeline program).
   double idle_share(int rank) const { return makespan > 0 ? (makespan - compute[rank]) / makespan : 0.0; }
 };

@@ -99,6 +99,46 @@ TEST(Simulator, CollectivesWaitForTheSlowestMemberAndShareOneStream) {
   EXPECT_DOUBLE_EQ(r.blocked[0], 0.5);
 }
 
+// Work on a rank's own streams (a disk queue, a helper thread): in issue order on each stream,
+// beside compute; a wait blocks until the named work ends, and may be repeated.
+TEST(Simulator, StreamsRunInIssueOrderBesideComputeAndAreWaitedFor) {
+  auto work = [](int stream, int tag, double s, bool async) {
+    SimOp op{SimOpKind::kStream, s, -1, tag, -1, async, "io"};
+    op.stream = stream;
+    return op;
+  };
+  SimProgram p;
+  // A helper thread's 3 x 1 s (tags 1-3), a disk read of 0.5 s (tag 7) and compute of 1.2 s: the
+  // wait for tag 2 ends at 2 s, for the read at 0.5 s (done already), for tag 3 at 3 s; then a
+  // blocking 0.25 s disk write after the read.
+  p.ranks = {{work(2, 1, 1.0, true), work(2, 2, 1.0, true), work(2, 3, 1.0, true), work(1, 7, 0.5, true), compute(1.2),
+              wait(2), wait(7), wait(2), compute(0.5), wait(3), work(1, 8, 0.25, false)}};
+  SimReport r = simulate(p);
+  ASSERT_FALSE(r.deadlock) << r.where;
+  EXPECT_DOUBLE_EQ(r.makespan, 3.25);
+  EXPECT_DOUBLE_EQ(r.blocked[0], (2.0 - 1.2) + (3.0 - 2.5) + 0.25);
+  EXPECT_DOUBLE_EQ(r.streams[0], 3.75);
+  // One stream is one queue: a second read issued at 0 starts after the first.
+  p.ranks = {{work(1, 1, 1.0, true), work(1, 2, 1.0, true), wait(2)}};
+  EXPECT_DOUBLE_EQ(simulate(p).makespan, 2.0);
+  p.ranks = {{work(0, 1, 1.0, true), wait(1)}};
+  EXPECT_THROW(simulate(p), Error);  // stream 0 is the communicator's
+  // A disk transfer slows compute beside it: 1e9 bytes over 2 s (5e8 a second) with k = 5e-10 s a
+  // byte runs compute at 1 / (1 + 0.25) = 0.8 of its speed: 1 s of it ends at 1.25 s. Compute
+  // after the transfer runs at full speed: 2 s of it from 1.25 ends at 0.75 + 1.25 / 0.8... no:
+  // 0.75 s more at 0.8 covers 0.6 s of work, the other 1.4 s ends at 3.4.
+  SimOp disk = work(1, 1, 2.0, true);
+  disk.bytes = 1e9;
+  p.disk_interference = 5e-10;
+  p.ranks = {{disk, compute(1.0)}};
+  EXPECT_DOUBLE_EQ(simulate(p).makespan, 2.0);
+  EXPECT_DOUBLE_EQ(simulate(p).compute[0], 1.25);
+  p.ranks = {{disk, compute(1.0), compute(2.0)}};
+  EXPECT_DOUBLE_EQ(simulate(p).makespan, 3.4);
+  p.disk_interference = 0.0;
+  EXPECT_DOUBLE_EQ(simulate(p).makespan, 3.0);
+}
+
 // A receive nobody sends, and a collective a member never joins, are deadlocks named by rank;
 // malformed programs are refused.
 TEST(Simulator, DeadlocksAreReportedAndBadProgramsRefused) {

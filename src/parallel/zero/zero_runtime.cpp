@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "kernels/cpu/ops.h"
 #include "optim/adamw.h"
 #include "tensor/dtype.h"
 
@@ -405,7 +406,7 @@ void ZeroRuntime::complete_reduce(size_t u, bool free_slab) {
         swap_->io->wait(swap_->io->read(*swap_->grad, old.data(), old.size(), swap_->off[u]));
         float* acc = record.as<float>();
         const float* prev = old.as<float>();
-        for (size_t i = 0; i < n; ++i) acc[i] += prev[i];  // = prev + received, as below
+        kernels::add_inplace(acc, prev, n);  // = prev + received, as below (one rounding either way)
       }
       summed = true;
     } else {
@@ -419,10 +420,10 @@ void ZeroRuntime::complete_reduce(size_t u, bool free_slab) {
   if (!summed && opts_.comm_dtype != DType::kF32) {
     std::vector<float> wide(n);
     convert(wide.data(), DType::kF32, r.recv.data(), opts_.comm_dtype, n);
-    for (size_t i = 0; i < n; ++i) dst[i] += wide[i];
+    kernels::add_inplace(dst, wide.data(), n);
   } else if (!summed) {
     const float* src = r.recv.as<float>();
-    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+    kernels::add_inplace(dst, src, n);  // every core's memory bandwidth, not one loop's
   }
   if (swap_) {
     if (last_micro_)  // the piece's gradient is final: the norm's ranges in it
