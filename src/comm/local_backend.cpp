@@ -303,6 +303,14 @@ class LocalBackend : public Backend {
   std::map<int, uint64_t> send_seq_, recv_seq_;
 };
 
+// A copy that may overlap (one rank's all_gather in place); apart, every thread's (copy_bytes).
+void move_bytes(void* dst, const void* src, size_t bytes) {
+  const auto* d = static_cast<const char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if (d + bytes <= s || s + bytes <= d) copy_bytes(dst, src, bytes);
+  else std::memmove(dst, src, bytes);
+}
+
 void execute(LocalGroup& group, Op& op) {
   const int n = group.size;
   const size_t count = op.desc.count;
@@ -317,7 +325,7 @@ void execute(LocalGroup& group, Op& op) {
   // f32 round trip of a 2-byte value is exact, an average divides by 1), so nothing is widened.
   if (n == 1 && (name == "all_reduce" || name == "reduce")) return;
   if (n == 1 && name == "reduce_scatter") {
-    if (bytes && a[0].recv != a[0].send) std::memmove(a[0].recv, a[0].send, bytes);
+    if (bytes && a[0].recv != a[0].send) move_bytes(a[0].recv, a[0].send, bytes);
     return;
   }
   if (name == "broadcast") {
@@ -331,7 +339,7 @@ void execute(LocalGroup& group, Op& op) {
     for (int r = 0; r < n; ++r) {
       if (name == "gather" && r != op.desc.root) continue;
       for (int s = 0; s < n; ++s)
-        if (bytes) std::memmove(static_cast<char*>(a[r].recv) + s * bytes, a[s].send, bytes);
+        if (bytes) move_bytes(static_cast<char*>(a[r].recv) + s * bytes, a[s].send, bytes);
     }
   } else if (name == "scatter") {
     for (int r = 0; r < n; ++r)

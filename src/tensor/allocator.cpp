@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 
 #include "base/error.h"
+#include "tensor/dtype.h"
 
 namespace mt {
 
@@ -125,7 +126,7 @@ void* Allocator::allocate(size_t bytes, MemCategory category, bool zero_fill) {
     throw Error(ErrorKind::kOutOfMemory, std::string(mem_category_name(category)) + " need " +
                                              format_bytes(bytes) + " more; in use: " + describe());
   }
-  if (!zero && zero_fill) std::memset(p, 0, rounded);
+  if (!zero && zero_fill) zero_bytes(p, rounded);
   int c = static_cast<int>(category);
   raise_peak(peak_[c], current_[c].fetch_add(bytes) + bytes);
   const size_t total = total_current_.fetch_add(bytes) + bytes;

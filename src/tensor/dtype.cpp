@@ -130,9 +130,23 @@ void convert_f16_to_f32(float* dst, const f16_t* src, size_t n) {
   });
 }
 
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  parallel_chunks(bytes / 4, [&](size_t b, size_t e) {
+    const size_t hi = e == bytes / 4 ? bytes : 4 * e;  // the tail's odd bytes with the last chunk
+    std::memcpy(static_cast<char*>(dst) + 4 * b, static_cast<const char*>(src) + 4 * b, hi - 4 * b);
+  });
+}
+
+void zero_bytes(void* dst, size_t bytes) {
+  parallel_chunks(bytes / 4, [&](size_t b, size_t e) {
+    const size_t hi = e == bytes / 4 ? bytes : 4 * e;
+    std::memset(static_cast<char*>(dst) + 4 * b, 0, hi - 4 * b);
+  });
+}
+
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
   if (dst_dtype == src_dtype) {
-    std::memcpy(dst, src, n * dtype_size(dst_dtype));
+    copy_bytes(dst, src, n * dtype_size(dst_dtype));
     return;
   }
   if (src_dtype == DType::kF32) {

@@ -49,6 +49,10 @@ void convert_f32_to_f16(f16_t* dst, const float* src, size_t n);
 void convert_f16_to_f32(float* dst, const f16_t* src, size_t n);
 // Generic: converts n elements between any two dtypes (a copy when they are equal).
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n);
+// memcpy and memset(0) split over the OpenMP threads when large (one thread's copy reaches a fifth
+// of the memory bandwidth here). dst and src must not overlap.
+void copy_bytes(void* dst, const void* src, size_t bytes);
+void zero_bytes(void* dst, size_t bytes);
 
 namespace detail {
 void convert_f32_to_bf16_avx512(bf16_t* dst, const float* src, size_t n);

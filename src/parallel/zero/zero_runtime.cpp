@@ -356,7 +356,7 @@ void ZeroRuntime::begin_grad_slab(size_t u) {
   if (!v.grad.bytes()) {
     v.grad = Buffer(part_.padded(u) * 4, MemCategory::kGrads);  // zero-filled
   } else {
-    std::memset(v.grad.data(), 0, v.grad.bytes());
+    zero_bytes(v.grad.data(), v.grad.bytes());
   }
   for (nn::Parameter* p : params_[u]) p->grad = v.grad.as<float>() + (p->offset - part_.units()[u].offset);
 }
