@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -163,20 +164,54 @@ TEST(Plan, PlansForADescribedCluster) {
   EXPECT_NE(err.find("cannot be validated"), std::string::npos) << err;
 }
 
-// plan --search and `"parallel": "auto"` at a calibration written by hand (GEMMs with a call
-// latency, so fewer micro-batches are faster): the ranking, a budget that removes the fastest
-// layout, and train choosing the search's first layout within planner.memory_gib.
-TEST(Plan, SearchRanksWhatFitsAndTrainResolvesAnAutoLayout) {
-  const std::string cal = dir() + "/hand-search.json", cfg = dir() + "/auto.json", data = dir() + "/chain";
-  mt::cli::testing::write_chain_dataset(data, 24);
-  std::ofstream(cal) << R"({"world": 1, "threads": 1, "fits": {
+// A calibration written by hand: GEMMs with a call latency (so fewer micro-batches are faster).
+void write_latency_calibration(const std::string& path) {
+  std::ofstream(path) << R"({"world": 1, "threads": 1, "fits": {
     "gemm f32": {"latency_s": 1e-5, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 1e-5, "per_unit_s": 1e-9},
     "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7}}})";
+}
+
+// A two-layer GPT-2 on a chain dataset under dir()/`data` (written once), with `extra` keys.
+nlohmann::json tiny_plan_config(const std::string& data, const nlohmann::json& extra) {
+  const std::string prefix = dir() + "/" + data;
+  mt::cli::testing::write_chain_dataset(prefix, 24);
   nlohmann::json c = nlohmann::json::parse(R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,
-    "n_embd": 48, "n_layer": 2, "n_head": 4}, "seq_length": 16, "train_iters": 2, "train_batch_size": 8,
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "parallel": "auto", "zero_optimization": {"stage": "auto"},
-    "steps_per_print": 1})");
-  c["data"] = {{"train", data}};
+    "n_embd": 48, "n_layer": 2, "n_head": 4}, "seq_length": 16, "train_iters": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "steps_per_print": 1})");
+  c["data"] = {{"train", prefix}};
+  c.update(extra);
+  return c;
+}
+
+// plan --validate 1 --rounds 2: the first layout, one other and the configured one, each trained
+// twice in turn; every row lists its two runs and carries their median.
+TEST(Plan, ValidateTrainsEachLayoutInTurnForEveryRound) {
+  const std::string cal = dir() + "/hand-validate.json", cfg = dir() + "/validate.json";
+  write_latency_calibration(cal);
+  std::ofstream(cfg) << tiny_plan_config("chain-v", {{"train_batch_size", 4}, {"train_micro_batch_size_per_gpu", 4},
+                                                     {"zero_optimization", {{"stage", 1}}}}).dump();
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal + " --validate 1 --rounds 2 --steps 3",
+                                            &out, &err), 0) << err;
+  size_t rows = 0, at = 0;
+  while ((at = out.find("runs in turn (s):", at)) != std::string::npos) {
+    std::istringstream line(out.substr(at + 17, out.find('\n', at) - at - 17));
+    std::vector<double> runs;
+    for (double t; line >> t;) runs.push_back(t);
+    EXPECT_EQ(runs.size(), 2u) << out;
+    ++rows, ++at;
+  }
+  EXPECT_GE(rows, 2u) << out;
+  EXPECT_NE(out.find("Kendall's tau"), std::string::npos) << out;
+}
+
+// plan --search and `"parallel": "auto"` at the hand calibration: the ranking, a budget that
+// removes the fastest layout, and train choosing the search's first layout within planner.memory_gib.
+TEST(Plan, SearchRanksWhatFitsAndTrainResolvesAnAutoLayout) {
+  const std::string cal = dir() + "/hand-search.json", cfg = dir() + "/auto.json";
+  write_latency_calibration(cal);
+  nlohmann::json c = tiny_plan_config("chain", {{"train_batch_size", 8}, {"parallel", "auto"},
+                                                {"zero_optimization", {{"stage", "auto"}}}});
   c["planner"] = {{"calibration", cal}};
   std::ofstream(cfg) << c.dump();
   std::string out, err;

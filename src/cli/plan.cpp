@@ -244,9 +244,11 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   for (size_t i : picks) {
     const auto& [l, p] = r.ranked[i];
     Measured m = measure_layout(o, l, tokens, dir, static_cast<int>(i));
+    std::string runs;
     if (o.rounds > 1) {
       std::vector<double> all = earlier[i];
       all.push_back(m.step);
+      for (double t : all) runs += " " + std::to_string(t).substr(0, 6);
       std::sort(all.begin(), all.end());
       m.step = all.size() % 2 ? all[all.size() / 2] : 0.5 * (all[all.size() / 2 - 1] + all[all.size() / 2]);
     }
@@ -259,6 +261,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
     std::printf("%4zu  %-48s %9.4fs %9.4fs %+6.1f%% %11s %11s %+6.1f%%\n", i + 1, l.describe().c_str(), p.step, m.step,
                 100 * (p.step / m.step - 1), gib(static_cast<size_t>(mine)).c_str(), gib(static_cast<size_t>(m.memory)).c_str(),
                 m.memory > 0 ? 100 * (mine / m.memory - 1) : 0.0);
+    if (!runs.empty()) std::printf("      runs in turn (s):%s\n", runs.c_str());
     std::fflush(stdout);
   }
   auto median = [](std::vector<double> v) {
