@@ -68,6 +68,7 @@ std::vector<size_t> parse_sizes(const char* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mt::comm::mpi_prepare_process(argv);
   std::shared_ptr<mt::comm::Backend> world = mt::comm::mpi_init(&argc, &argv);
   const int rank = world->rank(), W = world->size();
   int reps = 5;

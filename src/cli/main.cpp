@@ -9,8 +9,10 @@
 #include "base/error.h"
 #include "base/text.h"
 #include "cli/commands.h"
+#include "comm/mpi_backend.h"
 
 int main(int argc, char** argv) {
+  mt::comm::mpi_prepare_process(argv);  // under mpirun: huge pages for MPI's temporary buffers (re-execs once)
   CLI::App app{"meshtrain: train transformer language models on one or many processes"};
   app.require_subcommand(1);
   mt::cli::register_bench(app);

@@ -4,8 +4,12 @@
 
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -536,6 +540,30 @@ const char* level_name(int level) {
 }
 
 }  // namespace
+
+namespace {
+constexpr const char* kHugeMalloc = "glibc.malloc.hugetlb=1";
+}  // namespace
+
+bool mpi_malloc_huge_pages() {
+  const char* t = std::getenv("GLIBC_TUNABLES");
+  return t != nullptr && std::strstr(t, kHugeMalloc) != nullptr;
+}
+
+void mpi_prepare_process(char** argv) {
+  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_SIZE");
+  if (!launched || argv == nullptr || argv[0] == nullptr || mpi_malloc_huge_pages()) return;
+  const char* user = std::getenv("GLIBC_TUNABLES");
+  if (user != nullptr && std::strstr(user, "glibc.malloc.hugetlb") != nullptr) return;  // the user chose
+  if (std::getenv("MT_MALLOC_REEXEC")) return;  // once: a secure-mode exec drops tunables
+  const std::string tunables = user && *user ? std::string(user) + ":" + kHugeMalloc : std::string(kHugeMalloc);
+  ::setenv("GLIBC_TUNABLES", tunables.c_str(), 1);
+  ::setenv("MT_MALLOC_REEXEC", "1", 1);
+  ::execv("/proc/self/exe", argv);
+  // The exec failed (no /proc): run on as we are, with the user's environment back.
+  if (user) ::setenv("GLIBC_TUNABLES", user, 1);
+  else ::unsetenv("GLIBC_TUNABLES");
+}
 
 std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
   if (g_world) return g_world;
