@@ -88,6 +88,7 @@ void run_calibrate(const CalibrateArgs& args) {
     j["fingerprint"] = fp;
     j["world"] = cal.world;
     j["threads"] = cal.threads;
+    j["kernel_ranks"] = cal.kernel_ranks;
     if (cal.ranks_per_host > 0) j["ranks_per_host"] = cal.ranks_per_host;
     for (const auto& [family, f] : cal.fits) j["fits"][family] = {{"latency_s", f.latency}, {"per_unit_s", f.per_unit}};
     for (const auto& [family, pts] : cal.curves) j["fits"][family]["curve"] = pts;  // [[units, seconds], ...]
@@ -101,6 +102,9 @@ void run_calibrate(const CalibrateArgs& args) {
     std::printf("calibrated %d rank(s) x %d thread(s)%s -> %s\n", cal.world, cal.threads,
                 cal.ranks_per_host > 0 ? (" on " + std::to_string(cal.world / cal.ranks_per_host) + " hosts").c_str() : "",
                 args.out.c_str());
+    if (cal.kernel_ranks < cal.world)
+      std::printf("kernels timed on %d rank(s) of a host at once: %d x %d thread(s) fill its %u cores\n", cal.kernel_ranks,
+                  cal.kernel_ranks, cal.threads, std::thread::hardware_concurrency());
     std::printf("%-24s %12s %16s\n", "family", "latency", "rate");
     for (const auto& [family, f] : cal.fits) {
       if (family.rfind("in situ", 0) == 0) {  // a factor, not a rate

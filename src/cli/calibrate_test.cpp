@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -55,6 +56,31 @@ TEST(Calibrate, TwoRanksTimeEveryCollective) {
   for (const char* family : {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}) {
     ASSERT_TRUE(j["fits"].contains(family)) << j.dump();
     EXPECT_GT(j["fits"][family]["per_unit_s"].get<double>(), 0.0) << family;
+  }
+}
+
+// Three ranks: each kernel is timed on ranks with cores of their own (on 2 cores, ranks 0 and 1 at
+// once while rank 2 waits), and every rank joins the collectives. A plan for 3 processes on fewer
+// cores than 3 x threads then shares the cores in the simulator.
+TEST(Calibrate, OversubscribedRanksTimeKernelsOnCoresOfTheirOwn) {
+  const std::string cal = dir() + "/cal3.json";
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "launch -n 3 -- calibrate --quick -o " + cal, &out, &err), 0) << err;
+  const nlohmann::json j = load(cal);
+  EXPECT_EQ(j["world"], 3);
+  const int threads = j["threads"].get<int>();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int want = 0;
+  for (int local = 0; local < 3; ++local) want += local == 0 || (local + 1) * threads <= cores;
+  EXPECT_EQ(j["kernel_ranks"].get<int>(), want) << cores << " cores, " << threads << " thread(s) a rank";
+  for (const char* family : {"gemm bf16", "memory", "adamw", "all_reduce", "reduce_scatter"})
+    EXPECT_TRUE(j["fits"].contains(family)) << family;
+  if (3 * threads > cores) {
+    const std::string cfg = dir() + "/plan3.json";
+    std::ofstream(cfg) << R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 2, "n_head": 4},
+      "seq_length": 16, "train_batch_size": 3, "train_micro_batch_size_per_gpu": 1, "train_iters": 1})";
+    ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 3 --calibration " + cal, &out, &err), 0) << err;
+    EXPECT_NE(err.find("the simulator shares the cores among the ranks computing at once"), std::string::npos) << err;
   }
 }
 

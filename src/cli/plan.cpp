@@ -58,6 +58,7 @@ planner::Calibration load_calibration(const std::string& path, const std::string
   cal.world = j.value("world", 1);
   cal.threads = j.value("threads", 1);
   cal.ranks_per_host = j.value("ranks_per_host", 0);
+  cal.kernel_ranks = j.value("kernel_ranks", cal.ranks_per_host > 0 ? cal.ranks_per_host : cal.world);
   for (const auto& [family, f] : j["fits"].items()) {
     cal.fits[family] = planner::LinearFit{f.at("latency_s").get<double>(), f.at("per_unit_s").get<double>()};
     if (f.contains("curve")) cal.curves[family] = f["curve"].get<std::vector<std::pair<double, double>>>();
@@ -95,6 +96,26 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs) {
                              .accumulation = static_cast<int>(c.batch.gradient_accumulation_steps),
                              .recompute = c.activation_checkpointing};
   return job;
+}
+
+// More processes x threads on a host than it has cores (this machine's count; a calibration over
+// several hosts gives its ranks per host): the simulator shares the cores among the ranks computing
+// at once (the calibration times each kernel on a rank with cores of its own). Whether it does.
+bool share_cores(planner::PlanJob& job, const planner::Calibration& cal) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  const int per_host = cal.ranks_per_host > 0 ? std::min(cal.ranks_per_host, job.procs) : job.procs;
+  if (cores == 0 || per_host * cal.threads <= static_cast<int>(cores)) return false;
+  if (cal.kernel_ranks * cal.threads > static_cast<int>(cores)) {  // a calibration from before kernel_ranks
+    std::fprintf(stderr,
+                 "warning: the calibration timed its kernels on %d rank(s) x %d thread(s) at once over %u core(s), so "
+                 "its rates are shared ones; meshtrain calibrate --force times them on ranks with cores of their own\n",
+                 cal.kernel_ranks, cal.threads, cores);
+    return false;
+  }
+  job.host_cores = cores;
+  job.threads = cal.threads;
+  job.ranks_per_host = per_host;
+  return true;
 }
 
 size_t budget_bytes(double gib, int procs) {
@@ -291,15 +312,14 @@ void run_plan(const PlanOptions& o) {
   const planner::Calibration cal =
       !o.cluster.empty() ? planner::cluster_calibration(spec)
                          : load_calibration(cal_path, o.calibration.empty() ? "planner.calibration" : "--calibration");
-  const planner::PlanJob job = plan_job(c, o.procs);
+  planner::PlanJob job = plan_job(c, o.procs);
   const double gib_given = o.memory_gib > 0 ? o.memory_gib : !o.cluster.empty() ? spec.memory_gib : c.planner.memory_gib;
   const size_t budget = budget_bytes(gib_given, o.procs);
-  const unsigned cores = std::thread::hardware_concurrency();
-  if (cores > 0 && static_cast<unsigned>(o.procs * cal.threads) > cores)
+  if (o.cluster.empty() && share_cores(job, cal))
     std::fprintf(stderr,
-                 "warning: %d process(es) x %d thread(s) on %u core(s): the calibration's rates assume each rank its own "
-                 "cores; oversubscribed ranks share them in ways the cost model does not follow\n",
-                 o.procs, cal.threads, cores);
+                 "note: %d process(es) x %d thread(s) on %.0f core(s): the simulator shares the cores among the ranks "
+                 "computing at once\n",
+                 job.ranks_per_host, cal.threads, job.host_cores);
   if (o.search || o.search_batch) {
     planner::SearchSpace all;
     all.batch = true;
@@ -390,7 +410,9 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   const engine::RunConfig c = engine::ds_config_load(base, procs);
   const planner::Calibration cal = load_calibration(c.planner.calibration, "planner.calibration");
   const size_t budget = budget_bytes(c.planner.memory_gib, procs);
-  const planner::SearchResult r = planner::search_layouts(plan_job(c, procs), space, budget, cal);
+  planner::PlanJob job = plan_job(c, procs);
+  share_cores(job, cal);
+  const planner::SearchResult r = planner::search_layouts(job, space, budget, cal);
   if (r.ranked.empty()) {
     std::string why;
     for (const std::string& w : r.rejected) why += "; " + w;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <thread>
 #include <cstdint>
@@ -290,13 +291,11 @@ static double disk_interference(const std::string& dir, unsigned long long io_by
   return k;
 }
 
-Calibration calibrate(const CalibrateOptions& options) {
-  Calibration cal;
-  cal.threads = threads_get();
-  comm::Backend* group = options.group != nullptr && options.group->size() > 1 ? options.group : nullptr;
-  cal.world = group ? group->size() : 1;
-  const double budget = options.quick ? 0.02 : 0.2;
+namespace {
 
+// Every kernel family (GEMM, attention, the memory-bound and elementwise kernels, AdamW, the in-situ
+// blocks) on this process's threads.
+void time_kernels(Calibration& cal, const CalibrateOptions& options, double budget) {
   // GEMMs: the shapes a transformer step runs (tokens × out × in), from a small MLP to a wide one.
   // gemm_ceiling_tflops times C = A·Bᵀ on this process's threads (one GEMM per rank at a time).
   struct Shape {
@@ -525,11 +524,44 @@ Calibration calibrate(const CalibrateOptions& options) {
       cal.fits["in situ backward " + what] = {0.0, mb / modelled.backward[1]};
     }
 
+}
+
+}  // namespace
+
+Calibration calibrate(const CalibrateOptions& options) {
+  Calibration cal;
+  cal.threads = threads_get();
+  comm::Backend* group = options.group != nullptr && options.group->size() > 1 ? options.group : nullptr;
+  cal.world = group ? group->size() : 1;
+  const double budget = options.quick ? 0.02 : 0.2;
+
+  // A kernel's rate is a rank's on cores of its own. With more ranks x threads on a host than it
+  // has cores (oversubscribed), only the host's first cores / threads ranks time the kernels, at
+  // once, while the others wait without spinning; the simulator then shares the cores among the
+  // ranks that compute together (SimProgram::host_cores). Rank 0 always times them.
+  bool times_kernels = true;
+  std::vector<int> host;
+  if (group) {
+    host = host_of_ranks(*group);
+    const int me = group->rank();
+    int local = 0;
+    for (int r = 0; r < me; ++r) local += host[static_cast<size_t>(r)] == host[static_cast<size_t>(me)];
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    times_kernels = local == 0 || (local + 1) * cal.threads <= cores;
+  }
+  if (times_kernels) time_kernels(cal, options, budget);
+  if (group) {
+    std::unique_ptr<comm::Work> w = group->barrier(comm::BarrierOptions{});
+    while (!w->is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    float on_first_host = times_kernels && host[static_cast<size_t>(group->rank())] == host[0] ? 1.0f : 0.0f;
+    group->all_reduce(&on_first_host, 1, DType::kF32, comm::AllReduceOptions{})->wait();
+    cal.kernel_ranks = static_cast<int>(on_first_host + 0.5f);
+  }
+
   if (group) {
     time_collectives(cal, group, "", options.quick, budget);
     // Several hosts with several ranks each: the same collectives within a host and across hosts
     // (one rank a host), each group shape's own lines ("... intra", "... inter").
-    const std::vector<int> host = host_of_ranks(*group);
     const int hosts = *std::max_element(host.begin(), host.end()) + 1;
     const int me = group->rank();
     int local = 0;

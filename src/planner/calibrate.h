@@ -44,6 +44,10 @@ struct Network {
 struct Calibration {
   int world = 1;  // ranks of the group the collectives were timed on
   int threads = 1;
+  // Ranks of a host that timed the kernels at once: every rank of it, unless that would take more
+  // cores than it has (then cores / threads of them, so each kernel's rate is a rank's on cores of
+  // its own). Calibrations without the field timed them on every rank.
+  int kernel_ranks = 1;
   std::vector<CalPoint> points;             // everything measured
   std::map<std::string, LinearFit> fits;    // "gemm f32", "gemm bf16" (flops), "memory" (bytes),
                                             // "adamw" (elements), "all_reduce", "all_gather",

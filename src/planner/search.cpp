@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <utility>
 
 #include "base/error.h"
 #include "parallel/pp/partition.h"
@@ -131,7 +132,7 @@ size_t layout_memory(const PlanJob& job, const Layout& l, const Calibration& cal
 }
 
 SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs);
-Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, const SimProgram& program);
+Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, SimProgram program);
 
 Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal) {
   const MemoryInput& m = job.memory;
@@ -154,12 +155,12 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
                           ? static_cast<size_t>(models::padded_vocab(m.model, 1, m.vocab_divisible)) * m.model.hidden
                           : 0;
     program = pipeline_step_program(spec, costs);
-    Prediction p = finish_prediction(job, l, costs, program);
+    Prediction p = finish_prediction(job, l, costs, std::move(program));
     p.bounds = spec.bounds;
     return p;
   }
   program = zero_program(job, l, costs);
-  return finish_prediction(job, l, costs, program);
+  return finish_prediction(job, l, costs, std::move(program));
 }
 
 SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs) {
@@ -180,8 +181,23 @@ SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts
   return zero_step_program(spec, costs);
 }
 
-Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, const SimProgram& program) {
+// The hosts' shared cores on the program: a zero program's rank d·tp + t is that process; a pipeline
+// program's rank q·dp + d stands for its stage's tp group (processes (q·dp + d)·tp + t).
+void share_cores(const PlanJob& job, const Layout& l, SimProgram& program) {
+  if (job.host_cores <= 0) return;
+  program.host_cores = job.host_cores;
+  const int per_host = job.ranks_per_host > 0 ? job.ranks_per_host : job.procs;
+  const int n = static_cast<int>(program.ranks.size());
+  const int stands_for = l.pp > 1 ? l.tp : 1;
+  for (int q = 0; q < n; ++q) {
+    program.host.push_back(q * stands_for / per_host);
+    program.demand.push_back(static_cast<double>(stands_for * job.threads));
+  }
+}
+
+Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, SimProgram program) {
   const MemoryInput& m = job.memory;
+  share_cores(job, l, program);
   SimOptions no_progress;
   no_progress.progress = false;
   const SimReport slow = simulate(program, no_progress);

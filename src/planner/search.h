@@ -58,6 +58,13 @@ struct PlanJob {
   // CPU ranks device "cpu" changes nothing (the state already lives in host memory); "nvme" for the
   // optimizer adds the moments' swap (planner/cost.h); offload_param "nvme" is refused.
   bool offload = false;
+  // Ranks sharing a host's cores (plan on a machine with fewer cores than processes x threads):
+  // host_cores > 0 makes the simulator share them among the ranks computing at once. Each rank
+  // runs `threads` threads; ranks_per_host consecutive ranks share a host (tp innermost, then dp,
+  // then pp, as the runtime's grid).
+  double host_cores = 0.0;
+  int threads = 1;
+  int ranks_per_host = 0;  // 0: every rank on one host
 };
 
 // What the search may change (false: the base's value).

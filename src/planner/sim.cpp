@@ -67,28 +67,22 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
   r.blocked.assign(P, 0.0);
   r.streams.assign(P, 0.0);
   std::vector<Rank> st(P);
+  const bool shared = program.host_cores > 0;
+  MT_CHECK(program.host.empty() || static_cast<int>(program.host.size()) == P, ErrorKind::kInvalidArgument,
+           "simulator: SimProgram::host names " + std::to_string(program.host.size()) + " ranks of " + std::to_string(P));
+  MT_CHECK(program.demand.empty() || static_cast<int>(program.demand.size()) == P, ErrorKind::kInvalidArgument,
+           "simulator: SimProgram::demand names " + std::to_string(program.demand.size()) + " ranks of " + std::to_string(P));
+  int hosts = 1;
+  for (int h : program.host) {
+    MT_CHECK(h >= 0, ErrorKind::kInvalidArgument, "simulator: a negative host");
+    hosts = std::max(hosts, h + 1);
+  }
+  auto host_of = [&](int q) { return shared && !program.host.empty() ? program.host[static_cast<size_t>(q)] : 0; };
+  auto demand_of = [&](int q) { return program.demand.empty() ? 1.0 : program.demand[static_cast<size_t>(q)]; };
   std::map<std::tuple<int, int, int>, double> arrival;                         // (from, to, tag) -> when
   std::map<std::pair<int, int>, std::vector<std::pair<int, double>>> issued;   // (group, tag) -> (rank, at)
   std::map<std::pair<int, int>, double> coll_end;                              // (group, tag) -> end
 
-  // Compute of `seconds` from the rank's clock under its disk transfers: its end.
-  auto stretched = [&](Rank& s, double seconds) {
-    const double k = program.disk_interference;
-    std::erase_if(s.disk, [&](const auto& d) { return std::get<1>(d) <= s.main; });
-    double t = s.main, left = seconds;
-    while (left > 0) {
-      double rate = 0.0, next = std::numeric_limits<double>::infinity();
-      for (const auto& [a, b, bps] : s.disk) {
-        if (a <= t && t < b) rate += bps, next = std::min(next, b);
-        else if (a > t) next = std::min(next, a);
-      }
-      const double speed = 1.0 / (1.0 + k * rate);
-      if (t + left / speed <= next) return t + left / speed;
-      left -= (next - t) * speed;
-      t = next;
-    }
-    return t;
-  };
   auto block_until = [&](int q, double t) {
     if (t > st[q].main) {
       r.blocked[q] += t - st[q].main;
@@ -132,93 +126,153 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     return true;
   };
 
-  for (;;) {
-    bool progressed = false, done = true;
-    for (int q = 0; q < P; ++q) {
-      Rank& s = st[q];
-      const auto& list = program.ranks[q];
-      while (s.pc < list.size()) {
-        const SimOp& op = list[s.pc];
-        bool ok = true;
-        switch (op.kind) {
-          case SimOpKind::kCompute: {
-            const double end = stretched(s, op.seconds);
-            r.compute[q] += end - s.main;
-            s.main = end;
-            break;
-          }
-          case SimOpKind::kStream: {
-            double& free = s.stream[op.stream];
-            const double start = std::max(free, s.main);
-            free = start + op.seconds;
-            if (op.bytes > 0 && op.seconds > 0 && program.disk_interference > 0) s.disk.emplace_back(start, free, op.bytes / op.seconds);
-            r.streams[q] += op.seconds;
-            if (op.async) s.stream_end[op.tag] = free;
-            else block_until(q, free);
-            break;
-          }
-          case SimOpKind::kSend:
-            if (!op.async) block_until(q, transfer(q, op, s.main));
-            else s.handle_end[op.tag] = transfer(q, op, s.main);  // the receiver's wait moves it
-            break;
-          case SimOpKind::kRecv: {
-            auto it = arrival.find({op.peer, q, op.tag});
-            if (it == arrival.end()) {
-              ok = false;
-            } else {
-              block_until(q, it->second);
-              arrival.erase(it);
-            }
-            break;
-          }
-          case SimOpKind::kCollective:
-            if (!op.async) {
-              ok = blocking_collective(q, op);
-            } else if (options.progress) {
-              issue(q, op, s.main);
-            } else {
-              s.deferred[op.tag] = &op;
-            }
-            break;
-          case SimOpKind::kWait: {
-            auto d = s.deferred.find(op.tag);
-            if (d != s.deferred.end()) {  // without progress the collective starts here, as a blocking one
-              ok = blocking_collective(q, *d->second);
-              if (ok) s.deferred.erase(d);
-              break;
-            }
-            if (auto w = s.stream_end.find(op.tag); w != s.stream_end.end()) {
-              block_until(q, w->second);
-              break;
-            }
-            auto h = s.handle_end.find(op.tag);
-            if (h != s.handle_end.end()) {
-              block_until(q, h->second);
-              s.handle_end.erase(h);
-              break;
-            }
-            // An asynchronous collective of this rank with this tag: ended yet?
-            ok = false;
-            for (const auto& [key, end] : coll_end) {
-              if (key.second != op.tag) continue;
-              const auto& in = issued[key];
-              if (std::any_of(in.begin(), in.end(), [&](const auto& e) { return e.first == q; })) {
-                block_until(q, end);
-                ok = true;
-                break;
-              }
-            }
-            break;
-          }
-        }
-        if (!ok) break;
-        ++s.pc;
-        progressed = true;
+  // Compute in progress, in global time: a rank's compute runs at its host's share of the cores
+  // (all of its speed while the ranks computing there need no more cores than the host has) over
+  // 1 + k·r for its disk transfers; every start, end and disk boundary re-rates what it touches.
+  struct Running {
+    bool on = false;
+    double start = 0.0, since = 0.0, left = 0.0, rate = 1.0, boundary = 0.0;
+  };
+  std::vector<Running> run(P);
+  std::vector<double> host_demand(hosts, 0.0);
+  const double inf = std::numeric_limits<double>::infinity();
+  double now = 0.0;
+  auto share = [&](int q) {
+    if (program.host_cores <= 0) return 1.0;
+    const double d = host_demand[host_of(q)];
+    return d > program.host_cores ? program.host_cores / d : 1.0;
+  };
+  auto rerate = [&](int q) {  // at `now`: what q has done at its old rate, and its rate from here
+    Running& x = run[q];
+    x.left = std::max(0.0, x.left - x.rate * (now - x.since));
+    x.since = now;
+    double bps = 0.0;
+    x.boundary = inf;
+    if (program.disk_interference > 0) {
+      std::erase_if(st[q].disk, [&](const auto& d) { return std::get<1>(d) <= now; });
+      for (const auto& [a, b, v] : st[q].disk) {
+        if (a <= now && now < b) bps += v, x.boundary = std::min(x.boundary, b);
+        else if (a > now) x.boundary = std::min(x.boundary, a);
       }
-      if (s.pc < list.size()) done = false;
+    }
+    x.rate = share(q) / (1.0 + program.disk_interference * bps);
+  };
+  auto rerate_host = [&](int h) {
+    if (program.host_cores <= 0) return;
+    for (int q = 0; q < P; ++q)
+      if (run[q].on && host_of(q) == h) rerate(q);
+  };
+  auto finish_of = [&](int q) { return run[q].since + run[q].left / run[q].rate; };
+
+  // Runs rank q's instructions at `now` until it blocks, starts a compute, or its clock passes now.
+  auto step_rank = [&](int q) {
+    Rank& s = st[q];
+    const auto& list = program.ranks[q];
+    bool moved = false;
+    while (s.pc < list.size() && !run[q].on && s.main <= now) {
+      const SimOp& op = list[s.pc];
+      bool ok = true;
+      switch (op.kind) {
+        case SimOpKind::kCompute:
+          block_until(q, now);
+          if (op.seconds > 0) {
+            run[q].on = true;
+            run[q].start = run[q].since = now;
+            run[q].left = op.seconds;
+            run[q].rate = 1.0;
+            host_demand[host_of(q)] += demand_of(q);
+            rerate(q);
+            rerate_host(host_of(q));
+            return true;  // its pc moves on when it ends
+          }
+          break;
+        case SimOpKind::kStream: {
+          double& free = s.stream[op.stream];
+          const double start = std::max(free, s.main);
+          free = start + op.seconds;
+          if (op.bytes > 0 && op.seconds > 0 && program.disk_interference > 0) s.disk.emplace_back(start, free, op.bytes / op.seconds);
+          r.streams[q] += op.seconds;
+          if (op.async) s.stream_end[op.tag] = free;
+          else block_until(q, free);
+          break;
+        }
+        case SimOpKind::kSend:
+          if (!op.async) block_until(q, transfer(q, op, s.main));
+          else s.handle_end[op.tag] = transfer(q, op, s.main);  // the receiver's wait moves it
+          break;
+        case SimOpKind::kRecv: {
+          auto it = arrival.find({op.peer, q, op.tag});
+          if (it == arrival.end()) {
+            ok = false;
+          } else {
+            block_until(q, it->second);
+            arrival.erase(it);
+          }
+          break;
+        }
+        case SimOpKind::kCollective:
+          if (!op.async) {
+            ok = blocking_collective(q, op);
+          } else if (options.progress) {
+            issue(q, op, s.main);
+          } else {
+            s.deferred[op.tag] = &op;
+          }
+          break;
+        case SimOpKind::kWait: {
+          auto d = s.deferred.find(op.tag);
+          if (d != s.deferred.end()) {  // without progress the collective starts here, as a blocking one
+            ok = blocking_collective(q, *d->second);
+            if (ok) s.deferred.erase(d);
+            break;
+          }
+          if (auto w = s.stream_end.find(op.tag); w != s.stream_end.end()) {
+            block_until(q, w->second);
+            break;
+          }
+          auto h = s.handle_end.find(op.tag);
+          if (h != s.handle_end.end()) {
+            block_until(q, h->second);
+            s.handle_end.erase(h);
+            break;
+          }
+          // An asynchronous collective of this rank with this tag: ended yet?
+          ok = false;
+          for (const auto& [key, end] : coll_end) {
+            if (key.second != op.tag) continue;
+            const auto& in = issued[key];
+            if (std::any_of(in.begin(), in.end(), [&](const auto& e) { return e.first == q; })) {
+              block_until(q, end);
+              ok = true;
+              break;
+            }
+          }
+          break;
+        }
+      }
+      if (!ok) break;
+      ++s.pc;
+      moved = true;
+    }
+    return moved;
+  };
+
+  for (;;) {
+    // Everything that can happen at `now` (a rank's progress can unblock another's).
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int q = 0; q < P; ++q) moved = step_rank(q) || moved;
+    }
+    // The next event: a compute's end or disk boundary, or a rank's clock.
+    double next = inf;
+    bool done = true;
+    for (int q = 0; q < P; ++q) {
+      if (run[q].on) next = std::min({next, finish_of(q), run[q].boundary});
+      else if (st[q].pc < program.ranks[q].size() && st[q].main > now) next = std::min(next, st[q].main);
+      done = done && !run[q].on && st[q].pc >= program.ranks[q].size();
     }
     if (done) break;
-    if (!progressed) {
+    if (next == inf) {
       r.deadlock = true;
       for (int q = 0; q < P; ++q)
         if (st[q].pc < program.ranks[q].size()) {
@@ -228,6 +282,23 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
         }
       break;
     }
+    now = next;
+    std::vector<bool> touched(static_cast<size_t>(hosts), false);
+    for (int q = 0; q < P; ++q) {
+      if (!run[q].on) continue;
+      if (finish_of(q) <= now) {
+        run[q].on = false;
+        r.compute[q] += now - run[q].start;
+        st[q].main = now;
+        ++st[q].pc;
+        host_demand[host_of(q)] -= demand_of(q);
+        touched[static_cast<size_t>(host_of(q))] = true;
+      } else if (run[q].boundary <= now) {
+        rerate(q);
+      }
+    }
+    for (int h = 0; h < hosts; ++h)
+      if (touched[static_cast<size_t>(h)]) rerate_host(h);
   }
   for (int q = 0; q < P; ++q) {
     r.end[q] = std::max(st[q].main, st[q].comm);

@@ -17,7 +17,12 @@
 //     it is waited for by a kWait, otherwise the compute stream waits for its end;
 //   - disk transfers slow the rank's compute (a virtual machine's disk runs on the same cores):
 //     while its streams move r bytes a second, compute progresses at 1 / (1 + k·r) of its speed,
-//     k = SimProgram::disk_interference (calibrate --io measures it).
+//     k = SimProgram::disk_interference (calibrate --io measures it);
+//   - ranks that share a host's cores (SimProgram::host_cores > 0: more processes x threads than
+//     cores, as oversubscribed CPU ranks) share them while they compute: a rank whose compute needs
+//     `demand` cores runs at min(1, cores / the demand of every rank computing on its host then) of
+//     its speed. A rank waiting (a receive, a collective, a wait) takes no core: OpenMPI yields
+//     when oversubscribed. Compute is simulated in global time, re-rated at every start and end.
 // Pure: no kernels, no communicator. The times come from the caller (calibration, or a test's
 // hand-computable numbers).
 #pragma once
@@ -47,6 +52,12 @@ struct SimProgram {
   std::vector<std::vector<SimOp>> ranks;  // one instruction list per rank
   std::vector<std::vector<int>> groups;   // collective groups: their member ranks
   double disk_interference = 0.0;         // k: compute seconds lost per disk byte moved while computing
+  // Cores shared by the ranks of a host (0: every rank has the cores its compute needs): host[q]
+  // is rank q's host (empty: one host) and demand[q] the cores its compute keeps busy (empty: 1;
+  // a rank standing for a tp group of T ranks of t threads: T·t).
+  double host_cores = 0.0;
+  std::vector<int> host;
+  std::vector<double> demand;
 };
 
 struct SimOptions {

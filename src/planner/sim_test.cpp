@@ -139,6 +139,60 @@ TEST(Simulator, StreamsRunInIssueOrderBesideComputeAndAreWaitedFor) {
   EXPECT_DOUBLE_EQ(simulate(p).makespan, 3.0);
 }
 
+// Ranks that share a host's cores share them while they compute, and a waiting rank takes none.
+TEST(Simulator, RanksSharingCoresShareThemWhileTheyCompute) {
+  SimProgram p;
+  p.ranks = {{compute(1.0)}, {compute(1.0)}};
+  EXPECT_DOUBLE_EQ(simulate(p).makespan, 1.0);  // each its own cores
+  p.host_cores = 1.0;
+  EXPECT_DOUBLE_EQ(simulate(p).makespan, 2.0);  // one core: each at half speed
+  p.host_cores = 2.0;
+  EXPECT_DOUBLE_EQ(simulate(p).makespan, 1.0);
+  // One core: 2 s and 1 s of work run at half speed together until the shorter has had its 1 s
+  // (t = 2); the longer has had 1 s too and runs its last second alone: the step is 3 s, the
+  // work's sum, and each rank's compute is its wall time.
+  p.host_cores = 1.0;
+  p.ranks = {{compute(2.0)}, {compute(1.0)}};
+  SimReport r = simulate(p);
+  EXPECT_DOUBLE_EQ(r.makespan, 3.0);
+  EXPECT_DOUBLE_EQ(r.compute[0], 3.0);
+  EXPECT_DOUBLE_EQ(r.compute[1], 2.0);
+  // On two hosts of one core each they do not meet.
+  p.host = {0, 1};
+  EXPECT_DOUBLE_EQ(simulate(p).makespan, 2.0);
+  // A rank standing for two threads (demand 2) beside one of one thread, on two cores: 3 cores
+  // wanted, each runs at 2/3 of its speed; 1 s of work each ends at 1.5 s.
+  p.host.clear();
+  p.host_cores = 2.0;
+  p.demand = {2.0, 1.0};
+  p.ranks = {{compute(1.0)}, {compute(1.0)}};
+  EXPECT_DOUBLE_EQ(simulate(p).makespan, 1.5);
+  // A rank waiting in a collective takes no core: rank 1 waits for rank 0's 2 s of compute, which
+  // runs at full speed on the one core, then both compute 1 s at half speed.
+  p.demand.clear();
+  p.host_cores = 1.0;
+  p.groups = {{0, 1}};
+  p.ranks = {{compute(2.0), collective(0, 1, 0.5, false), compute(1.0)}, {collective(0, 1, 0.5, false), compute(1.0)}};
+  r = simulate(p);
+  EXPECT_DOUBLE_EQ(r.makespan, 2.0 + 0.5 + 2.0);
+  EXPECT_DOUBLE_EQ(r.blocked[1], 2.5);
+  // A pipeline on one core never leaves it idle when messages are free: its step is its work,
+  // p·m·(t_f + t_b), where p cores give the bubble's formula.
+  for (int stages : {2, 4}) {
+    parallel::pp::ScheduleSpec spec;
+    spec.kind = parallel::pp::ScheduleKind::k1F1B;
+    spec.pp = stages;
+    spec.micro_batches = 8;
+    SimProgram pipe = pipeline_program(spec, 1.0, 2.0);
+    pipe.host_cores = 1.0;
+    EXPECT_NEAR(simulate(pipe).makespan, stages * 8 * 3.0, 1e-9) << stages;
+    pipe.host_cores = stages;
+    EXPECT_NEAR(simulate(pipe).makespan, (8 + stages - 1) * 3.0, 1e-9) << stages;
+  }
+  p.host = {0};
+  EXPECT_THROW(simulate(p), Error);  // a host for one rank of two
+}
+
 // A receive nobody sends, and a collective a member never joins, are deadlocks named by rank;
 // malformed programs are refused.
 TEST(Simulator, DeadlocksAreReportedAndBadProgramsRefused) {
