@@ -229,6 +229,12 @@ TEST(Plan, ValidateTrainsEachLayoutInTurnForEveryRound) {
   }
   EXPECT_GE(rows, 2u) << out;
   EXPECT_NE(out.find("Kendall's tau"), std::string::npos) << out;
+  const size_t order = out.find("order: ");
+  ASSERT_NE(order, std::string::npos) << out;
+  int swapped = -1, pairs = -1, overlapping = -1;
+  ASSERT_EQ(std::sscanf(out.c_str() + order, "order: %d of %d pairs swapped, %d of them", &swapped, &pairs, &overlapping), 3) << out;
+  EXPECT_EQ(pairs, static_cast<int>(rows * (rows - 1) / 2)) << out;
+  EXPECT_LE(overlapping, swapped);
 }
 
 // plan --search and `"parallel": "auto"` at the hand calibration: the ranking, a budget that

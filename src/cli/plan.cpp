@@ -257,6 +257,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   std::printf("%4s  %-48s %10s %10s %7s %11s %11s %7s\n", "rank", "layout", "predicted", "measured", "error",
               "rank 0 mem", "measured", "error");
   std::vector<double> predicted, measured, step_errors, memory_errors;
+  std::vector<std::pair<double, double>> spread;  // --rounds: each pick's fastest and slowest run
   // --rounds R: rounds 1 .. R-1 train every pick in turn first; the last round prints each with the
   // median of its R steps (the drift of a shared machine lands on every layout alike).
   std::map<size_t, std::vector<double>> earlier;
@@ -271,6 +272,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
       all.push_back(m.step);
       for (double t : all) runs += " " + std::to_string(t).substr(0, 6);
       std::sort(all.begin(), all.end());
+      spread.emplace_back(all.front(), all.back());
       m.step = all.size() % 2 ? all[all.size() / 2] : 0.5 * (all[all.size() / 2 - 1] + all[all.size() / 2]);
     }
     predicted.push_back(p.step);
@@ -294,6 +296,18 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
               100 * median(step_errors), 100 * *std::max_element(step_errors.begin(), step_errors.end()),
               100 * median(memory_errors), 100 * *std::max_element(memory_errors.begin(), memory_errors.end()),
               kendall_tau(predicted, measured));
+  if (!spread.empty()) {  // which swapped pairs the runs themselves cannot order
+    int pairs = 0, discordant = 0, overlapping = 0;
+    for (size_t i = 0; i < predicted.size(); ++i)
+      for (size_t j = i + 1; j < predicted.size(); ++j) {
+        ++pairs;
+        if ((predicted[i] - predicted[j]) * (measured[i] - measured[j]) >= 0) continue;
+        ++discordant;
+        overlapping += spread[i].first <= spread[j].second && spread[j].first <= spread[i].second;
+      }
+    std::printf("order: %d of %d pairs swapped, %d of them with overlapping runs (an order the runs do not settle)\n",
+                discordant, pairs, overlapping);
+  }
   std::printf("the chosen layout (rank 1) measured %.4f s, %.1f%% over the best measured (%.4f s)\n", measured.front(),
               100 * (measured.front() / best - 1), best);
   std::filesystem::remove_all(dir);
