@@ -89,6 +89,7 @@ void run_calibrate(const CalibrateArgs& args) {
     j["world"] = cal.world;
     j["threads"] = cal.threads;
     j["kernel_ranks"] = cal.kernel_ranks;
+    if (cal.collective_max_bytes > 0) j["collective_max_bytes"] = cal.collective_max_bytes;
     if (cal.ranks_per_host > 0) j["ranks_per_host"] = cal.ranks_per_host;
     for (const auto& [family, f] : cal.fits) j["fits"][family] = {{"latency_s", f.latency}, {"per_unit_s", f.per_unit}};
     for (const auto& [family, pts] : cal.curves) j["fits"][family]["curve"] = pts;  // [[units, seconds], ...]
@@ -105,6 +106,9 @@ void run_calibrate(const CalibrateArgs& args) {
     if (cal.kernel_ranks < cal.world)
       std::printf("kernels timed on %d rank(s) of a host at once: %d x %d thread(s) fill its %u cores\n", cal.kernel_ranks,
                   cal.kernel_ranks, cal.threads, std::thread::hardware_concurrency());
+    if (cal.collective_max_bytes > 0 && cal.collective_max_bytes < (size_t{1} << 27))
+      std::printf("collectives timed up to %.0f MiB a rank: %d rank(s) share this host's memory\n",
+                  static_cast<double>(cal.collective_max_bytes) / (1 << 20), cal.world);
     std::printf("%-24s %12s %16s\n", "family", "latency", "rate");
     for (const auto& [family, f] : cal.fits) {
       if (family.rfind("in situ", 0) == 0) {  // a factor, not a rate

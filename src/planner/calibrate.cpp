@@ -96,6 +96,23 @@ double Calibration::collective_seconds(const std::string& family, double bytes, 
   throw Error(ErrorKind::kInvalidArgument, "collective_seconds: no collective '" + family + "'");
 }
 
+std::vector<size_t> collective_sizes(bool quick, size_t max_bytes) {
+  const std::vector<size_t> all = quick ? std::vector<size_t>{4096, 1 << 16, 1 << 20}
+                                        : std::vector<size_t>{4096,    1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22,
+                                                              3 << 21, 1 << 23, 3 << 22, 1 << 24, 1 << 26, 1 << 27};
+  std::vector<size_t> out;
+  for (size_t b : all)
+    if (b <= max_bytes || out.size() < 3) out.push_back(b);  // the three smallest (at most 1 MiB) always
+  return out;
+}
+
+size_t collective_max_bytes(double host_bytes, int host_ranks, int ranks) {
+  // A rank holds its send and receive buffers (ranks x bytes each, all_gather's and
+  // reduce_scatter's whole vector) and MPI's temporary one of the same size: 3 x ranks x bytes.
+  const double per_rank = host_bytes / 3.0 / std::max(1, host_ranks);
+  return static_cast<size_t>(per_rank / (3.0 * std::max(1, ranks)));
+}
+
 namespace {
 
 // Seconds per call of f, timed for at least `budget` seconds and `min_calls` calls after one
@@ -164,11 +181,9 @@ void fill_lowp(std::vector<char>& buf, DType dt) {
 // (half of it is one message), as the families "all_reduce" .. "send_recv" + suffix. Dense between
 // 4 and 16 MiB, where OpenMPI's algorithms change here, and up to 128 MiB (a stage-0 bucket of a
 // small model). Every rank of the group calls it.
-void time_collectives(Calibration& cal, comm::Backend* group, const std::string& suffix, bool quick, double budget) {
-  const std::vector<size_t> bytes = quick ? std::vector<size_t>{4096, 1 << 16, 1 << 20}
-                                                  : std::vector<size_t>{4096,    1 << 14, 1 << 16, 1 << 18, 1 << 20,
-                                                                        1 << 22, 3 << 21, 1 << 23, 3 << 22, 1 << 24,
-                                                                        1 << 26, 1 << 27};
+void time_collectives(Calibration& cal, comm::Backend* group, const std::string& suffix, bool quick, double budget,
+                      size_t max_bytes) {
+  const std::vector<size_t> bytes = collective_sizes(quick, max_bytes);
   const int P = group->size(), me = group->rank();
   std::vector<CalPoint> ar, ag, rs, sr;
   for (size_t b : bytes) {
@@ -557,9 +572,25 @@ Calibration calibrate(const CalibrateOptions& options) {
     group->all_reduce(&on_first_host, 1, DType::kF32, comm::AllReduceOptions{})->wait();
     cal.kernel_ranks = static_cast<int>(on_first_host + 0.5f);
   }
+  // The collectives' largest messages, within a third of the host's memory for its ranks together (8
+  // ranks timing 128 MiB a rank needed 4.5 GB each, and the kernel killed the job; the rest is the
+  // ranks' own, 0.9 GB each after the kernels): the smallest
+  // cap over the group, so every rank times the same sizes.
+  size_t max_bytes = SIZE_MAX;
+  if (group) {
+    const int me = group->rank();
+    const int host_ranks = static_cast<int>(std::count(host.begin(), host.end(), host[static_cast<size_t>(me)]));
+    const double mem = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+    float cap = static_cast<float>(collective_max_bytes(mem, host_ranks, group->size()));
+    comm::AllReduceOptions o;
+    o.op = comm::ReduceOp::kMin;
+    group->all_reduce(&cap, 1, DType::kF32, o)->wait();
+    max_bytes = static_cast<size_t>(cap);
+    cal.collective_max_bytes = collective_sizes(options.quick, max_bytes).back();
+  }
 
   if (group) {
-    time_collectives(cal, group, "", options.quick, budget);
+    time_collectives(cal, group, "", options.quick, budget, max_bytes);
     // Several hosts with several ranks each: the same collectives within a host and across hosts
     // (one rank a host), each group shape's own lines ("... intra", "... inter").
     const int hosts = *std::max_element(host.begin(), host.end()) + 1;
@@ -572,8 +603,8 @@ Calibration calibrate(const CalibrateOptions& options) {
       cal.ranks_per_host = group->size() / hosts;
       std::shared_ptr<comm::Backend> intra = group->split(host[static_cast<size_t>(me)], me);
       std::shared_ptr<comm::Backend> inter = group->split(local, me);
-      time_collectives(cal, intra.get(), " intra", options.quick, budget);
-      time_collectives(cal, inter.get(), " inter", options.quick, budget);
+      time_collectives(cal, intra.get(), " intra", options.quick, budget, max_bytes);
+      time_collectives(cal, inter.get(), " inter", options.quick, budget, max_bytes);
     }
   }
 

@@ -48,6 +48,9 @@ struct Calibration {
   // cores than it has (then cores / threads of them, so each kernel's rate is a rank's on cores of
   // its own). Calibrations without the field timed them on every rank.
   int kernel_ranks = 1;
+  // The largest message a rank the collectives were timed at (0: none timed); past it the curves
+  // go on at their last rate.
+  size_t collective_max_bytes = 0;
   std::vector<CalPoint> points;             // everything measured
   std::map<std::string, LinearFit> fits;    // "gemm f32", "gemm bf16" (flops), "memory" (bytes),
                                             // "adamw" (elements), "all_reduce", "all_gather",
@@ -92,5 +95,12 @@ struct CalibrateOptions {
 
 // Collective when group has more than one rank: every rank calls it.
 Calibration calibrate(const CalibrateOptions& options);
+
+// The message sizes (bytes a rank) the collectives are timed at: the full list's (4 KiB to 128
+// MiB; quick: to 1 MiB) up to max_bytes, and its three smallest always.
+std::vector<size_t> collective_sizes(bool quick, size_t max_bytes);
+// The largest message a rank may time when host_ranks ranks of a group of `ranks` share a host of
+// host_bytes: together within a third of it, each holding 3 x ranks x the message.
+size_t collective_max_bytes(double host_bytes, int host_ranks, int ranks);
 
 }  // namespace mt::planner

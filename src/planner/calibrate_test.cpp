@@ -22,6 +22,19 @@ TEST(CalibrationFit, CollectivesFollowTheirMeasuredCurve) {
   EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 0.5), 0.5 + 0.25 * 0.5);
 }
 
+// The collectives' sizes fit the host's memory: 8 ranks of a group of 8 on a 24 GiB host may each
+// hold 3 x 8 x m within 1 GiB (a third of it over 8), m <= 42.7 MiB, so the sizes stop at 16 MiB
+// (the next is 64); 2 ranks take every size; a tiny host keeps the three smallest.
+TEST(CalibrationFit, CollectiveSizesFitTheHostsMemory) {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  EXPECT_EQ(collective_max_bytes(24 * gib, 8, 8), static_cast<size_t>(24 * gib / 3 / 8 / 24));
+  EXPECT_EQ(collective_sizes(false, collective_max_bytes(24 * gib, 8, 8)).back(), size_t{1} << 24);
+  EXPECT_EQ(collective_sizes(false, collective_max_bytes(24 * gib, 2, 2)).back(), size_t{1} << 27);
+  EXPECT_EQ(collective_sizes(false, collective_max_bytes(24 * gib, 2, 2)).size(), 12u);
+  EXPECT_EQ(collective_sizes(false, 0), (std::vector<size_t>{4096, 1 << 14, 1 << 16}));
+  EXPECT_EQ(collective_sizes(true, SIZE_MAX), (std::vector<size_t>{4096, 1 << 16, 1 << 20}));
+}
+
 TEST(CalibrationFit, LeastSquaresLineWithANonNegativeLatency) {
   LinearFit f = fit_line({{1e6, 1e-5 + 1e6 * 2e-9}, {4e6, 1e-5 + 4e6 * 2e-9}, {16e6, 1e-5 + 16e6 * 2e-9}});
   EXPECT_NEAR(f.latency, 1e-5, 1e-12);
