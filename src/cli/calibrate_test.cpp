@@ -47,12 +47,21 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
   EXPECT_NE(load(cal)["fingerprint"]["binary_mtime"], 1);
 }
 
-TEST(Calibrate, TwoRanksTimeEveryCollective) {
-  const std::string cal = dir() + "/cal2.json";
+// `launch -n N -- calibrate --quick` into cal<N>.json, its JSON (empty, with a failure, if the run failed).
+nlohmann::json calibrate_ranks(int n) {
+  const std::string cal = dir() + "/cal" + std::to_string(n) + ".json";
   std::string out, err;
-  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "launch -n 2 -- calibrate --quick -o " + cal, &out, &err), 0) << err;
-  const nlohmann::json j = load(cal);
-  EXPECT_EQ(j["world"], 2);
+  const int rc = mt::cli::testing::run_meshtrain(dir(), "launch -n " + std::to_string(n) + " -- calibrate --quick -o " + cal, &out, &err);
+  EXPECT_EQ(rc, 0) << err;
+  if (rc != 0) return nlohmann::json::object();
+  nlohmann::json j = load(cal);
+  EXPECT_EQ(j["world"], n);
+  return j;
+}
+
+TEST(Calibrate, TwoRanksTimeEveryCollective) {
+  const nlohmann::json j = calibrate_ranks(2);
+  ASSERT_FALSE(HasFailure());
   for (const char* family : {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}) {
     ASSERT_TRUE(j["fits"].contains(family)) << j.dump();
     EXPECT_GT(j["fits"][family]["per_unit_s"].get<double>(), 0.0) << family;
@@ -64,10 +73,8 @@ TEST(Calibrate, TwoRanksTimeEveryCollective) {
 // cores than 3 x threads then shares the cores in the simulator.
 TEST(Calibrate, OversubscribedRanksTimeKernelsOnCoresOfTheirOwn) {
   const std::string cal = dir() + "/cal3.json";
-  std::string out, err;
-  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "launch -n 3 -- calibrate --quick -o " + cal, &out, &err), 0) << err;
-  const nlohmann::json j = load(cal);
-  EXPECT_EQ(j["world"], 3);
+  const nlohmann::json j = calibrate_ranks(3);
+  ASSERT_FALSE(HasFailure());
   const int threads = j["threads"].get<int>();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int want = 0;
@@ -76,6 +83,7 @@ TEST(Calibrate, OversubscribedRanksTimeKernelsOnCoresOfTheirOwn) {
   for (const char* family : {"gemm bf16", "memory", "adamw", "all_reduce", "reduce_scatter"})
     EXPECT_TRUE(j["fits"].contains(family)) << family;
   if (3 * threads > cores) {
+    std::string out, err;
     const std::string cfg = dir() + "/plan3.json";
     std::ofstream(cfg) << R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 2, "n_head": 4},
       "seq_length": 16, "train_batch_size": 3, "train_micro_batch_size_per_gpu": 1, "train_iters": 1})";
