@@ -341,7 +341,7 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     std::vector<std::vector<parallel::pp::Instr>> lists;
     for (int q = 0; q < ctx_->pp(); ++q)
       lists.push_back(q == ctx_->pp_rank() ? schedule_ : parallel::pp::build_schedule(pp_spec_, q));
-    grad_releases_ = parallel::pp::grad_send_releases(lists, ctx_->pp_rank());
+    grad_plan_ = parallel::pp::executor_grad_plan(pp_spec_, lists, ctx_->pp_rank());
     MT_CHECK(model.slots() >= parallel::pp::max_in_flight(schedule_), ErrorKind::kInternal,
              "the model keeps fewer activation slots than the pipeline schedule needs");
   }
@@ -732,8 +732,9 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
     std::vector<int> free_slots;
     for (int s = model_.slots() - 1; s >= 0; --s) free_slots.push_back(s);
     std::vector<std::unique_ptr<comm::Work>> slot_send(model_.slots());  // a slot's activation, in flight
-    // Gradients in flight to the previous stage, by list index, each in its own buffer until a
-    // later message from that stage proves it received (grad_releases_); then the buffer is reused.
+    // Gradients in flight to the previous stage, by list index, each in its own buffer until the
+    // stage waits for it before its next gradient send, or a later message from the previous stage
+    // proves it received (grad_plan_); then the buffer is reused.
     std::map<size_t, std::pair<Buffer, std::unique_ptr<comm::Work>>> grad_out;
     std::vector<Buffer> grad_free;
     Buffer grad_in(E * 4, MemCategory::kComm);
@@ -751,8 +752,18 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
     };
     using comm::RecvOptions;
     using comm::SendOptions;
+    auto reuse = [&](int sent) {
+      auto it = grad_out.find(static_cast<size_t>(sent));
+      MT_CHECK(it != grad_out.end(), ErrorKind::kInternal, "pipeline: a gradient send released twice");
+      Timer w;
+      it->second.second->wait();
+      pp_wait_seconds_ += w.seconds();
+      grad_free.push_back(std::move(it->second.first));
+      grad_out.erase(it);
+    };
     for (size_t at = 0; at < schedule_.size(); ++at) {
       const parallel::pp::Instr& i = schedule_[at];
+      for (int sent : grad_plan_.wait_before[at]) reuse(sent);  // may block until the previous stage receives it
       switch (i.kind) {
         case OpKind::kRecvActivation: {
           Timer w;
@@ -814,15 +825,7 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
           break;
         }
       }
-      for (int sent : grad_releases_[at]) {  // received by now: the wait returns at once
-        auto it = grad_out.find(static_cast<size_t>(sent));
-        MT_CHECK(it != grad_out.end(), ErrorKind::kInternal, "pipeline: a gradient send released twice");
-        Timer w;
-        it->second.second->wait();
-        pp_wait_seconds_ += w.seconds();
-        grad_free.push_back(std::move(it->second.first));
-        grad_out.erase(it);
-      }
+      for (int sent : grad_plan_.release_after[at]) reuse(sent);  // received by now: the wait returns at once
     }
     {
       Timer w;

@@ -215,7 +215,7 @@ class Engine {
   std::vector<double> pp_stage_comm_peak_mib_;
   parallel::pp::ScheduleSpec pp_spec_;
   std::vector<parallel::pp::Instr> schedule_;
-  std::vector<std::vector<int>> grad_releases_;  // parallel::pp::grad_send_releases of schedule_
+  parallel::pp::GradSendPlan grad_plan_;  // parallel::pp::executor_grad_plan of schedule_
 };
 
 // The optimizer's segments: one per parameter, weight decay 0 where config.no_weight_decay says.

@@ -189,7 +189,7 @@ MemoryInput pipeline_rank_input(MemoryInput in, const parallel::pp::ScheduleSpec
   std::vector<std::vector<parallel::pp::Instr>> lists;
   for (int r = 0; r < spec.pp; ++r) lists.push_back(parallel::pp::build_schedule(spec, r));
   in.slots = parallel::pp::max_in_flight(lists[q]);
-  in.grads_in_flight = parallel::pp::max_grads_in_flight(lists, q);
+  in.grads_in_flight = parallel::pp::max_grads_in_flight(spec, lists, q);
   return in;
 }
 

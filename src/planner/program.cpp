@@ -391,8 +391,11 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
   }
   p.ranks.resize(static_cast<size_t>(P) * D);
   const int tied_tag = 1 << 24;  // beyond the schedule's tags
+  std::vector<std::vector<parallel::pp::Instr>> lists;
+  for (int q = 0; q < P; ++q) lists.push_back(parallel::pp::build_schedule(spec.schedule, q));
   for (int q = 0; q < P; ++q) {
-    const std::vector<parallel::pp::Instr> list = parallel::pp::build_schedule(spec.schedule, q);
+    const std::vector<parallel::pp::Instr>& list = lists[static_cast<size_t>(q)];
+    const parallel::pp::GradSendPlan grads = parallel::pp::executor_grad_plan(spec.schedule, lists, q);
     for (int d = 0; d < D; ++d) {
       std::vector<SimOp>& ops = p.ranks[static_cast<size_t>(q) * D + d];
       auto compute = [&ops](double seconds, std::string name) {
@@ -410,7 +413,11 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
         op.name = std::move(name);
         ops.push_back(std::move(op));
       };
-      for (const parallel::pp::Instr& i : list) {
+      for (size_t j = 0; j < list.size(); ++j) {
+        const parallel::pp::Instr& i = list[j];
+        for (int sent : grads.wait_before[j])  // the executor waits for its previous gradient send
+          ops.push_back(SimOp{SimOpKind::kWait, 0.0, -1, list[static_cast<size_t>(sent)].tag, -1, false,
+                              "wait send grad m" + std::to_string(list[static_cast<size_t>(sent)].micro)});
         SimOp op;
         op.name = std::string(parallel::pp::op_name(i.kind)) + " c" + std::to_string(i.chunk) + " m" + std::to_string(i.micro);
         switch (i.kind) {

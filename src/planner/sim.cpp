@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -40,7 +41,10 @@ struct Rank {
 
 SimReport simulate(const SimProgram& program, const SimOptions& options) {
   const int P = static_cast<int>(program.ranks.size());
-  for (int q = 0; q < P; ++q)
+  for (int q = 0; q < P; ++q) {
+    std::multiset<int> async_tags;  // a wait names an asynchronous operation of its rank
+    for (const SimOp& o : program.ranks[q])
+      if (o.async) async_tags.insert(o.tag);
     for (const SimOp& op : program.ranks[q]) {
       const std::string at = "simulator: rank " + std::to_string(q) + " " + kind_name(op.kind) + " " + op.name;
       if (op.kind == SimOpKind::kCollective) {
@@ -55,11 +59,11 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
       if (op.kind == SimOpKind::kSend || op.kind == SimOpKind::kRecv)
         MT_CHECK(op.peer >= 0 && op.peer < P && op.peer != q, ErrorKind::kInvalidArgument, at + ": bad peer");
       if (op.kind == SimOpKind::kWait) {
-        bool found = false;
-        for (const SimOp& o : program.ranks[q]) found = found || (o.async && o.tag == op.tag && &o != &op);
-        MT_CHECK(found, ErrorKind::kInvalidArgument, at + ": waits for tag " + std::to_string(op.tag) + ", never issued");
+        const size_t found = async_tags.count(op.tag) - (op.async ? 1 : 0);
+        MT_CHECK(found > 0, ErrorKind::kInvalidArgument, at + ": waits for tag " + std::to_string(op.tag) + ", never issued");
       }
     }
+  }
   SimReport r;
   r.end.assign(P, 0.0);
   r.compute.assign(P, 0.0);
@@ -313,9 +317,21 @@ SimProgram pipeline_program(const parallel::pp::ScheduleSpec& spec, double t_for
   using parallel::pp::OpKind;
   SimProgram p;
   const double v = spec.virtual_stages;
+  std::vector<std::vector<parallel::pp::Instr>> lists;
+  for (int q = 0; q < spec.pp; ++q) lists.push_back(parallel::pp::build_schedule(spec, q));
   for (int q = 0; q < spec.pp; ++q) {
     std::vector<SimOp> ops;
-    for (const parallel::pp::Instr& i : parallel::pp::build_schedule(spec, q)) {
+    const std::vector<parallel::pp::Instr>& list = lists[static_cast<size_t>(q)];
+    const parallel::pp::GradSendPlan grads = parallel::pp::executor_grad_plan(spec, lists, q);
+    for (size_t j = 0; j < list.size(); ++j) {
+      const parallel::pp::Instr& i = list[j];
+      for (int sent : grads.wait_before[j]) {  // the executor waits for its previous gradient send
+        SimOp w;
+        w.kind = SimOpKind::kWait;
+        w.tag = list[static_cast<size_t>(sent)].tag;
+        w.name = "wait send grad m" + std::to_string(list[static_cast<size_t>(sent)].micro);
+        ops.push_back(std::move(w));
+      }
       SimOp op;
       op.name = std::string(parallel::pp::op_name(i.kind)) + " c" + std::to_string(i.chunk) + " m" + std::to_string(i.micro);
       op.peer = i.peer;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <set>
 #include <tuple>
 
@@ -205,14 +206,110 @@ std::vector<std::vector<int>> grad_send_releases(const std::vector<std::vector<I
   return out;
 }
 
-int max_grads_in_flight(const std::vector<std::vector<Instr>>& ranks, int rank) {
-  const std::vector<std::vector<int>> releases = grad_send_releases(ranks, rank);
+std::string rendezvous_check(const std::vector<std::vector<Instr>>& ranks,
+                             const std::vector<std::vector<std::vector<int>>>& waits) {
+  const int P = static_cast<int>(ranks.size());
+  using Key = std::tuple<int, int, int>;  // (from, to, tag)
+  std::set<Key> posted_sends, reached_recvs;
+  std::vector<size_t> pc(static_cast<size_t>(P), 0);
+  auto waits_of = [&](int q, size_t j) -> const std::vector<int>* {
+    if (q >= static_cast<int>(waits.size()) || j >= waits[q].size()) return nullptr;
+    return &waits[q][j];
+  };
+  for (;;) {
+    bool progressed = false, done = true;
+    for (int q = 0; q < P; ++q) {
+      const std::vector<Instr>& list = ranks[q];
+      while (pc[q] < list.size()) {
+        bool blocked = false;
+        if (const std::vector<int>* w = waits_of(q, pc[q]))
+          for (int s : *w) {
+            const Instr& send = list.at(static_cast<size_t>(s));
+            if (!reached_recvs.count({q, send.peer, send.tag})) blocked = true;
+          }
+        if (blocked) break;
+        const Instr& i = list[pc[q]];
+        if (i.kind == OpKind::kRecvActivation || i.kind == OpKind::kRecvGrad) {
+          reached_recvs.insert({i.peer, q, i.tag});  // posted: its sender's wait may end
+          if (!posted_sends.count({i.peer, q, i.tag})) break;
+        } else if (i.kind == OpKind::kSendActivation || i.kind == OpKind::kSendGrad) {
+          posted_sends.insert({q, i.peer, i.tag});
+        }
+        ++pc[q];
+        progressed = true;
+      }
+      if (pc[q] < list.size()) done = false;
+    }
+    if (done) return "";
+    if (!progressed) {
+      std::string where;
+      for (int q = 0; q < P; ++q)
+        if (pc[q] < ranks[q].size()) {
+          const Instr& i = ranks[q][pc[q]];
+          where += "rank " + std::to_string(q) + " waits at instruction " + std::to_string(pc[q]) + " (" + op_name(i.kind) +
+                   " chunk " + std::to_string(i.chunk) + " micro " + std::to_string(i.micro) + "); ";
+        }
+      return where;
+    }
+  }
+}
+
+GradSendPlan grad_send_plan(const std::vector<std::vector<Instr>>& ranks, int rank, bool wait) {
+  GradSendPlan plan;
+  plan.release_after = grad_send_releases(ranks, rank);
+  plan.wait_before.assign(plan.release_after.size(), {});
+  if (!wait) return plan;
+  const std::vector<Instr>& mine = ranks[rank];
+  std::set<int> outstanding;
+  for (size_t j = 0; j < mine.size(); ++j) {
+    if (mine[j].kind == OpKind::kSendGrad) {
+      plan.wait_before[j].assign(outstanding.begin(), outstanding.end());
+      outstanding.clear();
+      outstanding.insert(static_cast<int>(j));
+    }
+    std::vector<int> kept;  // a send already waited for is not released again
+    for (int s : plan.release_after[j])
+      if (outstanding.erase(s)) kept.push_back(s);
+    plan.release_after[j] = std::move(kept);
+  }
+  return plan;
+}
+
+bool gradient_waits_safe(const ScheduleSpec& s) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int>, bool> known;
+  const std::tuple<int, int, int, int> key{static_cast<int>(s.kind), s.pp, s.virtual_stages, s.micro_batches};
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = known.find(key);
+    if (it != known.end()) return it->second;
+  }
+  std::vector<std::vector<Instr>> ranks;
+  for (int q = 0; q < s.pp; ++q) ranks.push_back(build_schedule(s, q));
+  std::vector<std::vector<std::vector<int>>> waits;
+  for (int q = 0; q < s.pp; ++q) waits.push_back(grad_send_plan(ranks, q, true).wait_before);
+  const bool safe = rendezvous_check(ranks, waits).empty();
+  std::lock_guard<std::mutex> lock(mu);
+  known[key] = safe;
+  return safe;
+}
+
+GradSendPlan executor_grad_plan(const ScheduleSpec& s, const std::vector<std::vector<Instr>>& ranks, int rank) {
+  return grad_send_plan(ranks, rank, gradient_waits_safe(s));
+}
+
+int max_grads_in_flight(const std::vector<std::vector<Instr>>& ranks, int rank, const GradSendPlan& plan) {
   int live = 0, most = 0;
   for (size_t j = 0; j < ranks[rank].size(); ++j) {
+    live -= static_cast<int>(plan.wait_before[j].size());
     if (ranks[rank][j].kind == OpKind::kSendGrad) most = std::max(most, ++live);
-    live -= static_cast<int>(releases[j].size());
+    live -= static_cast<int>(plan.release_after[j].size());
   }
   return most;
+}
+
+int max_grads_in_flight(const ScheduleSpec& s, const std::vector<std::vector<Instr>>& ranks, int rank) {
+  return max_grads_in_flight(ranks, rank, executor_grad_plan(s, ranks, rank));
 }
 
 SimResult simulate(const ScheduleSpec& s, const std::vector<std::vector<Instr>>& ranks, double t_forward, double t_backward) {

@@ -72,9 +72,37 @@ int max_in_flight(const std::vector<Instr>& list);
 // is waited when the list ends. Needs every pipeline rank's list (ranks[q] for rank q). Waiting
 // only on sends already received cannot deadlock, and the count below does not depend on timing.
 std::vector<std::vector<int>> grad_send_releases(const std::vector<std::vector<Instr>>& ranks, int rank);
-// The most gradient buffers `rank` holds at once along its list under those releases (1F1B: 2 on
-// the last stage whatever the micro-batches; GPipe: every micro-batch, its receives all come first).
-int max_grads_in_flight(const std::vector<std::vector<Instr>>& ranks, int rank);
+
+// Whether rank `q` may wait, before instruction j, for its sends waits[q][j] (indices into its own
+// list) without any rank blocking for ever. Checked with rendezvous sends, the most a transport
+// can delay one: a send completes only once its receiver has reached the matching receive (our
+// receives block there, posted when reached), and a rank waiting for a send, or blocked on a
+// receive, is inside MPI and moves its own sends on. Returns "" or where every unfinished rank
+// is stuck. waits may be shorter than ranks (no waits for the missing ranks).
+std::string rendezvous_check(const std::vector<std::vector<Instr>>& ranks,
+                             const std::vector<std::vector<std::vector<int>>>& waits);
+
+// What the executor does with the buffer of a gradient it sends (the executor's and the memory
+// model's rule, one function). With `wait` (Megatron's way: it waits on every send), the rank
+// waits, before it posts a gradient, for the gradients it sent earlier that no message has yet
+// proven received, so it holds one such buffer; otherwise (or for those a message proves
+// received first) the buffer is reused after the proving receive (grad_send_releases).
+struct GradSendPlan {
+  std::vector<std::vector<int>> wait_before;    // [j]: sends waited for before instruction j runs
+  std::vector<std::vector<int>> release_after;  // [j]: sends known received once receive j completes
+};
+GradSendPlan grad_send_plan(const std::vector<std::vector<Instr>>& ranks, int rank, bool wait);
+// Whether every rank of the step may wait so (rendezvous_check of every rank's plan with waits).
+// The schedules are small and the answer depends only on the spec: remembered per spec.
+bool gradient_waits_safe(const ScheduleSpec& s);
+// The plan the executor runs for `rank` of the spec's step (ranks: build_schedule of each rank):
+// with waits where gradient_waits_safe says they cannot deadlock.
+GradSendPlan executor_grad_plan(const ScheduleSpec& s, const std::vector<std::vector<Instr>>& ranks, int rank);
+// The most gradient buffers `rank` holds at once along its list under the executor's plan (1 once
+// it waits on its sends, as Megatron; without waits 1F1B holds its warm-up count + 2, and GPipe
+// every micro-batch, its receives all come first).
+int max_grads_in_flight(const ScheduleSpec& s, const std::vector<std::vector<Instr>>& ranks, int rank);
+int max_grads_in_flight(const std::vector<std::vector<Instr>>& ranks, int rank, const GradSendPlan& plan);
 
 // Event simulation of a step: each rank runs its list in order, a forward of one chunk takes
 // t_forward / v, a backward t_backward / v, messages arrive when sent. Deadlock (every unfinished

@@ -7,6 +7,7 @@
 // cannot be split.
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <numeric>
 #include <set>
 
@@ -120,12 +121,13 @@ TEST(PipelineSchedule, RefusesWhatItCannotRun) {
 // received. 1F1B, 2 ranks: rank 0 sends activation k+2 after receiving gradient k, so rank 1 holds
 // 2 buffers whatever m is (it held one per micro-batch before); GPipe's receives all come first.
 TEST(PipelineSchedule, SentGradientBuffersAreReleasedByTheNextMessageFromThePeer) {
+  auto no_waits = [](const std::vector<std::vector<Instr>>& l, int q) { return max_grads_in_flight(l, q, grad_send_plan(l, q, false)); };
   for (int m : {2, 8, 64}) {
     auto l = lists({ScheduleKind::k1F1B, 2, 1, m});
-    EXPECT_EQ(max_grads_in_flight(l, 1), std::min(m, 2)) << m;
-    EXPECT_EQ(max_grads_in_flight(l, 0), 0) << m;  // the first stage sends no gradient
+    EXPECT_EQ(no_waits(l, 1), std::min(m, 2)) << m;
+    EXPECT_EQ(no_waits(l, 0), 0) << m;  // the first stage sends no gradient
     auto g = lists({ScheduleKind::kGPipe, 2, 1, m});
-    EXPECT_EQ(max_grads_in_flight(g, 1), m) << m;
+    EXPECT_EQ(no_waits(g, 1), m) << m;
   }
   auto l = lists({ScheduleKind::k1F1B, 2, 1, 8});
   auto rel = grad_send_releases(l, 1);
@@ -149,7 +151,7 @@ TEST(PipelineSchedule, SentGradientBuffersAreReleasedByTheNextMessageFromThePeer
           EXPECT_LT(i, static_cast<int>(j));
           EXPECT_TRUE(seen.insert(i).second);
         }
-      const int held = max_grads_in_flight(ranks, q);
+      const int held = no_waits(ranks, q);
       if (s.kind == ScheduleKind::k1F1B) {
         EXPECT_EQ(held, q == 0 ? 0 : warmup_forwards(s, q) + 2) << q;
       }
@@ -209,6 +211,67 @@ TEST(PipelinePartition, UniformAndParameterBalanced) {
   in.layer_cost.assign(4, 1.0);
   EXPECT_THROW(partition_layers(PartitionMethod::kUniform, in), Error);
   EXPECT_THROW(parse_partition("type:transformer", "pipeline.partition"), Error);
+}
+
+// Megatron waits on each gradient it sends; ours does too where a rendezvous simulation of every
+// rank's list proves the waits cannot deadlock, so a stage holds one gradient buffer where it held
+// its warm-up count + 2 (1F1B) or every micro-batch (GPipe).
+TEST(PipelineSchedule, WaitingOnEachGradientSendHoldsOneBufferAndCannotDeadlock) {
+  int safe = 0, all = 0;
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved})
+    for (int p : {2, 3, 4, 8})
+      for (int v : {1, 2, 3})
+        for (int m : {1, 2, 5, 8, 16, 32}) {
+          if (v > 1 && kind != ScheduleKind::kInterleaved) continue;
+          if (kind == ScheduleKind::kInterleaved && m % p != 0) continue;
+          ScheduleSpec s{kind, p, v, m};
+          SCOPED_TRACE(std::string(schedule_name(kind)) + " pp=" + std::to_string(p) + " v=" + std::to_string(v) +
+                       " m=" + std::to_string(m));
+          auto l = lists(s);
+          std::vector<std::vector<std::vector<int>>> waits;
+          for (int q = 0; q < p; ++q) waits.push_back(grad_send_plan(l, q, true).wait_before);
+          const std::string stuck = rendezvous_check(l, waits);
+          EXPECT_EQ(gradient_waits_safe(s), stuck.empty()) << stuck;
+          ++all;
+          if (!stuck.empty()) {
+            std::cout << "  " << schedule_name(kind) << " pp " << p << " v " << v << " m " << m << ": " << stuck << "\n";
+            continue;
+          }
+          ++safe;
+          EXPECT_EQ(rendezvous_check(l, {}), "");  // without waits: the schedule itself
+          for (int q = 0; q < p; ++q) {
+            EXPECT_EQ(max_grads_in_flight(s, l, q), q == 0 && v == 1 ? 0 : std::min(1, m * v)) << "rank " << q;
+            // Every send of a gradient is waited for or released exactly once, after it.
+            GradSendPlan plan = executor_grad_plan(s, l, q);
+            std::set<int> seen;
+            for (size_t j = 0; j < l[q].size(); ++j) {
+              for (int i : plan.wait_before[j]) {
+                EXPECT_LT(i, static_cast<int>(j));
+                EXPECT_TRUE(seen.insert(i).second);
+              }
+              for (int i : plan.release_after[j]) {
+                EXPECT_LT(i, static_cast<int>(j));
+                EXPECT_TRUE(seen.insert(i).second);
+              }
+            }
+          }
+        }
+  std::cout << safe << " of " << all << " specs wait on their gradient sends\n";
+  EXPECT_GT(safe, 0);
+}
+
+// The check finds a wait that can deadlock: two ranks that each send, then wait for their send
+// before receiving the other's, block for ever when sends complete only once received.
+TEST(PipelineSchedule, RendezvousCheckFindsAWaitThatDeadlocks) {
+  std::vector<std::vector<Instr>> l = {
+      {{OpKind::kSendActivation, 0, 0, 1, 7}, {OpKind::kRecvGrad, 0, 0, 1, 8}},
+      {{OpKind::kSendGrad, 0, 0, 0, 8}, {OpKind::kRecvActivation, 0, 0, 0, 7}},
+  };
+  EXPECT_EQ(rendezvous_check(l, {}), "");
+  EXPECT_EQ(rendezvous_check(l, {{{}, {0}}}), "");  // one rank waits: the other receives, then so does it
+  const std::string stuck = rendezvous_check(l, {{{}, {0}}, {{}, {0}}});
+  EXPECT_NE(stuck.find("rank 0 waits at instruction 1"), std::string::npos) << stuck;
+  EXPECT_NE(stuck.find("rank 1 waits at instruction 1"), std::string::npos) << stuck;
 }
 
 }  // namespace
