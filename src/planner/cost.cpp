@@ -132,11 +132,16 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     MT_CHECK(cal.disk_read_gbs > 0 && cal.disk_write_gbs > 0 && cal.disk_mixed_gbs > 0, ErrorKind::kInvalidArgument,
              "cost model: offload_optimizer nvme needs the disk's rates in the calibration (meshtrain calibrate --io DIR)");
     const double u = c.optimizer_per_element, read = cal.disk_read_gbs * 1e9, write = cal.disk_write_gbs * 1e9,
-                 mixed = cal.disk_mixed_gbs * 1e9, group = static_cast<double>(std::max<int64_t>(1, s.sub_group_size));
-    c.optimizer = [u, read, write, mixed, group](double n) {
+                 mixed = cal.disk_mixed_gbs * 1e9, group = static_cast<double>(std::max<int64_t>(1, s.sub_group_size)),
+                 slow = cal.disk_interference_s_per_byte;
+    // The update beside the disk's 16·g bytes at the mixed rate: compute moves at 1 / (1 + k·mixed)
+    // of its speed while the disk streams (the simulator's rule, SimProgram::disk_interference), so
+    // an update longer than the transfer ends k·16·g / (1 + k·mixed) later than alone.
+    c.optimizer = [u, read, write, mixed, group, slow](double n) {
       if (n <= 0) return 0.0;
-      const double k = std::ceil(n / group), g = n / k;
-      return 8 * g / read + u * g + 8 * g / write + (k - 1) * std::max(u * g, 16 * g / mixed);
+      const double k = std::ceil(n / group), g = n / k, disk = 16 * g / mixed;
+      const double beside = std::max(disk, u * g + slow * 16 * g / (1 + slow * mixed));
+      return 8 * g / read + u * g + 8 * g / write + (k - 1) * beside;
     };
   }
   if (s.param_nvme) {

@@ -147,6 +147,20 @@ TEST(CostModel, TheOptimizersSwapPipelinesItsSubGroupsThroughTheDisk) {
   // 2500 elements: 3 sub-groups of 833.3.
   const double h = 2500.0 / 3;
   EXPECT_NEAR(c.optimizer_seconds(2500), 8 * h / 2e9 + u * h + 8 * h / 1e9 + 2 * 16 * h / 1.6e9, 1e-15);
+  // The disk slows compute (calibrate --io's k): an update of 2e-8 s an element outlasts the
+  // transfer, and runs at 1 / (1 + k·mixed) of its speed while the disk's 16·g bytes stream:
+  // k = 1 s/GB, 1.6 GB/s mixed: 10 us of transfer at 1/2.6 speed, so 3.846 us of the 20 us
+  // update done then, 16.154 us after: 26.154 us a sub-group where it took 20.
+  cal.fits["adamw"].per_unit = 2e-8;
+  const double slow_u = zero_step_costs(s, cal).optimizer_per_element;
+  EXPECT_NEAR(zero_step_costs(s, cal).optimizer_seconds(4000), 8 * g / 2e9 + slow_u * g + 8 * g / 1e9 + 3 * slow_u * g, 1e-15);
+  cal.disk_interference_s_per_byte = 1e-9;
+  const double beside = 10e-6 + (slow_u * g - 10e-6 / 2.6);
+  EXPECT_NEAR(beside, 26.154e-6, 1e-9);
+  EXPECT_NEAR(zero_step_costs(s, cal).optimizer_seconds(4000), 8 * g / 2e9 + slow_u * g + 8 * g / 1e9 + 3 * beside, 1e-15);
+  // A disk that outlasts the update still sets the pace: 3 x 10 us, as without the interference.
+  cal.fits["adamw"].per_unit = 1e-9;
+  EXPECT_NEAR(zero_step_costs(s, cal).optimizer_seconds(4000), 8 * g / 2e9 + u * g + 8 * g / 1e9 + 3 * 16 * g / 1.6e9, 1e-15);
   s.optimizer_nvme = false;
   EXPECT_NEAR(zero_step_costs(s, cal).optimizer_seconds(4000), 4000 * u, 1e-15);
 }
