@@ -71,8 +71,48 @@ double Calibration::seconds(const std::string& family, double units) const {
   return pts.back().second * units / pts.back().first;  // past the largest: at its rate
 }
 
+double gemm_bytes(double m, double n, double k, double es) { return es * (m * k + n * k) + 4 * m * n; }
+
+double gemm_backward_bytes(double m, double n, double k, double es) {
+  return (es * (m * n + n * k) + 4 * m * k) + (es * (m * n + m * k) + 8 * n * k);
+}
+
 double Calibration::gemm_seconds(long m, long n, long k, DType dtype) const {
-  return seconds(std::string("gemm ") + dtype_name(dtype), 2.0 * static_cast<double>(m) * n * k);
+  const double M = static_cast<double>(m), N = static_cast<double>(n), K = static_cast<double>(k);
+  const std::string dt = dtype_name(dtype);
+  auto compute = fits.find("gemm compute " + dt);
+  auto mem = fits.find("memory");
+  if (compute != fits.end() && mem != fits.end())
+    return compute->second.seconds(2.0 * M * N * K) + mem->second.per_unit * gemm_bytes(M, N, K, static_cast<double>(dtype_size(dtype)));
+  return seconds("gemm " + dt, 2.0 * M * N * K);
+}
+
+double Calibration::gemm_backward_seconds(long m, long n, long k, DType dtype) const {
+  const double M = static_cast<double>(m), N = static_cast<double>(n), K = static_cast<double>(k);
+  const std::string dt = dtype_name(dtype);
+  auto compute = fits.find("gemm backward compute " + dt);
+  auto mem = fits.find("memory");
+  if (compute != fits.end() && mem != fits.end())
+    return compute->second.seconds(4.0 * M * N * K) +
+           mem->second.per_unit * gemm_backward_bytes(M, N, K, static_cast<double>(dtype_size(dtype)));
+  if (fits.count("gemm backward " + dt)) return seconds("gemm backward " + dt, 4.0 * M * N * K);
+  return 2.0 * gemm_seconds(m, n, k, dtype);
+}
+
+void add_gemm_compute_fits(Calibration& cal, const std::vector<GemmTiming>& timings) {
+  MT_CHECK(cal.fits.count("memory"), ErrorKind::kInternal, "calibrate: the GEMMs' compute lines need the memory rate first");
+  const double mem = cal.fits.at("memory").per_unit;
+  std::map<std::string, std::vector<std::pair<double, double>>> xy;
+  for (const GemmTiming& t : timings) {
+    const double es = static_cast<double>(dtype_size(t.dtype));
+    const double bytes = t.backward ? gemm_backward_bytes(t.m, t.n, t.k, es) : gemm_bytes(t.m, t.n, t.k, es);
+    const double flops = (t.backward ? 4.0 : 2.0) * t.m * t.n * t.k;
+    // What the memory traffic leaves of the time; never below a tenth of it (a point whose bytes
+    // at the streaming rate outlast it was cache-resident, and still did its flops).
+    const double rest = std::max(t.seconds - mem * bytes, 0.1 * t.seconds);
+    xy[std::string(t.backward ? "gemm backward compute " : "gemm compute ") + dtype_name(t.dtype)].emplace_back(flops, rest);
+  }
+  for (const auto& [family, pts] : xy) cal.fits[family] = fit_line(pts, true);
 }
 
 double Calibration::collective_seconds(const std::string& family, double bytes, int ranks, int stride) const {
@@ -323,6 +363,7 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
   // Each call reads its operands from memory, as a step's GEMMs do (every layer's weights and
   // activations are others): the operands rotate through copies that together exceed the caches
   // (a hot loop on one set ran 10-15 % faster than the same shapes inside the model).
+  std::vector<GemmTiming> gemm_timings;  // both directions, for the compute lines (after "memory")
   for (DType dt : {DType::kF32, DType::kBF16}) {
     std::vector<CalPoint> pts;
     for (const Shape& s : shapes) {
@@ -343,6 +384,7 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
       pts.push_back({std::string("gemm ") + dtype_name(dt) + " " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
                          std::to_string(s.k),
                      2.0 * s.m * s.n * s.k, sec});
+      gemm_timings.push_back({dt, false, static_cast<double>(s.m), static_cast<double>(s.n), static_cast<double>(s.k), sec});
     }
     add_family(cal, std::string("gemm ") + dtype_name(dt), pts);
   }
@@ -370,6 +412,7 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
       pts.push_back({std::string("gemm backward ") + dtype_name(dt) + " " + std::to_string(s.m) + "x" +
                          std::to_string(s.n) + "x" + std::to_string(s.k),
                      4.0 * s.m * s.n * s.k, sec});
+      gemm_timings.push_back({dt, true, static_cast<double>(s.m), static_cast<double>(s.n), static_cast<double>(s.k), sec});
     }
     add_family(cal, std::string("gemm backward ") + dtype_name(dt), pts);
   }
@@ -422,6 +465,7 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
     add_family(cal, "memory", mem, false);
     add_family(cal, "adamw", adam, false);
   }
+  add_gemm_compute_fits(cal, gemm_timings);
   // The blocks' own elementwise kernels, by elements of their input (rows x width): the norms
   // forward and backward (their backward reads the input, the gradient and the statistics, and
   // accumulates the weights' gradients), the activations (GELU's input, SwiGLU's N x I output),

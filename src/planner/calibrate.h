@@ -33,6 +33,22 @@ struct CalPoint {
   double seconds = 0.0;
 };
 
+// The bytes a GEMM of m rows (tokens), n outputs and k inputs moves through memory, its operands in
+// a type of `es` bytes: the forward C (m×n, f32) = A (m×k) · W (n×k)ᵀ reads A and W and writes C;
+// the backward's dX (m×k, f32) = dY (m×n) · W reads dY and W and writes dX, and dW (n×k, f32) +=
+// dYᵀ · X reads dY and X and reads and writes dW. The weights' share does not shrink with m: a
+// micro-batch split in more, smaller ones moves them once more each (12 bytes a bf16 weight).
+double gemm_bytes(double m, double n, double k, double es);
+double gemm_backward_bytes(double m, double n, double k, double es);
+
+// One GEMM timing of the calibration: forward (2mnk flops) or backward (4mnk).
+struct GemmTiming {
+  DType dtype = DType::kF32;
+  bool backward = false;
+  double m = 0, n = 0, k = 0;
+  double seconds = 0.0;
+};
+
 // A described cluster's links (`plan --cluster`, planner/cluster.h): collectives are rings over the
 // intra-host links when the group fits in one host, else over the inter-host ones.
 struct Network {
@@ -66,7 +82,12 @@ struct Calibration {
   std::map<std::string, std::vector<std::pair<double, double>>> curves;
   // A family's time for `units`; throws kNotFound naming the family when it was not measured.
   double seconds(const std::string& family, double units) const;
+  // A GEMM's time (forward, or the backward's two): with the "gemm compute DT" lines (the
+  // timings less their bytes at the memory rate, add_gemm_compute_fits) their compute plus
+  // gemm_bytes at the "memory" rate; else (older calibrations, described clusters) the
+  // "gemm DT" / "gemm backward DT" lines by flops, the backward absent twice the forward.
   double gemm_seconds(long m, long n, long k, DType dtype) const;
+  double gemm_backward_seconds(long m, long n, long k, DType dtype) const;
   // Calibrated over several hosts of ranks_per_host ranks each (0: one host): every collective is
   // also timed within a host and across hosts (one rank a host), families "<collective> intra" and
   // "<collective> inter".
@@ -95,6 +116,10 @@ struct CalibrateOptions {
 
 // Collective when group has more than one rank: every rank calls it.
 Calibration calibrate(const CalibrateOptions& options);
+
+// The "gemm compute DT" and "gemm backward compute DT" lines: each timing less its bytes at the
+// calibration's "memory" rate, fitted by flops as the "gemm DT" lines are. Needs "memory".
+void add_gemm_compute_fits(Calibration& cal, const std::vector<GemmTiming>& timings);
 
 // The message sizes (bytes a rank) the collectives are timed at: the full list's (4 KiB to 128
 // MiB; quick: to 1 MiB) up to max_bytes, and its three smallest always.

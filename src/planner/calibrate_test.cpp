@@ -54,6 +54,48 @@ TEST(CalibrationFit, LeastSquaresLineWithANonNegativeLatency) {
   EXPECT_THROW(fit_line({}), Error);
 }
 
+// A GEMM's bytes by hand (bf16: 2 bytes an operand element, f32 results): m 256 tokens, n 2048
+// outputs, k 512 inputs. Forward: A 256·512 and W 2048·512 read, C 256·2048 written (f32).
+// Backward: dY 256·2048 and W read, dX 256·512 written (f32); dY and X 256·512 read, dW 2048·512
+// read and written (f32).
+TEST(CalibrationFit, GemmComputeLinesLeaveTheBytesToTheMemoryRate) {
+  EXPECT_DOUBLE_EQ(gemm_bytes(256, 2048, 512, 2), 2.0 * (131072 + 1048576) + 4.0 * 524288);
+  EXPECT_DOUBLE_EQ(gemm_backward_bytes(256, 2048, 512, 2),
+                   2.0 * (524288 + 1048576) + 4.0 * 131072 + 2.0 * (524288 + 131072) + 8.0 * 1048576);
+  // Timings made of 10 us + 2 ps a flop + 20 ps a byte: the compute lines recover 10 us and 2 ps.
+  Calibration cal;
+  cal.fits["memory"] = LinearFit{0.0, 20e-12};
+  std::vector<GemmTiming> t;
+  for (double m : {64.0, 512.0, 2048.0})
+    for (bool bwd : {false, true}) {
+      const double flops = (bwd ? 4 : 2) * m * 1024 * 768;
+      const double bytes = bwd ? gemm_backward_bytes(m, 1024, 768, 2) : gemm_bytes(m, 1024, 768, 2);
+      t.push_back({DType::kBF16, bwd, m, 1024, 768, 10e-6 + 2e-12 * flops + 20e-12 * bytes});
+    }
+  add_gemm_compute_fits(cal, t);
+  for (const char* f : {"gemm compute bf16", "gemm backward compute bf16"}) {
+    EXPECT_NEAR(cal.fits.at(f).latency, 10e-6, 1e-12) << f;
+    EXPECT_NEAR(cal.fits.at(f).per_unit, 2e-12, 1e-20) << f;
+  }
+  // A micro-batch cut in 8 moves the weights 7 more times: per extra call its latency and 2 bytes
+  // a weight read (forward), 2 read and 8 read and written (backward's dX and dW), at 20 ps a byte.
+  const double nk = 2048.0 * 512.0;
+  EXPECT_NEAR(8 * cal.gemm_seconds(256, 2048, 512, DType::kBF16) - cal.gemm_seconds(2048, 2048, 512, DType::kBF16),
+              7 * (10e-6 + 20e-12 * 2 * nk), 1e-12);
+  EXPECT_NEAR(8 * cal.gemm_backward_seconds(256, 2048, 512, DType::kBF16) -
+                  cal.gemm_backward_seconds(2048, 2048, 512, DType::kBF16),
+              7 * (10e-6 + 20e-12 * 10 * nk), 1e-12);
+  // Without the compute lines (older calibrations, a described cluster): the flops lines.
+  Calibration old;
+  old.fits["gemm bf16"] = LinearFit{1e-6, 1e-12};
+  EXPECT_DOUBLE_EQ(old.gemm_seconds(2, 3, 4, DType::kBF16), 1e-6 + 1e-12 * 48);
+  EXPECT_DOUBLE_EQ(old.gemm_backward_seconds(2, 3, 4, DType::kBF16), 2 * (1e-6 + 1e-12 * 48));
+  old.fits["gemm backward bf16"] = LinearFit{3e-6, 1e-12};
+  EXPECT_DOUBLE_EQ(old.gemm_backward_seconds(2, 3, 4, DType::kBF16), 3e-6 + 1e-12 * 96);
+  cal.fits.erase("memory");
+  EXPECT_THROW(add_gemm_compute_fits(cal, t), Error);
+}
+
 // A quick calibration of one process: GEMM lines per dtype (by flops), the memory-bound kernel
 // (by bytes) and AdamW (by elements), every point kept; no collectives without a group, and
 // asking for one says how to get it.
@@ -65,7 +107,8 @@ TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
   for (const char* family : {"gemm f32", "gemm bf16", "gemm backward f32", "gemm backward bf16", "attention forward",
                              "attention backward", "memory", "adamw", "layernorm forward", "layernorm backward",
                              "rmsnorm forward", "rmsnorm backward", "gelu backward", "swiglu forward", "swiglu backward",
-                             "add", "adamw bf16"}) {
+                             "add", "adamw bf16", "gemm compute f32", "gemm compute bf16", "gemm backward compute f32",
+                             "gemm backward compute bf16"}) {
     ASSERT_TRUE(cal.fits.count(family)) << family;
     EXPECT_GT(cal.fits.at(family).per_unit, 0.0) << family;
     EXPECT_GE(cal.fits.at(family).latency, 0.0) << family;
@@ -73,8 +116,9 @@ TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
   // quick: 3 GEMM shapes x 2 dtypes x 2 directions, 2 attention x 2, 3 + 3, the blocks' 9 elementwise x 2
   EXPECT_EQ(cal.points.size(), 48u);  // + a block of 2 architectures x 2 dtypes, forward and backward
   for (const CalPoint& p : cal.points) EXPECT_GT(p.seconds, 0.0) << p.what;
-  const LinearFit& g = cal.fits.at("gemm bf16");
-  EXPECT_DOUBLE_EQ(cal.gemm_seconds(256, 512, 512, DType::kBF16), g.seconds(2.0 * 256 * 512 * 512));
+  const LinearFit& g = cal.fits.at("gemm compute bf16");  // its compute, and its bytes at the memory rate
+  EXPECT_DOUBLE_EQ(cal.gemm_seconds(256, 512, 512, DType::kBF16),
+                   g.seconds(2.0 * 256 * 512 * 512) + cal.fits.at("memory").per_unit * gemm_bytes(256, 512, 512, 2));
   try {
     cal.seconds("all_reduce", 1e6);
     ADD_FAILURE() << "no collectives were measured";

@@ -16,11 +16,10 @@ double gemm(const Calibration& cal, DType cd, double m, double k, double n) {
                           cd == DType::kF32 ? DType::kF32 : DType::kBF16);
 }
 
-// The backward's two GEMMs of a forward GEMM's shape: their own line where calibrated (older
-// calibrations: twice the forward's).
+// The backward's two GEMMs of a forward GEMM's shape (Calibration::gemm_backward_seconds).
 double gemm_backward(const Calibration& cal, DType cd, double m, double k, double n) {
-  const std::string family = std::string("gemm backward ") + (cd == DType::kF32 ? "f32" : "bf16");
-  return cal.fits.count(family) ? cal.seconds(family, 4.0 * m * k * n) : 2.0 * gemm(cal, cd, m, k, n);
+  return cal.gemm_backward_seconds(static_cast<long>(m), static_cast<long>(n), static_cast<long>(k),
+                                   cd == DType::kF32 ? DType::kF32 : DType::kBF16);
 }
 
 }  // namespace
