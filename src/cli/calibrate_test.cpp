@@ -108,6 +108,8 @@ TEST(Plan, PredictsTheStepFromTheCalibrationAndRefusesWhatItDoesNotModel) {
     "zero_optimization": {"stage": 1}})";
   std::string out, err;
   ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal, &out, &err), 0) << err;
+  // A calibration without the GEMM compute lines (from before them) is priced by flops, and says so.
+  EXPECT_NE(err.find("has no GEMM compute lines"), std::string::npos) << err;
   const double block = 24.0 * 48 * 48 * 48 + 2.0 * 2 * 3 * 12 * 4 * (16 * 17 / 2), head = 2.0 * 48 * 48 * 97;
   const double step = 2 * 1e-9 * (2 * 3 * block + 3 * head) + 1e-7 * 62832;
   const size_t at = out.find("step ");

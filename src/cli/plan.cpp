@@ -63,6 +63,11 @@ planner::Calibration load_calibration(const std::string& path, const std::string
     cal.fits[family] = planner::LinearFit{f.at("latency_s").get<double>(), f.at("per_unit_s").get<double>()};
     if (f.contains("curve")) cal.curves[family] = f["curve"].get<std::vector<std::pair<double, double>>>();
   }
+  if (cal.fits.count("gemm bf16") && !cal.fits.count("gemm compute bf16"))  // from before DESIGN-NOTES 44
+    std::fprintf(stderr,
+                 "warning: %s has no GEMM compute lines, so a GEMM is priced by its flops alone and a split into smaller "
+                 "micro-batches does not pay for reading the weights again; meshtrain calibrate --force measures them\n",
+                 path.c_str());
   if (j.contains("disk") && j["disk"].is_object()) {  // calibrate --io DIR
     cal.disk_read_gbs = j["disk"].value("read_gbs", 0.0);
     cal.disk_write_gbs = j["disk"].value("write_gbs", 0.0);
