@@ -77,25 +77,37 @@ double gemm_backward_bytes(double m, double n, double k, double es) {
   return (es * (m * n + n * k) + 4 * m * k) + (es * (m * n + m * k) + 8 * n * k);
 }
 
+namespace {
+
+// A GEMM's flops and bytes, forward (2mnk) or backward (4mnk).
+std::pair<double, double> gemm_flops_bytes(bool backward, double m, double n, double k, DType dtype) {
+  const double es = static_cast<double>(dtype_size(dtype));
+  return {(backward ? 4.0 : 2.0) * m * n * k, backward ? gemm_backward_bytes(m, n, k, es) : gemm_bytes(m, n, k, es)};
+}
+
+const char* gemm_compute_family(bool backward) { return backward ? "gemm backward compute " : "gemm compute "; }
+
+// The compute line plus the bytes at the memory rate, where the calibration has both; else < 0.
+double gemm_compute_seconds(const Calibration& cal, bool backward, long m, long n, long k, DType dtype) {
+  auto compute = cal.fits.find(gemm_compute_family(backward) + std::string(dtype_name(dtype)));
+  auto mem = cal.fits.find("memory");
+  if (compute == cal.fits.end() || mem == cal.fits.end()) return -1.0;
+  const auto [flops, bytes] = gemm_flops_bytes(backward, static_cast<double>(m), static_cast<double>(n), static_cast<double>(k), dtype);
+  return compute->second.seconds(flops) + mem->second.per_unit * bytes;
+}
+
+}  // namespace
+
 double Calibration::gemm_seconds(long m, long n, long k, DType dtype) const {
-  const double M = static_cast<double>(m), N = static_cast<double>(n), K = static_cast<double>(k);
-  const std::string dt = dtype_name(dtype);
-  auto compute = fits.find("gemm compute " + dt);
-  auto mem = fits.find("memory");
-  if (compute != fits.end() && mem != fits.end())
-    return compute->second.seconds(2.0 * M * N * K) + mem->second.per_unit * gemm_bytes(M, N, K, static_cast<double>(dtype_size(dtype)));
-  return seconds("gemm " + dt, 2.0 * M * N * K);
+  const double t = gemm_compute_seconds(*this, false, m, n, k, dtype);
+  return t >= 0 ? t : seconds(std::string("gemm ") + dtype_name(dtype), 2.0 * static_cast<double>(m) * n * k);
 }
 
 double Calibration::gemm_backward_seconds(long m, long n, long k, DType dtype) const {
-  const double M = static_cast<double>(m), N = static_cast<double>(n), K = static_cast<double>(k);
-  const std::string dt = dtype_name(dtype);
-  auto compute = fits.find("gemm backward compute " + dt);
-  auto mem = fits.find("memory");
-  if (compute != fits.end() && mem != fits.end())
-    return compute->second.seconds(4.0 * M * N * K) +
-           mem->second.per_unit * gemm_backward_bytes(M, N, K, static_cast<double>(dtype_size(dtype)));
-  if (fits.count("gemm backward " + dt)) return seconds("gemm backward " + dt, 4.0 * M * N * K);
+  const double t = gemm_compute_seconds(*this, true, m, n, k, dtype);
+  if (t >= 0) return t;
+  const std::string family = std::string("gemm backward ") + dtype_name(dtype);
+  if (fits.count(family)) return seconds(family, 4.0 * static_cast<double>(m) * n * k);
   return 2.0 * gemm_seconds(m, n, k, dtype);
 }
 
@@ -104,13 +116,11 @@ void add_gemm_compute_fits(Calibration& cal, const std::vector<GemmTiming>& timi
   const double mem = cal.fits.at("memory").per_unit;
   std::map<std::string, std::vector<std::pair<double, double>>> xy;
   for (const GemmTiming& t : timings) {
-    const double es = static_cast<double>(dtype_size(t.dtype));
-    const double bytes = t.backward ? gemm_backward_bytes(t.m, t.n, t.k, es) : gemm_bytes(t.m, t.n, t.k, es);
-    const double flops = (t.backward ? 4.0 : 2.0) * t.m * t.n * t.k;
+    const auto [flops, bytes] = gemm_flops_bytes(t.backward, t.m, t.n, t.k, t.dtype);
     // What the memory traffic leaves of the time; never below a tenth of it (a point whose bytes
     // at the streaming rate outlast it was cache-resident, and still did its flops).
     const double rest = std::max(t.seconds - mem * bytes, 0.1 * t.seconds);
-    xy[std::string(t.backward ? "gemm backward compute " : "gemm compute ") + dtype_name(t.dtype)].emplace_back(flops, rest);
+    xy[gemm_compute_family(t.backward) + std::string(dtype_name(t.dtype))].emplace_back(flops, rest);
   }
   for (const auto& [family, pts] : xy) cal.fits[family] = fit_line(pts, true);
 }
