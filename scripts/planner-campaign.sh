@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The planner's 4- and 8-rank validation with a core per rank (docs/PLANNER.md, "A core per rank"),
+# for a machine with 16 or more cores: calibrates under `launch -n 4` and `-n 8`, then runs cases
+# (6), (10) and (11) of `plan --validate`, one rank per core (OMP_NUM_THREADS=1). Runs from a
+# meshtrain build on PATH, or from a bundle made by scripts/mpi-bundle.sh (--bundle FILE).
+# Results go under $OUT (default build/planner-campaign): machine.txt, c4.json, c8.json, case6.log,
+# case10.log, case11.log (at most 8 files: what a lent device machine sends back).
+# Usage: scripts/planner-campaign.sh [--bundle FILE] [--cases "6 11 10"] [--rounds R]
+#   --calibrations DIR: use DIR/c4.json and DIR/c8.json where they exist instead of calibrating
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/build/planner-campaign}
+mkdir -p "$OUT"
+BUNDLE=""
+CASES="6 11 10"
+ROUNDS=2
+CALS=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle) BUNDLE=$2; shift 2 ;;
+    --cases) CASES=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --calibrations) CALS=$(cd "$2" && pwd); shift 2 ;;
+    *) echo "planner-campaign: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+if [ -n "$BUNDLE" ]; then
+  B=$(mktemp -d)
+  tar -xJf "$BUNDLE" -C "$B"
+  # shellcheck disable=SC1091
+  source "$B/env.sh"
+  cd "$B" || exit 1
+fi
+command -v meshtrain >/dev/null || export PATH="$PWD/build/ci:$PATH"
+[ -f data/fortunes-train.idx ] || { echo "planner-campaign: no data/fortunes-train (scripts/demo.sh makes it)" >&2; exit 2; }
+CONFIGS=$PWD/configs
+export OMP_NUM_THREADS=1
+W=$(mktemp -d)
+{
+  date -u
+  nproc --all
+  lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|L2|L3|NUMA node\(s\)"
+  free -g | head -2
+  uname -r
+} > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+if ! timeout 60 mpirun -n 2 true > "$OUT/case6.log" 2>&1; then
+  echo "planner-campaign: mpirun -n 2 failed:"; cat "$OUT/case6.log"; exit 1
+fi
+[ -n "$CALS" ] && for n in 4 8; do [ -f "$CALS/c$n.json" ] && cp "$CALS/c$n.json" "$OUT/"; done
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+status=0
+calibrate() {  # N
+  stamp "calibrate -n $1"
+  timeout 180 meshtrain launch -n "$1" -- calibrate -o "$OUT/c$1.json" --force > "$W/cal$1.log" 2>&1 ||
+    { status=1; tail -20 "$W/cal$1.log"; }
+  grep -E "^(\[1,0\]<stdout>:)?(gemm|all_reduce|send_recv|memory|in situ)" "$W/cal$1.log" | head -12
+}
+validate() {  # CASE ARGS...
+  local c=$1; shift
+  stamp "case ($c)"
+  timeout 200 meshtrain plan "$@" > "$OUT/case$c.log" 2>&1 || status=1
+  grep -E "^ *[0-9]+  |step error|chosen layout|note:" "$OUT/case$c.log"
+}
+run_case() {
+  case $1 in
+    6) validate 6 "$CONFIGS/plan-gpt2-mid.json" --procs 4 --calibration "$OUT/c4.json" --validate 3 \
+         --rounds "$ROUNDS" --steps 6 --set train_batch_size=8 --set train_micro_batch_size_per_gpu=2 ;;
+    10) validate 10 "$CONFIGS/plan-llama-mid.json" --procs 4 --calibration "$OUT/c4.json" --validate 3 \
+          --rounds "$ROUNDS" --steps 6 --memory 0.2 --set train_batch_size=8 --set train_micro_batch_size_per_gpu=2 ;;
+    11) validate 11 "$CONFIGS/plan-gpt2-mid.json" --procs 8 --calibration "$OUT/c8.json" --validate 2 \
+          --rounds "$ROUNDS" --steps 5 --set train_batch_size=8 --set train_micro_batch_size_per_gpu=1 ;;
+  esac
+}
+# In the order that gives the most per minute of a lent machine: each calibration just before the
+# cases that read it.
+for c in $CASES; do
+  n=4; [ "$c" = 11 ] && n=8
+  [ -f "$OUT/c$n.json" ] || calibrate $n
+  run_case "$c"
+done
+stamp "done"
+exit $status
