@@ -62,8 +62,9 @@ else
   echo "env.sh: the bundle's OpenMPI"
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# Sandboxed kernels may refuse cross-memory attach; the shared-memory transport then copies twice.
-export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+# OpenMPI's single-copy path (CMA) is left as it is: a sandbox that refuses cross-memory attach
+# needs OMPI_MCA_btl_vader_single_copy_mechanism=none, which makes every large message copy twice
+# and move only while its sender is inside MPI (docs/PLANNER.md, "A core per rank").
 # One host, as on the machine that made the bundle: ob1 over shared memory (Debian's defaults leave
 # UCX and OFI out; another distribution's OpenMPI may pick them first).
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1} OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader} OMPI_MCA_osc=${OMPI_MCA_osc:-^ucx}

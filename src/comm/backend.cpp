@@ -23,6 +23,18 @@ CommTimeout::CommTimeout(const std::string& message, std::string collective, uin
       seq_(seq),
       missing_ranks_(std::move(missing_ranks)) {}
 
+bool drive(Work& w, std::chrono::microseconds budget) {
+  const auto until = std::chrono::steady_clock::now() + budget;
+  for (;;) {
+    if (w.is_completed()) return true;
+    if (std::chrono::steady_clock::now() >= until) return false;
+  }
+}
+
+std::chrono::microseconds send_drive_budget(size_t bytes) {
+  return std::chrono::microseconds(100 + static_cast<int64_t>(bytes / 1000));
+}
+
 std::string timeout_message(const std::string& backend, const std::string& collective, uint64_t seq,
                             const std::string& tag, int rank, int size,
                             std::chrono::milliseconds timeout, const std::vector<int>& missing, bool silent) {

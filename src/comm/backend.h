@@ -92,6 +92,16 @@ class Work {
   virtual void wait() = 0;
 };
 
+// Polls `w` until it completes or `budget` has passed, and returns whether it completed. A message
+// past MPI's eager limit moves only while its sender is inside MPI where the transport has no
+// single-copy path (OpenMPI's shared memory without CMA, TCP between hosts): a sender that posts
+// one and goes on computing holds back a receiver that already waits for it until its next MPI
+// call. Driving the send for about its transfer time (send_drive_budget) delivers it to such a
+// receiver now, and costs a busy receiver's sender no more than that (DESIGN-NOTES 45).
+bool drive(Work& w, std::chrono::microseconds budget);
+// About the time `bytes` take to move between two processes: 100 us plus 1 GB/s.
+std::chrono::microseconds send_drive_budget(size_t bytes);
+
 // A Work that is already complete (group of one, empty buffers).
 class CompletedWork : public Work {
  public:

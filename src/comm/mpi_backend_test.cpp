@@ -396,6 +396,47 @@ void check_huge_page_buffers(Backend& b) {
   EXPECT(recv[0] == static_cast<float>(b.size()), "reduce_scatter sum");
 }
 
+// A send driven after it is posted (comm::drive) reaches a receiver that already waits, though its
+// sender then computes without calling MPI. Rank 1 waits for 1 MiB from rank 0 and answers with a
+// small message, which MPI sends at once (eagerly). Rank 0 drives its send, "computes" for half a
+// second without MPI, and then finds the answer there at its first look. Without the drive, over a
+// transport with no single-copy path (ctest runs this binary with OpenMPI's CMA off as well), the
+// 1 MiB would still be waiting for rank 0 when its compute ended, and the answer with it.
+void check_driven_send(Backend& b) {
+  const size_t n = size_t{1} << 18;  // f32: 1 MiB, far past the eager limit
+  BarrierOptions bo;
+  if (b.rank() > 1) {
+    b.barrier(bo)->wait();
+    b.barrier(bo)->wait();
+    return;
+  }
+  std::vector<float> big(n, b.rank() == 0 ? 3.0f : 0.0f);
+  float answer = 0.0f;
+  SendOptions so;
+  RecvOptions ro;
+  so.msg_tag = ro.msg_tag = 77;
+  if (b.rank() == 1) {
+    auto w = b.recv(big.data(), n, DType::kF32, 0, ro);
+    b.barrier(bo)->wait();  // posted, and waiting from here
+    w->wait();
+    answer = big[n - 1];
+    so.msg_tag = 78;
+    b.send(&answer, 1, DType::kF32, 0, so)->wait();
+  } else {
+    b.barrier(bo)->wait();
+    auto w = b.send(big.data(), n, DType::kF32, 1, so);
+    EXPECT(drive(*w, std::chrono::seconds(5)), "the driven send completes while its receiver waits");
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // compute: no MPI call
+    ro.msg_tag = 78;
+    auto a = b.recv(&answer, 1, DType::kF32, 1, ro);
+    EXPECT(a->is_completed(), "the receiver had the message before the sender's compute ended");
+    a->wait();
+    EXPECT(answer == 3.0f, "the message's last element");
+    w->wait();
+  }
+  b.barrier(bo)->wait();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -410,7 +451,7 @@ int main(int argc, char** argv) {
   g_rank = world->rank();
   if (argc > 1 && std::strcmp(argv[1], "--timeout-case") == 0) return timeout_case(*world);
   for (auto check : {check_all_reduce, check_bf16_sum, check_in_dtype, check_rooted, check_gather_scatter_all,
-                     check_p2p_and_groups, check_onebit, check_huge_page_buffers}) {
+                     check_p2p_and_groups, check_onebit, check_huge_page_buffers, check_driven_send}) {
     try {
       check(*world);
     } catch (const std::exception& e) {

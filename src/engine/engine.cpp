@@ -761,9 +761,17 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
       grad_free.push_back(std::move(it->second.first));
       grad_out.erase(it);
     };
+    // A send still in flight may move only while this rank is inside MPI (DESIGN-NOTES 45): each
+    // compute op starts with a look at every one, which moves them as far as their receivers allow.
+    auto poke_sends = [&] {
+      for (auto& w : slot_send)
+        if (w) w->is_completed();
+      for (auto& [sent_at, g] : grad_out) g.second->is_completed();
+    };
     for (size_t at = 0; at < schedule_.size(); ++at) {
       const parallel::pp::Instr& i = schedule_[at];
       for (int sent : grad_plan_.wait_before[at]) reuse(sent);  // may block until the previous stage receives it
+      if (i.kind == OpKind::kForward || i.kind == OpKind::kBackward) poke_sends();
       switch (i.kind) {
         case OpKind::kRecvActivation: {
           Timer w;
@@ -785,6 +793,9 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
           const int s = slot(i);
           slot_send[s] = pipe.send(model_.chunk_output(s), E, DType::kF32, i.peer,
                                    p2p_options<SendOptions>(tag(i, "activation"), i.tag, timeout()));
+          Timer d;
+          comm::drive(*slot_send[s], comm::send_drive_budget(E * 4));  // to a stage that already waits
+          pp_wait_seconds_ += d.seconds();
           break;
         }
         case OpKind::kRecvGrad: {
@@ -821,6 +832,9 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
           }
           std::memcpy(b.data(), model_.input_grad(), E * 4);
           auto w = pipe.send(b.data(), E, DType::kF32, i.peer, p2p_options<SendOptions>(tag(i, "gradient"), i.tag, timeout()));
+          Timer d;
+          comm::drive(*w, comm::send_drive_budget(E * 4));  // to a stage that already waits
+          pp_wait_seconds_ += d.seconds();
           grad_out.emplace(at, std::make_pair(std::move(b), std::move(w)));
           break;
         }
