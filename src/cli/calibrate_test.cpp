@@ -68,6 +68,18 @@ TEST(Calibrate, TwoRanksTimeEveryCollective) {
   }
 }
 
+// Four ranks on one host: the world's collectives, and those of groups of 2 (two pairs at once),
+// which the planner prices a tp or dp group of 2 by.
+TEST(Calibrate, FourRanksTimeTheirGroupsOfTwoToo) {
+  const nlohmann::json j = calibrate_ranks(4);
+  ASSERT_FALSE(HasFailure());
+  for (const char* family : {"all_reduce", "all_gather", "reduce_scatter", "all_reduce g2", "all_gather g2", "reduce_scatter g2"}) {
+    ASSERT_TRUE(j["fits"].contains(family)) << family << ": " << j["fits"].dump();
+    EXPECT_GT(j["fits"][family]["per_unit_s"].get<double>(), 0.0) << family;
+  }
+  EXPECT_FALSE(j["fits"].contains("all_reduce g3"));
+}
+
 // Three ranks: each kernel is timed on ranks with cores of their own (on 2 cores, ranks 0 and 1 at
 // once while rank 2 waits), and every rank joins the collectives. A plan for 3 processes on fewer
 // cores than 3 x threads then shares the cores in the simulator.

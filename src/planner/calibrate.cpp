@@ -132,6 +132,16 @@ double Calibration::collective_seconds(const std::string& family, double bytes, 
       const std::string shaped = family + (static_cast<long>(ranks) * stride <= ranks_per_host ? " intra" : " inter");
       if (fits.count(shaped)) return seconds(shaped, bytes);
     }
+    // A group size timed as such ("... g4"), else the world's line scaled by the ring's volume a rank moves
+    // (all_reduce 2(n-1)/n of the buffer, all_gather and reduce_scatter n-1 times a rank's
+    // bytes): a tp group of 4 in an 8-rank world moves 6/7 of what the world's all_reduce does.
+    if (family != "send_recv" && world >= 2 && ranks != world) {
+      if (ranks <= 1) return 0.0;
+      const std::string sized = family + " g" + std::to_string(ranks);
+      if (fits.count(sized)) return seconds(sized, bytes);  // timed at this group size
+      auto volume = [&family](double n) { return family == "all_reduce" ? 2 * (n - 1) / n : n - 1; };
+      return seconds(family, bytes) * volume(ranks) / volume(world);
+    }
     return seconds(family, bytes);
   }
   MT_CHECK(ranks >= 1 && stride >= 1, ErrorKind::kInvalidArgument, "collective_seconds: ranks and stride must be positive");
@@ -653,6 +663,16 @@ Calibration calibrate(const CalibrateOptions& options) {
     for (int r = 0; r < me; ++r) local += host[static_cast<size_t>(r)] == host[static_cast<size_t>(me)];
     bool even = group->size() % hosts == 0;
     for (int k = 0; k < hosts; ++k) even = even && std::count(host.begin(), host.end(), k) == group->size() / hosts;
+    if (hosts == 1) {
+      // One host: the collectives of every smaller group size that divides the world, all its
+      // groups at once (consecutive ranks), as a layout runs its tp and dp groups side by side:
+      // "all_reduce g4" ... (DESIGN-NOTES 46).
+      for (int g = 2; g < group->size(); ++g) {
+        if (group->size() % g != 0) continue;
+        std::shared_ptr<comm::Backend> sub = group->split(me / g, me);
+        time_collectives(cal, sub.get(), " g" + std::to_string(g), options.quick, budget, max_bytes);
+      }
+    }
     if (hosts > 1 && even && group->size() > hosts) {
       cal.ranks_per_host = group->size() / hosts;
       std::shared_ptr<comm::Backend> intra = group->split(host[static_cast<size_t>(me)], me);

@@ -102,8 +102,10 @@ struct Calibration {
   // (n-1)(latency + bytes / bandwidth), send_recv latency + bytes / bandwidth) over the intra-host
   // links when ranks x stride <= devices_per_host, else the inter-host ones; without, the measured
   // line of the group's shape ("... intra" when ranks x stride <= ranks_per_host, else "... inter")
-  // where calibrated over several hosts, else the world's (the group it was timed on stands for
-  // every group).
+  // where calibrated over several hosts; on one host the line of the group's size where it was
+  // timed ("... g4": groups of 4 at once, in a world of 8), else the world's, scaled to a group of
+  // another size by the ring's volume a rank moves (2(n-1)/n of the buffer for all_reduce, n-1
+  // times a rank's bytes for all_gather and reduce_scatter; DESIGN-NOTES 46).
   double collective_seconds(const std::string& family, double bytes, int ranks, int stride) const;
 };
 

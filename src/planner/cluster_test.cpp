@@ -93,6 +93,29 @@ TEST(Cluster, AMeasuredCalibrationTimesEachGroupAtItsShapesLine) {
   EXPECT_DOUBLE_EQ(cal.collective_seconds("all_gather", 1e6, 2, 2), 2e-3);         // no shaped line
 }
 
+// Timed on a world of 8, a smaller group is priced at the ring's share of the world's line: a
+// rank of an all_reduce moves 2(n-1)/n of the buffer, of an all_gather n-1 times its bytes.
+TEST(Cluster, AGroupSmallerThanTheCalibratedWorldMovesTheRingsShareOfIt) {
+  Calibration cal;
+  cal.world = 8;
+  cal.fits["all_reduce"] = LinearFit{7e-6, 1e-9};
+  cal.fits["all_gather"] = LinearFit{7e-6, 2e-9};
+  cal.fits["send_recv"] = LinearFit{1e-6, 1e-10};
+  const double world_ar = 7e-6 + 1e-9 * 1e6, world_ag = 7e-6 + 2e-9 * 1e6;
+  EXPECT_DOUBLE_EQ(cal.collective_seconds("all_reduce", 1e6, 8, 1), world_ar);
+  EXPECT_DOUBLE_EQ(cal.collective_seconds("all_reduce", 1e6, 4, 1), world_ar * (2 * 3.0 / 4) / (2 * 7.0 / 8));
+  EXPECT_DOUBLE_EQ(cal.collective_seconds("all_reduce", 1e6, 2, 4), world_ar * 1.0 / (2 * 7.0 / 8));
+  EXPECT_DOUBLE_EQ(cal.collective_seconds("all_gather", 1e6, 2, 4), world_ag / 7);
+  EXPECT_DOUBLE_EQ(cal.collective_seconds("all_gather", 1e6, 4, 1), world_ag * 3 / 7);
+  EXPECT_EQ(cal.collective_seconds("all_reduce", 1e6, 1, 1), 0.0);
+  EXPECT_DOUBLE_EQ(cal.collective_seconds("send_recv", 1e6, 2, 4), 1e-6 + 1e-4);  // a pair, as timed
+  // A size timed as such takes its own line, at any stride (one host).
+  cal.fits["all_reduce g4"] = LinearFit{2e-6, 5e-10};
+  EXPECT_DOUBLE_EQ(cal.collective_seconds("all_reduce", 1e6, 4, 1), 2e-6 + 5e-4);
+  EXPECT_DOUBLE_EQ(cal.collective_seconds("all_reduce", 1e6, 4, 2), 2e-6 + 5e-4);
+  EXPECT_DOUBLE_EQ(cal.collective_seconds("all_reduce", 1e6, 2, 1), world_ar * 1.0 / (2 * 7.0 / 8));
+}
+
 TEST(Cluster, TheCostModelPutsTheTpGroupInTheHostAndTheDpGroupAcrossHosts) {
   const Calibration cal = cluster_calibration(round_cluster());
   StepShape s;
