@@ -53,7 +53,7 @@ stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 status=0
 calibrate() {  # N
   stamp "calibrate -n $1"
-  timeout 180 meshtrain launch -n "$1" -- calibrate -o "$OUT/c$1.json" --force > "$W/cal$1.log" 2>&1 ||
+  timeout 300 meshtrain launch -n "$1" -- calibrate -o "$OUT/c$1.json" --force > "$W/cal$1.log" 2>&1 ||
     { status=1; tail -20 "$W/cal$1.log"; }
   grep -E "^(\[1,0\]<stdout>:)?(gemm|all_reduce|send_recv|memory|in situ)" "$W/cal$1.log" | head -12
 }

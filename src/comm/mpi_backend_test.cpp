@@ -398,8 +398,8 @@ void check_huge_page_buffers(Backend& b) {
 
 // A send driven after it is posted (comm::drive) reaches a receiver that already waits, though its
 // sender then computes without calling MPI. Rank 1 waits for 1 MiB from rank 0 and answers with a
-// small message, which MPI sends at once (eagerly). Rank 0 drives its send, "computes" for half a
-// second without MPI, and then finds the answer there at its first look. Without the drive, over a
+// small message, which MPI sends at once (eagerly). Rank 0 drives its send, "computes" for a second
+// without MPI, and then finds the answer there at its first look. Without the drive, over a
 // transport with no single-copy path (ctest runs this binary with OpenMPI's CMA off as well), the
 // 1 MiB would still be waiting for rank 0 when its compute ended, and the answer with it.
 void check_driven_send(Backend& b) {
@@ -426,7 +426,7 @@ void check_driven_send(Backend& b) {
     b.barrier(bo)->wait();
     auto w = b.send(big.data(), n, DType::kF32, 1, so);
     EXPECT(drive(*w, std::chrono::seconds(5)), "the driven send completes while its receiver waits");
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // compute: no MPI call
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // compute: no MPI call
     ro.msg_tag = 78;
     auto a = b.recv(&answer, 1, DType::kF32, 1, ro);
     EXPECT(a->is_completed(), "the receiver had the message before the sender's compute ended");
