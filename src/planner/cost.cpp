@@ -111,7 +111,11 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     const bool sp = d.sp;
     const std::vector<double> block = sp ? std::vector<double>{ag(part), rs(part), ag(part), rs(part)}
                                          : std::vector<double>{ar(full), ar(full)};
-    std::vector<double> block_bwd = block;
+    // With recompute a block's backward first runs its forward again, the forward's collectives
+    // included (TransformerLM::backward calls Block::forward), then its own.
+    std::vector<double> block_bwd;
+    if (s.recompute) block_bwd = block;
+    block_bwd.insert(block_bwd.end(), block.begin(), block.end());
     if (sp) block_bwd.push_back(ar(4.0 * (llama ? 2 : 4) * C));  // the norms' weight gradients
     c.tp_forward.assign(U, block);
     c.tp_backward.assign(U, block_bwd);

@@ -18,7 +18,8 @@
 //   collectives  the calibrated all_gather / reduce_scatter lines by bytes a rank (one rank: a
 //                local copy at the memory rate)
 // The head's backward (its own hooks) is the head GEMM's two backward GEMMs and the loss's bytes.
-// Recompute (models' activation checkpointing, per block) adds a block's forward to its backward.
+// Recompute (models' activation checkpointing, per block) adds a block's forward to its backward,
+// and under tensor parallelism the forward's tp collectives before the backward's own.
 // Offload of the optimizer to NVMe: the update of a shard of n elements goes through k = n /
 // sub_group_size sub-groups of g elements, each read (its two moments, 8 g bytes), updated and
 // written back, the next one's read beside this one's update and the previous one's write: the

@@ -116,6 +116,13 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
     EXPECT_TRUE(h.tp_backward[0].empty());
     EXPECT_EQ(h.tp_forward[3], (std::vector<double>{1e-6 + 1e-9 * 4 * 16, 1e-6 + 1e-9 * 4 * 16}));
     EXPECT_EQ(h.tp_head_backward, (std::vector<double>{ar}));
+    // Recompute runs the block's forward again inside its backward, its two all-reduces with it.
+    t.recompute = true;
+    const ZeroStepCosts r = zero_step_costs(t, cal);
+    EXPECT_EQ(r.tp_backward[2], (std::vector<double>{ar, ar, ar, ar}));
+    EXPECT_EQ(r.tp_forward[2], (std::vector<double>{ar, ar}));
+    EXPECT_TRUE(r.tp_backward[0].empty());
+    EXPECT_EQ(r.tp_head_backward, (std::vector<double>{ar}));
   }
   cal = synthetic();
 
