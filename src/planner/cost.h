@@ -32,7 +32,7 @@
 // backward one, and the vocabulary-parallel loss two of N floats. Under sequence parallelism each
 // all-reduce becomes an all-gather of the rows before the column-parallel layer and a
 // reduce-scatter after the row-parallel one (forward), and the reverse in the backward. Collective
-// times are the calibration's world lines (the tp group is taken to be as fast as the world).
+// times are the calibration's lines for the group's size (Calibration::collective_seconds).
 #pragma once
 
 #include "models/config.h"
