@@ -54,6 +54,7 @@ class LoggedBackend : public Backend {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string name() const override { return inner_->name(); }
+  int max_msg_tag() const override { return inner_->max_msg_tag(); }
 
   std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dt, const BroadcastOptions& o) override {
     return logged(CommOp::kBroadcast, count, dt, rank() == o.root, o.tag, inner_->broadcast(buf, count, dt, o));

@@ -163,6 +163,9 @@ TEST(CommLog, CountsBytesByTheDocumentedFormulas) {
     auto errs = run_local_ranks(n, [&](Backend& raw) {
       auto log = std::make_shared<CommLog>();
       std::shared_ptr<Backend> b = log_backend(std::shared_ptr<Backend>(&raw, [](Backend*) {}), log);
+      // The wrapper takes the tags its backend takes (a pipeline's schedule is checked against them).
+      EXPECT_EQ(b->max_msg_tag(), raw.max_msg_tag());
+      EXPECT_EQ(b->split(0, raw.rank())->max_msg_tag(), raw.max_msg_tag());
       std::vector<float> v(N, 1.0f);
       b->all_reduce(v.data(), N, DType::kF32, {})->wait();
       ar[raw.rank()] = log->sent_bytes();
