@@ -2,7 +2,7 @@
 // [--top K] [--memory GiB]
 // [--set k=v]: the predicted step of the configuration's layout, or (--search, or a configuration
 // that leaves its layout "auto") the layouts of N processes ranked by predicted step time within
-// the memory budget, with the families rejected and why (issue 14). The step program comes from
+// the memory budget (steps within planner::kTieBand of each other by memory), with the families rejected and why (issue 14). The step program comes from
 // the runtime's own ZeRO schedule (planner/program.h), its times from the machine's calibration
 // (`meshtrain calibrate`) and the model's shapes (planner/cost.h); the simulator gives the step.
 // So far: data parallelism with ZeRO stages 0-3 in memory, micro-batch, accumulation and
@@ -157,8 +157,9 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("%d layout(s) considered, %zu within %s a rank; the fastest %d:\n", r.considered, r.ranked.size(),
-              gib(budget).c_str(), top);
+  std::printf("%d layout(s) considered, %zu within %s a rank; the fastest %d (steps within %.0f%% of each other: less "
+              "memory first):\n",
+              r.considered, r.ranked.size(), gib(budget).c_str(), top, 100 * planner::kTieBand);
   std::printf("%4s  %-52s %10s %12s %11s\n", "rank", "layout", "step s", "tokens/s", "memory");
   for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top; ++i) {
     const auto& [l, p] = r.ranked[i];

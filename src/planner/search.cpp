@@ -219,6 +219,23 @@ Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStep
 
 }  // namespace
 
+void rank_layouts(std::vector<RankedLayout>& ranked) {
+  auto faster = [](const RankedLayout& a, const RankedLayout& b) {
+    if (a.prediction.step != b.prediction.step) return a.prediction.step < b.prediction.step;
+    return a.prediction.memory < b.prediction.memory;
+  };
+  std::stable_sort(ranked.begin(), ranked.end(), faster);
+  // A band: the fastest layout not yet placed and every one predicted within kTieBand of it, the
+  // ones with less memory first (DESIGN-NOTES 47).
+  for (size_t i = 0; i < ranked.size();) {
+    size_t j = i + 1;
+    while (j < ranked.size() && ranked[j].prediction.step <= ranked[i].prediction.step * (1.0 + kTieBand)) ++j;
+    std::stable_sort(ranked.begin() + static_cast<std::ptrdiff_t>(i), ranked.begin() + static_cast<std::ptrdiff_t>(j),
+                     [](const RankedLayout& a, const RankedLayout& b) { return a.prediction.memory < b.prediction.memory; });
+    i = j;
+  }
+}
+
 std::string Layout::describe() const {
   std::string s = "dp " + std::to_string(dp);
   if (tp > 1) s += ", tp " + std::to_string(tp);
@@ -337,10 +354,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
         }
       }
   }
-  std::stable_sort(r.ranked.begin(), r.ranked.end(), [](const RankedLayout& a, const RankedLayout& b) {
-    if (a.prediction.step != b.prediction.step) return a.prediction.step < b.prediction.step;
-    return a.prediction.memory < b.prediction.memory;
-  });
+  rank_layouts(r.ranked);
   return r;
 }
 

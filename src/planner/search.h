@@ -101,8 +101,16 @@ struct RankedLayout {
   Prediction prediction;
 };
 
+// Steps predicted within this fraction of each other are ties: the cost model's error is several
+// per cent, so a smaller difference does not tell two layouts apart, and the one with less memory
+// has more headroom (DESIGN-NOTES 47).
+inline constexpr double kTieBand = 0.01;
+// Orders layouts fastest first in bands: the fastest not yet placed and every layout predicted
+// within kTieBand of it, less memory first within the band (equal memory: faster first).
+void rank_layouts(std::vector<RankedLayout>& ranked);
+
 struct SearchResult {
-  std::vector<RankedLayout> ranked;  // feasible layouts, fastest first (ties: less memory first)
+  std::vector<RankedLayout> ranked;  // feasible layouts, by rank_layouts: fastest first, ties (kTieBand) less memory first
   std::vector<std::string> rejected; // one line per rejected family or layout group, with why
   int considered = 0;                // layouts enumerated (feasible or not)
 };

@@ -56,8 +56,8 @@ TEST(Search, RanksEveryLayoutByItsSimulatedStepAndFewerMicroBatchesWinWithACallL
     const RankedLayout& x = r.ranked[i];
     EXPECT_DOUBLE_EQ(x.prediction.step, predict_layout(job, x.layout, cal).step) << x.layout.describe();
     EXPECT_EQ(x.prediction.memory, predict_layout(job, x.layout, cal).memory);
-    if (i) {
-      EXPECT_LE(r.ranked[i - 1].prediction.step, x.prediction.step);
+    if (i) {  // fastest first, up to a band of ties (rank_layouts)
+      EXPECT_LE(r.ranked[i - 1].prediction.step, x.prediction.step * (1 + kTieBand));
     }
     EXPECT_NEAR(x.prediction.tokens_per_s, 8.0 * 16 / x.prediction.step, 1e-6 * x.prediction.tokens_per_s);
   }
@@ -76,6 +76,27 @@ TEST(Search, RanksEveryLayoutByItsSimulatedStepAndFewerMicroBatchesWinWithACallL
       EXPECT_LE(a.prediction.memory, predict_layout(job, b, cal).memory) << a.layout.describe();
     }
   }
+}
+
+// Steps within 1 % of the band's fastest are ties, less memory first; past the band, the next
+// fastest opens the next one.
+TEST(Search, LayoutsWithinTheTieBandRankByMemory) {
+  auto at = [](double step, size_t memory) {
+    RankedLayout x;
+    x.prediction.step = step;
+    x.prediction.memory = memory;
+    return x;
+  };
+  std::vector<RankedLayout> v = {at(1.5, 3), at(1.025, 2), at(1.009, 7), at(1.0, 10), at(1.02, 1),
+                                 at(1.005, 5), at(2.0, 5), at(2.0, 3), at(1.0101, 0)};
+  rank_layouts(v);
+  std::vector<std::pair<double, size_t>> got;
+  for (const RankedLayout& x : v) got.emplace_back(x.prediction.step, x.prediction.memory);
+  // 1.0 opens a band to 1.01: 1.005, 1.009 and 1.0 by memory. 1.0101 is past it and opens the next,
+  // to 1.020201: 1.0101 and 1.02. 1.025 alone, 1.5 alone, the two at 2.0 by memory.
+  const std::vector<std::pair<double, size_t>> want = {{1.005, 5}, {1.009, 7}, {1.0, 10}, {1.0101, 0}, {1.02, 1},
+                                                       {1.025, 2}, {1.5, 3},   {2.0, 3},  {2.0, 5}};
+  EXPECT_EQ(got, want);
 }
 
 TEST(Search, TheBudgetIsAHardLimitAndWhatItRejectsIsNamed) {
