@@ -5,7 +5,7 @@
 # meshtrain build on PATH, or from a bundle made by scripts/mpi-bundle.sh (--bundle FILE).
 # Results go under $OUT (default build/planner-campaign): machine.txt, c4.json, c8.json, case6.log,
 # case10.log, case11.log (at most 8 files: what a lent device machine sends back).
-# Usage: scripts/planner-campaign.sh [--bundle FILE] [--cases "6 11 10"] [--rounds R]
+# Usage: scripts/planner-campaign.sh [--bundle FILE] [--cases "6 11 10"] [--rounds R (default 3)]
 #   --calibrations DIR: use DIR/c4.json and DIR/c8.json where they exist instead of calibrating
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +13,7 @@ OUT=${OUT:-$PWD/build/planner-campaign}
 mkdir -p "$OUT"
 BUNDLE=""
 CASES="6 11 10"
-ROUNDS=2
+ROUNDS=3
 CALS=""
 while [ $# -gt 0 ]; do
   case "$1" in
