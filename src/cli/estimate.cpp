@@ -134,6 +134,7 @@ nlohmann::json to_json(const planner::MemoryInput& in, const std::vector<planner
     s["ds_estimator"] = e.ds_estimator_bytes ? nlohmann::json(e.ds_estimator_bytes) : nlohmann::json(nullptr);
     s["disk"] = e.disk_bytes;  // offload to nvme: the swap files
     s["comm_low"] = e.comm_low;  // overlap_comm: comm when every reduction finishes early
+    s["grads_low"] = e.grads_low;  // and the gradients
     j["stages"].push_back(s);
   }
   for (size_t s = 0; s < fits.size(); ++s) j["largest_micro_batch"]["stage" + std::to_string(s)] = fits[s];

@@ -590,14 +590,19 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   // The pipeline executor's buffers (engine::Engine::train_pipeline), freed before the step's
   // reduction: the received gradient and each gradient sent back; then the tied token table's
   // partner gradient. The comm peak is the largest of these phases.
-  // overlap_comm: the comm peak depends on when MPI finishes a reduction left in flight; the row
-  // holds the larger of the two replays (late, early) and comm_low the smaller.
+  // overlap_comm: the comm and gradient peaks depend on when MPI finishes a reduction left in
+  // flight; the row holds the larger of the two replays (late, early), comm_low and grads_low the
+  // smaller.
+  // The gradients too: a unit's gradient slab goes when its reduction finishes.
   size_t comm_low = r.ours[MemCategory::kComm];
+  r.grads_low = r.ours[MemCategory::kGrads];
   if (stage >= 1 && in.zero.overlap_comm && !local) {
-    const size_t early = model_state_memory(units, stage, in.world, e, in.optimizer_states, in.zero,
-                                            in.model.tie_embeddings, nullptr, in.pipeline(), true)[MemCategory::kComm];
-    comm_low = std::min(comm_low, early);
-    r.ours[MemCategory::kComm] = std::max(r.ours[MemCategory::kComm], early);
+    const MemoryBreakdown early = model_state_memory(units, stage, in.world, e, in.optimizer_states, in.zero,
+                                                     in.model.tie_embeddings, nullptr, in.pipeline(), true);
+    comm_low = std::min(comm_low, early[MemCategory::kComm]);
+    r.ours[MemCategory::kComm] = std::max(r.ours[MemCategory::kComm], early[MemCategory::kComm]);
+    r.grads_low = std::min(r.grads_low, early[MemCategory::kGrads]);
+    r.ours[MemCategory::kGrads] = std::max(r.ours[MemCategory::kGrads], early[MemCategory::kGrads]);
   }
   r.ours[MemCategory::kComm] = std::max(r.ours[MemCategory::kComm], step[MemCategory::kComm]);
   r.comm_low = std::max(comm_low, step[MemCategory::kComm]);

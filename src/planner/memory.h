@@ -139,6 +139,7 @@ struct StageEstimate {
   uint64_t disk_bytes = 0;        // offload to nvme: the rank's swap files
   size_t comm_low = 0;  // overlap_comm: the comm peak when every reduction finishes as early as it
                         // can (ours[kComm] is the larger of that and finishing only when waited for)
+  size_t grads_low = 0;  // the same for the gradients (a unit's slab is freed when its reduction finishes)
 };
 
 // f32 state buffers per parameter of spec's optimizer: Adam/AdamW/Lamb 2, SGD 1 with momentum
