@@ -24,14 +24,22 @@ namespace fs = std::filesystem;
 const char* kGpt2 =
     R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 32, "n_layer": 4, "n_head": 4}})";
 
+// This process's folder, removed when the process ends (every run left one in /tmp before).
 std::string test_dir() {
-  static const std::string d = [] {
+  struct Dir {
+    std::string path;
+    ~Dir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Dir d = [] {
     std::string p = fs::temp_directory_path().string() + "/mt_ckpt_shard_test_" + std::to_string(getpid());
     fs::remove_all(p);
     fs::create_directories(p);
-    return p;
+    return Dir{p};
   }();
-  return d;
+  return d.path;
 }
 
 struct RankState {
