@@ -30,12 +30,14 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
   nlohmann::json j = load(cal);
   EXPECT_EQ(j["world"], 1);
   EXPECT_TRUE(j["fingerprint"].contains("binary_mtime"));
-  for (const char* family : {"gemm f32", "gemm bf16", "gemm backward bf16", "attention forward", "memory", "adamw"}) {
+  for (const char* family :
+       {"gemm f32", "gemm bf16", "gemm backward bf16", "attention forward", "memory", "adamw", "copy", "zero", "convert"}) {
     ASSERT_TRUE(j["fits"].contains(family)) << j.dump();
     EXPECT_GT(j["fits"][family]["per_unit_s"].get<double>(), 0.0) << family;
   }
   EXPECT_FALSE(j["fits"].contains("all_reduce"));
-  EXPECT_EQ(j["points"].size(), 48u);  // 22 + the blocks' 9 elementwise families at 2 sizes + 4 blocks in situ x 2
+  // 22 + the ZeRO passes' 3 families at 3 sizes + the blocks' 9 elementwise families at 2 sizes + 4 blocks in situ x 2
+  EXPECT_EQ(j["points"].size(), 57u);
   // Same binary, machine, threads and ranks: reused, not measured again.
   ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --quick -o " + cal, &out, &err), 0) << err;
   EXPECT_NE(out.find("calibration up to date"), std::string::npos) << out;

@@ -21,6 +21,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 #include "models/transformer.h"
+#include "tensor/dtype.h"
 #include "planner/cost.h"
 
 namespace mt::planner {
@@ -468,11 +469,22 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
   const std::vector<size_t> sizes = options.quick ? std::vector<size_t>{1 << 14, 1 << 17, 1 << 19}
                                                   : std::vector<size_t>{1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 24};
   {
-    std::vector<CalPoint> mem, adam;
+    std::vector<CalPoint> mem, adam, copy, zero, conv;
     for (size_t n : sizes) {
       std::vector<float> a(n, 0.5f), b(n), g(n, 1e-3f), m(n), v(n);
+      std::vector<uint16_t> lowp(n);
       const double s = time_calls([&] { kernels::gelu_forward(b.data(), a.data(), n); }, budget, 3, nullptr);
       mem.push_back({"gelu_forward f32 " + std::to_string(n), 8.0 * static_cast<double>(n), s});
+      // The ZeRO step's own passes (ZeroRuntime: a one-rank gather or reduction is a copy, the
+      // gradient slab is zeroed, the gathered unit converted to the compute dtype), by bytes read
+      // and written: a streaming copy or fill runs at several times GELU's rate here.
+      const double e = static_cast<double>(n);
+      copy.push_back({"copy_bytes " + std::to_string(n), 8.0 * e,
+                      time_calls([&] { copy_bytes(b.data(), a.data(), 4 * n); }, budget, 3, nullptr)});
+      zero.push_back({"zero_bytes " + std::to_string(n), 4.0 * e,
+                      time_calls([&] { zero_bytes(b.data(), 4 * n); }, budget, 3, nullptr)});
+      conv.push_back({"convert f32 bf16 " + std::to_string(n), 6.0 * e,
+                      time_calls([&] { convert(lowp.data(), DType::kBF16, a.data(), DType::kF32, n); }, budget, 3, nullptr)});
       kernels::AdamWParams p;
       const double sa = time_calls(
           [&] { kernels::adamw_update(a.data(), g.data(), m.data(), v.data(), nullptr, DType::kF32, n, p); }, budget, 3,
@@ -484,6 +496,9 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
     // small points' rate (AdamW 5.3 G elements/s at 1M here, 1.8 at 16M) would be 2-3x too fast.
     add_family(cal, "memory", mem, false);
     add_family(cal, "adamw", adam, false);
+    add_family(cal, "copy", copy, false);
+    add_family(cal, "zero", zero, false);
+    add_family(cal, "convert", conv, false);
   }
   add_gemm_compute_fits(cal, gemm_timings);
   // The blocks' own elementwise kernels, by elements of their input (rows x width): the norms

@@ -127,6 +127,11 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     c.tp_head_backward = {sp ? rs(part) : ar(full)};
   }
   c.memory_per_byte = mem;
+  auto rate = [&cal](const char* family) { return cal.fits.count(family) ? cal.fits.at(family).per_unit : 0.0; };
+  c.copy_per_byte = rate("copy");
+  c.zero_per_byte = rate("zero");
+  c.convert_per_byte = rate("convert");
+  c.sum_per_element = rate("add");
   // The update (writing the compute-dtype copy where calibrated so), and the step's other passes
   // over the shard: the gradient norm reads it and zero_grad writes it.
   const char* update = e < 4 && cal.fits.count("adamw bf16") ? "adamw bf16" : "adamw";
@@ -163,7 +168,8 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     c.reduce_scatter = [&cal, dp, stride](double b) { return cal.collective_seconds("reduce_scatter", b, dp, stride); };
     c.all_reduce = [&cal, dp, stride](double b) { return cal.collective_seconds("all_reduce", b, dp, stride); };
   } else {  // one rank: the collectives are local copies
-    c.all_gather = c.reduce_scatter = c.all_reduce = [mem](double b) { return mem * 2 * b; };
+    const double copy = c.copy_per_byte > 0 ? c.copy_per_byte : mem;  // ZeroStepCosts::copy_seconds
+    c.all_gather = c.reduce_scatter = c.all_reduce = [copy](double b) { return copy * 2 * b; };
   }
   c.send_recv = [&cal, pp_stride](double b) { return cal.collective_seconds("send_recv", b, 2, pp_stride); };
   return c;

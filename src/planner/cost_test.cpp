@@ -126,6 +126,27 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
   }
   cal = synthetic();
 
+  // The ZeRO passes at their own kernels' rates where calibrated, and one rank's collectives, local
+  // copies, at the copy's (each byte read and written); older calibrations: the memory rate.
+  {
+    Calibration m = synthetic();
+    m.fits["memory"] = {0.0, 1e-11};
+    ZeroStepCosts old = zero_step_costs(s, m);
+    EXPECT_DOUBLE_EQ(old.all_gather(1000), 1e-11 * 2 * 1000);
+    EXPECT_DOUBLE_EQ(old.reduce_scatter(1000), 1e-11 * 2 * 1000);
+    EXPECT_DOUBLE_EQ(old.sum_seconds(4000), 1e-11 * 3 * 4000);
+    m.fits["copy"] = {0.0, 2e-12};
+    m.fits["zero"] = {0.0, 3e-12};
+    m.fits["convert"] = {0.0, 4e-12};
+    m.fits["add"] = {0.0, 5e-10};
+    const ZeroStepCosts own = zero_step_costs(s, m);
+    EXPECT_DOUBLE_EQ(own.all_gather(1000), 2e-12 * 2 * 1000);
+    EXPECT_DOUBLE_EQ(own.reduce_scatter(1000), 2e-12 * 2 * 1000);
+    EXPECT_DOUBLE_EQ(own.zero_seconds(4000), 3e-12 * 4000);
+    EXPECT_DOUBLE_EQ(own.convert_seconds(4000), 4e-12 * 1.5 * 4000);
+    EXPECT_DOUBLE_EQ(own.sum_seconds(4000), 5e-10 * 1000);  // by elements
+  }
+
   // A family the calibration lacks is named.
   cal.fits.erase("gemm f32");
   EXPECT_THROW(zero_step_costs(s, cal), Error);

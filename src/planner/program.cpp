@@ -203,7 +203,7 @@ class ZeroEmitter : private parallel::ZeroEffects {
     }
     gather_[u] = -1;
     // The conversion reads the f32 unit and writes it in 2 bytes.
-    if (spec_.low_precision) compute(costs_.memory_per_byte * 1.5 * padded_bytes(u), "convert " + spec_.units[u].name);
+    if (spec_.low_precision) compute(costs_.convert_seconds(padded_bytes(u)), "convert " + spec_.units[u].name);
   }
   void cancel_gather(size_t u) override {
     if (gather_[u] >= 0) wait(gather_[u], "all_gather " + spec_.units[u].name);
@@ -211,7 +211,7 @@ class ZeroEmitter : private parallel::ZeroEffects {
   }
   void free_view(size_t) override {}
   void begin_grad_slab(size_t u) override {
-    compute(costs_.memory_per_byte * padded_bytes(u), "zero grads " + spec_.units[u].name);
+    compute(costs_.zero_seconds(padded_bytes(u)), "zero grads " + spec_.units[u].name);
   }
   void launch_reduce(size_t u) override {
     reduce_.push_back(collective(costs_.reduce_scatter(piece_bytes(u)), "reduce_scatter " + spec_.units[u].name));
@@ -224,7 +224,7 @@ class ZeroEmitter : private parallel::ZeroEffects {
       if (write_of_.count(u)) wait(write_of_[u], "gradient write " + name);
       if (on_disk_.count(u)) {  // the record holds this step's earlier sum: read it back and add
         stream(1, costs_.disk_read_per_byte * piece_bytes(u), piece_bytes(u), false, "read gradient " + name);
-        compute(costs_.memory_per_byte * 3.0 * piece_bytes(u), "sum grads " + name);
+        compute(costs_.sum_seconds(piece_bytes(u)), "sum grads " + name);
       }
       on_disk_.insert(u);
       write_of_[u] = stream(1, costs_.disk_write_per_byte * piece_bytes(u), piece_bytes(u), true, "write gradient " + name);
@@ -236,7 +236,7 @@ class ZeroEmitter : private parallel::ZeroEffects {
       return;
     }
     // The sum into the shard reads two pieces and writes one.
-    compute(costs_.memory_per_byte * 3.0 * piece_bytes(u), "sum grads " + spec_.units[u].name);
+    compute(costs_.sum_seconds(piece_bytes(u)), "sum grads " + spec_.units[u].name);
   }
 
   const ZeroStepSpec& spec_;
@@ -448,7 +448,7 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
         ops.push_back(SimOp{SimOpKind::kSend, costs.send_recv(bytes), other, tied_tag, -1, true, "send tied embedding grad"});
         ops.push_back(SimOp{SimOpKind::kRecv, 0.0, other, tied_tag, -1, false, "recv tied embedding grad"});
         ops.push_back(SimOp{SimOpKind::kWait, 0.0, -1, tied_tag, -1, false, "wait send tied embedding grad"});
-        compute(costs.memory_per_byte * 3.0 * bytes, "sum tied embedding grad");
+        compute(costs.sum_seconds(bytes), "sum tied embedding grad");
       }
       const size_t n = spec.stage_params[q], shard = (n + D - 1) / D;
       if (D > 1 && spec.zero_stage == 0) {

@@ -82,7 +82,21 @@ struct ZeroStepCosts {
   // backward make (empty: none); the unit's compute is split evenly around them.
   std::vector<std::vector<double>> tp_forward, tp_backward;
   std::vector<double> tp_head_backward;
-  double memory_per_byte = 0.0;           // memory-bound passes (conversion, zeroing, sums)
+  double memory_per_byte = 0.0;           // memory-bound passes without a rate of their own below
+  // The ZeRO passes' own kernels (calibrate's "copy", "zero" and "convert" by bytes read and
+  // written, "add" by elements); 0: the memory rate (older calibrations, described clusters).
+  double copy_per_byte = 0.0, zero_per_byte = 0.0, convert_per_byte = 0.0, sum_per_element = 0.0;
+  // A copy of `bytes` (read and written: one rank's all_gather or reduce_scatter).
+  double copy_seconds(double bytes) const { return (copy_per_byte > 0 ? copy_per_byte : memory_per_byte) * 2.0 * bytes; }
+  double zero_seconds(double bytes) const { return (zero_per_byte > 0 ? zero_per_byte : memory_per_byte) * bytes; }
+  // The compute-dtype copy of f32_bytes: 4 bytes read and 2 written an element.
+  double convert_seconds(double f32_bytes) const {
+    return (convert_per_byte > 0 ? convert_per_byte : memory_per_byte) * 1.5 * f32_bytes;
+  }
+  // One f32 buffer added into another (kernels::add_inplace): two read, one written.
+  double sum_seconds(double f32_bytes) const {
+    return sum_per_element > 0 ? sum_per_element * f32_bytes / 4.0 : memory_per_byte * 3.0 * f32_bytes;
+  }
   double optimizer_per_element = 0.0;     // the update over this rank's shard
   // The update of n elements where it is not n x optimizer_per_element (offload_optimizer nvme: the
   // moments' swap, planner/cost.h); null: that product.

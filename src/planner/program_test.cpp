@@ -159,6 +159,28 @@ TEST(ZeroProgram, AccumulationRepeatsThePassesAndStepsOnce) {
   EXPECT_THROW(zero_step_program(s, c), Error);
 }
 
+// The ZeRO passes between the collectives, each at its own kernel's rate. Stage 3 without prefetch,
+// bf16 compute, free compute and collectives: each of the 7 gathers converts its unit (4000 bytes
+// of f32: 1.5 x 4000 bytes moved), each of the 4 slabs is zeroed (4000 bytes) and each of the 4
+// reductions summed into the shard (500 elements). Without those rates (older calibrations) each
+// pass is its bytes at the memory rate: 1.5 x 4000, 4000 and 3 x 2000.
+TEST(ZeroProgram, ConversionsZeroingAndSumsRunAtTheirOwnRates) {
+  ZeroStepSpec s = three_units(3, false);
+  s.low_precision = true;
+  ZeroStepCosts c = costs(0, 0, 0, 0);
+  c.memory_per_byte = 1e-6;
+  const double mem = simulate(zero_step_program(s, c)).makespan;
+  EXPECT_DOUBLE_EQ(mem, 1e-6 * (7 * 1.5 * 4000 + 4 * 4000 + 4 * 3 * 2000));
+  c.convert_per_byte = 1e-3;
+  c.zero_per_byte = 1e-5;
+  c.sum_per_element = 1e-1;
+  const double own = simulate(zero_step_program(s, c)).makespan;
+  EXPECT_DOUBLE_EQ(own, 7 * 1e-3 * 1.5 * 4000 + 4 * 1e-5 * 4000 + 4 * 1e-1 * 500);
+  // f32 compute binds the gathered unit itself: no conversion.
+  s.low_precision = false;
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 4 * 1e-5 * 4000 + 4 * 1e-1 * 500);
+}
+
 // Tensor parallelism: each pass makes its blocking tp collectives between pieces of its compute.
 // One replica of two tp ranks at stage 0 (no dp reduction): every unit's forward 1 s with one
 // 0.5 s collective, its backward 2 s with one of 0.25, the head's backward one of 0.1; the update
