@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/scratch_dir.h"
 
 namespace mt {
 namespace {
@@ -23,7 +24,8 @@ ErrorKind error_kind_of_read(const std::string& path, std::string* message) {
 }
 
 TEST(FileIo, WriteAtomicThenReadAll) {
-  std::string path = ::testing::TempDir() + "/file_io_round_trip";
+  const ScratchDir dir;
+  std::string path = dir.file("file_io_round_trip");
   const std::string text("a\0b", 3);
   file_write_atomic(path, text.data(), text.size());
   std::vector<char> back = file_read_all(path);

@@ -8,11 +8,16 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/scratch_dir.h"
 
 namespace mt::checkpoint {
 namespace {
 
-std::string tmp_path(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+// The process's own directory, removed at exit.
+std::string tmp_path(const std::string& name) {
+  static const ScratchDir dir("mt_safetensors_test");
+  return dir.file(name);
+}
 
 void write_raw(const std::string& path, const std::string& header, size_t data_bytes, bool fix_len = true,
                uint64_t len_override = 0) {

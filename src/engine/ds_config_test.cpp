@@ -12,6 +12,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/scratch_dir.h"
 
 namespace mt::engine {
 namespace {
@@ -194,7 +195,8 @@ TEST(DsConfig, ZeroKeysAsDeepSpeedReadsThem) {
 }
 
 TEST(DsConfig, MalformedModelFileIsNamed) {
-  std::string path = ::testing::TempDir() + "/bad-model.json";
+  const ScratchDir dir;
+  std::string path = dir.file("bad-model.json");
   FILE* f = std::fopen(path.c_str(), "w");
   std::fputs("{\"model_type\": \"gpt2\",", f);
   std::fclose(f);
@@ -261,7 +263,8 @@ TEST(DsConfig, HostileValuesAreErrorsNamingTheKey) {
   j["model"].erase("n_head");
   j["model"]["n_embd"] = 1073741824;  // the default n_inner 4 * n_embd overflowed int
   expect(j, "n_embd");
-  std::string deep = ::testing::TempDir() + "/deep-model.json";  // overflowed the stack when copied
+  const ScratchDir dir;
+  std::string deep = dir.file("deep-model.json");  // overflowed the stack when copied
   FILE* f = std::fopen(deep.c_str(), "w");
   std::fputs(("{\"x\": " + std::string(200000, '[') + std::string(200000, ']') + "}").c_str(), f);
   std::fclose(f);
@@ -406,9 +409,8 @@ TEST(DsCompat, GradientAveragingKeysAndPermissionKeys) {
 // --deepspeed: the user's file untouched beside our run file; keys in both must agree, "auto"
 // yields, flags and --set come last.
 TEST(DsCompat, DeepSpeedFileMergesWithTheRunFile) {
-  namespace fs = std::filesystem;
-  const std::string d = ::testing::TempDir() + "/ds_compat";
-  fs::create_directories(d);
+  const ScratchDir scratch("ds_compat");
+  const std::string d = scratch.path();
   nlohmann::json run = base();
   run["gradient_clipping"] = 0.5;
   run["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}};

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/scratch_dir.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_test_util.h"
 
@@ -105,7 +106,8 @@ struct OracleResult {
 // Runs tools/sparse_attention_oracle.py; fails the test where it cannot (python or torch missing).
 OracleResult run_oracle(const OracleCase& c, const SparseLayout& layout,
                         const std::vector<float>& qkv, const std::vector<float>& dout) {
-  const std::string base = ::testing::TempDir() + "sparse_oracle_" + c.name;
+  const ScratchDir dir("sparse_oracle");  // removed with the files on every return
+  const std::string base = dir.file(c.name);
   const std::string in = base + ".in", out = base + ".out";
   {
     std::ofstream f(in, std::ios::binary);
@@ -130,8 +132,6 @@ OracleResult run_oracle(const OracleCase& c, const SparseLayout& layout,
     f.read(reinterpret_cast<char*>(v->data()),
            static_cast<std::streamsize>(v->size() * sizeof(double)));
   EXPECT_TRUE(f.good()) << "short oracle output " << out;
-  std::remove(in.c_str());
-  std::remove(out.c_str());
   return r;
 }
 
