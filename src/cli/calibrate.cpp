@@ -91,6 +91,7 @@ void run_calibrate(const CalibrateArgs& args) {
     j["kernel_ranks"] = cal.kernel_ranks;
     if (cal.collective_max_bytes > 0) j["collective_max_bytes"] = cal.collective_max_bytes;
     if (cal.ranks_per_host > 0) j["ranks_per_host"] = cal.ranks_per_host;
+    j["speed_probe_s"] = cal.speed_probe_s;
     for (const auto& [family, f] : cal.fits) j["fits"][family] = {{"latency_s", f.latency}, {"per_unit_s", f.per_unit}};
     for (const auto& [family, pts] : cal.curves) j["fits"][family]["curve"] = pts;  // [[units, seconds], ...]
     for (const planner::CalPoint& p : cal.points)
@@ -103,6 +104,8 @@ void run_calibrate(const CalibrateArgs& args) {
     std::printf("calibrated %d rank(s) x %d thread(s)%s -> %s\n", cal.world, cal.threads,
                 cal.ranks_per_host > 0 ? (" on " + std::to_string(cal.world / cal.ranks_per_host) + " hosts").c_str() : "",
                 args.out.c_str());
+    std::printf("speed probe: %.4f s on %d thread(s) (plan --validate runs it again before each run)\n", cal.speed_probe_s,
+                cal.threads);
     if (cal.kernel_ranks < cal.world)
       std::printf("kernels timed on %d rank(s) of a host at once: %d x %d thread(s) fill its %u cores\n", cal.kernel_ranks,
                   cal.kernel_ranks, cal.threads, std::thread::hardware_concurrency());

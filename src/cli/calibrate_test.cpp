@@ -36,6 +36,7 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
     EXPECT_GT(j["fits"][family]["per_unit_s"].get<double>(), 0.0) << family;
   }
   EXPECT_FALSE(j["fits"].contains("all_reduce"));
+  EXPECT_GT(j["speed_probe_s"].get<double>(), 0.0);  // plan --validate compares each run's probe with it
   // 22 + the ZeRO passes' 3 families at 3 sizes + the blocks' 9 elementwise families at 2 sizes + 4 blocks in situ x 2
   EXPECT_EQ(j["points"].size(), 57u);
   // Same binary, machine, threads and ranks: reused, not measured again.
@@ -259,6 +260,42 @@ TEST(Plan, ValidateTrainsEachLayoutInTurnForEveryRound) {
   ASSERT_EQ(std::sscanf(out.c_str() + order, "order: %d of %d pairs swapped, %d of them", &swapped, &pairs, &overlapping), 3) << out;
   EXPECT_EQ(pairs, static_cast<int>(rows * (rows - 1) / 2)) << out;
   EXPECT_LE(overlapping, swapped);
+  EXPECT_EQ(out.find("slowdown at each run"), std::string::npos) << "a calibration without a speed probe: " << out;
+
+  // With the calibration's speed probe: before each run the probe again, its ratio to the
+  // calibration's the machine's slowdown; each row's step at the calibrated speed is the median of
+  // its runs divided by their slowdowns, and the summary scores the model against those.
+  nlohmann::json j = load(cal);
+  j["speed_probe_s"] = 0.05;
+  std::ofstream(cal) << j.dump();
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal + " --validate 1 --rounds 2 --steps 3",
+                                            &out, &err), 0) << err;
+  size_t probed = 0;
+  at = 0;
+  while ((at = out.find("runs in turn (s):", at)) != std::string::npos) {
+    const size_t eol = out.find('\n', at), next = out.find('\n', eol + 1);
+    std::istringstream line(out.substr(at + 17, eol - at - 17));
+    std::vector<double> runs, slow;
+    for (double t; line >> t;) runs.push_back(t);
+    const std::string probe_line = out.substr(eol + 1, next - eol - 1);
+    const size_t colon = probe_line.find("calibration's):");
+    ASSERT_NE(colon, std::string::npos) << out;
+    std::istringstream sl(probe_line.substr(colon + 15));
+    for (double x; sl >> x;) slow.push_back(x);
+    sl.clear();
+    std::string rest;
+    std::getline(sl, rest);  // "; at the calibrated speed X.XXXXs ..."
+    double x = 0;
+    ASSERT_EQ(std::sscanf(rest.c_str(), "; at the calibrated speed %lfs", &x), 1) << probe_line;
+    ASSERT_EQ(runs.size(), 2u) << out;
+    ASSERT_EQ(slow.size(), 2u) << out;
+    for (double v : slow) EXPECT_GT(v, 0.0) << out;
+    const double expect = 0.5 * (runs[0] / slow[0] + runs[1] / slow[1]);
+    EXPECT_NEAR(x, expect, 1e-4 + 0.01 * expect) << probe_line;
+    ++probed, ++at;
+  }
+  EXPECT_GE(probed, 2u) << out;
+  EXPECT_NE(out.find("at the calibrated speed (each run's step / its slowdown"), std::string::npos) << out;
 }
 
 // plan --search and `"parallel": "auto"` at the hand calibration: the ranking, a budget that

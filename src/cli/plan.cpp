@@ -30,6 +30,7 @@
 #include "engine/ds_config.h"
 #include "engine/json_file.h"
 #include "parallel/pp/schedule.h"
+#include "planner/calibrate.h"
 #include "planner/cluster.h"
 #include "planner/search.h"
 
@@ -59,6 +60,7 @@ planner::Calibration load_calibration(const std::string& path, const std::string
   cal.threads = j.value("threads", 1);
   cal.ranks_per_host = j.value("ranks_per_host", 0);
   cal.kernel_ranks = j.value("kernel_ranks", cal.ranks_per_host > 0 ? cal.ranks_per_host : cal.world);
+  cal.speed_probe_s = j.value("speed_probe_s", 0.0);
   for (const auto& [family, f] : j["fits"].items()) {
     cal.fits[family] = planner::LinearFit{f.at("latency_s").get<double>(), f.at("per_unit_s").get<double>()};
     if (f.contains("curve")) cal.curves[family] = f["curve"].get<std::vector<std::pair<double, double>>>();
@@ -126,6 +128,13 @@ bool share_cores(planner::PlanJob& job, const planner::Calibration& cal) {
 size_t budget_bytes(double gib, int procs) {
   if (gib > 0) return static_cast<size_t>(gib * 1024.0 * 1024.0 * 1024.0);
   return physical_memory_bytes() / static_cast<size_t>(procs);
+}
+
+// One number in a printf format.
+std::string fmt(const char* format, double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, format, x);
+  return buf;
 }
 
 std::string gib(size_t b) {
@@ -241,7 +250,7 @@ double kendall_tau(const std::vector<double>& a, const std::vector<double>& b) {
 
 // plan --validate K: the search's first K layouts, K others drawn from the rest of those that fit,
 // and the configuration's own (when it fits), trained here; predicted against measured.
-void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::SearchResult& r) {
+void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::SearchResult& r, const planner::Calibration& cal) {
   std::vector<size_t> picks;
   for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < o.validate; ++i) picks.push_back(i);
   std::vector<size_t> rest;
@@ -262,28 +271,51 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   const double tokens = static_cast<double>(job.global_batch) * job.memory.seq_length;
   std::printf("%4s  %-48s %10s %10s %7s %11s %11s %7s\n", "rank", "layout", "predicted", "measured", "error",
               "rank 0 mem", "measured", "error");
-  std::vector<double> predicted, measured, step_errors, memory_errors;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  std::vector<double> predicted, measured, step_errors, memory_errors, at_speed, speed_errors, slowdowns;
   std::vector<std::pair<double, double>> spread;  // --rounds: each pick's fastest and slowest run
+  // Before each run the speed probe (planner::speed_probe) gives the machine's slowdown against the
+  // calibration's moment; each run's step divided by it is the step at the calibrated speed.
+  const bool probe = cal.speed_probe_s > 0;
+  auto run = [&](size_t i, std::vector<double>& steps, std::vector<double>& slow) {
+    if (probe) slow.push_back(planner::speed_probe(cal.threads) / cal.speed_probe_s);
+    Measured m = measure_layout(o, r.ranked[i].layout, tokens, dir, static_cast<int>(i));
+    steps.push_back(m.step);
+    return m;
+  };
   // --rounds R: rounds 1 .. R-1 train every pick in turn first; the last round prints each with the
   // median of its R steps (the drift of a shared machine lands on every layout alike).
-  std::map<size_t, std::vector<double>> earlier;
+  std::map<size_t, std::vector<double>> steps_of, slow_of;
   for (int round = 1; round < o.rounds; ++round)
-    for (size_t i : picks) earlier[i].push_back(measure_layout(o, r.ranked[i].layout, tokens, dir, static_cast<int>(i)).step);
+    for (size_t i : picks) run(i, steps_of[i], slow_of[i]);
   for (size_t i : picks) {
     const auto& [l, p] = r.ranked[i];
-    Measured m = measure_layout(o, l, tokens, dir, static_cast<int>(i));
+    std::vector<double>& all = steps_of[i];
+    std::vector<double>& slow = slow_of[i];
+    Measured m = run(i, all, slow);
     std::string runs;
     if (o.rounds > 1) {
-      std::vector<double> all = earlier[i];
-      all.push_back(m.step);
-      for (double t : all) runs += " " + std::to_string(t).substr(0, 6);
-      std::sort(all.begin(), all.end());
-      spread.emplace_back(all.front(), all.back());
-      m.step = all.size() % 2 ? all[all.size() / 2] : 0.5 * (all[all.size() / 2 - 1] + all[all.size() / 2]);
+      for (double t : all) runs += fmt(" %.4g", t);
+      spread.emplace_back(*std::min_element(all.begin(), all.end()), *std::max_element(all.begin(), all.end()));
+      m.step = median(all);
     }
     predicted.push_back(p.step);
     measured.push_back(m.step);
     step_errors.push_back(std::abs(p.step / m.step - 1));
+    std::string speeds;
+    if (probe) {
+      std::vector<double> normal;
+      for (size_t k = 0; k < all.size(); ++k) {
+        normal.push_back(all[k] / slow[k]);
+        speeds += fmt(" %.3f", slow[k]);
+        slowdowns.push_back(slow[k]);
+      }
+      at_speed.push_back(median(normal));
+      speed_errors.push_back(std::abs(p.step / at_speed.back() - 1));
+    }
     // Rank 0's categories (a pipeline's first stage) against its own prediction.
     const double mine = static_cast<double>(p.memory_by_stage.empty() ? p.memory_train : p.memory_by_stage.front());
     memory_errors.push_back(m.memory > 0 ? std::abs(mine / m.memory - 1) : 0.0);
@@ -291,17 +323,22 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
                 100 * (p.step / m.step - 1), gib(static_cast<size_t>(mine)).c_str(), gib(static_cast<size_t>(m.memory)).c_str(),
                 m.memory > 0 ? 100 * (mine / m.memory - 1) : 0.0);
     if (!runs.empty()) std::printf("      runs in turn (s):%s\n", runs.c_str());
+    if (probe)
+      std::printf("      slowdown at each run (speed probe / the calibration's):%s; at the calibrated speed %.4fs %+.1f%%\n",
+                  speeds.c_str(), at_speed.back(), 100 * (p.step / at_speed.back() - 1));
     std::fflush(stdout);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  };
   const double best = *std::min_element(measured.begin(), measured.end());
   std::printf("step error: median %.1f%%, worst %.1f%%; memory error: median %.1f%%, worst %.1f%%; Kendall's tau %.2f\n",
               100 * median(step_errors), 100 * *std::max_element(step_errors.begin(), step_errors.end()),
               100 * median(memory_errors), 100 * *std::max_element(memory_errors.begin(), memory_errors.end()),
               kendall_tau(predicted, measured));
+  if (probe)  // the model against the machine as it was calibrated: its drift since taken out
+    std::printf("at the calibrated speed (each run's step / its slowdown, %.2f-%.2f): step error median %.1f%%, worst "
+                "%.1f%%; Kendall's tau %.2f\n",
+                *std::min_element(slowdowns.begin(), slowdowns.end()), *std::max_element(slowdowns.begin(), slowdowns.end()),
+                100 * median(speed_errors), 100 * *std::max_element(speed_errors.begin(), speed_errors.end()),
+                kendall_tau(predicted, at_speed));
   if (!spread.empty()) {  // which swapped pairs the runs themselves cannot order
     int pairs = 0, discordant = 0, overlapping = 0;
     for (size_t i = 0; i < predicted.size(); ++i)
@@ -347,7 +384,7 @@ void run_plan(const PlanOptions& o) {
     const planner::SearchResult r = planner::search_layouts(job, all, budget, cal);
     print_search(r, o.top, budget, o.json);
     MT_CHECK(o.validate == 0 || !r.ranked.empty(), ErrorKind::kInvalidArgument, "plan --validate: no layout fits");
-    if (o.validate > 0) validate(o, job, r);
+    if (o.validate > 0) validate(o, job, r, cal);
     return;
   }
   planner::check_layout(job, job.base);

@@ -622,6 +622,37 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
 
 }  // namespace
 
+double speed_probe(int threads) {
+  const int saved = threads_get();
+  threads_set(threads);
+  const int m = 1024, n = 2048, k = 1024;
+  const size_t a_bytes = size_t{m} * k * 2, b_bytes = size_t{n} * k * 2;
+  const int copies = rotation(a_bytes + b_bytes + size_t{m} * n * 4);
+  std::vector<std::vector<char>> a(copies, std::vector<char>(a_bytes)), b(copies, std::vector<char>(b_bytes));
+  std::vector<std::vector<float>> c(copies, std::vector<float>(size_t{m} * n));
+  for (int i = 0; i < copies; ++i) fill_lowp(a[i], DType::kBF16), fill_lowp(b[i], DType::kBF16);
+  const size_t e = size_t{16} << 20;  // 64 MiB of f32
+  std::vector<float> x(e, 0.5f), y(e);
+  int next = 0;
+  auto once = [&] {
+    for (int i = 0; i < 4; ++i) {
+      kernels::gemm(m, n, k, a[next].data(), k, false, b[next].data(), k, true, c[next].data(), n, DType::kBF16, false);
+      next = (next + 1) % copies;
+    }
+    for (int i = 0; i < 4; ++i) kernels::gelu_forward(y.data(), x.data(), e);
+  };
+  once();
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    Timer timer;
+    once();
+    t.push_back(timer.seconds());
+  }
+  threads_set(saved);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 Calibration calibrate(const CalibrateOptions& options) {
   Calibration cal;
   cal.threads = threads_get();
@@ -695,6 +726,16 @@ Calibration calibrate(const CalibrateOptions& options) {
       time_collectives(cal, intra.get(), " intra", options.quick, budget, max_bytes);
       time_collectives(cal, inter.get(), " inter", options.quick, budget, max_bytes);
     }
+  }
+
+  // The speed probe: rank 0 alone (the others wait without spinning), as plan --validate runs it.
+  if (!group || group->rank() == 0) cal.speed_probe_s = speed_probe(cal.threads);
+  if (group) {
+    std::unique_ptr<comm::Work> w = group->barrier(comm::BarrierOptions{});
+    while (!w->is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    float probe = static_cast<float>(cal.speed_probe_s);
+    group->all_reduce(&probe, 1, DType::kF32, comm::AllReduceOptions{})->wait();  // rank 0's
+    cal.speed_probe_s = probe;
   }
 
   if (!options.io_dir.empty()) {

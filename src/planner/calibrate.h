@@ -75,6 +75,9 @@ struct Calibration {
   // Compute seconds lost per byte the disk moves beside it (calibrate --io: a GEMM loop alone and
   // beside a stream of reads and writes; on a virtual machine the disk's emulation shares the cores).
   double disk_interference_s_per_byte = 0.0;
+  // speed_probe(threads) when the calibration was taken (rank 0 alone; 0: not measured): the
+  // machine's speed then, for plan --validate to compare the machine's speed at each run with.
+  double speed_probe_s = 0.0;
   // The collectives' measured (bytes, seconds), by size: MPI's algorithms change with the message
   // size (OpenMPI's reduce_scatter here: 3.85 GB/s at 1 MiB, 0.12 at 16 MiB), so no one line holds.
   // seconds() interpolates them piecewise-linearly, past the largest at its rate, below the
@@ -118,6 +121,14 @@ struct CalibrateOptions {
 
 // Collective when group has more than one rank: every rank calls it.
 Calibration calibrate(const CalibrateOptions& options);
+
+// A fixed sample of a step's work, timed in this process on `threads` threads: four bf16 GEMMs of
+// a block's shape (1024 x 2048 x 1024, operands rotating past the caches) and four GELU passes
+// over 64 MiB, about three quarters GEMM by time as a step is; the median of five tries (seconds).
+// A virtual machine's speed drifts (two calibrations of one 16-core VM eight minutes apart
+// differed by 19 %); the ratio of this probe now to the calibration's (Calibration::speed_probe_s)
+// is how much slower than calibrated the machine runs at this moment.
+double speed_probe(int threads);
 
 // The "gemm compute DT" and "gemm backward compute DT" lines: each timing less its bytes at the
 // calibration's "memory" rate, fitted by flops as the "gemm DT" lines are. Needs "memory".

@@ -117,6 +117,7 @@ TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
   // convert), the blocks' 9 elementwise x 2
   EXPECT_EQ(cal.points.size(), 57u);  // + a block of 2 architectures x 2 dtypes, forward and backward
   for (const CalPoint& p : cal.points) EXPECT_GT(p.seconds, 0.0) << p.what;
+  EXPECT_GT(cal.speed_probe_s, 0.0);
   const LinearFit& g = cal.fits.at("gemm compute bf16");  // its compute, and its bytes at the memory rate
   EXPECT_DOUBLE_EQ(cal.gemm_seconds(256, 512, 512, DType::kBF16),
                    g.seconds(2.0 * 256 * 512 * 512) + cal.fits.at("memory").per_unit * gemm_bytes(256, 512, 512, 2));
