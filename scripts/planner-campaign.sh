@@ -55,13 +55,13 @@ calibrate() {  # N
   stamp "calibrate -n $1"
   timeout 300 meshtrain launch -n "$1" -- calibrate -o "$OUT/c$1.json" --force > "$W/cal$1.log" 2>&1 ||
     { status=1; tail -20 "$W/cal$1.log"; }
-  grep -E "^(\[1,0\]<stdout>:)?(gemm|all_reduce|send_recv|memory|in situ)" "$W/cal$1.log" | head -12
+  grep -E "^(\[1,0\]<stdout>:)?(gemm|all_reduce|send_recv|memory|in situ|speed probe)" "$W/cal$1.log" | head -13
 }
 validate() {  # CASE ARGS...
   local c=$1; shift
   stamp "case ($c)"
   timeout 200 meshtrain plan "$@" > "$OUT/case$c.log" 2>&1 || status=1
-  grep -E "^ *[0-9]+  |step error|chosen layout|note:" "$OUT/case$c.log"
+  grep -E "^ *[0-9]+  |slowdown at each|step error|calibrated speed \(|chosen layout|note:" "$OUT/case$c.log"
 }
 run_case() {
   case $1 in

@@ -134,7 +134,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   c.sum_per_element = rate("add");
   // The update (writing the compute-dtype copy where calibrated so), and the step's other passes
   // over the shard: the gradient norm reads it and zero_grad writes it.
-  const char* update = e < 4 && cal.fits.count("adamw bf16") ? "adamw bf16" : "adamw";
+  const char* update = e < 4 && s.zero_stage == 0 && cal.fits.count("adamw bf16") ? "adamw bf16" : "adamw";
   c.optimizer_per_element = (cal.fits.count(update) ? cal.fits.at(update).per_unit : 0.0) + (own ? mem * 8 : 0.0);
   if (s.optimizer_nvme && !s.param_nvme) {  // with param_nvme the step program times the swap
     MT_CHECK(cal.disk_read_gbs > 0 && cal.disk_write_gbs > 0 && cal.disk_mixed_gbs > 0, ErrorKind::kInvalidArgument,

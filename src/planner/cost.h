@@ -61,6 +61,11 @@ struct StepShape {
   // offload_param device "nvme" at stage 3: the disk's rates and the bare update for the step
   // program's swap (planner/program.h); the same calibration's disk as optimizer_nvme.
   bool param_nvme = false;
+  // ZeRO's stage. At stage 0 the update writes the compute-dtype copy of the parameters itself
+  // (parallel/grad_sync's LocalSync and BucketedSync hand the optimizer the copy); under ZeRO
+  // (ZeroSync) the update writes the f32 master alone and the refresh converts the gathered views,
+  // which the step programs price.
+  int zero_stage = 0;
 };
 
 // FLOPs of one block's GEMMs in the forward (the textbook 24·N·C² for GPT-2's 4C MLP, without

@@ -92,6 +92,10 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
   EXPECT_NEAR(c.backward[1], 2 * fwd + elem_b, 1e-15);
   // The update writing the bf16 copy, and the norm's read and zero_grad's write: 8 bytes.
   EXPECT_NEAR(c.optimizer_per_element, 2e-9 + 8e-11, 1e-20);
+  // Under ZeRO the update writes the f32 master alone (the refresh converts, in the step program).
+  s.zero_stage = 1;
+  EXPECT_NEAR(zero_step_costs(s, cal).optimizer_per_element, 1e-9 + 8e-11, 1e-20);
+  s.zero_stage = 0;
   s.recompute = true;
   EXPECT_NEAR(zero_step_costs(s, cal).backward[1], 2 * fwd + elem_b + fwd + elem_f, 1e-15);
   s.recompute = false;

@@ -461,6 +461,8 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
       }
       compute(costs.optimizer_seconds(static_cast<double>(spec.zero_stage == 1 ? shard : n)), "optimizer");
       if (D > 1 && spec.zero_stage == 1) collective(costs.all_gather(4.0 * static_cast<double>(shard)), "all_gather");
+      if (spec.zero_stage == 1 && spec.low_precision)  // the refresh's views in the compute dtype
+        compute(costs.convert_seconds(4.0 * static_cast<double>(n)), "convert");
     }
   }
   return p;

@@ -117,13 +117,15 @@ struct ZeroStepCosts {
 // After the schedule: the tied token table's gradient (tied_elems) exchanged between the first and
 // last stage (each sends, receives, and waits for its send) and summed; the stage's data-parallel reduction of its stage_params[q] gradients
 // (ZeRO 0: blocking all-reduces in buckets of bucket_elems; ZeRO 1: a reduce-scatter, then the
-// refresh's all-gather after the update); the update over the rank's parameters or shard.
+// refresh's all-gather after the update and, in low precision, its conversion of the stage's
+// parameters); the update over the rank's parameters or shard.
 struct PipelineStepSpec {
   parallel::pp::ScheduleSpec schedule;
   std::vector<int> bounds;           // S + 1 layer bounds of the virtual stages
   std::vector<size_t> stage_params;  // elements per pipeline rank
   int dp = 1;
   int zero_stage = 0;                // 0 or 1 (the runtime's pipeline takes no other)
+  bool low_precision = false;        // ZeRO 1: the refresh converts the stage's parameters to the compute dtype
   size_t bucket_elems = 500'000'000;
   double boundary_bytes = 0.0;       // one activation (or its gradient) between stages
   size_t tied_elems = 0;             // the tied token table (0: untied)

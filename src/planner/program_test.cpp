@@ -253,6 +253,14 @@ TEST(PipelineProgram, OneFOneBThenTheTiedExchangeTheReductionAndEachStagesUpdate
   r = simulate(pipeline_step_program(s, c));
   EXPECT_NEAR(r.end[1], 16.8, 1e-12);
   EXPECT_NEAR(r.makespan, 16.9, 1e-12);
+  // In low precision ZeRO 1's refresh converts each stage's parameters (1.5 x 4 bytes an element
+  // moved at 1e-4 s a byte): 0.06 s for the first stage's 100, 0.18 s for the last's 300.
+  s.low_precision = true;
+  c.convert_per_byte = 1e-4;
+  r = simulate(pipeline_step_program(s, c));
+  EXPECT_NEAR(r.end[1], 16.8 + 0.06, 1e-12);
+  EXPECT_NEAR(r.makespan, 16.9 + 0.18, 1e-12);
+  s.low_precision = false;
   // The runtime's pipeline takes ZeRO 0 or 1; the bounds must cover the costs' layers.
   s.zero_stage = 2;
   EXPECT_THROW(pipeline_step_program(s, c), Error);

@@ -86,7 +86,7 @@ StepShape step_shape(const PlanJob& job, const Layout& l) {
                    .compute = m.compute_dtype, .world = l.dp, .vocab_divisible = m.vocab_divisible,
                    .recompute = l.recompute, .tp = l.tp, .sequence_parallel = m.sequence_parallel && l.tp > 1,
                    .optimizer_nvme = m.zero.optimizer_nvme, .sub_group_size = m.zero.sub_group_size,
-                   .param_nvme = m.zero.param_nvme && l.stage == 3};
+                   .param_nvme = m.zero.param_nvme && l.stage == 3, .zero_stage = l.stage};
 }
 
 // The layer bounds of a layout's pipeline stages. "time" cuts as the engine does at start-up
@@ -149,6 +149,7 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
     }
     spec.dp = l.dp;
     spec.zero_stage = l.stage;
+    spec.low_precision = m.compute_dtype != DType::kF32;
     spec.bucket_elems = job.bucket_elems;
     spec.boundary_bytes = 4.0 * l.micro_batch * m.seq_length * m.model.hidden;
     spec.tied_elems = m.model.tie_embeddings
