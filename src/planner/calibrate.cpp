@@ -554,13 +554,24 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
     add_family(cal, "add", add, false);
     add_family(cal, "adamw bf16", adam16, false);
   }
+}
 
-  // In situ: a real block of each architecture and dtype (models::TransformerLM, six layers minus
-  // two over four, forward and backward apart: a model whose weights and activations outgrow the
-  // caches, as a step's do) against the cost model's sum of its kernels at the same
-  // shape. Inside a step each kernel finds its operands out of cache, and the bias adds and casts
-  // between them are not among the families; the ratio, "in situ forward|backward ARCH DTYPE",
-  // scales the cost model's blocks (a factor: per_unit, no latency).
+// A wait that leaves the core to others: the ranks that do not time kernels share cores with
+// those that do (an oversubscribed host).
+void wait_quietly(comm::Work& w) {
+  while (!w.is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// In situ: a real block of each architecture and dtype (models::TransformerLM, six layers minus
+// two over four, forward and backward apart: a model whose weights and activations outgrow the
+// caches, as a step's do) against the cost model's sum of its kernels at the same shape. Inside a
+// step each kernel finds its operands out of cache, and the bias adds and casts between them are
+// not among the families; the ratio, "in situ forward|backward ARCH DTYPE", scales the cost
+// model's blocks (a factor: per_unit, no latency). With a group, every rank that times kernels
+// (`runs`) runs each forward and backward at once and each is the slowest rank's time
+// (lockstep_seconds): a step's ranks wait for their slowest at every collective (DESIGN-NOTES 50).
+// Every rank of the group calls it; the others wait without spinning.
+void time_in_situ(Calibration& cal, const CalibrateOptions& options, comm::Backend* group, bool runs) {
   for (models::Arch arch : {models::Arch::kGpt2, models::Arch::kLlama})
     for (DType dt : {DType::kF32, DType::kBF16}) {
       const bool gpt2 = arch == models::Arch::kGpt2;
@@ -585,23 +596,22 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
         return model;
       };
       const int lo = 2, hi = options.quick ? 3 : 6;
-      auto one = build(lo), two = build(hi);
+      std::unique_ptr<models::TransformerLM> one, two;
+      if (runs) one = build(lo), two = build(hi);
       // Alternating, so a disturbance hits both; the first round warms up; the median of the rest
       // (the kernels' lines are means over calls: a fastest-of would bias the ratio low).
       std::vector<double> f[2], b[2];
       const int rounds = options.quick ? 3 : 8;
       for (int r = 0; r < rounds; ++r)
         for (int k = 0; k < 2; ++k) {
-          models::TransformerLM& model = k ? *two : *one;
-          Timer t;
-          model.forward(tok.data(), tgt.data(), 1.0f);
-          const double tf = t.seconds();
-          model.backward();
-          const double tb = t.seconds() - tf;
+          models::TransformerLM* model = runs ? (k ? two.get() : one.get()) : nullptr;
+          const double tf = lockstep_seconds(group, runs, [&] { model->forward(tok.data(), tgt.data(), 1.0f); });
+          const double tb = lockstep_seconds(group, runs, [&] { model->backward(); });
           if (r == 0) continue;
           f[k].push_back(tf);
           b[k].push_back(tb);
         }
+      if (!runs) continue;  // this rank's calibration has no kernel lines to compare with
       auto median = [](std::vector<double> v) {
         std::sort(v.begin(), v.end());
         return v[v.size() / 2];
@@ -617,7 +627,6 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
       cal.fits["in situ forward " + what] = {0.0, mf / modelled.forward[1]};
       cal.fits["in situ backward " + what] = {0.0, mb / modelled.backward[1]};
     }
-
 }
 
 }  // namespace
@@ -653,6 +662,30 @@ double speed_probe(int threads) {
   return t[t.size() / 2];
 }
 
+double lockstep_seconds(comm::Backend* group, bool runs, const std::function<void()>& f) {
+  const bool together = group != nullptr && group->size() > 1;
+  if (together) {
+    std::unique_ptr<comm::Work> w = group->barrier(comm::BarrierOptions{});
+    if (runs) w->wait();
+    else wait_quietly(*w);
+  }
+  float s = 0.0f;
+  if (runs) {
+    Timer t;
+    f();
+    s = static_cast<float>(t.seconds());
+  }
+  if (together) {
+    comm::AllReduceOptions o;
+    o.op = comm::ReduceOp::kMax;
+    o.tag = "calibrate lockstep";
+    std::unique_ptr<comm::Work> w = group->all_reduce(&s, 1, DType::kF32, o);
+    if (runs) w->wait();
+    else wait_quietly(*w);
+  }
+  return s;
+}
+
 Calibration calibrate(const CalibrateOptions& options) {
   Calibration cal;
   cal.threads = threads_get();
@@ -675,6 +708,7 @@ Calibration calibrate(const CalibrateOptions& options) {
     times_kernels = local == 0 || (local + 1) * cal.threads <= cores;
   }
   if (times_kernels) time_kernels(cal, options, budget);
+  time_in_situ(cal, options, group, times_kernels);
   if (group) {
     std::unique_ptr<comm::Work> w = group->barrier(comm::BarrierOptions{});
     while (!w->is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(2));

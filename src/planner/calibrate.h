@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -121,6 +122,12 @@ struct CalibrateOptions {
 
 // Collective when group has more than one rank: every rank calls it.
 Calibration calibrate(const CalibrateOptions& options);
+
+// The seconds `f` takes on the slowest rank of `group`, its ranks starting it together: a barrier,
+// f timed on each rank where `runs` (the others count 0 and wait without spinning), a max-reduce.
+// What a step's synchronised ranks see of a block: they wait for the slowest. Without a group (or
+// with one rank), f's own time. Every rank of the group calls it.
+double lockstep_seconds(comm::Backend* group, bool runs, const std::function<void()>& f);
 
 // A fixed sample of a step's work, timed in this process on `threads` threads: four bf16 GEMMs of
 // a block's shape (1024 x 2048 x 1024, operands rotating past the caches) and four GELU passes

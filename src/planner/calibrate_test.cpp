@@ -3,7 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+#include <vector>
+
 #include "base/error.h"
+#include "comm/local_backend.h"
 
 namespace mt::planner {
 namespace {
@@ -94,6 +99,25 @@ TEST(CalibrationFit, GemmComputeLinesLeaveTheBytesToTheMemoryRate) {
   EXPECT_DOUBLE_EQ(old.gemm_backward_seconds(2, 3, 4, DType::kBF16), 3e-6 + 1e-12 * 96);
   cal.fits.erase("memory");
   EXPECT_THROW(add_gemm_compute_fits(cal, t), Error);
+}
+
+// The in-situ blocks are timed in lockstep: every rank gets the slowest rank's time, a rank that
+// does not run (an oversubscribed host's) included; without a group, f's own time.
+TEST(CalibrationRun, LockstepTimesAreTheSlowestRanks) {
+  std::vector<double> got(3, 0.0);
+  const auto errors = comm::run_local_ranks(3, [&got](comm::Backend& g) {
+    const int r = g.rank();
+    const int ms = r == 0 ? 5 : 60;  // rank 1 is the slow one; rank 2 does not run
+    got[static_cast<size_t>(r)] =
+        lockstep_seconds(&g, r != 2, [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); });
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, nullptr);
+  for (double s : got) {
+    EXPECT_GE(s, 0.060);
+    EXPECT_DOUBLE_EQ(s, got[1]);
+  }
+  const double alone = lockstep_seconds(nullptr, true, [] { std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
+  EXPECT_GE(alone, 0.005);
 }
 
 // A quick calibration of one process: GEMM lines per dtype (by flops), the memory-bound kernel
