@@ -18,6 +18,7 @@
 
 #include "base/error.h"
 #include "base/file_io.h"
+#include "base/scratch_dir.h"
 
 #ifndef MT_SOURCE_DIR
 #define MT_SOURCE_DIR "."
@@ -27,15 +28,6 @@ namespace mt::data {
 namespace {
 
 using Doc = std::vector<std::vector<int32_t>>;  // a document: its sequences
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = std::filesystem::temp_directory_path().string() + "/mt_idx_XXXXXX";
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
 
 void write_dataset(const std::string& prefix, int64_t vocab, const std::vector<Doc>& docs) {
   IndexedDatasetWriter w(prefix, vocab);
@@ -100,8 +92,8 @@ std::vector<Doc> scaled_docs(int32_t offset) {
 }
 
 void check_round_trip(int64_t vocab, int32_t offset, TokenDType dtype) {
-  TempDir dir;
-  std::string prefix = dir.path + "/ds";
+  ScratchDir dir;
+  std::string prefix = dir.path() + "/ds";
   write_dataset(prefix, vocab, scaled_docs(offset));
   IndexedDataset ds(prefix);
   EXPECT_EQ(ds.dtype(), dtype);
@@ -156,8 +148,8 @@ TEST(IndexedDataset, DtypeFollowsMegatronOptimalDtype) {
 }
 
 TEST(IndexedDataset, WriterRefusesTokenOutsideVocab) {
-  TempDir dir;
-  IndexedDatasetWriter w(dir.path + "/ds", 100);
+  ScratchDir dir;
+  IndexedDatasetWriter w(dir.path() + "/ds", 100);
   std::vector<int32_t> bad = {1, 100};
   try {
     w.add_sequence(bad);
@@ -169,30 +161,30 @@ TEST(IndexedDataset, WriterRefusesTokenOutsideVocab) {
 }
 
 TEST(IndexedDataset, FinalizeClosesOpenDocumentAndAbandonLeavesNothing) {
-  TempDir dir;
+  ScratchDir dir;
   {
-    IndexedDatasetWriter w(dir.path + "/a", 10);
+    IndexedDatasetWriter w(dir.path() + "/a", 10);
     std::vector<int32_t> s = {1, 2};
     w.add_sequence(s);
     w.finalize();
   }
-  IndexedDataset a(dir.path + "/a");
+  IndexedDataset a(dir.path() + "/a");
   EXPECT_EQ(a.num_documents(), 1u);
   EXPECT_EQ(a.document_first_sequence(1), 1u);
   {
-    IndexedDatasetWriter w(dir.path + "/b", 10);
+    IndexedDatasetWriter w(dir.path() + "/b", 10);
     std::vector<int32_t> s = {1, 2};
     w.add_sequence(s);
   }
-  EXPECT_FALSE(file_exists(dir.path + "/b.bin.tmp"));
-  EXPECT_FALSE(file_exists(dir.path + "/b.bin"));
-  EXPECT_FALSE(file_exists(dir.path + "/b.idx"));
+  EXPECT_FALSE(file_exists(dir.path() + "/b.bin.tmp"));
+  EXPECT_FALSE(file_exists(dir.path() + "/b.bin"));
+  EXPECT_FALSE(file_exists(dir.path() + "/b.idx"));
 }
 
 // Files with a stored dtype the writer never picks are read and converted to int32.
 TEST(IndexedDataset, ReadsOtherDtypes) {
-  TempDir dir;
-  std::string prefix = dir.path + "/ds";
+  ScratchDir dir;
+  std::string prefix = dir.path() + "/ds";
   std::vector<char> bin;
   for (int64_t v : {7, 0, 2147483647}) append(&bin, v);
   write_bytes(prefix + ".bin", bin);
@@ -223,10 +215,10 @@ TEST(IndexedDataset, ReadsOtherDtypes) {
 
 void check_with_numpy(int64_t vocab, int32_t offset, const char* dtype_name) {
   if (!file_exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
-  TempDir dir;
-  std::string prefix = dir.path + "/ds";
+  ScratchDir dir;
+  std::string prefix = dir.path() + "/ds";
   write_dataset(prefix, vocab, scaled_docs(offset));
-  std::string out = dir.path + "/out.json";
+  std::string out = dir.path() + "/out.json";
   std::string cmd = std::string("/usr/bin/python3 ") + MT_SOURCE_DIR +
                     "/tools/check_megatron_idx.py " + prefix + " > " + out;
   int rc = std::system(cmd.c_str());
@@ -267,7 +259,7 @@ TEST(IndexedDataset, MatchesNumpyReaderInt32) {
 class MalformedIndex : public ::testing::Test {
  protected:
   void SetUp() override {
-    prefix_ = dir_.path + "/ds";
+    prefix_ = dir_.path() + "/ds";
     write_dataset(prefix_, 1000, kDocs);  // uint16, S = 6, D = 5
     idx_ = read_bytes(prefix_ + ".idx");
     bin_ = read_bytes(prefix_ + ".bin");
@@ -291,7 +283,7 @@ class MalformedIndex : public ::testing::Test {
     }
   }
 
-  TempDir dir_;
+  ScratchDir dir_;
   std::string prefix_;
   std::vector<char> idx_, bin_;
 };

@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "base/file_io.h"
+#include "base/scratch_dir.h"
 #include "data/indexed_dataset.h"
 
 #ifndef MT_SOURCE_DIR
@@ -25,15 +26,6 @@
 
 namespace mt::data {
 namespace {
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = std::filesystem::temp_directory_path().string() + "/mt_stream_XXXXXX";
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
 
 // Writes documents of the given lengths, each a single sequence split in two where it is long
 // enough, with token values from a fixed pseudo-random rule; returns the concatenated stream.
@@ -71,9 +63,9 @@ void expected_window(const std::vector<int32_t>& stream, uint64_t start, int T,
 }
 
 TEST(TokenStream, InOrderWindowsWrapAroundAndCrossDocuments) {
-  TempDir dir;
-  std::vector<int32_t> stream = write_docs(dir.path + "/ds", {7, 3, 1, 9, 3});  // S = 23
-  IndexedDataset ds(dir.path + "/ds");
+  ScratchDir dir;
+  std::vector<int32_t> stream = write_docs(dir.path() + "/ds", {7, 3, 1, 9, 3});  // S = 23
+  IndexedDataset ds(dir.path() + "/ds");
   ASSERT_EQ(ds.total_tokens(), 23u);
   const int T = 5;
   TokenStream ts(ds, T, /*shuffle=*/false, 0);
@@ -94,9 +86,9 @@ TEST(TokenStream, InOrderWindowsWrapAroundAndCrossDocuments) {
 }
 
 TEST(TokenStream, StreamShorterThanWindowWrapsRepeatedly) {
-  TempDir dir;
-  std::vector<int32_t> stream = write_docs(dir.path + "/ds", {3});
-  IndexedDataset ds(dir.path + "/ds");
+  ScratchDir dir;
+  std::vector<int32_t> stream = write_docs(dir.path() + "/ds", {3});
+  IndexedDataset ds(dir.path() + "/ds");
   const int T = 8;
   for (bool shuffle : {false, true}) {
     TokenStream ts(ds, T, shuffle, 1);
@@ -112,9 +104,9 @@ TEST(TokenStream, StreamShorterThanWindowWrapsRepeatedly) {
 }
 
 TEST(TokenStream, BatchRowsAreConsecutiveSamples) {
-  TempDir dir;
-  write_docs(dir.path + "/ds", {50, 17, 33});
-  IndexedDataset ds(dir.path + "/ds");
+  ScratchDir dir;
+  write_docs(dir.path() + "/ds", {50, 17, 33});
+  IndexedDataset ds(dir.path() + "/ds");
   const int B = 3, T = 16;
   for (bool shuffle : {false, true}) {
     TokenStream ts(ds, T, shuffle, 9);
@@ -129,9 +121,9 @@ TEST(TokenStream, BatchRowsAreConsecutiveSamples) {
 }
 
 TEST(TokenStream, ShuffleIsAPermutationPerEpochAndReproducible) {
-  TempDir dir;
-  std::vector<int32_t> stream = write_docs(dir.path + "/ds", {400, 1, 250, 350});  // S = 1001
-  IndexedDataset ds(dir.path + "/ds");
+  ScratchDir dir;
+  std::vector<int32_t> stream = write_docs(dir.path() + "/ds", {400, 1, 250, 350});  // S = 1001
+  IndexedDataset ds(dir.path() + "/ds");
   const int T = 10;
   TokenStream a(ds, T, /*shuffle=*/true, 42);
   TokenStream b(ds, T, /*shuffle=*/true, 42);
@@ -185,8 +177,8 @@ TEST(SamplePermutation, PinnedValues) {
 
 TEST(SamplePermutation, MatchesPythonDefinition) {
   if (!file_exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
-  TempDir dir;
-  std::string out = dir.path + "/perm.json";
+  ScratchDir dir;
+  std::string out = dir.path() + "/perm.json";
   std::string cmd = std::string("/usr/bin/python3 ") + MT_SOURCE_DIR +
                     "/tools/check_megatron_idx.py --permutation 1000 123456789 17 > " + out;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
@@ -197,18 +189,18 @@ TEST(SamplePermutation, MatchesPythonDefinition) {
 }
 
 TEST(TokenStream, RefusesBadArguments) {
-  TempDir dir;
-  write_docs(dir.path + "/ds", {4});
-  IndexedDataset ds(dir.path + "/ds");
+  ScratchDir dir;
+  write_docs(dir.path() + "/ds", {4});
+  IndexedDataset ds(dir.path() + "/ds");
   try {
     TokenStream ts(ds, 0, false, 0);
     FAIL() << "T = 0 accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
   }
-  IndexedDatasetWriter w(dir.path + "/empty", 10);
+  IndexedDatasetWriter w(dir.path() + "/empty", 10);
   w.finalize();
-  IndexedDataset empty(dir.path + "/empty");
+  IndexedDataset empty(dir.path() + "/empty");
   EXPECT_EQ(empty.num_sequences(), 0u);
   EXPECT_EQ(empty.num_documents(), 0u);
   EXPECT_THROW(TokenStream(empty, 4, false, 0), Error);
@@ -223,11 +215,11 @@ namespace {
 // The loss mask: target i of a sample is -100 exactly where the mask value at its stream position
 // (window start + 1 + i, wrapping) is 0, checked against positions computed by hand.
 TEST(TokenStreamMask, MaskedTargetsAreIgnoredIncludingAcrossTheWrap) {
-  TempDir dir;
-  std::vector<int32_t> stream = write_docs(dir.path + "/t", {7, 5});  // S = 12
+  ScratchDir dir;
+  std::vector<int32_t> stream = write_docs(dir.path() + "/t", {7, 5});  // S = 12
   std::vector<int32_t> mask_values;
   {
-    IndexedDatasetWriter w(dir.path + "/t.mask", 2);
+    IndexedDatasetWriter w(dir.path() + "/t.mask", 2);
     for (int d : {7, 5}) {
       std::vector<int32_t> m;
       for (int k = 0; k < d; ++k) m.push_back(static_cast<int32_t>(mask_values.size() % 3 != 0));
@@ -237,7 +229,7 @@ TEST(TokenStreamMask, MaskedTargetsAreIgnoredIncludingAcrossTheWrap) {
     }
     w.finalize();
   }
-  IndexedDataset ds(dir.path + "/t"), mask(dir.path + "/t.mask");
+  IndexedDataset ds(dir.path() + "/t"), mask(dir.path() + "/t.mask");
   const int T = 5;
   TokenStream ts(ds, T, false, 1);
   ts.set_loss_mask(&mask);
@@ -252,8 +244,8 @@ TEST(TokenStreamMask, MaskedTargetsAreIgnoredIncludingAcrossTheWrap) {
     }
   }
   // A mask of another length is refused, naming it.
-  write_docs(dir.path + "/short", {4});
-  IndexedDataset shorter(dir.path + "/short");
+  write_docs(dir.path() + "/short", {4});
+  IndexedDataset shorter(dir.path() + "/short");
   try {
     ts.set_loss_mask(&shorter);
     FAIL() << "a mask of another length was accepted";

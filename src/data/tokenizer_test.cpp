@@ -21,6 +21,7 @@
 
 #include "base/error.h"
 #include "base/file_io.h"
+#include "base/scratch_dir.h"
 
 namespace mt::data {
 namespace {
@@ -54,21 +55,6 @@ const Tokenizer& gpt2() {
   static Tokenizer t = Tokenizer::load(golden_dir());
   return t;
 }
-
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("mt_tokenizer_test_" + std::to_string(::getpid()) + "_" + std::to_string(next_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  static inline int next_ = 0;
-  fs::path path_;
-};
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
@@ -145,7 +131,7 @@ TEST(TokenizerGpt2, DecodeKeepsSplitUtf8AndInvalidBytes) {
 }
 
 TEST(TokenizerGpt2, HfJsonRoundTripKeepsEncodings) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.file("tokenizer.json");
   gpt2().save_json(path);
   Tokenizer loaded = Tokenizer::load(path);
@@ -214,7 +200,7 @@ TEST(TokenizerTrain, RoundTripsAndIsDeterministic) {
   EXPECT_LT(ids.size(), sample.size() / 3);  // it learned something
   for (const Case& c : golden_cases()) EXPECT_EQ(a.decode(a.encode(c.text)), c.text);
 
-  TempDir dir;
+  ScratchDir dir;
   a.save_json(dir.file("trained.json"));
   Tokenizer loaded = Tokenizer::load(dir.file("trained.json"));
   EXPECT_EQ(loaded.vocab_size(), 2048);
@@ -229,14 +215,14 @@ TEST(TokenizerTrain, RefusesImpossibleSizes) {
 }
 
 // A small valid tokenizer.json to break in different ways.
-json small_tokenizer_json(const TempDir& dir) {
+json small_tokenizer_json(const ScratchDir& dir) {
   Tokenizer::train("ab ab ab cd", 259).save_json(dir.file("small.json"));
   std::vector<char> data = file_read_all(dir.file("small.json"));
   return json::parse(data.begin(), data.end());
 }
 
 TEST(TokenizerFiles, MalformedFilesThrowNamingThePath) {
-  TempDir dir;
+  ScratchDir dir;
   json good = small_tokenizer_json(dir);
   std::string path = dir.file("bad.json");
   auto expect_bad = [&](const json& j, ErrorKind kind, const std::string& what) {
@@ -283,7 +269,7 @@ TEST(TokenizerFiles, MalformedFilesThrowNamingThePath) {
 }
 
 TEST(TokenizerFiles, MissingFilesAndBadGpt2Files) {
-  TempDir dir;
+  ScratchDir dir;
   std::string missing = dir.file("nope.json");
   expect_error([&] { Tokenizer::load(missing); }, ErrorKind::kNotFound, {missing});
   std::string empty_dir = dir.file("empty");
