@@ -600,16 +600,19 @@ void time_in_situ(Calibration& cal, const CalibrateOptions& options, comm::Backe
       if (runs) one = build(lo), two = build(hi);
       // Alternating, so a disturbance hits both; the first round warms up; the median of the rest
       // (the kernels' lines are means over calls: a fastest-of would bias the ratio low).
-      std::vector<double> f[2], b[2];
+      std::vector<double> f[2], b[2], f_own[2], b_own[2];  // the slowest rank's; this rank's own
       const int rounds = options.quick ? 3 : 8;
       for (int r = 0; r < rounds; ++r)
         for (int k = 0; k < 2; ++k) {
           models::TransformerLM* model = runs ? (k ? two.get() : one.get()) : nullptr;
-          const double tf = lockstep_seconds(group, runs, [&] { model->forward(tok.data(), tgt.data(), 1.0f); });
-          const double tb = lockstep_seconds(group, runs, [&] { model->backward(); });
+          double of = 0.0, ob = 0.0;
+          const double tf = lockstep_seconds(group, runs, [&] { model->forward(tok.data(), tgt.data(), 1.0f); }, &of);
+          const double tb = lockstep_seconds(group, runs, [&] { model->backward(); }, &ob);
           if (r == 0) continue;
           f[k].push_back(tf);
           b[k].push_back(tb);
+          f_own[k].push_back(of);
+          b_own[k].push_back(ob);
         }
       if (!runs) continue;  // this rank's calibration has no kernel lines to compare with
       auto median = [](std::vector<double> v) {
@@ -624,6 +627,12 @@ void time_in_situ(Calibration& cal, const CalibrateOptions& options, comm::Backe
                    mb = std::max(median(b[1]) - median(b[0]), 1e-9) / (hi - lo);
       cal.points.push_back({"in situ block forward " + what, 1.0, mf});
       cal.points.push_back({"in situ block backward " + what, 1.0, mb});
+      if (group != nullptr && group->size() > 1) {  // this rank's own, for comparison (not a factor)
+        cal.points.push_back({"in situ block forward " + what + " own", 1.0,
+                              std::max(median(f_own[1]) - median(f_own[0]), 1e-9) / (hi - lo)});
+        cal.points.push_back({"in situ block backward " + what + " own", 1.0,
+                              std::max(median(b_own[1]) - median(b_own[0]), 1e-9) / (hi - lo)});
+      }
       cal.fits["in situ forward " + what] = {0.0, mf / modelled.forward[1]};
       cal.fits["in situ backward " + what] = {0.0, mb / modelled.backward[1]};
     }
@@ -662,7 +671,7 @@ double speed_probe(int threads) {
   return t[t.size() / 2];
 }
 
-double lockstep_seconds(comm::Backend* group, bool runs, const std::function<void()>& f) {
+double lockstep_seconds(comm::Backend* group, bool runs, const std::function<void()>& f, double* own) {
   const bool together = group != nullptr && group->size() > 1;
   if (together) {
     std::unique_ptr<comm::Work> w = group->barrier(comm::BarrierOptions{});
@@ -675,6 +684,7 @@ double lockstep_seconds(comm::Backend* group, bool runs, const std::function<voi
     f();
     s = static_cast<float>(t.seconds());
   }
+  if (own != nullptr) *own = s;
   if (together) {
     comm::AllReduceOptions o;
     o.op = comm::ReduceOp::kMax;

@@ -126,8 +126,9 @@ Calibration calibrate(const CalibrateOptions& options);
 // The seconds `f` takes on the slowest rank of `group`, its ranks starting it together: a barrier,
 // f timed on each rank where `runs` (the others count 0 and wait without spinning), a max-reduce.
 // What a step's synchronised ranks see of a block: they wait for the slowest. Without a group (or
-// with one rank), f's own time. Every rank of the group calls it.
-double lockstep_seconds(comm::Backend* group, bool runs, const std::function<void()>& f);
+// with one rank), f's own time. Every rank of the group calls it. `own`, where given, gets this
+// rank's own time (0 where it does not run).
+double lockstep_seconds(comm::Backend* group, bool runs, const std::function<void()>& f, double* own = nullptr);
 
 // A fixed sample of a step's work, timed in this process on `threads` threads: four bf16 GEMMs of
 // a block's shape (1024 x 2048 x 1024, operands rotating past the caches) and four GELU passes

@@ -104,18 +104,20 @@ TEST(CalibrationFit, GemmComputeLinesLeaveTheBytesToTheMemoryRate) {
 // The in-situ blocks are timed in lockstep: every rank gets the slowest rank's time, a rank that
 // does not run (an oversubscribed host's) included; without a group, f's own time.
 TEST(CalibrationRun, LockstepTimesAreTheSlowestRanks) {
-  std::vector<double> got(3, 0.0);
-  const auto errors = comm::run_local_ranks(3, [&got](comm::Backend& g) {
-    const int r = g.rank();
+  std::vector<double> got(3, 0.0), own(3, -1.0);
+  const auto errors = comm::run_local_ranks(3, [&got, &own](comm::Backend& g) {
+    const auto r = static_cast<size_t>(g.rank());
     const int ms = r == 0 ? 5 : 60;  // rank 1 is the slow one; rank 2 does not run
-    got[static_cast<size_t>(r)] =
-        lockstep_seconds(&g, r != 2, [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); });
+    got[r] = lockstep_seconds(&g, r != 2, [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }, &own[r]);
   });
   for (const auto& e : errors) EXPECT_EQ(e, nullptr);
   for (double s : got) {
     EXPECT_GE(s, 0.060);
     EXPECT_DOUBLE_EQ(s, got[1]);
   }
+  EXPECT_GE(own[0], 0.005);  // each rank's own time beside the slowest's
+  EXPECT_GE(own[1], 0.060);
+  EXPECT_EQ(own[2], 0.0);
   const double alone = lockstep_seconds(nullptr, true, [] { std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
   EXPECT_GE(alone, 0.005);
 }
