@@ -177,10 +177,11 @@ size_t collective_max_bytes(double host_bytes, int host_ranks, int ranks) {
 namespace {
 
 // Seconds per call of f, timed for at least `budget` seconds and `min_calls` calls after one
-// untimed call. With a group, every rank runs the same calls and takes the slowest rank's time.
+// untimed call (none without warm_up). With a group, every rank runs the same calls and takes the
+// slowest rank's time.
 template <typename F>
-double time_calls(F&& f, double budget, int min_calls, comm::Backend* group) {
-  f();
+double time_calls(F&& f, double budget, int min_calls, comm::Backend* group, bool warm_up = true) {
+  if (warm_up) f();
   if (group) group->barrier(comm::BarrierOptions{})->wait();
   Timer t;
   int calls = 0;
@@ -241,31 +242,40 @@ void fill_lowp(std::vector<char>& buf, DType dt) {
 // Collectives over `group`, by bytes per rank (f32), and a p2p round trip between its ranks 0 and 1
 // (half of it is one message), as the families "all_reduce" .. "send_recv" + suffix. Dense between
 // 4 and 16 MiB, where OpenMPI's algorithms change here, and up to 128 MiB (a stage-0 bucket of a
-// small model). Every rank of the group calls it.
+// small model). Every rank of the group calls it. The sizes are swept three times in order (quick:
+// once), each sweep with a third of the budget, and each point is its sweeps' median
+// (swept_medians): this VM's 1 MiB all_reduce took 0.15 or 0.84 ms, by runs of consecutive sizes
+// (DESIGN-NOTES 51).
 void time_collectives(Calibration& cal, comm::Backend* group, const std::string& suffix, bool quick, double budget,
                       size_t max_bytes) {
   const std::vector<size_t> bytes = collective_sizes(quick, max_bytes);
   const int P = group->size(), me = group->rank();
-  std::vector<CalPoint> ar, ag, rs, sr;
-  for (size_t b : bytes) {
-    const size_t n = b / 4;
-    std::vector<float> x(n * P, 1.0f), y(n * P);
-    ar.push_back({"all_reduce f32" + suffix, static_cast<double>(b), time_calls([&] {
-                    comm::AllReduceOptions o;
-                    o.tag = "calibrate all_reduce";
-                    group->all_reduce(x.data(), n, DType::kF32, o)->wait();
-                  }, budget, 3, group)});
-    ag.push_back({"all_gather f32" + suffix, static_cast<double>(b), time_calls([&] {
-                    comm::AllGatherOptions o;
-                    o.tag = "calibrate all_gather";
-                    group->all_gather(y.data(), x.data(), n, DType::kF32, o)->wait();
-                  }, budget, 3, group)});
-    rs.push_back({"reduce_scatter f32" + suffix, static_cast<double>(b), time_calls([&] {
-                    comm::ReduceScatterOptions o;
-                    o.tag = "calibrate reduce_scatter";
-                    group->reduce_scatter(y.data(), x.data(), n, DType::kF32, o)->wait();
-                  }, budget, 3, group)});
-    const double rt = time_calls([&] {
+  const int sweeps = quick ? 1 : 3;
+  // One pair of buffers for every size (its prefix), touched once: only the first sweep warms up.
+  const size_t most = *std::max_element(bytes.begin(), bytes.end()) / 4;
+  std::vector<float> x(most * P, 1.0f), y(most * P);
+  size_t timed = 0;
+  const std::vector<std::vector<double>> t = swept_medians(bytes.size(), sweeps, [&](size_t i) {
+    const size_t n = bytes[i] / 4;
+    const bool warm_up = timed++ < bytes.size();
+    const double part = budget / sweeps;
+    std::vector<double> s;
+    s.push_back(time_calls([&] {
+      comm::AllReduceOptions o;
+      o.tag = "calibrate all_reduce";
+      group->all_reduce(x.data(), n, DType::kF32, o)->wait();
+    }, part, 1, group, warm_up));
+    s.push_back(time_calls([&] {
+      comm::AllGatherOptions o;
+      o.tag = "calibrate all_gather";
+      group->all_gather(y.data(), x.data(), n, DType::kF32, o)->wait();
+    }, part, 1, group, warm_up));
+    s.push_back(time_calls([&] {
+      comm::ReduceScatterOptions o;
+      o.tag = "calibrate reduce_scatter";
+      group->reduce_scatter(y.data(), x.data(), n, DType::kF32, o)->wait();
+    }, part, 1, group, warm_up));
+    s.push_back(time_calls([&] {
       if (me == 0) {
         comm::SendOptions so;
         group->send(x.data(), n, DType::kF32, 1, so)->wait();
@@ -277,13 +287,16 @@ void time_collectives(Calibration& cal, comm::Backend* group, const std::string&
         comm::SendOptions so;
         group->send(y.data(), n, DType::kF32, 0, so)->wait();
       }
-    }, budget, 3, group);
-    sr.push_back({"send_recv f32" + suffix, static_cast<double>(b), rt / 2});
+    }, part, 1, group, warm_up) / 2);
+    return s;
+  });
+  const char* families[] = {"all_reduce", "all_gather", "reduce_scatter", "send_recv"};
+  for (size_t f = 0; f < 4; ++f) {
+    std::vector<CalPoint> pts;
+    for (size_t i = 0; i < bytes.size(); ++i)
+      pts.push_back({std::string(families[f]) + " f32" + suffix, static_cast<double>(bytes[i]), t[i][f]});
+    add_family(cal, families[f] + suffix, pts, true, true);
   }
-  add_family(cal, "all_reduce" + suffix, ar, true, true);
-  add_family(cal, "all_gather" + suffix, ag, true, true);
-  add_family(cal, "reduce_scatter" + suffix, rs, true, true);
-  add_family(cal, "send_recv" + suffix, sr, true, true);
 }
 
 // Which host each rank of `group` runs on (its hostname), as host indices in rank order.
@@ -669,6 +682,22 @@ double speed_probe(int threads) {
   threads_set(saved);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+std::vector<std::vector<double>> swept_medians(size_t n, int sweeps,
+                                               const std::function<std::vector<double>(size_t)>& time) {
+  std::vector<std::vector<std::vector<double>>> got(n);  // point, sweep, quantity
+  for (int s = 0; s < sweeps; ++s)
+    for (size_t i = 0; i < n; ++i) got[i].push_back(time(i));
+  std::vector<std::vector<double>> med(n);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t q = 0; q < got[i].front().size(); ++q) {
+      std::vector<double> v;
+      for (const auto& one : got[i]) v.push_back(one.at(q));
+      std::sort(v.begin(), v.end());
+      med[i].push_back(v[v.size() / 2]);
+    }
+  return med;
 }
 
 double lockstep_seconds(comm::Backend* group, bool runs, const std::function<void()>& f, double* own) {

@@ -123,6 +123,13 @@ struct CalibrateOptions {
 // Collective when group has more than one rank: every rank calls it.
 Calibration calibrate(const CalibrateOptions& options);
 
+// n points timed `sweeps` times over, all n in order each sweep (time(i) gives point i's
+// quantities), and each point's median per quantity (the middle one; the upper of two). A
+// disturbance lasting fewer than n consecutive timings touches each point at most once, so with
+// three sweeps it reaches no median (the collectives' curves, DESIGN-NOTES 51).
+std::vector<std::vector<double>> swept_medians(size_t n, int sweeps,
+                                               const std::function<std::vector<double>(size_t)>& time);
+
 // The seconds `f` takes on the slowest rank of `group`, its ranks starting it together: a barrier,
 // f timed on each rank where `runs` (the others count 0 and wait without spinning), a max-reduce.
 // What a step's synchronised ranks see of a block: they wait for the slowest. Without a group (or

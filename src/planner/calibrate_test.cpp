@@ -101,6 +101,29 @@ TEST(CalibrationFit, GemmComputeLinesLeaveTheBytesToTheMemoryRate) {
   EXPECT_THROW(add_gemm_compute_fits(cal, t), Error);
 }
 
+// The collectives' sweeps: a slow spell of the machine lasting fewer timings than there are sizes
+// (here five of eight in a row, across the end of the first sweep and the start of the second)
+// reaches no size's median over three sweeps; one sweep keeps the three it fell on.
+TEST(CalibrationFit, SweptMediansOutlastASlowSpell) {
+  auto timings = [](int sweeps) {
+    int call = 0;
+    return swept_medians(8, sweeps, [&call](size_t i) {
+      const bool slow = call >= 5 && call < 10;
+      ++call;
+      return std::vector<double>{(slow ? 5.0 : 1.0) * static_cast<double>(i + 1), 7.0};
+    });
+  };
+  const auto three = timings(3), one = timings(1);
+  ASSERT_EQ(three.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_DOUBLE_EQ(three[i][0], static_cast<double>(i + 1)) << i;
+    EXPECT_DOUBLE_EQ(three[i][1], 7.0);
+  }
+  int slow_points = 0;
+  for (size_t i = 0; i < 8; ++i) slow_points += one[i][0] > static_cast<double>(i + 1);
+  EXPECT_EQ(slow_points, 3);  // calls 5, 6 and 7 of a single sweep
+}
+
 // The in-situ blocks are timed in lockstep: every rank gets the slowest rank's time, a rank that
 // does not run (an oversubscribed host's) included; without a group, f's own time.
 TEST(CalibrationRun, LockstepTimesAreTheSlowestRanks) {
