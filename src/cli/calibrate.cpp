@@ -29,7 +29,7 @@ namespace {
 
 struct CalibrateArgs {
   std::string out = "calibration.json";
-  bool quick = false, force = false;
+  bool quick = false, force = false, exchange_probe = false;
   std::string io_dir;
   unsigned long long io_mib = 1024;
   int threads = 0;
@@ -60,6 +60,15 @@ void run_calibrate(const CalibrateArgs& args) {
   if (args.threads > 0) threads_set(args.threads);  // else OpenMP's (meshtrain launch sets one per rank's share)
   const int P = world ? world->size() : 1;
   const bool lead = !world || world->rank() == 0;
+  if (args.exchange_probe) {  // plan --validate, before each run of several ranks
+    MT_CHECK(P > 1, ErrorKind::kInvalidArgument,
+             "calibrate --exchange-probe: one rank has no exchange to probe (run it under meshtrain launch -n 2 or more)");
+    const double s = planner::exchange_probe(*world);
+    if (lead) std::printf("exchange probe: %.9f s (1 MiB all_reduce over %d ranks)\n", s, P);
+    world.reset();
+    comm::mpi_finalize();
+    return;
+  }
   const nlohmann::json fp = fingerprint(P);
   bool fresh = args.force || !fs::exists(args.out);
   if (!fresh) {
@@ -92,6 +101,10 @@ void run_calibrate(const CalibrateArgs& args) {
     if (cal.collective_max_bytes > 0) j["collective_max_bytes"] = cal.collective_max_bytes;
     if (cal.ranks_per_host > 0) j["ranks_per_host"] = cal.ranks_per_host;
     j["speed_probe_s"] = cal.speed_probe_s;
+    if (cal.exchange_probe_s > 0) {
+      j["exchange_probe_s"] = cal.exchange_probe_s;
+      j["exchange_probes_s"] = cal.exchange_probes;
+    }
     for (const auto& [family, f] : cal.fits) j["fits"][family] = {{"latency_s", f.latency}, {"per_unit_s", f.per_unit}};
     for (const auto& [family, pts] : cal.curves) j["fits"][family]["curve"] = pts;  // [[units, seconds], ...]
     for (const planner::CalPoint& p : cal.points)
@@ -106,6 +119,19 @@ void run_calibrate(const CalibrateArgs& args) {
                 args.out.c_str());
     std::printf("speed probe: %.4f s on %d thread(s) (plan --validate runs it again before each run)\n", cal.speed_probe_s,
                 cal.threads);
+    if (cal.exchange_probe_s > 0) {
+      std::string each;
+      for (double p : cal.exchange_probes) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%s%.3f", each.empty() ? "" : ", ", p * 1e3);
+        each += b;
+      }
+      std::printf("exchange probe: %.3f ms, a 1 MiB all_reduce over %d ranks (before each sweep of the collectives and after: "
+                  "%s ms; plan --validate runs it again before each run of %d ranks)\n",
+                  cal.exchange_probe_s * 1e3, cal.world, each.c_str(), cal.world);
+      const std::string spread = planner::exchange_spread_verdict(cal.exchange_probes);
+      if (!spread.empty()) std::fprintf(stderr, "warning: %s\n", spread.c_str());
+    }
     if (cal.kernel_ranks < cal.world)
       std::printf("kernels timed on %d rank(s) of a host at once: %d x %d thread(s) fill its %u cores\n", cal.kernel_ranks,
                   cal.kernel_ranks, cal.threads, std::thread::hardware_concurrency());
@@ -148,6 +174,8 @@ void register_calibrate(CLI::App& app) {
   cmd->add_flag("--force", a->force, "measure even when the file matches this binary and machine");
   cmd->add_option("--io", a->io_dir, "also probe the disk under this directory");
   cmd->add_option("--io-size", a->io_mib, "MiB each way for the disk probe (default 1024)");
+  cmd->add_flag("--exchange-probe", a->exchange_probe,
+                "only time the exchange probe (a 1 MiB all_reduce over the ranks) and print its seconds; writes nothing");
   cmd->add_option("--threads", a->threads, "threads per rank (default: OMP_NUM_THREADS, which meshtrain launch sets to the cores per rank)");
   cmd->callback([a] { run_calibrate(*a); });
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -69,6 +70,24 @@ TEST(Calibrate, TwoRanksTimeEveryCollective) {
     ASSERT_TRUE(j["fits"].contains(family)) << j.dump();
     EXPECT_GT(j["fits"][family]["per_unit_s"].get<double>(), 0.0) << family;
   }
+  // The exchange probe before the (quick: one) sweep and after it; the calibration's is their
+  // median (of two, the upper).
+  ASSERT_TRUE(j.contains("exchange_probes_s")) << j.dump();
+  const auto probes = j["exchange_probes_s"].get<std::vector<double>>();
+  ASSERT_EQ(probes.size(), 2u);
+  EXPECT_GT(probes[0], 0.0);
+  EXPECT_DOUBLE_EQ(j["exchange_probe_s"].get<double>(), std::max(probes[0], probes[1]));
+  // The probe alone, as plan --validate runs it before each run: one line, nothing written.
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "launch -n 2 -- calibrate --exchange-probe", &out, &err), 0) << err;
+  double s = 0;
+  const size_t at = out.find("exchange probe: ");  // after launch's rank tag
+  ASSERT_NE(at, std::string::npos) << out;
+  ASSERT_EQ(std::sscanf(out.c_str() + at, "exchange probe: %lf s (1 MiB all_reduce over 2 ranks)", &s), 1) << out;
+  EXPECT_EQ(out.find("exchange probe: ", at + 1), std::string::npos) << "rank 0 alone prints it: " << out;
+  EXPECT_GT(s, 0.0);
+  EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "calibrate --exchange-probe", &out, &err), 0);
+  EXPECT_NE(err.find("one rank has no exchange to probe"), std::string::npos) << err;
 }
 
 // Four ranks on one host: the world's collectives, and those of groups of 2 (two pairs at once),
@@ -232,6 +251,44 @@ nlohmann::json tiny_plan_config(const std::string& data, const nlohmann::json& e
   c["data"] = {{"train", prefix}};
   c.update(extra);
   return c;
+}
+
+// plan --validate over 2 processes with a calibration of 2 ranks: before each run the exchange
+// probe too, and each row priced again with its collectives at the runs' probe over the
+// calibration's. The hand calibration's probe (10 us, 100 GB/s) is far faster than a real 1 MiB
+// all_reduce, so every run's ratio is large, the re-priced steps longer than predicted, and the
+// summary says the runs met a slower exchange than the calibration.
+TEST(Plan, ValidateProbesTheExchangeBeforeEachRunOfTheCalibrationsWorld) {
+  const std::string cal = dir() + "/hand-exchange.json", cfg = dir() + "/validate-exchange.json";
+  std::ofstream(cal) << R"({"world": 2, "threads": 1, "exchange_probe_s": 1e-5, "fits": {
+    "gemm f32": {"latency_s": 1e-5, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 1e-5, "per_unit_s": 1e-9},
+    "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7},
+    "all_reduce": {"latency_s": 1e-5, "per_unit_s": 1e-10}, "all_gather": {"latency_s": 1e-5, "per_unit_s": 1e-10},
+    "reduce_scatter": {"latency_s": 1e-5, "per_unit_s": 1e-10}, "send_recv": {"latency_s": 1e-5, "per_unit_s": 1e-10}}})";
+  std::ofstream(cfg) << tiny_plan_config("chain-x", {{"train_batch_size", 4}, {"train_micro_batch_size_per_gpu", 2},
+                                                     {"zero_optimization", {{"stage", 1}}}}).dump();
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal + " --validate 1 --steps 3",
+                                            &out, &err), 0) << err;
+  size_t rows = 0, at = 0;
+  while ((at = out.find("exchange at each run", at)) != std::string::npos) {
+    const std::string line = out.substr(at, out.find('\n', at) - at);
+    const size_t colon = line.find("):");
+    ASSERT_NE(colon, std::string::npos) << line;
+    double ratio = 0, priced = 0;
+    ASSERT_EQ(std::sscanf(line.c_str() + colon + 2, " %lf; priced at their median %lfs", &ratio, &priced), 2) << line;
+    EXPECT_GT(ratio, 2.0) << line;
+    // The row's prediction (the line above, --rounds 1 without a speed probe): its first "N.NNNNs".
+    const size_t row = out.rfind('\n', out.rfind('\n', at) - 1) + 1;
+    const std::string above = out.substr(row, out.rfind('\n', at) - row);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(above, m, std::regex(R"( ([0-9]+\.[0-9]+)s )"))) << above;
+    EXPECT_GT(priced, std::stod(m[1].str())) << above << "\n" << line;
+    ++rows, ++at;
+  }
+  EXPECT_GE(rows, 2u) << out;
+  EXPECT_NE(out.find("at the runs' exchange speed (collectives x their probe / the calibration's"), std::string::npos) << out;
+  EXPECT_NE(out.find("warning: these runs met the ranks' data exchange"), std::string::npos) << out;
 }
 
 // plan --validate 1 --rounds 2: the first layout, one other and the configured one, each trained

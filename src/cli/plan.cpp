@@ -61,6 +61,8 @@ planner::Calibration load_calibration(const std::string& path, const std::string
   cal.ranks_per_host = j.value("ranks_per_host", 0);
   cal.kernel_ranks = j.value("kernel_ranks", cal.ranks_per_host > 0 ? cal.ranks_per_host : cal.world);
   cal.speed_probe_s = j.value("speed_probe_s", 0.0);
+  cal.exchange_probe_s = j.value("exchange_probe_s", 0.0);
+  if (j.contains("exchange_probes_s")) cal.exchange_probes = j["exchange_probes_s"].get<std::vector<double>>();
   for (const auto& [family, f] : j["fits"].items()) {
     cal.fits[family] = planner::LinearFit{f.at("latency_s").get<double>(), f.at("per_unit_s").get<double>()};
     if (f.contains("curve")) cal.curves[family] = f["curve"].get<std::vector<std::pair<double, double>>>();
@@ -236,6 +238,22 @@ Measured measure_layout(const PlanOptions& o, const planner::Layout& l, double t
   return m;
 }
 
+// The exchange probe now over `procs` ranks (launch -n procs -- calibrate --exchange-probe), in
+// seconds; throws naming its log when it fails.
+double exchange_probe_now(int procs, const std::string& dir) {
+  const std::string log = dir + "/exchange-probe.log";
+  const std::string cmd = self_exe() + " launch -n " + std::to_string(procs) + " -- calibrate --exchange-probe > '" + log + "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream f(log);
+  std::string line;
+  double s = 0;
+  while (std::getline(f, line))  // launch tags each line with its rank ("[1,0]<stdout>:")
+    if (const size_t at = line.find("exchange probe: "); at != std::string::npos) s = std::atof(line.c_str() + at + 16);
+  MT_CHECK(rc == 0 && s > 0, ErrorKind::kInternal, "plan --validate: the exchange probe over " + std::to_string(procs) +
+                                                       " ranks failed (see " + log + ")");
+  return s;
+}
+
 // Kendall's tau-a of two orders.
 double kendall_tau(const std::vector<double>& a, const std::vector<double>& b) {
   double s = 0;
@@ -280,7 +298,14 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   // Before each run the speed probe (planner::speed_probe) gives the machine's slowdown against the
   // calibration's moment; each run's step divided by it is the step at the calibrated speed.
   const bool probe = cal.speed_probe_s > 0;
+  // Before each run of the calibration's world, the exchange probe too (DESIGN-NOTES 52): its
+  // ratio to the calibration's re-prices the layout's collectives at the runs' exchange speed.
+  const bool exchange = cal.exchange_probe_s > 0 && cal.world > 1;
+  std::map<size_t, std::vector<double>> exchange_of;  // each pick's probes, seconds
+  std::vector<double> exchanges, at_exchange, exchange_errors;
   auto run = [&](size_t i, std::vector<double>& steps, std::vector<double>& slow) {
+    const planner::Layout& l = r.ranked[i].layout;
+    if (exchange && l.dp * l.tp * l.pp == cal.world) exchange_of[i].push_back(exchange_probe_now(cal.world, dir));
     if (probe) slow.push_back(planner::speed_probe(cal.threads) / cal.speed_probe_s);
     Measured m = measure_layout(o, r.ranked[i].layout, tokens, dir, static_cast<int>(i));
     steps.push_back(m.step);
@@ -316,6 +341,19 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
       at_speed.push_back(median(normal));
       speed_errors.push_back(std::abs(p.step / at_speed.back() - 1));
     }
+    // At the runs' exchange speed: the collectives priced at the median of their probes over the
+    // calibration's (layouts of another world keep their prediction).
+    double priced = p.step;
+    std::string probes;
+    const std::vector<double>& mine_x = exchange_of[i];
+    if (!mine_x.empty()) {
+      for (double x : mine_x) probes += fmt(" %.2f", x / cal.exchange_probe_s), exchanges.push_back(x);
+      priced = planner::predict_layout(job, l, planner::scale_collectives(cal, median(mine_x) / cal.exchange_probe_s)).step;
+    }
+    if (exchange) {
+      at_exchange.push_back(priced);
+      exchange_errors.push_back(std::abs(priced / m.step - 1));
+    }
     // Rank 0's categories (a pipeline's first stage) against its own prediction.
     const double mine = static_cast<double>(p.memory_by_stage.empty() ? p.memory_train : p.memory_by_stage.front());
     memory_errors.push_back(m.memory > 0 ? std::abs(mine / m.memory - 1) : 0.0);
@@ -326,6 +364,10 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
     if (probe)
       std::printf("      slowdown at each run (speed probe / the calibration's):%s; at the calibrated speed %.4fs %+.1f%%\n",
                   speeds.c_str(), at_speed.back(), 100 * (p.step / at_speed.back() - 1));
+    if (!probes.empty())
+      std::printf("      exchange at each run (1 MiB all_reduce / the calibration's %.3f ms):%s; priced at their median %.4fs "
+                  "%+.1f%%\n",
+                  cal.exchange_probe_s * 1e3, probes.c_str(), priced, 100 * (priced / m.step - 1));
     std::fflush(stdout);
   }
   const double best = *std::min_element(measured.begin(), measured.end());
@@ -339,6 +381,15 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
                 *std::min_element(slowdowns.begin(), slowdowns.end()), *std::max_element(slowdowns.begin(), slowdowns.end()),
                 100 * median(speed_errors), 100 * *std::max_element(speed_errors.begin(), speed_errors.end()),
                 kendall_tau(predicted, at_speed));
+  if (!exchanges.empty()) {  // the model at the runs' exchange speed, and whether it differed from calibration's
+    const auto [lo, hi] = std::minmax_element(exchanges.begin(), exchanges.end());
+    std::printf("at the runs' exchange speed (collectives x their probe / the calibration's, %.2f-%.2f): step error median "
+                "%.1f%%, worst %.1f%%; Kendall's tau %.2f\n",
+                *lo / cal.exchange_probe_s, *hi / cal.exchange_probe_s, 100 * median(exchange_errors),
+                100 * *std::max_element(exchange_errors.begin(), exchange_errors.end()), kendall_tau(at_exchange, measured));
+    const std::string verdict = planner::exchange_verdict(cal.exchange_probe_s, exchanges);
+    if (!verdict.empty()) std::printf("warning: %s\n", verdict.c_str());
+  }
   if (!spread.empty()) {  // which swapped pairs the runs themselves cannot order
     int pairs = 0, discordant = 0, overlapping = 0;
     for (size_t i = 0; i < predicted.size(); ++i)

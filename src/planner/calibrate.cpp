@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <thread>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -246,8 +247,9 @@ void fill_lowp(std::vector<char>& buf, DType dt) {
 // once), each sweep with a third of the budget, and each point is its sweeps' median
 // (swept_medians): this VM's 1 MiB all_reduce took 0.15 or 0.84 ms, by runs of consecutive sizes
 // (DESIGN-NOTES 51).
+// With `probes`, the exchange probe before each sweep and after the last (the world's).
 void time_collectives(Calibration& cal, comm::Backend* group, const std::string& suffix, bool quick, double budget,
-                      size_t max_bytes) {
+                      size_t max_bytes, std::vector<double>* probes = nullptr) {
   const std::vector<size_t> bytes = collective_sizes(quick, max_bytes);
   const int P = group->size(), me = group->rank();
   const int sweeps = quick ? 1 : 3;
@@ -256,6 +258,7 @@ void time_collectives(Calibration& cal, comm::Backend* group, const std::string&
   std::vector<float> x(most * P, 1.0f), y(most * P);
   size_t timed = 0;
   const std::vector<std::vector<double>> t = swept_medians(bytes.size(), sweeps, [&](size_t i) {
+    if (probes != nullptr && i == 0) probes->push_back(exchange_probe(*group));
     const size_t n = bytes[i] / 4;
     const bool warm_up = timed++ < bytes.size();
     const double part = budget / sweeps;
@@ -290,6 +293,7 @@ void time_collectives(Calibration& cal, comm::Backend* group, const std::string&
     }, part, 1, group, warm_up) / 2);
     return s;
   });
+  if (probes != nullptr) probes->push_back(exchange_probe(*group));
   const char* families[] = {"all_reduce", "all_gather", "reduce_scatter", "send_recv"};
   for (size_t f = 0; f < 4; ++f) {
     std::vector<CalPoint> pts;
@@ -684,6 +688,78 @@ double speed_probe(int threads) {
   return t[t.size() / 2];
 }
 
+double exchange_probe(comm::Backend& group) {
+  const size_t n = kExchangeProbeBytes / 4;
+  std::vector<float> x(n, 1.0f);
+  std::vector<double> t;
+  comm::AllReduceOptions o;
+  o.tag = "exchange probe";
+  for (int i = 0; i < 24; ++i) {
+    if (i % 8 == 0) std::fill(x.begin(), x.end(), 1.0f);  // the sums stay small
+    group.barrier(comm::BarrierOptions{})->wait();
+    Timer timer;
+    group.all_reduce(x.data(), n, DType::kF32, o)->wait();
+    if (i >= 3) t.push_back(timer.seconds());
+  }
+  std::sort(t.begin(), t.end());
+  float s = static_cast<float>(t[t.size() / 2]);
+  comm::AllReduceOptions m;
+  m.op = comm::ReduceOp::kMax;
+  m.tag = "exchange probe time";
+  group.all_reduce(&s, 1, DType::kF32, m)->wait();
+  return s;
+}
+
+Calibration scale_collectives(const Calibration& cal, double factor) {
+  Calibration out = cal;
+  auto collective = [](const std::string& family) {
+    const std::string base = family.substr(0, family.find(' '));  // "all_reduce g2" -> "all_reduce"
+    return base == "all_reduce" || base == "all_gather" || base == "reduce_scatter" || base == "send_recv";
+  };
+  for (auto& [family, f] : out.fits)
+    if (collective(family)) f.latency *= factor, f.per_unit *= factor;
+  for (auto& [family, curve] : out.curves)
+    if (collective(family))
+      for (auto& point : curve) point.second *= factor;
+  return out;
+}
+
+namespace {
+std::string ratio_text(double r) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", r);
+  return b;
+}
+}  // namespace
+
+std::string exchange_verdict(double calibrated, const std::vector<double>& now) {
+  if (calibrated <= 0 || now.empty()) return "";
+  std::vector<double> v = now;
+  std::sort(v.begin(), v.end());
+  const double med = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  const double r = med / calibrated;
+  const std::string at = " (the 1 MiB all_reduce: ";
+  char times[96];
+  std::snprintf(times, sizeof times, "%.3f ms at calibration, a median %.3f ms at the runs)", calibrated * 1e3, med * 1e3);
+  if (r < 0.5)
+    return "the calibration was taken while the ranks exchanged data " + ratio_text(1 / r) + " times slower than during these runs" +
+           at + times + ": its collectives are priced that much slow; calibrate again";
+  if (r > 2)
+    return "these runs met the ranks' data exchange " + ratio_text(r) + " times slower than at calibration" + at + times +
+           ": their collectives took that much longer than priced; validate again";
+  return "";
+}
+
+std::string exchange_spread_verdict(const std::vector<double>& probes) {
+  if (probes.size() < 2) return "";
+  const auto [lo, hi] = std::minmax_element(probes.begin(), probes.end());
+  if (*lo <= 0 || *hi / *lo <= 2) return "";
+  char b[128];
+  std::snprintf(b, sizeof b, "%.3f to %.3f ms", *lo * 1e3, *hi * 1e3);
+  return "the ranks' data exchange changed speed during the collectives' sweeps (the 1 MiB all_reduce took " +
+         std::string(b) + "): the curves' medians may mix two speeds; calibrate again";
+}
+
 std::vector<std::vector<double>> swept_medians(size_t n, int sweeps,
                                                const std::function<std::vector<double>(size_t)>& time) {
   std::vector<std::vector<std::vector<double>>> got(n);  // point, sweep, quantity
@@ -773,7 +849,10 @@ Calibration calibrate(const CalibrateOptions& options) {
   }
 
   if (group) {
-    time_collectives(cal, group, "", options.quick, budget, max_bytes);
+    time_collectives(cal, group, "", options.quick, budget, max_bytes, &cal.exchange_probes);
+    std::vector<double> sorted = cal.exchange_probes;
+    std::sort(sorted.begin(), sorted.end());
+    cal.exchange_probe_s = sorted[sorted.size() / 2];
     // Several hosts with several ranks each: the same collectives within a host and across hosts
     // (one rank a host), each group shape's own lines ("... intra", "... inter").
     const int hosts = *std::max_element(host.begin(), host.end()) + 1;

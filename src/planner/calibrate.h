@@ -79,6 +79,13 @@ struct Calibration {
   // speed_probe(threads) when the calibration was taken (rank 0 alone; 0: not measured): the
   // machine's speed then, for plan --validate to compare the machine's speed at each run with.
   double speed_probe_s = 0.0;
+  // exchange_probe over the world when the collectives were timed (0: not measured): the median of
+  // `exchange_probes`, the probes taken before each sweep of the world's collectives and after the
+  // last. The ranks' data exchange on a virtual machine has slow spells of minutes (DESIGN-NOTES
+  // 52): plan --validate times the probe again before each run of the calibration's world and
+  // says when the calibration and the runs met the exchange at different speeds.
+  double exchange_probe_s = 0.0;
+  std::vector<double> exchange_probes;
   // The collectives' measured (bytes, seconds), by size: MPI's algorithms change with the message
   // size (OpenMPI's reduce_scatter here: 3.85 GB/s at 1 MiB, 0.12 at 16 MiB), so no one line holds.
   // seconds() interpolates them piecewise-linearly, past the largest at its rate, below the
@@ -144,6 +151,27 @@ double lockstep_seconds(comm::Backend* group, bool runs, const std::function<voi
 // differed by 19 %); the ratio of this probe now to the calibration's (Calibration::speed_probe_s)
 // is how much slower than calibrated the machine runs at this moment.
 double speed_probe(int threads);
+
+// The ranks' data exchange now: an all_reduce of kExchangeProbeBytes (f32) over `group`, each call
+// timed after a barrier, the median of 21 calls after 3 untimed ones; the slowest rank's median
+// (seconds). Every rank of the group calls it. This VM's 2-rank probe takes 0.14-0.19 ms, and
+// 0.6-1.1 ms in a slow spell (DESIGN-NOTES 52).
+constexpr size_t kExchangeProbeBytes = size_t{1} << 20;
+double exchange_probe(comm::Backend& group);
+
+// `cal` with every collective's line and curve (all_reduce, all_gather, reduce_scatter, send_recv,
+// of every group shape) `factor` times slower: the cost model at an exchange speed other than the
+// calibration's (plan --validate re-prices each layout at its runs' probe / the calibration's).
+// Kernels, the disk and a described cluster's network are left as they are.
+Calibration scale_collectives(const Calibration& cal, double factor);
+
+// How the exchange probes of a calibration (`calibrated`, seconds) and of later runs (`now`)
+// compare: an empty string when the runs' median lies within a factor of 2 of it; otherwise one
+// sentence saying which was slower, by how much, and what to do.
+std::string exchange_verdict(double calibrated, const std::vector<double>& now);
+// A calibration's own probes (taken before each sweep and after the last): empty when they agree
+// within a factor of 2, else one sentence saying its collective curves mix two speeds.
+std::string exchange_spread_verdict(const std::vector<double>& probes);
 
 // The "gemm compute DT" and "gemm backward compute DT" lines: each timing less its bytes at the
 // calibration's "memory" rate, fitted by flops as the "gemm DT" lines are. Needs "memory".

@@ -145,6 +145,54 @@ TEST(CalibrationRun, LockstepTimesAreTheSlowestRanks) {
   EXPECT_GE(alone, 0.005);
 }
 
+// The exchange probe: the same seconds on every rank (the slowest rank's median), a 1 MiB
+// all_reduce's, however long each rank's own calls took.
+TEST(CalibrationRun, ExchangeProbeIsOneFigureForTheWholeGroup) {
+  std::vector<double> got(3, 0.0);
+  const auto errors = comm::run_local_ranks(3, [&got](comm::Backend& g) { got[static_cast<size_t>(g.rank())] = exchange_probe(g); });
+  for (const auto& e : errors) EXPECT_EQ(e, nullptr);
+  EXPECT_GT(got[0], 0.0);
+  for (double s : got) EXPECT_DOUBLE_EQ(s, got[0]);
+}
+
+// Every collective's line and curve, of every group shape, `factor` times slower; the kernels as
+// they were. A collective of 3 MiB over a group of 2 (its own line "all_reduce g2") and the
+// world's curve both triple.
+TEST(CalibrationFit, ScaledCollectivesAreSlowerByTheFactorAndKernelsAreNot) {
+  Calibration cal;
+  cal.world = 4;
+  cal.fits["all_reduce"] = LinearFit{1e-5, 1e-9};
+  cal.curves["all_reduce"] = {{1e6, 2e-3}, {4e6, 6e-3}};
+  cal.fits["all_reduce g2"] = LinearFit{2e-5, 5e-10};
+  cal.fits["send_recv"] = LinearFit{3e-6, 2e-10};
+  cal.fits["gemm f32"] = LinearFit{1e-6, 1e-11};
+  const Calibration slow = scale_collectives(cal, 3.0);
+  EXPECT_DOUBLE_EQ(slow.collective_seconds("all_reduce", 3e6, 4, 1), 3 * cal.collective_seconds("all_reduce", 3e6, 4, 1));
+  EXPECT_DOUBLE_EQ(slow.collective_seconds("all_reduce", 3e6, 2, 1), 3 * cal.collective_seconds("all_reduce", 3e6, 2, 1));
+  EXPECT_DOUBLE_EQ(slow.seconds("send_recv", 1e6), 3 * cal.seconds("send_recv", 1e6));
+  EXPECT_DOUBLE_EQ(slow.seconds("gemm f32", 1e9), cal.seconds("gemm f32", 1e9));
+  EXPECT_DOUBLE_EQ(scale_collectives(cal, 1.0).seconds("all_reduce", 2e6), cal.seconds("all_reduce", 2e6));
+}
+
+// The verdicts: silent within a factor of 2; a calibration slower than its runs is to be taken
+// again, runs slower than it are to be validated again, each with both figures; a calibration
+// whose own probes differ more than twofold mixes two speeds.
+TEST(CalibrationFit, ExchangeVerdictsNameTheSlowerSideAndBothFigures) {
+  EXPECT_EQ(exchange_verdict(0.15e-3, {0.14e-3, 0.29e-3, 0.16e-3}), "");
+  EXPECT_EQ(exchange_verdict(0.0, {1e-3}), "");  // no probe at calibration
+  EXPECT_EQ(exchange_verdict(1e-3, {}), "");
+  const std::string slow_cal = exchange_verdict(1.05e-3, {0.15e-3, 0.14e-3, 1.0e-3});
+  EXPECT_NE(slow_cal.find("calibration was taken while the ranks exchanged data 7.0 times slower"), std::string::npos) << slow_cal;
+  EXPECT_NE(slow_cal.find("1.050 ms at calibration, a median 0.150 ms"), std::string::npos) << slow_cal;
+  EXPECT_NE(slow_cal.find("calibrate again"), std::string::npos) << slow_cal;
+  const std::string slow_runs = exchange_verdict(0.15e-3, {0.6e-3, 0.62e-3});
+  EXPECT_NE(slow_runs.find("these runs met the ranks' data exchange 4.1 times slower"), std::string::npos) << slow_runs;
+  EXPECT_EQ(exchange_spread_verdict({0.15e-3, 0.17e-3, 0.29e-3}), "");
+  EXPECT_EQ(exchange_spread_verdict({0.15e-3}), "");
+  const std::string mixed = exchange_spread_verdict({0.15e-3, 0.9e-3, 1.0e-3, 0.16e-3});
+  EXPECT_NE(mixed.find("0.150 to 1.000 ms"), std::string::npos) << mixed;
+}
+
 // A quick calibration of one process: GEMM lines per dtype (by flops), the memory-bound kernel
 // (by bytes) and AdamW (by elements), every point kept; no collectives without a group, and
 // asking for one says how to get it.
@@ -167,6 +215,8 @@ TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
   EXPECT_EQ(cal.points.size(), 57u);  // + a block of 2 architectures x 2 dtypes, forward and backward
   for (const CalPoint& p : cal.points) EXPECT_GT(p.seconds, 0.0) << p.what;
   EXPECT_GT(cal.speed_probe_s, 0.0);
+  EXPECT_EQ(cal.exchange_probe_s, 0.0);  // no exchange to probe
+  EXPECT_TRUE(cal.exchange_probes.empty());
   const LinearFit& g = cal.fits.at("gemm compute bf16");  // its compute, and its bytes at the memory rate
   EXPECT_DOUBLE_EQ(cal.gemm_seconds(256, 512, 512, DType::kBF16),
                    g.seconds(2.0 * 256 * 512 * 512) + cal.fits.at("memory").per_unit * gemm_bytes(256, 512, 512, 2));
