@@ -569,13 +569,32 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
   if (g_world) return g_world;
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &g_thread_level), "Init_thread");
+  if (!initialized) {
+    ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);  // the ring, unless the user chose (mpi_backend.h)
+    check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &g_thread_level), "Init_thread");
+  }
   else MPI_Query_thread(&g_thread_level);
   MT_CHECK(g_thread_level >= MPI_THREAD_SERIALIZED, ErrorKind::kIOError,
            std::string("MPI provides only thread level '") + level_name(g_thread_level) +
                "'; meshtrain needs 'serialized' or 'multiple'");
   g_world = std::make_shared<MpiBackend>(MPI_COMM_WORLD, false);
   return g_world;
+}
+
+int mpi_iallreduce_algorithm() {
+  int provided = 0;
+  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return -1;
+  int index = -1, value = -1;
+  if (MPI_T_cvar_get_index("coll_libnbc_iallreduce_algorithm", &index) == MPI_SUCCESS) {
+    MPI_T_cvar_handle handle;
+    int count = 0;
+    if (MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
+      if (count != 1 || MPI_T_cvar_read(handle, &value) != MPI_SUCCESS) value = -1;
+      MPI_T_cvar_handle_free(&handle);
+    }
+  }
+  MPI_T_finalize();
+  return value;
 }
 
 void mpi_finalize() {

@@ -39,7 +39,16 @@ bool mpi_malloc_huge_pages();
 
 // Initialises MPI once per process (repeat calls return the same world) and returns the world
 // group. Throws kIOError when MPI cannot give MPI_THREAD_SERIALIZED.
+// Before MPI_Init it sets OMPI_MCA_coll_libnbc_iallreduce_algorithm=1 unless the environment (or
+// mpirun --mca, which passes it on as that variable) already sets it: OpenMPI 4.1's libnbc gives
+// every in-place MPI_Iallreduce, and any of fewer than 4 ranks, its binomial tree (the whole
+// buffer reduced to rank 0, then broadcast), twice the blocking all-reduce's time at every size
+// measured; its ring matches the blocking one (docs/PERF.md, "libnbc's ring by default").
 std::shared_ptr<Backend> mpi_init(int* argc, char*** argv);
+// The value libnbc runs with for coll_libnbc_iallreduce_algorithm (0 its own choice, 1 ring, ...),
+// read through MPI's tool interface; -1 when it cannot be read. After mpi_init.
+std::shared_ptr<Backend> mpi_init(int* argc, char*** argv);
+int mpi_iallreduce_algorithm();
 // Finalises MPI. REQUIRES: every Work has completed and every MPI Backend but the world is gone.
 void mpi_finalize();
 // The thread level MPI provided ("multiple", "serialized", ...); "none" before mpi_init.

@@ -437,9 +437,19 @@ void check_driven_send(Backend& b) {
   b.barrier(bo)->wait();
 }
 
+// libnbc's all-reduce algorithm: the ring that mpi_init chooses (1), or the one the user gave in
+// OMPI_MCA_coll_libnbc_iallreduce_algorithm before it (ctest runs this binary both ways).
+int g_user_iallreduce = -1;
+void check_iallreduce_algorithm(Backend&) {
+  const int want = g_user_iallreduce >= 0 ? g_user_iallreduce : 1;
+  const int got = mpi_iallreduce_algorithm();
+  EXPECT(got == want, "libnbc runs iallreduce algorithm " + std::to_string(got) + ", not " + std::to_string(want));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (const char* user = std::getenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm")) g_user_iallreduce = std::atoi(user);
   mpi_prepare_process(argv);
   std::shared_ptr<Backend> world;
   try {
@@ -451,7 +461,7 @@ int main(int argc, char** argv) {
   g_rank = world->rank();
   if (argc > 1 && std::strcmp(argv[1], "--timeout-case") == 0) return timeout_case(*world);
   for (auto check : {check_all_reduce, check_bf16_sum, check_in_dtype, check_rooted, check_gather_scatter_all,
-                     check_p2p_and_groups, check_onebit, check_huge_page_buffers, check_driven_send}) {
+                     check_p2p_and_groups, check_onebit, check_huge_page_buffers, check_driven_send, check_iallreduce_algorithm}) {
     try {
       check(*world);
     } catch (const std::exception& e) {
