@@ -126,7 +126,7 @@ void run_calibrate(const CalibrateArgs& args) {
         std::snprintf(b, sizeof b, "%s%.3f", each.empty() ? "" : ", ", p * 1e3);
         each += b;
       }
-      std::printf("exchange probe: %.3f ms, a 1 MiB all_reduce over %d ranks (before each sweep of the collectives and after: "
+      std::printf("exchange probe: %.3f ms, a 1 MiB all_reduce over %d ranks (one in each sweep of the collectives: "
                   "%s ms; plan --validate runs it again before each run of %d ranks)\n",
                   cal.exchange_probe_s * 1e3, cal.world, each.c_str(), cal.world);
       const std::string spread = planner::exchange_spread_verdict(cal.exchange_probes);

@@ -298,11 +298,11 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   // Before each run the speed probe (planner::speed_probe) gives the machine's slowdown against the
   // calibration's moment; each run's step divided by it is the step at the calibrated speed.
   const bool probe = cal.speed_probe_s > 0;
-  // Before each run of the calibration's world, the exchange probe too (DESIGN-NOTES 52): its
-  // ratio to the calibration's re-prices the layout's collectives at the runs' exchange speed.
+  // Before each run of the calibration's world, the exchange probe too (DESIGN-NOTES 52): the
+  // ranks' data exchange against the calibration's.
   const bool exchange = cal.exchange_probe_s > 0 && cal.world > 1;
   std::map<size_t, std::vector<double>> exchange_of;  // each pick's probes, seconds
-  std::vector<double> exchanges, at_exchange, exchange_errors;
+  std::vector<double> exchanges;
   auto run = [&](size_t i, std::vector<double>& steps, std::vector<double>& slow) {
     const planner::Layout& l = r.ranked[i].layout;
     if (exchange && l.dp * l.tp * l.pp == cal.world) exchange_of[i].push_back(exchange_probe_now(cal.world, dir));
@@ -341,19 +341,8 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
       at_speed.push_back(median(normal));
       speed_errors.push_back(std::abs(p.step / at_speed.back() - 1));
     }
-    // At the runs' exchange speed: the collectives priced at the median of their probes over the
-    // calibration's (layouts of another world keep their prediction).
-    double priced = p.step;
     std::string probes;
-    const std::vector<double>& mine_x = exchange_of[i];
-    if (!mine_x.empty()) {
-      for (double x : mine_x) probes += fmt(" %.2f", x / cal.exchange_probe_s), exchanges.push_back(x);
-      priced = planner::predict_layout(job, l, planner::scale_collectives(cal, median(mine_x) / cal.exchange_probe_s)).step;
-    }
-    if (exchange) {
-      at_exchange.push_back(priced);
-      exchange_errors.push_back(std::abs(priced / m.step - 1));
-    }
+    for (double x : exchange_of[i]) probes += fmt(" %.2f", x / cal.exchange_probe_s), exchanges.push_back(x);
     // Rank 0's categories (a pipeline's first stage) against its own prediction.
     const double mine = static_cast<double>(p.memory_by_stage.empty() ? p.memory_train : p.memory_by_stage.front());
     memory_errors.push_back(m.memory > 0 ? std::abs(mine / m.memory - 1) : 0.0);
@@ -365,9 +354,8 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
       std::printf("      slowdown at each run (speed probe / the calibration's):%s; at the calibrated speed %.4fs %+.1f%%\n",
                   speeds.c_str(), at_speed.back(), 100 * (p.step / at_speed.back() - 1));
     if (!probes.empty())
-      std::printf("      exchange at each run (1 MiB all_reduce / the calibration's %.3f ms):%s; priced at their median %.4fs "
-                  "%+.1f%%\n",
-                  cal.exchange_probe_s * 1e3, probes.c_str(), priced, 100 * (priced / m.step - 1));
+      std::printf("      exchange at each run (1 MiB all_reduce / the calibration's %.3f ms):%s\n", cal.exchange_probe_s * 1e3,
+                  probes.c_str());
     std::fflush(stdout);
   }
   const double best = *std::min_element(measured.begin(), measured.end());
@@ -381,12 +369,10 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
                 *std::min_element(slowdowns.begin(), slowdowns.end()), *std::max_element(slowdowns.begin(), slowdowns.end()),
                 100 * median(speed_errors), 100 * *std::max_element(speed_errors.begin(), speed_errors.end()),
                 kendall_tau(predicted, at_speed));
-  if (!exchanges.empty()) {  // the model at the runs' exchange speed, and whether it differed from calibration's
+  if (!exchanges.empty()) {  // whether the runs met the exchange at the calibration's speed
     const auto [lo, hi] = std::minmax_element(exchanges.begin(), exchanges.end());
-    std::printf("at the runs' exchange speed (collectives x their probe / the calibration's, %.2f-%.2f): step error median "
-                "%.1f%%, worst %.1f%%; Kendall's tau %.2f\n",
-                *lo / cal.exchange_probe_s, *hi / cal.exchange_probe_s, 100 * median(exchange_errors),
-                100 * *std::max_element(exchange_errors.begin(), exchange_errors.end()), kendall_tau(at_exchange, measured));
+    std::printf("exchange probe at the runs: median %.3f ms (%.3f-%.3f), the calibration's %.3f ms\n", median(exchanges) * 1e3,
+                *lo * 1e3, *hi * 1e3, cal.exchange_probe_s * 1e3);
     const std::string verdict = planner::exchange_verdict(cal.exchange_probe_s, exchanges);
     if (!verdict.empty()) std::printf("warning: %s\n", verdict.c_str());
   }

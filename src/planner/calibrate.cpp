@@ -247,7 +247,8 @@ void fill_lowp(std::vector<char>& buf, DType dt) {
 // once), each sweep with a third of the budget, and each point is its sweeps' median
 // (swept_medians): this VM's 1 MiB all_reduce took 0.15 or 0.84 ms, by runs of consecutive sizes
 // (DESIGN-NOTES 51).
-// With `probes`, the exchange probe before each sweep and after the last (the world's).
+// With `probes`, the exchange probe in each sweep, right after its 1 MiB point (the world's): the
+// state of the machine each sweep met where the probe's size lies on the curve.
 void time_collectives(Calibration& cal, comm::Backend* group, const std::string& suffix, bool quick, double budget,
                       size_t max_bytes, std::vector<double>* probes = nullptr) {
   const std::vector<size_t> bytes = collective_sizes(quick, max_bytes);
@@ -258,7 +259,6 @@ void time_collectives(Calibration& cal, comm::Backend* group, const std::string&
   std::vector<float> x(most * P, 1.0f), y(most * P);
   size_t timed = 0;
   const std::vector<std::vector<double>> t = swept_medians(bytes.size(), sweeps, [&](size_t i) {
-    if (probes != nullptr && i == 0) probes->push_back(exchange_probe(*group));
     const size_t n = bytes[i] / 4;
     const bool warm_up = timed++ < bytes.size();
     const double part = budget / sweeps;
@@ -291,9 +291,9 @@ void time_collectives(Calibration& cal, comm::Backend* group, const std::string&
         group->send(y.data(), n, DType::kF32, 0, so)->wait();
       }
     }, part, 1, group, warm_up) / 2);
+    if (probes != nullptr && bytes[i] == kExchangeProbeBytes) probes->push_back(exchange_probe(*group));
     return s;
   });
-  if (probes != nullptr) probes->push_back(exchange_probe(*group));
   const char* families[] = {"all_reduce", "all_gather", "reduce_scatter", "send_recv"};
   for (size_t f = 0; f < 4; ++f) {
     std::vector<CalPoint> pts;
@@ -710,20 +710,6 @@ double exchange_probe(comm::Backend& group) {
   return s;
 }
 
-Calibration scale_collectives(const Calibration& cal, double factor) {
-  Calibration out = cal;
-  auto collective = [](const std::string& family) {
-    const std::string base = family.substr(0, family.find(' '));  // "all_reduce g2" -> "all_reduce"
-    return base == "all_reduce" || base == "all_gather" || base == "reduce_scatter" || base == "send_recv";
-  };
-  for (auto& [family, f] : out.fits)
-    if (collective(family)) f.latency *= factor, f.per_unit *= factor;
-  for (auto& [family, curve] : out.curves)
-    if (collective(family))
-      for (auto& point : curve) point.second *= factor;
-  return out;
-}
-
 namespace {
 std::string ratio_text(double r) {
   char b[32];
@@ -743,10 +729,10 @@ std::string exchange_verdict(double calibrated, const std::vector<double>& now) 
   std::snprintf(times, sizeof times, "%.3f ms at calibration, a median %.3f ms at the runs)", calibrated * 1e3, med * 1e3);
   if (r < 0.5)
     return "the calibration was taken while the ranks exchanged data " + ratio_text(1 / r) + " times slower than during these runs" +
-           at + times + ": its collectives are priced that much slow; calibrate again";
+           at + times + ": its collectives are priced slow; calibrate again";
   if (r > 2)
     return "these runs met the ranks' data exchange " + ratio_text(r) + " times slower than at calibration" + at + times +
-           ": their collectives took that much longer than priced; validate again";
+           ": their collectives took longer than priced; validate again";
   return "";
 }
 
@@ -756,8 +742,8 @@ std::string exchange_spread_verdict(const std::vector<double>& probes) {
   if (*lo <= 0 || *hi / *lo <= 2) return "";
   char b[128];
   std::snprintf(b, sizeof b, "%.3f to %.3f ms", *lo * 1e3, *hi * 1e3);
-  return "the ranks' data exchange changed speed during the collectives' sweeps (the 1 MiB all_reduce took " +
-         std::string(b) + "): the curves' medians may mix two speeds; calibrate again";
+  return "the ranks' data exchange changed speed between the collectives' sweeps (the 1 MiB all_reduce took " +
+         std::string(b) + "): each size's median may come from either speed; calibrate again";
 }
 
 std::vector<std::vector<double>> swept_medians(size_t n, int sweeps,
@@ -850,9 +836,9 @@ Calibration calibrate(const CalibrateOptions& options) {
 
   if (group) {
     time_collectives(cal, group, "", options.quick, budget, max_bytes, &cal.exchange_probes);
-    std::vector<double> sorted = cal.exchange_probes;
+    std::vector<double> sorted = cal.exchange_probes;  // none when the sizes stop short of 1 MiB
     std::sort(sorted.begin(), sorted.end());
-    cal.exchange_probe_s = sorted[sorted.size() / 2];
+    if (!sorted.empty()) cal.exchange_probe_s = sorted[sorted.size() / 2];  // the sweeps' median, as the curves'
     // Several hosts with several ranks each: the same collectives within a host and across hosts
     // (one rank a host), each group shape's own lines ("... intra", "... inter").
     const int hosts = *std::max_element(host.begin(), host.end()) + 1;

@@ -80,10 +80,11 @@ struct Calibration {
   // machine's speed then, for plan --validate to compare the machine's speed at each run with.
   double speed_probe_s = 0.0;
   // exchange_probe over the world when the collectives were timed (0: not measured): the median of
-  // `exchange_probes`, the probes taken before each sweep of the world's collectives and after the
-  // last. The ranks' data exchange on a virtual machine has slow spells of minutes (DESIGN-NOTES
-  // 52): plan --validate times the probe again before each run of the calibration's world and
-  // says when the calibration and the runs met the exchange at different speeds.
+  // `exchange_probes`, one taken in each sweep of the world's collectives right after its 1 MiB
+  // point. On a virtual machine the ranks' data exchange changes speed from seconds to minutes
+  // (the host placing the vCPUs; DESIGN-NOTES 52): plan --validate times the probe again before
+  // each run of the calibration's world and says when the calibration and the runs met the
+  // exchange at speeds more than twofold apart.
   double exchange_probe_s = 0.0;
   std::vector<double> exchange_probes;
   // The collectives' measured (bytes, seconds), by size: MPI's algorithms change with the message
@@ -159,18 +160,12 @@ double speed_probe(int threads);
 constexpr size_t kExchangeProbeBytes = size_t{1} << 20;
 double exchange_probe(comm::Backend& group);
 
-// `cal` with every collective's line and curve (all_reduce, all_gather, reduce_scatter, send_recv,
-// of every group shape) `factor` times slower: the cost model at an exchange speed other than the
-// calibration's (plan --validate re-prices each layout at its runs' probe / the calibration's).
-// Kernels, the disk and a described cluster's network are left as they are.
-Calibration scale_collectives(const Calibration& cal, double factor);
-
 // How the exchange probes of a calibration (`calibrated`, seconds) and of later runs (`now`)
 // compare: an empty string when the runs' median lies within a factor of 2 of it; otherwise one
 // sentence saying which was slower, by how much, and what to do.
 std::string exchange_verdict(double calibrated, const std::vector<double>& now);
-// A calibration's own probes (taken before each sweep and after the last): empty when they agree
-// within a factor of 2, else one sentence saying its collective curves mix two speeds.
+// A calibration's own probes (one a sweep): empty when they agree within a factor of 2, else one
+// sentence saying its collective curves' medians may come from either speed.
 std::string exchange_spread_verdict(const std::vector<double>& probes);
 
 // The "gemm compute DT" and "gemm backward compute DT" lines: each timing less its bytes at the

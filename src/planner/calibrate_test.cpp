@@ -155,25 +155,6 @@ TEST(CalibrationRun, ExchangeProbeIsOneFigureForTheWholeGroup) {
   for (double s : got) EXPECT_DOUBLE_EQ(s, got[0]);
 }
 
-// Every collective's line and curve, of every group shape, `factor` times slower; the kernels as
-// they were. A collective of 3 MiB over a group of 2 (its own line "all_reduce g2") and the
-// world's curve both triple.
-TEST(CalibrationFit, ScaledCollectivesAreSlowerByTheFactorAndKernelsAreNot) {
-  Calibration cal;
-  cal.world = 4;
-  cal.fits["all_reduce"] = LinearFit{1e-5, 1e-9};
-  cal.curves["all_reduce"] = {{1e6, 2e-3}, {4e6, 6e-3}};
-  cal.fits["all_reduce g2"] = LinearFit{2e-5, 5e-10};
-  cal.fits["send_recv"] = LinearFit{3e-6, 2e-10};
-  cal.fits["gemm f32"] = LinearFit{1e-6, 1e-11};
-  const Calibration slow = scale_collectives(cal, 3.0);
-  EXPECT_DOUBLE_EQ(slow.collective_seconds("all_reduce", 3e6, 4, 1), 3 * cal.collective_seconds("all_reduce", 3e6, 4, 1));
-  EXPECT_DOUBLE_EQ(slow.collective_seconds("all_reduce", 3e6, 2, 1), 3 * cal.collective_seconds("all_reduce", 3e6, 2, 1));
-  EXPECT_DOUBLE_EQ(slow.seconds("send_recv", 1e6), 3 * cal.seconds("send_recv", 1e6));
-  EXPECT_DOUBLE_EQ(slow.seconds("gemm f32", 1e9), cal.seconds("gemm f32", 1e9));
-  EXPECT_DOUBLE_EQ(scale_collectives(cal, 1.0).seconds("all_reduce", 2e6), cal.seconds("all_reduce", 2e6));
-}
-
 // The verdicts: silent within a factor of 2; a calibration slower than its runs is to be taken
 // again, runs slower than it are to be validated again, each with both figures; a calibration
 // whose own probes differ more than twofold mixes two speeds.
