@@ -12,8 +12,12 @@
 //   raw MPI_Iallreduce      the same through MPI_Iallreduce + MPI_Wait (what comm::MpiBackend issues)
 //   buckets B (seq)         GradBuckets(overlap=false): each bucket waited for when launched
 //   buckets B (overlap)     GradBuckets(overlap=true): every bucket launched, then all waited
-// with B in 1M, 4M, 16M, 64M elements and 5e8 (DeepSpeed's default). Bus bandwidth is nccl-tests'
-// 2(n-1)/n · bytes / time. Rank 0 also measures memcpy on one core (the scale of a shared-memory
+// with B in 1M, 4M, 16M, 64M elements and 5e8 (DeepSpeed's default), and the reduce-scatter of the
+// buffer (ZeRO 2 and 3's gradient reduction, sequence parallelism's):
+//   raw MPI_Ireduce_scatter_block   + MPI_Wait (libnbc's binomial reduce to rank 0, then a scatter)
+//   reduce_scatter (ring)           comm::MpiBackend::reduce_scatter (its point-to-point ring)
+// Bus bandwidth is nccl-tests' 2(n-1)/n · bytes / time for all-reduce, (n-1)/n · bytes / time for
+// reduce-scatter. Rank 0 also measures memcpy on one core (the scale of a shared-memory
 // ring's per-hop copy) and prints the table.
 #include <mpi.h>
 
@@ -90,15 +94,15 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::printf("mt_allreduce_bench: %d ranks, MPI thread level %s, median of %d after 1 warm-up, slowest rank\n", W,
                 mt::comm::mpi_thread_level(), reps);
-    std::printf("%-12s %-10s %-26s %7s %10s %12s\n", "buffer", "MB", "method", "buckets", "time ms", "busbw GB/s");
+    std::printf("%-12s %-10s %-30s %7s %10s %12s\n", "buffer", "MB", "method", "buckets", "time ms", "busbw GB/s");
   }
   for (size_t n : sizes) {
     std::vector<float> buf(n, 1.0f / static_cast<float>(W));  // touched: no first-touch faults timed
     const double bytes = static_cast<double>(n) * sizeof(float);
-    auto row = [&](const std::string& method, size_t nb, double s) {
+    auto row = [&](const std::string& method, size_t nb, double s, double factor = 0.0) {
       if (rank != 0) return;
-      std::printf("%-12s %-10.1f %-26s %7zu %10.2f %12.2f\n", name_elems(n).c_str(), bytes / 1e6, method.c_str(), nb,
-                  s * 1e3, ring * bytes / s / 1e9);
+      std::printf("%-12s %-10.1f %-30s %7zu %10.2f %12.2f\n", name_elems(n).c_str(), bytes / 1e6, method.c_str(), nb,
+                  s * 1e3, (factor > 0.0 ? factor : ring) * bytes / s / 1e9);
       std::fflush(stdout);
     };
     row("raw MPI_Allreduce", 1, timed(reps, [&] {
@@ -109,6 +113,19 @@ int main(int argc, char** argv) {
           MPI_Iallreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r);
           MPI_Wait(&r, MPI_STATUS_IGNORE);
         }));
+    {
+      const size_t block = n / static_cast<size_t>(W);
+      std::vector<float> out(block, 0.0f);
+      const double rs = static_cast<double>(W - 1) / W;
+      row("raw MPI_Ireduce_scatter_block", 1, timed(reps, [&] {
+            MPI_Request r;
+            MPI_Ireduce_scatter_block(buf.data(), out.data(), static_cast<int>(block), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r);
+            MPI_Wait(&r, MPI_STATUS_IGNORE);
+          }), rs);
+      row("reduce_scatter (ring)", 1, timed(reps, [&] {
+            world->reduce_scatter(out.data(), buf.data(), block, mt::DType::kF32, {})->wait();
+          }), rs);
+    }
     for (bool overlap : {false, true}) {
       for (size_t b : bucket_sizes) {
         if (b >= n && b != bucket_sizes.back()) continue;  // one bucket: the 5e8 row says it

@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <algorithm>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "base/fault.h"
@@ -79,6 +81,103 @@ int checked_int(size_t n, const char* what) {
   return static_cast<int>(n);
 }
 
+// A reduce-scatter over a ring of point-to-point messages (reduce_scatter below says why). Ranks
+// r-1 -> r -> r+1; in step s (0 .. p-2) rank r sends its partial sum of block (r-s-1) mod p to the
+// right and receives the left's partial of block (r-s-2) mod p, to which it adds its own block:
+// after p-1 steps it holds block r reduced over every rank. Each step is one Isend and one Irecv of
+// a block; advance() adds and posts the next step once both completed, so the ring moves whenever
+// any MpiWork of the process is polled (progress_rings), as libnbc's schedules move in MPI_Test.
+class Ring {
+ public:
+  using Add = std::function<void(void* acc, const void* src, size_t n)>;
+  Ring(MPI_Comm comm, int rank, int size, int tag, const void* send, void* out, size_t count,
+       size_t esize, MPI_Datatype type, Add add)
+      : comm_(comm), rank_(rank), size_(size), tag_(tag), send_(static_cast<const char*>(send)),
+        out_(static_cast<char*>(out)), count_(count), esize_(esize), type_(type), add_(std::move(add)) {
+    const size_t block = count_ * esize_;
+    const char* o = out_;
+    // out inside send (an in-place call): the last step lands in a buffer of ours, copied at the end
+    alias_ = o + block > send_ && o < send_ + block * static_cast<size_t>(size_);
+    if (size_ == 1 || count_ == 0) {
+      if (size_ == 1 && count_ > 0 && out_ != send_) std::memmove(out_, send_, block);
+      done_ = true;
+      return;
+    }
+    for (int i = 0; i < 2 && i < size_ - 1 - (alias_ ? 0 : 1); ++i) buf_[i].resize(block);
+    post();
+  }
+  bool done() const { return done_; }
+
+  // Completes every step whose messages have arrived; true once block r is in out.
+  bool advance() {
+    while (!done_) {
+      int flag = 0;
+      check_mpi(MPI_Testall(2, reqs_, &flag, MPI_STATUSES_IGNORE), "Testall");
+      if (!flag) return false;
+      add_(dst(step_), send_ + block_index(step_, 2) * count_ * esize_, count_);
+      if (++step_ == size_ - 1) {
+        if (alias_) std::memcpy(out_, dst(step_ - 1), count_ * esize_);
+        done_ = true;
+      } else {
+        post();
+      }
+    }
+    return true;
+  }
+
+ private:
+  size_t block_index(int step, int back) const {
+    return static_cast<size_t>(((rank_ - step - back) % size_ + size_) % size_);
+  }
+  // Where step s receives: out for the last step (unless out aliases send), else the two buffers in turn.
+  char* dst(int step) {
+    if (step == size_ - 2 && !alias_) return out_;
+    return buf_[step % 2].data();
+  }
+  void post() {
+    const int n = static_cast<int>(count_);
+    const int left = (rank_ + size_ - 1) % size_, right = (rank_ + 1) % size_;
+    const void* src = step_ == 0 ? send_ + block_index(0, 1) * count_ * esize_ : dst(step_ - 1);
+    check_mpi(MPI_Irecv(dst(step_), n, type_, left, tag_, comm_, &reqs_[0]), "Irecv");
+    check_mpi(MPI_Isend(src, n, type_, right, tag_, comm_, &reqs_[1]), "Isend");
+  }
+
+  MPI_Comm comm_;
+  int rank_, size_, tag_;
+  const char* send_;
+  char* out_;
+  size_t count_, esize_;
+  MPI_Datatype type_;
+  Add add_;
+  bool alias_ = false, done_ = false;
+  int step_ = 0;
+  std::vector<char> buf_[2];
+  MPI_Request reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+};
+
+// MT_REDUCE_SCATTER=mpi: reduce_scatter calls MPI_Ireduce_scatter_block instead of the ring (to
+// compare them, or for an MPI whose own is faster). Read at every call; every rank must agree.
+bool mpi_reduce_scatter() {
+  const char* v = std::getenv("MT_REDUCE_SCATTER");
+  if (v == nullptr || !*v || std::strcmp(v, "ring") == 0) return false;
+  MT_CHECK(std::strcmp(v, "mpi") == 0, ErrorKind::kInvalidArgument,
+           std::string("MT_REDUCE_SCATTER=") + v + ": expected 'ring' (the default) or 'mpi'");
+  return true;
+}
+
+// Every ring not yet done, in the order posted. One process-wide list: a poll of any Work moves all.
+std::mutex g_rings_mu;
+std::vector<Ring*> g_rings;
+void progress_rings() {
+  std::lock_guard<std::mutex> lock(g_rings_mu);
+  for (Ring* r : g_rings) r->advance();
+  g_rings.erase(std::remove_if(g_rings.begin(), g_rings.end(), [](Ring* r) { return r->done(); }), g_rings.end());
+}
+void forget_ring(Ring* ring) {
+  std::lock_guard<std::mutex> lock(g_rings_mu);
+  g_rings.erase(std::remove(g_rings.begin(), g_rings.end(), ring), g_rings.end());
+}
+
 class MpiBackend;
 
 class MpiWork : public Work {
@@ -90,10 +189,18 @@ class MpiWork : public Work {
 
   bool is_completed() override;
   void wait() override;
+  uint64_t seq() const { return seq_; }
 
   MPI_Request req = MPI_REQUEST_NULL;
   std::vector<float> f32_a, f32_b;  // widened copies of bf16/f16 buffers
   std::function<void()> finish;     // runs once on completion (narrowing, avg scaling)
+  std::unique_ptr<Ring> ring;       // reduce_scatter: its steps, in place of req
+  void start_ring(std::unique_ptr<Ring> r) {
+    ring = std::move(r);
+    if (ring->done()) return;
+    std::lock_guard<std::mutex> lock(g_rings_mu);
+    g_rings.push_back(ring.get());
+  }
 
  private:
   MpiBackend* backend_;
@@ -114,6 +221,8 @@ class MpiBackend : public Backend {
     check_mpi(MPI_Comm_size(comm_, &size_), "Comm_size");
     check_mpi(MPI_Comm_dup(comm_, &ctl_), "Comm_dup");
     MPI_Comm_set_errhandler(ctl_, MPI_ERRORS_RETURN);
+    check_mpi(MPI_Comm_dup(comm_, &ring_), "Comm_dup");
+    MPI_Comm_set_errhandler(ring_, MPI_ERRORS_RETURN);
     last_seq_.assign(size_, -1);
     last_id_.assign(size_, -1);
   }
@@ -124,6 +233,7 @@ class MpiBackend : public Backend {
     reap_sends();
     for (auto& s : sends_) s.second.release();  // NOTE: leaked on purpose: MPI may still read it
     MPI_Comm_free(&ctl_);
+    MPI_Comm_free(&ring_);
     if (owned_) MPI_Comm_free(&comm_);
   }
 
@@ -178,14 +288,25 @@ class MpiBackend : public Backend {
     return w;
   }
 
+  // Not MPI_Ireduce_scatter_block: OpenMPI 4.1's libnbc reduces the whole buffer to rank 0 over a
+  // binomial tree and then scatters it, so rank 0 receives and adds log2(p) whole buffers and sends
+  // p-1 blocks, 2.5 times a ring's time on 2 ranks at 16-67 MB (docs/PERF.md (q)). The ring
+  // (class Ring) moves and adds (p-1)/p of the buffer on every rank, at once.
   std::unique_ptr<Work> reduce_scatter(void* recv, const void* send, size_t count, DType dtype,
                                        const ReduceScatterOptions& o) override {
     auto w = begin("reduce_scatter", o);
+    checked_int(count, "reduce_scatter");
+    const int tag = static_cast<int>(w->seq() % 32768);  // MPI_TAG_UB is at least 32767
     if (o.in_dtype && dtype != DType::kF32) {
       check_in_dtype("reduce_scatter", dtype, o.op);
-      check_mpi(MPI_Ireduce_scatter_block(send, recv, checked_int(count, "reduce_scatter"), MPI_UINT16_T,
-                                          sum_16bit_op(dtype), comm_, &w->req),
-                "Ireduce_scatter_block");
+      if (mpi_reduce_scatter())
+        check_mpi(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_UINT16_T, sum_16bit_op(dtype),
+                                            comm_, &w->req),
+                  "Ireduce_scatter_block");
+      else w->start_ring(std::make_unique<Ring>(ring_, rank_, size_, tag, send, recv, count, 2, MPI_UINT16_T,
+                                           [dtype](void* acc, const void* src, size_t n) {
+                                             sum_16bit_into(acc, src, n, dtype);
+                                           }));
       if (o.op == ReduceOp::kAvg) w->finish = scale_16bit(recv, count, dtype);
       return w;
     }
@@ -195,9 +316,13 @@ class MpiBackend : public Backend {
       w->f32_b.resize(count);
       out = w->f32_b.data();
     }
-    check_mpi(MPI_Ireduce_scatter_block(in, out, checked_int(count, "reduce_scatter"), MPI_FLOAT,
-                                        mpi_op(o.op), comm_, &w->req),
-              "Ireduce_scatter_block");
+    if (mpi_reduce_scatter())
+      check_mpi(MPI_Ireduce_scatter_block(in, out, static_cast<int>(count), MPI_FLOAT, mpi_op(o.op), comm_, &w->req),
+                "Ireduce_scatter_block");
+    else w->start_ring(std::make_unique<Ring>(ring_, rank_, size_, tag, in, out, count, sizeof(float), MPI_FLOAT,
+                                         [op = o.op](void* acc, const void* src, size_t n) {
+                                           reduce_f32_into(static_cast<float*>(acc), static_cast<const float*>(src), n, op);
+                                         }));
     w->finish = narrow_back(*w, recv, out, count, dtype, o.op);
     return w;
   }
@@ -335,6 +460,7 @@ class MpiBackend : public Backend {
 
   // Rank 0: reads every pending arrival announcement. Others: reaps finished announcements.
   void drain() {
+    progress_rings();
     reap_sends();
     if (rank_ != 0) return;
     for (;;) {
@@ -486,7 +612,7 @@ class MpiBackend : public Backend {
     };
   }
 
-  MPI_Comm comm_, ctl_;
+  MPI_Comm comm_, ctl_, ring_;  // ring_: reduce_scatter's messages (tag: the call's number)
   bool owned_;
   int rank_ = 0, size_ = 1;
   uint64_t next_seq_ = 0, send_seq_ = 0, recv_seq_ = 0;
@@ -496,6 +622,7 @@ class MpiBackend : public Backend {
 };
 
 MpiWork::~MpiWork() {
+  if (ring) forget_ring(ring.get());
   // NOTE: a Work dropped before completion leaves MPI writing into the caller's buffers; it is
   // only meant to happen on the way to abort().
   if (!done_ && req != MPI_REQUEST_NULL) {
@@ -507,10 +634,14 @@ MpiWork::~MpiWork() {
 
 bool MpiWork::is_completed() {
   if (done_) return true;
-  backend_->drain();
-  int flag = 0;
-  check_mpi(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "Test");
-  if (!flag) return false;
+  backend_->drain();  // moves every ring too
+  if (ring) {
+    if (!ring->done()) return false;
+  } else {
+    int flag = 0;
+    check_mpi(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "Test");
+    if (!flag) return false;
+  }
   done_ = true;
   if (finish) finish();
   return true;

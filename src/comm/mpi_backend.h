@@ -7,6 +7,13 @@
 // NOTE: there is no progress thread yet: overlap with compute needs the caller to poll
 // is_completed() (a dedicated progress thread fed by a queue, c10d's way, is the next step).
 //
+// reduce_scatter is a ring of point-to-point messages on a communicator of its own (tag: the call's
+// sequence number), not MPI_Ireduce_scatter_block: OpenMPI 4.1's libnbc reduces the whole buffer to
+// rank 0 and scatters it from there, 2.7-2.9x the ring's time on 2 ranks from 16 MB up
+// (docs/PERF.md (q)). Block r is summed from rank r+1 round to r, r's own block last. Its steps
+// advance whenever any MpiWork of the process is polled. MT_REDUCE_SCATTER=mpi (every rank) hands
+// the calls back to MPI.
+//
 // bf16/f16 reductions: the buffer is widened to an f32 copy, reduced in f32 by MPI (MPI_SUM/MAX/MIN
 // over MPI_FLOAT) and rounded once back to the element type when the Work completes; kAvg divides
 // the f32 sum by the group size. So bf16 sums carry f32 rounding only, never per-hop bf16 rounding.

@@ -437,6 +437,69 @@ void check_driven_send(Backend& b) {
   b.barrier(bo)->wait();
 }
 
+// reduce_scatter runs a ring (mpi_backend.cpp, class Ring): block r is summed from rank r+1 round
+// to rank r, r's own block added last. In bf16 (in_dtype) the order shows: each block's element 0
+// is 1 on its owner and 2^-8 on the n-1 others, whose partial sums stay exact, so the ring gives
+// 1 + (n-1)·2^-8 rounded once: 1 on 2 ranks (a tie, to even), 1 + 2^-7 on 3, 1 + 2^-6 on 4.
+// libnbc's MPI_Ireduce_scatter_block sums over a binomial tree rooted at rank 0 (1 + 2^-8 rounds
+// to 1 at its first step): 1 on 3 ranks, 1 + 2^-7 on 4. Also: several in flight at once, waited in
+// reverse order, one of them in place, and blocks of 1M floats (many MPI messages' worth).
+void check_ring_reduce_scatter(Backend& b) {
+  const int n = b.size(), me = b.rank();
+  {
+    const size_t count = 8;
+    std::vector<float> f(count * n);
+    for (int blk = 0; blk < n; ++blk)
+      for (size_t i = 0; i < count; ++i) f[blk * count + i] = i == 0 ? (blk == me ? 1.0f : 1.0f / 256.0f) : static_cast<float>(me + 1);
+    std::vector<bf16_t> in(count * n), out(count);
+    convert(in.data(), DType::kBF16, f.data(), DType::kF32, f.size());
+    ReduceScatterOptions o;
+    o.in_dtype = true;
+    b.reduce_scatter(out.data(), in.data(), count, DType::kBF16, o)->wait();
+    const float want = bf16_to_f32(f32_to_bf16(1.0f + static_cast<float>(n - 1) / 256.0f));
+    EXPECT(bf16_to_f32(out[0]) == want, "bf16 reduce_scatter of block " + std::to_string(me) + " gave " +
+                                            std::to_string(bf16_to_f32(out[0])) + ", not the ring's " + std::to_string(want));
+    EXPECT(bf16_to_f32(out[1]) == static_cast<float>(n * (n + 1) / 2), "bf16 reduce_scatter of rank numbers");
+    // MT_REDUCE_SCATTER=mpi hands the same call to libnbc, whose tree shows on 3 and 4 ranks: it adds
+    // (x0 + x1) + x2 on 3 and (x0 + x1) + (x2 + x3) on 4, so a block gives 1 + 2^-7 where its 1 is
+    // not in the first pair's sum (rank 2's on 3 ranks, every block on 4), else 1.
+    ::setenv("MT_REDUCE_SCATTER", "mpi", 1);
+    b.reduce_scatter(out.data(), in.data(), count, DType::kBF16, o)->wait();
+    ::unsetenv("MT_REDUCE_SCATTER");
+    if (n <= 4) {
+      const float tree = n == 4 || (n == 3 && me == 2) ? 1.0078125f : 1.0f;
+      EXPECT(bf16_to_f32(out[0]) == tree, "MT_REDUCE_SCATTER=mpi: block " + std::to_string(me) + " gave " +
+                                              std::to_string(bf16_to_f32(out[0])) + ", not libnbc's " + std::to_string(tree));
+    }
+    EXPECT(bf16_to_f32(out[1]) == static_cast<float>(n * (n + 1) / 2), "MT_REDUCE_SCATTER=mpi: rank numbers");
+  }
+  const size_t counts[] = {size_t{1} << 20, 3, 1000};
+  std::vector<std::vector<float>> send(3), recv(3);
+  std::vector<std::unique_ptr<Work>> works;
+  for (int k = 0; k < 3; ++k) {
+    const size_t c = counts[k];
+    send[k].resize(c * n);
+    for (size_t i = 0; i < c * n; ++i) send[k][i] = static_cast<float>((i * 7 + me * 3 + k) % 101);
+    recv[k].assign(c, -1.0f);
+    float* out = k == 1 ? send[k].data() + me * c : recv[k].data();  // the second in place
+    works.push_back(b.reduce_scatter(out, send[k].data(), c, DType::kF32, {}));
+  }
+  for (int k = 2; k >= 0; --k) works[k]->wait();
+  for (int k = 0; k < 3; ++k) {
+    const size_t c = counts[k];
+    const float* got = k == 1 ? send[k].data() + me * c : recv[k].data();
+    size_t bad = 0;
+    for (size_t i = 0; i < c; ++i) {
+      const size_t g = me * c + i;
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += static_cast<float>((g * 7 + r * 3 + k) % 101);
+      bad += got[i] != want;
+    }
+    EXPECT(bad == 0, std::to_string(bad) + " of " + std::to_string(c) + " elements wrong in reduce_scatter #" + std::to_string(k) +
+                         (k == 1 ? " (in place)" : ""));
+  }
+}
+
 // libnbc's all-reduce algorithm: the ring that mpi_init chooses (1), or the one the user gave in
 // OMPI_MCA_coll_libnbc_iallreduce_algorithm before it (ctest runs this binary both ways).
 int g_user_iallreduce = -1;
@@ -461,7 +524,8 @@ int main(int argc, char** argv) {
   g_rank = world->rank();
   if (argc > 1 && std::strcmp(argv[1], "--timeout-case") == 0) return timeout_case(*world);
   for (auto check : {check_all_reduce, check_bf16_sum, check_in_dtype, check_rooted, check_gather_scatter_all,
-                     check_p2p_and_groups, check_onebit, check_huge_page_buffers, check_driven_send, check_iallreduce_algorithm}) {
+                     check_p2p_and_groups, check_onebit, check_huge_page_buffers, check_driven_send, check_iallreduce_algorithm,
+                     check_ring_reduce_scatter}) {
     try {
       check(*world);
     } catch (const std::exception& e) {
