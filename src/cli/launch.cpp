@@ -164,6 +164,9 @@ int run_launch(const LaunchArgs& a) {
   // torch.distributed needs these; MPI does not, but the ranks get them as DeepSpeed's would.
   if (!a.master_addr.empty()) cmd.insert(cmd.end(), {"-x", "MASTER_ADDR=" + a.master_addr});
   if (a.master_port > 0) cmd.insert(cmd.end(), {"-x", "MASTER_PORT=" + std::to_string(a.master_port)});
+  // Every rank must take the same reduce-scatter path (comm/mpi_backend.h), on every host.
+  if (const char* rs = std::getenv("MT_REDUCE_SCATTER"); rs && *rs)
+    cmd.insert(cmd.end(), {"-x", std::string("MT_REDUCE_SCATTER=") + rs});
   cmd.push_back(self_exe());
   cmd.insert(cmd.end(), a.rest.begin(), a.rest.end());
 

@@ -48,6 +48,15 @@ std::string parse_error(const std::string& text) {
   return "";
 }
 
+// `launch -n 1 -- config check` of a tiny model written to `name`: the environment the test set is
+// what launch sees; its mpirun line is on *err.
+int launch_one_rank(const std::string& name, std::string* out, std::string* err) {
+  return run("launch -n 1 -- config check " +
+                 write(name, R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,)"
+                             R"( "n_embd": 48, "n_layer": 2, "n_head": 4}, "train_micro_batch_size_per_gpu": 1})"),
+             out, err);
+}
+
 }  // namespace
 
 TEST(Hostfile, ParsesHostsCommentsAndBlankLines) {
@@ -115,14 +124,22 @@ TEST(Launch, AUsersOmpNumThreadsWins) {
   std::string saved = before ? before : "";
   setenv("OMP_NUM_THREADS", "3", 1);
   std::string out, err;
-  int rc = run("launch -n 1 -- config check " +
-                   write("omp.json", R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,)"
-                                     R"( "n_embd": 48, "n_layer": 2, "n_head": 4}, "train_micro_batch_size_per_gpu": 1})"),
-               &out, &err);
+  int rc = launch_one_rank("omp.json", &out, &err);
   if (before) setenv("OMP_NUM_THREADS", saved.c_str(), 1);
   else unsetenv("OMP_NUM_THREADS");
   ASSERT_EQ(rc, 0) << out << err;
   EXPECT_NE(err.find("-x OMP_NUM_THREADS=3 "), std::string::npos) << err;
+}
+
+// MT_REDUCE_SCATTER must reach the ranks of every host alike: a rank that took the other path
+// would wait for messages that never come.
+TEST(Launch, PassesTheReduceScatterChoiceToEveryHost) {
+  setenv("MT_REDUCE_SCATTER", "mpi", 1);
+  std::string out, err;
+  int rc = launch_one_rank("rs.json", &out, &err);
+  unsetenv("MT_REDUCE_SCATTER");
+  ASSERT_EQ(rc, 0) << out << err;
+  EXPECT_NE(err.find("-x MT_REDUCE_SCATTER=mpi "), std::string::npos) << err;
 }
 
 TEST(Launch, PassesMasterAddrAndPortThrough) {
