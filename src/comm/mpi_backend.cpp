@@ -103,8 +103,13 @@ class Ring {
       done_ = true;
       return;
     }
-    for (int i = 0; i < 2 && i < size_ - 1 - (alias_ ? 0 : 1); ++i) buf_[i].resize(block);
+    for (int i = 0; i < 2 && i < size_ - 1 - (alias_ ? 0 : 1); ++i) buf_[i].reset(new char[block]);  // uninitialised: the steps write it
     post();
+  }
+  ~Ring() {
+    // Not done (a timeout, on the way to abort): MPI may still write into the scratch; leave it.
+    if (!done_)
+      for (auto& b : buf_) (void)b.release();
   }
   bool done() const { return done_; }
 
@@ -118,6 +123,7 @@ class Ring {
       if (++step_ == size_ - 1) {
         if (alias_) std::memcpy(out_, dst(step_ - 1), count_ * esize_);
         done_ = true;
+        for (auto& b : buf_) b.reset();
       } else {
         post();
       }
@@ -132,7 +138,7 @@ class Ring {
   // Where step s receives: out for the last step (unless out aliases send), else the two buffers in turn.
   char* dst(int step) {
     if (step == size_ - 2 && !alias_) return out_;
-    return buf_[step % 2].data();
+    return buf_[step % 2].get();
   }
   void post() {
     const int n = static_cast<int>(count_);
@@ -151,7 +157,7 @@ class Ring {
   Add add_;
   bool alias_ = false, done_ = false;
   int step_ = 0;
-  std::vector<char> buf_[2];
+  std::unique_ptr<char[]> buf_[2];  // scratch blocks (3 or more ranks)
   MPI_Request reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
 
