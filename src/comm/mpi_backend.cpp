@@ -1,17 +1,18 @@
 // MpiBackend: see mpi_backend.h. One MPI communicator per group for the data, a duplicate of it
-// ("ctl") for arrival announcements and timeout reports so they never match user messages.
+// ("ctl") for arrival announcements and timeout reports so they never match user messages, and
+// another ("ring") for reduce_scatter's point-to-point steps.
 #include "comm/mpi_backend.h"
 
 #include <mpi.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <algorithm>
 #include <functional>
 #include <mutex>
 #include <thread>
