@@ -16,6 +16,7 @@
 // buffer (ZeRO 2 and 3's gradient reduction, sequence parallelism's):
 //   raw MPI_Ireduce_scatter_block   + MPI_Wait (libnbc's binomial reduce to rank 0, then a scatter)
 //   reduce_scatter (ring)           comm::MpiBackend::reduce_scatter (its point-to-point ring)
+// timed in alternation (timed_pair).
 // Bus bandwidth is nccl-tests' 2(n-1)/n · bytes / time for all-reduce, (n-1)/n · bytes / time for
 // reduce-scatter. Rank 0 also measures memcpy on one core (the scale of a shared-memory
 // ring's per-hop copy) and prints the table.
@@ -56,6 +57,21 @@ double timed(int reps, F&& fn) {
     if (i >= 0) t.push_back(slowest);
   }
   return median(t);
+}
+
+// Two ways of doing one thing, timed in alternation (A, B, A, B, ...: the VM's slow spells fall on
+// both alike); the medians of each, after one warm-up of each.
+template <typename A, typename B>
+std::pair<double, double> timed_pair(int reps, A&& a, B&& b) {
+  std::vector<double> ta, tb;
+  for (int i = -1; i < reps; ++i) {
+    double x = timed(1, a), y = timed(1, b);
+    if (i >= 0) {
+      ta.push_back(x);
+      tb.push_back(y);
+    }
+  }
+  return {median(ta), median(tb)};
 }
 
 std::vector<size_t> parse_sizes(const char* s) {
@@ -117,14 +133,16 @@ int main(int argc, char** argv) {
       const size_t block = n / static_cast<size_t>(W);
       std::vector<float> out(block, 0.0f);
       const double rs = static_cast<double>(W - 1) / W;
-      row("raw MPI_Ireduce_scatter_block", 1, timed(reps, [&] {
+      auto [libnbc, ring_rs] = timed_pair(
+          reps,
+          [&] {
             MPI_Request r;
             MPI_Ireduce_scatter_block(buf.data(), out.data(), static_cast<int>(block), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r);
             MPI_Wait(&r, MPI_STATUS_IGNORE);
-          }), rs);
-      row("reduce_scatter (ring)", 1, timed(reps, [&] {
-            world->reduce_scatter(out.data(), buf.data(), block, mt::DType::kF32, {})->wait();
-          }), rs);
+          },
+          [&] { world->reduce_scatter(out.data(), buf.data(), block, mt::DType::kF32, {})->wait(); });
+      row("raw MPI_Ireduce_scatter_block", 1, libnbc, rs);
+      row("reduce_scatter (ring)", 1, ring_rs, rs);
     }
     for (bool overlap : {false, true}) {
       for (size_t b : bucket_sizes) {
