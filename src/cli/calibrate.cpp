@@ -36,7 +36,8 @@ struct CalibrateArgs {
 };
 
 // What a calibration is valid for: the binary (size and modification time), the CPU, its cores,
-// the threads and ranks it ran with.
+// the threads and ranks it ran with, and on several ranks the collectives' algorithms that the
+// environment chooses (libnbc's all-reduce, MT_REDUCE_SCATTER): each changes what they cost.
 nlohmann::json fingerprint(int world) {
   std::string cpu;
   std::ifstream info("/proc/cpuinfo");
@@ -49,10 +50,14 @@ nlohmann::json fingerprint(int world) {
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   const auto size = ec ? 0 : fs::file_size(exe, ec);
   const auto mtime = ec ? 0 : fs::last_write_time(exe, ec).time_since_epoch().count();
-  return {{"cpu", cpu},           {"cores", std::thread::hardware_concurrency()},
-          {"threads", threads_get()}, {"world", world},
-          {"binary", exe.string()}, {"binary_bytes", size},
-          {"binary_mtime", mtime}};
+  nlohmann::json fp = {{"cpu", cpu},           {"cores", std::thread::hardware_concurrency()},
+                       {"threads", threads_get()}, {"world", world},
+                       {"binary", exe.string()}, {"binary_bytes", size},
+                       {"binary_mtime", mtime}};
+  if (world > 1)
+    fp["collectives"] = {{"iallreduce_algorithm", comm::mpi_iallreduce_algorithm()},
+                         {"reduce_scatter", comm::mpi_reduce_scatter_path()}};
+  return fp;
 }
 
 void run_calibrate(const CalibrateArgs& args) {

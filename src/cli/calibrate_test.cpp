@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -87,6 +88,20 @@ TEST(Calibrate, TwoRanksTimeEveryCollective) {
   EXPECT_GT(s, 0.0);
   EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "calibrate --exchange-probe", &out, &err), 0);
   EXPECT_NE(err.find("one rank has no exchange to probe"), std::string::npos) << err;
+  // The collectives' algorithms are part of what the calibration is valid for: the same binary
+  // with MT_REDUCE_SCATTER=mpi (libnbc's reduce-scatter, 2-3x slower) measures again.
+  ASSERT_TRUE(j["fingerprint"].contains("collectives")) << j["fingerprint"].dump();
+  EXPECT_EQ(j["fingerprint"]["collectives"]["reduce_scatter"], "ring");
+  EXPECT_EQ(j["fingerprint"]["collectives"]["iallreduce_algorithm"], 1);
+  const std::string cal = dir() + "/cal2.json";
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "launch -n 2 -- calibrate --quick -o " + cal, &out, &err), 0) << err;
+  EXPECT_NE(out.find("calibration up to date"), std::string::npos) << out;
+  setenv("MT_REDUCE_SCATTER", "mpi", 1);
+  const int rc = mt::cli::testing::run_meshtrain(dir(), "launch -n 2 -- calibrate --quick -o " + cal, &out, &err);
+  unsetenv("MT_REDUCE_SCATTER");
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_EQ(out.find("calibration up to date"), std::string::npos) << out;
+  EXPECT_EQ(load(cal)["fingerprint"]["collectives"]["reduce_scatter"], "mpi");
 }
 
 // Four ranks on one host: the world's collectives, and those of groups of 2 (two pairs at once),

@@ -719,6 +719,8 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
   return g_world;
 }
 
+const char* mpi_reduce_scatter_path() { return mpi_reduce_scatter() ? "mpi" : "ring"; }
+
 int mpi_iallreduce_algorithm() {
   int provided = 0;
   if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return -1;

@@ -56,6 +56,9 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv);
 // read through MPI's tool interface; -1 when it cannot be read. After mpi_init.
 std::shared_ptr<Backend> mpi_init(int* argc, char*** argv);
 int mpi_iallreduce_algorithm();
+// The reduce_scatter path that MT_REDUCE_SCATTER gives: "ring" (the default) or "mpi". Throws
+// kInvalidArgument for another value.
+const char* mpi_reduce_scatter_path();
 // Finalises MPI. REQUIRES: every Work has completed and every MPI Backend but the world is gone.
 void mpi_finalize();
 // The thread level MPI provided ("multiple", "serialized", ...); "none" before mpi_init.
