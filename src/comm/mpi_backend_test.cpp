@@ -336,26 +336,37 @@ void check_onebit(Backend& raw) {
   EXPECT(log->count(CommOp::kAllReduce) == 1, "all_reduce count");
 }
 
-int timeout_case(Backend& b) {
+// `what` is all_reduce or reduce_scatter (the ring: its neighbours wait on point-to-point messages
+// that never come, and rank 0 still names the rank that never arrived).
+int timeout_case(Backend& b, const std::string& what) {
   const int last = b.size() - 1;
   float v = 1;
   b.all_reduce(&v, 1, DType::kF32, {})->wait();  // #0: everyone
   if (b.rank() == last) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // skips #1; ended by the abort
   }
-  AllReduceOptions o;
-  o.timeout = std::chrono::milliseconds(1000);
-  o.tag = "timeout-case";
+  CommOptions base;
+  base.timeout = std::chrono::milliseconds(1000);
+  base.tag = "timeout-case";
+  std::vector<float> send(4 * static_cast<size_t>(b.size()), 1.0f), recv(4);
   std::string msg;
   bool ok = false;
   try {
-    b.all_reduce(&v, 1, DType::kF32, o)->wait();
-    msg = "all_reduce #1 completed without rank " + std::to_string(last);
+    if (what == "reduce_scatter") {
+      ReduceScatterOptions o;
+      static_cast<CommOptions&>(o) = base;
+      b.reduce_scatter(recv.data(), send.data(), 4, DType::kF32, o)->wait();
+    } else {
+      AllReduceOptions o;
+      static_cast<CommOptions&>(o) = base;
+      b.all_reduce(&v, 1, DType::kF32, o)->wait();
+    }
+    msg = what + " #1 completed without rank " + std::to_string(last);
   } catch (const CommTimeout& e) {
     msg = e.what();
     const std::string want = "rank " + std::to_string(last) + " has not arrived";
-    ok = e.collective() == "all_reduce" && e.seq() == 1 && e.missing_ranks() == std::vector<int>{last} &&
-         msg.find("all_reduce #1 [timeout-case]") != std::string::npos &&
+    ok = e.collective() == what && e.seq() == 1 && e.missing_ranks() == std::vector<int>{last} &&
+         msg.find(what + " #1 [timeout-case]") != std::string::npos &&
          msg.find(want) != std::string::npos;
   }
   std::printf("timeout case: %s on rank %d: %s\n", ok ? "PASS" : "FAIL", b.rank(), msg.c_str());
@@ -525,7 +536,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   g_rank = world->rank();
-  if (argc > 1 && std::strcmp(argv[1], "--timeout-case") == 0) return timeout_case(*world);
+  if (argc > 1 && std::strcmp(argv[1], "--timeout-case") == 0)
+    return timeout_case(*world, argc > 2 ? argv[2] : "all_reduce");
   for (auto check : {check_all_reduce, check_bf16_sum, check_in_dtype, check_rooted, check_gather_scatter_all,
                      check_p2p_and_groups, check_onebit, check_huge_page_buffers, check_driven_send, check_iallreduce_algorithm,
                      check_ring_reduce_scatter}) {
