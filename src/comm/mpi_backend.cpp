@@ -297,7 +297,7 @@ class MpiBackend : public Backend {
 
   // Not MPI_Ireduce_scatter_block: OpenMPI 4.1's libnbc reduces the whole buffer to rank 0 over a
   // binomial tree and then scatters it, so rank 0 receives and adds log2(p) whole buffers and sends
-  // p-1 blocks, 2.5 times a ring's time on 2 ranks at 16-67 MB (docs/PERF.md (q)). The ring
+  // p-1 blocks, 2.0-3.1 times a ring's time on 2 ranks at 16.8-498 MB (docs/PERF.md (q)). The ring
   // (class Ring) moves and adds (p-1)/p of the buffer on every rank, at once.
   std::unique_ptr<Work> reduce_scatter(void* recv, const void* send, size_t count, DType dtype,
                                        const ReduceScatterOptions& o) override {

@@ -9,7 +9,7 @@
 //
 // reduce_scatter is a ring of point-to-point messages on a communicator of its own (tag: the call's
 // sequence number), not MPI_Ireduce_scatter_block: OpenMPI 4.1's libnbc reduces the whole buffer to
-// rank 0 and scatters it from there, 2.7-2.9x the ring's time on 2 ranks from 16 MB up
+// rank 0 and scatters it from there, 2.0-3.1x the ring's time on 2 ranks from 16.8 to 498 MB
 // (docs/PERF.md (q)). Block r is summed from rank r+1 round to r, r's own block last. Its steps
 // advance whenever any MpiWork of the process is polled. MT_REDUCE_SCATTER=mpi (every rank) hands
 // the calls back to MPI.
