@@ -82,6 +82,7 @@ struct Case {
 std::string case_name(const Case& k) {
   return k.arch + (k.bf16 ? "_bf16" : "_fp32") + "_stage" + std::to_string(k.stage) + (k.overlap ? "_overlap" : "") +
          (k.tp > 1 ? "_tp" + std::to_string(k.tp) + "_n" + std::to_string(k.procs) : "") + (k.sp ? "_sp" : "") +
+         (k.tp == 1 && k.pp == 1 && k.procs > 2 ? "_dp" + std::to_string(k.procs) : "") +
          (k.procs == 1 ? "_one_process" : "") +
          (k.pp > 1 ? "_pp" + std::to_string(k.pp) + "_" + k.schedule + "_n" + std::to_string(k.procs) : "") +
          (k.comm ? std::string("_comm_") + k.comm : "") + (k.nvme ? "_nvme" : "") + (k.param_nvme ? "_params" : "");
@@ -243,6 +244,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // summed through comm buffers, the optimizer's slots of four states.
                       Case{"gpt2", true, 3, false, 1, 2, false, 1, "1f1b", nullptr, true, true},
                       Case{"llama", false, 3, true, 1, 2, false, 1, "1f1b", nullptr, true, true},
+                      // dp 4: each reduce-scatter's ring holds a scratch block (f32; a 2-byte
+                      // communication_data_type at stage 3).
+                      Case{"gpt2", false, 2, false, 1, 4},
+                      Case{"llama", true, 3, false, 1, 4, false, 1, "1f1b", "bf16"},
                       // One process: each reduction completes at its launch (overlap_comm or not).
                       Case{"gpt2", true, 3, true, 1, 1}, Case{"llama", false, 2, true, 1, 1}),
     [](const auto& info) { return case_name(info.param); });

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "base/fault.h"
+#include "tensor/allocator.h"
 
 namespace mt::comm {
 namespace {
@@ -104,13 +105,16 @@ class Ring {
       done_ = true;
       return;
     }
-    for (int i = 0; i < 2 && i < size_ - 1 - (alias_ ? 0 : 1); ++i) buf_[i].reset(new char[block]);  // uninitialised: the steps write it
+    // Uninitialised: the steps write them. Accounted as comm (ring_reduce_scatter_scratch_bytes).
+    const int blocks = static_cast<int>(ring_reduce_scatter_scratch_bytes(size_, 1, alias_));
+    for (int i = 0; i < blocks; ++i) buf_[i] = Buffer::uninitialized(block, MemCategory::kComm);
     post();
   }
   ~Ring() {
     // Not done (a timeout, on the way to abort): MPI may still write into the scratch; leave it.
     if (!done_)
-      for (auto& b : buf_) (void)b.release();
+      for (auto& b : buf_)
+        if (b.bytes()) (void)new Buffer(std::move(b));
   }
   bool done() const { return done_; }
 
@@ -124,7 +128,7 @@ class Ring {
       if (++step_ == size_ - 1) {
         if (alias_) std::memcpy(out_, dst(step_ - 1), count_ * esize_);
         done_ = true;
-        for (auto& b : buf_) b.reset();
+        for (auto& b : buf_) b = Buffer();
       } else {
         post();
       }
@@ -136,10 +140,12 @@ class Ring {
   size_t block_index(int step, int back) const {
     return static_cast<size_t>(((rank_ - step - back) % size_ + size_) % size_);
   }
-  // Where step s receives: out for the last step (unless out aliases send), else the two buffers in turn.
+  // Where step s receives. Step s receives while step s-1's sum goes out, so two places alternate,
+  // the last step's being out: out and one buffer, or, when out lies inside send (whose block r is
+  // read by the last step), two buffers and a copy to out at the end.
   char* dst(int step) {
-    if (step == size_ - 2 && !alias_) return out_;
-    return buf_[step % 2].get();
+    if (alias_) return buf_[step % 2].as<char>();
+    return (size_ - 2 - step) % 2 == 0 ? out_ : buf_[0].as<char>();
   }
   void post() {
     const int n = static_cast<int>(count_);
@@ -158,7 +164,7 @@ class Ring {
   Add add_;
   bool alias_ = false, done_ = false;
   int step_ = 0;
-  std::unique_ptr<char[]> buf_[2];  // scratch blocks (3 or more ranks)
+  Buffer buf_[2];  // scratch blocks
   MPI_Request reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
 
@@ -720,6 +726,16 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
 }
 
 const char* mpi_reduce_scatter_path() { return mpi_reduce_scatter() ? "mpi" : "ring"; }
+
+size_t ring_reduce_scatter_scratch_bytes(int size, size_t block_bytes, bool in_place) {
+  if (size < 2 || block_bytes == 0) return 0;
+  const int blocks = in_place ? std::min(2, size - 1) : std::min(1, size - 2);
+  return static_cast<size_t>(blocks) * block_bytes;
+}
+
+size_t reduce_scatter_scratch_bytes(int size, size_t block_bytes, bool in_place) {
+  return mpi_reduce_scatter() ? 0 : ring_reduce_scatter_scratch_bytes(size, block_bytes, in_place);
+}
 
 int mpi_iallreduce_algorithm() {
   int provided = 0;

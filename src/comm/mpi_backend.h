@@ -59,6 +59,13 @@ int mpi_iallreduce_algorithm();
 // The reduce_scatter path that MT_REDUCE_SCATTER gives: "ring" (the default) or "mpi". Throws
 // kInvalidArgument for another value.
 const char* mpi_reduce_scatter_path();
+// The scratch the ring takes for one reduce_scatter of `size` ranks and blocks of block_bytes
+// (count x element size), accounted as comm while the ring runs: none on 2 ranks, one block on 3
+// or more; in place (recv inside send), a block on 2 and two on 3 or more.
+size_t ring_reduce_scatter_scratch_bytes(int size, size_t block_bytes, bool in_place);
+// The same on the path MT_REDUCE_SCATTER gives: 0 for "mpi" (MPI's own temporaries are not ours
+// to account).
+size_t reduce_scatter_scratch_bytes(int size, size_t block_bytes, bool in_place);
 // Finalises MPI. REQUIRES: every Work has completed and every MPI Backend but the world is gone.
 void mpi_finalize();
 // The thread level MPI provided ("multiple", "serialized", ...); "none" before mpi_init.

@@ -23,6 +23,7 @@
 #include "comm/comm_log.h"
 #include "comm/mpi_backend.h"
 #include "comm/onebit.h"
+#include "tensor/allocator.h"
 
 using namespace mt;
 using namespace mt::comm;
@@ -486,6 +487,29 @@ void check_ring_reduce_scatter(Backend& b) {
                                               std::to_string(bf16_to_f32(out[0])) + ", not libnbc's " + std::to_string(tree));
     }
     EXPECT(bf16_to_f32(out[1]) == static_cast<float>(n * (n + 1) / 2), "MT_REDUCE_SCATTER=mpi: rank numbers");
+  }
+  {
+    // The ring's scratch is accounted as comm while it runs: none on 2 ranks, a block on more; in
+    // place, a block on 2 and two on more. A ring moves only when polled, so right after the call
+    // its scratch is all there.
+    const size_t count = 1000, block = count * sizeof(float);
+    EXPECT(ring_reduce_scatter_scratch_bytes(n, block, false) == (n >= 3 ? block : 0) &&
+               ring_reduce_scatter_scratch_bytes(n, block, true) == (n >= 3 ? 2 : 1) * block,
+           "ring scratch bytes on " + std::to_string(n) + " ranks");
+    std::vector<float> in(count * n, 1.0f), out(count);
+    for (bool in_place : {false, true}) {
+      const size_t before = Allocator::global().stats().current[static_cast<int>(MemCategory::kComm)];
+      float* dst = in_place ? in.data() + me * count : out.data();
+      auto w = b.reduce_scatter(dst, in.data(), count, DType::kF32, {});
+      const size_t during = Allocator::global().stats().current[static_cast<int>(MemCategory::kComm)];
+      w->wait();
+      const size_t after = Allocator::global().stats().current[static_cast<int>(MemCategory::kComm)];
+      EXPECT(during - before == ring_reduce_scatter_scratch_bytes(n, block, in_place) && after == before,
+             std::string("ring scratch accounted") + (in_place ? " (in place)" : "") + ": " + std::to_string(during - before) +
+                 " bytes while running, " + std::to_string(after - before) + " after");
+      EXPECT(dst[count - 1] == static_cast<float>(n), "ring scratch check's sum");
+      std::fill(in.begin(), in.end(), 1.0f);
+    }
   }
   const size_t counts[] = {size_t{1} << 20, 3, 1000};
   std::vector<std::vector<float>> send(3), recv(3);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "comm/mpi_backend.h"
 #include "models/block.h"
 #include "nn/embedding.h"
 #include "nn/norm.h"
@@ -418,8 +419,15 @@ class ZeroReplay : private parallel::ZeroEffects {
     if (param_swap_on() && comm_ == DType::kF32) bytes = align4k(4 * piece(units_[u]));
     alloc(MemCategory::kComm, bytes);
     recv_.push_back(bytes);
+    // The ring's scratch (comm::MpiBackend::reduce_scatter) until the ring is done: at the latest
+    // where the reduction is waited for.
+    const size_t scratch = comm::reduce_scatter_scratch_bytes(static_cast<int>(N_), w * piece(units_[u]), false);
+    alloc(MemCategory::kComm, scratch);
+    scratch_.push_back(scratch);
   }
   void complete_reduce(size_t u, bool free_slab) override {
+    release(MemCategory::kComm, scratch_.front());
+    scratch_.erase(scratch_.begin());
     const bool received_in_record = param_swap_on() && comm_ == DType::kF32;
     if (param_swap_on()) {  // the piece's record: summed, written behind (two writes in flight)
       free_record(u);
@@ -473,6 +481,7 @@ class ZeroReplay : private parallel::ZeroEffects {
   std::vector<size_t> writing_;  // units whose record is being written, oldest first
   std::vector<View> views_;
   std::vector<size_t> recv_;  // receive buffers of the reductions in flight, oldest first
+  std::vector<size_t> scratch_;  // their rings' scratch, likewise
   size_t P_ = 0, S_ = 0;
   MemoryBreakdown cur_, peak_;
   parallel::ZeroSchedule schedule_;
@@ -571,6 +580,10 @@ MemoryBreakdown step_memory(const MemoryInput& in) {
     if (cfg.tie_embeddings && in.pp > 1 && (in.first_stage || in.last_stage)) tied = V * C * 4;
     m[MemCategory::kComm] = std::max(executor, tied);
   }
+  // Sequence parallelism reduce-scatters this rank's rows over tp ranks (parallel::TpComm) with the
+  // ring, whose scratch is a block of them from 3 ranks on.
+  if (d.sp)
+    m[MemCategory::kComm] = std::max(m[MemCategory::kComm], comm::reduce_scatter_scratch_bytes(in.tp, Rr * C * 4, false));
   return m;
 }
 

@@ -12,7 +12,7 @@
 //            micro-batch and an optimizer step: a unit's view is 4 N s_u (f32; the padded range) or
 //            e m_u + 4 (n_u - m_u) (low precision, with a 4 N s_u f32 staging buffer under comm while
 //            its gather is in flight); its grad slab 4 N s_u (grads); a reduce-scatter receives 4 s_u
-//            (comm). Nonblocking work is taken to finish only when waited for (the worst case).
+//            (comm), and on 3 or more ranks its ring holds a scratch block of 4 s_u (comm) until done. Nonblocking work is taken to finish only when waited for (the worst case).
 //     stage 1: every view and grad slab persistent; low precision refresh_params() keeps two
 //            gathers in flight (comm = the widest adjacent pair of 4 N s_u).
 //     stage 2: views persistent; a grad slab lives from its unit's backward to the end of its

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "comm/mpi_backend.h"
 #include "models/transformer.h"
 
 namespace mt::planner {
@@ -96,7 +97,21 @@ TEST(ModelStateMemory, Stage0IsTheParamStore) {
 
 // The units as the runtime uses them: A the embeddings (and the tied head), B a block, C the tail.
 // Views: f32 4 N s (A 48, B 32, C 32); bf16 2 m + 4 (n - m), each part at least one element
-// (A 16 + 8, B 12 + 4, C 2 + 20). Grad slabs 4 N s; reduce-scatter receive 4 s (A 12, B 8, C 8).
+// (A 16 + 8, B 12 + 4, C 2 + 20). Grad slabs 4 N s; reduce-scatter receive 4 s (A 12, B 8, C 8),
+// and the ring's scratch block beside it on 4 ranks (comm::ring_reduce_scatter_scratch_bytes).
+TEST(ModelStateMemory, TheRingsScratchIsABlockFromThreeRanksOn) {
+  EXPECT_EQ(comm::ring_reduce_scatter_scratch_bytes(2, 12, false), 0u);
+  EXPECT_EQ(comm::ring_reduce_scatter_scratch_bytes(3, 12, false), 12u);
+  EXPECT_EQ(comm::ring_reduce_scatter_scratch_bytes(8, 12, false), 12u);
+  EXPECT_EQ(comm::ring_reduce_scatter_scratch_bytes(2, 12, true), 12u);
+  EXPECT_EQ(comm::ring_reduce_scatter_scratch_bytes(4, 12, true), 24u);
+  // Stage 1, f32, one reduction at a time: A's receive and scratch on 4 ranks, the receive alone on 2.
+  ZeroKnobs z;
+  EXPECT_EQ(model_state_memory(tiny_units(), 1, 4, 4, 2, z)[MemCategory::kComm], 12u + 12u);
+  // world 2: A n=10 s=5: a receive of 20, no scratch.
+  EXPECT_EQ(model_state_memory(tiny_units(), 1, 2, 4, 2, z)[MemCategory::kComm], 20u);
+}
+
 TEST(ModelStateMemory, Stage1KeepsEverySlab) {
   ZeroKnobs z;
   MemoryBreakdown b = model_state_memory(tiny_units(), 1, 4, 2, 2, z);
@@ -106,11 +121,11 @@ TEST(ModelStateMemory, Stage1KeepsEverySlab) {
   // refresh_params() keeps two f32 gathers in flight: the widest neighbours, A + B.
   EXPECT_EQ(b[MemCategory::kComm], 48u + 32u);
   // f32: views 4 N s = 112 and the master shard 4 S = 28 under params; no master under optimizer;
-  // comm: one receive buffer at a time, A's the largest.
+  // comm: one receive buffer and its ring's scratch at a time, A's the largest.
   MemoryBreakdown f = model_state_memory(tiny_units(), 1, 4, 4, 2, z);
   EXPECT_EQ(f[MemCategory::kParams], 112u + 28u);
   EXPECT_EQ(f[MemCategory::kOptimizer], 56u);
-  EXPECT_EQ(f[MemCategory::kComm], 12u);
+  EXPECT_EQ(f[MemCategory::kComm], 12u + 12u);
 }
 
 TEST(ModelStateMemory, Stage2KeepsOneGradSlabOrTwoWithOverlap) {
@@ -124,11 +139,11 @@ TEST(ModelStateMemory, Stage2KeepsOneGradSlabOrTwoWithOverlap) {
   z.overlap_comm = true;
   b = model_state_memory(tiny_units(), 2, 4, 2, 2, z);
   EXPECT_EQ(b[MemCategory::kGrads], 28u + 80u);
-  EXPECT_EQ(model_state_memory(tiny_units(), 2, 4, 4, 2, z)[MemCategory::kComm], 12u + 8u);
-  // communication_data_type bf16 (f32 run): a reduction holds its slab rounded to 2 N s and a
-  // 2 s receive buffer (A 24 + 6, C 16 + 4): the two in flight, A + C.
+  EXPECT_EQ(model_state_memory(tiny_units(), 2, 4, 4, 2, z)[MemCategory::kComm], (12u + 12u) + (8u + 8u));
+  // communication_data_type bf16 (f32 run): a reduction holds its slab rounded to 2 N s, a 2 s
+  // receive buffer and as much scratch (A 24 + 6 + 6, C 16 + 4 + 4): the two in flight, A + C.
   z.comm_dtype = DType::kBF16;
-  EXPECT_EQ(model_state_memory(tiny_units(), 2, 4, 4, 2, z)[MemCategory::kComm], 30u + 20u);
+  EXPECT_EQ(model_state_memory(tiny_units(), 2, 4, 4, 2, z)[MemCategory::kComm], 36u + 24u);
   z.comm_dtype = DType::kF32;
   // SGD without momentum: no optimizer state, the master shard only.
   EXPECT_EQ(model_state_memory(tiny_units(), 2, 4, 2, 0, z)[MemCategory::kOptimizer], 28u);
@@ -151,13 +166,13 @@ TEST(ModelStateMemory, Stage3WindowFollowsTheKnobs) {
   z.param_persistence_threshold = 0;  // nothing persistent; C (5) prefetched behind B: 32 + 32
   EXPECT_EQ(model_state_memory(tiny_units(), 3, 4, 4, 2, z)[MemCategory::kParams], 28u + 64u);
   // bf16: a prefetch lands in f32 staging (comm); the view is built at use, so one view at a time
-  // beside persistent C (22): A's 24. Comm: B's staging (32) behind a B receive (8), then A's (48)
-  // behind B's receive: 56.
+  // beside persistent C (22): A's 24. Comm: B's staging (32) behind a B receive and its scratch
+  // (8 + 8), then A's (48) behind B's receive and scratch: 64.
   z.param_persistence_threshold = 5;
   z.prefetch_bucket_size = 1000;
   MemoryBreakdown b = model_state_memory(tiny_units(), 3, 4, 2, 2, z);
   EXPECT_EQ(b[MemCategory::kParams], 22u + 24u);
-  EXPECT_EQ(b[MemCategory::kComm], 48u + 8u);
+  EXPECT_EQ(b[MemCategory::kComm], 48u + 8u + 8u);
   EXPECT_EQ(b[MemCategory::kOptimizer], 84u);
 }
 
