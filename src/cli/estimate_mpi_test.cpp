@@ -17,9 +17,10 @@
 //     master is f32 and gradients are accumulated in f32); W_p = the live window of gathered
 //     parameter elements (two adjacent units, padded to N s_u: the one in use and the one
 //     prefetched), W_g = the live gradient-slab elements (the largest unit's N s_u; two adjacent
-//     units with overlap_comm). In bf16 a prefetched unit waits as f32 staging (comm) and its view is
-//     built at use, so one view is live. No persistent bf16 parameter shard exists (views are
-//     gathered from the f32 master), so bf16 is not DeepSpeed's 18 Ψ/N: see the test.
+//     units with overlap_comm). In bf16 a prefetched unit waits as its gathered records (comm) and
+//     its view is built at use, so one view is live. No persistent bf16 parameter shard exists
+//     (each gather converts the rank's piece of the f32 master), so bf16 is not DeepSpeed's 18 Ψ/N:
+//     see the test.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -270,7 +271,7 @@ TEST(EstimateMpiStage3, ModelStatesAre16PsiOverNPlusTheLiveWindow) {
                     : 4.0 * N * std::ceil(u.numel / N);
       };
       // fp32: the unit in use and the next one prefetched into its view; bf16: a prefetch lands in
-      // an f32 staging buffer (comm) and the bf16/f32 view is built only when the unit is used, so
+      // a staging buffer (comm) and the bf16/f32 view is built only when the unit is used, so
       // one view at a time.
       double window_p = 0, slab = 0, window_g = 0;
       for (size_t u = 0; u < units.size(); ++u) {

@@ -374,8 +374,11 @@ class ZeroReplay : private parallel::ZeroEffects {
   bool piece_is_unit() const { return param_swap_on() && N_ == 1 && e_ != 4; }
   void start_gather(size_t u) override {
     View& v = views_[u];
+    const size_t L = e_ == 4 || param_swap_on() ? 0 : parallel::lowp_record_words(units_[u], piece(units_[u]), static_cast<int>(N_));
     if (e_ == 4) {
       if (!v.f32) alloc(MemCategory::kParams, v.f32 = 4 * padded(u));
+    } else if (L > 0) {  // N records of L two-byte words, gathered in place
+      alloc(MemCategory::kComm, v.staging = 2 * L * N_);
     } else if (!piece_is_unit()) {
       alloc(MemCategory::kComm, v.staging = 4 * padded(u));
     }

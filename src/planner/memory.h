@@ -10,11 +10,14 @@
 //            shard 4S. Views and gradient slabs are replayed allocation by allocation as
 //            parallel::ZeroRuntime makes them (memory.cpp, ZeroReplay), hook by hook over a training
 //            micro-batch and an optimizer step: a unit's view is 4 N s_u (f32; the padded range) or
-//            e m_u + 4 (n_u - m_u) (low precision, with a 4 N s_u f32 staging buffer under comm while
-//            its gather is in flight); its grad slab 4 N s_u (grads); a reduce-scatter receives 4 s_u
-//            (comm), and on 3 or more ranks its ring holds a scratch block of 4 s_u (comm) until done. Nonblocking work is taken to finish only when waited for (the worst case).
+//            e m_u + 4 (n_u - m_u) (low precision, with a staging buffer under comm while its
+//            gather is in flight: N records of 2 s_u + 4 (n_u - m_u) bytes where 2 (n_u - m_u) < s_u
+//            on 2 or more ranks (parallel::lowp_record_words), else 4 N s_u f32); its grad slab
+//            4 N s_u (grads); a reduce-scatter receives 4 s_u (comm), and on 3 or more ranks its
+//            ring holds a scratch block of 4 s_u (comm) until done. Nonblocking work is taken to
+//            finish only when waited for (the worst case).
 //     stage 1: every view and grad slab persistent; low precision refresh_params() keeps two
-//            gathers in flight (comm = the widest adjacent pair of 4 N s_u).
+//            gathers in flight (comm = the widest adjacent pair of stagings).
 //     stage 2: views persistent; a grad slab lives from its unit's backward to the end of its
 //            reduction: one at a time, two with overlap_comm.
 //     stage 3: views of units with n_u <= stage3_param_persistence_threshold persistent; the others

@@ -94,6 +94,11 @@ class ZeroEmitter : private parallel::ZeroEffects {
   size_t piece(const parallel::Unit& u) const { return (u.numel + spec_.world - 1) / spec_.world; }
   double piece_bytes(size_t u) const { return 4.0 * static_cast<double>(piece(spec_.units[u])); }
   double padded_bytes(size_t u) const { return piece_bytes(u) * spec_.world; }
+  // ZeroRuntime's low-precision record of unit u in two-byte words, 0 where it gathers f32.
+  size_t record_words(size_t u) const {
+    if (!spec_.low_precision || spec_.param_nvme) return 0;
+    return parallel::lowp_record_words(spec_.units[u], piece(spec_.units[u]), spec_.world);
+  }
   void compute(double seconds, std::string name) {
     SimOp op;
     op.seconds = seconds;
@@ -188,6 +193,11 @@ class ZeroEmitter : private parallel::ZeroEffects {
       gather_[u] = stream(1, costs_.disk_read_per_byte * piece_bytes(u), piece_bytes(u), true, "read piece " + spec_.units[u].name);
       return;
     }
+    if (const size_t L = record_words(u)) {  // the piece converted into its record, then gathered
+      compute(costs_.convert_seconds(piece_bytes(u)), "pack " + spec_.units[u].name);
+      gather_[u] = collective(costs_.all_gather(2.0 * static_cast<double>(L)), "all_gather " + spec_.units[u].name);
+      return;
+    }
     gather_[u] = collective(costs_.all_gather(piece_bytes(u)), "all_gather " + spec_.units[u].name);
   }
   void finish_gather(size_t u) override {
@@ -202,6 +212,12 @@ class ZeroEmitter : private parallel::ZeroEffects {
       ops_.push_back(std::move(op));
     }
     gather_[u] = -1;
+    if (record_words(u) > 0) {  // the records copied into the view: 2 bytes a GEMM weight, 4 the rest
+      const parallel::Unit& unit = spec_.units[u];
+      compute(costs_.copy_seconds(2.0 * static_cast<double>(unit.matrix_numel) + 4.0 * static_cast<double>(unit.numel - unit.matrix_numel)),
+              "unpack " + unit.name);
+      return;
+    }
     // The conversion reads the f32 unit and writes it in 2 bytes.
     if (spec_.low_precision) compute(costs_.convert_seconds(padded_bytes(u)), "convert " + spec_.units[u].name);
   }
@@ -460,9 +476,18 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
         collective(costs.reduce_scatter(4.0 * static_cast<double>(shard)), "reduce_scatter");
       }
       compute(costs.optimizer_seconds(static_cast<double>(spec.zero_stage == 1 ? shard : n)), "optimizer");
-      if (D > 1 && spec.zero_stage == 1) collective(costs.all_gather(4.0 * static_cast<double>(shard)), "all_gather");
-      if (spec.zero_stage == 1 && spec.low_precision)  // the refresh's views in the compute dtype
-        compute(costs.convert_seconds(4.0 * static_cast<double>(n)), "convert");
+      if (D > 1 && spec.zero_stage == 1 && spec.low_precision) {
+        // The refresh's records (parallel::lowp_record_words; a block's norms and biases, a few
+        // thousandths of it, are left out): each rank's piece converted, gathered in 2 bytes,
+        // copied into the views.
+        compute(costs.convert_seconds(4.0 * static_cast<double>(shard)), "pack");
+        collective(costs.all_gather(2.0 * static_cast<double>(shard)), "all_gather");
+        compute(costs.copy_seconds(2.0 * static_cast<double>(n)), "unpack");
+      } else {
+        if (D > 1 && spec.zero_stage == 1) collective(costs.all_gather(4.0 * static_cast<double>(shard)), "all_gather");
+        if (spec.zero_stage == 1 && spec.low_precision)  // the refresh's views in the compute dtype
+          compute(costs.convert_seconds(4.0 * static_cast<double>(n)), "convert");
+      }
     }
   }
   return p;

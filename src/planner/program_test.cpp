@@ -181,6 +181,35 @@ TEST(ZeroProgram, ConversionsZeroingAndSumsRunAtTheirOwnRates) {
   EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 4 * 1e-5 * 4000 + 4 * 1e-1 * 500);
 }
 
+// Units that are mostly GEMM weights (900 of 1000, 500 a rank) gather in bf16 records
+// (parallel::lowp_record_words): 500 words of the piece and 2 x 100 of its other elements in f32,
+// 1400 bytes a rank against 2000 in f32. Each of the 7 gathers converts the rank's piece (2000 bytes
+// of f32) into its record, gathers it, and copies the records into the view (2 x 900 + 4 x 100
+// bytes, read and written). Stage 3 without prefetch waits for each at once.
+TEST(ZeroProgram, MostlyGemmUnitsGatherRecordsInTheComputeDtype) {
+  ZeroStepSpec s = three_units(3, false);
+  for (parallel::Unit& u : s.units) u.matrix_numel = 900;
+  s.low_precision = true;
+  ZeroStepCosts c = costs(0, 0, 0, 0);
+  c.all_gather = [](double bytes) {
+    EXPECT_EQ(bytes, 1400.0);
+    return 1e-6 * bytes;
+  };
+  c.convert_per_byte = 1e-3;
+  c.copy_per_byte = 1e-4;
+  EXPECT_EQ(parallel::lowp_record_words(s.units[0], 500, 2), 700u);
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 7 * (1e-3 * 1.5 * 2000 + 1e-6 * 1400 + 1e-4 * 2 * 2200));
+  // Where the other elements are half a piece or more, or on one rank, the unit is gathered in f32.
+  EXPECT_EQ(parallel::lowp_record_words(s.units[0], 200, 5), 0u);
+  EXPECT_EQ(parallel::lowp_record_words(s.units[0], 1000, 1), 0u);
+  for (parallel::Unit& u : s.units) u.matrix_numel = 750;  // 2 x 250 = 500: not less than s
+  c.all_gather = [](double bytes) {
+    EXPECT_EQ(bytes, 2000.0);
+    return 0.0;
+  };
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 7 * 1e-3 * 1.5 * 4000);
+}
+
 // Tensor parallelism: each pass makes its blocking tp collectives between pieces of its compute.
 // One replica of two tp ranks at stage 0 (no dp reduction): every unit's forward 1 s with one
 // 0.5 s collective, its backward 2 s with one of 0.25, the head's backward one of 0.1; the update
@@ -253,13 +282,21 @@ TEST(PipelineProgram, OneFOneBThenTheTiedExchangeTheReductionAndEachStagesUpdate
   r = simulate(pipeline_step_program(s, c));
   EXPECT_NEAR(r.end[1], 16.8, 1e-12);
   EXPECT_NEAR(r.makespan, 16.9, 1e-12);
-  // In low precision ZeRO 1's refresh converts each stage's parameters (1.5 x 4 bytes an element
-  // moved at 1e-4 s a byte): 0.06 s for the first stage's 100, 0.18 s for the last's 300.
+  // In low precision ZeRO 1's refresh each rank converts its half of the stage's parameters into
+  // its record (1.5 x 4 bytes an element moved at 1e-4 s a byte): 0.03 s for the first stage's 50,
+  // 0.09 s for the last's 150. The records' copies into the views run at the memory rate, 0 here,
+  // and the gathers are free.
   s.low_precision = true;
   c.convert_per_byte = 1e-4;
   r = simulate(pipeline_step_program(s, c));
-  EXPECT_NEAR(r.end[1], 16.8 + 0.06, 1e-12);
-  EXPECT_NEAR(r.makespan, 16.9 + 0.18, 1e-12);
+  EXPECT_NEAR(r.end[1], 16.8 + 0.03, 1e-12);
+  EXPECT_NEAR(r.makespan, 16.9 + 0.09, 1e-12);
+  // One replica converts the whole stage: 0.06 and 0.18 s.
+  s.dp = 1;
+  r = simulate(pipeline_step_program(s, c));
+  EXPECT_NEAR(r.makespan - simulate(pipeline_step_program([&] { auto t = s; t.low_precision = false; return t; }(), c)).makespan,
+              0.18, 1e-12);
+  s.dp = 2;
   s.low_precision = false;
   // The runtime's pipeline takes ZeRO 0 or 1; the bounds must cover the costs' layers.
   s.zero_stage = 2;

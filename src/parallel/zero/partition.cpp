@@ -7,6 +7,12 @@
 
 namespace mt::parallel {
 
+size_t lowp_record_words(const Unit& unit, size_t s, int world) {
+  const size_t other = unit.numel - unit.matrix_numel;
+  if (world < 2 || 2 * other >= s) return 0;
+  return s + 2 * other;
+}
+
 ZeroPartition::ZeroPartition(std::vector<Unit> units, int world, int rank)
     : units_(std::move(units)), world_(world), rank_(rank) {
   MT_CHECK(world >= 1 && rank >= 0 && rank < world, ErrorKind::kInvalidArgument,

@@ -28,6 +28,15 @@ struct Unit {
   size_t matrix_numel = 0;  // of which GEMM weights (stored in the compute dtype)
 };
 
+// A low-precision gather (bf16/f16 compute) of a unit of n elements, m of them GEMM weights, cut in
+// N pieces of s: each rank sends its piece in the compute dtype, then its piece's other elements
+// (norms, biases, position tables: the layers read them in f32) in f32, padded to the unit's count
+// of them, n - m. The record is L = s + 2 (n - m) two-byte words, gathered in place. Taken only
+// where it moves less than the f32 piece (2L < 4s, i.e. 2 (n - m) < s) on 2 or more ranks; else 0:
+// the unit is gathered in f32 and converted whole at its use. DeepSpeed likewise gathers its
+// parameters in the compute dtype (it keeps all of them in it).
+size_t lowp_record_words(const Unit& unit, size_t s, int world);
+
 class ZeroPartition {
  public:
   // units: consecutive, covering [0, total) in order. world >= 1, 0 <= rank < world.

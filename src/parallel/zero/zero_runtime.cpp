@@ -15,7 +15,9 @@ struct ZeroRuntime::View {
   Buffer f32;      // f32 compute: the unit's padded range (N·s, the all_gather target);
                    // low precision: the unit's non-matrix parameters, packed
   Buffer lowp;     // low precision: the unit's GEMM weights, packed, in the compute dtype
-  Buffer staging;  // low precision: N·s f32 all_gather target while a gather is in flight
+  Buffer staging;  // low precision: the all_gather target while a gather is in flight: N records
+                   // (lowp_record_words) or, packed false, N·s f32
+  bool packed = false;
   std::unique_ptr<comm::Work> gather;  // in flight
   Buffer grad;  // N·s f32, bound to the parameters' grad pointers while allocated
   // offload_param nvme: the unit's master piece read from disk for its gather (then all-gathered
@@ -234,9 +236,67 @@ void ZeroRuntime::set_norm_ranges(std::vector<std::pair<size_t, size_t>> ranges)
 
 const std::vector<double>& ZeroRuntime::range_norms() const { return swap_->norms; }
 
+// Unit u's record of piece k (lowp_record_words): vals are the piece's s f32 values.
+void ZeroRuntime::pack_record(size_t u, size_t k, const float* vals, char* rec) const {
+  const Unit& unit = part_.units()[u];
+  const size_t s = part_.piece(u), lo = k * s, hi = lo + s;
+  const size_t L = lowp_record_words(unit, s, part_.world());
+  convert(rec, cd_, vals, DType::kF32, s);
+  char* other = rec + 2 * s;
+  size_t c = 0;
+  for (const nn::Parameter* p : params_[u]) {
+    if (p->is_matrix) continue;
+    const size_t a = std::max(p->offset - unit.offset, lo),
+                 b = std::min(p->offset - unit.offset + static_cast<size_t>(p->numel()), hi);
+    if (a >= b) continue;
+    std::memcpy(other + 4 * c, vals + (a - lo), 4 * (b - a));
+    c += b - a;
+  }
+  std::memset(other + 4 * c, 0, 2 * (L - s) - 4 * c);
+}
+
+// The view from N gathered records: each parameter's elements piece by piece, GEMM weights from the
+// compute-dtype parts, the others from the f32 parts in the order pack_record laid them.
+void ZeroRuntime::unpack_records(size_t u) {
+  View& v = *views_[u];
+  const Unit& unit = part_.units()[u];
+  const size_t s = part_.piece(u), L = lowp_record_words(unit, s, part_.world()), e = dtype_size(cd_);
+  const char* st = v.staging.as<char>();
+  std::vector<size_t> cursor(static_cast<size_t>(part_.world()), 0);
+  size_t mo = 0, fo = 0;
+  for (const nn::Parameter* p : params_[u]) {
+    const size_t rel = p->offset - unit.offset, n = static_cast<size_t>(p->numel());
+    for (size_t a = rel; a < rel + n;) {
+      const size_t k = a / s, b = std::min(rel + n, (k + 1) * s);
+      const char* rec = st + k * L * 2;
+      if (p->is_matrix) {
+        std::memcpy(v.lowp.as<char>() + (mo + a - rel) * e, rec + (a - k * s) * 2, (b - a) * e);
+      } else {
+        std::memcpy(v.f32.as<float>() + fo + (a - rel), rec + 2 * s + 4 * cursor[k], 4 * (b - a));
+        cursor[k] += b - a;
+      }
+      a = b;
+    }
+    (p->is_matrix ? mo : fo) += n;
+  }
+}
+
 void ZeroRuntime::start_gather(size_t u) {
   View& v = *views_[u];
   void* target = nullptr;
+  v.packed = false;
+  const size_t L = cd_ == DType::kF32 || swap_ ? 0 : lowp_record_words(part_.units()[u], part_.piece(u), part_.world());
+  if (L > 0) {  // this rank's record packed in its slot of the target, gathered in place
+    v.staging = Buffer::uninitialized(L * 2 * static_cast<size_t>(part_.world()), MemCategory::kComm);
+    v.packed = true;
+    char* mine = v.staging.as<char>() + static_cast<size_t>(group_.rank()) * L * 2;
+    pack_record(u, static_cast<size_t>(group_.rank()), master() + part_.shard_offset(u), mine);
+    comm::AllGatherOptions o;
+    o.timeout = opts_.timeout;
+    o.tag = "zero params " + part_.units()[u].name;
+    v.gather = group_.all_gather(v.staging.data(), mine, L, cd_, o);
+    return;
+  }
   if (cd_ == DType::kF32) {
     if (!v.f32.bytes()) v.f32 = Buffer(part_.padded(u) * 4, MemCategory::kParams);
     target = v.f32.data();
@@ -284,6 +344,13 @@ void ZeroRuntime::finish_gather(size_t u) {
       v.lowp = Buffer::uninitialized(std::max<size_t>(unit.matrix_numel, 1) * dtype_size(cd_), MemCategory::kParams);
       v.f32 = Buffer::uninitialized(std::max<size_t>(unit.numel - unit.matrix_numel, 1) * 4, MemCategory::kParams);
     }
+    if (v.packed) {
+      unpack_records(u);
+      v.staging = Buffer();
+      v.packed = false;
+      bind_params(u);
+      return;
+    }
     const float* src = v.piece.size() ? v.piece.as<float>() : v.staging.as<float>();
     size_t mo = 0, fo = 0;
     for (nn::Parameter* p : params_[u]) {
@@ -314,6 +381,7 @@ void ZeroRuntime::cancel_gather(size_t u) {
     v.gather.reset();
   }
   v.staging = Buffer();
+  v.packed = false;
 }
 
 void ZeroRuntime::free_view(size_t u) {

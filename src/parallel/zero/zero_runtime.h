@@ -143,6 +143,8 @@ class ZeroRuntime : private ZeroEffects {
   void progress() override;
 
   void bind_params(size_t u);
+  void pack_record(size_t u, size_t k, const float* vals, char* rec) const;
+  void unpack_records(size_t u);
   // offload_param nvme on a one-rank group with a low-precision compute dtype: the piece read from
   // disk is the whole unit, and the views are converted from it (no all_gather, no staging copy).
   bool piece_is_unit() const { return swap_ && group_.size() == 1 && cd_ != DType::kF32; }
