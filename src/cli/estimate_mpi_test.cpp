@@ -266,17 +266,21 @@ TEST(EstimateMpiStage3, ModelStatesAre16PsiOverNPlusTheLiveWindow) {
       engine::RunConfig c = engine::ds_config_parse(config_json(k), "x");
       std::vector<parallel::Unit> units = planner::model_units(c.model);
       const double N = 2, psi = static_cast<double>(c.model.num_params());
+      // bf16 units that are mostly GEMM weights (2 (n - m) < s) are gathered in bf16 into an image
+      // of the padded unit, 2 N s, beside their other elements in f32; the rest are gathered in f32
+      // into staging (comm) and converted to 2 m + 4 (n - m) when used.
+      auto image = [&](const parallel::Unit& u) { return bf16 && 2.0 * (u.numel - u.matrix_numel) < std::ceil(u.numel / N); };
       auto view_bytes = [&](const parallel::Unit& u) {  // a gathered unit as the layers read it
-        return bf16 ? 2.0 * u.matrix_numel + 4.0 * (u.numel - u.matrix_numel)
-                    : 4.0 * N * std::ceil(u.numel / N);
+        if (!bf16) return 4.0 * N * std::ceil(u.numel / N);
+        return (image(u) ? 2.0 * N * std::ceil(u.numel / N) : 2.0 * u.matrix_numel) + 4.0 * (u.numel - u.matrix_numel);
       };
-      // fp32: the unit in use and the next one prefetched into its view; bf16: a prefetch lands in
-      // a staging buffer (comm) and the bf16/f32 view is built only when the unit is used, so
-      // one view at a time.
+      // The unit in use and the next one in the pass's direction prefetched into its view, unless
+      // (bf16, not an image) it is prefetched into staging and its view built only at its use.
+      auto prefetched = [&](const parallel::Unit& u) { return !bf16 || image(u) ? view_bytes(u) : 0.0; };
       double window_p = 0, slab = 0, window_g = 0;
       for (size_t u = 0; u < units.size(); ++u) {
-        double next = !bf16 && u + 1 < units.size() ? view_bytes(units[u + 1]) : 0.0;
-        window_p = std::max(window_p, view_bytes(units[u]) + next);
+        const double up = u + 1 < units.size() ? prefetched(units[u + 1]) : 0.0, down = u > 0 ? prefetched(units[u - 1]) : 0.0;
+        window_p = std::max(window_p, view_bytes(units[u]) + std::max(up, down));
       }
       for (size_t u = 0; u + 1 < units.size(); ++u)
         window_g = std::max(window_g, 4.0 * N * (std::ceil(units[u].numel / N) + std::ceil(units[u + 1].numel / N)));
@@ -286,7 +290,7 @@ TEST(EstimateMpiStage3, ModelStatesAre16PsiOverNPlusTheLiveWindow) {
           << case_name(k) << ": measured " << measured << " formula " << formula;
       // DeepSpeed's 18 Ψ/N for mixed precision (2 bf16 params + 4 f32 grads + 12 master and Adam)
       // counts a persistent bf16 parameter partition, which this runtime does not keep: bf16 views
-      // are built from the f32 master only inside the window. So 16 Ψ/N holds for bf16 too, and
+      // are converted from the f32 master (each rank's piece, at each gather) only inside the window. So 16 Ψ/N holds for bf16 too, and
       // the 2 Ψ/N of DeepSpeed's figure is not measured here.
       if (bf16) {
         double ds18 = 18.0 * psi / N + window_p + (overlap ? window_g : slab);

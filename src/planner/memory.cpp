@@ -372,13 +372,27 @@ class ZeroReplay : private parallel::ZeroEffects {
   // ZeroRuntime::piece_is_unit(): one rank, low precision, on disk — the views are converted from
   // the piece read, with no staging.
   bool piece_is_unit() const { return param_swap_on() && N_ == 1 && e_ != 4; }
+  // ZeroRuntime::image_view: the view an image of the unit in the compute dtype, gathered in place,
+  // and the other elements' f32 runs in staging.
+  bool image(size_t u) const {
+    return e_ != 4 && !param_swap_on() && parallel::gathers_in_compute_dtype(units_[u], piece(units_[u]), static_cast<int>(N_));
+  }
+  void alloc_view(size_t u) {  // ZeroRuntime::alloc_lowp_view
+    View& v = views_[u];
+    if (v.lowp) return;
+    const parallel::Unit& unit = units_[u];
+    alloc(MemCategory::kParams, v.lowp = (image(u) ? padded(u) : std::max<size_t>(unit.matrix_numel, 1)) * e_);
+    alloc(MemCategory::kParams, v.f32 = std::max<size_t>(unit.numel - unit.matrix_numel, 1) * 4);
+  }
   void start_gather(size_t u) override {
     View& v = views_[u];
-    const size_t L = e_ == 4 || param_swap_on() ? 0 : parallel::lowp_record_words(units_[u], piece(units_[u]), static_cast<int>(N_));
+    if (image(u)) {
+      alloc_view(u);
+      alloc(MemCategory::kComm, v.staging = 4 * N_ * (units_[u].numel - units_[u].matrix_numel));
+      return;
+    }
     if (e_ == 4) {
       if (!v.f32) alloc(MemCategory::kParams, v.f32 = 4 * padded(u));
-    } else if (L > 0) {  // N records of L two-byte words, gathered in place
-      alloc(MemCategory::kComm, v.staging = 2 * L * N_);
     } else if (!piece_is_unit()) {
       alloc(MemCategory::kComm, v.staging = 4 * padded(u));
     }
@@ -391,11 +405,7 @@ class ZeroReplay : private parallel::ZeroEffects {
       v.piece = 0;
     }
     if (e_ == 4) return;
-    const parallel::Unit& unit = units_[u];
-    if (!v.lowp) {
-      alloc(MemCategory::kParams, v.lowp = std::max<size_t>(unit.matrix_numel, 1) * e_);
-      alloc(MemCategory::kParams, v.f32 = std::max<size_t>(unit.numel - unit.matrix_numel, 1) * 4);
-    }
+    alloc_view(u);
     release(MemCategory::kComm, v.staging + v.piece);
     v.staging = v.piece = 0;
   }

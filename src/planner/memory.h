@@ -10,9 +10,10 @@
 //            shard 4S. Views and gradient slabs are replayed allocation by allocation as
 //            parallel::ZeroRuntime makes them (memory.cpp, ZeroReplay), hook by hook over a training
 //            micro-batch and an optimizer step: a unit's view is 4 N s_u (f32; the padded range) or
-//            e m_u + 4 (n_u - m_u) (low precision, with a staging buffer under comm while its
-//            gather is in flight: N records of 2 s_u + 4 (n_u - m_u) bytes where 2 (n_u - m_u) < s_u
-//            on 2 or more ranks (parallel::lowp_record_words), else 4 N s_u f32); its grad slab
+//            e m_u + 4 (n_u - m_u) (low precision, from a 4 N s_u f32 staging buffer under comm
+//            while its gather is in flight), or, where parallel::gathers_in_compute_dtype,
+//            e N s_u + 4 (n_u - m_u), allocated at the gather's start, with 4 N (n_u - m_u) of f32
+//            runs under comm while it is in flight; its grad slab
 //            4 N s_u (grads); a reduce-scatter receives 4 s_u (comm), and on 3 or more ranks its
 //            ring holds a scratch block of 4 s_u (comm) until done. Nonblocking work is taken to
 //            finish only when waited for (the worst case).

@@ -128,14 +128,18 @@ TEST(ModelStateMemory, Stage1KeepsEverySlab) {
   EXPECT_EQ(f[MemCategory::kComm], 12u + 12u);
 }
 
-// Units that are mostly GEMM weights stage their gathers as records in the compute dtype
-// (parallel::lowp_record_words): on 4 ranks A (n=40, m=36, s=10) gathers 4 records of 10 + 2 x 4
-// words, 144 bytes, B (n=m=40) 4 of 10, 80 bytes; C (n=8, m=0) is gathered in f32, 4 x 2 x 4.
-// Stage 1's refresh keeps two gathers in flight: A + B, against 160 + 160 in f32.
-TEST(ModelStateMemory, MostlyGemmUnitsStageRecordsInTheComputeDtype) {
-  const std::vector<parallel::Unit> units = {{"A", 0, 40, 36}, {"B", 40, 40, 40}, {"C", 80, 8, 0}};
+// Units that are mostly GEMM weights gather in the compute dtype (parallel::gathers_in_compute_dtype)
+// straight into a view that is an image of the padded unit, 2 N s bytes, and stage only their other
+// elements' f32 runs, 4 N (n - m). On 4 ranks A (n=40, m=36, s=10): view 80 + 16, staging 64; B
+// (n=40, m=38): view 80 + 8, staging 32; C (n=8, m=0) as before: view 2 + 32, f32 staging 4 x 8.
+// Stage 1 keeps every view; its refresh keeps two gathers in flight, A + B = 96, above a reduction's
+// receive and scratch (40 + 40).
+TEST(ModelStateMemory, MostlyGemmUnitsGatherIntoAnImageOfTheUnit) {
+  const std::vector<parallel::Unit> units = {{"A", 0, 40, 36}, {"B", 40, 40, 38}, {"C", 80, 8, 0}};
   ZeroKnobs z;
-  EXPECT_EQ(model_state_memory(units, 1, 4, 2, 2, z)[MemCategory::kComm], 144u + 80u);
+  MemoryBreakdown b = model_state_memory(units, 1, 4, 2, 2, z);
+  EXPECT_EQ(b[MemCategory::kParams], 96u + 88u + 34u);
+  EXPECT_EQ(b[MemCategory::kComm], 64u + 32u);
   EXPECT_EQ(model_state_memory(units, 1, 4, 4, 2, z)[MemCategory::kComm], 40u + 40u);  // f32: a receive and its scratch
 }
 
@@ -176,7 +180,8 @@ TEST(ModelStateMemory, Stage3WindowFollowsTheKnobs) {
   EXPECT_EQ(model_state_memory(tiny_units(), 3, 4, 4, 2, z)[MemCategory::kParams], 28u + 32u + 48u);
   z.param_persistence_threshold = 0;  // nothing persistent; C (5) prefetched behind B: 32 + 32
   EXPECT_EQ(model_state_memory(tiny_units(), 3, 4, 4, 2, z)[MemCategory::kParams], 28u + 64u);
-  // bf16: a prefetch lands in staging (comm; f32 for these units, parallel::lowp_record_words); the view is built at use, so one view at a time
+  // bf16: a prefetch lands in f32 staging (comm; these units are not gathers_in_compute_dtype's); the
+  // view is built at use, so one view at a time
   // beside persistent C (22): A's 24. Comm: B's staging (32) behind a B receive and its scratch
   // (8 + 8), then A's (48) behind B's receive and scratch: 64.
   z.param_persistence_threshold = 5;

@@ -41,7 +41,7 @@ const std::vector<double>* tp_of(const std::vector<std::vector<double>>& v, size
 class ZeroEmitter : private parallel::ZeroEffects {
  public:
   ZeroEmitter(const ZeroStepSpec& spec, const ZeroStepCosts& costs)
-      : spec_(spec), costs_(costs), gather_(spec.units.size(), -1), schedule_(spec.units, spec.schedule, *this) {
+      : spec_(spec), costs_(costs), gather_(spec.units.size(), -1), other_(spec.units.size(), -1), schedule_(spec.units, spec.schedule, *this) {
     const size_t U = spec.units.size();
     MT_CHECK(U > 0 && spec.world >= 1 && spec.micro_batches >= 1, ErrorKind::kInvalidArgument,
              "zero step program: units, world and micro-batches must be positive");
@@ -94,10 +94,13 @@ class ZeroEmitter : private parallel::ZeroEffects {
   size_t piece(const parallel::Unit& u) const { return (u.numel + spec_.world - 1) / spec_.world; }
   double piece_bytes(size_t u) const { return 4.0 * static_cast<double>(piece(spec_.units[u])); }
   double padded_bytes(size_t u) const { return piece_bytes(u) * spec_.world; }
-  // ZeroRuntime's low-precision record of unit u in two-byte words, 0 where it gathers f32.
-  size_t record_words(size_t u) const {
-    if (!spec_.low_precision || spec_.param_nvme) return 0;
-    return parallel::lowp_record_words(spec_.units[u], piece(spec_.units[u]), spec_.world);
+  // ZeroRuntime::image_view: unit u is gathered in the compute dtype straight into its view.
+  bool image(size_t u) const {
+    return spec_.low_precision && !spec_.param_nvme &&
+           parallel::gathers_in_compute_dtype(spec_.units[u], piece(spec_.units[u]), spec_.world);
+  }
+  double other_bytes(size_t u) const {
+    return 4.0 * static_cast<double>(spec_.units[u].numel - spec_.units[u].matrix_numel);
   }
   void compute(double seconds, std::string name) {
     SimOp op;
@@ -193,9 +196,11 @@ class ZeroEmitter : private parallel::ZeroEffects {
       gather_[u] = stream(1, costs_.disk_read_per_byte * piece_bytes(u), piece_bytes(u), true, "read piece " + spec_.units[u].name);
       return;
     }
-    if (const size_t L = record_words(u)) {  // the piece converted into its record, then gathered
-      compute(costs_.convert_seconds(piece_bytes(u)), "pack " + spec_.units[u].name);
-      gather_[u] = collective(costs_.all_gather(2.0 * static_cast<double>(L)), "all_gather " + spec_.units[u].name);
+    if (image(u)) {  // the piece converted into its place in the view, then the two all-gathers
+      compute(costs_.convert_seconds(piece_bytes(u)), "convert piece " + spec_.units[u].name);
+      gather_[u] = collective(costs_.all_gather(piece_bytes(u) / 2.0), "all_gather " + spec_.units[u].name);
+      if (other_bytes(u) > 0)
+        other_[u] = collective(costs_.all_gather(other_bytes(u)), "all_gather f32 " + spec_.units[u].name);
       return;
     }
     gather_[u] = collective(costs_.all_gather(piece_bytes(u)), "all_gather " + spec_.units[u].name);
@@ -212,10 +217,10 @@ class ZeroEmitter : private parallel::ZeroEffects {
       ops_.push_back(std::move(op));
     }
     gather_[u] = -1;
-    if (record_words(u) > 0) {  // the records copied into the view: 2 bytes a GEMM weight, 4 the rest
-      const parallel::Unit& unit = spec_.units[u];
-      compute(costs_.copy_seconds(2.0 * static_cast<double>(unit.matrix_numel) + 4.0 * static_cast<double>(unit.numel - unit.matrix_numel)),
-              "unpack " + unit.name);
+    if (image(u)) {  // the GEMM weights are in place; the other elements copied out of their runs
+      if (other_[u] >= 0) wait(other_[u], "all_gather f32 " + spec_.units[u].name);
+      other_[u] = -1;
+      compute(costs_.copy_seconds(other_bytes(u)), "unpack " + spec_.units[u].name);
       return;
     }
     // The conversion reads the f32 unit and writes it in 2 bytes.
@@ -223,7 +228,8 @@ class ZeroEmitter : private parallel::ZeroEffects {
   }
   void cancel_gather(size_t u) override {
     if (gather_[u] >= 0) wait(gather_[u], "all_gather " + spec_.units[u].name);
-    gather_[u] = -1;
+    if (other_[u] >= 0) wait(other_[u], "all_gather f32 " + spec_.units[u].name);
+    gather_[u] = other_[u] = -1;
   }
   void free_view(size_t) override {}
   void begin_grad_slab(size_t u) override {
@@ -258,6 +264,7 @@ class ZeroEmitter : private parallel::ZeroEffects {
   const ZeroStepSpec& spec_;
   const ZeroStepCosts& costs_;
   std::vector<int> gather_;  // per unit: the gather in flight, or -1
+  std::vector<int> other_;   // per unit: image(u)'s f32 gather in flight, or -1
   std::vector<int> reduce_;  // reductions in flight, oldest first
   // offload_param nvme
   std::vector<int> unit_ready_;     // per unit: the optimizer thread's tag after which its piece is written
@@ -477,12 +484,11 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
       }
       compute(costs.optimizer_seconds(static_cast<double>(spec.zero_stage == 1 ? shard : n)), "optimizer");
       if (D > 1 && spec.zero_stage == 1 && spec.low_precision) {
-        // The refresh's records (parallel::lowp_record_words; a block's norms and biases, a few
-        // thousandths of it, are left out): each rank's piece converted, gathered in 2 bytes,
-        // copied into the views.
-        compute(costs.convert_seconds(4.0 * static_cast<double>(shard)), "pack");
+        // The refresh in the compute dtype (parallel::gathers_in_compute_dtype; a block's norms
+        // and biases, a few thousandths of it, and their f32 gathers are left out): each rank's
+        // piece converted into the views, gathered in 2 bytes.
+        compute(costs.convert_seconds(4.0 * static_cast<double>(shard)), "convert");
         collective(costs.all_gather(2.0 * static_cast<double>(shard)), "all_gather");
-        compute(costs.copy_seconds(2.0 * static_cast<double>(n)), "unpack");
       } else {
         if (D > 1 && spec.zero_stage == 1) collective(costs.all_gather(4.0 * static_cast<double>(shard)), "all_gather");
         if (spec.zero_stage == 1 && spec.low_precision)  // the refresh's views in the compute dtype

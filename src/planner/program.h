@@ -48,8 +48,8 @@ struct ZeroStepSpec {
   size_t bucket_elems = 500'000'000;  // reduce_bucket_size (stage 0)
   int micro_batches = 1;              // gradient_accumulation_steps
   bool tied_head = true;              // the head's backward hooks are unit 0's (tied) or the last unit's
-  bool low_precision = false;         // bf16/f16 compute: each gather packs the piece in the compute
-                                      // dtype (parallel::lowp_record_words), or converts the f32 unit
+  bool low_precision = false;         // bf16/f16 compute: each gather converts the piece into the view
+                                      // (parallel::gathers_in_compute_dtype), or the f32 unit at its use
   // ZeRO-3 with offload_param nvme (ZeroRuntime's swap; optim/swapped_adamw.h asynchronous): the
   // master shard and the gradient records live on disk in one record per unit piece (records of at
   // most sub_group_size, rounded to 1024 elements), the optimizer streams sub-groups of whole

@@ -7,10 +7,8 @@
 
 namespace mt::parallel {
 
-size_t lowp_record_words(const Unit& unit, size_t s, int world) {
-  const size_t other = unit.numel - unit.matrix_numel;
-  if (world < 2 || 2 * other >= s) return 0;
-  return s + 2 * other;
+bool gathers_in_compute_dtype(const Unit& unit, size_t s, int world) {
+  return world >= 2 && 2 * (unit.numel - unit.matrix_numel) < s;
 }
 
 ZeroPartition::ZeroPartition(std::vector<Unit> units, int world, int rank)

@@ -29,13 +29,16 @@ struct Unit {
 };
 
 // A low-precision gather (bf16/f16 compute) of a unit of n elements, m of them GEMM weights, cut in
-// N pieces of s: each rank sends its piece in the compute dtype, then its piece's other elements
-// (norms, biases, position tables: the layers read them in f32) in f32, padded to the unit's count
-// of them, n - m. The record is L = s + 2 (n - m) two-byte words, gathered in place. Taken only
-// where it moves less than the f32 piece (2L < 4s, i.e. 2 (n - m) < s) on 2 or more ranks; else 0:
-// the unit is gathered in f32 and converted whole at its use. DeepSpeed likewise gathers its
-// parameters in the compute dtype (it keeps all of them in it).
-size_t lowp_record_words(const Unit& unit, size_t s, int world);
+// N pieces of s. The layers read the GEMM weights in the compute dtype and the rest (norms, biases,
+// position tables) in f32. When true, the unit is gathered as two all-gathers in place: every
+// rank's piece in the compute dtype, straight into the view (a 2·N·s-byte image of the padded unit,
+// each GEMM weight at its offset in the unit), and each piece's other elements in f32, padded to
+// the unit's count of them, n - m, into a staging buffer they are copied out of. That moves
+// 2 s + 4 (n - m) bytes a rank against the f32 piece's 4 s: taken where that is less
+// (2 (n - m) < s) on 2 or more ranks. Otherwise the unit is gathered in f32 into staging and
+// converted whole at its use. DeepSpeed gathers its parameters in the compute dtype too (it keeps
+// all of them in it).
+bool gathers_in_compute_dtype(const Unit& unit, size_t s, int world);
 
 class ZeroPartition {
  public:

@@ -14,11 +14,12 @@ namespace mt::parallel {
 struct ZeroRuntime::View {
   Buffer f32;      // f32 compute: the unit's padded range (N·s, the all_gather target);
                    // low precision: the unit's non-matrix parameters, packed
-  Buffer lowp;     // low precision: the unit's GEMM weights, packed, in the compute dtype
-  Buffer staging;  // low precision: the all_gather target while a gather is in flight: N records
-                   // (lowp_record_words) or, packed false, N·s f32
-  bool packed = false;
-  std::unique_ptr<comm::Work> gather;  // in flight
+  Buffer lowp;     // low precision: the unit's GEMM weights in the compute dtype, packed, or
+                   // (image_view) an image of the padded unit, each weight at its unit offset
+  Buffer staging;  // low precision: the all_gather target while a gather is in flight: N·s f32,
+                   // or (packed) the N runs of the pieces' non-GEMM elements in f32
+  bool packed = false;  // gathered as an image and runs (gathers_in_compute_dtype)
+  std::unique_ptr<comm::Work> gather, gather_other;  // in flight
   Buffer grad;  // N·s f32, bound to the parameters' grad pointers while allocated
   // offload_param nvme: the unit's master piece read from disk for its gather (then all-gathered
   // at finish_gather).
@@ -134,8 +135,10 @@ ZeroRuntime::ZeroRuntime(nn::ParamStore& store, std::vector<Unit> units,
 ZeroRuntime::~ZeroRuntime() {
   // Let nothing in flight write into freed memory; a failed collective is already being reported.
   try {
-    for (auto& v : views_)
+    for (auto& v : views_) {
       if (v && v->gather) v->gather->wait();
+      if (v && v->gather_other) v->gather_other->wait();
+    }
     for (auto& r : pending_) r.work->wait();
   } catch (...) {
   }
@@ -236,65 +239,82 @@ void ZeroRuntime::set_norm_ranges(std::vector<std::pair<size_t, size_t>> ranges)
 
 const std::vector<double>& ZeroRuntime::range_norms() const { return swap_->norms; }
 
-// Unit u's record of piece k (lowp_record_words): vals are the piece's s f32 values.
-void ZeroRuntime::pack_record(size_t u, size_t k, const float* vals, char* rec) const {
+// gathers_in_compute_dtype: the elements of piece k (unit-relative [k s, (k+1) s)) that are not
+// GEMM weights, in parameter order, from vals (the piece's s f32 values) into out (n - m floats,
+// the rest zeroed); and back, from the N gathered runs into the view's packed f32 parameters.
+void ZeroRuntime::pack_other(size_t u, size_t k, const float* vals, float* out) const {
   const Unit& unit = part_.units()[u];
-  const size_t s = part_.piece(u), lo = k * s, hi = lo + s;
-  const size_t L = lowp_record_words(unit, s, part_.world());
-  convert(rec, cd_, vals, DType::kF32, s);
-  char* other = rec + 2 * s;
+  const size_t s = part_.piece(u), lo = k * s, hi = lo + s, other = unit.numel - unit.matrix_numel;
   size_t c = 0;
   for (const nn::Parameter* p : params_[u]) {
     if (p->is_matrix) continue;
     const size_t a = std::max(p->offset - unit.offset, lo),
                  b = std::min(p->offset - unit.offset + static_cast<size_t>(p->numel()), hi);
     if (a >= b) continue;
-    std::memcpy(other + 4 * c, vals + (a - lo), 4 * (b - a));
+    std::memcpy(out + c, vals + (a - lo), 4 * (b - a));
     c += b - a;
   }
-  std::memset(other + 4 * c, 0, 2 * (L - s) - 4 * c);
+  std::fill(out + c, out + other, 0.0f);
 }
 
-// The view from N gathered records: each parameter's elements piece by piece, GEMM weights from the
-// compute-dtype parts, the others from the f32 parts in the order pack_record laid them.
-void ZeroRuntime::unpack_records(size_t u) {
+void ZeroRuntime::unpack_other(size_t u) {
   View& v = *views_[u];
   const Unit& unit = part_.units()[u];
-  const size_t s = part_.piece(u), L = lowp_record_words(unit, s, part_.world()), e = dtype_size(cd_);
-  const char* st = v.staging.as<char>();
+  const size_t s = part_.piece(u), other = unit.numel - unit.matrix_numel;
+  const float* runs = v.staging.as<float>();
   std::vector<size_t> cursor(static_cast<size_t>(part_.world()), 0);
-  size_t mo = 0, fo = 0;
+  size_t fo = 0;
   for (const nn::Parameter* p : params_[u]) {
+    if (p->is_matrix) continue;
     const size_t rel = p->offset - unit.offset, n = static_cast<size_t>(p->numel());
     for (size_t a = rel; a < rel + n;) {
       const size_t k = a / s, b = std::min(rel + n, (k + 1) * s);
-      const char* rec = st + k * L * 2;
-      if (p->is_matrix) {
-        std::memcpy(v.lowp.as<char>() + (mo + a - rel) * e, rec + (a - k * s) * 2, (b - a) * e);
-      } else {
-        std::memcpy(v.f32.as<float>() + fo + (a - rel), rec + 2 * s + 4 * cursor[k], 4 * (b - a));
-        cursor[k] += b - a;
-      }
+      std::memcpy(v.f32.as<float>() + fo + (a - rel), runs + k * other + cursor[k], 4 * (b - a));
+      cursor[k] += b - a;
       a = b;
     }
-    (p->is_matrix ? mo : fo) += n;
+    fo += n;
   }
+}
+
+bool ZeroRuntime::image_view(size_t u) const {
+  return cd_ != DType::kF32 && !swap_ && gathers_in_compute_dtype(part_.units()[u], part_.piece(u), part_.world());
+}
+
+void ZeroRuntime::alloc_lowp_view(size_t u) {
+  View& v = *views_[u];
+  if (v.lowp.bytes()) return;
+  const Unit& unit = part_.units()[u];
+  // Written whole before it is read: by the conversion at finish_gather, or, as an image of the
+  // unit, by the all_gather (every GEMM weight; the elements between them are never read).
+  const size_t lowp = image_view(u) ? part_.padded(u) : std::max<size_t>(unit.matrix_numel, 1);
+  v.lowp = Buffer::uninitialized(lowp * dtype_size(cd_), MemCategory::kParams);
+  v.f32 = Buffer::uninitialized(std::max<size_t>(unit.numel - unit.matrix_numel, 1) * 4, MemCategory::kParams);
 }
 
 void ZeroRuntime::start_gather(size_t u) {
   View& v = *views_[u];
   void* target = nullptr;
   v.packed = false;
-  const size_t L = cd_ == DType::kF32 || swap_ ? 0 : lowp_record_words(part_.units()[u], part_.piece(u), part_.world());
-  if (L > 0) {  // this rank's record packed in its slot of the target, gathered in place
-    v.staging = Buffer::uninitialized(L * 2 * static_cast<size_t>(part_.world()), MemCategory::kComm);
-    v.packed = true;
-    char* mine = v.staging.as<char>() + static_cast<size_t>(group_.rank()) * L * 2;
-    pack_record(u, static_cast<size_t>(group_.rank()), master() + part_.shard_offset(u), mine);
+  if (image_view(u)) {  // this rank's piece converted into its place in the view, gathered in place
+    alloc_lowp_view(u);
+    const size_t s = part_.piece(u), N = static_cast<size_t>(part_.world()), me = static_cast<size_t>(group_.rank());
+    const size_t other = part_.units()[u].numel - part_.units()[u].matrix_numel;
+    const float* vals = master() + part_.shard_offset(u);
+    char* mine = v.lowp.as<char>() + me * s * dtype_size(cd_);
+    convert(mine, cd_, vals, DType::kF32, s);
     comm::AllGatherOptions o;
     o.timeout = opts_.timeout;
     o.tag = "zero params " + part_.units()[u].name;
-    v.gather = group_.all_gather(v.staging.data(), mine, L, cd_, o);
+    v.gather = group_.all_gather(v.lowp.data(), mine, s, cd_, o);
+    v.packed = true;
+    if (other > 0) {
+      v.staging = Buffer::uninitialized(N * other * 4, MemCategory::kComm);
+      float* run = v.staging.as<float>() + me * other;
+      pack_other(u, me, vals, run);
+      o.tag = "zero params " + part_.units()[u].name + " (f32)";
+      v.gather_other = group_.all_gather(v.staging.data(), run, other, DType::kF32, o);
+    }
     return;
   }
   if (cd_ == DType::kF32) {
@@ -338,25 +358,28 @@ void ZeroRuntime::finish_gather(size_t u) {
     v.gather->wait();
     v.gather.reset();
   }
+  if (v.gather_other) {
+    v.gather_other->wait();
+    v.gather_other.reset();
+  }
   if (cd_ != DType::kF32) {
     const Unit& unit = part_.units()[u];
-    if (!v.lowp.bytes()) {  // written whole below
-      v.lowp = Buffer::uninitialized(std::max<size_t>(unit.matrix_numel, 1) * dtype_size(cd_), MemCategory::kParams);
-      v.f32 = Buffer::uninitialized(std::max<size_t>(unit.numel - unit.matrix_numel, 1) * 4, MemCategory::kParams);
-    }
-    if (v.packed) {
-      unpack_records(u);
+    alloc_lowp_view(u);
+    if (v.packed) {  // the GEMM weights are in place; the rest from the runs
+      if (v.staging.bytes()) unpack_other(u);
       v.staging = Buffer();
       v.packed = false;
       bind_params(u);
       return;
     }
+    // From an f32 image of the unit (a persistent view at construction, a piece off the disk).
     const float* src = v.piece.size() ? v.piece.as<float>() : v.staging.as<float>();
+    const bool image = image_view(u);
     size_t mo = 0, fo = 0;
     for (nn::Parameter* p : params_[u]) {
       size_t n = static_cast<size_t>(p->numel()), rel = p->offset - unit.offset;
       if (p->is_matrix) {
-        convert(v.lowp.as<char>() + mo * dtype_size(cd_), cd_, src + rel, DType::kF32, n);
+        convert(v.lowp.as<char>() + (image ? rel : mo) * dtype_size(cd_), cd_, src + rel, DType::kF32, n);
         mo += n;
       } else {
         std::memcpy(v.f32.as<float>() + fo, src + rel, n * 4);
@@ -380,6 +403,10 @@ void ZeroRuntime::cancel_gather(size_t u) {
     v.gather->wait();
     v.gather.reset();
   }
+  if (v.gather_other) {
+    v.gather_other->wait();
+    v.gather_other.reset();
+  }
   v.staging = Buffer();
   v.packed = false;
 }
@@ -394,6 +421,7 @@ void ZeroRuntime::free_view(size_t u) {
 void ZeroRuntime::bind_params(size_t u) {
   View& v = *views_[u];
   const Unit& unit = part_.units()[u];
+  const bool image = image_view(u);
   size_t mo = 0, fo = 0;
   for (nn::Parameter* p : params_[u]) {
     size_t n = static_cast<size_t>(p->numel());
@@ -402,7 +430,7 @@ void ZeroRuntime::bind_params(size_t u) {
       p->compute = p->master;
     } else if (p->is_matrix) {
       p->master = nullptr;  // layers read GEMM weights through compute only
-      p->compute = v.lowp.as<char>() + mo * dtype_size(cd_);
+      p->compute = v.lowp.as<char>() + (image ? p->offset - unit.offset : mo) * dtype_size(cd_);
       mo += n;
     } else {
       p->master = v.f32.as<float>() + fo;
@@ -525,8 +553,10 @@ io::AsyncIo::Stats ZeroRuntime::take_swap_io_stats() {
 bool ZeroRuntime::oldest_reduce_done() { return !pending_.empty() && pending_.front().work->is_completed(); }
 
 void ZeroRuntime::progress() {
-  for (auto& v : views_)
-    if (v->gather) v->gather->is_completed();  // MPI progresses nonblocking collectives in MPI_Test
+  for (auto& v : views_) {  // MPI progresses nonblocking collectives in MPI_Test
+    if (v->gather) v->gather->is_completed();
+    if (v->gather_other) v->gather_other->is_completed();
+  }
 }
 
 void ZeroRuntime::finish_backward() {

@@ -143,8 +143,12 @@ class ZeroRuntime : private ZeroEffects {
   void progress() override;
 
   void bind_params(size_t u);
-  void pack_record(size_t u, size_t k, const float* vals, char* rec) const;
-  void unpack_records(size_t u);
+  // Low precision where gathers_in_compute_dtype: the view's lowp is an image of the unit, gathered
+  // in place; the other elements travel in f32 runs.
+  bool image_view(size_t u) const;
+  void alloc_lowp_view(size_t u);
+  void pack_other(size_t u, size_t k, const float* vals, float* out) const;
+  void unpack_other(size_t u);
   // offload_param nvme on a one-rank group with a low-precision compute dtype: the piece read from
   // disk is the whole unit, and the views are converted from it (no all_gather, no staging copy).
   bool piece_is_unit() const { return swap_ && group_.size() == 1 && cd_ != DType::kF32; }
