@@ -70,8 +70,8 @@ void print_table(const planner::MemoryInput& in, const std::vector<planner::Stag
     std::printf(" %11s | %11s %11s\n", format_bytes(e.ours.total()).c_str(), format_bytes(e.ds_paper_bytes).c_str(),
                 e.ds_estimator_bytes ? format_bytes(e.ds_estimator_bytes).c_str() : "-");
   }
-  std::printf("setup peak (model states while the engine is built, before the partitioned buffers replace the "
-              "full ones):");
+  std::printf("setup peak (model states while the engine is built%s):",
+              in.zero.whole_store ? "; init_from loads the whole model before the runtime's shards replace it" : "");
   for (const planner::StageEstimate& e : est)
     std::printf("%s stage%d %s", e.stage ? "," : "", e.stage,
                 format_bytes(e.setup[MemCategory::kParams] + e.setup[MemCategory::kGrads] +
@@ -237,6 +237,7 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   in.zero.swap_buffers = c.zero.optimizer_buffer_count;
   in.zero.param_nvme = c.zero.offload_param == "nvme";
   in.zero.accumulation = c.batch.gradient_accumulation_steps > 1;
+  in.zero.whole_store = !c.init_from.empty() && c.device == "cpu";
   in.pp = c.pp;
   in.pp_rank = pp_rank;
   if (c.pp > 1) {  // this rank's stage as engine_build_model makes it

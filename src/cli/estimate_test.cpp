@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "engine/ds_config.h"
 #include "engine/engine.h"
+#include "models/transformer.h"
 #include "cli/cli_test_util.h"
 #include "cli/commands.h"
 #include "planner/memory.h"
@@ -94,11 +95,14 @@ INSTANTIATE_TEST_SUITE_P(Models, EstimateMeasured,
                                   (info.param.recompute ? "_recompute" : "");
                          });
 
-// The setup peak (StageEstimate::setup): building the engine at ZeRO stages 1-3 (a group of one)
-// holds the ParamStore's full buffers beside the runtime's shards and persistent views.
+// The setup peak (StageEstimate::setup): building the engine at ZeRO stages 1-3 (a group of one).
+// As `train` builds it (engine_build_model), the runtime makes its shards and persistent views from
+// the initial values; with init_from (whole: the model built with its buffers, as a load needs), the
+// ParamStore's full buffers live beside them.
 TEST(EstimateSetup, StagesOneToThreeMatchTheBuild) {
   for (int stage : {1, 2, 3}) {
-    for (bool bf16 : {false, true}) {
+    for (bool bf16 : {false, true})
+    for (bool whole : {false, true}) {
       nlohmann::json j = tiny_config("llama", bf16, false);
       j["zero_optimization"] = {{"stage", stage}, {"stage3_param_persistence_threshold", 20000}};
       engine::RunConfig c = engine::ds_config_parse(j, "test");
@@ -106,7 +110,17 @@ TEST(EstimateSetup, StagesOneToThreeMatchTheBuild) {
       MemStats before = a.stats();
       a.reset_peaks();
       {
-        auto model = engine::engine_build_model(c);
+        std::unique_ptr<models::TransformerLM> model;
+        if (whole) {  // engine_build_model with init_from: a store with buffers, the weights then loaded
+          models::ModelOptions mo;
+          mo.compute_dtype = c.compute_dtype;
+          mo.seed = c.seed;
+          model = std::make_unique<models::TransformerLM>(c.model, mo);
+          model->prepare(static_cast<int>(c.batch.micro_batch_per_gpu), static_cast<int>(c.seq_length), 1);
+        } else {
+          model = engine::engine_build_model(c);
+          EXPECT_TRUE(model->store().released());  // no whole-model buffers
+        }
         engine::Engine eng(c, *model);
         MemStats after = a.stats();
         planner::MemoryInput in;
@@ -115,11 +129,12 @@ TEST(EstimateSetup, StagesOneToThreeMatchTheBuild) {
         in.seq_length = 16;
         in.compute_dtype = c.compute_dtype;
         in.zero.param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
+        in.zero.whole_store = whole;
         planner::StageEstimate est = planner::estimate_stage(in, stage);
         for (MemCategory cat : {MemCategory::kParams, MemCategory::kGrads, MemCategory::kOptimizer, MemCategory::kComm}) {
           int i = static_cast<int>(cat);
           EXPECT_EQ(after.peak[i] - before.current[i], est.setup[cat])
-              << "stage " << stage << (bf16 ? " bf16 " : " fp32 ") << mem_category_name(cat);
+              << "stage " << stage << (bf16 ? " bf16 " : " fp32 ") << (whole ? "whole store " : "") << mem_category_name(cat);
         }
       }
     }

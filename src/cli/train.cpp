@@ -204,6 +204,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   train_resume(eng, args.resume, lead);
   // The metrics' peak_<category>_bytes describe training, not setup (the ParamStore's full buffers
   // live beside the ZeRO shards until the runtime releases them): `meshtrain estimate` predicts these.
+  const size_t setup_peak = eng.memory_stats().total_peak;
   eng.reset_memory_peaks();
   if (lead)
     std::fprintf(stderr, "model %s, batch %lld = %lld x %lld accumulation x %d data-parallel rank(s), T=%lld, %s, ZeRO stage %d%s\n",
@@ -357,6 +358,9 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       MemStats mem = eng.memory_stats();
       for (int c = 0; c < kMemCategoryCount; ++c)
         m["peak_" + std::string(mem_category_name(static_cast<MemCategory>(c))) + "_bytes"] = mem.peak[c];
+      m["total_peak_bytes"] = mem.total_peak;
+      m["setup_peak_bytes"] = setup_peak;
+      m["held_peak_bytes"] = mem.held_peak;
       m["rss_peak_bytes"] = process_peak_rss_bytes();  // VmHWM: everything the process ever held
       metrics << m.dump() << "\n";
       metrics.flush();

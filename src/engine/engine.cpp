@@ -119,8 +119,12 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
   opts.parallel = std::move(ctx);
   opts.vocab_divisible = config.vocab_divisible;
   opts.sparse_attention = config.sparse_attention;
-  // ZeRO-Infinity: the weights are made unit by unit straight into the swap (zero.Init).
-  opts.deferred_init = config.zero.offload_param == "nvme" && config.zero.stage == 3 && config.device == "cpu";
+  // Under ZeRO the runtime makes each rank's shard (and the views it keeps) from the initial
+  // values, unit by unit, as DeepSpeed's zero.Init does: the whole model's f32 weights, gradients
+  // and compute copy are never allocated beside the shards (a rank's setup held them all, above its
+  // training peak: DESIGN-NOTES 57). ZeRO-Infinity writes them straight into the swap. Weights
+  // loaded from init_from are read into the whole store first.
+  opts.deferred_init = config.zero.stage >= 1 && config.device == "cpu" && config.init_from.empty();
   int slots = 1;
   if (config.pp > 1) {
     MT_CHECK(opts.parallel && opts.parallel->pp() == config.pp, ErrorKind::kInternal,
@@ -253,8 +257,9 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     go.zero.aio.thread_count = config.aio.thread_count;
     go.zero.aio.single_submit = config.aio.single_submit;
     go.zero.aio.overlap_events = config.aio.overlap_events;
-    go.zero.initial_values = [&model](size_t a, size_t b, float* dst) { model.init_values(a, b, dst); };
   }
+  if (store.released())
+    go.zero.initial_values = [&model](size_t a, size_t b, float* dst) { model.init_values(a, b, dst); };
   sync_ = parallel::make_grad_sync(store, model.zero_units(), model.zero_unit_modules(), *dp_, go);
   segments = sync_->span_segments(segments);
   if (z.stage >= 1 && rank() == 0) {

@@ -277,14 +277,17 @@ class ZeroReplay : private parallel::ZeroEffects {
   void run(MemoryBreakdown& setup, MemoryBreakdown& steady) {
     const bool lowp = e_ != 4;
     const bool swap = param_swap_on();
-    // nn::ParamStore (TransformerLM's constructor): master, gradients, compute copy; none when the
-    // model is built for the swap (deferred initialisation).
-    size_t store_master = swap ? 0 : 4 * P_, store_grad = swap ? 0 : 4 * P_, store_compute = lowp && !swap ? e_ * P_ : 0;
+    // nn::ParamStore (TransformerLM's constructor): master, gradients, compute copy, only when the
+    // weights are loaded into the whole model first (init_from); else the runtime makes its shards
+    // from the initial values (deferred initialisation, engine_build_model).
+    const bool store = zero_.whole_store;
+    size_t store_master = store ? 4 * P_ : 0, store_grad = store ? 4 * P_ : 0, store_compute = lowp && store ? e_ * P_ : 0;
     alloc(lowp ? MemCategory::kOptimizer : MemCategory::kParams, store_master);
     alloc(MemCategory::kGrads, store_grad);
     if (lowp) alloc(MemCategory::kParams, store_compute);
     // ZeroRuntime(): master and gradient shards (or, swapped, one bounce buffer of the largest
-    // piece while the records are written), the persistent views' targets filled from the store,
+    // piece while the records are written), the persistent views' targets filled from the store
+    // or the initial values,
     // then the schedule's construction.
     if (swap) {
       size_t most = 0;

@@ -26,8 +26,9 @@
 //            never more) prefetched when n <= stage3_prefetch_bucket_size and the live elements
 //            (persistent ones included) + n <= stage3_max_live_parameters. Live window: two
 //            adjacent units at most. Grads as stage 2.
-//   Setup (StageEstimate::setup): the ParamStore's full buffers (4P master, 4P grads, e P compute)
-//   are alive while the runtime allocates its shards and persistent views, then released.
+//   Setup (StageEstimate::setup): the runtime's shards, persistent views and optimizer state,
+//   made from the initial values; with init_from (ZeroKnobs::whole_store) also the ParamStore's
+//   full buffers (4P master, 4P grads, e P compute), alive until the runtime releases them.
 // Activations and workspace: what models::TransformerLM::prepare(B, T) allocates (sizes from the
 // same BlockActs / BlockScratch layouts) plus what nn::Workspace grows to in one step (GEMM
 // operands in the compute dtype, the LM head's logit tiles). They do not depend on the stage.
@@ -84,6 +85,11 @@ struct ZeroKnobs {
   // More than one micro-batch a step (gradient_accumulation_steps > 1): with param_nvme and f32
   // reductions, a later micro-batch reads the piece's record back beside the one it received into.
   bool accumulation = false;
+  // model.init_from (stages 1-3): the weights are loaded into the whole model's flat buffers (4P
+  // master, 4P gradients, eP compute copy), which live beside the runtime's shards while the
+  // engine is built. Without it the runtime makes its shards from the initial values and those
+  // buffers never exist (DESIGN-NOTES 57).
+  bool whole_store = false;
 };
 
 // The optimizer swap of a span of `span` elements with `states` f32 states (optim/swapped_adamw.h):
@@ -136,8 +142,8 @@ struct MemoryBreakdown {
 struct StageEstimate {
   int stage = 0;
   MemoryBreakdown ours;   // steady state: the peaks of training steps
-  MemoryBreakdown setup;  // model-state categories while the engine is built (the ParamStore's full
-                          // buffers and the runtime's shards live together); stage 0: = ours
+  MemoryBreakdown setup;  // model-state categories while the engine is built (with init_from the
+                          // ParamStore's full buffers beside the runtime's shards); stage 0: = ours
   size_t ds_paper_bytes = 0;      // ZeRO paper, model states
   size_t ds_estimator_bytes = 0;  // DeepSpeed's estimate_zero2/3 function; 0 for stage 0 (none)
   uint64_t disk_bytes = 0;        // offload to nvme: the rank's swap files

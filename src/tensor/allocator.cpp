@@ -101,12 +101,14 @@ void* Allocator::allocate(size_t bytes, MemCategory category, bool zero_fill) {
       p = it->second;
       cache_->blocks.erase(it);
       cache_->bytes -= rounded;
+      kept_ = cache_->bytes;
     } else {  // no block of this size: drop kept ones (largest first) rather than grow past the high water
       while (!cache_->blocks.empty() && total_current_.load() + cache_->bytes + rounded > cache_budget(high_water_.load())) {
         auto last = std::prev(cache_->blocks.end());
         release_block(last->second, last->first);
         cache_->bytes -= last->first;
         cache_->blocks.erase(last);
+        kept_ = cache_->bytes;
       }
     }
   }
@@ -132,6 +134,7 @@ void* Allocator::allocate(size_t bytes, MemCategory category, bool zero_fill) {
   const size_t total = total_current_.fetch_add(bytes) + bytes;
   raise_peak(total_peak_, total);
   raise_peak(high_water_, total);
+  raise_peak(held_peak_, total + kept_.load());
   return p;
 }
 
@@ -145,6 +148,8 @@ void Allocator::deallocate(void* p, size_t bytes, MemCategory category) {
     if (left + cache_->bytes + rounded <= cache_budget(high_water_.load())) {
       cache_->blocks.emplace(rounded, p);
       cache_->bytes += rounded;
+      kept_ = cache_->bytes;
+      raise_peak(held_peak_, left + cache_->bytes);
       return;
     }
   }
@@ -159,6 +164,7 @@ MemStats Allocator::stats() const {
   }
   s.total_current = total_current_.load();
   s.total_peak = total_peak_.load();
+  s.held_peak = held_peak_.load();
   return s;
 }
 

@@ -28,6 +28,7 @@ struct MemStats {
   std::array<size_t, kMemCategoryCount> peak{};
   size_t total_current = 0;
   size_t total_peak = 0;
+  size_t held_peak = 0;  // the most the allocator ever held: in use plus kept blocks (see Allocator)
 };
 
 class Allocator {
@@ -61,6 +62,8 @@ class Allocator {
   Cache* cache_ = nullptr;  // made on the first large block; kept to the process's end
   std::once_flag cache_once_;
   std::atomic<size_t> high_water_{0};
+  std::atomic<size_t> kept_{0};       // Cache::bytes, readable without its lock
+  std::atomic<size_t> held_peak_{0};  // max over time of in use + kept
 };
 
 // Buffer: RAII owner of one accounted allocation. Movable, not copyable.

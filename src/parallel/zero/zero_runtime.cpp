@@ -69,12 +69,17 @@ ZeroRuntime::ZeroRuntime(nn::ParamStore& store, std::vector<Unit> units,
     p->grad = nullptr;  // bound to a gradient slab while one exists
   }
   bool lowp_master = cd_ != DType::kF32;
-  MT_CHECK(!store.released() || (opts_.initial_values && !opts_.swap_dir.empty()), ErrorKind::kInternal,
-           "ZeRO runtime: a store without buffers needs the swap and initial values");
+  MT_CHECK(!store.released() || opts_.initial_values, ErrorKind::kInternal,
+           "ZeRO runtime: a store without buffers needs the initial values");
   if (opts_.swap_dir.empty()) {
     master_ = Buffer(part_.shard_numel() * 4, lowp_master ? MemCategory::kOptimizer : MemCategory::kParams);
     grad_ = Buffer(part_.shard_numel() * 4, MemCategory::kGrads);
-    part_.flat_to_shard(master(), store.master());
+    if (store.released()) {  // each piece from the initial values (the padding stays zero)
+      for (size_t i = 0; i < U; ++i)
+        opts_.initial_values(part_.piece_begin(i), part_.piece_end(i), master() + part_.shard_offset(i));
+    } else {
+      part_.flat_to_shard(master(), store.master());
+    }
   } else {
     MT_CHECK(opts_.stage == 3, ErrorKind::kInvalidArgument, "ZeRO runtime: parameters on disk need stage 3");
     swap_ = std::make_unique<Swap>();
