@@ -199,6 +199,7 @@ std::vector<std::string> layout_sets(const planner::Layout& l) {
 struct Measured {
   double step = 0.0;   // the median step of steps 3.. (seconds: the batch's tokens / tokens_per_s)
   double memory = 0.0; // rank 0's accounted peaks, each category at its own, summed (bytes)
+  double rss = 0.0;    // rank 0's VmHWM: what the kernel counts for the process (bytes)
 };
 
 // Trains `l` for o.steps steps (under meshtrain launch when it has several processes) and reads its
@@ -230,6 +231,7 @@ Measured measure_layout(const PlanOptions& o, const planner::Layout& l, double t
     if (j.value("step", 0) >= 3 && j.value("tokens_per_s", 0.0) > 0) steps.push_back(tokens / j["tokens_per_s"].get<double>());
     for (const auto& [k, v] : j.items())
       if (k.rfind("peak_", 0) == 0 && v.is_number()) peaks[k] = std::max(peaks[k], v.get<double>());
+    m.rss = std::max(m.rss, j.value("rss_peak_bytes", 0.0));
   }
   MT_CHECK(!steps.empty(), ErrorKind::kInternal, "plan --validate: " + metrics + " has no step past the second");
   std::sort(steps.begin(), steps.end());
@@ -294,6 +296,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
     return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
   };
   std::vector<double> predicted, measured, step_errors, memory_errors, at_speed, speed_errors, slowdowns;
+  std::vector<double> beyond;  // each layout's VmHWM over its predicted accounted peak, bytes
   std::vector<std::pair<double, double>> spread;  // --rounds: each pick's fastest and slowest run
   // Before each run the speed probe (planner::speed_probe) gives the machine's slowdown against the
   // calibration's moment; each run's step divided by it is the step at the calibrated speed.
@@ -350,6 +353,11 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
                 100 * (p.step / m.step - 1), gib(static_cast<size_t>(mine)).c_str(), gib(static_cast<size_t>(m.memory)).c_str(),
                 m.memory > 0 ? 100 * (mine / m.memory - 1) : 0.0);
     if (!runs.empty()) std::printf("      runs in turn (s):%s\n", runs.c_str());
+    if (m.rss > 0) {  // the outside count: the process as the kernel sees it (DESIGN-NOTES 57)
+      beyond.push_back(m.rss - mine);
+      std::printf("      process peak (VmHWM) %s: %+.0f MiB over the prediction (%+.1f%%)\n", gib(static_cast<size_t>(m.rss)).c_str(),
+                  (m.rss - mine) / 1048576.0, 100 * (m.rss / mine - 1));
+    }
     if (probe)
       std::printf("      slowdown at each run (speed probe / the calibration's):%s; at the calibrated speed %.4fs %+.1f%%\n",
                   speeds.c_str(), at_speed.back(), 100 * (p.step / at_speed.back() - 1));
@@ -363,6 +371,12 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
               100 * median(step_errors), 100 * *std::max_element(step_errors.begin(), step_errors.end()),
               100 * median(memory_errors), 100 * *std::max_element(memory_errors.begin(), memory_errors.end()),
               kendall_tau(predicted, measured));
+  if (!beyond.empty()) {
+    const auto [lo, hi] = std::minmax_element(beyond.begin(), beyond.end());
+    std::printf("process peak (VmHWM) over the predicted accounted peak: median %+.0f MiB (%+.0f to %+.0f): the binary, its "
+                "libraries and threads, MPI's buffers and the allocator's kept blocks, which the estimate leaves out\n",
+                median(beyond) / 1048576.0, *lo / 1048576.0, *hi / 1048576.0);
+  }
   if (probe)  // the model against the machine as it was calibrated: its drift since taken out
     std::printf("at the calibrated speed (each run's step / its slowdown, %.2f-%.2f): step error median %.1f%%, worst "
                 "%.1f%%; Kendall's tau %.2f\n",
