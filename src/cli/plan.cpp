@@ -353,17 +353,17 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
                 100 * (p.step / m.step - 1), gib(static_cast<size_t>(mine)).c_str(), gib(static_cast<size_t>(m.memory)).c_str(),
                 m.memory > 0 ? 100 * (mine / m.memory - 1) : 0.0);
     if (!runs.empty()) std::printf("      runs in turn (s):%s\n", runs.c_str());
-    if (m.rss > 0) {  // the outside count: the process as the kernel sees it (DESIGN-NOTES 57)
-      beyond.push_back(m.rss - mine);
-      std::printf("      process peak (VmHWM) %s: %+.0f MiB over the prediction (%+.1f%%)\n", gib(static_cast<size_t>(m.rss)).c_str(),
-                  (m.rss - mine) / 1048576.0, 100 * (m.rss / mine - 1));
-    }
     if (probe)
       std::printf("      slowdown at each run (speed probe / the calibration's):%s; at the calibrated speed %.4fs %+.1f%%\n",
                   speeds.c_str(), at_speed.back(), 100 * (p.step / at_speed.back() - 1));
     if (!probes.empty())
       std::printf("      exchange at each run (1 MiB all_reduce / the calibration's %.3f ms):%s\n", cal.exchange_probe_s * 1e3,
                   probes.c_str());
+    if (m.rss > 0) {  // the outside count: the process as the kernel sees it (DESIGN-NOTES 57)
+      beyond.push_back(m.rss - mine);
+      std::printf("      process peak (VmHWM) %s: %+.0f MiB over the prediction (%+.1f%%)\n", gib(static_cast<size_t>(m.rss)).c_str(),
+                  (m.rss - mine) / 1048576.0, 100 * (m.rss / mine - 1));
+    }
     std::fflush(stdout);
   }
   const double best = *std::min_element(measured.begin(), measured.end());

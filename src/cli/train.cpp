@@ -361,6 +361,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       m["total_peak_bytes"] = mem.total_peak;
       m["setup_peak_bytes"] = setup_peak;
       m["held_peak_bytes"] = mem.held_peak;
+      m["mapped_peak_bytes"] = mem.mapped_peak;
       m["rss_peak_bytes"] = process_peak_rss_bytes();  // VmHWM: everything the process ever held
       metrics << m.dump() << "\n";
       metrics.flush();

@@ -68,6 +68,12 @@ void* map_block(size_t rounded) {
   return p;
 }
 
+// The bytes a block of `rounded` bytes takes from the OS: whole 2 MiB pages for a mapping, whole
+// pages from a page on.
+size_t footprint(size_t rounded) {
+  return rounded >= kHuge ? mapped_size(rounded) : rounded >= kPage ? (rounded + kPage - 1) / kPage * kPage : rounded;
+}
+
 // A block of `rounded` bytes back to where it came from.
 void release_block(void* p, size_t rounded) {
   if (rounded >= kHuge) {
@@ -106,6 +112,7 @@ void* Allocator::allocate(size_t bytes, MemCategory category, bool zero_fill) {
       while (!cache_->blocks.empty() && total_current_.load() + cache_->bytes + rounded > cache_budget(high_water_.load())) {
         auto last = std::prev(cache_->blocks.end());
         release_block(last->second, last->first);
+        mapped_ -= footprint(last->first);
         cache_->bytes -= last->first;
         cache_->blocks.erase(last);
         kept_ = cache_->bytes;
@@ -116,6 +123,7 @@ void* Allocator::allocate(size_t bytes, MemCategory category, bool zero_fill) {
   // pad, and shares its size, so its kept blocks, with the unit's other buffers); smaller ones on
   // 64 bytes.
   bool zero = false;
+  const bool fresh = p == nullptr;
   if (p == nullptr) {
     if (rounded >= kHuge) {
       p = map_block(rounded);
@@ -128,6 +136,7 @@ void* Allocator::allocate(size_t bytes, MemCategory category, bool zero_fill) {
     throw Error(ErrorKind::kOutOfMemory, std::string(mem_category_name(category)) + " need " +
                                              format_bytes(bytes) + " more; in use: " + describe());
   }
+  if (fresh) raise_peak(mapped_peak_, mapped_.fetch_add(footprint(rounded)) + footprint(rounded));
   if (!zero && zero_fill) zero_bytes(p, rounded);
   int c = static_cast<int>(category);
   raise_peak(peak_[c], current_[c].fetch_add(bytes) + bytes);
@@ -154,6 +163,7 @@ void Allocator::deallocate(void* p, size_t bytes, MemCategory category) {
     }
   }
   release_block(p, rounded);
+  mapped_ -= footprint(rounded);
 }
 
 MemStats Allocator::stats() const {
@@ -165,6 +175,7 @@ MemStats Allocator::stats() const {
   s.total_current = total_current_.load();
   s.total_peak = total_peak_.load();
   s.held_peak = held_peak_.load();
+  s.mapped_peak = mapped_peak_.load();
   return s;
 }
 

@@ -154,6 +154,33 @@ TEST(AllocatorCache, KeptBlocksWithinAMarginAboveTheHighWater) {
   EXPECT_EQ(a.cached_bytes(), 3 * mib);
 }
 
+// What the allocator holds beyond its accounted bytes: kept blocks (held_peak) and, in the OS's
+// units, blocks of 2 MiB or more rounded to whole 2 MiB pages (mapped_peak); the accounted
+// total_peak counts neither.
+TEST(AllocatorCache, HeldAndMappedPeaksCountKeptBlocksAndWholeHugePages) {
+  Allocator a;
+  const size_t mib = size_t{1} << 20;
+  void* p = a.allocate(3 * mib, MemCategory::kComm);  // one 4 MiB mapping
+  MemStats s = a.stats();
+  EXPECT_EQ(s.total_peak, 3 * mib);
+  EXPECT_EQ(s.held_peak, 3 * mib);
+  EXPECT_EQ(s.mapped_peak, 4 * mib);
+  a.deallocate(p, 3 * mib, MemCategory::kComm);  // kept
+  void* q = a.allocate(1000, MemCategory::kComm);  // the heap: 1024 bytes (64-byte granules)
+  s = a.stats();
+  EXPECT_EQ(s.total_peak, 3 * mib);
+  EXPECT_EQ(s.held_peak, 3 * mib + 1000);  // in use + kept
+  EXPECT_EQ(s.mapped_peak, 4 * mib + 1024);
+  a.deallocate(q, 1000, MemCategory::kComm);
+  void* r = a.allocate(5 * mib, MemCategory::kParams);  // 5 + 3 kept > 3 + 3/8: the kept block goes first
+  s = a.stats();
+  EXPECT_EQ(a.cached_bytes(), 0u);
+  EXPECT_EQ(s.total_peak, 5 * mib);
+  EXPECT_EQ(s.held_peak, 5 * mib);
+  EXPECT_EQ(s.mapped_peak, 6 * mib);  // the 4 MiB mapping was released before the 6 MiB one
+  a.deallocate(r, 5 * mib, MemCategory::kParams);
+}
+
 // The "THPeligible" field of the mapping that holds p in /proc/self/smaps (-1: not found).
 int thp_eligible(const void* p) {
   std::ifstream smaps("/proc/self/smaps");
