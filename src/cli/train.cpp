@@ -205,6 +205,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   // The metrics' peak_<category>_bytes describe training, not setup (the ParamStore's full buffers
   // live beside the ZeRO shards until the runtime releases them): `meshtrain estimate` predicts these.
   const size_t setup_peak = eng.memory_stats().total_peak;
+  size_t fresh_before = eng.memory_stats().fresh_mapped;
   eng.reset_memory_peaks();
   if (lead)
     std::fprintf(stderr, "model %s, batch %lld = %lld x %lld accumulation x %d data-parallel rank(s), T=%lld, %s, ZeRO stage %d%s\n",
@@ -362,6 +363,8 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       m["setup_peak_bytes"] = setup_peak;
       m["held_peak_bytes"] = mem.held_peak;
       m["mapped_peak_bytes"] = mem.mapped_peak;
+      m["fresh_mapped_bytes"] = static_cast<double>(mem.fresh_mapped - fresh_before);  // this step's: page faults
+      fresh_before = mem.fresh_mapped;
       m["rss_peak_bytes"] = process_peak_rss_bytes();  // VmHWM: everything the process ever held
       metrics << m.dump() << "\n";
       metrics.flush();

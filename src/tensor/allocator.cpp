@@ -136,7 +136,10 @@ void* Allocator::allocate(size_t bytes, MemCategory category, bool zero_fill) {
     throw Error(ErrorKind::kOutOfMemory, std::string(mem_category_name(category)) + " need " +
                                              format_bytes(bytes) + " more; in use: " + describe());
   }
-  if (fresh) raise_peak(mapped_peak_, mapped_.fetch_add(footprint(rounded)) + footprint(rounded));
+  if (fresh) {
+    raise_peak(mapped_peak_, mapped_.fetch_add(footprint(rounded)) + footprint(rounded));
+    if (rounded >= kHuge) fresh_mapped_ += footprint(rounded);
+  }
   if (!zero && zero_fill) zero_bytes(p, rounded);
   int c = static_cast<int>(category);
   raise_peak(peak_[c], current_[c].fetch_add(bytes) + bytes);
@@ -176,6 +179,7 @@ MemStats Allocator::stats() const {
   s.total_peak = total_peak_.load();
   s.held_peak = held_peak_.load();
   s.mapped_peak = mapped_peak_.load();
+  s.fresh_mapped = fresh_mapped_.load();
   return s;
 }
 

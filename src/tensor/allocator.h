@@ -30,6 +30,7 @@ struct MemStats {
   size_t total_peak = 0;
   size_t held_peak = 0;  // the most the allocator ever held: in use plus kept blocks (see Allocator)
   size_t mapped_peak = 0;  // the same in the OS's units: blocks of 2 MiB or more are whole 2 MiB pages
+  size_t fresh_mapped = 0;  // bytes of blocks of 2 MiB or more mapped afresh (no kept block fitted), ever
 };
 
 class Allocator {
@@ -66,6 +67,7 @@ class Allocator {
   std::atomic<size_t> kept_{0};       // Cache::bytes, readable without its lock
   std::atomic<size_t> held_peak_{0};  // max over time of in use + kept
   std::atomic<size_t> mapped_{0}, mapped_peak_{0};  // the blocks' footprints (in use + kept), and its max
+  std::atomic<size_t> fresh_mapped_{0};
 };
 
 // Buffer: RAII owner of one accounted allocation. Movable, not copyable.

@@ -179,6 +179,9 @@ TEST(AllocatorCache, HeldAndMappedPeaksCountKeptBlocksAndWholeHugePages) {
   EXPECT_EQ(s.held_peak, 5 * mib);
   EXPECT_EQ(s.mapped_peak, 6 * mib);  // the 4 MiB mapping was released before the 6 MiB one
   a.deallocate(r, 5 * mib, MemCategory::kParams);
+  void* t = a.allocate(5 * mib, MemCategory::kParams);  // the kept block: no fresh mapping
+  EXPECT_EQ(a.stats().fresh_mapped, 4 * mib + 6 * mib);  // blocks of 2 MiB or more mapped afresh, ever
+  a.deallocate(t, 5 * mib, MemCategory::kParams);
 }
 
 // The "THPeligible" field of the mapping that holds p in /proc/self/smaps (-1: not found).
