@@ -79,12 +79,18 @@ bool file_exists(const std::string& path) {
 
 namespace mt {
 
-size_t process_peak_rss_bytes() {
+namespace {
+size_t status_kb(const char* field) {  // a "Field:   N kB" line of /proc/self/status, in bytes
   std::ifstream f("/proc/self/status");
   std::string line;
+  const std::string key = std::string(field) + ":";
   while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return static_cast<size_t>(std::stoull(line.substr(6))) * 1024;  // "kB"
+    if (line.rfind(key, 0) == 0) return static_cast<size_t>(std::stoull(line.substr(key.size()))) * 1024;
   return 0;
 }
+}  // namespace
+
+size_t process_peak_rss_bytes() { return status_kb("VmHWM"); }
+size_t process_rss_bytes() { return status_kb("VmRSS"); }
 
 }  // namespace mt

@@ -35,5 +35,7 @@ namespace mt {
 
 // The process's peak resident set (VmHWM of /proc/self/status), bytes; 0 where unknown.
 size_t process_peak_rss_bytes();
+// The process's resident set now (VmRSS), bytes; 0 where unknown.
+size_t process_rss_bytes();
 
 }  // namespace mt

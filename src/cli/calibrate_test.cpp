@@ -38,6 +38,10 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
   }
   EXPECT_FALSE(j["fits"].contains("all_reduce"));
   EXPECT_GT(j["speed_probe_s"].get<double>(), 0.0);  // plan --validate compares each run's probe with it
+  // The process constant: resident memory outside the allocator's blocks (the binary, its libraries,
+  // the threads): more than the few MiB of a bare binary, far less than the kernels' operands.
+  EXPECT_GT(j["process_bytes"].get<double>(), 8.0 * 1048576) << j.dump();
+  EXPECT_LT(j["process_bytes"].get<double>(), 256.0 * 1048576) << j.dump();
   // 22 + the ZeRO passes' 3 families at 3 sizes + the blocks' 9 elementwise families at 2 sizes + 4 blocks in situ x 2
   EXPECT_EQ(j["points"].size(), 57u);
   // Same binary, machine, threads and ranks: reused, not measured again.
@@ -347,12 +351,14 @@ TEST(Plan, ValidateTrainsEachLayoutInTurnForEveryRound) {
   }
   EXPECT_EQ(vm, rows) << out;
   EXPECT_NE(out.find("process peak (VmHWM) over the predicted accounted peak: median +"), std::string::npos) << out;
+  EXPECT_EQ(out.find("predicted as the process"), std::string::npos) << "a calibration without a process constant: " << out;
 
   // With the calibration's speed probe: before each run the probe again, its ratio to the
   // calibration's the machine's slowdown; each row's step at the calibrated speed is the median of
   // its runs divided by their slowdowns, and the summary scores the model against those.
   nlohmann::json j = load(cal);
   j["speed_probe_s"] = 0.05;
+  j["process_bytes"] = 30 << 20;
   std::ofstream(cal) << j.dump();
   ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal + " --validate 1 --rounds 2 --steps 3",
                                             &out, &err), 0) << err;
@@ -381,6 +387,11 @@ TEST(Plan, ValidateTrainsEachLayoutInTurnForEveryRound) {
   }
   EXPECT_GE(probed, 2u) << out;
   EXPECT_NE(out.find("at the calibrated speed (each run's step / its slowdown"), std::string::npos) << out;
+  // With the calibration's process constant, every row's VmHWM against its predicted process peak.
+  EXPECT_EQ(numbers_on_lines(out, "predicted as the process", "process").size(), numbers_on_lines(out, "runs in turn", "(s):").size())
+      << out;
+  EXPECT_NE(out.find("process peak error (the prediction with the calibration's process constant, 30.0 MiB, against VmHWM): "
+                     "median "), std::string::npos) << out;
 }
 
 // plan --search and `"parallel": "auto"` at the hand calibration: the ranking, a budget that
@@ -445,6 +456,40 @@ TEST(Plan, SearchRanksWhatFitsAndTrainResolvesAnAutoLayout) {
   std::ofstream(cfg) << c.dump();
   EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "train " + cfg, &out, &err), 2);
   EXPECT_NE(err.find("meshtrain calibrate -o"), std::string::npos) << err;
+}
+
+// With the calibration's process constant, each layout's process peak is the constant plus the
+// allocator's footprint (above the accounted bytes), and --memory applies to it: a budget a byte
+// under the first layout's process peak (and above its accounted bytes) removes it.
+TEST(Plan, MemoryBudgetHoldsForTheProcessWithAProcessConstant) {
+  const std::string cal = dir() + "/hand-process.json", cfg = dir() + "/process.json";
+  write_latency_calibration(cal);
+  nlohmann::json j = load(cal);
+  const double constant = 30 << 20;
+  j["process_bytes"] = constant;
+  std::ofstream(cal) << j.dump();
+  std::ofstream(cfg) << tiny_plan_config("chain-p", {{"train_batch_size", 8}, {"zero_optimization", {{"stage", 1}}}}).dump();
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal + " --search --top 100 --json", &out, &err),
+            0) << err;
+  const nlohmann::json all = nlohmann::json::parse(out);
+  ASSERT_FALSE(all["ranked"].empty());
+  for (const auto& r : all["ranked"]) EXPECT_GT(r["process_bytes"].get<double>(), constant + r["memory_bytes"].get<double>() * 0.99) << r;
+  const nlohmann::json first = all["ranked"][0];
+  const double budget = first["process_bytes"].get<double>() - 1;
+  ASSERT_GT(budget, first["memory_bytes"].get<double>());
+  char gib[64];
+  std::snprintf(gib, sizeof gib, "%.12f", budget / (1024.0 * 1024.0 * 1024.0));
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal + " --search --top 100 --json --memory " + gib,
+                                            &out, &err), 0) << err;
+  const nlohmann::json capped = nlohmann::json::parse(out);
+  for (const auto& r : capped["ranked"]) {
+    EXPECT_LE(r["process_bytes"].get<double>(), budget + 1) << r;
+    EXPECT_NE(r, first);
+  }
+  bool named = false;
+  for (const auto& why : capped["rejected"]) named |= why.get<std::string>().find("as the process") != std::string::npos;
+  EXPECT_TRUE(named) << capped.dump();
 }
 
 }  // namespace

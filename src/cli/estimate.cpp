@@ -77,6 +77,11 @@ void print_table(const planner::MemoryInput& in, const std::vector<planner::Stag
                 format_bytes(e.setup[MemCategory::kParams] + e.setup[MemCategory::kGrads] +
                              e.setup[MemCategory::kOptimizer] + e.setup[MemCategory::kComm]).c_str());
   std::printf("\n");
+  std::printf("allocator footprint (every block through its rules: kept blocks, whole 2 MiB pages; the process adds its "
+              "constant, `calibrate`'s process_bytes):");
+  for (const planner::StageEstimate& e : est)
+    std::printf("%s stage%d %s", e.stage ? "," : "", e.stage, format_bytes(e.mapped).c_str());
+  std::printf("\n");
   std::printf(
       "DS paper: model states (params + grads + optimizer) of the ZeRO paper (Rajbhandari et al. 2020), "
       "weights and grads in the compute dtype, K = 4 per state (+4 master in mixed precision).\n"
@@ -135,6 +140,8 @@ nlohmann::json to_json(const planner::MemoryInput& in, const std::vector<planner
     s["disk"] = e.disk_bytes;  // offload to nvme: the swap files
     s["comm_low"] = e.comm_low;  // overlap_comm: comm when every reduction finishes early
     s["grads_low"] = e.grads_low;  // and the gradients
+    s["held"] = e.held;            // the allocator's peak with its kept blocks
+    s["mapped"] = e.mapped;        // the same in whole pages (FootprintReplay)
     j["stages"].push_back(s);
   }
   for (size_t s = 0; s < fits.size(); ++s) j["largest_micro_batch"]["stage" + std::to_string(s)] = fits[s];

@@ -62,6 +62,7 @@ planner::Calibration load_calibration(const std::string& path, const std::string
   cal.kernel_ranks = j.value("kernel_ranks", cal.ranks_per_host > 0 ? cal.ranks_per_host : cal.world);
   cal.speed_probe_s = j.value("speed_probe_s", 0.0);
   cal.exchange_probe_s = j.value("exchange_probe_s", 0.0);
+  cal.process_bytes = j.value("process_bytes", size_t{0});
   if (j.contains("exchange_probes_s")) cal.exchange_probes = j["exchange_probes_s"].get<std::vector<double>>();
   for (const auto& [family, f] : j["fits"].items()) {
     cal.fits[family] = planner::LinearFit{f.at("latency_s").get<double>(), f.at("per_unit_s").get<double>()};
@@ -147,8 +148,8 @@ std::string gib(size_t b) {
 
 std::string prediction_line(const planner::Layout& l, const planner::Prediction& p) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%s: %.4f s a step, %.0f tokens/s, %s a rank", l.describe().c_str(), p.step,
-                p.tokens_per_s, gib(p.memory).c_str());
+  std::snprintf(buf, sizeof buf, "%s: %.4f s a step, %.0f tokens/s, %s a rank%s", l.describe().c_str(), p.step,
+                p.tokens_per_s, gib(p.memory).c_str(), p.process > 0 ? (" (" + gib(p.process) + " as the process)").c_str() : "");
   return buf;
 }
 
@@ -162,7 +163,7 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
       j["ranked"].push_back({{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"stage", l.stage}, {"micro_batch", l.micro_batch},
                              {"accumulation", l.accumulation}, {"recompute", l.recompute}, {"step_s", p.step},
                              {"step_progress_s", p.step_progress}, {"tokens_per_s", p.tokens_per_s},
-                             {"memory_bytes", p.memory}});
+                             {"memory_bytes", p.memory}, {"process_bytes", p.process}});
     }
     j["rejected"] = r.rejected;
     std::printf("%s\n", j.dump(2).c_str());
@@ -171,11 +172,14 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
   std::printf("%d layout(s) considered, %zu within %s a rank; the fastest %d (steps within %.0f%% of each other: less "
               "memory first):\n",
               r.considered, r.ranked.size(), gib(budget).c_str(), top, 100 * planner::kTieBand);
-  std::printf("%4s  %-52s %10s %12s %11s\n", "rank", "layout", "step s", "tokens/s", "memory");
+  // memory: the accounted bytes; process: what the kernel will count (the calibration's process
+  // constant and the allocator's pages and kept blocks on top), which the budget applies to.
+  const bool process = !r.ranked.empty() && r.ranked.front().prediction.process > 0;
+  std::printf("%4s  %-52s %10s %12s %11s%s\n", "rank", "layout", "step s", "tokens/s", "memory", process ? "     process" : "");
   for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top; ++i) {
     const auto& [l, p] = r.ranked[i];
-    std::printf("%4zu  %-52s %10.4f %12.0f %11s\n", i + 1, l.describe().c_str(), p.step, p.tokens_per_s,
-                gib(p.memory).c_str());
+    std::printf("%4zu  %-52s %10.4f %12.0f %11s%s\n", i + 1, l.describe().c_str(), p.step, p.tokens_per_s,
+                gib(p.memory).c_str(), process ? (" " + std::string(12 - std::min<size_t>(12, gib(p.process).size()), ' ') + gib(p.process)).c_str() : "");
   }
   if (!r.rejected.empty()) {
     std::printf("rejected:\n");
@@ -297,6 +301,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   };
   std::vector<double> predicted, measured, step_errors, memory_errors, at_speed, speed_errors, slowdowns;
   std::vector<double> beyond;  // each layout's VmHWM over its predicted accounted peak, bytes
+  std::vector<double> process_errors;  // each layout's predicted process peak against its VmHWM
   std::vector<std::pair<double, double>> spread;  // --rounds: each pick's fastest and slowest run
   // Before each run the speed probe (planner::speed_probe) gives the machine's slowdown against the
   // calibration's moment; each run's step divided by it is the step at the calibrated speed.
@@ -359,10 +364,16 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
     if (!probes.empty())
       std::printf("      exchange at each run (1 MiB all_reduce / the calibration's %.3f ms):%s\n", cal.exchange_probe_s * 1e3,
                   probes.c_str());
-    if (m.rss > 0) {  // the outside count: the process as the kernel sees it (DESIGN-NOTES 57)
+    if (m.rss > 0) {  // the outside count: the process as the kernel sees it (DESIGN-NOTES 57, 58)
       beyond.push_back(m.rss - mine);
-      std::printf("      process peak (VmHWM) %s: %+.0f MiB over the prediction (%+.1f%%)\n", gib(static_cast<size_t>(m.rss)).c_str(),
+      std::printf("      process peak (VmHWM) %s: %+.0f MiB over the accounted prediction (%+.1f%%)", gib(static_cast<size_t>(m.rss)).c_str(),
                   (m.rss - mine) / 1048576.0, 100 * (m.rss / mine - 1));
+      if (!p.process_by_stage.empty()) {  // rank 0's predicted process peak
+        const double want = static_cast<double>(p.process_by_stage.front());
+        process_errors.push_back(std::abs(want / m.rss - 1));
+        std::printf("; predicted as the process %s, %+.1f%%", gib(static_cast<size_t>(want)).c_str(), 100 * (want / m.rss - 1));
+      }
+      std::printf("\n");
     }
     std::fflush(stdout);
   }
@@ -374,9 +385,15 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   if (!beyond.empty()) {
     const auto [lo, hi] = std::minmax_element(beyond.begin(), beyond.end());
     std::printf("process peak (VmHWM) over the predicted accounted peak: median %+.0f MiB (%+.0f to %+.0f): the binary, its "
-                "libraries and threads, MPI's buffers and the allocator's kept blocks, which the estimate leaves out\n",
+                "libraries and threads, MPI's buffers, the allocator's kept blocks and whole pages, which the accounted "
+                "bytes leave out\n",
                 median(beyond) / 1048576.0, *lo / 1048576.0, *hi / 1048576.0);
   }
+  if (!process_errors.empty())
+    std::printf("process peak error (the prediction with the calibration's process constant, %.1f MiB, against VmHWM): "
+                "median %.1f%%, worst %.1f%%\n",
+                static_cast<double>(cal.process_bytes) / 1048576.0, 100 * median(process_errors),
+                100 * *std::max_element(process_errors.begin(), process_errors.end()));
   if (probe)  // the model against the machine as it was calibrated: its drift since taken out
     std::printf("at the calibrated speed (each run's step / its slowdown, %.2f-%.2f): step error median %.1f%%, worst "
                 "%.1f%%; Kendall's tau %.2f\n",

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/file_io.h"
 #include "base/threads.h"
 #include "base/timer.h"
 #include "io/aio.h"
@@ -874,6 +875,19 @@ Calibration calibrate(const CalibrateOptions& options) {
     float probe = static_cast<float>(cal.speed_probe_s);
     group->all_reduce(&probe, 1, DType::kF32, comm::AllReduceOptions{})->wait();  // rank 0's
     cal.speed_probe_s = probe;
+  }
+
+  // The process constant, after every kernel and collective ran (their libraries loaded, their
+  // threads made): the resident set less the allocator's blocks, the largest over the ranks.
+  {
+    const size_t rss = process_rss_bytes(), mapped = Allocator::global().stats().mapped;
+    float mib = static_cast<float>(rss > mapped ? rss - mapped : 0) / 1048576.0f;
+    if (group) {
+      comm::AllReduceOptions o;
+      o.op = comm::ReduceOp::kMax;
+      group->all_reduce(&mib, 1, DType::kF32, o)->wait();
+    }
+    cal.process_bytes = static_cast<size_t>(static_cast<double>(mib) * 1048576.0);
   }
 
   if (!options.io_dir.empty()) {

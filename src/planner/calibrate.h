@@ -87,6 +87,11 @@ struct Calibration {
   // exchange at speeds more than twofold apart.
   double exchange_probe_s = 0.0;
   std::vector<double> exchange_probes;
+  // The process's memory outside the allocator's blocks (0: not measured): its resident set less
+  // the allocator's footprint after the calibration ran its kernels and collectives, the largest
+  // over the ranks — the binary, its libraries, the threads' stacks, oneDNN's and MPI's own
+  // buffers. A rank's predicted process peak is this plus StageEstimate::mapped (DESIGN-NOTES 58).
+  size_t process_bytes = 0;
   // The collectives' measured (bytes, seconds), by size: MPI's algorithms change with the message
   // size (OpenMPI's reduce_scatter here: 3.85 GB/s at 1 MiB, 0.12 at 16 MiB), so no one line holds.
   // seconds() interpolates them piecewise-linearly, past the largest at its rate, below the

@@ -212,7 +212,9 @@ OptimizerSwap optimizer_swap(size_t span, int states, int64_t sub_group_size, in
   const size_t group = std::max(unit, (std::min(sub, std::max<size_t>(span, 1)) + unit - 1) / unit * unit);
   r.sub_groups = span == 0 ? 0 : (span + group - 1) / group;
   const size_t slots = std::min(static_cast<size_t>(std::max(buffers, 1)), std::max<size_t>(r.sub_groups, 1));
-  r.resident = slots * static_cast<size_t>(states) * align_up(group * 4);
+  r.slot_bytes = align_up(group * 4);
+  r.slot_buffers = slots * static_cast<size_t>(states);
+  r.resident = r.slot_buffers * r.slot_bytes;
   if (r.sub_groups > 0)  // every sub-group at its stride; the last one's own length rounded to 4 KiB
     r.disk = static_cast<uint64_t>(states) *
              ((r.sub_groups - 1) * align_up(group * 4) + align_up((span - (r.sub_groups - 1) * group) * 4));
@@ -245,7 +247,9 @@ OptimizerSwap param_swap(const std::vector<size_t>& pieces, int64_t sub_group_si
     ++r.sub_groups;
   }
   const size_t slots = std::min(static_cast<size_t>(std::max(buffers, 1)), std::max<size_t>(r.sub_groups, 1));
-  r.resident = slots * 4 * slot;
+  r.slot_bytes = slot;
+  r.slot_buffers = slots * 4;
+  r.resident = r.slot_buffers * r.slot_bytes;
   if (!recs.empty()) r.disk = 2 * (recs.back().off + align_up(recs.back().numel * 4)) + 2 * at;
   return r;
 }
@@ -274,7 +278,9 @@ class ZeroReplay : private parallel::ZeroEffects {
   }
 
   // Setup peak (store + runtime construction + optimizer) and the steady-state peak of training.
-  void run(MemoryBreakdown& setup, MemoryBreakdown& steady) {
+  // `step`: the model's own blocks (step_blocks), made after the engine is built; they count in
+  // footprint() only (the categories' peaks take them from step_memory).
+  void run(MemoryBreakdown& setup, MemoryBreakdown& steady, const std::vector<BlockEvent>& step = {}) {
     const bool lowp = e_ != 4;
     const bool swap = param_swap_on();
     // nn::ParamStore (TransformerLM's constructor): master, gradients, compute copy, only when the
@@ -314,13 +320,15 @@ class ZeroReplay : private parallel::ZeroEffects {
     if (swap) {  // the slots of master, gradients and moments
       std::vector<size_t> pieces;
       for (const parallel::Unit& u : units_) pieces.push_back(piece(u));
-      alloc(MemCategory::kOptimizer, param_swap(pieces, zero_.sub_group_size, zero_.swap_buffers).resident);
-    } else if (zero_.optimizer_nvme)  // only the swap's slots are resident
-      alloc(MemCategory::kOptimizer, optimizer_swap(S_, static_cast<int>(k_), zero_.sub_group_size, zero_.swap_buffers).resident);
-    else
-      alloc(MemCategory::kOptimizer, 4 * k_ * S_);  // the optimizer's state over the shard
+      alloc_slots(param_swap(pieces, zero_.sub_group_size, zero_.swap_buffers));
+    } else if (zero_.optimizer_nvme) {  // only the swap's slots are resident
+      alloc_slots(optimizer_swap(S_, static_cast<int>(k_), zero_.sub_group_size, zero_.swap_buffers));
+    } else {
+      for (size_t j = 0; j < k_; ++j) alloc(MemCategory::kOptimizer, 4 * S_);  // each state over the shard
+    }
     setup = peak_;
     peak_ = cur_;  // Allocator::reset_peaks() after the engine is built (cli/train.cpp)
+    for (const BlockEvent& b : step) b.release ? fp_.release(b.bytes) : fp_.allocate(b.bytes);
     for (int step = 0; step < 2; ++step) {
       if (pipeline_) {
         // engine::Engine::train_pipeline: backwards that do not reduce (stage 1 allocates nothing
@@ -341,6 +349,7 @@ class ZeroReplay : private parallel::ZeroEffects {
     }
     steady = peak_;
   }
+  const FootprintReplay& footprint() const { return fp_; }
 
  private:
   struct View {
@@ -365,11 +374,19 @@ class ZeroReplay : private parallel::ZeroEffects {
     record_[u] = 0;
   }
   size_t padded(size_t u) const { return piece(units_[u]) * N_; }
+  // One Buffer of the runtime (none for 0 bytes: what is not made).
   void alloc(MemCategory c, size_t b) {
     cur_[c] += b;
     peak_[c] = std::max(peak_[c], cur_[c]);
+    if (b) fp_.allocate(b);
   }
-  void release(MemCategory c, size_t b) { cur_[c] -= b; }
+  void release(MemCategory c, size_t b) {
+    cur_[c] -= b;
+    if (b) fp_.release(b);
+  }
+  void alloc_slots(const OptimizerSwap& w) {  // optim::SwappedAdamW's slot buffers
+    for (size_t j = 0; j < w.slot_buffers; ++j) alloc(MemCategory::kOptimizer, w.slot_bytes);
+  }
 
   // parallel::ZeroEffects, as ZeroRuntime implements them, in bytes.
   // ZeroRuntime::piece_is_unit(): one rank, low precision, on disk — the views are converted from
@@ -409,16 +426,19 @@ class ZeroReplay : private parallel::ZeroEffects {
     }
     if (e_ == 4) return;
     alloc_view(u);
-    release(MemCategory::kComm, v.staging + v.piece);
+    release(MemCategory::kComm, v.staging);
+    release(MemCategory::kComm, v.piece);
     v.staging = v.piece = 0;
   }
   void cancel_gather(size_t u) override {
-    release(MemCategory::kComm, views_[u].staging + views_[u].piece);
+    release(MemCategory::kComm, views_[u].staging);
+    release(MemCategory::kComm, views_[u].piece);
     views_[u].staging = views_[u].piece = 0;
   }
   void free_view(size_t u) override {
     View& v = views_[u];
-    release(MemCategory::kParams, v.f32 + v.lowp);
+    release(MemCategory::kParams, v.f32);
+    release(MemCategory::kParams, v.lowp);
     v.f32 = v.lowp = 0;
   }
   void begin_grad_slab(size_t u) override {
@@ -431,10 +451,12 @@ class ZeroReplay : private parallel::ZeroEffects {
     // a 2-byte receive buffer (ZeroRuntime::launch_reduce).
     // On disk, f32: the receive buffer is the piece's gradient record (whole pages).
     const size_t w = dtype_size(comm_);
-    size_t bytes = w * piece(units_[u]) + (comm_ != DType::kF32 ? w * padded(u) : 0);
-    if (param_swap_on() && comm_ == DType::kF32) bytes = align4k(4 * piece(units_[u]));
+    const size_t bytes = param_swap_on() && comm_ == DType::kF32 ? align4k(4 * piece(units_[u])) : w * piece(units_[u]);
+    const size_t send = comm_ != DType::kF32 ? w * padded(u) : 0;
     alloc(MemCategory::kComm, bytes);
+    alloc(MemCategory::kComm, send);
     recv_.push_back(bytes);
+    send_.push_back(send);
     // The ring's scratch (comm::MpiBackend::reduce_scatter) until the ring is done: at the latest
     // where the reduction is waited for.
     const size_t scratch = comm::reduce_scatter_scratch_bytes(static_cast<int>(N_), w * piece(units_[u]), false);
@@ -462,7 +484,9 @@ class ZeroReplay : private parallel::ZeroEffects {
       }
     }
     if (!received_in_record) release(MemCategory::kComm, recv_.front());
+    release(MemCategory::kComm, send_.front());
     recv_.erase(recv_.begin());
+    send_.erase(send_.begin());
     if (free_slab) {
       release(MemCategory::kGrads, views_[u].grad);
       views_[u].grad = 0;
@@ -497,9 +521,11 @@ class ZeroReplay : private parallel::ZeroEffects {
   std::vector<size_t> writing_;  // units whose record is being written, oldest first
   std::vector<View> views_;
   std::vector<size_t> recv_;  // receive buffers of the reductions in flight, oldest first
+  std::vector<size_t> send_;  // their 16-bit send copies (0: none)
   std::vector<size_t> scratch_;  // their rings' scratch, likewise
   size_t P_ = 0, S_ = 0;
   MemoryBreakdown cur_, peak_;
+  FootprintReplay fp_;  // every block, through the allocator's rules
   parallel::ZeroSchedule schedule_;
 };
 
@@ -507,7 +533,8 @@ class ZeroReplay : private parallel::ZeroEffects {
 
 MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int stage, int world,
                                    size_t e, int k, const ZeroKnobs& zero, bool tied_head,
-                                   MemoryBreakdown* setup, bool pipeline, bool early_completion) {
+                                   MemoryBreakdown* setup, bool pipeline, bool early_completion,
+                                   const std::vector<BlockEvent>* step_blocks, FootprintReplay* footprint) {
   MT_CHECK(world >= 1 && stage >= 0 && stage <= 3 && (e == 2 || e == 4) && units.size() >= (pipeline ? 1u : 2u) &&
                (!pipeline || stage <= 1),
            ErrorKind::kInvalidArgument, "memory estimate: bad stage/world/dtype/units");
@@ -524,15 +551,28 @@ MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int
     // parallel::GradBuckets with a 16-bit communication_data_type: every bucket's 2-byte staging
     // lives until the step's reduction ends.
     if (world > 1 && zero.comm_dtype != DType::kF32) m[MemCategory::kComm] = dtype_size(zero.comm_dtype) * P;
+    if (footprint) {  // the store's buffers (master, gradients, compute copy), the states, the model's
+      FootprintReplay f;
+      f.allocate(4 * P);
+      f.allocate(4 * P);
+      if (lowp) f.allocate(e * P);
+      for (size_t j = 0; j < ku; ++j) f.allocate(4 * P);
+      if (step_blocks)
+        for (const BlockEvent& b : *step_blocks) b.release ? f.release(b.bytes) : f.allocate(b.bytes);
+      if (m[MemCategory::kComm]) f.allocate(m[MemCategory::kComm]);
+      *footprint = f;
+    }
     return m;
   }
   MemoryBreakdown s;
-  ZeroReplay(units, stage, world, e, k, tied_head, zero, pipeline, early_completion).run(s, m);
+  ZeroReplay replay(units, stage, world, e, k, tied_head, zero, pipeline, early_completion);
+  replay.run(s, m, step_blocks ? *step_blocks : std::vector<BlockEvent>{});
   if (setup) *setup = s;
+  if (footprint) *footprint = replay.footprint();
   return m;
 }
 
-MemoryBreakdown step_memory(const MemoryInput& in) {
+std::vector<BlockEvent> step_blocks(const MemoryInput& in) {
   const models::ModelConfig& cfg = in.model;
   const bool gpt2 = cfg.arch == models::Arch::kGpt2;
   const models::BlockDims d = block_dims(cfg, in.micro_batch, in.seq_length, in.tp, in.sequence_parallel);
@@ -541,15 +581,21 @@ MemoryBreakdown step_memory(const MemoryInput& in) {
                V = static_cast<size_t>(models::padded_vocab(cfg, in.tp, in.vocab_divisible) / in.tp);
   const size_t e = dtype_size(in.compute_dtype);
   const bool lowp = in.compute_dtype != DType::kF32;
-  MemoryBreakdown m;
+  std::vector<BlockEvent> out;
+  auto make = [&out](MemCategory c, size_t bytes) {
+    if (bytes) out.push_back({c, bytes, false});
+  };
+  auto free = [&out](MemCategory c, size_t bytes) {
+    if (bytes) out.push_back({c, bytes, true});
+  };
 
   // TransformerLM::prepare: saved activations of every block (one with recompute), the residual
   // stream (L+1 copies of this rank's rows) and the head's rows (norm stats, final-norm output,
   // dL/dnorm, dres, losses, + the gathered rows under sequence parallelism; 64-byte-aligned
   // pieces), and the token copy (+ this shard's token rows under tp).
-  // Per activation slot (one per micro-batch in flight; a pipeline stage holds its chunks' layers,
-  // the head's rows only with the head, the tokens only with the embedding), then the shared
-  // recompute set and dres.
+  // The shared recompute set, then one buffer per activation slot (one per micro-batch in flight;
+  // a pipeline stage holds its chunks' layers, the head's rows only with the head, the tokens only
+  // with the embedding), then dres.
   models::BlockActs acts{};
   size_t per_block = models::BlockActs::layout(&acts, nullptr, d, in.compute_dtype, gpt2);
   size_t layers = static_cast<size_t>(cfg.n_layer);
@@ -561,45 +607,70 @@ MemoryBreakdown step_memory(const MemoryInput& in) {
   if (in.last_stage) slot += 2 * Rr * 4 + N * C * e + N * C * 4 + N * 4 + 4 * 64;
   if (d.sp) slot += N * C * 4 + 64;
   if (in.first_stage) slot += N * 4 * (in.tp > 1 ? 2 : 1) + 64;
-  m[MemCategory::kActivations] = slot * static_cast<size_t>(in.slots) + (in.recompute ? per_block : 0) + Rr * C * 4;
+  make(MemCategory::kActivations, in.recompute ? per_block : 0);
+  for (int i = 0; i < in.slots; ++i) make(MemCategory::kActivations, slot);
+  make(MemCategory::kActivations, Rr * C * 4);
 
   // Workspace: BlockScratch (+ LLaMA's RoPE tables), then nn::Workspace's slots.
   models::BlockScratch scratch{};
   size_t ws = models::BlockScratch::layout(&scratch, nullptr, d);
   if (!gpt2) ws += 2 * static_cast<size_t>(d.T) * (d.HS / 2) * 4 + 128;
+  make(MemCategory::kWorkspace, ws);
   // nn::lm_head_cross_entropy: equal row tiles of at most 64 MiB of f32 logits (lm_head.cpp):
-  // logits R V f32, their compute-dtype copy (low precision), the row log-sum-exps.
+  // logits R V f32, their compute-dtype copy (low precision), the row log-sum-exps, each a slot.
   if (in.last_stage) {  // a pipeline stage without the head has no logits
     size_t budget_rows = std::max<size_t>(1, (size_t{64} << 20) / (4 * V));
     size_t R = std::min(N, ceil_div(N, ceil_div(N, budget_rows)));
-    ws += R * V * 4 + (lowp ? R * V * e : 0) + R * 4;
+    make(MemCategory::kWorkspace, R * V * 4);
+    if (lowp) make(MemCategory::kWorkspace, R * V * e);
+    make(MemCategory::kWorkspace, R * 4);
   }
   // nn::Linear::backward converts dL/dy (N, out) to the compute dtype in one slot that grows to the
   // largest request; a growth holds the old and the new buffer for a moment. Backward visits each
   // block's GEMMs as down/c_proj (C), up+gate/c_fc (H), o_proj/c_proj (C), qkv/c_attn (QKV).
   if (lowp) {
-    size_t cur = 0, peak = 0;
-    for (int out : {d.C, d.H, d.C, d.QKV}) {
-      size_t bytes = N * static_cast<size_t>(out) * e;
+    size_t cur = 0;
+    for (int o : {d.C, d.H, d.C, d.QKV}) {
+      const size_t bytes = N * static_cast<size_t>(o) * e;
       if (bytes > cur) {
-        peak = std::max(peak, cur + bytes);
+        make(MemCategory::kWorkspace, bytes);
+        free(MemCategory::kWorkspace, cur);
         cur = bytes;
       }
     }
-    ws += peak;
   }
-  m[MemCategory::kWorkspace] = ws;
   if (in.pipeline()) {
+    // The pipeline executor's buffers (engine::Engine::train_pipeline), freed before the step's
+    // reduction: the received gradient and each gradient sent back; then the tied token table's
+    // partner gradient.
     const size_t E = Rr * C * 4;
-    size_t executor = E * (1 + static_cast<size_t>(in.grads_in_flight));
-    size_t tied = 0;
-    if (cfg.tie_embeddings && in.pp > 1 && (in.first_stage || in.last_stage)) tied = V * C * 4;
-    m[MemCategory::kComm] = std::max(executor, tied);
+    for (int i = 0; i <= in.grads_in_flight; ++i) make(MemCategory::kComm, E);
+    for (int i = 0; i <= in.grads_in_flight; ++i) free(MemCategory::kComm, E);
+    if (cfg.tie_embeddings && in.pp > 1 && (in.first_stage || in.last_stage)) {
+      make(MemCategory::kComm, V * C * 4);
+      free(MemCategory::kComm, V * C * 4);
+    }
   }
   // Sequence parallelism reduce-scatters this rank's rows over tp ranks (parallel::TpComm) with the
   // ring, whose scratch is a block of them from 3 ranks on.
-  if (d.sp)
-    m[MemCategory::kComm] = std::max(m[MemCategory::kComm], comm::reduce_scatter_scratch_bytes(in.tp, Rr * C * 4, false));
+  if (d.sp) {
+    const size_t b = comm::reduce_scatter_scratch_bytes(in.tp, Rr * C * 4, false);
+    make(MemCategory::kComm, b);
+    free(MemCategory::kComm, b);
+  }
+  return out;
+}
+
+MemoryBreakdown step_memory(const MemoryInput& in) {
+  MemoryBreakdown cur, m;
+  for (const BlockEvent& b : step_blocks(in)) {
+    if (b.release) {
+      cur[b.category] -= b.bytes;
+    } else {
+      cur[b.category] += b.bytes;
+      m[b.category] = std::max(m[b.category], cur[b.category]);
+    }
+  }
   return m;
 }
 
@@ -611,8 +682,12 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   r.stage = stage;
   // On one rank a reduction is a local copy, done when launched: its buffers go at the next hook.
   const bool local = in.world == 1;
+  const std::vector<BlockEvent> blocks = step_blocks(in);
+  FootprintReplay fp;
   r.ours = model_state_memory(units, stage, in.world, e, in.optimizer_states, in.zero, in.model.tie_embeddings,
-                              &r.setup, in.pipeline(), local);
+                              &r.setup, in.pipeline(), local, &blocks, &fp);
+  r.held = fp.held_peak();
+  r.mapped = fp.mapped_peak();
   MemoryBreakdown step = step_memory(in);
   r.ours[MemCategory::kActivations] = step[MemCategory::kActivations];
   r.ours[MemCategory::kWorkspace] = step[MemCategory::kWorkspace];
@@ -627,7 +702,9 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   r.grads_low = r.ours[MemCategory::kGrads];
   if (stage >= 1 && in.zero.overlap_comm && !local) {
     const MemoryBreakdown early = model_state_memory(units, stage, in.world, e, in.optimizer_states, in.zero,
-                                                     in.model.tie_embeddings, nullptr, in.pipeline(), true);
+                                                     in.model.tie_embeddings, nullptr, in.pipeline(), true, &blocks, &fp);
+    r.held = std::max(r.held, fp.held_peak());
+    r.mapped = std::max(r.mapped, fp.mapped_peak());
     comm_low = std::min(comm_low, early[MemCategory::kComm]);
     r.ours[MemCategory::kComm] = std::max(r.ours[MemCategory::kComm], early[MemCategory::kComm]);
     r.grads_low = std::min(r.grads_low, early[MemCategory::kGrads]);

@@ -95,7 +95,8 @@ struct ZeroKnobs {
 // The optimizer swap of a span of `span` elements with `states` f32 states (optim/swapped_adamw.h):
 // the resident slot buffers (accounted optimizer bytes) and the bytes its swap files hold.
 struct OptimizerSwap {
-  size_t resident = 0;
+  size_t resident = 0;      // slot_buffers x slot_bytes
+  size_t slot_bytes = 0, slot_buffers = 0;
   uint64_t disk = 0;
   size_t sub_groups = 0;
 };
@@ -131,6 +132,13 @@ struct MemoryInput {
   bool pipeline() const { return !chunks.empty(); }
 };
 
+// One block the model makes or frees (a Buffer), in the order it does.
+struct BlockEvent {
+  MemCategory category = MemCategory::kWorkspace;
+  size_t bytes = 0;
+  bool release = false;
+};
+
 // Bytes per rank, each category at its own peak (the sum is an upper bound on the total peak).
 struct MemoryBreakdown {
   std::array<size_t, kMemCategoryCount> bytes{};
@@ -150,6 +158,12 @@ struct StageEstimate {
   size_t comm_low = 0;  // overlap_comm: the comm peak when every reduction finishes as early as it
                         // can (ours[kComm] is the larger of that and finishing only when waited for)
   size_t grads_low = 0;  // the same for the gradients (a unit's slab is freed when its reduction finishes)
+  // Every block of the rank (model states through setup and two steps, the model's activations and
+  // workspace) replayed through the allocator's rules (FootprintReplay): the allocator's peaks with
+  // its kept blocks (held) and in the OS's units, whole pages (mapped). What the process holds
+  // beyond `mapped` (its binary, libraries, threads, MPI's own buffers) is the calibration's
+  // process constant (planner::Calibration::process_bytes).
+  size_t held = 0, mapped = 0;
 };
 
 // f32 state buffers per parameter of spec's optimizer: Adam/AdamW/Lamb 2, SGD 1 with momentum
@@ -185,11 +199,18 @@ size_t largest_module_params(const models::ModelConfig& cfg);
 // when waited for).
 // REQUIRES: 0 <= stage <= 3, world >= 1, compute_bytes 2 or 4 (4: fp32, no separate master),
 // at least two units (one with a pipeline).
+// step_blocks: the model's blocks, replayed after setup into *footprint (if given) with every
+// model-state block.
 MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int stage, int world,
                                    size_t compute_bytes, int optimizer_states, const ZeroKnobs& zero,
                                    bool tied_head = true, MemoryBreakdown* setup = nullptr, bool pipeline = false,
-                                   bool early_completion = false);
-// Activations and workspace of one step for the micro-batch shape of in.
+                                   bool early_completion = false, const std::vector<BlockEvent>* step_blocks = nullptr,
+                                   FootprintReplay* footprint = nullptr);
+// The model's own blocks of one step for the micro-batch shape of in, in the order they are made:
+// TransformerLM::prepare's activations and scratch, nn::Workspace's slots (the GEMM operand slot's
+// growths free the smaller one), the pipeline executor's and sequence parallelism's comm buffers.
+std::vector<BlockEvent> step_blocks(const MemoryInput& in);
+// Activations and workspace of one step for the micro-batch shape of in: step_blocks' peaks.
 MemoryBreakdown step_memory(const MemoryInput& in);
 
 // Throws kInvalidArgument for a bad input (world < 1, B or T < 1, stage outside 0..3).

@@ -117,15 +117,22 @@ std::vector<MemoryInput> rank_inputs(const PlanJob& job, const Layout& l, const 
   return out;
 }
 
-size_t layout_memory(const PlanJob& job, const Layout& l, const Calibration& cal, size_t* train = nullptr,
-                     std::vector<size_t>* by_stage = nullptr) {
+// The accounted peak (the larger of training's and setup's) of the layout's largest rank; *train,
+// *by_stage the training peaks; with a process constant in cal, p's process peaks too.
+size_t layout_memory(const PlanJob& job, const Layout& l, const Calibration& cal, size_t* train, std::vector<size_t>* by_stage,
+                     Prediction* p) {
   size_t peak = 0, steady = 0;
   if (by_stage) by_stage->clear();
+  if (p) p->process_by_stage.clear(), p->process = 0;
   for (const MemoryInput& in : rank_inputs(job, l, cal)) {
     const StageEstimate e = estimate_stage(in, l.stage);
     if (by_stage) by_stage->push_back(e.ours.total());
     steady = std::max(steady, e.ours.total());
     peak = std::max(peak, std::max(e.ours.total(), e.setup.total()));
+    if (p && cal.process_bytes > 0) {
+      p->process_by_stage.push_back(cal.process_bytes + e.mapped);
+      p->process = std::max(p->process, p->process_by_stage.back());
+    }
   }
   if (train) *train = steady;
   return peak;
@@ -250,7 +257,7 @@ std::string Layout::describe() const {
 Prediction predict_layout(const PlanJob& job, const Layout& layout, const Calibration& cal) {
   check_layout(job, layout);
   Prediction p = time_layout(job, layout, cal);
-  p.memory = layout_memory(job, layout, cal, &p.memory_train, &p.memory_by_stage);
+  p.memory = layout_memory(job, layout, cal, &p.memory_train, &p.memory_by_stage, &p);
   return p;
 }
 
@@ -327,18 +334,24 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
           check_layout(job, l);
           size_t train = 0, bytes = 0;
           std::vector<size_t> by_stage;
+          Prediction mem;
           try {
-            bytes = layout_memory(job, l, cal, &train, &by_stage);
+            bytes = layout_memory(job, l, cal, &train, &by_stage, &mem);
           } catch (const Error& e) {  // a schedule or partition the runtime cannot run
             const std::string why = family + ": " + e.what();
             if (std::find(r.rejected.begin(), r.rejected.end(), why) == r.rejected.end()) r.rejected.push_back(why);
             continue;
           }
-          if (bytes > budget) {
-            if (over_count++ == 0) over_from = static_cast<int>(B), over_bytes = bytes;
+          // With the calibration's process constant the budget holds for the process as the kernel
+          // counts it, else (a described cluster) for the accounted bytes.
+          const size_t need = mem.process > 0 ? std::max(mem.process, bytes) : bytes;
+          if (need > budget) {
+            if (over_count++ == 0) over_from = static_cast<int>(B), over_bytes = need;
             continue;
           }
           Prediction p = time_layout(job, l, cal);
+          p.process = mem.process;
+          p.process_by_stage = std::move(mem.process_by_stage);
           p.memory = bytes;
           p.memory_train = train;
           p.memory_by_stage = std::move(by_stage);
@@ -351,7 +364,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
                                     ? std::string("every micro-batch")
                                     : std::to_string(over_count) + " of " + std::to_string(batches.size()) + " micro-batch sizes") +
                                " over the budget of " + gib(budget) + " (B " + std::to_string(over_from) + " needs " +
-                               gib(over_bytes) + ")");
+                               gib(over_bytes) + (cal.process_bytes > 0 ? " as the process" : "") + ")");
         }
       }
   }

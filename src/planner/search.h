@@ -84,6 +84,12 @@ struct Prediction {
   size_t memory = 0;           // bytes per rank at its peak: max(training step, engine setup)
   size_t memory_train = 0;     // bytes per rank in training steps (every category at its peak)
   std::vector<size_t> memory_by_stage;  // the same per pipeline rank (one entry without a pipeline)
+  // The process's peak as the kernel counts it (VmHWM): the calibration's process constant plus the
+  // allocator's footprint over setup and training (StageEstimate::mapped), the largest pipeline
+  // rank's; 0 when the calibration has no constant (a described cluster). With one, the search's
+  // memory budget applies to this.
+  size_t process = 0;
+  std::vector<size_t> process_by_stage;
   std::vector<int> bounds;     // the pipeline's virtual stages' layer bounds (empty without one)
   double tokens_per_s = 0.0;   // global batch x T / step
 };

@@ -35,23 +35,37 @@ void raise_peak(std::atomic<size_t>& peak, size_t value) {
 }
 }  // namespace
 
+namespace alloc_rules {
 namespace {
-constexpr size_t kCacheMin = size_t{1} << 20;
-constexpr size_t kPage = 4096;
 // Kept blocks may take the process this far above its highest in-use total (an eighth of it at
 // most): within the high water alone, ZeRO-3 with parameters on disk sits 50-200 MB below it through
 // the backward while each unit churns ~200 MB of pieces, records and copies, and every one of
 // those missed the cache (a 306M model's backward 5.5 s against 1.6 s with this margin).
 constexpr size_t kCacheMargin = size_t{128} << 20;
-size_t cache_budget(size_t high_water) { return high_water + std::min(kCacheMargin, high_water / 8); }
-size_t round64(size_t bytes) { return bytes == 0 ? 64 : (bytes + 63) / 64 * 64; }
-
+constexpr size_t kPage = 4096;
 // Blocks of 2 MiB or more are their own mappings, on a 2 MiB boundary and marked for transparent
 // huge pages: a fresh block then faults in 2 MiB at a time, where a 4 KiB-page one took a fault
 // (and a zeroed page) per 4 KiB — ZeRO-3 with a 1.3B model's parameters on disk maps ~14 GB of
 // fresh pieces, records and slabs a step, and its passes spent more time in those faults than in
 // compute. A fresh mapping is already zero.
 constexpr size_t kHuge = size_t{2} << 20;
+}  // namespace
+
+size_t rounded(size_t bytes) { return bytes == 0 ? 64 : (bytes + 63) / 64 * 64; }
+size_t footprint(size_t r) {
+  return r >= kHuge ? (r + kHuge - 1) / kHuge * kHuge : r >= kPage ? (r + kPage - 1) / kPage * kPage : r;
+}
+bool keep_fits(size_t in_use, size_t kept, size_t r, size_t high_water) {
+  return in_use + kept + r <= high_water + std::min(kCacheMargin, high_water / 8);
+}
+}  // namespace alloc_rules
+
+namespace {
+using alloc_rules::footprint;
+using alloc_rules::kHuge;
+using alloc_rules::kPage;
+constexpr size_t kCacheMin = alloc_rules::kKeepMin;
+size_t round64(size_t bytes) { return alloc_rules::rounded(bytes); }
 size_t mapped_size(size_t rounded) { return (rounded + kHuge - 1) / kHuge * kHuge; }
 
 void* map_block(size_t rounded) {
@@ -66,12 +80,6 @@ void* map_block(size_t rounded) {
   void* p = reinterpret_cast<void*>(aligned);
   ::madvise(p, size, MADV_HUGEPAGE);  // advice only: without THP the block works in small pages
   return p;
-}
-
-// The bytes a block of `rounded` bytes takes from the OS: whole 2 MiB pages for a mapping, whole
-// pages from a page on.
-size_t footprint(size_t rounded) {
-  return rounded >= kHuge ? mapped_size(rounded) : rounded >= kPage ? (rounded + kPage - 1) / kPage * kPage : rounded;
 }
 
 // A block of `rounded` bytes back to where it came from.
@@ -109,7 +117,7 @@ void* Allocator::allocate(size_t bytes, MemCategory category, bool zero_fill) {
       cache_->bytes -= rounded;
       kept_ = cache_->bytes;
     } else {  // no block of this size: drop kept ones (largest first) rather than grow past the high water
-      while (!cache_->blocks.empty() && total_current_.load() + cache_->bytes + rounded > cache_budget(high_water_.load())) {
+      while (!cache_->blocks.empty() && !alloc_rules::keep_fits(total_current_.load(), cache_->bytes, rounded, high_water_.load())) {
         auto last = std::prev(cache_->blocks.end());
         release_block(last->second, last->first);
         mapped_ -= footprint(last->first);
@@ -157,7 +165,7 @@ void Allocator::deallocate(void* p, size_t bytes, MemCategory category) {
   const size_t rounded = round64(bytes);
   if (rounded >= kCacheMin && cache_ != nullptr) {
     std::lock_guard<std::mutex> l(cache_->mu);
-    if (left + cache_->bytes + rounded <= cache_budget(high_water_.load())) {
+    if (alloc_rules::keep_fits(left, cache_->bytes, rounded, high_water_.load())) {
       cache_->blocks.emplace(rounded, p);
       cache_->bytes += rounded;
       kept_ = cache_->bytes;
@@ -180,6 +188,7 @@ MemStats Allocator::stats() const {
   s.held_peak = held_peak_.load();
   s.mapped_peak = mapped_peak_.load();
   s.fresh_mapped = fresh_mapped_.load();
+  s.mapped = mapped_.load();
   return s;
 }
 
@@ -239,6 +248,42 @@ void Buffer::release() {
   if (data_ != nullptr && allocator_ != nullptr) allocator_->deallocate(data_, bytes_, category_);
   data_ = nullptr;
   bytes_ = 0;
+}
+
+void FootprintReplay::allocate(size_t bytes) {
+  const size_t r = round64(bytes);
+  bool reused = false;
+  if (r >= kCacheMin) {
+    if (auto it = kept_.find(r); it != kept_.end()) {
+      kept_.erase(it);
+      kept_bytes_ -= r;
+      reused = true;
+    } else {
+      while (!kept_.empty() && !alloc_rules::keep_fits(in_use_, kept_bytes_, r, high_water_)) {
+        auto last = std::prev(kept_.end());
+        mapped_ -= footprint(*last);
+        kept_bytes_ -= *last;
+        kept_.erase(last);
+      }
+    }
+  }
+  if (!reused) mapped_peak_ = std::max(mapped_peak_, mapped_ += footprint(r));
+  in_use_ += bytes;
+  total_peak_ = std::max(total_peak_, in_use_);
+  high_water_ = std::max(high_water_, in_use_);
+  held_peak_ = std::max(held_peak_, in_use_ + kept_bytes_);
+}
+
+void FootprintReplay::release(size_t bytes) {
+  in_use_ -= bytes;
+  const size_t r = round64(bytes);
+  if (r >= kCacheMin && alloc_rules::keep_fits(in_use_, kept_bytes_, r, high_water_)) {
+    kept_.insert(r);
+    kept_bytes_ += r;
+    held_peak_ = std::max(held_peak_, in_use_ + kept_bytes_);
+    return;
+  }
+  mapped_ -= footprint(r);
 }
 
 std::string format_bytes(size_t bytes) {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <mutex>
+#include <set>
 #include <string>
 
 namespace mt {
@@ -31,6 +32,40 @@ struct MemStats {
   size_t held_peak = 0;  // the most the allocator ever held: in use plus kept blocks (see Allocator)
   size_t mapped_peak = 0;  // the same in the OS's units: blocks of 2 MiB or more are whole 2 MiB pages
   size_t fresh_mapped = 0;  // bytes of blocks of 2 MiB or more mapped afresh (no kept block fitted), ever
+  size_t mapped = 0;        // the blocks' footprint now (in use + kept, whole pages)
+};
+
+// The allocator's rules on sizes, shared by Allocator and FootprintReplay so the two cannot differ.
+namespace alloc_rules {
+// Blocks of this many bytes (rounded) or more are kept for reuse when freed.
+inline constexpr size_t kKeepMin = size_t{1} << 20;
+// Bytes a request of `bytes` takes: whole 64-byte granules (64 for an empty request).
+size_t rounded(size_t bytes);
+// Bytes the OS gives a block of `rounded` bytes: whole 2 MiB pages from 2 MiB on (each its own
+// mapping), whole 4 KiB pages from a page on, else the bytes.
+size_t footprint(size_t rounded);
+// Whether a block of `rounded` bytes may be kept beside `in_use` bytes in use and `kept` bytes kept
+// when the highest in-use total so far is `high_water`: the kept blocks may take the process at
+// most an eighth of the high water (128 MiB at most) above it.
+bool keep_fits(size_t in_use, size_t kept, size_t rounded, size_t high_water);
+}  // namespace alloc_rules
+
+// Allocator's bookkeeping on sizes alone: the same requests and releases, in the same order, give
+// the same total, held and mapped peaks as the allocator (the planner replays a run's blocks
+// through it to predict what the process holds; tensor_test checks the two against each other).
+class FootprintReplay {
+ public:
+  void allocate(size_t bytes);
+  void release(size_t bytes);  // a block allocated before with these bytes
+  size_t in_use() const { return in_use_; }
+  size_t total_peak() const { return total_peak_; }
+  size_t held_peak() const { return held_peak_; }
+  size_t mapped_peak() const { return mapped_peak_; }
+  size_t kept() const { return kept_bytes_; }
+
+ private:
+  std::multiset<size_t> kept_;  // rounded sizes
+  size_t kept_bytes_ = 0, in_use_ = 0, high_water_ = 0, total_peak_ = 0, held_peak_ = 0, mapped_ = 0, mapped_peak_ = 0;
 };
 
 class Allocator {

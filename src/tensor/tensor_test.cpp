@@ -7,10 +7,10 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <limits>
 #include <sstream>
 #include <string>
-#include <random>
 #include <vector>
 
 #include "base/cpu_features.h"
@@ -182,6 +182,42 @@ TEST(AllocatorCache, HeldAndMappedPeaksCountKeptBlocksAndWholeHugePages) {
   void* t = a.allocate(5 * mib, MemCategory::kParams);  // the kept block: no fresh mapping
   EXPECT_EQ(a.stats().fresh_mapped, 4 * mib + 6 * mib);  // blocks of 2 MiB or more mapped afresh, ever
   a.deallocate(t, 5 * mib, MemCategory::kParams);
+}
+
+// FootprintReplay is the allocator's bookkeeping on sizes: a random run of requests and releases
+// (sizes around the keep and huge-page thresholds, with repeats so kept blocks are reused and
+// evicted) gives the allocator's total, held and mapped peaks byte for byte.
+TEST(AllocatorCache, FootprintReplayMatchesTheAllocator) {
+  const size_t mib = size_t{1} << 20;
+  const size_t sizes[] = {1000, 5000, mib - 100, mib, 3 * mib / 2, 2 * mib, 3 * mib + 64, 5 * mib, 9 * mib, 24 * mib};
+  for (unsigned seed : {1u, 2u, 3u}) {
+    Allocator a;
+    FootprintReplay f;
+    std::mt19937 rng(seed);
+    std::vector<std::pair<void*, size_t>> live;
+    size_t kept_seen = 0;
+    for (int i = 0; i < 400; ++i) {
+      if (!live.empty() && rng() % 5 < 2 + (live.size() > 12)) {
+        const size_t k = rng() % live.size();
+        a.deallocate(live[k].first, live[k].second, MemCategory::kComm);
+        f.release(live[k].second);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+      } else {
+        const size_t b = sizes[rng() % std::size(sizes)];
+        live.emplace_back(a.allocate(b, MemCategory::kComm, false), b);
+        f.allocate(b);
+      }
+      ASSERT_EQ(a.cached_bytes(), f.kept()) << "seed " << seed << " step " << i;
+      kept_seen = std::max(kept_seen, f.kept());
+    }
+    const MemStats s = a.stats();
+    EXPECT_EQ(s.total_peak, f.total_peak());
+    EXPECT_EQ(s.held_peak, f.held_peak());
+    EXPECT_EQ(s.mapped_peak, f.mapped_peak());
+    EXPECT_GT(kept_seen, 0u);                 // the run did keep blocks
+    EXPECT_GT(f.mapped_peak(), f.held_peak());  // and rounded some to whole pages
+    for (auto [p, b] : live) a.deallocate(p, b, MemCategory::kComm);
+  }
 }
 
 // The "THPeligible" field of the mapping that holds p in /proc/self/smaps (-1: not found).
