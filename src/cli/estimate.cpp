@@ -80,7 +80,8 @@ void print_table(const planner::MemoryInput& in, const std::vector<planner::Stag
   std::printf("allocator footprint (every block through its rules: kept blocks, whole 2 MiB pages; the process adds its "
               "constant, `calibrate`'s process_bytes):");
   for (const planner::StageEstimate& e : est)
-    std::printf("%s stage%d %s", e.stage ? "," : "", e.stage, format_bytes(e.mapped).c_str());
+    std::printf("%s stage%d %s%s", e.stage ? "," : "", e.stage, format_bytes(e.mapped).c_str(),
+                e.mpi ? (" + MPI's temporaries " + format_bytes(e.mpi)).c_str() : "");
   std::printf("\n");
   std::printf(
       "DS paper: model states (params + grads + optimizer) of the ZeRO paper (Rajbhandari et al. 2020), "
@@ -142,6 +143,7 @@ nlohmann::json to_json(const planner::MemoryInput& in, const std::vector<planner
     s["grads_low"] = e.grads_low;  // and the gradients
     s["held"] = e.held;            // the allocator's peak with its kept blocks
     s["mapped"] = e.mapped;        // the same in whole pages (FootprintReplay)
+    s["mpi"] = e.mpi;              // libnbc's all-reduce temporaries, outside the allocator
     j["stages"].push_back(s);
   }
   for (size_t s = 0; s < fits.size(); ++s) j["largest_micro_batch"]["stage" + std::to_string(s)] = fits[s];
@@ -244,6 +246,7 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   in.zero.swap_buffers = c.zero.optimizer_buffer_count;
   in.zero.param_nvme = c.zero.offload_param == "nvme";
   in.zero.accumulation = c.batch.gradient_accumulation_steps > 1;
+  in.zero.reduce_bucket_size = c.zero.reduce_bucket_size;
   in.zero.whole_store = !c.init_from.empty() && c.device == "cpu";
   in.pp = c.pp;
   in.pp_rank = pp_rank;

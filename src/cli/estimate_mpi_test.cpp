@@ -345,5 +345,41 @@ TEST(EstimateFootprint, HeldAndMappedPeaksAreTheAllocators) {
   }
 }
 
+// (4) MPI's own temporaries, outside the allocator: stage 0's all-reduce goes through libnbc's
+// in-place ring, which mallocs the bucket and receives a 1/p segment into it every round. On two
+// ranks the process then holds that segment (whole 2 MiB pages) beyond what stage 1 holds over its
+// allocator's footprint; the estimate's `mpi` predicts it (0 at stage 1: ZeRO's reduce-scatter is
+// its own ring, with its scratch in the allocator).
+TEST(EstimateFootprint, StageZeroHoldsLibnbcsRingSegment) {
+  write_dataset(dir() + "/train", 30);
+  double beyond[2] = {0, 0}, mpi[2] = {0, 0};
+  for (int stage : {0, 1}) {
+    nlohmann::json j = nlohmann::json::parse(R"({
+      "model": {"model_type": "gpt2", "vocab_size": 4096, "n_positions": 64, "n_embd": 512, "n_layer": 2, "n_head": 8},
+      "seq_length": 32, "train_iters": 3, "train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": "auto", "comm_timeout": 60, "steps_per_print": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.1}}})");
+    j["zero_optimization"] = {{"stage", stage}};
+    j["data"] = {{"train", dir() + "/train"}};
+    const std::string name = "libnbc_stage" + std::to_string(stage);
+    const std::string cfg = dir() + "/" + name + ".json", metrics = dir() + "/" + name + ".jsonl";
+    std::ofstream(cfg) << j.dump();
+    fs::remove(metrics);
+    std::string out, err;
+    ASSERT_EQ(run("launch -n 2 -- train " + cfg + " --metrics " + metrics, &out, &err), 0) << err;
+    const nlohmann::json met = last_line(metrics);
+    ASSERT_EQ(run("estimate " + cfg + " --procs 2 --json", &out, &err), 0) << err;
+    const nlohmann::json e = nlohmann::json::parse(out)["stages"][stage];
+    EXPECT_NEAR(e["mapped"].get<double>(), met["mapped_peak_bytes"].get<double>(), 16384) << name;
+    beyond[stage] = met["rss_peak_bytes"].get<double>() - met["mapped_peak_bytes"].get<double>();
+    mpi[stage] = e["mpi"].get<double>();
+    std::printf("  %s: VmHWM less the mapped peak %.1f MiB, MPI's temporaries estimated %.1f MiB\n", name.c_str(),
+                beyond[stage] / 1048576.0, mpi[stage] / 1048576.0);
+  }
+  EXPECT_EQ(mpi[1], 0.0);
+  EXPECT_GE(mpi[0], 16.0 * 1048576);  // 8.5M parameters in f32: a 17 MB segment
+  EXPECT_NEAR(beyond[0] - beyond[1], mpi[0], 4.0 * 1048576);
+}
+
 }  // namespace
 }  // namespace mt

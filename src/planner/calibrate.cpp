@@ -580,6 +580,51 @@ void wait_quietly(comm::Work& w) {
   while (!w.is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
+// The process's memory outside the allocator's blocks, as a training process of this binary has
+// it at its peak: VmHWM less the allocator's mapped peak, after a model of the validation cases'
+// shape (GPT-2, bf16, 2 layers of 512, B 4 x 256) ran a step's forward and backward twice with its
+// threads and, with a group, after the ranks exchanged a few MiB (MPI's shared-memory segments).
+// Run first, so the process's peak is still this (the kernels' timings after it leave 60-90 MiB
+// of their own behind). The largest over the ranks. A small model (128 wide, B 2 x 64) read 18
+// MiB where training's processes read 31-32: the passes hold some memory outside the allocator
+// that grows with the shape (DESIGN-NOTES 58).
+size_t process_constant(comm::Backend* group) {
+  {
+    models::ModelConfig m;
+    m.arch = models::Arch::kGpt2;
+    m.vocab_size = 4096;
+    m.hidden = 512;
+    m.n_head = m.n_kv_head = 8;
+    m.intermediate = 2048;
+    m.max_positions = 256;
+    m.n_layer = 2;
+    m.tie_embeddings = true;
+    models::ModelOptions o;
+    o.compute_dtype = DType::kBF16;
+    models::TransformerLM model(m, o);
+    const int B = 4, T = 256;
+    model.prepare(B, T);
+    std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
+    for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>((i * 7919) % 1024), tgt[i] = static_cast<int32_t>((i * 31) % 1024);
+    for (int r = 0; r < 2; ++r) {
+      model.forward(tok.data(), tgt.data(), 1.0f);
+      model.backward();
+    }
+    if (group) {
+      std::vector<float> x(size_t{1} << 20, 1.0f);  // 4 MiB
+      for (int r = 0; r < 2; ++r) group->all_reduce(x.data(), x.size(), DType::kF32, comm::AllReduceOptions{})->wait();
+    }
+  }
+  const size_t hwm = process_peak_rss_bytes(), mapped = Allocator::global().stats().mapped_peak;
+  float mib = static_cast<float>(hwm > mapped ? hwm - mapped : 0) / 1048576.0f;
+  if (group) {
+    comm::AllReduceOptions o;
+    o.op = comm::ReduceOp::kMax;
+    group->all_reduce(&mib, 1, DType::kF32, o)->wait();
+  }
+  return static_cast<size_t>(static_cast<double>(mib) * 1048576.0);
+}
+
 // In situ: a real block of each architecture and dtype (models::TransformerLM, six layers minus
 // two over four, forward and backward apart: a model whose weights and activations outgrow the
 // caches, as a step's do) against the cost model's sum of its kernels at the same shape. Inside a
@@ -809,6 +854,8 @@ Calibration calibrate(const CalibrateOptions& options) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     times_kernels = local == 0 || (local + 1) * cal.threads <= cores;
   }
+  // First, while the process's peak is still its own: the process constant.
+  cal.process_bytes = process_constant(group);
   if (times_kernels) time_kernels(cal, options, budget);
   time_in_situ(cal, options, group, times_kernels);
   if (group) {
@@ -875,19 +922,6 @@ Calibration calibrate(const CalibrateOptions& options) {
     float probe = static_cast<float>(cal.speed_probe_s);
     group->all_reduce(&probe, 1, DType::kF32, comm::AllReduceOptions{})->wait();  // rank 0's
     cal.speed_probe_s = probe;
-  }
-
-  // The process constant, after every kernel and collective ran (their libraries loaded, their
-  // threads made): the resident set less the allocator's blocks, the largest over the ranks.
-  {
-    const size_t rss = process_rss_bytes(), mapped = Allocator::global().stats().mapped;
-    float mib = static_cast<float>(rss > mapped ? rss - mapped : 0) / 1048576.0f;
-    if (group) {
-      comm::AllReduceOptions o;
-      o.op = comm::ReduceOp::kMax;
-      group->all_reduce(&mib, 1, DType::kF32, o)->wait();
-    }
-    cal.process_bytes = static_cast<size_t>(static_cast<double>(mib) * 1048576.0);
   }
 
   if (!options.io_dir.empty()) {

@@ -11,6 +11,7 @@
 #include "models/block.h"
 #include "nn/embedding.h"
 #include "nn/norm.h"
+#include "parallel/dp/grad_buckets.h"
 #include "parallel/zero/schedule.h"
 
 namespace mt::planner {
@@ -674,6 +675,12 @@ MemoryBreakdown step_memory(const MemoryInput& in) {
   return m;
 }
 
+size_t libnbc_allreduce_touched(size_t count, size_t elem_bytes, int p) {
+  if (p <= 1 || count == 0) return 0;
+  const size_t seg = (count + static_cast<size_t>(p) - 1) / static_cast<size_t>(p) * elem_bytes;
+  return (seg + 4095) / 4096 * 4096;
+}
+
 StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   check_input(in, stage);
   std::vector<parallel::Unit> units = stage_units(in);
@@ -688,6 +695,22 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
                               &r.setup, in.pipeline(), local, &blocks, &fp);
   r.held = fp.held_peak();
   r.mapped = fp.mapped_peak();
+  // MPI's temporaries: stage 0's buckets over the data-parallel ranks (parallel::GradBuckets: each
+  // waited for at its launch, or, with overlap_comm, all in flight until finish), and tp's
+  // all-reduces of a micro-batch's rows (one at a time), whichever is larger.
+  if (stage == 0 && in.world > 1) {
+    size_t P = 0;
+    for (const parallel::Unit& u : units) P += u.numel;
+    const size_t wire = dtype_size(in.zero.comm_dtype);
+    for (auto [lo, hi] : parallel::grad_bucket_ranges(P, static_cast<size_t>(std::max<int64_t>(in.zero.reduce_bucket_size, 1)))) {
+      const size_t b = libnbc_allreduce_touched(hi - lo, wire, in.world);
+      r.mpi = in.zero.overlap_comm ? r.mpi + b : std::max(r.mpi, b);
+    }
+  }
+  if (in.tp > 1 && !in.sequence_parallel) {
+    const models::BlockDims d = block_dims(in.model, in.micro_batch, in.seq_length, in.tp, false);
+    r.mpi = std::max(r.mpi, libnbc_allreduce_touched(static_cast<size_t>(d.N) * static_cast<size_t>(d.C), 4, in.tp));
+  }
   MemoryBreakdown step = step_memory(in);
   r.ours[MemCategory::kActivations] = step[MemCategory::kActivations];
   r.ours[MemCategory::kWorkspace] = step[MemCategory::kWorkspace];

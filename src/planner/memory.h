@@ -90,6 +90,9 @@ struct ZeroKnobs {
   // engine is built. Without it the runtime makes its shards from the initial values and those
   // buffers never exist (DESIGN-NOTES 57).
   bool whole_store = false;
+  // reduce_bucket_size (stage 0, elements): the data-parallel all-reduce's buckets
+  // (parallel::grad_bucket_ranges).
+  int64_t reduce_bucket_size = 500000000;
 };
 
 // The optimizer swap of a span of `span` elements with `states` f32 states (optim/swapped_adamw.h):
@@ -164,7 +167,19 @@ struct StageEstimate {
   // beyond `mapped` (its binary, libraries, threads, MPI's own buffers) is the calibration's
   // process constant (planner::Calibration::process_bytes).
   size_t held = 0, mapped = 0;
+  // MPI's own temporary buffers at their largest (outside the allocator): libnbc's in-place ring
+  // all-reduce of the stage-0 gradient buckets and of tensor parallelism's activations
+  // (libnbc_allreduce_touched).
+  size_t mpi = 0;
 };
+
+// The bytes libnbc's ring all-reduce (the algorithm comm::mpi_init selects) touches of the
+// temporary buffer it mallocs for an in-place all-reduce of `count` elements of `elem_bytes` over
+// p ranks: every round receives one segment, ceil(count / p) elements, at the buffer's start, in
+// whole 4 KiB pages (measured: 0.96 of a 16 and a 41 MiB segment beyond stage 1's process on two
+// ranks; the malloc'd chunk is not 2 MiB-aligned, so its huge pages do not round it up). 0 for
+// p = 1.
+size_t libnbc_allreduce_touched(size_t count, size_t elem_bytes, int p);
 
 // f32 state buffers per parameter of spec's optimizer: Adam/AdamW/Lamb 2, SGD 1 with momentum
 // else 0 (optim/*.h state()).

@@ -246,4 +246,13 @@ TEST(LargestMicroBatch, BoundaryAndMonotone) {
 }
 
 }  // namespace
+// libnbc's in-place ring all-reduce receives ceil(count / p) elements at a time into its buffer's
+// start: that much, in whole pages, is what it touches; nothing on one rank.
+TEST(LibnbcAllreduce, TouchesOneSegmentInWholePages) {
+  EXPECT_EQ(libnbc_allreduce_touched(1000, 4, 1), 0u);
+  EXPECT_EQ(libnbc_allreduce_touched(1000, 4, 2), 4096u);               // 2000 bytes
+  EXPECT_EQ(libnbc_allreduce_touched(3 * 1024 * 1024, 4, 3), 4194304u); // 1 Mi elements of 4 bytes
+  EXPECT_EQ(libnbc_allreduce_touched(3 * 1024 * 1024 + 1, 2, 3), 2101248u);  // 1 Mi + 1 of 2 bytes: 513 pages
+}
+
 }  // namespace mt::planner

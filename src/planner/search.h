@@ -85,8 +85,8 @@ struct Prediction {
   size_t memory_train = 0;     // bytes per rank in training steps (every category at its peak)
   std::vector<size_t> memory_by_stage;  // the same per pipeline rank (one entry without a pipeline)
   // The process's peak as the kernel counts it (VmHWM): the calibration's process constant plus the
-  // allocator's footprint over setup and training (StageEstimate::mapped), the largest pipeline
-  // rank's; 0 when the calibration has no constant (a described cluster). With one, the search's
+  // allocator's footprint over setup and training (StageEstimate::mapped) and MPI's temporaries
+  // (StageEstimate::mpi), the largest pipeline rank's; 0 when the calibration has no constant (a described cluster). With one, the search's
   // memory budget applies to this.
   size_t process = 0;
   std::vector<size_t> process_by_stage;
