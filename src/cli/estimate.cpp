@@ -37,9 +37,13 @@ constexpr MemCategory kColumns[] = {MemCategory::kParams, MemCategory::kGrads, M
 // Loads the run configuration as train does; the estimate covers every stage whatever its
 // zero_optimization.stage says, with its stage-3 knobs.
 // One input per pipeline rank (one without a pipeline).
-std::vector<planner::MemoryInput> load_inputs(const EstimateOptions& o, std::string* swap_dir = nullptr) {
+// *overlap_given: whether the configuration sets overlap_comm (else each stage's row takes that
+// stage's default, as a run at that stage would).
+std::vector<planner::MemoryInput> load_inputs(const EstimateOptions& o, std::string* swap_dir = nullptr,
+                                              bool* overlap_given = nullptr) {
   engine::RunConfig c = load_layout_config(o.path, o.sets, o.procs);
   if (swap_dir) *swap_dir = c.zero.optimizer_nvme_path;
+  if (overlap_given) *overlap_given = c.zero.overlap_comm_given;
   std::vector<planner::MemoryInput> out;
   for (int r = 0; r < c.pp; ++r) out.push_back(estimate_input(c, o.procs, r));
   return out;
@@ -187,13 +191,16 @@ void run_estimate(const EstimateOptions& o) {
   // JSON an array of the ranks' objects.
   nlohmann::json ranks = nlohmann::json::array();
   std::string swap_dir;
-  const std::vector<planner::MemoryInput> inputs = load_inputs(o, &swap_dir);
+  bool overlap_given = true;
+  const std::vector<planner::MemoryInput> inputs = load_inputs(o, &swap_dir, &overlap_given);
   for (const planner::MemoryInput& in : inputs) {
     std::vector<planner::StageEstimate> est;
     std::vector<int> fits;
     for (int stage = 0; stage <= (in.pipeline() ? 1 : 3); ++stage) {
-      est.push_back(planner::estimate_stage(in, stage));
-      fits.push_back(planner::largest_micro_batch(in, stage, budget));
+      planner::MemoryInput row = in;  // overlap_comm unset: the stage's own default (on at 3, as DeepSpeed)
+      if (!overlap_given) row.zero.overlap_comm = stage == 3;
+      est.push_back(planner::estimate_stage(row, stage));
+      fits.push_back(planner::largest_micro_batch(row, stage, budget));
     }
     if (o.json) ranks.push_back(to_json(in, est, fits, budget));
     else print_table(in, est, fits, budget);

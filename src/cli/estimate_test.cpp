@@ -175,8 +175,10 @@ TEST(EstimateCli, TableAndJsonAgree) {
   in.compute_dtype = DType::kBF16;
   in.world = 2;
   in.zero.param_persistence_threshold = 0;
-  in.zero.overlap_comm = true;  // DeepSpeed's default at the configuration's stage 3, used for every row
   for (int s = 0; s < 4; ++s) {
+    // overlap_comm unset: each row takes its stage's default (on at stage 3 only, as DeepSpeed), not
+    // the configuration's stage 3's for every row (rows 1 and 2 held two gradient slabs before).
+    in.zero.overlap_comm = s == 3;
     planner::StageEstimate e = planner::estimate_stage(in, s);
     EXPECT_EQ(j["stages"][s]["total"].get<size_t>(), e.ours.total()) << s;
     EXPECT_EQ(j["largest_micro_batch"]["stage" + std::to_string(s)].get<int>(),
