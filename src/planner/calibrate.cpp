@@ -583,7 +583,8 @@ void wait_quietly(comm::Work& w) {
 // The process's memory outside the allocator's blocks, as a training process of this binary has
 // it at its peak: VmHWM less the allocator's mapped peak, after a model of the validation cases'
 // shape (GPT-2, bf16, 2 layers of 512, B 4 x 256) ran a step's forward and backward twice with its
-// threads and, with a group, after the ranks exchanged a few MiB (MPI's shared-memory segments).
+// threads and, with a group, after a small all-reduce set MPI's buffers up (a 4 MiB one read 6-7
+// MiB more: its ring segment, which StageEstimate::mpi counts where a run has one).
 // Run first, so the process's peak is still this (the kernels' timings after it leave 60-90 MiB
 // of their own behind). The largest over the ranks. A small model (128 wide, B 2 x 64) read 18
 // MiB where training's processes read 31-32: the passes hold some memory outside the allocator
@@ -611,7 +612,7 @@ size_t process_constant(comm::Backend* group) {
       model.backward();
     }
     if (group) {
-      std::vector<float> x(size_t{1} << 20, 1.0f);  // 4 MiB
+      std::vector<float> x(size_t{1} << 14, 1.0f);  // 64 KiB: MPI set up, no ring segment of note
       for (int r = 0; r < 2; ++r) group->all_reduce(x.data(), x.size(), DType::kF32, comm::AllReduceOptions{})->wait();
     }
   }
