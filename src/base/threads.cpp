@@ -2,6 +2,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
 namespace mt {
 
 void threads_set(int n) {
@@ -10,5 +14,14 @@ void threads_set(int n) {
 }
 
 int threads_get() { return omp_get_max_threads(); }
+
+int threads_per_rank(int ranks_on_host) {
+  if (const char* user = std::getenv("OMP_NUM_THREADS"); user && *user) {
+    const int n = std::atoi(user);
+    if (n > 0) return n;
+  }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks_on_host));
+}
 
 }  // namespace mt

@@ -6,5 +6,8 @@ namespace mt {
 
 void threads_set(int n);  // n <= 0: all cores
 int threads_get();
+// The OpenMP threads `meshtrain launch` gives each of ranks_on_host ranks of this host: the user's
+// OMP_NUM_THREADS where set (as under torchrun), else the cores shared out, at least one.
+int threads_per_rank(int ranks_on_host);
 
 }  // namespace mt

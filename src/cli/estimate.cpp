@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/threads.h"
 #include "cli/commands.h"
 #include "engine/ds_config.h"
 #include "engine/engine.h"
@@ -84,8 +85,9 @@ void print_table(const planner::MemoryInput& in, const std::vector<planner::Stag
   std::printf("allocator footprint (every block through its rules: kept blocks, whole 2 MiB pages; the process adds its "
               "constant, `calibrate`'s process_bytes):");
   for (const planner::StageEstimate& e : est)
-    std::printf("%s stage%d %s%s", e.stage ? "," : "", e.stage, format_bytes(e.mapped).c_str(),
-                e.mpi ? (" + MPI's temporaries " + format_bytes(e.mpi)).c_str() : "");
+    std::printf("%s stage%d %s%s%s", e.stage ? "," : "", e.stage, format_bytes(e.mapped).c_str(),
+                e.mpi ? (" + MPI's temporaries " + format_bytes(e.mpi)).c_str() : "",
+                e.gemm_scratch ? (" + oneDNN's scratchpad " + format_bytes(e.gemm_scratch)).c_str() : "");
   std::printf("\n");
   std::printf(
       "DS paper: model states (params + grads + optimizer) of the ZeRO paper (Rajbhandari et al. 2020), "
@@ -148,6 +150,7 @@ nlohmann::json to_json(const planner::MemoryInput& in, const std::vector<planner
     s["held"] = e.held;            // the allocator's peak with its kept blocks
     s["mapped"] = e.mapped;        // the same in whole pages (FootprintReplay)
     s["mpi"] = e.mpi;              // libnbc's all-reduce temporaries, outside the allocator
+    s["gemm_scratch"] = e.gemm_scratch;  // oneDNN's scratchpad region, outside the allocator
     j["stages"].push_back(s);
   }
   for (size_t s = 0; s < fits.size(); ++s) j["largest_micro_batch"]["stage" + std::to_string(s)] = fits[s];
@@ -240,6 +243,7 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   in.optimizer_states = planner::optimizer_state_count(c.optimizer);
   MT_CHECK(c.processes == procs, ErrorKind::kInternal, "estimate: the configuration was resolved for another process count");
   in.world = c.world_size;  // data-parallel ranks: procs / parallel.tp
+  in.threads = threads_per_rank(procs);  // as meshtrain launch runs them, on this host
   in.tp = c.tp;
   in.sequence_parallel = c.sequence_parallel;
   in.vocab_divisible = c.vocab_divisible;

@@ -381,5 +381,55 @@ TEST(EstimateFootprint, StageZeroHoldsLibnbcsRingSegment) {
   EXPECT_NEAR(beyond[0] - beyond[1], mpi[0], 4.0 * 1048576);
 }
 
+// (5) oneDNN's scratchpad: the GEMMs run on one region grown to the largest need (the
+// weight-gradient GEMMs, A transposed, need 0.5-2.7 MiB on two threads at these widths). The
+// estimate's gemm_scratch lists the step's GEMMs as the layers call them and asks oneDNN for each
+// one's need; the largest is the region a run holds, byte for byte: GPT-2 (Conv1D weights with
+// biases) and LLaMA (grouped q/k/v and gate/up), one rank and tp 2 (the row-parallel biases
+// deferred, this rank's widths), bf16 and f32, and a vocabulary whose head runs in two tiles.
+TEST(EstimateFootprint, GemmScratchIsTheLargestNeedOfTheStepsGemms) {
+  write_dataset(dir() + "/train", 30);
+  struct Run {
+    const char* arch;
+    int tp;
+    bool bf16;
+    int vocab;
+  };
+  int nonzero = 0;
+  for (Run k : {Run{"gpt2", 1, true, 4096}, Run{"llama", 1, true, 4096}, Run{"gpt2", 2, true, 4096},
+                Run{"llama", 2, false, 4096}, Run{"gpt2", 1, true, 40000}}) {
+    nlohmann::json j = nlohmann::json::parse(R"({
+      "model": {"vocab_size": 4096, "n_positions": 256, "n_embd": 384, "n_layer": 1, "n_head": 6},
+      "seq_length": 256, "train_iters": 2, "train_batch_size": 2, "train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": "auto", "comm_timeout": 60, "steps_per_print": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.1}}})");
+    if (std::string(k.arch) == "llama")
+      j["model"] = {{"hidden_size", 384}, {"num_hidden_layers", 1}, {"num_attention_heads", 6},
+                    {"intermediate_size", 1024}, {"max_position_embeddings", 256}};
+    j["model"]["model_type"] = k.arch;
+    j["model"]["vocab_size"] = k.vocab;
+    j["bf16"] = {{"enabled", k.bf16}};
+    j["data"] = {{"train", dir() + "/train"}};
+    if (k.tp > 1) j["parallel"] = {{"tp", k.tp}};
+    const std::string name = std::string("scratch_") + k.arch + "_tp" + std::to_string(k.tp) + (k.bf16 ? "_bf16" : "_f32") +
+                             "_v" + std::to_string(k.vocab);
+    const std::string cfg = dir() + "/" + name + ".json", metrics = dir() + "/" + name + ".jsonl";
+    std::ofstream(cfg) << j.dump();
+    fs::remove(metrics);
+    std::string out, err;
+    const std::string n = std::to_string(k.tp);
+    ASSERT_EQ(run((k.tp == 1 ? std::string("train ") : "launch -n " + n + " -- train ") + cfg + " --metrics " + metrics, &out, &err), 0)
+        << err;
+    const nlohmann::json met = last_line(metrics);
+    ASSERT_EQ(run("estimate " + cfg + " --procs " + n + " --json", &out, &err), 0) << err;
+    const double predicted = nlohmann::json::parse(out)["stages"][0]["gemm_scratch"].get<double>(),
+                 held = met["gemm_scratch_bytes"].get<double>();
+    std::printf("  %s: oneDNN's scratchpad region %.0f bytes, estimated %.0f\n", name.c_str(), held, predicted);
+    EXPECT_EQ(predicted, held) << name;
+    nonzero += held > 0;
+  }
+  EXPECT_GE(nonzero, 3);  // bf16's weight-gradient GEMMs need one (brgemm's packing of A^T)
+}
+
 }  // namespace
 }  // namespace mt

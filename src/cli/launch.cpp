@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/threads.h"
 #include "cli/commands.h"
 #include "cli/hostfile.h"
 
@@ -135,7 +136,7 @@ int run_launch(const LaunchArgs& a) {
 
   // mpirun fills hosts in order, slot by slot: the ranks per host, and the busiest host's count.
   // Remote hosts are assumed to have as many cores as this one (we cannot ask them from here).
-  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::string host_list;
   int left = n, busiest = 0;
   for (const auto& h : hosts) {
@@ -148,7 +149,7 @@ int run_launch(const LaunchArgs& a) {
   }
   // A user's OMP_NUM_THREADS wins (as under torchrun): hosts that share cores (scripts/netns-hosts.sh)
   // or have fewer than this one.
-  std::string omp_threads = std::to_string(std::max(1, cores / busiest));
+  std::string omp_threads = std::to_string(threads_per_rank(busiest));
   if (const char* user = std::getenv("OMP_NUM_THREADS"); user && *user) omp_threads = user;
 
   std::vector<std::string> cmd = {"mpirun"};

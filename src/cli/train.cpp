@@ -366,6 +366,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       m["fresh_mapped_bytes"] = static_cast<double>(mem.fresh_mapped - fresh_before);  // this step's: page faults
       fresh_before = mem.fresh_mapped;
       m["rss_peak_bytes"] = process_peak_rss_bytes();  // VmHWM: everything the process ever held
+      m["gemm_scratch_bytes"] = kernels::gemm_scratch_held();  // oneDNN's scratchpad region
       metrics << m.dump() << "\n";
       metrics.flush();
     }

@@ -44,16 +44,20 @@ void vocab_parallel_tile(const LmHeadArgs& a, float* loss, float* logits, const 
 
 }  // namespace
 
-double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
+int lm_head_tile_rows(int N, int V, int tile_rows) {
   // Default tile: f32 logits of at most 64 MiB, split into equal tiles (a GEMM with a short K is
   // slow, and dW is re-read and re-written once per tile, so fewer, even tiles are faster).
-  int R = a.tile_rows;
+  int R = tile_rows;
   if (R <= 0) {
-    size_t budget_rows = std::max<size_t>(1, (size_t{64} << 20) / (4 * static_cast<size_t>(a.V)));
-    size_t tiles = (static_cast<size_t>(a.N) + budget_rows - 1) / budget_rows;
-    R = static_cast<int>((static_cast<size_t>(a.N) + tiles - 1) / tiles);
+    size_t budget_rows = std::max<size_t>(1, (size_t{64} << 20) / (4 * static_cast<size_t>(V)));
+    size_t tiles = (static_cast<size_t>(N) + budget_rows - 1) / budget_rows;
+    R = static_cast<int>((static_cast<size_t>(N) + tiles - 1) / tiles);
   }
-  R = std::min(R, a.N);
+  return std::min(R, N);
+}
+
+double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
+  const int R = lm_head_tile_rows(a.N, a.V, a.tile_rows);
   size_t es = dtype_size(a.dtype);
   float* logits = static_cast<float*>(ws.get(WorkSlot::kLmHeadLogits, static_cast<size_t>(R) * a.V * 4));
   void* dl = a.dtype == DType::kF32

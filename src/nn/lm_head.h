@@ -32,6 +32,9 @@ struct LmHeadArgs {
   std::function<void(float*, size_t)> reduce_max, reduce_sum;
 };
 
+// The rows of lm_head_cross_entropy's tiles of N rows over V vocabulary rows (tile_rows 0: the default).
+int lm_head_tile_rows(int N, int V, int tile_rows = 0);
+
 // Returns the sum of the per-row losses.
 double lm_head_cross_entropy(const LmHeadArgs& args, Workspace& ws);
 

@@ -586,9 +586,9 @@ void wait_quietly(comm::Work& w) {
 // threads and, with a group, after a small all-reduce set MPI's buffers up (a 4 MiB one read 6-7
 // MiB more: its ring segment, which StageEstimate::mpi counts where a run has one).
 // Run first, so the process's peak is still this (the kernels' timings after it leave 60-90 MiB
-// of their own behind). The largest over the ranks. A small model (128 wide, B 2 x 64) read 18
-// MiB where training's processes read 31-32: the passes hold some memory outside the allocator
-// that grows with the shape (DESIGN-NOTES 58).
+// of their own behind). The largest over the ranks. Less oneDNN's scratchpad region, which
+// StageEstimate::gemm_scratch predicts by the model's shapes: when each primitive held its own,
+// a 128-wide model read 18 MiB and a 512-wide one 30 (DESIGN-NOTES 58, 59).
 size_t process_constant(comm::Backend* group) {
   {
     models::ModelConfig m;
@@ -616,7 +616,8 @@ size_t process_constant(comm::Backend* group) {
       for (int r = 0; r < 2; ++r) group->all_reduce(x.data(), x.size(), DType::kF32, comm::AllReduceOptions{})->wait();
     }
   }
-  const size_t hwm = process_peak_rss_bytes(), mapped = Allocator::global().stats().mapped_peak;
+  const size_t hwm = process_peak_rss_bytes(),
+               mapped = Allocator::global().stats().mapped_peak + kernels::gemm_scratch_held();
   float mib = static_cast<float>(hwm > mapped ? hwm - mapped : 0) / 1048576.0f;
   if (group) {
     comm::AllReduceOptions o;

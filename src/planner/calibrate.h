@@ -90,7 +90,8 @@ struct Calibration {
   // The process's memory outside the allocator's blocks (0: not measured): its resident set less
   // the allocator's footprint after the calibration ran its kernels and collectives, the largest
   // over the ranks — the binary, its libraries, the threads' stacks, oneDNN's and MPI's own
-  // buffers. A rank's predicted process peak is this plus StageEstimate::mapped (DESIGN-NOTES 58).
+  // buffers. A rank's predicted process peak is this plus StageEstimate::mapped, mpi and
+  // gemm_scratch (DESIGN-NOTES 58, 59); oneDNN's scratchpad region is not in it.
   size_t process_bytes = 0;
   // The collectives' measured (bytes, seconds), by size: MPI's algorithms change with the message
   // size (OpenMPI's reduce_scatter here: 3.85 GB/s at 1 MiB, 0.12 at 16 MiB), so no one line holds.

@@ -9,7 +9,9 @@
 #include "base/error.h"
 #include "comm/mpi_backend.h"
 #include "models/block.h"
+#include "kernels/cpu/gemm.h"
 #include "nn/embedding.h"
+#include "nn/lm_head.h"
 #include "nn/norm.h"
 #include "parallel/dp/grad_buckets.h"
 #include "parallel/zero/schedule.h"
@@ -681,6 +683,45 @@ size_t libnbc_allreduce_touched(size_t count, size_t elem_bytes, int p) {
   return (seg + 4095) / 4096 * 4096;
 }
 
+size_t gemm_scratch_bytes(const MemoryInput& in) {
+  const DType dt = in.compute_dtype;
+  const bool gpt2 = in.model.arch == models::Arch::kGpt2;
+  const models::BlockDims d = block_dims(in.model, in.micro_batch, in.seq_length, in.tp, in.sequence_parallel);
+  const int t = in.threads;
+  size_t most = 0;
+  // A layer of `in` to `out` features, row-parallel (`row`) or not, over M rows: GPT-2's Conv1D
+  // weights are stored (in, out) with a bias (a row-parallel layer's deferred over tp ranks),
+  // LLaMA's (out, in) without.
+  auto layer = [&](int in_f, int out_f, bool row, int M) {
+    if (gpt2) {
+      most = std::max({most, kernels::gemm_scratch_bytes(M, out_f, in_f, false, false, dt, false, !(row && in.tp > 1), t),
+                       kernels::gemm_scratch_bytes(M, in_f, out_f, false, true, dt, false, false, t),
+                       kernels::gemm_scratch_bytes(in_f, out_f, M, true, false, dt, true, false, t)});
+    } else {
+      most = std::max({most, kernels::gemm_scratch_bytes(M, out_f, in_f, false, true, dt, false, false, t),
+                       kernels::gemm_scratch_bytes(M, in_f, out_f, false, false, dt, false, false, t),
+                       kernels::gemm_scratch_bytes(out_f, in_f, M, true, false, dt, true, false, t)});
+    }
+  };
+  bool blocks = !in.pipeline();
+  for (auto [lo, hi] : in.chunks) blocks = blocks || hi > lo;
+  if (blocks) {
+    layer(d.C, d.QKV, false, d.N);
+    layer(d.A, d.C, true, d.N);
+    layer(d.C, d.H, false, d.N);
+    layer(d.G, d.C, true, d.N);
+  }
+  if (in.last_stage) {  // the head's tiles: logits, the input's gradient, the weight's gradient
+    const int V = models::padded_vocab(in.model, in.tp, in.vocab_divisible) / in.tp;
+    const int R = nn::lm_head_tile_rows(d.N, V);
+    for (int r : {R, d.N - (d.N - 1) / R * R})
+      most = std::max({most, kernels::gemm_scratch_bytes(r, V, d.C, false, true, dt, false, false, t),
+                       kernels::gemm_scratch_bytes(r, d.C, V, false, false, dt, false, false, t),
+                       kernels::gemm_scratch_bytes(V, d.C, r, true, false, dt, true, false, t)});
+  }
+  return most;
+}
+
 StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   check_input(in, stage);
   std::vector<parallel::Unit> units = stage_units(in);
@@ -711,6 +752,7 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
     const models::BlockDims d = block_dims(in.model, in.micro_batch, in.seq_length, in.tp, false);
     r.mpi = std::max(r.mpi, libnbc_allreduce_touched(static_cast<size_t>(d.N) * static_cast<size_t>(d.C), 4, in.tp));
   }
+  r.gemm_scratch = gemm_scratch_bytes(in);
   MemoryBreakdown step = step_memory(in);
   r.ours[MemCategory::kActivations] = step[MemCategory::kActivations];
   r.ours[MemCategory::kWorkspace] = step[MemCategory::kWorkspace];

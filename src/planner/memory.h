@@ -133,6 +133,8 @@ struct MemoryInput {
   int grads_in_flight = 0;  // gradient buffers the rank holds at once (parallel::pp::max_grads_in_flight)
   int pp = 1, pp_rank = 0;
   bool pipeline() const { return !chunks.empty(); }
+  // OpenMP threads of each rank (0: this process's): oneDNN sizes a GEMM's scratchpad by them.
+  int threads = 0;
 };
 
 // One block the model makes or frees (a Buffer), in the order it does.
@@ -171,7 +173,15 @@ struct StageEstimate {
   // all-reduce of the stage-0 gradient buckets and of tensor parallelism's activations
   // (libnbc_allreduce_touched).
   size_t mpi = 0;
+  // oneDNN's scratchpad region (kernels::gemm_scratch_held, outside the allocator): the largest need
+  // of the rank's GEMMs (gemm_scratch_bytes).
+  size_t gemm_scratch = 0;
 };
+
+// The largest oneDNN scratchpad among the GEMMs a training step of the rank makes, as nn::Linear,
+// nn::LinearGroup and nn::lm_head_cross_entropy call kernels::gemm: each block's projections at
+// this rank's widths (forward, the input's gradient, the weight's gradient) and the head's tiles.
+size_t gemm_scratch_bytes(const MemoryInput& in);
 
 // The bytes libnbc's ring all-reduce (the algorithm comm::mpi_init selects) touches of the
 // temporary buffer it mallocs for an in-place all-reduce of `count` elements of `elem_bytes` over

@@ -8,6 +8,9 @@
 #include <tuple>
 #include <vector>
 
+#include <omp.h>
+#include <sys/mman.h>
+
 #include "base/error.h"
 #include "base/timer.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -20,13 +23,35 @@ using Key = std::tuple<int, int, int, int, int, int, bool, bool, int, bool, bool
 
 struct Entry {
   dnnl::matmul prim;
-  dnnl::memory::desc a, b, c, bias;
+  dnnl::memory::desc a, b, c, bias, scratch;
+};
+
+// Every primitive runs in user scratchpad mode on one region, grown to the largest primitive's need
+// (calls hold `mu`, so one GEMM runs at a time). In oneDNN's library mode each primitive of Debian's
+// build holds a scratchpad of its own for its lifetime (the backward's weight-gradient GEMMs, A
+// transposed, 0.5-2.7 MiB each on two threads): their sum, outside the allocator (DESIGN-NOTES 59).
+struct Scratch {
+  void* p = nullptr;
+  size_t bytes = 0;  // whole 4 KiB pages
+  void grow(size_t need) {
+    need = (need + 4095) / 4096 * 4096;
+    if (need <= bytes) return;
+    if (p) ::munmap(p, bytes);  // the old region first: the process never holds both
+    p = ::mmap(nullptr, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      p = nullptr, bytes = 0;
+      MT_CHECK(false, ErrorKind::kOutOfMemory, "gemm: cannot map " + std::to_string(need) + " bytes of oneDNN scratchpad");
+    }
+    bytes = need;
+  }
 };
 
 struct Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<Key, std::unique_ptr<Entry>> cache;
+  std::map<Key, size_t> scratch_sizes;  // gemm_scratch_bytes' answers
+  Scratch scratch;
   std::mutex mu;
 };
 
@@ -44,30 +69,41 @@ dnnl::memory::data_type to_dnnl(DType d) {
   return dnnl::memory::data_type::f32;
 }
 
-Entry* lookup(Context& ctx, int M, int N, int K, int lda, int ldb, int ldc, bool ta, bool tb,
-              DType dt, bool acc, bool has_bias) {
-  Key key{M, N, K, lda, ldb, ldc, ta, tb, static_cast<int>(dt), acc, has_bias};
-  auto it = ctx.cache.find(key);
-  if (it != ctx.cache.end()) return it->second.get();
+// The primitive descriptor of a call (user scratchpad mode); false where oneDNN has no matmul for it.
+bool describe(Context& ctx, Entry& e, dnnl::matmul::primitive_desc& pd, int M, int N, int K, int lda, int ldb,
+              int ldc, bool ta, bool tb, DType dt, bool acc, bool has_bias) {
   using dims = dnnl::memory::dims;
-  auto e = std::make_unique<Entry>();
-  e->a = dnnl::memory::desc(dims{M, K}, to_dnnl(dt), ta ? dims{1, lda} : dims{lda, 1});
-  e->b = dnnl::memory::desc(dims{K, N}, to_dnnl(dt), tb ? dims{1, ldb} : dims{ldb, 1});
-  e->c = dnnl::memory::desc(dims{M, N}, dnnl::memory::data_type::f32, dims{ldc, 1});
-  if (has_bias) e->bias = dnnl::memory::desc(dims{1, N}, dnnl::memory::data_type::f32, dims{N, 1});
+  e.a = dnnl::memory::desc(dims{M, K}, to_dnnl(dt), ta ? dims{1, lda} : dims{lda, 1});
+  e.b = dnnl::memory::desc(dims{K, N}, to_dnnl(dt), tb ? dims{1, ldb} : dims{ldb, 1});
+  e.c = dnnl::memory::desc(dims{M, N}, dnnl::memory::data_type::f32, dims{ldc, 1});
+  if (has_bias) e.bias = dnnl::memory::desc(dims{1, N}, dnnl::memory::data_type::f32, dims{N, 1});
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (acc) {
     dnnl::post_ops ops;
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
   try {
-    auto desc = has_bias ? dnnl::matmul::desc(e->a, e->b, e->bias, e->c)
-                         : dnnl::matmul::desc(e->a, e->b, e->c);
-    e->prim = dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, ctx.engine));
+    auto desc = has_bias ? dnnl::matmul::desc(e.a, e.b, e.bias, e.c) : dnnl::matmul::desc(e.a, e.b, e.c);
+    pd = dnnl::matmul::primitive_desc(desc, attr, ctx.engine);
   } catch (const dnnl::error& err) {
-    return nullptr;  // not implemented for this dtype on this CPU: the caller falls back
+    return false;
   }
+  e.scratch = pd.scratchpad_desc();
+  return true;
+}
+
+Entry* lookup(Context& ctx, int M, int N, int K, int lda, int ldb, int ldc, bool ta, bool tb,
+              DType dt, bool acc, bool has_bias) {
+  Key key{M, N, K, lda, ldb, ldc, ta, tb, static_cast<int>(dt), acc, has_bias};
+  auto it = ctx.cache.find(key);
+  if (it != ctx.cache.end()) return it->second.get();
+  auto e = std::make_unique<Entry>();
+  dnnl::matmul::primitive_desc pd;
+  // Not implemented for this dtype on this CPU: the caller falls back.
+  if (!describe(ctx, *e, pd, M, N, K, lda, ldb, ldc, ta, tb, dt, acc, has_bias)) return nullptr;
+  e->prim = dnnl::matmul(pd);
   Entry* raw = e.get();
   ctx.cache.emplace(key, std::move(e));
   return raw;
@@ -110,6 +146,10 @@ void gemm(int M, int N, int K, const void* A, int lda, bool trans_a, const void*
   std::unordered_map<int, dnnl::memory> args{
       {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
   if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(e->bias, ctx.engine, const_cast<float*>(bias)));
+  if (e->scratch.get_size() > 0) {
+    ctx.scratch.grow(e->scratch.get_size());
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(e->scratch, ctx.engine, ctx.scratch.p));
+  }
   e->prim.execute(ctx.stream, args);
   ctx.stream.wait();
 }
@@ -118,6 +158,39 @@ int gemm_primitive_count() {
   Context& ctx = context();
   std::lock_guard<std::mutex> lock(ctx.mu);
   return static_cast<int>(ctx.cache.size());
+}
+
+size_t gemm_scratch_bytes(int M, int N, int K, bool trans_a, bool trans_b, DType ab_dtype, bool accumulate,
+                          bool bias, int threads) {
+  if (M == 0 || N == 0) return 0;
+  Context& ctx = context();
+  std::lock_guard<std::mutex> lock(ctx.mu);
+  const int lda = trans_a ? M : K, ldb = trans_b ? K : N, own = omp_get_max_threads();
+  if (threads <= 0) threads = own;
+  // The map's key: the call's, with the threads in place of ldc (always N here).
+  Key key{M, N, K, lda, ldb, -threads, trans_a, trans_b, static_cast<int>(ab_dtype), accumulate, bias};
+  auto it = ctx.scratch_sizes.find(key);
+  if (it != ctx.scratch_sizes.end()) return it->second;
+  struct Threads {  // oneDNN reads omp_get_max_threads() when it describes the primitive
+    int own;
+    ~Threads() { omp_set_num_threads(own); }
+  } restore{own};
+  omp_set_num_threads(threads);
+  Entry e;
+  dnnl::matmul::primitive_desc pd;
+  size_t bytes = 0;
+  // Where oneDNN has no matmul for the dtype, gemm widens the operands and runs the f32 one.
+  if (describe(ctx, e, pd, M, N, K, lda, ldb, N, trans_a, trans_b, ab_dtype, accumulate, bias) ||
+      describe(ctx, e, pd, M, N, K, lda, ldb, N, trans_a, trans_b, DType::kF32, accumulate, bias))
+    bytes = (e.scratch.get_size() + 4095) / 4096 * 4096;
+  ctx.scratch_sizes.emplace(key, bytes);
+  return bytes;
+}
+
+size_t gemm_scratch_held() {
+  Context& ctx = context();
+  std::lock_guard<std::mutex> lock(ctx.mu);
+  return ctx.scratch.bytes;
 }
 
 double gemm_ceiling_tflops(int M, int N, int K, DType dt, double seconds) {

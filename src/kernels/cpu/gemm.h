@@ -3,6 +3,8 @@
 // created once per shape and cached.
 #pragma once
 
+#include <cstddef>
+
 #include "tensor/dtype.h"
 
 namespace mt::kernels {
@@ -21,6 +23,16 @@ void gemm(int M, int N, int K, const void* A, int lda, bool trans_a, const void*
 // at least `seconds` (and 3 calls) after one untimed call. TFLOP/s. Used by `meshtrain bench` and
 // the flops profiler's MFU, with the model's MLP up-projection shape (B·T, I, C).
 double gemm_ceiling_tflops(int M, int N, int K, DType ab_dtype, double seconds = 0.3);
+
+// oneDNN's scratchpad: every primitive runs on one region of this process, grown to the largest
+// need so far (user scratchpad mode; mapped outside the allocator, in whole 4 KiB pages).
+// gemm_scratch_bytes: the bytes gemm's call of this shape and form needs, with the dense leading
+// dimensions (lda = trans_a ? M : K, ldb = trans_b ? K : N, ldc = N), page-rounded; creates no
+// primitive. gemm_scratch_held: the region's size now.
+// With threads > 0, the need on that many OpenMP threads (oneDNN sizes its per-thread buffers by them).
+size_t gemm_scratch_bytes(int M, int N, int K, bool trans_a, bool trans_b, DType ab_dtype, bool accumulate,
+                          bool bias = false, int threads = 0);
+size_t gemm_scratch_held();
 
 // Number of distinct primitives created so far (to test that primitives are reused).
 int gemm_primitive_count();

@@ -2,9 +2,14 @@
 // accumulate and bias.
 #include "kernels/cpu/gemm.h"
 
+#include "base/file_io.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -70,6 +75,40 @@ TEST(Gemm, PrimitivesAreReused) {
     gemm(64, 64, 64, a.data(), 64, false, b.data(), 64, false, c.data(), 64, DType::kF32, false);
   EXPECT_EQ(gemm_primitive_count(), n);
   EXPECT_FLOAT_EQ(c[0], 64.0f);
+}
+
+// oneDNN's scratchpad (user mode): the primitives share one region, grown to the largest need, and
+// gemm_scratch_bytes answers each call's need before it runs. In library mode each primitive of
+// Debian's oneDNN held its own for its lifetime, so the process grew by the sum of the needs.
+TEST(Gemm, PrimitivesShareOneScratchpadRegionOfTheLargestNeed) {
+  // Weight-gradient GEMMs (A transposed, accumulating) of a 512-wide model's layers over 1024 rows.
+  const int shapes[][3] = {{512, 2048, 1024}, {512, 1536, 1024}, {512, 512, 1024}, {2048, 512, 1024}, {512, 4096, 1024},
+                           {768, 1536, 1024}};
+  size_t sum = 0, most = 0;
+  for (auto& s : shapes) {
+    const size_t need = gemm_scratch_bytes(s[0], s[1], s[2], true, false, DType::kBF16, true);
+    sum += need, most = std::max(most, need);
+  }
+  if (sum < (size_t{4} << 20)) GTEST_SKIP() << "this CPU's bf16 matmul needs little scratchpad (" << sum << " bytes)";
+  const size_t held_before = gemm_scratch_held();
+  std::vector<std::vector<uint16_t>> a, b;
+  std::vector<std::vector<float>> c;
+  for (auto& s : shapes) {  // operands first, touched, so the RSS below is the primitives' own
+    a.emplace_back(static_cast<size_t>(s[2]) * s[0], 0x3f80), b.emplace_back(static_cast<size_t>(s[2]) * s[1], 0x3f80);
+    c.emplace_back(static_cast<size_t>(s[0]) * s[1], 0.0f);
+  }
+  const double rss0 = static_cast<double>(process_rss_bytes());
+  for (int round = 0; round < 2; ++round)
+    for (size_t i = 0; i < a.size(); ++i) {
+      const auto& s = shapes[i];
+      gemm(s[0], s[1], s[2], a[i].data(), s[0], true, b[i].data(), s[1], false, c[i].data(), s[1], DType::kBF16, true);
+    }
+  const double grown = static_cast<double>(process_rss_bytes()) - rss0;
+  EXPECT_FLOAT_EQ(c[0][0], 2.0f * 1024);  // ones: each call adds K
+  EXPECT_EQ(gemm_scratch_held(), std::max(held_before, most));
+  std::printf("  needs: sum %.2f MiB, largest %.2f MiB; the process grew %.2f MiB\n", sum / 1048576.0,
+              most / 1048576.0, grown / 1048576.0);
+  EXPECT_LT(grown, static_cast<double>(sum - most) + (size_t{1} << 20) * 0.5);
 }
 
 }  // namespace
