@@ -14,6 +14,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "base/error.h"
 #include "base/file_io.h"
@@ -214,8 +215,12 @@ void IndexedDatasetWriter::finalize() {
 
 // ---- MappedFile ----
 
-MappedFile::MappedFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
+namespace {
+
+// Opens a regular file for reading: its descriptor, and its size in *size. kNotFound when missing,
+// kInvalidArgument when not a regular file, kIOError otherwise.
+int open_regular(const std::string& path, uint64_t* size) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
     throw Error(e == ENOENT ? ErrorKind::kNotFound : ErrorKind::kIOError,
@@ -231,7 +236,16 @@ MappedFile::MappedFile(const std::string& path) {
     ::close(fd);
     throw Error(ErrorKind::kInvalidArgument, path + ": not a regular file" + (S_ISDIR(st.st_mode) ? " (a directory)" : ""));
   }
-  size_ = static_cast<size_t>(st.st_size);
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+}  // namespace
+
+MappedFile::MappedFile(const std::string& path) {
+  uint64_t bytes = 0;
+  int fd = open_regular(path, &bytes);
+  size_ = static_cast<size_t>(bytes);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
@@ -264,6 +278,12 @@ void MappedFile::release() {
   if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
   data_ = nullptr;
   size_ = 0;
+}
+
+IndexedDataset::File::File(const std::string& path) : fd(open_regular(path, &size)) {}
+
+IndexedDataset::File::~File() {
+  if (fd >= 0) ::close(fd);
 }
 
 // ---- IndexedDataset ----
@@ -352,7 +372,7 @@ void IndexedDataset::validate_sequences() {
     total += static_cast<uint64_t>(n);  // S·2^31 cannot overflow: S is bounded by the file size
   }
   total_tokens_ = total;
-  uint64_t bin_size = bin_.size();
+  uint64_t bin_size = bin_.size;
   if (bin_size / dtype_size_ != total || bin_size % dtype_size_ != 0) {
     throw corruption(bin_path_, std::to_string(bin_size) + " bytes, but the sequence_lengths of " +
                                     idx_path_ + " claim " + std::to_string(total) + " " +
@@ -418,7 +438,25 @@ void IndexedDataset::read_stream(uint64_t position, uint64_t count, int32_t* out
            prefix_ + ": stream read [" + std::to_string(position) + ", +" + std::to_string(count) +
                ") past the " + std::to_string(total_tokens_) + " tokens");
   if (count == 0) return;
-  const char* src = bin_.data() + position * dtype_size_;
+  // int32 tokens are read into `out` itself; the other types through a buffer, then converted.
+  const size_t bytes = count * dtype_size_;
+  std::vector<char> buffer;
+  char* dst = reinterpret_cast<char*>(out);
+  if (dtype_ != TokenDType::kInt32) {
+    buffer.resize(bytes);
+    dst = buffer.data();
+  }
+  const uint64_t at = position * dtype_size_;
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t n = ::pread(bin_.fd, dst + done, bytes - done, static_cast<off_t>(at + done));
+    if (n < 0 && errno == EINTR) continue;
+    MT_CHECK(n > 0, ErrorKind::kIOError,
+             bin_path_ + ": read of " + std::to_string(bytes) + " bytes at byte " + std::to_string(at) + " failed" +
+                 (n == 0 ? " (the file ends at byte " + std::to_string(at + done) + ": truncated while in use?)"
+                         : ": " + std::string(std::strerror(errno))));
+    done += static_cast<size_t>(n);
+  }
+  const char* src = dst;
   switch (dtype_) {
     case TokenDType::kUInt8:
       convert<uint8_t>(src, count, out, bin_path_);
@@ -433,8 +471,7 @@ void IndexedDataset::read_stream(uint64_t position, uint64_t count, int32_t* out
       convert<uint16_t>(src, count, out, bin_path_);
       break;
     case TokenDType::kInt32:
-      std::memcpy(out, src, count * 4);
-      break;
+      break;  // read in place
     case TokenDType::kInt64:
       convert<int64_t>(src, count, out, bin_path_);
       break;

@@ -106,8 +106,10 @@ class MappedFile {
 // and back to back from byte 0, so token p of the concatenation of all sequences (the "stream") is
 // at byte p · dtype size. Values are converted to int32 when read; a stored value that does not fit
 // (int64 or float files) is a kCorruption Error then.
-// NOTE: the files stay mapped for the reader's lifetime; truncating them meanwhile (rather than
-// replacing them, as the writer does) makes reads fault with SIGBUS, as in Megatron.
+// The .idx stays mapped for the reader's lifetime. The .bin is read with pread, not mapped: reads
+// copy the tokens out anyway, a mapping's touched pages would count in the process's resident set
+// for good (a long run over a large dataset: gigabytes, DESIGN-NOTES 60), and a .bin truncated
+// while in use (rather than replaced, as the writer does) gives a kIOError naming it, not SIGBUS.
 class IndexedDataset {
  public:
   explicit IndexedDataset(const std::string& prefix);
@@ -140,7 +142,15 @@ class IndexedDataset {
   std::string idx_path_;
   std::string bin_path_;
   MappedFile idx_;
-  MappedFile bin_;
+  // The .bin: an open descriptor and its size at open.
+  struct File {
+    uint64_t size = 0;  // before fd: fd's initialiser sets it
+    int fd = -1;
+    explicit File(const std::string& path);
+    ~File();
+    File(const File&) = delete;
+    File& operator=(const File&) = delete;
+  } bin_;
   TokenDType dtype_ = TokenDType::kUInt16;
   size_t dtype_size_ = 2;
   uint64_t sequence_count_ = 0;

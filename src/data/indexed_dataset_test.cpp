@@ -182,6 +182,57 @@ TEST(IndexedDataset, FinalizeClosesOpenDocumentAndAbandonLeavesNothing) {
 }
 
 // Files with a stored dtype the writer never picks are read and converted to int32.
+// The .bin is read with pread, not mapped: reading a 32 MiB dataset through does not leave its
+// pages in the process's resident set (a mapping's touched pages stayed: the whole 32 MiB).
+TEST(IndexedDataset, ReadingTheBinDoesNotGrowTheResidentSet) {
+  ScratchDir dir;
+  const std::string prefix = dir.path() + "/big";
+  {
+    IndexedDatasetWriter w(prefix, 50000);
+    std::vector<int32_t> seq(4096);
+    for (int s = 0; s < 4096; ++s) {  // 16M uint16 tokens: 32 MiB
+      for (size_t i = 0; i < seq.size(); ++i) seq[i] = static_cast<int32_t>((s * 7919 + i) % 50000);
+      w.add_sequence(seq);
+      if (s % 16 == 15) w.end_document();
+    }
+    w.finalize();
+  }
+  IndexedDataset ds(prefix);
+  ASSERT_EQ(ds.total_tokens(), uint64_t{4096} * 4096);
+  std::vector<int32_t> out(4096);
+  const double before = static_cast<double>(process_rss_bytes());
+  int64_t checksum = 0;
+  for (uint64_t i = 0; i < ds.num_sequences(); ++i) {
+    ds.read(i, 0, 4096, out.data());
+    checksum += out[i % 4096];
+    ASSERT_EQ(out[17], static_cast<int32_t>((i * 7919 + 17) % 50000)) << i;
+  }
+  const double grown = static_cast<double>(process_rss_bytes()) - before;
+  EXPECT_GT(checksum, 0);
+  EXPECT_LT(grown, 4.0 * 1048576) << "reading 32 MiB of tokens grew the resident set by " << grown / 1048576 << " MiB";
+}
+
+// A .bin truncated while a reader has it open (rather than replaced, as the writer does): a read
+// past its new end is a kIOError naming the file and the byte, not SIGBUS (as with a mapping).
+TEST(IndexedDataset, BinTruncatedWhileInUseIsAnErrorNotASignal) {
+  ScratchDir dir;
+  const std::string prefix = dir.path() + "/cut";
+  write_dataset(prefix, 1000, {Doc{{1, 2, 3, 4}, {5, 6, 7, 8}}, Doc{{9, 10, 11, 12}}});
+  IndexedDataset ds(prefix);
+  std::filesystem::resize_file(prefix + ".bin", 4);  // two uint16 tokens left
+  std::vector<int32_t> out(4);
+  ds.read(0, 0, 2, out.data());
+  EXPECT_EQ(out[1], 2);
+  try {
+    ds.read(2, 0, 4, out.data());
+    FAIL() << "read past the truncated end";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIOError);
+    EXPECT_NE(std::string(e.what()).find("cut.bin"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("truncated while in use"), std::string::npos) << e.what();
+  }
+}
+
 TEST(IndexedDataset, ReadsOtherDtypes) {
   ScratchDir dir;
   std::string prefix = dir.path() + "/ds";
