@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 
 #include "base/error.h"
@@ -41,26 +42,28 @@ struct Rank {
 
 SimReport simulate(const SimProgram& program, const SimOptions& options) {
   const int P = static_cast<int>(program.ranks.size());
+  MT_CHECK(P < 65536, ErrorKind::kInvalidArgument, "simulator: " + std::to_string(P) + " ranks (at most 65535)");
   for (int q = 0; q < P; ++q) {
     std::multiset<int> async_tags;  // a wait names an asynchronous operation of its rank
     for (const SimOp& o : program.ranks[q])
       if (o.async) async_tags.insert(o.tag);
     for (const SimOp& op : program.ranks[q]) {
-      const std::string at = "simulator: rank " + std::to_string(q) + " " + kind_name(op.kind) + " " + op.name;
+      // The message's prefix, built only for a refusal (every op of every layout passes here).
+      auto at = [&] { return "simulator: rank " + std::to_string(q) + " " + kind_name(op.kind) + " " + op.name; };
       if (op.kind == SimOpKind::kCollective) {
         MT_CHECK(op.group >= 0 && op.group < static_cast<int>(program.groups.size()), ErrorKind::kInvalidArgument,
-                 at + ": no group " + std::to_string(op.group));
+                 at() + ": no group " + std::to_string(op.group));
         const auto& g = program.groups[op.group];
         MT_CHECK(std::find(g.begin(), g.end(), q) != g.end(), ErrorKind::kInvalidArgument,
-                 at + ": the rank is not in group " + std::to_string(op.group));
+                 at() + ": the rank is not in group " + std::to_string(op.group));
       }
       if (op.kind == SimOpKind::kStream)
-        MT_CHECK(op.stream >= 1, ErrorKind::kInvalidArgument, at + ": a stream's work names stream >= 1");
+        MT_CHECK(op.stream >= 1, ErrorKind::kInvalidArgument, at() + ": a stream's work names stream >= 1");
       if (op.kind == SimOpKind::kSend || op.kind == SimOpKind::kRecv)
-        MT_CHECK(op.peer >= 0 && op.peer < P && op.peer != q, ErrorKind::kInvalidArgument, at + ": bad peer");
+        MT_CHECK(op.peer >= 0 && op.peer < P && op.peer != q, ErrorKind::kInvalidArgument, at() + ": bad peer");
       if (op.kind == SimOpKind::kWait) {
         const size_t found = async_tags.count(op.tag) - (op.async ? 1 : 0);
-        MT_CHECK(found > 0, ErrorKind::kInvalidArgument, at + ": waits for tag " + std::to_string(op.tag) + ", never issued");
+        MT_CHECK(found > 0, ErrorKind::kInvalidArgument, at() + ": waits for tag " + std::to_string(op.tag) + ", never issued");
       }
     }
   }
@@ -83,12 +86,19 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
   }
   auto host_of = [&](int q) { return shared && !program.host.empty() ? program.host[static_cast<size_t>(q)] : 0; };
   auto demand_of = [&](int q) { return program.demand.empty() ? 1.0 : program.demand[static_cast<size_t>(q)]; };
-  std::map<std::tuple<int, int, int>, double> arrival;                         // (from, to, tag) -> when
-  std::map<std::pair<int, int>, std::vector<std::pair<int, double>>> issued;   // (group, tag) -> (rank, at)
-  std::map<std::pair<int, int>, double> coll_end;                              // (group, tag) -> end
+  // Hashed by their keys (none is iterated): a 64-rank step makes thousands of collectives.
+  std::unordered_map<uint64_t, double> arrival;                          // (from, to, tag) -> when
+  std::unordered_map<uint64_t, std::vector<std::pair<int, double>>> issued;  // (group, tag) -> (rank, at)
+  std::unordered_map<uint64_t, double> coll_end;                         // (group, tag) -> end
   // (rank, tag) -> (group, end): the rank's ended collective of that tag in the lowest group, for
   // its waits (a scan of coll_end at every wait made 64-rank searches quadratic: 15 s).
-  std::map<std::pair<int, int>, std::pair<int, double>> rank_end;
+  std::unordered_map<uint64_t, std::pair<int, double>> rank_end;
+  // Keys: (group or rank, tag) in 32 bits each; (rank, rank, tag) with ranks in 16 (checked above).
+  auto key2 = [](int a, int tag) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(tag); };
+  auto key3 = [](int a, int b, int tag) {
+    return (static_cast<uint64_t>(static_cast<uint16_t>(a)) << 48) | (static_cast<uint64_t>(static_cast<uint16_t>(b)) << 32) |
+           static_cast<uint32_t>(tag);
+  };
 
   auto block_until = [&](int q, double t) {
     if (t > st[q].main) {
@@ -101,12 +111,12 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     const double start = std::max(at, st[q].comm);
     st[q].comm = start + op.seconds;
     r.comm[q] += op.seconds;
-    arrival[{q, op.peer, op.tag}] = st[q].comm;
+    arrival[key3(q, op.peer, op.tag)] = st[q].comm;
     return st[q].comm;
   };
   // Issues q's part of a collective at `at`; when every member is in, it runs on all of them.
   auto issue = [&](int q, const SimOp& op, double at) {
-    const std::pair<int, int> key{op.group, op.tag};
+    const uint64_t key = key2(op.group, op.tag);
     auto& in = issued[key];
     in.emplace_back(q, at);
     const auto& members = program.groups[op.group];
@@ -117,7 +127,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     for (const auto& [m, t] : in) {
       st[m].comm = end;
       r.comm[m] += op.seconds;
-      auto [it, fresh] = rank_end.try_emplace({m, op.tag}, op.group, end);
+      auto [it, fresh] = rank_end.try_emplace(key2(m, op.tag), op.group, end);
       if (!fresh && op.group < it->second.first) it->second = {op.group, end};
     }
     coll_end[key] = end;
@@ -128,7 +138,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
       issue(q, op, st[q].main);
       st[q].registered = true;
     }
-    auto it = coll_end.find({op.group, op.tag});
+    auto it = coll_end.find(key2(op.group, op.tag));
     if (it == coll_end.end()) return false;
     block_until(q, it->second);
     st[q].registered = false;
@@ -210,7 +220,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
           else s.handle_end[op.tag] = transfer(q, op, s.main);  // the receiver's wait moves it
           break;
         case SimOpKind::kRecv: {
-          auto it = arrival.find({op.peer, q, op.tag});
+          auto it = arrival.find(key3(op.peer, q, op.tag));
           if (it == arrival.end()) {
             ok = false;
           } else {
@@ -246,7 +256,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
             break;
           }
           // An asynchronous collective of this rank with this tag: ended yet?
-          auto e = rank_end.find({q, op.tag});
+          auto e = rank_end.find(key2(q, op.tag));
           ok = e != rank_end.end();
           if (ok) block_until(q, e->second.second);
           break;
