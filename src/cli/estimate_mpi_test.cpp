@@ -306,6 +306,23 @@ TEST(EstimateMpiStage3, ModelStatesAre16PsiOverNPlusTheLiveWindow) {
   }
 }
 
+// Writes config j as NAME.json, trains it on `procs` processes (train, or launch -n procs) with its
+// metrics in NAME.jsonl, and estimates it for as many: *metrics the run's last metrics line,
+// *estimate the estimate's JSON. Fatal failures end the caller's case (check HasFatalFailure).
+void train_and_estimate(const nlohmann::json& j, const std::string& name, int procs, nlohmann::json* metrics,
+                        nlohmann::json* estimate) {
+  const std::string cfg = dir() + "/" + name + ".json", path = dir() + "/" + name + ".jsonl";
+  std::ofstream(cfg) << j.dump();
+  fs::remove(path);
+  std::string out, err;
+  const std::string n = std::to_string(procs);
+  ASSERT_EQ(run((procs == 1 ? std::string("train ") : "launch -n " + n + " -- train ") + cfg + " --metrics " + path, &out, &err), 0)
+      << err;
+  *metrics = last_line(path);
+  ASSERT_EQ(run("estimate " + cfg + " --procs " + n + " --json", &out, &err), 0) << err;
+  *estimate = nlohmann::json::parse(out);
+}
+
 // (3) The allocator's footprint: every block of a run (model states through setup and the steps,
 // activations, workspace) replayed through the allocator's rules (FootprintReplay) gives the
 // measured held and mapped peaks — kept blocks and whole 2 MiB pages included — on a model whose
@@ -325,16 +342,10 @@ TEST(EstimateFootprint, HeldAndMappedPeaksAreTheAllocators) {
     j["zero_optimization"] = {{"stage", k.stage}, {"stage3_param_persistence_threshold", 0}};
     j["data"] = {{"train", dir() + "/train"}};
     const std::string name = "footprint_n" + std::to_string(k.procs) + "_stage" + std::to_string(k.stage);
-    const std::string cfg = dir() + "/" + name + ".json", metrics = dir() + "/" + name + ".jsonl";
-    std::ofstream(cfg) << j.dump();
-    fs::remove(metrics);
-    std::string out, err;
-    const std::string n = std::to_string(k.procs);
-    ASSERT_EQ(run((k.procs == 1 ? std::string("train ") : "launch -n " + n + " -- train ") + cfg + " --metrics " + metrics, &out, &err), 0)
-        << err;
-    const nlohmann::json met = last_line(metrics);
-    ASSERT_EQ(run("estimate " + cfg + " --procs " + n + " --json", &out, &err), 0) << err;
-    const nlohmann::json e = nlohmann::json::parse(out)["stages"][k.stage];
+    nlohmann::json met, est;
+    train_and_estimate(j, name, k.procs, &met, &est);
+    if (HasFatalFailure()) return;
+    const nlohmann::json e = est["stages"][k.stage];
     const double held = met["held_peak_bytes"].get<double>(), mapped = met["mapped_peak_bytes"].get<double>(),
                  total = met["total_peak_bytes"].get<double>();
     std::printf("  %s: held measured %.0f estimated %.0f; mapped measured %.0f estimated %.0f; accounted total %.0f\n",
@@ -362,14 +373,10 @@ TEST(EstimateFootprint, StageZeroHoldsLibnbcsRingSegment) {
     j["zero_optimization"] = {{"stage", stage}};
     j["data"] = {{"train", dir() + "/train"}};
     const std::string name = "libnbc_stage" + std::to_string(stage);
-    const std::string cfg = dir() + "/" + name + ".json", metrics = dir() + "/" + name + ".jsonl";
-    std::ofstream(cfg) << j.dump();
-    fs::remove(metrics);
-    std::string out, err;
-    ASSERT_EQ(run("launch -n 2 -- train " + cfg + " --metrics " + metrics, &out, &err), 0) << err;
-    const nlohmann::json met = last_line(metrics);
-    ASSERT_EQ(run("estimate " + cfg + " --procs 2 --json", &out, &err), 0) << err;
-    const nlohmann::json e = nlohmann::json::parse(out)["stages"][stage];
+    nlohmann::json met, est;
+    train_and_estimate(j, name, 2, &met, &est);
+    if (HasFatalFailure()) return;
+    const nlohmann::json e = est["stages"][stage];
     EXPECT_NEAR(e["mapped"].get<double>(), met["mapped_peak_bytes"].get<double>(), 16384) << name;
     beyond[stage] = met["rss_peak_bytes"].get<double>() - met["mapped_peak_bytes"].get<double>();
     mpi[stage] = e["mpi"].get<double>();
@@ -413,16 +420,10 @@ TEST(EstimateFootprint, GemmScratchIsTheLargestNeedOfTheStepsGemms) {
     if (k.tp > 1) j["parallel"] = {{"tp", k.tp}};
     const std::string name = std::string("scratch_") + k.arch + "_tp" + std::to_string(k.tp) + (k.bf16 ? "_bf16" : "_f32") +
                              "_v" + std::to_string(k.vocab);
-    const std::string cfg = dir() + "/" + name + ".json", metrics = dir() + "/" + name + ".jsonl";
-    std::ofstream(cfg) << j.dump();
-    fs::remove(metrics);
-    std::string out, err;
-    const std::string n = std::to_string(k.tp);
-    ASSERT_EQ(run((k.tp == 1 ? std::string("train ") : "launch -n " + n + " -- train ") + cfg + " --metrics " + metrics, &out, &err), 0)
-        << err;
-    const nlohmann::json met = last_line(metrics);
-    ASSERT_EQ(run("estimate " + cfg + " --procs " + n + " --json", &out, &err), 0) << err;
-    const double predicted = nlohmann::json::parse(out)["stages"][0]["gemm_scratch"].get<double>(),
+    nlohmann::json met, est;
+    train_and_estimate(j, name, k.tp, &met, &est);
+    if (HasFatalFailure()) return;
+    const double predicted = est["stages"][0]["gemm_scratch"].get<double>(),
                  held = met["gemm_scratch_bytes"].get<double>();
     std::printf("  %s: oneDNN's scratchpad region %.0f bytes, estimated %.0f\n", name.c_str(), held, predicted);
     EXPECT_EQ(predicted, held) << name;
