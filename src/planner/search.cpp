@@ -158,7 +158,11 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
     spec.zero_stage = l.stage;
     spec.low_precision = m.compute_dtype != DType::kF32;
     spec.bucket_elems = job.bucket_elems;
-    spec.boundary_bytes = 4.0 * l.micro_batch * m.seq_length * m.model.hidden;
+    // What the executor sends: the chunk's f32 residual stream (TransformerLM::boundary_numel), this
+    // rank's N/tp rows of it under sequence parallelism.
+    const StepShape shape = step_shape(job, l);
+    spec.boundary_bytes = 4.0 * static_cast<double>(block_dims(m.model, l.micro_batch, m.seq_length, l.tp, shape.sequence_parallel).rows()) *
+                          m.model.hidden;
     spec.tied_elems = m.model.tie_embeddings
                           ? static_cast<size_t>(models::padded_vocab(m.model, 1, m.vocab_divisible)) * m.model.hidden
                           : 0;

@@ -221,5 +221,31 @@ TEST(Search, APipelineCutByTimeBalancesTheCostModelsTimes) {
   EXPECT_TRUE(predict_layout(job, job.base, cal).bounds.empty());
 }
 
+// The executor sends a chunk's f32 residual stream to the next stage: under sequence parallelism a
+// tp rank holds, and sends, its N/tp rows of it (TransformerLM::boundary_numel). With the messages
+// the only priced thing, the step is the critical path's messages, so halving each halves the step.
+TEST(Search, APipelinesMessageUnderSequenceParallelismIsTheRanksRows) {
+  PlanJob job = tiny_job(4, 4);
+  job.memory.model = models::tiny(models::Arch::kLlama);  // untied: no embedding exchange between the ends
+  job.memory.model.vocab_size = 128;
+  job.base = Layout{.dp = 1, .tp = 2, .pp = 2, .stage = 0, .micro_batch = 1, .accumulation = 4};
+  Calibration cal;
+  cal.world = 4;
+  for (const char* f : {"gemm f32", "gemm bf16", "memory", "adamw", "all_reduce", "all_gather", "reduce_scatter"})
+    cal.fits[f] = {0.0, 0.0};
+  const double per_byte = 1e-3;  // a message of 4 B T C = 2048 bytes: 2.048 s
+  cal.fits["send_recv"] = {0.0, per_byte};
+  const double message = 4.0 * job.memory.seq_length * job.memory.model.hidden * per_byte;
+  job.memory.sequence_parallel = false;
+  const double whole = predict_layout(job, job.base, cal).step;
+  job.memory.sequence_parallel = true;
+  const double rows = predict_layout(job, job.base, cal).step;
+  // 1F1B over 2 stages, 4 micro-batches, free compute: the first stage sends activation i + 1
+  // while the last returns gradient i, so the step is the first activation and then four pairs
+  // side by side, (m + 1) messages.
+  EXPECT_NEAR(whole, 5 * message, 1e-9);
+  EXPECT_NEAR(rows, 5 * message / 2, 1e-9);
+}
+
 }  // namespace
 }  // namespace mt::planner
