@@ -25,6 +25,12 @@ import subprocess
 import sys
 
 CLUSTERS = {"sc21": "configs/clusters/dgx-a100-80gb.json", "llama3": "configs/clusters/dgx-h100.json"}
+# Which predicted step is the published run's. Megatron-LM of SC'21 (its default `--DDP-impl local`)
+# all-reduces the gradients after the whole forward-backward (train_step's
+# 'backward-params-all-reduce'), so nothing moves them beside the backward: the step without
+# progress. Llama 3's sharded data parallelism overlaps its reductions: the step with it (the same
+# figure for these pipelined rows, whose reduction follows the last micro-batch).
+STEP = {"sc21": "step_s", "llama3": "step_progress_s"}
 
 # (config, GPUs, published TFLOP/s per GPU); the configs carry the model, tp, pp and the batch.
 SC21 = [("configs/megatron/gpt-1.7b.json", 32, 137), ("configs/megatron/gpt-3.6b.json", 64, 138),
@@ -57,9 +63,8 @@ def plan(a, path, gpus, extra):
                           "--top", "1000", "--json"] + extra, capture_output=True, text=True)
     if out.returncode != 0:
         return None, out.stderr.strip().replace("meshtrain: error: ", "")
-    # The search ranks by the step without a progress thread (MPI on CPUs); NCCL moves the
-    # collectives beside compute, so the split is the fastest with it.
-    ranked = sorted(json.loads(out.stdout).get("ranked", []), key=lambda r: r["step_progress_s"])
+    # The fastest split by the table's step (the search's own order breaks near-ties by memory).
+    ranked = sorted(json.loads(out.stdout).get("ranked", []), key=lambda r: r[STEP[a.table]])
     return (ranked[0] if ranked else None), ""
 
 
@@ -71,7 +76,7 @@ def fastest(a, path, gpus, variants):
         for v in variants:
             best, err = plan(a, path, gpus, v + budget)
             if best is not None:
-                found.append((best["step_progress_s"], best, v))
+                found.append((best[STEP[a.table]], best, v))
             elif err:
                 why = err
         if found:
@@ -112,7 +117,7 @@ def main():
         if best is None:
             emit(f"| {path} | {tp} x {pp} x {gpus // tp // pp} | {gpus} | {B} | our runtime refuses it: {why} | | | | {published} | |")
             continue
-        step = best["step_progress_s"]  # NCCL moves the gradient all-reduce beside the backward
+        step = best[STEP[a.table]]
         flops, name = count(cfg)
         tflops = flops / step / gpus / 1e12
         err = tflops / published - 1
