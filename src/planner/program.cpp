@@ -346,6 +346,13 @@ SimProgram zero_step_program(const ZeroStepSpec& spec, const ZeroStepCosts& cost
   const std::vector<SimOp> ops = spec.schedule.stage == 0 ? bucketed_step(spec, costs) : ZeroEmitter(spec, costs).run();
   const int D = spec.world, T = spec.tp;
   p.disk_interference = costs.disk_interference;
+  if (spec.one_rank) {
+    p.ranks.assign(1, ops);
+    for (SimOp& op : p.ranks[0])
+      if (op.kind == SimOpKind::kCollective) op.group = 0;
+    p.groups.push_back({0});
+    return p;
+  }
   if (T == 1) {
     p.ranks.assign(static_cast<size_t>(D), ops);
     std::vector<int> all;
@@ -407,20 +414,21 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
   };
   const double message = P > 1 ? costs.send_recv(spec.boundary_bytes) : 0.0;
   SimProgram p;
+  const int R = spec.one_replica ? 1 : D;  // replicas simulated: rank q·R + d
   for (int q = 0; q < P; ++q) {
     std::vector<int> g;
-    for (int d = 0; d < D; ++d) g.push_back(q * D + d);
+    for (int d = 0; d < R; ++d) g.push_back(q * R + d);
     p.groups.push_back(g);
   }
-  p.ranks.resize(static_cast<size_t>(P) * D);
+  p.ranks.resize(static_cast<size_t>(P) * R);
   const int tied_tag = 1 << 24;  // beyond the schedule's tags
   std::vector<std::vector<parallel::pp::Instr>> lists;
   for (int q = 0; q < P; ++q) lists.push_back(parallel::pp::build_schedule(spec.schedule, q));
   for (int q = 0; q < P; ++q) {
     const std::vector<parallel::pp::Instr>& list = lists[static_cast<size_t>(q)];
     const parallel::pp::GradSendPlan grads = parallel::pp::executor_grad_plan(spec.schedule, lists, q);
-    for (int d = 0; d < D; ++d) {
-      std::vector<SimOp>& ops = p.ranks[static_cast<size_t>(q) * D + d];
+    for (int d = 0; d < R; ++d) {
+      std::vector<SimOp>& ops = p.ranks[static_cast<size_t>(q) * R + d];
       auto compute = [&ops](double seconds, std::string name) {
         SimOp op;
         op.seconds = seconds;
@@ -453,20 +461,20 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
             op.kind = SimOpKind::kSend;
             op.seconds = message;
             op.async = true;  // posted without blocking; waited for at the step's end
-            op.peer = i.peer * D + d;
+            op.peer = i.peer * R + d;
             op.tag = i.tag;
             break;
           case OpKind::kRecvActivation:
           case OpKind::kRecvGrad:
             op.kind = SimOpKind::kRecv;
-            op.peer = i.peer * D + d;
+            op.peer = i.peer * R + d;
             op.tag = i.tag;
             break;
         }
         ops.push_back(std::move(op));
       }
       if (spec.tied_elems > 0 && P > 1 && (q == 0 || q == P - 1)) {
-        const int other = (q == 0 ? P - 1 : 0) * D + d;
+        const int other = (q == 0 ? P - 1 : 0) * R + d;
         const double bytes = 4.0 * static_cast<double>(spec.tied_elems);
         ops.push_back(SimOp{SimOpKind::kSend, costs.send_recv(bytes), other, tied_tag, -1, true, "send tied embedding grad"});
         ops.push_back(SimOp{SimOpKind::kRecv, 0.0, other, tied_tag, -1, false, "recv tied embedding grad"});

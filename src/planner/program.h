@@ -47,6 +47,13 @@ struct ZeroStepSpec {
   parallel::ZeroScheduleOptions schedule;
   size_t bucket_elems = 500'000'000;  // reduce_bucket_size (stage 0)
   int micro_batches = 1;              // gradient_accumulation_steps
+  // One rank for all: every rank runs the same list, so where nothing else sets them apart (no
+  // cores shared between ranks: a described cluster, or a machine with a core for every thread)
+  // each collective's members issue it at the same time on free streams, and one rank's timeline
+  // is every rank's. The program is then that rank alone, its collectives (priced for their
+  // groups by the costs) over a group of one. The times are the same as the whole program's
+  // (ZeroProgram.OneRankStandsForAllWhereNothingSetsThemApart), for a program a world smaller.
+  bool one_rank = false;
   bool tied_head = true;              // the head's backward hooks are unit 0's (tied) or the last unit's
   bool low_precision = false;         // bf16/f16 compute: each gather converts the piece into the view
                                       // (parallel::gathers_in_compute_dtype), or the f32 unit at its use
@@ -130,6 +137,9 @@ struct PipelineStepSpec {
   size_t bucket_elems = 500'000'000;
   double boundary_bytes = 0.0;       // one activation (or its gradient) between stages
   size_t tied_elems = 0;             // the tied token table (0: untied)
+  // One data-parallel replica for all (ZeroStepSpec::one_rank's reason): the pp ranks of replica 0,
+  // each stage's reductions (priced for dp ranks) over a group of one.
+  bool one_replica = false;
 };
 SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCosts& costs);
 

@@ -166,6 +166,7 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
     spec.tied_elems = m.model.tie_embeddings
                           ? static_cast<size_t>(models::padded_vocab(m.model, 1, m.vocab_divisible)) * m.model.hidden
                           : 0;
+    spec.one_replica = job.host_cores <= 0 && !job.whole_program;  // no shared cores: every replica alike
     program = pipeline_step_program(spec, costs);
     Prediction p = finish_prediction(job, l, costs, std::move(program));
     p.bounds = spec.bounds;
@@ -190,6 +191,7 @@ SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts
   spec.low_precision = m.compute_dtype != DType::kF32;
   spec.param_nvme = m.zero.param_nvme && l.stage == 3;  // DeepSpeed reads offload_param at stage 3 only
   spec.sub_group_size = static_cast<size_t>(std::max<int64_t>(1, m.zero.sub_group_size));
+  spec.one_rank = job.host_cores <= 0 && !job.whole_program;  // no shared cores: every rank alike
   return zero_step_program(spec, costs);
 }
 

@@ -65,6 +65,9 @@ struct PlanJob {
   double host_cores = 0.0;
   int threads = 1;
   int ranks_per_host = 0;  // 0: every rank on one host
+  // Simulate every rank even where one stands for all (ZeroStepSpec::one_rank): for the test that
+  // they agree.
+  bool whole_program = false;
 };
 
 // What the search may change (false: the base's value).

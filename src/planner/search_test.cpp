@@ -247,5 +247,46 @@ TEST(Search, APipelinesMessageUnderSequenceParallelismIsTheRanksRows) {
   EXPECT_NEAR(rows, 5 * message / 2, 1e-9);
 }
 
+// Where no cores are shared, every data-parallel replica (and every tp rank of a ZeRO step) runs
+// the same list at the same times, so the search simulates one (ZeroStepSpec::one_rank,
+// PipelineStepSpec::one_replica). Every layout of 8 processes, GPT-2 (tied: the pipelines' table
+// exchange) and LLaMA, 1F1B and interleaved, ZeRO 0-3, recompute, every split: the same steps, with
+// and without progress, as the whole program's.
+TEST(Search, OneReplicaStandsForAllWhereNoCoresAreShared) {
+  Calibration cal = hand_calibration(8);
+  cal.fits["all_reduce"] = {2e-5, 1e-9};
+  cal.fits["all_gather"] = {1e-5, 2e-9};
+  cal.fits["reduce_scatter"] = {1e-5, 3e-9};
+  cal.fits["send_recv"] = {5e-6, 1e-9};
+  cal.fits["memory"] = {0.0, 1e-11};
+  size_t compared = 0;
+  for (models::Arch arch : {models::Arch::kGpt2, models::Arch::kLlama})
+    for (auto kind : {parallel::pp::ScheduleKind::k1F1B, parallel::pp::ScheduleKind::kInterleaved}) {
+      PlanJob job = tiny_job(8, 16);
+      job.memory.model = models::tiny(arch);
+      job.memory.model.n_layer = 4;
+      job.memory.model.n_kv_head = 2;
+      job.memory.model.vocab_size = 128;
+      job.schedule_kind = kind;
+      job.virtual_stages = kind == parallel::pp::ScheduleKind::kInterleaved ? 2 : 1;
+      job.memory.sequence_parallel = arch == models::Arch::kLlama;
+      const SearchResult one = search_layouts(job, everything(), size_t{1} << 40, cal);
+      job.whole_program = true;
+      const SearchResult whole = search_layouts(job, everything(), size_t{1} << 40, cal);
+      ASSERT_EQ(one.ranked.size(), whole.ranked.size());
+      for (size_t i = 0; i < one.ranked.size(); ++i) {
+        const Layout& l = one.ranked[i].layout;
+        ASSERT_EQ(l.describe(), whole.ranked[i].layout.describe());
+        EXPECT_NEAR(one.ranked[i].prediction.step, whole.ranked[i].prediction.step, 1e-12 * whole.ranked[i].prediction.step)
+            << l.describe();
+        EXPECT_NEAR(one.ranked[i].prediction.step_progress, whole.ranked[i].prediction.step_progress,
+                    1e-12 * whole.ranked[i].prediction.step_progress)
+            << l.describe();
+        compared += (l.dp > 1 || l.tp > 1) ? 1 : 0;
+      }
+    }
+  EXPECT_GT(compared, 100u);  // layouts where the whole program has more than one replica
+}
+
 }  // namespace
 }  // namespace mt::planner
