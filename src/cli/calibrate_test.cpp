@@ -458,6 +458,35 @@ TEST(Plan, SearchRanksWhatFitsAndTrainResolvesAnAutoLayout) {
   EXPECT_NE(err.find("meshtrain calibrate -o"), std::string::npos) << err;
 }
 
+// `"parallel": "auto"` chooses a pipeline's schedule too: with collectives that cost a second and free
+// messages, two processes are best as two pipeline stages, and four layers over two stages best
+// interleaved over two chunks a rank (the smaller bubble). estimate resolves the auto layout as train
+// does, and its replay is that schedule's (each rank holds two chunks of one layer).
+TEST(Plan, AnAutoLayoutChoosesThePipelinesSchedule) {
+  const std::string cal = dir() + "/hand-pipeline.json", cfg = dir() + "/auto-pipeline.json";
+  std::ofstream(cal) << R"({"world": 2, "threads": 1, "fits": {
+    "gemm f32": {"latency_s": 1e-5, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 1e-5, "per_unit_s": 1e-9},
+    "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7},
+    "all_reduce": {"latency_s": 1, "per_unit_s": 1e-6}, "all_gather": {"latency_s": 1, "per_unit_s": 1e-6},
+    "reduce_scatter": {"latency_s": 1, "per_unit_s": 1e-6}, "send_recv": {"latency_s": 0, "per_unit_s": 0}}})";
+  nlohmann::json c = tiny_plan_config("chain-pp", {{"train_batch_size", 8}, {"parallel", "auto"}});
+  c["model"]["n_layer"] = 4;
+  c["planner"] = {{"calibration", cal}};
+  std::ofstream(cfg) << c.dump();
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "estimate " + cfg + " --procs 2", &out, &err), 0) << err;
+  EXPECT_NE(err.find("auto: parallel -> dp 1, pp 2 interleaved x 2, ZeRO 0, B 1 x 8 micro-batches:"), std::string::npos) << err;
+  EXPECT_NE(out.find("pipeline rank 0 (embedding + layers 0-0, 2-2,"), std::string::npos) << out;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --search --json --top 100", &out, &err), 0) << err;
+  const nlohmann::json all = nlohmann::json::parse(out);
+  ASSERT_FALSE(all["ranked"].empty());
+  EXPECT_EQ(all["ranked"][0]["pipeline_schedule"], "interleaved");
+  EXPECT_EQ(all["ranked"][0]["virtual_stages"], 2);
+  bool one_f_one_b = false;
+  for (const auto& x : all["ranked"]) one_f_one_b = one_f_one_b || (x["pp"] == 2 && x["pipeline_schedule"] == "1f1b");
+  EXPECT_TRUE(one_f_one_b);  // ranked too, behind
+}
+
 // With the calibration's process constant, each layout's process peak is the constant plus the
 // allocator's footprint (above the accounted bytes), and --memory applies to it: a budget a byte
 // under the first layout's process peak (and above its accounted bytes) removes it.

@@ -104,7 +104,8 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs) {
   job.base = planner::Layout{.dp = c.world_size, .tp = c.tp, .pp = c.pp, .stage = c.zero.stage,
                              .micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu),
                              .accumulation = static_cast<int>(c.batch.gradient_accumulation_steps),
-                             .recompute = c.activation_checkpointing};
+                             .recompute = c.activation_checkpointing, .schedule = job.schedule_kind,
+                             .virtual_stages = job.virtual_stages};
   return job;
 }
 
@@ -160,7 +161,9 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
     j["considered"] = r.considered;
     for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top; ++i) {
       const auto& [l, p] = r.ranked[i];
-      j["ranked"].push_back({{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"stage", l.stage}, {"micro_batch", l.micro_batch},
+      j["ranked"].push_back({{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp},
+                             {"pipeline_schedule", l.pp > 1 ? parallel::pp::schedule_name(l.schedule) : "1f1b"},
+                             {"virtual_stages", l.pp > 1 ? l.virtual_stages : 1}, {"stage", l.stage}, {"micro_batch", l.micro_batch},
                              {"accumulation", l.accumulation}, {"recompute", l.recompute}, {"step_s", p.step},
                              {"step_progress_s", p.step_progress}, {"tokens_per_s", p.tokens_per_s},
                              {"memory_bytes", p.memory}, {"process_bytes", p.process}});
@@ -187,6 +190,14 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
   }
 }
 
+// The pipeline's schedule of `l` as --set overrides. Without a pipeline the configuration's
+// pipeline knobs (an interleaved schedule's virtual stages) do not apply.
+std::vector<std::string> schedule_sets(const planner::Layout& l) {
+  if (l.pp == 1) return {"parallel.virtual_stages=1", "parallel.pipeline_schedule=1f1b"};
+  return {"parallel.pipeline_schedule=" + std::string(parallel::pp::schedule_name(l.schedule)),
+          "parallel.virtual_stages=" + std::to_string(l.virtual_stages)};
+}
+
 // The --set overrides that make a configuration train `l`.
 std::vector<std::string> layout_sets(const planner::Layout& l) {
   std::vector<std::string> sets = {"parallel.tp=" + std::to_string(l.tp), "parallel.pp=" + std::to_string(l.pp),
@@ -194,9 +205,7 @@ std::vector<std::string> layout_sets(const planner::Layout& l) {
                                    "train_micro_batch_size_per_gpu=" + std::to_string(l.micro_batch),
                                    "gradient_accumulation_steps=" + std::to_string(l.accumulation),
                                    std::string("activation_checkpointing.enabled=") + (l.recompute ? "true" : "false")};
-  // Without a pipeline, the configuration's pipeline knobs (an interleaved schedule's virtual
-  // stages) do not apply.
-  if (l.pp == 1) sets.insert(sets.end(), {"parallel.virtual_stages=1", "parallel.pipeline_schedule=1f1b"});
+  for (const std::string& s : schedule_sets(l)) sets.push_back(s);
   return sets;
 }
 
@@ -285,8 +294,9 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   for (size_t i = 0; i < r.ranked.size(); ++i) {
     const planner::Layout& l = r.ranked[i].layout;
     const planner::Layout& b = job.base;
+    const bool same_schedule = l.pp == 1 || (l.schedule == b.schedule && l.virtual_stages == b.virtual_stages);
     if (l.dp == b.dp && l.tp == b.tp && l.pp == b.pp && l.stage == b.stage && l.micro_batch == b.micro_batch &&
-        l.recompute == b.recompute && std::find(picks.begin(), picks.end(), i) == picks.end())
+        l.recompute == b.recompute && same_schedule && std::find(picks.begin(), picks.end(), i) == picks.end())
       picks.push_back(i);
   }
   std::sort(picks.begin(), picks.end());
@@ -448,7 +458,7 @@ void run_plan(const PlanOptions& o) {
   if (o.search || o.search_batch) {
     planner::SearchSpace all;
     all.batch = true;
-    all.parallel = all.stage = all.recompute = o.search;
+    all.parallel = all.stage = all.recompute = all.schedule = o.search;
     const planner::SearchResult r = planner::search_layouts(job, all, budget, cal);
     print_search(r, o.top, budget, o.json);
     MT_CHECK(o.validate == 0 || !r.ranked.empty(), ErrorKind::kInvalidArgument, "plan --validate: no layout fits");
@@ -506,7 +516,7 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   engine::ConfigSources base = src;  // the configuration with placeholders for what is searched
   std::vector<std::string> keys;     // what the configuration left to the planner
   if (is_auto(j, "parallel")) {
-    space.parallel = true;
+    space.parallel = space.schedule = true;
     keys.push_back("parallel");
     base.sets.push_back("parallel={}");
     if (is_number(j, "train_batch_size") && !is_number(j, "train_micro_batch_size_per_gpu") &&
@@ -551,9 +561,11 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   std::string refused;
   for (const planner::RankedLayout& x : r.ranked) {
     engine::ConfigSources chosen = base;
-    if (space.parallel)
+    if (space.parallel) {
       for (const std::string& k : {"parallel.tp=" + std::to_string(x.layout.tp), "parallel.pp=" + std::to_string(x.layout.pp)})
         chosen.sets.push_back(k);
+      for (const std::string& k : schedule_sets(x.layout)) chosen.sets.push_back(k);
+    }
     if (space.stage) chosen.sets.push_back("zero_optimization.stage=" + std::to_string(x.layout.stage));
     if (space.batch) {
       chosen.sets.push_back("train_micro_batch_size_per_gpu=" + std::to_string(x.layout.micro_batch));
@@ -587,7 +599,7 @@ void register_plan(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   add_layout_options(cmd, o->path, o->procs, o->sets);
   cmd->add_option("--calibration", o->calibration, "meshtrain calibrate's JSON (default: planner.calibration, calibration.json)");
-  cmd->add_flag("--search", o->search, "rank every layout of --procs processes that fits (dp, ZeRO stage, micro-batch, recompute)");
+  cmd->add_flag("--search", o->search, "rank every layout of --procs processes that fits (dp x tp x pp, a pipeline's schedule, ZeRO stage, micro-batch, recompute)");
   cmd->add_flag("--search-batch", o->search_batch,
                 "rank the micro-batch / accumulation splits only (the configuration's dp x tp x pp, ZeRO stage and recompute)");
   cmd->add_option("--cluster", o->cluster,

@@ -75,7 +75,7 @@ MemoryInput layout_memory_input(const PlanJob& job, const Layout& l) {
 }
 
 parallel::pp::ScheduleSpec pipeline_spec(const PlanJob& job, const Layout& l) {
-  parallel::pp::ScheduleSpec spec{job.schedule_kind, l.pp, job.virtual_stages, l.accumulation};
+  parallel::pp::ScheduleSpec spec{l.schedule, l.pp, l.virtual_stages, l.accumulation};
   parallel::pp::check_schedule_spec(spec);
   return spec;
 }
@@ -254,6 +254,8 @@ std::string Layout::describe() const {
   std::string s = "dp " + std::to_string(dp);
   if (tp > 1) s += ", tp " + std::to_string(tp);
   if (pp > 1) s += ", pp " + std::to_string(pp);
+  if (pp > 1 && schedule == parallel::pp::ScheduleKind::kGPipe) s += " GPipe";
+  if (pp > 1 && schedule == parallel::pp::ScheduleKind::kInterleaved) s += " interleaved x " + std::to_string(virtual_stages);
   s += ", ZeRO " + std::to_string(stage) + ", B " + std::to_string(micro_batch);
   if (accumulation > 1) s += " x " + std::to_string(accumulation) + " micro-batches";
   if (recompute) s += ", recompute";
@@ -329,13 +331,26 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       }
     }
     std::vector<bool> recomputes = space.recompute ? std::vector<bool>{false, true} : std::vector<bool>{job.base.recompute};
-    for (int stage : stages)
+    // (schedule, virtual stages): the configuration's; searched, its non-interleaved schedule and
+    // the interleaved one at every chunk count that leaves each chunk a layer.
+    using parallel::pp::ScheduleKind;
+    std::vector<std::pair<ScheduleKind, int>> schedules = {{job.schedule_kind, job.virtual_stages}};
+    if (pp == 1) {
+      schedules = {{ScheduleKind::k1F1B, 1}};
+    } else if (space.schedule) {
+      schedules = {{job.schedule_kind == ScheduleKind::kInterleaved ? ScheduleKind::k1F1B : job.schedule_kind, 1}};
+      for (int v = 2; static_cast<int64_t>(pp) * v <= model.n_layer; ++v) schedules.emplace_back(ScheduleKind::kInterleaved, v);
+    }
+    for (auto [kind, v] : schedules) {
+      const std::string fam = family + (pp > 1 && kind == ScheduleKind::kGPipe ? " GPipe" : "") +
+                              (pp > 1 && kind == ScheduleKind::kInterleaved ? " interleaved x " + std::to_string(v) : "");
+      for (int stage : stages)
       for (bool rec : recomputes) {
         int over_from = 0, over_count = 0;
         size_t over_bytes = 0;
         for (int64_t B : batches) {
           Layout l{.dp = dp, .tp = tp, .pp = pp, .stage = stage, .micro_batch = static_cast<int>(B),
-                   .accumulation = static_cast<int>(share / B), .recompute = rec};
+                   .accumulation = static_cast<int>(share / B), .recompute = rec, .schedule = kind, .virtual_stages = v};
           ++r.considered;
           check_layout(job, l);
           size_t train = 0, bytes = 0;
@@ -344,7 +359,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
           try {
             bytes = layout_memory(job, l, cal, &train, &by_stage, &mem);
           } catch (const Error& e) {  // a schedule or partition the runtime cannot run
-            const std::string why = family + ": " + e.what();
+            const std::string why = fam + ": " + e.what();
             if (std::find(r.rejected.begin(), r.rejected.end(), why) == r.rejected.end()) r.rejected.push_back(why);
             continue;
           }
@@ -364,7 +379,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
           r.ranked.push_back({l, p});
         }
         if (over_count) {
-          const std::string what = family + ", ZeRO " + std::to_string(stage) + (rec ? ", recompute" : "");
+          const std::string what = fam + ", ZeRO " + std::to_string(stage) + (rec ? ", recompute" : "");
           r.rejected.push_back(what + ": " +
                                (over_count == static_cast<int>(batches.size())
                                     ? std::string("every micro-batch")
@@ -373,6 +388,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
                                gib(over_bytes) + (cal.process_bytes > 0 ? " as the process" : "") + ")");
         }
       }
+    }
   }
   rank_layouts(r.ranked);
   return r;

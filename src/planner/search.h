@@ -10,7 +10,8 @@
 // checkpointing), and the processes' split into tensor-parallel ranks × data-parallel ranks (the
 // tp group's collectives inside each block's passes, planner/cost.h) or pipeline stages ×
 // data-parallel ranks (each stage cut as the engine cuts it, its program the schedule's own,
-// planner/program.h), or all three (each stage's tp collectives inside its passes). Rejected with
+// planner/program.h; the schedule itself, 1F1B or interleaved over v chunks a rank), or all three
+// (each stage's tp collectives inside its passes). Rejected with
 // the reason: layouts over the budget, shares that do not
 // divide the batch, tp not dividing the model, and what the runtime refuses (a pipeline with ZeRO
 // 2-3). Pure: the calibration comes from the caller.
@@ -34,7 +35,11 @@ struct Layout {
   int stage = 0;
   int micro_batch = 1, accumulation = 1;
   bool recompute = false;
-  std::string describe() const;  // "dp 2, ZeRO 1, B 4 x 2, recompute"
+  // A pipeline's schedule (pp > 1): GPipe, 1F1B, or interleaved over virtual_stages model chunks a
+  // rank (parallel.pipeline_schedule and parallel.virtual_stages).
+  parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
+  int virtual_stages = 1;
+  std::string describe() const;  // "dp 2, pp 2 interleaved x 2, ZeRO 1, B 4 x 2, recompute"
 };
 
 // The job: what every layout shares (the configuration's model, sequence, dtype, optimizer and
@@ -48,9 +53,10 @@ struct PlanJob {
   int procs = 1;
   int64_t global_batch = 1;            // train_batch_size: samples per optimizer step
   Layout base;                         // the configuration's own layout
-  // Pipelines (pp > 1): the configuration's schedule and virtual stages (its micro-batches are each
-  // layout's accumulation) and how layers are cut ("parameters", "uniform", or "time": the run
-  // measures its layers at start-up; the plan cuts by the cost model's times the same way).
+  // Pipelines (pp > 1): the configuration's schedule and virtual stages, which every pipeline takes
+  // unless the search varies them (SearchSpace::schedule; its micro-batches are each layout's
+  // accumulation), and how layers are cut ("parameters", "uniform", or "time": the run measures its
+  // layers at start-up; the plan cuts by the cost model's times the same way).
   parallel::pp::ScheduleKind schedule_kind = parallel::pp::ScheduleKind::k1F1B;
   int virtual_stages = 1;
   std::string partition = "parameters";
@@ -76,6 +82,10 @@ struct SearchSpace {
   bool stage = false;
   bool batch = false;      // micro-batch and accumulation, their product fixed by the global batch
   bool recompute = false;
+  // A pipeline's schedule: the configuration's non-interleaved one (1F1B where it names
+  // interleaved) and Megatron's interleaved one over 2, 3, ... model chunks a rank, as many as
+  // give every chunk a layer.
+  bool schedule = false;
 };
 
 struct Prediction {

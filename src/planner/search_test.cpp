@@ -40,7 +40,7 @@ PlanJob tiny_job(int procs, int64_t global_batch) {
 
 SearchSpace everything() {
   SearchSpace s;
-  s.parallel = s.stage = s.batch = s.recompute = true;
+  s.parallel = s.stage = s.batch = s.recompute = s.schedule = true;
   return s;
 }
 
@@ -286,6 +286,53 @@ TEST(Search, OneReplicaStandsForAllWhereNoCoresAreShared) {
       }
     }
   EXPECT_GT(compared, 100u);  // layouts where the whole program has more than one replica
+}
+
+// A pipeline's schedule is searched: with free messages the bubble is the only thing between the
+// schedules, (p - 1)/(v·m + p - 1) of the passes (Simulator.PipelineBubbleIsTheFormula), so
+// interleaving over more chunks is faster, and the search ranks 8 layers over 2 stages by it: 4
+// chunks a rank first, 1F1B last. Each step is the
+// one the configuration with that schedule predicts. Not searched, every pipeline takes the
+// configuration's schedule.
+TEST(Search, APipelinesScheduleIsSearchedAndInterleavingShrinksTheBubble) {
+  PlanJob job = tiny_job(2, 8);
+  job.memory.model = models::tiny(models::Arch::kLlama);
+  job.memory.model.n_layer = 8;
+  job.base = Layout{.dp = 1, .pp = 2, .stage = 0, .micro_batch = 1, .accumulation = 8};
+  Calibration cal = hand_calibration(2);
+  cal.fits["send_recv"] = {0.0, 0.0};
+  SearchSpace space;
+  space.schedule = true;
+  const SearchResult r = search_layouts(job, space, size_t{1} << 40, cal);
+  ASSERT_EQ(r.ranked.size(), 4u);  // 1F1B and 2, 3, 4 chunks a rank
+  std::vector<int> order;
+  for (const RankedLayout& x : r.ranked) order.push_back(x.layout.virtual_stages);
+  EXPECT_EQ(order.front(), 4);
+  EXPECT_EQ(order.back(), 1);
+  EXPECT_EQ(r.ranked.back().layout.schedule, parallel::pp::ScheduleKind::k1F1B);
+  EXPECT_EQ(r.ranked.front().layout.describe(), "dp 1, pp 2 interleaved x 4, ZeRO 0, B 1 x 8 micro-batches");
+  double by_v[5] = {};
+  for (const RankedLayout& x : r.ranked) {
+    by_v[x.layout.virtual_stages] = x.prediction.step;
+    PlanJob configured = job;
+    configured.schedule_kind = x.layout.schedule;
+    configured.virtual_stages = x.layout.virtual_stages;
+    configured.base.schedule = x.layout.schedule;
+    configured.base.virtual_stages = x.layout.virtual_stages;
+    EXPECT_DOUBLE_EQ(predict_layout(configured, configured.base, cal).step, x.prediction.step) << x.layout.describe();
+  }
+  EXPECT_GT(by_v[1], by_v[2]);
+  EXPECT_GT(by_v[2], by_v[4]);
+  // Not searched: the configuration's schedule only.
+  const SearchResult fixed = search_layouts(job, SearchSpace{}, size_t{1} << 40, cal);
+  ASSERT_EQ(fixed.ranked.size(), 1u);
+  EXPECT_EQ(fixed.ranked[0].layout.virtual_stages, 1);
+  job.schedule_kind = parallel::pp::ScheduleKind::kInterleaved;
+  job.virtual_stages = 2;
+  const SearchResult two = search_layouts(job, SearchSpace{}, size_t{1} << 40, cal);
+  ASSERT_EQ(two.ranked.size(), 1u);
+  EXPECT_EQ(two.ranked[0].layout.virtual_stages, 2);
+  EXPECT_DOUBLE_EQ(two.ranked[0].prediction.step, by_v[2]);
 }
 
 }  // namespace
