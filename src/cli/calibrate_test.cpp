@@ -458,7 +458,7 @@ TEST(Plan, SearchRanksWhatFitsAndTrainResolvesAnAutoLayout) {
   EXPECT_NE(err.find("meshtrain calibrate -o"), std::string::npos) << err;
 }
 
-// `"parallel": "auto"` chooses a pipeline's schedule too: with collectives that cost a second and free
+// `"parallel": "auto"` chooses a pipeline's schedule (and sequence parallelism) too: with collectives that cost a second and free
 // messages, two processes are best as two pipeline stages, and four layers over two stages best
 // interleaved over two chunks a rank (the smaller bubble). estimate resolves the auto layout as train
 // does, and its replay is that schedule's (each rank holds two chunks of one layer).
@@ -482,9 +482,14 @@ TEST(Plan, AnAutoLayoutChoosesThePipelinesSchedule) {
   ASSERT_FALSE(all["ranked"].empty());
   EXPECT_EQ(all["ranked"][0]["pipeline_schedule"], "interleaved");
   EXPECT_EQ(all["ranked"][0]["virtual_stages"], 2);
-  bool one_f_one_b = false;
-  for (const auto& x : all["ranked"]) one_f_one_b = one_f_one_b || (x["pp"] == 2 && x["pipeline_schedule"] == "1f1b");
+  bool one_f_one_b = false, sp = false, no_sp = false;
+  for (const auto& x : all["ranked"]) {
+    one_f_one_b = one_f_one_b || (x["pp"] == 2 && x["pipeline_schedule"] == "1f1b");
+    sp = sp || (x["tp"] == 2 && x["sequence_parallel"] == true);
+    no_sp = no_sp || (x["tp"] == 2 && x["sequence_parallel"] == false);
+  }
   EXPECT_TRUE(one_f_one_b);  // ranked too, behind
+  EXPECT_TRUE(sp && no_sp);  // tp 2 with sequence parallelism and without
 }
 
 // With the calibration's process constant, each layout's process peak is the constant plus the

@@ -105,7 +105,8 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs) {
                              .micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu),
                              .accumulation = static_cast<int>(c.batch.gradient_accumulation_steps),
                              .recompute = c.activation_checkpointing, .schedule = job.schedule_kind,
-                             .virtual_stages = job.virtual_stages};
+                             .virtual_stages = job.virtual_stages, .sequence_parallel = c.sequence_parallel};
+  job.sequence_parallel_forced = c.partition_activations;
   return job;
 }
 
@@ -163,7 +164,8 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
       const auto& [l, p] = r.ranked[i];
       j["ranked"].push_back({{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp},
                              {"pipeline_schedule", l.pp > 1 ? parallel::pp::schedule_name(l.schedule) : "1f1b"},
-                             {"virtual_stages", l.pp > 1 ? l.virtual_stages : 1}, {"stage", l.stage}, {"micro_batch", l.micro_batch},
+                             {"virtual_stages", l.pp > 1 ? l.virtual_stages : 1},
+                             {"sequence_parallel", l.tp > 1 && l.sequence_parallel}, {"stage", l.stage}, {"micro_batch", l.micro_batch},
                              {"accumulation", l.accumulation}, {"recompute", l.recompute}, {"step_s", p.step},
                              {"step_progress_s", p.step_progress}, {"tokens_per_s", p.tokens_per_s},
                              {"memory_bytes", p.memory}, {"process_bytes", p.process}});
@@ -190,12 +192,13 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
   }
 }
 
-// The pipeline's schedule of `l` as --set overrides. Without a pipeline the configuration's
+// The pipeline's schedule and sequence parallelism of `l` as --set overrides. Without a pipeline the configuration's
 // pipeline knobs (an interleaved schedule's virtual stages) do not apply.
 std::vector<std::string> schedule_sets(const planner::Layout& l) {
-  if (l.pp == 1) return {"parallel.virtual_stages=1", "parallel.pipeline_schedule=1f1b"};
+  const std::string sp = std::string("parallel.sequence_parallel=") + (l.tp > 1 && l.sequence_parallel ? "true" : "false");
+  if (l.pp == 1) return {"parallel.virtual_stages=1", "parallel.pipeline_schedule=1f1b", sp};
   return {"parallel.pipeline_schedule=" + std::string(parallel::pp::schedule_name(l.schedule)),
-          "parallel.virtual_stages=" + std::to_string(l.virtual_stages)};
+          "parallel.virtual_stages=" + std::to_string(l.virtual_stages), sp};
 }
 
 // The --set overrides that make a configuration train `l`.
@@ -294,7 +297,8 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   for (size_t i = 0; i < r.ranked.size(); ++i) {
     const planner::Layout& l = r.ranked[i].layout;
     const planner::Layout& b = job.base;
-    const bool same_schedule = l.pp == 1 || (l.schedule == b.schedule && l.virtual_stages == b.virtual_stages);
+    const bool same_schedule = (l.pp == 1 || (l.schedule == b.schedule && l.virtual_stages == b.virtual_stages)) &&
+                               (l.tp == 1 || l.sequence_parallel == b.sequence_parallel);
     if (l.dp == b.dp && l.tp == b.tp && l.pp == b.pp && l.stage == b.stage && l.micro_batch == b.micro_batch &&
         l.recompute == b.recompute && same_schedule && std::find(picks.begin(), picks.end(), i) == picks.end())
       picks.push_back(i);

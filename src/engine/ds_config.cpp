@@ -1116,11 +1116,10 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   if (root.has("activation_checkpointing")) {
     Section a = root.sub("activation_checkpointing");
     c.activation_checkpointing = a.boolean("enabled", true);  // our extension; the block alone enables it
-    // DeepSpeed partitions checkpointed activations over the tp group: a no-op with tp = 1 (as in
-    // DeepSpeed); with tp > 1 it is Megatron's sequence parallelism, not implemented yet.
     // DeepSpeed partitions the checkpointed activations over the tp group: Megatron's sequence
     // parallelism here (a no-op with tp = 1, as in DeepSpeed).
-    if (a.boolean("partition_activations", false) && c.tp > 1) c.sequence_parallel = true;
+    c.partition_activations = a.boolean("partition_activations", false);
+    if (c.partition_activations && c.tp > 1) c.sequence_parallel = true;
     a.require_default("cpu_checkpointing", false, "CPU checkpointing is not supported yet");
     for (const char* k : {"contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile"})
       a.unparsed(k, Unparsed::kWarn);

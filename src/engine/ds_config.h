@@ -122,6 +122,7 @@ struct RunConfig {
   // residual stream on each tp rank's share of the tokens. A no-op with tp = 1.
   // activation_checkpointing.partition_activations maps onto it (DeepSpeed's name).
   bool sequence_parallel = false;
+  bool partition_activations = false;  // activation_checkpointing.partition_activations: sequence parallelism whatever parallel says
   // parallel.make_vocab_size_divisible_by (Megatron's --make-vocab-size-divisible-by): under
   // tp > 1 the vocabulary is padded to a multiple of this times tp.
   int vocab_divisible = 128;

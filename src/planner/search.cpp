@@ -32,7 +32,7 @@ void check_layout(const PlanJob& job, const Layout& l) {
   MT_CHECK(m.n_head % l.tp == 0 && m.n_kv_head % l.tp == 0 && m.intermediate % l.tp == 0, ErrorKind::kInvalidArgument,
            "plan: tp " + std::to_string(l.tp) + " does not divide the model's heads (" + std::to_string(m.n_head) +
                "), kv heads (" + std::to_string(m.n_kv_head) + ") and MLP features (" + std::to_string(m.intermediate) + ")");
-  MT_CHECK(!job.memory.sequence_parallel || l.tp == 1 ||
+  MT_CHECK(!l.sequence_parallel || l.tp == 1 ||
                (static_cast<int64_t>(l.micro_batch) * job.memory.seq_length) % l.tp == 0,
            ErrorKind::kInvalidArgument, "plan: sequence parallelism needs B x T divisible by tp");
   MT_CHECK(l.pp == 1 || l.stage <= 1, ErrorKind::kNotSupported,
@@ -60,7 +60,7 @@ MemoryInput layout_memory_input(const PlanJob& job, const Layout& l) {
   MemoryInput in = job.memory;
   in.world = l.dp;
   in.tp = l.tp;
-  in.sequence_parallel = job.memory.sequence_parallel && l.tp > 1;
+  in.sequence_parallel = l.sequence_parallel && l.tp > 1;
   in.pp = 1;
   in.pp_rank = 0;
   in.chunks.clear();
@@ -84,7 +84,7 @@ StepShape step_shape(const PlanJob& job, const Layout& l) {
   const MemoryInput& m = job.memory;
   return StepShape{.model = m.model, .micro_batch = l.micro_batch, .seq_length = m.seq_length,
                    .compute = m.compute_dtype, .world = l.dp, .vocab_divisible = m.vocab_divisible,
-                   .recompute = l.recompute, .tp = l.tp, .sequence_parallel = m.sequence_parallel && l.tp > 1,
+                   .recompute = l.recompute, .tp = l.tp, .sequence_parallel = l.sequence_parallel && l.tp > 1,
                    .optimizer_nvme = m.zero.optimizer_nvme, .sub_group_size = m.zero.sub_group_size,
                    .param_nvme = m.zero.param_nvme && l.stage == 3, .zero_stage = l.stage};
 }
@@ -252,7 +252,7 @@ void rank_layouts(std::vector<RankedLayout>& ranked) {
 
 std::string Layout::describe() const {
   std::string s = "dp " + std::to_string(dp);
-  if (tp > 1) s += ", tp " + std::to_string(tp);
+  if (tp > 1) s += ", tp " + std::to_string(tp) + (sequence_parallel ? " sp" : "");
   if (pp > 1) s += ", pp " + std::to_string(pp);
   if (pp > 1 && schedule == parallel::pp::ScheduleKind::kGPipe) s += " GPipe";
   if (pp > 1 && schedule == parallel::pp::ScheduleKind::kInterleaved) s += " interleaved x " + std::to_string(virtual_stages);
@@ -341,16 +341,22 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       schedules = {{job.schedule_kind == ScheduleKind::kInterleaved ? ScheduleKind::k1F1B : job.schedule_kind, 1}};
       for (int v = 2; static_cast<int64_t>(pp) * v <= model.n_layer; ++v) schedules.emplace_back(ScheduleKind::kInterleaved, v);
     }
+    // Sequence parallelism (tp > 1): the configuration's, or searched with the layout.
+    std::vector<bool> sps = {tp > 1 && job.memory.sequence_parallel};
+    if (tp > 1 && space.parallel) sps = job.sequence_parallel_forced ? std::vector<bool>{true} : std::vector<bool>{false, true};
+    for (bool sp : sps)
     for (auto [kind, v] : schedules) {
-      const std::string fam = family + (pp > 1 && kind == ScheduleKind::kGPipe ? " GPipe" : "") +
+      const std::string fam = family + (sp ? " sp" : "") + (pp > 1 && kind == ScheduleKind::kGPipe ? " GPipe" : "") +
                               (pp > 1 && kind == ScheduleKind::kInterleaved ? " interleaved x " + std::to_string(v) : "");
       for (int stage : stages)
       for (bool rec : recomputes) {
         int over_from = 0, over_count = 0;
         size_t over_bytes = 0;
         for (int64_t B : batches) {
+          if (sp && (B * job.memory.seq_length) % tp != 0) continue;  // the rows split over the tp ranks
           Layout l{.dp = dp, .tp = tp, .pp = pp, .stage = stage, .micro_batch = static_cast<int>(B),
-                   .accumulation = static_cast<int>(share / B), .recompute = rec, .schedule = kind, .virtual_stages = v};
+                   .accumulation = static_cast<int>(share / B), .recompute = rec, .schedule = kind, .virtual_stages = v,
+                   .sequence_parallel = sp};
           ++r.considered;
           check_layout(job, l);
           size_t train = 0, bytes = 0;

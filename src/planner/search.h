@@ -11,7 +11,7 @@
 // tp group's collectives inside each block's passes, planner/cost.h) or pipeline stages ×
 // data-parallel ranks (each stage cut as the engine cuts it, its program the schedule's own,
 // planner/program.h; the schedule itself, 1F1B or interleaved over v chunks a rank), or all three
-// (each stage's tp collectives inside its passes). Rejected with
+// (each stage's tp collectives inside its passes), with sequence parallelism on or off. Rejected with
 // the reason: layouts over the budget, shares that do not
 // divide the batch, tp not dividing the model, and what the runtime refuses (a pipeline with ZeRO
 // 2-3). Pure: the calibration comes from the caller.
@@ -39,7 +39,8 @@ struct Layout {
   // rank (parallel.pipeline_schedule and parallel.virtual_stages).
   parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
   int virtual_stages = 1;
-  std::string describe() const;  // "dp 2, pp 2 interleaved x 2, ZeRO 1, B 4 x 2, recompute"
+  bool sequence_parallel = false;  // Megatron's, over the tp group (tp > 1)
+  std::string describe() const;  // "dp 2, tp 2 sp, pp 2 interleaved x 2, ZeRO 1, B 4 x 2, recompute"
 };
 
 // The job: what every layout shares (the configuration's model, sequence, dtype, optimizer and
@@ -71,6 +72,7 @@ struct PlanJob {
   double host_cores = 0.0;
   int threads = 1;
   int ranks_per_host = 0;  // 0: every rank on one host
+  bool sequence_parallel_forced = false;  // partition_activations: every tp > 1 layout is sequence parallel
   // Simulate every rank even where one stands for all (ZeroStepSpec::one_rank): for the test that
   // they agree.
   bool whole_program = false;
@@ -86,6 +88,8 @@ struct SearchSpace {
   // interleaved) and Megatron's interleaved one over 2, 3, ... model chunks a rank, as many as
   // give every chunk a layer.
   bool schedule = false;
+  // With parallel: sequence parallelism on and off for tp > 1 (on only where the configuration's
+  // activation_checkpointing.partition_activations turns it on whatever parallel says).
 };
 
 struct Prediction {

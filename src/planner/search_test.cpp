@@ -151,7 +151,7 @@ TEST(Search, TheCollectivesPricesDecideBetweenPlainDataParallelismAndZeROAndUnmo
     EXPECT_EQ(x.layout.dp, 1);
     EXPECT_DOUBLE_EQ(x.prediction.step, predict_layout(job, x.layout, cal).step);
   }
-  EXPECT_EQ(tp, 4 * 4 * 2);  // stages 0-3 x B in {1, 2, 4, 8} x recompute or not
+  EXPECT_EQ(tp, 4 * 4 * 2 * 2);  // stages 0-3 x B in {1, 2, 4, 8} x recompute or not x sequence parallel or not
   // tp 3 does not divide the heads: named.
   PlanJob three = tiny_job(3, 6);
   SearchResult r3 = search_layouts(three, everything(), size_t{1} << 40, cal);
@@ -236,9 +236,8 @@ TEST(Search, APipelinesMessageUnderSequenceParallelismIsTheRanksRows) {
   const double per_byte = 1e-3;  // a message of 4 B T C = 2048 bytes: 2.048 s
   cal.fits["send_recv"] = {0.0, per_byte};
   const double message = 4.0 * job.memory.seq_length * job.memory.model.hidden * per_byte;
-  job.memory.sequence_parallel = false;
   const double whole = predict_layout(job, job.base, cal).step;
-  job.memory.sequence_parallel = true;
+  job.base.sequence_parallel = true;
   const double rows = predict_layout(job, job.base, cal).step;
   // 1F1B over 2 stages, 4 micro-batches, free compute: the first stage sends activation i + 1
   // while the last returns gradient i, so the step is the first activation and then four pairs
@@ -333,6 +332,35 @@ TEST(Search, APipelinesScheduleIsSearchedAndInterleavingShrinksTheBubble) {
   ASSERT_EQ(two.ranked.size(), 1u);
   EXPECT_EQ(two.ranked[0].layout.virtual_stages, 2);
   EXPECT_DOUBLE_EQ(two.ranked[0].prediction.step, by_v[2]);
+}
+
+// Sequence parallelism is searched with the layout (tp > 1): on, a tp rank keeps its N/tp rows of
+// the norms and residual stream, so its activations are smaller, and each layout's figures are the
+// ones a configuration with that setting predicts. partition_activations turns it on whatever
+// parallel says (DeepSpeed's key), so the search then keeps it on.
+TEST(Search, SequenceParallelismIsSearchedWithTensorParallelism) {
+  PlanJob job = tiny_job(2, 8);
+  job.memory.model = models::tiny(models::Arch::kLlama);
+  job.base = Layout{.dp = 1, .tp = 2, .stage = 1, .micro_batch = 8};
+  const Calibration cal = hand_calibration(2);
+  SearchSpace space;
+  space.parallel = true;
+  const SearchResult r = search_layouts(job, space, size_t{1} << 40, cal);
+  const RankedLayout* on = nullptr;
+  const RankedLayout* off = nullptr;
+  for (const RankedLayout& x : r.ranked) {
+    if (x.layout.tp != 2) continue;
+    (x.layout.sequence_parallel ? on : off) = &x;
+    EXPECT_DOUBLE_EQ(x.prediction.step, predict_layout(job, x.layout, cal).step) << x.layout.describe();
+    EXPECT_EQ(x.prediction.memory, predict_layout(job, x.layout, cal).memory) << x.layout.describe();
+  }
+  ASSERT_NE(on, nullptr);
+  ASSERT_NE(off, nullptr);
+  EXPECT_EQ(on->layout.describe(), "dp 1, tp 2 sp, ZeRO 1, B 8");
+  EXPECT_LT(on->prediction.memory, off->prediction.memory);
+  job.sequence_parallel_forced = true;
+  for (const RankedLayout& x : search_layouts(job, space, size_t{1} << 40, cal).ranked)
+    EXPECT_TRUE(x.layout.tp == 1 || x.layout.sequence_parallel) << x.layout.describe();
 }
 
 }  // namespace
