@@ -180,10 +180,13 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
   // memory: the accounted bytes; process: what the kernel will count (the calibration's process
   // constant and the allocator's pages and kept blocks on top), which the budget applies to.
   const bool process = !r.ranked.empty() && r.ranked.front().prediction.process > 0;
-  std::printf("%4s  %-52s %10s %12s %11s%s\n", "rank", "layout", "step s", "tokens/s", "memory", process ? "     process" : "");
+  int width = 52;  // the layout column: as wide as the longest printed layout
+  for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top; ++i)
+    width = std::max(width, static_cast<int>(r.ranked[i].layout.describe().size()));
+  std::printf("%4s  %-*s %10s %12s %11s%s\n", "rank", width, "layout", "step s", "tokens/s", "memory", process ? "     process" : "");
   for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top; ++i) {
     const auto& [l, p] = r.ranked[i];
-    std::printf("%4zu  %-52s %10.4f %12.0f %11s%s\n", i + 1, l.describe().c_str(), p.step, p.tokens_per_s,
+    std::printf("%4zu  %-*s %10.4f %12.0f %11s%s\n", i + 1, width, l.describe().c_str(), p.step, p.tokens_per_s,
                 gib(p.memory).c_str(), process ? (" " + std::string(12 - std::min<size_t>(12, gib(p.process).size()), ' ') + gib(p.process)).c_str() : "");
   }
   if (!r.rejected.empty()) {
