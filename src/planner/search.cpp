@@ -350,10 +350,11 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
                               (pp > 1 && kind == ScheduleKind::kInterleaved ? " interleaved x " + std::to_string(v) : "");
       for (int stage : stages)
       for (bool rec : recomputes) {
-        int over_from = 0, over_count = 0;
+        int over_from = 0, over_count = 0, tried = 0;
         size_t over_bytes = 0;
         for (int64_t B : batches) {
           if (sp && (B * job.memory.seq_length) % tp != 0) continue;  // the rows split over the tp ranks
+          ++tried;
           Layout l{.dp = dp, .tp = tp, .pp = pp, .stage = stage, .micro_batch = static_cast<int>(B),
                    .accumulation = static_cast<int>(share / B), .recompute = rec, .schedule = kind, .virtual_stages = v,
                    .sequence_parallel = sp};
@@ -387,9 +388,8 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
         if (over_count) {
           const std::string what = fam + ", ZeRO " + std::to_string(stage) + (rec ? ", recompute" : "");
           r.rejected.push_back(what + ": " +
-                               (over_count == static_cast<int>(batches.size())
-                                    ? std::string("every micro-batch")
-                                    : std::to_string(over_count) + " of " + std::to_string(batches.size()) + " micro-batch sizes") +
+                               (over_count == tried ? std::string("every micro-batch")
+                                                    : std::to_string(over_count) + " of " + std::to_string(tried) + " micro-batch sizes") +
                                " over the budget of " + gib(budget) + " (B " + std::to_string(over_from) + " needs " +
                                gib(over_bytes) + (cal.process_bytes > 0 ? " as the process" : "") + ")");
         }
