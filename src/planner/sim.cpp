@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <queue>
 #include <set>
 #include <tuple>
 #include <unordered_map>
@@ -100,6 +101,25 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
            static_cast<uint32_t>(tag);
   };
 
+  // The ranks whose next step may do something (DESIGN-NOTES 65). At a given time the ranks are
+  // stepped in sweeps in rank order until none moves; a rank moves only once something has woken
+  // it (a message for it, a collective of its ended, its compute's end, its clock reached), so a
+  // sweep steps the woken ranks alone, in rank order, in the order a sweep of every rank would.
+  // A rank woken by a lower rank's step joins this sweep; one woken by a higher or the same
+  // rank, the next.
+  std::priority_queue<int, std::vector<int>, std::greater<int>> sweep;  // this sweep's, lowest first
+  std::vector<int> later;                                              // the next sweep's
+  std::vector<char> in_sweep(P, 1), in_later(P, 0);
+  for (int q = 0; q < P; ++q) sweep.push(q);
+  int stepping = -1;  // the rank being stepped (-1: between sweeps)
+  auto wake = [&](int q) {
+    if (q > stepping) {
+      if (!in_sweep[q]) in_sweep[q] = 1, sweep.push(q);
+    } else if (!in_later[q]) {
+      in_later[q] = 1, later.push_back(q);
+    }
+  };
+
   auto block_until = [&](int q, double t) {
     if (t > st[q].main) {
       r.blocked[q] += t - st[q].main;
@@ -112,6 +132,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     st[q].comm = start + op.seconds;
     r.comm[q] += op.seconds;
     arrival[key3(q, op.peer, op.tag)] = st[q].comm;
+    wake(op.peer);
     return st[q].comm;
   };
   // Issues q's part of a collective at `at`; when every member is in, it runs on all of them.
@@ -127,6 +148,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     for (const auto& [m, t] : in) {
       st[m].comm = end;
       r.comm[m] += op.seconds;
+      wake(m);
       auto [it, fresh] = rank_end.try_emplace(key2(m, op.tag), op.group, end);
       if (!fresh && op.group < it->second.first) it->second = {op.group, end};
     }
@@ -151,6 +173,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
   struct Running {
     bool on = false;
     double start = 0.0, since = 0.0, left = 0.0, rate = 1.0, boundary = 0.0;
+    double vend = 0.0;  // fair sharing: the host's work clock at which it ends
   };
   std::vector<Running> run(P);
   std::vector<double> host_demand(hosts, 0.0);
@@ -181,7 +204,30 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     for (int q = 0; q < P; ++q)
       if (run[q].on && host_of(q) == h) rerate(q);
   };
-  auto finish_of = [&](int q) { return run[q].since + run[q].left / run[q].rate; };
+  // Without disk transfers every rank computing on a host runs at the host's one rate, so the host
+  // keeps a work clock (a computing rank's seconds done at that rate) and a start or end changes
+  // the host's rate alone, not every rank's (re-rating each of 64 ranks at every start and end
+  // was most of a 64-rank search on two cores: DESIGN-NOTES 65). A rank ends when the clock has
+  // advanced by its seconds.
+  const bool fair = program.host_cores > 0 && program.disk_interference <= 0;
+  struct HostClock {
+    double done = 0.0, since = 0.0, rate = 1.0;
+  };
+  std::vector<HostClock> clock(static_cast<size_t>(hosts));
+  auto host_rate = [&](int h) {
+    const double d = host_demand[h];
+    return d > program.host_cores ? program.host_cores / d : 1.0;
+  };
+  auto advance = [&](int h) {  // the host's clock brought to `now` at its rate so far
+    HostClock& c = clock[static_cast<size_t>(h)];
+    c.done += c.rate * (now - c.since);
+    c.since = now;
+  };
+  auto finish_of = [&](int q) {
+    if (!fair) return run[q].since + run[q].left / run[q].rate;
+    const HostClock& c = clock[static_cast<size_t>(host_of(q))];
+    return c.since + (run[q].vend - c.done) / c.rate;
+  };
 
   // Runs rank q's instructions at `now` until it blocks, starts a compute, or its clock passes now.
   auto step_rank = [&](int q) {
@@ -199,6 +245,15 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
             run[q].start = run[q].since = now;
             run[q].left = op.seconds;
             run[q].rate = 1.0;
+            if (fair) {
+              const int h = host_of(q);
+              advance(h);
+              host_demand[h] += demand_of(q);
+              clock[static_cast<size_t>(h)].rate = host_rate(h);
+              run[q].vend = clock[static_cast<size_t>(h)].done + op.seconds;
+              run[q].boundary = inf;
+              return true;
+            }
             host_demand[host_of(q)] += demand_of(q);
             rerate(q);
             rerate_host(host_of(q));
@@ -271,9 +326,19 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
 
   for (;;) {
     // Everything that can happen at `now` (a rank's progress can unblock another's).
-    for (bool moved = true; moved;) {
-      moved = false;
-      for (int q = 0; q < P; ++q) moved = step_rank(q) || moved;
+    while (!sweep.empty()) {
+      while (!sweep.empty()) {
+        stepping = sweep.top();
+        sweep.pop();
+        in_sweep[static_cast<size_t>(stepping)] = 0;
+        step_rank(stepping);
+      }
+      stepping = -1;
+      for (int q : later) {
+        in_later[static_cast<size_t>(q)] = 0;
+        wake(q);
+      }
+      later.clear();
     }
     // The next event: a compute's end or disk boundary, or a rank's clock.
     double next = inf;
@@ -294,23 +359,32 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
         }
       break;
     }
+    const double before = now;
     now = next;
     std::vector<bool> touched(static_cast<size_t>(hosts), false);
     for (int q = 0; q < P; ++q) {
-      if (!run[q].on) continue;
+      if (!run[q].on) {
+        if (st[q].pc < program.ranks[q].size() && st[q].main > before && st[q].main <= now) wake(q);  // its clock reached
+        continue;
+      }
       if (finish_of(q) <= now) {
         run[q].on = false;
         r.compute[q] += now - run[q].start;
         st[q].main = now;
         ++st[q].pc;
+        if (fair) advance(host_of(q));  // at its old rate up to now, before its demand leaves
         host_demand[host_of(q)] -= demand_of(q);
         touched[static_cast<size_t>(host_of(q))] = true;
+        wake(q);
       } else if (run[q].boundary <= now) {
         rerate(q);
       }
     }
     for (int h = 0; h < hosts; ++h)
-      if (touched[static_cast<size_t>(h)]) rerate_host(h);
+      if (touched[static_cast<size_t>(h)]) {
+        if (fair) clock[static_cast<size_t>(h)].rate = host_rate(h);
+        else rerate_host(h);
+      }
   }
   for (int q = 0; q < P; ++q) {
     r.end[q] = std::max(st[q].main, st[q].comm);
