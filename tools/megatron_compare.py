@@ -13,8 +13,9 @@ devices' memory. The count is the paper's own, F = 96 B s l h^2 (1 + s / 6h + V 
 layouts without context parallelism: tp 8, pp 16, dp = GPUs / 128, sequences of 8192, 16M tokens a
 step, bf16, no activation checkpointing, an interleaved schedule whose virtual stages the paper does
 not give (each of 1, 2 and 4 is planned and the fastest taken, as the micro-batch split is). The
-count is the one NVIDIA publishes for this model (NeMo's Llama 3.1 405B recipe, 2.17e16 per
-sequence): per token 12 l h^2 (1 + g/a + s/h) + 18 l F h + 6 V h. Meta does not give its own.
+count is NVIDIA's formula for this model (NeMo's Llama 3.1 405B recipe): per token
+12 l h^2 (1 + g/a + s/h) + 18 l F h + 6 V h, with the model's 8 KV heads (2.15e16 per sequence; the
+recipe's text writes g/a = 16/128, 2.17e16). Meta does not give its own.
 
 Where our runtime needs more memory than the published run fits in, the row is timed anyway and its
 memory column says "over".
