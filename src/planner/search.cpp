@@ -346,7 +346,10 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
     if (tp > 1 && space.parallel) sps = job.sequence_parallel_forced ? std::vector<bool>{true} : std::vector<bool>{false, true};
     for (bool sp : sps)
     for (auto [kind, v] : schedules) {
-      const std::string fam = family + (sp ? " sp" : "") + (pp > 1 && kind == ScheduleKind::kGPipe ? " GPipe" : "") +
+      // Named as Layout::describe names it: "sp" beside tp, the schedule beside pp.
+      const std::string fam = "dp " + std::to_string(dp) + (tp > 1 ? ", tp " + std::to_string(tp) + (sp ? " sp" : "") : "") +
+                              (pp > 1 ? ", pp " + std::to_string(pp) : "") +
+                              (pp > 1 && kind == ScheduleKind::kGPipe ? " GPipe" : "") +
                               (pp > 1 && kind == ScheduleKind::kInterleaved ? " interleaved x " + std::to_string(v) : "");
       for (int stage : stages)
       for (bool rec : recomputes) {

@@ -363,5 +363,23 @@ TEST(Search, SequenceParallelismIsSearchedWithTensorParallelism) {
     EXPECT_TRUE(x.layout.tp == 1 || x.layout.sequence_parallel) << x.layout.describe();
 }
 
+// A rejected family is named as its layouts are: "sp" beside tp, the schedule beside pp (the
+// device lease of 2026-11-27 printed "tp 2, pp 2 sp interleaved x 2").
+TEST(Search, ARejectedFamilyIsNamedAsItsLayoutsAre) {
+  PlanJob job = tiny_job(4, 8);
+  job.memory.model = models::tiny(models::Arch::kLlama);
+  job.memory.model.n_layer = 4;  // pp 2 with 2 chunks a rank
+  job.base = Layout{.dp = 1, .tp = 2, .pp = 2, .stage = 0, .micro_batch = 1, .accumulation = 8};
+  const Calibration cal = hand_calibration(4);
+  const SearchResult r = search_layouts(job, everything(), 1, cal);  // a byte: every family over the budget
+  EXPECT_TRUE(r.ranked.empty());
+  bool named = false;
+  for (const std::string& why : r.rejected) {
+    EXPECT_EQ(why.find("pp 2 sp"), std::string::npos) << why;
+    if (why.rfind("dp 1, tp 2 sp, pp 2 interleaved x 2, ZeRO 0:", 0) == 0) named = true;
+  }
+  EXPECT_TRUE(named);
+}
+
 }  // namespace
 }  // namespace mt::planner
