@@ -106,6 +106,7 @@ void run_calibrate(const CalibrateArgs& args) {
     if (cal.collective_max_bytes > 0) j["collective_max_bytes"] = cal.collective_max_bytes;
     if (cal.ranks_per_host > 0) j["ranks_per_host"] = cal.ranks_per_host;
     j["speed_probe_s"] = cal.speed_probe_s;
+    if (!cal.speed_probes.empty()) j["speed_probes_s"] = cal.speed_probes;
     if (cal.process_bytes > 0) j["process_bytes"] = cal.process_bytes;
     if (cal.exchange_probe_s > 0) {
       j["exchange_probe_s"] = cal.exchange_probe_s;
@@ -125,6 +126,18 @@ void run_calibrate(const CalibrateArgs& args) {
                 args.out.c_str());
     std::printf("speed probe: %.4f s on %d thread(s) (plan --validate runs it again before each run)\n", cal.speed_probe_s,
                 cal.threads);
+    if (!cal.speed_probes.empty()) {
+      std::string each;
+      for (double p : cal.speed_probes) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%s%.4f", each.empty() ? "" : ", ", p);
+        each += b;
+      }
+      std::printf("speed probe at each phase (before the kernels, before the in-situ blocks, %sat the end): %s s\n",
+                  cal.speed_probes.size() > 3 ? "before the collectives, " : "", each.c_str());
+      const std::string spread = planner::speed_spread_verdict(cal.speed_probes);
+      if (!spread.empty()) std::fprintf(stderr, "warning: %s\n", spread.c_str());
+    }
     std::printf("process constant: %.1f MiB (resident beyond the allocator's blocks, the largest rank's; plan adds it to "
                 "each layout's predicted footprint)\n", static_cast<double>(cal.process_bytes) / 1048576.0);
     if (cal.exchange_probe_s > 0) {

@@ -38,6 +38,15 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
   }
   EXPECT_FALSE(j["fits"].contains("all_reduce"));
   EXPECT_GT(j["speed_probe_s"].get<double>(), 0.0);  // plan --validate compares each run's probe with it
+  // The probe at each phase (before the kernels, before the in-situ blocks, at the end): whether the
+  // machine changed speed state while it was calibrated.
+  ASSERT_TRUE(j.contains("speed_probes_s")) << j.dump();
+  const auto phases = j["speed_probes_s"].get<std::vector<double>>();
+  ASSERT_EQ(phases.size(), 3u);
+  for (double p : phases) EXPECT_GT(p, 0.0);
+  EXPECT_DOUBLE_EQ(phases.back(), j["speed_probe_s"].get<double>());
+  EXPECT_NE(out.find("speed probe at each phase (before the kernels, before the in-situ blocks, at the end): "), std::string::npos)
+      << out;
   // The process constant: resident memory outside the allocator's blocks (the binary, its libraries,
   // the threads): more than the few MiB of a bare binary, far less than the kernels' operands.
   EXPECT_GT(j["process_bytes"].get<double>(), 8.0 * 1048576) << j.dump();
@@ -81,6 +90,9 @@ TEST(Calibrate, TwoRanksTimeEveryCollective) {
   ASSERT_EQ(probes.size(), 1u);
   EXPECT_GT(probes[0], 0.0);
   EXPECT_DOUBLE_EQ(j["exchange_probe_s"].get<double>(), probes[0]);
+  // The speed probe at each phase, one more with a group: before the collectives (rank 0's, as all).
+  ASSERT_TRUE(j.contains("speed_probes_s")) << j.dump();
+  EXPECT_EQ(j["speed_probes_s"].size(), 4u) << j.dump();
   // The probe alone, as plan --validate runs it before each run: one line, nothing written.
   std::string out, err;
   ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "launch -n 2 -- calibrate --exchange-probe", &out, &err), 0) << err;

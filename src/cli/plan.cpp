@@ -64,6 +64,7 @@ planner::Calibration load_calibration(const std::string& path, const std::string
   cal.exchange_probe_s = j.value("exchange_probe_s", 0.0);
   cal.process_bytes = j.value("process_bytes", size_t{0});
   if (j.contains("exchange_probes_s")) cal.exchange_probes = j["exchange_probes_s"].get<std::vector<double>>();
+  if (j.contains("speed_probes_s")) cal.speed_probes = j["speed_probes_s"].get<std::vector<double>>();
   for (const auto& [family, f] : j["fits"].items()) {
     cal.fits[family] = planner::LinearFit{f.at("latency_s").get<double>(), f.at("per_unit_s").get<double>()};
     if (f.contains("curve")) cal.curves[family] = f["curve"].get<std::vector<std::pair<double, double>>>();
@@ -411,12 +412,15 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
                 "median %.1f%%, worst %.1f%%\n",
                 static_cast<double>(cal.process_bytes) / 1048576.0, 100 * median(process_errors),
                 100 * *std::max_element(process_errors.begin(), process_errors.end()));
-  if (probe)  // the model against the machine as it was calibrated: its drift since taken out
-    std::printf("at the calibrated speed (each run's step / its slowdown, %.2f-%.2f): step error median %.1f%%, worst "
-                "%.1f%%; Kendall's tau %.2f\n",
+  if (probe) {  // the model against the machine as it was calibrated: its drift since taken out
+    std::printf("at the calibrated speed (each run's step / its slowdown, %.2f-%.2f, median %.2f): step error median %.1f%%, "
+                "worst %.1f%%; Kendall's tau %.2f\n",
                 *std::min_element(slowdowns.begin(), slowdowns.end()), *std::max_element(slowdowns.begin(), slowdowns.end()),
-                100 * median(speed_errors), 100 * *std::max_element(speed_errors.begin(), speed_errors.end()),
+                median(slowdowns), 100 * median(speed_errors), 100 * *std::max_element(speed_errors.begin(), speed_errors.end()),
                 kendall_tau(predicted, at_speed));
+    const std::string verdict = planner::speed_verdict(slowdowns);
+    if (!verdict.empty()) std::printf("warning: %s\n", verdict.c_str());
+  }
   if (!exchanges.empty()) {  // whether the runs met the exchange at the calibration's speed
     const auto [lo, hi] = std::minmax_element(exchanges.begin(), exchanges.end());
     std::printf("exchange probe at the runs: median %.3f ms (%.3f-%.3f), the calibration's %.3f ms\n", median(exchanges) * 1e3,

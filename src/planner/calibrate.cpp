@@ -784,6 +784,32 @@ std::string exchange_verdict(double calibrated, const std::vector<double>& now) 
   return "";
 }
 
+std::string speed_spread_verdict(const std::vector<double>& probes) {
+  if (probes.size() < 2) return "";
+  const auto [lo, hi] = std::minmax_element(probes.begin(), probes.end());
+  if (*lo <= 0 || *hi / *lo <= 1.25) return "";
+  char b[160];
+  std::snprintf(b, sizeof b, "%.4f to %.4f s", *lo, *hi);
+  return "this machine changed speed while it was calibrated (the speed probe took " + std::string(b) +
+         " across its phases): the kernels' rates and the in-situ factors may come from different states; calibrate again";
+}
+
+std::string speed_verdict(const std::vector<double>& slowdowns) {
+  if (slowdowns.empty()) return "";
+  std::vector<double> v = slowdowns;
+  std::sort(v.begin(), v.end());
+  const double med = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  if (med <= 0 || (med <= 1.25 && med >= 0.8)) return "";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.2f", med);
+  if (med > 1.25)
+    return "these runs met this machine " + std::string(b) + " times slower than at calibration (the speed probe's median "
+           "slowdown): the calibration was taken in a faster state, and the steps are under-predicted by about as much; "
+           "calibrate again";
+  return "these runs met this machine faster than at calibration (the speed probe's median slowdown " + std::string(b) +
+         "): the calibration was taken in a slower state, and the steps are over-predicted by about as much; calibrate again";
+}
+
 std::string exchange_spread_verdict(const std::vector<double>& probes) {
   if (probes.size() < 2) return "";
   const auto [lo, hi] = std::minmax_element(probes.begin(), probes.end());
@@ -858,8 +884,25 @@ Calibration calibrate(const CalibrateOptions& options) {
   }
   // First, while the process's peak is still its own: the process constant.
   cal.process_bytes = process_constant(group);
+  // The speed probe at each phase, rank 0 alone (the others wait without spinning): the machine's
+  // state when each part was timed.
+  auto probe_now = [&] {
+    double s = !group || group->rank() == 0 ? speed_probe(cal.threads) : 0.0;
+    if (group) {
+      std::unique_ptr<comm::Work> w = group->barrier(comm::BarrierOptions{});
+      while (!w->is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      float f = static_cast<float>(s);
+      group->all_reduce(&f, 1, DType::kF32, comm::AllReduceOptions{})->wait();  // rank 0's
+      s = f;
+    }
+    cal.speed_probes.push_back(s);
+    return s;
+  };
+  probe_now();
   if (times_kernels) time_kernels(cal, options, budget);
+  probe_now();
   time_in_situ(cal, options, group, times_kernels);
+  if (group) probe_now();  // before the collectives
   if (group) {
     std::unique_ptr<comm::Work> w = group->barrier(comm::BarrierOptions{});
     while (!w->is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -917,14 +960,7 @@ Calibration calibrate(const CalibrateOptions& options) {
   }
 
   // The speed probe: rank 0 alone (the others wait without spinning), as plan --validate runs it.
-  if (!group || group->rank() == 0) cal.speed_probe_s = speed_probe(cal.threads);
-  if (group) {
-    std::unique_ptr<comm::Work> w = group->barrier(comm::BarrierOptions{});
-    while (!w->is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    float probe = static_cast<float>(cal.speed_probe_s);
-    group->all_reduce(&probe, 1, DType::kF32, comm::AllReduceOptions{})->wait();  // rank 0's
-    cal.speed_probe_s = probe;
-  }
+  cal.speed_probe_s = probe_now();
 
   if (!options.io_dir.empty()) {
     io::AioOptions o;

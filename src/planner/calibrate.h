@@ -79,6 +79,11 @@ struct Calibration {
   // speed_probe(threads) when the calibration was taken (rank 0 alone; 0: not measured): the
   // machine's speed then, for plan --validate to compare the machine's speed at each run with.
   double speed_probe_s = 0.0;
+  // The same probe at each phase of the calibration (rank 0): before the kernels, before the in-situ
+  // blocks, before the collectives and at the end (speed_probe_s). A VM's speed can change state
+  // within the calibration (the device machine's probe took 0.09 or 0.14 s, two states; PLANNER,
+  // the fifth lease): then the kernels' rates and the in-situ factors come from different states.
+  std::vector<double> speed_probes;
   // exchange_probe over the world when the collectives were timed (0: not measured): the median of
   // `exchange_probes`, one taken in each sweep of the world's collectives right after its 1 MiB
   // point. On a virtual machine the ranks' data exchange changes speed from seconds to minutes
@@ -158,6 +163,16 @@ double lockstep_seconds(comm::Backend* group, bool runs, const std::function<voi
 // differed by 19 %); the ratio of this probe now to the calibration's (Calibration::speed_probe_s)
 // is how much slower than calibrated the machine runs at this moment.
 double speed_probe(int threads);
+
+// The speed probes of a calibration's phases (Calibration::speed_probes, seconds): an empty string
+// when they lie within 25 % of each other; otherwise one line saying the machine changed speed
+// while it was calibrated.
+std::string speed_spread_verdict(const std::vector<double>& probes);
+
+// The runs' slowdowns (each run's speed probe / the calibration's): an empty string when their
+// median lies within 25 % of 1; otherwise one line saying the runs met the machine in another
+// speed state than the calibration did, and by how much.
+std::string speed_verdict(const std::vector<double>& slowdowns);
 
 // The ranks' data exchange now: an all_reduce of kExchangeProbeBytes (f32) over `group`, each call
 // timed after a barrier, the median of 21 calls after 3 untimed ones; the slowest rank's median

@@ -174,6 +174,26 @@ TEST(CalibrationFit, ExchangeVerdictsNameTheSlowerSideAndBothFigures) {
   EXPECT_NE(mixed.find("0.150 to 1.000 ms"), std::string::npos) << mixed;
 }
 
+// The speed verdicts, with the device lease's figures (2026-11-27): its probe took 0.088 s at the
+// 4-rank calibration and a median 1.55 times that before case (10)'s runs, whose steps were
+// under-predicted by 27-45 %; the 8-rank calibration's phases met 0.09 and 0.14 s states. Silent
+// within 25 %.
+TEST(CalibrationFit, SpeedVerdictsSayWhichStateTheCalibrationMet) {
+  EXPECT_EQ(speed_verdict({1.0, 1.2, 0.9}), "");
+  EXPECT_EQ(speed_verdict({}), "");
+  const std::string slow = speed_verdict({1.026, 1.662, 1.661, 1.536, 1.556});
+  EXPECT_NE(slow.find("these runs met this machine 1.56 times slower than at calibration"), std::string::npos) << slow;
+  EXPECT_NE(slow.find("under-predicted"), std::string::npos) << slow;
+  const std::string fast = speed_verdict({0.683, 0.687, 0.742});
+  EXPECT_NE(fast.find("faster than at calibration (the speed probe's median slowdown 0.69)"), std::string::npos) << fast;
+  EXPECT_NE(fast.find("over-predicted"), std::string::npos) << fast;
+  EXPECT_EQ(speed_spread_verdict({0.088, 0.090, 0.101}), "");
+  EXPECT_EQ(speed_spread_verdict({0.088}), "");
+  const std::string mixed = speed_spread_verdict({0.0878, 0.1401, 0.0901, 0.1284});
+  EXPECT_NE(mixed.find("0.0878 to 0.1401 s"), std::string::npos) << mixed;
+  EXPECT_NE(mixed.find("calibrate again"), std::string::npos) << mixed;
+}
+
 // A quick calibration of one process: GEMM lines per dtype (by flops), the memory-bound kernel
 // (by bytes) and AdamW (by elements), every point kept; no collectives without a group, and
 // asking for one says how to get it.
