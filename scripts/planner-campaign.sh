@@ -7,9 +7,10 @@
 # case10.log, case11.log (at most 8 files: what a lent device machine sends back).
 # Usage: scripts/planner-campaign.sh [--bundle FILE] [--cases "6 11 10"] [--rounds R (default 3)]
 #   --calibrations DIR: use DIR/c4.json and DIR/c8.json where they exist instead of calibrating
-# On the device's 16-core VM (2026-11-27, rounds 3): the 4-rank calibration 100 s, case (10) 120 s,
-# case (6) 128 s, the 8-rank calibration 240 s, case (11) 70 s: 11 minutes, past one call's 10.
-# Run it as two calls on the warm machine: --cases "10 6" (about 6 minutes), then --cases 11.
+# On the device's 16-core VM (2026-11-27, rounds 3): the 4-rank calibration 113 s, case (10) 114 s,
+# case (6) 128 s, the 8-rank calibration 156 s, case (11) 68 s: 10 minutes, past one call's limit.
+# Run it as two calls on the warm machine: --cases "10 11" (454 s), then --cases 6 with
+# --calibrations DIR, DIR holding the first call's c4.json in the working tree (128 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build/planner-campaign}
