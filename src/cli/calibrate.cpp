@@ -29,7 +29,7 @@ namespace {
 
 struct CalibrateArgs {
   std::string out = "calibration.json";
-  bool quick = false, force = false, exchange_probe = false;
+  bool quick = false, force = false, exchange_probe = false, speed_probe = false;
   std::string io_dir;
   unsigned long long io_mib = 1024;
   int threads = 0;
@@ -65,6 +65,12 @@ void run_calibrate(const CalibrateArgs& args) {
   if (args.threads > 0) threads_set(args.threads);  // else OpenMP's (meshtrain launch sets one per rank's share)
   const int P = world ? world->size() : 1;
   const bool lead = !world || world->rank() == 0;
+  if (args.speed_probe) {  // the machine's speed state now (scripts/planner-campaign.sh, before calibrating)
+    MT_CHECK(P == 1, ErrorKind::kInvalidArgument,
+             "calibrate --speed-probe: one process times it (plan --validate runs it so); run it without meshtrain launch");
+    std::printf("speed probe: %.4f s on %d thread(s)\n", planner::speed_probe(threads_get()), threads_get());
+    return;
+  }
   if (args.exchange_probe) {  // plan --validate, before each run of several ranks
     MT_CHECK(P > 1, ErrorKind::kInvalidArgument,
              "calibrate --exchange-probe: one rank has no exchange to probe (run it under meshtrain launch -n 2 or more)");
@@ -197,6 +203,9 @@ void register_calibrate(CLI::App& app) {
   cmd->add_option("--io-size", a->io_mib, "MiB each way for the disk probe (default 1024)");
   cmd->add_flag("--exchange-probe", a->exchange_probe,
                 "only time the exchange probe (a 1 MiB all_reduce over the ranks) and print its seconds; writes nothing");
+  cmd->add_flag("--speed-probe", a->speed_probe,
+                "only time the speed probe (a fixed sample of a step's work, as plan --validate runs before each run) and "
+                "print its seconds; writes nothing");
   cmd->add_option("--threads", a->threads, "threads per rank (default: OMP_NUM_THREADS, which meshtrain launch sets to the cores per rank)");
   cmd->callback([a] { run_calibrate(*a); });
 }

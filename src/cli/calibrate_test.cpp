@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -47,6 +48,16 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
   EXPECT_DOUBLE_EQ(phases.back(), j["speed_probe_s"].get<double>());
   EXPECT_NE(out.find("speed probe at each phase (before the kernels, before the in-situ blocks, at the end): "), std::string::npos)
       << out;
+  // The probe alone, as scripts/planner-campaign.sh samples the machine's state before calibrating:
+  // one line, nothing written; one process only.
+  const auto before = std::filesystem::last_write_time(cal);
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --speed-probe -o " + cal, &out, &err), 0) << err;
+  double probe = 0;
+  int threads = 0;
+  ASSERT_EQ(std::sscanf(out.c_str(), "speed probe: %lf s on %d thread(s)", &probe, &threads), 2) << out;
+  EXPECT_GT(probe, 0.0);
+  EXPECT_GT(threads, 0);
+  EXPECT_EQ(std::filesystem::last_write_time(cal), before);
   // The process constant: resident memory outside the allocator's blocks (the binary, its libraries,
   // the threads): more than the few MiB of a bare binary, far less than the kernels' operands.
   EXPECT_GT(j["process_bytes"].get<double>(), 8.0 * 1048576) << j.dump();
