@@ -57,8 +57,11 @@ void add_config_source_options(CLI::App* cmd, engine::ConfigSources& src);
 
 // CONFIG, --procs and --set: a run configuration as a layout on a process count (estimate, plan).
 void add_layout_options(CLI::App* cmd, std::string& path, int& procs, std::vector<std::string>& sets);
-// That configuration resolved for procs processes, its warnings printed to stderr.
-engine::RunConfig load_layout_config(const std::string& path, const std::vector<std::string>& sets, int procs);
+// That configuration resolved for procs processes, its warnings printed to stderr. `command`
+// (estimate, plan) runs in one process and takes the count from --procs: it is refused under an MPI
+// launcher of several processes, and a layout that does not divide the count names --procs.
+engine::RunConfig load_layout_config(const std::string& command, const std::string& path,
+                                     const std::vector<std::string>& sets, int procs);
 
 // A run configuration loaded as train loads it, with what it leaves to the planner chosen by the
 // search (cli/plan.cpp, planner/search.h): `"parallel": "auto"` (the layout of the processes, and

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -42,7 +43,7 @@ constexpr MemCategory kColumns[] = {MemCategory::kParams, MemCategory::kGrads, M
 // stage's default, as a run at that stage would).
 std::vector<planner::MemoryInput> load_inputs(const EstimateOptions& o, std::string* swap_dir = nullptr,
                                               bool* overlap_given = nullptr) {
-  engine::RunConfig c = load_layout_config(o.path, o.sets, o.procs);
+  engine::RunConfig c = load_layout_config("estimate", o.path, o.sets, o.procs);
   if (swap_dir) *swap_dir = c.zero.optimizer_nvme_path;
   if (overlap_given) *overlap_given = c.zero.overlap_comm_given;
   std::vector<planner::MemoryInput> out;
@@ -277,11 +278,30 @@ void add_layout_options(CLI::App* cmd, std::string& path, int& procs, std::vecto
   cmd->add_option("--set", sets, "override a key: a.b.c=value (JSON value or plain string)");
 }
 
-engine::RunConfig load_layout_config(const std::string& path, const std::vector<std::string>& sets, int procs) {
+engine::RunConfig load_layout_config(const std::string& command, const std::string& path,
+                                     const std::vector<std::string>& sets, int procs) {
+  // `meshtrain launch -n 4 -- estimate CFG` would run four one-process estimates, each refusing a
+  // layout of four; the count is --procs.
+  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (world == nullptr) world = std::getenv("PMI_SIZE");
+  if (world != nullptr && std::atoi(world) > 1)
+    throw Error(ErrorKind::kInvalidArgument,
+                command + " runs in one process and takes the process count from --procs; it was started as one of " +
+                    std::string(world) + " MPI processes: run `meshtrain " + command + " CONFIG --procs " +
+                    std::string(world) + "` without launch or mpirun");
   engine::ConfigSources src;
   src.config = path;
   src.sets = sets;
-  engine::RunConfig c = load_planned_config(src, procs);
+  engine::RunConfig c;
+  try {
+    c = load_planned_config(src, procs);
+  } catch (const Error& e) {
+    // The layout was resolved for --procs processes, not for an MPI world.
+    const std::string what = e.what();
+    if (e.kind() == ErrorKind::kInvalidArgument && what.find(" process(es)") != std::string::npos)
+      throw Error(e.kind(), what + " (--procs " + std::to_string(procs) + ")");
+    throw;
+  }
   for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   for (const auto& n : c.notes) std::fprintf(stderr, "auto: %s\n", n.c_str());
   return c;

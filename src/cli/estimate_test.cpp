@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -219,6 +220,26 @@ TEST(EstimateCli, BadProcsIsOneLine) {
   std::string cfg = write_config(), out, err;
   EXPECT_EQ(run("estimate " + cfg + " --procs 0", &out, &err), 2);
   EXPECT_EQ(err, "meshtrain: error: --procs must be at least 1, got 0\n");
+}
+
+
+// `meshtrain launch -n 2 -- estimate CFG` ran two one-process estimates, each refusing tp 2 as
+// "does not divide the 1 process(es)" without a word about --procs: estimate takes its process
+// count from --procs, and says so under a launcher, on one line, with a non-zero exit.
+TEST(EstimateCli, UnderALauncherItNamesProcs) {
+  std::string cfg = write_config(), out, err;
+  EXPECT_NE(run("launch -n 2 -- estimate " + cfg + " --set parallel.tp=2", &out, &err), 0);
+  EXPECT_NE(err.find("estimate runs in one process and takes the process count from --procs; it was started as one "
+                     "of 2 MPI processes: run `meshtrain estimate CONFIG --procs 2` without launch or mpirun"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(run("estimate " + cfg + " --set parallel.tp=2", &out, &err), 2);
+  EXPECT_NE(err.find("parallel.tp (2) x parallel.pp (1) does not divide the 1 process(es) (data parallelism takes "
+                     "processes / (tp x pp)) (--procs 1)\n"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  EXPECT_EQ(run("estimate " + cfg + " --set parallel.tp=2 --procs 2 --json", &out, &err), 0) << err;
 }
 
 }  // namespace

@@ -446,7 +446,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
 }
 
 void run_plan(const PlanOptions& o) {
-  const engine::RunConfig c = load_layout_config(o.path, o.sets, o.procs);
+  const engine::RunConfig c = load_layout_config("plan", o.path, o.sets, o.procs);
   MT_CHECK(o.cluster.empty() || o.calibration.empty(), ErrorKind::kInvalidArgument,
            "plan: --cluster and --calibration are two sources of the same rates; give one");
   MT_CHECK(o.cluster.empty() || o.validate == 0, ErrorKind::kInvalidArgument,
