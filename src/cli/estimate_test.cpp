@@ -20,6 +20,7 @@
 #include "base/error.h"
 #include "engine/ds_config.h"
 #include "engine/engine.h"
+#include "engine/hf_weights.h"
 #include "models/transformer.h"
 #include "cli/cli_test_util.h"
 #include "cli/commands.h"
@@ -98,14 +99,25 @@ INSTANTIATE_TEST_SUITE_P(Models, EstimateMeasured,
 
 // The setup peak (StageEstimate::setup): building the engine at ZeRO stages 1-3 (a group of one).
 // As `train` builds it (engine_build_model), the runtime makes its shards and persistent views from
-// the initial values; with init_from (whole: the model built with its buffers, as a load needs), the
-// ParamStore's full buffers live beside them.
+// the initial values; with init_from a meshtrain checkpoint (whole: the model built with its
+// buffers, as a load needs), the ParamStore's full buffers live beside them. Hugging Face weights
+// (hf) are initial values read a tensor at a time: no whole-model buffers (DESIGN-NOTES 67).
 TEST(EstimateSetup, StagesOneToThreeMatchTheBuild) {
+  const std::string hf_file = cli::testing::make_test_dir("mt_estimate_setup") + "/model.safetensors";
+  {
+    models::ModelOptions mo;
+    mo.seed = 99;
+    models::TransformerLM src(engine::ds_config_parse(tiny_config("llama", false, false), "test").model, mo);
+    engine::hf_weights_save(src.store(), hf_file, DType::kF32);
+  }
   for (int stage : {1, 2, 3}) {
     for (bool bf16 : {false, true})
-    for (bool whole : {false, true}) {
+    for (bool whole : {false, true})
+    for (bool hf : {false, true}) {
+      if (whole && hf) continue;
       nlohmann::json j = tiny_config("llama", bf16, false);
       j["zero_optimization"] = {{"stage", stage}, {"stage3_param_persistence_threshold", 20000}};
+      if (hf) j["model"]["init_from"] = hf_file;
       engine::RunConfig c = engine::ds_config_parse(j, "test");
       Allocator& a = Allocator::global();
       MemStats before = a.stats();
@@ -131,11 +143,15 @@ TEST(EstimateSetup, StagesOneToThreeMatchTheBuild) {
         in.compute_dtype = c.compute_dtype;
         in.zero.param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
         in.zero.whole_store = whole;
+        if (hf) {
+          EXPECT_FALSE(cli::estimate_input(c, 1).zero.whole_store);  // as meshtrain estimate reads it
+        }
         planner::StageEstimate est = planner::estimate_stage(in, stage);
         for (MemCategory cat : {MemCategory::kParams, MemCategory::kGrads, MemCategory::kOptimizer, MemCategory::kComm}) {
           int i = static_cast<int>(cat);
           EXPECT_EQ(after.peak[i] - before.current[i], est.setup[cat])
-              << "stage " << stage << (bf16 ? " bf16 " : " fp32 ") << (whole ? "whole store " : "") << mem_category_name(cat);
+              << "stage " << stage << (bf16 ? " bf16 " : " fp32 ") << (whole ? "whole store " : "") << (hf ? "hf " : "")
+              << mem_category_name(cat);
         }
       }
     }

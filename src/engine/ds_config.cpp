@@ -1156,8 +1156,6 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
              k + " needs zero_optimization.offload_optimizer.device 'nvme' (the master weights are the optimizer's)");
     MT_CHECK(c.tp == 1 && c.pp == 1, ErrorKind::kNotSupported, k + " with parallel.tp or parallel.pp > 1 is not supported yet");
     MT_CHECK(c.master_dtype == DType::kF32, ErrorKind::kNotSupported, k + " with 16-bit master weights is not supported yet");
-    MT_CHECK(c.init_from.empty(), ErrorKind::kNotSupported,
-             k + " with model.init_from is not supported yet (the weights would be loaded whole; resume a checkpoint instead)");
     MT_CHECK(c.world_size == 1 || c.prescale_gradients || c.gradient_predivide_factor == 1.0, ErrorKind::kNotSupported,
              k + " with gradient_predivide_factor is not supported yet");
   }

@@ -122,9 +122,11 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
   // Under ZeRO the runtime makes each rank's shard (and the views it keeps) from the initial
   // values, unit by unit, as DeepSpeed's zero.Init does: the whole model's f32 weights, gradients
   // and compute copy are never allocated beside the shards (a rank's setup held them all, above its
-  // training peak: DESIGN-NOTES 57). ZeRO-Infinity writes them straight into the swap. Weights
-  // loaded from init_from are read into the whole store first.
-  opts.deferred_init = config.zero.stage >= 1 && config.device == "cpu" && config.init_from.empty();
+  // training peak: DESIGN-NOTES 57). ZeRO-Infinity writes them straight into the swap. Hugging
+  // Face weights (model.init_from) are such initial values too, read a tensor at a time
+  // (DESIGN-NOTES 67); a meshtrain checkpoint's are read into the whole store first.
+  const bool hf = init_from_is_hf(config.init_from);
+  opts.deferred_init = config.zero.stage >= 1 && config.device == "cpu" && (config.init_from.empty() || hf);
   int slots = 1;
   if (config.pp > 1) {
     MT_CHECK(opts.parallel && opts.parallel->pp() == config.pp, ErrorKind::kInternal,
@@ -153,7 +155,13 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
     slots = parallel::pp::max_in_flight(parallel::pp::build_schedule(engine_schedule_spec(config), opts.parallel->pp_rank()));
   }
   auto model = std::make_unique<models::TransformerLM>(config.model, opts);
-  if (!config.init_from.empty()) {
+  if (opts.deferred_init && hf) {
+    // Resolved (every tensor found, its shape checked) now; read as the runtime makes the shards.
+    const models::TransformerLM* m = model.get();
+    model->set_initial_values(hf_initial_values(std::make_shared<HfWeights>(config.init_from, model->store()),
+                                                model->store(),
+                                                [m](size_t a, size_t b, float* dst) { m->seed_values(a, b, dst); }));
+  } else if (!config.init_from.empty()) {
     // A meshtrain checkpoint (a step-N directory, or a file in one) is verified first.
     std::filesystem::path p = config.init_from;
     std::filesystem::path d = std::filesystem::is_directory(p) ? p : p.parent_path();
@@ -261,6 +269,7 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   if (store.released())
     go.zero.initial_values = [&model](size_t a, size_t b, float* dst) { model.init_values(a, b, dst); };
   sync_ = parallel::make_grad_sync(store, model.zero_units(), model.zero_unit_modules(), *dp_, go);
+  model.set_initial_values(nullptr);  // the values are in the shards: weights read from a file are let go
   segments = sync_->span_segments(segments);
   if (z.stage >= 1 && rank() == 0) {
     if (z.offload_optimizer == "cpu")

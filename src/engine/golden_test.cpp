@@ -4,7 +4,12 @@
 // compute within the tolerances stated below.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -218,6 +223,74 @@ TEST(ParameterNames, MatchHuggingFace) {
   EXPECT_EQ(static_cast<int64_t>(llama.store().numel()), l.num_params());
   models::ModelConfig full = hf_config_load(std::string(MT_SOURCE_DIR) + "/configs/models/gpt2-124m.json");
   EXPECT_EQ(full.num_params(), 124439808);  // GPT-2 small, as Hugging Face counts it
+}
+
+// Hugging Face weights read a tensor at a time (HfWeights): a sharded set (an index and two files)
+// gives each parameter the single file's values, and so do the flat ranges ZeRO's runtime asks for
+// (hf_initial_values, ranges cutting parameters anywhere). A missing tensor, one the index puts in
+// the wrong file, or a wrong shape fails when the weights are opened, naming the tensor and the file.
+TEST(HfWeights, ShardedSetsAndFlatRangesGiveTheFilesValues) {
+  const std::string d = ::testing::TempDir() + "/mt_hf_weights_" + std::to_string(::getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  models::ModelConfig cfg = hf_config_load(std::string(MT_SOURCE_DIR) + "/configs/models/tiny-llama.json");
+  models::ModelOptions so;
+  so.seed = 5;
+  models::TransformerLM src(cfg, so);
+  hf_weights_save(src.store(), d + "/one.safetensors", DType::kF32);
+  // The same tensors in two files and an index.
+  std::vector<checkpoint::StTensorOut> a, b;
+  nlohmann::json wm;
+  const auto& ps = src.store().parameters();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    (i % 2 ? b : a).push_back({ps[i]->name, DType::kF32, ps[i]->shape, ps[i]->master});
+    wm[ps[i]->name] = i % 2 ? "b.safetensors" : "a.safetensors";
+  }
+  checkpoint::safetensors_write(d + "/a.safetensors", a, {});
+  checkpoint::safetensors_write(d + "/b.safetensors", b, {});
+  {
+    std::ofstream(d + "/model.safetensors.index.json") << nlohmann::json{{"weight_map", wm}}.dump();
+  }
+  models::TransformerLM dst(cfg, {});
+  hf_weights_load_path(dst.store(), d);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const nn::Parameter* q = dst.store().parameters()[i];
+    for (int64_t k = 0; k < q->numel(); ++k) ASSERT_EQ(q->master[k], ps[i]->master[k]) << q->name << " " << k;
+  }
+  // Ranges of every size, cutting parameters at arbitrary points, in order as the runtime asks.
+  auto values = hf_initial_values(std::make_shared<HfWeights>(d + "/model.safetensors.index.json", dst.store()),
+                                  dst.store(), [](size_t, size_t, float*) { FAIL() << "every tensor is in the file"; });
+  const size_t P = dst.store().numel();
+  std::vector<float> flat(P, -1.0f);
+  for (size_t at = 0, n = 1; at < P; at += n, n = n * 3 + 7) values(at, std::min(P, at + n), flat.data() + at);
+  for (size_t i = 0; i < P; ++i) ASSERT_EQ(flat[i], src.store().master()[i]) << i;
+
+  auto error_of = [&](const std::string& path) {
+    try {
+      HfWeights w(path, dst.store());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // The index names a file that lacks the tensor.
+  wm[ps[0]->name] = "b.safetensors";
+  std::ofstream(d + "/bad-index.json") << nlohmann::json{{"weight_map", wm}}.dump();
+  std::string e = error_of(d + "/bad-index.json");
+  EXPECT_NE(e.find("b.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find(ps[0]->name), std::string::npos) << e;
+  // One file lacking a tensor; one holding a tensor of the wrong shape.
+  checkpoint::safetensors_write(d + "/short.safetensors", a, {});
+  e = error_of(d + "/short.safetensors");
+  EXPECT_NE(e.find("short.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find(ps[1]->name), std::string::npos) << e;
+  std::vector<checkpoint::StTensorOut> wrong = a;
+  for (auto& t : b) wrong.push_back(t);
+  wrong[0].shape = {wrong[0].shape[0] * wrong[0].shape[1]};
+  checkpoint::safetensors_write(d + "/wrong.safetensors", wrong, {});
+  e = error_of(d + "/wrong.safetensors");
+  EXPECT_NE(e.find("has shape [" + std::to_string(ps[0]->numel()) + "]"), std::string::npos) << e;
+  std::filesystem::remove_all(d);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "engine/hf_weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -8,6 +9,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "engine/json_file.h"
+#include "nn/tp_split.h"
 
 namespace mt::engine {
 namespace fs = std::filesystem;
@@ -50,7 +52,7 @@ std::string hf_weights_config_path(const std::string& path) {
   return "";
 }
 
-void hf_weights_load_path(nn::ParamStore& store, const std::string& path) {
+HfWeights::HfWeights(const std::string& path, const nn::ParamStore& store) : path_(path) {
   fs::path p = path;
   MT_CHECK(fs::exists(p), ErrorKind::kNotFound, path + ": no such file or directory (model.init_from)");
   if (fs::is_directory(p)) {
@@ -62,29 +64,108 @@ void hf_weights_load_path(nn::ParamStore& store, const std::string& path) {
       throw Error(ErrorKind::kNotFound, path + ": holds neither model.safetensors nor model.safetensors.index.json");
     }
   }
-  if (p.extension() != ".json") {
-    checkpoint::SafetensorsFile file(p.string());
-    hf_weights_load(store, file);
-    return;
+  auto open = [&](const std::string& file) -> const checkpoint::SafetensorsFile* {
+    auto& f = files_[file];
+    if (!f) f = std::make_unique<checkpoint::SafetensorsFile>(file, /*header_only=*/true);
+    return f.get();
+  };
+  nlohmann::json index;
+  if (p.extension() == ".json") {  // sharded: {"weight_map": {"tensor name": "shard file name", ...}}
+    index = json_load_file(p.string());
+    MT_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), ErrorKind::kInvalidArgument,
+             p.string() + ": no \"weight_map\" object");
   }
-  // Sharded: {"weight_map": {"tensor name": "shard file name", ...}}.
-  nlohmann::json index = json_load_file(p.string());
-  MT_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), ErrorKind::kInvalidArgument,
-           p.string() + ": no \"weight_map\" object");
-  std::map<std::string, std::unique_ptr<checkpoint::SafetensorsFile>> shards;
-  for (nn::Parameter* prm : store.parameters()) {
-    std::string name = prm->name;
-    const nlohmann::json& wm = index["weight_map"];
-    if (!wm.contains(name) && wm.contains(strip_first(name))) name = strip_first(name);
-    MT_CHECK(wm.contains(name) && wm[name].is_string(), ErrorKind::kNotFound,
-             p.string() + ": tensor " + prm->name + " is not in the weight_map");
-    std::string shard = (p.parent_path() / wm[name].get<std::string>()).string();
-    auto& f = shards[shard];
-    if (!f) f = std::make_unique<checkpoint::SafetensorsFile>(shard);
-    std::vector<float> w = f->read_f32(name, prm->unpadded_shape());
-    nn::tp_extract(prm->master, w.data(), prm->global_shape, prm->split, prm->place);
+  for (const nn::Parameter* prm : store.parameters()) {
+    Source src;
+    // The name as we register it, else without its first component (a bare trunk's file).
+    const std::string alt = strip_first(prm->name);
+    if (index.is_null()) {
+      src.file = open(p.string());
+      src.name = prm->name;
+      if (!src.file->find(src.name) && !alt.empty() && src.file->find(alt)) src.name = alt;
+      if (!src.file->find(src.name)) {
+        if (prm->name == "score.weight") {
+          log_warning(src.file->path() + " has no score.weight (a causal LM): the classification head starts from its "
+                      "initial values");
+          src.file = nullptr;
+          sources_[prm] = src;
+          continue;
+        }
+        src.file->get(src.name);  // throws naming the file and the tensor
+      }
+    } else {
+      const nlohmann::json& wm = index["weight_map"];
+      src.name = prm->name;
+      if (!wm.contains(src.name) && !alt.empty() && wm.contains(alt)) src.name = alt;
+      if (!wm.contains(src.name) && prm->name == "score.weight") {
+        log_warning(p.string() + " has no score.weight (a causal LM): the classification head starts from its "
+                    "initial values");
+        sources_[prm] = src;
+        continue;
+      }
+      MT_CHECK(wm.contains(src.name) && wm[src.name].is_string(), ErrorKind::kNotFound,
+               p.string() + ": tensor " + prm->name + " is not in the weight_map");
+      src.file = open((p.parent_path() / wm[src.name].get<std::string>()).string());
+      src.file->get(src.name);  // the shard the index names holds it
+    }
+    // The shape, checked now: a wrong file fails before the runtime writes anything.
+    const checkpoint::StTensorInfo& t = src.file->get(src.name);
+    const Shape want = prm->unpadded_shape();
+    if (t.shape != want) src.file->read_f32(src.name, want);  // throws naming the tensor and both shapes
+    sources_[prm] = src;
   }
+}
+
+bool HfWeights::read(const nn::Parameter& p, float* dst) const {
+  auto it = sources_.find(&p);
+  MT_CHECK(it != sources_.end(), ErrorKind::kInternal, path_ + ": parameter " + p.name + " was not resolved");
+  if (it->second.file == nullptr) return false;
+  // HF tensors are whole: this rank's tensor-parallel shard of it.
+  std::vector<float> w = it->second.file->read_f32(it->second.name, p.unpadded_shape());
+  nn::tp_extract(dst, w.data(), p.global_shape, p.split, p.place);
+  return true;
+}
+
+void hf_weights_load_path(nn::ParamStore& store, const std::string& path) {
+  HfWeights w(path, store);
+  for (nn::Parameter* p : store.parameters()) w.read(*p, p->master);
   store.sync_compute();
+}
+
+std::function<void(size_t, size_t, float*)> hf_initial_values(std::shared_ptr<const HfWeights> weights,
+                                                              const nn::ParamStore& store,
+                                                              std::function<void(size_t, size_t, float*)> initial) {
+  // The runtime asks piece by piece, and a large parameter spans several pieces: the last one read
+  // is kept for the next call.
+  struct Last {
+    const nn::Parameter* p = nullptr;
+    std::vector<float> values;
+  };
+  auto last = std::make_shared<Last>();
+  const nn::ParamStore* s = &store;
+  return [weights = std::move(weights), initial = std::move(initial), last, s](size_t begin, size_t end, float* dst) {
+    for (const nn::Parameter* p : s->parameters()) {
+      const size_t n = static_cast<size_t>(p->numel());
+      const size_t a = std::max(begin, p->offset), b = std::min(end, p->offset + n);
+      if (a >= b) continue;
+      if (last->p != p) {
+        last->p = nullptr;
+        last->values.assign(n, 0.0f);
+        if (!weights->read(*p, last->values.data())) {
+          initial(p->offset, p->offset + n, last->values.data());
+        }
+        last->p = p;
+      }
+      std::memcpy(dst + (a - begin), last->values.data() + (a - p->offset), (b - a) * sizeof(float));
+    }
+  };
+}
+
+bool init_from_is_hf(const std::string& path) {
+  if (path.empty()) return false;
+  fs::path p = path;
+  fs::path d = fs::is_directory(p) ? p : p.parent_path();
+  return !fs::exists(d / "state.json") && !fs::exists(p / "latest");
 }
 
 void hf_weights_save(const nn::ParamStore& store, const std::string& path, DType dtype) {

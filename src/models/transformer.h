@@ -9,6 +9,8 @@
 //   model.backward();                         // parameter grads += d(loss * loss_scale)
 #pragma once
 
+#include <functional>
+
 #include <memory>
 #include <vector>
 
@@ -41,7 +43,15 @@ class TransformerLM : public nn::Module {
   nn::ParamStore& store() { return *store_; }
   // The initial values of flat elements [begin, end) (ModelOptions::deferred_init: the store holds
   // none; the ZeRO runtime asks unit by unit).
-  void init_values(size_t begin, size_t end, float* dst) const { store_->init_values(opts_.seed, begin, end, dst); }
+  // They are the seed's (ParamStore::init), or what set_initial_values gave (weights read from a
+  // file: model.init_from under ZeRO).
+  void init_values(size_t begin, size_t end, float* dst) const {
+    if (initial_values_) initial_values_(begin, end, dst);
+    else store_->init_values(opts_.seed, begin, end, dst);
+  }
+  void set_initial_values(std::function<void(size_t, size_t, float*)> f) { initial_values_ = std::move(f); }
+  // The seed's initial values, whatever set_initial_values gave.
+  void seed_values(size_t begin, size_t end, float* dst) const { store_->init_values(opts_.seed, begin, end, dst); }
   parallel::TpComm& tp() { return tp_; }
   // Rows of the (padded) vocabulary on this rank: cfg.vocab_size without tensor parallelism.
   int padded_vocab() const;
@@ -144,6 +154,7 @@ class TransformerLM : public nn::Module {
   nn::Module* norm_f_ = nullptr;  // LayerNorm (GPT-2) or RMSNorm (LLaMA)
   nn::Embedding* lm_head_ = nullptr;  // untied head (LLaMA), shaped like an embedding (V, C)
   std::unique_ptr<nn::ParamStore> store_;
+  std::function<void(size_t, size_t, float*)> initial_values_;  // set_initial_values
 
   BlockDims dims_{};
   std::shared_ptr<kernels::SparseAttentionPlan> sparse_plan_;  // dims_.sparse
