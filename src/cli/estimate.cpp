@@ -17,7 +17,6 @@
 #include "cli/commands.h"
 #include "engine/ds_config.h"
 #include "engine/engine.h"
-#include "engine/hf_weights.h"
 #include "engine/json_file.h"
 #include "planner/memory.h"
 
@@ -77,8 +76,7 @@ void print_table(const planner::MemoryInput& in, const std::vector<planner::Stag
     std::printf(" %11s | %11s %11s\n", format_bytes(e.ours.total()).c_str(), format_bytes(e.ds_paper_bytes).c_str(),
                 e.ds_estimator_bytes ? format_bytes(e.ds_estimator_bytes).c_str() : "-");
   }
-  std::printf("setup peak (model states while the engine is built%s):",
-              in.zero.whole_store ? "; init_from a meshtrain checkpoint loads the whole model before the runtime's shards replace it" : "");
+  std::printf("setup peak (model states while the engine is built):");
   for (const planner::StageEstimate& e : est)
     std::printf("%s stage%d %s", e.stage ? "," : "", e.stage,
                 format_bytes(e.setup[MemCategory::kParams] + e.setup[MemCategory::kGrads] +
@@ -260,8 +258,6 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   in.zero.param_nvme = c.zero.offload_param == "nvme";
   in.zero.accumulation = c.batch.gradient_accumulation_steps > 1;
   in.zero.reduce_bucket_size = c.zero.reduce_bucket_size;
-  // A meshtrain checkpoint is read into the whole model; Hugging Face weights are not (engine_build_model).
-  in.zero.whole_store = !c.init_from.empty() && !engine::init_from_is_hf(c.init_from) && c.device == "cpu";
   in.pp = c.pp;
   in.pp_rank = pp_rank;
   if (c.pp > 1) {  // this rank's stage as engine_build_model makes it

@@ -20,6 +20,7 @@
 #include "base/error.h"
 #include "engine/ds_config.h"
 #include "engine/engine.h"
+#include "engine/checkpoint_io.h"
 #include "engine/hf_weights.h"
 #include "models/transformer.h"
 #include "cli/cli_test_util.h"
@@ -99,58 +100,44 @@ INSTANTIATE_TEST_SUITE_P(Models, EstimateMeasured,
 
 // The setup peak (StageEstimate::setup): building the engine at ZeRO stages 1-3 (a group of one).
 // As `train` builds it (engine_build_model), the runtime makes its shards and persistent views from
-// the initial values; with init_from a meshtrain checkpoint (whole: the model built with its
-// buffers, as a load needs), the ParamStore's full buffers live beside them. Hugging Face weights
-// (hf) are initial values read a tensor at a time: no whole-model buffers (DESIGN-NOTES 67).
+// the initial values: the seed's, or model.init_from's weights, Hugging Face files and meshtrain
+// checkpoints alike, read a parameter at a time, so the ParamStore's whole-model buffers are never
+// allocated (DESIGN-NOTES 67; init_from allocated them before).
 TEST(EstimateSetup, StagesOneToThreeMatchTheBuild) {
-  const std::string hf_file = cli::testing::make_test_dir("mt_estimate_setup") + "/model.safetensors";
+  const std::string d = cli::testing::make_test_dir("mt_estimate_setup");
+  const std::string hf_file = d + "/model.safetensors";
+  std::string checkpoint;
   {
-    models::ModelOptions mo;
-    mo.seed = 99;
-    models::TransformerLM src(engine::ds_config_parse(tiny_config("llama", false, false), "test").model, mo);
-    engine::hf_weights_save(src.store(), hf_file, DType::kF32);
+    nlohmann::json j = tiny_config("llama", false, false);
+    j["seed"] = 99;
+    engine::RunConfig c = engine::ds_config_parse(j, "test");
+    auto model = engine::engine_build_model(c);
+    engine::hf_weights_save(model->store(), hf_file, DType::kF32);
+    engine::Engine eng(c, *model);
+    checkpoint = engine::checkpoint_save(eng, d + "/ckpt", 1);
   }
   for (int stage : {1, 2, 3}) {
     for (bool bf16 : {false, true})
-    for (bool whole : {false, true})
-    for (bool hf : {false, true}) {
-      if (whole && hf) continue;
+    for (const std::string& init_from : {std::string(), hf_file, checkpoint}) {
       nlohmann::json j = tiny_config("llama", bf16, false);
       j["zero_optimization"] = {{"stage", stage}, {"stage3_param_persistence_threshold", 20000}};
-      if (hf) j["model"]["init_from"] = hf_file;
+      if (!init_from.empty()) j["model"]["init_from"] = init_from;
       engine::RunConfig c = engine::ds_config_parse(j, "test");
       Allocator& a = Allocator::global();
       MemStats before = a.stats();
       a.reset_peaks();
       {
-        std::unique_ptr<models::TransformerLM> model;
-        if (whole) {  // engine_build_model with init_from: a store with buffers, the weights then loaded
-          models::ModelOptions mo;
-          mo.compute_dtype = c.compute_dtype;
-          mo.seed = c.seed;
-          model = std::make_unique<models::TransformerLM>(c.model, mo);
-          model->prepare(static_cast<int>(c.batch.micro_batch_per_gpu), static_cast<int>(c.seq_length), 1);
-        } else {
-          model = engine::engine_build_model(c);
-          EXPECT_TRUE(model->store().released());  // no whole-model buffers
-        }
+        std::unique_ptr<models::TransformerLM> model = engine::engine_build_model(c);
+        EXPECT_TRUE(model->store().released());  // no whole-model buffers
         engine::Engine eng(c, *model);
         MemStats after = a.stats();
-        planner::MemoryInput in;
-        in.model = c.model;
-        in.micro_batch = 3;
-        in.seq_length = 16;
-        in.compute_dtype = c.compute_dtype;
+        planner::MemoryInput in = cli::estimate_input(c, 1);  // as meshtrain estimate reads it
         in.zero.param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
-        in.zero.whole_store = whole;
-        if (hf) {
-          EXPECT_FALSE(cli::estimate_input(c, 1).zero.whole_store);  // as meshtrain estimate reads it
-        }
         planner::StageEstimate est = planner::estimate_stage(in, stage);
         for (MemCategory cat : {MemCategory::kParams, MemCategory::kGrads, MemCategory::kOptimizer, MemCategory::kComm}) {
           int i = static_cast<int>(cat);
           EXPECT_EQ(after.peak[i] - before.current[i], est.setup[cat])
-              << "stage " << stage << (bf16 ? " bf16 " : " fp32 ") << (whole ? "whole store " : "") << (hf ? "hf " : "")
+              << "stage " << stage << (bf16 ? " bf16 " : " fp32 ") << "init_from '" << init_from << "' "
               << mem_category_name(cat);
         }
       }

@@ -122,11 +122,10 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
   // Under ZeRO the runtime makes each rank's shard (and the views it keeps) from the initial
   // values, unit by unit, as DeepSpeed's zero.Init does: the whole model's f32 weights, gradients
   // and compute copy are never allocated beside the shards (a rank's setup held them all, above its
-  // training peak: DESIGN-NOTES 57). ZeRO-Infinity writes them straight into the swap. Hugging
-  // Face weights (model.init_from) are such initial values too, read a tensor at a time
-  // (DESIGN-NOTES 67); a meshtrain checkpoint's are read into the whole store first.
-  const bool hf = init_from_is_hf(config.init_from);
-  opts.deferred_init = config.zero.stage >= 1 && config.device == "cpu" && (config.init_from.empty() || hf);
+  // training peak: DESIGN-NOTES 57). ZeRO-Infinity writes them straight into the swap. Weights to
+  // start from (model.init_from: Hugging Face files or a meshtrain checkpoint) are such initial
+  // values too, read a parameter at a time (DESIGN-NOTES 67).
+  opts.deferred_init = config.zero.stage >= 1 && config.device == "cpu";
   int slots = 1;
   if (config.pp > 1) {
     MT_CHECK(opts.parallel && opts.parallel->pp() == config.pp, ErrorKind::kInternal,
@@ -155,20 +154,17 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
     slots = parallel::pp::max_in_flight(parallel::pp::build_schedule(engine_schedule_spec(config), opts.parallel->pp_rank()));
   }
   auto model = std::make_unique<models::TransformerLM>(config.model, opts);
-  if (opts.deferred_init && hf) {
-    // Resolved (every tensor found, its shape checked) now; read as the runtime makes the shards.
-    const models::TransformerLM* m = model.get();
-    model->set_initial_values(hf_initial_values(std::make_shared<HfWeights>(config.init_from, model->store()),
-                                                model->store(),
-                                                [m](size_t a, size_t b, float* dst) { m->seed_values(a, b, dst); }));
-  } else if (!config.init_from.empty()) {
-    // A meshtrain checkpoint (a step-N directory, or a file in one) is verified first.
-    std::filesystem::path p = config.init_from;
-    std::filesystem::path d = std::filesystem::is_directory(p) ? p : p.parent_path();
-    // Sharded or not, and saved in any layout: this rank's parameters from their pieces.
-    if (std::filesystem::exists(d / "state.json")) checkpoint_load_weights(checkpoint_info(d.string()), model->store());
-    else if (std::filesystem::exists(p / "latest")) checkpoint_load_weights(checkpoint_info(p.string()), model->store());
-    else hf_weights_load_path(model->store(), config.init_from);
+  if (!config.init_from.empty()) {
+    // Opened now (a checkpoint verified, every tensor found and its shape checked); read as the
+    // runtime makes the shards, or into the whole store.
+    std::shared_ptr<WeightSource> source = init_from_weights(config.init_from, model->store());
+    if (opts.deferred_init) {
+      const models::TransformerLM* m = model.get();
+      model->set_initial_values(weight_initial_values(std::move(source), model->store(),
+                                                      [m](size_t a, size_t b, float* dst) { m->seed_values(a, b, dst); }));
+    } else {
+      weights_load(*source, model->store());
+    }
   }
   model->prepare(static_cast<int>(config.batch.micro_batch_per_gpu), static_cast<int>(config.seq_length), slots);
   return model;

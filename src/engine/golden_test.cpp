@@ -227,7 +227,7 @@ TEST(ParameterNames, MatchHuggingFace) {
 
 // Hugging Face weights read a tensor at a time (HfWeights): a sharded set (an index and two files)
 // gives each parameter the single file's values, and so do the flat ranges ZeRO's runtime asks for
-// (hf_initial_values, ranges cutting parameters anywhere). A missing tensor, one the index puts in
+// (weight_initial_values, ranges cutting parameters anywhere). A missing tensor, one the index puts in
 // the wrong file, or a wrong shape fails when the weights are opened, naming the tensor and the file.
 TEST(HfWeights, ShardedSetsAndFlatRangesGiveTheFilesValues) {
   const std::string d = ::testing::TempDir() + "/mt_hf_weights_" + std::to_string(::getpid());
@@ -258,7 +258,7 @@ TEST(HfWeights, ShardedSetsAndFlatRangesGiveTheFilesValues) {
     for (int64_t k = 0; k < q->numel(); ++k) ASSERT_EQ(q->master[k], ps[i]->master[k]) << q->name << " " << k;
   }
   // Ranges of every size, cutting parameters at arbitrary points, in order as the runtime asks.
-  auto values = hf_initial_values(std::make_shared<HfWeights>(d + "/model.safetensors.index.json", dst.store()),
+  auto values = weight_initial_values(std::make_shared<HfWeights>(d + "/model.safetensors.index.json", dst.store()),
                                   dst.store(), [](size_t, size_t, float*) { FAIL() << "every tensor is in the file"; });
   const size_t P = dst.store().numel();
   std::vector<float> flat(P, -1.0f);

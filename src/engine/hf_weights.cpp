@@ -116,7 +116,7 @@ HfWeights::HfWeights(const std::string& path, const nn::ParamStore& store) : pat
   }
 }
 
-bool HfWeights::read(const nn::Parameter& p, float* dst) const {
+bool HfWeights::read(const nn::Parameter& p, float* dst) {
   auto it = sources_.find(&p);
   MT_CHECK(it != sources_.end(), ErrorKind::kInternal, path_ + ": parameter " + p.name + " was not resolved");
   if (it->second.file == nullptr) return false;
@@ -126,15 +126,19 @@ bool HfWeights::read(const nn::Parameter& p, float* dst) const {
   return true;
 }
 
-void hf_weights_load_path(nn::ParamStore& store, const std::string& path) {
-  HfWeights w(path, store);
-  for (nn::Parameter* p : store.parameters()) w.read(*p, p->master);
+void weights_load(WeightSource& source, nn::ParamStore& store) {
+  for (nn::Parameter* p : store.parameters()) source.read(*p, p->master);
   store.sync_compute();
 }
 
-std::function<void(size_t, size_t, float*)> hf_initial_values(std::shared_ptr<const HfWeights> weights,
-                                                              const nn::ParamStore& store,
-                                                              std::function<void(size_t, size_t, float*)> initial) {
+void hf_weights_load_path(nn::ParamStore& store, const std::string& path) {
+  HfWeights w(path, store);
+  weights_load(w, store);
+}
+
+std::function<void(size_t, size_t, float*)> weight_initial_values(std::shared_ptr<WeightSource> source,
+                                                                  const nn::ParamStore& store,
+                                                                  std::function<void(size_t, size_t, float*)> initial) {
   // The runtime asks piece by piece, and a large parameter spans several pieces: the last one read
   // is kept for the next call.
   struct Last {
@@ -143,7 +147,7 @@ std::function<void(size_t, size_t, float*)> hf_initial_values(std::shared_ptr<co
   };
   auto last = std::make_shared<Last>();
   const nn::ParamStore* s = &store;
-  return [weights = std::move(weights), initial = std::move(initial), last, s](size_t begin, size_t end, float* dst) {
+  return [source = std::move(source), initial = std::move(initial), last, s](size_t begin, size_t end, float* dst) {
     for (const nn::Parameter* p : s->parameters()) {
       const size_t n = static_cast<size_t>(p->numel());
       const size_t a = std::max(begin, p->offset), b = std::min(end, p->offset + n);
@@ -151,21 +155,12 @@ std::function<void(size_t, size_t, float*)> hf_initial_values(std::shared_ptr<co
       if (last->p != p) {
         last->p = nullptr;
         last->values.assign(n, 0.0f);
-        if (!weights->read(*p, last->values.data())) {
-          initial(p->offset, p->offset + n, last->values.data());
-        }
+        if (!source->read(*p, last->values.data())) initial(p->offset, p->offset + n, last->values.data());
         last->p = p;
       }
       std::memcpy(dst + (a - begin), last->values.data() + (a - p->offset), (b - a) * sizeof(float));
     }
   };
-}
-
-bool init_from_is_hf(const std::string& path) {
-  if (path.empty()) return false;
-  fs::path p = path;
-  fs::path d = fs::is_directory(p) ? p : p.parent_path();
-  return !fs::exists(d / "state.json") && !fs::exists(p / "latest");
 }
 
 void hf_weights_save(const nn::ParamStore& store, const std::string& path, DType dtype) {

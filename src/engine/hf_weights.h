@@ -30,18 +30,26 @@ void hf_weights_load(nn::ParamStore& store, const checkpoint::SafetensorsFile& f
 // of a sharded checkpoint (model.safetensors.index.json with its "weight_map").
 void hf_weights_load_path(nn::ParamStore& store, const std::string& path);
 
-// Such a path opened by its files' headers alone, with every parameter of `store` resolved to its
-// tensor (file, name, shape) when it is constructed: a missing tensor or a wrong shape throws then,
-// naming both, before anything is loaded. Each read() reads one tensor from its file, so loading
-// holds one tensor beside the model, not the file.
-class HfWeights {
+// Where a model's starting weights come from (model.init_from): one parameter at a time, in the
+// store's layout. Hugging Face files (HfWeights) and meshtrain checkpoints (checkpoint_io.h:
+// init_from_weights) are both read this way, so neither is ever held whole.
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // p's values in the store's layout (p.numel() floats: this rank's tensor-parallel shard, padding
+  // rows zero) into dst. false, dst untouched, for a classifier's score.weight that a causal LM's
+  // weights lack: it keeps its initial values, as Hugging Face's from_pretrained does.
+  virtual bool read(const nn::Parameter& p, float* dst) = 0;
+};
+
+// A Hugging Face path (as hf_weights_load_path takes) opened by its files' headers alone, with
+// every parameter of `store` resolved to its tensor (file, name, shape) when it is constructed: a
+// missing tensor or a wrong shape throws then, naming both, before anything is loaded. Each read()
+// reads one tensor from its file.
+class HfWeights : public WeightSource {
  public:
   HfWeights(const std::string& path, const nn::ParamStore& store);
-  // p's values in the store's layout (p.numel() floats: this rank's tensor-parallel shard, padding
-  // rows zero) into dst. false, dst untouched, for a classifier's score.weight that the file (a
-  // causal LM) lacks: it keeps its initial values, as Hugging Face's from_pretrained does.
-  bool read(const nn::Parameter& p, float* dst) const;
-  const std::string& path() const { return path_; }
+  bool read(const nn::Parameter& p, float* dst) override;
 
  private:
   struct Source {
@@ -53,16 +61,16 @@ class HfWeights {
   std::map<const nn::Parameter*, Source> sources_;
 };
 
-// The values of the store's flat elements [begin, end) (its layout, padding zero) from the weights:
-// a parameter the file lacks takes `initial` (the seed's values). TransformerLM::set_initial_values
-// hands it to ZeRO's runtime, which makes each rank's shards unit by unit and never holds the whole
-// model (model.init_from under ZeRO: DESIGN-NOTES 67).
-std::function<void(size_t, size_t, float*)> hf_initial_values(std::shared_ptr<const HfWeights> weights,
-                                                              const nn::ParamStore& store,
-                                                              std::function<void(size_t, size_t, float*)> initial);
-// Whether model.init_from names Hugging Face weights (not a meshtrain checkpoint: a step directory,
-// a file in one, or a save_dir with `latest`).
-bool init_from_is_hf(const std::string& path);
+// Every parameter of the store from the source (one at a time), then the compute copy refreshed.
+void weights_load(WeightSource& source, nn::ParamStore& store);
+
+// The values of the store's flat elements [begin, end) (its layout, padding zero) from the source:
+// a parameter it lacks takes `initial` (the seed's values). TransformerLM::set_initial_values hands
+// it to ZeRO's runtime, which makes each rank's shards unit by unit and never holds the whole model
+// (model.init_from under ZeRO: DESIGN-NOTES 67).
+std::function<void(size_t, size_t, float*)> weight_initial_values(std::shared_ptr<WeightSource> source,
+                                                                  const nn::ParamStore& store,
+                                                                  std::function<void(size_t, size_t, float*)> initial);
 // The directory's config.json when path is a directory that holds one, else "".
 std::string hf_weights_config_path(const std::string& path);
 // Writes every parameter's master weights to one safetensors file in dtype (f32, bf16 or f16).

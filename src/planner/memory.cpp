@@ -286,18 +286,12 @@ class ZeroReplay : private parallel::ZeroEffects {
   void run(MemoryBreakdown& setup, MemoryBreakdown& steady, const std::vector<BlockEvent>& step = {}) {
     const bool lowp = e_ != 4;
     const bool swap = param_swap_on();
-    // nn::ParamStore (TransformerLM's constructor): master, gradients, compute copy, only when the
-    // weights are loaded into the whole model first (init_from); else the runtime makes its shards
-    // from the initial values (deferred initialisation, engine_build_model).
-    const bool store = zero_.whole_store;
-    size_t store_master = store ? 4 * P_ : 0, store_grad = store ? 4 * P_ : 0, store_compute = lowp && store ? e_ * P_ : 0;
-    alloc(lowp ? MemCategory::kOptimizer : MemCategory::kParams, store_master);
-    alloc(MemCategory::kGrads, store_grad);
-    if (lowp) alloc(MemCategory::kParams, store_compute);
+    // nn::ParamStore (TransformerLM's constructor) holds no buffers: the runtime makes its shards
+    // from the initial values, the seed's or init_from's weights read a parameter at a time
+    // (deferred initialisation, engine_build_model; DESIGN-NOTES 57, 67).
     // ZeroRuntime(): master and gradient shards (or, swapped, one bounce buffer of the largest
-    // piece while the records are written), the persistent views' targets filled from the store
-    // or the initial values,
-    // then the schedule's construction.
+    // piece while the records are written), the persistent views' targets filled from the initial
+    // values, then the schedule's construction.
     if (swap) {
       size_t most = 0;
       for (const parallel::Unit& u : units_) most = std::max(most, align4k(piece(u) * 4));
@@ -317,9 +311,6 @@ class ZeroReplay : private parallel::ZeroEffects {
       }
     }
     schedule_.construct();
-    release(lowp ? MemCategory::kOptimizer : MemCategory::kParams, store_master);  // store.release_buffers()
-    release(MemCategory::kGrads, store_grad);
-    if (lowp) release(MemCategory::kParams, store_compute);
     if (swap) {  // the slots of master, gradients and moments
       std::vector<size_t> pieces;
       for (const parallel::Unit& u : units_) pieces.push_back(piece(u));

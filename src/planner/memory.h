@@ -27,9 +27,8 @@
 //            (persistent ones included) + n <= stage3_max_live_parameters. Live window: two
 //            adjacent units at most. Grads as stage 2.
 //   Setup (StageEstimate::setup): the runtime's shards, persistent views and optimizer state,
-//   made from the initial values (the seed's, or Hugging Face weights read a tensor at a time);
-//   with init_from a meshtrain checkpoint (ZeroKnobs::whole_store) also the ParamStore's full
-//   buffers (4P master, 4P grads, e P compute), alive until the runtime releases them.
+//   made from the initial values (the seed's, or model.init_from's weights read a parameter at a
+//   time): the ParamStore's whole-model buffers never exist.
 // Activations and workspace: what models::TransformerLM::prepare(B, T) allocates (sizes from the
 // same BlockActs / BlockScratch layouts) plus what nn::Workspace grows to in one step (GEMM
 // operands in the compute dtype, the LM head's logit tiles). They do not depend on the stage.
@@ -86,12 +85,6 @@ struct ZeroKnobs {
   // More than one micro-batch a step (gradient_accumulation_steps > 1): with param_nvme and f32
   // reductions, a later micro-batch reads the piece's record back beside the one it received into.
   bool accumulation = false;
-  // model.init_from a meshtrain checkpoint (stages 1-3): the weights are loaded into the whole
-  // model's flat buffers (4P master, 4P gradients, eP compute copy), which live beside the
-  // runtime's shards while the engine is built. Otherwise the runtime makes its shards from the
-  // initial values, the seed's or Hugging Face weights', and those buffers never exist
-  // (DESIGN-NOTES 57, 67).
-  bool whole_store = false;
   // reduce_bucket_size (stage 0, elements): the data-parallel all-reduce's buckets
   // (parallel::grad_bucket_ranges).
   int64_t reduce_bucket_size = 500000000;

@@ -192,18 +192,13 @@ TEST(ModelStateMemory, Stage3WindowFollowsTheKnobs) {
   EXPECT_EQ(b[MemCategory::kOptimizer], 84u);
 }
 
-TEST(ModelStateMemory, SetupHoldsTheStoreBesideTheShardsOnlyWithInitFrom) {
+TEST(ModelStateMemory, SetupMakesTheShardsWithoutTheWholeStore) {
   // P = 22 over 4 ranks: pieces 3 + 2 + 2 (S = 7), padded views 12 + 8 + 8, stage 2, f32, AdamW.
   ZeroKnobs z;
   MemoryBreakdown setup;
   model_state_memory(tiny_units(), 2, 4, 4, 2, z, true, &setup);  // shards from the initial values
   EXPECT_EQ(setup[MemCategory::kParams], 28u + 112u);  // master 4 S + views
   EXPECT_EQ(setup[MemCategory::kGrads], 28u);
-  EXPECT_EQ(setup[MemCategory::kOptimizer], 56u);
-  z.whole_store = true;  // init_from: the whole model loaded first
-  model_state_memory(tiny_units(), 2, 4, 4, 2, z, true, &setup);
-  EXPECT_EQ(setup[MemCategory::kParams], 88u + 28u + 112u);  // store 4 P + master 4 S + views
-  EXPECT_EQ(setup[MemCategory::kGrads], 88u + 28u);
   EXPECT_EQ(setup[MemCategory::kOptimizer], 56u);
 }
 
