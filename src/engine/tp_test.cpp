@@ -80,12 +80,14 @@ TEST_P(TpMatchesOneProcess, LossesNormsAndFinalState) {
   // block is recomputed), one for the vocab-parallel embedding, one for the LM head's input
   // gradient, and 3 per-token floats for the cross-entropy (max; sum of exps and target logit).
   // Sequence parallel: each all-reduce becomes an all-gather (N·C/tp handed) and a reduce-scatter
-  // (N·C handed), and the norms' weight gradients (2 per layer + the final one) are all-reduced.
+  // (N·C handed), and the norms' weight gradients (2 per layer + the final one) are all-reduced;
+  // the backward gathers the two saved norm outputs again (N·C/tp handed each), which are kept as
+  // this rank's rows (Megatron's sharded inputs of the column-parallel layers).
   {
     const bool gpt2 = std::string(k.arch) == "gpt2";
     const size_t N = 16, C = gpt2 ? 48 : 64, L = 2, NC = N * C, NlC = NC / static_cast<size_t>(k.tp);
     const size_t norm = gpt2 ? 2 * C : C;  // one norm's parameters
-    const size_t fwd = k.sp ? 2 * (NlC + NC) : 2 * NC, bwd = k.sp ? 2 * (NlC + NC) + 2 * norm : 2 * NC;
+    const size_t fwd = k.sp ? 2 * (NlC + NC) : 2 * NC, bwd = k.sp ? 2 * (NlC + NC) + 2 * NlC + 2 * norm : 2 * NC;
     const size_t ends = k.sp ? NC + NlC + NC + NlC + norm : 2 * NC;  // embedding, head, their backward
     const size_t per_micro = (L * (fwd + bwd + (k.recompute ? fwd : 0)) + ends + 3 * N) * sizeof(float);
     for (size_t b : got.tp_bytes) EXPECT_EQ(b, static_cast<size_t>(g) * per_micro);

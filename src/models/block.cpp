@@ -42,7 +42,7 @@ size_t BlockActs::layout(BlockActs* a, char* base, const BlockDims& d, DType cd,
   bool f32 = cd == DType::kF32;
   a->mean1 = layernorm ? c.f32(R) : nullptr;
   a->rstd1 = c.f32(R);
-  a->n1c = c.take(N * d.C * es);
+  a->n1c = c.take(R * d.C * es);  // R = N without sequence parallelism
   a->qkv = c.f32(N * d.QKV);
   a->att = c.f32(N * d.A);
   a->lse = c.f32(static_cast<size_t>(d.B) * d.NH * d.T);
@@ -50,7 +50,7 @@ size_t BlockActs::layout(BlockActs* a, char* base, const BlockDims& d, DType cd,
   a->x2 = c.f32(R * d.C);
   a->mean2 = layernorm ? c.f32(R) : nullptr;
   a->rstd2 = c.f32(R);
-  a->n2c = c.take(N * d.C * es);
+  a->n2c = c.take(R * d.C * es);
   a->h = c.f32(N * d.H);
   a->actc = c.take(N * d.G * es);
   return c.used();
@@ -179,17 +179,18 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
   const bool gpt2 = arch_ == Arch::kGpt2;
   DType cd = gpt2 ? c_attn_->weight()->compute_dtype : o_proj_->weight()->compute_dtype;
   bool f32 = cd == DType::kF32;
-  // A norm's output (R, C) f32, then all N rows of it in the compute dtype (gathered under
-  // sequence parallelism: Megatron's gather-from-sequence region before a column-parallel layer).
-  auto norm_out = [&](void* dst_cd) { return d.sp ? s.part : f32 ? static_cast<float*>(dst_cd) : s.f; };
-  auto to_gemm_input = [&](void* dst_cd, float* n) {
-    if (d.sp) {
-      float* full = f32 ? static_cast<float*>(dst_cd) : s.full;
-      tp_.gather_rows(full, n, R, C, "sp column-parallel forward");
-      store_cd(dst_cd, cd, full, N * C);
-    } else {
-      store_cd(dst_cd, cd, n, N * C);
-    }
+  // A norm's output (R, C) f32, saved in the compute dtype (dst_cd), then all N rows of it as the
+  // GEMM's input. Under sequence parallelism the saved copy keeps this rank's rows and the GEMM
+  // reads them gathered (Megatron's gather-from-sequence region before a column-parallel layer):
+  // in s.full (f32) or s.f (the compute dtype).
+  auto norm_out = [&](void* dst_cd) { return f32 ? static_cast<float*>(dst_cd) : d.sp ? s.part : s.f; };
+  auto to_gemm_input = [&](void* dst_cd, float* n) -> const void* {
+    store_cd(dst_cd, cd, n, R * C);
+    if (!d.sp) return dst_cd;
+    tp_.gather_rows(s.full, n, R, C, "sp column-parallel forward");
+    if (f32) return s.full;
+    store_cd(s.f, cd, s.full, N * C);
+    return s.f;
   };
   float* n1 = norm_out(a.n1c);
   {
@@ -199,11 +200,11 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
   }
   {
     ProfileScope attn_scope(prof_, pid_.attn);
-    to_gemm_input(a.n1c, n1);
+    const void* in1 = to_gemm_input(a.n1c, n1);
     {
       ProfileScope p(prof_, pid_.qkv);
-      if (gpt2) c_attn_->forward(a.qkv, a.n1c, d.N);
-      else qkv_.forward(a.qkv, a.n1c, d.N);
+      if (gpt2) c_attn_->forward(a.qkv, in1, d.N);
+      else qkv_.forward(a.qkv, in1, d.N);
     }
     {
       ProfileScope p(prof_, pid_.core);
@@ -228,12 +229,12 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
   }
   {
     ProfileScope mlp_scope(prof_, pid_.mlp);
-    to_gemm_input(a.n2c, n2);
+    const void* in2 = to_gemm_input(a.n2c, n2);
     float* act = f32 ? static_cast<float*>(a.actc) : s.f;
     {
       ProfileScope p(prof_, pid_.up);
-      if (gpt2) c_fc_->forward(a.h, a.n2c, d.N);
-      else gate_up_.forward(a.h, a.n2c, d.N);
+      if (gpt2) c_fc_->forward(a.h, in2, d.N);
+      else gate_up_.forward(a.h, in2, d.N);
     }
     {
       ProfileScope p(prof_, pid_.act);
@@ -262,6 +263,22 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
   // MLP: dres is dL/dy = dL/dx2 (residual path) + the MLP branch's contribution. Row-parallel
   // layers' backward takes the whole N rows (the reduce-scatter's backward is an all-gather).
   const float* dn = nullptr;
+  const DType cd = gpt2 ? c_attn_->weight()->compute_dtype : o_proj_->weight()->compute_dtype;
+  // A saved norm output as its GEMM's input: under sequence parallelism this rank's rows gathered
+  // from the group again (the backward's all-gather of Megatron's sharded input), into s.full
+  // (f32) or s.f (the compute dtype; the forward's scratch is free in backward).
+  auto gemm_input = [&](const void* saved) -> const void* {
+    if (!d.sp) return saved;
+    const float* rows = static_cast<const float*>(saved);
+    if (cd != DType::kF32) {
+      convert(s.part, DType::kF32, saved, cd, static_cast<size_t>(R) * d.C);
+      rows = s.part;
+    }
+    tp_.gather_rows(s.full, rows, static_cast<size_t>(R), static_cast<size_t>(d.C), "sp column-parallel backward input");
+    if (cd == DType::kF32) return s.full;
+    store_cd(s.f, cd, s.full, N * d.C);
+    return s.f;
+  };
   {
     ProfileScope mlp_scope(prof_, pid_.mlp);
     nn::Linear* down = gpt2 ? mlp_proj_ : down_proj_;
@@ -277,8 +294,9 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
     }
     {
       ProfileScope p(prof_, pid_.up);
-      if (gpt2) c_fc_->backward(s.dn, false, s.dh, a.n2c, d.N, ws);
-      else gate_up_.backward(s.dn, false, s.dh, a.n2c, d.N, ws);
+      const void* in2 = gemm_input(a.n2c);
+      if (gpt2) c_fc_->backward(s.dn, false, s.dh, in2, d.N, ws);
+      else gate_up_.backward(s.dn, false, s.dh, in2, d.N, ws);
     }
     dn = reduce_to_rows(s.dn, s, d);
   }
@@ -306,8 +324,9 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
     }
     {
       ProfileScope p(prof_, pid_.qkv);
-      if (gpt2) c_attn_->backward(s.dn, false, s.dqkv, a.n1c, d.N, ws);
-      else qkv_.backward(s.dn, false, s.dqkv, a.n1c, d.N, ws);
+      const void* in1 = gemm_input(a.n1c);
+      if (gpt2) c_attn_->backward(s.dn, false, s.dqkv, in1, d.N, ws);
+      else qkv_.backward(s.dn, false, s.dqkv, in1, d.N, ws);
     }
     dn = reduce_to_rows(s.dn, s, d);
   }

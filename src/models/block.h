@@ -39,7 +39,10 @@ struct BlockDims {
 struct BlockActs {            // saved for backward
   float* mean1;               // (rows)    LayerNorm only
   float* rstd1;               // (rows)
-  void* n1c;                  // (N, C)    cd: norm1 output, input of the qkv GEMM
+  // The norms' outputs, the column-parallel GEMMs' inputs: (rows, C), this rank's rows under
+  // sequence parallelism, gathered again for the weight gradients' GEMMs in backward (Megatron
+  // keeps them sharded: its activation memory's 34/t); (N, C) without it.
+  void* n1c;                  // (rows, C) cd: norm1 output, input of the qkv GEMM
   float* qkv;                 // (N, QKV)  f32, after RoPE
   float* att;                 // (N, A)    f32 attention output
   float* lse;                 // (B, NH, T)
@@ -47,7 +50,7 @@ struct BlockActs {            // saved for backward
   float* x2;                  // (rows, C) residual after attention
   float* mean2;               // (rows)
   float* rstd2;               // (rows)
-  void* n2c;                  // (N, C)    cd: norm2 output
+  void* n2c;                  // (rows, C) cd: norm2 output
   float* h;                   // (N, H)    f32 MLP pre-activation
   void* actc;                 // (N, G)    cd: MLP activation output
   // Lays the buffers out from base (nullptr: only counts). Returns the bytes needed.
@@ -55,7 +58,8 @@ struct BlockActs {            // saved for backward
 };
 
 struct BlockScratch {         // shared by every block, forward and backward
-  float* f;                   // (N, max(C, A, G)) f32 forward scratch
+  float* f;                   // (N, max(C, A, G)) f32 forward scratch; under sequence parallelism
+                              // also a gathered norm output in the compute dtype (a GEMM's input)
   float* dact;                // (N, G)
   float* dh;                  // (N, H)
   float* dqkv;                // (N, QKV)

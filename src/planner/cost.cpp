@@ -78,6 +78,13 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     elem_fwd = mem * bytes;
     elem_bwd = 2 * mem * bytes;
   }
+  // Sequence parallelism keeps the norms' outputs as this rank's rows (Block::forward): the forward
+  // casts them to the compute dtype as well as the gathered rows, and the backward casts them back,
+  // gathers them and casts the gathered rows for the weight gradients' GEMMs.
+  if (d.sp && e < 4) {
+    elem_fwd += mem * 2 * (4 + e) * Nl * C;
+    elem_bwd += mem * 2 * ((e + 4) * Nl * C + (4 + e) * N * C);
+  }
   // The block's kernels as a step runs them: the calibration's in-situ factor for the architecture
   // and dtype (a real block against this sum), where measured.
   const std::string what = std::string(llama ? "llama " : "gpt2 ") + dtype_name(cd == DType::kF32 ? DType::kF32 : DType::kBF16);
@@ -115,7 +122,12 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     // included (TransformerLM::backward calls Block::forward), then its own.
     std::vector<double> block_bwd;
     if (s.recompute) block_bwd = block;
-    block_bwd.insert(block_bwd.end(), block.begin(), block.end());
+    // The backward's own: under sequence parallelism, each half gathers the output gradient's rows,
+    // then its saved norm output's rows (the weight gradient's input), and reduce-scatters the
+    // input gradient.
+    const std::vector<double> own_bwd = sp ? std::vector<double>{ag(part), ag(part), rs(part), ag(part), ag(part), rs(part)}
+                                           : block;
+    block_bwd.insert(block_bwd.end(), own_bwd.begin(), own_bwd.end());
     if (sp) block_bwd.push_back(ar(4.0 * (llama ? 2 : 4) * C));  // the norms' weight gradients
     c.tp_forward.assign(U, block);
     c.tp_backward.assign(U, block_bwd);

@@ -127,6 +127,17 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
     EXPECT_EQ(r.tp_forward[2], (std::vector<double>{ar, ar}));
     EXPECT_TRUE(r.tp_backward[0].empty());
     EXPECT_EQ(r.tp_head_backward, (std::vector<double>{ar}));
+    // Sequence parallelism: each all-reduce is an all-gather and a reduce-scatter of N/tp rows, and
+    // the backward gathers the two saved norm outputs again (Block::backward, DESIGN-NOTES 68)
+    // before the norms' weight gradients are all-reduced (2 norms of 2·C for GPT-2).
+    cal.fits["all_gather"] = {2e-6, 1e-9};
+    cal.fits["reduce_scatter"] = {3e-6, 1e-9};
+    t.recompute = false;
+    t.sequence_parallel = true;
+    const ZeroStepCosts q = zero_step_costs(t, cal);
+    const double ag = 2e-6 + 1e-9 * 4 * 8 * 64, rs = 3e-6 + 1e-9 * 4 * 8 * 64, norms = 1e-6 + 1e-9 * 4 * 4 * 64;
+    EXPECT_EQ(q.tp_forward[1], (std::vector<double>{ag, rs, ag, rs}));
+    EXPECT_EQ(q.tp_backward[1], (std::vector<double>{ag, ag, rs, ag, ag, rs, norms}));
   }
   cal = synthetic();
 
