@@ -50,7 +50,7 @@ W=$(mktemp -d)
   uname -r
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
-if ! { timeout 60 mpirun -n 2 true && timeout 60 meshtrain launch -n 2 -- estimate "$CONFIGS/plan-gpt2-mid.json"; } > "$OUT/case6.log" 2>&1; then
+if ! { timeout 60 mpirun -n 2 true && timeout 60 meshtrain launch -n 2 -- calibrate --exchange-probe; } > "$OUT/case6.log" 2>&1; then
   echo "planner-campaign: 2 ranks under mpirun failed:"; tail -20 "$OUT/case6.log"; exit 1
 fi
 [ -n "$CALS" ] && for n in 4 8; do [ -f "$CALS/c$n.json" ] && cp "$CALS/c$n.json" "$OUT/"; done

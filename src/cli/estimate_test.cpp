@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 
@@ -243,6 +244,19 @@ TEST(EstimateCli, UnderALauncherItNamesProcs) {
       << err;
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
   EXPECT_EQ(run("estimate " + cfg + " --set parallel.tp=2 --procs 2 --json", &out, &err), 0) << err;
+}
+
+// And no script of ours starts them so: scripts/planner-campaign.sh checked its two ranks with
+// `meshtrain launch -n 2 -- estimate`, which the refusal above turned into a failed preflight.
+TEST(EstimateCli, NoScriptLaunchesEstimateOrPlanUnderMpirun) {
+  const std::regex launched(R"(launch\s+(-n|--np)\s*\S+\s+--\s+(estimate|plan)\b)");
+  for (const auto& e : std::filesystem::recursive_directory_iterator(std::string(MT_SOURCE_DIR) + "/scripts")) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream f(e.path());
+    std::string line;
+    for (int n = 1; std::getline(f, line); ++n)
+      EXPECT_FALSE(std::regex_search(line, launched)) << e.path().string() << ":" << n << ": " << line;
+  }
 }
 
 }  // namespace

@@ -580,6 +580,17 @@ class ShardReader {
   }
 
   bool has(const std::string& name) const { return by_param_.count(name) > 0; }
+  // Throws, naming the index, unless the checkpoint holds `name` whole as `whole` (one-process
+  // shape), in every piece: what read() checks, before anything is read.
+  void check(const std::string& name, const Shape& whole) const {
+    const std::string index_path = (dir_ / kShardIndex).string();
+    auto it = by_param_.find(name);
+    MT_CHECK(it != by_param_.end(), ErrorKind::kInvalidArgument, index_path + ": the checkpoint has no parameter " + name);
+    for (const ShardPiece& pc : it->second)
+      MT_CHECK(nn::tp_unpadded_shape(pc.global_shape, pc.split) == whole, ErrorKind::kInvalidArgument,
+               index_path + ": " + name + " has shape " + shape_str(nn::tp_unpadded_shape(pc.global_shape, pc.split)) +
+                   " in the checkpoint, " + shape_str(whole) + " in this model");
+  }
 
   // out = the shard at `place` (numel elements) of parameter `name` whose whole shape, padded for
   // place.size, is global_shape, of state `state` ("master" or an optimizer buffer).
@@ -787,7 +798,9 @@ class CheckpointWeights : public WeightSource {
         log_warning(info.dir + " has no score.weight (a causal LM): the classification head starts from its initial "
                     "values");
         missing_.push_back(p);
+        continue;
       }
+      reader_.check(p->name, p->unpadded_shape());  // every parameter there, its shape the model's: before any read
     }
   }
   bool read(const nn::Parameter& p, float* dst) override {

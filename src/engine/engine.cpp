@@ -155,7 +155,7 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
   }
   auto model = std::make_unique<models::TransformerLM>(config.model, opts);
   if (!config.init_from.empty()) {
-    // Opened now (a checkpoint verified, every tensor found and its shape checked); read as the
+    // Opened now (a checkpoint verified, every tensor found, its shape and dtype checked); read as the
     // runtime makes the shards, or into the whole store.
     std::shared_ptr<WeightSource> source = init_from_weights(config.init_from, model->store());
     if (opts.deferred_init) {

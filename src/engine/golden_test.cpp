@@ -290,6 +290,28 @@ TEST(HfWeights, ShardedSetsAndFlatRangesGiveTheFilesValues) {
   checkpoint::safetensors_write(d + "/wrong.safetensors", wrong, {});
   e = error_of(d + "/wrong.safetensors");
   EXPECT_NE(e.find("has shape [" + std::to_string(ps[0]->numel()) + "]"), std::string::npos) << e;
+  // A tensor of an integer type: refused when opened, not while the runtime makes its shards.
+  std::vector<int32_t> ints(static_cast<size_t>(ps[0]->numel()), 1);
+  std::vector<checkpoint::StTensorOut> typed = a;
+  for (auto& t : b) typed.push_back(t);
+  checkpoint::safetensors_write(d + "/typed.safetensors", typed, {});
+  {
+    // Rewrite the first tensor's dtype in the header: F32 -> I32 (same width, same offsets).
+    std::fstream f(d + "/typed.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::string header(n, ' ');
+    f.read(header.data(), static_cast<std::streamsize>(n));
+    nlohmann::json h = nlohmann::json::parse(header);
+    h[ps[0]->name]["dtype"] = "I32";
+    std::string out = h.dump();
+    ASSERT_LE(out.size(), header.size());
+    out.resize(header.size(), ' ');
+    f.seekp(8);
+    f.write(out.data(), static_cast<std::streamsize>(out.size()));
+  }
+  e = error_of(d + "/typed.safetensors");
+  EXPECT_NE(e.find("'" + ps[0]->name + "' has dtype I32, expected a float type"), std::string::npos) << e;
   std::filesystem::remove_all(d);
 }
 

@@ -112,6 +112,11 @@ HfWeights::HfWeights(const std::string& path, const nn::ParamStore& store) : pat
     const checkpoint::StTensorInfo& t = src.file->get(src.name);
     const Shape want = prm->unpadded_shape();
     if (t.shape != want) src.file->read_f32(src.name, want);  // throws naming the tensor and both shapes
+    MT_CHECK(t.dtype == checkpoint::StDType::kF32 || t.dtype == checkpoint::StDType::kBF16 ||
+                 t.dtype == checkpoint::StDType::kF16,
+             ErrorKind::kInvalidArgument,
+             src.file->path() + ": tensor '" + src.name + "' has dtype " + checkpoint::st_dtype_name(t.dtype) +
+                 ", expected a float type (F32, BF16 or F16)");
     sources_[prm] = src;
   }
 }
