@@ -154,6 +154,21 @@ TEST(ShardedCheckpoint, EveryRankWritesItsPartAndEachLayoutReadsOnlyWhatItHolds)
     init["model"]["init_from"] = ck;
     EXPECT_EQ(run(init, n, 0, "", "")[0].master, saved[0].master) << name;
   }
+  // A model of another shape: refused when the weights are opened, naming the parameter, before
+  // the runtime reads any (the ranks whose pieces touch it would fail alone otherwise).
+  {
+    nlohmann::json other = layout(1, 1, 1, 0);
+    other["model"]["n_embd"] = other["model"]["n_embd"].get<int>() * 2;
+    const RunConfig oc = ds_config_parse(other, "test");
+    models::TransformerLM m(oc.model, {});
+    try {
+      init_from_weights(ck, m.store());
+      ADD_FAILURE() << "a model of another shape was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("in the checkpoint, "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("in this model"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // ZeRO-1 over dp2: each dp rank writes its own pieces; resuming in the same layout each reads only
