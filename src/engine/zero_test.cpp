@@ -125,6 +125,28 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ZeroMatchesOneProcess, ::testing::ValuesIn(cas
   return c.arch + "_stage" + std::to_string(c.stage) + "_" + c.dtype + "_world" + std::to_string(c.world);
 });
 
+// Building the runtime asks for each initial value once: at stages 1-2 every unit's view is kept
+// and holds the whole unit, and the rank's pieces are copied out of it (they were made a second
+// time before). At stage 3 (no view kept) each rank makes its own pieces alone.
+TEST(Zero, TheRuntimeMakesEachInitialValueOnce) {
+  for (int stage : {1, 2, 3}) {
+    for (const char* dtype : {"fp32", "bf16"}) {
+      SCOPED_TRACE(std::to_string(stage) + " " + dtype);
+      const RunConfig c = ds_config_parse(config("gpt2", stage, dtype, 1, 1), "test");
+      auto model = engine_build_model(c);
+      ASSERT_TRUE(model->store().released());
+      size_t asked = 0;
+      const models::TransformerLM* m = model.get();
+      model->set_initial_values([m, &asked](size_t a, size_t b, float* dst) {
+        asked += b - a;
+        m->seed_values(a, b, dst);
+      });
+      Engine eng(c, *model);
+      EXPECT_EQ(asked, model->store().numel());
+    }
+  }
+}
+
 TEST(Zero, Stage3KeepsTheLiveWindow) {
   TrainRun got = train("gpt2", 3, "fp32", 2, 1);
   // max_live 40000 elements; a block of this model is ~28k and the embeddings ~6k: the window

@@ -74,12 +74,8 @@ ZeroRuntime::ZeroRuntime(nn::ParamStore& store, std::vector<Unit> units,
   if (opts_.swap_dir.empty()) {
     master_ = Buffer(part_.shard_numel() * 4, lowp_master ? MemCategory::kOptimizer : MemCategory::kParams);
     grad_ = Buffer(part_.shard_numel() * 4, MemCategory::kGrads);
-    if (store.released()) {  // each piece from the initial values (the padding stays zero)
-      for (size_t i = 0; i < U; ++i)
-        opts_.initial_values(part_.piece_begin(i), part_.piece_end(i), master() + part_.shard_offset(i));
-    } else {
-      part_.flat_to_shard(master(), store.master());
-    }
+    // From the initial values each piece is filled below, once the views exist.
+    if (!store.released()) part_.flat_to_shard(master(), store.master());
   } else {
     MT_CHECK(opts_.stage == 3, ErrorKind::kInvalidArgument, "ZeRO runtime: parameters on disk need stage 3");
     swap_ = std::make_unique<Swap>();
@@ -124,6 +120,22 @@ ZeroRuntime::ZeroRuntime(nn::ParamStore& store, std::vector<Unit> units,
     const Unit& unit = part_.units()[i];
     if (store.released()) opts_.initial_values(unit.offset, unit.offset + unit.numel, dst.as<float>());
     else std::memcpy(dst.data(), store.master() + unit.offset, unit.numel * 4);
+  }
+  // Each master piece from the initial values (the padding stays zero): a persistent unit's out of
+  // its view's values, which hold the whole unit (every unit at stages 1-2), so no value is made or
+  // read twice; the others' by themselves.
+  if (opts_.swap_dir.empty() && store.released()) {
+    for (size_t i = 0; i < U; ++i) {
+      float* piece = master() + part_.shard_offset(i);
+      const size_t a = part_.piece_begin(i), b = part_.piece_end(i);
+      if (!schedule_.persistent(i)) {
+        opts_.initial_values(a, b, piece);
+        continue;
+      }
+      const View& v = *views_[i];
+      const float* unit = (cd_ == DType::kF32 ? v.f32 : v.staging).as<float>();
+      std::memcpy(piece, unit + (a - part_.units()[i].offset), (b - a) * sizeof(float));
+    }
   }
   schedule_.construct();
   store.release_buffers();
