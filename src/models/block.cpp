@@ -39,27 +39,26 @@ void store_cd(void* dst, DType cd, const float* src, size_t n) {
 size_t BlockActs::layout(BlockActs* a, char* base, const BlockDims& d, DType cd, bool layernorm) {
   Carver c(base);
   size_t N = d.N, R = d.rows(), es = dtype_size(cd);
-  bool f32 = cd == DType::kF32;
   a->mean1 = layernorm ? c.f32(R) : nullptr;
   a->rstd1 = c.f32(R);
   a->n1c = c.take(R * d.C * es);  // R = N without sequence parallelism
-  a->qkv = c.f32(N * d.QKV);
+  a->qkv = c.take(N * d.QKV * es);
   a->att = c.f32(N * d.A);
   a->lse = c.f32(static_cast<size_t>(d.B) * d.NH * d.T);
-  a->attc = f32 ? a->att : c.take(N * d.A * es);
   a->x2 = c.f32(R * d.C);
   a->mean2 = layernorm ? c.f32(R) : nullptr;
   a->rstd2 = c.f32(R);
   a->n2c = c.take(R * d.C * es);
-  a->h = c.f32(N * d.H);
+  a->h = c.take(N * d.H * es);
   a->actc = c.take(N * d.G * es);
   return c.used();
 }
 
-size_t BlockScratch::layout(BlockScratch* s, char* base, const BlockDims& d) {
+size_t BlockScratch::layout(BlockScratch* s, char* base, const BlockDims& d, DType cd) {
   Carver c(base);
   size_t N = d.N;
-  s->f = c.f32(N * std::max({d.C, d.A, d.G}));
+  const bool low = cd != DType::kF32;
+  s->f = c.f32(N * (low ? std::max({d.C, d.A, d.G, d.H, d.QKV}) : std::max({d.C, d.A, d.G})));
   s->dact = c.f32(N * d.G);
   s->dh = c.f32(N * d.H);
   s->dqkv = c.f32(N * d.QKV);
@@ -201,22 +200,28 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
   {
     ProfileScope attn_scope(prof_, pid_.attn);
     const void* in1 = to_gemm_input(a.n1c, n1);
+    // f32: the saved buffers themselves; low precision: the scratch the backward reuses, rounded
+    // into the saved copies (round_to) before the forward reads them.
+    float* qkv = f32 ? static_cast<float*>(a.qkv) : s.dqkv;
     {
       ProfileScope p(prof_, pid_.qkv);
-      if (gpt2) c_attn_->forward(a.qkv, in1, d.N);
-      else qkv_.forward(a.qkv, in1, d.N);
+      if (gpt2) c_attn_->forward(qkv, in1, d.N);
+      else qkv_.forward(qkv, in1, d.N);
     }
     {
       ProfileScope p(prof_, pid_.core);
-      if (!gpt2) kernels::rope_forward(a.qkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
-      if (d.sparse) kernels::sparse_attention_forward(a.att, a.lse, a.qkv, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
-      else kernels::attention_forward(a.att, a.lse, a.qkv, d.B, d.T, d.NH, d.NKV, d.HS);
+      if (!gpt2) kernels::rope_forward(qkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
+      if (!f32) round_to(a.qkv, cd, qkv, N * d.QKV);
+      if (d.sparse) kernels::sparse_attention_forward(a.att, a.lse, qkv, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
+      else kernels::attention_forward(a.att, a.lse, qkv, d.B, d.T, d.NH, d.NKV, d.HS);
     }
-    store_cd(a.attc, cd, a.att, N * d.A);
+    // The output projection's input: the attention output in the compute dtype (q, k, v are used).
+    void* attc = f32 ? static_cast<void*>(a.att) : static_cast<void*>(s.dqkv);
+    store_cd(attc, cd, a.att, N * d.A);
     nn::Linear* proj = gpt2 ? attn_proj_ : o_proj_;
     {
       ProfileScope p(prof_, pid_.proj);
-      proj->forward(s.f, a.attc, d.N);
+      proj->forward(s.f, attc, d.N);
     }
     kernels::add_forward(a.x2, x, reduce_from(*proj, s.f, s, d), R * C);
   }
@@ -231,15 +236,17 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
     ProfileScope mlp_scope(prof_, pid_.mlp);
     const void* in2 = to_gemm_input(a.n2c, n2);
     float* act = f32 ? static_cast<float*>(a.actc) : s.f;
+    float* h = f32 ? static_cast<float*>(a.h) : s.dh;
     {
       ProfileScope p(prof_, pid_.up);
-      if (gpt2) c_fc_->forward(a.h, in2, d.N);
-      else gate_up_.forward(a.h, in2, d.N);
+      if (gpt2) c_fc_->forward(h, in2, d.N);
+      else gate_up_.forward(h, in2, d.N);
     }
     {
       ProfileScope p(prof_, pid_.act);
-      if (gpt2) kernels::gelu_forward(act, a.h, N * d.G);
-      else kernels::swiglu_forward(act, a.h, d.N, d.G);
+      if (!f32) round_to(a.h, cd, h, N * d.H);
+      if (gpt2) kernels::gelu_forward(act, h, N * d.G);
+      else kernels::swiglu_forward(act, h, d.N, d.G);
     }
     store_cd(a.actc, cd, act, N * d.G);
     nn::Linear* down = gpt2 ? mlp_proj_ : down_proj_;
@@ -267,6 +274,12 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
   // A saved norm output as its GEMM's input: under sequence parallelism this rank's rows gathered
   // from the group again (the backward's all-gather of Megatron's sharded input), into s.full
   // (f32) or s.f (the compute dtype; the forward's scratch is free in backward).
+  // A saved activation as f32: itself, or (low precision) converted into the scratch `into`.
+  auto saved_f32 = [&](const void* saved, float* into, size_t n) -> const float* {
+    if (cd == DType::kF32) return static_cast<const float*>(saved);
+    convert(into, DType::kF32, saved, cd, n);
+    return into;
+  };
   auto gemm_input = [&](const void* saved) -> const void* {
     if (!d.sp) return saved;
     const float* rows = static_cast<const float*>(saved);
@@ -289,8 +302,9 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
     }
     {
       ProfileScope p(prof_, pid_.act);
-      if (gpt2) kernels::gelu_backward(s.dh, a.h, s.dact, N * d.G);
-      else kernels::swiglu_backward(s.dh, s.dact, a.h, d.N, d.G);
+      const float* h = saved_f32(a.h, s.f, N * d.H);
+      if (gpt2) kernels::gelu_backward(s.dh, h, s.dact, N * d.G);
+      else kernels::swiglu_backward(s.dh, s.dact, h, d.N, d.G);
     }
     {
       ProfileScope p(prof_, pid_.up);
@@ -312,14 +326,19 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
     const float* dy = full_grad(dres, s, d);
     {
       ProfileScope p(prof_, pid_.proj);
-      proj->backward(s.datt, false, dy, a.attc, d.N, ws);
+      // The forward's compute-dtype copy of the attention output again (s.dqkv is free until the
+      // core's backward writes it).
+      void* attc = cd == DType::kF32 ? static_cast<void*>(a.att) : static_cast<void*>(s.dqkv);
+      store_cd(attc, cd, a.att, N * d.A);
+      proj->backward(s.datt, false, dy, attc, d.N, ws);
     }
     {
       ProfileScope p(prof_, pid_.core);
+      const float* qkv = saved_f32(a.qkv, s.f, N * d.QKV);
       if (d.sparse)
-        kernels::sparse_attention_backward(s.dqkv, s.datt, a.qkv, a.att, a.lse, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
+        kernels::sparse_attention_backward(s.dqkv, s.datt, qkv, a.att, a.lse, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
       else
-        kernels::attention_backward(s.dqkv, s.datt, a.qkv, a.att, a.lse, d.B, d.T, d.NH, d.NKV, d.HS);
+        kernels::attention_backward(s.dqkv, s.datt, qkv, a.att, a.lse, d.B, d.T, d.NH, d.NKV, d.HS);
       if (!gpt2) kernels::rope_backward(s.dqkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
     }
     {

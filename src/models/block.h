@@ -43,15 +43,22 @@ struct BlockActs {            // saved for backward
   // sequence parallelism, gathered again for the weight gradients' GEMMs in backward (Megatron
   // keeps them sharded: its activation memory's 34/t); (N, C) without it.
   void* n1c;                  // (rows, C) cd: norm1 output, input of the qkv GEMM
-  float* qkv;                 // (N, QKV)  f32, after RoPE
-  float* att;                 // (N, A)    f32 attention output
+  // In low precision the GEMMs' f32 outputs that the block saves (q, k, v and the MLP's
+  // pre-activation) are rounded to the compute dtype first and the forward goes on with the
+  // rounded values, so the backward sees what the forward used; that is what PyTorch's autocast
+  // and Megatron keep (a bf16 GEMM's output). DESIGN-NOTES 69.
+  void* qkv;                  // (N, QKV)  cd, after RoPE
+  // Attention's output stays f32: its backward's row sums D = rowsum(dO * O) must be the forward's
+  // own (a rounded O leaves each score row's gradient a residue that does not sum to zero, and
+  // GPT-2's key bias, whose gradient is exactly zero, a gradient). The output projection's input
+  // (its compute-dtype copy) is made from it in the forward and again in the backward.
+  float* att;                 // (N, A)    f32
   float* lse;                 // (B, NH, T)
-  void* attc;                 // (N, A)    cd copy of att (== att for f32)
   float* x2;                  // (rows, C) residual after attention
   float* mean2;               // (rows)
   float* rstd2;               // (rows)
   void* n2c;                  // (rows, C) cd: norm2 output
-  float* h;                   // (N, H)    f32 MLP pre-activation
+  void* h;                    // (N, H)    cd: MLP pre-activation
   void* actc;                 // (N, G)    cd: MLP activation output
   // Lays the buffers out from base (nullptr: only counts). Returns the bytes needed.
   static size_t layout(BlockActs* acts, char* base, const BlockDims& d, DType cd, bool layernorm);
@@ -59,15 +66,18 @@ struct BlockActs {            // saved for backward
 
 struct BlockScratch {         // shared by every block, forward and backward
   float* f;                   // (N, max(C, A, G)) f32 forward scratch; under sequence parallelism
-                              // also a gathered norm output in the compute dtype (a GEMM's input)
+                              // also a gathered norm output in the compute dtype (a GEMM's input).
+                              // In low precision (N, max(C, A, G, H, QKV)): the backward's f32
+                              // copy of the saved pre-activation, then of q, k, v
   float* dact;                // (N, G)
-  float* dh;                  // (N, H)
-  float* dqkv;                // (N, QKV)
+  float* dh;                  // (N, H); the forward's f32 pre-activation in low precision
+  float* dqkv;                // (N, QKV); in low precision the forward's f32 q, k, v, then (both
+                              // passes) the attention output's compute-dtype copy
   float* datt;                // (N, A)
   float* dn;                  // (N, C)
   float* full;                // (N, C)    sequence parallel: rows gathered from the group
   float* part;                // (Nl, C)   sequence parallel: this rank's rows of a reduce-scatter
-  static size_t layout(BlockScratch* s, char* base, const BlockDims& d);
+  static size_t layout(BlockScratch* s, char* base, const BlockDims& d, DType cd);
 };
 
 class Block : public nn::Module {

@@ -219,10 +219,10 @@ void TransformerLM::prepare(int B, int T, int slots) {
   dres_buffer_ = Buffer(R * C * 4, MemCategory::kActivations);
   dres_ = dres_buffer_.as<float>();
 
-  size_t scratch = BlockScratch::layout(&scratch_, nullptr, d);
+  size_t scratch = BlockScratch::layout(&scratch_, nullptr, d, cd);
   size_t rope = gpt2 ? 0 : 2 * static_cast<size_t>(T) * (HS / 2) * 4 + 128;
   scratch_buffer_ = Buffer(scratch + rope, MemCategory::kWorkspace);
-  BlockScratch::layout(&scratch_, scratch_buffer_.as<char>(), d);
+  BlockScratch::layout(&scratch_, scratch_buffer_.as<char>(), d, cd);
   if (!gpt2) {
     rope_cos_ = reinterpret_cast<float*>(scratch_buffer_.as<char>() + scratch);
     rope_sin_ = rope_cos_ + ((static_cast<size_t>(T) * (HS / 2) + 15) / 16 * 16);

@@ -38,6 +38,36 @@ TEST(DeferredInit, InitValuesEqualTheStoresInitialisation) {
   }
 }
 
+// What a layer adds to the saved activations, per token, against the textbook count (PERF.md's
+// "Activation memory, explained"): in f32 the norms' statistics (mean and rstd for LayerNorm, rstd
+// for RMSNorm), the residual after attention, attention's output and its log-sum-exp (NH a token);
+// in the compute dtype the GEMMs' inputs (the two norms' outputs, the activation) and the GEMM
+// outputs the backward reads (q, k, v after RoPE, the MLP's pre-activation), as PyTorch's autocast
+// and Megatron keep them; plus the residual stream's copy at the new block boundary (f32).
+// N = 64 rows keeps every piece a multiple of the 64-byte alignment.
+TEST(ActivationMemory, ALayerSavesTheTextbookSetInTheComputeDtype) {
+  for (Arch arch : {Arch::kGpt2, Arch::kLlama}) {
+    for (DType cd : {DType::kF32, DType::kBF16, DType::kF16}) {
+      ModelConfig cfg = tiny(arch);
+      ModelOptions o;
+      o.compute_dtype = cd;
+      const int B = 2, T = 32;
+      TransformerLM two(cfg, o);
+      two.prepare(B, T);
+      cfg.n_layer = 3;
+      TransformerLM three(cfg, o);
+      three.prepare(B, T);
+      const size_t C = 32, NH = 4, HS = 8, stats = arch == Arch::kGpt2 ? 4 : 2;
+      const size_t QKV = (NH + 2 * static_cast<size_t>(cfg.n_kv_head)) * HS, A = NH * HS;
+      const size_t H = arch == Arch::kGpt2 ? 128 : 2 * 64, G = arch == Arch::kGpt2 ? 128 : 64;
+      const size_t e = dtype_size(cd);
+      const size_t per_token = 4 * (stats + C + A + NH) + e * (2 * C + QKV + H + G) + 4 * C;
+      EXPECT_EQ(three.activation_bytes() - two.activation_bytes(), per_token * B * T)
+          << (arch == Arch::kGpt2 ? "gpt2 " : "llama ") << dtype_name(cd);
+    }
+  }
+}
+
 TEST(PaddedVocab, MegatronsRule) {
   ModelConfig c = tiny(Arch::kGpt2);
   c.vocab_size = 50257;

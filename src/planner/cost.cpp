@@ -64,11 +64,17 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     // Casts to the compute dtype of what the GEMMs read: the two norms' outputs, attention's output
     // and the activation (forward), the same gradients (backward).
     const double casts = e < 4 ? (4 + e) * (2 * N * C + N * d.A + NG) : 0.0;
+    // The saved q, k, v and pre-activation rounded to the compute dtype in place (read f32, write
+    // both); in the backward their f32 copies and the attention output's compute-dtype copy
+    // again (DESIGN-NOTES 69).
+    const double saved_fwd = e < 4 ? (8 + e) * N * (d.QKV + d.H) : 0.0;
+    const double saved_bwd = e < 4 ? (e + 4) * N * (d.QKV + d.H + d.A) : 0.0;
     const double rope = llama ? 8 * N * (d.A + d.NKV * d.HS) : 0.0;
     elem_fwd = 2 * cal.seconds(norm + " forward", NC) + 2 * cal.seconds("add", NC) +
-               (llama ? cal.seconds("swiglu forward", NG) : mem * 8 * NG) + mem * (casts + rope);
+               (llama ? cal.seconds("swiglu forward", NG) : mem * 8 * NG) + mem * (casts + rope + saved_fwd);
     elem_bwd = 2 * cal.seconds(norm + " backward", NC) + 2 * cal.seconds("add", NC) +
-               (llama ? cal.seconds("swiglu backward", NG) : cal.seconds("gelu backward", NG)) + mem * (casts + rope);
+               (llama ? cal.seconds("swiglu backward", NG) : cal.seconds("gelu backward", NG)) +
+               mem * (casts + rope + saved_bwd);
   } else {
     double bytes = 2 * (4 + e) * N * C       // two norms: f32 in, compute dtype out
                    + 2 * 12 * N * C          // two residual adds: read two, write one (f32)
@@ -77,6 +83,12 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     if (llama) bytes += 8 * N * (d.A + d.NKV * d.HS);  // RoPE on q and k
     elem_fwd = mem * bytes;
     elem_bwd = 2 * mem * bytes;
+    // The saved q, k, v and pre-activation rounded, and in the backward their f32 copies and the
+    // attention output's compute-dtype copy (the branch above's saved_fwd and saved_bwd).
+    if (e < 4) {
+      elem_fwd += mem * (8 + e) * N * (d.QKV + d.H);
+      elem_bwd += mem * (e + 4) * N * (d.QKV + d.H + d.A);
+    }
   }
   // Sequence parallelism keeps the norms' outputs as this rank's rows (Block::forward): the forward
   // casts them to the compute dtype as well as the gathered rows, and the backward casts them back,

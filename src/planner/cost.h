@@ -8,7 +8,9 @@
 //                "attention backward" lines (absent: the f32 GEMM rate, the backward twice)
 //   elementwise  the blocks' own kernels at their calibrated lines by elements (the two norms,
 //                the two residual adds, GELU or SwiGLU, forward and backward), and the bytes of
-//                RoPE, the compute-dtype copies and the loss at the memory rate (a calibration
+//                RoPE, the compute-dtype copies (and in low precision the saved q, k, v and
+//                pre-activation rounded, then copied back to f32 in the backward, and the
+//                attention output's copy made again there) and the loss at the memory rate (a calibration
 //                without those families: every byte at the memory rate, the backward twice)
 //   in situ      a block's forward and backward scaled by the calibration's in-situ factors
 //                (a real block of the architecture and dtype timed against this sum; 1 if absent)

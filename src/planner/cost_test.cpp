@@ -77,7 +77,10 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
   // The blocks' own elementwise kernels, where calibrated, by elements: two norms and two residual
   // adds over N·C, GELU over N·G (the memory rate's 8 bytes an element forward, its own line
   // backward); bf16 casts of the norms' outputs, attention's output and the activation at the memory
-  // rate, (4 + 2)·(2·N·C + N·A + N·G) bytes. Recompute adds the forward to the backward.
+  // rate, (4 + 2)·(2·N·C + N·A + N·G) bytes. The saved q, k, v and pre-activation rounded to bf16
+  // in place (read 4, write 4 + 2 bytes an element), and in the backward their f32 copies (read 2,
+  // write 4) and the attention output's bf16 copy again (read 4, write 2). Recompute adds the
+  // forward to the backward.
   cal.fits["memory"] = {0.0, 1e-11};
   for (const char* f : {"layernorm forward", "layernorm backward", "rmsnorm forward", "rmsnorm backward",
                         "gelu backward", "swiglu forward", "swiglu backward", "add"})
@@ -85,8 +88,10 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
   cal.fits["adamw bf16"] = {0.0, 2e-9};
   const double NC = 16 * 64, NG = 16 * 256, NA = 16 * 64;
   const double casts = 1e-11 * 6 * (2 * NC + NA + NG);
-  const double elem_f = 2 * 1e-10 * NC + 2 * 1e-10 * NC + 1e-11 * 8 * NG + casts;
-  const double elem_b = 2 * 3e-10 * NC + 2 * 1e-10 * NC + 3e-10 * NG + casts;
+  const double NQKV = 16 * 192, NH = 16 * 256;
+  const double saved_f = 1e-11 * 10 * (NQKV + NH), saved_b = 1e-11 * 6 * (NQKV + NH + NA);
+  const double elem_f = 2 * 1e-10 * NC + 2 * 1e-10 * NC + 1e-11 * 8 * NG + casts + saved_f;
+  const double elem_b = 2 * 3e-10 * NC + 2 * 1e-10 * NC + 3e-10 * NG + casts + saved_b;
   c = zero_step_costs(s, cal);
   EXPECT_NEAR(c.forward[1], fwd + elem_f, 1e-15);
   EXPECT_NEAR(c.backward[1], 2 * fwd + elem_b, 1e-15);

@@ -607,7 +607,7 @@ std::vector<BlockEvent> step_blocks(const MemoryInput& in) {
 
   // Workspace: BlockScratch (+ LLaMA's RoPE tables), then nn::Workspace's slots.
   models::BlockScratch scratch{};
-  size_t ws = models::BlockScratch::layout(&scratch, nullptr, d);
+  size_t ws = models::BlockScratch::layout(&scratch, nullptr, d, in.compute_dtype);
   if (!gpt2) ws += 2 * static_cast<size_t>(d.T) * (d.HS / 2) * 4 + 128;
   make(MemCategory::kWorkspace, ws);
   // nn::lm_head_cross_entropy: equal row tiles of at most 64 MiB of f32 logits (lm_head.cpp):

@@ -130,6 +130,41 @@ void convert_f16_to_f32(float* dst, const f16_t* src, size_t n) {
   });
 }
 
+namespace {
+
+// round_to over one element type: each block of 2048 (8 KiB of f32) is written to dst and read
+// back into x while in L1.
+template <typename T>
+void round_blocks(T* dst, float* x, size_t n, void (*to_t)(T*, const float*, size_t),
+                  void (*to_f32)(float*, const T*, size_t), T (*one_to_t)(float), float (*one_to_f32)(T)) {
+  const bool vec = isa_active() == Isa::kAvx512;
+  parallel_chunks(n, [&](size_t b, size_t e) {
+    constexpr size_t kBlock = 2048;
+    for (size_t i = b; i < e; i += kBlock) {
+      const size_t m = e - i < kBlock ? e - i : kBlock;
+      if (vec) {
+        to_t(dst + i, x + i, m);
+        to_f32(x + i, dst + i, m);
+      } else {
+        for (size_t k = i; k < i + m; ++k) x[k] = one_to_f32(dst[k] = one_to_t(x[k]));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void round_to(void* dst, DType dtype, float* x, size_t n) {
+  MT_CHECK(dtype == DType::kBF16 || dtype == DType::kF16, ErrorKind::kInvalidArgument,
+           "round_to: the destination must be bf16 or f16");
+  if (dtype == DType::kBF16)
+    round_blocks<bf16_t>(static_cast<bf16_t*>(dst), x, n, detail::convert_f32_to_bf16_avx512,
+                         detail::convert_bf16_to_f32_avx512, f32_to_bf16, bf16_to_f32);
+  else
+    round_blocks<f16_t>(static_cast<f16_t*>(dst), x, n, detail::convert_f32_to_f16_avx512,
+                        detail::convert_f16_to_f32_avx512, f32_to_f16, f16_to_f32);
+}
+
 void copy_bytes(void* dst, const void* src, size_t bytes) {
   parallel_chunks(bytes / 4, [&](size_t b, size_t e) {
     const size_t hi = e == bytes / 4 ? bytes : 4 * e;  // the tail's odd bytes with the last chunk

@@ -49,6 +49,10 @@ void convert_f32_to_f16(f16_t* dst, const float* src, size_t n);
 void convert_f16_to_f32(float* dst, const f16_t* src, size_t n);
 // Generic: converts n elements between any two dtypes (a copy when they are equal).
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n);
+// x (n f32) rounded to dtype's precision in place, and the same values in dtype written to dst
+// (bf16 or f16): a saved activation and the f32 values the forward goes on with, in one pass over
+// memory (each block of x is rounded in cache).
+void round_to(void* dst, DType dtype, float* x, size_t n);
 // memcpy and memset(0) split over the OpenMP threads when large (one thread's copy reaches a fifth
 // of the memory bandwidth here). dst and src must not overlap.
 void copy_bytes(void* dst, const void* src, size_t bytes);

@@ -72,6 +72,31 @@ TEST(DType, VectorConvertersMatchScalar) {
   }
 }
 
+// round_to: the saved activation in the compute dtype and the f32 values the forward goes on with
+// are the scalar round-to-nearest-even of each element, across the 2048-element blocks and the
+// threads' chunks (2^17 elements and more split over the threads).
+TEST(DType, RoundToWritesTheRoundedValuesAndTheirCopy) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-70000.0f, 70000.0f);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{17}, size_t{2049}, size_t{300001}}) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = u(rng) * (rng() % 2 ? 1e-6f : 1.0f);
+    std::vector<float> xb = x, xh = x;
+    std::vector<bf16_t> b(n);
+    std::vector<f16_t> h(n);
+    round_to(b.data(), DType::kBF16, xb.data(), n);
+    round_to(h.data(), DType::kF16, xh.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(b[i].bits, f32_to_bf16(x[i]).bits) << i;
+      ASSERT_EQ(xb[i], bf16_to_f32(f32_to_bf16(x[i]))) << i;
+      ASSERT_EQ(h[i].bits, f32_to_f16(x[i]).bits) << i;
+      ASSERT_EQ(xh[i], f16_to_f32(f32_to_f16(x[i]))) << i;
+    }
+  }
+  float one = 1.0f;
+  EXPECT_THROW(round_to(&one, DType::kF32, &one, 1), Error);
+}
+
 TEST(Allocator, AccountsCurrentAndPeakByCategory) {
   Allocator a;
   {
