@@ -4,6 +4,8 @@
 #include "data/indexed_dataset.h"
 
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,7 +13,9 @@
 #include <bit>
 #include <cerrno>
 #include <cmath>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -242,7 +246,59 @@ int open_regular(const std::string& path, uint64_t* size) {
 
 }  // namespace
 
-MappedFile::MappedFile(const std::string& path) {
+namespace {
+
+// The SIGBUS guard of MappedFile::read: the handler jumps back into the read that faulted (its
+// thread's guard); a SIGBUS anywhere else gets the previous disposition, or the default one.
+thread_local sigjmp_buf* t_bus_guard = nullptr;
+struct sigaction g_prev_bus {};
+
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  if (sigjmp_buf* guard = t_bus_guard) {
+    t_bus_guard = nullptr;
+    siglongjmp(*guard, 1);
+  }
+  if ((g_prev_bus.sa_flags & SA_SIGINFO) != 0 && g_prev_bus.sa_sigaction != nullptr) {
+    g_prev_bus.sa_sigaction(sig, info, context);
+    return;
+  }
+  if ((g_prev_bus.sa_flags & SA_SIGINFO) == 0 && g_prev_bus.sa_handler != SIG_DFL && g_prev_bus.sa_handler != SIG_IGN) {
+    g_prev_bus.sa_handler(sig);
+    return;
+  }
+  ::signal(SIGBUS, SIG_DFL);  // the default action: the process ends by SIGBUS, as without the guard
+  ::raise(SIGBUS);
+}
+
+void install_sigbus_guard() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;  // not blocked after the jump out of the handler
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_prev_bus);
+  });
+}
+
+}  // namespace
+
+void MappedFile::read(size_t offset, void* out, size_t n) const {
+  sigjmp_buf env;
+  if (sigsetjmp(env, 0) != 0) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    throw Error(ErrorKind::kIOError, path_ + ": bytes " + std::to_string(offset) + "-" + std::to_string(offset + n) +
+                                         " are no longer in the file (truncated while in use?)");
+  }
+  t_bus_guard = &env;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(out, data_ + offset, n);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_bus_guard = nullptr;
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  install_sigbus_guard();
   uint64_t bytes = 0;
   int fd = open_regular(path, &bytes);
   size_ = static_cast<size_t>(bytes);
@@ -263,11 +319,12 @@ MappedFile::~MappedFile() {
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : path_(std::move(other.path_)), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
     release();
+    path_ = std::move(other.path_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
   }
@@ -399,14 +456,14 @@ void IndexedDataset::validate_sequences() {
 }
 
 int64_t IndexedDataset::pointer(uint64_t i) const {
-  return load<int64_t>(idx_.data() + pointers_offset_ + 8 * i);
+  return idx_.load<int64_t>(pointers_offset_ + 8 * i);
 }
 
 int64_t IndexedDataset::sequence_length(uint64_t i) const {
   MT_CHECK(i < sequence_count_, ErrorKind::kInvalidArgument,
            idx_path_ + ": sequence " + std::to_string(i) + " out of range (" +
                std::to_string(sequence_count_) + " sequences)");
-  return load<int32_t>(idx_.data() + lengths_offset_ + 4 * i);
+  return idx_.load<int32_t>(lengths_offset_ + 4 * i);
 }
 
 uint64_t IndexedDataset::sequence_start(uint64_t i) const {
@@ -420,7 +477,7 @@ uint64_t IndexedDataset::document_first_sequence(uint64_t d) const {
   MT_CHECK(d < document_count_, ErrorKind::kInvalidArgument,
            idx_path_ + ": document index " + std::to_string(d) + " out of range (" +
                std::to_string(document_count_) + " entries)");
-  return static_cast<uint64_t>(load<int64_t>(idx_.data() + documents_offset_ + 8 * d));
+  return static_cast<uint64_t>(idx_.load<int64_t>(documents_offset_ + 8 * d));
 }
 
 void IndexedDataset::read(uint64_t i, int64_t offset, int64_t count, int32_t* out) const {

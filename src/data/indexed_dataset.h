@@ -82,7 +82,9 @@ class IndexedDatasetWriter {
   bool finalized_ = false;
 };
 
-// A read-only mapping of a whole file; empty files map to nothing.
+// A read-only mapping of a whole file; empty files map to nothing. read() copies bytes out under a
+// SIGBUS guard: a file truncated (not replaced) while mapped makes the access past its new end a
+// kIOError naming the file, as the .bin's pread does, instead of killing the process.
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path);  // kNotFound when missing, kIOError otherwise
@@ -94,10 +96,19 @@ class MappedFile {
 
   const char* data() const { return data_; }
   size_t size() const { return size_; }
+  // n bytes at offset into out (offset + n <= size()); kIOError when the file no longer holds them.
+  void read(size_t offset, void* out, size_t n) const;
+  template <typename T>
+  T load(size_t offset) const {
+    T v;
+    read(offset, &v, sizeof v);
+    return v;
+  }
 
  private:
   void release();
 
+  std::string path_;
   const char* data_ = nullptr;
   size_t size_ = 0;
 };
@@ -106,7 +117,7 @@ class MappedFile {
 // and back to back from byte 0, so token p of the concatenation of all sequences (the "stream") is
 // at byte p · dtype size. Values are converted to int32 when read; a stored value that does not fit
 // (int64 or float files) is a kCorruption Error then.
-// The .idx stays mapped for the reader's lifetime. The .bin is read with pread, not mapped: reads
+// The .idx stays mapped for the reader's lifetime (its reads SIGBUS-guarded). The .bin is read with pread, not mapped: reads
 // copy the tokens out anyway, a mapping's touched pages would count in the process's resident set
 // for good (a long run over a large dataset: gigabytes, DESIGN-NOTES 60), and a .bin truncated
 // while in use (rather than replaced, as the writer does) gives a kIOError naming it, not SIGBUS.

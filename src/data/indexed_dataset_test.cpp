@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -231,6 +232,31 @@ TEST(IndexedDataset, BinTruncatedWhileInUseIsAnErrorNotASignal) {
     EXPECT_NE(std::string(e.what()).find("cut.bin"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("truncated while in use"), std::string::npos) << e.what();
   }
+}
+
+// The .idx stays mapped. Truncated (not replaced) while a reader has it, the pages past its new end
+// are gone and reading them raised SIGBUS, ending the run without a word; now the read is a
+// kIOError naming the file. A SIGBUS outside the guarded reads still ends the process.
+TEST(IndexedDataset, IdxTruncatedWhileInUseIsAnErrorNotASignal) {
+  ScratchDir dir;
+  const std::string prefix = dir.path() + "/cut";
+  write_dataset(prefix, 1000, {Doc{{1, 2, 3, 4}, {5, 6, 7, 8}}, Doc{{9, 10, 11, 12}}});
+  IndexedDataset ds(prefix);
+  EXPECT_EQ(ds.sequence_length(2), 4);
+  std::filesystem::resize_file(prefix + ".idx", 0);
+  for (int what = 0; what < 3; ++what) {
+    try {
+      if (what == 0) ds.sequence_length(1);
+      if (what == 1) ds.sequence_start(1);
+      if (what == 2) ds.document_first_sequence(1);
+      FAIL() << "read the truncated index (" << what << ")";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kIOError);
+      EXPECT_NE(std::string(e.what()).find("cut.idx"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("truncated while in use"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EXIT(::raise(SIGBUS), ::testing::KilledBySignal(SIGBUS), "");
 }
 
 TEST(IndexedDataset, ReadsOtherDtypes) {
