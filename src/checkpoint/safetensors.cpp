@@ -207,6 +207,7 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
     Fd f{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
     MT_CHECK(f.fd >= 0, ErrorKind::kIOError, path_ + ": cannot open: " + std::strerror(errno));
     pread_all(f.fd, path_, read.data(), read.size(), data_start_ + t.begin);
+    bytes_read_ += read.size();
   }
   const void* src = header_only_ ? static_cast<const void*>(read.data()) : data(t);
   switch (t.dtype) {
@@ -218,6 +219,42 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
                                                     st_dtype_name(t.dtype) + ", expected a float type");
   }
   return out;
+}
+
+int SafetensorsFile::read_fd() const {
+  if (!fd_) {
+    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    MT_CHECK(fd >= 0, ErrorKind::kIOError, path_ + ": cannot open: " + std::strerror(errno));
+    fd_ = std::shared_ptr<int>(new int(fd), [](int* p) {
+      ::close(*p);
+      delete p;
+    });
+  }
+  return *fd_;
+}
+
+void SafetensorsFile::read_f32_into(const std::string& name, size_t first, size_t count, float* dst) const {
+  const StTensorInfo& t = get(name);
+  const size_t es = std::max<size_t>(1, st_dtype_size(t.dtype)), n = (t.end - t.begin) / es;
+  MT_CHECK(first <= n && count <= n - first, ErrorKind::kInvalidArgument,
+           path_ + ": tensor '" + name + "' has " + std::to_string(n) + " elements, asked for [" + std::to_string(first) +
+               ", " + std::to_string(first + count) + ")");
+  DType from = t.dtype == StDType::kF32 ? DType::kF32 : t.dtype == StDType::kBF16 ? DType::kBF16 : DType::kF16;
+  MT_CHECK(t.dtype == StDType::kF32 || t.dtype == StDType::kBF16 || t.dtype == StDType::kF16, ErrorKind::kInvalidArgument,
+           path_ + ": tensor '" + name + "' has dtype " + st_dtype_name(t.dtype) + ", expected a float type");
+  if (count == 0) return;
+  const size_t at = t.begin + first * es;
+  if (!header_only_) return convert(dst, DType::kF32, static_cast<const char*>(data(t)) + first * es, from, count);
+  bytes_read_ += count * es;
+  if (from == DType::kF32) return pread_all(read_fd(), path_, reinterpret_cast<char*>(dst), count * 4, data_start_ + at);
+  // 16-bit elements staged a few MiB at a time.
+  const size_t chunk = std::min<size_t>(count, size_t{8} << 20);
+  std::vector<char> read(chunk * es);
+  for (size_t done = 0; done < count; done += chunk) {
+    const size_t m = std::min(chunk, count - done);
+    pread_all(read_fd(), path_, read.data(), m * es, data_start_ + at + done * es);
+    convert(dst + done, DType::kF32, read.data(), from, m);
+  }
 }
 
 std::vector<float> SafetensorsFile::read_f32(const std::string& name,

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,11 +42,18 @@ class SafetensorsFile {
   // Copies a floating tensor into f32, checking its shape (throws naming the tensor on mismatch).
   std::vector<float> read_f32(const std::string& name, const std::vector<int64_t>& shape) const;
   std::vector<float> read_f32(const std::string& name) const;
+  // Elements [first, first + count) of a floating tensor (flat, row-major) into dst as f32: in
+  // header-only mode only their bytes are read (init_from under ZeRO reads each rank's pieces).
+  void read_f32_into(const std::string& name, size_t first, size_t count, float* dst) const;
+  size_t bytes_read() const { return bytes_read_; }  // header-only mode: tensor bytes read so far
   std::vector<int32_t> read_i32(const std::string& name) const;
 
  private:
   void parse(size_t data_size);  // the header in bytes_[8, data_start_)
+  int read_fd() const;           // header-only mode: the file, opened at the first read
   std::string path_;
+  mutable std::shared_ptr<int> fd_;  // closed with the last copy
+  mutable size_t bytes_read_ = 0;
   bool header_only_ = false;
   std::vector<char> bytes_;
   size_t data_start_ = 0;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "comm/local_backend.h"
 #include "data/classification.h"
 #include "engine/golden_test_util.h"
 #include "engine/hf_config.h"
@@ -22,6 +23,8 @@
 #include "engine/ds_config.h"
 #include "engine/engine.h"
 #include "models/transformer.h"
+#include "nn/tp_split.h"
+#include "parallel/context.h"
 
 namespace mt::engine {
 namespace {
@@ -312,6 +315,60 @@ TEST(HfWeights, ShardedSetsAndFlatRangesGiveTheFilesValues) {
   }
   e = error_of(d + "/typed.safetensors");
   EXPECT_NE(e.find("'" + ps[0]->name + "' has dtype I32, expected a float type"), std::string::npos) << e;
+  std::filesystem::remove_all(d);
+}
+
+// Under tensor parallelism each rank's parameters are slices of the file's tensors: GPT-2's c_attn
+// split by columns in three parts (q, k, v), the projections by rows, the embedding by vocabulary
+// rows with padding. HfWeights reads a slice run by run and a range of it alone (never the whole
+// tensor, DESIGN-NOTES 71): every range gives the slice tp_extract cuts from the whole tensor,
+// padding zero, in f32 and bf16 files alike, and reads no more than its own elements' bytes (the
+// whole tensor before).
+TEST(HfWeights, TensorParallelSlicesAndRangesAreTheWholeTensorsSlices) {
+  const std::string d = ::testing::TempDir() + "/mt_hf_tp_" + std::to_string(::getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  for (const char* model : {"tiny-gpt2", "tiny-llama"}) {
+    models::ModelConfig cfg = hf_config_load(std::string(MT_SOURCE_DIR) + "/configs/models/" + model + ".json");
+    models::ModelOptions so;
+    so.seed = 9;
+    models::TransformerLM full(cfg, so);
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      const std::string file = d + "/" + model + "-" + dtype_name(dt) + ".safetensors";
+      hf_weights_save(full.store(), file, dt);
+      auto errors = comm::run_local_ranks(2, [&](comm::Backend& b) {
+        models::ModelOptions o = so;
+        o.parallel = parallel::make_parallel_context(std::shared_ptr<comm::Backend>(&b, [](comm::Backend*) {}), 2, 1, false);
+        o.vocab_divisible = 8;
+        models::TransformerLM shard(cfg, o);
+        HfWeights w(file, shard.store());
+        for (size_t i = 0; i < shard.store().parameters().size(); ++i) {
+          const nn::Parameter* p = shard.store().parameters()[i];
+          std::vector<float> whole(static_cast<size_t>(full.store().parameters()[i]->numel()));
+          std::memcpy(whole.data(), full.store().parameters()[i]->master, whole.size() * sizeof(float));
+          if (dt != DType::kF32)  // the file holds the values rounded
+            for (float& v : whole) v = bf16_to_f32(f32_to_bf16(v));
+          std::vector<float> want(static_cast<size_t>(p->numel()));
+          nn::tp_extract(want.data(), whole.data(), p->global_shape, p->split, p->place);
+          std::vector<float> got(want.size(), -1.0f);
+          ASSERT_TRUE(w.read(*p, got.data()));
+          ASSERT_EQ(got, want) << p->name << " rank " << b.rank();
+          const size_t n = want.size();
+          for (auto [lo, hi] : {std::pair<size_t, size_t>{0, n}, {1, n / 2 + 3}, {n / 3, n - 1}, {n - 1, n}, {5, 6}}) {
+            if (lo >= hi || hi > n) continue;
+            std::vector<float> part(hi - lo, -1.0f);
+            const size_t before = w.bytes_read();
+            ASSERT_TRUE(w.read_range(*p, lo, hi, part.data()));
+            // Only the range's elements (less its padding) are read from the file.
+            EXPECT_LE(w.bytes_read() - before, (hi - lo) * dtype_size(dt)) << p->name;
+            for (size_t k = lo; k < hi; ++k) ASSERT_EQ(part[k - lo], want[k]) << p->name << " [" << lo << ", " << hi << ") " << k;
+          }
+        }
+      });
+      for (auto& e : errors)
+        if (e) std::rethrow_exception(e);
+    }
+  }
   std::filesystem::remove_all(d);
 }
 

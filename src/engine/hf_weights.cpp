@@ -125,10 +125,30 @@ bool HfWeights::read(const nn::Parameter& p, float* dst) {
   auto it = sources_.find(&p);
   MT_CHECK(it != sources_.end(), ErrorKind::kInternal, path_ + ": parameter " + p.name + " was not resolved");
   if (it->second.file == nullptr) return false;
-  // HF tensors are whole: this rank's tensor-parallel shard of it.
-  std::vector<float> w = it->second.file->read_f32(it->second.name, p.unpadded_shape());
-  nn::tp_extract(dst, w.data(), p.global_shape, p.split, p.place);
+  // HF tensors are whole: this rank's tensor-parallel shard of it, read run by run.
+  return read_range(p, 0, static_cast<size_t>(p.numel()), dst);
+}
+
+bool HfWeights::read_range(const nn::Parameter& p, size_t lo, size_t hi, float* dst) {
+  auto it = sources_.find(&p);
+  MT_CHECK(it != sources_.end(), ErrorKind::kInternal, path_ + ": parameter " + p.name + " was not resolved");
+  if (it->second.file == nullptr) return false;
+  MT_CHECK(lo <= hi && hi <= static_cast<size_t>(p.numel()), ErrorKind::kInternal, p.name + ": range out of the parameter");
+  std::fill(dst, dst + (hi - lo), 0.0f);  // padding rows
+  const auto lo64 = static_cast<int64_t>(lo), hi64 = static_cast<int64_t>(hi);
+  nn::tp_for_each_run(p.global_shape, p.split, p.place, [&](int64_t local, int64_t global, int64_t len) {
+    const int64_t a = std::max(local, lo64), b = std::min(local + len, hi64);
+    if (a < b)
+      it->second.file->read_f32_into(it->second.name, static_cast<size_t>(global + (a - local)), static_cast<size_t>(b - a),
+                                     dst + (a - lo64));
+  });
   return true;
+}
+
+size_t HfWeights::bytes_read() const {
+  size_t n = 0;
+  for (const auto& [path, file] : files_) n += file->bytes_read();
+  return n;
 }
 
 void weights_load(WeightSource& source, nn::ParamStore& store) {
@@ -157,6 +177,10 @@ std::function<void(size_t, size_t, float*)> weight_initial_values(std::shared_pt
       const size_t n = static_cast<size_t>(p->numel());
       const size_t a = std::max(begin, p->offset), b = std::min(end, p->offset + n);
       if (a >= b) continue;
+      if (source->reads_ranges()) {  // only the piece's bytes
+        if (!source->read_range(*p, a - p->offset, b - p->offset, dst + (a - begin))) initial(a, b, dst + (a - begin));
+        continue;
+      }
       if (last->p != p) {
         last->p = nullptr;
         last->values.assign(n, 0.0f);

@@ -40,6 +40,15 @@ class WeightSource {
   // rows zero) into dst. false, dst untouched, for a classifier's score.weight that a causal LM's
   // weights lack: it keeps its initial values, as Hugging Face's from_pretrained does.
   virtual bool read(const nn::Parameter& p, float* dst) = 0;
+  // Elements [lo, hi) of p's values in the store's layout into dst (hi - lo floats), or false as
+  // read(). Sources that can read a part (HfWeights) read only its bytes; the default returns
+  // false, and weight_initial_values then reads the whole parameter once and keeps it for the
+  // pieces that follow.
+  virtual bool reads_ranges() const { return false; }
+  virtual bool read_range(const nn::Parameter& p, size_t lo, size_t hi, float* dst) {
+    (void)p, (void)lo, (void)hi, (void)dst;
+    return false;
+  }
 };
 
 // A Hugging Face path (as hf_weights_load_path takes) opened by its files' headers alone, with
@@ -50,6 +59,11 @@ class HfWeights : public WeightSource {
  public:
   HfWeights(const std::string& path, const nn::ParamStore& store);
   bool read(const nn::Parameter& p, float* dst) override;
+  // Only the file bytes of [lo, hi): one read per run of the rank's tensor-parallel slice that
+  // meets the range (the whole tensor is never in memory: DESIGN-NOTES 71).
+  bool reads_ranges() const override { return true; }
+  bool read_range(const nn::Parameter& p, size_t lo, size_t hi, float* dst) override;
+  size_t bytes_read() const;  // tensor bytes read from the files so far
 
  private:
   struct Source {
