@@ -58,7 +58,7 @@ size_t BlockScratch::layout(BlockScratch* s, char* base, const BlockDims& d, DTy
   Carver c(base);
   size_t N = d.N;
   const bool low = cd != DType::kF32;
-  s->f = c.f32(N * (low ? std::max({d.C, d.A, d.G, d.H, d.QKV}) : std::max({d.C, d.A, d.G})));
+  s->f = c.f32(N * (low ? std::max({d.C, d.A, d.G, d.QKV}) : std::max({d.C, d.A, d.G})));
   s->dact = c.f32(N * d.G);
   s->dh = c.f32(N * d.H);
   s->dqkv = c.f32(N * d.QKV);
@@ -235,7 +235,6 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
   {
     ProfileScope mlp_scope(prof_, pid_.mlp);
     const void* in2 = to_gemm_input(a.n2c, n2);
-    float* act = f32 ? static_cast<float*>(a.actc) : s.f;
     float* h = f32 ? static_cast<float*>(a.h) : s.dh;
     {
       ProfileScope p(prof_, pid_.up);
@@ -244,11 +243,13 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
     }
     {
       ProfileScope p(prof_, pid_.act);
-      if (!f32) round_to(a.h, cd, h, N * d.H);
-      if (gpt2) kernels::gelu_forward(act, h, N * d.G);
-      else kernels::swiglu_forward(act, h, d.N, d.G);
+      // Low precision: the pre-activation rounded into its saved copy and the activation written
+      // in the compute dtype, fused (kernels::*_lp).
+      if (f32 && gpt2) kernels::gelu_forward(static_cast<float*>(a.actc), h, N * d.G);
+      else if (f32) kernels::swiglu_forward(static_cast<float*>(a.actc), h, d.N, d.G);
+      else if (gpt2) kernels::gelu_forward_lp(a.h, a.actc, cd, h, N * d.G);
+      else kernels::swiglu_forward_lp(a.h, a.actc, cd, h, d.N, d.G);
     }
-    store_cd(a.actc, cd, act, N * d.G);
     nn::Linear* down = gpt2 ? mlp_proj_ : down_proj_;
     {
       ProfileScope p(prof_, pid_.down);
@@ -302,9 +303,11 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
     }
     {
       ProfileScope p(prof_, pid_.act);
-      const float* h = saved_f32(a.h, s.f, N * d.H);
-      if (gpt2) kernels::gelu_backward(s.dh, h, s.dact, N * d.G);
-      else kernels::swiglu_backward(s.dh, s.dact, h, d.N, d.G);
+      const bool f32 = cd == DType::kF32;
+      if (f32 && gpt2) kernels::gelu_backward(s.dh, static_cast<const float*>(a.h), s.dact, N * d.G);
+      else if (f32) kernels::swiglu_backward(s.dh, s.dact, static_cast<const float*>(a.h), d.N, d.G);
+      else if (gpt2) kernels::gelu_backward_lp(s.dh, a.h, cd, s.dact, N * d.G);
+      else kernels::swiglu_backward_lp(s.dh, s.dact, a.h, cd, d.N, d.G);
     }
     {
       ProfileScope p(prof_, pid_.up);

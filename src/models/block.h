@@ -67,8 +67,8 @@ struct BlockActs {            // saved for backward
 struct BlockScratch {         // shared by every block, forward and backward
   float* f;                   // (N, max(C, A, G)) f32 forward scratch; under sequence parallelism
                               // also a gathered norm output in the compute dtype (a GEMM's input).
-                              // In low precision (N, max(C, A, G, H, QKV)): the backward's f32
-                              // copy of the saved pre-activation, then of q, k, v
+                              // In low precision (N, max(C, A, G, QKV)): the backward's f32
+                              // copy of the saved q, k, v
   float* dact;                // (N, G)
   float* dh;                  // (N, H); the forward's f32 pre-activation in low precision
   float* dqkv;                // (N, QKV); in low precision the forward's f32 q, k, v, then (both

@@ -61,20 +61,27 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   if (own) {
     const std::string norm = llama ? "rmsnorm" : "layernorm";
     const double NC = Nl * C, NG = N * d.G;
-    // Casts to the compute dtype of what the GEMMs read: the two norms' outputs, attention's output
-    // and the activation (forward), the same gradients (backward).
-    const double casts = e < 4 ? (4 + e) * (2 * N * C + N * d.A + NG) : 0.0;
-    // The saved q, k, v and pre-activation rounded to the compute dtype in place (read f32, write
-    // both); in the backward their f32 copies and the attention output's compute-dtype copy
-    // again (DESIGN-NOTES 69).
-    const double saved_fwd = e < 4 ? (8 + e) * N * (d.QKV + d.H) : 0.0;
-    const double saved_bwd = e < 4 ? (e + 4) * N * (d.QKV + d.H + d.A) : 0.0;
+    const bool lp = e < 4;
+    // Casts to the compute dtype of what the GEMMs read: the two norms' outputs and attention's
+    // output (forward; the activation's is fused with it below), the same gradients and the
+    // activation's (backward).
+    const double casts_fwd = lp ? (4 + e) * (2 * N * C + N * d.A) : 0.0;
+    const double casts_bwd = lp ? (4 + e) * (2 * N * C + N * d.A + NG) : 0.0;
+    // The saved q, k, v rounded to the compute dtype in place (read f32, write both); in the
+    // backward their f32 copy and the attention output's compute-dtype copy again (DESIGN-NOTES 69).
+    const double saved_fwd = lp ? (8 + e) * N * d.QKV : 0.0;
+    const double saved_bwd = lp ? (e + 4) * N * d.QKV + (4 + e) * N * d.A : 0.0;
+    // The activation. f32: GELU reads and writes 4 bytes an element. Low precision, fused with the
+    // saved pre-activation (kernels::*_lp): GELU reads 4 and writes the two copies, e each; SwiGLU
+    // is its f32 kernel and the two copies' writes (its f32 values stay in cache).
+    const double act_fwd = llama ? cal.seconds("swiglu forward", NG) + (lp ? mem * e * (N * d.H + NG) : 0.0)
+                                 : mem * (lp ? 4 + 2 * e : 8) * NG;
     const double rope = llama ? 8 * N * (d.A + d.NKV * d.HS) : 0.0;
-    elem_fwd = 2 * cal.seconds(norm + " forward", NC) + 2 * cal.seconds("add", NC) +
-               (llama ? cal.seconds("swiglu forward", NG) : mem * 8 * NG) + mem * (casts + rope + saved_fwd);
+    elem_fwd = 2 * cal.seconds(norm + " forward", NC) + 2 * cal.seconds("add", NC) + act_fwd +
+               mem * (casts_fwd + rope + saved_fwd);
     elem_bwd = 2 * cal.seconds(norm + " backward", NC) + 2 * cal.seconds("add", NC) +
                (llama ? cal.seconds("swiglu backward", NG) : cal.seconds("gelu backward", NG)) +
-               mem * (casts + rope + saved_bwd);
+               mem * (casts_bwd + rope + saved_bwd);
   } else {
     double bytes = 2 * (4 + e) * N * C       // two norms: f32 in, compute dtype out
                    + 2 * 12 * N * C          // two residual adds: read two, write one (f32)
@@ -83,11 +90,11 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     if (llama) bytes += 8 * N * (d.A + d.NKV * d.HS);  // RoPE on q and k
     elem_fwd = mem * bytes;
     elem_bwd = 2 * mem * bytes;
-    // The saved q, k, v and pre-activation rounded, and in the backward their f32 copies and the
-    // attention output's compute-dtype copy (the branch above's saved_fwd and saved_bwd).
+    // The saved q, k, v rounded and the pre-activation's copy written, and in the backward the
+    // f32 copy of q, k, v and the attention output's compute-dtype copy (as the branch above).
     if (e < 4) {
-      elem_fwd += mem * (8 + e) * N * (d.QKV + d.H);
-      elem_bwd += mem * (e + 4) * N * (d.QKV + d.H + d.A);
+      elem_fwd += mem * ((8 + e) * N * d.QKV + e * N * d.H);
+      elem_bwd += mem * ((e + 4) * N * d.QKV + (4 + e) * N * d.A);
     }
   }
   // Sequence parallelism keeps the norms' outputs as this rank's rows (Block::forward): the forward

@@ -77,21 +77,22 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
   // The blocks' own elementwise kernels, where calibrated, by elements: two norms and two residual
   // adds over N·C, GELU over N·G (the memory rate's 8 bytes an element forward, its own line
   // backward); bf16 casts of the norms' outputs, attention's output and the activation at the memory
-  // rate, (4 + 2)·(2·N·C + N·A + N·G) bytes. The saved q, k, v and pre-activation rounded to bf16
-  // in place (read 4, write 4 + 2 bytes an element), and in the backward their f32 copies (read 2,
-  // write 4) and the attention output's bf16 copy again (read 4, write 2). Recompute adds the
-  // forward to the backward.
+  // rate, (4 + 2)·(2·N·C + N·A) bytes forward and (4 + 2)·(2·N·C + N·A + N·G) backward. In bf16
+  // GELU is fused with the saved pre-activation: 4 bytes read and 2 + 2 written an element. The
+  // saved q, k, v rounded to bf16 in place (read 4, write 4 + 2 bytes an element), and in the
+  // backward their f32 copy (read 2, write 4) and the attention output's bf16 copy again (read 4,
+  // write 2). Recompute adds the forward to the backward.
   cal.fits["memory"] = {0.0, 1e-11};
   for (const char* f : {"layernorm forward", "layernorm backward", "rmsnorm forward", "rmsnorm backward",
                         "gelu backward", "swiglu forward", "swiglu backward", "add"})
     cal.fits[f] = {0.0, std::string(f).find("backward") != std::string::npos ? 3e-10 : 1e-10};
   cal.fits["adamw bf16"] = {0.0, 2e-9};
   const double NC = 16 * 64, NG = 16 * 256, NA = 16 * 64;
-  const double casts = 1e-11 * 6 * (2 * NC + NA + NG);
-  const double NQKV = 16 * 192, NH = 16 * 256;
-  const double saved_f = 1e-11 * 10 * (NQKV + NH), saved_b = 1e-11 * 6 * (NQKV + NH + NA);
-  const double elem_f = 2 * 1e-10 * NC + 2 * 1e-10 * NC + 1e-11 * 8 * NG + casts + saved_f;
-  const double elem_b = 2 * 3e-10 * NC + 2 * 1e-10 * NC + 3e-10 * NG + casts + saved_b;
+  const double casts_f = 1e-11 * 6 * (2 * NC + NA), casts_b = 1e-11 * 6 * (2 * NC + NA + NG);
+  const double NQKV = 16 * 192;
+  const double saved_f = 1e-11 * 10 * NQKV, saved_b = 1e-11 * 6 * (NQKV + NA);
+  const double elem_f = 2 * 1e-10 * NC + 2 * 1e-10 * NC + 1e-11 * 8 * NG + casts_f + saved_f;
+  const double elem_b = 2 * 3e-10 * NC + 2 * 1e-10 * NC + 3e-10 * NG + casts_b + saved_b;
   c = zero_step_costs(s, cal);
   EXPECT_NEAR(c.forward[1], fwd + elem_f, 1e-15);
   EXPECT_NEAR(c.backward[1], 2 * fwd + elem_b, 1e-15);

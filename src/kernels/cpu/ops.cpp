@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/cpu_features.h"
+#include "base/error.h"
 #include "kernels/cpu/ops_avx512.h"
 
 namespace mt::kernels {
@@ -370,6 +371,99 @@ void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, in
   for_thread_rows(N, [&](int, int r0, int r1) {
     const size_t o2 = static_cast<size_t>(r0) * 2 * I;
     body(dinp + o2, dout + static_cast<size_t>(r0) * I, inp + o2, r1 - r0, I);
+  });
+}
+
+// ---- The activation in low precision, fused with the saved roundings ----
+
+namespace {
+
+// Per thread: f32 scratch of n floats (reused across calls; the kernels run inside OpenMP teams).
+float* thread_scratch(size_t n, int which) {
+  thread_local std::vector<float> buf[2];
+  if (buf[which].size() < n) buf[which].resize(n);
+  return buf[which].data();
+}
+
+char* at(void* p, DType cd, size_t i) { return static_cast<char*>(p) + i * dtype_size(cd); }
+const char* at(const void* p, DType cd, size_t i) { return static_cast<const char*>(p) + i * dtype_size(cd); }
+
+}  // namespace
+
+void gelu_forward_lp(void* h_cd, void* act_cd, DType cd, const float* h, size_t n) {
+  MT_CHECK(cd == DType::kBF16 || cd == DType::kF16, ErrorKind::kInvalidArgument, "gelu_forward_lp: bf16 or f16");
+  if (use_avx512()) {
+    for_chunks(n, [&](size_t i0, size_t i1) {
+      detail::gelu_forward_lp_avx512(at(h_cd, cd, i0), at(act_cd, cd, i0), cd == DType::kBF16, h + i0, i1 - i0);
+    });
+    return;
+  }
+  for_chunks(n, [&](size_t i0, size_t i1) {
+    const size_t m = i1 - i0;
+    float* x = thread_scratch(m, 0);
+    std::memcpy(x, h + i0, m * sizeof(float));
+    round_to(at(h_cd, cd, i0), cd, x, m);  // the chunk is below round_to's threading threshold
+    gelu_forward(x, x, m);                 // nested in this team's chunk: one thread
+    convert(at(act_cd, cd, i0), cd, x, DType::kF32, m);
+  });
+}
+
+void gelu_backward_lp(float* dinp, const void* h_cd, DType cd, const float* dout, size_t n) {
+  MT_CHECK(cd == DType::kBF16 || cd == DType::kF16, ErrorKind::kInvalidArgument, "gelu_backward_lp: bf16 or f16");
+  if (use_avx512()) {
+    for_chunks(n, [&](size_t i0, size_t i1) {
+      detail::gelu_backward_lp_avx512(dinp + i0, at(h_cd, cd, i0), cd == DType::kBF16, dout + i0, i1 - i0);
+    });
+    return;
+  }
+  for_chunks(n, [&](size_t i0, size_t i1) {
+    const size_t m = i1 - i0;
+    float* x = thread_scratch(m, 0);
+    convert(x, DType::kF32, at(h_cd, cd, i0), cd, m);
+    gelu_backward(dinp + i0, x, dout + i0, m);
+  });
+}
+
+void swiglu_forward_lp(void* h_cd, void* act_cd, DType cd, const float* h, int N, int I) {
+  MT_CHECK(cd == DType::kBF16 || cd == DType::kF16, ErrorKind::kInvalidArgument, "swiglu_forward_lp: bf16 or f16");
+  const size_t row = 2 * static_cast<size_t>(I);
+  if (use_avx512()) {
+    for_thread_rows(N, [&](int, int r0, int r1) {
+      detail::swiglu_forward_lp_avx512(at(h_cd, cd, static_cast<size_t>(r0) * row), at(act_cd, cd, static_cast<size_t>(r0) * I),
+                                       cd == DType::kBF16, h + static_cast<size_t>(r0) * row, r1 - r0, I);
+    });
+    return;
+  }
+  auto body = swiglu_forward_rows;
+  for_thread_rows(N, [&](int, int r0, int r1) {
+    float* x = thread_scratch(row, 0);
+    float* y = thread_scratch(static_cast<size_t>(I), 1);
+    for (int r = r0; r < r1; ++r) {
+      std::memcpy(x, h + static_cast<size_t>(r) * row, row * sizeof(float));
+      round_to(at(h_cd, cd, static_cast<size_t>(r) * row), cd, x, row);
+      body(y, x, 1, I);
+      convert(at(act_cd, cd, static_cast<size_t>(r) * I), cd, y, DType::kF32, static_cast<size_t>(I));
+    }
+  });
+}
+
+void swiglu_backward_lp(float* dinp, const float* dout, const void* h_cd, DType cd, int N, int I) {
+  MT_CHECK(cd == DType::kBF16 || cd == DType::kF16, ErrorKind::kInvalidArgument, "swiglu_backward_lp: bf16 or f16");
+  const size_t row = 2 * static_cast<size_t>(I);
+  if (use_avx512()) {
+    for_thread_rows(N, [&](int, int r0, int r1) {
+      detail::swiglu_backward_lp_avx512(dinp + static_cast<size_t>(r0) * row, dout + static_cast<size_t>(r0) * I,
+                                        at(h_cd, cd, static_cast<size_t>(r0) * row), cd == DType::kBF16, r1 - r0, I);
+    });
+    return;
+  }
+  auto body = swiglu_backward_rows;
+  for_thread_rows(N, [&](int, int r0, int r1) {
+    float* x = thread_scratch(row, 0);
+    for (int r = r0; r < r1; ++r) {
+      convert(x, DType::kF32, at(h_cd, cd, static_cast<size_t>(r) * row), cd, row);
+      body(dinp + static_cast<size_t>(r) * row, dout + static_cast<size_t>(r) * I, x, 1, I);
+    }
   });
 }
 

@@ -52,6 +52,19 @@ void swiglu_forward(float* out, const float* inp, int N, int I);  // out (N,I) =
 // dinp (N, 2I) =
 void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int I);
 
+// ---- The MLP's activation in low precision (cd bf16 or f16), fused with the roundings the block
+// saves (models/block.h, DESIGN-NOTES 69): each is what round_to, the f32 kernel above and a
+// conversion give in turn, element for element, but a row or a chunk at a time in cache, so the
+// f32 values between them never go to memory. ----
+// h (n) f32 in; h_cd = h rounded to cd (the saved pre-activation), act_cd = gelu(that) in cd.
+void gelu_forward_lp(void* h_cd, void* act_cd, DType cd, const float* h, size_t n);
+// dinp (n) = gelu'(h) dout, h read from its compute-dtype copy.
+void gelu_backward_lp(float* dinp, const void* h_cd, DType cd, const float* dout, size_t n);
+// h (N, 2I) f32 in; h_cd (N, 2I) = h rounded; act_cd (N, I) = swiglu(that) in cd.
+void swiglu_forward_lp(void* h_cd, void* act_cd, DType cd, const float* h, int N, int I);
+// dinp (N, 2I) = swiglu_backward(dout, h), h read from its compute-dtype copy (N, 2I).
+void swiglu_backward_lp(float* dinp, const float* dout, const void* h_cd, DType cd, int N, int I);
+
 // ---- RoPE, Hugging Face LLaMA convention (rotate_half: dim j pairs with j + HS/2) ----
 // Table: inv_freq[j] = 1 / theta^(2j/HS) computed in f32; cos/sin (T, HS/2) = cos/sin(t*inv_freq[j]).
 void rope_table(float* cos, float* sin, int T, int HS, float theta);

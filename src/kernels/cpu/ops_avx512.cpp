@@ -359,6 +359,87 @@ void gelu_backward_avx512(float* dinp, const float* inp, const float* dout, size
   }
 }
 
+namespace {
+
+// 16 f32 lanes to the compute dtype (round to nearest even, as f32_to_bf16 and f32_to_f16) and back.
+inline __m256i to_cd(__m512 v, bool bf16) {
+  if (bf16) {
+    __m256bh b = _mm512_cvtneps_pbh(v);
+    return reinterpret_cast<__m256i&>(b);
+  }
+  return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+}
+
+inline __m512 from_cd(__m256i h, bool bf16) {
+  if (bf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return _mm512_cvtph_ps(h);
+}
+
+// The pre-activation's 16 lanes rounded: stored to the saved copy, returned in f32.
+inline __m512 round_store(uint16_t* saved, const float* h, __mmask16 k, bool bf16) {
+  const __m256i r = to_cd(_mm512_maskz_loadu_ps(k, h), bf16);
+  _mm256_mask_storeu_epi16(saved, k, r);
+  return from_cd(r, bf16);
+}
+
+}  // namespace
+
+void gelu_forward_lp_avx512(void* h_cd, void* act_cd, bool bf16, const float* h, size_t n) {
+  auto* hc = static_cast<uint16_t*>(h_cd);
+  auto* ac = static_cast<uint16_t*>(act_cd);
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
+    const __m512 x = round_store(hc + i, h + i, k, bf16);
+    _mm256_mask_storeu_epi16(ac + i, k, to_cd(gelu512(x, nullptr), bf16));
+  }
+}
+
+void gelu_backward_lp_avx512(float* dinp, const void* h_cd, bool bf16, const float* dout, size_t n) {
+  const auto* hc = static_cast<const uint16_t*>(h_cd);
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
+    __m512 grad;
+    gelu512(from_cd(_mm256_maskz_loadu_epi16(k, hc + i), bf16), &grad);
+    _mm512_mask_storeu_ps(dinp + i, k, _mm512_mul_ps(grad, _mm512_maskz_loadu_ps(k, dout + i)));
+  }
+}
+
+void swiglu_forward_lp_avx512(void* h_cd, void* act_cd, bool bf16, const float* h, int N, int I) {
+  for (int n = 0; n < N; ++n) {
+    const float* g = h + static_cast<size_t>(n) * 2 * I;
+    uint16_t* gc = static_cast<uint16_t*>(h_cd) + static_cast<size_t>(n) * 2 * I;
+    uint16_t* y = static_cast<uint16_t*>(act_cd) + static_cast<size_t>(n) * I;
+    for (int i = 0; i < I; i += 16) {
+      const __mmask16 k = mask_at(i, I);
+      const __m512 gv = round_store(gc + i, g + i, k, bf16);
+      const __m512 uv = round_store(gc + I + i, g + I + i, k, bf16);
+      const __m512 silu = _mm512_mul_ps(gv, sigmoid512(gv, nullptr));
+      _mm256_mask_storeu_epi16(y + i, k, to_cd(_mm512_mul_ps(silu, uv), bf16));
+    }
+  }
+}
+
+void swiglu_backward_lp_avx512(float* dinp, const float* dout, const void* h_cd, bool bf16, int N, int I) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int n = 0; n < N; ++n) {
+    const uint16_t* gc = static_cast<const uint16_t*>(h_cd) + static_cast<size_t>(n) * 2 * I;
+    const float* dy = dout + static_cast<size_t>(n) * I;
+    float* dg = dinp + static_cast<size_t>(n) * 2 * I;
+    float* du = dg + I;
+    for (int i = 0; i < I; i += 16) {
+      const __mmask16 k = mask_at(i, I);
+      const __m512 gv = from_cd(_mm256_maskz_loadu_epi16(k, gc + i), bf16);
+      const __m512 uv = from_cd(_mm256_maskz_loadu_epi16(k, gc + I + i), bf16);
+      const __m512 d = _mm512_maskz_loadu_ps(k, dy + i);
+      __m512 oms;
+      const __m512 s = sigmoid512(gv, &oms);
+      _mm512_mask_storeu_ps(du + i, k, _mm512_mul_ps(d, _mm512_mul_ps(gv, s)));
+      const __m512 dus = _mm512_mul_ps(_mm512_mul_ps(d, uv), s);
+      _mm512_mask_storeu_ps(dg + i, k, _mm512_mul_ps(dus, _mm512_fmadd_ps(gv, oms, one)));
+    }
+  }
+}
+
 void add_forward_avx512(float* out, const float* a, const float* b, size_t n) {
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);

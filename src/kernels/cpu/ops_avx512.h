@@ -38,6 +38,11 @@ void vp_cross_entropy_exp_avx512(float* sumexp, float* logits, const float* rowm
 // Elementwise kernels over n contiguous elements.
 void gelu_forward_avx512(float* out, const float* inp, size_t n);
 void gelu_backward_avx512(float* dinp, const float* inp, const float* dout, size_t n);
+// ops.h's *_lp kernels in one pass (bf16: true for bf16, false for f16).
+void gelu_forward_lp_avx512(void* h_cd, void* act_cd, bool bf16, const float* h, size_t n);
+void gelu_backward_lp_avx512(float* dinp, const void* h_cd, bool bf16, const float* dout, size_t n);
+void swiglu_forward_lp_avx512(void* h_cd, void* act_cd, bool bf16, const float* h, int N, int I);
+void swiglu_backward_lp_avx512(float* dinp, const float* dout, const void* h_cd, bool bf16, int N, int I);
 void add_forward_avx512(float* out, const float* a, const float* b, size_t n);
 void add_inplace_avx512(float* acc, const float* x, size_t n);
 void scale_inplace_avx512(float* x, float s, size_t n);

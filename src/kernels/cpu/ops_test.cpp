@@ -171,6 +171,46 @@ TEST(OpsIsa, SwiGlu) {
   }
 }
 
+// The fused low-precision activations against their parts in turn (round_to, the f32 kernel, a
+// conversion): bit for bit, in bf16 and f16, on each ISA, across the chunks and threads' rows.
+TEST(OpsLowPrecision, FusedActivationsAreTheirPartsInTurn) {
+  IsaScope scope;
+  for (Isa isa : isas()) {
+    isa_force(isa);
+    for (DType cd : {DType::kBF16, DType::kF16}) {
+      for (auto [N, I] : {std::pair<int, int>{1, 7}, {3, 33}, {70, 769}, {2, 40000}}) {
+        const size_t nh = size_t(N) * 2 * I, ng = size_t(N) * I, e = dtype_size(cd);
+        const Vec h = random_vec(nh, -8, 8, 12), dy = random_vec(nh, -1, 1, 13);
+        // GELU over all N·2I elements: the saved copy, the activation, the backward.
+        Vec r = h;
+        std::vector<char> want_h(nh * e), want_a(nh * e), got_h(nh * e), got_a(nh * e);
+        round_to(want_h.data(), cd, r.data(), nh);
+        Vec act(nh), dx(nh), got_dx(nh);
+        gelu_forward(act.data(), r.data(), nh);
+        convert(want_a.data(), cd, act.data(), DType::kF32, nh);
+        gelu_backward(dx.data(), r.data(), dy.data(), nh);
+        gelu_forward_lp(got_h.data(), got_a.data(), cd, h.data(), nh);
+        gelu_backward_lp(got_dx.data(), got_h.data(), cd, dy.data(), nh);
+        ASSERT_EQ(got_h, want_h) << dtype_name(cd) << " gelu saved, N " << N << " I " << I;
+        ASSERT_EQ(got_a, want_a) << dtype_name(cd) << " gelu activation";
+        ASSERT_EQ(got_dx, dx) << dtype_name(cd) << " gelu backward";
+        // SwiGLU: rows of [gate | up].
+        std::vector<char> want_sa(ng * e), got_sa(ng * e);
+        Vec sy(ng), sdx(nh), got_sdx(nh);
+        swiglu_forward(sy.data(), r.data(), N, I);
+        convert(want_sa.data(), cd, sy.data(), DType::kF32, ng);
+        swiglu_backward(sdx.data(), dy.data(), r.data(), N, I);
+        std::fill(got_h.begin(), got_h.end(), 0);
+        swiglu_forward_lp(got_h.data(), got_sa.data(), cd, h.data(), N, I);
+        swiglu_backward_lp(got_sdx.data(), dy.data(), got_h.data(), cd, N, I);
+        ASSERT_EQ(got_h, want_h) << dtype_name(cd) << " swiglu saved";
+        ASSERT_EQ(got_sa, want_sa) << dtype_name(cd) << " swiglu activation";
+        ASSERT_EQ(got_sdx, sdx) << dtype_name(cd) << " swiglu backward";
+      }
+    }
+  }
+}
+
 TEST(OpsIsa, CrossEntropy) {
   for (int R : {1, 5}) {
     for (int V : {1, 7, 33, 769, 50257}) {
