@@ -272,15 +272,15 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
   // layers' backward takes the whole N rows (the reduce-scatter's backward is an all-gather).
   const float* dn = nullptr;
   const DType cd = gpt2 ? c_attn_->weight()->compute_dtype : o_proj_->weight()->compute_dtype;
-  // A saved norm output as its GEMM's input: under sequence parallelism this rank's rows gathered
-  // from the group again (the backward's all-gather of Megatron's sharded input), into s.full
-  // (f32) or s.f (the compute dtype; the forward's scratch is free in backward).
   // A saved activation as f32: itself, or (low precision) converted into the scratch `into`.
   auto saved_f32 = [&](const void* saved, float* into, size_t n) -> const float* {
     if (cd == DType::kF32) return static_cast<const float*>(saved);
     convert(into, DType::kF32, saved, cd, n);
     return into;
   };
+  // A saved norm output as its GEMM's input: under sequence parallelism this rank's rows gathered
+  // from the group again (the backward's all-gather of Megatron's sharded input), into s.full
+  // (f32) or s.f (the compute dtype; the forward's scratch is free in backward).
   auto gemm_input = [&](const void* saved) -> const void* {
     if (!d.sp) return saved;
     const float* rows = static_cast<const float*>(saved);
