@@ -82,14 +82,18 @@ TEST_P(TpMatchesOneProcess, LossesNormsAndFinalState) {
   // Sequence parallel: each all-reduce becomes an all-gather (N·C/tp handed) and a reduce-scatter
   // (N·C handed), and the norms' weight gradients (2 per layer + the final one) are all-reduced;
   // the backward gathers the two saved norm outputs again (N·C/tp handed each), which are kept as
-  // this rank's rows (Megatron's sharded inputs of the column-parallel layers).
+  // this rank's rows (Megatron's sharded inputs of the column-parallel layers). Those norm outputs,
+  // and the final norm's rows for the head, are gathered in the compute dtype (e bytes an element);
+  // everything else moves f32.
   {
     const bool gpt2 = std::string(k.arch) == "gpt2";
     const size_t N = 16, C = gpt2 ? 48 : 64, L = 2, NC = N * C, NlC = NC / static_cast<size_t>(k.tp);
+    const size_t e = std::string(k.dtype) == "fp32" ? 4 : 2, f = sizeof(float);
     const size_t norm = gpt2 ? 2 * C : C;  // one norm's parameters
-    const size_t fwd = k.sp ? 2 * (NlC + NC) : 2 * NC, bwd = k.sp ? 2 * (NlC + NC) + 2 * NlC + 2 * norm : 2 * NC;
-    const size_t ends = k.sp ? NC + NlC + NC + NlC + norm : 2 * NC;  // embedding, head, their backward
-    const size_t per_micro = (L * (fwd + bwd + (k.recompute ? fwd : 0)) + ends + 3 * N) * sizeof(float);
+    const size_t fwd = k.sp ? 2 * (e * NlC + f * NC) : 2 * f * NC;
+    const size_t bwd = k.sp ? 2 * f * (NlC + NC) + 2 * e * NlC + 2 * f * norm : 2 * f * NC;
+    const size_t ends = k.sp ? f * NC + e * NlC + f * NC + f * NlC + f * norm : 2 * f * NC;  // embedding, head, their backward
+    const size_t per_micro = L * (fwd + bwd + (k.recompute ? fwd : 0)) + ends + 3 * N * f;
     for (size_t b : got.tp_bytes) EXPECT_EQ(b, static_cast<size_t>(g) * per_micro);
     for (size_t b : ref.tp_bytes) EXPECT_EQ(b, 0u);  // one process: no collective
   }

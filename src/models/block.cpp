@@ -181,14 +181,17 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
   // A norm's output (R, C) f32, saved in the compute dtype (dst_cd), then all N rows of it as the
   // GEMM's input. Under sequence parallelism the saved copy keeps this rank's rows and the GEMM
   // reads them gathered (Megatron's gather-from-sequence region before a column-parallel layer):
-  // in s.full (f32) or s.f (the compute dtype).
+  // in s.full (f32), or in s.f gathered from the saved copy in the compute dtype as it is (the
+  // values the GEMM would read after a cast, at half the bytes).
   auto norm_out = [&](void* dst_cd) { return f32 ? static_cast<float*>(dst_cd) : d.sp ? s.part : s.f; };
   auto to_gemm_input = [&](void* dst_cd, float* n) -> const void* {
     store_cd(dst_cd, cd, n, R * C);
     if (!d.sp) return dst_cd;
-    tp_.gather_rows(s.full, n, R, C, "sp column-parallel forward");
-    if (f32) return s.full;
-    store_cd(s.f, cd, s.full, N * C);
+    if (f32) {
+      tp_.gather_rows(s.full, n, R, C, "sp column-parallel forward");
+      return s.full;
+    }
+    tp_.gather_rows(s.f, dst_cd, R, C, cd, "sp column-parallel forward");
     return s.f;
   };
   float* n1 = norm_out(a.n1c);
@@ -280,18 +283,12 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
   };
   // A saved norm output as its GEMM's input: under sequence parallelism this rank's rows gathered
   // from the group again (the backward's all-gather of Megatron's sharded input), into s.full
-  // (f32) or s.f (the compute dtype; the forward's scratch is free in backward).
+  // (f32) or, in the compute dtype as saved, into s.f (the forward's scratch is free in backward).
   auto gemm_input = [&](const void* saved) -> const void* {
     if (!d.sp) return saved;
-    const float* rows = static_cast<const float*>(saved);
-    if (cd != DType::kF32) {
-      convert(s.part, DType::kF32, saved, cd, static_cast<size_t>(R) * d.C);
-      rows = s.part;
-    }
-    tp_.gather_rows(s.full, rows, static_cast<size_t>(R), static_cast<size_t>(d.C), "sp column-parallel backward input");
-    if (cd == DType::kF32) return s.full;
-    store_cd(s.f, cd, s.full, N * d.C);
-    return s.f;
+    void* out = cd == DType::kF32 ? static_cast<void*>(s.full) : static_cast<void*>(s.f);
+    tp_.gather_rows(out, saved, static_cast<size_t>(R), static_cast<size_t>(d.C), cd, "sp column-parallel backward input");
+    return out;
   };
   {
     ProfileScope mlp_scope(prof_, pid_.mlp);

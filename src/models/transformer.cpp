@@ -327,12 +327,17 @@ float TransformerLM::head_forward(Slot& s, const float* last, const int32_t* tar
   }
   // The LM head and the loss (the fused kernel computes the head's gradients here too).
   ProfileScope head_scope(prof_, pid_.head);
-  if (d.sp) {
-    float* full = f32 ? static_cast<float*>(s.nfc) : s.sp_full;
-    tp_.gather_rows(full, nf, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp lm-head forward");
-    nf = full;
+  if (d.sp && f32) {
+    tp_.gather_rows(static_cast<float*>(s.nfc), nf, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp lm-head forward");
+  } else if (d.sp) {
+    // Low precision: this rank's rows cast into their block of the head's input, then gathered in
+    // place in the compute dtype (Megatron gathers the bf16 norm output).
+    char* mine = static_cast<char*>(s.nfc) + static_cast<size_t>(tp_.rank()) * d.Nl * d.C * dtype_size(cd);
+    convert(mine, cd, nf, DType::kF32, static_cast<size_t>(d.Nl) * d.C);
+    tp_.gather_rows(s.nfc, mine, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), cd, "sp lm-head forward");
+  } else if (nf != s.nfc) {
+    convert(s.nfc, cd, nf, DType::kF32, NC);
   }
-  if (nf != s.nfc) convert(s.nfc, cd, nf, DType::kF32, NC);
   if (targets == nullptr) return 0.0f;
   int count = 0;
   const int classes = cfg_.num_labels > 0 ? cfg_.num_labels : cfg_.vocab_size;

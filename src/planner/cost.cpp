@@ -62,10 +62,11 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     const std::string norm = llama ? "rmsnorm" : "layernorm";
     const double NC = Nl * C, NG = N * d.G;
     const bool lp = e < 4;
-    // Casts to the compute dtype of what the GEMMs read: the two norms' outputs and attention's
+    // Casts to the compute dtype of what the GEMMs read: the two norms' outputs (this rank's rows:
+    // under sequence parallelism the rest arrive gathered in the compute dtype) and attention's
     // output (forward; the activation's is fused with it below), the same gradients and the
     // activation's (backward).
-    const double casts_fwd = lp ? (4 + e) * (2 * N * C + N * d.A) : 0.0;
+    const double casts_fwd = lp ? (4 + e) * (2 * Nl * C + N * d.A) : 0.0;
     const double casts_bwd = lp ? (4 + e) * (2 * N * C + N * d.A + NG) : 0.0;
     // The saved q, k, v rounded to the compute dtype in place (read f32, write both); in the
     // backward their f32 copy and the attention output's compute-dtype copy again (DESIGN-NOTES 69).
@@ -97,13 +98,8 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
       elem_bwd += mem * ((e + 4) * N * d.QKV + (4 + e) * N * d.A);
     }
   }
-  // Sequence parallelism keeps the norms' outputs as this rank's rows (Block::forward): the forward
-  // casts them to the compute dtype as well as the gathered rows, and the backward casts them back,
-  // gathers them and casts the gathered rows for the weight gradients' GEMMs.
-  if (d.sp && e < 4) {
-    elem_fwd += mem * 2 * (4 + e) * Nl * C;
-    elem_bwd += mem * 2 * ((e + 4) * Nl * C + (4 + e) * N * C);
-  }
+  // Sequence parallelism keeps the norms' outputs as this rank's rows (Block::forward), saved in the
+  // compute dtype; the forward and the backward gather that copy as it is, so no pass is added.
   // The block's kernels as a step runs them: the calibration's in-situ factor for the architecture
   // and dtype (a real block against this sum), where measured.
   const std::string what = std::string(llama ? "llama " : "gpt2 ") + dtype_name(cd == DType::kF32 ? DType::kF32 : DType::kBF16);
@@ -125,7 +121,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   c.backward.assign(U, block_bwd);
   c.forward.front() = emb;
   c.backward.front() = emb;
-  c.forward.back() = mem * (4 + e) * N * C + head + loss;
+  c.forward.back() = mem * (4 + e) * Nl * C + head + loss;  // the final norm's rows cast (then gathered)
   c.backward.back() = mem * 2 * (4 + e) * N * C;
   c.head_backward = gemm_backward(cal, cd, N, C, V) + loss;
   if (s.tp > 1) {  // the tp group's blocking collectives (cost.h)
@@ -134,8 +130,9 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     auto ag = [&cal, tp](double b) { return cal.collective_seconds("all_gather", b, tp, 1); };
     auto rs = [&cal, tp](double b) { return cal.collective_seconds("reduce_scatter", b, tp, 1); };
     const double full = 4 * N * C, part = 4 * Nl * C;
+    const double norm_rows = e * Nl * C;  // a norm's output rows, gathered in the compute dtype
     const bool sp = d.sp;
-    const std::vector<double> block = sp ? std::vector<double>{ag(part), rs(part), ag(part), rs(part)}
+    const std::vector<double> block = sp ? std::vector<double>{ag(norm_rows), rs(part), ag(norm_rows), rs(part)}
                                          : std::vector<double>{ar(full), ar(full)};
     // With recompute a block's backward first runs its forward again, the forward's collectives
     // included (TransformerLM::backward calls Block::forward), then its own.
@@ -144,7 +141,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     // The backward's own: under sequence parallelism, each half gathers the output gradient's rows,
     // then its saved norm output's rows (the weight gradient's input), and reduce-scatters the
     // input gradient.
-    const std::vector<double> own_bwd = sp ? std::vector<double>{ag(part), ag(part), rs(part), ag(part), ag(part), rs(part)}
+    const std::vector<double> own_bwd = sp ? std::vector<double>{ag(part), ag(norm_rows), rs(part), ag(part), ag(norm_rows), rs(part)}
                                            : block;
     block_bwd.insert(block_bwd.end(), own_bwd.begin(), own_bwd.end());
     if (sp) block_bwd.push_back(ar(4.0 * (llama ? 2 : 4) * C));  // the norms' weight gradients
@@ -152,7 +149,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     c.tp_backward.assign(U, block_bwd);
     c.tp_forward.front() = {sp ? rs(part) : ar(full)};                     // the vocabulary-parallel embedding
     c.tp_backward.front() = sp ? std::vector<double>{ag(part)} : std::vector<double>{};
-    c.tp_forward.back() = sp ? std::vector<double>{ag(part), ar(4 * N), ar(4 * N)}  // the head's rows, the loss's max and sum
+    c.tp_forward.back() = sp ? std::vector<double>{ag(norm_rows), ar(4 * N), ar(4 * N)}  // the head's rows, the loss's max and sum
                              : std::vector<double>{ar(4 * N), ar(4 * N)};
     c.tp_backward.back() = {};
     c.tp_head_backward = {sp ? rs(part) : ar(full)};

@@ -135,15 +135,26 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
     EXPECT_EQ(r.tp_head_backward, (std::vector<double>{ar}));
     // Sequence parallelism: each all-reduce is an all-gather and a reduce-scatter of N/tp rows, and
     // the backward gathers the two saved norm outputs again (Block::backward, DESIGN-NOTES 68)
-    // before the norms' weight gradients are all-reduced (2 norms of 2·C for GPT-2).
+    // before the norms' weight gradients are all-reduced (2 norms of 2·C for GPT-2). The norms'
+    // outputs (and the final norm's rows for the head) are gathered in the compute dtype, bf16
+    // here: 2 bytes an element; the output gradient's rows and the reductions move f32.
     cal.fits["all_gather"] = {2e-6, 1e-9};
     cal.fits["reduce_scatter"] = {3e-6, 1e-9};
     t.recompute = false;
     t.sequence_parallel = true;
     const ZeroStepCosts q = zero_step_costs(t, cal);
     const double ag = 2e-6 + 1e-9 * 4 * 8 * 64, rs = 3e-6 + 1e-9 * 4 * 8 * 64, norms = 1e-6 + 1e-9 * 4 * 4 * 64;
-    EXPECT_EQ(q.tp_forward[1], (std::vector<double>{ag, rs, ag, rs}));
-    EXPECT_EQ(q.tp_backward[1], (std::vector<double>{ag, ag, rs, ag, ag, rs, norms}));
+    const double agc = 2e-6 + 1e-9 * 2 * 8 * 64;
+    EXPECT_EQ(q.tp_forward[1], (std::vector<double>{agc, rs, agc, rs}));
+    EXPECT_EQ(q.tp_backward[1], (std::vector<double>{ag, agc, rs, ag, agc, rs, norms}));
+    const double loss = 1e-6 + 1e-9 * 4 * 16;
+    EXPECT_EQ(q.tp_forward[3], (std::vector<double>{agc, loss, loss}));
+    // f32: every gather moves 4 bytes an element.
+    t.compute = DType::kF32;
+    const ZeroStepCosts f = zero_step_costs(t, cal);
+    EXPECT_EQ(f.tp_forward[1], (std::vector<double>{ag, rs, ag, rs}));
+    EXPECT_EQ(f.tp_backward[1], (std::vector<double>{ag, ag, rs, ag, ag, rs, norms}));
+    EXPECT_EQ(f.tp_forward[3], (std::vector<double>{ag, loss, loss}));
   }
   cal = synthetic();
 

@@ -67,10 +67,17 @@ bool TpComm::alone(float* out, const float* in, size_t n) const {
 }
 
 void TpComm::gather_rows(float* out, const float* in, size_t lr, size_t cols, const char* tag) {
-  if (alone(out, in, lr * cols)) return;
+  gather_rows(static_cast<void*>(out), static_cast<const void*>(in), lr, cols, DType::kF32, tag);
+}
+
+void TpComm::gather_rows(void* out, const void* in, size_t lr, size_t cols, DType dt, const char* tag) {
+  const size_t bytes = lr * cols * dtype_size(dt);
+  if (size() == 1) {
+    if (out != in) std::memcpy(out, in, bytes);
+    return;
+  }
   Timer t;
-  finish(group_->all_gather(out, in, lr * cols, DType::kF32, options<comm::AllGatherOptions>(tag)),
-         lr * cols * sizeof(float), t);
+  finish(group_->all_gather(out, in, lr * cols, dt, options<comm::AllGatherOptions>(tag)), bytes, t);
 }
 
 void TpComm::reduce_scatter_rows(float* out, const float* in, size_t lr, size_t cols, const char* tag) {

@@ -11,7 +11,7 @@
 //   reduce-scatter to seq.  reduce-scatter rows | all-gather rows
 // so the primitives are: all_reduce, keep/all-gather columns, keep/all-gather/reduce-scatter rows.
 // With a group of one every primitive is a copy or nothing (no collective is issued).
-// Buffers are f32; bytes() counts what this rank handed to the collectives (for PERF.md's
+// Buffers are f32 (a gather also takes the compute dtype); bytes() counts what this rank handed to the collectives (for PERF.md's
 // bytes-per-step against the formula).
 #pragma once
 
@@ -47,6 +47,9 @@ class TpComm {
   void keep_rows(float* out, const float* in, size_t rows, size_t cols) const;
   // in (lr, cols) -> out (lr * size, cols): rank r's rows at block r.
   void gather_rows(float* out, const float* in, size_t lr, size_t cols, const char* tag);
+  // The same for elements of dtype dt: a GEMM's input already in the compute dtype is gathered as
+  // it is (Megatron gathers the bf16 norm output), half the bytes of its f32 values.
+  void gather_rows(void* out, const void* in, size_t lr, size_t cols, DType dt, const char* tag);
   // in (lr * size, cols) -> out (lr, cols): block `rank` of the sum over the group.
   void reduce_scatter_rows(float* out, const float* in, size_t lr, size_t cols, const char* tag);
 
