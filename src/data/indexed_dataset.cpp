@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -250,7 +251,8 @@ namespace {
 
 // The SIGBUS guard of MappedFile::read: the handler jumps back into the read that faulted (its
 // thread's guard); a SIGBUS anywhere else gets the previous disposition, or the default one.
-thread_local sigjmp_buf* t_bus_guard = nullptr;
+// volatile: the handler reads it, so the stores around the guarded copy are never dropped.
+thread_local sigjmp_buf* volatile t_bus_guard = nullptr;
 struct sigaction g_prev_bus {};
 
 void on_sigbus(int sig, siginfo_t* info, void* context) {
@@ -285,8 +287,10 @@ void install_sigbus_guard() {
 
 void MappedFile::read(size_t offset, void* out, size_t n) const {
   sigjmp_buf env;
+  sigjmp_buf* const outer = t_bus_guard;  // a guard around this one, restored after it
   if (sigsetjmp(env, 0) != 0) {
     std::atomic_signal_fence(std::memory_order_seq_cst);
+    t_bus_guard = outer;
     throw Error(ErrorKind::kIOError, path_ + ": bytes " + std::to_string(offset) + "-" + std::to_string(offset + n) +
                                          " are no longer in the file (truncated while in use?)");
   }
@@ -294,7 +298,7 @@ void MappedFile::read(size_t offset, void* out, size_t n) const {
   std::atomic_signal_fence(std::memory_order_seq_cst);
   std::memcpy(out, data_ + offset, n);
   std::atomic_signal_fence(std::memory_order_seq_cst);
-  t_bus_guard = nullptr;
+  t_bus_guard = outer;
 }
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
@@ -351,17 +355,40 @@ IndexedDataset::IndexedDataset(const std::string& prefix)
       bin_path_(indexed_dataset_bin_path(prefix)),
       idx_(idx_path_),
       bin_(bin_path_) {
+  validate();
+}
+
+void IndexedDataset::validate() {
   validate_header();
   validate_document_indices();
   validate_sequences();
 }
 
+namespace {
+
+// fn(i, v) for the `count` values v of type T at byte `offset` of f, in order, copied out a block
+// at a time under the mapping's SIGBUS guard.
+template <typename T, typename Fn>
+void for_each_value(const MappedFile& f, uint64_t offset, uint64_t count, Fn&& fn) {
+  constexpr uint64_t kBlock = uint64_t{1} << 16;
+  std::vector<T> block(static_cast<size_t>(std::min(count, kBlock)));
+  for (uint64_t i0 = 0; i0 < count; i0 += kBlock) {
+    const uint64_t m = std::min(kBlock, count - i0);
+    f.read(offset + i0 * sizeof(T), block.data(), m * sizeof(T));
+    for (uint64_t j = 0; j < m; ++j) fn(i0 + j, block[j]);
+  }
+}
+
+}  // namespace
+
 void IndexedDataset::validate_header() {
-  const char* p = idx_.data();
   size_t size = idx_.size();
   if (size < kHeaderBytes)
     throw corruption(idx_path_, "truncated header: " + std::to_string(size) +
                                     " bytes, a Megatron index header needs 34");
+  char header[kHeaderBytes];
+  idx_.read(0, header, kHeaderBytes);
+  const char* p = header;
   if (std::memcmp(p, kMagic, sizeof kMagic) != 0)
     throw corruption(idx_path_, "bad magic: not a Megatron MMIDIDX index");
   uint64_t version = load<uint64_t>(p + 9);
@@ -402,17 +429,16 @@ void IndexedDataset::validate_document_indices() {
   if (document_count_ == 0)
     throw corruption(idx_path_, "document_count is 0; document_indices must start with 0");
   int64_t prev = 0;
-  for (uint64_t d = 0; d < document_count_; ++d) {
-    int64_t v = load<int64_t>(idx_.data() + documents_offset_ + 8 * d);
-    std::string at = "document_indices[" + std::to_string(d) + "] = " + std::to_string(v);
-    if (d == 0 && v != 0) throw corruption(idx_path_, at + ", must be 0");
+  for_each_value<int64_t>(idx_, documents_offset_, document_count_, [&](uint64_t d, int64_t v) {
+    auto at = [&] { return "document_indices[" + std::to_string(d) + "] = " + std::to_string(v); };
+    if (d == 0 && v != 0) throw corruption(idx_path_, at() + ", must be 0");
     if (v < prev)
-      throw corruption(idx_path_, at + " decreases (previous " + std::to_string(prev) + ")");
+      throw corruption(idx_path_, at() + " decreases (previous " + std::to_string(prev) + ")");
     if (static_cast<uint64_t>(v) > sequence_count_)
       throw corruption(idx_path_,
-                       at + " exceeds sequence_count " + std::to_string(sequence_count_));
+                       at() + " exceeds sequence_count " + std::to_string(sequence_count_));
     prev = v;
-  }
+  });
   if (static_cast<uint64_t>(prev) != sequence_count_)
     throw corruption(idx_path_, "document_indices ends at " + std::to_string(prev) +
                                     ", not at sequence_count " + std::to_string(sequence_count_));
@@ -421,13 +447,12 @@ void IndexedDataset::validate_document_indices() {
 void IndexedDataset::validate_sequences() {
   // Lengths first, so a short .bin is reported as such rather than as a pointer past its end.
   uint64_t total = 0;
-  for (uint64_t i = 0; i < sequence_count_; ++i) {
-    int32_t n = load<int32_t>(idx_.data() + lengths_offset_ + 4 * i);
+  for_each_value<int32_t>(idx_, lengths_offset_, sequence_count_, [&](uint64_t i, int32_t n) {
     if (n < 0)
       throw corruption(idx_path_, "sequence_lengths[" + std::to_string(i) +
                                       "] = " + std::to_string(n) + " is negative");
     total += static_cast<uint64_t>(n);  // S·2^31 cannot overflow: S is bounded by the file size
-  }
+  });
   total_tokens_ = total;
   uint64_t bin_size = bin_.size;
   if (bin_size / dtype_size_ != total || bin_size % dtype_size_ != 0) {
@@ -437,22 +462,29 @@ void IndexedDataset::validate_sequences() {
                                     std::to_string(total * dtype_size_) + " bytes)");
   }
   uint64_t expected = 0;  // Megatron writes sequences back to back from byte 0
-  for (uint64_t i = 0; i < sequence_count_; ++i) {
-    int64_t p = pointer(i);
-    uint64_t bytes = static_cast<uint64_t>(sequence_length(i)) * dtype_size_;
-    std::string at = "sequence_pointers[" + std::to_string(i) + "] = " + std::to_string(p);
+  // The pointers against the lengths, block by block (both copied out under the guard).
+  std::vector<int32_t> lengths;
+  uint64_t first = 0;  // the sequence at lengths[0]
+  for_each_value<int64_t>(idx_, pointers_offset_, sequence_count_, [&](uint64_t i, int64_t p) {
+    if (i - first >= lengths.size()) {
+      first = i;
+      lengths.resize(static_cast<size_t>(std::min<uint64_t>(uint64_t{1} << 16, sequence_count_ - i)));
+      idx_.read(lengths_offset_ + 4 * i, lengths.data(), lengths.size() * 4);
+    }
+    const uint64_t bytes = static_cast<uint64_t>(lengths[i - first]) * dtype_size_;
+    auto at = [&] { return "sequence_pointers[" + std::to_string(i) + "] = " + std::to_string(p); };
     if (p < 0 || static_cast<uint64_t>(p) > bin_size || bin_size - static_cast<uint64_t>(p) < bytes)
-      throw corruption(idx_path_, at + " with " + std::to_string(bytes) +
+      throw corruption(idx_path_, at() + " with " + std::to_string(bytes) +
                                       " bytes runs past the end of " + bin_path_ + " (" +
                                       std::to_string(bin_size) + " bytes)");
     if (static_cast<uint64_t>(p) < expected)
-      throw corruption(idx_path_, at + " overlaps the previous sequence, which ends at byte " +
+      throw corruption(idx_path_, at() + " overlaps the previous sequence, which ends at byte " +
                                       std::to_string(expected));
     if (static_cast<uint64_t>(p) > expected)
-      throw corruption(idx_path_, at + " leaves a gap after byte " + std::to_string(expected) +
+      throw corruption(idx_path_, at() + " leaves a gap after byte " + std::to_string(expected) +
                                       " (sequences must be contiguous)");
     expected += bytes;
-  }
+  });
 }
 
 int64_t IndexedDataset::pointer(uint64_t i) const {

@@ -117,7 +117,7 @@ class MappedFile {
 // and back to back from byte 0, so token p of the concatenation of all sequences (the "stream") is
 // at byte p · dtype size. Values are converted to int32 when read; a stored value that does not fit
 // (int64 or float files) is a kCorruption Error then.
-// The .idx stays mapped for the reader's lifetime (its reads SIGBUS-guarded). The .bin is read with pread, not mapped: reads
+// The .idx stays mapped for the reader's lifetime (its reads, the checks at open included, SIGBUS-guarded). The .bin is read with pread, not mapped: reads
 // copy the tokens out anyway, a mapping's touched pages would count in the process's resident set
 // for good (a long run over a large dataset: gigabytes, DESIGN-NOTES 60), and a .bin truncated
 // while in use (rather than replaced, as the writer does) gives a kIOError naming it, not SIGBUS.
@@ -142,6 +142,11 @@ class IndexedDataset {
   // out[0, count) = stream tokens [position, position + count); may span sequences and documents.
   // REQUIRES: position + count <= total_tokens().
   void read_stream(uint64_t position, uint64_t count, int32_t* out) const;
+
+  // The index's checks against itself and the .bin's size, which the constructor runs. Every read
+  // of the mapping goes through MappedFile::read, a block at a time, so an index truncated under a
+  // check is a kIOError naming it, not SIGBUS.
+  void validate();
 
  private:
   void validate_header();

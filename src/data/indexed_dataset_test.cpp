@@ -256,7 +256,43 @@ TEST(IndexedDataset, IdxTruncatedWhileInUseIsAnErrorNotASignal) {
       EXPECT_NE(std::string(e.what()).find("truncated while in use"), std::string::npos) << e.what();
     }
   }
+  // The checks the constructor runs read the index the same way: truncated under them (between the
+  // mapping and the checks of a reader being opened), they are a kIOError too.
+  try {
+    ds.validate();
+    FAIL() << "validated the truncated index";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIOError) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cut.idx"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("truncated while in use"), std::string::npos) << e.what();
+  }
   EXPECT_EXIT(::raise(SIGBUS), ::testing::KilledBySignal(SIGBUS), "");
+}
+
+// The checks read the arrays a block of 65,536 values at a time: an index of more sequences than a
+// block is checked across the blocks' edges (a gap after the first block is found, and named).
+TEST(IndexedDataset, ChecksSpanTheValidationsBlocks) {
+  ScratchDir dir;
+  const std::string prefix = dir.path() + "/many";
+  const int S = 65536 + 100;
+  std::vector<int32_t> lengths(S, 1);
+  std::vector<int64_t> pointers(S);
+  for (int i = 0; i < S; ++i) pointers[i] = 4 * int64_t{i};
+  std::vector<char> bin(4 * size_t{S}, 0);
+  write_bytes(prefix + ".bin", bin);
+  write_bytes(prefix + ".idx", build_idx(4, lengths, pointers, {0, S}));
+  IndexedDataset ds(prefix);
+  EXPECT_EQ(ds.total_tokens(), uint64_t{S});
+  EXPECT_EQ(ds.sequence_start(S - 1), uint64_t{S - 1});
+  pointers[65537] += 4;  // a gap in the second block
+  write_bytes(prefix + ".idx", build_idx(4, lengths, pointers, {0, S}));
+  try {
+    IndexedDataset bad(prefix);
+    FAIL() << "opened an index with a gap";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorruption) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sequence_pointers[65537]"), std::string::npos) << e.what();
+  }
 }
 
 TEST(IndexedDataset, ReadsOtherDtypes) {
