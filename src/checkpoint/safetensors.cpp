@@ -246,14 +246,60 @@ void SafetensorsFile::read_f32_into(const std::string& name, size_t first, size_
   const size_t at = t.begin + first * es;
   if (!header_only_) return convert(dst, DType::kF32, static_cast<const char*>(data(t)) + first * es, from, count);
   bytes_read_ += count * es;
-  if (from == DType::kF32) return pread_all(read_fd(), path_, reinterpret_cast<char*>(dst), count * 4, data_start_ + at);
+  if (from == DType::kF32) {
+    ++reads_;
+    return pread_all(read_fd(), path_, reinterpret_cast<char*>(dst), count * 4, data_start_ + at);
+  }
   // 16-bit elements staged a few MiB at a time.
   const size_t chunk = std::min<size_t>(count, size_t{8} << 20);
   std::vector<char> read(chunk * es);
   for (size_t done = 0; done < count; done += chunk) {
     const size_t m = std::min(chunk, count - done);
+    ++reads_;
     pread_all(read_fd(), path_, read.data(), m * es, data_start_ + at + done * es);
     convert(dst + done, DType::kF32, read.data(), from, m);
+  }
+}
+
+void SafetensorsFile::read_f32_runs(const std::string& name, const std::vector<Run>& runs) const {
+  if (!header_only_) {
+    for (const Run& r : runs) read_f32_into(name, r.first, r.count, r.dst);
+    return;
+  }
+  const StTensorInfo& t = get(name);
+  const size_t es = std::max<size_t>(1, st_dtype_size(t.dtype));
+  constexpr size_t kGap = size_t{64} << 10, kSpan = size_t{16} << 20;  // bytes
+  std::vector<char> span;
+  for (size_t i = 0; i < runs.size();) {
+    // The runs after i that lie close enough, within one span.
+    size_t j = i + 1, end = runs[i].first + runs[i].count;
+    while (j < runs.size() && runs[j].first >= end && (runs[j].first - end) * es <= kGap &&
+           (runs[j].first + runs[j].count - runs[i].first) * es <= kSpan) {
+      end = runs[j].first + runs[j].count;
+      ++j;
+    }
+    if (j == i + 1) {
+      read_f32_into(name, runs[i].first, runs[i].count, runs[i].dst);
+      ++i;
+      continue;
+    }
+    // One read of [first of i, end): read_f32_into's checks (bounds, a float dtype) on the span,
+    // into a staging buffer, then each run converted out of it.
+    const size_t first = runs[i].first, count = end - first;
+    const size_t n = (t.end - t.begin) / es;
+    MT_CHECK(first <= n && count <= n - first, ErrorKind::kInvalidArgument,
+             path_ + ": tensor '" + name + "' has " + std::to_string(n) + " elements, asked for [" +
+                 std::to_string(first) + ", " + std::to_string(end) + ")");
+    MT_CHECK(t.dtype == StDType::kF32 || t.dtype == StDType::kBF16 || t.dtype == StDType::kF16, ErrorKind::kInvalidArgument,
+             path_ + ": tensor '" + name + "' has dtype " + st_dtype_name(t.dtype) + ", expected a float type");
+    const DType from = t.dtype == StDType::kF32 ? DType::kF32 : t.dtype == StDType::kBF16 ? DType::kBF16 : DType::kF16;
+    span.resize(count * es);
+    ++reads_;
+    bytes_read_ += count * es;
+    pread_all(read_fd(), path_, span.data(), count * es, data_start_ + t.begin + first * es);
+    for (size_t k = i; k < j; ++k)
+      convert(runs[k].dst, DType::kF32, span.data() + (runs[k].first - first) * es, from, runs[k].count);
+    i = j;
   }
 }
 

@@ -45,7 +45,17 @@ class SafetensorsFile {
   // Elements [first, first + count) of a floating tensor (flat, row-major) into dst as f32: in
   // header-only mode only their bytes are read (init_from under ZeRO reads each rank's pieces).
   void read_f32_into(const std::string& name, size_t first, size_t count, float* dst) const;
+  // Several ranges of one tensor, each into its own dst, in ascending order without overlap (a
+  // rank's tensor-parallel slice: a column split is a short run a row). In header-only mode runs
+  // apart by at most 64 KiB are read together, up to 16 MiB a read, and the bytes between them
+  // skipped: a handful of reads a tensor rather than one a row.
+  struct Run {
+    size_t first = 0, count = 0;
+    float* dst = nullptr;
+  };
+  void read_f32_runs(const std::string& name, const std::vector<Run>& runs) const;
   size_t bytes_read() const { return bytes_read_; }  // header-only mode: tensor bytes read so far
+  size_t reads() const { return reads_; }            // header-only mode: the reads those took
   std::vector<int32_t> read_i32(const std::string& name) const;
 
  private:
@@ -53,7 +63,7 @@ class SafetensorsFile {
   int read_fd() const;           // header-only mode: the file, opened at the first read
   std::string path_;
   mutable std::shared_ptr<int> fd_;  // closed with the last copy
-  mutable size_t bytes_read_ = 0;
+  mutable size_t bytes_read_ = 0, reads_ = 0;
   bool header_only_ = false;
   std::vector<char> bytes_;
   size_t data_start_ = 0;

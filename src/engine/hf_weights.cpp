@@ -136,18 +136,26 @@ bool HfWeights::read_range(const nn::Parameter& p, size_t lo, size_t hi, float* 
   MT_CHECK(lo <= hi && hi <= static_cast<size_t>(p.numel()), ErrorKind::kInternal, p.name + ": range out of the parameter");
   std::fill(dst, dst + (hi - lo), 0.0f);  // padding rows
   const auto lo64 = static_cast<int64_t>(lo), hi64 = static_cast<int64_t>(hi);
+  // The slice's runs inside the range, read together where they lie close in the file (a column
+  // split is a short run a row: SafetensorsFile::read_f32_runs).
+  std::vector<checkpoint::SafetensorsFile::Run> runs;
   nn::tp_for_each_run(p.global_shape, p.split, p.place, [&](int64_t local, int64_t global, int64_t len) {
     const int64_t a = std::max(local, lo64), b = std::min(local + len, hi64);
-    if (a < b)
-      it->second.file->read_f32_into(it->second.name, static_cast<size_t>(global + (a - local)), static_cast<size_t>(b - a),
-                                     dst + (a - lo64));
+    if (a < b) runs.push_back({static_cast<size_t>(global + (a - local)), static_cast<size_t>(b - a), dst + (a - lo64)});
   });
+  it->second.file->read_f32_runs(it->second.name, runs);
   return true;
 }
 
 size_t HfWeights::bytes_read() const {
   size_t n = 0;
   for (const auto& [path, file] : files_) n += file->bytes_read();
+  return n;
+}
+
+size_t HfWeights::reads() const {
+  size_t n = 0;
+  for (const auto& [path, file] : files_) n += file->reads();
   return n;
 }
 

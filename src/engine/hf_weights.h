@@ -64,6 +64,7 @@ class HfWeights : public WeightSource {
   bool reads_ranges() const override { return true; }
   bool read_range(const nn::Parameter& p, size_t lo, size_t hi, float* dst) override;
   size_t bytes_read() const;  // tensor bytes read from the files so far
+  size_t reads() const;       // and the reads that took
 
  private:
   struct Source {
