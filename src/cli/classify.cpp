@@ -168,7 +168,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   auto model = engine::engine_build_model(cfg, ctx);
   engine::Engine eng(cfg, *model, ctx);
   const int DW = ctx->dp(), DR = ctx->dp_rank();
-  train_resume(eng, args.resume, lead);
+  if (train_resume(eng, args.resume, lead)) return;
   if (lead) {
     std::fprintf(stderr,
                  "model %s; %zu training records (%zu longer than seq_length %d, truncated), %zu validation; batch %lld = "
@@ -204,8 +204,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   Timer total;
   const int64_t start_step = eng.global_step();
   while (eng.global_step() < cfg.train_iters) {
-    const int64_t step = eng.global_step();
-    uint64_t next = static_cast<uint64_t>(step * tbs + DR * gas * B);
+    uint64_t next = static_cast<uint64_t>(eng.consumed_samples() + DR * gas * B);
     Timer t;
     engine::StepResult r = eng.train_batch([&](int32_t* tokens, int32_t* targets) {
       for (int b = 0; b < B; ++b) rows[b] = &train[order(next + static_cast<uint64_t>(b))];

@@ -36,8 +36,9 @@ struct StopRequested {
 };
 // The first SIGTERM/SIGINT `train` received (0: none); the loop stops after the current step.
 int train_stop_signal();
-// --resume: restores eng from a checkpoint (nothing when path is empty) and says so on rank 0.
-void train_resume(engine::Engine& eng, const std::string& path, bool lead);
+// --resume: restores eng from a checkpoint (nothing when path is empty) and says so on rank 0. True
+// when the checkpoint is at train_iters (the run is complete: nothing to train); past it, an error.
+bool train_resume(engine::Engine& eng, const std::string& path, bool lead);
 
 // `train` with task "classification" (cli/classify.cpp): sequence classification over .jsonl
 // records, validation accuracy, the top-k checkpoints by a metric, an epoch progress bar.

@@ -3,6 +3,7 @@
 // (the *ForCausalLM state-dict names and layouts) and config.json (with torch_dtype), plus the
 // run's tokenizer (as tokenizer.json, or a GPT-2 vocabulary directory's files) when it had one.
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -28,6 +29,20 @@ void run_export(const ExportArgs& a) {
            "--dtype " + a.dtype + ": expected f32, bf16 or f16");
   DType dtype = a.dtype == "bf16" ? DType::kBF16 : a.dtype == "f16" ? DType::kF16 : DType::kF32;
   engine::CheckpointInfo info = engine::checkpoint_info(a.checkpoint);
+  // The output is a Hugging Face directory of its own: never a checkpoint, a save_dir, or a folder
+  // inside the checkpoint read (its model.safetensors would be written over the checkpoint's).
+  {
+    auto norm = [](const std::string& p) {
+      fs::path c = fs::weakly_canonical(p);
+      return c.has_filename() ? c : c.parent_path();  // no trailing separator
+    };
+    const fs::path out = norm(a.out), ckpt = norm(info.dir);
+    const bool inside = std::mismatch(ckpt.begin(), ckpt.end(), out.begin(), out.end()).first == ckpt.end();
+    MT_CHECK(!inside, ErrorKind::kInvalidArgument,
+             "--hf " + a.out + ": inside the checkpoint " + info.dir + "; export to a directory of its own");
+    MT_CHECK(!fs::exists(out / "state.json") && !engine::checkpoint_dir_has_checkpoints(out.string()), ErrorKind::kInvalidArgument,
+             "--hf " + a.out + ": a meshtrain checkpoint or save_dir, whose files export would overwrite; export to another directory");
+  }
   // Building the model checks every tensor's name and shape against the architecture.
   models::ModelOptions opts;
   models::TransformerLM model(info.model, opts);

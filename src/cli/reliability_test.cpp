@@ -140,6 +140,80 @@ TEST(Checkpoints, AKillWhileReSavingAStepLeavesLatestLoadable) {
   }
 }
 
+// An update that leaves the weights non-finite (here a learning rate of 3.3e38, which the config
+// takes) is never checkpointed: the run stops at the save naming the step and the first weight, and
+// `latest` and the rotation keep the last good checkpoint. It saved the NaN weights as `latest` and
+// rotated the good one away before.
+TEST(Checkpoints, NonFiniteWeightsAreNeverSavedOverTheLastGoodCheckpoint) {
+  std::string cfg = config("nan", {{"train_iters", 3}, {"keep_last", 1}});
+  ASSERT_EQ(run("train " + cfg), 0);  // step-3
+  const std::string before = mt::file_xxh3_hex(save_dir("nan") + "/step-3/model.safetensors");
+  std::string err;
+  EXPECT_NE(run("train " + cfg + " --resume " + save_dir("nan") +
+                    " --set train_iters=6 --set save_interval=1 --set optimizer.params.lr=3.3e38",
+                &err),
+            0);
+  EXPECT_NE(err.find("step 4: the weights are not finite (first in "), std::string::npos) << err;
+  EXPECT_NE(err.find("the newest checkpoint stays " + save_dir("nan") + "/step-3"), std::string::npos) << err;
+  EXPECT_EQ(latest(save_dir("nan")), "step-3");
+  EXPECT_EQ(steps_in(save_dir("nan")), (std::vector<std::string>{"step-3"}));
+  EXPECT_EQ(mt::file_xxh3_hex(save_dir("nan") + "/step-3/model.safetensors"), before);
+  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("nan") + " --set train_iters=4", &err), 0) << err;
+}
+
+// A resume past train_iters trains nothing: an error naming the step and train_iters, not exit 0
+// (it printed nothing and exited 0 before). At train_iters the run is complete (a job requeued
+// after its last save): one line saying so, exit 0, nothing written.
+TEST(Checkpoints, ResumingPastTrainItersIsAnErrorAndAtItSaysTheRunIsComplete) {
+  std::string cfg = config("done", {{"train_iters", 3}});
+  ASSERT_EQ(run("train " + cfg), 0);
+  std::string err;
+  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("done") + " --set train_iters=2", &err), 2);
+  EXPECT_NE(err.find("is at step 3 and train_iters is 2: nothing to train"), std::string::npos) << err;
+  const std::string before = mt::file_xxh3_hex(save_dir("done") + "/step-3/state.json");
+  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("done"), &err), 0) << err;  // train_iters 3
+  EXPECT_NE(err.find("is at step 3 = train_iters: the run is complete"), std::string::npos) << err;
+  EXPECT_EQ(mt::file_xxh3_hex(save_dir("done") + "/step-3/state.json"), before);
+}
+
+// The data goes on from the samples the checkpoint's steps consumed, as Megatron's
+// consumed_train_samples: resumed with another batch size, no sample is skipped or repeated (the
+// position was step × the new batch before: samples 8..11 skipped here), and it says so.
+TEST(Checkpoints, AResumeWithAnotherBatchGoesOnFromTheConsumedSamples) {
+  std::string cfg = config("batch", {{"train_iters", 2}, {"save_interval", 1}});
+  ASSERT_EQ(run("train " + cfg), 0);  // 2 steps of 2 samples: 4 consumed
+  std::string err;
+  ASSERT_EQ(run("train " + cfg + " --resume " + save_dir("batch") +
+                    " --set train_iters=4 --set train_micro_batch_size_per_gpu=4",
+                &err),
+            0)
+      << err;
+  EXPECT_NE(err.find("the data continues at sample 4, where the checkpoint's 2 steps stopped"), std::string::npos) << err;
+  const auto next = [&](const char* step) {
+    return nlohmann::json::parse(slurp(save_dir("batch") + "/" + step + "/state.json"))["data"]["next_sample"].get<int64_t>();
+  };
+  EXPECT_EQ(next("step-2"), 4);
+  EXPECT_EQ(next("step-3"), 8);
+  EXPECT_EQ(next("step-4"), 12);  // was 16
+}
+
+// `export --hf` into the checkpoint it reads (or any checkpoint or save_dir) is refused: it wrote
+// its model.safetensors over the checkpoint's and exited 0.
+TEST(Checkpoints, ExportNeverWritesIntoACheckpoint) {
+  std::string cfg = config("export", {{"train_iters", 3}});
+  ASSERT_EQ(run("train " + cfg), 0);
+  const std::string before = mt::file_xxh3_hex(save_dir("export") + "/step-3/model.safetensors");
+  std::string err;
+  for (const std::string& out : {save_dir("export") + "/step-3", save_dir("export") + "/step-3/", save_dir("export"),
+                                 save_dir("export") + "/step-3/hf"}) {
+    EXPECT_EQ(run("export " + save_dir("export") + " --hf " + out + " --dtype bf16", &err), 2) << out;
+    EXPECT_NE(err.find("--hf " + out + ": "), std::string::npos) << err;
+  }
+  EXPECT_EQ(mt::file_xxh3_hex(save_dir("export") + "/step-3/model.safetensors"), before);
+  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("export") + " --set train_iters=4", &err), 0) << err;
+  EXPECT_EQ(run("export " + save_dir("export") + " --hf " + dir() + "/export-hf --dtype bf16", &err), 0) << err;
+}
+
 TEST(Checkpoints, AKillBeforeTheFirstLatestLeavesAResumableSaveDir) {
   std::string cfg = config("nolatest");
   std::string cmd = "MT_FAULT=checkpoint.before_latest " + std::string(MT_MESHTRAIN_BIN) + " train " + cfg +

@@ -81,10 +81,21 @@ void install_stop_handlers() {
 
 int train_stop_signal() { return g_stop_signal; }
 
-void train_resume(engine::Engine& eng, const std::string& path, bool lead) {
-  if (path.empty()) return;
+bool train_resume(engine::Engine& eng, const std::string& path, bool lead) {
+  if (path.empty()) return false;
   engine::checkpoint_load(eng, path);
-  if (lead) std::fprintf(stderr, "resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(eng.global_step()));
+  const int64_t step = eng.global_step(), iters = eng.config().train_iters;
+  // A checkpoint past train_iters trains nothing: an error, not exit 0 without progress. One at
+  // train_iters is a finished run (a job requeued after its last save): one line, and done.
+  MT_CHECK(step <= iters, ErrorKind::kInvalidArgument,
+           path + " is at step " + std::to_string(step) + " and train_iters is " + std::to_string(iters) +
+               ": nothing to train (--set train_iters=N with N > " + std::to_string(step) + " to go on)");
+  if (lead && step == iters)
+    std::fprintf(stderr, "%s is at step %lld = train_iters: the run is complete, nothing to train\n", path.c_str(),
+                 static_cast<long long>(step));
+  else if (lead)
+    std::fprintf(stderr, "resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(step));
+  return step == iters;
 }
 
 namespace {
@@ -201,7 +212,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   // Data is sharded by the data-parallel coordinate: the ranks of one tensor-parallel group read
   // the same samples.
   const int DW = ctx->dp(), DR = ctx->dp_rank();
-  train_resume(eng, args.resume, lead);
+  if (train_resume(eng, args.resume, lead)) return;
   // The metrics' peak_<category>_bytes describe training, not setup (the ParamStore's full buffers
   // live beside the ZeRO shards until the runtime releases them): `meshtrain estimate` predicts these.
   const size_t setup_peak = eng.memory_stats().total_peak;
@@ -255,7 +266,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     int64_t step = eng.global_step();
     // Rank R's micro-batches are samples [R·gas·B, (R+1)·gas·B) of the global batch: the global
     // batch is the one a single process trains on, and each rank reads only its part of it.
-    uint64_t next_sample = static_cast<uint64_t>(step * tbs + DR * gas * B);
+    uint64_t next_sample = static_cast<uint64_t>(eng.consumed_samples() + DR * gas * B);
     // DeepSpeed's flops profiler: rank 0 times every module of the step run when profile_step steps
     // are done (DeepSpeed's global_steps == profile_step; 1: the second step).
     std::unique_ptr<models::ModuleProfile> profile;
@@ -308,7 +319,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       val_loss = eng.mean_over_ranks(val_loss) * DW / static_cast<double>(cfg.eval_iters);
     }
     if (csv) {  // DeepSpeed's events, stepped in samples
-      const int64_t samples = done * tbs;
+      const int64_t samples = eng.consumed_samples();
       csv->write("Train/Samples/train_loss", r.loss, samples);
       csv->write("Train/Samples/lr", r.lr, samples);
       if (cfg.compute_dtype == DType::kF16) csv->write("Train/Samples/loss_scale", r.loss_scale, samples);

@@ -383,7 +383,12 @@ TEST(Tokenize, SftRecordsTrainOnlyTheResponse) {
   std::string err;
   ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/sft.jsonl.metrics", &err), 0) << err;
   EXPECT_NE(err.find("loss mask"), std::string::npos) << err;
-  EXPECT_TRUE(fs::exists(dir() + "/ckpt-sft/data-cache/sft.mask.idx"));
+  {
+    size_t masks = 0;  // STEM-HASH.mask.idx
+    for (const auto& e : fs::directory_iterator(dir() + "/ckpt-sft/data-cache"))
+      masks += e.path().filename().string().rfind("sft-", 0) == 0 && e.path().string().find(".mask.idx") != std::string::npos;
+    EXPECT_EQ(masks, 1u);
+  }
   std::vector<double> l = losses(dir() + "/sft.jsonl.metrics");
   ASSERT_EQ(l.size(), 2u);
   EXPECT_TRUE(std::isfinite(l[0]) && l[0] > 0);

@@ -226,6 +226,27 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   fs::path final_dir = fs::path(save_dir) / name;
   fs::path tmp_dir = fs::path(save_dir) / (name + ".tmp");
 
+  // 0. Weights that are no longer finite (an update that overflowed: a learning rate or betas
+  // past what Adam takes) are never saved: such a checkpoint would become `latest` and rotation
+  // would delete the last good one. Every rank checks its own span and all stop together, the
+  // checkpoints untouched.
+  {
+    std::exception_ptr bad;
+    const std::string where = engine.first_nonfinite_weight();
+    if (!where.empty()) {
+      std::string newest;
+      try {
+        if (checkpoint_dir_has_checkpoints(save_dir)) newest = checkpoint_resolve(save_dir);
+      } catch (const Error&) {  // no intact checkpoint to name
+      }
+      bad = std::make_exception_ptr(Error(
+          ErrorKind::kNumerical, "step " + std::to_string(engine.global_step()) + ": the weights are not finite (first in " +
+                                     where + "), so " + (fs::path(save_dir) / name).string() + " is not written" +
+                                     (newest.empty() ? std::string() : "; the newest checkpoint stays " + newest)));
+    }
+    agree(ctx, bad, timeout, "the weights' check before saving " + name);
+  }
+
   // 1. Rank 0 prepares the temporary directory. Leftovers of saves killed half-way are never
   // loaded; remove them. A step-N.old is the previous copy of a re-saved step (the fallback path
   // below): it goes once step-N exists, else it is step-N again.
@@ -428,7 +449,7 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                               {"scaler_last_overflow_iter", ls.last_overflow_iter},
                               {"scaler_hysteresis_left", ls.hysteresis_left},
                               {"model", ds_config_resolved(engine.config())["model"]},
-                              {"data", {{"next_sample", engine.global_step() * engine.config().batch.train_batch_size},
+                              {"data", {{"next_sample", engine.consumed_samples()},
                                         {"seed", engine.config().seed},
                                         {"shuffle", engine.config().shuffle},
                                         {"train", engine.config().data_train}}},
@@ -733,6 +754,14 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
     if (state.contains("data")) {
       const nlohmann::json& d = state["data"];
       const RunConfig& c = engine.config();
+      // The data goes on from the samples the checkpoint's steps consumed (with another batch size
+      // than the checkpoint's, not from step × this run's batch: no sample skipped or repeated).
+      const int64_t next = d.at("next_sample").get<int64_t>();
+      engine.set_consumed_samples(next);
+      if (next != engine.global_step() * c.batch.train_batch_size)
+        log_info((dir / "state.json").string() + ": the data continues at sample " + std::to_string(next) +
+                 ", where the checkpoint's " + std::to_string(engine.global_step()) + " steps stopped (this run's batch is " +
+                 std::to_string(c.batch.train_batch_size) + ")");
       if (d.at("seed").get<uint64_t>() != c.seed || d.at("shuffle").get<bool>() != c.shuffle)
         log_warning((dir / "state.json").string() + ": written with data seed " + std::to_string(d.at("seed").get<uint64_t>()) +
                     " shuffle " + (d.at("shuffle").get<bool>() ? "true" : "false") +

@@ -1,11 +1,13 @@
 #include "engine/corpus.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 
+#include "base/checksum.h"
 #include "base/error.h"
 #include "base/file_io.h"
 #include "data/chat.h"
@@ -136,17 +138,42 @@ std::string corpus_mask_prefix(const std::string& prefix) {
   return fs::exists(data::indexed_dataset_idx_path(prefix + ".mask")) ? prefix + ".mask" : "";
 }
 
+namespace {
+
+// What a file's tokens depend on, as text: its canonical path, size and modification time (for a
+// directory, a GPT-2 vocabulary, each of its files' names, sizes and times).
+std::string file_stamp(const std::string& path) {
+  auto one = [](const fs::path& p) {
+    return p.string() + " " + std::to_string(fs::file_size(p)) + " " +
+           std::to_string(fs::last_write_time(p).time_since_epoch().count()) + "\n";
+  };
+  const fs::path canonical = fs::weakly_canonical(path);
+  if (!fs::is_directory(canonical)) return one(canonical);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(canonical))
+    if (e.is_regular_file()) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::string s = canonical.string() + "/\n";
+  for (const fs::path& f : files) s += one(f);
+  return s;
+}
+
+}  // namespace
+
 std::string corpus_prepare(const std::string& path, const std::string& tokenizer, const std::string& cache_dir) {
   if (!ends_with(path, ".txt") && !ends_with(path, ".jsonl")) return path;
   MT_CHECK(fs::exists(path), ErrorKind::kNotFound, path + ": no such file");
   MT_CHECK(!tokenizer.empty(), ErrorKind::kInvalidArgument,
            "data.tokenizer: required to tokenize " + path + " (a tokenizer.json or a GPT-2 vocabulary directory)");
+  MT_CHECK(fs::exists(tokenizer), ErrorKind::kNotFound, "data.tokenizer: " + tokenizer + ": no such file");
   fs::create_directories(cache_dir);
-  std::string prefix = (fs::path(cache_dir) / fs::path(path).stem()).string();
+  // One dataset for each (file, tokenizer) as they are now: the name is the file's stem and a hash
+  // of both files' paths, sizes and times, so two files of one name (a train/ and a valid/
+  // corpus.txt, x.txt and x.jsonl), another tokenizer, or the file edited, never share a dataset.
+  const std::string key = file_stamp(path) + file_stamp(tokenizer);
+  std::string prefix = (fs::path(cache_dir) / (fs::path(path).stem().string() + "-" + xxh3_hex(key.data(), key.size()))).string();
   std::string idx = data::indexed_dataset_idx_path(prefix);
-  if (fs::exists(idx) && fs::last_write_time(idx) > fs::last_write_time(path) &&
-      fs::last_write_time(idx) > fs::last_write_time(tokenizer))
-    return prefix;
+  if (fs::exists(idx)) return prefix;
   data::Tokenizer tok = data::Tokenizer::load(tokenizer);
   fs::remove(data::indexed_dataset_idx_path(prefix + ".mask"));
   CorpusStats st = corpus_write_dataset(corpus_read(path), tok, prefix);

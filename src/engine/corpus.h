@@ -38,8 +38,9 @@ struct CorpusStats {
 CorpusStats corpus_write_dataset(const std::vector<CorpusDocument>& docs, const data::Tokenizer& tokenizer,
                                  const std::string& prefix);
 // The dataset prefix for a data path: itself when it is a prefix; for a .txt/.jsonl file, a
-// dataset tokenized with `tokenizer` into cache_dir (reused while newer than the file and the
-// tokenizer). Prints one line to stderr when it tokenizes.
+// dataset tokenized with `tokenizer` into cache_dir, named STEM-HASH after the file and the
+// tokenizer (their paths, sizes and times), and reused while both are unchanged. Prints one line
+// to stderr when it tokenizes.
 std::string corpus_prepare(const std::string& path, const std::string& tokenizer, const std::string& cache_dir);
 // PREFIX.mask when that dataset exists, else "".
 std::string corpus_mask_prefix(const std::string& prefix);

@@ -300,6 +300,13 @@ void parse_betas(Section& p, optim::OptimizerSpec& o) {
              "optimizer.params.betas must be [beta1, beta2]");
     o.beta1 = b[0].get<double>();
     o.beta2 = b[1].get<double>();
+    // As torch.optim's Adam/AdamW refuse them: beta 1 divides by zero in the bias correction and a
+    // beta past 1 grows the moments without bound (the weights turn non-finite in a few steps).
+    for (int i : {0, 1}) {
+      const double v = i == 0 ? o.beta1 : o.beta2;
+      MT_CHECK(v >= 0.0 && v < 1.0, ErrorKind::kInvalidArgument,
+               p.where("betas") + ": beta" + std::to_string(i + 1) + " = " + b[i].dump() + " is outside [0, 1)");
+    }
   }
 }
 
@@ -382,6 +389,8 @@ void parse_optimizer(Section& root, RunConfig& c) {
     MT_CHECK(std::isfinite(o.lr) && o.lr >= 0.0, ErrorKind::kInvalidArgument,
              p.where("lr") + ": must be a non-negative number (got " + std::to_string(o.lr) + ")");
     o.weight_decay = p.number_or_auto("weight_decay", o.weight_decay, kHfWd, "Hugging Face's weight_decay default");
+    MT_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0, ErrorKind::kInvalidArgument,
+             p.where("weight_decay") + ": must be a non-negative number (got " + std::to_string(o.weight_decay) + ")");
     if (onebit) parse_onebit(p, o.type, o, c.warnings);
     if (o.type == "OneBitLamb") {
       o.max_coeff = p.number("max_coeff", 10.0);
@@ -390,6 +399,8 @@ void parse_optimizer(Section& root, RunConfig& c) {
     if (adam || lamb || onebit) {
       parse_betas(p, o);
       o.eps = p.number_or_auto("eps", 1e-8, kHfEps, "Hugging Face's adam_epsilon default");
+      MT_CHECK(std::isfinite(o.eps) && o.eps >= 0.0, ErrorKind::kInvalidArgument,
+               p.where("eps") + ": must be a non-negative number (got " + std::to_string(o.eps) + ")");
       p.require_default("amsgrad", false, "amsgrad is not supported");
     }
     if (adam) {

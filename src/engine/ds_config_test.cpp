@@ -106,6 +106,27 @@ TEST(DsConfig, AutoValuesResolveLikeHuggingFace) {
   EXPECT_NE(error_of(j).find("fp16.loss_scale"), std::string::npos);
 }
 
+// What torch.optim's Adam refuses: a beta outside [0, 1) (1 divides by zero in the bias
+// correction; past 1 the moments grow without bound), a negative eps or weight decay. Each was
+// taken before and made the weights non-finite, which a checkpoint then saved.
+TEST(DsConfig, AdamsHyperparametersOutsideTheirRangesAreRefusedByKey) {
+  for (const char* betas : {"[1.0, 0.999]", "[0.9, 2.0]", "[-0.5, 0.999]", "[0.9, 1]"}) {
+    auto j = base();
+    j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"betas", nlohmann::json::parse(betas)}}}};
+    const std::string e = error_of(j);
+    EXPECT_NE(e.find("optimizer.params.betas"), std::string::npos) << betas << ": " << e;
+    EXPECT_NE(e.find("outside [0, 1)"), std::string::npos) << e;
+  }
+  auto j = base();
+  j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"betas", {0.0, 0.95}}}}};
+  EXPECT_EQ(ds_config_parse(j, "cfg.json").optimizer.beta1, 0.0);  // the edges of the range stand
+  j["optimizer"]["params"]["eps"] = -1e-8;
+  EXPECT_NE(error_of(j).find("optimizer.params.eps"), std::string::npos);
+  j["optimizer"]["params"]["eps"] = 1e-8;
+  j["optimizer"]["params"]["weight_decay"] = -0.1;
+  EXPECT_NE(error_of(j).find("optimizer.params.weight_decay"), std::string::npos);
+}
+
 TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   auto j = base();
   j["zero_optimization"] = {{"stage", 3}, {"offload_param", {{"device", "nvme"}, {"nvme_path", "/x"}}}};

@@ -385,25 +385,30 @@ void Engine::settle() {
   if (optimizer_ && optimizer_->state_swapped()) static_cast<optim::SwappedAdamW*>(optimizer_.get())->wait();
 }
 
-std::string Engine::first_nonfinite_grad() {
-  // This rank's span: the whole buffer, or its ZeRO shard (whose segments carry the names).
+// "name, element i" of the first value of this rank's span (the whole buffer, or its ZeRO shard,
+// whose segments carry the names) of the gradients or the master weights that is not finite.
+std::string Engine::first_nonfinite(bool weights) {
   std::vector<float> host;
-  const float* g = grad();
+  const float* v = weights ? master() : grad();
   size_t n = state_numel();
   if (device_) {
     host.resize(model_.store().numel());
-    device_->store_grads(host.data());
-    g = host.data();
+    if (weights) device_->store_master(host.data());
+    else device_->store_grads(host.data());
+    v = host.data();
     n = host.size();
   }
-  if (g == nullptr) return "";
+  if (v == nullptr) return "";
   const auto all = engine_param_segments(config_, model_.store());
   for (const optim::ParamSegment& s : sync_ ? sync_->span_segments(all) : all) {
     for (size_t i = s.offset; i < s.offset + s.numel && i < n; ++i)
-      if (!std::isfinite(g[i])) return s.name + ", element " + std::to_string(i - s.offset);
+      if (!std::isfinite(v[i])) return s.name + ", element " + std::to_string(i - s.offset);
   }
   return "";
 }
+
+std::string Engine::first_nonfinite_grad() { return first_nonfinite(false); }
+std::string Engine::first_nonfinite_weight() { return first_nonfinite(true); }
 
 float* Engine::master() const { return sync_ ? sync_->master() : model_.store().master(); }
 float* Engine::grad() const { return sync_ ? sync_->grad() : model_.store().grad(); }
@@ -633,6 +638,7 @@ StepResult Engine::step() {
   }
   scaler_.update(overflow);  // throws at the minimum scale, as DeepSpeed does
   ++global_step_;
+  consumed_samples_ += config_.batch.train_batch_size;  // a skipped step consumed its batch too
   if (device_) {
     device_->zero_grad();
     device_->synchronize();  // the step's time includes its kernels

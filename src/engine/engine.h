@@ -172,12 +172,23 @@ class Engine {
   void set_counters(int64_t global_step, int64_t applied_steps) {
     global_step_ = global_step;
     applied_steps_ = applied_steps;
+    consumed_samples_ = global_step * config_.batch.train_batch_size;
   }
+  // The training samples the steps so far consumed (Megatron's consumed_train_samples): the next
+  // step's global batch starts here. A checkpoint keeps it, so a run resumed with another batch
+  // size goes on from where the data stopped, not from step × the new batch.
+  int64_t consumed_samples() const { return consumed_samples_; }
+  void set_consumed_samples(int64_t n) { consumed_samples_ = n; }
+
+  // "name, element i" of the first weight this rank updates (its master span) that is not finite,
+  // or "" ("" too where the weights are on NVMe): checkpoint_save refuses such weights.
+  std::string first_nonfinite_weight();
 
  private:
   float* master() const;
   float* grad() const;
   std::string first_nonfinite_grad();  // "name, element i" of this rank's span, or ""
+  std::string first_nonfinite(bool weights);
   std::chrono::milliseconds timeout() const;
   size_t state_numel() const;  // elements of the optimizer's span (shard or whole)
   // This rank's span (the local flat buffer, or its ZeRO shard) in the one-process layout on rank 0.
@@ -204,6 +215,7 @@ class Engine {
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LossScaler scaler_;
   int64_t global_step_ = 0, applied_steps_ = 0;
+  int64_t consumed_samples_ = 0;
   std::unique_ptr<CurriculumSchedule> curriculum_;  // curriculum_learning (null: off)
   int micro_in_step_ = 0;
   bool pending_backward_ = false;
