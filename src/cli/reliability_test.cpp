@@ -197,6 +197,28 @@ TEST(Checkpoints, AResumeWithAnotherBatchGoesOnFromTheConsumedSamples) {
   EXPECT_EQ(next("step-4"), 12);  // was 16
 }
 
+// A resume into another model with the same shapes (n_head 2 -> 4 at the same width, another
+// activation) loaded the weights into it without a word; now it is refused naming the keys.
+// Another data.train is said in one line.
+TEST(Checkpoints, AResumeIntoAnotherModelOfTheSameShapesIsRefused) {
+  std::string cfg = config("model", {{"train_iters", 3}});
+  ASSERT_EQ(run("train " + cfg), 0);
+  std::string err;
+  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("model") + " --set train_iters=4 --set model.n_head=4", &err), 2);
+  EXPECT_NE(err.find("the checkpoint's model differs from this run's: n_head 2 -> 4"), std::string::npos) << err;
+  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("model") + " --set train_iters=4 --set model.activation_function=relu",
+                &err),
+            2);
+  EXPECT_NE(err.find("activation_function"), std::string::npos) << err;
+  mt::cli::testing::write_chain_dataset(dir() + "/train-b", 64);
+  ASSERT_EQ(run("train " + cfg + " --resume " + save_dir("model") +
+                    " --set train_iters=4 --set model.initializer_range=0.05 --set data.train=" + dir() + "/train-b",
+                &err),
+            0)
+      << err;
+  EXPECT_NE(err.find("written with data.train " + dir() + "/train;"), std::string::npos) << err;
+}
+
 // `export --hf` into the checkpoint it reads (or any checkpoint or save_dir) is refused: it wrote
 // its model.safetensors over the checkpoint's and exited 0.
 TEST(Checkpoints, ExportNeverWritesIntoACheckpoint) {
@@ -212,6 +234,21 @@ TEST(Checkpoints, ExportNeverWritesIntoACheckpoint) {
   EXPECT_EQ(mt::file_xxh3_hex(save_dir("export") + "/step-3/model.safetensors"), before);
   EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("export") + " --set train_iters=4", &err), 0) << err;
   EXPECT_EQ(run("export " + save_dir("export") + " --hf " + dir() + "/export-hf --dtype bf16", &err), 0) << err;
+}
+
+// SIGTERM during the setup (building the model, loading a checkpoint, tokenizing: before the stop
+// handlers were installed) ended the process with no line; now the run stops before its first step
+// with one line, exit 143, nothing saved.
+TEST(Signals, ASignalDuringTheSetupStopsBeforeTheFirstStepWithItsLine) {
+  std::string cfg = config("setup-signal");
+  const std::string e = dir() + "/setup-signal.err";
+  const int rc = std::system(("MT_FAULT=train.sigterm_in_setup " + std::string(MT_MESHTRAIN_BIN) + " train " + cfg +
+                              " > /dev/null 2> " + e).c_str());
+  const std::string err = slurp(e);
+  ASSERT_TRUE(WIFEXITED(rc)) << "ended by a signal, with no line: " << err;
+  EXPECT_EQ(WEXITSTATUS(rc), 143) << err;
+  EXPECT_NE(err.find("meshtrain: SIGTERM: stopped before the first step; nothing saved"), std::string::npos) << err;
+  EXPECT_FALSE(mt::engine::checkpoint_dir_has_checkpoints(save_dir("setup-signal")));
 }
 
 TEST(Checkpoints, AKillBeforeTheFirstLatestLeavesAResumableSaveDir) {

@@ -165,8 +165,10 @@ class CsvMonitor {
 };
 
 void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared_ptr<comm::Backend>& world, bool& started) {
+  // Before the setup (building the model, loading a checkpoint, tokenizing a corpus: seconds to
+  // minutes): a signal then stops the run before its first step, with its line.
+  install_stop_handlers();
   if (cfg.task == "classification") {
-    install_stop_handlers();
     classify_loop({args.resume, args.metrics, args.overwrite, args.src.name()}, cfg, world, started);
     return;
   }
@@ -191,6 +193,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   bo.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000.0));
   bo.tag = "data ready";
   if (world && !lead) world->barrier(bo)->wait();
+  if (fault_active("train.sigterm_in_setup")) std::raise(SIGTERM);  // test seam: a scheduler's signal during the setup
   DataSource train_data = open_data(cfg, cfg.data_train, "data.train", cfg.shuffle);
   data::TokenStream& train = *train_data.stream;
   DataSource valid_data;
@@ -261,7 +264,25 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   Timer total;
   int64_t start_step = eng.global_step();
   bool first_save = true;
-  install_stop_handlers();
+  // A stop signal on any rank stops every rank (one tiny all-reduce), after the same step.
+  auto agreed_stop = [&] {
+    int stop = g_stop_signal;
+    if (world) {
+      float s = static_cast<float>(stop);
+      comm::AllReduceOptions o;
+      o.op = comm::ReduceOp::kMax;
+      o.tag = "stop signal";
+      o.timeout = bo.timeout;
+      world->all_reduce(&s, 1, DType::kF32, o)->wait();
+      stop = static_cast<int>(s);
+    }
+    return stop;
+  };
+  if (const int stop = agreed_stop(); stop != 0) {  // during the setup: nothing trained, nothing to save
+    if (lead)
+      std::fprintf(stderr, "meshtrain: %s: stopped before the first step; nothing saved\n", stop == SIGINT ? "SIGINT" : "SIGTERM");
+    throw StopRequested{stop};
+  }
   while (eng.global_step() < cfg.train_iters) {
     int64_t step = eng.global_step();
     // Rank R's micro-batches are samples [R·gas·B, (R+1)·gas·B) of the global batch: the global
@@ -431,17 +452,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     }
     if (lead && have_val)
       std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), val_loss);
-    // A stop signal on any rank stops every rank after the same step (one tiny all-reduce).
-    int stop = g_stop_signal;
-    if (world) {
-      float s = static_cast<float>(stop);
-      comm::AllReduceOptions o;
-      o.op = comm::ReduceOp::kMax;
-      o.tag = "stop signal";
-      o.timeout = bo.timeout;
-      world->all_reduce(&s, 1, DType::kF32, o)->wait();
-      stop = static_cast<int>(s);
-    }
+    const int stop = agreed_stop();
     bool save_now = (cfg.save_interval > 0 && done % cfg.save_interval == 0) || done == cfg.train_iters || stop != 0;
     std::string where;
     if (!cfg.save_dir.empty() && save_now) {

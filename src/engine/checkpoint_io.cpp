@@ -731,6 +731,22 @@ class ShardReader {
   std::vector<std::string> opened_;
 };
 
+// The checkpoint's model against the run's, key by key (those both name): a key that changes the
+// function but not the parameters' shapes (n_head with the same width, the activation, a norm's
+// eps, RoPE's theta) would load the weights into another model without a word. It is refused,
+// naming the keys (the initializer's range, which acts at initialization only, may differ).
+void check_same_model(const fs::path& dir, const nlohmann::json& saved, const nlohmann::json& mine) {
+  if (!saved.is_object() || !mine.is_object()) return;
+  std::string refused;
+  for (const auto& [key, value] : saved.items()) {
+    if (!mine.contains(key) || mine[key] == value || key == "initializer_range") continue;  // that acts at initialization only
+    refused += (refused.empty() ? "" : ", ") + key + " " + value.dump() + " -> " + mine[key].dump();
+  }
+  MT_CHECK(refused.empty(), ErrorKind::kInvalidArgument,
+           (dir / "state.json").string() + ": the checkpoint's model differs from this run's: " + refused +
+               " (resume with the checkpoint's model, or start a new run from its weights with model.init_from)");
+}
+
 // Optimizer step count, loss scaler, counters; warns when the data order will not continue.
 void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json& state) {
   try {
@@ -762,6 +778,9 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
         log_info((dir / "state.json").string() + ": the data continues at sample " + std::to_string(next) +
                  ", where the checkpoint's " + std::to_string(engine.global_step()) + " steps stopped (this run's batch is " +
                  std::to_string(c.batch.train_batch_size) + ")");
+      if (d.contains("train") && d["train"].is_string() && d["train"].get<std::string>() != c.data_train)
+        log_warning((dir / "state.json").string() + ": written with data.train " + d["train"].get<std::string>() +
+                    "; this run trains on " + c.data_train + " from sample " + std::to_string(next));
       if (d.at("seed").get<uint64_t>() != c.seed || d.at("shuffle").get<bool>() != c.shuffle)
         log_warning((dir / "state.json").string() + ": written with data seed " + std::to_string(d.at("seed").get<uint64_t>()) +
                     " shuffle " + (d.at("shuffle").get<bool>() ? "true" : "false") +
@@ -913,6 +932,7 @@ std::vector<std::string> checkpoint_load(Engine& engine, const std::string& path
     if (!damage.empty()) throw_damaged(dir.string(), damage);
     if (!state.contains("state_xxh3"))
       log_warning((dir / "state.json").string() + ": written without checksums (an older meshtrain): not verified");
+    if (state.contains("model")) check_same_model(dir, state["model"], ds_config_resolved(engine.config())["model"]);
     MT_CHECK(state.value("num_params", int64_t{-1}) == static_cast<int64_t>(store.global_numel()), ErrorKind::kInvalidArgument,
              (dir / "state.json").string() + ": the checkpoint's model has a different parameter count");
     if (state.contains("format")) {
