@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -1096,7 +1097,14 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   c.comm_timeout_s = root.number("comm_timeout", c.comm_timeout_s);
   MT_CHECK(c.comm_timeout_s > 0, ErrorKind::kInvalidArgument, "comm_timeout must be positive (seconds)");
   parse_batch(root, c, c.world_size);
+  // A micro-batch's tokens are counted in int (the kernels' row counts): more is a size no rank
+  // could hold anyway, said by its keys rather than as an overflow further on.
+  MT_CHECK(c.batch.micro_batch_per_gpu <= std::numeric_limits<int32_t>::max() / c.seq_length, ErrorKind::kInvalidArgument,
+           "train_micro_batch_size_per_gpu (" + std::to_string(c.batch.micro_batch_per_gpu) + ") x seq_length (" +
+               std::to_string(c.seq_length) + ") is more than 2^31 - 1 tokens a micro-batch");
   c.gradient_clipping = root.number_or_auto("gradient_clipping", 0.0, 1.0, "Hugging Face's max_grad_norm default");
+  MT_CHECK(std::isfinite(c.gradient_clipping) && c.gradient_clipping >= 0.0, ErrorKind::kInvalidArgument,
+           "gradient_clipping must be a non-negative number, 0 for none (got " + std::to_string(c.gradient_clipping) + ")");
   parse_precision(root, c);
   parse_optimizer(root, c);
   parse_no_weight_decay(root, c);

@@ -125,6 +125,16 @@ TEST(DsConfig, AdamsHyperparametersOutsideTheirRangesAreRefusedByKey) {
   j["optimizer"]["params"]["eps"] = 1e-8;
   j["optimizer"]["params"]["weight_decay"] = -0.1;
   EXPECT_NE(error_of(j).find("optimizer.params.weight_decay"), std::string::npos);
+  // And two sizes that were taken: a negative gradient_clipping (clipping silently off), and a
+  // micro-batch whose tokens overflow int (it said "batch and sequence length must be positive").
+  j = base();
+  j["gradient_clipping"] = -1.0;
+  EXPECT_NE(error_of(j).find("gradient_clipping must be a non-negative number"), std::string::npos);
+  j = base();
+  j["train_micro_batch_size_per_gpu"] = int64_t{1000000000000};
+  j.erase("train_batch_size");
+  j.erase("gradient_accumulation_steps");
+  EXPECT_NE(error_of(j).find("train_micro_batch_size_per_gpu (1000000000000) x seq_length"), std::string::npos) << error_of(j);
 }
 
 TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
