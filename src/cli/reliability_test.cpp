@@ -62,6 +62,18 @@ int run(const std::string& args, std::string* err = nullptr, std::string* out = 
   return mt::cli::testing::run_meshtrain(dir(), args, out, err);
 }
 
+// config(name, extra) trained to its end (a checkpoint to resume), its config's path.
+std::string trained(const std::string& name, const nlohmann::json& extra) {
+  std::string cfg = config(name, extra), err;
+  EXPECT_EQ(run("train " + cfg, &err), 0) << err;
+  return cfg;
+}
+
+// `train CFG --resume <save_dir of name> ARGS`: the run of config(name) resumed, with ARGS.
+int resume(const std::string& cfg, const std::string& name, const std::string& args, std::string* err = nullptr) {
+  return run("train " + cfg + " --resume " + save_dir(name) + (args.empty() ? "" : " " + args), err);
+}
+
 std::string latest(const std::string& save) {
   std::string l = slurp(save + "/latest");
   while (!l.empty() && l.back() == '\n') l.pop_back();
@@ -145,33 +157,28 @@ TEST(Checkpoints, AKillWhileReSavingAStepLeavesLatestLoadable) {
 // `latest` and the rotation keep the last good checkpoint. It saved the NaN weights as `latest` and
 // rotated the good one away before.
 TEST(Checkpoints, NonFiniteWeightsAreNeverSavedOverTheLastGoodCheckpoint) {
-  std::string cfg = config("nan", {{"train_iters", 3}, {"keep_last", 1}});
-  ASSERT_EQ(run("train " + cfg), 0);  // step-3
+  const std::string cfg = trained("nan", {{"train_iters", 3}, {"keep_last", 1}});  // step-3
   const std::string before = mt::file_xxh3_hex(save_dir("nan") + "/step-3/model.safetensors");
   std::string err;
-  EXPECT_NE(run("train " + cfg + " --resume " + save_dir("nan") +
-                    " --set train_iters=6 --set save_interval=1 --set optimizer.params.lr=3.3e38",
-                &err),
-            0);
+  EXPECT_NE(resume(cfg, "nan", "--set train_iters=6 --set save_interval=1 --set optimizer.params.lr=3.3e38", &err), 0);
   EXPECT_NE(err.find("step 4: the weights are not finite (first in "), std::string::npos) << err;
   EXPECT_NE(err.find("the newest checkpoint stays " + save_dir("nan") + "/step-3"), std::string::npos) << err;
   EXPECT_EQ(latest(save_dir("nan")), "step-3");
   EXPECT_EQ(steps_in(save_dir("nan")), (std::vector<std::string>{"step-3"}));
   EXPECT_EQ(mt::file_xxh3_hex(save_dir("nan") + "/step-3/model.safetensors"), before);
-  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("nan") + " --set train_iters=4", &err), 0) << err;
+  EXPECT_EQ(resume(cfg, "nan", "--set train_iters=4", &err), 0) << err;
 }
 
 // A resume past train_iters trains nothing: an error naming the step and train_iters, not exit 0
 // (it printed nothing and exited 0 before). At train_iters the run is complete (a job requeued
 // after its last save): one line saying so, exit 0, nothing written.
 TEST(Checkpoints, ResumingPastTrainItersIsAnErrorAndAtItSaysTheRunIsComplete) {
-  std::string cfg = config("done", {{"train_iters", 3}});
-  ASSERT_EQ(run("train " + cfg), 0);
+  const std::string cfg = trained("done", {{"train_iters", 3}});
   std::string err;
-  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("done") + " --set train_iters=2", &err), 2);
+  EXPECT_EQ(resume(cfg, "done", "--set train_iters=2", &err), 2);
   EXPECT_NE(err.find("is at step 3 and train_iters is 2: nothing to train"), std::string::npos) << err;
   const std::string before = mt::file_xxh3_hex(save_dir("done") + "/step-3/state.json");
-  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("done"), &err), 0) << err;  // train_iters 3
+  EXPECT_EQ(resume(cfg, "done", "", &err), 0) << err;  // train_iters 3
   EXPECT_NE(err.find("is at step 3 = train_iters: the run is complete"), std::string::npos) << err;
   EXPECT_EQ(mt::file_xxh3_hex(save_dir("done") + "/step-3/state.json"), before);
 }
@@ -180,14 +187,9 @@ TEST(Checkpoints, ResumingPastTrainItersIsAnErrorAndAtItSaysTheRunIsComplete) {
 // consumed_train_samples: resumed with another batch size, no sample is skipped or repeated (the
 // position was step × the new batch before: samples 8..11 skipped here), and it says so.
 TEST(Checkpoints, AResumeWithAnotherBatchGoesOnFromTheConsumedSamples) {
-  std::string cfg = config("batch", {{"train_iters", 2}, {"save_interval", 1}});
-  ASSERT_EQ(run("train " + cfg), 0);  // 2 steps of 2 samples: 4 consumed
+  const std::string cfg = trained("batch", {{"train_iters", 2}, {"save_interval", 1}});  // 2 steps of 2 samples: 4 consumed
   std::string err;
-  ASSERT_EQ(run("train " + cfg + " --resume " + save_dir("batch") +
-                    " --set train_iters=4 --set train_micro_batch_size_per_gpu=4",
-                &err),
-            0)
-      << err;
+  ASSERT_EQ(resume(cfg, "batch", "--set train_iters=4 --set train_micro_batch_size_per_gpu=4", &err), 0) << err;
   EXPECT_NE(err.find("the data continues at sample 4, where the checkpoint's 2 steps stopped"), std::string::npos) << err;
   const auto next = [&](const char* step) {
     return nlohmann::json::parse(slurp(save_dir("batch") + "/" + step + "/state.json"))["data"]["next_sample"].get<int64_t>();
@@ -201,29 +203,22 @@ TEST(Checkpoints, AResumeWithAnotherBatchGoesOnFromTheConsumedSamples) {
 // activation) loaded the weights into it without a word; now it is refused naming the keys.
 // Another data.train is said in one line.
 TEST(Checkpoints, AResumeIntoAnotherModelOfTheSameShapesIsRefused) {
-  std::string cfg = config("model", {{"train_iters", 3}});
-  ASSERT_EQ(run("train " + cfg), 0);
+  const std::string cfg = trained("model", {{"train_iters", 3}});
   std::string err;
-  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("model") + " --set train_iters=4 --set model.n_head=4", &err), 2);
+  EXPECT_EQ(resume(cfg, "model", "--set train_iters=4 --set model.n_head=4", &err), 2);
   EXPECT_NE(err.find("the checkpoint's model differs from this run's: n_head 2 -> 4"), std::string::npos) << err;
-  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("model") + " --set train_iters=4 --set model.activation_function=relu",
-                &err),
-            2);
+  EXPECT_EQ(resume(cfg, "model", "--set train_iters=4 --set model.activation_function=relu", &err), 2);
   EXPECT_NE(err.find("activation_function"), std::string::npos) << err;
   mt::cli::testing::write_chain_dataset(dir() + "/train-b", 64);
-  ASSERT_EQ(run("train " + cfg + " --resume " + save_dir("model") +
-                    " --set train_iters=4 --set model.initializer_range=0.05 --set data.train=" + dir() + "/train-b",
-                &err),
-            0)
-      << err;
+  const std::string other_data = "--set data.train=" + dir() + "/train-b";
+  ASSERT_EQ(resume(cfg, "model", "--set train_iters=4 --set model.initializer_range=0.05 " + other_data, &err), 0) << err;
   EXPECT_NE(err.find("written with data.train " + dir() + "/train;"), std::string::npos) << err;
 }
 
 // `export --hf` into the checkpoint it reads (or any checkpoint or save_dir) is refused: it wrote
 // its model.safetensors over the checkpoint's and exited 0.
 TEST(Checkpoints, ExportNeverWritesIntoACheckpoint) {
-  std::string cfg = config("export", {{"train_iters", 3}});
-  ASSERT_EQ(run("train " + cfg), 0);
+  const std::string cfg = trained("export", {{"train_iters", 3}});
   const std::string before = mt::file_xxh3_hex(save_dir("export") + "/step-3/model.safetensors");
   std::string err;
   for (const std::string& out : {save_dir("export") + "/step-3", save_dir("export") + "/step-3/", save_dir("export"),
@@ -232,7 +227,7 @@ TEST(Checkpoints, ExportNeverWritesIntoACheckpoint) {
     EXPECT_NE(err.find("--hf " + out + ": "), std::string::npos) << err;
   }
   EXPECT_EQ(mt::file_xxh3_hex(save_dir("export") + "/step-3/model.safetensors"), before);
-  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("export") + " --set train_iters=4", &err), 0) << err;
+  EXPECT_EQ(resume(cfg, "export", "--set train_iters=4", &err), 0) << err;
   EXPECT_EQ(run("export " + save_dir("export") + " --hf " + dir() + "/export-hf --dtype bf16", &err), 0) << err;
 }
 
