@@ -76,6 +76,9 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
 std::string self_exe();
 // Physical memory of this host in bytes (0: unknown).
 size_t physical_memory_bytes();
+// A size in GiB from an option or a key (`what` names it) in bytes: finite, >= 0 and at most
+// 2^33 GiB (8 EiB, what a size_t holds); refused by name otherwise.
+size_t gib_bytes(double gib, const std::string& what);
 
 // The estimator's input for a run configuration on `procs` data-parallel ranks.
 planner::MemoryInput estimate_input(const engine::RunConfig& config, int procs, int pp_rank = 0);

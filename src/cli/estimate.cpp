@@ -3,6 +3,7 @@
 // largest micro-batch that fits a memory budget per rank (default: physical RAM / N).
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -187,9 +188,9 @@ int largest_layers(planner::MemoryInput in, size_t budget, uint64_t disk) {
 
 void run_estimate(const EstimateOptions& o) {
   MT_CHECK(o.procs >= 1, ErrorKind::kInvalidArgument, "--procs must be at least 1, got " + std::to_string(o.procs));
-  MT_CHECK(o.memory_gib >= 0.0, ErrorKind::kInvalidArgument, "--memory must be positive (GiB)");
-  size_t budget = o.memory_gib > 0.0 ? static_cast<size_t>(o.memory_gib * 1073741824.0)
-                                     : physical_memory_bytes() / static_cast<size_t>(o.procs);
+  const size_t given = gib_bytes(o.memory_gib, "--memory");
+  const uint64_t disk_given = gib_bytes(o.disk_gib, "--disk");
+  size_t budget = given > 0 ? given : physical_memory_bytes() / static_cast<size_t>(o.procs);
   // Under pipeline parallelism one table per pipeline rank (stages differ), ZeRO stages 0-1; in
   // JSON an array of the ranks' objects.
   nlohmann::json ranks = nlohmann::json::array();
@@ -208,7 +209,7 @@ void run_estimate(const EstimateOptions& o) {
     if (o.json) ranks.push_back(to_json(in, est, fits, budget));
     else print_table(in, est, fits, budget);
     if (in.zero.param_nvme && !in.pipeline()) {  // ZeRO-Infinity: how far RAM + disk reach
-      const uint64_t disk = o.disk_gib > 0.0 ? static_cast<uint64_t>(o.disk_gib * 1073741824.0) : free_disk_bytes(swap_dir);
+      const uint64_t disk = disk_given > 0 ? disk_given : free_disk_bytes(swap_dir);
       const int L = largest_layers(in, budget, disk);
       planner::MemoryInput big = in;
       big.model.n_layer = std::max(L, 1);
@@ -227,6 +228,14 @@ void run_estimate(const EstimateOptions& o) {
 }
 
 }  // namespace
+
+size_t gib_bytes(double gib, const std::string& what) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", gib);
+  MT_CHECK(std::isfinite(gib) && gib >= 0.0 && gib <= 8589934592.0, ErrorKind::kInvalidArgument,
+           what + ": " + buf + " is not a size in GiB from 0 to 2^33 (8 EiB)");
+  return static_cast<size_t>(gib * 1073741824.0);
+}
 
 size_t physical_memory_bytes() {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);

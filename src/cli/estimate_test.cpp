@@ -226,6 +226,41 @@ TEST(EstimateCli, BadProcsIsOneLine) {
   EXPECT_EQ(err, "meshtrain: error: --procs must be at least 1, got 0\n");
 }
 
+// Sizes past what the byte counts hold were taken: --memory 1e300 said "fits 0 B" (a double past
+// size_t, undefined), a 1.2e18-parameter model printed wrapped GiB, and 2e9 layers ended in a bare
+// "std::bad_alloc". Each is now one line naming what is too large, exit 2 (DESIGN-NOTES 76).
+TEST(EstimateCli, SizesPastTheByteCountsAreRefusedByName) {
+  std::string cfg = write_config(), out, err;
+  auto refused = [&](const std::string& args, const std::string& needle) {
+    EXPECT_EQ(run("estimate " + cfg + " " + args, &out, &err), 2) << args << ": " << out;
+    EXPECT_NE(err.find(needle), std::string::npos) << args << ": " << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  };
+  refused("--memory 1e300", "--memory: 1e+300 is not a size in GiB from 0 to 2^33 (8 EiB)");
+  refused("--memory -1", "--memory: -1 is not a size in GiB");
+  refused("--disk 1e300", "--disk: 1e+300 is not a size in GiB");
+  refused("--set model.hidden_size=1048576 --set model.intermediate_size=1048576 --set model.num_hidden_layers=100000",
+          "parameters, more than the 2^48 (2.8e14) the runtime's byte counts hold");
+  refused("--set model.num_hidden_layers=2000000000", "model.num_hidden_layers: must be at most 1048576");
+  refused("--set model.num_hidden_layers=1000000 --set train_micro_batch_size_per_gpu=100000000",
+          "activation values a micro-batch, more than the 2^50");
+  EXPECT_EQ(run("plan " + cfg + " --memory -1", &out, &err), 2);
+  EXPECT_NE(err.find("--memory: -1 is not a size in GiB"), std::string::npos) << err;
+}
+
+// An allocation that fails outside the accounted allocator said only "meshtrain: error:
+// std::bad_alloc". A million-layer estimate under a 250 MB address-space limit: one line saying
+// it is out of memory, in which command, and how to size it.
+TEST(EstimateCli, AFailedAllocationSaysOutOfMemoryOnOneLine) {
+  const std::string cfg = write_config(), e = temp_dir() + "/bad_alloc.txt";
+  const int rc = std::system(("ulimit -v 250000; " + std::string(MT_MESHTRAIN_BIN) + " estimate " + cfg +
+                              " --set model.num_hidden_layers=1048576 > /dev/null 2> " + e).c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 1);
+  const std::string err = cli::testing::slurp(e);
+  EXPECT_EQ(err.rfind("meshtrain: error: out of memory: estimate could not allocate (std::bad_alloc)", 0), 0u) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+}
 
 // `meshtrain launch -n 2 -- estimate CFG` ran two one-process estimates, each refusing tp 2 as
 // "does not divide the 1 process(es)" without a word about --procs: estimate takes its process

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,14 @@ int main(int argc, char** argv) {
     bool bad_input = e.kind() == mt::ErrorKind::kInvalidArgument || e.kind() == mt::ErrorKind::kNotFound ||
                      e.kind() == mt::ErrorKind::kCorruption || e.kind() == mt::ErrorKind::kNotSupported;
     return bad_input ? 2 : 1;
+  } catch (const std::bad_alloc&) {
+    // An allocation outside the accounted allocator (whose kOutOfMemory names its categories):
+    // a container of the setup, a tokenizer's table. It said only "std::bad_alloc".
+    std::fprintf(stderr,
+                 "meshtrain: error: out of memory: %s could not allocate (std::bad_alloc); the process's limit is "
+                 "the machine's memory or `ulimit -v`, and `meshtrain estimate CONFIG` gives what a rank needs\n",
+                 argc > 1 ? argv[1] : "meshtrain");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
     return 1;

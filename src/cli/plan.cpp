@@ -132,7 +132,7 @@ bool share_cores(planner::PlanJob& job, const planner::Calibration& cal) {
 }
 
 size_t budget_bytes(double gib, int procs) {
-  if (gib > 0) return static_cast<size_t>(gib * 1024.0 * 1024.0 * 1024.0);
+  if (gib > 0) return gib_bytes(gib, "the memory budget a rank (--memory, planner.memory_gib or the cluster's memory_gib)");
   return physical_memory_bytes() / static_cast<size_t>(procs);
 }
 
@@ -446,6 +446,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
 }
 
 void run_plan(const PlanOptions& o) {
+  gib_bytes(o.memory_gib, "--memory");  // a negative or non-finite one is refused, not passed over
   const engine::RunConfig c = load_layout_config("plan", o.path, o.sets, o.procs);
   MT_CHECK(o.cluster.empty() || o.calibration.empty(), ErrorKind::kInvalidArgument,
            "plan: --cluster and --calibration are two sources of the same rates; give one");

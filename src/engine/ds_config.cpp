@@ -1102,6 +1102,17 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   MT_CHECK(c.batch.micro_batch_per_gpu <= std::numeric_limits<int32_t>::max() / c.seq_length, ErrorKind::kInvalidArgument,
            "train_micro_batch_size_per_gpu (" + std::to_string(c.batch.micro_batch_per_gpu) + ") x seq_length (" +
                std::to_string(c.seq_length) + ") is more than 2^31 - 1 tokens a micro-batch");
+  {  // and its activations are counted in bytes (DESIGN-NOTES 76)
+    const double tokens = static_cast<double>(c.batch.micro_batch_per_gpu) * static_cast<double>(c.seq_length);
+    const double values = tokens * std::max(static_cast<double>(c.model.hidden) * c.model.n_layer,
+                                            static_cast<double>(c.model.vocab_size));
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3g", values);
+    MT_CHECK(values <= models::ModelConfig::kMaxActivationValues, ErrorKind::kInvalidArgument,
+             "train_micro_batch_size_per_gpu (" + std::to_string(c.batch.micro_batch_per_gpu) + ") x seq_length (" +
+                 std::to_string(c.seq_length) + ") x the model's width and layers (or vocabulary) is " + buf +
+                 " activation values a micro-batch, more than the 2^50 the runtime's byte counts hold");
+  }
   c.gradient_clipping = root.number_or_auto("gradient_clipping", 0.0, 1.0, "Hugging Face's max_grad_norm default");
   MT_CHECK(std::isfinite(c.gradient_clipping) && c.gradient_clipping >= 0.0, ErrorKind::kInvalidArgument,
            "gradient_clipping must be a non-negative number, 0 for none (got " + std::to_string(c.gradient_clipping) + ")");

@@ -294,6 +294,12 @@ TEST(DsConfig, HostileValuesAreErrorsNamingTheKey) {
   j["model"].erase("n_head");
   j["model"]["n_embd"] = 1073741824;  // the default n_inner 4 * n_embd overflowed int
   expect(j, "n_embd");
+  j = base();
+  j["model"]["initializer_range"] = -0.02;  // was taken: std of a normal draw
+  expect(j, "model.initializer_range: must be >= 0");
+  j = base();
+  j["model"]["layer_norm_epsilon"] = 1e300;  // infinite as a float: every norm's output 0
+  expect(j, "model.layer_norm_epsilon: must be positive and finite");
   const ScratchDir dir;
   std::string deep = dir.file("deep-model.json");  // overflowed the stack when copied
   FILE* f = std::fopen(deep.c_str(), "w");

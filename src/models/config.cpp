@@ -1,5 +1,6 @@
 #include "models/config.h"
 
+#include <cmath>
 #include <cstdio>
 
 #include "base/error.h"
@@ -36,12 +37,30 @@ void ModelConfig::validate() const {
   need(intermediate > 0, arch == Arch::kGpt2 ? "n_inner" : "intermediate_size", "must be positive");
   need(max_positions > 0, arch == Arch::kGpt2 ? "n_positions" : "max_position_embeddings",
        "must be positive");
-  need(norm_eps > 0, arch == Arch::kGpt2 ? "layer_norm_epsilon" : "rms_norm_eps", "must be positive");
+  need(norm_eps > 0 && std::isfinite(norm_eps), arch == Arch::kGpt2 ? "layer_norm_epsilon" : "rms_norm_eps",
+       "must be positive and finite");
+  // Hugging Face draws N(0, initializer_range^2): a negative one is no distribution, and an
+  // infinite one makes every weight infinite.
+  need(init_std >= 0 && std::isfinite(init_std), "initializer_range", "must be >= 0 and finite");
+  need(arch == Arch::kGpt2 || (rope_theta > 0 && std::isfinite(rope_theta)), "rope_theta",
+       "must be positive and finite");
   need(arch == Arch::kGpt2 || head_dim() % 2 == 0, "num_attention_heads",
        "RoPE needs an even head dimension");
   need(arch == Arch::kLlama || tie_embeddings, "tie_word_embeddings",
        "GPT-2 with an untied head is not supported");
   need(num_labels >= 0, "num_labels", "must be >= 0 (0: a causal LM)");
+  // Bounds far past any model trained that keep the counts in bytes (int64 and size_t: the
+  // estimate's replay, the allocator's) from overflowing, and the skeleton the estimate builds
+  // (a unit a layer) from asking for more memory than exists. Counted in double: num_params()
+  // itself overflows first.
+  need(n_layer <= kMaxLayers, arch == Arch::kGpt2 ? "n_layer" : "num_hidden_layers",
+       "must be at most " + std::to_string(kMaxLayers));
+  const double C = hidden, I = intermediate, L = n_layer, V = vocab_size;
+  const double approx = L * (4.0 * C * C + 3.0 * C * I) + 2.0 * V * C;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3g", approx);
+  MT_CHECK(approx <= kMaxParams, ErrorKind::kInvalidArgument,
+           std::string("model: about ") + buf + " parameters, more than the 2^48 (2.8e14) the runtime's byte counts hold");
 }
 
 std::string ModelConfig::describe() const {

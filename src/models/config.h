@@ -34,6 +34,12 @@ struct ModelConfig {
   // cross-entropy of the score at each target that is not -100 (the pooled, last non-pad token).
   int num_labels = 0;
 
+  // validate()'s bounds, far past any model trained (DESIGN-NOTES 76).
+  static constexpr int kMaxLayers = 1 << 20;
+  static constexpr double kMaxParams = 281474976710656.0;  // 2^48
+  // A micro-batch's activations: tokens x n_embd x layers, and tokens x vocab (the logits).
+  static constexpr double kMaxActivationValues = 1125899906842624.0;  // 2^50
+
   int head_dim() const { return hidden / n_head; }  // HS
   int64_t num_params() const;                       // N, counted from the formula
   void validate() const;  // throws kInvalidArgument naming the HF field that is wrong
