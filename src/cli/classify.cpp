@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/fault.h"
 #include "base/timer.h"
 #include "cli/commands.h"
 #include "data/classification.h"
@@ -145,6 +147,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
     throw Error(ErrorKind::kInvalidArgument,
                 "save_dir " + cfg.save_dir + " already holds checkpoints of an earlier run; pass --resume " + cfg.save_dir +
                     " to continue it, or --overwrite to start a new run there (its first save removes them)");
+  if (fault_active("train.sigterm_in_setup")) std::raise(SIGTERM);  // test seam: a scheduler's signal during the setup
   data::Tokenizer tok = run_tokenizer(cfg);
   const int32_t pad = tok.eot_id();  // GPT-2's pad_token_id = eos_token_id, as HF fine-tuning sets it
   const int L = cfg.model.num_labels;
@@ -155,8 +158,37 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   const int T = static_cast<int>(cfg.seq_length);
   const int64_t tbs = cfg.batch.train_batch_size, gas = cfg.batch.gradient_accumulation_steps;
   const int64_t steps_per_epoch = std::max<int64_t>(1, (static_cast<int64_t>(train.size()) + tbs - 1) / tbs);
-  if (cfg.train_iters == 0 && cfg.num_train_epochs > 0)
+  // The progress bar's steps of this batch before the resumed run's first (its epoch and step).
+  int64_t bar_steps_before = 0;
+  if (cfg.train_iters == 0 && cfg.num_train_epochs > 0) {
     cfg.train_iters = static_cast<int64_t>(std::ceil(cfg.num_train_epochs * static_cast<double>(steps_per_epoch)));
+    // A resume with another batch size (the checkpoint's consumed samples are not its steps x this
+    // batch): the epochs its steps trained are counted at its batch, and the epochs left at this
+    // one. train_iters in this batch's steps trained 4 epochs where 2 were asked, or nothing.
+    engine::CheckpointProgress done;
+    if (!args.resume.empty()) {
+      try {
+        done = engine::checkpoint_progress(args.resume);
+      } catch (const Error&) {  // checkpoint_load says what is wrong with it
+      }
+    }
+    if (done.global_step > 0 && done.consumed_samples > 0 && done.consumed_samples != done.global_step * tbs) {
+      const double records = static_cast<double>(train.size());
+      const double their_batch = static_cast<double>(done.consumed_samples) / static_cast<double>(done.global_step);
+      const double epochs_done = static_cast<double>(done.global_step) / std::max(1.0, std::ceil(records / their_batch));
+      const double left = std::max(0.0, (cfg.num_train_epochs - epochs_done) * static_cast<double>(steps_per_epoch));
+      cfg.train_iters = done.global_step + static_cast<int64_t>(std::ceil(left - 1e-9));
+      bar_steps_before = static_cast<int64_t>(std::floor(epochs_done * static_cast<double>(steps_per_epoch) + 1e-9));
+      if (lead)
+        std::fprintf(stderr,
+                     "%s: its %lld steps trained %.3f epochs at a batch of %.4g; the %.3f left of num_train_epochs %g "
+                     "are %lld steps of this batch (%lld): train_iters %lld\n",
+                     args.resume.c_str(), static_cast<long long>(done.global_step), epochs_done, their_batch,
+                     cfg.num_train_epochs - epochs_done, cfg.num_train_epochs,
+                     static_cast<long long>(cfg.train_iters - done.global_step), static_cast<long long>(tbs),
+                     static_cast<long long>(cfg.train_iters));
+    }
+  }
   MT_CHECK(cfg.train_iters > 0, ErrorKind::kInvalidArgument,
            args.source + ": give train_iters or num_train_epochs");
   MT_CHECK(cfg.model_checkpoint.save_top_k == 0 || !valid.empty(), ErrorKind::kInvalidArgument,
@@ -203,6 +235,8 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   bool first_save = true;
   Timer total;
   const int64_t start_step = eng.global_step();
+  if (bar_steps_before == 0) bar_steps_before = start_step;  // the same batch: its steps are this batch's
+  stop_before_first_step(world.get(), cfg.comm_timeout_s, lead);
   while (eng.global_step() < cfg.train_iters) {
     uint64_t next = static_cast<uint64_t>(eng.consumed_samples() + DR * gas * B);
     Timer t;
@@ -217,7 +251,8 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
     Validation v;
     if (have_val) v = validate(eng, *model, valid, B, T, pad, DW, DR);
     // Lightning's bar: the epoch, this epoch's step, elapsed<remaining, it/s, the loss.
-    const int64_t epoch = (done - 1) / steps_per_epoch, in_epoch = (done - 1) % steps_per_epoch + 1;
+    const int64_t bar_done = bar_steps_before + (done - start_step);
+    const int64_t epoch = (bar_done - 1) / steps_per_epoch, in_epoch = (bar_done - 1) % steps_per_epoch + 1;
     const double elapsed = total.seconds();
     const double rate = static_cast<double>(done - start_step) / std::max(elapsed, 1e-9);
     const double left = static_cast<double>(cfg.train_iters - done) / std::max(rate, 1e-9);
@@ -273,16 +308,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
         }
       }
     }
-    int stop = train_stop_signal();
-    if (world) {
-      float s = static_cast<float>(stop);
-      comm::AllReduceOptions o;
-      o.op = comm::ReduceOp::kMax;
-      o.tag = "stop signal";
-      o.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000.0));
-      world->all_reduce(&s, 1, DType::kF32, o)->wait();
-      stop = static_cast<int>(s);
-    }
+    const int stop = agreed_stop_signal(world.get(), cfg.comm_timeout_s);
     const bool save_now = (cfg.save_interval > 0 && done % cfg.save_interval == 0) || done == cfg.train_iters || stop != 0;
     std::string where;
     if (!cfg.save_dir.empty() && save_now) {

@@ -194,6 +194,43 @@ TEST(Classify, TwoDataParallelRanksEqualOneProcess) {
   }
 }
 
+// num_train_epochs counted in steps of the resumed run's batch: a checkpoint of 100 steps at
+// batch 16 (4/3 of an epoch of 1200 records) resumed at batch 32 for 2 epochs got train_iters
+// 2 x 38 = 76, "is at step 100 ... nothing to train" (at batch 8, 300: 4 epochs in all). Now the
+// 2/3 of an epoch left are 26 steps of 32, and the bar ends at the second epoch's last step.
+TEST(Classify, AResumeWithAnotherBatchTrainsTheEpochsLeft) {
+  const nlohmann::json quiet = {{"eval_interval", 0}, {"model_checkpoint", {{"save_top_k", 0}}}, {"steps_per_print", 1}};
+  nlohmann::json first = quiet, second = quiet;
+  first["num_train_epochs"] = 4.0 / 3.0;
+  second["num_train_epochs"] = 2;
+  second["train_micro_batch_size_per_gpu"] = 32;
+  second["save_dir"] = dir() + "/run-epochs";
+  std::string out, err;
+  ASSERT_EQ(run("train " + write_config("epochs", first), &out, &err), 0) << err;
+  EXPECT_NE(err.find("100 steps = 1.33 epochs of 75 steps"), std::string::npos) << err;
+  ASSERT_EQ(run("train " + write_config("epochs2", second) + " --resume " + dir() + "/run-epochs", &out, &err), 0) << err;
+  EXPECT_NE(err.find("the 0.667 left of num_train_epochs 2 are 26 steps of this batch (32): train_iters 126"),
+            std::string::npos) << err;
+  nlohmann::json state = nlohmann::json::parse(mt::cli::testing::slurp(dir() + "/run-epochs/step-126/state.json"));
+  EXPECT_EQ(state["data"]["next_sample"].get<int64_t>(), 100 * 16 + 26 * 32);  // 2432: the 2400 of 2 epochs, rounded up a step
+  EXPECT_NE(out.find("Epoch 1: 100% 38/38"), std::string::npos) << out;
+  EXPECT_EQ(out.find("Epoch 2:"), std::string::npos) << out;
+}
+
+// A signal while the records are tokenized stops the run there, as `train` does for a corpus
+// (it trained a step, saved it and said "stopped after step 1").
+TEST(Classify, ASignalDuringTheSetupStopsBeforeTheFirstStep) {
+  const std::string cfg = write_config("signal", {{"model_checkpoint", {{"save_top_k", 0}}}});
+  const std::string e = dir() + "/signal.err";
+  const int rc = std::system(("MT_FAULT=train.sigterm_in_setup " + std::string(MT_MESHTRAIN_BIN) + " train " + cfg +
+                              " > /dev/null 2> " + e).c_str());
+  const std::string err = mt::cli::testing::slurp(e);
+  ASSERT_TRUE(WIFEXITED(rc)) << err;
+  EXPECT_EQ(WEXITSTATUS(rc), 143) << err;
+  EXPECT_NE(err.find("meshtrain: SIGTERM: stopped before the first step; nothing saved"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir() + "/run-signal/latest"));
+}
+
 TEST(Classify, BadInputIsOneLineAndExitTwo) {
   std::string err;
   std::ofstream(dir() + "/bad.jsonl") << R"({"sentence1": "a", "sentence2": "b", "label": "7"})" << "\n";

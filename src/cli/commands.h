@@ -36,6 +36,12 @@ struct StopRequested {
 };
 // The first SIGTERM/SIGINT `train` received (0: none); the loop stops after the current step.
 int train_stop_signal();
+// That signal agreed over the ranks (one tiny all-reduce of the largest; world may be null): a
+// signal on any rank stops every rank after the same step.
+int agreed_stop_signal(comm::Backend* world, double timeout_s);
+// Before a loop's first step: a signal during the setup (model, checkpoint, corpus) stops the run
+// there with its line on rank 0, "stopped before the first step; nothing saved" (StopRequested).
+void stop_before_first_step(comm::Backend* world, double timeout_s, bool lead);
 // --resume: restores eng from a checkpoint (nothing when path is empty) and says so on rank 0. True
 // when the checkpoint is at train_iters (the run is complete: nothing to train); past it, an error.
 bool train_resume(engine::Engine& eng, const std::string& path, bool lead);

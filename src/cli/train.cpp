@@ -81,6 +81,28 @@ void install_stop_handlers() {
 
 int train_stop_signal() { return g_stop_signal; }
 
+int agreed_stop_signal(comm::Backend* world, double timeout_s) {
+  int stop = g_stop_signal;
+  if (world) {
+    float s = static_cast<float>(stop);
+    comm::AllReduceOptions o;
+    o.op = comm::ReduceOp::kMax;
+    o.tag = "stop signal";
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
+    world->all_reduce(&s, 1, DType::kF32, o)->wait();
+    stop = static_cast<int>(s);
+  }
+  return stop;
+}
+
+void stop_before_first_step(comm::Backend* world, double timeout_s, bool lead) {
+  if (const int stop = agreed_stop_signal(world, timeout_s); stop != 0) {  // nothing trained, nothing to save
+    if (lead)
+      std::fprintf(stderr, "meshtrain: %s: stopped before the first step; nothing saved\n", stop == SIGINT ? "SIGINT" : "SIGTERM");
+    throw StopRequested{stop};
+  }
+}
+
 bool train_resume(engine::Engine& eng, const std::string& path, bool lead) {
   if (path.empty()) return false;
   engine::checkpoint_load(eng, path);
@@ -264,25 +286,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   Timer total;
   int64_t start_step = eng.global_step();
   bool first_save = true;
-  // A stop signal on any rank stops every rank (one tiny all-reduce), after the same step.
-  auto agreed_stop = [&] {
-    int stop = g_stop_signal;
-    if (world) {
-      float s = static_cast<float>(stop);
-      comm::AllReduceOptions o;
-      o.op = comm::ReduceOp::kMax;
-      o.tag = "stop signal";
-      o.timeout = bo.timeout;
-      world->all_reduce(&s, 1, DType::kF32, o)->wait();
-      stop = static_cast<int>(s);
-    }
-    return stop;
-  };
-  if (const int stop = agreed_stop(); stop != 0) {  // during the setup: nothing trained, nothing to save
-    if (lead)
-      std::fprintf(stderr, "meshtrain: %s: stopped before the first step; nothing saved\n", stop == SIGINT ? "SIGINT" : "SIGTERM");
-    throw StopRequested{stop};
-  }
+  stop_before_first_step(world.get(), cfg.comm_timeout_s, lead);
   while (eng.global_step() < cfg.train_iters) {
     int64_t step = eng.global_step();
     // Rank R's micro-batches are samples [R·gas·B, (R+1)·gas·B) of the global batch: the global
@@ -452,7 +456,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     }
     if (lead && have_val)
       std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), val_loss);
-    const int stop = agreed_stop();
+    const int stop = agreed_stop_signal(world.get(), cfg.comm_timeout_s);
     bool save_now = (cfg.save_interval > 0 && done % cfg.save_interval == 0) || done == cfg.train_iters || stop != 0;
     std::string where;
     if (!cfg.save_dir.empty() && save_now) {

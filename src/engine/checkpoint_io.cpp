@@ -734,12 +734,14 @@ class ShardReader {
 // The checkpoint's model against the run's, key by key (those both name): a key that changes the
 // function but not the parameters' shapes (n_head with the same width, the activation, a norm's
 // eps, RoPE's theta) would load the weights into another model without a word. It is refused,
-// naming the keys (the initializer's range, which acts at initialization only, may differ).
+// naming the keys. What acts at initialization only may differ: the initializer's range, and
+// init_from (the weights a new run started from, a path as typed: a moved base model, or
+// `./hf/gpt2` for an absolute path, refused the resume).
 void check_same_model(const fs::path& dir, const nlohmann::json& saved, const nlohmann::json& mine) {
   if (!saved.is_object() || !mine.is_object()) return;
   std::string refused;
   for (const auto& [key, value] : saved.items()) {
-    if (!mine.contains(key) || mine[key] == value || key == "initializer_range") continue;  // that acts at initialization only
+    if (!mine.contains(key) || mine[key] == value || key == "initializer_range" || key == "init_from") continue;
     refused += (refused.empty() ? "" : ", ") + key + " " + value.dump() + " -> " + mine[key].dump();
   }
   MT_CHECK(refused.empty(), ErrorKind::kInvalidArgument,
@@ -829,6 +831,19 @@ CheckpointInfo checkpoint_info(const std::string& path) {
   info.sharded = state.contains("format");
   info.weights = (fs::path(info.dir) / "model.safetensors").string();
   return info;
+}
+
+CheckpointProgress checkpoint_progress(const std::string& path) {
+  const std::string state_path = (fs::path(checkpoint_resolve(path)) / "state.json").string();
+  const nlohmann::json state = json_load_file(state_path, ErrorKind::kCorruption);
+  CheckpointProgress p;
+  try {
+    p.global_step = state.at("global_step").get<int64_t>();
+    if (state.contains("data")) p.consumed_samples = state["data"].at("next_sample").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kCorruption, state_path + ": missing or malformed field: " + e.what());
+  }
+  return p;
 }
 
 namespace {

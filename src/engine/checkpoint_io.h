@@ -58,6 +58,13 @@ struct CheckpointInfo {
   int64_t global_step = 0;
 };
 CheckpointInfo checkpoint_info(const std::string& path);
+// Where a checkpoint's run stopped, from its state.json alone (nothing verified: checkpoint_load
+// does that): its step and the samples those steps consumed (-1: an older checkpoint without).
+struct CheckpointProgress {
+  int64_t global_step = 0;
+  int64_t consumed_samples = -1;
+};
+CheckpointProgress checkpoint_progress(const std::string& path);
 // Fills a model built from info.model (one process, or any layout) with the checkpoint's weights.
 void checkpoint_load_weights(const CheckpointInfo& info, nn::ParamStore& store);
 // The checkpoint's weights for the store's parameters (any layout it was saved in), read one
