@@ -320,7 +320,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
     if (stop != 0) {
       if (lead) {
         if (tty) std::printf("\n");
-        std::fprintf(stderr, "meshtrain: %s: stopped after step %lld; %s\n", stop == SIGINT ? "SIGINT" : "SIGTERM",
+        std::fprintf(stderr, "meshtrain: %s: stopped after step %lld; %s\n", stop_signal_name(stop),
                      static_cast<long long>(done), where.empty() ? "no save_dir, nothing saved" : ("saved " + where).c_str());
         std::fflush(stdout);
         std::fflush(stderr);

@@ -36,6 +36,8 @@ struct StopRequested {
 };
 // The first SIGTERM/SIGINT `train` received (0: none); the loop stops after the current step.
 int train_stop_signal();
+// "SIGTERM", "SIGINT" or "SIGHUP", for the stop's line.
+const char* stop_signal_name(int sig);
 // That signal agreed over the ranks (one tiny all-reduce of the largest; world may be null): a
 // signal on any rank stops every rank after the same step.
 int agreed_stop_signal(comm::Backend* world, double timeout_s);

@@ -35,6 +35,7 @@ struct LaunchArgs {
   int n = -1;  // -1 (not given): every slot
   std::string hostfile, include, exclude, master_addr;
   int num_procs = 0, num_nodes = 0, master_port = 0;
+  bool n_given = false, procs_given = false, nodes_given = false;  // -n -1 ran every slot; 0 nodes, the default
   std::vector<std::string> rest;
 };
 
@@ -48,13 +49,24 @@ std::string read_text(const std::string& path) {
   return text;
 }
 
-// SIGTERM / SIGINT / SIGHUP to the launcher go to mpirun (which passes them to every rank and
-// ends the job); the launcher keeps waiting for it, so no rank outlives the launcher. A second
-// signal is forwarded too (mpirun then aborts at once).
+// SIGTERM / SIGINT / SIGHUP to the launcher stop the ranks after their step and its save: mpirun
+// gets SIGUSR1 (SIGUSR2 for SIGINT), which it passes to every rank and lets the job run on, and
+// `train` stops on them as on SIGTERM (SIGINT). mpirun's own SIGTERM/SIGINT kill the ranks about
+// a second later, in the middle of the stop's save (it exited 1, and a save that took longer was
+// lost). mpirun runs in its own process group, so a terminal's Ctrl-C reaches the launcher only.
+// A second signal is passed on as SIGTERM: mpirun then ends the job at once. The launcher keeps
+// waiting for mpirun, so no rank outlives it.
 volatile std::sig_atomic_t g_child = 0;
+volatile std::sig_atomic_t g_first_signal = 0;
 
 void forward_signal(int sig) {
-  if (g_child > 0) ::kill(static_cast<pid_t>(g_child), sig);
+  if (g_child <= 0) return;
+  if (g_first_signal == 0) {
+    g_first_signal = sig;
+    ::kill(static_cast<pid_t>(g_child), sig == SIGINT ? SIGUSR2 : SIGUSR1);
+  } else {
+    ::kill(static_cast<pid_t>(g_child), SIGTERM);
+  }
 }
 
 // Runs argv without a shell, forwarding stop signals to it; returns its exit code (128 + signal
@@ -70,6 +82,7 @@ int run_process(const std::vector<std::string>& argv) {
   MT_CHECK(pid >= 0, ErrorKind::kInternal, std::string("launch: fork: ") + std::strerror(errno));
   if (pid == 0) {
     ::close(pipefd[0]);
+    ::setpgid(0, 0);
     ::execvp(cargv[0], cargv.data());
     int err = errno;
     ssize_t w = ::write(pipefd[1], &err, sizeof err);
@@ -93,17 +106,18 @@ int run_process(const std::vector<std::string>& argv) {
   }
   MT_CHECK(got != static_cast<ssize_t>(sizeof err), ErrorKind::kNotFound,
            "launch: cannot run " + argv[0] + ": " + std::strerror(err) + " (is OpenMPI installed?)");
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
+  int rc = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+  // Stopped by a signal: 128 + it, as the ranks exit (mpirun says 1 when it ended them itself).
+  if (rc != 0 && g_first_signal != 0) rc = 128 + g_first_signal;
+  return rc;
 }
 
 int run_launch(const LaunchArgs& a) {
   MT_CHECK(!a.rest.empty(), ErrorKind::kInvalidArgument, "launch: nothing to run: expected `-- SUBCOMMAND ARGS...`");
-  MT_CHECK(a.n == -1 || a.n >= 1, ErrorKind::kInvalidArgument,
+  MT_CHECK(!a.n_given || a.n >= 1, ErrorKind::kInvalidArgument,
            "launch: -n must be at least 1 (got " + std::to_string(a.n) + "); leave it out to use every slot");
-  MT_CHECK(a.num_procs >= 0 && a.num_nodes >= 0, ErrorKind::kInvalidArgument,
-           "launch: --num_gpus/--num_procs and --num_nodes must be positive");
+  MT_CHECK((!a.procs_given || a.num_procs >= 1) && (!a.nodes_given || a.num_nodes >= 1), ErrorKind::kInvalidArgument,
+           "launch: --num_gpus/--num_procs and --num_nodes must be at least 1 (leave them out for every slot and host)");
   std::vector<HostSlots> hosts;
   if (!a.hostfile.empty()) {
     hosts = hostfile_parse(read_text(a.hostfile), a.hostfile);
@@ -158,6 +172,8 @@ int run_launch(const LaunchArgs& a) {
   // Each rank runs OMP_NUM_THREADS OpenMP threads: binding every rank to one core (OpenMPI's
   // default for small jobs) would pile those threads onto it.
   cmd.insert(cmd.end(), {"--bind-to", "none", "-np", std::to_string(n), "--host", host_list, "--tag-output"});
+  // In its own process group mpirun may not read a terminal (SIGTTIN would stop it); no rank reads one.
+  if (isatty(STDIN_FILENO)) cmd.insert(cmd.end(), {"--stdin", "none"});
   cmd.insert(cmd.end(), {"-x", "OMP_NUM_THREADS=" + omp_threads, "-x", "MT_LAUNCHED=1"});
   // mpirun gives its ranks a pseudo-terminal: tell rank 0 whether ours is a real one (progress bar
   // or plain lines).
@@ -193,16 +209,19 @@ std::string self_exe() {
 void register_launch(CLI::App& app) {
   auto a = std::make_shared<LaunchArgs>();
   auto* cmd = app.add_subcommand("launch", "Run a subcommand on many processes through mpirun (-- SUBCOMMAND ARGS...)");
-  cmd->add_option("-n", a->n, "total ranks (default: every available slot)");
+  auto* n = cmd->add_option("-n", a->n, "total ranks (default: every available slot)");
   cmd->add_option("--hostfile", a->hostfile, "DeepSpeed hostfile: `hostname slots=N` lines (default: localhost)");
-  cmd->add_option("--num_gpus,--num_procs", a->num_procs, "processes per node (DeepSpeed's --num_gpus)");
-  cmd->add_option("--num_nodes", a->num_nodes, "use the first N hosts");
+  auto* procs = cmd->add_option("--num_gpus,--num_procs", a->num_procs, "processes per node (DeepSpeed's --num_gpus)");
+  auto* nodes = cmd->add_option("--num_nodes", a->num_nodes, "use the first N hosts");
   cmd->add_option("--include", a->include, "hosts/slots to use: host1@host2:0,1");
   cmd->add_option("--exclude", a->exclude, "hosts/slots to leave out: host1@host2:0,1");
   cmd->add_option("--master_addr", a->master_addr, "passed to the ranks as MASTER_ADDR (MPI does not need it)");
   cmd->add_option("--master_port", a->master_port, "passed to the ranks as MASTER_PORT (MPI does not need it)");
   cmd->add_option("ARGS", a->rest, "the subcommand and its arguments, after --");
-  cmd->callback([a] {
+  cmd->callback([a, n, procs, nodes] {
+    a->n_given = n->count() > 0;
+    a->procs_given = procs->count() > 0;
+    a->nodes_given = nodes->count() > 0;
     int rc = run_launch(*a);
     std::fflush(nullptr);
     if (rc != 0) std::exit(rc);

@@ -329,8 +329,8 @@ bool wait_for(const std::string& path, const std::string& text) {
 }
 
 TEST(Signals, SigtermFinishesTheStepSavesAndExits143) {
-  for (int sig : {SIGTERM, SIGINT}) {
-    std::string name = sig == SIGTERM ? "sigterm" : "sigint";
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {  // SIGHUP (a closed terminal) ended the run with no line and no save
+    std::string name = sig == SIGTERM ? "sigterm" : sig == SIGINT ? "sigint" : "sighup";
     std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}});
     std::string out = dir() + "/" + name + ".out", err = dir() + "/" + name + ".err";
     pid_t pid = spawn({"train", cfg}, out, err);
@@ -341,7 +341,8 @@ TEST(Signals, SigtermFinishesTheStepSavesAndExits143) {
     ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);  // was: died at once, nothing saved
     EXPECT_EQ(WEXITSTATUS(status), 128 + sig);
     std::string e = slurp(err);
-    EXPECT_NE(e.find(sig == SIGTERM ? "SIGTERM: stopped after step" : "SIGINT: stopped after step"), std::string::npos) << e;
+    EXPECT_NE(e.find(std::string(sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP") + ": stopped after step"),
+              std::string::npos) << e;
     std::string l = latest(save_dir(name));
     ASSERT_EQ(l.rfind("step-", 0), 0u);
     int64_t step = std::stoll(l.substr(5));
@@ -437,10 +438,40 @@ TEST(Launch, KillingTheLauncherLeavesNoRankBehind) {
   EXPECT_TRUE(left.empty()) << left.size() << " process(es) kept running after the launcher was killed";
 }
 
+// SIGINT or SIGTERM to the launcher: every rank finishes its step and its save, and the launcher
+// exits 128 + the signal. mpirun's own SIGTERM killed the ranks about a second in, in the middle
+// of a save that takes longer (here 3 s, through a seam), and the launcher exited 1.
+TEST(Launch, ASignalToTheLauncherStopsEveryRankAfterItsSave) {
+  for (int sig : {SIGINT, SIGTERM}) {
+    const std::string name = sig == SIGINT ? "launch-int" : "launch-term";
+    std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}});
+    std::string out = dir() + "/" + name + ".out", err = dir() + "/" + name + ".err";
+    setenv("MT_FAULT", "checkpoint.slow_save", 1);
+    pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out, err);
+    unsetenv("MT_FAULT");
+    ASSERT_TRUE(wait_for(out, "step 2/")) << slurp(err);
+    kill(pid, sig);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status)) << slurp(err);
+    EXPECT_EQ(WEXITSTATUS(status), 128 + sig) << slurp(err);
+    const std::string e = slurp(err);
+    EXPECT_NE(e.find(std::string(sig == SIGINT ? "SIGINT" : "SIGTERM") + ": stopped after step"), std::string::npos) << e;
+    const std::string l = latest(save_dir(name));
+    ASSERT_EQ(l.rfind("step-", 0), 0u) << e;
+    EXPECT_TRUE(fs::exists(save_dir(name) + "/" + l + "/state.json"));
+    EXPECT_TRUE(processes_with(cfg).empty());
+  }
+}
+
 TEST(Launch, ZeroRanksIsRefused) {
   std::string err;
   EXPECT_EQ(run("launch -n 0 -- train " + config("n0"), &err), 2);  // was: ran one rank
   EXPECT_NE(err.find("-n must be at least 1"), std::string::npos) << err;
+  for (const char* given : {"-n -1", "--num_gpus 0", "--num_nodes 0"}) {  // were taken as "not given"
+    EXPECT_EQ(run(std::string("launch ") + given + " -- config check " + config("n0"), &err), 2) << given;
+    EXPECT_NE(err.find("must be at least 1"), std::string::npos) << given << ": " << err;
+  }
 }
 
 }  // namespace

@@ -59,13 +59,16 @@ struct TrainArgs {
 // one ends the process at once with the default action.
 volatile std::sig_atomic_t g_stop_signal = 0;
 
+// SIGUSR1 and SIGUSR2 are `launch`'s SIGTERM and SIGINT: mpirun passes them to every rank and
+// lets the job run on, where its own SIGTERM/SIGINT kill the ranks about a second later, in the
+// middle of the stop's save (DESIGN-NOTES 77). SIGHUP (a closed terminal) stops as SIGTERM does.
 void on_stop_signal(int sig) {
   if (g_stop_signal != 0) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);
     return;
   }
-  g_stop_signal = sig;
+  g_stop_signal = sig == SIGUSR1 ? SIGTERM : sig == SIGUSR2 ? SIGINT : sig;
 }
 
 void install_stop_handlers() {
@@ -73,13 +76,14 @@ void install_stop_handlers() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaction(sig, &sa, nullptr);
 }
 
 }  // namespace
 
 int train_stop_signal() { return g_stop_signal; }
+
+const char* stop_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
 
 int agreed_stop_signal(comm::Backend* world, double timeout_s) {
   int stop = g_stop_signal;
@@ -98,7 +102,7 @@ int agreed_stop_signal(comm::Backend* world, double timeout_s) {
 void stop_before_first_step(comm::Backend* world, double timeout_s, bool lead) {
   if (const int stop = agreed_stop_signal(world, timeout_s); stop != 0) {  // nothing trained, nothing to save
     if (lead)
-      std::fprintf(stderr, "meshtrain: %s: stopped before the first step; nothing saved\n", stop == SIGINT ? "SIGINT" : "SIGTERM");
+      std::fprintf(stderr, "meshtrain: %s: stopped before the first step; nothing saved\n", stop_signal_name(stop));
     throw StopRequested{stop};
   }
 }
@@ -468,7 +472,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     if (stop != 0) {
       if (lead) {
         if (tty) std::printf("\n");
-        std::fprintf(stderr, "meshtrain: %s: stopped after step %lld; %s\n", stop == SIGINT ? "SIGINT" : "SIGTERM",
+        std::fprintf(stderr, "meshtrain: %s: stopped after step %lld; %s\n", stop_signal_name(stop),
                      static_cast<long long>(done),
                      where.empty() ? "no save_dir, nothing saved" : ("saved " + where).c_str());
         std::fflush(stdout);

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "base/checksum.h"
@@ -225,6 +226,8 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   std::string name = "step-" + std::to_string(engine.global_step());
   fs::path final_dir = fs::path(save_dir) / name;
   fs::path tmp_dir = fs::path(save_dir) / (name + ".tmp");
+  // Test seam: a save that takes seconds (a large model's), which a launcher's stop must wait for.
+  if (fault_active("checkpoint.slow_save")) std::this_thread::sleep_for(std::chrono::seconds(3));
 
   // 0. Weights that are no longer finite (an update that overflowed: a learning rate or betas
   // past what Adam takes) are never saved: such a checkpoint would become `latest` and rotation

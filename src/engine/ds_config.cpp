@@ -489,6 +489,25 @@ void parse_scheduler(Section& root, RunConfig& c) {
       sc.warmup_min_ratio = p.number("warmup_min_ratio", 0.0);
       sc.cos_min_ratio = p.number("cos_min_ratio", 1e-4);
     }
+    // A learning rate below 0 trains by gradient ascent (the optimizer's lr is checked; these
+    // replace it): refused by key, as the rates that scale them.
+    auto non_negative = [&](const char* key, double v) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", v);
+      MT_CHECK(std::isfinite(v) && v >= 0.0, ErrorKind::kInvalidArgument,
+               p.where(key) + " must be a non-negative number (got " + buf + ")");
+    };
+    if (one_cycle) {
+      non_negative("cycle_min_lr", sc.cycle_min_lr);
+      non_negative("cycle_max_lr", sc.cycle_max_lr);
+      non_negative("decay_lr_rate", sc.decay_lr_rate);
+    } else {
+      non_negative("warmup_min_lr", sc.warmup_min_lr);
+      non_negative("warmup_max_lr", sc.warmup_max_lr);
+      non_negative("warmup_min_ratio", sc.warmup_min_ratio);
+      non_negative("cos_min_ratio", sc.cos_min_ratio);
+      MT_CHECK(sc.warmup_num_steps >= 0, ErrorKind::kInvalidArgument, p.where("warmup_num_steps") + " must not be negative");
+    }
     p.unparsed("last_batch_iteration", Unparsed::kRefuseIfEnabled);
     p.finish();
   } else {

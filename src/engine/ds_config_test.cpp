@@ -137,6 +137,28 @@ TEST(DsConfig, AdamsHyperparametersOutsideTheirRangesAreRefusedByKey) {
   EXPECT_NE(error_of(j).find("train_micro_batch_size_per_gpu (1000000000000) x seq_length"), std::string::npos) << error_of(j);
 }
 
+// A negative learning rate through the scheduler (which replaces optimizer.params.lr) trained by
+// gradient ascent and exited 0: WarmupLR's warmup_max_lr -1 printed "lr -1.000e+00".
+TEST(DsConfig, SchedulerRatesBelowZeroAreRefusedByKey) {
+  const std::vector<std::pair<nlohmann::json, std::string>> cases = {
+      {{{"type", "WarmupLR"}, {"params", {{"warmup_max_lr", -1}, {"warmup_num_steps", 2}}}}, "scheduler.params.warmup_max_lr"},
+      {{{"type", "WarmupDecayLR"}, {"params", {{"warmup_max_lr", -0.5}, {"total_num_steps", 10}}}}, "scheduler.params.warmup_max_lr"},
+      {{{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", -1e-3}}}}, "scheduler.params.warmup_min_lr"},
+      {{{"type", "WarmupCosineLR"}, {"params", {{"cos_min_ratio", -1}, {"total_num_steps", 10}}}}, "scheduler.params.cos_min_ratio"},
+      {{{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", -5}}}}, "scheduler.params.warmup_num_steps"},
+      {{{"type", "OneCycle"}, {"params", {{"cycle_min_lr", -1}, {"cycle_max_lr", -2}}}}, "scheduler.params.cycle_min_lr"},
+      {{{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 0}, {"cycle_max_lr", -2}}}}, "scheduler.params.cycle_max_lr"}};
+  for (const auto& [scheduler, key] : cases) {
+    auto j = base();
+    j["scheduler"] = scheduler;
+    const std::string e = error_of(j);
+    EXPECT_NE(e.find(key), std::string::npos) << scheduler.dump() << ": " << e;
+  }
+  auto j = base();
+  j["scheduler"] = {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0}, {"warmup_max_lr", 1e-3}}}};
+  EXPECT_DOUBLE_EQ(ds_config_parse(j, "cfg.json").scheduler.warmup_max_lr, 1e-3);
+}
+
 TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   auto j = base();
   j["zero_optimization"] = {{"stage", 3}, {"offload_param", {{"device", "nvme"}, {"nvme_path", "/x"}}}};
