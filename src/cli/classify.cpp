@@ -210,11 +210,8 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
                  static_cast<double>(cfg.train_iters) / static_cast<double>(steps_per_epoch),
                  static_cast<long long>(steps_per_epoch));
   }
-  std::ofstream metrics;
-  if (lead && !args.metrics.empty()) {
-    metrics.open(args.metrics, std::ios::app);
-    MT_CHECK(metrics.good(), ErrorKind::kIOError, args.metrics + ": cannot open for appending");
-  }
+  MetricsFile metrics;
+  if (lead && !args.metrics.empty()) metrics.open(args.metrics);
   const char* launcher_tty = std::getenv("MT_STDOUT_TTY");
   const bool tty = lead && (launcher_tty ? std::strcmp(launcher_tty, "1") == 0 : isatty(fileno(stdout)));
   SampleOrder order(train.size(), cfg.shuffle, cfg.seed);
@@ -276,8 +273,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
         m["val_loss"] = v.loss;
         m["val_acc"] = v.acc;
       }
-      metrics << m.dump() << "\n";
-      metrics.flush();
+      metrics.write(m, done);
     }
     // The top k by the monitored metric (every rank has the same values: they were all-reduced).
     if (have_val && cfg.model_checkpoint.save_top_k > 0) {

@@ -1,6 +1,7 @@
 // One subcommand per file; each registers its flags on the app and runs when chosen.
 #pragma once
 
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,22 @@ struct StopRequested {
 };
 // The first SIGTERM/SIGINT `train` received (0: none); the loop stops after the current step.
 int train_stop_signal();
+// --metrics FILE: one JSON object a step, appended by rank 0. A write that fails (a full disk) is
+// said once, naming the file, the step and the reason; the run goes on without metrics, and
+// without the plot (it ended with "no steps to plot", exit 2, having said nothing).
+class MetricsFile {
+ public:
+  void open(const std::string& path);  // kIOError when it cannot be opened for appending
+  bool is_open() const { return out_.is_open(); }
+  void write(const nlohmann::json& line, int64_t step);
+  // Closes it; true when every line was written (then it can be plotted).
+  bool close();
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+  bool failed_ = false;
+};
 // "SIGTERM", "SIGINT" or "SIGHUP", for the stop's line.
 const char* stop_signal_name(int sig);
 // That signal agreed over the ranks (one tiny all-reduce of the largest; world may be null): a

@@ -14,6 +14,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cerrno>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
@@ -82,6 +83,30 @@ void install_stop_handlers() {
 }  // namespace
 
 int train_stop_signal() { return g_stop_signal; }
+
+void MetricsFile::open(const std::string& path) {
+  path_ = path;
+  out_.open(path, std::ios::app);
+  MT_CHECK(out_.good(), ErrorKind::kIOError, path + ": cannot open for appending");
+}
+
+void MetricsFile::write(const nlohmann::json& line, int64_t step) {
+  if (failed_) return;
+  errno = 0;
+  out_ << line.dump() << "\n";
+  out_.flush();
+  if (out_.good()) return;
+  failed_ = true;
+  const int err = errno;
+  std::fprintf(stderr, "warning: %s: cannot write step %lld's metrics (%s); the run goes on without them\n",
+               path_.c_str(), static_cast<long long>(step), err != 0 ? std::strerror(err) : "write failed");
+}
+
+bool MetricsFile::close() {
+  if (!out_.is_open()) return false;
+  out_.close();
+  return !failed_ && !out_.fail();
+}
 
 const char* stop_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
 
@@ -262,11 +287,8 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                      .c_str());
   std::unique_ptr<CsvMonitor> csv;
   if (lead && cfg.csv_monitor.enabled) csv = std::make_unique<CsvMonitor>(cfg.csv_monitor);
-  std::ofstream metrics;
-  if (lead && !args.metrics.empty()) {
-    metrics.open(args.metrics, std::ios::app);
-    MT_CHECK(metrics.good(), ErrorKind::kIOError, args.metrics + ": cannot open for appending");
-  }
+  MetricsFile metrics;
+  if (lead && !args.metrics.empty()) metrics.open(args.metrics);
   const int B = static_cast<int>(cfg.batch.micro_batch_per_gpu);
   const int64_t T = cfg.seq_length, tbs = cfg.batch.train_batch_size, gas = cfg.batch.gradient_accumulation_steps;
   // Under `meshtrain launch`, stdout is mpirun's pseudo-terminal; the launcher says what its is.
@@ -333,7 +355,9 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     double tok_s = static_cast<double>(tbs * step_T) / secs;
     int64_t done = eng.global_step();
     fault_point(("train.after_step_" + std::to_string(done)).c_str());
-    bool have_val = valid && cfg.eval_interval > 0 && (done % cfg.eval_interval == 0 || done == cfg.train_iters);
+    // eval_iters 0: no validation, as Megatron (it averaged 0 losses: "validation loss -nan", and
+    // the metrics file's null ended the run's plot with a JSON type error).
+    bool have_val = valid && cfg.eval_interval > 0 && cfg.eval_iters > 0 && (done % cfg.eval_interval == 0 || done == cfg.train_iters);
     double val_loss = 0.0;
     if (have_val) {
       // Batch i on rank i mod W; every rank runs the same number of forwards (ZeRO-3 gathers
@@ -407,8 +431,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       fresh_before = mem.fresh_mapped;
       m["rss_peak_bytes"] = process_peak_rss_bytes();  // VmHWM: everything the process ever held
       m["gemm_scratch_bytes"] = kernels::gemm_scratch_held();  // oneDNN's scratchpad region
-      metrics << m.dump() << "\n";
-      metrics.flush();
+      metrics.write(m, done);
     }
     double elapsed = total.seconds();
     double remaining = elapsed / static_cast<double>(done - start_step) * static_cast<double>(cfg.train_iters - done);
@@ -487,8 +510,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     std::printf("comms summary (rank 0, %s):\n", world ? "every collective of the run" : "one process: no collectives");
     for (const std::string& l : comm_log->summary_lines()) std::printf("  %s\n", l.c_str());
   }
-  if (metrics.is_open()) {
-    metrics.close();
+  if (metrics.is_open() && metrics.close()) {
     std::string png = fs::path(args.metrics).replace_extension(".png").string();
     if (plot_metrics(args.metrics, png, false)) std::printf("loss curve: %s\n", png.c_str());
   }

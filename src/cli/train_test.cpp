@@ -90,6 +90,25 @@ TEST(Train, ResumeContinuesTheLossCurveBitForBit) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], full[3 + i]) << "step " << 4 + i;
 }
 
+// A metrics file on a full disk (/dev/full: every write ENOSPC) failed without a word: the run
+// trained, then ended with "no steps to plot", exit 2. Now the first failed write is one line
+// naming the file, the step and the reason, and the run goes on and saves.
+// And eval_iters 0 (no validation, as Megatron) printed "validation loss -nan" and ended with a
+// JSON type error reading its metrics back.
+TEST(Train, AMetricsFileThatCannotBeWrittenIsSaidOnceAndTheRunGoesOn) {
+  write_dataset(dir() + "/train", 30);
+  std::string err;
+  ASSERT_EQ(run("train " + write_config("full", nlohmann::json::object()) + " --metrics /dev/full", &err), 0) << err;
+  const std::string line = "warning: /dev/full: cannot write step 1's metrics (No space left on device); the run goes on without them\n";
+  EXPECT_NE(err.find(line), std::string::npos) << err;
+  EXPECT_EQ(err.find("cannot write step 2"), std::string::npos) << err;
+  EXPECT_TRUE(fs::exists(dir() + "/ckpt-full/step-6/state.json"));
+  const std::string metrics = dir() + "/no-eval.jsonl";
+  ASSERT_EQ(run("train " + write_config("no-eval", {{"eval_iters", 0}}) + " --metrics " + metrics, &err), 0) << err;
+  EXPECT_EQ(values(metrics, "loss").size(), 6u);
+  EXPECT_TRUE(values(metrics, "val_loss").empty());
+}
+
 TEST(Train, BadInputIsOneLineAndExitTwo) {
   std::string err;
   EXPECT_EQ(run("train " + dir() + "/missing.json", &err), 2);
