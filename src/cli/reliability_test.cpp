@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/checksum.h"
+#include "checkpoint/safetensors.h"
 #include "cli/cli_test_util.h"
 #include "engine/checkpoint_io.h"
 
@@ -167,6 +169,52 @@ TEST(Checkpoints, NonFiniteWeightsAreNeverSavedOverTheLastGoodCheckpoint) {
   EXPECT_EQ(steps_in(save_dir("nan")), (std::vector<std::string>{"step-3"}));
   EXPECT_EQ(mt::file_xxh3_hex(save_dir("nan") + "/step-3/model.safetensors"), before);
   EXPECT_EQ(resume(cfg, "nan", "--set train_iters=4", &err), 0) << err;
+}
+
+// The same check where the weights live elsewhere: ZeRO-3 with the parameters on NVMe keeps no
+// master in memory (the check found nothing and the NaN weights became `latest`), and under two
+// ranks every rank reports the first rank's finding (rank 0 said "failed on another rank").
+TEST(Checkpoints, NonFiniteWeightsAreFoundOnNvmeAndNamedByEveryRank) {
+  const std::string swap = dir() + "/nan-swap";
+  const nlohmann::json zero3 = {{"stage", 3},
+                                {"offload_param", {{"device", "nvme"}, {"nvme_path", swap}}},
+                                {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", swap}}}};
+  const std::string lr = "--set train_iters=6 --set save_interval=1 --set optimizer.params.lr=3.3e38";
+  std::string err;
+  const std::string cfg = trained("nan-nvme", {{"train_iters", 3}, {"keep_last", 1}, {"zero_optimization", zero3}});
+  EXPECT_NE(resume(cfg, "nan-nvme", lr, &err), 0);
+  EXPECT_NE(err.find("step 4: the weights are not finite (first in "), std::string::npos) << err;
+  EXPECT_EQ(latest(save_dir("nan-nvme")), "step-3");
+  const std::string two = trained("nan-two", {{"train_iters", 3}, {"keep_last", 1}, {"zero_optimization", {{"stage", 1}}}});
+  EXPECT_NE(run("launch -n 2 -- train " + two + " --resume " + save_dir("nan-two") + " " + lr, &err), 0);
+  EXPECT_NE(err.find("step 4: the weights are not finite (first in transformer."), std::string::npos) << err;
+  EXPECT_NE(err.find(" on rank 0), so "), std::string::npos) << err;
+  EXPECT_EQ(err.find("failed on another rank"), std::string::npos) << err;
+  EXPECT_EQ(latest(save_dir("nan-two")), "step-3");
+}
+
+// Hugging Face weights that are not finite (model.init_from, generate) trained NaN from the first
+// step, blamed on "the gradient ... (first in transformer.wte.weight)", or sampled "logit 0 is
+// nan". They are refused as they are read, naming the file, the tensor and the element.
+TEST(Checkpoints, NonFiniteHuggingFaceWeightsAreRefusedNamingTheTensor) {
+  trained("nan-hf", {{"train_iters", 3}});
+  const std::string hf = dir() + "/nan-hf-export", file = hf + "/model.safetensors";
+  std::string err;
+  ASSERT_EQ(run("export " + save_dir("nan-hf") + " --hf " + hf, &err), 0) << err;
+  const std::string tensor = "transformer.h.0.attn.c_attn.weight";
+  const size_t begin = mt::checkpoint::SafetensorsFile(file).get(tensor).begin;
+  uint64_t header = 0;
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.read(reinterpret_cast<char*>(&header), 8);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  f.seekp(static_cast<std::streamoff>(8 + header + begin + 4 * 5));  // element 5
+  f.write(reinterpret_cast<const char*>(&nan), 4);
+  f.close();
+  const std::string want = file + ": tensor '" + tensor + "' element 5 is nan: the weights must be finite";
+  EXPECT_EQ(run("train " + config("nan-hf-from", {{"model", {{"init_from", hf}}}}), &err), 2);
+  EXPECT_NE(err.find(want), std::string::npos) << err;
+  EXPECT_EQ(run("generate " + hf + " --prompt x --max-new-tokens 2", &err), 2);  // read through the same source
+  EXPECT_NE(err.find(want), std::string::npos) << err;
 }
 
 // A resume past train_iters trains nothing: an error naming the step and train_iters, not exit 0

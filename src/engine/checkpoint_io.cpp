@@ -154,21 +154,48 @@ void checkpoint_verify(const std::string& dir) {
 
 namespace {
 
+// One value reduced over the world (a flag, a length, a rank).
+float reduce_one(comm::Backend& world, float v, comm::ReduceOp op, const std::string& tag, std::chrono::milliseconds timeout) {
+  comm::AllReduceOptions o;
+  o.op = op;
+  o.tag = tag;
+  o.timeout = timeout;
+  world.all_reduce(&v, 1, DType::kF32, o)->wait();
+  return v;
+}
+
 // Every rank learns whether any rank failed a phase of a collective save or load, so all of them
 // stop together (none left waiting in the next collective until the timeout). The failing rank
 // rethrows its own error; the others throw one naming the phase.
 void agree(const parallel::ParallelContext& ctx, std::exception_ptr failed, std::chrono::milliseconds timeout,
            const std::string& what) {
   float flag = failed ? 1.0f : 0.0f;
-  if (ctx.world->size() > 1) {
-    comm::AllReduceOptions o;
-    o.op = comm::ReduceOp::kMax;
-    o.tag = "checkpoint: " + what;
-    o.timeout = timeout;
-    ctx.world->all_reduce(&flag, 1, DType::kF32, o)->wait();
-  }
+  if (ctx.world->size() > 1) flag = reduce_one(*ctx.world, flag, comm::ReduceOp::kMax, "checkpoint: " + what, timeout);
   if (failed) std::rethrow_exception(failed);
   if (flag > 0.0f) throw Error(ErrorKind::kIOError, what + " failed on another rank (its own message names the file and why)");
+}
+
+// The lowest rank's non-empty string, on every rank, and that rank (-1 and "" when no rank has
+// one): a failure every rank reports alike, whichever rank's line the job's abort shows.
+std::pair<int, std::string> first_string(const parallel::ParallelContext& ctx, const std::string& mine,
+                                         std::chrono::milliseconds timeout) {
+  comm::Backend& world = *ctx.world;
+  if (world.size() == 1) return {mine.empty() ? -1 : 0, mine};
+  const std::string tag = "checkpoint: the first rank's message";
+  const int root = static_cast<int>(
+      reduce_one(world, static_cast<float>(mine.empty() ? world.size() : world.rank()), comm::ReduceOp::kMin, tag, timeout));
+  if (root >= world.size()) return {-1, ""};
+  comm::BroadcastOptions bo;
+  bo.root = root;
+  bo.tag = tag;
+  bo.timeout = timeout;
+  float words = static_cast<float>((std::min<size_t>(mine.size(), 4096) + 3) / 4);
+  world.broadcast(&words, 1, DType::kF32, bo)->wait();
+  std::vector<float> text(static_cast<size_t>(words), 0.0f);  // the bytes as f32 words (moved, not converted)
+  if (world.rank() == root) std::memcpy(text.data(), mine.data(), std::min(mine.size(), text.size() * 4));
+  world.broadcast(text.data(), text.size(), DType::kF32, bo)->wait();
+  const char* c = reinterpret_cast<const char*>(text.data());
+  return {root, std::string(c, strnlen(c, text.size() * 4))};
 }
 
 // Rank 0 receives every rank's string (world order); the others get {}. Strings travel as the
@@ -177,14 +204,9 @@ std::vector<std::string> gather_strings(const parallel::ParallelContext& ctx, co
                                         std::chrono::milliseconds timeout) {
   comm::Backend& world = *ctx.world;
   if (world.size() == 1) return {mine};
-  float len = static_cast<float>((mine.size() + 3) / 4);
   MT_CHECK(mine.size() < (size_t{1} << 26), ErrorKind::kInternal, "checkpoint: a rank's shard table is too large to gather");
-  comm::AllReduceOptions ao;
-  ao.op = comm::ReduceOp::kMax;
-  ao.tag = "checkpoint shard tables (length)";
-  ao.timeout = timeout;
-  world.all_reduce(&len, 1, DType::kF32, ao)->wait();
-  const size_t words = static_cast<size_t>(len);
+  const size_t words = static_cast<size_t>(reduce_one(world, static_cast<float>((mine.size() + 3) / 4), comm::ReduceOp::kMax,
+                                                      "checkpoint shard tables (length)", timeout));
   std::vector<float> send(words, 0.0f), recv(world.rank() == 0 ? words * static_cast<size_t>(world.size()) : 0);
   std::memcpy(send.data(), mine.data(), mine.size());
   comm::GatherOptions go;
@@ -233,21 +255,22 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   // past what Adam takes) are never saved: such a checkpoint would become `latest` and rotation
   // would delete the last good one. Every rank checks its own span and all stop together, the
   // checkpoints untouched.
+  // Every rank learns the first rank's finding and throws the same error (under ZeRO only the rank
+  // whose shard holds the value knew it, and rank 0's line said "failed on another rank").
   {
-    std::exception_ptr bad;
-    const std::string where = engine.first_nonfinite_weight();
-    if (!where.empty()) {
+    const auto [rank, where] = first_string(ctx, engine.first_nonfinite_weight(), timeout);
+    if (rank >= 0) {
       std::string newest;
       try {
         if (checkpoint_dir_has_checkpoints(save_dir)) newest = checkpoint_resolve(save_dir);
       } catch (const Error&) {  // no intact checkpoint to name
       }
-      bad = std::make_exception_ptr(Error(
-          ErrorKind::kNumerical, "step " + std::to_string(engine.global_step()) + ": the weights are not finite (first in " +
-                                     where + "), so " + (fs::path(save_dir) / name).string() + " is not written" +
-                                     (newest.empty() ? std::string() : "; the newest checkpoint stays " + newest)));
+      throw Error(ErrorKind::kNumerical,
+                  "step " + std::to_string(engine.global_step()) + ": the weights are not finite (first in " + where +
+                      (ctx.world->size() > 1 ? " on rank " + std::to_string(rank) : std::string()) + "), so " +
+                      (fs::path(save_dir) / name).string() + " is not written" +
+                      (newest.empty() ? std::string() : "; the newest checkpoint stays " + newest));
     }
-    agree(ctx, bad, timeout, "the weights' check before saving " + name);
   }
 
   // 1. Rank 0 prepares the temporary directory. Leftovers of saves killed half-way are never

@@ -398,8 +398,21 @@ std::string Engine::first_nonfinite(bool weights) {
     v = host.data();
     n = host.size();
   }
-  if (v == nullptr) return "";
   const auto all = engine_param_segments(config_, model_.store());
+  if (v == nullptr && weights && state_swapped("master")) {
+    // ZeRO-3 with the parameters on NVMe keeps no master in memory: read the shard back a chunk
+    // at a time (the check said "" here, and NaN weights were saved as `latest`).
+    std::vector<float> chunk(size_t{1} << 20);
+    for (const optim::ParamSegment& s : sync_->span_segments(all))
+      for (size_t at = s.offset; at < s.offset + s.numel; at += chunk.size()) {
+        const size_t k = std::min(chunk.size(), s.offset + s.numel - at);
+        read_span_state("master", at, k, chunk.data());
+        for (size_t i = 0; i < k; ++i)
+          if (!std::isfinite(chunk[i])) return s.name + ", element " + std::to_string(at + i - s.offset);
+      }
+    return "";
+  }
+  if (v == nullptr) return "";
   for (const optim::ParamSegment& s : sync_ ? sync_->span_segments(all) : all) {
     for (size_t i = s.offset; i < s.offset + s.numel && i < n; ++i)
       if (!std::isfinite(v[i])) return s.name + ", element " + std::to_string(i - s.offset);

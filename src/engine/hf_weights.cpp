@@ -1,6 +1,7 @@
 #include "engine/hf_weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -144,6 +145,14 @@ bool HfWeights::read_range(const nn::Parameter& p, size_t lo, size_t hi, float* 
     if (a < b) runs.push_back({static_cast<size_t>(global + (a - local)), static_cast<size_t>(b - a), dst + (a - lo64)});
   });
   it->second.file->read_f32_runs(it->second.name, runs);
+  // Weights that are not finite would train a NaN from the first step, blamed on a gradient (or
+  // sample NaN logits): said here, naming the file, the tensor and its element.
+  for (const auto& r : runs)
+    for (size_t i = 0; i < r.count; ++i)
+      if (!std::isfinite(r.dst[i]))
+        throw Error(ErrorKind::kCorruption, it->second.file->path() + ": tensor '" + it->second.name + "' element " +
+                                                std::to_string(r.first + i) + " is " + std::to_string(r.dst[i]) +
+                                                ": the weights must be finite");
   return true;
 }
 
