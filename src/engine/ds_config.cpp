@@ -142,9 +142,16 @@ class Section {
         int d = edit_distance(k, c);
         if (d < best_d) { best_d = d; best = c; }
       }
-      warnings_.push_back(where(k) + ": unknown key, ignored" + (best.empty() ? "" : " (did you mean '" + best + "'?)"));
+      const std::string hint = best.empty() ? "" : " (did you mean '" + best + "'?)";
+      MT_CHECK(!refuse_unknown_, ErrorKind::kNotSupported,
+               where(k) + ": unknown key" + hint + "; " + where() +
+                   " are the optimizer's or scheduler's arguments, which DeepSpeed passes to its constructor (where an "
+                   "unknown one is an error), and each changes what is trained");
+      warnings_.push_back(where(k) + ": unknown key, ignored" + hint);
     }
   }
+  // optimizer.params and scheduler.params: an unknown key is refused, not warned about.
+  void refuse_unknown() { refuse_unknown_ = true; }
 
   // Every key of the object counts as read (a block switched off: its settings are not checked).
   void ignore_rest() {
@@ -162,6 +169,7 @@ class Section {
   std::vector<std::string>& notes_;
   std::vector<std::string> known_;
   std::map<std::string, Unparsed> extra_;
+  bool refuse_unknown_ = false;
 };
 
 void parse_batch(Section& s, RunConfig& c, int world) {
@@ -386,6 +394,7 @@ void parse_optimizer(Section& root, RunConfig& c) {
   o.weight_decay = lower == "adamw" ? 0.01 : 0.0;  // torch.optim.AdamW's default; the others' is 0
   if (s.has("params")) {
     Section p = s.sub("params");
+    p.refuse_unknown();
     o.lr = p.number_or_auto("lr", 1e-3, kHfLr, "Hugging Face's learning_rate default");
     MT_CHECK(std::isfinite(o.lr) && o.lr >= 0.0, ErrorKind::kInvalidArgument,
              p.where("lr") + ": must be a non-negative number (got " + std::to_string(o.lr) + ")");
@@ -403,6 +412,8 @@ void parse_optimizer(Section& root, RunConfig& c) {
       MT_CHECK(std::isfinite(o.eps) && o.eps >= 0.0, ErrorKind::kInvalidArgument,
                p.where("eps") + ": must be a non-negative number (got " + std::to_string(o.eps) + ")");
       p.require_default("amsgrad", false, "amsgrad is not supported");
+      p.require_default("maximize", false, "maximize is not supported");
+      for (const char* k : {"foreach", "capturable", "differentiable", "set_grad_none"}) p.unparsed(k, Unparsed::kWarn);
     }
     if (adam) {
       o.adam_w_mode = lower == "adamw" || p.boolean("adam_w_mode", true);
@@ -465,6 +476,7 @@ void parse_scheduler(Section& root, RunConfig& c) {
   const bool one_cycle = sc.type == optim::LrScheduleType::kOneCycle;
   if (s.has("params")) {
     Section p = s.sub("params");
+    p.refuse_unknown();
     if (one_cycle) {
       MT_CHECK(p.has("cycle_min_lr") && p.has("cycle_max_lr"), ErrorKind::kInvalidArgument,
                "scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle");
@@ -1182,9 +1194,19 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   c.steps_per_print = root.integer("steps_per_print", 10);
   c.wall_clock_breakdown = root.boolean("wall_clock_breakdown", false);
   // DeepSpeed keys that change what is trained: refused when enabled.
-  for (const char* k : {"amp", "data_efficiency", "compression_training",
-                        "progressive_layer_drop", "eigenvalue", "quantize_training", "elasticity", "sparse_gradients"})
+  for (const char* k : {"amp", "data_efficiency", "compression_training", "progressive_layer_drop", "eigenvalue",
+                        "quantize_training", "elasticity", "sparse_gradients", "torch_autocast", "hybrid_engine",
+                        "weight_quantization"})
     root.unparsed(k, Unparsed::kRefuseIfEnabled);
+  if (root.has("data_types")) {  // DeepSpeed's gradient accumulation dtype: ours is fp32
+    Section d = root.sub("data_types");
+    if (d.has("grad_accum_dtype")) {
+      const std::string t = d.string("grad_accum_dtype", "fp32");
+      MT_CHECK(t == "fp32" || t == "float32", ErrorKind::kNotSupported,
+               d.where("grad_accum_dtype") + ": \"" + t + "\" is not supported (gradients accumulate in fp32)");
+    }
+    d.finish();
+  }
   parse_comms_logger(root, c);
   parse_flops_profiler(root, c);
   // DeepSpeed's gradient averaging: prescale divides by the dp size before the all-reduce;
@@ -1262,7 +1284,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   }
   for (const char* k : {"tensorboard", "wandb", "comet", "autotuning",
                         "checkpoint", "memory_breakdown", "dump_state", "zero_force_ds_cpu_optimizer",
-                        "timers", "train_micro_batch_size_per_gpu_auto", "data_types"})
+                        "timers", "train_micro_batch_size_per_gpu_auto", "compile", "graph_harvesting", "nebula"})
     root.unparsed(k, Unparsed::kWarn);
   root.finish();
   if (c.task == "classification") {  // what the classification loop (cli/classify.cpp) does not do yet, by name

@@ -206,6 +206,27 @@ TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   j = base();
   j["scheduler"] = {{"type", "OneCycle"}, {"params", {{"cycle_max_lr", 0.1}}}};
   EXPECT_NE(error_of(j).find("cycle_min_lr"), std::string::npos);
+  // Taken with a warning before: AdamW's maximize and any other unknown optimizer or scheduler
+  // argument (DeepSpeed passes them to the constructor, where an unknown one is an error),
+  // data_types.grad_accum_dtype other than fp32, torch_autocast on.
+  j = base();
+  j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"maximize", true}}}};
+  EXPECT_NE(error_of(j).find("optimizer.params.maximize: maximize is not supported"), std::string::npos) << error_of(j);
+  j = base();
+  j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"weight_dacay", 0.1}}}};
+  EXPECT_NE(error_of(j).find("optimizer.params.weight_dacay: unknown key (did you mean 'weight_decay'?)"), std::string::npos)
+      << error_of(j);
+  j = base();
+  j["scheduler"] = {{"type", "WarmupLR"}, {"params", {{"warmup_max_lr", 1e-3}, {"warmup_step", 10}}}};
+  EXPECT_NE(error_of(j).find("scheduler.params.warmup_step: unknown key"), std::string::npos) << error_of(j);
+  j = base();
+  j["data_types"] = {{"grad_accum_dtype", "bf16"}};
+  EXPECT_NE(error_of(j).find("data_types.grad_accum_dtype: \"bf16\" is not supported"), std::string::npos) << error_of(j);
+  j["data_types"]["grad_accum_dtype"] = "fp32";
+  EXPECT_EQ(error_of(j), "");
+  j = base();
+  j["torch_autocast"] = {{"enabled", true}, {"dtype", "bfloat16"}};
+  EXPECT_NE(error_of(j).find("torch_autocast is not supported yet"), std::string::npos) << error_of(j);
   for (const char* k : {"zero_quantized_gradients", "zero_quantized_weights", "zero_quantized_nontrainable_weights"}) {
     j = base();  // ZeRO++ changes the values exchanged: refused when on, accepted when off
     j["zero_optimization"] = {{"stage", 3}, {k, true}};
