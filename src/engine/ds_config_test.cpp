@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "base/scratch_dir.h"
+#include "engine/json_file.h"
 
 namespace mt::engine {
 namespace {
@@ -283,6 +284,25 @@ TEST(DsConfig, MalformedModelFileIsNamed) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("bad-model.json"), std::string::npos) << e.what();
   }
+}
+
+// A key twice in one object was read as its last value without a word (DeepSpeed refuses it);
+// the same key in two objects is fine.
+TEST(DsConfig, ADuplicateKeyIsRefusedNamingIt) {
+  const ScratchDir dir;
+  const std::string path = dir.file("dup.json");
+  std::ofstream(path) << R"({"train_iters": 6, "optimizer": {"params": {"lr": 1e-3}}, "scheduler": {"params": {"lr": 2}},
+                             "train_iters": 3})";
+  try {
+    json_load_file(path);
+    FAIL() << "a duplicate key was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("dup.json: key \"train_iters\" appears twice in one object"), std::string::npos)
+        << e.what();
+  }
+  std::ofstream(path) << R"({"a": {"lr": 1}, "b": {"lr": 2}, "c": [{"x": 1}, {"x": 2}]})";
+  EXPECT_EQ(json_load_file(path)["b"]["lr"], 2);
 }
 
 TEST(DsConfig, FieldErrorsNameTheKeyAndSetOverrides) {
