@@ -5,7 +5,9 @@
 // the same (its fingerprint); --force measures again.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -97,6 +99,28 @@ void run_calibrate(const CalibrateArgs& args) {
     }
     return;
   }
+  // The output is probed before minutes of measuring (-o /nonexistent/c.json measured for 2.5
+  // minutes, then failed at the write with the measurements lost). Rank 0 writes it; every rank
+  // learns whether it can.
+  std::string unwritable;
+  if (lead) {
+    const std::string probe = args.out + ".tmp";
+    if (std::FILE* f = std::fopen(probe.c_str(), "w")) {
+      std::fclose(f);
+      std::remove(probe.c_str());
+    } else {
+      unwritable = args.out + ": cannot write the calibration there (" + std::strerror(errno) + "); nothing was measured";
+    }
+  }
+  if (world) {
+    float flag = unwritable.empty() ? 0.0f : 1.0f;
+    comm::AllReduceOptions ao;
+    ao.op = comm::ReduceOp::kMax;
+    ao.tag = "calibrate: output writable";
+    world->all_reduce(&flag, 1, DType::kF32, ao)->wait();
+    if (flag > 0.0f && unwritable.empty()) unwritable = args.out + ": rank 0 cannot write the calibration there";
+  }
+  MT_CHECK(unwritable.empty(), ErrorKind::kIOError, unwritable);
   planner::CalibrateOptions o;
   o.quick = args.quick;
   o.group = world.get();
