@@ -247,6 +247,21 @@ TEST(Checkpoints, AResumeWithAnotherBatchGoesOnFromTheConsumedSamples) {
   EXPECT_EQ(next("step-4"), 12);  // was 16
 }
 
+// A resume with another seq_length went on at as many samples of the new length: 8 samples of 16
+// tokens resumed at 8 trained tokens 64-127 again. Now at the token reached, with one line.
+TEST(Checkpoints, AResumeWithAnotherSeqLengthGoesOnFromTheTokenReached) {
+  const std::string cfg = trained("seq", {{"train_iters", 4}, {"save_interval", 4},
+                                          {"data", {{"train", dir() + "/train"}, {"shuffle", false}}}});
+  std::string err;
+  ASSERT_EQ(resume(cfg, "seq", "--set train_iters=6 --set seq_length=8", &err), 0) << err;
+  EXPECT_NE(err.find("written with seq_length 16; this run's is 8, so the data continues at token 128 (sample 16 of this "
+                     "length)"),
+            std::string::npos) << err;
+  const auto state = nlohmann::json::parse(slurp(save_dir("seq") + "/step-6/state.json"));
+  EXPECT_EQ(state["data"]["next_sample"].get<int64_t>(), 16 + 2 * 2);  // was 8 + 4: tokens 64-95 trained twice
+  EXPECT_EQ(state["data"]["seq_length"].get<int64_t>(), 8);
+}
+
 // A resume into another model with the same shapes (n_head 2 -> 4 at the same width, another
 // norm eps) loaded the weights into it without a word; now it is refused naming the keys.
 // Another data.train is said in one line. What acts at initialization only may differ: the

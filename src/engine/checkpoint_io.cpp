@@ -476,6 +476,7 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                               {"scaler_hysteresis_left", ls.hysteresis_left},
                               {"model", ds_config_resolved(engine.config())["model"]},
                               {"data", {{"next_sample", engine.consumed_samples()},
+                                        {"seq_length", engine.config().seq_length},
                                         {"seed", engine.config().seed},
                                         {"shuffle", engine.config().shuffle},
                                         {"train", engine.config().data_train}}},
@@ -800,7 +801,19 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
       const RunConfig& c = engine.config();
       // The data goes on from the samples the checkpoint's steps consumed (with another batch size
       // than the checkpoint's, not from step × this run's batch: no sample skipped or repeated).
-      const int64_t next = d.at("next_sample").get<int64_t>();
+      int64_t next = d.at("next_sample").get<int64_t>();
+      // Samples of another seq_length: the data goes on at the token the checkpoint reached (a
+      // sample of this run's length rounded up), not at that many samples of this length (which
+      // trained tokens 128-255 again after 8 samples of 32 resumed at 16).
+      const int64_t their_len = d.value("seq_length", c.seq_length);
+      if (their_len != c.seq_length && their_len > 0 && c.task != "classification") {  // (records there)
+        const int64_t tokens = next * their_len;
+        next = (tokens + c.seq_length - 1) / c.seq_length;
+        log_warning((dir / "state.json").string() + ": written with seq_length " + std::to_string(their_len) + "; this run's is " +
+                    std::to_string(c.seq_length) + ", so the data continues at token " + std::to_string(tokens) + " (sample " +
+                    std::to_string(next) + " of this length)" +
+                    (c.shuffle ? "; the shuffled order at this length is another one, so some samples repeat or are skipped" : ""));
+      }
       engine.set_consumed_samples(next);
       if (next != engine.global_step() * c.batch.train_batch_size)
         log_info((dir / "state.json").string() + ": the data continues at sample " + std::to_string(next) +

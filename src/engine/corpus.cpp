@@ -9,6 +9,7 @@
 
 #include "base/checksum.h"
 #include "base/error.h"
+#include "base/fault.h"
 #include "base/file_io.h"
 #include "data/chat.h"
 #include "data/indexed_dataset.h"
@@ -126,8 +127,12 @@ CorpusStats corpus_write_dataset(const std::vector<CorpusDocument>& docs, const 
       mw->end_document();
     }
   }
-  w.finalize();
+  // The mask first: the tokens' .idx is what marks a cached dataset done (corpus_prepare), so a
+  // kill between the two leaves no dataset rather than one without its mask (which every later
+  // run reused, training on the prompts without a word).
   if (mw) mw->finalize();
+  fault_point("corpus.between_finalizes");
+  w.finalize();
   st.documents = docs.size();
   for (double c : counts)
     if (c > 0) st.unigram_entropy -= c / static_cast<double>(st.tokens) * std::log(c / static_cast<double>(st.tokens));
