@@ -1067,7 +1067,23 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   Section root(j, "", c.warnings, c.notes);
   // A bare DeepSpeed config (no model block): its keys are checked alone, nothing model-dependent.
   c.bare = allow_bare && !root.has("model");
-  if (!c.bare) parse_model(root, c, where);
+  if (!c.bare) {
+    parse_model(root, c, where);
+    // The runtime has no dropout: a run that asks for it would train another model than the one
+    // configured (a real GPT-2 config.json has 0.1 in each), so it is refused by key.
+    const bool gpt2 = c.model.arch == models::Arch::kGpt2;
+    for (auto [p, key] : {std::pair<float, const char*>{c.model.embd_pdrop, "embd_pdrop"}, {c.model.resid_pdrop, "resid_pdrop"},
+                          {c.model.attn_pdrop, gpt2 ? "attn_pdrop" : "attention_dropout"}}) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", static_cast<double>(p));
+      MT_CHECK(p == 0.0f, ErrorKind::kNotSupported,
+               std::string("model.") + key + ": " + buf + " is not supported: meshtrain trains without dropout" +
+                   (c.init_from.empty() ? "" : " (the value is " + c.init_from + "'s)") + "; set it to 0" +
+                   (gpt2 ? " (--set model.embd_pdrop=0 --set model.resid_pdrop=0 --set model.attn_pdrop=0 for a "
+                           "Hugging Face GPT-2)"
+                         : ""));
+    }
+  }
   c.seq_length = root.integer("seq_length", c.bare ? 1024 : std::min(1024, c.model.max_positions));
   MT_CHECK(c.seq_length > 0, ErrorKind::kInvalidArgument, "seq_length must be positive");
   MT_CHECK(c.bare || c.model.arch != models::Arch::kGpt2 || c.seq_length <= c.model.max_positions, ErrorKind::kInvalidArgument,

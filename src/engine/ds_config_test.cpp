@@ -225,6 +225,28 @@ TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   EXPECT_NE(error_of(j).find("data_types.grad_accum_dtype: \"bf16\" is not supported"), std::string::npos) << error_of(j);
   j["data_types"]["grad_accum_dtype"] = "fp32";
   EXPECT_EQ(error_of(j), "");
+  // Dropout was ignored without a word (a Hugging Face GPT-2 config.json has 0.1 in each key):
+  // the runtime has none, so a non-zero probability is refused by key; 0 is taken. So are GPT-2's
+  // attention-scaling switches, which were ignored too.
+  for (const char* k : {"embd_pdrop", "resid_pdrop", "attn_pdrop"}) {
+    j = base();
+    j["model"][k] = 0.1;
+    EXPECT_NE(error_of(j).find(std::string("model.") + k + ": 0.1 is not supported: meshtrain trains without dropout"),
+              std::string::npos) << error_of(j);
+    j["model"][k] = 0;
+    EXPECT_EQ(error_of(j), "") << k;
+  }
+  j = base();
+  j["model"] = {{"model_type", "llama"}, {"vocab_size", 97}, {"hidden_size", 32}, {"intermediate_size", 64},
+                {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"max_position_embeddings", 32},
+                {"attention_dropout", 0.1}};
+  EXPECT_NE(error_of(j).find("model.attention_dropout: 0.1 is not supported"), std::string::npos) << error_of(j);
+  j = base();
+  j["model"]["scale_attn_weights"] = false;
+  EXPECT_NE(error_of(j).find("scale_attn_weights"), std::string::npos) << error_of(j);
+  j = base();
+  j["model"]["reorder_and_upcast_attn"] = true;
+  EXPECT_NE(error_of(j).find("reorder_and_upcast_attn"), std::string::npos) << error_of(j);
   j = base();
   j["torch_autocast"] = {{"enabled", true}, {"dtype", "bfloat16"}};
   EXPECT_NE(error_of(j).find("torch_autocast is not supported yet"), std::string::npos) << error_of(j);

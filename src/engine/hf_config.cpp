@@ -79,6 +79,11 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
     c.tie_embeddings = r.boolean("tie_word_embeddings", true);
     r.refuse_if(r.boolean("scale_attn_by_inverse_layer_idx", false), "scale_attn_by_inverse_layer_idx",
                 "true is not supported");
+    r.refuse_if(!r.boolean("scale_attn_weights", true), "scale_attn_weights", "false is not supported");
+    r.refuse_if(r.boolean("reorder_and_upcast_attn", false), "reorder_and_upcast_attn", "true is not supported");
+    c.embd_pdrop = r.number("embd_pdrop", 0.0f);  // Hugging Face's GPT2Config defaults them to 0.1; ours are 0
+    c.resid_pdrop = r.number("resid_pdrop", 0.0f);
+    c.attn_pdrop = r.number("attn_pdrop", 0.0f);
   } else if (type == "llama") {
     c.arch = models::Arch::kLlama;
     c.vocab_size = r.integer("vocab_size", 32000, false);
@@ -97,6 +102,7 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
                 "RoPE scaling is not supported yet");
     r.refuse_if(r.boolean("attention_bias", false), "attention_bias", "true is not supported");
     r.refuse_if(r.boolean("mlp_bias", false), "mlp_bias", "true is not supported");
+    c.attn_pdrop = r.number("attention_dropout", 0.0f);
     r.refuse_if(j.contains("head_dim") && r.integer("head_dim", 0, false) != c.hidden / std::max(1, c.n_head),
                 "head_dim", "a head_dim other than hidden_size / num_attention_heads is not supported");
   } else {
@@ -156,6 +162,11 @@ nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
     j["n_inner"] = c.intermediate;
     j["layer_norm_epsilon"] = shortest(c.norm_eps);
     j["activation_function"] = "gelu_new";
+    // Written out: Hugging Face's defaults are 0.1, which would train the exported model with
+    // dropout it was not trained with here.
+    j["embd_pdrop"] = shortest(c.embd_pdrop);
+    j["resid_pdrop"] = shortest(c.resid_pdrop);
+    j["attn_pdrop"] = shortest(c.attn_pdrop);
   } else {
     j["model_type"] = "llama";
     j["architectures"] = {"LlamaForCausalLM"};
@@ -168,6 +179,7 @@ nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
     j["rms_norm_eps"] = shortest(c.norm_eps);
     j["rope_theta"] = shortest(c.rope_theta);
     j["hidden_act"] = "silu";
+    j["attention_dropout"] = shortest(c.attn_pdrop);
   }
   if (c.num_labels > 0) {  // Hugging Face's sequence-classification config
     j["architectures"] = {c.arch == models::Arch::kGpt2 ? "GPT2ForSequenceClassification" : "LlamaForSequenceClassification"};

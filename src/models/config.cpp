@@ -42,6 +42,9 @@ void ModelConfig::validate() const {
   // Hugging Face draws N(0, initializer_range^2): a negative one is no distribution, and an
   // infinite one makes every weight infinite.
   need(init_std >= 0 && std::isfinite(init_std), "initializer_range", "must be >= 0 and finite");
+  for (auto [p, key] : {std::pair<float, const char*>{embd_pdrop, "embd_pdrop"}, {resid_pdrop, "resid_pdrop"},
+                        {attn_pdrop, arch == Arch::kGpt2 ? "attn_pdrop" : "attention_dropout"}})
+    need(p >= 0 && p < 1, key, "a dropout probability must be in [0, 1)");
   need(arch == Arch::kGpt2 || (rope_theta > 0 && std::isfinite(rope_theta)), "rope_theta",
        "must be positive and finite");
   need(arch == Arch::kGpt2 || head_dim() % 2 == 0, "num_attention_heads",
