@@ -104,9 +104,9 @@ void run_calibrate(const CalibrateArgs& args) {
   // learns whether it can.
   std::string unwritable;
   if (lead) {
-    const std::string probe = args.out + ".tmp";
-    if (std::FILE* f = std::fopen(probe.c_str(), "w")) {
-      std::fclose(f);
+    std::string probe = args.out + ".probe-XXXXXX";  // a name of its own: no file of the user's is touched
+    if (const int fd = ::mkstemp(probe.data()); fd >= 0) {
+      ::close(fd);
       std::remove(probe.c_str());
     } else {
       unwritable = args.out + ": cannot write the calibration there (" + std::strerror(errno) + "); nothing was measured";

@@ -141,6 +141,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
     for (const auto& n : cfg.notes) std::fprintf(stderr, "auto: %s\n", n.c_str());
   }
   engine::ds_config_check_paths(cfg);
+  engine::ds_config_check_trainable(cfg);
   MT_CHECK(!cfg.save_dir.empty() || cfg.model_checkpoint.save_top_k == 0, ErrorKind::kInvalidArgument,
            "model_checkpoint.save_top_k needs a save_dir");
   if (!cfg.save_dir.empty() && args.resume.empty() && !args.overwrite && engine::checkpoint_dir_has_checkpoints(cfg.save_dir))

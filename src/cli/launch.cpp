@@ -8,6 +8,7 @@
 // lands (issue 4): it can read MT_LAUNCHED and OMPI_COMM_WORLD_RANK.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -56,18 +57,24 @@ std::string read_text(const std::string& path) {
 // lost). mpirun runs in its own process group, so a terminal's Ctrl-C reaches the launcher only.
 // A second signal is passed on as SIGTERM: mpirun then ends the job at once. The launcher keeps
 // waiting for mpirun, so no rank outlives it.
+// If the launcher itself dies (SIGKILL, a job-group kill), mpirun gets SIGTERM from the kernel
+// (PR_SET_PDEATHSIG) and ends its ranks. SIGQUIT (Ctrl-\) ends the job at once. A signal the
+// launcher was started ignoring (nohup's SIGHUP) stays ignored.
 volatile std::sig_atomic_t g_child = 0;
 volatile std::sig_atomic_t g_first_signal = 0;
 
 void forward_signal(int sig) {
   if (g_child <= 0) return;
-  if (g_first_signal == 0) {
-    g_first_signal = sig;
+  if (g_first_signal == 0 && sig != SIGQUIT) {
+    g_first_signal = sig == SIGINT ? SIGINT : SIGTERM;  // SIGHUP stops the ranks as SIGTERM does
     ::kill(static_cast<pid_t>(g_child), sig == SIGINT ? SIGUSR2 : SIGUSR1);
   } else {
+    if (g_first_signal == 0) g_first_signal = SIGTERM;
     ::kill(static_cast<pid_t>(g_child), SIGTERM);
   }
 }
+
+constexpr int kForwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
 
 // Runs argv without a shell, forwarding stop signals to it; returns its exit code (128 + signal
 // when killed).
@@ -78,11 +85,31 @@ int run_process(const std::vector<std::string>& argv) {
   int pipefd[2];  // reports exec's errno to the parent; closes on a successful exec
   MT_CHECK(::pipe2(pipefd, O_CLOEXEC) == 0, ErrorKind::kInternal, std::string("launch: pipe: ") + std::strerror(errno));
   std::fflush(nullptr);
+  // The handlers are in place, and the signals held, before the fork: one that arrives before
+  // g_child is set is delivered (and forwarded) once it is.
+  sigset_t stops, before;
+  sigemptyset(&stops);
+  for (int sig : kForwarded) sigaddset(&stops, sig);
+  ::sigprocmask(SIG_BLOCK, &stops, &before);
+  struct sigaction sa {};
+  sa.sa_handler = forward_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: waitpid returns EINTR and is called again
+  for (int sig : kForwarded) {
+    struct sigaction now {};
+    ::sigaction(sig, nullptr, &now);
+    if (now.sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);
+  }
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   MT_CHECK(pid >= 0, ErrorKind::kInternal, std::string("launch: fork: ") + std::strerror(errno));
   if (pid == 0) {
     ::close(pipefd[0]);
-    ::setpgid(0, 0);
+    ::setpgid(0, 0);  // a terminal's Ctrl-C reaches the launcher only, which passes it on as above
+    ::signal(SIGTTOU, SIG_IGN);  // a background group's writes to the terminal (stty tostop) go through
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
+    ::sigprocmask(SIG_SETMASK, &before, nullptr);
     ::execvp(cargv[0], cargv.data());
     int err = errno;
     ssize_t w = ::write(pipefd[1], &err, sizeof err);
@@ -90,11 +117,7 @@ int run_process(const std::vector<std::string>& argv) {
     ::_exit(127);
   }
   g_child = pid;
-  struct sigaction sa {};
-  sa.sa_handler = forward_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;  // no SA_RESTART: waitpid returns EINTR and is called again
-  for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  ::sigprocmask(SIG_SETMASK, &before, nullptr);
   ::close(pipefd[1]);
   int err = 0;
   ssize_t got;
@@ -107,8 +130,9 @@ int run_process(const std::vector<std::string>& argv) {
   MT_CHECK(got != static_cast<ssize_t>(sizeof err), ErrorKind::kNotFound,
            "launch: cannot run " + argv[0] + ": " + std::strerror(err) + " (is OpenMPI installed?)");
   int rc = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
-  // Stopped by a signal: 128 + it, as the ranks exit (mpirun says 1 when it ended them itself).
-  if (rc != 0 && g_first_signal != 0) rc = 128 + g_first_signal;
+  // The ranks' own status stands (143 or 130 after their stop and save; 1 or 2 when the save
+  // failed). mpirun says 1 when it ended them itself (a second signal): then 128 + the signal.
+  if (rc == 1 && g_first_signal != 0) rc = 128 + g_first_signal;
   return rc;
 }
 

@@ -330,6 +330,26 @@ TEST(Checkpoints, AKillBeforeTheFirstLatestLeavesAResumableSaveDir) {
   EXPECT_EQ(latest(save_dir("nolatest")), "step-6");
 }
 
+// A damaged `latest` (empty, naming a step that is gone, or one without its state.json) said
+// "ckpt/: not a checkpoint (no state.json)" or "step-6: not a checkpoint": now the newest intact
+// checkpoint beside it, to resume from, as a damaged file's error does.
+TEST(Checkpoints, ADamagedLatestNamesTheNewestIntactCheckpoint) {
+  const std::string cfg = trained("latest-bad", {{"keep_last", 0}});  // step-3 and step-6, latest step-6
+  const std::string save = save_dir("latest-bad");
+  std::string err;
+  auto refused = [&](const std::string& latest_text, const std::string& want) {
+    std::ofstream(save + "/latest") << latest_text;
+    EXPECT_EQ(resume(cfg, "latest-bad", "--set train_iters=8", &err), 2) << latest_text;
+    EXPECT_NE(err.find(want), std::string::npos) << latest_text << ": " << err;
+  };
+  refused("", save + "/latest is empty; the newest intact checkpoint is " + save + "/step-6 (--resume " + save + "/step-6)");
+  refused("step-9\n", save + "/latest names step-9, which does not exist; the newest intact checkpoint is " + save + "/step-6");
+  fs::remove(save + "/step-6/state.json");
+  refused("step-6\n", save + "/latest names step-6, which has no state.json; the newest intact checkpoint is " + save +
+                          "/step-3 (--resume " + save + "/step-3)");
+  EXPECT_EQ(run("train " + cfg + " --resume " + save + "/step-3 --set train_iters=4", &err), 0) << err;
+}
+
 TEST(Checkpoints, CorruptOrTruncatedFilesAreNamedWithTheNewestIntactCheckpoint) {
   std::string cfg = config("corrupt");
   ASSERT_EQ(run("train " + cfg), 0);
@@ -365,10 +385,12 @@ TEST(Checkpoints, CorruptOrTruncatedFilesAreNamedWithTheNewestIntactCheckpoint) 
   EXPECT_NE(err.find("no intact checkpoint"), std::string::npos) << err;
 }
 
-// Starts `meshtrain ARGS` as a child with its output in files; returns the pid.
-pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+// Starts `meshtrain ARGS` as a child with its output in files; returns the pid. ignore_hup: as
+// under nohup.
+pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err, bool ignore_hup = false) {
   pid_t pid = fork();
   if (pid == 0) {
+    if (ignore_hup) signal(SIGHUP, SIG_IGN);
     int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(o, 1);
     dup2(e, 2);
@@ -415,6 +437,30 @@ TEST(Signals, SigtermFinishesTheStepSavesAndExits143) {
     EXPECT_EQ(run("train " + cfg + " --resume " + save_dir(name) + " --set train_iters=" + std::to_string(step + 2), &rerr), 0)
         << rerr;
   }
+}
+
+// Under nohup (SIGHUP ignored when the run starts) a hang-up does not stop the run: handling
+// SIGHUP must not undo nohup.
+TEST(Signals, NohupsIgnoredHangUpStaysIgnored) {
+  std::string cfg = config("nohup", {{"train_iters", 1000000}, {"save_interval", 0}});
+  std::string out = dir() + "/nohup.out", err = dir() + "/nohup.err";
+  pid_t pid = spawn({"train", cfg}, out, err, /*ignore_hup=*/true);
+  ASSERT_TRUE(wait_for(out, "step 2/")) << slurp(err);
+  kill(pid, SIGHUP);
+  const size_t at = slurp(out).size();
+  bool more = false;  // steps go on after the hang-up
+  for (int i = 0; i < 6000 && !more; ++i) {
+    const std::string now = slurp(out);
+    more = now.size() > at && now.find("step ", at) != std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(more) << slurp(err);
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 143);
+  EXPECT_EQ(slurp(err).find("SIGHUP"), std::string::npos) << slurp(err);
 }
 
 TEST(Signals, ASecondSignalEndsTheRunAtOnce) {
@@ -482,23 +528,28 @@ std::vector<int> processes_with(const std::string& text) {
   return pids;
 }
 
+// SIGKILL too: mpirun runs in its own process group, and the kernel's parent-death signal ends it
+// (and it its ranks) when the launcher dies without a word.
 TEST(Launch, KillingTheLauncherLeavesNoRankBehind) {
-  std::string cfg = config("launch-kill", {{"train_iters", 1000000}, {"save_interval", 0}});
-  std::string out = dir() + "/launch-kill.out", err = dir() + "/launch-kill.err";
-  pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out, err);
-  ASSERT_TRUE(wait_for(out, "step 2/")) << slurp(err);
-  EXPECT_GE(processes_with(cfg).size(), 3u);  // the launcher, mpirun and two ranks
-  kill(pid, SIGTERM);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  std::vector<int> left;
-  for (int i = 0; i < 1000; ++i) {  // mpirun ends its ranks; allow it 10 s
-    left = processes_with(cfg);
-    if (left.empty()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int sig : {SIGTERM, SIGKILL}) {
+    const std::string name = sig == SIGTERM ? "launch-kill" : "launch-kill9";
+    std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}});
+    std::string out = dir() + "/" + name + ".out", err = dir() + "/" + name + ".err";
+    pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out, err);
+    ASSERT_TRUE(wait_for(out, "step 2/")) << slurp(err);
+    EXPECT_GE(processes_with(cfg).size(), 3u);  // the launcher, mpirun and two ranks
+    kill(pid, sig);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    std::vector<int> left;
+    for (int i = 0; i < 1000; ++i) {  // mpirun ends its ranks; allow it 10 s
+      left = processes_with(cfg);
+      if (left.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    for (int p : left) kill(p, SIGKILL);
+    EXPECT_TRUE(left.empty()) << left.size() << " process(es) kept running after the launcher was killed by " << sig;
   }
-  for (int p : left) kill(p, SIGKILL);
-  EXPECT_TRUE(left.empty()) << left.size() << " process(es) kept running after the launcher was killed";
 }
 
 // SIGINT or SIGTERM to the launcher: every rank finishes its step and its save, and the launcher

@@ -77,7 +77,11 @@ void install_stop_handlers() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;
-  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) {
+    struct sigaction now {};
+    sigaction(sig, nullptr, &now);
+    if (now.sa_handler != SIG_IGN && now.sa_handler != on_stop_signal) sigaction(sig, &sa, nullptr);  // nohup's SIGHUP stays ignored
+  }
 }
 
 }  // namespace
@@ -216,9 +220,6 @@ class CsvMonitor {
 };
 
 void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared_ptr<comm::Backend>& world, bool& started) {
-  // Before the setup (building the model, loading a checkpoint, tokenizing a corpus: seconds to
-  // minutes): a signal then stops the run before its first step, with its line.
-  install_stop_handlers();
   if (cfg.task == "classification") {
     classify_loop({args.resume, args.metrics, args.overwrite, args.src.name()}, cfg, world, started);
     return;
@@ -232,6 +233,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   MT_CHECK(cfg.train_iters > 0, ErrorKind::kInvalidArgument,
            args.src.name() + ": train_iters must be positive (a DeepSpeed config has none: --set train_iters=N)");
   engine::ds_config_check_paths(cfg);  // data, tokenizer, save_dir: before any work
+  engine::ds_config_check_trainable(cfg);
   // A new run does not write over an earlier run's checkpoints unless told to (HF Trainer's
   // overwrite_output_dir): rotation and re-saves would otherwise mix the two runs.
   if (!cfg.save_dir.empty() && args.resume.empty() && !args.overwrite && engine::checkpoint_dir_has_checkpoints(cfg.save_dir))
@@ -517,6 +519,10 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
 }
 
 void run_train(const TrainArgs& args) {
+  // Before the setup (MPI, the plan of an "auto" layout, the model, a checkpoint, a corpus: seconds
+  // to minutes): a signal then stops the run before its first step, with its line (a launcher's
+  // SIGUSR1 killed a rank still in MPI_Init or the plan).
+  install_stop_handlers();
   std::shared_ptr<comm::Backend> world = mpi_world();
   if (!world) {
     engine::RunConfig cfg = load_planned_config(args.src, 1);

@@ -133,17 +133,20 @@ std::string checkpoint_damage(const fs::path& dir) {
 }  // namespace
 
 namespace {
+// The newest intact step-N of save_dir other than `skip`, as advice to resume from it.
+std::string newest_intact_advice(const fs::path& save_dir, const fs::path& skip) {
+  const fs::path self = skip.empty() ? fs::path() : fs::weakly_canonical(skip);
+  for (const auto& [step, p] : step_dirs(save_dir)) {
+    if ((!self.empty() && fs::weakly_canonical(p) == self) || !checkpoint_damage(p).empty()) continue;
+    return "the newest intact checkpoint is " + p.string() + " (--resume " + p.string() + ")";
+  }
+  return "no intact checkpoint is left beside it";
+}
+
 // Throws kCorruption with the damage and the newest intact checkpoint beside dir.
 [[noreturn]] void throw_damaged(const std::string& dir, const std::string& damage) {
-  // Name the newest intact checkpoint beside it, to resume from.
-  fs::path self = fs::weakly_canonical(dir);
-  std::string advice = "no intact checkpoint is left beside it";
-  for (const auto& [step, p] : step_dirs(self.parent_path())) {
-    if (fs::weakly_canonical(p) == self || !checkpoint_damage(p).empty()) continue;
-    advice = "the newest intact checkpoint is " + p.string() + " (--resume " + p.string() + ")";
-    break;
-  }
-  throw Error(ErrorKind::kCorruption, "checkpoint " + dir + ": " + damage + "; " + advice);
+  throw Error(ErrorKind::kCorruption,
+              "checkpoint " + dir + ": " + damage + "; " + newest_intact_advice(fs::weakly_canonical(dir).parent_path(), dir));
 }
 }  // namespace
 
@@ -557,13 +560,22 @@ std::string checkpoint_resolve(const std::string& path) {
     std::vector<char> l = file_read_all((dir / "latest").string());
     std::string name(l.begin(), l.end());
     name.erase(std::remove(name.begin(), name.end(), '\n'), name.end());
+    const std::string latest = (dir / "latest").string();
+    // An empty or damaged `latest`, or one naming a directory that is gone or holds no state.json,
+    // names the newest intact checkpoint to resume from (it said "save_dir/: not a checkpoint").
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+      throw Error(ErrorKind::kCorruption, latest + (name.empty() ? " is empty" : " names '" + name + "', not a step directory") +
+                                              "; " + newest_intact_advice(dir, {}));
     fs::path named = dir / name;
     fs::path old = named;
     old += ".old";
     // A re-save killed between its two renames (filesystems without RENAME_EXCHANGE).
     if (!fs::exists(named) && fs::exists(old)) named = old;
-    MT_CHECK(fs::exists(named), ErrorKind::kCorruption,
-             (dir / "latest").string() + " names " + name + ", which does not exist");
+    if (!fs::exists(named))
+      throw Error(ErrorKind::kCorruption, latest + " names " + name + ", which does not exist; " + newest_intact_advice(dir, {}));
+    if (!fs::exists(named / "state.json"))
+      throw Error(ErrorKind::kCorruption,
+                  latest + " names " + name + ", which has no state.json; " + newest_intact_advice(dir, named));
     dir = named;
   } else if (!fs::exists(dir / "state.json")) {
     // A save_dir whose first save was killed after step-N was renamed into place and before

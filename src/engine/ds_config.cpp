@@ -413,6 +413,8 @@ void parse_optimizer(Section& root, RunConfig& c) {
                p.where("eps") + ": must be a non-negative number (got " + std::to_string(o.eps) + ")");
       p.require_default("amsgrad", false, "amsgrad is not supported");
       p.require_default("maximize", false, "maximize is not supported");
+      // DeepSpeedCPUAdam's (offload_optimizer cpu): states in fp32 is what the runtime keeps.
+      p.require_default("fp32_optimizer_states", true, "false (optimizer states in 16 bits) is not supported");
       for (const char* k : {"foreach", "capturable", "differentiable", "set_grad_none"}) p.unparsed(k, Unparsed::kWarn);
     }
     if (adam) {
@@ -435,6 +437,7 @@ void parse_optimizer(Section& root, RunConfig& c) {
       p.require_default("maximize", false, "maximize is not supported");
       p.unparsed("foreach", Unparsed::kWarn);
       p.unparsed("differentiable", Unparsed::kWarn);
+      p.unparsed("fused", Unparsed::kWarn);
     }
     p.finish();
   }
@@ -660,10 +663,15 @@ void parse_model(Section& root, RunConfig& c, const std::string& where) {
     c.init_from = m["init_from"].get<std::string>();
     c.model_json.erase("init_from");
   }
-  if (m.contains("config")) {  // {"config": "path/to/config.json", "init_from": ...}
+  if (m.contains("config")) {  // {"config": "path/to/config.json", "init_from": ..., other keys}
     MT_CHECK(m["config"].is_string(), ErrorKind::kInvalidArgument, "model.config must be a path");
     std::string path = m["config"].get<std::string>();
-    c.model_json = json_load_file(path);
+    json base = json_load_file(path);
+    MT_CHECK(base.is_object(), ErrorKind::kInvalidArgument, path + ": a model config is a JSON object");
+    // Keys given beside it override the file's (model.resid_pdrop=0 for a hub GPT-2's config.json).
+    for (const auto& [k, v] : m.items())
+      if (k != "config" && k != "init_from") base[k] = v;
+    c.model_json = base;
     c.model = hf_config_parse(c.model_json, path);
     return;
   }
@@ -1067,23 +1075,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   Section root(j, "", c.warnings, c.notes);
   // A bare DeepSpeed config (no model block): its keys are checked alone, nothing model-dependent.
   c.bare = allow_bare && !root.has("model");
-  if (!c.bare) {
-    parse_model(root, c, where);
-    // The runtime has no dropout: a run that asks for it would train another model than the one
-    // configured (a real GPT-2 config.json has 0.1 in each), so it is refused by key.
-    const bool gpt2 = c.model.arch == models::Arch::kGpt2;
-    for (auto [p, key] : {std::pair<float, const char*>{c.model.embd_pdrop, "embd_pdrop"}, {c.model.resid_pdrop, "resid_pdrop"},
-                          {c.model.attn_pdrop, gpt2 ? "attn_pdrop" : "attention_dropout"}}) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%g", static_cast<double>(p));
-      MT_CHECK(p == 0.0f, ErrorKind::kNotSupported,
-               std::string("model.") + key + ": " + buf + " is not supported: meshtrain trains without dropout" +
-                   (c.init_from.empty() ? "" : " (the value is " + c.init_from + "'s)") + "; set it to 0" +
-                   (gpt2 ? " (--set model.embd_pdrop=0 --set model.resid_pdrop=0 --set model.attn_pdrop=0 for a "
-                           "Hugging Face GPT-2)"
-                         : ""));
-    }
-  }
+  if (!c.bare) parse_model(root, c, where);
   c.seq_length = root.integer("seq_length", c.bare ? 1024 : std::min(1024, c.model.max_positions));
   MT_CHECK(c.seq_length > 0, ErrorKind::kInvalidArgument, "seq_length must be positive");
   MT_CHECK(c.bare || c.model.arch != models::Arch::kGpt2 || c.seq_length <= c.model.max_positions, ErrorKind::kInvalidArgument,
@@ -1218,7 +1210,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     Section d = root.sub("data_types");
     if (d.has("grad_accum_dtype")) {
       const std::string t = d.string("grad_accum_dtype", "fp32");
-      MT_CHECK(t == "fp32" || t == "float32", ErrorKind::kNotSupported,
+      MT_CHECK(t == "fp32" || t == "float32" || t == "float", ErrorKind::kNotSupported,
                d.where("grad_accum_dtype") + ": \"" + t + "\" is not supported (gradients accumulate in fp32)");
     }
     d.finish();
@@ -1343,6 +1335,10 @@ void ds_config_set(json& j, const std::string& assignment) {
       (*node)[key] = value;
       return;
     }
+    // "model": "path/config.json" with --set model.KEY=V: {"config": path, KEY: V}, the file's
+    // keys overridden (it replaced the path, and the model lost its model_type).
+    if (node == &j && key == "model" && node->contains(key) && (*node)[key].is_string())
+      (*node)[key] = json{{"config", (*node)[key]}};
     if (!node->contains(key) || !(*node)[key].is_object()) (*node)[key] = json::object();
     node = &(*node)[key];
     start = dot + 1;
@@ -1568,6 +1564,24 @@ json ds_config_resolved(const RunConfig& c) {
 }  // namespace mt::engine
 
 namespace mt::engine {
+
+void ds_config_check_trainable(const RunConfig& c) {
+  if (c.bare) return;
+  const bool gpt2 = c.model.arch == models::Arch::kGpt2;
+  for (auto [p, key] : {std::pair<float, const char*>{c.model.embd_pdrop, "embd_pdrop"}, {c.model.resid_pdrop, "resid_pdrop"},
+                        {c.model.attn_pdrop, gpt2 ? "attn_pdrop" : "attention_dropout"}}) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", static_cast<double>(p));
+    // A run that asks for dropout would train another model than the one configured (a GPT-2
+    // config.json from the hub has 0.1 in each key).
+    MT_CHECK(p == 0.0f, ErrorKind::kNotSupported,
+             std::string("model.") + key + ": " + buf + " is not supported: meshtrain trains without dropout" +
+                 (c.init_from.empty() ? "" : " (the value is " + c.init_from + "'s)") + "; set it to 0" +
+                 (gpt2 ? " (--set model.embd_pdrop=0 --set model.resid_pdrop=0 --set model.attn_pdrop=0 for a "
+                         "Hugging Face GPT-2)"
+                       : ""));
+  }
+}
 
 void ds_config_check_paths(const RunConfig& c) {
   namespace fs = std::filesystem;

@@ -217,6 +217,10 @@ RunConfig ds_config_load(const ConfigSources& s, int world_size = 1, bool allow_
 // with .bin/.idx files, or a .txt/.jsonl file), data.tokenizer, and a save_dir that can be created
 // and written. Throws naming the key. `config check` and the start of `train` call it.
 void ds_config_check_paths(const RunConfig& c);
+// What training needs of the model that inference does not: no dropout (the runtime has none, so
+// a non-zero embd_pdrop, resid_pdrop, attn_pdrop or attention_dropout is refused by key; estimate,
+// plan, generate and serve take them, as Hugging Face's eval mode ignores them).
+void ds_config_check_trainable(const RunConfig& c);
 // Applies one `a.b.c=value` override (value parsed as JSON, else taken as a string).
 void ds_config_set(nlohmann::json& j, const std::string& assignment);
 // The resolved configuration as JSON (what `meshtrain config check` prints).
