@@ -45,7 +45,19 @@ size_t st_dtype_size(StDType d) {
   return 0;
 }
 
+namespace {
+// A safetensors file is read by offset and size: a FIFO (whose open waits for a writer: `inspect`
+// hung) or a device is refused before it is opened.
+void require_regular(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;  // the open says why
+  MT_CHECK(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode), ErrorKind::kInvalidArgument,
+           path + ": not a regular file (a pipe, socket or device): a safetensors file is read by offset");
+}
+}  // namespace
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  require_regular(path);
   bytes_ = file_read_all(path);
   if (bytes_.size() < 8) throw corrupt(path, "shorter than the 8-byte safetensors header length");
   uint64_t hlen = 0;
@@ -82,6 +94,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : pa
     *this = SafetensorsFile(path);
     return;
   }
+  require_regular(path);
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   MT_CHECK(f.fd >= 0, errno == ENOENT ? ErrorKind::kNotFound : ErrorKind::kIOError,
            path + ": cannot open: " + std::strerror(errno));

@@ -200,6 +200,13 @@ void run_device_bench(const BenchArgs& args) {
 }
 
 void run_bench(const BenchArgs& args) {
+  // A negative --decode ran the training benchmark, and the decode bench ignored the training
+  // bench's --dtype, --batch and --recompute: refused rather than measured as something else.
+  MT_CHECK(args.decode >= 0, ErrorKind::kInvalidArgument, "--decode must be a number of decode steps (>= 1)");
+  MT_CHECK(args.threads >= 0, ErrorKind::kInvalidArgument, "--threads must be >= 0 (0: all cores)");
+  MT_CHECK(args.decode == 0 || (args.dtype == "fp32" && args.batch == 4 && !args.recompute), ErrorKind::kInvalidArgument,
+           "--decode times f32 generation: --dtype, --batch and --recompute belong to the training benchmark "
+           "(--decode-batch sets the sequences decoded together)");
   if (args.decode > 0) return run_decode_bench(args);
   if (args.device == "cuda") return run_device_bench(args);
   MT_CHECK(args.device == "cpu", ErrorKind::kInvalidArgument, "--device: cpu or cuda, not " + args.device);

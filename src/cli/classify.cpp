@@ -215,7 +215,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   if (lead && !args.metrics.empty()) metrics.open(args.metrics);
   const char* launcher_tty = std::getenv("MT_STDOUT_TTY");
   const bool tty = lead && (launcher_tty ? std::strcmp(launcher_tty, "1") == 0 : isatty(fileno(stdout)));
-  SampleOrder order(train.size(), cfg.shuffle, cfg.seed);
+  SampleOrder order(train.size(), cfg.shuffle, cfg.data_seed);
   std::vector<const data::ClassificationExample*> rows(B);
   const bool maximize = cfg.model_checkpoint.mode == "max";
   std::vector<TopEntry> top;

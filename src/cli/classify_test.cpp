@@ -172,6 +172,14 @@ TEST(Classify, FromACausalLmCheckpointAndBackOutAsHuggingFace) {
     ++n;
   }
   EXPECT_EQ(n, 200);
+  // generate and serve refuse a classifier (they generated text from the score head, exit 0).
+  for (const std::string& model : {dir() + "/run-ft", dir() + "/ft-hf"}) {
+    EXPECT_EQ(run("generate " + model + " --prompt cat --max-new-tokens 2 --tokenizer " + dir() + "/tok.json", &out, &err), 2);
+    EXPECT_NE(err.find(": a sequence classifier (2 labels), not a language model; generate needs a causal LM"),
+              std::string::npos) << err;
+    EXPECT_EQ(run("serve " + model + " --port 1 --tokenizer " + dir() + "/tok.json", &out, &err), 2);
+    EXPECT_NE(err.find("serve needs a causal LM"), std::string::npos) << err;
+  }
 }
 
 TEST(Classify, TwoDataParallelRanksEqualOneProcess) {

@@ -31,6 +31,7 @@ void run_generate(const GenerateArgs& a) {
   MT_CHECK(a.max_new_tokens > 0, ErrorKind::kInvalidArgument, "--max-new-tokens must be positive");
   serve::sampling_options_validate(a.sampling);
   LoadedModel lm = load_model(a.model);
+  require_causal_lm(lm, a.model, "generate");
   data::Tokenizer tok = load_model_tokenizer(lm, a.model, a.tokenizer);
   std::vector<int32_t> prompt = tok.encode(a.prompt);
   if (prompt.empty()) prompt.push_back(tok.eot_id());  // an empty prompt starts a new document

@@ -29,6 +29,13 @@ LoadedModel load_model(const std::string& path) {
   return out;
 }
 
+void require_causal_lm(const LoadedModel& lm, const std::string& path, const char* command) {
+  const int labels = lm.model->config().num_labels;
+  MT_CHECK(labels == 0, ErrorKind::kInvalidArgument,
+           path + ": a sequence classifier (" + std::to_string(labels) + " labels), not a language model; " + command +
+               " needs a causal LM (meshtrain predict MODEL RECORDS.jsonl classifies)");
+}
+
 data::Tokenizer load_model_tokenizer(const LoadedModel& lm, const std::string& path, const std::string& override) {
   const std::string tok_path = override.empty() ? lm.tokenizer : override;
   MT_CHECK(!tok_path.empty(), ErrorKind::kInvalidArgument,

@@ -17,6 +17,9 @@ struct LoadedModel {
 };
 
 LoadedModel load_model(const std::string& path);
+// generate and serve: a sequence classifier (num_labels > 0) is refused, naming `predict` (it
+// generated text from the score head's logits, exit 0).
+void require_causal_lm(const LoadedModel& lm, const std::string& path, const char* command);
 
 // The tokenizer for a loaded model: `override` when given, else the one the source names. Throws
 // kInvalidArgument when there is none or it has more tokens than the model's vocabulary.

@@ -44,6 +44,7 @@ void run_serve(ServeArgs a) {
   MT_CHECK(a.slots >= 1, ErrorKind::kInvalidArgument, "--slots must be at least 1");
   MT_CHECK(a.server.port >= 0 && a.server.port <= 65535, ErrorKind::kInvalidArgument, "--port must be in [0, 65535]");
   LoadedModel lm = load_model(a.model);
+  require_causal_lm(lm, a.model, "serve");
   data::Tokenizer tok = load_model_tokenizer(lm, a.model, a.tokenizer);
   const int P = lm.model->config().max_positions;
   MT_CHECK(a.context >= 0 && a.context <= P, ErrorKind::kInvalidArgument,

@@ -44,6 +44,10 @@ void for_each_json_line(const char* what, Fn fn) {
 }
 
 void run_tokenize(const TokenizeArgs& a) {
+  MT_CHECK(a.train_bpe >= 0, ErrorKind::kInvalidArgument,
+           "tokenize: --train-bpe " + std::to_string(a.train_bpe) + ": the vocabulary size must be positive");
+  MT_CHECK(!a.output.empty() && a.output.back() != '/', ErrorKind::kInvalidArgument,
+           "tokenize: -o '" + a.output + "': give an output prefix (PREFIX.bin and PREFIX.idx are written)");
   MT_CHECK((a.train_bpe > 0) != !a.tokenizer.empty(), ErrorKind::kInvalidArgument,
            "tokenize: give exactly one of --tokenizer FILE or --train-bpe N");
   std::vector<engine::CorpusDocument> docs = engine::corpus_read(a.input);

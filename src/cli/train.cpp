@@ -175,7 +175,7 @@ DataSource open_data(const engine::RunConfig& cfg, const std::string& path, cons
   std::string prefix = engine::corpus_prepare(path, cfg.tokenizer, cache);
   DataSource d;
   d.tokens = std::make_unique<data::IndexedDataset>(prefix);
-  d.stream = std::make_unique<data::TokenStream>(*d.tokens, static_cast<int>(cfg.seq_length), shuffle, cfg.seed);
+  d.stream = std::make_unique<data::TokenStream>(*d.tokens, static_cast<int>(cfg.seq_length), shuffle, cfg.data_seed);
   std::string mask = engine::corpus_mask_prefix(prefix);
   if (!mask.empty()) {
     d.mask = std::make_unique<data::IndexedDataset>(mask);

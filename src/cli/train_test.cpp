@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstring>
 #include <cstdio>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cstdlib>
@@ -107,6 +108,28 @@ TEST(Train, AMetricsFileThatCannotBeWrittenIsSaidOnceAndTheRunGoesOn) {
   ASSERT_EQ(run("train " + write_config("no-eval", {{"eval_iters", 0}}) + " --metrics " + metrics, &err), 0) << err;
   EXPECT_EQ(values(metrics, "loss").size(), 6u);
   EXPECT_TRUE(values(metrics, "val_loss").empty());
+}
+
+// Options that measured or wrote something else than asked, and a FIFO that hung `inspect`: each
+// is one line and exit 2 now.
+TEST(Cli, OptionsThatWouldDoSomethingElseAreRefused) {
+  std::string err;
+  const std::string model = std::string(MT_SOURCE_DIR) + "/configs/models/tiny-gpt2.json";
+  EXPECT_EQ(run("bench " + model + " --decode -1", &err), 2);  // ran the training benchmark
+  EXPECT_NE(err.find("--decode must be a number of decode steps"), std::string::npos) << err;
+  EXPECT_EQ(run("bench " + model + " --decode 4 --dtype fp16", &err), 2);  // timed f32
+  EXPECT_NE(err.find("--decode times f32 generation"), std::string::npos) << err;
+  EXPECT_EQ(run("bench " + model + " --threads -5", &err), 2);
+  EXPECT_NE(err.find("--threads must be >= 0"), std::string::npos) << err;
+  std::ofstream(dir() + "/t.txt") << "hello world\n";
+  EXPECT_EQ(run("tokenize " + dir() + "/t.txt -o '' --train-bpe 260", &err), 2);  // wrote hidden .bin/.idx
+  EXPECT_NE(err.find("give an output prefix"), std::string::npos) << err;
+  EXPECT_EQ(run("tokenize " + dir() + "/t.txt -o " + dir() + "/t --train-bpe -5", &err), 2);
+  EXPECT_NE(err.find("--train-bpe -5: the vocabulary size must be positive"), std::string::npos) << err;
+  const std::string fifo = dir() + "/fifo.safetensors";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  EXPECT_EQ(run("inspect " + fifo, &err), 2);  // hung, waiting for a writer
+  EXPECT_NE(err.find("not a regular file"), std::string::npos) << err;
 }
 
 TEST(Train, BadInputIsOneLineAndExitTwo) {

@@ -480,7 +480,7 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                               {"model", ds_config_resolved(engine.config())["model"]},
                               {"data", {{"next_sample", engine.consumed_samples()},
                                         {"seq_length", engine.config().seq_length},
-                                        {"seed", engine.config().seed},
+                                        {"seed", engine.config().data_seed},
                                         {"shuffle", engine.config().shuffle},
                                         {"train", engine.config().data_train}}},
                               {"tokenizer", engine.config().tokenizer.empty() ? std::string()
@@ -834,7 +834,7 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
       if (d.contains("train") && d["train"].is_string() && d["train"].get<std::string>() != c.data_train)
         log_warning((dir / "state.json").string() + ": written with data.train " + d["train"].get<std::string>() +
                     "; this run trains on " + c.data_train + " from sample " + std::to_string(next));
-      if (d.at("seed").get<uint64_t>() != c.seed || d.at("shuffle").get<bool>() != c.shuffle)
+      if (d.at("seed").get<uint64_t>() != c.data_seed || d.at("shuffle").get<bool>() != c.shuffle)
         log_warning((dir / "state.json").string() + ": written with data seed " + std::to_string(d.at("seed").get<uint64_t>()) +
                     " shuffle " + (d.at("shuffle").get<bool>() ? "true" : "false") +
                     "; this run's differ, so the data order will not continue the checkpoint's");

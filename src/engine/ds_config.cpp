@@ -720,7 +720,9 @@ void parse_data(Section& root, RunConfig& c) {
       f.labels.push_back(x.get<std::string>());
     }
   }
-  c.seed = static_cast<uint64_t>(d.integer("seed", static_cast<int64_t>(c.seed)));
+  // The order's own seed: it replaced `seed`, and so the initial weights (data.seed 7 trained as
+  // seed 7 did).
+  c.data_seed = static_cast<uint64_t>(d.integer("seed", static_cast<int64_t>(c.seed)));
   d.finish();
 }
 
@@ -1082,6 +1084,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
            "seq_length " + std::to_string(c.seq_length) + " exceeds model n_positions " + std::to_string(c.model.max_positions));
   c.train_iters = root.integer("train_iters", 0);
   c.seed = static_cast<uint64_t>(root.integer("seed", 1234));
+  c.data_seed = c.seed;
   c.save_dir = root.string("save_dir", "");
   c.save_interval = root.integer("save_interval", 0);
   c.eval_interval = root.integer("eval_interval", 0);
@@ -1434,7 +1437,8 @@ json ds_config_resolved(const RunConfig& c) {
   json j;
   j["model"] = hf_config_to_json(c.model);
   if (!c.init_from.empty()) j["model"]["init_from"] = c.init_from;
-  j["data"] = {{"train", c.data_train}, {"valid", c.data_valid}, {"tokenizer", c.tokenizer}, {"shuffle", c.shuffle}};
+  j["data"] = {{"train", c.data_train}, {"valid", c.data_valid}, {"tokenizer", c.tokenizer}, {"shuffle", c.shuffle},
+               {"seed", c.data_seed}};
   if (c.task == "classification") {
     j["task"] = c.task;
     j["data"]["texta_name"] = c.cls_fields.text_a;

@@ -90,7 +90,8 @@ struct RunConfig {
   std::string init_from;      // model.init_from: HF safetensors to start from
   std::string data_train, data_valid, tokenizer;
   bool shuffle = true;
-  uint64_t seed = 1234;
+  uint64_t seed = 1234;       // the initialization (and what else draws from it)
+  uint64_t data_seed = 1234;  // data.seed: the sample order only (default: seed)
   int64_t seq_length = 0;
   int64_t train_iters = 0;
   std::string save_dir;

@@ -332,6 +332,23 @@ TEST(DsConfig, MalformedModelFileIsNamed) {
   }
 }
 
+// data.seed replaced `seed`, and so the initial weights: data.seed 7 trained exactly as seed 7.
+// It seeds the sample order only; without it the order takes `seed`.
+TEST(DsConfig, DataSeedSeedsTheOrderOnly) {
+  auto j = base();
+  j["seed"] = 1234;
+  j["data"] = {{"train", "corpus"}, {"seed", 7}};
+  RunConfig c = ds_config_parse(j, "cfg.json");
+  EXPECT_EQ(c.seed, 1234u);
+  EXPECT_EQ(c.data_seed, 7u);
+  EXPECT_EQ(ds_config_resolved(c)["data"]["seed"], 7);
+  EXPECT_EQ(ds_config_resolved(c)["seed"], 1234);
+  j["data"].erase("seed");
+  j["seed"] = 99;
+  c = ds_config_parse(j, "cfg.json");
+  EXPECT_EQ(c.data_seed, 99u);
+}
+
 // A key twice in one object was read as its last value without a word (DeepSpeed refuses it);
 // the same key in two objects is fine.
 TEST(DsConfig, ADuplicateKeyIsRefusedNamingIt) {

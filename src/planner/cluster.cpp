@@ -1,5 +1,7 @@
 #include "planner/cluster.h"
 
+#include <cmath>
+
 #include "base/error.h"
 
 namespace mt::planner {
@@ -24,7 +26,10 @@ ClusterSpec parse_cluster(const nlohmann::json& j, const std::string& where) {
   c.name = j.value("name", where);
   if (j.contains("sources") && j["sources"].is_array())
     for (const auto& s : j["sources"]) c.sources.push_back(s.is_string() ? s.get<std::string>() : s.dump());
-  c.devices_per_host = static_cast<int>(positive(j, "devices_per_host", where));
+  const double devices = positive(j, "devices_per_host", where);  // 2.5 was read as 2, 1e12 overflowed int
+  MT_CHECK(devices == std::floor(devices) && devices <= 65536, ErrorKind::kInvalidArgument,
+           where + ": 'devices_per_host' must be a whole number of devices from 1 to 65536");
+  c.devices_per_host = static_cast<int>(devices);
   // Every other figure: (enclosing object or "", key, field).
   const struct {
     const char* object;

@@ -42,6 +42,16 @@ TEST(Cluster, AMissingOrBadFigureIsRefusedByKey) {
   j = load("dgx-a100-80gb.json");
   j["link_efficiency"] = 1.5;
   EXPECT_THROW(parse_cluster(j, "c.json"), Error);
+  for (double devices : {2.5, 1e12}) {  // were read as 2, and as an overflowed int
+    j = load("dgx-a100-80gb.json");
+    j["devices_per_host"] = devices;
+    try {
+      parse_cluster(j, "c.json");
+      FAIL() << devices << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'devices_per_host' must be a whole number of devices"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // The cluster of the tests: round figures.
