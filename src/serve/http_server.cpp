@@ -102,6 +102,32 @@ void refuse_unless(const json& j, const char* key, const json& neutral) {
     bad(std::string("\"") + key + "\" is not supported (only " + neutral.dump() + ")", "unsupported_parameter");
 }
 
+// Fields other servers (vLLM, TGI, OpenAI) take that change what is generated and that this one
+// does not implement: refused unless neutral on every endpoint (they were answered 200 and
+// ignored; the ChatGLM endpoint ignored the OpenAI ones too).
+void refuse_unimplemented(const json& j, bool openai) {
+  refuse_unless(j, "repetition_penalty", 1);
+  refuse_unless(j, "min_p", 0);
+  refuse_unless(j, "typical_p", 1);
+  refuse_unless(j, "min_tokens", 0);
+  refuse_unless(j, "stop_token_ids", json::array());
+  refuse_unless(j, "response_format", json{{"type", "text"}});
+  refuse_unless(j, "functions", nullptr);
+  refuse_unless(j, "function_call", nullptr);
+  refuse_unless(j, "guided_json", nullptr);
+  refuse_unless(j, "guided_regex", nullptr);
+  if (present(j, "stream_options") && j["stream_options"].is_object())
+    refuse_unless(j["stream_options"], "include_usage", false);
+  if (!openai) {  // the ChatGLM endpoint's fields: prompt, history, max_length, temperature, top_p, top_k, seed
+    refuse_unless(j, "n", 1);
+    refuse_unless(j, "presence_penalty", 0);
+    refuse_unless(j, "frequency_penalty", 0);
+    refuse_unless(j, "logit_bias", json::object());
+    refuse_unless(j, "stop", nullptr);
+    refuse_unless(j, "logprobs", nullptr);
+  }
+}
+
 // The sampling fields common to all endpoints. Without a seed, a draw is seeded at random.
 SamplingOptions sampling_from(const json& j, float temperature, float top_p) {
   SamplingOptions s;
@@ -465,6 +491,7 @@ void HttpServer::handle_chatglm(const httplib::Request& req, httplib::Response& 
   int status = 200;
   try {
     const json body = parse_body(req);
+    refuse_unimplemented(body, false);
     const std::string prompt = get_string(body, "prompt");
     data::ChatHistory history;
     json history_json = json::array();
@@ -521,6 +548,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       throw HttpError{404, "the model " + body["model"].dump() + " does not exist; this server has \"" +
                                options_.model_name + "\"",
                       "invalid_request_error", "model_not_found"};
+    refuse_unimplemented(body, true);
     refuse_unless(body, "n", 1);
     refuse_unless(body, "presence_penalty", 0);
     refuse_unless(body, "frequency_penalty", 0);

@@ -277,6 +277,18 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
       {"/v1/completions", R"({"prompt": "a", "stop": [1]})", 400, "invalid_type"},
       {"/v1/completions", R"({"prompt": "a", "n": 2})", 400, "unsupported_parameter"},
       {"/v1/completions", R"({"prompt": "a", "presence_penalty": 0.5})", 400, "unsupported_parameter"},
+      // Fields that change the output and were answered 200 and ignored (vLLM's and TGI's, and the
+      // OpenAI ones on the ChatGLM endpoint).
+      {"/v1/completions", R"({"prompt": "a", "repetition_penalty": 1.3})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "min_p": 0.1})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "stop_token_ids": [5]})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "stream": true, "stream_options": {"include_usage": true}})", 400,
+       "unsupported_parameter"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_object"}})",
+       400, "unsupported_parameter"},
+      {"/", R"({"prompt": "a", "logit_bias": {"44": -100}})", 400, "unsupported_parameter"},
+      {"/", R"({"prompt": "a", "frequency_penalty": 1})", 400, "unsupported_parameter"},
+      {"/", R"({"prompt": "a", "stop": "x"})", 400, "unsupported_parameter"},
       {"/v1/completions", R"({"prompt": "a", "model": "gpt-4"})", 404, "model_not_found"},
       {"/v1/completions", too_long, 400, "context_length_exceeded"},
       {"/v1/completions", big, 413, "payload_too_large"},
