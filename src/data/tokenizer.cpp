@@ -355,6 +355,24 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
                  " is not supported (only GPT-2's ByteLevel, no prefix space)");
     MT_CHECK(root.value("normalizer", json()).is_null(), ErrorKind::kNotSupported,
              path + ": a normalizer is not supported");
+    // Settings that change the ids and were read past without a word: refused unless neutral.
+    const json& post = root.value("post_processor", json());
+    MT_CHECK(post.is_null() || (post.is_object() && post.value("type", std::string()) == "ByteLevel"),
+             ErrorKind::kNotSupported,
+             path + ": post_processor " + post.dump().substr(0, 120) + " is not supported (only none or ByteLevel; " +
+                 "a TemplateProcessing adds tokens)");
+    MT_CHECK(root.value("truncation", json()).is_null(), ErrorKind::kNotSupported,
+             path + ": truncation is not supported (sequences are cut by seq_length)");
+    const json& dropout = model.value("dropout", json());
+    MT_CHECK(dropout.is_null() || (dropout.is_number() && dropout.get<double>() == 0.0), ErrorKind::kNotSupported,
+             path + ": model.dropout " + dropout.dump() + " is not supported (BPE dropout)");
+    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      const json& v = model.value(k, json());
+      MT_CHECK(v.is_null() || (v.is_string() && v.get<std::string>().empty()), ErrorKind::kNotSupported,
+               path + ": model." + k + " " + v.dump() + " is not supported (byte-level BPE has none)");
+    }
+    MT_CHECK(!model.value("ignore_merges", false), ErrorKind::kNotSupported,
+             path + ": model.ignore_merges true is not supported");
     MT_CHECK(model.contains("vocab") && model["vocab"].is_object(), ErrorKind::kCorruption,
              path + ": model.vocab is not an object");
     std::vector<Entry> entries;
