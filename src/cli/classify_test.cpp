@@ -139,7 +139,7 @@ TEST(Classify, FromACausalLmCheckpointAndBackOutAsHuggingFace) {
   mt::cli::testing::write_chain_dataset(dir() + "/chain", 40);
   nlohmann::json lm = {{"model", {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 48}, {"n_embd", 64},
                                   {"n_layer", 2}, {"n_head", 4}}},
-                       {"data", {{"train", dir() + "/chain"}}}, {"seq_length", 32}, {"train_iters", 4},
+                       {"data", {{"train", dir() + "/chain"}, {"tokenizer", dir() + "/tok.json"}}}, {"seq_length", 32}, {"train_iters", 4},
                        {"train_micro_batch_size_per_gpu", 4}, {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
                        {"save_dir", dir() + "/lm"}, {"save_interval", 4}};
   std::ofstream(dir() + "/lm.json") << lm.dump();
@@ -172,6 +172,23 @@ TEST(Classify, FromACausalLmCheckpointAndBackOutAsHuggingFace) {
     ++n;
   }
   EXPECT_EQ(n, 200);
+  // The causal LM's export names its document separator as Hugging Face's bos/eos ids (it named
+  // none: Hugging Face takes 50256), and generate stops at a config's eos_token_id (read past).
+  ASSERT_EQ(run("export " + dir() + "/lm --hf " + dir() + "/lm-hf", &out, &err), 0) << err;
+  nlohmann::json lm_hf = nlohmann::json::parse(mt::cli::testing::slurp(dir() + "/lm-hf/config.json"));
+  const int eot = mt::data::Tokenizer::load(dir() + "/tok.json").eot_id();
+  EXPECT_EQ(lm_hf["eos_token_id"], eot);
+  EXPECT_EQ(lm_hf["bos_token_id"], eot);
+  const std::string gen = "generate " + dir() + "/lm-hf --prompt cat --max-new-tokens 5 --temperature 0 --tokenizer " +
+                          dir() + "/tok.json";
+  ASSERT_EQ(run(gen, &out, &err), 0) << err;
+  EXPECT_NE(err.find("+ 5 new tokens"), std::string::npos) << err;
+  nlohmann::json all = nlohmann::json::array();
+  for (int id = 0; id < 300; ++id) all.push_back(id);
+  lm_hf["eos_token_id"] = all;  // every id ends the text at once
+  std::ofstream(dir() + "/lm-hf/config.json") << lm_hf.dump();
+  ASSERT_EQ(run(gen, &out, &err), 0) << err;
+  EXPECT_NE(err.find("+ 0 new tokens"), std::string::npos) << err;
   // generate and serve refuse a classifier (they generated text from the score head, exit 0).
   for (const std::string& model : {dir() + "/run-ft", dir() + "/ft-hf"}) {
     EXPECT_EQ(run("generate " + model + " --prompt cat --max-new-tokens 2 --tokenizer " + dir() + "/tok.json", &out, &err), 2);

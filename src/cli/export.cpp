@@ -13,6 +13,7 @@
 #include "engine/checkpoint_io.h"
 #include "engine/hf_config.h"
 #include "engine/hf_weights.h"
+#include "data/tokenizer.h"
 #include "models/transformer.h"
 
 namespace mt::cli {
@@ -52,6 +53,14 @@ void run_export(const ExportArgs& a) {
   engine::hf_weights_save(model.store(), (fs::path(a.out) / "model.safetensors").string(), dtype);
   nlohmann::json cfg = engine::hf_config_to_json(info.model);
   cfg["torch_dtype"] = dtype == DType::kF32 ? "float32" : dtype == DType::kBF16 ? "bfloat16" : "float16";
+  // The document separator as Hugging Face's bos/eos ids (GPT-2's convention: both are
+  // <|endoftext|>): without them Hugging Face takes 50256 (GPT-2) or 2 (LLaMA), wrong ids for a
+  // vocabulary of the run's own.
+  if (!info.tokenizer.empty() && fs::exists(info.tokenizer)) {
+    const int eot = data::Tokenizer::load(info.tokenizer).eot_id();
+    cfg["bos_token_id"] = eot;
+    cfg["eos_token_id"] = eot;
+  }
   std::string text = cfg.dump(2) + "\n";
   file_write_atomic((fs::path(a.out) / "config.json").string(), text.data(), text.size());
   // The run's tokenizer travels with the model: a tokenizer.json file as tokenizer.json, a GPT-2

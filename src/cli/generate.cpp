@@ -4,6 +4,7 @@
 // --hf` writes). The tokenizer is --tokenizer, else the run's data.tokenizer recorded in the
 // checkpoint, else the tokenizer files in MODEL. Sampling: --temperature 0 is greedy; --top-k, --top-p
 // as Hugging Face's warpers; --seed makes a draw reproducible. Stops at <|endoftext|>.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -43,7 +44,8 @@ void run_generate(const GenerateArgs& a) {
   int n = 0;
   for (; n < a.max_new_tokens; ++n) {
     int32_t id = sampler.sample(logits);
-    if (id == tok.eot_id() || id >= tok.vocab_size()) break;
+    if (id == tok.eot_id() || id >= tok.vocab_size() || std::find(lm.eos_ids.begin(), lm.eos_ids.end(), id) != lm.eos_ids.end())
+      break;
     std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);

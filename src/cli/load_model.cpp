@@ -6,6 +6,7 @@
 #include "engine/checkpoint_io.h"
 #include "engine/hf_config.h"
 #include "engine/hf_weights.h"
+#include "engine/json_file.h"
 
 namespace mt::cli {
 namespace fs = std::filesystem;
@@ -15,7 +16,15 @@ LoadedModel load_model(const std::string& path) {
   models::ModelOptions opts;
   if (!engine::hf_weights_config_path(path).empty() && !fs::exists(fs::path(path) / "state.json") &&
       !fs::exists(fs::path(path) / "latest")) {  // a Hugging Face directory
-    out.model = std::make_unique<models::TransformerLM>(engine::hf_config_load(engine::hf_weights_config_path(path)), opts);
+    const std::string config = engine::hf_weights_config_path(path);
+    out.model = std::make_unique<models::TransformerLM>(engine::hf_config_load(config), opts);
+    const nlohmann::json j = engine::json_load_file(config);
+    if (j.contains("eos_token_id")) {
+      const nlohmann::json& e = j["eos_token_id"];
+      for (const nlohmann::json& id : e.is_array() ? e : nlohmann::json::array({e}))
+        if (id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < out.model->config().vocab_size)
+          out.eos_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
     engine::hf_weights_load_path(out.model->store(), path);
     if (fs::exists(fs::path(path) / "tokenizer.json") || fs::exists(fs::path(path) / "encoder.json") ||
         fs::exists(fs::path(path) / "vocab.json"))

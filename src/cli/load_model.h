@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "data/tokenizer.h"
 #include "models/transformer.h"
@@ -14,6 +15,9 @@ namespace mt::cli {
 struct LoadedModel {
   std::unique_ptr<models::TransformerLM> model;
   std::string tokenizer;  // the tokenizer the source names; "" when it names none
+  // A Hugging Face config.json's eos_token_id (one id or a list): generation stops there as at the
+  // tokenizer's <|endoftext|> (it was read past).
+  std::vector<int32_t> eos_ids;
 };
 
 LoadedModel load_model(const std::string& path);

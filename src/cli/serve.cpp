@@ -53,6 +53,7 @@ void run_serve(ServeArgs a) {
   go.capacity = a.context == 0 ? std::min(P, 2048) : a.context;
   go.slots = a.slots;
   serve::Generator gen(*lm.model, go);
+  a.server.eos_ids = lm.eos_ids;
   if (a.server.model_name.empty()) {
     fs::path p = fs::path(a.model).lexically_normal();
     if (p.filename().empty()) p = p.parent_path();

@@ -518,6 +518,7 @@ void HttpServer::handle_chatglm(const httplib::Request& req, httplib::Response& 
     r.max_new_tokens = max_length - static_cast<int>(r.prompt.size());
     r.sampling = sampling_from(body, 0.95f, 0.7f);
     r.stop_ids = {tok_.eot_id()};
+    r.stop_ids.insert(r.stop_ids.end(), options_.eos_ids.begin(), options_.eos_ids.end());
     r.stop_from = tok_.vocab_size();
     r.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.request_timeout_s));
     const int fd = request_socket(req);
@@ -622,7 +623,10 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       if (!body["ignore_eos"].is_boolean()) bad("\"ignore_eos\" must be true or false", "invalid_type");
       ignore_eos = body["ignore_eos"].get<bool>();
     }
-    if (!ignore_eos) r.stop_ids = {tok_.eot_id()};
+    if (!ignore_eos) {
+      r.stop_ids = {tok_.eot_id()};
+      r.stop_ids.insert(r.stop_ids.end(), options_.eos_ids.begin(), options_.eos_ids.end());
+    }
     r.stop_from = tok_.vocab_size();
     r.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.request_timeout_s));
     const std::vector<std::string> stops = stops_from(body);

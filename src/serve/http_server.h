@@ -47,6 +47,7 @@ struct ServerOptions {
   double request_timeout_s = 600;        // queue + generation; then 504 (or an error event)
   int default_max_tokens = 16;           // OpenAI completions' default for max_tokens
   int threads = 0;                       // HTTP worker threads; 0 = slots + max_queue + 8
+  std::vector<int32_t> eos_ids;          // the model's config.json eos_token_id(s), besides <|endoftext|>
 };
 
 class HttpServer {
