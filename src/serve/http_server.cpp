@@ -15,6 +15,7 @@
 #include <ctime>
 #include <functional>
 #include <random>
+#include <span>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -342,15 +343,31 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
       g->cancel(Finish::kCancelled);
     }
     if (!more.empty() && !stopped) {
+      const size_t before = ids.size();
       ids.insert(ids.end(), more.begin(), more.end());
       full = tok.decode(ids);
       const size_t whole = utf8_complete_prefix(full);
-      for (const std::string& s : stops) {
-        const size_t at = full.find(s, sent > hold ? sent - hold : 0);
-        if (at != std::string::npos && at + s.size() <= whole) {
-          full.resize(at);
-          stopped = true;
+      const size_t from = sent > hold ? sent - hold : 0;
+      auto first_stop = [&](const std::string& text, size_t complete) {
+        size_t cut = std::string::npos;
+        for (const std::string& s : stops) {
+          const size_t at = text.find(s, from);
+          if (at != std::string::npos && at + s.size() <= complete) cut = std::min(cut, at);
         }
+        return cut;
+      };
+      if (const size_t cut = first_stop(full, whole); cut != std::string::npos) {
+        // The tokens counted are those up to the one that completed the stop string: the wait
+        // hands over every token made since, and their number depended on timing (1 to 19).
+        for (size_t k = before + 1; k <= ids.size(); ++k) {
+          const std::string part = tok.decode(std::span<const int32_t>(ids.data(), k));
+          if (first_stop(part, utf8_complete_prefix(part)) != std::string::npos) {
+            ids.resize(k);
+            break;
+          }
+        }
+        full.resize(cut);
+        stopped = true;
       }
       if (stopped) {
         g->cancel(Finish::kStop);

@@ -246,6 +246,19 @@ TEST_F(HttpServerTest, StopStringsCutTheAnswer) {
   json r = post_json("/v1/completions", body);
   EXPECT_EQ(r["choices"][0]["text"], want);
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  // The tokens counted end at the one that completed the stop string, every time (they were as
+  // many as the generator had made when the answer was read: 1 to 19 for one request).
+  int need = 0;
+  for (int k = 1; k <= 40; ++k) {
+    json one = post_json("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", k}, {"temperature", 0}});
+    if (one["choices"][0]["text"].get<std::string>().find(stop) != std::string::npos) {
+      need = k;
+      break;
+    }
+  }
+  ASSERT_GT(need, 0);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(post_json("/v1/completions", body)["usage"]["completion_tokens"], need) << i;
   body["stream"] = true;
   bool done = false;
   httplib::Result s = post("/v1/completions", body.dump());
