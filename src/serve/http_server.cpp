@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/fault.h"
 #include "data/chat.h"
 
 namespace mt::serve {
@@ -335,7 +336,9 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
   std::string full;
   size_t sent = 0;
   bool done = false, stopped = false, client_gone = false;
+  const bool slow_reader = fault_active("serve.slow_reader");  // test seam: tokens arrive in bursts
   while (!done) {
+    if (slow_reader) std::this_thread::sleep_for(std::chrono::milliseconds(30));
     // A whole answer without stop strings needs only the end: no wake-up at every token.
     std::vector<int32_t> more = g->wait(ids.size(), std::chrono::milliseconds(100), &done, !streaming && stops.empty());
     if (!done && !client_gone && gone && gone()) {  // checked every 100 ms at least

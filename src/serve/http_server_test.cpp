@@ -259,6 +259,10 @@ TEST_F(HttpServerTest, StopStringsCutTheAnswer) {
   ASSERT_GT(need, 0);
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(post_json("/v1/completions", body)["usage"]["completion_tokens"], need) << i;
+  setenv("MT_FAULT", "serve.slow_reader", 1);  // the answer read in bursts of tokens, as a busy server does
+  EXPECT_EQ(post_json("/v1/completions", body)["usage"]["completion_tokens"], need);
+  EXPECT_EQ(post_json("/v1/completions", body)["choices"][0]["text"], want);
+  unsetenv("MT_FAULT");
   body["stream"] = true;
   bool done = false;
   httplib::Result s = post("/v1/completions", body.dump());
