@@ -172,6 +172,16 @@ TEST(Classify, FromACausalLmCheckpointAndBackOutAsHuggingFace) {
     ++n;
   }
   EXPECT_EQ(n, 200);
+  // A Hugging Face directory does not carry the run's seq_length: --seq-length gives it, and the
+  // records cut are said (it cut at n_positions without a word).
+  ASSERT_EQ(run("predict " + dir() + "/ft-hf " + dir() + "/dev.jsonl -o " + dir() + "/p3.json --tokenizer " + dir() +
+                    "/tok.json --texta-name sentence1 --textb-name sentence2 --seq-length 8",
+                &out, &err),
+            0)
+      << err;
+  EXPECT_NE(err.find("records are longer than 8 tokens (--seq-length) and are truncated"), std::string::npos) << err;
+  EXPECT_EQ(run("predict " + dir() + "/ft-hf " + dir() + "/dev.jsonl -o " + dir() + "/p4.json --seq-length 4096", &out, &err), 2);
+  EXPECT_NE(err.find("more than the model's 48 positions"), std::string::npos) << err;
   // The causal LM's export names its document separator as Hugging Face's bos/eos ids (it named
   // none: Hugging Face takes 50256), and generate stops at a config's eos_token_id (read past).
   ASSERT_EQ(run("export " + dir() + "/lm --hf " + dir() + "/lm-hf", &out, &err), 0) << err;

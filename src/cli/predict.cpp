@@ -29,15 +29,20 @@ struct PredictArgs {
   std::string model, data, output, tokenizer;
   std::string texta, textb, label, id;
   int batch = 16;
+  int seq_length = 0;  // 0: the run's (a checkpoint), else the model's n_positions
 };
 
 void run_predict(const PredictArgs& a) {
   MT_CHECK(a.batch >= 1, ErrorKind::kInvalidArgument, "--batch must be at least 1");
+  MT_CHECK(a.seq_length >= 0, ErrorKind::kInvalidArgument, "--seq-length must be positive (0: the run's)");
   MT_CHECK(!a.output.empty(), ErrorKind::kInvalidArgument, "-o FILE: where the predictions go");
   LoadedModel lm = load_model(a.model);
   const models::ModelConfig& cfg = lm.model->config();
   MT_CHECK(cfg.num_labels > 0, ErrorKind::kInvalidArgument,
            a.model + ": not a sequence classifier (a causal LM; train with \"task\": \"classification\")");
+  MT_CHECK(a.seq_length <= cfg.max_positions, ErrorKind::kInvalidArgument,
+           "--seq-length " + std::to_string(a.seq_length) + " is more than the model's " + std::to_string(cfg.max_positions) +
+               " positions");
   data::Tokenizer tok = load_model_tokenizer(lm, a.model, a.tokenizer);
   // The run's fields, then the flags.
   data::ClassificationFields f;
@@ -65,7 +70,18 @@ void run_predict(const PredictArgs& a) {
   std::vector<data::ClassificationExample> recs = data::classification_read(a.data, tok, f, L, false);
   size_t longest = 0;
   for (const auto& e : recs) longest = std::max(longest, e.tokens.size());
-  const int T = static_cast<int>(std::min<size_t>(longest, static_cast<size_t>(run_T > 0 ? run_T : cfg.max_positions)));
+  // Records are cut as training cut them: at the run's seq_length, which a Hugging Face directory
+  // does not carry (it cut at n_positions there, without a word: other probabilities for long
+  // records); --seq-length gives it, and the records cut are said.
+  if (a.seq_length > 0) run_T = a.seq_length;
+  const int limit = run_T > 0 ? run_T : cfg.max_positions;
+  const int T = static_cast<int>(std::min<size_t>(longest, static_cast<size_t>(limit)));
+  size_t cut = 0;
+  for (const auto& e : recs) cut += e.tokens.size() > static_cast<size_t>(limit);
+  if (cut > 0)
+    std::fprintf(stderr, "%zu of %zu records are longer than %d tokens (%s) and are truncated as training truncated them\n",
+                 cut, recs.size(), limit,
+                 a.seq_length > 0 ? "--seq-length" : run_T > 0 ? "the run's seq_length" : "the model's n_positions; --seq-length sets the run's");
   const int B = std::min<int>(a.batch, static_cast<int>(recs.size()));
   lm.model->prepare(B, T);
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
@@ -115,6 +131,7 @@ void register_predict(CLI::App& app) {
   cmd->add_option("DATA", a->data, ".jsonl records")->required();
   cmd->add_option("-o,--output", a->output, "predictions, one JSON object a line: id, label, probabilities")->required();
   cmd->add_option("--batch", a->batch, "records a forward (default 16)");
+  cmd->add_option("--seq-length", a->seq_length, "truncate records to this many tokens (default: the run's seq_length; a Hugging Face directory: n_positions)");
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json or GPT-2 vocabulary directory (default: the run's)");
   cmd->add_option("--texta-name", a->texta, "text field (default: the run's data.texta_name)");
   cmd->add_option("--textb-name", a->textb, "second text field (default: the run's; - for none)");
