@@ -44,6 +44,18 @@ void run_export(const ExportArgs& a) {
     MT_CHECK(!fs::exists(out / "state.json") && !engine::checkpoint_dir_has_checkpoints(out.string()), ErrorKind::kInvalidArgument,
              "--hf " + a.out + ": a meshtrain checkpoint or save_dir, whose files export would overwrite; export to another directory");
   }
+  // The document separator as Hugging Face's bos/eos ids (GPT-2's convention: both are
+  // <|endoftext|>): without them Hugging Face takes 50256 (GPT-2) or 2 (LLaMA), wrong ids for a
+  // vocabulary of the run's own. Read before anything is written; a tokenizer that cannot be read
+  // is said, and the ids are left out.
+  int eot = -1;
+  if (!info.tokenizer.empty() && fs::exists(info.tokenizer)) {
+    try {
+      eot = data::Tokenizer::load(info.tokenizer).eot_id();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "warning: %s; config.json names no eos_token_id\n", e.what());
+    }
+  }
   // Building the model checks every tensor's name and shape against the architecture.
   models::ModelOptions opts;
   models::TransformerLM model(info.model, opts);
@@ -53,11 +65,7 @@ void run_export(const ExportArgs& a) {
   engine::hf_weights_save(model.store(), (fs::path(a.out) / "model.safetensors").string(), dtype);
   nlohmann::json cfg = engine::hf_config_to_json(info.model);
   cfg["torch_dtype"] = dtype == DType::kF32 ? "float32" : dtype == DType::kBF16 ? "bfloat16" : "float16";
-  // The document separator as Hugging Face's bos/eos ids (GPT-2's convention: both are
-  // <|endoftext|>): without them Hugging Face takes 50256 (GPT-2) or 2 (LLaMA), wrong ids for a
-  // vocabulary of the run's own.
-  if (!info.tokenizer.empty() && fs::exists(info.tokenizer)) {
-    const int eot = data::Tokenizer::load(info.tokenizer).eot_id();
+  if (eot >= 0) {
     cfg["bos_token_id"] = eot;
     cfg["eos_token_id"] = eot;
   }

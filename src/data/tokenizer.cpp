@@ -361,8 +361,6 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
              ErrorKind::kNotSupported,
              path + ": post_processor " + post.dump().substr(0, 120) + " is not supported (only none or ByteLevel; " +
                  "a TemplateProcessing adds tokens)");
-    MT_CHECK(root.value("truncation", json()).is_null(), ErrorKind::kNotSupported,
-             path + ": truncation is not supported (sequences are cut by seq_length)");
     const json& dropout = model.value("dropout", json());
     MT_CHECK(dropout.is_null() || (dropout.is_number() && dropout.get<double>() == 0.0), ErrorKind::kNotSupported,
              path + ": model.dropout " + dropout.dump() + " is not supported (BPE dropout)");

@@ -156,7 +156,6 @@ TEST(TokenizerGpt2, HfJsonRoundTripKeepsEncodings) {
   // refused by name unless neutral.
   const std::vector<std::pair<std::string, json>> changes = {
       {"/post_processor", json{{"type", "TemplateProcessing"}}},
-      {"/truncation", json{{"max_length", 3}}},
       {"/model/dropout", 0.5},
       {"/model/continuing_subword_prefix", "##"},
       {"/model/end_of_word_suffix", "</w>"},

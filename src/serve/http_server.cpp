@@ -118,8 +118,9 @@ void refuse_unimplemented(const json& j, bool openai) {
   refuse_unless(j, "function_call", nullptr);
   refuse_unless(j, "guided_json", nullptr);
   refuse_unless(j, "guided_regex", nullptr);
-  if (present(j, "stream_options") && j["stream_options"].is_object())
-    refuse_unless(j["stream_options"], "include_usage", false);
+  if (present(j, "stream_options") && (!j["stream_options"].is_object() ||
+                                       (present(j["stream_options"], "include_usage") && !j["stream_options"]["include_usage"].is_boolean())))
+    bad("\"stream_options\" must be {\"include_usage\": true|false}", "invalid_type");
   if (!openai) {  // the ChatGLM endpoint's fields: prompt, history, max_length, temperature, top_p, top_k, seed
     refuse_unless(j, "n", 1);
     refuse_unless(j, "presence_penalty", 0);
@@ -333,6 +334,7 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
   size_t hold = 0;
   for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
   std::vector<int32_t> ids;
+  size_t received = 0;  // tokens handed over so far (ids stops growing at a stop string; the wait must not)
   std::string full;
   size_t sent = 0;
   bool done = false, stopped = false, client_gone = false;
@@ -340,7 +342,8 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
   while (!done) {
     if (slow_reader) std::this_thread::sleep_for(std::chrono::milliseconds(30));
     // A whole answer without stop strings needs only the end: no wake-up at every token.
-    std::vector<int32_t> more = g->wait(ids.size(), std::chrono::milliseconds(100), &done, !streaming && stops.empty());
+    std::vector<int32_t> more = g->wait(received, std::chrono::milliseconds(100), &done, !streaming && stops.empty());
+    received += more.size();
     if (!done && !client_gone && gone && gone()) {  // checked every 100 ms at least
       client_gone = true;
       g->cancel(Finish::kCancelled);
@@ -359,17 +362,20 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
         }
         return cut;
       };
-      if (const size_t cut = first_stop(full, whole); cut != std::string::npos) {
-        // The tokens counted are those up to the one that completed the stop string: the wait
-        // hands over every token made since, and their number depended on timing (1 to 19).
+      if (first_stop(full, whole) != std::string::npos) {
+        // The answer ends at the first token that completes a stop string, cut where that stop
+        // begins, as if the tokens had come one at a time: the wait hands over every token made
+        // since, and the count (1 to 19) and the cut depended on timing.
         for (size_t k = before + 1; k <= ids.size(); ++k) {
-          const std::string part = tok.decode(std::span<const int32_t>(ids.data(), k));
-          if (first_stop(part, utf8_complete_prefix(part)) != std::string::npos) {
+          std::string part = tok.decode(std::span<const int32_t>(ids.data(), k));
+          const size_t cut = first_stop(part, utf8_complete_prefix(part));
+          if (cut != std::string::npos) {
             ids.resize(k);
+            part.resize(cut);
+            full = std::move(part);
             break;
           }
         }
-        full.resize(cut);
         stopped = true;
       }
       if (stopped) {
@@ -655,6 +661,9 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       if (!body["stream"].is_boolean()) bad("\"stream\" must be true or false", "invalid_type");
       stream = body["stream"].get<bool>();
     }
+    // OpenAI's stream_options.include_usage: a last chunk with no choices and the usage.
+    const bool include_usage = stream && present(body, "stream_options") &&
+                               body["stream_options"].value("include_usage", false);
     const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
     const int64_t created = static_cast<int64_t>(std::time(nullptr));
     const int prompt_tokens = static_cast<int>(r.prompt.size());
@@ -694,7 +703,8 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, req_ptr, stops, id, created, chat, endpoint, t0, finish_json](size_t, httplib::DataSink& sink) {
+        [this, req_ptr, stops, id, created, chat, endpoint, t0, finish_json, include_usage,
+         prompt_tokens](size_t, httplib::DataSink& sink) {
           auto chunk = [&](const json& delta_or_text, const json& finish_reason) {
             json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
             if (chat) choice["delta"] = delta_or_text;
@@ -719,6 +729,19 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
             if (alive) {
               if (finish == Finish::kStop || finish == Finish::kLength) {
                 alive = chunk(chat ? json::object() : json(""), finish_json(finish));
+                if (alive && include_usage) {
+                  json ev = {{"id", id},
+                             {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                             {"created", created},
+                             {"model", options_.model_name},
+                             {"choices", json::array()},
+                             {"usage",
+                              {{"prompt_tokens", prompt_tokens},
+                               {"completion_tokens", o.completion_tokens},
+                               {"total_tokens", prompt_tokens + o.completion_tokens}}}};
+                  const std::string line = "data: " + dump(ev) + "\n\n";
+                  alive = sink.write(line.data(), line.size());
+                }
               } else {
                 const HttpError e = finish_error(o, options_.request_timeout_s);
                 status = e.status;

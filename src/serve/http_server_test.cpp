@@ -12,6 +12,7 @@
 #include <chrono>
 #include <memory>
 #include <regex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -203,6 +204,17 @@ TEST_F(HttpServerTest, StreamingConcatenatesToTheWholeAnswer) {
     const json& whole_choice = whole["choices"][0];
     EXPECT_EQ(text, chat ? whole_choice["message"]["content"].get<std::string>() : whole_choice["text"].get<std::string>());
     EXPECT_EQ(evs.back()["choices"][0]["finish_reason"], whole_choice["finish_reason"]);
+    // stream_options.include_usage (LangChain's and vLLM's benchmark clients send it): one more
+    // chunk, no choices, the usage of the whole answer (it was ignored).
+    body["stream_options"] = {{"include_usage", true}};
+    r = post(path, body.dump());
+    ASSERT_TRUE(r);
+    evs = events(r->body, &done);
+    EXPECT_TRUE(done);
+    ASSERT_GE(evs.size(), 2u);
+    EXPECT_TRUE(evs.back()["choices"].empty()) << evs.back();
+    EXPECT_EQ(evs.back()["usage"], whole["usage"]);
+    EXPECT_FALSE(evs[evs.size() - 2].contains("usage"));
   }
 }
 
@@ -259,10 +271,38 @@ TEST_F(HttpServerTest, StopStringsCutTheAnswer) {
   ASSERT_GT(need, 0);
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(post_json("/v1/completions", body)["usage"]["completion_tokens"], need) << i;
-  setenv("MT_FAULT", "serve.slow_reader", 1);  // the answer read in bursts of tokens, as a busy server does
-  EXPECT_EQ(post_json("/v1/completions", body)["usage"]["completion_tokens"], need);
-  EXPECT_EQ(post_json("/v1/completions", body)["choices"][0]["text"], want);
-  unsetenv("MT_FAULT");
+  // Two stops, one beginning a byte before the other and ending after it: the answer must be the
+  // same read a token at a time and in bursts (the cut moved with the burst).
+  // A token boundary b inside ASCII text: stop A ends at b (completed by one token), stop B begins
+  // a byte before A and ends a byte after b (completed by the next). A token at a time, A cuts;
+  // a burst of both tokens let B, which begins earlier, cut instead.
+  const std::vector<int32_t> gen_ids =
+      alone_->generate(tok_->encode("Once upon a time"), 40, {.temperature = 0.0f}, tok_->eot_id());
+  auto ascii = [&](size_t i) { return i < full.size() && static_cast<unsigned char>(full[i]) < 0x80; };
+  std::string a_stop, b_stop;
+  size_t b = 0;
+  for (size_t k = 0; k + 1 < gen_ids.size() && b_stop.empty(); ++k) {
+    b += tok_->decode(std::span<const int32_t>(&gen_ids[k], 1)).size();
+    if (b < 3 || !(ascii(b - 3) && ascii(b - 2) && ascii(b - 1) && ascii(b))) continue;
+    const std::string a = full.substr(b - 2, 2), bb = full.substr(b - 3, 4);
+    if (full.find(a) == b - 2 && full.find(bb) == b - 3) a_stop = a, b_stop = bb;
+  }
+  ASSERT_FALSE(b_stop.empty()) << "no token boundary in ASCII text: " << full;
+  json two = body;
+  two["stop"] = json::array({a_stop, b_stop});
+  const json one_at_a_time = post_json("/v1/completions", two);
+  struct SlowReader {  // the answer read in bursts of tokens, as a busy server does; unset on any exit
+    SlowReader() { setenv("MT_FAULT", "serve.slow_reader", 1); }
+    ~SlowReader() { unsetenv("MT_FAULT"); }
+  };
+  {
+    SlowReader slow;
+    EXPECT_EQ(post_json("/v1/completions", body)["usage"]["completion_tokens"], need);
+    EXPECT_EQ(post_json("/v1/completions", body)["choices"][0]["text"], want);
+    const json burst = post_json("/v1/completions", two);
+    EXPECT_EQ(burst["choices"][0]["text"], one_at_a_time["choices"][0]["text"]);
+    EXPECT_EQ(burst["usage"]["completion_tokens"], one_at_a_time["usage"]["completion_tokens"]);
+  }
   body["stream"] = true;
   bool done = false;
   httplib::Result s = post("/v1/completions", body.dump());
@@ -299,8 +339,8 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
       {"/v1/completions", R"({"prompt": "a", "repetition_penalty": 1.3})", 400, "unsupported_parameter"},
       {"/v1/completions", R"({"prompt": "a", "min_p": 0.1})", 400, "unsupported_parameter"},
       {"/v1/completions", R"({"prompt": "a", "stop_token_ids": [5]})", 400, "unsupported_parameter"},
-      {"/v1/completions", R"({"prompt": "a", "stream": true, "stream_options": {"include_usage": true}})", 400,
-       "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "stream": true, "stream_options": {"include_usage": 1}})", 400,
+       "invalid_type"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_object"}})",
        400, "unsupported_parameter"},
       {"/", R"({"prompt": "a", "logit_bias": {"44": -100}})", 400, "unsupported_parameter"},
