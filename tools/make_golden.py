@@ -131,6 +131,50 @@ def make_golden(cfg: dict, batch: int, seq: int, steps: int) -> tuple[dict, dict
     return out, metadata
 
 
+# Dropout's golden files: the tiny models with these probabilities (each site its own, so a mask
+# drawn at the wrong site fails), trained as make_golden does with meshtrain's masks
+# (tm.DropoutMasks: seed SEED, step k + 1, the batch's first sample 0).
+DROPOUT_KEYS = {"gpt2": {"embd_pdrop": 0.1, "resid_pdrop": 0.2, "attn_pdrop": 0.3},
+                "llama": {"attention_dropout": 0.25}}
+
+
+def make_dropout_golden(cfg: dict, batch: int, seq: int, steps: int) -> tuple[dict, dict]:
+    c = dict(cfg)
+    c.update(DROPOUT_KEYS[cfg["model_type"]])
+
+    class Masks:  # make_golden's forward k (k = 0, 1, ...) is optimizer step k + 1
+        def __init__(self):
+            self.k = 0
+
+        def next(self):
+            self.k += 1
+            tm.DROPOUT = tm.DropoutMasks(SEED, self.k, 0)
+
+    masks = Masks()
+    # make_golden runs logits = model(tokens) once per step: set the step's masks before each.
+    real_build = tm.build_model
+
+    def build(cfg_):
+        model = real_build(cfg_)
+        fwd = model.forward
+
+        def forward(tokens):
+            masks.next()
+            try:
+                return fwd(tokens)
+            finally:
+                tm.DROPOUT = None
+        model.forward = forward
+        return model
+
+    tm.build_model = build
+    try:
+        return make_golden(c, batch, seq, steps)
+    finally:
+        tm.build_model = real_build
+        tm.DROPOUT = None
+
+
 ENGINE_STEPS, ENGINE_MICRO, ENGINE_ACCUM, ENGINE_SEQ = 5, 2, 2, 16
 CLS_LABELS, CLS_SEQ, CLS_LENGTHS = 3, 16, (16, 9, 5, 12)  # one row without padding
 
@@ -294,6 +338,13 @@ def main() -> int:
         path = os.path.join(args.out, name + ".safetensors")
         write_safetensors(path, tensors, metadata)
         print(f"wrote {path}: {len(tensors)} tensors, loss {tensors['loss'].item():.6f}, "
+              f"step_losses {[round(x, 6) for x in tensors['step_losses'].tolist()]}")
+    for name in MODELS:
+        cfg = tm.load_config(os.path.join(args.configs, name + ".json"))
+        tensors, metadata = make_dropout_golden(cfg, args.batch, args.seq, args.steps)
+        path = os.path.join(args.out, "dropout-" + name + ".safetensors")
+        write_safetensors(path, tensors, metadata)
+        print(f"wrote {path}: dropout, loss {tensors['loss'].item():.6f}, "
               f"step_losses {[round(x, 6) for x in tensors['step_losses'].tolist()]}")
     for name in MODELS:
         cfg = tm.load_config(os.path.join(args.configs, name + ".json"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -30,6 +31,80 @@ from torch import nn
 def load_config(path: str) -> dict:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dropout: meshtrain's counter-based masks (src/kernels/cpu/dropout.h), written again from that
+# header's definition in numpy, so the oracle applies the very masks the C++ runtime draws.
+# ----------------------------------------------------------------------------------------------
+
+_GOLDEN = 0x9E3779B97F4A7C15
+SITE_EMBEDDING, SITE_ATTN_OUT, SITE_MLP_OUT, SITE_ATTN_PROBS = 0, 1, 2, 3
+
+
+def _u64(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.uint64)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, modulo 2^64."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> _u64(30))) * _u64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> _u64(27))) * _u64(0x94D049BB133111EB)
+        return z ^ (z >> _u64(31))
+
+
+def _mul_golden(x: int) -> np.ndarray:
+    return _u64((int(x) * _GOLDEN) & ((1 << 64) - 1))
+
+
+class DropoutMasks:
+    """The masks of optimizer step ``step`` (one-based) for a micro-batch whose first sample is
+    ``sample0`` of the global batch; ``seed`` is the run's (ModelOptions::seed)."""
+
+    def __init__(self, seed: int, step: int, sample0: int = 0):
+        self.step_key = _mix(_mix(_u64(seed)) ^ _u64(step))
+        self.sample0 = sample0
+
+    def _site(self, layer: int, site: int) -> np.ndarray:
+        return _mix(self.step_key ^ _mul_golden(((layer << 8) | site) + 1))
+
+    @staticmethod
+    def _keep_scale(key: np.ndarray, samples: np.ndarray, T: int, cols: int, p: float) -> np.ndarray:
+        """(len(samples), T, cols) float32: 0 where dropped, 1 / (1 - p) where kept."""
+        p32 = np.float32(p)
+        thr = int(np.floor(np.float64(p32) * 4294967296.0))
+        scale = np.float32(1.0) / (np.float32(1.0) - p32)
+        with np.errstate(over="ignore"):
+            pos = (samples[:, None].astype(np.uint64) << _u64(32)) | np.arange(T, dtype=np.uint64)[None, :]
+            row = _mix(key ^ _mix(pos + _u64(_GOLDEN)))
+            cols_g = (np.arange(1, cols + 1, dtype=np.uint64) * _u64(_GOLDEN))
+            bits = _mix(row[:, :, None] + cols_g[None, None, :])
+        keep = (bits >> _u64(32)) >= _u64(thr)
+        return np.where(keep, scale, np.float32(0.0)).astype(np.float32)
+
+    def rows(self, x: torch.Tensor, layer: int, site: int, p: float) -> torch.Tensor:
+        """x (B, T, C) through the mask of (layer, site)."""
+        if p == 0:
+            return x
+        b, t, c = x.shape
+        samples = self.sample0 + np.arange(b, dtype=np.uint64)
+        m = self._keep_scale(self._site(layer, site), samples, t, c, p)
+        return x * torch.from_numpy(m)
+
+    def probs(self, w: torch.Tensor, layer: int, p: float) -> torch.Tensor:
+        """Attention probabilities w (B, NH, T, T) through the mask of layer's heads."""
+        if p == 0:
+            return w
+        b, nh, t, _ = w.shape
+        site = self._site(layer, SITE_ATTN_PROBS)
+        samples = self.sample0 + np.arange(b, dtype=np.uint64)
+        m = np.stack([self._keep_scale(_mix(site ^ _mul_golden(h + 1)), samples, t, t, p) for h in range(nh)], axis=1)
+        return w * torch.from_numpy(m)
+
+
+# The masks of the forward being run (None: no dropout, as evaluation).
+DROPOUT: DropoutMasks | None = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -70,8 +145,11 @@ class LayerNorm(nn.Module):
 
 
 class GPT2Attention(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, layer: int = 0):
         super().__init__()
+        self.layer = layer
+        self.attn_pdrop = float(cfg.get("attn_pdrop", 0.0))
+        self.resid_pdrop = float(cfg.get("resid_pdrop", 0.0))
         self.n_embd = cfg["n_embd"]
         self.n_head = cfg["n_head"]
         self.head_dim = self.n_embd // self.n_head
@@ -94,31 +172,41 @@ class GPT2Attention(nn.Module):
         causal = self.bias[:, :, :t, :t]
         w = w.masked_fill(~causal, torch.finfo(w.dtype).min)
         w = F.softmax(w, dim=-1)
+        if DROPOUT is not None:
+            w = DROPOUT.probs(w, self.layer, self.attn_pdrop)
         y = torch.matmul(w, v)  # [B, nh, T, hs]
         y = y.permute(0, 2, 1, 3).contiguous().view(b, t, c)
-        return self.c_proj(y)
+        y = self.c_proj(y)
+        if DROPOUT is not None:
+            y = DROPOUT.rows(y, self.layer, SITE_ATTN_OUT, self.resid_pdrop)
+        return y
 
 
 class GPT2MLP(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, layer: int = 0):
         super().__init__()
+        self.layer = layer
+        self.resid_pdrop = float(cfg.get("resid_pdrop", 0.0))
         c = cfg["n_embd"]
         inner = cfg.get("n_inner") or 4 * c
         self.c_fc = Conv1D(c, inner)
         self.c_proj = Conv1D(inner, c)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(gelu_new(self.c_fc(x)))
+        y = self.c_proj(gelu_new(self.c_fc(x)))
+        if DROPOUT is not None:
+            y = DROPOUT.rows(y, self.layer, SITE_MLP_OUT, self.resid_pdrop)
+        return y
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, layer: int = 0):
         super().__init__()
         c, eps = cfg["n_embd"], cfg.get("layer_norm_epsilon", 1e-5)
         self.ln_1 = LayerNorm(c, eps)
-        self.attn = GPT2Attention(cfg)
+        self.attn = GPT2Attention(cfg, layer)
         self.ln_2 = LayerNorm(c, eps)
-        self.mlp = GPT2MLP(cfg)
+        self.mlp = GPT2MLP(cfg, layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -131,13 +219,16 @@ class GPT2Model(nn.Module):
         c = cfg["n_embd"]
         self.wte = nn.Embedding(cfg["vocab_size"], c)
         self.wpe = nn.Embedding(cfg["n_positions"], c)
-        self.h = nn.ModuleList(GPT2Block(cfg) for _ in range(cfg["n_layer"]))
+        self.h = nn.ModuleList(GPT2Block(cfg, i) for i in range(cfg["n_layer"]))
+        self.embd_pdrop = float(cfg.get("embd_pdrop", 0.0))
         self.ln_f = LayerNorm(c, cfg.get("layer_norm_epsilon", 1e-5))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.size(1)
         pos = torch.arange(t, dtype=torch.long, device=tokens.device).unsqueeze(0)
         x = self.wte(tokens) + self.wpe(pos)
+        if DROPOUT is not None:
+            x = DROPOUT.rows(x, 0, SITE_EMBEDDING, self.embd_pdrop)
         for block in self.h:
             x = block(x)
         return self.ln_f(x)
@@ -205,8 +296,10 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, layer: int = 0):
         super().__init__()
+        self.layer = layer
+        self.attention_dropout = float(cfg.get("attention_dropout", 0.0))
         h = cfg["hidden_size"]
         self.n_head = cfg["num_attention_heads"]
         self.n_kv = cfg.get("num_key_value_heads") or self.n_head
@@ -237,6 +330,8 @@ class LlamaAttention(nn.Module):
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         w = w.masked_fill(~causal, torch.finfo(w.dtype).min)
         w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        if DROPOUT is not None:
+            w = DROPOUT.probs(w, self.layer, self.attention_dropout)
         y = torch.matmul(w, v)  # [B, nh, T, hs]
         y = y.transpose(1, 2).contiguous().view(b, t, self.n_head * self.head_dim)
         return self.o_proj(y)
@@ -256,10 +351,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, layer: int = 0):
         super().__init__()
         h, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
-        self.self_attn = LlamaAttention(cfg)
+        self.self_attn = LlamaAttention(cfg, layer)
         self.mlp = LlamaMLP(cfg)
         self.input_layernorm = LlamaRMSNorm(h, eps)
         self.post_attention_layernorm = LlamaRMSNorm(h, eps)
@@ -274,7 +369,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         h = cfg["hidden_size"]
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], h)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg["num_hidden_layers"]))
         self.norm = LlamaRMSNorm(h, cfg.get("rms_norm_eps", 1e-6))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

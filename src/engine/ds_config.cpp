@@ -1572,18 +1572,25 @@ namespace mt::engine {
 void ds_config_check_trainable(const RunConfig& c) {
   if (c.bare) return;
   const bool gpt2 = c.model.arch == models::Arch::kGpt2;
+  // Dropout trains on the CPU runtime (models/block.h, kernels/cpu/dropout.h). The CUDA backend and
+  // the block-sparse attention kernels have none: a run asking for it there would train another
+  // model than the one configured (a GPT-2 config.json from the hub has 0.1 in each key).
   for (auto [p, key] : {std::pair<float, const char*>{c.model.embd_pdrop, "embd_pdrop"}, {c.model.resid_pdrop, "resid_pdrop"},
                         {c.model.attn_pdrop, gpt2 ? "attn_pdrop" : "attention_dropout"}}) {
+    if (p == 0.0f) continue;
     char buf[32];
     std::snprintf(buf, sizeof buf, "%g", static_cast<double>(p));
-    // A run that asks for dropout would train another model than the one configured (a GPT-2
-    // config.json from the hub has 0.1 in each key).
-    MT_CHECK(p == 0.0f, ErrorKind::kNotSupported,
-             std::string("model.") + key + ": " + buf + " is not supported: meshtrain trains without dropout" +
-                 (c.init_from.empty() ? "" : " (the value is " + c.init_from + "'s)") + "; set it to 0" +
-                 (gpt2 ? " (--set model.embd_pdrop=0 --set model.resid_pdrop=0 --set model.attn_pdrop=0 for a "
-                         "Hugging Face GPT-2)"
-                       : ""));
+    const std::string what = std::string("model.") + key + ": " + buf +
+                             (c.init_from.empty() ? "" : " (the value is " + c.init_from + "'s)");
+    const std::string off = gpt2 ? " (--set model.embd_pdrop=0 --set model.resid_pdrop=0 --set model.attn_pdrop=0 for a "
+                                   "Hugging Face GPT-2)"
+                                 : "";
+    MT_CHECK(c.device != "cuda", ErrorKind::kNotSupported,
+             what + ": dropout is not supported on the CUDA backend (device \"cuda\"); set it to 0" + off +
+                 " or train on the CPU");
+    MT_CHECK(!(c.sparse_attention && (std::string(key) == "attn_pdrop" || std::string(key) == "attention_dropout")),
+             ErrorKind::kNotSupported,
+             what + ": attention dropout is not supported with sparse_attention; set it to 0");
   }
 }
 

@@ -225,10 +225,9 @@ TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   EXPECT_NE(error_of(j).find("data_types.grad_accum_dtype: \"bf16\" is not supported"), std::string::npos) << error_of(j);
   j["data_types"]["grad_accum_dtype"] = "fp32";
   EXPECT_EQ(error_of(j), "");
-  // Dropout was ignored without a word (a Hugging Face GPT-2 config.json has 0.1 in each key):
-  // the runtime has none, so training refuses a non-zero probability by key; 0 is taken, and the
-  // estimate or plan of such a model is not refused. So are GPT-2's attention-scaling switches,
-  // which were ignored too.
+  // Dropout trains on the CPU runtime (GoldenDropout, DropoutLayouts); the CUDA backend and the
+  // sparse attention kernels have none, so there a non-zero probability is refused by key. GPT-2's
+  // attention-scaling switches, which were ignored, are refused too.
   auto trainable_error = [](const nlohmann::json& cfg) {
     try {
       ds_config_check_trainable(ds_config_parse(cfg, "cfg.json"));
@@ -241,17 +240,30 @@ TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
     j = base();
     j["model"][k] = 0.1;
     EXPECT_EQ(error_of(j), "") << k;
-    EXPECT_NE(trainable_error(j).find(std::string("model.") + k + ": 0.1 is not supported: meshtrain trains without dropout"),
+    EXPECT_EQ(trainable_error(j), "") << k;
+    j["device"] = "cuda";
+    EXPECT_NE(trainable_error(j).find(std::string("model.") + k + ": 0.1: dropout is not supported on the CUDA backend"),
               std::string::npos) << trainable_error(j);
     j["model"][k] = 0;
     EXPECT_EQ(trainable_error(j), "") << k;
   }
   j = base();
+  j["model"]["attn_pdrop"] = 0.1;
+  j["model"]["resid_pdrop"] = 0.1;
+  j["sparse_attention"] = {{"mode", "fixed"}, {"block", 4}};
+  EXPECT_NE(trainable_error(j).find("model.attn_pdrop: 0.1: attention dropout is not supported with sparse_attention"),
+            std::string::npos) << trainable_error(j);
+  j["model"]["attn_pdrop"] = 0;
+  EXPECT_EQ(trainable_error(j), "");  // residual dropout is outside the attention kernel
+  j = base();
   j["model"] = {{"model_type", "llama"}, {"vocab_size", 97}, {"hidden_size", 32}, {"intermediate_size", 64},
                 {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"max_position_embeddings", 32},
                 {"attention_dropout", 0.1}};
-  EXPECT_NE(trainable_error(j).find("model.attention_dropout: 0.1 is not supported"), std::string::npos) << trainable_error(j);
-  {  // a hub GPT-2's config.json as a path, its dropout set to 0 beside it (the path form ignored the keys)
+  EXPECT_EQ(trainable_error(j), "");
+  j["device"] = "cuda";
+  EXPECT_NE(trainable_error(j).find("model.attention_dropout: 0.1: dropout is not supported on the CUDA backend"),
+            std::string::npos) << trainable_error(j);
+  {  // a hub GPT-2's config.json as a path, its dropout set beside it (the path form ignored the keys)
     const ScratchDir dir;
     const std::string path = dir.file("config.json");
     nlohmann::json hub = base()["model"];
@@ -259,10 +271,10 @@ TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
     std::ofstream(path) << hub.dump();
     j = base();
     j["model"] = path;
-    EXPECT_NE(trainable_error(j).find("model.embd_pdrop: 0.1"), std::string::npos) << trainable_error(j);
+    EXPECT_FLOAT_EQ(ds_config_parse(j, "cfg.json").model.resid_pdrop, 0.1f);
     for (const char* k : {"embd_pdrop", "resid_pdrop", "attn_pdrop"}) ds_config_set(j, std::string("model.") + k + "=0");
     EXPECT_EQ(j["model"]["config"], path);
-    EXPECT_EQ(trainable_error(j), "");
+    EXPECT_EQ(ds_config_parse(j, "cfg.json").model.resid_pdrop, 0.0f);
     EXPECT_EQ(ds_config_parse(j, "cfg.json").model.n_head, 4);  // the file's keys beside the sets
   }
   j = base();

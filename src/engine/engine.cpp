@@ -469,6 +469,12 @@ float Engine::forward(const int32_t* tokens, const int32_t* targets) {
   // same (and is exactly what one process does with the whole global batch).
   float scale = static_cast<float>(scaler_.scale() / static_cast<double>(config_.batch.gradient_accumulation_steps) *
                                    grad_average_factors().first);
+  // Dropout's masks follow the sample's place in the global batch (rank R's micro-batch m holds
+  // samples (R·gas + m)·B onwards, as train and classify read them).
+  if (!device_)
+    model_.set_dropout_origin(static_cast<uint64_t>(global_step_ + 1),
+                              static_cast<uint64_t>((static_cast<int64_t>(ctx_->dp_rank()) * config_.batch.gradient_accumulation_steps +
+                                                     micro_in_step_) * model_.batch()));
   float loss = device_ ? device_->forward(tokens, targets, scale) : model_.forward(tokens, targets, scale);
   forward_seconds_ += t.seconds();
   MT_CHECK(std::isfinite(loss), ErrorKind::kNumerical,
@@ -813,6 +819,8 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
           Timer t;
           const int32_t* tok = tokens.data() + static_cast<size_t>(i.micro) * n;
           const int32_t* tgt = targets.data() + static_cast<size_t>(i.micro) * n;
+          model_.set_dropout_origin(static_cast<uint64_t>(global_step_ + 1),
+                                    static_cast<uint64_t>((static_cast<int64_t>(ctx_->dp_rank()) * m + i.micro) * model_.batch()));
           float loss = model_.forward_chunk(i.chunk, slot(i), tok, tgt, scale);
           if (model_.chunk_has_head(i.chunk)) loss_sum_ += loss;
           forward_seconds_ += t.seconds();

@@ -209,6 +209,60 @@ INSTANTIATE_TEST_SUITE_P(Models, GoldenTest, ::testing::Values("tiny-gpt2", "tin
                            return s;
                          });
 
+// Dropout against PyTorch applying the same masks (tools/torch_models.py's DropoutMasks, written
+// from kernels/cpu/dropout.h's definition): GPT-2 with embd 0.1, resid 0.2 and attn 0.3, LLaMA with
+// attention_dropout 0.25. The loss and every gradient of step 1's masks, the same with recompute
+// (the recomputed forward draws them again), the engine's AdamW steps (step k draws step k's
+// masks), and evaluation (no origin set) without dropout: the plain golden file's loss.
+class GoldenDropout : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenDropout, LossEveryGradientAndStepsMatchPyTorch) {
+  Golden g = load_golden("dropout-" + GetParam());
+  ASSERT_TRUE(g.cfg.attn_pdrop > 0.0f);
+  const float ref = g.file->read_f32("loss")[0];
+  std::vector<float> grads;
+  for (bool recompute : {false, true}) {
+    auto m = make_model(g, DType::kF32, recompute);
+    ASSERT_TRUE(m->has_dropout());
+    m->store().zero_grad();
+    m->set_dropout_origin(1, 0);
+    const float loss = m->forward(g.tokens.data(), g.targets.data(), 1.0f);
+    EXPECT_LE(std::fabs(loss - ref) / std::fabs(ref), 1e-4) << loss << " vs " << ref << (recompute ? " (recompute)" : "");
+    m->backward();
+    for (nn::Parameter* p : m->store().parameters())
+      EXPECT_LE(rel_err(p->grad, g.file->read_f32("grad." + p->name, p->shape)), 1e-4) << p->name;
+    if (!recompute) {
+      grads.assign(m->store().grad(), m->store().grad() + m->store().numel());
+    } else {
+      for (size_t i = 0; i < grads.size(); ++i) ASSERT_EQ(grads[i], m->store().grad()[i]) << "recompute, element " << i;
+    }
+  }
+  {  // evaluation: a forward without an origin drops nothing
+    auto m = make_model(g, DType::kF32, false);
+    Golden plain = load_golden(GetParam());
+    const float eval = m->forward(g.tokens.data(), g.targets.data(), 0.0f);
+    const float plain_loss = plain.file->read_f32("loss")[0];
+    EXPECT_LE(std::fabs(eval - plain_loss) / plain_loss, 1e-4) << eval << " vs " << plain_loss;
+    EXPECT_GT(std::fabs(eval - ref) / ref, 1e-3);
+  }
+  auto m = make_model(g, DType::kF32, false);
+  Engine eng(golden_run_config(g, GetParam(), nlohmann::json::object()), *m);
+  std::vector<float> ref_losses = g.file->read_f32("step_losses");
+  ASSERT_EQ(static_cast<int>(ref_losses.size()), g.steps);
+  for (int s = 0; s < g.steps; ++s) {
+    const float loss = eng.forward_backward(g.tokens.data(), g.targets.data());
+    EXPECT_FALSE(eng.step().skipped);
+    EXPECT_LE(std::fabs(loss - ref_losses[s]) / std::fabs(ref_losses[s]), 1e-4) << "step " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GoldenDropout, ::testing::Values("tiny-gpt2", "tiny-llama"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (char& c : s) if (c == '-') c = '_';
+                           return s;
+                         });
+
 TEST(ParameterNames, MatchHuggingFace) {
   models::ModelConfig cfg = hf_config_load(std::string(MT_SOURCE_DIR) + "/configs/models/gpt2-124m.json");
   cfg.n_layer = 1;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/ops.h"
 
@@ -72,6 +73,7 @@ size_t BlockScratch::layout(BlockScratch* s, char* base, const BlockDims& d, DTy
 Block::Block(const ModelConfig& cfg, int index, parallel::TpComm& tp)
     : Module((cfg.arch == Arch::kGpt2 ? "h." : "layers.") + std::to_string(index)),
       arch_(cfg.arch),
+      layer_(index),
       eps_(cfg.norm_eps),
       tp_(tp) {
   int C = cfg.hidden, HS = cfg.head_dim(), I = cfg.intermediate;
@@ -141,6 +143,24 @@ const float* Block::reduce_to_rows(float* dn, BlockScratch& s, const BlockDims& 
   }
   tp_.all_reduce(dn, static_cast<size_t>(d.N) * d.C, "tp column-parallel backward");
   return dn;
+}
+
+void Block::drop_residual(float* x, uint32_t site, const BlockDims& d) const {
+  if (d.drop == nullptr || !d.drop->resid.active()) return;
+  kernels::dropout_rows(x, static_cast<size_t>(d.rows()), d.C,
+                        kernels::drop_site_key(d.drop->step_key, static_cast<uint32_t>(layer_), site), d.drop->resid,
+                        d.drop->sample0, d.drop->row0, d.T);
+}
+
+kernels::AttnDropout Block::attention_dropout(const BlockDims& d) const {
+  kernels::AttnDropout a;
+  if (d.drop == nullptr || !d.drop->attn.active()) return a;
+  MT_CHECK(d.sparse == nullptr, ErrorKind::kNotSupported, "attention dropout with sparse attention is not supported");
+  a.site_key = kernels::drop_site_key(d.drop->step_key, static_cast<uint32_t>(layer_), kernels::kDropAttnProbs);
+  a.rate = d.drop->attn;
+  a.sample0 = d.drop->sample0;
+  a.head0 = d.drop->head0;
+  return a;
 }
 
 void norm_backward_sp(nn::Module& norm, parallel::TpComm& tp, bool sp, const std::function<void()>& run) {
@@ -215,8 +235,9 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
       ProfileScope p(prof_, pid_.core);
       if (!gpt2) kernels::rope_forward(qkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
       if (!f32) round_to(a.qkv, cd, qkv, N * d.QKV);
+      const kernels::AttnDropout att_drop = attention_dropout(d);
       if (d.sparse) kernels::sparse_attention_forward(a.att, a.lse, qkv, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
-      else kernels::attention_forward(a.att, a.lse, qkv, d.B, d.T, d.NH, d.NKV, d.HS);
+      else kernels::attention_forward(a.att, a.lse, qkv, d.B, d.T, d.NH, d.NKV, d.HS, att_drop.rate.active() ? &att_drop : nullptr);
     }
     // The output projection's input: the attention output in the compute dtype (q, k, v are used).
     void* attc = f32 ? static_cast<void*>(a.att) : static_cast<void*>(s.dqkv);
@@ -226,7 +247,9 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
       ProfileScope p(prof_, pid_.proj);
       proj->forward(s.f, attc, d.N);
     }
-    kernels::add_forward(a.x2, x, reduce_from(*proj, s.f, s, d), R * C);
+    float* branch = reduce_from(*proj, s.f, s, d);
+    drop_residual(branch, kernels::kDropAttnOut, d);
+    kernels::add_forward(a.x2, x, branch, R * C);
   }
 
   float* n2 = norm_out(a.n2c);
@@ -258,7 +281,9 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
       ProfileScope p(prof_, pid_.down);
       down->forward(s.f, a.actc, d.N);
     }
-    kernels::add_forward(y, a.x2, reduce_from(*down, s.f, s, d), R * C);
+    float* branch = reduce_from(*down, s.f, s, d);
+    drop_residual(branch, kernels::kDropMlpOut, d);
+    kernels::add_forward(y, a.x2, branch, R * C);
   }
   run_hooks(nn::HookPoint::kPostForward);
 }
@@ -290,10 +315,19 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
     tp_.gather_rows(out, saved, static_cast<size_t>(R), static_cast<size_t>(d.C), cd, "sp column-parallel backward input");
     return out;
   };
+  // A branch's output gradient: dres, or with residual dropout dres through the forward's mask (in
+  // s.part under sequence parallelism, else s.dn: both free until the branch's last GEMM).
+  auto branch_grad = [&](uint32_t site) -> const float* {
+    if (d.drop == nullptr || !d.drop->resid.active()) return full_grad(dres, s, d);
+    float* m = d.sp ? s.part : s.dn;
+    std::memcpy(m, dres, static_cast<size_t>(R) * d.C * 4);
+    drop_residual(m, site, d);
+    return full_grad(m, s, d);
+  };
   {
     ProfileScope mlp_scope(prof_, pid_.mlp);
     nn::Linear* down = gpt2 ? mlp_proj_ : down_proj_;
-    const float* dy = full_grad(dres, s, d);
+    const float* dy = branch_grad(kernels::kDropMlpOut);
     {
       ProfileScope p(prof_, pid_.down);
       down->backward(s.dact, false, dy, a.actc, d.N, ws);
@@ -323,7 +357,7 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
   {
     ProfileScope attn_scope(prof_, pid_.attn);
     nn::Linear* proj = gpt2 ? attn_proj_ : o_proj_;
-    const float* dy = full_grad(dres, s, d);
+    const float* dy = branch_grad(kernels::kDropAttnOut);
     {
       ProfileScope p(prof_, pid_.proj);
       // The forward's compute-dtype copy of the attention output again (s.dqkv is free until the
@@ -335,10 +369,12 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
     {
       ProfileScope p(prof_, pid_.core);
       const float* qkv = saved_f32(a.qkv, s.f, N * d.QKV);
+      const kernels::AttnDropout att_drop = attention_dropout(d);
       if (d.sparse)
         kernels::sparse_attention_backward(s.dqkv, s.datt, qkv, a.att, a.lse, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
       else
-        kernels::attention_backward(s.dqkv, s.datt, qkv, a.att, a.lse, d.B, d.T, d.NH, d.NKV, d.HS);
+        kernels::attention_backward(s.dqkv, s.datt, qkv, a.att, a.lse, d.B, d.T, d.NH, d.NKV, d.HS,
+                                    att_drop.rate.active() ? &att_drop : nullptr);
       if (!gpt2) kernels::rope_backward(s.dqkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
     }
     {

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/dropout.h"
 #include "kernels/cpu/sparse_attention.h"
 #include "models/config.h"
 #include "models/module_profile.h"
@@ -17,6 +19,16 @@
 #include "parallel/tp/mappings.h"
 
 namespace mt::models {
+
+// Dropout in a training forward (ModelConfig's embd_pdrop, resid_pdrop, attn_pdrop; the masks of
+// kernels/cpu/dropout.h): where this rank's rows and heads sit in the one-process run.
+struct BlockDropout {
+  uint64_t step_key = 0;  // kernels::drop_step_key(seed, optimizer step)
+  uint64_t sample0 = 0;   // the micro-batch's first sample in the step's global batch
+  kernels::DropRate embd, resid, attn;
+  size_t row0 = 0;        // this rank's first row of the micro-batch (sequence parallelism: tp_rank·Nl)
+  int head0 = 0;          // this rank's first attention head (tensor parallelism: tp_rank·NH/tp)
+};
 
 // Widths: C hidden, QKV = (NH + 2 NKV) HS, A = NH HS, H = MLP pre-activation (4C | 2I),
 // G = MLP activation output (4C | I). N = B T rows. "cd" = compute dtype.
@@ -33,6 +45,8 @@ struct BlockDims {
   int Nl = 0;
   // DeepSpeed's sparse attention: the block-sparse plan of this rank's heads (null: dense causal).
   const kernels::SparseAttentionPlan* sparse = nullptr;
+  // Dropout of this micro-batch's training forward (and its backward); null: none.
+  const BlockDropout* drop = nullptr;
   int rows() const { return sp ? Nl : N; }  // rows of the residual stream on this rank
 };
 
@@ -108,7 +122,12 @@ class Block : public nn::Module {
   const float* full_grad(const float* dres, BlockScratch& s, const BlockDims& d);
   // After a column-parallel layer's backward: dn (N, C) partial -> this rank's rows of the sum.
   const float* reduce_to_rows(float* dn, BlockScratch& s, const BlockDims& d);
+  // Residual dropout (resid_pdrop) of site kernels::kDropAttnOut or kDropMlpOut on x (rows, C).
+  void drop_residual(float* x, uint32_t site, const BlockDims& d) const;
+  // The attention core's dropout (attn_pdrop) for this layer; its rate inactive without.
+  kernels::AttnDropout attention_dropout(const BlockDims& d) const;
   Arch arch_;
+  int layer_;
   float eps_;
   parallel::TpComm& tp_;
   // GPT-2

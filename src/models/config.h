@@ -30,9 +30,9 @@ struct ModelConfig {
   bool tie_embeddings = true;
   float init_std = 0.02f;  // initializer_range
   // Dropout probabilities as the Hugging Face config gives them (GPT-2's embd_pdrop, resid_pdrop,
-  // attn_pdrop; LLaMA's attention_dropout as attn_pdrop), absent: 0. The runtime has no dropout:
-  // training refuses a non-zero one by key (engine/ds_config.cpp); inference ignores them, as
-  // Hugging Face's eval mode does.
+  // attn_pdrop; LLaMA's attention_dropout as attn_pdrop), absent: 0. Training applies them where
+  // Hugging Face does (the embeddings' sum, each residual branch's output, the attention
+  // probabilities; TransformerLM::set_dropout_origin); evaluation and inference do not.
   float embd_pdrop = 0.0f, resid_pdrop = 0.0f, attn_pdrop = 0.0f;
   // > 0: sequence classification (HF's GPT2ForSequenceClassification / LlamaForSequenceClassification):
   // the head is "score.weight" (num_labels, C), no bias, in place of the LM head; the loss is the

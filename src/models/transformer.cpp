@@ -247,6 +247,19 @@ const float* TransformerLM::chunk_output(int slot) const {
   return s.resid + static_cast<size_t>(chunk_size(s.chunk)) * boundary_numel();
 }
 
+void TransformerLM::set_dropout_origin(uint64_t step, uint64_t sample0) {
+  if (!has_dropout()) return;
+  BlockDropout& o = drop_origin_;
+  o.step_key = kernels::drop_step_key(opts_.seed, step);
+  o.sample0 = sample0;
+  o.embd = kernels::DropRate(cfg_.embd_pdrop);
+  o.resid = kernels::DropRate(cfg_.resid_pdrop);
+  o.attn = kernels::DropRate(cfg_.attn_pdrop);
+  o.row0 = dims_.sp ? static_cast<size_t>(tp_.rank()) * static_cast<size_t>(dims_.Nl) : 0;
+  o.head0 = tp_.rank() * dims_.NH;
+  drop_next_ = true;
+}
+
 void TransformerLM::embed(Slot& s, const int32_t* tokens) {
   const BlockDims& d = dims_;
   for (int i = 0; i < d.N; ++i)
@@ -284,6 +297,11 @@ void TransformerLM::embed(Slot& s, const int32_t* tokens) {
           resid[static_cast<size_t>(i) * d.C + c] += wpe[static_cast<size_t>((r0 + i) % d.T) * d.C + c];
     }
   }
+  // GPT-2's embedding dropout (embd_pdrop) on the sum, as Hugging Face's transformer.drop.
+  if (s.drop_on && s.drop.embd.active())
+    kernels::dropout_rows(resid, static_cast<size_t>(d.rows()), d.C,
+                          kernels::drop_site_key(s.drop.step_key, 0, kernels::kDropEmbedding), s.drop.embd, s.drop.sample0,
+                          s.drop.row0, d.T);
   wte_->run_hooks(nn::HookPoint::kPostForward);
 }
 
@@ -294,13 +312,17 @@ float TransformerLM::forward_chunk(int c, int slot, const int32_t* tokens, const
   Slot& s = slots_[slot];
   s.chunk = c;
   s.backward_ready = false;
+  s.drop_on = drop_next_;  // set_dropout_origin holds for this forward only
+  if (drop_next_) s.drop = drop_origin_;
+  drop_next_ = false;
   if (prof_) prof_->set_phase(ProfilePhase::kForward);
   ProfileScope scope(prof_, pid_.root);
   if (chunk_has_embedding(c)) embed(s, tokens);
   const size_t RC = boundary_numel();
   const int n = chunk_size(c);
+  const BlockDims ds = dims_of(s);
   for (int j = 0; j < n; ++j)
-    block(c, j)->forward(s.resid + (j + 1) * RC, s.resid + j * RC, acts_for(s, j), scratch_, d, rope_cos_, rope_sin_, ws_);
+    block(c, j)->forward(s.resid + (j + 1) * RC, s.resid + j * RC, acts_for(s, j), scratch_, ds, rope_cos_, rope_sin_, ws_);
   if (!chunk_has_head(c)) {
     s.backward_ready = loss_scale != 0.0f;
     return 0.0f;
@@ -423,15 +445,20 @@ void TransformerLM::backward_chunk(int c, int slot, const float* grad_output) {
     MT_CHECK(grad_output != nullptr, ErrorKind::kInternal, "backward of a chunk without the head needs its output's gradient");
     std::memcpy(dres_, grad_output, RC * 4);
   }
+  const BlockDims ds = dims_of(s);  // a recomputed forward draws the forward's masks again
   for (int j = n - 1; j >= 0; --j) {
     if (opts_.recompute)
-      block(c, j)->forward(scratch_.dact /* unused output */, s.resid + j * RC, acts_for(s, j), scratch_, d, rope_cos_,
+      block(c, j)->forward(scratch_.dact /* unused output */, s.resid + j * RC, acts_for(s, j), scratch_, ds, rope_cos_,
                            rope_sin_, ws_);
-    block(c, j)->backward(dres_, s.resid + j * RC, acts_for(s, j), scratch_, d, rope_cos_, rope_sin_, ws_);
+    block(c, j)->backward(dres_, s.resid + j * RC, acts_for(s, j), scratch_, ds, rope_cos_, rope_sin_, ws_);
   }
   if (!chunk_has_embedding(c)) return;
   ProfileScope embed_scope(prof_, pid_.embed);
   wte_->run_hooks(nn::HookPoint::kPreBackward);
+  if (s.drop_on && s.drop.embd.active())  // the embedding dropout's mask on its gradient
+    kernels::dropout_rows(dres_, static_cast<size_t>(d.rows()), d.C,
+                          kernels::drop_site_key(s.drop.step_key, 0, kernels::kDropEmbedding), s.drop.embd, s.drop.sample0,
+                          s.drop.row0, d.T);
   const float* demb = dres_;
   if (d.sp) {  // the lookup's gradient needs every row: gathered from the group
     tp_.gather_rows(s.sp_full, dres_, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp embedding backward");

@@ -70,6 +70,14 @@ class TransformerLM : public nn::Module {
   // (no pipeline stages).
   float forward(const int32_t* tokens, const int32_t* targets, float loss_scale);
   void backward();
+  // Dropout (ModelConfig's embd_pdrop, resid_pdrop, attn_pdrop; kernels/cpu/dropout.h) in the next
+  // forward()/forward_chunk() only, and in that micro-batch's backward: the micro-batch's first
+  // sample is sample0 of the global batch of optimizer step `step` (one-based), so every layout
+  // draws the one-process run's masks. A forward without it (evaluation, inference) drops nothing.
+  // No-op when the config has no dropout.
+  void set_dropout_origin(uint64_t step, uint64_t sample0);
+  bool has_dropout() const { return cfg_.embd_pdrop > 0 || cfg_.resid_pdrop > 0 || cfg_.attn_pdrop > 0; }
+
   // Logits (B, T, V) f32 of a forward over tokens (B, T) of the prepared shape (whole model);
   // (B, T, num_labels) for a classifier (ModelConfig::num_labels).
   void logits(float* out, const int32_t* tokens);
@@ -134,7 +142,14 @@ class TransformerLM : public nn::Module {
     int32_t* local_tokens = nullptr;  // (N) vocab-parallel: row in this rank's shard, or -1
     int chunk = -1;
     bool backward_ready = false;
+    BlockDropout drop;       // this micro-batch's dropout (drop_on)
+    bool drop_on = false;
   };
+  BlockDims dims_of(const Slot& s) const {  // dims_ with the slot's dropout
+    BlockDims d = dims_;
+    d.drop = s.drop_on ? &s.drop : nullptr;
+    return d;
+  }
   void embed(Slot& s, const int32_t* tokens);          // embeddings -> s.resid[0]
   float head_forward(Slot& s, const float* last, const int32_t* targets, float loss_scale);
   BlockActs& acts_for(Slot& s, int j) { return opts_.recompute ? shared_acts_ : s.acts[j]; }
@@ -157,6 +172,8 @@ class TransformerLM : public nn::Module {
   std::function<void(size_t, size_t, float*)> initial_values_;  // set_initial_values
 
   BlockDims dims_{};
+  bool drop_next_ = false;      // set_dropout_origin: the next forward drops
+  BlockDropout drop_origin_{};
   std::shared_ptr<kernels::SparseAttentionPlan> sparse_plan_;  // dims_.sparse
   std::vector<Slot> slots_;
   Buffer shared_acts_buffer_, scratch_buffer_, dres_buffer_;

@@ -209,9 +209,11 @@ void AttnForwardTiles::finish(float* out, int ldo, float* lse, int rows, int HS)
 }
 
 void AttnForwardTiles::add_keys(const AttnTileOps& ops, int keys, int queries, int diag, int HS,
-                                float c) {
+                                float c, const AttnDropTile* drop) {
   ops.scores(St, Kp, HS, Qt, keys, queries, HS, -diag, kAttnNoLimit);
   ops.softmax_fwd(St, m, l, alpha, keys, queries, diag, c);
+  // Dropout after the running sums took the probabilities: l normalises the undropped row.
+  if (drop) dropout_tile(St, kLd, true, queries, keys, drop->head_key, *drop->rate, drop->sample, drop->q0, drop->j0);
   ops.accumulate(O, HS, St, 1, kLd, Vp, HS, queries, keys, HS, -kAttnNoLimit, diag, alpha);
 }
 
@@ -242,10 +244,14 @@ void AttnBackwardTiles::load_keys(const AttnTileOps& ops, const float* K, const 
 }
 
 void AttnBackwardTiles::add_queries(const AttnTileOps& ops, const float* lse, const float* D_rows,
-                                    int rows, int cols, int diag, int HS, float c, float scale) {
+                                    int rows, int cols, int diag, int HS, float c, float scale,
+                                    const AttnDropTile* drop) {
   ops.scores(S, Qp, HS, Kt, rows, cols, HS, -kAttnNoLimit, diag);
   ops.scores(dP, dOp, HS, Vt, rows, cols, HS, -kAttnNoLimit, diag);
+  // Dropout: the dropped probabilities' gradient (dO v^T) ⊙ M / (1 - p), then P ⊙ M / (1 - p) for dV.
+  if (drop) dropout_tile(dP, kLd, false, rows, cols, drop->head_key, *drop->rate, drop->sample, drop->q0, drop->j0);
   ops.softmax_bwd(S, dP, lse, D_rows, rows, cols, diag, c, scale);
+  if (drop) dropout_tile(S, kLd, false, rows, cols, drop->head_key, *drop->rate, drop->sample, drop->q0, drop->j0);
   ops.accumulate(dV, HS, S, 1, kLd, dOp, HS, cols, rows, HS, -diag, kAttnNoLimit, nullptr);
   ops.accumulate(dK, HS, dP, 1, kLd, Qp, HS, cols, rows, HS, -diag, kAttnNoLimit, nullptr);
 }
@@ -260,7 +266,7 @@ void AttnBackwardTiles::store_keys(float* dK_out, float* dV_out, int ld, int col
 // ---- drivers ----
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV,
-                       int HS) {
+                       int HS, const AttnDropout* drop) {
   attn_check_dims("attention_forward", B, T, NH, NKV, HS);
   const AttnTileOps ops = attn_tile_ops();
   const int C3 = (NH + 2 * NKV) * HS;
@@ -286,7 +292,10 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
         const float* V = K + NKV * HS;
         attn_pack_rows(tiles.Kp, K, C3, cols, HS);
         attn_pack_rows(tiles.Vp, V, C3, cols, HS);
-        tiles.add_keys(ops, cols, rows, diag, HS, c);
+        AttnDropTile dt;
+        if (drop && drop->rate.active())
+          dt = {drop_head_key(drop->site_key, static_cast<uint32_t>(drop->head0 + h)), &drop->rate, drop->sample0 + b, q0, j0};
+        tiles.add_keys(ops, cols, rows, diag, HS, c, dt.rate ? &dt : nullptr);
       }
       tiles.finish(out + (row0 + q0) * NH * HS + h * HS, NH * HS,
                    lse + (static_cast<long>(b) * NH + h) * T + q0, rows, HS);
@@ -295,7 +304,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int NH, int NKV, int HS) {
+                        const float* lse, int B, int T, int NH, int NKV, int HS, const AttnDropout* drop) {
   attn_check_dims("attention_backward", B, T, NH, NKV, HS);
   const AttnTileOps ops = attn_tile_ops();
   const int C3 = (NH + 2 * NKV) * HS;
@@ -326,8 +335,11 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
             attn_pack_rows(Qp, qkv + qofs, C3, rows, HS);
             attn_pack_rows(dOp, dout + (row0 + q0) * C + h * HS, C, rows, HS);
             const float* lse_q = lse + (static_cast<long>(b) * NH + h) * T + q0;
+            AttnDropTile dt;
+            if (drop && drop->rate.active())
+              dt = {drop_head_key(drop->site_key, static_cast<uint32_t>(drop->head0 + h)), &drop->rate, drop->sample0 + b, q0, j0};
             tiles.add_queries(ops, lse_q, D + static_cast<long>(g) * T + q0, rows, cols, diag, HS, c,
-                              scale);
+                              scale, dt.rate ? &dt : nullptr);
             ops.accumulate(dqkv + qofs, C3, dP, kLd, 1, Kp, HS, rows, cols, HS, -kAttnNoLimit, diag,
                            nullptr);
           }

@@ -3,7 +3,22 @@
 // the row log-sum-exp (O(T) per head), backward recomputes the scores tile by tile.
 #pragma once
 
+#include <cstdint>
+
+#include "kernels/cpu/dropout.h"
+
 namespace mt::kernels {
+
+// Dropout on the attention probabilities (Hugging Face's attn_dropout / attention_dropout), as
+// torch applies it after the softmax: out = (P ⊙ M / (1 - p)) v, the mask M of kernels/cpu/dropout.h
+// (head key drop_head_key(site_key, head0 + h), sample sample0 + b). The backward makes the same
+// mask: dP = (dO v^T) ⊙ M / (1 - p), dV = (P ⊙ M / (1 - p))^T dO, and D = rowsum(dO ⊙ O) as without.
+struct AttnDropout {
+  uint64_t site_key = 0;
+  DropRate rate;
+  uint64_t sample0 = 0;
+  int head0 = 0;  // this rank's first head among the model's (tensor parallelism)
+};
 
 // qkv:  (B, T, (NH + 2*NKV) * HS) f32 — per row: NH query heads, then NKV key heads, then NKV
 //       value heads, each HS wide. Query head h attends with kv head h / (NH / NKV)
@@ -11,10 +26,11 @@ namespace mt::kernels {
 // out:  (B, T, NH * HS) =   softmax(q k^T / sqrt(HS), causal) v
 // lse:  (B, NH, T) =        log-sum-exp of each row of the scaled, masked scores
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV,
-                       int HS);
+                       int HS, const AttnDropout* drop = nullptr);
 
 // dqkv: (B, T, (NH + 2*NKV) * HS) = gradient w.r.t. qkv (overwritten, all three parts).
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int NH, int NKV, int HS);
+                        const float* lse, int B, int T, int NH, int NKV, int HS,
+                        const AttnDropout* drop = nullptr);
 
 }  // namespace mt::kernels

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention_avx512.h"
+#include "kernels/cpu/dropout.h"
 
 namespace mt::kernels::detail {
 
@@ -61,6 +62,15 @@ inline void attn_unpack_rows(float* dst, int ld, const float* src, int n, int HS
     std::memcpy(dst + static_cast<long>(j) * ld, src + j * HS, sizeof(float) * HS);
 }
 
+// One tile's dropout on the probabilities (kernels/cpu/attention.h's AttnDropout, resolved to a
+// head and sample); null: none.
+struct AttnDropTile {
+  uint64_t head_key = 0;
+  const DropRate* rate = nullptr;
+  uint64_t sample = 0;
+  int q0 = 0, j0 = 0;  // the tile's first query and key positions
+};
+
 // One thread's buffers for a forward.
 struct AttnForwardTiles {
   AttnScratch scratch;
@@ -78,7 +88,8 @@ struct AttnForwardTiles {
   void start(int rows, int HS);
   // The online-softmax step over `keys` keys in Kp, Vp for the `queries` queries in Qt; query i
   // sees key j iff j <= i + diag (kAttnNoLimit: all).
-  void add_keys(const AttnTileOps& ops, int keys, int queries, int diag, int HS, float c);
+  void add_keys(const AttnTileOps& ops, int keys, int queries, int diag, int HS, float c,
+                const AttnDropTile* drop = nullptr);
   // out (rows, HS; row stride ldo) = O / l,  lse (rows) = (m + log2 l) ln 2; a query that saw no
   // key (l = 0) gets out = 0 and lse = -inf.
   void finish(float* out, int ldo, float* lse, int rows, int HS) const;
@@ -107,7 +118,7 @@ struct AttnBackwardTiles {
   // (left in dP for the caller's dQ += dS K) and dV += P^T dO, dK += dS^T Q. Query i sees key j iff
   // j <= i + diag.
   void add_queries(const AttnTileOps& ops, const float* lse, const float* D_rows, int rows,
-                   int cols, int diag, int HS, float c, float scale);
+                   int cols, int diag, int HS, float c, float scale, const AttnDropTile* drop = nullptr);
   // K, V gradient rows (cols, HS; row stride ld) = dK, dV.
   void store_keys(float* dK_out, float* dV_out, int ld, int cols, int HS) const;
 };
