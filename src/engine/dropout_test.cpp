@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "base/cpu_features.h"
 #include "engine/layout_test_util.h"
 #include "kernels/cpu/dropout.h"
 
@@ -120,6 +121,34 @@ TEST(DropoutMask, KeepsOneMinusPAndSitesAreIndependent) {
   for (size_t i = 0; i < half.size(); ++i) EXPECT_EQ(half[i], whole[16 * 8 + i]) << i;
   EXPECT_THROW(kernels::DropRate(1.0f), Error);
   EXPECT_THROW(kernels::DropRate(-0.1f), Error);
+}
+
+// The AVX-512 bodies keep exactly the elements the portable loops keep: rows of odd widths (the
+// vector tails), and attention tiles in both orientations.
+TEST(DropoutMask, VectorAndPortableBodiesKeepTheSameElements) {
+  if (isa_detected() != Isa::kAvx512) GTEST_SKIP() << "no AVX-512 here";
+  const kernels::DropRate rate(0.3f);
+  auto run = [&](Isa isa) {
+    isa_force(isa);
+    std::vector<float> out;
+    for (int C : {1, 7, 8, 13, 64}) {
+      std::vector<float> x(9 * static_cast<size_t>(C));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = 0.5f + static_cast<float>(i);
+      kernels::dropout_rows(x.data(), 9, C, 4242, rate, 3, 5, 4);
+      out.insert(out.end(), x.begin(), x.end());
+    }
+    for (bool keys_major : {false, true}) {
+      std::vector<float> t(64 * 64);
+      for (size_t i = 0; i < t.size(); ++i) t[i] = 1.0f + static_cast<float>(i % 97);
+      kernels::dropout_tile(t.data(), 64, keys_major, 61, 37, 99, rate, 2, 128, 64);
+      out.insert(out.end(), t.begin(), t.end());
+    }
+    isa_force(isa_detected());
+    return out;
+  };
+  const std::vector<float> vec = run(Isa::kAvx512), portable = run(Isa::kPortable);
+  ASSERT_EQ(vec.size(), portable.size());
+  for (size_t i = 0; i < vec.size(); ++i) ASSERT_EQ(vec[i], portable[i]) << i;
 }
 
 }  // namespace
