@@ -20,6 +20,7 @@
 #include "base/timer.h"
 #include "io/aio.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/dropout.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 #include "models/transformer.h"
@@ -526,7 +527,7 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
   {
     const int C = 768;
     const std::vector<int> rows = options.quick ? std::vector<int>{16, 256} : std::vector<int>{64, 1024, 4096, 16384};
-    std::vector<CalPoint> lnf, lnb, rmf, rmb, gb, swf, swb, add, adam16;
+    std::vector<CalPoint> lnf, lnb, rmf, rmb, gb, swf, swb, add, adam16, drop;
     for (int N : rows) {
       const size_t n = static_cast<size_t>(N) * C;
       std::vector<float> x(2 * n, 0.25f), y(2 * n), dy(2 * n, 1e-3f), dx(2 * n), w(C, 1.0f), b(C), dw(C), db(C), mean(N),
@@ -557,6 +558,10 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
       swb.push_back({"swiglu backward" + at, e, time_calls([&] { kernels::swiglu_backward(dx.data(), dy.data(), x.data(), N, C); },
                                                             budget, 3, nullptr)});
       add.push_back({"add" + at, e, time_calls([&] { kernels::add_inplace(y.data(), x.data(), n); }, budget, 3, nullptr)});
+      // Dropout's mask made and applied in place (kernels/cpu/dropout.h), by elements.
+      const kernels::DropRate rate(0.1f);
+      drop.push_back({"dropout" + at, e, time_calls([&] { kernels::dropout_rows(y.data(), static_cast<size_t>(N), C, 7, rate, 0, 0, 1024); },
+                                                    budget, 3, nullptr)});
       kernels::AdamWParams p;
       adam16.push_back({"adamw_update bf16 copy" + at, e, time_calls([&] {
                           kernels::adamw_update(y.data(), dy.data(), m.data(), v.data(), lowp.data(), DType::kBF16, n, p);
@@ -571,6 +576,7 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
     add_family(cal, "swiglu backward", swb, false);
     add_family(cal, "add", add, false);
     add_family(cal, "adamw bf16", adam16, false);
+    add_family(cal, "dropout", drop, false);
   }
 }
 

@@ -98,6 +98,23 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
       elem_bwd += mem * ((e + 4) * N * d.QKV + (4 + e) * N * d.A);
     }
   }
+  // Dropout (models/block.cpp): the mask made and applied on each residual branch's rows (resid_pdrop)
+  // and on the attention probabilities of this rank's heads (attn_pdrop, the causal half of each
+  // T x T) in the forward; in the backward the branches' gradients copied and masked, and the
+  // probabilities' gradient and the probabilities masked again. At the calibrated "dropout" line by
+  // elements (a calibration without it: 8 bytes an element at the memory rate).
+  auto dropout = [&cal, mem](double elements) {
+    return cal.fits.count("dropout") ? cal.seconds("dropout", elements) : mem * 8 * elements;
+  };
+  const double probs = static_cast<double>(d.B) * d.NH * d.T * (d.T + 1) / 2.0;
+  if (s.model.resid_pdrop > 0) {
+    elem_fwd += 2 * dropout(Nl * C);
+    elem_bwd += 2 * dropout(Nl * C) + mem * 2 * 8 * Nl * C;
+  }
+  if (s.model.attn_pdrop > 0) {
+    elem_fwd += dropout(probs);
+    elem_bwd += 2 * dropout(probs);
+  }
   // Sequence parallelism keeps the norms' outputs as this rank's rows (Block::forward), saved in the
   // compute dtype; the forward and the backward gather that copy as it is, so no pass is added.
   // The block's kernels as a step runs them: the calibration's in-situ factor for the architecture
@@ -119,8 +136,9 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   const size_t U = static_cast<size_t>(s.model.n_layer) + 2;
   c.forward.assign(U, block_fwd);
   c.backward.assign(U, block_bwd);
-  c.forward.front() = emb;
-  c.backward.front() = emb;
+  const double emb_drop = s.model.embd_pdrop > 0 ? dropout(Nl * C) : 0.0;  // the embeddings' sum, and its gradient
+  c.forward.front() = emb + emb_drop;
+  c.backward.front() = emb + emb_drop;
   c.forward.back() = mem * (4 + e) * Nl * C + head + loss;  // the final norm's rows cast (then gathered)
   c.backward.back() = mem * 2 * (4 + e) * N * C;
   c.head_backward = gemm_backward(cal, cd, N, C, V) + loss;

@@ -12,6 +12,10 @@
 //                pre-activation rounded, then copied back to f32 in the backward, and the
 //                attention output's copy made again there) and the loss at the memory rate (a calibration
 //                without those families: every byte at the memory rate, the backward twice)
+//   dropout      (a model with embd_pdrop, resid_pdrop or attn_pdrop) the masks at the calibrated
+//                "dropout" line by elements: each residual branch's rows forward and again on their
+//                gradient (and its copy) backward, the causal half of each head's T x T probabilities
+//                once forward and twice backward, the embeddings' sum both ways
 //   in situ      a block's forward and backward scaled by the calibration's in-situ factors
 //                (a real block of the architecture and dtype timed against this sum; 1 if absent)
 //   optimizer    the calibrated AdamW rate by elements of this rank's shard (the variant writing

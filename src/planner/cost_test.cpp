@@ -187,6 +187,31 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
 // offload_optimizer nvme: the update of n elements in k sub-groups of g, the first read, update and
 // write in a row, then k - 1 steps of the slower of the update and the disk's 16 g bytes at the
 // mixed rate.
+// Dropout's passes at the calibrated "dropout" line by elements (models/block.cpp): each residual
+// branch's N·C rows forward, their gradient masked again and copied (16 bytes an element at the
+// memory rate) backward; the attention probabilities' causal half, B·NH·T(T+1)/2, once forward and
+// twice backward; the embeddings' sum both ways. Without the line: 8 bytes an element.
+TEST(CostModel, DropoutPassesAreTheMasksAtTheCalibratedRate) {
+  StepShape s = tiny(models::Arch::kGpt2);
+  Calibration cal = synthetic();
+  cal.fits["memory"] = {0.0, 1e-11};
+  const ZeroStepCosts plain = zero_step_costs(s, cal);
+  cal.fits["dropout"] = {0.0, 7e-10};
+  EXPECT_EQ(zero_step_costs(s, cal).forward[1], plain.forward[1]);  // no dropout asked: no pass
+  s.model.embd_pdrop = 0.1f;
+  s.model.resid_pdrop = 0.1f;
+  s.model.attn_pdrop = 0.1f;
+  const double NC = 16 * 64, probs = 2 * 4 * (8 * 9 / 2);
+  ZeroStepCosts c = zero_step_costs(s, cal);
+  EXPECT_NEAR(c.forward[1] - plain.forward[1], 7e-10 * (2 * NC + probs), 1e-15);
+  EXPECT_NEAR(c.backward[1] - plain.backward[1], 7e-10 * (2 * NC + 2 * probs) + 1e-11 * 16 * NC, 1e-15);
+  EXPECT_NEAR(c.forward[0] - plain.forward[0], 7e-10 * NC, 1e-15);
+  EXPECT_NEAR(c.backward[0] - plain.backward[0], 7e-10 * NC, 1e-15);
+  cal.fits.erase("dropout");
+  c = zero_step_costs(s, cal);
+  EXPECT_NEAR(c.forward[1] - plain.forward[1], 1e-11 * 8 * (2 * NC + probs), 1e-15);
+}
+
 TEST(CostModel, TheOptimizersSwapPipelinesItsSubGroupsThroughTheDisk) {
   Calibration cal = synthetic();  // AdamW 1e-9 s an element
   StepShape s = tiny(models::Arch::kGpt2);
