@@ -205,15 +205,15 @@ TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
   for (const char* family : {"gemm f32", "gemm bf16", "gemm backward f32", "gemm backward bf16", "attention forward",
                              "attention backward", "memory", "adamw", "layernorm forward", "layernorm backward",
                              "rmsnorm forward", "rmsnorm backward", "gelu backward", "swiglu forward", "swiglu backward",
-                             "add", "adamw bf16", "copy", "zero", "convert", "gemm compute f32", "gemm compute bf16", "gemm backward compute f32",
+                             "add", "adamw bf16", "dropout", "copy", "zero", "convert", "gemm compute f32", "gemm compute bf16", "gemm backward compute f32",
                              "gemm backward compute bf16"}) {
     ASSERT_TRUE(cal.fits.count(family)) << family;
     EXPECT_GT(cal.fits.at(family).per_unit, 0.0) << family;
     EXPECT_GE(cal.fits.at(family).latency, 0.0) << family;
   }
   // quick: 3 GEMM shapes x 2 dtypes x 2 directions, 2 attention x 2, 3 x (memory, adamw, copy, zero,
-  // convert), the blocks' 9 elementwise x 2
-  EXPECT_EQ(cal.points.size(), 57u);  // + a block of 2 architectures x 2 dtypes, forward and backward
+  // convert), the blocks' 10 elementwise (dropout's mask among them) x 2
+  EXPECT_EQ(cal.points.size(), 59u);  // + a block of 2 architectures x 2 dtypes, forward and backward
   for (const CalPoint& p : cal.points) EXPECT_GT(p.seconds, 0.0) << p.what;
   EXPECT_GT(cal.speed_probe_s, 0.0);
   EXPECT_EQ(cal.exchange_probe_s, 0.0);  // no exchange to probe
