@@ -101,6 +101,11 @@ void run_device_bench(const BenchArgs& args) {
   opts.compute_dtype = dtype_from_name(args.dtype);
   opts.recompute = args.recompute;
   models::TransformerLM model(cfg, opts);
+  // The CPU bench trains the config's dropout; the CUDA model has none, so timing it would time
+  // another model.
+  MT_CHECK(!model.has_dropout(), ErrorKind::kNotSupported,
+           args.config + ": dropout (embd_pdrop, resid_pdrop, attn_pdrop / attention_dropout) is not supported on the "
+                         "CUDA backend; set them to 0 in the config to time it there");
   model.prepare(args.batch, args.seq);
   auto dev = models::make_cuda_lm(model);
   int N = args.batch * args.seq;

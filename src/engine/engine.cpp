@@ -214,6 +214,10 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     if (z.stage >= 1 && world() == 1)
       log_info("zero_optimization.stage " + std::to_string(z.stage) +
                " on one GPU: the partition over one rank is the whole model (stage 0's arithmetic)");
+    // The CUDA model has no dropout (ds_config_check_trainable refuses it by key for the CLI).
+    MT_CHECK(!model.has_dropout(), ErrorKind::kNotSupported,
+             "device \"cuda\": the model's dropout (embd_pdrop, resid_pdrop, attn_pdrop / attention_dropout) is not "
+             "supported on the CUDA backend; set them to 0 or train on the CPU");
     const int gpu = models::cuda_select_device();
     device_ = models::make_cuda_lm(model);
     log_info("device: " + device_->device_name() + (world() > 1 ? " (GPU " + std::to_string(gpu) + ")" : ""));
