@@ -99,6 +99,22 @@ TEST(Calibrate, AnUnwritableOutputIsRefusedBeforeMeasuring) {
   EXPECT_FALSE(std::filesystem::exists(dir() + "/no-such-dir"));
 }
 
+// The writability probe uses a name of its own: a file of the user's beside the output, named as
+// the atomic write's temporary (OUT.tmp), is untouched by a calibration that fails (here at the
+// disk probe, after the kernels: --io names a file). The probe wrote and removed OUT.tmp before.
+TEST(Calibrate, TheOutputProbeLeavesTheUsersFilesAlone) {
+  const std::string cal = dir() + "/probe-cal.json";
+  { std::ofstream(cal + ".tmp") << "mine"; }
+  { std::ofstream(dir() + "/probe-io-file") << "x"; }
+  std::string out, err;
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --quick --force --io " + dir() + "/probe-io-file -o " + cal, &out, &err), 1)
+      << out;
+  EXPECT_NE(err.find("probe-io-file"), std::string::npos) << err;
+  EXPECT_EQ(mt::cli::testing::slurp(cal + ".tmp"), "mine") << err;
+  for (const auto& e : std::filesystem::directory_iterator(dir()))
+    EXPECT_EQ(e.path().filename().string().find("probe-cal.json.probe-"), std::string::npos) << e.path();
+}
+
 TEST(Calibrate, TwoRanksTimeEveryCollective) {
   const nlohmann::json j = calibrate_ranks(2);
   ASSERT_FALSE(HasFailure());

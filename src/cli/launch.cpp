@@ -62,6 +62,7 @@ std::string read_text(const std::string& path) {
 // launcher was started ignoring (nohup's SIGHUP) stays ignored.
 volatile std::sig_atomic_t g_child = 0;
 volatile std::sig_atomic_t g_first_signal = 0;
+volatile std::sig_atomic_t g_killed = 0;  // mpirun was sent SIGTERM: it ends the ranks itself
 
 void forward_signal(int sig) {
   if (g_child <= 0) return;
@@ -70,6 +71,7 @@ void forward_signal(int sig) {
     ::kill(static_cast<pid_t>(g_child), sig == SIGINT ? SIGUSR2 : SIGUSR1);
   } else {
     if (g_first_signal == 0) g_first_signal = SIGTERM;
+    g_killed = 1;
     ::kill(static_cast<pid_t>(g_child), SIGTERM);
   }
 }
@@ -131,8 +133,9 @@ int run_process(const std::vector<std::string>& argv) {
            "launch: cannot run " + argv[0] + ": " + std::strerror(err) + " (is OpenMPI installed?)");
   int rc = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
   // The ranks' own status stands (143 or 130 after their stop and save; 1 or 2 when the save
-  // failed). mpirun says 1 when it ended them itself (a second signal): then 128 + the signal.
-  if (rc == 1 && g_first_signal != 0) rc = 128 + g_first_signal;
+  // failed). mpirun says 1 when it ended them itself (sent SIGTERM: a second signal, SIGQUIT): then
+  // 128 + the signal.
+  if (rc == 1 && g_killed != 0) rc = 128 + g_first_signal;
   return rc;
 }
 

@@ -578,6 +578,25 @@ TEST(Launch, ASignalToTheLauncherStopsEveryRankAfterItsSave) {
   }
 }
 
+// A stop whose save fails is not reported as a clean stop: the ranks exit 1 (the save_dir became
+// a file under them), and the launcher says 1, where it rewrote any 1 after a signal to 143.
+TEST(Launch, AFailedSaveAfterASignalKeepsTheRanksStatus) {
+  const std::string name = "launch-term-fail";
+  std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}});
+  std::string out = dir() + "/" + name + ".out", err = dir() + "/" + name + ".err";
+  pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out, err);
+  ASSERT_TRUE(wait_for(out, "step 2/")) << slurp(err);
+  fs::remove_all(save_dir(name));
+  std::ofstream(save_dir(name)) << "not a directory";
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << slurp(err);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << slurp(err);
+  EXPECT_NE(slurp(err).find(save_dir(name)), std::string::npos) << slurp(err);
+  EXPECT_TRUE(processes_with(cfg).empty());
+}
+
 TEST(Launch, ZeroRanksIsRefused) {
   std::string err;
   EXPECT_EQ(run("launch -n 0 -- train " + config("n0"), &err), 2);  // was: ran one rank

@@ -225,6 +225,20 @@ TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   EXPECT_NE(error_of(j).find("data_types.grad_accum_dtype: \"bf16\" is not supported"), std::string::npos) << error_of(j);
   j["data_types"]["grad_accum_dtype"] = "fp32";
   EXPECT_EQ(error_of(j), "");
+  // Real DeepSpeed and torch arguments that change nothing here are taken (the unknown-key refusal
+  // above first refused them): DeepSpeedCPUAdam's fp32_optimizer_states true, the fused kernels'
+  // switch of AdamW and SGD, and grad_accum_dtype spelled "float" or "float32".
+  for (const char* t : {"float", "float32"}) {
+    j["data_types"]["grad_accum_dtype"] = t;
+    EXPECT_EQ(error_of(j), "") << t;
+  }
+  j = base();
+  j["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"fp32_optimizer_states", true}, {"fused", true}}}};
+  EXPECT_EQ(error_of(j), "");
+  j["optimizer"]["params"]["fp32_optimizer_states"] = false;
+  EXPECT_NE(error_of(j).find("fp32_optimizer_states"), std::string::npos) << error_of(j);
+  j["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.1}, {"momentum", 0.9}, {"fused", false}, {"foreach", true}}}};
+  EXPECT_EQ(error_of(j), "");
   // Dropout trains on the CPU runtime (GoldenDropout, DropoutLayouts); the CUDA backend and the
   // sparse attention kernels have none, so there a non-zero probability is refused by key. GPT-2's
   // attention-scaling switches, which were ignored, are refused too.
