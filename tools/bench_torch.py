@@ -4,7 +4,7 @@
 Usage (Debian's python3-torch; only /usr/bin/python3 has torch):
 
     /usr/bin/python3 tools/bench_torch.py CONFIG [--batch 4] [--seq 256] [--dtype fp32|bf16]
-        [--threads 2] [--steps 5] [--warmup 2] [--json]
+        [--threads 2] [--steps 5] [--warmup 2] [--json] [--dropout]
 
 CONFIG is a Hugging Face config.json (model_type 'gpt2' or 'llama'); the model comes from
 tools/torch_models.py (Hugging Face layouts, plain matmul/masked_fill/softmax attention, as a
@@ -43,6 +43,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--dropout", action="store_true",
+                    help="train with the config's dropout keys (embd_pdrop, resid_pdrop, attn_pdrop / "
+                         "attention_dropout) through torch's own F.dropout, where Hugging Face applies them")
     args = ap.parse_args()
     if args.batch < 1 or args.seq < 1 or args.threads < 1 or args.steps < 1 or args.warmup < 0:
         ap.error("need --batch, --seq, --threads, --steps >= 1 and --warmup >= 0")
@@ -57,6 +60,8 @@ def main() -> int:
     model = tm.build_model(cfg).float()
     tm.init_hf(model)
     model.train()
+    if args.dropout:
+        tm.DROPOUT = tm.TorchDropout()
     vocab = cfg["vocab_size"]
     tokens = torch.randint(0, vocab, (args.batch, args.seq))
     targets = torch.randint(0, vocab, (args.batch, args.seq))

@@ -103,8 +103,18 @@ class DropoutMasks:
         return w * torch.from_numpy(m)
 
 
+class TorchDropout:
+    """PyTorch's own dropout (its generator) at the same places: the peer benchmark's."""
+
+    def rows(self, x: torch.Tensor, layer: int, site: int, p: float) -> torch.Tensor:
+        return F.dropout(x, p, training=True) if p > 0 else x
+
+    def probs(self, w: torch.Tensor, layer: int, p: float) -> torch.Tensor:
+        return F.dropout(w, p, training=True) if p > 0 else w
+
+
 # The masks of the forward being run (None: no dropout, as evaluation).
-DROPOUT: DropoutMasks | None = None
+DROPOUT: DropoutMasks | TorchDropout | None = None
 
 
 # ----------------------------------------------------------------------------------------------
