@@ -63,6 +63,7 @@ planner::Calibration load_calibration(const std::string& path, const std::string
   cal.speed_probe_s = j.value("speed_probe_s", 0.0);
   cal.exchange_probe_s = j.value("exchange_probe_s", 0.0);
   cal.process_bytes = j.value("process_bytes", size_t{0});
+  cal.cache_bytes = j.value("cache_bytes", size_t{0});
   if (j.contains("exchange_probes_s")) cal.exchange_probes = j["exchange_probes_s"].get<std::vector<double>>();
   if (j.contains("speed_probes_s")) cal.speed_probes = j["speed_probes_s"].get<std::vector<double>>();
   for (const auto& [family, f] : j["fits"].items()) {

@@ -9,6 +9,7 @@
 #include <thread>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -182,6 +183,30 @@ namespace {
 // Seconds per call of f, timed for at least `budget` seconds and `min_calls` calls after one
 // untimed call (none without warm_up). With a group, every rank runs the same calls and takes the
 // slowest rank's time.
+// The last-level cache's size (the largest level in sysfs; 0 where not told).
+size_t last_level_cache_bytes() {
+  size_t best = 0;
+  int best_level = 0;
+  for (int i = 0; i < 8; ++i) {
+    const std::string base = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream lv(base + "level"), sz(base + "size");
+    int level = 0;
+    std::string size;
+    if (!(lv >> level) || !(sz >> size) || size.empty()) continue;
+    size_t v = 0;
+    try {
+      v = std::stoull(size);
+    } catch (...) {
+      continue;
+    }
+    const char unit = size.back();
+    if (unit == 'K') v <<= 10;
+    if (unit == 'M') v <<= 20;
+    if (level > best_level) best_level = level, best = v;
+  }
+  return best;
+}
+
 template <typename F>
 double time_calls(F&& f, double budget, int min_calls, comm::Backend* group, bool warm_up = true) {
   if (warm_up) f();
@@ -518,6 +543,28 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
     add_family(cal, "copy", copy, false);
     add_family(cal, "zero", zero, false);
     add_family(cal, "convert", conv, false);
+  }
+  // The same passes hot: a buffer that fits in the last-level cache, passed over again and again
+  // (a ZeRO step on one rank zeroes a unit's gradient slab, accumulates the weight gradients into
+  // it and copies and sums it, and a slab within the cache stays there: PLANNER's eighth
+  // validation measured ZeRO 2's extra passes free against ZeRO 0). At an eighth and a quarter of
+  // the cache.
+  cal.cache_bytes = last_level_cache_bytes();
+  if (cal.cache_bytes > 0) {
+    std::vector<CalPoint> copy, zero, add;
+    for (size_t bytes : {cal.cache_bytes / 8, cal.cache_bytes / 4}) {
+      const size_t n = bytes / 4;
+      std::vector<float> a(n, 0.5f), b(n, 0.25f);
+      const double e = static_cast<double>(n);
+      copy.push_back({"copy_bytes hot " + std::to_string(n), 8.0 * e,
+                      time_calls([&] { copy_bytes(b.data(), a.data(), 4 * n); }, budget, 3, nullptr)});
+      zero.push_back({"zero_bytes hot " + std::to_string(n), 4.0 * e,
+                      time_calls([&] { zero_bytes(b.data(), 4 * n); }, budget, 3, nullptr)});
+      add.push_back({"add hot " + std::to_string(n), e, time_calls([&] { kernels::add_inplace(b.data(), a.data(), n); }, budget, 3, nullptr)});
+    }
+    add_family(cal, "copy hot", copy, false);
+    add_family(cal, "zero hot", zero, false);
+    add_family(cal, "add hot", add, false);
   }
   add_gemm_compute_fits(cal, gemm_timings);
   // The blocks' own elementwise kernels, by elements of their input (rows x width): the norms

@@ -98,6 +98,10 @@ struct Calibration {
   // buffers. A rank's predicted process peak is this plus StageEstimate::mapped, mpi and
   // gemm_scratch (DESIGN-NOTES 58, 59); oneDNN's scratchpad region is not in it.
   size_t process_bytes = 0;
+  // The last-level cache (sysfs; 0: not told), and the "copy hot", "zero hot" and "add hot" lines
+  // timed on buffers within it: a one-rank ZeRO step's gradient slab that fits stays there
+  // (ZeroStepCosts::cache_bytes).
+  size_t cache_bytes = 0;
   // The collectives' measured (bytes, seconds), by size: MPI's algorithms change with the message
   // size (OpenMPI's reduce_scatter here: 3.85 GB/s at 1 MiB, 0.12 at 16 MiB), so no one line holds.
   // seconds() interpolates them piecewise-linearly, past the largest at its rate, below the

@@ -212,8 +212,14 @@ TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
     EXPECT_GE(cal.fits.at(family).latency, 0.0) << family;
   }
   // quick: 3 GEMM shapes x 2 dtypes x 2 directions, 2 attention x 2, 3 x (memory, adamw, copy, zero,
-  // convert), the blocks' 10 elementwise (dropout's mask among them) x 2
-  EXPECT_EQ(cal.points.size(), 59u);  // + a block of 2 architectures x 2 dtypes, forward and backward
+  // convert), the blocks' 10 elementwise (dropout's mask among them) x 2, and where the machine
+  // tells its last-level cache, 2 x (copy, zero, add) hot within it
+  EXPECT_EQ(cal.points.size(), cal.cache_bytes > 0 ? 65u : 59u);
+  if (cal.cache_bytes > 0)
+    for (const char* family : {"copy hot", "zero hot", "add hot"}) {
+      ASSERT_TRUE(cal.fits.count(family)) << family;
+      EXPECT_GT(cal.fits.at(family).per_unit, 0.0) << family;
+    }  // + a block of 2 architectures x 2 dtypes, forward and backward
   for (const CalPoint& p : cal.points) EXPECT_GT(p.seconds, 0.0) << p.what;
   EXPECT_GT(cal.speed_probe_s, 0.0);
   EXPECT_EQ(cal.exchange_probe_s, 0.0);  // no exchange to probe

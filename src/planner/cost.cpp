@@ -178,6 +178,18 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   c.zero_per_byte = rate("zero");
   c.convert_per_byte = rate("convert");
   c.sum_per_element = rate("add");
+  // One rank's slab passes in the cache (ZeroStepCosts::cache_bytes): this process's share of the
+  // last-level cache, which its tp group shares.
+  if (s.world == 1 && cal.cache_bytes > 0 && cal.fits.count("copy hot") && cal.fits.count("zero hot") && cal.fits.count("add hot")) {
+    c.cache_bytes = static_cast<double>(cal.cache_bytes) / s.tp;
+    c.hot_copy_per_byte = rate("copy hot");
+    c.hot_zero_per_byte = rate("zero hot");
+    c.hot_sum_per_element = rate("add hot");
+    // The blocks' weight gradients (this rank's matrices) accumulated in a hot slab.
+    const double weights = C * d.QKV + d.A * C + C * d.H + d.G * C;
+    c.hot_backward_saving.assign(U, 0.0);
+    for (size_t u = 1; u + 1 < U; ++u) c.hot_backward_saving[u] = std::max(0.0, 8 * weights * (mem - c.hot_copy_per_byte));
+  }
   // The update (writing the compute-dtype copy where calibrated so), and the step's other passes
   // over the shard: the gradient norm reads it and zero_grad writes it.
   const char* update = e < 4 && s.zero_stage == 0 && cal.fits.count("adamw bf16") ? "adamw bf16" : "adamw";

@@ -60,7 +60,9 @@ class ZeroEmitter : private parallel::ZeroEffects {
       optimizer_thread();
       schedule_.refresh();
     }
+    begun_.assign(spec_.units.size(), -1);
     for (int m = 0; m < spec_.micro_batches; ++m) {
+      micro_ = m;
       schedule_.set_last_micro_batch(m + 1 == spec_.micro_batches);
       for (size_t u = 0; u <= last; ++u) {
         schedule_.on_hook(u, true, true);
@@ -73,7 +75,10 @@ class ZeroEmitter : private parallel::ZeroEffects {
       schedule_.on_hook(head, false, false);
       for (size_t u = last + 1; u-- > 0;) {
         schedule_.on_hook(u, true, false);
-        emit_pass(ops_, next_tag_, costs_.backward[u], tp_of(costs_.tp_backward, u), "backward " + spec_.units[u].name);
+        // A slab zeroed at this hook within the cache: the weight gradients accumulate there.
+        const bool fresh = begun_.size() == spec_.units.size() && begun_[u] == m && hot(u) && u < costs_.hot_backward_saving.size();
+        emit_pass(ops_, next_tag_, costs_.backward[u] - (fresh ? costs_.hot_backward_saving[u] : 0.0),
+                  tp_of(costs_.tp_backward, u), "backward " + spec_.units[u].name);
         schedule_.on_hook(u, false, false);
       }
       schedule_.finish_backward();
@@ -232,11 +237,19 @@ class ZeroEmitter : private parallel::ZeroEffects {
     gather_[u] = other_[u] = -1;
   }
   void free_view(size_t) override {}
+  // One rank's slab within its share of the cache (ZeroStepCosts::cache_bytes): its passes hot.
+  bool hot(size_t u) const {
+    return spec_.world == 1 && !spec_.param_nvme && costs_.cache_bytes > 0 && padded_bytes(u) <= costs_.cache_bytes;
+  }
   void begin_grad_slab(size_t u) override {
-    compute(costs_.zero_seconds(padded_bytes(u)), "zero grads " + spec_.units[u].name);
+    if (begun_.size() == spec_.units.size()) begun_[u] = micro_;
+    const double b = padded_bytes(u);
+    compute(hot(u) ? costs_.hot_zero_per_byte * b : costs_.zero_seconds(b), "zero grads " + spec_.units[u].name);
   }
   void launch_reduce(size_t u) override {
-    reduce_.push_back(collective(costs_.reduce_scatter(piece_bytes(u)), "reduce_scatter " + spec_.units[u].name));
+    const double b = piece_bytes(u);  // one rank: the reduction is a copy (read and written)
+    reduce_.push_back(collective(hot(u) ? costs_.hot_copy_per_byte * 2.0 * b : costs_.reduce_scatter(b),
+                                 "reduce_scatter " + spec_.units[u].name));
   }
   void complete_reduce(size_t u, bool) override {
     wait(reduce_.front(), "reduce_scatter " + spec_.units[u].name);
@@ -258,7 +271,8 @@ class ZeroEmitter : private parallel::ZeroEffects {
       return;
     }
     // The sum into the shard reads two pieces and writes one.
-    compute(costs_.sum_seconds(piece_bytes(u)), "sum grads " + spec_.units[u].name);
+    compute(hot(u) ? costs_.hot_sum_per_element * piece_bytes(u) / 4.0 : costs_.sum_seconds(piece_bytes(u)),
+            "sum grads " + spec_.units[u].name);
   }
 
   const ZeroStepSpec& spec_;
@@ -266,6 +280,8 @@ class ZeroEmitter : private parallel::ZeroEffects {
   std::vector<int> gather_;  // per unit: the gather in flight, or -1
   std::vector<int> other_;   // per unit: image(u)'s f32 gather in flight, or -1
   std::vector<int> reduce_;  // reductions in flight, oldest first
+  std::vector<int> begun_;   // per unit: the micro-batch whose hooks last zeroed its slab (-1: construction)
+  int micro_ = -1;
   // offload_param nvme
   std::vector<int> unit_ready_;     // per unit: the optimizer thread's tag after which its piece is written
   int optimizer_end_ = -1;

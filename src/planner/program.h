@@ -105,6 +105,17 @@ struct ZeroStepCosts {
   double sum_seconds(double f32_bytes) const {
     return sum_per_element > 0 ? sum_per_element * f32_bytes / 4.0 : memory_per_byte * 3.0 * f32_bytes;
   }
+  // One data-parallel rank (ZeroRuntime's local gathers and reductions): a unit's gradient slab of
+  // at most cache_bytes stays in the last-level cache from its zeroing through the weight
+  // gradients' accumulation to its reduction, so its zeroing, its reduction's copy and the sum into
+  // the shard run at the calibration's hot lines ("zero hot", "copy hot", "add hot"); 0: never.
+  double cache_bytes = 0.0;
+  double hot_copy_per_byte = 0.0, hot_zero_per_byte = 0.0, hot_sum_per_element = 0.0;
+  // Per unit, what its backward saves when its slab was zeroed just before it in the cache (stage 2
+  // and 3 zero each unit's slab at its pre-backward hook): the weight-gradient GEMMs read and write
+  // their f32 accumulation (8 bytes a weight) at the hot copy's rate instead of the memory rate
+  // that the backward's time (Calibration::gemm_backward_seconds) assumes. Empty: none.
+  std::vector<double> hot_backward_saving;
   double optimizer_per_element = 0.0;     // the update over this rank's shard
   // The update of n elements where it is not n x optimizer_per_element (offload_optimizer nvme: the
   // moments' swap, planner/cost.h); null: that product.

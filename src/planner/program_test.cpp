@@ -181,6 +181,40 @@ TEST(ZeroProgram, ConversionsZeroingAndSumsRunAtTheirOwnRates) {
   EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 4 * 1e-5 * 4000 + 4 * 1e-1 * 500);
 }
 
+// One rank, stage 2: each unit's slab (4000 bytes) is zeroed, copied by its local reduction (4000
+// bytes read and written) and summed into the shard (1000 elements), 4 times (the head's unit
+// twice). Within the cache the three passes run at the hot lines; a cache smaller than the slab
+// leaves them at the cold ones.
+TEST(ZeroProgram, OneRanksSlabPassesRunHotWhenTheSlabFitsTheCache) {
+  ZeroStepSpec s = three_units(2, false);
+  s.world = 1;
+  ZeroStepCosts c = costs(0, 0, 0, 0);
+  c.all_gather = [](double) { return 0.0; };                          // the refresh's, free here
+  c.reduce_scatter = [](double bytes) { return 1e-6 * 2 * bytes; };  // one rank: a copy at the cold rate
+  c.zero_per_byte = 1e-5;
+  c.sum_per_element = 1e-4;
+  const double cold = 4 * (1e-5 * 4000 + 1e-6 * 2 * 4000 + 1e-4 * 1000);
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, cold);
+  c.hot_zero_per_byte = 1e-7;
+  c.hot_copy_per_byte = 1e-8;
+  c.hot_sum_per_element = 1e-6;
+  c.cache_bytes = 4000;
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 4 * (1e-7 * 4000 + 1e-8 * 2 * 4000 + 1e-6 * 1000));
+  c.cache_bytes = 3999;
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, cold);
+  // The weight gradients accumulated in a slab zeroed at the unit's hook within the cache: each
+  // backward (1 s) saves what the costs say (0.25 s); a slab too large for the cache saves nothing.
+  c.backward.assign(3, 1.0);
+  c.hot_backward_saving.assign(3, 0.25);
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, cold + 3 * 1.0);
+  c.cache_bytes = 4000;
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan,
+                   3 * 0.75 + 4 * (1e-7 * 4000 + 1e-8 * 2 * 4000 + 1e-6 * 1000));
+  // Stage 1 keeps every slab from construction (not zeroed at the hooks): no saving.
+  s.schedule.stage = 1;
+  EXPECT_GT(simulate(zero_step_program(s, c)).makespan, 3 * 1.0);
+}
+
 // Units that are mostly GEMM weights (900 of 1000, 500 a rank) gather in the compute dtype
 // (parallel::gathers_in_compute_dtype): each of the 7 gathers converts the rank's piece (2000 bytes
 // of f32) into its place in the view, gathers it in bf16 (1000 bytes a rank), gathers the 100
