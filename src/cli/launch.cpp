@@ -95,7 +95,7 @@ int run_process(const std::vector<std::string>& argv) {
   ::sigprocmask(SIG_BLOCK, &stops, &before);
   struct sigaction sa {};
   sa.sa_handler = forward_signal;
-  sigemptyset(&sa.sa_mask);
+  sa.sa_mask = stops;  // one handler at a time: two signals at once cannot both pass as the first
   sa.sa_flags = 0;  // no SA_RESTART: waitpid returns EINTR and is called again
   for (int sig : kForwarded) {
     struct sigaction now {};

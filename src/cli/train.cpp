@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <ctime>
 
 #include <charconv>
 #include <cmath>
@@ -57,18 +58,27 @@ struct TrainArgs {
 };
 
 // SIGTERM / SIGINT: the first asks the run to stop after the current step (and save); a second
-// one ends the process at once with the default action.
+// one a second or more later ends the process at once with the default action. One within the
+// second is the same request arriving twice: a scheduler (Slurm's scancel or time limit, a
+// systemd stop) signals every process of the job, so a rank under `launch` gets the SIGTERM itself
+// and mpirun's forwarded SIGUSR1 together, and taking the second as "end now" lost the save.
 volatile std::sig_atomic_t g_stop_signal = 0;
+timespec g_stop_at{};
 
 // SIGUSR1 and SIGUSR2 are `launch`'s SIGTERM and SIGINT: mpirun passes them to every rank and
 // lets the job run on, where its own SIGTERM/SIGINT kill the ranks about a second later, in the
 // middle of the stop's save (DESIGN-NOTES 77). SIGHUP (a closed terminal) stops as SIGTERM does.
 void on_stop_signal(int sig) {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
   if (g_stop_signal != 0) {
+    const double since = static_cast<double>(now.tv_sec - g_stop_at.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec - g_stop_at.tv_nsec);
+    if (since < 1.0) return;  // the same request, from another sender
     std::signal(sig, SIG_DFL);
     std::raise(sig);
     return;
   }
+  g_stop_at = now;
   g_stop_signal = sig == SIGUSR1 ? SIGTERM : sig == SIGUSR2 ? SIGINT : sig;
 }
 
@@ -76,6 +86,7 @@ void install_stop_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&sa.sa_mask, sig);  // one at a time
   sa.sa_flags = 0;
   for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) {
     struct sigaction now {};

@@ -77,7 +77,7 @@ class ZeroEmitter : private parallel::ZeroEffects {
         schedule_.on_hook(u, true, false);
         // A slab zeroed at this hook within the cache: the weight gradients accumulate there.
         const bool fresh = begun_.size() == spec_.units.size() && begun_[u] == m && hot(u) && u < costs_.hot_backward_saving.size();
-        emit_pass(ops_, next_tag_, costs_.backward[u] - (fresh ? costs_.hot_backward_saving[u] : 0.0),
+        emit_pass(ops_, next_tag_, std::max(0.0, costs_.backward[u] - (fresh ? costs_.hot_backward_saving[u] : 0.0)),
                   tp_of(costs_.tp_backward, u), "backward " + spec_.units[u].name);
         schedule_.on_hook(u, false, false);
       }
