@@ -476,18 +476,27 @@ pid_t slow_saving_run(const std::string& name, std::string* err) {
   return 0;
 }
 
+// A run with 3 s saves (slow_saving_run) sent `first`, then `second` delay_ms later; its wait
+// status (-1: it never finished a step; err then holds its stderr, else the stderr at its end).
+int two_signals(const std::string& name, int first, int delay_ms, int second, std::string* err) {
+  const pid_t pid = slow_saving_run(name, err);
+  if (pid <= 0) return -1;
+  kill(pid, first);
+  std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+  kill(pid, second);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  *err = slurp(dir() + "/" + name + ".err");
+  return status;
+}
+
 // A second signal a second or more after the first ends the run at once, here in the middle of the
 // first one's save (3 s through the seam).
 TEST(Signals, ASecondSignalEndsTheRunAtOnce) {
   std::string err;
-  const pid_t pid = slow_saving_run("twice", &err);
-  ASSERT_GT(pid, 0) << err;
-  kill(pid, SIGTERM);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  kill(pid, SIGTERM);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFSIGNALED(status)) << slurp(dir() + "/twice.err");
+  const int status = two_signals("twice", SIGTERM, 1500, SIGTERM, &err);
+  ASSERT_NE(status, -1) << err;
+  ASSERT_TRUE(WIFSIGNALED(status)) << err;
   EXPECT_EQ(WTERMSIG(status), SIGTERM);
 }
 
@@ -496,14 +505,8 @@ TEST(Signals, ASecondSignalEndsTheRunAtOnce) {
 // step and its 3 s save and exits 143. Taking the second as "end now" lost the save.
 TEST(Signals, TheSameRequestFromTwoSendersStillSaves) {
   std::string err;
-  const pid_t pid = slow_saving_run("two-senders", &err);
-  ASSERT_GT(pid, 0) << err;
-  kill(pid, SIGTERM);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  kill(pid, SIGUSR1);  // launch's SIGTERM, as mpirun forwards it
-  int status = 0;
-  waitpid(pid, &status, 0);
-  err = slurp(dir() + "/two-senders.err");
+  const int status = two_signals("two-senders", SIGTERM, 20, SIGUSR1 /* launch's SIGTERM, as mpirun forwards it */, &err);
+  ASSERT_NE(status, -1) << err;
   ASSERT_TRUE(WIFEXITED(status)) << err;
   EXPECT_EQ(WEXITSTATUS(status), 143) << err;
   const std::string l = latest(save_dir("two-senders"));

@@ -32,13 +32,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 }
 
 nlohmann::json config(const Case& k, int processes, int g, bool dropout = true) {
-  auto j = layout_config(
-      std::string(k.arch) == "gpt2"
-          ? R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 4, "n_head": 4}})"
-          : R"({"model": {"model_type": "llama", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
-                "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
-                "max_position_embeddings": 32, "tie_word_embeddings": false}})",
-      "fp32", processes == 1 ? 1 : processes / (k.tp * k.pp), g);
+  auto j = layout_config(layout_model(k.arch, 4).dump().c_str(), "fp32", processes == 1 ? 1 : processes / (k.tp * k.pp), g);
   if (dropout && std::string(k.arch) == "gpt2") {
     j["model"]["embd_pdrop"] = 0.1;
     j["model"]["resid_pdrop"] = 0.2;

@@ -37,6 +37,19 @@ inline nlohmann::json layout_config(const char* model_json, const std::string& d
   return j;
 }
 
+// The layout tests' tiny models as {"model": {...}} with `layers` blocks: GPT-2 (C 48, 4 heads) or
+// LLaMA (C 64, 8 heads over 4 kv heads, untied head).
+inline nlohmann::json layout_model(const std::string& arch, int layers) {
+  nlohmann::json m = arch == "gpt2"
+                         ? nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", 97}, {"n_positions", 32}, {"n_embd", 48},
+                                          {"n_layer", layers}, {"n_head", 4}}
+                         : nlohmann::json{{"model_type", "llama"}, {"vocab_size", 97}, {"hidden_size", 64},
+                                          {"intermediate_size", 96}, {"num_hidden_layers", layers},
+                                          {"num_attention_heads", 8}, {"num_key_value_heads", 4},
+                                          {"max_position_embeddings", 32}, {"tie_word_embeddings", false}};
+  return nlohmann::json{{"model", m}};
+}
+
 inline void layout_sample(uint64_t k, int32_t* tok, int32_t* tgt) {
   for (int i = 0; i < 16; ++i) {
     tok[i] = static_cast<int32_t>((k * 131 + static_cast<uint64_t>(i) * 29 + (k * k) % 13) % 97);

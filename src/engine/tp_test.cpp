@@ -33,13 +33,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 }
 
 nlohmann::json config(const Case& k, int processes, int g) {
-  auto j = layout_config(
-      std::string(k.arch) == "gpt2"
-          ? R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 2, "n_head": 4}})"
-          : R"({"model": {"model_type": "llama", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
-                "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
-                "max_position_embeddings": 32, "tie_word_embeddings": false}})",
-      k.dtype, processes == 1 ? 1 : processes / k.tp, g);
+  auto j = layout_config(layout_model(k.arch, 2).dump().c_str(), k.dtype, processes == 1 ? 1 : processes / k.tp, g);
   if (k.recompute) j["activation_checkpointing"] = {{"enabled", true}};
   j["zero_optimization"] = {{"stage", processes == 1 ? 0 : k.stage}, {"reduce_bucket_size", 3000},
                             {"stage3_param_persistence_threshold", 0}, {"stage3_prefetch_bucket_size", 20000}};
