@@ -7,6 +7,8 @@
 
 #include <unistd.h>
 
+#include <csignal>
+
 #include <algorithm>
 #include <climits>
 #include <cstdio>
@@ -713,6 +715,13 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
   if (g_world) return g_world;
   int initialized = 0;
   MPI_Initialized(&initialized);
+  // A peer that died leaves its TCP sockets half closed: OpenMPI's next writev to one raises
+  // SIGPIPE, which would kill this healthy rank, and mpirun, reporting the first death it hears
+  // of, would name it ("rank 1 exited on signal 13") instead of the lost one. Ignored, the write
+  // fails with EPIPE, the rank waits on, and the lost rank's own death (or the collective
+  // timeout's report naming it) is what ends the job. A handler the program set stays.
+  struct sigaction pipe_action {};
+  if (::sigaction(SIGPIPE, nullptr, &pipe_action) == 0 && pipe_action.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   if (!initialized) {
     ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);  // the ring, unless the user chose (mpi_backend.h)
     check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &g_thread_level), "Init_thread");

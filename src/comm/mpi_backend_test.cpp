@@ -8,6 +8,10 @@
 // so ctest passes this case on rank 0's "timeout case: PASS" line, and fails on any "FAIL".
 #include <mpi.h>
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
 
 #include <chrono>
 #include <cmath>
@@ -538,6 +542,20 @@ void check_ring_reduce_scatter(Backend& b) {
   }
 }
 
+// A dead peer's socket must not kill a rank: after mpi_init a write to a pipe nobody reads fails
+// with EPIPE instead of ending the process with SIGPIPE (which mpirun would report as this rank's
+// death, ahead of the peer that really died).
+void check_a_broken_pipe_does_not_kill(Backend&) {
+  int fds[2];
+  EXPECT(::pipe(fds) == 0, "pipe");
+  ::close(fds[0]);
+  const char byte = 0;
+  const ssize_t n = ::write(fds[1], &byte, 1);
+  const int err = errno;
+  ::close(fds[1]);
+  EXPECT(n == -1 && err == EPIPE, "a write to a closed pipe fails with EPIPE and the rank lives on");
+}
+
 // libnbc's all-reduce algorithm: the ring that mpi_init chooses (1), or the one the user gave in
 // OMPI_MCA_coll_libnbc_iallreduce_algorithm before it (ctest runs this binary both ways).
 int g_user_iallreduce = -1;
@@ -563,7 +581,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--timeout-case") == 0)
     return timeout_case(*world, argc > 2 ? argv[2] : "all_reduce");
   for (auto check : {check_all_reduce, check_bf16_sum, check_in_dtype, check_rooted, check_gather_scatter_all,
-                     check_p2p_and_groups, check_onebit, check_huge_page_buffers, check_driven_send, check_iallreduce_algorithm,
+                     check_p2p_and_groups, check_onebit, check_a_broken_pipe_does_not_kill, check_huge_page_buffers, check_driven_send, check_iallreduce_algorithm,
                      check_ring_reduce_scatter}) {
     try {
       check(*world);
