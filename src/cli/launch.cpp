@@ -55,14 +55,14 @@ std::string read_text(const std::string& path) {
 // `train` stops on them as on SIGTERM (SIGINT). mpirun's own SIGTERM/SIGINT kill the ranks about
 // a second later, in the middle of the stop's save (it exited 1, and a save that took longer was
 // lost). mpirun runs in its own process group, so a terminal's Ctrl-C reaches the launcher only.
-// A second signal is passed on as SIGTERM: mpirun then ends the job at once. The launcher keeps
+// A second signal is passed on as SIGINT: mpirun then ends the job at once. The launcher keeps
 // waiting for mpirun, so no rank outlives it.
-// If the launcher itself dies (SIGKILL, a job-group kill), mpirun gets SIGTERM from the kernel
+// If the launcher itself dies (SIGKILL, a job-group kill), mpirun gets SIGINT from the kernel
 // (PR_SET_PDEATHSIG) and ends its ranks. SIGQUIT (Ctrl-\) ends the job at once. A signal the
 // launcher was started ignoring (nohup's SIGHUP) stays ignored.
 volatile std::sig_atomic_t g_child = 0;
 volatile std::sig_atomic_t g_first_signal = 0;
-volatile std::sig_atomic_t g_killed = 0;  // mpirun was sent SIGTERM: it ends the ranks itself
+volatile std::sig_atomic_t g_killed = 0;  // mpirun was sent SIGINT: it ends the ranks itself
 
 void forward_signal(int sig) {
   if (g_child <= 0) return;
@@ -72,7 +72,7 @@ void forward_signal(int sig) {
   } else {
     if (g_first_signal == 0) g_first_signal = SIGTERM;
     g_killed = 1;
-    ::kill(static_cast<pid_t>(g_child), SIGTERM);
+    ::kill(static_cast<pid_t>(g_child), SIGINT);  // mpirun's SIGTERM is held (run_process); SIGINT ends it alike
   }
 }
 
@@ -109,9 +109,19 @@ int run_process(const std::vector<std::string>& argv) {
     ::close(pipefd[0]);
     ::setpgid(0, 0);  // a terminal's Ctrl-C reaches the launcher only, which passes it on as above
     ::signal(SIGTTOU, SIG_IGN);  // a background group's writes to the terminal (stty tostop) go through
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    ::prctl(PR_SET_PDEATHSIG, SIGINT);
     if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
-    ::sigprocmask(SIG_SETMASK, &before, nullptr);
+    // mpirun starts with SIGTERM held. A scheduler's stop (Slurm's scancel or time limit, systemd)
+    // sends SIGTERM to every process of the job, mpirun included, and mpirun's own teardown kills
+    // the ranks (SIGTERM a second in, SIGKILL a second later; its odls_base_sigkill_timeout makes
+    // both waits longer even when the ranks have ended) in the middle of the stop's save. Held, it
+    // stays pending: the ranks, which have the signal themselves and as the launcher's SIGUSR1,
+    // save and exit, and mpirun with them. The launcher ends mpirun with SIGINT (and the kernel
+    // does when the launcher dies), which mpirun takes as SIGTERM; `meshtrain` releases SIGTERM
+    // in every rank (main.cpp) before anything else.
+    sigset_t held = before;
+    sigaddset(&held, SIGTERM);
+    ::sigprocmask(SIG_SETMASK, &held, nullptr);
     ::execvp(cargv[0], cargv.data());
     int err = errno;
     ssize_t w = ::write(pipefd[1], &err, sizeof err);
@@ -133,7 +143,7 @@ int run_process(const std::vector<std::string>& argv) {
            "launch: cannot run " + argv[0] + ": " + std::strerror(err) + " (is OpenMPI installed?)");
   int rc = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
   // The ranks' own status stands (143 or 130 after their stop and save; 1 or 2 when the save
-  // failed). mpirun says 1 when it ended them itself (sent SIGTERM: a second signal, SIGQUIT): then
+  // failed). mpirun says 1 when it ended them itself (sent SIGINT: a second signal, SIGQUIT): then
   // 128 + the signal.
   if (rc == 1 && g_killed != 0) rc = 128 + g_first_signal;
   return rc;

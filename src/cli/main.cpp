@@ -1,6 +1,9 @@
 // meshtrain: the single binary. Errors are caught here only: one line, a non-zero exit code
 // (2 for bad input — arguments, configs, files — and 1 for everything else).
+#include <signal.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <algorithm>
 #include <exception>
 #include <new>
@@ -13,6 +16,13 @@
 #include "comm/mpi_backend.h"
 
 int main(int argc, char** argv) {
+  // `launch` starts mpirun with SIGTERM held (launch.cpp), and its ranks inherit that: release it.
+  if (std::getenv("MT_LAUNCHED")) {
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    ::sigprocmask(SIG_UNBLOCK, &term, nullptr);
+  }
   mt::comm::mpi_prepare_process(argv);  // under mpirun: huge pages for MPI's temporary buffers (re-execs once)
   CLI::App app{"meshtrain: train transformer language models on one or many processes"};
   app.require_subcommand(1);

@@ -581,18 +581,26 @@ TEST(Launch, KillingTheLauncherLeavesNoRankBehind) {
   }
 }
 
+// `launch -n 2 -- train CFG` with 3 s saves (a seam), once rank 0 has made two steps; -1 when it
+// made none. *err is its stderr's file.
+pid_t slow_saving_launch(const std::string& name, const std::string& cfg, std::string* err) {
+  const std::string out = dir() + "/" + name + ".out";
+  *err = dir() + "/" + name + ".err";
+  setenv("MT_FAULT", "checkpoint.slow_save", 1);
+  const pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out, *err);
+  unsetenv("MT_FAULT");
+  return wait_for(out, "step 2/") ? pid : -1;
+}
+
 // SIGINT or SIGTERM to the launcher: every rank finishes its step and its save, and the launcher
 // exits 128 + the signal. mpirun's own SIGTERM killed the ranks about a second in, in the middle
 // of a save that takes longer (here 3 s, through a seam), and the launcher exited 1.
 TEST(Launch, ASignalToTheLauncherStopsEveryRankAfterItsSave) {
   for (int sig : {SIGINT, SIGTERM}) {
     const std::string name = sig == SIGINT ? "launch-int" : "launch-term";
-    std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}});
-    std::string out = dir() + "/" + name + ".out", err = dir() + "/" + name + ".err";
-    setenv("MT_FAULT", "checkpoint.slow_save", 1);
-    pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out, err);
-    unsetenv("MT_FAULT");
-    ASSERT_TRUE(wait_for(out, "step 2/")) << slurp(err);
+    std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}}), err;
+    const pid_t pid = slow_saving_launch(name, cfg, &err);
+    ASSERT_GT(pid, 0) << slurp(err);
     kill(pid, sig);
     int status = 0;
     waitpid(pid, &status, 0);
@@ -608,35 +616,64 @@ TEST(Launch, ASignalToTheLauncherStopsEveryRankAfterItsSave) {
 }
 
 // A scheduler's stop (Slurm's scancel, a time limit): SIGTERM to every process of the job at once,
-// the launcher and the ranks alike. Each rank gets it directly and as mpirun's forwarded SIGUSR1,
-// one request: every rank finishes its step and its 3 s save, and the launcher exits 143.
+// the launcher and the ranks alike, and mpirun too. Each rank gets it directly and as mpirun's
+// forwarded SIGUSR1, one request: every rank finishes its step and its 3 s save, and the launcher
+// exits 143. With mpirun signalled too, mpirun's own teardown (SIGTERM, then SIGKILL a second
+// later) killed the ranks mid-save and the launcher exited 1; mpirun now starts with SIGTERM held.
 TEST(Launch, ASchedulersSignalToEveryProcessStillSaves) {
-  const std::string name = "sched-stop";  // no "launch" in the paths: ranks are told apart by it
-  std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}});
-  std::string out = dir() + "/" + name + ".out", err = dir() + "/" + name + ".err";
-  setenv("MT_FAULT", "checkpoint.slow_save", 1);
-  pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out, err);
-  unsetenv("MT_FAULT");
-  ASSERT_TRUE(wait_for(out, "step 2/")) << slurp(err);
-  std::vector<int> ranks;
-  for (int p : processes_with(cfg)) {
-    std::string cmd = slurp("/proc/" + std::to_string(p) + "/cmdline");
-    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (p != pid && cmd.find("launch") == std::string::npos && cmd.find("mpirun") == std::string::npos &&
-        cmd.find("orterun") == std::string::npos && cmd.find("prterun") == std::string::npos)
-      ranks.push_back(p);
+  for (bool mpirun_too : {false, true}) {
+    const std::string name = mpirun_too ? "sched-stop-all" : "sched-stop";  // no "launch" in the paths: ranks are told apart by it
+    std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}}), err;
+    const pid_t pid = slow_saving_launch(name, cfg, &err);
+    ASSERT_GT(pid, 0) << slurp(err);
+    std::vector<int> ranks, mpirun;
+    for (int p : processes_with(cfg)) {
+      std::string cmd = slurp("/proc/" + std::to_string(p) + "/cmdline");
+      std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+      if (p == pid || cmd.find("launch") != std::string::npos) continue;
+      const bool is_mpirun = cmd.find("mpirun") != std::string::npos || cmd.find("orterun") != std::string::npos ||
+                             cmd.find("prterun") != std::string::npos;
+      (is_mpirun ? mpirun : ranks).push_back(p);
+    }
+    ASSERT_EQ(ranks.size(), 2u);
+    ASSERT_EQ(mpirun.size(), 1u);
+    kill(pid, SIGTERM);
+    if (mpirun_too) kill(mpirun[0], SIGTERM);
+    for (int r : ranks) kill(r, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status)) << name << ": " << slurp(err);
+    EXPECT_EQ(WEXITSTATUS(status), 143) << name << ": " << slurp(err);
+    const std::string l = latest(save_dir(name));
+    ASSERT_EQ(l.rfind("step-", 0), 0u) << name << ": " << slurp(err);
+    EXPECT_TRUE(fs::exists(save_dir(name) + "/" + l + "/state.json")) << name;
+    EXPECT_TRUE(processes_with(cfg).empty()) << name;
   }
-  ASSERT_EQ(ranks.size(), 2u);
-  kill(pid, SIGTERM);
-  for (int r : ranks) kill(r, SIGTERM);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status)) << slurp(err);
-  EXPECT_EQ(WEXITSTATUS(status), 143) << slurp(err);
-  const std::string l = latest(save_dir(name));
-  ASSERT_EQ(l.rfind("step-", 0), 0u) << slurp(err);
-  EXPECT_TRUE(fs::exists(save_dir(name) + "/" + l + "/state.json"));
-  EXPECT_TRUE(processes_with(cfg).empty());
+}
+
+// A second signal to the launcher, or SIGQUIT, ends the job at once: mpirun gets SIGINT (its
+// SIGTERM is held) and ends the ranks in the middle of their 3 s save, which is not taken as the
+// newest checkpoint; the launcher exits 128 + the first signal and leaves no process behind.
+TEST(Launch, ASecondSignalOrSigquitEndsTheJobAtOnce) {
+  for (bool quit : {false, true}) {
+    const std::string name = quit ? "launch-quit" : "launch-twice";
+    std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}}), err;
+    const pid_t pid = slow_saving_launch(name, cfg, &err);
+    ASSERT_GT(pid, 0) << slurp(err);
+    if (quit) {
+      kill(pid, SIGQUIT);
+    } else {
+      kill(pid, SIGTERM);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // inside the save
+      kill(pid, SIGTERM);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status)) << name << ": " << slurp(err);
+    EXPECT_EQ(WEXITSTATUS(status), 143) << name << ": " << slurp(err);
+    EXPECT_EQ(latest(save_dir(name)), "") << name << ": " << slurp(err);
+    EXPECT_TRUE(processes_with(cfg).empty()) << name;
+  }
 }
 
 // A stop whose save fails is not reported as a clean stop: the ranks exit 1 (the save_dir became
