@@ -76,6 +76,28 @@ void forward_signal(int sig) {
   }
 }
 
+// Ctrl-Z (SIGTSTP from the terminal) reaches the launcher only, mpirun being in a process group
+// of its own: it is passed to mpirun, which passes it to every rank, and then the launcher stops
+// as the default action would. Continued (`fg`, `bg`), it continues mpirun, and mpirun the ranks.
+// Their collectives' timeouts start afresh after a continue (comm/backend.h).
+void stop_with_the_job(int) {
+  const int saved = errno;
+  if (g_child > 0) ::kill(static_cast<pid_t>(g_child), SIGTSTP);
+  struct sigaction mine {}, dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(SIGTSTP, &dfl, &mine);
+  sigset_t tstp;
+  sigemptyset(&tstp);
+  sigaddset(&tstp, SIGTSTP);
+  ::raise(SIGTSTP);
+  ::sigprocmask(SIG_UNBLOCK, &tstp, nullptr);  // the stop happens here; a continue returns from it
+  ::sigprocmask(SIG_BLOCK, &tstp, nullptr);
+  ::sigaction(SIGTSTP, &mine, nullptr);
+  if (g_child > 0) ::kill(static_cast<pid_t>(g_child), SIGCONT);
+  errno = saved;
+}
+
 constexpr int kForwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
 
 // Runs argv without a shell, forwarding stop signals to it; returns its exit code (128 + signal
@@ -102,6 +124,12 @@ int run_process(const std::vector<std::string>& argv) {
     ::sigaction(sig, nullptr, &now);
     if (now.sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);
   }
+  struct sigaction tstp {}, now {};
+  tstp.sa_handler = stop_with_the_job;
+  sigemptyset(&tstp.sa_mask);
+  tstp.sa_flags = 0;
+  ::sigaction(SIGTSTP, nullptr, &now);
+  if (now.sa_handler != SIG_IGN) ::sigaction(SIGTSTP, &tstp, nullptr);  // a shell without job control ignores it
   const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   MT_CHECK(pid >= 0, ErrorKind::kInternal, std::string("launch: fork: ") + std::strerror(errno));

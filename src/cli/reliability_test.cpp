@@ -557,6 +557,40 @@ std::vector<int> processes_with(const std::string& text) {
   return pids;
 }
 
+// The processes of `launch ... -- train CFG` started as `launcher`: mpirun's, and the ranks' in rank
+// order (from OMPI_COMM_WORLD_RANK). The config's name must not contain "launch".
+struct LaunchedJob {
+  std::vector<int> mpirun, ranks;
+};
+LaunchedJob launched_job(const std::string& cfg, pid_t launcher) {
+  LaunchedJob job;
+  std::vector<std::pair<int, int>> ranks;  // (rank, pid)
+  for (int p : processes_with(cfg)) {
+    std::string cmd = slurp("/proc/" + std::to_string(p) + "/cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (p == launcher || cmd.find("launch") != std::string::npos) continue;
+    if (cmd.find("mpirun") != std::string::npos || cmd.find("orterun") != std::string::npos || cmd.find("prterun") != std::string::npos) {
+      job.mpirun.push_back(p);
+      continue;
+    }
+    std::string env = slurp("/proc/" + std::to_string(p) + "/environ");
+    const size_t at = env.find("OMPI_COMM_WORLD_RANK=");
+    ranks.emplace_back(at == std::string::npos ? -1 : std::atoi(env.c_str() + at + 21), p);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  for (const auto& r : ranks) job.ranks.push_back(r.second);
+  return job;
+}
+
+// The highest "step N/" in a run's output.
+int last_step(const std::string& out) {
+  const std::string text = slurp(out);
+  int last = 0;
+  for (size_t at = text.find("step "); at != std::string::npos; at = text.find("step ", at + 5))
+    if (text.find('/', at) != std::string::npos) last = std::max(last, std::atoi(text.c_str() + at + 5));
+  return last;
+}
+
 // SIGKILL too: mpirun runs in its own process group, and the kernel's parent-death signal ends it
 // (and it its ranks) when the launcher dies without a word.
 TEST(Launch, KillingTheLauncherLeavesNoRankBehind) {
@@ -581,15 +615,20 @@ TEST(Launch, KillingTheLauncherLeavesNoRankBehind) {
   }
 }
 
-// `launch -n 2 -- train CFG` with 3 s saves (a seam), once rank 0 has made two steps; -1 when it
-// made none. *err is its stderr's file.
-pid_t slow_saving_launch(const std::string& name, const std::string& cfg, std::string* err) {
-  const std::string out = dir() + "/" + name + ".out";
+// `launch -n 2 -- train CFG`, once rank 0 has made two steps; -1 when it made none. *err is its
+// stderr's file and *out, when given, its stdout's; slow_save gives it 3 s saves (a seam).
+pid_t launch_two(const std::string& name, const std::string& cfg, std::string* err, bool slow_save, std::string* out = nullptr) {
+  const std::string out_file = dir() + "/" + name + ".out";
+  if (out) *out = out_file;
   *err = dir() + "/" + name + ".err";
-  setenv("MT_FAULT", "checkpoint.slow_save", 1);
-  const pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out, *err);
+  if (slow_save) setenv("MT_FAULT", "checkpoint.slow_save", 1);
+  const pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out_file, *err);
   unsetenv("MT_FAULT");
-  return wait_for(out, "step 2/") ? pid : -1;
+  return wait_for(out_file, "step 2/") ? pid : -1;
+}
+
+pid_t slow_saving_launch(const std::string& name, const std::string& cfg, std::string* err) {
+  return launch_two(name, cfg, err, true);
 }
 
 // SIGINT or SIGTERM to the launcher: every rank finishes its step and its save, and the launcher
@@ -626,20 +665,12 @@ TEST(Launch, ASchedulersSignalToEveryProcessStillSaves) {
     std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}}), err;
     const pid_t pid = slow_saving_launch(name, cfg, &err);
     ASSERT_GT(pid, 0) << slurp(err);
-    std::vector<int> ranks, mpirun;
-    for (int p : processes_with(cfg)) {
-      std::string cmd = slurp("/proc/" + std::to_string(p) + "/cmdline");
-      std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-      if (p == pid || cmd.find("launch") != std::string::npos) continue;
-      const bool is_mpirun = cmd.find("mpirun") != std::string::npos || cmd.find("orterun") != std::string::npos ||
-                             cmd.find("prterun") != std::string::npos;
-      (is_mpirun ? mpirun : ranks).push_back(p);
-    }
-    ASSERT_EQ(ranks.size(), 2u);
-    ASSERT_EQ(mpirun.size(), 1u);
+    const LaunchedJob job = launched_job(cfg, pid);
+    ASSERT_EQ(job.ranks.size(), 2u);
+    ASSERT_EQ(job.mpirun.size(), 1u);
     kill(pid, SIGTERM);
-    if (mpirun_too) kill(mpirun[0], SIGTERM);
-    for (int r : ranks) kill(r, SIGTERM);
+    if (mpirun_too) kill(job.mpirun[0], SIGTERM);
+    for (int r : job.ranks) kill(r, SIGTERM);
     int status = 0;
     waitpid(pid, &status, 0);
     ASSERT_TRUE(WIFEXITED(status)) << name << ": " << slurp(err);
@@ -676,14 +707,92 @@ TEST(Launch, ASecondSignalOrSigquitEndsTheJobAtOnce) {
   }
 }
 
+// A job stopped and continued for longer than its comm_timeout (Ctrl-Z and `fg`, a scheduler's
+// suspend and resume) runs on. Rank 1 is stopped first, so that rank 0 waits for it inside a
+// collective, then rank 0; after 3 s (comm_timeout 2) rank 0 is continued, and rank 1 half a second
+// later. Rank 0's wait had passed its deadline while it was stopped, and it ended the job naming
+// rank 1; it now waits afresh after a continue.
+TEST(Launch, AJobSuspendedLongerThanItsTimeoutRunsOn) {
+  const std::string name = "suspended";
+  std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}, {"comm_timeout", 2}});
+  std::string out, err;
+  const pid_t pid = launch_two(name, cfg, &err, false, &out);
+  ASSERT_GT(pid, 0) << slurp(err);
+  const LaunchedJob job = launched_job(cfg, pid);
+  ASSERT_EQ(job.ranks.size(), 2u);
+  kill(job.ranks[1], SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  kill(job.ranks[0], SIGSTOP);
+  const int stopped_at = last_step(out);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  kill(job.ranks[0], SIGCONT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  kill(job.ranks[1], SIGCONT);
+  const bool ran_on = wait_for(out, "step " + std::to_string(stopped_at + 5) + "/");
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(ran_on) << "stopped after step " << stopped_at << ": " << slurp(err);
+  ASSERT_TRUE(WIFEXITED(status)) << slurp(err);
+  EXPECT_EQ(WEXITSTATUS(status), 143) << slurp(err);
+  EXPECT_EQ(slurp(err).find("timed out"), std::string::npos) << slurp(err);
+  EXPECT_TRUE(processes_with(cfg).empty());
+}
+
+// A process's state letter in /proc (T: stopped); 0 when it is gone.
+char state_of(int pid) {
+  const std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() ? 0 : stat[close + 2];
+}
+
+// Every one of pids stopped (or, with stopped false, none), within 10 s.
+bool all_in_state(const std::vector<int>& pids, bool stopped) {
+  for (int i = 0; i < 1000; ++i) {
+    bool all = true;
+    for (int p : pids) all = all && ((state_of(p) == 'T') == stopped);
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// Ctrl-Z under `launch` stops the whole job and `fg` (SIGCONT) continues it. The terminal's SIGTSTP
+// reaches the launcher only (mpirun has a process group of its own): it stopped alone, and the
+// ranks trained on.
+TEST(Launch, CtrlZStopsEveryRankAndFgContinuesThem) {
+  const std::string name = "ctrl-z";
+  std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}});
+  std::string out, err;
+  const pid_t pid = launch_two(name, cfg, &err, false, &out);
+  ASSERT_GT(pid, 0) << slurp(err);
+  const LaunchedJob job = launched_job(cfg, pid);
+  ASSERT_EQ(job.ranks.size(), 2u);
+  kill(pid, SIGTSTP);
+  EXPECT_TRUE(all_in_state({pid}, true));
+  EXPECT_TRUE(all_in_state(job.ranks, true)) << "ranks " << state_of(job.ranks[0]) << state_of(job.ranks[1]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // output already on its way
+  const int stopped_at = last_step(out);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_EQ(last_step(out), stopped_at) << "the job trained on while stopped";
+  kill(pid, SIGCONT);
+  EXPECT_TRUE(all_in_state(job.ranks, false));
+  EXPECT_TRUE(wait_for(out, "step " + std::to_string(stopped_at + 3) + "/")) << slurp(err);
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << slurp(err);
+  EXPECT_EQ(WEXITSTATUS(status), 143) << slurp(err);
+  EXPECT_TRUE(processes_with(cfg).empty());
+}
+
 // A stop whose save fails is not reported as a clean stop: the ranks exit 1 (the save_dir became
 // a file under them), and the launcher says 1, where it rewrote any 1 after a signal to 143.
 TEST(Launch, AFailedSaveAfterASignalKeepsTheRanksStatus) {
   const std::string name = "launch-term-fail";
-  std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}});
-  std::string out = dir() + "/" + name + ".out", err = dir() + "/" + name + ".err";
-  pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out, err);
-  ASSERT_TRUE(wait_for(out, "step 2/")) << slurp(err);
+  std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}}), err;
+  const pid_t pid = launch_two(name, cfg, &err, false);
+  ASSERT_GT(pid, 0) << slurp(err);
   fs::remove_all(save_dir(name));
   std::ofstream(save_dir(name)) << "not a directory";
   kill(pid, SIGTERM);

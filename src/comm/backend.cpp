@@ -2,9 +2,33 @@
 // split, timeout messages and the f32 reduction shared by the backends.
 #include "comm/backend.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 
 namespace mt::comm {
+
+namespace {
+std::atomic<uint64_t> g_continues{0};  // lock-free: safe in a handler
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+void on_continue(int) { g_continues.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace
+
+void count_continues() {
+  static const bool installed = [] {
+    struct sigaction now {};
+    if (::sigaction(SIGCONT, nullptr, &now) != 0 || now.sa_handler != SIG_DFL) return false;
+    struct sigaction sa {};
+    sa.sa_handler = on_continue;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    return ::sigaction(SIGCONT, &sa, nullptr) == 0;
+  }();
+  (void)installed;
+}
+
+uint64_t continues() { return g_continues.load(std::memory_order_relaxed); }
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {

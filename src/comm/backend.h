@@ -61,6 +61,13 @@ struct SendOptions : CommOptions { int msg_tag = 0; };
 struct RecvOptions : CommOptions { int msg_tag = 0; };
 struct BarrierOptions : CommOptions {};
 
+// How many times this process has been stopped and continued (SIGCONT: Ctrl-Z and `fg`, a
+// scheduler's suspend and resume) since count_continues(), which installs the counting handler
+// unless the program has its own. A wait whose deadline passed while the process was stopped
+// starts its timeout again instead of reporting the ranks that were stopped with it.
+void count_continues();
+uint64_t continues();
+
 // CommTimeout: a collective that did not complete within its timeout. kind() is kTimeout;
 // missing_ranks() are the group ranks that had not
 // arrived at the collective, as far as this rank could learn (empty when unknown).

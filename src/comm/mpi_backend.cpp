@@ -199,7 +199,7 @@ class MpiWork : public Work {
  public:
   MpiWork(MpiBackend* backend, std::string what, uint64_t seq, int peer, const CommOptions& opts)
       : backend_(backend), what_(std::move(what)), seq_(seq), peer_(peer), tag_(opts.tag),
-        timeout_(opts.timeout), deadline_(std::chrono::steady_clock::now() + opts.timeout) {}
+        timeout_(opts.timeout), deadline_(std::chrono::steady_clock::now() + opts.timeout), continues_(continues()) {}
   ~MpiWork() override;
 
   bool is_completed() override;
@@ -225,6 +225,7 @@ class MpiWork : public Work {
   std::string tag_;
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point deadline_;
+  uint64_t continues_;  // the process's stops and continues when the deadline was set
   bool done_ = false;
 };
 
@@ -664,8 +665,14 @@ bool MpiWork::is_completed() {
 
 void MpiWork::wait() {
   for (int spins = 0; !is_completed(); ++spins) {
-    if (std::chrono::steady_clock::now() >= deadline_)
+    if (const auto now = std::chrono::steady_clock::now(); now >= deadline_) {
+      if (const uint64_t c = continues(); c != continues_) {  // stopped and continued meanwhile: wait afresh
+        continues_ = c;
+        deadline_ = now + timeout_;
+        continue;
+      }
       backend_->throw_timeout(what_, seq_, peer_, tag_, timeout_);
+    }
     if (spins > 1000) {
       if (spins % 64 == 0) backend_->answer_pings();
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -720,6 +727,7 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
   // of, would name it ("rank 1 exited on signal 13") instead of the lost one. Ignored, the write
   // fails with EPIPE, the rank waits on, and the lost rank's own death (or the collective
   // timeout's report naming it) is what ends the job. A handler the program set stays.
+  count_continues();
   struct sigaction pipe_action {};
   if (::sigaction(SIGPIPE, nullptr, &pipe_action) == 0 && pipe_action.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   if (!initialized) {

@@ -44,7 +44,7 @@ class NcclWork : public Work {
   NcclWork(ncclComm_t comm, cudaStream_t stream, std::string what, int rank, int size,
            std::chrono::milliseconds timeout)
       : comm_(comm), what_(std::move(what)), rank_(rank), size_(size), timeout_(timeout),
-        deadline_(std::chrono::steady_clock::now() + timeout) {
+        deadline_(std::chrono::steady_clock::now() + timeout), continues_(continues()) {
     check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventRecord(event_, stream), "cudaEventRecord after " + what_);
   }
@@ -67,7 +67,12 @@ class NcclWork : public Work {
       ncclResult_t async = ncclSuccess;
       check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
       check_nccl(async, what_);
-      if (std::chrono::steady_clock::now() > deadline_) {
+      if (const auto now = std::chrono::steady_clock::now(); now > deadline_) {
+        if (const uint64_t c = continues(); c != continues_) {  // stopped and continued meanwhile: wait afresh
+          continues_ = c;
+          deadline_ = now + timeout_;
+          continue;
+        }
         ncclCommAbort(comm_);  // the communicator cannot be used again: the job is meant to end
         throw CommTimeout(timeout_message("nccl", what_, 0, "", rank_, size_, timeout_, {}), what_, 0, {});
       }
@@ -81,6 +86,7 @@ class NcclWork : public Work {
   int rank_, size_;
   std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point deadline_;
+  uint64_t continues_;  // the process's stops and continues when the deadline was set
   cudaEvent_t event_ = nullptr;
   bool done_ = false;
 };
@@ -174,6 +180,7 @@ class NcclBackend final : public Backend {
 }  // namespace
 
 std::shared_ptr<Backend> make_nccl_backend(Backend& bootstrap, int device, void* stream) {
+  count_continues();
   check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
