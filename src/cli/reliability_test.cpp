@@ -695,7 +695,7 @@ TEST(Launch, ASecondSignalOrSigquitEndsTheJobAtOnce) {
       kill(pid, SIGQUIT);
     } else {
       kill(pid, SIGTERM);
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // inside the save
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // inside the save: mpirun's kill comes well before its end
       kill(pid, SIGTERM);
     }
     int status = 0;
@@ -771,7 +771,7 @@ TEST(Launch, CtrlZStopsEveryRankAndFgContinuesThem) {
   kill(pid, SIGTSTP);
   EXPECT_TRUE(all_in_state({pid}, true));
   EXPECT_TRUE(all_in_state(job.ranks, true)) << "ranks " << state_of(job.ranks[0]) << state_of(job.ranks[1]);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // output already on its way
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // output already on its way
   const int stopped_at = last_step(out);
   std::this_thread::sleep_for(std::chrono::seconds(1));
   EXPECT_EQ(last_step(out), stopped_at) << "the job trained on while stopped";
