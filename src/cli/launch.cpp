@@ -239,6 +239,10 @@ int run_launch(const LaunchArgs& a) {
   cmd.insert(cmd.end(), {"--bind-to", "none", "-np", std::to_string(n), "--host", host_list, "--tag-output"});
   // In its own process group mpirun may not read a terminal (SIGTTIN would stop it); no rank reads one.
   if (isatty(STDIN_FILENO)) cmd.insert(cmd.end(), {"--stdin", "none"});
+  // mpirun's daemons on other hosts start with SIGTERM held, as mpirun does (run_process), through
+  // `meshtrain _orted` (main.cpp), unless the user chose a launch agent.
+  if (!a.hostfile.empty() && !std::getenv("OMPI_MCA_orte_launch_agent"))
+    cmd.insert(cmd.end(), {"--launch-agent", self_exe() + " _orted"});
   cmd.insert(cmd.end(), {"-x", "OMP_NUM_THREADS=" + omp_threads, "-x", "MT_LAUNCHED=1"});
   // mpirun gives its ranks a pseudo-terminal: tell rank 0 whether ours is a real one (progress bar
   // or plain lines).
@@ -249,6 +253,9 @@ int run_launch(const LaunchArgs& a) {
   // Every rank must take the same reduce-scatter path (comm/mpi_backend.h), on every host.
   if (const char* rs = std::getenv("MT_REDUCE_SCATTER"); rs && *rs)
     cmd.insert(cmd.end(), {"-x", std::string("MT_REDUCE_SCATTER=") + rs});
+  // The fault seams (base/fault.h) reach the ranks on other hosts too, as they reach local ones.
+  for (const char* seam : {"MT_FAULT", "MT_FAULT_MODE"})
+    if (const char* v = std::getenv(seam); v && *v) cmd.insert(cmd.end(), {"-x", std::string(seam) + "=" + v});
   cmd.push_back(self_exe());
   cmd.insert(cmd.end(), a.rest.begin(), a.rest.end());
 

@@ -1,9 +1,12 @@
 // meshtrain: the single binary. Errors are caught here only: one line, a non-zero exit code
 // (2 for bad input — arguments, configs, files — and 1 for everything else).
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <algorithm>
 #include <exception>
 #include <new>
@@ -16,6 +19,19 @@
 #include "comm/mpi_backend.h"
 
 int main(int argc, char** argv) {
+  // `launch` starts mpirun's daemons on other hosts through here (mpirun --launch-agent): with
+  // SIGTERM held, as mpirun itself (launch.cpp), so that a scheduler's SIGTERM to a daemon does not
+  // end that host's ranks in the middle of the stop's save.
+  if (argc > 1 && std::strcmp(argv[1], "_orted") == 0) {
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    ::sigprocmask(SIG_BLOCK, &term, nullptr);
+    argv[1] = const_cast<char*>("orted");
+    ::execvp("orted", argv + 1);
+    std::fprintf(stderr, "meshtrain: cannot run OpenMPI's orted on this host: %s\n", std::strerror(errno));
+    return 127;
+  }
   // `launch` starts mpirun with SIGTERM held (launch.cpp), and its ranks inherit that: release it.
   if (std::getenv("MT_LAUNCHED")) {
     sigset_t term;

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstring>
 #include <cstdio>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1026,6 +1027,43 @@ class NetnsHosts {
   std::vector<std::string> vars_;
 };
 
+// `launch -n 4 --hostfile HOSTFILE -- train CFG --metrics DIR/NAME.jsonl` in the background (its
+// output in DIR/NAME.out and .err), once it has written a metrics line; -1 when it ended or made no
+// step within 2 minutes.
+pid_t start_on_hosts(const std::string& hostfile, const std::string& cfg, const std::string& name) {
+  const std::string metrics = dir() + "/" + name + ".jsonl";
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    const int out = ::open((dir() + "/" + name + ".out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open((dir() + "/" + name + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) _exit(127);
+    execl(MT_MESHTRAIN_BIN, "meshtrain", "launch", "-n", "4", "--hostfile", hostfile.c_str(), "--", "train", cfg.c_str(),
+          "--metrics", metrics.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  for (int i = 0; i < 1200; ++i) {  // up to 2 minutes to start and make a step
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (mt::cli::testing::slurp(metrics).find('\n') != std::string::npos) return pid;  // a whole metrics line
+    if (waitpid(pid, &status, WNOHANG) == pid) return -1;
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+// Waits up to a minute for pid; false (and pid killed) when it did not end.
+bool ends_within_a_minute(pid_t pid, int* status) {
+  for (int i = 0; i < 600; ++i) {
+    if (waitpid(pid, status, WNOHANG) == pid) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, status, 0);
+  return false;
+}
+
 // tp inside a host, pp and dp across the two: the one-process numbers. Then one host's ranks are
 // killed: the job ends (not hangs) with a message naming a lost rank.
 TEST(TrainMultiHost, TpWithinAHostPpAndDpAcrossHostsMatchOneProcessAndALostHostIsNamed) {
@@ -1070,35 +1108,45 @@ TEST(TrainMultiHost, TpWithinAHostPpAndDpAcrossHostsMatchOneProcessAndALostHostI
   longer["comm_timeout"] = 10;
   const std::string cfg = dp_config("mh-kill", 1, longer);
   const std::string metrics = dir() + "/mh-kill.jsonl";
-  const std::string cmd = std::string(MT_MESHTRAIN_BIN) + " launch -n 4" + hf + " -- train " + cfg + " --metrics " + metrics +
-                          " > " + dir() + "/mh-kill.out 2> " + dir() + "/mh-kill.err";
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  int status = 0;
-  bool stepped = false;
-  for (int i = 0; i < 1200 && !stepped; ++i) {  // up to 2 minutes to start and make a step
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    stepped = mt::cli::testing::slurp(metrics).find('\n') != std::string::npos;  // a whole metrics line
-    if (waitpid(pid, &status, WNOHANG) == pid) FAIL() << "ended before it was killed: " << mt::cli::testing::slurp(dir() + "/mh-kill.err");
-  }
-  ASSERT_TRUE(stepped) << mt::cli::testing::slurp(dir() + "/mh-kill.err");
+  pid_t pid = start_on_hosts(hosts.hostfile(), cfg, "mh-kill");
+  ASSERT_GT(pid, 0) << mt::cli::testing::slurp(dir() + "/mh-kill.err");
   ASSERT_EQ(std::system(("for p in $(bash " + std::string(MT_SOURCE_DIR) + "/scripts/netns-hosts.sh pids 1); do kill -9 $p; done").c_str()), 0);
   // Every surviving rank ends: well within comm_timeout (10 s) plus mpirun's teardown.
-  bool ended = false;
-  for (int i = 0; i < 600 && !ended; ++i) {
-    ended = waitpid(pid, &status, WNOHANG) == pid;
-    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  if (!ended) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-  }
-  ASSERT_TRUE(ended) << "the job hung after a host's ranks were killed";
+  int status = 0;
+  ASSERT_TRUE(ends_within_a_minute(pid, &status)) << "the job hung after a host's ranks were killed";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
   std::string all = mt::cli::testing::slurp(dir() + "/mh-kill.out") + mt::cli::testing::slurp(dir() + "/mh-kill.err");
   EXPECT_TRUE(all.find("rank 2") != std::string::npos || all.find("rank 3") != std::string::npos) << all;
+
+  // A scheduler's stop (Slurm's time limit): SIGTERM to every process of the job at once, the
+  // launcher, mpirun, both hosts' daemons and the ranks, whose saves take 3 s. The daemons start
+  // with SIGTERM held (launch's agent, `meshtrain _orted`), so every rank saves the step and the
+  // launcher exits 143. Before, a daemon's own teardown ended its ranks about a second in: the
+  // launcher exited 205 and the stop saved nothing.
+  setenv("MT_FAULT", "checkpoint.slow_save", 1);
+  const std::string stop_cfg = dp_config("mh-stop", 1, longer);
+  pid = start_on_hosts(hosts.hostfile(), stop_cfg, "mh-stop");
+  unsetenv("MT_FAULT");
+  ASSERT_GT(pid, 0) << mt::cli::testing::slurp(dir() + "/mh-stop.err");
+  std::vector<int> job;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos || std::stoi(name) == getpid()) continue;
+    std::string cmd = mt::cli::testing::slurp(e.path().string() + "/cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find(stop_cfg) != std::string::npos || mt::cli::testing::slurp(e.path().string() + "/comm") == "orted\n")
+      job.push_back(std::stoi(name));
+  }
+  EXPECT_GE(job.size(), 8u) << "the launcher, mpirun, 2 daemons and 4 ranks";
+  for (int p : job) kill(p, SIGTERM);
+  ASSERT_TRUE(ends_within_a_minute(pid, &status)) << "the job hung after the scheduler's stop";
+  const std::string stop_err = mt::cli::testing::slurp(dir() + "/mh-stop.err");
+  ASSERT_TRUE(WIFEXITED(status)) << stop_err;
+  EXPECT_EQ(WEXITSTATUS(status), 143) << stop_err;
+  const size_t said = stop_err.find("SIGTERM: stopped after step ");
+  ASSERT_NE(said, std::string::npos) << stop_err;
+  const std::string step = "step-" + std::to_string(std::atoi(stop_err.c_str() + said + 28));
+  std::string latest = mt::cli::testing::slurp(dir() + "/ckpt-mh-stop/latest");
+  while (!latest.empty() && latest.back() == '\n') latest.pop_back();
+  EXPECT_EQ(latest, step) << stop_err;
 }
