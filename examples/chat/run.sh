@@ -80,7 +80,7 @@ curl -sf "$URL/metrics" | grep -q 'meshtrain_requests_total{endpoint="/v1/comple
 # SIGTERM while a stream runs: the stream finishes, the server exits 0.
 curl -sN "$URL/v1/completions" -d '{"prompt": "Hello", "max_tokens": 60, "ignore_eos": true, "stream": true}' > "$W/last.txt" &
 CURL_PID=$!
-sleep 0.3
+for _ in $(seq 200); do grep -q '^data: ' "$W/last.txt" 2>/dev/null && break; sleep 0.05; done  # the stream has begun
 kill -TERM "$SERVER_PID"
 wait "$CURL_PID" || true
 rc=0

@@ -386,11 +386,14 @@ TEST(Checkpoints, CorruptOrTruncatedFilesAreNamedWithTheNewestIntactCheckpoint) 
 }
 
 // Starts `meshtrain ARGS` as a child with its output in files; returns the pid. ignore_hup: as
-// under nohup.
-pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err, bool ignore_hup = false) {
+// under nohup. own_group: in a process group of its own, as a shell with job control starts a
+// command (a CI runner's group is often orphaned, and the kernel drops stop signals there).
+pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err, bool ignore_hup = false,
+            bool own_group = false) {
   pid_t pid = fork();
   if (pid == 0) {
     if (ignore_hup) signal(SIGHUP, SIG_IGN);
+    if (own_group) setpgid(0, 0);
     int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(o, 1);
     dup2(e, 2);
@@ -616,13 +619,15 @@ TEST(Launch, KillingTheLauncherLeavesNoRankBehind) {
 }
 
 // `launch -n 2 -- train CFG`, once rank 0 has made two steps; -1 when it made none. *err is its
-// stderr's file and *out, when given, its stdout's; slow_save gives it 3 s saves (a seam).
-pid_t launch_two(const std::string& name, const std::string& cfg, std::string* err, bool slow_save, std::string* out = nullptr) {
+// stderr's file and *out, when given, its stdout's; slow_save gives it 3 s saves (a seam);
+// own_group: as spawn's.
+pid_t launch_two(const std::string& name, const std::string& cfg, std::string* err, bool slow_save, std::string* out = nullptr,
+                 bool own_group = false) {
   const std::string out_file = dir() + "/" + name + ".out";
   if (out) *out = out_file;
   *err = dir() + "/" + name + ".err";
   if (slow_save) setenv("MT_FAULT", "checkpoint.slow_save", 1);
-  const pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out_file, *err);
+  const pid_t pid = spawn({"launch", "-n", "2", "--", "train", cfg}, out_file, *err, false, own_group);
   unsetenv("MT_FAULT");
   return wait_for(out_file, "step 2/") ? pid : -1;
 }
@@ -764,7 +769,7 @@ TEST(Launch, CtrlZStopsEveryRankAndFgContinuesThem) {
   const std::string name = "ctrl-z";
   std::string cfg = config(name, {{"train_iters", 1000000}, {"save_interval", 0}});
   std::string out, err;
-  const pid_t pid = launch_two(name, cfg, &err, false, &out);
+  const pid_t pid = launch_two(name, cfg, &err, false, &out, /*own_group=*/true);  // a terminal's job
   ASSERT_GT(pid, 0) << slurp(err);
   const LaunchedJob job = launched_job(cfg, pid);
   ASSERT_EQ(job.ranks.size(), 2u);
