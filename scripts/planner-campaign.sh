@@ -9,10 +9,11 @@
 #   --calibrations DIR: use DIR/c4.json and DIR/c8.json where they exist instead of calibrating
 # On the device's 16-core VM (2026-11-27, rounds 3): the 4-rank calibration 113 s, case (10) 114 s,
 # case (6) 128 s, the 8-rank calibration 156 s, case (11) 68 s: 10 minutes, past one call's limit.
-# Run it as two calls on the warm machine: --cases "10 11" (454 s), then --cases 6 with
-# --calibrations DIR, DIR holding the first call's c4.json in the working tree (128 s). Each
+# Run it as two calls on the warm machine: --cases "10 6" (311 s on 2026-11-28), then --cases 11
+# (the 8-rank calibration and case (11): 294 s there, the calibration taken twice). Each
 # calibration samples the machine's speed state first (about 7 s) and is taken again, once, where
-# its phases met another state (up to 156 s more): leave room for it.
+# its phases met another state (up to 156 s more): leave room for it. With time left, a case
+# again from the first call's c4.json: --calibrations DIR, DIR in the working tree and carried.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build/planner-campaign}
@@ -76,7 +77,9 @@ calibrate() {  # N
     if ! timeout 300 meshtrain launch -n "$n" -- calibrate -o "$OUT/c$n.json" --force > "$W/cal$n.log" 2>&1; then
       status=1; tail -20 "$W/cal$n.log"; return
     fi
-    grep -E "^(\[1,0\]<stdout>:)?(gemm|all_reduce|send_recv|memory|in situ|speed probe)" "$W/cal$n.log" | head -14
+    grep -E "^(\[1,0\]<stdout>:)?(gemm|all_reduce|send_recv|memory)" "$W/cal$n.log" | head -8
+    # Every in-situ factor and phase probe, the first try's too (the second overwrites its file).
+    grep -E "^(\[1,0\]<stdout>:)?(in situ|speed probe)" "$W/cal$n.log"
     probes=$(phase_probes "$OUT/c$n.json")
     [ -n "$m" ] && [ -n "$probes" ] || return
     echo "$probes" | awk -v m="$m" -F, '{for (i = 1; i <= NF; ++i) if ($i > 1.25 * m || $i < m / 1.25) bad = 1} END {exit bad}' && return
