@@ -4,7 +4,8 @@
 # (6), (10) and (11) of `plan --validate`, one rank per core (OMP_NUM_THREADS=1). Runs from a
 # meshtrain build on PATH, or from a bundle made by scripts/mpi-bundle.sh (--bundle FILE).
 # Results go under $OUT (default build/planner-campaign): machine.txt, c4.json, c8.json, case6.log,
-# case10.log, case11.log (at most 8 files: what a lent device machine sends back).
+# case10.log, case11.log, and c4.first.json or c8.first.json where a calibration was taken twice (at
+# most 8 files come back from a lent device machine: split the cases as below).
 # Usage: scripts/planner-campaign.sh [--bundle FILE] [--cases "6 11 10"] [--rounds R (default 3)]
 #   --calibrations DIR: use DIR/c4.json and DIR/c8.json where they exist instead of calibrating
 # On the device's 16-core VM (2026-11-27, rounds 3): the 4-rank calibration 113 s, case (10) 114 s,
@@ -85,6 +86,8 @@ calibrate() {  # N
     echo "$probes" | awk -v m="$m" -F, '{for (i = 1; i <= NF; ++i) if ($i > 1.25 * m || $i < m / 1.25) bad = 1} END {exit bad}' && return
     echo "calibrate -n $n: its phases' speed probes ($probes s) are not all within 25 % of the $m s just before;" \
       "$([ "$try" = 1 ] && echo "calibrating again" || echo "kept")"
+    # The first try kept beside the second (c4.first.json): its factors are a draw of the other state.
+    if [ "$try" = 1 ]; then cp "$OUT/c$n.json" "$OUT/c$n.first.json"; fi
   done
 }
 validate() {  # CASE ARGS...
