@@ -125,16 +125,26 @@ Scheduler::Stats Scheduler::stats() const {
   return s;
 }
 
+// The count falls and the sequence ends in one critical section: whoever sees the end (a client
+// that then reads stats() or /health, or drain()) sees the count without it. Lock order: the
+// scheduler's mutex, then the generation's (nothing takes them the other way round).
+void Scheduler::retire(Generation& g, Finish why, std::string error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --active_count_;
+  g.end(why, std::move(error));
+  if (queue_.empty() && active_count_ == 0) idle_cv_.notify_all();
+}
+
 bool Scheduler::take(Active& a, std::span<const float> logits) {
   int32_t id;
   try {
     id = a.sampler.sample(logits);
   } catch (const std::exception& e) {
-    a.gen->end(Finish::kError, e.what());
+    retire(*a.gen, Finish::kError, e.what());
     return false;
   }
   if (id >= a.req.stop_from || std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), id) != a.req.stop_ids.end()) {
-    a.gen->end(Finish::kStop);
+    retire(*a.gen, Finish::kStop);
     return false;
   }
   a.gen->push(id);
@@ -145,7 +155,7 @@ bool Scheduler::take(Active& a, std::span<const float> logits) {
     ++totals_.generated_tokens;
   }
   if (a.produced >= a.req.max_new_tokens || gen_.position(a.slot) >= gen_.capacity()) {
-    a.gen->end(Finish::kLength);
+    retire(*a.gen, Finish::kLength);
     return false;
   }
   return true;
@@ -175,12 +185,10 @@ void Scheduler::loop() {
       active_count_ += static_cast<int>(admit.size());
     }
     const Clock::time_point now = Clock::now();
-    int removed = 0;
     // Admit: a prefill each; the first token is drawn from the prompt's last logits.
     for (auto& [g, req] : admit) {
       if (g->cancel_.load() != 0 || now >= req.deadline) {
-        g->end(g->cancel_.load() != 0 ? static_cast<Finish>(g->cancel_.load()) : Finish::kTimeout);
-        ++removed;
+        retire(*g, g->cancel_.load() != 0 ? static_cast<Finish>(g->cancel_.load()) : Finish::kTimeout);
         continue;
       }
       const int slot = free_slots_.back();
@@ -196,28 +204,26 @@ void Scheduler::loop() {
         }
         goes_on = take(a, logits);
       } catch (const std::exception& e) {
-        g->end(Finish::kError, e.what());
+        retire(*g, Finish::kError, e.what());
       }
       if (goes_on) {
         active_.push_back(std::move(a));
       } else {
         free_slots_.push_back(slot);
-        ++removed;
       }
     }
     // Cancellations and deadlines end a sequence before its next step.
     const Clock::time_point t = Clock::now();
     auto ended = [&](Active& a) {
       const int c = a.gen->cancel_.load();
-      if (c != 0) a.gen->end(static_cast<Finish>(c));
-      else if (t >= a.req.deadline) a.gen->end(Finish::kTimeout);
+      if (c != 0) retire(*a.gen, static_cast<Finish>(c));
+      else if (t >= a.req.deadline) retire(*a.gen, Finish::kTimeout);
       return c != 0 || t >= a.req.deadline;
     };
     for (size_t i = 0; i < active_.size();) {
       if (ended(active_[i])) {
         free_slots_.push_back(active_[i].slot);
         active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
-        ++removed;
       } else {
         ++i;
       }
@@ -245,24 +251,17 @@ void Scheduler::loop() {
           if (!take(active_[i], rows.subspan(row * V, V))) {
             free_slots_.push_back(active_[i].slot);
             active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
-            ++removed;
           } else {
             ++i;
           }
         }
       } catch (const std::exception& e) {
         for (Active& a : active_) {
-          a.gen->end(Finish::kError, e.what());
+          retire(*a.gen, Finish::kError, e.what());
           free_slots_.push_back(a.slot);
-          ++removed;
         }
         active_.clear();
       }
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      active_count_ -= removed;
-      if (queue_.empty() && active_count_ == 0) idle_cv_.notify_all();
     }
   }
 }

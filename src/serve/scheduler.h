@@ -120,6 +120,8 @@ class Scheduler {
   // Draws from logits for a; ends it when the draw or the context says so. Returns true when it
   // goes on.
   bool take(Active& a, std::span<const float> logits);
+  // Ends an admitted sequence and takes it off the active count, both under mu_.
+  void retire(Generation& g, Finish why, std::string error = "");
 
   Generator& gen_;
   SchedulerOptions options_;

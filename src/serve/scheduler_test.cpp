@@ -1,6 +1,7 @@
 // serve/scheduler: concurrent requests batched over the slots give each request what a generator
 // of its own gives it (greedy and seeded sampling), and every way a sequence ends: stop token,
-// max_new_tokens, full context, cancellation, deadline; a full queue and draining refuse.
+// max_new_tokens, full context, cancellation, deadline; a full queue and draining refuse; an ended
+// sequence is off the active count when its end is seen.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -165,6 +166,46 @@ TEST(Scheduler, AFullQueueRefuses) {
     return;
   }
   ADD_FAILURE() << "the first request never stayed running long enough to fill the queue";
+}
+
+// A sequence is off the active count by the time its end is seen: the engine used to signal the end
+// first and lower the count only after the rest of its iteration, so a client (or /health) that
+// looked at once still counted it. Here the rest of that iteration is a long prefill: x runs, a and
+// b queue behind it and are admitted together; a ends at its first token, then b's 3000-token
+// prompt fills its slot. Whoever waits on a must then see x and b active, not three.
+TEST(Scheduler, AnEndedSequenceIsOffTheCountWhenItsEndIsSeen) {
+  models::ModelConfig cfg = tiny_config("tiny-llama");
+  cfg.max_positions = 4096;
+  auto model = make_model(cfg);
+  Generator gen(*model, {.capacity = 4096, .slots = 3});
+  Scheduler sched(gen, {.max_queue = 8});
+  GenerationRequest x;
+  x.prompt = random_tokens(3000, cfg.vocab_size, 11);
+  x.max_new_tokens = 1000;
+  x.sampling.temperature = 0.0f;
+  GenerationRequest a = x, b = x;
+  a.prompt = random_tokens(4, cfg.vocab_size, 12);
+  a.max_new_tokens = 1;
+  b.prompt = random_tokens(3000, cfg.vocab_size, 13);
+  auto gx = sched.submit(x);
+  ASSERT_NE(gx, nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the engine is in x's prefill
+  auto ga = sched.submit(a);
+  auto gb = sched.submit(b);
+  ASSERT_NE(ga, nullptr);
+  ASSERT_NE(gb, nullptr);
+  EXPECT_EQ(collect(*ga).size(), 1u);
+  const int active = sched.stats().active;
+  EXPECT_EQ(ga->finish(), Finish::kLength);
+  const bool others_running = gx->finish() == Finish::kNone && gb->finish() == Finish::kNone;
+  gx->cancel();
+  gb->cancel();
+  collect(*gx);
+  collect(*gb);
+  if (others_running) EXPECT_EQ(active, 2);
+  else EXPECT_LE(active, 2);
+  sched.drain();
+  EXPECT_EQ(sched.stats().active, 0);
 }
 
 }  // namespace
