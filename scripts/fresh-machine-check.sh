@@ -2,12 +2,15 @@
 # The fresh-machine check: does the README's install work on a Debian 12 that has nothing on it?
 # Builds a clean root with debootstrap from the mirror this machine's apt already uses (read from
 # the apt sources, never written here), copies the working tree in, and inside it (chroot, with
-# /proc, /sys and /dev mounted) runs scripts/install-deps.sh, a release configure + build of
-# meshtrain and a 20-step tiny train. A package installed by hand on the CI machine but missing from
-# install-deps.sh fails here.
+# /proc, /sys and /dev mounted) runs scripts/install-deps.sh, a configure + build of meshtrain
+# (the release preset, unoptimised) and a 20-step tiny train. A package installed by hand on the CI
+# machine but missing from install-deps.sh fails here.
 # The bare root is cached as build/fresh-root-<suite>.tar between local runs; with CI=true (CI) it
 # is always built anew. Needs root (debootstrap, chroot, mount).
-# Usage: scripts/fresh-machine-check.sh   (env MT_FRESH_KEEP=1 keeps the root for inspection)
+# Usage: scripts/fresh-machine-check.sh [--prepare | --finish]   (env MT_FRESH_KEEP=1 keeps the root
+# for inspection). --prepare does the root and the install (mostly downloads and dpkg) and leaves
+# the root in build/fresh; --finish builds and trains in it and removes it (--clean only removes
+# it): scripts/test.sh runs the first beside its own build and the second at its end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -35,36 +38,72 @@ if ! command -v debootstrap >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
 fi
 
-cleanup() {
+unmount() {
   for m in dev/pts dev sys proc; do mountpoint -q "$ROOT/$m" 2>/dev/null && umount -l "$ROOT/$m"; done
+  return 0
+}
+cleanup() {
+  unmount
   [ "${MT_FRESH_KEEP:-0}" = 1 ] || rm -rf "$WORK"
 }
-trap cleanup EXIT
-cleanup
-mkdir -p "$WORK"
-t0=$(date +%s)
-if [ -f "$CACHE" ] && [ "${CI:-}" != true ]; then
-  echo "fresh-machine-check: bare $SUITE root from $CACHE"
-  mkdir -p "$ROOT" && tar -xf "$CACHE" -C "$ROOT"
-else
-  echo "fresh-machine-check: debootstrap $SUITE from $mirror"
-  debootstrap --variant=minbase "$SUITE" "$ROOT" "$mirror" > "$WORK/debootstrap.log" 2>&1 ||
-    { tail -20 "$WORK/debootstrap.log"; exit 1; }
-  [ "${CI:-}" = true ] || tar -cf "$CACHE" -C "$ROOT" .
-fi
-t1=$(date +%s)
-# The working tree as CI sees it: tracked and untracked-but-not-ignored files.
-mkdir -p "$ROOT/src/meshtrain"
-git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$ROOT/src/meshtrain"
-cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
-mount -t proc proc "$ROOT/proc"
-mount -t sysfs sys "$ROOT/sys"
-mount --bind /dev "$ROOT/dev"
-mount --bind /dev/pts "$ROOT/dev/pts"
-chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 /bin/bash -euo pipefail -c '
-  cd /src/meshtrain
-  bash scripts/install-deps.sh
-  cmake --preset release -DMT_BUILD_TESTS=OFF -DMT_BUILD_BENCH=OFF >/dev/null
+mount_root() {
+  mount -t proc proc "$ROOT/proc"
+  mount -t sysfs sys "$ROOT/sys"
+  mount --bind /dev "$ROOT/dev"
+  mount --bind /dev/pts "$ROOT/dev/pts"
+}
+in_root() {  # in_root SCRIPT: runs it in the root as a fresh login would, from the tree's copy
+  chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+    /bin/bash -euo pipefail -c "cd /src/meshtrain; $1"
+}
+
+# Phase one, mostly downloads and dpkg (little CPU): the root, the tree and install-deps.sh.
+prepare() {
+  cleanup
+  mkdir -p "$WORK"
+  local t0 t1
+  t0=$(date +%s)
+  if [ -f "$CACHE" ] && [ "${CI:-}" != true ]; then
+    echo "fresh-machine-check: bare $SUITE root from $CACHE"
+    mkdir -p "$ROOT" && tar -xf "$CACHE" -C "$ROOT"
+  else
+    echo "fresh-machine-check: debootstrap $SUITE from $mirror"
+    debootstrap --variant=minbase "$SUITE" "$ROOT" "$mirror" > "$WORK/debootstrap.log" 2>&1 ||
+      { tail -20 "$WORK/debootstrap.log"; return 1; }
+    [ "${CI:-}" = true ] || tar -cf "$CACHE" -C "$ROOT" .
+  fi
+  t1=$(date +%s)
+  # The working tree as CI sees it: tracked and untracked-but-not-ignored files.
+  mkdir -p "$ROOT/src/meshtrain"
+  git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$ROOT/src/meshtrain"
+  cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+  # The packages this machine's apt already fetched, as hard links (copies across filesystems): apt
+  # in the root checks each against its own index and downloads what is missing or of another
+  # version, so what gets installed is still decided by install-deps.sh alone.
+  mkdir -p "$ROOT/var/cache/apt/archives"
+  local deb to
+  for deb in /var/cache/apt/archives/*.deb; do
+    to="$ROOT/var/cache/apt/archives/${deb##*/}"
+    [ -e "$deb" ] && [ ! -e "$to" ] || continue  # none there, or debootstrap's own
+    ln "$deb" "$to" 2>/dev/null || cp "$deb" "$to" || true
+  done
+  mount_root
+  in_root 'bash scripts/install-deps.sh'
+  unmount
+  echo "fresh-machine-check: prepared (root $((t1 - t0)) s, install-deps $(($(date +%s) - t1)) s)"
+}
+
+# Phase two, the CPU's: configure, build and a 20-step train in the prepared root.
+finish() {
+  [ -f "$ROOT/src/meshtrain/scripts/install-deps.sh" ] ||
+    { echo "fresh-machine-check: no prepared root in $ROOT (run --prepare first)" >&2; return 1; }
+  local t1
+  t1=$(date +%s)
+  mount_root
+  # Unoptimised (build type None: no -O, a quarter less compile): what is checked is that the
+  # packages suffice.
+  in_root '
+  cmake --preset release -DMT_BUILD_TESTS=OFF -DMT_BUILD_BENCH=OFF -DMT_CCACHE=OFF -DCMAKE_BUILD_TYPE=None >/dev/null
   cmake --build build/release --target meshtrain -j"$(nproc)" >/dev/null
   m=build/release/meshtrain
   mkdir -p /tmp/fresh && cd /tmp/fresh
@@ -79,5 +118,13 @@ JSON
   "/src/meshtrain/$m" train tiny.json
   test -f run/latest
 '
-t2=$(date +%s)
-echo "fresh-machine-check: passed (root $((t1 - t0)) s, install + build + 20-step train $((t2 - t1)) s)"
+  echo "fresh-machine-check: passed (build + 20-step train $(($(date +%s) - t1)) s)"
+}
+
+case "${1:-}" in
+  "") trap cleanup EXIT; prepare; finish ;;
+  --prepare) trap 'if [ $? -eq 0 ]; then unmount; else cleanup; fi' EXIT; prepare ;;
+  --finish) trap cleanup EXIT; finish ;;
+  --clean) cleanup ;;
+  *) echo "usage: scripts/fresh-machine-check.sh [--prepare | --finish | --clean]" >&2; exit 2 ;;
+esac

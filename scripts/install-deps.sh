@@ -5,6 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
+  ccache                  # compiles through a cache: scripts/test.sh's CUDA build reuses the ci build's objects
   libdnnl-dev             # oneDNN: GEMM (fp32, bf16 with AVX512-BF16/AMX)
   ocl-icd-opencl-dev      # libdnnl-dev's CMake config does find_package(OpenCL REQUIRED) (only recommended by it)
   nlohmann-json3-dev      # JSON configs, safetensors headers
