@@ -8,6 +8,7 @@
 # most 8 files come back from a lent device machine: split the cases as below).
 # Usage: scripts/planner-campaign.sh [--bundle FILE] [--cases "6 11 10"] [--rounds R (default 3)]
 #   --calibrations DIR: use DIR/c4.json and DIR/c8.json where they exist instead of calibrating
+#   --pace: calibrate with `calibrate --pace` (in-situ blocks at the kernels' pace, DESIGN-NOTES 84)
 # On the device's 16-core VM (2026-11-27, rounds 3): the 4-rank calibration 113 s, case (10) 114 s,
 # case (6) 128 s, the 8-rank calibration 156 s, case (11) 68 s: 10 minutes, past one call's limit.
 # Run it as two calls on the warm machine: --cases "10 6" (311 s on 2026-11-28), then --cases 11
@@ -23,12 +24,14 @@ BUNDLE=""
 CASES="6 11 10"
 ROUNDS=3
 CALS=""
+PACE=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) BUNDLE=$2; shift 2 ;;
     --cases) CASES=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --calibrations) CALS=$(cd "$2" && pwd); shift 2 ;;
+    --pace) PACE=(--pace); shift ;;
     *) echo "planner-campaign: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -75,7 +78,7 @@ calibrate() {  # N
   for try in 1 2; do
     m=$(prevalent_speed)
     stamp "calibrate -n $n (the speed probe now: a median ${m:-?} s of 7)"
-    if ! timeout 300 meshtrain launch -n "$n" -- calibrate -o "$OUT/c$n.json" --force > "$W/cal$n.log" 2>&1; then
+    if ! timeout 300 meshtrain launch -n "$n" -- calibrate "${PACE[@]}" -o "$OUT/c$n.json" --force > "$W/cal$n.log" 2>&1; then
       status=1; tail -20 "$W/cal$n.log"; return
     fi
     grep -E "^(\[1,0\]<stdout>:)?(gemm|all_reduce|send_recv|memory)" "$W/cal$n.log" | head -8

@@ -5,6 +5,7 @@
 // the same (its fingerprint); --force measures again.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -31,7 +32,7 @@ namespace {
 
 struct CalibrateArgs {
   std::string out = "calibration.json";
-  bool quick = false, force = false, exchange_probe = false, speed_probe = false;
+  bool quick = false, force = false, exchange_probe = false, speed_probe = false, pace = false;
   std::string io_dir;
   unsigned long long io_mib = 1024;
   int threads = 0;
@@ -82,7 +83,8 @@ void run_calibrate(const CalibrateArgs& args) {
     comm::mpi_finalize();
     return;
   }
-  const nlohmann::json fp = fingerprint(P);
+  nlohmann::json fp = fingerprint(P);
+  if (args.pace) fp["pace"] = true;  // a paced calibration is not an unpaced one's, nor the reverse
   bool fresh = args.force || !fs::exists(args.out);
   if (!fresh) {
     const nlohmann::json old = engine::json_load_file(args.out);
@@ -123,6 +125,7 @@ void run_calibrate(const CalibrateArgs& args) {
   MT_CHECK(unwritable.empty(), ErrorKind::kIOError, unwritable);
   planner::CalibrateOptions o;
   o.quick = args.quick;
+  o.pace = args.pace;
   o.group = world.get();
   o.io_dir = args.io_dir;
   o.io_bytes = args.io_mib << 20;
@@ -192,8 +195,13 @@ void run_calibrate(const CalibrateArgs& args) {
                   static_cast<double>(cal.collective_max_bytes) / (1 << 20), cal.world);
     std::printf("%-24s %12s %16s\n", "family", "latency", "rate");
     for (const auto& [family, f] : cal.fits) {
-      if (family.rfind("in situ", 0) == 0) {  // a factor, not a rate
-        std::printf("%-24s %12.3f x the kernels' sum\n", family.c_str(), f.per_unit);
+      if (family.rfind("in situ", 0) == 0) {  // a factor, not a rate; beside it, the factor as timed
+        const std::string raw = "in situ factor " + family.substr(8) + " raw";  // before the pace
+        auto it = std::find_if(cal.points.begin(), cal.points.end(), [&](const planner::CalPoint& p) { return p.what == raw; });
+        if (it != cal.points.end())
+          std::printf("%-24s %12.3f x the kernels' sum (as timed: %.3f)\n", family.c_str(), f.per_unit, it->seconds);
+        else
+          std::printf("%-24s %12.3f x the kernels' sum\n", family.c_str(), f.per_unit);
         continue;
       }
       const bool flops = family.rfind("gemm", 0) == 0 || family.rfind("attention", 0) == 0;
@@ -231,6 +239,9 @@ void register_calibrate(CLI::App& app) {
   cmd->add_flag("--speed-probe", a->speed_probe,
                 "only time the speed probe (a fixed sample of a step's work, as plan --validate runs before each run) and "
                 "print its seconds; writes nothing");
+  cmd->add_flag("--pace", a->pace,
+                "experimental: scale each in-situ block to the kernels' pace, taken after every kernel point and around "
+                "every block (DESIGN-NOTES 84); the factors as timed are kept in the file and printed beside");
   cmd->add_option("--threads", a->threads, "threads per rank (default: OMP_NUM_THREADS, which meshtrain launch sets to the cores per rank)");
   cmd->callback([a] { run_calibrate(*a); });
 }

@@ -207,6 +207,13 @@ size_t last_level_cache_bytes() {
   return best;
 }
 
+// Set while the kernels are timed: time_calls then takes the pace after each point.
+struct PaceRecord {
+  std::function<double()> pace;  // PaceProbe::once
+  std::vector<double> paces;
+};
+PaceRecord* g_kernel_pace = nullptr;
+
 template <typename F>
 double time_calls(F&& f, double budget, int min_calls, comm::Backend* group, bool warm_up = true) {
   if (warm_up) f();
@@ -234,6 +241,7 @@ double time_calls(F&& f, double budget, int min_calls, comm::Backend* group, boo
     o.tag = "calibrate time";
     group->all_reduce(&s, 1, DType::kF32, o)->wait();
   }
+  if (g_kernel_pace != nullptr) g_kernel_pace->paces.push_back(g_kernel_pace->pace());
   return s;
 }
 
@@ -264,6 +272,51 @@ void fill_lowp(std::vector<char>& buf, DType dt) {
   for (size_t i = 0; i < n; ++i) tmp[i] = static_cast<float>(i % 1000) / 1000.0f - 0.5f;
   convert(buf.data(), dt, tmp.data(), DType::kF32, n);
 }
+
+// The machine's pace at one moment: a short fixed sample of a step's work (three bf16 GEMMs of
+// 512 x 1024 x 512 with operands rotating past the caches, one GELU pass over 16 MiB), prepared
+// once, timed once per call on this process's threads. The calibration takes it after every kernel
+// point and around every in-situ block, so that a block timed in another speed state of the
+// machine than the kernels can be scaled back to theirs (DESIGN-NOTES 84).
+class PaceProbe {
+ public:
+  PaceProbe() {
+    const size_t a_bytes = size_t{kM} * kK * 2, b_bytes = size_t{kN} * kK * 2;
+    copies_ = rotation(a_bytes + b_bytes + size_t{kM} * kN * 4);
+    a_.assign(copies_, std::vector<char>(a_bytes));
+    b_.assign(copies_, std::vector<char>(b_bytes));
+    c_.assign(copies_, std::vector<float>(size_t{kM} * kN));
+    for (int i = 0; i < copies_; ++i) fill_lowp(a_[i], DType::kBF16), fill_lowp(b_[i], DType::kBF16);
+    x_.assign(size_t{4} << 20, 0.5f);
+    y_.resize(x_.size());
+    once();  // warm
+  }
+  // The fastest of three tries: right after a model's backward, the first try here often took 4-8
+  // times the others (a one-off, which the blocks themselves do not show).
+  double once() {
+    double best = 0.0;
+    for (int r = 0; r < 3; ++r) {
+      Timer t;
+      for (int i = 0; i < 3; ++i) {
+        kernels::gemm(kM, kN, kK, a_[next_].data(), kK, false, b_[next_].data(), kK, true, c_[next_].data(), kN,
+                      DType::kBF16, false);
+        next_ = (next_ + 1) % copies_;
+      }
+      kernels::gelu_forward(y_.data(), x_.data(), x_.size());
+      const double s = t.seconds();
+      best = r == 0 ? s : std::min(best, s);
+    }
+    return best;
+  }
+
+ private:
+  static constexpr int kM = 512, kN = 1024, kK = 512;
+  int copies_ = 1, next_ = 0;
+  std::vector<std::vector<char>> a_, b_;
+  std::vector<std::vector<float>> c_;
+  std::vector<float> x_, y_;
+};
+
 
 }  // namespace
 
@@ -689,7 +742,12 @@ size_t process_constant(comm::Backend* group) {
 // (`runs`) runs each forward and backward at once and each is the slowest rank's time
 // (lockstep_seconds): a step's ranks wait for their slowest at every collective (DESIGN-NOTES 50).
 // Every rank of the group calls it; the others wait without spinning.
-void time_in_situ(Calibration& cal, const CalibrateOptions& options, comm::Backend* group, bool runs) {
+// `kernel_pace`: the median pace over the kernel points (0: none, no scaling). Each block is scaled
+// by kernel_pace over the pace around it (the mean of this rank's pace just before and just
+// after), so that its time is the one it would have taken at the kernels' state; the unscaled
+// factor is kept as a point ("in situ factor ... raw").
+void time_in_situ(Calibration& cal, const CalibrateOptions& options, comm::Backend* group, bool runs,
+                  PaceProbe* pace, double kernel_pace) {
   for (models::Arch arch : {models::Arch::kGpt2, models::Arch::kLlama})
     for (DType dt : {DType::kF32, DType::kBF16}) {
       const bool gpt2 = arch == models::Arch::kGpt2;
@@ -719,16 +777,26 @@ void time_in_situ(Calibration& cal, const CalibrateOptions& options, comm::Backe
       // Alternating, so a disturbance hits both; the first round warms up; the median of the rest
       // (the kernels' lines are means over calls: a fastest-of would bias the ratio low).
       std::vector<double> f[2], b[2], f_own[2], b_own[2];  // the slowest rank's; this rank's own
+      std::vector<double> fp[2], bp[2];                        // the slowest rank's, at the kernels' pace
       const int rounds = options.quick ? 3 : 8;
+      const bool paced = runs && pace != nullptr && kernel_pace > 0;
+      auto pace_now = [&] { return paced ? pace->once() : 0.0; };
+      double p = pace_now();
       for (int r = 0; r < rounds; ++r)
         for (int k = 0; k < 2; ++k) {
           models::TransformerLM* model = runs ? (k ? two.get() : one.get()) : nullptr;
           double of = 0.0, ob = 0.0;
           const double tf = lockstep_seconds(group, runs, [&] { model->forward(tok.data(), tgt.data(), 1.0f); }, &of);
+          const double p_mid = pace_now();
           const double tb = lockstep_seconds(group, runs, [&] { model->backward(); }, &ob);
+          const double p_end = pace_now();
+          const double sf = paced ? 2 * kernel_pace / (p + p_mid) : 1.0, sb = paced ? 2 * kernel_pace / (p_mid + p_end) : 1.0;
+          p = p_end;
           if (r == 0) continue;
           f[k].push_back(tf);
           b[k].push_back(tb);
+          fp[k].push_back(tf * sf);
+          bp[k].push_back(tb * sb);
           f_own[k].push_back(of);
           b_own[k].push_back(ob);
         }
@@ -741,8 +809,14 @@ void time_in_situ(Calibration& cal, const CalibrateOptions& options, comm::Backe
       const StepShape shape{.model = m, .micro_batch = B, .seq_length = T, .compute = dt};
       const ZeroStepCosts modelled = zero_step_costs(shape, cal);
       const std::string what = std::string(gpt2 ? "gpt2 " : "llama ") + dtype_name(dt);
-      const double mf = std::max(median(f[1]) - median(f[0]), 1e-9) / (hi - lo),
-                   mb = std::max(median(b[1]) - median(b[0]), 1e-9) / (hi - lo);
+      const double rf = std::max(median(f[1]) - median(f[0]), 1e-9) / (hi - lo),
+                   rb = std::max(median(b[1]) - median(b[0]), 1e-9) / (hi - lo);
+      const double mf = std::max(median(fp[1]) - median(fp[0]), 1e-9) / (hi - lo),
+                   mb = std::max(median(bp[1]) - median(bp[0]), 1e-9) / (hi - lo);
+      if (paced) {
+        cal.points.push_back({"in situ factor forward " + what + " raw", 1.0, rf / modelled.forward[1]});
+        cal.points.push_back({"in situ factor backward " + what + " raw", 1.0, rb / modelled.backward[1]});
+      }
       cal.points.push_back({"in situ block forward " + what, 1.0, mf});
       cal.points.push_back({"in situ block backward " + what, 1.0, mb});
       if (group != nullptr && group->size() > 1) {  // this rank's own, for comparison (not a factor)
@@ -952,9 +1026,34 @@ Calibration calibrate(const CalibrateOptions& options) {
     return s;
   };
   probe_now();
-  if (times_kernels) time_kernels(cal, options, budget);
+  // With options.pace, the pace after every kernel point; its median is the kernels' state.
+  std::unique_ptr<PaceProbe> pace;
+  double kernel_pace = 0.0;
+  if (times_kernels && options.pace) {
+    pace = std::make_unique<PaceProbe>();
+    PaceRecord record{.pace = [&] { return pace->once(); }, .paces = {}};
+    g_kernel_pace = &record;
+    try {
+      time_kernels(cal, options, budget);
+    } catch (...) {
+      g_kernel_pace = nullptr;
+      throw;
+    }
+    g_kernel_pace = nullptr;
+    std::vector<double> q = record.paces;
+    std::sort(q.begin(), q.end());
+    double mean = 0.0;
+    for (double x : q) mean += x / static_cast<double>(q.size());
+    if (!q.empty()) {
+      kernel_pace = q[q.size() / 2];
+      cal.points.push_back({"pace kernels", static_cast<double>(q.size()), kernel_pace});
+      cal.points.push_back({"pace kernels mean", static_cast<double>(q.size()), mean});
+    }
+  } else if (times_kernels) {
+    time_kernels(cal, options, budget);
+  }
   probe_now();
-  time_in_situ(cal, options, group, times_kernels);
+  time_in_situ(cal, options, group, times_kernels, pace.get(), kernel_pace);
   if (group) probe_now();  // before the collectives
   if (group) {
     std::unique_ptr<comm::Work> w = group->barrier(comm::BarrierOptions{});

@@ -141,6 +141,9 @@ struct CalibrateOptions {
   comm::Backend* group = nullptr;  // collectives over it (null or one rank: none)
   std::string io_dir;            // the disk probe's directory (empty: not measured)
   unsigned long long io_bytes = 1ull << 30;
+  // Experimental (calibrate --pace): the in-situ blocks scaled to the kernels' pace (PaceProbe in
+  // calibrate.cpp, DESIGN-NOTES 84). Off: as timed, the factor at the state each block met.
+  bool pace = false;
 };
 
 // Collective when group has more than one rank: every rank calls it.

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -200,6 +201,7 @@ TEST(CalibrationFit, SpeedVerdictsSayWhichStateTheCalibrationMet) {
 TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
   CalibrateOptions o;
   o.quick = true;
+  o.pace = true;
   const Calibration cal = calibrate(o);
   EXPECT_EQ(cal.world, 1);
   for (const char* family : {"gemm f32", "gemm bf16", "gemm backward f32", "gemm backward bf16", "attention forward",
@@ -213,8 +215,24 @@ TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
   }
   // quick: 3 GEMM shapes x 2 dtypes x 2 directions, 2 attention x 2, 3 x (memory, adamw, copy, zero,
   // convert), the blocks' 10 elementwise (dropout's mask among them) x 2, and where the machine
-  // tells its last-level cache, 2 x (copy, zero, add) hot within it
-  EXPECT_EQ(cal.points.size(), cal.cache_bytes > 0 ? 65u : 59u);
+  // tells its last-level cache, 2 x (copy, zero, add) hot within it; the in-situ blocks' unscaled
+  // factors (4 x 2) and the kernels' pace, median and mean (o.pace)
+  EXPECT_EQ(cal.points.size(), cal.cache_bytes > 0 ? 75u : 69u);
+  // The pace was taken after every kernel point (DESIGN-NOTES 84), and each in-situ factor keeps
+  // its unscaled value beside it.
+  auto point = [&](const std::string& what) {
+    auto it = std::find_if(cal.points.begin(), cal.points.end(), [&](const CalPoint& p) { return p.what == what; });
+    return it == cal.points.end() ? nullptr : &*it;
+  };
+  ASSERT_NE(point("pace kernels"), nullptr);
+  EXPECT_GE(point("pace kernels")->units, 40.0);
+  for (const char* way : {"forward", "backward"})
+    for (const char* what : {"gpt2 f32", "gpt2 bf16", "llama f32", "llama bf16"}) {
+      const std::string family = std::string("in situ ") + way + " " + what;
+      ASSERT_TRUE(cal.fits.count(family)) << family;
+      EXPECT_GT(cal.fits.at(family).per_unit, 0.0) << family;
+      ASSERT_NE(point("in situ factor " + std::string(way) + " " + what + " raw"), nullptr) << family;
+    }
   if (cal.cache_bytes > 0)
     for (const char* family : {"copy hot", "zero hot", "add hot"}) {
       ASSERT_TRUE(cal.fits.count(family)) << family;
