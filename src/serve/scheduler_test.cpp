@@ -29,6 +29,21 @@ std::vector<int32_t> collect(Generation& g) {
   return ids;
 }
 
+// tiny-llama with a context of 4096: long enough that a request is still running when we look.
+models::ModelConfig long_llama() {
+  models::ModelConfig cfg = tiny_config("tiny-llama");
+  cfg.max_positions = 4096;
+  return cfg;
+}
+
+GenerationRequest greedy(int prompt_tokens, int vocab, uint64_t seed, int max_new_tokens) {
+  GenerationRequest q;
+  q.prompt = random_tokens(prompt_tokens, vocab, seed);
+  q.max_new_tokens = max_new_tokens;
+  q.sampling.temperature = 0.0f;
+  return q;
+}
+
 TEST(Scheduler, ConcurrentRequestsEqualEachGeneratedAlone) {
   for (const char* name : {"tiny-gpt2", "tiny-llama"}) {
     SCOPED_TRACE(name);
@@ -137,15 +152,11 @@ TEST(Scheduler, EachWayASequenceEnds) {
 // One slot and a queue of one: while a long generation holds the slot and one request waits, a
 // third is refused; cancelling the first lets the waiting one run.
 TEST(Scheduler, AFullQueueRefuses) {
-  models::ModelConfig cfg = tiny_config("tiny-llama");
-  cfg.max_positions = 4096;  // long enough that the first request is still running when we look
+  const models::ModelConfig cfg = long_llama();
   auto model = make_model(cfg);
   Generator gen(*model, {.capacity = 4096, .slots = 1});
   Scheduler sched(gen, {.max_queue = 1});
-  GenerationRequest q;
-  q.prompt = random_tokens(3, cfg.vocab_size, 9);
-  q.max_new_tokens = 4000;
-  q.sampling.temperature = 0.0f;
+  const GenerationRequest q = greedy(3, cfg.vocab_size, 9, 4000);
   for (int attempt = 0; attempt < 3; ++attempt) {
     auto a = sched.submit(q);
     ASSERT_NE(a, nullptr);
@@ -174,19 +185,12 @@ TEST(Scheduler, AFullQueueRefuses) {
 // b queue behind it and are admitted together; a ends at its first token, then b's 3000-token
 // prompt fills its slot. Whoever waits on a must then see x and b active, not three.
 TEST(Scheduler, AnEndedSequenceIsOffTheCountWhenItsEndIsSeen) {
-  models::ModelConfig cfg = tiny_config("tiny-llama");
-  cfg.max_positions = 4096;
+  const models::ModelConfig cfg = long_llama();
   auto model = make_model(cfg);
   Generator gen(*model, {.capacity = 4096, .slots = 3});
   Scheduler sched(gen, {.max_queue = 8});
-  GenerationRequest x;
-  x.prompt = random_tokens(3000, cfg.vocab_size, 11);
-  x.max_new_tokens = 1000;
-  x.sampling.temperature = 0.0f;
-  GenerationRequest a = x, b = x;
-  a.prompt = random_tokens(4, cfg.vocab_size, 12);
-  a.max_new_tokens = 1;
-  b.prompt = random_tokens(3000, cfg.vocab_size, 13);
+  const GenerationRequest x = greedy(3000, cfg.vocab_size, 11, 1000), a = greedy(4, cfg.vocab_size, 12, 1),
+                          b = greedy(3000, cfg.vocab_size, 13, 1000);
   auto gx = sched.submit(x);
   ASSERT_NE(gx, nullptr);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the engine is in x's prefill
