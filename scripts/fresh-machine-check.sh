@@ -44,6 +44,11 @@ unmount() {
 }
 cleanup() {
   unmount
+  # Never delete through a mount that is still there (the root's /dev is the machine's).
+  if grep -q " $WORK/" /proc/mounts; then
+    echo "fresh-machine-check: mounts remain under $WORK; it is left in place" >&2
+    return 1
+  fi
   [ "${MT_FRESH_KEEP:-0}" = 1 ] || rm -rf "$WORK"
 }
 mount_root() {

@@ -4,8 +4,8 @@
 # grew in build/fuzz/corpus/. Exits non-zero if any target finds a crash, a sanitizer report, an
 # exception other than mt::Error, a leak or an input slower than 10 s; the input that did it is
 # saved as build/fuzz/artifacts/TARGET-crash-... (rerun it: build/fuzz/fuzz/TARGET_fuzz FILE).
-# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]   (targets: safetensors indexed_dataset tokenizer
-# ds_config; default all)
+# Usage: [MT_FUZZ_OPT=-O1] scripts/fuzz.sh [SECONDS] [TARGET...]   (targets: safetensors
+# indexed_dataset tokenizer ds_config; default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +18,8 @@ if ! command -v clang++ >/dev/null; then
   echo "fuzz: clang++ not found; run scripts/install-deps.sh" >&2
   exit 2
 fi
-cmake --preset fuzz >/dev/null
+# Unoptimised unless MT_FUZZ_OPT says (e.g. -O1 for a long campaign): CI's short runs are mostly build.
+cmake --preset fuzz -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="${MT_FUZZ_OPT:--O0} -gline-tables-only" >/dev/null
 cmake --build --preset fuzz
 
 out=build/fuzz
