@@ -11,11 +11,16 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <deque>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <span>
+#include <system_error>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -228,6 +233,11 @@ int HttpServer::bind() {
     MT_CHECK(http_->bind_to_port(options_.host, port), ErrorKind::kIOError,
              "serve: cannot bind " + options_.host + ":" + std::to_string(port) + " (in use, or not an address here)");
   }
+  // cpp-httplib listens with a backlog of 5: past it, the kernel drops a connection's handshake and
+  // the client waits for its retransmission (1, 2, 4 s ...), however idle the workers. Listening
+  // again on the bound socket sets the backlog (capped by net.core.somaxconn).
+  MT_CHECK(listen_fd_ >= 0 && ::listen(listen_fd_, SOMAXCONN) == 0, ErrorKind::kIOError,
+           "serve: cannot listen on " + options_.host + ":" + std::to_string(port) + ": " + std::strerror(errno));
   return port;
 }
 
@@ -448,6 +458,67 @@ int request_socket(const httplib::Request& req) {
   return found;
 }
 
+// The HTTP workers. A connection holds its worker from accept until it has read a request or a
+// read timed out (5 s each), and again between keep-alive requests; with a fixed pool, idle or
+// half-open connections queued every request behind them (200 stalled /health for ~18 s against
+// 76 workers). Here a connection that finds no worker idle gets a new one, up to `max`; the
+// workers past `core` end after 10 s without work. Past `max` connections wait for a worker.
+class ElasticPool final : public httplib::TaskQueue {
+ public:
+  ElasticPool(size_t core, size_t max) : core_(core), max_(std::max(core, max)) {}
+  ~ElasticPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    jobs_.push_back(std::move(fn));
+    if (idle_ >= jobs_.size()) {
+      work_.notify_one();
+    } else if (live_ < max_) {
+      ++live_;
+      try {
+        std::thread([this] { run(); }).detach();
+      } catch (const std::system_error&) {  // no thread to be had: the connection waits for one
+        --live_;
+      }
+    }
+  }
+  // Lets the workers finish what they hold and the queue, then waits until every one has ended.
+  void shutdown() override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    stop_ = true;
+    work_.notify_all();
+    ended_.wait(lock, [this] { return live_ == 0; });
+  }
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      ++idle_;
+      const bool woken = work_.wait_for(lock, std::chrono::seconds(10), [this] { return stop_ || !jobs_.empty(); });
+      --idle_;
+      if (!jobs_.empty()) {
+        std::function<void()> fn = std::move(jobs_.front());
+        jobs_.pop_front();
+        lock.unlock();
+        fn();
+        lock.lock();
+        continue;
+      }
+      if (stop_ || (!woken && live_ > core_)) break;
+    }
+    --live_;
+    // Unlocks and wakes shutdown() only once this thread has ended: the pool may go right after.
+    std::notify_all_at_thread_exit(ended_, std::move(lock));
+  }
+
+  const size_t core_, max_;
+  std::mutex mutex_;
+  std::condition_variable work_, ended_;
+  std::deque<std::function<void()>> jobs_;
+  size_t live_ = 0, idle_ = 0;
+  bool stop_ = false;
+};
+
 // Whether the client at the other end of fd has closed its side: a peek that reads end-of-file or
 // fails. (A pipelined next request is data, not a close.)
 bool peer_closed(int fd) {
@@ -461,8 +532,19 @@ bool peer_closed(int fd) {
 void HttpServer::route() {
   httplib::Server& s = *http_;
   const int threads = options_.threads > 0 ? options_.threads : gen_.slots() + options_.max_queue + 8;
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  const int max_threads = std::max(threads, options_.max_threads);
+  s.new_task_queue = [threads, max_threads] {
+    return new ElasticPool(static_cast<size_t>(threads), static_cast<size_t>(max_threads));
+  };
   s.set_payload_max_length(options_.max_body_bytes);
+  // The listening socket: SO_REUSEADDR (a restart binds over connections in TIME_WAIT), not
+  // httplib's default SO_REUSEPORT, with which a second server bound the same port and the kernel
+  // shared the connections between the two. Kept for bind()'s backlog.
+  s.set_socket_options([this](int sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd_ = sock;
+  });
   s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler's own error
     HttpError e{res.status, "", "invalid_request_error", ""};

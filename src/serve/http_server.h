@@ -46,7 +46,8 @@ struct ServerOptions {
   size_t max_body_bytes = 1 << 20;       // larger bodies get 413
   double request_timeout_s = 600;        // queue + generation; then 504 (or an error event)
   int default_max_tokens = 16;           // OpenAI completions' default for max_tokens
-  int threads = 0;                       // HTTP worker threads; 0 = slots + max_queue + 8
+  int threads = 0;                       // HTTP worker threads kept; 0 = slots + max_queue + 8
+  int max_threads = 1024;                // more while connections find none idle (idle ones hold one)
   std::vector<int32_t> eos_ids;          // the model's config.json eos_token_id(s), besides <|endoftext|>
 };
 
@@ -78,6 +79,7 @@ class HttpServer {
   ServerOptions options_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<httplib::Server> http_;
+  int listen_fd_ = -1;  // the listening socket (httplib's), once bound
   std::atomic<int> in_flight_{0};
   std::atomic<bool> draining_{false};
   int64_t created_ = 0;

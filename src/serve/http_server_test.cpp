@@ -395,6 +395,55 @@ TEST_F(HttpServerTest, ConcurrentClientsGetTheirOwnAnswers) {
       << "no decode step ran more than one sequence";
 }
 
+// Connections that send nothing, or half a request line, each hold an HTTP worker until their read
+// times out (5 s). With a fixed pool of 76 workers, 240 of them queued /health behind them for 15 s,
+// answered only after the server had dropped the first; now every connection that finds no worker
+// idle gets one, so /health is answered while all 240 are still open.
+TEST_F(HttpServerTest, IdleAndHalfSentConnectionsDoNotQueueOtherRequests) {
+  std::vector<int> idle;
+  for (int i = 0; i < 240; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    idle.push_back(fd);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server_->port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << i;
+    if (i % 6 == 0) {
+      ASSERT_EQ(::send(fd, "GET /hea", 8, 0), 8);
+    }
+  }
+  httplib::Client cli("127.0.0.1", server_->port);
+  cli.set_read_timeout(60, 0);
+  auto h = cli.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  int dropped = 0;  // connections the server has closed: it timed them out before it answered
+  for (int fd : idle) {
+    char c;
+    if (::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) >= 0) ++dropped;
+    ::close(fd);
+  }
+  EXPECT_EQ(dropped, 0) << "of " << idle.size() << " idle connections, before /health was answered";
+}
+
+// A second server on a port in use is refused with its line: with cpp-httplib's default
+// SO_REUSEPORT it bound too, and the kernel shared the first one's connections with it.
+TEST_F(HttpServerTest, ASecondServerOnAPortInUseIsRefused) {
+  Generator gen(*model_, GeneratorOptions{.slots = 1});
+  ServerOptions so;
+  so.port = server_->port;
+  HttpServer second(gen, *tok_, so);
+  try {
+    second.bind();
+    ADD_FAILURE() << "a second server bound port " << so.port;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot bind 127.0.0.1:" + std::to_string(so.port) + " (in use"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Utf8, CompletePrefixHoldsBackASplitCharacter) {
   const std::string ni = "\xE4\xBD\xA0";  // 你
   EXPECT_EQ(utf8_complete_prefix(""), 0u);
