@@ -9,6 +9,10 @@
 # Usage: scripts/planner-campaign.sh [--bundle FILE] [--cases "6 11 10"] [--rounds R (default 3)]
 #   --calibrations DIR: use DIR/c4.json and DIR/c8.json where they exist instead of calibrating
 #   --pace: calibrate with `calibrate --pace` (in-situ blocks at the kernels' pace, DESIGN-NOTES 84)
+#   --pace-ab: also calibrate with --pace, right after each calibration, into cN.pace.json; the cases
+#     are measured once, and tools/reprice_lease.py prices their layouts with either file. For the
+#     15 minutes of device time a task now gets, one call: --cases "10 6" --rounds 2 --pace-ab
+#     (about 7-8 minutes on that VM: two 4-rank calibrations of ~2 min, the two cases ~1.5 min each).
 # On the device's 16-core VM (2026-11-27, rounds 3): the 4-rank calibration 113 s, case (10) 114 s,
 # case (6) 128 s, the 8-rank calibration 156 s, case (11) 68 s: 10 minutes, past one call's limit.
 # Run it as two calls on the warm machine: --cases "10 6" (311 s on 2026-11-28), then --cases 11
@@ -25,6 +29,7 @@ CASES="6 11 10"
 ROUNDS=3
 CALS=""
 PACE=()
+PACE_AB=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) BUNDLE=$2; shift 2 ;;
@@ -32,9 +37,13 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS=$2; shift 2 ;;
     --calibrations) CALS=$(cd "$2" && pwd); shift 2 ;;
     --pace) PACE=(--pace); shift ;;
+    --pace-ab) PACE_AB=1; shift ;;
     *) echo "planner-campaign: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+if [ "$PACE_AB" = 1 ] && [ ${#PACE[@]} -ne 0 ]; then
+  echo "planner-campaign: --pace-ab calibrates both ways; drop --pace" >&2; exit 2
+fi
 if [ -n "$BUNDLE" ]; then
   B=$(mktemp -d)
   tar -xJf "$BUNDLE" -C "$B"
@@ -72,8 +81,19 @@ prevalent_speed() {
 # A calibration's speed probe at each of its phases (speed_probes_s), comma-separated.
 phase_probes() { tr -d ' \n' < "$1" | sed -n 's/.*"speed_probes_s":\[\([^]]*\)\].*/\1/p'; }
 # Calibrates N ranks, and once more where its phases' probes are not all within 25 % of the state
-# the machine was in just before (the second is kept whatever it met).
+# the machine was in just before (the second is kept whatever it met); with --pace-ab, then once
+# with --pace into cN.pace.json.
 calibrate() {  # N
+  calibrate_tries "$1"
+  [ "$PACE_AB" = 1 ] && [ "$status" = 0 ] || return 0
+  local n=$1
+  stamp "calibrate -n $n --pace (the A/B's other calibration; the speed probe now: a median $(prevalent_speed) s of 7)"
+  if ! timeout 300 meshtrain launch -n "$n" -- calibrate --pace -o "$OUT/c$n.pace.json" --force > "$W/cal$n.pace.log" 2>&1; then
+    status=1; tail -20 "$W/cal$n.pace.log"; return
+  fi
+  grep -E "^(\[1,0\]<stdout>:)?(in situ|speed probe)" "$W/cal$n.pace.log"
+}
+calibrate_tries() {  # N
   local n=$1 try m probes
   for try in 1 2; do
     m=$(prevalent_speed)

@@ -4,13 +4,15 @@
 Reads a lease folder (docs/leases/DATE: c4.json, c8.json and the case logs that
 scripts/planner-campaign.sh wrote), predicts every measured layout again with `meshtrain plan
 --search` from the same calibration, as it is and with each dtype's and direction's in-situ factors
-set to the two architectures' mean where they lie more than 25 % apart, and prints each case's
-step errors against the measured medians, Kendall's tau and the chosen layout.
+set to the two architectures' mean where they lie more than 25 % apart, and, where the lease has
+them (planner-campaign.sh --pace-ab), from the calibrations taken with --pace (c4.pace.json); it
+prints each case's step errors against the measured medians, Kendall's tau and the chosen layout.
 Usage: tools/reprice_lease.py [LEASE_DIR (docs/leases/2026-11-28)] [--meshtrain build/ci/meshtrain]
 """
 import argparse, itertools, json, os, re, statistics, subprocess, tempfile
 
 CASES = {  # log: config, ranks, calibration, the case's own arguments (scripts/planner-campaign.sh)
+    'case10.log': ('plan-llama-mid.json', 4, 'c4.json', ['--memory', '0.2', '--set', 'train_micro_batch_size_per_gpu=2']),
     'case10a.log': ('plan-llama-mid.json', 4, 'c4.json', ['--memory', '0.2', '--set', 'train_micro_batch_size_per_gpu=2']),
     'case6.log': ('plan-gpt2-mid.json', 4, 'c4.json', ['--set', 'train_micro_batch_size_per_gpu=2']),
     'case11.log': ('plan-gpt2-mid.json', 8, 'c8.json', ['--set', 'train_micro_batch_size_per_gpu=1']),
@@ -43,15 +45,20 @@ def main():
     ap.add_argument('--meshtrain', default='build/ci/meshtrain')
     a = ap.parse_args()
     tmp = tempfile.mkdtemp()
-    for how in ('as calibrated', 'one factor for both architectures'):
+    hows = ['as calibrated', 'one factor for both architectures']
+    if any(os.path.exists(os.path.join(a.lease, f'c{n}.pace.json')) for n in (4, 8)):
+        hows.append('calibrated with --pace')
+    for how in hows:
         every = []
         for log, (cfg, procs, cal, extra) in CASES.items():
             path = os.path.join(a.lease, log)
-            if not os.path.exists(path):
+            if how == 'calibrated with --pace':
+                cal = cal.replace('.json', '.pace.json')
+            if not os.path.exists(path) or not os.path.exists(os.path.join(a.lease, cal)):
                 continue
             measured = {m.group(2).strip(): float(m.group(4)) for m in map(MEASURED.match, open(path)) if m}
             cal_path = os.path.join(a.lease, cal)
-            if how != 'as calibrated':
+            if how == 'one factor for both architectures':
                 cal_path = os.path.join(tmp, cal)
                 json.dump(pooled(os.path.join(a.lease, cal)), open(cal_path, 'w'))
             out = subprocess.run([a.meshtrain, 'plan', os.path.join('configs', cfg), '--procs', str(procs), '--calibration',
@@ -67,7 +74,8 @@ def main():
             print(f"{how:34s} {log:12s} errors {' '.join(f'{e:+.1f}' for e in errs)}  median {statistics.median(map(abs, errs)):.1f} %"
                   f"  worst {max(map(abs, errs)):.1f} %  tau {tau(*zip(*rows)):.2f}  chosen {over:.1f} % behind the best"
                   + (f"  (not ranked: {missing})" if missing else ''))
-        print(f"{how:34s} all {len(every)} rows: median {statistics.median(every):.1f} %, worst {max(every):.1f} %")
+        if every:
+            print(f"{how:34s} all {len(every)} rows: median {statistics.median(every):.1f} %, worst {max(every):.1f} %")
 
 
 if __name__ == '__main__':
