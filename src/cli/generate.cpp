@@ -43,8 +43,9 @@ void run_generate(const GenerateArgs& a) {
   std::printf("%s", a.prompt.c_str());
   int n = 0;
   for (; n < a.max_new_tokens; ++n) {
-    int32_t id = sampler.sample(logits);
-    if (id == tok.eot_id() || id >= tok.vocab_size() || std::find(lm.eos_ids.begin(), lm.eos_ids.end(), id) != lm.eos_ids.end())
+    // Never an id past the tokenizer's (a model vocabulary padded past it): it could not be decoded.
+    int32_t id = sampler.sample(logits.first(std::min(logits.size(), static_cast<size_t>(tok.vocab_size()))));
+    if (id == tok.eot_id() || std::find(lm.eos_ids.begin(), lm.eos_ids.end(), id) != lm.eos_ids.end())
       break;
     std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
     std::fwrite(piece.data(), 1, piece.size(), stdout);

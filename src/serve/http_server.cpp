@@ -627,7 +627,7 @@ void HttpServer::handle_chatglm(const httplib::Request& req, httplib::Response& 
     r.sampling = sampling_from(body, 0.95f, 0.7f);
     r.stop_ids = {tok_.eot_id()};
     r.stop_ids.insert(r.stop_ids.end(), options_.eos_ids.begin(), options_.eos_ids.end());
-    r.stop_from = tok_.vocab_size();
+    r.sample_below = tok_.vocab_size();
     r.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.request_timeout_s));
     const int fd = request_socket(req);
     const std::string text =
@@ -735,7 +735,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       r.stop_ids = {tok_.eot_id()};
       r.stop_ids.insert(r.stop_ids.end(), options_.eos_ids.begin(), options_.eos_ids.end());
     }
-    r.stop_from = tok_.vocab_size();
+    r.sample_below = tok_.vocab_size();
     r.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.request_timeout_s));
     const std::vector<std::string> stops = stops_from(body);
     bool stream = false;

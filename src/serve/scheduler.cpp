@@ -96,6 +96,7 @@ std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
   for (int32_t id : request.prompt)
     MT_CHECK(id >= 0 && id < gen_.vocab_size(), ErrorKind::kInvalidArgument,
              "prompt token " + std::to_string(id) + " is outside the vocabulary");
+  MT_CHECK(request.sample_below >= 1, ErrorKind::kInvalidArgument, "sample_below must be >= 1");
   MT_CHECK(request.max_new_tokens >= 1, ErrorKind::kInvalidArgument,
            "max_tokens must be at least 1, got " + std::to_string(request.max_new_tokens));
   sampling_options_validate(request.sampling);
@@ -138,12 +139,12 @@ void Scheduler::retire(Generation& g, Finish why, std::string error) {
 bool Scheduler::take(Active& a, std::span<const float> logits) {
   int32_t id;
   try {
-    id = a.sampler.sample(logits);
+    id = a.sampler.sample(logits.first(std::min(logits.size(), static_cast<size_t>(a.req.sample_below))));
   } catch (const std::exception& e) {
     retire(*a.gen, Finish::kError, e.what());
     return false;
   }
-  if (id >= a.req.stop_from || std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), id) != a.req.stop_ids.end()) {
+  if (std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), id) != a.req.stop_ids.end()) {
     retire(*a.gen, Finish::kStop);
     return false;
   }

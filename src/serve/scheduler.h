@@ -40,8 +40,8 @@ struct GenerationRequest {
   int max_new_tokens = 16;               // >= 1
   SamplingOptions sampling;
   std::vector<int32_t> stop_ids;         // ends the sequence ("stop"); the id is not returned
-  int32_t stop_from = INT32_MAX;         // so do ids >= this (a model vocabulary padded past the
-                                         // tokenizer's)
+  int32_t sample_below = INT32_MAX;      // ids >= this are never drawn: a model vocabulary padded
+                                         // past its tokenizer's, which cannot decode them (>= 1)
   Clock::time_point deadline = Clock::time_point::max();
 };
 

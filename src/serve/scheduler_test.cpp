@@ -4,8 +4,10 @@
 // sequence is off the active count when its end is seen.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -103,12 +105,21 @@ TEST(Scheduler, EachWayASequenceEnds) {
   const size_t first = std::find(greedy.begin(), greedy.end(), greedy[3]) - greedy.begin();
   EXPECT_EQ(collect(*g), std::vector<int32_t>(greedy.begin(), greedy.begin() + first));
   EXPECT_EQ(g->finish(), Finish::kStop);
-  // So does any id at or above stop_from (a vocabulary padded past the tokenizer's).
-  GenerationRequest from = q;
-  from.stop_from = 0;
-  g = sched.submit(from);
-  EXPECT_TRUE(collect(*g).empty());
-  EXPECT_EQ(g->finish(), Finish::kStop);
+  // Ids at or above sample_below (a vocabulary padded past the tokenizer's) are never drawn: with
+  // greedy's first id excluded, the first is the best of those below it, and the sequence runs on
+  // (it used to end there, with nothing).
+  ASSERT_GT(greedy[0], 0);
+  GenerationRequest below = q;
+  below.sample_below = greedy[0];
+  g = sched.submit(below);
+  const std::vector<int32_t> got = collect(*g);
+  std::span<const float> first_logits = alone.prefill(q.prompt);
+  const int32_t best_below = static_cast<int32_t>(
+      std::max_element(first_logits.begin(), first_logits.begin() + greedy[0]) - first_logits.begin());
+  ASSERT_EQ(got.size(), 10u);
+  EXPECT_EQ(got[0], best_below);
+  for (int32_t id : got) EXPECT_LT(id, greedy[0]);
+  EXPECT_EQ(g->finish(), Finish::kLength);
   // A full context ends it by length: capacity - prompt + 1 ids.
   GenerationRequest full = q;
   full.max_new_tokens = 1000;
