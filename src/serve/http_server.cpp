@@ -17,6 +17,7 @@
 #include <ctime>
 #include <deque>
 #include <functional>
+#include <list>
 #include <mutex>
 #include <random>
 #include <span>
@@ -458,37 +459,55 @@ int request_socket(const httplib::Request& req) {
   return found;
 }
 
-// The HTTP workers. A connection holds its worker from accept until it has read a request or a
-// read timed out (5 s each), and again between keep-alive requests; with a fixed pool, idle or
-// half-open connections queued every request behind them (200 stalled /health for ~18 s against
-// 76 workers). Here a connection that finds no worker idle gets a new one, up to `max`; the
-// workers past `core` end after 10 s without work. Past `max` connections wait for a worker.
+// The HTTP workers. A connection holds its worker from accept until it has sent a request or the
+// wait for one has timed out (5 s), and again between keep-alive requests; with a fixed pool, idle
+// or half-sent connections queued every request behind them (DESIGN-NOTES 85). Here a connection
+// that finds no worker idle gets a new one, up to `max`; the workers past `core` end after 10 s
+// without work (joined at the next enqueue). Past `max`, connections wait for a worker.
 class ElasticPool final : public httplib::TaskQueue {
  public:
-  ElasticPool(size_t core, size_t max) : core_(core), max_(std::max(core, max)) {}
+  ElasticPool(size_t core, size_t max) : core_(core), max_(std::max<size_t>({core, max, 1})) {}
   ~ElasticPool() override { shutdown(); }
 
   void enqueue(std::function<void()> fn) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    reap();
     jobs_.push_back(std::move(fn));
     if (idle_ >= jobs_.size()) {
       work_.notify_one();
     } else if (live_ < max_) {
-      ++live_;
       try {
-        std::thread([this] { run(); }).detach();
-      } catch (const std::system_error&) {  // no thread to be had: the connection waits for one
-        --live_;
+        auto slot = threads_.emplace(threads_.end());  // allocated before the thread exists
+        try {
+          *slot = std::thread([this] { run(); });
+          ++live_;
+        } catch (...) {
+          threads_.erase(slot);
+          throw;
+        }
+      } catch (...) {  // no thread to be had: the connection waits for a worker
       }
     }
   }
-  // Lets the workers finish what they hold and the queue, then waits until every one has ended.
+  // Lets the workers finish what they hold and the queue, then joins every one. httplib calls it
+  // once it has stopped accepting, so nothing enqueues meanwhile.
   void shutdown() override {
-    std::unique_lock<std::mutex> lock(mutex_);
-    stop_ = true;
-    work_.notify_all();
-    ended_.wait(lock, [this] { return live_ == 0; });
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      work_.notify_all();
+    }
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+    ended_.clear();
+    // Connections no worker could be made for: run here, where httplib (stopped) closes them.
+    while (!jobs_.empty()) {
+      std::function<void()> fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      fn();
+    }
   }
+
  private:
   void run() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -504,17 +523,28 @@ class ElasticPool final : public httplib::TaskQueue {
         lock.lock();
         continue;
       }
-      if (stop_ || (!woken && live_ > core_)) break;
+      if (stop_) return;  // joined by shutdown()
+      if (!woken && live_ > core_) break;
     }
     --live_;
-    // Unlocks and wakes shutdown() only once this thread has ended: the pool may go right after.
-    std::notify_all_at_thread_exit(ended_, std::move(lock));
+    ended_.push_back(std::this_thread::get_id());  // joined by the next enqueue; nothing after this
+  }
+  // Joins the workers that have ended (each is past its last use of the pool). REQUIRES: mutex_.
+  void reap() {
+    for (const std::thread::id id : ended_) {
+      auto it = std::find_if(threads_.begin(), threads_.end(), [id](const std::thread& t) { return t.get_id() == id; });
+      it->join();
+      threads_.erase(it);
+    }
+    ended_.clear();
   }
 
   const size_t core_, max_;
   std::mutex mutex_;
-  std::condition_variable work_, ended_;
+  std::condition_variable work_;
   std::deque<std::function<void()>> jobs_;
+  std::list<std::thread> threads_;
+  std::vector<std::thread::id> ended_;  // workers that ended for want of work, not joined yet
   size_t live_ = 0, idle_ = 0;
   bool stop_ = false;
 };
@@ -537,6 +567,8 @@ void HttpServer::route() {
     return new ElasticPool(static_cast<size_t>(threads), static_cast<size_t>(max_threads));
   };
   s.set_payload_max_length(options_.max_body_bytes);
+  s.set_keep_alive_timeout(static_cast<time_t>(options_.idle_timeout_s));
+  s.set_read_timeout(static_cast<time_t>(options_.idle_timeout_s), 0);
   // The listening socket: SO_REUSEADDR (a restart binds over connections in TIME_WAIT), not
   // httplib's default SO_REUSEPORT, with which a second server bound the same port and the kernel
   // shared the connections between the two. Kept for bind()'s backlog.

@@ -48,6 +48,7 @@ struct ServerOptions {
   int default_max_tokens = 16;           // OpenAI completions' default for max_tokens
   int threads = 0;                       // HTTP worker threads kept; 0 = slots + max_queue + 8
   int max_threads = 1024;                // more while connections find none idle (idle ones hold one)
+  int idle_timeout_s = 5;                // a connection's wait for its (next) request, and each read
   std::vector<int32_t> eos_ids;          // the model's config.json eos_token_id(s), besides <|endoftext|>
 };
 

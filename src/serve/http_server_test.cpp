@@ -395,37 +395,45 @@ TEST_F(HttpServerTest, ConcurrentClientsGetTheirOwnAnswers) {
       << "no decode step ran more than one sequence";
 }
 
-// Connections that send nothing, or half a request line, each hold an HTTP worker until their read
-// times out (5 s). With a fixed pool of 76 workers, 240 of them queued /health behind them for 15 s,
-// answered only after the server had dropped the first; now every connection that finds no worker
-// idle gets one, so /health is answered while all 240 are still open.
+// Connections that send nothing, or half a request line, each hold an HTTP worker until their wait
+// times out (here 60 s, so that a slow machine cannot drop them first). With a fixed pool (73
+// workers here) and httplib's backlog of 5, 240 of them queued /health behind them until the
+// server had dropped the first; now every connection that finds no worker idle gets one, and
+// /health is answered while all 240 are still open.
 TEST_F(HttpServerTest, IdleAndHalfSentConnectionsDoNotQueueOtherRequests) {
-  std::vector<int> idle;
+  ServerOptions so;
+  so.idle_timeout_s = 60;
+  Running own(*model_, *tok_, GeneratorOptions{.slots = 1}, so);
+  struct Sockets {
+    std::vector<int> fds;
+    ~Sockets() {
+      for (int fd : fds) ::close(fd);
+    }
+  } idle;
   for (int i = 0; i < 240; ++i) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     ASSERT_GE(fd, 0);
-    idle.push_back(fd);
+    idle.fds.push_back(fd);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(server_->port));
+    addr.sin_port = htons(static_cast<uint16_t>(own.port));
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << i;
     if (i % 6 == 0) {
       ASSERT_EQ(::send(fd, "GET /hea", 8, 0), 8);
     }
   }
-  httplib::Client cli("127.0.0.1", server_->port);
+  httplib::Client cli("127.0.0.1", own.port);
   cli.set_read_timeout(60, 0);
   auto h = cli.Get("/health");
-  ASSERT_TRUE(h);
+  ASSERT_TRUE(h) << "no answer to /health within 60 s";
   EXPECT_EQ(h->status, 200);
   int dropped = 0;  // connections the server has closed: it timed them out before it answered
-  for (int fd : idle) {
+  for (int fd : idle.fds) {
     char c;
     if (::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) >= 0) ++dropped;
-    ::close(fd);
   }
-  EXPECT_EQ(dropped, 0) << "of " << idle.size() << " idle connections, before /health was answered";
+  EXPECT_EQ(dropped, 0) << "of " << idle.fds.size() << " idle connections, before /health was answered";
 }
 
 // A second server on a port in use is refused with its line: with cpp-httplib's default
