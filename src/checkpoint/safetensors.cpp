@@ -54,6 +54,16 @@ void require_regular(const std::string& path) {
   MT_CHECK(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode), ErrorKind::kInvalidArgument,
            path + ": not a regular file (a pipe, socket or device): a safetensors file is read by offset");
 }
+// The 8-byte length that opens the file, checked before anything is allocated for it: the format's
+// own limit is 100,000,000 bytes (safetensors' MAX_HEADER_SIZE), and a flipped bit in it had every
+// rank reading the file allocate and read up to the whole shard before the JSON was found wanting.
+void check_header_length(const std::string& path, uint64_t hlen, size_t file_size) {
+  constexpr uint64_t kMaxHeader = 100'000'000;
+  if (hlen > file_size - 8)
+    throw corrupt(path, "header length " + std::to_string(hlen) + " runs past the end of the file");
+  if (hlen > kMaxHeader)
+    throw corrupt(path, "header length " + std::to_string(hlen) + " is over the format's limit of 100000000 bytes");
+}
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
@@ -62,8 +72,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   if (bytes_.size() < 8) throw corrupt(path, "shorter than the 8-byte safetensors header length");
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; --i) hlen = (hlen << 8) | static_cast<uint8_t>(bytes_[i]);
-  if (hlen > bytes_.size() - 8)
-    throw corrupt(path, "header length " + std::to_string(hlen) + " runs past the end of the file");
+  check_header_length(path, hlen, bytes_.size());
   data_start_ = 8 + hlen;
   parse(bytes_.size() - data_start_);
 }
@@ -106,7 +115,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : pa
   pread_all(f.fd, path, bytes_.data(), 8, 0);
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; --i) hlen = (hlen << 8) | static_cast<uint8_t>(bytes_[i]);
-  if (hlen > size - 8) throw corrupt(path, "header length " + std::to_string(hlen) + " runs past the end of the file");
+  check_header_length(path, hlen, size);
   data_start_ = 8 + hlen;
   bytes_.resize(data_start_);
   pread_all(f.fd, path, bytes_.data() + 8, hlen, 8);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -107,6 +108,20 @@ TEST(Safetensors, MalformedFilesAreRefusedByName) {
   }
   write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})", 4);
   EXPECT_NO_THROW(SafetensorsFile{p});  // an empty tensor at the end is indexed
+  // A length past the format's 100,000,000-byte limit, in a (sparse) 200 MB file: refused before the
+  // header-only reader (a sharded load's) allocates and reads it; it read 200 MB of zeros first.
+  {
+    const std::string big = tmp_path("big.safetensors");
+    write_raw(big, "{", 0, false, 150'000'000);
+    std::filesystem::resize_file(big, 200'000'000);
+    try {
+      SafetensorsFile f(big, /*header_only=*/true);
+      ADD_FAILURE() << "accepted " << big;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCorruption);
+      EXPECT_NE(std::string(e.what()).find("header length 150000000 is over the format's limit"), std::string::npos) << e.what();
+    }
+  }
   try {
     SafetensorsFile f(tmp_path("does-not-exist.safetensors"));
     FAIL();

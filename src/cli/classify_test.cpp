@@ -275,6 +275,24 @@ TEST(Classify, BadInputIsOneLineAndExitTwo) {
                 nullptr, &err),
             2);
   EXPECT_NE(err.find("bad.jsonl:1: label 7 is outside [0, 2)"), std::string::npos) << err;
+  // A label past int's range is checked before it is narrowed (2^32 + 1 trained as label 1), and an
+  // id nested past the JSON depth bound is refused (dumping it overflowed the stack: a segfault).
+  std::ofstream(dir() + "/wide.jsonl") << R"({"sentence1": "a", "sentence2": "b", "label": 4294967297})" << "\n";
+  std::ofstream(dir() + "/deep.jsonl") << R"({"sentence1": "a", "sentence2": "b", "label": 0, "id": )" << std::string(300000, '[')
+                                       << std::string(300000, ']') << "}\n";
+  for (const char* f : {"wide", "deep"}) {
+    EXPECT_EQ(run("train " + write_config(std::string("b-") + f,
+                                          {{"data", {{"train", dir() + "/" + f + ".jsonl"}, {"tokenizer", dir() + "/tok.json"},
+                                                     {"texta_name", "sentence1"}, {"textb_name", "sentence2"}}},
+                                           {"model_checkpoint", {{"save_top_k", 0}}}}),
+                  nullptr, &err),
+              2)
+        << f;
+    EXPECT_NE(err.find(f == std::string("wide") ? "wide.jsonl:1: label 4294967297 is outside [0, 2)"
+                                                : "deep.jsonl:1: JSON nested deeper than 1000 levels"),
+              std::string::npos)
+        << err;
+  }
   EXPECT_EQ(run("train " + write_config("b2", {{"task", "regression"}}), nullptr, &err), 2);
   EXPECT_NE(err.find("task: \"regression\" is not a task"), std::string::npos) << err;
   EXPECT_EQ(run("train " + write_config("b3", {{"data", {{"train", dir() + "/train.jsonl"}, {"tokenizer", dir() + "/tok.json"}}}}),

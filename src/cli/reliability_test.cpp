@@ -383,6 +383,16 @@ TEST(Checkpoints, CorruptOrTruncatedFilesAreNamedWithTheNewestIntactCheckpoint) 
   EXPECT_EQ(run("train " + cfg + " --resume " + save + "/step-7", &err), 2);
   EXPECT_NE(err.find("state.json is corrupt"), std::string::npos) << err;
   EXPECT_NE(err.find("no intact checkpoint"), std::string::npos) << err;
+  // A sharded state.json without its checksum and its list of files: export, generate, serve and
+  // init_from read it through the shard index, and export aborted in nlohmann's operator[] (134).
+  nlohmann::json bare = nlohmann::json::parse(slurp(save + "/step-7/state.json"));
+  ASSERT_TRUE(bare.contains("format"));
+  bare.erase("state_xxh3");
+  bare.erase("files");
+  std::ofstream(save + "/step-7/state.json") << bare.dump();
+  EXPECT_EQ(run("export " + save + "/step-7 --hf " + dir() + "/exported-bare", &err), 2);
+  EXPECT_NE(err.find("step-7/state.json has no checksum"), std::string::npos) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
 }
 
 // Starts `meshtrain ARGS` as a child with its output in files; returns the pid. ignore_hup: as

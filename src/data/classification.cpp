@@ -20,6 +20,11 @@ std::string text_field(const nlohmann::json& j, const std::string& key, const st
 int label_field(const nlohmann::json& v, const ClassificationFields& f, int num_labels, const std::string& where) {
   int label = -1;
   if (v.is_number_integer()) {
+    // Checked before it is narrowed: 2^32 + 1 wrapped to label 1 and trained.
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() < static_cast<uint64_t>(num_labels)
+                                             : v.get<int64_t>() >= 0 && v.get<int64_t>() < num_labels;
+    MT_CHECK(fits, ErrorKind::kInvalidArgument,
+             where + ": label " + v.dump() + " is outside [0, " + std::to_string(num_labels) + ") (model.num_labels)");
     label = static_cast<int>(v.get<int64_t>());
   } else if (v.is_string()) {
     const std::string s = v.get<std::string>();
@@ -59,8 +64,16 @@ std::vector<ClassificationExample> classification_read(const std::string& path, 
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(line_no);
     nlohmann::json j;
+    // nlohmann parses iteratively but dumps recursively: an id of 300000 nested brackets
+    // overflowed the stack (a record nests a few levels; json_load_file's bound).
+    constexpr int kMaxDepth = 1000;
+    auto shallow = [&where](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      MT_CHECK(depth <= kMaxDepth, ErrorKind::kInvalidArgument,
+               where + ": JSON nested deeper than " + std::to_string(kMaxDepth) + " levels");
+      return true;
+    };
     try {
-      j = nlohmann::json::parse(line);
+      j = nlohmann::json::parse(line, shallow);
     } catch (const nlohmann::json::exception&) {
       throw Error(ErrorKind::kInvalidArgument, where + ": not valid JSON");
     }

@@ -74,6 +74,9 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& save_dir) {
 // Empty when file `name` of checkpoint dir has the size and XXH3-64 state.json records for it.
 std::string file_damage(const fs::path& dir, const nlohmann::json& state, const std::string& name) {
   fs::path sp = dir / "state.json", fp = dir / name;
+  // (state is const: operator[] on a key it lacks is undefined, and aborted export on a state.json
+  // without "files".)
+  if (!state.contains("files") || !state["files"].is_object()) return sp.string() + " lists no files";
   if (!state["files"].contains(name)) return sp.string() + " does not list " + name;
   const nlohmann::json& want = state["files"][name];
   if (!fs::exists(fp)) return fp.string() + " is missing";
@@ -105,6 +108,9 @@ std::string state_damage(const fs::path& dir, nlohmann::json* out) {
     return std::string(e.what());
   }
   if (!state.is_object()) return sp.string() + " is not a JSON object";
+  // A sharded checkpoint is read through the files it lists (a checkpoint of that format always
+  // had checksums).
+  if (state.contains("format") && !state.contains("state_xxh3")) return sp.string() + " has no checksum";
   if (!state.contains("state_xxh3")) return "";  // written before checksums: not verifiable
   if (!state["state_xxh3"].is_string() || state["state_xxh3"].get<std::string>() != state_checksum(state))
     return sp.string() + " is corrupt (its checksum does not match its contents)";

@@ -26,6 +26,13 @@ namespace {
 
 using nlohmann::json;
 
+// A number as %g writes it (1e+300, 0.001), for messages that quote a value given.
+std::string fmt_g(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 // How a key we do not parse into RunConfig is treated.
 //   kWarn            accepted with one warning line (logging, tuning: what is trained is the same)
 //   kRefuseIfEnabled a DeepSpeed block with an "enabled" switch (off unless given): refused when on
@@ -275,8 +282,13 @@ void parse_precision(Section& root, RunConfig& c) {
              s.where("min_loss_scale") + ": must be positive and at most the initial scale 2^initial_scale_power");
     s.finish();
   }
-  if (root.has("bf16")) {
-    Section s = root.sub("bf16");
+  // DeepSpeed still reads its older name, "bfloat16", where "bf16" is not given (get_bfloat16_config).
+  const bool both = root.has("bf16") && root.has("bfloat16");
+  MT_CHECK(!both || root.raw("bf16") == root.raw("bfloat16"), ErrorKind::kInvalidArgument,
+           "bf16 and bfloat16 (its older name, which DeepSpeed reads only where bf16 is absent) differ: give one");
+  const char* bf16_key = root.has("bf16") ? "bf16" : "bfloat16";
+  if (root.has(bf16_key)) {
+    Section s = root.sub(bf16_key);
     bf16 = s.is_auto("enabled") ? s.resolved("enabled", false, "Hugging Face's --bf16 default") : s.boolean("enabled", false);
     if (s.boolean("bf16_master_weights_and_grads", false)) {
       if (bf16) c.master_dtype = DType::kBF16;
@@ -396,8 +408,9 @@ void parse_optimizer(Section& root, RunConfig& c) {
     Section p = s.sub("params");
     p.refuse_unknown();
     o.lr = p.number_or_auto("lr", 1e-3, kHfLr, "Hugging Face's learning_rate default");
-    MT_CHECK(std::isfinite(o.lr) && o.lr >= 0.0, ErrorKind::kInvalidArgument,
-             p.where("lr") + ": must be a non-negative number (got " + std::to_string(o.lr) + ")");
+    // The optimizers hold their rates as float: one past its range became inf there.
+    MT_CHECK(std::isfinite(o.lr) && o.lr >= 0.0 && o.lr <= std::numeric_limits<float>::max(), ErrorKind::kInvalidArgument,
+             p.where("lr") + ": must be a non-negative number a float holds (got " + fmt_g(o.lr) + ")");
     o.weight_decay = p.number_or_auto("weight_decay", o.weight_decay, kHfWd, "Hugging Face's weight_decay default");
     MT_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0, ErrorKind::kInvalidArgument,
              p.where("weight_decay") + ": must be a non-negative number (got " + std::to_string(o.weight_decay) + ")");
@@ -509,8 +522,8 @@ void parse_scheduler(Section& root, RunConfig& c) {
     auto non_negative = [&](const char* key, double v) {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%g", v);
-      MT_CHECK(std::isfinite(v) && v >= 0.0, ErrorKind::kInvalidArgument,
-               p.where(key) + " must be a non-negative number (got " + buf + ")");
+      MT_CHECK(std::isfinite(v) && v >= 0.0 && v <= std::numeric_limits<float>::max(), ErrorKind::kInvalidArgument,
+               p.where(key) + " must be a non-negative number a float holds (got " + buf + ")");
     };
     if (one_cycle) {
       non_negative("cycle_min_lr", sc.cycle_min_lr);
@@ -1137,7 +1150,10 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                    std::to_string(c.tp) + "): Megatron's split gives each rank whole heads and equal MLP slices");
   }
   c.comm_timeout_s = root.number("comm_timeout", c.comm_timeout_s);
-  MT_CHECK(c.comm_timeout_s > 0, ErrorKind::kInvalidArgument, "comm_timeout must be positive (seconds)");
+  // Counted in milliseconds as int64: past 1e9 s (31 years) the deadline overflowed and every
+  // collective timed out at once, blaming a healthy rank.
+  MT_CHECK(c.comm_timeout_s > 0 && c.comm_timeout_s <= 1e9, ErrorKind::kInvalidArgument,
+           "comm_timeout must be positive and at most 1e9 seconds (got " + fmt_g(c.comm_timeout_s) + ")");
   parse_batch(root, c, c.world_size);
   // A micro-batch's tokens are counted in int (the kernels' row counts): more is a size no rank
   // could hold anyway, said by its keys rather than as an overflow further on.
@@ -1203,6 +1219,9 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                     std::to_string(c.batch.micro_batch_per_gpu * c.seq_length) + " tokens) over parallel.tp (" +
                     std::to_string(c.tp) + "): they must divide evenly");
   c.steps_per_print = root.integer("steps_per_print", 10);
+  // The step counter is taken modulo it (0 killed a run with SIGFPE at its first step).
+  MT_CHECK(c.steps_per_print >= 1, ErrorKind::kInvalidArgument,
+           "steps_per_print: must be at least 1 (got " + std::to_string(c.steps_per_print) + ")");
   c.wall_clock_breakdown = root.boolean("wall_clock_breakdown", false);
   // DeepSpeed keys that change what is trained: refused when enabled.
   for (const char* k : {"amp", "data_efficiency", "compression_training", "progressive_layer_drop", "eigenvalue",

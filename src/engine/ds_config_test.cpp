@@ -34,6 +34,46 @@ std::string error_of(nlohmann::json j, int world = 1) {
   return "";
 }
 
+// Values that crashed a run or trained something else (a review, stop 56): refused by key, or read
+// as DeepSpeed and Hugging Face read them.
+TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
+  auto with = [](const char* key, const nlohmann::json& v) {
+    nlohmann::json j = base();
+    j[key] = v;
+    return j;
+  };
+  const auto npos = std::string::npos;
+  EXPECT_NE(error_of(with("steps_per_print", 0)).find("steps_per_print: must be at least 1 (got 0)"), npos);  // SIGFPE
+  // Past 1e9 s the deadline in milliseconds overflowed: every collective timed out at once.
+  EXPECT_NE(error_of(with("comm_timeout", 1e300)).find("comm_timeout must be positive and at most 1e9 seconds (got 1e+300)"), npos);
+  EXPECT_NE(error_of(with("optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e300}}}})).find("must be a non-negative number a float holds"),
+            npos);  // inf in the optimizer: a NaN loss at step 2
+  // DeepSpeed's older name for bf16, read where bf16 is absent (it trained in f32 with a warning).
+  EXPECT_EQ(ds_config_parse(with("bfloat16", {{"enabled", true}}), "cfg.json").compute_dtype, DType::kBF16);
+  nlohmann::json both = with("bfloat16", {{"enabled", true}});
+  both["bf16"] = {{"enabled", false}};
+  EXPECT_NE(error_of(both).find("bf16 and bfloat16 (its older name"), npos);
+  // GPT-2's sizes by the names GPT2Config's attribute_map gives them (the defaults were built: 124M).
+  nlohmann::json alias = base();
+  alias["model"] = {{"model_type", "gpt2"}, {"vocab_size", 97}, {"max_position_embeddings", 32}, {"hidden_size", 48},
+                    {"num_hidden_layers", 3}, {"num_attention_heads", 4}};
+  const RunConfig c = ds_config_parse(alias, "cfg.json");
+  EXPECT_EQ(c.model.hidden, 48);
+  EXPECT_EQ(c.model.n_layer, 3);
+  EXPECT_EQ(c.model.n_head, 4);
+  EXPECT_EQ(c.model.max_positions, 32);
+  alias["model"]["n_embd"] = 64;
+  EXPECT_NE(error_of(alias).find("fields 'n_embd' and 'hidden_size' (Hugging Face's other name for it) differ"), npos);
+  // One label is Hugging Face's regression (it trained a one-class softmax: loss 0, exit 0).
+  nlohmann::json one = base();
+  one["task"] = "classification";
+  one["model"]["num_labels"] = 1;
+  EXPECT_NE(error_of(one).find("field 'num_labels': 1 is regression in Hugging Face"), npos);
+  one["model"]["num_labels"] = 3;
+  one["model"]["problem_type"] = "multi_label_classification";
+  EXPECT_NE(error_of(one).find("field 'problem_type': \"multi_label_classification\" is not supported"), npos);
+}
+
 TEST(DsConfig, BatchRuleAnyTwoGiveTheThird) {
   auto j = base();
   RunConfig c = ds_config_parse(j, "cfg.json");

@@ -29,6 +29,16 @@ class Reader {
              where_ + ": field '" + key + "' is out of range (" + v.dump() + ")");
     return j_[key].get<int>();
   }
+  // A GPT-2 size by its own name or by the name GPT2Config's attribute_map gives it (hidden_size
+  // for n_embd, ...), which Hugging Face builds from too: read, not passed over for the default.
+  int integer_or_alias(const char* key, const char* alias, int fallback) const {
+    const bool has_key = j_.contains(key) && !j_[key].is_null(), has_alias = j_.contains(alias) && !j_[alias].is_null();
+    if (!has_alias) return integer(key, fallback, false);
+    const int a = integer(alias, fallback, false);
+    MT_CHECK(!has_key || integer(key, fallback, false) == a, ErrorKind::kInvalidArgument,
+             where_ + ": fields '" + key + "' and '" + alias + "' (Hugging Face's other name for it) differ");
+    return a;
+  }
   float number(const char* key, float fallback) const {
     if (!j_.contains(key) || j_[key].is_null()) return fallback;
     MT_CHECK(j_[key].is_number(), ErrorKind::kInvalidArgument, where_ + ": field '" + key + "' must be a number");
@@ -63,10 +73,10 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
   if (type == "gpt2") {
     c.arch = models::Arch::kGpt2;
     c.vocab_size = r.integer("vocab_size", 50257, false);
-    c.max_positions = r.integer("n_positions", 1024, false);
-    c.hidden = r.integer("n_embd", 768, false);
-    c.n_layer = r.integer("n_layer", 12, false);
-    c.n_head = r.integer("n_head", 12, false);
+    c.max_positions = r.integer_or_alias("n_positions", "max_position_embeddings", 1024);
+    c.hidden = r.integer_or_alias("n_embd", "hidden_size", 768);
+    c.n_layer = r.integer_or_alias("n_layer", "num_hidden_layers", 12);
+    c.n_head = r.integer_or_alias("n_head", "num_attention_heads", 12);
     c.n_kv_head = c.n_head;
     bool has_inner = j.contains("n_inner") && !j["n_inner"].is_null();
     MT_CHECK(has_inner || c.hidden <= INT_MAX / 4, ErrorKind::kInvalidArgument,
@@ -119,7 +129,14 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
   if (classifier) {
     const int from_map = j.contains("id2label") && j["id2label"].is_object() ? static_cast<int>(j["id2label"].size()) : 2;
     c.num_labels = r.integer("num_labels", from_map, false);
-    r.refuse_if(c.num_labels < 1, "num_labels", "must be at least 1");
+    // Hugging Face reads one label as regression (a mean squared error), which is not built: a
+    // softmax over one class has nothing to learn (it trained with loss 0 and exited 0).
+    r.refuse_if(c.num_labels == 1, "num_labels",
+                "1 is regression in Hugging Face (problem_type \"regression\"), which is not supported; classes need 2 or more");
+    r.refuse_if(c.num_labels < 1, "num_labels", "must be at least 2");
+    const std::string problem = r.string("problem_type", "single_label_classification");
+    r.refuse_if(problem != "single_label_classification", "problem_type",
+                "\"" + problem + "\" is not supported (single_label_classification: one class per sample, cross-entropy)");
   }
   try {
     c.validate();

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/fault.h"
 #include "base/log.h"
 
 namespace mt::io {
@@ -70,6 +71,13 @@ struct Ring {
 Ring& this_thread_ring() {
   thread_local Ring r;
   return r;
+}
+
+// Test seam (MT_FAULT=aio.second_submit_fails): the process's second io_uring_submit is refused
+// (-EAGAIN) without reaching the kernel, as one the kernel refuses while earlier ones are in flight.
+bool fault_submit() {
+  static std::atomic<int> submits{0};
+  return fault_active("aio.second_submit_fails") && submits.fetch_add(1) + 1 == 2;
 }
 
 io_uring* thread_ring(unsigned depth) {
@@ -134,35 +142,43 @@ class PosixFile : public File {
     std::vector<Req> reqs((n + o.block_size - 1) / o.block_size);
     for (size_t i = 0; i < reqs.size(); ++i) reqs[i] = {i * o.block_size, std::min(o.block_size, n - i * o.block_size)};
     size_t next = 0;
-    unsigned inflight = 0;
+    unsigned inflight = 0;     // taken by the kernel: each completes
+    unsigned unsubmitted = 0;  // prepared in the ring, not yet taken
+    bool drop_ring = false;    // the ring holds entries that must never be submitted
     int first_err = 0;
     size_t err_at = 0;
     std::vector<Req> partial;
     while ((next < reqs.size() && first_err == 0) || inflight > 0) {
-      unsigned queued = 0;
-      while (first_err == 0 && next < reqs.size() && inflight < depth && !(o.single_submit && queued > 0)) {
+      while (first_err == 0 && next < reqs.size() && inflight + unsubmitted < depth && !(o.single_submit && unsubmitted > 0)) {
         io_uring_sqe* sqe = io_uring_get_sqe(ring);
         if (sqe == nullptr) break;
         Req& r = reqs[next++];
         if (writing) io_uring_prep_write(sqe, fd_, buf + r.at, static_cast<unsigned>(r.len), off + r.at);
         else io_uring_prep_read(sqe, fd_, buf + r.at, static_cast<unsigned>(r.len), off + r.at);
         io_uring_sqe_set_data(sqe, &r);
-        ++inflight;
-        ++queued;
+        ++unsubmitted;
       }
-      if (queued > 0) {
-        int s = io_uring_submit(ring);
-        if (s < 0) {  // nothing of this batch reached the kernel; its entries must never be submitted later
-          inflight -= queued;
-          if (first_err == 0) first_err = -s, err_at = 0;
-          if (inflight == 0) {
-            Ring& r = this_thread_ring();
-            io_uring_queue_exit(&r.ring);
-            r.ok = false;
-            break;
-          }
+      if (first_err == 0 && next < reqs.size() && inflight + unsubmitted == 0) {  // no entry to be had
+        first_err = EBUSY, err_at = 0;
+        drop_ring = true;
+      }
+      if (unsubmitted > 0) {
+        // The kernel may take fewer than offered (short of memory): the rest stay in the ring and
+        // are offered again after a completion. An error takes none, and those entries stay in the
+        // ring: with requests still in flight it was kept, and the thread's next transfer submitted
+        // them, pointing into this call's freed requests and its caller's buffer. Now the ring is
+        // made anew once this call's requests are reaped.
+        const int s = fault_submit() ? -EAGAIN : io_uring_submit(ring);
+        const unsigned took = s < 0 ? 0 : std::min(static_cast<unsigned>(s), unsubmitted);
+        inflight += took;
+        unsubmitted -= took;
+        if (s < 0 || (took == 0 && inflight == 0)) {  // refused, or nothing to wait for and none taken
+          if (first_err == 0) first_err = s < 0 ? -s : EAGAIN, err_at = 0;
+          unsubmitted = 0;
+          drop_ring = true;
         }
       }
+      if (inflight == 0) continue;
       io_uring_cqe* cqe = nullptr;
       int w = io_uring_wait_cqe(ring, &cqe);
       if (w == -EINTR) continue;
@@ -176,6 +192,11 @@ class PosixFile : public File {
       } else if (static_cast<size_t>(res) < r->len) {
         partial.push_back({r->at + static_cast<size_t>(res), r->len - static_cast<size_t>(res)});
       }
+    }
+    if (drop_ring) {
+      Ring& r = this_thread_ring();
+      io_uring_queue_exit(&r.ring);
+      r.ok = false;
     }
     if (first_err != 0) os_error(path_, writing ? "write" : "read", off + err_at, n - err_at, first_err);
     for (const Req& r : partial) {  // the rest of a short completion, or the real short transfer
@@ -336,11 +357,15 @@ std::unique_ptr<Env> memory_env() { return std::make_unique<MemEnv>(); }
 
 std::unique_ptr<Env> fault_env(Env& inner, const Faults& faults) { return std::make_unique<FaultEnv>(inner, faults); }
 
-DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes) {
+DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::vector<std::string>& scratch) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec && fs::is_directory(dir), ErrorKind::kIOError, dir + ": cannot create the swap directory: " + ec.message());
+  // Unlinked, not truncated: a process still holding one keeps its own copy.
+  for (const std::string& name : scratch)
+    MT_CHECK(::unlink((fs::path(dir) / name).c_str()) == 0 || errno == ENOENT, ErrorKind::kIOError,
+             (fs::path(dir) / name).string() + ": cannot remove the previous run's swap file: " + std::strerror(errno));
   DirCheck c;
   const std::string probe = (fs::path(dir) / ".meshtrain-probe").string();
   int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);

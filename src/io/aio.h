@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensor/allocator.h"
 
@@ -82,8 +83,10 @@ struct DirCheck {
   uint64_t free_bytes = 0;  // statvfs: available to this user
 };
 // Creates dir if needed; throws naming dir when it cannot be created or written, or when
-// need_bytes exceed its free space.
-DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes);
+// need_bytes exceed its free space. The files named in `scratch` (this swap's own, which it writes
+// anew) are removed first: a previous run's left them, and they counted against the space their
+// successor needs (a run that fit its disk could not be resumed).
+DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::vector<std::string>& scratch = {});
 
 // The disk's sequential write and read bandwidth under dir, measured as fio would with direct I/O:
 // a file of `bytes` written then read in `chunk`-byte transfers, two in flight, each cut into

@@ -143,5 +143,55 @@ TEST(AsyncIo, SwapDirectoryChecksNameTheDirectory) {
   fs::remove_all(dir);
 }
 
+// An io_uring submission refused while earlier requests of the transfer are in flight: the
+// transfer fails naming the file, and the entries it left in the ring are never submitted. The
+// thread's next transfer submitted them: block 2 of the failed write landed over what was written
+// there since (and its completion pointed into the failed call's freed requests).
+TEST(AsyncIo, ARefusedSubmissionIsNeverSubmittedLater) {
+  if (!io_uring_available()) GTEST_SKIP() << "no io_uring here";
+  const std::string dir = test_dir("submit");
+  auto f = posix_env().open(dir + "/s.swp");
+  AioOptions o;
+  o.block_size = kAlign;
+  o.queue_depth = 2;
+  AlignedBuffer first = random_buffer(4 * kAlign, 5), fixed = random_buffer(kAlign, 6), second = random_buffer(4 * kAlign, 7);
+  setenv("MT_FAULT", "aio.second_submit_fails", 1);
+  const std::string err = error_of([&] { f->write_blocks(first.data(), 4 * kAlign, 0, o); });
+  unsetenv("MT_FAULT");
+  EXPECT_NE(err.find("s.swp: write of " + std::to_string(4 * kAlign) + " bytes at offset 0: Resource temporarily unavailable"),
+            std::string::npos)
+      << err;
+  f->write(fixed.data(), kAlign, 2 * kAlign);                 // block 2 now
+  f->write_blocks(second.data(), 4 * kAlign, 4 * kAlign, o);  // the thread's next transfer, elsewhere
+  AlignedBuffer back = random_buffer(8 * kAlign, 8);
+  f->read(back.data(), 8 * kAlign, 0);
+  EXPECT_EQ(std::memcmp(back.as<char>() + 2 * kAlign, fixed.data(), kAlign), 0) << "the refused entry was submitted later";
+  EXPECT_EQ(std::memcmp(back.as<char>() + 4 * kAlign, second.data(), 4 * kAlign), 0);
+  f.reset();
+  fs::remove_all(dir);
+}
+
+// A previous run's swap files are this run's scratch: they are removed before the free space is
+// counted. A ZeRO-Infinity run that fit its disk could not be resumed there, its own old swap
+// counting against the new one ("the swap needs 1 MiB, the filesystem has 0 MiB free").
+TEST(AsyncIo, APreviousRunsSwapFilesDoNotCountAgainstTheSwap) {
+  const std::string dir = test_dir("scratch");
+  constexpr size_t kOld = size_t{256} << 20;
+  {
+    AlignedBuffer b = random_buffer(kOld, 3);
+    auto f = posix_env().open(dir + "/exp_avg.swp");
+    f->write(b.data(), kOld, 0);
+  }
+  std::ofstream(dir + "/keep.txt") << "not the swap's";
+  ::sync();
+  const uint64_t free_now = check_swap_dir(dir, 0).free_bytes;
+  // Half the old file more than is free now: met once the old file is gone, and not before.
+  EXPECT_NE(error_of([&] { check_swap_dir(dir, free_now + kOld / 2); }).find("the swap needs"), std::string::npos);
+  EXPECT_NO_THROW(check_swap_dir(dir, free_now + kOld / 2, {"exp_avg.swp", "exp_avg_sq.swp"}));
+  EXPECT_FALSE(fs::exists(dir + "/exp_avg.swp"));
+  EXPECT_TRUE(fs::exists(dir + "/keep.txt"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace mt::io
