@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,12 +42,20 @@ struct LaunchArgs {
 };
 
 std::string read_text(const std::string& path) {
+  // A FIFO hung the launcher waiting for a writer and /dev/zero read until memory ran out: a
+  // hostfile is a regular file of at most 1 MiB (a line a host).
+  struct stat st {};
+  MT_CHECK(::stat(path.c_str(), &st) == 0, ErrorKind::kNotFound, path + ": cannot open the hostfile: " + std::strerror(errno));
+  MT_CHECK(S_ISREG(st.st_mode), ErrorKind::kInvalidArgument, path + ": the hostfile is not a regular file");
+  MT_CHECK(st.st_size <= (1 << 20), ErrorKind::kInvalidArgument, path + ": the hostfile is over 1 MiB");
   std::FILE* f = std::fopen(path.c_str(), "rb");
-  MT_CHECK(f, ErrorKind::kNotFound, path + ": cannot open the hostfile");
+  MT_CHECK(f, ErrorKind::kNotFound, path + ": cannot open the hostfile: " + std::strerror(errno));
   std::string text;
   char buf[4096];
   for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, got);
+  const bool failed = std::ferror(f) != 0;
   std::fclose(f);
+  MT_CHECK(!failed, ErrorKind::kIOError, path + ": cannot read the hostfile");
   return text;
 }
 

@@ -2,6 +2,7 @@
 // and end to end through mpirun: rank-tagged output, a failing rank's exit code, bad hostfiles.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -167,6 +168,14 @@ TEST(Launch, BadHostfileExits2NamingFileAndLine) {
   EXPECT_EQ(run("launch -n 1 --hostfile " + hosts + " -- config check x.json", nullptr, &err), 2);
   EXPECT_NE(err.find(hosts + ":3:"), std::string::npos) << err;
   EXPECT_EQ(err.find("launch: mpirun"), std::string::npos) << err;  // nothing ran
+  // A FIFO hung the launcher waiting for a writer (and /dev/zero read until memory ran out); a
+  // directory said "no hosts".
+  const std::string fifo = dir() + "/hosts.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  for (const std::string& h : {fifo, dir()}) {
+    EXPECT_EQ(run("launch -n 1 --hostfile " + h + " -- config check x.json", nullptr, &err), 2) << h;
+    EXPECT_NE(err.find(h + ": the hostfile is not a regular file"), std::string::npos) << err;
+  }
 }
 
 TEST(Launch, MoreRanksThanSlotsNamesTheCounts) {

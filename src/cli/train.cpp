@@ -230,7 +230,15 @@ class CsvMonitor {
   std::set<std::string> started_;
 };
 
-void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared_ptr<comm::Backend>& world, bool& started) {
+// How far a rank got: before `started` every rank fails alike (same config, same files) and rank 0
+// alone says why, unless `own` (past the data's barrier: a file missing on this host, or the
+// barrier's own deadline), where the rank says it too.
+struct SetupState {
+  bool started = false, own = false;
+};
+
+void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared_ptr<comm::Backend>& world, SetupState& st) {
+  bool& started = st.started;
   if (cfg.task == "classification") {
     classify_loop({args.resume, args.metrics, args.overwrite, args.src.name()}, cfg, world, started);
     return;
@@ -253,11 +261,18 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                     " to continue it, or --overwrite to start a new run there (its first save removes them)");
   // Text corpora are tokenized into a cache on first use: rank 0 does it while the others wait,
   // then they open the cached datasets (mapped: each touches only the samples it reads).
+  // Tokenizing takes what the corpus takes (17 MB/s here), so where a text corpus is named the
+  // others wait without comm_timeout's deadline (a 76 MB corpus under comm_timeout 1 ended the run
+  // with no line, and each rerun met the same); rank 0's failure or death still ends the job.
   comm::BarrierOptions bo;
   bo.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000.0));
+  auto text = [](const std::string& p) { return p.ends_with(".txt") || p.ends_with(".jsonl"); };
+  if (text(cfg.data_train) || text(cfg.data_valid)) bo.timeout = std::chrono::milliseconds(int64_t{1'000'000'000'000});
   bo.tag = "data ready";
   if (world && !lead) world->barrier(bo)->wait();
+  st.own = true;
   if (fault_active("train.sigterm_in_setup")) std::raise(SIGTERM);  // test seam: a scheduler's signal during the setup
+  if (fault_active("train.slow_data")) std::this_thread::sleep_for(std::chrono::seconds(6));  // test seam: a long tokenizing
   DataSource train_data = open_data(cfg, cfg.data_train, "data.train", cfg.shuffle);
   data::TokenStream& train = *train_data.stream;
   DataSource valid_data;
@@ -537,19 +552,21 @@ void run_train(const TrainArgs& args) {
   std::shared_ptr<comm::Backend> world = mpi_world();
   if (!world) {
     engine::RunConfig cfg = load_planned_config(args.src, 1);
-    bool started = false;
+    SetupState st;
     try {
-      train_loop(args, cfg, nullptr, started);
+      train_loop(args, cfg, nullptr, st);
     } catch (const StopRequested& s) {
       std::exit(128 + s.signal);
     }
     return;
   }
-  bool started = false;
+  SetupState st;
   int stop_code = 0;
   try {
+    if (fault_active("train.setup_error"))  // test seam: a file this rank's host lacks
+      throw Error(ErrorKind::kNotFound, "test seam: a file this host lacks");
     engine::RunConfig cfg = load_planned_config(args.src, world->size());
-    train_loop(args, cfg, world, started);
+    train_loop(args, cfg, world, st);
   } catch (const StopRequested& s) {
     stop_code = 128 + s.signal;
   } catch (const Error& e) {
@@ -557,11 +574,23 @@ void run_train(const TrainArgs& args) {
                      e.kind() == ErrorKind::kCorruption || e.kind() == ErrorKind::kNotSupported;
     int code = bad_input ? 2 : 1;
     // Before the first collective every rank fails alike (same config, same files): rank 0 says it.
-    if (!started) {
+    if (!st.started) {
+      // Past the data's barrier, or at its deadline, the error may be this rank's alone (a data
+      // file missing on its host): it says it too, naming itself.
+      if (world->rank() != 0 && (st.own || e.kind() == ErrorKind::kTimeout)) {
+        std::fprintf(stderr, "meshtrain: error: rank %d: %s\n", world->rank(), e.what());
+        std::fflush(stderr);
+      }
       // The others leave a moment later: mpirun aborts the job at the first non-zero exit, and a
       // rank that exited first could take rank 0 down before its line was written (seen in CI).
+      // One still running then failed where rank 0 did not (a config, tokenizer or data file
+      // missing on its host, which ended the job with mpirun's banner alone): it says why.
       if (world->rank() != 0) {
         std::this_thread::sleep_for(std::chrono::seconds(3));
+        if (!st.own && e.kind() != ErrorKind::kTimeout) {
+          std::fprintf(stderr, "meshtrain: error: rank %d: %s\n", world->rank(), e.what());
+          std::fflush(stderr);
+        }
         std::_Exit(code);
       }
       std::fprintf(stderr, "meshtrain: error: %s\n", e.what());

@@ -978,6 +978,50 @@ TEST(TrainNvme, ResumeStreamsTheCheckpointIntoTheSwap) {
   EXPECT_EQ(values(dir() + "/stream-b.jsonl", "swap_param_wait_seconds").size(), 1u);
 }
 
+// Rank 0 tokenizes a text corpus while the others wait at the "data ready" barrier: that wait has
+// no comm_timeout deadline (a corpus that took longer to tokenize than comm_timeout ended the run
+// with no line, and every rerun met the same). Where nothing is tokenized the deadline stays, and
+// the rank that meets it says so in its own line (it exited without one).
+TEST(TrainMpi, RankZerosTokenizingOutlastsTheCommTimeout) {
+  write_dataset(dir() + "/train", 30);
+  std::ofstream(dir() + "/slow.txt") << "The cat sat on the mat.\n\nThe dog sat on the log.\n\nCats and dogs sat.\n";
+  ASSERT_EQ(run("tokenize " + dir() + "/slow.txt -o " + dir() + "/slowtok --train-bpe 270"), 0);
+  const nlohmann::json common = {{"comm_timeout", 3}, {"train_iters", 2}, {"save_interval", 0}, {"eval_interval", 0},
+                                 {"model", {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 32}, {"n_embd", 32},
+                                            {"n_layer", 1}, {"n_head", 2}}}};
+  nlohmann::json text = common, prefix = common;
+  text["data"] = {{"train", dir() + "/slow.txt"}, {"tokenizer", dir() + "/slowtok.tokenizer.json"}};
+  prefix["data"] = {{"train", dir() + "/slowtok"}};
+  setenv("MT_FAULT", "train.slow_data@0", 1);  // rank 0 takes 6 s over its data
+  std::string err_text, err_prefix;
+  const int rc_text = run(launch(2) + dp_config("slow-text", 0, text), &err_text);
+  const int rc_prefix = run(launch(2) + dp_config("slow-prefix", 0, prefix), &err_prefix);
+  unsetenv("MT_FAULT");
+  EXPECT_EQ(rc_text, 0) << err_text;
+  EXPECT_NE(rc_prefix, 0);
+  EXPECT_NE(err_prefix.find("meshtrain: error: rank 1: "), std::string::npos) << err_prefix;
+  EXPECT_NE(err_prefix.find("data ready"), std::string::npos) << err_prefix;
+}
+
+// A rank that fails where rank 0 did not, before the first collective (a config or data file its
+// host lacks), ended the job with mpirun's banner alone: it says why. One that has not reached
+// the process groups' splits when rank 0 does held every other rank in MPI_Comm_split, which has
+// no deadline (a stopped rank hung the job): the world meets at a barrier within comm_timeout first.
+TEST(TrainMpi, ARankThatFailsOrStallsAloneInTheSetupIsNamed) {
+  write_dataset(dir() + "/train", 30);
+  std::string err;
+  setenv("MT_FAULT", "train.setup_error@1", 1);
+  const int rc_alone = run(launch(2) + dp_config("alone", 0), &err);
+  EXPECT_EQ(rc_alone, 2) << err;
+  EXPECT_NE(err.find("meshtrain: error: rank 1: test seam: a file this host lacks"), std::string::npos) << err;
+  setenv("MT_FAULT", "train.slow_data@1", 1);  // rank 1 takes 6 s past the data's barrier
+  const int rc_stall = run(launch(2) + dp_config("stall", 0, {{"comm_timeout", 2}}) + " --set parallel.tp=2", &err);
+  unsetenv("MT_FAULT");
+  EXPECT_NE(rc_stall, 0) << err;
+  EXPECT_NE(err.find("[process groups] on rank 0 of 2 (mpi) timed out after 2000 ms: rank 1 has not arrived"), std::string::npos)
+      << err;
+}
+
 TEST(TrainMpi, AStuckRankIsNamedByTheCollectiveTimeout) {
   write_dataset(dir() + "/train", 30);
   std::string cfg = dp_config("hang", 3, {{"comm_timeout", 3}});

@@ -241,6 +241,22 @@ class MpiBackend : public Backend {
     MPI_Comm_set_errhandler(ring_, MPI_ERRORS_RETURN);
     last_seq_.assign(size_, -1);
     last_id_.assign(size_, -1);
+    // A group's ranks are its own numbering (a tp or dp group of a larger world): a timeout names
+    // the world's ranks, which the launcher's output and a user's `kill` know (it named group
+    // rank 1 of the dp group {1, 3}, a healthy process, for a stuck world rank 3).
+    MPI_Group mine, everyone;
+    MPI_Comm_group(comm_, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &everyone);
+    std::vector<int> own(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) own[static_cast<size_t>(r)] = r;
+    world_of_.assign(static_cast<size_t>(size_), MPI_UNDEFINED);
+    MPI_Group_translate_ranks(mine, size_, own.data(), everyone, world_of_.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&everyone);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+    bool same = size_ == world_size_;
+    for (int r = 0; r < size_; ++r) same = same && world_of_[static_cast<size_t>(r)] == r;
+    if (same) world_of_.clear();
   }
   ~MpiBackend() override {
     int finalized = 0;
@@ -534,7 +550,19 @@ class MpiBackend : public Backend {
         note = " (no report from rank 0, which gathers arrivals: it has not arrived or is stuck)";
       }
     }
-    throw CommTimeout(timeout_message("mpi", what, seq, tag, rank_, size_, timeout, missing, silent) + note,
+    int shown_rank = rank_, shown_size = size_;
+    if (!world_of_.empty()) {
+      std::string members;
+      for (int& r : missing) r = world_of_[static_cast<size_t>(r)];
+      for (int w : world_of_) {
+        if (!members.empty()) members.push_back(',');
+        members.append(std::to_string(w));
+      }
+      note += " (world ranks; the group is world ranks " + members + ")";
+      shown_rank = world_of_[static_cast<size_t>(rank_)];
+      shown_size = world_size_;
+    }
+    throw CommTimeout(timeout_message("mpi", what, seq, tag, shown_rank, shown_size, timeout, missing, silent) + note,
                       what, seq, missing);
   }
 
@@ -632,6 +660,8 @@ class MpiBackend : public Backend {
   bool owned_;
   int rank_ = 0, size_ = 1;
   uint64_t next_seq_ = 0, send_seq_ = 0, recv_seq_ = 0;
+  std::vector<int> world_of_;  // a group's: each group rank's world rank (empty: numbered as the world)
+  int world_size_ = 0;
   std::vector<int64_t> last_seq_;  // rank 0: the last collective each rank announced
   std::vector<int> last_id_;
   std::deque<std::pair<MPI_Request, std::unique_ptr<uint64_t[]>>> sends_;

@@ -384,6 +384,38 @@ int timeout_case(Backend& b, const std::string& what) {
   return 1;  // not reached
 }
 
+// The same inside a group numbered otherwise than the world (the odd ranks of 4: world ranks 1 and
+// 3 are group ranks 0 and 1): the timeout names world rank 3 (it named group rank 1, which is the
+// healthy world rank 1). World rank 1 gathers the group's arrivals and says PASS or FAIL.
+int timeout_group_case(Backend& world) {
+  std::shared_ptr<Backend> g = world.split(world.rank() % 2, world.rank());
+  float v = 1;
+  g->all_reduce(&v, 1, DType::kF32, {})->wait();  // #0: everyone
+  const int last = world.size() - 1;
+  if (world.rank() != 1) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the even group, and world rank 3 skipping #1
+  }
+  AllReduceOptions o;
+  o.timeout = std::chrono::milliseconds(3000);
+  o.tag = "group-case";
+  std::string msg;
+  bool ok = false;
+  try {
+    g->all_reduce(&v, 1, DType::kF32, o)->wait();
+    msg = "all_reduce #1 completed without world rank " + std::to_string(last);
+  } catch (const CommTimeout& e) {
+    msg = e.what();
+    ok = e.missing_ranks() == std::vector<int>{last} &&
+         msg.find("on rank 1 of " + std::to_string(world.size())) != std::string::npos &&
+         msg.find("rank " + std::to_string(last) + " has not arrived (world ranks; the group is world ranks 1,3)") !=
+             std::string::npos;
+  }
+  std::printf("timeout group case: %s on rank %d: %s\n", ok ? "PASS" : "FAIL", world.rank(), msg.c_str());
+  std::fflush(stdout);
+  world.abort(ok ? 3 : 4, "timeout group case done (the abort is expected)");
+  return 1;  // not reached
+}
+
 // Large collectives fault their temporary buffers in by huge pages (mpi_prepare_process). libnbc's
 // all-reduce of P x 16 MiB mallocs 16 MiB on every call, and it is mapped afresh each time: 4097
 // faults a call in 4 KiB pages (measured with GLIBC_TUNABLES=glibc.malloc.hugetlb=0), 10-11 with
@@ -578,6 +610,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   g_rank = world->rank();
+  if (argc > 1 && std::strcmp(argv[1], "--timeout-group-case") == 0) return timeout_group_case(*world);
   if (argc > 1 && std::strcmp(argv[1], "--timeout-case") == 0)
     return timeout_case(*world, argc > 2 ? argv[2] : "all_reduce");
   for (auto check : {check_all_reduce, check_bf16_sum, check_in_dtype, check_rooted, check_gather_scatter_all,

@@ -7,10 +7,14 @@ Backend& ProcessGroups::group(MeshDim dim) const {
   return dim == MeshDim::kTp ? *tp : dim == MeshDim::kDp ? *dp : *pp;
 }
 
-ProcessGroups make_process_groups(Backend& world, const DeviceMesh& mesh) {
+ProcessGroups make_process_groups(Backend& world, const DeviceMesh& mesh, std::chrono::milliseconds timeout) {
   MT_CHECK(mesh.world() == world.size(), ErrorKind::kInvalidArgument,
            "process groups: " + mesh.to_string() + " but the " + world.name() + " world has " +
                std::to_string(world.size()) + " ranks");
+  BarrierOptions arrive;
+  arrive.timeout = timeout;
+  arrive.tag = "process groups";
+  world.barrier(arrive)->wait();
   const int r = world.rank();
   const MeshCoord c = mesh.coord(r);
   ProcessGroups g;

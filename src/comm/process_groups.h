@@ -15,6 +15,9 @@ struct ProcessGroups {
 };
 
 // REQUIRES: mesh.world() == world.size(). Group rank i along dim is mesh coordinate i on dim.
-ProcessGroups make_process_groups(Backend& world, const DeviceMesh& mesh);
+// A split blocks without a deadline (MPI_Comm_split): the world first meets at a barrier within
+// `timeout`, so a rank that never comes is named (CommTimeout) instead of hanging every other.
+ProcessGroups make_process_groups(Backend& world, const DeviceMesh& mesh,
+                                  std::chrono::milliseconds timeout = kDefaultTimeout);
 
 }  // namespace mt::comm

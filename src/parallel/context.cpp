@@ -25,7 +25,7 @@ std::shared_ptr<ParallelContext> make_parallel_context(std::shared_ptr<comm::Bac
     ctx->groups.tp = comm::make_local_world(1)[0];
     ctx->groups.pp = comm::make_local_world(1)[0];
   } else {
-    ctx->groups = comm::make_process_groups(*world, ctx->mesh);
+    ctx->groups = comm::make_process_groups(*world, ctx->mesh, timeout);
   }
   return ctx;
 }
