@@ -212,6 +212,8 @@ void run_bench(const BenchArgs& args) {
   MT_CHECK(args.decode == 0 || (args.dtype == "fp32" && args.batch == 4 && !args.recompute), ErrorKind::kInvalidArgument,
            "--decode times f32 generation: --dtype, --batch and --recompute belong to the training benchmark "
            "(--decode-batch sets the sequences decoded together)");
+  MT_CHECK(args.decode == 0 || args.device == "cpu", ErrorKind::kInvalidArgument,
+           "--decode times generation on the CPU; --device " + args.device + " is the training benchmark's");
   if (args.decode > 0) return run_decode_bench(args);
   if (args.device == "cuda") return run_device_bench(args);
   MT_CHECK(args.device == "cpu", ErrorKind::kInvalidArgument, "--device: cpu or cuda, not " + args.device);
@@ -332,6 +334,12 @@ bool read_disk_ceiling(const std::string& dir, DiskCeiling* c) {
 // The disk's ceiling for the swap: one sequential pass each way, and the sweep over request size
 // and depth that finds the best (what fio's sequential direct-I/O jobs report).
 void run_io_bench(const BenchArgs& args) {
+  // (--io-block -1 became SIZE_MAX, rounded up to 0, and divided by: SIGFPE.)
+  MT_CHECK(args.io_mib >= 1 && args.io_mib <= (int64_t{1} << 30), ErrorKind::kInvalidArgument,
+           "--io-size must be at least 1 MiB (got " + std::to_string(args.io_mib) + ")");
+  MT_CHECK(args.io_block >= 4096 && args.io_block % 4096 == 0 && args.io_block <= (int64_t{1} << 30), ErrorKind::kInvalidArgument,
+           "--io-block must be a multiple of 4096 bytes, at most 1 GiB (got " + std::to_string(args.io_block) + ")");
+  MT_CHECK(args.io_depth >= 1 && args.io_threads >= 1, ErrorKind::kInvalidArgument, "--io-depth and --io-threads must be at least 1");
   io::AioOptions o;
   o.block_size = static_cast<size_t>(args.io_block);
   o.queue_depth = args.io_depth;

@@ -49,6 +49,9 @@ void run_export(const ExportArgs& a) {
   // vocabulary of the run's own. Read before anything is written; a tokenizer that cannot be read
   // is said, and the ids are left out.
   int eot = -1;
+  if (!info.tokenizer.empty() && !fs::exists(info.tokenizer))  // (left out without a word)
+    std::fprintf(stderr, "warning: the run's tokenizer %s no longer exists: the export has none, and config.json names no eos_token_id\n",
+                 info.tokenizer.c_str());
   if (!info.tokenizer.empty() && fs::exists(info.tokenizer)) {
     try {
       eot = data::Tokenizer::load(info.tokenizer).eot_id();

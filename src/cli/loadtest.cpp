@@ -95,7 +95,8 @@ Phase run_phase(const LoadArgs& a, int clients) {
 }
 
 void run_loadtest(const LoadArgs& a) {
-  MT_CHECK(a.duration > 0, ErrorKind::kInvalidArgument, "--duration must be positive");
+  // (inf or 1e10 overflowed the deadline into the past: phases of 0 requests, exit 0.)
+  MT_CHECK(a.duration > 0 && a.duration <= 1e6, ErrorKind::kInvalidArgument, "--duration must be positive and at most 1e6 seconds");
   MT_CHECK(a.max_tokens >= 1, ErrorKind::kInvalidArgument, "--max-tokens must be at least 1");
   std::vector<int> counts;
   std::stringstream ss(a.clients);
@@ -109,6 +110,7 @@ void run_loadtest(const LoadArgs& a) {
     MT_CHECK(n >= 1 && n <= 1024, ErrorKind::kInvalidArgument, "--clients: '" + item + "' is not a count in [1, 1024]");
     counts.push_back(n);
   }
+  MT_CHECK(!counts.empty(), ErrorKind::kInvalidArgument, "--clients: no count given (say 1,8)");
   {
     httplib::Client probe(a.url);
     httplib::Result h = probe.Get("/health");
@@ -133,7 +135,11 @@ void run_loadtest(const LoadArgs& a) {
   }
   if (a.json_out) std::printf("%s\n", out.dump(2).c_str());
   int errors = 0;
-  for (const Phase& p : phases) errors += p.errors;
+  for (const Phase& p : phases) {
+    errors += p.errors;
+    MT_CHECK(p.requests > 0, ErrorKind::kIOError,
+             "loadtest: the phase of " + std::to_string(p.clients) + " client(s) completed no request in " + std::to_string(a.duration) + " s");
+  }
   MT_CHECK(errors == 0, ErrorKind::kIOError, "loadtest: " + std::to_string(errors) + " requests failed");
 }
 

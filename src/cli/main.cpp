@@ -97,5 +97,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
     return 1;
   }
+  // What a command wrote to standard output (generate's text, tokenizer encode's ids, --json) is
+  // its result: a full disk or a closed pipe lost it and the command exited 0.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "meshtrain: error: writing standard output: %s\n", std::strerror(errno));
+    return 1;
+  }
   return 0;
 }

@@ -447,6 +447,8 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
 }
 
 void run_plan(const PlanOptions& o) {
+  // (0 divided the batch by it under "parallel": "auto": SIGFPE.)
+  MT_CHECK(o.procs >= 1, ErrorKind::kInvalidArgument, "--procs must be at least 1, got " + std::to_string(o.procs));
   gib_bytes(o.memory_gib, "--memory");  // a negative or non-finite one is refused, not passed over
   const engine::RunConfig c = load_layout_config("plan", o.path, o.sets, o.procs);
   MT_CHECK(o.cluster.empty() || o.calibration.empty(), ErrorKind::kInvalidArgument,

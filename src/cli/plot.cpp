@@ -53,11 +53,16 @@ bool plot_metrics(const std::string& metrics, const std::string& out, bool requi
     }
     MT_CHECK(j.is_object() && j.contains("step") && j.contains("loss") && j["step"].is_number() && j["loss"].is_number(),
              ErrorKind::kInvalidArgument, metrics + ":" + std::to_string(line_no) + ": expected \"step\" and \"loss\" numbers");
+    // A null val_loss or lr (a step without them) is absent; another type is said with its line
+    // (nlohmann's type_error was said without it).
+    const bool val = j.contains("val_loss") && !j["val_loss"].is_null(), lr = j.contains("lr") && !j["lr"].is_null();
+    MT_CHECK((!val || j["val_loss"].is_number()) && (!lr || j["lr"].is_number()), ErrorKind::kInvalidArgument,
+             metrics + ":" + std::to_string(line_no) + ": \"val_loss\" and \"lr\" must be numbers");
     d << j["step"].get<double>() << '\t' << j["loss"].get<double>() << '\t'
-      << (j.contains("val_loss") ? std::to_string(j["val_loss"].get<double>()) : std::string("NaN")) << '\t'
-      << j.value("lr", 0.0) << '\n';
+      << (val ? std::to_string(j["val_loss"].get<double>()) : std::string("NaN")) << '\t'
+      << (lr ? j["lr"].get<double>() : 0.0) << '\n';
     ++rows;
-    vals += j.contains("val_loss");
+    vals += val;
   }
   d.close();
   MT_CHECK(rows > 0, ErrorKind::kInvalidArgument, metrics + ": no steps to plot");

@@ -473,6 +473,51 @@ TEST(Plot, TrainLeavesALossCurveAndPlotDrawsPngOrSvg) {
   std::string err;
   EXPECT_EQ(run("plot " + dir() + "/bad-metrics.jsonl", &err), 2);
   EXPECT_NE(err.find("bad-metrics.jsonl:2"), std::string::npos) << err;
+  // A null val_loss or lr is a step without them (nlohmann's type_error, without a line, before).
+  std::ofstream(dir() + "/null-metrics.jsonl") << "{\"step\": 1, \"loss\": 2, \"val_loss\": null, \"lr\": null}\n"
+                                                << "{\"step\": 2, \"loss\": 1.5, \"lr\": \"x\"}\n";
+  EXPECT_EQ(run("plot " + dir() + "/null-metrics.jsonl -o " + dir() + "/null.svg", &err), 2);
+  EXPECT_NE(err.find("null-metrics.jsonl:2: \"val_loss\" and \"lr\" must be numbers"), std::string::npos) << err;
+}
+
+// Values that crashed a command, or had it exit 0 having done nothing or lost its output (a
+// review, stop 56), and a dataset prefix tokenized again over an SFT one.
+TEST(Cli, ValuesThatCrashedOrLostTheOutputAreRefused) {
+  std::string err;
+  std::ofstream(dir() + "/auto-plan.json") << R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,)"
+                                              R"( "n_embd": 32, "n_layer": 1, "n_head": 2}, "parallel": "auto", "train_batch_size": 4})";
+  EXPECT_EQ(run("plan " + dir() + "/auto-plan.json --procs 0", &err), 2);  // SIGFPE
+  EXPECT_NE(err.find("--procs must be at least 1, got 0"), std::string::npos) << err;
+  EXPECT_EQ(run("bench --io " + dir() + " --io-size 1 --io-block -1", &err), 2);  // SIGFPE
+  EXPECT_NE(err.find("--io-block must be a multiple of 4096 bytes"), std::string::npos) << err;
+  const std::string model = std::string(MT_SOURCE_DIR) + "/configs/models/tiny-gpt2.json";
+  EXPECT_EQ(run("bench " + model + " --decode 4 --device cuda", &err), 2);  // timed the CPU
+  EXPECT_NE(err.find("--decode times generation on the CPU"), std::string::npos) << err;
+  for (const char* bad : {"--duration inf", "--duration 1e10", "--clients ''"}) {  // 0 requests, exit 0
+    EXPECT_EQ(run(std::string("loadtest --url http://127.0.0.1:1 ") + bad, &err), 2) << bad;
+    EXPECT_TRUE(err.find("--duration must be positive and at most 1e6") != std::string::npos ||
+                err.find("--clients: no count given") != std::string::npos)
+        << bad << ": " << err;
+  }
+  // Standard output on a full disk: the ids were lost and the command exited 0.
+  std::ofstream(dir() + "/enc.txt") << "The cat sat on the mat.\n\nThe dog sat on the log.\n\nCats and dogs sat.\n";
+  ASSERT_EQ(run("tokenize " + dir() + "/enc.txt -o " + dir() + "/enc --train-bpe 270"), 0);
+  std::ofstream(dir() + "/enc.jsonl") << "\"The cat\"\n";
+  const std::string e = dir() + "/full.err";
+  const int rc = std::system((std::string(MT_MESHTRAIN_BIN) + " tokenizer encode " + dir() + "/enc.tokenizer.json < " + dir() +
+                              "/enc.jsonl > /dev/full 2> " + e).c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 1);
+  EXPECT_NE(mt::cli::testing::slurp(e).find("meshtrain: error: writing standard output: No space left on device"),
+            std::string::npos)
+      << mt::cli::testing::slurp(e);
+  // An SFT corpus tokenized to a prefix, then a plain one to the same prefix: the first's loss mask
+  // stayed beside the second's tokens, and training on it failed ("loss mask has 812 values ...").
+  std::ofstream(dir() + "/enc-sft.jsonl") << R"({"prompt": "The cat", "response": "sat on the mat."})" << "\n";
+  ASSERT_EQ(run("tokenize " + dir() + "/enc-sft.jsonl -o " + dir() + "/reused --tokenizer " + dir() + "/enc.tokenizer.json"), 0);
+  ASSERT_TRUE(fs::exists(dir() + "/reused.mask.idx"));
+  ASSERT_EQ(run("tokenize " + dir() + "/enc.txt -o " + dir() + "/reused --tokenizer " + dir() + "/enc.tokenizer.json"), 0);
+  EXPECT_FALSE(fs::exists(dir() + "/reused.mask.idx"));
 }
 
 }  // namespace
@@ -508,6 +553,12 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
 
   ASSERT_EQ(run("export " + dir() + "/ckpt-gen --hf " + dir() + "/gen-hf"), 0);
   EXPECT_TRUE(fs::exists(dir() + "/gen-hf/tokenizer.json"));
+  // The run's tokenizer gone since: the export (weights alone) says so (it was left out silently).
+  fs::rename(tokjson, tokjson + ".away");
+  ASSERT_EQ(run("export " + dir() + "/ckpt-gen --hf " + dir() + "/gen-hf-bare", &err), 0) << err;
+  fs::rename(tokjson + ".away", tokjson);
+  EXPECT_NE(err.find("warning: the run's tokenizer " + tokjson + " no longer exists"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir() + "/gen-hf-bare/tokenizer.json"));
   mt::data::Tokenizer tok = mt::data::Tokenizer::load(tokjson);
   std::vector<int32_t> ids = tok.encode(prompt);
   std::ofstream(dir() + "/prompt.json") << nlohmann::json(ids).dump();

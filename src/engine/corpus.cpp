@@ -99,6 +99,11 @@ CorpusStats corpus_write_dataset(const std::vector<CorpusDocument>& docs, const 
   bool masked = false;
   for (const auto& d : docs)
     for (const auto& p : d.pieces) masked |= !p.second;
+  // A mask an earlier dataset of this prefix left (an SFT corpus tokenized there before) would be
+  // read with these tokens, which it does not fit: removed first (`tokenize` kept it, and the next
+  // train failed with "loss mask has 812 values for 40368 tokens").
+  fs::remove(data::indexed_dataset_idx_path(prefix + ".mask"));
+  fs::remove(data::indexed_dataset_bin_path(prefix + ".mask"));
   data::IndexedDatasetWriter w(prefix, tok.vocab_size());
   std::unique_ptr<data::IndexedDatasetWriter> mw;
   if (masked) mw = std::make_unique<data::IndexedDatasetWriter>(prefix + ".mask", 2);
@@ -180,7 +185,6 @@ std::string corpus_prepare(const std::string& path, const std::string& tokenizer
   std::string idx = data::indexed_dataset_idx_path(prefix);
   if (fs::exists(idx)) return prefix;
   data::Tokenizer tok = data::Tokenizer::load(tokenizer);
-  fs::remove(data::indexed_dataset_idx_path(prefix + ".mask"));
   CorpusStats st = corpus_write_dataset(corpus_read(path), tok, prefix);
   std::fprintf(stderr, "tokenized %s: %zu documents, %zu tokens (%zu trained) -> %s.bin/.idx\n", path.c_str(),
                st.documents, st.tokens, st.trained_tokens, prefix.c_str());

@@ -63,9 +63,20 @@ void send_error(httplib::Response& res, const HttpError& e) {
   res.set_content(dump(error_json(e)), "application/json");
 }
 
+// An exception that is not an HttpError, answered as a 500 with its text.
+HttpError internal_error(const std::exception& e) { return HttpError{500, e.what(), "server_error", ""}; }
+
 json parse_body(const httplib::Request& req) {
+  // nlohmann parses iteratively but dumps and copies recursively: a body of 100,000 nested
+  // brackets under "model" (200 KB) overflowed a worker's stack when its error was written, and
+  // ended the server (json_load_file's bound).
+  constexpr int kMaxDepth = 1000;
+  auto shallow = [](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxDepth) bad("the body is nested deeper than " + std::to_string(kMaxDepth) + " levels", "invalid_json");
+    return true;
+  };
   try {
-    json j = json::parse(req.body);
+    json j = json::parse(req.body, shallow);
     if (!j.is_object()) bad("the body must be a JSON object");
     return j;
   } catch (const json::parse_error& e) {
@@ -212,7 +223,9 @@ size_t utf8_complete_prefix(const std::string& s) {
 HttpServer::HttpServer(Generator& generator, const data::Tokenizer& tokenizer, const ServerOptions& options)
     : gen_(generator), tok_(tokenizer), options_(options) {
   MT_CHECK(options.max_queue >= 1, ErrorKind::kInvalidArgument, "serve: --max-queue must be at least 1");
-  MT_CHECK(options.request_timeout_s > 0, ErrorKind::kInvalidArgument, "serve: --timeout must be positive");
+  // A deadline past ~9.2e9 s overflowed the clock's nanoseconds into the past: every request 504.
+  MT_CHECK(options.request_timeout_s > 0 && options.request_timeout_s <= 1e9, ErrorKind::kInvalidArgument,
+           "serve: --timeout must be positive and at most 1e9 seconds");
   MT_CHECK(options.default_max_tokens >= 1, ErrorKind::kInvalidArgument, "serve: the default max_tokens must be >= 1");
   scheduler_ = std::make_unique<Scheduler>(gen_, SchedulerOptions{options.max_queue});
   http_ = std::make_unique<httplib::Server>();
@@ -674,6 +687,13 @@ void HttpServer::handle_chatglm(const httplib::Request& req, httplib::Response& 
     j["status"] = e.status;
     res.status = e.status;
     res.set_content(dump(j), "application/json");
+  } catch (const std::exception& e) {  // any other: a 500, and the request still counted out
+    const HttpError err = internal_error(e);
+    status = err.status;
+    json j = error_json(err);
+    j["status"] = err.status;
+    res.status = err.status;
+    res.set_content(dump(j), "application/json");
   }
   record("/", status, std::chrono::duration<double>(Clock::now() - t0).count());
   --in_flight_;
@@ -686,7 +706,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
   try {
     const json body = parse_body(req);
     if (present(body, "model") && (!body["model"].is_string() || body["model"].get<std::string>() != options_.model_name))
-      throw HttpError{404, "the model " + body["model"].dump() + " does not exist; this server has \"" +
+      throw HttpError{404, "the model " + (body["model"].is_string() ? body["model"].dump() : std::string("(a JSON ") + body["model"].type_name() + ")") + " does not exist; this server has \"" +
                                options_.model_name + "\"",
                       "invalid_request_error", "model_not_found"};
     refuse_unimplemented(body, true);
@@ -776,8 +796,14 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       stream = body["stream"].get<bool>();
     }
     // OpenAI's stream_options.include_usage: a last chunk with no choices and the usage.
-    const bool include_usage = stream && present(body, "stream_options") &&
-                               body["stream_options"].value("include_usage", false);
+    bool include_usage = false;
+    if (present(body, "stream_options")) {
+      const json& so = body["stream_options"];
+      if (!so.is_object()) bad("\"stream_options\" must be an object", "invalid_type");
+      if (present(so, "include_usage") && !so["include_usage"].is_boolean())
+        bad("\"stream_options.include_usage\" must be true or false", "invalid_type");
+      include_usage = stream && present(so, "include_usage") && so["include_usage"].get<bool>();
+    }
     const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
     const int64_t created = static_cast<int64_t>(std::time(nullptr));
     const int prompt_tokens = static_cast<int>(r.prompt.size());
@@ -882,6 +908,12 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
   } catch (const HttpError& e) {
     send_error(res, e);
     record(endpoint, e.status, std::chrono::duration<double>(Clock::now() - t0).count());
+    --in_flight_;
+  } catch (const std::exception& e) {
+    // Any other exception went to httplib's handler with in_flight_ still counting the request,
+    // and shutdown() waited for it forever (a null stream_options.include_usage did it).
+    send_error(res, internal_error(e));
+    record(endpoint, 500, std::chrono::duration<double>(Clock::now() - t0).count());
     --in_flight_;
   }
 }

@@ -10,6 +10,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <regex>
 #include <span>
@@ -321,6 +322,9 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
   };
   const std::string big(100 << 10, 'a');
   const std::string too_long = "{\"prompt\": \"" + std::string(2000, 'x') + " " + std::string(2000, 'y') + "\"}";
+  // Nested past the bound (100,000 levels under "model", 200 KB, overflowed a worker's stack as its
+  // 404 was written, and the server died; 30,000 fit the test's 64 KiB body limit).
+  const std::string deep = "{\"prompt\": \"a\", \"model\": " + std::string(30000, '[') + std::string(30000, ']') + "}";
   const std::vector<Case> cases = {
       {"/v1/completions", "not json", 400, "invalid_json"},
       {"/v1/completions", "[1, 2]", 400, "invalid_request_error"},
@@ -347,6 +351,9 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
       {"/", R"({"prompt": "a", "frequency_penalty": 1})", 400, "unsupported_parameter"},
       {"/", R"({"prompt": "a", "stop": "x"})", 400, "unsupported_parameter"},
       {"/v1/completions", R"({"prompt": "a", "model": "gpt-4"})", 404, "model_not_found"},
+      {"/v1/completions", R"({"prompt": "a", "model": [1]})", 404, "model_not_found"},
+      {"/v1/completions", deep, 400, "invalid_json"},
+      {"/v1/completions", R"({"prompt": "a", "stream": true, "stream_options": "yes"})", 400, "invalid_type"},
       {"/v1/completions", too_long, 400, "context_length_exceeded"},
       {"/v1/completions", big, 413, "payload_too_large"},
       {"/v1/chat/completions", R"({"messages": []})", 400, "invalid_type"},
@@ -376,6 +383,32 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
   // Still serving.
   json ok = post_json("/v1/completions", {{"prompt", "The"}, {"max_tokens", 2}, {"temperature", 0}});
   EXPECT_EQ(ok["choices"].size(), 1u);
+  // A null include_usage is absent, as every other null field: it threw nlohmann's type_error past
+  // the handler (a 500), which left the request counted in flight, and shutdown waited forever.
+  httplib::Result nul =
+      post("/v1/completions", R"({"prompt": "a", "max_tokens": 2, "stream": true, "stream_options": {"include_usage": null}})");
+  ASSERT_TRUE(nul);
+  EXPECT_EQ(nul->status, 200) << nul->body;
+}
+
+// A request timeout past what the clock holds in nanoseconds (~9.2e9 s) put every deadline in the
+// past: each request was answered 504 at once.
+TEST(HttpServerOptions, ATimeoutPastTheClocksRangeIsRefused) {
+  const data::Tokenizer tok = data::Tokenizer::train(kCorpus, 300);
+  models::ModelConfig c = testing::tiny_config("tiny-gpt2");
+  c.vocab_size = 300;
+  std::unique_ptr<models::TransformerLM> model = testing::make_model(c);
+  Generator gen(*model);
+  for (double t : {1e10, std::numeric_limits<double>::infinity()}) {
+    ServerOptions so;
+    so.request_timeout_s = t;
+    try {
+      HttpServer s(gen, tok, so);
+      ADD_FAILURE() << t << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--timeout must be positive and at most 1e9 seconds"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST_F(HttpServerTest, ConcurrentClientsGetTheirOwnAnswers) {
