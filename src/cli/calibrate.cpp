@@ -90,6 +90,18 @@ void run_calibrate(const CalibrateArgs& args) {
     const nlohmann::json old = engine::json_load_file(args.out);
     fresh = !old.contains("fingerprint") || old["fingerprint"] != fp ||
             (!args.io_dir.empty() && !old.contains("disk"));
+    // A file of this machine that the planner cannot read (a field edited or cut, a family lost)
+    // was reused as "up to date" and failed every plan after: measured again.
+    if (!fresh) {
+      try {
+        const planner::Calibration cal = load_calibration(args.out, "-o");
+        for (const char* family : {"gemm f32", "gemm bf16", "memory", "adamw"})
+          MT_CHECK(cal.fits.count(family), ErrorKind::kInvalidArgument, args.out + ": no '" + family + "' fit");
+      } catch (const Error& e) {
+        fresh = true;
+        if (lead) std::printf("note: %s; measuring again\n", e.what());
+      }
+    }
   }
   if (!fresh) {
     if (lead)

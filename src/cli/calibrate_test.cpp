@@ -73,6 +73,18 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
   // Same binary, machine, threads and ranks: reused, not measured again.
   ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --quick -o " + cal, &out, &err), 0) << err;
   EXPECT_NE(out.find("calibration up to date"), std::string::npos) << out;
+  // Same fingerprint, but a file the planner cannot read (its GEMM fits lost, a rate negative): it
+  // was reused as up to date and every plan failed on it. Measured again.
+  {
+    nlohmann::json broken = j;
+    broken["fits"].erase("gemm f32");
+    broken["fits"]["memory"]["per_unit_s"] = -1.0;
+    std::ofstream(cal) << broken.dump();
+    ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --quick -o " + cal, &out, &err), 0) << err;
+    EXPECT_NE(out.find("fits.memory.per_unit_s must be a finite time of 0 s or more"), std::string::npos) << out;
+    EXPECT_NE(out.find("calibrated 1 rank(s)"), std::string::npos) << out;
+    EXPECT_TRUE(load(cal)["fits"].contains("gemm f32"));
+  }
   // Another fingerprint (as after a rebuild): measured again.
   j["fingerprint"]["binary_mtime"] = 1;
   std::ofstream(cal) << j.dump();
@@ -270,6 +282,66 @@ TEST(Plan, PredictsTheStepFromTheCalibrationAndRefusesWhatItDoesNotModel) {
   std::ofstream(cal) << "{}";
   EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal, &out, &err), 0);
   EXPECT_NE(err.find("no 'fits'"), std::string::npos) << err;
+}
+
+// Calibrations and cluster descriptions with values no machine has (a review, stop 56): negative
+// rates predicted a step of 0 s, curve points at 0 bytes a "deadlock", 1e-300 GB/s a step of 4e300
+// s, a field of another type an error without the file's name; all but the last exited 0. A search
+// with no layout within the budget exited 0, and an "auto" configuration was searched with its
+// planner block's rates and budget, not plan's --cluster and --memory.
+TEST(Plan, CalibrationsAndClustersOutOfRangeAreRefusedNamingTheFile) {
+  const std::string cfg = dir() + "/range.json";
+  std::ofstream(cfg) << R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48,
+    "n_layer": 2, "n_head": 4}, "seq_length": 16, "train_iters": 1, "train_micro_batch_size_per_gpu": 3,
+    "gradient_accumulation_steps": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})";
+  const std::string fits = R"("gemm f32": {"latency_s": 0, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 0, "per_unit_s": 1e-9},
+    "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7})";
+  const struct {
+    const char* name;
+    std::string text, want;
+  } bad[] = {
+      {"neg", R"({"world": 1, "fits": {"gemm f32": {"latency_s": 0, "per_unit_s": -1e-9}, "memory": {"latency_s": 0, "per_unit_s": 0}}})",
+       "neg.json: fits.gemm f32.per_unit_s must be a finite time of 0 s or more"},
+      {"type", R"({"world": "1", "fits": {)" + fits + "}}", "type.json: [json.exception.type_error"},
+      {"field", R"({"world": 1, "fits": {"gemm f32": {"latency_s": 0}}})", "field.json: [json.exception.out_of_range"},
+      {"curve", R"({"world": 1, "fits": {)" + fits + R"(, "all_reduce": {"latency_s": 0, "per_unit_s": 1e-9, "curve": [[0, 1e-5], [1024, 2e-5]]}}})",
+       "curve.json: fits.all_reduce.curve's sizes must be positive and increasing"},
+      {"bytes", R"({"world": 1, "process_bytes": -1, "fits": {)" + fits + "}}", "bytes.json: process_bytes must be a number of bytes"},
+  };
+  std::string out, err;
+  for (const auto& b : bad) {
+    const std::string cal = dir() + "/" + b.name + ".json";
+    std::ofstream(cal) << b.text;
+    EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal, &out, &err), 2) << b.name << ": " << out;
+    EXPECT_NE(err.find(b.want), std::string::npos) << err;
+  }
+  const std::string src = MT_SOURCE_DIR, h100 = src + "/configs/clusters/dgx-h100.json";
+  nlohmann::json slow = nlohmann::json::parse(std::ifstream(h100));
+  slow["memory_gbs"] = 1e-300;
+  std::ofstream(dir() + "/slow.json") << slow.dump();
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --cluster " + dir() + "/slow.json", &out, &err), 2) << out;
+  EXPECT_NE(err.find("slow.json: 'memory_gbs' must be a positive number, from 1e-6 to 1e6"), std::string::npos) << err;
+  // Thousands of processes on this machine's cores: each simulated (minutes); refused.
+  {
+    const std::string two = dir() + "/two.json";
+    std::ofstream(two) << R"({"world": 2, "threads": 1, "fits": {)" + fits + "}}";
+    const unsigned many = std::max(1u, std::thread::hardware_concurrency()) * 64 + 2;
+    EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + two + " --procs " + std::to_string(many), &out, &err), 2);
+    EXPECT_NE(err.find("on one host of"), std::string::npos) << err;
+  }
+  // Nothing within the budget: a failure, as the "auto" path says it.
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --cluster " + h100 + " --search --memory 0.00001", &out, &err), 2);
+  EXPECT_NE(err.find("plan: no layout of 1 process(es) fits within"), std::string::npos) << err;
+  // A million micro-batches a step: refused at once (16 s and 1.6 GB simulating them).
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --cluster " + h100 + " --set gradient_accumulation_steps=1000000 "
+                                                "--set train_micro_batch_size_per_gpu=1", &out, &err), 2);
+  EXPECT_NE(err.find("gradient_accumulation_steps 1000000 (the simulator runs each micro-batch: at most 65536)"), std::string::npos) << err;
+  // "auto" searched with plan's own cluster and budget, and says which.
+  std::ofstream(dir() + "/auto-range.json") << R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,
+    "n_embd": 48, "n_layer": 2, "n_head": 4}, "seq_length": 16, "train_iters": 1, "train_batch_size": 8, "parallel": "auto",
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "planner": {"calibration": ")" + dir() + R"(/absent.json"}})";
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + dir() + "/auto-range.json --procs 8 --cluster " + h100, &out, &err), 0) << err;
+  EXPECT_NE(err.find("a rank; " + h100 + ")"), std::string::npos) << err;  // it read planner.calibration (absent: refused)
 }
 
 // `meshtrain plan --cluster`: a described cluster instead of this machine's calibration, its

@@ -11,6 +11,7 @@
 #include "comm/backend.h"
 #include "engine/ds_config.h"
 #include "engine/engine.h"
+#include "planner/calibrate.h"
 #include "planner/memory.h"
 
 namespace mt::cli {
@@ -86,8 +87,18 @@ void add_layout_options(CLI::App* cmd, std::string& path, int& procs, std::vecto
 // That configuration resolved for procs processes, its warnings printed to stderr. `command`
 // (estimate, plan) runs in one process and takes the count from --procs: it is refused under an MPI
 // launcher of several processes, and a layout that does not divide the count names --procs.
+// A calibration file (meshtrain calibrate's), every field checked for a value it can have (a
+// negative rate, a curve point at 0 bytes, a field of another type: kInvalidArgument naming the
+// file); `key` names where the path came from when the file does not exist.
+planner::Calibration load_calibration(const std::string& path, const std::string& key);
+// What `plan`'s own options give the search of an "auto" configuration in place of its planner
+// block: another calibration, a described cluster (its rates and its devices' memory), a budget.
+struct PlannerInputs {
+  std::string calibration, cluster;
+  double memory_gib = 0.0;
+};
 engine::RunConfig load_layout_config(const std::string& command, const std::string& path,
-                                     const std::vector<std::string>& sets, int procs);
+                                     const std::vector<std::string>& sets, int procs, const PlannerInputs& inputs = {});
 
 // A run configuration loaded as train loads it, with what it leaves to the planner chosen by the
 // search (cli/plan.cpp, planner/search.h): `"parallel": "auto"` (the layout of the processes, and
@@ -96,7 +107,7 @@ engine::RunConfig load_layout_config(const std::string& command, const std::stri
 // recompute), `zero_optimization.stage: "auto"` and `activation_checkpointing.enabled: "auto"`.
 // The choice is one line in the result's notes. Every rank computes the same choice from the same
 // files.
-engine::RunConfig load_planned_config(const engine::ConfigSources& src, int procs);
+engine::RunConfig load_planned_config(const engine::ConfigSources& src, int procs, const PlannerInputs& inputs = {});
 // This binary's path (/proc/self/exe), for re-executing it (launch, plan --validate).
 std::string self_exe();
 // Physical memory of this host in bytes (0: unknown).

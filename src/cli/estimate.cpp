@@ -286,7 +286,7 @@ void add_layout_options(CLI::App* cmd, std::string& path, int& procs, std::vecto
 }
 
 engine::RunConfig load_layout_config(const std::string& command, const std::string& path,
-                                     const std::vector<std::string>& sets, int procs) {
+                                     const std::vector<std::string>& sets, int procs, const PlannerInputs& inputs) {
   // `meshtrain launch -n 4 -- estimate CFG` would run four one-process estimates, each refusing a
   // layout of four; the count is --procs.
   const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
@@ -301,7 +301,7 @@ engine::RunConfig load_layout_config(const std::string& command, const std::stri
   src.sets = sets;
   engine::RunConfig c;
   try {
-    c = load_planned_config(src, procs);
+    c = load_planned_config(src, procs, inputs);
   } catch (const Error& e) {
     // The layout was resolved for --procs processes, not for an MPI world.
     const std::string what = e.what();

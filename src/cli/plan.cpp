@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <cmath>
+#include <limits>
 #include <unistd.h>
 #include <random>
 #include <thread>
@@ -48,6 +49,10 @@ struct PlanOptions {
   double memory_gib = 0.0;
 };
 
+}  // namespace
+
+static planner::Calibration calibration_from_json(const nlohmann::json& j, const std::string& path);
+
 planner::Calibration load_calibration(const std::string& path, const std::string& key) {
   MT_CHECK(std::filesystem::exists(path), ErrorKind::kNotFound,
            key + ": " + path + " does not exist (meshtrain calibrate -o " + path +
@@ -55,20 +60,52 @@ planner::Calibration load_calibration(const std::string& path, const std::string
   const nlohmann::json j = engine::json_load_file(path);
   MT_CHECK(j.contains("fits") && j["fits"].is_object(), ErrorKind::kInvalidArgument,
            path + ": no 'fits' (write it with meshtrain calibrate)");
+  try {
+    return calibration_from_json(j, path);
+  } catch (const nlohmann::json::exception& e) {  // a field of another type, or missing: named with the file
+    throw Error(ErrorKind::kInvalidArgument, path + ": " + e.what() + " (meshtrain calibrate --force writes it anew)");
+  }
+}
+
+// The calibration's fields, each checked for a value a time or a count can have: negative rates
+// predicted negative passes and a step of 0 s, curve points at 0 bytes an infinite time that the
+// simulator reported as a deadlock, a process_bytes of -1 a budget of nothing (all with exit 0).
+static planner::Calibration calibration_from_json(const nlohmann::json& j, const std::string& path) {
+  auto bad = [&path](const std::string& what) {
+    throw Error(ErrorKind::kInvalidArgument, path + ": " + what + " (meshtrain calibrate --force writes it anew)");
+  };
+  auto time = [&](double v, const std::string& what) {
+    if (!std::isfinite(v) || v < 0) bad(what + " must be a finite time of 0 s or more");
+    return v;
+  };
   planner::Calibration cal;
   cal.world = j.value("world", 1);
   cal.threads = j.value("threads", 1);
   cal.ranks_per_host = j.value("ranks_per_host", 0);
   cal.kernel_ranks = j.value("kernel_ranks", cal.ranks_per_host > 0 ? cal.ranks_per_host : cal.world);
-  cal.speed_probe_s = j.value("speed_probe_s", 0.0);
-  cal.exchange_probe_s = j.value("exchange_probe_s", 0.0);
+  if (cal.world < 1 || cal.threads < 1 || cal.ranks_per_host < 0 || cal.kernel_ranks < 1 || cal.world > 65536)
+    bad("world, threads and kernel_ranks must be at least 1 (world at most 65536), ranks_per_host at least 0");
+  cal.speed_probe_s = time(j.value("speed_probe_s", 0.0), "speed_probe_s");
+  cal.exchange_probe_s = time(j.value("exchange_probe_s", 0.0), "exchange_probe_s");
+  for (const char* k : {"process_bytes", "cache_bytes"})
+    if (j.contains(k) && !(j[k].is_number() && std::isfinite(j[k].get<double>()) && j[k].get<double>() >= 0 &&
+                           j[k].get<double>() < 1e18))
+      bad(std::string(k) + " must be a number of bytes, 0 or more");
   cal.process_bytes = j.value("process_bytes", size_t{0});
   cal.cache_bytes = j.value("cache_bytes", size_t{0});
   if (j.contains("exchange_probes_s")) cal.exchange_probes = j["exchange_probes_s"].get<std::vector<double>>();
   if (j.contains("speed_probes_s")) cal.speed_probes = j["speed_probes_s"].get<std::vector<double>>();
   for (const auto& [family, f] : j["fits"].items()) {
-    cal.fits[family] = planner::LinearFit{f.at("latency_s").get<double>(), f.at("per_unit_s").get<double>()};
-    if (f.contains("curve")) cal.curves[family] = f["curve"].get<std::vector<std::pair<double, double>>>();
+    cal.fits[family] = planner::LinearFit{time(f.at("latency_s").get<double>(), "fits." + family + ".latency_s"),
+                                          time(f.at("per_unit_s").get<double>(), "fits." + family + ".per_unit_s")};
+    if (!f.contains("curve")) continue;
+    std::vector<std::pair<double, double>> curve = f["curve"].get<std::vector<std::pair<double, double>>>();
+    for (size_t i = 0; i < curve.size(); ++i) {
+      if (!std::isfinite(curve[i].first) || curve[i].first <= 0 || (i > 0 && curve[i].first <= curve[i - 1].first))
+        bad("fits." + family + ".curve's sizes must be positive and increasing");
+      time(curve[i].second, "fits." + family + ".curve's times");
+    }
+    cal.curves[family] = std::move(curve);
   }
   if (cal.fits.count("gemm bf16") && !cal.fits.count("gemm compute bf16"))  // from before DESIGN-NOTES 44
     std::fprintf(stderr,
@@ -80,14 +117,25 @@ planner::Calibration load_calibration(const std::string& path, const std::string
     cal.disk_write_gbs = j["disk"].value("write_gbs", 0.0);
     cal.disk_mixed_gbs = j["disk"].value("mixed_gbs", 0.0);
     cal.disk_interference_s_per_byte = j["disk"].value("interference_s_per_gb", 0.0) / 1e9;
+    for (double v : {cal.disk_read_gbs, cal.disk_write_gbs, cal.disk_mixed_gbs, cal.disk_interference_s_per_byte})
+      if (!std::isfinite(v) || v < 0) bad("disk's rates must be finite and 0 or more");
   }
   return cal;
 }
+
+namespace {
 
 // The job a configuration describes, its own layout as the base.
 planner::PlanJob plan_job(const engine::RunConfig& c, int procs) {
   MT_CHECK(c.device == "cpu" || (c.zero.offload_optimizer == "none" && c.zero.offload_param == "none"),
            ErrorKind::kNotSupported, "plan: offload on device \"" + c.device + "\" is not in the cost model");
+  // (Cast to int below: 1e12 samples wrapped to a negative accumulation.)
+  MT_CHECK(c.batch.gradient_accumulation_steps <= planner::kMaxAccumulation &&
+               c.batch.micro_batch_per_gpu <= std::numeric_limits<int>::max(),
+           ErrorKind::kInvalidArgument,
+           "plan: gradient_accumulation_steps " + std::to_string(c.batch.gradient_accumulation_steps) +
+               " (the simulator runs each micro-batch: at most " + std::to_string(planner::kMaxAccumulation) +
+               ") or train_micro_batch_size_per_gpu past int");
   planner::PlanJob job;
   job.offload = c.zero.offload_optimizer != "none" || c.zero.offload_param != "none";
   job.memory = estimate_input(c, procs);
@@ -119,6 +167,12 @@ bool share_cores(planner::PlanJob& job, const planner::Calibration& cal) {
   const unsigned cores = std::thread::hardware_concurrency();
   const int per_host = cal.ranks_per_host > 0 ? std::min(cal.ranks_per_host, job.procs) : job.procs;
   if (cores == 0 || per_host * cal.threads <= static_cast<int>(cores)) return false;
+  // Sharing cores, the simulator runs every rank (4096 on this 2-core machine took minutes): a
+  // host of more than 64 processes a core is no plan for this calibration's machine.
+  MT_CHECK(static_cast<int64_t>(per_host) * cal.threads <= int64_t{64} * cores, ErrorKind::kInvalidArgument,
+           "plan: " + std::to_string(per_host) + " process(es) x " + std::to_string(cal.threads) + " thread(s) on one host of " +
+               std::to_string(cores) + " cores (the calibration's machine; over 64 a core): give the hosts' calibration "
+               "(calibrate under launch --hostfile) or a --cluster");
   if (cal.kernel_ranks * cal.threads > static_cast<int>(cores)) {  // a calibration from before kernel_ranks
     std::fprintf(stderr,
                  "warning: the calibration timed its kernels on %d rank(s) x %d thread(s) at once over %u core(s), so "
@@ -450,7 +504,9 @@ void run_plan(const PlanOptions& o) {
   // (0 divided the batch by it under "parallel": "auto": SIGFPE.)
   MT_CHECK(o.procs >= 1, ErrorKind::kInvalidArgument, "--procs must be at least 1, got " + std::to_string(o.procs));
   gib_bytes(o.memory_gib, "--memory");  // a negative or non-finite one is refused, not passed over
-  const engine::RunConfig c = load_layout_config("plan", o.path, o.sets, o.procs);
+  // An "auto" configuration is searched with plan's own rates and budget (it was searched with its
+  // planner block's, then priced with these: a layout chosen for this machine shown for an H100).
+  const engine::RunConfig c = load_layout_config("plan", o.path, o.sets, o.procs, {o.calibration, o.cluster, o.memory_gib});
   MT_CHECK(o.cluster.empty() || o.calibration.empty(), ErrorKind::kInvalidArgument,
            "plan: --cluster and --calibration are two sources of the same rates; give one");
   MT_CHECK(o.cluster.empty() || o.validate == 0, ErrorKind::kInvalidArgument,
@@ -476,7 +532,9 @@ void run_plan(const PlanOptions& o) {
     all.parallel = all.stage = all.recompute = all.schedule = o.search;
     const planner::SearchResult r = planner::search_layouts(job, all, budget, cal);
     print_search(r, o.top, budget, o.json);
-    MT_CHECK(o.validate == 0 || !r.ranked.empty(), ErrorKind::kInvalidArgument, "plan --validate: no layout fits");
+    // (It exited 0 with "0 within ..."; the "auto" path refuses the same.)
+    MT_CHECK(!r.ranked.empty(), ErrorKind::kInvalidArgument,
+             "plan: no layout of " + std::to_string(o.procs) + " process(es) fits within " + gib(budget) + " a rank (the reasons above)");
     if (o.validate > 0) validate(o, job, r, cal);
     return;
   }
@@ -525,7 +583,7 @@ bool is_number(const nlohmann::json& j, const char* key) { return j.contains(key
 
 }  // namespace
 
-engine::RunConfig load_planned_config(const engine::ConfigSources& src, int procs) {
+engine::RunConfig load_planned_config(const engine::ConfigSources& src, int procs, const PlannerInputs& inputs) {
   const nlohmann::json j = engine::ds_config_compose(src);
   planner::SearchSpace space;
   engine::ConfigSources base = src;  // the configuration with placeholders for what is searched
@@ -558,10 +616,14 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   if (keys.empty()) return engine::ds_config_load(src, procs);
 
   const engine::RunConfig c = engine::ds_config_load(base, procs);
-  const planner::Calibration cal = load_calibration(c.planner.calibration, "planner.calibration");
-  const size_t budget = budget_bytes(c.planner.memory_gib, procs);
+  planner::ClusterSpec spec;
+  if (!inputs.cluster.empty()) spec = planner::parse_cluster(engine::json_load_file(inputs.cluster), inputs.cluster);
+  const std::string source = !inputs.cluster.empty() ? inputs.cluster : !inputs.calibration.empty() ? inputs.calibration : c.planner.calibration;
+  const planner::Calibration cal = !inputs.cluster.empty() ? planner::cluster_calibration(spec)
+                                                           : load_calibration(source, inputs.calibration.empty() ? "planner.calibration" : "--calibration");
+  const size_t budget = budget_bytes(inputs.memory_gib > 0 ? inputs.memory_gib : !inputs.cluster.empty() ? spec.memory_gib : c.planner.memory_gib, procs);
   planner::PlanJob job = plan_job(c, procs);
-  share_cores(job, cal);
+  if (inputs.cluster.empty()) share_cores(job, cal);
   const planner::SearchResult r = planner::search_layouts(job, space, budget, cal);
   if (r.ranked.empty()) {
     std::string why;
@@ -604,7 +666,7 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   std::string left;
   for (const std::string& k : keys) left += (left.empty() ? "" : ", ") + k;
   out.notes.push_back(left + " -> " + prediction_line(l, p) + " predicted (the fastest of " + std::to_string(r.ranked.size()) +
-                      " layouts within " + gib(budget) + " a rank; " + c.planner.calibration + ")" +
+                      " layouts within " + gib(budget) + " a rank; " + source + ")" +
                       (refused.empty() ? "" : refused));
   return out;
 }

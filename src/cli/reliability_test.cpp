@@ -547,6 +547,72 @@ TEST(Progress, AnFp32RunWhoseGradientsDivergeStopsNamingTheStep) {
   EXPECT_FALSE(fs::exists(save_dir("diverge") + "/latest")) << "no checkpoint of a run that made no progress";
 }
 
+// With fp16's dynamic scaler an overflowing step is skipped and the scale halved (every second
+// overflow, hysteresis 2): from 2^16 it reaches its minimum after about 32 steps. A run that ended
+// before that having applied no step saved the untrained state as `latest` and exited 0; past it
+// the scaler's error named neither the step nor the parameter.
+TEST(Progress, AnFp16RunThatAppliesNoStepFailsNamingIt) {
+  std::string err;
+  setenv("MT_FAULT", "engine.nonfinite_grad", 1);
+  const int short_rc = run("train " + config("fp16-none", {{"train_iters", 12}, {"save_interval", 0}, {"fp16", {{"enabled", true}}}}), &err);
+  const std::string short_err = err;
+  const int long_rc = run("train " + config("fp16-min", {{"train_iters", 60}, {"save_interval", 0}, {"fp16", {{"enabled", true}}}}), &err);
+  unsetenv("MT_FAULT");
+  EXPECT_EQ(short_rc, 1) << short_err;
+  EXPECT_NE(short_err.find("steps 1-12: none applied: every step's gradients overflowed (fp16 loss scale"), std::string::npos)
+      << short_err;
+  EXPECT_FALSE(fs::exists(save_dir("fp16-none") + "/latest")) << "no checkpoint of a run that made no progress";
+  EXPECT_EQ(long_rc, 1) << err;
+  EXPECT_NE(err.find(": fp16 loss scale already at its minimum"), std::string::npos) << err;
+  EXPECT_NE(err.find("step "), std::string::npos) << err;
+  EXPECT_NE(err.find("(first in transformer."), std::string::npos) << err;
+}
+
+// A resume in another precision starts the loss scaler from this run's configuration: an f32
+// checkpoint resumed in fp16 trained at its scale of 1 (fp16's minimum: the first overflow ended
+// the run), and a static fp16 scale was replaced by the checkpoint's.
+TEST(Progress, AResumeInAnotherPrecisionStartsTheScalerFromTheConfig) {
+  const std::string cfg = trained("prec", {{"train_iters", 3}});  // f32: step-3
+  auto first_scale = [](const std::string& metrics) {
+    std::ifstream f(metrics);
+    std::string line;
+    std::getline(f, line);
+    return nlohmann::json::parse(line).at("loss_scale").get<double>();
+  };
+  std::string err;
+  ASSERT_EQ(resume(cfg, "prec", "--set train_iters=4 --set fp16.enabled=true --metrics " + dir() + "/prec-a.jsonl", &err), 0) << err;
+  EXPECT_EQ(first_scale(dir() + "/prec-a.jsonl"), 65536.0);  // 2^initial_scale_power (was 1)
+  EXPECT_NE(err.find("saved with loss scaler \"none\", this run has \"dynamic\""), std::string::npos) << err;
+  ASSERT_EQ(resume(cfg, "prec", "--set train_iters=5 --set fp16.enabled=true --set fp16.loss_scale=1024 --metrics " + dir() +
+                                    "/prec-b.jsonl",
+                   &err),
+            0)
+      << err;
+  EXPECT_EQ(first_scale(dir() + "/prec-b.jsonl"), 1024.0);  // the static scale given (was the checkpoint's)
+}
+
+// A metrics file an earlier run left with a line cut short (its disk was full): this run's first
+// line was glued onto it, and the end's plot refused the file, exit 2 after training and saving.
+// And --metrics NAME.png was overwritten by the plot.
+TEST(Progress, AMetricsFileCutShortOrNamedLikeItsPlotKeepsEveryLine) {
+  const std::string m = dir() + "/cut.jsonl";
+  std::ofstream(m) << "{\"step\": 1, \"loss\": 2.0}\n{\"step\": 2, \"lo";
+  std::string err;
+  EXPECT_EQ(run("train " + config("cut", {{"train_iters", 2}, {"save_interval", 0}}) + " --metrics " + m, &err), 0) << err;
+  EXPECT_NE(err.find("cut.jsonl: its last line was cut short (15 bytes"), std::string::npos) << err;
+  auto lines_parse = [](const std::string& path) {
+    std::ifstream f(path);
+    size_t n = 0;
+    for (std::string line; std::getline(f, line); ++n)
+      if (!nlohmann::json::accept(line)) return std::string::npos;
+    return n;
+  };
+  EXPECT_EQ(lines_parse(m), 3u);  // the earlier run's whole line and this run's two
+  const std::string png = dir() + "/named.png";
+  EXPECT_EQ(run("train " + config("named", {{"train_iters", 2}, {"save_interval", 0}}) + " --metrics " + png, &err), 0) << err;
+  EXPECT_EQ(lines_parse(png), 2u);  // the metrics, not the plot
+}
+
 TEST(Progress, Fp16ScalerKeysAreValidated) {
   for (auto [key, value] : {std::pair<std::string, double>{"initial_scale_power", 2000}, {"min_loss_scale", 0},
                             {"loss_scale", -1}}) {

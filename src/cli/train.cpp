@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <set>
 #include <chrono>
@@ -101,6 +102,22 @@ int train_stop_signal() { return g_stop_signal; }
 
 void MetricsFile::open(const std::string& path) {
   path_ = path;
+  // A line an earlier run left cut short (its disk was full) would have this run's first line
+  // glued onto it, and the end's plot refuse the file (exit 2 after a run that trained and saved):
+  // the partial line is cut off first.
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > 0) {
+    std::ifstream in(path, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!text.empty() && text.back() != '\n') {
+      const size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+      fs::resize_file(path, keep, ec);
+      MT_CHECK(!ec, ErrorKind::kIOError, path + ": cannot cut off its partial last line: " + ec.message());
+      std::fprintf(stderr, "warning: %s: its last line was cut short (%zu bytes, a write that failed): removed\n", path.c_str(),
+                   text.size() - keep);
+    }
+  }
   out_.open(path, std::ios::app);
   MT_CHECK(out_.good(), ErrorKind::kIOError, path + ": cannot open for appending");
 }
@@ -339,6 +356,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   }
   Timer total;
   int64_t start_step = eng.global_step();
+  const int64_t applied_at_start = eng.applied_steps();
   bool first_save = true;
   stop_before_first_step(world.get(), cfg.comm_timeout_s, lead);
   while (eng.global_step() < cfg.train_iters) {
@@ -512,6 +530,17 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     if (lead && have_val)
       std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), val_loss);
     const int stop = agreed_stop_signal(world.get(), cfg.comm_timeout_s);
+    // A run that reached train_iters having applied no step (each fp16 step skipped for overflow,
+    // with the scale still above its minimum: about 18 steps from 2^16) saved that as `latest` and
+    // exited 0. It fails instead, with nothing saved; interval saves before it still happen (an
+    // fp16 run skips its first steps while the scale comes down).
+    if (done == cfg.train_iters && stop == 0 && eng.applied_steps() == applied_at_start) {
+      char scale[32];
+      std::snprintf(scale, sizeof scale, "%g", r.loss_scale);
+      throw Error(ErrorKind::kNumerical, "steps " + std::to_string(start_step + 1) + "-" + std::to_string(done) +
+                                             ": none applied: every step's gradients overflowed (fp16 loss scale " + scale +
+                                             " at the last); nothing saved");
+    }
     bool save_now = (cfg.save_interval > 0 && done % cfg.save_interval == 0) || done == cfg.train_iters || stop != 0;
     std::string where;
     if (!cfg.save_dir.empty() && save_now) {
@@ -539,8 +568,15 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     for (const std::string& l : comm_log->summary_lines()) std::printf("  %s\n", l.c_str());
   }
   if (metrics.is_open() && metrics.close()) {
+    // Beside the metrics, never over them (--metrics run.png was overwritten by its plot); the
+    // plot is the run's extra: a failure is said, and the run that trained and saved exits 0.
     std::string png = fs::path(args.metrics).replace_extension(".png").string();
-    if (plot_metrics(args.metrics, png, false)) std::printf("loss curve: %s\n", png.c_str());
+    if (png == args.metrics) png = args.metrics + ".png";
+    try {
+      if (plot_metrics(args.metrics, png, false)) std::printf("loss curve: %s\n", png.c_str());
+    } catch (const Error& e) {
+      std::fprintf(stderr, "warning: no loss-curve plot: %s\n", e.what());
+    }
   }
 }
 

@@ -71,6 +71,13 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& save_dir) {
   return all;
 }
 
+// Which loss scaler a run has: fp16's "dynamic" one (its state goes on across a resume), a
+// "static" fp16 scale (the configuration's), or "none" (f32, bf16: the scale is 1).
+std::string scaler_kind(const Engine& engine) {
+  if (engine.config().compute_dtype != DType::kF16) return "none";
+  return engine.config().loss_scaler.dynamic ? "dynamic" : "static";
+}
+
 // Empty when file `name` of checkpoint dir has the size and XXH3-64 state.json records for it.
 std::string file_damage(const fs::path& dir, const nlohmann::json& state, const std::string& name) {
   fs::path sp = dir / "state.json", fp = dir / name;
@@ -480,6 +487,7 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                               {"rank_state_world", engine.rank_state().empty() ? 0 : ctx.world->size()},
                               {"num_params", static_cast<int64_t>(store.global_numel())},
                               {"loss_scale", ls.scale},
+                              {"loss_scaler", scaler_kind(engine)},
                               {"scaler_iter", ls.iter},
                               {"scaler_last_overflow_iter", ls.last_overflow_iter},
                               {"scaler_hysteresis_left", ls.hysteresis_left},
@@ -805,12 +813,22 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
                    " values, the optimizer " + std::to_string(sc.values->size()) + " (another model?)");
       *sc.values = std::move(v);
     }
-    optim::LossScalerState ls;
-    ls.scale = state.at("loss_scale").get<double>();
-    ls.iter = state.at("scaler_iter").get<int64_t>();
-    ls.last_overflow_iter = state.at("scaler_last_overflow_iter").get<int64_t>();
-    ls.hysteresis_left = state.at("scaler_hysteresis_left").get<int>();
-    engine.loss_scaler().set_state(ls);
+    // The scaler's state goes on only from a checkpoint of fp16's dynamic scaler into another: an
+    // f32 checkpoint resumed in fp16 trained at its scale of 1 (the minimum: the first overflow
+    // ended the run), a static fp16 scale was replaced by the checkpoint's, and a bf16 run resumed
+    // from fp16 trained with fp16's scale. Checkpoints before the key restore as they did.
+    const std::string kind = scaler_kind(engine), saved = state.value("loss_scaler", std::string("dynamic"));
+    if (kind == "dynamic" && saved == "dynamic") {
+      optim::LossScalerState ls;
+      ls.scale = state.at("loss_scale").get<double>();
+      ls.iter = state.at("scaler_iter").get<int64_t>();
+      ls.last_overflow_iter = state.at("scaler_last_overflow_iter").get<int64_t>();
+      ls.hysteresis_left = state.at("scaler_hysteresis_left").get<int>();
+      engine.loss_scaler().set_state(ls);
+    } else if (kind != saved && engine.parallel().world->rank() == 0) {
+      log_warning((dir / "state.json").string() + ": saved with loss scaler \"" + saved + "\", this run has \"" + kind +
+                  "\": the scale starts from this run's configuration");
+    }
     engine.set_counters(state.at("global_step").get<int64_t>(), state.at("applied_steps").get<int64_t>());
     // The data position follows from the step; the order from the seed and shuffle, which the
     // resumed run must share to continue the same curve.

@@ -535,6 +535,15 @@ void parse_scheduler(Section& root, RunConfig& c) {
       non_negative("warmup_min_ratio", sc.warmup_min_ratio);
       non_negative("cos_min_ratio", sc.cos_min_ratio);
       MT_CHECK(sc.warmup_num_steps >= 0, ErrorKind::kInvalidArgument, p.where("warmup_num_steps") + " must not be negative");
+      // WarmupCosineLR's cosine runs over total_num_steps - max(2, warmup_num_steps) steps. None:
+      // DeepSpeed divides by zero at the first step past the warmup; here cos(inf) made the lr 0
+      // for the rest of the run, which exited 0.
+      const int64_t W = std::max<int64_t>(2, sc.warmup_num_steps);
+      MT_CHECK(sc.type != optim::LrScheduleType::kWarmupCosineLR || sc.total_num_steps != W || c.train_iters <= W,
+               ErrorKind::kInvalidArgument,
+               p.where("total_num_steps") + " (" + std::to_string(sc.total_num_steps) +
+                   ") leaves WarmupCosineLR's cosine no step after the warmup's " + std::to_string(W) +
+                   " (max(2, warmup_num_steps)), and train_iters (" + std::to_string(c.train_iters) + ") goes past it");
     }
     p.unparsed("last_batch_iteration", Unparsed::kRefuseIfEnabled);
     p.finish();

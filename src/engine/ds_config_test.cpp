@@ -69,6 +69,8 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   one["task"] = "classification";
   one["model"]["num_labels"] = 1;
   EXPECT_NE(error_of(one).find("field 'num_labels': 1 is regression in Hugging Face"), npos);
+  nlohmann::json cosine = with("scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_num_steps", 3}, {"total_num_steps", 3}}}});
+  EXPECT_NE(error_of(cosine).find("leaves WarmupCosineLR's cosine no step after the warmup's 3"), npos);  // lr 0 from step 4
   one["model"]["num_labels"] = 3;
   one["model"]["problem_type"] = "multi_label_classification";
   EXPECT_NE(error_of(one).find("field 'problem_type': \"multi_label_classification\" is not supported"), npos);

@@ -630,13 +630,10 @@ StepResult Engine::step() {
     if (device_) {
       auto* adam = static_cast<optim::AdamW*>(optimizer_.get());
       optimizer_->set_step_count(optimizer_->step_count() + 1);
-      kernels::AdamWParams p;
-      p.lr = static_cast<float>(r.lr);
-      p.beta1 = adam->config().beta1;
-      p.beta2 = adam->config().beta2;
-      p.eps = adam->config().eps;
-      p.step = optimizer_->step_count();
-      p.grad_scale = static_cast<float>(coef);
+      // The CPU optimizer's parameters, bias_correction among them (built by hand, it was left
+      // at true: a GPU run of bias_correction false trained another update without a word).
+      const kernels::AdamWParams p =
+          optim::adamw_step_params(adam->config(), static_cast<float>(r.lr), optimizer_->step_count(), static_cast<float>(coef));
       device_->adamw_step(segments_, p);
     } else {
       // 16-bit masters (fp16/bf16_master_weights_and_grads): the optimizer reads 16-bit gradients
@@ -659,7 +656,13 @@ StepResult Engine::step() {
     }
     ++applied_steps_;
   }
-  scaler_.update(overflow);  // throws at the minimum scale, as DeepSpeed does
+  try {
+    scaler_.update(overflow);  // throws at the minimum scale, as DeepSpeed does
+  } catch (const Error& e) {  // which step, and where the gradient first overflows (as fp32 says it)
+    const std::string where = first_nonfinite_grad();
+    throw Error(e.kind(), "step " + std::to_string(global_step_ + 1) + ": " + e.what() +
+                              (where.empty() ? std::string() : " (first in " + where + ")"));
+  }
   ++global_step_;
   consumed_samples_ += config_.batch.train_batch_size;  // a skipped step consumed its batch too
   if (device_) {

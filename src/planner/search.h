@@ -128,6 +128,8 @@ struct RankedLayout {
 // per cent, so a smaller difference does not tell two layouts apart, and the one with less memory
 // has more headroom (DESIGN-NOTES 47).
 inline constexpr double kTieBand = 0.01;
+// The most micro-batches a step the simulator runs (each is simulated).
+inline constexpr int64_t kMaxAccumulation = 65536;
 // Orders layouts fastest first in bands: the fastest not yet placed and every layout predicted
 // within kTieBand of it, less memory first within the band (equal memory: faster first).
 void rank_layouts(std::vector<RankedLayout>& ranked);

@@ -195,6 +195,18 @@ TEST_P(GpuEngine, Fp32TrainingMatchesTheCpuEngine) {
   EXPECT_LE(rel_max(gpu.master.data(), cpu.master), 1e-4);
 }
 
+// Adam without bias correction (DeepSpeed's bias_correction false): the device step took the CPU
+// optimizer's other parameters by hand and left this one at true.
+TEST_P(GpuEngine, Fp32WithoutBiasCorrectionMatchesTheCpuEngine) {
+  REQUIRE_GPU();
+  nlohmann::json cpu_cfg = run_config(GetParam(), "cpu", false), gpu_cfg = run_config(GetParam(), "cuda", false);
+  for (nlohmann::json* j : {&cpu_cfg, &gpu_cfg}) (*j)["optimizer"]["params"]["bias_correction"] = false;
+  TrainRun cpu = train(cpu_cfg, 6), with = train(run_config(GetParam(), "cpu", false), 6);
+  TrainRun gpu = train(gpu_cfg, 6);
+  EXPECT_GT(rel_max(cpu.master.data(), with.master), 1e-3);  // the key changes what is trained
+  EXPECT_LE(rel_max(gpu.master.data(), cpu.master), 1e-4);
+}
+
 TEST_P(GpuEngine, Bf16TrainingFollowsTheCpuEngine) {
   REQUIRE_GPU();
   TrainRun cpu = train(run_config(GetParam(), "cpu", true), 6);
