@@ -35,7 +35,7 @@ void run_generate(const GenerateArgs& a) {
   require_causal_lm(lm, a.model, "generate");
   data::Tokenizer tok = load_model_tokenizer(lm, a.model, a.tokenizer);
   std::vector<int32_t> prompt = tok.encode(a.prompt);
-  if (prompt.empty()) prompt.push_back(tok.eot_id());  // an empty prompt starts a new document
+  if (prompt.empty()) prompt.push_back(tok.eot_id());  // an empty prompt starts a new document (refused without one)
   serve::Generator gen(*lm.model);
   serve::Sampler sampler(a.sampling);
   Timer t;
@@ -45,7 +45,8 @@ void run_generate(const GenerateArgs& a) {
   for (; n < a.max_new_tokens; ++n) {
     // Never an id past the tokenizer's (a model vocabulary padded past it): it could not be decoded.
     int32_t id = sampler.sample(logits.first(std::min(logits.size(), static_cast<size_t>(tok.vocab_size()))));
-    if (id == tok.eot_id() || std::find(lm.eos_ids.begin(), lm.eos_ids.end(), id) != lm.eos_ids.end())
+    // A tokenizer without <|endoftext|> stops on the model's eos ids alone (it failed at the first token).
+    if ((tok.has_eot() && id == tok.eot_id()) || std::find(lm.eos_ids.begin(), lm.eos_ids.end(), id) != lm.eos_ids.end())
       break;
     std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
     std::fwrite(piece.data(), 1, piece.size(), stdout);

@@ -1,5 +1,6 @@
 #include "cli/load_model.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "base/error.h"
@@ -18,13 +19,25 @@ LoadedModel load_model(const std::string& path) {
       !fs::exists(fs::path(path) / "latest")) {  // a Hugging Face directory
     const std::string config = engine::hf_weights_config_path(path);
     out.model = std::make_unique<models::TransformerLM>(engine::hf_config_load(config), opts);
-    const nlohmann::json j = engine::json_load_file(config);
-    if (j.contains("eos_token_id")) {
+    // The ids that end an answer: config.json's eos_token_id, and generation_config.json's, which
+    // Hugging Face's generate() stops on (Llama 3 Instruct's end-of-turn is only there; it was not
+    // read). One that is not an id of the model is refused naming the file (it was dropped).
+    auto eos_from = [&](const std::string& file) {
+      const nlohmann::json j = engine::json_load_file(file);
+      if (!j.is_object() || !j.contains("eos_token_id") || j["eos_token_id"].is_null()) return;
       const nlohmann::json& e = j["eos_token_id"];
-      for (const nlohmann::json& id : e.is_array() ? e : nlohmann::json::array({e}))
-        if (id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < out.model->config().vocab_size)
-          out.eos_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
-    }
+      for (const nlohmann::json& id : e.is_array() ? e : nlohmann::json::array({e})) {
+        MT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < out.model->config().vocab_size,
+                 ErrorKind::kInvalidArgument,
+                 file + ": eos_token_id " + id.dump() + " is not an id of the model's vocabulary (" +
+                     std::to_string(out.model->config().vocab_size) + ")");
+        const int32_t v = static_cast<int32_t>(id.get<int64_t>());
+        if (std::find(out.eos_ids.begin(), out.eos_ids.end(), v) == out.eos_ids.end()) out.eos_ids.push_back(v);
+      }
+    };
+    eos_from(config);
+    const fs::path gen_cfg = fs::path(config).parent_path() / "generation_config.json";
+    if (fs::exists(gen_cfg)) eos_from(gen_cfg.string());
     engine::hf_weights_load_path(out.model->store(), path);
     if (fs::exists(fs::path(path) / "tokenizer.json") || fs::exists(fs::path(path) / "encoder.json") ||
         fs::exists(fs::path(path) / "vocab.json"))

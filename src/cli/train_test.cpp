@@ -575,6 +575,17 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
   std::stringstream ss2;
   ss2 << out2.rdbuf();
   EXPECT_EQ(ss2.str(), text + "\n");
+  // generation_config.json's eos_token_id ends the answer, as Hugging Face's generate() reads it
+  // (only config.json's was read): with the first greedy id there, nothing follows the prompt. An
+  // id outside the vocabulary is refused naming the file (it was dropped).
+  ASSERT_FALSE(py.empty());
+  std::ofstream(dir() + "/gen-hf/generation_config.json") << nlohmann::json({{"eos_token_id", {py[0], 7}}}).dump();
+  ASSERT_EQ(run("generate " + dir() + "/gen-hf --prompt \"" + prompt + "\" --temperature 0 --max-new-tokens 12 --quiet", &err), 0) << err;
+  EXPECT_EQ(mt::cli::testing::slurp(dir() + "/stdout.txt"), prompt + "\n");
+  std::ofstream(dir() + "/gen-hf/generation_config.json") << R"({"eos_token_id": 100000})";
+  EXPECT_EQ(run("generate " + dir() + "/gen-hf --prompt \"" + prompt + "\" --max-new-tokens 2 --quiet", &err), 2);
+  EXPECT_NE(err.find("generation_config.json: eos_token_id 100000 is not an id of the model's vocabulary (300)"), std::string::npos) << err;
+  fs::remove(dir() + "/gen-hf/generation_config.json");
   // generate reads a sharded checkpoint (tp2 x pp2: four ranks' files) as it reads a whole one: the
   // same text as from that checkpoint's Hugging Face export.
   std::string cfg3d = write_config("gen3d", {{"data", {{"train", dir() + "/gen"}, {"tokenizer", tokjson}}},

@@ -418,11 +418,14 @@ Tokenizer Tokenizer::load(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     auto in = [&](const char* name) { return (fs::path(path) / name).string(); };
+    // tokenizer.json first, as Hugging Face's AutoTokenizer (its fast tokenizer) reads a model
+    // directory: vocab.json + merges.txt lack the tokens added since (a chat's end-of-turn id), and
+    // a directory with both lost them.
+    if (file_exists(in("tokenizer.json"))) return load_hf_json(in("tokenizer.json"));
     if (file_exists(in("encoder.json")) && file_exists(in("vocab.bpe")))
       return load_gpt2(in("encoder.json"), in("vocab.bpe"));
     if (file_exists(in("vocab.json")) && file_exists(in("merges.txt")))
       return load_gpt2(in("vocab.json"), in("merges.txt"));
-    if (file_exists(in("tokenizer.json"))) return load_hf_json(in("tokenizer.json"));
     throw Error(ErrorKind::kNotFound,
                 path + ": holds none of encoder.json + vocab.bpe, vocab.json + merges.txt, "
                        "tokenizer.json");

@@ -50,6 +50,7 @@ class Tokenizer {
   int num_merges() const { return static_cast<int>(merge_list_.size()); }
   // The id of "<|endoftext|>"; throws kNotFound if the vocabulary has none.
   int32_t eot_id() const;
+  bool has_eot() const { return eot_id_ >= 0; }
   // The bytes a token decodes to. REQUIRES: 0 <= id < vocab_size().
   const std::string& token_bytes(int32_t id) const { return token_bytes_[id]; }
 

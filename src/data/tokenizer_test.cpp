@@ -304,6 +304,14 @@ TEST(TokenizerFiles, MissingFilesAndBadGpt2Files) {
   write_file(merges, "#version: 0.2\na b\n\xC4\xA0 ab\n");
   Tokenizer ok = Tokenizer::load(dir.file(""));  // the directory: vocab.json + merges.txt
   EXPECT_EQ(ok.encode(" ab"), (std::vector<int32_t>{257}));
+  {  // with a tokenizer.json beside them, it is read, as AutoTokenizer does (the pair lacks the tokens
+     // added since, which were lost)
+    const Tokenizer other = Tokenizer::train("cd cd cd cd ab", 259);  // other merges than the pair's
+    other.save_json(dir.file("tokenizer.json"));
+    EXPECT_EQ(Tokenizer::load(dir.file("")).encode(" cd"), other.encode(" cd"));
+    EXPECT_NE(Tokenizer::load(dir.file("")).encode(" cd"), ok.encode(" cd"));
+    fs::remove(dir.file("tokenizer.json"));
+  }
   expect_error([&] { Tokenizer::load_gpt2(vocab, dir.file("none.txt")); }, ErrorKind::kNotFound,
                {"none.txt"});
   write_file(merges, "#version: 0.2\na b\nab qq\n");

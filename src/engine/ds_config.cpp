@@ -295,6 +295,8 @@ void parse_precision(Section& root, RunConfig& c) {
       else c.warnings.push_back("bf16.bf16_master_weights_and_grads: ignored because bf16 is not enabled");
     }
     s.unparsed("immediate_grad_update", Unparsed::kWarn);
+    MT_CHECK(!s.boolean("bf16_optimizer_states", false), ErrorKind::kNotSupported,
+             s.where("bf16_optimizer_states") + ": true (Adam's moments in bf16) is not supported");
     s.finish();
   }
   MT_CHECK(!(fp16 && bf16), ErrorKind::kInvalidArgument, "fp16.enabled and bf16.enabled cannot both be true");
@@ -403,10 +405,14 @@ void parse_optimizer(Section& root, RunConfig& c) {
            : lamb   ? "Lamb"
            : onebit ? (lower == "onebitadam" ? "OneBitAdam" : lower == "zerooneadam" ? "ZeroOneAdam" : "OneBitLamb")
                     : "SGD";
-  o.weight_decay = lower == "adamw" ? 0.01 : 0.0;  // torch.optim.AdamW's default; the others' is 0
+  // DeepSpeed builds Adam and AdamW as its FusedAdam (DeepSpeedCPUAdam when offloaded), whose
+  // weight_decay defaults to 0; only "torch_adam": true builds torch.optim.AdamW, whose default is
+  // 0.01 (this default was 0.01 for every AdamW, a decay DeepSpeed does not apply).
+  o.weight_decay = 0.0;
   if (s.has("params")) {
     Section p = s.sub("params");
     p.refuse_unknown();
+    if (adam && p.boolean("torch_adam", false) && (lower == "adamw" || p.boolean("adam_w_mode", true))) o.weight_decay = 0.01;
     o.lr = p.number_or_auto("lr", 1e-3, kHfLr, "Hugging Face's learning_rate default");
     // The optimizers hold their rates as float: one past its range became inf there.
     MT_CHECK(std::isfinite(o.lr) && o.lr >= 0.0 && o.lr <= std::numeric_limits<float>::max(), ErrorKind::kInvalidArgument,
@@ -433,7 +439,9 @@ void parse_optimizer(Section& root, RunConfig& c) {
     if (adam) {
       o.adam_w_mode = lower == "adamw" || p.boolean("adam_w_mode", true);
       o.bias_correction = p.boolean("bias_correction", true);
-      p.unparsed("torch_adam", Unparsed::kWarn);
+      if (p.boolean("torch_adam", false))  // torch's Adam/AdamW take no bias_correction argument
+        MT_CHECK(o.bias_correction, ErrorKind::kInvalidArgument,
+                 p.where("bias_correction") + ": false does not go with torch_adam (torch.optim.AdamW has no such argument)");
       p.unparsed("fused", Unparsed::kWarn);
     } else if (lamb) {  // DeepSpeed's FusedLamb
       o.bias_correction = p.boolean("bias_correction", true);
@@ -509,6 +517,18 @@ void parse_scheduler(Section& root, RunConfig& c) {
       sc.cycle_max_mom = p.number("cycle_max_mom", 0.9);
       sc.decay_mom_rate = p.number("decay_mom_rate", 0.0);
     } else {
+      // Each type takes its own constructor's keys in DeepSpeed (WarmupCosineLR(warmup_max_lr=...) is
+      // a TypeError there); another type's were read and passed over (a WarmupCosineLR with
+      // warmup_max_lr 0.5 trained at the optimizer's lr, its resolved config saying 0.5).
+      const bool cosine = sc.type == optim::LrScheduleType::kWarmupCosineLR;
+      const std::vector<const char*> foreign =
+          cosine ? std::vector<const char*>{"warmup_min_lr", "warmup_max_lr"}
+                 : sc.type == optim::LrScheduleType::kWarmupLR
+                       ? std::vector<const char*>{"total_num_steps", "warmup_min_ratio", "cos_min_ratio"}
+                       : std::vector<const char*>{"warmup_min_ratio", "cos_min_ratio"};
+      for (const char* k : foreign)
+        MT_CHECK(!p.has(k), ErrorKind::kInvalidArgument,
+                 p.where(k) + ": " + type + " takes no " + k + " (DeepSpeed's " + type + " has no such argument)");
       sc.warmup_min_lr = p.number_or_auto("warmup_min_lr", 0.0, 0.0, "Hugging Face: 0");
       sc.warmup_max_lr = p.number_or_auto("warmup_max_lr", 1e-3, c.optimizer.lr, "optimizer.params.lr");
       sc.warmup_num_steps = p.integer_or_auto("warmup_num_steps", 1000, 0, "Hugging Face's warmup_steps default");
@@ -545,7 +565,11 @@ void parse_scheduler(Section& root, RunConfig& c) {
                    ") leaves WarmupCosineLR's cosine no step after the warmup's " + std::to_string(W) +
                    " (max(2, warmup_num_steps)), and train_iters (" + std::to_string(c.train_iters) + ") goes past it");
     }
-    p.unparsed("last_batch_iteration", Unparsed::kRefuseIfEnabled);
+    // DeepSpeed's schedulers start from it (500 began mid-warm-up); a number was passed over.
+    if (p.has("last_batch_iteration"))
+      MT_CHECK(p.raw("last_batch_iteration").is_number_integer() && p.raw("last_batch_iteration").get<int64_t>() == -1,
+               ErrorKind::kNotSupported,
+               p.where("last_batch_iteration") + ": a schedule started part way is not supported (-1 only; a resume takes its step from the checkpoint)");
     p.finish();
   } else {
     MT_CHECK(!one_cycle, ErrorKind::kInvalidArgument, "scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle");
@@ -658,11 +682,16 @@ void parse_zero(Section& root, RunConfig& c) {
   // Tuning knobs of DeepSpeed's implementation that do not change what is trained.
   for (const char* k : {"allgather_partitions", "reduce_scatter", "contiguous_gradients", "stage3_max_reuse_distance",
                         "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-                        "round_robin_gradients", "memory_efficient_linear",
-                        "load_from_fp32_weights", "ignore_unused_parameters", "use_multi_rank_bucket_allreduce",
+                        "round_robin_gradients", "memory_efficient_linear", "ignore_unused_parameters", "use_multi_rank_bucket_allreduce",
                         "zero_hpz_partition_size"})
     s.unparsed(k, Unparsed::kWarn);
   if (z.offload_optimizer != "nvme") s.unparsed("sub_group_size", Unparsed::kWarn);  // nvme: the swap unit
+  // false restores the master weights from the 16-bit model copy in DeepSpeed (rounded): refused.
+  MT_CHECK(s.boolean("load_from_fp32_weights", true), ErrorKind::kNotSupported,
+           s.where("load_from_fp32_weights") + ": false (master weights restored from the 16-bit copy) is not supported");
+  // ZenFlow (its presence enables it: selective, delayed updates) changes what is trained.
+  MT_CHECK(!s.has("zenflow") || s.raw("zenflow").is_null(), ErrorKind::kNotSupported,
+           s.where("zenflow") + ": ZenFlow's selective, delayed updates are not supported; remove the block");
   // ZeRO++'s quantized exchanges change the values trained on: refused by key when on.
   for (const char* k : {"zero_quantized_weights", "zero_quantized_gradients", "zero_quantized_nontrainable_weights"})
     MT_CHECK(!s.boolean(k, false), ErrorKind::kNotSupported,
@@ -1232,6 +1261,14 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   MT_CHECK(c.steps_per_print >= 1, ErrorKind::kInvalidArgument,
            "steps_per_print: must be at least 1 (got " + std::to_string(c.steps_per_print) + ")");
   c.wall_clock_breakdown = root.boolean("wall_clock_breakdown", false);
+  // Current DeepSpeed's gradient_allreduce_op: "sum" leaves the gradients unaveraged over the ranks.
+  if (root.has("gradient_allreduce_op"))
+    MT_CHECK(root.raw("gradient_allreduce_op") == "mean", ErrorKind::kNotSupported,
+             "gradient_allreduce_op: " + root.raw("gradient_allreduce_op").dump() + " is not supported (\"mean\", the default, only)");
+  // DeepSpeed's name for Ulysses sequence parallelism (its world divides the data-parallel size).
+  if (root.has("sequence_parallel_size"))
+    MT_CHECK(root.raw("sequence_parallel_size") == 1, ErrorKind::kNotSupported,
+             "sequence_parallel_size: " + root.raw("sequence_parallel_size").dump() + " is not implemented yet (only 1, as parallel.sp)");
   // DeepSpeed keys that change what is trained: refused when enabled.
   for (const char* k : {"amp", "data_efficiency", "compression_training", "progressive_layer_drop", "eigenvalue",
                         "quantize_training", "elasticity", "sparse_gradients", "torch_autocast", "hybrid_engine",
@@ -1550,10 +1587,16 @@ json ds_config_resolved(const RunConfig& c) {
       j["scheduler"] = {{"type", sc.type == optim::LrScheduleType::kWarmupLR        ? "WarmupLR"
                                  : sc.type == optim::LrScheduleType::kWarmupDecayLR ? "WarmupDecayLR"
                                                                                      : "WarmupCosineLR"},
-                        {"params", {{"warmup_min_lr", sc.warmup_min_lr}, {"warmup_max_lr", sc.warmup_max_lr},
-                                    {"warmup_num_steps", sc.warmup_num_steps}, {"warmup_type", sc.warmup_log ? "log" : "linear"},
-                                    {"total_num_steps", sc.total_num_steps}, {"warmup_min_ratio", sc.warmup_min_ratio},
-                                    {"cos_min_ratio", sc.cos_min_ratio}}}};
+                        {"params", {{"warmup_num_steps", sc.warmup_num_steps}, {"warmup_type", sc.warmup_log ? "log" : "linear"}}}};
+      // Each type's own keys, as its DeepSpeed constructor takes them (parsing refuses the others).
+      if (sc.type != optim::LrScheduleType::kWarmupCosineLR) {
+        j["scheduler"]["params"]["warmup_min_lr"] = sc.warmup_min_lr;
+        j["scheduler"]["params"]["warmup_max_lr"] = sc.warmup_max_lr;
+      } else {
+        j["scheduler"]["params"]["warmup_min_ratio"] = sc.warmup_min_ratio;
+        j["scheduler"]["params"]["cos_min_ratio"] = sc.cos_min_ratio;
+      }
+      if (sc.type != optim::LrScheduleType::kWarmupLR) j["scheduler"]["params"]["total_num_steps"] = sc.total_num_steps;
   }
   if (!c.no_weight_decay.empty()) j["no_weight_decay"] = c.no_weight_decay;
   j["zero_optimization"] = {{"stage", c.zero.stage},

@@ -71,6 +71,33 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   EXPECT_NE(error_of(one).find("field 'num_labels': 1 is regression in Hugging Face"), npos);
   nlohmann::json cosine = with("scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_num_steps", 3}, {"total_num_steps", 3}}}});
   EXPECT_NE(error_of(cosine).find("leaves WarmupCosineLR's cosine no step after the warmup's 3"), npos);  // lr 0 from step 4
+  // DeepSpeed's FusedAdam takes weight_decay 0 by default (0.01 was applied to every AdamW);
+  // torch_adam builds torch.optim.AdamW, whose default is 0.01.
+  EXPECT_EQ(ds_config_parse(with("optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}), "cfg.json").optimizer.weight_decay, 0.0);
+  EXPECT_EQ(ds_config_parse(with("optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"torch_adam", true}}}}), "cfg.json")
+                .optimizer.weight_decay,
+            0.01);
+  // Keys that change what is trained, warned or passed over before: refused by key.
+  const std::pair<nlohmann::json, std::string> refused[] = {
+      {with("gradient_allreduce_op", "sum"), "gradient_allreduce_op: \"sum\" is not supported"},
+      {with("sequence_parallel_size", 2), "sequence_parallel_size: 2 is not implemented yet"},
+      {with("bf16", {{"enabled", true}, {"bf16_optimizer_states", true}}), "bf16.bf16_optimizer_states: true"},
+      {with("zero_optimization", {{"stage", 1}, {"zenflow", {{"topk_ratio", 0.1}}}}), "zero_optimization.zenflow: ZenFlow"},
+      {with("zero_optimization", {{"stage", 1}, {"load_from_fp32_weights", false}}), "zero_optimization.load_from_fp32_weights: false"},
+      {with("scheduler", {{"type", "WarmupLR"}, {"params", {{"last_batch_iteration", 500}}}}), "scheduler.params.last_batch_iteration: a schedule started part way"},
+      {with("scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_max_lr", 0.5}, {"total_num_steps", 50}}}}),
+       "scheduler.params.warmup_max_lr: WarmupCosineLR takes no warmup_max_lr"},
+      {with("scheduler", {{"type", "WarmupLR"}, {"params", {{"total_num_steps", 50}}}}), "WarmupLR takes no total_num_steps"},
+  };
+  for (const auto& [j, want] : refused) EXPECT_NE(error_of(j).find(want), npos) << want << ": " << error_of(j);
+  // LLaMA's RoPE as transformers 5 writes it (rope_parameters, passed over: 10000 built another model).
+  nlohmann::json llama = base();
+  llama["model"] = {{"model_type", "llama"}, {"vocab_size", 97}, {"hidden_size", 48}, {"intermediate_size", 96},
+                    {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"max_position_embeddings", 32},
+                    {"rope_theta", nullptr}, {"head_dim", nullptr}, {"rope_parameters", {{"rope_theta", 500000.0}, {"rope_type", "default"}}}};
+  EXPECT_EQ(ds_config_parse(llama, "cfg.json").model.rope_theta, 500000.0f);  // and head_dim null is hidden / heads
+  llama["model"]["rope_parameters"]["rope_type"] = "llama3";
+  EXPECT_NE(error_of(llama).find("rope_type 'llama3': RoPE scaling is not supported yet"), npos);
   one["model"]["num_labels"] = 3;
   one["model"]["problem_type"] = "multi_label_classification";
   EXPECT_NE(error_of(one).find("field 'problem_type': \"multi_label_classification\" is not supported"), npos);

@@ -286,6 +286,23 @@ TEST(ParameterNames, MatchHuggingFace) {
 // gives each parameter the single file's values, and so do the flat ranges ZeRO's runtime asks for
 // (weight_initial_values, ranges cutting parameters anywhere). A missing tensor, one the index puts in
 // the wrong file, or a wrong shape fails when the weights are opened, naming the tensor and the file.
+// An export in fp16 of a weight past its range wrote inf (and meshtrain could not load its own
+// export): refused naming the tensor and element.
+TEST(HfWeights, AnFp16ExportPastTheRangeIsRefused) {
+  models::TransformerLM m(hf_config_load(std::string(MT_SOURCE_DIR) + "/configs/models/tiny-llama.json"), models::ModelOptions{});
+  nn::Parameter* p = m.store().parameters().front();
+  p->master[3] = 1e5f;
+  const std::string f = ::testing::TempDir() + "/mt_f16_range_" + std::to_string(::getpid()) + ".safetensors";
+  try {
+    hf_weights_save(m.store(), f, DType::kF16);
+    ADD_FAILURE() << "written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(p->name + " element 3 is 100000.000000, past fp16's range"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(hf_weights_save(m.store(), f, DType::kBF16));
+  std::filesystem::remove(f);
+}
+
 TEST(HfWeights, ShardedSetsAndFlatRangesGiveTheFilesValues) {
   const std::string d = ::testing::TempDir() + "/mt_hf_weights_" + std::to_string(::getpid());
   std::filesystem::remove_all(d);

@@ -105,6 +105,22 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
     c.max_positions = r.integer("max_position_embeddings", 2048, false);
     c.norm_eps = r.number("rms_norm_eps", 1e-6f);
     c.rope_theta = r.number("rope_theta", 10000.0f);
+    // transformers 5 writes RoPE's settings as rope_parameters {rope_theta, rope_type} (and may
+    // leave a top-level "rope_theta": null): it was passed over, and 10000 built another model.
+    if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+      const nlohmann::json& rp = j["rope_parameters"];
+      r.refuse_if(!rp.is_object(), "rope_parameters", "must be an object");
+      const std::string rp_where = where + ": rope_parameters";
+      const Reader rr(rp, rp_where);
+      const std::string type = rr.string("rope_type", rr.string("type", "default"));
+      r.refuse_if(type != "default", "rope_parameters", "rope_type '" + type + "': RoPE scaling is not supported yet");
+      if (rp.contains("rope_theta") && !rp["rope_theta"].is_null()) {
+        const float theta = rr.number("rope_theta", c.rope_theta);
+        r.refuse_if(j.contains("rope_theta") && !j["rope_theta"].is_null() && theta != c.rope_theta, "rope_theta",
+                    "differs from rope_parameters.rope_theta");
+        c.rope_theta = theta;
+      }
+    }
     c.tie_embeddings = r.boolean("tie_word_embeddings", false);
     std::string act = r.string("hidden_act", "silu");
     r.refuse_if(act != "silu", "hidden_act", "'" + act + "' is not supported (silu)");
@@ -113,7 +129,7 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
     r.refuse_if(r.boolean("attention_bias", false), "attention_bias", "true is not supported");
     r.refuse_if(r.boolean("mlp_bias", false), "mlp_bias", "true is not supported");
     c.attn_pdrop = r.number("attention_dropout", 0.0f);
-    r.refuse_if(j.contains("head_dim") && r.integer("head_dim", 0, false) != c.hidden / std::max(1, c.n_head),
+    r.refuse_if(j.contains("head_dim") && !j["head_dim"].is_null() && r.integer("head_dim", 0, false) != c.hidden / std::max(1, c.n_head),
                 "head_dim", "a head_dim other than hidden_size / num_attention_heads is not supported");
   } else {
     throw Error(ErrorKind::kNotSupported,

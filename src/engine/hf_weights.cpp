@@ -220,6 +220,11 @@ void hf_weights_save(const nn::ParamStore& store, const std::string& path, DType
     }
     size_t n = 1;
     for (int64_t d : p->shape) n *= static_cast<size_t>(d);
+    if (dtype == DType::kF16)  // past f16's range the value became inf, and the export could not be loaded
+      for (size_t i = 0; i < n; ++i)
+        MT_CHECK(std::fabs(p->master[i]) <= 65504.0f, ErrorKind::kInvalidArgument,
+                 p->name + " element " + std::to_string(i) + " is " + std::to_string(p->master[i]) +
+                     ", past fp16's range (65504): export it as bf16 or f32");
     converted.emplace_back(n);
     convert(converted.back().data(), dtype, p->master, DType::kF32, n);
     out.push_back({p->name, dtype, p->shape, converted.back().data()});

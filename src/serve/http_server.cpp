@@ -670,7 +670,7 @@ void HttpServer::handle_chatglm(const httplib::Request& req, httplib::Response& 
                       "invalid_request_error", "context_length_exceeded"};
     r.max_new_tokens = max_length - static_cast<int>(r.prompt.size());
     r.sampling = sampling_from(body, 0.95f, 0.7f);
-    r.stop_ids = {tok_.eot_id()};
+    if (tok_.has_eot()) r.stop_ids = {tok_.eot_id()};
     r.stop_ids.insert(r.stop_ids.end(), options_.eos_ids.begin(), options_.eos_ids.end());
     r.sample_below = tok_.vocab_size();
     r.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.request_timeout_s));
@@ -768,7 +768,10 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         bad("\"prompt\" must be a string (or a list of one string)", "invalid_type");
       }
       r.prompt = tok_.encode(text);
-      if (r.prompt.empty()) r.prompt.push_back(tok_.eot_id());  // an empty prompt starts a document
+      if (r.prompt.empty()) {  // an empty prompt starts a document
+        if (!tok_.has_eot()) bad("an empty prompt starts with <|endoftext|>, which this tokenizer lacks", "invalid_value");
+        r.prompt.push_back(tok_.eot_id());
+      }
     }
     if (static_cast<int>(r.prompt.size()) > gen_.capacity())
       throw HttpError{400,
@@ -784,7 +787,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       ignore_eos = body["ignore_eos"].get<bool>();
     }
     if (!ignore_eos) {
-      r.stop_ids = {tok_.eot_id()};
+      if (tok_.has_eot()) r.stop_ids = {tok_.eot_id()};
       r.stop_ids.insert(r.stop_ids.end(), options_.eos_ids.begin(), options_.eos_ids.end());
     }
     r.sample_below = tok_.vocab_size();
