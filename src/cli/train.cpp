@@ -203,6 +203,10 @@ DataSource open_data(const engine::RunConfig& cfg, const std::string& path, cons
   std::string prefix = engine::corpus_prepare(path, cfg.tokenizer, cache);
   DataSource d;
   d.tokens = std::make_unique<data::IndexedDataset>(prefix);
+  // Shorter than one sample, every sample was the same few tokens cycled (trained and saved, exit 0).
+  MT_CHECK(d.tokens->total_tokens() >= static_cast<uint64_t>(cfg.seq_length) + 1, ErrorKind::kInvalidArgument,
+           std::string(key) + ": " + prefix + " has " + std::to_string(d.tokens->total_tokens()) +
+               " tokens, fewer than seq_length + 1 (" + std::to_string(cfg.seq_length + 1) + "): every sample would repeat it");
   d.stream = std::make_unique<data::TokenStream>(*d.tokens, static_cast<int>(cfg.seq_length), shuffle, cfg.data_seed);
   std::string mask = engine::corpus_mask_prefix(prefix);
   if (!mask.empty()) {

@@ -518,6 +518,16 @@ TEST(Cli, ValuesThatCrashedOrLostTheOutputAreRefused) {
   ASSERT_TRUE(fs::exists(dir() + "/reused.mask.idx"));
   ASSERT_EQ(run("tokenize " + dir() + "/enc.txt -o " + dir() + "/reused --tokenizer " + dir() + "/enc.tokenizer.json"), 0);
   EXPECT_FALSE(fs::exists(dir() + "/reused.mask.idx"));
+  // A dataset shorter than one sample: every sample was its few tokens cycled, trained, exit 0.
+  std::ofstream(dir() + "/hi.txt") << "hi\n";
+  ASSERT_EQ(run("tokenize " + dir() + "/hi.txt -o " + dir() + "/hi --tokenizer " + dir() + "/enc.tokenizer.json"), 0);
+  EXPECT_EQ(run("train " + write_config("hi", {{"data", {{"train", dir() + "/hi"}}},
+                                               {"model", {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 32},
+                                                          {"n_embd", 32}, {"n_layer", 1}, {"n_head", 2}}}}),
+                &err),
+            2);
+  EXPECT_NE(err.find("data.train: " + dir() + "/hi has "), std::string::npos) << err;
+  EXPECT_NE(err.find("tokens, fewer than seq_length + 1 (17)"), std::string::npos) << err;
 }
 
 }  // namespace

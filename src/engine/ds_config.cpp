@@ -234,6 +234,9 @@ void parse_batch(Section& s, RunConfig& c, int world) {
     throw Error(ErrorKind::kInvalidArgument,
                 "train_batch_size or train_micro_batch_size_per_gpu must be given (a positive number; \"auto\" needs the other)");
   }
+  // The schedules count micro-batches in int: 2^32 + 2 trained a pipeline's step of 2.
+  MT_CHECK(gas <= std::numeric_limits<int32_t>::max(), ErrorKind::kInvalidArgument,
+           "gradient_accumulation_steps (" + std::to_string(gas) + ") is past 2^31 - 1");
   int64_t product = 0;  // mb · gas · world, refused rather than wrapped when it overflows
   MT_CHECK(!__builtin_mul_overflow(mb, gas, &product) && !__builtin_mul_overflow(product, int64_t{world}, &product),
            ErrorKind::kInvalidArgument,
@@ -774,6 +777,9 @@ void parse_data(Section& root, RunConfig& c) {
   // The order's own seed: it replaced `seed`, and so the initial weights (data.seed 7 trained as
   // seed 7 did).
   c.data_seed = static_cast<uint64_t>(d.integer("seed", static_cast<int64_t>(c.seed)));
+  // Every key of this block selects data: an unknown one (Megatron's "split", a misspelt "valid")
+  // was warned about and the whole corpus trained.
+  d.refuse_unknown();
   d.finish();
 }
 
@@ -787,7 +793,11 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
   if (root.has("pipeline")) {
     // DeepSpeed's pipeline block (PipelineModule's arguments in the config): read key by key.
     Section q = root.sub("pipeline");
-    if (q.has("stages") && !q.is_auto("stages")) stages = q.integer("stages", 1);
+    if (q.has("stages") && !q.is_auto("stages")) {
+      stages = q.integer("stages", 1);  // (0 and -3 ran one stage; 2^32 wrapped)
+      MT_CHECK(stages >= 1 && stages <= 65536, ErrorKind::kInvalidArgument,
+               q.where("stages") + ": must be from 1 to 65536 (got " + std::to_string(stages) + ")");
+    }
     c.partition = q.string("partition", q.string("partition_method", c.partition));
     MT_CHECK(c.partition == "parameters" || c.partition == "uniform" || c.partition == "time", ErrorKind::kNotSupported,
              q.where("partition") + ": \"" + c.partition + "\" is not supported (\"parameters\", \"uniform\" or \"time\"; DeepSpeed's \"type:regex\" needs named layer types)");
@@ -813,11 +823,16 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
   } else {
     MT_CHECK(!root.is_auto("parallel"), ErrorKind::kNotSupported, "parallel: \"auto\" is chosen by the planner in meshtrain train, plan and estimate (planner.calibration)");
     Section p = root.sub("parallel");
+    // Counts of processes, bounded before they are narrowed to int (2^32 + 1 trained as tp 1, and
+    // tp x pp of 2^16 each wrapped to 0: SIGFPE).
     int64_t tp = p.integer("tp", 1);
-    MT_CHECK(tp >= 1, ErrorKind::kInvalidArgument, p.where("tp") + ": must be >= 1 (got " + std::to_string(tp) + ")");
+    MT_CHECK(tp >= 1 && tp <= 65536, ErrorKind::kInvalidArgument, p.where("tp") + ": must be from 1 to 65536 (got " + std::to_string(tp) + ")");
     c.tp = static_cast<int>(tp);
     int64_t pp = p.integer("pp", stages > 0 ? stages : 1);
-    MT_CHECK(pp >= 1, ErrorKind::kInvalidArgument, p.where("pp") + ": must be >= 1 (got " + std::to_string(pp) + ")");
+    MT_CHECK(pp >= 1 && pp <= 65536, ErrorKind::kInvalidArgument, p.where("pp") + ": must be from 1 to 65536 (got " + std::to_string(pp) + ")");
+    MT_CHECK(tp * pp <= world, ErrorKind::kInvalidArgument,  // in int64: the int product below wrapped
+             "parallel.tp (" + std::to_string(tp) + ") x parallel.pp (" + std::to_string(pp) + ") does not divide the " +
+                 std::to_string(world) + " process(es) (data parallelism takes processes / (tp x pp))");
     MT_CHECK(stages == 0 || stages == pp, ErrorKind::kInvalidArgument,
              "pipeline.stages (" + std::to_string(stages) + ") and parallel.pp (" + std::to_string(pp) + ") disagree");
     c.pp = static_cast<int>(pp);
@@ -825,11 +840,19 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
     MT_CHECK(sp == 1, ErrorKind::kNotSupported, p.where("sp") + ": " + std::to_string(sp) + " is not implemented yet (only 1)");
     c.sequence_parallel = p.boolean("sequence_parallel", false) && c.tp > 1;
     int64_t vd = p.integer("make_vocab_size_divisible_by", 128);
-    MT_CHECK(vd >= 1, ErrorKind::kInvalidArgument, p.where("make_vocab_size_divisible_by") + ": must be >= 1");
+    // (Times tp, in int: 2^30 x 2 was a division by zero on a rank.)
+    MT_CHECK(vd >= 1 && vd * tp <= (int64_t{1} << 24), ErrorKind::kInvalidArgument,
+             p.where("make_vocab_size_divisible_by") + ": must be >= 1, and times parallel.tp at most 2^24 (got " +
+                 std::to_string(vd) + ")");
     c.vocab_divisible = static_cast<int>(vd);
     c.pipeline_schedule = p.string("pipeline_schedule", c.pipeline_schedule);
     parallel::pp::parse_schedule(c.pipeline_schedule);  // throws naming the key
     c.virtual_stages = p.small_integer("virtual_stages", 1);
+    // A pipeline's own (config check passed 3 with pp 1 and 0 or -1 anywhere; train then failed
+    // without naming the key).
+    MT_CHECK(c.virtual_stages >= 1 && c.virtual_stages <= 65536 && (c.virtual_stages == 1 || c.pp > 1),
+             ErrorKind::kInvalidArgument,
+             p.where("virtual_stages") + ": must be 1, or from 2 to 65536 with parallel.pp > 1 (got " + std::to_string(c.virtual_stages) + ")");
     c.partition = p.string("partition", c.partition);
     parallel::pp::parse_partition(c.partition, p.where("partition"));
     if (c.tp * c.pp <= world && world % (c.tp * c.pp) == 0) {
@@ -993,7 +1016,10 @@ void parse_curriculum(Section& root, RunConfig& c) {
   // Every step of the run trains on 1..seq_length tokens (DeepSpeed's rounding down to
   // difficulty_step can reach 0 when min_difficulty is not a multiple of it).
   CurriculumSchedule sched(k);
-  for (int64_t step = 1; step <= std::max<int64_t>(c.train_iters, 1); ++step) {
+  // Past its last step the schedule holds its difficulty: checked to one step beyond it (every
+  // step to train_iters took hours at 1e13, before the first step).
+  const int64_t horizon = k.schedule_type == "fixed_discrete" ? (k.max_step.empty() ? 1 : k.max_step.back()) : k.total_curriculum_step;
+  for (int64_t step = 1; step <= std::min(std::max<int64_t>(c.train_iters, 1), std::max<int64_t>(horizon, 1) + 1); ++step) {
     const int64_t d = sched.at(step);
     MT_CHECK(d >= 1 && d <= c.seq_length, ErrorKind::kInvalidArgument,
              "curriculum_learning: the schedule gives " + std::to_string(d) + " tokens at step " + std::to_string(step) +
@@ -1131,8 +1157,11 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   if (!c.bare) parse_model(root, c, where);
   c.seq_length = root.integer("seq_length", c.bare ? 1024 : std::min(1024, c.model.max_positions));
   MT_CHECK(c.seq_length > 0, ErrorKind::kInvalidArgument, "seq_length must be positive");
-  MT_CHECK(c.bare || c.model.arch != models::Arch::kGpt2 || c.seq_length <= c.model.max_positions, ErrorKind::kInvalidArgument,
-           "seq_length " + std::to_string(c.seq_length) + " exceeds model n_positions " + std::to_string(c.model.max_positions));
+  // LLaMA's too (generate, serve and predict refuse past it: a model trained longer could not be
+  // served at its own length, and its config.json kept the shorter one).
+  MT_CHECK(c.bare || c.seq_length <= c.model.max_positions, ErrorKind::kInvalidArgument,
+           "seq_length " + std::to_string(c.seq_length) + " exceeds model " +
+               (c.model.arch == models::Arch::kGpt2 ? "n_positions " : "max_position_embeddings ") + std::to_string(c.model.max_positions));
   c.train_iters = root.integer("train_iters", 0);
   c.seed = static_cast<uint64_t>(root.integer("seed", 1234));
   c.data_seed = c.seed;
@@ -1261,6 +1290,12 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   MT_CHECK(c.steps_per_print >= 1, ErrorKind::kInvalidArgument,
            "steps_per_print: must be at least 1 (got " + std::to_string(c.steps_per_print) + ")");
   c.wall_clock_breakdown = root.boolean("wall_clock_breakdown", false);
+  // Megatron's data and length arguments, in a config: meshtrain's are data.train / data.valid and
+  // train_iters (they were warned about as unknown, and the whole corpus trained).
+  for (const char* k : {"split", "data_path", "train_data_path", "valid_data_path", "test_data_path", "train_samples"})
+    MT_CHECK(!root.has(k), ErrorKind::kNotSupported,
+             std::string(k) + ": Megatron's argument is not read here (data.train and data.valid name the datasets, "
+                              "train_iters the length; a train/valid/test split is not implemented)");
   // Current DeepSpeed's gradient_allreduce_op: "sum" leaves the gradients unaveraged over the ranks.
   if (root.has("gradient_allreduce_op"))
     MT_CHECK(root.raw("gradient_allreduce_op") == "mean", ErrorKind::kNotSupported,

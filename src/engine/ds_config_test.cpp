@@ -90,6 +90,30 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
       {with("scheduler", {{"type", "WarmupLR"}, {"params", {{"total_num_steps", 50}}}}), "WarmupLR takes no total_num_steps"},
   };
   for (const auto& [j, want] : refused) EXPECT_NE(error_of(j).find(want), npos) << want << ": " << error_of(j);
+  // Data keys (every one selects data: an unknown one was warned about and the whole corpus
+  // trained) and Megatron's arguments.
+  EXPECT_NE(error_of(with("data", {{"train", "x"}, {"split", "949,50,1"}})).find("data.split: unknown key"), npos);
+  EXPECT_NE(error_of(with("split", "949,50,1")).find("split: Megatron's argument is not read here"), npos);
+  EXPECT_NE(error_of(with("train_samples", 100)).find("train_samples: Megatron's argument"), npos);
+  // A curriculum is checked to its last step and one past it, not to train_iters (1e13 took hours).
+  nlohmann::json cl = with("curriculum_learning", {{"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", 8},
+                                                   {"max_difficulty", 16}, {"schedule_type", "fixed_linear"},
+                                                   {"schedule_config", {{"total_curriculum_step", 4}, {"difficulty_step", 8}}}});
+  cl["train_iters"] = 10000000000000LL;
+  EXPECT_EQ(error_of(cl), "");
+  // Counts narrowed to int: bounded first (2^32 + 1 trained as tp 1; tp x pp of 2^16 each wrapped
+  // to 0, SIGFPE; a pipeline's 2^32 + 2 micro-batches trained 2).
+  EXPECT_NE(error_of(with("parallel", {{"tp", 4294967297LL}})).find("parallel.tp: must be from 1 to 65536"), npos);
+  EXPECT_NE(error_of(with("parallel", {{"tp", 65536}, {"pp", 65536}})).find("does not divide the 1 process(es)"), npos);
+  EXPECT_NE(error_of(with("pipeline", {{"stages", 0}})).find("pipeline.stages: must be from 1 to 65536"), npos);
+  EXPECT_NE(error_of(with("parallel", {{"tp", 2}, {"make_vocab_size_divisible_by", 1073741824}}), 2).find("make_vocab_size_divisible_by"), npos);
+  EXPECT_NE(error_of(with("parallel", {{"virtual_stages", 3}})).find("parallel.virtual_stages: must be 1, or from 2"), npos);
+  EXPECT_NE(error_of(with("gradient_accumulation_steps", 4294967298LL)).find("gradient_accumulation_steps (4294967298) is past 2^31 - 1"), npos);
+  // LLaMA's seq_length past max_position_embeddings (generate and serve refuse it after).
+  nlohmann::json long_llama = base();
+  long_llama["model"] = {{"model_type", "llama"}, {"vocab_size", 97}, {"hidden_size", 48}, {"intermediate_size", 96},
+                         {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"max_position_embeddings", 8}};
+  EXPECT_NE(error_of(long_llama).find("seq_length 16 exceeds model max_position_embeddings 8"), npos);
   // LLaMA's RoPE as transformers 5 writes it (rope_parameters, passed over: 10000 built another model).
   nlohmann::json llama = base();
   llama["model"] = {{"model_type", "llama"}, {"vocab_size", 97}, {"hidden_size", 48}, {"intermediate_size", 96},
