@@ -77,7 +77,7 @@ void register_tokenize(CLI::App& app) {
   auto* cmd = app.add_subcommand("tokenize", "Tokenize .txt/.jsonl into a Megatron indexed dataset");
   cmd->add_option("INPUT", a->input, ".txt (documents separated by blank lines) or .jsonl (\"text\", or \"prompt\"/\"response\"/\"history\")")->required();
   cmd->add_option("-o,--output", a->output, "output prefix (PREFIX.bin, PREFIX.idx)")->required();
-  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json, or a directory with encoder.json+vocab.bpe");
+  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json, or a directory with it or a GPT-2 pair (encoder.json+vocab.bpe, vocab.json+merges.txt, gpt2-vocab.json+gpt2-merges.txt)");
   cmd->add_option("--train-bpe", a->train_bpe, "train a byte-level BPE of this many tokens on INPUT first");
   cmd->callback([a] { run_tokenize(*a); });
 

@@ -199,6 +199,17 @@ TEST(Tokenize, TextToIndexedDatasetAndEncodeDecodeRoundTrip) {
   std::string err;
   EXPECT_EQ(run("tokenize " + dir() + "/absent.txt -o " + dir() + "/x --train-bpe 300", &err), 2);
   EXPECT_NE(err.find("absent.txt"), std::string::npos);
+  // A record without text is a document of no sequences, as Megatron's preprocess_data.py writes it
+  // (it was a lone <|endoftext|>).
+  std::ofstream(dir() + "/docs.jsonl") << "{\"text\": \"The cat sat.\"}\n{\"text\": \"\"}\n{\"text\": \"The dog sat.\"}\n";
+  ASSERT_EQ(run("tokenize " + dir() + "/docs.jsonl -o " + dir() + "/docs --tokenizer " + dir() + "/corpus.tokenizer.json"), 0);
+  mt::data::IndexedDataset docs(dir() + "/docs");
+  const mt::data::Tokenizer tok = mt::data::Tokenizer::load(dir() + "/corpus.tokenizer.json");
+  ASSERT_EQ(docs.num_documents(), 3u);
+  EXPECT_EQ(docs.num_sequences(), 2u);
+  EXPECT_EQ(docs.document_first_sequence(1), 1u);
+  EXPECT_EQ(docs.document_first_sequence(2), 1u);  // the empty record holds none
+  EXPECT_EQ(docs.total_tokens(), tok.encode("The cat sat.").size() + tok.encode("The dog sat.").size() + 2);
 }
 
 }  // namespace

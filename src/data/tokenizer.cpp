@@ -426,9 +426,13 @@ Tokenizer Tokenizer::load(const std::string& path) {
       return load_gpt2(in("encoder.json"), in("vocab.bpe"));
     if (file_exists(in("vocab.json")) && file_exists(in("merges.txt")))
       return load_gpt2(in("vocab.json"), in("merges.txt"));
+    // Megatron-LM's names for the same two files (its --vocab-file and --merge-file, as its GPT-2
+    // recipes download them).
+    if (file_exists(in("gpt2-vocab.json")) && file_exists(in("gpt2-merges.txt")))
+      return load_gpt2(in("gpt2-vocab.json"), in("gpt2-merges.txt"));
     throw Error(ErrorKind::kNotFound,
                 path + ": holds none of encoder.json + vocab.bpe, vocab.json + merges.txt, "
-                       "tokenizer.json");
+                       "gpt2-vocab.json + gpt2-merges.txt, tokenizer.json");
   }
   MT_CHECK(file_exists(path), ErrorKind::kNotFound, path + ": no such tokenizer file or directory");
   return load_hf_json(path);

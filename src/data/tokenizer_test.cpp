@@ -304,6 +304,13 @@ TEST(TokenizerFiles, MissingFilesAndBadGpt2Files) {
   write_file(merges, "#version: 0.2\na b\n\xC4\xA0 ab\n");
   Tokenizer ok = Tokenizer::load(dir.file(""));  // the directory: vocab.json + merges.txt
   EXPECT_EQ(ok.encode(" ab"), (std::vector<int32_t>{257}));
+  {  // Megatron-LM's names for the pair (gpt2-vocab.json, gpt2-merges.txt): refused before
+    const std::string mega = dir.file("megatron");
+    fs::create_directories(mega);
+    fs::copy_file(vocab, mega + "/gpt2-vocab.json");
+    fs::copy_file(merges, mega + "/gpt2-merges.txt");
+    EXPECT_EQ(Tokenizer::load(mega).encode(" ab"), (std::vector<int32_t>{257}));
+  }
   {  // with a tokenizer.json beside them, it is read, as AutoTokenizer does (the pair lacks the tokens
      // added since, which were lost)
     const Tokenizer other = Tokenizer::train("cd cd cd cd ab", 259);  // other merges than the pair's

@@ -118,6 +118,14 @@ CorpusStats corpus_write_dataset(const std::vector<CorpusDocument>& docs, const 
       ids.insert(ids.end(), piece.begin(), piece.end());
       mask.insert(mask.end(), piece.size(), trained ? 1 : 0);
     }
+    // A document without text (a JSONL record's "text": "") is a document of no sequences, as
+    // Megatron's preprocess_data.py writes it (its end-of-document token follows tokens only); it
+    // was a lone <|endoftext|>, which trained one more end-of-document transition per record.
+    if (ids.empty()) {
+      w.end_document();
+      if (mw) mw->end_document();
+      continue;
+    }
     ids.push_back(tok.eot_id());
     mask.push_back(1);
     for (size_t i = 0; i < ids.size(); ++i) {

@@ -150,15 +150,19 @@ class Section {
         if (d < best_d) { best_d = d; best = c; }
       }
       const std::string hint = best.empty() ? "" : " (did you mean '" + best + "'?)";
-      MT_CHECK(!refuse_unknown_, ErrorKind::kNotSupported,
-               where(k) + ": unknown key" + hint + "; " + where() +
-                   " are the optimizer's or scheduler's arguments, which DeepSpeed passes to its constructor (where an "
-                   "unknown one is an error), and each changes what is trained");
+      MT_CHECK(!refuse_unknown_, ErrorKind::kNotSupported, where(k) + ": unknown key" + hint + "; " + refuse_why_);
       warnings_.push_back(where(k) + ": unknown key, ignored" + hint);
     }
   }
-  // optimizer.params and scheduler.params: an unknown key is refused, not warned about.
-  void refuse_unknown() { refuse_unknown_ = true; }
+  // optimizer.params, scheduler.params and data: an unknown key is refused, not warned about; why
+  // ends its line (by default, the arguments' reason).
+  void refuse_unknown(std::string why = "") {
+    refuse_unknown_ = true;
+    refuse_why_ = why.empty() ? where() +
+                                    " are the optimizer's or scheduler's arguments, which DeepSpeed passes to its "
+                                    "constructor (where an unknown one is an error), and each changes what is trained"
+                              : std::move(why);
+  }
 
   // Every key of the object counts as read (a block switched off: its settings are not checked).
   void ignore_rest() {
@@ -177,6 +181,7 @@ class Section {
   std::vector<std::string> known_;
   std::map<std::string, Unparsed> extra_;
   bool refuse_unknown_ = false;
+  std::string refuse_why_;
 };
 
 void parse_batch(Section& s, RunConfig& c, int world) {
@@ -779,7 +784,7 @@ void parse_data(Section& root, RunConfig& c) {
   c.data_seed = static_cast<uint64_t>(d.integer("seed", static_cast<int64_t>(c.seed)));
   // Every key of this block selects data: an unknown one (Megatron's "split", a misspelt "valid")
   // was warned about and the whole corpus trained.
-  d.refuse_unknown();
+  d.refuse_unknown("every key of data selects what is trained (train, valid, tokenizer, seed, ...: CONFIG.md)");
   d.finish();
 }
 
@@ -942,6 +947,15 @@ void parse_sparse_attention(Section& root, RunConfig& c) {
   c.sparse_attention = sc;
 }
 
+// The last step a curriculum's lengths are checked to: past its last step the schedule holds its
+// difficulty, so one step beyond it (every step to train_iters took hours at 1e13, before the
+// first step), or train_iters if sooner.
+int64_t curriculum_last_checked_step(const RunConfig& c) {
+  const CurriculumConfig& k = c.curriculum;
+  const int64_t horizon = k.schedule_type == "fixed_discrete" ? (k.max_step.empty() ? 1 : k.max_step.back()) : k.total_curriculum_step;
+  return std::min(std::max<int64_t>(c.train_iters, 1), std::max<int64_t>(horizon, 1) + 1);
+}
+
 // curriculum_learning (DeepSpeed's legacy block): what its CurriculumScheduler asserts, plus what
 // would make a step's sequence empty or longer than the data's.
 void parse_curriculum(Section& root, RunConfig& c) {
@@ -1016,10 +1030,7 @@ void parse_curriculum(Section& root, RunConfig& c) {
   // Every step of the run trains on 1..seq_length tokens (DeepSpeed's rounding down to
   // difficulty_step can reach 0 when min_difficulty is not a multiple of it).
   CurriculumSchedule sched(k);
-  // Past its last step the schedule holds its difficulty: checked to one step beyond it (every
-  // step to train_iters took hours at 1e13, before the first step).
-  const int64_t horizon = k.schedule_type == "fixed_discrete" ? (k.max_step.empty() ? 1 : k.max_step.back()) : k.total_curriculum_step;
-  for (int64_t step = 1; step <= std::min(std::max<int64_t>(c.train_iters, 1), std::max<int64_t>(horizon, 1) + 1); ++step) {
+  for (int64_t step = 1; step <= curriculum_last_checked_step(c); ++step) {
     const int64_t d = sched.at(step);
     MT_CHECK(d >= 1 && d <= c.seq_length, ErrorKind::kInvalidArgument,
              "curriculum_learning: the schedule gives " + std::to_string(d) + " tokens at step " + std::to_string(step) +
@@ -1285,6 +1296,20 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                 "parallel.sequence_parallel splits train_micro_batch_size_per_gpu x seq_length (" +
                     std::to_string(c.batch.micro_batch_per_gpu * c.seq_length) + " tokens) over parallel.tp (" +
                     std::to_string(c.tp) + "): they must divide evenly");
+  // A curriculum's shorter steps too: a length the split fails ended the run at that step (exit 2,
+  // naming seq_length), hours in.
+  if (c.sequence_parallel && c.curriculum.enabled) {
+    const CurriculumConfig& k = c.curriculum;
+    CurriculumSchedule sched(k);
+    for (int64_t step = 1; step <= curriculum_last_checked_step(c); ++step) {
+      const int64_t d = sched.at(step);
+      MT_CHECK((c.batch.micro_batch_per_gpu * d) % c.tp == 0, ErrorKind::kInvalidArgument,
+               "curriculum_learning with parallel.sequence_parallel: step " + std::to_string(step) + " trains " +
+                   std::to_string(d) + " tokens a sample, and train_micro_batch_size_per_gpu x that (" +
+                   std::to_string(c.batch.micro_batch_per_gpu * d) + ") does not divide over parallel.tp (" +
+                   std::to_string(c.tp) + "): give difficulties (min_difficulty, difficulty_step) that it does");
+    }
+  }
   c.steps_per_print = root.integer("steps_per_print", 10);
   // The step counter is taken modulo it (0 killed a run with SIGFPE at its first step).
   MT_CHECK(c.steps_per_print >= 1, ErrorKind::kInvalidArgument,
@@ -1296,6 +1321,83 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     MT_CHECK(!root.has(k), ErrorKind::kNotSupported,
              std::string(k) + ": Megatron's argument is not read here (data.train and data.valid name the datasets, "
                               "train_iters the length; a train/valid/test split is not implemented)");
+  // Megatron-LM's training arguments (arguments.py's names), written into a config: each changes
+  // what is trained, and was warned about as an unknown key while the run trained meshtrain's
+  // default (a clip_grad of 1.0 trained unclipped). Refused, naming meshtrain's key where one exists.
+  struct MegatronArg {
+    const char* name;
+    const char* ours;
+  };
+  static const MegatronArg kMegatronArgs[] = {
+      {"global_batch_size", "train_batch_size"},
+      {"micro_batch_size", "train_micro_batch_size_per_gpu"},
+      {"rampup_batch_size", nullptr},
+      {"clip_grad", "gradient_clipping"},
+      {"lr", "optimizer.params.lr"},
+      {"min_lr", "a scheduler's minimum (WarmupCosineLR's cos_min_ratio, WarmupDecayLR decays to 0)"},
+      {"lr_decay_style", "scheduler.type"},
+      {"lr_decay_iters", "scheduler.params.total_num_steps"},
+      {"lr_decay_samples", "scheduler.params.total_num_steps"},
+      {"lr_warmup_iters", "scheduler.params.warmup_num_steps"},
+      {"lr_warmup_fraction", "scheduler.params.warmup_num_steps"},
+      {"lr_warmup_samples", "scheduler.params.warmup_num_steps"},
+      {"lr_warmup_init", "scheduler.params.warmup_min_lr"},
+      {"weight_decay", "optimizer.params.weight_decay"},
+      {"start_weight_decay", nullptr},
+      {"end_weight_decay", nullptr},
+      {"weight_decay_incr_style", nullptr},
+      {"adam_beta1", "optimizer.params.betas"},
+      {"adam_beta2", "optimizer.params.betas"},
+      {"adam_eps", "optimizer.params.eps"},
+      {"init_method_std", "model.initializer_range"},
+      {"hidden_dropout", "the model's dropout keys (GPT-2's resid_pdrop and embd_pdrop)"},
+      {"attention_dropout", "the model's attn_pdrop (GPT-2) or attention_dropout (LLaMA)"},
+      {"untie_embeddings_and_output_weights", "model.tie_word_embeddings"},
+      {"num_layers", "the model's n_layer or num_hidden_layers"},
+      {"hidden_size", "the model's n_embd or hidden_size"},
+      {"ffn_hidden_size", "the model's n_inner or intermediate_size"},
+      {"num_attention_heads", "the model's n_head or num_attention_heads"},
+      {"num_query_groups", "the model's num_key_value_heads"},
+      {"group_query_attention", "the model's num_key_value_heads"},
+      {"kv_channels", "the model's head_dim"},
+      {"max_position_embeddings", "the model's n_positions or max_position_embeddings"},
+      {"swiglu", "the model's model_type (llama)"},
+      {"normalization", "the model's model_type (gpt2: LayerNorm, llama: RMSNorm)"},
+      {"norm_epsilon", "the model's layer_norm_epsilon or rms_norm_eps"},
+      {"position_embedding_type", "the model's model_type (gpt2: learned, llama: rope)"},
+      {"use_rotary_position_embeddings", "the model's model_type (llama)"},
+      {"rotary_base", "the model's rope_theta"},
+      {"rotary_percent", nullptr},
+      {"add_bias_linear", nullptr},
+      {"openai_gelu", "the model's activation_function"},
+      {"squared_relu", nullptr},
+      {"apply_query_key_layer_scaling", nullptr},
+      {"make_vocab_size_divisible_by", "parallel.make_vocab_size_divisible_by"},
+      {"tensor_model_parallel_size", "parallel.tp"},
+      {"pipeline_model_parallel_size", "parallel.pp"},
+      {"num_layers_per_virtual_pipeline_stage", "parallel.virtual_stages"},
+      {"recompute_granularity", "activation_checkpointing"},
+      {"recompute_method", "activation_checkpointing"},
+      {"recompute_num_layers", "activation_checkpointing"},
+      {"use_distributed_optimizer", "zero_optimization.stage 1"},
+      {"accumulate_allreduce_grads_in_fp32", "data_types.grad_accum_dtype"},
+      {"initial_loss_scale", "fp16.initial_scale_power"},
+      {"min_loss_scale", "fp16.min_loss_scale"},
+      {"loss_scale", "fp16.loss_scale"},
+      {"loss_scale_window", "fp16.loss_scale_window"},
+      {"hysteresis", "fp16.hysteresis"},
+      {"eod_mask_loss", nullptr},
+      {"reset_position_ids", nullptr},
+      {"reset_attention_mask", nullptr},
+      {"tokenizer_type", "data.tokenizer"},
+      {"vocab_file", "data.tokenizer"},
+      {"merge_file", "data.tokenizer"},
+      {"exit_interval", "train_iters"},
+  };
+  for (const MegatronArg& a : kMegatronArgs)
+    MT_CHECK(!root.has(a.name), ErrorKind::kNotSupported,
+             std::string(a.name) + ": Megatron-LM's argument is not read here" +
+                 (a.ours != nullptr ? std::string(" (meshtrain's is ") + a.ours + ")" : std::string(" (not implemented)")));
   // Current DeepSpeed's gradient_allreduce_op: "sum" leaves the gradients unaveraged over the ranks.
   if (root.has("gradient_allreduce_op"))
     MT_CHECK(root.raw("gradient_allreduce_op") == "mean", ErrorKind::kNotSupported,

@@ -25,6 +25,13 @@ nlohmann::json base() {
   })");
 }
 
+// base() with one more top-level key.
+nlohmann::json with(const char* key, const nlohmann::json& v) {
+  nlohmann::json j = base();
+  j[key] = v;
+  return j;
+}
+
 std::string error_of(nlohmann::json j, int world = 1) {
   try {
     ds_config_parse(std::move(j), "cfg.json", world);
@@ -37,11 +44,6 @@ std::string error_of(nlohmann::json j, int world = 1) {
 // Values that crashed a run or trained something else (a review, stop 56): refused by key, or read
 // as DeepSpeed and Hugging Face read them.
 TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
-  auto with = [](const char* key, const nlohmann::json& v) {
-    nlohmann::json j = base();
-    j[key] = v;
-    return j;
-  };
   const auto npos = std::string::npos;
   EXPECT_NE(error_of(with("steps_per_print", 0)).find("steps_per_print: must be at least 1 (got 0)"), npos);  // SIGFPE
   // Past 1e9 s the deadline in milliseconds overflowed: every collective timed out at once.
@@ -125,6 +127,61 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   one["model"]["num_labels"] = 3;
   one["model"]["problem_type"] = "multi_label_classification";
   EXPECT_NE(error_of(one).find("field 'problem_type': \"multi_label_classification\" is not supported"), npos);
+}
+
+// Megatron-LM's arguments written into a config were warned about as unknown keys, and
+// meshtrain's defaults trained (clip_grad 1.0 unclipped, global_batch_size 8 at batch 2); a LLaMA
+// config.json's partial_rotary_factor was passed over (the whole head rotated); a data key's
+// refusal gave the optimizer's reason.
+TEST(DsConfig, MegatronsArgumentsAndPartialRotaryAreRefusedByName) {
+  const auto npos = std::string::npos;
+  const std::pair<const char*, std::string> args[] = {
+      {"clip_grad", "clip_grad: Megatron-LM's argument is not read here (meshtrain's is gradient_clipping)"},
+      {"global_batch_size", "global_batch_size: Megatron-LM's argument is not read here (meshtrain's is train_batch_size)"},
+      {"lr_decay_style", "(meshtrain's is scheduler.type)"},
+      {"hidden_dropout", "hidden_dropout: Megatron-LM's argument"},
+      {"make_vocab_size_divisible_by", "(meshtrain's is parallel.make_vocab_size_divisible_by)"},
+      {"eod_mask_loss", "eod_mask_loss: Megatron-LM's argument is not read here (not implemented)"},
+      {"reset_position_ids", "(not implemented)"},
+      {"tensor_model_parallel_size", "(meshtrain's is parallel.tp)"},
+  };
+  for (const auto& [k, want] : args) EXPECT_NE(error_of(with(k, 1)).find(want), npos) << k << ": " << error_of(with(k, 1));
+  // meshtrain's own top-level keys of the same spelling are still read.
+  for (const char* ours : {"seed", "train_iters", "seq_length", "eval_iters", "eval_interval", "save_interval"})
+    EXPECT_EQ(error_of(with(ours, 4)).find("Megatron-LM"), npos) << ours;
+  nlohmann::json llama = base();
+  llama["model"] = {{"model_type", "llama"}, {"vocab_size", 97}, {"hidden_size", 48}, {"intermediate_size", 96},
+                    {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"max_position_embeddings", 32}};
+  EXPECT_NO_THROW(ds_config_parse(llama, "cfg.json"));
+  llama["model"]["partial_rotary_factor"] = 1.0;
+  EXPECT_NO_THROW(ds_config_parse(llama, "cfg.json"));
+  llama["model"]["partial_rotary_factor"] = 0.5;
+  EXPECT_NE(error_of(llama).find("field 'partial_rotary_factor': a value other than 1 is not supported"), npos) << error_of(llama);
+  llama["model"].erase("partial_rotary_factor");
+  llama["model"]["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.25}};
+  EXPECT_NE(error_of(llama).find("a partial_rotary_factor other than 1 is not supported"), npos) << error_of(llama);
+  const std::string data = error_of(with("data", {{"train", "x"}, {"eod_mask_loss", true}}));
+  EXPECT_NE(data.find("data.eod_mask_loss: unknown key"), npos) << data;
+  EXPECT_NE(data.find("every key of data selects what is trained"), npos) << data;
+  EXPECT_EQ(data.find("optimizer"), npos) << data;
+}
+
+// A curriculum's lengths under sequence parallelism: micro-batch x 17 tokens does not split over
+// tp 2, and the run ended at that step (exit 2, the message naming seq_length) instead of at start.
+TEST(DsConfig, ACurriculumsLengthsMustSplitOverTheSequenceParallelGroup) {
+  nlohmann::json j = base();
+  j["seq_length"] = 32;
+  j["train_micro_batch_size_per_gpu"] = 1;
+  j["parallel"] = {{"tp", 2}, {"sequence_parallel", true}};
+  j["curriculum_learning"] = {{"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", 8}, {"max_difficulty", 32},
+                              {"schedule_type", "fixed_linear"},
+                              {"schedule_config", {{"total_curriculum_step", 5}, {"difficulty_step", 8}}}};
+  EXPECT_EQ(error_of(j, 2), "");  // 12 -> 8, 16, ...: even lengths
+  j["curriculum_learning"]["schedule_config"]["difficulty_step"] = 1;
+  const std::string e = error_of(j, 2);
+  EXPECT_NE(e.find("curriculum_learning with parallel.sequence_parallel: step 2 trains 17 tokens a sample"), std::string::npos) << e;
+  j["train_micro_batch_size_per_gpu"] = 2;  // 2 x 17 splits
+  EXPECT_EQ(error_of(j, 2), "");
 }
 
 TEST(DsConfig, BatchRuleAnyTwoGiveTheThird) {

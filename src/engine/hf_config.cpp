@@ -114,6 +114,9 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
       const Reader rr(rp, rp_where);
       const std::string type = rr.string("rope_type", rr.string("type", "default"));
       r.refuse_if(type != "default", "rope_parameters", "rope_type '" + type + "': RoPE scaling is not supported yet");
+      r.refuse_if(rp.contains("partial_rotary_factor") && !rp["partial_rotary_factor"].is_null() &&
+                      rr.number("partial_rotary_factor", 1.0f) != 1.0f,
+                  "rope_parameters", "a partial_rotary_factor other than 1 is not supported");
       if (rp.contains("rope_theta") && !rp["rope_theta"].is_null()) {
         const float theta = rr.number("rope_theta", c.rope_theta);
         r.refuse_if(j.contains("rope_theta") && !j["rope_theta"].is_null() && theta != c.rope_theta, "rope_theta",
@@ -128,6 +131,11 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
                 "RoPE scaling is not supported yet");
     r.refuse_if(r.boolean("attention_bias", false), "attention_bias", "true is not supported");
     r.refuse_if(r.boolean("mlp_bias", false), "mlp_bias", "true is not supported");
+    // transformers' RoPE reads it from any config (rotary on that share of each head's dims only);
+    // it was passed over, and the whole head rotated.
+    r.refuse_if(j.contains("partial_rotary_factor") && !j["partial_rotary_factor"].is_null() &&
+                    r.number("partial_rotary_factor", 1.0f) != 1.0f,
+                "partial_rotary_factor", "a value other than 1 is not supported");
     c.attn_pdrop = r.number("attention_dropout", 0.0f);
     r.refuse_if(j.contains("head_dim") && !j["head_dim"].is_null() && r.integer("head_dim", 0, false) != c.hidden / std::max(1, c.n_head),
                 "head_dim", "a head_dim other than hidden_size / num_attention_heads is not supported");
