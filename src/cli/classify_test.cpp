@@ -193,6 +193,20 @@ TEST(Classify, FromACausalLmCheckpointAndBackOutAsHuggingFace) {
                           dir() + "/tok.json";
   ASSERT_EQ(run(gen, &out, &err), 0) << err;
   EXPECT_NE(err.find("+ 5 new tokens"), std::string::npos) << err;
+  {  // A prompt that fills the 48 positions: one token comes, and is counted (it said "+ 0").
+    const mt::data::Tokenizer tok = mt::data::Tokenizer::load(dir() + "/tok.json");
+    std::string full;
+    for (std::string p = "cat"; p.size() < 400 && full.empty(); p += " cat")
+      for (const std::string& q : {p, p + "s", p + " a"})
+        if (full.empty() && tok.encode(q).size() == 48) full = q;
+    ASSERT_FALSE(full.empty());
+    ASSERT_EQ(run("generate " + dir() + "/lm-hf --prompt '" + full + "' --max-new-tokens 5 --temperature 0 --tokenizer " +
+                      dir() + "/tok.json",
+                  &out, &err),
+              0)
+        << err;
+    EXPECT_NE(err.find("48 prompt + 1 new tokens"), std::string::npos) << err;
+  }
   nlohmann::json all = nlohmann::json::array();
   for (int id = 0; id < 300; ++id) all.push_back(id);
   lm_hf["eos_token_id"] = all;  // every id ends the text at once

@@ -51,7 +51,10 @@ void run_generate(const GenerateArgs& a) {
     std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
-    if (gen.position() >= gen.capacity()) break;
+    if (gen.position() >= gen.capacity()) {  // the context is full: this token counted, none more
+      ++n;
+      break;
+    }
     logits = gen.decode(id);
   }
   std::printf("\n");

@@ -139,6 +139,17 @@ void refuse_unimplemented(const json& j, bool openai) {
                                        (present(j["stream_options"], "include_usage") && !j["stream_options"]["include_usage"].is_boolean())))
     bad("\"stream_options\" must be {\"include_usage\": true|false}", "invalid_type");
   if (!openai) {  // the ChatGLM endpoint's fields: prompt, history, max_length, temperature, top_p, top_k, seed
+    // Its length is max_length (prompt and response together); the others' names were answered 200
+    // and ignored (max_tokens 1 gave ~40 tokens).
+    for (const char* k : {"max_tokens", "max_new_tokens", "max_completion_tokens"})
+      if (present(j, k))
+        bad(std::string("\"") + k + "\" is not read by this endpoint: its length is \"max_length\" (the prompt, history and response together)",
+            "unsupported_parameter");
+    refuse_unless(j, "stream", false);
+    refuse_unless(j, "best_of", 1);
+    refuse_unless(j, "echo", false);
+    refuse_unless(j, "suffix", nullptr);
+    refuse_unless(j, "top_logprobs", nullptr);
     refuse_unless(j, "n", 1);
     refuse_unless(j, "presence_penalty", 0);
     refuse_unless(j, "frequency_penalty", 0);
@@ -405,7 +416,10 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
       if (stopped) {
         g->cancel(Finish::kStop);
       } else {
-        const size_t safe = whole > hold ? whole - hold : 0;
+        // Held back: a stop string's length less one byte, moved back to a character's start (a
+        // piece that ended inside one reached the client as U+FFFD for each half).
+        size_t safe = whole > hold ? whole - hold : 0;
+        while (safe > sent && (static_cast<unsigned char>(full[safe]) & 0xC0) == 0x80) --safe;
         if (safe > sent) {
           if (!on_delta(full.substr(sent, safe - sent))) g->cancel(Finish::kCancelled);
           sent = safe;
@@ -715,11 +729,12 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     refuse_unless(body, "frequency_penalty", 0);
     refuse_unless(body, "logit_bias", json::object());
     refuse_unless(body, "logprobs", chat ? json(false) : json(nullptr));
-    if (!chat) {
-      refuse_unless(body, "best_of", 1);
-      refuse_unless(body, "echo", false);
-      refuse_unless(body, "suffix", nullptr);
-    } else {
+    // best_of, echo and suffix are the completions API's; a chat request with them was answered as
+    // if they were absent.
+    refuse_unless(body, "best_of", 1);
+    refuse_unless(body, "echo", false);
+    refuse_unless(body, "suffix", nullptr);
+    if (chat) {
       refuse_unless(body, "tools", nullptr);
       refuse_unless(body, "top_logprobs", nullptr);
     }
@@ -734,10 +749,28 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       const json& msgs = body["messages"];
       for (size_t i = 0; i < msgs.size(); ++i) {
         const json& m = msgs[i];
-        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-            !m["content"].is_string())
-          bad("messages[" + std::to_string(i) + "] must be {\"role\": string, \"content\": string}", "invalid_type");
-        const std::string role = m["role"], content = m["content"];
+        const std::string at = "messages[" + std::to_string(i) + "]";
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content"))
+          bad(at + " must be {\"role\": string, \"content\": string or a list of text parts}", "invalid_type");
+        std::string content;
+        if (m["content"].is_string()) {
+          content = m["content"];
+        } else if (m["content"].is_array()) {
+          // OpenAI's content parts: text ones only, joined by a newline (as vLLM joins them).
+          for (size_t k = 0; k < m["content"].size(); ++k) {
+            const json& part = m["content"][k];
+            if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+                !part["text"].is_string())
+              bad(at + ".content[" + std::to_string(k) + "]: only {\"type\": \"text\", \"text\": string} parts are supported",
+                  "invalid_value");
+            if (k > 0) content += "\n";
+            content += part["text"].get<std::string>();
+          }
+        } else {
+          bad(at + " must be {\"role\": string, \"content\": string or a list of text parts}", "invalid_type");
+        }
+        std::string role = m["role"];
+        if (role == "developer") role = "system";  // OpenAI's newer name for the system message
         if (role == "system" && history.empty() && !have_pending) {
           pieces.push_back(content + "\n");
         } else if (role == "user" && !have_pending) {
@@ -748,7 +781,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
           have_pending = false;
         } else {
           bad("messages[" + std::to_string(i) + "]: expected " +
-                  (have_pending ? "an \"assistant\" turn" : "a \"user\" turn (a \"system\" one only first)") +
+                  (have_pending ? "an \"assistant\" turn" : "a \"user\" turn (\"system\" ones only before the first user turn)") +
                   ", got \"" + role + "\"",
               "invalid_value");
         }
@@ -778,7 +811,10 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
                       "the prompt is " + std::to_string(r.prompt.size()) + " tokens; the context holds " +
                           std::to_string(gen_.capacity()),
                       "invalid_request_error", "context_length_exceeded"};
-    const char* max_key = chat && present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    // OpenAI's newer name, read on both endpoints (completions ignored it); both given must agree.
+    if (present(body, "max_completion_tokens") && present(body, "max_tokens") && body["max_completion_tokens"] != body["max_tokens"])
+      bad("\"max_tokens\" and \"max_completion_tokens\" differ: give one", "invalid_value");
+    const char* max_key = present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     r.max_new_tokens = get_int(body, max_key, chat ? gen_.capacity() : options_.default_max_tokens, 1, 1 << 30);
     r.sampling = sampling_from(body, 1.0f, 1.0f);
     bool ignore_eos = false;  // vLLM's extension: generate max_tokens whatever comes (benchmarks)

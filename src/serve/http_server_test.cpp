@@ -219,6 +219,37 @@ TEST_F(HttpServerTest, StreamingConcatenatesToTheWholeAnswer) {
   }
 }
 
+// With a stop string the stream holds back its length less one byte, and the piece it released
+// ended there even inside a character: the client got U+FFFD for each half ("你好" streamed as
+// "你\uFFFD", "\uFFFD\uFFFD..."). Sampled answers of the tiny model with a stop that never
+// matches, streamed and whole, until several have characters of more than one byte.
+TEST_F(HttpServerTest, StreamingWithAStopStringKeepsCharactersWhole) {
+  auto multibyte = [](const std::string& s) {  // a whole character of 2+ bytes, not U+FFFD
+    for (size_t i = 0; i + 1 < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c >= 0xC2 && c < 0xF5 && s.compare(i, 3, "\xEF\xBF\xBD") != 0) return true;
+    }
+    return false;
+  };
+  int with_multibyte = 0;
+  for (int seed = 0; seed < 200 && with_multibyte < 5; ++seed) {
+    json body = {{"messages", json::array({{{"role", "user"}, {"content", "你好"}}})}, {"max_tokens", 30},
+                 {"temperature", 1.0}, {"seed", seed}, {"stop", json::array({"\x01never matches anything"})}};
+    const std::string whole = post_json("/v1/chat/completions", body)["choices"][0]["message"]["content"];
+    if (!multibyte(whole)) continue;
+    ++with_multibyte;
+    body["stream"] = true;
+    httplib::Result r = post("/v1/chat/completions", body.dump());
+    ASSERT_TRUE(r);
+    bool done = false;
+    std::string text;
+    for (const json& e : events(r->body, &done)) text += e["choices"][0]["delta"].value("content", "");
+    EXPECT_TRUE(done);
+    EXPECT_EQ(text, whole) << "seed " << seed;
+  }
+  EXPECT_GE(with_multibyte, 5) << "too few answers with characters of more than one byte to test";
+}
+
 TEST_F(HttpServerTest, ChatAndChatGLMApplyTheTrainingLayout) {
   const data::ChatHistory history = {{"What sat on the mat?", "The cat."}};
   const std::string want = reference(encode_pieces(data::chat_prompt_pieces(history, "And the dog?")), 30);
@@ -350,6 +381,19 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
       {"/", R"({"prompt": "a", "logit_bias": {"44": -100}})", 400, "unsupported_parameter"},
       {"/", R"({"prompt": "a", "frequency_penalty": 1})", 400, "unsupported_parameter"},
       {"/", R"({"prompt": "a", "stop": "x"})", 400, "unsupported_parameter"},
+      // Answered 200 and ignored before (a review, stop 57): the ChatGLM endpoint's length is
+      // max_length; best_of/echo/suffix on chat; two lengths that differ.
+      {"/", R"({"prompt": "a", "max_tokens": 1})", 400, "unsupported_parameter"},
+      {"/", R"({"prompt": "a", "max_new_tokens": 1})", 400, "unsupported_parameter"},
+      {"/", R"({"prompt": "a", "stream": true})", 400, "unsupported_parameter"},
+      {"/", R"({"prompt": "a", "best_of": 4})", 400, "unsupported_parameter"},
+      {"/", R"({"prompt": "a", "echo": true})", 400, "unsupported_parameter"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "best_of": 5})", 400, "unsupported_parameter"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "echo": true})", 400, "unsupported_parameter"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "suffix": "z"})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "max_tokens": 2, "max_completion_tokens": 3})", 400, "invalid_value"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})",
+       400, "invalid_value"},
       {"/v1/completions", R"({"prompt": "a", "model": "gpt-4"})", 404, "model_not_found"},
       {"/v1/completions", R"({"prompt": "a", "model": [1]})", 404, "model_not_found"},
       {"/v1/completions", deep, 400, "invalid_json"},
@@ -383,6 +427,20 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
   // Still serving.
   json ok = post_json("/v1/completions", {{"prompt", "The"}, {"max_tokens", 2}, {"temperature", 0}});
   EXPECT_EQ(ok["choices"].size(), 1u);
+  // max_completion_tokens on completions (it was ignored: 16 tokens, the default), and OpenAI's chat
+  // shapes: text content parts (joined by a newline, as vLLM) and the developer role (the system's).
+  json mct = post_json("/v1/completions", {{"prompt", "The"}, {"max_completion_tokens", 2}, {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_EQ(mct["usage"]["completion_tokens"], 2) << mct;
+  const json plain = post_json("/v1/chat/completions", {{"messages", json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                                                                  {{"role", "user"}, {"content", "Hi\nthere"}}})},
+                                                        {"max_tokens", 4}, {"temperature", 0}});
+  const json parts = post_json(
+      "/v1/chat/completions",
+      {{"messages", json::array({{{"role", "developer"}, {"content", "Be brief."}},
+                                 {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "Hi"}}, {{"type", "text"}, {"text", "there"}}})}}})},
+       {"max_tokens", 4}, {"temperature", 0}});
+  EXPECT_EQ(parts["usage"], plain["usage"]) << parts;
+  EXPECT_EQ(parts["choices"][0]["message"], plain["choices"][0]["message"]) << parts;
   // A null include_usage is absent, as every other null field: it threw nlohmann's type_error past
   // the handler (a 500), which left the request counted in flight, and shutdown waited forever.
   httplib::Result nul =
