@@ -5,9 +5,14 @@ figure, both counted the same way (Megatron's model FLOPs: every GEMM of the for
 attention's scores as if not causal, no recompute).
 
 --table sc21 (DGX A100 80GB): Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
-Clusters Using Megatron-LM" (SC'21), Table 1, weak scaling. tp and pp as published,
-dp = GPUs / (tp pp), 1F1B, recompute, ZeRO 0, the micro-batch split chosen by --search-batch within the
-devices' memory. The count is the paper's own, F = 96 B s l h^2 (1 + s / 6h + V / 16lh) per iteration.
+Clusters Using Megatron-LM" (SC'21), Table 1, weak scaling, as the paper's scripts ran it
+(Megatron-LM's examples/sc21/run_table_1.sh and CONFIG.sh): tp, pp, the micro-batch and the
+interleaved schedule's layers per virtual stage by row, dp = GPUs / (tp pp), full recompute,
+Megatron's dropout (0.1) and clip-grad 1.0, ZeRO 0. The scripts' fp16 (static loss scale) is priced
+as bf16, at the same tensor-core rate and bytes. The step is the one with the gradient all-reduce
+beside the backward for the rows run with torch DDP (--DDP-impl torch, the first four), and the one
+without it for those run with Megatron's local DDP, which reduced after the whole forward and backward.
+The count is the paper's own, F = 96 B s l h^2 (1 + s / 6h + V / 16lh) per iteration.
 
 --table llama3 (DGX H100): "The Llama 3 Herd of Models" (Meta, 2024), Table 4, the 405B pre-training
 layouts without context parallelism: tp 8, pp 16, dp = GPUs / 128, sequences of 8192, 16M tokens a
@@ -26,22 +31,23 @@ import subprocess
 import sys
 
 CLUSTERS = {"sc21": "configs/clusters/dgx-a100-80gb.json", "llama3": "configs/clusters/dgx-h100.json"}
-# Which predicted step is the published run's. Megatron-LM of SC'21 (its default `--DDP-impl local`)
-# all-reduces the gradients after the whole forward-backward (train_step's
-# 'backward-params-all-reduce'), so nothing moves them beside the backward: the step without
-# progress. Llama 3's sharded data parallelism overlaps its reductions: the step with it (the same
-# figure for these pipelined rows, whose reduction follows the last micro-batch).
-STEP = {"sc21": "step_s", "llama3": "step_progress_s"}
+# Which predicted step is the published run's. Llama 3's sharded data parallelism overlaps its
+# reductions: the step with it (the same figure for these pipelined rows, whose reduction follows
+# the last micro-batch). SC'21: by row (below). torch DDP all-reduces buckets as the backward
+# passes them: the step with progress. Megatron's local DDP all-reduced the gradients after the
+# whole forward-backward (train_step's 'backward-params-all-reduce'): the step without.
+STEP = {"llama3": "step_progress_s", "torch": "step_progress_s", "local": "step_s"}
 
-# (config, GPUs, published TFLOP/s per GPU); the configs carry the model, tp, pp and the batch.
-SC21 = [("configs/megatron/gpt-1.7b.json", 32, 137), ("configs/megatron/gpt-3.6b.json", 64, 138),
-        ("configs/megatron/gpt-7.5b.json", 128, 142), ("configs/megatron/gpt-18.4b.json", 256, 135),
-        ("configs/megatron/gpt-39.1b.json", 512, 138), ("configs/megatron/gpt-76.1b.json", 1024, 140),
-        ("configs/megatron/gpt-145.6b.json", 1536, 148), ("configs/megatron/gpt-310.1b.json", 1920, 155),
-        ("configs/megatron/gpt-529.6b.json", 2520, 163), ("configs/megatron/gpt-1008b.json", 3072, 163)]
+# (config, GPUs, published TFLOP/s per GPU, --DDP-impl); the configs carry the model, tp, pp, the
+# micro-batch, the virtual stages and the batch, as run_table_1.sh gives them.
+SC21 = [("configs/megatron/gpt-1.7b.json", 32, 137, "torch"), ("configs/megatron/gpt-3.6b.json", 64, 138, "torch"),
+        ("configs/megatron/gpt-7.5b.json", 128, 142, "torch"), ("configs/megatron/gpt-18.4b.json", 256, 135, "torch"),
+        ("configs/megatron/gpt-39.1b.json", 512, 138, "local"), ("configs/megatron/gpt-76.1b.json", 1024, 140, "local"),
+        ("configs/megatron/gpt-145.6b.json", 1536, 148, "local"), ("configs/megatron/gpt-310.1b.json", 1920, 155, "local"),
+        ("configs/megatron/gpt-529.6b.json", 2520, 163, "local"), ("configs/megatron/gpt-1008b.json", 3072, 163, "local")]
 # Table 4's third row (16,384 GPUs, context parallelism 16, sequences of 131,072) has no counterpart:
 # the runtime has no context parallelism.
-LLAMA3 = [("configs/llama3/llama3-405b.json", 8192, 430), ("configs/llama3/llama3-405b.json", 16384, 400)]
+LLAMA3 = [("configs/llama3/llama3-405b.json", 8192, 430, "llama3"), ("configs/llama3/llama3-405b.json", 16384, 400, "llama3")]
 
 
 def sc21_flops(cfg):
@@ -59,25 +65,40 @@ def llama_flops(cfg):
     return B * s * per_token, f"{params:.1f}B (h {h}, l {l})"
 
 
-def plan(a, path, gpus, extra):
+def plan(a, path, gpus, extra, step):
     out = subprocess.run([a.meshtrain, "plan", path, "--cluster", CLUSTERS[a.table], "--procs", str(gpus), "--search-batch",
                           "--top", "1000", "--json"] + extra, capture_output=True, text=True)
     if out.returncode != 0:
         return None, out.stderr.strip().replace("meshtrain: error: ", "")
     # The fastest split by the table's step (the search's own order breaks near-ties by memory).
-    ranked = sorted(json.loads(out.stdout).get("ranked", []), key=lambda r: r[STEP[a.table]])
+    ranked = sorted(json.loads(out.stdout).get("ranked", []), key=lambda r: r[step])
     return (ranked[0] if ranked else None), ""
 
 
-def fastest(a, path, gpus, variants):
+def as_published(a, path, gpus, cfg):
+    """The configuration's own layout and split, priced (SC'21: the scripts give them). Returns
+    (prediction, over the devices' memory, why)."""
+    out = subprocess.run([a.meshtrain, "plan", path, "--cluster", CLUSTERS[a.table], "--procs", str(gpus), "--json"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        return None, False, out.stderr.strip().replace("meshtrain: error: ", "")
+    best = json.loads(out.stdout)
+    dp = gpus // cfg["parallel"]["tp"] // cfg["parallel"].get("pp", 1)
+    best["micro_batch"] = cfg["train_micro_batch_size_per_gpu"]
+    best["accumulation"] = cfg["train_batch_size"] // dp // best["micro_batch"]
+    memory = json.load(open(CLUSTERS[a.table]))["memory_gib"]
+    return best, best["memory_bytes"] > memory * 2**30, ""
+
+
+def fastest(a, path, gpus, variants, step):
     """The fastest predicted of the variants (lists of plan arguments), within the devices' memory if
     any fits, else over it (timed with an unbounded budget). Returns (best, over, variant, why)."""
     for over, budget in ((False, []), (True, ["--memory", "1048576"])):
         found, why = [], ""
         for v in variants:
-            best, err = plan(a, path, gpus, v + budget)
+            best, err = plan(a, path, gpus, v + budget, step)
             if best is not None:
-                found.append((best[STEP[a.table]], best, v))
+                found.append((best[step], best, v))
             elif err:
                 why = err
         if found:
@@ -98,9 +119,8 @@ def main():
         CLUSTERS[a.table] = a.cluster
     rows = SC21 if a.table == "sc21" else LLAMA3
     count = sc21_flops if a.table == "sc21" else llama_flops
-    # The published schedule: 1F1B for SC'21; for Llama 3 an interleaved one, virtual stages unknown.
-    variants = [[]] if a.table == "sc21" else [
-        ["--set", "parallel.pipeline_schedule=1f1b", "--set", "parallel.virtual_stages=1"]] + [
+    # Llama 3's schedule is an interleaved one, its virtual stages unknown: each is planned.
+    variants = [["--set", "parallel.pipeline_schedule=1f1b", "--set", "parallel.virtual_stages=1"]] + [
         ["--set", "parallel.pipeline_schedule=interleaved", "--set", f"parallel.virtual_stages={v}"] for v in (2, 4)]
     lines = []
 
@@ -111,14 +131,19 @@ def main():
     emit("| model | tp x pp x dp | GPUs | batch | chosen split | our memory a GPU | predicted step | predicted TFLOP/s a GPU | published | error |")
     emit("|---|---|---|---|---|---|---|---|---|---|")
     errors = []
-    for path, gpus, published in rows:
+    for path, gpus, published, ddp in rows:
         cfg = json.load(open(path))
         tp, pp, B = cfg["parallel"]["tp"], cfg["parallel"].get("pp", 1), cfg["train_batch_size"]
-        best, over, variant, why = fastest(a, path, gpus, variants)
+        if a.table == "sc21":
+            best, over, why = as_published(a, path, gpus, cfg)
+            v = cfg["parallel"].get("virtual_stages", 1)
+            variant = ["--set", "parallel.pipeline_schedule=interleaved", "--set", f"parallel.virtual_stages={v}"] if v > 1 else None
+        else:
+            best, over, variant, why = fastest(a, path, gpus, variants, STEP[ddp])
         if best is None:
             emit(f"| {path} | {tp} x {pp} x {gpus // tp // pp} | {gpus} | {B} | our runtime refuses it: {why} | | | | {published} | |")
             continue
-        step = best[STEP[a.table]]
+        step = best[STEP[ddp]]
         flops, name = count(cfg)
         tflops = flops / step / gpus / 1e12
         err = tflops / published - 1
