@@ -24,6 +24,9 @@ stage() {  # stage NAME COMMAND...: runs it and records its wall time
 }
 
 stage install bash scripts/install-deps.sh
+# ccache hashes the tree's paths relative to its root, so the fresh-machine check's copy of the tree
+# (another path) gets this build's objects too.
+export CCACHE_BASEDIR=$PWD
 # The fresh-machine check's first phase (debootstrap, install-deps.sh in a clean root: downloads and
 # dpkg, little CPU) runs beside the build and the tests; its second phase, at the end.
 mkdir -p build
