@@ -194,6 +194,27 @@ std::string fmt_time(double s) {
 struct DataSource {
   std::unique_ptr<data::IndexedDataset> tokens, mask;
   std::unique_ptr<data::TokenStream> stream;
+  std::string key;  // "data.train" or "data.valid"
+
+  // Samples [first, first + B) of the stream, each checked against the model's vocabulary: a
+  // dataset tokenized with another tokenizer was met in the model's embedding, named by neither
+  // file nor sample ("token 69999 at position 2 is outside the vocabulary").
+  void batch(uint64_t first, int B, int32_t* inputs, int32_t* targets, int64_t vocab) {
+    stream->batch(first, B, inputs, targets);
+    const int64_t T = stream->seq_length();
+    auto outside = [&](int32_t t) { return t < 0 || t >= vocab; };
+    for (int64_t i = 0; i < static_cast<int64_t>(B) * T; ++i) {
+      const bool input = outside(inputs[i]);
+      if (!input && (targets[i] == -100 || !outside(targets[i]))) continue;
+      const uint64_t k = first + static_cast<uint64_t>(i / T);
+      const uint64_t at = (stream->window_start(k) + static_cast<uint64_t>(i % T) + (input ? 0 : 1)) % stream->num_tokens();
+      throw Error(ErrorKind::kCorruption,
+                  key + ": " + tokens->prefix() + ": token " + std::to_string(input ? inputs[i] : targets[i]) +
+                      " at stream position " + std::to_string(at) + " (sample " + std::to_string(k) +
+                      ") is outside the model's vocabulary [0, " + std::to_string(vocab) +
+                      "); was the dataset tokenized with another tokenizer?");
+    }
+  }
 };
 
 DataSource open_data(const engine::RunConfig& cfg, const std::string& path, const char* key, bool shuffle) {
@@ -202,6 +223,7 @@ DataSource open_data(const engine::RunConfig& cfg, const std::string& path, cons
   std::string cache = cfg.save_dir.empty() ? "runs/data-cache" : cfg.save_dir + "/data-cache";
   std::string prefix = engine::corpus_prepare(path, cfg.tokenizer, cache);
   DataSource d;
+  d.key = key;
   d.tokens = std::make_unique<data::IndexedDataset>(prefix);
   // Shorter than one sample, every sample was the same few tokens cycled (trained and saved, exit 0).
   MT_CHECK(d.tokens->total_tokens() >= static_cast<uint64_t>(cfg.seq_length) + 1, ErrorKind::kInvalidArgument,
@@ -295,7 +317,6 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   if (fault_active("train.sigterm_in_setup")) std::raise(SIGTERM);  // test seam: a scheduler's signal during the setup
   if (fault_active("train.slow_data")) std::this_thread::sleep_for(std::chrono::seconds(6));  // test seam: a long tokenizing
   DataSource train_data = open_data(cfg, cfg.data_train, "data.train", cfg.shuffle);
-  data::TokenStream& train = *train_data.stream;
   DataSource valid_data;
   data::TokenStream* valid = nullptr;
   if (!cfg.data_valid.empty()) {
@@ -378,7 +399,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     Timer t;
     const uint64_t sent_before = comm_log->sent_bytes();
     engine::StepResult r = eng.train_batch([&](int32_t* tokens, int32_t* targets) {
-      train.batch(next_sample, B, tokens, targets);
+      train_data.batch(next_sample, B, tokens, targets, cfg.model.vocab_size);
       next_sample += static_cast<uint64_t>(B);
     });
     double secs = t.seconds();
@@ -415,7 +436,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
       for (int64_t j = 0; j < (cfg.eval_iters + DW - 1) / DW; ++j) {
         int64_t i = DR + j * DW;
-        valid->batch(static_cast<uint64_t>((i < cfg.eval_iters ? i : 0) * B), B, tokens.data(), targets.data());
+        valid_data.batch(static_cast<uint64_t>((i < cfg.eval_iters ? i : 0) * B), B, tokens.data(), targets.data(), cfg.model.vocab_size);
         float l = eng.evaluate(tokens.data(), targets.data());
         if (i < cfg.eval_iters) val_loss += l;
       }

@@ -180,6 +180,25 @@ TEST(Train, FlopsProfilerWritesItsReportToTheOutputFile) {
 
 namespace {
 
+// A dataset tokenized with another (larger) tokenizer: the token past the model's vocabulary was
+// met in the embedding, and the line named neither the dataset nor the sample.
+TEST(Train, ATokenOutsideTheVocabularyNamesTheDatasetAndPosition) {
+  const std::string prefix = dir() + "/bigvocab";
+  {
+    mt::data::IndexedDatasetWriter w(prefix, 70000);
+    std::vector<int32_t> seq(60, 5);
+    seq[40] = 69999;
+    w.add_sequence(seq);
+    w.end_document();
+    w.finalize();
+  }
+  const std::string cfg = write_config("bigvocab", {{"data", {{"train", prefix}, {"shuffle", false}}}, {"eval_interval", 0}});
+  std::string err;
+  EXPECT_EQ(run("train " + cfg, &err), 2);
+  EXPECT_NE(err.find("data.train: " + prefix + ": token 69999 at stream position 40 (sample "), std::string::npos) << err;
+  EXPECT_NE(err.find("outside the model's vocabulary [0, 97)"), std::string::npos) << err;
+}
+
 TEST(Tokenize, TextToIndexedDatasetAndEncodeDecodeRoundTrip) {
   std::string txt = dir() + "/corpus.txt";
   std::ofstream(txt) << "The cat sat on the mat.\nIt was happy.\n\nThe dog sat on the log.\n\nCats and dogs.\n";
