@@ -272,6 +272,9 @@ void parse_precision(Section& root, RunConfig& c) {
     c.loss_scaler.hysteresis = s.small_integer("hysteresis", 2);
     c.loss_scaler.consecutive_hysteresis = s.boolean("consecutive_hysteresis", false);
     c.loss_scaler.min_scale = s.number("min_loss_scale", 1.0);
+    // DeepSpeed's dynamic_loss_scale_args: None unless one of these is given.
+    for (const char* k : {"initial_scale_power", "loss_scale_window", "min_loss_scale", "hysteresis", "consecutive_hysteresis"})
+      c.fp16_dynamic_args_given = c.fp16_dynamic_args_given || s.has(k);
     s.require_default("auto_cast", false, "auto_cast is not supported");
     if (s.boolean("fp16_master_weights_and_grads", false)) c.master_dtype = DType::kF16;
     MT_CHECK(c.loss_scaler.scale_window > 0 && c.loss_scaler.hysteresis > 0, ErrorKind::kInvalidArgument,
@@ -420,7 +423,8 @@ void parse_optimizer(Section& root, RunConfig& c) {
   if (s.has("params")) {
     Section p = s.sub("params");
     p.refuse_unknown();
-    if (adam && p.boolean("torch_adam", false) && (lower == "adamw" || p.boolean("adam_w_mode", true))) o.weight_decay = 0.01;
+    o.torch_adam = adam && p.boolean("torch_adam", false);
+    if (o.torch_adam && (lower == "adamw" || p.boolean("adam_w_mode", true))) o.weight_decay = 0.01;
     o.lr = p.number_or_auto("lr", 1e-3, kHfLr, "Hugging Face's learning_rate default");
     // The optimizers hold their rates as float: one past its range became inf there.
     MT_CHECK(std::isfinite(o.lr) && o.lr >= 0.0 && o.lr <= std::numeric_limits<float>::max(), ErrorKind::kInvalidArgument,
@@ -538,7 +542,10 @@ void parse_scheduler(Section& root, RunConfig& c) {
         MT_CHECK(!p.has(k), ErrorKind::kInvalidArgument,
                  p.where(k) + ": " + type + " takes no " + k + " (DeepSpeed's " + type + " has no such argument)");
       sc.warmup_min_lr = p.number_or_auto("warmup_min_lr", 0.0, 0.0, "Hugging Face: 0");
-      sc.warmup_max_lr = p.number_or_auto("warmup_max_lr", 1e-3, c.optimizer.lr, "optimizer.params.lr");
+      // WarmupLR's absent warmup_max_lr is the optimizer's lr (DeepSpeed's default None);
+      // WarmupDecayLR's is 0.001 (its own signature's default).
+      const double max_lr_default = sc.type == optim::LrScheduleType::kWarmupLR ? c.optimizer.lr : 1e-3;
+      sc.warmup_max_lr = p.number_or_auto("warmup_max_lr", max_lr_default, c.optimizer.lr, "optimizer.params.lr");
       sc.warmup_num_steps = p.integer_or_auto("warmup_num_steps", 1000, 0, "Hugging Face's warmup_steps default");
       sc.warmup_log = optim::lr_warmup_type_is_log(p.string("warmup_type", "log"), p.where("warmup_type"));
       sc.total_num_steps = p.integer_or_auto("total_num_steps", c.train_iters, c.train_iters, "train_iters");
@@ -1257,6 +1264,18 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   parse_no_weight_decay(root, c);
   parse_scheduler(root, c);
   parse_zero(root, c);
+  // The fp16 scaler DeepSpeed's engine builds (optim/loss_scaler.h): ZeRO's DynamicLossScaler stops
+  // at the minimum scale; at stage 0 FP16_Optimizer (FusedAdam, OneBitAdam, ZeroOneAdam) and
+  // FP16_UnfusedOptimizer (the others, torch_adam's included) hold it there and skip on, the
+  // unfused one without hysteresis and, where the fp16 block gives none of the dynamic keys, with
+  // its own minimum of 0.25.
+  if (c.zero.stage == 0) {
+    const bool fused = ((c.optimizer.type == "Adam" || c.optimizer.type == "AdamW") && !c.optimizer.torch_adam) ||
+                       c.optimizer.type == "OneBitAdam" || c.optimizer.type == "ZeroOneAdam";
+    c.loss_scaler.raise_error_at_min_scale = false;
+    c.loss_scaler.honour_hysteresis = fused;
+    if (!fused && !c.fp16_dynamic_args_given) c.loss_scaler.min_scale = 0.25;
+  }
   MT_CHECK(c.master_dtype == DType::kF32 || c.zero.stage >= 1, ErrorKind::kNotSupported,
            std::string(c.master_dtype == DType::kF16 ? "fp16.fp16_master_weights_and_grads" : "bf16.bf16_master_weights_and_grads") +
                " needs zero_optimization.stage 1, 2 or 3 (as DeepSpeed asserts)");
@@ -1591,17 +1610,23 @@ json model_from_flag(const std::string& m) {
 
 }  // namespace
 
+std::string ConfigSources::deepspeed_file() const { return deepspeed.empty() ? deepspeed_config : deepspeed; }
+
 std::string ConfigSources::name() const {
-  return !config.empty() ? config : !deepspeed.empty() ? deepspeed : std::string("the command line");
+  return !config.empty() ? config : !deepspeed_file().empty() ? deepspeed_file() : std::string("the command line");
 }
 
 json ds_config_compose(const ConfigSources& s) {
   json j = s.config.empty() ? json::object() : json_load_file(s.config);
   MT_CHECK(j.is_object(), ErrorKind::kInvalidArgument, s.config + ": the configuration is not a JSON object");
-  if (!s.deepspeed.empty()) {
-    json ds = json_load_file(s.deepspeed);
-    MT_CHECK(ds.is_object(), ErrorKind::kInvalidArgument, s.deepspeed + ": a DeepSpeed config is a JSON object");
-    merge_deepspeed(j, ds, "", s.config.empty() ? "the run file" : s.config, s.deepspeed);
+  MT_CHECK(s.deepspeed.empty() || s.deepspeed_config.empty() || s.deepspeed == s.deepspeed_config,
+           ErrorKind::kInvalidArgument,
+           "--deepspeed " + s.deepspeed + " and --deepspeed_config " + s.deepspeed_config + " name two files: give one");
+  const std::string ds_file = s.deepspeed_file();
+  if (!ds_file.empty()) {
+    json ds = json_load_file(ds_file);
+    MT_CHECK(ds.is_object(), ErrorKind::kInvalidArgument, ds_file + ": a DeepSpeed config is a JSON object");
+    merge_deepspeed(j, ds, "", s.config.empty() ? "the run file" : s.config, ds_file);
   }
   if (!s.model.empty()) j["model"] = model_from_flag(s.model);
   if (!s.data.empty()) {
@@ -1622,7 +1647,7 @@ RunConfig ds_config_load(const ConfigSources& s, int world_size, bool allow_bare
     return ds_config_parse(ds_config_compose(s), where, world_size, allow_bare);
   } catch (const Error& e) {
     std::string msg = e.what();
-    if (msg.rfind(where, 0) == 0 || (!s.deepspeed.empty() && msg.rfind(s.deepspeed, 0) == 0) || msg.rfind("--", 0) == 0)
+    if (msg.rfind(where, 0) == 0 || (!s.deepspeed_file().empty() && msg.rfind(s.deepspeed_file(), 0) == 0) || msg.rfind("--", 0) == 0)
       throw;
     throw Error(e.kind(), where + ": " + msg);
   }

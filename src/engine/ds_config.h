@@ -106,6 +106,7 @@ struct RunConfig {
   // bf16/f16: rounded to it and summed in it on the wire).
   DType comm_dtype = DType::kF32;
   optim::LossScalerConfig loss_scaler;  // meaningful for fp16
+  bool fp16_dynamic_args_given = false;  // the fp16 block gives a dynamic key (DeepSpeed's dynamic_loss_scale_args)
   optim::OptimizerSpec optimizer;
   // Parameters without weight decay: substrings of HF parameter names, or "hf" for Hugging Face
   // Trainer's rule (biases and LayerNorm/RMSNorm weights). Empty: every parameter decays, as in
@@ -201,8 +202,11 @@ struct RunConfig {
 // --model/--data/--tokenizer flags and --set overrides. Precedence in docs/CONFIG.md.
 struct ConfigSources {
   std::string config, deepspeed, model, data, tokenizer;
+  std::string deepspeed_config;  // DeepSpeed's --deepspeed_config: the same file as --deepspeed's
+  int local_rank = -1;           // DeepSpeed's launcher's --local_rank: read and unused
   std::vector<std::string> sets;
   std::string name() const;  // how messages name the source
+  std::string deepspeed_file() const;  // --deepspeed's file, or --deepspeed_config's
 };
 
 // Parses and validates. world_size: the job's processes (dp = world_size / parallel.tp).

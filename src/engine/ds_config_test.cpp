@@ -184,6 +184,42 @@ TEST(DsConfig, ACurriculumsLengthsMustSplitOverTheSequenceParallelGroup) {
   EXPECT_EQ(error_of(j, 2), "");
 }
 
+// The fp16 scaler of the wrapper DeepSpeed's engine builds, and WarmupLR's default peak (a review
+// against DeepSpeed's source, stop 57): at ZeRO 0 the minimum scale is held and skipped on (it
+// ended the run), the unfused wrapper (Lamb, torch's Adam) has no hysteresis and, without any
+// dynamic key, a minimum of 0.25; WarmupLR without warmup_max_lr peaks at the optimizer's lr (it
+// took 0.001).
+TEST(DsConfig, TheFp16ScalerAndWarmupLrFollowTheWrapperDeepSpeedBuilds) {
+  auto scaler = [](const nlohmann::json& optimizer, int stage, const nlohmann::json& fp16) {
+    nlohmann::json j = with("fp16", fp16);
+    j["optimizer"] = optimizer;
+    j["zero_optimization"] = {{"stage", stage}};
+    return ds_config_parse(j, "cfg.json").loss_scaler;
+  };
+  const nlohmann::json adamw = {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}};
+  const nlohmann::json torch_adamw = {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"torch_adam", true}}}};
+  const nlohmann::json lamb = {{"type", "Lamb"}, {"params", {{"lr", 1e-4}}}};
+  const nlohmann::json on = {{"enabled", true}}, keyed = {{"enabled", true}, {"hysteresis", 2}};
+  optim::LossScalerConfig z1 = scaler(adamw, 1, on), fused = scaler(adamw, 0, on);
+  EXPECT_TRUE(z1.raise_error_at_min_scale);
+  EXPECT_TRUE(z1.honour_hysteresis);
+  EXPECT_FALSE(fused.raise_error_at_min_scale);
+  EXPECT_TRUE(fused.honour_hysteresis);
+  EXPECT_EQ(fused.min_scale, 1.0);
+  for (const nlohmann::json& o : {torch_adamw, lamb}) {
+    optim::LossScalerConfig u = scaler(o, 0, on);
+    EXPECT_FALSE(u.raise_error_at_min_scale) << o;
+    EXPECT_FALSE(u.honour_hysteresis) << o;
+    EXPECT_EQ(u.min_scale, 0.25) << o;
+    EXPECT_EQ(scaler(o, 0, keyed).min_scale, 1.0) << o;  // a dynamic key given: DeepSpeed's args, min 1
+  }
+  nlohmann::json warm = with("scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 3}}}});
+  warm["optimizer"] = adamw;
+  EXPECT_DOUBLE_EQ(ds_config_parse(warm, "cfg.json").scheduler.warmup_max_lr, 1e-4);
+  warm["scheduler"]["type"] = "WarmupDecayLR";
+  EXPECT_DOUBLE_EQ(ds_config_parse(warm, "cfg.json").scheduler.warmup_max_lr, 1e-3);
+}
+
 TEST(DsConfig, BatchRuleAnyTwoGiveTheThird) {
   auto j = base();
   RunConfig c = ds_config_parse(j, "cfg.json");

@@ -17,7 +17,7 @@ void LossScaler::update(bool overflow) {
   if (!config_.dynamic) return;
   LossScalerState& s = state_;
   if (overflow) {
-    if (config_.hysteresis == 1 || s.hysteresis_left == 1) {
+    if (config_.hysteresis == 1 || s.hysteresis_left == 1 || !config_.honour_hysteresis) {
       if (s.scale == config_.min_scale && config_.raise_error_at_min_scale) {
         throw Error(ErrorKind::kNumerical,
                     "fp16 loss scale already at its minimum (" + std::to_string(config_.min_scale) +
@@ -30,8 +30,9 @@ void LossScaler::update(bool overflow) {
     s.last_overflow_iter = s.iter;
   } else {
     if (config_.consecutive_hysteresis) s.hysteresis_left = config_.hysteresis;
-    if ((s.iter - s.last_overflow_iter) % config_.scale_window == 0) {
-      if (!config_.consecutive_hysteresis) s.hysteresis_left = config_.hysteresis;
+    const int64_t stable = s.iter - s.last_overflow_iter - 1;
+    if (stable > 0 && stable % config_.scale_window == 0) {
+      s.hysteresis_left = config_.hysteresis;
       s.scale *= 2.0;
     }
   }

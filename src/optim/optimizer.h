@@ -141,6 +141,7 @@ struct OptimizerSpec {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   bool adam_w_mode = true;      // Adam: true (DeepSpeed's default) is AdamW; false is refused
   bool bias_correction = true;  // Adam, AdamW, Lamb
+  bool torch_adam = false;      // Adam, AdamW: torch.optim's, not DeepSpeed's FusedAdam (its fp16 wrapper differs)
   // Lamb (DeepSpeed FusedLamb)
   bool eps_inside_sqrt = false;
   double max_grad_norm = 0.0;

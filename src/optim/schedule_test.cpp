@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "base/error.h"
 #include "optim/loss_scaler.h"
@@ -12,7 +13,7 @@ namespace mt::optim {
 namespace {
 
 TEST(LossScaler, FollowsDeepSpeedOnAScriptedSequence) {
-  LossScalerConfig c;
+  LossScalerConfig c;  // ZeRO's DynamicLossScaler
   c.initial_scale_power = 4;  // 16
   c.scale_window = 3;
   c.hysteresis = 2;
@@ -24,18 +25,46 @@ TEST(LossScaler, FollowsDeepSpeedOnAScriptedSequence) {
   EXPECT_EQ(s.state().hysteresis_left, 1);
   s.update(true);   // iter 1: hysteresis 1 -> halve
   EXPECT_EQ(s.scale(), 8);
-  s.update(false);  // iter 2: 2-1 = 1, 1 % 3 != 0
-  s.update(false);  // iter 3: 2
-  EXPECT_EQ(s.scale(), 8);
-  s.update(false);  // iter 4: 3 % 3 == 0 -> hysteresis reset to 2, scale 16
+  s.update(false);  // iter 2: stable interval 2-1-1 = 0
+  s.update(false);  // iter 3: 1
+  s.update(false);  // iter 4: 2
+  EXPECT_EQ(s.scale(), 8);  // the old rule, (iter - last) % window, raised here
+  s.update(false);  // iter 5: 3 % 3 == 0 -> hysteresis reset to 2, scale 16
   EXPECT_EQ(s.scale(), 16);
   EXPECT_EQ(s.state().hysteresis_left, 2);
-  s.update(true);   // iter 5: hysteresis 2 -> 1
-  s.update(true);   // iter 6: halve to 8
-  s.update(true);   // iter 7: hysteresis still 1 (not reset without a window) -> 4
-  s.update(true);   // iter 8: -> 2 (min)
+  s.update(true);   // iter 6: hysteresis 2 -> 1
+  s.update(true);   // iter 7: halve to 8
+  s.update(true);   // iter 8: hysteresis still 1 (not reset without a window) -> 4
+  s.update(true);   // iter 9: -> 2 (min)
   EXPECT_EQ(s.scale(), 2);
-  EXPECT_THROW(s.update(true), Error);  // at min_scale: DeepSpeed raises
+  EXPECT_THROW(s.update(true), Error);  // at min_scale: DeepSpeed's ZeRO scaler raises
+  // Without overflows the first raise comes after window + 1 good steps, then every window:
+  // DeepSpeed's stable interval, (iter - last_overflow_iter) - 1 with last_overflow_iter -1.
+  LossScaler fresh(c);
+  std::vector<double> scales;
+  for (int i = 0; i < 8; ++i) {
+    fresh.update(false);
+    scales.push_back(fresh.scale());
+  }
+  EXPECT_EQ(scales, (std::vector<double>{16, 16, 16, 32, 32, 32, 64, 64}));
+}
+
+// ZeRO stage 0: FP16_Optimizer (FusedAdam, OneBitAdam, ZeroOneAdam) holds the minimum scale and
+// skips on; FP16_UnfusedOptimizer (Lamb, torch's Adam, SGD) also ignores hysteresis.
+TEST(LossScaler, StageZerosWrappersHoldTheMinimumAndTheUnfusedOneHasNoHysteresis) {
+  LossScalerConfig c;
+  c.initial_scale_power = 3;  // 8
+  c.scale_window = 100;
+  c.hysteresis = 2;
+  c.min_scale = 2;
+  c.raise_error_at_min_scale = false;
+  LossScaler fused(c);
+  for (int i = 0; i < 6; ++i) fused.update(true);  // 8, 8 (hysteresis), 4, 2, 2, 2: no error
+  EXPECT_EQ(fused.scale(), 2);
+  c.honour_hysteresis = false;
+  LossScaler unfused(c);
+  unfused.update(true);  // halved at the first overflow
+  EXPECT_EQ(unfused.scale(), 4);
 }
 
 TEST(LossScaler, ConsecutiveHysteresisResetsOnEveryGoodStep) {
