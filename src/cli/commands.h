@@ -28,6 +28,10 @@ void register_loadtest(CLI::App& app);
 void register_predict(CLI::App& app);
 void register_plot(CLI::App& app);
 void register_launch(CLI::App& app);
+// The command line with "--" put before launch's subcommand when it has none, so that options
+// after the subcommand are the subcommand's (DeepSpeed's launcher gives the script everything after
+// it; CLI11 took `launch train x --num_gpus 2`'s --num_gpus as launch's). Other commands: as given.
+std::vector<std::string> launch_separate_args(const std::vector<std::string>& args);
 void register_estimate(CLI::App& app);
 void register_calibrate(CLI::App& app);
 void register_plan(CLI::App& app);

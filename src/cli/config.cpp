@@ -21,7 +21,7 @@ void register_config(CLI::App& app) {
   check->add_option("FILE", src->config, "configuration JSON (a run file, or a bare DeepSpeed ds_config.json)");
   add_config_source_options(check, *src);
   check->callback([src] {
-    MT_CHECK(!src->config.empty() || !src->deepspeed.empty(), ErrorKind::kInvalidArgument,
+    MT_CHECK(!src->config.empty() || !src->deepspeed_file().empty(), ErrorKind::kInvalidArgument,
              "config check: give a configuration FILE or --deepspeed FILE");
     engine::RunConfig c = engine::ds_config_load(*src, 1, /*allow_bare=*/true);
     engine::ds_config_check_paths(c);
@@ -38,8 +38,16 @@ void register_config(CLI::App& app) {
 }
 
 void add_config_source_options(CLI::App* cmd, engine::ConfigSources& src) {
+  // Hugging Face's form is `--deepspeed FILE`; DeepSpeed's own is the switch `--deepspeed` with
+  // `--deepspeed_config FILE` (and its deprecated `--deepscale`/`--deepscale_config`): both read.
+  // The bare switch took the next word, `--deepspeed_config`, as its file.
   cmd->add_option("--deepspeed", src.deepspeed,
-                  "a DeepSpeed ds_config.json, used as it is: merged with CONFIG (a key in both must agree)");
+                  "a DeepSpeed ds_config.json, used as it is: merged with CONFIG (a key in both must agree); "
+                  "bare, DeepSpeed's switch (give the file with --deepspeed_config)")
+      ->expected(0, 1);
+  cmd->add_option("--deepspeed_config,--deepscale_config", src.deepspeed_config, "DeepSpeed's name for --deepspeed FILE");
+  cmd->add_flag("--deepscale")->description("DeepSpeed's deprecated switch: no effect");
+  cmd->add_option("--local_rank", src.local_rank, "DeepSpeed's launcher passes it; the ranks are MPI's: no effect");
   cmd->add_option("--model", src.model, "the model: a Hugging Face directory (config.json, weights) or a config.json");
   cmd->add_option("--data", src.data, "training data (data.train): an indexed-dataset prefix or a .txt/.jsonl file");
   cmd->add_option("--tokenizer", src.tokenizer, "tokenizer.json for text data (data.tokenizer)");

@@ -56,14 +56,16 @@ std::vector<HostSlots> hostfile_parse(const std::string& text, const std::string
     std::vector<std::string> w;
     for (std::string t; words >> t;) w.push_back(t);
     if (w.empty()) continue;
-    MT_CHECK(w.size() == 2 && w[1].rfind("slots=", 0) == 0, ErrorKind::kInvalidArgument,
+    MT_CHECK(w.size() >= 2 && w[1].rfind("slots=", 0) == 0, ErrorKind::kInvalidArgument,
              at + "expected `hostname slots=N`, got `" + line + "`");
+    MT_CHECK(w[0].find_first_of(",:") == std::string::npos, ErrorKind::kInvalidArgument,
+             at + "host name `" + w[0] + "` holds ',' or ':', which separate hosts and slots for mpirun");
     int slots = parse_count(w[1].substr(6));
     MT_CHECK(slots > 0, ErrorKind::kInvalidArgument, at + w[1] + ": slots must be a positive integer");
     auto [it, fresh] = seen.emplace(w[0], lineno);
     MT_CHECK(fresh, ErrorKind::kInvalidArgument,
              at + "host " + w[0] + " is already listed on line " + std::to_string(it->second));
-    hosts.push_back({w[0], slots});
+    hosts.push_back({w[0], slots, {}});
   }
   return hosts;
 }
@@ -102,7 +104,13 @@ std::vector<HostSlots> hostfile_filter(const std::vector<HostSlots>& hosts, cons
       n = it == sel.end() ? 0 : it->second.empty() ? h.slots : static_cast<int>(it->second.size());
     else
       n = it == sel.end() ? h.slots : it->second.empty() ? 0 : h.slots - static_cast<int>(it->second.size());
-    if (n > 0) out.push_back({h.host, n});
+    if (n <= 0) continue;
+    HostSlots kept{h.host, n, {}};
+    if (it != sel.end() && !it->second.empty()) {  // slot indices chosen: the ones kept, in order
+      for (int i = 0; i < h.slots; ++i)
+        if ((it->second.count(i) > 0) == inc) kept.ids.push_back(i);
+    }
+    out.push_back(kept);
   }
   return out;
 }

@@ -11,15 +11,20 @@ namespace mt::cli {
 struct HostSlots {
   std::string host;
   int slots = 0;
+  // The slot (device) indices --include/--exclude kept, in order; empty: the first `slots`.
+  std::vector<int> ids;
 };
 
 // Parses a hostfile's text; `where` names it in errors ("hosts.txt" -> "hosts.txt:3: ...").
-// Rejects lines that are not `host slots=N`, N that is not a positive integer, and repeated hosts.
+// Rejects lines that do not begin `host slots=N`, N that is not a positive integer, host names
+// with ',' or ':' (mpirun's --host separators), and repeated hosts. Words after `slots=N`
+// (OpenMPI's `max_slots=M`) are ignored, as DeepSpeed's parser ignores them.
 std::vector<HostSlots> hostfile_parse(const std::string& text, const std::string& where);
 
 // Applies DeepSpeed's --include / --exclude (at most one non-empty): `host1@host2` keeps (drops)
-// whole hosts, `host1:0,1@host2` keeps (drops) those slot indices of host1. For CPU ranks a slot
-// is just a count, so only how many slots remain matters. Hosts left with no slots are removed.
+// whole hosts, `host1:0,1@host2` keeps (drops) those slot indices of host1; the indices kept are
+// in `ids` (a GPU run's devices: launch exports them as CUDA_VISIBLE_DEVICES, as DeepSpeed does).
+// Hosts left with no slots are removed.
 std::vector<HostSlots> hostfile_filter(const std::vector<HostSlots>& hosts, const std::string& include,
                                        const std::string& exclude);
 

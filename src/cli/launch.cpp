@@ -35,29 +35,70 @@ namespace {
 
 struct LaunchArgs {
   int n = -1;  // -1 (not given): every slot
-  std::string hostfile, include, exclude, master_addr;
-  int num_procs = 0, num_nodes = 0, master_port = 0;
+  std::string hostfile, include, exclude, master_addr, launcher = "openmpi";
+  int num_procs = 0, num_nodes = 0, master_port = 0, ssh_port = 0;
   bool n_given = false, procs_given = false, nodes_given = false;  // -n -1 ran every slot; 0 nodes, the default
+  bool master_addr_given = false, master_port_given = false, ssh_port_given = false;
   std::vector<std::string> rest;
 };
 
-std::string read_text(const std::string& path) {
-  // A FIFO hung the launcher waiting for a writer and /dev/zero read until memory ran out: a
-  // hostfile is a regular file of at most 1 MiB (a line a host).
+// The launcher's own options (DeepSpeed's names and short forms): those that take a value, and
+// the switches. `launch_separate_args` stops at the first word that is none of them.
+const char* const kValueOptions[] = {"-n", "--hostfile", "-H", "--num_gpus", "--num_procs", "--num_accelerators",
+                                     "--num_nodes", "--include", "-i", "--exclude", "-e", "--master_addr",
+                                     "--master_port", "--launcher", "--ssh_port"};
+const char* const kSwitches[] = {"-h", "--help", "--no_ssh_check", "--force_multi", "--no_local_rank"};
+
+// A launcher's input file (the hostfile, .deepspeed_env). A FIFO hung the launcher waiting for a
+// writer and /dev/zero read until memory ran out: it is a regular file of at most 1 MiB.
+std::string read_text(const std::string& path, const std::string& what = "hostfile") {
   struct stat st {};
-  MT_CHECK(::stat(path.c_str(), &st) == 0, ErrorKind::kNotFound, path + ": cannot open the hostfile: " + std::strerror(errno));
-  MT_CHECK(S_ISREG(st.st_mode), ErrorKind::kInvalidArgument, path + ": the hostfile is not a regular file");
-  MT_CHECK(st.st_size <= (1 << 20), ErrorKind::kInvalidArgument, path + ": the hostfile is over 1 MiB");
+  MT_CHECK(::stat(path.c_str(), &st) == 0, ErrorKind::kNotFound, path + ": cannot open the " + what + ": " + std::strerror(errno));
+  MT_CHECK(S_ISREG(st.st_mode), ErrorKind::kInvalidArgument, path + ": the " + what + " is not a regular file");
+  MT_CHECK(st.st_size <= (1 << 20), ErrorKind::kInvalidArgument, path + ": the " + what + " is over 1 MiB");
   std::FILE* f = std::fopen(path.c_str(), "rb");
-  MT_CHECK(f, ErrorKind::kNotFound, path + ": cannot open the hostfile: " + std::strerror(errno));
+  MT_CHECK(f, ErrorKind::kNotFound, path + ": cannot open the " + what + ": " + std::strerror(errno));
   std::string text;
   char buf[4096];
   for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, got);
   const bool failed = std::ferror(f) != 0;
   std::fclose(f);
-  MT_CHECK(!failed, ErrorKind::kIOError, path + ": cannot read the hostfile");
+  MT_CHECK(!failed, ErrorKind::kIOError, path + ": cannot read the " + what);
   return text;
 }
+
+// DeepSpeed's DS_ENV_FILE (.deepspeed_env, in the home directory and then the working directory):
+// KEY=VAL lines exported to every rank. Blank lines and '#' comments are skipped; any other line
+// without '=' is refused naming it.
+std::vector<std::string> deepspeed_env_exports() {
+  const char* name = std::getenv("DS_ENV_FILE");
+  const std::string file = name && *name ? name : ".deepspeed_env";
+  std::vector<std::string> dirs;
+  if (const char* home = std::getenv("HOME"); home && *home) dirs.push_back(home);
+  dirs.push_back(".");
+  std::vector<std::string> out;
+  for (const std::string& dir : dirs) {
+    const std::string path = std::filesystem::path(file).is_absolute() ? file : dir + "/" + file;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) continue;
+    const std::string text = read_text(path, "environment file");
+    size_t pos = 0;
+    for (int lineno = 1; pos < text.size(); ++lineno) {
+      size_t nl = text.find('\n', pos);
+      std::string line = text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+      pos = nl == std::string::npos ? text.size() : nl + 1;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.find_first_not_of(" \t") == std::string::npos || line[line.find_first_not_of(" \t")] == '#') continue;
+      const size_t eq = line.find('=');
+      MT_CHECK(eq != std::string::npos && eq > 0, ErrorKind::kInvalidArgument,
+               path + ":" + std::to_string(lineno) + ": expected KEY=VALUE, got `" + line + "`");
+      out.push_back(line);
+    }
+    if (std::filesystem::path(file).is_absolute()) break;
+  }
+  return out;
+}
+
 
 // SIGTERM / SIGINT / SIGHUP to the launcher stop the ranks after their step and its save: mpirun
 // gets SIGUSR1 (SIGUSR2 for SIGINT), which it passes to every rank and lets the job run on, and
@@ -186,8 +227,21 @@ int run_process(const std::vector<std::string>& argv) {
   return rc;
 }
 
-int run_launch(const LaunchArgs& a) {
+int run_launch(LaunchArgs a) {
   MT_CHECK(!a.rest.empty(), ErrorKind::kInvalidArgument, "launch: nothing to run: expected `-- SUBCOMMAND ARGS...`");
+  // DeepSpeed's runner refuses these together: --include/--exclude choose the slots themselves.
+  MT_CHECK((a.include.empty() && a.exclude.empty()) || (!a.procs_given && !a.nodes_given), ErrorKind::kInvalidArgument,
+           "launch: --num_gpus/--num_nodes cannot be given with --include/--exclude (as DeepSpeed's launcher refuses)");
+  MT_CHECK(a.launcher == "openmpi", ErrorKind::kNotSupported,
+           "launch: --launcher " + a.launcher + " is not supported (\"openmpi\": meshtrain's ranks are MPI processes)");
+  MT_CHECK(!a.master_port_given || (a.master_port >= 1 && a.master_port <= 65535), ErrorKind::kInvalidArgument,
+           "launch: --master_port must be a port in 1..65535 (got " + std::to_string(a.master_port) + ")");
+  MT_CHECK(!a.master_addr_given || (!a.master_addr.empty() && a.master_addr[0] != '-'), ErrorKind::kInvalidArgument,
+           "launch: --master_addr needs a host name or address (got `" + a.master_addr + "`)");
+  MT_CHECK(!a.ssh_port_given || (a.ssh_port >= 1 && a.ssh_port <= 65535), ErrorKind::kInvalidArgument,
+           "launch: --ssh_port must be a port in 1..65535 (got " + std::to_string(a.ssh_port) + ")");
+  // DeepSpeed's default hostfile (DLTS_HOSTFILE), read when none is given and it exists.
+  if (a.hostfile.empty() && std::filesystem::is_regular_file("/job/hostfile")) a.hostfile = "/job/hostfile";
   MT_CHECK(!a.n_given || a.n >= 1, ErrorKind::kInvalidArgument,
            "launch: -n must be at least 1 (got " + std::to_string(a.n) + "); leave it out to use every slot");
   MT_CHECK((!a.procs_given || a.num_procs >= 1) && (!a.nodes_given || a.num_nodes >= 1), ErrorKind::kInvalidArgument,
@@ -197,7 +251,7 @@ int run_launch(const LaunchArgs& a) {
     hosts = hostfile_parse(read_text(a.hostfile), a.hostfile);
     MT_CHECK(!hosts.empty(), ErrorKind::kInvalidArgument, a.hostfile + ": no hosts");
   } else {
-    hosts = {{"localhost", a.num_procs > 0 ? a.num_procs : a.n > 0 ? a.n : 1}};
+    hosts = {{"localhost", a.num_procs > 0 ? a.num_procs : a.n > 0 ? a.n : 1, {}}};
   }
   hosts = hostfile_filter(hosts, a.include, a.exclude);
   MT_CHECK(!hosts.empty(), ErrorKind::kInvalidArgument, "launch: --include/--exclude left no slots");
@@ -227,6 +281,10 @@ int run_launch(const LaunchArgs& a) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::string host_list;
   int left = n, busiest = 0;
+  // Slot indices an --include/--exclude chose are devices, as DeepSpeed's launcher gives them to
+  // its ranks (CUDA_VISIBLE_DEVICES): one list for every host used, since mpirun exports one value.
+  std::string devices;
+  bool devices_differ = false;
   for (const auto& h : hosts) {
     if (left == 0) break;
     int r = std::min(left, h.slots);
@@ -234,7 +292,16 @@ int run_launch(const LaunchArgs& a) {
     busiest = std::max(busiest, r);
     if (!host_list.empty()) host_list += ',';
     host_list += h.host + ":" + std::to_string(h.slots);
+    std::string mine;
+    for (int i = 0; i < h.slots; ++i)
+      mine += (i ? "," : "") + std::to_string(h.ids.empty() ? i : h.ids[static_cast<size_t>(i)]);
+    if (devices.empty()) devices = mine;
+    else devices_differ = devices_differ || devices != mine;
   }
+  const bool any_ids = std::any_of(hosts.begin(), hosts.end(), [](const HostSlots& h) { return !h.ids.empty(); });
+  MT_CHECK(!any_ids || !devices_differ, ErrorKind::kNotSupported,
+           "launch: --include/--exclude keep other slot indices on different hosts; the ranks of every host take "
+           "one CUDA_VISIBLE_DEVICES list, so keep the same slots on each");
   // A user's OMP_NUM_THREADS wins (as under torchrun): hosts that share cores (scripts/netns-hosts.sh)
   // or have fewer than this one.
   std::string omp_threads = std::to_string(threads_per_rank(busiest));
@@ -259,12 +326,23 @@ int run_launch(const LaunchArgs& a) {
   // torch.distributed needs these; MPI does not, but the ranks get them as DeepSpeed's would.
   if (!a.master_addr.empty()) cmd.insert(cmd.end(), {"-x", "MASTER_ADDR=" + a.master_addr});
   if (a.master_port > 0) cmd.insert(cmd.end(), {"-x", "MASTER_PORT=" + std::to_string(a.master_port)});
-  // Every rank must take the same reduce-scatter path (comm/mpi_backend.h), on every host.
-  if (const char* rs = std::getenv("MT_REDUCE_SCATTER"); rs && *rs)
-    cmd.insert(cmd.end(), {"-x", std::string("MT_REDUCE_SCATTER=") + rs});
-  // The fault seams (base/fault.h) reach the ranks on other hosts too, as they reach local ones.
-  for (const char* seam : {"MT_FAULT", "MT_FAULT_MODE"})
-    if (const char* v = std::getenv(seam); v && *v) cmd.insert(cmd.end(), {"-x", std::string(seam) + "=" + v});
+  if (any_ids) cmd.insert(cmd.end(), {"-x", "CUDA_VISIBLE_DEVICES=" + devices});
+  if (a.ssh_port_given) cmd.insert(cmd.end(), {"--mca", "plm_rsh_args", "-p " + std::to_string(a.ssh_port)});
+  // Local ranks inherit this environment; ranks on other hosts get what -x names. As DeepSpeed's
+  // OpenMPI runner: PATH and LD_LIBRARY_PATH, and the variables of the libraries under the ranks
+  // (NCCL_*, UCX_*), and meshtrain's own (MT_*: the reduce-scatter path every rank must share,
+  // MT_MALLOC_REEXEC, the fault seams of base/fault.h), then the .deepspeed_env file's.
+  for (const char* v : {"PATH", "LD_LIBRARY_PATH"})
+    if (const char* val = std::getenv(v); val && *val) cmd.insert(cmd.end(), {"-x", v});
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const std::string key = kv.substr(0, kv.find('='));
+    const bool ours = key == "MT_LAUNCHED" || key == "MT_STDOUT_TTY";  // set above
+    if (!ours && (key.rfind("MT_", 0) == 0 || key.rfind("NCCL_", 0) == 0 || key.rfind("UCX_", 0) == 0) &&
+        kv.size() > key.size() + 1)
+      cmd.insert(cmd.end(), {"-x", kv});
+  }
+  for (const std::string& kv : deepspeed_env_exports()) cmd.insert(cmd.end(), {"-x", kv});
   cmd.push_back(self_exe());
   cmd.insert(cmd.end(), a.rest.begin(), a.rest.end());
 
@@ -287,22 +365,52 @@ std::string self_exe() {
   return p.string();
 }
 
+std::vector<std::string> launch_separate_args(const std::vector<std::string>& args) {
+  std::vector<std::string> out(args);
+  if (out.size() < 2 || out[1] != "launch") return out;
+  auto in = [](const std::string& w, auto& list) {
+    return std::any_of(std::begin(list), std::end(list), [&](const char* o) { return w == o; });
+  };
+  for (size_t i = 2; i < out.size(); ++i) {
+    const std::string& w = out[i];
+    if (w == "--") return out;  // already separated
+    const std::string name = w.substr(0, w.find('='));
+    if (in(name, kValueOptions)) {
+      if (name == w) ++i;  // its value is the next word
+      continue;
+    }
+    if (in(w, kSwitches)) continue;
+    if (w.size() > 1 && w[0] == '-') return out;  // an option launch lacks: CLI11 names it
+    out.insert(out.begin() + static_cast<std::ptrdiff_t>(i), "--");  // the subcommand: the rest is its
+    return out;
+  }
+  return out;
+}
+
 void register_launch(CLI::App& app) {
   auto a = std::make_shared<LaunchArgs>();
   auto* cmd = app.add_subcommand("launch", "Run a subcommand on many processes through mpirun (-- SUBCOMMAND ARGS...)");
-  auto* n = cmd->add_option("-n", a->n, "total ranks (default: every available slot)");
-  cmd->add_option("--hostfile", a->hostfile, "DeepSpeed hostfile: `hostname slots=N` lines (default: localhost)");
-  auto* procs = cmd->add_option("--num_gpus,--num_procs", a->num_procs, "processes per node (DeepSpeed's --num_gpus)");
+  auto* n = cmd->add_option("-n", a->n, "total ranks (default: every slot of the hostfile; without one, 1)");
+  cmd->add_option("--hostfile,-H", a->hostfile,
+                  "DeepSpeed hostfile: `hostname slots=N` lines (default: /job/hostfile where it exists, else localhost)");
+  auto* procs = cmd->add_option("--num_gpus,--num_procs,--num_accelerators", a->num_procs,
+                                "processes per node (DeepSpeed's --num_gpus)");
   auto* nodes = cmd->add_option("--num_nodes", a->num_nodes, "use the first N hosts");
-  cmd->add_option("--include", a->include, "hosts/slots to use: host1@host2:0,1");
-  cmd->add_option("--exclude", a->exclude, "hosts/slots to leave out: host1@host2:0,1");
-  cmd->add_option("--master_addr", a->master_addr, "passed to the ranks as MASTER_ADDR (MPI does not need it)");
-  cmd->add_option("--master_port", a->master_port, "passed to the ranks as MASTER_PORT (MPI does not need it)");
-  cmd->add_option("ARGS", a->rest, "the subcommand and its arguments, after --");
-  cmd->callback([a, n, procs, nodes] {
+  cmd->add_option("--include,-i", a->include, "hosts/slots to use: host1@host2:0,1 (slots: the ranks' devices)");
+  cmd->add_option("--exclude,-e", a->exclude, "hosts/slots to leave out: host1@host2:0,1");
+  auto* addr = cmd->add_option("--master_addr", a->master_addr, "passed to the ranks as MASTER_ADDR (MPI does not need it)");
+  auto* port = cmd->add_option("--master_port", a->master_port, "passed to the ranks as MASTER_PORT (MPI does not need it)");
+  cmd->add_option("--launcher", a->launcher, "DeepSpeed's launcher choice: openmpi only");
+  auto* ssh = cmd->add_option("--ssh_port", a->ssh_port, "ssh port of the other hosts");
+  cmd->add_flag("--no_ssh_check,--force_multi,--no_local_rank")->description("accepted for DeepSpeed's command lines; no effect here");
+  cmd->add_option("ARGS", a->rest, "the subcommand and its arguments (launch's own options before it)");
+  cmd->callback([a, n, procs, nodes, addr, port, ssh] {
     a->n_given = n->count() > 0;
     a->procs_given = procs->count() > 0;
     a->nodes_given = nodes->count() > 0;
+    a->master_addr_given = addr->count() > 0;
+    a->master_port_given = port->count() > 0;
+    a->ssh_port_given = ssh->count() > 0;
     int rc = run_launch(*a);
     std::fflush(nullptr);
     if (rc != 0) std::exit(rc);

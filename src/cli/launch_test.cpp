@@ -73,7 +73,12 @@ TEST(Hostfile, ParsesHostsCommentsAndBlankLines) {
 TEST(Hostfile, RejectsBadLinesNamingFileAndLine) {
   EXPECT_NE(parse_error("a slots=1\nworker-1 4\n").find("hosts.txt:2:"), std::string::npos);
   EXPECT_NE(parse_error("worker-1\n").find("hosts.txt:1:"), std::string::npos);
-  EXPECT_NE(parse_error("worker-1 slots=2 extra\n").find("hosts.txt:1:"), std::string::npos);
+  // Words after slots=N are ignored, as DeepSpeed's `^(\S+)\s+slots=(\d+)` ignores them (OpenMPI's
+  // max_slots=M was refused); a name with mpirun's separators is refused (it ran elsewhere).
+  EXPECT_EQ(parse_error("worker-1 slots=2 max_slots=4\n"), "");
+  EXPECT_EQ(hostfile_parse("worker-1 slots=2 max_slots=4\n", "h")[0].slots, 2);
+  EXPECT_NE(parse_error("a,b slots=1\n").find("hosts.txt:1: host name `a,b` holds ',' or ':'"), std::string::npos);
+  EXPECT_NE(parse_error("a:3 slots=1\n").find("hosts.txt:1:"), std::string::npos);
   EXPECT_NE(parse_error("worker-1 slots=0\n").find("hosts.txt:1: slots=0"), std::string::npos);
   EXPECT_NE(parse_error("worker-1 slots=-2\n").find("hosts.txt:1:"), std::string::npos);
   EXPECT_NE(parse_error("worker-1 slots=x\n").find("hosts.txt:1:"), std::string::npos);
@@ -84,7 +89,7 @@ TEST(Hostfile, RejectsBadLinesNamingFileAndLine) {
 }
 
 TEST(Hostfile, IncludeAndExclude) {
-  std::vector<HostSlots> hosts = {{"a", 4}, {"b", 2}, {"c", 8}};
+  std::vector<HostSlots> hosts = {{"a", 4, {}}, {"b", 2, {}}, {"c", 8, {}}};
   auto slots = [](const std::vector<HostSlots>& v) {
     std::string s;
     for (const auto& h : v) s += h.host + ":" + std::to_string(h.slots) + " ";
@@ -93,6 +98,10 @@ TEST(Hostfile, IncludeAndExclude) {
   EXPECT_EQ(slots(hostfile_filter(hosts, "", "")), "a:4 b:2 c:8 ");
   EXPECT_EQ(slots(hostfile_filter(hosts, "c@a", "")), "a:4 c:8 ");
   EXPECT_EQ(slots(hostfile_filter(hosts, "a:0,2@b", "")), "a:2 b:2 ");
+  // The slot indices kept are the ranks' devices (DeepSpeed's CUDA_VISIBLE_DEVICES).
+  EXPECT_EQ(hostfile_filter(hosts, "a:2,0@b", "")[0].ids, (std::vector<int>{0, 2}));
+  EXPECT_TRUE(hostfile_filter(hosts, "a:2,0@b", "")[1].ids.empty());
+  EXPECT_EQ(hostfile_filter(hosts, "", "a:1")[0].ids, (std::vector<int>{0, 2, 3}));
   EXPECT_EQ(slots(hostfile_filter(hosts, "", "b")), "a:4 c:8 ");
   EXPECT_EQ(slots(hostfile_filter(hosts, "", "a:1@c:0,1,7")), "a:3 b:2 c:5 ");
   EXPECT_EQ(slots(hostfile_filter(hosts, "", "b:0,1")), "a:4 c:8 ");
@@ -185,4 +194,67 @@ TEST(Launch, MoreRanksThanSlotsNamesTheCounts) {
   EXPECT_NE(err.find("-n 3 ranks but only 2 slots"), std::string::npos) << err;
   EXPECT_EQ(run("launch -n 1 -- ", nullptr, &err), 2);  // nothing to run
   EXPECT_NE(err.find("nothing to run"), std::string::npos) << err;
+}
+
+// DeepSpeed's launcher's command lines (a review against deepspeed/launcher/runner.py): options
+// after the subcommand are the subcommand's (launch took --num_gpus there: -np 2); --include with
+// --num_gpus refused (it overrode the slots); a slot subset becomes CUDA_VISIBLE_DEVICES; the
+// .deepspeed_env file reaches the ranks; -H/-i/-e and DeepSpeed's no-op switches are read; a port
+// outside 1..65535 is refused (0 and -5 were dropped, 99999 exported).
+TEST(Launch, DeepSpeedsLauncherCommandLines) {
+  const std::string cfg = write("ds-cli.json", R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,)"
+                                               R"( "n_embd": 48, "n_layer": 2, "n_head": 4}, "train_micro_batch_size_per_gpu": 1})");
+  const std::string two = write("two.txt", "localhost slots=2\n");
+  std::string out, err;
+  // No "--": the subcommand's own -n 2 is not launch's (config check refuses it, on its one rank).
+  EXPECT_NE(run("launch config check " + cfg + " -n 2", &out, &err), 0) << err;
+  EXPECT_NE(err.find("-np 1 "), std::string::npos) << err;
+  EXPECT_EQ(err.find("-np 2 "), std::string::npos) << err;
+  ASSERT_EQ(run("launch -n 1 config check " + cfg, &out, &err), 0) << err;
+  EXPECT_EQ(run("launch -H " + two + " -i localhost:0 --num_gpus 2 -- config check " + cfg, &out, &err), 2);
+  EXPECT_NE(err.find("--num_gpus/--num_nodes cannot be given with --include/--exclude"), std::string::npos) << err;
+  ASSERT_EQ(run("launch -H " + two + " -i localhost:1 --no_ssh_check --launcher openmpi config check " + cfg, &out, &err), 0)
+      << err;
+  EXPECT_NE(err.find("-np 1 --host localhost:1"), std::string::npos) << err;
+  EXPECT_NE(err.find("-x CUDA_VISIBLE_DEVICES=1 "), std::string::npos) << err;
+  EXPECT_EQ(run("launch -n 1 --launcher pdsh config check " + cfg, &out, &err), 2);
+  EXPECT_NE(err.find("--launcher pdsh is not supported"), std::string::npos) << err;
+  for (const char* port : {"0", "-5", "99999"}) {
+    EXPECT_EQ(run(std::string("launch -n 1 --master_port=") + port + " config check " + cfg, &out, &err), 2) << port;
+    EXPECT_NE(err.find("--master_port must be a port in 1..65535"), std::string::npos) << err;
+  }
+  const std::string env = write("ds.env", "# exported to every rank\nMY_SETTING=a b\n\n");
+  setenv("DS_ENV_FILE", env.c_str(), 1);
+  int rc = run("launch -n 1 config check " + cfg, &out, &err);
+  write("bad.env", "NOEQUALS\n");
+  setenv("DS_ENV_FILE", (dir() + "/bad.env").c_str(), 1);
+  int bad = run("launch -n 1 config check " + cfg, &out, &err);
+  std::string bad_err = err;
+  unsetenv("DS_ENV_FILE");
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(bad, 2);
+  EXPECT_NE(bad_err.find("bad.env:1: expected KEY=VALUE"), std::string::npos) << bad_err;
+  ASSERT_EQ(run("launch -n 1 config check " + cfg, &out, &err), 0) << err;
+  EXPECT_EQ(err.find("MY_SETTING"), std::string::npos) << err;
+  setenv("DS_ENV_FILE", env.c_str(), 1);
+  ASSERT_EQ(run("launch -n 1 config check " + cfg, &out, &err), 0) << err;
+  unsetenv("DS_ENV_FILE");
+  EXPECT_NE(err.find("-x 'MY_SETTING=a b'"), std::string::npos) << err;
+}
+
+// DeepSpeed's own config flags: the switch --deepspeed with --deepspeed_config FILE, and the
+// --local_rank its launcher appends (the switch took "--deepspeed_config" as its file; both were
+// refused, on every rank).
+TEST(Launch, DeepSpeedsConfigFlagsAreRead) {
+  const std::string ds = write("dsflags.json", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}})");
+  const std::string model = write("dsflags-model.json", R"({"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,)"
+                                                        R"( "n_embd": 48, "n_layer": 2, "n_head": 4})");
+  std::string out, err;
+  for (const std::string& flags : {"--deepspeed --deepspeed_config " + ds, "--deepspeed_config " + ds, "--deepscale_config " + ds,
+                                   "--deepspeed " + ds + " --local_rank=0"}) {
+    ASSERT_EQ(run("config check " + flags + " --model " + model, &out, &err), 0) << flags << ": " << err;
+    EXPECT_NE(out.find("\"stage\": 2"), std::string::npos) << flags << ": " << out;
+  }
+  EXPECT_EQ(run("config check --deepspeed " + ds + " --deepspeed_config " + model + " --model " + model, &out, &err), 2);
+  EXPECT_NE(err.find("name two files: give one"), std::string::npos) << err;
 }

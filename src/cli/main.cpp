@@ -76,8 +76,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // launch's subcommand and its options are the subcommand's: "--" put before it where missing.
+  std::vector<std::string> words(argv, argv + argc);
+  words = mt::cli::launch_separate_args(words);
+  std::vector<char*> args;
+  for (std::string& w : words) args.push_back(w.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const mt::Error& e) {

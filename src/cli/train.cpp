@@ -677,7 +677,7 @@ void register_train(CLI::App& app) {
   cmd->add_flag("--overwrite", args->overwrite,
                 "start a new run in a save_dir that holds an earlier run's checkpoints (removed at the first save)");
   cmd->callback([args] {
-    MT_CHECK(!args->src.config.empty() || !args->src.deepspeed.empty(), ErrorKind::kInvalidArgument,
+    MT_CHECK(!args->src.config.empty() || !args->src.deepspeed_file().empty(), ErrorKind::kInvalidArgument,
              "train: give a run configuration CONFIG, or --deepspeed ds_config.json with --model and --data");
     run_train(*args);
   });
