@@ -328,6 +328,9 @@ int run_launch(LaunchArgs a) {
   if (a.master_port > 0) cmd.insert(cmd.end(), {"-x", "MASTER_PORT=" + std::to_string(a.master_port)});
   if (any_ids) cmd.insert(cmd.end(), {"-x", "CUDA_VISIBLE_DEVICES=" + devices});
   if (a.ssh_port_given) cmd.insert(cmd.end(), {"--mca", "plm_rsh_args", "-p " + std::to_string(a.ssh_port)});
+  // Host names as the hostfile writes them: OpenMPI shortened node1.example.org to node1 and ssh'd
+  // there (DeepSpeed's pdsh runner uses the names as written).
+  if (!a.hostfile.empty()) cmd.insert(cmd.end(), {"--mca", "orte_keep_fqdn_hostnames", "1"});
   // Local ranks inherit this environment; ranks on other hosts get what -x names. As DeepSpeed's
   // OpenMPI runner: PATH and LD_LIBRARY_PATH, and the variables of the libraries under the ranks
   // (NCCL_*, UCX_*), and meshtrain's own (MT_*: the reduce-scatter path every rank must share,
@@ -380,6 +383,7 @@ std::vector<std::string> launch_separate_args(const std::vector<std::string>& ar
       continue;
     }
     if (in(w, kSwitches)) continue;
+    if (w.size() > 2 && w[0] == '-' && w[1] != '-' && in(w.substr(0, 2), kValueOptions)) continue;  // -n2, -Hhosts
     if (w.size() > 1 && w[0] == '-') return out;  // an option launch lacks: CLI11 names it
     out.insert(out.begin() + static_cast<std::ptrdiff_t>(i), "--");  // the subcommand: the rest is its
     return out;

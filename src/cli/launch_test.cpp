@@ -240,6 +240,11 @@ TEST(Launch, DeepSpeedsLauncherCommandLines) {
   ASSERT_EQ(run("launch -n 1 config check " + cfg, &out, &err), 0) << err;
   unsetenv("DS_ENV_FILE");
   EXPECT_NE(err.find("-x 'MY_SETTING=a b'"), std::string::npos) << err;
+  // A fully qualified name is the host ssh is asked for (OpenMPI shortened it to "badhost").
+  const std::string fqdn = write("fqdn.txt", "badhost.invalid slots=1\n");
+  EXPECT_NE(run("launch -H " + fqdn + " config check " + cfg, &out, &err), 0);
+  EXPECT_NE(err.find("--mca orte_keep_fqdn_hostnames 1"), std::string::npos) << err;
+  EXPECT_EQ(err.find("hostname badhost:"), std::string::npos) << err;
 }
 
 // DeepSpeed's own config flags: the switch --deepspeed with --deepspeed_config FILE, and the

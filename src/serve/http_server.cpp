@@ -352,6 +352,16 @@ struct Outcome {
   bool client_gone = false;  // cancelled because the client closed the connection
 };
 
+// The text of ids without the tokenizer's added tokens, as OpenAI's API answers and vLLM's
+// skip_special_tokens default does: with ignore_eos, "<|endoftext|>" was written into answers.
+std::string visible_text(const data::Tokenizer& tok, std::span<const int32_t> ids) {
+  std::vector<int32_t> kept;
+  kept.reserve(ids.size());
+  for (int32_t id : ids)
+    if (!tok.is_special(id)) kept.push_back(id);
+  return tok.decode(kept);
+}
+
 template <typename OnDelta>
 Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
                        const std::vector<std::string>& stops, OnDelta on_delta, bool streaming,
@@ -386,7 +396,7 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
     if (!more.empty() && !stopped) {
       const size_t before = ids.size();
       ids.insert(ids.end(), more.begin(), more.end());
-      full = tok.decode(ids);
+      full = visible_text(tok, ids);
       const size_t whole = utf8_complete_prefix(full);
       const size_t from = sent > hold ? sent - hold : 0;
       auto first_stop = [&](const std::string& text, size_t complete) {
@@ -402,7 +412,7 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
         // begins, as if the tokens had come one at a time: the wait hands over every token made
         // since, and the count (1 to 19) and the cut depended on timing.
         for (size_t k = before + 1; k <= ids.size(); ++k) {
-          std::string part = tok.decode(std::span<const int32_t>(ids.data(), k));
+          std::string part = visible_text(tok, std::span<const int32_t>(ids.data(), k));
           const size_t cut = first_stop(part, utf8_complete_prefix(part));
           if (cut != std::string::npos) {
             ids.resize(k);

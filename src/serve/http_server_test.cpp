@@ -9,9 +9,11 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <span>
 #include <string>
@@ -248,6 +250,30 @@ TEST_F(HttpServerTest, StreamingWithAStopStringKeepsCharactersWhole) {
     EXPECT_EQ(text, whole) << "seed " << seed;
   }
   EXPECT_GE(with_multibyte, 5) << "too few answers with characters of more than one byte to test";
+}
+
+// With ignore_eos the answer goes on past <|endoftext|>, which was written into the text; it is
+// left out, as OpenAI's API and vLLM (skip_special_tokens) answer. Sampled answers of the tiny model
+// with an <|endoftext|> among their tokens, against the generator alone.
+TEST_F(HttpServerTest, AnswersLeaveOutTheTokenizersAddedTokens) {
+  const std::vector<int32_t> prompt = tok_->encode("The dog");
+  int found = 0;
+  for (int seed = 0; seed < 400 && found < 3; ++seed) {
+    std::vector<int32_t> ids =
+        alone_->generate(prompt, 30, {.temperature = 1.0f, .seed = static_cast<uint64_t>(seed)}, std::nullopt);
+    if (std::find(ids.begin(), ids.end(), tok_->eot_id()) == ids.end()) continue;
+    ++found;
+    ids.erase(std::remove(ids.begin(), ids.end(), tok_->eot_id()), ids.end());
+    const std::string want =
+        json::parse(json(tok_->decode(ids)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+    const json r = post_json("/v1/completions", {{"prompt", "The dog"}, {"max_tokens", 30}, {"temperature", 1.0},
+                                                 {"seed", seed}, {"ignore_eos", true}});
+    const std::string text = r["choices"][0]["text"];
+    EXPECT_EQ(text.find("<|endoftext|>"), std::string::npos) << "seed " << seed << ": " << text;
+    EXPECT_EQ(text, want) << "seed " << seed;
+    EXPECT_EQ(r["usage"]["completion_tokens"], 30) << "seed " << seed;  // the token still counts
+  }
+  EXPECT_GE(found, 3) << "too few sampled answers with <|endoftext|> to test";
 }
 
 TEST_F(HttpServerTest, ChatAndChatGLMApplyTheTrainingLayout) {
