@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -80,7 +81,7 @@ std::vector<std::string> deepspeed_env_exports() {
   for (const std::string& dir : dirs) {
     const std::string path = std::filesystem::path(file).is_absolute() ? file : dir + "/" + file;
     std::error_code ec;
-    if (!std::filesystem::exists(path, ec)) continue;
+    if (!std::filesystem::is_regular_file(path, ec)) continue;  // as DeepSpeed's os.path.isfile
     const std::string text = read_text(path, "environment file");
     size_t pos = 0;
     for (int lineno = 1; pos < text.size(); ++lineno) {
@@ -89,9 +90,13 @@ std::vector<std::string> deepspeed_env_exports() {
       pos = nl == std::string::npos ? text.size() : nl + 1;
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (line.find_first_not_of(" \t") == std::string::npos || line[line.find_first_not_of(" \t")] == '#') continue;
+      // A variable's name, else mpirun drops it without a word (`export FOO=bar` was passed on).
       const size_t eq = line.find('=');
-      MT_CHECK(eq != std::string::npos && eq > 0, ErrorKind::kInvalidArgument,
-               path + ":" + std::to_string(lineno) + ": expected KEY=VALUE, got `" + line + "`");
+      const std::string key = line.substr(0, eq);
+      const bool name_ok = eq != std::string::npos && !key.empty() && !std::isdigit(static_cast<unsigned char>(key[0])) &&
+                           std::all_of(key.begin(), key.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+      MT_CHECK(name_ok, ErrorKind::kInvalidArgument,
+               path + ":" + std::to_string(lineno) + ": expected KEY=VALUE with KEY a variable name, got `" + line + "`");
       out.push_back(line);
     }
     if (std::filesystem::path(file).is_absolute()) break;
@@ -298,10 +303,15 @@ int run_launch(LaunchArgs a) {
     if (devices.empty()) devices = mine;
     else devices_differ = devices_differ || devices != mine;
   }
-  const bool any_ids = std::any_of(hosts.begin(), hosts.end(), [](const HostSlots& h) { return !h.ids.empty(); });
-  MT_CHECK(!any_ids || !devices_differ, ErrorKind::kNotSupported,
-           "launch: --include/--exclude keep other slot indices on different hosts; the ranks of every host take "
-           "one CUDA_VISIBLE_DEVICES list, so keep the same slots on each");
+  // Different lists on different hosts cannot be one exported value: CPU ranks only count slots,
+  // so the job runs, and a line says what a CUDA run's ranks would take.
+  const bool any_ids =
+      std::any_of(hosts.begin(), hosts.end(), [](const HostSlots& h) { return !h.ids.empty(); }) && !devices_differ;
+  if (devices_differ)
+    std::fprintf(stderr,
+                 "launch: warning: --include/--exclude keep other slot indices on different hosts; mpirun exports "
+                 "one environment, so CUDA_VISIBLE_DEVICES is not set and a CUDA run's ranks take each host's first "
+                 "devices\n");
   // A user's OMP_NUM_THREADS wins (as under torchrun): hosts that share cores (scripts/netns-hosts.sh)
   // or have fewer than this one.
   std::string omp_threads = std::to_string(threads_per_rank(busiest));

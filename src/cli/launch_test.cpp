@@ -226,7 +226,7 @@ TEST(Launch, DeepSpeedsLauncherCommandLines) {
   const std::string env = write("ds.env", "# exported to every rank\nMY_SETTING=a b\n\n");
   setenv("DS_ENV_FILE", env.c_str(), 1);
   int rc = run("launch -n 1 config check " + cfg, &out, &err);
-  write("bad.env", "NOEQUALS\n");
+  write("bad.env", "export FOO=bar\n");
   setenv("DS_ENV_FILE", (dir() + "/bad.env").c_str(), 1);
   int bad = run("launch -n 1 config check " + cfg, &out, &err);
   std::string bad_err = err;
@@ -240,6 +240,13 @@ TEST(Launch, DeepSpeedsLauncherCommandLines) {
   ASSERT_EQ(run("launch -n 1 config check " + cfg, &out, &err), 0) << err;
   unsetenv("DS_ENV_FILE");
   EXPECT_NE(err.find("-x 'MY_SETTING=a b'"), std::string::npos) << err;
+  // Other slot indices on two hosts: CPU ranks count slots, so it runs, with a line (it was refused).
+  // (The second host does not resolve: mpirun fails fast, after the line.)
+  const std::string pair = write("pair.txt", "localhost slots=2\nbadhost.invalid slots=2\n");
+  run("launch -H " + pair + " -e localhost:0 -n 3 config check " + cfg, &out, &err);
+  EXPECT_NE(err.find("-np 3 --host localhost:1,badhost.invalid:2"), std::string::npos) << err;
+  EXPECT_NE(err.find("CUDA_VISIBLE_DEVICES is not set"), std::string::npos) << err;
+  EXPECT_EQ(err.find("-x CUDA_VISIBLE_DEVICES"), std::string::npos) << err;
   // A fully qualified name is the host ssh is asked for (OpenMPI shortened it to "badhost").
   const std::string fqdn = write("fqdn.txt", "badhost.invalid slots=1\n");
   EXPECT_NE(run("launch -H " + fqdn + " config check " + cfg, &out, &err), 0);

@@ -190,6 +190,14 @@ std::string fmt_time(double s) {
   return buf;
 }
 
+// A loss scale as the progress lines print it: whole numbers as they are, a fraction (the unfused
+// fp16 wrapper's minimum, 0.25) as it is ("scale 0" before).
+std::string scale_text(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, s >= 1.0 ? "%.0f" : "%g", s);
+  return b;
+}
+
 // A data source: the token dataset, its optional loss mask, and the stream over them.
 struct DataSource {
   std::unique_ptr<data::IndexedDataset> tokens, mask;
@@ -508,14 +516,14 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     double remaining = elapsed / static_cast<double>(done - start_step) * static_cast<double>(cfg.train_iters - done);
     if (tty) {
       int width = 30, filled = static_cast<int>(width * done / cfg.train_iters);
-      std::printf("\r[%s%s] %lld/%lld %s<%s %.2fit/s %.0f tok/s loss %.4f lr %.2e scale %.0f ",
+      std::printf("\r[%s%s] %lld/%lld %s<%s %.2fit/s %.0f tok/s loss %.4f lr %.2e scale %s ",
                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
                   static_cast<long long>(done), static_cast<long long>(cfg.train_iters), fmt_time(elapsed).c_str(),
-                  fmt_time(remaining).c_str(), 1.0 / secs, tok_s, r.loss, r.lr, r.loss_scale);
+                  fmt_time(remaining).c_str(), 1.0 / secs, tok_s, r.loss, r.lr, scale_text(r.loss_scale).c_str());
       std::fflush(stdout);
     } else if (lead && (done % cfg.steps_per_print == 0 || done == cfg.train_iters)) {
-      std::printf("step %lld/%lld loss %.4f lr %.3e grad_norm %.3f scale %.0f %.0f tok/s%s\n", static_cast<long long>(done),
-                  static_cast<long long>(cfg.train_iters), r.loss, r.lr, r.grad_norm, r.loss_scale, tok_s,
+      std::printf("step %lld/%lld loss %.4f lr %.3e grad_norm %.3f scale %s %.0f tok/s%s\n", static_cast<long long>(done),
+                  static_cast<long long>(cfg.train_iters), r.loss, r.lr, r.grad_norm, scale_text(r.loss_scale).c_str(), tok_s,
                   r.skipped ? " (skipped: overflow)" : "");
     }
     if (lead && cfg.wall_clock_breakdown && (done % cfg.steps_per_print == 0 || done == cfg.train_iters))

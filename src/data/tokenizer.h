@@ -45,8 +45,6 @@ class Tokenizer {
   // Concatenates the tokens' bytes; a split UTF-8 sequence stays as its bytes. Throws
   // kInvalidArgument for an id outside [0, vocab_size()).
   std::string decode(std::span<const int32_t> ids) const;
-  // An added token (<|endoftext|>, a chat's markers): decoded as its content, not as bytes.
-  bool is_special(int32_t id) const { return id >= 0 && id < vocab_size() && special_[static_cast<size_t>(id)] != 0; }
 
   int vocab_size() const { return static_cast<int>(token_bytes_.size()); }
   int num_merges() const { return static_cast<int>(merge_list_.size()); }

@@ -238,6 +238,8 @@ HttpServer::HttpServer(Generator& generator, const data::Tokenizer& tokenizer, c
   MT_CHECK(options.request_timeout_s > 0 && options.request_timeout_s <= 1e9, ErrorKind::kInvalidArgument,
            "serve: --timeout must be positive and at most 1e9 seconds");
   MT_CHECK(options.default_max_tokens >= 1, ErrorKind::kInvalidArgument, "serve: the default max_tokens must be >= 1");
+  if (tok_.has_eot()) end_ids_.push_back(tok_.eot_id());
+  end_ids_.insert(end_ids_.end(), options_.eos_ids.begin(), options_.eos_ids.end());
   scheduler_ = std::make_unique<Scheduler>(gen_, SchedulerOptions{options.max_queue});
   http_ = std::make_unique<httplib::Server>();
   latency_buckets_.assign(kLatencyBuckets, 0);
@@ -352,20 +354,21 @@ struct Outcome {
   bool client_gone = false;  // cancelled because the client closed the connection
 };
 
-// The text of ids without the tokenizer's added tokens, as OpenAI's API answers and vLLM's
-// skip_special_tokens default does: with ignore_eos, "<|endoftext|>" was written into answers.
-std::string visible_text(const data::Tokenizer& tok, std::span<const int32_t> ids) {
+// The text of ids without the end-of-text ids (`hidden`: <|endoftext|>, the model's eos), which
+// only ignore_eos lets into an answer and which OpenAI's API never writes into one ("<|endoftext|>"
+// was). Other added tokens are text (a chat's markers, whitespace runs) and stop strings match them.
+std::string visible_text(const data::Tokenizer& tok, std::span<const int32_t> ids, const std::vector<int32_t>& hidden) {
   std::vector<int32_t> kept;
   kept.reserve(ids.size());
   for (int32_t id : ids)
-    if (!tok.is_special(id)) kept.push_back(id);
+    if (std::find(hidden.begin(), hidden.end(), id) == hidden.end()) kept.push_back(id);
   return tok.decode(kept);
 }
 
 template <typename OnDelta>
 Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
-                       const std::vector<std::string>& stops, OnDelta on_delta, bool streaming,
-                       const std::function<bool()>& gone = nullptr) {
+                       const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
+                       bool streaming, const std::function<bool()>& gone = nullptr) {
   const int prompt = static_cast<int>(request.prompt.size());
   std::shared_ptr<Generation> g;
   try {
@@ -396,7 +399,7 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
     if (!more.empty() && !stopped) {
       const size_t before = ids.size();
       ids.insert(ids.end(), more.begin(), more.end());
-      full = visible_text(tok, ids);
+      full = visible_text(tok, ids, hidden);
       const size_t whole = utf8_complete_prefix(full);
       const size_t from = sent > hold ? sent - hold : 0;
       auto first_stop = [&](const std::string& text, size_t complete) {
@@ -412,7 +415,7 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
         // begins, as if the tokens had come one at a time: the wait hands over every token made
         // since, and the count (1 to 19) and the cut depended on timing.
         for (size_t k = before + 1; k <= ids.size(); ++k) {
-          std::string part = visible_text(tok, std::span<const int32_t>(ids.data(), k));
+          std::string part = visible_text(tok, std::span<const int32_t>(ids.data(), k), hidden);
           const size_t cut = first_stop(part, utf8_complete_prefix(part));
           if (cut != std::string::npos) {
             ids.resize(k);
@@ -461,8 +464,9 @@ HttpError finish_error(const Outcome& o, double timeout_s) {
 // A whole generation for a non-streaming response; throws its error unless it ended by "stop" or
 // "length".
 Outcome generate_all(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
-                     const std::vector<std::string>& stops, double timeout_s, const std::function<bool()>& gone) {
-  Outcome o = run_generation(sched, tok, std::move(request), stops, [](const std::string&) { return true; }, false, gone);
+                     const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, double timeout_s,
+                     const std::function<bool()>& gone) {
+  Outcome o = run_generation(sched, tok, std::move(request), stops, hidden, [](const std::string&) { return true; }, false, gone);
   if (o.client_gone) throw HttpError{499, "the client closed the connection", "cancelled", "client_closed"};
   if (o.finish != Finish::kStop && o.finish != Finish::kLength) throw finish_error(o, timeout_s);
   return o;
@@ -700,7 +704,8 @@ void HttpServer::handle_chatglm(const httplib::Request& req, httplib::Response& 
     r.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.request_timeout_s));
     const int fd = request_socket(req);
     const std::string text =
-        generate_all(*scheduler_, tok_, std::move(r), {}, options_.request_timeout_s, [fd] { return fd >= 0 && peer_closed(fd); })
+        generate_all(*scheduler_, tok_, std::move(r), {}, end_ids_, options_.request_timeout_s,
+                     [fd] { return fd >= 0 && peer_closed(fd); })
             .text;
     history_json.push_back(json::array({prompt, text}));
     json out = {{"response", text}, {"history", history_json}, {"status", 200}, {"time", local_time()}};
@@ -860,7 +865,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
 
     if (!stream) {
       const int fd = request_socket(req);
-      const Outcome o = generate_all(*scheduler_, tok_, std::move(r), stops, options_.request_timeout_s,
+      const Outcome o = generate_all(*scheduler_, tok_, std::move(r), stops, end_ids_, options_.request_timeout_s,
                                      [fd] { return fd >= 0 && peer_closed(fd); });
       const int completion = o.completion_tokens;
       json choice = {{"index", 0}, {"finish_reason", finish_json(o.finish)}};
@@ -910,7 +915,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
           Finish finish = Finish::kNone;
           int status = 200;
           try {
-            const Outcome o = run_generation(*scheduler_, tok_, std::move(*req_ptr), stops, [&](const std::string& delta) {
+            const Outcome o = run_generation(*scheduler_, tok_, std::move(*req_ptr), stops, end_ids_, [&](const std::string& delta) {
               if (alive) alive = chunk(chat ? json{{"content", delta}} : json(delta), nullptr);
               return alive;
             }, true);

@@ -78,6 +78,7 @@ class HttpServer {
   Generator& gen_;
   const data::Tokenizer& tok_;
   ServerOptions options_;
+  std::vector<int32_t> end_ids_;  // <|endoftext|> and the model's eos ids: never part of an answer's text
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<httplib::Server> http_;
   int listen_fd_ = -1;  // the listening socket (httplib's), once bound
