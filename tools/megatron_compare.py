@@ -27,6 +27,7 @@ memory column says "over".
 Usage: tools/megatron_compare.py [--meshtrain build/ci/meshtrain] [--table sc21|llama3] [--cluster FILE] [--check DOC]"""
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -109,7 +110,9 @@ def fastest(a, path, gpus, variants, step):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--meshtrain", default="build/ci/meshtrain")
+    # The ci build's (scripts/test.sh) or the release preset's (the README's "Build by hand").
+    default = next((b for b in ("build/ci/meshtrain", "build/release/meshtrain") if os.path.exists(b)), "build/ci/meshtrain")
+    ap.add_argument("--meshtrain", default=default)
     ap.add_argument("--table", choices=sorted(CLUSTERS), default="sc21")
     ap.add_argument("--cluster", help="another description than the table's (a what-if)")
     ap.add_argument("--check", metavar="DOC", help="fail unless every line printed (the rows and the summary) is in DOC "
