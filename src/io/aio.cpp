@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -79,6 +80,33 @@ bool fault_submit() {
   static std::atomic<int> submits{0};
   return fault_active("aio.second_submit_fails") && submits.fetch_add(1) + 1 == 2;
 }
+
+// Test seam (MT_FAULT=aio.first_wait_fails): the process's first io_uring_wait_cqe fails (-EIO)
+// without reaching the kernel, as one that fails while the transfer's requests are in flight.
+bool fault_wait() {
+  static std::atomic<int> waits{0};
+  return fault_active("aio.first_wait_fails") && waits.fetch_add(1) == 0;
+}
+
+// Directories whose filesystem took O_DIRECT at open and refused the first aligned write
+// (check_swap_dir's probe): files opened there are buffered. The probe's finding was unused, and
+// the swap failed at its first write with EINVAL.
+std::mutex nodirect_mu;
+std::set<std::string> nodirect_dirs;
+std::string dir_key(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(dir, ec);
+  return ec ? dir : p.string();
+}
+bool direct_refused(const std::string& file) {
+  const std::string key = dir_key(std::filesystem::path(file).parent_path().string());
+  std::lock_guard<std::mutex> l(nodirect_mu);
+  return nodirect_dirs.count(key) != 0;
+}
+
+// Test seam (MT_FAULT=aio.direct_write_refused): check_swap_dir's aligned O_DIRECT write is
+// refused, as on a filesystem that takes the flag and fails the write.
+bool fault_direct_write() { return fault_active("aio.direct_write_refused"); }
 
 io_uring* thread_ring(unsigned depth) {
   Ring& r = this_thread_ring();
@@ -147,6 +175,7 @@ class PosixFile : public File {
     bool drop_ring = false;    // the ring holds entries that must never be submitted
     int first_err = 0;
     size_t err_at = 0;
+    int wait_failures = 0;  // io_uring_wait_cqe failures in a row
     std::vector<Req> partial;
     while ((next < reqs.size() && first_err == 0) || inflight > 0) {
       while (first_err == 0 && next < reqs.size() && inflight + unsubmitted < depth && !(o.single_submit && unsubmitted > 0)) {
@@ -180,9 +209,20 @@ class PosixFile : public File {
       }
       if (inflight == 0) continue;
       io_uring_cqe* cqe = nullptr;
-      int w = io_uring_wait_cqe(ring, &cqe);
+      int w = fault_wait() ? -EIO : io_uring_wait_cqe(ring, &cqe);
       if (w == -EINTR) continue;
-      if (w < 0) os_error(path_, writing ? "write" : "read", off, n, -w);
+      if (w < 0) {
+        // A failed wait still has the transfer's requests in flight. It threw at once: their
+        // completions stayed in the thread's ring and the next transfer took them for its own (a
+        // pointer into this call's freed requests; it returned before its writes were done). The
+        // error is kept, the requests are reaped, and the ring is made anew. A wait that keeps
+        // failing leaves them to the kernel: the ring is dropped and the run ends on the error.
+        if (first_err == 0) first_err = -w, err_at = 0;
+        drop_ring = true;
+        if (++wait_failures < 8) continue;
+        break;
+      }
+      wait_failures = 0;
       Req* r = static_cast<Req*>(io_uring_cqe_get_data(cqe));
       const int res = cqe->res;
       io_uring_cqe_seen(ring, cqe);
@@ -214,9 +254,9 @@ class PosixEnv : public Env {
  public:
   const char* name() const override { return "posix"; }
   std::unique_ptr<File> open(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
-    bool direct = true;
-    if (fd < 0 && errno == EINVAL) {  // the filesystem has no O_DIRECT (tmpfs): the page cache it is
+    bool direct = !direct_refused(path);
+    int fd = direct ? ::open(path.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600) : -1;
+    if (!direct || (fd < 0 && errno == EINVAL)) {  // no O_DIRECT there (tmpfs): the page cache it is
       direct = false;
       std::call_once(warned_, [&] {
         log_warning(path + ": the filesystem does not support O_DIRECT; swapping through the page cache");
@@ -353,6 +393,11 @@ bool io_uring_available() {
   return ok;
 }
 
+unsigned thread_ring_unreaped() {
+  Ring& r = this_thread_ring();
+  return r.ok ? io_uring_cq_ready(&r.ring) : 0;
+}
+
 std::unique_ptr<Env> memory_env() { return std::make_unique<MemEnv>(); }
 
 std::unique_ptr<Env> fault_env(Env& inner, const Faults& faults) { return std::make_unique<FaultEnv>(inner, faults); }
@@ -374,7 +419,11 @@ DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::
   if (fd < 0) throw Error(ErrorKind::kIOError, dir + ": the swap directory is not writable: " + std::strerror(errno));
   if (c.direct) {  // some filesystems accept the flag and refuse the first aligned write
     AlignedBuffer b(kAlign, MemCategory::kWorkspace);
-    c.direct = ::pwrite(fd, b.data(), kAlign, 0) == static_cast<ssize_t>(kAlign);
+    c.direct = !fault_direct_write() && ::pwrite(fd, b.data(), kAlign, 0) == static_cast<ssize_t>(kAlign);
+    if (!c.direct) {
+      std::lock_guard<std::mutex> l(nodirect_mu);
+      nodirect_dirs.insert(dir_key(dir));
+    }
   }
   ::close(fd);
   ::unlink(probe.c_str());

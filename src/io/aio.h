@@ -64,6 +64,9 @@ class Env {
 Env& posix_env();
 // Whether this kernel lets the process use io_uring (else pread/pwrite on the I/O threads).
 bool io_uring_available();
+// Completions waiting in the calling thread's io_uring that no transfer has reaped (tests: a
+// transfer leaves none of its own behind, even one that failed).
+unsigned thread_ring_unreaped();
 // Files held in memory (tests: offload logic without a disk).
 std::unique_ptr<Env> memory_env();
 

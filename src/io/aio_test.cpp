@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -167,6 +169,53 @@ TEST(AsyncIo, ARefusedSubmissionIsNeverSubmittedLater) {
   f->read(back.data(), 8 * kAlign, 0);
   EXPECT_EQ(std::memcmp(back.as<char>() + 2 * kAlign, fixed.data(), kAlign), 0) << "the refused entry was submitted later";
   EXPECT_EQ(std::memcmp(back.as<char>() + 4 * kAlign, second.data(), 4 * kAlign), 0);
+  f.reset();
+  fs::remove_all(dir);
+}
+
+// A wait for completions that fails while the transfer's requests are in flight: the transfer
+// fails naming the file, after reaping them. It threw at once, leaving their completions in the
+// thread's ring for its next transfer to take as its own.
+TEST(AsyncIo, AFailedWaitReapsTheRequestsInFlight) {
+  if (!io_uring_available()) GTEST_SKIP() << "no io_uring here";
+  const std::string dir = test_dir("wait");
+  auto f = posix_env().open(dir + "/w.swp");
+  AioOptions o;
+  o.block_size = kAlign;
+  o.queue_depth = 2;
+  AlignedBuffer first = random_buffer(4 * kAlign, 9), second = random_buffer(4 * kAlign, 10);
+  setenv("MT_FAULT", "aio.first_wait_fails", 1);
+  const std::string err = error_of([&] { f->write_blocks(first.data(), 4 * kAlign, 0, o); });
+  unsetenv("MT_FAULT");
+  EXPECT_NE(err.find("w.swp: write of " + std::to_string(4 * kAlign) + " bytes at offset 0: Input/output error"),
+            std::string::npos)
+      << err;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // whatever was in flight is done
+  EXPECT_EQ(thread_ring_unreaped(), 0u) << "the failed transfer's completions were left in the ring";
+  f->write_blocks(second.data(), 4 * kAlign, 4 * kAlign, o);
+  EXPECT_EQ(thread_ring_unreaped(), 0u);
+  AlignedBuffer back = random_buffer(4 * kAlign, 11);
+  f->read(back.data(), 4 * kAlign, 4 * kAlign);
+  EXPECT_EQ(std::memcmp(back.data(), second.data(), 4 * kAlign), 0);
+  f.reset();
+  fs::remove_all(dir);
+}
+
+// A filesystem that takes O_DIRECT at open and refuses the first aligned write: check_swap_dir's
+// probe finds it, and the swap's files there are opened buffered. The probe's finding was unused:
+// the files were opened with O_DIRECT and the first block write failed.
+TEST(AsyncIo, ADirectoryWhoseO_DirectWritesFailIsSwappedBuffered) {
+  const std::string dir = test_dir("nodirect");
+  setenv("MT_FAULT", "aio.direct_write_refused", 1);
+  const DirCheck c = check_swap_dir(dir, 0);
+  unsetenv("MT_FAULT");
+  EXPECT_FALSE(c.direct);
+  auto f = posix_env().open(dir + "/./s.swp");  // the same directory, spelt another way
+  EXPECT_FALSE(f->direct());
+  AlignedBuffer b = random_buffer(2 * kAlign, 12), back = random_buffer(2 * kAlign, 13);
+  f->write_blocks(b.data(), 2 * kAlign, 0, AioOptions{});
+  f->read_blocks(back.data(), 2 * kAlign, 0, AioOptions{});
+  EXPECT_EQ(std::memcmp(back.data(), b.data(), 2 * kAlign), 0);
   f.reset();
   fs::remove_all(dir);
 }
