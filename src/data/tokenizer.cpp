@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <climits>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -222,9 +223,140 @@ void Tokenizer::bpe_word(std::string_view word, std::vector<int32_t>& out) const
   out.insert(out.end(), ids.begin(), ids.end());
 }
 
+void Tokenizer::set_added(std::vector<AddedToken> added) {
+  added_ = std::move(added);
+  for (auto& by_byte : added_by_byte_)
+    for (auto& list : by_byte) list.clear();
+  for (uint32_t i = 0; i < added_.size(); ++i) {
+    if (added_[i].content.empty()) continue;
+    added_by_byte_[added_[i].normalized ? 1 : 0][static_cast<unsigned char>(added_[i].content[0])].push_back(i);
+  }
+  for (auto& by_byte : added_by_byte_)
+    for (auto& list : by_byte)
+      std::stable_sort(list.begin(), list.end(),
+                       [&](uint32_t a, uint32_t b) { return added_[a].content.size() > added_[b].content.size(); });
+}
+
+namespace {
+
+// One UTF-8 code point at s[i] (or the one ending at s[i-1] when backward); 0xFFFD for a bad byte.
+uint32_t code_point_at(std::string_view s, size_t i) {
+  auto c = static_cast<unsigned char>(s[i]);
+  int n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0xFFFD;
+  uint32_t cp = n == 1 ? c : c & (0x7Fu >> n);
+  for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3Fu);
+  return cp;
+}
+size_t code_point_start_before(std::string_view s, size_t end) {
+  size_t i = end - 1;
+  while (i > 0 && end - i < 4 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+  return i;
+}
+
+// Unicode \w and \s (as Rust's regex crate, which Hugging Face's tokenizers uses, defines them),
+// by PCRE2 with UCP on the one character.
+bool char_class(uint32_t cp, bool word) {
+  static const pcre2_code* re[2] = {nullptr, nullptr};
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* pats[2] = {"^\\s$", "^[\\p{L}\\p{M}\\p{Nd}\\p{Nl}\\p{Pc}\\x{200C}\\x{200D}]$"};
+    for (int k = 0; k < 2; ++k) {
+      int err = 0;
+      PCRE2_SIZE off = 0;
+      re[k] = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pats[k]), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err,
+                            &off, nullptr);
+      MT_INTERNAL_CHECK(re[k] != nullptr);
+    }
+  });
+  if (cp == 0xFFFD) return false;
+  std::string one;
+  if (cp < 0x10000) {
+    append_utf8(one, cp);
+  } else {
+    one += static_cast<char>(0xF0 | (cp >> 18));
+    one += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    one += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    one += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  const pcre2_code* code = re[word ? 1 : 0];
+  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(pcre2_match_data_create_from_pattern(code, nullptr),
+                                                                   pcre2_match_data_free);
+  return pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(one.data()), one.size(), 0, 0, md.get(), nullptr) > 0;
+}
+
+}  // namespace
+
+template <typename Fn>
+void Tokenizer::split_added(std::string_view sentence, bool normalized, Fn&& fn) const {
+  const auto& by_byte = added_by_byte_[normalized ? 1 : 0];
+  size_t start_offset = 0, pos = 0;
+  while (pos < sentence.size()) {
+    // Leftmost longest: the first position where a token starts, the longest one there.
+    const AddedToken* tok = nullptr;
+    for (uint32_t i : by_byte[static_cast<unsigned char>(sentence[pos])]) {
+      const std::string& c = added_[i].content;
+      if (sentence.compare(pos, c.size(), c) == 0) {
+        tok = &added_[i];
+        break;
+      }
+    }
+    if (tok == nullptr) {
+      ++pos;
+      continue;
+    }
+    size_t start = pos, stop = pos + tok->content.size();
+    pos = stop;  // matches do not overlap, even one discarded below
+    if (tok->single_word) {
+      const bool start_space = start == 0 || !char_class(code_point_at(sentence, code_point_start_before(sentence, start)), true);
+      const bool stop_space = stop == sentence.size() || !char_class(code_point_at(sentence, stop), true);
+      if (!start_space || !stop_space) continue;
+    }
+    if (tok->lstrip) {  // the whitespace before it, down to where the previous piece ended
+      size_t s = start;
+      while (s > start_offset) {
+        const size_t b = code_point_start_before(sentence, s);
+        if (!char_class(code_point_at(sentence, b), false)) break;
+        s = b;
+      }
+      start = s;
+    }
+    if (tok->rstrip) {
+      while (stop < sentence.size()) {
+        const uint32_t cp = code_point_at(sentence, stop);
+        if (!char_class(cp, false)) break;
+        stop += cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+      }
+      // The search goes on from the token's own end, as the matcher's iterator does upstream.
+    }
+    if (start_offset < start) fn(-1, sentence.substr(start_offset, start - start_offset));
+    fn(tok->id, sentence.substr(start, stop - start));
+    start_offset = stop;
+  }
+  if (start_offset < sentence.size()) fn(-1, sentence.substr(start_offset));
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
+  if (added_.empty()) {
+    encode_text(text, out);
+    return out;
+  }
+  split_added(text, false, [&](int32_t id, std::string_view piece) {
+    if (id >= 0) {
+      out.push_back(id);
+      return;
+    }
+    split_added(piece, true, [&](int32_t id2, std::string_view piece2) {
+      if (id2 >= 0) out.push_back(id2);
+      else encode_text(piece2, out);
+    });
+  });
+  return out;
+}
+
+void Tokenizer::encode_text(std::string_view text, std::vector<int32_t>& out) const {
   std::string key;
   std::vector<int32_t> piece;
   pre_tokenize(text, [&](std::string_view word) {
@@ -244,7 +376,6 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
     if (cache_->words.size() >= kCacheMaxWords) cache_->words.clear();
     cache_->words.emplace(key, piece);
   });
-  return out;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids) const {
@@ -374,6 +505,7 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
     MT_CHECK(model.contains("vocab") && model["vocab"].is_object(), ErrorKind::kCorruption,
              path + ": model.vocab is not an object");
     std::vector<Entry> entries;
+    std::vector<AddedToken> added_tokens;
     std::unordered_map<int64_t, std::string> vocab_ids;
     for (auto& [text, id] : model["vocab"].items()) {
       MT_CHECK(id.is_number_integer(), ErrorKind::kCorruption,
@@ -387,6 +519,10 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
                path + ": added token id " + added.at("id").dump() + " is not an integer");
       int64_t id = added.at("id").get<int64_t>();
       std::string content = added.at("content").get<std::string>();
+      // Hugging Face's AddedToken defaults for flags a file leaves out.
+      added_tokens.push_back({content, static_cast<int32_t>(id), added.value("single_word", false),
+                              added.value("lstrip", false), added.value("rstrip", false),
+                              added.value("normalized", true), added.value("special", false)});
       auto it = vocab_ids.find(id);
       if (it == vocab_ids.end()) {
         entries.push_back({content, id, true});
@@ -407,7 +543,9 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
         merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
       }
     }
-    return build(path, entries, merges);
+    Tokenizer t = build(path, entries, merges);
+    t.set_added(std::move(added_tokens));
+    return t;
   } catch (const json::exception& e) {
     throw Error(ErrorKind::kCorruption, path + ": unexpected tokenizer.json layout: " + e.what());
   }
@@ -444,13 +582,21 @@ void Tokenizer::save_json(const std::string& path) const {
   auto spelled = [&](int32_t id) {
     return special_[id] ? token_bytes_[id] : bytes_to_mapped(token_bytes_[id]);
   };
-  json added = json::array();
+  // The added tokens as read (their flags kept), then any other raw token (a GPT-2 file's
+  // <|endoftext|>), by id.
+  std::map<int32_t, json> by_id;
+  for (const AddedToken& a : added_)
+    by_id[a.id] = {{"id", a.id},         {"content", a.content},       {"single_word", a.single_word},
+                   {"lstrip", a.lstrip}, {"rstrip", a.rstrip},         {"normalized", a.normalized},
+                   {"special", a.special}};
   for (int32_t id = 0; id < vocab_size(); ++id) {
-    if (!special_[id]) continue;
-    added.push_back({{"id", id}, {"content", token_bytes_[id]}, {"single_word", false},
-                     {"lstrip", false}, {"rstrip", false}, {"normalized", true},
-                     {"special", true}});
+    if (!special_[id] || by_id.count(id)) continue;
+    by_id[id] = {{"id", id},         {"content", token_bytes_[id]}, {"single_word", false},
+                 {"lstrip", false},  {"rstrip", false},             {"normalized", true},
+                 {"special", true}};
   }
+  json added = json::array();
+  for (auto& [id, a] : by_id) added.push_back(std::move(a));
   json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false},
                      {"trim_offsets", true}, {"use_regex", true}};
   std::string s = "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n";
@@ -598,6 +744,8 @@ Tokenizer Tokenizer::train(std::string_view corpus, int vocab_size) {
   t.token_bytes_.push_back(kEndOfText);
   t.special_.assign(t.token_bytes_.size(), 0);
   t.special_[t.eot_id_] = 1;
+  // Declared in the tokenizer.json it saves: so matched in text here too, as once loaded.
+  t.set_added({{kEndOfText, t.eot_id_, false, false, false, true, true}});
   return t;
 }
 

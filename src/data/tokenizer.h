@@ -39,8 +39,14 @@ class Tokenizer {
   // decoder, the added tokens such as <|endoftext|>), atomically.
   void save_json(const std::string& path) const;
 
-  // NOTE: special tokens inside text are encoded as plain text, as GPT-2's encoder does; append
-  // eot_id() between documents. Thread-safe (the per-word cache is guarded by a mutex).
+  // A tokenizer.json's added tokens (and a trained tokenizer's <|endoftext|>) written in the text
+  // are each one token, as Hugging Face's tokenizers library splits them out before BPE: leftmost
+  // longest, the tokens with normalized false first over the whole text, then those with
+  // normalized true over what is left between them, each honouring its single_word, lstrip and
+  // rstrip; the text between them is pre-tokenized and merged on its own. GPT-2's own files
+  // (encoder.json + vocab.bpe and the other pairs) declare no added tokens: their text is all
+  // BPE, as GPT-2's encoder.py and Megatron's GPT2BPETokenizer encode it. Thread-safe (the
+  // per-word cache is guarded by a mutex).
   std::vector<int32_t> encode(std::string_view text) const;
   // Concatenates the tokens' bytes; a split UTF-8 sequence stays as its bytes. Throws
   // kInvalidArgument for an id outside [0, vocab_size()).
@@ -69,12 +75,23 @@ class Tokenizer {
     bool special;  // an added token: text is its content, not byte-mapped
   };
   struct WordCache;
+  struct AddedToken {  // tokenizer.json's added_tokens entry
+    std::string content;
+    int32_t id;
+    bool single_word, lstrip, rstrip, normalized, special;
+  };
 
   Tokenizer();
   static Tokenizer build(const std::string& where, const std::vector<Entry>& entries,
                          const std::vector<std::pair<std::string, std::string>>& merges);
   void add_merge(int32_t left, int32_t right, int32_t id);
   void bpe_word(std::string_view word, std::vector<int32_t>& out) const;
+  void encode_text(std::string_view text, std::vector<int32_t>& out) const;  // no added tokens
+  void set_added(std::vector<AddedToken> added);
+  // Splits sentence at the added tokens of one class (normalized or not), as Hugging Face's
+  // AddedVocabulary::find_matches: fn(id, piece) in order, id -1 for text between them.
+  template <typename Fn>
+  void split_added(std::string_view sentence, bool normalized, Fn&& fn) const;
 
   std::vector<std::string> token_bytes_;        // id -> the bytes it decodes to
   std::vector<uint8_t> special_;                // id -> 1 for added tokens
@@ -82,6 +99,9 @@ class Tokenizer {
   std::unordered_map<uint64_t, Merge> merges_;  // (left << 32 | right) -> rank and result
   std::vector<std::array<int32_t, 2>> merge_list_;  // by rank: (left, right)
   int32_t eot_id_ = -1;
+  std::vector<AddedToken> added_;  // matched in text before BPE
+  // By class (0: normalized false, 1: true) and first byte: indices into added_, longest first.
+  std::array<std::array<std::vector<uint32_t>, 256>, 2> added_by_byte_;
   std::unique_ptr<WordCache> cache_;
 };
 

@@ -40,8 +40,10 @@ struct Case {
   std::vector<int32_t> ids;
 };
 
-std::vector<Case> golden_cases() {
-  std::string path = golden_dir() + "/cases.json";
+// cases.json: GPT-2's encoder.py (its own files); cases-hf.json and cases-added.json: Hugging
+// Face's tokenizers on gpt2-tokenizer.json and added-tokenizer.json (tools/make_tokenizer_golden.js).
+std::vector<Case> golden_cases(const std::string& name = "cases.json") {
+  std::string path = golden_dir() + "/" + name;
   std::vector<char> data = file_read_all(path);
   std::vector<Case> cases;
   for (const json& c : json::parse(data.begin(), data.end())) {
@@ -117,6 +119,27 @@ TEST(TokenizerGpt2, ExplicitPathsMatchDirectory) {
   for (const Case& c : golden_cases()) EXPECT_EQ(t.encode(c.text), c.ids);
 }
 
+// tokenizer.json's added tokens in text, each one token, against Hugging Face's tokenizers on the
+// same files: leftmost longest (a marker whose prefix is another), the tokens with normalized
+// false before the others, single_word at Unicode word boundaries, lstrip and rstrip over Unicode
+// whitespace. They were encoded as text ('<|im_start|>' as 8 tokens).
+TEST(TokenizerGpt2, AddedTokensInTextAreOneTokenAsHuggingFaceEncodes) {
+  for (const char* name : {"gpt2-tokenizer.json", "added-tokenizer.json"}) {
+    Tokenizer t = Tokenizer::load(golden_dir() + "/" + name);
+    const std::vector<Case> cases = golden_cases(std::string(name) == "gpt2-tokenizer.json" ? "cases-hf.json" : "cases-added.json");
+    ASSERT_GE(cases.size(), 55u);
+    for (const Case& c : cases) EXPECT_EQ(t.encode(c.text), c.ids) << name << ", text: '" << c.text << "'";
+  }
+  // The flags survive a save: the saved file encodes as the one read.
+  ScratchDir dir;
+  Tokenizer t = Tokenizer::load(golden_dir() + "/added-tokenizer.json");
+  t.save_json(dir.file("saved.json"));
+  Tokenizer again = Tokenizer::load(dir.file("saved.json"));
+  for (const Case& c : golden_cases("cases-added.json")) EXPECT_EQ(again.encode(c.text), c.ids) << c.text;
+  // GPT-2's own files have no added tokens: <|endoftext|> in text is text, as encoder.py encodes it.
+  EXPECT_EQ(gpt2().encode("<|endoftext|>").size(), 7u);
+}
+
 TEST(TokenizerGpt2, DecodeKeepsSplitUtf8AndInvalidBytes) {
   const Tokenizer& t = gpt2();
   std::vector<int32_t> ids = t.encode("\xF0\x9F\x99\x82");  // one emoji, several byte tokens
@@ -137,8 +160,10 @@ TEST(TokenizerGpt2, HfJsonRoundTripKeepsEncodings) {
   Tokenizer loaded = Tokenizer::load(path);
   EXPECT_EQ(loaded.vocab_size(), gpt2().vocab_size());
   EXPECT_EQ(loaded.eot_id(), 50256);
-  std::vector<Case> cases = golden_cases();
-  for (const Case& c : cases) EXPECT_EQ(loaded.encode(c.text), c.ids);
+  // A tokenizer.json declares <|endoftext|> an added token: text that spells it is that token,
+  // as Hugging Face's tokenizers encodes the file (GPT-2's own files encode it as text).
+  std::vector<Case> cases = golden_cases("cases-hf.json");
+  for (const Case& c : cases) EXPECT_EQ(loaded.encode(c.text), c.ids) << "text: '" << c.text << "'";
 
   // Newer files spell merges as [a, b] pairs.
   std::vector<char> data = file_read_all(path);

@@ -188,7 +188,9 @@ std::string corpus_prepare(const std::string& path, const std::string& tokenizer
   // One dataset for each (file, tokenizer) as they are now: the name is the file's stem and a hash
   // of both files' paths, sizes and times, so two files of one name (a train/ and a valid/
   // corpus.txt, x.txt and x.jsonl), another tokenizer, or the file edited, never share a dataset.
-  const std::string key = file_stamp(path) + file_stamp(tokenizer);
+  // The encoding's version too: a dataset tokenized before a tokenizer.json's added tokens were
+  // matched in text ('<|endoftext|>' written in a document was 7 tokens) is made anew.
+  const std::string key = file_stamp(path) + file_stamp(tokenizer) + "encode:2";
   std::string prefix = (fs::path(cache_dir) / (fs::path(path).stem().string() + "-" + xxh3_hex(key.data(), key.size()))).string();
   std::string idx = data::indexed_dataset_idx_path(prefix);
   if (fs::exists(idx)) return prefix;
