@@ -373,8 +373,10 @@ void parse_onebit(Section& p, const std::string& type, optim::OptimizerSpec& o, 
   // DeepSpeed's backends ("nccl", its default, "mpi", "compressed") move the same compressed
   // bytes with the same arithmetic; meshtrain's runs on MPI whichever is named.
   const std::string backend = p.string("comm_backend_name", "mpi");
+  MT_CHECK(backend != "hccl", ErrorKind::kNotSupported,
+           p.where("comm_backend_name") + ": \"hccl\" (DeepSpeed's backend for Ascend NPUs) is not supported here");
   MT_CHECK(backend == "mpi" || backend == "nccl" || backend == "compressed", ErrorKind::kNotSupported,
-           p.where("comm_backend_name") + ": \"" + backend + "\" is not a DeepSpeed backend (nccl, mpi, compressed)");
+           p.where("comm_backend_name") + ": \"" + backend + "\" is not a DeepSpeed backend (nccl, mpi, compressed, hccl)");
   if (backend != "mpi")
     warnings.push_back(p.where("comm_backend_name") + ": \"" + backend +
                        "\": the compressed all-reduce runs on MPI here (the same compressed exchange)");
@@ -384,15 +386,16 @@ void parse_onebit(Section& p, const std::string& type, optim::OptimizerSpec& o, 
   p.require_default("max_grad_norm", 0.0, "use gradient_clipping (DeepSpeed refuses max_grad_norm as an optimizer parameter)");
 }
 
-// 1-bit optimizers (DeepSpeed's rules): ZeRO stage 0 only, no pipeline (DeepSpeed's MPI backend does
-// not support it), no tensor parallelism, fp16 or fp32 (DeepSpeed wraps them in its fp16
+// 1-bit optimizers (DeepSpeed's rules): ZeRO stage 0 only; no pipeline (DeepSpeed's MPI backend does
+// not support it, its nccl one does: not built here), no tensor parallelism, fp16 or fp32 (DeepSpeed wraps them in its fp16
 // optimizer only), on CPU ranks.
 void check_onebit(const RunConfig& c) {
   if (!optim::optimizer_is_onebit(c.optimizer)) return;
   const std::string t = "optimizer.type " + c.optimizer.type;
   MT_CHECK(c.zero.stage == 0, ErrorKind::kNotSupported,
            "zero_optimization.stage " + std::to_string(c.zero.stage) + " with " + t + ": 1-bit optimizers need stage 0 (as in DeepSpeed)");
-  MT_CHECK(c.pp == 1, ErrorKind::kNotSupported, "parallel.pp > 1 with " + t + " is not supported (nor by DeepSpeed's MPI backend)");
+  MT_CHECK(c.pp == 1, ErrorKind::kNotSupported,
+           "parallel.pp > 1 with " + t + " is not supported here (DeepSpeed runs it on its nccl backend, not on mpi)");
   MT_CHECK(c.tp == 1, ErrorKind::kNotSupported, "parallel.tp > 1 with " + t + " is not supported yet");
   MT_CHECK(c.compute_dtype != DType::kBF16, ErrorKind::kNotSupported,
            "bf16.enabled with " + t + ": DeepSpeed runs its 1-bit optimizers under fp16 or fp32 only");

@@ -58,7 +58,7 @@ void OneBitAdam::compressed_step(float* master, const float* grad, void* lowp, D
   p.eps = config_.adam.eps;
   p.step = config_.bias_correction ? step_ : kNoBiasCorrection;
   kernels::AdamWParams frozen_at = p;
-  frozen_at.step = config_.bias_correction ? std::max<int64_t>(config_.freeze_step, 1) : kNoBiasCorrection;
+  frozen_at.step = config_.bias_correction ? warmup_updates() : kNoBiasCorrection;
   const float bc2_sqrt = kernels::adamw_scalars(frozen_at).bc2_sqrt;
   for (const DecayRun& r : runs_) {
     p.weight_decay = r.weight_decay;

@@ -1,19 +1,22 @@
 // OneBitAdam: 1-bit Adam (Tang et al. 2021, arXiv:2102.02888; DeepSpeed's OnebitAdam) over one flat
 // span. Two stages:
-//   warm-up, steps 1..freeze_step: Adam on the averaged gradients (exactly AdamW's kernel: the
-//     gradient sync all-reduces them as for any optimizer);
-//   compression, later steps: the variance v is frozen at step freeze_step; each rank updates the
+//   warm-up, updates 1..W with W = max(freeze_step, 2) - 1: Adam on the averaged gradients
+//     (exactly AdamW's kernel: the gradient sync all-reduces them as for any optimizer). DeepSpeed's
+//     first step() only allocates and it freezes once its step count reaches freeze_step, so its
+//     warm-up is these W updates (its calls 2..max(freeze_step, 2)): our update t is its call t + 1;
+//   compression, later updates: the variance v is frozen after update W; each rank updates the
 //     momentum with its own gradient, m = beta1 m + (1 - beta1) g_local, and the momentum is
 //     averaged over the data-parallel ranks by the StateExchange (a 1-bit compressed all-reduce
 //     with error feedback, comm/onebit.h); then
-//       p = p (1 - lr wd) - lr / bc1(t) · m / (sqrt(v) / sqrt(bc2(freeze_step)) + eps)
+//       p = p (1 - lr wd) - lr / bc1(t) · m / (sqrt(v) / sqrt(bc2(W)) + eps)
 //     with bc(t) = 1 - beta^t (1 when bias_correction is false).
 // NOTE: DeepSpeed's OnebitAdam takes bias_correction (default true) but never applies it: its update
 // is m / (sqrt(v) + eps). We apply it when true so that the warm-up is AdamW exactly;
 // bias_correction false gives DeepSpeed's arithmetic. DeepSpeed's first step() only sets up its
-// buffers (no update); here every step updates.
+// buffers (no update); here every step updates (so every update is one step earlier).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -40,8 +43,10 @@ class OneBitAdam : public Optimizer {
   bool has_betas() const override { return true; }
   void set_betas(double beta1, double beta2) override;
   std::vector<StateBuffer> state() const override;  // "exp_avg", "exp_avg_sq"
-  // After freeze_step steps (the frozen state follows from step_count(), saved in checkpoints).
-  bool frozen() const { return step_ >= config_.freeze_step; }
+  // Updates of full-precision Adam before the freeze: max(freeze_step, 2) - 1, as DeepSpeed.
+  int64_t warmup_updates() const { return std::max<int64_t>(config_.freeze_step, 2) - 1; }
+  // After the warm-up (the frozen state follows from step_count(), saved in checkpoints).
+  bool frozen() const { return step_ >= warmup_updates(); }
   bool wants_local_gradients() const override { return frozen(); }
   void set_exchange(StateExchange* exchange) override { exchange_ = exchange; }
   const OneBitAdamConfig& config() const { return config_; }

@@ -1,4 +1,4 @@
-// ZeroOneAdam and OneBitLamb on one rank (the exchange the identity) against the double oracle
+// OneBitAdam, ZeroOneAdam and OneBitLamb on one rank (the exchange the identity) against the double oracle
 // written from DeepSpeed's step() (onebit_reference_test_util.h); the 0/1 Adam step policy as pure
 // logic; the scalar state and set_step_count resume the run exactly. Two ranks:
 // src/parallel/onebit_optim_test.cpp.
@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 
+#include "optim/onebit_adam.h"
 #include "optim/onebit_lamb.h"
 #include "optim/onebit_reference_test_util.h"
 #include "optim/zero_one_adam.h"
@@ -73,6 +74,19 @@ TEST(ZeroOnePolicy, KindsFollowDeepSpeedsCounters) {
   ZeroOnePolicy r(ZeroOneAdamConfig{});
   r.restore(16 + 32 + 64);
   EXPECT_EQ(r.var_interval(), 8);
+  // var_update_scaler 0 and local_step_scaler 0 (refused before): DeepSpeed's counters never equal
+  // them, so every step before the freeze is a variance step and every later one a sync.
+  ZeroOneAdamConfig z = zo_config();
+  z.var_update_scaler = 0;
+  z.local_step_scaler = 0;
+  EXPECT_NO_THROW(ZeroOneAdam(kN, segments(), z));
+  ZeroOnePolicy zp(z);
+  std::string zk;
+  for (int64_t t = 1; t <= 10; ++t) {
+    zk += zp.kind(t) == ZeroOnePolicy::Kind::kVariance ? 'V' : zp.kind(t) == ZeroOnePolicy::Kind::kSync ? 'S' : '?';
+    zp.advance(t);
+  }
+  EXPECT_EQ(zk, "VVVVVVSSSS");
 }
 
 TEST(ZeroOneAdam, OneRankMatchesDeepSpeedsStep) {
@@ -127,6 +141,39 @@ void check_resume(const Config& config, int split, int total) {
 }
 
 TEST(ZeroOneAdam, ResumeMidLocalStepsIsExact) { check_resume<ZeroOneAdam>(zo_config(), 8, 12); }
+
+// DeepSpeed's warm-up is max(freeze_step, 2) - 1 Adam updates (its first call only allocates and
+// it freezes once its step count reaches freeze_step): our update t is its call t + 1. OneBitAdam
+// froze after freeze_step updates, one more than DeepSpeed, and freeze_step 0 compressed its first
+// update with a variance of zero (m / eps: the loss went to 1e7 and NaN).
+TEST(OneBitAdam, OneRankMatchesDeepSpeedsStep) {
+  for (int64_t freeze : {0, 1, 2, 3, 5}) {
+    OneBitAdamConfig c;
+    c.adam.beta1 = 0.9f;
+    c.adam.beta2 = 0.999f;
+    c.adam.eps = 1e-8f;
+    c.bias_correction = false;  // DeepSpeed's arithmetic
+    c.freeze_step = freeze;
+    OneBitAdam opt(kN, segments(), c);
+    Identity ex;
+    opt.set_exchange(&ex);
+    std::vector<float> p = initial_params();
+    testing::OneBitAdamRef ref;
+    ref.freeze_step = freeze;
+    ref.segs = ref_segments();
+    ref.p = {Vec(p.begin(), p.end())};
+    ref.m = ref.v = {Vec(kN, 0.0)};
+    for (int t = 1; t <= 8; ++t) {
+      std::vector<float> g = randn(kN, 300 + static_cast<uint32_t>(t), 1.0f);
+      EXPECT_EQ(opt.wants_local_gradients(), ref.freeze) << "freeze_step " << freeze << " t " << t;
+      opt.step(p.data(), g.data(), nullptr, DType::kF32, static_cast<float>(lr_at(t)));
+      ref.step({Vec(g.begin(), g.end())}, static_cast<double>(static_cast<float>(lr_at(t))), [](std::vector<Vec>&) {});
+      expect_near(p.data(), ref.p[0], 2e-5, "freeze_step " + std::to_string(freeze) + " params t " + std::to_string(t));
+    }
+    EXPECT_EQ(ref.warmup_updates, std::max<int>(static_cast<int>(freeze), 2) - 1);
+    EXPECT_EQ(ex.calls, 8 - ref.warmup_updates) << "freeze_step " << freeze;
+  }
+}
 
 OneBitLambConfig lamb_config() {
   OneBitLambConfig c;

@@ -1,5 +1,6 @@
-// Test oracle for 0/1 Adam and 1-bit LAMB: DeepSpeed's step() of ZeroOneAdam
-// (deepspeed/runtime/fp16/onebit/zoadam.py) and OnebitLamb (.../onebit/lamb.py) written again in
+// Test oracle for 1-bit Adam, 0/1 Adam and 1-bit LAMB: DeepSpeed's step() of OnebitAdam
+// (deepspeed/runtime/fp16/onebit/adam.py), ZeroOneAdam (.../onebit/zoadam.py) and OnebitLamb
+// (.../onebit/lamb.py) written again in
 // double, in DeepSpeed's own step numbers (its first call only allocates) and its own form of the
 // update (weight decay inside the update, every rank's state side by side). `avg` stands for the
 // compressed all-reduce: every rank's buffer in, the average out on every rank (the identity on
@@ -129,6 +130,43 @@ struct ZeroOneRef {
       local_interval = std::min(local_step_clipper, local_interval * 2);
     }
     if (s > var_freeze_step) freeze = true;
+  }
+};
+
+// DeepSpeed's OnebitAdam (onebit/adam.py) with bias_correction false, its own arithmetic: calls
+// s = 1 (allocates only), then Adam on the mean gradient while not frozen, freezing once s >=
+// freeze_step (checked after the update); frozen, each rank's momentum is updated with its own
+// gradient and averaged by `avg`. The update is m / (sqrt(v) + eps) + wd p, times lr.
+struct OneBitAdamRef {
+  double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  int64_t freeze_step = 3;
+  std::vector<RefSegment> segs;
+  std::vector<Vec> p, m, v;
+  int64_t s = 1;
+  bool freeze = false;
+  int warmup_updates = 0;
+
+  void step(const std::vector<Vec>& g, double lr, const Avg& avg) {
+    ++s;
+    const size_t n = p.size(), N = p[0].size();
+    if (!freeze) {
+      const Vec gm = mean_over_ranks(g);
+      for (size_t r = 0; r < n; ++r)
+        for (size_t i = 0; i < N; ++i) {
+          m[r][i] = b1 * m[r][i] + (1 - b1) * gm[i];
+          v[r][i] = b2 * v[r][i] + (1 - b2) * gm[i] * gm[i];
+        }
+      ++warmup_updates;
+    } else {
+      for (size_t r = 0; r < n; ++r)
+        for (size_t i = 0; i < N; ++i) m[r][i] = b1 * m[r][i] + (1 - b1) * g[r][i];
+      avg(m);
+    }
+    for (size_t r = 0; r < n; ++r)
+      for (const RefSegment& sg : segs)
+        for (size_t i = sg.offset; i < sg.offset + sg.numel; ++i)
+          p[r][i] -= lr * (m[r][i] / (std::sqrt(v[r][i]) + eps) + sg.wd * p[r][i]);
+    if (!freeze && s >= freeze_step) freeze = true;
   }
 };
 

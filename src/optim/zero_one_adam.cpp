@@ -41,8 +41,9 @@ namespace {
 
 ZeroOneAdamConfig checked(ZeroOneAdamConfig c) {
   MT_CHECK(c.var_freeze_step >= 0, ErrorKind::kInvalidArgument, "optimizer.params.var_freeze_step: must be >= 0");
-  MT_CHECK(c.var_update_scaler >= 1, ErrorKind::kInvalidArgument, "optimizer.params.var_update_scaler: must be >= 1");
-  MT_CHECK(c.local_step_scaler >= 1, ErrorKind::kInvalidArgument, "optimizer.params.local_step_scaler: must be >= 1");
+  // 0 is DeepSpeed's too: its counter (incremented first) never equals it, so the interval stays 1.
+  MT_CHECK(c.var_update_scaler >= 0, ErrorKind::kInvalidArgument, "optimizer.params.var_update_scaler: must be >= 0");
+  MT_CHECK(c.local_step_scaler >= 0, ErrorKind::kInvalidArgument, "optimizer.params.local_step_scaler: must be >= 0");
   MT_CHECK(c.local_step_clipper >= 1, ErrorKind::kInvalidArgument, "optimizer.params.local_step_clipper: must be >= 1");
   c.adam.bias_correction = false;
   return c;
