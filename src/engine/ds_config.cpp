@@ -36,15 +36,28 @@ std::string fmt_g(double v) {
 // How a key we do not parse into RunConfig is treated.
 //   kWarn            accepted with one warning line (logging, tuning: what is trained is the same)
 //   kRefuseIfEnabled a DeepSpeed block with an "enabled" switch (off unless given): refused when on
-//                    (true, "enabled": true, or any nested "enabled": true); a block without the
+//                    (a true value, "enabled" true, or any nested "enabled" true, each by Python's
+//                    truth); a block without the
 //                    switch is off in DeepSpeed too, and says so in one line
 enum class Unparsed { kWarn, kRefuseIfEnabled };
 
-// Whether v, or any object inside it, says "enabled": true.
-bool enables_something(const nlohmann::json& v) {
+// Python's truth of a JSON value, as DeepSpeed tests its switches (`if enabled:`): 1, "true" and
+// even "false" turn a feature on; null, 0, "", [] and {} leave it off.
+bool truthy(const nlohmann::json& v) {
+  if (v.is_null()) return false;
   if (v.is_boolean()) return v.get<bool>();
-  if (!v.is_object()) return false;
-  if (v.contains("enabled")) return v["enabled"] == true;
+  if (v.is_number()) return v.get<double>() != 0.0;
+  if (v.is_string() || v.is_array() || v.is_object()) return !v.empty();
+  return true;
+}
+
+// Whether v is a true switch, or v or any object inside it has a true "enabled". A nested switch
+// counts even under an outer one that is off: DeepSpeed reads data_efficiency's random_ltd and
+// curriculum_learning by their own "enabled" alone. Only true counted before: "enabled": 1 and
+// "sparse_gradients": 1 were accepted without a word while DeepSpeed turned the feature on.
+bool enables_something(const nlohmann::json& v) {
+  if (!v.is_object()) return truthy(v);
+  if (v.contains("enabled") && truthy(v["enabled"])) return true;
   for (const auto& [k, e] : v.items())
     if (e.is_object() && enables_something(e)) return true;
   return false;
@@ -121,6 +134,10 @@ class Section {
     MT_CHECK(j_[key] == json(neutral), ErrorKind::kNotSupported, where(key) + ": " + why);
   }
   void unparsed(const std::string& key, Unparsed how) { extra_[key] = how; }
+  // A key read and set aside, with one warning line saying why.
+  void ignored(const std::string& key, const std::string& why) {
+    if (has(key)) warnings_.push_back(where(key) + ": ignored: " + why);
+  }
 
   // Every key not read: refused (when it enables something that changes training) or warned
   // about, with a did-you-mean for near misses of known keys.
@@ -927,17 +944,21 @@ void parse_sparse_attention(Section& root, RunConfig& c) {
     sc.pattern = v;
   } else if (mode == "bigbird") {
     kernels::BigBirdSparsity b;
-    b.num_random_blocks = s.small_integer("num_random_blocks", b.num_random_blocks);
+    // 0 when absent: DeepSpeed's config reader (SPARSE_NUM_RANDOM_BLOCKS_DEFAULT), not its class's 1.
+    b.num_random_blocks = s.small_integer("num_random_blocks", 0);
     b.num_sliding_window_blocks = s.small_integer("num_sliding_window_blocks", b.num_sliding_window_blocks);
     b.num_global_blocks = s.small_integer("num_global_blocks", b.num_global_blocks);
-    b.attention = direction();
+    // DeepSpeed's reader does not pass `attention` to BigBird and BSLongformer: bidirectional always.
+    s.ignored("attention", "DeepSpeed's bigbird layout is bidirectional whatever it says (its config reader does not "
+                           "pass the key on); the model's causal mask applies");
     sc.pattern = b;
   } else if (mode == "bslongformer") {
     kernels::BSLongformerSparsity b;
     b.num_sliding_window_blocks = s.small_integer("num_sliding_window_blocks", b.num_sliding_window_blocks);
     b.global_block_indices = ints("global_block_indices", b.global_block_indices);
     if (s.has("global_block_end_indices")) b.global_block_end_indices = ints("global_block_end_indices", {});
-    b.attention = direction();
+    s.ignored("attention", "DeepSpeed's bslongformer layout is bidirectional whatever it says (its config reader does "
+                           "not pass the key on); the model's causal mask applies");
     sc.pattern = b;
   } else {
     throw Error(ErrorKind::kInvalidArgument, s.where("mode") + ": '" + mode +
@@ -950,7 +971,7 @@ void parse_sparse_attention(Section& root, RunConfig& c) {
     MT_CHECK(c.seq_length % sc.block == 0, ErrorKind::kInvalidArgument,
              "sparse_attention.block (" + std::to_string(sc.block) + ") must divide seq_length (" +
                  std::to_string(c.seq_length) + ")");
-    kernels::sparse_layout_make(sc, static_cast<int>(c.seq_length));
+    kernels::sparse_layout_for_length(sc, static_cast<int>(c.seq_length));
   }
   MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, "sparse_attention: not implemented on device \"cuda\" yet");
   s.finish();

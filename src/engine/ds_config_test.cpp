@@ -754,6 +754,46 @@ TEST(DsCompat, ABlockWithoutEnabledIsARequestOrSaysItIsOff) {
   j = base();
   j["compression_training"] = {{"weight_quantization", {{"shared_parameters", {{"enabled", true}}}}}};
   EXPECT_NE(error_of(j).find("compression_training is not supported"), std::string::npos);
+  // Switches by Python's truth, as DeepSpeed tests them: 1, "true" (and "false") turn a feature on.
+  // Only true counted: these trained without the feature and without a word.
+  for (const nlohmann::json& on : {nlohmann::json{{"amp", {{"enabled", 1}}}}, nlohmann::json{{"amp", {{"enabled", "true"}}}},
+                                   nlohmann::json{{"elasticity", {{"enabled", 1}, {"max_train_batch_size", 64}}}},
+                                   nlohmann::json{{"progressive_layer_drop", {{"enabled", 1}}}},
+                                   nlohmann::json{{"sparse_gradients", 1}},
+                                   // DeepSpeed reads data_efficiency's nested switches by themselves.
+                                   nlohmann::json{{"data_efficiency",
+                                                   {{"enabled", false}, {"data_routing", {{"random_ltd", {{"enabled", true}}}}}}}}}) {
+    j = base();
+    j.update(on);
+    EXPECT_NE(error_of(j).find("is not supported yet (it would change what is trained)"), std::string::npos) << on.dump();
+  }
+  for (const nlohmann::json& off : {nlohmann::json{{"amp", {{"enabled", 0}}}}, nlohmann::json{{"sparse_gradients", nullptr}},
+                                    nlohmann::json{{"sparse_gradients", false}}}) {
+    j = base();
+    j.update(off);
+    EXPECT_NO_THROW(ds_config_parse(j, "cfg.json")) << off.dump();
+  }
+}
+
+// sparse_attention's keys as DeepSpeed's config reader (runtime/config.py) passes them: bigbird's
+// num_random_blocks defaults to 0 there (1 was taken, its class's default: random blocks DeepSpeed
+// does not train), and its `attention` is not passed to BigBird or BSLongformer (read here: a
+// unidirectional bigbird drew its random blocks below the diagonal).
+TEST(DsCompat, SparseAttentionKeysAreDeepSpeedsReaders) {
+  auto j = base();
+  j["sparse_attention"] = {{"mode", "bigbird"}, {"block", 8}};
+  RunConfig c = ds_config_parse(j, "cfg.json");
+  ASSERT_TRUE(c.sparse_attention.has_value());
+  EXPECT_EQ(std::get<kernels::BigBirdSparsity>(c.sparse_attention->pattern).num_random_blocks, 0);
+  for (const char* mode : {"bigbird", "bslongformer"}) {
+    j["sparse_attention"] = {{"mode", mode}, {"block", 8}, {"attention", "unidirectional"}};
+    c = ds_config_parse(j, "cfg.json");
+    EXPECT_TRUE(has_line(c.warnings, "sparse_attention.attention: ignored: DeepSpeed's")) << mode;
+    if (std::string(mode) == "bigbird") {
+      EXPECT_EQ(std::get<kernels::BigBirdSparsity>(c.sparse_attention->pattern).attention,
+                kernels::SparseDirection::kBidirectional);
+    }
+  }
 }
 
 TEST(DsCompat, GradientAveragingKeysAndPermissionKeys) {

@@ -164,7 +164,7 @@ void TransformerLM::prepare(int B, int T, int slots) {
   if (opts_.sparse_attention) {  // the layout of the whole model's heads; this rank plans its own
     kernels::SparsityConfig sc = *opts_.sparse_attention;
     sc.num_heads = cfg_.n_head;
-    kernels::SparseLayout L = kernels::sparse_layout_make(sc, T);
+    kernels::SparseLayout L = kernels::sparse_layout_for_length(sc, T);
     const size_t per_head = static_cast<size_t>(L.num_blocks) * static_cast<size_t>(L.num_blocks);
     sparse_plan_ = std::make_shared<kernels::SparseAttentionPlan>(kernels::sparse_attention_plan(
         L.blocks.data() + static_cast<size_t>(tp_.rank()) * static_cast<size_t>(d.NH) * per_head, d.NH, L.num_blocks,

@@ -277,4 +277,22 @@ SparseLayout sparse_layout_make(const SparsityConfig& config, int T) {
   return layout;
 }
 
+SparseLayout sparse_layout_for_length(const SparsityConfig& config, int T) {
+  const int master = T < kDeepSpeedMaxSeqLength && kDeepSpeedMaxSeqLength % config.block == 0 ? kDeepSpeedMaxSeqLength : T;
+  SparseLayout full = sparse_layout_make(config, master);
+  require(T > 0 && T % config.block == 0, "block",
+          "the sequence length " + str(T) + " must be a positive multiple of block (" + str(config.block) + ")");
+  if (master == T) return full;
+  SparseLayout out;
+  out.num_heads = full.num_heads;
+  out.block = full.block;
+  out.num_blocks = T / config.block;
+  const int nb = out.num_blocks;
+  out.blocks.resize(static_cast<size_t>(out.num_heads) * nb * nb);
+  for (int h = 0; h < out.num_heads; ++h)
+    for (int r = 0; r < nb; ++r)
+      for (int c = 0; c < nb; ++c) out.blocks[(static_cast<size_t>(h) * nb + r) * nb + c] = full.at(h, r, c);
+  return out;
+}
+
 }  // namespace mt::kernels

@@ -104,4 +104,13 @@ void sparsity_config_validate(const SparsityConfig& config);
 // length-dependent errors of DeepSpeed (window or random counts larger than nb).
 SparseLayout sparse_layout_make(const SparsityConfig& config, int T);
 
+// DeepSpeed's SparseSelfAttention builds its layout once for max_seq_length (2048 by default) and
+// runs a length L on its first L / block rows and columns (get_layout). The layout a model of
+// length T runs, so: sparse_layout_make for max(T, 2048), cropped to T's blocks (for T itself
+// where block does not divide 2048: DeepSpeed's default would not build). The layout made for T
+// alone differed where the pattern depends on the length: fixed with horizontal global attention
+// when T / block is not a multiple of num_local_blocks, and the range random blocks are drawn from.
+constexpr int kDeepSpeedMaxSeqLength = 2048;
+SparseLayout sparse_layout_for_length(const SparsityConfig& config, int T);
+
 }  // namespace mt::kernels

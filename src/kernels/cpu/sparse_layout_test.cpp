@@ -102,6 +102,24 @@ TEST(SparseLayoutTest, FixedShortLastWindowAndHorizontal) {
                                         "00011111", "00011111", "00011111", "11111111"}));
 }
 
+// The layout a model of length T runs is DeepSpeed's SparseSelfAttention's: made for 2048 and
+// cropped. Fixed's default at nb = 6 made for 6 has the short last window's global block 5; cropped
+// from 128 blocks the windows are {0..3}, {4..7} and the global blocks 3, 7: column 5 is local to
+// rows 4-5 only. T alone was taken (rows 0-3 attended to block 5).
+TEST(SparseLayoutTest, ALengthRunsDeepSpeedsMasterLayoutCropped) {
+  SparsityConfig config;
+  config.block = 16;
+  config.pattern = FixedSparsity{};
+  const SparseLayout l = sparse_layout_for_length(config, 6 * 16);
+  ASSERT_EQ(l.num_blocks, 6);
+  EXPECT_EQ(plane(l, 0), (Rows{"111100", "111100", "111100", "111100", "000111", "000111"}));
+  // Past 2048, or a block that does not divide 2048: the length's own layout.
+  config.block = 24;
+  EXPECT_EQ(plane(sparse_layout_for_length(config, 6 * 24), 0), plane(sparse_layout_make(config, 6 * 24), 0));
+  config.block = 16;
+  EXPECT_EQ(plane(sparse_layout_for_length(config, 2064), 0), plane(sparse_layout_make(config, 2064), 0));
+}
+
 TEST(SparseLayoutTest, FixedGlobalPatternsPerHead) {
   // Two patterns: heads 0, 2 use the last block of each window (3, 7), head 1 the one before
   // (2, 6).
