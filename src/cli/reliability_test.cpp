@@ -572,6 +572,24 @@ TEST(Progress, AnFp16RunThatAppliesNoStepFailsNamingIt) {
   EXPECT_NE(err.find("(first in transformer."), std::string::npos) << err;
 }
 
+// bf16.check_grad_overflow: a step whose gradient is not finite is skipped, as DeepSpeed's ZeRO
+// optimizer skips it (the key was warned about as unknown and the run stopped at step 1); a run
+// that skips every step still fails at its end with nothing saved.
+TEST(Progress, Bf16CheckGradOverflowSkipsTheStep) {
+  std::string err;
+  setenv("MT_FAULT", "engine.nonfinite_grad", 1);
+  const int rc = run("train " + config("bf16-skip", {{"train_iters", 4}, {"save_interval", 0}, {"zero_optimization", {{"stage", 1}}},
+                                                     {"bf16", {{"enabled", true}, {"check_grad_overflow", true}}}}),
+                     &err);
+  unsetenv("MT_FAULT");
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_NE(err.find("steps 1-4: none applied: every step's gradients overflowed (bf16.check_grad_overflow skips them)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("unknown key"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(save_dir("bf16-skip") + "/latest"));
+}
+
 // A resume in another precision starts the loss scaler from this run's configuration: an f32
 // checkpoint resumed in fp16 trained at its scale of 1 (fp16's minimum: the first overflow ended
 // the run), and a static fp16 scale was replaced by the checkpoint's.

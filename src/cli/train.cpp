@@ -570,9 +570,11 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     if (done == cfg.train_iters && stop == 0 && eng.applied_steps() == applied_at_start) {
       char scale[32];
       std::snprintf(scale, sizeof scale, "%g", r.loss_scale);
+      const std::string why = cfg.bf16_check_grad_overflow && cfg.compute_dtype == DType::kBF16
+                                  ? "(bf16.check_grad_overflow skips them)"
+                                  : std::string("(fp16 loss scale ") + scale + " at the last)";
       throw Error(ErrorKind::kNumerical, "steps " + std::to_string(start_step + 1) + "-" + std::to_string(done) +
-                                             ": none applied: every step's gradients overflowed (fp16 loss scale " + scale +
-                                             " at the last); nothing saved");
+                                             ": none applied: every step's gradients overflowed " + why + "; nothing saved");
     }
     bool save_now = (cfg.save_interval > 0 && done % cfg.save_interval == 0) || done == cfg.train_iters || stop != 0;
     std::string where;

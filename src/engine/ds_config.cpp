@@ -323,6 +323,7 @@ void parse_precision(Section& root, RunConfig& c) {
       else c.warnings.push_back("bf16.bf16_master_weights_and_grads: ignored because bf16 is not enabled");
     }
     s.unparsed("immediate_grad_update", Unparsed::kWarn);
+    c.bf16_check_grad_overflow = s.boolean("check_grad_overflow", false) && bf16;
     MT_CHECK(!s.boolean("bf16_optimizer_states", false), ErrorKind::kNotSupported,
              s.where("bf16_optimizer_states") + ": true (Adam's moments in bf16) is not supported");
     s.finish();

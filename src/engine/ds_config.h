@@ -102,6 +102,9 @@ struct RunConfig {
   // fp16.fp16_master_weights_and_grads / bf16.bf16_master_weights_and_grads (DeepSpeed, ZeRO 1-3):
   // the optimizer's master weights and the gradients it reads hold 16-bit values (kF32: off).
   DType master_dtype = DType::kF32;
+  // bf16.check_grad_overflow (DeepSpeed, passed to its ZeRO optimizer): a bf16 step whose gradient
+  // is not finite is skipped, as an fp16 overflow is (without it the run stops, naming the step).
+  bool bf16_check_grad_overflow = false;
   // communication_data_type: the dtype data-parallel gradients are reduced in (fp32 by default;
   // bf16/f16: rounded to it and summed in it on the wire).
   DType comm_dtype = DType::kF32;

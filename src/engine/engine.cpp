@@ -610,7 +610,8 @@ StepResult Engine::step() {
   // Without a dynamic loss scaler (fp32, bf16, a static fp16 scale) skipping cannot recover: the
   // next step's gradients come from the same weights. Stop, naming the step and the first parameter
   // whose gradient is not finite.
-  if (overflow && !scaler_.dynamic()) {
+  // bf16.check_grad_overflow: DeepSpeed's ZeRO optimizer skips such a step; so does this one.
+  if (overflow && !scaler_.dynamic() && !config_.bf16_check_grad_overflow) {
     std::string where = first_nonfinite_grad();
     throw Error(ErrorKind::kNumerical,
                 "step " + std::to_string(global_step_ + 1) + ": the gradient is not finite" +
