@@ -181,8 +181,8 @@ CLS_LABELS, CLS_SEQ, CLS_LENGTHS = 3, 16, (16, 9, 5, 12)  # one row without padd
 
 def make_cls_golden(cfg: dict) -> tuple[dict, dict]:
     """Sequence classification (Hugging Face's *ForSequenceClassification): rows of CLS_LENGTHS
-    tokens right-padded with pad = vocab_size - 1 (which no token uses), pooled at the last non-pad
-    token by HF's rule; the pooled logits, the loss and every gradient."""
+    tokens right-padded with pad = vocab_size - 1 (two rows hold it in their text too), pooled at
+    the last non-pad token by HF's rule; the pooled logits, the loss and every gradient."""
     vocab = cfg["vocab_size"]
     pad = vocab - 1
     model = tm.ForSequenceClassification(cfg, CLS_LABELS, pad).float()
@@ -192,6 +192,10 @@ def make_cls_golden(cfg: dict) -> tuple[dict, dict]:
     tokens = torch.full((B, CLS_SEQ), pad, dtype=torch.int64)
     for b, n in enumerate(CLS_LENGTHS):
         tokens[b, :n] = torch.randint(0, vocab - 1, (n,))
+    # Texts that hold the pad id: row 2 ends with it (HF pools at the token before), row 3 has it
+    # inside (HF pools at its last token, not before the first pad).
+    tokens[2, CLS_LENGTHS[2] - 1] = pad
+    tokens[3, 4] = pad
     labels = torch.randint(0, CLS_LABELS, (B,))
     _, pooled = model(tokens)
     loss = torch.nn.functional.cross_entropy(pooled, labels)

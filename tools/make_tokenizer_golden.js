@@ -5,7 +5,8 @@
 // With Hugging Face's tokenizers (the npm package: the library's Rust core), also the same
 // vocabulary as a tokenizer.json, as the Hub's gpt2 spells it (<|endoftext|> an added token),
 // <out>/gpt2-tokenizer.json with <out>/cases-hf.json (the same texts), and one with added tokens
-// of every kind of flag, <out>/added-tokenizer.json with <out>/cases-added.json.
+// of every kind of flag, <out>/added-tokenizer.json with <out>/cases-added.json; and sentence pairs
+// truncated to a length as run_glue truncates them, <out>/cases-pairs.json.
 // Run by scripts/make-tokenizer-golden.sh as the ctest fixture tokenizer_golden.
 'use strict';
 const fs = require('fs');
@@ -138,8 +139,30 @@ const addedTexts = [
   'newword new newer renew new-word newwords zqw zqwx xzqw zqw-1 zqw', '<|endoftext|>newword<|end',
   'café <|im_start|>東京<|im_end|>🙂', '<|end<|endoftext|>',
 ];
+// Pairs truncated as Hugging Face's run_glue asks (tokenizer(a, b, max_length, truncation=True):
+// its default, longest_first): the ids and how many are the first text's.
+async function pairCases() {
+  const tok = Tokenizer.fromFile(path.join(out, 'gpt2-tokenizer.json'));
+  const words = n => Array.from({ length: n }, (_, i) => ['alpha', 'beta', 'gamma', 'delta'][i % 4]).join(' ');
+  const result = [];
+  const pairs = [[3, 3], [10, 2], [2, 10], [9, 9], [8, 9], [20, 1], [1, 20], [6, 7]];
+  for (let x = 1; x <= 9; ++x)
+    for (let y = 1; y <= 9; ++y) pairs.push([x, y]);  // every pair of lengths (plus the "\n") to 9
+  for (const [na, nb] of pairs) {
+    for (const max of [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 17, 40]) {
+      const a = words(na) + '\n', b = words(nb);
+      tok.setTruncation(max);
+      const e = await tok.encode(a, b, { addSpecialTokens: false });
+      const seq = Array.from(e.getSequenceIds());
+      result.push({ a, b, max, ids: Array.from(e.getIds()), first: seq.filter(x => x === 0).length });
+    }
+  }
+  fs.writeFileSync(path.join(out, 'cases-pairs.json'), '[\n' + result.map(c => JSON.stringify(c)).join(',\n') + '\n]\n');
+  console.log(`make_tokenizer_golden: ${result.length} truncated pairs -> cases-pairs.json`);
+}
 (async () => {
   await hfCases('gpt2-tokenizer.json', tokenizerJson([eot]), texts.concat(addedTexts), 'cases-hf.json');
+  await pairCases();
   const withExtra = Object.assign(tokenizerJson([eot].concat(extra)));
   await hfCases('added-tokenizer.json', withExtra, texts.concat(addedTexts), 'cases-added.json');
 })().catch(e => { console.error(e); process.exit(1); });

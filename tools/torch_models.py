@@ -409,8 +409,9 @@ class LlamaForCausalLM(nn.Module):
 class ForSequenceClassification(nn.Module):
     """Hugging Face's GPT2ForSequenceClassification / LlamaForSequenceClassification: the trunk
     (``transformer`` / ``model``), a bias-free ``score`` Linear(C, num_labels) on every position,
-    pooled at the last non-pad token exactly as HF finds it: the first pad token's index minus 1
-    (modulo T, so a row without padding pools at its end)."""
+    pooled at the last non-pad token exactly as HF finds it (transformers' current rule): the
+    largest index whose token is not pad_token_id, 0 when every token is pad (an earlier HF took
+    the first pad token's index minus 1; the two differ where the text holds the pad id)."""
 
     def __init__(self, cfg: dict, num_labels: int, pad_token_id: int):
         super().__init__()
@@ -425,9 +426,9 @@ class ForSequenceClassification(nn.Module):
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         trunk = self.transformer if hasattr(self, "transformer") else self.model
         logits = self.score(trunk(tokens))  # (B, T, num_labels)
-        lengths = torch.eq(tokens, self.pad_token_id).int().argmax(-1) - 1
-        lengths = lengths % tokens.shape[-1]
-        pooled = logits[torch.arange(tokens.shape[0]), lengths]
+        non_pad = torch.ne(tokens, self.pad_token_id).int()
+        last = (torch.arange(tokens.shape[-1]) * non_pad).argmax(-1)
+        pooled = logits[torch.arange(tokens.shape[0]), last]
         return logits, pooled
 
 

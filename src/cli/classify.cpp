@@ -107,7 +107,7 @@ Validation validate(engine::Engine& eng, models::TransformerLM& model, const std
     model.logits(logits.data(), tokens.data());
     for (int b = 0; b < B; ++b) {
       if (rows[b] == nullptr) continue;
-      const float* z = logits.data() + (static_cast<size_t>(b) * T + data::classification_pool(*rows[b], T)) * L;
+      const float* z = logits.data() + (static_cast<size_t>(b) * T + data::classification_pool(*rows[b], T, pad)) * L;
       const float m = *std::max_element(z, z + L);
       double sum = 0.0;
       for (int c = 0; c < L; ++c) sum += std::exp(static_cast<double>(z[c] - m));
@@ -150,7 +150,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
                     " to continue it, or --overwrite to start a new run there (its first save removes them)");
   if (fault_active("train.sigterm_in_setup")) std::raise(SIGTERM);  // test seam: a scheduler's signal during the setup
   data::Tokenizer tok = run_tokenizer(cfg);
-  const int32_t pad = tok.eot_id();  // GPT-2's pad_token_id = eos_token_id, as HF fine-tuning sets it
+  const int32_t pad = data::classification_pad(tok);  // GPT-2's pad_token_id = eos_token_id, as HF fine-tuning sets it
   const int L = cfg.model.num_labels;
   std::vector<data::ClassificationExample> train = data::classification_read(cfg.data_train, tok, cfg.cls_fields, L, true);
   std::vector<data::ClassificationExample> valid;

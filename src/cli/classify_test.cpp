@@ -132,6 +132,59 @@ TEST(Classify, TrainsKeepsTheTopKAndPredictsWhatValidationMeasured) {
 
 // Fine-tuning a causal LM as a classifier: {"init_from": checkpoint, "num_labels": 2} takes the
 // architecture and trunk from the LM, score.weight starts fresh (one warning); the classifier
+// The run's label names go into the export's id2label (it wrote LABEL_i), and predict prints a
+// Hugging Face directory's names; GLUE's unlabelled test rows (label -1) are predicted (the file
+// was refused: "label -1 is outside [0, 2)"), and refused in training data by name.
+TEST(Classify, LabelNamesTravelAndUnlabelledRowsArePredicted) {
+  const std::string cfg = write_config("named", {{"num_train_epochs", 1}, {"model_checkpoint", {{"save_top_k", 0}}}});
+  nlohmann::json j = nlohmann::json::parse(mt::cli::testing::slurp(cfg));
+  j["data"]["labels"] = {"zero", "one"};
+  j["data"]["train"] = dir() + "/named-train.jsonl";
+  j["data"]["valid"] = dir() + "/named-dev.jsonl";
+  for (const char* part : {"train", "dev"}) {
+    std::ifstream in(dir() + "/" + part + ".jsonl");
+    std::ofstream o(dir() + "/named-" + part + ".jsonl");
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json r = nlohmann::json::parse(line);
+      r["label"] = r["label"] == "1" ? "one" : "zero";
+      o << r.dump() << "\n";
+    }
+  }
+  std::ofstream(cfg) << j.dump();
+  std::string out, err;
+  ASSERT_EQ(run("train " + cfg, &out, &err), 0) << err;
+  ASSERT_EQ(run("export " + dir() + "/run-named --hf " + dir() + "/named-hf", &out, &err), 0) << err;
+  nlohmann::json hf = nlohmann::json::parse(mt::cli::testing::slurp(dir() + "/named-hf/config.json"));
+  EXPECT_EQ(hf["id2label"], (nlohmann::json{{"0", "zero"}, {"1", "one"}}));
+  EXPECT_EQ(hf["label2id"], (nlohmann::json{{"zero", 0}, {"one", 1}}));
+  {
+    std::ofstream t(dir() + "/glue-test.jsonl");
+    t << R"({"id": 7, "sentence1": "the cat sat", "sentence2": "a dog", "label": -1})" << "\n";
+    t << R"({"id": 8, "sentence1": "the dog sat", "sentence2": "a dog", "label": "one"})" << "\n";
+  }
+  ASSERT_EQ(run("predict " + dir() + "/named-hf " + dir() + "/glue-test.jsonl -o " + dir() + "/named.json --tokenizer " + dir() +
+                    "/tok.json --texta-name sentence1 --textb-name sentence2",
+                &out, &err),
+            0)
+      << err;
+  std::ifstream p(dir() + "/named.json");
+  std::string line;
+  int n = 0;
+  while (std::getline(p, line)) {
+    const nlohmann::json r = nlohmann::json::parse(line);
+    EXPECT_TRUE(r["label"] == "zero" || r["label"] == "one") << line;
+    ++n;
+  }
+  EXPECT_EQ(n, 2);
+  EXPECT_NE(err.find("on the 1 with a label"), std::string::npos) << err;
+  // In training data an unlabelled row is an error naming it.
+  j["data"]["train"] = dir() + "/glue-test.jsonl";
+  j["save_dir"] = dir() + "/run-named-bad";
+  std::ofstream(cfg) << j.dump();
+  EXPECT_EQ(run("train " + cfg, &out, &err), 2);
+  EXPECT_NE(err.find("glue-test.jsonl:1: label -1 (an unlabelled row, as GLUE's test splits mark them)"), std::string::npos) << err;
+}
+
 // exported with --hf is a Hugging Face *ForSequenceClassification directory that predict reads
 // to the same answers.
 TEST(Classify, FromACausalLmCheckpointAndBackOutAsHuggingFace) {
@@ -155,6 +208,8 @@ TEST(Classify, FromACausalLmCheckpointAndBackOutAsHuggingFace) {
   nlohmann::json hf = nlohmann::json::parse(mt::cli::testing::slurp(dir() + "/ft-hf/config.json"));
   EXPECT_EQ(hf["architectures"][0], "GPT2ForSequenceClassification");
   EXPECT_EQ(hf["id2label"].size(), 2u);
+  // The pad id as Hugging Face's classifiers need it: without one they refuse a batch of two.
+  EXPECT_EQ(hf["pad_token_id"], mt::data::Tokenizer::load(dir() + "/tok.json").eot_id());
   std::string a, b;
   ASSERT_EQ(run("predict " + dir() + "/run-ft " + dir() + "/dev.jsonl -o " + dir() + "/p1.json", &out, &err), 0) << err;
   ASSERT_EQ(run("predict " + dir() + "/ft-hf " + dir() + "/dev.jsonl -o " + dir() + "/p2.json --tokenizer " + dir() +

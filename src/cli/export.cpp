@@ -5,11 +5,15 @@
 #include <cstdio>
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "base/file_io.h"
 #include "cli/commands.h"
+#include "data/classification.h"
 #include "engine/checkpoint_io.h"
 #include "engine/hf_config.h"
 #include "engine/hf_weights.h"
@@ -48,13 +52,15 @@ void run_export(const ExportArgs& a) {
   // <|endoftext|>): without them Hugging Face takes 50256 (GPT-2) or 2 (LLaMA), wrong ids for a
   // vocabulary of the run's own. Read before anything is written; a tokenizer that cannot be read
   // is said, and the ids are left out.
-  int eot = -1;
+  int eot = -1, pad = -1;
   if (!info.tokenizer.empty() && !fs::exists(info.tokenizer))  // (left out without a word)
     std::fprintf(stderr, "warning: the run's tokenizer %s no longer exists: the export has none, and config.json names no eos_token_id\n",
                  info.tokenizer.c_str());
   if (!info.tokenizer.empty() && fs::exists(info.tokenizer)) {
     try {
-      eot = data::Tokenizer::load(info.tokenizer).eot_id();
+      const data::Tokenizer tok = data::Tokenizer::load(info.tokenizer);
+      pad = data::classification_pad(tok);
+      eot = tok.eot_id();
     } catch (const Error& e) {
       std::fprintf(stderr, "warning: %s; config.json names no eos_token_id\n", e.what());
     }
@@ -71,6 +77,29 @@ void run_export(const ExportArgs& a) {
   if (eot >= 0) {
     cfg["bos_token_id"] = eot;
     cfg["eos_token_id"] = eot;
+  }
+  if (info.model.num_labels > 0) {
+    // The id training padded rows with: Hugging Face's classifiers pool at the last token that is
+    // not it, and without one refuse a batch of more than one ("Cannot handle batch sizes > 1").
+    if (pad >= 0) cfg["pad_token_id"] = pad;
+    // The run's label names (data.labels), as run_glue writes them; LABEL_i without them.
+    std::ifstream in(fs::path(info.dir) / "state.json");
+    const nlohmann::json state = nlohmann::json::parse(in, nullptr, false);
+    if (state.is_object() && state.contains("classification") && state["classification"].contains("labels") &&
+        state["classification"]["labels"].is_array() &&
+        static_cast<int>(state["classification"]["labels"].size()) == info.model.num_labels) {
+      nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
+      for (int i = 0; i < info.model.num_labels; ++i) {
+        const nlohmann::json& name = state["classification"]["labels"][i];
+        if (!name.is_string()) break;
+        id2label[std::to_string(i)] = name;
+        label2id[name.get<std::string>()] = i;
+      }
+      if (static_cast<int>(id2label.size()) == info.model.num_labels && static_cast<int>(label2id.size()) == info.model.num_labels) {
+        cfg["id2label"] = id2label;
+        cfg["label2id"] = label2id;
+      }
+    }
   }
   std::string text = cfg.dump(2) + "\n";
   file_write_atomic((fs::path(a.out) / "config.json").string(), text.data(), text.size());

@@ -36,6 +36,29 @@ LoadedModel load_model(const std::string& path) {
       }
     };
     eos_from(config);
+    {
+      const nlohmann::json j = engine::json_load_file(config);
+      if (j.is_object() && j.contains("pad_token_id") && j["pad_token_id"].is_number_integer()) {
+        const int64_t v = j["pad_token_id"].get<int64_t>();
+        MT_CHECK(v >= 0 && v < out.model->config().vocab_size, ErrorKind::kInvalidArgument,
+                 config + ": pad_token_id " + std::to_string(v) + " is not an id of the model's vocabulary (" +
+                     std::to_string(out.model->config().vocab_size) + ")");
+        out.pad_id = static_cast<int32_t>(v);
+      }
+      const int L = out.model->config().num_labels;
+      if (L > 0 && j.is_object() && j.contains("id2label") && j["id2label"].is_object()) {
+        std::vector<std::string> names(static_cast<size_t>(L));
+        bool all = true, named = false;
+        for (int i = 0; i < L; ++i) {
+          const std::string k = std::to_string(i);
+          all = all && j["id2label"].contains(k) && j["id2label"][k].is_string();
+          if (!all) break;
+          names[i] = j["id2label"][k].get<std::string>();
+          named = named || names[i] != "LABEL_" + k;
+        }
+        if (all && named) out.label_names = std::move(names);
+      }
+    }
     const fs::path gen_cfg = fs::path(config).parent_path() / "generation_config.json";
     if (fs::exists(gen_cfg)) eos_from(gen_cfg.string());
     engine::hf_weights_load_path(out.model->store(), path);

@@ -18,6 +18,10 @@ struct LoadedModel {
   // A Hugging Face config.json's eos_token_id (one id or a list): generation stops there as at the
   // tokenizer's <|endoftext|> (it was read past).
   std::vector<int32_t> eos_ids;
+  // A Hugging Face classifier's config.json: pad_token_id (-1: none; it pools at the last token
+  // that is not this id) and id2label's names where they are not the defaults LABEL_i.
+  int32_t pad_id = -1;
+  std::vector<std::string> label_names;
 };
 
 LoadedModel load_model(const std::string& path);

@@ -62,6 +62,11 @@ void run_predict(const PredictArgs& a) {
       run_T = c.value("seq_length", 0);
     }
   }
+  // A Hugging Face classifier's label names (config.json's id2label), as its pipeline prints them.
+  if (f.labels.empty()) f.labels = lm.label_names;
+  // Rows are padded with the model's pad_token_id where its config.json gives one (Hugging Face
+  // pools at the last token that is not it), else with what training padded them with.
+  const int32_t pad = lm.pad_id >= 0 ? lm.pad_id : data::classification_pad(tok);
   if (!a.texta.empty()) f.text_a = a.texta;
   if (!a.textb.empty()) f.text_b = a.textb == "-" ? "" : a.textb;
   if (!a.label.empty()) f.label = a.label;
@@ -93,10 +98,10 @@ void run_predict(const PredictArgs& a) {
   for (size_t i = 0; i < recs.size(); i += static_cast<size_t>(B)) {
     std::vector<const data::ClassificationExample*> rows(B, nullptr);
     for (int b = 0; b < B && i + b < recs.size(); ++b) rows[b] = &recs[i + b];
-    data::classification_batch(rows.data(), B, T, tok.eot_id(), tokens.data(), targets.data());
+    data::classification_batch(rows.data(), B, T, pad, tokens.data(), targets.data());
     lm.model->logits(logits.data(), tokens.data());
     for (int b = 0; b < B && rows[b]; ++b) {
-      const float* z = logits.data() + (static_cast<size_t>(b) * T + data::classification_pool(*rows[b], T)) * L;
+      const float* z = logits.data() + (static_cast<size_t>(b) * T + data::classification_pool(*rows[b], T, pad)) * L;
       const float m = *std::max_element(z, z + L);
       std::vector<double> prob(L);
       double sum = 0;

@@ -1,8 +1,8 @@
 // Sequence-classification data: .jsonl records with one or two texts, a label and an id (the
 // fields of the CLUE / AFQMC scripts: sentence1, sentence2, label, id), tokenized into examples,
 // and batches in the layout of Hugging Face's *ForSequenceClassification: each row is the
-// example's tokens (truncated to T) followed by padding, and the pooled position is its last
-// token (HF pools at the last non-pad token). A batch's targets are -100 everywhere but at each
+// example's tokens (truncated to T as HF truncates) followed by padding, and the pooled position
+// is its last token that is not the pad id (as HF pools). A batch's targets are -100 everywhere but at each
 // row's pooled position, which holds the label, so the causal LM's loss path (the mean
 // cross-entropy over targets that are not -100) is the classification loss.
 //
@@ -30,11 +30,13 @@ struct ClassificationFields {
 struct ClassificationExample {
   std::string id;
   std::vector<int32_t> tokens;  // not empty
+  size_t first = 0;             // a pair: the first text's tokens (text_a + "\n"); 0: one text
   int label = -1;               // -1: none (prediction input)
 };
 
 // Reads path (one JSON object a line; blank lines skipped). require_labels: every record must have
-// a label in [0, num_labels). Throws kInvalidArgument naming path:line and the field.
+// a label in [0, num_labels); without it, a label of -1 (GLUE's test splits mark unlabelled rows so)
+// is none. Throws kInvalidArgument naming path:line and the field.
 std::vector<ClassificationExample> classification_read(const std::string& path, const Tokenizer& tokenizer,
                                                        const ClassificationFields& fields, int num_labels,
                                                        bool require_labels);
@@ -45,9 +47,20 @@ std::vector<ClassificationExample> classification_read(const std::string& path, 
 void classification_batch(const ClassificationExample* const* rows, int B, int T, int32_t pad, int32_t* tokens,
                           int32_t* targets);
 
-// The pooled position of an example in a row of T.
-inline int classification_pool(const ClassificationExample& e, int T) {
-  return static_cast<int>(std::min<size_t>(e.tokens.size(), static_cast<size_t>(T))) - 1;
-}
+// The tokens of an example in a row of T, truncated as Hugging Face's tokenizer(a, b,
+// truncation=True, max_length=T) truncates (its default, "longest_first", in the tokenizers
+// library's rule): one text keeps its first T; of a pair longer than T the shorter text is kept
+// whole where it fits in half, the longer cut to the rest, else each keeps T / 2 and the odd one
+// goes to the longer (to the second where the shorter alone fills T). A pair was cut at T as one
+// text (a long first text left no second).
+std::vector<int32_t> classification_row(const ClassificationExample& e, int T);
+
+// The pooled position of an example in a row of T, as Hugging Face's *ForSequenceClassification
+// finds it: the last token of the row that is not `pad` (the first position when every one is).
+int classification_pool(const ClassificationExample& e, int T, int32_t pad);
+
+// The id rows are padded with: the tokenizer's <|endoftext|> (Hugging Face's GPT-2 fine-tuning
+// sets pad_token_id = eos_token_id), else its last id. `export --hf` writes it as pad_token_id.
+int32_t classification_pad(const Tokenizer& tokenizer);
 
 }  // namespace mt::data

@@ -4,6 +4,7 @@
 // tokenizer_golden) into $MT_TOKENIZER_GOLDEN or MT_GOLDEN_DIR/../tokenizer_golden. Also training
 // (hand-worked merges, determinism), tokenizer.json round trips and malformed files.
 #include "data/tokenizer.h"
+#include "data/classification.h"
 
 #include <gtest/gtest.h>
 
@@ -138,6 +139,34 @@ TEST(TokenizerGpt2, AddedTokensInTextAreOneTokenAsHuggingFaceEncodes) {
   for (const Case& c : golden_cases("cases-added.json")) EXPECT_EQ(again.encode(c.text), c.ids) << c.text;
   // GPT-2's own files have no added tokens: <|endoftext|> in text is text, as encoder.py encodes it.
   EXPECT_EQ(gpt2().encode("<|endoftext|>").size(), 7u);
+}
+
+// A sentence pair cut to a length as Hugging Face's run_glue cuts it (tokenizer(a, b, max_length,
+// truncation=True): longest_first), against the tokenizers library's own output. A pair was cut at
+// the length as one text: a long first sentence left nothing of the second.
+TEST(TokenizerGpt2, ClassificationPairsAreTruncatedAsHuggingFaceTruncatesThem) {
+  Tokenizer t = Tokenizer::load(golden_dir() + "/gpt2-tokenizer.json");
+  std::vector<char> data = file_read_all(golden_dir() + "/cases-pairs.json");
+  int n = 0;
+  for (const json& c : json::parse(data.begin(), data.end())) {
+    ClassificationExample e;
+    e.tokens = t.encode(c.at("a").get<std::string>());
+    e.first = e.tokens.size();
+    const std::vector<int32_t> b = t.encode(c.at("b").get<std::string>());
+    e.tokens.insert(e.tokens.end(), b.begin(), b.end());
+    const int max = c.at("max").get<int>();
+    EXPECT_EQ(classification_row(e, max), c.at("ids").get<std::vector<int32_t>>()) << c.dump();
+    ++n;
+  }
+  EXPECT_GE(n, 70);
+  // The pooled position is the last token that is not the pad id, as Hugging Face finds it.
+  ClassificationExample e;
+  e.tokens = {5, 9, 7, 9};
+  EXPECT_EQ(classification_pool(e, 8, 9), 2);
+  EXPECT_EQ(classification_pool(e, 8, 0), 3);
+  e.tokens = {9, 9};
+  EXPECT_EQ(classification_pool(e, 8, 9), 0);
+  EXPECT_EQ(classification_pad(t), 50256);
 }
 
 TEST(TokenizerGpt2, DecodeKeepsSplitUtf8AndInvalidBytes) {

@@ -1221,7 +1221,13 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   MT_CHECK(c.task == "causal_lm" || c.task == "classification", ErrorKind::kInvalidArgument,
            "task: \"" + c.task + "\" is not a task (\"causal_lm\" or \"classification\")");
   if (!c.bare) {
-    if (c.task == "classification" && c.model.num_labels == 0) c.model.num_labels = 2;
+    // Hugging Face's PretrainedConfig: num_labels is id2label's size (2 when it has none). A causal
+    // LM's config.json carries id2label too, so it counts only here, for a classifier.
+    if (c.task == "classification" && c.model.num_labels == 0)
+      c.model.num_labels = c.model_json.is_object() && c.model_json.contains("id2label") && c.model_json["id2label"].is_object() &&
+                                   c.model_json["id2label"].size() >= 2
+                               ? static_cast<int>(c.model_json["id2label"].size())
+                               : 2;
     MT_CHECK(c.task == "classification" || c.model.num_labels == 0, ErrorKind::kInvalidArgument,
              "model.num_labels (" + std::to_string(c.model.num_labels) +
                  ", a sequence classifier) needs \"task\": \"classification\"");

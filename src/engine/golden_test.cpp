@@ -185,7 +185,7 @@ TEST_P(GoldenTest, ClassificationLogitsLossAndEveryGradient) {
   std::vector<float> pooled;
   for (int b = 0; b < g.B; ++b)
     for (int k = 0; k < 3; ++k)
-      pooled.push_back(logits[(static_cast<size_t>(b) * g.T + data::classification_pool(ex[b], g.T)) * 3 + k]);
+      pooled.push_back(logits[(static_cast<size_t>(b) * g.T + data::classification_pool(ex[b], g.T, pad)) * 3 + k]);
   EXPECT_LE(rel_err(pooled.data(), ref), 1e-4);
   m->store().zero_grad();
   const float loss = m->forward(tokens.data(), targets.data(), 1.0f);
