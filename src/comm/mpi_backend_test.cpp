@@ -27,6 +27,7 @@
 #include "comm/comm_log.h"
 #include "comm/mpi_backend.h"
 #include "comm/onebit.h"
+#include "comm/onebit_reference_test_util.h"
 #include "tensor/allocator.h"
 
 using namespace mt;
@@ -282,9 +283,10 @@ void check_p2p_and_groups(Backend& b) {
   if (solo) EXPECT(solo->size() == 1, "new_group size");
 }
 
-// The compressed all-reduce of comm/onebit.h over MPI, two steps (errors carried), against the
-// formula evaluated here from every rank's inputs (known: x_r[i] = sin(i + 7 r + 3 t)); and the
-// comms logger's exact bytes: 2(n-1)·4N/n for the f32 all-reduce, 2(n-1)(4 + chunk/8) compressed.
+// The compressed all-reduce of comm/onebit.h over MPI, two steps (errors carried), against
+// DeepSpeed's compressed_allreduce evaluated here from every rank's inputs (known: x_r[i] =
+// sin(i + 7 r + 3 t)); and the comms logger's exact bytes: 2(n-1)·4N/n for the f32 all-reduce,
+// 2(n-1)·4·words compressed.
 void check_onebit(Backend& raw) {
   const int n = raw.size(), me = raw.rank();
   const size_t len = 1001;
@@ -296,43 +298,19 @@ void check_onebit(Backend& raw) {
     for (size_t i = 0; i < len; ++i) v[i] = std::sin(static_cast<float>(i) + 7.0f * r + 3.0f * t);
     return v;
   };
-  std::vector<std::vector<float>> we(n, std::vector<float>(len, 0.0f)), se(n, std::vector<float>(L.chunk, 0.0f));
-  std::vector<float> my_we(len, 0.0f), my_se(L.chunk, 0.0f), buf, expect(len);
-  auto quant = [](std::vector<float>& c, float* out, float* err) {
-    double sq = 0;
-    for (float v : c) sq += static_cast<double>(v) * v;
-    const float s = c.empty() ? 0.0f : static_cast<float>(std::sqrt(sq / static_cast<double>(c.size())));
-    for (size_t i = 0; i < c.size(); ++i) {
-      out[i] = c[i] < 0 ? -s : s;
-      err[i] = c[i] - out[i];
-    }
-  };
+  std::vector<std::vector<float>> we, se;
+  std::vector<float> my_we(L.padded, 0.0f), my_se(L.chunk, 0.0f), buf;
   for (int t = 0; t < 2; ++t) {
     buf = input(me, t);
     log->reset();
     compressed_all_reduce(*b, buf.data(), len, my_we.data(), my_se.data());
-    EXPECT(log->sent_bytes() == 2 * static_cast<uint64_t>(n - 1) * (4 + L.chunk / 8), "compressed bytes");
-    std::vector<std::vector<float>> q(n, std::vector<float>(len));
-    for (int w = 0; w < n; ++w) {
-      auto x = input(w, t);
-      for (int r = 0; r < n; ++r) {
-        const size_t lo = L.begin(r), m = L.end(r) - lo;
-        std::vector<float> c(m);
-        for (size_t i = 0; i < m; ++i) c[i] = x[lo + i] + we[w][lo + i];
-        quant(c, q[w].data() + lo, we[w].data() + lo);
-      }
-    }
-    for (int r = 0; r < n; ++r) {
-      const size_t lo = L.begin(r), m = L.end(r) - lo;
-      std::vector<float> a(m, 0.0f);
-      for (int w = 0; w < n; ++w)
-        for (size_t i = 0; i < m; ++i) a[i] += q[w][lo + i];
-      for (size_t i = 0; i < m; ++i) a[i] = a[i] * (1.0f / static_cast<float>(n)) + se[r][i];
-      quant(a, expect.data() + lo, se[r].data());
-    }
+    EXPECT(log->sent_bytes() == 2 * static_cast<uint64_t>(n - 1) * 4 * L.words(), "compressed bytes");
+    std::vector<std::vector<float>> x(n);
+    for (int w = 0; w < n; ++w) x[w] = input(w, t);
+    testing::ds_compressed_allreduce(x, we, se);  // DeepSpeed's, from every rank's inputs
     size_t bad = 0;
-    for (size_t i = 0; i < len; ++i) bad += buf[i] != expect[i];
-    EXPECT(bad == 0, std::to_string(bad) + " elements differ from the formula at step " + std::to_string(t));
+    for (size_t i = 0; i < len; ++i) bad += buf[i] != x[me][i];
+    EXPECT(bad == 0, std::to_string(bad) + " elements differ from DeepSpeed's compressed_allreduce at step " + std::to_string(t));
   }
   log->reset();
   std::vector<float> v(4096, 1.0f);

@@ -1,8 +1,10 @@
 // One-bit compression and the compressed all-reduce: see onebit.h.
 #include "comm/onebit.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 namespace mt::comm {
 
@@ -33,69 +35,105 @@ float onebit_compress(uint8_t* bits, const float* x, float* e, size_t len) {
 
 OneBitLayout::OneBitLayout(size_t n, int r) : len(n), ranks(r) {
   MT_CHECK(r >= 1, ErrorKind::kInvalidArgument, "compressed all-reduce: a group needs a rank");
-  const size_t per = (n + static_cast<size_t>(r) - 1) / static_cast<size_t>(r);
-  chunk = (per + 31) / 32 * 32;
-  if (chunk == 0) chunk = 32;
+  const size_t R = static_cast<size_t>(r);
+  const size_t lcm = R * 8 / std::gcd(R, size_t{8});  // DeepSpeed's divider
+  const size_t unit = R * lcm;
+  padded = (n + unit - 1) / unit * unit;
+  if (padded == 0) padded = unit;
+  chunk = padded / R;
 }
 
-size_t OneBitLayout::begin(int r) const {
-  const size_t b = static_cast<size_t>(r) * chunk;
-  return b < len ? b : len;
-}
-
-size_t OneBitLayout::end(int r) const {
-  const size_t e = (static_cast<size_t>(r) + 1) * chunk;
-  return e < len ? e : len;
+OneBitPlan::OneBitPlan(const std::vector<std::pair<size_t, size_t>>& spans, int r) : ranks(r) {
+  for (const auto& [offset, len] : spans) {
+    Tensor t{offset, OneBitLayout(len, r), worker_error_len, server_error_len};
+    worker_error_len += t.layout.padded;
+    server_error_len += t.layout.chunk;
+    words += t.layout.words();
+    tensors.push_back(t);
+  }
 }
 
 namespace {
 
-// One chunk on the wire: word 0 the scale, then chunk/8 bytes of bits.
-float* wire_scale(std::vector<float>& w, size_t block, size_t words) { return w.data() + block * words; }
-uint8_t* wire_bits(std::vector<float>& w, size_t block, size_t words) {
-  return reinterpret_cast<uint8_t*>(w.data() + block * words + 1);
-}
+// ||x|| / sqrt(len) in double, rounded to f32 (DeepSpeed's torch.linalg.norm(x) / np.sqrt(numel)).
+float scale_of(const float* x, size_t len) { return onebit_scale(x, len); }
 
 }  // namespace
 
-void compressed_all_reduce(Backend& group, float* buf, size_t len, float* worker_error, float* server_error,
+void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, float* worker_error, float* server_error,
                            const CommOptions& opts) {
   const int n = group.size(), me = group.rank();
   if (n == 1) return;
-  const OneBitLayout L(len, n);
-  const size_t W = L.words();
-  // 1. Worker: every chunk compressed with its own scale, error kept.
-  std::vector<float> send(W * static_cast<size_t>(n), 0.0f), recv(send.size(), 0.0f);
-  for (int r = 0; r < n; ++r) {
-    const size_t b = L.begin(r), m = L.end(r) - b;
-    *wire_scale(send, r, W) = onebit_compress(wire_bits(send, r, W), buf + b, worker_error + b, m);
+  MT_CHECK(plan.ranks == n, ErrorKind::kInternal, "compressed all-reduce: a plan made for another group size");
+  const size_t M = plan.words;  // words of one message (every tensor's chunk for one rank)
+  // 1. Worker: each tensor padded, plus its error, compressed with one scale; chunk r of its bits
+  //    (with the scale) into the message for rank r.
+  std::vector<float> send(M * static_cast<size_t>(n), 0.0f), recv(send.size(), 0.0f);
+  std::vector<float> c;
+  size_t at = 0;  // this tensor's first word in a message
+  for (const OneBitPlan::Tensor& t : plan.tensors) {
+    const OneBitLayout& L = t.layout;
+    float* e = worker_error + t.worker_at;
+    c.assign(L.padded, 0.0f);
+    for (size_t i = 0; i < L.len; ++i) c[i] = buf[t.offset + i];
+    for (size_t i = 0; i < L.padded; ++i) c[i] += e[i];
+    const float s = scale_of(c.data(), L.padded);
+    for (int r = 0; r < n; ++r) {
+      float* msg = send.data() + static_cast<size_t>(r) * M + at;
+      msg[0] = s;
+      onebit_pack(reinterpret_cast<uint8_t*>(msg + 1), c.data() + L.begin(r), L.chunk);
+    }
+    for (size_t i = 0; i < L.padded; ++i) e[i] = c[i] - ((c[i] < 0.0f) ? -s : s);
+    at += L.words();
   }
   // 2. Chunk r of every worker to rank r.
   AllToAllOptions ao;
   static_cast<CommOptions&>(ao) = opts;
   if (ao.tag.empty()) ao.tag = "onebit worker chunks";
-  group.all_to_all(recv.data(), send.data(), W, DType::kF32, ao)->wait();
-  // 3. Server: average the decompressed chunks, add its error, compress again.
-  const size_t b = L.begin(me), m = L.end(me) - b;
-  std::vector<float> avg(m, 0.0f), part(m);
-  for (int w = 0; w < n; ++w) {
-    onebit_unpack(part.data(), wire_bits(recv, w, W), m, *wire_scale(recv, w, W));
-    for (size_t i = 0; i < m; ++i) avg[i] += part[i];
-  }
+  group.all_to_all(recv.data(), send.data(), M, DType::kF32, ao)->wait();
+  // 3. Server: sum_w (s_w / n) · (±1), plus its error, compressed again.
+  std::vector<float> mine(M, 0.0f), all(M * static_cast<size_t>(n), 0.0f), a, part;
   const float inv = 1.0f / static_cast<float>(n);
-  for (size_t i = 0; i < m; ++i) avg[i] *= inv;
-  std::vector<float> mine(W, 0.0f), all(W * static_cast<size_t>(n), 0.0f);
-  std::vector<float> zero(m, 0.0f);
-  // Q(avg + server_error) with server_error updated: compress "zero + (avg + e)".
-  for (size_t i = 0; i < m; ++i) server_error[i] += avg[i];
-  mine[0] = onebit_compress(reinterpret_cast<uint8_t*>(mine.data() + 1), zero.data(), server_error, m);
-  // 4. Every server's chunk to every rank.
+  at = 0;
+  for (const OneBitPlan::Tensor& t : plan.tensors) {
+    const OneBitLayout& L = t.layout;
+    a.assign(L.chunk, 0.0f);
+    part.resize(L.chunk);
+    for (int w = 0; w < n; ++w) {
+      const float* msg = recv.data() + static_cast<size_t>(w) * M + at;
+      onebit_unpack(part.data(), reinterpret_cast<const uint8_t*>(msg + 1), L.chunk, msg[0] * inv);
+      for (size_t i = 0; i < L.chunk; ++i) a[i] += part[i];
+    }
+    float* se = server_error + t.server_at;
+    for (size_t i = 0; i < L.chunk; ++i) se[i] += a[i];  // se holds a + server_error
+    const float s = scale_of(se, L.chunk);
+    mine[at] = s;
+    onebit_pack(reinterpret_cast<uint8_t*>(mine.data() + at + 1), se, L.chunk);
+    for (size_t i = 0; i < L.chunk; ++i) se[i] -= (se[i] < 0.0f) ? -s : s;
+    at += L.words();
+  }
+  (void)me;
+  // 4. Every server's chunks to every rank; each tensor's first len elements kept.
   AllGatherOptions go;
   static_cast<CommOptions&>(go) = opts;
   if (go.tag.empty()) go.tag = "onebit server chunks";
-  group.all_gather(all.data(), mine.data(), W, DType::kF32, go)->wait();
-  for (int r = 0; r < n; ++r)
-    onebit_unpack(buf + L.begin(r), wire_bits(all, r, W), L.end(r) - L.begin(r), *wire_scale(all, r, W));
+  group.all_gather(all.data(), mine.data(), M, DType::kF32, go)->wait();
+  at = 0;
+  for (const OneBitPlan::Tensor& t : plan.tensors) {
+    const OneBitLayout& L = t.layout;
+    for (int r = 0; r < n && L.begin(r) < L.len; ++r) {
+      const float* msg = all.data() + static_cast<size_t>(r) * M + at;
+      const size_t m = std::min(L.chunk, L.len - L.begin(r));
+      onebit_unpack(buf + t.offset + L.begin(r), reinterpret_cast<const uint8_t*>(msg + 1), m, msg[0]);
+    }
+    at += L.words();
+  }
+}
+
+void compressed_all_reduce(Backend& group, float* buf, size_t len, float* worker_error, float* server_error,
+                           const CommOptions& opts) {
+  if (group.size() == 1) return;
+  compressed_all_reduce(group, buf, OneBitPlan({{0, len}}, group.size()), worker_error, server_error, opts);
 }
 
 }  // namespace mt::comm

@@ -8,24 +8,31 @@
 // Error feedback: compress x + e, then e = (x + e) - decompressed, so the sum of the decompressed
 // outputs over steps equals the sum of the inputs minus the last error (bounded).
 //
-// compressed_all_reduce(buf) over n ranks, each rank the server of one chunk of buf:
-//   1. worker: c = buf + worker_error; per chunk r: scale s_r and bits; worker_error = c - Q(c)
-//   2. all_to_all: chunk r of every worker goes to rank r (scale and bits, 1 + chunk/32 floats)
-//   3. server (chunk r): a = (1/n) sum_w Q_w(c_w,r) + server_error; server_error = a - Q(a)
-//   4. all_gather of Q(a) (scale and bits); every rank decompresses every chunk into buf.
+// compressed_all_reduce(buf) over n ranks, as DeepSpeed's compressed_allreduce (runtime/comm/
+// nccl.py and mpi.py) does it for one tensor, each rank the server of one chunk:
+//   0. the buffer is padded with zeros to `padded` = len rounded up to a multiple of
+//      n · lcm(n, 8) (DeepSpeed's corrected_tensor_size); chunk = padded / n. The padding is part
+//      of the compression: its elements have worker errors and count in the scale's sqrt;
+//   1. worker: c = buf + worker_error (padded); one scale s_w = ||c|| / sqrt(padded); bits of c;
+//      worker_error = c - Q(c);
+//   2. all_to_all: chunk r of every worker's bits (and its scale) goes to rank r;
+//   3. server (chunk r): a = sum_w (s_w / n) · (±1) + server_error; server_error = a - Q(a), with
+//      Q's scale ||a|| / sqrt(chunk);
+//   4. all_gather of Q(a) (scale and bits); every rank decompresses every chunk and keeps the
+//      first len elements.
 // buf becomes the same on every rank: approximately the average of the inputs.
-// NOTE: DeepSpeed's worker keeps one scale per tensor; here a worker has one scale per server
-// chunk (n scales of 4 bytes: DeepSpeed's layout otherwise), since buf is the whole flat buffer.
-//
-// Chunks: chunk = ceil(len / n) rounded up to a multiple of 32 elements (whole bytes of bits and a
-// whole number of 4-byte words on the wire); chunk r covers [r·chunk, min((r+1)·chunk, len)) and
-// may be short or empty at the end (the padding carries no data and no error).
-// Bytes this rank sends per call (counted by the comms logger as all_to_all + all_gather):
-//   2 · (n - 1) · (4 + chunk / 8)          against 2 · (n - 1) · len · 4 / n for an f32 all-reduce.
+// A plan compresses several tensors of one flat buffer, each on its own as above (DeepSpeed calls
+// compressed_allreduce once per parameter tensor: 1-bit and 0/1 Adam in fp32), with one all_to_all
+// and one all_gather for all of them; under fp16 DeepSpeed's fp16 optimizer hands them one flat
+// buffer (a plan of one tensor), and 1-bit LAMB always compresses its flat momentum.
+// Bytes this rank sends per call (the comms logger's all_to_all + all_gather): 2 · (n - 1) · 4 ·
+// sum over tensors of (1 + ceil(chunk / 32)) words: a scale and the chunk's bits.
+
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "comm/backend.h"
@@ -42,20 +49,41 @@ float onebit_scale(const float* x, size_t len);
 // Returns the scale. e (len) is updated in place; x is left as it was.
 float onebit_compress(uint8_t* bits, const float* x, float* e, size_t len);
 
+// DeepSpeed's layout of one tensor of len elements over `ranks` (step 0 above).
 struct OneBitLayout {
-  size_t len = 0;   // elements of buf
+  size_t len = 0;     // elements of the tensor
   int ranks = 1;
-  size_t chunk = 0; // elements per server chunk (multiple of 32)
+  size_t padded = 0;  // len rounded up to a multiple of ranks · lcm(ranks, 8)
+  size_t chunk = 0;   // padded / ranks: elements per server chunk (a multiple of 8)
   OneBitLayout(size_t len, int ranks);
-  size_t begin(int r) const;
-  size_t end(int r) const;
-  size_t words() const { return 1 + chunk / 32; }  // f32 words per chunk on the wire
+  size_t begin(int r) const { return static_cast<size_t>(r) * chunk; }  // in the padded tensor
+  size_t words() const { return 1 + (chunk / 8 + 3) / 4; }  // f32 words per chunk on the wire
   size_t sent_bytes() const { return 2 * static_cast<size_t>(ranks - 1) * words() * 4; }
 };
 
-// buf (len) in, the compressed average over the ranks of `group` out (the same on every rank).
-// worker_error (len) and server_error (layout.chunk) are this rank's error feedback, updated.
-// Collective over group (one all_to_all and one all_gather); a group of one returns buf unchanged.
+// Tensors of one flat buffer, each compressed on its own, and where each one's errors sit.
+struct OneBitPlan {
+  struct Tensor {
+    size_t offset;  // in the flat buffer
+    OneBitLayout layout;
+    size_t worker_at, server_at;  // its worker errors (layout.padded) and server errors (layout.chunk)
+  };
+  std::vector<Tensor> tensors;
+  size_t worker_error_len = 0, server_error_len = 0, words = 0;
+  int ranks = 1;
+  // spans: (offset, len) of each tensor in the flat buffer.
+  OneBitPlan(const std::vector<std::pair<size_t, size_t>>& spans, int ranks);
+  size_t sent_bytes() const { return 2 * static_cast<size_t>(ranks - 1) * words * 4; }
+};
+
+// buf's tensors in, each one's compressed average over the ranks of `group` out (the same on
+// every rank). worker_error (plan.worker_error_len) and server_error (plan.server_error_len) are
+// this rank's error feedback, updated. Collective over group (one all_to_all and one all_gather);
+// a group of one returns buf unchanged.
+void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, float* worker_error, float* server_error,
+                           const CommOptions& opts = {});
+// One tensor of len elements: worker_error has OneBitLayout(len, n).padded elements, server_error
+// its chunk.
 void compressed_all_reduce(Backend& group, float* buf, size_t len, float* worker_error, float* server_error,
                            const CommOptions& opts = {});
 

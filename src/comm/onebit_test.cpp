@@ -9,6 +9,7 @@
 #include "comm/comm_log.h"
 #include "comm/local_backend.h"
 #include "comm/onebit.h"
+#include "comm/onebit_reference_test_util.h"
 
 namespace mt::comm {
 namespace {
@@ -77,85 +78,67 @@ TEST(OneBit, ErrorFeedbackTracksTheRunningSum) {
   EXPECT_LT(worst_late, 25.0);
 }
 
-TEST(OneBit, LayoutChunksAreWholeWordsAndCoverTheBuffer) {
+// DeepSpeed's corrected_tensor_size: a multiple of ranks · lcm(ranks, 8).
+TEST(OneBit, LayoutIsDeepSpeedsCorrectedSize) {
   OneBitLayout L(1000, 3);
-  EXPECT_EQ(L.chunk, 352u);  // ceil(1000/3) = 334 -> 352
-  EXPECT_EQ(L.begin(0), 0u);
-  EXPECT_EQ(L.end(2), 1000u);
-  EXPECT_EQ(L.begin(2), 704u);
-  EXPECT_EQ(L.words(), 12u);
-  OneBitLayout tiny(5, 4);  // ranks 1..3 hold nothing
-  EXPECT_EQ(tiny.end(0), 5u);
-  EXPECT_EQ(tiny.begin(1), 5u);
-  EXPECT_EQ(tiny.end(3), 5u);
+  EXPECT_EQ(L.padded, 1008u);  // 3 · 24 = 72 divides 1008
+  EXPECT_EQ(L.chunk, 336u);
+  EXPECT_EQ(L.begin(2), 672u);
+  EXPECT_EQ(L.words(), 1u + 11u);  // a scale and 42 bytes of bits
+  OneBitLayout tiny(5, 4);
+  EXPECT_EQ(tiny.padded, 32u);
+  EXPECT_EQ(tiny.chunk, 8u);
+  EXPECT_EQ(OneBitLayout(4096, 2).padded, 4096u);
+  for (int n : {1, 2, 3, 4, 5, 8})
+    for (size_t len : {1u, 7u, 100u, 1003u}) EXPECT_EQ(OneBitLayout(len, n).padded, testing::ds_corrected_size(len, n));
 }
 
-// The reference: every rank's inputs are known here (seeded by rank), so the result follows by the
-// formula of onebit.h in plain loops, step after step (errors carried).
-void reference_step(std::vector<std::vector<float>>& in, std::vector<std::vector<float>>& we,
-                    std::vector<std::vector<float>>& se, size_t len, int n, std::vector<float>& out) {
-  OneBitLayout L(len, n);
-  std::vector<std::vector<float>> q(n, std::vector<float>(len));
-  for (int w = 0; w < n; ++w)
-    for (int r = 0; r < n; ++r) {
-      const size_t b = L.begin(r), m = L.end(r) - b;
-      std::vector<float> c(m);
-      for (size_t i = 0; i < m; ++i) c[i] = in[w][b + i] + we[w][b + i];
-      double sq = 0;
-      for (float v : c) sq += static_cast<double>(v) * v;
-      const float s = m ? static_cast<float>(std::sqrt(sq / static_cast<double>(m))) : 0.0f;
-      for (size_t i = 0; i < m; ++i) {
-        q[w][b + i] = c[i] < 0 ? -s : s;
-        we[w][b + i] = c[i] - q[w][b + i];
-      }
-    }
-  out.assign(len, 0.0f);
-  for (int r = 0; r < n; ++r) {
-    const size_t b = L.begin(r), m = L.end(r) - b;
-    std::vector<float> a(m, 0.0f);
-    for (int w = 0; w < n; ++w)
-      for (size_t i = 0; i < m; ++i) a[i] += q[w][b + i];
-    for (size_t i = 0; i < m; ++i) a[i] = a[i] * (1.0f / static_cast<float>(n)) + se[r][i];
-    double sq = 0;
-    for (float v : a) sq += static_cast<double>(v) * v;
-    const float s = m ? static_cast<float>(std::sqrt(sq / static_cast<double>(m))) : 0.0f;
-    for (size_t i = 0; i < m; ++i) {
-      out[b + i] = a[i] < 0 ? -s : s;
-      se[r][i] = a[i] - out[b + i];
-    }
-  }
-}
-
-void check_compressed_all_reduce(int n, size_t len) {
+// Against DeepSpeed's compressed_allreduce written again (onebit_reference_test_util.h): every
+// rank's inputs are known here (seeded by rank), step after step with the errors carried. Bit for
+// bit. A plan of several tensors is each of them on its own. The flat buffer was one tensor with a
+// scale per server chunk and padding that carried no error: another compression than DeepSpeed's.
+void check_compressed_all_reduce(int n, const std::vector<size_t>& lens) {
   const int steps = 3;
+  size_t total = 0;
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (size_t len : lens) spans.emplace_back(total, len), total += len;
   std::vector<std::vector<float>> results(n);
   auto errs = run_local_ranks(n, [&](Backend& b) {
-    OneBitLayout L(len, n);
-    std::vector<float> we(len, 0.0f), se(L.chunk, 0.0f), buf;
+    const OneBitPlan plan(spans, n);
+    std::vector<float> we(plan.worker_error_len, 0.0f), se(plan.server_error_len, 0.0f), buf;
     for (int t = 0; t < steps; ++t) {
-      buf = randn(len, static_cast<uint32_t>(100 * t + b.rank()));
-      compressed_all_reduce(b, buf.data(), len, we.data(), se.data());
+      buf = randn(total, static_cast<uint32_t>(100 * t + b.rank()));
+      if (lens.size() == 1) compressed_all_reduce(b, buf.data(), total, we.data(), se.data());
+      else compressed_all_reduce(b, buf.data(), plan, we.data(), se.data());
     }
     results[b.rank()] = buf;
   });
   for (auto& e : errs) ASSERT_EQ(e, nullptr);
-  std::vector<std::vector<float>> in(n), we(n, std::vector<float>(len, 0.0f));
-  std::vector<std::vector<float>> se(n, std::vector<float>(OneBitLayout(len, n).chunk, 0.0f));
-  std::vector<float> expect;
+  std::vector<std::vector<std::vector<float>>> we(lens.size()), se(lens.size());
+  std::vector<float> expect(total);
   for (int t = 0; t < steps; ++t) {
-    for (int r = 0; r < n; ++r) in[r] = randn(len, static_cast<uint32_t>(100 * t + r));
-    reference_step(in, we, se, len, n, expect);
+    for (size_t k = 0; k < lens.size(); ++k) {
+      std::vector<std::vector<float>> x(n);
+      for (int r = 0; r < n; ++r) {
+        const std::vector<float> in = randn(total, static_cast<uint32_t>(100 * t + r));
+        x[r].assign(in.begin() + static_cast<std::ptrdiff_t>(spans[k].first),
+                    in.begin() + static_cast<std::ptrdiff_t>(spans[k].first + spans[k].second));
+      }
+      testing::ds_compressed_allreduce(x, we[k], se[k]);
+      std::copy(x[0].begin(), x[0].end(), expect.begin() + static_cast<std::ptrdiff_t>(spans[k].first));
+    }
   }
   for (int r = 0; r < n; ++r)
-    for (size_t i = 0; i < len; ++i) ASSERT_FLOAT_EQ(results[r][i], expect[i]) << "rank " << r << " i " << i;
+    for (size_t i = 0; i < total; ++i) ASSERT_EQ(results[r][i], expect[i]) << "rank " << r << " i " << i;
 }
 
-TEST(OneBit, CompressedAllReduceMatchesTheFormula2Ranks) { check_compressed_all_reduce(2, 1000); }
-TEST(OneBit, CompressedAllReduceMatchesTheFormula4Ranks) { check_compressed_all_reduce(4, 1003); }
-TEST(OneBit, CompressedAllReduceTinyBuffer) { check_compressed_all_reduce(4, 5); }
+TEST(OneBit, CompressedAllReduceIsDeepSpeeds2Ranks) { check_compressed_all_reduce(2, {1000}); }
+TEST(OneBit, CompressedAllReduceIsDeepSpeeds4Ranks) { check_compressed_all_reduce(4, {1003}); }
+TEST(OneBit, CompressedAllReduceTinyBuffer) { check_compressed_all_reduce(4, {5}); }
+TEST(OneBit, CompressedAllReduceOfTensorsIsEachOnItsOwn) { check_compressed_all_reduce(3, {40, 8, 1000, 1, 24}); }
 
 // The comms logger's counts: an all-reduce of N floats on n ranks sends 2(n-1)·4N/n bytes; the
-// compressed all-reduce sends 2(n-1)(4 + chunk/8) (its all_to_all and all_gather).
+// compressed all-reduce sends 2(n-1)·4·(1 + ceil(chunk/32)) (its all_to_all and all_gather).
 TEST(CommLog, CountsBytesByTheDocumentedFormulas) {
   for (int n : {2, 4}) {
     const size_t N = 4096;
@@ -171,7 +154,7 @@ TEST(CommLog, CountsBytesByTheDocumentedFormulas) {
       ar[raw.rank()] = log->sent_bytes();
       log->reset();
       OneBitLayout L(N, n);
-      std::vector<float> we(N, 0.0f), se(L.chunk, 0.0f);
+      std::vector<float> we(L.padded, 0.0f), se(L.chunk, 0.0f);
       compressed_all_reduce(*b, v.data(), N, we.data(), se.data());
       ob[raw.rank()] = log->sent_bytes();
       a2a[raw.rank()] = log->count(CommOp::kAllToAll);
@@ -182,7 +165,7 @@ TEST(CommLog, CountsBytesByTheDocumentedFormulas) {
     const uint64_t nn = static_cast<uint64_t>(n);
     for (int r = 0; r < n; ++r) {
       EXPECT_EQ(ar[r], 2 * (nn - 1) * N * 4 / nn);
-      EXPECT_EQ(ob[r], 2 * (nn - 1) * (4 + OneBitLayout(N, n).chunk / 8));
+      EXPECT_EQ(ob[r], 2 * (nn - 1) * 4 * OneBitLayout(N, n).words());
       EXPECT_EQ(a2a[r], 1u);
       EXPECT_EQ(ag[r], 1u);
       EXPECT_GE(static_cast<double>(ar[r]) / static_cast<double>(ob[r]), 16.0);

@@ -991,20 +991,29 @@ void load_rank_state(Engine& engine, const fs::path& dir, const nlohmann::json& 
       std::string bad = file_damage(dir, state, f);
       if (!bad.empty()) throw_damaged(dir.string(), bad);
       checkpoint::SafetensorsFile file((dir / f).string());
+      // Buffers of another layout (saved under another precision, or before the exchange
+      // compressed tensor by tensor) start at zero, as on another world size.
+      bool same = true;
       for (const optim::StateBuffer& b : own) {
-        std::vector<float> v = file.read_f32(b.name, {static_cast<int64_t>(b.numel)});
-        std::copy(v.begin(), v.end(), b.data);
+        const checkpoint::StTensorInfo* t = file.find(b.name);
+        same = same && t != nullptr && t->shape == std::vector<int64_t>{static_cast<int64_t>(b.numel)};
       }
-      read.push_back(f);
-      restored = true;
-      engine.rank_state_loaded();
+      if (same) {
+        for (const optim::StateBuffer& b : own) {
+          std::vector<float> v = file.read_f32(b.name, {static_cast<int64_t>(b.numel)});
+          std::copy(v.begin(), v.end(), b.data);
+        }
+        read.push_back(f);
+        restored = true;
+        engine.rank_state_loaded();
+      }
     }
   } catch (...) {
     failed = std::current_exception();
   }
   agree(ctx, failed, timeout, "loading checkpoint " + dir.string());
   if (!restored && ctx.world->rank() == 0)
-    log_warning(dir.string() + ": no error-feedback buffers saved by " + std::to_string(ctx.world->size()) +
+    log_warning(dir.string() + ": no error-feedback buffers of this layout saved by " + std::to_string(ctx.world->size()) +
                 " ranks: " + engine.optimizer().type_name() + " starts them at zero");
 }
 

@@ -257,6 +257,9 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   go.comm_dtype = config.comm_dtype;
   go.zero.comm_dtype = config.comm_dtype;
   go.onebit = optim::optimizer_is_onebit(config.optimizer);
+  // DeepSpeed's 1-bit and 0/1 Adam compress tensor by tensor in fp32; its fp16 optimizer gives them
+  // one flat buffer, and 1-bit LAMB compresses its flat momentum in both.
+  go.onebit_per_tensor = go.onebit && !optim::optimizer_is_onebit_lamb(config.optimizer) && config.compute_dtype != DType::kF16;
   const std::string rank_dir = "rank" + std::to_string(rank());
   if (z.offload_param == "nvme") {  // ZeRO-Infinity: master and gradient shards on disk
     go.zero.swap_dir = (std::filesystem::path(z.param_nvme_path) / "zero_stage_3" / "param" / rank_dir).string();

@@ -104,6 +104,8 @@ bool optimizer_is_onebit(const OptimizerSpec& spec) {
   return t == "onebitadam" || t == "zerooneadam" || t == "onebitlamb";
 }
 
+bool optimizer_is_onebit_lamb(const OptimizerSpec& spec) { return lower(spec.type) == "onebitlamb"; }
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, size_t numel,
                                           std::vector<ParamSegment> segments) {
   const std::string type = lower(spec.type);

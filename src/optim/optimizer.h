@@ -161,6 +161,7 @@ struct OptimizerSpec {
 
 // Whether spec.type names a 1-bit optimizer (its momentum is averaged by a StateExchange).
 bool optimizer_is_onebit(const OptimizerSpec& spec);
+bool optimizer_is_onebit_lamb(const OptimizerSpec& spec);  // OneBitLamb: compresses its flat momentum
 
 // Builds the optimizer named by spec.type over numel elements split into segments. Throws
 // kNotSupported for an unknown type or Adam with adam_w_mode false, kInvalidArgument for bad

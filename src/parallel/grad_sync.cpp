@@ -65,11 +65,21 @@ class OneBitSync : public GradSync, public optim::StateExchange {
  public:
   OneBitSync(nn::ParamStore& store, const std::vector<Unit>& units, const std::vector<std::vector<nn::Module*>>& modules,
              comm::Backend& dp, const GradSyncOptions& o)
-      : full_(store, units, modules, dp, o), dp_(dp), timeout_(o.timeout), layout_(store.numel(), dp.size()),
-        worker_error_(store.numel() * 4, MemCategory::kOptimizer),
-        server_error_(layout_.chunk * 4, MemCategory::kOptimizer) {
-    std::fill_n(worker_error_.as<float>(), store.numel(), 0.0f);
-    std::fill_n(server_error_.as<float>(), layout_.chunk, 0.0f);
+      : full_(store, units, modules, dp, o), dp_(dp), timeout_(o.timeout), plan_(spans(store, o.onebit_per_tensor), dp.size()),
+        worker_error_(plan_.worker_error_len * 4, MemCategory::kOptimizer),
+        server_error_(plan_.server_error_len * 4, MemCategory::kOptimizer) {
+    std::fill_n(worker_error_.as<float>(), plan_.worker_error_len, 0.0f);
+    std::fill_n(server_error_.as<float>(), plan_.server_error_len, 0.0f);
+  }
+  // DeepSpeed compresses each parameter tensor on its own where its optimizer sees them (1-bit and
+  // 0/1 Adam in fp32), and the one flat buffer its fp16 optimizer hands over (and 1-bit LAMB's
+  // flat momentum). The whole buffer was always one, with a scale per server chunk: a LayerNorm's
+  // momentum shared its scale with its neighbour, a thousand times its size.
+  static std::vector<std::pair<size_t, size_t>> spans(const nn::ParamStore& store, bool per_tensor) {
+    if (!per_tensor) return {{0, store.numel()}};
+    std::vector<std::pair<size_t, size_t>> out;
+    for (const nn::Parameter* p : store.parameters()) out.emplace_back(p->offset, static_cast<size_t>(p->numel()));
+    return out;
   }
   const char* kind() const override { return "onebit"; }
   float* master() const override { return full_.master(); }
@@ -102,24 +112,25 @@ class OneBitSync : public GradSync, public optim::StateExchange {
   }
   bool grads_local() const override { return optimizer_ && optimizer_->wants_local_gradients(); }
   std::vector<optim::StateBuffer> rank_state() const override {
-    return {{"worker_error", worker_error_.as<float>(), layout_.len}, {"server_error", server_error_.as<float>(), layout_.chunk}};
+    return {{"worker_error", worker_error_.as<float>(), plan_.worker_error_len},
+            {"server_error", server_error_.as<float>(), plan_.server_error_len}};
   }
   void average(float* buf, size_t n) override {
-    MT_CHECK(n == layout_.len, ErrorKind::kInternal, "onebit sync: the exchange covers the whole flat buffer");
+    MT_CHECK(n == full_.numel(), ErrorKind::kInternal, "onebit sync: the exchange covers the whole flat buffer");
     comm::CommOptions o;
     o.timeout = timeout_;
-    comm::compressed_all_reduce(dp_, buf, n, worker_error_.as<float>(), server_error_.as<float>(), o);
+    comm::compressed_all_reduce(dp_, buf, plan_, worker_error_.as<float>(), server_error_.as<float>(), o);
   }
   void reset_errors() override {
-    std::fill_n(worker_error_.as<float>(), layout_.len, 0.0f);
-    std::fill_n(server_error_.as<float>(), layout_.chunk, 0.0f);
+    std::fill_n(worker_error_.as<float>(), plan_.worker_error_len, 0.0f);
+    std::fill_n(server_error_.as<float>(), plan_.server_error_len, 0.0f);
   }
 
  private:
   BucketedSync full_;
   comm::Backend& dp_;
   std::chrono::milliseconds timeout_;
-  comm::OneBitLayout layout_;
+  comm::OneBitPlan plan_;
   Buffer worker_error_, server_error_;
   optim::Optimizer* optimizer_ = nullptr;
 };

@@ -33,6 +33,7 @@ struct GradSyncOptions {
   bool overlap_comm = false;
   ZeroOptions zero;                    // stages 1-3
   bool onebit = false;                 // a 1-bit optimizer (stage 0 only)
+  bool onebit_per_tensor = false;      // its exchange compresses each parameter tensor on its own
   DType comm_dtype = DType::kF32;      // communication_data_type (stage 0; stages 1-3: zero.comm_dtype)
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
 };

@@ -10,6 +10,8 @@
 
 #include "comm/local_backend.h"
 #include "comm/onebit.h"
+#include "comm/onebit_reference_test_util.h"
+#include "optim/onebit_adam.h"
 #include "optim/onebit_lamb.h"
 #include "optim/onebit_reference_test_util.h"
 #include "optim/zero_one_adam.h"
@@ -28,72 +30,62 @@ using testing::randn;
 
 std::vector<float> grad_of(int rank, int t) { return randn(kN, 1000 * static_cast<uint32_t>(rank) + static_cast<uint32_t>(t), 1.0f); }
 
-// What OneBitSync does (parallel/grad_sync.cpp): the compressed all-reduce with this rank's errors.
+// What OneBitSync does (parallel/grad_sync.cpp): the compressed all-reduce with this rank's errors,
+// of the flat buffer as one tensor (DeepSpeed's fp16 optimizer and 1-bit LAMB) or of each
+// parameter tensor on its own (1-bit and 0/1 Adam in fp32).
+std::vector<std::pair<size_t, size_t>> tensor_spans(bool per_tensor) {
+  if (!per_tensor) return {{0, kN}};
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const ParamSegment& s : segments()) out.emplace_back(s.offset, s.numel);
+  return out;
+}
 struct Compressed : StateExchange {
   comm::Backend& b;
+  comm::OneBitPlan plan;
   std::vector<float> we, se;
-  explicit Compressed(comm::Backend& backend)
-      : b(backend), we(kN, 0.0f), se(comm::OneBitLayout(kN, backend.size()).chunk, 0.0f) {}
-  void average(float* buf, size_t n) override { comm::compressed_all_reduce(b, buf, n, we.data(), se.data()); }
+  Compressed(comm::Backend& backend, bool per_tensor)
+      : b(backend), plan(tensor_spans(per_tensor), backend.size()), we(plan.worker_error_len, 0.0f), se(plan.server_error_len, 0.0f) {}
+  void average(float* buf, size_t) override { comm::compressed_all_reduce(b, buf, plan, we.data(), se.data()); }
   void reset_errors() override {
     std::fill(we.begin(), we.end(), 0.0f);
     std::fill(se.begin(), se.end(), 0.0f);
   }
 };
 
-// onebit.h's compressed average in double, every rank's errors kept here.
+// DeepSpeed's compressed_allreduce (comm/onebit_reference_test_util.h) in double, on each tensor.
 struct RefCompressed {
-  comm::OneBitLayout L{kN, kRanks};
-  std::vector<Vec> we = std::vector<Vec>(kRanks, Vec(kN, 0.0)), se = std::vector<Vec>(kRanks, Vec(L.chunk, 0.0));
-  static double sign_scale(Vec& c, size_t b, size_t e, Vec& err) {  // c <- Q(c), err <- c - Q(c)
-    double sq = 0;
-    for (size_t i = b; i < e; ++i) sq += c[i] * c[i];
-    const double s = e > b ? std::sqrt(sq / static_cast<double>(e - b)) : 0.0;
-    for (size_t i = b; i < e; ++i) {
-      const double q = c[i] < 0 ? -s : s;
-      err[i - b] = c[i] - q;
-      c[i] = q;
-    }
-    return s;
-  }
+  bool per_tensor = false;
+  std::vector<std::vector<Vec>> we, se;  // per tensor, per rank
   void operator()(std::vector<Vec>& x) {
-    std::vector<Vec> q(kRanks);
-    for (int w = 0; w < kRanks; ++w) {
-      q[w] = x[w];
-      for (size_t i = 0; i < kN; ++i) q[w][i] += we[w][i];
-      for (int r = 0; r < kRanks; ++r) {
-        Vec err(L.end(r) - L.begin(r));
-        sign_scale(q[w], L.begin(r), L.end(r), err);
-        for (size_t i = 0; i < err.size(); ++i) we[w][L.begin(r) + i] = err[i];
-      }
+    const auto spans = tensor_spans(per_tensor);
+    we.resize(spans.size());
+    se.resize(spans.size());
+    for (size_t k = 0; k < spans.size(); ++k) {
+      std::vector<Vec> part(x.size());
+      for (size_t r = 0; r < x.size(); ++r)
+        part[r].assign(x[r].begin() + static_cast<std::ptrdiff_t>(spans[k].first),
+                       x[r].begin() + static_cast<std::ptrdiff_t>(spans[k].first + spans[k].second));
+      comm::testing::ds_compressed_allreduce(part, we[k], se[k]);
+      for (size_t r = 0; r < x.size(); ++r)
+        std::copy(part[r].begin(), part[r].end(), x[r].begin() + static_cast<std::ptrdiff_t>(spans[k].first));
     }
-    Vec out(kN, 0.0);
-    for (int r = 0; r < kRanks; ++r) {
-      for (size_t i = L.begin(r); i < L.end(r); ++i) {
-        double a = 0;
-        for (int w = 0; w < kRanks; ++w) a += q[w][i];
-        out[i] = a / kRanks + se[r][i - L.begin(r)];
-      }
-      Vec err(L.end(r) - L.begin(r));
-      sign_scale(out, L.begin(r), L.end(r), err);
-      for (size_t i = 0; i < err.size(); ++i) se[r][i] = err[i];
-    }
-    for (Vec& r : x) r = out;
   }
   void reset() {
-    for (Vec& e : we) std::fill(e.begin(), e.end(), 0.0);
-    for (Vec& e : se) std::fill(e.begin(), e.end(), 0.0);
+    for (auto& t : we)
+      for (Vec& e : t) std::fill(e.begin(), e.end(), 0.0);
+    for (auto& t : se)
+      for (Vec& e : t) std::fill(e.begin(), e.end(), 0.0);
   }
 };
 
 // Runs `steps` updates of Opt on every rank; returns each rank's parameters after each step.
 template <typename Opt, typename Config>
-std::vector<std::vector<std::vector<float>>> run_ranks(const Config& config, int steps) {
+std::vector<std::vector<std::vector<float>>> run_ranks(const Config& config, int steps, bool per_tensor = false) {
   std::vector<std::vector<std::vector<float>>> out(kRanks, std::vector<std::vector<float>>(steps));
   std::vector<std::vector<float>> grads(kRanks);
   auto errs = comm::run_local_ranks(kRanks, [&](comm::Backend& b) {
     Opt opt(kN, segments(), config);
-    Compressed ex(b);
+    Compressed ex(b, per_tensor);
     opt.set_exchange(&ex);
     std::vector<float> p = initial_params();
     for (int t = 1; t <= steps; ++t) {
@@ -152,6 +144,33 @@ TEST(OneBitOptimizers, ZeroOneAdamTwoRanksMatchesDeepSpeedsStep) {
   EXPECT_EQ(ref.last_kind, 'L');
   EXPECT_GT(gap(steps), 1e-4f);
   EXPECT_LT(gap(steps - 1), 1e-6f);
+}
+
+// 1-bit Adam on two ranks, its momentum compressed tensor by tensor (DeepSpeed in fp32) and as one
+// flat buffer (DeepSpeed's fp16 optimizer), against DeepSpeed's step and compressed_allreduce.
+TEST(OneBitOptimizers, OneBitAdamTwoRanksMatchesDeepSpeedsStep) {
+  for (bool per_tensor : {true, false}) {
+    OneBitAdamConfig c;
+    c.bias_correction = false;
+    c.freeze_step = 4;
+    const int steps = 9;
+    auto got = run_ranks<OneBitAdam>(c, steps, per_tensor);
+    testing::OneBitAdamRef ref;
+    ref.freeze_step = 4;
+    ref.segs = ref_segments();
+    std::vector<float> p0 = initial_params();
+    ref.p = std::vector<Vec>(kRanks, Vec(p0.begin(), p0.end()));
+    ref.m = ref.v = std::vector<Vec>(kRanks, Vec(kN, 0.0));
+    RefCompressed avg;
+    avg.per_tensor = per_tensor;
+    for (int t = 1; t <= steps; ++t) {
+      ref.step(ref_grads(t), static_cast<float>(lr_at(t)), [&](std::vector<Vec>& x) { avg(x); });
+      for (int r = 0; r < kRanks; ++r)
+        for (size_t i = 0; i < kN; ++i)
+          ASSERT_NEAR(got[r][t - 1][i], ref.p[r][i], 5e-5 * (1.0 + std::fabs(ref.p[r][i])))
+              << (per_tensor ? "per tensor" : "flat") << " rank " << r << " t " << t << " i " << i;
+    }
+  }
 }
 
 TEST(OneBitOptimizers, OneBitLambTwoRanksMatchesDeepSpeedsStep) {
