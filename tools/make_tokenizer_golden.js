@@ -138,6 +138,9 @@ const addedTexts = [
   '[W] a[W] [W]b [W], ([W]) _[W] é[W] 1[W] e\u0301[W]', '[W]',
   'newword new newer renew new-word newwords zqw zqwx xzqw zqw-1 zqw', '<|endoftext|>newword<|end',
   'café <|im_start|>東京<|im_end|>🙂', '<|end<|endoftext|>',
+  // Rust's \\w is Alphabetic (circled letters are So and Alphabetic) and its \\s White_Space
+  // (U+180E is not one since Unicode 6.3).
+  '\u24b6[W] [W]\u24d0 \u24b6 [W]', '\u180e<mask>', 'a <|im_end|>\u180e x', '\u2028<mask>\u00a0',
 ];
 // Pairs truncated as Hugging Face's run_glue asks (tokenizer(a, b, max_length, truncation=True):
 // its default, longest_first): the ids and how many are the first text's.

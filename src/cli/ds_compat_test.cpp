@@ -185,7 +185,10 @@ TEST(SparseAttention, TrainsAndEveryLayoutEqualsOneProcess) {
 }
 
 // DeepSpeed's csv_monitor (here inside monitor_config, as LLaMA-Factory's configs carry it): one
-// CSV per event named as DeepSpeed names it, stepped in samples, the values the run printed.
+// CSV per event named as DeepSpeed names it, stepped in samples, at the points DeepSpeed's engine
+// writes them: the loss at the samples before its step (it was after), the lr after the scheduler
+// has stepped (the next step's: the step's own was written), values as Python's repr (0.0003,
+// not to_chars' 3e-04).
 TEST(CsvMonitor, WritesDeepSpeedsEventFiles) {
   tiny_model_and_data();
   nlohmann::json j = {{"model", dir() + "/config.json"},
@@ -194,7 +197,9 @@ TEST(CsvMonitor, WritesDeepSpeedsEventFiles) {
                       {"train_iters", 3},
                       {"train_batch_size", 4},
                       {"train_micro_batch_size_per_gpu", 2},
-                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.0003}}}}},
+                      {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 4}, {"warmup_max_lr", 0.0003},
+                                                                        {"warmup_type", "linear"}}}}},
                       {"monitor_config", {{"enabled", true}, {"tag", "DeepSpeedMonitor"},
                                           {"csv_monitor", {{"enabled", true}, {"output_path", dir() + "/csv"}, {"job_name", "job"}}}}}};
   std::ofstream(dir() + "/csv.json") << j.dump();
@@ -211,10 +216,14 @@ TEST(CsvMonitor, WritesDeepSpeedsEventFiles) {
   EXPECT_EQ(line, "step,train_loss\r");
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(std::getline(in, line)) << loss_csv;
-    EXPECT_EQ(line.substr(0, line.find(',')), std::to_string(4 * (i + 1)));  // samples
+    EXPECT_EQ(line.substr(0, line.find(',')), std::to_string(4 * i));  // samples before the step
     EXPECT_NEAR(std::stod(line.substr(line.find(',') + 1)), loss[i], 1e-6 * loss[i]);
   }
-  EXPECT_TRUE(fs::exists(dir() + "/csv/job/Train_Samples_lr.csv"));
+  // WarmupLR linear over 4 steps to 3e-4 (DeepSpeed's iterations -1, 0, 1, 2: steps 1-3 train at
+  // 0, 0, 7.5e-05); written after each step, the next step's: 0, 7.5e-05, 0.00015 at samples 4, 8,
+  // 12 (the step's own was written: 0, 0, 7.5e-05).
+  EXPECT_EQ(mt::cli::testing::slurp(dir() + "/csv/job/Train_Samples_lr.csv"),
+            "step,lr\r\n4,0.0\r\n8,7.5e-05\r\n12,0.00015\r\n");
   EXPECT_FALSE(fs::exists(dir() + "/csv/job/Train_Samples_loss_scale.csv"));  // fp16 only
   // Off when monitor_config is off, whatever csv_monitor says.
   j["monitor_config"]["enabled"] = false;

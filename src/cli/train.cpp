@@ -254,6 +254,39 @@ DataSource open_data(const engine::RunConfig& cfg, const std::string& path, cons
 // this process is "step,<last part of the name>". Values are written as Python's repr writes them.
 class CsvMonitor {
  public:
+  // Python's repr of a float: the shortest digits that round-trip, fixed for exponents -4 to 15
+  // (0.0003, 2.0, 123456.0), else scientific with a signed exponent of at least two digits (3e-05,
+  // 1.5e+16). std::to_chars' shortest form picked whichever was shorter ("3e-04" for 0.0003).
+  static std::string python_repr(double value) {
+    if (std::isnan(value)) return "nan";
+    if (std::isinf(value)) return value < 0 ? "-inf" : "inf";
+    char buf[64];
+    auto res = std::to_chars(buf, buf + sizeof buf, value, std::chars_format::scientific);
+    const std::string sci(buf, res.ptr);  // [-]d[.ddd]e[+-]xx
+    const size_t e = sci.find('e');
+    const bool neg = sci[0] == '-';
+    std::string digits;
+    for (size_t i = neg ? 1 : 0; i < e; ++i)
+      if (sci[i] != '.') digits += sci[i];
+    const int exp = std::stoi(sci.substr(e + 1));
+    std::string out = neg ? "-" : "";
+    if (exp >= -4 && exp < 16) {
+      if (exp < 0) {
+        out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+      } else if (static_cast<size_t>(exp) + 1 >= digits.size()) {
+        out += digits + std::string(static_cast<size_t>(exp) + 1 - digits.size(), '0') + ".0";
+      } else {
+        out += digits.substr(0, static_cast<size_t>(exp) + 1) + "." + digits.substr(static_cast<size_t>(exp) + 1);
+      }
+      return out;
+    }
+    out += digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    const int a = exp < 0 ? -exp : exp;
+    out += std::string("e") + (exp < 0 ? "-" : "+") + (a < 10 ? "0" : "") + std::to_string(a);
+    return out;
+  }
+
   explicit CsvMonitor(const engine::RunConfig::CsvMonitor& c)
       : dir_(c.output_path.empty() ? fs::path(c.job_name) : fs::path(c.output_path) / c.job_name) {
     std::error_code ec;
@@ -268,11 +301,7 @@ class CsvMonitor {
     std::ofstream f(path, std::ios::app);
     MT_CHECK(f.good(), ErrorKind::kIOError, "csv_monitor: cannot append to " + path.string());
     if (started_.insert(file).second) f << "step," << name.substr(name.rfind('/') + 1) << "\r\n";
-    char buf[64];
-    auto res = std::to_chars(buf, buf + sizeof buf, value);
-    std::string v(buf, res.ptr);
-    if (v.find_first_of(".en") == std::string::npos) v += ".0";  // Python writes 2.0, not 2
-    f << step << "," << v << "\r\n";
+    f << step << "," << python_repr(value) << "\r\n";
     MT_CHECK(f.good(), ErrorKind::kIOError, "csv_monitor: cannot write " + path.string());
   }
 
@@ -450,11 +479,14 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       }
       val_loss = eng.mean_over_ranks(val_loss) * DW / static_cast<double>(cfg.eval_iters);
     }
-    if (csv) {  // DeepSpeed's events, stepped in samples
+    if (csv) {  // DeepSpeed's events, stepped in samples, at the points its engine writes them
       const int64_t samples = eng.consumed_samples();
-      csv->write("Train/Samples/train_loss", r.loss, samples);
-      csv->write("Train/Samples/lr", r.lr, samples);
-      if (cfg.compute_dtype == DType::kF16) csv->write("Train/Samples/loss_scale", r.loss_scale, samples);
+      // backward() writes the loss before the step counts its samples; step() writes the lr and the
+      // loss scale after the update: the next step's lr (the scheduler has stepped) and the scale
+      // the overflow check left. The step's own lr and scale were written, at the samples after it.
+      csv->write("Train/Samples/train_loss", r.loss, samples - cfg.batch.train_batch_size);
+      csv->write("Train/Samples/lr", eng.current_lr(), samples);
+      if (cfg.compute_dtype == DType::kF16) csv->write("Train/Samples/loss_scale", eng.loss_scaler().scale(), samples);
     }
     if (metrics.is_open()) {
       nlohmann::json m = {{"step", done}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},

@@ -192,12 +192,18 @@ void CommLog::completed(CommOp op, size_t msg_bytes, int n, double seconds, cons
   std::lock_guard<std::mutex> lock(mu_);
   const double t = std::max(seconds, 1e-9);
   const double algbw = static_cast<double>(msg_bytes) / t;
+  // DeepSpeed's calc_bw_log: an all-reduce's tput is 2 S / t (its busbw S / t · 2(n-1)/n).
+  const double tput = op == CommOp::kAllReduce ? 2.0 * algbw : algbw;
+  const double busbw = algbw * comm_busbw_factor(op, n);
   for (auto* m : {&stats_, &step_}) {
     CommOpStats& s = (*m)[{key(op, tag), msg_bytes}];
     s.seconds += seconds;
-    s.algbw_sum += algbw;
-    s.busbw_sum += algbw * comm_busbw_factor(op, n);
+    s.algbw_sum += tput;
+    s.busbw_sum += busbw;
     ++s.completed;
+    s.latencies.push_back(seconds);
+    s.tputs.push_back(tput);
+    s.busbws.push_back(busbw);
   }
 }
 
@@ -233,6 +239,17 @@ bool CommLog::profiled(const std::string& key) const {
   return std::find(prof_ops_.begin(), prof_ops_.end(), op) != prof_ops_.end();
 }
 
+// scipy.stats.trim_mean(values, 0.1), as DeepSpeed's comms summary averages: int(0.1 n) values cut
+// from each end of the sorted values, the mean of the rest.
+double comm_trim_mean(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t cut = static_cast<size_t>(0.1 * static_cast<double>(v.size()));
+  double sum = 0.0;
+  for (size_t i = cut; i < v.size() - cut; ++i) sum += v[i];
+  return sum / static_cast<double>(v.size() - 2 * cut);
+}
+
 std::vector<std::string> CommLog::format(const std::map<std::pair<std::string, uint64_t>, CommOpStats>& m) {
   std::vector<std::string> lines;
   char buf[256];
@@ -240,11 +257,10 @@ std::vector<std::string> CommLog::format(const std::map<std::pair<std::string, u
                 "Sent (this rank)", "Total Latency(ms)", "Avg Latency(ms)", "tput_avg (Gbps)", "busbw_avg (Gbps)");
   lines.emplace_back(buf);
   for (const auto& [k, s] : m) {
-    const double done = static_cast<double>(std::max<uint64_t>(s.completed, 1));
     std::snprintf(buf, sizeof(buf), "%-28s %14llu %8llu %16llu %18.3f %16.3f %15.3f %16.3f", k.first.c_str(),
                   static_cast<unsigned long long>(k.second), static_cast<unsigned long long>(s.count),
-                  static_cast<unsigned long long>(s.sent_bytes), s.seconds * 1e3, s.seconds * 1e3 / done,
-                  s.algbw_sum / done * 8e-9, s.busbw_sum / done * 8e-9);
+                  static_cast<unsigned long long>(s.sent_bytes), s.seconds * 1e3, comm_trim_mean(s.latencies) * 1e3,
+                  comm_trim_mean(s.tputs) * 8e-9, comm_trim_mean(s.busbws) * 8e-9);
     lines.emplace_back(buf);
   }
   return lines;

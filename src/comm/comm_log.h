@@ -45,14 +45,19 @@ bool comm_op_from_name(const std::string& name, CommOp* op);  // false for an un
 size_t comm_msg_bytes(CommOp op, size_t count, DType dtype, int n);
 size_t comm_sent_bytes(CommOp op, size_t count, DType dtype, int n, bool is_root);
 double comm_busbw_factor(CommOp op, int n);
+// scipy.stats.trim_mean(values, 0.1): DeepSpeed's comms summary's averages.
+double comm_trim_mean(std::vector<double> values);
 
 struct CommOpStats {
   uint64_t count = 0;
   uint64_t sent_bytes = 0;   // this rank's
   uint64_t msg_bytes = 0;    // sum of S
   double seconds = 0.0;      // sum of latencies (completed calls)
-  double algbw_sum = 0.0, busbw_sum = 0.0;  // bytes/s summed over completed calls (for the mean)
+  double algbw_sum = 0.0, busbw_sum = 0.0;  // bytes/s summed over completed calls
   uint64_t completed = 0;
+  // Each completed call's latency (s), tput and busbw (bytes/s): the summary's averages are
+  // DeepSpeed's, scipy's trim_mean(values, 0.1) (a tenth cut from each end of the sorted values).
+  std::vector<double> latencies, tputs, busbws;
 };
 
 class CommLog {

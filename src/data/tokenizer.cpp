@@ -7,6 +7,7 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <filesystem>
 #include <map>
@@ -225,51 +226,78 @@ void Tokenizer::bpe_word(std::string_view word, std::vector<int32_t>& out) const
 
 void Tokenizer::set_added(std::vector<AddedToken> added) {
   added_ = std::move(added);
-  for (auto& by_byte : added_by_byte_)
-    for (auto& list : by_byte) list.clear();
+  for (auto& trie : added_trie_) trie.assign(1, TrieNode{});
   for (uint32_t i = 0; i < added_.size(); ++i) {
     if (added_[i].content.empty()) continue;
-    added_by_byte_[added_[i].normalized ? 1 : 0][static_cast<unsigned char>(added_[i].content[0])].push_back(i);
+    std::vector<TrieNode>& trie = added_trie_[added_[i].normalized ? 1 : 0];
+    int32_t node = 0;
+    for (unsigned char b : added_[i].content) {
+      auto& kids = trie[node].children;
+      auto it = std::lower_bound(kids.begin(), kids.end(), std::make_pair(b, int32_t{0}),
+                                 [](const auto& x, const auto& y) { return x.first < y.first; });
+      if (it == kids.end() || it->first != b) {
+        const int32_t fresh = static_cast<int32_t>(trie.size());
+        it = kids.insert(it, {b, fresh});
+        trie.push_back(TrieNode{});  // may move `kids`: `it` is not used after this
+        node = fresh;
+      } else {
+        node = it->second;
+      }
+    }
+    if (trie[node].token < 0) trie[node].token = static_cast<int32_t>(i);  // the first of equal contents
   }
-  for (auto& by_byte : added_by_byte_)
-    for (auto& list : by_byte)
-      std::stable_sort(list.begin(), list.end(),
-                       [&](uint32_t a, uint32_t b) { return added_[a].content.size() > added_[b].content.size(); });
 }
 
 namespace {
 
-// One UTF-8 code point at s[i] (or the one ending at s[i-1] when backward); 0xFFFD for a bad byte.
-uint32_t code_point_at(std::string_view s, size_t i) {
-  auto c = static_cast<unsigned char>(s[i]);
-  int n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-  if (n == 0 || i + n > s.size()) return 0xFFFD;
+// The code point at s[i] and the bytes it takes; an invalid sequence (a lone continuation byte, a
+// missing or bad continuation, an overlong or surrogate form) is one byte that is no character.
+std::pair<uint32_t, size_t> code_point_at(std::string_view s, size_t i) {
+  constexpr std::pair<uint32_t, size_t> kBad{0xFFFFFFFFu, 1};
+  const auto c = static_cast<unsigned char>(s[i]);
+  const size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return n == 1 ? std::pair<uint32_t, size_t>{c, 1} : kBad;
   uint32_t cp = n == 1 ? c : c & (0x7Fu >> n);
-  for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3Fu);
-  return cp;
+  for (size_t k = 1; k < n; ++k) {
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if ((b & 0xC0) != 0x80) return kBad;
+    cp = (cp << 6) | (b & 0x3Fu);
+  }
+  const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < least[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return kBad;
+  return {cp, n};
 }
+// Where the character ending at s[end - 1] starts (the byte itself where that is not valid UTF-8).
 size_t code_point_start_before(std::string_view s, size_t end) {
-  size_t i = end - 1;
-  while (i > 0 && end - i < 4 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
-  return i;
+  for (size_t back = 1; back <= 4 && back <= end; ++back) {
+    const auto [cp, n] = code_point_at(s, end - back);
+    if (cp != 0xFFFFFFFFu && n == back) return end - back;
+    if ((static_cast<unsigned char>(s[end - back]) & 0xC0) != 0x80) break;  // a lead byte: no longer one
+  }
+  return end - 1;
 }
 
-// Unicode \w and \s (as Rust's regex crate, which Hugging Face's tokenizers uses, defines them),
-// by PCRE2 with UCP on the one character.
+// Rust's regex \w and \s, which Hugging Face's tokenizers uses (\w: Alphabetic, marks, decimal
+// digits, connector punctuation, the join controls; \s: White_Space), by PCRE2 on the one
+// character. NOTE: PCRE2's Unicode tables may be older than the library's: letters added since
+// are not word characters here.
 bool char_class(uint32_t cp, bool word) {
-  static const pcre2_code* re[2] = {nullptr, nullptr};
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const char* pats[2] = {"^\\s$", "^[\\p{L}\\p{M}\\p{Nd}\\p{Nl}\\p{Pc}\\x{200C}\\x{200D}]$"};
-    for (int k = 0; k < 2; ++k) {
-      int err = 0;
-      PCRE2_SIZE off = 0;
-      re[k] = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pats[k]), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err,
-                            &off, nullptr);
-      MT_INTERNAL_CHECK(re[k] != nullptr);
+  struct Compiled {
+    pcre2_code* code[2] = {nullptr, nullptr};
+    Compiled() {
+      const char* pats[2] = {"^\\p{White_Space}$", "^[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]$"};
+      for (int k = 0; k < 2; ++k) {
+        int err = 0;
+        PCRE2_SIZE off = 0;
+        code[k] = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pats[k]), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err,
+                                &off, nullptr);
+        MT_INTERNAL_CHECK(code[k] != nullptr);
+      }
     }
-  });
-  if (cp == 0xFFFD) return false;
+  };
+  static const Compiled compiled;
+  if (cp == 0xFFFFFFFFu) return false;
+  if (cp < 0x80) return word ? (std::isalnum(static_cast<int>(cp)) != 0 || cp == '_') : (cp == ' ' || (cp >= 9 && cp <= 13));
   std::string one;
   if (cp < 0x10000) {
     append_utf8(one, cp);
@@ -279,9 +307,9 @@ bool char_class(uint32_t cp, bool word) {
     one += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
     one += static_cast<char>(0x80 | (cp & 0x3F));
   }
-  const pcre2_code* code = re[word ? 1 : 0];
-  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(pcre2_match_data_create_from_pattern(code, nullptr),
-                                                                   pcre2_match_data_free);
+  const pcre2_code* code = compiled.code[word ? 1 : 0];
+  thread_local std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(pcre2_match_data_create(4, nullptr),
+                                                                                 pcre2_match_data_free);
   return pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(one.data()), one.size(), 0, 0, md.get(), nullptr) > 0;
 }
 
@@ -289,17 +317,21 @@ bool char_class(uint32_t cp, bool word) {
 
 template <typename Fn>
 void Tokenizer::split_added(std::string_view sentence, bool normalized, Fn&& fn) const {
-  const auto& by_byte = added_by_byte_[normalized ? 1 : 0];
+  const std::vector<TrieNode>& trie = added_trie_[normalized ? 1 : 0];
   size_t start_offset = 0, pos = 0;
   while (pos < sentence.size()) {
-    // Leftmost longest: the first position where a token starts, the longest one there.
+    // Leftmost longest: the first position where a token starts, the longest one there (a walk
+    // down the tokens' trie: a position costs the bytes it shares with some token, not a
+    // comparison with every token).
     const AddedToken* tok = nullptr;
-    for (uint32_t i : by_byte[static_cast<unsigned char>(sentence[pos])]) {
-      const std::string& c = added_[i].content;
-      if (sentence.compare(pos, c.size(), c) == 0) {
-        tok = &added_[i];
-        break;
-      }
+    for (size_t k = pos, node = 0; k < sentence.size(); ++k) {
+      const auto& kids = trie[node].children;
+      const auto b = static_cast<unsigned char>(sentence[k]);
+      auto it = std::lower_bound(kids.begin(), kids.end(), std::make_pair(b, int32_t{0}),
+                                 [](const auto& x, const auto& y) { return x.first < y.first; });
+      if (it == kids.end() || it->first != b) break;
+      node = static_cast<size_t>(it->second);
+      if (trie[node].token >= 0) tok = &added_[static_cast<size_t>(trie[node].token)];
     }
     if (tok == nullptr) {
       ++pos;
@@ -308,24 +340,24 @@ void Tokenizer::split_added(std::string_view sentence, bool normalized, Fn&& fn)
     size_t start = pos, stop = pos + tok->content.size();
     pos = stop;  // matches do not overlap, even one discarded below
     if (tok->single_word) {
-      const bool start_space = start == 0 || !char_class(code_point_at(sentence, code_point_start_before(sentence, start)), true);
-      const bool stop_space = stop == sentence.size() || !char_class(code_point_at(sentence, stop), true);
+      const bool start_space = start == 0 || !char_class(code_point_at(sentence, code_point_start_before(sentence, start)).first, true);
+      const bool stop_space = stop == sentence.size() || !char_class(code_point_at(sentence, stop).first, true);
       if (!start_space || !stop_space) continue;
     }
     if (tok->lstrip) {  // the whitespace before it, down to where the previous piece ended
       size_t s = start;
       while (s > start_offset) {
         const size_t b = code_point_start_before(sentence, s);
-        if (!char_class(code_point_at(sentence, b), false)) break;
+        if (b < start_offset || !char_class(code_point_at(sentence, b).first, false)) break;
         s = b;
       }
       start = s;
     }
     if (tok->rstrip) {
       while (stop < sentence.size()) {
-        const uint32_t cp = code_point_at(sentence, stop);
+        const auto [cp, n] = code_point_at(sentence, stop);
         if (!char_class(cp, false)) break;
-        stop += cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+        stop += n;
       }
       // The search goes on from the token's own end, as the matcher's iterator does upstream.
     }

@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace mt::data {
@@ -100,8 +101,12 @@ class Tokenizer {
   std::vector<std::array<int32_t, 2>> merge_list_;  // by rank: (left, right)
   int32_t eot_id_ = -1;
   std::vector<AddedToken> added_;  // matched in text before BPE
-  // By class (0: normalized false, 1: true) and first byte: indices into added_, longest first.
-  std::array<std::array<std::vector<uint32_t>, 256>, 2> added_by_byte_;
+  struct TrieNode {
+    std::vector<std::pair<uint8_t, int32_t>> children;  // by byte, sorted
+    int32_t token = -1;                                  // the added token ending here (index in added_)
+  };
+  // By class (0: normalized false, 1: true): a byte trie of the added tokens' contents.
+  std::array<std::vector<TrieNode>, 2> added_trie_;
   std::unique_ptr<WordCache> cache_;
 };
 

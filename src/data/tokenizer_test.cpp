@@ -139,6 +139,14 @@ TEST(TokenizerGpt2, AddedTokensInTextAreOneTokenAsHuggingFaceEncodes) {
   for (const Case& c : golden_cases("cases-added.json")) EXPECT_EQ(again.encode(c.text), c.ids) << c.text;
   // GPT-2's own files have no added tokens: <|endoftext|> in text is text, as encoder.py encodes it.
   EXPECT_EQ(gpt2().encode("<|endoftext|>").size(), 7u);
+  // Bytes that are not UTF-8 beside a stripping token are not characters, so not whitespace: they
+  // stay text (\xE2\x80\n was read as U+200A and stripped with the newline; \xC2\x20 lost both).
+  const std::vector<std::pair<std::string, std::string>> invalid = {
+      {"<|im_end|>\xE2\x80\n", "<|im_end|>\xE2\x80\n"},
+      {"<|im_end|>\xC0\xA0x", "<|im_end|>\xC0\xA0x"},
+      {"a\xE2\x80<mask>", "a\xE2\x80<mask>"},
+      {"<|im_end|>\xC2\x20<mask>", "<|im_end|>\xC2<mask>"}};  // the space <mask> strips, as a space
+  for (const auto& [text, decoded] : invalid) EXPECT_EQ(t.decode(t.encode(text)), decoded) << text;
 }
 
 // A sentence pair cut to a length as Hugging Face's run_glue cuts it (tokenizer(a, b, max_length,

@@ -1138,8 +1138,8 @@ void parse_flops_profiler(Section& root, RunConfig& c) {
   f.output_file = s.string("output_file", "");
   MT_CHECK(std::isfinite(f.recompute_fwd_factor) && f.recompute_fwd_factor >= 0.0, ErrorKind::kInvalidArgument,
            s.where("recompute_fwd_factor") + " must be >= 0 (the share of the forward a backward recomputes)");
-  MT_CHECK(f.module_depth >= -1, ErrorKind::kInvalidArgument, s.where("module_depth") + " must be >= -1 (-1: every depth)");
-  MT_CHECK(f.top_modules >= 1, ErrorKind::kInvalidArgument, s.where("top_modules") + " must be >= 1");
+  // DeepSpeed reads both without a check: module_depth below -1 and top_modules 0 print no depths.
+  MT_CHECK(f.top_modules >= 0, ErrorKind::kInvalidArgument, s.where("top_modules") + " must be >= 0");
   s.finish();
   // DeepSpeed's count: the step run when profile_step steps are done (1: the second step, after a
   // warm-up one). It accepts any value (Megatron-DeepSpeed's configs give -1: never).

@@ -54,15 +54,16 @@ void line(std::string& out, const std::string& label, const std::string& value) 
 
 void summary(std::string& out, const ModuleProfile& p, const FlopsProfileStep& s, const FlopsProfilerConfig& c) {
   const ProfileNode& root = p.root();
-  const double fwd = root.fwd_flops * static_cast<double>(s.micro_batches);
+  const double fwd = root.fwd_flops;  // one micro-batch's (s's latencies are per micro-batch too)
   const double bwd_factor = 2.0 + c.recompute_fwd_factor;
   const double iter = s.fwd_seconds + s.bwd_seconds + s.step_seconds;
   const std::string bf = printf_string("%g", bwd_factor), tf = printf_string("%g", bwd_factor + 1.0);
   out += printf_string("Profile of step %lld on rank 0 (\"per GPU\": per rank)\n", static_cast<long long>(s.step));
   out += "Notation: MACs = multiply-accumulates; flops = floating-point operations (GEMMs and attention\n"
-         "QK^T, PV; elementwise work is not counted); FLOPS = flops per second. MACs, flops and latencies\n"
-         "cover the step's micro-batches; step latency = the optimizer update; iter latency = fwd + bwd +\n"
-         "step latency.\n\n";
+         "QK^T, PV over the whole score matrix, as DeepSpeed counts them; elementwise work is not counted);\n"
+         "FLOPS = flops per second. MACs and flops are one micro-batch's (DeepSpeed profiles a forward),\n"
+         "latencies the step's divided by its micro-batches; step latency = the optimizer update; iter\n"
+         "latency = fwd + bwd + step latency.\n\n";
   line(out, "world size", std::to_string(s.world_size));
   line(out, "data parallel size", std::to_string(s.dp));
   line(out, "tensor parallel size", std::to_string(s.tp));
@@ -83,7 +84,7 @@ void summary(std::string& out, const ModuleProfile& p, const FlopsProfileStep& s
   line(out, "step latency", seconds_string(s.step_seconds));
   line(out, "iter latency", seconds_string(iter));
   line(out, "FLOPS per GPU = " + tf + " * fwd flops per GPU / iter latency", rate((bwd_factor + 1.0) * fwd, iter));
-  line(out, "samples/second", printf_string("%.2f", iter > 0.0 ? static_cast<double>(s.micro_batch * s.micro_batches * s.dp) / iter : 0.0));
+  line(out, "samples/second", printf_string("%.2f", iter > 0.0 ? static_cast<double>(s.micro_batch * s.dp) / iter : 0.0));
   if (s.peak_tflops > 0.0) {
     const double achieved = iter > 0.0 ? (bwd_factor + 1.0) * fwd / iter : 0.0;
     line(out, "peak FLOPS per GPU (" + s.peak_what + ")", rate(s.peak_tflops * 1e12, 1.0));
@@ -105,12 +106,18 @@ void aggregated(std::string& out, const ModuleProfile& p, const FlopsProfileStep
     auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == n.kind; });
     if (it == kinds.end()) it = kinds.insert(kinds.end(), {n.kind, Sum{}});
     it->second.params += static_cast<double>(n.params);
-    it->second.macs += n.fwd_flops / 2.0 * static_cast<double>(s.micro_batches);
-    it->second.fwd += n.fwd_seconds;
-    it->second.bwd += n.bwd_seconds;
+    it->second.macs += n.fwd_flops / 2.0;
+    it->second.fwd += n.fwd_seconds / static_cast<double>(s.micro_batches);
+    it->second.bwd += n.bwd_seconds / static_cast<double>(s.micro_batches);
   }
-  const int last = c.module_depth < 0 ? static_cast<int>(depths.size()) - 1
-                                      : std::min(c.module_depth, static_cast<int>(depths.size()) - 1);
+  // DeepSpeed prints depths 0 to module_depth - 1 (range(depth)); -1 is the model's depth, so the
+  // deepest level is left out there too. It printed 0 to module_depth.
+  const int deepest = static_cast<int>(depths.size()) - 1;
+  const int last = (c.module_depth == -1 ? deepest : std::min(c.module_depth, deepest + 1)) - 1;
+  if (last < 0 || c.top_modules < 1) {
+    out += "(no depths: module_depth " + std::to_string(c.module_depth) + ", top_modules " + std::to_string(c.top_modules) + ")\n";
+    return;
+  }
   out += printf_string("Top %d module kind(s) by params, fwd MACs, fwd and bwd latency at depths 0 to %d:\n",
                        c.top_modules, last);
   for (int d = 0; d <= last; ++d) {
@@ -144,15 +151,16 @@ void detailed(std::string& out, const ModuleProfile& p, const FlopsProfileStep& 
   while (!stack.empty()) {
     const ProfileNode& n = p.nodes()[stack.back()];
     stack.pop_back();
-    const double flops = n.fwd_flops * static_cast<double>(s.micro_batches);
+    const double flops = n.fwd_flops;
+    const double m = static_cast<double>(s.micro_batches), fwd_s = n.fwd_seconds / m, bwd_s = n.bwd_seconds / m;
     out += printf_string("%*s%s (%s): %s = %s params, %s = %s MACs, fwd %s = %s latency, %s, bwd %s = %s latency, %s\n",
                          2 * n.depth, "", n.name.c_str(), n.kind.c_str(), si(static_cast<double>(n.params), "").c_str(),
                          percent(static_cast<double>(n.params), static_cast<double>(root.params)).c_str(),
                          si(flops / 2.0, "MACs").c_str(), percent(n.fwd_flops, root.fwd_flops).c_str(),
-                         seconds_string(n.fwd_seconds).c_str(), percent(n.fwd_seconds, root.fwd_seconds).c_str(),
-                         rate(flops, n.fwd_seconds).c_str(), seconds_string(n.bwd_seconds).c_str(),
+                         seconds_string(fwd_s).c_str(), percent(n.fwd_seconds, root.fwd_seconds).c_str(),
+                         rate(flops, fwd_s).c_str(), seconds_string(bwd_s).c_str(),
                          percent(n.bwd_seconds, root.bwd_seconds).c_str(),
-                         rate(bwd_factor * flops, n.bwd_seconds).c_str());
+                         rate(bwd_factor * flops, bwd_s).c_str());
     for (auto it = n.children.rbegin(); it != n.children.rend(); ++it) stack.push_back(*it);
   }
 }
@@ -181,7 +189,15 @@ std::string flops_profiler_report(const models::ModuleProfile& profile, const Fl
                                   const FlopsProfilerConfig& config) {
   MT_CHECK(!profile.empty(), ErrorKind::kInternal, "flops profiler: the model filled no profile");
   std::string out = "\n----------------------------- meshtrain flops profiler -----------------------------\n";
-  summary(out, profile, step, config);
+  // One micro-batch's figures, as DeepSpeed (whose profile restarts at every forward) reports them:
+  // with gradient accumulation the step's latencies are shared out over its micro-batches. The
+  // MACs of every micro-batch were summed (gas times DeepSpeed's).
+  FlopsProfileStep per = step;
+  const double m = static_cast<double>(std::max<int64_t>(step.micro_batches, 1));
+  per.fwd_seconds /= m;
+  per.bwd_seconds /= m;
+  per.step_seconds /= m;
+  summary(out, profile, per, config);
   out += "\n------------------------------ Aggregated profile per GPU ------------------------------\n";
   aggregated(out, profile, step, config);
   if (config.detailed) {

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -85,6 +87,7 @@ bool fault_submit() {
 // without reaching the kernel, as one that fails while the transfer's requests are in flight.
 bool fault_wait() {
   static std::atomic<int> waits{0};
+  if (fault_active("aio.every_wait_fails")) return true;
   return fault_active("aio.first_wait_fails") && waits.fetch_add(1) == 0;
 }
 
@@ -216,11 +219,19 @@ class PosixFile : public File {
         // completions stayed in the thread's ring and the next transfer took them for its own (a
         // pointer into this call's freed requests; it returned before its writes were done). The
         // error is kept, the requests are reaped, and the ring is made anew. A wait that keeps
-        // failing leaves them to the kernel: the ring is dropped and the run ends on the error.
+        // failing cannot reap them, and the kernel may still complete them into the caller's
+        // buffers: returning or throwing would let the caller free or reuse those, so the process
+        // ends here, saying why (the checkpoints on disk are not this transfer's).
         if (first_err == 0) first_err = -w, err_at = 0;
         drop_ring = true;
         if (++wait_failures < 8) continue;
-        break;
+        std::fprintf(stderr,
+                     "error: %s: %s of %zu bytes at offset %llu: waiting for %u io_uring request(s) in flight failed 8 "
+                     "times (%s); ending the process, as the kernel may still write this transfer's buffers\n",
+                     path_.c_str(), writing ? "write" : "read", n, static_cast<unsigned long long>(off), inflight,
+                     std::strerror(-w));
+        std::fflush(stderr);
+        std::_Exit(1);
       }
       wait_failures = 0;
       Req* r = static_cast<Req*>(io_uring_cqe_get_data(cqe));

@@ -201,6 +201,27 @@ TEST(AsyncIo, AFailedWaitReapsTheRequestsInFlight) {
   fs::remove_all(dir);
 }
 
+// A wait that keeps failing cannot reap the requests in flight, which the kernel may still complete
+// into the caller's buffers: the process ends with one line saying so (it threw with them in
+// flight, and the caller freed the buffers).
+TEST(AsyncIoDeathTest, AWaitThatKeepsFailingEndsTheProcessSayingWhy) {
+  if (!io_uring_available()) GTEST_SKIP() << "no io_uring here";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string dir = test_dir("waits");
+  EXPECT_EXIT(
+      {
+        auto f = posix_env().open(dir + "/w.swp");
+        AioOptions o;
+        o.block_size = kAlign;
+        o.queue_depth = 2;
+        AlignedBuffer b = random_buffer(4 * kAlign, 14);
+        setenv("MT_FAULT", "aio.every_wait_fails", 1);
+        f->write_blocks(b.data(), 4 * kAlign, 0, o);
+      },
+      ::testing::ExitedWithCode(1), "w.swp: write of 16384 bytes at offset 0: waiting for 2 io_uring request\\(s\\) in flight failed 8 times");
+  fs::remove_all(dir);
+}
+
 // A filesystem that takes O_DIRECT at open and refuses the first aligned write: check_swap_dir's
 // probe finds it, and the swap's files there are opened buffered. The probe's finding was unused:
 // the files were opened with O_DIRECT and the first block write failed.

@@ -420,7 +420,7 @@ void Block::profile_attach(ModuleProfile* p, int parent, const BlockDims& d) {
   pid_.qkv = p->add(gpt2 ? "c_attn" : "q_proj+k_proj+v_proj", "Linear", pid_.attn,
                     params_of(*attn_) - params_of(*proj), gemm_flops(N, C, d.QKV));
   pid_.core = p->add(d.sparse ? "sparse_core" : "core", d.sparse ? "SparseAttentionCore" : "AttentionCore", pid_.attn, 0,
-                     attention_core_flops(d.B, d.T, d.NH, d.HS, d.sparse));
+                     attention_profile_flops(d.B, d.T, d.NH, d.HS, d.sparse));
   pid_.proj = p->add(proj->name(), "Linear", pid_.attn, params_of(*proj), gemm_flops(N, d.A, C));
   pid_.norm2 = p->add(norm2.name(), norm_kind, pid_.block, params_of(norm2), 0.0);
   pid_.mlp = p->add(mlp_->name(), "MLP", pid_.block, 0, 0.0);

@@ -60,4 +60,9 @@ double attention_core_flops(int B, int T, int NH, int HS, const kernels::SparseA
   return 2.0 * 2.0 * B * HS * attention_pairs(T, NH, plan);
 }
 
+double attention_profile_flops(int B, int T, int NH, int HS, const kernels::SparseAttentionPlan* plan) {
+  if (plan != nullptr) return attention_core_flops(B, T, NH, HS, plan);
+  return 2.0 * 2.0 * B * HS * static_cast<double>(NH) * T * T;
+}
+
 }  // namespace mt::models

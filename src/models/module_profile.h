@@ -86,5 +86,9 @@ inline double gemm_flops(double M, double K, double N) { return 2.0 * M * K * N;
 double attention_pairs(int T, int NH, const kernels::SparseAttentionPlan* plan);
 // QK^T and PV of B sequences, NH heads of width HS: 2·2·B·HS·attention_pairs(T, NH, plan).
 double attention_core_flops(int B, int T, int NH, int HS, const kernels::SparseAttentionPlan* plan);
+// What the flops profiler reports for it, as DeepSpeed's counts it: dense attention over the whole
+// T x T score matrix (its sdpa and matmul rules count the masked half too); sparse, the layout's
+// pairs (as attention_core_flops).
+double attention_profile_flops(int B, int T, int NH, int HS, const kernels::SparseAttentionPlan* plan);
 
 }  // namespace mt::models

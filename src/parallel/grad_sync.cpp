@@ -65,7 +65,8 @@ class OneBitSync : public GradSync, public optim::StateExchange {
  public:
   OneBitSync(nn::ParamStore& store, const std::vector<Unit>& units, const std::vector<std::vector<nn::Module*>>& modules,
              comm::Backend& dp, const GradSyncOptions& o)
-      : full_(store, units, modules, dp, o), dp_(dp), timeout_(o.timeout), plan_(spans(store, o.onebit_per_tensor), dp.size()),
+      : full_(store, units, modules, dp, o), dp_(dp), timeout_(o.timeout), per_tensor_(o.onebit_per_tensor),
+        plan_(spans(store, o.onebit_per_tensor), dp.size()),
         worker_error_(plan_.worker_error_len * 4, MemCategory::kOptimizer),
         server_error_(plan_.server_error_len * 4, MemCategory::kOptimizer) {
     std::fill_n(worker_error_.as<float>(), plan_.worker_error_len, 0.0f);
@@ -112,8 +113,12 @@ class OneBitSync : public GradSync, public optim::StateExchange {
   }
   bool grads_local() const override { return optimizer_ && optimizer_->wants_local_gradients(); }
   std::vector<optim::StateBuffer> rank_state() const override {
-    return {{"worker_error", worker_error_.as<float>(), plan_.worker_error_len},
-            {"server_error", server_error_.as<float>(), plan_.server_error_len}};
+    // Named by layout: a checkpoint's buffers of another layout (flat under fp16, per tensor in
+    // fp32, or before the plans) are another compression's errors even where the sizes agree, and
+    // start at zero (checkpoint_io's load_rank_state).
+    const std::string layout = per_tensor_ ? "_per_tensor" : "_flat";
+    return {{"worker_error" + layout, worker_error_.as<float>(), plan_.worker_error_len},
+            {"server_error" + layout, server_error_.as<float>(), plan_.server_error_len}};
   }
   void average(float* buf, size_t n) override {
     MT_CHECK(n == full_.numel(), ErrorKind::kInternal, "onebit sync: the exchange covers the whole flat buffer");
@@ -130,6 +135,7 @@ class OneBitSync : public GradSync, public optim::StateExchange {
   BucketedSync full_;
   comm::Backend& dp_;
   std::chrono::milliseconds timeout_;
+  bool per_tensor_;
   comm::OneBitPlan plan_;
   Buffer worker_error_, server_error_;
   optim::Optimizer* optimizer_ = nullptr;
