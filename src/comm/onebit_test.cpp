@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <random>
+#include <sstream>
 
 #include "comm/comm_log.h"
 #include "comm/local_backend.h"
@@ -171,6 +172,27 @@ TEST(CommLog, CountsBytesByTheDocumentedFormulas) {
       EXPECT_GE(static_cast<double>(ar[r]) / static_cast<double>(ob[r]), 16.0);
     }
   }
+}
+
+// DeepSpeed's summary: averages are scipy's trim_mean(values, 0.1), and an all_reduce's tput is
+// 2 S / t (calc_bw_log); both were a plain mean of S / t.
+TEST(CommLog, AveragesAndTputAreDeepSpeeds) {
+  EXPECT_DOUBLE_EQ(comm_trim_mean({5, 1, 100, 2, 3, 4, 6, 7, 8, 9, 10}), 6.0);  // int(1.1) = 1 cut from each end
+  EXPECT_DOUBLE_EQ(comm_trim_mean({1, 2, 30}), 11.0);                          // fewer than 10: nothing cut
+  CommLog log;
+  for (double t : {1e-6, 1e-6, 1e-6, 1e-6, 1e-6, 1e-6, 1e-6, 1e-6, 1e-6, 1.0}) {  // one slow outlier
+    log.issued(CommOp::kAllReduce, 1000, 1000, "");
+    log.completed(CommOp::kAllReduce, 1000, 2, t, "");
+  }
+  const std::vector<std::string> lines = log.summary_lines();
+  ASSERT_EQ(lines.size(), 2u);
+  std::istringstream row(lines[1]);
+  std::string op;
+  double size, count, sent, total_ms, avg_ms, tput, busbw;
+  row >> op >> size >> count >> sent >> total_ms >> avg_ms >> tput >> busbw;
+  EXPECT_NEAR(avg_ms, 1e-3, 1e-6);  // the outlier cut
+  EXPECT_NEAR(tput, 2.0 * 1000 / 1e-6 * 8e-9, 1e-3);   // 16 Gbps
+  EXPECT_NEAR(busbw, 1000 / 1e-6 * 8e-9, 1e-3);        // S/t · 2(n-1)/n, n = 2
 }
 
 TEST(CommLog, SentBytesTable) {
