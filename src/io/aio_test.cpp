@@ -145,6 +145,23 @@ TEST(AsyncIo, SwapDirectoryChecksNameTheDirectory) {
   fs::remove_all(dir);
 }
 
+// Block transfers of one page each, two in flight: a four-block transfer has requests in flight
+// when the second submission or the first wait is reached.
+AioOptions two_in_flight() {
+  AioOptions o;
+  o.block_size = kAlign;
+  o.queue_depth = 2;
+  return o;
+}
+
+// Four blocks of `data` written at offset 0 with MT_FAULT=fault; the error the write throws.
+std::string faulted_write(File& f, const char* fault, const AlignedBuffer& data) {
+  setenv("MT_FAULT", fault, 1);
+  const std::string err = error_of([&] { f.write_blocks(data.data(), 4 * kAlign, 0, two_in_flight()); });
+  unsetenv("MT_FAULT");
+  return err;
+}
+
 // An io_uring submission refused while earlier requests of the transfer are in flight: the
 // transfer fails naming the file, and the entries it left in the ring are never submitted. The
 // thread's next transfer submitted them: block 2 of the failed write landed over what was written
@@ -153,13 +170,9 @@ TEST(AsyncIo, ARefusedSubmissionIsNeverSubmittedLater) {
   if (!io_uring_available()) GTEST_SKIP() << "no io_uring here";
   const std::string dir = test_dir("submit");
   auto f = posix_env().open(dir + "/s.swp");
-  AioOptions o;
-  o.block_size = kAlign;
-  o.queue_depth = 2;
+  const AioOptions o = two_in_flight();
   AlignedBuffer first = random_buffer(4 * kAlign, 5), fixed = random_buffer(kAlign, 6), second = random_buffer(4 * kAlign, 7);
-  setenv("MT_FAULT", "aio.second_submit_fails", 1);
-  const std::string err = error_of([&] { f->write_blocks(first.data(), 4 * kAlign, 0, o); });
-  unsetenv("MT_FAULT");
+  const std::string err = faulted_write(*f, "aio.second_submit_fails", first);
   EXPECT_NE(err.find("s.swp: write of " + std::to_string(4 * kAlign) + " bytes at offset 0: Resource temporarily unavailable"),
             std::string::npos)
       << err;
@@ -180,13 +193,9 @@ TEST(AsyncIo, AFailedWaitReapsTheRequestsInFlight) {
   if (!io_uring_available()) GTEST_SKIP() << "no io_uring here";
   const std::string dir = test_dir("wait");
   auto f = posix_env().open(dir + "/w.swp");
-  AioOptions o;
-  o.block_size = kAlign;
-  o.queue_depth = 2;
+  const AioOptions o = two_in_flight();
   AlignedBuffer first = random_buffer(4 * kAlign, 9), second = random_buffer(4 * kAlign, 10);
-  setenv("MT_FAULT", "aio.first_wait_fails", 1);
-  const std::string err = error_of([&] { f->write_blocks(first.data(), 4 * kAlign, 0, o); });
-  unsetenv("MT_FAULT");
+  const std::string err = faulted_write(*f, "aio.first_wait_fails", first);
   EXPECT_NE(err.find("w.swp: write of " + std::to_string(4 * kAlign) + " bytes at offset 0: Input/output error"),
             std::string::npos)
       << err;
@@ -211,12 +220,7 @@ TEST(AsyncIoDeathTest, AWaitThatKeepsFailingEndsTheProcessSayingWhy) {
   EXPECT_EXIT(
       {
         auto f = posix_env().open(dir + "/w.swp");
-        AioOptions o;
-        o.block_size = kAlign;
-        o.queue_depth = 2;
-        AlignedBuffer b = random_buffer(4 * kAlign, 14);
-        setenv("MT_FAULT", "aio.every_wait_fails", 1);
-        f->write_blocks(b.data(), 4 * kAlign, 0, o);
+        faulted_write(*f, "aio.every_wait_fails", random_buffer(4 * kAlign, 14));
       },
       ::testing::ExitedWithCode(1), "w.swp: write of 16384 bytes at offset 0: waiting for 2 io_uring request\\(s\\) in flight failed 8 times");
   fs::remove_all(dir);
