@@ -9,7 +9,19 @@ _MMapBinReader does (numpy.frombuffer at the pointer), and prints one JSON objec
 With --permutation N SEED EPOCH it instead prints the JSON list of src/data/token_stream.h's
 sample_permutation, computed here from its written definition (SplitMix64-driven Fisher-Yates).
 
-Usage: check_megatron_idx.py PREFIX | --permutation N SEED EPOCH.
+With --numpy-shuffle N SEED it prints numpy.random.RandomState(SEED).shuffle of 0..N-1 (the
+generator Megatron's GPTDataset shuffles with), for src/data/megatron_order.h's NumpyLegacyRandom.
+
+With --gpt-dataset PREFIX T NUM_SAMPLES SEED it prints the samples Megatron-LM's GPTDataset draws
+over every sequence of PREFIX (megatron/core/datasets/gpt_dataset.py, as its docstrings and
+arguments describe it), derived here another way than megatron_order.cpp builds them: the
+shuffled document order's tokens laid end to end, sample s being tokens [s*T, s*T + T] of that
+line, and global sample k sample shuffle[k]. It prints the epochs, whether the last one was
+shuffled apart, and per global sample its T + 1 tokens and their stream positions (the position
+in PREFIX's own concatenation of sequences).
+
+Usage: check_megatron_idx.py PREFIX | --permutation N SEED EPOCH | --numpy-shuffle N SEED |
+       --gpt-dataset PREFIX T NUM_SAMPLES SEED.
 Exits 3 when numpy is missing, 1 when the files are bad.
 """
 import json
@@ -55,7 +67,74 @@ DTYPES = {1: numpy.uint8, 2: numpy.int8, 3: numpy.int16, 4: numpy.int32, 5: nump
           6: numpy.float64, 7: numpy.float32, 8: numpy.uint16}
 
 
+def read_dataset(prefix: str):
+    """(sequence lengths, sequence token lists) of PREFIX."""
+    with open(prefix + ".idx", "rb") as stream:
+        stream.read(9 + 8)
+        code = struct.unpack("<B", stream.read(1))[0]
+        sequence_count = struct.unpack("<Q", stream.read(8))[0]
+        stream.read(8)
+        offset = stream.tell()
+    buffer = memoryview(numpy.memmap(prefix + ".idx", mode="r", order="C"))
+    lengths = numpy.frombuffer(buffer, dtype=numpy.int32, count=sequence_count, offset=offset)
+    pointers = numpy.frombuffer(buffer, dtype=numpy.int64, count=sequence_count,
+                                offset=offset + lengths.nbytes)
+    with open(prefix + ".bin", "rb") as f:
+        data = f.read()
+    sequences = [numpy.frombuffer(data, dtype=DTYPES[code], count=int(n), offset=int(p)).tolist()
+                 for n, p in zip(lengths, pointers)]
+    return lengths.tolist(), sequences
+
+
+def gpt_dataset(prefix: str, seq_length: int, num_samples: int, seed: int) -> dict:
+    lengths, sequences = read_dataset(prefix)
+    tokens = sum(lengths)
+    starts = numpy.concatenate(([0], numpy.cumsum(lengths)[:-1])).tolist() if lengths else []
+    # Enough epochs for num_samples windows and the last one's extra target token.
+    epochs = 1
+    while epochs * tokens < num_samples * seq_length + 1:
+        epochs += 1
+    apart = False
+    if epochs > 1:
+        before_last = ((epochs - 1) * tokens - 1) // seq_length
+        apart = num_samples - before_last < int(0.80 * ((tokens - 1) // seq_length))
+    rng = numpy.random.RandomState(seed)
+
+    def shuffled_documents(repeats: int) -> list:
+        order = numpy.tile(numpy.arange(len(lengths), dtype=numpy.int32), repeats)
+        rng.shuffle(order)
+        return order.tolist()
+
+    documents = (shuffled_documents(epochs - 1) + shuffled_documents(1)) if apart else shuffled_documents(epochs)
+    line_tokens, line_positions = [], []
+    for d in documents:
+        line_tokens.extend(sequences[d])
+        line_positions.extend(range(starts[d], starts[d] + lengths[d]))
+    count = (epochs * tokens - 1) // seq_length
+
+    def shuffled_range(lo: int, hi: int) -> list:
+        r = numpy.arange(lo, hi, dtype=numpy.int64)
+        rng.shuffle(r)
+        return r.tolist()
+
+    order = (shuffled_range(0, before_last) + shuffled_range(before_last, count)) if apart else shuffled_range(0, count)
+    samples, positions = [], []
+    for s in order[:num_samples]:
+        samples.append(line_tokens[s * seq_length: s * seq_length + seq_length + 1])
+        positions.append(line_positions[s * seq_length: s * seq_length + seq_length + 1])
+    return {"num_epochs": epochs, "separate_final_epoch": apart, "num_built": count,
+            "samples": samples, "positions": positions}
+
+
 def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--numpy-shuffle":
+        values = numpy.arange(int(sys.argv[2]), dtype=numpy.int64)
+        numpy.random.RandomState(int(sys.argv[3])).shuffle(values)
+        print(json.dumps(values.tolist()))
+        return 0
+    if len(sys.argv) == 6 and sys.argv[1] == "--gpt-dataset":
+        print(json.dumps(gpt_dataset(sys.argv[2], *(int(a) for a in sys.argv[3:]))))
+        return 0
     prefix = sys.argv[1]
     with open(prefix + ".idx", "rb") as stream:
         if stream.read(9) != HEADER:

@@ -215,7 +215,7 @@ struct DataSource {
       const bool input = outside(inputs[i]);
       if (!input && (targets[i] == -100 || !outside(targets[i]))) continue;
       const uint64_t k = first + static_cast<uint64_t>(i / T);
-      const uint64_t at = (stream->window_start(k) + static_cast<uint64_t>(i % T) + (input ? 0 : 1)) % stream->num_tokens();
+      const uint64_t at = stream->token_position(k, static_cast<uint64_t>(i % T) + (input ? 0 : 1));
       throw Error(ErrorKind::kCorruption,
                   key + ": " + tokens->prefix() + ": token " + std::to_string(input ? inputs[i] : targets[i]) +
                       " at stream position " + std::to_string(at) + " (sample " + std::to_string(k) +
@@ -225,7 +225,9 @@ struct DataSource {
   }
 };
 
-DataSource open_data(const engine::RunConfig& cfg, const std::string& path, const char* key, bool shuffle) {
+// megatron_samples: the samples the run draws from this source, for Megatron's order (0: meshtrain's).
+DataSource open_data(const engine::RunConfig& cfg, const std::string& path, const char* key, bool shuffle,
+                     uint64_t megatron_samples = 0) {
   MT_CHECK(!path.empty(), ErrorKind::kInvalidArgument,
            std::string(key) + ": missing (an indexed-dataset prefix, or a .txt/.jsonl file)");
   std::string cache = cfg.save_dir.empty() ? "runs/data-cache" : cfg.save_dir + "/data-cache";
@@ -238,6 +240,7 @@ DataSource open_data(const engine::RunConfig& cfg, const std::string& path, cons
            std::string(key) + ": " + prefix + " has " + std::to_string(d.tokens->total_tokens()) +
                " tokens, fewer than seq_length + 1 (" + std::to_string(cfg.seq_length + 1) + "): every sample would repeat it");
   d.stream = std::make_unique<data::TokenStream>(*d.tokens, static_cast<int>(cfg.seq_length), shuffle, cfg.data_seed);
+  if (megatron_samples > 0) d.stream->set_megatron_order(megatron_samples);
   std::string mask = engine::corpus_mask_prefix(prefix);
   if (!mask.empty()) {
     d.mask = std::make_unique<data::IndexedDataset>(mask);
@@ -353,11 +356,16 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   st.own = true;
   if (fault_active("train.sigterm_in_setup")) std::raise(SIGTERM);  // test seam: a scheduler's signal during the setup
   if (fault_active("train.slow_data")) std::this_thread::sleep_for(std::chrono::seconds(6));  // test seam: a long tokenizing
-  DataSource train_data = open_data(cfg, cfg.data_train, "data.train", cfg.shuffle);
+  // Megatron's order is built for the samples the run draws (its GPTDataset's num_samples): the
+  // training steps' batches, and the micro-batches each validation reads (the same ones each time).
+  const bool megatron_order = cfg.sample_order == "megatron";
+  DataSource train_data = open_data(cfg, cfg.data_train, "data.train", cfg.shuffle,
+                                    megatron_order ? static_cast<uint64_t>(cfg.train_iters * cfg.batch.train_batch_size) : 0);
   DataSource valid_data;
   data::TokenStream* valid = nullptr;
   if (!cfg.data_valid.empty()) {
-    valid_data = open_data(cfg, cfg.data_valid, "data.valid", false);
+    valid_data = open_data(cfg, cfg.data_valid, "data.valid", false,
+                           megatron_order ? static_cast<uint64_t>(std::max<int64_t>(0, cfg.eval_iters) * cfg.batch.micro_batch_per_gpu) : 0);
     valid = valid_data.stream.get();
   }
   if (world && lead) world->barrier(bo)->wait();

@@ -200,6 +200,80 @@ TEST(Train, ATokenOutsideTheVocabularyNamesTheDatasetAndPosition) {
   EXPECT_NE(err.find("outside the model's vocabulary [0, 97)"), std::string::npos) << err;
 }
 
+// data.sample_order "megatron": the run reads Megatron-LM's GPTDataset samples for train_iters x
+// train_batch_size samples (tools/check_megatron_idx.py --gpt-dataset, numpy's shuffles). A token
+// outside the vocabulary is planted where the oracle puts global sample 13, and the run names its
+// stream position and the first sample of the run that reads it; meshtrain's own order reaches it
+// at another sample. The same data without it trains and validates; what Megatron's order cannot
+// be is refused by key.
+TEST(Train, MegatronSampleOrderReadsGptDatasetsSamples) {
+  if (std::system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0) GTEST_SKIP() << "no numpy for /usr/bin/python3";
+  std::vector<int> lengths;
+  for (int d = 0; d < 30; ++d) lengths.push_back(10 + (d * 7) % 31);
+  auto write = [&](const std::string& prefix, int64_t bad_at) {
+    mt::data::IndexedDatasetWriter w(prefix, 200);
+    int64_t at = 0;
+    for (int n : lengths) {
+      std::vector<int32_t> seq;
+      for (int k = 0; k < n; ++k, ++at) seq.push_back(at == bad_at ? 150 : static_cast<int32_t>((at * 31) % 97));
+      w.add_sequence(seq);
+      w.end_document();
+    }
+    w.finalize();
+  };
+  const std::string clean = dir() + "/mo-clean", planted = dir() + "/mo-planted";
+  write(clean, -1);
+  const int T = 16;
+  const uint64_t N = 6 * 4;  // train_iters x (2 x 2)
+  const std::string out = dir() + "/mo-oracle.json";
+  const std::string cmd = std::string("/usr/bin/python3 ") + MT_SOURCE_DIR + "/tools/check_megatron_idx.py --gpt-dataset " + clean +
+                          " 16 " + std::to_string(N) + " 1234 > " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  nlohmann::json want = nlohmann::json::parse(std::ifstream(out));
+  const uint64_t p = want["positions"][13][7].get<uint64_t>();
+  uint64_t k_megatron = N, k_meshtrain = N;
+  for (uint64_t k = 0; k < N && k_megatron == N; ++k)
+    for (const auto& q : want["positions"][k])
+      if (q.get<uint64_t>() == p) k_megatron = k;
+  mt::data::IndexedDataset ds(clean);
+  mt::data::TokenStream theirs(ds, T, true, 1234);
+  for (uint64_t k = 0; k < N && k_meshtrain == N; ++k)
+    if (theirs.window_start(k) <= p && p <= theirs.window_start(k) + T) k_meshtrain = k;
+  ASSERT_LE(k_megatron, 13u);
+  ASSERT_NE(k_megatron, k_meshtrain) << "the planted token does not tell the orders apart";
+  write(planted, static_cast<int64_t>(p));
+  std::string err;
+  const nlohmann::json order = {{"train", planted}, {"sample_order", "megatron"}};
+  std::string cfg = write_config("mo-planted", {{"data", order}, {"eval_interval", 0}});
+  EXPECT_EQ(run("train " + cfg, &err), 2);
+  EXPECT_NE(err.find("token 150 at stream position " + std::to_string(p) + " (sample " + std::to_string(k_megatron) + ")"),
+            std::string::npos)
+      << err << "(meshtrain's order reads it at sample " << k_meshtrain << ")";
+
+  cfg = write_config("mo-clean", {{"data", {{"train", clean}, {"valid", clean}, {"sample_order", "megatron"}}}});
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/mo.jsonl", &err), 0) << err;
+  EXPECT_EQ(losses(dir() + "/mo.jsonl").size(), 6u);
+  EXPECT_EQ(values(dir() + "/mo.jsonl", "val_loss").size(), 2u);
+  // Resumed for more steps, the order is rebuilt for more samples, as Megatron's index is: said.
+  ASSERT_EQ(run("train " + cfg + " --resume " + dir() + "/ckpt-mo-clean --set train_iters=8 --set save_dir=" + dir() +
+                    "/ckpt-mo-more",
+                &err),
+            0)
+      << err;
+  EXPECT_NE(err.find("Megatron's order was built for 24 samples there and is built for 32"), std::string::npos) << err;
+
+  const std::vector<std::pair<nlohmann::json, std::string>> refused = {
+      {{{"data", {{"train", clean}, {"sample_order", "megatron"}, {"shuffle", false}}}}, "data.shuffle: false with sample_order"},
+      {{{"data", {{"train", clean}, {"sample_order", "megatron"}, {"seed", 4294967296}}}}, "numpy's RandomState takes a seed"},
+      {{{"data", {{"train", clean}, {"sample_order", "random"}}}}, "data.sample_order: \"random\" is not an order"},
+  };
+  for (const auto& [extra, message] : refused) {
+    cfg = write_config("mo-refused", extra);
+    EXPECT_EQ(run("train " + cfg, &err), 2) << extra.dump();
+    EXPECT_NE(err.find(message), std::string::npos) << err;
+  }
+}
+
 TEST(Tokenize, TextToIndexedDatasetAndEncodeDecodeRoundTrip) {
   std::string txt = dir() + "/corpus.txt";
   std::ofstream(txt) << "The cat sat on the mat.\nIt was happy.\n\nThe dog sat on the log.\n\nCats and dogs.\n";

@@ -58,7 +58,32 @@ TokenStream::TokenStream(const IndexedDataset& dataset, int T, bool shuffle, uin
   samples_per_epoch_ = std::max<uint64_t>(1, (S_ - 1) / static_cast<uint64_t>(T));
 }
 
+void TokenStream::set_megatron_order(uint64_t num_samples) {
+  MT_CHECK(seed_ <= 0xffffffffull, ErrorKind::kInvalidArgument,
+           dataset_.prefix() + ": Megatron's sample order takes a seed in [0, 2^32 - 1] (numpy's RandomState), not " +
+               std::to_string(seed_));
+  megatron_ = std::make_unique<MegatronOrder>(dataset_, T_, num_samples, static_cast<uint32_t>(seed_));
+}
+
+uint64_t TokenStream::token_position(uint64_t k, uint64_t j) {
+  if (!megatron_) return (window_start(k) + j) % S_;
+  for (const MegatronPiece& p : megatron_->pieces(k)) {
+    if (j < static_cast<uint64_t>(p.length)) return dataset_.sequence_start(p.sequence) + static_cast<uint64_t>(p.offset) + j;
+    j -= static_cast<uint64_t>(p.length);
+  }
+  MT_CHECK(false, ErrorKind::kInvalidArgument, dataset_.prefix() + ": token " + std::to_string(j) + " past a sample");
+  return 0;
+}
+
+void TokenStream::read_pieces(const IndexedDataset& ds, uint64_t k, int32_t* out) const {
+  for (const MegatronPiece& p : megatron_->pieces(k)) {
+    ds.read_stream(dataset_.sequence_start(p.sequence) + static_cast<uint64_t>(p.offset), static_cast<uint64_t>(p.length), out);
+    out += p.length;
+  }
+}
+
 uint64_t TokenStream::window_start(uint64_t k) {
+  MT_CHECK(!megatron_, ErrorKind::kInternal, dataset_.prefix() + ": a Megatron-order sample is not one window");
   uint64_t T = static_cast<uint64_t>(T_);
   if (!shuffle_) {
     // (k·T) mod S without overflow.
@@ -92,6 +117,19 @@ void TokenStream::read_wrapped(const IndexedDataset& ds, uint64_t position, uint
 }
 
 void TokenStream::sample(uint64_t k, int32_t* inputs, int32_t* targets) {
+  if (megatron_) {
+    const size_t T = static_cast<size_t>(T_);
+    buf_.resize(T + 1);
+    read_pieces(dataset_, k, buf_.data());
+    std::memcpy(inputs, buf_.data(), T * sizeof(int32_t));
+    std::memcpy(targets, buf_.data() + 1, T * sizeof(int32_t));
+    if (mask_) {  // the mask of target i is that of the sample's token i + 1
+      read_pieces(*mask_, k, buf_.data());
+      for (size_t i = 0; i < T; ++i)
+        if (buf_[i + 1] == 0) targets[i] = -100;
+    }
+    return;
+  }
   uint64_t start = window_start(k);
   uint64_t T = static_cast<uint64_t>(T_);
   read_wrapped(dataset_, start, T, inputs);

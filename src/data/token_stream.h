@@ -8,12 +8,17 @@
 // e = k / n and is the window starting at perm_e[k mod n] · T, where
 // perm_e = sample_permutation(n, seed, e). Each window then lies inside the stream (only a stream
 // shorter than T + 1 wraps).
+// In Megatron's order (set_megatron_order), global sample k is Megatron-LM's GPTDataset sample k
+// for the same sequences, T, number of samples and seed (megatron_order.h): T + 1 tokens read from
+// pieces of sequences in a shuffled document order.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "data/indexed_dataset.h"
+#include "data/megatron_order.h"
 
 namespace mt::data {
 
@@ -44,8 +49,17 @@ class TokenStream {
   // is 0 becomes -100 (ignored by the loss). nullptr removes it. The mask must outlive the stream.
   void set_loss_mask(const IndexedDataset* mask);
 
-  // Stream position of the first token of global sample k.
+  // Megatron-LM's GPTDataset order for a run that draws num_samples samples, seeded with the
+  // stream's seed (which must fit in 32 bits, as numpy's RandomState requires). Global samples past
+  // those Megatron builds are refused.
+  void set_megatron_order(uint64_t num_samples);
+  const MegatronOrder* megatron_order() const { return megatron_.get(); }
+
+  // Stream position of the first token of global sample k (meshtrain's orders only).
   uint64_t window_start(uint64_t k);
+  // Stream position of token j (0 <= j <= T) of global sample k's T + 1 tokens: input j for j < T,
+  // target j − 1 for j >= 1.
+  uint64_t token_position(uint64_t k, uint64_t j);
   // inputs (T), targets (T) of global sample k.
   void sample(uint64_t k, int32_t* inputs, int32_t* targets);
   // inputs (B, T), targets (B, T): samples [first, first + B), row b = sample first + b.
@@ -54,6 +68,8 @@ class TokenStream {
  private:
   // out[0, count) = stream tokens from position, wrapping around the end of the stream.
   void read_wrapped(const IndexedDataset& ds, uint64_t position, uint64_t count, int32_t* out) const;
+  // out[0, T] = global sample k's T + 1 tokens of ds, in Megatron's order.
+  void read_pieces(const IndexedDataset& ds, uint64_t k, int32_t* out) const;
 
   const IndexedDataset& dataset_;
   const IndexedDataset* mask_ = nullptr;
@@ -66,6 +82,8 @@ class TokenStream {
   bool have_perm_ = false;
   uint64_t perm_epoch_ = 0;
   std::vector<uint64_t> perm_;  // (samples_per_epoch_) sample_permutation of perm_epoch_
+  std::unique_ptr<MegatronOrder> megatron_;
+  std::vector<int32_t> buf_;  // (T + 1) a Megatron-order sample
 };
 
 }  // namespace mt::data

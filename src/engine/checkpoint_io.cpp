@@ -496,6 +496,8 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                                         {"seq_length", engine.config().seq_length},
                                         {"seed", engine.config().data_seed},
                                         {"shuffle", engine.config().shuffle},
+                                        {"sample_order", engine.config().sample_order},
+                                        {"order_samples", engine.config().train_iters * engine.config().batch.train_batch_size},
                                         {"train", engine.config().data_train}}},
                               {"tokenizer", engine.config().tokenizer.empty() ? std::string()
                                                                               : fs::absolute(engine.config().tokenizer).string()},
@@ -862,6 +864,17 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
         log_warning((dir / "state.json").string() + ": written with data seed " + std::to_string(d.at("seed").get<uint64_t>()) +
                     " shuffle " + (d.at("shuffle").get<bool>() ? "true" : "false") +
                     "; this run's differ, so the data order will not continue the checkpoint's");
+      const std::string their_order = d.value("sample_order", std::string("meshtrain"));
+      if (their_order != c.sample_order)
+        log_warning((dir / "state.json").string() + ": written with data.sample_order \"" + their_order + "\"; this run's is \"" +
+                    c.sample_order + "\", so the data order will not continue the checkpoint's");
+      const int64_t samples = c.train_iters * c.batch.train_batch_size;
+      if (their_order == "megatron" && c.sample_order == "megatron" && d.contains("order_samples") &&
+          d["order_samples"].get<int64_t>() != samples)
+        log_warning((dir / "state.json").string() + ": Megatron's order was built for " +
+                    std::to_string(d["order_samples"].get<int64_t>()) + " samples there and is built for " +
+                    std::to_string(samples) + " (train_iters x train_batch_size) here, as Megatron rebuilds its index; "
+                    "where the two need different epochs of the data, the order will not continue the checkpoint's");
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorKind::kCorruption, (dir / "state.json").string() + ": missing or malformed field: " + e.what());

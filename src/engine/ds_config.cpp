@@ -810,6 +810,17 @@ void parse_data(Section& root, RunConfig& c) {
   // The order's own seed: it replaced `seed`, and so the initial weights (data.seed 7 trained as
   // seed 7 did).
   c.data_seed = static_cast<uint64_t>(d.integer("seed", static_cast<int64_t>(c.seed)));
+  c.sample_order = d.string("sample_order", c.sample_order);
+  MT_CHECK(c.sample_order == "meshtrain" || c.sample_order == "megatron", ErrorKind::kInvalidArgument,
+           d.where("sample_order") + ": \"" + c.sample_order + "\" is not an order (\"meshtrain\" or \"megatron\")");
+  if (c.sample_order == "megatron") {
+    // Megatron's GPTDataset always shuffles, from numpy.random.RandomState(seed).
+    MT_CHECK(c.shuffle, ErrorKind::kInvalidArgument,
+             d.where("shuffle") + ": false with sample_order \"megatron\": Megatron's GPTDataset order is always shuffled");
+    MT_CHECK(c.data_seed <= 0xffffffffull, ErrorKind::kInvalidArgument,
+             d.where("seed") + ": " + std::to_string(c.data_seed) +
+                 " with sample_order \"megatron\": numpy's RandomState takes a seed in [0, 2^32 - 1]");
+  }
   // Every key of this block selects data: an unknown one (Megatron's "split", a misspelt "valid")
   // was warned about and the whole corpus trained.
   d.refuse_unknown("every key of data selects what is trained (train, valid, tokenizer, seed, ...: CONFIG.md)");
@@ -1557,6 +1568,8 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     MT_CHECK(c.zero.stage < 3, ErrorKind::kNotSupported,
              "task \"classification\": zero_optimization.stage 3 is not supported yet (0-2 are)");
     MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported, "task \"classification\": curriculum_learning does not apply");
+    MT_CHECK(c.sample_order == "meshtrain", ErrorKind::kNotSupported,
+             "task \"classification\": data.sample_order \"megatron\" orders token windows; records are shuffled by data.seed");
   }
   return c;
 }
@@ -1696,7 +1709,7 @@ json ds_config_resolved(const RunConfig& c) {
   j["model"] = hf_config_to_json(c.model);
   if (!c.init_from.empty()) j["model"]["init_from"] = c.init_from;
   j["data"] = {{"train", c.data_train}, {"valid", c.data_valid}, {"tokenizer", c.tokenizer}, {"shuffle", c.shuffle},
-               {"seed", c.data_seed}};
+               {"seed", c.data_seed}, {"sample_order", c.sample_order}};
   if (c.task == "classification") {
     j["task"] = c.task;
     j["data"]["texta_name"] = c.cls_fields.text_a;

@@ -90,6 +90,9 @@ struct RunConfig {
   std::string init_from;      // model.init_from: HF safetensors to start from
   std::string data_train, data_valid, tokenizer;
   bool shuffle = true;
+  // data.sample_order: "meshtrain" (token_stream.h's windows) or "megatron" (Megatron-LM's
+  // GPTDataset order for train_iters x train_batch_size samples: data/megatron_order.h).
+  std::string sample_order = "meshtrain";
   uint64_t seed = 1234;       // the initialization (and what else draws from it)
   uint64_t data_seed = 1234;  // data.seed: the sample order only (default: seed)
   int64_t seq_length = 0;

@@ -561,6 +561,33 @@ TEST(DsConfig, DataSeedSeedsTheOrderOnly) {
   EXPECT_EQ(c.data_seed, 99u);
 }
 
+// data.sample_order: Megatron's GPTDataset order, kept in the resolved config; what it cannot be
+// (unshuffled, a seed numpy refuses, a classifier's records) refused by key. The top-level seed is
+// checked too when data.seed is absent.
+TEST(DsConfig, MegatronSampleOrderIsReadAndWhatItCannotBeIsRefused) {
+  auto j = base();
+  j["data"] = {{"train", "corpus"}, {"sample_order", "megatron"}};
+  RunConfig c = ds_config_parse(j, "cfg.json");
+  EXPECT_EQ(c.sample_order, "megatron");
+  EXPECT_EQ(ds_config_resolved(c)["data"]["sample_order"], "megatron");
+  EXPECT_EQ(ds_config_parse(base(), "cfg.json").sample_order, "meshtrain");
+  const auto npos = std::string::npos;
+  auto k = j;
+  k["data"]["shuffle"] = false;
+  EXPECT_NE(error_of(k).find("data.shuffle: false with sample_order \"megatron\""), npos) << error_of(k);
+  k = j;
+  k["seed"] = 4294967296LL;
+  EXPECT_NE(error_of(k).find("data.seed: 4294967296 with sample_order \"megatron\""), npos) << error_of(k);
+  k["data"]["seed"] = 4294967295LL;
+  EXPECT_EQ(error_of(k), "");
+  k = j;
+  k["task"] = "classification";
+  EXPECT_NE(error_of(k).find("task \"classification\": data.sample_order \"megatron\""), npos) << error_of(k);
+  k = j;
+  k["data"]["sample_order"] = "Megatron";
+  EXPECT_NE(error_of(k).find("data.sample_order: \"Megatron\" is not an order"), npos) << error_of(k);
+}
+
 // A key twice in one object was read as its last value without a word (DeepSpeed refuses it);
 // the same key in two objects is fine.
 TEST(DsConfig, ADuplicateKeyIsRefusedNamingIt) {

@@ -1,0 +1,158 @@
+// Megatron-LM's GPT sample order: the document, sample and shuffle indices of its GPTDataset,
+// built as megatron_order.h describes.
+#include "data/megatron_order.h"
+
+#include <string>
+
+#include "base/error.h"
+
+namespace mt::data {
+
+uint64_t NumpyLegacyRandom::interval(uint64_t max) {
+  if (max == 0) return 0;
+  uint64_t mask = max;
+  for (int s = 1; s <= 32; s *= 2) mask |= mask >> s;
+  uint64_t value;
+  if (max <= 0xffffffffull) {
+    do {
+      value = static_cast<uint64_t>(mt_()) & mask;
+    } while (value > max);
+  } else {
+    do {
+      const uint64_t hi = mt_();
+      value = ((hi << 32) | static_cast<uint64_t>(mt_())) & mask;
+    } while (value > max);
+  }
+  return value;
+}
+
+namespace {
+
+std::vector<int32_t> dataset_lengths(const IndexedDataset& dataset) {
+  std::vector<int32_t> lengths(dataset.num_sequences());
+  for (uint64_t i = 0; i < lengths.size(); ++i) lengths[i] = static_cast<int32_t>(dataset.sequence_length(i));
+  return lengths;
+}
+
+// `epochs` copies of 0..n−1, shuffled as one array.
+void append_shuffled_epochs(std::vector<int32_t>* out, size_t n, int epochs, NumpyLegacyRandom* rng) {
+  std::vector<int32_t> part;
+  part.reserve(n * static_cast<size_t>(epochs));
+  for (int e = 0; e < epochs; ++e)
+    for (size_t d = 0; d < n; ++d) part.push_back(static_cast<int32_t>(d));
+  rng->shuffle(part);
+  out->insert(out->end(), part.begin(), part.end());
+}
+
+void append_shuffled_range(std::vector<uint64_t>* out, uint64_t begin, uint64_t end, NumpyLegacyRandom* rng) {
+  std::vector<uint64_t> part;
+  part.reserve(end - begin);
+  for (uint64_t i = begin; i < end; ++i) part.push_back(i);
+  rng->shuffle(part);
+  out->insert(out->end(), part.begin(), part.end());
+}
+
+}  // namespace
+
+MegatronOrder::MegatronOrder(const std::vector<int32_t>& sequence_lengths, int T, uint64_t num_samples, uint32_t seed)
+    : lengths_(sequence_lengths), T_(T) {
+  build(num_samples, seed);
+}
+
+MegatronOrder::MegatronOrder(const IndexedDataset& dataset, int T, uint64_t num_samples, uint32_t seed)
+    : lengths_(dataset_lengths(dataset)), T_(T) {
+  build(num_samples, seed);
+}
+
+void MegatronOrder::build(uint64_t num_samples, uint32_t seed) {
+  MT_CHECK(T_ >= 1, ErrorKind::kInvalidArgument, "Megatron sample order: seq_length " + std::to_string(T_) + " must be >= 1");
+  MT_CHECK(num_samples >= 1, ErrorKind::kInvalidArgument, "Megatron sample order: no samples requested");
+  uint64_t S = 0;
+  for (int32_t n : lengths_) S += static_cast<uint64_t>(n);
+  MT_CHECK(S >= 2, ErrorKind::kInvalidArgument,
+           "Megatron sample order: the dataset has " + std::to_string(S) + " tokens (Megatron needs more than 1)");
+  const uint64_t T = static_cast<uint64_t>(T_);
+
+  // Epochs: the fewest holding num_samples · T + 1 tokens (the extra token is the last target).
+  const unsigned __int128 wanted = static_cast<unsigned __int128>(num_samples) * T + 1;
+  uint64_t epochs = 1;
+  for (unsigned __int128 have = S; have < wanted; have += S) ++epochs;
+  MT_CHECK(epochs <= 0x7fffffffull && static_cast<unsigned __int128>(epochs) * lengths_.size() < (1ull << 31),
+           ErrorKind::kInvalidArgument,
+           "Megatron sample order: " + std::to_string(num_samples) + " samples of " + std::to_string(T_) + " tokens need " +
+               std::to_string(epochs) + " epochs of " + std::to_string(lengths_.size()) +
+               " sequences, more than Megatron's int32 document index holds");
+  epochs_ = static_cast<int>(epochs);
+  uint64_t before_final = 0;  // samples in the epochs before the last: ((E − 1)·S − 1) / T
+  if (epochs_ > 1) {
+    before_final = ((epochs - 1) * S - 1) / T;
+    const uint64_t from_final = num_samples - before_final;
+    const uint64_t per_epoch = (S - 1) / T;
+    separate_final_epoch_ = from_final < static_cast<uint64_t>(0.80 * static_cast<double>(per_epoch));
+  }
+
+  NumpyLegacyRandom rng(seed);
+  document_index_.clear();
+  document_index_.reserve(lengths_.size() * epochs);
+  if (separate_final_epoch_) {
+    append_shuffled_epochs(&document_index_, lengths_.size(), epochs_ - 1, &rng);
+    append_shuffled_epochs(&document_index_, lengths_.size(), 1, &rng);
+  } else {
+    append_shuffled_epochs(&document_index_, lengths_.size(), epochs_, &rng);
+  }
+
+  // Sample boundaries: each sample takes T + 1 tokens from where the previous one's last token was.
+  const uint64_t M = (epochs * S - 1) / T;
+  sample_index_.assign(2 * (M + 1), 0);
+  int64_t at = 0, offset = 0;  // position in document_index_, token within that sequence
+  for (uint64_t i = 1; i <= M; ++i) {
+    int64_t remaining = static_cast<int64_t>(T) + 1;
+    while (remaining != 0) {
+      const int64_t length = lengths_[static_cast<size_t>(document_index_[static_cast<size_t>(at)])] - offset;
+      remaining -= length;
+      if (remaining <= 0) {
+        offset += remaining + length - 1;
+        remaining = 0;
+      } else {
+        MT_CHECK(at + 1 < static_cast<int64_t>(document_index_.size()), ErrorKind::kInternal,
+                 "Megatron sample order: sample " + std::to_string(i) + " runs past the document index");
+        ++at;
+        offset = 0;
+      }
+    }
+    sample_index_[2 * i] = at;
+    sample_index_[2 * i + 1] = offset;
+  }
+
+  shuffle_index_.clear();
+  shuffle_index_.reserve(M);
+  if (separate_final_epoch_) {
+    append_shuffled_range(&shuffle_index_, 0, before_final, &rng);
+    append_shuffled_range(&shuffle_index_, before_final, M, &rng);
+  } else {
+    append_shuffled_range(&shuffle_index_, 0, M, &rng);
+  }
+}
+
+std::vector<MegatronPiece> MegatronOrder::pieces(uint64_t k) const {
+  MT_CHECK(k < size(), ErrorKind::kInvalidArgument,
+           "Megatron sample order: sample " + std::to_string(k) + " of " + std::to_string(size()) + " built");
+  const uint64_t s = shuffle_index_[k];
+  const int64_t first = sample_index_[2 * s], first_offset = sample_index_[2 * s + 1];
+  const int64_t last = sample_index_[2 * s + 2], last_offset = sample_index_[2 * s + 3];
+  std::vector<MegatronPiece> out;
+  int64_t total = 0;
+  for (int64_t i = first; i <= last; ++i) {
+    const uint64_t seq = static_cast<uint64_t>(document_index_[static_cast<size_t>(i)]);
+    const int64_t offset = i == first ? first_offset : 0;
+    const int64_t length = i < last ? lengths_[seq] - offset : last_offset + 1 - offset;
+    if (length > 0) out.push_back({seq, offset, length});
+    total += length;
+  }
+  MT_CHECK(total == static_cast<int64_t>(T_) + 1, ErrorKind::kInternal,
+           "Megatron sample order: sample " + std::to_string(s) + " holds " + std::to_string(total) + " tokens, not " +
+               std::to_string(T_ + 1));
+  return out;
+}
+
+}  // namespace mt::data

@@ -1,0 +1,90 @@
+// Megatron-LM's GPT sample order (megatron/core/datasets/gpt_dataset.py, GPTDataset over every
+// sequence of one indexed dataset): the samples a Megatron run with the same data, seq_length,
+// number of samples and seed trains on, in the same order.
+//
+// Megatron builds three arrays from numpy.random.RandomState(seed), in this order of draws:
+//   epochs E: the fewest with E · S >= N·T + 1 tokens (S the dataset's tokens, N the samples the
+//     run draws, T seq_length); the samples they hold, M = (E·S − 1) / T.
+//   separate final epoch: E > 1 and the last epoch's share of N, N − ((E−1)·S − 1) / T, is below
+//     int(0.8 · ((S − 1) / T)).
+//   document_index: the sequence ids 0..n−1 repeated E times and shuffled, or, with a separate
+//     final epoch, the first E − 1 repeats shuffled and then the last one shuffled on its own;
+//   sample_index: M + 1 (position in document_index, offset) pairs, sample i being the T + 1
+//     tokens from entry i through entry i + 1's offset, inclusive (consecutive samples share one
+//     token: the last target of one is the first input of the next), read across sequences;
+//   shuffle_index: 0..M−1 shuffled, or, with a separate final epoch, 0..P−1 shuffled
+//     (P = ((E−1)·S − 1) / T) followed by P..M−1 shuffled on its own.
+// Global sample k of the run is sample_index's sample shuffle_index[k]. Shuffles are numpy's
+// legacy RandomState.shuffle: Fisher–Yates from the last element down, each j drawn by
+// random_interval (the smallest all-ones mask over i, MT19937 words rejected until <= i).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "data/indexed_dataset.h"
+
+namespace mt::data {
+
+// numpy.random.RandomState(seed)'s MT19937 stream and its legacy 1-D shuffle.
+class NumpyLegacyRandom {
+ public:
+  // numpy's integer seeding (mt19937_seed): the same words as std::mt19937(seed).
+  explicit NumpyLegacyRandom(uint32_t seed) : mt_(seed) {}
+  // Uniform in [0, max]: numpy's random_interval.
+  uint64_t interval(uint64_t max);
+  // RandomState.shuffle of a 1-D array.
+  template <typename T>
+  void shuffle(std::vector<T>& v) {
+    for (size_t i = v.size(); i > 1; --i) {
+      const uint64_t j = interval(i - 1);
+      std::swap(v[i - 1], v[j]);
+    }
+  }
+
+ private:
+  std::mt19937 mt_;
+};
+
+// One sample's tokens: pieces of sequences, in order, T + 1 tokens together.
+struct MegatronPiece {
+  uint64_t sequence;  // sequence id in the indexed dataset
+  int64_t offset;     // first token within it
+  int64_t length;     // tokens taken
+};
+
+class MegatronOrder {
+ public:
+  // REQUIRES: T >= 1, num_samples >= 1, sequence_lengths' sum >= 2 (Megatron asserts > 1 tokens).
+  MegatronOrder(const std::vector<int32_t>& sequence_lengths, int T, uint64_t num_samples, uint32_t seed);
+  // Reads the lengths from the dataset.
+  MegatronOrder(const IndexedDataset& dataset, int T, uint64_t num_samples, uint32_t seed);
+
+  int num_epochs() const { return epochs_; }
+  bool separate_final_epoch() const { return separate_final_epoch_; }
+  // Samples built (M >= num_samples): global samples [0, size()) exist.
+  uint64_t size() const { return shuffle_index_.size(); }
+  // The sample global sample k reads (shuffle_index[k]). REQUIRES: k < size().
+  uint64_t sample_of(uint64_t k) const { return shuffle_index_[k]; }
+  // Global sample k's pieces, T + 1 tokens in all. REQUIRES: k < size().
+  std::vector<MegatronPiece> pieces(uint64_t k) const;
+
+  const std::vector<int32_t>& document_index() const { return document_index_; }
+  // (M + 1) pairs (position in document_index, offset), flattened.
+  const std::vector<int64_t>& sample_index() const { return sample_index_; }
+  const std::vector<uint64_t>& shuffle_index() const { return shuffle_index_; }
+
+ private:
+  void build(uint64_t num_samples, uint32_t seed);
+
+  std::vector<int32_t> lengths_;
+  int T_;
+  int epochs_ = 1;
+  bool separate_final_epoch_ = false;
+  std::vector<int32_t> document_index_;
+  std::vector<int64_t> sample_index_;
+  std::vector<uint64_t> shuffle_index_;
+};
+
+}  // namespace mt::data
