@@ -20,8 +20,13 @@ line, and global sample k sample shuffle[k]. It prints the epochs, whether the l
 shuffled apart, and per global sample its T + 1 tokens and their stream positions (the position
 in PREFIX's own concatenation of sequences).
 
+With FIRST END after SEED, the dataset is sequences [FIRST, END) (a split's). With --split TEXT N[,N...] it
+prints, per N, the [begin, end) of sequences (or null) that Megatron's --split TEXT gives train,
+validation and test over N sequences: the numbers in TEXT normalised by numpy, running sums as
+book-ends, each end times N rounded by Python's round.
+
 Usage: check_megatron_idx.py PREFIX | --permutation N SEED EPOCH | --numpy-shuffle N SEED |
-       --gpt-dataset PREFIX T NUM_SAMPLES SEED.
+       --gpt-dataset PREFIX T NUM_SAMPLES SEED [FIRST END] | --split TEXT N[,N...].
 Exits 3 when numpy is missing, 1 when the files are bad.
 """
 import json
@@ -86,10 +91,27 @@ def read_dataset(prefix: str):
     return lengths.tolist(), sequences
 
 
-def gpt_dataset(prefix: str, seq_length: int, num_samples: int, seed: int) -> dict:
-    lengths, sequences = read_dataset(prefix)
+def megatron_split(text: str, n: int) -> list:
+    import re
+    weights = [float(x) for x in re.findall(r"[.0-9]+", text)]
+    weights += [0.0] * (3 - len(weights))
+    w = numpy.array(weights, dtype=numpy.float64)
+    w = (w / numpy.sum(w)).tolist()
+    edges = [0]
+    for x in w:
+        edges.append(edges[-1] + x)
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        out.append(None if hi <= lo else [int(round(lo * float(n))), int(round(hi * float(n)))])
+    return out
+
+
+def gpt_dataset(prefix: str, seq_length: int, num_samples: int, seed: int, first: int = 0, end: int = -1) -> dict:
+    all_lengths, all_sequences = read_dataset(prefix)
+    all_starts = numpy.concatenate(([0], numpy.cumsum(all_lengths)[:-1])).tolist() if all_lengths else []
+    end = len(all_lengths) if end < 0 else end
+    lengths, sequences, starts = all_lengths[first:end], all_sequences[first:end], all_starts[first:end]
     tokens = sum(lengths)
-    starts = numpy.concatenate(([0], numpy.cumsum(lengths)[:-1])).tolist() if lengths else []
     # Enough epochs for num_samples windows and the last one's extra target token.
     epochs = 1
     while epochs * tokens < num_samples * seq_length + 1:
@@ -132,8 +154,11 @@ def main() -> int:
         numpy.random.RandomState(int(sys.argv[3])).shuffle(values)
         print(json.dumps(values.tolist()))
         return 0
-    if len(sys.argv) == 6 and sys.argv[1] == "--gpt-dataset":
+    if len(sys.argv) in (6, 8) and sys.argv[1] == "--gpt-dataset":
         print(json.dumps(gpt_dataset(sys.argv[2], *(int(a) for a in sys.argv[3:]))))
+        return 0
+    if len(sys.argv) == 4 and sys.argv[1] == "--split":
+        print(json.dumps([megatron_split(sys.argv[2], int(n)) for n in sys.argv[3].split(",")]))
         return 0
     prefix = sys.argv[1]
     with open(prefix + ".idx", "rb") as stream:

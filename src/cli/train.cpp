@@ -31,10 +31,12 @@
 #include "base/file_io.h"
 #include "base/error.h"
 #include "base/fault.h"
+#include "base/log.h"
 #include "base/timer.h"
 #include "comm/comm_log.h"
 #include "comm/mpi_backend.h"
 #include "cli/commands.h"
+#include "data/megatron_order.h"
 #include "data/token_stream.h"
 #include "engine/checkpoint_io.h"
 #include "engine/corpus.h"
@@ -226,8 +228,9 @@ struct DataSource {
 };
 
 // megatron_samples: the samples the run draws from this source, for Megatron's order (0: meshtrain's).
+// split: data.split's split of the dataset's sequences this source reads (-1: all of them).
 DataSource open_data(const engine::RunConfig& cfg, const std::string& path, const char* key, bool shuffle,
-                     uint64_t megatron_samples = 0) {
+                     uint64_t megatron_samples = 0, int split = -1) {
   MT_CHECK(!path.empty(), ErrorKind::kInvalidArgument,
            std::string(key) + ": missing (an indexed-dataset prefix, or a .txt/.jsonl file)");
   std::string cache = cfg.save_dir.empty() ? "runs/data-cache" : cfg.save_dir + "/data-cache";
@@ -235,11 +238,24 @@ DataSource open_data(const engine::RunConfig& cfg, const std::string& path, cons
   DataSource d;
   d.key = key;
   d.tokens = std::make_unique<data::IndexedDataset>(prefix);
+  uint64_t first = 0, end = d.tokens->num_sequences();
+  std::string part;  // the split's sequences, as the messages name them
+  if (split >= 0) {
+    const auto range = data::megatron_split_sequences(cfg.split_weights, end, split);
+    MT_CHECK(range && range->end > range->first, ErrorKind::kInvalidArgument,
+             std::string("data.split: \"") + cfg.split + "\" leaves " + (split == 0 ? "training" : "validation") +
+                 " no sequences of the " + std::to_string(end) + " in " + prefix);
+    first = range->first;
+    end = range->end;
+    part = " (sequences " + std::to_string(first) + " to " + std::to_string(end - 1) + " by data.split)";
+  }
+  const uint64_t tokens = (end < d.tokens->num_sequences() ? d.tokens->sequence_start(end) : d.tokens->total_tokens()) -
+                          (first < d.tokens->num_sequences() ? d.tokens->sequence_start(first) : d.tokens->total_tokens());
   // Shorter than one sample, every sample was the same few tokens cycled (trained and saved, exit 0).
-  MT_CHECK(d.tokens->total_tokens() >= static_cast<uint64_t>(cfg.seq_length) + 1, ErrorKind::kInvalidArgument,
-           std::string(key) + ": " + prefix + " has " + std::to_string(d.tokens->total_tokens()) +
-               " tokens, fewer than seq_length + 1 (" + std::to_string(cfg.seq_length + 1) + "): every sample would repeat it");
-  d.stream = std::make_unique<data::TokenStream>(*d.tokens, static_cast<int>(cfg.seq_length), shuffle, cfg.data_seed);
+  MT_CHECK(tokens >= static_cast<uint64_t>(cfg.seq_length) + 1, ErrorKind::kInvalidArgument,
+           std::string(key) + ": " + prefix + part + " has " + std::to_string(tokens) + " tokens, fewer than seq_length + 1 (" +
+               std::to_string(cfg.seq_length + 1) + "): every sample would repeat it");
+  d.stream = std::make_unique<data::TokenStream>(*d.tokens, static_cast<int>(cfg.seq_length), shuffle, cfg.data_seed, first, end);
   if (megatron_samples > 0) d.stream->set_megatron_order(megatron_samples);
   std::string mask = engine::corpus_mask_prefix(prefix);
   if (!mask.empty()) {
@@ -359,13 +375,24 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   // Megatron's order is built for the samples the run draws (its GPTDataset's num_samples): the
   // training steps' batches, and the micro-batches each validation reads (the same ones each time).
   const bool megatron_order = cfg.sample_order == "megatron";
+  // data.split: training reads split 0 of data.train's sequences, validation split 1 (none when
+  // the split gives it none, as Megatron builds no validation set then).
+  const bool split = !cfg.split_weights.empty();
   DataSource train_data = open_data(cfg, cfg.data_train, "data.train", cfg.shuffle,
-                                    megatron_order ? static_cast<uint64_t>(cfg.train_iters * cfg.batch.train_batch_size) : 0);
+                                    megatron_order ? static_cast<uint64_t>(cfg.train_iters * cfg.batch.train_batch_size) : 0,
+                                    split ? 0 : -1);
   DataSource valid_data;
   data::TokenStream* valid = nullptr;
-  if (!cfg.data_valid.empty()) {
-    valid_data = open_data(cfg, cfg.data_valid, "data.valid", false,
-                           megatron_order ? static_cast<uint64_t>(std::max<int64_t>(0, cfg.eval_iters) * cfg.batch.micro_batch_per_gpu) : 0);
+  const uint64_t valid_samples =
+      megatron_order ? static_cast<uint64_t>(std::max<int64_t>(0, cfg.eval_iters) * cfg.batch.micro_batch_per_gpu) : 0;
+  if (split && data::megatron_split_sequences(cfg.split_weights, train_data.tokens->num_sequences(), 1)) {
+    valid_data = open_data(cfg, cfg.data_train, "data.split", false, valid_samples, 1);
+    valid = valid_data.stream.get();
+  } else if (split) {
+    if (lead && cfg.eval_interval > 0 && cfg.eval_iters > 0)
+      log_warning("data.split: \"" + cfg.split + "\" gives validation no sequences, so the run validates nothing");
+  } else if (!cfg.data_valid.empty()) {
+    valid_data = open_data(cfg, cfg.data_valid, "data.valid", false, valid_samples);
     valid = valid_data.stream.get();
   }
   if (world && lead) world->barrier(bo)->wait();

@@ -262,6 +262,23 @@ TEST(Train, MegatronSampleOrderReadsGptDatasetsSamples) {
       << err;
   EXPECT_NE(err.find("Megatron's order was built for 24 samples there and is built for 32"), std::string::npos) << err;
 
+  // data.split "8,2": sequences 0-23 train, 24-29 validate. A token planted in sequence 26 is never
+  // a training sample's; the first validation (after step 3) meets it, naming data.split.
+  const std::string split_planted = dir() + "/mo-split";
+  int64_t in_26 = 0;
+  for (int d = 0; d < 26; ++d) in_26 += lengths[static_cast<size_t>(d)];
+  write(split_planted, in_26 + 4);
+  for (const char* order : {"meshtrain", "megatron"}) {
+    cfg = write_config(std::string("mo-split-") + order,
+                       {{"data", {{"train", split_planted}, {"split", "8,2"}, {"sample_order", order}}}});
+    const std::string metrics = dir() + "/mo-split-" + order + ".jsonl";
+    EXPECT_EQ(run("train " + cfg + " --metrics " + metrics, &err), 2) << order;
+    EXPECT_NE(err.find("data.split: " + split_planted + ": token 150 at stream position " + std::to_string(in_26 + 4)),
+              std::string::npos)
+        << order << ": " << err;
+    EXPECT_EQ(losses(metrics).size(), 2u) << order;  // step 3's line waits for its validation
+  }
+
   const std::vector<std::pair<nlohmann::json, std::string>> refused = {
       {{{"data", {{"train", clean}, {"sample_order", "megatron"}, {"shuffle", false}}}}, "data.shuffle: false with sample_order"},
       {{{"data", {{"train", clean}, {"sample_order", "megatron"}, {"seed", 4294967296}}}}, "numpy's RandomState takes a seed"},

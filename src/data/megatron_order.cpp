@@ -2,6 +2,9 @@
 // built as megatron_order.h describes.
 #include "data/megatron_order.h"
 
+#include <cctype>
+#include <charconv>
+#include <cmath>
 #include <string>
 
 #include "base/error.h"
@@ -28,12 +31,6 @@ uint64_t NumpyLegacyRandom::interval(uint64_t max) {
 
 namespace {
 
-std::vector<int32_t> dataset_lengths(const IndexedDataset& dataset) {
-  std::vector<int32_t> lengths(dataset.num_sequences());
-  for (uint64_t i = 0; i < lengths.size(); ++i) lengths[i] = static_cast<int32_t>(dataset.sequence_length(i));
-  return lengths;
-}
-
 // `epochs` copies of 0..n−1, shuffled as one array.
 void append_shuffled_epochs(std::vector<int32_t>* out, size_t n, int epochs, NumpyLegacyRandom* rng) {
   std::vector<int32_t> part;
@@ -56,11 +53,6 @@ void append_shuffled_range(std::vector<uint64_t>* out, uint64_t begin, uint64_t 
 
 MegatronOrder::MegatronOrder(const std::vector<int32_t>& sequence_lengths, int T, uint64_t num_samples, uint32_t seed)
     : lengths_(sequence_lengths), T_(T) {
-  build(num_samples, seed);
-}
-
-MegatronOrder::MegatronOrder(const IndexedDataset& dataset, int T, uint64_t num_samples, uint32_t seed)
-    : lengths_(dataset_lengths(dataset)), T_(T) {
   build(num_samples, seed);
 }
 
@@ -153,6 +145,42 @@ std::vector<MegatronPiece> MegatronOrder::pieces(uint64_t k) const {
            "Megatron sample order: sample " + std::to_string(s) + " holds " + std::to_string(total) + " tokens, not " +
                std::to_string(T_ + 1));
   return out;
+}
+
+std::vector<double> megatron_split_parse(const std::string& text) {
+  std::vector<double> out;
+  for (size_t i = 0; i < text.size();) {
+    if (!std::isdigit(static_cast<unsigned char>(text[i])) && text[i] != '.') {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && (std::isdigit(static_cast<unsigned char>(text[j])) || text[j] == '.')) ++j;
+    double v = 0.0;
+    auto [end, ec] = std::from_chars(text.data() + i, text.data() + j, v);
+    MT_CHECK(ec == std::errc() && end == text.data() + j, ErrorKind::kInvalidArgument,
+             "\"" + text + "\": \"" + text.substr(i, j - i) + "\" is not a number");
+    out.push_back(v);
+    i = j;
+  }
+  MT_CHECK(!out.empty() && out.size() <= 3, ErrorKind::kInvalidArgument,
+           "\"" + text + "\": Megatron's split is up to three weights (train, validation, test), such as \"969,30,1\"");
+  out.resize(3, 0.0);
+  MT_CHECK(out[0] + out[1] + out[2] > 0.0, ErrorKind::kInvalidArgument, "\"" + text + "\": the weights sum to 0");
+  return out;
+}
+
+std::optional<SequenceRange> megatron_split_sequences(const std::vector<double>& weights, uint64_t n, int which) {
+  MT_CHECK(which >= 0 && static_cast<size_t>(which) < weights.size(), ErrorKind::kInvalidArgument,
+           "split " + std::to_string(which) + " of " + std::to_string(weights.size()));
+  double sum = 0.0;
+  for (double w : weights) sum += w;
+  double lo = 0.0;
+  for (int i = 0; i < which; ++i) lo += weights[static_cast<size_t>(i)] / sum;
+  const double hi = lo + weights[static_cast<size_t>(which)] / sum;
+  if (hi <= lo) return std::nullopt;
+  const double N = static_cast<double>(n);
+  return SequenceRange{static_cast<uint64_t>(std::nearbyint(lo * N)), static_cast<uint64_t>(std::nearbyint(hi * N))};
 }
 
 }  // namespace mt::data

@@ -20,7 +20,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "data/indexed_dataset.h"
@@ -56,10 +58,9 @@ struct MegatronPiece {
 
 class MegatronOrder {
  public:
+  // Over sequences 0..n−1 of these lengths (a split's, renumbered from 0).
   // REQUIRES: T >= 1, num_samples >= 1, sequence_lengths' sum >= 2 (Megatron asserts > 1 tokens).
   MegatronOrder(const std::vector<int32_t>& sequence_lengths, int T, uint64_t num_samples, uint32_t seed);
-  // Reads the lengths from the dataset.
-  MegatronOrder(const IndexedDataset& dataset, int T, uint64_t num_samples, uint32_t seed);
 
   int num_epochs() const { return epochs_; }
   bool separate_final_epoch() const { return separate_final_epoch_; }
@@ -86,5 +87,19 @@ class MegatronOrder {
   std::vector<int64_t> sample_index_;
   std::vector<uint64_t> shuffle_index_;
 };
+
+// Megatron's --split ("969,30,1"): the numbers in the text (runs of digits and dots), padded with
+// zeros to three (train, validation, test). Refused: more than three, one that is not a number, a
+// sum of zero.
+std::vector<double> megatron_split_parse(const std::string& text);
+
+// Split `which` (0 train, 1 validation, 2 test) of n sequences, as Megatron's
+// BlendedMegatronDatasetBuilder cuts one dataset: the weights divided by their sum, book-ends the
+// running sums from 0, and split i the sequences [round(lo·n), round(hi·n)) with Python's round
+// (half to even); none where hi <= lo.
+struct SequenceRange {
+  uint64_t first = 0, end = 0;
+};
+std::optional<SequenceRange> megatron_split_sequences(const std::vector<double>& weights, uint64_t n, int which);
 
 }  // namespace mt::data

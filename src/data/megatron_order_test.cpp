@@ -26,9 +26,11 @@
 namespace mt::data {
 namespace {
 
-// One document per length (a length of 0 an empty sequence), tokens from a fixed rule.
-void write_sequences(const std::string& prefix, const std::vector<int>& lengths, int64_t vocab = 1000) {
+// One document per length (a length of 0 an empty sequence), tokens from a fixed rule; returns
+// them end to end.
+std::vector<int32_t> write_sequences(const std::string& prefix, const std::vector<int>& lengths, int64_t vocab = 1000) {
   IndexedDatasetWriter w(prefix, vocab);
+  std::vector<int32_t> all;
   uint32_t x = 777;
   for (int n : lengths) {
     std::vector<int32_t> seq;
@@ -38,8 +40,10 @@ void write_sequences(const std::string& prefix, const std::vector<int>& lengths,
     }
     w.add_sequence(seq);
     w.end_document();
+    all.insert(all.end(), seq.begin(), seq.end());
   }
   w.finalize();
+  return all;
 }
 
 bool have_numpy() { return file_exists("/usr/bin/python3") && std::system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") == 0; }
@@ -117,12 +121,13 @@ TEST(MegatronOrder, EpochsAndTheSeparateFinalEpochFollowGptDatasetsRule) {
 
 // The loader's samples, token for token and position for position, against the oracle.
 void expect_stream_matches_oracle(const std::string& prefix, int T, uint64_t N, uint32_t seed, const std::string& scratch,
-                                  int want_epochs, int want_apart) {
+                                  int want_epochs, int want_apart, uint64_t first = 0, uint64_t end = UINT64_MAX) {
   IndexedDataset ds(prefix);
-  TokenStream stream(ds, T, true, seed);
+  TokenStream stream(ds, T, true, seed, first, end);
   stream.set_megatron_order(N);
+  const std::string range = end == UINT64_MAX ? "" : " " + std::to_string(first) + " " + std::to_string(end);
   nlohmann::json want = oracle("--gpt-dataset " + prefix + " " + std::to_string(T) + " " + std::to_string(N) + " " +
-                                   std::to_string(seed),
+                                   std::to_string(seed) + range,
                                scratch);
   const std::string what = "T " + std::to_string(T) + ", " + std::to_string(N) + " samples, seed " + std::to_string(seed);
   EXPECT_EQ(stream.megatron_order()->num_epochs(), want["num_epochs"].get<int>()) << what;
@@ -170,6 +175,79 @@ TEST(MegatronOrder, SamplesAreGptDatasetsOverOneAndSeveralEpochs) {
   expect_stream_matches_oracle(prefix, T, 2 * per_epoch - 5, 1234, dir.path(), 2, 0);
   expect_stream_matches_oracle(prefix, T, 4 * per_epoch + 7, 0, dir.path(), 5, 1);
   expect_stream_matches_oracle(prefix, 100, 10, 4294967295u, dir.path(), -1, -1);
+  // A split's sequences 30..99: their own epochs, sequence ids and stream positions.
+  expect_stream_matches_oracle(prefix, T, per_epoch, 1234, dir.path(), 2, -1, 30, 100);
+}
+
+// Megatron's --split over n sequences, against the oracle's reading of the same text (numpy's
+// normalisation, Python's round half to even), and by hand.
+TEST(MegatronSplit, CutsTheSequencesAsMegatronsBuilder) {
+  const std::vector<double> w = megatron_split_parse("969, 30, 1");
+  EXPECT_EQ(w, (std::vector<double>{969, 30, 1}));
+  EXPECT_EQ(megatron_split_parse("99,1"), (std::vector<double>{99, 1, 0}));
+  auto r = megatron_split_sequences(w, 1000, 1);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->first, 969u);
+  EXPECT_EQ(r->end, 999u);
+  EXPECT_FALSE(megatron_split_sequences(megatron_split_parse("100,0,0"), 7, 1));
+  // 1/4 of 2 sequences is 0.5, which Python rounds to 0.
+  r = megatron_split_sequences(megatron_split_parse("1,3"), 2, 1);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->first, 0u);
+  EXPECT_EQ(r->end, 2u);
+  for (const char* bad : {"", "1,2,3,4", "0,0", "1.2.3,1"}) EXPECT_THROW(megatron_split_parse(bad), Error) << bad;
+  if (!have_numpy()) GTEST_SKIP() << "no numpy for /usr/bin/python3";
+  ScratchDir dir;
+  const std::vector<uint64_t> sizes{1, 2, 3, 10, 21, 1000, 123457};
+  for (const std::string text : {"969,30,1", "99,1", "1,3", "0.5,0.25,0.25", "1,1,1", "949,50,1", "7,0,3"}) {
+    const nlohmann::json all = oracle("--split '" + text + "' 1,2,3,10,21,1000,123457", dir.path());
+    for (size_t s = 0; s < sizes.size(); ++s) {
+      const uint64_t n = sizes[s];
+      const nlohmann::json& want = all[s];
+      for (int i = 0; i < 3; ++i) {
+        auto got = megatron_split_sequences(megatron_split_parse(text), n, i);
+        if (want[static_cast<size_t>(i)].is_null()) {
+          EXPECT_FALSE(got) << text << " over " << n << ", split " << i;
+        } else {
+          ASSERT_TRUE(got) << text << " over " << n << ", split " << i;
+          EXPECT_EQ(got->first, want[static_cast<size_t>(i)][0].get<uint64_t>()) << text << " over " << n << ", split " << i;
+          EXPECT_EQ(got->end, want[static_cast<size_t>(i)][1].get<uint64_t>()) << text << " over " << n << ", split " << i;
+        }
+      }
+    }
+  }
+}
+
+// meshtrain's own order over a range of sequences: windows of that range's tokens only, at
+// multiples of T from its first token, wrapping within it; positions are the dataset's.
+TEST(TokenStream, ARangeOfSequencesIsAStreamOfItsOwn) {
+  ScratchDir dir;
+  const std::vector<int> lengths{9, 4, 13, 0, 6, 11, 7};
+  const std::vector<int32_t> all = write_sequences(dir.path() + "/r", lengths);
+  IndexedDataset ds(dir.path() + "/r");
+  const uint64_t base = 9 + 4, S = 13 + 0 + 6 + 11;  // sequences 2..5
+  const std::vector<int32_t> part(all.begin() + static_cast<long>(base), all.begin() + static_cast<long>(base + S));
+  const int T = 7;
+  for (bool shuffle : {false, true}) {
+    TokenStream stream(ds, T, shuffle, 11, 2, 6);
+    EXPECT_EQ(stream.num_tokens(), S);
+    EXPECT_EQ(stream.num_samples_per_epoch(), (S - 1) / T);
+    std::vector<int32_t> in(T), tg(T);
+    for (uint64_t k = 0; k < 12; ++k) {
+      const uint64_t start = stream.window_start(k);
+      if (shuffle) {
+        EXPECT_EQ(start % T, 0u);
+      }
+      stream.sample(k, in.data(), tg.data());
+      for (uint64_t j = 0; j < static_cast<uint64_t>(T); ++j) {
+        EXPECT_EQ(in[j], part[(start + j) % S]) << k << " " << j;
+        EXPECT_EQ(tg[j], part[(start + j + 1) % S]) << k << " " << j;
+      }
+      EXPECT_EQ(stream.token_position(k, 3), base + (start + 3) % S);
+    }
+  }
+  EXPECT_THROW(TokenStream(ds, T, false, 0, 3, 4), Error);  // sequence 3 is empty
+  EXPECT_THROW(TokenStream(ds, T, false, 0, 5, 4), Error);
 }
 
 // SFT's loss mask in Megatron's order: target i is ignored where the mask at the sample's token

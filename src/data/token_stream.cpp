@@ -49,12 +49,21 @@ std::vector<uint64_t> sample_permutation(uint64_t n, uint64_t seed, uint64_t epo
   return perm;
 }
 
-TokenStream::TokenStream(const IndexedDataset& dataset, int T, bool shuffle, uint64_t seed)
-    : dataset_(dataset), T_(T), shuffle_(shuffle), seed_(seed), S_(dataset.total_tokens()) {
+TokenStream::TokenStream(const IndexedDataset& dataset, int T, bool shuffle, uint64_t seed, uint64_t first_sequence,
+                         uint64_t end_sequence)
+    : dataset_(dataset), T_(T), shuffle_(shuffle), seed_(seed) {
   MT_CHECK(T >= 1, ErrorKind::kInvalidArgument,
            dataset.prefix() + ": token stream seq_length " + std::to_string(T) + " must be >= 1");
+  first_ = first_sequence;
+  end_ = std::min(end_sequence, dataset.num_sequences());
+  MT_CHECK(first_ <= end_, ErrorKind::kInvalidArgument,
+           dataset.prefix() + ": sequences [" + std::to_string(first_sequence) + ", " + std::to_string(end_) + ") are no range");
+  base_ = first_ < dataset.num_sequences() ? dataset.sequence_start(first_) : dataset.total_tokens();
+  S_ = (end_ < dataset.num_sequences() ? dataset.sequence_start(end_) : dataset.total_tokens()) - base_;
+  const bool whole = first_ == 0 && end_ == dataset.num_sequences();
   MT_CHECK(S_ >= 1, ErrorKind::kInvalidArgument,
-           dataset.prefix() + ": dataset has no tokens to sample from");
+           dataset.prefix() + (whole ? std::string(": dataset has no tokens to sample from")
+                                     : ": sequences [" + std::to_string(first_) + ", " + std::to_string(end_) + ") hold no tokens to sample from"));
   samples_per_epoch_ = std::max<uint64_t>(1, (S_ - 1) / static_cast<uint64_t>(T));
 }
 
@@ -62,13 +71,16 @@ void TokenStream::set_megatron_order(uint64_t num_samples) {
   MT_CHECK(seed_ <= 0xffffffffull, ErrorKind::kInvalidArgument,
            dataset_.prefix() + ": Megatron's sample order takes a seed in [0, 2^32 - 1] (numpy's RandomState), not " +
                std::to_string(seed_));
-  megatron_ = std::make_unique<MegatronOrder>(dataset_, T_, num_samples, static_cast<uint32_t>(seed_));
+  std::vector<int32_t> lengths(end_ - first_);
+  for (uint64_t i = 0; i < lengths.size(); ++i) lengths[i] = static_cast<int32_t>(dataset_.sequence_length(first_ + i));
+  megatron_ = std::make_unique<MegatronOrder>(lengths, T_, num_samples, static_cast<uint32_t>(seed_));
 }
 
 uint64_t TokenStream::token_position(uint64_t k, uint64_t j) {
-  if (!megatron_) return (window_start(k) + j) % S_;
+  if (!megatron_) return base_ + (window_start(k) + j) % S_;
   for (const MegatronPiece& p : megatron_->pieces(k)) {
-    if (j < static_cast<uint64_t>(p.length)) return dataset_.sequence_start(p.sequence) + static_cast<uint64_t>(p.offset) + j;
+    if (j < static_cast<uint64_t>(p.length))
+      return dataset_.sequence_start(first_ + p.sequence) + static_cast<uint64_t>(p.offset) + j;
     j -= static_cast<uint64_t>(p.length);
   }
   MT_CHECK(false, ErrorKind::kInvalidArgument, dataset_.prefix() + ": token " + std::to_string(j) + " past a sample");
@@ -77,7 +89,8 @@ uint64_t TokenStream::token_position(uint64_t k, uint64_t j) {
 
 void TokenStream::read_pieces(const IndexedDataset& ds, uint64_t k, int32_t* out) const {
   for (const MegatronPiece& p : megatron_->pieces(k)) {
-    ds.read_stream(dataset_.sequence_start(p.sequence) + static_cast<uint64_t>(p.offset), static_cast<uint64_t>(p.length), out);
+    ds.read_stream(dataset_.sequence_start(first_ + p.sequence) + static_cast<uint64_t>(p.offset), static_cast<uint64_t>(p.length),
+                   out);
     out += p.length;
   }
 }
@@ -100,16 +113,16 @@ uint64_t TokenStream::window_start(uint64_t k) {
 }
 
 void TokenStream::set_loss_mask(const IndexedDataset* mask) {
-  MT_CHECK(!mask || mask->total_tokens() == S_, ErrorKind::kInvalidArgument,
+  MT_CHECK(!mask || mask->total_tokens() == dataset_.total_tokens(), ErrorKind::kInvalidArgument,
            (mask ? mask->prefix() : std::string()) + ": loss mask has " + std::to_string(mask ? mask->total_tokens() : 0) +
-               " values for " + std::to_string(S_) + " tokens of " + dataset_.prefix());
+               " values for " + std::to_string(dataset_.total_tokens()) + " tokens of " + dataset_.prefix());
   mask_ = mask;
 }
 
 void TokenStream::read_wrapped(const IndexedDataset& ds, uint64_t position, uint64_t count, int32_t* out) const {
   while (count > 0) {
     uint64_t n = std::min(count, S_ - position);
-    ds.read_stream(position, n, out);
+    ds.read_stream(base_ + position, n, out);
     out += n;
     count -= n;
     position = 0;

@@ -37,14 +37,18 @@ std::vector<uint64_t> sample_permutation(uint64_t n, uint64_t seed, uint64_t epo
 // dataset through its mapping and keeps a reference to it: the dataset must outlive the stream.
 class TokenStream {
  public:
-  // REQUIRES: T >= 1, dataset.total_tokens() >= 1.
-  TokenStream(const IndexedDataset& dataset, int T, bool shuffle, uint64_t seed);
+  // The stream is sequences [first_sequence, end_sequence) of the dataset (a Megatron split: see
+  // megatron_split_sequences), by default all of them; positions below count from the first one's
+  // first token, except token_position's, which are the dataset's.
+  // REQUIRES: T >= 1, the range holds >= 1 token.
+  TokenStream(const IndexedDataset& dataset, int T, bool shuffle, uint64_t seed, uint64_t first_sequence = 0,
+              uint64_t end_sequence = UINT64_MAX);
 
   int seq_length() const { return T_; }
   uint64_t num_tokens() const { return S_; }
   uint64_t num_samples_per_epoch() const { return samples_per_epoch_; }
 
-  // Optional loss mask: a dataset aligned with this one token for token (the same total length),
+  // Optional loss mask: a dataset aligned with the whole dataset token for token (the same total length),
   // holding 1 where the token is trained and 0 where it is not (SFT prompts). A target whose mask
   // is 0 becomes -100 (ignored by the loss). nullptr removes it. The mask must outlive the stream.
   void set_loss_mask(const IndexedDataset* mask);
@@ -57,8 +61,8 @@ class TokenStream {
 
   // Stream position of the first token of global sample k (meshtrain's orders only).
   uint64_t window_start(uint64_t k);
-  // Stream position of token j (0 <= j <= T) of global sample k's T + 1 tokens: input j for j < T,
-  // target j − 1 for j >= 1.
+  // The dataset's stream position of token j (0 <= j <= T) of global sample k's T + 1 tokens:
+  // input j for j < T, target j − 1 for j >= 1.
   uint64_t token_position(uint64_t k, uint64_t j);
   // inputs (T), targets (T) of global sample k.
   void sample(uint64_t k, int32_t* inputs, int32_t* targets);
@@ -77,7 +81,9 @@ class TokenStream {
   int T_;
   bool shuffle_;
   uint64_t seed_;
-  uint64_t S_;
+  uint64_t first_ = 0, end_ = 0;  // the sequences streamed
+  uint64_t base_ = 0;             // the dataset's stream position of sequence first_
+  uint64_t S_ = 0;                // tokens in them
   uint64_t samples_per_epoch_;
   bool have_perm_ = false;
   uint64_t perm_epoch_ = 0;

@@ -497,6 +497,7 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                                         {"seed", engine.config().data_seed},
                                         {"shuffle", engine.config().shuffle},
                                         {"sample_order", engine.config().sample_order},
+                                        {"split", engine.config().split},
                                         {"order_samples", engine.config().train_iters * engine.config().batch.train_batch_size},
                                         {"train", engine.config().data_train}}},
                               {"tokenizer", engine.config().tokenizer.empty() ? std::string()
@@ -868,6 +869,9 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
       if (their_order != c.sample_order)
         log_warning((dir / "state.json").string() + ": written with data.sample_order \"" + their_order + "\"; this run's is \"" +
                     c.sample_order + "\", so the data order will not continue the checkpoint's");
+      if (d.value("split", std::string()) != c.split)
+        log_warning((dir / "state.json").string() + ": written with data.split \"" + d.value("split", std::string()) +
+                    "\"; this run's is \"" + c.split + "\", so it trains on other sequences than the checkpoint's");
       const int64_t samples = c.train_iters * c.batch.train_batch_size;
       if (their_order == "megatron" && c.sample_order == "megatron" && d.contains("order_samples") &&
           d["order_samples"].get<int64_t>() != samples)

@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "base/text.h"
+#include "data/megatron_order.h"
 #include "engine/checkpoint_io.h"
 #include "engine/json_file.h"
 #include "engine/hf_config.h"
@@ -813,6 +814,18 @@ void parse_data(Section& root, RunConfig& c) {
   c.sample_order = d.string("sample_order", c.sample_order);
   MT_CHECK(c.sample_order == "meshtrain" || c.sample_order == "megatron", ErrorKind::kInvalidArgument,
            d.where("sample_order") + ": \"" + c.sample_order + "\" is not an order (\"meshtrain\" or \"megatron\")");
+  if (d.has("split")) {
+    // Megatron's --split: one dataset cut into training, validation and test sequences.
+    c.split = d.string("split", "");
+    try {
+      c.split_weights = data::megatron_split_parse(c.split);
+    } catch (const Error& e) {
+      throw Error(ErrorKind::kInvalidArgument, d.where("split") + ": " + e.what());
+    }
+    MT_CHECK(c.data_valid.empty(), ErrorKind::kInvalidArgument,
+             d.where("split") + " cuts data.train into training and validation sequences; data.valid names another "
+             "validation set (Megatron refuses --split with per-split paths too): give one or the other");
+  }
   if (c.sample_order == "megatron") {
     // Megatron's GPTDataset always shuffles, from numpy.random.RandomState(seed).
     MT_CHECK(c.shuffle, ErrorKind::kInvalidArgument,
@@ -1378,10 +1391,12 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   c.wall_clock_breakdown = root.boolean("wall_clock_breakdown", false);
   // Megatron's data and length arguments, in a config: meshtrain's are data.train / data.valid and
   // train_iters (they were warned about as unknown, and the whole corpus trained).
-  for (const char* k : {"split", "data_path", "train_data_path", "valid_data_path", "test_data_path", "train_samples"})
+  MT_CHECK(!root.has("split"), ErrorKind::kNotSupported,
+           "split: Megatron's --split is data.split here (it cuts data.train into training and validation sequences)");
+  for (const char* k : {"data_path", "train_data_path", "valid_data_path", "test_data_path", "train_samples"})
     MT_CHECK(!root.has(k), ErrorKind::kNotSupported,
              std::string(k) + ": Megatron's argument is not read here (data.train and data.valid name the datasets, "
-                              "train_iters the length; a train/valid/test split is not implemented)");
+                              "data.split cuts one, train_iters is the length)");
   // Megatron-LM's training arguments (arguments.py's names), written into a config: each changes
   // what is trained, and was warned about as an unknown key while the run trained meshtrain's
   // default (a clip_grad of 1.0 trained unclipped). Refused, naming meshtrain's key where one exists.
@@ -1710,6 +1725,7 @@ json ds_config_resolved(const RunConfig& c) {
   if (!c.init_from.empty()) j["model"]["init_from"] = c.init_from;
   j["data"] = {{"train", c.data_train}, {"valid", c.data_valid}, {"tokenizer", c.tokenizer}, {"shuffle", c.shuffle},
                {"seed", c.data_seed}, {"sample_order", c.sample_order}};
+  if (!c.split.empty()) j["data"]["split"] = c.split;
   if (c.task == "classification") {
     j["task"] = c.task;
     j["data"]["texta_name"] = c.cls_fields.text_a;

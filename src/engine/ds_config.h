@@ -93,6 +93,10 @@ struct RunConfig {
   // data.sample_order: "meshtrain" (token_stream.h's windows) or "megatron" (Megatron-LM's
   // GPTDataset order for train_iters x train_batch_size samples: data/megatron_order.h).
   std::string sample_order = "meshtrain";
+  // data.split: Megatron's --split of data.train into training and validation sequences ("969,30,1"),
+  // parsed (three weights; empty when not given).
+  std::string split;
+  std::vector<double> split_weights;
   uint64_t seed = 1234;       // the initialization (and what else draws from it)
   uint64_t data_seed = 1234;  // data.seed: the sample order only (default: seed)
   int64_t seq_length = 0;

@@ -94,8 +94,8 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   for (const auto& [j, want] : refused) EXPECT_NE(error_of(j).find(want), npos) << want << ": " << error_of(j);
   // Data keys (every one selects data: an unknown one was warned about and the whole corpus
   // trained) and Megatron's arguments.
-  EXPECT_NE(error_of(with("data", {{"train", "x"}, {"split", "949,50,1"}})).find("data.split: unknown key"), npos);
-  EXPECT_NE(error_of(with("split", "949,50,1")).find("split: Megatron's argument is not read here"), npos);
+  EXPECT_NE(error_of(with("data", {{"train", "x"}, {"data_path", "y"}})).find("data.data_path: unknown key"), npos);
+  EXPECT_NE(error_of(with("split", "949,50,1")).find("split: Megatron's --split is data.split here"), npos);
   EXPECT_NE(error_of(with("train_samples", 100)).find("train_samples: Megatron's argument"), npos);
   // A curriculum is checked to its last step and one past it, not to train_iters (1e13 took hours).
   nlohmann::json cl = with("curriculum_learning", {{"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", 8},
@@ -563,7 +563,8 @@ TEST(DsConfig, DataSeedSeedsTheOrderOnly) {
 
 // data.sample_order: Megatron's GPTDataset order, kept in the resolved config; what it cannot be
 // (unshuffled, a seed numpy refuses, a classifier's records) refused by key. The top-level seed is
-// checked too when data.seed is absent.
+// checked too when data.seed is absent. data.split: Megatron's --split, read and refused beside
+// data.valid or with a fourth weight.
 TEST(DsConfig, MegatronSampleOrderIsReadAndWhatItCannotBeIsRefused) {
   auto j = base();
   j["data"] = {{"train", "corpus"}, {"sample_order", "megatron"}};
@@ -583,6 +584,17 @@ TEST(DsConfig, MegatronSampleOrderIsReadAndWhatItCannotBeIsRefused) {
   k = j;
   k["task"] = "classification";
   EXPECT_NE(error_of(k).find("task \"classification\": data.sample_order \"megatron\""), npos) << error_of(k);
+  k = j;
+  k["data"]["split"] = "969, 30, 1";
+  c = ds_config_parse(k, "cfg.json");
+  EXPECT_EQ(c.split_weights, (std::vector<double>{969, 30, 1}));
+  EXPECT_EQ(ds_config_resolved(c)["data"]["split"], "969, 30, 1");
+  k["data"]["valid"] = "other";
+  EXPECT_NE(error_of(k).find("data.split cuts data.train into training and validation sequences; data.valid"), npos)
+      << error_of(k);
+  k["data"].erase("valid");
+  k["data"]["split"] = "90,5,4,1";
+  EXPECT_NE(error_of(k).find("data.split: \"90,5,4,1\": Megatron's split is up to three weights"), npos) << error_of(k);
   k = j;
   k["data"]["sample_order"] = "Megatron";
   EXPECT_NE(error_of(k).find("data.sample_order: \"Megatron\" is not an order"), npos) << error_of(k);
