@@ -25,11 +25,17 @@ prints, per N, the [begin, end) of sequences (or null) that Megatron's --split T
 validation and test over N sequences: the numbers in TEXT normalised by numpy, running sums as
 book-ends, each end times N rounded by Python's round.
 
+With --blend T NUM_SAMPLES SEED ITEM... it prints Megatron's blend of the --data-path list ITEM...
+(weights and prefixes, or prefixes): per global sample its dataset, that dataset's sample, and its
+tokens and positions. With --numpy-sums FILE it prints numpy.sum of each float64 list in FILE.
+
 Usage: check_megatron_idx.py PREFIX | --permutation N SEED EPOCH | --numpy-shuffle N SEED |
-       --gpt-dataset PREFIX T NUM_SAMPLES SEED [FIRST END] | --split TEXT N[,N...].
+       --gpt-dataset PREFIX T NUM_SAMPLES SEED [FIRST END] | --split TEXT N[,N...] |
+       --blend T NUM_SAMPLES SEED ITEM... | --numpy-sums FILE.
 Exits 3 when numpy is missing, 1 when the files are bad.
 """
 import json
+import math
 import struct
 import sys
 
@@ -141,14 +147,63 @@ def gpt_dataset(prefix: str, seq_length: int, num_samples: int, seed: int, first
 
     order = (shuffled_range(0, before_last) + shuffled_range(before_last, count)) if apart else shuffled_range(0, count)
     samples, positions = [], []
-    for s in order[:num_samples]:
+    for s in order[:num_samples] if num_samples > 0 else order:
         samples.append(line_tokens[s * seq_length: s * seq_length + seq_length + 1])
         positions.append(line_positions[s * seq_length: s * seq_length + seq_length + 1])
     return {"num_epochs": epochs, "separate_final_epoch": apart, "num_built": count,
             "samples": samples, "positions": positions}
 
 
+def blend(seq_length: int, num_samples: int, seed: int, items: list) -> dict:
+    """Megatron's blend of a --data-path list (weights and prefixes, or prefixes), as its builder
+    and BlendedDataset make it, told here in this script's words: the weights normalised by
+    numpy; each dataset built for its share ceil(N * w) grown by 0.5 % and rounded up; the blend
+    as long as the shares together; sample k taken from the dataset furthest behind its share so
+    far (weights normalised once more), as that dataset's next sample. Without weights, one epoch
+    of each dataset, weighted by its samples, min(N, their sum) long."""
+    pairs = [items[i:i + 2] for i in range(0, len(items), 2)] if len(items) % 2 == 0 else []
+    try:
+        weights = [float(w) for w, _ in pairs] if pairs else None
+        prefixes = [p.strip() for _, p in pairs]
+    except ValueError:
+        weights = None
+    if weights is None:
+        prefixes = [p.strip() for p in items]
+        parts = [gpt_dataset(p, seq_length, 0, seed) for p in prefixes]
+        sizes = [part["num_built"] for part in parts]
+        share = (numpy.array(sizes, dtype=numpy.float64) / numpy.sum(numpy.array(sizes, dtype=numpy.float64))).tolist()
+        size = min(num_samples, sum(sizes))
+    else:
+        w = numpy.array(weights, dtype=numpy.float64)
+        w = (w / numpy.sum(w)).tolist()
+        wanted = [math.ceil(num_samples * x) for x in w]
+        parts = [gpt_dataset(p, seq_length, math.ceil(n * 1.005), seed) for p, n in zip(prefixes, wanted)]
+        size = sum(wanted)
+        share = numpy.array(w, dtype=numpy.float64)
+        share = (share / numpy.sum(share)).tolist()
+    taken = [0] * len(parts)
+    dataset, dataset_sample = [], []
+    for k in range(size):
+        behind = [x * max(float(k), 1.0) - t for x, t in zip(share, taken)]
+        d = behind.index(max(behind))
+        dataset.append(d)
+        dataset_sample.append(taken[d])
+        taken[d] += 1
+    count = min(num_samples, size)
+    return {"size": size, "dataset": dataset[:count], "dataset_sample": dataset_sample[:count],
+            "samples": [parts[d]["samples"][j] for d, j in zip(dataset[:count], dataset_sample[:count])],
+            "positions": [parts[d]["positions"][j] for d, j in zip(dataset[:count], dataset_sample[:count])]}
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--numpy-sums":
+        with open(sys.argv[2]) as f:
+            arrays = json.load(f)
+        print(json.dumps([float(numpy.sum(numpy.array(a, dtype=numpy.float64))) for a in arrays]))
+        return 0
+    if len(sys.argv) >= 7 and sys.argv[1] == "--blend":
+        print(json.dumps(blend(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])))
+        return 0
     if len(sys.argv) == 4 and sys.argv[1] == "--numpy-shuffle":
         values = numpy.arange(int(sys.argv[2]), dtype=numpy.int64)
         numpy.random.RandomState(int(sys.argv[3])).shuffle(values)

@@ -37,7 +37,7 @@
 #include "comm/mpi_backend.h"
 #include "cli/commands.h"
 #include "data/megatron_order.h"
-#include "data/token_stream.h"
+#include "data/token_source.h"
 #include "engine/checkpoint_io.h"
 #include "engine/corpus.h"
 #include "engine/engine.h"
@@ -200,70 +200,66 @@ std::string scale_text(double s) {
   return b;
 }
 
-// A data source: the token dataset, its optional loss mask, and the stream over them.
+// A data source: one dataset or a blend of several (data/token_source.h), with each part's loss mask.
 struct DataSource {
-  std::unique_ptr<data::IndexedDataset> tokens, mask;
-  std::unique_ptr<data::TokenStream> stream;
-  std::string key;  // "data.train" or "data.valid"
+  std::unique_ptr<data::TokenSource> source;
+  std::string key;  // "data.train", "data.valid" or "data.split"
 
-  // Samples [first, first + B) of the stream, each checked against the model's vocabulary: a
+  // Samples [first, first + B) of the source, each checked against the model's vocabulary: a
   // dataset tokenized with another tokenizer was met in the model's embedding, named by neither
   // file nor sample ("token 69999 at position 2 is outside the vocabulary").
   void batch(uint64_t first, int B, int32_t* inputs, int32_t* targets, int64_t vocab) {
-    stream->batch(first, B, inputs, targets);
-    const int64_t T = stream->seq_length();
+    const int64_t T = source->seq_length();
+    for (int b = 0; b < B; ++b) source->sample(first + static_cast<uint64_t>(b), inputs + b * T, targets + b * T);
     auto outside = [&](int32_t t) { return t < 0 || t >= vocab; };
     for (int64_t i = 0; i < static_cast<int64_t>(B) * T; ++i) {
       const bool input = outside(inputs[i]);
       if (!input && (targets[i] == -100 || !outside(targets[i]))) continue;
       const uint64_t k = first + static_cast<uint64_t>(i / T);
-      const uint64_t at = stream->token_position(k, static_cast<uint64_t>(i % T) + (input ? 0 : 1));
+      const uint64_t at = source->token_position(k, static_cast<uint64_t>(i % T) + (input ? 0 : 1));
+      const auto [part, local] = source->locate(k);
       throw Error(ErrorKind::kCorruption,
-                  key + ": " + tokens->prefix() + ": token " + std::to_string(input ? inputs[i] : targets[i]) +
+                  key + ": " + source->prefix(part) + ": token " + std::to_string(input ? inputs[i] : targets[i]) +
                       " at stream position " + std::to_string(at) + " (sample " + std::to_string(k) +
+                      (source->num_parts() > 1 ? ", the dataset's sample " + std::to_string(local) : std::string()) +
                       ") is outside the model's vocabulary [0, " + std::to_string(vocab) +
                       "); was the dataset tokenized with another tokenizer?");
     }
   }
 };
 
-// megatron_samples: the samples the run draws from this source, for Megatron's order (0: meshtrain's).
-// split: data.split's split of the dataset's sequences this source reads (-1: all of them).
-DataSource open_data(const engine::RunConfig& cfg, const std::string& path, const char* key, bool shuffle,
-                     uint64_t megatron_samples = 0, int split = -1) {
-  MT_CHECK(!path.empty(), ErrorKind::kInvalidArgument,
+// num_samples: the samples the run draws from this source (Megatron's order and blends are built
+// for them). split: data.split's share of each dataset's sequences this source reads (-1: all).
+DataSource open_data(const engine::RunConfig& cfg, const engine::DataSpec& spec, const char* key, bool shuffle,
+                     uint64_t num_samples, int split = -1) {
+  MT_CHECK(!spec.paths.empty(), ErrorKind::kInvalidArgument,
            std::string(key) + ": missing (an indexed-dataset prefix, or a .txt/.jsonl file)");
   std::string cache = cfg.save_dir.empty() ? "runs/data-cache" : cfg.save_dir + "/data-cache";
-  std::string prefix = engine::corpus_prepare(path, cfg.tokenizer, cache);
+  std::vector<data::TokenSourcePart> parts;
+  for (size_t i = 0; i < spec.paths.size(); ++i) {
+    data::TokenSourcePart p;
+    p.prefix = engine::corpus_prepare(spec.paths[i], cfg.tokenizer, cache);
+    p.mask_prefix = engine::corpus_mask_prefix(p.prefix);
+    if (spec.weighted) p.weight = spec.weights[i];
+    if (!p.mask_prefix.empty() &&
+        (!std::getenv("OMPI_COMM_WORLD_RANK") || std::strcmp(std::getenv("OMPI_COMM_WORLD_RANK"), "0") == 0))
+      std::fprintf(stderr, "%s: loss mask %s (SFT: only responses are trained)\n", key, p.mask_prefix.c_str());
+    parts.push_back(p);
+  }
+  data::TokenSourceOptions o;
+  o.name = key;
+  o.seq_length = static_cast<int>(cfg.seq_length);
+  o.shuffle = shuffle;
+  o.seed = cfg.data_seed;
+  o.megatron_order = cfg.sample_order == "megatron";
+  o.num_samples = num_samples;
+  o.blend = spec.blend;
+  o.weighted = spec.weighted;
+  o.split_weights = cfg.split_weights;
+  o.split = split;
   DataSource d;
   d.key = key;
-  d.tokens = std::make_unique<data::IndexedDataset>(prefix);
-  uint64_t first = 0, end = d.tokens->num_sequences();
-  std::string part;  // the split's sequences, as the messages name them
-  if (split >= 0) {
-    const auto range = data::megatron_split_sequences(cfg.split_weights, end, split);
-    MT_CHECK(range && range->end > range->first, ErrorKind::kInvalidArgument,
-             std::string("data.split: \"") + cfg.split + "\" leaves " + (split == 0 ? "training" : "validation") +
-                 " no sequences of the " + std::to_string(end) + " in " + prefix);
-    first = range->first;
-    end = range->end;
-    part = " (sequences " + std::to_string(first) + " to " + std::to_string(end - 1) + " by data.split)";
-  }
-  const uint64_t tokens = (end < d.tokens->num_sequences() ? d.tokens->sequence_start(end) : d.tokens->total_tokens()) -
-                          (first < d.tokens->num_sequences() ? d.tokens->sequence_start(first) : d.tokens->total_tokens());
-  // Shorter than one sample, every sample was the same few tokens cycled (trained and saved, exit 0).
-  MT_CHECK(tokens >= static_cast<uint64_t>(cfg.seq_length) + 1, ErrorKind::kInvalidArgument,
-           std::string(key) + ": " + prefix + part + " has " + std::to_string(tokens) + " tokens, fewer than seq_length + 1 (" +
-               std::to_string(cfg.seq_length + 1) + "): every sample would repeat it");
-  d.stream = std::make_unique<data::TokenStream>(*d.tokens, static_cast<int>(cfg.seq_length), shuffle, cfg.data_seed, first, end);
-  if (megatron_samples > 0) d.stream->set_megatron_order(megatron_samples);
-  std::string mask = engine::corpus_mask_prefix(prefix);
-  if (!mask.empty()) {
-    d.mask = std::make_unique<data::IndexedDataset>(mask);
-    d.stream->set_loss_mask(d.mask.get());
-    if (!std::getenv("OMPI_COMM_WORLD_RANK") || std::strcmp(std::getenv("OMPI_COMM_WORLD_RANK"), "0") == 0)
-      std::fprintf(stderr, "%s: loss mask %s (SFT: only responses are trained)\n", key, mask.c_str());
-  }
+  d.source = std::make_unique<data::TokenSource>(parts, o);
   return d;
 }
 
@@ -366,34 +362,34 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   comm::BarrierOptions bo;
   bo.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000.0));
   auto text = [](const std::string& p) { return p.ends_with(".txt") || p.ends_with(".jsonl"); };
-  if (text(cfg.data_train) || text(cfg.data_valid)) bo.timeout = std::chrono::milliseconds(int64_t{1'000'000'000'000});
+  for (const engine::DataSpec* spec : {&cfg.train_spec, &cfg.valid_spec})
+    if (std::any_of(spec->paths.begin(), spec->paths.end(), text)) bo.timeout = std::chrono::milliseconds(int64_t{1'000'000'000'000});
   bo.tag = "data ready";
   if (world && !lead) world->barrier(bo)->wait();
   st.own = true;
   if (fault_active("train.sigterm_in_setup")) std::raise(SIGTERM);  // test seam: a scheduler's signal during the setup
   if (fault_active("train.slow_data")) std::this_thread::sleep_for(std::chrono::seconds(6));  // test seam: a long tokenizing
-  // Megatron's order is built for the samples the run draws (its GPTDataset's num_samples): the
-  // training steps' batches, and the micro-batches each validation reads (the same ones each time).
-  const bool megatron_order = cfg.sample_order == "megatron";
+  // Megatron's order and blends are built for the samples the run draws (its GPTDataset's and
+  // BlendedDataset's num_samples): the training steps' batches, and the micro-batches each
+  // validation reads (the same ones each time).
   // data.split: training reads split 0 of data.train's sequences, validation split 1 (none when
   // the split gives it none, as Megatron builds no validation set then).
   const bool split = !cfg.split_weights.empty();
-  DataSource train_data = open_data(cfg, cfg.data_train, "data.train", cfg.shuffle,
-                                    megatron_order ? static_cast<uint64_t>(cfg.train_iters * cfg.batch.train_batch_size) : 0,
+  DataSource train_data = open_data(cfg, cfg.train_spec, "data.train", cfg.shuffle,
+                                    static_cast<uint64_t>(std::max<int64_t>(0, cfg.train_iters) * cfg.batch.train_batch_size),
                                     split ? 0 : -1);
   DataSource valid_data;
-  data::TokenStream* valid = nullptr;
-  const uint64_t valid_samples =
-      megatron_order ? static_cast<uint64_t>(std::max<int64_t>(0, cfg.eval_iters) * cfg.batch.micro_batch_per_gpu) : 0;
-  if (split && data::megatron_split_sequences(cfg.split_weights, train_data.tokens->num_sequences(), 1)) {
-    valid_data = open_data(cfg, cfg.data_train, "data.split", false, valid_samples, 1);
-    valid = valid_data.stream.get();
+  bool valid = false;
+  const uint64_t valid_samples = static_cast<uint64_t>(std::max<int64_t>(0, cfg.eval_iters) * cfg.batch.micro_batch_per_gpu);
+  if (split && data::megatron_split_sequences(cfg.split_weights, 1, 1)) {
+    valid_data = open_data(cfg, cfg.train_spec, "data.split", false, valid_samples, 1);
+    valid = true;
   } else if (split) {
     if (lead && cfg.eval_interval > 0 && cfg.eval_iters > 0)
       log_warning("data.split: \"" + cfg.split + "\" gives validation no sequences, so the run validates nothing");
-  } else if (!cfg.data_valid.empty()) {
-    valid_data = open_data(cfg, cfg.data_valid, "data.valid", false, valid_samples);
-    valid = valid_data.stream.get();
+  } else if (!cfg.valid_spec.paths.empty()) {
+    valid_data = open_data(cfg, cfg.valid_spec, "data.valid", false, valid_samples);
+    valid = true;
   }
   if (world && lead) world->barrier(bo)->wait();
   started = true;  // from here on the ranks run collectives together

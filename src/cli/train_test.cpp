@@ -279,6 +279,35 @@ TEST(Train, MegatronSampleOrderReadsGptDatasetsSamples) {
     EXPECT_EQ(losses(metrics).size(), 2u) << order;  // step 3's line waits for its validation
   }
 
+  // A Megatron blend, weights 0.3 and 0.7 (data.train as --data-path's list): the token planted in
+  // the second dataset is met at the global sample the oracle's blend puts it, named with that
+  // dataset's own sample.
+  const std::string other = dir() + "/mo-other";
+  write(other, -1);
+  const std::string blend_out = dir() + "/mo-blend.json";
+  const std::string blend_cmd = std::string("/usr/bin/python3 ") + MT_SOURCE_DIR + "/tools/check_megatron_idx.py --blend 16 " +
+                                std::to_string(N) + " 1234 0.3 " + other + " 0.7 " + planted + " > " + blend_out;
+  ASSERT_EQ(std::system(blend_cmd.c_str()), 0) << blend_cmd;
+  nlohmann::json blended = nlohmann::json::parse(std::ifstream(blend_out));
+  uint64_t k_blend = N;
+  for (uint64_t k = 0; k < N && k_blend == N; ++k)
+    if (blended["dataset"][k] == 1)
+      for (const auto& q : blended["positions"][k])
+        if (q.get<uint64_t>() == p) k_blend = k;
+  ASSERT_LT(k_blend, N) << "the blend's samples of the planted dataset miss the token";
+  cfg = write_config("mo-blend", {{"data", {{"train", {"0.3", other, 0.7, planted}}, {"sample_order", "megatron"}}},
+                                  {"eval_interval", 0}});
+  EXPECT_EQ(run("train " + cfg, &err), 2);
+  EXPECT_NE(err.find("data.train: " + planted + ": token 150 at stream position " + std::to_string(p) + " (sample " +
+                     std::to_string(k_blend) + ", the dataset's sample " +
+                     std::to_string(blended["dataset_sample"][k_blend].get<uint64_t>()) + ")"),
+            std::string::npos)
+      << err;
+  // In meshtrain's order a blend trains and validates too (a blend for validation as well).
+  cfg = write_config("mo-blend-clean", {{"data", {{"train", {"1", other, "3", clean}}, {"valid", {clean, other}}}}});
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/mo-blend.jsonl", &err), 0) << err;
+  EXPECT_EQ(values(dir() + "/mo-blend.jsonl", "val_loss").size(), 2u);
+
   const std::vector<std::pair<nlohmann::json, std::string>> refused = {
       {{{"data", {{"train", clean}, {"sample_order", "megatron"}, {"shuffle", false}}}}, "data.shuffle: false with sample_order"},
       {{{"data", {{"train", clean}, {"sample_order", "megatron"}, {"seed", 4294967296}}}}, "numpy's RandomState takes a seed"},

@@ -2,6 +2,7 @@
 // built as megatron_order.h describes.
 #include "data/megatron_order.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -58,7 +59,6 @@ MegatronOrder::MegatronOrder(const std::vector<int32_t>& sequence_lengths, int T
 
 void MegatronOrder::build(uint64_t num_samples, uint32_t seed) {
   MT_CHECK(T_ >= 1, ErrorKind::kInvalidArgument, "Megatron sample order: seq_length " + std::to_string(T_) + " must be >= 1");
-  MT_CHECK(num_samples >= 1, ErrorKind::kInvalidArgument, "Megatron sample order: no samples requested");
   uint64_t S = 0;
   for (int32_t n : lengths_) S += static_cast<uint64_t>(n);
   MT_CHECK(S >= 2, ErrorKind::kInvalidArgument,
@@ -147,6 +147,68 @@ std::vector<MegatronPiece> MegatronOrder::pieces(uint64_t k) const {
   return out;
 }
 
+double numpy_sum(const std::vector<double>& values) {
+  // numpy's pairwise_sum over [begin, begin + n).
+  auto pairwise = [&](auto&& self, size_t begin, size_t n) -> double {
+    if (n < 8) {
+      double res = 0.0;
+      for (size_t i = 0; i < n; ++i) res += values[begin + i];
+      return res;
+    }
+    if (n <= 128) {
+      double r[8];
+      for (size_t j = 0; j < 8; ++j) r[j] = values[begin + j];
+      size_t i = 8;
+      for (; i < n - n % 8; i += 8)
+        for (size_t j = 0; j < 8; ++j) r[j] += values[begin + i + j];
+      double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+      for (; i < n; ++i) res += values[begin + i];
+      return res;
+    }
+    size_t half = n / 2;
+    half -= half % 8;
+    return self(self, begin, half) + self(self, begin + half, n - half);
+  };
+  return pairwise(pairwise, 0, values.size());
+}
+
+std::vector<double> megatron_normalize(const std::vector<double>& weights) {
+  const double sum = numpy_sum(weights);
+  std::vector<double> out;
+  for (double w : weights) out.push_back(w / sum);
+  return out;
+}
+
+MegatronBlend::MegatronBlend(const std::vector<double>& weights, uint64_t size) {
+  MT_CHECK(!weights.empty() && weights.size() < 32767, ErrorKind::kInvalidArgument,
+           "Megatron blend: " + std::to_string(weights.size()) + " datasets (1 to 32766)");
+  std::vector<int64_t> taken(weights.size(), 0);
+  dataset_.resize(size);
+  sample_.resize(size);
+  for (uint64_t k = 0; k < size; ++k) {
+    const double at = std::max(static_cast<double>(k), 1.0);
+    size_t best = 0;
+    double best_error = weights[0] * at - static_cast<double>(taken[0]);
+    for (size_t d = 1; d < weights.size(); ++d) {
+      const double error = weights[d] * at - static_cast<double>(taken[d]);
+      if (error > best_error) {
+        best_error = error;
+        best = d;
+      }
+    }
+    dataset_[k] = static_cast<int16_t>(best);
+    sample_[k] = static_cast<uint64_t>(taken[best]++);
+  }
+}
+
+uint64_t megatron_blend_share(double w, uint64_t size) {
+  return static_cast<uint64_t>(std::ceil(static_cast<double>(size) * w));
+}
+
+uint64_t megatron_blend_build(double w, uint64_t size) {
+  return static_cast<uint64_t>(std::ceil(static_cast<double>(megatron_blend_share(w, size)) * (1.0 + 0.005)));
+}
+
 std::vector<double> megatron_split_parse(const std::string& text) {
   std::vector<double> out;
   for (size_t i = 0; i < text.size();) {
@@ -173,11 +235,10 @@ std::vector<double> megatron_split_parse(const std::string& text) {
 std::optional<SequenceRange> megatron_split_sequences(const std::vector<double>& weights, uint64_t n, int which) {
   MT_CHECK(which >= 0 && static_cast<size_t>(which) < weights.size(), ErrorKind::kInvalidArgument,
            "split " + std::to_string(which) + " of " + std::to_string(weights.size()));
-  double sum = 0.0;
-  for (double w : weights) sum += w;
+  const std::vector<double> w = megatron_normalize(weights);
   double lo = 0.0;
-  for (int i = 0; i < which; ++i) lo += weights[static_cast<size_t>(i)] / sum;
-  const double hi = lo + weights[static_cast<size_t>(which)] / sum;
+  for (int i = 0; i < which; ++i) lo += w[static_cast<size_t>(i)];
+  const double hi = lo + w[static_cast<size_t>(which)];
   if (hi <= lo) return std::nullopt;
   const double N = static_cast<double>(n);
   return SequenceRange{static_cast<uint64_t>(std::nearbyint(lo * N)), static_cast<uint64_t>(std::nearbyint(hi * N))};

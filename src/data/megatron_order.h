@@ -59,7 +59,8 @@ struct MegatronPiece {
 class MegatronOrder {
  public:
   // Over sequences 0..n−1 of these lengths (a split's, renumbered from 0).
-  // REQUIRES: T >= 1, num_samples >= 1, sequence_lengths' sum >= 2 (Megatron asserts > 1 tokens).
+  // num_samples 0 is Megatron's None: one epoch.
+  // REQUIRES: T >= 1, sequence_lengths' sum >= 2 (Megatron asserts > 1 tokens).
   MegatronOrder(const std::vector<int32_t>& sequence_lengths, int T, uint64_t num_samples, uint32_t seed);
 
   int num_epochs() const { return epochs_; }
@@ -87,6 +88,32 @@ class MegatronOrder {
   std::vector<int64_t> sample_index_;
   std::vector<uint64_t> shuffle_index_;
 };
+
+// numpy.sum of a float64 array as numpy adds it (pairwise: blocks of 8 partial sums below 128
+// elements, halves above), and Megatron's normalize (each weight over that sum).
+double numpy_sum(const std::vector<double>& values);
+std::vector<double> megatron_normalize(const std::vector<double>& weights);
+
+// Megatron's BlendedDataset index (helpers.cpp's build_blending_indices): global sample k comes
+// from the dataset whose share is furthest behind its weight, w_d · max(k, 1) − taken_d (the first
+// such on ties), as that dataset's next sample. Weights as given (normalised by the caller).
+class MegatronBlend {
+ public:
+  MegatronBlend(const std::vector<double>& weights, uint64_t size);
+  uint64_t size() const { return dataset_.size(); }
+  int dataset(uint64_t k) const { return dataset_[k]; }
+  uint64_t sample(uint64_t k) const { return sample_[k]; }
+
+ private:
+  std::vector<int16_t> dataset_;
+  std::vector<uint64_t> sample_;
+};
+
+// The samples a weighted blend of `size` asks of a dataset of normalised weight w: Megatron's
+// ceil(size · w) (the blend's share), and the mid-level dataset's build, that share times
+// 1 + 0.005 rounded up (its mid_level_dataset_surplus).
+uint64_t megatron_blend_share(double w, uint64_t size);
+uint64_t megatron_blend_build(double w, uint64_t size);
 
 // Megatron's --split ("969,30,1"): the numbers in the text (runs of digits and dots), padded with
 // zeros to three (train, validation, test). Refused: more than three, one that is not a number, a

@@ -17,11 +17,8 @@
 #include "base/file_io.h"
 #include "base/scratch_dir.h"
 #include "data/indexed_dataset.h"
+#include "data/megatron_oracle_test_util.h"
 #include "data/token_stream.h"
-
-#ifndef MT_SOURCE_DIR
-#define MT_SOURCE_DIR "."
-#endif
 
 namespace mt::data {
 namespace {
@@ -46,15 +43,8 @@ std::vector<int32_t> write_sequences(const std::string& prefix, const std::vecto
   return all;
 }
 
-bool have_numpy() { return file_exists("/usr/bin/python3") && std::system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") == 0; }
-
-nlohmann::json oracle(const std::string& args, const std::string& scratch) {
-  const std::string out = scratch + "/oracle.json";
-  const std::string cmd = std::string("/usr/bin/python3 ") + MT_SOURCE_DIR + "/tools/check_megatron_idx.py " + args + " > " + out;
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  std::vector<char> text = file_read_all(out);
-  return nlohmann::json::parse(std::string(text.begin(), text.end()));
-}
+using testing::have_numpy;
+using testing::oracle;
 
 TEST(NumpyLegacyRandom, ShufflesAsNumpysRandomState) {
   // numpy.random.RandomState(1234).shuffle(numpy.arange(10)), and seed 2^32 - 1.

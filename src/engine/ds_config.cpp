@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <cstdio>
@@ -787,11 +788,71 @@ void parse_model(Section& root, RunConfig& c, const std::string& where) {
   c.model = hf_config_parse(c.model_json, where + ": model");
 }
 
+// data.train / data.valid: a path, or a Megatron blend list read as its get_blend_from_list reads
+// --data-path: weight, prefix pairs when the list is even and every weight is a number, else
+// prefixes alone (some weights numbers and some not: refused, as Megatron asserts).
+void parse_data_source(Section& d, const char* key, std::string* display, DataSpec* spec) {
+  if (!d.has(key)) return;
+  const json& v = d.raw(key);
+  if (v.is_string()) {
+    *display = v.get<std::string>();
+    spec->paths = {*display};
+    return;
+  }
+  const std::string form = " must be a dataset (an indexed-dataset prefix or a .txt/.jsonl file) or Megatron's blend list: "
+                           "[\"0.3\", \"a\", \"0.7\", \"b\"] (weights and prefixes) or [\"a\", \"b\"]";
+  MT_CHECK(v.is_array() && !v.empty(), ErrorKind::kInvalidArgument, d.where(key) + form);
+  std::vector<std::string> items;
+  for (const json& x : v) {
+    MT_CHECK(x.is_string() || x.is_number(), ErrorKind::kInvalidArgument, d.where(key) + form);
+    items.push_back(x.is_string() ? x.get<std::string>() : x.dump());
+  }
+  auto number = [](const std::string& t, double* out) {
+    size_t a = t.find_first_not_of(" \t"), b = t.find_last_not_of(" \t");
+    if (a == std::string::npos) return false;
+    const char* first = t.data() + a;
+    const char* last = t.data() + b + 1;
+    if (*first == '+') ++first;
+    auto [end, ec] = std::from_chars(first, last, *out);
+    return ec == std::errc() && end == last;
+  };
+  size_t numbers = 0;
+  std::vector<double> weights;
+  if (items.size() % 2 == 0) {
+    for (size_t i = 0; i < items.size(); i += 2) {
+      double w = 0.0;
+      if (number(items[i], &w)) ++numbers;
+      weights.push_back(w);
+    }
+    MT_CHECK(numbers == 0 || numbers == weights.size(), ErrorKind::kInvalidArgument,
+             d.where(key) + ": some of the blend's weights are numbers and some are not" + form);
+  }
+  if (numbers > 0) {
+    for (size_t i = 0; i < items.size(); i += 2) {
+      MT_CHECK(weights[i / 2] >= 0.0 && std::isfinite(weights[i / 2]), ErrorKind::kInvalidArgument,
+               d.where(key) + ": the weight " + items[i] + " of " + items[i + 1] + " must be a finite number >= 0");
+      spec->paths.push_back(items[i + 1]);
+    }
+    spec->weights = weights;
+    spec->weighted = true;
+    spec->blend = true;
+  } else {
+    spec->paths = items;
+    spec->blend = items.size() > 1;  // one prefix without a weight: Megatron builds it alone
+  }
+  for (std::string& p : spec->paths) {
+    const size_t a = p.find_first_not_of(" \t"), b = p.find_last_not_of(" \t");
+    p = a == std::string::npos ? std::string() : p.substr(a, b - a + 1);  // Megatron strips them
+    MT_CHECK(!p.empty(), ErrorKind::kInvalidArgument, d.where(key) + ": an empty dataset path in the blend");
+  }
+  for (const std::string& t : items) *display += (display->empty() ? "" : " ") + t;
+}
+
 void parse_data(Section& root, RunConfig& c) {
   if (!root.has("data")) return;
   Section d = root.sub("data");
-  c.data_train = d.string("train", "");
-  c.data_valid = d.string("valid", "");
+  parse_data_source(d, "train", &c.data_train, &c.train_spec);
+  parse_data_source(d, "valid", &c.data_valid, &c.valid_spec);
   c.tokenizer = d.string("tokenizer", "");
   c.shuffle = d.boolean("shuffle", true);
   // Sequence classification's fields (the CLUE scripts' --texta_name ... names).
@@ -1585,6 +1646,8 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported, "task \"classification\": curriculum_learning does not apply");
     MT_CHECK(c.sample_order == "meshtrain", ErrorKind::kNotSupported,
              "task \"classification\": data.sample_order \"megatron\" orders token windows; records are shuffled by data.seed");
+    MT_CHECK(!c.train_spec.blend && !c.valid_spec.blend && c.split.empty(), ErrorKind::kNotSupported,
+             "task \"classification\": data.train and data.valid are one .jsonl file each (blends and data.split are for token datasets)");
   }
   return c;
 }
@@ -1726,6 +1789,15 @@ json ds_config_resolved(const RunConfig& c) {
   j["data"] = {{"train", c.data_train}, {"valid", c.data_valid}, {"tokenizer", c.tokenizer}, {"shuffle", c.shuffle},
                {"seed", c.data_seed}, {"sample_order", c.sample_order}};
   if (!c.split.empty()) j["data"]["split"] = c.split;
+  for (auto [key, spec] : {std::pair<const char*, const DataSpec*>{"train", &c.train_spec}, {"valid", &c.valid_spec}}) {
+    if (!spec->blend) continue;
+    json list = json::array();
+    for (size_t i = 0; i < spec->paths.size(); ++i) {
+      if (spec->weighted) list.push_back(spec->weights[i]);
+      list.push_back(spec->paths[i]);
+    }
+    j["data"][key] = list;
+  }
   if (c.task == "classification") {
     j["task"] = c.task;
     j["data"]["texta_name"] = c.cls_fields.text_a;
@@ -1891,7 +1963,10 @@ void ds_config_check_paths(const RunConfig& c) {
   namespace fs = std::filesystem;
   std::error_code ec;
   auto text = [](const std::string& p) { return p.ends_with(".txt") || p.ends_with(".jsonl"); };
-  for (auto [key, path] : {std::pair<const char*, std::string>{"data.train", c.data_train}, {"data.valid", c.data_valid}}) {
+  std::vector<std::pair<const char*, std::string>> paths;
+  for (const std::string& p : c.train_spec.paths) paths.push_back({"data.train", p});
+  for (const std::string& p : c.valid_spec.paths) paths.push_back({"data.valid", p});
+  for (auto [key, path] : paths) {
     if (path.empty()) continue;
     if (text(path)) {
       MT_CHECK(fs::is_regular_file(path, ec), ErrorKind::kNotFound, std::string(key) + ": " + path + ": no such file");

@@ -84,11 +84,22 @@ struct FlopsProfilerConfig {
   std::string output_file;
 };
 
+// data.train or data.valid: one dataset (a prefix or a text file), or a Megatron blend list
+// (["0.3", "a", "0.7", "b"] weighted, or ["a", "b"] weighted by their sizes). data_train /
+// data_valid hold the one path, or for a blend Megatron's command-line form ("0.3 a 0.7 b").
+struct DataSpec {
+  std::vector<std::string> paths;
+  std::vector<double> weights;  // with paths, when weighted
+  bool blend = false;           // a list of several, or a weighted list of one
+  bool weighted = false;
+};
+
 struct RunConfig {
   nlohmann::json model_json;  // the HF config as given (or loaded from the path)
   models::ModelConfig model;
   std::string init_from;      // model.init_from: HF safetensors to start from
   std::string data_train, data_valid, tokenizer;
+  DataSpec train_spec, valid_spec;
   bool shuffle = true;
   // data.sample_order: "meshtrain" (token_stream.h's windows) or "megatron" (Megatron-LM's
   // GPTDataset order for train_iters x train_batch_size samples: data/megatron_order.h).

@@ -595,6 +595,31 @@ TEST(DsConfig, MegatronSampleOrderIsReadAndWhatItCannotBeIsRefused) {
   k["data"].erase("valid");
   k["data"]["split"] = "90,5,4,1";
   EXPECT_NE(error_of(k).find("data.split: \"90,5,4,1\": Megatron's split is up to three weights"), npos) << error_of(k);
+  // Blends: Megatron's --data-path list, weighted (strings or numbers) or by size; the resolved
+  // config keeps the list.
+  k = j;
+  k["data"]["train"] = {"0.3", "a", 0.7, " b "};
+  c = ds_config_parse(k, "cfg.json");
+  EXPECT_TRUE(c.train_spec.blend);
+  EXPECT_TRUE(c.train_spec.weighted);
+  EXPECT_EQ(c.train_spec.paths, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(c.train_spec.weights, (std::vector<double>{0.3, 0.7}));
+  EXPECT_EQ(ds_config_resolved(c)["data"]["train"], nlohmann::json({0.3, "a", 0.7, "b"}));
+  EXPECT_EQ(ds_config_parse(ds_config_resolved(c), "cfg.json").train_spec.paths, c.train_spec.paths);
+  k["data"]["train"] = {"a", "b", "c"};
+  c = ds_config_parse(k, "cfg.json");
+  EXPECT_TRUE(c.train_spec.blend);
+  EXPECT_FALSE(c.train_spec.weighted);
+  k["data"]["train"] = {"a"};
+  EXPECT_FALSE(ds_config_parse(k, "cfg.json").train_spec.blend);  // built alone, as Megatron builds it
+  k["data"]["train"] = {"1", "a"};
+  EXPECT_TRUE(ds_config_parse(k, "cfg.json").train_spec.blend);  // a weighted list of one is a blend there
+  k["data"]["train"] = {"0.3", "a", "b", "c"};
+  EXPECT_NE(error_of(k).find("data.train: some of the blend's weights are numbers and some are not"), npos) << error_of(k);
+  k["data"]["train"] = {"-1", "a", "2", "b"};
+  EXPECT_NE(error_of(k).find("data.train: the weight -1 of a must be a finite number >= 0"), npos) << error_of(k);
+  k["data"]["train"] = nlohmann::json::array();
+  EXPECT_NE(error_of(k).find("data.train must be a dataset"), npos) << error_of(k);
   k = j;
   k["data"]["sample_order"] = "Megatron";
   EXPECT_NE(error_of(k).find("data.sample_order: \"Megatron\" is not an order"), npos) << error_of(k);
