@@ -231,7 +231,7 @@ struct DataSource {
 // num_samples: the samples the run draws from this source (Megatron's order and blends are built
 // for them). split: data.split's share of each dataset's sequences this source reads (-1: all).
 DataSource open_data(const engine::RunConfig& cfg, const engine::DataSpec& spec, const char* key, bool shuffle,
-                     uint64_t num_samples, int split = -1) {
+                     uint64_t num_samples, int split = -1, int32_t eod_mask = -1) {
   MT_CHECK(!spec.paths.empty(), ErrorKind::kInvalidArgument,
            std::string(key) + ": missing (an indexed-dataset prefix, or a .txt/.jsonl file)");
   std::string cache = cfg.save_dir.empty() ? "runs/data-cache" : cfg.save_dir + "/data-cache";
@@ -257,6 +257,7 @@ DataSource open_data(const engine::RunConfig& cfg, const engine::DataSpec& spec,
   o.weighted = spec.weighted;
   o.split_weights = cfg.split_weights;
   o.split = split;
+  o.eod_mask = eod_mask;
   DataSource d;
   d.key = key;
   d.source = std::make_unique<data::TokenSource>(parts, o);
@@ -375,20 +376,27 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   // data.split: training reads split 0 of data.train's sequences, validation split 1 (none when
   // the split gives it none, as Megatron builds no validation set then).
   const bool split = !cfg.split_weights.empty();
+  // data.eod_mask_loss: training and validation alike, as Megatron's datasets mask both.
+  int32_t eod = -1;
+  if (cfg.eod_mask_loss) {
+    std::string from;
+    eod = engine::corpus_eod_id(cfg, &from);
+    if (lead) std::fprintf(stderr, "data.eod_mask_loss: the target after token %d (%s) is not trained\n", eod, from.c_str());
+  }
   DataSource train_data = open_data(cfg, cfg.train_spec, "data.train", cfg.shuffle,
                                     static_cast<uint64_t>(std::max<int64_t>(0, cfg.train_iters) * cfg.batch.train_batch_size),
-                                    split ? 0 : -1);
+                                    split ? 0 : -1, eod);
   DataSource valid_data;
   bool valid = false;
   const uint64_t valid_samples = static_cast<uint64_t>(std::max<int64_t>(0, cfg.eval_iters) * cfg.batch.micro_batch_per_gpu);
   if (split && data::megatron_split_sequences(cfg.split_weights, 1, 1)) {
-    valid_data = open_data(cfg, cfg.train_spec, "data.split", false, valid_samples, 1);
+    valid_data = open_data(cfg, cfg.train_spec, "data.split", false, valid_samples, 1, eod);
     valid = true;
   } else if (split) {
     if (lead && cfg.eval_interval > 0 && cfg.eval_iters > 0)
       log_warning("data.split: \"" + cfg.split + "\" gives validation no sequences, so the run validates nothing");
   } else if (!cfg.valid_spec.paths.empty()) {
-    valid_data = open_data(cfg, cfg.valid_spec, "data.valid", false, valid_samples);
+    valid_data = open_data(cfg, cfg.valid_spec, "data.valid", false, valid_samples, -1, eod);
     valid = true;
   }
   if (world && lead) world->barrier(bo)->wait();

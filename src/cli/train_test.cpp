@@ -320,6 +320,61 @@ TEST(Train, MegatronSampleOrderReadsGptDatasetsSamples) {
   }
 }
 
+// data.eod_mask_loss (Megatron's --eod-mask-loss): a target whose input is the end-of-document id
+// is not trained. The same data with a loss-mask dataset (the SFT path) zero at every token that
+// follows an EOD trains the same losses, bit for bit; without either, other losses.
+TEST(Train, EodMaskLossMasksTheTargetAfterEachEod) {
+  const std::string plain = dir() + "/eod", masked = dir() + "/eod-masked";
+  std::vector<int32_t> stream;
+  for (int d = 0; d < 40; ++d) {
+    for (int k = 0; k < 6 + d % 9; ++k) stream.push_back(static_cast<int32_t>(10 + (d * 13 + k * 7) % 80));
+    stream.push_back(5);  // the end of the document
+  }
+  for (const std::string& prefix : {plain, masked}) {
+    mt::data::IndexedDatasetWriter w(prefix, 97);
+    w.add_sequence(stream);
+    w.end_document();
+    w.finalize();
+  }
+  {
+    mt::data::IndexedDatasetWriter w(masked + ".mask", 2);
+    std::vector<int32_t> m(stream.size(), 1);
+    for (size_t q = 1; q < stream.size(); ++q)
+      if (stream[q - 1] == 5) m[q] = 0;
+    w.add_sequence(m);
+    w.end_document();
+    w.finalize();
+  }
+  auto train = [&](const std::string& name, const nlohmann::json& data) {
+    std::string err;
+    const std::string cfg = write_config(name, {{"data", data}, {"eval_interval", 0}});
+    EXPECT_EQ(run("train " + cfg + " --metrics " + dir() + "/" + name + ".jsonl", &err), 0) << err;
+    return std::make_pair(losses(dir() + "/" + name + ".jsonl"), err);
+  };
+  const auto [by_key, said] = train("eod-key", {{"train", plain}, {"eod_mask_loss", true}, {"eod_id", 5}});
+  const auto by_mask = train("eod-mask", {{"train", masked}}).first;
+  const auto neither = train("eod-none", {{"train", plain}}).first;
+  ASSERT_EQ(by_key.size(), 6u);
+  EXPECT_EQ(by_key, by_mask);
+  EXPECT_NE(by_key, neither);
+  EXPECT_NE(said.find("data.eod_mask_loss: the target after token 5 (data.eod_id) is not trained"), std::string::npos) << said;
+  // Without data.eod_id the model's eos_token_id is Megatron's eod for a Hugging Face tokenizer.
+  std::string err;
+  std::string cfg = write_config("eod-eos", {{"data", {{"train", plain}, {"eod_mask_loss", true}}}, {"eval_interval", 0}});
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(cfg));
+  j["model"]["eos_token_id"] = 5;
+  std::ofstream(cfg) << j.dump();
+  EXPECT_EQ(run("train " + cfg + " --metrics " + dir() + "/eod-eos.jsonl", &err), 0) << err;
+  EXPECT_EQ(losses(dir() + "/eod-eos.jsonl"), by_key);
+  EXPECT_NE(err.find("(the model's eos_token_id)"), std::string::npos) << err;
+  cfg = write_config("eod-none-known", {{"data", {{"train", plain}, {"eod_mask_loss", true}}}, {"eval_interval", 0}});
+  EXPECT_EQ(run("train " + cfg, &err), 2);
+  EXPECT_NE(err.find("data.eod_mask_loss: no end-of-document id"), std::string::npos) << err;
+  cfg = write_config("eod-outside", {{"data", {{"train", plain}, {"eod_mask_loss", true}, {"eod_id", 97}}}, {"eval_interval", 0}});
+  EXPECT_EQ(run("train " + cfg, &err), 2);
+  EXPECT_NE(err.find("the end-of-document id 97 (data.eod_id) is outside the vocabulary [0, 97)"), std::string::npos) << err;
+}
+
 TEST(Tokenize, TextToIndexedDatasetAndEncodeDecodeRoundTrip) {
   std::string txt = dir() + "/corpus.txt";
   std::ofstream(txt) << "The cat sat on the mat.\nIt was happy.\n\nThe dog sat on the log.\n\nCats and dogs.\n";

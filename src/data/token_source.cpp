@@ -94,6 +94,9 @@ std::pair<size_t, uint64_t> TokenSource::locate(uint64_t k) const {
 void TokenSource::sample(uint64_t k, int32_t* inputs, int32_t* targets) {
   auto [part, j] = locate(k);
   parts_[part].stream->sample(j, inputs, targets);
+  if (options_.eod_mask >= 0)
+    for (int i = 0; i < options_.seq_length; ++i)
+      if (inputs[i] == options_.eod_mask) targets[i] = -100;
 }
 
 uint64_t TokenSource::token_position(uint64_t k, uint64_t j) {

@@ -38,6 +38,7 @@ struct TokenSourceOptions {
   bool weighted = true;      // a blend's weights were given
   std::vector<double> split_weights;  // data.split's weights, or empty
   int split = -1;                     // which share of each part's sequences (-1: all)
+  int32_t eod_mask = -1;              // Megatron's --eod-mask-loss: the target after this input id is -100
 };
 
 class TokenSource {
@@ -53,7 +54,8 @@ class TokenSource {
   std::pair<size_t, uint64_t> locate(uint64_t k) const;
   TokenStream& stream(size_t part) { return *parts_[part].stream; }
 
-  // inputs (T), targets (T) of global sample k; targets -100 where a mask says so.
+  // inputs (T), targets (T) of global sample k; targets -100 where a mask says so, and with
+  // eod_mask where the input is that id (Megatron masks loss_mask[tokens == eod]).
   void sample(uint64_t k, int32_t* inputs, int32_t* targets);
   // The position of token j (0..T) of global sample k in its part's dataset.
   uint64_t token_position(uint64_t k, uint64_t j);

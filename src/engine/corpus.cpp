@@ -201,4 +201,31 @@ std::string corpus_prepare(const std::string& path, const std::string& tokenizer
   return prefix;
 }
 
+int32_t corpus_eod_id(const RunConfig& cfg, std::string* from) {
+  const int64_t vocab = cfg.model.vocab_size;
+  int64_t id = -1;
+  if (cfg.eod_id >= 0) {
+    id = cfg.eod_id;
+    *from = "data.eod_id";
+  } else if (!cfg.tokenizer.empty()) {
+    data::Tokenizer tok = data::Tokenizer::load(cfg.tokenizer);
+    if (tok.has_eot()) {
+      id = tok.eot_id();
+      *from = "<|endoftext|> of " + cfg.tokenizer;
+    }
+  }
+  if (id < 0 && cfg.model_json.is_object() && cfg.model_json.contains("eos_token_id") &&
+      cfg.model_json["eos_token_id"].is_number_integer()) {
+    id = cfg.model_json["eos_token_id"].get<int64_t>();
+    *from = "the model's eos_token_id";
+  }
+  MT_CHECK(id >= 0, ErrorKind::kInvalidArgument,
+           "data.eod_mask_loss: no end-of-document id: give data.eod_id, a data.tokenizer with <|endoftext|>, or the "
+           "model's eos_token_id");
+  MT_CHECK(id < vocab, ErrorKind::kInvalidArgument,
+           "data.eod_mask_loss: the end-of-document id " + std::to_string(id) + " (" + *from + ") is outside the vocabulary [0, " +
+               std::to_string(vocab) + ")");
+  return static_cast<int32_t>(id);
+}
+
 }  // namespace mt::engine

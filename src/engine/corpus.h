@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "data/tokenizer.h"
+#include "engine/ds_config.h"
 
 namespace mt::engine {
 
@@ -44,5 +45,10 @@ CorpusStats corpus_write_dataset(const std::vector<CorpusDocument>& docs, const 
 std::string corpus_prepare(const std::string& path, const std::string& tokenizer, const std::string& cache_dir);
 // PREFIX.mask when that dataset exists, else "".
 std::string corpus_mask_prefix(const std::string& prefix);
+// The end-of-document id data.eod_mask_loss masks after, as Megatron's tokenizer's eod: data.eod_id
+// when given; else data.tokenizer's <|endoftext|> (GPT2BPETokenizer's eod); else the model's
+// eos_token_id (HuggingFaceTokenizer's). *from says which. Refused when none is known or it is
+// outside the vocabulary.
+int32_t corpus_eod_id(const RunConfig& cfg, std::string* from);
 
 }  // namespace mt::engine

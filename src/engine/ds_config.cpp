@@ -873,6 +873,10 @@ void parse_data(Section& root, RunConfig& c) {
   // seed 7 did).
   c.data_seed = static_cast<uint64_t>(d.integer("seed", static_cast<int64_t>(c.seed)));
   c.sample_order = d.string("sample_order", c.sample_order);
+  // Megatron's --eod-mask-loss: the token after an end-of-document is not a target.
+  c.eod_mask_loss = d.boolean("eod_mask_loss", false);
+  c.eod_id = d.integer("eod_id", -1);
+  MT_CHECK(c.eod_id >= -1, ErrorKind::kInvalidArgument, d.where("eod_id") + ": must be a token id (>= 0)");
   MT_CHECK(c.sample_order == "meshtrain" || c.sample_order == "megatron", ErrorKind::kInvalidArgument,
            d.where("sample_order") + ": \"" + c.sample_order + "\" is not an order (\"meshtrain\" or \"megatron\")");
   if (d.has("split")) {
@@ -1523,7 +1527,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
       {"loss_scale", "fp16.loss_scale"},
       {"loss_scale_window", "fp16.loss_scale_window"},
       {"hysteresis", "fp16.hysteresis"},
-      {"eod_mask_loss", nullptr},
+      {"eod_mask_loss", "data.eod_mask_loss"},
       {"reset_position_ids", nullptr},
       {"reset_attention_mask", nullptr},
       {"tokenizer_type", "data.tokenizer"},
@@ -1646,6 +1650,8 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported, "task \"classification\": curriculum_learning does not apply");
     MT_CHECK(c.sample_order == "meshtrain", ErrorKind::kNotSupported,
              "task \"classification\": data.sample_order \"megatron\" orders token windows; records are shuffled by data.seed");
+    MT_CHECK(!c.eod_mask_loss, ErrorKind::kNotSupported,
+             "task \"classification\": data.eod_mask_loss masks token windows; a record's label is its only target");
     MT_CHECK(!c.train_spec.blend && !c.valid_spec.blend && c.split.empty(), ErrorKind::kNotSupported,
              "task \"classification\": data.train and data.valid are one .jsonl file each (blends and data.split are for token datasets)");
   }
@@ -1789,6 +1795,8 @@ json ds_config_resolved(const RunConfig& c) {
   j["data"] = {{"train", c.data_train}, {"valid", c.data_valid}, {"tokenizer", c.tokenizer}, {"shuffle", c.shuffle},
                {"seed", c.data_seed}, {"sample_order", c.sample_order}};
   if (!c.split.empty()) j["data"]["split"] = c.split;
+  if (c.eod_mask_loss) j["data"]["eod_mask_loss"] = true;
+  if (c.eod_id >= 0) j["data"]["eod_id"] = c.eod_id;
   for (auto [key, spec] : {std::pair<const char*, const DataSpec*>{"train", &c.train_spec}, {"valid", &c.valid_spec}}) {
     if (!spec->blend) continue;
     json list = json::array();

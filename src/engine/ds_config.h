@@ -108,6 +108,10 @@ struct RunConfig {
   // parsed (three weights; empty when not given).
   std::string split;
   std::vector<double> split_weights;
+  // data.eod_mask_loss (Megatron's --eod-mask-loss): a target whose input is the end-of-document
+  // token is not trained; data.eod_id names that token (-1: corpus_eod_id's rule).
+  bool eod_mask_loss = false;
+  int64_t eod_id = -1;
   uint64_t seed = 1234;       // the initialization (and what else draws from it)
   uint64_t data_seed = 1234;  // data.seed: the sample order only (default: seed)
   int64_t seq_length = 0;

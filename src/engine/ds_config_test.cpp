@@ -141,7 +141,7 @@ TEST(DsConfig, MegatronsArgumentsAndPartialRotaryAreRefusedByName) {
       {"lr_decay_style", "(meshtrain's is scheduler.type)"},
       {"hidden_dropout", "hidden_dropout: Megatron-LM's argument"},
       {"make_vocab_size_divisible_by", "(meshtrain's is parallel.make_vocab_size_divisible_by)"},
-      {"eod_mask_loss", "eod_mask_loss: Megatron-LM's argument is not read here (not implemented)"},
+      {"eod_mask_loss", "eod_mask_loss: Megatron-LM's argument is not read here (meshtrain's is data.eod_mask_loss)"},
       {"reset_position_ids", "(not implemented)"},
       {"tensor_model_parallel_size", "(meshtrain's is parallel.tp)"},
   };
@@ -160,8 +160,8 @@ TEST(DsConfig, MegatronsArgumentsAndPartialRotaryAreRefusedByName) {
   llama["model"].erase("partial_rotary_factor");
   llama["model"]["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.25}};
   EXPECT_NE(error_of(llama).find("a partial_rotary_factor other than 1 is not supported"), npos) << error_of(llama);
-  const std::string data = error_of(with("data", {{"train", "x"}, {"eod_mask_loss", true}}));
-  EXPECT_NE(data.find("data.eod_mask_loss: unknown key"), npos) << data;
+  const std::string data = error_of(with("data", {{"train", "x"}, {"reset_position_ids", true}}));
+  EXPECT_NE(data.find("data.reset_position_ids: unknown key"), npos) << data;
   EXPECT_NE(data.find("every key of data selects what is trained"), npos) << data;
   EXPECT_EQ(data.find("optimizer"), npos) << data;
 }
