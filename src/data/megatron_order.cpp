@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "base/error.h"
 
@@ -32,28 +33,24 @@ uint64_t NumpyLegacyRandom::interval(uint64_t max) {
 
 namespace {
 
-// `epochs` copies of 0..n−1, shuffled as one array.
+// `epochs` copies of 0..n−1 appended, shuffled as one array (in place: no copy of a part).
 void append_shuffled_epochs(std::vector<int32_t>* out, size_t n, int epochs, NumpyLegacyRandom* rng) {
-  std::vector<int32_t> part;
-  part.reserve(n * static_cast<size_t>(epochs));
+  const size_t at = out->size();
   for (int e = 0; e < epochs; ++e)
-    for (size_t d = 0; d < n; ++d) part.push_back(static_cast<int32_t>(d));
-  rng->shuffle(part);
-  out->insert(out->end(), part.begin(), part.end());
+    for (size_t d = 0; d < n; ++d) out->push_back(static_cast<int32_t>(d));
+  rng->shuffle(out->data() + at, out->size() - at);
 }
 
 void append_shuffled_range(std::vector<uint64_t>* out, uint64_t begin, uint64_t end, NumpyLegacyRandom* rng) {
-  std::vector<uint64_t> part;
-  part.reserve(end - begin);
-  for (uint64_t i = begin; i < end; ++i) part.push_back(i);
-  rng->shuffle(part);
-  out->insert(out->end(), part.begin(), part.end());
+  const size_t at = out->size();
+  for (uint64_t i = begin; i < end; ++i) out->push_back(i);
+  rng->shuffle(out->data() + at, out->size() - at);
 }
 
 }  // namespace
 
-MegatronOrder::MegatronOrder(const std::vector<int32_t>& sequence_lengths, int T, uint64_t num_samples, uint32_t seed)
-    : lengths_(sequence_lengths), T_(T) {
+MegatronOrder::MegatronOrder(std::vector<int32_t> sequence_lengths, int T, uint64_t num_samples, uint32_t seed)
+    : lengths_(std::move(sequence_lengths)), T_(T) {
   build(num_samples, seed);
 }
 
@@ -95,7 +92,10 @@ void MegatronOrder::build(uint64_t num_samples, uint32_t seed) {
 
   // Sample boundaries: each sample takes T + 1 tokens from where the previous one's last token was.
   const uint64_t M = (epochs * S - 1) / T;
-  sample_index_.assign(2 * (M + 1), 0);
+  sample_index_.clear();
+  sample_index_.reserve(2 * (M + 1));
+  sample_index_.push_back(0);
+  sample_index_.push_back(0);
   int64_t at = 0, offset = 0;  // position in document_index_, token within that sequence
   for (uint64_t i = 1; i <= M; ++i) {
     int64_t remaining = static_cast<int64_t>(T) + 1;
@@ -112,8 +112,8 @@ void MegatronOrder::build(uint64_t num_samples, uint32_t seed) {
         offset = 0;
       }
     }
-    sample_index_[2 * i] = at;
-    sample_index_[2 * i + 1] = offset;
+    sample_index_.push_back(at);
+    sample_index_.push_back(offset);
   }
 
   shuffle_index_.clear();

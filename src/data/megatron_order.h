@@ -36,13 +36,17 @@ class NumpyLegacyRandom {
   explicit NumpyLegacyRandom(uint32_t seed) : mt_(seed) {}
   // Uniform in [0, max]: numpy's random_interval.
   uint64_t interval(uint64_t max);
-  // RandomState.shuffle of a 1-D array.
+  // RandomState.shuffle of a 1-D array of n elements.
   template <typename T>
-  void shuffle(std::vector<T>& v) {
-    for (size_t i = v.size(); i > 1; --i) {
+  void shuffle(T* v, size_t n) {
+    for (size_t i = n; i > 1; --i) {
       const uint64_t j = interval(i - 1);
       std::swap(v[i - 1], v[j]);
     }
+  }
+  template <typename T>
+  void shuffle(std::vector<T>& v) {
+    shuffle(v.data(), v.size());
   }
 
  private:
@@ -61,7 +65,7 @@ class MegatronOrder {
   // Over sequences 0..n−1 of these lengths (a split's, renumbered from 0).
   // num_samples 0 is Megatron's None: one epoch.
   // REQUIRES: T >= 1, sequence_lengths' sum >= 2 (Megatron asserts > 1 tokens).
-  MegatronOrder(const std::vector<int32_t>& sequence_lengths, int T, uint64_t num_samples, uint32_t seed);
+  MegatronOrder(std::vector<int32_t> sequence_lengths, int T, uint64_t num_samples, uint32_t seed);
 
   int num_epochs() const { return epochs_; }
   bool separate_final_epoch() const { return separate_final_epoch_; }

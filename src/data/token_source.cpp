@@ -53,8 +53,8 @@ TokenSource::TokenSource(const std::vector<TokenSourcePart>& parts, const TokenS
   if (options_.weighted) {
     std::vector<double> given;
     for (const TokenSourcePart& p : parts) {
-      MT_CHECK(p.weight >= 0.0, ErrorKind::kInvalidArgument, name + ": " + p.prefix + "'s weight " + std::to_string(p.weight) +
-                                                                 " is negative");
+      MT_CHECK(p.weight > 0.0, ErrorKind::kInvalidArgument,
+               name + ": " + p.prefix + "'s weight " + std::to_string(p.weight) + " must be > 0 (Megatron's BlendedDataset asserts it)");
       given.push_back(p.weight);
     }
     MT_CHECK(numpy_sum(given) > 0.0, ErrorKind::kInvalidArgument, name + ": the blend's weights sum to 0");

@@ -73,7 +73,7 @@ void TokenStream::set_megatron_order(uint64_t num_samples) {
                std::to_string(seed_));
   std::vector<int32_t> lengths(end_ - first_);
   for (uint64_t i = 0; i < lengths.size(); ++i) lengths[i] = static_cast<int32_t>(dataset_.sequence_length(first_ + i));
-  megatron_ = std::make_unique<MegatronOrder>(lengths, T_, num_samples, static_cast<uint32_t>(seed_));
+  megatron_ = std::make_unique<MegatronOrder>(std::move(lengths), T_, num_samples, static_cast<uint32_t>(seed_));
 }
 
 uint64_t TokenStream::token_position(uint64_t k, uint64_t j) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "base/error.h"
 #include "base/text.h"
@@ -41,7 +42,9 @@ std::string fmt_g(double v) {
 //                    (a true value, "enabled" true, or any nested "enabled" true, each by Python's
 //                    truth); a block without the
 //                    switch is off in DeepSpeed too, and says so in one line
-enum class Unparsed { kWarn, kRefuseIfEnabled };
+//   kRefuseIfEnabledPydantic  the same for a block DeepSpeed reads into a pydantic model with
+//                    `enabled: bool`: its switch is pydantic's bool ("false", "off", "0" are off)
+enum class Unparsed { kWarn, kRefuseIfEnabled, kRefuseIfEnabledPydantic };
 
 // Python's truth of a JSON value, as DeepSpeed tests its switches (`if enabled:`): 1, "true" and
 // even "false" turn a feature on; null, 0, "", [] and {} leave it off.
@@ -51,6 +54,27 @@ bool truthy(const nlohmann::json& v) {
   if (v.is_number()) return v.get<double>() != 0.0;
   if (v.is_string() || v.is_array() || v.is_object()) return !v.empty();
   return true;
+}
+
+// pydantic's lax bool, as DeepSpeed's config models read `enabled: bool`: true/false, the integers
+// (and floats) 0 and 1, and the strings 0/off/f/false/n/no and 1/on/t/true/y/yes in any case;
+// nullopt for what pydantic refuses (null, 2, "maybe").
+std::optional<bool> pydantic_bool(const nlohmann::json& v) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number()) {
+    const double d = v.get<double>();
+    if (d == 0.0 || d == 1.0) return d == 1.0;
+    return std::nullopt;
+  }
+  if (v.is_string()) {
+    std::string s = v.get<std::string>();
+    for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    for (const char* f : {"0", "off", "f", "false", "n", "no"})
+      if (s == f) return false;
+    for (const char* t : {"1", "on", "t", "true", "y", "yes"})
+      if (s == t) return true;
+  }
+  return std::nullopt;
 }
 
 // Whether v is a true switch, or v or any object inside it has a true "enabled". A nested switch
@@ -150,6 +174,14 @@ class Section {
       auto e = extra_.find(k);
       if (e != extra_.end()) {
         const json& v = it.value();
+        if (e->second == Unparsed::kRefuseIfEnabledPydantic) {
+          MT_CHECK(v.is_object(), ErrorKind::kInvalidArgument, where(k) + " must be an object (DeepSpeed's config model)");
+          const std::optional<bool> on = v.contains("enabled") ? pydantic_bool(v["enabled"]) : std::optional<bool>(false);
+          MT_CHECK(on.has_value(), ErrorKind::kInvalidArgument,
+                   where(k) + ".enabled: " + v["enabled"].dump() + " is not a boolean (DeepSpeed's config model refuses it too)");
+          if (*on) throw Error(ErrorKind::kNotSupported, where(k) + " is not supported yet (it would change what is trained)");
+          continue;  // off
+        }
         if (e->second == Unparsed::kRefuseIfEnabled) {
           if (enables_something(v))
             throw Error(ErrorKind::kNotSupported, where(k) + " is not supported yet (it would change what is trained)");
@@ -829,8 +861,9 @@ void parse_data_source(Section& d, const char* key, std::string* display, DataSp
   }
   if (numbers > 0) {
     for (size_t i = 0; i < items.size(); i += 2) {
-      MT_CHECK(weights[i / 2] >= 0.0 && std::isfinite(weights[i / 2]), ErrorKind::kInvalidArgument,
-               d.where(key) + ": the weight " + items[i] + " of " + items[i + 1] + " must be a finite number >= 0");
+      // Megatron's BlendedDataset asserts every weight > 0 (a zero one was still drawn from on ties).
+      MT_CHECK(weights[i / 2] > 0.0 && std::isfinite(weights[i / 2]), ErrorKind::kInvalidArgument,
+               d.where(key) + ": the weight " + items[i] + " of " + items[i + 1] + " must be a finite number > 0");
       spec->paths.push_back(items[i + 1]);
     }
     spec->weights = weights;
@@ -1549,9 +1582,10 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
              "sequence_parallel_size: " + root.raw("sequence_parallel_size").dump() + " is not implemented yet (only 1, as parallel.sp)");
   // DeepSpeed keys that change what is trained: refused when enabled.
   for (const char* k : {"amp", "data_efficiency", "compression_training", "progressive_layer_drop", "eigenvalue",
-                        "quantize_training", "elasticity", "sparse_gradients", "torch_autocast", "hybrid_engine",
-                        "weight_quantization"})
+                        "quantize_training", "elasticity", "sparse_gradients", "torch_autocast", "weight_quantization"})
     root.unparsed(k, Unparsed::kRefuseIfEnabled);
+  // DeepSpeed reads this one into a pydantic model (HybridEngineConfig): "false" is off there.
+  root.unparsed("hybrid_engine", Unparsed::kRefuseIfEnabledPydantic);
   if (root.has("data_types")) {  // DeepSpeed's gradient accumulation dtype: ours is fp32
     Section d = root.sub("data_types");
     if (d.has("grad_accum_dtype")) {

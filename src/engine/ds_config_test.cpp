@@ -617,7 +617,9 @@ TEST(DsConfig, MegatronSampleOrderIsReadAndWhatItCannotBeIsRefused) {
   k["data"]["train"] = {"0.3", "a", "b", "c"};
   EXPECT_NE(error_of(k).find("data.train: some of the blend's weights are numbers and some are not"), npos) << error_of(k);
   k["data"]["train"] = {"-1", "a", "2", "b"};
-  EXPECT_NE(error_of(k).find("data.train: the weight -1 of a must be a finite number >= 0"), npos) << error_of(k);
+  EXPECT_NE(error_of(k).find("data.train: the weight -1 of a must be a finite number > 0"), npos) << error_of(k);
+  k["data"]["train"] = {"0", "a", "2", "b"};  // Megatron asserts it; the blend drew from it on ties
+  EXPECT_NE(error_of(k).find("data.train: the weight 0 of a must be a finite number > 0"), npos) << error_of(k);
   k["data"]["train"] = nlohmann::json::array();
   EXPECT_NE(error_of(k).find("data.train must be a dataset"), npos) << error_of(k);
   k = j;
@@ -831,8 +833,27 @@ TEST(DsCompat, ABlockWithoutEnabledIsARequestOrSaysItIsOff) {
     j.update(on);
     EXPECT_NE(error_of(j).find("is not supported yet (it would change what is trained)"), std::string::npos) << on.dump();
   }
+  // hybrid_engine is a pydantic model in DeepSpeed: its bool reads "false", "off" and 0 as off
+  // (refused as on before), "yes" and 1 as on, and refuses what is not a bool.
+  for (const nlohmann::json& on : {nlohmann::json{{"hybrid_engine", {{"enabled", "Yes"}}}},
+                                   nlohmann::json{{"hybrid_engine", {{"enabled", 1}}}}}) {
+    j = base();
+    j.update(on);
+    EXPECT_NE(error_of(j).find("hybrid_engine is not supported yet"), std::string::npos) << on.dump();
+  }
+  for (const nlohmann::json& bad : {nlohmann::json{{"hybrid_engine", {{"enabled", "maybe"}}}},
+                                    nlohmann::json{{"hybrid_engine", {{"enabled", 2}}}},
+                                    nlohmann::json{{"hybrid_engine", {{"enabled", nullptr}}}}}) {
+    j = base();
+    j.update(bad);
+    EXPECT_NE(error_of(j).find("hybrid_engine.enabled: " + bad["hybrid_engine"]["enabled"].dump() + " is not a boolean"),
+              std::string::npos)
+        << bad.dump() << ": " << error_of(j);
+  }
   for (const nlohmann::json& off : {nlohmann::json{{"amp", {{"enabled", 0}}}}, nlohmann::json{{"sparse_gradients", nullptr}},
-                                    nlohmann::json{{"sparse_gradients", false}}}) {
+                                    nlohmann::json{{"sparse_gradients", false}}, nlohmann::json{{"hybrid_engine", {{"enabled", "false"}}}},
+                                    nlohmann::json{{"hybrid_engine", {{"enabled", "OFF"}}}},
+                                    nlohmann::json{{"hybrid_engine", {{"enabled", 0}, {"max_out_tokens", 256}}}}}) {
     j = base();
     j.update(off);
     EXPECT_NO_THROW(ds_config_parse(j, "cfg.json")) << off.dump();
