@@ -41,9 +41,10 @@ void append_shuffled_epochs(std::vector<int32_t>* out, size_t n, int epochs, Num
   rng->shuffle(out->data() + at, out->size() - at);
 }
 
-void append_shuffled_range(std::vector<uint64_t>* out, uint64_t begin, uint64_t end, NumpyLegacyRandom* rng) {
+template <typename T>
+void append_shuffled_range(std::vector<T>* out, uint64_t begin, uint64_t end, NumpyLegacyRandom* rng) {
   const size_t at = out->size();
-  for (uint64_t i = begin; i < end; ++i) out->push_back(i);
+  for (uint64_t i = begin; i < end; ++i) out->push_back(static_cast<T>(i));
   rng->shuffle(out->data() + at, out->size() - at);
 }
 
@@ -112,24 +113,30 @@ void MegatronOrder::build(uint64_t num_samples, uint32_t seed) {
         offset = 0;
       }
     }
-    sample_index_.push_back(at);
-    sample_index_.push_back(offset);
+    sample_index_.push_back(static_cast<int32_t>(at));
+    sample_index_.push_back(static_cast<int32_t>(offset));
   }
 
-  shuffle_index_.clear();
-  shuffle_index_.reserve(M);
-  if (separate_final_epoch_) {
-    append_shuffled_range(&shuffle_index_, 0, before_final, &rng);
-    append_shuffled_range(&shuffle_index_, before_final, M, &rng);
-  } else {
-    append_shuffled_range(&shuffle_index_, 0, M, &rng);
-  }
+  auto shuffle_into = [&](auto* out) {
+    out->reserve(M);
+    if (separate_final_epoch_) {
+      append_shuffled_range(out, 0, before_final, &rng);
+      append_shuffled_range(out, before_final, M, &rng);
+    } else {
+      append_shuffled_range(out, 0, M, &rng);
+    }
+  };
+  shuffle32_.clear();
+  shuffle64_.clear();
+  if (M < 0xffffffffull - 1) shuffle_into(&shuffle32_);
+  else shuffle_into(&shuffle64_);
+  size_ = M;
 }
 
 std::vector<MegatronPiece> MegatronOrder::pieces(uint64_t k) const {
   MT_CHECK(k < size(), ErrorKind::kInvalidArgument,
            "Megatron sample order: sample " + std::to_string(k) + " of " + std::to_string(size()) + " built");
-  const uint64_t s = shuffle_index_[k];
+  const uint64_t s = sample_of(k);
   const int64_t first = sample_index_[2 * s], first_offset = sample_index_[2 * s + 1];
   const int64_t last = sample_index_[2 * s + 2], last_offset = sample_index_[2 * s + 3];
   std::vector<MegatronPiece> out;

@@ -70,16 +70,16 @@ class MegatronOrder {
   int num_epochs() const { return epochs_; }
   bool separate_final_epoch() const { return separate_final_epoch_; }
   // Samples built (M >= num_samples): global samples [0, size()) exist.
-  uint64_t size() const { return shuffle_index_.size(); }
+  uint64_t size() const { return size_; }
   // The sample global sample k reads (shuffle_index[k]). REQUIRES: k < size().
-  uint64_t sample_of(uint64_t k) const { return shuffle_index_[k]; }
+  uint64_t sample_of(uint64_t k) const { return shuffle32_.empty() ? shuffle64_[k] : shuffle32_[k]; }
   // Global sample k's pieces, T + 1 tokens in all. REQUIRES: k < size().
   std::vector<MegatronPiece> pieces(uint64_t k) const;
 
   const std::vector<int32_t>& document_index() const { return document_index_; }
-  // (M + 1) pairs (position in document_index, offset), flattened.
-  const std::vector<int64_t>& sample_index() const { return sample_index_; }
-  const std::vector<uint64_t>& shuffle_index() const { return shuffle_index_; }
+  // (M + 1) pairs (position in document_index, offset), flattened: both fit 32 bits, as the
+  // document index is refused past 2^31 entries and sequence lengths are int32.
+  const std::vector<int32_t>& sample_index() const { return sample_index_; }
 
  private:
   void build(uint64_t num_samples, uint32_t seed);
@@ -89,8 +89,12 @@ class MegatronOrder {
   int epochs_ = 1;
   bool separate_final_epoch_ = false;
   std::vector<int32_t> document_index_;
-  std::vector<int64_t> sample_index_;
-  std::vector<uint64_t> shuffle_index_;
+  std::vector<int32_t> sample_index_;
+  // The shuffle index in 32 bits when M < 2^32 - 1, as Megatron keeps it (uint32), else in 64: the
+  // indices of a billion-sample run are gigabytes a rank.
+  std::vector<uint32_t> shuffle32_;
+  std::vector<uint64_t> shuffle64_;
+  uint64_t size_ = 0;
 };
 
 // numpy.sum of a float64 array as numpy adds it (pairwise: blocks of 8 partial sums below 128

@@ -101,7 +101,7 @@ TEST(MegatronOrder, EpochsAndTheSeparateFinalEpochFollowGptDatasetsRule) {
     for (const MegatronPiece& p : together.pieces(k)) total += p.length;
     EXPECT_EQ(total, 5) << k;
   }
-  const std::vector<int64_t>& si = together.sample_index();
+  const std::vector<int32_t>& si = together.sample_index();
   ASSERT_EQ(si.size(), 2 * 10u);
   EXPECT_EQ(si[0], 0);
   EXPECT_EQ(si[1], 0);
