@@ -83,19 +83,20 @@ class SampleOrder {
 };
 
 struct Validation {
-  double loss = 0.0, acc = 0.0;
+  double loss = 0.0, acc = 0.0, f1 = 0.0, mcc = 0.0;  // f1: two labels only (NaN otherwise)
   int64_t count = 0;
 };
 
-// Loss and accuracy over every validation record: batch i on rank i mod W; every rank runs the same
-// number of batches; sums over the ranks.
+// Loss, accuracy, F1 and Matthews' correlation over every validation record: batch i on rank i mod
+// W; every rank runs the same number of batches; sums (and the confusion matrix) over the ranks.
 Validation validate(engine::Engine& eng, models::TransformerLM& model, const std::vector<data::ClassificationExample>& valid,
                     int B, int T, int32_t pad, int DW, int DR) {
   const int L = model.config().num_labels;
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
   std::vector<float> logits(tokens.size() * static_cast<size_t>(L));
   const int64_t batches = (static_cast<int64_t>(valid.size()) + B - 1) / B;
-  double loss = 0.0, correct = 0.0, count = 0.0;
+  double loss = 0.0, count = 0.0;
+  std::vector<double> confusion(static_cast<size_t>(L) * static_cast<size_t>(L), 0.0);  // [true · L + predicted]
   for (int64_t j = 0; j < (batches + DW - 1) / DW; ++j) {
     const int64_t i = DR + j * DW;
     std::vector<const data::ClassificationExample*> rows(B, nullptr);
@@ -112,14 +113,18 @@ Validation validate(engine::Engine& eng, models::TransformerLM& model, const std
       double sum = 0.0;
       for (int c = 0; c < L; ++c) sum += std::exp(static_cast<double>(z[c] - m));
       loss += std::log(sum) - (z[rows[b]->label] - m);
-      correct += (std::max_element(z, z + L) - z) == rows[b]->label;
+      confusion[static_cast<size_t>(rows[b]->label * L + (std::max_element(z, z + L) - z))] += 1.0;
       count += 1;
     }
   }
   Validation v;
   const double n = eng.mean_over_ranks(count) * DW;
   v.loss = eng.mean_over_ranks(loss) * DW / n;
-  v.acc = eng.mean_over_ranks(correct) * DW / n;
+  for (double& x : confusion) x = eng.mean_over_ranks(x) * DW;
+  const data::ClassificationMetrics m = data::classification_metrics(confusion, L);
+  v.acc = m.accuracy;
+  v.f1 = m.f1;
+  v.mcc = m.mcc;
   v.count = static_cast<int64_t>(n + 0.5);
   return v;
 }
@@ -264,21 +269,27 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
     } else if (lead && (done % cfg.steps_per_print == 0 || done == cfg.train_iters)) {
       std::printf("%s\n", bar);
     }
-    if (lead && have_val)
-      std::printf("%sstep %lld val_loss %.4f val_acc %.4f (%lld records)\n", tty ? "\n" : "", static_cast<long long>(done),
-                  v.loss, v.acc, static_cast<long long>(v.count));
+    if (lead && have_val) {
+      char f1[32] = "";
+      if (!std::isnan(v.f1)) std::snprintf(f1, sizeof f1, " val_f1 %.4f", v.f1);
+      std::printf("%sstep %lld val_loss %.4f val_acc %.4f%s val_mcc %.4f (%lld records)\n", tty ? "\n" : "",
+                  static_cast<long long>(done), v.loss, v.acc, f1, v.mcc, static_cast<long long>(v.count));
+    }
     if (metrics.is_open()) {
       nlohmann::json m = {{"step", done}, {"epoch", epoch}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
                           {"samples_per_s", static_cast<double>(tbs) / secs}};
       if (have_val) {
         m["val_loss"] = v.loss;
         m["val_acc"] = v.acc;
+        if (!std::isnan(v.f1)) m["val_f1"] = v.f1;
+        m["val_mcc"] = v.mcc;
       }
       metrics.write(m, done);
     }
     // The top k by the monitored metric (every rank has the same values: they were all-reduced).
     if (have_val && cfg.model_checkpoint.save_top_k > 0) {
-      const double value = cfg.model_checkpoint.monitor == "val_acc" ? v.acc : v.loss;
+      const std::string& what = cfg.model_checkpoint.monitor;
+      const double value = what == "val_acc" ? v.acc : what == "val_f1" ? v.f1 : what == "val_mcc" ? v.mcc : v.loss;
       auto better = [&](double a, double b) { return maximize ? a > b : a < b; };
       const bool enters = static_cast<int64_t>(top.size()) < cfg.model_checkpoint.save_top_k ||
                           better(value, top.back().value);

@@ -116,18 +116,32 @@ TEST(Classify, TrainsKeepsTheTopKAndPredictsWhatValidationMeasured) {
   char want[64];
   std::snprintf(want, sizeof want, "accuracy %.4f on the 200", acc.back());
   EXPECT_NE(err.find(want), std::string::npos) << err;
-  std::ifstream p(dir() + "/pred.json");
-  std::string line;
+  std::ifstream p(dir() + "/pred.json"), truth(dir() + "/dev.jsonl");
+  std::string line, record;
   int n = 0;
+  double tp = 0, fp = 0, fn = 0, tn = 0;  // label 1 positive
   while (std::getline(p, line)) {
     nlohmann::json j = nlohmann::json::parse(line);
     EXPECT_EQ(j["id"], std::to_string(n));
     ASSERT_EQ(j["probabilities"].size(), 2u);
     EXPECT_NEAR(j["probabilities"][0].get<double>() + j["probabilities"][1].get<double>(), 1.0, 1e-9);
     EXPECT_EQ(j["label"].get<int>(), j["probabilities"][1].get<double>() > j["probabilities"][0].get<double>() ? 1 : 0);
+    ASSERT_TRUE(std::getline(truth, record));
+    const bool actual = nlohmann::json::parse(record)["label"] == "1", predicted = j["label"].get<int>() == 1;
+    (actual ? (predicted ? tp : fn) : (predicted ? fp : tn)) += 1;
     ++n;
   }
   EXPECT_EQ(n, 200);
+  // GLUE's F1 (MRPC, QQP) and Matthews' correlation (CoLA) at the last step are the textbook
+  // formulas over those predictions: 2TP / (2TP + FP + FN) and
+  // (TP·TN − FP·FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)).
+  const std::vector<double> f1 = mt::cli::testing::metric_values(dir() + "/a.jsonl", "val_f1"),
+                            mcc = mt::cli::testing::metric_values(dir() + "/a.jsonl", "val_mcc");
+  ASSERT_EQ(f1.size(), 6u);
+  ASSERT_EQ(mcc.size(), 6u);
+  EXPECT_NEAR(f1.back(), 2 * tp / (2 * tp + fp + fn), 1e-12) << tp << " " << fp << " " << fn << " " << tn;
+  EXPECT_NEAR(mcc.back(), (tp * tn - fp * fn) / std::sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)), 1e-12);
+  EXPECT_GT(mcc.back(), 0.5);
 }
 
 // Fine-tuning a causal LM as a classifier: {"init_from": checkpoint, "num_labels": 2} takes the

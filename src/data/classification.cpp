@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <limits>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -160,6 +163,39 @@ int classification_pool(const ClassificationExample& e, int T, int32_t pad) {
 
 int32_t classification_pad(const Tokenizer& tokenizer) {
   return tokenizer.has_eot() ? tokenizer.eot_id() : tokenizer.vocab_size() - 1;
+}
+
+ClassificationMetrics classification_metrics(const std::vector<double>& confusion, int L) {
+  MT_CHECK(L >= 1 && confusion.size() == static_cast<size_t>(L) * static_cast<size_t>(L), ErrorKind::kInvalidArgument,
+           "classification metrics: a confusion matrix of " + std::to_string(confusion.size()) + " for " + std::to_string(L) +
+               " labels");
+  ClassificationMetrics m;
+  std::vector<double> t(static_cast<size_t>(L), 0.0), p(static_cast<size_t>(L), 0.0);  // true and predicted counts
+  double s = 0.0, c = 0.0;                                                               // samples, correct
+  for (int i = 0; i < L; ++i)
+    for (int j = 0; j < L; ++j) {
+      const double n = confusion[static_cast<size_t>(i * L + j)];
+      t[static_cast<size_t>(i)] += n;
+      p[static_cast<size_t>(j)] += n;
+      s += n;
+      if (i == j) c += n;
+    }
+  m.accuracy = s > 0.0 ? c / s : 0.0;
+  if (L == 2) {
+    const double tp = confusion[3], fp = confusion[1], fn = confusion[2];
+    m.f1 = 2.0 * tp + fp + fn > 0.0 ? 2.0 * tp / (2.0 * tp + fp + fn) : 0.0;
+  } else {
+    m.f1 = std::numeric_limits<double>::quiet_NaN();
+  }
+  double tp_sum = 0.0, pp = 0.0, tt = 0.0;
+  for (int k = 0; k < L; ++k) {
+    tp_sum += p[static_cast<size_t>(k)] * t[static_cast<size_t>(k)];
+    pp += p[static_cast<size_t>(k)] * p[static_cast<size_t>(k)];
+    tt += t[static_cast<size_t>(k)] * t[static_cast<size_t>(k)];
+  }
+  const double cov_tp = c * s - tp_sum, cov_pp = s * s - pp, cov_tt = s * s - tt;
+  m.mcc = cov_pp * cov_tt > 0.0 ? cov_tp / std::sqrt(cov_tt * cov_pp) : 0.0;
+  return m;
 }
 
 }  // namespace mt::data

@@ -63,4 +63,14 @@ int classification_pool(const ClassificationExample& e, int T, int32_t pad);
 // sets pad_token_id = eos_token_id), else its last id. `export --hf` writes it as pad_token_id.
 int32_t classification_pad(const Tokenizer& tokenizer);
 
+// GLUE's metrics from a confusion matrix (confusion[true · L + predicted], counts), as Hugging
+// Face's run_glue computes them with scikit-learn: accuracy; F1 of label 1 (f1_score's binary
+// average, MRPC's and QQP's metric; only for L = 2, else NaN), 0 when it has no true or predicted
+// positives (zero_division); Matthews' correlation (matthews_corrcoef, CoLA's metric; Gorodkin's
+// form for L > 2), 0 when a marginal is constant.
+struct ClassificationMetrics {
+  double accuracy = 0.0, f1 = 0.0, mcc = 0.0;
+};
+ClassificationMetrics classification_metrics(const std::vector<double>& confusion, int L);
+
 }  // namespace mt::data

@@ -1365,14 +1365,20 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     c.model_checkpoint.monitor = mc.string("monitor", c.model_checkpoint.monitor);
     c.model_checkpoint.mode = mc.string("mode", c.model_checkpoint.mode);
     c.model_checkpoint.save_top_k = mc.integer("save_top_k", 1);
-    MT_CHECK(c.model_checkpoint.monitor == "val_acc" || c.model_checkpoint.monitor == "val_loss",
-             ErrorKind::kInvalidArgument, mc.where("monitor") + ": \"" + c.model_checkpoint.monitor +
-                                              "\" is not a metric meshtrain logs (\"val_acc\", \"val_loss\")");
+    const std::string& monitor = c.model_checkpoint.monitor;
+    MT_CHECK(monitor == "val_acc" || monitor == "val_loss" || monitor == "val_f1" || monitor == "val_mcc",
+             ErrorKind::kInvalidArgument,
+             mc.where("monitor") + ": \"" + monitor +
+                 "\" is not a metric meshtrain logs (\"val_acc\", \"val_loss\", \"val_f1\", \"val_mcc\")");
+    // GLUE's F1 is scikit-learn's binary one: of label 1, with two labels.
+    MT_CHECK(monitor != "val_f1" || c.task != "classification" || c.model.num_labels == 2, ErrorKind::kInvalidArgument,
+             mc.where("monitor") + ": val_f1 is the F1 of label 1 of two (MRPC's, QQP's); this classifier has " +
+                 std::to_string(c.model.num_labels) + " labels");
     MT_CHECK(c.model_checkpoint.mode == "max" || c.model_checkpoint.mode == "min", ErrorKind::kInvalidArgument,
              mc.where("mode") + " must be \"max\" or \"min\"");
     MT_CHECK(c.model_checkpoint.save_top_k >= 0, ErrorKind::kInvalidArgument, mc.where("save_top_k") + " must not be negative");
     MT_CHECK(c.task == "classification" || c.model_checkpoint.monitor == "val_loss", ErrorKind::kNotSupported,
-             mc.where("monitor") + ": val_acc is logged by task \"classification\" only");
+             mc.where("monitor") + ": " + monitor + " is logged by task \"classification\" only");
     MT_CHECK(c.task == "classification", ErrorKind::kNotSupported,
              mc.where() + ": kept by task \"classification\" runs for now (causal LMs rotate by save_interval / keep_last)");
     mc.finish();

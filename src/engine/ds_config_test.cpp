@@ -627,6 +627,23 @@ TEST(DsConfig, MegatronSampleOrderIsReadAndWhatItCannotBeIsRefused) {
   EXPECT_NE(error_of(k).find("data.sample_order: \"Megatron\" is not an order"), npos) << error_of(k);
 }
 
+// model_checkpoint.monitor takes GLUE's metrics: val_mcc (CoLA's), val_f1 (MRPC's and QQP's: label
+// 1 of two; refused for three labels) beside val_acc and val_loss ("not a metric" before).
+TEST(DsConfig, ModelCheckpointMonitorsGluesMetrics) {
+  auto j = base();
+  j["task"] = "classification";
+  j["model_checkpoint"] = {{"monitor", "val_mcc"}, {"mode", "max"}};
+  EXPECT_EQ(error_of(j), "");
+  j["model_checkpoint"]["monitor"] = "val_f1";
+  EXPECT_EQ(error_of(j), "");
+  j["model"]["num_labels"] = 3;
+  EXPECT_NE(error_of(j).find("val_f1 is the F1 of label 1 of two (MRPC's, QQP's); this classifier has 3 labels"),
+            std::string::npos)
+      << error_of(j);
+  j["model_checkpoint"]["monitor"] = "val_auc";
+  EXPECT_NE(error_of(j).find("\"val_auc\" is not a metric meshtrain logs"), std::string::npos) << error_of(j);
+}
+
 // A key twice in one object was read as its last value without a word (DeepSpeed refuses it);
 // the same key in two objects is fine.
 TEST(DsConfig, ADuplicateKeyIsRefusedNamingIt) {
