@@ -902,6 +902,62 @@ TEST(TrainMpi, DataParallelAndZeroMatchOneProcess) {
   }
 }
 
+// loss_normalization "tokens" (Megatron's --calculate-per-token-loss, Hugging Face's
+// num_items_in_batch): with a loss mask that leaves the samples different numbers of targets, a
+// step's loss and gradient are the global batch's mean over its targets, which one micro-batch
+// holding the whole batch computes by itself (the oracle). Four micro-batches on one process, two
+// data-parallel ranks, a two-stage pipeline and two tensor-parallel ranks each equal it; the default, each micro-batch's own
+// mean averaged, does not. Validation divides by its own count after either.
+TEST(TrainMpi, TokenLossNormalisationIsTheWholeBatchsTokenMean) {
+  const std::string prefix = dir() + "/tokloss";
+  {
+    std::vector<int32_t> tokens, mask;
+    for (int q = 0; q < 1200; ++q) {
+      tokens.push_back(static_cast<int32_t>((q * 37 + q / 11) % 97));
+      mask.push_back(static_cast<int32_t>((q / 5) % 4 != 0 && q % 41 > 12));
+    }
+    for (const auto& [path, values, vocab] : {std::tuple<std::string, const std::vector<int32_t>*, int>{prefix, &tokens, 97},
+                                              {prefix + ".mask", &mask, 2}, {prefix + "-plain", &tokens, 97}}) {
+      mt::data::IndexedDatasetWriter w(path, vocab);
+      w.add_sequence(*values);
+      w.end_document();
+      w.finalize();
+    }
+  }
+  auto config = [&](const std::string& name, int micro, const nlohmann::json& more) {
+    // Validation on the same tokens without the mask, the same 4 samples (1 micro-batch of 4, or 4
+    // of 1): every sample has all its targets, so the micro-batches' mean is the whole one's.
+    nlohmann::json extra = {{"data", {{"train", prefix}, {"valid", prefix + "-plain"}}}, {"train_batch_size", 4},
+                            {"train_micro_batch_size_per_gpu", micro}, {"gradient_accumulation_steps", "auto"},
+                            {"comm_timeout", 20}, {"eval_iters", 4 / micro}};
+    extra.update(more);
+    return write_config(name, extra) + " --metrics " + dir() + "/" + name + ".jsonl";
+  };
+  const nlohmann::json tokens = {{"loss_normalization", "tokens"}};
+  std::string err;
+  ASSERT_EQ(run("train " + config("tl-whole", 4, nlohmann::json::object()), &err), 0) << err;
+  ASSERT_EQ(run("train " + config("tl-gas4", 1, tokens), &err), 0) << err;
+  ASSERT_EQ(run(launch(2) + config("tl-dp2", 1, tokens), &err), 0) << err;
+  nlohmann::json pp = tokens;
+  pp["parallel"] = {{"pp", 2}};
+  ASSERT_EQ(run(launch(2) + config("tl-pp2", 1, pp), &err), 0) << err;
+  nlohmann::json tp = tokens;
+  tp["parallel"] = {{"tp", 2}};
+  ASSERT_EQ(run(launch(2) + config("tl-tp2", 1, tp), &err), 0) << err;
+  ASSERT_EQ(run("train " + config("tl-mean", 1, nlohmann::json::object()), &err), 0) << err;
+  const std::vector<double> whole = losses(dir() + "/tl-whole.jsonl");
+  ASSERT_EQ(whole.size(), 6u);
+  for (const char* name : {"tl-gas4", "tl-dp2", "tl-pp2", "tl-tp2"}) {
+    expect_close(whole, losses(dir() + "/" + name + ".jsonl"), 1e-5, name);
+    expect_close(values(dir() + "/tl-whole.jsonl", "val_loss"), values(dir() + "/" + std::string(name) + ".jsonl", "val_loss"),
+                 1e-5, std::string(name) + " validation");
+  }
+  const std::vector<double> mean = losses(dir() + "/tl-mean.jsonl");
+  double apart = 0.0;
+  for (size_t i = 0; i < whole.size(); ++i) apart = std::max(apart, std::fabs(mean[i] - whole[i]) / whole[i]);
+  EXPECT_GT(apart, 1e-3) << "the micro-batches' counts differ too little to tell the normalisations apart";
+}
+
 TEST(TrainMpi, CheckpointsLoadAtAnyStageAndWorldSize) {
   write_dataset(dir() + "/train", 30);
   ASSERT_EQ(run("train " + dp_config("ref", 0) + " --metrics " + dir() + "/ref.jsonl"), 0);

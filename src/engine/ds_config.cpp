@@ -1328,6 +1328,9 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
            "seq_length " + std::to_string(c.seq_length) + " exceeds model " +
                (c.model.arch == models::Arch::kGpt2 ? "n_positions " : "max_position_embeddings ") + std::to_string(c.model.max_positions));
   c.train_iters = root.integer("train_iters", 0);
+  c.loss_normalization = root.string("loss_normalization", c.loss_normalization);
+  MT_CHECK(c.loss_normalization == "micro_batch" || c.loss_normalization == "tokens", ErrorKind::kInvalidArgument,
+           "loss_normalization: \"" + c.loss_normalization + "\" is not a normalization (\"micro_batch\" or \"tokens\")");
   c.seed = static_cast<uint64_t>(root.integer("seed", 1234));
   c.data_seed = c.seed;
   c.save_dir = root.string("save_dir", "");
@@ -1573,6 +1576,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
       {"vocab_file", "data.tokenizer"},
       {"merge_file", "data.tokenizer"},
       {"exit_interval", "train_iters"},
+      {"calculate_per_token_loss", "loss_normalization \"tokens\""},
   };
   for (const MegatronArg& a : kMegatronArgs)
     MT_CHECK(!root.has(a.name), ErrorKind::kNotSupported,
@@ -1681,6 +1685,11 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                         "timers", "train_micro_batch_size_per_gpu_auto", "compile", "graph_harvesting", "nebula"})
     root.unparsed(k, Unparsed::kWarn);
   root.finish();
+  if (c.loss_normalization == "tokens") {
+    MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, "loss_normalization \"tokens\": not on device \"cuda\" yet");
+    MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported,
+             "loss_normalization \"tokens\": not with curriculum_learning yet (its steps train a prefix of each sample)");
+  }
   if (c.task == "classification") {  // what the classification loop (cli/classify.cpp) does not do yet, by name
     MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, "task \"classification\": device \"cuda\" is not supported yet");
     MT_CHECK(c.tp == 1 && c.pp == 1, ErrorKind::kNotSupported,
@@ -1690,6 +1699,8 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported, "task \"classification\": curriculum_learning does not apply");
     MT_CHECK(c.sample_order == "meshtrain", ErrorKind::kNotSupported,
              "task \"classification\": data.sample_order \"megatron\" orders token windows; records are shuffled by data.seed");
+    MT_CHECK(c.loss_normalization == "micro_batch", ErrorKind::kNotSupported,
+             "task \"classification\": loss_normalization \"tokens\" counts token targets; a record has one label");
     MT_CHECK(!c.eod_mask_loss, ErrorKind::kNotSupported,
              "task \"classification\": data.eod_mask_loss masks token windows; a record's label is its only target");
     MT_CHECK(!c.train_spec.blend && !c.valid_spec.blend && c.split.empty(), ErrorKind::kNotSupported,
@@ -1836,6 +1847,7 @@ json ds_config_resolved(const RunConfig& c) {
                {"seed", c.data_seed}, {"sample_order", c.sample_order}};
   if (!c.split.empty()) j["data"]["split"] = c.split;
   if (c.eod_mask_loss) j["data"]["eod_mask_loss"] = true;
+  if (c.loss_normalization != "micro_batch") j["loss_normalization"] = c.loss_normalization;
   if (c.eod_id >= 0) j["data"]["eod_id"] = c.eod_id;
   for (auto [key, spec] : {std::pair<const char*, const DataSpec*>{"train", &c.train_spec}, {"valid", &c.valid_spec}}) {
     if (!spec->blend) continue;

@@ -112,6 +112,10 @@ struct RunConfig {
   // token is not trained; data.eod_id names that token (-1: corpus_eod_id's rule).
   bool eod_mask_loss = false;
   int64_t eod_id = -1;
+  // loss_normalization: "micro_batch" (each micro-batch's mean over its targets, averaged: DeepSpeed's
+  // and Megatron's default) or "tokens" (the global batch's sum over its count of targets:
+  // Megatron's --calculate-per-token-loss, Hugging Face Trainer's num_items_in_batch).
+  std::string loss_normalization = "micro_batch";
   uint64_t seed = 1234;       // the initialization (and what else draws from it)
   uint64_t data_seed = 1234;  // data.seed: the sample order only (default: seed)
   int64_t seq_length = 0;

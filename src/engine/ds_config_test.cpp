@@ -644,6 +644,30 @@ TEST(DsConfig, ModelCheckpointMonitorsGluesMetrics) {
   EXPECT_NE(error_of(j).find("\"val_auc\" is not a metric meshtrain logs"), std::string::npos) << error_of(j);
 }
 
+// loss_normalization: "tokens" read (and kept in the resolved config); what it does not do yet
+// refused by key; Megatron's calculate_per_token_loss names it.
+TEST(DsConfig, LossNormalisationIsReadAndRefusedWhereNotBuilt) {
+  auto j = base();
+  j["loss_normalization"] = "tokens";
+  RunConfig c = ds_config_parse(j, "cfg.json");
+  EXPECT_EQ(c.loss_normalization, "tokens");
+  EXPECT_EQ(ds_config_resolved(c)["loss_normalization"], "tokens");
+  EXPECT_EQ(ds_config_parse(base(), "cfg.json").loss_normalization, "micro_batch");
+  const auto npos = std::string::npos;
+  auto k = j;
+  k["loss_normalization"] = "sequence";
+  EXPECT_NE(error_of(k).find("loss_normalization: \"sequence\" is not a normalization"), npos) << error_of(k);
+  k = j;
+  k["task"] = "classification";
+  EXPECT_NE(error_of(k).find("task \"classification\": loss_normalization \"tokens\""), npos) << error_of(k);
+  k = j;
+  k["curriculum_learning"] = {{"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", 8}, {"max_difficulty", 16},
+                              {"schedule_type", "fixed_linear"},
+                              {"schedule_config", {{"total_curriculum_step", 10}, {"difficulty_step", 8}}}};
+  EXPECT_NE(error_of(k).find("loss_normalization \"tokens\": not with curriculum_learning yet"), npos) << error_of(k);
+  EXPECT_NE(error_of(with("calculate_per_token_loss", true)).find("(meshtrain's is loss_normalization \"tokens\")"), npos);
+}
+
 // A key twice in one object was read as its last value without a word (DeepSpeed refuses it);
 // the same key in two objects is fine.
 TEST(DsConfig, ADuplicateKeyIsRefusedNamingIt) {

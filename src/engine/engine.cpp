@@ -682,8 +682,53 @@ StepResult Engine::step() {
   return r;
 }
 
+void Engine::set_step_tokens(const int32_t* targets, size_t micro_numel, int micro_batches) {
+  model_.set_loss_denominator(0.0);
+  if (config_.loss_normalization != "tokens") return;
+  int64_t count = 0;
+  for (size_t i = 0; i < micro_numel * static_cast<size_t>(micro_batches); ++i) count += targets[i] != -100;
+  if (world() > 1) {  // summed exactly: three base-2^12 digits in f32, exact to 4096 ranks
+    float digits[3] = {static_cast<float>(count >> 24), static_cast<float>((count >> 12) & 4095), static_cast<float>(count & 4095)};
+    comm::AllReduceOptions o;
+    o.tag = "step tokens";
+    o.timeout = timeout();
+    dp_->all_reduce(digits, 3, DType::kF32, o)->wait();
+    count = (static_cast<int64_t>(digits[0]) << 24) + (static_cast<int64_t>(digits[1]) << 12) + static_cast<int64_t>(digits[2]);
+  }
+  // Each micro-batch's scale carries 1/micro_batches and the ranks' average 1/W: dividing its
+  // token losses by count / (micro_batches · W) makes the step's gradient their sum over count.
+  const auto [pre, post] = grad_average_factors();
+  if (count > 0) model_.set_loss_denominator(static_cast<double>(count) * pre * post / static_cast<double>(micro_batches));
+}
+
 StepResult Engine::train_batch(const MicroBatchFn& next) {
-  if (ctx_->pp() > 1) return train_pipeline(next);
+  if (ctx_->pp() > 1) {
+    StepResult r = train_pipeline(next);
+    model_.set_loss_denominator(0.0);  // evaluation divides by its own count
+    return r;
+  }
+  if (config_.loss_normalization == "tokens") {
+    // The step's targets are counted over the data-parallel group before its first micro-batch.
+    const int B = model_.batch();
+    const int64_t T = config_.seq_length, gas = config_.batch.gradient_accumulation_steps;
+    const size_t n = static_cast<size_t>(B) * static_cast<size_t>(T);
+    std::vector<int32_t> tokens(n * static_cast<size_t>(gas)), targets(tokens.size());
+    for (int64_t m = 0; m < gas; ++m) next(tokens.data() + m * n, targets.data() + m * n);
+    set_step_tokens(targets.data(), n, static_cast<int>(gas));
+    int64_t m = 0;
+    const MicroBatchFn stored = [&](int32_t* tok, int32_t* tgt) {
+      std::copy_n(tokens.data() + m * n, n, tok);
+      std::copy_n(targets.data() + m * n, n, tgt);
+      ++m;
+    };
+    StepResult r = train_micro_batches(stored);
+    model_.set_loss_denominator(0.0);
+    return r;
+  }
+  return train_micro_batches(next);
+}
+
+StepResult Engine::train_micro_batches(const MicroBatchFn& next) {
   const int B = model_.batch();
   const int64_t T = config_.seq_length;
   // curriculum_learning (seqlen): this step trains on the first L tokens of every sample (and
@@ -769,6 +814,7 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
   const size_t n = static_cast<size_t>(model_.batch()) * static_cast<size_t>(model_.seq());
   std::vector<int32_t> tokens(n * m), targets(n * m);
   for (int i = 0; i < m; ++i) next(tokens.data() + i * n, targets.data() + i * n);
+  set_step_tokens(targets.data(), n, m);  // loss_normalization "tokens": over the dp group (every stage counts alike)
   comm::Backend& pipe = *ctx_->groups.pp;
   const size_t E = model_.boundary_numel();
   const float scale = static_cast<float>(scaler_.scale() / static_cast<double>(m) * grad_average_factors().first);

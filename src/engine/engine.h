@@ -89,6 +89,9 @@ class Engine {
   // reads the step's micro-batches and runs its schedule's instructions (parallel/pp/schedule.h).
   using MicroBatchFn = std::function<void(int32_t* tokens, int32_t* targets)>;
   StepResult train_batch(const MicroBatchFn& next);
+  // loss_normalization "tokens": counts the step's targets (micro_batches of micro_numel) over the
+  // data-parallel group and sets the model's loss denominator for the step; otherwise clears it.
+  void set_step_tokens(const int32_t* targets, size_t micro_numel, int micro_batches);
   // Mean loss of a micro-batch without touching gradients (through every stage of a pipeline:
   // collective over the pp group, every stage gets the loss).
   float evaluate(const int32_t* tokens, const int32_t* targets);
@@ -196,6 +199,7 @@ class Engine {
   std::vector<float> from_one_process(const float* full) const;  // -> the local flat layout
   double grad_sum_squares();  // over the whole model: dp, tp and pp shards summed, replicas once
   StepResult train_pipeline(const MicroBatchFn& next);  // parallel.pp > 1
+  StepResult train_micro_batches(const MicroBatchFn& next);  // train_batch's micro-batches, one at a time
   void sum_tied_embedding_grads();  // first and last pipeline stage of a tied GPT-2
   float pipe_sum(float v, const char* tag);  // sum over the pp group
 

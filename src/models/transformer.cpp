@@ -386,7 +386,8 @@ float TransformerLM::head_forward(Slot& s, const float* last, const int32_t* tar
     a.reduce_max = [this](float* v, size_t n) { tp_.all_reduce_max(v, n, "tp cross-entropy max"); };
     a.reduce_sum = [this](float* v, size_t n) { tp_.all_reduce(v, n, "tp cross-entropy sum"); };
   }
-  a.grad_scale = count > 0 ? loss_scale / static_cast<float>(count) : 0.0f;
+  const double denominator = loss_denominator_ > 0.0 ? loss_denominator_ : static_cast<double>(count);
+  a.grad_scale = count > 0 ? static_cast<float>(loss_scale / denominator) : 0.0f;
   a.dx = s.dnf;
   a.dw = head->grad;
   a.losses = s.losses;
@@ -403,7 +404,7 @@ float TransformerLM::head_forward(Slot& s, const float* last, const int32_t* tar
     if (s.backward_ready) std::memset(d.sp ? s.sp_full : s.dnf, 0, static_cast<size_t>(d.rows()) * d.C * 4);
     return 0.0f;
   }
-  return static_cast<float>(total / count);
+  return static_cast<float>(total / denominator);
 }
 
 float TransformerLM::forward(const int32_t* tokens, const int32_t* targets, float loss_scale) {

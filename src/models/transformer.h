@@ -76,6 +76,10 @@ class TransformerLM : public nn::Module {
   // draws the one-process run's masks. A forward without it (evaluation, inference) drops nothing.
   // No-op when the config has no dropout.
   void set_dropout_origin(uint64_t step, uint64_t sample0);
+  // What a micro-batch's summed token losses are divided by (and its gradient with them): 0, its
+  // own count of targets (the default); else this (the engine's share of a global batch's count,
+  // loss_normalization "tokens"). The returned loss is divided the same way.
+  void set_loss_denominator(double d) { loss_denominator_ = d; }
   bool has_dropout() const { return cfg_.embd_pdrop > 0 || cfg_.resid_pdrop > 0 || cfg_.attn_pdrop > 0; }
 
   // Logits (B, T, V) f32 of a forward over tokens (B, T) of the prepared shape (whole model);
@@ -173,6 +177,7 @@ class TransformerLM : public nn::Module {
 
   BlockDims dims_{};
   bool drop_next_ = false;      // set_dropout_origin: the next forward drops
+  double loss_denominator_ = 0.0;  // set_loss_denominator (0: each micro-batch's own count)
   BlockDropout drop_origin_{};
   std::shared_ptr<kernels::SparseAttentionPlan> sparse_plan_;  // dims_.sparse
   std::vector<Slot> slots_;
