@@ -906,7 +906,7 @@ TEST(TrainMpi, DataParallelAndZeroMatchOneProcess) {
 // num_items_in_batch): with a loss mask that leaves the samples different numbers of targets, a
 // step's loss and gradient are the global batch's mean over its targets, which one micro-batch
 // holding the whole batch computes by itself (the oracle). Four micro-batches on one process, two
-// data-parallel ranks, a two-stage pipeline and two tensor-parallel ranks each equal it; the default, each micro-batch's own
+// data-parallel ranks at ZeRO 3, a two-stage pipeline and two tensor-parallel ranks each equal it; the default, each micro-batch's own
 // mean averaged, does not. Validation divides by its own count after either.
 TEST(TrainMpi, TokenLossNormalisationIsTheWholeBatchsTokenMean) {
   const std::string prefix = dir() + "/tokloss";
@@ -937,7 +937,9 @@ TEST(TrainMpi, TokenLossNormalisationIsTheWholeBatchsTokenMean) {
   std::string err;
   ASSERT_EQ(run("train " + config("tl-whole", 4, nlohmann::json::object()), &err), 0) << err;
   ASSERT_EQ(run("train " + config("tl-gas4", 1, tokens), &err), 0) << err;
-  ASSERT_EQ(run(launch(2) + config("tl-dp2", 1, tokens), &err), 0) << err;
+  nlohmann::json zero = tokens;  // and with the gradients reduce-scattered into ZeRO 3's shards
+  zero["zero_optimization"] = {{"stage", 3}, {"reduce_bucket_size", 5000}, {"stage3_param_persistence_threshold", 0}};
+  ASSERT_EQ(run(launch(2) + config("tl-dp2", 1, zero), &err), 0) << err;
   nlohmann::json pp = tokens;
   pp["parallel"] = {{"pp", 2}};
   ASSERT_EQ(run(launch(2) + config("tl-pp2", 1, pp), &err), 0) << err;
