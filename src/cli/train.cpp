@@ -376,6 +376,15 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   // data.split: training reads split 0 of data.train's sequences, validation split 1 (none when
   // the split gives it none, as Megatron builds no validation set then).
   const bool split = !cfg.split_weights.empty();
+  // The samples each source draws (a product that wrapped built one epoch and died mid-run).
+  int64_t train_samples = 0, valid_samples_signed = 0;
+  MT_CHECK(!__builtin_mul_overflow(std::max<int64_t>(0, cfg.train_iters), cfg.batch.train_batch_size, &train_samples),
+           ErrorKind::kInvalidArgument,
+           "train_iters " + std::to_string(cfg.train_iters) + " x train_batch_size " + std::to_string(cfg.batch.train_batch_size) +
+               " overflows 64 bits");
+  MT_CHECK(!__builtin_mul_overflow(std::max<int64_t>(0, cfg.eval_iters), cfg.batch.micro_batch_per_gpu, &valid_samples_signed),
+           ErrorKind::kInvalidArgument,
+           "eval_iters " + std::to_string(cfg.eval_iters) + " x train_micro_batch_size_per_gpu overflows 64 bits");
   // data.eod_mask_loss: training and validation alike, as Megatron's datasets mask both.
   int32_t eod = -1;
   if (cfg.eod_mask_loss) {
@@ -383,12 +392,11 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     eod = engine::corpus_eod_id(cfg, &from);
     if (lead) std::fprintf(stderr, "data.eod_mask_loss: the target after token %d (%s) is not trained\n", eod, from.c_str());
   }
-  DataSource train_data = open_data(cfg, cfg.train_spec, "data.train", cfg.shuffle,
-                                    static_cast<uint64_t>(std::max<int64_t>(0, cfg.train_iters) * cfg.batch.train_batch_size),
-                                    split ? 0 : -1, eod);
+  DataSource train_data =
+      open_data(cfg, cfg.train_spec, "data.train", cfg.shuffle, static_cast<uint64_t>(train_samples), split ? 0 : -1, eod);
   DataSource valid_data;
   bool valid = false;
-  const uint64_t valid_samples = static_cast<uint64_t>(std::max<int64_t>(0, cfg.eval_iters) * cfg.batch.micro_batch_per_gpu);
+  const uint64_t valid_samples = static_cast<uint64_t>(valid_samples_signed);
   if (split && data::megatron_split_sequences(cfg.split_weights, 1, 1)) {
     valid_data = open_data(cfg, cfg.train_spec, "data.split", false, valid_samples, 1, eod);
     valid = true;

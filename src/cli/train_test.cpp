@@ -312,6 +312,9 @@ TEST(Train, MegatronSampleOrderReadsGptDatasetsSamples) {
       {{{"data", {{"train", clean}, {"sample_order", "megatron"}, {"shuffle", false}}}}, "data.shuffle: false with sample_order"},
       {{{"data", {{"train", clean}, {"sample_order", "megatron"}, {"seed", 4294967296}}}}, "numpy's RandomState takes a seed"},
       {{{"data", {{"train", clean}, {"sample_order", "random"}}}}, "data.sample_order: \"random\" is not an order"},
+      // train_iters x train_batch_size past 64 bits wrapped to 0: one epoch built, a death mid-run
+      {{{"data", {{"train", clean}, {"sample_order", "megatron"}}}, {"train_iters", 4611686018427387904LL}},
+       "x train_batch_size 4 overflows 64 bits"},
   };
   for (const auto& [extra, message] : refused) {
     cfg = write_config("mo-refused", extra);

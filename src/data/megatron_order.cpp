@@ -64,9 +64,10 @@ void MegatronOrder::build(uint64_t num_samples, uint32_t seed) {
   const uint64_t T = static_cast<uint64_t>(T_);
 
   // Epochs: the fewest holding num_samples · T + 1 tokens (the extra token is the last target).
+  // (by division: a loop of epochs ran for hours on a train_iters of 1e15 before refusing it)
   const unsigned __int128 wanted = static_cast<unsigned __int128>(num_samples) * T + 1;
-  uint64_t epochs = 1;
-  for (unsigned __int128 have = S; have < wanted; have += S) ++epochs;
+  const unsigned __int128 need = (wanted + S - 1) / S;
+  const uint64_t epochs = need > 0xffffffffull ? 0xffffffffull : static_cast<uint64_t>(std::max<unsigned __int128>(need, 1));
   MT_CHECK(epochs <= 0x7fffffffull && static_cast<unsigned __int128>(epochs) * lengths_.size() < (1ull << 31),
            ErrorKind::kInvalidArgument,
            "Megatron sample order: " + std::to_string(num_samples) + " samples of " + std::to_string(T_) + " tokens need " +
@@ -131,6 +132,13 @@ void MegatronOrder::build(uint64_t num_samples, uint32_t seed) {
   if (M < 0xffffffffull - 1) shuffle_into(&shuffle32_);
   else shuffle_into(&shuffle64_);
   size_ = M;
+}
+
+double MegatronOrder::index_bytes(uint64_t num_sequences, uint64_t tokens, int T, uint64_t num_samples) {
+  const double t = static_cast<double>(tokens), n = static_cast<double>(num_samples) * T + 1;
+  const double epochs = std::max(1.0, std::ceil(n / std::max(t, 1.0)));
+  const double built = epochs * t / T;  // M
+  return epochs * static_cast<double>(num_sequences) * 4 + built * 8 + built * (built < 4294967294.0 ? 4 : 8);
 }
 
 std::vector<MegatronPiece> MegatronOrder::pieces(uint64_t k) const {

@@ -62,6 +62,10 @@ struct MegatronPiece {
 
 class MegatronOrder {
  public:
+  // The bytes the indices of num_samples samples over these sequences take (a run checks them
+  // against the machine's memory before building them).
+  static double index_bytes(uint64_t num_sequences, uint64_t tokens, int T, uint64_t num_samples);
+
   // Over sequences 0..n−1 of these lengths (a split's, renumbered from 0).
   // num_samples 0 is Megatron's None: one epoch.
   // REQUIRES: T >= 1, sequence_lengths' sum >= 2 (Megatron asserts > 1 tokens).

@@ -294,6 +294,17 @@ TEST(MegatronOrder, RefusesSeedsNumpyRefusesAndSamplesNotBuilt) {
   stream.sample(6, in.data(), tg.data());
   EXPECT_THROW(stream.sample(7, in.data(), tg.data()), Error);
   EXPECT_THROW(stream.window_start(0), Error);  // a sample is pieces, not one window
+  // A run of 1e15 samples is refused at once: its indices would not fit this machine (the epochs
+  // were counted one by one before, for hours, ignoring signals), and the order itself refuses
+  // more epochs than Megatron's int32 document index holds.
+  TokenStream huge(ds, 8, true, 3);
+  try {
+    huge.set_megatron_order(1'000'000'000'000'000ull);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("GiB of indices, more than half of this machine's"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(MegatronOrder(std::vector<int32_t>{30, 30}, 8, 1'000'000'000'000'000ull, 0), Error);
 }
 
 }  // namespace

@@ -2,7 +2,10 @@
 #include "data/token_source.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
+
+#include <unistd.h>
 
 #include "base/error.h"
 
@@ -57,7 +60,8 @@ TokenSource::TokenSource(const std::vector<TokenSourcePart>& parts, const TokenS
                name + ": " + p.prefix + "'s weight " + std::to_string(p.weight) + " must be > 0 (Megatron's BlendedDataset asserts it)");
       given.push_back(p.weight);
     }
-    MT_CHECK(numpy_sum(given) > 0.0, ErrorKind::kInvalidArgument, name + ": the blend's weights sum to 0");
+    MT_CHECK(numpy_sum(given) > 0.0 && std::isfinite(numpy_sum(given)), ErrorKind::kInvalidArgument,
+             name + ": the blend's weights sum to " + std::to_string(numpy_sum(given)) + " (they must add up to a finite number)");
     weights = megatron_normalize(given);
     size_ = 0;
     for (size_t d = 0; d < parts_.size(); ++d) {
@@ -80,6 +84,11 @@ TokenSource::TokenSource(const std::vector<TokenSourcePart>& parts, const TokenS
                  " samples of seq_length; the run draws " + std::to_string(N) + ": give each dataset a weight");
     weights = megatron_normalize(weights);
   }
+  const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  MT_CHECK(memory <= 0 || static_cast<double>(size_) * 10.0 <= memory / 2, ErrorKind::kInvalidArgument,
+           name + ": the blend's index of " + std::to_string(size_) + " samples (train_iters x train_batch_size) needs " +
+               std::to_string(static_cast<int64_t>(static_cast<double>(size_) * 10.0 / 1073741824.0)) +
+               " GiB, more than half of this machine's memory");
   blend_ = std::make_unique<MegatronBlend>(weights, size_);
 }
 

@@ -150,6 +150,12 @@ TEST(TokenSource, AnUnweightedBlendShorterThanTheRunIsRefused) {
         << e.what();
   }
   o.weighted = true;
+  try {  // weights whose sum overflows (it said "sample 0 is past the blend's 0")
+    TokenSource s({{dir.path() + "/a", "", 1e308}, {dir.path() + "/b", "", 1e308}}, o);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("they must add up to a finite number"), std::string::npos) << e.what();
+  }
   TokenSource weighted({{dir.path() + "/a", "", 1}, {dir.path() + "/b", "", 3}}, o);  // meshtrain's order: any length
   EXPECT_EQ(weighted.size(), 100000u);
   std::vector<int32_t> in(16), tg(16);

@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include <unistd.h>
+
 #include "base/error.h"
 
 namespace mt::data {
@@ -71,6 +73,12 @@ void TokenStream::set_megatron_order(uint64_t num_samples) {
   MT_CHECK(seed_ <= 0xffffffffull, ErrorKind::kInvalidArgument,
            dataset_.prefix() + ": Megatron's sample order takes a seed in [0, 2^32 - 1] (numpy's RandomState), not " +
                std::to_string(seed_));
+  const double bytes = MegatronOrder::index_bytes(end_ - first_, S_, T_, num_samples);
+  const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  MT_CHECK(memory <= 0 || bytes <= memory / 2, ErrorKind::kInvalidArgument,
+           dataset_.prefix() + ": Megatron's order for " + std::to_string(num_samples) + " samples (train_iters x train_batch_size) "
+           "needs " + std::to_string(static_cast<int64_t>(bytes / 1073741824.0)) + " GiB of indices, more than half of this "
+           "machine's " + std::to_string(static_cast<int64_t>(memory / 1073741824.0)) + " GiB");
   std::vector<int32_t> lengths(end_ - first_);
   for (uint64_t i = 0; i < lengths.size(); ++i) lengths[i] = static_cast<int32_t>(dataset_.sequence_length(first_ + i));
   megatron_ = std::make_unique<MegatronOrder>(std::move(lengths), T_, num_samples, static_cast<uint32_t>(seed_));

@@ -26,9 +26,20 @@
 #include "engine/json_file.h"
 #include "nn/tp_split.h"
 #include "parallel/context.h"
+#include "data/megatron_order.h"
 
 namespace mt::engine {
 namespace fs = std::filesystem;
+namespace {
+
+// train_iters x train_batch_size, the samples a run draws (-1 where the product overflows).
+int64_t run_samples(const RunConfig& c) {
+  int64_t n = 0;
+  return __builtin_mul_overflow(c.train_iters, c.batch.train_batch_size, &n) ? -1 : n;
+}
+
+}  // namespace
+
 namespace {
 
 void fsync_dir(const fs::path& dir) {
@@ -498,7 +509,7 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                                         {"shuffle", engine.config().shuffle},
                                         {"sample_order", engine.config().sample_order},
                                         {"split", engine.config().split},
-                                        {"order_samples", engine.config().train_iters * engine.config().batch.train_batch_size},
+                                        {"order_samples", run_samples(engine.config())},
                                         {"train", engine.config().data_train}}},
                               {"tokenizer", engine.config().tokenizer.empty() ? std::string()
                                                                               : fs::absolute(engine.config().tokenizer).string()},
@@ -869,10 +880,18 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
       if (their_order != c.sample_order)
         log_warning((dir / "state.json").string() + ": written with data.sample_order \"" + their_order + "\"; this run's is \"" +
                     c.sample_order + "\", so the data order will not continue the checkpoint's");
-      if (d.value("split", std::string()) != c.split)
+      const std::string their_split = d.value("split", std::string());
+      bool same_split = their_split == c.split;
+      if (!same_split && !their_split.empty() && !c.split.empty()) {  // "969,30,1" is "969, 30, 1"
+        try {
+          same_split = data::megatron_split_parse(their_split) == c.split_weights;
+        } catch (const Error&) {
+        }
+      }
+      if (!same_split)
         log_warning((dir / "state.json").string() + ": written with data.split \"" + d.value("split", std::string()) +
                     "\"; this run's is \"" + c.split + "\", so it trains on other sequences than the checkpoint's");
-      const int64_t samples = c.train_iters * c.batch.train_batch_size;
+      const int64_t samples = run_samples(c);
       if (their_order == "megatron" && c.sample_order == "megatron" && d.contains("order_samples") &&
           d["order_samples"].get<int64_t>() != samples)
         log_warning((dir / "state.json").string() + ": Megatron's order was built for " +

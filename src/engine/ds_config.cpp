@@ -176,6 +176,12 @@ class Section {
         const json& v = it.value();
         if (e->second == Unparsed::kRefuseIfEnabledPydantic) {
           MT_CHECK(v.is_object(), ErrorKind::kInvalidArgument, where(k) + " must be an object (DeepSpeed's config model)");
+          // DeepSpeed's HybridEngineConfig forbids other keys (pydantic's extra="forbid").
+          for (const auto& [key, ignored] : v.items())
+            MT_CHECK(key == "enabled" || key == "max_out_tokens" || key == "inference_tp_size" ||
+                         key == "release_inference_cache" || key == "pin_parameters" || key == "tp_gather_partition_size" ||
+                         key == "enable_cuda_graph",
+                     ErrorKind::kInvalidArgument, where(k) + "." + key + ": not a key of DeepSpeed's hybrid_engine (it refuses it too)");
           const std::optional<bool> on = v.contains("enabled") ? pydantic_bool(v["enabled"]) : std::optional<bool>(false);
           MT_CHECK(on.has_value(), ErrorKind::kInvalidArgument,
                    where(k) + ".enabled: " + v["enabled"].dump() + " is not a boolean (DeepSpeed's config model refuses it too)");
@@ -924,6 +930,11 @@ void parse_data(Section& root, RunConfig& c) {
              d.where("split") + " cuts data.train into training and validation sequences; data.valid names another "
              "validation set (Megatron refuses --split with per-split paths too): give one or the other");
   }
+  // A weighted list of one dataset: Megatron blends it (with the surplus) only from --data-path,
+  // which data.split stands for; its per-split paths (--train-data-path, --valid-data-path: data.train
+  // without data.split, data.valid) build a single dataset alone, its weight unused.
+  if (c.train_spec.paths.size() == 1 && c.split.empty()) c.train_spec.blend = false;
+  if (c.valid_spec.paths.size() == 1) c.valid_spec.blend = false;
   if (c.sample_order == "megatron") {
     // Megatron's GPTDataset always shuffles, from numpy.random.RandomState(seed).
     MT_CHECK(c.shuffle, ErrorKind::kInvalidArgument,

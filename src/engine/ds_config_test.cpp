@@ -612,8 +612,17 @@ TEST(DsConfig, MegatronSampleOrderIsReadAndWhatItCannotBeIsRefused) {
   EXPECT_FALSE(c.train_spec.weighted);
   k["data"]["train"] = {"a"};
   EXPECT_FALSE(ds_config_parse(k, "cfg.json").train_spec.blend);  // built alone, as Megatron builds it
+  // A weighted list of one: built alone as Megatron's --train-data-path builds it, blended (its
+  // 0.5 % surplus) as its --data-path does, which data.split stands for; data.valid alone always.
   k["data"]["train"] = {"1", "a"};
-  EXPECT_TRUE(ds_config_parse(k, "cfg.json").train_spec.blend);  // a weighted list of one is a blend there
+  EXPECT_FALSE(ds_config_parse(k, "cfg.json").train_spec.blend);
+  k["data"]["split"] = "9,1";
+  EXPECT_TRUE(ds_config_parse(k, "cfg.json").train_spec.blend);
+  k["data"].erase("split");
+  k["data"]["valid"] = {"1", "a"};
+  EXPECT_FALSE(ds_config_parse(k, "cfg.json").valid_spec.blend);
+  k["data"].erase("valid");
+  k["data"]["train"] = {"1e308", "a", "1e308", "b"};  // parsed; the sum's overflow is refused when the blend is built
   k["data"]["train"] = {"0.3", "a", "b", "c"};
   EXPECT_NE(error_of(k).find("data.train: some of the blend's weights are numbers and some are not"), npos) << error_of(k);
   k["data"]["train"] = {"-1", "a", "2", "b"};
@@ -882,6 +891,10 @@ TEST(DsCompat, ABlockWithoutEnabledIsARequestOrSaysItIsOff) {
     j.update(on);
     EXPECT_NE(error_of(j).find("hybrid_engine is not supported yet"), std::string::npos) << on.dump();
   }
+  j = base();
+  j["hybrid_engine"] = {{"enabled", false}, {"max_out_token", 256}};  // DeepSpeed's model forbids unknown keys
+  EXPECT_NE(error_of(j).find("hybrid_engine.max_out_token: not a key of DeepSpeed's hybrid_engine"), std::string::npos)
+      << error_of(j);
   for (const nlohmann::json& bad : {nlohmann::json{{"hybrid_engine", {{"enabled", "maybe"}}}},
                                     nlohmann::json{{"hybrid_engine", {{"enabled", 2}}}},
                                     nlohmann::json{{"hybrid_engine", {{"enabled", nullptr}}}}}) {

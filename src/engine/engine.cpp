@@ -682,19 +682,35 @@ StepResult Engine::step() {
   return r;
 }
 
+void Engine::sum_counts_over_ranks(std::vector<double>* counts) {
+  if (world() == 1 || counts->empty()) return;
+  // Each digit sums exactly in f32 over up to 4096 ranks (4096 · 4095 < 2^24).
+  std::vector<float> digits(counts->size() * 3);
+  for (size_t i = 0; i < counts->size(); ++i) {
+    const double v = (*counts)[i];
+    MT_CHECK(v >= 0 && v < 68719476736.0 && v == std::floor(v), ErrorKind::kInternal, "a count to sum is not an integer below 2^36");
+    const int64_t n = static_cast<int64_t>(v);
+    digits[3 * i] = static_cast<float>(n >> 24);
+    digits[3 * i + 1] = static_cast<float>((n >> 12) & 4095);
+    digits[3 * i + 2] = static_cast<float>(n & 4095);
+  }
+  comm::AllReduceOptions o;
+  o.tag = "sum of counts";
+  o.timeout = timeout();
+  dp_->all_reduce(digits.data(), digits.size(), DType::kF32, o)->wait();
+  for (size_t i = 0; i < counts->size(); ++i)
+    (*counts)[i] = std::ldexp(static_cast<double>(digits[3 * i]), 24) + std::ldexp(static_cast<double>(digits[3 * i + 1]), 12) +
+                   static_cast<double>(digits[3 * i + 2]);
+}
+
 void Engine::set_step_tokens(const int32_t* targets, size_t micro_numel, int micro_batches) {
   model_.set_loss_denominator(0.0);
   if (config_.loss_normalization != "tokens") return;
-  int64_t count = 0;
-  for (size_t i = 0; i < micro_numel * static_cast<size_t>(micro_batches); ++i) count += targets[i] != -100;
-  if (world() > 1) {  // summed exactly: three base-2^12 digits in f32, exact to 4096 ranks
-    float digits[3] = {static_cast<float>(count >> 24), static_cast<float>((count >> 12) & 4095), static_cast<float>(count & 4095)};
-    comm::AllReduceOptions o;
-    o.tag = "step tokens";
-    o.timeout = timeout();
-    dp_->all_reduce(digits, 3, DType::kF32, o)->wait();
-    count = (static_cast<int64_t>(digits[0]) << 24) + (static_cast<int64_t>(digits[1]) << 12) + static_cast<int64_t>(digits[2]);
-  }
+  int64_t local = 0;
+  for (size_t i = 0; i < micro_numel * static_cast<size_t>(micro_batches); ++i) local += targets[i] != -100;
+  std::vector<double> counts{static_cast<double>(local)};
+  sum_counts_over_ranks(&counts);
+  const int64_t count = static_cast<int64_t>(counts[0]);
   // Each micro-batch's scale carries 1/micro_batches and the ranks' average 1/W: dividing its
   // token losses by count / (micro_batches · W) makes the step's gradient their sum over count.
   const auto [pre, post] = grad_average_factors();
@@ -702,11 +718,13 @@ void Engine::set_step_tokens(const int32_t* targets, size_t micro_numel, int mic
 }
 
 StepResult Engine::train_batch(const MicroBatchFn& next) {
-  if (ctx_->pp() > 1) {
-    StepResult r = train_pipeline(next);
-    model_.set_loss_denominator(0.0);  // evaluation divides by its own count
-    return r;
-  }
+  // loss_normalization "tokens" sets the model's denominator for the step; evaluation divides by
+  // its own count, whether the step returns or throws.
+  struct ResetDenominator {
+    models::TransformerLM& model;
+    ~ResetDenominator() { model.set_loss_denominator(0.0); }
+  } reset{model_};
+  if (ctx_->pp() > 1) return train_pipeline(next);
   if (config_.loss_normalization == "tokens") {
     // The step's targets are counted over the data-parallel group before its first micro-batch.
     const int B = model_.batch();
@@ -721,9 +739,7 @@ StepResult Engine::train_batch(const MicroBatchFn& next) {
       std::copy_n(targets.data() + m * n, n, tgt);
       ++m;
     };
-    StepResult r = train_micro_batches(stored);
-    model_.set_loss_denominator(0.0);
-    return r;
+    return train_micro_batches(stored);
   }
   return train_micro_batches(next);
 }

@@ -92,6 +92,9 @@ class Engine {
   // loss_normalization "tokens": counts the step's targets (micro_batches of micro_numel) over the
   // data-parallel group and sets the model's loss denominator for the step; otherwise clears it.
   void set_step_tokens(const int32_t* targets, size_t micro_numel, int micro_batches);
+  // counts[i] := their sum over the data-parallel ranks, exactly (non-negative integers below 2^36:
+  // three base-2^12 digits each in one f32 all-reduce).
+  void sum_counts_over_ranks(std::vector<double>* counts);
   // Mean loss of a micro-batch without touching gradients (through every stage of a pipeline:
   // collective over the pp group, every stage gets the loss).
   float evaluate(const int32_t* tokens, const int32_t* targets);
