@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/file_io.h"
 #include "base/scratch_dir.h"
+#include "data/data_test_util.h"
 #include "data/indexed_dataset.h"
 #include "data/megatron_oracle_test_util.h"
 #include "data/token_stream.h"
@@ -23,24 +24,9 @@
 namespace mt::data {
 namespace {
 
-// One document per length (a length of 0 an empty sequence), tokens from a fixed rule; returns
-// them end to end.
+// One document (one sequence) per length, a length of 0 an empty one; returns the tokens end to end.
 std::vector<int32_t> write_sequences(const std::string& prefix, const std::vector<int>& lengths, int64_t vocab = 1000) {
-  IndexedDatasetWriter w(prefix, vocab);
-  std::vector<int32_t> all;
-  uint32_t x = 777;
-  for (int n : lengths) {
-    std::vector<int32_t> seq;
-    for (int k = 0; k < n; ++k) {
-      x = x * 1103515245u + 12345u;
-      seq.push_back(static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab)));
-    }
-    w.add_sequence(seq);
-    w.end_document();
-    all.insert(all.end(), seq.begin(), seq.end());
-  }
-  w.finalize();
-  return all;
+  return testing::write_lcg_documents(prefix, lengths, vocab, 777, false);
 }
 
 using testing::have_numpy;

@@ -18,6 +18,7 @@
 #include "base/error.h"
 #include "base/file_io.h"
 #include "base/scratch_dir.h"
+#include "data/data_test_util.h"
 #include "data/indexed_dataset.h"
 
 #ifndef MT_SOURCE_DIR
@@ -27,27 +28,10 @@
 namespace mt::data {
 namespace {
 
-// Writes documents of the given lengths, each a single sequence split in two where it is long
-// enough, with token values from a fixed pseudo-random rule; returns the concatenated stream.
-std::vector<int32_t> write_docs(const std::string& prefix, const std::vector<int>& doc_lengths,
-                                int64_t vocab = 50000) {
-  IndexedDatasetWriter w(prefix, vocab);
-  std::vector<int32_t> stream;
-  uint32_t x = 12345;
-  for (int n : doc_lengths) {
-    std::vector<int32_t> doc;
-    for (int k = 0; k < n; ++k) {
-      x = x * 1103515245u + 12345u;
-      doc.push_back(static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab)));
-    }
-    size_t half = doc.size() / 2;
-    w.add_sequence(std::span<const int32_t>(doc.data(), half));
-    w.add_sequence(std::span<const int32_t>(doc.data() + half, doc.size() - half));
-    w.end_document();
-    stream.insert(stream.end(), doc.begin(), doc.end());
-  }
-  w.finalize();
-  return stream;
+// Writes documents of the given lengths, each two sequences (its halves), with token values from a
+// fixed pseudo-random rule; returns the concatenated stream.
+std::vector<int32_t> write_docs(const std::string& prefix, const std::vector<int>& doc_lengths, int64_t vocab = 50000) {
+  return testing::write_lcg_documents(prefix, doc_lengths, vocab, 12345, true);
 }
 
 // The window of T + 1 tokens from stream position start, wrapping around.
