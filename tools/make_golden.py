@@ -84,13 +84,15 @@ def write_safetensors(path: str, tensors: dict[str, torch.Tensor],
     os.replace(tmp, path)
 
 
-def make_golden(cfg: dict, batch: int, seq: int, steps: int) -> tuple[dict, dict]:
-    """Tensors and metadata of one golden file."""
+def make_golden(cfg: dict, batch: int, seq: int, steps: int, plant=None) -> tuple[dict, dict]:
+    """Tensors and metadata of one golden file; plant(tokens) edits the drawn tokens in place."""
     model = tm.build_model(cfg).float()
     torch.manual_seed(SEED)
     tm.init_params(model)
     vocab = cfg["vocab_size"]
     tokens = torch.randint(0, vocab, (batch, seq), dtype=torch.int64)
+    if plant is not None:
+        plant(tokens)
     targets = torch.randint(0, vocab, (batch, seq), dtype=torch.int64)
     targets[IGNORE_POS] = -100
 
@@ -152,6 +154,16 @@ def make_dropout_golden(cfg: dict, batch: int, seq: int, steps: int) -> tuple[di
 
     masks = Masks()
     # make_golden runs logits = model(tokens) once per step: set the step's masks before each.
+    return make_golden_around_forward(c, batch, seq, steps, lambda tokens: masks.next(), _clear_dropout)
+
+
+def _clear_dropout():
+    tm.DROPOUT = None
+
+
+def make_golden_around_forward(cfg: dict, batch: int, seq: int, steps: int, before, after,
+                               plant=None) -> tuple[dict, dict]:
+    """make_golden with before(tokens) run before each forward of the model and after() after it."""
     real_build = tm.build_model
 
     def build(cfg_):
@@ -159,20 +171,49 @@ def make_dropout_golden(cfg: dict, batch: int, seq: int, steps: int) -> tuple[di
         fwd = model.forward
 
         def forward(tokens):
-            masks.next()
+            before(tokens)
             try:
                 return fwd(tokens)
             finally:
-                tm.DROPOUT = None
+                after()
         model.forward = forward
         return model
 
     tm.build_model = build
     try:
-        return make_golden(c, batch, seq, steps)
+        return make_golden(cfg, batch, seq, steps, plant)
     finally:
         tm.build_model = real_build
-        tm.DROPOUT = None
+        after()
+
+
+# Documents' golden files (Megatron's reset_position_ids / reset_attention_mask): make_golden's
+# batch with DOC_EOD at DOC_ENDS (row, positions), and nowhere else: a document ending at the first
+# token, two EODs in a row and one at the last token. Each forward gets tm.Documents of its tokens.
+DOC_EOD = 5
+DOC_ENDS = {0: (4, 11), 1: (0, 7, 8, 15)}
+DOC_VARIANTS = {"": (True, True), "positions-": (True, False), "attention-": (False, True)}
+
+
+def make_documents_golden(cfg: dict, batch: int, seq: int, steps: int, positions: bool,
+                          attention: bool) -> tuple[dict, dict]:
+    def plant(tokens):
+        tokens[tokens == DOC_EOD] = DOC_EOD + 1
+        for row, ends in DOC_ENDS.items():
+            for t in ends:
+                if row < tokens.shape[0] and t < tokens.shape[1]:
+                    tokens[row, t] = DOC_EOD
+
+    def before(tokens):
+        tm.DOCUMENTS = tm.Documents(tokens, DOC_EOD, positions, attention)
+
+    def after():
+        tm.DOCUMENTS = None
+
+    out, metadata = make_golden_around_forward(cfg, batch, seq, steps, before, after, plant)
+    metadata.update({"eod": str(DOC_EOD), "reset_position_ids": str(int(positions)),
+                     "reset_attention_mask": str(int(attention))})
+    return out, metadata
 
 
 ENGINE_STEPS, ENGINE_MICRO, ENGINE_ACCUM, ENGINE_SEQ = 5, 2, 2, 16
@@ -350,6 +391,13 @@ def main() -> int:
         write_safetensors(path, tensors, metadata)
         print(f"wrote {path}: dropout, loss {tensors['loss'].item():.6f}, "
               f"step_losses {[round(x, 6) for x in tensors['step_losses'].tolist()]}")
+    for name in MODELS:
+        cfg = tm.load_config(os.path.join(args.configs, name + ".json"))
+        for prefix, (positions, attention) in DOC_VARIANTS.items():
+            tensors, metadata = make_documents_golden(cfg, args.batch, args.seq, args.steps, positions, attention)
+            path = os.path.join(args.out, "documents-" + prefix + name + ".safetensors")
+            write_safetensors(path, tensors, metadata)
+            print(f"wrote {path}: documents, loss {tensors['loss'].item():.6f}")
     for name in MODELS:
         cfg = tm.load_config(os.path.join(args.configs, name + ".json"))
         tensors, metadata = make_cls_golden(cfg)

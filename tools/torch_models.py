@@ -117,6 +117,34 @@ class TorchDropout:
 DROPOUT: DropoutMasks | TorchDropout | None = None
 
 
+class Documents:
+    """Documents packed into a sample, as Megatron-LM's get_ltor_masks_and_position_ids builds its
+    masks (written from that function's definition): after each ``eod`` token of ``tokens`` [B, T]
+    a document starts. ``reset_position_ids``: positions after an EOD count again from 0;
+    ``reset_attention_mask``: rows after an EOD see no key up to it. ``position_ids`` [B, T] long;
+    ``mask`` [B, 1, T, T] bool, True where a query sees a key (causal included)."""
+
+    def __init__(self, tokens: torch.Tensor, eod: int, reset_position_ids: bool,
+                 reset_attention_mask: bool):
+        b, t = tokens.shape
+        mask = torch.tril(torch.ones((b, t, t))).view(b, 1, t, t)
+        pos = torch.arange(t, dtype=torch.long).unsqueeze(0).repeat(b, 1)
+        for i in range(b):
+            prev = 0
+            for k in [int(x) for x in torch.nonzero(tokens[i] == eod).flatten()]:
+                if reset_attention_mask:
+                    mask[i, 0, k + 1:, :k + 1] = 0
+                if reset_position_ids:
+                    pos[i, k + 1:] -= k + 1 - prev
+                    prev = k + 1
+        self.position_ids = pos
+        self.mask = mask > 0.5
+
+
+# Set around a forward: its tokens' documents (Megatron's masks and positions); None: one sequence.
+DOCUMENTS: Documents | None = None
+
+
 # ----------------------------------------------------------------------------------------------
 # GPT-2
 # ----------------------------------------------------------------------------------------------
@@ -179,7 +207,7 @@ class GPT2Attention(nn.Module):
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
         w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(v.size(-1))
-        causal = self.bias[:, :, :t, :t]
+        causal = self.bias[:, :, :t, :t] if DOCUMENTS is None else DOCUMENTS.mask
         w = w.masked_fill(~causal, torch.finfo(w.dtype).min)
         w = F.softmax(w, dim=-1)
         if DROPOUT is not None:
@@ -236,6 +264,8 @@ class GPT2Model(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.size(1)
         pos = torch.arange(t, dtype=torch.long, device=tokens.device).unsqueeze(0)
+        if DOCUMENTS is not None:
+            pos = DOCUMENTS.position_ids  # Hugging Face's position_ids argument
         x = self.wte(tokens) + self.wpe(pos)
         if DROPOUT is not None:
             x = DROPOUT.rows(x, 0, SITE_EMBEDDING, self.embd_pdrop)
@@ -333,11 +363,16 @@ class LlamaAttention(nn.Module):
         k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         cos, sin = self._cos_sin(t, x.device)
+        if DOCUMENTS is not None:  # Hugging Face's position_ids: each row's angles, [B, 1, T, hs]
+            cos = cos[DOCUMENTS.position_ids].unsqueeze(1)
+            sin = sin[DOCUMENTS.position_ids].unsqueeze(1)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         k = repeat_kv(k, self.n_head // self.n_kv)
         v = repeat_kv(v, self.n_head // self.n_kv)
         w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        if DOCUMENTS is not None:
+            causal = DOCUMENTS.mask
         w = w.masked_fill(~causal, torch.finfo(w.dtype).min)
         w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
         if DROPOUT is not None:

@@ -249,6 +249,7 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   in.seq_length = static_cast<int>(c.seq_length);
   in.compute_dtype = c.compute_dtype;
   in.recompute = c.activation_checkpointing;
+  in.documents = c.reset_position_ids || c.reset_attention_mask;
   in.optimizer_states = planner::optimizer_state_count(c.optimizer);
   MT_CHECK(c.processes == procs, ErrorKind::kInternal, "estimate: the configuration was resolved for another process count");
   in.world = c.world_size;  // data-parallel ranks: procs / parallel.tp

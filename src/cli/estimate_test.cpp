@@ -53,6 +53,7 @@ nlohmann::json tiny_config(const std::string& arch, bool bf16, bool recompute) {
 struct Case {
   std::string arch;
   bool bf16, recompute;
+  bool documents = false;  // data.reset_position_ids and reset_attention_mask: each slot's positions and key starts
 };
 
 class EstimateMeasured : public ::testing::TestWithParam<Case> {};
@@ -61,7 +62,9 @@ class EstimateMeasured : public ::testing::TestWithParam<Case> {};
 // category's accounted peak, above what was in use before, with the estimate.
 TEST_P(EstimateMeasured, Stage0PeaksMatch) {
   const Case& k = GetParam();
-  engine::RunConfig c = engine::ds_config_parse(tiny_config(k.arch, k.bf16, k.recompute), "test");
+  nlohmann::json j = tiny_config(k.arch, k.bf16, k.recompute);
+  if (k.documents) j["data"] = {{"reset_position_ids", true}, {"reset_attention_mask", true}, {"eod_id", 5}};
+  engine::RunConfig c = engine::ds_config_parse(j, "test");
   Allocator& a = Allocator::global();
   MemStats before = a.stats();
   a.reset_peaks();
@@ -93,10 +96,11 @@ TEST_P(EstimateMeasured, Stage0PeaksMatch) {
 INSTANTIATE_TEST_SUITE_P(Models, EstimateMeasured,
                          ::testing::Values(Case{"gpt2", false, false}, Case{"gpt2", true, false},
                                            Case{"llama", false, false}, Case{"llama", true, false},
-                                           Case{"gpt2", true, true}, Case{"llama", false, true}),
+                                           Case{"gpt2", true, true}, Case{"llama", false, true},
+                                           Case{"gpt2", false, false, true}, Case{"llama", true, true, true}),
                          [](const auto& info) {
                            return info.param.arch + (info.param.bf16 ? "_bf16" : "_fp32") +
-                                  (info.param.recompute ? "_recompute" : "");
+                                  (info.param.recompute ? "_recompute" : "") + (info.param.documents ? "_documents" : "");
                          });
 
 // The setup peak (StageEstimate::setup): building the engine at ZeRO stages 1-3 (a group of one).

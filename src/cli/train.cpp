@@ -392,6 +392,13 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     eod = engine::corpus_eod_id(cfg, &from);
     if (lead) std::fprintf(stderr, "data.eod_mask_loss: the target after token %d (%s) is not trained\n", eod, from.c_str());
   }
+  if (lead && (cfg.reset_position_ids || cfg.reset_attention_mask)) {
+    std::string from;
+    const int32_t id = engine::corpus_eod_id(cfg, &from);
+    std::fprintf(stderr, "%s%s: a document ends at token %d (%s)\n", cfg.reset_position_ids ? "data.reset_position_ids" : "",
+                 cfg.reset_attention_mask ? (cfg.reset_position_ids ? ", data.reset_attention_mask" : "data.reset_attention_mask") : "",
+                 id, from.c_str());
+  }
   DataSource train_data =
       open_data(cfg, cfg.train_spec, "data.train", cfg.shuffle, static_cast<uint64_t>(train_samples), split ? 0 : -1, eod);
   DataSource valid_data;

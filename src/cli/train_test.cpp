@@ -963,6 +963,75 @@ TEST(TrainMpi, TokenLossNormalisationIsTheWholeBatchsTokenMean) {
   EXPECT_GT(apart, 1e-3) << "the micro-batches' counts differ too little to tell the normalisations apart";
 }
 
+// data.reset_position_ids and data.reset_attention_mask (Megatron's): documents end at token 5
+// (data.eod_id), every few tokens, so every sample packs several. The numerics are PyTorch's
+// (engine/golden_test.cpp's GoldenDocuments); here the keys reach the model (the plain run trains
+// something else, and each flag alone differs from both), and tensor parallelism with sequence
+// parallelism, a two-stage pipeline and two data-parallel ranks at ZeRO 3 train the one process's
+// losses and validation, GPT-2 with both flags and LLaMA with positions alone (its RoPE).
+TEST(TrainMpi, DocumentsTrainAsOneProcessInEveryLayout) {
+  const std::string prefix = dir() + "/docs";
+  {
+    mt::data::IndexedDatasetWriter w(prefix, 97);
+    std::vector<int32_t> tokens;
+    for (int q = 0; q < 1200; ++q) tokens.push_back(q % 7 == 3 || q % 11 == 0 ? 5 : static_cast<int32_t>(6 + (q * 37 + q / 13) % 91));
+    w.add_sequence(tokens);
+    w.end_document();
+    w.finalize();
+  }
+  const nlohmann::json llama = {{"model_type", "llama"}, {"vocab_size", 97}, {"hidden_size", 48}, {"intermediate_size", 96},
+                                {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                                {"max_position_embeddings", 32}, {"tie_word_embeddings", false}};
+  auto config = [&](const std::string& name, const nlohmann::json& data, const nlohmann::json& more) {
+    nlohmann::json d = {{"train", prefix}, {"valid", prefix}, {"eod_id", 5}};
+    d.update(data);
+    nlohmann::json extra = {{"data", d}, {"train_batch_size", 4}, {"train_micro_batch_size_per_gpu", 2},
+                            {"gradient_accumulation_steps", "auto"}, {"comm_timeout", 20}};
+    extra.update(more);
+    return write_config(name, extra) + " --metrics " + dir() + "/" + name + ".jsonl";
+  };
+  const nlohmann::json both = {{"reset_position_ids", true}, {"reset_attention_mask", true}};
+  const nlohmann::json none = nlohmann::json::object();
+  std::string err;
+  ASSERT_EQ(run("train " + config("doc-one", both, none), &err), 0) << err;
+  EXPECT_NE(err.find("data.reset_position_ids, data.reset_attention_mask: a document ends at token 5 (data.eod_id)"),
+            std::string::npos) << err;
+  ASSERT_EQ(run("train " + config("doc-plain", none, none), &err), 0) << err;
+  ASSERT_EQ(run("train " + config("doc-pos", {{"reset_position_ids", true}}, none), &err), 0) << err;
+  ASSERT_EQ(run("train " + config("doc-attn", {{"reset_attention_mask", true}}, none), &err), 0) << err;
+  const std::vector<double> one = losses(dir() + "/doc-one.jsonl");
+  ASSERT_EQ(one.size(), 6u);
+  for (const char* other : {"doc-plain", "doc-pos", "doc-attn"}) {
+    const std::vector<double> o = losses(dir() + "/" + other + ".jsonl");
+    ASSERT_EQ(o.size(), one.size()) << other;
+    double apart = 0.0;
+    for (size_t i = 0; i < one.size(); ++i) apart = std::max(apart, std::fabs(o[i] - one[i]) / one[i]);
+    EXPECT_GT(apart, 1e-4) << other << " trains what both flags train";
+  }
+  nlohmann::json tp = {{"parallel", {{"tp", 2}, {"sequence_parallel", true}}}};
+  ASSERT_EQ(run(launch(2) + config("doc-tp2", both, tp), &err), 0) << err;
+  ASSERT_EQ(run(launch(2) + config("doc-pp2", both, {{"parallel", {{"pp", 2}}}}), &err), 0) << err;
+  nlohmann::json zero = {{"zero_optimization", {{"stage", 3}, {"reduce_bucket_size", 5000}, {"stage3_param_persistence_threshold", 0}}}};
+  ASSERT_EQ(run(launch(2) + config("doc-dp2", both, zero), &err), 0) << err;
+  for (const char* name : {"doc-tp2", "doc-pp2", "doc-dp2"}) {
+    expect_close(one, losses(dir() + "/" + name + ".jsonl"), 1e-5, name);
+    expect_close(values(dir() + "/doc-one.jsonl", "val_loss"), values(dir() + "/" + std::string(name) + ".jsonl", "val_loss"), 1e-5,
+                 std::string(name) + " validation");
+  }
+  const nlohmann::json pos = {{"reset_position_ids", true}};
+  ASSERT_EQ(run("train " + config("doc-llama", pos, {{"model", llama}}), &err), 0) << err;
+  ASSERT_EQ(run("train " + config("doc-llama-plain", none, {{"model", llama}}), &err), 0) << err;
+  nlohmann::json llama_tp = tp;
+  llama_tp["model"] = llama;
+  ASSERT_EQ(run(launch(2) + config("doc-llama-tp2", pos, llama_tp), &err), 0) << err;
+  const std::vector<double> l1 = losses(dir() + "/doc-llama.jsonl"), lp = losses(dir() + "/doc-llama-plain.jsonl");
+  ASSERT_EQ(l1.size(), lp.size());
+  double apart = 0.0;
+  for (size_t i = 0; i < l1.size(); ++i) apart = std::max(apart, std::fabs(lp[i] - l1[i]) / l1[i]);
+  EXPECT_GT(apart, 1e-4) << "LLaMA's positions change nothing";
+  expect_close(l1, losses(dir() + "/doc-llama-tp2.jsonl"), 1e-5, "doc-llama-tp2");
+}
+
 TEST(TrainMpi, CheckpointsLoadAtAnyStageAndWorldSize) {
   write_dataset(dir() + "/train", 30);
   ASSERT_EQ(run("train " + dp_config("ref", 0) + " --metrics " + dir() + "/ref.jsonl"), 0);

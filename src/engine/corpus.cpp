@@ -219,11 +219,18 @@ int32_t corpus_eod_id(const RunConfig& cfg, std::string* from) {
     id = cfg.model_json["eos_token_id"].get<int64_t>();
     *from = "the model's eos_token_id";
   }
+ // The keys that need the id, for the messages.
+  std::string keys;
+  for (auto [on, name] : {std::pair<bool, const char*>{cfg.eod_mask_loss, "data.eod_mask_loss"},
+                          {cfg.reset_position_ids, "data.reset_position_ids"},
+                          {cfg.reset_attention_mask, "data.reset_attention_mask"}})
+    if (on) keys += (keys.empty() ? "" : ", ") + std::string(name);
+  if (keys.empty()) keys = "data.eod_id";
   MT_CHECK(id >= 0, ErrorKind::kInvalidArgument,
-           "data.eod_mask_loss: no end-of-document id: give data.eod_id, a data.tokenizer with <|endoftext|>, or the "
+           keys + ": no end-of-document id: give data.eod_id, a data.tokenizer with <|endoftext|>, or the "
            "model's eos_token_id");
   MT_CHECK(id < vocab, ErrorKind::kInvalidArgument,
-           "data.eod_mask_loss: the end-of-document id " + std::to_string(id) + " (" + *from + ") is outside the vocabulary [0, " +
+           keys + ": the end-of-document id " + std::to_string(id) + " (" + *from + ") is outside the vocabulary [0, " +
                std::to_string(vocab) + ")");
   return static_cast<int32_t>(id);
 }

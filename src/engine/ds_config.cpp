@@ -915,6 +915,9 @@ void parse_data(Section& root, RunConfig& c) {
   // Megatron's --eod-mask-loss: the token after an end-of-document is not a target.
   c.eod_mask_loss = d.boolean("eod_mask_loss", false);
   c.eod_id = d.integer("eod_id", -1);
+  // Megatron's --reset-position-ids and --reset-attention-mask: the documents a sample packs.
+  c.reset_position_ids = d.boolean("reset_position_ids", false);
+  c.reset_attention_mask = d.boolean("reset_attention_mask", false);
   MT_CHECK(c.eod_id >= -1, ErrorKind::kInvalidArgument, d.where("eod_id") + ": must be a token id (>= 0)");
   MT_CHECK(c.sample_order == "meshtrain" || c.sample_order == "megatron", ErrorKind::kInvalidArgument,
            d.where("sample_order") + ": \"" + c.sample_order + "\" is not an order (\"meshtrain\" or \"megatron\")");
@@ -1581,8 +1584,8 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
       {"loss_scale_window", "fp16.loss_scale_window"},
       {"hysteresis", "fp16.hysteresis"},
       {"eod_mask_loss", "data.eod_mask_loss"},
-      {"reset_position_ids", nullptr},
-      {"reset_attention_mask", nullptr},
+      {"reset_position_ids", "data.reset_position_ids"},
+      {"reset_attention_mask", "data.reset_attention_mask"},
       {"tokenizer_type", "data.tokenizer"},
       {"vocab_file", "data.tokenizer"},
       {"merge_file", "data.tokenizer"},
@@ -1696,6 +1699,12 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                         "timers", "train_micro_batch_size_per_gpu_auto", "compile", "graph_harvesting", "nebula"})
     root.unparsed(k, Unparsed::kWarn);
   root.finish();
+  if (c.reset_position_ids || c.reset_attention_mask) {
+    const std::string key = c.reset_position_ids ? "data.reset_position_ids" : "data.reset_attention_mask";
+    MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, key + ": not on device \"cuda\" yet (the CUDA kernels take no documents)");
+    MT_CHECK(!(c.reset_attention_mask && c.sparse_attention), ErrorKind::kNotSupported,
+             "data.reset_attention_mask: not with sparse_attention (its block layout takes no documents)");
+  }
   if (c.loss_normalization == "tokens") {
     MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, "loss_normalization \"tokens\": not on device \"cuda\" yet");
     MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported,
@@ -1714,6 +1723,9 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
              "task \"classification\": loss_normalization \"tokens\" counts token targets; a record has one label");
     MT_CHECK(!c.eod_mask_loss, ErrorKind::kNotSupported,
              "task \"classification\": data.eod_mask_loss masks token windows; a record's label is its only target");
+    MT_CHECK(!c.reset_position_ids && !c.reset_attention_mask, ErrorKind::kNotSupported,
+             "task \"classification\": data.reset_position_ids and data.reset_attention_mask split token windows into "
+             "documents; a record is one");
     MT_CHECK(!c.train_spec.blend && !c.valid_spec.blend && c.split.empty(), ErrorKind::kNotSupported,
              "task \"classification\": data.train and data.valid are one .jsonl file each (blends and data.split are for token datasets)");
   }
@@ -1858,6 +1870,8 @@ json ds_config_resolved(const RunConfig& c) {
                {"seed", c.data_seed}, {"sample_order", c.sample_order}};
   if (!c.split.empty()) j["data"]["split"] = c.split;
   if (c.eod_mask_loss) j["data"]["eod_mask_loss"] = true;
+  if (c.reset_position_ids) j["data"]["reset_position_ids"] = true;
+  if (c.reset_attention_mask) j["data"]["reset_attention_mask"] = true;
   if (c.loss_normalization != "micro_batch") j["loss_normalization"] = c.loss_normalization;
   if (c.eod_id >= 0) j["data"]["eod_id"] = c.eod_id;
   for (auto [key, spec] : {std::pair<const char*, const DataSpec*>{"train", &c.train_spec}, {"valid", &c.valid_spec}}) {

@@ -112,6 +112,11 @@ struct RunConfig {
   // token is not trained; data.eod_id names that token (-1: corpus_eod_id's rule).
   bool eod_mask_loss = false;
   int64_t eod_id = -1;
+  // data.reset_position_ids / data.reset_attention_mask (Megatron's --reset-position-ids,
+  // --reset-attention-mask): documents packed into a sample, split at the same end-of-document
+  // token, each with its own positions / attending only within itself (models::ModelOptions::documents).
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
   // loss_normalization: "micro_batch" (each micro-batch's mean over its targets, averaged: DeepSpeed's
   // and Megatron's default) or "tokens" (the global batch's sum over its count of targets:
   // Megatron's --calculate-per-token-loss, Hugging Face Trainer's num_items_in_batch).

@@ -142,7 +142,9 @@ TEST(DsConfig, MegatronsArgumentsAndPartialRotaryAreRefusedByName) {
       {"hidden_dropout", "hidden_dropout: Megatron-LM's argument"},
       {"make_vocab_size_divisible_by", "(meshtrain's is parallel.make_vocab_size_divisible_by)"},
       {"eod_mask_loss", "eod_mask_loss: Megatron-LM's argument is not read here (meshtrain's is data.eod_mask_loss)"},
-      {"reset_position_ids", "(not implemented)"},
+      {"reset_position_ids", "(meshtrain's is data.reset_position_ids)"},
+      {"reset_attention_mask", "(meshtrain's is data.reset_attention_mask)"},
+      {"rampup_batch_size", "(not implemented)"},
       {"tensor_model_parallel_size", "(meshtrain's is parallel.tp)"},
   };
   for (const auto& [k, want] : args) EXPECT_NE(error_of(with(k, 1)).find(want), npos) << k << ": " << error_of(with(k, 1));
@@ -160,8 +162,8 @@ TEST(DsConfig, MegatronsArgumentsAndPartialRotaryAreRefusedByName) {
   llama["model"].erase("partial_rotary_factor");
   llama["model"]["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.25}};
   EXPECT_NE(error_of(llama).find("a partial_rotary_factor other than 1 is not supported"), npos) << error_of(llama);
-  const std::string data = error_of(with("data", {{"train", "x"}, {"reset_position_ids", true}}));
-  EXPECT_NE(data.find("data.reset_position_ids: unknown key"), npos) << data;
+  const std::string data = error_of(with("data", {{"train", "x"}, {"reset_positions", true}}));
+  EXPECT_NE(data.find("data.reset_positions: unknown key"), npos) << data;
   EXPECT_NE(data.find("every key of data selects what is trained"), npos) << data;
   EXPECT_EQ(data.find("optimizer"), npos) << data;
 }
@@ -675,6 +677,36 @@ TEST(DsConfig, LossNormalisationIsReadAndRefusedWhereNotBuilt) {
                               {"schedule_config", {{"total_curriculum_step", 10}, {"difficulty_step", 8}}}};
   EXPECT_NE(error_of(k).find("loss_normalization \"tokens\": not with curriculum_learning yet"), npos) << error_of(k);
   EXPECT_NE(error_of(with("calculate_per_token_loss", true)).find("(meshtrain's is loss_normalization \"tokens\")"), npos);
+}
+
+// data.reset_position_ids / data.reset_attention_mask read (and kept in the resolved config);
+// refused where the documents are not built: on cuda, the mask with sparse_attention, and for
+// classification.
+TEST(DsConfig, DocumentResetsAreReadAndRefusedWhereNotBuilt) {
+  auto j = base();
+  j["data"]["reset_position_ids"] = true;
+  RunConfig c = ds_config_parse(j, "cfg.json");
+  EXPECT_TRUE(c.reset_position_ids);
+  EXPECT_FALSE(c.reset_attention_mask);
+  EXPECT_EQ(ds_config_resolved(c)["data"]["reset_position_ids"], true);
+  EXPECT_FALSE(ds_config_resolved(c)["data"].contains("reset_attention_mask"));
+  j["data"]["reset_attention_mask"] = true;
+  c = ds_config_parse(j, "cfg.json");
+  EXPECT_TRUE(c.reset_attention_mask);
+  EXPECT_TRUE(ds_config_parse(ds_config_resolved(c), "resolved").reset_attention_mask);
+  const auto npos = std::string::npos;
+  auto k = j;
+  k["device"] = "cuda";
+  EXPECT_NE(error_of(k).find("data.reset_position_ids: not on device \"cuda\" yet"), npos) << error_of(k);
+  k = j;
+  k["sparse_attention"] = {{"mode", "fixed"}, {"block", 4}};
+  EXPECT_NE(error_of(k).find("data.reset_attention_mask: not with sparse_attention"), npos) << error_of(k);
+  k["data"]["reset_attention_mask"] = false;  // positions alone do not touch the attention's layout
+  EXPECT_NO_THROW(ds_config_parse(k, "cfg.json"));
+  k = j;
+  k["task"] = "classification";
+  EXPECT_NE(error_of(k).find("task \"classification\": data.reset_position_ids and data.reset_attention_mask"), npos)
+      << error_of(k);
 }
 
 // A key twice in one object was read as its last value without a word (DeepSpeed refuses it);

@@ -16,6 +16,7 @@
 #include "base/timer.h"
 #include "comm/local_backend.h"
 #include "engine/checkpoint_io.h"
+#include "engine/corpus.h"
 #include "engine/hf_weights.h"
 #include "optim/swapped_adamw.h"
 #include "parallel/pp/partition.h"
@@ -119,6 +120,10 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
   opts.parallel = std::move(ctx);
   opts.vocab_divisible = config.vocab_divisible;
   opts.sparse_attention = config.sparse_attention;
+  if (config.reset_position_ids || config.reset_attention_mask) {
+    std::string from;
+    opts.documents = {corpus_eod_id(config, &from), config.reset_position_ids, config.reset_attention_mask};
+  }
   // Under ZeRO the runtime makes each rank's shard (and the views it keeps) from the initial
   // values, unit by unit, as DeepSpeed's zero.Init does: the whole model's f32 weights, gradients
   // and compute copy are never allocated beside the shards (a rank's setup held them all, above its

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -214,18 +215,17 @@ INSTANTIATE_TEST_SUITE_P(Models, GoldenTest, ::testing::Values("tiny-gpt2", "tin
 // attention_dropout 0.25. The loss and every gradient of step 1's masks, the same with recompute
 // (the recomputed forward draws them again), the engine's AdamW steps (step k draws step k's
 // masks), and evaluation (no origin set) without dropout: the plain golden file's loss.
-class GoldenDropout : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(GoldenDropout, LossEveryGradientAndStepsMatchPyTorch) {
-  Golden g = load_golden("dropout-" + GetParam());
-  ASSERT_TRUE(g.cfg.attn_pdrop > 0.0f);
+// The golden file's loss and every gradient (1e-4) from one forward and backward of a model with
+// these documents, without and with recompute (bit for bit between the two); setup runs on each
+// model before its forward.
+void expect_loss_and_grads(const Golden& g, const models::ModelOptions::Documents& docs,
+                           const std::function<void(models::TransformerLM&)>& setup) {
   const float ref = g.file->read_f32("loss")[0];
   std::vector<float> grads;
   for (bool recompute : {false, true}) {
-    auto m = make_model(g, DType::kF32, recompute);
-    ASSERT_TRUE(m->has_dropout());
+    auto m = make_model(g, DType::kF32, recompute, docs);
     m->store().zero_grad();
-    m->set_dropout_origin(1, 0);
+    setup(*m);
     const float loss = m->forward(g.tokens.data(), g.targets.data(), 1.0f);
     EXPECT_LE(std::fabs(loss - ref) / std::fabs(ref), 1e-4) << loss << " vs " << ref << (recompute ? " (recompute)" : "");
     m->backward();
@@ -237,16 +237,12 @@ TEST_P(GoldenDropout, LossEveryGradientAndStepsMatchPyTorch) {
       for (size_t i = 0; i < grads.size(); ++i) ASSERT_EQ(grads[i], m->store().grad()[i]) << "recompute, element " << i;
     }
   }
-  {  // evaluation: a forward without an origin drops nothing
-    auto m = make_model(g, DType::kF32, false);
-    Golden plain = load_golden(GetParam());
-    const float eval = m->forward(g.tokens.data(), g.targets.data(), 0.0f);
-    const float plain_loss = plain.file->read_f32("loss")[0];
-    EXPECT_LE(std::fabs(eval - plain_loss) / plain_loss, 1e-4) << eval << " vs " << plain_loss;
-    EXPECT_GT(std::fabs(eval - ref) / ref, 1e-3);
-  }
-  auto m = make_model(g, DType::kF32, false);
-  Engine eng(golden_run_config(g, GetParam(), nlohmann::json::object()), *m);
+}
+
+// The engine's AdamW steps over the golden batch: the file's step_losses (1e-4).
+void expect_engine_steps(const Golden& g, const std::string& name, const models::ModelOptions::Documents& docs) {
+  auto m = make_model(g, DType::kF32, false, docs);
+  Engine eng(golden_run_config(g, name, nlohmann::json::object()), *m);
   std::vector<float> ref_losses = g.file->read_f32("step_losses");
   ASSERT_EQ(static_cast<int>(ref_losses.size()), g.steps);
   for (int s = 0; s < g.steps; ++s) {
@@ -256,12 +252,86 @@ TEST_P(GoldenDropout, LossEveryGradientAndStepsMatchPyTorch) {
   }
 }
 
+class GoldenDropout : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenDropout, LossEveryGradientAndStepsMatchPyTorch) {
+  Golden g = load_golden("dropout-" + GetParam());
+  ASSERT_TRUE(g.cfg.attn_pdrop > 0.0f);
+  const float ref = g.file->read_f32("loss")[0];
+  expect_loss_and_grads(g, {}, [](models::TransformerLM& m) {
+    ASSERT_TRUE(m.has_dropout());
+    m.set_dropout_origin(1, 0);
+  });
+  {  // evaluation: a forward without an origin drops nothing
+    auto m = make_model(g, DType::kF32, false);
+    Golden plain = load_golden(GetParam());
+    const float eval = m->forward(g.tokens.data(), g.targets.data(), 0.0f);
+    const float plain_loss = plain.file->read_f32("loss")[0];
+    EXPECT_LE(std::fabs(eval - plain_loss) / plain_loss, 1e-4) << eval << " vs " << plain_loss;
+    EXPECT_GT(std::fabs(eval - ref) / ref, 1e-3);
+  }
+  expect_engine_steps(g, GetParam(), {});
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, GoldenDropout, ::testing::Values("tiny-gpt2", "tiny-llama"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s) if (c == '-') c = '_';
                            return s;
                          });
+
+// Documents packed into a sample (Megatron's reset_position_ids and reset_attention_mask) against
+// PyTorch given Megatron's position ids and attention mask as get_ltor_masks_and_position_ids builds
+// them (tools/torch_models.py's Documents): the batch holds the end-of-document id at the first
+// token, twice in a row and at the last token. Each flag alone and both: the loss and every
+// gradient, the same with recompute (bit for bit), the engine's AdamW steps, and the plain model's
+// gradients on the same tokens apart (the masks matter).
+class GoldenDocuments : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(GoldenDocuments, LossEveryGradientAndStepsMatchPyTorch) {
+  const auto& [variant, name] = GetParam();
+  Golden g = load_golden("documents-" + variant + name);
+  const auto& md = g.file->metadata();
+  const models::ModelOptions::Documents docs{std::stoi(md.at("eod")), md.at("reset_position_ids") == "1",
+                                             md.at("reset_attention_mask") == "1"};
+  ASSERT_TRUE(docs.on());
+  ASSERT_EQ(docs.positions, variant != "attention-");
+  ASSERT_EQ(docs.attention, variant != "positions-");
+  ASSERT_EQ(g.tokens[static_cast<size_t>(g.T)], docs.eod) << "row 1 begins with the end-of-document id";
+  expect_loss_and_grads(g, docs, [](models::TransformerLM&) {});
+  {  // without documents the same batch trains something else (LLaMA's positions alone move its
+     // loss by 4e-5 at this initialisation, its gradients by far more)
+    auto m = make_model(g, DType::kF32, false);
+    m->store().zero_grad();
+    m->forward(g.tokens.data(), g.targets.data(), 1.0f);
+    m->backward();
+    double apart = 0.0;
+    for (nn::Parameter* p : m->store().parameters())
+      apart = std::max(apart, rel_err(p->grad, g.file->read_f32("grad." + p->name, p->shape)));
+    EXPECT_GT(apart, 1e-2) << "the documents change nothing in this batch";
+  }
+  expect_engine_steps(g, name, docs);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GoldenDocuments,
+                         ::testing::Combine(::testing::Values("", "positions-", "attention-"),
+                                            ::testing::Values("tiny-gpt2", "tiny-llama")),
+                         [](const auto& info) {
+                           std::string s = std::get<0>(info.param) + std::get<1>(info.param);
+                           if (std::get<0>(info.param).empty()) s = "both-" + s;
+                           for (char& c : s) if (c == '-') c = '_';
+                           return s;
+                         });
+
+// document_bounds: positions and key starts by hand (Megatron's rule: the EOD belongs to the
+// document it ends; positions after it count from 0).
+TEST(Documents, BoundsByHand) {
+  const std::vector<int32_t> tokens = {7, 5, 3, 5, 5, 1,  5, 2, 2, 2, 2, 5};
+  std::vector<int32_t> pos(tokens.size()), ks(tokens.size());
+  models::document_bounds(tokens.data(), 2, 6, 5, pos.data(), ks.data());
+  EXPECT_EQ(pos, (std::vector<int32_t>{0, 1, 0, 1, 0, 0,  0, 0, 1, 2, 3, 4}));
+  EXPECT_EQ(ks, (std::vector<int32_t>{0, 0, 2, 2, 4, 5,  0, 1, 1, 1, 1, 1}));
+}
 
 TEST(ParameterNames, MatchHuggingFace) {
   models::ModelConfig cfg = hf_config_load(std::string(MT_SOURCE_DIR) + "/configs/models/gpt2-124m.json");

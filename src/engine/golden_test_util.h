@@ -47,10 +47,12 @@ inline Golden load_golden(const std::string& name) {
 }
 
 // The golden model's architecture and initial weights, prepared for its batch.
-inline std::unique_ptr<models::TransformerLM> make_model(const Golden& g, DType dt, bool recompute) {
+inline std::unique_ptr<models::TransformerLM> make_model(const Golden& g, DType dt, bool recompute,
+                                                       models::ModelOptions::Documents documents = {}) {
   models::ModelOptions opts;
   opts.compute_dtype = dt;
   opts.recompute = recompute;
+  opts.documents = documents;
   auto m = std::make_unique<models::TransformerLM>(g.cfg, opts);
   hf_weights_load(m->store(), *g.file, "param.");
   m->prepare(g.B, g.T);

@@ -233,11 +233,12 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
     }
     {
       ProfileScope p(prof_, pid_.core);
-      if (!gpt2) kernels::rope_forward(qkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
+      if (!gpt2) kernels::rope_forward(qkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS, d.pos);
       if (!f32) round_to(a.qkv, cd, qkv, N * d.QKV);
       const kernels::AttnDropout att_drop = attention_dropout(d);
+      MT_CHECK(!(d.sparse && d.kstart), ErrorKind::kNotSupported, "reset_attention_mask with sparse attention is not supported");
       if (d.sparse) kernels::sparse_attention_forward(a.att, a.lse, qkv, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
-      else kernels::attention_forward(a.att, a.lse, qkv, d.B, d.T, d.NH, d.NKV, d.HS, att_drop.rate.active() ? &att_drop : nullptr);
+      else kernels::attention_forward(a.att, a.lse, qkv, d.B, d.T, d.NH, d.NKV, d.HS, att_drop.rate.active() ? &att_drop : nullptr, d.kstart);
     }
     // The output projection's input: the attention output in the compute dtype (q, k, v are used).
     void* attc = f32 ? static_cast<void*>(a.att) : static_cast<void*>(s.dqkv);
@@ -374,8 +375,8 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
         kernels::sparse_attention_backward(s.dqkv, s.datt, qkv, a.att, a.lse, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
       else
         kernels::attention_backward(s.dqkv, s.datt, qkv, a.att, a.lse, d.B, d.T, d.NH, d.NKV, d.HS,
-                                    att_drop.rate.active() ? &att_drop : nullptr);
-      if (!gpt2) kernels::rope_backward(s.dqkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS);
+                                    att_drop.rate.active() ? &att_drop : nullptr, d.kstart);
+      if (!gpt2) kernels::rope_backward(s.dqkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS, d.pos);
     }
     {
       ProfileScope p(prof_, pid_.qkv);

@@ -47,6 +47,11 @@ struct BlockDims {
   const kernels::SparseAttentionPlan* sparse = nullptr;
   // Dropout of this micro-batch's training forward (and its backward); null: none.
   const BlockDropout* drop = nullptr;
+  // Documents packed into a sample (Megatron's reset_position_ids / reset_attention_mask), each
+  // (N) over the micro-batch's whole rows; null: none. pos: each token's position (RoPE);
+  // kstart: the first key position each query sees (attention).
+  const int32_t* pos = nullptr;
+  const int32_t* kstart = nullptr;
   int rows() const { return sp ? Nl : N; }  // rows of the residual stream on this rank
 };
 

@@ -75,4 +75,16 @@ std::string ModelConfig::describe() const {
   return buf;
 }
 
+void document_bounds(const int32_t* tokens, int B, int T, int32_t eod, int32_t* pos, int32_t* kstart) {
+  for (int b = 0; b < B; ++b) {
+    const size_t row = static_cast<size_t>(b) * static_cast<size_t>(T);
+    int start = 0;
+    for (int t = 0; t < T; ++t) {
+      pos[row + t] = t - start;
+      kstart[row + t] = start;
+      if (tokens[row + t] == eod) start = t + 1;
+    }
+  }
+}
+
 }  // namespace mt::models

@@ -79,6 +79,20 @@ struct ModelOptions {
   // initialised here; the ZeRO runtime writes each unit's initial values (init_values) straight to
   // its swap, so the whole model is never in memory (DeepSpeed's zero.Init).
   bool deferred_init = false;
+  // Documents packed into a sample, as Megatron's get_ltor_masks_and_position_ids: after each
+  // token `eod` a new document starts. positions (reset_position_ids): a token's position counts
+  // from its document's start (GPT-2's position table, LLaMA's RoPE); attention
+  // (reset_attention_mask): a token attends only within its document. The end-of-document token
+  // belongs to the document it ends. Training and evaluation alike.
+  struct Documents {
+    int32_t eod = -1;
+    bool positions = false, attention = false;
+    bool on() const { return eod >= 0 && (positions || attention); }
+  } documents;
 };
+
+// Documents::on's positions and key starts of a micro-batch (B, T): pos[b, t] = t - start and
+// kstart[b, t] = start, where start is 0 or one past the last eod at a position before t.
+void document_bounds(const int32_t* tokens, int B, int T, int32_t eod, int32_t* pos, int32_t* kstart);
 
 }  // namespace mt::models

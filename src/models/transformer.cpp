@@ -194,7 +194,8 @@ void TransformerLM::prepare(int B, int T, int slots) {
     const size_t head = head_ ? 2 * R * 4 + N * C * es + N * C * 4 + N * 4 + 4 * 64 : 0;
     const size_t full = d.sp ? N * C * 4 + 64 : 0;
     const size_t toks = embed_ ? (vocab_parallel ? 2 : 1) * N * 4 + 64 : 0;
-    s.buffer = Buffer(acts + resid + head + full + toks + 64, MemCategory::kActivations);
+    const size_t docs = opts_.documents.on() ? 2 * N * 4 + 64 : 0;
+    s.buffer = Buffer(acts + resid + head + full + toks + docs + 64, MemCategory::kActivations);
     char* p = s.buffer.as<char>();
     auto take = [&p](size_t bytes) { char* q = p; p += (bytes + 63) / 64 * 64; return q; };
     if (!opts_.recompute) {
@@ -214,6 +215,10 @@ void TransformerLM::prepare(int B, int T, int slots) {
     if (embed_) {
       s.tokens = reinterpret_cast<int32_t*>(take((vocab_parallel ? 2 : 1) * N * 4));
       s.local_tokens = vocab_parallel ? s.tokens + N : nullptr;
+    }
+    if (docs) {
+      s.doc_pos = reinterpret_cast<int32_t*>(take(2 * N * 4));
+      s.doc_kstart = s.doc_pos + N;
     }
   }
   dres_buffer_ = Buffer(R * C * 4, MemCategory::kActivations);
@@ -274,7 +279,7 @@ void TransformerLM::embed(Slot& s, const int32_t* tokens) {
   wte_->run_hooks(nn::HookPoint::kPreForward);
   if (tp_.size() == 1) {
     kernels::embedding_forward(resid, s.tokens, wte->compute, wte->compute_dtype,
-                               wpe_ ? wpe_->weight()->master : nullptr, d.N, d.T, d.C);
+                               wpe_ ? wpe_->weight()->master : nullptr, d.N, d.T, d.C, dims_of(s).pos);
   } else {
     // Vocabulary-parallel (Megatron's VocabParallelEmbedding): rows this shard does not hold are
     // zero; the all-reduce assembles the lookup; positions are added once, after it.
@@ -291,10 +296,12 @@ void TransformerLM::embed(Slot& s, const int32_t* tokens) {
     if (wpe_) {
       const float* wpe = wpe_->weight()->master;
       const int r0 = d.sp ? tp_.rank() * d.Nl : 0;
+      const int32_t* pos = dims_of(s).pos;
 #pragma omp parallel for schedule(static)
-      for (int i = 0; i < d.rows(); ++i)
-        for (int c = 0; c < d.C; ++c)
-          resid[static_cast<size_t>(i) * d.C + c] += wpe[static_cast<size_t>((r0 + i) % d.T) * d.C + c];
+      for (int i = 0; i < d.rows(); ++i) {
+        const size_t p = static_cast<size_t>(pos ? pos[r0 + i] : (r0 + i) % d.T);
+        for (int c = 0; c < d.C; ++c) resid[static_cast<size_t>(i) * d.C + c] += wpe[p * d.C + c];
+      }
     }
   }
   // GPT-2's embedding dropout (embd_pdrop) on the sum, as Hugging Face's transformer.drop.
@@ -317,6 +324,10 @@ float TransformerLM::forward_chunk(int c, int slot, const int32_t* tokens, const
   drop_next_ = false;
   if (prof_) prof_->set_phase(ProfilePhase::kForward);
   ProfileScope scope(prof_, pid_.root);
+  if (opts_.documents.on()) {  // every chunk's attention (and RoPE) needs them: each stage has the tokens
+    MT_CHECK(tokens != nullptr, ErrorKind::kInternal, "documents: a forward without its tokens");
+    document_bounds(tokens, d.B, d.T, opts_.documents.eod, s.doc_pos, s.doc_kstart);
+  }
   if (chunk_has_embedding(c)) embed(s, tokens);
   const size_t RC = boundary_numel();
   const int n = chunk_size(c);
@@ -466,7 +477,7 @@ void TransformerLM::backward_chunk(int c, int slot, const float* grad_output) {
     demb = s.sp_full;
   }
   kernels::embedding_backward(wte_->weight()->grad, wpe_ ? wpe_->weight()->grad : nullptr, demb,
-                              tp_.size() == 1 ? s.tokens : s.local_tokens, d.N, d.T, d.C);
+                              tp_.size() == 1 ? s.tokens : s.local_tokens, d.N, d.T, d.C, dims_of(s).pos);
   wte_->run_hooks(nn::HookPoint::kPostBackward);
 }
 

@@ -144,6 +144,8 @@ class TransformerLM : public nn::Module {
     float* losses = nullptr;      // (N)
     int32_t* tokens = nullptr;    // (N) the forward's tokens (chunk with the embedding)
     int32_t* local_tokens = nullptr;  // (N) vocab-parallel: row in this rank's shard, or -1
+    int32_t* doc_pos = nullptr;       // (N) ModelOptions::documents: positions, from the forward's tokens
+    int32_t* doc_kstart = nullptr;    // (N) and each query's first key
     int chunk = -1;
     bool backward_ready = false;
     BlockDropout drop;       // this micro-batch's dropout (drop_on)
@@ -152,6 +154,8 @@ class TransformerLM : public nn::Module {
   BlockDims dims_of(const Slot& s) const {  // dims_ with the slot's dropout
     BlockDims d = dims_;
     d.drop = s.drop_on ? &s.drop : nullptr;
+    d.pos = opts_.documents.on() && opts_.documents.positions ? s.doc_pos : nullptr;
+    d.kstart = opts_.documents.on() && opts_.documents.attention ? s.doc_kstart : nullptr;
     return d;
   }
   void embed(Slot& s, const int32_t* tokens);          // embeddings -> s.resid[0]

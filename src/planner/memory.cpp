@@ -601,6 +601,7 @@ std::vector<BlockEvent> step_blocks(const MemoryInput& in) {
   if (in.last_stage) slot += 2 * Rr * 4 + N * C * e + N * C * 4 + N * 4 + 4 * 64;
   if (d.sp) slot += N * C * 4 + 64;
   if (in.first_stage) slot += N * 4 * (in.tp > 1 ? 2 : 1) + 64;
+  if (in.documents) slot += 2 * N * 4 + 64;
   make(MemCategory::kActivations, in.recompute ? per_block : 0);
   for (int i = 0; i < in.slots; ++i) make(MemCategory::kActivations, slot);
   make(MemCategory::kActivations, Rr * C * 4);

@@ -130,6 +130,8 @@ struct MemoryInput {
   bool pipeline() const { return !chunks.empty(); }
   // OpenMP threads of each rank (0: this process's): oneDNN sizes a GEMM's scratchpad by them.
   int threads = 0;
+  // models::ModelOptions::documents on: each slot holds the micro-batch's positions and key starts.
+  bool documents = false;
 };
 
 // One block the model makes or frees (a Buffer), in the order it does.

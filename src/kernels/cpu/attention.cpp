@@ -209,8 +209,9 @@ void AttnForwardTiles::finish(float* out, int ldo, float* lse, int rows, int HS)
 }
 
 void AttnForwardTiles::add_keys(const AttnTileOps& ops, int keys, int queries, int diag, int HS,
-                                float c, const AttnDropTile* drop) {
+                                float c, const AttnDropTile* drop, const AttnDocTile* doc) {
   ops.scores(St, Kp, HS, Qt, keys, queries, HS, -diag, kAttnNoLimit);
+  if (doc) attn_mask_documents(St, 1, kLd, queries, keys, *doc);  // St is keys x queries
   ops.softmax_fwd(St, m, l, alpha, keys, queries, diag, c);
   // Dropout after the running sums took the probabilities: l normalises the undropped row.
   if (drop) dropout_tile(St, kLd, true, queries, keys, drop->head_key, *drop->rate, drop->sample, drop->q0, drop->j0);
@@ -245,8 +246,9 @@ void AttnBackwardTiles::load_keys(const AttnTileOps& ops, const float* K, const 
 
 void AttnBackwardTiles::add_queries(const AttnTileOps& ops, const float* lse, const float* D_rows,
                                     int rows, int cols, int diag, int HS, float c, float scale,
-                                    const AttnDropTile* drop) {
+                                    const AttnDropTile* drop, const AttnDocTile* doc) {
   ops.scores(S, Qp, HS, Kt, rows, cols, HS, -kAttnNoLimit, diag);
+  if (doc) attn_mask_documents(S, kLd, 1, rows, cols, *doc);
   ops.scores(dP, dOp, HS, Vt, rows, cols, HS, -kAttnNoLimit, diag);
   // Dropout: the dropped probabilities' gradient (dO v^T) ⊙ M / (1 - p), then P ⊙ M / (1 - p) for dV.
   if (drop) dropout_tile(dP, kLd, false, rows, cols, drop->head_key, *drop->rate, drop->sample, drop->q0, drop->j0);
@@ -266,7 +268,7 @@ void AttnBackwardTiles::store_keys(float* dK_out, float* dV_out, int ld, int col
 // ---- drivers ----
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV,
-                       int HS, const AttnDropout* drop) {
+                       int HS, const AttnDropout* drop, const int32_t* kstart) {
   attn_check_dims("attention_forward", B, T, NH, NKV, HS);
   const AttnTileOps ops = attn_tile_ops();
   const int C3 = (NH + 2 * NKV) * HS;
@@ -286,7 +288,10 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
       const long row0 = static_cast<long>(b) * T;
       ops.transpose(tiles.Qt, qkv + (row0 + q0) * C3 + h * HS, C3, rows, HS);
       tiles.start(rows, HS);
-      for (int j0 = 0; j0 < q0 + rows; j0 += kAttnTile) {
+      // Documents: key tiles wholly before the tile's first query's document are skipped (a later
+      // query's document starts no earlier).
+      const int32_t* ks = kstart ? kstart + row0 + q0 : nullptr;
+      for (int j0 = ks ? ks[0] / kAttnTile * kAttnTile : 0; j0 < q0 + rows; j0 += kAttnTile) {
         const int cols = std::min(kAttnTile, T - j0), diag = q0 - j0;
         const float* K = qkv + (row0 + j0) * C3 + (NH + h / group) * HS;
         const float* V = K + NKV * HS;
@@ -295,7 +300,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
         AttnDropTile dt;
         if (drop && drop->rate.active())
           dt = {drop_head_key(drop->site_key, static_cast<uint32_t>(drop->head0 + h)), &drop->rate, drop->sample0 + b, q0, j0};
-        tiles.add_keys(ops, cols, rows, diag, HS, c, dt.rate ? &dt : nullptr);
+        const AttnDocTile doc{ks, j0};
+        tiles.add_keys(ops, cols, rows, diag, HS, c, dt.rate ? &dt : nullptr, ks && ks[rows - 1] > j0 ? &doc : nullptr);
       }
       tiles.finish(out + (row0 + q0) * NH * HS + h * HS, NH * HS,
                    lse + (static_cast<long>(b) * NH + h) * T + q0, rows, HS);
@@ -304,7 +310,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int NH, int NKV, int HS, const AttnDropout* drop) {
+                        const float* lse, int B, int T, int NH, int NKV, int HS, const AttnDropout* drop,
+                        const int32_t* kstart) {
   attn_check_dims("attention_backward", B, T, NH, NKV, HS);
   const AttnTileOps ops = attn_tile_ops();
   const int C3 = (NH + 2 * NKV) * HS;
@@ -331,6 +338,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           const int h = kvh * group + g;
           for (int q0 = j0; q0 < T; q0 += kAttnTile) {
             const int rows = std::min(kAttnTile, T - q0), diag = q0 - j0;
+            // Documents: this query tile's first query (and so every later one) starts its
+            // document after the key tile.
+            const int32_t* ks = kstart ? kstart + row0 + q0 : nullptr;
+            if (ks && ks[0] >= j0 + cols) break;
             const long qofs = (row0 + q0) * C3 + h * HS;
             attn_pack_rows(Qp, qkv + qofs, C3, rows, HS);
             attn_pack_rows(dOp, dout + (row0 + q0) * C + h * HS, C, rows, HS);
@@ -338,8 +349,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
             AttnDropTile dt;
             if (drop && drop->rate.active())
               dt = {drop_head_key(drop->site_key, static_cast<uint32_t>(drop->head0 + h)), &drop->rate, drop->sample0 + b, q0, j0};
+            const AttnDocTile doc{ks, j0};
             tiles.add_queries(ops, lse_q, D + static_cast<long>(g) * T + q0, rows, cols, diag, HS, c,
-                              scale, dt.rate ? &dt : nullptr);
+                              scale, dt.rate ? &dt : nullptr, ks && ks[rows - 1] > j0 ? &doc : nullptr);
             ops.accumulate(dqkv + qofs, C3, dP, kLd, 1, Kp, HS, rows, cols, HS, -kAttnNoLimit, diag,
                            nullptr);
           }

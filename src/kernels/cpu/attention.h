@@ -25,12 +25,15 @@ struct AttnDropout {
 //       (Hugging Face's repeat_kv). REQUIRES: NH % NKV == 0.
 // out:  (B, T, NH * HS) =   softmax(q k^T / sqrt(HS), causal) v
 // lse:  (B, NH, T) =        log-sum-exp of each row of the scaled, masked scores
+// kstart: null, or (B, T): query (b, t) sees only keys at positions j with kstart[b, t] <= j <= t
+// (documents packed into one sample: Megatron's reset_attention_mask). REQUIRES: 0 <= kstart[b, t]
+// <= t, and non-decreasing in t. Key tiles no query of a tile sees are skipped.
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV,
-                       int HS, const AttnDropout* drop = nullptr);
+                       int HS, const AttnDropout* drop = nullptr, const int32_t* kstart = nullptr);
 
 // dqkv: (B, T, (NH + 2*NKV) * HS) = gradient w.r.t. qkv (overwritten, all three parts).
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int NH, int NKV, int HS,
-                        const AttnDropout* drop = nullptr);
+                        const AttnDropout* drop = nullptr, const int32_t* kstart = nullptr);
 
 }  // namespace mt::kernels

@@ -71,12 +71,14 @@ struct Result {
   std::vector<float> out, lse, dqkv;
 };
 
-Result run_kernels(const std::vector<float>& qkv, const std::vector<float>& dout, const Shape& s) {
+// kstart: documents (attention.h), or null.
+Result run_kernels(const std::vector<float>& qkv, const std::vector<float>& dout, const Shape& s,
+                   const int32_t* kstart = nullptr) {
   Result r{std::vector<float>(s.out_size()), std::vector<float>(s.lse_size()),
            std::vector<float>(s.qkv_size(), NAN)};
-  attention_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.NH, s.NKV, s.HS);
+  attention_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.NH, s.NKV, s.HS, nullptr, kstart);
   attention_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), s.B, s.T,
-                     s.NH, s.NKV, s.HS);
+                     s.NH, s.NKV, s.HS, nullptr, kstart);
   return r;
 }
 
@@ -197,6 +199,109 @@ TEST(AttentionTest, RepeatedCallsAreBitwiseEqual) {
   EXPECT_EQ(0, std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * sizeof(float)));
+}
+
+// Documents packed into a sample (kstart: Megatron's reset_attention_mask). kstart for ends: a
+// document ends at each listed position of each batch row (the token there belongs to it).
+std::vector<int32_t> kstart_of(const std::vector<std::vector<int>>& ends, int T) {
+  std::vector<int32_t> ks;
+  for (const auto& row : ends) {
+    int start = 0;
+    for (int t = 0; t < T; ++t) {
+      ks.push_back(start);
+      if (std::find(row.begin(), row.end(), t) != row.end()) start = t + 1;
+    }
+  }
+  return ks;
+}
+
+// Against the naive double attention under the documents' mask (key j visible to query i iff
+// kstart[i] <= j <= i), with finite differences of it for the backward, on both paths.
+TEST(AttentionDocuments, MatchTheMaskedReferenceAndFiniteDifferences) {
+  for (const Shape s : {Shape{2, 9, 2, 1, 8}, Shape{1, 7, 3, 3, 5}}) {
+    // Row 0: documents [0,3) [3,4) [4,9); row 1: [0,1) [1,T). A document of one token, one at the start.
+    const std::vector<int32_t> ks = kstart_of({{2, 3}, {0}}, s.T);
+    auto qkv = random_vector(s.qkv_size(), 11);
+    auto dout = random_vector(s.out_size(), 12);
+    const std::vector<double> dout_d = to_double(dout);
+    std::vector<double> x = to_double(qkv), ref_out, ref_lse;
+    auto forward = [&](std::vector<double>& out, std::vector<double>& lse) {
+      // reference_forward's mask has no batch row: one row at a time.
+      out.assign(s.out_size(), 0.0);
+      lse.assign(s.lse_size(), 0.0);
+      const Shape one{1, s.T, s.NH, s.NKV, s.HS};
+      for (int b = 0; b < s.B; ++b) {
+        std::vector<double> xb(x.begin() + static_cast<long>(b) * one.qkv_size(), x.begin() + static_cast<long>(b + 1) * one.qkv_size());
+        std::vector<double> ob, lb;
+        const int32_t* k = ks.data() + static_cast<size_t>(b) * s.T;
+        reference_forward(ob, lb, xb, one, [k](int, int i, int j) { return k[i] <= j && j <= i; });
+        std::copy(ob.begin(), ob.end(), out.begin() + static_cast<long>(b) * one.out_size());
+        std::copy(lb.begin(), lb.end(), lse.begin() + static_cast<long>(b) * one.lse_size());
+      }
+    };
+    forward(ref_out, ref_lse);
+    auto loss = [&]() {
+      std::vector<double> out, lse;
+      forward(out, lse);
+      double sum = 0.0;
+      for (size_t i = 0; i < out.size(); ++i) sum += dout_d[i] * out[i];
+      return sum;
+    };
+    const std::vector<double> fd = central_differences(x, loss);
+    for (Isa isa : kIsas) {
+      if (isa == Isa::kAvx512 && isa_detected() != Isa::kAvx512) continue;
+      IsaScope scope(isa);
+      const Result r = run_kernels(qkv, dout, s, ks.data());
+      EXPECT_LE(rel_error(r.out, ref_out), 1e-5) << shape_name(s) << " " << isa_name(isa);
+      EXPECT_LE(rel_error(r.lse, ref_lse), 1e-5) << shape_name(s) << " " << isa_name(isa);
+      EXPECT_LE(rel_error(r.dqkv, fd), 1e-5) << shape_name(s) << " " << isa_name(isa);
+      // The plain causal attention differs: the mask is not a no-op.
+      std::vector<float> causal(s.out_size()), causal_lse(s.lse_size());
+      attention_forward(causal.data(), causal_lse.data(), qkv.data(), s.B, s.T, s.NH, s.NKV, s.HS);
+      EXPECT_GT(rel_error(causal, ref_out), 1e-2) << shape_name(s);
+    }
+  }
+}
+
+// Over several tiles (documents across tile edges, key tiles skipped whole): each document alone
+// is a causal attention of its own length, so the kernel over the packed rows must equal the plain
+// kernel run on each document's rows by themselves (forward, lse and every gradient).
+TEST(AttentionDocuments, EqualEachDocumentOnItsOwnAcrossTiles) {
+  const Shape s{2, 200, 4, 2, 32};
+  const std::vector<std::vector<int>> ends = {{0, 63, 64, 130, 199}, {10, 150}};
+  const std::vector<int32_t> ks = kstart_of(ends, s.T);
+  auto qkv = random_vector(s.qkv_size(), 13);
+  auto dout = random_vector(s.out_size(), 14);
+  const int C3 = s.c3(), A = s.NH * s.HS;
+  for (Isa isa : kIsas) {
+    if (isa == Isa::kAvx512 && isa_detected() != Isa::kAvx512) continue;
+    IsaScope scope(isa);
+    const Result r = run_kernels(qkv, dout, s, ks.data());
+    std::vector<double> ref_out(s.out_size()), ref_lse(s.lse_size()), ref_dqkv(s.qkv_size());
+    for (int b = 0; b < s.B; ++b) {
+      int start = 0;
+      std::vector<int> cuts = ends[b];
+      if (cuts.back() != s.T - 1) cuts.push_back(s.T - 1);
+      for (int end : cuts) {
+        const int n = end + 1 - start;
+        const size_t row0 = static_cast<size_t>(b) * s.T + start;
+        std::vector<float> q(qkv.begin() + static_cast<long>(row0 * C3), qkv.begin() + static_cast<long>((row0 + n) * C3));
+        std::vector<float> d(dout.begin() + static_cast<long>(row0 * A), dout.begin() + static_cast<long>((row0 + n) * A));
+        std::vector<float> o(static_cast<size_t>(n) * A), l(static_cast<size_t>(s.NH) * n), g(q.size());
+        attention_forward(o.data(), l.data(), q.data(), 1, n, s.NH, s.NKV, s.HS);
+        attention_backward(g.data(), d.data(), q.data(), o.data(), l.data(), 1, n, s.NH, s.NKV, s.HS);
+        std::copy(o.begin(), o.end(), ref_out.begin() + static_cast<long>(row0 * A));
+        std::copy(g.begin(), g.end(), ref_dqkv.begin() + static_cast<long>(row0 * C3));
+        for (int h = 0; h < s.NH; ++h)
+          for (int t = 0; t < n; ++t)
+            ref_lse[(static_cast<size_t>(b) * s.NH + h) * s.T + start + t] = l[static_cast<size_t>(h) * n + t];
+        start = end + 1;
+      }
+    }
+    EXPECT_LE(rel_error(r.out, ref_out), 1e-5) << isa_name(isa);
+    EXPECT_LE(rel_error(r.lse, ref_lse), 1e-5) << isa_name(isa);
+    EXPECT_LE(rel_error(r.dqkv, ref_dqkv), 1e-5) << isa_name(isa);
+  }
 }
 
 TEST(AttentionTest, RejectsHeadsNotDivisibleByKvHeads) {

@@ -71,6 +71,27 @@ struct AttnDropTile {
   int q0 = 0, j0 = 0;  // the tile's first query and key positions
 };
 
+// Documents (attention.h's kstart) within a tile: query i of the tile sees no key before ks[i], a
+// position within the sample; the tile's keys start at position j0. Null ks: none.
+struct AttnDocTile {
+  const int32_t* ks = nullptr;
+  int j0 = 0;
+};
+
+// A masked score: finite, so that a query whose keys in a tile are all masked keeps a finite
+// running max (an infinite one would give -inf - -inf); its probability is 2^-126 or less relative
+// to any key it sees, and the online softmax rescales it away once the query meets one.
+inline constexpr float kAttnMaskedScore = -1e30f;
+
+// Sets the scores of keys before their query's document start to kAttnMaskedScore: S (rows
+// queries, cols keys) with element (i, j) at S[i * rs + j * cs].
+inline void attn_mask_documents(float* S, int rs, int cs, int rows, int cols, const AttnDocTile& doc) {
+  for (int i = 0; i < rows; ++i) {
+    const int lim = std::min(cols, doc.ks[i] - doc.j0);
+    for (int j = 0; j < lim; ++j) S[static_cast<long>(i) * rs + static_cast<long>(j) * cs] = kAttnMaskedScore;
+  }
+}
+
 // One thread's buffers for a forward.
 struct AttnForwardTiles {
   AttnScratch scratch;
@@ -88,8 +109,9 @@ struct AttnForwardTiles {
   void start(int rows, int HS);
   // The online-softmax step over `keys` keys in Kp, Vp for the `queries` queries in Qt; query i
   // sees key j iff j <= i + diag (kAttnNoLimit: all).
+  // doc: queries do not see keys before their document's start.
   void add_keys(const AttnTileOps& ops, int keys, int queries, int diag, int HS, float c,
-                const AttnDropTile* drop = nullptr);
+                const AttnDropTile* drop = nullptr, const AttnDocTile* doc = nullptr);
   // out (rows, HS; row stride ldo) = O / l,  lse (rows) = (m + log2 l) ln 2; a query that saw no
   // key (l = 0) gets out = 0 and lse = -inf.
   void finish(float* out, int ldo, float* lse, int rows, int HS) const;
@@ -118,7 +140,8 @@ struct AttnBackwardTiles {
   // (left in dP for the caller's dQ += dS K) and dV += P^T dO, dK += dS^T Q. Query i sees key j iff
   // j <= i + diag.
   void add_queries(const AttnTileOps& ops, const float* lse, const float* D_rows, int rows,
-                   int cols, int diag, int HS, float c, float scale, const AttnDropTile* drop = nullptr);
+                   int cols, int diag, int HS, float c, float scale, const AttnDropTile* drop = nullptr,
+                   const AttnDocTile* doc = nullptr);
   // K, V gradient rows (cols, HS; row stride ld) = dK, dV.
   void store_keys(float* dK_out, float* dV_out, int ld, int cols, int HS) const;
 };

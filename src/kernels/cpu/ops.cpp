@@ -233,7 +233,7 @@ void adamw_slice(float* p, const float* grad, float* m, float* v, void* lowp, DT
 // ---- embedding ----
 
 void embedding_forward(float* out, const int32_t* tokens, const void* wte, DType wte_dtype,
-                       const float* wpe, int N, int T, int C) {
+                       const float* wpe, int N, int T, int C, const int32_t* pos) {
   const size_t row_bytes = static_cast<size_t>(C) * dtype_size(wte_dtype);
   const char* table = static_cast<const char*>(wte);
 #pragma omp parallel for schedule(static)
@@ -245,15 +245,15 @@ void embedding_forward(float* out, const int32_t* tokens, const void* wte, DType
       for (int c = 0; c < C; ++c) y[c] = 0.0f;
     }
     if (wpe != nullptr) {
-      const float* pos = wpe + static_cast<size_t>(n % T) * C;
-      for (int c = 0; c < C; ++c) y[c] += pos[c];
+      const float* p = wpe + static_cast<size_t>(pos ? pos[n] : n % T) * C;
+      for (int c = 0; c < C; ++c) y[c] += p[c];
     }
   }
 }
 
 // Each task owns a block of kColBlock columns of dwte and dwpe and walks all rows in order.
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N,
-                        int T, int C) {
+                        int T, int C, const int32_t* pos) {
   const int nblocks = (C + kColBlock - 1) / kColBlock;
 #pragma omp parallel for schedule(static)
   for (int b = 0; b < nblocks; ++b) {
@@ -266,7 +266,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
         for (int c = c0; c < c1; ++c) dw[c] += dy[c];
       }
       if (dwpe != nullptr) {
-        float* dp = dwpe + static_cast<size_t>(n % T) * C;
+        float* dp = dwpe + static_cast<size_t>(pos ? pos[n] : n % T) * C;
         for (int c = c0; c < c1; ++c) dp[c] += dy[c];
       }
     }
@@ -490,13 +490,13 @@ void rope_table(float* cos, float* sin, int T, int HS, float theta) {
 namespace {
 // Rotates the first NH + NKV heads of every row by +angle (dir = 1) or -angle (dir = -1).
 void rope_apply(float* qkv, const float* cos, const float* sin, int B, int T, int NH, int NKV,
-                int HS, float dir) {
+                int HS, float dir, const int32_t* pos) {
   const int H = HS / 2;
   const int row = (NH + 2 * NKV) * HS;
   const int64_t rows = static_cast<int64_t>(B) * T;
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < rows; ++bt) {
-    const int t = static_cast<int>(bt % T);
+    const int t = pos ? pos[bt] : static_cast<int>(bt % T);
     const float* c = cos + static_cast<size_t>(t) * H;
     const float* s = sin + static_cast<size_t>(t) * H;
     for (int h = 0; h < NH + NKV; ++h) {
@@ -512,13 +512,13 @@ void rope_apply(float* qkv, const float* cos, const float* sin, int B, int T, in
 }  // namespace
 
 void rope_forward(float* qkv, const float* cos, const float* sin, int B, int T, int NH, int NKV,
-                  int HS) {
-  rope_apply(qkv, cos, sin, B, T, NH, NKV, HS, 1.0f);
+                  int HS, const int32_t* pos) {
+  rope_apply(qkv, cos, sin, B, T, NH, NKV, HS, 1.0f, pos);
 }
 
 void rope_backward(float* dqkv, const float* cos, const float* sin, int B, int T, int NH, int NKV,
-                   int HS) {
-  rope_apply(dqkv, cos, sin, B, T, NH, NKV, HS, -1.0f);
+                   int HS, const int32_t* pos) {
+  rope_apply(dqkv, cos, sin, B, T, NH, NKV, HS, -1.0f, pos);
 }
 
 // ---- elementwise ----

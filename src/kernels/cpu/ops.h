@@ -16,15 +16,16 @@
 namespace mt::kernels {
 
 // ---- embedding ----
-// out[n,:] (=) = wte[tokens[n],:] + (wpe ? wpe[n % T,:] : 0)
-// wte: (V, C) of dtype wte_dtype (f32/bf16/f16); wpe: (>=T, C) f32 or nullptr.
+// out[n,:] (=) = wte[tokens[n],:] + (wpe ? wpe[p(n),:] : 0), p(n) = pos ? pos[n] : n % T
+// wte: (V, C) of dtype wte_dtype (f32/bf16/f16); wpe: (>=T, C) f32 or nullptr; pos: null, or (N)
+// positions in [0, T) (documents' own positions: Megatron's reset_position_ids).
 // REQUIRES: tokens[n] < V (checked by the caller); a negative token gives a zero row plus wpe
 // (a vocabulary-parallel shard that does not hold the token).
 void embedding_forward(float* out, const int32_t* tokens, const void* wte, DType wte_dtype,
-                       const float* wpe, int N, int T, int C);
-// dwte[tokens[n],:] += dout[n,:] for tokens[n] >= 0; dwpe[n % T,:] += dout[n,:] (either may be nullptr).
+                       const float* wpe, int N, int T, int C, const int32_t* pos = nullptr);
+// dwte[tokens[n],:] += dout[n,:] for tokens[n] >= 0; dwpe[p(n),:] += dout[n,:] (either may be nullptr).
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N,
-                        int T, int C);
+                        int T, int C, const int32_t* pos = nullptr);
 
 // ---- LayerNorm: y = (x - mean) * rstd * weight + bias, rstd = 1/sqrt(var + eps) (biased var) ----
 // out (N,C) =, mean (N) =, rstd (N) =; bias may be nullptr.
@@ -69,13 +70,14 @@ void swiglu_backward_lp(float* dinp, const float* dout, const void* h_cd, DType 
 // Table: inv_freq[j] = 1 / theta^(2j/HS) computed in f32; cos/sin (T, HS/2) = cos/sin(t*inv_freq[j]).
 void rope_table(float* cos, float* sin, int T, int HS, float theta);
 // In place on the q and k heads of a packed qkv buffer (B, T, (NH + 2*NKV) * HS): the first NH
-// heads are q, the next NKV are k, the last NKV are v (untouched). Position of row (b,t) is t.
+// heads are q, the next NKV are k, the last NKV are v (untouched). Position of row (b,t) is t, or
+// pos[b*T + t] where pos (B*T, each in [0, T)) is given (Megatron's reset_position_ids).
 //   x'[j] = x[j] cos - x[j+H] sin;  x'[j+H] = x[j+H] cos + x[j] sin   (H = HS/2)
 void rope_forward(float* qkv, const float* cos, const float* sin, int B, int T, int NH, int NKV,
-                  int HS);
+                  int HS, const int32_t* pos = nullptr);
 // The transpose of rope_forward (rotation by -angle), in place on dqkv of the same layout.
 void rope_backward(float* dqkv, const float* cos, const float* sin, int B, int T, int NH, int NKV,
-                   int HS);
+                   int HS, const int32_t* pos = nullptr);
 
 // ---- elementwise ----
 void add_forward(float* out, const float* a, const float* b, size_t n);  // out = a + b
