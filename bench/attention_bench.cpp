@@ -4,8 +4,11 @@
 // Long sequences (B=1, T=4096 and 16384, same heads): forward + backward of the dense causal kernel
 // against the block-sparse one (sparse_attention.h) with DeepSpeed's fixed layout (block 16, 4
 // local blocks, 1 global, unidirectional); FLOPs count the (query, key) pairs each computes.
+// Documents (Megatron's reset_attention_mask, kstart): T = 4096 packing documents of D tokens each,
+// forward + backward; FLOPs count the visible pairs, T/D documents of D(D+1)/2.
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -99,8 +102,32 @@ void BM_SparseAttentionFixedFwdBwd(benchmark::State& state) {
   state.counters["density"] = pairs / (0.5 * a.T * (a.T + 1.0));
 }
 
+void BM_AttentionDocumentsFwdBwd(benchmark::State& state) {
+  AttentionBuffers a(1, state.range(0), 12, 64);
+  const int D = static_cast<int>(state.range(1));
+  std::vector<int32_t> kstart(static_cast<size_t>(a.T));
+  for (int t = 0; t < a.T; ++t) kstart[t] = t / D * D;
+  for (auto _ : state) {
+    mt::kernels::attention_forward(a.out.data(), a.lse.data(), a.qkv.data(), a.B, a.T, a.NH, a.NH,
+                                   a.HS, nullptr, kstart.data());
+    mt::kernels::attention_backward(a.dqkv.data(), a.dout.data(), a.qkv.data(), a.out.data(),
+                                    a.lse.data(), a.B, a.T, a.NH, a.NH, a.HS, nullptr, kstart.data());
+    benchmark::DoNotOptimize(a.dqkv.data());
+  }
+  const double full = a.T / D * (0.5 * D * (D + 1.0)), tail = a.T % D * 0.5 * (a.T % D + 1.0);
+  set_flops(state, fwd_bwd_flops(a, full + tail));
+  state.counters["density"] = (full + tail) / (0.5 * a.T * (a.T + 1.0));
+}
+
 }  // namespace
 
+BENCHMARK(BM_AttentionDocumentsFwdBwd)
+    ->ArgNames({"T", "D"})
+    ->Args({4096, 2048})
+    ->Args({4096, 512})
+    ->Args({4096, 100})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_AttentionCausalFwdBwd)
     ->ArgName("T")
     ->Arg(4096)
