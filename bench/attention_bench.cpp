@@ -8,6 +8,7 @@
 // forward + backward; FLOPs count the visible pairs, T/D documents of D(D+1)/2.
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -114,6 +115,8 @@ void BM_AttentionDocumentsFwdBwd(benchmark::State& state) {
                                     a.lse.data(), a.B, a.T, a.NH, a.NH, a.HS, nullptr, kstart.data());
     benchmark::DoNotOptimize(a.dqkv.data());
   }
+  for (float x : a.dqkv)
+    if (!std::isfinite(x)) return state.SkipWithError("a gradient is not finite");
   const double full = a.T / D * (0.5 * D * (D + 1.0)), tail = a.T % D * 0.5 * (a.T % D + 1.0);
   set_flops(state, fwd_bwd_flops(a, full + tail));
   state.counters["density"] = (full + tail) / (0.5 * a.T * (a.T + 1.0));

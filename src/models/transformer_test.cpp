@@ -38,6 +38,71 @@ TEST(DeferredInit, InitValuesEqualTheStoresInitialisation) {
   }
 }
 
+// Documents packed into a sample (ModelOptions::documents, both switches) over several attention
+// tiles at a head size of 64: the packed batch's loss and gradients equal those of every document
+// run alone as its own sequence (positions from 0, causal), each divided by the whole batch's count
+// of targets. The model alone is PyTorch's (engine/golden_test.cpp); this is the production tiling
+// (T 160, documents crossing the 64-wide tiles, one ending on a tile's last row) in fp32 and bf16.
+TEST(Documents, APackedBatchIsEachDocumentOnItsOwn) {
+  const int T = 160, B = 2;
+  const int32_t eod = 3;
+  const std::vector<std::vector<int>> ends = {{63, 100, 159}, {0, 20, 130}};  // positions of the EOD tokens
+  std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>(4 + (i * 37 + i / 7) % 90);
+    targets[i] = static_cast<int32_t>(4 + (i * 53 + 11) % 90);
+  }
+  for (int b = 0; b < B; ++b)
+    for (int t : ends[b]) tokens[static_cast<size_t>(b) * T + t] = eod;
+  for (Arch arch : {Arch::kGpt2, Arch::kLlama})
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(std::string(arch == Arch::kGpt2 ? "gpt2 " : "llama ") + dtype_name(dt));
+      ModelConfig cfg = tiny(arch);
+      cfg.hidden = 128;
+      cfg.n_head = 2;
+      cfg.n_kv_head = arch == Arch::kGpt2 ? 2 : 1;  // head size 64
+      cfg.max_positions = T;
+      ModelOptions o;
+      o.compute_dtype = dt;
+      o.seed = 5;
+      TransformerLM alone(cfg, o);
+      o.documents = {eod, true, true};
+      TransformerLM packed(cfg, o);
+      packed.prepare(B, T);
+      packed.store().zero_grad();
+      const float loss = packed.forward(tokens.data(), targets.data(), 1.0f);
+      packed.backward();
+      alone.store().zero_grad();
+      const double count = static_cast<double>(B) * T;
+      alone.set_loss_denominator(count);
+      double sum = 0.0;
+      for (int b = 0; b < B; ++b) {
+        int start = 0;
+        std::vector<int> cuts = ends[b];
+        if (cuts.back() != T - 1) cuts.push_back(T - 1);
+        for (int end : cuts) {
+          const int n = end + 1 - start;
+          alone.prepare(1, n);
+          const size_t at = static_cast<size_t>(b) * T + start;
+          sum += alone.forward(tokens.data() + at, targets.data() + at, 1.0f);
+          alone.backward();
+          start = end + 1;
+        }
+      }
+      const double tol = dt == DType::kF32 ? 1e-5 : 2e-2;
+      EXPECT_TRUE(std::isfinite(loss));
+      EXPECT_NEAR(loss, sum, tol * sum);
+      double num = 0.0, den = 0.0;
+      for (size_t i = 0; i < packed.store().numel(); ++i) {
+        const double a = packed.store().grad()[i], r = alone.store().grad()[i];
+        ASSERT_TRUE(std::isfinite(a)) << "element " << i;
+        num = std::max(num, std::fabs(a - r));
+        den = std::max(den, std::fabs(r));
+      }
+      EXPECT_LE(num / den, tol) << "gradients";
+    }
+}
+
 // What a layer adds to the saved activations, per token, against the textbook count (PERF.md's
 // "Activation memory, explained"): in f32 the norms' statistics (mean and rstd for LayerNorm, rstd
 // for RMSNorm), the residual after attention, attention's output and its log-sum-exp (NH a token);

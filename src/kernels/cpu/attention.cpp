@@ -34,9 +34,9 @@ constexpr float kLog2e = kAttnLog2e;
 
 // ---- portable tile primitives (same contracts as the _avx512 ones) ----
 
-// 2^x for x <= 0 (clamped at -126), Cephes exp2f polynomial; plain code GCC can vectorise.
+// 2^x for x <= 0 (clamped to [-126, 0]), Cephes exp2f polynomial; plain code GCC can vectorise.
 inline float exp2_poly(float x) {
-  x = std::max(x, -126.0f);
+  x = std::min(std::max(x, -126.0f), 0.0f);
   float n = (x + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
   float f = x - n;
   float p = 1.535336188319500e-4f;

@@ -21,8 +21,11 @@ namespace {
 constexpr int kLd = kAttnTile;
 constexpr float kLog2e = 1.4426950408889634f;
 
+// The argument is <= 0 by construction (a score less the running max or the log-sum-exp); a fused
+// multiply-add's residue can leave it a hair above, which is clamped to 0 (with a masked score's
+// huge residue it overflowed to +inf: DESIGN-NOTES 90).
 inline __m512 exp2_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-127.0f)), _mm512_setzero_ps());
   __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 f = _mm512_sub_ps(x, n);  // [-0.5, 0.5]
   __m512 p = _mm512_set1_ps(1.535336188319500e-4f);

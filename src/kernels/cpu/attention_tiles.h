@@ -79,9 +79,13 @@ struct AttnDocTile {
 };
 
 // A masked score: finite, so that a query whose keys in a tile are all masked keeps a finite
-// running max (an infinite one would give -inf - -inf); its probability is 2^-126 or less relative
-// to any key it sees, and the online softmax rescales it away once the query meets one.
-inline constexpr float kAttnMaskedScore = -1e30f;
+// running max (an infinite one would give -inf - -inf), and a power of two, so that its product
+// with the scale is exact and such a tile's exponents, score x scale less the max, are exactly 0
+// with or without a fused multiply-add (-1e30 left the FMA's residue, up to +1e21, and the AVX-512
+// exp overflowed to +inf at head sizes 16, 48, 64, 80: NaN outputs). Next to a key the query sees,
+// its probability is 2^-126 or less (the exp's clamp), and the online softmax rescales the
+// all-masked tiles' sums by as little once the query meets one.
+inline constexpr float kAttnMaskedScore = -0x1p100f;
 
 // Sets the scores of keys before their query's document start to kAttnMaskedScore: S (rows
 // queries, cols keys) with element (i, j) at S[i * rs + j * cs].
