@@ -371,8 +371,10 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   if (fault_active("train.sigterm_in_setup")) std::raise(SIGTERM);  // test seam: a scheduler's signal during the setup
   if (fault_active("train.slow_data")) std::this_thread::sleep_for(std::chrono::seconds(6));  // test seam: a long tokenizing
   // Megatron's order and blends are built for the samples the run draws (its GPTDataset's and
-  // BlendedDataset's num_samples): the training steps' batches, and the micro-batches each
-  // validation reads (the same ones each time).
+  // BlendedDataset's num_samples): the training steps' batches, and what validation reads: in
+  // meshtrain's order eval_iters micro-batches, the same ones each time; in Megatron's, its
+  // validation: eval_iters global batches an evaluation, each reading on from the last, over a set
+  // built for (train_iters / eval_interval + 1) evaluations (get_train_valid_test_num_samples).
   // data.split: training reads split 0 of data.train's sequences, validation split 1 (none when
   // the split gives it none, as Megatron builds no validation set then).
   const bool split = !cfg.split_weights.empty();
@@ -382,9 +384,20 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
            ErrorKind::kInvalidArgument,
            "train_iters " + std::to_string(cfg.train_iters) + " x train_batch_size " + std::to_string(cfg.batch.train_batch_size) +
                " overflows 64 bits");
-  MT_CHECK(!__builtin_mul_overflow(std::max<int64_t>(0, cfg.eval_iters), cfg.batch.micro_batch_per_gpu, &valid_samples_signed),
-           ErrorKind::kInvalidArgument,
-           "eval_iters " + std::to_string(cfg.eval_iters) + " x train_micro_batch_size_per_gpu overflows 64 bits");
+  const bool megatron_valid = cfg.sample_order == "megatron";
+  if (megatron_valid) {
+    const int64_t evaluations = cfg.eval_interval > 0 ? std::max<int64_t>(0, cfg.train_iters) / cfg.eval_interval + 1 : 1;
+    int64_t per = 0;
+    MT_CHECK(!__builtin_mul_overflow(std::max<int64_t>(0, cfg.eval_iters), cfg.batch.train_batch_size, &per) &&
+                 !__builtin_mul_overflow(per, evaluations, &valid_samples_signed),
+             ErrorKind::kInvalidArgument,
+             "eval_iters " + std::to_string(cfg.eval_iters) + " x train_batch_size x " + std::to_string(evaluations) +
+                 " evaluations (Megatron's validation set) overflows 64 bits");
+  } else {
+    MT_CHECK(!__builtin_mul_overflow(std::max<int64_t>(0, cfg.eval_iters), cfg.batch.micro_batch_per_gpu, &valid_samples_signed),
+             ErrorKind::kInvalidArgument,
+             "eval_iters " + std::to_string(cfg.eval_iters) + " x train_micro_batch_size_per_gpu overflows 64 bits");
+  }
   // data.eod_mask_loss: training and validation alike, as Megatron's datasets mask both.
   int32_t eod = -1;
   if (cfg.eod_mask_loss) {
@@ -521,7 +534,23 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     // the metrics file's null ended the run's plot with a JSON type error).
     bool have_val = valid && cfg.eval_interval > 0 && cfg.eval_iters > 0 && (done % cfg.eval_interval == 0 || done == cfg.train_iters);
     double val_loss = 0.0;
-    if (have_val) {
+    if (have_val && megatron_valid) {
+      // Megatron's evaluation: eval_iters global batches, the e-th evaluation's samples
+      // [e, e + 1) x eval_iters x train_batch_size, e = done / eval_interval - 1 at an interval and
+      // done / eval_interval at a last step between two (Megatron's evaluation after its loop), so a
+      // resumed run reads on where Megatron's consumed_valid_samples puts it. Each rank reads its
+      // eval_iters x accumulation micro-batches of every global batch (the same set as Megatron's
+      // slices); the loss is the mean over the micro-batches, as Megatron's evaluate averages them.
+      std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
+      const int64_t e = done % cfg.eval_interval == 0 ? done / cfg.eval_interval - 1 : done / cfg.eval_interval;
+      const int64_t per = cfg.eval_iters * gas;
+      uint64_t next = static_cast<uint64_t>(e * cfg.eval_iters * tbs + DR * per * B);
+      for (int64_t j = 0; j < per; ++j, next += static_cast<uint64_t>(B)) {
+        valid_data.batch(next, B, tokens.data(), targets.data(), cfg.model.vocab_size);
+        val_loss += eng.evaluate(tokens.data(), targets.data());
+      }
+      val_loss = eng.mean_over_ranks(val_loss) / static_cast<double>(per);
+    } else if (have_val) {
       // Batch i on rank i mod W; every rank runs the same number of forwards (ZeRO-3 gathers
       // parameters collectively), the surplus ones uncounted.
       std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());

@@ -263,7 +263,7 @@ TEST(Train, MegatronSampleOrderReadsGptDatasetsSamples) {
   EXPECT_NE(err.find("Megatron's order was built for 24 samples there and is built for 32"), std::string::npos) << err;
 
   // data.split "8,2": sequences 0-23 train, 24-29 validate. A token planted in sequence 26 is never
-  // a training sample's; the first validation (after step 3) meets it, naming data.split.
+  // a training sample's; a validation meets it, naming data.split.
   const std::string split_planted = dir() + "/mo-split";
   int64_t in_26 = 0;
   for (int d = 0; d < 26; ++d) in_26 += lengths[static_cast<size_t>(d)];
@@ -276,7 +276,9 @@ TEST(Train, MegatronSampleOrderReadsGptDatasetsSamples) {
     EXPECT_NE(err.find("data.split: " + split_planted + ": token 150 at stream position " + std::to_string(in_26 + 4)),
               std::string::npos)
         << order << ": " << err;
-    EXPECT_EQ(losses(metrics).size(), 2u) << order;  // step 3's line waits for its validation
+    // step 3's line waits for its validation; Megatron's second one (8 samples each, reading on)
+    // meets it, at step 6
+    EXPECT_EQ(losses(metrics).size(), std::string(order) == "megatron" ? 5u : 2u) << order;
   }
 
   // A Megatron blend, weights 0.3 and 0.7 (data.train as --data-path's list): the token planted in
@@ -977,6 +979,69 @@ TEST(TrainMpi, TokenLossNormalisationIsTheWholeBatchsTokenMean) {
   double apart = 0.0;
   for (size_t i = 0; i < whole.size(); ++i) apart = std::max(apart, std::fabs(mean[i] - whole[i]) / whole[i]);
   EXPECT_GT(apart, 1e-3) << "the micro-batches' counts differ too little to tell the normalisations apart";
+}
+
+// data.sample_order "megatron" validates as Megatron does: eval_iters global batches an
+// evaluation, reading on from the last one, over a validation set built for
+// (train_iters / eval_interval + 1) x eval_iters x train_batch_size samples. Here 6 steps, an
+// evaluation every 3, eval_iters 2, batches of 4: 24 samples, the second evaluation reads samples
+// 8-15. A token planted where the oracle (tools/check_megatron_idx.py) puts validation sample 11
+// passes the first evaluation and stops the second, named at sample 11 (meshtrain's own
+// validation reads the same 4 samples each time). Clean, two data-parallel ranks validate as one
+// process does, and a run resumed at step 3 reads the second evaluation's samples.
+TEST(TrainMpi, MegatronValidationReadsOnAcrossEvaluations) {
+  if (std::system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0) GTEST_SKIP() << "no numpy for /usr/bin/python3";
+  auto write = [&](const std::string& prefix, int64_t bad_at) {
+    mt::data::IndexedDatasetWriter w(prefix, 200);
+    int64_t at = 0;
+    for (int d = 0; d < 30; ++d) {
+      std::vector<int32_t> seq;
+      for (int k = 0; k < 10 + (d * 7) % 31; ++k, ++at) seq.push_back(at == bad_at ? 150 : static_cast<int32_t>((at * 29) % 97));
+      w.add_sequence(seq);
+      w.end_document();
+    }
+    w.finalize();
+  };
+  const std::string clean = dir() + "/mv-clean", planted = dir() + "/mv-planted";
+  write(clean, -1);
+  const uint64_t N = (6 / 3 + 1) * 2 * 4;
+  const std::string out = dir() + "/mv-oracle.json";
+  const std::string cmd = std::string("/usr/bin/python3 ") + MT_SOURCE_DIR + "/tools/check_megatron_idx.py --gpt-dataset " + clean +
+                          " 16 " + std::to_string(N) + " 1234 > " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  nlohmann::json want = nlohmann::json::parse(std::ifstream(out));
+  ASSERT_EQ(want["positions"].size(), N);
+  const uint64_t p = want["positions"][11][5].get<uint64_t>();
+  uint64_t first = N;
+  for (uint64_t k = 0; k < N && first == N; ++k)
+    for (const auto& q : want["positions"][k])
+      if (q.get<uint64_t>() == p) first = k;
+  ASSERT_EQ(first, 11u) << "the planted token is met before the second evaluation";
+  write(planted, static_cast<int64_t>(p));
+  std::string err;
+  std::string cfg = write_config("mv-planted", {{"data", {{"train", clean}, {"valid", planted}, {"sample_order", "megatron"}}}});
+  EXPECT_EQ(run("train " + cfg + " --metrics " + dir() + "/mv-planted.jsonl", &err), 2);
+  EXPECT_NE(err.find("data.valid: " + planted + ": token 150 at stream position " + std::to_string(p) + " (sample 11)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(values(dir() + "/mv-planted.jsonl", "val_loss").size(), 1u);  // step 3's passed
+
+  const nlohmann::json data = {{"train", clean}, {"valid", clean}, {"sample_order", "megatron"}};
+  cfg = write_config("mv-one", {{"data", data}});
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/mv-one.jsonl", &err), 0) << err;
+  const std::vector<double> one = values(dir() + "/mv-one.jsonl", "val_loss");
+  ASSERT_EQ(one.size(), 2u);
+  cfg = write_config("mv-dp2", {{"data", data}, {"train_batch_size", 4}, {"train_micro_batch_size_per_gpu", 2},
+                                {"gradient_accumulation_steps", "auto"}, {"comm_timeout", 20}});
+  ASSERT_EQ(run(launch(2) + cfg + " --metrics " + dir() + "/mv-dp2.jsonl", &err), 0) << err;
+  expect_close(one, values(dir() + "/mv-dp2.jsonl", "val_loss"), 1e-5, "dp 2 validation");
+  cfg = write_config("mv-resumed", {{"data", data}});
+  ASSERT_EQ(run("train " + cfg + " --resume " + dir() + "/ckpt-mv-one/step-3 --metrics " + dir() + "/mv-resumed.jsonl", &err), 0)
+      << err;
+  const std::vector<double> resumed = values(dir() + "/mv-resumed.jsonl", "val_loss");
+  ASSERT_EQ(resumed.size(), 1u);
+  EXPECT_NEAR(resumed[0], one[1], 1e-5 * one[1]);
+  EXPECT_GT(std::fabs(one[1] - one[0]), 1e-4) << "the two evaluations read the same samples";
 }
 
 // data.reset_position_ids and data.reset_attention_mask (Megatron's): documents end at token 5
