@@ -427,6 +427,22 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     valid_data = open_data(cfg, cfg.valid_spec, "data.valid", false, valid_samples, -1, eod);
     valid = true;
   }
+  // data.split's third share: Megatron's test set (its test_iters = eval_iters batches), evaluated
+  // once when training ends, as Megatron's do_test; none when the split gives it no weight, or when
+  // its share of a dataset is too small to read (said; the run goes on without it).
+  DataSource test_data;
+  bool test = false;
+  if (split && cfg.eval_iters > 0 && cfg.split_weights.size() > 2 && data::megatron_split_sequences(cfg.split_weights, 1, 2)) {
+    const uint64_t test_samples = static_cast<uint64_t>(cfg.eval_iters) *
+                                  static_cast<uint64_t>(megatron_valid ? cfg.batch.train_batch_size : cfg.batch.micro_batch_per_gpu);
+    try {
+      test_data = open_data(cfg, cfg.train_spec, "data.split", false, test_samples, 2, eod);
+      test = true;
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kInvalidArgument) throw;
+      if (lead) log_warning(std::string(e.what()) + "; the run evaluates no test set");
+    }
+  }
   if (world && lead) world->barrier(bo)->wait();
   started = true;  // from here on the ranks run collectives together
   // Every collective of the run goes through the comms logger (comm/comm_log.h): its counters give
@@ -487,6 +503,36 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   int64_t start_step = eng.global_step();
   const int64_t applied_at_start = eng.applied_steps();
   bool first_save = true;
+  // One evaluation of a validation or test set: the mean loss of its micro-batches.
+  auto evaluate_set = [&](DataSource& data, int64_t e) {
+    std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
+    double sum = 0.0;
+    if (megatron_valid) {
+      // Megatron's evaluation: eval_iters global batches, evaluation e's samples [e, e + 1) x
+      // eval_iters x train_batch_size (e = done / eval_interval - 1 at an interval, done /
+      // eval_interval at a last step between two: Megatron's evaluation after its loop), so a
+      // resumed run reads on where Megatron's consumed_valid_samples puts it. Each rank reads its
+      // eval_iters x accumulation micro-batches of those global batches (the set of Megatron's
+      // slices); the loss is the mean over the micro-batches, as Megatron's evaluate averages them.
+      const int64_t per = cfg.eval_iters * gas;
+      uint64_t next = static_cast<uint64_t>(e * cfg.eval_iters * tbs + DR * per * B);
+      for (int64_t j = 0; j < per; ++j, next += static_cast<uint64_t>(B)) {
+        data.batch(next, B, tokens.data(), targets.data(), cfg.model.vocab_size);
+        sum += eng.evaluate(tokens.data(), targets.data());
+      }
+      return eng.mean_over_ranks(sum) / static_cast<double>(per);
+    }
+    // meshtrain's: the set's first eval_iters micro-batches each time, batch i on rank i mod W;
+    // every rank runs the same number of forwards (ZeRO-3 gathers parameters collectively), the
+    // surplus ones uncounted.
+    for (int64_t j = 0; j < (cfg.eval_iters + DW - 1) / DW; ++j) {
+      int64_t i = DR + j * DW;
+      data.batch(static_cast<uint64_t>((i < cfg.eval_iters ? i : 0) * B), B, tokens.data(), targets.data(), cfg.model.vocab_size);
+      float l = eng.evaluate(tokens.data(), targets.data());
+      if (i < cfg.eval_iters) sum += l;
+    }
+    return eng.mean_over_ranks(sum) * DW / static_cast<double>(cfg.eval_iters);
+  };
   stop_before_first_step(world.get(), cfg.comm_timeout_s, lead);
   while (eng.global_step() < cfg.train_iters) {
     int64_t step = eng.global_step();
@@ -533,35 +579,12 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     // eval_iters 0: no validation, as Megatron (it averaged 0 losses: "validation loss -nan", and
     // the metrics file's null ended the run's plot with a JSON type error).
     bool have_val = valid && cfg.eval_interval > 0 && cfg.eval_iters > 0 && (done % cfg.eval_interval == 0 || done == cfg.train_iters);
-    double val_loss = 0.0;
-    if (have_val && megatron_valid) {
-      // Megatron's evaluation: eval_iters global batches, the e-th evaluation's samples
-      // [e, e + 1) x eval_iters x train_batch_size, e = done / eval_interval - 1 at an interval and
-      // done / eval_interval at a last step between two (Megatron's evaluation after its loop), so a
-      // resumed run reads on where Megatron's consumed_valid_samples puts it. Each rank reads its
-      // eval_iters x accumulation micro-batches of every global batch (the same set as Megatron's
-      // slices); the loss is the mean over the micro-batches, as Megatron's evaluate averages them.
-      std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
-      const int64_t e = done % cfg.eval_interval == 0 ? done / cfg.eval_interval - 1 : done / cfg.eval_interval;
-      const int64_t per = cfg.eval_iters * gas;
-      uint64_t next = static_cast<uint64_t>(e * cfg.eval_iters * tbs + DR * per * B);
-      for (int64_t j = 0; j < per; ++j, next += static_cast<uint64_t>(B)) {
-        valid_data.batch(next, B, tokens.data(), targets.data(), cfg.model.vocab_size);
-        val_loss += eng.evaluate(tokens.data(), targets.data());
-      }
-      val_loss = eng.mean_over_ranks(val_loss) / static_cast<double>(per);
-    } else if (have_val) {
-      // Batch i on rank i mod W; every rank runs the same number of forwards (ZeRO-3 gathers
-      // parameters collectively), the surplus ones uncounted.
-      std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
-      for (int64_t j = 0; j < (cfg.eval_iters + DW - 1) / DW; ++j) {
-        int64_t i = DR + j * DW;
-        valid_data.batch(static_cast<uint64_t>((i < cfg.eval_iters ? i : 0) * B), B, tokens.data(), targets.data(), cfg.model.vocab_size);
-        float l = eng.evaluate(tokens.data(), targets.data());
-        if (i < cfg.eval_iters) val_loss += l;
-      }
-      val_loss = eng.mean_over_ranks(val_loss) * DW / static_cast<double>(cfg.eval_iters);
-    }
+    const double val_loss = have_val ? evaluate_set(valid_data, done % cfg.eval_interval == 0 ? done / cfg.eval_interval - 1
+                                                                                             : done / cfg.eval_interval)
+                                     : 0.0;
+    // data.split's test share, once at the end (after the last validation, as Megatron).
+    const bool have_test = test && done == cfg.train_iters;
+    const double test_loss = have_test ? evaluate_set(test_data, 0) : 0.0;
     if (csv) {  // DeepSpeed's events, stepped in samples, at the points its engine writes them
       const int64_t samples = eng.consumed_samples();
       // backward() writes the loss before the step counts its samples; step() writes the lr and the
@@ -614,6 +637,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
         m["step_seconds"] = r.step_seconds;
       }
       if (have_val) m["val_loss"] = val_loss;
+      if (have_test) m["test_loss"] = test_loss;
       MemStats mem = eng.memory_stats();
       for (int c = 0; c < kMemCategoryCount; ++c)
         m["peak_" + std::string(mem_category_name(static_cast<MemCategory>(c))) + "_bytes"] = mem.peak[c];
@@ -677,6 +701,8 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     }
     if (lead && have_val)
       std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), val_loss);
+    if (lead && have_test)
+      std::printf("%sstep %lld test loss %.4f\n", tty && !have_val ? "\n" : "", static_cast<long long>(done), test_loss);
     const int stop = agreed_stop_signal(world.get(), cfg.comm_timeout_s);
     // A run that reached train_iters having applied no step (each fp16 step skipped for overflow,
     // with the scale still above its minimum: about 18 steps from 2^16) saved that as `latest` and

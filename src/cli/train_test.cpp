@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <chrono>
 #include <thread>
@@ -262,24 +263,49 @@ TEST(Train, MegatronSampleOrderReadsGptDatasetsSamples) {
       << err;
   EXPECT_NE(err.find("Megatron's order was built for 24 samples there and is built for 32"), std::string::npos) << err;
 
+  // A token planted at `at` of a dataset cut by `split`, trained in both orders: the run stops
+  // naming data.split and the position; check(order, metrics) looks at what was logged before.
+  auto planted_split = [&](const std::string& name, const char* split, int64_t at,
+                           const std::function<void(const std::string&, const std::string&)>& check) {
+    const std::string prefix = dir() + "/" + name;
+    write(prefix, at);
+    for (const std::string order : {"meshtrain", "megatron"}) {
+      cfg = write_config(name + "-" + order, {{"data", {{"train", prefix}, {"split", split}, {"sample_order", order}}}});
+      const std::string metrics = dir() + "/" + name + "-" + order + ".jsonl";
+      EXPECT_EQ(run("train " + cfg + " --metrics " + metrics, &err), 2) << order;
+      EXPECT_NE(err.find("data.split: " + prefix + ": token 150 at stream position " + std::to_string(at)), std::string::npos)
+          << order << ": " << err;
+      check(order, metrics);
+    }
+  };
   // data.split "8,2": sequences 0-23 train, 24-29 validate. A token planted in sequence 26 is never
   // a training sample's; a validation meets it, naming data.split.
-  const std::string split_planted = dir() + "/mo-split";
   int64_t in_26 = 0;
   for (int d = 0; d < 26; ++d) in_26 += lengths[static_cast<size_t>(d)];
-  write(split_planted, in_26 + 4);
-  for (const char* order : {"meshtrain", "megatron"}) {
-    cfg = write_config(std::string("mo-split-") + order,
-                       {{"data", {{"train", split_planted}, {"split", "8,2"}, {"sample_order", order}}}});
-    const std::string metrics = dir() + "/mo-split-" + order + ".jsonl";
-    EXPECT_EQ(run("train " + cfg + " --metrics " + metrics, &err), 2) << order;
-    EXPECT_NE(err.find("data.split: " + split_planted + ": token 150 at stream position " + std::to_string(in_26 + 4)),
-              std::string::npos)
-        << order << ": " << err;
+  planted_split("mo-split", "8,2", in_26 + 4, [&](const std::string& order, const std::string& metrics) {
     // step 3's line waits for its validation; Megatron's second one (8 samples each, reading on)
     // meets it, at step 6
-    EXPECT_EQ(losses(metrics).size(), std::string(order) == "megatron" ? 5u : 2u) << order;
-  }
+    EXPECT_EQ(losses(metrics).size(), order == "megatron" ? 5u : 2u) << order;
+  });
+
+  // data.split's third share is Megatron's test set, evaluated once when training ends: "8,1,1"
+  // gives it sequences 27-29. A token planted there passes training and both validations and stops
+  // the test evaluation, naming data.split; clean, the last step's line holds test_loss; a share
+  // too small for a sample ("969,30,1" leaves 30 sequences' test share none) is said and skipped.
+  planted_split("mo-test", "8,1,1", in_26 + lengths[26] + 4, [&](const std::string& order, const std::string& metrics) {
+    EXPECT_EQ(values(metrics, "val_loss").size(), 1u) << order;  // step 3's; step 6's line waits for the test
+  });
+  cfg = write_config("mo-test-clean", {{"data", {{"train", clean}, {"split", "8,1,1"}, {"sample_order", "megatron"}}}});
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/mo-test.jsonl", &err), 0) << err;
+  const std::vector<double> tested = values(dir() + "/mo-test.jsonl", "test_loss");
+  ASSERT_EQ(tested.size(), 1u);
+  EXPECT_TRUE(std::isfinite(tested[0]) && tested[0] > 0);
+  EXPECT_TRUE(values(dir() + "/mo-split-megatron.jsonl", "test_loss").empty());  // "8,2": no test share
+  cfg = write_config("mo-test-small", {{"data", {{"train", clean}, {"split", "969,30,1"}}}});
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/mo-test-small.jsonl", &err), 0) << err;
+  EXPECT_NE(err.find("data.split leaves test no sequences of the 30"), std::string::npos) << err;
+  EXPECT_NE(err.find("the run evaluates no test set"), std::string::npos) << err;
+  EXPECT_EQ(values(dir() + "/mo-test-small.jsonl", "val_loss").size(), 2u);
 
   // A Megatron blend, weights 0.3 and 0.7 (data.train as --data-path's list): the token planted in
   // the second dataset is met at the global sample the oracle's blend puts it, named with that
@@ -1025,6 +1051,21 @@ TEST(TrainMpi, MegatronValidationReadsOnAcrossEvaluations) {
             std::string::npos)
       << err;
   EXPECT_EQ(values(dir() + "/mv-planted.jsonl", "val_loss").size(), 1u);  // step 3's passed
+  // 7 steps build the same 24 samples (7 / 3 + 1 evaluations): steps 3 and 6 read slots 0 and 1,
+  // the last step, between two intervals, slot 2 (Megatron's evaluation after its loop).
+  const uint64_t p2 = want["positions"][19][5].get<uint64_t>();
+  uint64_t first2 = N;
+  for (uint64_t k = 0; k < N && first2 == N; ++k)
+    for (const auto& q : want["positions"][k])
+      if (q.get<uint64_t>() == p2) first2 = k;
+  ASSERT_EQ(first2, 19u);
+  write(planted, static_cast<int64_t>(p2));
+  cfg = write_config("mv-last", {{"data", {{"train", clean}, {"valid", planted}, {"sample_order", "megatron"}}}, {"train_iters", 7}});
+  EXPECT_EQ(run("train " + cfg + " --metrics " + dir() + "/mv-last.jsonl", &err), 2);
+  EXPECT_NE(err.find("data.valid: " + planted + ": token 150 at stream position " + std::to_string(p2) + " (sample 19)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(values(dir() + "/mv-last.jsonl", "val_loss").size(), 2u);
 
   const nlohmann::json data = {{"train", clean}, {"valid", clean}, {"sample_order", "megatron"}};
   cfg = write_config("mv-one", {{"data", data}});

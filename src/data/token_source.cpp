@@ -26,7 +26,7 @@ TokenSource::TokenSource(const std::vector<TokenSourcePart>& parts, const TokenS
     if (options_.split >= 0 && !options_.split_weights.empty()) {
       const auto range = megatron_split_sequences(options_.split_weights, end, options_.split);
       MT_CHECK(range && range->end > range->first, ErrorKind::kInvalidArgument,
-               name + ": data.split leaves " + (options_.split == 0 ? "training" : "validation") + " no sequences of the " +
+               name + ": data.split leaves " + (options_.split == 0 ? "training" : options_.split == 1 ? "validation" : "test") + " no sequences of the " +
                    std::to_string(end) + " in " + given.prefix);
       first = range->first;
       end = range->end;
@@ -86,7 +86,7 @@ TokenSource::TokenSource(const std::vector<TokenSourcePart>& parts, const TokenS
   }
   const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
   MT_CHECK(memory <= 0 || static_cast<double>(size_) * 10.0 <= memory / 2, ErrorKind::kInvalidArgument,
-           name + ": the blend's index of " + std::to_string(size_) + " samples (train_iters x train_batch_size) needs " +
+           name + ": the blend's index of " + std::to_string(size_) + " samples (the samples the run draws) needs " +
                std::to_string(static_cast<int64_t>(static_cast<double>(size_) * 10.0 / 1073741824.0)) +
                " GiB, more than half of this machine's memory");
   blend_ = std::make_unique<MegatronBlend>(weights, size_);
