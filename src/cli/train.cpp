@@ -432,19 +432,40 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   // its share of a dataset is too small to read (said; the run goes on without it).
   DataSource test_data;
   bool test = false;
+  std::string test_skipped;  // why this rank has none
   if (split && cfg.eval_iters > 0 && cfg.split_weights.size() > 2 && data::megatron_split_sequences(cfg.split_weights, 1, 2)) {
     const uint64_t test_samples = static_cast<uint64_t>(cfg.eval_iters) *
                                   static_cast<uint64_t>(megatron_valid ? cfg.batch.train_batch_size : cfg.batch.micro_batch_per_gpu);
     try {
-      test_data = open_data(cfg, cfg.train_spec, "data.split", false, test_samples, 2, eod);
+      // test seam: rank 1's host holds a shorter copy of the data
+      MT_CHECK(!(fault_active("train.test_share_unreadable") && world && world->rank() == 1), ErrorKind::kInvalidArgument,
+               "data.split (test): this rank's copy of the test share is too short (fault seam)");
+      test_data = open_data(cfg, cfg.train_spec, "data.split (test)", false, test_samples, 2, eod);
       test = true;
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kInvalidArgument) throw;
-      if (lead) log_warning(std::string(e.what()) + "; the run evaluates no test set");
+      test_skipped = std::string(e.what()) + "; the run evaluates no test set";
     }
   }
   if (world && lead) world->barrier(bo)->wait();
   started = true;  // from here on the ranks run collectives together
+  if (split && cfg.eval_iters > 0 && cfg.split_weights.size() > 2) {
+    // Every rank evaluates the test set or none does (its forwards are collective): the ranks agree,
+    // each one that could not open it saying why where they differ (a host's shorter copy).
+    float has[2] = {test ? 1.0f : 0.0f, test ? 0.0f : 1.0f};  // max: some rank has one / lacks one
+    if (world) {
+      comm::AllReduceOptions o;
+      o.op = comm::ReduceOp::kMax;
+      o.tag = "test set";
+      o.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000.0));
+      world->all_reduce(has, 2, DType::kF32, o)->wait();
+    }
+    const bool differ = has[0] > 0.5f && has[1] > 0.5f;
+    if (!test_skipped.empty() && (lead || differ))
+      log_warning((differ ? "rank " + std::to_string(world ? world->rank() : 0) + ": " : std::string()) + test_skipped);
+    if (differ && lead && test) log_warning("data.split (test): another rank could not open the test set; the run evaluates none");
+    test = test && !differ;
+  }
   // Every collective of the run goes through the comms logger (comm/comm_log.h): its counters give
   // each step's comm_bytes; the comms_logger block says what is printed.
   auto comm_log = std::make_shared<comm::CommLog>();
@@ -533,6 +554,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     }
     return eng.mean_over_ranks(sum) * DW / static_cast<double>(cfg.eval_iters);
   };
+  nlohmann::json last_line;  // the last step's metrics, held for the test set's loss
   stop_before_first_step(world.get(), cfg.comm_timeout_s, lead);
   while (eng.global_step() < cfg.train_iters) {
     int64_t step = eng.global_step();
@@ -582,9 +604,9 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     const double val_loss = have_val ? evaluate_set(valid_data, done % cfg.eval_interval == 0 ? done / cfg.eval_interval - 1
                                                                                              : done / cfg.eval_interval)
                                      : 0.0;
-    // data.split's test share, once at the end (after the last validation, as Megatron).
+    // data.split's test share, once at the end, after the final save (Megatron's do_test): its
+    // loss goes in the last step's metrics line, held back until then.
     const bool have_test = test && done == cfg.train_iters;
-    const double test_loss = have_test ? evaluate_set(test_data, 0) : 0.0;
     if (csv) {  // DeepSpeed's events, stepped in samples, at the points its engine writes them
       const int64_t samples = eng.consumed_samples();
       // backward() writes the loss before the step counts its samples; step() writes the lr and the
@@ -637,7 +659,6 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
         m["step_seconds"] = r.step_seconds;
       }
       if (have_val) m["val_loss"] = val_loss;
-      if (have_test) m["test_loss"] = test_loss;
       MemStats mem = eng.memory_stats();
       for (int c = 0; c < kMemCategoryCount; ++c)
         m["peak_" + std::string(mem_category_name(static_cast<MemCategory>(c))) + "_bytes"] = mem.peak[c];
@@ -649,7 +670,8 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       fresh_before = mem.fresh_mapped;
       m["rss_peak_bytes"] = process_peak_rss_bytes();  // VmHWM: everything the process ever held
       m["gemm_scratch_bytes"] = kernels::gemm_scratch_held();  // oneDNN's scratchpad region
-      metrics.write(m, done);
+      if (have_test) last_line = std::move(m);
+      else metrics.write(m, done);
     }
     double elapsed = total.seconds();
     double remaining = elapsed / static_cast<double>(done - start_step) * static_cast<double>(cfg.train_iters - done);
@@ -701,8 +723,6 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     }
     if (lead && have_val)
       std::printf("%sstep %lld validation loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), val_loss);
-    if (lead && have_test)
-      std::printf("%sstep %lld test loss %.4f\n", tty && !have_val ? "\n" : "", static_cast<long long>(done), test_loss);
     const int stop = agreed_stop_signal(world.get(), cfg.comm_timeout_s);
     // A run that reached train_iters having applied no step (each fp16 step skipped for overflow,
     // with the scale still above its minimum: about 18 steps from 2^16) saved that as `latest` and
@@ -723,6 +743,19 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       where = engine::checkpoint_save(eng, cfg.save_dir, cfg.keep_last, args.overwrite && first_save);  // collective
       first_save = false;
       if (lead && !tty && stop == 0) std::printf("saved %s\n", where.c_str());
+    }
+    if (have_test) {
+      if (stop == 0) {
+        try {
+          const double test_loss = evaluate_set(test_data, 0);
+          if (lead) std::printf("%sstep %lld test loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), test_loss);
+          if (metrics.is_open()) last_line["test_loss"] = test_loss;
+        } catch (...) {
+          if (metrics.is_open()) metrics.write(last_line, done);  // the step trained and was saved
+          throw;
+        }
+      }
+      if (metrics.is_open()) metrics.write(last_line, done);
     }
     if (lead) std::fflush(stdout);  // a pipe or a log file sees each line as it happens
     if (stop != 0) {

@@ -265,7 +265,7 @@ TEST(Train, MegatronSampleOrderReadsGptDatasetsSamples) {
 
   // A token planted at `at` of a dataset cut by `split`, trained in both orders: the run stops
   // naming data.split and the position; check(order, metrics) looks at what was logged before.
-  auto planted_split = [&](const std::string& name, const char* split, int64_t at,
+  auto planted_split = [&](const std::string& name, const char* split, const std::string& key, int64_t at,
                            const std::function<void(const std::string&, const std::string&)>& check) {
     const std::string prefix = dir() + "/" + name;
     write(prefix, at);
@@ -273,7 +273,7 @@ TEST(Train, MegatronSampleOrderReadsGptDatasetsSamples) {
       cfg = write_config(name + "-" + order, {{"data", {{"train", prefix}, {"split", split}, {"sample_order", order}}}});
       const std::string metrics = dir() + "/" + name + "-" + order + ".jsonl";
       EXPECT_EQ(run("train " + cfg + " --metrics " + metrics, &err), 2) << order;
-      EXPECT_NE(err.find("data.split: " + prefix + ": token 150 at stream position " + std::to_string(at)), std::string::npos)
+      EXPECT_NE(err.find(key + ": " + prefix + ": token 150 at stream position " + std::to_string(at)), std::string::npos)
           << order << ": " << err;
       check(order, metrics);
     }
@@ -282,25 +282,38 @@ TEST(Train, MegatronSampleOrderReadsGptDatasetsSamples) {
   // a training sample's; a validation meets it, naming data.split.
   int64_t in_26 = 0;
   for (int d = 0; d < 26; ++d) in_26 += lengths[static_cast<size_t>(d)];
-  planted_split("mo-split", "8,2", in_26 + 4, [&](const std::string& order, const std::string& metrics) {
+  planted_split("mo-split", "8,2", "data.split", in_26 + 4, [&](const std::string& order, const std::string& metrics) {
     // step 3's line waits for its validation; Megatron's second one (8 samples each, reading on)
     // meets it, at step 6
     EXPECT_EQ(losses(metrics).size(), order == "megatron" ? 5u : 2u) << order;
   });
 
-  // data.split's third share is Megatron's test set, evaluated once when training ends: "8,1,1"
-  // gives it sequences 27-29. A token planted there passes training and both validations and stops
-  // the test evaluation, naming data.split; clean, the last step's line holds test_loss; a share
-  // too small for a sample ("969,30,1" leaves 30 sequences' test share none) is said and skipped.
-  planted_split("mo-test", "8,1,1", in_26 + lengths[26] + 4, [&](const std::string& order, const std::string& metrics) {
-    EXPECT_EQ(values(metrics, "val_loss").size(), 1u) << order;  // step 3's; step 6's line waits for the test
-  });
+  // data.split's third share is Megatron's test set, evaluated once when training ends, after the
+  // final save: "8,1,1" gives it sequences 27-29. A token planted there passes training and both
+  // validations and stops the test evaluation, naming the test set, with step 6 saved and its line
+  // written; clean, the last step's line holds test_loss, also without validation (eval_interval 0,
+  // as Megatron's do_test); "8,2" has no test set; a share too small for a sample ("969,30,1"
+  // leaves 30 sequences' test share none) is said and skipped.
+  planted_split("mo-test", "8,1,1", "data.split (test)", in_26 + lengths[26] + 4,
+                [&](const std::string& order, const std::string& metrics) {
+                  EXPECT_EQ(values(metrics, "val_loss").size(), 2u) << order;
+                  EXPECT_TRUE(values(metrics, "test_loss").empty()) << order;
+                  EXPECT_TRUE(fs::exists(dir() + "/ckpt-mo-test-" + order + "/step-6")) << order;
+                });
   cfg = write_config("mo-test-clean", {{"data", {{"train", clean}, {"split", "8,1,1"}, {"sample_order", "megatron"}}}});
   ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/mo-test.jsonl", &err), 0) << err;
   const std::vector<double> tested = values(dir() + "/mo-test.jsonl", "test_loss");
   ASSERT_EQ(tested.size(), 1u);
   EXPECT_TRUE(std::isfinite(tested[0]) && tested[0] > 0);
-  EXPECT_TRUE(values(dir() + "/mo-split-megatron.jsonl", "test_loss").empty());  // "8,2": no test share
+  cfg = write_config("mo-test-noval", {{"data", {{"train", clean}, {"split", "8,1,1"}}}, {"eval_interval", 0}});
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/mo-test-noval.jsonl", &err), 0) << err;
+  EXPECT_EQ(values(dir() + "/mo-test-noval.jsonl", "test_loss").size(), 1u);
+  EXPECT_TRUE(values(dir() + "/mo-test-noval.jsonl", "val_loss").empty());
+  cfg = write_config("mo-no-test", {{"data", {{"train", clean}, {"split", "8,2"}}}});
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/mo-no-test.jsonl", &err), 0) << err;
+  EXPECT_TRUE(values(dir() + "/mo-no-test.jsonl", "test_loss").empty());
+  EXPECT_EQ(values(dir() + "/mo-no-test.jsonl", "val_loss").size(), 2u);
+  EXPECT_EQ(err.find("test set"), std::string::npos) << err;
   cfg = write_config("mo-test-small", {{"data", {{"train", clean}, {"split", "969,30,1"}}}});
   ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/mo-test-small.jsonl", &err), 0) << err;
   EXPECT_NE(err.find("data.split leaves test no sequences of the 30"), std::string::npos) << err;
@@ -1083,6 +1096,27 @@ TEST(TrainMpi, MegatronValidationReadsOnAcrossEvaluations) {
   ASSERT_EQ(resumed.size(), 1u);
   EXPECT_NEAR(resumed[0], one[1], 1e-5 * one[1]);
   EXPECT_GT(std::fabs(one[1] - one[0]), 1e-4) << "the two evaluations read the same samples";
+  // The test set (data.split's third share) is evaluated alike by one process and two ranks.
+  const nlohmann::json split = {{"train", clean}, {"split", "8,1,1"}, {"sample_order", "megatron"}};
+  cfg = write_config("mv-test-one", {{"data", split}});
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/mv-test-one.jsonl", &err), 0) << err;
+  cfg = write_config("mv-test-dp2", {{"data", split}, {"train_batch_size", 4}, {"train_micro_batch_size_per_gpu", 2},
+                                     {"gradient_accumulation_steps", "auto"}, {"comm_timeout", 20},
+                                     {"zero_optimization", {{"stage", 3}, {"stage3_param_persistence_threshold", 0}}}});
+  ASSERT_EQ(run(launch(2) + cfg + " --metrics " + dir() + "/mv-test-dp2.jsonl", &err), 0) << err;
+  const std::vector<double> t1 = values(dir() + "/mv-test-one.jsonl", "test_loss");
+  ASSERT_EQ(t1.size(), 1u);
+  expect_close(t1, values(dir() + "/mv-test-dp2.jsonl", "test_loss"), 1e-5, "dp 2 test loss");
+  // One rank that cannot open the test set (a host's shorter copy): the ranks agree to evaluate
+  // none, and that rank says why, instead of the other running the test's collectives alone.
+  setenv("MT_FAULT", "train.test_share_unreadable", 1);
+  const int rc = run(launch(2) + cfg + " --overwrite --metrics " + dir() + "/mv-test-one-rank.jsonl", &err);
+  unsetenv("MT_FAULT");
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_NE(err.find("rank 1: data.split (test): this rank's copy of the test share is too short"), std::string::npos) << err;
+  EXPECT_NE(err.find("another rank could not open the test set; the run evaluates none"), std::string::npos) << err;
+  EXPECT_TRUE(values(dir() + "/mv-test-one-rank.jsonl", "test_loss").empty());
+  EXPECT_EQ(losses(dir() + "/mv-test-one-rank.jsonl").size(), 6u);
 }
 
 // data.reset_position_ids and data.reset_attention_mask (Megatron's): documents end at token 5
