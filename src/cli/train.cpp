@@ -594,7 +594,11 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     const uint64_t comm_bytes = comm_log->sent_bytes() - sent_before;  // this rank's, in the step's collectives
     // A curriculum step trains on fewer tokens (and FLOPs) than seq_length's.
     const int64_t step_T = r.seq_length > 0 ? r.seq_length : T;
-    const double flops = step_T == T ? full_flops : model->train_flops_per_step() * static_cast<double>(gas * DW);
+    double flops = step_T == T ? full_flops : model->train_flops_per_step() * static_cast<double>(gas * DW);
+    // data.reset_attention_mask: the attention the step computed, not a causal sample's.
+    if (r.attention_pairs >= 0)
+      flops += model->attention_flops_per_pair() * r.attention_pairs -
+               model->causal_attention_flops() * static_cast<double>(gas * DW);
     double tok_s = static_cast<double>(tbs * step_T) / secs;
     int64_t done = eng.global_step();
     fault_point(("train.after_step_" + std::to_string(done)).c_str());
@@ -659,6 +663,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
         m["step_seconds"] = r.step_seconds;
       }
       if (have_val) m["val_loss"] = val_loss;
+      if (r.attention_pairs >= 0) m["attention_pairs"] = r.attention_pairs;  // the step's, every rank's
       MemStats mem = eng.memory_stats();
       for (int c = 0; c < kMemCategoryCount; ++c)
         m["peak_" + std::string(mem_category_name(static_cast<MemCategory>(c))) + "_bytes"] = mem.peak[c];

@@ -1169,7 +1169,13 @@ TEST(TrainMpi, DocumentsTrainAsOneProcessInEveryLayout) {
   ASSERT_EQ(run(launch(2) + config("doc-pp2", both, {{"parallel", {{"pp", 2}}}}), &err), 0) << err;
   nlohmann::json zero = {{"zero_optimization", {{"stage", 3}, {"reduce_bucket_size", 5000}, {"stage3_param_persistence_threshold", 0}}}};
   ASSERT_EQ(run(launch(2) + config("doc-dp2", both, zero), &err), 0) << err;
+  // The step's attention pairs (its tflops count them): the global batch's, whoever holds it.
+  const std::vector<double> pairs = values(dir() + "/doc-one.jsonl", "attention_pairs");
+  ASSERT_EQ(pairs.size(), one.size());
+  EXPECT_LT(pairs[0], 4 * 16 * 17 / 2) << "no fewer pairs than a causal batch's";
+  EXPECT_TRUE(values(dir() + "/doc-pos.jsonl", "attention_pairs").empty());
   for (const char* name : {"doc-tp2", "doc-pp2", "doc-dp2"}) {
+    EXPECT_EQ(pairs, values(dir() + "/" + std::string(name) + ".jsonl", "attention_pairs")) << name;
     expect_close(one, losses(dir() + "/" + name + ".jsonl"), 1e-5, name);
     expect_close(values(dir() + "/doc-one.jsonl", "val_loss"), values(dir() + "/" + std::string(name) + ".jsonl", "val_loss"), 1e-5,
                  std::string(name) + " validation");

@@ -572,7 +572,22 @@ StepResult Engine::step() {
   r.tp_comm_bytes = model_.tp().bytes();
   r.tp_comm_seconds = model_.tp().seconds();
   model_.tp().reset_bytes();
-  r.loss = static_cast<float>(mean_over_ranks(loss_sum_ / micro_in_step_));
+  if (model_.options().documents.on() && model_.options().documents.attention) {
+    // The step's attention pairs, summed over the data-parallel ranks in the loss's all-reduce (the
+    // model counts them in training forwards; stage 0 of a pipeline holds them).
+    float v[2] = {static_cast<float>(loss_sum_ / micro_in_step_), static_cast<float>(model_.take_attention_pairs())};
+    if (world() > 1) {
+      comm::AllReduceOptions o;
+      o.op = comm::ReduceOp::kAvg;
+      o.tag = "mean over ranks";
+      o.timeout = timeout();
+      dp_->all_reduce(v, 2, DType::kF32, o)->wait();
+    }
+    r.loss = v[0];
+    r.attention_pairs = static_cast<double>(v[1]) * world();
+  } else {
+    r.loss = static_cast<float>(mean_over_ranks(loss_sum_ / micro_in_step_));
+  }
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
   if (const double post = grad_average_factors().second; post != 1.0 && !device_) {

@@ -31,6 +31,9 @@ struct StepResult {
   double lr = 0.0;            // the learning rate this step used
   double loss_scale = 1.0;    // the scale this step's gradients carried
   bool skipped = false;       // f16 overflow: no update
+  // data.reset_attention_mask: the (query, key) pairs the step's attention computed, summed over its
+  // micro-batches and the data-parallel ranks (causal: T(T+1)/2 a sample); -1 without documents.
+  double attention_pairs = -1.0;
   // Wall-clock seconds of this step's parts (DeepSpeed's wall_clock_breakdown): forward and
   // backward summed over its micro-batches, and the optimizer step (norm, clip, update).
   double forward_seconds = 0.0, backward_seconds = 0.0, step_seconds = 0.0;

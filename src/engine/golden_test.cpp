@@ -239,15 +239,19 @@ void expect_loss_and_grads(const Golden& g, const models::ModelOptions::Document
   }
 }
 
-// The engine's AdamW steps over the golden batch: the file's step_losses (1e-4).
-void expect_engine_steps(const Golden& g, const std::string& name, const models::ModelOptions::Documents& docs) {
+// The engine's AdamW steps over the golden batch: the file's step_losses (1e-4); pairs: the
+// attention pairs each step reports (-1: none counted).
+void expect_engine_steps(const Golden& g, const std::string& name, const models::ModelOptions::Documents& docs,
+                         double pairs = -1.0) {
   auto m = make_model(g, DType::kF32, false, docs);
   Engine eng(golden_run_config(g, name, nlohmann::json::object()), *m);
   std::vector<float> ref_losses = g.file->read_f32("step_losses");
   ASSERT_EQ(static_cast<int>(ref_losses.size()), g.steps);
   for (int s = 0; s < g.steps; ++s) {
     const float loss = eng.forward_backward(g.tokens.data(), g.targets.data());
-    EXPECT_FALSE(eng.step().skipped);
+    const StepResult r = eng.step();
+    EXPECT_FALSE(r.skipped);
+    EXPECT_EQ(r.attention_pairs, pairs) << "step " << s;
     EXPECT_LE(std::fabs(loss - ref_losses[s]) / std::fabs(ref_losses[s]), 1e-4) << "step " << s;
   }
 }
@@ -310,7 +314,9 @@ TEST_P(GoldenDocuments, LossEveryGradientAndStepsMatchPyTorch) {
       apart = std::max(apart, rel_err(p->grad, g.file->read_f32("grad." + p->name, p->shape)));
     EXPECT_GT(apart, 1e-2) << "the documents change nothing in this batch";
   }
-  expect_engine_steps(g, name, docs);
+  // The step's attention pairs (its FLOPs in the metrics): by hand, row 0's documents of 5, 7 and 4
+  // tokens and row 1's of 1, 7, 1 and 7 give 15 + 28 + 10 + 1 + 28 + 1 + 28 = 111 of the causal 272.
+  expect_engine_steps(g, name, docs, docs.attention ? 111.0 : -1.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GoldenDocuments,

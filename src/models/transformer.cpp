@@ -327,6 +327,8 @@ float TransformerLM::forward_chunk(int c, int slot, const int32_t* tokens, const
   if (opts_.documents.on()) {  // every chunk's attention (and RoPE) needs them: each stage has the tokens
     MT_CHECK(tokens != nullptr, ErrorKind::kInternal, "documents: a forward without its tokens");
     document_bounds(tokens, d.B, d.T, opts_.documents.eod, s.doc_pos, s.doc_kstart);
+    if (opts_.documents.attention && chunk_has_embedding(c) && loss_scale != 0.0f)
+      for (int i = 0; i < d.N; ++i) attention_pairs_ += static_cast<double>(i % d.T - s.doc_kstart[i] + 1);
   }
   if (chunk_has_embedding(c)) embed(s, tokens);
   const size_t RC = boundary_numel();
@@ -584,7 +586,7 @@ double TransformerLM::train_flops_per_step() const {
   if (!cfg_.tie_embeddings && cfg_.num_labels == 0) matmul_params -= static_cast<double>(cfg_.vocab_size) * cfg_.hidden;
   if (cfg_.num_labels > 0) matmul_params -= static_cast<double>(cfg_.vocab_size) * cfg_.hidden;  // lookup only
   double attn = 6.0 * cfg_.n_layer * dims_.T * static_cast<double>(cfg_.n_head * cfg_.head_dim());
-  return 6.0 * matmul_params * tokens + attn * tokens;
+  return 6.0 * matmul_params * tokens + attn * tokens;  // the attention term is causal_attention_flops()
 }
 
 }  // namespace mt::models

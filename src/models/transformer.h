@@ -123,6 +123,21 @@ class TransformerLM : public nn::Module {
   // FLOPs of one training step on B*T tokens (whole model): 6 N_matmul tokens + attention
   // (documented in PERF).
   double train_flops_per_step() const;
+  // Its attention term: attention_flops_per_pair() for each (query, key) pair, causal:
+  // B·T(T+1)/2 pairs counted as B·T²/2.
+  double attention_flops_per_pair() const {
+    return 12.0 * cfg_.n_layer * static_cast<double>(cfg_.n_head) * cfg_.head_dim();
+  }
+  double causal_attention_flops() const {
+    return 0.5 * static_cast<double>(dims_.N) * dims_.T * attention_flops_per_pair();
+  }
+  // ModelOptions::documents with attention: the (query, key) pairs the training forwards of the
+  // embedding's chunk computed since the last call (each query its own document's keys up to it).
+  double take_attention_pairs() {
+    const double p = attention_pairs_;
+    attention_pairs_ = 0.0;
+    return p;
+  }
   // Bytes of activations saved (every slot) for the prepared shape (formula in docs/PERF.md).
   size_t activation_bytes() const;
 
@@ -182,6 +197,7 @@ class TransformerLM : public nn::Module {
   BlockDims dims_{};
   bool drop_next_ = false;      // set_dropout_origin: the next forward drops
   double loss_denominator_ = 0.0;  // set_loss_denominator (0: each micro-batch's own count)
+  double attention_pairs_ = 0.0;   // take_attention_pairs
   BlockDropout drop_origin_{};
   std::shared_ptr<kernels::SparseAttentionPlan> sparse_plan_;  // dims_.sparse
   std::vector<Slot> slots_;
