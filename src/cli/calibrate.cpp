@@ -216,7 +216,7 @@ void run_calibrate(const CalibrateArgs& args) {
           std::printf("%-24s %12.3f x the kernels' sum\n", family.c_str(), f.per_unit);
         continue;
       }
-      const bool flops = family.rfind("gemm", 0) == 0 || family.rfind("attention", 0) == 0;
+      const bool flops = family.rfind("gemm", 0) == 0 || family.rfind("attention", 0) == 0 || family.rfind("sparse attention", 0) == 0;
       const std::string base = family.substr(0, family.find(' '));  // "all_reduce intra" -> "all_reduce"
       const bool bytes = family == "memory" || family == "copy" || family == "zero" || family == "convert" || base == "all_reduce" || base == "all_gather" || base == "reduce_scatter" ||
                          base == "send_recv";

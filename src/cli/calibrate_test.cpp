@@ -64,8 +64,11 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
   EXPECT_LT(j["process_bytes"].get<double>(), 256.0 * 1048576) << j.dump();
   // 22 + the ZeRO passes' 3 families at 3 sizes + the blocks' 10 elementwise families (dropout's
   // mask among them) at 2 sizes + 4 blocks in situ x 2, and where the machine tells its last-level
-  // cache, the ZeRO passes' 3 families hot within it at 2 sizes
-  EXPECT_EQ(j["points"].size(), j.contains("cache_bytes") ? 65u : 59u);
+  // cache, the ZeRO passes' 3 families hot within it at 2 sizes, + sparse attention's forward and
+  // backward at blocks 16, 32 and 64, one length each
+  EXPECT_EQ(j["points"].size(), j.contains("cache_bytes") ? 71u : 65u);
+  for (const char* family : {"sparse attention forward b16", "sparse attention backward b16", "sparse attention forward b64"})
+    EXPECT_TRUE(j["fits"].contains(family)) << family;
   for (const char* family : {"dropout", "copy hot", "zero hot", "add hot"})
     if (std::string(family) == "dropout" || j.contains("cache_bytes")) {
       EXPECT_TRUE(j["fits"].contains(family)) << family;
@@ -619,6 +622,81 @@ TEST(Plan, AnAutoLayoutChoosesThePipelinesSchedule) {
   }
   EXPECT_TRUE(one_f_one_b);  // ranked too, behind
   EXPECT_TRUE(sp && no_sp);  // tp 2 with sequence parallelism and without
+}
+
+// The plan prices the attention the run computes. data.reset_attention_mask: the documents of the
+// run's own samples, here 64 tokens each (the last the end-of-document id) and on the kernel's
+// 64-wide tiles at T 256, leave the diagonal's 4 of the causal 10 tiles, so each block's attention,
+// at the f32 GEMM line and twice that backward, costs 0.6 of its causal time less. sparse_attention:
+// its pairs, at the sparse kernel's lines where the calibration has them, else said.
+TEST(Plan, PricesTheAttentionTheRunComputes) {
+  const std::string cal = dir() + "/hand-attention.json", cfg = dir() + "/attention.json", prefix = dir() + "/docs64";
+  std::ofstream(cal) << R"({"world": 1, "threads": 1, "fits": {
+    "gemm f32": {"latency_s": 0, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 0, "per_unit_s": 1e-9},
+    "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7}}})";
+  {
+    mt::data::IndexedDatasetWriter w(prefix, 97);
+    for (int d = 0; d < 16; ++d) {
+      std::vector<int32_t> doc;
+      for (int i = 0; i < 63; ++i) doc.push_back((d + 5 * i) % 90);
+      doc.push_back(96);
+      w.add_sequence(doc);
+      w.end_document();
+    }
+    w.finalize();
+  }
+  nlohmann::json c = nlohmann::json::parse(R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 256,
+    "n_embd": 48, "n_layer": 2, "n_head": 4}, "seq_length": 256, "train_iters": 3, "train_micro_batch_size_per_gpu": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})");
+  c["data"] = {{"train", prefix}, {"shuffle", false}, {"eod_id", 96}};
+  std::ofstream(cfg) << c.dump();
+  auto step = [](const std::string& out) {
+    const size_t at = out.find("step ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 5));
+  };
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal, &out, &err), 0) << err;
+  const double causal = step(out);
+  EXPECT_EQ(out.find("attention    "), std::string::npos) << out;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal + " --set data.reset_attention_mask=true",
+                                            &out, &err), 0) << err;
+  EXPECT_NE(out.find("attention    data.reset_attention_mask: the documents leave 40.0% of the causal kernel's tiles (the "
+                     "run's first 3 samples)"), std::string::npos) << out;
+  const double attention = 2.0 * 2 * 12 * 4 * (256 * 257 / 2);  // a block's core: 2·2·B·HS·NH·T(T+1)/2
+  EXPECT_NEAR(causal - step(out), 0.6 * 3 * 1e-9 * attention * 2, 2e-6) << out;
+  // The search prices the same (and says it).
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal +
+                                                " --set data.reset_attention_mask=true --search", &out, &err), 0) << err;
+  EXPECT_NE(out.find("attention: data.reset_attention_mask: the documents leave 40.0%"), std::string::npos) << out;
+  // Planned where the data is not: said, and priced as causal.
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal +
+                                                " --set data.reset_attention_mask=true --set data.train=" + dir() + "/absent",
+                                            &out, &err), 0) << err;
+  EXPECT_NE(err.find("warning: data.reset_attention_mask: the training data could not be read ("), std::string::npos) << err;
+  EXPECT_NEAR(step(out), causal, 1e-6) << out;
+
+  // sparse_attention's fixed layout (block 16): without the sparse kernel's lines, said and priced
+  // at the dense kernel's; with them, at theirs.
+  const std::string sparse = " --set sparse_attention.mode=fixed --set sparse_attention.block=16 "
+                             "--set sparse_attention.attention=unidirectional";
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal + sparse, &out, &err), 0) << err;
+  EXPECT_NE(err.find("warning: " + cal + " has no sparse attention lines"), std::string::npos) << err;
+  EXPECT_NE(out.find("attention    sparse_attention: "), std::string::npos) << out;
+  EXPECT_NE(out.find("of the causal pairs, at the dense kernel's rate"), std::string::npos) << out;
+  const double dense_rate = step(out);
+  EXPECT_LT(dense_rate, causal);
+  nlohmann::json j = load(cal);
+  j["fits"]["sparse attention forward b16"] = {{"latency_s", 0}, {"per_unit_s", 4e-9}};
+  j["fits"]["sparse attention backward b16"] = {{"latency_s", 0}, {"per_unit_s", 8e-9}};
+  std::ofstream(cal) << j.dump();
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal + sparse, &out, &err), 0) << err;
+  EXPECT_EQ(err.find("no sparse attention lines"), std::string::npos) << err;
+  EXPECT_NE(out.find("at the sparse kernel's block-16 lines"), std::string::npos) << out;
+  // The sparse pairs at 4 + 8 ns a FLOP in place of 1 + 2: their attention costs four times as much.
+  const double causal_cost = 3 * 1e-9 * attention * 2;  // both blocks' causal attention
+  const double sparse_at_dense_rate = causal_cost - (causal - dense_rate);
+  EXPECT_GT(sparse_at_dense_rate, 0.1 * causal_cost);
+  EXPECT_NEAR(step(out) - dense_rate, 3 * sparse_at_dense_rate, 2e-6) << out;
 }
 
 // With the calibration's process constant, each layout's process peak is the constant plus the

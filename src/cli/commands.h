@@ -120,6 +120,16 @@ size_t physical_memory_bytes();
 // 2^33 GiB (8 EiB, what a size_t holds); refused by name otherwise.
 size_t gib_bytes(double gib, const std::string& what);
 
+// data.reset_attention_mask: the mean share of the causal attention kernel's tile pairs that the
+// documents of the run's first training samples (at most kMaxSamples, in its order) leave
+// (planner::StepShape::attention_share).
+struct DocumentAttention {
+  static constexpr uint64_t kMaxSamples = 256;
+  double share = 1.0;
+  int samples = 0;  // how many were read
+};
+DocumentAttention document_attention_share(const engine::RunConfig& cfg);
+
 // The estimator's input for a run configuration on `procs` data-parallel ranks.
 planner::MemoryInput estimate_input(const engine::RunConfig& config, int procs, int pp_rank = 0);
 

@@ -34,6 +34,8 @@
 #include "planner/calibrate.h"
 #include "planner/cluster.h"
 #include "planner/search.h"
+#include "models/module_profile.h"
+#include "kernels/cpu/sparse_attention.h"
 
 namespace mt::cli {
 namespace {
@@ -157,6 +159,25 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs) {
                              .recompute = c.activation_checkpointing, .schedule = job.schedule_kind,
                              .virtual_stages = job.virtual_stages, .sequence_parallel = c.sequence_parallel};
   job.sequence_parallel_forced = c.partition_activations;
+  // The attention the run computes: its documents' share of the causal tiles, read from its own
+  // first samples; a sparse layout's plan, as the model builds it over the model's heads.
+  if (c.reset_attention_mask) {
+    try {
+      const DocumentAttention docs = document_attention_share(c);
+      job.attention_share = docs.share;
+      job.attention_samples = docs.samples;
+    } catch (const Error& e) {  // a plan made where the data is not (a described cluster's run)
+      if (e.kind() != ErrorKind::kNotFound && e.kind() != ErrorKind::kInvalidArgument && e.kind() != ErrorKind::kIOError) throw;
+      std::fprintf(stderr, "warning: data.reset_attention_mask: the training data could not be read (%s), so its attention is "
+                           "priced as causal, which overstates it\n", e.what());
+    }
+  }
+  if (c.sparse_attention) {
+    kernels::SparsityConfig sc = *c.sparse_attention;
+    sc.num_heads = c.model.n_head;
+    job.sparse = std::make_shared<kernels::SparseAttentionPlan>(kernels::sparse_attention_plan(
+        kernels::sparse_layout_for_length(sc, static_cast<int>(c.seq_length)), /*causal=*/true));
+  }
   return job;
 }
 
@@ -202,6 +223,29 @@ std::string gib(size_t b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0));
   return buf;
+}
+
+// What the plan prices for attention when it is not the causal kernel ("" then): the documents'
+// share of its tiles, or the sparse layout's pairs and the lines that price them. A calibration
+// without the sparse kernel's lines prices them at the dense kernel's, said in a warning.
+std::string attention_note(const planner::PlanJob& job, const planner::Calibration& cal, const std::string& source) {
+  if (job.sparse) {
+    const int T = job.sparse->seq_len();
+    const double share = models::attention_pairs(T, job.sparse->num_heads, job.sparse.get()) /
+                         models::attention_pairs(T, job.sparse->num_heads, nullptr);
+    const int b = planner::sparse_attention_line(cal, job.sparse->block);
+    if (b == 0)
+      std::fprintf(stderr,
+                   "warning: %s has no sparse attention lines, so sparse_attention's pairs are priced at the dense "
+                   "kernel's rate (about twice the sparse kernel's at block 16); meshtrain calibrate --force measures them\n",
+                   source.c_str());
+    return "sparse_attention: " + fmt("%.1f", 100 * share) + "% of the causal pairs" +
+           (b > 0 ? ", at the sparse kernel's block-" + std::to_string(b) + " lines" : ", at the dense kernel's rate");
+  }
+  if (job.attention_samples > 0)
+    return "data.reset_attention_mask: the documents leave " + fmt("%.1f", 100 * job.attention_share) + "% of the causal kernel's tiles" +
+           " (the run's first " + std::to_string(job.attention_samples) + " samples)";
+  return "";
 }
 
 std::string prediction_line(const planner::Layout& l, const planner::Prediction& p) {
@@ -531,6 +575,8 @@ void run_plan(const PlanOptions& o) {
     all.batch = true;
     all.parallel = all.stage = all.recompute = all.schedule = o.search;
     const planner::SearchResult r = planner::search_layouts(job, all, budget, cal);
+    if (const std::string note = attention_note(job, cal, cal_path); !note.empty() && !o.json)
+      std::printf("attention: %s\n", note.c_str());
     print_search(r, o.top, budget, o.json);
     // (It exited 0 with "0 within ..."; the "auto" path refuses the same.)
     MT_CHECK(!r.ranked.empty(), ErrorKind::kInvalidArgument,
@@ -559,6 +605,7 @@ void run_plan(const PlanOptions& o) {
     std::printf("calibration  %s (%d rank(s) x %d thread(s))\n", cal_path.c_str(), cal.world, cal.threads);
   std::printf("passes       forward %.4f s, backward %.4f s per micro-batch (GEMMs, attention, elementwise)\n", p.forward,
               p.backward);
+  if (const std::string note = attention_note(job, cal, cal_path); !note.empty()) std::printf("attention    %s\n", note.c_str());
   std::printf("step         %.6f s predicted (%.6f s if MPI moved a nonblocking collective beside compute); "
               "rank 0 computes %.4f s, its communication stream is busy %.4f s\n",
               p.step, p.step_progress, p.compute, p.comm);
@@ -668,6 +715,7 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   out.notes.push_back(left + " -> " + prediction_line(l, p) + " predicted (the fastest of " + std::to_string(r.ranked.size()) +
                       " layouts within " + gib(budget) + " a rank; " + source + ")" +
                       (refused.empty() ? "" : refused));
+  if (const std::string note = attention_note(job, cal, source); !note.empty()) out.notes.push_back("the plan's attention: " + note);
   return out;
 }
 

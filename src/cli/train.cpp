@@ -42,7 +42,9 @@
 #include "engine/corpus.h"
 #include "engine/engine.h"
 #include "engine/flops_profiler.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
+#include "models/config.h"
 
 namespace mt::cli {
 namespace fs = std::filesystem;
@@ -263,6 +265,35 @@ DataSource open_data(const engine::RunConfig& cfg, const engine::DataSpec& spec,
   d.source = std::make_unique<data::TokenSource>(parts, o);
   return d;
 }
+
+}  // namespace
+
+DocumentAttention document_attention_share(const engine::RunConfig& cfg) {
+  const int T = static_cast<int>(cfg.seq_length);
+  const uint64_t tbs = static_cast<uint64_t>(std::max<int64_t>(1, cfg.batch.train_batch_size));
+  uint64_t train_samples = tbs;  // train's count (a product past 64 bits: train refuses it)
+  if (cfg.train_iters > 0 && __builtin_mul_overflow(static_cast<uint64_t>(cfg.train_iters), tbs, &train_samples))
+    train_samples = tbs;
+  // The training source as train opens it (its order, blend and split), without the loss mask.
+  DataSource d = open_data(cfg, cfg.train_spec, "data.train", cfg.shuffle, train_samples,
+                           cfg.split_weights.empty() ? -1 : 0);
+  std::string from;
+  const int32_t eod = engine::corpus_eod_id(cfg, &from);
+  DocumentAttention r;
+  r.samples = static_cast<int>(std::min<uint64_t>({train_samples, DocumentAttention::kMaxSamples, d.source->size()}));
+  std::vector<int32_t> inputs(static_cast<size_t>(T)), targets(inputs.size()), pos(inputs.size()), ks(inputs.size());
+  const double causal = kernels::attention_tile_pairs(T);
+  double sum = 0.0;
+  for (int k = 0; k < r.samples; ++k) {
+    d.source->sample(static_cast<uint64_t>(k), inputs.data(), targets.data());
+    models::document_bounds(inputs.data(), 1, T, eod, pos.data(), ks.data());
+    sum += kernels::attention_tile_pairs(T, ks.data()) / causal;
+  }
+  r.share = r.samples > 0 ? sum / r.samples : 1.0;
+  return r;
+}
+
+namespace {
 
 
 // DeepSpeed's csv_monitor: each event (a tensorboard-style name, a value, a step in samples) is

@@ -66,6 +66,7 @@ LayerTimes engine_measure_layer_times(const RunConfig& config) {
     o.compute_dtype = config.compute_dtype;
     o.recompute = config.activation_checkpointing;
     o.seed = config.seed;
+    o.sparse_attention = config.sparse_attention;  // the run's own attention (its synthetic tokens hold no documents)
     auto model = std::make_unique<models::TransformerLM>(m, o);
     model->prepare(B, T);
     return model;

@@ -24,6 +24,8 @@
 #include "kernels/cpu/dropout.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/sparse_attention.h"
+#include "models/module_profile.h"
 #include "models/transformer.h"
 #include "tensor/dtype.h"
 #include "planner/cost.h"
@@ -559,6 +561,40 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
     }
     add_family(cal, "attention forward", fwd);
     add_family(cal, "attention backward", bwd);  // by the forward's FLOPs
+  }
+  // Block-sparse attention (sparse_attention's kernel, f32), forward and backward, by the FLOPs of
+  // the layout's pairs (models::attention_core_flops with its plan), a line per kernel block: its
+  // tiles are a block wide on one side, so its rate falls with the block (PERF.md (i): about half
+  // the dense kernel's at 16). DeepSpeed's fixed layout (4 local blocks, 1 global, unidirectional).
+  for (int block : {16, 32, 64}) {
+    std::vector<CalPoint> fwd, bwd;
+    const std::vector<int> Ts = options.quick ? std::vector<int>{256} : std::vector<int>{256, 512, 1024};
+    for (int T : Ts) {
+      const int B = 1, NH = 8, HS = 64;
+      kernels::SparsityConfig sc;
+      sc.num_heads = NH;
+      sc.block = block;
+      sc.pattern = kernels::FixedSparsity{.attention = kernels::SparseDirection::kUnidirectional};
+      const kernels::SparseAttentionPlan plan = kernels::sparse_attention_plan(kernels::sparse_layout_make(sc, T), true);
+      const size_t rows = static_cast<size_t>(B) * T;
+      std::vector<float> qkv(rows * 3 * NH * HS), out(rows * NH * HS), lse(rows * NH), dqkv(qkv.size()),
+          dout(out.size(), 1e-3f);
+      for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i % 97) / 97.0f - 0.5f;
+      const double flops = models::attention_core_flops(B, T, NH, HS, &plan);
+      const std::string at = " b" + std::to_string(block) + " T=" + std::to_string(T);
+      fwd.push_back({"sparse attention forward" + at, flops,
+                     time_calls([&] { kernels::sparse_attention_forward(out.data(), lse.data(), qkv.data(), plan, B, T, NH, NH, HS); },
+                                budget, 3, nullptr)});
+      bwd.push_back({"sparse attention backward" + at, flops,
+                     time_calls(
+                         [&] {
+                           kernels::sparse_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                                              plan, B, T, NH, NH, HS);
+                         },
+                         budget, 3, nullptr)});
+    }
+    add_family(cal, "sparse attention forward b" + std::to_string(block), fwd);
+    add_family(cal, "sparse attention backward b" + std::to_string(block), bwd);
   }
 
   // A memory-bound kernel (GELU: 4 bytes read and 4 written per element), and the AdamW update

@@ -216,8 +216,15 @@ TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
   // quick: 3 GEMM shapes x 2 dtypes x 2 directions, 2 attention x 2, 3 x (memory, adamw, copy, zero,
   // convert), the blocks' 10 elementwise (dropout's mask among them) x 2, and where the machine
   // tells its last-level cache, 2 x (copy, zero, add) hot within it; the in-situ blocks' unscaled
-  // factors (4 x 2) and the kernels' pace, median and mean (o.pace)
-  EXPECT_EQ(cal.points.size(), cal.cache_bytes > 0 ? 75u : 69u);
+  // factors (4 x 2) and the kernels' pace, median and mean (o.pace); sparse attention's forward and
+  // backward at blocks 16, 32 and 64, one length each
+  EXPECT_EQ(cal.points.size(), cal.cache_bytes > 0 ? 81u : 75u);
+  for (int block : {16, 32, 64})
+    for (const char* pass : {"forward", "backward"}) {
+      const std::string family = std::string("sparse attention ") + pass + " b" + std::to_string(block);
+      ASSERT_TRUE(cal.fits.count(family)) << family;
+      EXPECT_GT(cal.fits.at(family).per_unit, 0.0) << family;
+    }
   // The pace was taken after every kernel point (DESIGN-NOTES 84), and each in-situ factor keeps
   // its unscaled value beside it.
   auto point = [&](const std::string& what) {

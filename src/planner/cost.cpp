@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <string>
 
 #include "base/error.h"
@@ -31,6 +33,19 @@ double block_gemm_flops(const StepShape& s) {
          models::gemm_flops(N, d.G, C);
 }
 
+int sparse_attention_line(const Calibration& cal, int block) {
+  int above = 0, largest = 0;
+  for (const auto& [family, fit] : cal.fits) {
+    constexpr std::string_view prefix = "sparse attention forward b";
+    if (family.rfind(prefix, 0) != 0) continue;
+    const int b = std::atoi(family.c_str() + prefix.size());
+    if (b <= 0 || !cal.fits.count("sparse attention backward b" + std::to_string(b))) continue;
+    largest = std::max(largest, b);
+    if (b >= block && (above == 0 || b < above)) above = b;
+  }
+  return above > 0 ? above : largest;
+}
+
 ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   MT_CHECK(s.micro_batch >= 1 && s.seq_length >= 1 && s.world >= 1, ErrorKind::kInvalidArgument,
            "cost model: micro-batch, sequence length and world must be positive");
@@ -49,10 +64,22 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   const double gemms_bwd = gemm_backward(cal, cd, N, C, d.QKV) + gemm_backward(cal, cd, N, d.A, C) +
                            gemm_backward(cal, cd, N, C, d.H) + gemm_backward(cal, cd, N, d.G, C);
   // Attention's core: its own lines where calibrated (else the f32 GEMM rate, the backward twice).
-  const double att_flops = models::attention_core_flops(d.B, d.T, d.NH, d.HS, nullptr);
-  const bool att_cal = cal.fits.count("attention forward") && cal.fits.count("attention backward");
-  const double attention = att_cal ? cal.seconds("attention forward", att_flops) : cal.seconds("gemm f32", att_flops);
-  const double attention_bwd = att_cal ? cal.seconds("attention backward", att_flops) : 2 * attention;
+  // Documents compute their share of the causal tiles; a sparse layout its pairs (this rank's heads:
+  // 1/tp of the model's), at the sparse kernel's lines where calibrated.
+  MT_CHECK(s.attention_share > 0 && s.attention_share <= 1, ErrorKind::kInvalidArgument,
+           "cost model: the attention's share of the causal tiles must be in (0, 1]");
+  double att_flops = models::attention_core_flops(d.B, d.T, d.NH, d.HS, nullptr) * s.attention_share;
+  std::string fwd_line = "attention forward", bwd_line = "attention backward";
+  if (s.sparse) {
+    att_flops = models::attention_core_flops(d.B, d.T, s.sparse->num_heads, d.HS, s.sparse.get()) / s.tp;
+    if (const int b = sparse_attention_line(cal, s.sparse->block); b > 0) {
+      fwd_line = "sparse attention forward b" + std::to_string(b);
+      bwd_line = "sparse attention backward b" + std::to_string(b);
+    }
+  }
+  const bool att_cal = cal.fits.count(fwd_line) && cal.fits.count(bwd_line);
+  const double attention = att_cal ? cal.seconds(fwd_line, att_flops) : cal.seconds("gemm f32", att_flops);
+  const double attention_bwd = att_cal ? cal.seconds(bwd_line, att_flops) : 2 * attention;
   // The elementwise work: the blocks' own kernels where calibrated (by elements), else every byte
   // they read and write at the memory rate (older calibrations).
   const bool own = cal.fits.count("add") && cal.fits.count("gelu backward") && cal.fits.count("swiglu backward") &&
@@ -106,7 +133,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   auto dropout = [&cal, mem](double elements) {
     return cal.fits.count("dropout") ? cal.seconds("dropout", elements) : mem * 8 * elements;
   };
-  const double probs = static_cast<double>(d.B) * d.NH * d.T * (d.T + 1) / 2.0;
+  const double probs = static_cast<double>(d.B) * d.NH * d.T * (d.T + 1) / 2.0 * s.attention_share;
   if (s.model.resid_pdrop > 0) {
     elem_fwd += 2 * dropout(Nl * C);
     elem_bwd += 2 * dropout(Nl * C) + mem * 2 * 8 * Nl * C;

@@ -5,7 +5,9 @@
 //                N×C×2G and down N×G×C; the head N×C×V); the backward's two GEMMs of each shape
 //                (input and weight gradients) at the "gemm backward" line (absent: 2× forward)
 //   attention    the core's FLOPs (models::attention_core_flops) at the "attention forward" and
-//                "attention backward" lines (absent: the f32 GEMM rate, the backward twice)
+//                "attention backward" lines (absent: the f32 GEMM rate, the backward twice); with
+//                documents the share of the causal tiles they leave, with sparse_attention its
+//                layout's pairs at the sparse kernel's lines (StepShape::attention_share, sparse)
 //   elementwise  the blocks' own kernels at their calibrated lines by elements (the two norms,
 //                the two residual adds, GELU or SwiGLU, forward and backward), and the bytes of
 //                RoPE, the compute-dtype copies (and in low precision the saved q, k, v and
@@ -41,6 +43,9 @@
 // times are the calibration's lines for the group's size (Calibration::collective_seconds).
 #pragma once
 
+#include <memory>
+
+#include "kernels/cpu/sparse_attention.h"
 #include "models/config.h"
 #include "planner/calibrate.h"
 #include "planner/program.h"
@@ -72,7 +77,19 @@ struct StepShape {
   // (ZeroSync) the update writes the f32 master alone and the refresh converts the gathered views,
   // which the step programs price.
   int zero_stage = 0;
+  // The attention the run computes (causal by default). attention_share: the share of the causal
+  // kernel's tile pairs (kernels::attention_tile_pairs) its documents leave, data.reset_attention_mask's
+  // over the run's own samples (cli's document_attention_share); it scales attention's core and the
+  // dropout of its probabilities. sparse: sparse_attention's plan over the model's heads (a rank
+  // computes 1/tp of its pairs), priced by those pairs' FLOPs at the sparse kernel's calibrated
+  // lines of the nearest block (sparse_attention_line; none: the dense kernel's).
+  double attention_share = 1.0;
+  std::shared_ptr<const kernels::SparseAttentionPlan> sparse = nullptr;
 };
+
+// The calibration's sparse attention lines ("sparse attention forward bN", "... backward bN") for a
+// plan of kernel block `block`: the smallest calibrated N >= block, else the largest; 0 if none.
+int sparse_attention_line(const Calibration& cal, int block);
 
 // FLOPs of one block's GEMMs in the forward (the textbook 24·N·C² for GPT-2's 4C MLP, without
 // attention's core).

@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/error.h"
 
@@ -210,6 +213,63 @@ TEST(CostModel, DropoutPassesAreTheMasksAtTheCalibratedRate) {
   cal.fits.erase("dropout");
   c = zero_step_costs(s, cal);
   EXPECT_NEAR(c.forward[1] - plain.forward[1], 1e-11 * 8 * (2 * NC + probs), 1e-15);
+}
+
+// The attention a run computes. Documents (data.reset_attention_mask) price their share of the
+// causal kernel's tiles, its core and the dropout of its probabilities; a sparse layout prices its
+// pairs, counted here by hand, at the sparse kernel's lines of the nearest calibrated block (else
+// at the dense kernel's), a tp rank its heads' share.
+TEST(CostModel, DocumentsAndSparseLayoutsPriceTheAttentionTheyCompute) {
+  StepShape s = tiny(models::Arch::kGpt2);
+  s.seq_length = 64;
+  s.model.max_positions = 64;
+  Calibration cal = synthetic();
+  cal.fits["attention forward"] = {0.0, 3e-12};
+  cal.fits["attention backward"] = {0.0, 5e-12};
+  cal.fits["dropout"] = {0.0, 7e-10};
+  const ZeroStepCosts causal = zero_step_costs(s, cal);
+  // B 2, HS 16, NH 4: 2·2·B·HS·NH·T(T+1)/2.
+  const double att = 2.0 * 2 * 2 * 16 * 4 * (64 * 65 / 2);
+  s.attention_share = 0.25;
+  ZeroStepCosts c = zero_step_costs(s, cal);
+  EXPECT_NEAR(causal.forward[1] - c.forward[1], 0.75 * 3e-12 * att, 1e-15);
+  EXPECT_NEAR(causal.backward[1] - c.backward[1], 0.75 * 5e-12 * att, 1e-15);
+  EXPECT_EQ(c.forward[3], causal.forward[3]);  // the head is not attention
+  s.model.attn_pdrop = 0.1f;
+  const double probs = 2.0 * 4 * (64 * 65 / 2);
+  const ZeroStepCosts dropped = zero_step_costs(s, cal);
+  EXPECT_NEAR(dropped.forward[1] - c.forward[1], 0.25 * 7e-10 * probs, 1e-15);
+  EXPECT_NEAR(dropped.backward[1] - c.backward[1], 0.25 * 2 * 7e-10 * probs, 1e-15);
+  s.model.attn_pdrop = 0.0f;
+  s.attention_share = 0.0;
+  EXPECT_THROW(zero_step_costs(s, cal), Error);
+  s.attention_share = 1.0;
+
+  // Four blocks of 16 a head: the diagonal (16·17/2 causal pairs each) and key blocks 0 and 1 of
+  // query blocks 1 and 3 (256 each): 4·136 + 2·256 = 1056 pairs a head, 4224 for the four.
+  std::vector<uint8_t> layout(4 * 4 * 4, 0);
+  for (int h = 0; h < 4; ++h)
+    for (auto [r, k] : {std::pair{0, 0}, {1, 1}, {2, 2}, {3, 3}, {1, 0}, {3, 1}}) layout[(h * 4 + r) * 4 + k] = 1;
+  s.sparse = std::make_shared<kernels::SparseAttentionPlan>(kernels::sparse_attention_plan(layout.data(), 4, 4, 16, true));
+  const double sparse = 2.0 * 2 * 2 * 16 * 4224;
+  c = zero_step_costs(s, cal);  // no sparse lines: the dense kernel's
+  EXPECT_NEAR(causal.forward[1] - c.forward[1], 3e-12 * (att - sparse), 1e-15);
+  EXPECT_NEAR(causal.backward[1] - c.backward[1], 5e-12 * (att - sparse), 1e-15);
+  cal.fits["sparse attention forward b16"] = {0.0, 11e-12};
+  cal.fits["sparse attention backward b16"] = {0.0, 13e-12};
+  cal.fits["sparse attention forward b64"] = {0.0, 1e-12};
+  cal.fits["sparse attention backward b64"] = {0.0, 1e-12};
+  c = zero_step_costs(s, cal);
+  EXPECT_NEAR(c.forward[1] - causal.forward[1], 11e-12 * sparse - 3e-12 * att, 1e-15);
+  EXPECT_NEAR(c.backward[1] - causal.backward[1], 13e-12 * sparse - 5e-12 * att, 1e-15);
+  // The nearest block: the smallest calibrated one at least as wide, else the widest; a line
+  // without its backward is not one.
+  cal.fits["sparse attention forward b32"] = {0.0, 1e-12};
+  EXPECT_EQ(sparse_attention_line(cal, 8), 16);
+  EXPECT_EQ(sparse_attention_line(cal, 16), 16);
+  EXPECT_EQ(sparse_attention_line(cal, 32), 64);
+  EXPECT_EQ(sparse_attention_line(cal, 100), 64);
+  EXPECT_EQ(sparse_attention_line(synthetic(), 16), 0);
 }
 
 TEST(CostModel, TheOptimizersSwapPipelinesItsSubGroupsThroughTheDisk) {

@@ -96,7 +96,8 @@ StepShape step_shape(const PlanJob& job, const Layout& l) {
                    .compute = m.compute_dtype, .world = l.dp, .vocab_divisible = m.vocab_divisible,
                    .recompute = l.recompute, .tp = l.tp, .sequence_parallel = l.sequence_parallel && l.tp > 1,
                    .optimizer_nvme = m.zero.optimizer_nvme, .sub_group_size = m.zero.sub_group_size,
-                   .param_nvme = m.zero.param_nvme && l.stage == 3, .zero_stage = l.stage};
+                   .param_nvme = m.zero.param_nvme && l.stage == 3, .zero_stage = l.stage,
+                   .attention_share = job.attention_share, .sparse = job.sparse};
 }
 
 // The layer bounds of a layout's pipeline stages. "time" cuts as the engine does at start-up
@@ -107,7 +108,10 @@ std::vector<int> pipeline_bounds(const PlanJob& job, const Layout& l, const para
                                  const Calibration& cal) {
   parallel::pp::PartitionInput in = pipeline_partition_input(job.memory.model, spec.stages());
   if (job.partition == "time") {
-    const ZeroStepCosts c = zero_step_costs(step_shape(job, l), cal);
+    // As the engine measures them: its synthetic tokens hold no documents (a sparse layout is its own).
+    StepShape shape = step_shape(job, l);
+    shape.attention_share = 1.0;
+    const ZeroStepCosts c = zero_step_costs(shape, cal);
     const size_t L = c.forward.size() - 2;
     in.layer_cost.assign(L, c.forward[1] + c.backward[1]);
     in.first_cost = 0.0;

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,10 @@ struct PlanJob {
   int threads = 1;
   int ranks_per_host = 0;  // 0: every rank on one host
   bool sequence_parallel_forced = false;  // partition_activations: every tp > 1 layout is sequence parallel
+  // The attention the run computes: StepShape::attention_share (documents) and sparse (sparse_attention).
+  double attention_share = 1.0;
+  int attention_samples = 0;  // the samples attention_share was read from (0: none, causal)
+  std::shared_ptr<const kernels::SparseAttentionPlan> sparse = nullptr;
   // Simulate every rank even where one stands for all (ZeroStepSpec::one_rank): for the test that
   // they agree.
   bool whole_program = false;

@@ -291,7 +291,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
       // Documents: key tiles wholly before the tile's first query's document are skipped (a later
       // query's document starts no earlier).
       const int32_t* ks = kstart ? kstart + row0 + q0 : nullptr;
-      for (int j0 = ks ? ks[0] / kAttnTile * kAttnTile : 0; j0 < q0 + rows; j0 += kAttnTile) {
+      for (int j0 = attn_first_key(ks, kAttnTile); j0 < q0 + rows; j0 += kAttnTile) {
         const int cols = std::min(kAttnTile, T - j0), diag = q0 - j0;
         const float* K = qkv + (row0 + j0) * C3 + (NH + h / group) * HS;
         const float* V = K + NKV * HS;
@@ -341,7 +341,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
             // Documents: this query tile's first query (and so every later one) starts its
             // document after the key tile.
             const int32_t* ks = kstart ? kstart + row0 + q0 : nullptr;
-            if (ks && ks[0] >= j0 + cols) break;
+            if (attn_first_key(ks, kAttnTile) > j0) break;
             const long qofs = (row0 + q0) * C3 + h * HS;
             attn_pack_rows(Qp, qkv + qofs, C3, rows, HS);
             attn_pack_rows(dOp, dout + (row0 + q0) * C + h * HS, C, rows, HS);
@@ -360,6 +360,17 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       }
     }
   }
+}
+
+double attention_tile_pairs(int T, const int32_t* kstart) {
+  MT_CHECK(T >= 1, ErrorKind::kInvalidArgument, "attention_tile_pairs: T must be positive");
+  double pairs = 0.0;
+  for (int q0 = 0; q0 < T; q0 += kAttnTile) {
+    const int rows = std::min(kAttnTile, T - q0);
+    for (int j0 = attn_first_key(kstart ? kstart + q0 : nullptr, kAttnTile); j0 < q0 + rows; j0 += kAttnTile)
+      pairs += static_cast<double>(rows) * std::min(kAttnTile, T - j0);
+  }
+  return pairs;
 }
 
 }  // namespace mt::kernels

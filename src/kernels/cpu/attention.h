@@ -36,4 +36,11 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const float* lse, int B, int T, int NH, int NKV, int HS,
                         const AttnDropout* drop = nullptr, const int32_t* kstart = nullptr);
 
+// The (query, key) pairs of the tiles attention_forward and attention_backward compute for one
+// head of one sequence of length T: every tile that holds a pair some query sees, whole (rows x
+// cols), the diagonal's included. kstart: null (causal: T = 64 n gives 64^2 n(n+1)/2), or the
+// sequence's (T) key starts as attention_forward takes them. The cost model prices documents by
+// its ratio to the causal count (planner::StepShape::attention_share).
+double attention_tile_pairs(int T, const int32_t* kstart = nullptr);
+
 }  // namespace mt::kernels

@@ -310,6 +310,39 @@ TEST(AttentionDocuments, EqualEachDocumentOnItsOwnAcrossTiles) {
   }
 }
 
+// The pairs the kernels compute, counted by their rule, against the tiles that hold a pair some
+// query sees (key j visible to query i iff kstart[i] <= j <= i), found by visiting every pair: for
+// random documents of 1 to 150 tokens at lengths around the 64-wide tiles, and causal.
+TEST(AttentionDocuments, TilePairsAreTheTilesHoldingAVisiblePair) {
+  const int tile = 64;
+  auto oracle = [tile](int T, const int32_t* ks) {
+    double pairs = 0.0;
+    for (int q0 = 0; q0 < T; q0 += tile)
+      for (int j0 = 0; j0 < T; j0 += tile) {
+        const int rows = std::min(tile, T - q0), cols = std::min(tile, T - j0);
+        bool seen = false;
+        for (int i = q0; i < q0 + rows && !seen; ++i)
+          for (int j = j0; j < j0 + cols && !seen; ++j) seen = (ks ? ks[i] : 0) <= j && j <= i;
+        if (seen) pairs += static_cast<double>(rows) * cols;
+      }
+    return pairs;
+  };
+  std::mt19937 rng(5);
+  for (int T : {1, 63, 64, 65, 127, 200, 512}) {
+    EXPECT_EQ(attention_tile_pairs(T), oracle(T, nullptr)) << "T " << T;
+    for (int draw = 0; draw < 20; ++draw) {
+      std::vector<int> ends;
+      for (int t = static_cast<int>(rng() % 150); t < T; t += 1 + static_cast<int>(rng() % 150)) ends.push_back(t);
+      const std::vector<int32_t> ks = kstart_of({ends}, T);
+      EXPECT_EQ(attention_tile_pairs(T, ks.data()), oracle(T, ks.data())) << "T " << T << " draw " << draw;
+    }
+  }
+  // Causal, T = 64 n: n(n+1)/2 whole tiles. Documents of 64 tokens on the tiles: the diagonal alone.
+  EXPECT_EQ(attention_tile_pairs(256), 4096.0 * 10);
+  const std::vector<int32_t> ks = kstart_of({{63, 127, 191, 255}}, 256);
+  EXPECT_EQ(attention_tile_pairs(256, ks.data()), 4096.0 * 4);
+}
+
 TEST(AttentionTest, RejectsHeadsNotDivisibleByKvHeads) {
   std::vector<float> buf(1024);
   EXPECT_THROW(attention_forward(buf.data(), buf.data(), buf.data(), 1, 2, 3, 2, 8), Error);

@@ -78,6 +78,13 @@ struct AttnDocTile {
   int j0 = 0;
 };
 
+// The first key position of the key tiles a query tile visits: with documents, the tile of its
+// first query's document start (a later query's document starts no earlier), else 0. The forward
+// starts its key loop there and the backward stops its query loop where a query tile's is past the
+// key tile: both visit the tiles that hold a (query, key) pair some query sees
+// (attention_tile_pairs counts them).
+inline int attn_first_key(const int32_t* ks, int tile) { return ks ? ks[0] / tile * tile : 0; }
+
 // A masked score: finite, so that a query whose keys in a tile are all masked keeps a finite
 // running max (an infinite one would give -inf - -inf), and a power of two, so that its product
 // with the scale is exact and such a tile's exponents, score x scale less the max, are exactly 0
