@@ -672,7 +672,7 @@ TEST(Plan, PricesTheAttentionTheRunComputes) {
   ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + cal +
                                                 " --set data.reset_attention_mask=true --set data.train=" + dir() + "/absent",
                                             &out, &err), 0) << err;
-  EXPECT_NE(err.find("warning: data.reset_attention_mask: the training data could not be read ("), std::string::npos) << err;
+  EXPECT_NE(err.find("warning: data.reset_attention_mask: the training data could not be used ("), std::string::npos) << err;
   EXPECT_NEAR(step(out), causal, 1e-6) << out;
 
   // sparse_attention's fixed layout (block 16): without the sparse kernel's lines, said and priced
@@ -697,6 +697,49 @@ TEST(Plan, PricesTheAttentionTheRunComputes) {
   const double sparse_at_dense_rate = causal_cost - (causal - dense_rate);
   EXPECT_GT(sparse_at_dense_rate, 0.1 * causal_cost);
   EXPECT_NEAR(step(out) - dense_rate, 3 * sparse_at_dense_rate, 2e-6) << out;
+}
+
+// "parallel": "auto" over two ranks with data.reset_attention_mask on a text corpus not yet
+// tokenized: rank 0 reads the documents (tokenizing the corpus into the cache while the other
+// waits, as train's setup does) and sends their share, so both ranks plan the same layout; it is
+// said once, and the run trains. (Every rank tokenizing at once raced on the cache's files, and a
+// rank that failed would have planned causal attention, and maybe another layout.)
+TEST(Plan, AnAutoLayoutReadsTheDocumentsOnRankZeroAndEveryRankPlansAlike) {
+  const std::string txt = dir() + "/auto-docs.txt", cal = dir() + "/hand-auto-docs.json", cfg = dir() + "/auto-docs.json";
+  {
+    std::ofstream f(txt);
+    for (int d = 0; d < 60; ++d) {
+      for (int w = 0; w < 3 + d % 7; ++w) f << "word" << (d * 7 + w) % 13 << " ";
+      f << "\n\n";
+    }
+  }
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "tokenize " + txt + " -o " + dir() + "/auto-docs-tok --train-bpe 264", &out, &err), 0)
+      << err;
+  std::ofstream(cal) << R"({"world": 2, "threads": 1, "fits": {
+    "gemm f32": {"latency_s": 1e-5, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 1e-5, "per_unit_s": 1e-9},
+    "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7},
+    "all_reduce": {"latency_s": 1e-5, "per_unit_s": 1e-9}, "all_gather": {"latency_s": 1e-5, "per_unit_s": 1e-9},
+    "reduce_scatter": {"latency_s": 1e-5, "per_unit_s": 1e-9}, "send_recv": {"latency_s": 1e-5, "per_unit_s": 1e-9}}})";
+  nlohmann::json c = nlohmann::json::parse(R"({"model": {"model_type": "gpt2", "vocab_size": 264, "n_positions": 256,
+    "n_embd": 32, "n_layer": 2, "n_head": 2}, "seq_length": 256, "train_iters": 2, "train_batch_size": 4,
+    "parallel": "auto", "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})");
+  c["data"] = {{"train", txt}, {"tokenizer", dir() + "/auto-docs-tok.tokenizer.json"}, {"reset_attention_mask", true}};
+  c["planner"] = {{"calibration", cal}};
+  c["save_dir"] = dir() + "/auto-docs-run";
+  std::ofstream(cfg) << c.dump();
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "launch -n 2 -- train " + cfg, &out, &err), 0) << err;
+  const std::string said = "the plan's attention: data.reset_attention_mask: the documents leave ";
+  const size_t at = err.find(said);
+  ASSERT_NE(at, std::string::npos) << err;
+  EXPECT_EQ(err.find(said, at + 1), std::string::npos) << err;  // once
+  EXPECT_EQ(err.find("could not be used"), std::string::npos) << err;
+  EXPECT_NE(err.find("of the causal kernel's tiles (the run's first 8 samples)"), std::string::npos) << err;
+  // Four 64-wide tiles a sample, 10 causal; documents of a few words (under 64 tokens): each query
+  // tile sees its own key tile and at most the one before, 7 of 10 tiles or fewer, 4 at least.
+  const double share = std::stod(err.substr(at + said.size()));
+  EXPECT_LE(share, 70.0) << err;
+  EXPECT_GE(share, 40.0) << err;
 }
 
 // With the calibration's process constant, each layout's process peak is the constant plus the

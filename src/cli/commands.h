@@ -100,6 +100,10 @@ planner::Calibration load_calibration(const std::string& path, const std::string
 struct PlannerInputs {
   std::string calibration, cluster;
   double memory_gib = 0.0;
+  // train's MPI world (null: one process, or a command that plans in one): what the plan reads from
+  // the data (data.reset_attention_mask's documents) is read by rank 0 and sent to the others, so
+  // every rank plans alike.
+  comm::Backend* world = nullptr;
 };
 engine::RunConfig load_layout_config(const std::string& command, const std::string& path,
                                      const std::vector<std::string>& sets, int procs, const PlannerInputs& inputs = {});

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <chrono>
 #include <map>
 #include <cmath>
 #include <limits>
@@ -127,8 +128,46 @@ static planner::Calibration calibration_from_json(const nlohmann::json& j, const
 
 namespace {
 
+// data.reset_attention_mask's share of the causal tiles for `c`, read once a process (plan resolves
+// an "auto" layout, then plans it). In an MPI world rank 0 reads it, tokenizing a text corpus into
+// the cache while the others wait (as train's setup does), and sends it to them, so every rank
+// plans the same layout. Data it cannot use is said, by rank 0, and priced as causal attention.
+DocumentAttention documents_of(const engine::RunConfig& c, comm::Backend* world) {
+  static std::map<std::string, DocumentAttention> memo;
+  std::string key = std::to_string(c.seq_length) + "|" + c.split + "|" + c.sample_order + "|" + std::to_string(c.shuffle) + "|" +
+                    std::to_string(c.data_seed) + "|" + std::to_string(c.train_iters) + "|" +
+                    std::to_string(c.batch.train_batch_size) + "|" + std::to_string(c.eod_id) + "|" + c.tokenizer;
+  for (const std::string& path : c.train_spec.paths) key += "|" + path;
+  if (auto it = memo.find(key); it != memo.end()) return it->second;
+  const bool lead = world == nullptr || world->rank() == 0;
+  float got[2] = {1.0f, 0.0f};  // share, samples
+  if (lead) {
+    try {
+      const DocumentAttention d = document_attention_share(c);
+      got[0] = static_cast<float>(d.share);
+      got[1] = static_cast<float>(d.samples);
+    } catch (const std::exception& e) {  // a plan made away from the data, or data train would refuse
+      if (const auto* err = dynamic_cast<const Error*>(&e); err && err->kind() == ErrorKind::kInternal) throw;
+      std::fprintf(stderr, "warning: data.reset_attention_mask: the training data could not be used (%s), so its attention is "
+                           "priced as causal, which overstates it\n", e.what());
+    }
+  }
+  if (world != nullptr && world->size() > 1) {
+    comm::BroadcastOptions o;
+    o.tag = "the plan's documents";
+    // Rank 0 may be tokenizing a text corpus (train's "data ready" barrier waits as long).
+    o.timeout = std::chrono::milliseconds(int64_t{1'000'000'000'000});
+    world->broadcast(got, 2, DType::kF32, o)->wait();
+  }
+  DocumentAttention r;
+  r.share = got[0];
+  r.samples = static_cast<int>(got[1]);
+  memo[key] = r;
+  return r;
+}
+
 // The job a configuration describes, its own layout as the base.
-planner::PlanJob plan_job(const engine::RunConfig& c, int procs) {
+planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* world = nullptr) {
   MT_CHECK(c.device == "cpu" || (c.zero.offload_optimizer == "none" && c.zero.offload_param == "none"),
            ErrorKind::kNotSupported, "plan: offload on device \"" + c.device + "\" is not in the cost model");
   // (Cast to int below: 1e12 samples wrapped to a negative accumulation.)
@@ -162,15 +201,9 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs) {
   // The attention the run computes: its documents' share of the causal tiles, read from its own
   // first samples; a sparse layout's plan, as the model builds it over the model's heads.
   if (c.reset_attention_mask) {
-    try {
-      const DocumentAttention docs = document_attention_share(c);
-      job.attention_share = docs.share;
-      job.attention_samples = docs.samples;
-    } catch (const Error& e) {  // a plan made where the data is not (a described cluster's run)
-      if (e.kind() != ErrorKind::kNotFound && e.kind() != ErrorKind::kInvalidArgument && e.kind() != ErrorKind::kIOError) throw;
-      std::fprintf(stderr, "warning: data.reset_attention_mask: the training data could not be read (%s), so its attention is "
-                           "priced as causal, which overstates it\n", e.what());
-    }
+    const DocumentAttention docs = documents_of(c, world);
+    job.attention_share = docs.share;
+    job.attention_samples = docs.samples;
   }
   if (c.sparse_attention) {
     kernels::SparsityConfig sc = *c.sparse_attention;
@@ -228,16 +261,18 @@ std::string gib(size_t b) {
 // What the plan prices for attention when it is not the causal kernel ("" then): the documents'
 // share of its tiles, or the sparse layout's pairs and the lines that price them. A calibration
 // without the sparse kernel's lines prices them at the dense kernel's, said in a warning.
-std::string attention_note(const planner::PlanJob& job, const planner::Calibration& cal, const std::string& source) {
+std::string attention_note(const planner::PlanJob& job, const planner::Calibration& cal, const std::string& source,
+                           comm::Backend* world = nullptr) {
   if (job.sparse) {
     const int T = job.sparse->seq_len();
     const double share = models::attention_pairs(T, job.sparse->num_heads, job.sparse.get()) /
                          models::attention_pairs(T, job.sparse->num_heads, nullptr);
     const int b = planner::sparse_attention_line(cal, job.sparse->block);
-    if (b == 0)
+    static bool said = false;  // once a process (plan resolves an "auto" layout, then plans it), by rank 0
+    if (b == 0 && !said && (world == nullptr || world->rank() == 0) && (said = true))
       std::fprintf(stderr,
                    "warning: %s has no sparse attention lines, so sparse_attention's pairs are priced at the dense "
-                   "kernel's rate (about twice the sparse kernel's at block 16); meshtrain calibrate --force measures them\n",
+                   "kernel's rate (about 1.5 times the sparse kernel's at block 16 here); meshtrain calibrate --force measures them\n",
                    source.c_str());
     return "sparse_attention: " + fmt("%.1f", 100 * share) + "% of the causal pairs" +
            (b > 0 ? ", at the sparse kernel's block-" + std::to_string(b) + " lines" : ", at the dense kernel's rate");
@@ -669,7 +704,7 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   const planner::Calibration cal = !inputs.cluster.empty() ? planner::cluster_calibration(spec)
                                                            : load_calibration(source, inputs.calibration.empty() ? "planner.calibration" : "--calibration");
   const size_t budget = budget_bytes(inputs.memory_gib > 0 ? inputs.memory_gib : !inputs.cluster.empty() ? spec.memory_gib : c.planner.memory_gib, procs);
-  planner::PlanJob job = plan_job(c, procs);
+  planner::PlanJob job = plan_job(c, procs, inputs.world);
   if (inputs.cluster.empty()) share_cores(job, cal);
   const planner::SearchResult r = planner::search_layouts(job, space, budget, cal);
   if (r.ranked.empty()) {
@@ -715,7 +750,8 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   out.notes.push_back(left + " -> " + prediction_line(l, p) + " predicted (the fastest of " + std::to_string(r.ranked.size()) +
                       " layouts within " + gib(budget) + " a rank; " + source + ")" +
                       (refused.empty() ? "" : refused));
-  if (const std::string note = attention_note(job, cal, source); !note.empty()) out.notes.push_back("the plan's attention: " + note);
+  if (const std::string note = attention_note(job, cal, source, inputs.world); !note.empty())
+    out.notes.push_back("the plan's attention: " + note);
   return out;
 }
 

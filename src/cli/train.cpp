@@ -233,7 +233,7 @@ struct DataSource {
 // num_samples: the samples the run draws from this source (Megatron's order and blends are built
 // for them). split: data.split's share of each dataset's sequences this source reads (-1: all).
 DataSource open_data(const engine::RunConfig& cfg, const engine::DataSpec& spec, const char* key, bool shuffle,
-                     uint64_t num_samples, int split = -1, int32_t eod_mask = -1) {
+                     uint64_t num_samples, int split = -1, int32_t eod_mask = -1, bool quiet = false) {
   MT_CHECK(!spec.paths.empty(), ErrorKind::kInvalidArgument,
            std::string(key) + ": missing (an indexed-dataset prefix, or a .txt/.jsonl file)");
   std::string cache = cfg.save_dir.empty() ? "runs/data-cache" : cfg.save_dir + "/data-cache";
@@ -243,7 +243,7 @@ DataSource open_data(const engine::RunConfig& cfg, const engine::DataSpec& spec,
     p.prefix = engine::corpus_prepare(spec.paths[i], cfg.tokenizer, cache);
     p.mask_prefix = engine::corpus_mask_prefix(p.prefix);
     if (spec.weighted) p.weight = spec.weights[i];
-    if (!p.mask_prefix.empty() &&
+    if (!p.mask_prefix.empty() && !quiet &&
         (!std::getenv("OMPI_COMM_WORLD_RANK") || std::strcmp(std::getenv("OMPI_COMM_WORLD_RANK"), "0") == 0))
       std::fprintf(stderr, "%s: loss mask %s (SFT: only responses are trained)\n", key, p.mask_prefix.c_str());
     parts.push_back(p);
@@ -274,13 +274,16 @@ DocumentAttention document_attention_share(const engine::RunConfig& cfg) {
   uint64_t train_samples = tbs;  // train's count (a product past 64 bits: train refuses it)
   if (cfg.train_iters > 0 && __builtin_mul_overflow(static_cast<uint64_t>(cfg.train_iters), tbs, &train_samples))
     train_samples = tbs;
-  // The training source as train opens it (its order, blend and split), without the loss mask.
-  DataSource d = open_data(cfg, cfg.train_spec, "data.train", cfg.shuffle, train_samples,
-                           cfg.split_weights.empty() ? -1 : 0);
+  // The training source as train opens it (its order, shuffle, blend and split), built for the
+  // samples read here alone: Megatron's order and weighted blends are built for the samples drawn,
+  // and the run's whole count could take minutes (meshtrain's order reads the run's own first ones).
+  const uint64_t n = std::min<uint64_t>(train_samples, DocumentAttention::kMaxSamples);
+  DataSource d = open_data(cfg, cfg.train_spec, "data.train", cfg.shuffle, n, cfg.split_weights.empty() ? -1 : 0, -1,
+                           /*quiet=*/true);
   std::string from;
   const int32_t eod = engine::corpus_eod_id(cfg, &from);
   DocumentAttention r;
-  r.samples = static_cast<int>(std::min<uint64_t>({train_samples, DocumentAttention::kMaxSamples, d.source->size()}));
+  r.samples = static_cast<int>(std::min<uint64_t>(n, d.source->size()));
   std::vector<int32_t> inputs(static_cast<size_t>(T)), targets(inputs.size()), pos(inputs.size()), ks(inputs.size());
   const double causal = kernels::attention_tile_pairs(T);
   double sum = 0.0;
@@ -846,7 +849,9 @@ void run_train(const TrainArgs& args) {
   try {
     if (fault_active("train.setup_error"))  // test seam: a file this rank's host lacks
       throw Error(ErrorKind::kNotFound, "test seam: a file this host lacks");
-    engine::RunConfig cfg = load_planned_config(args.src, world->size());
+    PlannerInputs planner_inputs;
+    planner_inputs.world = world.get();
+    engine::RunConfig cfg = load_planned_config(args.src, world->size(), planner_inputs);
     train_loop(args, cfg, world, st);
   } catch (const StopRequested& s) {
     stop_code = 128 + s.signal;

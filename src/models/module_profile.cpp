@@ -42,10 +42,15 @@ void ModuleProfile::record(int node, double seconds) {
 
 double attention_pairs(int T, int NH, const kernels::SparseAttentionPlan* plan) {
   if (plan == nullptr) return static_cast<double>(NH) * T * (T + 1.0) / 2.0;
+  return sparse_attention_pairs(*plan, 0, plan->num_heads);
+}
+
+double sparse_attention_pairs(const kernels::SparseAttentionPlan& p, int h0, int h1) {
+  const kernels::SparseAttentionPlan* plan = &p;
   const int nb = plan->num_blocks;
   const double b = plan->block, full = b * b, diagonal = plan->causal ? b * (b + 1.0) / 2.0 : full;
   double pairs = 0.0;
-  for (int h = 0; h < plan->num_heads; ++h)
+  for (int h = h0; h < h1; ++h)
     for (int q = 0; q < nb; ++q) {
       const int row = h * nb + q;
       for (int e = plan->row_begin[row]; e < plan->row_begin[row + 1]; ++e) {

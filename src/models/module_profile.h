@@ -84,6 +84,8 @@ inline double gemm_flops(double M, double K, double N) { return 2.0 * M * K * N;
 // null), else the plan's non-empty blocks (a causal plan's diagonal blocks: block(block+1)/2 pairs,
 // blocks above the diagonal none).
 double attention_pairs(int T, int NH, const kernels::SparseAttentionPlan* plan);
+// The plan's pairs of heads [h0, h1) (a tensor-parallel rank's heads).
+double sparse_attention_pairs(const kernels::SparseAttentionPlan& plan, int h0, int h1);
 // QK^T and PV of B sequences, NH heads of width HS: 2·2·B·HS·attention_pairs(T, NH, plan).
 double attention_core_flops(int B, int T, int NH, int HS, const kernels::SparseAttentionPlan* plan);
 // What the flops profiler reports for it, as DeepSpeed's counts it: dense attention over the whole

@@ -564,8 +564,9 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
   }
   // Block-sparse attention (sparse_attention's kernel, f32), forward and backward, by the FLOPs of
   // the layout's pairs (models::attention_core_flops with its plan), a line per kernel block: its
-  // tiles are a block wide on one side, so its rate falls with the block (PERF.md (i): about half
-  // the dense kernel's at 16). DeepSpeed's fixed layout (4 local blocks, 1 global, unidirectional).
+  // tiles are a block wide on one side, so its rate falls with the block (at 16: half the dense
+  // kernel's at T 4096 in PERF.md (i), two-thirds at T 256-1024 here). DeepSpeed's fixed layout (4
+  // local blocks, 1 global, unidirectional).
   for (int block : {16, 32, 64}) {
     std::vector<CalPoint> fwd, bwd;
     const std::vector<int> Ts = options.quick ? std::vector<int>{256} : std::vector<int>{256, 512, 1024};

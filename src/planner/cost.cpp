@@ -70,8 +70,11 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
            "cost model: the attention's share of the causal tiles must be in (0, 1]");
   double att_flops = models::attention_core_flops(d.B, d.T, d.NH, d.HS, nullptr) * s.attention_share;
   std::string fwd_line = "attention forward", bwd_line = "attention backward";
-  if (s.sparse) {
-    att_flops = models::attention_core_flops(d.B, d.T, s.sparse->num_heads, d.HS, s.sparse.get()) / s.tp;
+  if (s.sparse) {  // the tp rank with the most pairs (a layout may differ by head), as the model slices its heads
+    const int per = s.sparse->num_heads / s.tp;
+    double most = 0.0;
+    for (int r = 0; r < s.tp; ++r) most = std::max(most, models::sparse_attention_pairs(*s.sparse, r * per, (r + 1) * per));
+    att_flops = 2.0 * 2.0 * d.B * d.HS * most;
     if (const int b = sparse_attention_line(cal, s.sparse->block); b > 0) {
       fwd_line = "sparse attention forward b" + std::to_string(b);
       bwd_line = "sparse attention backward b" + std::to_string(b);

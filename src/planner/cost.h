@@ -80,9 +80,10 @@ struct StepShape {
   // The attention the run computes (causal by default). attention_share: the share of the causal
   // kernel's tile pairs (kernels::attention_tile_pairs) its documents leave, data.reset_attention_mask's
   // over the run's own samples (cli's document_attention_share); it scales attention's core and the
-  // dropout of its probabilities. sparse: sparse_attention's plan over the model's heads (a rank
-  // computes 1/tp of its pairs), priced by those pairs' FLOPs at the sparse kernel's calibrated
-  // lines of the nearest block (sparse_attention_line; none: the dense kernel's).
+  // dropout of its probabilities. sparse: sparse_attention's plan over the model's heads (tp rank r
+  // computes heads [r NH/tp, (r+1) NH/tp): the rank with the most pairs is priced), by those pairs'
+  // FLOPs at the sparse kernel's calibrated lines of the nearest block (sparse_attention_line;
+  // none: the dense kernel's).
   double attention_share = 1.0;
   std::shared_ptr<const kernels::SparseAttentionPlan> sparse = nullptr;
 };

@@ -262,6 +262,18 @@ TEST(CostModel, DocumentsAndSparseLayoutsPriceTheAttentionTheyCompute) {
   c = zero_step_costs(s, cal);
   EXPECT_NEAR(c.forward[1] - causal.forward[1], 11e-12 * sparse - 3e-12 * att, 1e-15);
   EXPECT_NEAR(c.backward[1] - causal.backward[1], 13e-12 * sparse - 5e-12 * att, 1e-15);
+  // Tensor parallelism: each rank computes its heads' pairs; with heads 2 and 3 on the diagonal
+  // alone (4·136 = 544 pairs each), rank 0's heads 0 and 1 (2·1056) are the step's.
+  for (int h = 2; h < 4; ++h)
+    for (auto [r, k] : {std::pair{1, 0}, {3, 1}}) layout[(h * 4 + r) * 4 + k] = 0;
+  s.sparse = std::make_shared<kernels::SparseAttentionPlan>(kernels::sparse_attention_plan(layout.data(), 4, 4, 16, true));
+  s.tp = 2;
+  for (const char* c : {"all_reduce", "all_gather", "reduce_scatter"}) cal.fits[c] = {0.0, 0.0};
+  const ZeroStepCosts tp_sparse = zero_step_costs(s, cal);
+  s.sparse = nullptr;
+  const ZeroStepCosts tp_causal = zero_step_costs(s, cal);
+  EXPECT_NEAR(tp_sparse.forward[1] - tp_causal.forward[1], 11e-12 * 2.0 * 2 * 2 * 16 * 2112 - 3e-12 * att / 2, 1e-15);
+  s.tp = 1;
   // The nearest block: the smallest calibrated one at least as wide, else the widest; a line
   // without its backward is not one.
   cal.fits["sparse attention forward b32"] = {0.0, 1e-12};
