@@ -19,6 +19,7 @@
 #include "engine/ds_config.h"
 #include "engine/engine.h"
 #include "engine/json_file.h"
+#include "optim/optimizer.h"
 #include "planner/memory.h"
 
 namespace mt::cli {
@@ -251,6 +252,11 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   in.recompute = c.activation_checkpointing;
   in.documents = c.reset_position_ids || c.reset_attention_mask;
   in.optimizer_states = planner::optimizer_state_count(c.optimizer);
+  // A 1-bit optimizer's exchange (engine.cpp's GradSyncOptions: per tensor but for 1-bit LAMB and fp16).
+  if (optim::optimizer_is_onebit(c.optimizer))
+    in.onebit = !optim::optimizer_is_onebit_lamb(c.optimizer) && c.compute_dtype != DType::kF16 ? planner::MemoryInput::OneBit::kPerTensor
+                                                                                                : planner::MemoryInput::OneBit::kFlat;
+  in.optimizer_momentum_copy = optim::optimizer_is_onebit_lamb(c.optimizer);
   MT_CHECK(c.processes == procs, ErrorKind::kInternal, "estimate: the configuration was resolved for another process count");
   in.world = c.world_size;  // data-parallel ranks: procs / parallel.tp
   in.threads = threads_per_rank(procs);  // as meshtrain launch runs them, on this host

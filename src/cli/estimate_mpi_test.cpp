@@ -78,6 +78,8 @@ struct Case {
   const char* comm = nullptr;  // communication_data_type
   bool nvme = false;           // offload_optimizer device nvme
   bool param_nvme = false;     // and offload_param (stage 3)
+  const char* optimizer = nullptr;  // a 1-bit optimizer (stage 0), compressing from its second update
+  bool fp16 = false;
 };
 
 std::string case_name(const Case& k) {
@@ -86,7 +88,8 @@ std::string case_name(const Case& k) {
          (k.tp == 1 && k.pp == 1 && k.procs > 2 ? "_dp" + std::to_string(k.procs) : "") +
          (k.procs == 1 ? "_one_process" : "") +
          (k.pp > 1 ? "_pp" + std::to_string(k.pp) + "_" + k.schedule + "_n" + std::to_string(k.procs) : "") +
-         (k.comm ? std::string("_comm_") + k.comm : "") + (k.nvme ? "_nvme" : "") + (k.param_nvme ? "_params" : "");
+         (k.comm ? std::string("_comm_") + k.comm : "") + (k.nvme ? "_nvme" : "") + (k.param_nvme ? "_params" : "") +
+         (k.optimizer ? std::string("_") + k.optimizer : "") + (k.fp16 ? "_fp16" : "");
 }
 
 nlohmann::json config_json(const Case& k) {
@@ -104,6 +107,10 @@ nlohmann::json config_json(const Case& k) {
       "max_position_embeddings": 64, "tie_word_embeddings": false})");
   }
   if (k.bf16) j["bf16"] = {{"enabled", true}};
+  if (k.fp16) j["fp16"] = {{"enabled", true}};
+  if (k.optimizer)
+    j["optimizer"] = {{"type", k.optimizer},
+                      {"params", {{"lr", 0.001}, {std::string(k.optimizer) == "ZeroOneAdam" ? "var_freeze_step" : "freeze_step", 2}}}};
   // Threshold 0: every unit is gathered and freed at stage 3 (the tiny units all fall under
   // DeepSpeed's default 1e5 and would persist).
   j["zero_optimization"] = {{"stage", k.stage}, {"overlap_comm", k.overlap},
@@ -254,7 +261,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", false, 2, false, 1, 4},
                       Case{"llama", true, 3, false, 1, 4, false, 1, "1f1b", "bf16"},
                       // One process: each reduction completes at its launch (overlap_comm or not).
-                      Case{"gpt2", true, 3, true, 1, 1}, Case{"llama", false, 2, true, 1, 1}),
+                      Case{"gpt2", true, 3, true, 1, 1}, Case{"llama", false, 2, true, 1, 1},
+                      // 1-bit optimizers: their states, and the compressed exchange's error
+                      // buffers (each tensor padded on its own in fp32, one flat buffer in fp16 and
+                      // for 1-bit LAMB).
+                      Case{"gpt2", false, 0, false, 1, 2, false, 1, "1f1b", nullptr, false, false, "OneBitAdam"},
+                      Case{"llama", false, 0, false, 1, 2, false, 1, "1f1b", nullptr, false, false, "ZeroOneAdam"},
+                      Case{"gpt2", false, 0, false, 1, 2, false, 1, "1f1b", nullptr, false, false, "OneBitLamb"},
+                      Case{"gpt2", false, 0, false, 1, 2, false, 1, "1f1b", nullptr, false, false, "OneBitAdam", true}),
     [](const auto& info) { return case_name(info.param); });
 
 // (2): stage-3 model states against the closed form (header comment), computed from the units

@@ -5,9 +5,12 @@
 #include <climits>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "base/error.h"
 #include "comm/mpi_backend.h"
+#include "comm/onebit.h"
 #include "models/block.h"
 #include "kernels/cpu/gemm.h"
 #include "nn/embedding.h"
@@ -134,7 +137,33 @@ int optimizer_state_count(const optim::OptimizerSpec& spec) {
   std::string t = spec.type;
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (t == "sgd") return spec.momentum != 0.0 ? 1 : 0;
-  return 2;  // Adam, AdamW, Lamb: exp_avg, exp_avg_sq
+  if (t == "zerooneadam") return 3;  // exp_avg, exp_avg_sq, momentum_accumulator
+  if (t == "onebitlamb") return 3;   // exp_avg, exp_avg_sq, exp_avg_sq_fresh
+  return 2;  // Adam, AdamW, Lamb, 1-bit Adam: exp_avg, exp_avg_sq
+}
+
+std::pair<size_t, size_t> onebit_error_bytes(const MemoryInput& in, int world) {
+  if (in.onebit == MemoryInput::OneBit::kNone || world <= 1) return {0, 0};
+  MT_CHECK(in.tp == 1 && !in.pipeline(), ErrorKind::kInvalidArgument, "memory estimate: 1-bit optimizers take no tp or pp");
+  // The parameter tensors as the store holds them (every block alike), each padded on its own.
+  ModelSkeleton sk(in.model, 1, in.vocab_divisible);
+  std::vector<std::pair<size_t, size_t>> spans;
+  size_t P = 0;
+  auto add = [&](nn::Module& m, int copies) {
+    std::vector<nn::Parameter*> ps;
+    m.collect_parameters(ps);
+    for (int c = 0; c < copies; ++c)
+      for (nn::Parameter* p : ps) {
+        spans.emplace_back(P, static_cast<size_t>(p->numel()));
+        P += static_cast<size_t>(p->numel());
+      }
+  };
+  for (auto& m : sk.embeddings) add(*m, 1);
+  add(*sk.block, in.model.n_layer);
+  for (auto& m : sk.tail) add(*m, 1);
+  if (in.onebit == MemoryInput::OneBit::kFlat) spans = {{0, P}};
+  const comm::OneBitPlan plan(spans, world);
+  return {4 * plan.worker_error_len, 4 * plan.server_error_len};
 }
 
 std::vector<parallel::Unit> model_units(const models::ModelConfig& cfg, int tp, int vocab_divisible) {
@@ -539,8 +568,9 @@ MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int
   for (const parallel::Unit& u : units) P += u.numel;
   if (stage == 0) {  // nn::ParamStore + the optimizer over the whole flat buffer
     m[MemCategory::kParams] = lowp ? e * P : 4 * P;
-    m[MemCategory::kOptimizer] = (lowp ? 4 * P : 0) + 4 * ku * P;
+    m[MemCategory::kOptimizer] = (lowp ? 4 * P : 0) + 4 * ku * P + zero.onebit_worker_errors + zero.onebit_server_errors;
     m[MemCategory::kGrads] = 4 * P;
+    m[MemCategory::kWorkspace] = zero.optimizer_workspace;
     if (setup) *setup = m;
     // parallel::GradBuckets with a 16-bit communication_data_type: every bucket's 2-byte staging
     // lives until the step's reduction ends.
@@ -551,6 +581,9 @@ MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int
       f.allocate(4 * P);
       if (lowp) f.allocate(e * P);
       for (size_t j = 0; j < ku; ++j) f.allocate(4 * P);
+      if (zero.optimizer_workspace) f.allocate(zero.optimizer_workspace);
+      if (zero.onebit_worker_errors) f.allocate(zero.onebit_worker_errors);  // the 1-bit exchange's errors
+      if (zero.onebit_server_errors) f.allocate(zero.onebit_server_errors);
       if (step_blocks)
         for (const BlockEvent& b : *step_blocks) b.release ? f.release(b.bytes) : f.allocate(b.bytes);
       if (m[MemCategory::kComm]) f.allocate(m[MemCategory::kComm]);
@@ -714,9 +747,21 @@ size_t gemm_scratch_bytes(const MemoryInput& in) {
   return most;
 }
 
+// in.zero with what a stage-0 run's optimizer adds (a 1-bit optimizer's exchange errors, 1-bit
+// LAMB's momentum copy).
+static ZeroKnobs state_knobs(const MemoryInput& in, int stage, const std::vector<parallel::Unit>& units) {
+  ZeroKnobs z = in.zero;
+  if (stage != 0) return z;
+  std::tie(z.onebit_worker_errors, z.onebit_server_errors) = onebit_error_bytes(in, in.world);
+  if (in.optimizer_momentum_copy)
+    for (const parallel::Unit& u : units) z.optimizer_workspace += 4 * u.numel;
+  return z;
+}
+
 StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   check_input(in, stage);
   std::vector<parallel::Unit> units = stage_units(in);
+  const ZeroKnobs knobs = state_knobs(in, stage, units);
   size_t e = dtype_size(in.compute_dtype);
   StageEstimate r;
   r.stage = stage;
@@ -724,7 +769,7 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   const bool local = in.world == 1;
   const std::vector<BlockEvent> blocks = step_blocks(in);
   FootprintReplay fp;
-  r.ours = model_state_memory(units, stage, in.world, e, in.optimizer_states, in.zero, in.model.tie_embeddings,
+  r.ours = model_state_memory(units, stage, in.world, e, in.optimizer_states, knobs, in.model.tie_embeddings,
                               &r.setup, in.pipeline(), local, &blocks, &fp);
   r.held = fp.held_peak();
   r.mapped = fp.mapped_peak();
@@ -747,7 +792,7 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   r.gemm_scratch = gemm_scratch_bytes(in);
   MemoryBreakdown step = step_memory(in);
   r.ours[MemCategory::kActivations] = step[MemCategory::kActivations];
-  r.ours[MemCategory::kWorkspace] = step[MemCategory::kWorkspace];
+  r.ours[MemCategory::kWorkspace] = step[MemCategory::kWorkspace] + knobs.optimizer_workspace;
   // The pipeline executor's buffers (engine::Engine::train_pipeline), freed before the step's
   // reduction: the received gradient and each gradient sent back; then the tied token table's
   // partner gradient. The comm peak is the largest of these phases.
@@ -792,8 +837,9 @@ int largest_micro_batch(const MemoryInput& in, int stage, size_t budget_bytes, i
   MemoryInput probe = in;
   probe.micro_batch = 1;
   check_input(probe, stage);
-  size_t states = model_state_memory(stage_units(in), stage, in.world, dtype_size(in.compute_dtype), in.optimizer_states,
-                                     in.zero, in.model.tie_embeddings, nullptr, in.pipeline())
+  const std::vector<parallel::Unit> units = stage_units(in);
+  size_t states = model_state_memory(units, stage, in.world, dtype_size(in.compute_dtype), in.optimizer_states,
+                                     state_knobs(in, stage, units), in.model.tie_embeddings, nullptr, in.pipeline())
                       .total();
   if (states > budget_bytes) return 0;
   // A linear walk: the total grows with B except where the LM head's tile shrinks as one more tile

@@ -88,6 +88,12 @@ struct ZeroKnobs {
   // reduce_bucket_size (stage 0, elements): the data-parallel all-reduce's buckets
   // (parallel::grad_bucket_ranges).
   int64_t reduce_bucket_size = 500000000;
+  // Stage 0 with a 1-bit optimizer over more than one rank (parallel/grad_sync's OneBitSync): its
+  // compressed exchange's worker and server error buffers, f32 optimizer bytes made after the
+  // optimizer's states (onebit_error_bytes; estimate_stage fills them from MemoryInput::onebit).
+  size_t onebit_worker_errors = 0, onebit_server_errors = 0;
+  // Stage 0: workspace the optimizer keeps from its construction (1-bit LAMB's momentum copy).
+  size_t optimizer_workspace = 0;
 };
 
 // The optimizer swap of a span of `span` elements with `states` f32 states (optim/swapped_adamw.h):
@@ -132,7 +138,20 @@ struct MemoryInput {
   int threads = 0;
   // models::ModelOptions::documents on: each slot holds the micro-batch's positions and key starts.
   bool documents = false;
+  // A 1-bit optimizer (OneBitAdam, ZeroOneAdam, OneBitLamb: stage 0, no tp or pp). Over world > 1
+  // ranks its compressed exchange keeps worker and server errors (comm::OneBitPlan) over each
+  // parameter tensor on its own (kPerTensor: fp32 1-bit and 0/1 Adam) or over the one flat buffer
+  // (kFlat: under fp16, and 1-bit LAMB). 1-bit LAMB also keeps a copy of the momentum (workspace,
+  // 4 bytes a parameter).
+  enum class OneBit { kNone, kPerTensor, kFlat };
+  OneBit onebit = OneBit::kNone;
+  bool optimizer_momentum_copy = false;
 };
+
+// The 1-bit exchange's worker and server errors in bytes for `in`'s model over `world` ranks (0 for
+// one rank or no 1-bit optimizer): comm::OneBitPlan over the model's parameter tensors, as
+// parallel/grad_sync's OneBitSync builds it.
+std::pair<size_t, size_t> onebit_error_bytes(const MemoryInput& in, int world);
 
 // One block the model makes or frees (a Buffer), in the order it does.
 struct BlockEvent {
@@ -188,7 +207,8 @@ size_t gemm_scratch_bytes(const MemoryInput& in);
 // p = 1.
 size_t libnbc_allreduce_touched(size_t count, size_t elem_bytes, int p);
 
-// f32 state buffers per parameter of spec's optimizer: Adam/AdamW/Lamb 2, SGD 1 with momentum
+// f32 state buffers per parameter of spec's optimizer: Adam/AdamW/Lamb and 1-bit Adam 2, 0/1 Adam
+// and 1-bit LAMB 3 (the momentum accumulator; the variance kept fresh), SGD 1 with momentum
 // else 0 (optim/*.h state()).
 int optimizer_state_count(const optim::OptimizerSpec& spec);
 
