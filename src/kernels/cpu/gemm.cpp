@@ -109,11 +109,28 @@ Entry* lookup(Context& ctx, int M, int N, int K, int lda, int ldb, int ldc, bool
   return raw;
 }
 
-// Copies a (rows, cols) strided operand to a dense f32 matrix with the same logical layout.
-std::vector<float> widen(const void* p, int rows, int cols, int ld, DType dt) {
-  std::vector<float> out(static_cast<size_t>(rows) * cols);
+// Operands widened to f32 where oneDNN has no matmul for their dtype (f16 without AVX512-FP16):
+// a region per thread and operand, grown as needed and reused. A fresh std::vector a call was
+// zero-filled and faulted in anew, and an fp16 LM head widened its whole weight so once a tile:
+// fp16's forward took 5.7x bf16's on a 4-layer GPT-2 (PERF.md (z)).
+struct WidenBuffers {
+  Scratch a, b;
+  ~WidenBuffers() {
+    for (Scratch* s : {&a, &b})
+      if (s->p) ::munmap(s->p, s->bytes);
+  }
+};
+
+// Copies a (rows, cols) strided operand to a dense f32 matrix with the same logical layout in `to`.
+const float* widen(Scratch& to, const void* p, int rows, int cols, int ld, DType dt) {
+  to.grow(static_cast<size_t>(rows) * static_cast<size_t>(cols) * sizeof(float));
+  float* out = static_cast<float*>(to.p);
+  if (ld == cols) {  // dense: one conversion, over the threads
+    convert(out, DType::kF32, p, dt, static_cast<size_t>(rows) * static_cast<size_t>(cols));
+    return out;
+  }
   for (int r = 0; r < rows; ++r)
-    convert(out.data() + static_cast<size_t>(r) * cols, DType::kF32,
+    convert(out + static_cast<size_t>(r) * cols, DType::kF32,
             static_cast<const char*>(p) + static_cast<size_t>(r) * ld * dtype_size(dt), dt,
             static_cast<size_t>(cols));
   return out;
@@ -131,11 +148,13 @@ void gemm(int M, int N, int K, const void* A, int lda, bool trans_a, const void*
                     bias != nullptr);
   if (e == nullptr) {
     MT_CHECK(ab_dtype != DType::kF32, ErrorKind::kInternal, "oneDNN has no f32 matmul");
-    // NOTE: oneDNN has no f16 matmul without AVX512-FP16; widen to f32 (correct, slower).
-    std::vector<float> a32 = trans_a ? widen(A, K, M, lda, ab_dtype) : widen(A, M, K, lda, ab_dtype);
-    std::vector<float> b32 = trans_b ? widen(B, N, K, ldb, ab_dtype) : widen(B, K, N, ldb, ab_dtype);
+    // NOTE: oneDNN has no f16 matmul without AVX512-FP16; widen to f32 (exact: an f16 product
+    // fits f32's mantissa; the f32 matmul's rate plus the conversion's bytes).
+    thread_local WidenBuffers wide;
     ctx.mu.unlock();
-    gemm(M, N, K, a32.data(), trans_a ? M : K, trans_a, b32.data(), trans_b ? K : N, trans_b, C,
+    const float* a32 = trans_a ? widen(wide.a, A, K, M, lda, ab_dtype) : widen(wide.a, A, M, K, lda, ab_dtype);
+    const float* b32 = trans_b ? widen(wide.b, B, N, K, ldb, ab_dtype) : widen(wide.b, B, K, N, ldb, ab_dtype);
+    gemm(M, N, K, a32, trans_a ? M : K, trans_a, b32, trans_b ? K : N, trans_b, C,
          ldc, DType::kF32, accumulate, bias);
     ctx.mu.lock();
     return;
