@@ -154,6 +154,7 @@ void run_calibrate(const CalibrateArgs& args) {
     if (!cal.speed_probes.empty()) j["speed_probes_s"] = cal.speed_probes;
     if (cal.process_bytes > 0) j["process_bytes"] = cal.process_bytes;
     if (cal.cache_bytes > 0) j["cache_bytes"] = cal.cache_bytes;
+    j["f16_native"] = cal.f16_native;
     if (cal.exchange_probe_s > 0) {
       j["exchange_probe_s"] = cal.exchange_probe_s;
       j["exchange_probes_s"] = cal.exchange_probes;

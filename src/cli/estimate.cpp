@@ -87,9 +87,10 @@ void print_table(const planner::MemoryInput& in, const std::vector<planner::Stag
   std::printf("allocator footprint (every block through its rules: kept blocks, whole 2 MiB pages; the process adds its "
               "constant, `calibrate`'s process_bytes):");
   for (const planner::StageEstimate& e : est)
-    std::printf("%s stage%d %s%s%s", e.stage ? "," : "", e.stage, format_bytes(e.mapped).c_str(),
+    std::printf("%s stage%d %s%s%s%s", e.stage ? "," : "", e.stage, format_bytes(e.mapped).c_str(),
                 e.mpi ? (" + MPI's temporaries " + format_bytes(e.mpi)).c_str() : "",
-                e.gemm_scratch ? (" + oneDNN's scratchpad " + format_bytes(e.gemm_scratch)).c_str() : "");
+                e.gemm_scratch ? (" + oneDNN's scratchpad " + format_bytes(e.gemm_scratch)).c_str() : "",
+                e.gemm_widen ? (" + f16 operands widened to f32 " + format_bytes(e.gemm_widen)).c_str() : "");
   std::printf("\n");
   std::printf(
       "DS paper: model states (params + grads + optimizer) of the ZeRO paper (Rajbhandari et al. 2020), "
@@ -153,6 +154,7 @@ nlohmann::json to_json(const planner::MemoryInput& in, const std::vector<planner
     s["mapped"] = e.mapped;        // the same in whole pages (FootprintReplay)
     s["mpi"] = e.mpi;              // libnbc's all-reduce temporaries, outside the allocator
     s["gemm_scratch"] = e.gemm_scratch;  // oneDNN's scratchpad region, outside the allocator
+    s["gemm_widen"] = e.gemm_widen;      // f16 operands widened to f32 (no f16 matmul), outside it too
     j["stages"].push_back(s);
   }
   for (size_t s = 0; s < fits.size(); ++s) j["largest_micro_batch"]["stage" + std::to_string(s)] = fits[s];

@@ -96,6 +96,8 @@ static planner::Calibration calibration_from_json(const nlohmann::json& j, const
       bad(std::string(k) + " must be a number of bytes, 0 or more");
   cal.process_bytes = j.value("process_bytes", size_t{0});
   cal.cache_bytes = j.value("cache_bytes", size_t{0});
+  if (j.contains("f16_native") && !j["f16_native"].is_boolean()) bad("f16_native must be true or false");
+  cal.f16_native = j.value("f16_native", false);
   if (j.contains("exchange_probes_s")) cal.exchange_probes = j["exchange_probes_s"].get<std::vector<double>>();
   if (j.contains("speed_probes_s")) cal.speed_probes = j["speed_probes_s"].get<std::vector<double>>();
   for (const auto& [family, f] : j["fits"].items()) {

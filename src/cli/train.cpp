@@ -709,6 +709,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       fresh_before = mem.fresh_mapped;
       m["rss_peak_bytes"] = process_peak_rss_bytes();  // VmHWM: everything the process ever held
       m["gemm_scratch_bytes"] = kernels::gemm_scratch_held();  // oneDNN's scratchpad region
+      m["gemm_widen_bytes"] = kernels::gemm_widen_held();      // f16 operands widened to f32 (this thread's)
       if (have_test) last_line = std::move(m);
       else metrics.write(m, done);
     }

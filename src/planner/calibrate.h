@@ -119,6 +119,10 @@ struct Calibration {
   // also timed within a host and across hosts (one rank a host), families "<collective> intra" and
   // "<collective> inter".
   int ranks_per_host = 0;
+  // Whether this machine's oneDNN multiplies f16 itself (AVX512-FP16); where not, kernels::gemm
+  // widens f16 operands to f32 and the cost model prices that (planner/cost.cpp). A calibration
+  // without the field: false, as on the machines before it was recorded.
+  bool f16_native = false;
   // A described cluster's network (none for a machine's calibration).
   bool has_network = false;
   Network network;

@@ -8,20 +8,37 @@
 
 #include "base/error.h"
 #include "models/module_profile.h"
+#include "nn/lm_head.h"
 #include "planner/memory.h"
 
 namespace mt::planner {
 namespace {
 
-double gemm(const Calibration& cal, DType cd, double m, double k, double n) {
-  return cal.gemm_seconds(static_cast<long>(m), static_cast<long>(n), static_cast<long>(k),
-                          cd == DType::kF32 ? DType::kF32 : DType::kBF16);
+// f16 on this machine's runtime: oneDNN has no f16 matmul without AVX512-FP16, so kernels::gemm
+// widens both operands to f32 (2 bytes read, 4 written an element, at the "convert" line's rate)
+// and runs the f32 matmul. A described cluster's devices, and a machine whose calibration found an
+// f16 matmul (Calibration::f16_native), multiply f16 as bf16.
+bool widened(const Calibration& cal, DType cd) { return cd == DType::kF16 && !cal.has_network && !cal.f16_native; }
+double widen_seconds(const Calibration& cal, double elements) {
+  const double rate = cal.fits.count("convert") ? cal.fits.at("convert").per_unit
+                      : cal.fits.count("memory") ? cal.fits.at("memory").per_unit : 0.0;
+  return rate * 6.0 * elements;
+}
+DType gemm_dtype(const Calibration& cal, DType cd) {
+  return cd == DType::kF32 || widened(cal, cd) ? DType::kF32 : DType::kBF16;
 }
 
-// The backward's two GEMMs of a forward GEMM's shape (Calibration::gemm_backward_seconds).
+// X (m x k) W^T (n x k).
+double gemm(const Calibration& cal, DType cd, double m, double k, double n) {
+  return cal.gemm_seconds(static_cast<long>(m), static_cast<long>(n), static_cast<long>(k), gemm_dtype(cal, cd)) +
+         (widened(cal, cd) ? widen_seconds(cal, m * k + n * k) : 0.0);
+}
+
+// The backward's two GEMMs of a forward GEMM's shape (Calibration::gemm_backward_seconds): dX = dY W
+// widens dY (m x n) and W, dW = dY^T X widens dY and X.
 double gemm_backward(const Calibration& cal, DType cd, double m, double k, double n) {
-  return cal.gemm_backward_seconds(static_cast<long>(m), static_cast<long>(n), static_cast<long>(k),
-                                   cd == DType::kF32 ? DType::kF32 : DType::kBF16);
+  return cal.gemm_backward_seconds(static_cast<long>(m), static_cast<long>(n), static_cast<long>(k), gemm_dtype(cal, cd)) +
+         (widened(cal, cd) ? widen_seconds(cal, 2 * m * n + n * k + m * k) : 0.0);
 }
 
 }  // namespace
@@ -149,7 +166,8 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   // compute dtype; the forward and the backward gather that copy as it is, so no pass is added.
   // The block's kernels as a step runs them: the calibration's in-situ factor for the architecture
   // and dtype (a real block against this sum), where measured.
-  const std::string what = std::string(llama ? "llama " : "gpt2 ") + dtype_name(cd == DType::kF32 ? DType::kF32 : DType::kBF16);
+  // (Widened f16 blocks run f32 GEMMs: the f32 factor.)
+  const std::string what = std::string(llama ? "llama " : "gpt2 ") + dtype_name(gemm_dtype(cal, cd));
   const double in_fwd = cal.fits.count("in situ forward " + what) ? cal.fits.at("in situ forward " + what).per_unit : 1.0;
   const double in_bwd = cal.fits.count("in situ backward " + what) ? cal.fits.at("in situ backward " + what).per_unit : 1.0;
   const double block_fwd = in_fwd * (gemms + attention + elem_fwd);
@@ -159,7 +177,11 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   const double emb = mem * 12 * N * C;
   // The tail: the final norm, the head's GEMM and the loss over the logits (written and read back
   // tile by tile).
-  const double head = gemm(cal, cd, N, C, V);
+  // Widened f16: nn::lm_head_cross_entropy runs the head in tiles of R rows, and each tile's GEMMs
+  // widen the whole weight again (the logits and dX), beyond what one GEMM of N rows does.
+  const double tiles = std::ceil(N / static_cast<double>(nn::lm_head_tile_rows(static_cast<int>(N), static_cast<int>(V))));
+  const double rewiden = widened(cal, cd) ? widen_seconds(cal, (tiles - 1) * V * C) : 0.0;
+  const double head = gemm(cal, cd, N, C, V) + rewiden;
   const double loss = mem * 12 * N * V;
 
   ZeroStepCosts c;
@@ -171,7 +193,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   c.backward.front() = emb + emb_drop;
   c.forward.back() = mem * (4 + e) * Nl * C + head + loss;  // the final norm's rows cast (then gathered)
   c.backward.back() = mem * 2 * (4 + e) * N * C;
-  c.head_backward = gemm_backward(cal, cd, N, C, V) + loss;
+  c.head_backward = gemm_backward(cal, cd, N, C, V) + rewiden + loss;
   if (s.tp > 1) {  // the tp group's blocking collectives (cost.h)
     const int tp = s.tp;  // the tp group: adjacent ranks
     auto ar = [&cal, tp](double b) { return cal.collective_seconds("all_reduce", b, tp, 1); };

@@ -284,6 +284,53 @@ TEST(CostModel, DocumentsAndSparseLayoutsPriceTheAttentionTheyCompute) {
   EXPECT_EQ(sparse_attention_line(synthetic(), 16), 0);
 }
 
+// fp16 on this machine: oneDNN has no f16 matmul without AVX512-FP16, so every GEMM widens both
+// operands to f32 (6 bytes an element at the "convert" line) and runs at the f32 line; the LM head,
+// run in tiles of rows, widens its whole weight again in each tile's forward and dX. A described
+// cluster's devices multiply f16 as bf16.
+TEST(CostModel, Fp16IsWidenedToF32WhereTheMachineHasNoF16Matmul) {
+  StepShape s = tiny(models::Arch::kGpt2);
+  Calibration cal = synthetic();
+  cal.fits["convert"] = {0.0, 1e-10};
+  const ZeroStepCosts bf16 = zero_step_costs(s, cal);
+  s.compute = DType::kF16;
+  ZeroStepCosts c = zero_step_costs(s, cal);
+  // N 16, C 64: QKV (N x C, 3C x C), output (N x C, C x C), MLP (N x C, 4C x C), (N x 4C, C x 4C).
+  const double N = 16, C = 64;
+  const double forward_elems = N * C + 3 * C * C + N * C + C * C + N * C + 4 * C * C + N * 4 * C + 4 * C * C;
+  // dX widens dY (N x out) and W, dW widens dY and X, for each of the four.
+  const double backward_elems = (2 * N * 3 * C + 3 * C * C + N * C) + (2 * N * C + C * C + N * C) +
+                                (2 * N * 4 * C + 4 * C * C + N * C) + (2 * N * C + 4 * C * C + N * 4 * C);
+  const double flops = 24 * N * C * C;
+  EXPECT_NEAR(c.forward[1] - bf16.forward[1], (2e-12 - 1e-12) * flops + 6e-10 * forward_elems, 1e-15);
+  EXPECT_NEAR(c.backward[1] - bf16.backward[1], (2e-12 - 1e-12) * 2 * flops + 6e-10 * backward_elems, 1e-15);
+  // No convert line: the memory rate.
+  cal.fits.erase("convert");
+  cal.fits["memory"] = {0.0, 3e-11};
+  const ZeroStepCosts at_memory = zero_step_costs(s, cal);
+  s.compute = DType::kBF16;
+  const ZeroStepCosts bf16_memory = zero_step_costs(s, cal);
+  EXPECT_NEAR(at_memory.forward[1] - bf16_memory.forward[1], (2e-12 - 1e-12) * flops + 1.8e-10 * forward_elems, 1e-14);
+  // The head in two tiles: V 100, f32 logits of at most 64 MiB are 167,772 rows; N = 21,000 x 8.
+  cal = synthetic();
+  cal.fits["convert"] = {0.0, 1e-10};
+  s.micro_batch = 21000;
+  s.compute = DType::kF16;
+  c = zero_step_costs(s, cal);
+  const double rows = 168000, V = 100;
+  EXPECT_NEAR(c.forward.back(), 2e-12 * 2 * rows * C * V + 6e-10 * (rows * C + V * C + V * C), 1e-12);
+  EXPECT_NEAR(c.head_backward, 2e-12 * 4 * rows * C * V + 6e-10 * (2 * rows * V + V * C + rows * C + V * C), 1e-12);
+  // A machine with an f16 matmul, and a described cluster: f16 at the bf16 line, nothing widened.
+  for (bool cluster : {false, true}) {
+    Calibration native = cal;
+    (cluster ? native.has_network : native.f16_native) = true;
+    s.compute = DType::kF16;
+    c = zero_step_costs(s, native);
+    s.compute = DType::kBF16;
+    EXPECT_EQ(c.forward[1], zero_step_costs(s, native).forward[1]) << cluster;
+  }
+}
+
 TEST(CostModel, TheOptimizersSwapPipelinesItsSubGroupsThroughTheDisk) {
   Calibration cal = synthetic();  // AdamW 1e-9 s an element
   StepShape s = tiny(models::Arch::kGpt2);

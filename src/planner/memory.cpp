@@ -580,10 +580,12 @@ MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int
       f.allocate(4 * P);
       f.allocate(4 * P);
       if (lowp) f.allocate(e * P);
+      // The 1-bit exchange's errors (the gradient sync, built before the optimizer), the states,
+      // 1-bit LAMB's momentum copy.
+      if (zero.onebit_worker_errors) f.allocate(zero.onebit_worker_errors);
+      if (zero.onebit_server_errors) f.allocate(zero.onebit_server_errors);
       for (size_t j = 0; j < ku; ++j) f.allocate(4 * P);
       if (zero.optimizer_workspace) f.allocate(zero.optimizer_workspace);
-      if (zero.onebit_worker_errors) f.allocate(zero.onebit_worker_errors);  // the 1-bit exchange's errors
-      if (zero.onebit_server_errors) f.allocate(zero.onebit_server_errors);
       if (step_blocks)
         for (const BlockEvent& b : *step_blocks) b.release ? f.release(b.bytes) : f.allocate(b.bytes);
       if (m[MemCategory::kComm]) f.allocate(m[MemCategory::kComm]);
@@ -708,24 +710,31 @@ size_t libnbc_allreduce_touched(size_t count, size_t elem_bytes, int p) {
   return (seg + 4095) / 4096 * 4096;
 }
 
-size_t gemm_scratch_bytes(const MemoryInput& in) {
-  const DType dt = in.compute_dtype;
+namespace {
+
+// One kernels::gemm call of a step: its shape and form.
+struct GemmCall {
+  int M, N, K;
+  bool ta, tb, acc, bias;
+};
+
+// The GEMMs a rank's step makes (each layer's forward, dX and dW; the head's tiles).
+std::vector<GemmCall> step_gemms(const MemoryInput& in) {
   const bool gpt2 = in.model.arch == models::Arch::kGpt2;
   const models::BlockDims d = block_dims(in.model, in.micro_batch, in.seq_length, in.tp, in.sequence_parallel);
-  const int t = in.threads;
-  size_t most = 0;
+  std::vector<GemmCall> calls;
   // A layer of `in` to `out` features, row-parallel (`row`) or not, over M rows: GPT-2's Conv1D
   // weights are stored (in, out) with a bias (a row-parallel layer's deferred over tp ranks),
   // LLaMA's (out, in) without.
   auto layer = [&](int in_f, int out_f, bool row, int M) {
     if (gpt2) {
-      most = std::max({most, kernels::gemm_scratch_bytes(M, out_f, in_f, false, false, dt, false, !(row && in.tp > 1), t),
-                       kernels::gemm_scratch_bytes(M, in_f, out_f, false, true, dt, false, false, t),
-                       kernels::gemm_scratch_bytes(in_f, out_f, M, true, false, dt, true, false, t)});
+      calls.push_back({M, out_f, in_f, false, false, false, !(row && in.tp > 1)});
+      calls.push_back({M, in_f, out_f, false, true, false, false});
+      calls.push_back({in_f, out_f, M, true, false, true, false});
     } else {
-      most = std::max({most, kernels::gemm_scratch_bytes(M, out_f, in_f, false, true, dt, false, false, t),
-                       kernels::gemm_scratch_bytes(M, in_f, out_f, false, false, dt, false, false, t),
-                       kernels::gemm_scratch_bytes(out_f, in_f, M, true, false, dt, true, false, t)});
+      calls.push_back({M, out_f, in_f, false, true, false, false});
+      calls.push_back({M, in_f, out_f, false, false, false, false});
+      calls.push_back({out_f, in_f, M, true, false, true, false});
     }
   };
   bool blocks = !in.pipeline();
@@ -739,12 +748,32 @@ size_t gemm_scratch_bytes(const MemoryInput& in) {
   if (in.last_stage) {  // the head's tiles: logits, the input's gradient, the weight's gradient
     const int V = models::padded_vocab(in.model, in.tp, in.vocab_divisible) / in.tp;
     const int R = nn::lm_head_tile_rows(d.N, V);
-    for (int r : {R, d.N - (d.N - 1) / R * R})
-      most = std::max({most, kernels::gemm_scratch_bytes(r, V, d.C, false, true, dt, false, false, t),
-                       kernels::gemm_scratch_bytes(r, d.C, V, false, false, dt, false, false, t),
-                       kernels::gemm_scratch_bytes(V, d.C, r, true, false, dt, true, false, t)});
+    for (int r : {R, d.N - (d.N - 1) / R * R}) {
+      calls.push_back({r, V, d.C, false, true, false, false});
+      calls.push_back({r, d.C, V, false, false, false, false});
+      calls.push_back({V, d.C, r, true, false, true, false});
+    }
   }
+  return calls;
+}
+
+}  // namespace
+
+size_t gemm_scratch_bytes(const MemoryInput& in) {
+  size_t most = 0;
+  for (const GemmCall& g : step_gemms(in))
+    most = std::max(most, kernels::gemm_scratch_bytes(g.M, g.N, g.K, g.ta, g.tb, in.compute_dtype, g.acc, g.bias, in.threads));
   return most;
+}
+
+size_t gemm_widen_bytes(const MemoryInput& in) {
+  size_t a = 0, b = 0;
+  for (const GemmCall& g : step_gemms(in)) {
+    const auto [ga, gb] = kernels::gemm_widen_bytes(g.M, g.N, g.K, in.compute_dtype);
+    a = std::max(a, ga);
+    b = std::max(b, gb);
+  }
+  return a + b;
 }
 
 // in.zero with what a stage-0 run's optimizer adds (a 1-bit optimizer's exchange errors, 1-bit
@@ -790,6 +819,7 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
     r.mpi = std::max(r.mpi, libnbc_allreduce_touched(static_cast<size_t>(d.N) * static_cast<size_t>(d.C), 4, in.tp));
   }
   r.gemm_scratch = gemm_scratch_bytes(in);
+  r.gemm_widen = gemm_widen_bytes(in);
   MemoryBreakdown step = step_memory(in);
   r.ours[MemCategory::kActivations] = step[MemCategory::kActivations];
   r.ours[MemCategory::kWorkspace] = step[MemCategory::kWorkspace] + knobs.optimizer_workspace;

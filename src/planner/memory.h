@@ -89,8 +89,9 @@ struct ZeroKnobs {
   // (parallel::grad_bucket_ranges).
   int64_t reduce_bucket_size = 500000000;
   // Stage 0 with a 1-bit optimizer over more than one rank (parallel/grad_sync's OneBitSync): its
-  // compressed exchange's worker and server error buffers, f32 optimizer bytes made after the
-  // optimizer's states (onebit_error_bytes; estimate_stage fills them from MemoryInput::onebit).
+  // compressed exchange's worker and server error buffers, f32 optimizer bytes made with the
+  // gradient sync, before the optimizer's states (onebit_error_bytes; estimate_stage fills them
+  // from MemoryInput::onebit).
   size_t onebit_worker_errors = 0, onebit_server_errors = 0;
   // Stage 0: workspace the optimizer keeps from its construction (1-bit LAMB's momentum copy).
   size_t optimizer_workspace = 0;
@@ -192,12 +193,16 @@ struct StageEstimate {
   // oneDNN's scratchpad region (kernels::gemm_scratch_held, outside the allocator): the largest need
   // of the rank's GEMMs (gemm_scratch_bytes).
   size_t gemm_scratch = 0;
+  // f16 GEMMs where oneDNN has none (kernels::gemm_widen_bytes): the two f32 regions the operands
+  // are widened into, each the largest copy of the rank's GEMMs (0 where the dtype is native).
+  size_t gemm_widen = 0;
 };
 
 // The largest oneDNN scratchpad among the GEMMs a training step of the rank makes, as nn::Linear,
 // nn::LinearGroup and nn::lm_head_cross_entropy call kernels::gemm: each block's projections at
 // this rank's widths (forward, the input's gradient, the weight's gradient) and the head's tiles.
 size_t gemm_scratch_bytes(const MemoryInput& in);
+size_t gemm_widen_bytes(const MemoryInput& in);
 
 // The bytes libnbc's ring all-reduce (the algorithm comm::mpi_init selects) touches of the
 // temporary buffer it mallocs for an in-place all-reduce of `count` elements of `elem_bytes` over

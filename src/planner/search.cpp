@@ -144,7 +144,7 @@ size_t layout_memory(const PlanJob& job, const Layout& l, const Calibration& cal
     steady = std::max(steady, e.ours.total());
     peak = std::max(peak, std::max(e.ours.total(), e.setup.total()));
     if (p && cal.process_bytes > 0) {
-      p->process_by_stage.push_back(cal.process_bytes + e.mapped + e.mpi + e.gemm_scratch);
+      p->process_by_stage.push_back(cal.process_bytes + e.mapped + e.mpi + e.gemm_scratch + e.gemm_widen);
       p->process = std::max(p->process, p->process_by_stage.back());
     }
   }
@@ -334,6 +334,17 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       std::erase_if(stages, [](int st) { return st == 3; });
       if (stages.empty()) {
         r.rejected.push_back(family + ": offload_param nvme with tp or pp > 1 is not supported by the runtime");
+        continue;
+      }
+    }
+    if (job.memory.onebit != MemoryInput::OneBit::kNone) {  // 1-bit optimizers: ZeRO 0, no tp or pp (ds_config's check_onebit)
+      if (tp > 1 || pp > 1) {
+        r.rejected.push_back(family + ": 1-bit optimizers take no tp or pp (DeepSpeed's MPI backend; tp not built)");
+        continue;
+      }
+      std::erase_if(stages, [](int st) { return st != 0; });
+      if (stages.empty()) {
+        r.rejected.push_back(family + ": 1-bit optimizers need ZeRO stage 0 (as in DeepSpeed)");
         continue;
       }
     }

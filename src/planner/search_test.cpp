@@ -363,6 +363,27 @@ TEST(Search, SequenceParallelismIsSearchedWithTensorParallelism) {
     EXPECT_TRUE(x.layout.tp == 1 || x.layout.sequence_parallel) << x.layout.describe();
 }
 
+// A 1-bit optimizer runs at ZeRO stage 0 without tp or pp (the runtime refuses the rest): the
+// search ranks only those layouts, names the families it rejects and why, and counts the
+// exchange's error buffers in each layout's memory.
+TEST(Search, OneBitOptimizersAreSearchedAtStageZeroWithoutTpOrPp) {
+  PlanJob job = tiny_job(2, 8);
+  job.memory.onebit = MemoryInput::OneBit::kPerTensor;
+  const Calibration cal = hand_calibration(2);
+  const SearchResult r = search_layouts(job, everything(), size_t{1} << 40, cal);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const RankedLayout& x : r.ranked) {
+    EXPECT_EQ(x.layout.stage, 0) << x.layout.describe();
+    EXPECT_EQ(x.layout.tp * x.layout.pp, 1) << x.layout.describe();
+  }
+  int named = 0;
+  for (const std::string& why : r.rejected) named += why.find("1-bit optimizers take no tp or pp") != std::string::npos;
+  EXPECT_GE(named, 2) << "tp 2 and pp 2";  // dp 1 x tp 2, dp 1 x pp 2
+  PlanJob plain = job;
+  plain.memory.onebit = MemoryInput::OneBit::kNone;
+  EXPECT_GT(r.ranked.front().prediction.memory, predict_layout(plain, r.ranked.front().layout, cal).memory);
+}
+
 // A rejected family is named as its layouts are: "sp" beside tp, the schedule beside pp (the
 // device lease of 2026-11-27 printed "tp 2, pp 2 sp interleaved x 2").
 TEST(Search, ARejectedFamilyIsNamedAsItsLayoutsAre) {

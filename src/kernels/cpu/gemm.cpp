@@ -121,6 +121,11 @@ struct WidenBuffers {
   }
 };
 
+WidenBuffers& widen_buffers() {
+  thread_local WidenBuffers wide;
+  return wide;
+}
+
 // Copies a (rows, cols) strided operand to a dense f32 matrix with the same logical layout in `to`.
 const float* widen(Scratch& to, const void* p, int rows, int cols, int ld, DType dt) {
   to.grow(static_cast<size_t>(rows) * static_cast<size_t>(cols) * sizeof(float));
@@ -143,20 +148,21 @@ void gemm(int M, int N, int K, const void* A, int lda, bool trans_a, const void*
   MT_INTERNAL_CHECK(!(accumulate && bias != nullptr));
   if (M == 0 || N == 0) return;
   Context& ctx = context();
-  std::lock_guard<std::mutex> lock(ctx.mu);
+  std::unique_lock<std::mutex> lock(ctx.mu);
   Entry* e = lookup(ctx, M, N, K, lda, ldb, ldc, trans_a, trans_b, ab_dtype, accumulate,
                     bias != nullptr);
   if (e == nullptr) {
     MT_CHECK(ab_dtype != DType::kF32, ErrorKind::kInternal, "oneDNN has no f32 matmul");
     // NOTE: oneDNN has no f16 matmul without AVX512-FP16; widen to f32 (exact: an f16 product
     // fits f32's mantissa; the f32 matmul's rate plus the conversion's bytes).
-    thread_local WidenBuffers wide;
-    ctx.mu.unlock();
+    // (Unlocked through the widening and the f32 call, which locks again: a throw in either,
+    // a region that cannot be mapped, leaves the mutex as it found it.)
+    WidenBuffers& wide = widen_buffers();
+    lock.unlock();
     const float* a32 = trans_a ? widen(wide.a, A, K, M, lda, ab_dtype) : widen(wide.a, A, M, K, lda, ab_dtype);
     const float* b32 = trans_b ? widen(wide.b, B, N, K, ldb, ab_dtype) : widen(wide.b, B, K, N, ldb, ab_dtype);
     gemm(M, N, K, a32, trans_a ? M : K, trans_a, b32, trans_b ? K : N, trans_b, C,
          ldc, DType::kF32, accumulate, bias);
-    ctx.mu.lock();
     return;
   }
   dnnl::memory a(e->a, ctx.engine, const_cast<void*>(A));
@@ -204,6 +210,26 @@ size_t gemm_scratch_bytes(int M, int N, int K, bool trans_a, bool trans_b, DType
     bytes = (e.scratch.get_size() + 4095) / 4096 * 4096;
   ctx.scratch_sizes.emplace(key, bytes);
   return bytes;
+}
+
+std::pair<size_t, size_t> gemm_widen_bytes(int M, int N, int K, DType ab_dtype) {
+  if (ab_dtype == DType::kF32 || M == 0 || N == 0) return {0, 0};
+  Context& ctx = context();
+  std::lock_guard<std::mutex> lock(ctx.mu);
+  static std::map<DType, bool> native;  // whether oneDNN multiplies the dtype here (any shape alike)
+  if (!native.count(ab_dtype)) {
+    Entry e;
+    dnnl::matmul::primitive_desc pd;
+    native[ab_dtype] = describe(ctx, e, pd, 16, 16, 16, 16, 16, 16, false, false, ab_dtype, false, false);
+  }
+  if (native[ab_dtype]) return {0, 0};
+  auto pages = [](size_t elems) { return (elems * sizeof(float) + 4095) / 4096 * 4096; };
+  return {pages(static_cast<size_t>(M) * static_cast<size_t>(K)), pages(static_cast<size_t>(K) * static_cast<size_t>(N))};
+}
+
+size_t gemm_widen_held() {
+  const WidenBuffers& w = widen_buffers();
+  return w.a.bytes + w.b.bytes;
 }
 
 size_t gemm_scratch_held() {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
 
 #include "tensor/dtype.h"
 
@@ -33,6 +34,13 @@ double gemm_ceiling_tflops(int M, int N, int K, DType ab_dtype, double seconds =
 size_t gemm_scratch_bytes(int M, int N, int K, bool trans_a, bool trans_b, DType ab_dtype, bool accumulate,
                           bool bias = false, int threads = 0);
 size_t gemm_scratch_held();
+
+// Where oneDNN has no matmul for ab_dtype (f16 without AVX512-FP16), gemm widens A (M x K) and B
+// (K x N) to f32 into two regions of the calling thread, each grown to its largest copy and kept:
+// gemm_widen_bytes gives the pages a call of this shape needs in each ({0, 0} where the dtype is
+// multiplied as it is); gemm_widen_held the calling thread's two regions now.
+std::pair<size_t, size_t> gemm_widen_bytes(int M, int N, int K, DType ab_dtype);
+size_t gemm_widen_held();
 
 // Number of distinct primitives created so far (to test that primitives are reused).
 int gemm_primitive_count();
