@@ -268,13 +268,36 @@ int HttpServer::bind() {
   return port;
 }
 
-void HttpServer::serve() { http_->listen_after_bind(); }
+void HttpServer::serve() {
+  {
+    std::lock_guard<std::mutex> lock(serve_mu_);
+    if (stopping_) return;  // shut down before it listened
+    serving_ = true;
+  }
+  http_->listen_after_bind();
+  std::lock_guard<std::mutex> lock(serve_mu_);
+  served_ = true;
+}
 
 void HttpServer::shutdown() {
   if (draining_.exchange(true)) return;
   scheduler_->drain();  // refuses new generations; waits for queued and active ones
   // The handlers still write their last bytes after their generation ended.
   while (in_flight_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  bool serving = false;
+  {
+    std::lock_guard<std::mutex> lock(serve_mu_);
+    stopping_ = true;
+    serving = serving_;
+  }
+  // A serve() under way: its listening loop must be running for stop() to end it.
+  while (serving && !http_->is_running()) {
+    {
+      std::lock_guard<std::mutex> lock(serve_mu_);
+      if (served_) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   http_->stop();
 }
 

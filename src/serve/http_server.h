@@ -84,6 +84,10 @@ class HttpServer {
   int listen_fd_ = -1;  // the listening socket (httplib's), once bound
   std::atomic<int> in_flight_{0};
   std::atomic<bool> draining_{false};
+  // serve() against shutdown(): cpp-httplib's stop() does nothing before its listening loop runs,
+  // and a loop started after it accepted forever (a test's teardown hung 20 minutes under load).
+  std::mutex serve_mu_;
+  bool stopping_ = false, serving_ = false, served_ = false;
   int64_t created_ = 0;
 
   mutable std::mutex metrics_mu_;

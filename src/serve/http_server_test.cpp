@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -566,6 +567,36 @@ TEST_F(HttpServerTest, ASecondServerOnAPortInUseIsRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cannot bind 127.0.0.1:" + std::to_string(so.port) + " (in use"), std::string::npos)
         << e.what();
+  }
+}
+
+// A shutdown before serve() has started listening: cpp-httplib's stop() does nothing until its
+// listening loop runs, and a loop started after it accepted forever (a suite's teardown hung 20
+// minutes under a loaded CI). serve() now returns at once, and a shutdown racing a serve() under
+// way waits for the loop it stops.
+TEST_F(HttpServerTest, AShutdownBeforeServeListensEndsIt) {
+  for (int round = 0; round < 2; ++round) {
+    Generator gen(*model_, GeneratorOptions{.slots = 1});
+    ServerOptions so;
+    so.port = 0;
+    auto server = std::make_shared<HttpServer>(gen, *tok_, so);
+    server->bind();
+    auto done = std::make_shared<std::promise<void>>();
+    std::future<void> served = done->get_future();
+    if (round == 0) server->shutdown();  // before serve() is called at all
+    std::thread t([server, done] {
+      server->serve();
+      done->set_value();
+    });
+    if (round == 1) server->shutdown();  // while serve() may be starting
+    const bool ended = served.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+    EXPECT_TRUE(ended) << "round " << round;
+    if (ended) {
+      t.join();
+    } else {
+      t.detach();  // stuck in accept: leave it (the process ends with the test binary)
+      std::_Exit(1);
+    }
   }
 }
 
