@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "optim/optimizer.h"
 
 namespace {
 
@@ -110,6 +111,30 @@ void BM_adamw_update(benchmark::State& state) {
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(n) * (7 * 4 + 2));
 }
 BENCHMARK(BM_adamw_update)->UseRealTime();
+
+// The optimizers' steps as the engine builds them (optim::make_optimizer, one segment), writing the
+// bf16 copy: AdamW against LAMB's two passes (moments and the trust ratio's sums, then the update)
+// and SGD with momentum. Bytes: AdamW reads p, g, m, v and writes p, m, v; LAMB's first pass reads
+// g, p, m, v and writes m, v, its second reads p, m, v and writes p; SGD reads p, g, buf and
+// writes p, buf; each writes the bf16 copy.
+void BM_optimizer_step(benchmark::State& state) {
+  const char* types[] = {"AdamW", "Lamb", "SGD"};
+  const int64_t bytes[] = {7 * 4 + 2, 10 * 4 + 2, 5 * 4 + 2};
+  const size_t n = size_t(16) << 20;
+  mt::optim::OptimizerSpec spec;
+  spec.type = types[state.range(0)];
+  spec.momentum = 0.9;
+  auto opt = mt::optim::make_optimizer(spec, n, {mt::optim::ParamSegment{0, n, 0.01f, "all"}});
+  auto p = random_vec(n, -1, 1), g = random_vec(n, -1, 1);
+  std::vector<uint16_t> lowp(n);
+  for (auto _ : state) {
+    opt->step(p.data(), g.data(), lowp.data(), mt::DType::kBF16, 1e-4f, 1.0f);
+    benchmark::DoNotOptimize(p.data());
+  }
+  state.SetLabel(spec.type);
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(n) * bytes[state.range(0)]);
+}
+BENCHMARK(BM_optimizer_step)->Arg(0)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_sum_squares(benchmark::State& state) {
   const size_t n = size_t(16) << 20;

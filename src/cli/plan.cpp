@@ -200,6 +200,7 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* 
                              .recompute = c.activation_checkpointing, .schedule = job.schedule_kind,
                              .virtual_stages = job.virtual_stages, .sequence_parallel = c.sequence_parallel};
   job.sequence_parallel_forced = c.partition_activations;
+  job.update = planner::update_kind(c.optimizer);
   // The attention the run computes: its documents' share of the causal tiles, read from its own
   // first samples; a sparse layout's plan, as the model builds it over the model's heads.
   if (c.reset_attention_mask) {

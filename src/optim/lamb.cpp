@@ -11,12 +11,6 @@ namespace {
 
 constexpr size_t kChunk = size_t{1} << 14;  // elements per task
 
-// The update direction u of one element (FusedLamb's `update`), m and v already this step's.
-inline float lamb_direction(float m, float v, float p, float eps, bool eps_inside_sqrt, float wd) {
-  const float denom = eps_inside_sqrt ? std::sqrt(v + eps) : std::sqrt(v) + eps;
-  return m / denom + wd * p;
-}
-
 }  // namespace
 
 Lamb::Lamb(size_t numel, std::vector<ParamSegment> segments, const LambConfig& config)
@@ -41,16 +35,19 @@ void Lamb::step(float* master, const float* grad, void* lowp, DType lowp_dtype, 
     const double clip = (norm + 1e-6) / config_.max_grad_norm;
     if (clip > 1.0) s = static_cast<float>(grad_scale / clip);
   }
-  const float b1 = static_cast<float>(config_.beta1);
-  const float b2 = static_cast<float>(config_.beta2);
-  const float eps = static_cast<float>(config_.eps);
-  const bool inside = config_.eps_inside_sqrt;
-  float step_size = lr;
+  float step_size = static_cast<float>(lr);
   if (config_.bias_correction) {  // in f32, as fused_lamb_cuda computes it
+    const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2);
     const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), static_cast<double>(step_)));
     const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), static_cast<double>(step_)));
     step_size = lr * std::sqrt(bc2) / bc1;
   }
+  kernels::LambScalars ks;
+  ks.grad_scale = s;
+  ks.beta1 = static_cast<float>(config_.beta1);
+  ks.beta2 = static_cast<float>(config_.beta2);
+  ks.eps = static_cast<float>(config_.eps);
+  ks.eps_inside_sqrt = config_.eps_inside_sqrt;
   float* m = m_.as<float>();
   float* v = v_.as<float>();
   const int64_t nchunks = static_cast<int64_t>(chunks_.size());
@@ -59,21 +56,12 @@ void Lamb::step(float* master, const float* grad, void* lowp, DType lowp_dtype, 
 #pragma omp parallel for schedule(static) if (nchunks > 1)
   for (int64_t c = 0; c < nchunks; ++c) {
     const Chunk& ch = chunks_[static_cast<size_t>(c)];
-    const float wd = segments_[ch.segment].weight_decay;
-    double wsum = 0.0, usum = 0.0;
-    for (size_t i = ch.offset; i < ch.offset + ch.numel; ++i) {
-      const float g = grad[i] * s;
-      const float p = master[i];
-      const float mi = b1 * m[i] + (1.0f - b1) * g;
-      const float vi = b2 * v[i] + (1.0f - b2) * g * g;
-      m[i] = mi;
-      v[i] = vi;
-      const float u = lamb_direction(mi, vi, p, eps, inside, wd);
-      usum += static_cast<double>(u) * u;
-      wsum += static_cast<double>(p) * p;
-    }
-    w_part_[static_cast<size_t>(c)] = wsum;
-    u_part_[static_cast<size_t>(c)] = usum;
+    kernels::LambScalars cs = ks;
+    cs.weight_decay = segments_[ch.segment].weight_decay;
+    const kernels::LambSums sums = kernels::lamb_moments(m + ch.offset, v + ch.offset, grad + ch.offset,
+                                                         master + ch.offset, ch.numel, cs);
+    w_part_[static_cast<size_t>(c)] = sums.w;
+    u_part_[static_cast<size_t>(c)] = sums.u;
   }
 
   // The trust ratio of each segment, its chunks summed in order (independent of thread count).
@@ -96,19 +84,16 @@ void Lamb::step(float* master, const float* grad, void* lowp, DType lowp_dtype, 
     coeffs_[k] = coeff;
   }
 
-  // Pass 2: the update.
+  // Pass 2: the update (and the compute-dtype copy, each chunk as it is updated).
   const size_t esz = dtype_size(lowp_dtype);
 #pragma omp parallel for schedule(static) if (nchunks > 1)
   for (int64_t c = 0; c < nchunks; ++c) {
     const Chunk& ch = chunks_[static_cast<size_t>(c)];
-    const float wd = segments_[ch.segment].weight_decay;
-    const float scale = step_size * coeffs_[ch.segment];
-    for (size_t i = ch.offset; i < ch.offset + ch.numel; ++i) {
-      const float u = lamb_direction(m[i], v[i], master[i], eps, inside, wd);
-      master[i] = master[i] - scale * u;
-    }
-    if (lowp != nullptr)
-      convert(static_cast<char*>(lowp) + ch.offset * esz, lowp_dtype, master + ch.offset, DType::kF32, ch.numel);
+    kernels::LambScalars cs = ks;
+    cs.weight_decay = segments_[ch.segment].weight_decay;
+    kernels::lamb_apply(master + ch.offset, m + ch.offset, v + ch.offset,
+                        lowp != nullptr ? static_cast<char*>(lowp) + ch.offset * esz : nullptr, lowp_dtype, ch.numel,
+                        step_size * coeffs_[ch.segment], cs);
   }
 }
 

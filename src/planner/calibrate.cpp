@@ -27,6 +27,7 @@
 #include "kernels/cpu/sparse_attention.h"
 #include "models/module_profile.h"
 #include "models/transformer.h"
+#include "optim/optimizer.h"
 #include "tensor/dtype.h"
 #include "planner/cost.h"
 
@@ -633,6 +634,40 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
     add_family(cal, "copy", copy, false);
     add_family(cal, "zero", zero, false);
     add_family(cal, "convert", conv, false);
+  }
+  // The other updates the runtime makes, built by optim::make_optimizer as the engine builds them
+  // (one segment): LAMB's two passes (the moments and the trust ratio's sums, then the update), SGD
+  // without and with its momentum buffer; by elements, in f32 and writing the bf16 copy (stage 0
+  // in low precision: each chunk converted as it is updated). The largest points set the rate.
+  {
+    const std::vector<size_t> opt_sizes = options.quick ? std::vector<size_t>{1 << 17, 1 << 19}
+                                                        : std::vector<size_t>{1 << 20, 1 << 22, 1 << 24};
+    struct Update {
+      const char* type;
+      double momentum;
+      UpdateKind kind;
+    };
+    for (const Update& u : {Update{"Lamb", 0.0, UpdateKind::kLamb}, Update{"SGD", 0.0, UpdateKind::kSgd},
+                            Update{"SGD", 0.9, UpdateKind::kSgdMomentum}}) {
+      std::vector<CalPoint> f32, low;
+      for (size_t n : opt_sizes) {
+        optim::OptimizerSpec spec;
+        spec.type = u.type;
+        spec.momentum = u.momentum;
+        const std::unique_ptr<optim::Optimizer> opt =
+            optim::make_optimizer(spec, n, {optim::ParamSegment{0, n, 0.01f, "all"}});
+        std::vector<float> w(n, 0.5f), g(n, 1e-3f);
+        std::vector<uint16_t> lowp(n);
+        const double e = static_cast<double>(n);
+        f32.push_back({std::string(update_line(u.kind, false)) + " " + std::to_string(n), e,
+                       time_calls([&] { opt->step(w.data(), g.data(), nullptr, DType::kF32, 1e-4f, 1.0f); }, budget, 3, nullptr)});
+        low.push_back({std::string(update_line(u.kind, true)) + " " + std::to_string(n), e,
+                       time_calls([&] { opt->step(w.data(), g.data(), lowp.data(), DType::kBF16, 1e-4f, 1.0f); }, budget, 3,
+                                  nullptr)});
+      }
+      add_family(cal, update_line(u.kind, false), f32, false);
+      add_family(cal, update_line(u.kind, true), low, false);
+    }
   }
   // The same passes hot: a buffer that fits in the last-level cache, passed over again and again
   // (a ZeRO step on one rank zeroes a unit's gradient slab, accumulates the weight gradients into

@@ -1,6 +1,7 @@
 #include "planner/cost.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
@@ -48,6 +49,24 @@ double block_gemm_flops(const StepShape& s) {
   const double N = d.N, C = d.C;
   return models::gemm_flops(N, C, d.QKV) + models::gemm_flops(N, d.A, C) + models::gemm_flops(N, C, d.H) +
          models::gemm_flops(N, d.G, C);
+}
+
+UpdateKind update_kind(const optim::OptimizerSpec& spec) {
+  std::string t = spec.type;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (t == "lamb" || t == "onebitlamb") return UpdateKind::kLamb;
+  if (t == "sgd") return spec.momentum != 0.0 ? UpdateKind::kSgdMomentum : UpdateKind::kSgd;
+  return UpdateKind::kAdamW;
+}
+
+const char* update_line(UpdateKind u, bool bf16_copy) {
+  switch (u) {
+    case UpdateKind::kLamb: return bf16_copy ? "lamb bf16" : "lamb";
+    case UpdateKind::kSgd: return bf16_copy ? "sgd bf16" : "sgd";
+    case UpdateKind::kSgdMomentum: return bf16_copy ? "sgd momentum bf16" : "sgd momentum";
+    case UpdateKind::kAdamW: break;
+  }
+  return bf16_copy ? "adamw bf16" : "adamw";
 }
 
 int sparse_attention_line(const Calibration& cal, int block) {
@@ -244,7 +263,12 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   }
   // The update (writing the compute-dtype copy where calibrated so), and the step's other passes
   // over the shard: the gradient norm reads it and zero_grad writes it.
-  const char* update = e < 4 && s.zero_stage == 0 && cal.fits.count("adamw bf16") ? "adamw bf16" : "adamw";
+  // The run's optimizer at its own line; a calibration without it (older, or a described cluster)
+  // at AdamW's.
+  const bool copy16 = e < 4 && s.zero_stage == 0;
+  const char* update = update_line(s.update, copy16);
+  if (!cal.fits.count(update)) update = update_line(s.update, false);
+  if (!cal.fits.count(update)) update = copy16 && cal.fits.count("adamw bf16") ? "adamw bf16" : "adamw";
   c.optimizer_per_element = (cal.fits.count(update) ? cal.fits.at(update).per_unit : 0.0) + (own ? mem * 8 : 0.0);
   if (s.optimizer_nvme && !s.param_nvme) {  // with param_nvme the step program times the swap
     MT_CHECK(cal.disk_read_gbs > 0 && cal.disk_write_gbs > 0 && cal.disk_mixed_gbs > 0, ErrorKind::kInvalidArgument,

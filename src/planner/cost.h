@@ -20,9 +20,11 @@
 //                once forward and twice backward, the embeddings' sum both ways
 //   in situ      a block's forward and backward scaled by the calibration's in-situ factors
 //                (a real block of the architecture and dtype timed against this sum; 1 if absent)
-//   optimizer    the calibrated AdamW rate by elements of this rank's shard (the variant writing
-//                the bf16 copy in low precision), with the gradient norm's read and zero_grad's
-//                write of the shard at the memory rate
+//   optimizer    the calibrated update of the run's optimizer by elements of this rank's shard
+//                (StepShape::update: AdamW's kernel, LAMB's two passes, SGD with or without its
+//                momentum; the variant writing the bf16 copy in low precision at stage 0; a
+//                calibration without the optimizer's line: AdamW's), with the gradient norm's read
+//                and zero_grad's write of the shard at the memory rate
 //   collectives  the calibrated all_gather / reduce_scatter lines by bytes a rank (one rank: a
 //                local copy at the memory rate)
 // The head's backward (its own hooks) is the head GEMM's two backward GEMMs and the loss's bytes.
@@ -47,11 +49,16 @@
 
 #include "kernels/cpu/sparse_attention.h"
 #include "models/config.h"
+#include "optim/optimizer.h"
 #include "planner/calibrate.h"
 #include "planner/program.h"
 #include "tensor/dtype.h"
 
 namespace mt::planner {
+
+enum class UpdateKind { kAdamW, kLamb, kSgd, kSgdMomentum };
+// The update an optimizer specification runs (optim::make_optimizer's types).
+UpdateKind update_kind(const optim::OptimizerSpec& spec);
 
 struct StepShape {
   models::ModelConfig model;
@@ -86,7 +93,15 @@ struct StepShape {
   // none: the dense kernel's).
   double attention_share = 1.0;
   std::shared_ptr<const kernels::SparseAttentionPlan> sparse = nullptr;
+  // The optimizer's update (optimizer.type, update_kind): Adam, AdamW and the 1-bit Adams run
+  // AdamW's kernel (the 1-bit ones in their warm-up, which the plan prices); Lamb and 1-bit LAMB
+  // (its warm-up) LAMB's two passes; SGD one pass, with or without its momentum buffer.
+  UpdateKind update = UpdateKind::kAdamW;
 };
+
+// The calibration's line for an update (calibrate's "adamw", "lamb", "sgd", "sgd momentum"; with
+// the bf16 copy written: "adamw bf16", "lamb bf16", ...).
+const char* update_line(UpdateKind u, bool bf16_copy);
 
 // The calibration's sparse attention lines ("sparse attention forward bN", "... backward bN") for a
 // plan of kernel block `block`: the smallest calibrated N >= block, else the largest; 0 if none.

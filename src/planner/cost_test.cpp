@@ -331,6 +331,57 @@ TEST(CostModel, Fp16IsWidenedToF32WhereTheMachineHasNoF16Matmul) {
   }
 }
 
+// The update is the run's optimizer at its own calibrated line (the bf16-copy variant at stage 0 in
+// low precision), the shard's norm read and zero_grad write beside it; a calibration without the
+// line (older, or a described cluster) prices it at AdamW's.
+TEST(CostModel, TheUpdateIsTheRunsOptimizerAtItsOwnLine) {
+  optim::OptimizerSpec spec;
+  EXPECT_EQ(update_kind(spec), UpdateKind::kAdamW);
+  for (const char* t : {"Adam", "adamw", "OneBitAdam", "ZeroOneAdam"}) {
+    spec.type = t;
+    EXPECT_EQ(update_kind(spec), UpdateKind::kAdamW) << t;
+  }
+  for (const char* t : {"Lamb", "OneBitLamb"}) {
+    spec.type = t;
+    EXPECT_EQ(update_kind(spec), UpdateKind::kLamb) << t;
+  }
+  spec.type = "SGD";
+  EXPECT_EQ(update_kind(spec), UpdateKind::kSgd);
+  spec.momentum = 0.9;
+  EXPECT_EQ(update_kind(spec), UpdateKind::kSgdMomentum);
+
+  Calibration cal = synthetic();
+  cal.fits["memory"] = {0.0, 1e-11};
+  cal.fits["adamw bf16"] = {0.0, 2e-9};
+  cal.fits["lamb"] = {0.0, 3e-9};
+  cal.fits["lamb bf16"] = {0.0, 4e-9};
+  cal.fits["sgd"] = {0.0, 5e-10};
+  cal.fits["sgd momentum"] = {0.0, 7e-10};
+  cal.fits["sgd momentum bf16"] = {0.0, 8e-10};
+  StepShape s = tiny(models::Arch::kGpt2);
+  s.micro_batch = 2;
+  s.seq_length = 8;
+  auto update = [&](UpdateKind u, DType dt, int stage) {
+    s.update = u;
+    s.compute = dt;
+    s.zero_stage = stage;
+    return zero_step_costs(s, cal).optimizer_per_element;
+  };
+  // (synthetic() has none of the blocks' own kernels, so the norm's read and zero_grad's write
+  // are not added here: BlockTimesAreGemmsAndAttentionAtTheCalibratedRates prices them.)
+  EXPECT_DOUBLE_EQ(update(UpdateKind::kLamb, DType::kF32, 0), 3e-9);
+  EXPECT_DOUBLE_EQ(update(UpdateKind::kLamb, DType::kBF16, 0), 4e-9);
+  EXPECT_DOUBLE_EQ(update(UpdateKind::kLamb, DType::kBF16, 2), 3e-9);  // ZeRO: the f32 master alone
+  EXPECT_DOUBLE_EQ(update(UpdateKind::kSgdMomentum, DType::kBF16, 0), 8e-10);
+  EXPECT_DOUBLE_EQ(update(UpdateKind::kSgd, DType::kF32, 0), 5e-10);
+  EXPECT_DOUBLE_EQ(update(UpdateKind::kSgd, DType::kBF16, 0), 5e-10);  // no bf16 line: its f32 one
+  EXPECT_DOUBLE_EQ(update(UpdateKind::kAdamW, DType::kBF16, 0), 2e-9);
+  cal.fits.erase("lamb");
+  cal.fits.erase("lamb bf16");
+  EXPECT_DOUBLE_EQ(update(UpdateKind::kLamb, DType::kF32, 0), 1e-9);  // no line: AdamW's
+  EXPECT_DOUBLE_EQ(update(UpdateKind::kLamb, DType::kBF16, 0), 2e-9);
+}
+
 TEST(CostModel, TheOptimizersSwapPipelinesItsSubGroupsThroughTheDisk) {
   Calibration cal = synthetic();  // AdamW 1e-9 s an element
   StepShape s = tiny(models::Arch::kGpt2);

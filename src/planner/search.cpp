@@ -97,7 +97,7 @@ StepShape step_shape(const PlanJob& job, const Layout& l) {
                    .recompute = l.recompute, .tp = l.tp, .sequence_parallel = l.sequence_parallel && l.tp > 1,
                    .optimizer_nvme = m.zero.optimizer_nvme, .sub_group_size = m.zero.sub_group_size,
                    .param_nvme = m.zero.param_nvme && l.stage == 3, .zero_stage = l.stage,
-                   .attention_share = job.attention_share, .sparse = job.sparse};
+                   .attention_share = job.attention_share, .sparse = job.sparse, .update = job.update};
 }
 
 // The layer bounds of a layout's pipeline stages. "time" cuts as the engine does at start-up
@@ -345,6 +345,13 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       std::erase_if(stages, [](int st) { return st != 0; });
       if (stages.empty()) {
         r.rejected.push_back(family + ": 1-bit optimizers need ZeRO stage 0 (as in DeepSpeed)");
+        continue;
+      }
+    }
+    if (job.update == UpdateKind::kLamb && job.memory.onebit == MemoryInput::OneBit::kNone) {  // ds_config's parse_zero
+      std::erase_if(stages, [](int st) { return st != 0; });
+      if (stages.empty()) {
+        r.rejected.push_back(family + ": Lamb needs ZeRO stage 0 (its per-tensor trust ratio takes whole tensors)");
         continue;
       }
     }

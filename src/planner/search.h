@@ -78,6 +78,7 @@ struct PlanJob {
   double attention_share = 1.0;
   int attention_samples = 0;  // the samples attention_share was read from (0: none, causal)
   std::shared_ptr<const kernels::SparseAttentionPlan> sparse = nullptr;
+  UpdateKind update = UpdateKind::kAdamW;  // the optimizer's update (StepShape::update)
   // Simulate every rank even where one stands for all (ZeroStepSpec::one_rank): for the test that
   // they agree.
   bool whole_program = false;

@@ -384,6 +384,20 @@ TEST(Search, OneBitOptimizersAreSearchedAtStageZeroWithoutTpOrPp) {
   EXPECT_GT(r.ranked.front().prediction.memory, predict_layout(plain, r.ranked.front().layout, cal).memory);
 }
 
+// Lamb's per-tensor trust ratio takes whole tensors: the runtime refuses it at ZeRO 1-3
+// (ds_config's parse_zero), so the search keeps it at stage 0. It ranked ZeRO 1-2 layouts for a
+// Lamb configuration, and plan --validate's first of them failed to start.
+TEST(Search, LambIsSearchedAtStageZeroOnly) {
+  PlanJob job = tiny_job(2, 8);
+  const Calibration cal = hand_calibration(2);
+  const SearchResult adamw = search_layouts(job, everything(), size_t{1} << 40, cal);
+  EXPECT_TRUE(std::any_of(adamw.ranked.begin(), adamw.ranked.end(), [](const RankedLayout& x) { return x.layout.stage > 0; }));
+  job.update = UpdateKind::kLamb;
+  const SearchResult r = search_layouts(job, everything(), size_t{1} << 40, cal);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const RankedLayout& x : r.ranked) EXPECT_EQ(x.layout.stage, 0) << x.layout.describe();
+}
+
 // A rejected family is named as its layouts are: "sp" beside tp, the schedule beside pp (the
 // device lease of 2026-11-27 printed "tp 2, pp 2 sp interleaved x 2").
 TEST(Search, ARejectedFamilyIsNamedAsItsLayoutsAre) {

@@ -654,6 +654,41 @@ void adamw_update(float* master, const float* grad, float* m, float* v, void* lo
   });
 }
 
+// ---- LAMB ----
+
+namespace {
+
+inline float lamb_direction(float m, float v, float p, const LambScalars& s) {
+  const float denom = s.eps_inside_sqrt ? std::sqrt(v + s.eps) : std::sqrt(v) + s.eps;
+  return m / denom + s.weight_decay * p;
+}
+
+}  // namespace
+
+LambSums lamb_moments(float* m, float* v, const float* grad, const float* master, size_t n, const LambScalars& s) {
+  if (use_avx512()) return detail::lamb_moments_avx512(m, v, grad, master, n, s);
+  LambSums sums;
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grad[i] * s.grad_scale;
+    const float p = master[i];
+    const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;
+    const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float u = lamb_direction(mi, vi, p, s);
+    sums.u += static_cast<double>(u) * u;
+    sums.w += static_cast<double>(p) * p;
+  }
+  return sums;
+}
+
+void lamb_apply(float* master, const float* m, const float* v, void* lowp, DType lowp_dtype, size_t n, float scale,
+                const LambScalars& s) {
+  if (use_avx512()) return detail::lamb_apply_avx512(master, m, v, lowp, lowp_dtype, n, scale, s);
+  for (size_t i = 0; i < n; ++i) master[i] = master[i] - scale * lamb_direction(m[i], v[i], master[i], s);
+  if (lowp != nullptr) convert(lowp, lowp_dtype, master, DType::kF32, n);
+}
+
 // ---- reductions ----
 
 double sum_squares(const float* x, size_t n) {

@@ -137,6 +137,27 @@ struct AdamWScalars {
 };
 AdamWScalars adamw_scalars(const AdamWParams& params);
 
+// LAMB (optim/lamb.cpp, DeepSpeed's FusedLamb), its two passes over n elements of one segment, each
+// called per chunk by the optimizer (which sums the chunks' norms per segment). With
+//   g = grad * grad_scale;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+//   u = m / denom + weight_decay p   (denom: sqrt(v + eps) if eps_inside_sqrt, else sqrt(v) + eps)
+// lamb_moments writes m and v and returns the sums of p^2 and u^2 (in double); lamb_apply then
+// takes p = p - scale u (u from the m and v it wrote) and, if lowp != nullptr, writes p's copy in
+// lowp_dtype (RNE).
+struct LambScalars {
+  float grad_scale = 1.0f;
+  float beta1 = 0.9f, beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool eps_inside_sqrt = false;
+};
+struct LambSums {
+  double w = 0.0, u = 0.0;  // sum of p^2, sum of u^2
+};
+LambSums lamb_moments(float* m, float* v, const float* grad, const float* master, size_t n, const LambScalars& s);
+void lamb_apply(float* master, const float* m, const float* v, void* lowp, DType lowp_dtype, size_t n, float scale,
+                const LambScalars& s);
+
 // ---- reductions ----
 // Sum of squares in double (deterministic for a fixed thread count). Non-finite if any x is
 // non-finite: this is the cheap overflow check of the f16 path.

@@ -477,6 +477,24 @@ double sum_squares_avx512(const float* x, size_t n) {
 
 // ---- AdamW ----
 
+namespace {
+
+// 16 lanes of p to lowp[i..] in lowp_dtype (RNE), k the lanes to write.
+inline void store_lowp16(void* lowp, DType lowp_dtype, size_t i, __mmask16 k, __m512 p) {
+  if (lowp_dtype == DType::kBF16) {
+    const __m256bh h = _mm512_cvtneps_pbh(p);  // RNE, as f32_to_bf16
+    __m256i bits;
+    std::memcpy(&bits, &h, sizeof(bits));
+    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(lowp) + i, k, bits);
+  } else if (lowp_dtype == DType::kF16) {
+    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(lowp) + i, k, _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  } else {
+    _mm512_mask_storeu_ps(static_cast<float*>(lowp) + i, k, p);
+  }
+}
+
+}  // namespace
+
 void adamw_update_avx512(float* master, const float* grad, float* m, float* v, void* lowp,
                          DType lowp_dtype, size_t n, const AdamWScalars& s) {
   const __m512 gs = _mm512_set1_ps(s.grad_scale);
@@ -496,18 +514,59 @@ void adamw_update_avx512(float* master, const float* grad, float* m, float* v, v
     _mm512_mask_storeu_ps(m + i, k, mi);
     _mm512_mask_storeu_ps(v + i, k, vi);
     _mm512_mask_storeu_ps(master + i, k, p);
-    if (lowp == nullptr) continue;
-    if (lowp_dtype == DType::kBF16) {
-      const __m256bh h = _mm512_cvtneps_pbh(p);  // RNE, as f32_to_bf16
-      __m256i bits;
-      std::memcpy(&bits, &h, sizeof(bits));
-      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(lowp) + i, k, bits);
-    } else if (lowp_dtype == DType::kF16) {
-      const __m256i h = _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(lowp) + i, k, h);
-    } else {
-      _mm512_mask_storeu_ps(static_cast<float*>(lowp) + i, k, p);
-    }
+    if (lowp != nullptr) store_lowp16(lowp, lowp_dtype, i, k, p);
+  }
+}
+
+// ---- LAMB ----
+
+namespace {
+
+// u = m / denom + wd p of 16 lanes (ops.h's lamb_moments).
+inline __m512 lamb_direction16(__m512 mi, __m512 vi, __m512 p, __m512 eps, __m512 wd, bool inside) {
+  const __m512 denom = inside ? _mm512_sqrt_ps(_mm512_add_ps(vi, eps)) : _mm512_add_ps(_mm512_sqrt_ps(vi), eps);
+  return _mm512_fmadd_ps(wd, p, _mm512_div_ps(mi, denom));
+}
+
+}  // namespace
+
+::mt::kernels::LambSums lamb_moments_avx512(float* m, float* v, const float* grad, const float* master, size_t n,
+                                            const ::mt::kernels::LambScalars& s) {
+  const __m512 gs = _mm512_set1_ps(s.grad_scale), b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(1.0f - s.beta1),
+               b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(1.0f - s.beta2), eps = _mm512_set1_ps(s.eps),
+               wd = _mm512_set1_ps(s.weight_decay);
+  __m512d w0 = _mm512_setzero_pd(), w1 = _mm512_setzero_pd(), u0 = _mm512_setzero_pd(), u1 = _mm512_setzero_pd();
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
+    const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, grad + i), gs);
+    const __m512 p = _mm512_maskz_loadu_ps(k, master + i);
+    const __m512 mi = _mm512_fmadd_ps(b1, _mm512_maskz_loadu_ps(k, m + i), _mm512_mul_ps(omb1, g));
+    const __m512 vi = _mm512_fmadd_ps(b2, _mm512_maskz_loadu_ps(k, v + i), _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+    _mm512_mask_storeu_ps(m + i, k, mi);
+    _mm512_mask_storeu_ps(v + i, k, vi);
+    // The lanes past the tail are zero (eps 0 would make them 0/0).
+    const __m512 u = _mm512_maskz_mov_ps(k, lamb_direction16(mi, vi, p, eps, wd, s.eps_inside_sqrt));
+    const __m512d plo = _mm512_cvtps_pd(_mm512_castps512_ps256(p)), phi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(p, 1));
+    const __m512d ulo = _mm512_cvtps_pd(_mm512_castps512_ps256(u)), uhi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(u, 1));
+    w0 = _mm512_fmadd_pd(plo, plo, w0);
+    w1 = _mm512_fmadd_pd(phi, phi, w1);
+    u0 = _mm512_fmadd_pd(ulo, ulo, u0);
+    u1 = _mm512_fmadd_pd(uhi, uhi, u1);
+  }
+  return {_mm512_reduce_add_pd(_mm512_add_pd(w0, w1)), _mm512_reduce_add_pd(_mm512_add_pd(u0, u1))};
+}
+
+void lamb_apply_avx512(float* master, const float* m, const float* v, void* lowp, DType lowp_dtype, size_t n,
+                       float scale, const ::mt::kernels::LambScalars& s) {
+  const __m512 eps = _mm512_set1_ps(s.eps), wd = _mm512_set1_ps(s.weight_decay), sc = _mm512_set1_ps(scale);
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
+    const __m512 p = _mm512_maskz_loadu_ps(k, master + i);
+    const __m512 u = lamb_direction16(_mm512_maskz_loadu_ps(k, m + i), _mm512_maskz_loadu_ps(k, v + i), p, eps, wd,
+                                      s.eps_inside_sqrt);
+    const __m512 q = _mm512_fnmadd_ps(sc, u, p);
+    _mm512_mask_storeu_ps(master + i, k, q);
+    if (lowp != nullptr) store_lowp16(lowp, lowp_dtype, i, k, q);
   }
 }
 

@@ -58,4 +58,10 @@ using AdamWScalars = ::mt::kernels::AdamWScalars;
 void adamw_update_avx512(float* master, const float* grad, float* m, float* v, void* lowp,
                          DType lowp_dtype, size_t n, const AdamWScalars& s);
 
+// ops.h's LAMB passes (one chunk each).
+::mt::kernels::LambSums lamb_moments_avx512(float* m, float* v, const float* grad, const float* master, size_t n,
+                                            const ::mt::kernels::LambScalars& s);
+void lamb_apply_avx512(float* master, const float* m, const float* v, void* lowp, DType lowp_dtype, size_t n,
+                       float scale, const ::mt::kernels::LambScalars& s);
+
 }  // namespace mt::kernels::detail

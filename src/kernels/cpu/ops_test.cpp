@@ -317,6 +317,59 @@ TEST(OpsIsa, AdamW) {
   }
 }
 
+// LAMB's two passes (optim/lamb.cpp's chunks) on both ISAs, against the textbook in double: the
+// moments, the sums of p^2 and u^2, the update by a scale, the compute-dtype copy; both eps modes,
+// lengths with and without a tail.
+TEST(OpsIsa, Lamb) {
+  for (bool inside : {false, true})
+    for (size_t n : {1, 7, 33, 769, 16384}) {
+      const Vec w = random_vec(n, -1, 1, 23), g = random_vec(n, -2, 2, 24), m0 = random_vec(n, -0.1f, 0.1f, 25),
+                v0 = random_vec(n, 0, 0.01f, 26);
+      LambScalars s;
+      s.grad_scale = 0.5f;
+      s.beta1 = 0.9f;
+      s.beta2 = 0.99f;
+      s.eps = 1e-6f;
+      s.weight_decay = 0.05f;
+      s.eps_inside_sqrt = inside;
+      const float scale = 3e-3f;
+      // The textbook, in double.
+      std::vector<double> mt(n), vt(n), pt(n);
+      double wsum = 0.0, usum = 0.0;
+      for (size_t i = 0; i < n; ++i) {
+        const double gi = double(g[i]) * s.grad_scale;
+        mt[i] = double(s.beta1) * m0[i] + (1.0 - double(s.beta1)) * gi;
+        vt[i] = double(s.beta2) * v0[i] + (1.0 - double(s.beta2)) * gi * gi;
+        const double denom = inside ? std::sqrt(vt[i] + s.eps) : std::sqrt(vt[i]) + s.eps;
+        const double u = mt[i] / denom + double(s.weight_decay) * w[i];
+        wsum += double(w[i]) * w[i];
+        usum += u * u;
+        pt[i] = w[i] - double(scale) * u;
+      }
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        compare_isas(
+            [&] {
+              Vec master = w, m = m0, v = v0, lowp(n);
+              std::vector<uint16_t> lp16(n);
+              void* lp = dt == DType::kF32 ? static_cast<void*>(lowp.data()) : lp16.data();
+              const LambSums sums = lamb_moments(m.data(), v.data(), g.data(), master.data(), n, s);
+              EXPECT_NEAR(sums.w, wsum, 1e-9 * wsum);
+              EXPECT_NEAR(sums.u, usum, 1e-5 * usum);
+              lamb_apply(master.data(), m.data(), v.data(), lp, dt, n, scale, s);
+              for (size_t i = 0; i < n; ++i) {
+                EXPECT_NEAR(m[i], mt[i], 1e-6) << i;
+                EXPECT_NEAR(v[i], vt[i], 1e-7) << i;
+                EXPECT_NEAR(master[i], pt[i], 2e-6) << i;
+                const bool ok = dt == DType::kF32 ? lowp[i] == master[i] : lp16[i] == f32_to_bf16(master[i]).bits;
+                EXPECT_TRUE(ok) << dtype_name(dt) << "[" << i << "]";
+              }
+              return std::vector<Vec>{master, m, v, Vec{float(sums.w), float(sums.u)}};
+            },
+            1e-5, 1e-6, "lamb");
+      }
+    }
+}
+
 TEST(OpsIsa, ElementwiseAndReductions) {
   for (size_t n : {1, 7, 33, 769, 100003}) {
     const Vec a = random_vec(n, -3, 3, 17), b = random_vec(n, -3, 3, 18);
