@@ -118,12 +118,14 @@ BENCHMARK(BM_adamw_update)->UseRealTime();
 // g, p, m, v and writes m, v, its second reads p, m, v and writes p; SGD reads p, g, buf and
 // writes p, buf; each writes the bf16 copy.
 void BM_optimizer_step(benchmark::State& state) {
-  const char* types[] = {"AdamW", "Lamb", "SGD"};
-  const int64_t bytes[] = {7 * 4 + 2, 10 * 4 + 2, 5 * 4 + 2};
+  const char* types[] = {"AdamW", "Lamb", "SGD", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"};
+  const int64_t bytes[] = {7 * 4 + 2, 10 * 4 + 2, 5 * 4 + 2, 7 * 4 + 2, 7 * 4 + 2, 10 * 4 + 2};
   const size_t n = size_t(16) << 20;
   mt::optim::OptimizerSpec spec;
   spec.type = types[state.range(0)];
   spec.momentum = 0.9;
+  spec.freeze_step = 1;  // the 1-bit optimizers past their warm-up (one rank: no exchange)
+  spec.var_freeze_step = 1;
   auto opt = mt::optim::make_optimizer(spec, n, {mt::optim::ParamSegment{0, n, 0.01f, "all"}});
   auto p = random_vec(n, -1, 1), g = random_vec(n, -1, 1);
   std::vector<uint16_t> lowp(n);
@@ -134,7 +136,7 @@ void BM_optimizer_step(benchmark::State& state) {
   state.SetLabel(spec.type);
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(n) * bytes[state.range(0)]);
 }
-BENCHMARK(BM_optimizer_step)->Arg(0)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_optimizer_step)->DenseRange(0, 5)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_sum_squares(benchmark::State& state) {
   const size_t n = size_t(16) << 20;

@@ -49,7 +49,9 @@ void OneBitAdam::compressed_step(float* master, const float* grad, void* lowp, D
   float* m = m_.as<float>();
   const float* v = v_.as<float>();
   const float b1 = config_.adam.beta1, omb1 = static_cast<float>(1.0 - static_cast<double>(b1));
-  for (size_t i = 0; i < numel_; ++i) m[i] = b1 * m[i] + omb1 * (grad[i] * grad_scale);
+  const size_t n = numel_;
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+  for (size_t i = 0; i < n; ++i) m[i] = b1 * m[i] + omb1 * (grad[i] * grad_scale);
   if (exchange_) exchange_->average(m, numel_);
   kernels::AdamWParams p;
   p.lr = lr;
@@ -66,7 +68,9 @@ void OneBitAdam::compressed_step(float* master, const float* grad, void* lowp, D
     float* w = master + r.offset;
     const float* mr = m + r.offset;
     const float* vr = v + r.offset;
-    for (size_t i = 0; i < r.numel; ++i) w[i] = w[i] * s.decay - s.step_size * mr[i] / (std::sqrt(vr[i]) / bc2_sqrt + s.eps);
+    const size_t rn = r.numel;
+#pragma omp parallel for simd schedule(static) if (rn > kParallelElements)
+    for (size_t i = 0; i < rn; ++i) w[i] = w[i] * s.decay - s.step_size * mr[i] / (std::sqrt(vr[i]) / bc2_sqrt + s.eps);
     if (lowp) convert(static_cast<char*>(lowp) + r.offset * dtype_size(lowp_dtype), lowp_dtype, w, DType::kF32, r.numel);
   }
 }

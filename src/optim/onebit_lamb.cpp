@@ -4,11 +4,15 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "base/error.h"
+#include "kernels/cpu/ops.h"
 
 namespace mt::optim {
 namespace {
+
+constexpr size_t kChunk = size_t{1} << 14;  // elements a task of segment_update's sums
 
 OneBitLambConfig checked(OneBitLambConfig c) {
   MT_CHECK(c.freeze_step >= 0, ErrorKind::kInvalidArgument, "optimizer.params.freeze_step: must be >= 0");
@@ -75,11 +79,15 @@ void OneBitLamb::compressed_step(float* master, const float* grad, float lr, flo
     for (size_t k = 0; k < segments_.size(); ++k) scaling_[k] = r[k] > 0.0 ? mean / r[k] : 1.0;
   }
   const float b1 = static_cast<float>(lamb_.config().beta1), omb1 = static_cast<float>(1.0 - lamb_.config().beta1);
-  std::copy(m, m + numel_, m_last);
+  const size_t n = numel_;
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+  for (size_t i = 0; i < n; ++i) m_last[i] = m[i];
   for (size_t k = 0; k < segments_.size(); ++k) {
     const ParamSegment& sg = segments_[k];
     const float sc = static_cast<float>(scaling_[k]);
-    for (size_t i = sg.offset; i < sg.offset + sg.numel; ++i) {
+    const size_t s0 = sg.offset, s1 = sg.offset + sg.numel;
+#pragma omp parallel for simd schedule(static) if (sg.numel > kParallelElements)
+    for (size_t i = s0; i < s1; ++i) {
       m[i] = b1 * m[i] + omb1 * (grad[i] * grad_scale);
       m[i] *= sc;
     }
@@ -99,18 +107,34 @@ void OneBitLamb::segment_update(size_t k, float* master, float lr) {
   const float b2 = static_cast<float>(lamb_.config().beta2), omb2 = static_cast<float>(1.0 - lamb_.config().beta2);
   const float eps = static_cast<float>(lamb_.config().eps);
   const float sc = static_cast<float>(scaling_[k]), wd = sg.weight_decay;
+  // Per chunk of kChunk elements over the threads, the chunks' sums then added in order (the same
+  // on any thread count).
+  const size_t s0 = sg.offset, s1 = sg.offset + sg.numel;
+  const int64_t chunks = static_cast<int64_t>((sg.numel + kChunk - 1) / kChunk);
+  std::vector<double> u_part(static_cast<size_t>(chunks)), prelim_part(static_cast<size_t>(chunks));
+  std::vector<float> max_part(static_cast<size_t>(chunks));
+  kernels::OneBitLambScalars ks;
+  ks.scale = sc;
+  ks.beta1 = b1;
+  ks.beta2 = b2;
+  ks.one_minus_beta1 = omb1;
+  ks.one_minus_beta2 = omb2;
+  ks.eps = eps;
+  ks.weight_decay = wd;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t c0 = s0 + static_cast<size_t>(c) * kChunk, c1 = std::min(s1, c0 + kChunk);
+    const kernels::OneBitLambSums sums = kernels::onebit_lamb_refresh(m + c0, vf + c0, m_last + c0, v + c0, master + c0, c1 - c0, ks);
+    u_part[static_cast<size_t>(c)] = sums.u;
+    prelim_part[static_cast<size_t>(c)] = sums.prelim;
+    max_part[static_cast<size_t>(c)] = sums.ratio_max;
+  }
   double u_sq = 0.0, prelim_sq = 0.0;
   float ratio_max = -INFINITY;
-  for (size_t i = sg.offset; i < sg.offset + sg.numel; ++i) {
-    m[i] /= sc;
-    const float g = (m[i] - m_last[i] * b1) / omb1;
-    vf[i] = b2 * vf[i] + omb2 * g * g;
-    const float denom = std::sqrt(v[i]) + eps;
-    const float prelim = m[i] / denom;
-    const float u = wd > 0.0f ? prelim + wd * master[i] : prelim;
-    u_sq += static_cast<double>(u) * u;
-    prelim_sq += static_cast<double>(prelim) * prelim;
-    ratio_max = std::max(ratio_max, denom / (std::sqrt(vf[i]) + eps));
+  for (int64_t c = 0; c < chunks; ++c) {
+    u_sq += u_part[static_cast<size_t>(c)];
+    prelim_sq += prelim_part[static_cast<size_t>(c)];
+    ratio_max = std::max(ratio_max, max_part[static_cast<size_t>(c)]);
   }
   double factor = ratio_max;
   if (wd > 0.0f) {
@@ -124,7 +148,8 @@ void OneBitLamb::segment_update(size_t k, float* master, float lr) {
   last_factor_[k] = factor;
   coeffs_[k] = coeff_freeze_[k] * factor;
   const float step = static_cast<float>(static_cast<double>(lr) * coeffs_[k]);
-  for (size_t i = sg.offset; i < sg.offset + sg.numel; ++i) {
+#pragma omp parallel for simd schedule(static) if (sg.numel > kParallelElements)
+  for (size_t i = s0; i < s1; ++i) {
     const float prelim = m[i] / (std::sqrt(v[i]) + eps);
     const float u = wd > 0.0f ? prelim + wd * master[i] : prelim;
     master[i] -= step * u;

@@ -17,6 +17,11 @@
 
 namespace mt::optim {
 
+// The 1-bit optimizers' elementwise loops run over the OpenMP threads past this many elements
+// (each element's arithmetic is the same on any thread count; mt_optim is built with
+// -fno-math-errno so their square roots vectorise).
+inline constexpr size_t kParallelElements = size_t{1} << 15;
+
 // One parameter tensor's range [offset, offset + numel) of the flat buffers.
 struct ParamSegment {
   size_t offset = 0;

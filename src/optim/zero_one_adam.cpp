@@ -90,10 +90,13 @@ void ZeroOneAdam::phase1_step(float* master, const float* grad, float lr, float 
   float* m = adam_.exp_avg();
   const float* v = adam_.exp_avg_sq();
   float* avg = u_.as<float>();  // zero in phase 1: scratch for the averaged gradient
-  for (size_t i = 0; i < numel_; ++i) avg[i] = grad[i] * grad_scale;
+  const size_t n = numel_;
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+  for (size_t i = 0; i < n; ++i) avg[i] = grad[i] * grad_scale;
   if (exchange_) exchange_->average(avg, numel_);
   const float b1 = adam_.config().beta1, omb1 = static_cast<float>(1.0 - static_cast<double>(b1));
-  for (size_t i = 0; i < numel_; ++i) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+  for (size_t i = 0; i < n; ++i) {
     m[i] = b1 * m[i] + omb1 * avg[i];
     avg[i] = 0.0f;
   }
@@ -107,7 +110,9 @@ void ZeroOneAdam::phase1_step(float* master, const float* grad, float lr, float 
     p.weight_decay = r.weight_decay;
     const kernels::AdamWScalars s = kernels::adamw_scalars(p);
     float* w = master + r.offset;
-    for (size_t i = 0; i < r.numel; ++i) {
+    const size_t rn = r.numel;
+#pragma omp parallel for simd schedule(static) if (rn > kParallelElements)
+    for (size_t i = 0; i < rn; ++i) {
       const size_t k = r.offset + i;
       w[i] = w[i] * s.decay - s.step_size * m[k] / (std::sqrt(v[k]) / s.bc2_sqrt + s.eps);
     }
@@ -120,11 +125,15 @@ void ZeroOneAdam::phase2_step(float* master, const float* grad, float lr, float 
   float* u = u_.as<float>();
   const float b1 = adam_.config().beta1, omb1 = static_cast<float>(1.0 - static_cast<double>(b1));
   const float eps = adam_.config().eps;
-  for (size_t i = 0; i < numel_; ++i) m[i] = b1 * m[i] + omb1 * (grad[i] * grad_scale);
+  const size_t n = numel_;
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+  for (size_t i = 0; i < n; ++i) m[i] = b1 * m[i] + omb1 * (grad[i] * grad_scale);
   lrs_[0] += static_cast<double>(lr);
   for (const DecayRun& r : runs_) {
     const float wd = r.weight_decay;
-    for (size_t i = r.offset; i < r.offset + r.numel; ++i) {
+    const size_t r0 = r.offset, r1 = r.offset + r.numel;
+#pragma omp parallel for simd schedule(static) if (r.numel > kParallelElements)
+    for (size_t i = r0; i < r1; ++i) {
       float step = m[i] / (std::sqrt(v[i]) + eps);
       if (wd > 0.0f) step += wd * master[i];
       const float d = lr * step;
@@ -133,13 +142,15 @@ void ZeroOneAdam::phase2_step(float* master, const float* grad, float lr, float 
     }
   }
   if (!sync) return;
-  for (size_t i = 0; i < numel_; ++i) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+  for (size_t i = 0; i < n; ++i) {
     master[i] += -u[i];
     u[i] *= std::sqrt(v[i]) + eps;
   }
   if (exchange_) exchange_->average(u, numel_);
   const float lrs = static_cast<float>(lrs_[0]);
-  for (size_t i = 0; i < numel_; ++i) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+  for (size_t i = 0; i < n; ++i) {
     m[i] = -(u[i] / lrs);
     master[i] += u[i] / (std::sqrt(v[i]) + eps);
     u[i] = 0.0f;

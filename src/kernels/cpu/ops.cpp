@@ -689,6 +689,25 @@ void lamb_apply(float* master, const float* m, const float* v, void* lowp, DType
   if (lowp != nullptr) convert(lowp, lowp_dtype, master, DType::kF32, n);
 }
 
+OneBitLambSums onebit_lamb_refresh(float* m, float* v_fresh, const float* m_last, const float* v, const float* master,
+                                   size_t n, const OneBitLambScalars& s) {
+  if (use_avx512()) return detail::onebit_lamb_refresh_avx512(m, v_fresh, m_last, v, master, n, s);
+  const float omb1 = s.one_minus_beta1, omb2 = s.one_minus_beta2;
+  OneBitLambSums out;
+  for (size_t i = 0; i < n; ++i) {
+    m[i] /= s.scale;
+    const float g = (m[i] - m_last[i] * s.beta1) / omb1;
+    v_fresh[i] = s.beta2 * v_fresh[i] + omb2 * g * g;
+    const float denom = std::sqrt(v[i]) + s.eps;
+    const float prelim = m[i] / denom;
+    const float u = s.weight_decay > 0.0f ? prelim + s.weight_decay * master[i] : prelim;
+    out.u += static_cast<double>(u) * u;
+    out.prelim += static_cast<double>(prelim) * prelim;
+    out.ratio_max = std::max(out.ratio_max, denom / (std::sqrt(v_fresh[i]) + s.eps));
+  }
+  return out;
+}
+
 // ---- reductions ----
 
 double sum_squares(const float* x, size_t n) {

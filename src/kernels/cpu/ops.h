@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "tensor/dtype.h"
 
@@ -157,6 +158,26 @@ struct LambSums {
 LambSums lamb_moments(float* m, float* v, const float* grad, const float* master, size_t n, const LambScalars& s);
 void lamb_apply(float* master, const float* m, const float* v, void* lowp, DType lowp_dtype, size_t n, float scale,
                 const LambScalars& s);
+
+// 1-bit LAMB's refresh of n elements of one segment after its momentum exchange
+// (optim/onebit_lamb.cpp, DeepSpeed's OnebitLamb), per element:
+//   m = m / scale;  g = (m - m_last beta1) / one_minus_beta1;  v_fresh = beta2 v_fresh + one_minus_beta2 g^2
+//   denom = sqrt(v) + eps;  prelim = m / denom;  u = prelim + weight_decay p  (weight_decay > 0)
+// returning the sums of u^2 and prelim^2 (double) and the largest denom / (sqrt(v_fresh) + eps)
+// (-inf for n = 0).
+struct OneBitLambScalars {
+  float scale = 1.0f;
+  float beta1 = 0.9f, beta2 = 0.999f;
+  float one_minus_beta1 = 0.1f, one_minus_beta2 = 0.001f;  // the caller's rounding of 1 - beta
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+struct OneBitLambSums {
+  double u = 0.0, prelim = 0.0;
+  float ratio_max = -std::numeric_limits<float>::infinity();
+};
+OneBitLambSums onebit_lamb_refresh(float* m, float* v_fresh, const float* m_last, const float* v, const float* master,
+                                   size_t n, const OneBitLambScalars& s);
 
 // ---- reductions ----
 // Sum of squares in double (deterministic for a fixed thread count). Non-finite if any x is

@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace mt::kernels::detail {
 namespace {
@@ -522,6 +523,13 @@ void adamw_update_avx512(float* master, const float* grad, float* m, float* v, v
 
 namespace {
 
+// a0 += x[0:8]^2, a1 += x[8:16]^2, in double (each product exact).
+inline void add_squares16(__m512 x, __m512d& a0, __m512d& a1) {
+  const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x)), hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
+  a0 = _mm512_fmadd_pd(lo, lo, a0);
+  a1 = _mm512_fmadd_pd(hi, hi, a1);
+}
+
 // u = m / denom + wd p of 16 lanes (ops.h's lamb_moments).
 inline __m512 lamb_direction16(__m512 mi, __m512 vi, __m512 p, __m512 eps, __m512 wd, bool inside) {
   const __m512 denom = inside ? _mm512_sqrt_ps(_mm512_add_ps(vi, eps)) : _mm512_add_ps(_mm512_sqrt_ps(vi), eps);
@@ -546,12 +554,8 @@ inline __m512 lamb_direction16(__m512 mi, __m512 vi, __m512 p, __m512 eps, __m51
     _mm512_mask_storeu_ps(v + i, k, vi);
     // The lanes past the tail are zero (eps 0 would make them 0/0).
     const __m512 u = _mm512_maskz_mov_ps(k, lamb_direction16(mi, vi, p, eps, wd, s.eps_inside_sqrt));
-    const __m512d plo = _mm512_cvtps_pd(_mm512_castps512_ps256(p)), phi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(p, 1));
-    const __m512d ulo = _mm512_cvtps_pd(_mm512_castps512_ps256(u)), uhi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(u, 1));
-    w0 = _mm512_fmadd_pd(plo, plo, w0);
-    w1 = _mm512_fmadd_pd(phi, phi, w1);
-    u0 = _mm512_fmadd_pd(ulo, ulo, u0);
-    u1 = _mm512_fmadd_pd(uhi, uhi, u1);
+    add_squares16(p, w0, w1);
+    add_squares16(u, u0, u1);
   }
   return {_mm512_reduce_add_pd(_mm512_add_pd(w0, w1)), _mm512_reduce_add_pd(_mm512_add_pd(u0, u1))};
 }
@@ -568,6 +572,38 @@ void lamb_apply_avx512(float* master, const float* m, const float* v, void* lowp
     _mm512_mask_storeu_ps(master + i, k, q);
     if (lowp != nullptr) store_lowp16(lowp, lowp_dtype, i, k, q);
   }
+}
+
+::mt::kernels::OneBitLambSums onebit_lamb_refresh_avx512(float* m, float* v_fresh, const float* m_last, const float* v,
+                                                         const float* master, size_t n,
+                                                         const ::mt::kernels::OneBitLambScalars& s) {
+  // The portable loop's operations in its order (no fused multiply-adds): the same values.
+  const __m512 sc = _mm512_set1_ps(s.scale), b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(s.one_minus_beta1),
+               b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(s.one_minus_beta2), eps = _mm512_set1_ps(s.eps),
+               wd = _mm512_set1_ps(s.weight_decay), lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const bool decay = s.weight_decay > 0.0f;
+  __m512d u0 = _mm512_setzero_pd(), u1 = _mm512_setzero_pd(), p0 = _mm512_setzero_pd(), p1 = _mm512_setzero_pd();
+  __m512 rmax = lowest;
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
+    const __m512 mi = _mm512_div_ps(_mm512_maskz_loadu_ps(k, m + i), sc);
+    const __m512 g = _mm512_div_ps(_mm512_sub_ps(mi, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, m_last + i), b1)), omb1);
+    const __m512 vf = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_maskz_loadu_ps(k, v_fresh + i)), _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+    _mm512_mask_storeu_ps(m + i, k, mi);
+    _mm512_mask_storeu_ps(v_fresh + i, k, vf);
+    const __m512 denom = _mm512_add_ps(_mm512_sqrt_ps(_mm512_maskz_loadu_ps(k, v + i)), eps);
+    // The lanes past the tail are zero (eps 0 would make them 0/0) and leave the max alone.
+    const __m512 prelim = _mm512_maskz_div_ps(k, mi, denom);
+    const __m512 u = decay ? _mm512_add_ps(prelim, _mm512_mul_ps(wd, _mm512_maskz_loadu_ps(k, master + i))) : prelim;
+    rmax = _mm512_mask_max_ps(rmax, k, rmax, _mm512_div_ps(denom, _mm512_add_ps(_mm512_sqrt_ps(vf), eps)));
+    add_squares16(u, u0, u1);
+    add_squares16(prelim, p0, p1);
+  }
+  ::mt::kernels::OneBitLambSums out;
+  out.u = _mm512_reduce_add_pd(_mm512_add_pd(u0, u1));
+  out.prelim = _mm512_reduce_add_pd(_mm512_add_pd(p0, p1));
+  out.ratio_max = _mm512_reduce_max_ps(rmax);
+  return out;
 }
 
 }  // namespace mt::kernels::detail

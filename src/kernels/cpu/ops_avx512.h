@@ -63,5 +63,8 @@ void adamw_update_avx512(float* master, const float* grad, float* m, float* v, v
                                             const ::mt::kernels::LambScalars& s);
 void lamb_apply_avx512(float* master, const float* m, const float* v, void* lowp, DType lowp_dtype, size_t n,
                        float scale, const ::mt::kernels::LambScalars& s);
+::mt::kernels::OneBitLambSums onebit_lamb_refresh_avx512(float* m, float* v_fresh, const float* m_last, const float* v,
+                                                         const float* master, size_t n,
+                                                         const ::mt::kernels::OneBitLambScalars& s);
 
 }  // namespace mt::kernels::detail

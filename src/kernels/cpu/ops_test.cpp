@@ -370,6 +370,51 @@ TEST(OpsIsa, Lamb) {
     }
 }
 
+// 1-bit LAMB's refresh after the exchange (optim/onebit_lamb.cpp's chunks) on both ISAs, against
+// the textbook in double: m unscaled, the fresh variance, the sums of u^2 and prelim^2, the largest
+// ratio; with and without weight decay, lengths with and without a tail.
+TEST(OpsIsa, OneBitLambRefresh) {
+  for (float wd : {0.0f, 0.05f})
+    for (size_t n : {1, 7, 33, 769, 16384}) {
+      const Vec w = random_vec(n, -1, 1, 33), m0 = random_vec(n, -0.1f, 0.1f, 34), ml = random_vec(n, -0.1f, 0.1f, 35),
+                v = random_vec(n, 0, 0.01f, 36), vf0 = random_vec(n, 0, 0.01f, 37);
+      OneBitLambScalars s;
+      s.scale = 1.25f;
+      s.beta1 = 0.9f;
+      s.beta2 = 0.99f;
+      s.one_minus_beta1 = static_cast<float>(1.0 - 0.9);
+      s.one_minus_beta2 = static_cast<float>(1.0 - 0.99);
+      s.eps = 1e-6f;
+      s.weight_decay = wd;
+      std::vector<double> mt(n), vft(n);
+      double usum = 0.0, psum = 0.0, rmax = -1e300;
+      for (size_t i = 0; i < n; ++i) {
+        mt[i] = double(m0[i]) / s.scale;
+        const double g = (mt[i] - double(ml[i]) * s.beta1) / double(s.one_minus_beta1);
+        vft[i] = double(s.beta2) * vf0[i] + double(s.one_minus_beta2) * g * g;
+        const double denom = std::sqrt(double(v[i])) + s.eps;
+        const double prelim = mt[i] / denom, u = prelim + double(wd) * w[i];
+        usum += u * u;
+        psum += prelim * prelim;
+        rmax = std::max(rmax, denom / (std::sqrt(vft[i]) + s.eps));
+      }
+      compare_isas(
+          [&] {
+            Vec m = m0, vf = vf0;
+            const OneBitLambSums sums = onebit_lamb_refresh(m.data(), vf.data(), ml.data(), v.data(), w.data(), n, s);
+            EXPECT_NEAR(sums.u, usum, 1e-5 * usum);
+            EXPECT_NEAR(sums.prelim, psum, 1e-5 * psum);
+            EXPECT_NEAR(sums.ratio_max, rmax, 1e-5 * rmax);
+            for (size_t i = 0; i < n; ++i) {
+              EXPECT_NEAR(m[i], mt[i], 1e-7) << i;
+              EXPECT_NEAR(vf[i], vft[i], 1e-5 * vft[i] + 1e-9) << i;
+            }
+            return std::vector<Vec>{m, vf, Vec{float(sums.u), float(sums.prelim), sums.ratio_max}};
+          },
+          1e-6, 0.0, "onebit_lamb_refresh");
+    }
+}
+
 TEST(OpsIsa, ElementwiseAndReductions) {
   for (size_t n : {1, 7, 33, 769, 100003}) {
     const Vec a = random_vec(n, -3, 3, 17), b = random_vec(n, -3, 3, 18);
