@@ -10,6 +10,8 @@
 // warm-up, the slowest rank's time of:
 //   raw MPI_Allreduce       MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM) of the whole buffer
 //   raw MPI_Iallreduce      the same through MPI_Iallreduce + MPI_Wait (what comm::MpiBackend issues)
+//   compressed_all_reduce   1-bit Adam's exchange of the buffer as one tensor (comm/onebit.h), timed
+//                           in alternation with the raw all-reduce
 //   buckets B (seq)         GradBuckets(overlap=false): each bucket waited for when launched
 //   buckets B (overlap)     GradBuckets(overlap=true): every bucket launched, then all waited
 // with B in 1M, 4M, 16M, 64M elements and 5e8 (DeepSpeed's default), and the reduce-scatter of the
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "comm/mpi_backend.h"
+#include "comm/onebit.h"
 #include "parallel/dp/grad_buckets.h"
 
 namespace {
@@ -129,6 +132,16 @@ int main(int argc, char** argv) {
           MPI_Iallreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r);
           MPI_Wait(&r, MPI_STATUS_IGNORE);
         }));
+    {  // 1-bit Adam's compressed all-reduce of the buffer as one tensor (comm/onebit.h; 1-bit LAMB's
+       // and fp16's flat exchange), in alternation with the raw all-reduce; busbw as if f32 moved
+      const mt::comm::OneBitPlan plan({{0, n}}, W);
+      std::vector<float> we(plan.worker_error_len, 0.0f), se(plan.server_error_len, 0.0f);
+      auto [raw, onebit] = timed_pair(
+          reps, [&] { MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+          [&] { mt::comm::compressed_all_reduce(*world, buf.data(), plan, we.data(), se.data(), {}); });
+      row("raw MPI_Allreduce (paired)", 1, raw);
+      row("compressed_all_reduce (1-bit)", 1, onebit);
+    }
     {
       const size_t block = n / static_cast<size_t>(W);
       std::vector<float> out(block, 0.0f);

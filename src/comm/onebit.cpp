@@ -5,30 +5,86 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <vector>
+
+#include "base/cpu_features.h"
+#include "comm/onebit_avx512.h"
 
 namespace mt::comm {
 
-void onebit_pack(uint8_t* bits, const float* x, size_t len) {
-  std::memset(bits, 0, (len + 7) / 8);
-  for (size_t i = 0; i < len; ++i)
-    if (!(x[i] < 0.0f)) bits[i >> 3] |= static_cast<uint8_t>(0x80u >> (i & 7));
+namespace {
+
+// Passes run over the OpenMP threads in blocks of kBlock elements (a multiple of 8: whole bytes of
+// bits); a sum of squares adds its blocks' sums in order, the same on any thread count.
+constexpr size_t kBlock = size_t{1} << 14;
+
+int64_t blocks_of(size_t len) { return static_cast<int64_t>((len + kBlock - 1) / kBlock); }
+
+bool avx512() { return isa_active() == Isa::kAvx512; }
+
+// f(first element, elements) for each block of len, over the threads.
+template <typename F>
+void for_blocks(size_t len, F&& f) {
+  const int64_t nb = blocks_of(len);
+#pragma omp parallel for schedule(static) if (nb > 1)
+  for (int64_t b = 0; b < nb; ++b) {
+    const size_t i0 = static_cast<size_t>(b) * kBlock;
+    f(i0, std::min(kBlock, len - i0));
+  }
 }
 
-void onebit_unpack(float* y, const uint8_t* bits, size_t len, float scale) {
-  for (size_t i = 0; i < len; ++i) y[i] = (bits[i >> 3] & (0x80u >> (i & 7))) ? scale : -scale;
+// y (len) = scale · (±1 from bits), or y += that (add).
+void unpack_into(float* y, const uint8_t* bits, size_t len, float scale, bool add) {
+  const bool vec = avx512();
+  for_blocks(len, [&](size_t i0, size_t n) {
+    const uint8_t* in = bits + i0 / 8;
+    if (vec) return detail::onebit_unpack_avx512(y + i0, in, n, scale, add);
+    for (size_t i = 0; i < n; ++i) {
+      const float v = (in[i >> 3] & (0x80u >> (i & 7))) ? scale : -scale;
+      y[i0 + i] = add ? y[i0 + i] + v : v;
+    }
+  });
 }
+
+}  // namespace
+
+void onebit_pack(uint8_t* bits, const float* x, size_t len) {
+  const bool vec = avx512();
+  for_blocks(len, [&](size_t i0, size_t n) {
+    uint8_t* out = bits + i0 / 8;
+    if (vec) return detail::onebit_pack_avx512(out, x + i0, n);
+    std::memset(out, 0, (n + 7) / 8);
+    for (size_t i = 0; i < n; ++i)
+      if (!(x[i0 + i] < 0.0f)) out[i >> 3] |= static_cast<uint8_t>(0x80u >> (i & 7));
+  });
+}
+
+void onebit_unpack(float* y, const uint8_t* bits, size_t len, float scale) { unpack_into(y, bits, len, scale, false); }
 
 float onebit_scale(const float* x, size_t len) {
   if (len == 0) return 0.0f;
+  const bool vec = avx512();
+  std::vector<double> part(static_cast<size_t>(blocks_of(len)));
+  for_blocks(len, [&](size_t i0, size_t n) {
+    double sq = 0.0;
+    if (vec) {
+      sq = detail::onebit_sum_squares_avx512(x + i0, n);
+    } else {
+      for (size_t i = i0; i < i0 + n; ++i) sq += static_cast<double>(x[i]) * x[i];
+    }
+    part[i0 / kBlock] = sq;
+  });
   double sq = 0.0;
-  for (size_t i = 0; i < len; ++i) sq += static_cast<double>(x[i]) * x[i];
+  for (double p : part) sq += p;
   return static_cast<float>(std::sqrt(sq / static_cast<double>(len)));
 }
 
 float onebit_compress(uint8_t* bits, const float* x, float* e, size_t len) {
+#pragma omp parallel for simd schedule(static) if (parallel: len > kBlock)
   for (size_t i = 0; i < len; ++i) e[i] += x[i];  // e holds c = x + e
   const float s = onebit_scale(e, len);
   onebit_pack(bits, e, len);
+#pragma omp parallel for simd schedule(static) if (parallel: len > kBlock)
   for (size_t i = 0; i < len; ++i) e[i] -= (e[i] < 0.0f) ? -s : s;
   return s;
 }
@@ -68,22 +124,27 @@ void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, f
   const size_t M = plan.words;  // words of one message (every tensor's chunk for one rank)
   // 1. Worker: each tensor padded, plus its error, compressed with one scale; chunk r of its bits
   //    (with the scale) into the message for rank r.
-  std::vector<float> send(M * static_cast<size_t>(n), 0.0f), recv(send.size(), 0.0f);
-  std::vector<float> c;
+  // Scratch kept by the thread from call to call (a step's exchange is as large as the model: fresh
+  // vectors would fault their pages in every step).
+  thread_local std::vector<float> send, recv, a;
+  send.assign(M * static_cast<size_t>(n), 0.0f);
+  recv.assign(send.size(), 0.0f);
   size_t at = 0;  // this tensor's first word in a message
   for (const OneBitPlan::Tensor& t : plan.tensors) {
     const OneBitLayout& L = t.layout;
-    float* e = worker_error + t.worker_at;
-    c.assign(L.padded, 0.0f);
-    for (size_t i = 0; i < L.len; ++i) c[i] = buf[t.offset + i];
-    for (size_t i = 0; i < L.padded; ++i) c[i] += e[i];
-    const float s = scale_of(c.data(), L.padded);
+    float* e = worker_error + t.worker_at;  // holds c = buf + e (zero-padded) until its error is taken
+    const float* in = buf + t.offset;
+    const size_t len = L.len, padded = L.padded;
+#pragma omp parallel for simd schedule(static) if (parallel: padded > kBlock)
+    for (size_t i = 0; i < padded; ++i) e[i] = (i < len ? in[i] : 0.0f) + e[i];
+    const float s = scale_of(e, padded);
     for (int r = 0; r < n; ++r) {
       float* msg = send.data() + static_cast<size_t>(r) * M + at;
       msg[0] = s;
-      onebit_pack(reinterpret_cast<uint8_t*>(msg + 1), c.data() + L.begin(r), L.chunk);
+      onebit_pack(reinterpret_cast<uint8_t*>(msg + 1), e + L.begin(r), L.chunk);
     }
-    for (size_t i = 0; i < L.padded; ++i) e[i] = c[i] - ((c[i] < 0.0f) ? -s : s);
+#pragma omp parallel for simd schedule(static) if (parallel: padded > kBlock)
+    for (size_t i = 0; i < padded; ++i) e[i] -= (e[i] < 0.0f) ? -s : s;
     at += L.words();
   }
   // 2. Chunk r of every worker to rank r.
@@ -92,24 +153,26 @@ void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, f
   if (ao.tag.empty()) ao.tag = "onebit worker chunks";
   group.all_to_all(recv.data(), send.data(), M, DType::kF32, ao)->wait();
   // 3. Server: sum_w (s_w / n) · (±1), plus its error, compressed again.
-  std::vector<float> mine(M, 0.0f), all(M * static_cast<size_t>(n), 0.0f), a, part;
+  std::vector<float> mine(M, 0.0f), all(M * static_cast<size_t>(n), 0.0f);
   const float inv = 1.0f / static_cast<float>(n);
   at = 0;
   for (const OneBitPlan::Tensor& t : plan.tensors) {
     const OneBitLayout& L = t.layout;
-    a.assign(L.chunk, 0.0f);
-    part.resize(L.chunk);
+    const size_t chunk = L.chunk;
+    a.assign(chunk, 0.0f);
     for (int w = 0; w < n; ++w) {
       const float* msg = recv.data() + static_cast<size_t>(w) * M + at;
-      onebit_unpack(part.data(), reinterpret_cast<const uint8_t*>(msg + 1), L.chunk, msg[0] * inv);
-      for (size_t i = 0; i < L.chunk; ++i) a[i] += part[i];
+      unpack_into(a.data(), reinterpret_cast<const uint8_t*>(msg + 1), chunk, msg[0] * inv, /*add=*/true);
     }
+    const float* ap = a.data();
     float* se = server_error + t.server_at;
-    for (size_t i = 0; i < L.chunk; ++i) se[i] += a[i];  // se holds a + server_error
+#pragma omp parallel for simd schedule(static) if (parallel: chunk > kBlock)
+    for (size_t i = 0; i < chunk; ++i) se[i] += ap[i];  // se holds a + server_error
     const float s = scale_of(se, L.chunk);
     mine[at] = s;
     onebit_pack(reinterpret_cast<uint8_t*>(mine.data() + at + 1), se, L.chunk);
-    for (size_t i = 0; i < L.chunk; ++i) se[i] -= (se[i] < 0.0f) ? -s : s;
+#pragma omp parallel for simd schedule(static) if (parallel: chunk > kBlock)
+    for (size_t i = 0; i < chunk; ++i) se[i] -= (se[i] < 0.0f) ? -s : s;
     at += L.words();
   }
   (void)me;

@@ -50,7 +50,7 @@ void OneBitAdam::compressed_step(float* master, const float* grad, void* lowp, D
   const float* v = v_.as<float>();
   const float b1 = config_.adam.beta1, omb1 = static_cast<float>(1.0 - static_cast<double>(b1));
   const size_t n = numel_;
-#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+#pragma omp parallel for simd schedule(static) if (parallel: n > kParallelElements)
   for (size_t i = 0; i < n; ++i) m[i] = b1 * m[i] + omb1 * (grad[i] * grad_scale);
   if (exchange_) exchange_->average(m, numel_);
   kernels::AdamWParams p;
@@ -69,7 +69,7 @@ void OneBitAdam::compressed_step(float* master, const float* grad, void* lowp, D
     const float* mr = m + r.offset;
     const float* vr = v + r.offset;
     const size_t rn = r.numel;
-#pragma omp parallel for simd schedule(static) if (rn > kParallelElements)
+#pragma omp parallel for simd schedule(static) if (parallel: rn > kParallelElements)
     for (size_t i = 0; i < rn; ++i) w[i] = w[i] * s.decay - s.step_size * mr[i] / (std::sqrt(vr[i]) / bc2_sqrt + s.eps);
     if (lowp) convert(static_cast<char*>(lowp) + r.offset * dtype_size(lowp_dtype), lowp_dtype, w, DType::kF32, r.numel);
   }

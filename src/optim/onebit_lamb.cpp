@@ -80,13 +80,13 @@ void OneBitLamb::compressed_step(float* master, const float* grad, float lr, flo
   }
   const float b1 = static_cast<float>(lamb_.config().beta1), omb1 = static_cast<float>(1.0 - lamb_.config().beta1);
   const size_t n = numel_;
-#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+#pragma omp parallel for simd schedule(static) if (parallel: n > kParallelElements)
   for (size_t i = 0; i < n; ++i) m_last[i] = m[i];
   for (size_t k = 0; k < segments_.size(); ++k) {
     const ParamSegment& sg = segments_[k];
     const float sc = static_cast<float>(scaling_[k]);
     const size_t s0 = sg.offset, s1 = sg.offset + sg.numel;
-#pragma omp parallel for simd schedule(static) if (sg.numel > kParallelElements)
+#pragma omp parallel for simd schedule(static) if (parallel: sg.numel > kParallelElements)
     for (size_t i = s0; i < s1; ++i) {
       m[i] = b1 * m[i] + omb1 * (grad[i] * grad_scale);
       m[i] *= sc;
@@ -148,7 +148,7 @@ void OneBitLamb::segment_update(size_t k, float* master, float lr) {
   last_factor_[k] = factor;
   coeffs_[k] = coeff_freeze_[k] * factor;
   const float step = static_cast<float>(static_cast<double>(lr) * coeffs_[k]);
-#pragma omp parallel for simd schedule(static) if (sg.numel > kParallelElements)
+#pragma omp parallel for simd schedule(static) if (parallel: sg.numel > kParallelElements)
   for (size_t i = s0; i < s1; ++i) {
     const float prelim = m[i] / (std::sqrt(v[i]) + eps);
     const float u = wd > 0.0f ? prelim + wd * master[i] : prelim;

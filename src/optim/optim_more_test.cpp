@@ -7,6 +7,7 @@
 // evaluate the same way, so the test reads no file.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -288,6 +289,7 @@ TEST(Lamb, ResultDoesNotDependOnThreadCountAndFillsLowp) {
   const int saved = threads_get();
   for (int k = 0; k < 2; ++k) {
     threads_set(k == 0 ? 1 : 2);
+    std::fill(lowp.begin(), lowp.end(), uint16_t{0});  // each run writes every element
     Lamb opt(n, segments_of(sizes, {0.01f, 0.0f, 0.01f}), LambConfig{});
     std::vector<float> p = init_params(sizes, {1, 1, 1});
     for (int t = 1; t <= 2; ++t) {
@@ -300,6 +302,37 @@ TEST(Lamb, ResultDoesNotDependOnThreadCountAndFillsLowp) {
   EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), n * 4), 0);
   for (size_t i = 0; i < n; i += 997)
     ASSERT_EQ(lowp[i], f32_to_bf16(out[1][i]).bits) << "element " << i;
+}
+
+// The 1-bit optimizers past their warm-up (one rank: no exchange) run their own loops over the
+// threads and 1-bit LAMB's refresh in chunks: the same values on one thread and on two, and the
+// compute-dtype copy of every element.
+TEST(OneBitOptimizers, CompressedPhaseDoesNotDependOnThreadCount) {
+  const std::vector<size_t> sizes = {40000, 7, 50000};  // over several chunks and past the threads' threshold
+  const size_t n = total(sizes);
+  const int saved = threads_get();
+  for (const char* type : {"OneBitAdam", "ZeroOneAdam", "OneBitLamb"}) {
+    OptimizerSpec spec;
+    spec.type = type;
+    spec.freeze_step = 2;
+    spec.var_freeze_step = 2;
+    std::vector<float> out[2];
+    std::vector<uint16_t> lowp(n);
+    for (int k = 0; k < 2; ++k) {
+      threads_set(k == 0 ? 1 : 2);
+      std::fill(lowp.begin(), lowp.end(), uint16_t{0});
+      auto opt = make_optimizer(spec, n, segments_of(sizes, {0.01f, 0.0f, 0.01f}));
+      std::vector<float> p = init_params(sizes, {1, 1, 1});
+      for (int t = 1; t <= 6; ++t) {
+        std::vector<float> g = grads(n, t);
+        opt->step(p.data(), g.data(), lowp.data(), DType::kBF16, 0.01f, 0.5f);
+      }
+      out[k] = p;
+    }
+    EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), n * 4), 0) << type;
+    for (size_t i = 0; i < n; i += 997) ASSERT_EQ(lowp[i], f32_to_bf16(out[1][i]).bits) << type << " element " << i;
+  }
+  threads_set(saved);
 }
 
 // ---- checkpoints: state() and step_count() resume any optimizer exactly ----

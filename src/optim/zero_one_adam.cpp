@@ -91,11 +91,11 @@ void ZeroOneAdam::phase1_step(float* master, const float* grad, float lr, float 
   const float* v = adam_.exp_avg_sq();
   float* avg = u_.as<float>();  // zero in phase 1: scratch for the averaged gradient
   const size_t n = numel_;
-#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+#pragma omp parallel for simd schedule(static) if (parallel: n > kParallelElements)
   for (size_t i = 0; i < n; ++i) avg[i] = grad[i] * grad_scale;
   if (exchange_) exchange_->average(avg, numel_);
   const float b1 = adam_.config().beta1, omb1 = static_cast<float>(1.0 - static_cast<double>(b1));
-#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+#pragma omp parallel for simd schedule(static) if (parallel: n > kParallelElements)
   for (size_t i = 0; i < n; ++i) {
     m[i] = b1 * m[i] + omb1 * avg[i];
     avg[i] = 0.0f;
@@ -111,7 +111,7 @@ void ZeroOneAdam::phase1_step(float* master, const float* grad, float lr, float 
     const kernels::AdamWScalars s = kernels::adamw_scalars(p);
     float* w = master + r.offset;
     const size_t rn = r.numel;
-#pragma omp parallel for simd schedule(static) if (rn > kParallelElements)
+#pragma omp parallel for simd schedule(static) if (parallel: rn > kParallelElements)
     for (size_t i = 0; i < rn; ++i) {
       const size_t k = r.offset + i;
       w[i] = w[i] * s.decay - s.step_size * m[k] / (std::sqrt(v[k]) / s.bc2_sqrt + s.eps);
@@ -126,13 +126,13 @@ void ZeroOneAdam::phase2_step(float* master, const float* grad, float lr, float 
   const float b1 = adam_.config().beta1, omb1 = static_cast<float>(1.0 - static_cast<double>(b1));
   const float eps = adam_.config().eps;
   const size_t n = numel_;
-#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+#pragma omp parallel for simd schedule(static) if (parallel: n > kParallelElements)
   for (size_t i = 0; i < n; ++i) m[i] = b1 * m[i] + omb1 * (grad[i] * grad_scale);
   lrs_[0] += static_cast<double>(lr);
   for (const DecayRun& r : runs_) {
     const float wd = r.weight_decay;
     const size_t r0 = r.offset, r1 = r.offset + r.numel;
-#pragma omp parallel for simd schedule(static) if (r.numel > kParallelElements)
+#pragma omp parallel for simd schedule(static) if (parallel: r.numel > kParallelElements)
     for (size_t i = r0; i < r1; ++i) {
       float step = m[i] / (std::sqrt(v[i]) + eps);
       if (wd > 0.0f) step += wd * master[i];
@@ -142,14 +142,14 @@ void ZeroOneAdam::phase2_step(float* master, const float* grad, float lr, float 
     }
   }
   if (!sync) return;
-#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+#pragma omp parallel for simd schedule(static) if (parallel: n > kParallelElements)
   for (size_t i = 0; i < n; ++i) {
     master[i] += -u[i];
     u[i] *= std::sqrt(v[i]) + eps;
   }
   if (exchange_) exchange_->average(u, numel_);
   const float lrs = static_cast<float>(lrs_[0]);
-#pragma omp parallel for simd schedule(static) if (n > kParallelElements)
+#pragma omp parallel for simd schedule(static) if (parallel: n > kParallelElements)
   for (size_t i = 0; i < n; ++i) {
     m[i] = -(u[i] / lrs);
     master[i] += u[i] / (std::sqrt(v[i]) + eps);

@@ -577,25 +577,32 @@ void lamb_apply_avx512(float* master, const float* m, const float* v, void* lowp
 ::mt::kernels::OneBitLambSums onebit_lamb_refresh_avx512(float* m, float* v_fresh, const float* m_last, const float* v,
                                                          const float* master, size_t n,
                                                          const ::mt::kernels::OneBitLambScalars& s) {
-  // The portable loop's operations in its order (no fused multiply-adds): the same values.
+  // The portable loop's operations in its order, each rounded on its own: the _round_ forms are
+  // builtins the compiler does not contract into fused multiply-adds (plain _mm512_add_ps and
+  // _mm512_mul_ps are vector operators, which -ffp-contract=fast fuses): the same values.
   const __m512 sc = _mm512_set1_ps(s.scale), b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(s.one_minus_beta1),
                b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(s.one_minus_beta2), eps = _mm512_set1_ps(s.eps),
                wd = _mm512_set1_ps(s.weight_decay), lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const bool decay = s.weight_decay > 0.0f;
+  constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   __m512d u0 = _mm512_setzero_pd(), u1 = _mm512_setzero_pd(), p0 = _mm512_setzero_pd(), p1 = _mm512_setzero_pd();
   __m512 rmax = lowest;
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
     const __m512 mi = _mm512_div_ps(_mm512_maskz_loadu_ps(k, m + i), sc);
-    const __m512 g = _mm512_div_ps(_mm512_sub_ps(mi, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, m_last + i), b1)), omb1);
-    const __m512 vf = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_maskz_loadu_ps(k, v_fresh + i)), _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+    const __m512 g = _mm512_div_ps(_mm512_sub_round_ps(mi, _mm512_mul_round_ps(_mm512_maskz_loadu_ps(k, m_last + i), b1, kRne), kRne), omb1);
+    const __m512 vf = _mm512_add_round_ps(_mm512_mul_round_ps(b2, _mm512_maskz_loadu_ps(k, v_fresh + i), kRne),
+                                          _mm512_mul_round_ps(_mm512_mul_round_ps(omb2, g, kRne), g, kRne), kRne);
     _mm512_mask_storeu_ps(m + i, k, mi);
     _mm512_mask_storeu_ps(v_fresh + i, k, vf);
     const __m512 denom = _mm512_add_ps(_mm512_sqrt_ps(_mm512_maskz_loadu_ps(k, v + i)), eps);
     // The lanes past the tail are zero (eps 0 would make them 0/0) and leave the max alone.
     const __m512 prelim = _mm512_maskz_div_ps(k, mi, denom);
-    const __m512 u = decay ? _mm512_add_ps(prelim, _mm512_mul_ps(wd, _mm512_maskz_loadu_ps(k, master + i))) : prelim;
-    rmax = _mm512_mask_max_ps(rmax, k, rmax, _mm512_div_ps(denom, _mm512_add_ps(_mm512_sqrt_ps(vf), eps)));
+    const __m512 u =
+        decay ? _mm512_add_round_ps(prelim, _mm512_mul_round_ps(wd, _mm512_maskz_loadu_ps(k, master + i), kRne), kRne) : prelim;
+    // The max skips a NaN ratio (0/0 where eps is 0), as std::max(max, NaN) does.
+    const __m512 ratio = _mm512_div_ps(denom, _mm512_add_ps(_mm512_sqrt_ps(vf), eps));
+    rmax = _mm512_mask_max_ps(rmax, k & _mm512_cmp_ps_mask(ratio, ratio, _CMP_ORD_Q), rmax, ratio);
     add_squares16(u, u0, u1);
     add_squares16(prelim, p0, p1);
   }

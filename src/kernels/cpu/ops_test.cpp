@@ -347,8 +347,7 @@ TEST(OpsIsa, Lamb) {
         pt[i] = w[i] - double(scale) * u;
       }
       for (DType dt : {DType::kF32, DType::kBF16}) {
-        compare_isas(
-            [&] {
+        auto run = [&] {
               Vec master = w, m = m0, v = v0, lowp(n);
               std::vector<uint16_t> lp16(n);
               void* lp = dt == DType::kF32 ? static_cast<void*>(lowp.data()) : lp16.data();
@@ -364,8 +363,9 @@ TEST(OpsIsa, Lamb) {
                 EXPECT_TRUE(ok) << dtype_name(dt) << "[" << i << "]";
               }
               return std::vector<Vec>{master, m, v, Vec{float(sums.w), float(sums.u)}};
-            },
-            1e-5, 1e-6, "lamb");
+        };
+        run();  // the textbook on this machine's ISA, then the two ISAs against each other
+        compare_isas(run, 1e-5, 1e-6, "lamb");
       }
     }
 }
@@ -398,20 +398,47 @@ TEST(OpsIsa, OneBitLambRefresh) {
         psum += prelim * prelim;
         rmax = std::max(rmax, denom / (std::sqrt(vft[i]) + s.eps));
       }
-      compare_isas(
-          [&] {
-            Vec m = m0, vf = vf0;
-            const OneBitLambSums sums = onebit_lamb_refresh(m.data(), vf.data(), ml.data(), v.data(), w.data(), n, s);
-            EXPECT_NEAR(sums.u, usum, 1e-5 * usum);
-            EXPECT_NEAR(sums.prelim, psum, 1e-5 * psum);
-            EXPECT_NEAR(sums.ratio_max, rmax, 1e-5 * rmax);
-            for (size_t i = 0; i < n; ++i) {
-              EXPECT_NEAR(m[i], mt[i], 1e-7) << i;
-              EXPECT_NEAR(vf[i], vft[i], 1e-5 * vft[i] + 1e-9) << i;
-            }
-            return std::vector<Vec>{m, vf, Vec{float(sums.u), float(sums.prelim), sums.ratio_max}};
-          },
-          1e-6, 0.0, "onebit_lamb_refresh");
+      // The textbook on this machine's ISA; then both ISAs element for element (the kernel's
+      // operations are the portable loop's, unfused; the sums, in another order, each against the
+      // textbook).
+      auto run = [&] {
+        Vec m = m0, vf = vf0;
+        const OneBitLambSums sums = onebit_lamb_refresh(m.data(), vf.data(), ml.data(), v.data(), w.data(), n, s);
+        EXPECT_NEAR(sums.u, usum, 1e-5 * usum);
+        EXPECT_NEAR(sums.prelim, psum, 1e-5 * psum);
+        EXPECT_NEAR(sums.ratio_max, rmax, 1e-5 * rmax);
+        for (size_t i = 0; i < n; ++i) {
+          EXPECT_NEAR(m[i], mt[i], 1e-7) << i;
+          EXPECT_NEAR(vf[i], vft[i], 1e-5 * vft[i] + 1e-9) << i;
+        }
+        return std::vector<Vec>{m, vf, Vec{sums.ratio_max}};
+      };
+      run();
+      compare_isas(run, 0.0, 0.0, "onebit_lamb_refresh");
+    }
+  // eps 0 with a zero variance: the ratio 0/0 is NaN there, and the max skips it on either ISA.
+  {
+    const size_t n = 40;
+    Vec m(n, 0.01f), vf(n, 0.01f), ml(n, 0.0f), v(n, 0.01f), w(n, 1.0f);
+    v[5] = 0.04f;  // lane 5's largest ratio, 2, in the first vector
+    v[37] = 0.0f;  // lane 5's 0/0 in the last (a NaN there replaced the lane's max)
+    vf[37] = 0.0f;
+    m[37] = 0.0f;
+    OneBitLambScalars s;
+    s.eps = 0.0f;
+    s.beta1 = 0.0f;  // g = m: v_fresh stays 0 where m is
+    s.one_minus_beta1 = 1.0f;
+    s.beta2 = 1.0f;
+    s.one_minus_beta2 = 0.0f;
+    compare_isas(
+        [&] {
+          Vec mm = m, vv = vf;
+          const OneBitLambSums sums = onebit_lamb_refresh(mm.data(), vv.data(), ml.data(), v.data(), w.data(), n, s);
+          EXPECT_FALSE(std::isnan(sums.ratio_max));
+          EXPECT_FLOAT_EQ(sums.ratio_max, 2.0f);
+          return std::vector<Vec>{Vec{sums.ratio_max}};
+        },
+        0.0, 0.0, "onebit_lamb_refresh eps 0");
     }
 }
 
