@@ -65,8 +65,9 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
   // 22 + the ZeRO passes' 3 families at 3 sizes + the blocks' 10 elementwise families (dropout's
   // mask among them) at 2 sizes + 4 blocks in situ x 2, and where the machine tells its last-level
   // cache, the ZeRO passes' 3 families hot within it at 2 sizes, + sparse attention's forward and
-  // backward at blocks 16, 32 and 64, one length each
-  EXPECT_EQ(j["points"].size(), j.contains("cache_bytes") ? 71u : 65u);
+  // backward at blocks 16, 32 and 64, one length each, + the other updates (LAMB, SGD without and
+  // with momentum, 1-bit Adam and 1-bit LAMB past their warm-up; f32 and writing the bf16 copy) at 2 sizes
+  EXPECT_EQ(j["points"].size(), j.contains("cache_bytes") ? 91u : 85u);
   for (const char* family : {"sparse attention forward b16", "sparse attention backward b16", "sparse attention forward b64"})
     EXPECT_TRUE(j["fits"].contains(family)) << family;
   for (const char* family : {"dropout", "copy hot", "zero hot", "add hot"})
@@ -139,7 +140,7 @@ TEST(Calibrate, TheOutputProbeLeavesTheUsersFilesAlone) {
 TEST(Calibrate, TwoRanksTimeEveryCollective) {
   const nlohmann::json j = calibrate_ranks(2);
   ASSERT_FALSE(HasFailure());
-  for (const char* family : {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}) {
+  for (const char* family : {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "onebit_all_reduce"}) {
     ASSERT_TRUE(j["fits"].contains(family)) << j.dump();
     EXPECT_GT(j["fits"][family]["per_unit_s"].get<double>(), 0.0) << family;
   }
@@ -622,6 +623,47 @@ TEST(Plan, AnAutoLayoutChoosesThePipelinesSchedule) {
   }
   EXPECT_TRUE(one_f_one_b);  // ranked too, behind
   EXPECT_TRUE(sp && no_sp);  // tp 2 with sequence parallelism and without
+}
+
+// 1-bit Adam: the plan prices the phase most of the run's steps are in. Past freeze_step (here
+// steps 2-10 of 10) the gradients stay local and the momentum's exchange is at onebit_all_reduce's
+// line (said; a calibration without it: the all-reduce's, said too); with freeze_step 8 the warm-up.
+TEST(Plan, PricesTheOneBitPhaseMostStepsAreIn) {
+  const std::string cal = dir() + "/hand-onebit.json", cfg = dir() + "/onebit.json";
+  std::ofstream(cal) << R"({"world": 2, "threads": 1, "fits": {
+    "gemm f32": {"latency_s": 0, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 0, "per_unit_s": 1e-9},
+    "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-8},
+    "onebitadam compressed": {"latency_s": 0, "per_unit_s": 1e-8},
+    "all_reduce": {"latency_s": 0, "per_unit_s": 1e-9}, "all_gather": {"latency_s": 0, "per_unit_s": 1e-9},
+    "reduce_scatter": {"latency_s": 0, "per_unit_s": 1e-9}, "send_recv": {"latency_s": 0, "per_unit_s": 1e-9},
+    "onebit_all_reduce": {"latency_s": 0, "per_unit_s": 1e-7}}})";
+  std::ofstream(cfg) << R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 64,
+    "n_embd": 48, "n_layer": 2, "n_head": 4}, "seq_length": 64, "train_iters": 10, "train_batch_size": 2,
+    "train_micro_batch_size_per_gpu": 1, "data": {"train": "unused"},
+    "optimizer": {"type": "OneBitAdam", "params": {"lr": 0.001, "freeze_step": 1}}})";
+  auto step = [](const std::string& out) {  // the "step" line's seconds ("freeze_step 1" is not it)
+    const size_t at = out.find("\nstep ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 6));
+  };
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal, &out, &err), 0) << err;
+  EXPECT_NE(out.find("optimizer    1-bit Adam past freeze_step 1 (most of the run): the gradients kept local, the momentum's "
+                     "compressed exchange at its calibrated line"), std::string::npos) << out;
+  const double compressed = step(out);
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal +
+                                                " --set optimizer.params.freeze_step=8", &out, &err), 0) << err;
+  EXPECT_EQ(out.find("optimizer    "), std::string::npos) << out;
+  const double warm = step(out);
+  // The exchange's line is 100x the all-reduce's a byte: the compressed phase is the slower here.
+  EXPECT_GT(warm, 0.0) << out;
+  EXPECT_GT(compressed, warm) << out;
+  nlohmann::json j = load(cal);
+  j["fits"].erase("onebit_all_reduce");
+  std::ofstream(cal) << j.dump();
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal, &out, &err), 0) << err;
+  EXPECT_NE(out.find("the momentum's compressed exchange at the all-reduce's line (a calibration without it: calibrate again)"),
+            std::string::npos) << out;
+  EXPECT_LT(step(out), compressed) << out;
 }
 
 // The plan prices the attention the run computes. data.reset_attention_mask: the documents of the

@@ -10,6 +10,7 @@
 //
 // load_planned_config: the same search resolves "auto" layouts at train's start-up.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -201,6 +202,15 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* 
                              .virtual_stages = job.virtual_stages, .sequence_parallel = c.sequence_parallel};
   job.sequence_parallel_forced = c.partition_activations;
   job.update = planner::update_kind(c.optimizer);
+  // 1-bit Adam and 1-bit LAMB: the phase the run spends most of its steps in, past freeze_step
+  // (compressed: the gradients kept local, the momentum exchanged compressed) or its warm-up (the
+  // AdamW or LAMB step with the gradients' all-reduce). 0/1 Adam is priced as its variance phase.
+  std::string type = c.optimizer.type;
+  std::transform(type.begin(), type.end(), type.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  if ((type == "onebitadam" || type == "onebitlamb") && c.train_iters - c.optimizer.freeze_step > c.optimizer.freeze_step) {
+    job.update = type == "onebitadam" ? planner::UpdateKind::kOneBitAdamCompressed : planner::UpdateKind::kOneBitLambCompressed;
+    job.onebit_freeze_step = c.optimizer.freeze_step;
+  }
   // The attention the run computes: its documents' share of the causal tiles, read from its own
   // first samples; a sparse layout's plan, as the model builds it over the model's heads.
   if (c.reset_attention_mask) {
@@ -284,6 +294,17 @@ std::string attention_note(const planner::PlanJob& job, const planner::Calibrati
     return "data.reset_attention_mask: the documents leave " + fmt("%.1f", 100 * job.attention_share) + "% of the causal kernel's tiles" +
            " (the run's first " + std::to_string(job.attention_samples) + " samples)";
   return "";
+}
+
+// The optimizer's phase the plan prices where it is not the warm-up of a 1-bit optimizer ("" else).
+std::string optimizer_note(const planner::PlanJob& job, const planner::Calibration& cal) {
+  if (job.update != planner::UpdateKind::kOneBitAdamCompressed && job.update != planner::UpdateKind::kOneBitLambCompressed)
+    return "";
+  return std::string(job.update == planner::UpdateKind::kOneBitAdamCompressed ? "1-bit Adam" : "1-bit LAMB") +
+         " past freeze_step " + std::to_string(job.onebit_freeze_step) +
+         " (most of the run): the gradients kept local, the momentum's compressed exchange " +
+         (cal.has_network || cal.fits.count("onebit_all_reduce") ? "at its calibrated line"
+                                                                  : "at the all-reduce's line (a calibration without it: calibrate again)");
 }
 
 std::string prediction_line(const planner::Layout& l, const planner::Prediction& p) {
@@ -615,6 +636,7 @@ void run_plan(const PlanOptions& o) {
     const planner::SearchResult r = planner::search_layouts(job, all, budget, cal);
     if (const std::string note = attention_note(job, cal, cal_path); !note.empty() && !o.json)
       std::printf("attention: %s\n", note.c_str());
+    if (const std::string note = optimizer_note(job, cal); !note.empty() && !o.json) std::printf("optimizer: %s\n", note.c_str());
     print_search(r, o.top, budget, o.json);
     // (It exited 0 with "0 within ..."; the "auto" path refuses the same.)
     MT_CHECK(!r.ranked.empty(), ErrorKind::kInvalidArgument,
@@ -644,6 +666,7 @@ void run_plan(const PlanOptions& o) {
   std::printf("passes       forward %.4f s, backward %.4f s per micro-batch (GEMMs, attention, elementwise)\n", p.forward,
               p.backward);
   if (const std::string note = attention_note(job, cal, cal_path); !note.empty()) std::printf("attention    %s\n", note.c_str());
+  if (const std::string note = optimizer_note(job, cal); !note.empty()) std::printf("optimizer    %s\n", note.c_str());
   std::printf("step         %.6f s predicted (%.6f s if MPI moved a nonblocking collective beside compute); "
               "rank 0 computes %.4f s, its communication stream is busy %.4f s\n",
               p.step, p.step_progress, p.compute, p.comm);
@@ -755,6 +778,7 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
                       (refused.empty() ? "" : refused));
   if (const std::string note = attention_note(job, cal, source, inputs.world); !note.empty())
     out.notes.push_back("the plan's attention: " + note);
+  if (const std::string note = optimizer_note(job, cal); !note.empty()) out.notes.push_back("the plan's optimizer: " + note);
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include "base/file_io.h"
 #include "base/threads.h"
 #include "base/timer.h"
+#include "comm/onebit.h"
 #include "io/aio.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/dropout.h"
@@ -147,7 +148,9 @@ double Calibration::collective_seconds(const std::string& family, double bytes, 
       if (ranks <= 1) return 0.0;
       const std::string sized = family + " g" + std::to_string(ranks);
       if (fits.count(sized)) return seconds(sized, bytes);  // timed at this group size
-      auto volume = [&family](double n) { return family == "all_reduce" ? 2 * (n - 1) / n : n - 1; };
+      auto volume = [&family](double n) {
+        return family == "all_reduce" || family == "onebit_all_reduce" ? 2 * (n - 1) / n : n - 1;
+      };
       return seconds(family, bytes) * volume(ranks) / volume(world);
     }
     return seconds(family, bytes);
@@ -161,6 +164,9 @@ double Calibration::collective_seconds(const std::string& family, double bytes, 
   if (ranks == 1) return 0.0;
   if (family == "all_reduce") return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes / bw;
   if (family == "all_gather" || family == "reduce_scatter") return (n - 1) * (a + bytes / bw);
+  // The 1-bit exchange on a described cluster: an all-to-all and an all-gather of a 32nd of the
+  // bytes (the compression's own passes over the buffer are not in a description).
+  if (family == "onebit_all_reduce") return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes / 32 / bw;
   throw Error(ErrorKind::kInvalidArgument, "collective_seconds: no collective '" + family + "'");
 }
 
@@ -374,11 +380,22 @@ void time_collectives(Calibration& cal, comm::Backend* group, const std::string&
         group->send(y.data(), n, DType::kF32, 0, so)->wait();
       }
     }, part, 1, group, warm_up) / 2);
+    // The 1-bit optimizers' compressed exchange of n f32 elements as one tensor (its worker and
+    // server errors carried from call to call, as a run carries them), by the f32 bytes it stands in for.
+    {
+      const comm::OneBitPlan plan({{0, n}}, P);
+      std::vector<float> we(plan.worker_error_len, 0.0f), se(plan.server_error_len, 0.0f);
+      s.push_back(time_calls([&] {
+        comm::CommOptions o;
+        o.tag = "calibrate onebit";
+        comm::compressed_all_reduce(*group, x.data(), plan, we.data(), se.data(), o);
+      }, part, 1, group, warm_up));
+    }
     if (probes != nullptr && bytes[i] == kExchangeProbeBytes) probes->push_back(exchange_probe(*group));
     return s;
   });
-  const char* families[] = {"all_reduce", "all_gather", "reduce_scatter", "send_recv"};
-  for (size_t f = 0; f < 4; ++f) {
+  const char* families[] = {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "onebit_all_reduce"};
+  for (size_t f = 0; f < 5; ++f) {
     std::vector<CalPoint> pts;
     for (size_t i = 0; i < bytes.size(); ++i)
       pts.push_back({std::string(families[f]) + " f32" + suffix, static_cast<double>(bytes[i]), t[i][f]});
@@ -637,8 +654,10 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
   }
   // The other updates the runtime makes, built by optim::make_optimizer as the engine builds them
   // (one segment): LAMB's two passes (the moments and the trust ratio's sums, then the update), SGD
-  // without and with its momentum buffer; by elements, in f32 and writing the bf16 copy (stage 0
-  // in low precision: each chunk converted as it is updated). The largest points set the rate.
+  // without and with its momentum buffer, 1-bit Adam's and 1-bit LAMB's updates past their warm-up
+  // (the momentum, the frozen-variance step, LAMB's refresh; one rank, so the exchange, timed with
+  // the collectives, apart); by elements, in f32 and writing the bf16 copy (stage 0 in low
+  // precision). The largest points set the rate.
   {
     const std::vector<size_t> opt_sizes = options.quick ? std::vector<size_t>{1 << 17, 1 << 19}
                                                         : std::vector<size_t>{1 << 20, 1 << 22, 1 << 24};
@@ -648,12 +667,15 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
       UpdateKind kind;
     };
     for (const Update& u : {Update{"Lamb", 0.0, UpdateKind::kLamb}, Update{"SGD", 0.0, UpdateKind::kSgd},
-                            Update{"SGD", 0.9, UpdateKind::kSgdMomentum}}) {
+                            Update{"SGD", 0.9, UpdateKind::kSgdMomentum},
+                            Update{"OneBitAdam", 0.0, UpdateKind::kOneBitAdamCompressed},
+                            Update{"OneBitLamb", 0.0, UpdateKind::kOneBitLambCompressed}}) {
       std::vector<CalPoint> f32, low;
       for (size_t n : opt_sizes) {
         optim::OptimizerSpec spec;
         spec.type = u.type;
         spec.momentum = u.momentum;
+        spec.freeze_step = 1;  // the 1-bit ones past their warm-up (one rank: the exchange apart)
         const std::unique_ptr<optim::Optimizer> opt =
             optim::make_optimizer(spec, n, {optim::ParamSegment{0, n, 0.01f, "all"}});
         std::vector<float> w(n, 0.5f), g(n, 1e-3f);

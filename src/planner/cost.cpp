@@ -64,6 +64,8 @@ const char* update_line(UpdateKind u, bool bf16_copy) {
     case UpdateKind::kLamb: return bf16_copy ? "lamb bf16" : "lamb";
     case UpdateKind::kSgd: return bf16_copy ? "sgd bf16" : "sgd";
     case UpdateKind::kSgdMomentum: return bf16_copy ? "sgd momentum bf16" : "sgd momentum";
+    case UpdateKind::kOneBitAdamCompressed: return bf16_copy ? "onebitadam compressed bf16" : "onebitadam compressed";
+    case UpdateKind::kOneBitLambCompressed: return bf16_copy ? "onebitlamb compressed bf16" : "onebitlamb compressed";
     case UpdateKind::kAdamW: break;
   }
   return bf16_copy ? "adamw bf16" : "adamw";
@@ -265,11 +267,19 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   // over the shard: the gradient norm reads it and zero_grad writes it.
   // The run's optimizer at its own line; a calibration without it (older, or a described cluster)
   // at AdamW's.
+  // at AdamW's (a 1-bit optimizer's compressed update without its line: its warm-up's).
   const bool copy16 = e < 4 && s.zero_stage == 0;
-  const char* update = update_line(s.update, copy16);
-  if (!cal.fits.count(update)) update = update_line(s.update, false);
-  if (!cal.fits.count(update)) update = copy16 && cal.fits.count("adamw bf16") ? "adamw bf16" : "adamw";
-  c.optimizer_per_element = (cal.fits.count(update) ? cal.fits.at(update).per_unit : 0.0) + (own ? mem * 8 : 0.0);
+  auto line_of = [&cal, copy16](UpdateKind u) -> const char* {
+    if (cal.fits.count(update_line(u, copy16))) return update_line(u, copy16);
+    return cal.fits.count(update_line(u, false)) ? update_line(u, false) : nullptr;
+  };
+  const UpdateKind warm = s.update == UpdateKind::kOneBitLambCompressed   ? UpdateKind::kLamb
+                          : s.update == UpdateKind::kOneBitAdamCompressed ? UpdateKind::kAdamW
+                                                                          : s.update;
+  const char* update = line_of(s.update);
+  if (update == nullptr) update = line_of(warm);
+  if (update == nullptr) update = line_of(UpdateKind::kAdamW);
+  c.optimizer_per_element = (update != nullptr ? cal.fits.at(update).per_unit : 0.0) + (own ? mem * 8 : 0.0);
   if (s.optimizer_nvme && !s.param_nvme) {  // with param_nvme the step program times the swap
     MT_CHECK(cal.disk_read_gbs > 0 && cal.disk_write_gbs > 0 && cal.disk_mixed_gbs > 0, ErrorKind::kInvalidArgument,
              "cost model: offload_optimizer nvme needs the disk's rates in the calibration (meshtrain calibrate --io DIR)");
@@ -301,6 +311,12 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     c.all_gather = [&cal, dp, stride](double b) { return cal.collective_seconds("all_gather", b, dp, stride); };
     c.reduce_scatter = [&cal, dp, stride](double b) { return cal.collective_seconds("reduce_scatter", b, dp, stride); };
     c.all_reduce = [&cal, dp, stride](double b) { return cal.collective_seconds("all_reduce", b, dp, stride); };
+    // A 1-bit optimizer past its warm-up: its momentum's compressed exchange, where calibrated (a
+    // calibration before it: the all-reduce's line, as the warm-up's gradients).
+    if (s.update == UpdateKind::kOneBitAdamCompressed || s.update == UpdateKind::kOneBitLambCompressed) {
+      const char* line = cal.has_network || cal.fits.count("onebit_all_reduce") ? "onebit_all_reduce" : "all_reduce";
+      c.onebit_exchange = [&cal, dp, stride, line](double b) { return cal.collective_seconds(line, b, dp, stride); };
+    }
   } else {  // one rank: the collectives are local copies
     const double copy = c.copy_per_byte > 0 ? c.copy_per_byte : mem;  // ZeroStepCosts::copy_seconds
     c.all_gather = c.reduce_scatter = c.all_reduce = [copy](double b) { return copy * 2 * b; };

@@ -56,8 +56,12 @@
 
 namespace mt::planner {
 
-enum class UpdateKind { kAdamW, kLamb, kSgd, kSgdMomentum };
-// The update an optimizer specification runs (optim::make_optimizer's types).
+// The optimizer's update: AdamW's kernel, LAMB's two passes, SGD's one pass without or with its
+// momentum, and 1-bit Adam's and 1-bit LAMB's own updates past their warm-up (the compressed phase,
+// whose momentum goes through the compressed exchange: ZeroStepCosts::onebit_exchange).
+enum class UpdateKind { kAdamW, kLamb, kSgd, kSgdMomentum, kOneBitAdamCompressed, kOneBitLambCompressed };
+// The update an optimizer specification runs in its warm-up (optim::make_optimizer's types; the
+// 1-bit ones as AdamW and LAMB).
 UpdateKind update_kind(const optim::OptimizerSpec& spec);
 
 struct StepShape {
@@ -99,8 +103,9 @@ struct StepShape {
   UpdateKind update = UpdateKind::kAdamW;
 };
 
-// The calibration's line for an update (calibrate's "adamw", "lamb", "sgd", "sgd momentum"; with
-// the bf16 copy written: "adamw bf16", "lamb bf16", ...).
+// The calibration's line for an update (calibrate's "adamw", "lamb", "sgd", "sgd momentum",
+// "onebitadam compressed", "onebitlamb compressed"; with the bf16 copy written: "adamw bf16",
+// "lamb bf16", ...).
 const char* update_line(UpdateKind u, bool bf16_copy);
 
 // The calibration's sparse attention lines ("sparse attention forward bN", "... backward bN") for a

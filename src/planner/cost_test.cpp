@@ -376,10 +376,27 @@ TEST(CostModel, TheUpdateIsTheRunsOptimizerAtItsOwnLine) {
   EXPECT_DOUBLE_EQ(update(UpdateKind::kSgd, DType::kF32, 0), 5e-10);
   EXPECT_DOUBLE_EQ(update(UpdateKind::kSgd, DType::kBF16, 0), 5e-10);  // no bf16 line: its f32 one
   EXPECT_DOUBLE_EQ(update(UpdateKind::kAdamW, DType::kBF16, 0), 2e-9);
+  // 1-bit LAMB past its warm-up: its own line; without it, its warm-up's (LAMB's).
+  cal.fits["onebitlamb compressed"] = {0.0, 6e-9};
+  EXPECT_DOUBLE_EQ(update(UpdateKind::kOneBitLambCompressed, DType::kF32, 0), 6e-9);
+  EXPECT_DOUBLE_EQ(update(UpdateKind::kOneBitAdamCompressed, DType::kF32, 0), 1e-9);  // no line: AdamW's
+  cal.fits.erase("onebitlamb compressed");
+  EXPECT_DOUBLE_EQ(update(UpdateKind::kOneBitLambCompressed, DType::kBF16, 0), 4e-9);
   cal.fits.erase("lamb");
   cal.fits.erase("lamb bf16");
   EXPECT_DOUBLE_EQ(update(UpdateKind::kLamb, DType::kF32, 0), 1e-9);  // no line: AdamW's
   EXPECT_DOUBLE_EQ(update(UpdateKind::kLamb, DType::kBF16, 0), 2e-9);
+  // The compressed exchange over two ranks at its calibrated line (a calibration without it: the
+  // all-reduce's); none in the warm-up.
+  s.world = 2;
+  s.update = UpdateKind::kAdamW;
+  cal.world = 2;
+  cal.fits["all_reduce"] = {1e-5, 1e-9};
+  EXPECT_FALSE(zero_step_costs(s, cal).onebit_exchange);
+  s.update = UpdateKind::kOneBitAdamCompressed;
+  EXPECT_DOUBLE_EQ(zero_step_costs(s, cal).onebit_exchange(4e6), 1e-5 + 4e-3);
+  cal.fits["onebit_all_reduce"] = {2e-5, 3e-9};
+  EXPECT_DOUBLE_EQ(zero_step_costs(s, cal).onebit_exchange(4e6), 2e-5 + 1.2e-2);
 }
 
 TEST(CostModel, TheOptimizersSwapPipelinesItsSubGroupsThroughTheDisk) {

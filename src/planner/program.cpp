@@ -332,7 +332,10 @@ std::vector<SimOp> bucketed_step(const ZeroStepSpec& spec, const ZeroStepCosts& 
       ++next;
     }
   };
-  const bool reduce = spec.world > 1;
+  // A 1-bit optimizer past its warm-up keeps its gradients local (OneBitSync::grads_local) and
+  // exchanges its momentum, compressed, inside the update.
+  const bool onebit = spec.world > 1 && static_cast<bool>(costs.onebit_exchange);
+  const bool reduce = spec.world > 1 && !onebit;
   const size_t last = U - 1, head = spec.tied_head ? 0 : last;
   int tp_tag = 1 << 20;  // the tp collectives' tags, apart from the buckets'
   for (int m = 0; m < spec.micro_batches; ++m) {
@@ -353,6 +356,12 @@ std::vector<SimOp> bucketed_step(const ZeroStepSpec& spec, const ZeroStepCosts& 
     }
   }
   compute(costs.optimizer_seconds(static_cast<double>(P)), "optimizer");
+  if (onebit) {
+    constexpr int kExchangeTag = 1 << 21;
+    ops.push_back(SimOp{SimOpKind::kCollective, costs.onebit_exchange(4.0 * static_cast<double>(P)), -1, kExchangeTag, 0, true,
+                        "onebit exchange"});
+    ops.push_back(SimOp{SimOpKind::kWait, 0.0, -1, kExchangeTag, -1, false, "wait onebit exchange"});
+  }
   return ops;
 }
 

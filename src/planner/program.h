@@ -117,6 +117,10 @@ struct ZeroStepCosts {
   // that the backward's time (Calibration::gemm_backward_seconds) assumes. Empty: none.
   std::vector<double> hot_backward_saving;
   double optimizer_per_element = 0.0;     // the update over this rank's shard
+  // A 1-bit optimizer past its warm-up (stage 0): its momentum's compressed exchange of a buffer of
+  // that many f32 bytes (comm::compressed_all_reduce), after the backward and in place of the
+  // gradients' all-reduce. Unset: the warm-up's all-reduce.
+  std::function<double(double bytes)> onebit_exchange;
   // The update of n elements where it is not n x optimizer_per_element (offload_optimizer nvme: the
   // moments' swap, planner/cost.h); null: that product.
   std::function<double(double elements)> optimizer;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "base/error.h"
 
 namespace mt::planner {
@@ -145,6 +147,28 @@ TEST(ZeroProgram, Stage0BucketsLaunchWhereTheBackwardHasPassedThem) {
   EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 3 * 1 + 3 * 2 + 2 * 0.5);
   s.world = 1;  // one rank: nothing to reduce
   EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 3 * 1 + 3 * 2);
+}
+
+// A 1-bit optimizer past its warm-up (costs.onebit_exchange set): no gradient all-reduce in the
+// backward, the update over the whole buffer, then its momentum's compressed exchange of the
+// buffer's 12000 f32 bytes, blocking. One rank: neither.
+TEST(ZeroProgram, OneBitCompressedPhaseExchangesTheMomentumInsteadOfTheGradients) {
+  ZeroStepSpec s = three_units(0, true);
+  s.bucket_elems = 1500;
+  ZeroStepCosts c = costs(1, 2, 0, 0);
+  c.all_reduce = [](double) { return 0.5; };
+  c.optimizer_per_element = 0.0001;  // 3000 elements: 0.3
+  c.onebit_exchange = [](double bytes) {
+    EXPECT_EQ(bytes, 12000.0);
+    return 0.25;
+  };
+  const SimProgram p = zero_step_program(s, c);
+  for (const SimOp& op : p.ranks[0]) EXPECT_EQ(op.name.find("all_reduce"), std::string::npos) << op.name;
+  SimReport r = simulate(p);
+  ASSERT_FALSE(r.deadlock) << r.where;
+  EXPECT_DOUBLE_EQ(r.makespan, 3 * 1 + 3 * 2 + 0.3 + 0.25);
+  s.world = 1;
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 3 * 1 + 3 * 2 + 0.3);
 }
 
 // Micro-batches: stage 2 reduces after every micro-batch's backward, the optimizer runs once.

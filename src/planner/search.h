@@ -79,6 +79,7 @@ struct PlanJob {
   int attention_samples = 0;  // the samples attention_share was read from (0: none, causal)
   std::shared_ptr<const kernels::SparseAttentionPlan> sparse = nullptr;
   UpdateKind update = UpdateKind::kAdamW;  // the optimizer's update (StepShape::update)
+  int64_t onebit_freeze_step = 0;          // a 1-bit optimizer's compressed phase: where it starts
   // Simulate every rank even where one stands for all (ZeroStepSpec::one_rank): for the test that
   // they agree.
   bool whole_program = false;
