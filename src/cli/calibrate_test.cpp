@@ -637,10 +637,8 @@ TEST(Plan, PricesTheOneBitPhaseMostStepsAreIn) {
     "all_reduce": {"latency_s": 0, "per_unit_s": 1e-9}, "all_gather": {"latency_s": 0, "per_unit_s": 1e-9},
     "reduce_scatter": {"latency_s": 0, "per_unit_s": 1e-9}, "send_recv": {"latency_s": 0, "per_unit_s": 1e-9},
     "onebit_all_reduce": {"latency_s": 0, "per_unit_s": 1e-7}}})";
-  std::ofstream(cfg) << R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 64,
-    "n_embd": 48, "n_layer": 2, "n_head": 4}, "seq_length": 64, "train_iters": 10, "train_batch_size": 2,
-    "train_micro_batch_size_per_gpu": 1, "data": {"train": "unused"},
-    "optimizer": {"type": "OneBitAdam", "params": {"lr": 0.001, "freeze_step": 1}}})";
+  std::ofstream(cfg) << tiny_plan_config("onebit-chain", nlohmann::json::parse(R"({"train_iters": 10, "train_batch_size": 2,
+    "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "OneBitAdam", "params": {"lr": 0.001, "freeze_step": 1}}})")).dump();
   auto step = [](const std::string& out) {  // the "step" line's seconds ("freeze_step 1" is not it)
     const size_t at = out.find("\nstep ");
     return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 6));
@@ -664,6 +662,12 @@ TEST(Plan, PricesTheOneBitPhaseMostStepsAreIn) {
   EXPECT_NE(out.find("the momentum's compressed exchange at the all-reduce's line (a calibration without it: calibrate again)"),
             std::string::npos) << out;
   EXPECT_LT(step(out), compressed) << out;
+  // plan --validate measures that phase: its runs (train_iters = --steps) start it at the second
+  // update, whatever the configuration's freeze_step (here 3 of 3 would all be warm-up).
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal +
+                                                " --set optimizer.params.freeze_step=3 --validate 1 --steps 3", &out, &err), 0)
+      << err << out;
+  EXPECT_NE(out.find("each run sets optimizer.params.freeze_step=1"), std::string::npos) << out;
 }
 
 // The plan prices the attention the run computes. data.reset_attention_mask: the documents of the

@@ -207,7 +207,9 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* 
   // AdamW or LAMB step with the gradients' all-reduce). 0/1 Adam is priced as its variance phase.
   std::string type = c.optimizer.type;
   std::transform(type.begin(), type.end(), type.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  if ((type == "onebitadam" || type == "onebitlamb") && c.train_iters - c.optimizer.freeze_step > c.optimizer.freeze_step) {
+  // (The warm-up is W = max(freeze_step, 2) - 1 updates: optim/onebit_adam.h, onebit_lamb.h.)
+  const int64_t warm = std::max<int64_t>(c.optimizer.freeze_step, 2) - 1;
+  if ((type == "onebitadam" || type == "onebitlamb") && c.train_iters - warm > warm) {
     job.update = type == "onebitadam" ? planner::UpdateKind::kOneBitAdamCompressed : planner::UpdateKind::kOneBitLambCompressed;
     job.onebit_freeze_step = c.optimizer.freeze_step;
   }
@@ -469,6 +471,10 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   const std::string dir = (std::filesystem::temp_directory_path() / ("meshtrain-validate-" + std::to_string(::getpid()))).string();
   std::filesystem::create_directories(dir);
   const double tokens = static_cast<double>(job.global_batch) * job.memory.seq_length;
+  const bool onebit_compressed =
+      job.update == planner::UpdateKind::kOneBitAdamCompressed || job.update == planner::UpdateKind::kOneBitLambCompressed;
+  if (onebit_compressed)
+    std::printf("each run sets optimizer.params.freeze_step=1: its measured steps (3 on) are in the compressed phase the plan priced\n");
   std::printf("%4s  %-48s %10s %10s %7s %11s %11s %7s\n", "rank", "layout", "predicted", "measured", "error",
               "rank 0 mem", "measured", "error");
   auto median = [](std::vector<double> v) {
@@ -491,7 +497,11 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
     const planner::Layout& l = r.ranked[i].layout;
     if (exchange && l.dp * l.tp * l.pp == cal.world) exchange_of[i].push_back(exchange_probe_now(cal.world, dir));
     if (probe) slow.push_back(planner::speed_probe(cal.threads) / cal.speed_probe_s);
-    Measured m = measure_layout(o, r.ranked[i].layout, tokens, dir, static_cast<int>(i));
+    // The phase the plan priced: a 1-bit optimizer's compressed one from its second update, so that
+    // the measured steps (3 on) are in it.
+    PlanOptions run_o = o;
+    if (onebit_compressed) run_o.sets.push_back("optimizer.params.freeze_step=1");
+    Measured m = measure_layout(run_o, r.ranked[i].layout, tokens, dir, static_cast<int>(i));
     steps.push_back(m.step);
     return m;
   };

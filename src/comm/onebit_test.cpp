@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "base/cpu_features.h"
 #include "comm/comm_log.h"
 #include "comm/local_backend.h"
 #include "comm/onebit.h"
@@ -140,6 +141,19 @@ TEST(OneBit, CompressedAllReduceOfTensorsIsEachOnItsOwn) { check_compressed_all_
 
 // The comms logger's counts: an all-reduce of N floats on n ranks sends 2(n-1)·4N/n bytes; the
 // compressed all-reduce sends 2(n-1)·4·(1 + ceil(chunk/32)) (its all_to_all and all_gather).
+// Past one block of 16,384 elements (the passes' blocks over the threads, the scale's sums added in
+// block order) and on either ISA (a CPU without AVX-512 runs the portable one twice): DeepSpeed's
+// values bit for bit, as above.
+TEST(OneBit, CompressedAllReduceOfALargeBufferOnEitherIsa) {
+  const Isa was = isa_active();
+  for (Isa isa : {Isa::kPortable, Isa::kAvx512}) {
+    isa_force(isa);
+    check_compressed_all_reduce(2, {100003});
+    check_compressed_all_reduce(3, {40000, 70001});
+  }
+  isa_force(was);
+}
+
 TEST(CommLog, CountsBytesByTheDocumentedFormulas) {
   for (int n : {2, 4}) {
     const size_t N = 4096;

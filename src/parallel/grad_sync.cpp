@@ -100,7 +100,9 @@ class OneBitSync : public GradSync, public optim::StateExchange {
     } else if (last) {
       float* g = full_.grad();
       const float n = static_cast<float>(dp_.size());
-      for (size_t i = 0, e = full_.numel(); i < e; ++i) g[i] *= n;
+      const size_t e = full_.numel();
+#pragma omp parallel for simd schedule(static) if (parallel: e > (size_t{1} << 15))
+      for (size_t i = 0; i < e; ++i) g[i] *= n;
     }
   }
   void zero_grad() override { full_.zero_grad(); }

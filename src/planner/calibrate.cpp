@@ -65,7 +65,8 @@ double Calibration::seconds(const std::string& family, double units) const {
   auto it = fits.find(family);
   if (it == fits.end())
     throw Error(ErrorKind::kNotFound, "calibration: '" + family + "' was not measured" +
-                                          (family.rfind("all_", 0) == 0 || family == "reduce_scatter" || family == "send_recv"
+                                          (family.rfind("all_", 0) == 0 || family == "reduce_scatter" || family == "send_recv" ||
+                                                family.rfind("onebit_all_reduce", 0) == 0
                                                ? " (collectives need a calibration run under mpirun with 2 or more ranks)"
                                                : ""));
   auto c = curves.find(family);
@@ -165,8 +166,11 @@ double Calibration::collective_seconds(const std::string& family, double bytes, 
   if (family == "all_reduce") return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes / bw;
   if (family == "all_gather" || family == "reduce_scatter") return (n - 1) * (a + bytes / bw);
   // The 1-bit exchange on a described cluster: an all-to-all and an all-gather of a 32nd of the
-  // bytes (the compression's own passes over the buffer are not in a description).
-  if (family == "onebit_all_reduce") return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes / 32 / bw;
+  // bytes, and the compression's passes over the buffer (about five reads and writes of it: the
+  // worker's error-fed copy, its scale, the bits and the error; the servers' sums; the unpacking)
+  // at the description's memory rate.
+  if (family == "onebit_all_reduce")
+    return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes / 32 / bw + (fits.count("memory") ? seconds("memory", 5 * bytes) : 0.0);
   throw Error(ErrorKind::kInvalidArgument, "collective_seconds: no collective '" + family + "'");
 }
 

@@ -316,6 +316,9 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     if (s.update == UpdateKind::kOneBitAdamCompressed || s.update == UpdateKind::kOneBitLambCompressed) {
       const char* line = cal.has_network || cal.fits.count("onebit_all_reduce") ? "onebit_all_reduce" : "all_reduce";
       c.onebit_exchange = [&cal, dp, stride, line](double b) { return cal.collective_seconds(line, b, dp, stride); };
+      // The local gradients scaled back by the rank count (OneBitSync::end_backward): a pass of
+      // 8 bytes an element.
+      c.optimizer_per_element += 8 * mem;
     }
   } else {  // one rank: the collectives are local copies
     const double copy = c.copy_per_byte > 0 ? c.copy_per_byte : mem;  // ZeroStepCosts::copy_seconds
