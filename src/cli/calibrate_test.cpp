@@ -66,8 +66,9 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
   // mask among them) at 2 sizes + 4 blocks in situ x 2, and where the machine tells its last-level
   // cache, the ZeRO passes' 3 families hot within it at 2 sizes, + sparse attention's forward and
   // backward at blocks 16, 32 and 64, one length each, + the other updates (LAMB, SGD without and
-  // with momentum, 1-bit Adam and 1-bit LAMB past their warm-up; f32 and writing the bf16 copy) at 2 sizes
-  EXPECT_EQ(j["points"].size(), j.contains("cache_bytes") ? 91u : 85u);
+  // with momentum, 1-bit Adam and 1-bit LAMB past their warm-up, 0/1 Adam's compressed-gradient
+  // step, local step and sync; f32 and writing the bf16 copy) at 2 sizes
+  EXPECT_EQ(j["points"].size(), j.contains("cache_bytes") ? 103u : 97u);
   for (const char* family : {"sparse attention forward b16", "sparse attention backward b16", "sparse attention forward b64"})
     EXPECT_TRUE(j["fits"].contains(family)) << family;
   for (const char* family : {"dropout", "copy hot", "zero hot", "add hot"})
@@ -668,6 +669,57 @@ TEST(Plan, PricesTheOneBitPhaseMostStepsAreIn) {
                                                 " --set optimizer.params.freeze_step=3 --validate 1 --steps 3", &out, &err), 0)
       << err << out;
   EXPECT_NE(out.find("each run sets optimizer.params.freeze_step=1"), std::string::npos) << out;
+}
+
+// 0/1 Adam: the plan prices the mean of its steps over train_iters, as its policy makes them
+// (CostModel.ZeroOneAdamsStepsAreCountedAsItsPolicyMakesThem counts these 12 by hand), and says
+// so; plan --validate prices the steps it measures (3 to --steps) and measures their mean.
+TEST(Plan, PricesZeroOneAdamsStepsAsTheirMean) {
+  const std::string cal = dir() + "/hand-zeroone.json", cfg = dir() + "/zeroone.json";
+  std::ofstream(cal) << R"({"world": 2, "threads": 1, "fits": {
+    "gemm f32": {"latency_s": 0, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 0, "per_unit_s": 1e-9},
+    "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-8},
+    "zerooneadam compressed": {"latency_s": 0, "per_unit_s": 1e-8}, "zerooneadam local": {"latency_s": 0, "per_unit_s": 1e-8},
+    "zerooneadam sync": {"latency_s": 0, "per_unit_s": 2e-8},
+    "all_reduce": {"latency_s": 0, "per_unit_s": 1e-9}, "all_gather": {"latency_s": 0, "per_unit_s": 1e-9},
+    "reduce_scatter": {"latency_s": 0, "per_unit_s": 1e-9}, "send_recv": {"latency_s": 0, "per_unit_s": 1e-9},
+    "onebit_all_reduce": {"latency_s": 0, "per_unit_s": 1e-7}}})";
+  std::ofstream(cfg) << tiny_plan_config("zeroone-chain", nlohmann::json::parse(R"({"train_iters": 12, "train_batch_size": 2,
+    "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "ZeroOneAdam", "params": {"lr": 0.001, "var_freeze_step": 6,
+    "var_update_scaler": 2, "local_step_scaler": 1, "local_step_clipper": 2}}})")).dump();
+  auto step = [](const std::string& out) {
+    const size_t at = out.find("\nstep ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 6));
+  };
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal, &out, &err), 0) << err;
+  EXPECT_NE(out.find("optimizer    0/1 Adam, the mean of its steps: 33.3% variance steps (AdamW's, the gradients all-reduced), "
+                     "16.7% compressed-gradient steps, 25.0% local steps, 25.0% syncs; the compressed exchange at its calibrated line"),
+            std::string::npos)
+      << out;
+  const double mean = step(out);
+  // Every step a variance step (var_update_scaler 0: the interval stays 1; the variance never frozen).
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal +
+                                                " --set optimizer.params.var_update_scaler=0 --set optimizer.params.var_freeze_step=100",
+                                            &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("optimizer    0/1 Adam, the mean of its steps: 100.0% variance steps (AdamW's, the gradients all-reduced)\n"),
+            std::string::npos)
+      << out;
+  const double variance = step(out);
+  EXPECT_GT(variance, 0.0) << out;
+  // Half the steps exchange at 100x the all-reduce's price a byte: the mean is the slower.
+  EXPECT_GT(mean, variance) << out;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal + " --validate 1 --steps 6", &out,
+                                            &err),
+            0)
+      << err << out;
+  EXPECT_NE(out.find("0/1 Adam: each layout priced as the mean of the steps measured (3 to 6: 50.0% variance steps (AdamW's, the "
+                     "gradients all-reduced), 50.0% compressed-gradient steps; the compressed exchange at its calibrated line), "
+                     "and measured by their mean"),
+            std::string::npos)
+      << out;
 }
 
 // The plan prices the attention the run computes. data.reset_attention_mask: the documents of the

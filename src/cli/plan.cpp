@@ -204,7 +204,9 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* 
   job.update = planner::update_kind(c.optimizer);
   // 1-bit Adam and 1-bit LAMB: the phase the run spends most of its steps in, past freeze_step
   // (compressed: the gradients kept local, the momentum exchanged compressed) or its warm-up (the
-  // AdamW or LAMB step with the gradients' all-reduce). 0/1 Adam is priced as its variance phase.
+  // AdamW or LAMB step with the gradients' all-reduce). 0/1 Adam: its steps interleave (variance
+  // steps, compressed-gradient steps, local steps, syncs), so the plan prices their mean over the
+  // run's train_iters, each kind as its policy makes them.
   std::string type = c.optimizer.type;
   std::transform(type.begin(), type.end(), type.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   // (The warm-up is W = max(freeze_step, 2) - 1 updates: optim/onebit_adam.h, onebit_lamb.h.)
@@ -213,6 +215,7 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* 
     job.update = type == "onebitadam" ? planner::UpdateKind::kOneBitAdamCompressed : planner::UpdateKind::kOneBitLambCompressed;
     job.onebit_freeze_step = c.optimizer.freeze_step;
   }
+  if (type == "zerooneadam" && c.train_iters >= 1) job.update_mix = planner::zero_one_mix(c.optimizer, 1, c.train_iters);
   // The attention the run computes: its documents' share of the causal tiles, read from its own
   // first samples; a sparse layout's plan, as the model builds it over the model's heads.
   if (c.reset_attention_mask) {
@@ -300,12 +303,29 @@ std::string attention_note(const planner::PlanJob& job, const planner::Calibrati
 
 // The optimizer's phase the plan prices where it is not the warm-up of a 1-bit optimizer ("" else).
 std::string optimizer_note(const planner::PlanJob& job, const planner::Calibration& cal) {
+  const bool exchange_line = cal.has_network || cal.fits.count("onebit_all_reduce");
+  if (!job.update_mix.empty()) {  // 0/1 Adam
+    std::string kinds;
+    for (const auto& [kind, share] : job.update_mix) {
+      const char* name = kind == planner::UpdateKind::kAdamW              ? "variance steps (AdamW's, the gradients all-reduced)"
+                         : kind == planner::UpdateKind::kZeroOneCompressed ? "compressed-gradient steps"
+                         : kind == planner::UpdateKind::kZeroOneLocal      ? "local steps"
+                                                                           : "syncs";
+      kinds += (kinds.empty() ? "" : ", ") + fmt("%.1f%% ", 100 * share) + name;
+    }
+    const bool exchanges = std::any_of(job.update_mix.begin(), job.update_mix.end(),
+                                       [](const auto& k) { return planner::update_exchanges(k.first); });
+    return "0/1 Adam, the mean of its steps: " + kinds +
+           (!exchanges       ? std::string()
+            : exchange_line ? "; the compressed exchange at its calibrated line"
+                            : "; the compressed exchange at the all-reduce's line (a calibration without it: calibrate again)");
+  }
   if (job.update != planner::UpdateKind::kOneBitAdamCompressed && job.update != planner::UpdateKind::kOneBitLambCompressed)
     return "";
   return std::string(job.update == planner::UpdateKind::kOneBitAdamCompressed ? "1-bit Adam" : "1-bit LAMB") +
          " past freeze_step " + std::to_string(job.onebit_freeze_step) +
          " (most of the run): the gradients kept local, the momentum's compressed exchange " +
-         (cal.has_network || cal.fits.count("onebit_all_reduce") ? "at its calibrated line"
+         (exchange_line ? "at its calibrated line"
                                                                   : "at the all-reduce's line (a calibration without it: calibrate again)");
 }
 
@@ -378,6 +398,7 @@ std::vector<std::string> layout_sets(const planner::Layout& l) {
 
 struct Measured {
   double step = 0.0;   // the median step of steps 3.. (seconds: the batch's tokens / tokens_per_s)
+  double mean = 0.0;   // their mean (steps that differ by kind, 0/1 Adam's, are priced as a mean)
   double memory = 0.0; // rank 0's accounted peaks, each category at its own, summed (bytes)
   double rss = 0.0;    // rank 0's VmHWM: what the kernel counts for the process (bytes)
 };
@@ -414,6 +435,7 @@ Measured measure_layout(const PlanOptions& o, const planner::Layout& l, double t
     m.rss = std::max(m.rss, j.value("rss_peak_bytes", 0.0));
   }
   MT_CHECK(!steps.empty(), ErrorKind::kInternal, "plan --validate: " + metrics + " has no step past the second");
+  for (double t : steps) m.mean += t / static_cast<double>(steps.size());
   std::sort(steps.begin(), steps.end());
   m.step = steps.size() % 2 ? steps[steps.size() / 2] : 0.5 * (steps[steps.size() / 2 - 1] + steps[steps.size() / 2]);
   for (const auto& [k, v] : peaks) m.memory += v;
@@ -450,7 +472,10 @@ double kendall_tau(const std::vector<double>& a, const std::vector<double>& b) {
 
 // plan --validate K: the search's first K layouts, K others drawn from the rest of those that fit,
 // and the configuration's own (when it fits), trained here; predicted against measured.
-void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::SearchResult& r, const planner::Calibration& cal) {
+// window_mix: where the job's steps differ by kind (0/1 Adam), their shares over the measured steps
+// (3 to o.steps): each layout is priced over those and measured by their mean.
+void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::SearchResult& r, const planner::Calibration& cal,
+              const std::vector<std::pair<planner::UpdateKind, double>>& window_mix) {
   std::vector<size_t> picks;
   for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < o.validate; ++i) picks.push_back(i);
   std::vector<size_t> rest;
@@ -475,6 +500,11 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
       job.update == planner::UpdateKind::kOneBitAdamCompressed || job.update == planner::UpdateKind::kOneBitLambCompressed;
   if (onebit_compressed)
     std::printf("each run sets optimizer.params.freeze_step=1: its measured steps (3 on) are in the compressed phase the plan priced\n");
+  planner::PlanJob window = job;
+  window.update_mix = window_mix;
+  if (!window_mix.empty())
+    std::printf("0/1 Adam: each layout priced as the mean of the steps measured (3 to %d: %s), and measured by their mean\n",
+                o.steps, optimizer_note(window, cal).substr(std::string("0/1 Adam, the mean of its steps: ").size()).c_str());
   std::printf("%4s  %-48s %10s %10s %7s %11s %11s %7s\n", "rank", "layout", "predicted", "measured", "error",
               "rank 0 mem", "measured", "error");
   auto median = [](std::vector<double> v) {
@@ -502,6 +532,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
     PlanOptions run_o = o;
     if (onebit_compressed) run_o.sets.push_back("optimizer.params.freeze_step=1");
     Measured m = measure_layout(run_o, r.ranked[i].layout, tokens, dir, static_cast<int>(i));
+    if (!window_mix.empty()) m.step = m.mean;
     steps.push_back(m.step);
     return m;
   };
@@ -511,7 +542,14 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   for (int round = 1; round < o.rounds; ++round)
     for (size_t i : picks) run(i, steps_of[i], slow_of[i]);
   for (size_t i : picks) {
-    const auto& [l, p] = r.ranked[i];
+    const planner::Layout& l = r.ranked[i].layout;
+    planner::Prediction p = r.ranked[i].prediction;
+    if (!window_mix.empty()) {  // the measured steps' kinds
+      const planner::Prediction w = planner::predict_layout(window, l, cal);
+      p.step = w.step;
+      p.step_progress = w.step_progress;
+      p.tokens_per_s = w.tokens_per_s;
+    }
     std::vector<double>& all = steps_of[i];
     std::vector<double>& slow = slow_of[i];
     Measured m = run(i, all, slow);
@@ -651,7 +689,10 @@ void run_plan(const PlanOptions& o) {
     // (It exited 0 with "0 within ..."; the "auto" path refuses the same.)
     MT_CHECK(!r.ranked.empty(), ErrorKind::kInvalidArgument,
              "plan: no layout of " + std::to_string(o.procs) + " process(es) fits within " + gib(budget) + " a rank (the reasons above)");
-    if (o.validate > 0) validate(o, job, r, cal);
+    if (o.validate > 0)
+      validate(o, job, r, cal,
+               job.update_mix.empty() || o.steps < 3 ? std::vector<std::pair<planner::UpdateKind, double>>{}
+                                                    : planner::zero_one_mix(c.optimizer, 3, o.steps));
     return;
   }
   planner::check_layout(job, job.base);

@@ -665,23 +665,38 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
   {
     const std::vector<size_t> opt_sizes = options.quick ? std::vector<size_t>{1 << 17, 1 << 19}
                                                         : std::vector<size_t>{1 << 20, 1 << 22, 1 << 24};
+    // 0/1 Adam's three steps besides its variance steps (AdamW's), each from a step count its
+    // policy (optim::ZeroOnePolicy) makes every timed call that kind: a compressed-gradient step
+    // (the variance interval doubled at every variance step, past 2^20 steps), a local step (the
+    // sync interval doubled at every step, at most 2^30) and a sync (the interval held at 1).
     struct Update {
       const char* type;
       double momentum;
       UpdateKind kind;
+      int64_t var_freeze_step = 100000, var_update_scaler = 16, local_step_scaler = 32678, local_step_clipper = 16;
+      int64_t start = 0;  // the optimizer's step count before the timed calls
     };
+    constexpr int64_t kNever = int64_t{1} << 40;
     for (const Update& u : {Update{"Lamb", 0.0, UpdateKind::kLamb}, Update{"SGD", 0.0, UpdateKind::kSgd},
                             Update{"SGD", 0.9, UpdateKind::kSgdMomentum},
                             Update{"OneBitAdam", 0.0, UpdateKind::kOneBitAdamCompressed},
-                            Update{"OneBitLamb", 0.0, UpdateKind::kOneBitLambCompressed}}) {
+                            Update{"OneBitLamb", 0.0, UpdateKind::kOneBitLambCompressed},
+                            Update{"ZeroOneAdam", 0.0, UpdateKind::kZeroOneCompressed, kNever, 1, 1, 1, int64_t{1} << 20},
+                            Update{"ZeroOneAdam", 0.0, UpdateKind::kZeroOneLocal, 1, 16, 1, int64_t{1} << 30, 64},
+                            Update{"ZeroOneAdam", 0.0, UpdateKind::kZeroOneSync, 1, 16, 1, 1, 1}}) {
       std::vector<CalPoint> f32, low;
       for (size_t n : opt_sizes) {
         optim::OptimizerSpec spec;
         spec.type = u.type;
         spec.momentum = u.momentum;
         spec.freeze_step = 1;  // the 1-bit ones past their warm-up (one rank: the exchange apart)
+        spec.var_freeze_step = u.var_freeze_step;
+        spec.var_update_scaler = u.var_update_scaler;
+        spec.local_step_scaler = u.local_step_scaler;
+        spec.local_step_clipper = u.local_step_clipper;
         const std::unique_ptr<optim::Optimizer> opt =
             optim::make_optimizer(spec, n, {optim::ParamSegment{0, n, 0.01f, "all"}});
+        if (u.start > 0) opt->set_step_count(u.start);
         std::vector<float> w(n, 0.5f), g(n, 1e-3f);
         std::vector<uint16_t> lowp(n);
         const double e = static_cast<double>(n);

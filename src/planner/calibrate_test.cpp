@@ -209,7 +209,9 @@ TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
                              "rmsnorm forward", "rmsnorm backward", "gelu backward", "swiglu forward", "swiglu backward",
                              "add", "adamw bf16", "dropout", "copy", "zero", "convert", "gemm compute f32", "gemm compute bf16", "gemm backward compute f32",
                              "gemm backward compute bf16", "lamb", "lamb bf16", "sgd", "sgd bf16", "sgd momentum", "sgd momentum bf16",
-                             "onebitadam compressed", "onebitadam compressed bf16", "onebitlamb compressed", "onebitlamb compressed bf16"}) {
+                             "onebitadam compressed", "onebitadam compressed bf16", "onebitlamb compressed", "onebitlamb compressed bf16",
+                             "zerooneadam compressed", "zerooneadam compressed bf16", "zerooneadam local", "zerooneadam local bf16",
+                             "zerooneadam sync", "zerooneadam sync bf16"}) {
     ASSERT_TRUE(cal.fits.count(family)) << family;
     EXPECT_GT(cal.fits.at(family).per_unit, 0.0) << family;
     EXPECT_GE(cal.fits.at(family).latency, 0.0) << family;
@@ -219,8 +221,9 @@ TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
   // tells its last-level cache, 2 x (copy, zero, add) hot within it; the in-situ blocks' unscaled
   // factors (4 x 2) and the kernels' pace, median and mean (o.pace); sparse attention's forward and
   // backward at blocks 16, 32 and 64, one length each; the other updates (LAMB, SGD, SGD with
-  // momentum, 1-bit Adam and 1-bit LAMB past their warm-up, f32 and writing the bf16 copy) at 2 sizes
-  EXPECT_EQ(cal.points.size(), cal.cache_bytes > 0 ? 101u : 95u);
+  // momentum, 1-bit Adam and 1-bit LAMB past their warm-up, 0/1 Adam's compressed-gradient step,
+  // local step and sync, f32 and writing the bf16 copy) at 2 sizes
+  EXPECT_EQ(cal.points.size(), cal.cache_bytes > 0 ? 113u : 107u);
   for (int block : {16, 32, 64})
     for (const char* pass : {"forward", "backward"}) {
       const std::string family = std::string("sparse attention ") + pass + " b" + std::to_string(block);

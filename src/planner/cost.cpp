@@ -1,6 +1,7 @@
 #include "planner/cost.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include "base/error.h"
 #include "models/module_profile.h"
 #include "nn/lm_head.h"
+#include "optim/zero_one_adam.h"
 #include "planner/memory.h"
 
 namespace mt::planner {
@@ -66,9 +68,45 @@ const char* update_line(UpdateKind u, bool bf16_copy) {
     case UpdateKind::kSgdMomentum: return bf16_copy ? "sgd momentum bf16" : "sgd momentum";
     case UpdateKind::kOneBitAdamCompressed: return bf16_copy ? "onebitadam compressed bf16" : "onebitadam compressed";
     case UpdateKind::kOneBitLambCompressed: return bf16_copy ? "onebitlamb compressed bf16" : "onebitlamb compressed";
+    case UpdateKind::kZeroOneCompressed: return bf16_copy ? "zerooneadam compressed bf16" : "zerooneadam compressed";
+    case UpdateKind::kZeroOneLocal: return bf16_copy ? "zerooneadam local bf16" : "zerooneadam local";
+    case UpdateKind::kZeroOneSync: return bf16_copy ? "zerooneadam sync bf16" : "zerooneadam sync";
     case UpdateKind::kAdamW: break;
   }
   return bf16_copy ? "adamw bf16" : "adamw";
+}
+
+bool update_keeps_gradients_local(UpdateKind u) {
+  return u == UpdateKind::kOneBitAdamCompressed || u == UpdateKind::kOneBitLambCompressed || u == UpdateKind::kZeroOneCompressed ||
+         u == UpdateKind::kZeroOneLocal || u == UpdateKind::kZeroOneSync;
+}
+
+bool update_exchanges(UpdateKind u) { return update_keeps_gradients_local(u) && u != UpdateKind::kZeroOneLocal; }
+
+std::vector<std::pair<UpdateKind, double>> zero_one_mix(const optim::OptimizerSpec& spec, int64_t first, int64_t last) {
+  MT_CHECK(first >= 1 && last >= first, ErrorKind::kInvalidArgument,
+           "plan: 0/1 Adam's steps " + std::to_string(first) + " to " + std::to_string(last));
+  optim::ZeroOneAdamConfig c;
+  c.var_freeze_step = spec.var_freeze_step;
+  c.var_update_scaler = spec.var_update_scaler;
+  c.local_step_scaler = spec.local_step_scaler;
+  c.local_step_clipper = std::max<int64_t>(1, spec.local_step_clipper);
+  optim::ZeroOnePolicy policy(c);
+  std::array<int64_t, 4> count{};  // by ZeroOnePolicy::Kind
+  for (int64_t t = 1; t <= last; ++t) {
+    if (t >= first) ++count[static_cast<size_t>(policy.kind(t))];
+    policy.advance(t);
+  }
+  using K = optim::ZeroOnePolicy::Kind;
+  const std::pair<K, UpdateKind> kinds[] = {{K::kVariance, UpdateKind::kAdamW},
+                                            {K::kCompressedGradient, UpdateKind::kZeroOneCompressed},
+                                            {K::kLocal, UpdateKind::kZeroOneLocal},
+                                            {K::kSync, UpdateKind::kZeroOneSync}};
+  std::vector<std::pair<UpdateKind, double>> mix;
+  const double n = static_cast<double>(last - first + 1);
+  for (const auto& [k, u] : kinds)
+    if (count[static_cast<size_t>(k)] > 0) mix.emplace_back(u, static_cast<double>(count[static_cast<size_t>(k)]) / n);
+  return mix;
 }
 
 int sparse_attention_line(const Calibration& cal, int block) {
@@ -311,11 +349,16 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     c.all_gather = [&cal, dp, stride](double b) { return cal.collective_seconds("all_gather", b, dp, stride); };
     c.reduce_scatter = [&cal, dp, stride](double b) { return cal.collective_seconds("reduce_scatter", b, dp, stride); };
     c.all_reduce = [&cal, dp, stride](double b) { return cal.collective_seconds("all_reduce", b, dp, stride); };
-    // A 1-bit optimizer past its warm-up: its momentum's compressed exchange, where calibrated (a
-    // calibration before it: the all-reduce's line, as the warm-up's gradients).
-    if (s.update == UpdateKind::kOneBitAdamCompressed || s.update == UpdateKind::kOneBitLambCompressed) {
-      const char* line = cal.has_network || cal.fits.count("onebit_all_reduce") ? "onebit_all_reduce" : "all_reduce";
-      c.onebit_exchange = [&cal, dp, stride, line](double b) { return cal.collective_seconds(line, b, dp, stride); };
+    // A 1-bit optimizer past its warm-up (and 0/1 Adam's steps but its variance steps): the
+    // gradients kept local, and a model-sized buffer's compressed exchange (not in 0/1 Adam's local
+    // steps), where calibrated (a calibration before it: the all-reduce's line, as the warm-up's
+    // gradients).
+    if (update_keeps_gradients_local(s.update)) {
+      c.local_gradients = true;
+      if (update_exchanges(s.update)) {
+        const char* line = cal.has_network || cal.fits.count("onebit_all_reduce") ? "onebit_all_reduce" : "all_reduce";
+        c.onebit_exchange = [&cal, dp, stride, line](double b) { return cal.collective_seconds(line, b, dp, stride); };
+      }
       // The local gradients scaled back by the rank count (OneBitSync::end_backward): a pass of
       // 8 bytes an element.
       c.optimizer_per_element += 8 * mem;

@@ -45,7 +45,10 @@
 // times are the calibration's lines for the group's size (Calibration::collective_seconds).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "kernels/cpu/sparse_attention.h"
 #include "models/config.h"
@@ -58,8 +61,30 @@ namespace mt::planner {
 
 // The optimizer's update: AdamW's kernel, LAMB's two passes, SGD's one pass without or with its
 // momentum, and 1-bit Adam's and 1-bit LAMB's own updates past their warm-up (the compressed phase,
-// whose momentum goes through the compressed exchange: ZeroStepCosts::onebit_exchange).
-enum class UpdateKind { kAdamW, kLamb, kSgd, kSgdMomentum, kOneBitAdamCompressed, kOneBitLambCompressed };
+// whose momentum goes through the compressed exchange: ZeroStepCosts::onebit_exchange), and 0/1
+// Adam's three steps besides its variance steps (AdamW's): a compressed-gradient step (the rank's
+// own gradient through the exchange, then the momentum and the update), a local step (no
+// communication) and a sync (a local step, then the accumulated update through the exchange;
+// optim/zero_one_adam.h).
+enum class UpdateKind {
+  kAdamW,
+  kLamb,
+  kSgd,
+  kSgdMomentum,
+  kOneBitAdamCompressed,
+  kOneBitLambCompressed,
+  kZeroOneCompressed,
+  kZeroOneLocal,
+  kZeroOneSync
+};
+// Whether an update keeps the gradients local (no all-reduce in the backward, OneBitSync), and
+// whether it exchanges a model-sized buffer compressed.
+bool update_keeps_gradients_local(UpdateKind u);
+bool update_exchanges(UpdateKind u);
+// 0/1 Adam's steps over updates first..last (1-based, as the engine counts them), as the
+// optimizer's own policy (optim::ZeroOnePolicy) makes them: each kind's share, variance steps as
+// kAdamW; kinds with no step left out.
+std::vector<std::pair<UpdateKind, double>> zero_one_mix(const optim::OptimizerSpec& spec, int64_t first, int64_t last);
 // The update an optimizer specification runs in its warm-up (optim::make_optimizer's types; the
 // 1-bit ones as AdamW and LAMB).
 UpdateKind update_kind(const optim::OptimizerSpec& spec);
@@ -104,8 +129,8 @@ struct StepShape {
 };
 
 // The calibration's line for an update (calibrate's "adamw", "lamb", "sgd", "sgd momentum",
-// "onebitadam compressed", "onebitlamb compressed"; with the bf16 copy written: "adamw bf16",
-// "lamb bf16", ...).
+// "onebitadam compressed", "onebitlamb compressed", "zerooneadam compressed", "zerooneadam local",
+// "zerooneadam sync"; with the bf16 copy written: "adamw bf16", "lamb bf16", ...).
 const char* update_line(UpdateKind u, bool bf16_copy);
 
 // The calibration's sparse attention lines ("sparse attention forward bN", "... backward bN") for a

@@ -399,6 +399,87 @@ TEST(CostModel, TheUpdateIsTheRunsOptimizerAtItsOwnLine) {
   EXPECT_DOUBLE_EQ(zero_step_costs(s, cal).onebit_exchange(4e6), 2e-5 + 1.2e-2);
 }
 
+// 0/1 Adam's steps, counted by hand from DeepSpeed's rules (zoadam.py; state step s = t + 1),
+// var_freeze_step 6, var_update_scaler 2, local_step_scaler 1, local_step_clipper 2. Updates 1-6
+// (s 2-7) are phase 1: a variance step where s % var_interval == 0, the interval doubling after
+// every 2nd variance step: t 1, 2 (interval 1 -> 2), 3, 5 (-> 4) are variance steps, t 4 and 6
+// compressed-gradient ones. From t 7 the variance is frozen: a sync where s % local_interval == 0,
+// the interval doubling after every step up to 2: t 7 (s 8) syncs, then s odd steps are local.
+TEST(CostModel, ZeroOneAdamsStepsAreCountedAsItsPolicyMakesThem) {
+  optim::OptimizerSpec spec;
+  spec.type = "ZeroOneAdam";
+  spec.var_freeze_step = 6;
+  spec.var_update_scaler = 2;
+  spec.local_step_scaler = 1;
+  spec.local_step_clipper = 2;
+  auto share = [](const std::vector<std::pair<UpdateKind, double>>& mix, UpdateKind k) {
+    for (const auto& [u, w] : mix)
+      if (u == k) return w;
+    return 0.0;
+  };
+  const auto all = zero_one_mix(spec, 1, 12);
+  EXPECT_EQ(all.size(), 4u);
+  EXPECT_DOUBLE_EQ(share(all, UpdateKind::kAdamW), 4.0 / 12);             // t 1, 2, 3, 5
+  EXPECT_DOUBLE_EQ(share(all, UpdateKind::kZeroOneCompressed), 2.0 / 12); // t 4, 6
+  EXPECT_DOUBLE_EQ(share(all, UpdateKind::kZeroOneSync), 3.0 / 12);       // t 7, 9, 11
+  EXPECT_DOUBLE_EQ(share(all, UpdateKind::kZeroOneLocal), 3.0 / 12);      // t 8, 10, 12
+  // Steps 3-12 (what plan --validate measures of a 12-step run): t 1 and 2 left out.
+  const auto window = zero_one_mix(spec, 3, 12);
+  EXPECT_DOUBLE_EQ(share(window, UpdateKind::kAdamW), 2.0 / 10);
+  EXPECT_DOUBLE_EQ(share(window, UpdateKind::kZeroOneLocal), 3.0 / 10);
+  // Steps 1-3: variance steps alone; a kind with no step is left out.
+  const auto first = zero_one_mix(spec, 1, 3);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].first, UpdateKind::kAdamW);
+  EXPECT_DOUBLE_EQ(first[0].second, 1.0);
+  EXPECT_THROW(zero_one_mix(spec, 0, 3), Error);
+  EXPECT_THROW(zero_one_mix(spec, 4, 3), Error);
+  // DeepSpeed's defaults over 1000 steps (var_freeze_step 100000, var_update_scaler 16): 16
+  // variance steps at each interval, doubling: s 2-17 (interval 1), 18-48 (2), 52-112 (4),
+  // 120-240 (8), 256-496 (16), 512-992 (32), the next at s 1024 (t 1023): 96, the rest compressed.
+  spec.var_freeze_step = 100000;
+  spec.var_update_scaler = 16;
+  const auto defaults = zero_one_mix(spec, 1, 1000);
+  ASSERT_EQ(defaults.size(), 2u);
+  EXPECT_DOUBLE_EQ(share(defaults, UpdateKind::kAdamW), 0.096);
+  EXPECT_DOUBLE_EQ(share(defaults, UpdateKind::kZeroOneCompressed), 0.904);
+}
+
+// 0/1 Adam's steps at their lines: the compressed-gradient step, the local step and the sync at
+// their own ("zerooneadam ..."; without them AdamW's), and over two ranks each but the local step
+// exchanges, all three keep the gradients local and scale them back (8 bytes an element at the
+// memory rate).
+TEST(CostModel, ZeroOneAdamsStepsAtTheirLines) {
+  Calibration cal = synthetic();  // AdamW 1e-9 s an element
+  cal.fits["memory"] = {0.0, 1e-11};
+  cal.fits["zerooneadam compressed"] = {0.0, 3e-9};
+  cal.fits["zerooneadam local"] = {0.0, 2e-9};
+  cal.fits["zerooneadam sync"] = {0.0, 5e-9};
+  StepShape s = tiny(models::Arch::kGpt2);
+  auto costs = [&](UpdateKind u) {
+    s.update = u;
+    return zero_step_costs(s, cal);
+  };
+  EXPECT_DOUBLE_EQ(costs(UpdateKind::kZeroOneCompressed).optimizer_per_element, 3e-9);
+  EXPECT_DOUBLE_EQ(costs(UpdateKind::kZeroOneLocal).optimizer_per_element, 2e-9);
+  EXPECT_DOUBLE_EQ(costs(UpdateKind::kZeroOneSync).optimizer_per_element, 5e-9);
+  EXPECT_FALSE(costs(UpdateKind::kZeroOneSync).local_gradients);  // one rank: nothing to keep local
+  cal.fits.erase("zerooneadam sync");
+  EXPECT_DOUBLE_EQ(costs(UpdateKind::kZeroOneSync).optimizer_per_element, 1e-9);
+  s.world = 2;
+  cal.world = 2;
+  cal.fits["all_reduce"] = {1e-5, 1e-9};
+  cal.fits["onebit_all_reduce"] = {2e-5, 3e-9};
+  for (UpdateKind u : {UpdateKind::kZeroOneCompressed, UpdateKind::kZeroOneLocal, UpdateKind::kZeroOneSync}) {
+    const ZeroStepCosts c = costs(u);
+    EXPECT_TRUE(c.local_gradients);
+    EXPECT_EQ(static_cast<bool>(c.onebit_exchange), u != UpdateKind::kZeroOneLocal);
+  }
+  EXPECT_DOUBLE_EQ(costs(UpdateKind::kZeroOneLocal).optimizer_per_element, 2e-9 + 8e-11);
+  EXPECT_DOUBLE_EQ(costs(UpdateKind::kZeroOneCompressed).onebit_exchange(4e6), 2e-5 + 1.2e-2);
+  EXPECT_FALSE(costs(UpdateKind::kAdamW).local_gradients);  // the variance step all-reduces
+}
+
 TEST(CostModel, TheOptimizersSwapPipelinesItsSubGroupsThroughTheDisk) {
   Calibration cal = synthetic();  // AdamW 1e-9 s an element
   StepShape s = tiny(models::Arch::kGpt2);

@@ -333,9 +333,10 @@ std::vector<SimOp> bucketed_step(const ZeroStepSpec& spec, const ZeroStepCosts& 
     }
   };
   // A 1-bit optimizer past its warm-up keeps its gradients local (OneBitSync::grads_local) and
-  // exchanges its momentum, compressed, inside the update.
+  // exchanges its momentum, compressed, inside the update (0/1 Adam: its gradient, or at a sync its
+  // accumulated update; nothing in a local step).
   const bool onebit = spec.world > 1 && static_cast<bool>(costs.onebit_exchange);
-  const bool reduce = spec.world > 1 && !onebit;
+  const bool reduce = spec.world > 1 && !onebit && !costs.local_gradients;
   const size_t last = U - 1, head = spec.tied_head ? 0 : last;
   int tp_tag = 1 << 20;  // the tp collectives' tags, apart from the buckets'
   for (int m = 0; m < spec.micro_batches; ++m) {

@@ -121,6 +121,10 @@ struct ZeroStepCosts {
   // that many f32 bytes (comm::compressed_all_reduce), after the backward and in place of the
   // gradients' all-reduce. Unset: the warm-up's all-reduce.
   std::function<double(double bytes)> onebit_exchange;
+  // The gradients stay on their rank (OneBitSync::grads_local: a 1-bit optimizer past its warm-up,
+  // 0/1 Adam's steps but its variance steps): no all-reduce in the backward. (Over more than one
+  // rank; onebit_exchange may be unset, as in 0/1 Adam's local steps.)
+  bool local_gradients = false;
   // The update of n elements where it is not n x optimizer_per_element (offload_optimizer nvme: the
   // moments' swap, planner/cost.h); null: that product.
   std::function<double(double elements)> optimizer;

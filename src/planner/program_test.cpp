@@ -151,7 +151,8 @@ TEST(ZeroProgram, Stage0BucketsLaunchWhereTheBackwardHasPassedThem) {
 
 // A 1-bit optimizer past its warm-up (costs.onebit_exchange set): no gradient all-reduce in the
 // backward, the update over the whole buffer, then its momentum's compressed exchange of the
-// buffer's 12000 f32 bytes, blocking. One rank: neither.
+// buffer's 12000 f32 bytes, blocking. One rank: neither. (0/1 Adam's compressed-gradient steps
+// and syncs are this program; its local steps exchange nothing.)
 TEST(ZeroProgram, OneBitCompressedPhaseExchangesTheMomentumInsteadOfTheGradients) {
   ZeroStepSpec s = three_units(0, true);
   s.bucket_elems = 1500;
@@ -169,6 +170,14 @@ TEST(ZeroProgram, OneBitCompressedPhaseExchangesTheMomentumInsteadOfTheGradients
   EXPECT_DOUBLE_EQ(r.makespan, 3 * 1 + 3 * 2 + 0.3 + 0.25);
   s.world = 1;
   EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 3 * 1 + 3 * 2 + 0.3);
+  // 0/1 Adam's local step (costs.local_gradients without an exchange): nothing communicated, the
+  // passes and the update alone.
+  s.world = 2;
+  c.local_gradients = true;
+  c.onebit_exchange = nullptr;
+  const SimProgram local = zero_step_program(s, c);
+  for (const SimOp& op : local.ranks[0]) EXPECT_NE(op.kind, SimOpKind::kCollective) << op.name;
+  EXPECT_DOUBLE_EQ(simulate(local).makespan, 3 * 1 + 3 * 2 + 0.3);
 }
 
 // Micro-batches: stage 2 reduces after every micro-batch's backward, the optimizer runs once.

@@ -1,6 +1,7 @@
 #include "planner/search.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <utility>
@@ -153,9 +154,10 @@ size_t layout_memory(const PlanJob& job, const Layout& l, const Calibration& cal
 }
 
 SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs);
+Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal);
 Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, SimProgram program);
 
-Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal) {
+Prediction time_one(const PlanJob& job, const Layout& l, const Calibration& cal) {
   const MemoryInput& m = job.memory;
   const ZeroStepCosts costs = zero_step_costs(step_shape(job, l), cal);
   SimProgram program;
@@ -188,6 +190,31 @@ Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& c
   }
   program = zero_program(job, l, costs);
   return finish_prediction(job, l, costs, std::move(program));
+}
+
+// A job whose steps differ (PlanJob::update_mix): each kind's step simulated on its own, the mean
+// step their shares' sum (the step, its parts and tokens/s alike).
+Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal) {
+  if (job.update_mix.empty()) return time_one(job, l, cal);
+  Prediction mean;
+  double share = 0.0;
+  for (const auto& [kind, w] : job.update_mix) {
+    PlanJob one = job;
+    one.update = kind;
+    one.update_mix.clear();
+    const Prediction p = time_one(one, l, cal);
+    if (share == 0.0) mean = p, mean.step = mean.step_progress = mean.compute = mean.comm = mean.blocked = mean.streams = 0.0;
+    mean.step += w * p.step;
+    mean.step_progress += w * p.step_progress;
+    mean.compute += w * p.compute;
+    mean.comm += w * p.comm;
+    mean.blocked += w * p.blocked;
+    mean.streams += w * p.streams;
+    share += w;
+  }
+  MT_CHECK(std::abs(share - 1.0) < 1e-9, ErrorKind::kInternal, "plan: the step kinds' shares sum to " + std::to_string(share));
+  mean.tokens_per_s = mean.step > 0 ? static_cast<double>(job.global_batch) * job.memory.seq_length / mean.step : 0.0;
+  return mean;
 }
 
 SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs) {

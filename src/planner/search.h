@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/zero/schedule.h"
@@ -80,6 +81,10 @@ struct PlanJob {
   std::shared_ptr<const kernels::SparseAttentionPlan> sparse = nullptr;
   UpdateKind update = UpdateKind::kAdamW;  // the optimizer's update (StepShape::update)
   int64_t onebit_freeze_step = 0;          // a 1-bit optimizer's compressed phase: where it starts
+  // Steps that differ by their update (0/1 Adam: zero_one_mix over the run's steps): each kind's
+  // share; the prediction is the mean step, each kind's step simulated with `update` set to it.
+  // Empty: every step is `update`'s.
+  std::vector<std::pair<UpdateKind, double>> update_mix;
   // Simulate every rank even where one stands for all (ZeroStepSpec::one_rank): for the test that
   // they agree.
   bool whole_program = false;

@@ -384,6 +384,33 @@ TEST(Search, OneBitOptimizersAreSearchedAtStageZeroWithoutTpOrPp) {
   EXPECT_GT(r.ranked.front().prediction.memory, predict_layout(plain, r.ranked.front().layout, cal).memory);
 }
 
+// 0/1 Adam's steps differ by kind (PlanJob::update_mix): the prediction is their mean, each kind's
+// step simulated as its own (here on two ranks: a quarter variance steps, AdamW's with the
+// all-reduce, and three quarters local steps, which communicate nothing); memory is the job's.
+TEST(Search, StepsThatDifferByKindArePredictedAsTheirMean) {
+  PlanJob job = tiny_job(2, 8);
+  job.memory.onebit = MemoryInput::OneBit::kPerTensor;
+  job.memory.optimizer_states = 3;
+  Calibration cal = hand_calibration(2);
+  cal.fits["zerooneadam local"] = {0.0, 5e-7};
+  const Layout l = job.base;
+  const Prediction variance = predict_layout(job, l, cal);
+  PlanJob local_job = job;
+  local_job.update = UpdateKind::kZeroOneLocal;
+  const Prediction local = predict_layout(local_job, l, cal);
+  EXPECT_NE(local.step, variance.step);
+  EXPECT_EQ(local.comm, 0.0);
+  EXPECT_GT(variance.comm, 0.0);
+  job.update_mix = {{UpdateKind::kAdamW, 0.25}, {UpdateKind::kZeroOneLocal, 0.75}};
+  const Prediction mean = predict_layout(job, l, cal);
+  EXPECT_DOUBLE_EQ(mean.step, 0.25 * variance.step + 0.75 * local.step);
+  EXPECT_DOUBLE_EQ(mean.comm, 0.25 * variance.comm);
+  EXPECT_DOUBLE_EQ(mean.tokens_per_s, 8.0 * 16 / mean.step);
+  EXPECT_EQ(mean.memory, variance.memory);
+  job.update_mix = {{UpdateKind::kAdamW, 0.25}, {UpdateKind::kZeroOneLocal, 0.5}};  // shares short of 1
+  EXPECT_THROW(predict_layout(job, l, cal), Error);
+}
+
 // Lamb's per-tensor trust ratio takes whole tensors: the runtime refuses it at ZeRO 1-3
 // (ds_config's parse_zero), so the search keeps it at stage 0. It ranked ZeRO 1-2 layouts for a
 // Lamb configuration, and plan --validate's first of them failed to start.
