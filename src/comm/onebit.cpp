@@ -135,8 +135,10 @@ void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, f
     float* e = worker_error + t.worker_at;  // holds c = buf + e (zero-padded) until its error is taken
     const float* in = buf + t.offset;
     const size_t len = L.len, padded = L.padded;
-#pragma omp parallel for simd schedule(static) if (parallel: padded > kBlock)
-    for (size_t i = 0; i < padded; ++i) e[i] = (i < len ? in[i] : 0.0f) + e[i];
+    // (The padding apart: a branch on i < len in the loop kept it from vectorising.)
+#pragma omp parallel for simd schedule(static) if (parallel: len > kBlock)
+    for (size_t i = 0; i < len; ++i) e[i] = in[i] + e[i];
+    for (size_t i = len; i < padded; ++i) e[i] = 0.0f + e[i];
     const float s = scale_of(e, padded);
     for (int r = 0; r < n; ++r) {
       float* msg = send.data() + static_cast<size_t>(r) * M + at;
