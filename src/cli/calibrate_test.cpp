@@ -698,6 +698,19 @@ TEST(Plan, PricesZeroOneAdamsStepsAsTheirMean) {
             std::string::npos)
       << out;
   const double mean = step(out);
+  // A calibration without the updates' lines prices them at AdamW's and says so.
+  {
+    nlohmann::json j = load(cal);
+    j["fits"].erase("zerooneadam sync");
+    std::ofstream(dir() + "/hand-zeroone-old.json") << j.dump();
+  }
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + dir() + "/hand-zeroone-old.json",
+                                            &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("; the updates at AdamW's line (a calibration without the zerooneadam lines: calibrate again)"),
+            std::string::npos)
+      << out;
   // Every step a variance step (var_update_scaler 0: the interval stays 1; the variance never frozen).
   ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal +
                                                 " --set optimizer.params.var_update_scaler=0 --set optimizer.params.var_freeze_step=100",
@@ -715,7 +728,8 @@ TEST(Plan, PricesZeroOneAdamsStepsAsTheirMean) {
                                             &err),
             0)
       << err << out;
-  EXPECT_NE(out.find("0/1 Adam: each layout priced as the mean of the steps measured (3 to 6: 50.0% variance steps (AdamW's, the "
+  EXPECT_NE(out.find("0/1 Adam: each layout priced as the mean of the steps measured (3 to 6 where no overflow skips one: 50.0% "
+                     "variance steps (AdamW's, the "
                      "gradients all-reduced), 50.0% compressed-gradient steps; the compressed exchange at its calibrated line), "
                      "and measured by their mean"),
             std::string::npos)

@@ -10,6 +10,7 @@
 //
 // load_planned_config: the same search resolves "auto" layouts at train's start-up.
 #include <algorithm>
+#include <functional>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -315,10 +316,16 @@ std::string optimizer_note(const planner::PlanJob& job, const planner::Calibrati
     }
     const bool exchanges = std::any_of(job.update_mix.begin(), job.update_mix.end(),
                                        [](const auto& k) { return planner::update_exchanges(k.first); });
+    const bool update_lines = std::all_of(job.update_mix.begin(), job.update_mix.end(), [&cal](const auto& k) {
+      return cal.fits.count(planner::update_line(k.first, false)) > 0;
+    });
     return "0/1 Adam, the mean of its steps: " + kinds +
            (!exchanges       ? std::string()
             : exchange_line ? "; the compressed exchange at its calibrated line"
-                            : "; the compressed exchange at the all-reduce's line (a calibration without it: calibrate again)");
+                            : "; the compressed exchange at the all-reduce's line (a calibration without it: calibrate again)") +
+           (update_lines       ? ""
+            : cal.has_network ? "; the updates at AdamW's line"
+                              : "; the updates at AdamW's line (a calibration without the zerooneadam lines: calibrate again)");
   }
   if (job.update != planner::UpdateKind::kOneBitAdamCompressed && job.update != planner::UpdateKind::kOneBitLambCompressed)
     return "";
@@ -398,7 +405,11 @@ std::vector<std::string> layout_sets(const planner::Layout& l) {
 
 struct Measured {
   double step = 0.0;   // the median step of steps 3.. (seconds: the batch's tokens / tokens_per_s)
-  double mean = 0.0;   // their mean (steps that differ by kind, 0/1 Adam's, are priced as a mean)
+  // Steps that differ by kind (0/1 Adam's, priced as a mean): the mean of steps 3.. that updated
+  // (an fp16 overflow skips the update, and the optimizer's count with it), and the updates they
+  // made, first to last.
+  double mean = 0.0;
+  int64_t first_update = 0, last_update = 0;
   double memory = 0.0; // rank 0's accounted peaks, each category at its own, summed (bytes)
   double rss = 0.0;    // rank 0's VmHWM: what the kernel counts for the process (bytes)
 };
@@ -422,20 +433,30 @@ Measured measure_layout(const PlanOptions& o, const planner::Layout& l, double t
   cmd += " --metrics '" + metrics + "' > '" + log + "' 2>&1";
   const int rc = std::system(cmd.c_str());
   MT_CHECK(rc == 0, ErrorKind::kInternal, "plan --validate: " + l.describe() + " did not train (see " + log + ")");
-  std::vector<double> steps;
+  std::vector<double> steps, updated;
+  int64_t updates = 0;
   Measured m;
   std::map<std::string, double> peaks;
   std::ifstream f(metrics);
   std::string line;
   while (std::getline(f, line)) {
     const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.value("step", 0) >= 3 && j.value("tokens_per_s", 0.0) > 0) steps.push_back(tokens / j["tokens_per_s"].get<double>());
+    const bool update = j.contains("tokens_per_s") && !j.value("skipped", false);
+    updates += update;
+    if (j.value("step", 0) >= 3 && j.value("tokens_per_s", 0.0) > 0) {
+      steps.push_back(tokens / j["tokens_per_s"].get<double>());
+      if (update) {
+        updated.push_back(steps.back());
+        if (m.first_update == 0) m.first_update = updates;
+        m.last_update = updates;
+      }
+    }
     for (const auto& [k, v] : j.items())
       if (k.rfind("peak_", 0) == 0 && v.is_number()) peaks[k] = std::max(peaks[k], v.get<double>());
     m.rss = std::max(m.rss, j.value("rss_peak_bytes", 0.0));
   }
   MT_CHECK(!steps.empty(), ErrorKind::kInternal, "plan --validate: " + metrics + " has no step past the second");
-  for (double t : steps) m.mean += t / static_cast<double>(steps.size());
+  for (double t : updated) m.mean += t / static_cast<double>(updated.size());
   std::sort(steps.begin(), steps.end());
   m.step = steps.size() % 2 ? steps[steps.size() / 2] : 0.5 * (steps[steps.size() / 2 - 1] + steps[steps.size() / 2]);
   for (const auto& [k, v] : peaks) m.memory += v;
@@ -472,10 +493,13 @@ double kendall_tau(const std::vector<double>& a, const std::vector<double>& b) {
 
 // plan --validate K: the search's first K layouts, K others drawn from the rest of those that fit,
 // and the configuration's own (when it fits), trained here; predicted against measured.
-// window_mix: where the job's steps differ by kind (0/1 Adam), their shares over the measured steps
-// (3 to o.steps): each layout is priced over those and measured by their mean.
+using StepMix = std::vector<std::pair<planner::UpdateKind, double>>;
+
+// mix_of: where the job's steps differ by kind (0/1 Adam), their shares over updates first..last:
+// each layout is priced over the updates its measured steps made (3 to o.steps, less any skipped)
+// and measured by their mean.
 void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::SearchResult& r, const planner::Calibration& cal,
-              const std::vector<std::pair<planner::UpdateKind, double>>& window_mix) {
+              const std::function<StepMix(int64_t, int64_t)>& mix_of) {
   std::vector<size_t> picks;
   for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < o.validate; ++i) picks.push_back(i);
   std::vector<size_t> rest;
@@ -501,10 +525,13 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   if (onebit_compressed)
     std::printf("each run sets optimizer.params.freeze_step=1: its measured steps (3 on) are in the compressed phase the plan priced\n");
   planner::PlanJob window = job;
-  window.update_mix = window_mix;
-  if (!window_mix.empty())
-    std::printf("0/1 Adam: each layout priced as the mean of the steps measured (3 to %d: %s), and measured by their mean\n",
+  if (mix_of) {
+    window.update_mix = mix_of(3, o.steps);
+    std::printf("0/1 Adam: each layout priced as the mean of the steps measured (3 to %d where no overflow skips one: %s), "
+                "and measured by their mean\n",
                 o.steps, optimizer_note(window, cal).substr(std::string("0/1 Adam, the mean of its steps: ").size()).c_str());
+  }
+  std::map<size_t, std::pair<int64_t, int64_t>> updates_of;  // each pick's measured updates (its last run's)
   std::printf("%4s  %-48s %10s %10s %7s %11s %11s %7s\n", "rank", "layout", "predicted", "measured", "error",
               "rank 0 mem", "measured", "error");
   auto median = [](std::vector<double> v) {
@@ -532,7 +559,12 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
     PlanOptions run_o = o;
     if (onebit_compressed) run_o.sets.push_back("optimizer.params.freeze_step=1");
     Measured m = measure_layout(run_o, r.ranked[i].layout, tokens, dir, static_cast<int>(i));
-    if (!window_mix.empty()) m.step = m.mean;
+    if (mix_of) {
+      MT_CHECK(m.first_update > 0, ErrorKind::kInternal,
+               "plan --validate: " + r.ranked[i].layout.describe() + " made no update past its second step (every one skipped)");
+      m.step = m.mean;
+      updates_of[i] = {m.first_update, m.last_update};
+    }
     steps.push_back(m.step);
     return m;
   };
@@ -544,15 +576,16 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   for (size_t i : picks) {
     const planner::Layout& l = r.ranked[i].layout;
     planner::Prediction p = r.ranked[i].prediction;
-    if (!window_mix.empty()) {  // the measured steps' kinds
+    std::vector<double>& all = steps_of[i];
+    std::vector<double>& slow = slow_of[i];
+    Measured m = run(i, all, slow);
+    if (mix_of) {  // the measured steps' kinds
+      window.update_mix = mix_of(updates_of[i].first, updates_of[i].second);
       const planner::Prediction w = planner::predict_layout(window, l, cal);
       p.step = w.step;
       p.step_progress = w.step_progress;
       p.tokens_per_s = w.tokens_per_s;
     }
-    std::vector<double>& all = steps_of[i];
-    std::vector<double>& slow = slow_of[i];
-    Measured m = run(i, all, slow);
     std::string runs;
     if (o.rounds > 1) {
       for (double t : all) runs += fmt(" %.4g", t);
@@ -689,10 +722,14 @@ void run_plan(const PlanOptions& o) {
     // (It exited 0 with "0 within ..."; the "auto" path refuses the same.)
     MT_CHECK(!r.ranked.empty(), ErrorKind::kInvalidArgument,
              "plan: no layout of " + std::to_string(o.procs) + " process(es) fits within " + gib(budget) + " a rank (the reasons above)");
-    if (o.validate > 0)
-      validate(o, job, r, cal,
-               job.update_mix.empty() || o.steps < 3 ? std::vector<std::pair<planner::UpdateKind, double>>{}
-                                                    : planner::zero_one_mix(c.optimizer, 3, o.steps));
+    if (o.validate > 0) {
+      MT_CHECK(o.steps >= 3, ErrorKind::kInvalidArgument,
+               "plan --validate: --steps " + std::to_string(o.steps) + " (each run's steps from the third are measured: at least 3)");
+      std::function<StepMix(int64_t, int64_t)> mix_of;
+      if (!job.update_mix.empty())
+        mix_of = [&c](int64_t first, int64_t last) { return planner::zero_one_mix(c.optimizer, first, last); };
+      validate(o, job, r, cal, mix_of);
+    }
     return;
   }
   planner::check_layout(job, job.base);

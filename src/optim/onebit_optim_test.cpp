@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "optim/onebit_adam.h"
@@ -87,6 +88,15 @@ TEST(ZeroOnePolicy, KindsFollowDeepSpeedsCounters) {
     zp.advance(t);
   }
   EXPECT_EQ(zk, "VVVVVVSSSS");
+  // A clipper past 2^62 (any int64 is taken): the interval doubles to it and stays, where doubling
+  // first overflowed past 2^62 (a negative interval).
+  ZeroOneAdamConfig big = zo_config();
+  big.var_freeze_step = 1;
+  big.local_step_clipper = std::numeric_limits<int64_t>::max();
+  ZeroOnePolicy bp(big);
+  bp.restore(80);
+  EXPECT_EQ(bp.local_interval(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(bp.kind(81), ZeroOnePolicy::Kind::kLocal);
 }
 
 TEST(ZeroOneAdam, OneRankMatchesDeepSpeedsStep) {

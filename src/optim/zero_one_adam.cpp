@@ -27,7 +27,8 @@ void ZeroOnePolicy::advance(int64_t t) {
     }
   } else if (++local_counter_ == config_.local_step_scaler) {
     local_counter_ = 0;
-    local_interval_ = std::min(config_.local_step_clipper, local_interval_ * 2);
+    // min(clipper, 2 x interval), without doubling past int64 (a clipper above 2^62).
+    local_interval_ = local_interval_ > config_.local_step_clipper / 2 ? config_.local_step_clipper : local_interval_ * 2;
   }
 }
 
@@ -37,9 +38,7 @@ void ZeroOnePolicy::restore(int64_t t) {
   for (int64_t k = 1; k <= t; ++k) advance(k);
 }
 
-namespace {
-
-ZeroOneAdamConfig checked(ZeroOneAdamConfig c) {
+ZeroOneAdamConfig zero_one_checked(ZeroOneAdamConfig c) {
   MT_CHECK(c.var_freeze_step >= 0, ErrorKind::kInvalidArgument, "optimizer.params.var_freeze_step: must be >= 0");
   // 0 is DeepSpeed's too: its counter (incremented first) never equals it, so the interval stays 1.
   MT_CHECK(c.var_update_scaler >= 0, ErrorKind::kInvalidArgument, "optimizer.params.var_update_scaler: must be >= 0");
@@ -49,11 +48,9 @@ ZeroOneAdamConfig checked(ZeroOneAdamConfig c) {
   return c;
 }
 
-}  // namespace
-
 ZeroOneAdam::ZeroOneAdam(size_t numel, std::vector<ParamSegment> segments, const ZeroOneAdamConfig& config)
     : Optimizer(numel, segments),
-      config_(checked(config)),
+      config_(zero_one_checked(config)),
       adam_(numel, std::move(segments), config_.adam),
       runs_(decay_runs(segments_)),
       u_(numel * 4, MemCategory::kOptimizer),

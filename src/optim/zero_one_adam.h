@@ -41,6 +41,10 @@ struct ZeroOneAdamConfig {
   int64_t local_step_clipper = 16;
 };
 
+// The configuration as the optimizer takes it: refused (kInvalidArgument, naming the key) where a
+// key is out of range; bias correction off.
+ZeroOneAdamConfig zero_one_checked(ZeroOneAdamConfig c);
+
 // The step policy alone (pure): which kind update t is, and its counters after it.
 class ZeroOnePolicy {
  public:

@@ -83,6 +83,60 @@ bool update_keeps_gradients_local(UpdateKind u) {
 
 bool update_exchanges(UpdateKind u) { return update_keeps_gradients_local(u) && u != UpdateKind::kZeroOneLocal; }
 
+namespace {
+
+// Multiples of i in [a, b] (1 <= a, i >= 1).
+int64_t multiples(int64_t a, int64_t b, int64_t i) { return b < a ? 0 : b / i - (a - 1) / i; }
+
+// 0/1 Adam's steps of each kind over updates 1..T (by optim::ZeroOnePolicy::Kind), counted an
+// interval at a time (its rules, optim/zero_one_adam.h, in DeepSpeed's step numbers s = t + 1): a
+// loop over the steps took seconds at 1e9 train_iters. CostModel's test checks it against the
+// policy itself step by step.
+std::array<int64_t, 4> zero_one_counts(const optim::ZeroOneAdamConfig& c, int64_t T) {
+  std::array<int64_t, 4> n{};
+  int64_t& variance = n[0];
+  int64_t& compressed = n[1];
+  int64_t& local = n[2];
+  int64_t& sync = n[3];
+  if (T <= 0) return n;
+  // Phase 1: updates 1..min(T, max(var_freeze_step, 1)); a variance step at multiples of the
+  // interval, which doubles at every var_update_scaler-th of them (never with scaler 0).
+  const int64_t freeze = std::max<int64_t>(c.var_freeze_step, 1);
+  const int64_t s1 = std::min(T, freeze) + 1;
+  int64_t s = 2, interval = 1;
+  while (s <= s1) {
+    const int64_t first = (s + interval - 1) / interval * interval;  // the epoch's first variance step
+    const int64_t avail = multiples(s, s1, interval);
+    if (c.var_update_scaler == 0 || avail < c.var_update_scaler) {
+      variance += avail;
+      compressed += s1 - s + 1 - avail;
+      break;
+    }
+    const int64_t last = first + (c.var_update_scaler - 1) * interval;  // the doubling step
+    variance += c.var_update_scaler;
+    compressed += last - s + 1 - c.var_update_scaler;
+    s = last + 1;
+    interval *= 2;
+  }
+  // Phase 2: later updates; a sync at multiples of the interval, which becomes min(clipper, 2 x
+  // interval) after every local_step_scaler steps (never with scaler 0).
+  s = freeze + 2;
+  const int64_t s2 = T + 1;
+  interval = 1;
+  while (s <= s2) {
+    const bool fixed = c.local_step_scaler == 0 || interval == c.local_step_clipper;
+    const int64_t end = fixed ? s2 : std::min(s2, s + c.local_step_scaler - 1);
+    const int64_t k = multiples(s, end, interval);
+    sync += k;
+    local += end - s + 1 - k;
+    s = end + 1;
+    interval = interval > c.local_step_clipper / 2 ? c.local_step_clipper : interval * 2;
+  }
+  return n;
+}
+
+}  // namespace
+
 std::vector<std::pair<UpdateKind, double>> zero_one_mix(const optim::OptimizerSpec& spec, int64_t first, int64_t last) {
   MT_CHECK(first >= 1 && last >= first, ErrorKind::kInvalidArgument,
            "plan: 0/1 Adam's steps " + std::to_string(first) + " to " + std::to_string(last));
@@ -90,22 +144,18 @@ std::vector<std::pair<UpdateKind, double>> zero_one_mix(const optim::OptimizerSp
   c.var_freeze_step = spec.var_freeze_step;
   c.var_update_scaler = spec.var_update_scaler;
   c.local_step_scaler = spec.local_step_scaler;
-  c.local_step_clipper = std::max<int64_t>(1, spec.local_step_clipper);
-  optim::ZeroOnePolicy policy(c);
-  std::array<int64_t, 4> count{};  // by ZeroOnePolicy::Kind
-  for (int64_t t = 1; t <= last; ++t) {
-    if (t >= first) ++count[static_cast<size_t>(policy.kind(t))];
-    policy.advance(t);
-  }
-  using K = optim::ZeroOnePolicy::Kind;
-  const std::pair<K, UpdateKind> kinds[] = {{K::kVariance, UpdateKind::kAdamW},
-                                            {K::kCompressedGradient, UpdateKind::kZeroOneCompressed},
-                                            {K::kLocal, UpdateKind::kZeroOneLocal},
-                                            {K::kSync, UpdateKind::kZeroOneSync}};
+  c.local_step_clipper = spec.local_step_clipper;
+  c = optim::zero_one_checked(c);  // what the optimizer refuses, the plan does
+  const std::array<int64_t, 4> to = zero_one_counts(c, last), before = zero_one_counts(c, first - 1);
+  const UpdateKind kinds[] = {UpdateKind::kAdamW, UpdateKind::kZeroOneCompressed, UpdateKind::kZeroOneLocal,
+                              UpdateKind::kZeroOneSync};
+  static_assert(static_cast<int>(optim::ZeroOnePolicy::Kind::kVariance) == 0 &&
+                static_cast<int>(optim::ZeroOnePolicy::Kind::kCompressedGradient) == 1 &&
+                static_cast<int>(optim::ZeroOnePolicy::Kind::kLocal) == 2 && static_cast<int>(optim::ZeroOnePolicy::Kind::kSync) == 3);
   std::vector<std::pair<UpdateKind, double>> mix;
   const double n = static_cast<double>(last - first + 1);
-  for (const auto& [k, u] : kinds)
-    if (count[static_cast<size_t>(k)] > 0) mix.emplace_back(u, static_cast<double>(count[static_cast<size_t>(k)]) / n);
+  for (size_t k = 0; k < 4; ++k)
+    if (to[k] - before[k] > 0) mix.emplace_back(kinds[k], static_cast<double>(to[k] - before[k]) / n);
   return mix;
 }
 

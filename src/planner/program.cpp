@@ -356,6 +356,13 @@ std::vector<SimOp> bucketed_step(const ZeroStepSpec& spec, const ZeroStepCosts& 
       inflight.clear();
     }
   }
+  // Gradients kept local: the ranks agree on an overflow (the engine's one-float max all-reduce)
+  // before the update.
+  if (spec.world > 1 && costs.local_gradients) {
+    constexpr int kOverflowTag = (1 << 21) + 1;
+    ops.push_back(SimOp{SimOpKind::kCollective, costs.all_reduce(4.0), -1, kOverflowTag, 0, true, "overflow all_reduce"});
+    ops.push_back(SimOp{SimOpKind::kWait, 0.0, -1, kOverflowTag, -1, false, "wait overflow all_reduce"});
+  }
   compute(costs.optimizer_seconds(static_cast<double>(P)), "optimizer");
   if (onebit) {
     constexpr int kExchangeTag = 1 << 21;

@@ -149,35 +149,41 @@ TEST(ZeroProgram, Stage0BucketsLaunchWhereTheBackwardHasPassedThem) {
   EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 3 * 1 + 3 * 2);
 }
 
-// A 1-bit optimizer past its warm-up (costs.onebit_exchange set): no gradient all-reduce in the
-// backward, the update over the whole buffer, then its momentum's compressed exchange of the
-// buffer's 12000 f32 bytes, blocking. One rank: neither. (0/1 Adam's compressed-gradient steps
+// A 1-bit optimizer past its warm-up (costs.local_gradients, costs.onebit_exchange): no gradient
+// all-reduce in the backward, the ranks' overflow flag all-reduced (4 bytes), the update over the
+// whole buffer, then its momentum's compressed exchange of the buffer's 12000 f32 bytes, blocking.
+// One rank: neither. (0/1 Adam's compressed-gradient steps
 // and syncs are this program; its local steps exchange nothing.)
 TEST(ZeroProgram, OneBitCompressedPhaseExchangesTheMomentumInsteadOfTheGradients) {
   ZeroStepSpec s = three_units(0, true);
   s.bucket_elems = 1500;
   ZeroStepCosts c = costs(1, 2, 0, 0);
-  c.all_reduce = [](double) { return 0.5; };
+  c.all_reduce = [](double bytes) { return bytes == 4.0 ? 0.01 : 0.5; };  // 4 bytes: the overflow flag
   c.optimizer_per_element = 0.0001;  // 3000 elements: 0.3
+  c.local_gradients = true;
   c.onebit_exchange = [](double bytes) {
     EXPECT_EQ(bytes, 12000.0);
     return 0.25;
   };
   const SimProgram p = zero_step_program(s, c);
-  for (const SimOp& op : p.ranks[0]) EXPECT_EQ(op.name.find("all_reduce"), std::string::npos) << op.name;
+  for (const SimOp& op : p.ranks[0])
+    if (op.kind == SimOpKind::kCollective) {
+      EXPECT_TRUE(op.name == "overflow all_reduce" || op.name == "onebit exchange") << op.name;
+    }
   SimReport r = simulate(p);
   ASSERT_FALSE(r.deadlock) << r.where;
-  EXPECT_DOUBLE_EQ(r.makespan, 3 * 1 + 3 * 2 + 0.3 + 0.25);
+  EXPECT_DOUBLE_EQ(r.makespan, 3 * 1 + 3 * 2 + 0.01 + 0.3 + 0.25);
   s.world = 1;
   EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 3 * 1 + 3 * 2 + 0.3);
-  // 0/1 Adam's local step (costs.local_gradients without an exchange): nothing communicated, the
-  // passes and the update alone.
+  // 0/1 Adam's local step (costs.local_gradients without an exchange): the passes, the overflow
+  // flag's all-reduce and the update alone.
   s.world = 2;
-  c.local_gradients = true;
   c.onebit_exchange = nullptr;
   const SimProgram local = zero_step_program(s, c);
-  for (const SimOp& op : local.ranks[0]) EXPECT_NE(op.kind, SimOpKind::kCollective) << op.name;
-  EXPECT_DOUBLE_EQ(simulate(local).makespan, 3 * 1 + 3 * 2 + 0.3);
+  int collectives = 0;
+  for (const SimOp& op : local.ranks[0]) collectives += op.kind == SimOpKind::kCollective;
+  EXPECT_EQ(collectives, 1);
+  EXPECT_DOUBLE_EQ(simulate(local).makespan, 3 * 1 + 3 * 2 + 0.01 + 0.3);
 }
 
 // Micro-batches: stage 2 reduces after every micro-batch's backward, the optimizer runs once.
