@@ -626,10 +626,12 @@ TEST(Plan, AnAutoLayoutChoosesThePipelinesSchedule) {
   EXPECT_TRUE(sp && no_sp);  // tp 2 with sequence parallelism and without
 }
 
-// 1-bit Adam: the plan prices the phase most of the run's steps are in. Past freeze_step (here
-// steps 2-10 of 10) the gradients stay local and the momentum's exchange is at onebit_all_reduce's
-// line (said; a calibration without it: the all-reduce's, said too); with freeze_step 8 the warm-up.
-TEST(Plan, PricesTheOneBitPhaseMostStepsAreIn) {
+// 1-bit Adam: the plan prices the mean of the run's steps, its warm-up's (max(freeze_step, 2) - 1
+// updates, AdamW's after the all-reduce) and its compressed phase's (the gradients kept local, the
+// momentum's exchange at onebit_all_reduce's line; a calibration without it: the all-reduce's, said).
+// With freeze_step 1, 8 and 100 over 10 steps: 1, 7 and 10 warm-up steps, so the second mean is
+// the first two's mix: 0.7 warm-up + 0.3 compressed.
+TEST(Plan, PricesOneBitAdamsWarmUpAndCompressedStepsAsTheirMean) {
   const std::string cal = dir() + "/hand-onebit.json", cfg = dir() + "/onebit.json";
   std::ofstream(cal) << R"({"world": 2, "threads": 1, "fits": {
     "gemm f32": {"latency_s": 0, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 0, "per_unit_s": 1e-9},
@@ -640,35 +642,48 @@ TEST(Plan, PricesTheOneBitPhaseMostStepsAreIn) {
     "onebit_all_reduce": {"latency_s": 0, "per_unit_s": 1e-7}}})";
   std::ofstream(cfg) << tiny_plan_config("onebit-chain", nlohmann::json::parse(R"({"train_iters": 10, "train_batch_size": 2,
     "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "OneBitAdam", "params": {"lr": 0.001, "freeze_step": 1}}})")).dump();
-  auto step = [](const std::string& out) {  // the "step" line's seconds ("freeze_step 1" is not it)
+  auto step = [](const std::string& out) {  // the "step" line's seconds (-1: none; plan --validate prints none)
     const size_t at = out.find("\nstep ");
-    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 6));
+    return at == std::string::npos ? -1.0 : std::strtod(out.c_str() + at + 6, nullptr);
   };
   std::string out, err;
-  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal, &out, &err), 0) << err;
-  EXPECT_NE(out.find("optimizer    1-bit Adam past freeze_step 1 (most of the run): the gradients kept local, the momentum's "
-                     "compressed exchange at its calibrated line"), std::string::npos) << out;
-  const double compressed = step(out);
-  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal +
-                                                " --set optimizer.params.freeze_step=8", &out, &err), 0) << err;
-  EXPECT_EQ(out.find("optimizer    "), std::string::npos) << out;
-  const double warm = step(out);
-  // The exchange's line is 100x the all-reduce's a byte: the compressed phase is the slower here.
+  auto plan = [&](const std::string& more) {
+    EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal + more, &out, &err), 0) << err;
+    return step(out);
+  };
+  const double mostly_compressed = plan("");
+  EXPECT_NE(out.find("optimizer    1-bit Adam, the mean of its steps: 10.0% warm-up steps (AdamW's, the gradients all-reduced), "
+                     "90.0% compressed steps (the gradients kept local, the momentum exchanged); the compressed exchange at its "
+                     "calibrated line"),
+            std::string::npos)
+      << out;
+  const double mixed = plan(" --set optimizer.params.freeze_step=8");
+  EXPECT_NE(out.find("70.0% warm-up steps (AdamW's, the gradients all-reduced), 30.0% compressed steps"), std::string::npos) << out;
+  const double warm = plan(" --set optimizer.params.freeze_step=100");
+  EXPECT_NE(out.find("optimizer    1-bit Adam, the mean of its steps: 100.0% warm-up steps (AdamW's, the gradients all-reduced)\n"),
+            std::string::npos)
+      << out;
+  // The exchange's line is 100x the all-reduce's a byte: the compressed steps are the slower.
   EXPECT_GT(warm, 0.0) << out;
-  EXPECT_GT(compressed, warm) << out;
+  EXPECT_GT(mostly_compressed, mixed);
+  EXPECT_GT(mixed, warm);
+  const double compressed = (mostly_compressed - 0.1 * warm) / 0.9;
+  EXPECT_NEAR(mixed, 0.7 * warm + 0.3 * compressed, 1e-5);  // the step line's six decimals
   nlohmann::json j = load(cal);
   j["fits"].erase("onebit_all_reduce");
   std::ofstream(cal) << j.dump();
-  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal, &out, &err), 0) << err;
-  EXPECT_NE(out.find("the momentum's compressed exchange at the all-reduce's line (a calibration without it: calibrate again)"),
+  EXPECT_LT(plan(""), mostly_compressed) << out;
+  EXPECT_NE(out.find("the compressed exchange at the all-reduce's line (a calibration without it: calibrate again)"),
             std::string::npos) << out;
-  EXPECT_LT(step(out), compressed) << out;
-  // plan --validate measures that phase: its runs (train_iters = --steps) start it at the second
-  // update, whatever the configuration's freeze_step (here 3 of 3 would all be warm-up).
-  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal +
-                                                " --set optimizer.params.freeze_step=3 --validate 1 --steps 3", &out, &err), 0)
-      << err << out;
+  // plan --validate measures the compressed phase: its runs (train_iters = --steps) start it at the
+  // second update, whatever the configuration's freeze_step (here 3 of 3 would all be warm-up),
+  // and price their steps 3 on as such.
+  plan(" --set optimizer.params.freeze_step=3 --validate 1 --steps 3");
   EXPECT_NE(out.find("each run sets optimizer.params.freeze_step=1"), std::string::npos) << out;
+  EXPECT_NE(out.find("1-bit Adam: each layout priced as the mean of the steps measured (3 to 3 where no overflow skips one: 100.0% "
+                     "compressed steps"),
+            std::string::npos)
+      << out;
 }
 
 // 0/1 Adam: the plan prices the mean of its steps over train_iters, as its policy makes them
@@ -708,7 +723,7 @@ TEST(Plan, PricesZeroOneAdamsStepsAsTheirMean) {
                                             &out, &err),
             0)
       << err;
-  EXPECT_NE(out.find("; the updates at AdamW's line (a calibration without the zerooneadam lines: calibrate again)"),
+  EXPECT_NE(out.find("; the updates at AdamW's line (a calibration without the optimizer's own lines: calibrate again)"),
             std::string::npos)
       << out;
   // Every step a variance step (var_update_scaler 0: the interval stays 1; the variance never frozen).

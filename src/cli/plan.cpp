@@ -203,20 +203,15 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* 
                              .virtual_stages = job.virtual_stages, .sequence_parallel = c.sequence_parallel};
   job.sequence_parallel_forced = c.partition_activations;
   job.update = planner::update_kind(c.optimizer);
-  // 1-bit Adam and 1-bit LAMB: the phase the run spends most of its steps in, past freeze_step
-  // (compressed: the gradients kept local, the momentum exchanged compressed) or its warm-up (the
-  // AdamW or LAMB step with the gradients' all-reduce). 0/1 Adam: its steps interleave (variance
-  // steps, compressed-gradient steps, local steps, syncs), so the plan prices their mean over the
-  // run's train_iters, each kind as its policy makes them.
+  // Optimizers whose steps differ: the mean of the run's train_iters steps, each kind priced as its
+  // own step (1-bit Adam and 1-bit LAMB: their warm-up, AdamW's or LAMB's step after the gradients'
+  // all-reduce, then the compressed phase: the gradients kept local, the momentum exchanged
+  // compressed; 0/1 Adam: variance steps, compressed-gradient steps, local steps and syncs,
+  // interleaved as its policy makes them).
   std::string type = c.optimizer.type;
   std::transform(type.begin(), type.end(), type.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  // (The warm-up is W = max(freeze_step, 2) - 1 updates: optim/onebit_adam.h, onebit_lamb.h.)
-  const int64_t warm = std::max<int64_t>(c.optimizer.freeze_step, 2) - 1;
-  if ((type == "onebitadam" || type == "onebitlamb") && c.train_iters - warm > warm) {
-    job.update = type == "onebitadam" ? planner::UpdateKind::kOneBitAdamCompressed : planner::UpdateKind::kOneBitLambCompressed;
-    job.onebit_freeze_step = c.optimizer.freeze_step;
-  }
-  if (type == "zerooneadam" && c.train_iters >= 1) job.update_mix = planner::zero_one_mix(c.optimizer, 1, c.train_iters);
+  if (c.train_iters >= 1) job.update_mix = planner::update_mix(c.optimizer, 1, c.train_iters);
+  job.mix_of = type == "onebitadam" ? "1-bit Adam" : type == "onebitlamb" ? "1-bit LAMB" : type == "zerooneadam" ? "0/1 Adam" : "";
   // The attention the run computes: its documents' share of the causal tiles, read from its own
   // first samples; a sparse layout's plan, as the model builds it over the model's heads.
   if (c.reset_attention_mask) {
@@ -302,38 +297,35 @@ std::string attention_note(const planner::PlanJob& job, const planner::Calibrati
   return "";
 }
 
-// The optimizer's phase the plan prices where it is not the warm-up of a 1-bit optimizer ("" else).
+// The optimizer's kinds of step the plan prices, where its steps differ ("" else).
 std::string optimizer_note(const planner::PlanJob& job, const planner::Calibration& cal) {
+  if (job.update_mix.empty()) return "";
   const bool exchange_line = cal.has_network || cal.fits.count("onebit_all_reduce");
-  if (!job.update_mix.empty()) {  // 0/1 Adam
-    std::string kinds;
-    for (const auto& [kind, share] : job.update_mix) {
-      const char* name = kind == planner::UpdateKind::kAdamW              ? "variance steps (AdamW's, the gradients all-reduced)"
-                         : kind == planner::UpdateKind::kZeroOneCompressed ? "compressed-gradient steps"
-                         : kind == planner::UpdateKind::kZeroOneLocal      ? "local steps"
-                                                                           : "syncs";
-      kinds += (kinds.empty() ? "" : ", ") + fmt("%.1f%% ", 100 * share) + name;
-    }
-    const bool exchanges = std::any_of(job.update_mix.begin(), job.update_mix.end(),
-                                       [](const auto& k) { return planner::update_exchanges(k.first); });
-    const bool update_lines = std::all_of(job.update_mix.begin(), job.update_mix.end(), [&cal](const auto& k) {
-      return cal.fits.count(planner::update_line(k.first, false)) > 0;
-    });
-    return "0/1 Adam, the mean of its steps: " + kinds +
-           (!exchanges       ? std::string()
-            : exchange_line ? "; the compressed exchange at its calibrated line"
-                            : "; the compressed exchange at the all-reduce's line (a calibration without it: calibrate again)") +
-           (update_lines       ? ""
-            : cal.has_network ? "; the updates at AdamW's line"
-                              : "; the updates at AdamW's line (a calibration without the zerooneadam lines: calibrate again)");
+  const bool zero_one = job.mix_of == "0/1 Adam";
+  std::string kinds;
+  for (const auto& [kind, share] : job.update_mix) {
+    using planner::UpdateKind;
+    const char* name = kind == UpdateKind::kAdamW ? (zero_one ? "variance steps (AdamW's, the gradients all-reduced)"
+                                                              : "warm-up steps (AdamW's, the gradients all-reduced)")
+                       : kind == UpdateKind::kLamb              ? "warm-up steps (LAMB's, the gradients all-reduced)"
+                       : kind == UpdateKind::kZeroOneCompressed ? "compressed-gradient steps"
+                       : kind == UpdateKind::kZeroOneLocal      ? "local steps"
+                       : kind == UpdateKind::kZeroOneSync       ? "syncs"
+                                                                : "compressed steps (the gradients kept local, the momentum exchanged)";
+    kinds += (kinds.empty() ? "" : ", ") + fmt("%.1f%% ", 100 * share) + name;
   }
-  if (job.update != planner::UpdateKind::kOneBitAdamCompressed && job.update != planner::UpdateKind::kOneBitLambCompressed)
-    return "";
-  return std::string(job.update == planner::UpdateKind::kOneBitAdamCompressed ? "1-bit Adam" : "1-bit LAMB") +
-         " past freeze_step " + std::to_string(job.onebit_freeze_step) +
-         " (most of the run): the gradients kept local, the momentum's compressed exchange " +
-         (exchange_line ? "at its calibrated line"
-                                                                  : "at the all-reduce's line (a calibration without it: calibrate again)");
+  const bool exchanges =
+      std::any_of(job.update_mix.begin(), job.update_mix.end(), [](const auto& k) { return planner::update_exchanges(k.first); });
+  const bool update_lines = std::all_of(job.update_mix.begin(), job.update_mix.end(), [&cal](const auto& k) {
+    return cal.fits.count(planner::update_line(k.first, false)) > 0;
+  });
+  return job.mix_of + ", the mean of its steps: " + kinds +
+         (!exchanges       ? std::string()
+          : exchange_line ? "; the compressed exchange at its calibrated line"
+                          : "; the compressed exchange at the all-reduce's line (a calibration without it: calibrate again)") +
+         (update_lines       ? ""
+          : cal.has_network ? "; the updates at AdamW's line"
+                            : "; the updates at AdamW's line (a calibration without the optimizer's own lines: calibrate again)");
 }
 
 std::string prediction_line(const planner::Layout& l, const planner::Prediction& p) {
@@ -495,7 +487,15 @@ double kendall_tau(const std::vector<double>& a, const std::vector<double>& b) {
 // and the configuration's own (when it fits), trained here; predicted against measured.
 using StepMix = std::vector<std::pair<planner::UpdateKind, double>>;
 
-// mix_of: where the job's steps differ by kind (0/1 Adam), their shares over updates first..last:
+// Whether a mix holds a 1-bit optimizer's compressed steps (plan --validate's runs then set
+// freeze_step 1, so that their measured steps are such).
+bool has_onebit_compressed(const StepMix& mix) {
+  return std::any_of(mix.begin(), mix.end(), [](const auto& k) {
+    return k.first == planner::UpdateKind::kOneBitAdamCompressed || k.first == planner::UpdateKind::kOneBitLambCompressed;
+  });
+}
+
+// mix_of: where the job's steps differ by kind (update_mix), their shares over updates first..last:
 // each layout is priced over the updates its measured steps made (3 to o.steps, less any skipped)
 // and measured by their mean.
 void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::SearchResult& r, const planner::Calibration& cal,
@@ -520,16 +520,15 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   const std::string dir = (std::filesystem::temp_directory_path() / ("meshtrain-validate-" + std::to_string(::getpid()))).string();
   std::filesystem::create_directories(dir);
   const double tokens = static_cast<double>(job.global_batch) * job.memory.seq_length;
-  const bool onebit_compressed =
-      job.update == planner::UpdateKind::kOneBitAdamCompressed || job.update == planner::UpdateKind::kOneBitLambCompressed;
+  const bool onebit_compressed = has_onebit_compressed(job.update_mix);
   if (onebit_compressed)
     std::printf("each run sets optimizer.params.freeze_step=1: its measured steps (3 on) are in the compressed phase the plan priced\n");
   planner::PlanJob window = job;
   if (mix_of) {
     window.update_mix = mix_of(3, o.steps);
-    std::printf("0/1 Adam: each layout priced as the mean of the steps measured (3 to %d where no overflow skips one: %s), "
+    std::printf("%s: each layout priced as the mean of the steps measured (3 to %d where no overflow skips one: %s), "
                 "and measured by their mean\n",
-                o.steps, optimizer_note(window, cal).substr(std::string("0/1 Adam, the mean of its steps: ").size()).c_str());
+                job.mix_of.c_str(), o.steps, optimizer_note(window, cal).substr((job.mix_of + ", the mean of its steps: ").size()).c_str());
   }
   std::map<size_t, std::pair<int64_t, int64_t>> updates_of;  // each pick's measured updates (its last run's)
   std::printf("%4s  %-48s %10s %10s %7s %11s %11s %7s\n", "rank", "layout", "predicted", "measured", "error",
@@ -726,8 +725,12 @@ void run_plan(const PlanOptions& o) {
       MT_CHECK(o.steps >= 3, ErrorKind::kInvalidArgument,
                "plan --validate: --steps " + std::to_string(o.steps) + " (each run's steps from the third are measured: at least 3)");
       std::function<StepMix(int64_t, int64_t)> mix_of;
+      // (A 1-bit optimizer's runs set freeze_step 1, validate's runs: their measured steps are in
+      // the compressed phase.)
+      optim::OptimizerSpec runs = c.optimizer;
+      if (has_onebit_compressed(job.update_mix)) runs.freeze_step = 1;
       if (!job.update_mix.empty())
-        mix_of = [&c](int64_t first, int64_t last) { return planner::zero_one_mix(c.optimizer, first, last); };
+        mix_of = [runs](int64_t first, int64_t last) { return planner::update_mix(runs, first, last); };
       validate(o, job, r, cal, mix_of);
     }
     return;

@@ -159,6 +159,24 @@ std::vector<std::pair<UpdateKind, double>> zero_one_mix(const optim::OptimizerSp
   return mix;
 }
 
+std::vector<std::pair<UpdateKind, double>> update_mix(const optim::OptimizerSpec& spec, int64_t first, int64_t last) {
+  std::string t = spec.type;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (t == "zerooneadam") return zero_one_mix(spec, first, last);
+  if (t != "onebitadam" && t != "onebitlamb") return {};
+  MT_CHECK(first >= 1 && last >= first, ErrorKind::kInvalidArgument,
+           "plan: the optimizer's steps " + std::to_string(first) + " to " + std::to_string(last));
+  MT_CHECK(spec.freeze_step >= 0, ErrorKind::kInvalidArgument, "optimizer.params.freeze_step: must not be negative");
+  const int64_t warm_up = std::max<int64_t>(spec.freeze_step, 2) - 1;  // optim/onebit_adam.h, onebit_lamb.h
+  const int64_t warm = std::max<int64_t>(0, std::min(last, warm_up) - first + 1), n = last - first + 1;
+  std::vector<std::pair<UpdateKind, double>> mix;
+  if (warm > 0) mix.emplace_back(t == "onebitadam" ? UpdateKind::kAdamW : UpdateKind::kLamb, static_cast<double>(warm) / static_cast<double>(n));
+  if (warm < n)
+    mix.emplace_back(t == "onebitadam" ? UpdateKind::kOneBitAdamCompressed : UpdateKind::kOneBitLambCompressed,
+                     static_cast<double>(n - warm) / static_cast<double>(n));
+  return mix;
+}
+
 int sparse_attention_line(const Calibration& cal, int block) {
   int above = 0, largest = 0;
   for (const auto& [family, fit] : cal.fits) {

@@ -85,6 +85,10 @@ bool update_exchanges(UpdateKind u);
 // optimizer's own policy (optim::ZeroOnePolicy) makes them: each kind's share, variance steps as
 // kAdamW; kinds with no step left out.
 std::vector<std::pair<UpdateKind, double>> zero_one_mix(const optim::OptimizerSpec& spec, int64_t first, int64_t last);
+// The run's steps by kind over updates first..last where an optimizer's steps differ: 1-bit Adam
+// and 1-bit LAMB, their warm-up's (max(freeze_step, 2) - 1 updates, as kAdamW / kLamb) and their
+// compressed phase's; 0/1 Adam, zero_one_mix. Empty for the others (every step alike).
+std::vector<std::pair<UpdateKind, double>> update_mix(const optim::OptimizerSpec& spec, int64_t first, int64_t last);
 // The update an optimizer specification runs in its warm-up (optim::make_optimizer's types; the
 // 1-bit ones as AdamW and LAMB).
 UpdateKind update_kind(const optim::OptimizerSpec& spec);

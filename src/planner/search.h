@@ -80,11 +80,12 @@ struct PlanJob {
   int attention_samples = 0;  // the samples attention_share was read from (0: none, causal)
   std::shared_ptr<const kernels::SparseAttentionPlan> sparse = nullptr;
   UpdateKind update = UpdateKind::kAdamW;  // the optimizer's update (StepShape::update)
-  int64_t onebit_freeze_step = 0;          // a 1-bit optimizer's compressed phase: where it starts
-  // Steps that differ by their update (0/1 Adam: zero_one_mix over the run's steps): each kind's
-  // share; the prediction is the mean step, each kind's step simulated with `update` set to it.
-  // Empty: every step is `update`'s.
+  // Steps that differ by their update (update_mix over the run's steps: 1-bit Adam's and LAMB's
+  // warm-up and compressed phase, 0/1 Adam's four kinds): each kind's share; the prediction is the
+  // mean step, each kind's step simulated with `update` set to it. Empty: every step is `update`'s.
+  // mix_of names the optimizer ("1-bit Adam", "1-bit LAMB", "0/1 Adam").
   std::vector<std::pair<UpdateKind, double>> update_mix;
+  std::string mix_of;
   // Simulate every rank even where one stands for all (ZeroStepSpec::one_rank): for the test that
   // they agree.
   bool whole_program = false;
