@@ -713,6 +713,26 @@ TEST(Plan, PricesZeroOneAdamsStepsAsTheirMean) {
             std::string::npos)
       << out;
   const double mean = step(out);
+  // Each kind's own step, their shares' mean the step: 4/12, 2/12, 3/12 and 3/12 (and in --json).
+  {
+    double v = 0, cg = 0, l = 0, sy = 0;
+    const size_t at = out.find("\nby kind      variance ");
+    ASSERT_NE(at, std::string::npos) << out;
+    ASSERT_EQ(std::sscanf(out.c_str() + at, "\nby kind      variance %lf s, compressed-gradient %lf s, local %lf s, sync %lf s", &v, &cg,
+                          &l, &sy),
+              4)
+        << out;
+    EXPECT_NEAR(mean, (4 * v + 2 * cg + 3 * l + 3 * sy) / 12, 2e-6) << out;
+    EXPECT_LT(l, v);  // a local step communicates nothing; a sync exchanges at 100x the all-reduce's price
+    EXPECT_GT(sy, v);
+    ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + cal + " --json", &out, &err), 0)
+        << err;
+    const nlohmann::json j = nlohmann::json::parse(out);
+    ASSERT_EQ(j["steps_by_kind"].size(), 4u) << out;
+    EXPECT_EQ(j["steps_by_kind"][3]["kind"], "sync");
+    EXPECT_DOUBLE_EQ(j["steps_by_kind"][3]["share"].get<double>(), 0.25);
+    EXPECT_NEAR(j["steps_by_kind"][3]["step_s"].get<double>(), sy, 1e-6);
+  }
   // A calibration without the updates' lines prices them at AdamW's and says so.
   {
     nlohmann::json j = load(cal);

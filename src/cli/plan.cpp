@@ -297,6 +297,18 @@ std::string attention_note(const planner::PlanJob& job, const planner::Calibrati
   return "";
 }
 
+// A kind of step's short name (plan's "by kind" line and --json).
+const char* step_kind_name(planner::UpdateKind kind, bool zero_one) {
+  switch (kind) {
+    case planner::UpdateKind::kAdamW: return zero_one ? "variance" : "warm-up";
+    case planner::UpdateKind::kLamb: return "warm-up";
+    case planner::UpdateKind::kZeroOneCompressed: return "compressed-gradient";
+    case planner::UpdateKind::kZeroOneLocal: return "local";
+    case planner::UpdateKind::kZeroOneSync: return "sync";
+    default: return "compressed";
+  }
+}
+
 // The optimizer's kinds of step the plan prices, where its steps differ ("" else).
 std::string optimizer_note(const planner::PlanJob& job, const planner::Calibration& cal) {
   if (job.update_mix.empty()) return "";
@@ -739,12 +751,23 @@ void run_plan(const PlanOptions& o) {
   MT_CHECK(o.procs == 1 || cal.world >= 2, ErrorKind::kInvalidArgument,
            cal_path + ": its collectives were not measured (calibrate under meshtrain launch -n 2 or more)");
   const planner::Prediction p = planner::predict_layout(job, job.base, cal);
+  // Steps that differ by kind: each kind's own step (the prediction is their shares' mean).
+  nlohmann::json kinds = nlohmann::json::array();
+  std::string by_kind;
+  for (const auto& [kind, share] : job.update_mix) {
+    planner::PlanJob one = job;
+    one.update = kind;
+    one.update_mix.clear();
+    const double t = planner::predict_layout(one, job.base, cal).step;
+    const char* name = step_kind_name(kind, job.mix_of == "0/1 Adam");
+    kinds.push_back({{"kind", name}, {"share", share}, {"step_s", t}});
+    by_kind += std::string(by_kind.empty() ? "" : ", ") + name + fmt(" %.6f s", t);
+  }
   if (o.json) {
-    std::printf("%s\n", nlohmann::json{{"step_s", p.step}, {"step_progress_s", p.step_progress},
-                                       {"forward_s", p.forward}, {"backward_s", p.backward},
-                                       {"tokens_per_s", p.tokens_per_s}, {"memory_bytes", p.memory}}
-                            .dump(2)
-                            .c_str());
+    nlohmann::json j{{"step_s", p.step},           {"step_progress_s", p.step_progress}, {"forward_s", p.forward},
+                     {"backward_s", p.backward},   {"tokens_per_s", p.tokens_per_s},     {"memory_bytes", p.memory}};
+    if (!kinds.empty()) j["steps_by_kind"] = kinds;
+    std::printf("%s\n", j.dump(2).c_str());
     return;
   }
   std::printf("layout       %s (train_batch_size %lld, T=%d, %s)\n", job.base.describe().c_str(),
@@ -761,6 +784,7 @@ void run_plan(const PlanOptions& o) {
   std::printf("step         %.6f s predicted (%.6f s if MPI moved a nonblocking collective beside compute); "
               "rank 0 computes %.4f s, its communication stream is busy %.4f s\n",
               p.step, p.step_progress, p.compute, p.comm);
+  if (!by_kind.empty()) std::printf("by kind      %s (their mean the step above)\n", by_kind.c_str());
   if (p.streams > 0)
     std::printf("offload      rank 0's disk and optimizer thread are busy %.4f s; its compute waits %.4f s in all\n", p.streams,
                 p.blocked);
