@@ -743,7 +743,8 @@ TEST(Plan, PricesZeroOneAdamsStepsAsTheirMean) {
                                             &out, &err),
             0)
       << err;
-  EXPECT_NE(out.find("; the updates at AdamW's line (a calibration without the optimizer's own lines: calibrate again)"),
+  EXPECT_NE(out.find("; updates without a line of their own at AdamW's or LAMB's (a calibration without the optimizer's own lines: "
+                     "calibrate again)"),
             std::string::npos)
       << out;
   // Every step a variance step (var_update_scaler 0: the interval stays 1; the variance never frozen).

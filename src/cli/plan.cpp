@@ -336,8 +336,9 @@ std::string optimizer_note(const planner::PlanJob& job, const planner::Calibrati
           : exchange_line ? "; the compressed exchange at its calibrated line"
                           : "; the compressed exchange at the all-reduce's line (a calibration without it: calibrate again)") +
          (update_lines       ? ""
-          : cal.has_network ? "; the updates at AdamW's line"
-                            : "; the updates at AdamW's line (a calibration without the optimizer's own lines: calibrate again)");
+          : cal.has_network ? "; updates without a line of their own at AdamW's or LAMB's"
+                            : "; updates without a line of their own at AdamW's or LAMB's (a calibration without the optimizer's "
+                              "own lines: calibrate again)");
 }
 
 std::string prediction_line(const planner::Layout& l, const planner::Prediction& p) {
@@ -739,9 +740,11 @@ void run_plan(const PlanOptions& o) {
       std::function<StepMix(int64_t, int64_t)> mix_of;
       // (A 1-bit optimizer's runs set freeze_step 1, validate's runs: their measured steps are in
       // the compressed phase.)
+      // Whatever the plan's train_iters (0: no mix priced), runs of an optimizer whose steps
+      // differ are priced by the kinds they made.
       optim::OptimizerSpec runs = c.optimizer;
       if (has_onebit_compressed(job.update_mix)) runs.freeze_step = 1;
-      if (!job.update_mix.empty())
+      if (!planner::update_mix(runs, 1, 1).empty())
         mix_of = [runs](int64_t first, int64_t last) { return planner::update_mix(runs, first, last); };
       validate(o, job, r, cal, mix_of);
     }

@@ -120,12 +120,13 @@ std::array<int64_t, 4> zero_one_counts(const optim::ZeroOneAdamConfig& c, int64_
   }
   // Phase 2: later updates; a sync at multiples of the interval, which becomes min(clipper, 2 x
   // interval) after every local_step_scaler steps (never with scaler 0).
+  if (T <= freeze) return n;  // (freeze + 2 would overflow at a var_freeze_step of "never")
   s = freeze + 2;
   const int64_t s2 = T + 1;
   interval = 1;
   while (s <= s2) {
     const bool fixed = c.local_step_scaler == 0 || interval == c.local_step_clipper;
-    const int64_t end = fixed ? s2 : std::min(s2, s + c.local_step_scaler - 1);
+    const int64_t end = fixed || s2 - s < c.local_step_scaler ? s2 : s + c.local_step_scaler - 1;
     const int64_t k = multiples(s, end, interval);
     sync += k;
     local += end - s + 1 - k;

@@ -453,10 +453,11 @@ TEST(CostModel, ZeroOneAdamsStepsAreCountedAsItsPolicyMakesThem) {
 // interval never doubling, doubling at every variance step or later; the sync interval fixed,
 // doubling to a clipper that is not a power of two, or at once clipped), and over any window.
 TEST(CostModel, ZeroOneAdamsCountAgreesWithItsPolicyStepByStep) {
-  for (int64_t vfs : {0, 1, 2, 5, 13})
-    for (int64_t vus : {0, 1, 2, 3, 16})
-      for (int64_t lss : {0, 1, 2, 5})
-        for (int64_t lsc : {1, 2, 3, 7, 16}) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();  // "never", as a configuration may say it
+  for (int64_t vfs : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{5}, int64_t{13}, kMax})
+    for (int64_t vus : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{16}, kMax})
+      for (int64_t lss : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{5}, kMax})
+        for (int64_t lsc : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, int64_t{16}, kMax}) {
           optim::OptimizerSpec spec;
           spec.type = "ZeroOneAdam";
           spec.var_freeze_step = vfs;
@@ -505,6 +506,27 @@ TEST(CostModel, ZeroOneAdamsCountAgreesWithItsPolicyStepByStep) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("optimizer.params.local_step_clipper"), std::string::npos) << e.what();
   }
+}
+
+// 1-bit Adam's and 1-bit LAMB's steps: max(freeze_step, 2) - 1 warm-up updates (AdamW's, LAMB's),
+// then compressed ones; the other optimizers' steps are all alike (no mix).
+TEST(CostModel, OneBitOptimizersStepsAreTheirWarmUpsAndCompressedOnes) {
+  optim::OptimizerSpec spec;
+  spec.type = "OneBitLamb";
+  spec.freeze_step = 5;
+  using Mix = std::vector<std::pair<UpdateKind, double>>;
+  EXPECT_EQ(update_mix(spec, 1, 10), (Mix{{UpdateKind::kLamb, 0.4}, {UpdateKind::kOneBitLambCompressed, 0.6}}));
+  EXPECT_EQ(update_mix(spec, 3, 4), (Mix{{UpdateKind::kLamb, 1.0}}));
+  EXPECT_EQ(update_mix(spec, 5, 8), (Mix{{UpdateKind::kOneBitLambCompressed, 1.0}}));
+  spec.type = "onebitadam";
+  spec.freeze_step = 0;  // as 2: one warm-up update
+  EXPECT_EQ(update_mix(spec, 1, 4), (Mix{{UpdateKind::kAdamW, 0.25}, {UpdateKind::kOneBitAdamCompressed, 0.75}}));
+  spec.freeze_step = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(update_mix(spec, 1, 4), (Mix{{UpdateKind::kAdamW, 1.0}}));
+  spec.type = "AdamW";
+  EXPECT_TRUE(update_mix(spec, 1, 4).empty());
+  spec.type = "ZeroOneAdam";
+  EXPECT_EQ(update_mix(spec, 1, 4), zero_one_mix(spec, 1, 4));
 }
 
 // 0/1 Adam's steps at their lines: the compressed-gradient step, the local step and the sync at
