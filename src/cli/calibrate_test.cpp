@@ -770,6 +770,16 @@ TEST(Plan, PricesZeroOneAdamsStepsAsTheirMean) {
                      "and measured by their mean"),
             std::string::npos)
       << out;
+  // "parallel": "auto" at start-up plans with the same mix and says so; the run trains its 12 steps.
+  nlohmann::json c = nlohmann::json::parse(std::ifstream(cfg));
+  c["parallel"] = "auto";
+  c["planner"] = {{"calibration", cal}};
+  const std::string auto_cfg = dir() + "/zeroone-auto.json", metrics = dir() + "/zeroone-auto.jsonl";
+  std::ofstream(auto_cfg) << c.dump();
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "launch -n 2 -- train " + auto_cfg + " --metrics " + metrics, &out, &err), 0)
+      << err;
+  EXPECT_NE(err.find("auto: the plan's optimizer: 0/1 Adam, the mean of its steps: 33.3% variance steps"), std::string::npos) << err;
+  EXPECT_EQ(mt::cli::testing::metric_values(metrics, "loss").size(), 12u);
 }
 
 // The plan prices the attention the run computes. data.reset_attention_mask: the documents of the
