@@ -46,17 +46,62 @@ void unpack_into(float* y, const uint8_t* bits, size_t len, float scale, bool ad
   });
 }
 
+// One block's sum of squares in double (onebit_scale's, the same order).
+double block_squares(const float* x, size_t n, bool vec) {
+  if (vec) return detail::onebit_sum_squares_avx512(x, n);
+  double sq = 0.0;
+  for (size_t i = 0; i < n; ++i) sq += static_cast<double>(x[i]) * x[i];
+  return sq;
+}
+
+// One block's bits (onebit_pack's).
+void block_pack(uint8_t* out, const float* x, size_t n, bool vec) {
+  if (vec) return detail::onebit_pack_avx512(out, x, n);
+  std::memset(out, 0, (n + 7) / 8);
+  for (size_t i = 0; i < n; ++i)
+    if (!(x[i] < 0.0f)) out[i >> 3] |= static_cast<uint8_t>(0x80u >> (i & 7));
+}
+
+// e (n) += x (its first len elements; the rest as zeros), then onebit_scale(e, n): each block's
+// squares summed while the block is in the cache (the same blocks and order, so the same value).
+float add_and_scale(float* e, const float* x, size_t len, size_t n) {
+  if (n == 0) return 0.0f;
+  const bool vec = avx512();
+  std::vector<double> part(static_cast<size_t>(blocks_of(n)));
+  for_blocks(n, [&](size_t i0, size_t m) {
+    float* eb = e + i0;
+    const size_t real = i0 < len ? std::min(m, len - i0) : 0;
+    const float* xb = x + i0;
+    if (vec) {
+      part[i0 / kBlock] = detail::onebit_add_squares_avx512(eb, xb, real, m);
+      return;
+    }
+    for (size_t i = 0; i < real; ++i) eb[i] = xb[i] + eb[i];
+    for (size_t i = real; i < m; ++i) eb[i] = 0.0f + eb[i];  // DeepSpeed's zero padding
+    part[i0 / kBlock] = block_squares(eb, m, vec);
+  });
+  double sq = 0.0;
+  for (double q : part) sq += q;
+  return static_cast<float>(std::sqrt(sq / static_cast<double>(n)));
+}
+
+// bits = onebit_pack(e, n), then the error feedback e -= sign(e) s, a block at a time while it is
+// in the cache (each element's bit is taken before its own update).
+void pack_and_feedback(uint8_t* bits, float* e, size_t n, float s) {
+  const bool vec = avx512();
+  for_blocks(n, [&](size_t i0, size_t m) {
+    float* eb = e + i0;
+    if (vec) return detail::onebit_pack_feedback_avx512(bits + i0 / 8, eb, m, s);
+    block_pack(bits + i0 / 8, eb, m, vec);
+    for (size_t i = 0; i < m; ++i) eb[i] -= (eb[i] < 0.0f) ? -s : s;
+  });
+}
+
 }  // namespace
 
 void onebit_pack(uint8_t* bits, const float* x, size_t len) {
   const bool vec = avx512();
-  for_blocks(len, [&](size_t i0, size_t n) {
-    uint8_t* out = bits + i0 / 8;
-    if (vec) return detail::onebit_pack_avx512(out, x + i0, n);
-    std::memset(out, 0, (n + 7) / 8);
-    for (size_t i = 0; i < n; ++i)
-      if (!(x[i0 + i] < 0.0f)) out[i >> 3] |= static_cast<uint8_t>(0x80u >> (i & 7));
-  });
+  for_blocks(len, [&](size_t i0, size_t n) { block_pack(bits + i0 / 8, x + i0, n, vec); });
 }
 
 void onebit_unpack(float* y, const uint8_t* bits, size_t len, float scale) { unpack_into(y, bits, len, scale, false); }
@@ -65,27 +110,15 @@ float onebit_scale(const float* x, size_t len) {
   if (len == 0) return 0.0f;
   const bool vec = avx512();
   std::vector<double> part(static_cast<size_t>(blocks_of(len)));
-  for_blocks(len, [&](size_t i0, size_t n) {
-    double sq = 0.0;
-    if (vec) {
-      sq = detail::onebit_sum_squares_avx512(x + i0, n);
-    } else {
-      for (size_t i = i0; i < i0 + n; ++i) sq += static_cast<double>(x[i]) * x[i];
-    }
-    part[i0 / kBlock] = sq;
-  });
+  for_blocks(len, [&](size_t i0, size_t n) { part[i0 / kBlock] = block_squares(x + i0, n, vec); });
   double sq = 0.0;
   for (double p : part) sq += p;
   return static_cast<float>(std::sqrt(sq / static_cast<double>(len)));
 }
 
 float onebit_compress(uint8_t* bits, const float* x, float* e, size_t len) {
-#pragma omp parallel for simd schedule(static) if (parallel: len > kBlock)
-  for (size_t i = 0; i < len; ++i) e[i] += x[i];  // e holds c = x + e
-  const float s = onebit_scale(e, len);
-  onebit_pack(bits, e, len);
-#pragma omp parallel for simd schedule(static) if (parallel: len > kBlock)
-  for (size_t i = 0; i < len; ++i) e[i] -= (e[i] < 0.0f) ? -s : s;
+  const float s = add_and_scale(e, x, len, len);  // e holds c = x + e
+  pack_and_feedback(bits, e, len, s);
   return s;
 }
 
@@ -109,13 +142,6 @@ OneBitPlan::OneBitPlan(const std::vector<std::pair<size_t, size_t>>& spans, int 
   }
 }
 
-namespace {
-
-// ||x|| / sqrt(len) in double, rounded to f32 (DeepSpeed's torch.linalg.norm(x) / np.sqrt(numel)).
-float scale_of(const float* x, size_t len) { return onebit_scale(x, len); }
-
-}  // namespace
-
 void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, float* worker_error, float* server_error,
                            const CommOptions& opts) {
   const int n = group.size(), me = group.rank();
@@ -135,18 +161,13 @@ void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, f
     float* e = worker_error + t.worker_at;  // holds c = buf + e (zero-padded) until its error is taken
     const float* in = buf + t.offset;
     const size_t len = L.len, padded = L.padded;
-    // (The padding apart: a branch on i < len in the loop kept it from vectorising.)
-#pragma omp parallel for simd schedule(static) if (parallel: len > kBlock)
-    for (size_t i = 0; i < len; ++i) e[i] = in[i] + e[i];
-    for (size_t i = len; i < padded; ++i) e[i] = 0.0f + e[i];
-    const float s = scale_of(e, padded);
+    // c and its scale in one pass over the blocks; then each chunk's bits and its errors in another.
+    const float s = add_and_scale(e, in, len, padded);
     for (int r = 0; r < n; ++r) {
       float* msg = send.data() + static_cast<size_t>(r) * M + at;
       msg[0] = s;
-      onebit_pack(reinterpret_cast<uint8_t*>(msg + 1), e + L.begin(r), L.chunk);
+      pack_and_feedback(reinterpret_cast<uint8_t*>(msg + 1), e + L.begin(r), L.chunk, s);
     }
-#pragma omp parallel for simd schedule(static) if (parallel: padded > kBlock)
-    for (size_t i = 0; i < padded; ++i) e[i] -= (e[i] < 0.0f) ? -s : s;
     at += L.words();
   }
   // 2. Chunk r of every worker to rank r.
@@ -166,15 +187,10 @@ void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, f
       const float* msg = recv.data() + static_cast<size_t>(w) * M + at;
       unpack_into(a.data(), reinterpret_cast<const uint8_t*>(msg + 1), chunk, msg[0] * inv, /*add=*/true);
     }
-    const float* ap = a.data();
     float* se = server_error + t.server_at;
-#pragma omp parallel for simd schedule(static) if (parallel: chunk > kBlock)
-    for (size_t i = 0; i < chunk; ++i) se[i] += ap[i];  // se holds a + server_error
-    const float s = scale_of(se, L.chunk);
+    const float s = add_and_scale(se, a.data(), chunk, chunk);  // se holds a + server_error
     mine[at] = s;
-    onebit_pack(reinterpret_cast<uint8_t*>(mine.data() + at + 1), se, L.chunk);
-#pragma omp parallel for simd schedule(static) if (parallel: chunk > kBlock)
-    for (size_t i = 0; i < chunk; ++i) se[i] -= (se[i] < 0.0f) ? -s : s;
+    pack_and_feedback(reinterpret_cast<uint8_t*>(mine.data() + at + 1), se, chunk, s);
     at += L.words();
   }
   (void)me;

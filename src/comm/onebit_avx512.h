@@ -13,5 +13,10 @@ void onebit_pack_avx512(uint8_t* bits, const float* x, size_t len);
 void onebit_unpack_avx512(float* y, const uint8_t* bits, size_t len, float scale, bool add);
 // The sum of x^2 in double.
 double onebit_sum_squares_avx512(const float* x, size_t len);
+// e (len) = x + e for its first `real` elements and 0 + e past them, and then the sum of the new
+// e^2 in double: onebit_sum_squares_avx512's value, in one pass.
+double onebit_add_squares_avx512(float* e, const float* x, size_t real, size_t len);
+// onebit_pack of e (len), then e -= (e < 0 ? -s : s), in one pass.
+void onebit_pack_feedback_avx512(uint8_t* bits, float* e, size_t len, float s);
 
 }  // namespace mt::comm::detail
