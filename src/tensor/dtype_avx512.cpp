@@ -1,8 +1,6 @@
 // AVX-512 row converters. Compiled with -mavx512bf16 -mf16c; called only when isa_active() says so.
 #include <immintrin.h>
 
-#include "base/avx512_lanes.h"
-
 // NOTE: GCC 12 warns falsely inside its own AVX-512 headers (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -19,8 +17,8 @@ void convert_f32_to_bf16_avx512(bf16_t* dst, const float* src, size_t n) {
   }
   if (i < n) {
     __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    __m256bh v = _mm512_cvtneps_pbh(avx512::load_ps(m, src + i));
-    avx512::store_epi16(dst + i, m, reinterpret_cast<__m256i&>(v));
+    __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i));
+    _mm256_mask_storeu_epi16(dst + i, m, reinterpret_cast<__m256i&>(v));
   }
 }
 
@@ -32,8 +30,8 @@ void convert_bf16_to_f32_avx512(float* dst, const bf16_t* src, size_t n) {
   }
   if (i < n) {
     __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    __m256i h = avx512::load_epi16(m, src + i);
-    avx512::store_ps(dst + i, m,
+    __m256i h = _mm256_maskz_loadu_epi16(m, src + i);
+    _mm512_mask_storeu_ps(dst + i, m,
                           _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
   }
 }

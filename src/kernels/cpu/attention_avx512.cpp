@@ -10,8 +10,6 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
-
-#include "base/avx512_lanes.h"
 #pragma GCC diagnostic pop
 
 #include <algorithm>
@@ -81,12 +79,12 @@ void accumulate_block(float* C, int ldc, const float* A, int sa_r, int sa_k, con
     __m512 s = _mm512_set1_ps(alpha != nullptr ? alpha[r] : 1.0f);
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
-      acc[r][v] = _mm512_mul_ps(s, avx512::load_ps(mask[v], C + r * ldc + 16 * v));
+      acc[r][v] = _mm512_mul_ps(s, _mm512_maskz_loadu_ps(mask[v], C + r * ldc + 16 * v));
   }
   for (int k = kb; k < ke; ++k) {
     __m512 x[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) x[v] = avx512::load_ps(mask[v], X + k * ldx + 16 * v);
+    for (int v = 0; v < NV; ++v) x[v] = _mm512_maskz_loadu_ps(mask[v], X + k * ldx + 16 * v);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       __m512 a = _mm512_set1_ps(A[r * sa_r + k * sa_k]);
@@ -97,7 +95,7 @@ void accumulate_block(float* C, int ldc, const float* A, int sa_r, int sa_k, con
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) avx512::store_ps(C + r * ldc + 16 * v, mask[v], acc[r][v]);
+    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(C + r * ldc + 16 * v, mask[v], acc[r][v]);
 }
 
 using ScoresFn = void (*)(float*, const float*, int, const float*, int);
@@ -157,7 +155,7 @@ void attn_transpose_avx512(float* Xt, const float* X, int ldx, int n, int HS) {
       __m512 r[16];
       for (int a = 0; a < 16; ++a)
         r[a] =
-            a0 + a < n ? avx512::load_ps(mask, X + (a0 + a) * ldx + e0) : _mm512_setzero_ps();
+            a0 + a < n ? _mm512_maskz_loadu_ps(mask, X + (a0 + a) * ldx + e0) : _mm512_setzero_ps();
       transpose16(r);
       for (int e = 0; e < std::min(16, HS - e0); ++e)
         _mm512_storeu_ps(Xt + (e0 + e) * kLd + a0, r[e]);

@@ -92,7 +92,7 @@ inline float row_sum(const float* x, int C) {
   }
   for (; c < C; c += 16) {
     const __mmask16 m = C - c >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(C - c);
-    a0 = _mm512_add_ps(a0, avx512::load_ps(m, x + c));
+    a0 = _mm512_add_ps(a0, _mm512_maskz_loadu_ps(m, x + c));
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
@@ -352,7 +352,7 @@ void gelu_forward_avx512(float* out, const float* inp, size_t n) {
     _mm512_storeu_ps(out + i, gelu512(_mm512_loadu_ps(inp + i), nullptr));
   if (i < n) {
     const __mmask16 k = tail_mask(n - i);
-    avx512::store_ps(out + i, k, gelu512(avx512::load_ps(k, inp + i), nullptr));
+    _mm512_mask_storeu_ps(out + i, k, gelu512(_mm512_maskz_loadu_ps(k, inp + i), nullptr));
   }
 }
 
