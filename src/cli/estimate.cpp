@@ -3,7 +3,10 @@
 // largest micro-batch that fits a memory budget per rank (default: physical RAM / N).
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +23,7 @@
 #include "engine/engine.h"
 #include "engine/json_file.h"
 #include "optim/optimizer.h"
+#include "planner/cost.h"
 #include "planner/memory.h"
 
 namespace mt::cli {
@@ -87,8 +91,11 @@ void print_table(const planner::MemoryInput& in, const std::vector<planner::Stag
   std::printf("allocator footprint (every block through its rules: kept blocks, whole 2 MiB pages; the process adds its "
               "constant, `calibrate`'s process_bytes):");
   for (const planner::StageEstimate& e : est)
-    std::printf("%s stage%d %s%s%s%s", e.stage ? "," : "", e.stage, format_bytes(e.mapped).c_str(),
+    std::printf("%s stage%d %s%s%s%s%s", e.stage ? "," : "", e.stage, format_bytes(e.mapped).c_str(),
                 e.mpi ? (" + MPI's temporaries " + format_bytes(e.mpi)).c_str() : "",
+                e.exchange ? ((e.exchange_beside_mpi || !e.mpi ? " + " : " or ") + std::string("the 1-bit exchange's scratch ") +
+                              format_bytes(e.exchange)).c_str()
+                           : "",
                 e.gemm_scratch ? (" + oneDNN's scratchpad " + format_bytes(e.gemm_scratch)).c_str() : "",
                 e.gemm_widen ? (" + f16 operands widened to f32 " + format_bytes(e.gemm_widen)).c_str() : "");
   std::printf("\n");
@@ -153,6 +160,8 @@ nlohmann::json to_json(const planner::MemoryInput& in, const std::vector<planner
     s["held"] = e.held;            // the allocator's peak with its kept blocks
     s["mapped"] = e.mapped;        // the same in whole pages (FootprintReplay)
     s["mpi"] = e.mpi;              // libnbc's all-reduce temporaries, outside the allocator
+    s["exchange"] = e.exchange;    // the 1-bit exchange's kept scratch, outside it too
+    s["exchange_beside_mpi"] = e.exchange_beside_mpi;  // held while the all-reduce's temporaries are (else the larger)
     s["gemm_scratch"] = e.gemm_scratch;  // oneDNN's scratchpad region, outside the allocator
     s["gemm_widen"] = e.gemm_widen;      // f16 operands widened to f32 (no f16 matmul), outside it too
     j["stages"].push_back(s);
@@ -259,6 +268,13 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
     in.onebit = !optim::optimizer_is_onebit_lamb(c.optimizer) && c.compute_dtype != DType::kF16 ? planner::MemoryInput::OneBit::kPerTensor
                                                                                                 : planner::MemoryInput::OneBit::kFlat;
   in.optimizer_momentum_copy = optim::optimizer_is_onebit_lamb(c.optimizer);
+  // 0/1 Adam's variance steps all-reduce the gradients beside the exchange's kept scratch once one
+  // follows an exchange (a run without train_iters counted as long).
+  std::string type = c.optimizer.type;
+  std::transform(type.begin(), type.end(), type.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  if (type == "zerooneadam")
+    in.exchange_beside_all_reduce = planner::zero_one_variance_after_exchange(
+        c.optimizer, c.train_iters > 0 ? c.train_iters : std::numeric_limits<int64_t>::max());
   MT_CHECK(c.processes == procs, ErrorKind::kInternal, "estimate: the configuration was resolved for another process count");
   in.world = c.world_size;  // data-parallel ranks: procs / parallel.tp
   in.threads = threads_per_rank(procs);  // as meshtrain launch runs them, on this host

@@ -35,6 +35,7 @@
 #include "base/timer.h"
 #include "comm/comm_log.h"
 #include "comm/mpi_backend.h"
+#include "comm/onebit.h"
 #include "cli/commands.h"
 #include "data/megatron_order.h"
 #include "data/token_source.h"
@@ -710,6 +711,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       m["rss_peak_bytes"] = process_peak_rss_bytes();  // VmHWM: everything the process ever held
       m["gemm_scratch_bytes"] = kernels::gemm_scratch_held();  // oneDNN's scratchpad region
       m["gemm_widen_bytes"] = kernels::gemm_widen_held();      // f16 operands widened to f32 (this thread's)
+      m["exchange_scratch_bytes"] = comm::compressed_all_reduce_scratch_held();  // the 1-bit exchange's (this thread's)
       if (have_test) last_line = std::move(m);
       else metrics.write(m, done);
     }

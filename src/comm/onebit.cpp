@@ -33,6 +33,15 @@ void for_blocks(size_t len, F&& f) {
   }
 }
 
+// compressed_all_reduce's vectors, kept by the thread.
+struct Scratch {
+  std::vector<float> send, recv, all, mine, chunk;
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
 // y (len) = scale · (±1 from bits), or y += that (add).
 void unpack_into(float* y, const uint8_t* bits, size_t len, float scale, bool add) {
   const bool vec = avx512();
@@ -151,8 +160,10 @@ void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, f
   // 1. Worker: each tensor padded, plus its error, compressed with one scale; chunk r of its bits
   //    (with the scale) into the message for rank r.
   // Scratch kept by the thread from call to call (a step's exchange is as large as the model: fresh
-  // vectors would fault their pages in every step).
-  thread_local std::vector<float> send, recv, a;
+  // vectors would fault their pages in every step, and freed to glibc they stayed in its heap by
+  // chance: compressed_all_reduce_scratch_bytes counts them).
+  Scratch& k = scratch();
+  std::vector<float>&send = k.send, &recv = k.recv, &a = k.chunk, &mine = k.mine, &all = k.all;
   send.assign(M * static_cast<size_t>(n), 0.0f);
   recv.assign(send.size(), 0.0f);
   size_t at = 0;  // this tensor's first word in a message
@@ -176,7 +187,8 @@ void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, f
   if (ao.tag.empty()) ao.tag = "onebit worker chunks";
   group.all_to_all(recv.data(), send.data(), M, DType::kF32, ao)->wait();
   // 3. Server: sum_w (s_w / n) · (±1), plus its error, compressed again.
-  std::vector<float> mine(M, 0.0f), all(M * static_cast<size_t>(n), 0.0f);
+  mine.assign(M, 0.0f);
+  all.assign(M * static_cast<size_t>(n), 0.0f);
   const float inv = 1.0f / static_cast<float>(n);
   at = 0;
   for (const OneBitPlan::Tensor& t : plan.tensors) {
@@ -209,6 +221,18 @@ void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, f
     }
     at += L.words();
   }
+}
+
+size_t compressed_all_reduce_scratch_bytes(const OneBitPlan& plan) {
+  if (plan.ranks <= 1) return 0;
+  size_t chunk = 0;
+  for (const OneBitPlan::Tensor& t : plan.tensors) chunk = std::max(chunk, t.layout.chunk);
+  return 4 * ((3 * static_cast<size_t>(plan.ranks) + 1) * plan.words + chunk);
+}
+
+size_t compressed_all_reduce_scratch_held() {
+  const Scratch& s = scratch();
+  return 4 * (s.send.capacity() + s.recv.capacity() + s.all.capacity() + s.mine.capacity() + s.chunk.capacity());
 }
 
 void compressed_all_reduce(Backend& group, float* buf, size_t len, float* worker_error, float* server_error,

@@ -87,4 +87,13 @@ void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, f
 void compressed_all_reduce(Backend& group, float* buf, size_t len, float* worker_error, float* server_error,
                            const CommOptions& opts = {});
 
+// The scratch compressed_all_reduce keeps on the calling thread from call to call, in bytes, for
+// plan (the largest of the plans it has run): the messages sent, received and gathered (ranks ·
+// words f32 each), this rank's server message (words) and the largest tensor's server chunk. Pages
+// outside the allocator that the process holds from its first exchange on (planner::StageEstimate::
+// exchange). 0 for one rank.
+size_t compressed_all_reduce_scratch_bytes(const OneBitPlan& plan);
+// The calling thread's kept scratch now, in bytes.
+size_t compressed_all_reduce_scratch_held();
+
 }  // namespace mt::comm

@@ -114,6 +114,9 @@ void check_compressed_all_reduce(int n, const std::vector<size_t>& lens) {
       else compressed_all_reduce(b, buf.data(), plan, we.data(), se.data());
     }
     results[b.rank()] = buf;
+    // The scratch the rank's thread (a fresh one) keeps: what the planner counts (the messages
+    // sent, received and gathered, this rank's server message, the largest server chunk).
+    EXPECT_EQ(compressed_all_reduce_scratch_held(), compressed_all_reduce_scratch_bytes(plan));
   });
   for (auto& e : errs) ASSERT_EQ(e, nullptr);
   std::vector<std::vector<std::vector<float>>> we(lens.size()), se(lens.size());
@@ -132,6 +135,17 @@ void check_compressed_all_reduce(int n, const std::vector<size_t>& lens) {
   }
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < total; ++i) ASSERT_EQ(results[r][i], expect[i]) << "rank " << r << " i " << i;
+}
+
+// 1000 elements on 2 ranks: padded to 1008 (a multiple of 2 · lcm(2, 8)), chunks of 504, a
+// message of 1 + 63/4 rounded up = 17 words; sent, received and gathered 2 · 17 words each, the
+// server message 17 and the chunk 504: 4 · (119 + 504) bytes. Two tensors of 1000 and 100 on 3
+// ranks: chunks of 336 (1008 / 3: lcm 24, unit 72, 1008) and 48 (144 / 3), messages of 1 + 11 and
+// 1 + 2 words, 15 in all: 4 · (10 · 15 + 336). One rank keeps none.
+TEST(OneBit, CompressedAllReduceScratchIsItsMessagesAndLargestChunk) {
+  EXPECT_EQ(compressed_all_reduce_scratch_bytes(OneBitPlan({{0, 1000}}, 2)), 4u * (7 * 17 + 504));
+  EXPECT_EQ(compressed_all_reduce_scratch_bytes(OneBitPlan({{0, 1000}, {1000, 100}}, 3)), 4u * (10 * 15 + 336));
+  EXPECT_EQ(compressed_all_reduce_scratch_bytes(OneBitPlan({{0, 1000}}, 1)), 0u);
 }
 
 TEST(OneBit, CompressedAllReduceIsDeepSpeeds2Ranks) { check_compressed_all_reduce(2, {1000}); }

@@ -160,6 +160,19 @@ std::vector<std::pair<UpdateKind, double>> zero_one_mix(const optim::OptimizerSp
   return mix;
 }
 
+bool zero_one_variance_after_exchange(const optim::OptimizerSpec& spec, int64_t last) {
+  optim::ZeroOneAdamConfig c;
+  c.var_freeze_step = spec.var_freeze_step;
+  c.var_update_scaler = spec.var_update_scaler;
+  c.local_step_scaler = spec.local_step_scaler;
+  c.local_step_clipper = spec.local_step_clipper;
+  c = optim::zero_one_checked(c);
+  const int64_t k = c.var_update_scaler;
+  if (k == 0 || last < 3 || k > last - 2) return false;  // the interval stays 1, or no room (and no overflow below)
+  const int64_t variance = k % 2 == 1 ? k + 2 : k + 3;  // the variance step after the first compressed one
+  return variance <= last && variance <= std::max<int64_t>(c.var_freeze_step, 1);  // ZeroOnePolicy::frozen_at
+}
+
 std::vector<std::pair<UpdateKind, double>> update_mix(const optim::OptimizerSpec& spec, int64_t first, int64_t last) {
   std::string t = spec.type;
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });

@@ -85,6 +85,12 @@ bool update_exchanges(UpdateKind u);
 // optimizer's own policy (optim::ZeroOnePolicy) makes them: each kind's share, variance steps as
 // kAdamW; kinds with no step left out.
 std::vector<std::pair<UpdateKind, double>> zero_one_mix(const optim::OptimizerSpec& spec, int64_t first, int64_t last);
+// Whether 0/1 Adam makes a variance step (its gradients all-reduced) after its first exchange, within
+// updates 1..last: the exchange's kept scratch then meets the all-reduce's temporaries
+// (MemoryInput::exchange_beside_all_reduce). With var_update_scaler k >= 1 the first k updates are
+// variance steps at interval 1; the interval then doubles, so the first compressed-gradient step is
+// update k + 1 (k odd) or k + 2 (k even) and the next variance step follows it at once.
+bool zero_one_variance_after_exchange(const optim::OptimizerSpec& spec, int64_t last);
 // The run's steps by kind over updates first..last where an optimizer's steps differ: 1-bit Adam
 // and 1-bit LAMB, their warm-up's (max(freeze_step, 2) - 1 updates, as kAdamW / kLamb) and their
 // compressed phase's; 0/1 Adam, zero_one_mix. Empty for the others (every step alike).

@@ -448,6 +448,42 @@ TEST(CostModel, ZeroOneAdamsStepsAreCountedAsItsPolicyMakesThem) {
   EXPECT_DOUBLE_EQ(share(defaults, UpdateKind::kZeroOneCompressed), 0.904);
 }
 
+// Whether a variance step follows an exchange (a compressed-gradient step) within a run: the
+// closed form against the optimizer's policy stepped through, over scalers, freeze steps and run
+// lengths (DeepSpeed's defaults at once: var_update_scaler 16, first compressed at update 18, the
+// next variance step at 19).
+TEST(CostModel, ZeroOneAdamsVarianceAfterAnExchangeIsItsPolicys) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (int64_t vfs : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{4}, int64_t{5}, int64_t{6}, int64_t{40}, kMax})
+    for (int64_t vus : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{16}, kMax})
+      for (int64_t last : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{6}, int64_t{18},
+                           int64_t{19}, int64_t{50}}) {
+        optim::OptimizerSpec spec;
+        spec.type = "ZeroOneAdam";
+        spec.var_freeze_step = vfs;
+        spec.var_update_scaler = vus;
+        optim::ZeroOneAdamConfig c;
+        c.var_freeze_step = vfs;
+        c.var_update_scaler = vus;
+        optim::ZeroOnePolicy policy(c);
+        bool exchanged = false, expect = false;
+        for (int64_t t = 1; t <= last; ++t) {
+          const optim::ZeroOnePolicy::Kind k = policy.kind(t);
+          expect = expect || (exchanged && k == optim::ZeroOnePolicy::Kind::kVariance);
+          exchanged = exchanged || k == optim::ZeroOnePolicy::Kind::kCompressedGradient;
+          policy.advance(t);
+        }
+        EXPECT_EQ(zero_one_variance_after_exchange(spec, last), expect) << "vfs " << vfs << " vus " << vus << " last " << last;
+      }
+  optim::OptimizerSpec ds;
+  ds.type = "ZeroOneAdam";
+  ds.var_freeze_step = 100000;
+  ds.var_update_scaler = 16;
+  EXPECT_FALSE(zero_one_variance_after_exchange(ds, 18));
+  EXPECT_TRUE(zero_one_variance_after_exchange(ds, 19));
+  EXPECT_TRUE(zero_one_variance_after_exchange(ds, kMax));
+}
+
 // The count goes an interval at a time (a loop over 1e9 steps took seconds): it agrees with the
 // optimizer's own policy, stepped through, over configurations that reach every rule (the variance
 // interval never doubling, doubling at every variance step or later; the sync interval fixed,

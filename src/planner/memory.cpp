@@ -142,8 +142,10 @@ int optimizer_state_count(const optim::OptimizerSpec& spec) {
   return 2;  // Adam, AdamW, Lamb, 1-bit Adam: exp_avg, exp_avg_sq
 }
 
-std::pair<size_t, size_t> onebit_error_bytes(const MemoryInput& in, int world) {
-  if (in.onebit == MemoryInput::OneBit::kNone || world <= 1) return {0, 0};
+namespace {
+
+// The exchange's plan (parallel/grad_sync's OneBitSync); in has a 1-bit optimizer over world > 1.
+comm::OneBitPlan onebit_plan(const MemoryInput& in, int world) {
   MT_CHECK(in.tp == 1 && !in.pipeline(), ErrorKind::kInvalidArgument, "memory estimate: 1-bit optimizers take no tp or pp");
   // The parameter tensors as the store holds them (every block alike), each padded on its own.
   ModelSkeleton sk(in.model, 1, in.vocab_divisible);
@@ -162,8 +164,20 @@ std::pair<size_t, size_t> onebit_error_bytes(const MemoryInput& in, int world) {
   add(*sk.block, in.model.n_layer);
   for (auto& m : sk.tail) add(*m, 1);
   if (in.onebit == MemoryInput::OneBit::kFlat) spans = {{0, P}};
-  const comm::OneBitPlan plan(spans, world);
+  return comm::OneBitPlan(spans, world);
+}
+
+}  // namespace
+
+std::pair<size_t, size_t> onebit_error_bytes(const MemoryInput& in, int world) {
+  if (in.onebit == MemoryInput::OneBit::kNone || world <= 1) return {0, 0};
+  const comm::OneBitPlan plan = onebit_plan(in, world);
   return {4 * plan.worker_error_len, 4 * plan.server_error_len};
+}
+
+size_t onebit_scratch_bytes(const MemoryInput& in, int world) {
+  if (in.onebit == MemoryInput::OneBit::kNone || world <= 1) return 0;
+  return comm::compressed_all_reduce_scratch_bytes(onebit_plan(in, world));
 }
 
 std::vector<parallel::Unit> model_units(const models::ModelConfig& cfg, int tp, int vocab_divisible) {
@@ -817,6 +831,10 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   if (in.tp > 1 && !in.sequence_parallel) {
     const models::BlockDims d = block_dims(in.model, in.micro_batch, in.seq_length, in.tp, false);
     r.mpi = std::max(r.mpi, libnbc_allreduce_touched(static_cast<size_t>(d.N) * static_cast<size_t>(d.C), 4, in.tp));
+  }
+  if (stage == 0) {
+    r.exchange = onebit_scratch_bytes(in, in.world);
+    r.exchange_beside_mpi = in.exchange_beside_all_reduce;
   }
   r.gemm_scratch = gemm_scratch_bytes(in);
   r.gemm_widen = gemm_widen_bytes(in);

@@ -146,6 +146,11 @@ struct MemoryInput {
   // 4 bytes a parameter).
   enum class OneBit { kNone, kPerTensor, kFlat };
   OneBit onebit = OneBit::kNone;
+  // The exchange's kept scratch (StageEstimate::exchange) is held while a gradient all-reduce's
+  // temporaries are (StageEstimate::mpi): a 0/1 Adam run with a variance step after its first
+  // exchange (planner::zero_one_variance_after_exchange). Otherwise the all-reduces come before
+  // any exchange (1-bit Adam's and LAMB's warm-up) and the larger of the two counts.
+  bool exchange_beside_all_reduce = false;
   bool optimizer_momentum_copy = false;
 };
 
@@ -153,6 +158,8 @@ struct MemoryInput {
 // one rank or no 1-bit optimizer): comm::OneBitPlan over the model's parameter tensors, as
 // parallel/grad_sync's OneBitSync builds it.
 std::pair<size_t, size_t> onebit_error_bytes(const MemoryInput& in, int world);
+// The scratch its exchange keeps (comm::compressed_all_reduce_scratch_bytes of that plan), in bytes.
+size_t onebit_scratch_bytes(const MemoryInput& in, int world);
 
 // One block the model makes or frees (a Buffer), in the order it does.
 struct BlockEvent {
@@ -190,12 +197,23 @@ struct StageEstimate {
   // all-reduce of the stage-0 gradient buckets and of tensor parallelism's activations
   // (libnbc_allreduce_touched).
   size_t mpi = 0;
+  // The 1-bit exchange's scratch, kept by the thread from its first exchange on (outside the
+  // allocator: comm::compressed_all_reduce_scratch_bytes of the run's plan; onebit_scratch_bytes).
+  size_t exchange = 0;
+  bool exchange_beside_mpi = false;  // MemoryInput::exchange_beside_all_reduce
   // oneDNN's scratchpad region (kernels::gemm_scratch_held, outside the allocator): the largest need
   // of the rank's GEMMs (gemm_scratch_bytes).
   size_t gemm_scratch = 0;
   // f16 GEMMs where oneDNN has none (kernels::gemm_widen_bytes): the two f32 regions the operands
   // are widened into, each the largest copy of the rank's GEMMs (0 where the dtype is native).
   size_t gemm_widen = 0;
+  // What the process holds beyond the allocator's mapped peak that the estimate predicts: MPI's
+  // temporaries and the exchange's scratch (summed where they meet, else the larger), oneDNN's
+  // scratchpad and the widened operands.
+  size_t outside_allocator() const {
+    const size_t comm = exchange_beside_mpi ? mpi + exchange : std::max(mpi, exchange);
+    return comm + gemm_scratch + gemm_widen;
+  }
 };
 
 // The largest oneDNN scratchpad among the GEMMs a training step of the rank makes, as nn::Linear,

@@ -145,7 +145,7 @@ size_t layout_memory(const PlanJob& job, const Layout& l, const Calibration& cal
     steady = std::max(steady, e.ours.total());
     peak = std::max(peak, std::max(e.ours.total(), e.setup.total()));
     if (p && cal.process_bytes > 0) {
-      p->process_by_stage.push_back(cal.process_bytes + e.mapped + e.mpi + e.gemm_scratch + e.gemm_widen);
+      p->process_by_stage.push_back(cal.process_bytes + e.mapped + e.outside_allocator());
       p->process = std::max(p->process, p->process_by_stage.back());
     }
   }
