@@ -202,6 +202,12 @@ TEST_P(EstimateMpi, PeaksPerCategoryAgree) {
     if (k.overlap && m.estimate.contains(name + "_low")) std::printf("  low %9.0f", m.estimate[name + "_low"].get<double>());
     std::printf("\n");
   }
+  // The 1-bit exchange's scratch, kept by rank 0's thread outside the allocator: the bytes the
+  // estimate counts (0 without a 1-bit optimizer).
+  EXPECT_EQ(m.metrics["exchange_scratch_bytes"].get<double>(), m.estimate["exchange"].get<double>());
+  if (k.optimizer) {
+    EXPECT_GT(m.estimate["exchange"].get<double>(), 0.0);
+  }
   // Setup (the model built, the ZeRO shards made, checkpoint loads) holds no more than training
   // does: under ZeRO the shards come from the initial values, with no whole-model buffers beside
   // them (DESIGN-NOTES 57). Before, setup was the rank's peak at every stage >= 1.
