@@ -56,13 +56,22 @@ int lm_head_tile_rows(int N, int V, int tile_rows) {
   return std::min(R, N);
 }
 
+int lm_head_operand_ld(int V, DType dtype) {
+  const int per_line = 64 / static_cast<int>(dtype_size(dtype));
+  return (V + per_line - 1) / per_line * per_line;
+}
+
 double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
   const int R = lm_head_tile_rows(a.N, a.V, a.tile_rows);
   size_t es = dtype_size(a.dtype);
   float* logits = static_cast<float*>(ws.get(WorkSlot::kLmHeadLogits, static_cast<size_t>(R) * a.V * 4));
+  // f32: dlogits in place (the logits GEMM writes its rows dense: a padded f32 stride ran it slower,
+  // and a padded copy would cost a second tile of f32). Low precision: a copy whose rows start on
+  // 64-byte lines (lm_head_operand_ld); its padding columns are never read.
+  const int ld = a.dtype == DType::kF32 ? a.V : lm_head_operand_ld(a.V, a.dtype);
   void* dl = a.dtype == DType::kF32
                  ? static_cast<void*>(logits)
-                 : ws.get(WorkSlot::kLmHeadOperand, static_cast<size_t>(R) * a.V * es);
+                 : ws.get(WorkSlot::kLmHeadOperand, static_cast<size_t>(R) * ld * es);
   float* lse = static_cast<float*>(ws.get(WorkSlot::kLmHeadLse, static_cast<size_t>(R) * 4));
   double total = 0.0;
   for (int r0 = 0; r0 < a.N; r0 += R) {
@@ -77,11 +86,14 @@ double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
     }
     for (int i = 0; i < r; ++i) total += a.losses[r0 + i];
     if (a.grad_scale == 0.0f) continue;
-    if (a.dtype != DType::kF32) convert(dl, a.dtype, logits, DType::kF32, static_cast<size_t>(r) * a.V);
+    if (a.dtype != DType::kF32)
+      for (int i = 0; i < r; ++i)
+        convert(static_cast<char*>(dl) + static_cast<size_t>(i) * ld * es, a.dtype, logits + static_cast<size_t>(i) * a.V,
+                DType::kF32, static_cast<size_t>(a.V));
     // dx (r, C) = dlogits (r, V) w (V, C);  dw (V, C) += dlogits^T (V, r) x (r, C)
-    kernels::gemm(r, a.C, a.V, dl, a.V, false, a.w, a.C, false, a.dx + static_cast<size_t>(r0) * a.C,
+    kernels::gemm(r, a.C, a.V, dl, ld, false, a.w, a.C, false, a.dx + static_cast<size_t>(r0) * a.C,
                   a.C, a.dtype, false);
-    kernels::gemm(a.V, a.C, r, dl, a.V, true, x, a.C, false, a.dw, a.C, a.dtype, true);
+    kernels::gemm(a.V, a.C, r, dl, ld, true, x, a.C, false, a.dw, a.C, a.dtype, true);
   }
   return total;
 }

@@ -35,6 +35,11 @@ struct LmHeadArgs {
 // The rows of lm_head_cross_entropy's tiles of N rows over V vocabulary rows (tile_rows 0: the default).
 int lm_head_tile_rows(int N, int V, int tile_rows = 0);
 
+// The row stride, in elements, of the tile's dlogits copy in a low-precision compute dtype: V
+// rounded up to whole 64-byte lines. oneDNN runs dX = dlogits W and dW += dlogits^T X from rows of
+// an odd length (GPT-2's 50257 bf16: 2-byte aligned) at about half its rate (PERF (dd)).
+int lm_head_operand_ld(int V, DType dtype);
+
 // Returns the sum of the per-row losses.
 double lm_head_cross_entropy(const LmHeadArgs& args, Workspace& ws);
 

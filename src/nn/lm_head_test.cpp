@@ -1,0 +1,120 @@
+// The fused LM head and cross-entropy against the textbook formulas in double: loss = lse - the
+// target's logit, dlogits = (softmax - onehot) · scale, dX = dlogits W, dW += dlogits^T X. In
+// tiles (one, and three of 3, 3 and 1 rows), in f32 and bf16 (operands rounded to bf16 for the
+// reference too; the runtime also rounds dlogits to bf16, so its values carry bf16's 2^-9), over an
+// odd vocabulary (37: the bf16 copy's rows padded to 64 elements, lm_head_operand_ld).
+#include "nn/lm_head.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace mt::nn {
+namespace {
+
+TEST(LmHead, OperandRowsStartOnWholeLines) {
+  EXPECT_EQ(lm_head_operand_ld(50257, DType::kBF16), 50272);
+  EXPECT_EQ(lm_head_operand_ld(50257, DType::kF16), 50272);
+  EXPECT_EQ(lm_head_operand_ld(32000, DType::kBF16), 32000);
+  EXPECT_EQ(lm_head_operand_ld(37, DType::kBF16), 64);
+  EXPECT_EQ(lm_head_operand_ld(37, DType::kF32), 48);
+}
+
+struct Reference {
+  std::vector<double> loss, dx, dw;
+};
+
+// x (N, C), w (V, C) as the runtime reads them (already rounded for bf16); dw starts at dw0.
+Reference reference(const std::vector<float>& x, const std::vector<float>& w, const std::vector<int32_t>& t,
+                    const std::vector<float>& dw0, int N, int C, int V, double scale, bool round_dlogits) {
+  Reference r;
+  r.loss.assign(N, 0.0);
+  r.dx.assign(static_cast<size_t>(N) * C, 0.0);
+  r.dw.assign(dw0.begin(), dw0.end());
+  for (int i = 0; i < N; ++i) {
+    std::vector<double> z(V);
+    double mx = -1e300;
+    for (int v = 0; v < V; ++v) {
+      double s = 0.0;
+      for (int c = 0; c < C; ++c) s += static_cast<double>(x[static_cast<size_t>(i) * C + c]) * w[static_cast<size_t>(v) * C + c];
+      z[v] = s;
+      mx = std::max(mx, s);
+    }
+    double sum = 0.0;
+    for (int v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+    const double lse = mx + std::log(sum);
+    if (t[i] == -100) continue;
+    r.loss[i] = lse - z[t[i]];
+    for (int v = 0; v < V; ++v) {
+      double d = (std::exp(z[v] - lse) - (v == t[i] ? 1.0 : 0.0)) * scale;
+      if (round_dlogits) d = bf16_to_f32(f32_to_bf16(static_cast<float>(d)));
+      for (int c = 0; c < C; ++c) {
+        r.dx[static_cast<size_t>(i) * C + c] += d * w[static_cast<size_t>(v) * C + c];
+        r.dw[static_cast<size_t>(v) * C + c] += d * x[static_cast<size_t>(i) * C + c];
+      }
+    }
+  }
+  return r;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double a : v) m = std::max(m, std::fabs(a));
+  return m;
+}
+
+TEST(LmHead, TilesInF32AndBf16AreTheTextbookFormulas) {
+  const int N = 7, C = 20, V = 37;
+  const double scale = 0.25;
+  std::mt19937 g(11);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(N) * C), w(static_cast<size_t>(V) * C), dw0(w.size());
+  for (float& a : x) a = n01(g);
+  for (float& a : w) a = 0.5f * n01(g);
+  for (float& a : dw0) a = 0.1f * n01(g);
+  std::vector<int32_t> t = {3, 36, -100, 0, 17, 17, 5};
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const bool bf16 = dt == DType::kBF16;
+    std::vector<float> xr = x, wr = w;
+    std::vector<bf16_t> xb(x.size()), wb(w.size());
+    if (bf16) {
+      for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]), xr[i] = bf16_to_f32(xb[i]);
+      for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]), wr[i] = bf16_to_f32(wb[i]);
+    }
+    const Reference ref = reference(xr, wr, t, dw0, N, C, V, scale, bf16);
+    for (int tile_rows : {0, 3}) {
+      std::vector<float> dx(static_cast<size_t>(N) * C, -1.0f), dw = dw0, losses(N, -1.0f);
+      LmHeadArgs a;
+      a.x = bf16 ? static_cast<const void*>(xb.data()) : xr.data();
+      a.w = bf16 ? static_cast<const void*>(wb.data()) : wr.data();
+      a.dtype = dt;
+      a.targets = t.data();
+      a.N = N, a.C = C, a.V = V;
+      a.grad_scale = static_cast<float>(scale);
+      a.dx = dx.data();
+      a.dw = dw.data();
+      a.losses = losses.data();
+      a.tile_rows = tile_rows;
+      Workspace ws;
+      const double total = lm_head_cross_entropy(a, ws);
+      double want_total = 0.0;
+      for (int i = 0; i < N; ++i) {
+        EXPECT_NEAR(losses[i], ref.loss[i], 1e-4 * std::max(1.0, std::fabs(ref.loss[i]))) << "row " << i;
+        want_total += ref.loss[i];
+      }
+      EXPECT_NEAR(total, want_total, 1e-3);
+      // bf16: dlogits rounded to bf16 by both; a value near a rounding tie may round the other way
+      // from the GEMM's f32 logits (one bf16 step, 2^-8 of it).
+      const double tol = bf16 ? 1e-2 : 1e-5;
+      const double sx = max_abs(ref.dx), sw = max_abs(ref.dw);
+      for (size_t i = 0; i < dx.size(); ++i) ASSERT_NEAR(dx[i], ref.dx[i], tol * sx) << dtype_name(dt) << " tiles " << tile_rows << " dx " << i;
+      for (size_t i = 0; i < dw.size(); ++i) ASSERT_NEAR(dw[i], ref.dw[i], tol * sw) << dtype_name(dt) << " tiles " << tile_rows << " dw " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mt::nn
