@@ -13,18 +13,18 @@ namespace {
 
 // One tile of logits (r, V) of this shard: the loss of each row over the whole (distributed)
 // vocabulary, and, when training, dlogits = (softmax - onehot) * grad_scale in place.
-void vocab_parallel_tile(const LmHeadArgs& a, float* loss, float* logits, const int32_t* targets, int r) {
+void vocab_parallel_tile(const LmHeadArgs& a, float* loss, float* logits, int ld, const int32_t* targets, int r) {
   const int V = a.V, valid = a.valid < 0 ? a.V : a.valid;
   std::vector<float> mx(static_cast<size_t>(r)), st(2 * static_cast<size_t>(r)), sum(static_cast<size_t>(r)),
       scale(static_cast<size_t>(r));
   // The target's logit, where this shard holds it (before the logits turn into exps).
   for (int i = 0; i < r; ++i) {
     int t = targets[i] - a.v0;
-    st[2 * i + 1] = targets[i] != -100 && t >= 0 && t < valid ? logits[static_cast<size_t>(i) * V + t] : 0.0f;
+    st[2 * i + 1] = targets[i] != -100 && t >= 0 && t < valid ? logits[static_cast<size_t>(i) * ld + t] : 0.0f;
   }
-  kernels::vp_cross_entropy_max(mx.data(), logits, r, V, valid);
+  kernels::vp_cross_entropy_max(mx.data(), logits, r, V, valid, ld);
   a.reduce_max(mx.data(), mx.size());
-  kernels::vp_cross_entropy_exp(sum.data(), logits, mx.data(), r, V, valid);
+  kernels::vp_cross_entropy_exp(sum.data(), logits, mx.data(), r, V, valid, ld);
   for (int i = 0; i < r; ++i) st[2 * i] = sum[static_cast<size_t>(i)];
   a.reduce_sum(st.data(), st.size());  // sums of exps and target logits, in one all-reduce
   for (int i = 0; i < r; ++i) {
@@ -35,10 +35,10 @@ void vocab_parallel_tile(const LmHeadArgs& a, float* loss, float* logits, const 
     scale[static_cast<size_t>(i)] = ignored ? 0.0f : a.grad_scale;
   }
   if (a.grad_scale == 0.0f) return;
-  kernels::vp_cross_entropy_grad(logits, sum.data(), scale.data(), r, V);  // softmax * scale
+  kernels::vp_cross_entropy_grad(logits, sum.data(), scale.data(), r, V, ld);  // softmax * scale
   for (int i = 0; i < r; ++i) {
     const int t = targets[i] - a.v0;
-    if (targets[i] != -100 && t >= 0 && t < valid) logits[static_cast<size_t>(i) * V + t] -= a.grad_scale;
+    if (targets[i] != -100 && t >= 0 && t < valid) logits[static_cast<size_t>(i) * ld + t] -= a.grad_scale;
   }
 }
 
@@ -61,14 +61,18 @@ int lm_head_operand_ld(int V, DType dtype) {
   return (V + per_line - 1) / per_line * per_line;
 }
 
+int lm_head_logits_ld(int V, DType dtype) { return dtype == DType::kF32 ? lm_head_operand_ld(V, dtype) : V; }
+
 double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
   const int R = lm_head_tile_rows(a.N, a.V, a.tile_rows);
   size_t es = dtype_size(a.dtype);
-  float* logits = static_cast<float*>(ws.get(WorkSlot::kLmHeadLogits, static_cast<size_t>(R) * a.V * 4));
-  // f32: dlogits in place (the logits GEMM writes its rows dense: a padded f32 stride ran it slower,
-  // and a padded copy would cost a second tile of f32). Low precision: a copy whose rows start on
-  // 64-byte lines (lm_head_operand_ld); its padding columns are never read.
-  const int ld = a.dtype == DType::kF32 ? a.V : lm_head_operand_ld(a.V, a.dtype);
+  // f32: the logits' rows on 64-byte lines (lm_head_operand_ld), dlogits in place (the logits GEMM
+  // runs 5-10 % slower into the padded stride, the two that read dlogits 25-35 % faster). Low
+  // precision: the f32 logits dense (a padded stride ran their GEMM slower still, up to twice as
+  // slow) and the compute-dtype copy of dlogits on whole lines. Padding columns are never read.
+  const int ldl = lm_head_logits_ld(a.V, a.dtype);
+  float* logits = static_cast<float*>(ws.get(WorkSlot::kLmHeadLogits, static_cast<size_t>(R) * ldl * 4));
+  const int ld = lm_head_operand_ld(a.V, a.dtype);
   void* dl = a.dtype == DType::kF32
                  ? static_cast<void*>(logits)
                  : ws.get(WorkSlot::kLmHeadOperand, static_cast<size_t>(R) * ld * es);
@@ -78,17 +82,17 @@ double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
     int r = std::min(R, a.N - r0);
     const char* x = static_cast<const char*>(a.x) + static_cast<size_t>(r0) * a.C * es;
     // logits (r, V) = x (r, C) w^T
-    kernels::gemm(r, a.V, a.C, x, a.C, false, a.w, a.C, true, logits, a.V, a.dtype, false);
+    kernels::gemm(r, a.V, a.C, x, a.C, false, a.w, a.C, true, logits, ldl, a.dtype, false);
     if (a.reduce_sum) {
-      vocab_parallel_tile(a, a.losses + r0, logits, a.targets + r0, r);
+      vocab_parallel_tile(a, a.losses + r0, logits, ldl, a.targets + r0, r);
     } else {
-      kernels::cross_entropy_tile(a.losses + r0, lse, logits, a.targets + r0, r, a.V, a.grad_scale);
+      kernels::cross_entropy_tile(a.losses + r0, lse, logits, a.targets + r0, r, a.V, a.grad_scale, ldl);
     }
     for (int i = 0; i < r; ++i) total += a.losses[r0 + i];
     if (a.grad_scale == 0.0f) continue;
     if (a.dtype != DType::kF32)
       for (int i = 0; i < r; ++i)
-        convert(static_cast<char*>(dl) + static_cast<size_t>(i) * ld * es, a.dtype, logits + static_cast<size_t>(i) * a.V,
+        convert(static_cast<char*>(dl) + static_cast<size_t>(i) * ld * es, a.dtype, logits + static_cast<size_t>(i) * ldl,
                 DType::kF32, static_cast<size_t>(a.V));
     // dx (r, C) = dlogits (r, V) w (V, C);  dw (V, C) += dlogits^T (V, r) x (r, C)
     kernels::gemm(r, a.C, a.V, dl, ld, false, a.w, a.C, false, a.dx + static_cast<size_t>(r0) * a.C,

@@ -35,10 +35,14 @@ struct LmHeadArgs {
 // The rows of lm_head_cross_entropy's tiles of N rows over V vocabulary rows (tile_rows 0: the default).
 int lm_head_tile_rows(int N, int V, int tile_rows = 0);
 
-// The row stride, in elements, of the tile's dlogits copy in a low-precision compute dtype: V
-// rounded up to whole 64-byte lines. oneDNN runs dX = dlogits W and dW += dlogits^T X from rows of
-// an odd length (GPT-2's 50257 bf16: 2-byte aligned) at about half its rate (PERF (dd)).
+// The row stride, in elements, of the tile's dlogits as the two GEMMs that read them see it: V
+// rounded up to whole 64-byte lines of the compute dtype (the f32 logits themselves in f32, a copy
+// in low precision). oneDNN runs dX = dlogits W and dW += dlogits^T X from rows of an odd length
+// (GPT-2's 50257) at half to two thirds of its rate (PERF (dd)).
 int lm_head_operand_ld(int V, DType dtype);
+// The row stride of the tile's f32 logits: lm_head_operand_ld in f32 (dlogits in place), V in low
+// precision (the logits GEMM runs slower into a padded stride).
+int lm_head_logits_ld(int V, DType dtype);
 
 // Returns the sum of the per-row losses.
 double lm_head_cross_entropy(const LmHeadArgs& args, Workspace& ws);

@@ -661,12 +661,12 @@ std::vector<BlockEvent> step_blocks(const MemoryInput& in) {
   if (!gpt2) ws += 2 * static_cast<size_t>(d.T) * (d.HS / 2) * 4 + 128;
   make(MemCategory::kWorkspace, ws);
   // nn::lm_head_cross_entropy: equal row tiles of at most 64 MiB of f32 logits (lm_head.cpp):
-  // logits R V f32, their compute-dtype copy (low precision; rows of lm_head_operand_ld), the row
-  // log-sum-exps, each a slot.
+  // logits R V f32 (rows of lm_head_logits_ld), their compute-dtype copy (low precision; rows of
+  // lm_head_operand_ld), the row log-sum-exps, each a slot.
   if (in.last_stage) {  // a pipeline stage without the head has no logits
     size_t budget_rows = std::max<size_t>(1, (size_t{64} << 20) / (4 * V));
     size_t R = std::min(N, ceil_div(N, ceil_div(N, budget_rows)));
-    make(MemCategory::kWorkspace, R * V * 4);
+    make(MemCategory::kWorkspace, R * static_cast<size_t>(nn::lm_head_logits_ld(static_cast<int>(V), in.compute_dtype)) * 4);
     if (lowp) make(MemCategory::kWorkspace, R * static_cast<size_t>(nn::lm_head_operand_ld(static_cast<int>(V), in.compute_dtype)) * e);
     make(MemCategory::kWorkspace, R * 4);
   }

@@ -184,9 +184,9 @@ void bias_backward_rows(float* dbias, const float* dout, int N, int C) {
 }
 
 void cross_entropy_rows(float* loss, float* lse, float* logits, const int32_t* targets, int R,
-                        int V, float grad_scale) {
+                        int V, float grad_scale, int ld) {
   for (int r = 0; r < R; ++r) {
-    float* x = logits + static_cast<size_t>(r) * V;
+    float* x = logits + static_cast<size_t>(r) * ld;
     const int32_t t = targets[r];
     float mx = -INFINITY;
     for (int i = 0; i < V; ++i) mx = x[i] > mx ? x[i] : mx;
@@ -563,20 +563,22 @@ void bias_backward(float* dbias, const float* dout, int N, int C) {
 // NOTE: lse is written for ignored rows too (it is the row's log-sum-exp either way); only loss
 // and dlogits are zeroed for them.
 void cross_entropy_tile(float* loss, float* lse, float* logits, const int32_t* targets, int R,
-                        int V, float grad_scale) {
+                        int V, float grad_scale, int ld) {
+  if (ld == 0) ld = V;
   auto body = use_avx512() ? detail::cross_entropy_tile_avx512 : cross_entropy_rows;
   for_thread_rows(R, [&](int, int r0, int r1) {
-    body(loss + r0, lse + r0, logits + static_cast<size_t>(r0) * V, targets + r0, r1 - r0, V,
-         grad_scale);
+    body(loss + r0, lse + r0, logits + static_cast<size_t>(r0) * ld, targets + r0, r1 - r0, V,
+         grad_scale, ld);
   });
 }
 
-void vp_cross_entropy_max(float* rowmax, const float* logits, int R, int V, int valid) {
+void vp_cross_entropy_max(float* rowmax, const float* logits, int R, int V, int valid, int ld) {
+  if (ld == 0) ld = V;
   const bool v = use_avx512();
   for_thread_rows(R, [&](int, int r0, int r1) {
-    if (v) return detail::vp_cross_entropy_max_avx512(rowmax + r0, logits + static_cast<size_t>(r0) * V, r1 - r0, V, valid);
+    if (v) return detail::vp_cross_entropy_max_avx512(rowmax + r0, logits + static_cast<size_t>(r0) * ld, r1 - r0, V, valid, ld);
     for (int r = r0; r < r1; ++r) {
-      const float* x = logits + static_cast<size_t>(r) * V;
+      const float* x = logits + static_cast<size_t>(r) * ld;
       float m = -INFINITY;
       for (int i = 0; i < valid; ++i) m = std::max(m, x[i]);
       rowmax[r] = m;
@@ -584,14 +586,15 @@ void vp_cross_entropy_max(float* rowmax, const float* logits, int R, int V, int 
   });
 }
 
-void vp_cross_entropy_exp(float* sumexp, float* logits, const float* rowmax, int R, int V, int valid) {
+void vp_cross_entropy_exp(float* sumexp, float* logits, const float* rowmax, int R, int V, int valid, int ld) {
+  if (ld == 0) ld = V;
   const bool v = use_avx512();
   for_thread_rows(R, [&](int, int r0, int r1) {
     if (v)
-      return detail::vp_cross_entropy_exp_avx512(sumexp + r0, logits + static_cast<size_t>(r0) * V, rowmax + r0,
-                                                 r1 - r0, V, valid);
+      return detail::vp_cross_entropy_exp_avx512(sumexp + r0, logits + static_cast<size_t>(r0) * ld, rowmax + r0,
+                                                 r1 - r0, V, valid, ld);
     for (int r = r0; r < r1; ++r) {
-      float* x = logits + static_cast<size_t>(r) * V;
+      float* x = logits + static_cast<size_t>(r) * ld;
       float sum = 0.0f;
       for (int i = 0; i < V; ++i) {
         x[i] = i < valid ? std::exp(x[i] - rowmax[r]) : 0.0f;
@@ -602,11 +605,12 @@ void vp_cross_entropy_exp(float* sumexp, float* logits, const float* rowmax, int
   });
 }
 
-void vp_cross_entropy_grad(float* logits, const float* sumexp, const float* scale, int R, int V) {
+void vp_cross_entropy_grad(float* logits, const float* sumexp, const float* scale, int R, int V, int ld) {
+  if (ld == 0) ld = V;
   for_thread_rows(R, [&](int, int r0, int r1) {
     const bool v = use_avx512();
     for (int r = r0; r < r1; ++r) {
-      float* x = logits + static_cast<size_t>(r) * V;
+      float* x = logits + static_cast<size_t>(r) * ld;
       const float k = scale[r] / sumexp[r];
       if (v) {
         detail::scale_inplace_avx512(x, k, static_cast<size_t>(V));

@@ -88,23 +88,24 @@ void scale_inplace(float* x, float s, size_t n);                         // x *=
 void bias_backward(float* dbias, const float* dout, int N, int C);
 
 // ---- softmax cross-entropy on one tile of logits (the LM head calls this per tile) ----
-// logits (R, V) f32, targets (R) with -100 meaning "ignore".
+// logits (R, V) f32 with rows ld apart (0: V, dense), targets (R) with -100 meaning "ignore".
 // lse (R) = logsumexp of each row; loss (R) = lse - logits[target] (0 for ignored rows).
 // If grad_scale != 0: logits is overwritten with dlogits = (softmax - onehot(target)) * grad_scale
 // (a zero row for ignored rows).
 void cross_entropy_tile(float* loss, float* lse, float* logits, const int32_t* targets, int R,
-                        int V, float grad_scale);
+                        int V, float grad_scale, int ld = 0);
 
 // ---- vocabulary-parallel cross-entropy (Megatron's), per tile of this shard's logits (R, V) ----
+// Rows ld apart (0: V), as cross_entropy_tile's.
 // Columns >= valid are vocabulary padding: never counted, their dlogits are 0.
 // Phase 1: rowmax (R) = max over the valid columns (then reduced MAX over the tp group).
-void vp_cross_entropy_max(float* rowmax, const float* logits, int R, int V, int valid);
+void vp_cross_entropy_max(float* rowmax, const float* logits, int R, int V, int valid, int ld = 0);
 // Phase 2, with the group's row max: sumexp (R) = sum of exp(logit - rowmax) over the valid
 // columns (then reduced SUM); logits overwritten with exp(logit - rowmax) (padding 0).
-void vp_cross_entropy_exp(float* sumexp, float* logits, const float* rowmax, int R, int V, int valid);
+void vp_cross_entropy_exp(float* sumexp, float* logits, const float* rowmax, int R, int V, int valid, int ld = 0);
 // Phase 3, with the group's sums: logits (holding the exps) scaled by scale[r] / sum[r] per row
 // (scale[r] = 0 zeroes an ignored row). The caller subtracts scale[r] at the target's column.
-void vp_cross_entropy_grad(float* logits, const float* sumexp, const float* scale, int R, int V);
+void vp_cross_entropy_grad(float* logits, const float* sumexp, const float* scale, int R, int V, int ld = 0);
 
 // ---- optimizer: AdamW over one flat span (Loshchilov & Hutter; PyTorch's torch.optim.AdamW) ----
 //   g = grad * grad_scale

@@ -306,9 +306,9 @@ void bias_backward_avx512(float* dbias, const float* dout, int N, int C) {
 // ---- cross-entropy ----
 
 void cross_entropy_tile_avx512(float* loss, float* lse, float* logits, const int32_t* targets,
-                               int R, int V, float grad_scale) {
+                               int R, int V, float grad_scale, int ld) {
   for (int r = 0; r < R; ++r) {
-    float* x = logits + static_cast<size_t>(r) * V;
+    float* x = logits + static_cast<size_t>(r) * ld;
     const int32_t t = targets[r];
     const bool ignore = t == -100;
     __m512 vmax = _mm512_set1_ps(-INFINITY);
@@ -346,9 +346,9 @@ void cross_entropy_tile_avx512(float* loss, float* lse, float* logits, const int
   }
 }
 
-void vp_cross_entropy_max_avx512(float* rowmax, const float* logits, int R, int V, int valid) {
+void vp_cross_entropy_max_avx512(float* rowmax, const float* logits, int R, int V, int valid, int ld) {
   for (int r = 0; r < R; ++r) {
-    const float* x = logits + static_cast<size_t>(r) * V;
+    const float* x = logits + static_cast<size_t>(r) * ld;
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     for (int i = 0; i < valid; i += 16) {
       const __mmask16 k = mask_at(i, valid);
@@ -358,9 +358,9 @@ void vp_cross_entropy_max_avx512(float* rowmax, const float* logits, int R, int 
   }
 }
 
-void vp_cross_entropy_exp_avx512(float* sumexp, float* logits, const float* rowmax, int R, int V, int valid) {
+void vp_cross_entropy_exp_avx512(float* sumexp, float* logits, const float* rowmax, int R, int V, int valid, int ld) {
   for (int r = 0; r < R; ++r) {
-    float* x = logits + static_cast<size_t>(r) * V;
+    float* x = logits + static_cast<size_t>(r) * ld;
     const __m512 vm = _mm512_set1_ps(rowmax[r]);
     __m512 acc = _mm512_setzero_ps();
     for (int i = 0; i < valid; i += 16) {

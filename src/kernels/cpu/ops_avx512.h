@@ -31,9 +31,9 @@ void swiglu_forward_avx512(float* out, const float* inp, int N, int I);
 void swiglu_backward_avx512(float* dinp, const float* dout, const float* inp, int N, int I);
 void bias_backward_avx512(float* dbias, const float* dout, int N, int C);
 void cross_entropy_tile_avx512(float* loss, float* lse, float* logits, const int32_t* targets,
-                               int R, int V, float grad_scale);
-void vp_cross_entropy_max_avx512(float* rowmax, const float* logits, int R, int V, int valid);
-void vp_cross_entropy_exp_avx512(float* sumexp, float* logits, const float* rowmax, int R, int V, int valid);
+                               int R, int V, float grad_scale, int ld);
+void vp_cross_entropy_max_avx512(float* rowmax, const float* logits, int R, int V, int valid, int ld);
+void vp_cross_entropy_exp_avx512(float* sumexp, float* logits, const float* rowmax, int R, int V, int valid, int ld);
 
 // Elementwise kernels over n contiguous elements.
 void gelu_forward_avx512(float* out, const float* inp, size_t n);

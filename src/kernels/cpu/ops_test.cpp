@@ -230,6 +230,50 @@ TEST(OpsIsa, CrossEntropy) {
   }
 }
 
+// Rows ld apart (the LM head's f32 tiles on whole lines, nn::lm_head_logits_ld): every kernel gives
+// the dense tile's values row for row, on both ISAs, and leaves the columns past V as they were.
+TEST(OpsIsa, CrossEntropyOnRowsLdApartIsTheDenseTiles) {
+  const int R = 5;
+  for (int V : {7, 33, 769}) {
+    const int ld = (V + 15) / 16 * 16 + 16;
+    const Vec dense = random_vec(size_t(R) * V, -30.0f, 30.0f, 31);
+    std::vector<int32_t> tg(R);
+    for (int r = 0; r < R; ++r) tg[r] = r == 1 ? -100 : (r * 7919) % V;
+    auto spread = [&](const Vec& d) {
+      Vec w(size_t(R) * ld, 7.0f);  // 7: the columns past V, which no kernel may touch
+      for (int r = 0; r < R; ++r) std::copy_n(d.begin() + r * V, V, w.begin() + size_t(r) * ld);
+      return w;
+    };
+    auto check = [&](const Vec& strided, const Vec& want, const char* what) {
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < ld; ++c)
+          ASSERT_EQ(strided[size_t(r) * ld + c], c < V ? want[size_t(r) * V + c] : 7.0f) << what << " V " << V << " row " << r << " col " << c;
+    };
+    compare_isas(
+        [&] {
+          Vec d = dense, loss(R), lse(R), l = spread(dense), sloss(R), slse(R);
+          cross_entropy_tile(loss.data(), lse.data(), d.data(), tg.data(), R, V, 0.5f);
+          cross_entropy_tile(sloss.data(), slse.data(), l.data(), tg.data(), R, V, 0.5f, ld);
+          EXPECT_EQ(sloss, loss);
+          EXPECT_EQ(slse, lse);
+          check(l, d, "cross_entropy_tile");
+          const int valid = V - 2;  // two padding columns in the shard
+          Vec vd = dense, vl = spread(dense), mx(R), smx(R), sum(R), ssum(R), scale(R, 0.5f);
+          vp_cross_entropy_max(mx.data(), vd.data(), R, V, valid);
+          vp_cross_entropy_max(smx.data(), vl.data(), R, V, valid, ld);
+          EXPECT_EQ(smx, mx);
+          vp_cross_entropy_exp(sum.data(), vd.data(), mx.data(), R, V, valid);
+          vp_cross_entropy_exp(ssum.data(), vl.data(), mx.data(), R, V, valid, ld);
+          EXPECT_EQ(ssum, sum);
+          vp_cross_entropy_grad(vd.data(), sum.data(), scale.data(), R, V);
+          vp_cross_entropy_grad(vl.data(), sum.data(), scale.data(), R, V, ld);
+          check(vl, vd, "vp_cross_entropy");
+          return std::vector<Vec>{sloss, slse, l, vl};
+        },
+        1e-5, 1e-6, "cross_entropy on strided rows");
+  }
+}
+
 // Megatron's vocab-parallel cross-entropy: the vocabulary split over S shards, each padded to a
 // multiple of 16 (+ 3 padding columns on the last), with the group's reductions done by hand,
 // gives the loss and dlogits of the whole-vocabulary tile (cross_entropy_tile) on both ISAs.
