@@ -727,10 +727,11 @@ size_t libnbc_allreduce_touched(size_t count, size_t elem_bytes, int p) {
 
 namespace {
 
-// One kernels::gemm call of a step: its shape and form.
+// One kernels::gemm call of a step: its shape and form (lda, ldc 0: dense).
 struct GemmCall {
   int M, N, K;
   bool ta, tb, acc, bias;
+  int lda = 0, ldc = 0;
 };
 
 // The GEMMs a rank's step makes (each layer's forward, dX and dW; the head's tiles).
@@ -763,10 +764,11 @@ std::vector<GemmCall> step_gemms(const MemoryInput& in) {
   if (in.last_stage) {  // the head's tiles: logits, the input's gradient, the weight's gradient
     const int V = models::padded_vocab(in.model, in.tp, in.vocab_divisible) / in.tp;
     const int R = nn::lm_head_tile_rows(d.N, V);
-    for (int r : {R, d.N - (d.N - 1) / R * R}) {
-      calls.push_back({r, V, d.C, false, true, false, false});
-      calls.push_back({r, d.C, V, false, false, false, false});
-      calls.push_back({V, d.C, r, true, false, true, false});
+    const int ldl = nn::lm_head_logits_ld(V, in.compute_dtype), ld = nn::lm_head_operand_ld(V, in.compute_dtype);
+    for (int r : {R, d.N - (d.N - 1) / R * R}) {  // their strides: nn::lm_head_cross_entropy's
+      calls.push_back({r, V, d.C, false, true, false, false, 0, ldl});
+      calls.push_back({r, d.C, V, false, false, false, false, ld, 0});
+      calls.push_back({V, d.C, r, true, false, true, false, ld, 0});
     }
   }
   return calls;
@@ -777,7 +779,8 @@ std::vector<GemmCall> step_gemms(const MemoryInput& in) {
 size_t gemm_scratch_bytes(const MemoryInput& in) {
   size_t most = 0;
   for (const GemmCall& g : step_gemms(in))
-    most = std::max(most, kernels::gemm_scratch_bytes(g.M, g.N, g.K, g.ta, g.tb, in.compute_dtype, g.acc, g.bias, in.threads));
+    most = std::max(most, kernels::gemm_scratch_bytes(g.M, g.N, g.K, g.ta, g.tb, in.compute_dtype, g.acc, g.bias, in.threads,
+                                                      g.lda, g.ldc));
   return most;
 }
 

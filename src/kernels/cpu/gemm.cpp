@@ -50,7 +50,7 @@ struct Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<Key, std::unique_ptr<Entry>> cache;
-  std::map<Key, size_t> scratch_sizes;  // gemm_scratch_bytes' answers
+  std::map<std::pair<Key, int>, size_t> scratch_sizes;  // gemm_scratch_bytes' answers, by the call and threads
   Scratch scratch;
   std::mutex mu;
 };
@@ -186,14 +186,16 @@ int gemm_primitive_count() {
 }
 
 size_t gemm_scratch_bytes(int M, int N, int K, bool trans_a, bool trans_b, DType ab_dtype, bool accumulate,
-                          bool bias, int threads) {
+                          bool bias, int threads, int lda, int ldc) {
   if (M == 0 || N == 0) return 0;
   Context& ctx = context();
   std::lock_guard<std::mutex> lock(ctx.mu);
-  const int lda = trans_a ? M : K, ldb = trans_b ? K : N, own = omp_get_max_threads();
+  const int ldb = trans_b ? K : N, own = omp_get_max_threads();
+  if (lda <= 0) lda = trans_a ? M : K;
+  if (ldc <= 0) ldc = N;
   if (threads <= 0) threads = own;
-  // The map's key: the call's, with the threads in place of ldc (always N here).
-  Key key{M, N, K, lda, ldb, -threads, trans_a, trans_b, static_cast<int>(ab_dtype), accumulate, bias};
+  const std::pair<Key, int> key{Key{M, N, K, lda, ldb, ldc, trans_a, trans_b, static_cast<int>(ab_dtype), accumulate, bias},
+                                threads};
   auto it = ctx.scratch_sizes.find(key);
   if (it != ctx.scratch_sizes.end()) return it->second;
   struct Threads {  // oneDNN reads omp_get_max_threads() when it describes the primitive
@@ -205,8 +207,8 @@ size_t gemm_scratch_bytes(int M, int N, int K, bool trans_a, bool trans_b, DType
   dnnl::matmul::primitive_desc pd;
   size_t bytes = 0;
   // Where oneDNN has no matmul for the dtype, gemm widens the operands and runs the f32 one.
-  if (describe(ctx, e, pd, M, N, K, lda, ldb, N, trans_a, trans_b, ab_dtype, accumulate, bias) ||
-      describe(ctx, e, pd, M, N, K, lda, ldb, N, trans_a, trans_b, DType::kF32, accumulate, bias))
+  if (describe(ctx, e, pd, M, N, K, lda, ldb, ldc, trans_a, trans_b, ab_dtype, accumulate, bias) ||
+      describe(ctx, e, pd, M, N, K, lda, ldb, ldc, trans_a, trans_b, DType::kF32, accumulate, bias))
     bytes = (e.scratch.get_size() + 4095) / 4096 * 4096;
   ctx.scratch_sizes.emplace(key, bytes);
   return bytes;

@@ -27,12 +27,12 @@ double gemm_ceiling_tflops(int M, int N, int K, DType ab_dtype, double seconds =
 
 // oneDNN's scratchpad: every primitive runs on one region of this process, grown to the largest
 // need so far (user scratchpad mode; mapped outside the allocator, in whole 4 KiB pages).
-// gemm_scratch_bytes: the bytes gemm's call of this shape and form needs, with the dense leading
-// dimensions (lda = trans_a ? M : K, ldb = trans_b ? K : N, ldc = N), page-rounded; creates no
-// primitive. gemm_scratch_held: the region's size now.
+// gemm_scratch_bytes: the bytes gemm's call of this shape and form needs, with ldb dense
+// (trans_b ? K : N) and lda and ldc as given (0: dense, trans_a ? M : K and N), page-rounded;
+// creates no primitive. gemm_scratch_held: the region's size now.
 // With threads > 0, the need on that many OpenMP threads (oneDNN sizes its per-thread buffers by them).
 size_t gemm_scratch_bytes(int M, int N, int K, bool trans_a, bool trans_b, DType ab_dtype, bool accumulate,
-                          bool bias = false, int threads = 0);
+                          bool bias = false, int threads = 0, int lda = 0, int ldc = 0);
 size_t gemm_scratch_held();
 
 // Where oneDNN has no matmul for ab_dtype (f16 without AVX512-FP16), gemm widens A (M x K) and B
