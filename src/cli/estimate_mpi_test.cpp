@@ -418,8 +418,10 @@ TEST(EstimateFootprint, StageZeroHoldsLibnbcsRingSegment) {
 // one's need; the largest is the region a run holds, byte for byte: GPT-2 (Conv1D weights with
 // biases) and LLaMA (grouped q/k/v and gate/up), one rank and tp 2 (the row-parallel biases
 // deferred, this rank's widths), bf16 and f32, and a vocabulary whose head runs in two tiles, also
-// an odd one, whose head's tiles have rows on whole lines (nn::lm_head_operand_ld, lm_head_logits_ld:
-// oneDNN's need differs by the stride).
+// an odd one, whose head's tiles have rows on whole lines (nn::lm_head_operand_ld, lm_head_logits_ld),
+// which the estimate asks oneDNN about with those strides (at GPT-2 124M's head, bf16, the input
+// gradient's GEMM needs 260 KiB from dense rows and none from padded ones; the blocks' larger
+// needs set the region here either way).
 TEST(EstimateFootprint, GemmScratchIsTheLargestNeedOfTheStepsGemms) {
   write_dataset(dir() + "/train", 30);
   struct Run {
