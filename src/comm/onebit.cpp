@@ -189,6 +189,12 @@ void compressed_all_reduce(Backend& group, float* buf, const OneBitPlan& plan, f
   // 3. Server: sum_w (s_w / n) · (±1), plus its error, compressed again.
   mine.assign(M, 0.0f);
   all.assign(M * static_cast<size_t>(n), 0.0f);
+  size_t largest = 0;  // the chunk's vector sized once (growing tensor by tensor left the smaller ones to the heap)
+  for (const OneBitPlan::Tensor& t : plan.tensors) largest = std::max(largest, t.layout.chunk);
+  if (a.capacity() < largest) {
+    std::vector<float>().swap(a);
+    a.reserve(largest);
+  }
   const float inv = 1.0f / static_cast<float>(n);
   at = 0;
   for (const OneBitPlan::Tensor& t : plan.tensors) {

@@ -57,6 +57,7 @@ int lm_head_tile_rows(int N, int V, int tile_rows) {
 }
 
 int lm_head_operand_ld(int V, DType dtype) {
+  if (dtype == DType::kF16) return V;  // widened to dense f32 where oneDNN has no f16 matmul (here)
   const int per_line = 64 / static_cast<int>(dtype_size(dtype));
   return (V + per_line - 1) / per_line * per_line;
 }
@@ -67,9 +68,11 @@ double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
   const int R = lm_head_tile_rows(a.N, a.V, a.tile_rows);
   size_t es = dtype_size(a.dtype);
   // f32: the logits' rows on 64-byte lines (lm_head_operand_ld), dlogits in place (the logits GEMM
-  // runs 5-10 % slower into the padded stride, the two that read dlogits 25-35 % faster). Low
-  // precision: the f32 logits dense (a padded stride ran their GEMM slower still, up to twice as
-  // slow) and the compute-dtype copy of dlogits on whole lines. Padding columns are never read.
+  // runs 5-10 % slower into the padded stride, the two that read dlogits 20-35 % faster). bf16: the
+  // f32 logits dense (their GEMM ran 5-10 % slower into padded rows, and twice as slow at a stride
+  // of 50272) and the bf16 copy of dlogits on whole lines. f16: both dense (lm_head_operand_ld).
+  // Padding columns are never read. (The tile's rows are counted at V: a padded tile is over its
+  // 64 MiB by the padding.)
   const int ldl = lm_head_logits_ld(a.V, a.dtype);
   float* logits = static_cast<float*>(ws.get(WorkSlot::kLmHeadLogits, static_cast<size_t>(R) * ldl * 4));
   const int ld = lm_head_operand_ld(a.V, a.dtype);
@@ -90,10 +93,14 @@ double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
     }
     for (int i = 0; i < r; ++i) total += a.losses[r0 + i];
     if (a.grad_scale == 0.0f) continue;
-    if (a.dtype != DType::kF32)
+    if (a.dtype != DType::kF32 && ld == a.V) {
+      convert(dl, a.dtype, logits, DType::kF32, static_cast<size_t>(r) * a.V);
+    } else if (a.dtype != DType::kF32) {  // a row at a time, over the threads (a row is below convert's own split)
+#pragma omp parallel for schedule(static) if (r > 1)
       for (int i = 0; i < r; ++i)
         convert(static_cast<char*>(dl) + static_cast<size_t>(i) * ld * es, a.dtype, logits + static_cast<size_t>(i) * ldl,
                 DType::kF32, static_cast<size_t>(a.V));
+    }
     // dx (r, C) = dlogits (r, V) w (V, C);  dw (V, C) += dlogits^T (V, r) x (r, C)
     kernels::gemm(r, a.C, a.V, dl, ld, false, a.w, a.C, false, a.dx + static_cast<size_t>(r0) * a.C,
                   a.C, a.dtype, false);

@@ -1,8 +1,9 @@
 // The fused LM head and cross-entropy against the textbook formulas in double: loss = lse - the
 // target's logit, dlogits = (softmax - onehot) · scale, dX = dlogits W, dW += dlogits^T X. In
-// tiles (one, and three of 3, 3 and 1 rows), in f32 and bf16 (operands rounded to bf16 for the
-// reference too; the runtime also rounds dlogits to bf16, so its values carry bf16's 2^-9), over an
-// odd vocabulary (37: the bf16 copy's rows padded to 64 elements, lm_head_operand_ld).
+// tiles (one, and three of 3, 3 and 1 rows), in f32, bf16 and f16 (operands rounded for the
+// reference too; the runtime also rounds dlogits to the dtype, so its values carry its rounding),
+// over an odd vocabulary (37: f32 logits' rows padded to 48 and the bf16 copy's to 64 elements,
+// lm_head_logits_ld and lm_head_operand_ld; f16's dense).
 #include "nn/lm_head.h"
 
 #include <gtest/gtest.h>
@@ -17,19 +18,22 @@ namespace {
 
 TEST(LmHead, OperandRowsStartOnWholeLines) {
   EXPECT_EQ(lm_head_operand_ld(50257, DType::kBF16), 50272);
-  EXPECT_EQ(lm_head_operand_ld(50257, DType::kF16), 50272);
+  EXPECT_EQ(lm_head_operand_ld(50257, DType::kF16), 50257);  // widened to dense f32 here
   EXPECT_EQ(lm_head_operand_ld(32000, DType::kBF16), 32000);
   EXPECT_EQ(lm_head_operand_ld(37, DType::kBF16), 64);
   EXPECT_EQ(lm_head_operand_ld(37, DType::kF32), 48);
+  EXPECT_EQ(lm_head_logits_ld(37, DType::kF32), 48);
+  EXPECT_EQ(lm_head_logits_ld(37, DType::kBF16), 37);
 }
 
 struct Reference {
   std::vector<double> loss, dx, dw;
 };
 
-// x (N, C), w (V, C) as the runtime reads them (already rounded for bf16); dw starts at dw0.
+// x (N, C), w (V, C) as the runtime reads them (already rounded in low precision); dw starts at dw0.
+// round: the compute dtype dlogits are rounded to (f32: none).
 Reference reference(const std::vector<float>& x, const std::vector<float>& w, const std::vector<int32_t>& t,
-                    const std::vector<float>& dw0, int N, int C, int V, double scale, bool round_dlogits) {
+                    const std::vector<float>& dw0, int N, int C, int V, double scale, DType round) {
   Reference r;
   r.loss.assign(N, 0.0);
   r.dx.assign(static_cast<size_t>(N) * C, 0.0);
@@ -50,7 +54,8 @@ Reference reference(const std::vector<float>& x, const std::vector<float>& w, co
     r.loss[i] = lse - z[t[i]];
     for (int v = 0; v < V; ++v) {
       double d = (std::exp(z[v] - lse) - (v == t[i] ? 1.0 : 0.0)) * scale;
-      if (round_dlogits) d = bf16_to_f32(f32_to_bf16(static_cast<float>(d)));
+      if (round == DType::kBF16) d = bf16_to_f32(f32_to_bf16(static_cast<float>(d)));
+      if (round == DType::kF16) d = f16_to_f32(f32_to_f16(static_cast<float>(d)));
       for (int c = 0; c < C; ++c) {
         r.dx[static_cast<size_t>(i) * C + c] += d * w[static_cast<size_t>(v) * C + c];
         r.dw[static_cast<size_t>(v) * C + c] += d * x[static_cast<size_t>(i) * C + c];
@@ -76,20 +81,24 @@ TEST(LmHead, TilesInF32AndBf16AreTheTextbookFormulas) {
   for (float& a : w) a = 0.5f * n01(g);
   for (float& a : dw0) a = 0.1f * n01(g);
   std::vector<int32_t> t = {3, 36, -100, 0, 17, 17, 5};
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    const bool bf16 = dt == DType::kBF16;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const bool lowp = dt != DType::kF32;
     std::vector<float> xr = x, wr = w;
-    std::vector<bf16_t> xb(x.size()), wb(w.size());
-    if (bf16) {
-      for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]), xr[i] = bf16_to_f32(xb[i]);
-      for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]), wr[i] = bf16_to_f32(wb[i]);
+    std::vector<uint16_t> xb(x.size()), wb(w.size());  // the 2-byte operands
+    auto round = [&](float v, uint16_t* bits) {
+      if (dt == DType::kBF16) return *bits = f32_to_bf16(v).bits, bf16_to_f32(bf16_t{*bits});
+      return *bits = f32_to_f16(v).bits, f16_to_f32(f16_t{*bits});
+    };
+    if (lowp) {
+      for (size_t i = 0; i < x.size(); ++i) xr[i] = round(x[i], &xb[i]);
+      for (size_t i = 0; i < w.size(); ++i) wr[i] = round(w[i], &wb[i]);
     }
-    const Reference ref = reference(xr, wr, t, dw0, N, C, V, scale, bf16);
+    const Reference ref = reference(xr, wr, t, dw0, N, C, V, scale, dt);
     for (int tile_rows : {0, 3}) {
       std::vector<float> dx(static_cast<size_t>(N) * C, -1.0f), dw = dw0, losses(N, -1.0f);
       LmHeadArgs a;
-      a.x = bf16 ? static_cast<const void*>(xb.data()) : xr.data();
-      a.w = bf16 ? static_cast<const void*>(wb.data()) : wr.data();
+      a.x = lowp ? static_cast<const void*>(xb.data()) : xr.data();
+      a.w = lowp ? static_cast<const void*>(wb.data()) : wr.data();
       a.dtype = dt;
       a.targets = t.data();
       a.N = N, a.C = C, a.V = V;
@@ -106,9 +115,9 @@ TEST(LmHead, TilesInF32AndBf16AreTheTextbookFormulas) {
         want_total += ref.loss[i];
       }
       EXPECT_NEAR(total, want_total, 1e-3);
-      // bf16: dlogits rounded to bf16 by both; a value near a rounding tie may round the other way
-      // from the GEMM's f32 logits (one bf16 step, 2^-8 of it).
-      const double tol = bf16 ? 1e-2 : 1e-5;
+      // bf16, f16: dlogits rounded by both; a value near a rounding tie may round the other way
+      // from the GEMM's f32 logits (one step of the dtype: 2^-8 of it in bf16).
+      const double tol = lowp ? 1e-2 : 1e-5;
       const double sx = max_abs(ref.dx), sw = max_abs(ref.dw);
       for (size_t i = 0; i < dx.size(); ++i) ASSERT_NEAR(dx[i], ref.dx[i], tol * sx) << dtype_name(dt) << " tiles " << tile_rows << " dx " << i;
       for (size_t i = 0; i < dw.size(); ++i) ASSERT_NEAR(dw[i], ref.dw[i], tol * sw) << dtype_name(dt) << " tiles " << tile_rows << " dw " << i;

@@ -134,6 +134,7 @@ const float* widen(Scratch& to, const void* p, int rows, int cols, int ld, DType
     convert(out, DType::kF32, p, dt, static_cast<size_t>(rows) * static_cast<size_t>(cols));
     return out;
   }
+#pragma omp parallel for schedule(static) if (rows > 1)
   for (int r = 0; r < rows; ++r)
     convert(out + static_cast<size_t>(r) * cols, DType::kF32,
             static_cast<const char*>(p) + static_cast<size_t>(r) * ld * dtype_size(dt), dt,
@@ -206,9 +207,10 @@ size_t gemm_scratch_bytes(int M, int N, int K, bool trans_a, bool trans_b, DType
   Entry e;
   dnnl::matmul::primitive_desc pd;
   size_t bytes = 0;
-  // Where oneDNN has no matmul for the dtype, gemm widens the operands and runs the f32 one.
+  // Where oneDNN has no matmul for the dtype, gemm widens the operands into dense f32 copies and
+  // runs the f32 one on them (lda dense, ldc as given).
   if (describe(ctx, e, pd, M, N, K, lda, ldb, ldc, trans_a, trans_b, ab_dtype, accumulate, bias) ||
-      describe(ctx, e, pd, M, N, K, lda, ldb, ldc, trans_a, trans_b, DType::kF32, accumulate, bias))
+      describe(ctx, e, pd, M, N, K, trans_a ? M : K, ldb, ldc, trans_a, trans_b, DType::kF32, accumulate, bias))
     bytes = (e.scratch.get_size() + 4095) / 4096 * 4096;
   ctx.scratch_sizes.emplace(key, bytes);
   return bytes;
