@@ -58,8 +58,12 @@ int lm_head_tile_rows(int N, int V, int tile_rows) {
 
 int lm_head_operand_ld(int V, DType dtype) {
   if (dtype == DType::kF16) return V;  // widened to dense f32 where oneDNN has no f16 matmul (here)
-  const int per_line = 64 / static_cast<int>(dtype_size(dtype));
-  return (V + per_line - 1) / per_line * per_line;
+  const int es = static_cast<int>(dtype_size(dtype)), per_line = 64 / es;
+  int ld = (V + per_line - 1) / per_line * per_line;
+  // A stride of a multiple of 256 bytes (LLaMA's 32000 in bf16, 50304 in either) lands the rows on
+  // the same cache sets: one line more (PERF (dd): 10-25 % on the two GEMMs).
+  if (static_cast<int64_t>(ld) * es % 256 == 0) ld += per_line;
+  return ld;
 }
 
 int lm_head_logits_ld(int V, DType dtype) { return dtype == DType::kF32 ? lm_head_operand_ld(V, dtype) : V; }

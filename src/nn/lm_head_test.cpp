@@ -19,7 +19,9 @@ namespace {
 TEST(LmHead, OperandRowsStartOnWholeLines) {
   EXPECT_EQ(lm_head_operand_ld(50257, DType::kBF16), 50272);
   EXPECT_EQ(lm_head_operand_ld(50257, DType::kF16), 50257);  // widened to dense f32 here
-  EXPECT_EQ(lm_head_operand_ld(32000, DType::kBF16), 32000);
+  EXPECT_EQ(lm_head_operand_ld(32000, DType::kBF16), 32032);  // 64000 bytes: a multiple of 256, one line more
+  EXPECT_EQ(lm_head_operand_ld(50304, DType::kF32), 50320);
+  EXPECT_EQ(lm_head_operand_ld(50304, DType::kBF16), 50336);
   EXPECT_EQ(lm_head_operand_ld(37, DType::kBF16), 64);
   EXPECT_EQ(lm_head_operand_ld(37, DType::kF32), 48);
   EXPECT_EQ(lm_head_logits_ld(37, DType::kF32), 48);
