@@ -220,13 +220,17 @@ ENGINE_STEPS, ENGINE_MICRO, ENGINE_ACCUM, ENGINE_SEQ = 5, 2, 2, 16
 CLS_LABELS, CLS_SEQ, CLS_LENGTHS = 3, 16, (16, 9, 5, 12)  # one row without padding
 
 
-def make_cls_golden(cfg: dict) -> tuple[dict, dict]:
+def make_cls_golden(cfg: dict, problem: str = "single_label_classification") -> tuple[dict, dict]:
     """Sequence classification (Hugging Face's *ForSequenceClassification): rows of CLS_LENGTHS
     tokens right-padded with pad = vocab_size - 1 (two rows hold it in their text too), pooled at
-    the last non-pad token by HF's rule; the pooled logits, the loss and every gradient."""
+    the last non-pad token by HF's rule; the pooled logits, the loss and every gradient. The loss is
+    HF's for the problem_type: cross-entropy over CLS_LABELS classes; regression, MSELoss of one
+    value (squeezed, as HF does for num_labels 1); multi-label, BCEWithLogitsLoss over CLS_LABELS
+    0/1 labels."""
     vocab = cfg["vocab_size"]
     pad = vocab - 1
-    model = tm.ForSequenceClassification(cfg, CLS_LABELS, pad).float()
+    num_labels = 1 if problem == "regression" else CLS_LABELS
+    model = tm.ForSequenceClassification(cfg, num_labels, pad).float()
     torch.manual_seed(SEED + 1)
     tm.init_params(model)
     B = len(CLS_LENGTHS)
@@ -239,16 +243,27 @@ def make_cls_golden(cfg: dict) -> tuple[dict, dict]:
     tokens[3, 4] = pad
     labels = torch.randint(0, CLS_LABELS, (B,))
     _, pooled = model(tokens)
-    loss = torch.nn.functional.cross_entropy(pooled, labels)
+    values = None
+    if problem == "regression":  # STS-B-like values in [0, 5]
+        values = torch.rand(B, 1) * 5.0
+        loss = torch.nn.functional.mse_loss(pooled.squeeze(), values.squeeze())
+    elif problem == "multi_label_classification":
+        values = (torch.rand(B, CLS_LABELS) < 0.5).float()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(pooled, values)
+    else:
+        loss = torch.nn.functional.cross_entropy(pooled, labels)
     loss.backward()
     out = {"tokens": tokens.to(torch.int32), "lengths": torch.tensor(CLS_LENGTHS, dtype=torch.int32),
            "labels": labels.to(torch.int32), "pooled_logits": pooled.detach().clone(),
            "loss": loss.detach().reshape(1).clone()}
+    if values is not None:
+        out["values"] = values.clone()
     for name, p in model.named_parameters():
         out["param." + name] = p.detach().clone()
         out["grad." + name] = p.grad.detach().clone()
     c = dict(cfg)
-    c["num_labels"] = CLS_LABELS
+    c["num_labels"] = num_labels
+    c["problem_type"] = problem
     return out, {"config": json.dumps(c), "batch": str(B), "seq": str(CLS_SEQ), "steps": "0", "pad": str(pad)}
 
 
@@ -400,10 +415,12 @@ def main() -> int:
             print(f"wrote {path}: documents, loss {tensors['loss'].item():.6f}")
     for name in MODELS:
         cfg = tm.load_config(os.path.join(args.configs, name + ".json"))
-        tensors, metadata = make_cls_golden(cfg)
-        path = os.path.join(args.out, "cls-" + name + ".safetensors")
-        write_safetensors(path, tensors, metadata)
-        print(f"wrote {path}: classification, loss {tensors['loss'].item():.6f}")
+        for prefix, problem in (("cls-", "single_label_classification"), ("cls-regression-", "regression"),
+                                ("cls-multi-label-", "multi_label_classification")):
+            tensors, metadata = make_cls_golden(cfg, problem)
+            path = os.path.join(args.out, prefix + name + ".safetensors")
+            write_safetensors(path, tensors, metadata)
+            print(f"wrote {path}: classification ({problem}), loss {tensors['loss'].item():.6f}")
     cfg = tm.load_config(os.path.join(args.configs, "tiny-gpt2.json"))
     losses = make_engine_golden(cfg, os.path.join(args.out, "engine-gpt2"))
     print(f"wrote {os.path.join(args.out, 'engine-gpt2')}: losses {[round(x, 6) for x in losses]}")

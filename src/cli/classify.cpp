@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,12 @@ data::Tokenizer run_tokenizer(const engine::RunConfig& cfg) {
   return tok;
 }
 
+std::string fixed4(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4f", v);
+  return buf;
+}
+
 // Global sample k of the training order: epoch k / n, a permutation per epoch when shuffling.
 class SampleOrder {
  public:
@@ -83,20 +90,34 @@ class SampleOrder {
 };
 
 struct Validation {
-  double loss = 0.0, acc = 0.0, f1 = 0.0, mcc = 0.0;  // f1: two labels only (NaN otherwise)
+  double loss = 0.0, acc = 0.0, f1 = 0.0, mcc = 0.0;  // f1: two labels, or multi-label's micro F1 (else NaN)
+  double pearson = 0.0, spearman = 0.0;               // regression of one value (STS-B's)
   int64_t count = 0;
 };
 
-// Loss, accuracy, F1 and Matthews' correlation over every validation record: batch i on rank i mod
-// W; every rank runs the same number of batches; sums (and the confusion matrix) over the ranks.
+// The label kind of a classifier's problem_type.
+data::LabelKind label_kind(const models::ModelConfig& m) {
+  return m.problem_type == models::ProblemType::kRegression   ? data::LabelKind::kValues
+         : m.problem_type == models::ProblemType::kMultiLabel ? data::LabelKind::kLabelSet
+                                                              : data::LabelKind::kClass;
+}
+
+// Loss and metrics over every validation record: batch i on rank i mod W; every rank runs the same
+// number of batches; sums (the confusion matrix, multi-label's counts, regression's predictions)
+// over the ranks. Single label: the cross-entropy, accuracy, F1 and Matthews' correlation;
+// regression: the mean squared error and, of one value, Pearson's and Spearman's correlations;
+// multi-label: the mean binary cross-entropy and the micro F1 of the labels whose logit is > 0.
 Validation validate(engine::Engine& eng, models::TransformerLM& model, const std::vector<data::ClassificationExample>& valid,
                     int B, int T, int32_t pad, int DW, int DR) {
   const int L = model.config().num_labels;
+  const models::ProblemType problem = model.config().problem_type;
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
   std::vector<float> logits(tokens.size() * static_cast<size_t>(L));
   const int64_t batches = (static_cast<int64_t>(valid.size()) + B - 1) / B;
   double loss = 0.0, count = 0.0;
   std::vector<double> confusion(static_cast<size_t>(L) * static_cast<size_t>(L), 0.0);  // [true · L + predicted]
+  std::vector<double> label_counts(3, 0.0);                                               // multi-label: TP, FP, FN
+  std::vector<float> predicted(problem == models::ProblemType::kRegression && L == 1 ? valid.size() : 0, 0.0f);
   for (int64_t j = 0; j < (batches + DW - 1) / DW; ++j) {
     const int64_t i = DR + j * DW;
     std::vector<const data::ClassificationExample*> rows(B, nullptr);
@@ -109,24 +130,63 @@ Validation validate(engine::Engine& eng, models::TransformerLM& model, const std
     for (int b = 0; b < B; ++b) {
       if (rows[b] == nullptr) continue;
       const float* z = logits.data() + (static_cast<size_t>(b) * T + data::classification_pool(*rows[b], T, pad)) * L;
-      const float m = *std::max_element(z, z + L);
-      double sum = 0.0;
-      for (int c = 0; c < L; ++c) sum += std::exp(static_cast<double>(z[c] - m));
-      loss += std::log(sum) - (z[rows[b]->label] - m);
-      confusion[static_cast<size_t>(rows[b]->label * L + (std::max_element(z, z + L) - z))] += 1.0;
       count += 1;
+      if (problem == models::ProblemType::kSingleLabel) {
+        const float m = *std::max_element(z, z + L);
+        double sum = 0.0;
+        for (int c = 0; c < L; ++c) sum += std::exp(static_cast<double>(z[c] - m));
+        loss += std::log(sum) - (z[rows[b]->label] - m);
+        confusion[static_cast<size_t>(rows[b]->label * L + (std::max_element(z, z + L) - z))] += 1.0;
+        continue;
+      }
+      const std::vector<float>& y = rows[b]->values;
+      double row = 0.0;
+      for (int c = 0; c < L; ++c) {
+        const double zc = z[c], yc = y[static_cast<size_t>(c)];
+        if (problem == models::ProblemType::kRegression) {
+          row += (zc - yc) * (zc - yc);
+        } else {
+          row += std::max(zc, 0.0) - zc * yc + std::log1p(std::exp(-std::fabs(zc)));
+          const bool said = zc > 0.0, is = yc > 0.5;
+          label_counts[said && is ? 0 : said ? 1 : 2] += said || is ? 1.0 : 0.0;
+        }
+      }
+      loss += row / L;
+      if (!predicted.empty()) predicted[static_cast<size_t>(i * B + b)] = z[0];
     }
   }
   Validation v;
   const double n = eng.mean_over_ranks(count) * DW;
   v.loss = eng.mean_over_ranks(loss) * DW / n;
-  eng.sum_counts_over_ranks(&confusion);  // one exact all-reduce (a mean per cell was L² of them, in f32)
-  const data::ClassificationMetrics m = data::classification_metrics(confusion, L);
-  v.acc = m.accuracy;
-  v.f1 = m.f1;
-  v.mcc = m.mcc;
   v.count = static_cast<int64_t>(n + 0.5);
+  if (problem == models::ProblemType::kSingleLabel) {
+    eng.sum_counts_over_ranks(&confusion);  // one exact all-reduce (a mean per cell was L² of them, in f32)
+    const data::ClassificationMetrics m = data::classification_metrics(confusion, L);
+    v.acc = m.accuracy;
+    v.f1 = m.f1;
+    v.mcc = m.mcc;
+  } else if (problem == models::ProblemType::kMultiLabel) {
+    eng.sum_counts_over_ranks(&label_counts);
+    v.f1 = data::micro_f1(label_counts[0], label_counts[1], label_counts[2]);
+  } else if (!predicted.empty()) {
+    eng.gather_slots_over_ranks(&predicted);  // each record's prediction, from the rank that ran it
+    std::vector<double> p(predicted.begin(), predicted.end()), t;
+    for (const auto& e : valid) t.push_back(e.values[0]);
+    if (p.size() >= 2) {
+      const data::RegressionMetrics m = data::regression_metrics(p, t);
+      v.pearson = m.pearson;
+      v.spearman = m.spearman;
+    } else {
+      v.pearson = v.spearman = std::numeric_limits<double>::quiet_NaN();
+    }
+  }
   return v;
+}
+
+// The value of a logged metric (the names model_checkpoint.monitor takes).
+double metric_value(const Validation& v, const std::string& what) {
+  return what == "val_acc" ? v.acc : what == "val_f1" ? v.f1 : what == "val_mcc" ? v.mcc
+         : what == "val_pearson" ? v.pearson : what == "val_spearmanr" ? v.spearman : v.loss;
 }
 
 struct TopEntry {
@@ -157,9 +217,10 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   data::Tokenizer tok = run_tokenizer(cfg);
   const int32_t pad = data::classification_pad(tok);  // GPT-2's pad_token_id = eos_token_id, as HF fine-tuning sets it
   const int L = cfg.model.num_labels;
-  std::vector<data::ClassificationExample> train = data::classification_read(cfg.data_train, tok, cfg.cls_fields, L, true);
+  const data::LabelKind kind = label_kind(cfg.model);
+  std::vector<data::ClassificationExample> train = data::classification_read(cfg.data_train, tok, cfg.cls_fields, L, true, kind);
   std::vector<data::ClassificationExample> valid;
-  if (!cfg.data_valid.empty()) valid = data::classification_read(cfg.data_valid, tok, cfg.cls_fields, L, true);
+  if (!cfg.data_valid.empty()) valid = data::classification_read(cfg.data_valid, tok, cfg.cls_fields, L, true, kind);
   const int B = static_cast<int>(cfg.batch.micro_batch_per_gpu);
   const int T = static_cast<int>(cfg.seq_length);
   const int64_t tbs = cfg.batch.train_batch_size, gas = cfg.batch.gradient_accumulation_steps;
@@ -218,6 +279,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   }
   MetricsFile metrics;
   if (lead && !args.metrics.empty()) metrics.open(args.metrics);
+  const std::vector<std::string> logged = engine::classification_metric_names(cfg.model);
   const char* launcher_tty = std::getenv("MT_STDOUT_TTY");
   const bool tty = lead && (launcher_tty ? std::strcmp(launcher_tty, "1") == 0 : isatty(fileno(stdout)));
   SampleOrder order(train.size(), cfg.shuffle, cfg.data_seed);
@@ -240,13 +302,21 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   const int64_t start_step = eng.global_step();
   if (bar_steps_before == 0) bar_steps_before = start_step;  // the same batch: its steps are this batch's
   stop_before_first_step(world.get(), cfg.comm_timeout_s, lead);
+  // Regression and multi-label: the step's label values, a row per sample of its micro-batches
+  // (each micro-batch's targets name its rows).
+  const bool valued = kind != data::LabelKind::kClass;
+  std::vector<float> step_values(valued ? static_cast<size_t>(gas) * B * L : 0);
+  if (valued) model->set_label_values(step_values.data(), gas * B);
   while (eng.global_step() < cfg.train_iters) {
     uint64_t next = static_cast<uint64_t>(eng.consumed_samples() + DR * gas * B);
+    int32_t filled = 0;  // this step's micro-batches so far
     Timer t;
     engine::StepResult r = eng.train_batch([&](int32_t* tokens, int32_t* targets) {
       for (int b = 0; b < B; ++b) rows[b] = &train[order(next + static_cast<uint64_t>(b))];
-      data::classification_batch(rows.data(), B, T, pad, tokens, targets);
+      data::classification_batch(rows.data(), B, T, pad, tokens, targets,
+                                 valued ? step_values.data() + static_cast<size_t>(filled) * B * L : nullptr, L, filled * B);
       next += static_cast<uint64_t>(B);
+      ++filled;
     });
     const double secs = t.seconds();
     const int64_t done = eng.global_step();
@@ -270,29 +340,32 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
       std::printf("%s\n", bar);
     }
     if (lead && have_val) {
-      char f1[32] = "";
-      if (!std::isnan(v.f1)) std::snprintf(f1, sizeof f1, " val_f1 %.4f", v.f1);
-      std::printf("%sstep %lld val_loss %.4f val_acc %.4f%s val_mcc %.4f (%lld records)\n", tty ? "\n" : "",
-                  static_cast<long long>(done), v.loss, v.acc, f1, v.mcc, static_cast<long long>(v.count));
+      std::string line = "val_loss " + fixed4(v.loss);
+      for (const std::string& name : logged)
+        if (name != "val_loss" && !(name == "val_f1" && std::isnan(v.f1))) line += " " + name + " " + fixed4(metric_value(v, name));
+      std::printf("%sstep %lld %s (%lld records)\n", tty ? "\n" : "", static_cast<long long>(done), line.c_str(),
+                  static_cast<long long>(v.count));
     }
     if (metrics.is_open()) {
       nlohmann::json m = {{"step", done}, {"epoch", epoch}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
                           {"samples_per_s", static_cast<double>(tbs) / secs}};
-      if (have_val) {
-        m["val_loss"] = v.loss;
-        m["val_acc"] = v.acc;
-        if (!std::isnan(v.f1)) m["val_f1"] = v.f1;
-        m["val_mcc"] = v.mcc;
-      }
+      if (have_val)
+        for (const std::string& name : logged) {
+          const double value = metric_value(v, name);
+          if (std::isnan(value)) m[name] = nullptr;  // JSON has no NaN (a constant prediction's correlation)
+          else m[name] = value;
+          if (name == "val_f1" && std::isnan(value)) m.erase(name);  // F1 of label 1: two labels only
+        }
       metrics.write(m, done);
     }
     // The top k by the monitored metric (every rank has the same values: they were all-reduced).
     if (have_val && cfg.model_checkpoint.save_top_k > 0) {
       const std::string& what = cfg.model_checkpoint.monitor;
-      const double value = what == "val_acc" ? v.acc : what == "val_f1" ? v.f1 : what == "val_mcc" ? v.mcc : v.loss;
+      const double value = metric_value(v, what);
       auto better = [&](double a, double b) { return maximize ? a > b : a < b; };
-      const bool enters = static_cast<int64_t>(top.size()) < cfg.model_checkpoint.save_top_k ||
-                          better(value, top.back().value);
+      // NaN (a correlation of a constant prediction) ranks with nothing: never kept.
+      const bool enters = !std::isnan(value) && (static_cast<int64_t>(top.size()) < cfg.model_checkpoint.save_top_k ||
+                                                 better(value, top.back().value));
       if (enters) {
         const std::string where = engine::checkpoint_save(eng, top_dir.string(), 0, false);  // collective
         top.push_back({done, value, where});

@@ -4,8 +4,11 @@
 // bad input as one line with exit code 2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -29,26 +32,28 @@ int run(const std::string& args, std::string* out = nullptr, std::string* err = 
   return mt::cli::testing::run_meshtrain(dir(), args, out, err);
 }
 
+// A sentence of 3 to 7 words of a small vocabulary drawn from seed; counts[w] += each word's uses.
+std::string random_sentence(uint64_t* seed, std::map<std::string, int>* counts) {
+  static const std::vector<std::string> words = {"the", "cat", "dog", "sat", "on", "mat", "log", "bird", "sang", "tree"};
+  std::string s;
+  const int len = 3 + static_cast<int>(mt::data::splitmix64_next(seed) % 5);
+  for (int i = 0; i < len; ++i) {
+    const std::string& w = words[mt::data::splitmix64_next(seed) % words.size()];
+    ++(*counts)[w];
+    s += (i ? " " : "") + w;
+  }
+  return s;
+}
+
 // Sentence pairs over a small vocabulary; label 1 when both or neither sentence holds "cat" (a
 // rule a small model learns in a few hundred steps), as strings, as CLUE's files have them.
 void write_records(const std::string& path, int n, uint64_t seed) {
-  const std::vector<std::string> words = {"the", "cat", "dog", "sat", "on", "mat", "log", "bird", "sang", "tree"};
   std::ofstream f(path);
-  auto sentence = [&](bool* cat) {
-    std::string s;
-    const int len = 3 + static_cast<int>(mt::data::splitmix64_next(&seed) % 5);
-    *cat = false;
-    for (int i = 0; i < len; ++i) {
-      const std::string& w = words[mt::data::splitmix64_next(&seed) % words.size()];
-      *cat |= w == "cat";
-      s += (i ? " " : "") + w;
-    }
-    return s;
-  };
   for (int i = 0; i < n; ++i) {
-    bool ca, cb;
-    const std::string a = sentence(&ca), b = sentence(&cb);
-    f << nlohmann::json{{"id", i}, {"sentence1", a}, {"sentence2", b}, {"label", ca == cb ? "1" : "0"}}.dump() << "\n";
+    std::map<std::string, int> ca, cb;
+    const std::string a = random_sentence(&seed, &ca), b = random_sentence(&seed, &cb);
+    f << nlohmann::json{{"id", i}, {"sentence1", a}, {"sentence2", b}, {"label", (ca["cat"] > 0) == (cb["cat"] > 0) ? "1" : "0"}}.dump()
+      << "\n";
   }
 }
 
@@ -85,6 +90,46 @@ std::string write_config(const std::string& name, const nlohmann::json& extra) {
   const std::string path = dir() + "/" + name + ".json";
   std::ofstream(path) << j.dump();
   return path;
+}
+
+// The same pairs with a value (regression: the "cat"s in the first sentence plus half the "dog"s
+// in the second, as numbers and, every third, a string of one) and with a set of labels
+// (multi-label: which of cat, dog, bird the pair holds, by name and, every third, by index).
+void write_value_records(const std::string& values, const std::string& sets, int n, uint64_t seed) {
+  std::ofstream fv(values), fs(sets);
+  for (int i = 0; i < n; ++i) {
+    std::map<std::string, int> ca, cb;
+    const std::string a = random_sentence(&seed, &ca), b = random_sentence(&seed, &cb);
+    const double v = ca["cat"] + 0.5 * cb["dog"];
+    nlohmann::json label = v;
+    if (i % 3 == 0) label = std::to_string(v);
+    fv << nlohmann::json{{"id", i}, {"sentence1", a}, {"sentence2", b}, {"label", label}}.dump() << "\n";
+    nlohmann::json set = nlohmann::json::array();
+    if (ca["cat"] + cb["cat"] > 0) set.push_back(i % 3 == 0 ? nlohmann::json(0) : nlohmann::json("cat"));
+    if (ca["dog"] + cb["dog"] > 0) set.push_back("dog");
+    if (ca["bird"] + cb["bird"] > 0) set.push_back(i % 3 == 0 ? nlohmann::json(2) : nlohmann::json("bird"));
+    fs << nlohmann::json{{"id", i}, {"sentence1", a}, {"sentence2", b}, {"label", set}}.dump() << "\n";
+  }
+}
+
+// A run's keys for a regression or multi-label problem on those records.
+nlohmann::json value_task(const std::string& problem) {
+  static bool done = false;
+  if (!done) {
+    setup();
+    write_value_records(dir() + "/train-values.jsonl", dir() + "/train-sets.jsonl", 1200, 1);
+    write_value_records(dir() + "/dev-values.jsonl", dir() + "/dev-sets.jsonl", 200, 2);
+    done = true;
+  }
+  const bool reg = problem == "regression";
+  nlohmann::json data = {{"train", dir() + (reg ? "/train-values.jsonl" : "/train-sets.jsonl")},
+                         {"valid", dir() + (reg ? "/dev-values.jsonl" : "/dev-sets.jsonl")},
+                         {"tokenizer", dir() + "/tok.json"}, {"texta_name", "sentence1"}, {"textb_name", "sentence2"}};
+  if (!reg) data["labels"] = {"cat", "dog", "bird"};
+  nlohmann::json model = {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 48}, {"n_embd", 64},
+                          {"n_layer", 2}, {"n_head", 4}, {"problem_type", problem}};
+  if (!reg) model["num_labels"] = 3;
+  return {{"data", data}, {"model", model}};
 }
 
 TEST(Classify, TrainsKeepsTheTopKAndPredictsWhatValidationMeasured) {
@@ -292,24 +337,161 @@ TEST(Classify, FromACausalLmCheckpointAndBackOutAsHuggingFace) {
   }
 }
 
+// Each problem_type: single label, regression and multi-label (their label values reach the head
+// through the step's table: the second micro-batch's rows after the first's).
 TEST(Classify, TwoDataParallelRanksEqualOneProcess) {
-  nlohmann::json short_run = {{"num_train_epochs", 0}, {"train_iters", 12}, {"eval_interval", 6},
-                              {"train_micro_batch_size_per_gpu", 4}, {"gradient_accumulation_steps", 2},
-                              {"model_checkpoint", {{"save_top_k", 0}}}};
-  const std::string one = write_config("one", short_run);
-  nlohmann::json two_cfg = short_run;
-  two_cfg["train_micro_batch_size_per_gpu"] = 2;
-  two_cfg["zero_optimization"] = {{"stage", 2}};
-  const std::string two = write_config("two", two_cfg);
-  std::string err;
-  ASSERT_EQ(run("train " + one + " --metrics " + dir() + "/one.jsonl", nullptr, &err), 0) << err;
-  ASSERT_EQ(run("launch -n 2 -- train " + two + " --metrics " + dir() + "/two.jsonl", nullptr, &err), 0) << err;
-  for (const char* key : {"loss", "val_loss", "val_acc"}) {
-    const auto a = mt::cli::testing::metric_values(dir() + "/one.jsonl", key);
-    const auto b = mt::cli::testing::metric_values(dir() + "/two.jsonl", key);
-    ASSERT_EQ(a.size(), b.size()) << key;
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * std::max(1.0, std::fabs(a[i]))) << key << " " << i;
+  for (const std::string problem : {"single_label_classification", "regression", "multi_label_classification"}) {
+    SCOPED_TRACE(problem);
+    nlohmann::json short_run = {{"num_train_epochs", 0}, {"train_iters", 12}, {"eval_interval", 6},
+                                {"train_micro_batch_size_per_gpu", 4}, {"gradient_accumulation_steps", 2},
+                                {"model_checkpoint", {{"save_top_k", 0}}}};
+    std::vector<std::string> keys = {"loss", "val_loss", "val_acc"};
+    if (problem != "single_label_classification") {
+      short_run.update(value_task(problem));
+      keys = {"loss", "val_loss", problem == "regression" ? "val_spearmanr" : "val_f1"};
+    }
+    const std::string one = write_config("one-" + problem, short_run);
+    nlohmann::json two_cfg = short_run;
+    two_cfg["train_micro_batch_size_per_gpu"] = 2;
+    two_cfg["zero_optimization"] = {{"stage", 2}};
+    const std::string two = write_config("two-" + problem, two_cfg);
+    std::string err;
+    ASSERT_EQ(run("train " + one + " --metrics " + dir() + "/one-" + problem + ".jsonl", nullptr, &err), 0) << err;
+    ASSERT_EQ(run("launch -n 2 -- train " + two + " --metrics " + dir() + "/two-" + problem + ".jsonl", nullptr, &err), 0) << err;
+    for (const std::string& key : keys) {
+      const auto a = mt::cli::testing::metric_values(dir() + "/one-" + problem + ".jsonl", key);
+      const auto b = mt::cli::testing::metric_values(dir() + "/two-" + problem + ".jsonl", key);
+      ASSERT_EQ(a.size(), key == "loss" ? 12u : 2u) << key;
+      ASSERT_EQ(a.size(), b.size()) << key;
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * std::max(1.0, std::fabs(a[i]))) << key << " " << i;
+    }
   }
+}
+
+// Pearson's correlation, and Spearman's as Pearson's of the ranks with ties at their mean: the
+// textbook formulas, written here apart from data::regression_metrics.
+double textbook_pearson(const std::vector<double>& x, const std::vector<double>& y) {
+  const double n = static_cast<double>(x.size());
+  double sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sx += x[i];
+    sy += y[i];
+    sxx += x[i] * x[i];
+    syy += y[i] * y[i];
+    sxy += x[i] * y[i];
+  }
+  return (n * sxy - sx * sy) / std::sqrt((n * sxx - sx * sx) * (n * syy - sy * sy));
+}
+std::vector<double> textbook_ranks(const std::vector<double>& v) {
+  std::vector<double> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    double below = 0, same = 0;
+    for (double w : v) {
+      below += w < v[i];
+      same += w == v[i];
+    }
+    r[i] = below + (same + 1) / 2;  // the mean of ranks below + 1 ... below + same
+  }
+  return r;
+}
+
+// STS-B's recipe (run_glue's regression): one value a record, MSELoss, Pearson's and Spearman's
+// correlations every eval_interval; the top k by val_spearmanr; predict writes each record's value
+// and scores them as the run's last validation did (the textbook formulas over predict's file).
+TEST(Classify, RegressionTrainsAsStsbAndPredictsItsCorrelations) {
+  const std::string cfg = write_config(
+      "reg", [] {
+        nlohmann::json j = value_task("regression");
+        j["model_checkpoint"] = {{"monitor", "val_spearmanr"}, {"mode", "max"}, {"save_top_k", 2}};
+        j["num_train_epochs"] = 3;
+        return j;
+      }());
+  std::string out, err;
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/reg.jsonl", &out, &err), 0) << err;
+  EXPECT_NE(err.find("regression of 1 value"), std::string::npos) << err;
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(step 150 val_loss [0-9.]+ val_pearson [0-9.]+ val_spearmanr [0-9.]+ \(200 records\))")))
+      << out;
+  const std::vector<double> pearson = mt::cli::testing::metric_values(dir() + "/reg.jsonl", "val_pearson"),
+                            spearman = mt::cli::testing::metric_values(dir() + "/reg.jsonl", "val_spearmanr"),
+                            mse = mt::cli::testing::metric_values(dir() + "/reg.jsonl", "val_loss");
+  ASSERT_EQ(pearson.size(), 5u);  // steps 50, 100, 150, 200, 225
+  EXPECT_GT(pearson.back(), 0.8) << "the count is learnable";
+  nlohmann::json top = nlohmann::json::parse(mt::cli::testing::slurp(dir() + "/run-reg/top_k/top_k.json"));
+  ASSERT_EQ(top["best"].size(), 2u);
+  EXPECT_EQ(top["best"][0]["val_spearmanr"].get<double>(), *std::max_element(spearman.begin(), spearman.end()));
+  ASSERT_EQ(run("predict " + dir() + "/run-reg " + dir() + "/dev-values.jsonl -o " + dir() + "/pred-reg.json", &out, &err), 0)
+      << err;
+  std::ifstream p(dir() + "/pred-reg.json"), truth(dir() + "/dev-values.jsonl");
+  std::string line, record;
+  std::vector<double> predicted, actual;
+  double squared = 0;
+  while (std::getline(p, line)) {
+    ASSERT_TRUE(std::getline(truth, record));
+    const nlohmann::json j = nlohmann::json::parse(line), r = nlohmann::json::parse(record);
+    EXPECT_EQ(j["id"], r["id"].dump());
+    predicted.push_back(j["label"].get<double>());
+    actual.push_back(r["label"].is_string() ? std::stod(r["label"].get<std::string>()) : r["label"].get<double>());
+    squared += (predicted.back() - actual.back()) * (predicted.back() - actual.back());
+  }
+  ASSERT_EQ(predicted.size(), 200u);
+  EXPECT_NEAR(textbook_pearson(predicted, actual), pearson.back(), 1e-5);
+  EXPECT_NEAR(textbook_pearson(textbook_ranks(predicted), textbook_ranks(actual)), spearman.back(), 1e-5);
+  EXPECT_NEAR(squared / 200, mse.back(), 1e-4 * mse.back());
+  char want[96];
+  std::snprintf(want, sizeof want, "Pearson %.4f, Spearman %.4f on the 200", pearson.back(), spearman.back());
+  EXPECT_NE(err.find(want), std::string::npos) << err;
+  // Out as Hugging Face's regression (config.json's problem_type, one label), and back in: the
+  // directory predicts the same values.
+  ASSERT_EQ(run("export " + dir() + "/run-reg --hf " + dir() + "/reg-hf", &out, &err), 0) << err;
+  const nlohmann::json hf = nlohmann::json::parse(mt::cli::testing::slurp(dir() + "/reg-hf/config.json"));
+  EXPECT_EQ(hf["problem_type"], "regression");
+  EXPECT_EQ(hf["id2label"].size(), 1u);
+  ASSERT_EQ(run("predict " + dir() + "/reg-hf " + dir() + "/dev-values.jsonl --seq-length 48 --texta-name sentence1 --textb-name sentence2 -o " + dir() + "/pred-reg-hf.json",
+                &out, &err),
+            0)
+      << err;
+  EXPECT_NE(err.find(want), std::string::npos) << err;
+}
+
+// Multi-label (run_classification.py's lists of labels, BCEWithLogitsLoss): the labels by name or
+// index; val_f1 is the micro F1 of the labels whose logit is > 0, and predict writes those labels'
+// names and scores them as the run's last validation did.
+TEST(Classify, MultiLabelTrainsAndPredictsItsMicroF1) {
+  const std::string cfg = write_config("ml", [] {
+    nlohmann::json j = value_task("multi_label_classification");
+    j["model_checkpoint"] = {{"monitor", "val_f1"}, {"mode", "max"}, {"save_top_k", 1}};
+    j["num_train_epochs"] = 2;
+    return j;
+  }());
+  std::string out, err;
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/ml.jsonl", &out, &err), 0) << err;
+  EXPECT_NE(err.find("multi-label classifier of 3 labels"), std::string::npos) << err;
+  const std::vector<double> f1 = mt::cli::testing::metric_values(dir() + "/ml.jsonl", "val_f1");
+  ASSERT_EQ(f1.size(), 3u);
+  EXPECT_GT(f1.back(), 0.9) << "which words a pair holds is learnable";
+  ASSERT_EQ(run("predict " + dir() + "/run-ml " + dir() + "/dev-sets.jsonl -o " + dir() + "/pred-ml.json", &out, &err), 0) << err;
+  std::ifstream p(dir() + "/pred-ml.json"), truth(dir() + "/dev-sets.jsonl");
+  std::string line, record;
+  const std::vector<std::string> names = {"cat", "dog", "bird"};
+  double tp = 0, fp = 0, fn = 0;
+  while (std::getline(p, line)) {
+    ASSERT_TRUE(std::getline(truth, record));
+    const nlohmann::json j = nlohmann::json::parse(line), r = nlohmann::json::parse(record);
+    ASSERT_EQ(j["probabilities"].size(), 3u);
+    for (int c = 0; c < 3; ++c) {
+      bool said = false, is = false;
+      for (const auto& x : j["label"]) said |= x == names[c];
+      for (const auto& x : r["label"]) is |= x == names[c] || x == c;
+      EXPECT_EQ(said, j["probabilities"][c].get<double>() > 0.5);
+      tp += said && is;
+      fp += said && !is;
+      fn += !said && is;
+    }
+  }
+  EXPECT_NEAR(2 * tp / (2 * tp + fp + fn), f1.back(), 1e-12);
+  char want[64];
+  std::snprintf(want, sizeof want, "micro F1 %.4f on the 200", f1.back());
+  EXPECT_NE(err.find(want), std::string::npos) << err;
 }
 
 // num_train_epochs counted in steps of the resumed run's batch: a checkpoint of 100 steps at
@@ -384,6 +566,25 @@ TEST(Classify, BadInputIsOneLineAndExitTwo) {
   EXPECT_NE(err.find("train.jsonl:1: \"text\" must be a string"), std::string::npos) << err;
   EXPECT_EQ(run("train " + write_config("b4", {{"zero_optimization", {{"stage", 3}}}}), nullptr, &err), 2);
   EXPECT_NE(err.find("task \"classification\": zero_optimization.stage 3 is not supported yet"), std::string::npos) << err;
+  // A regression's label that is no number, a multi-label one that is no list, names for values.
+  std::ofstream(dir() + "/bad-value.jsonl") << R"({"sentence1": "a", "sentence2": "b", "label": "high"})" << "\n";
+  nlohmann::json bad_value = value_task("regression");
+  bad_value["data"]["train"] = dir() + "/bad-value.jsonl";
+  bad_value["model_checkpoint"] = {{"save_top_k", 0}};
+  EXPECT_EQ(run("train " + write_config("b5", bad_value), nullptr, &err), 2);
+  EXPECT_NE(err.find("bad-value.jsonl:1: label \"high\" is not a number (a regression's value)"), std::string::npos) << err;
+  nlohmann::json bad_set = value_task("multi_label_classification");
+  bad_set["data"]["train"] = dir() + "/train-values.jsonl";
+  bad_set["model_checkpoint"] = {{"save_top_k", 0}};
+  EXPECT_EQ(run("train " + write_config("b6", bad_set), nullptr, &err), 2);
+  EXPECT_NE(err.find("train-values.jsonl:1: label \"0.000000\" is not a list of labels (problem_type \"multi_label_classification\")"),
+            std::string::npos)
+      << err;
+  bad_value["data"]["labels"] = {"low", "high"};
+  EXPECT_EQ(run("train " + write_config("b7", bad_value), nullptr, &err), 2);
+  EXPECT_NE(err.find("data.labels names labels; a regression (model.problem_type \"regression\", or num_labels 1) has values"),
+            std::string::npos)
+      << err;
   EXPECT_EQ(run("predict " + dir() + "/nothing " + dir() + "/dev.jsonl -o " + dir() + "/p.json", nullptr, &err), 2);
   for (const std::string& e : {err}) EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 1) << e;
 }

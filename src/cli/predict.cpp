@@ -1,9 +1,12 @@
 // meshtrain predict MODEL DATA.jsonl -o predict.json: runs a sequence classifier (a checkpoint of a
 // "task": "classification" run, or a Hugging Face *ForSequenceClassification directory) over
 // .jsonl records and writes one JSON object a line, {"id", "label", "probabilities"} (the CLUE
-// submission layout plus the softmax), in the input's order. The text, id and label fields and the
+// submission layout plus the softmax), in the input's order; a regression's "label" is its value
+// (a list of num_labels values past one), a multi-label classifier's the list of labels whose
+// logit is > 0 with each label's sigmoid as "probabilities". The text, id and label fields and the
 // label names come from the checkpoint's run unless given; records with a label are also scored
-// (accuracy on stderr).
+// on stderr (accuracy; a regression's mean squared error and Pearson's and Spearman's
+// correlations; multi-label's micro F1).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -72,7 +75,10 @@ void run_predict(const PredictArgs& a) {
   if (!a.label.empty()) f.label = a.label;
   if (!a.id.empty()) f.id = a.id;
   const int L = cfg.num_labels;
-  std::vector<data::ClassificationExample> recs = data::classification_read(a.data, tok, f, L, false);
+  const data::LabelKind kind = cfg.problem_type == models::ProblemType::kRegression   ? data::LabelKind::kValues
+                               : cfg.problem_type == models::ProblemType::kMultiLabel ? data::LabelKind::kLabelSet
+                                                                                      : data::LabelKind::kClass;
+  std::vector<data::ClassificationExample> recs = data::classification_read(a.data, tok, f, L, false, kind);
   size_t longest = 0;
   for (const auto& e : recs) longest = std::max(longest, e.tokens.size());
   // Records are cut as training cut them: at the run's seq_length, which a Hugging Face directory
@@ -95,6 +101,8 @@ void run_predict(const PredictArgs& a) {
   std::ofstream out(tmp);
   MT_CHECK(out.good(), ErrorKind::kIOError, a.output + ": cannot write");
   size_t labelled = 0, correct = 0;
+  double squared = 0.0, tp = 0.0, fp = 0.0, fn = 0.0;  // regression's squared error; multi-label's counts
+  std::vector<double> predicted, truth;                // a regression of one value's labelled records
   for (size_t i = 0; i < recs.size(); i += static_cast<size_t>(B)) {
     std::vector<const data::ClassificationExample*> rows(B, nullptr);
     for (int b = 0; b < B && i + b < recs.size(); ++b) rows[b] = &recs[i + b];
@@ -102,6 +110,40 @@ void run_predict(const PredictArgs& a) {
     lm.model->logits(logits.data(), tokens.data());
     for (int b = 0; b < B && rows[b]; ++b) {
       const float* z = logits.data() + (static_cast<size_t>(b) * T + data::classification_pool(*rows[b], T, pad)) * L;
+      const data::ClassificationExample& e = *rows[b];
+      if (kind == data::LabelKind::kValues) {  // the values themselves (run_glue writes STS-B's so)
+        nlohmann::json o = {{"id", e.id}};
+        if (L == 1) o["label"] = z[0];
+        else o["label"] = std::vector<float>(z, z + L);
+        out << o.dump() << "\n";
+        if (e.label < 0) continue;
+        ++labelled;
+        for (int c = 0; c < L; ++c) squared += (z[c] - e.values[c]) * static_cast<double>(z[c] - e.values[c]) / L;
+        if (L == 1) {
+          predicted.push_back(z[0]);
+          truth.push_back(e.values[0]);
+        }
+        continue;
+      }
+      if (kind == data::LabelKind::kLabelSet) {  // each label's sigmoid; the labels whose logit is > 0
+        std::vector<double> prob(L);
+        nlohmann::json said = nlohmann::json::array();
+        for (int c = 0; c < L; ++c) {
+          prob[c] = 1.0 / (1.0 + std::exp(-static_cast<double>(z[c])));
+          if (z[c] > 0.0f) {
+            if (f.labels.empty()) said.push_back(c);
+            else said.push_back(f.labels[c]);
+          }
+          if (e.label < 0) continue;
+          const bool is = e.values[c] > 0.5f;
+          tp += z[c] > 0.0f && is;
+          fp += z[c] > 0.0f && !is;
+          fn += z[c] <= 0.0f && is;
+        }
+        out << nlohmann::json{{"id", e.id}, {"label", said}, {"probabilities", prob}}.dump() << "\n";
+        labelled += e.label >= 0;
+        continue;
+      }
       const float m = *std::max_element(z, z + L);
       std::vector<double> prob(L);
       double sum = 0;
@@ -122,8 +164,18 @@ void run_predict(const PredictArgs& a) {
   MT_CHECK(out.good(), ErrorKind::kIOError, a.output + ": cannot write (disk full?)");
   fs::rename(tmp, a.output);
   std::fprintf(stderr, "predict: %zu records -> %s", recs.size(), a.output.c_str());
-  if (labelled > 0)
+  if (labelled > 0 && kind == data::LabelKind::kClass)
     std::fprintf(stderr, "; accuracy %.4f on the %zu with a label", static_cast<double>(correct) / labelled, labelled);
+  if (labelled > 0 && kind == data::LabelKind::kLabelSet)
+    std::fprintf(stderr, "; micro F1 %.4f on the %zu with labels", data::micro_f1(tp, fp, fn), labelled);
+  if (labelled > 0 && kind == data::LabelKind::kValues) {
+    std::fprintf(stderr, "; mean squared error %.4f", squared / labelled);
+    if (predicted.size() >= 2) {
+      const data::RegressionMetrics m = data::regression_metrics(predicted, truth);
+      std::fprintf(stderr, ", Pearson %.4f, Spearman %.4f", m.pearson, m.spearman);
+    }
+    std::fprintf(stderr, " on the %zu with a value", labelled);
+  }
   std::fprintf(stderr, "\n");
 }
 

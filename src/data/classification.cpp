@@ -57,11 +57,59 @@ int label_field(const nlohmann::json& v, const ClassificationFields& f, int num_
   return label;
 }
 
+// A regression record's values: a number, a string of one (CLUE writes numbers so), or a list of
+// num_labels numbers; finite.
+std::vector<float> value_field(const nlohmann::json& v, int num_labels, const std::string& where) {
+  auto number = [&](const nlohmann::json& x) {
+    double d = 0.0;
+    if (x.is_number()) {
+      d = x.get<double>();
+    } else if (x.is_string()) {
+      const std::string s = x.get<std::string>();
+      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), d);
+      MT_CHECK(ec == std::errc() && end == s.data() + s.size() && !s.empty(), ErrorKind::kInvalidArgument,
+               where + ": label \"" + s + "\" is not a number (a regression's value)");
+    } else {
+      throw Error(ErrorKind::kInvalidArgument, where + ": label " + x.dump() + " is not a number (a regression's value)");
+    }
+    MT_CHECK(std::isfinite(d) && std::fabs(d) <= std::numeric_limits<float>::max(), ErrorKind::kInvalidArgument,
+             where + ": label " + x.dump() + " is not a finite number");
+    return static_cast<float>(d);
+  };
+  std::vector<float> out;
+  if (v.is_array()) {
+    MT_CHECK(static_cast<int>(v.size()) == num_labels, ErrorKind::kInvalidArgument,
+             where + ": label " + v.dump() + " holds " + std::to_string(v.size()) + " values; model.num_labels is " +
+                 std::to_string(num_labels));
+    for (const auto& x : v) out.push_back(number(x));
+  } else {
+    MT_CHECK(num_labels == 1, ErrorKind::kInvalidArgument,
+             where + ": label " + v.dump() + " is one value; model.num_labels " + std::to_string(num_labels) +
+                 " needs a list of that many");
+    out.push_back(number(v));
+  }
+  return out;
+}
+
+// A multi-label record's labels: a list of label indices or data.labels names, as 0/1 values.
+std::vector<float> label_set_field(const nlohmann::json& v, const ClassificationFields& f, int num_labels,
+                                   const std::string& where) {
+  MT_CHECK(v.is_array(), ErrorKind::kInvalidArgument,
+           where + ": label " + v.dump() + " is not a list of labels (problem_type \"multi_label_classification\")");
+  std::vector<float> out(static_cast<size_t>(num_labels), 0.0f);
+  for (const auto& x : v) {
+    MT_CHECK(!(x.is_number_integer() && x.get<int64_t>() == -1), ErrorKind::kInvalidArgument,
+             where + ": label -1 inside a list of labels");
+    out[static_cast<size_t>(label_field(x, f, num_labels, where, true))] = 1.0f;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<ClassificationExample> classification_read(const std::string& path, const Tokenizer& tokenizer,
                                                        const ClassificationFields& fields, int num_labels,
-                                                       bool require_labels) {
+                                                       bool require_labels, LabelKind kind) {
   std::vector<char> bytes = file_read_all(path);
   std::string text(bytes.begin(), bytes.end());
   std::vector<ClassificationExample> out;
@@ -103,8 +151,17 @@ std::vector<ClassificationExample> classification_read(const std::string& path, 
       e.tokens.insert(e.tokens.end(), b.begin(), b.end());
     }
     MT_CHECK(!e.tokens.empty(), ErrorKind::kInvalidArgument, where + ": the text is empty");
-    if (j.contains(fields.label) && !j[fields.label].is_null())
-      e.label = label_field(j[fields.label], fields, num_labels, where, require_labels);
+    if (j.contains(fields.label) && !j[fields.label].is_null()) {
+      const nlohmann::json& v = j[fields.label];
+      if (kind == LabelKind::kClass) {
+        e.label = label_field(v, fields, num_labels, where, require_labels);
+      } else if (!require_labels && v.is_number() && v.get<double>() == -1.0) {
+        // GLUE's test splits' unlabelled rows (STS-B's -1.0 too), in data that only predicts.
+      } else {
+        e.values = kind == LabelKind::kValues ? value_field(v, num_labels, where) : label_set_field(v, fields, num_labels, where);
+        e.label = 0;
+      }
+    }
     MT_CHECK(!require_labels || e.label >= 0, ErrorKind::kInvalidArgument,
              where + ": no \"" + fields.label + "\" (data.label_name)");
     out.push_back(std::move(e));
@@ -114,7 +171,7 @@ std::vector<ClassificationExample> classification_read(const std::string& path, 
 }
 
 void classification_batch(const ClassificationExample* const* rows, int B, int T, int32_t pad, int32_t* tokens,
-                          int32_t* targets) {
+                          int32_t* targets, float* values, int num_labels, int32_t first_value_row) {
   for (int b = 0; b < B; ++b) {
     int32_t* tk = tokens + static_cast<size_t>(b) * T;
     int32_t* tg = targets + static_cast<size_t>(b) * T;
@@ -124,7 +181,16 @@ void classification_batch(const ClassificationExample* const* rows, int B, int T
     const ClassificationExample& e = *rows[b];
     const std::vector<int32_t> row = classification_row(e, T);
     std::copy(row.begin(), row.end(), tk);
-    if (e.label >= 0) tg[classification_pool(e, T, pad)] = e.label;
+    if (e.label < 0) continue;
+    if (values == nullptr) {
+      tg[classification_pool(e, T, pad)] = e.label;
+      continue;
+    }
+    MT_CHECK(e.values.size() == static_cast<size_t>(num_labels), ErrorKind::kInternal,
+             "classification batch: record " + e.id + " has " + std::to_string(e.values.size()) + " values for " +
+                 std::to_string(num_labels) + " labels");
+    std::copy(e.values.begin(), e.values.end(), values + static_cast<size_t>(b) * static_cast<size_t>(num_labels));
+    tg[classification_pool(e, T, pad)] = first_value_row + b;
   }
 }
 
@@ -197,5 +263,56 @@ ClassificationMetrics classification_metrics(const std::vector<double>& confusio
   m.mcc = cov_pp * cov_tt > 0.0 ? cov_tp / std::sqrt(cov_tt * cov_pp) : 0.0;
   return m;
 }
+
+namespace {
+
+// Ranks from 1, ties at their mean (scipy's rankdata "average").
+std::vector<double> mean_ranks(const std::vector<double>& v) {
+  std::vector<size_t> order(v.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return v[a] < v[b]; });
+  std::vector<double> r(v.size());
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    while (j + 1 < order.size() && v[order[j + 1]] == v[order[i]]) ++j;
+    const double mean = (static_cast<double>(i) + static_cast<double>(j)) / 2.0 + 1.0;
+    for (size_t k = i; k <= j; ++k) r[order[k]] = mean;
+    i = j + 1;
+  }
+  return r;
+}
+
+double pearson(const std::vector<double>& x, const std::vector<double>& y) {
+  const double n = static_cast<double>(x.size());
+  double mx = 0.0, my = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    mx += x[i];
+    my += y[i];
+  }
+  mx /= n;
+  my /= n;
+  double sxy = 0.0, sxx = 0.0, syy = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxy += (x[i] - mx) * (y[i] - my);
+    sxx += (x[i] - mx) * (x[i] - mx);
+    syy += (y[i] - my) * (y[i] - my);
+  }
+  if (sxx == 0.0 || syy == 0.0) return std::numeric_limits<double>::quiet_NaN();  // a constant side
+  return std::clamp(sxy / std::sqrt(sxx * syy), -1.0, 1.0);
+}
+
+}  // namespace
+
+RegressionMetrics regression_metrics(const std::vector<double>& predicted, const std::vector<double>& truth) {
+  MT_CHECK(predicted.size() == truth.size() && predicted.size() >= 2, ErrorKind::kInvalidArgument,
+           "regression metrics: " + std::to_string(predicted.size()) + " predictions for " + std::to_string(truth.size()) +
+               " values (at least 2 needed)");
+  RegressionMetrics m;
+  m.pearson = pearson(predicted, truth);
+  m.spearman = pearson(mean_ranks(predicted), mean_ranks(truth));
+  return m;
+}
+
+double micro_f1(double tp, double fp, double fn) { return 2.0 * tp + fp + fn > 0.0 ? 2.0 * tp / (2.0 * tp + fp + fn) : 0.0; }
 
 }  // namespace mt::data

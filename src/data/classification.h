@@ -27,25 +27,35 @@ struct ClassificationFields {
                                     // (or strings of one, as "0" / "1")
 };
 
+// What a record's label is (the classifier's problem_type): one class of num_labels; num_labels
+// real values (regression: a number, a string of one, or a list of num_labels numbers); a set of
+// the num_labels labels (multi-label: a list of label indices or data.labels names, any order, as
+// run_classification.py takes them), kept as num_labels 0/1 values.
+enum class LabelKind { kClass, kValues, kLabelSet };
+
 struct ClassificationExample {
   std::string id;
   std::vector<int32_t> tokens;  // not empty
   size_t first = 0;             // a pair: the first text's tokens (text_a + "\n"); 0: one text
-  int label = -1;               // -1: none (prediction input)
+  int label = -1;               // -1: none (prediction input); kValues / kLabelSet: 0 when labelled
+  std::vector<float> values;    // kValues / kLabelSet: num_labels values (the 0/1 labels of a set)
 };
 
 // Reads path (one JSON object a line; blank lines skipped). require_labels: every record must have
-// a label in [0, num_labels); without it, a label of -1 (GLUE's test splits mark unlabelled rows so)
-// is none. Throws kInvalidArgument naming path:line and the field.
+// a label (in [0, num_labels) for kClass); without it, a label of -1 (GLUE's test splits mark
+// unlabelled rows so, STS-B's too) is none. Throws kInvalidArgument naming path:line and the field.
 std::vector<ClassificationExample> classification_read(const std::string& path, const Tokenizer& tokenizer,
                                                        const ClassificationFields& fields, int num_labels,
-                                                       bool require_labels);
+                                                       bool require_labels, LabelKind kind = LabelKind::kClass);
 
 // tokens (B, T), targets (B, T) for the examples rows[0, B): each row's first min(n, T) tokens,
 // then pad; targets -100 except the label at the row's last token. A null row is all padding with
 // no target (the end of an epoch).
+// values (kValues / kLabelSet examples; null for kClass): the target at a labelled row's pooled
+// position is first_value_row + b, and row b of values (num_labels each) gets the example's values
+// (TransformerLM::set_label_values' rows).
 void classification_batch(const ClassificationExample* const* rows, int B, int T, int32_t pad, int32_t* tokens,
-                          int32_t* targets);
+                          int32_t* targets, float* values = nullptr, int num_labels = 0, int32_t first_value_row = 0);
 
 // The tokens of an example in a row of T, truncated as Hugging Face's tokenizer(a, b,
 // truncation=True, max_length=T) truncates (its default, "longest_first", in the tokenizers
@@ -72,5 +82,18 @@ struct ClassificationMetrics {
   double accuracy = 0.0, f1 = 0.0, mcc = 0.0;
 };
 ClassificationMetrics classification_metrics(const std::vector<double>& confusion, int L);
+
+// STS-B's metrics as run_glue computes them (scipy's pearsonr and spearmanr over the predicted and
+// true values): Pearson's correlation, and Spearman's (Pearson's of their ranks, ties at their
+// mean rank); NaN where a side is constant, as scipy gives. Sizes equal, at least 2.
+struct RegressionMetrics {
+  double pearson = 0.0, spearman = 0.0;
+};
+RegressionMetrics regression_metrics(const std::vector<double>& predicted, const std::vector<double>& truth);
+
+// Multi-label's metric as run_classification.py computes it (evaluate's f1, config "multilabel",
+// average "micro": every label of every record counted together): 2 TP / (2 TP + FP + FN), 0 with
+// no true or predicted positives (scikit-learn's zero_division).
+double micro_f1(double tp, double fp, double fn);
 
 }  // namespace mt::data

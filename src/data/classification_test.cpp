@@ -6,7 +6,11 @@
 #include <cmath>
 #include <vector>
 
+#include <fstream>
+#include <string>
+
 #include "base/error.h"
+#include "base/scratch_dir.h"
 #include "data/classification.h"
 
 namespace mt::data {
@@ -34,6 +38,89 @@ TEST(ClassificationMetrics, GlueF1AndMatthewsAreTheTextbookFormulas) {
   EXPECT_DOUBLE_EQ(classification_metrics({3, 0, 0, 2}, 2).mcc, 1.0);
   EXPECT_DOUBLE_EQ(classification_metrics({0, 3, 2, 0}, 2).mcc, -1.0);
   EXPECT_THROW(classification_metrics({1, 2, 3}, 2), Error);
+}
+
+}  // namespace
+}  // namespace mt::data
+
+namespace mt::data {
+namespace {
+
+// STS-B's correlations (scipy's pearsonr and spearmanr) on values worked by hand.
+TEST(RegressionMetrics, PearsonAndSpearmanAreTheTextbookFormulasWithTiesAtTheirMeanRank) {
+  // y is x with two neighbours swapped twice: deviations -2..2 and (-1, -2, 1, 0, 2): 8 / 10.
+  RegressionMetrics m = regression_metrics({1, 2, 3, 4, 5}, {2, 1, 4, 3, 5});
+  EXPECT_NEAR(m.pearson, 0.8, 1e-15);
+  EXPECT_NEAR(m.spearman, 0.8, 1e-15);
+  // Ranks of (10, 20, 20, 30) are (1, 2.5, 2.5, 4); of (1, 9, 4, 16) (1, 3, 2, 4): 4.5 / sqrt(4.5 · 5).
+  m = regression_metrics({10, 20, 20, 30}, {1, 9, 4, 16});
+  EXPECT_NEAR(m.spearman, 3.0 / std::sqrt(10.0), 1e-15);
+  // Pearson's of the values themselves: deviations (-10, 0, 0, 10) and (-6.5, 1.5, -3.5, 8.5).
+  EXPECT_NEAR(m.pearson, 150.0 / std::sqrt(200.0 * 129.0), 1e-15);
+  // A monotone map keeps Spearman's at 1 where Pearson's falls below it.
+  m = regression_metrics({1, 2, 3, 4}, {1, 8, 27, 64});
+  EXPECT_NEAR(m.spearman, 1.0, 1e-15);
+  EXPECT_LT(m.pearson, 0.99);
+  // A constant side has no correlation: NaN, as scipy gives.
+  m = regression_metrics({3, 3, 3}, {1, 2, 3});
+  EXPECT_TRUE(std::isnan(m.pearson));
+  EXPECT_TRUE(std::isnan(m.spearman));
+  EXPECT_THROW(regression_metrics({1}, {1}), Error);
+  // Multi-label's micro F1: TP 3, FP 1, FN 2 -> 6 / 9; nothing positive -> 0.
+  EXPECT_DOUBLE_EQ(micro_f1(3, 1, 2), 6.0 / 9.0);
+  EXPECT_EQ(micro_f1(0, 0, 0), 0.0);
+}
+
+// Labels as run_classification.py takes them: a regression's number, string of one or list of
+// num_labels numbers; a multi-label record's list of indices or names, as 0/1 values; -1 (GLUE's
+// unlabelled test rows, STS-B's -1.0) none only where labels are not required; each refusal names
+// file:line.
+TEST(ClassificationRead, ValuesAndLabelSetsAsRunClassificationTakesThem) {
+  ScratchDir d("mt_classification_read");
+  const Tokenizer tok = Tokenizer::train("a b c d e f", 260);
+  auto read = [&](const std::string& lines, int L, LabelKind kind, bool required = true) {
+    std::ofstream(d.file("r.jsonl")) << lines;
+    ClassificationFields f;
+    f.labels = {"x", "y", "z"};
+    return classification_read(d.file("r.jsonl"), tok, f, L, required, kind);
+  };
+  auto refusal = [&](const std::string& lines, int L, LabelKind kind) {
+    try {
+      read(lines, L, kind);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  auto v = read("{\"text\": \"a b\", \"label\": 3.25}\n{\"text\": \"c\", \"label\": \"-0.5\"}\n{\"text\": \"d\", \"label\": [4]}\n", 1,
+                LabelKind::kValues);
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[0].values, std::vector<float>{3.25f});
+  EXPECT_EQ(v[1].values, std::vector<float>{-0.5f});
+  EXPECT_EQ(v[2].values, std::vector<float>{4.0f});
+  EXPECT_EQ(v[0].label, 0);
+  v = read("{\"text\": \"a\", \"label\": [1, 2.5]}\n", 2, LabelKind::kValues);
+  EXPECT_EQ(v[0].values, (std::vector<float>{1.0f, 2.5f}));
+  v = read("{\"text\": \"a\", \"label\": [2, \"x\"]}\n{\"text\": \"b\", \"label\": []}\n", 3, LabelKind::kLabelSet);
+  EXPECT_EQ(v[0].values, (std::vector<float>{1.0f, 0.0f, 1.0f}));
+  EXPECT_EQ(v[1].values, (std::vector<float>{0.0f, 0.0f, 0.0f}));
+  v = read("{\"text\": \"a\", \"label\": -1.0}\n{\"text\": \"b\", \"label\": -1}\n", 1, LabelKind::kValues, false);
+  EXPECT_EQ(v[0].label, -1);
+  EXPECT_TRUE(v[0].values.empty());
+  v = read("{\"text\": \"a\", \"label\": -1.0}\n", 1, LabelKind::kValues);  // a value where one is required
+  EXPECT_EQ(v[0].values, std::vector<float>{-1.0f});
+  EXPECT_NE(refusal("{\"text\": \"a\", \"label\": [1]}\n", 2, LabelKind::kValues).find("r.jsonl:1: label [1] holds 1 values; model.num_labels is 2"),
+            std::string::npos);
+  EXPECT_NE(refusal("{\"text\": \"a\", \"label\": 1e300}\n", 1, LabelKind::kValues).find("r.jsonl:1: label 1e+300 is not a finite number"),
+            std::string::npos);
+  EXPECT_NE(refusal("\n{\"text\": \"a\", \"label\": 2}\n", 2, LabelKind::kValues).find("r.jsonl:2: label 2 is one value; model.num_labels 2"),
+            std::string::npos);
+  EXPECT_NE(refusal("{\"text\": \"a\", \"label\": [\"w\"]}\n", 3, LabelKind::kLabelSet).find("r.jsonl:1: label \"w\" is not one of data.labels"),
+            std::string::npos);
+  EXPECT_NE(refusal("{\"text\": \"a\", \"label\": [3]}\n", 3, LabelKind::kLabelSet).find("r.jsonl:1: label 3 is outside [0, 3)"),
+            std::string::npos);
+  EXPECT_NE(refusal("{\"text\": \"a\", \"label\": \"x\"}\n", 3, LabelKind::kLabelSet).find("is not a list of labels"), std::string::npos);
+  EXPECT_NE(refusal("{\"text\": \"a\"}\n", 1, LabelKind::kValues).find("r.jsonl:1: no \"label\""), std::string::npos);
 }
 
 }  // namespace

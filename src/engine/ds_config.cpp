@@ -1212,6 +1212,20 @@ void parse_curriculum(Section& root, RunConfig& c) {
 
 // csv_monitor: DeepSpeed's keys (enabled, output_path, job_name), top-level as DeepSpeed reads them
 // or inside a monitor_config block (enabled there too) as some configs carry them.
+void parse_csv_monitor(Section& root, RunConfig& c);
+
+}  // namespace
+
+std::vector<std::string> classification_metric_names(const models::ModelConfig& m) {
+  if (m.problem_type == models::ProblemType::kRegression)
+    return m.num_labels == 1 ? std::vector<std::string>{"val_loss", "val_pearson", "val_spearmanr"} : std::vector<std::string>{"val_loss"};
+  if (m.problem_type == models::ProblemType::kMultiLabel) return {"val_loss", "val_f1"};
+  if (m.num_labels == 2) return {"val_loss", "val_acc", "val_f1", "val_mcc"};
+  return {"val_loss", "val_acc", "val_mcc"};
+}
+
+namespace {
+
 void parse_csv_monitor(Section& root, RunConfig& c) {
   auto read = [&c](Section& s, bool on) {
     c.csv_monitor.enabled = s.boolean("enabled", false) && on;
@@ -1370,6 +1384,8 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     MT_CHECK(c.task == "classification" || c.model.num_labels == 0, ErrorKind::kInvalidArgument,
              "model.num_labels (" + std::to_string(c.model.num_labels) +
                  ", a sequence classifier) needs \"task\": \"classification\"");
+    MT_CHECK(c.cls_fields.labels.empty() || c.model.problem_type != models::ProblemType::kRegression, ErrorKind::kInvalidArgument,
+             "data.labels names labels; a regression (model.problem_type \"regression\", or num_labels 1) has values");
     MT_CHECK(c.cls_fields.labels.empty() || static_cast<int>(c.cls_fields.labels.size()) == c.model.num_labels,
              ErrorKind::kInvalidArgument,
              "data.labels names " + std::to_string(c.cls_fields.labels.size()) + " labels; model.num_labels is " +
@@ -1377,20 +1393,35 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   }
   c.num_train_epochs = root.number("num_train_epochs", 0.0);
   MT_CHECK(c.num_train_epochs >= 0, ErrorKind::kInvalidArgument, "num_train_epochs must not be negative");
+  // The monitor's default is the problem's first metric past the loss (val_acc; STS-B's
+  // val_pearson for a regression of one value, val_loss past it; multi-label's val_f1), its mode
+  // "min" for val_loss, else "max".
+  if (c.task == "classification" && !c.bare) {
+    const std::vector<std::string> logged = classification_metric_names(c.model);
+    c.model_checkpoint.monitor = logged.size() > 1 ? logged[1] : logged[0];
+  }
   if (root.has("model_checkpoint")) {
     Section mc = root.sub("model_checkpoint");
     c.model_checkpoint.monitor = mc.string("monitor", c.model_checkpoint.monitor);
-    c.model_checkpoint.mode = mc.string("mode", c.model_checkpoint.mode);
+    c.model_checkpoint.mode = mc.string("mode", c.model_checkpoint.monitor == "val_loss" ? "min" : "max");
     c.model_checkpoint.save_top_k = mc.integer("save_top_k", 1);
     const std::string& monitor = c.model_checkpoint.monitor;
-    MT_CHECK(monitor == "val_acc" || monitor == "val_loss" || monitor == "val_f1" || monitor == "val_mcc",
+    MT_CHECK(monitor == "val_acc" || monitor == "val_loss" || monitor == "val_f1" || monitor == "val_mcc" ||
+                 monitor == "val_pearson" || monitor == "val_spearmanr",
              ErrorKind::kInvalidArgument,
              mc.where("monitor") + ": \"" + monitor +
-                 "\" is not a metric meshtrain logs (\"val_acc\", \"val_loss\", \"val_f1\", \"val_mcc\")");
-    // GLUE's F1 is scikit-learn's binary one: of label 1, with two labels.
-    MT_CHECK(monitor != "val_f1" || c.task != "classification" || c.model.num_labels == 2, ErrorKind::kInvalidArgument,
-             mc.where("monitor") + ": val_f1 is the F1 of label 1 of two (MRPC's, QQP's); this classifier has " +
-                 std::to_string(c.model.num_labels) + " labels");
+                 "\" is not a metric meshtrain logs (\"val_acc\", \"val_loss\", \"val_f1\", \"val_mcc\", \"val_pearson\", \"val_spearmanr\")");
+    if (c.task == "classification") {
+      const std::vector<std::string> logged = classification_metric_names(c.model);
+      std::string names;
+      for (const auto& n : logged) names += (names.empty() ? "" : ", ") + n;
+      MT_CHECK(std::find(logged.begin(), logged.end(), monitor) != logged.end(), ErrorKind::kInvalidArgument,
+               mc.where("monitor") + ": " + monitor + " is not logged for a " + models::problem_type_name(c.model.problem_type) +
+                   " model of " + std::to_string(c.model.num_labels) + " label(s) (" + names + ")" +
+                   (monitor == "val_f1" && c.model.problem_type == models::ProblemType::kSingleLabel
+                        ? "; val_f1 is the F1 of label 1 of two (MRPC's, QQP's)"
+                        : ""));
+    }
     MT_CHECK(c.model_checkpoint.mode == "max" || c.model_checkpoint.mode == "min", ErrorKind::kInvalidArgument,
              mc.where("mode") + " must be \"max\" or \"min\"");
     MT_CHECK(c.model_checkpoint.save_top_k >= 0, ErrorKind::kInvalidArgument, mc.where("save_top_k") + " must not be negative");

@@ -262,6 +262,10 @@ void ds_config_check_paths(const RunConfig& c);
 void ds_config_check_trainable(const RunConfig& c);
 // Applies one `a.b.c=value` override (value parsed as JSON, else taken as a string).
 void ds_config_set(nlohmann::json& j, const std::string& assignment);
+// The validation metrics a classification run logs (and model_checkpoint.monitor may name), in the
+// order it prints them: single label val_loss, val_acc, val_f1 (two labels), val_mcc; regression
+// val_loss, and of one value val_pearson, val_spearmanr (STS-B's); multi-label val_loss, val_f1.
+std::vector<std::string> classification_metric_names(const models::ModelConfig& m);
 // The resolved configuration as JSON (what `meshtrain config check` prints).
 nlohmann::json ds_config_resolved(const RunConfig& c);
 

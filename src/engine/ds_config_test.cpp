@@ -66,11 +66,17 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   EXPECT_EQ(c.model.max_positions, 32);
   alias["model"]["n_embd"] = 64;
   EXPECT_NE(error_of(alias).find("fields 'n_embd' and 'hidden_size' (Hugging Face's other name for it) differ"), npos);
-  // One label is Hugging Face's regression (it trained a one-class softmax: loss 0, exit 0).
+  // One label is Hugging Face's regression (it trained a one-class softmax: loss 0, exit 0, before
+  // regression was built); a one-class softmax asked for by name is refused.
   nlohmann::json one = base();
   one["task"] = "classification";
   one["model"]["num_labels"] = 1;
-  EXPECT_NE(error_of(one).find("field 'num_labels': 1 is regression in Hugging Face"), npos);
+  EXPECT_EQ(ds_config_parse(one, "cfg.json").model.problem_type, models::ProblemType::kRegression);
+  one["model"]["problem_type"] = "single_label_classification";
+  EXPECT_NE(error_of(one).find("num_labels: 1 with problem_type \"single_label_classification\" is a softmax over one class"), npos);
+  one["model"].erase("num_labels");
+  one["model"]["problem_type"] = "regression";  // run_classification.py's one value
+  EXPECT_EQ(ds_config_parse(one, "cfg.json").model.num_labels, 1);
   nlohmann::json cosine = with("scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_num_steps", 3}, {"total_num_steps", 3}}}});
   EXPECT_NE(error_of(cosine).find("leaves WarmupCosineLR's cosine no step after the warmup's 3"), npos);  // lr 0 from step 4
   // DeepSpeed's FusedAdam takes weight_decay 0 by default (0.01 was applied to every AdamW);
@@ -126,7 +132,9 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   EXPECT_NE(error_of(llama).find("rope_type 'llama3': RoPE scaling is not supported yet"), npos);
   one["model"]["num_labels"] = 3;
   one["model"]["problem_type"] = "multi_label_classification";
-  EXPECT_NE(error_of(one).find("field 'problem_type': \"multi_label_classification\" is not supported"), npos);
+  EXPECT_EQ(ds_config_parse(one, "cfg.json").model.problem_type, models::ProblemType::kMultiLabel);
+  one["model"]["problem_type"] = "multi_label";
+  EXPECT_NE(error_of(one).find("field 'problem_type': \"multi_label\" is not one of Hugging Face's"), npos);
 }
 
 // Megatron-LM's arguments written into a config were warned about as unknown keys, and
@@ -648,11 +656,26 @@ TEST(DsConfig, ModelCheckpointMonitorsGluesMetrics) {
   j["model_checkpoint"]["monitor"] = "val_f1";
   EXPECT_EQ(error_of(j), "");
   j["model"]["num_labels"] = 3;
-  EXPECT_NE(error_of(j).find("val_f1 is the F1 of label 1 of two (MRPC's, QQP's); this classifier has 3 labels"),
+  EXPECT_NE(error_of(j).find("val_f1 is not logged for a single_label_classification model of 3 label(s) (val_loss, "
+                             "val_acc, val_mcc); val_f1 is the F1 of label 1 of two (MRPC's, QQP's)"),
             std::string::npos)
       << error_of(j);
   j["model_checkpoint"]["monitor"] = "val_auc";
   EXPECT_NE(error_of(j).find("\"val_auc\" is not a metric meshtrain logs"), std::string::npos) << error_of(j);
+  // STS-B's correlations for a regression of one value; multi-label's micro F1.
+  j["model"]["num_labels"] = 1;
+  j["model_checkpoint"]["monitor"] = "val_spearmanr";
+  EXPECT_EQ(error_of(j), "");
+  j["model_checkpoint"]["monitor"] = "val_acc";
+  EXPECT_NE(error_of(j).find("val_acc is not logged for a regression model of 1 label(s) (val_loss, val_pearson, val_spearmanr)"),
+            std::string::npos)
+      << error_of(j);
+  j["model"]["num_labels"] = 3;
+  j["model"]["problem_type"] = "multi_label_classification";
+  j["model_checkpoint"]["monitor"] = "val_f1";
+  EXPECT_EQ(error_of(j), "");
+  j["model_checkpoint"]["monitor"] = "val_pearson";
+  EXPECT_NE(error_of(j).find("(val_loss, val_f1)"), std::string::npos) << error_of(j);
 }
 
 // loss_normalization: "tokens" read (and kept in the resolved config); what it does not do yet

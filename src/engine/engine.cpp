@@ -724,6 +724,14 @@ void Engine::sum_counts_over_ranks(std::vector<double>* counts) {
                    static_cast<double>(digits[3 * i + 2]);
 }
 
+void Engine::gather_slots_over_ranks(std::vector<float>* slots) {
+  if (world() == 1 || slots->empty()) return;
+  comm::AllReduceOptions o;
+  o.tag = "gather of slots";
+  o.timeout = timeout();
+  dp_->all_reduce(slots->data(), slots->size(), DType::kF32, o)->wait();
+}
+
 void Engine::set_step_tokens(const int32_t* targets, size_t micro_numel, int micro_batches) {
   model_.set_loss_denominator(0.0);
   if (config_.loss_normalization != "tokens") return;

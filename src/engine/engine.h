@@ -98,6 +98,9 @@ class Engine {
   // counts[i] := their sum over the data-parallel ranks, exactly (non-negative integers below 2^36:
   // three base-2^12 digits each in one f32 all-reduce).
   void sum_counts_over_ranks(std::vector<double>* counts);
+  // slots[i] := the one value a data-parallel rank wrote there, on every rank (the others hold 0
+  // there: an f32 sum, exact), so each rank ends with what all of them computed.
+  void gather_slots_over_ranks(std::vector<float>* slots);
   // Mean loss of a micro-batch without touching gradients (through every stage of a pipeline:
   // collective over the pp group, every stage gets the loss).
   float evaluate(const int32_t* tokens, const int32_t* targets);

@@ -163,44 +163,62 @@ TEST_P(GoldenTest, F16OverflowIsDetectedAndTheStepSkipped) {
 // (data::classification_batch: the example, then padding, the label at its last token) give the
 // golden padded tokens; the model's logits at the pooled positions, the loss and every gradient
 // (score.weight included) equal PyTorch's, which pools by HF's own rule (first pad minus one).
+// Each problem_type: cross-entropy over 3 classes; regression (MSELoss of one value,
+// cls-regression-*); multi-label (BCEWithLogitsLoss over 3 labels, cls-multi-label-*), their
+// values reaching the head as the batcher's rows of TransformerLM::set_label_values, past a first
+// row of 5 (a later micro-batch of a step).
 TEST_P(GoldenTest, ClassificationLogitsLossAndEveryGradient) {
-  Golden g = load_golden("cls-" + GetParam());
-  ASSERT_EQ(g.cfg.num_labels, 3);
-  const int32_t pad = std::stoi(g.file->metadata().at("pad"));
-  const std::vector<int32_t> lengths = g.file->read_i32("lengths"), labels = g.file->read_i32("labels");
-  std::vector<data::ClassificationExample> ex(g.B);
-  std::vector<const data::ClassificationExample*> rows;
-  for (int b = 0; b < g.B; ++b) {
-    ex[b].tokens.assign(g.tokens.begin() + static_cast<ptrdiff_t>(b) * g.T,
-                        g.tokens.begin() + static_cast<ptrdiff_t>(b) * g.T + lengths[b]);
-    ex[b].label = labels[b];
-    rows.push_back(&ex[b]);
+  for (const std::string prefix : {"cls-", "cls-regression-", "cls-multi-label-"}) {
+    SCOPED_TRACE(prefix);
+    Golden g = load_golden(prefix + GetParam());
+    const int L = g.cfg.num_labels;
+    const bool valued = g.cfg.problem_type != models::ProblemType::kSingleLabel;
+    ASSERT_EQ(L, prefix == "cls-regression-" ? 1 : 3);
+    ASSERT_EQ(g.cfg.problem_type, prefix == "cls-"              ? models::ProblemType::kSingleLabel
+                                  : prefix == "cls-regression-" ? models::ProblemType::kRegression
+                                                                : models::ProblemType::kMultiLabel);
+    const int32_t pad = std::stoi(g.file->metadata().at("pad"));
+    const std::vector<int32_t> lengths = g.file->read_i32("lengths"), labels = g.file->read_i32("labels");
+    const std::vector<float> values = valued ? g.file->read_f32("values") : std::vector<float>{};
+    std::vector<data::ClassificationExample> ex(g.B);
+    std::vector<const data::ClassificationExample*> rows;
+    for (int b = 0; b < g.B; ++b) {
+      ex[b].tokens.assign(g.tokens.begin() + static_cast<ptrdiff_t>(b) * g.T,
+                          g.tokens.begin() + static_cast<ptrdiff_t>(b) * g.T + lengths[b]);
+      ex[b].label = valued ? 0 : labels[b];
+      if (valued) ex[b].values.assign(values.begin() + b * L, values.begin() + (b + 1) * L);
+      rows.push_back(&ex[b]);
+    }
+    constexpr int kFirstRow = 5;
+    std::vector<float> table(static_cast<size_t>(kFirstRow + g.B) * L, -7.0f);
+    std::vector<int32_t> tokens(static_cast<size_t>(g.B) * g.T), targets(tokens.size());
+    data::classification_batch(rows.data(), g.B, g.T, pad, tokens.data(), targets.data(),
+                               valued ? table.data() + kFirstRow * L : nullptr, L, kFirstRow);
+    EXPECT_EQ(tokens, g.tokens);
+    auto m = make_model(g, DType::kF32, false);
+    if (valued) m->set_label_values(table.data(), kFirstRow + g.B);
+    std::vector<float> logits(tokens.size() * L);
+    m->logits(logits.data(), tokens.data());
+    const std::vector<float> ref = g.file->read_f32("pooled_logits");
+    std::vector<float> pooled;
+    for (int b = 0; b < g.B; ++b)
+      for (int k = 0; k < L; ++k)
+        pooled.push_back(logits[(static_cast<size_t>(b) * g.T + data::classification_pool(ex[b], g.T, pad)) * L + k]);
+    EXPECT_LE(rel_err(pooled.data(), ref), 1e-4);
+    m->store().zero_grad();
+    const float loss = m->forward(tokens.data(), targets.data(), 1.0f);
+    const float want = g.file->read_f32("loss")[0];
+    EXPECT_LE(std::fabs(loss - want) / want, 1e-4) << loss << " vs " << want;
+    m->backward();
+    int checked = 0;
+    for (nn::Parameter* p : m->store().parameters()) {
+      EXPECT_LE(rel_err(p->grad, g.file->read_f32("grad." + p->name, p->shape)), 1e-4) << p->name;
+      ++checked;
+    }
+    EXPECT_EQ(checked, static_cast<int>(m->store().parameters().size()));
+    EXPECT_NE(m->store().find("score.weight"), nullptr);
+    EXPECT_EQ(m->store().find("lm_head.weight"), nullptr);
   }
-  std::vector<int32_t> tokens(static_cast<size_t>(g.B) * g.T), targets(tokens.size());
-  data::classification_batch(rows.data(), g.B, g.T, pad, tokens.data(), targets.data());
-  EXPECT_EQ(tokens, g.tokens);
-  auto m = make_model(g, DType::kF32, false);
-  std::vector<float> logits(tokens.size() * 3);
-  m->logits(logits.data(), tokens.data());
-  const std::vector<float> ref = g.file->read_f32("pooled_logits");
-  std::vector<float> pooled;
-  for (int b = 0; b < g.B; ++b)
-    for (int k = 0; k < 3; ++k)
-      pooled.push_back(logits[(static_cast<size_t>(b) * g.T + data::classification_pool(ex[b], g.T, pad)) * 3 + k]);
-  EXPECT_LE(rel_err(pooled.data(), ref), 1e-4);
-  m->store().zero_grad();
-  const float loss = m->forward(tokens.data(), targets.data(), 1.0f);
-  const float want = g.file->read_f32("loss")[0];
-  EXPECT_LE(std::fabs(loss - want) / want, 1e-4) << loss << " vs " << want;
-  m->backward();
-  int checked = 0;
-  for (nn::Parameter* p : m->store().parameters()) {
-    EXPECT_LE(rel_err(p->grad, g.file->read_f32("grad." + p->name, p->shape)), 1e-4) << p->name;
-    ++checked;
-  }
-  EXPECT_EQ(checked, static_cast<int>(m->store().parameters().size()));
-  EXPECT_NE(m->store().find("score.weight"), nullptr);
-  EXPECT_EQ(m->store().find("lm_head.weight"), nullptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GoldenTest, ::testing::Values("tiny-gpt2", "tiny-llama"),

@@ -146,21 +146,29 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
   c.init_std = r.number("initializer_range", 0.02f);
   // Sequence classification: our "num_labels", or a *ForSequenceClassification architecture with
   // Hugging Face's id2label (2 labels when it has none).
-  bool classifier = j.contains("num_labels");
+  const bool has_problem = j.contains("problem_type") && j["problem_type"].is_string();
+  bool classifier = j.contains("num_labels") || has_problem;
   if (j.contains("architectures") && j["architectures"].is_array())
     for (const auto& a : j["architectures"])
       classifier |= a.is_string() && a.get<std::string>().ends_with("ForSequenceClassification");
   if (classifier) {
-    const int from_map = j.contains("id2label") && j["id2label"].is_object() ? static_cast<int>(j["id2label"].size()) : 2;
+    const std::string problem = has_problem ? r.string("problem_type", "") : "";
+    r.refuse_if(!problem.empty() && problem != "single_label_classification" && problem != "regression" &&
+                    problem != "multi_label_classification",
+                "problem_type",
+                "\"" + problem + "\" is not one of Hugging Face's (single_label_classification, regression, multi_label_classification)");
+    // id2label's size (2 without it), as PretrainedConfig counts; regression's one value where
+    // nothing says otherwise, as run_classification.py sets it.
+    const int from_map = j.contains("id2label") && j["id2label"].is_object() ? static_cast<int>(j["id2label"].size())
+                         : problem == "regression"                          ? 1
+                                                                            : 2;
     c.num_labels = r.integer("num_labels", from_map, false);
-    // Hugging Face reads one label as regression (a mean squared error), which is not built: a
-    // softmax over one class has nothing to learn (it trained with loss 0 and exited 0).
-    r.refuse_if(c.num_labels == 1, "num_labels",
-                "1 is regression in Hugging Face (problem_type \"regression\"), which is not supported; classes need 2 or more");
-    r.refuse_if(c.num_labels < 1, "num_labels", "must be at least 2");
-    const std::string problem = r.string("problem_type", "single_label_classification");
-    r.refuse_if(problem != "single_label_classification", "problem_type",
-                "\"" + problem + "\" is not supported (single_label_classification: one class per sample, cross-entropy)");
+    r.refuse_if(c.num_labels < 1, "num_labels", "must be at least 1");
+    // Without problem_type, Hugging Face's loss takes one label as regression and more as classes
+    // (its integer labels; a float multi-hot is multi-label there, named here).
+    c.problem_type = problem == "regression" || (problem.empty() && c.num_labels == 1) ? models::ProblemType::kRegression
+                     : problem == "multi_label_classification"                       ? models::ProblemType::kMultiLabel
+                                                                                     : models::ProblemType::kSingleLabel;
   }
   try {
     c.validate();
@@ -231,6 +239,7 @@ nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
     }
     j["id2label"] = id2label;
     j["label2id"] = label2id;
+    j["problem_type"] = models::problem_type_name(c.problem_type);
   }
   return j;
 }

@@ -52,6 +52,9 @@ void ModelConfig::validate() const {
   need(arch == Arch::kLlama || tie_embeddings, "tie_word_embeddings",
        "GPT-2 with an untied head is not supported");
   need(num_labels >= 0, "num_labels", "must be >= 0 (0: a causal LM)");
+  // A softmax over one class has nothing to learn (it trained with loss 0 and exited 0).
+  need(num_labels != 1 || problem_type != ProblemType::kSingleLabel, "num_labels",
+       "1 with problem_type \"single_label_classification\" is a softmax over one class; one label is \"regression\"");
   // Bounds far past any model trained that keep the counts in bytes (int64 and size_t: the
   // estimate's replay, the allocator's) from overflowing, and the skeleton the estimate builds
   // (a unit a layer) from asking for more memory than exists. Counted in double: num_params()
@@ -66,11 +69,23 @@ void ModelConfig::validate() const {
            std::string("model: about ") + buf + " parameters, more than the 2^48 (2.8e14) the runtime's byte counts hold");
 }
 
+const char* problem_type_name(ProblemType p) {
+  switch (p) {
+    case ProblemType::kRegression: return "regression";
+    case ProblemType::kMultiLabel: return "multi_label_classification";
+    default: return "single_label_classification";
+  }
+}
+
 std::string ModelConfig::describe() const {
   char buf[200];
   std::snprintf(buf, sizeof buf, "%s L=%d C=%d NH=%d NKV=%d I=%d V=%d (%.1fM params)",
                 arch == Arch::kGpt2 ? "gpt2" : "llama", n_layer, hidden, n_head, n_kv_head,
                 intermediate, vocab_size, static_cast<double>(num_params()) / 1e6);
+  if (num_labels > 0 && problem_type == ProblemType::kRegression)
+    return std::string(buf) + ", regression of " + std::to_string(num_labels) + (num_labels == 1 ? " value" : " values");
+  if (num_labels > 0 && problem_type == ProblemType::kMultiLabel)
+    return std::string(buf) + ", multi-label classifier of " + std::to_string(num_labels) + " labels";
   if (num_labels > 0) return std::string(buf) + ", classifier of " + std::to_string(num_labels) + " labels";
   return buf;
 }

@@ -16,6 +16,13 @@ namespace mt::models {
 
 enum class Arch { kGpt2, kLlama };
 
+// Hugging Face's config.problem_type for a sequence classifier: what the pooled logits are trained
+// against (its *ForSequenceClassification loss): one class of num_labels by softmax cross-entropy;
+// num_labels real values by the mean squared error (MSELoss: STS-B, num_labels 1); num_labels
+// independent yes/no labels by the mean binary cross-entropy of their logits (BCEWithLogitsLoss).
+enum class ProblemType { kSingleLabel, kRegression, kMultiLabel };
+const char* problem_type_name(ProblemType p);  // Hugging Face's: "single_label_classification", ...
+
 struct ModelConfig {
   Arch arch = Arch::kGpt2;
   int vocab_size = 0;      // V   (vocab_size)
@@ -38,6 +45,7 @@ struct ModelConfig {
   // the head is "score.weight" (num_labels, C), no bias, in place of the LM head; the loss is the
   // cross-entropy of the score at each target that is not -100 (the pooled, last non-pad token).
   int num_labels = 0;
+  ProblemType problem_type = ProblemType::kSingleLabel;  // problem_type (with num_labels > 0)
 
   // validate()'s bounds, far past any model trained (DESIGN-NOTES 76).
   static constexpr int kMaxLayers = 1 << 20;

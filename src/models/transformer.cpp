@@ -375,11 +375,15 @@ float TransformerLM::head_forward(Slot& s, const float* last, const int32_t* tar
   }
   if (targets == nullptr) return 0.0f;
   int count = 0;
-  const int classes = cfg_.num_labels > 0 ? cfg_.num_labels : cfg_.vocab_size;
+  // A regression or multi-label classifier's targets name rows of the label values.
+  const bool valued = cfg_.num_labels > 0 && cfg_.problem_type != ProblemType::kSingleLabel;
+  const int64_t classes = valued ? label_value_rows_ : cfg_.num_labels > 0 ? cfg_.num_labels : cfg_.vocab_size;
   for (int i = 0; i < d.N; ++i) {
     MT_CHECK(targets[i] == -100 || (targets[i] >= 0 && targets[i] < classes), ErrorKind::kInvalidArgument,
              "target " + std::to_string(targets[i]) + " at position " + std::to_string(i) + " is outside " +
-                 (cfg_.num_labels > 0 ? "the labels [0, " + std::to_string(classes) + ")" : "the vocabulary") +
+                 (valued ? "the label values' rows [0, " + std::to_string(classes) + ") (set_label_values)"
+                  : cfg_.num_labels > 0 ? "the labels [0, " + std::to_string(classes) + ")"
+                                        : std::string("the vocabulary")) +
                  " (and not -100)");
     count += targets[i] != -100;
   }
@@ -393,6 +397,11 @@ float TransformerLM::head_forward(Slot& s, const float* last, const int32_t* tar
   a.dtype = head->compute_dtype;
   a.targets = targets;
   a.N = d.N; a.C = d.C; a.V = static_cast<int>(head->shape[0]);
+  if (valued) {
+    a.loss = cfg_.problem_type == ProblemType::kRegression ? nn::HeadLoss::kMeanSquared : nn::HeadLoss::kBinaryCrossEntropy;
+    a.values = label_values_;
+    a.value_rows = label_value_rows_;
+  }
   if (tp_.size() > 1) {  // vocabulary-parallel cross-entropy
     a.v0 = static_cast<int>(head->shape[0]) * tp_.rank();
     a.valid = std::max(0, std::min(a.V, cfg_.vocab_size - a.v0));

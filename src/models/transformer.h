@@ -80,6 +80,13 @@ class TransformerLM : public nn::Module {
   // own count of targets (the default); else this (the engine's share of a global batch's count,
   // loss_normalization "tokens"). The returned loss is divided the same way.
   void set_loss_denominator(double d) { loss_denominator_ = d; }
+  // A regression or multi-label classifier (ModelConfig::problem_type): a target t other than -100
+  // names row t of values (rows x num_labels: the values, or the 0/1 labels), which the caller
+  // keeps until the micro-batches that name it have run forward. Single-label targets are labels.
+  void set_label_values(const float* values, int64_t rows) {
+    label_values_ = values;
+    label_value_rows_ = rows;
+  }
   bool has_dropout() const { return cfg_.embd_pdrop > 0 || cfg_.resid_pdrop > 0 || cfg_.attn_pdrop > 0; }
 
   // Logits (B, T, V) f32 of a forward over tokens (B, T) of the prepared shape (whole model);
@@ -197,6 +204,8 @@ class TransformerLM : public nn::Module {
   BlockDims dims_{};
   bool drop_next_ = false;      // set_dropout_origin: the next forward drops
   double loss_denominator_ = 0.0;  // set_loss_denominator (0: each micro-batch's own count)
+  const float* label_values_ = nullptr;  // set_label_values
+  int64_t label_value_rows_ = 0;
   double attention_pairs_ = 0.0;   // take_attention_pairs
   BlockDropout drop_origin_{};
   std::shared_ptr<kernels::SparseAttentionPlan> sparse_plan_;  // dims_.sparse

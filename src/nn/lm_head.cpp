@@ -42,6 +42,36 @@ void vocab_parallel_tile(const LmHeadArgs& a, float* loss, float* logits, int ld
   }
 }
 
+// One tile of logits (r, V) of a value loss (kMeanSquared, kBinaryCrossEntropy): each row's loss
+// over its V columns against row targets[i] of a.values, and, when training, dlogits = dloss/dz *
+// grad_scale in place (0 on ignored rows). In double: V is a classifier's few labels.
+void value_loss_tile(const LmHeadArgs& a, float* loss, float* logits, int ld, const int32_t* targets, int r) {
+  const int V = a.V;
+  for (int i = 0; i < r; ++i) {
+    float* z = logits + static_cast<size_t>(i) * ld;
+    if (targets[i] == -100) {
+      loss[i] = 0.0f;
+      if (a.grad_scale != 0.0f) std::fill(z, z + V, 0.0f);
+      continue;
+    }
+    const float* y = a.values + static_cast<size_t>(targets[i]) * V;
+    double sum = 0.0;
+    for (int c = 0; c < V; ++c) {
+      const double zc = z[c], yc = y[c];
+      double dz;
+      if (a.loss == HeadLoss::kMeanSquared) {
+        sum += (zc - yc) * (zc - yc);
+        dz = 2.0 * (zc - yc);
+      } else {  // torch's stable form; d/dz = sigmoid(z) - y
+        sum += std::max(zc, 0.0) - zc * yc + std::log1p(std::exp(-std::fabs(zc)));
+        dz = 1.0 / (1.0 + std::exp(-zc)) - yc;
+      }
+      if (a.grad_scale != 0.0f) z[c] = static_cast<float>(dz / V * a.grad_scale);
+    }
+    loss[i] = static_cast<float>(sum / V);
+  }
+}
+
 }  // namespace
 
 int lm_head_tile_rows(int N, int V, int tile_rows) {
@@ -90,7 +120,9 @@ double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
     const char* x = static_cast<const char*>(a.x) + static_cast<size_t>(r0) * a.C * es;
     // logits (r, V) = x (r, C) w^T
     kernels::gemm(r, a.V, a.C, x, a.C, false, a.w, a.C, true, logits, ldl, a.dtype, false);
-    if (a.reduce_sum) {
+    if (a.loss != HeadLoss::kCrossEntropy) {
+      value_loss_tile(a, a.losses + r0, logits, ldl, a.targets + r0, r);
+    } else if (a.reduce_sum) {
       vocab_parallel_tile(a, a.losses + r0, logits, ldl, a.targets + r0, r);
     } else {
       kernels::cross_entropy_tile(a.losses + r0, lse, logits, a.targets + r0, r, a.V, a.grad_scale, ldl);

@@ -12,6 +12,13 @@
 
 namespace mt::nn {
 
+// What the head's logits are trained against. kCrossEntropy: the softmax over the V columns and the
+// target column. kMeanSquared and kBinaryCrossEntropy (a sequence classifier's regression and
+// multi-label problems, Hugging Face's MSELoss and BCEWithLogitsLoss): a row's target t names row t
+// of `values` (V reals: the values, or the 0/1 labels), and its loss is the mean over the V columns
+// of (z - y)^2, or of max(z, 0) - z y + log(1 + exp(-|z|)).
+enum class HeadLoss { kCrossEntropy, kMeanSquared, kBinaryCrossEntropy };
+
 struct LmHeadArgs {
   const void* x = nullptr;  // (N, C) compute dtype: final-norm output
   const void* w = nullptr;  // (V, C) compute dtype: logits = x w^T
@@ -23,6 +30,9 @@ struct LmHeadArgs {
   float* dw = nullptr;      // (V, C) f32 +=  (when grad_scale != 0)
   float* losses = nullptr;  // (N) f32 = per-row loss (0 for ignored rows)
   int tile_rows = 0;        // 0: equal tiles of f32 logits of at most 64 MiB each
+  HeadLoss loss = HeadLoss::kCrossEntropy;
+  const float* values = nullptr;  // (value_rows, V): kMeanSquared / kBinaryCrossEntropy's targets
+  int64_t value_rows = 0;
   // Vocabulary-parallel (Megatron's vocab_parallel_cross_entropy): w holds rows [v0, v0 + V) of the
   // padded vocabulary, of which the first `valid` are real words (-1: all); padding columns are
   // never counted. Per tile, reduce_max and then reduce_sum combine per-row values over the
