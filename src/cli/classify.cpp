@@ -296,6 +296,11 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
         if (e.contains("step") && e.contains(cfg.model_checkpoint.monitor) && e.contains("path") &&
             fs::exists(e["path"].get<std::string>()))
           top.push_back({e["step"].get<int64_t>(), e[cfg.model_checkpoint.monitor].get<double>(), e["path"].get<std::string>()});
+    // Best first by this run's mode: the list was sorted by the run that wrote it, whose mode may
+    // differ (val_loss's default mode was "max" before it was "min"), and the worst is dropped first.
+    std::stable_sort(top.begin(), top.end(),
+                     [&](const TopEntry& a, const TopEntry& b) { return maximize ? a.value > b.value : a.value < b.value; });
+    while (static_cast<int64_t>(top.size()) > cfg.model_checkpoint.save_top_k) top.pop_back();
   }
   bool first_save = true;
   Timer total;

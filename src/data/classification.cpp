@@ -66,8 +66,13 @@ std::vector<float> value_field(const nlohmann::json& v, int num_labels, const st
       d = x.get<double>();
     } else if (x.is_string()) {
       const std::string s = x.get<std::string>();
-      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), d);
-      MT_CHECK(ec == std::errc() && end == s.data() + s.size() && !s.empty(), ErrorKind::kInvalidArgument,
+      // As Python's float() reads it: surrounding spaces and a leading '+' allowed.
+      size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+      if (b != std::string::npos && s[b] == '+' && b < e) ++b;
+      const char* first = s.data() + (b == std::string::npos ? s.size() : b);
+      const char* last = s.data() + (e == std::string::npos ? s.size() : e + 1);
+      auto [end, ec] = std::from_chars(first, last, d);
+      MT_CHECK(ec == std::errc() && end == last && first != last, ErrorKind::kInvalidArgument,
                where + ": label \"" + s + "\" is not a number (a regression's value)");
     } else {
       throw Error(ErrorKind::kInvalidArgument, where + ": label " + x.dump() + " is not a number (a regression's value)");
@@ -100,7 +105,12 @@ std::vector<float> label_set_field(const nlohmann::json& v, const Classification
   for (const auto& x : v) {
     MT_CHECK(!(x.is_number_integer() && x.get<int64_t>() == -1), ErrorKind::kInvalidArgument,
              where + ": label -1 inside a list of labels");
-    out[static_cast<size_t>(label_field(x, f, num_labels, where, true))] = 1.0f;
+    float& seen = out[static_cast<size_t>(label_field(x, f, num_labels, where, true))];
+    // A multi-hot row ([0, 1, 1]: a 0 or 1 per label) read as indices names some twice.
+    MT_CHECK(seen == 0.0f, ErrorKind::kInvalidArgument,
+             where + ": label " + v.dump() + " names " + x.dump() +
+                 " twice; a list holds the labels' indices or names (a 0/1 row per label is not read)");
+    seen = 1.0f;
   }
   return out;
 }
@@ -155,8 +165,10 @@ std::vector<ClassificationExample> classification_read(const std::string& path, 
       const nlohmann::json& v = j[fields.label];
       if (kind == LabelKind::kClass) {
         e.label = label_field(v, fields, num_labels, where, require_labels);
-      } else if (!require_labels && v.is_number() && v.get<double>() == -1.0) {
-        // GLUE's test splits' unlabelled rows (STS-B's -1.0 too), in data that only predicts.
+      } else if (!require_labels && v.is_number() && v.get<double>() == -1.0 &&
+                 (kind == LabelKind::kLabelSet || num_labels > 1)) {
+        // GLUE's test splits' unlabelled rows, in data that only predicts (a regression's -1.0
+        // is a value unless every record has it: below).
       } else {
         e.values = kind == LabelKind::kValues ? value_field(v, num_labels, where) : label_set_field(v, fields, num_labels, where);
         e.label = 0;
@@ -167,6 +179,14 @@ std::vector<ClassificationExample> classification_read(const std::string& path, 
     out.push_back(std::move(e));
   }
   MT_CHECK(!out.empty(), ErrorKind::kInvalidArgument, path + ": no records");
+  // A file whose every label is -1 (STS-B's test split writes -1.0 for each) is unlabelled where
+  // labels are not required; a file with other values too reads -1 as a value.
+  if (!require_labels && kind == LabelKind::kValues && num_labels == 1 &&
+      std::all_of(out.begin(), out.end(), [](const ClassificationExample& e) { return e.label >= 0 && e.values[0] == -1.0f; }))
+    for (ClassificationExample& e : out) {
+      e.label = -1;
+      e.values.clear();
+    }
   return out;
 }
 
@@ -182,8 +202,8 @@ void classification_batch(const ClassificationExample* const* rows, int B, int T
     const std::vector<int32_t> row = classification_row(e, T);
     std::copy(row.begin(), row.end(), tk);
     if (e.label < 0) continue;
-    if (values == nullptr) {
-      tg[classification_pool(e, T, pad)] = e.label;
+    if (values == nullptr) {  // a valued example without a table (logits only): no target
+      if (e.values.empty()) tg[classification_pool(e, T, pad)] = e.label;
       continue;
     }
     MT_CHECK(e.values.size() == static_cast<size_t>(num_labels), ErrorKind::kInternal,
@@ -308,6 +328,13 @@ RegressionMetrics regression_metrics(const std::vector<double>& predicted, const
            "regression metrics: " + std::to_string(predicted.size()) + " predictions for " + std::to_string(truth.size()) +
                " values (at least 2 needed)");
   RegressionMetrics m;
+  // A NaN prediction (a run that diverged) has no rank: both NaN, as scipy gives (the ranks of the
+  // rest were finite, and a NaN in the sort is no ordering).
+  for (size_t i = 0; i < predicted.size(); ++i)
+    if (std::isnan(predicted[i]) || std::isnan(truth[i])) {
+      m.pearson = m.spearman = std::numeric_limits<double>::quiet_NaN();
+      return m;
+    }
   m.pearson = pearson(predicted, truth);
   m.spearman = pearson(mean_ranks(predicted), mean_ranks(truth));
   return m;

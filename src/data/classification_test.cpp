@@ -66,6 +66,10 @@ TEST(RegressionMetrics, PearsonAndSpearmanAreTheTextbookFormulasWithTiesAtTheirM
   EXPECT_TRUE(std::isnan(m.pearson));
   EXPECT_TRUE(std::isnan(m.spearman));
   EXPECT_THROW(regression_metrics({1}, {1}), Error);
+  // A NaN prediction (a diverged run): both NaN, as scipy gives (its ranks were finite before).
+  m = regression_metrics({1, std::nan(""), 3}, {1, 2, 3});
+  EXPECT_TRUE(std::isnan(m.pearson));
+  EXPECT_TRUE(std::isnan(m.spearman));
   // Multi-label's micro F1: TP 3, FP 1, FN 2 -> 6 / 9; nothing positive -> 0.
   EXPECT_DOUBLE_EQ(micro_f1(3, 1, 2), 6.0 / 9.0);
   EXPECT_EQ(micro_f1(0, 0, 0), 0.0);
@@ -104,11 +108,29 @@ TEST(ClassificationRead, ValuesAndLabelSetsAsRunClassificationTakesThem) {
   v = read("{\"text\": \"a\", \"label\": [2, \"x\"]}\n{\"text\": \"b\", \"label\": []}\n", 3, LabelKind::kLabelSet);
   EXPECT_EQ(v[0].values, (std::vector<float>{1.0f, 0.0f, 1.0f}));
   EXPECT_EQ(v[1].values, (std::vector<float>{0.0f, 0.0f, 0.0f}));
+  // STS-B's test split: every label -1.0, none a label; beside other values -1 is a value.
   v = read("{\"text\": \"a\", \"label\": -1.0}\n{\"text\": \"b\", \"label\": -1}\n", 1, LabelKind::kValues, false);
-  EXPECT_EQ(v[0].label, -1);
-  EXPECT_TRUE(v[0].values.empty());
+  for (const auto& e : v) {
+    EXPECT_EQ(e.label, -1);
+    EXPECT_TRUE(e.values.empty());
+  }
+  v = read("{\"text\": \"a\", \"label\": -1.0}\n{\"text\": \"b\", \"label\": 0.5}\n", 1, LabelKind::kValues, false);
+  EXPECT_EQ(v[0].values, std::vector<float>{-1.0f});
+  EXPECT_EQ(v[1].values, std::vector<float>{0.5f});
   v = read("{\"text\": \"a\", \"label\": -1.0}\n", 1, LabelKind::kValues);  // a value where one is required
   EXPECT_EQ(v[0].values, std::vector<float>{-1.0f});
+  v = read("{\"text\": \"a\", \"label\": -1}\n{\"text\": \"b\", \"label\": [1]}\n", 3, LabelKind::kLabelSet, false);
+  EXPECT_EQ(v[0].label, -1);
+  EXPECT_EQ(v[1].values, (std::vector<float>{0.0f, 1.0f, 0.0f}));
+  // Strings of numbers as Python's float() reads them.
+  v = read("{\"text\": \"a\", \"label\": \" +1.5 \"}\n", 1, LabelKind::kValues);
+  EXPECT_EQ(v[0].values, std::vector<float>{1.5f});
+  EXPECT_NE(refusal("{\"text\": \"a\", \"label\": \"+\"}\n", 1, LabelKind::kValues).find("label \"+\" is not a number"), std::string::npos);
+  // A multi-hot row read as indices names a label twice: refused, not read as other labels.
+  EXPECT_NE(refusal("{\"text\": \"a\", \"label\": [0, 1, 1]}\n", 3, LabelKind::kLabelSet)
+                .find("r.jsonl:1: label [0,1,1] names 1 twice; a list holds the labels' indices or names"),
+            std::string::npos);
+  EXPECT_NE(refusal("{\"text\": \"a\", \"label\": [\"x\", 0]}\n", 3, LabelKind::kLabelSet).find("names 0 twice"), std::string::npos);
   EXPECT_NE(refusal("{\"text\": \"a\", \"label\": [1]}\n", 2, LabelKind::kValues).find("r.jsonl:1: label [1] holds 1 values; model.num_labels is 2"),
             std::string::npos);
   EXPECT_NE(refusal("{\"text\": \"a\", \"label\": 1e300}\n", 1, LabelKind::kValues).find("r.jsonl:1: label 1e+300 is not a finite number"),

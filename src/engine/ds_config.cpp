@@ -1381,6 +1381,12 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                                    c.model_json["id2label"].size() >= 2
                                ? static_cast<int>(c.model_json["id2label"].size())
                                : 2;
+    // run_classification.py counts the labels it is given: data.labels' names where neither
+    // num_labels nor id2label says otherwise.
+    const bool counted = c.model_json.is_object() && (c.model_json.contains("num_labels") || c.model_json.contains("id2label"));
+    if (c.task == "classification" && !counted && !c.cls_fields.labels.empty() &&
+        c.model.problem_type != models::ProblemType::kRegression)
+      c.model.num_labels = static_cast<int>(c.cls_fields.labels.size());
     MT_CHECK(c.task == "classification" || c.model.num_labels == 0, ErrorKind::kInvalidArgument,
              "model.num_labels (" + std::to_string(c.model.num_labels) +
                  ", a sequence classifier) needs \"task\": \"classification\"");
@@ -1745,8 +1751,6 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, "task \"classification\": device \"cuda\" is not supported yet");
     MT_CHECK(c.tp == 1 && c.pp == 1, ErrorKind::kNotSupported,
              "task \"classification\": parallel.tp and parallel.pp must be 1 for now (data parallelism is supported)");
-    MT_CHECK(c.zero.stage < 3, ErrorKind::kNotSupported,
-             "task \"classification\": zero_optimization.stage 3 is not supported yet (0-2 are)");
     MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported, "task \"classification\": curriculum_learning does not apply");
     MT_CHECK(c.sample_order == "meshtrain", ErrorKind::kNotSupported,
              "task \"classification\": data.sample_order \"megatron\" orders token windows; records are shuffled by data.seed");

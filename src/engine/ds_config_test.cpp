@@ -135,6 +135,19 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   EXPECT_EQ(ds_config_parse(one, "cfg.json").model.problem_type, models::ProblemType::kMultiLabel);
   one["model"]["problem_type"] = "multi_label";
   EXPECT_NE(error_of(one).find("field 'problem_type': \"multi_label\" is not one of Hugging Face's"), npos);
+  one["model"]["problem_type"] = 3;
+  EXPECT_NE(error_of(one).find("field 'problem_type': must be a string"), npos);
+  // Without num_labels, the labels data.labels names count (run_classification.py's count).
+  one["model"].erase("num_labels");
+  one["model"]["problem_type"] = "multi_label_classification";
+  one["data"]["labels"] = {"a", "b", "c", "d"};
+  EXPECT_EQ(ds_config_parse(one, "cfg.json").model.num_labels, 4);
+  one["data"].erase("labels");
+  // A causal LM's config.json with a problem_type left from a fine-tuning stays a causal LM.
+  nlohmann::json lm = base();
+  lm["model"]["architectures"] = {"GPT2LMHeadModel"};
+  lm["model"]["problem_type"] = "single_label_classification";
+  EXPECT_EQ(ds_config_parse(lm, "cfg.json").model.num_labels, 0);
 }
 
 // Megatron-LM's arguments written into a config were warned about as unknown keys, and

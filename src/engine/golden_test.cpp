@@ -218,6 +218,23 @@ TEST_P(GoldenTest, ClassificationLogitsLossAndEveryGradient) {
     EXPECT_EQ(checked, static_cast<int>(m->store().parameters().size()));
     EXPECT_NE(m->store().find("score.weight"), nullptr);
     EXPECT_EQ(m->store().find("lm_head.weight"), nullptr);
+    // bf16 and f16 compute (f16 with a loss scale of 1024, as its scaler runs it: the head's dlogits
+    // converted to the compute dtype after the loss): check_low_precision's tolerances.
+    for (const auto& [dt, scale] : {std::pair<DType, float>{DType::kBF16, 1.0f}, {DType::kF16, 1024.0f}}) {
+      auto low = make_model(g, dt, false);
+      if (valued) low->set_label_values(table.data(), kFirstRow + g.B);
+      low->store().zero_grad();
+      const float l = low->forward(tokens.data(), targets.data(), scale);
+      EXPECT_LE(std::fabs(l - want) / want, 2e-2) << dtype_name(dt);
+      low->backward();
+      for (nn::Parameter* p : low->store().parameters()) {
+        std::vector<float> mine(p->grad, p->grad + p->numel());
+        for (float& x : mine) x /= scale;
+        const std::vector<float> gref = g.file->read_f32("grad." + p->name, p->shape);
+        EXPECT_GE(cosine(mine.data(), gref), 0.99) << dtype_name(dt) << " " << p->name;
+        EXPECT_LE(rel_err(mine.data(), gref), 0.1) << dtype_name(dt) << " " << p->name;
+      }
+    }
   }
 }
 

@@ -146,11 +146,20 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
   c.init_std = r.number("initializer_range", 0.02f);
   // Sequence classification: our "num_labels", or a *ForSequenceClassification architecture with
   // Hugging Face's id2label (2 labels when it has none).
+  r.refuse_if(j.contains("problem_type") && !j["problem_type"].is_null() && !j["problem_type"].is_string(), "problem_type",
+              "must be a string (single_label_classification, regression, multi_label_classification)");
   const bool has_problem = j.contains("problem_type") && j["problem_type"].is_string();
-  bool classifier = j.contains("num_labels") || has_problem;
+  // A classifier: num_labels, a *ForSequenceClassification architecture, or a problem_type in a
+  // config that names no other architecture (a causal LM's config.json may carry one from its
+  // fine-tuning; it stays a causal LM).
+  bool classifier = j.contains("num_labels"), other_arch = false;
   if (j.contains("architectures") && j["architectures"].is_array())
-    for (const auto& a : j["architectures"])
-      classifier |= a.is_string() && a.get<std::string>().ends_with("ForSequenceClassification");
+    for (const auto& a : j["architectures"]) {
+      const bool cls = a.is_string() && a.get<std::string>().ends_with("ForSequenceClassification");
+      classifier |= cls;
+      other_arch |= !cls;
+    }
+  classifier |= has_problem && !other_arch;
   if (classifier) {
     const std::string problem = has_problem ? r.string("problem_type", "") : "";
     r.refuse_if(!problem.empty() && problem != "single_label_classification" && problem != "regression" &&

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
@@ -54,6 +56,9 @@ void value_loss_tile(const LmHeadArgs& a, float* loss, float* logits, int ld, co
       if (a.grad_scale != 0.0f) std::fill(z, z + V, 0.0f);
       continue;
     }
+    MT_CHECK(a.values != nullptr && targets[i] >= 0 && targets[i] < a.value_rows, ErrorKind::kInvalidArgument,
+             "LM head: target " + std::to_string(targets[i]) + " names no row of the " + std::to_string(a.value_rows) +
+                 " label values");
     const float* y = a.values + static_cast<size_t>(targets[i]) * V;
     double sum = 0.0;
     for (int c = 0; c < V; ++c) {
