@@ -135,6 +135,11 @@ void Generator::check_slot(int slot) const {
 }
 
 std::span<const float> Generator::prefill(int slot, const std::vector<int32_t>& prompt) {
+  return prefill(slot, prompt, nullptr);
+}
+
+std::span<const float> Generator::prefill(int slot, const std::vector<int32_t>& prompt,
+                                          const std::function<void(int, std::span<const float>)>& each) {
   check_slot(slot);
   const int n = static_cast<int>(prompt.size());
   MT_CHECK(n > 0, ErrorKind::kInvalidArgument, "generator: empty prompt");
@@ -145,7 +150,7 @@ std::span<const float> Generator::prefill(int slot, const std::vector<int32_t>& 
   ensure_rows(std::min(n, prefill_chunk_));
   pos_[slot] = 0;
   for (int i = 0; i < n; i += prefill_chunk_)
-    forward_chunk(slot, prompt.data() + i, std::min(prefill_chunk_, n - i));
+    forward_chunk(slot, prompt.data() + i, std::min(prefill_chunk_, n - i), each ? &each : nullptr, n - 2);
   return {logits_, static_cast<size_t>(cfg_.vocab_size)};
 }
 
@@ -174,7 +179,8 @@ std::span<const float> Generator::decode_batch(std::span<const int> slots, std::
   return {logits_, static_cast<size_t>(n) * cfg_.vocab_size};
 }
 
-void Generator::forward_chunk(int slot, const int32_t* tokens, int n) {
+void Generator::forward_chunk(int slot, const int32_t* tokens, int n,
+                              const std::function<void(int, std::span<const float>)>* each, int last_scored) {
   const int pos = pos_[slot];
   MT_INTERNAL_CHECK(n > 0 && n <= rows_cap_ && pos + n <= capacity());
   // wpe rows [pos, pos + n): embedding_forward adds wpe[i % T] to row i, so T = n.
@@ -182,6 +188,22 @@ void Generator::forward_chunk(int slot, const int32_t* tokens, int n) {
                              wpe_ ? wpe_ + static_cast<size_t>(pos) * C_ : nullptr, n, n, C_);
   for (int l = 0; l < cfg_.n_layer; ++l) block_forward(l, n, slot, pos, nullptr, nullptr);
   pos_[slot] += n;
+  if (each != nullptr && pos <= last_scored) {  // every row's logits, a block of rows at a time
+    if (gpt2_) {
+      kernels::layernorm_forward(n_, mean_, rstd_, x_, norm_f_w_, norm_f_b_, n, C_, cfg_.norm_eps);
+    } else {
+      kernels::rmsnorm_forward(n_, rstd_, x_, norm_f_w_, n, C_, cfg_.norm_eps);
+    }
+    const size_t V = static_cast<size_t>(cfg_.vocab_size);
+    score_rows_.resize(static_cast<size_t>(kScoreRows) * V);
+    const int rows = std::min(n, last_scored - pos + 1);
+    for (int r0 = 0; r0 < rows; r0 += kScoreRows) {
+      const int r = std::min(kScoreRows, rows - r0);
+      linear(score_rows_.data(), n_ + static_cast<size_t>(r0) * C_, r, C_, cfg_.vocab_size, head_, /*out_in=*/true, nullptr);
+      for (int i = 0; i < r; ++i)
+        (*each)(pos + r0 + i, std::span<const float>(score_rows_.data() + static_cast<size_t>(i) * V, V));
+    }
+  }
   // Final norm and head on the last row only.
   const float* last = x_ + static_cast<size_t>(n - 1) * C_;
   if (gpt2_) {

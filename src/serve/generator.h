@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -65,6 +66,11 @@ class Generator {
   // changed) when the slot does not exist, the prompt is empty, longer than capacity() or holds an
   // id outside [0, V).
   std::span<const float> prefill(int slot, const std::vector<int32_t>& prompt);
+  // The same, calling each(i, logits (V) of position i) for every position but the last, in order
+  // (the distribution of prompt token i + 1: echo's prompt logprobs). The head runs on a block of
+  // rows at a time (kScoreRows), so no (n, V) logits are held.
+  std::span<const float> prefill(int slot, const std::vector<int32_t>& prompt,
+                                 const std::function<void(int, std::span<const float>)>& each);
   std::span<const float> prefill(const std::vector<int32_t>& prompt) { return prefill(0, prompt); }
   // Appends token at position(slot) and returns its logits (V). Throws kInvalidArgument (nothing
   // changed) when the context is full or the token is outside [0, V).
@@ -99,7 +105,8 @@ class Generator {
   void ensure_rows(int n);
   // Runs tokens (n) of one slot at positions [pos_[slot], + n) (chunk), caching their keys and
   // values; leaves the logits of the last one in logits_. REQUIRES: they fit the capacity.
-  void forward_chunk(int slot, const int32_t* tokens, int n);
+  void forward_chunk(int slot, const int32_t* tokens, int n,
+                     const std::function<void(int, std::span<const float>)>* each = nullptr, int last_scored = 0);
   // Runs token i at position pos_[slots[i]] of slot slots[i] for i < n; leaves logits (n, V).
   void forward_rows(const int* slots, const int32_t* tokens, int n);
   // x (n, C) += layer l's attention and MLP. Rows are a chunk of `slot` at [pos0, pos0 + n) when
@@ -123,6 +130,8 @@ class Generator {
   int prefill_chunk_;
   Buffer fixed_;  // workspace: logits (slots, V), final-norm row (C), RoPE tables (capacity, HS/2) x 2
   float* logits_ = nullptr;
+  static constexpr int kScoreRows = 16;  // prompt rows the head runs on at once for prefill's each
+  std::vector<float> score_rows_;        // (kScoreRows, V), made at the first scored prefill
   float* final_row_ = nullptr;
   float* rope_cos_ = nullptr;
   float* rope_sin_ = nullptr;

@@ -17,6 +17,7 @@
 #include <ctime>
 #include <deque>
 #include <functional>
+#include <future>
 #include <list>
 #include <mutex>
 #include <random>
@@ -375,6 +376,8 @@ struct Outcome {
   int completion_tokens = 0;
   std::string error;
   bool client_gone = false;  // cancelled because the client closed the connection
+  std::vector<int32_t> ids;  // the answer's tokens (to a stop string's token)
+  std::vector<TokenLogprobs> logprobs, prompt_logprobs;  // GenerationRequest's, logprobs cut to ids
 };
 
 // The text of ids without the end-of-text ids (`hidden`: <|endoftext|>, the model's eos), which
@@ -468,6 +471,10 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
   out.finish = stopped ? Finish::kStop : g->finish();
   out.error = g->error();
   out.completion_tokens = static_cast<int>(ids.size());
+  out.logprobs = g->logprobs();
+  if (out.logprobs.size() > ids.size()) out.logprobs.resize(ids.size());
+  out.prompt_logprobs = g->prompt_logprobs();
+  out.ids = ids;
   if (out.finish == Finish::kStop || out.finish == Finish::kLength) {
     // The end: what was held back is final now (a stop string cut it already).
     if (full.size() > sent) on_delta(full.substr(sent));
@@ -493,6 +500,57 @@ Outcome generate_all(Scheduler& sched, const data::Tokenizer& tok, GenerationReq
   if (o.client_gone) throw HttpError{499, "the client closed the connection", "cancelled", "client_closed"};
   if (o.finish != Finish::kStop && o.finish != Finish::kLength) throw finish_error(o, timeout_s);
   return o;
+}
+
+// OpenAI's completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"} over
+// the echoed prompt's tokens (the first with null, having no position before it) and the answer's.
+// A top_logprobs entry maps the k most likely tokens' strings, and the chosen one's, to their
+// log-probabilities (up to k + 1 entries, as OpenAI's API says); text_offset is each token's start
+// in characters of the tokens' strings joined.
+json completion_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>* prompt,
+                         const std::vector<TokenLogprobs>& prompt_lp, const std::vector<int32_t>& ids,
+                         const std::vector<TokenLogprobs>& lp) {
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  int64_t chars = 0;
+  auto add = [&](int32_t id, const TokenLogprobs* t) {
+    const std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
+    tokens.push_back(piece);
+    offsets.push_back(chars);
+    for (unsigned char c : piece) chars += (c & 0xC0) != 0x80;  // UTF-8 lead bytes: characters
+    if (t == nullptr) {
+      values.push_back(nullptr);
+      tops.push_back(nullptr);
+      return;
+    }
+    values.push_back(t->logprob);
+    json top = json::object();
+    for (const auto& [tid, v] : t->top) top[tok.decode(std::span<const int32_t>(&tid, 1))] = v;
+    top[piece] = t->logprob;
+    tops.push_back(top);
+  };
+  if (prompt != nullptr)
+    for (size_t i = 0; i < prompt->size(); ++i) add((*prompt)[i], i == 0 ? nullptr : &prompt_lp.at(i - 1));
+  for (size_t i = 0; i < ids.size(); ++i) add(ids[i], &lp.at(i));
+  return json{{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+// OpenAI's chat logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
+// "logprob", "bytes"}] (the k most likely)}]} over the answer's tokens.
+json chat_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lp) {
+  auto entry = [&](int32_t id, float v) {
+    const std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
+    json bytes = json::array();
+    for (unsigned char c : piece) bytes.push_back(static_cast<int>(c));
+    return json{{"token", piece}, {"logprob", v}, {"bytes", bytes}};
+  };
+  json content = json::array();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    json e = entry(ids[i], lp.at(i).logprob);
+    e["top_logprobs"] = json::array();
+    for (const auto& [tid, v] : lp.at(i).top) e["top_logprobs"].push_back(entry(tid, v));
+    content.push_back(std::move(e));
+  }
+  return json{{"content", content}};
 }
 
 // The accepted socket a request arrived on, found by its peer address among this process's
@@ -762,21 +820,38 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
                                options_.model_name + "\"",
                       "invalid_request_error", "model_not_found"};
     refuse_unimplemented(body, true);
-    refuse_unless(body, "n", 1);
     refuse_unless(body, "presence_penalty", 0);
     refuse_unless(body, "frequency_penalty", 0);
     refuse_unless(body, "logit_bias", json::object());
-    refuse_unless(body, "logprobs", chat ? json(false) : json(nullptr));
-    // best_of, echo and suffix are the completions API's; a chat request with them was answered as
-    // if they were absent.
+    // best_of and suffix are the completions API's; a chat request with them was answered as if
+    // they were absent. echo is the completions API's too.
     refuse_unless(body, "best_of", 1);
-    refuse_unless(body, "echo", false);
     refuse_unless(body, "suffix", nullptr);
     if (chat) {
       refuse_unless(body, "tools", nullptr);
-      refuse_unless(body, "top_logprobs", nullptr);
+      refuse_unless(body, "echo", false);
+    }
+    // n choices of each prompt; logprobs (completions: the k most likely, 0-20, as vLLM allows;
+    // chat: true, with top_logprobs 0-20); echo (completions: the prompt before the answer, and its
+    // tokens' logprobs with logprobs).
+    const int n_choices = get_int(body, "n", 1, 1, 128);
+    int logprobs = -1;
+    if (chat) {
+      if (present(body, "logprobs") && !body["logprobs"].is_boolean()) bad("\"logprobs\" must be true or false", "invalid_type");
+      const bool want = present(body, "logprobs") && body["logprobs"].get<bool>();
+      if (present(body, "top_logprobs") && !want) bad("\"top_logprobs\" needs \"logprobs\": true", "invalid_value");
+      if (want) logprobs = get_int(body, "top_logprobs", 0, 0, 20);
+    } else {
+      logprobs = get_int(body, "logprobs", -1, 0, 20);
+    }
+    bool echo = false;
+    if (present(body, "echo")) {
+      if (!body["echo"].is_boolean()) bad("\"echo\" must be true or false", "invalid_type");
+      echo = body["echo"].get<bool>();
     }
     GenerationRequest r;
+    std::vector<std::vector<int32_t>> prompts;  // completions: one or more; chat: the one below
+    std::vector<std::string> prompt_texts;      // what echo writes before each answer
     if (chat) {
       if (!present(body, "messages") || !body["messages"].is_array() || body["messages"].empty())
         bad("\"messages\" must be a non-empty list of {\"role\", \"content\"}", "invalid_type");
@@ -826,35 +901,76 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       }
       if (!have_pending) bad("the last message must be a \"user\" turn", "invalid_value");
       for (std::string& p : data::chat_prompt_pieces(history, pending)) pieces.push_back(std::move(p));
-      r.prompt = encode_pieces(pieces);
+      prompts.push_back(encode_pieces(pieces));
+      prompt_texts.emplace_back();
     } else {
+      // OpenAI's prompt forms: a string, a list of strings, a list of token ids, a list of such
+      // lists (lm-evaluation-harness sends its tokenized requests so); a list gives choices in its
+      // order, n for each.
       if (!present(body, "prompt")) bad("\"prompt\" is required", "missing_field");
       const json& p = body["prompt"];
-      std::string text;
+      const char* form = "\"prompt\" must be a string, a list of strings, a list of token ids or a list of lists of token ids";
+      auto ids_of = [&](const json& list) {
+        std::vector<int32_t> ids;
+        if (list.empty()) bad("a \"prompt\" of token ids must not be empty", "invalid_value");
+        for (const json& t : list) {
+          if (!t.is_number_integer()) bad(form, "invalid_type");
+          const int64_t v = t.get<int64_t>();
+          if (v < 0 || v >= gen_.vocab_size())
+            bad("prompt token " + std::to_string(v) + " is outside the vocabulary [0, " + std::to_string(gen_.vocab_size()) + ")",
+                "invalid_value");
+          ids.push_back(static_cast<int32_t>(v));
+        }
+        prompts.push_back(std::move(ids));
+        prompt_texts.push_back(tok_.decode(prompts.back()));
+      };
+      auto text_of = [&](const std::string& text) {
+        std::vector<int32_t> ids = tok_.encode(text);
+        if (ids.empty()) {  // an empty prompt starts a document
+          if (!tok_.has_eot()) bad("an empty prompt starts with <|endoftext|>, which this tokenizer lacks", "invalid_value");
+          ids.push_back(tok_.eot_id());
+        }
+        prompts.push_back(std::move(ids));
+        prompt_texts.push_back(text);
+      };
       if (p.is_string()) {
-        text = p.get<std::string>();
-      } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-        text = p[0].get<std::string>();
+        text_of(p.get<std::string>());
+      } else if (p.is_array() && !p.empty() && p[0].is_string()) {
+        for (const json& x : p) {
+          if (!x.is_string()) bad(form, "invalid_type");
+          text_of(x.get<std::string>());
+        }
+      } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+        ids_of(p);
+      } else if (p.is_array() && !p.empty() && p[0].is_array()) {
+        for (const json& x : p) {
+          if (!x.is_array()) bad(form, "invalid_type");
+          ids_of(x);
+        }
       } else {
-        bad("\"prompt\" must be a string (or a list of one string)", "invalid_type");
-      }
-      r.prompt = tok_.encode(text);
-      if (r.prompt.empty()) {  // an empty prompt starts a document
-        if (!tok_.has_eot()) bad("an empty prompt starts with <|endoftext|>, which this tokenizer lacks", "invalid_value");
-        r.prompt.push_back(tok_.eot_id());
+        bad(form, "invalid_type");
       }
     }
-    if (static_cast<int>(r.prompt.size()) > gen_.capacity())
-      throw HttpError{400,
-                      "the prompt is " + std::to_string(r.prompt.size()) + " tokens; the context holds " +
-                          std::to_string(gen_.capacity()),
-                      "invalid_request_error", "context_length_exceeded"};
+    for (const std::vector<int32_t>& prompt : prompts)
+      if (static_cast<int>(prompt.size()) > gen_.capacity())
+        throw HttpError{400,
+                        "the prompt is " + std::to_string(prompt.size()) + " tokens; the context holds " +
+                            std::to_string(gen_.capacity()),
+                        "invalid_request_error", "context_length_exceeded"};
+    const int choices = static_cast<int>(prompts.size()) * n_choices;
+    if (choices > options_.max_queue)
+      bad("the request asks for " + std::to_string(choices) + " choices (prompts x n); this server takes at most " +
+              std::to_string(options_.max_queue) + " (--max-queue)",
+          "invalid_value");
     // OpenAI's newer name, read on both endpoints (completions ignored it); both given must agree.
     if (present(body, "max_completion_tokens") && present(body, "max_tokens") && body["max_completion_tokens"] != body["max_tokens"])
       bad("\"max_tokens\" and \"max_completion_tokens\" differ: give one", "invalid_value");
     const char* max_key = present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    r.max_new_tokens = get_int(body, max_key, chat ? gen_.capacity() : options_.default_max_tokens, 1, 1 << 30);
+    // max_tokens 0 with echo: the prompt alone, scored (OpenAI's legacy loglikelihood request).
+    r.max_new_tokens = get_int(body, max_key, chat ? gen_.capacity() : options_.default_max_tokens, echo ? 0 : 1, 1 << 30);
     r.sampling = sampling_from(body, 1.0f, 1.0f);
+    r.logprobs = logprobs;
+    r.prompt_logprobs = echo && (logprobs >= 0 || r.max_new_tokens == 0);
     bool ignore_eos = false;  // vLLM's extension: generate max_tokens whatever comes (benchmarks)
     if (present(body, "ignore_eos")) {
       if (!body["ignore_eos"].is_boolean()) bad("\"ignore_eos\" must be true or false", "invalid_type");
@@ -881,29 +997,63 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         bad("\"stream_options.include_usage\" must be true or false", "invalid_type");
       include_usage = stream && present(so, "include_usage") && so["include_usage"].get<bool>();
     }
+    if (stream && (choices > 1 || logprobs >= 0 || echo))
+      bad(std::string(choices > 1 ? "several choices (a list of prompts, or n > 1)" : logprobs >= 0 ? "\"logprobs\"" : "\"echo\"") +
+              " with \"stream\": true is not supported (ask without streaming)",
+          "unsupported_parameter");
     const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
     const int64_t created = static_cast<int64_t>(std::time(nullptr));
-    const int prompt_tokens = static_cast<int>(r.prompt.size());
+    int prompt_tokens = 0;
+    for (const auto& prompt : prompts) prompt_tokens += static_cast<int>(prompt.size());
     auto finish_json = [](Finish f) { return json(f == Finish::kLength ? "length" : "stop"); };
 
     if (!stream) {
+      // Every choice is queued at once (they batch together), choice k of prompt p at index
+      // p · n + k, seeded seed + k (the same request gives the same choices).
       const int fd = request_socket(req);
-      const Outcome o = generate_all(*scheduler_, tok_, std::move(r), stops, end_ids_, options_.request_timeout_s,
-                                     [fd] { return fd >= 0 && peer_closed(fd); });
-      const int completion = o.completion_tokens;
-      json choice = {{"index", 0}, {"finish_reason", finish_json(o.finish)}};
-      if (chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", o.text}};
-        choice["logprobs"] = nullptr;
-      } else {
-        choice["text"] = o.text;
-        choice["logprobs"] = nullptr;
+      std::vector<std::future<Outcome>> running;
+      for (size_t p = 0; p < prompts.size(); ++p)
+        for (int k = 0; k < n_choices; ++k) {
+          GenerationRequest rk = r;
+          rk.prompt = prompts[p];
+          rk.sampling.seed = r.sampling.seed + static_cast<uint64_t>(k);
+          running.push_back(std::async(std::launch::async, [this, rk = std::move(rk), &stops, fd]() mutable {
+            return generate_all(*scheduler_, tok_, std::move(rk), stops, end_ids_, options_.request_timeout_s,
+                                [fd] { return fd >= 0 && peer_closed(fd); });
+          }));
+        }
+      std::vector<Outcome> outcomes;
+      std::exception_ptr failed;
+      for (auto& f : running) {  // all of them end before this returns (they hold this request's data)
+        try {
+          outcomes.push_back(f.get());
+        } catch (...) {
+          if (!failed) failed = std::current_exception();
+        }
+      }
+      if (failed) std::rethrow_exception(failed);
+      int completion = 0;
+      json list = json::array();
+      for (size_t c = 0; c < outcomes.size(); ++c) {
+        const Outcome& o = outcomes[c];
+        const size_t p = c / static_cast<size_t>(n_choices);
+        completion += o.completion_tokens;
+        json choice = {{"index", c}, {"finish_reason", finish_json(o.finish)}};
+        if (chat) {
+          choice["message"] = {{"role", "assistant"}, {"content", o.text}};
+          choice["logprobs"] = logprobs >= 0 ? chat_logprobs(tok_, o.ids, o.logprobs) : json(nullptr);
+        } else {
+          choice["text"] = echo ? prompt_texts[p] + o.text : o.text;
+          choice["logprobs"] = logprobs >= 0 ? completion_logprobs(tok_, echo ? &prompts[p] : nullptr, o.prompt_logprobs, o.ids, o.logprobs)
+                                             : json(nullptr);
+        }
+        list.push_back(std::move(choice));
       }
       json out = {{"id", id},
                   {"object", chat ? "chat.completion" : "text_completion"},
                   {"created", created},
                   {"model", options_.model_name},
-                  {"choices", json::array({choice})},
+                  {"choices", list},
                   {"usage",
                    {{"prompt_tokens", prompt_tokens},
                     {"completion_tokens", completion},
@@ -916,6 +1066,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
 
     // Streaming: server-sent events, one per text delta, then the finish reason and [DONE]. The
     // generation runs in the content provider, after the headers; a failed write cancels it.
+    r.prompt = std::move(prompts[0]);
     auto req_ptr = std::make_shared<GenerationRequest>(std::move(r));
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(

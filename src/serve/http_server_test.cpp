@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <limits>
 #include <memory>
@@ -173,6 +174,122 @@ TEST_F(HttpServerTest, GreedyCompletionEqualsTheGenerators) {
   // Seeded sampling is reproducible over HTTP.
   const json s = {{"prompt", "The"}, {"max_tokens", 12}, {"temperature", 1.0}, {"top_k", 40}, {"top_p", 0.9}, {"seed", 5}};
   EXPECT_EQ(post_json("/v1/completions", s)["choices"][0]["text"], post_json("/v1/completions", s)["choices"][0]["text"]);
+}
+
+// The log-softmax of the generator's own logits at a prompt's last position, in double.
+std::vector<double> log_softmax_of(Generator& gen, const std::vector<int32_t>& prefix) {
+  std::span<const float> z = gen.prefill(prefix);
+  double m = -INFINITY, sum = 0.0;
+  for (float x : z) m = std::max(m, static_cast<double>(x));
+  for (float x : z) sum += std::exp(static_cast<double>(x) - m);
+  std::vector<double> out;
+  for (float x : z) out.push_back(static_cast<double>(x) - m - std::log(sum));
+  return out;
+}
+
+// lm-evaluation-harness's loglikelihood request (local-completions: tokenized prompts in a batch,
+// max_tokens 1, temperature 0, logprobs 1, echo): each prompt token's log-probability is the
+// log-softmax at the position before it (the generator's logits for the prefix, a prefill of its
+// own), the first null; the drawn token is the greedy one and its log-probability the largest of
+// its top_logprobs (the harness's is_greedy); the text is the prompt's then the answer's, and the
+// token strings joined are the text at their offsets.
+TEST_F(HttpServerTest, EchoAndLogprobsAreWhatLoglikelihoodEvaluationReads) {
+  const std::vector<std::vector<int32_t>> prompts = {tok_->encode("The cat sat on the"), tok_->encode("Once upon a time there")};
+  const json r = post_json("/v1/completions", {{"prompt", prompts}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 1},
+                                               {"echo", true}, {"seed", 1234}});
+  ASSERT_EQ(r["choices"].size(), 2u);
+  int completion = 0;
+  for (size_t c = 0; c < 2; ++c) {
+    SCOPED_TRACE(c);
+    const json& ch = r["choices"][c];
+    EXPECT_EQ(ch["index"], c);
+    const std::vector<int32_t>& p = prompts[c];
+    const json& lp = ch["logprobs"];
+    const std::vector<int32_t> greedy = alone_->generate(p, 1, {.temperature = 0.0f}, tok_->eot_id());
+    const bool drew = greedy[0] != tok_->eot_id();  // the end of text is not an answer's token
+    completion += drew;
+    ASSERT_EQ(lp["tokens"].size(), p.size() + (drew ? 1 : 0));
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+    EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+    for (size_t i = 1; i < p.size(); ++i) {
+      const std::vector<double> want = log_softmax_of(*alone_, std::vector<int32_t>(p.begin(), p.begin() + static_cast<ptrdiff_t>(i)));
+      EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), want[static_cast<size_t>(p[i])], 1e-4) << i;
+      const size_t best = static_cast<size_t>(std::max_element(want.begin(), want.end()) - want.begin());
+      const json& top = lp["top_logprobs"][i];
+      EXPECT_LE(top.size(), 2u);  // the most likely and the prompt's own
+      // Keys are token strings as JSON writes them (a byte that is not UTF-8 on its own as U+FFFD).
+      const std::string key = json::parse(json(tok_->decode(std::vector<int32_t>{static_cast<int32_t>(best)}))
+                                              .dump(-1, ' ', false, json::error_handler_t::replace))
+                                  .get<std::string>();
+      ASSERT_TRUE(top.contains(key)) << top.dump();
+      EXPECT_NEAR(top[key].get<double>(), want[best], 1e-4) << i;
+      ASSERT_TRUE(top.contains(lp["tokens"][i].get<std::string>())) << top.dump();
+      EXPECT_EQ(top[lp["tokens"][i].get<std::string>()], lp["token_logprobs"][i]);
+    }
+    std::string joined;
+    for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+      EXPECT_EQ(lp["text_offset"][i], joined.size()) << i;  // ASCII: characters are bytes
+      joined += lp["tokens"][i].get<std::string>();
+    }
+    EXPECT_EQ(ch["text"], joined);
+    EXPECT_EQ(ch["text"], tok_->decode(p) + reference(p, 1));
+    if (drew) {
+      const json& top = lp["top_logprobs"].back();
+      double most = -INFINITY;
+      for (const auto& [k, v] : top.items()) most = std::max(most, v.get<double>());
+      EXPECT_EQ(lp["token_logprobs"].back().get<double>(), most);
+      const std::vector<double> last = log_softmax_of(*alone_, p);
+      EXPECT_NEAR(most, *std::max_element(last.begin(), last.end()), 1e-4);
+    }
+  }
+  EXPECT_EQ(r["usage"]["prompt_tokens"], prompts[0].size() + prompts[1].size());
+  EXPECT_EQ(r["usage"]["completion_tokens"], completion);
+  // max_tokens 0 with echo: the prompt alone, scored.
+  const json z = post_json("/v1/completions", {{"prompt", "The cat sat"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}});
+  EXPECT_EQ(z["choices"][0]["text"], "The cat sat");
+  EXPECT_EQ(z["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(z["choices"][0]["logprobs"]["tokens"].size(), tok_->encode("The cat sat").size());
+  EXPECT_EQ(z["usage"]["completion_tokens"], 0);
+}
+
+// n choices of a prompt (and of each of a list of prompts, at index prompt · n + k): choice k is
+// the sampler seeded seed + k, as the generator alone draws it; chat's logprobs list each answer
+// token with its bytes and the top_logprobs most likely, the drawn one first when greedy.
+TEST_F(HttpServerTest, NChoicesAndChatLogprobs) {
+  const json r = post_json("/v1/completions", {{"prompt", json::array({"Once upon", "The dog"})}, {"max_tokens", 6},
+                                               {"temperature", 1.0}, {"seed", 11}, {"n", 3}});
+  ASSERT_EQ(r["choices"].size(), 6u);
+  for (size_t c = 0; c < 6; ++c) {
+    const std::vector<int32_t> p = tok_->encode(c < 3 ? "Once upon" : "The dog");
+    std::vector<int32_t> ids = alone_->generate(p, 6, {.temperature = 1.0f, .seed = 11 + c % 3}, tok_->eot_id());
+    if (!ids.empty() && ids.back() == tok_->eot_id()) ids.pop_back();
+    EXPECT_EQ(r["choices"][c]["index"], c);
+    EXPECT_EQ(r["choices"][c]["text"],
+              json::parse(json(tok_->decode(ids)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>())
+        << c;
+  }
+  const json chat = post_json("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "The cat"}}}}, {"max_tokens", 5},
+                                                       {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}});
+  const json& content = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), chat["usage"]["completion_tokens"].get<size_t>());
+  // A random model's tokens split characters: a token's string is its bytes with U+FFFD for what
+  // is not UTF-8 on its own (so the bytes, joined, are the answer's).
+  auto replaced = [](const std::string& raw) {
+    return json::parse(json(raw).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+  };
+  std::string joined;
+  for (const json& e : content) {
+    std::string bytes;
+    for (const json& b : e["bytes"]) bytes.push_back(static_cast<char>(b.get<int>()));
+    joined += bytes;
+    EXPECT_EQ(replaced(bytes), e["token"].get<std::string>());
+    ASSERT_EQ(e["top_logprobs"].size(), 3u);
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);  // greedy: the drawn token is the most likely
+    EXPECT_EQ(e["top_logprobs"][0]["logprob"], e["logprob"]);
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["top_logprobs"][1]["logprob"].get<double>());
+    EXPECT_GE(e["top_logprobs"][1]["logprob"].get<double>(), e["top_logprobs"][2]["logprob"].get<double>());
+  }
+  EXPECT_EQ(replaced(joined), chat["choices"][0]["message"]["content"]);
 }
 
 TEST_F(HttpServerTest, StreamingConcatenatesToTheWholeAnswer) {
@@ -394,7 +511,17 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
       {"/v1/completions", R"({"prompt": "a", "top_p": 1.5})", 400, "invalid_value"},
       {"/v1/completions", R"({"prompt": "a", "stream": "yes"})", 400, "invalid_type"},
       {"/v1/completions", R"({"prompt": "a", "stop": [1]})", 400, "invalid_type"},
-      {"/v1/completions", R"({"prompt": "a", "n": 2})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "n": 2, "stream": true})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "logprobs": 1, "stream": true})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": ["a", "b"], "stream": true})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "logprobs": 21})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": "a", "n": 0})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": [[]]})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": [1, 300]})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": [1, "a"]})", 400, "invalid_type"},
+      {"/v1/completions", R"({"prompt": "a", "n": 65})", 400, "invalid_value"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2})", 400, "invalid_value"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "logprobs": 1})", 400, "invalid_type"},
       {"/v1/completions", R"({"prompt": "a", "presence_penalty": 0.5})", 400, "unsupported_parameter"},
       // Fields that change the output and were answered 200 and ignored (vLLM's and TGI's, and the
       // OpenAI ones on the ChatGLM endpoint).

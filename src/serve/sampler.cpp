@@ -27,6 +27,35 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(best);
 }
 
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t id, int top) {
+  const size_t V = logits.size();
+  MT_INTERNAL_CHECK(id >= 0 && static_cast<size_t>(id) < V && top >= 0);
+  double m = -INFINITY;
+  for (size_t i = 0; i < V; ++i) {
+    MT_CHECK(!std::isnan(logits[i]) && logits[i] < INFINITY, ErrorKind::kNumerical,
+             "logprobs: logit " + std::to_string(i) + " is " + std::to_string(logits[i]));
+    m = std::max(m, static_cast<double>(logits[i]));
+  }
+  MT_CHECK(m > -INFINITY, ErrorKind::kNumerical, "logprobs: every logit is -inf");
+  double sum = 0.0;  // in double: the normaliser of tens of thousands of terms
+  for (size_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(logits[i]) - m);
+  const double lse = m + std::log(sum);
+  TokenLogprobs t;
+  t.id = id;
+  t.logprob = static_cast<float>(static_cast<double>(logits[id]) - lse);
+  const size_t k = std::min(static_cast<size_t>(top), V);
+  if (k > 0) {
+    std::vector<int32_t> ids(V);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (size_t i = 0; i < k; ++i)
+      t.top.emplace_back(ids[i], static_cast<float>(static_cast<double>(logits[ids[i]]) - lse));
+  }
+  return t;
+}
+
 Sampler::Sampler(const SamplingOptions& options) : options_(options), state_(options.seed) {
   sampling_options_validate(options);
 }

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace mt::serve {
@@ -49,6 +50,18 @@ class Sampler {
   std::vector<int32_t> kept_;
   std::vector<double> weights_;
 };
+
+// A token's log-probability under the model's own distribution (the log-softmax of the raw logits:
+// before temperature, top-k and top-p, as vLLM reports them by default and as a loglikelihood
+// evaluation needs them) and the `top` most likely ids with theirs (by logit, descending, ties to
+// the lower id). OpenAI's logprobs / top_logprobs.
+struct TokenLogprobs {
+  int32_t id = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;
+};
+// Throws kNumerical when a logit is NaN or every logit is -inf. REQUIRES: 0 <= id < logits.size().
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t id, int top);
 
 // The argmax of logits; ties go to the lowest id. REQUIRES: !logits.empty().
 int32_t argmax(std::span<const float> logits);

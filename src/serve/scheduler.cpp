@@ -49,12 +49,23 @@ double Generation::time_to_first_token() const {
   return std::chrono::duration<double>(first_token_ - submitted_).count();
 }
 
-void Generation::push(int32_t id) {
+std::vector<TokenLogprobs> Generation::logprobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return logprobs_;
+}
+
+std::vector<TokenLogprobs> Generation::prompt_logprobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prompt_logprobs_;
+}
+
+void Generation::push(int32_t id, TokenLogprobs* lp) {
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (tokens_.empty()) first_token_ = Clock::now();
     tokens_.push_back(id);
+    if (lp != nullptr) logprobs_.push_back(std::move(*lp));
     wake = token_waiter_;
   }
   if (wake) cv_.notify_all();
@@ -97,8 +108,11 @@ std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
     MT_CHECK(id >= 0 && id < gen_.vocab_size(), ErrorKind::kInvalidArgument,
              "prompt token " + std::to_string(id) + " is outside the vocabulary");
   MT_CHECK(request.sample_below >= 1, ErrorKind::kInvalidArgument, "sample_below must be >= 1");
-  MT_CHECK(request.max_new_tokens >= 1, ErrorKind::kInvalidArgument,
-           "max_tokens must be at least 1, got " + std::to_string(request.max_new_tokens));
+  MT_CHECK(request.max_new_tokens >= (request.prompt_logprobs ? 0 : 1), ErrorKind::kInvalidArgument,
+           "max_tokens must be at least " + std::string(request.prompt_logprobs ? "0" : "1") + ", got " +
+               std::to_string(request.max_new_tokens));
+  MT_CHECK(request.logprobs >= -1 && request.logprobs <= 1000, ErrorKind::kInvalidArgument,
+           "logprobs must be from 0 to 1000 (or -1: none), got " + std::to_string(request.logprobs));
   sampling_options_validate(request.sampling);
   auto g = std::make_shared<Generation>();
   g->prompt_tokens_ = n;
@@ -138,8 +152,11 @@ void Scheduler::retire(Generation& g, Finish why, std::string error) {
 
 bool Scheduler::take(Active& a, std::span<const float> logits) {
   int32_t id;
+  TokenLogprobs lp;
+  const std::span<const float> drawn = logits.first(std::min(logits.size(), static_cast<size_t>(a.req.sample_below)));
   try {
-    id = a.sampler.sample(logits.first(std::min(logits.size(), static_cast<size_t>(a.req.sample_below))));
+    id = a.sampler.sample(drawn);
+    if (a.req.logprobs >= 0) lp = token_logprobs(drawn, id, a.req.logprobs);
   } catch (const std::exception& e) {
     retire(*a.gen, Finish::kError, e.what());
     return false;
@@ -148,7 +165,7 @@ bool Scheduler::take(Active& a, std::span<const float> logits) {
     retire(*a.gen, Finish::kStop);
     return false;
   }
-  a.gen->push(id);
+  a.gen->push(id, a.req.logprobs >= 0 ? &lp : nullptr);
   a.last = id;
   ++a.produced;
   {
@@ -198,12 +215,28 @@ void Scheduler::loop() {
       Active a{g, std::move(req), std::move(sampler), slot, 0, 0};
       bool goes_on = false;
       try {
-        std::span<const float> logits = gen_.prefill(slot, a.req.prompt);
+        std::span<const float> logits;
+        if (a.req.prompt_logprobs) {  // each prompt token after the first, from the position before it
+          const std::vector<int32_t>& p = a.req.prompt;
+          const size_t below = static_cast<size_t>(a.req.sample_below);
+          std::vector<TokenLogprobs> scored;
+          logits = gen_.prefill(slot, p, [&](int i, std::span<const float> row) {
+            const int32_t next = p[static_cast<size_t>(i) + 1];
+            // A prompt id past the tokenizer's (a padded vocabulary) is scored over the whole row.
+            scored.push_back(token_logprobs(static_cast<size_t>(next) < below ? row.first(std::min(row.size(), below)) : row,
+                                            next, std::max(a.req.logprobs, 0)));
+          });
+          std::lock_guard<std::mutex> lock(g->mu_);
+          g->prompt_logprobs_ = std::move(scored);
+        } else {
+          logits = gen_.prefill(slot, a.req.prompt);
+        }
         {
           std::lock_guard<std::mutex> lock(mu_);
           totals_.prompt_tokens += a.req.prompt.size();
         }
-        goes_on = take(a, logits);
+        if (a.req.max_new_tokens == 0) retire(*g, Finish::kLength);  // the prompt scored, nothing drawn
+        else goes_on = take(a, logits);
       } catch (const std::exception& e) {
         retire(*g, Finish::kError, e.what());
       }

@@ -43,6 +43,13 @@ struct GenerationRequest {
   int32_t sample_below = INT32_MAX;      // ids >= this are never drawn: a model vocabulary padded
                                          // past its tokenizer's, which cannot decode them (>= 1)
   Clock::time_point deadline = Clock::time_point::max();
+  // OpenAI's logprobs: -1 none; k >= 0: each drawn token's log-probability under the model (over
+  // the ids below sample_below) and the k most likely ids' (Generation::logprobs).
+  int logprobs = -1;
+  // echo's prompt logprobs: each prompt token after the first, with the `logprobs` most likely ids
+  // at its position (Generation::prompt_logprobs). With it, max_new_tokens may be 0 (the prompt
+  // scored, nothing drawn: "length").
+  bool prompt_logprobs = false;
 };
 
 enum class Finish { kNone, kStop, kLength, kTimeout, kCancelled, kError };
@@ -60,18 +67,23 @@ class Generation {
   Finish finish() const;
   std::string error() const;
   int prompt_tokens() const { return prompt_tokens_; }
+  // GenerationRequest::logprobs' entries, one per token pushed; prompt_logprobs' one per prompt token
+  // after the first. Complete once the sequence has ended.
+  std::vector<TokenLogprobs> logprobs() const;
+  std::vector<TokenLogprobs> prompt_logprobs() const;
   // Seconds from submit to the first token (prefill included); 0 before it.
   double time_to_first_token() const;
 
  private:
   friend class Scheduler;
-  void push(int32_t id);
+  void push(int32_t id, TokenLogprobs* lp = nullptr);
   void end(Finish why, std::string error = "");
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool token_waiter_ = false;  // a caller waits for the next token (not only for the end)
   std::vector<int32_t> tokens_;
+  std::vector<TokenLogprobs> logprobs_, prompt_logprobs_;
   Finish finish_ = Finish::kNone;
   std::string error_;
   std::atomic<int> cancel_{0};  // a Finish value; 0 = none
