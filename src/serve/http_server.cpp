@@ -378,6 +378,7 @@ struct Outcome {
   bool client_gone = false;  // cancelled because the client closed the connection
   std::vector<int32_t> ids;  // the answer's tokens (to a stop string's token)
   std::vector<TokenLogprobs> logprobs, prompt_logprobs;  // GenerationRequest's, logprobs cut to ids
+  std::vector<TokenLogprobs> stop_logprobs;  // the stop id that ended it (not a stop string)
 };
 
 // The text of ids without the end-of-text ids (`hidden`: <|endoftext|>, the model's eos), which
@@ -474,6 +475,7 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
   out.logprobs = g->logprobs();
   if (out.logprobs.size() > ids.size()) out.logprobs.resize(ids.size());
   out.prompt_logprobs = g->prompt_logprobs();
+  if (!stopped) out.stop_logprobs = g->stop_logprobs();
   out.ids = ids;
   if (out.finish == Finish::kStop || out.finish == Finish::kLength) {
     // The end: what was held back is final now (a stop string cut it already).
@@ -509,7 +511,7 @@ Outcome generate_all(Scheduler& sched, const data::Tokenizer& tok, GenerationReq
 // in characters of the tokens' strings joined.
 json completion_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>* prompt,
                          const std::vector<TokenLogprobs>& prompt_lp, const std::vector<int32_t>& ids,
-                         const std::vector<TokenLogprobs>& lp) {
+                         const std::vector<TokenLogprobs>& lp, const std::vector<TokenLogprobs>& stop) {
   json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
   int64_t chars = 0;
   auto add = [&](int32_t id, const TokenLogprobs* t) {
@@ -531,12 +533,14 @@ json completion_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>*
   if (prompt != nullptr)
     for (size_t i = 0; i < prompt->size(); ++i) add((*prompt)[i], i == 0 ? nullptr : &prompt_lp.at(i - 1));
   for (size_t i = 0; i < ids.size(); ++i) add(ids[i], &lp.at(i));
+  for (const TokenLogprobs& t : stop) add(t.id, &t);  // the end of text that ended the answer (no text)
   return json{{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
 // OpenAI's chat logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
 // "logprob", "bytes"}] (the k most likely)}]} over the answer's tokens.
-json chat_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lp) {
+json chat_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lp,
+                   const std::vector<TokenLogprobs>& stop) {
   auto entry = [&](int32_t id, float v) {
     const std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
     json bytes = json::array();
@@ -548,6 +552,12 @@ json chat_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>& ids, 
     json e = entry(ids[i], lp.at(i).logprob);
     e["top_logprobs"] = json::array();
     for (const auto& [tid, v] : lp.at(i).top) e["top_logprobs"].push_back(entry(tid, v));
+    content.push_back(std::move(e));
+  }
+  for (const TokenLogprobs& t : stop) {  // the end of text that ended the answer (no text)
+    json e = entry(t.id, t.logprob);
+    e["top_logprobs"] = json::array();
+    for (const auto& [tid, v] : t.top) e["top_logprobs"].push_back(entry(tid, v));
     content.push_back(std::move(e));
   }
   return json{{"content", content}};
@@ -1041,10 +1051,11 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         json choice = {{"index", c}, {"finish_reason", finish_json(o.finish)}};
         if (chat) {
           choice["message"] = {{"role", "assistant"}, {"content", o.text}};
-          choice["logprobs"] = logprobs >= 0 ? chat_logprobs(tok_, o.ids, o.logprobs) : json(nullptr);
+          choice["logprobs"] = logprobs >= 0 ? chat_logprobs(tok_, o.ids, o.logprobs, o.stop_logprobs) : json(nullptr);
         } else {
           choice["text"] = echo ? prompt_texts[p] + o.text : o.text;
-          choice["logprobs"] = logprobs >= 0 ? completion_logprobs(tok_, echo ? &prompts[p] : nullptr, o.prompt_logprobs, o.ids, o.logprobs)
+          choice["logprobs"] = logprobs >= 0 ? completion_logprobs(tok_, echo ? &prompts[p] : nullptr, o.prompt_logprobs, o.ids, o.logprobs,
+                                                                 o.stop_logprobs)
                                              : json(nullptr);
         }
         list.push_back(std::move(choice));

@@ -208,7 +208,7 @@ TEST_F(HttpServerTest, EchoAndLogprobsAreWhatLoglikelihoodEvaluationReads) {
     const std::vector<int32_t> greedy = alone_->generate(p, 1, {.temperature = 0.0f}, tok_->eot_id());
     const bool drew = greedy[0] != tok_->eot_id();  // the end of text is not an answer's token
     completion += drew;
-    ASSERT_EQ(lp["tokens"].size(), p.size() + (drew ? 1 : 0));
+    ASSERT_EQ(lp["tokens"].size(), p.size() + 1);  // the end of text, when drawn, is listed (no text)
     EXPECT_TRUE(lp["token_logprobs"][0].is_null());
     EXPECT_TRUE(lp["top_logprobs"][0].is_null());
     for (size_t i = 1; i < p.size(); ++i) {
@@ -229,11 +229,11 @@ TEST_F(HttpServerTest, EchoAndLogprobsAreWhatLoglikelihoodEvaluationReads) {
     std::string joined;
     for (size_t i = 0; i < lp["tokens"].size(); ++i) {
       EXPECT_EQ(lp["text_offset"][i], joined.size()) << i;  // ASCII: characters are bytes
-      joined += lp["tokens"][i].get<std::string>();
+      if (drew || i < p.size()) joined += lp["tokens"][i].get<std::string>();
     }
     EXPECT_EQ(ch["text"], joined);
     EXPECT_EQ(ch["text"], tok_->decode(p) + reference(p, 1));
-    if (drew) {
+    {
       const json& top = lp["top_logprobs"].back();
       double most = -INFINITY;
       for (const auto& [k, v] : top.items()) most = std::max(most, v.get<double>());
@@ -244,6 +244,29 @@ TEST_F(HttpServerTest, EchoAndLogprobsAreWhatLoglikelihoodEvaluationReads) {
   }
   EXPECT_EQ(r["usage"]["prompt_tokens"], prompts[0].size() + prompts[1].size());
   EXPECT_EQ(r["usage"]["completion_tokens"], completion);
+  // A draw that is a stop id (the model's eos: a server whose eos is this prompt's greedy token)
+  // is listed last with its log-probability, outside the text: the harness's [ctxlen:-1] drops it
+  // and not the prompt's last token (it dropped that before).
+  {
+    const std::vector<int32_t>& p = prompts[0];
+    const int32_t next = alone_->generate(p, 1, {.temperature = 0.0f})[0];
+    ServerOptions so;
+    so.model_name = "tiny";
+    so.eos_ids = {next};
+    Running eos_server(*model_, *tok_, GeneratorOptions{.slots = 1}, so);
+    httplib::Client cli("127.0.0.1", eos_server.port);
+    const json body = {{"prompt", json::array({p})}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 1}, {"echo", true}};
+    httplib::Result res = cli.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json e = json::parse(res->body)["choices"][0];
+    EXPECT_EQ(e["text"], tok_->decode(p));
+    EXPECT_EQ(e["finish_reason"], "stop");
+    ASSERT_EQ(e["logprobs"]["tokens"].size(), p.size() + 1);
+    EXPECT_EQ(e["logprobs"]["token_logprobs"][p.size() - 1], r["choices"][0]["logprobs"]["token_logprobs"][p.size() - 1]);
+    const std::vector<double> last = log_softmax_of(*alone_, p);
+    EXPECT_NEAR(e["logprobs"]["token_logprobs"][p.size()].get<double>(), last[static_cast<size_t>(next)], 1e-4);
+  }
   // max_tokens 0 with echo: the prompt alone, scored.
   const json z = post_json("/v1/completions", {{"prompt", "The cat sat"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}});
   EXPECT_EQ(z["choices"][0]["text"], "The cat sat");
@@ -271,7 +294,8 @@ TEST_F(HttpServerTest, NChoicesAndChatLogprobs) {
   const json chat = post_json("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "The cat"}}}}, {"max_tokens", 5},
                                                        {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}});
   const json& content = chat["choices"][0]["logprobs"]["content"];
-  ASSERT_EQ(content.size(), chat["usage"]["completion_tokens"].get<size_t>());
+  const bool eot = chat["choices"][0]["finish_reason"] == "stop";  // listed last, no text
+  ASSERT_EQ(content.size(), chat["usage"]["completion_tokens"].get<size_t>() + (eot ? 1 : 0));
   // A random model's tokens split characters: a token's string is its bytes with U+FFFD for what
   // is not UTF-8 on its own (so the bytes, joined, are the answer's).
   auto replaced = [](const std::string& raw) {
@@ -281,7 +305,7 @@ TEST_F(HttpServerTest, NChoicesAndChatLogprobs) {
   for (const json& e : content) {
     std::string bytes;
     for (const json& b : e["bytes"]) bytes.push_back(static_cast<char>(b.get<int>()));
-    joined += bytes;
+    if (!eot || &e != &content.back()) joined += bytes;
     EXPECT_EQ(replaced(bytes), e["token"].get<std::string>());
     ASSERT_EQ(e["top_logprobs"].size(), 3u);
     EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);  // greedy: the drawn token is the most likely

@@ -86,6 +86,17 @@ TEST_P(LogprobsGolden, PromptAndDrawnTokensArePyTorchsLogSoftmax) {
     EXPECT_EQ(drawn[0].id, static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
     EXPECT_NEAR(drawn[0].logprob, *std::max_element(last.begin(), last.end()), 1e-4);
     expect_top(drawn[0], last);
+    // The same draw as a stop id: nothing pushed, the id and its value kept as the stop's.
+    r.stop_ids = {drawn[0].id};
+    auto s = sched.submit(r);
+    ASSERT_TRUE(s);
+    done = false;
+    while (!done) s->wait(0, std::chrono::milliseconds(50), &done, true);
+    EXPECT_EQ(s->finish(), Finish::kStop);
+    EXPECT_TRUE(s->logprobs().empty());
+    ASSERT_EQ(s->stop_logprobs().size(), 1u);
+    EXPECT_EQ(s->stop_logprobs()[0].id, drawn[0].id);
+    EXPECT_EQ(s->stop_logprobs()[0].logprob, drawn[0].logprob);
   }
 }
 

@@ -54,6 +54,11 @@ std::vector<TokenLogprobs> Generation::logprobs() const {
   return logprobs_;
 }
 
+std::vector<TokenLogprobs> Generation::stop_logprobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stop_logprobs_;
+}
+
 std::vector<TokenLogprobs> Generation::prompt_logprobs() const {
   std::lock_guard<std::mutex> lock(mu_);
   return prompt_logprobs_;
@@ -162,6 +167,10 @@ bool Scheduler::take(Active& a, std::span<const float> logits) {
     return false;
   }
   if (std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), id) != a.req.stop_ids.end()) {
+    if (a.req.logprobs >= 0) {
+      std::lock_guard<std::mutex> lock(a.gen->mu_);
+      a.gen->stop_logprobs_.assign(1, std::move(lp));
+    }
     retire(*a.gen, Finish::kStop);
     return false;
   }

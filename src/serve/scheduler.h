@@ -71,6 +71,10 @@ class Generation {
   // after the first. Complete once the sequence has ended.
   std::vector<TokenLogprobs> logprobs() const;
   std::vector<TokenLogprobs> prompt_logprobs() const;
+  // With logprobs: the stop id that ended the sequence (not pushed: no text), with its
+  // log-probability; empty when it ended otherwise. An evaluation's last token may be the model's
+  // end of text (vLLM lists it too).
+  std::vector<TokenLogprobs> stop_logprobs() const;
   // Seconds from submit to the first token (prefill included); 0 before it.
   double time_to_first_token() const;
 
@@ -83,7 +87,7 @@ class Generation {
   std::condition_variable cv_;
   bool token_waiter_ = false;  // a caller waits for the next token (not only for the end)
   std::vector<int32_t> tokens_;
-  std::vector<TokenLogprobs> logprobs_, prompt_logprobs_;
+  std::vector<TokenLogprobs> logprobs_, prompt_logprobs_, stop_logprobs_;
   Finish finish_ = Finish::kNone;
   std::string error_;
   std::atomic<int> cancel_{0};  // a Finish value; 0 = none
