@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -17,7 +18,6 @@
 #include <ctime>
 #include <deque>
 #include <functional>
-#include <future>
 #include <list>
 #include <mutex>
 #include <random>
@@ -126,11 +126,7 @@ void refuse_unless(const json& j, const char* key, const json& neutral) {
 // does not implement: refused unless neutral on every endpoint (they were answered 200 and
 // ignored; the ChatGLM endpoint ignored the OpenAI ones too).
 void refuse_unimplemented(const json& j, bool openai) {
-  refuse_unless(j, "repetition_penalty", 1);
-  refuse_unless(j, "min_p", 0);
   refuse_unless(j, "typical_p", 1);
-  refuse_unless(j, "min_tokens", 0);
-  refuse_unless(j, "stop_token_ids", json::array());
   refuse_unless(j, "response_format", json{{"type", "text"}});
   refuse_unless(j, "functions", nullptr);
   refuse_unless(j, "function_call", nullptr);
@@ -157,6 +153,10 @@ void refuse_unimplemented(const json& j, bool openai) {
     refuse_unless(j, "logit_bias", json::object());
     refuse_unless(j, "stop", nullptr);
     refuse_unless(j, "logprobs", nullptr);
+    refuse_unless(j, "repetition_penalty", 1);
+    refuse_unless(j, "min_p", 0);
+    refuse_unless(j, "min_tokens", 0);
+    refuse_unless(j, "stop_token_ids", json::array());
   }
 }
 
@@ -392,10 +392,8 @@ std::string visible_text(const data::Tokenizer& tok, std::span<const int32_t> id
   return tok.decode(kept);
 }
 
-template <typename OnDelta>
-Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
-                       const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
-                       bool streaming, const std::function<bool()>& gone = nullptr) {
+// Queues a request: 400 when the scheduler refuses it, 503 when the queue is full or draining.
+std::shared_ptr<Generation> submit_or_throw(Scheduler& sched, GenerationRequest request) {
   const int prompt = static_cast<int>(request.prompt.size());
   std::shared_ptr<Generation> g;
   try {
@@ -406,6 +404,26 @@ Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationR
   if (!g)
     throw HttpError{503, sched.draining() ? "the server is shutting down" : "the queue is full; retry later",
                     "server_busy", sched.draining() ? "shutting_down" : "queue_full"};
+  return g;
+}
+
+// Follows a queued generation to its end: the text (cut at the first stop string), its deltas.
+template <typename OnDelta>
+Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok,
+                          const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
+                          bool streaming, const std::function<bool()>& gone);
+
+template <typename OnDelta>
+Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
+                       const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
+                       bool streaming, const std::function<bool()>& gone = nullptr) {
+  return follow_generation(submit_or_throw(sched, std::move(request)), tok, stops, hidden, std::move(on_delta), streaming, gone);
+}
+
+template <typename OnDelta>
+Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok,
+                          const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
+                          bool streaming, const std::function<bool()>& gone) {
   size_t hold = 0;
   for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
   std::vector<int32_t> ids;
@@ -495,13 +513,18 @@ HttpError finish_error(const Outcome& o, double timeout_s) {
 
 // A whole generation for a non-streaming response; throws its error unless it ended by "stop" or
 // "length".
-Outcome generate_all(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
-                     const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, double timeout_s,
-                     const std::function<bool()>& gone) {
-  Outcome o = run_generation(sched, tok, std::move(request), stops, hidden, [](const std::string&) { return true; }, false, gone);
+Outcome generate_all(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok, const std::vector<std::string>& stops,
+                     const std::vector<int32_t>& hidden, double timeout_s, const std::function<bool()>& gone) {
+  Outcome o = follow_generation(g, tok, stops, hidden, [](const std::string&) { return true; }, false, gone);
   if (o.client_gone) throw HttpError{499, "the client closed the connection", "cancelled", "client_closed"};
   if (o.finish != Finish::kStop && o.finish != Finish::kLength) throw finish_error(o, timeout_s);
   return o;
+}
+
+Outcome generate_all(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
+                     const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, double timeout_s,
+                     const std::function<bool()>& gone) {
+  return generate_all(submit_or_throw(sched, std::move(request)), tok, stops, hidden, timeout_s, gone);
 }
 
 // OpenAI's completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"} over
@@ -509,16 +532,39 @@ Outcome generate_all(Scheduler& sched, const data::Tokenizer& tok, GenerationReq
 // A top_logprobs entry maps the k most likely tokens' strings, and the chosen one's, to their
 // log-probabilities (up to k + 1 entries, as OpenAI's API says); text_offset is each token's start
 // in characters of the tokens' strings joined.
+// A token's string in logprobs: its text, or "bytes:\\xe4\\xbd" (OpenAI's form) where it is not
+// UTF-8 on its own (a byte-level BPE's piece of a character): such pieces stay distinct keys.
+std::string token_string(const data::Tokenizer& tok, int32_t id) {
+  const std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
+  bool valid = true;
+  for (size_t i = 0; i < piece.size() && valid;) {
+    const unsigned char c = static_cast<unsigned char>(piece[i]);
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    valid = len > 0 && i + len <= piece.size();
+    for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(piece[i + k]) & 0xC0) == 0x80;
+    i += len;
+  }
+  if (valid) return piece;
+  std::string out = "bytes:";
+  char buf[8];
+  for (unsigned char c : piece) {
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    out += buf;
+  }
+  return out;
+}
+
 json completion_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>* prompt,
                          const std::vector<TokenLogprobs>& prompt_lp, const std::vector<int32_t>& ids,
                          const std::vector<TokenLogprobs>& lp, const std::vector<TokenLogprobs>& stop) {
   json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
   int64_t chars = 0;
   auto add = [&](int32_t id, const TokenLogprobs* t) {
-    const std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
+    const std::string raw = tok.decode(std::span<const int32_t>(&id, 1));
+    const std::string piece = token_string(tok, id);
     tokens.push_back(piece);
     offsets.push_back(chars);
-    for (unsigned char c : piece) chars += (c & 0xC0) != 0x80;  // UTF-8 lead bytes: characters
+    for (unsigned char c : raw) chars += (c & 0xC0) != 0x80;  // UTF-8 lead bytes: characters
     if (t == nullptr) {
       values.push_back(nullptr);
       tops.push_back(nullptr);
@@ -526,8 +572,8 @@ json completion_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>*
     }
     values.push_back(t->logprob);
     json top = json::object();
-    for (const auto& [tid, v] : t->top) top[tok.decode(std::span<const int32_t>(&tid, 1))] = v;
-    top[piece] = t->logprob;
+    for (const auto& [tid, v] : t->top) top.emplace(token_string(tok, tid), v);  // the first (largest) of equal strings
+    top.emplace(piece, t->logprob);
     tops.push_back(top);
   };
   if (prompt != nullptr)
@@ -542,10 +588,10 @@ json completion_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>*
 json chat_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lp,
                    const std::vector<TokenLogprobs>& stop) {
   auto entry = [&](int32_t id, float v) {
-    const std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
+    const std::string raw = tok.decode(std::span<const int32_t>(&id, 1));
     json bytes = json::array();
-    for (unsigned char c : piece) bytes.push_back(static_cast<int>(c));
-    return json{{"token", piece}, {"logprob", v}, {"bytes", bytes}};
+    for (unsigned char c : raw) bytes.push_back(static_cast<int>(c));
+    return json{{"token", token_string(tok, id)}, {"logprob", v}, {"bytes", bytes}};
   };
   json content = json::array();
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -830,9 +876,6 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
                                options_.model_name + "\"",
                       "invalid_request_error", "model_not_found"};
     refuse_unimplemented(body, true);
-    refuse_unless(body, "presence_penalty", 0);
-    refuse_unless(body, "frequency_penalty", 0);
-    refuse_unless(body, "logit_bias", json::object());
     // best_of and suffix are the completions API's; a chat request with them was answered as if
     // they were absent. echo is the completions API's too.
     refuse_unless(body, "best_of", 1);
@@ -925,10 +968,11 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         if (list.empty()) bad("a \"prompt\" of token ids must not be empty", "invalid_value");
         for (const json& t : list) {
           if (!t.is_number_integer()) bad(form, "invalid_type");
-          const int64_t v = t.get<int64_t>();
-          if (v < 0 || v >= gen_.vocab_size())
-            bad("prompt token " + std::to_string(v) + " is outside the vocabulary [0, " + std::to_string(gen_.vocab_size()) + ")",
-                "invalid_value");
+          // The tokenizer's ids (a model's vocabulary padded past them has rows no text is).
+          const int64_t v = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) ? -1 : t.get<int64_t>();
+          const int64_t limit = std::min<int64_t>(gen_.vocab_size(), tok_.vocab_size());
+          if (v < 0 || v >= limit)
+            bad("prompt token " + t.dump() + " is outside the vocabulary [0, " + std::to_string(limit) + ")", "invalid_value");
           ids.push_back(static_cast<int32_t>(v));
         }
         prompts.push_back(std::move(ids));
@@ -979,8 +1023,27 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     // max_tokens 0 with echo: the prompt alone, scored (OpenAI's legacy loglikelihood request).
     r.max_new_tokens = get_int(body, max_key, chat ? gen_.capacity() : options_.default_max_tokens, echo ? 0 : 1, 1 << 30);
     r.sampling = sampling_from(body, 1.0f, 1.0f);
+    // OpenAI's penalties and logit_bias, vLLM's (and TGI's) repetition_penalty, min_p, min_tokens.
+    r.sampling.presence_penalty = get_float(body, "presence_penalty", 0.0f, -2.0f, 2.0f);
+    r.sampling.frequency_penalty = get_float(body, "frequency_penalty", 0.0f, -2.0f, 2.0f);
+    r.sampling.repetition_penalty = get_float(body, "repetition_penalty", 1.0f, 1e-6f, 1e6f);
+    r.sampling.min_p = get_float(body, "min_p", 0.0f, 0.0f, 1.0f);
+    r.min_tokens = get_int(body, "min_tokens", 0, 0, 1 << 30);
+    if (present(body, "logit_bias")) {
+      if (!body["logit_bias"].is_object()) bad("\"logit_bias\" must be an object of token ids to biases", "invalid_type");
+      for (const auto& [key, v] : body["logit_bias"].items()) {
+        int64_t tid = -1;
+        auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), tid);
+        if (ec != std::errc() || end != key.data() + key.size() || tid < 0 || tid >= gen_.vocab_size())
+          bad("\"logit_bias\": \"" + key + "\" is not a token id of this model's [0, " + std::to_string(gen_.vocab_size()) + ")",
+              "invalid_value");
+        if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0))
+          bad("\"logit_bias\": the bias of \"" + key + "\" must be a number in [-100, 100]", "invalid_value");
+        r.sampling.logit_bias.emplace_back(static_cast<int32_t>(tid), v.get<float>());
+      }
+    }
     r.logprobs = logprobs;
-    r.prompt_logprobs = echo && (logprobs >= 0 || r.max_new_tokens == 0);
+    r.prompt_logprobs = echo && logprobs >= 0;
     bool ignore_eos = false;  // vLLM's extension: generate max_tokens whatever comes (benchmarks)
     if (present(body, "ignore_eos")) {
       if (!body["ignore_eos"].is_boolean()) bad("\"ignore_eos\" must be true or false", "invalid_type");
@@ -989,6 +1052,17 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     if (!ignore_eos) {
       if (tok_.has_eot()) r.stop_ids = {tok_.eot_id()};
       r.stop_ids.insert(r.stop_ids.end(), options_.eos_ids.begin(), options_.eos_ids.end());
+    }
+    // vLLM's stop_token_ids: more ids that end an answer (whatever ignore_eos says).
+    if (present(body, "stop_token_ids")) {
+      const json& st = body["stop_token_ids"];
+      if (!st.is_array()) bad("\"stop_token_ids\" must be a list of token ids", "invalid_type");
+      for (const json& t : st) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= gen_.vocab_size())
+          bad("\"stop_token_ids\": " + t.dump() + " is not a token id of this model's [0, " + std::to_string(gen_.vocab_size()) + ")",
+              "invalid_value");
+        r.stop_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
     }
     r.sample_below = tok_.vocab_size();
     r.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.request_timeout_s));
@@ -1020,28 +1094,31 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     if (!stream) {
       // Every choice is queued at once (they batch together), choice k of prompt p at index
       // p · n + k, seeded seed + k (the same request gives the same choices).
+      // All or none: a choice the queue refuses cancels those already queued (503 at once).
       const int fd = request_socket(req);
-      std::vector<std::future<Outcome>> running;
-      for (size_t p = 0; p < prompts.size(); ++p)
-        for (int k = 0; k < n_choices; ++k) {
-          GenerationRequest rk = r;
-          rk.prompt = prompts[p];
-          rk.sampling.seed = r.sampling.seed + static_cast<uint64_t>(k);
-          running.push_back(std::async(std::launch::async, [this, rk = std::move(rk), &stops, fd]() mutable {
-            return generate_all(*scheduler_, tok_, std::move(rk), stops, end_ids_, options_.request_timeout_s,
-                                [fd] { return fd >= 0 && peer_closed(fd); });
-          }));
-        }
-      std::vector<Outcome> outcomes;
-      std::exception_ptr failed;
-      for (auto& f : running) {  // all of them end before this returns (they hold this request's data)
-        try {
-          outcomes.push_back(f.get());
-        } catch (...) {
-          if (!failed) failed = std::current_exception();
-        }
+      std::vector<std::shared_ptr<Generation>> queued;
+      try {
+        for (size_t p = 0; p < prompts.size(); ++p)
+          for (int k = 0; k < n_choices; ++k) {
+            GenerationRequest rk = r;
+            rk.prompt = prompts[p];
+            rk.sampling.seed = r.sampling.seed + static_cast<uint64_t>(k);
+            queued.push_back(submit_or_throw(*scheduler_, std::move(rk)));
+          }
+      } catch (...) {
+        for (const auto& g : queued) g->cancel(Finish::kCancelled);
+        throw;
       }
-      if (failed) std::rethrow_exception(failed);
+      // Followed one after the other (the scheduler runs them together); an error cancels the rest.
+      std::vector<Outcome> outcomes;
+      try {
+        for (const auto& g : queued)
+          outcomes.push_back(generate_all(g, tok_, stops, end_ids_, options_.request_timeout_s,
+                                          [fd] { return fd >= 0 && peer_closed(fd); }));
+      } catch (...) {
+        for (const auto& g : queued) g->cancel(Finish::kCancelled);
+        throw;
+      }
       int completion = 0;
       json list = json::array();
       for (size_t c = 0; c < outcomes.size(); ++c) {

@@ -176,6 +176,20 @@ TEST_F(HttpServerTest, GreedyCompletionEqualsTheGenerators) {
   EXPECT_EQ(post_json("/v1/completions", s)["choices"][0]["text"], post_json("/v1/completions", s)["choices"][0]["text"]);
 }
 
+// A token's string in logprobs as OpenAI writes it: its bytes where they are UTF-8, else
+// "bytes:\xNN..." (a byte-level BPE's piece of a character).
+std::string token_string_of(const std::string& raw) {
+  const std::string round = json::parse(json(raw).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+  if (round == raw) return raw;
+  std::string out = "bytes:";
+  char buf[8];
+  for (unsigned char c : raw) {
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    out += buf;
+  }
+  return out;
+}
+
 // The log-softmax of the generator's own logits at a prompt's last position, in double.
 std::vector<double> log_softmax_of(Generator& gen, const std::vector<int32_t>& prefix) {
   std::span<const float> z = gen.prefill(prefix);
@@ -194,12 +208,17 @@ std::vector<double> log_softmax_of(Generator& gen, const std::vector<int32_t>& p
 // its top_logprobs (the harness's is_greedy); the text is the prompt's then the answer's, and the
 // token strings joined are the text at their offsets.
 TEST_F(HttpServerTest, EchoAndLogprobsAreWhatLoglikelihoodEvaluationReads) {
-  const std::vector<std::vector<int32_t>> prompts = {tok_->encode("The cat sat on the"), tok_->encode("Once upon a time there")};
+  // The third is past two of the head's 16-row blocks of prefill scoring.
+  const std::vector<std::vector<int32_t>> prompts = {
+      tok_->encode("The cat sat on the"), tok_->encode("Once upon a time there"),
+      tok_->encode("The dog sat on the log. A bird sang in the tree, and the cat watched it. The cat sat on the mat, one "
+                   "token at a time.")};
+  ASSERT_GT(prompts[2].size(), 33u);
   const json r = post_json("/v1/completions", {{"prompt", prompts}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 1},
                                                {"echo", true}, {"seed", 1234}});
-  ASSERT_EQ(r["choices"].size(), 2u);
+  ASSERT_EQ(r["choices"].size(), 3u);
   int completion = 0;
-  for (size_t c = 0; c < 2; ++c) {
+  for (size_t c = 0; c < 3; ++c) {
     SCOPED_TRACE(c);
     const json& ch = r["choices"][c];
     EXPECT_EQ(ch["index"], c);
@@ -218,20 +237,22 @@ TEST_F(HttpServerTest, EchoAndLogprobsAreWhatLoglikelihoodEvaluationReads) {
       const json& top = lp["top_logprobs"][i];
       EXPECT_LE(top.size(), 2u);  // the most likely and the prompt's own
       // Keys are token strings as JSON writes them (a byte that is not UTF-8 on its own as U+FFFD).
-      const std::string key = json::parse(json(tok_->decode(std::vector<int32_t>{static_cast<int32_t>(best)}))
-                                              .dump(-1, ' ', false, json::error_handler_t::replace))
-                                  .get<std::string>();
+      const std::string key = token_string_of(tok_->decode(std::vector<int32_t>{static_cast<int32_t>(best)}));
       ASSERT_TRUE(top.contains(key)) << top.dump();
       EXPECT_NEAR(top[key].get<double>(), want[best], 1e-4) << i;
       ASSERT_TRUE(top.contains(lp["tokens"][i].get<std::string>())) << top.dump();
       EXPECT_EQ(top[lp["tokens"][i].get<std::string>()], lp["token_logprobs"][i]);
     }
-    std::string joined;
+    // Each token's string, and its offset: the characters (UTF-8 lead bytes) of the tokens before.
+    std::vector<int32_t> all = p;
+    all.push_back(greedy[0]);
+    size_t chars = 0;
     for (size_t i = 0; i < lp["tokens"].size(); ++i) {
-      EXPECT_EQ(lp["text_offset"][i], joined.size()) << i;  // ASCII: characters are bytes
-      if (drew || i < p.size()) joined += lp["tokens"][i].get<std::string>();
+      const std::string raw = tok_->decode(std::vector<int32_t>{all[i]});
+      EXPECT_EQ(lp["tokens"][i], token_string_of(raw)) << i;
+      EXPECT_EQ(lp["text_offset"][i], chars) << i;
+      for (unsigned char c : raw) chars += (c & 0xC0) != 0x80;
     }
-    EXPECT_EQ(ch["text"], joined);
     EXPECT_EQ(ch["text"], tok_->decode(p) + reference(p, 1));
     {
       const json& top = lp["top_logprobs"].back();
@@ -242,7 +263,7 @@ TEST_F(HttpServerTest, EchoAndLogprobsAreWhatLoglikelihoodEvaluationReads) {
       EXPECT_NEAR(most, *std::max_element(last.begin(), last.end()), 1e-4);
     }
   }
-  EXPECT_EQ(r["usage"]["prompt_tokens"], prompts[0].size() + prompts[1].size());
+  EXPECT_EQ(r["usage"]["prompt_tokens"], prompts[0].size() + prompts[1].size() + prompts[2].size());
   EXPECT_EQ(r["usage"]["completion_tokens"], completion);
   // A draw that is a stop id (the model's eos: a server whose eos is this prompt's greedy token)
   // is listed last with its log-probability, outside the text: the harness's [ctxlen:-1] drops it
@@ -296,8 +317,8 @@ TEST_F(HttpServerTest, NChoicesAndChatLogprobs) {
   const json& content = chat["choices"][0]["logprobs"]["content"];
   const bool eot = chat["choices"][0]["finish_reason"] == "stop";  // listed last, no text
   ASSERT_EQ(content.size(), chat["usage"]["completion_tokens"].get<size_t>() + (eot ? 1 : 0));
-  // A random model's tokens split characters: a token's string is its bytes with U+FFFD for what
-  // is not UTF-8 on its own (so the bytes, joined, are the answer's).
+  // A random model's tokens split characters: a token's string is "bytes:\xNN" where it is not
+  // UTF-8 on its own (the bytes, joined, are the answer's).
   auto replaced = [](const std::string& raw) {
     return json::parse(json(raw).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
   };
@@ -306,7 +327,7 @@ TEST_F(HttpServerTest, NChoicesAndChatLogprobs) {
     std::string bytes;
     for (const json& b : e["bytes"]) bytes.push_back(static_cast<char>(b.get<int>()));
     if (!eot || &e != &content.back()) joined += bytes;
-    EXPECT_EQ(replaced(bytes), e["token"].get<std::string>());
+    EXPECT_EQ(token_string_of(bytes), e["token"].get<std::string>());
     ASSERT_EQ(e["top_logprobs"].size(), 3u);
     EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);  // greedy: the drawn token is the most likely
     EXPECT_EQ(e["top_logprobs"][0]["logprob"], e["logprob"]);
@@ -314,6 +335,55 @@ TEST_F(HttpServerTest, NChoicesAndChatLogprobs) {
     EXPECT_GE(e["top_logprobs"][1]["logprob"].get<double>(), e["top_logprobs"][2]["logprob"].get<double>());
   }
   EXPECT_EQ(replaced(joined), chat["choices"][0]["message"]["content"]);
+}
+
+// OpenAI's penalties and logit_bias, vLLM's repetition_penalty, min_p, min_tokens and
+// stop_token_ids reach the sampler: a greedy answer with them is what the generator alone gives
+// with a Sampler of the same options (the sampler's own test checks its definitions).
+TEST_F(HttpServerTest, PenaltiesBiasAndStopIdsShapeTheAnswer) {
+  const std::vector<int32_t> p = tok_->encode("The cat sat on the");
+  auto greedy_with = [&](SamplingOptions o, int max_new, std::vector<int32_t> stop = {}, int min_tokens = 0) {
+    o.temperature = 0.0f;
+    Sampler s(o);
+    s.set_prompt(p);
+    stop.push_back(tok_->eot_id());
+    std::vector<int32_t> ids;
+    std::span<const float> z = alone_->prefill(p);
+    for (int i = 0; i < max_new; ++i) {
+      const int32_t id = s.sample(z, static_cast<int>(ids.size()) < min_tokens ? std::span<const int32_t>(stop) : std::span<const int32_t>());
+      if (std::find(stop.begin(), stop.end(), id) != stop.end()) break;
+      ids.push_back(id);
+      z = alone_->decode(id);
+    }
+    return json::parse(json(tok_->decode(ids)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+  };
+  const json base = {{"prompt", "The cat sat on the"}, {"max_tokens", 8}, {"temperature", 0}};
+  json with = base;
+  with["frequency_penalty"] = 1.5;
+  with["presence_penalty"] = 0.5;
+  with["repetition_penalty"] = 1.3;
+  EXPECT_EQ(post_json("/v1/completions", with)["choices"][0]["text"],
+            greedy_with({.repetition_penalty = 1.3f, .frequency_penalty = 1.5f, .presence_penalty = 0.5f}, 8));
+  // logit_bias 100 on one id: every token of the answer is it.
+  const int32_t cat = tok_->encode(" cat")[0];
+  with = base;
+  with["logit_bias"] = {{std::to_string(cat), 100}};
+  EXPECT_EQ(post_json("/v1/completions", with)["choices"][0]["text"], greedy_with({.logit_bias = {{cat, 100.0f}}}, 8));
+  // The greedy first token as a stop id ends the answer before it; min_tokens 2 bans it for two.
+  const int32_t first = alone_->generate(p, 1, {.temperature = 0.0f})[0];
+  with = base;
+  with["stop_token_ids"] = {first};
+  json r = post_json("/v1/completions", with);
+  EXPECT_EQ(r["choices"][0]["text"], "");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  with["min_tokens"] = 2;
+  r = post_json("/v1/completions", with);
+  EXPECT_GE(r["usage"]["completion_tokens"].get<int>(), 2);
+  EXPECT_EQ(r["choices"][0]["text"], greedy_with({}, 8, {first}, 2));
+  // min_p at temperature 0 is greedy still.
+  with = base;
+  with["min_p"] = 0.5;
+  EXPECT_EQ(post_json("/v1/completions", with)["choices"][0]["text"], reference(p, 8));
 }
 
 TEST_F(HttpServerTest, StreamingConcatenatesToTheWholeAnswer) {
@@ -546,12 +616,19 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
       {"/v1/completions", R"({"prompt": "a", "n": 65})", 400, "invalid_value"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2})", 400, "invalid_value"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "logprobs": 1})", 400, "invalid_type"},
-      {"/v1/completions", R"({"prompt": "a", "presence_penalty": 0.5})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "presence_penalty": 2.5})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": "a", "repetition_penalty": 0})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": "a", "min_p": 1.5})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": "a", "logit_bias": {"x": 1}})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": "a", "logit_bias": {"5": 200}})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": "a", "stop_token_ids": [300]})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": "a", "min_tokens": -1})", 400, "invalid_value"},
       // Fields that change the output and were answered 200 and ignored (vLLM's and TGI's, and the
       // OpenAI ones on the ChatGLM endpoint).
-      {"/v1/completions", R"({"prompt": "a", "repetition_penalty": 1.3})", 400, "unsupported_parameter"},
-      {"/v1/completions", R"({"prompt": "a", "min_p": 0.1})", 400, "unsupported_parameter"},
-      {"/v1/completions", R"({"prompt": "a", "stop_token_ids": [5]})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "typical_p": 0.5})", 400, "unsupported_parameter"},
+      {"/", R"({"prompt": "a", "repetition_penalty": 1.3})", 400, "unsupported_parameter"},
+      {"/", R"({"prompt": "a", "min_p": 0.1})", 400, "unsupported_parameter"},
+      {"/", R"({"prompt": "a", "stop_token_ids": [5]})", 400, "unsupported_parameter"},
       {"/v1/completions", R"({"prompt": "a", "stream": true, "stream_options": {"include_usage": 1}})", 400,
        "invalid_type"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_object"}})",

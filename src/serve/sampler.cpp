@@ -17,6 +17,16 @@ void sampling_options_validate(const SamplingOptions& o) {
            "sampling: top_k must be >= 0 (0 = no limit), got " + std::to_string(o.top_k));
   MT_CHECK(o.top_p >= 0.0f && o.top_p <= 1.0f, ErrorKind::kInvalidArgument,
            "sampling: top_p must be in [0, 1], got " + std::to_string(o.top_p));
+  MT_CHECK(o.repetition_penalty > 0.0f && std::isfinite(o.repetition_penalty), ErrorKind::kInvalidArgument,
+           "sampling: repetition_penalty must be finite and > 0 (1 = none), got " + std::to_string(o.repetition_penalty));
+  for (auto [v, name] : {std::pair<float, const char*>{o.frequency_penalty, "frequency_penalty"}, {o.presence_penalty, "presence_penalty"}})
+    MT_CHECK(v >= -2.0f && v <= 2.0f, ErrorKind::kInvalidArgument,
+             std::string("sampling: ") + name + " must be in [-2, 2], got " + std::to_string(v));
+  MT_CHECK(o.min_p >= 0.0f && o.min_p <= 1.0f, ErrorKind::kInvalidArgument,
+           "sampling: min_p must be in [0, 1], got " + std::to_string(o.min_p));
+  for (const auto& [id, b] : o.logit_bias)
+    MT_CHECK(id >= 0 && b >= -100.0f && b <= 100.0f, ErrorKind::kInvalidArgument,
+             "sampling: logit_bias of token " + std::to_string(id) + " must be in [-100, 100], got " + std::to_string(b));
 }
 
 int32_t argmax(std::span<const float> logits) {
@@ -58,6 +68,45 @@ TokenLogprobs token_logprobs(std::span<const float> logits, int32_t id, int top)
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), state_(options.seed) {
   sampling_options_validate(options);
+}
+
+void Sampler::set_prompt(std::span<const int32_t> prompt) {
+  for (int32_t id : prompt) {
+    if (id < 0) continue;
+    if (static_cast<size_t>(id) >= seen_.size()) seen_.resize(static_cast<size_t>(id) + 1, 0);
+    seen_[static_cast<size_t>(id)] = 1;
+  }
+}
+
+bool Sampler::adjusts() const {
+  return !options_.logit_bias.empty() || options_.repetition_penalty != 1.0f || options_.frequency_penalty != 0.0f ||
+         options_.presence_penalty != 0.0f;
+}
+
+std::span<const float> Sampler::adjust(std::span<const float> logits, std::span<const int32_t> banned) {
+  if (!adjusts() && banned.empty()) return logits;
+  adjusted_.assign(logits.begin(), logits.end());
+  const size_t V = logits.size();
+  for (const auto& [id, b] : options_.logit_bias)
+    if (static_cast<size_t>(id) < V) adjusted_[static_cast<size_t>(id)] += b;
+  if (options_.repetition_penalty != 1.0f)
+    for (size_t i = 0; i < std::min(V, seen_.size()); ++i)
+      if (seen_[i]) {
+        float& z = adjusted_[i];
+        z = z > 0.0f ? z / options_.repetition_penalty : z * options_.repetition_penalty;
+      }
+  if (options_.frequency_penalty != 0.0f || options_.presence_penalty != 0.0f)
+    for (size_t i = 0; i < std::min(V, drawn_count_.size()); ++i)
+      if (drawn_count_[i] > 0)
+        adjusted_[i] -= static_cast<float>(drawn_count_[i]) * options_.frequency_penalty + options_.presence_penalty;
+  size_t left = V;
+  for (int32_t id : banned)
+    if (id >= 0 && static_cast<size_t>(id) < V && adjusted_[static_cast<size_t>(id)] > -INFINITY) {
+      adjusted_[static_cast<size_t>(id)] = -INFINITY;
+      --left;
+    }
+  MT_CHECK(left > 0, ErrorKind::kInvalidArgument, "sampling: every id is banned (min_tokens' stop ids)");
+  return adjusted_;
 }
 
 double Sampler::warp(std::span<const float> logits) {
@@ -106,11 +155,35 @@ double Sampler::warp(std::span<const float> logits) {
     weights_.resize(keep);
     total = before;
   }
+  if (options_.min_p > 0.0f) {  // the largest weight is exp(0) = 1 (its logit is the max)
+    const double floor = static_cast<double>(options_.min_p) * *std::max_element(weights_.begin(), weights_.end());
+    size_t w = 0;
+    total = 0.0;
+    for (size_t i = 0; i < kept_.size(); ++i)
+      if (weights_[i] >= floor) {
+        kept_[w] = kept_[i];
+        weights_[w++] = weights_[i];
+        total += weights_[i];
+      }
+    kept_.resize(w);
+    weights_.resize(w);
+  }
   return total;
 }
 
-int32_t Sampler::sample(std::span<const float> logits) {
+int32_t Sampler::sample(std::span<const float> raw, std::span<const int32_t> banned) {
+  const std::span<const float> logits = adjust(raw, banned);
   const double total = warp(logits);
+  const int32_t id = draw(total);
+  if (options_.frequency_penalty != 0.0f || options_.presence_penalty != 0.0f) {
+    if (static_cast<size_t>(id) >= drawn_count_.size()) drawn_count_.resize(static_cast<size_t>(id) + 1, 0);
+    ++drawn_count_[static_cast<size_t>(id)];
+  }
+  if (options_.repetition_penalty != 1.0f) set_prompt(std::span<const int32_t>(&id, 1));
+  return id;
+}
+
+int32_t Sampler::draw(double total) {
   if (kept_.size() == 1) return kept_[0];
   // u uniform in [0, total): 53 random bits.
   const double u = static_cast<double>(data::splitmix64_next(&state_) >> 11) * 0x1.0p-53 * total;
@@ -125,7 +198,8 @@ int32_t Sampler::sample(std::span<const float> logits) {
   return kept_[last];  // u rounded up to the total
 }
 
-void Sampler::distribution(std::span<const float> logits, std::vector<double>& probs) {
+void Sampler::distribution(std::span<const float> raw, std::vector<double>& probs, std::span<const int32_t> banned) {
+  const std::span<const float> logits = adjust(raw, banned);
   const double total = warp(logits);
   probs.assign(logits.size(), 0.0);
   for (size_t i = 0; i < kept_.size(); ++i) probs[kept_[i]] = weights_[i] / total;

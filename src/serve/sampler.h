@@ -25,6 +25,17 @@ struct SamplingOptions {
   int top_k = 0;             // >= 0; 0 = no limit
   float top_p = 1.0f;        // in [0, 1]; 1 = no limit
   uint64_t seed = 0;
+  // Before temperature, in vLLM's order: logit_bias added (OpenAI's, each in [-100, 100]); then
+  // repetition_penalty (Hugging Face's and vLLM's, > 0) over the prompt's and the drawn ids, each
+  // such logit divided by it where positive and multiplied where not; then OpenAI's
+  // frequency_penalty and presence_penalty (each in [-2, 2]) over the drawn ids: logit -= count ·
+  // frequency + (count > 0) · presence. After top-k and top-p, min_p (vLLM's and HF's, in [0, 1])
+  // keeps the ids whose probability is at least min_p times the largest's. The neutral values
+  // change nothing (the draws are the same bits as without them).
+  std::vector<std::pair<int32_t, float>> logit_bias = {};
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f, presence_penalty = 0.0f;
+  float min_p = 0.0f;
 };
 
 // Throws kInvalidArgument naming the field that is out of range.
@@ -34,19 +45,33 @@ class Sampler {
  public:
   explicit Sampler(const SamplingOptions& options);  // validates
 
-  // Returns the next id for logits (V). Throws kNumerical when a logit is NaN.
-  int32_t sample(std::span<const float> logits);
+  // The prompt, whose ids repetition_penalty counts as seen.
+  void set_prompt(std::span<const int32_t> prompt);
+  // Returns the next id for logits (V), never one of `banned` (min_tokens' stop ids), and counts it
+  // as drawn (the penalties). Throws kNumerical when a logit is NaN, kInvalidArgument when every id
+  // is banned.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> banned = {});
 
-  // probs (V) = the distribution sample() draws from (0 outside the kept ids; one 1 when greedy).
-  void distribution(std::span<const float> logits, std::vector<double>& probs);
+  // probs (V) = the distribution sample() would draw from now (0 outside the kept ids; one 1 when
+  // greedy).
+  void distribution(std::span<const float> logits, std::vector<double>& probs, std::span<const int32_t> banned = {});
 
  private:
   // Fills kept_ (ids, in rank order when ranking is needed) and weights_ (unnormalised
   // probabilities of kept_). Returns their sum.
   double warp(std::span<const float> logits);
+  // logits with logit_bias, the penalties and `banned` applied (into adjusted_), or logits itself
+  // when none applies.
+  std::span<const float> adjust(std::span<const float> logits, std::span<const int32_t> banned);
+  bool adjusts() const;
+  // A draw from kept_ / weights_ (their sum `total`).
+  int32_t draw(double total);
 
   SamplingOptions options_;
   uint64_t state_;
+  std::vector<int32_t> drawn_count_;  // per id: times drawn (frequency, presence)
+  std::vector<char> seen_;            // per id: in the prompt or drawn (repetition)
+  std::vector<float> adjusted_;
   std::vector<int32_t> kept_;
   std::vector<double> weights_;
 };

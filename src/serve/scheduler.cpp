@@ -113,12 +113,19 @@ std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
     MT_CHECK(id >= 0 && id < gen_.vocab_size(), ErrorKind::kInvalidArgument,
              "prompt token " + std::to_string(id) + " is outside the vocabulary");
   MT_CHECK(request.sample_below >= 1, ErrorKind::kInvalidArgument, "sample_below must be >= 1");
-  MT_CHECK(request.max_new_tokens >= (request.prompt_logprobs ? 0 : 1), ErrorKind::kInvalidArgument,
-           "max_tokens must be at least " + std::string(request.prompt_logprobs ? "0" : "1") + ", got " +
-               std::to_string(request.max_new_tokens));
+  MT_CHECK(request.max_new_tokens >= 0, ErrorKind::kInvalidArgument,
+           "max_tokens must be at least 0, got " + std::to_string(request.max_new_tokens));
+  if (request.prompt_logprobs)  // each is scored over the ids that can be drawn
+    for (int32_t id : request.prompt)
+      MT_CHECK(id < request.sample_below, ErrorKind::kInvalidArgument,
+               "prompt token " + std::to_string(id) + " is past the tokenizer's ids (" + std::to_string(request.sample_below) + ")");
   MT_CHECK(request.logprobs >= -1 && request.logprobs <= 1000, ErrorKind::kInvalidArgument,
            "logprobs must be from 0 to 1000 (or -1: none), got " + std::to_string(request.logprobs));
   sampling_options_validate(request.sampling);
+  MT_CHECK(request.min_tokens >= 0, ErrorKind::kInvalidArgument, "min_tokens must be >= 0");
+  for (const auto& [id, b] : request.sampling.logit_bias)
+    MT_CHECK(id < gen_.vocab_size(), ErrorKind::kInvalidArgument,
+             "logit_bias names token " + std::to_string(id) + ", outside the vocabulary");
   auto g = std::make_shared<Generation>();
   g->prompt_tokens_ = n;
   g->submitted_ = Clock::now();
@@ -160,7 +167,8 @@ bool Scheduler::take(Active& a, std::span<const float> logits) {
   TokenLogprobs lp;
   const std::span<const float> drawn = logits.first(std::min(logits.size(), static_cast<size_t>(a.req.sample_below)));
   try {
-    id = a.sampler.sample(drawn);
+    id = a.sampler.sample(drawn, a.produced < a.req.min_tokens ? std::span<const int32_t>(a.req.stop_ids)
+                                                                : std::span<const int32_t>());
     if (a.req.logprobs >= 0) lp = token_logprobs(drawn, id, a.req.logprobs);
   } catch (const std::exception& e) {
     retire(*a.gen, Finish::kError, e.what());
@@ -221,6 +229,7 @@ void Scheduler::loop() {
       const int slot = free_slots_.back();
       free_slots_.pop_back();
       Sampler sampler(req.sampling);
+      sampler.set_prompt(req.prompt);  // repetition_penalty counts the prompt's ids
       Active a{g, std::move(req), std::move(sampler), slot, 0, 0};
       bool goes_on = false;
       try {
@@ -230,10 +239,8 @@ void Scheduler::loop() {
           const size_t below = static_cast<size_t>(a.req.sample_below);
           std::vector<TokenLogprobs> scored;
           logits = gen_.prefill(slot, p, [&](int i, std::span<const float> row) {
-            const int32_t next = p[static_cast<size_t>(i) + 1];
-            // A prompt id past the tokenizer's (a padded vocabulary) is scored over the whole row.
-            scored.push_back(token_logprobs(static_cast<size_t>(next) < below ? row.first(std::min(row.size(), below)) : row,
-                                            next, std::max(a.req.logprobs, 0)));
+            scored.push_back(token_logprobs(row.first(std::min(row.size(), below)), p[static_cast<size_t>(i) + 1],
+                                            std::max(a.req.logprobs, 0)));
           });
           std::lock_guard<std::mutex> lock(g->mu_);
           g->prompt_logprobs_ = std::move(scored);

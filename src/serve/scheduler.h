@@ -37,7 +37,7 @@ using Clock = std::chrono::steady_clock;
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;           // not empty, at most the generator's capacity
-  int max_new_tokens = 16;               // >= 1
+  int max_new_tokens = 16;               // >= 0
   SamplingOptions sampling;
   std::vector<int32_t> stop_ids;         // ends the sequence ("stop"); the id is not returned
   int32_t sample_below = INT32_MAX;      // ids >= this are never drawn: a model vocabulary padded
@@ -45,10 +45,12 @@ struct GenerationRequest {
   Clock::time_point deadline = Clock::time_point::max();
   // OpenAI's logprobs: -1 none; k >= 0: each drawn token's log-probability under the model (over
   // the ids below sample_below) and the k most likely ids' (Generation::logprobs).
+  // vLLM's min_tokens: the stop ids are not drawn before this many tokens.
+  int min_tokens = 0;
   int logprobs = -1;
   // echo's prompt logprobs: each prompt token after the first, with the `logprobs` most likely ids
-  // at its position (Generation::prompt_logprobs). With it, max_new_tokens may be 0 (the prompt
-  // scored, nothing drawn: "length").
+  // at its position (Generation::prompt_logprobs); the prompt's ids must be below sample_below.
+  // max_new_tokens may be 0: the prompt runs (and is scored), nothing is drawn ("length").
   bool prompt_logprobs = false;
 };
 

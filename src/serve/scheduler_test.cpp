@@ -148,9 +148,17 @@ TEST(Scheduler, EachWayASequenceEnds) {
   GenerationRequest badtok = q;
   badtok.prompt = {cfg.vocab_size};
   EXPECT_THROW(sched.submit(badtok), Error);
-  GenerationRequest zero = q;
-  zero.max_new_tokens = 0;
-  EXPECT_THROW(sched.submit(zero), Error);
+  GenerationRequest negative = q;
+  negative.max_new_tokens = -1;
+  EXPECT_THROW(sched.submit(negative), Error);
+  {  // max_new_tokens 0: the prompt runs, nothing is drawn ("length")
+    GenerationRequest zero = q;
+    zero.max_new_tokens = 0;
+    auto g = sched.submit(zero);
+    ASSERT_TRUE(g);
+    EXPECT_TRUE(collect(*g).empty());
+    EXPECT_EQ(g->finish(), Finish::kLength);
+  }
   GenerationRequest badtemp = q;
   badtemp.sampling.temperature = -1.0f;
   EXPECT_THROW(sched.submit(badtemp), Error);

@@ -309,6 +309,70 @@ TEST(Sampler, FrequenciesMatchTheWarpedSoftmaxWithin3Sigma) {
   }
 }
 
+// The logit processors against their definitions worked by hand (vLLM's order: logit_bias, the
+// repetition penalty over the prompt and the drawn ids, then frequency and presence over the drawn
+// ones; min_p after top-k and top-p), the distribution checked exactly and the draws that follow.
+TEST(Sampler, PenaltiesBiasAndMinPAreTheirDefinitions) {
+  const std::vector<float> logits = {1.0f, 2.0f, -0.5f, 0.5f};
+  auto dist = [&](Sampler& s, std::span<const int32_t> banned = {}) {
+    std::vector<double> d;
+    s.distribution(logits, d, banned);
+    return d;
+  };
+  auto softmax = [](std::vector<double> z, double temp) {
+    double m = *std::max_element(z.begin(), z.end()), total = 0;
+    for (double& x : z) total += x = std::exp((x - m) / temp);
+    for (double& x : z) x /= total;
+    return z;
+  };
+  auto near = [](const std::vector<double>& a, const std::vector<double>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-7) << i;
+  };
+  {  // repetition 2 over the prompt {1, 2}: 2.0 -> 1.0 (positive: divided), -0.5 -> -1.0 (multiplied)
+    Sampler s({.temperature = 0.7f, .repetition_penalty = 2.0f});
+    const std::vector<int32_t> prompt = {1, 2, 1};
+    s.set_prompt(prompt);
+    near(dist(s), softmax({1.0, 1.0, -1.0, 0.5}, 0.7));
+  }
+  {  // OpenAI's: logit -= count · frequency + presence over the drawn ids; greedy draws follow it
+    Sampler s({.temperature = 0.0f, .frequency_penalty = 0.6f, .presence_penalty = 0.5f});
+    EXPECT_EQ(s.sample(logits), 1);  // 2.0 the largest
+    EXPECT_EQ(s.sample(logits), 0);  // id 1: 2.0 - 0.6 - 0.5 = 0.9 < 1.0
+    EXPECT_EQ(s.sample(logits), 1);  // id 0: 1.0 - 1.1 = -0.1; id 1 0.9
+    EXPECT_EQ(s.sample(logits), 3);  // id 1: 2.0 - 1.2 - 0.5 = 0.3 < 0.5
+  }
+  {  // logit_bias added: -100 bans in practice, +3 lifts id 2 to 2.5
+    Sampler s({.temperature = 1.0f, .logit_bias = {{1, -100.0f}, {2, 3.0f}}});
+    near(dist(s), softmax({1.0, -98.0, 2.5, 0.5}, 1.0));
+    Sampler g({.temperature = 0.0f, .logit_bias = {{3, 1.6f}}});
+    EXPECT_EQ(g.sample(logits), 3);  // 0.5 + 1.6 = 2.1 > 2.0
+  }
+  {  // min_p 0.3 at T 1: probabilities .50 .18 .04 .30 of the largest's 1, .37, .08, .22 relative:
+     // ids 1 (1) and 0 (.368) kept, 3 (.223) and 2 (.082) dropped; renormalised
+    Sampler s({.temperature = 1.0f, .min_p = 0.3f});
+    const double a = std::exp(1.0), b = std::exp(2.0);
+    near(dist(s), {a / (a + b), b / (a + b), 0, 0});
+  }
+  {  // banned ids (min_tokens' stop ids) are never drawn, greedy or not; all banned is an error
+    Sampler s({.temperature = 0.0f});
+    const std::vector<int32_t> banned = {1};
+    EXPECT_EQ(s.sample(logits, banned), 0);
+    Sampler t({.temperature = 5.0f, .seed = 3});
+    for (int i = 0; i < 200; ++i) EXPECT_NE(t.sample(logits, banned), 1);
+    const std::vector<int32_t> all = {0, 1, 2, 3};
+    EXPECT_THROW(t.sample(logits, all), Error);
+  }
+  // Neutral values draw the same ids as no processor at all.
+  Sampler plain({.temperature = 1.3f, .top_p = 0.9f, .seed = 21});
+  Sampler neutral({.temperature = 1.3f, .top_p = 0.9f, .seed = 21, .repetition_penalty = 1.0f, .frequency_penalty = 0.0f});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(plain.sample(logits), neutral.sample(logits));
+  EXPECT_THROW(Sampler({.repetition_penalty = 0.0f}), Error);
+  EXPECT_THROW(Sampler({.frequency_penalty = 2.5f}), Error);
+  EXPECT_THROW(Sampler({.min_p = 1.5f}), Error);
+  EXPECT_THROW(Sampler({.logit_bias = {{0, 101.0f}}}), Error);
+}
+
 TEST(Sampler, SameSeedSameSequence) {
   std::vector<float> logits(50);
   uint64_t s = 8;
