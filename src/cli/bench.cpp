@@ -44,7 +44,7 @@ struct BenchArgs {
 };
 
 // Generation: prefill of a --seq token prompt, then --decode greedy steps with the KV cache (f32
-// weights, batch 1). Decode reads every weight once per token, so weights/time is its bandwidth.
+// weights, or bf16 copies with --dtype bf16). Decode reads every weight once per token, so weights/time is its bandwidth.
 void run_decode_bench(const BenchArgs& args) {
   threads_set(args.threads);
   models::ModelConfig cfg = engine::hf_config_load(args.config);
@@ -53,7 +53,8 @@ void run_decode_bench(const BenchArgs& args) {
   MT_CHECK(args.decode_batch >= 1, ErrorKind::kInvalidArgument, "--decode-batch must be at least 1");
   models::TransformerLM model(cfg, models::ModelOptions{});
   const int B = args.decode_batch;
-  serve::Generator gen(model, {.capacity = args.seq + args.decode, .slots = B});
+  const bool bf16 = args.dtype == "bf16";  // the matrices copied to bf16 (serve --dtype bf16)
+  serve::Generator gen(model, {.capacity = args.seq + args.decode, .slots = B, .weights = bf16 ? DType::kBF16 : DType::kF32});
   std::mt19937 rng(42);
   std::vector<std::vector<int32_t>> prompts(B, std::vector<int32_t>(static_cast<size_t>(args.seq)));
   for (auto& p : prompts)
@@ -74,8 +75,10 @@ void run_decode_bench(const BenchArgs& args) {
     for (int b = 0; b < B; ++b) next[b] = serve::argmax(rows.subspan(b * V, V));
   }
   double decode_s = t.seconds() / B;  // per token of one sequence, for the rates below
-  double weight_bytes = static_cast<double>(model.store().numel()) * 4.0;
-  nlohmann::json j = {{"model", cfg.describe()}, {"threads", threads_get()}, {"decode_batch", B}, {"prompt_tokens", args.seq},
+  // The bytes a step reads: every weight once (bf16: the matrices at 2 bytes, about all of them).
+  double weight_bytes = static_cast<double>(model.store().numel()) * (bf16 ? 2.0 : 4.0);
+  nlohmann::json j = {{"model", cfg.describe()}, {"weights", bf16 ? "bf16" : "f32"}, {"threads", threads_get()},
+                      {"decode_batch", B}, {"prompt_tokens", args.seq},
                       {"decode_tokens", args.decode}, {"prefill_tokens_per_s", args.seq / prefill_s},
                       {"decode_tokens_per_s", args.decode / decode_s},
                       {"decode_weight_gb_per_s", weight_bytes * args.decode / (decode_s * B) / 1e9},
@@ -84,7 +87,7 @@ void run_decode_bench(const BenchArgs& args) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
-  std::printf("model        %s, f32, threads=%d\n", cfg.describe().c_str(), threads_get());
+  std::printf("model        %s, %s weights, threads=%d\n", cfg.describe().c_str(), bf16 ? "bf16" : "f32", threads_get());
   std::printf("prefill      %d tokens: %.1f tokens/s\n", args.seq, args.seq / prefill_s);
   std::printf("decode       %d tokens after them, %d sequences a step: %.1f tokens/s (%.1f ms a step, weights read "
               "once a step at %.1f GB/s)\n",
@@ -209,9 +212,10 @@ void run_bench(const BenchArgs& args) {
   // bench's --dtype, --batch and --recompute: refused rather than measured as something else.
   MT_CHECK(args.decode >= 0, ErrorKind::kInvalidArgument, "--decode must be a number of decode steps (>= 1)");
   MT_CHECK(args.threads >= 0, ErrorKind::kInvalidArgument, "--threads must be >= 0 (0: all cores)");
-  MT_CHECK(args.decode == 0 || (args.dtype == "fp32" && args.batch == 4 && !args.recompute), ErrorKind::kInvalidArgument,
-           "--decode times f32 generation: --dtype, --batch and --recompute belong to the training benchmark "
-           "(--decode-batch sets the sequences decoded together)");
+  MT_CHECK(args.decode == 0 || ((args.dtype == "fp32" || args.dtype == "bf16") && args.batch == 4 && !args.recompute),
+           ErrorKind::kInvalidArgument,
+           "--decode times generation with f32 or bf16 weights (--dtype fp32|bf16): --batch and --recompute belong to "
+           "the training benchmark (--decode-batch sets the sequences decoded together)");
   MT_CHECK(args.decode == 0 || args.device == "cpu", ErrorKind::kInvalidArgument,
            "--decode times generation on the CPU; --device " + args.device + " is the training benchmark's");
   if (args.decode > 0) return run_decode_bench(args);

@@ -26,6 +26,7 @@ struct GenerateArgs {
   int max_new_tokens = 100;
   serve::SamplingOptions sampling;
   bool quiet = false;
+  std::string dtype = "f32";  // the matrices' dtype in the GEMMs (f32, bf16)
 };
 
 void run_generate(const GenerateArgs& a) {
@@ -36,7 +37,10 @@ void run_generate(const GenerateArgs& a) {
   data::Tokenizer tok = load_model_tokenizer(lm, a.model, a.tokenizer);
   std::vector<int32_t> prompt = tok.encode(a.prompt);
   if (prompt.empty()) prompt.push_back(tok.eot_id());  // an empty prompt starts a new document (refused without one)
-  serve::Generator gen(*lm.model);
+  MT_CHECK(a.dtype == "f32" || a.dtype == "bf16", ErrorKind::kInvalidArgument, "--dtype must be f32 or bf16, got " + a.dtype);
+  serve::GeneratorOptions go;
+  go.weights = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  serve::Generator gen(*lm.model, go);
   serve::Sampler sampler(a.sampling);
   Timer t;
   std::span<const float> logits = gen.prefill(prompt);
@@ -78,6 +82,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", a->sampling.seed, "sampling seed (default 0)");
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json or GPT-2 vocabulary directory");
   cmd->add_flag("--quiet", a->quiet, "no timing line on stderr");
+  cmd->add_option("--dtype", a->dtype, "the GEMMs' weights: f32 (default) or bf16 (copied once; half the bytes a step reads)");
   cmd->callback([a] { run_generate(*a); });
 }
 

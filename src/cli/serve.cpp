@@ -38,6 +38,7 @@ struct ServeArgs {
   serve::ServerOptions server;
   int slots = 8;
   int context = 0;
+  std::string dtype = "f32";  // the matrices' dtype in the GEMMs (f32, bf16)
 };
 
 void run_serve(ServeArgs a) {
@@ -52,6 +53,8 @@ void run_serve(ServeArgs a) {
   serve::GeneratorOptions go;
   go.capacity = a.context == 0 ? std::min(P, 2048) : a.context;
   go.slots = a.slots;
+  MT_CHECK(a.dtype == "f32" || a.dtype == "bf16", ErrorKind::kInvalidArgument, "--dtype must be f32 or bf16, got " + a.dtype);
+  go.weights = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   serve::Generator gen(*lm.model, go);
   a.server.eos_ids = lm.eos_ids;
   if (a.server.model_name.empty()) {
@@ -81,9 +84,9 @@ void run_serve(ServeArgs a) {
                  sig == SIGINT ? "SIGINT" : "SIGTERM");
     server.shutdown();
   });
-  std::fprintf(stderr, "serve: %s on http://%s:%d (model \"%s\", %d slots of %d tokens, %.0f MiB of KV cache)\n",
-               a.model.c_str(), a.server.host.c_str(), port, a.server.model_name.c_str(), a.slots, gen.capacity(),
-               gen.cache_bytes() / 1048576.0);
+  std::fprintf(stderr, "serve: %s on http://%s:%d (model \"%s\", %s weights, %d slots of %d tokens, %.0f MiB of KV cache)\n",
+               a.model.c_str(), a.server.host.c_str(), port, a.server.model_name.c_str(), a.dtype.c_str(), a.slots,
+               gen.capacity(), gen.cache_bytes() / 1048576.0);
   server.serve();
   const unsigned char none = 0;
   if (::write(g_signal_pipe[1], &none, 1) < 0) {  // wakes the watcher if serve() ended otherwise
@@ -107,6 +110,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json or GPT-2 vocabulary directory");
   cmd->add_option("--model-name", a->server.model_name, "the model's id in /v1/models (default: MODEL's name)");
   cmd->add_option("--slots", a->slots, "sequences generated together, batched each step (default 8)");
+  cmd->add_option("--dtype", a->dtype, "the GEMMs' weights: f32 (default) or bf16 (copied once; half the bytes a step reads)");
   cmd->add_option("--context", a->context, "tokens a sequence holds (default min(max_positions, 2048))");
   cmd->add_option("--max-queue", a->server.max_queue, "requests waiting for a slot before 503 (default 64)");
   cmd->add_option("--timeout", a->server.request_timeout_s, "seconds a request may take, queue included (default 600)");

@@ -120,7 +120,7 @@ TEST(Cli, OptionsThatWouldDoSomethingElseAreRefused) {
   EXPECT_EQ(run("bench " + model + " --decode -1", &err), 2);  // ran the training benchmark
   EXPECT_NE(err.find("--decode must be a number of decode steps"), std::string::npos) << err;
   EXPECT_EQ(run("bench " + model + " --decode 4 --dtype fp16", &err), 2);  // timed f32
-  EXPECT_NE(err.find("--decode times f32 generation"), std::string::npos) << err;
+  EXPECT_NE(err.find("--decode times generation with f32 or bf16 weights"), std::string::npos) << err;
   EXPECT_EQ(run("bench " + model + " --threads -5", &err), 2);
   EXPECT_NE(err.find("--threads must be >= 0"), std::string::npos) << err;
   std::ofstream(dir() + "/t.txt") << "hello world\n";

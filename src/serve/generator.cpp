@@ -13,14 +13,41 @@ namespace {
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
+}  // namespace
+
 // y (M, out) = x (M, in) · W + b, W stored (in, out) (GPT-2 Conv1D) or (out, in) (nn.Linear, then
-// Y = X W^T + b). b may be nullptr.
-void linear(float* y, const float* x, int M, int in, int out, const float* w, bool out_in,
-            const float* b) {
-  kernels::gemm(M, out, in, x, in, false, w, out_in ? in : out, out_in, y, out, DType::kF32, false, b);
+// Y = X W^T + b). b may be nullptr. With bf16 matrices the rows are rounded to bf16 first.
+void Generator::linear(float* y, const float* x, int M, int in, int out, const void* w, bool out_in, const float* b) {
+  if (weights_ == DType::kF32) {
+    kernels::gemm(M, out, in, x, in, false, w, out_in ? in : out, out_in, y, out, DType::kF32, false, b);
+    return;
+  }
+  const size_t n = static_cast<size_t>(M) * static_cast<size_t>(in);
+  if (xb_.size() < n) xb_.resize(n);
+  convert_f32_to_bf16(xb_.data(), x, n);
+  kernels::gemm(M, out, in, xb_.data(), in, false, w, out_in ? in : out, out_in, y, out, DType::kBF16, false, b);
 }
 
-}  // namespace
+void Generator::pack_bf16() {
+  const size_t C = C_, V = cfg_.vocab_size;
+  const size_t per_layer = C * QKV_ + A_ * C + C * H_ + G_ * C;
+  packed_ = Buffer((per_layer * cfg_.n_layer + V * C) * sizeof(bf16_t), MemCategory::kParams);
+  bf16_t* p = packed_.as<bf16_t>();
+  auto copy = [&p](const void* src, size_t n) {
+    convert_f32_to_bf16(p, static_cast<const float*>(src), n);
+    const void* at = p;
+    p += n;
+    return at;
+  };
+  for (LayerWeights& w : layers_) {
+    w.qkv_w = copy(w.qkv_w, C * QKV_);
+    w.proj_w = copy(w.proj_w, A_ * C);
+    w.up_w = copy(w.up_w, C * H_);
+    w.down_w = copy(w.down_w, G_ * C);
+  }
+  head_ = copy(head_, V * C);
+  weights_ = DType::kBF16;
+}
 
 Generator::Generator(models::TransformerLM& model, const GeneratorOptions& options)
     : model_(model), cfg_(model.config()), prefill_chunk_(options.prefill_chunk) {
@@ -38,7 +65,10 @@ Generator::Generator(models::TransformerLM& model, const GeneratorOptions& optio
   QKV_ = (NH_ + 2 * NKV_) * HS_; A_ = NH_ * HS_;
   H_ = gpt2_ ? cfg_.intermediate : 2 * cfg_.intermediate;
   G_ = cfg_.intermediate;
+  MT_CHECK(options.weights == DType::kF32 || options.weights == DType::kBF16, ErrorKind::kInvalidArgument,
+           std::string("generator: weights in ") + dtype_name(options.weights) + " are not supported (f32, bf16)");
   bind_weights();
+  if (options.weights == DType::kBF16) pack_bf16();
   cache_ = KvCache(cfg_.n_layer, capacity, NH_, NKV_, HS_, options.slots);
   pos_.assign(options.slots, 0);
 
@@ -68,7 +98,8 @@ void Generator::bind_weights() {
   const int64_t C = C_, V = cfg_.vocab_size, I = cfg_.intermediate, A = A_, KV = NKV_ * HS_;
   layers_.resize(cfg_.n_layer);
   if (gpt2_) {
-    wte_ = head_ = weight("transformer.wte.weight", {V, C});
+    wte_ = weight("transformer.wte.weight", {V, C});
+    head_ = wte_;
     wpe_ = weight("transformer.wpe.weight", {cfg_.max_positions, C});
     norm_f_w_ = weight("transformer.ln_f.weight", {C});
     norm_f_b_ = weight("transformer.ln_f.bias", {C});
@@ -98,13 +129,15 @@ void Generator::bind_weights() {
     LayerWeights& w = layers_[l];
     w.norm1_w = weight(b + "input_layernorm.weight", {C});
     // q|k|v and gate|up are registered consecutively: one (QKV, C) and one (2I, C) matrix.
-    w.qkv_w = weight(b + "self_attn.q_proj.weight", {A, C});
-    MT_INTERNAL_CHECK(weight(b + "self_attn.k_proj.weight", {KV, C}) == w.qkv_w + A * C);
-    MT_INTERNAL_CHECK(weight(b + "self_attn.v_proj.weight", {KV, C}) == w.qkv_w + (A + KV) * C);
+    const float* q = weight(b + "self_attn.q_proj.weight", {A, C});
+    w.qkv_w = q;
+    MT_INTERNAL_CHECK(weight(b + "self_attn.k_proj.weight", {KV, C}) == q + A * C);
+    MT_INTERNAL_CHECK(weight(b + "self_attn.v_proj.weight", {KV, C}) == q + (A + KV) * C);
     w.proj_w = weight(b + "self_attn.o_proj.weight", {C, A});
     w.norm2_w = weight(b + "post_attention_layernorm.weight", {C});
-    w.up_w = weight(b + "mlp.gate_proj.weight", {I, C});
-    MT_INTERNAL_CHECK(weight(b + "mlp.up_proj.weight", {I, C}) == w.up_w + I * C);
+    const float* gate = weight(b + "mlp.gate_proj.weight", {I, C});
+    w.up_w = gate;
+    MT_INTERNAL_CHECK(weight(b + "mlp.up_proj.weight", {I, C}) == gate + I * C);
     w.down_w = weight(b + "mlp.down_proj.weight", {C, I});
   }
 }

@@ -44,6 +44,11 @@ struct GeneratorOptions {
   int capacity = 0;         // positions the cache holds; 0 = the model's max_positions
   int prefill_chunk = 512;  // a prompt runs in chunks of at most this many rows (bounds scratch)
   int slots = 1;            // sequences held at once (each has capacity positions of cache)
+  // kBF16: the matrices (attention, MLP, the head) are copied to bf16 at construction and the
+  // GEMMs run on bf16 operands (each row rounded to bf16 on its way in; f32 accumulation and
+  // output): half the bytes a decode step reads. A snapshot: later changes to the model's weights
+  // are not seen. Embeddings, norms, biases, the KV cache and attention stay f32.
+  DType weights = DType::kF32;
 };
 
 class Generator {
@@ -90,14 +95,22 @@ class Generator {
                                 std::optional<int32_t> stop_token = std::nullopt);
 
  private:
-  struct LayerWeights {  // f32 views of the master weights; b* are GPT-2's biases (else nullptr)
+  struct LayerWeights {  // views of the master weights (matrices: f32, or the bf16 copies); b* are GPT-2's biases
     const float *norm1_w, *norm1_b;  // (C)
-    const float *qkv_w, *qkv_b;      // GPT-2 c_attn (C, QKV) + (QKV) | LLaMA q|k|v (QKV, C)
-    const float *proj_w, *proj_b;    // GPT-2 c_proj (A, C) + (C)     | LLaMA o_proj (C, A)
+    const void* qkv_w;               // GPT-2 c_attn (C, QKV) + (QKV) | LLaMA q|k|v (QKV, C)
+    const float* qkv_b;
+    const void* proj_w;              // GPT-2 c_proj (A, C) + (C)     | LLaMA o_proj (C, A)
+    const float* proj_b;
     const float *norm2_w, *norm2_b;  // (C)
-    const float *up_w, *up_b;        // GPT-2 c_fc (C, H) + (H)       | LLaMA gate|up (H, C)
-    const float *down_w, *down_b;    // GPT-2 c_proj (G, C) + (C)     | LLaMA down_proj (C, G)
+    const void* up_w;                // GPT-2 c_fc (C, H) + (H)       | LLaMA gate|up (H, C)
+    const float* up_b;
+    const void* down_w;              // GPT-2 c_proj (G, C) + (C)     | LLaMA down_proj (C, G)
+    const float* down_b;
   };
+  // y (M, out) = x (M, in) · W + b with the matrices' dtype (W stored (in, out), or (out, in)).
+  void linear(float* y, const float* x, int M, int in, int out, const void* w, bool out_in, const float* b);
+  // The bf16 copies of the matrices (GeneratorOptions::weights).
+  void pack_bf16();
   const float* weight(const std::string& name, std::vector<int64_t> shape) const;
   void bind_weights();
   void check_token(int32_t token, int position) const;
@@ -119,7 +132,10 @@ class Generator {
   bool gpt2_;
   const float* wte_ = nullptr;   // (V, C)
   const float* wpe_ = nullptr;   // (max_positions, C), GPT-2
-  const float* head_ = nullptr;  // (V, C): wte (tied) or lm_head.weight
+  const void* head_ = nullptr;   // (V, C): wte (tied) or lm_head.weight (or its bf16 copy)
+  DType weights_ = DType::kF32;  // the matrices' dtype
+  Buffer packed_;                // their bf16 copies
+  std::vector<bf16_t> xb_;       // a GEMM's rows in bf16
   const float* norm_f_w_ = nullptr;
   const float* norm_f_b_ = nullptr;  // GPT-2
   std::vector<LayerWeights> layers_;

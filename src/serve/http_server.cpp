@@ -18,6 +18,7 @@
 #include <ctime>
 #include <deque>
 #include <functional>
+#include <future>
 #include <list>
 #include <mutex>
 #include <random>
@@ -123,8 +124,9 @@ void refuse_unless(const json& j, const char* key, const json& neutral) {
 }
 
 // Fields other servers (vLLM, TGI, OpenAI) take that change what is generated and that this one
-// does not implement: refused unless neutral on every endpoint (they were answered 200 and
-// ignored; the ChatGLM endpoint ignored the OpenAI ones too).
+// does not implement: refused unless neutral (typical_p and the structured-output fields on every
+// endpoint; the OpenAI endpoints' sampling fields on the ChatGLM one, which reads none of them).
+// They were answered 200 and ignored.
 void refuse_unimplemented(const json& j, bool openai) {
   refuse_unless(j, "typical_p", 1);
   refuse_unless(j, "response_format", json{{"type", "text"}});
@@ -411,19 +413,24 @@ std::shared_ptr<Generation> submit_or_throw(Scheduler& sched, GenerationRequest 
 template <typename OnDelta>
 Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok,
                           const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
-                          bool streaming, const std::function<bool()>& gone);
+                          bool streaming, const std::function<bool()>& gone, int min_tokens = 0);
 
 template <typename OnDelta>
 Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
                        const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
                        bool streaming, const std::function<bool()>& gone = nullptr) {
-  return follow_generation(submit_or_throw(sched, std::move(request)), tok, stops, hidden, std::move(on_delta), streaming, gone);
+  const int min_tokens = request.min_tokens;
+  return follow_generation(submit_or_throw(sched, std::move(request)), tok, stops, hidden, std::move(on_delta), streaming, gone,
+                           min_tokens);
 }
 
+// min_tokens: stop strings count from the answer's min_tokens-th token on (vLLM's): a match must end
+// past the text of the first min_tokens tokens.
 template <typename OnDelta>
 Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok,
                           const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
-                          bool streaming, const std::function<bool()>& gone) {
+                          bool streaming, const std::function<bool()>& gone, int min_tokens) {
+  size_t floor = 0;  // the text of the first min_tokens tokens, once they have come
   size_t hold = 0;
   for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
   std::vector<int32_t> ids;
@@ -447,21 +454,27 @@ Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Toke
       full = visible_text(tok, ids, hidden);
       const size_t whole = utf8_complete_prefix(full);
       const size_t from = sent > hold ? sent - hold : 0;
-      auto first_stop = [&](const std::string& text, size_t complete) {
+      if (min_tokens > 0 && before < static_cast<size_t>(min_tokens) && ids.size() >= static_cast<size_t>(min_tokens))
+        floor = visible_text(tok, std::span<const int32_t>(ids.data(), static_cast<size_t>(min_tokens)), hidden).size();
+      auto first_stop = [&](const std::string& text, size_t complete, size_t tokens) {
         size_t cut = std::string::npos;
+        if (tokens < static_cast<size_t>(min_tokens)) return cut;
         for (const std::string& s : stops) {
-          const size_t at = text.find(s, from);
-          if (at != std::string::npos && at + s.size() <= complete) cut = std::min(cut, at);
+          for (size_t at = text.find(s, from); at != std::string::npos; at = text.find(s, at + 1))
+            if (at + s.size() <= complete && at + s.size() > floor) {
+              cut = std::min(cut, at);
+              break;
+            }
         }
         return cut;
       };
-      if (first_stop(full, whole) != std::string::npos) {
+      if (first_stop(full, whole, ids.size()) != std::string::npos) {
         // The answer ends at the first token that completes a stop string, cut where that stop
         // begins, as if the tokens had come one at a time: the wait hands over every token made
         // since, and the count (1 to 19) and the cut depended on timing.
         for (size_t k = before + 1; k <= ids.size(); ++k) {
           std::string part = visible_text(tok, std::span<const int32_t>(ids.data(), k), hidden);
-          const size_t cut = first_stop(part, utf8_complete_prefix(part));
+          const size_t cut = first_stop(part, utf8_complete_prefix(part), k);
           if (cut != std::string::npos) {
             ids.resize(k);
             part.resize(cut);
@@ -514,8 +527,9 @@ HttpError finish_error(const Outcome& o, double timeout_s) {
 // A whole generation for a non-streaming response; throws its error unless it ended by "stop" or
 // "length".
 Outcome generate_all(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok, const std::vector<std::string>& stops,
-                     const std::vector<int32_t>& hidden, double timeout_s, const std::function<bool()>& gone) {
-  Outcome o = follow_generation(g, tok, stops, hidden, [](const std::string&) { return true; }, false, gone);
+                     const std::vector<int32_t>& hidden, double timeout_s, const std::function<bool()>& gone,
+                     int min_tokens = 0) {
+  Outcome o = follow_generation(g, tok, stops, hidden, [](const std::string&) { return true; }, false, gone, min_tokens);
   if (o.client_gone) throw HttpError{499, "the client closed the connection", "cancelled", "client_closed"};
   if (o.finish != Finish::kStop && o.finish != Finish::kLength) throw finish_error(o, timeout_s);
   return o;
@@ -524,7 +538,8 @@ Outcome generate_all(const std::shared_ptr<Generation>& g, const data::Tokenizer
 Outcome generate_all(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
                      const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, double timeout_s,
                      const std::function<bool()>& gone) {
-  return generate_all(submit_or_throw(sched, std::move(request)), tok, stops, hidden, timeout_s, gone);
+  const int min_tokens = request.min_tokens;
+  return generate_all(submit_or_throw(sched, std::move(request)), tok, stops, hidden, timeout_s, gone, min_tokens);
 }
 
 // OpenAI's completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"} over
@@ -536,12 +551,17 @@ Outcome generate_all(Scheduler& sched, const data::Tokenizer& tok, GenerationReq
 // UTF-8 on its own (a byte-level BPE's piece of a character): such pieces stay distinct keys.
 std::string token_string(const data::Tokenizer& tok, int32_t id) {
   const std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
+  // UTF-8 as JSON writers take it (RFC 3629): no overlong forms, surrogates or code points past U+10FFFF.
   bool valid = true;
   for (size_t i = 0; i < piece.size() && valid;) {
     const unsigned char c = static_cast<unsigned char>(piece[i]);
-    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    const size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
     valid = len > 0 && i + len <= piece.size();
     for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(piece[i + k]) & 0xC0) == 0x80;
+    if (valid && len > 2) {  // the second byte's range for E0, ED, F0 and F4
+      const unsigned char d = static_cast<unsigned char>(piece[i + 1]);
+      valid = !(c == 0xE0 && d < 0xA0) && !(c == 0xED && d > 0x9F) && !(c == 0xF0 && d < 0x90) && !(c == 0xF4 && d > 0x8F);
+    }
     i += len;
   }
   if (valid) return piece;
@@ -1029,13 +1049,19 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     r.sampling.repetition_penalty = get_float(body, "repetition_penalty", 1.0f, 1e-6f, 1e6f);
     r.sampling.min_p = get_float(body, "min_p", 0.0f, 0.0f, 1.0f);
     r.min_tokens = get_int(body, "min_tokens", 0, 0, 1 << 30);
+    // The ids a draw can give: the tokenizer's (a model's vocabulary padded past it has rows no text is).
+    const int64_t drawable = std::min<int64_t>(gen_.vocab_size(), tok_.vocab_size());
+    if (r.min_tokens > r.max_new_tokens)
+      bad("\"min_tokens\" (" + std::to_string(r.min_tokens) + ") is more than \"" + max_key + "\" (" +
+              std::to_string(r.max_new_tokens) + ")",
+          "invalid_value");
     if (present(body, "logit_bias")) {
       if (!body["logit_bias"].is_object()) bad("\"logit_bias\" must be an object of token ids to biases", "invalid_type");
       for (const auto& [key, v] : body["logit_bias"].items()) {
         int64_t tid = -1;
         auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), tid);
-        if (ec != std::errc() || end != key.data() + key.size() || tid < 0 || tid >= gen_.vocab_size())
-          bad("\"logit_bias\": \"" + key + "\" is not a token id of this model's [0, " + std::to_string(gen_.vocab_size()) + ")",
+        if (key.empty() || key[0] == '-' || ec != std::errc() || end != key.data() + key.size() || tid < 0 || tid >= drawable)
+          bad("\"logit_bias\": \"" + key + "\" is not a token id of this model's [0, " + std::to_string(drawable) + ")",
               "invalid_value");
         if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0))
           bad("\"logit_bias\": the bias of \"" + key + "\" must be a number in [-100, 100]", "invalid_value");
@@ -1058,8 +1084,9 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       const json& st = body["stop_token_ids"];
       if (!st.is_array()) bad("\"stop_token_ids\" must be a list of token ids", "invalid_type");
       for (const json& t : st) {
-        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= gen_.vocab_size())
-          bad("\"stop_token_ids\": " + t.dump() + " is not a token id of this model's [0, " + std::to_string(gen_.vocab_size()) + ")",
+        const int64_t drawable = std::min<int64_t>(gen_.vocab_size(), tok_.vocab_size());
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= drawable)
+          bad("\"stop_token_ids\": " + t.dump() + " is not a token id of this model's [0, " + std::to_string(drawable) + ")",
               "invalid_value");
         r.stop_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
       }
@@ -1109,15 +1136,37 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         for (const auto& g : queued) g->cancel(Finish::kCancelled);
         throw;
       }
-      // Followed one after the other (the scheduler runs them together); an error cancels the rest.
+      // The scheduler runs them together. Without stop strings they are followed one after the
+      // other; with them each is followed on a thread of its own, so each ends at its own stop
+      // string (followed in turn, a later one decoded to max_tokens while the earlier ran). An error
+      // cancels the rest.
       std::vector<Outcome> outcomes;
-      try {
-        for (const auto& g : queued)
-          outcomes.push_back(generate_all(g, tok_, stops, end_ids_, options_.request_timeout_s,
-                                          [fd] { return fd >= 0 && peer_closed(fd); }));
-      } catch (...) {
+      auto follow = [&](const std::shared_ptr<Generation>& g) {
+        return generate_all(g, tok_, stops, end_ids_, options_.request_timeout_s, [fd] { return fd >= 0 && peer_closed(fd); },
+                            r.min_tokens);
+      };
+      std::exception_ptr failed;
+      if (stops.empty() || queued.size() == 1) {
+        try {
+          for (const auto& g : queued) outcomes.push_back(follow(g));
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      } else {
+        std::vector<std::future<Outcome>> running;
+        for (const auto& g : queued) running.push_back(std::async(std::launch::async, follow, g));
+        for (auto& f : running) {  // every one joined before this returns (they read this request's data)
+          try {
+            outcomes.push_back(f.get());
+          } catch (...) {
+            if (!failed) failed = std::current_exception();
+            for (const auto& g : queued) g->cancel(Finish::kCancelled);
+          }
+        }
+      }
+      if (failed) {
         for (const auto& g : queued) g->cancel(Finish::kCancelled);
-        throw;
+        std::rethrow_exception(failed);
       }
       int completion = 0;
       json list = json::array();

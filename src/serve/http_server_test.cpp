@@ -362,8 +362,9 @@ TEST_F(HttpServerTest, PenaltiesBiasAndStopIdsShapeTheAnswer) {
   with["frequency_penalty"] = 1.5;
   with["presence_penalty"] = 0.5;
   with["repetition_penalty"] = 1.3;
-  EXPECT_EQ(post_json("/v1/completions", with)["choices"][0]["text"],
-            greedy_with({.repetition_penalty = 1.3f, .frequency_penalty = 1.5f, .presence_penalty = 0.5f}, 8));
+  const std::string penalised = greedy_with({.repetition_penalty = 1.3f, .frequency_penalty = 1.5f, .presence_penalty = 0.5f}, 8);
+  EXPECT_NE(penalised, reference(p, 8));  // the penalties change this answer
+  EXPECT_EQ(post_json("/v1/completions", with)["choices"][0]["text"], penalised);
   // logit_bias 100 on one id: every token of the answer is it.
   const int32_t cat = tok_->encode(" cat")[0];
   with = base;
@@ -380,10 +381,40 @@ TEST_F(HttpServerTest, PenaltiesBiasAndStopIdsShapeTheAnswer) {
   r = post_json("/v1/completions", with);
   EXPECT_GE(r["usage"]["completion_tokens"].get<int>(), 2);
   EXPECT_EQ(r["choices"][0]["text"], greedy_with({}, 8, {first}, 2));
+  // min_tokens holds stop strings back too (vLLM's): a match counts once it ends past the text of
+  // the first min_tokens tokens.
+  {
+    std::vector<int32_t> ids = alone_->generate(p, 8, {.temperature = 0.0f}, tok_->eot_id());
+    if (!ids.empty() && ids.back() == tok_->eot_id()) ids.pop_back();
+    ASSERT_GE(ids.size(), 6u);
+    const std::string full = tok_->decode(ids), early = tok_->decode(std::vector<int32_t>(ids.begin(), ids.begin() + 5));
+    const std::string stop = full.substr(0, 1);  // the answer's first character: a match at once without min_tokens
+    size_t at = full.find(stop);
+    while (at != std::string::npos && at + stop.size() <= early.size()) at = full.find(stop, at + 1);
+    with = base;
+    with["stop"] = stop;
+    EXPECT_EQ(post_json("/v1/completions", with)["choices"][0]["text"], "");
+    with["min_tokens"] = 5;
+    EXPECT_EQ(post_json("/v1/completions", with)["choices"][0]["text"], full.substr(0, at == std::string::npos ? full.size() : at));
+  }
   // min_p at temperature 0 is greedy still.
   with = base;
   with["min_p"] = 0.5;
   EXPECT_EQ(post_json("/v1/completions", with)["choices"][0]["text"], reference(p, 8));
+}
+
+// Choices with stop strings each end at their own: the tokens generated are the answers' (and a
+// few more while a cancellation reaches the engine), not n x max_tokens (followed in turn, the
+// later ones decoded on while the first ran).
+TEST_F(HttpServerTest, EachChoiceEndsAtItsOwnStopString) {
+  const uint64_t before = server_->server.stats().generated_tokens;
+  const json r = post_json("/v1/completions", {{"prompt", "The cat"}, {"max_tokens", 100}, {"temperature", 1.0}, {"n", 4},
+                                               {"seed", 6}, {"stop", "e"}, {"ignore_eos", true}});
+  int answered = 0;
+  for (const json& c : r["choices"]) EXPECT_EQ(c["text"].get<std::string>().find('e'), std::string::npos);
+  answered = r["usage"]["completion_tokens"].get<int>();
+  const uint64_t made = server_->server.stats().generated_tokens - before;
+  EXPECT_LE(made, static_cast<uint64_t>(answered) + 4 * 20) << answered << " answered";
 }
 
 TEST_F(HttpServerTest, StreamingConcatenatesToTheWholeAnswer) {
@@ -623,6 +654,8 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
       {"/v1/completions", R"({"prompt": "a", "logit_bias": {"5": 200}})", 400, "invalid_value"},
       {"/v1/completions", R"({"prompt": "a", "stop_token_ids": [300]})", 400, "invalid_value"},
       {"/v1/completions", R"({"prompt": "a", "min_tokens": -1})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": "a", "min_tokens": 5, "max_tokens": 4})", 400, "invalid_value"},
+      {"/v1/completions", R"({"prompt": "a", "logit_bias": {"-0": 1}})", 400, "invalid_value"},
       // Fields that change the output and were answered 200 and ignored (vLLM's and TGI's, and the
       // OpenAI ones on the ChatGLM endpoint).
       {"/v1/completions", R"({"prompt": "a", "typical_p": 0.5})", 400, "unsupported_parameter"},

@@ -123,6 +123,15 @@ std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
            "logprobs must be from 0 to 1000 (or -1: none), got " + std::to_string(request.logprobs));
   sampling_options_validate(request.sampling);
   MT_CHECK(request.min_tokens >= 0, ErrorKind::kInvalidArgument, "min_tokens must be >= 0");
+  if (request.min_tokens > 0) {  // the stop ids are banned that long: something else must be drawable
+    std::vector<int32_t> banned;
+    for (int32_t id : request.stop_ids)
+      if (id >= 0 && id < std::min(request.sample_below, gen_.vocab_size())) banned.push_back(id);
+    std::sort(banned.begin(), banned.end());
+    banned.erase(std::unique(banned.begin(), banned.end()), banned.end());
+    MT_CHECK(static_cast<int>(banned.size()) < std::min(request.sample_below, gen_.vocab_size()), ErrorKind::kInvalidArgument,
+             "min_tokens: every id that can be drawn is a stop id");
+  }
   for (const auto& [id, b] : request.sampling.logit_bias)
     MT_CHECK(id < gen_.vocab_size(), ErrorKind::kInvalidArgument,
              "logit_bias names token " + std::to_string(id) + ", outside the vocabulary");
@@ -131,6 +140,17 @@ std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
   g->submitted_ = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (static_cast<int>(queue_.size()) >= options_.max_queue) {  // cancelled entries (a refused request's) leave first
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        if (it->first->cancel_.load() != 0) {
+          it->first->end(static_cast<Finish>(it->first->cancel_.load()));
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (queue_.empty() && active_count_ == 0) idle_cv_.notify_all();
+    }
     if (draining_ || static_cast<int>(queue_.size()) >= options_.max_queue) return nullptr;
     queue_.emplace_back(g, std::move(request));
   }

@@ -43,10 +43,10 @@ struct GenerationRequest {
   int32_t sample_below = INT32_MAX;      // ids >= this are never drawn: a model vocabulary padded
                                          // past its tokenizer's, which cannot decode them (>= 1)
   Clock::time_point deadline = Clock::time_point::max();
-  // OpenAI's logprobs: -1 none; k >= 0: each drawn token's log-probability under the model (over
-  // the ids below sample_below) and the k most likely ids' (Generation::logprobs).
   // vLLM's min_tokens: the stop ids are not drawn before this many tokens.
   int min_tokens = 0;
+  // OpenAI's logprobs: -1 none; k >= 0: each drawn token's log-probability under the model (over
+  // the ids below sample_below) and the k most likely ids' (Generation::logprobs).
   int logprobs = -1;
   // echo's prompt logprobs: each prompt token after the first, with the `logprobs` most likely ids
   // at its position (Generation::prompt_logprobs); the prompt's ids must be below sample_below.

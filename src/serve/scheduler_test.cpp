@@ -159,6 +159,10 @@ TEST(Scheduler, EachWayASequenceEnds) {
     EXPECT_TRUE(collect(*g).empty());
     EXPECT_EQ(g->finish(), Finish::kLength);
   }
+  GenerationRequest banned = q;  // min_tokens with every id a stop id: nothing could be drawn
+  banned.min_tokens = 1;
+  for (int32_t id = 0; id < cfg.vocab_size; ++id) banned.stop_ids.push_back(id);
+  EXPECT_THROW(sched.submit(banned), Error);
   GenerationRequest badtemp = q;
   badtemp.sampling.temperature = -1.0f;
   EXPECT_THROW(sched.submit(badtemp), Error);

@@ -363,6 +363,12 @@ TEST(Sampler, PenaltiesBiasAndMinPAreTheirDefinitions) {
     const std::vector<int32_t> all = {0, 1, 2, 3};
     EXPECT_THROW(t.sample(logits, all), Error);
   }
+  {  // the order: logit_bias before the repetition penalty, (2 + 1) / 2 for id 1, not 2 / 2 + 1
+    Sampler s({.temperature = 1.0f, .logit_bias = {{1, 1.0f}}, .repetition_penalty = 2.0f});
+    const std::vector<int32_t> prompt = {1};
+    s.set_prompt(prompt);
+    near(dist(s), softmax({1.0, 1.5, -0.5, 0.5}, 1.0));
+  }
   // Neutral values draw the same ids as no processor at all.
   Sampler plain({.temperature = 1.3f, .top_p = 0.9f, .seed = 21});
   Sampler neutral({.temperature = 1.3f, .top_p = 0.9f, .seed = 21, .repetition_penalty = 1.0f, .frequency_penalty = 0.0f});
