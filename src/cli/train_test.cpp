@@ -121,6 +121,11 @@ TEST(Cli, OptionsThatWouldDoSomethingElseAreRefused) {
   EXPECT_NE(err.find("--decode must be a number of decode steps"), std::string::npos) << err;
   EXPECT_EQ(run("bench " + model + " --decode 4 --dtype fp16", &err), 2);  // timed f32
   EXPECT_NE(err.find("--decode times generation with f32 or bf16 weights"), std::string::npos) << err;
+  {  // bf16 weights for generation (serve --dtype bf16's path)
+    std::string out;
+    EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "bench " + model + " --decode 4 --seq 4 --dtype bf16", &out, &err), 0) << err;
+    EXPECT_NE(out.find("bf16 weights"), std::string::npos) << out;
+  }
   EXPECT_EQ(run("bench " + model + " --threads -5", &err), 2);
   EXPECT_NE(err.find("--threads must be >= 0"), std::string::npos) << err;
   std::ofstream(dir() + "/t.txt") << "hello world\n";

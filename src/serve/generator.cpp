@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemv_bf16.h"
 #include "kernels/cpu/ops.h"
 
 namespace mt::serve {
@@ -22,10 +23,16 @@ void Generator::linear(float* y, const float* x, int M, int in, int out, const v
     kernels::gemm(M, out, in, x, in, false, w, out_in ? in : out, out_in, y, out, DType::kF32, false, b);
     return;
   }
+  // The bf16 copies are all (out, in) (pack_bf16 transposes GPT-2's Conv1D ones).
+  (void)out_in;
   const size_t n = static_cast<size_t>(M) * static_cast<size_t>(in);
   if (xb_.size() < n) xb_.resize(n);
   convert_f32_to_bf16(xb_.data(), x, n);
-  kernels::gemm(M, out, in, xb_.data(), in, false, w, out_in ? in : out, out_in, y, out, DType::kBF16, false, b);
+  if (M <= kernels::kGemvBf16MaxRows) {  // a decode step: each weight row read once for every row
+    kernels::gemv_bf16(M, out, in, xb_.data(), static_cast<const bf16_t*>(w), y, b);
+    return;
+  }
+  kernels::gemm(M, out, in, xb_.data(), in, false, w, in, true, y, out, DType::kBF16, false, b);
 }
 
 void Generator::pack_bf16() {
@@ -33,19 +40,29 @@ void Generator::pack_bf16() {
   const size_t per_layer = C * QKV_ + A_ * C + C * H_ + G_ * C;
   packed_ = Buffer((per_layer * cfg_.n_layer + V * C) * sizeof(bf16_t), MemCategory::kParams);
   bf16_t* p = packed_.as<bf16_t>();
-  auto copy = [&p](const void* src, size_t n) {
-    convert_f32_to_bf16(p, static_cast<const float*>(src), n);
+  // Each matrix as (out, in) rows: GPT-2's Conv1D (in, out) transposed, LLaMA's as they are.
+  auto copy = [&p, this](const void* src, size_t in, size_t out) {
+    const float* f = static_cast<const float*>(src);
+    if (gpt2_) {
+#pragma omp parallel for schedule(static)
+      for (size_t o = 0; o < out; ++o)
+        for (size_t i = 0; i < in; ++i) p[o * in + i] = f32_to_bf16(f[i * out + o]);
+    } else {
+      convert_f32_to_bf16(p, f, in * out);
+    }
     const void* at = p;
-    p += n;
+    p += in * out;
     return at;
   };
   for (LayerWeights& w : layers_) {
-    w.qkv_w = copy(w.qkv_w, C * QKV_);
-    w.proj_w = copy(w.proj_w, A_ * C);
-    w.up_w = copy(w.up_w, C * H_);
-    w.down_w = copy(w.down_w, G_ * C);
+    w.qkv_w = copy(w.qkv_w, C, QKV_);
+    w.proj_w = copy(w.proj_w, A_, C);
+    w.up_w = copy(w.up_w, C, H_);
+    w.down_w = copy(w.down_w, G_, C);
   }
-  head_ = copy(head_, V * C);
+  convert_f32_to_bf16(p, static_cast<const float*>(head_), V * C);  // (V, C) in every model
+  head_ = p;
+  p += V * C;
   weights_ = DType::kBF16;
 }
 
