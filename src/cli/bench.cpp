@@ -76,8 +76,8 @@ void run_decode_bench(const BenchArgs& args) {
   }
   double decode_s = t.seconds() / B;  // per token of one sequence, for the rates below
   // The bytes a step reads: every weight once (bf16: the matrices at 2 bytes, about all of them).
-  double weight_bytes = static_cast<double>(model.store().numel()) * (bf16 ? 2.0 : 4.0);
-  nlohmann::json j = {{"model", cfg.describe()}, {"weights", bf16 ? "bf16" : "f32"}, {"threads", threads_get()},
+  double weight_bytes = static_cast<double>(model.store().numel()) * (gen.weights() == DType::kBF16 ? 2.0 : 4.0);
+  nlohmann::json j = {{"model", cfg.describe()}, {"weights", dtype_name(gen.weights())}, {"threads", threads_get()},
                       {"decode_batch", B}, {"prompt_tokens", args.seq},
                       {"decode_tokens", args.decode}, {"prefill_tokens_per_s", args.seq / prefill_s},
                       {"decode_tokens_per_s", args.decode / decode_s},
@@ -87,7 +87,7 @@ void run_decode_bench(const BenchArgs& args) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
-  std::printf("model        %s, %s weights, threads=%d\n", cfg.describe().c_str(), bf16 ? "bf16" : "f32", threads_get());
+  std::printf("model        %s, %s weights, threads=%d\n", cfg.describe().c_str(), dtype_name(gen.weights()), threads_get());
   std::printf("prefill      %d tokens: %.1f tokens/s\n", args.seq, args.seq / prefill_s);
   std::printf("decode       %d tokens after them, %d sequences a step: %.1f tokens/s (%.1f ms a step, weights read "
               "once a step at %.1f GB/s)\n",

@@ -31,15 +31,15 @@ struct GenerateArgs {
 
 void run_generate(const GenerateArgs& a) {
   MT_CHECK(a.max_new_tokens > 0, ErrorKind::kInvalidArgument, "--max-new-tokens must be positive");
+  const DType weights = weights_dtype(a.dtype);  // before the checkpoint loads
   serve::sampling_options_validate(a.sampling);
   LoadedModel lm = load_model(a.model);
   require_causal_lm(lm, a.model, "generate");
   data::Tokenizer tok = load_model_tokenizer(lm, a.model, a.tokenizer);
   std::vector<int32_t> prompt = tok.encode(a.prompt);
   if (prompt.empty()) prompt.push_back(tok.eot_id());  // an empty prompt starts a new document (refused without one)
-  MT_CHECK(a.dtype == "f32" || a.dtype == "bf16", ErrorKind::kInvalidArgument, "--dtype must be f32 or bf16, got " + a.dtype);
   serve::GeneratorOptions go;
-  go.weights = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  go.weights = weights;
   serve::Generator gen(*lm.model, go);
   serve::Sampler sampler(a.sampling);
   Timer t;

@@ -92,4 +92,10 @@ data::Tokenizer load_model_tokenizer(const LoadedModel& lm, const std::string& p
   return tok;
 }
 
+DType weights_dtype(const std::string& name) {
+  if (name == "f32" || name == "fp32" || name == "float32") return DType::kF32;
+  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
+  throw Error(ErrorKind::kInvalidArgument, "--dtype must be f32 or bf16, got " + name);
+}
+
 }  // namespace mt::cli

@@ -33,4 +33,8 @@ void require_causal_lm(const LoadedModel& lm, const std::string& path, const cha
 // kInvalidArgument when there is none or it has more tokens than the model's vocabulary.
 data::Tokenizer load_model_tokenizer(const LoadedModel& lm, const std::string& path, const std::string& override);
 
+// generate's and serve's --dtype: the GEMMs' weights, f32 (fp32, float32) or bf16 (bfloat16).
+// Throws kInvalidArgument naming the flag otherwise.
+DType weights_dtype(const std::string& name);
+
 }  // namespace mt::cli

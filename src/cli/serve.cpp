@@ -43,6 +43,7 @@ struct ServeArgs {
 
 void run_serve(ServeArgs a) {
   MT_CHECK(a.slots >= 1, ErrorKind::kInvalidArgument, "--slots must be at least 1");
+  const DType weights = weights_dtype(a.dtype);  // before the checkpoint loads
   MT_CHECK(a.server.port >= 0 && a.server.port <= 65535, ErrorKind::kInvalidArgument, "--port must be in [0, 65535]");
   LoadedModel lm = load_model(a.model);
   require_causal_lm(lm, a.model, "serve");
@@ -53,8 +54,7 @@ void run_serve(ServeArgs a) {
   serve::GeneratorOptions go;
   go.capacity = a.context == 0 ? std::min(P, 2048) : a.context;
   go.slots = a.slots;
-  MT_CHECK(a.dtype == "f32" || a.dtype == "bf16", ErrorKind::kInvalidArgument, "--dtype must be f32 or bf16, got " + a.dtype);
-  go.weights = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  go.weights = weights;
   serve::Generator gen(*lm.model, go);
   a.server.eos_ids = lm.eos_ids;
   if (a.server.model_name.empty()) {
@@ -85,7 +85,7 @@ void run_serve(ServeArgs a) {
     server.shutdown();
   });
   std::fprintf(stderr, "serve: %s on http://%s:%d (model \"%s\", %s weights, %d slots of %d tokens, %.0f MiB of KV cache)\n",
-               a.model.c_str(), a.server.host.c_str(), port, a.server.model_name.c_str(), a.dtype.c_str(), a.slots,
+               a.model.c_str(), a.server.host.c_str(), port, a.server.model_name.c_str(), dtype_name(gen.weights()), a.slots,
                gen.capacity(), gen.cache_bytes() / 1048576.0);
   server.serve();
   const unsigned char none = 0;

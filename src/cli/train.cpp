@@ -421,7 +421,17 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                " overflows 64 bits");
   const bool megatron_valid = cfg.sample_order == "megatron";
   if (megatron_valid) {
-    const int64_t evaluations = cfg.eval_interval > 0 ? std::max<int64_t>(0, cfg.train_iters) / cfg.eval_interval + 1 : 1;
+    int64_t evaluations = cfg.eval_interval > 0 ? std::max<int64_t>(0, cfg.train_iters) / cfg.eval_interval + 1 : 1;
+    // A resumed run reads on from the checkpoint's consumed_valid_samples: the set holds those too
+    // (counted as evaluations of this run's size, rounded up).
+    if (!args.resume.empty()) {
+      try {
+        const engine::CheckpointProgress done = engine::checkpoint_progress(args.resume);
+        const int64_t block = std::max<int64_t>(1, std::max<int64_t>(0, cfg.eval_iters) * cfg.batch.train_batch_size);
+        if (done.consumed_valid_samples > 0) evaluations += (done.consumed_valid_samples + block - 1) / block;
+      } catch (const Error&) {  // checkpoint_load says what is wrong with it
+      }
+    }
     int64_t per = 0;
     MT_CHECK(!__builtin_mul_overflow(std::max<int64_t>(0, cfg.eval_iters), cfg.batch.train_batch_size, &per) &&
                  !__builtin_mul_overflow(per, evaluations, &valid_samples_signed),
@@ -560,7 +570,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   const int64_t applied_at_start = eng.applied_steps();
   bool first_save = true;
   // One evaluation of a validation or test set: the mean loss of its micro-batches.
-  auto evaluate_set = [&](DataSource& data, int64_t e) {
+  auto evaluate_set = [&](DataSource& data, int64_t e, bool validation) {
     std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
     double sum = 0.0;
     if (megatron_valid) {
@@ -570,8 +580,13 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       // resumed run reads on where Megatron's consumed_valid_samples puts it. Each rank reads its
       // eval_iters x accumulation micro-batches of those global batches (the set of Megatron's
       // slices); the loss is the mean over the micro-batches, as Megatron's evaluate averages them.
+      // The validation set reads on from Megatron's consumed_valid_samples where the run (or the
+      // checkpoint it resumed) counted them: a resume that changed eval_interval, eval_iters or the
+      // batch read other samples with the formula.
       const int64_t per = cfg.eval_iters * gas;
-      uint64_t next = static_cast<uint64_t>(e * cfg.eval_iters * tbs + DR * per * B);
+      const int64_t first = validation && eng.consumed_valid_samples() >= 0 ? eng.consumed_valid_samples() : e * cfg.eval_iters * tbs;
+      if (validation) eng.set_consumed_valid_samples(first + cfg.eval_iters * tbs);
+      uint64_t next = static_cast<uint64_t>(first + DR * per * B);
       for (int64_t j = 0; j < per; ++j, next += static_cast<uint64_t>(B)) {
         data.batch(next, B, tokens.data(), targets.data(), cfg.model.vocab_size);
         sum += eng.evaluate(tokens.data(), targets.data());
@@ -640,8 +655,9 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     // eval_iters 0: no validation, as Megatron (it averaged 0 losses: "validation loss -nan", and
     // the metrics file's null ended the run's plot with a JSON type error).
     bool have_val = valid && cfg.eval_interval > 0 && cfg.eval_iters > 0 && (done % cfg.eval_interval == 0 || done == cfg.train_iters);
-    const double val_loss = have_val ? evaluate_set(valid_data, done % cfg.eval_interval == 0 ? done / cfg.eval_interval - 1
-                                                                                             : done / cfg.eval_interval)
+    const double val_loss = have_val ? evaluate_set(valid_data,
+                                                    done % cfg.eval_interval == 0 ? done / cfg.eval_interval - 1 : done / cfg.eval_interval,
+                                                    true)
                                      : 0.0;
     // data.split's test share, once at the end, after the final save (Megatron's do_test): its
     // loss goes in the last step's metrics line, held back until then.
@@ -789,7 +805,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     if (have_test) {
       if (stop == 0) {
         try {
-          const double test_loss = evaluate_set(test_data, 0);
+          const double test_loss = evaluate_set(test_data, 0, false);
           if (lead) std::printf("%sstep %lld test loss %.4f\n", tty ? "\n" : "", static_cast<long long>(done), test_loss);
           if (metrics.is_open()) last_line["test_loss"] = test_loss;
         } catch (...) {

@@ -206,6 +206,40 @@ TEST(Train, ATokenOutsideTheVocabularyNamesTheDatasetAndPosition) {
   EXPECT_NE(err.find("outside the model's vocabulary [0, 97)"), std::string::npos) << err;
 }
 
+// Megatron's consumed_valid_samples: a run resumed with another eval_interval reads the validation
+// samples on from the checkpoint's count (Megatron restores it), where the formula from the step
+// (done / eval_interval - 1) read an earlier block again. Four steps evaluated at 2 and 4 (blocks 0
+// and 1), resumed to 6 with eval_interval 3: step 6 reads block 2, the value an uninterrupted run
+// evaluating every 2 steps has there, not block 1, which one evaluating every 3 has.
+TEST(Train, MegatronValidationReadsOnFromTheCheckpointsConsumedValidSamples) {
+  write_dataset(dir() + "/train", 30);
+  const nlohmann::json data = {{"train", dir() + "/train"}, {"valid", dir() + "/train"}, {"sample_order", "megatron"}};
+  std::string err;
+  for (int every : {2, 3}) {
+    const std::string name = "cv-all-" + std::to_string(every);
+    ASSERT_EQ(run("train " + write_config(name, {{"data", data}, {"eval_interval", every}}) + " --metrics " + dir() + "/" + name + ".jsonl",
+                  &err),
+              0)
+        << err;
+  }
+  const std::vector<double> by2 = values(dir() + "/cv-all-2.jsonl", "val_loss"), by3 = values(dir() + "/cv-all-3.jsonl", "val_loss");
+  ASSERT_EQ(by2.size(), 3u);
+  ASSERT_EQ(by3.size(), 2u);
+  ASSERT_NE(by2[2], by3[1]) << "blocks 1 and 2 must differ at step 6 for the test to tell them apart";
+  ASSERT_EQ(run("train " + write_config("cv", {{"data", data}, {"eval_interval", 2}, {"train_iters", 4}, {"save_interval", 4}}), &err), 0)
+      << err;
+  const nlohmann::json state = nlohmann::json::parse(mt::cli::testing::slurp(dir() + "/ckpt-cv/step-4/state.json"));
+  EXPECT_EQ(state["data"]["consumed_valid_samples"], 2 * 2 * 4);  // two evaluations of eval_iters 2 x batch 4
+  ASSERT_EQ(run("train " + write_config("cv-resumed", {{"data", data}, {"eval_interval", 3}, {"save_dir", dir() + "/ckpt-cv"}}) +
+                    " --resume " + dir() + "/ckpt-cv --metrics " + dir() + "/cv-resumed.jsonl",
+                &err),
+            0)
+      << err;
+  const std::vector<double> resumed = values(dir() + "/cv-resumed.jsonl", "val_loss");
+  ASSERT_EQ(resumed.size(), 1u);
+  EXPECT_NEAR(resumed[0], by2[2], 1e-6 * std::fabs(by2[2]));
+}
+
 // data.sample_order "megatron": the run reads Megatron-LM's GPTDataset samples for train_iters x
 // train_batch_size samples (tools/check_megatron_idx.py --gpt-dataset, numpy's shuffles). A token
 // outside the vocabulary is planted where the oracle puts global sample 13, and the run names its

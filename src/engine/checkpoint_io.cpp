@@ -504,6 +504,7 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                               {"scaler_hysteresis_left", ls.hysteresis_left},
                               {"model", ds_config_resolved(engine.config())["model"]},
                               {"data", {{"next_sample", engine.consumed_samples()},
+                                        {"consumed_valid_samples", engine.consumed_valid_samples()},
                                         {"seq_length", engine.config().seq_length},
                                         {"seed", engine.config().data_seed},
                                         {"shuffle", engine.config().shuffle},
@@ -865,6 +866,12 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
                     (c.shuffle ? "; the shuffled order at this length is another one, so some samples repeat or are skipped" : ""));
       }
       engine.set_consumed_samples(next);
+      // Megatron's consumed_valid_samples: the validation data goes on from it (a checkpoint
+      // without it, or -1: from the evaluations the steps imply).
+      const int64_t valid_next = d.value("consumed_valid_samples", int64_t{-1});
+      MT_CHECK(valid_next >= -1, ErrorKind::kCorruption,
+               (dir / "state.json").string() + ": data.consumed_valid_samples " + std::to_string(valid_next) + " is negative");
+      engine.set_consumed_valid_samples(valid_next);
       if (next != engine.global_step() * c.batch.train_batch_size)
         log_info((dir / "state.json").string() + ": the data continues at sample " + std::to_string(next) +
                  ", where the checkpoint's " + std::to_string(engine.global_step()) + " steps stopped (this run's batch is " +
@@ -950,7 +957,10 @@ CheckpointProgress checkpoint_progress(const std::string& path) {
   CheckpointProgress p;
   try {
     p.global_step = state.at("global_step").get<int64_t>();
-    if (state.contains("data")) p.consumed_samples = state["data"].at("next_sample").get<int64_t>();
+    if (state.contains("data")) {
+      p.consumed_samples = state["data"].at("next_sample").get<int64_t>();
+      p.consumed_valid_samples = state["data"].value("consumed_valid_samples", int64_t{-1});
+    }
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorKind::kCorruption, state_path + ": missing or malformed field: " + e.what());
   }

@@ -63,6 +63,7 @@ CheckpointInfo checkpoint_info(const std::string& path);
 struct CheckpointProgress {
   int64_t global_step = 0;
   int64_t consumed_samples = -1;
+  int64_t consumed_valid_samples = -1;  // Megatron's validation counter (-1: the checkpoint has none)
 };
 CheckpointProgress checkpoint_progress(const std::string& path);
 // Fills a model built from info.model (one process, or any layout) with the checkpoint's weights.

@@ -191,6 +191,11 @@ class Engine {
   // size goes on from where the data stopped, not from step × the new batch.
   int64_t consumed_samples() const { return consumed_samples_; }
   void set_consumed_samples(int64_t n) { consumed_samples_ = n; }
+  // Megatron's consumed_valid_samples (sample_order "megatron"): the validation samples the run's
+  // evaluations have read, saved in checkpoints so a resumed run reads on from them; -1 before the
+  // first evaluation of a run not resumed from one that counted.
+  int64_t consumed_valid_samples() const { return consumed_valid_samples_; }
+  void set_consumed_valid_samples(int64_t n) { consumed_valid_samples_ = n; }
 
   // "name, element i" of the first weight this rank updates (its master span) that is not finite,
   // or "" ("" too where the weights are on NVMe): checkpoint_save refuses such weights.
@@ -229,6 +234,7 @@ class Engine {
   optim::LossScaler scaler_;
   int64_t global_step_ = 0, applied_steps_ = 0;
   int64_t consumed_samples_ = 0;
+  int64_t consumed_valid_samples_ = -1;
   std::unique_ptr<CurriculumSchedule> curriculum_;  // curriculum_learning (null: off)
   int micro_in_step_ = 0;
   bool pending_backward_ = false;

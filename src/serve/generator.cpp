@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/cpu_features.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemv_bf16.h"
@@ -85,7 +87,12 @@ Generator::Generator(models::TransformerLM& model, const GeneratorOptions& optio
   MT_CHECK(options.weights == DType::kF32 || options.weights == DType::kBF16, ErrorKind::kInvalidArgument,
            std::string("generator: weights in ") + dtype_name(options.weights) + " are not supported (f32, bf16)");
   bind_weights();
-  if (options.weights == DType::kBF16) pack_bf16();
+  // bf16 weights need AVX512-BF16: without it the GEMV runs its portable body and oneDNN widens
+  // each matrix to f32 at every prefill (several times slower than f32 weights).
+  if (options.weights == DType::kBF16 && isa_active() != Isa::kAvx512)
+    log_warning("generator: bf16 weights need AVX512-BF16, which this CPU lacks (or MT_ISA=portable): f32 weights used");
+  else if (options.weights == DType::kBF16)
+    pack_bf16();
   cache_ = KvCache(cfg_.n_layer, capacity, NH_, NKV_, HS_, options.slots);
   pos_.assign(options.slots, 0);
 

@@ -62,6 +62,7 @@ class Generator {
   // Tokens in slot s's cache = the position of its next token.
   int position(int slot = 0) const { return pos_.at(slot); }
   int vocab_size() const { return cfg_.vocab_size; }
+  DType weights() const { return weights_; }  // the GEMMs' matrices (f32 where bf16 was asked of a CPU without AVX512-BF16)
   size_t cache_bytes() const { return cache_.bytes(); }
 
   void reset(int slot = 0) { pos_.at(slot) = 0; }  // forgets slot's sequence

@@ -1,8 +1,8 @@
 // y (M, N) f32 = x (M, K) · W^T [+ bias (N)] for a few rows of bf16 operands: a decode step's GEMMs
 // (serve/generator.h with bf16 weights: one row per sequence). W is (N, K) row-major, each of its
-// rows read once for all M rows, so the step streams the weights at memory bandwidth; oneDNN's
-// bf16 matmul at M = 1 to 8 ran at 17-30 GB/s of weights here (PERF (l)). The AVX-512 body sums
-// with vdpbf16ps (pairs of products in f32); the portable one widens to f32 and sums in order.
+// rows read once for all M rows, so the step streams the weights near memory bandwidth; oneDNN's
+// bf16 matmul at M = 1 to 8 ran at 17-30 GB/s of weights here (PERF (ee)). The AVX-512 body sums
+// with vdpbf16ps (pairs of products in f32); the portable one widens to f32 in 16 partial sums.
 #pragma once
 
 #include <cstddef>
