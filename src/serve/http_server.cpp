@@ -124,11 +124,10 @@ void refuse_unless(const json& j, const char* key, const json& neutral) {
 }
 
 // Fields other servers (vLLM, TGI, OpenAI) take that change what is generated and that this one
-// does not implement: refused unless neutral (typical_p and the structured-output fields on every
-// endpoint; the OpenAI endpoints' sampling fields on the ChatGLM one, which reads none of them).
+// does not implement: refused unless neutral (the structured-output fields on every endpoint; the
+// OpenAI endpoints' sampling fields on the ChatGLM one, which reads none of them).
 // They were answered 200 and ignored.
 void refuse_unimplemented(const json& j, bool openai) {
-  refuse_unless(j, "typical_p", 1);
   refuse_unless(j, "response_format", json{{"type", "text"}});
   refuse_unless(j, "functions", nullptr);
   refuse_unless(j, "function_call", nullptr);
@@ -157,6 +156,7 @@ void refuse_unimplemented(const json& j, bool openai) {
     refuse_unless(j, "logprobs", nullptr);
     refuse_unless(j, "repetition_penalty", 1);
     refuse_unless(j, "min_p", 0);
+    refuse_unless(j, "typical_p", 1);
     refuse_unless(j, "min_tokens", 0);
     refuse_unless(j, "stop_token_ids", json::array());
   }
@@ -1048,6 +1048,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     r.sampling.frequency_penalty = get_float(body, "frequency_penalty", 0.0f, -2.0f, 2.0f);
     r.sampling.repetition_penalty = get_float(body, "repetition_penalty", 1.0f, 1e-6f, 1e6f);
     r.sampling.min_p = get_float(body, "min_p", 0.0f, 0.0f, 1.0f);
+    r.sampling.typical_p = get_float(body, "typical_p", 1.0f, 1e-6f, 1.0f);
     r.min_tokens = get_int(body, "min_tokens", 0, 0, 1 << 30);
     // The ids a draw can give: the tokenizer's (a model's vocabulary padded past it has rows no text is).
     const int64_t drawable = std::min<int64_t>(gen_.vocab_size(), tok_.vocab_size());

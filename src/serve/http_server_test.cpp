@@ -397,6 +397,21 @@ TEST_F(HttpServerTest, PenaltiesBiasAndStopIdsShapeTheAnswer) {
     with["min_tokens"] = 5;
     EXPECT_EQ(post_json("/v1/completions", with)["choices"][0]["text"], full.substr(0, at == std::string::npos ? full.size() : at));
   }
+  // typical_p reaches the sampler: a seeded answer is the generator's with a Sampler of it.
+  {
+    const json typ = {{"prompt", "The cat sat on the"}, {"max_tokens", 8}, {"temperature", 1.0}, {"seed", 3}, {"typical_p", 0.3}};
+    Sampler s({.temperature = 1.0f, .seed = 3, .typical_p = 0.3f});
+    std::vector<int32_t> ids;
+    std::span<const float> z = alone_->prefill(p);
+    for (int i = 0; i < 8; ++i) {
+      const int32_t id = s.sample(z);
+      if (id == tok_->eot_id()) break;
+      ids.push_back(id);
+      z = alone_->decode(id);
+    }
+    EXPECT_EQ(post_json("/v1/completions", typ)["choices"][0]["text"],
+              json::parse(json(tok_->decode(ids)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>());
+  }
   // min_p at temperature 0 is greedy still.
   with = base;
   with["min_p"] = 0.5;
@@ -658,7 +673,8 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
       {"/v1/completions", R"({"prompt": "a", "logit_bias": {"-0": 1}})", 400, "invalid_value"},
       // Fields that change the output and were answered 200 and ignored (vLLM's and TGI's, and the
       // OpenAI ones on the ChatGLM endpoint).
-      {"/v1/completions", R"({"prompt": "a", "typical_p": 0.5})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "typical_p": 0})", 400, "invalid_value"},
+      {"/", R"({"prompt": "a", "typical_p": 0.5})", 400, "unsupported_parameter"},
       {"/", R"({"prompt": "a", "repetition_penalty": 1.3})", 400, "unsupported_parameter"},
       {"/", R"({"prompt": "a", "min_p": 0.1})", 400, "unsupported_parameter"},
       {"/", R"({"prompt": "a", "stop_token_ids": [5]})", 400, "unsupported_parameter"},

@@ -24,6 +24,8 @@ void sampling_options_validate(const SamplingOptions& o) {
              std::string("sampling: ") + name + " must be in [-2, 2], got " + std::to_string(v));
   MT_CHECK(o.min_p >= 0.0f && o.min_p <= 1.0f, ErrorKind::kInvalidArgument,
            "sampling: min_p must be in [0, 1], got " + std::to_string(o.min_p));
+  MT_CHECK(o.typical_p > 0.0f && o.typical_p <= 1.0f, ErrorKind::kInvalidArgument,
+           "sampling: typical_p must be in (0, 1], got " + std::to_string(o.typical_p));
   for (const auto& [id, b] : o.logit_bias)
     MT_CHECK(id >= 0 && b >= -100.0f && b <= 100.0f, ErrorKind::kInvalidArgument,
              "sampling: logit_bias of token " + std::to_string(id) + " must be in [-100, 100], got " + std::to_string(b));
@@ -161,6 +163,42 @@ double Sampler::warp(std::span<const float> logits) {
     total = 0.0;
     for (size_t i = 0; i < kept_.size(); ++i)
       if (weights_[i] >= floor) {
+        kept_[w] = kept_[i];
+        weights_[w++] = weights_[i];
+        total += weights_[i];
+      }
+    kept_.resize(w);
+    weights_.resize(w);
+  }
+  if (options_.typical_p < 1.0f && kept_.size() > 1) {
+    // Hugging Face's TypicalLogitsWarper over the kept distribution: each id's |-log p - H|,
+    // ranked closest first (ties by id); the cut where the ranked mass first reaches typical_p.
+    const size_t n = kept_.size();
+    std::vector<double> shifted(n);
+    double entropy = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      const double p = weights_[i] / total;
+      if (p > 0.0) entropy -= p * std::log(p);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const double p = weights_[i] / total;
+      shifted[i] = p > 0.0 ? std::fabs(-std::log(p) - entropy) : INFINITY;
+    }
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return shifted[a] < shifted[b]; });
+    size_t last = 0;  // HF: the count of ranked ids whose cumulative mass is below typical_p
+    double cum = 0.0;
+    for (size_t r = 0; r < n; ++r) {
+      cum += weights_[order[r]] / total;
+      if (cum < static_cast<double>(options_.typical_p)) last = r + 1;
+    }
+    last = std::min(last, n - 1);
+    const double limit = shifted[order[last]];
+    size_t w = 0;
+    total = 0.0;
+    for (size_t i = 0; i < n; ++i)
+      if (shifted[i] <= limit) {
         kept_[w] = kept_[i];
         weights_[w++] = weights_[i];
         total += weights_[i];

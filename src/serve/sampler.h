@@ -36,6 +36,11 @@ struct SamplingOptions {
   float repetition_penalty = 1.0f;
   float frequency_penalty = 0.0f, presence_penalty = 0.0f;
   float min_p = 0.0f;
+  // Hugging Face's and TGI's typical_p (locally typical sampling, Meister et al.), in (0, 1], 1 =
+  // off, after min_p: the ids ranked by how far their information -log p lies from the
+  // distribution's entropy, closest first, and the shortest such prefix whose mass reaches
+  // typical_p kept (the ids as far as the one where it is reached; at least one).
+  float typical_p = 1.0f;
 };
 
 // Throws kInvalidArgument naming the field that is out of range.

@@ -408,6 +408,23 @@ TEST(Sampler, PenaltiesBiasAndMinPAreTheirDefinitions) {
     s.set_prompt(prompt);
     near(dist(s), softmax({1.0, 1.5, -0.5, 0.5}, 1.0));
   }
+  {  // typical_p (HF's TypicalLogitsWarper), on p = 1/2, 1/4, 1/8, 1/8: entropy 1.75 ln 2, the ids'
+     // |-log p - H| 0.75, 0.25, 1.25, 1.25 (x ln 2); ranked 1, 0, then 2 and 3, cumulative .25 .75 .875 1.
+     // typical_p 0.5: one ranked id below it, so the cut is the second: {1, 0} kept, renormalised;
+     // 0.2: none below, the first alone: {1}; 0.8: {1, 0, 2, 3}: 2 and 3 tie at the cut.
+    const std::vector<float> pow2 = {static_cast<float>(std::log(0.5)), static_cast<float>(std::log(0.25)),
+                                     static_cast<float>(std::log(0.125)), static_cast<float>(std::log(0.125))};
+    auto typical = [&](float mass) {
+      Sampler s({.temperature = 1.0f, .typical_p = mass});
+      std::vector<double> d;
+      s.distribution(pow2, d);
+      return d;
+    };
+    near(typical(0.5f), {2.0 / 3, 1.0 / 3, 0, 0});
+    near(typical(0.2f), {0, 1, 0, 0});
+    near(typical(0.8f), {0.5, 0.25, 0.125, 0.125});
+    EXPECT_THROW(Sampler({.typical_p = 0.0f}), Error);
+  }
   // Neutral values draw the same ids as no processor at all.
   Sampler plain({.temperature = 1.3f, .top_p = 0.9f, .seed = 21});
   Sampler neutral({.temperature = 1.3f, .top_p = 0.9f, .seed = 21, .repetition_penalty = 1.0f, .frequency_penalty = 0.0f});
