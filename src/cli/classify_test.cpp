@@ -132,6 +132,19 @@ nlohmann::json value_task(const std::string& problem) {
   return {{"data", data}, {"model", model}};
 }
 
+// Trains `problem` on the value records as run `name` (save_dir run-NAME, metrics NAME.jsonl),
+// keeping the save_top_k best by `monitor` (mode max) over `epochs` epochs; false (and *err) when
+// the run fails.
+bool train_value_task(const std::string& name, const std::string& problem, const std::string& monitor, int top_k,
+                      int epochs, std::string* out, std::string* err) {
+  nlohmann::json j = value_task(problem);
+  j["model_checkpoint"] = {{"monitor", monitor}, {"mode", "max"}, {"save_top_k", top_k}};
+  j["num_train_epochs"] = epochs;
+  const int rc = run("train " + write_config(name, j) + " --metrics " + dir() + "/" + name + ".jsonl", out, err);
+  EXPECT_EQ(rc, 0) << *err;
+  return rc == 0;
+}
+
 TEST(Classify, TrainsKeepsTheTopKAndPredictsWhatValidationMeasured) {
   const std::string cfg = write_config("a", nlohmann::json::object());
   std::string out, err;
@@ -422,15 +435,8 @@ std::vector<double> textbook_ranks(const std::vector<double>& v) {
 // correlations every eval_interval; the top k by val_spearmanr; predict writes each record's value
 // and scores them as the run's last validation did (the textbook formulas over predict's file).
 TEST(Classify, RegressionTrainsAsStsbAndPredictsItsCorrelations) {
-  const std::string cfg = write_config(
-      "reg", [] {
-        nlohmann::json j = value_task("regression");
-        j["model_checkpoint"] = {{"monitor", "val_spearmanr"}, {"mode", "max"}, {"save_top_k", 2}};
-        j["num_train_epochs"] = 3;
-        return j;
-      }());
   std::string out, err;
-  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/reg.jsonl", &out, &err), 0) << err;
+  ASSERT_TRUE(train_value_task("reg", "regression", "val_spearmanr", 2, 3, &out, &err));
   EXPECT_NE(err.find("regression of 1 value"), std::string::npos) << err;
   EXPECT_TRUE(std::regex_search(out, std::regex(R"(step 150 val_loss [0-9.]+ val_pearson [0-9.]+ val_spearmanr [0-9.]+ \(200 records\))")))
       << out;
@@ -480,14 +486,8 @@ TEST(Classify, RegressionTrainsAsStsbAndPredictsItsCorrelations) {
 // index; val_f1 is the micro F1 of the labels whose logit is > 0, and predict writes those labels'
 // names and scores them as the run's last validation did.
 TEST(Classify, MultiLabelTrainsAndPredictsItsMicroF1) {
-  const std::string cfg = write_config("ml", [] {
-    nlohmann::json j = value_task("multi_label_classification");
-    j["model_checkpoint"] = {{"monitor", "val_f1"}, {"mode", "max"}, {"save_top_k", 1}};
-    j["num_train_epochs"] = 2;
-    return j;
-  }());
   std::string out, err;
-  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/ml.jsonl", &out, &err), 0) << err;
+  ASSERT_TRUE(train_value_task("ml", "multi_label_classification", "val_f1", 1, 2, &out, &err));
   EXPECT_NE(err.find("multi-label classifier of 3 labels"), std::string::npos) << err;
   const std::vector<double> f1 = mt::cli::testing::metric_values(dir() + "/ml.jsonl", "val_f1");
   ASSERT_EQ(f1.size(), 3u);

@@ -181,12 +181,9 @@ TEST_F(HttpServerTest, GreedyCompletionEqualsTheGenerators) {
 std::string token_string_of(const std::string& raw) {
   const std::string round = json::parse(json(raw).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
   if (round == raw) return raw;
+  static const char* const kHex = "0123456789abcdef";
   std::string out = "bytes:";
-  char buf[8];
-  for (unsigned char c : raw) {
-    std::snprintf(buf, sizeof buf, "\\x%02x", c);
-    out += buf;
-  }
+  for (unsigned char c : raw) out += std::string("\\x") + kHex[c >> 4] + kHex[c & 15];
   return out;
 }
 
