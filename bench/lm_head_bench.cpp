@@ -1,6 +1,6 @@
 // The LM head fused with cross-entropy (nn::lm_head_cross_entropy) at GPT-2 124M's shapes: B·T =
 // 1024 rows, C 768, its odd vocabulary of 50257 (four tiles of 256 rows) and a padded one of 50304,
-// f32 and bf16: the logits, the loss and dlogits, dX and dW for the whole batch, as a training
+// f32, bf16 and f16 (widened to f32 where oneDNN has no f16 matmul, PERF (ff)): the logits, the loss and dlogits, dX and dW for the whole batch, as a training
 // step's forward runs them. Reported in FLOP/s of the three GEMMs (6 · N · C · V). PERF (dd): the
 // odd vocabulary's dlogits on whole lines run at the padded one's rate.
 #include <benchmark/benchmark.h>
@@ -17,10 +17,10 @@ namespace {
 
 using mt::DType;
 
-// args: V, dtype (0 f32, 1 bf16)
+// args: V, dtype (0 f32, 1 bf16, 2 f16)
 void BM_lm_head(benchmark::State& state) {
   const int N = 1024, C = 768, V = static_cast<int>(state.range(0));
-  const DType dt = state.range(1) == 1 ? DType::kBF16 : DType::kF32;
+  const DType dt = state.range(1) == 1 ? DType::kBF16 : state.range(1) == 2 ? DType::kF16 : DType::kF32;
   const size_t es = mt::dtype_size(dt);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> d(-0.05f, 0.05f);
@@ -31,6 +31,9 @@ void BM_lm_head(benchmark::State& state) {
       if (dt == DType::kBF16) {
         const mt::bf16_t b = mt::f32_to_bf16(f);
         std::memcpy(v.data() + 2 * i, &b, 2);
+      } else if (dt == DType::kF16) {
+        const mt::f16_t h = mt::f32_to_f16(f);
+        std::memcpy(v.data() + 2 * i, &h, 2);
       } else {
         std::memcpy(v.data() + 4 * i, &f, 4);
       }
@@ -58,6 +61,7 @@ BENCHMARK(BM_lm_head)
     ->Args({50304, 0})
     ->Args({50257, 1})
     ->Args({50304, 1})
+    ->Args({50257, 2})
     ->Args({32000, 0})
     ->Args({32000, 1})
     ->Unit(benchmark::kMillisecond)

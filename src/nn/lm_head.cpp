@@ -101,6 +101,8 @@ int lm_head_operand_ld(int V, DType dtype) {
   return ld;
 }
 
+bool lm_head_widened(DType dtype) { return dtype == DType::kF16 && !kernels::gemm_native(dtype); }
+
 int lm_head_logits_ld(int V, DType dtype) { return dtype == DType::kF32 ? lm_head_operand_ld(V, dtype) : V; }
 
 double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
@@ -115,16 +117,33 @@ double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
   const int ldl = lm_head_logits_ld(a.V, a.dtype);
   float* logits = static_cast<float*>(ws.get(WorkSlot::kLmHeadLogits, static_cast<size_t>(R) * ldl * 4));
   const int ld = lm_head_operand_ld(a.V, a.dtype);
-  void* dl = a.dtype == DType::kF32
+  // f16 where oneDNN has no f16 matmul (lm_head_widened): the weight is widened to f32 once a call
+  // and each tile's rows once, the three GEMMs run in f32, and dlogits are the f32 logits rounded
+  // to f16 in place. These are the values kernels::gemm's own widening gave (f16 is exact in f32),
+  // which widened the whole weight again in every tile's logits and dX, and dlogits twice.
+  const bool wide = lm_head_widened(a.dtype);
+  const DType gd = wide ? DType::kF32 : a.dtype;  // the GEMMs' operand dtype
+  float* w32 = nullptr;
+  if (wide) {
+    w32 = static_cast<float*>(ws.get(WorkSlot::kLmHeadWeight, static_cast<size_t>(a.V) * a.C * 4));
+    convert(w32, DType::kF32, a.w, a.dtype, static_cast<size_t>(a.V) * a.C);
+  }
+  const void* w = wide ? static_cast<const void*>(w32) : a.w;
+  void* dl = a.dtype == DType::kF32 || wide
                  ? static_cast<void*>(logits)
                  : ws.get(WorkSlot::kLmHeadOperand, static_cast<size_t>(R) * ld * es);
+  float* x32 = wide ? static_cast<float*>(ws.get(WorkSlot::kLmHeadOperand, static_cast<size_t>(R) * a.C * 4)) : nullptr;
   float* lse = static_cast<float*>(ws.get(WorkSlot::kLmHeadLse, static_cast<size_t>(R) * 4));
   double total = 0.0;
   for (int r0 = 0; r0 < a.N; r0 += R) {
     int r = std::min(R, a.N - r0);
     const char* x = static_cast<const char*>(a.x) + static_cast<size_t>(r0) * a.C * es;
+    if (wide) {
+      convert(x32, DType::kF32, x, a.dtype, static_cast<size_t>(r) * a.C);
+      x = reinterpret_cast<const char*>(x32);
+    }
     // logits (r, V) = x (r, C) w^T
-    kernels::gemm(r, a.V, a.C, x, a.C, false, a.w, a.C, true, logits, ldl, a.dtype, false);
+    kernels::gemm(r, a.V, a.C, x, a.C, false, w, a.C, true, logits, ldl, gd, false);
     if (a.loss != HeadLoss::kCrossEntropy) {
       value_loss_tile(a, a.losses + r0, logits, ldl, a.targets + r0, r);
     } else if (a.reduce_sum) {
@@ -134,7 +153,9 @@ double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
     }
     for (int i = 0; i < r; ++i) total += a.losses[r0 + i];
     if (a.grad_scale == 0.0f) continue;
-    if (a.dtype != DType::kF32 && ld == a.V) {
+    if (wide) {
+      round_to(nullptr, a.dtype, logits, static_cast<size_t>(r) * a.V);  // ldl == ld == V
+    } else if (a.dtype != DType::kF32 && ld == a.V) {
       convert(dl, a.dtype, logits, DType::kF32, static_cast<size_t>(r) * a.V);
     } else if (a.dtype != DType::kF32) {  // a row at a time, over the threads (a row is below convert's own split)
 #pragma omp parallel for schedule(static) if (r > 1)
@@ -143,9 +164,9 @@ double lm_head_cross_entropy(const LmHeadArgs& a, Workspace& ws) {
                 DType::kF32, static_cast<size_t>(a.V));
     }
     // dx (r, C) = dlogits (r, V) w (V, C);  dw (V, C) += dlogits^T (V, r) x (r, C)
-    kernels::gemm(r, a.C, a.V, dl, ld, false, a.w, a.C, false, a.dx + static_cast<size_t>(r0) * a.C,
-                  a.C, a.dtype, false);
-    kernels::gemm(a.V, a.C, r, dl, ld, true, x, a.C, false, a.dw, a.C, a.dtype, true);
+    kernels::gemm(r, a.C, a.V, dl, ld, false, w, a.C, false, a.dx + static_cast<size_t>(r0) * a.C,
+                  a.C, gd, false);
+    kernels::gemm(a.V, a.C, r, dl, ld, true, x, a.C, false, a.dw, a.C, gd, true);
   }
   return total;
 }

@@ -55,6 +55,12 @@ int lm_head_operand_ld(int V, DType dtype);
 // precision (the logits GEMM runs slower into a padded stride).
 int lm_head_logits_ld(int V, DType dtype);
 
+// Whether lm_head_cross_entropy runs its GEMMs in f32 on widened copies: f16 where oneDNN has no
+// f16 matmul (no AVX512-FP16). It then holds the weight in f32 (V, C) (WorkSlot::kLmHeadWeight) and
+// a tile's rows in f32 (R, C) (kLmHeadOperand, which holds no dlogits copy: dlogits are the logits
+// rounded in place), and kernels::gemm widens nothing of the head's.
+bool lm_head_widened(DType dtype);
+
 // Returns the sum of the per-row losses.
 double lm_head_cross_entropy(const LmHeadArgs& args, Workspace& ws);
 

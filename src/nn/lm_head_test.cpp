@@ -11,7 +11,10 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <thread>
 #include <vector>
+
+#include "kernels/cpu/gemm.h"
 
 namespace mt::nn {
 namespace {
@@ -125,6 +128,35 @@ TEST(LmHead, TilesInF32AndBf16AreTheTextbookFormulas) {
       for (size_t i = 0; i < dw.size(); ++i) ASSERT_NEAR(dw[i], ref.dw[i], tol * sw) << dtype_name(dt) << " tiles " << tile_rows << " dw " << i;
     }
   }
+}
+
+// f16 where oneDNN has no f16 matmul: the head widens its weight once a call into its own f32 slot
+// and runs f32 GEMMs, so kernels::gemm's widening regions (the calling thread's) never hold it.
+// Before, each of the 4 tiles' logits and dX GEMMs widened the whole weight there again. (The
+// values are TilesInF32AndBf16AreTheTextbookFormulas' f16 case.)
+TEST(LmHead, WidenedF16HeadWidensItsWeightOnceOutsideTheGemmRegions) {
+  if (!lm_head_widened(DType::kF16)) GTEST_SKIP() << "oneDNN multiplies f16 here (AVX512-FP16)";
+  const int N = 64, C = 32, V = 1000;
+  std::vector<uint16_t> x(static_cast<size_t>(N) * C), w(static_cast<size_t>(V) * C);
+  std::mt19937 g(3);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  for (auto& b : x) b = f32_to_f16(n01(g)).bits;
+  for (auto& b : w) b = f32_to_f16(0.1f * n01(g)).bits;
+  std::vector<int32_t> t(N);
+  for (int i = 0; i < N; ++i) t[i] = (i * 37) % V;
+  std::vector<float> dx(x.size()), dw(w.size(), 0.0f), losses(N);
+  size_t held = 1;
+  std::thread([&] {  // a fresh thread: regions of its own, empty
+    LmHeadArgs a;
+    a.x = x.data(), a.w = w.data(), a.dtype = DType::kF16, a.targets = t.data();
+    a.N = N, a.C = C, a.V = V, a.grad_scale = 1.0f / N;
+    a.dx = dx.data(), a.dw = dw.data(), a.losses = losses.data(), a.tile_rows = 16;
+    Workspace ws;
+    lm_head_cross_entropy(a, ws);
+    held = kernels::gemm_widen_held();
+  }).join();
+  EXPECT_EQ(held, 0u);
+  for (float l : losses) EXPECT_TRUE(std::isfinite(l) && l > 0.0f);
 }
 
 }  // namespace

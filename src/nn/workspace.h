@@ -9,7 +9,15 @@
 
 namespace mt::nn {
 
-enum class WorkSlot { kGemmOperand = 0, kLmHeadLogits, kLmHeadOperand, kLmHeadLse, kBlockScratch, kCount };
+enum class WorkSlot {
+  kGemmOperand = 0,
+  kLmHeadLogits,
+  kLmHeadOperand,
+  kLmHeadLse,
+  kLmHeadWeight,  // f16 without an f16 matmul: the head's weight widened to f32 (lm_head.cpp)
+  kBlockScratch,
+  kCount
+};
 
 class Workspace {
  public:

@@ -10,7 +10,6 @@
 
 #include "base/error.h"
 #include "models/module_profile.h"
-#include "nn/lm_head.h"
 #include "optim/zero_one_adam.h"
 #include "planner/memory.h"
 
@@ -318,11 +317,13 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   const double emb = mem * 12 * N * C;
   // The tail: the final norm, the head's GEMM and the loss over the logits (written and read back
   // tile by tile).
-  // Widened f16: nn::lm_head_cross_entropy runs the head in tiles of R rows, and each tile's GEMMs
-  // widen the whole weight again (the logits and dX), beyond what one GEMM of N rows does.
-  const double tiles = std::ceil(N / static_cast<double>(nn::lm_head_tile_rows(static_cast<int>(N), static_cast<int>(V))));
-  const double rewiden = widened(cal, cd) ? widen_seconds(cal, (tiles - 1) * V * C) : 0.0;
-  const double head = gemm(cal, cd, N, C, V) + rewiden;
+  // Widened f16: nn::lm_head_cross_entropy widens the weight once and each tile's rows once, runs
+  // its three GEMMs in f32, and rounds the f32 dlogits to f16 in place (4 bytes read and written an
+  // element: 8/6 of a widened one).
+  const bool head_wide = widened(cal, cd);
+  const double head = head_wide ? gemm(cal, DType::kF32, N, C, V) + widen_seconds(cal, V * C + N * C) : gemm(cal, cd, N, C, V);
+  const double head_bwd = head_wide ? gemm_backward(cal, DType::kF32, N, C, V) + widen_seconds(cal, N * V * 8.0 / 6.0)
+                                    : gemm_backward(cal, cd, N, C, V);
   const double loss = mem * 12 * N * V;
 
   ZeroStepCosts c;
@@ -334,7 +335,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   c.backward.front() = emb + emb_drop;
   c.forward.back() = mem * (4 + e) * Nl * C + head + loss;  // the final norm's rows cast (then gathered)
   c.backward.back() = mem * 2 * (4 + e) * N * C;
-  c.head_backward = gemm_backward(cal, cd, N, C, V) + rewiden + loss;
+  c.head_backward = head_bwd + loss;
   if (s.tp > 1) {  // the tp group's blocking collectives (cost.h)
     const int tp = s.tp;  // the tp group: adjacent ranks
     auto ar = [&cal, tp](double b) { return cal.collective_seconds("all_reduce", b, tp, 1); };

@@ -288,9 +288,10 @@ TEST(CostModel, DocumentsAndSparseLayoutsPriceTheAttentionTheyCompute) {
 }
 
 // fp16 on this machine: oneDNN has no f16 matmul without AVX512-FP16, so every GEMM widens both
-// operands to f32 (6 bytes an element at the "convert" line) and runs at the f32 line; the LM head,
-// run in tiles of rows, widens its whole weight again in each tile's forward and dX. A described
-// cluster's devices multiply f16 as bf16.
+// operands to f32 (6 bytes an element at the "convert" line) and runs at the f32 line. The LM head,
+// run in tiles of rows, widens its weight once and each tile's rows once (nn::lm_head_widened), and
+// rounds dlogits in place (8 bytes an element: 8/6 of a widened one). A described cluster's
+// devices multiply f16 as bf16.
 TEST(CostModel, Fp16IsWidenedToF32WhereTheMachineHasNoF16Matmul) {
   StepShape s = tiny(models::Arch::kGpt2);
   Calibration cal = synthetic();
@@ -314,15 +315,16 @@ TEST(CostModel, Fp16IsWidenedToF32WhereTheMachineHasNoF16Matmul) {
   s.compute = DType::kBF16;
   const ZeroStepCosts bf16_memory = zero_step_costs(s, cal);
   EXPECT_NEAR(at_memory.forward[1] - bf16_memory.forward[1], (2e-12 - 1e-12) * flops + 1.8e-10 * forward_elems, 1e-14);
-  // The head in two tiles: V 100, f32 logits of at most 64 MiB are 167,772 rows; N = 21,000 x 8.
+  // The head in two tiles (V 100, f32 logits of at most 64 MiB are 167,772 rows; N = 21,000 x 8):
+  // the weight widened once, not once a tile's GEMM.
   cal = synthetic();
   cal.fits["convert"] = {0.0, 1e-10};
   s.micro_batch = 21000;
   s.compute = DType::kF16;
   c = zero_step_costs(s, cal);
   const double rows = 168000, V = 100;
-  EXPECT_NEAR(c.forward.back(), 2e-12 * 2 * rows * C * V + 6e-10 * (rows * C + V * C + V * C), 1e-12);
-  EXPECT_NEAR(c.head_backward, 2e-12 * 4 * rows * C * V + 6e-10 * (2 * rows * V + V * C + rows * C + V * C), 1e-12);
+  EXPECT_NEAR(c.forward.back(), 2e-12 * 2 * rows * C * V + 6e-10 * (rows * C + V * C), 1e-12);
+  EXPECT_NEAR(c.head_backward, 2e-12 * 4 * rows * C * V + 8e-10 * rows * V, 1e-12);
   // A machine with an f16 matmul, and a described cluster: f16 at the bf16 line, nothing widened.
   for (bool cluster : {false, true}) {
     Calibration native = cal;

@@ -667,7 +667,12 @@ std::vector<BlockEvent> step_blocks(const MemoryInput& in) {
     size_t budget_rows = std::max<size_t>(1, (size_t{64} << 20) / (4 * V));
     size_t R = std::min(N, ceil_div(N, ceil_div(N, budget_rows)));
     make(MemCategory::kWorkspace, R * static_cast<size_t>(nn::lm_head_logits_ld(static_cast<int>(V), in.compute_dtype)) * 4);
-    if (lowp) make(MemCategory::kWorkspace, R * static_cast<size_t>(nn::lm_head_operand_ld(static_cast<int>(V), in.compute_dtype)) * e);
+    if (nn::lm_head_widened(in.compute_dtype)) {  // the weight and a tile's rows in f32; dlogits in place
+      make(MemCategory::kWorkspace, V * C * 4);
+      make(MemCategory::kWorkspace, R * C * 4);
+    } else if (lowp) {
+      make(MemCategory::kWorkspace, R * static_cast<size_t>(nn::lm_head_operand_ld(static_cast<int>(V), in.compute_dtype)) * e);
+    }
     make(MemCategory::kWorkspace, R * 4);
   }
   // nn::Linear::backward converts dL/dy (N, out) to the compute dtype in one slot that grows to the
@@ -732,6 +737,7 @@ struct GemmCall {
   int M, N, K;
   bool ta, tb, acc, bias;
   int lda = 0, ldc = 0;
+  bool head = false;  // the LM head's, which widens its own operands (nn::lm_head_widened)
 };
 
 // The GEMMs a rank's step makes (each layer's forward, dX and dW; the head's tiles).
@@ -766,9 +772,9 @@ std::vector<GemmCall> step_gemms(const MemoryInput& in) {
     const int R = nn::lm_head_tile_rows(d.N, V);
     const int ldl = nn::lm_head_logits_ld(V, in.compute_dtype), ld = nn::lm_head_operand_ld(V, in.compute_dtype);
     for (int r : {R, d.N - (d.N - 1) / R * R}) {  // their strides: nn::lm_head_cross_entropy's
-      calls.push_back({r, V, d.C, false, true, false, false, 0, ldl});
-      calls.push_back({r, d.C, V, false, false, false, false, ld, 0});
-      calls.push_back({V, d.C, r, true, false, true, false, ld, 0});
+      calls.push_back({r, V, d.C, false, true, false, false, 0, ldl, true});
+      calls.push_back({r, d.C, V, false, false, false, false, ld, 0, true});
+      calls.push_back({V, d.C, r, true, false, true, false, ld, 0, true});
     }
   }
   return calls;
@@ -787,6 +793,7 @@ size_t gemm_scratch_bytes(const MemoryInput& in) {
 size_t gemm_widen_bytes(const MemoryInput& in) {
   size_t a = 0, b = 0;
   for (const GemmCall& g : step_gemms(in)) {
+    if (g.head && nn::lm_head_widened(in.compute_dtype)) continue;  // f32 GEMMs on the head's own copies
     const auto [ga, gb] = kernels::gemm_widen_bytes(g.M, g.N, g.K, in.compute_dtype);
     a = std::max(a, ga);
     b = std::max(b, gb);

@@ -142,11 +142,13 @@ void round_blocks(T* dst, float* x, size_t n, void (*to_t)(T*, const float*, siz
     constexpr size_t kBlock = 2048;
     for (size_t i = b; i < e; i += kBlock) {
       const size_t m = e - i < kBlock ? e - i : kBlock;
+      T own[kBlock];  // dst nullptr: x alone is rounded, through a block of the thread's stack
+      T* to = dst != nullptr ? dst + i : own;
       if (vec) {
-        to_t(dst + i, x + i, m);
-        to_f32(x + i, dst + i, m);
+        to_t(to, x + i, m);
+        to_f32(x + i, to, m);
       } else {
-        for (size_t k = i; k < i + m; ++k) x[k] = one_to_f32(dst[k] = one_to_t(x[k]));
+        for (size_t k = 0; k < m; ++k) x[i + k] = one_to_f32(to[k] = one_to_t(x[i + k]));
       }
     }
   });

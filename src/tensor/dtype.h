@@ -51,7 +51,7 @@ void convert_f16_to_f32(float* dst, const f16_t* src, size_t n);
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n);
 // x (n f32) rounded to dtype's precision in place, and the same values in dtype written to dst
 // (bf16 or f16): a saved activation and the f32 values the forward goes on with, in one pass over
-// memory (each block of x is rounded in cache).
+// memory (each block of x is rounded in cache). dst nullptr: x is rounded alone.
 void round_to(void* dst, DType dtype, float* x, size_t n);
 // memcpy and memset(0) split over the OpenMP threads when large (one thread's copy reaches a fifth
 // of the memory bandwidth here). dst and src must not overlap.

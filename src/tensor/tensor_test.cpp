@@ -86,7 +86,12 @@ TEST(DType, RoundToWritesTheRoundedValuesAndTheirCopy) {
     std::vector<f16_t> h(n);
     round_to(b.data(), DType::kBF16, xb.data(), n);
     round_to(h.data(), DType::kF16, xh.data(), n);
+    std::vector<float> alone_b = x, alone_h = x;  // no copy: the values alone
+    round_to(nullptr, DType::kBF16, alone_b.data(), n);
+    round_to(nullptr, DType::kF16, alone_h.data(), n);
     for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(alone_b[i], xb[i]) << i;
+      ASSERT_EQ(alone_h[i], xh[i]) << i;
       ASSERT_EQ(b[i].bits, f32_to_bf16(x[i]).bits) << i;
       ASSERT_EQ(xb[i], bf16_to_f32(f32_to_bf16(x[i]))) << i;
       ASSERT_EQ(h[i].bits, f32_to_f16(x[i]).bits) << i;

@@ -216,8 +216,8 @@ size_t gemm_scratch_bytes(int M, int N, int K, bool trans_a, bool trans_b, DType
   return bytes;
 }
 
-std::pair<size_t, size_t> gemm_widen_bytes(int M, int N, int K, DType ab_dtype) {
-  if (ab_dtype == DType::kF32 || M == 0 || N == 0) return {0, 0};
+bool gemm_native(DType ab_dtype) {
+  if (ab_dtype == DType::kF32) return true;
   Context& ctx = context();
   std::lock_guard<std::mutex> lock(ctx.mu);
   static std::map<DType, bool> native;  // whether oneDNN multiplies the dtype here (any shape alike)
@@ -226,7 +226,11 @@ std::pair<size_t, size_t> gemm_widen_bytes(int M, int N, int K, DType ab_dtype) 
     dnnl::matmul::primitive_desc pd;
     native[ab_dtype] = describe(ctx, e, pd, 16, 16, 16, 16, 16, 16, false, false, ab_dtype, false, false);
   }
-  if (native[ab_dtype]) return {0, 0};
+  return native[ab_dtype];
+}
+
+std::pair<size_t, size_t> gemm_widen_bytes(int M, int N, int K, DType ab_dtype) {
+  if (ab_dtype == DType::kF32 || M == 0 || N == 0 || gemm_native(ab_dtype)) return {0, 0};
   auto pages = [](size_t elems) { return (elems * sizeof(float) + 4095) / 4096 * 4096; };
   return {pages(static_cast<size_t>(M) * static_cast<size_t>(K)), pages(static_cast<size_t>(K) * static_cast<size_t>(N))};
 }

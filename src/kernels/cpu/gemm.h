@@ -41,6 +41,8 @@ size_t gemm_scratch_held();
 // multiplied as it is); gemm_widen_held the calling thread's two regions now.
 std::pair<size_t, size_t> gemm_widen_bytes(int M, int N, int K, DType ab_dtype);
 size_t gemm_widen_held();
+// Whether oneDNN multiplies ab_dtype here as it is (f32 always; f16 only with AVX512-FP16).
+bool gemm_native(DType ab_dtype);
 
 // Number of distinct primitives created so far (to test that primitives are reused).
 int gemm_primitive_count();
