@@ -492,8 +492,8 @@ TEST(EstimateFootprint, Fp16OperandsWidenedToF32AreTheLargestCopies) {
       if (std::string(dtype) == "bf16" || kernels::gemm_widen_bytes(16, 16, 16, DType::kF16).first == 0) {
         EXPECT_EQ(held, 0.0) << name;  // bf16, or a machine with an f16 matmul (AVX512-FP16)
       } else {
-        // The MLP's rows (512 x 1536 f32) in each region (the up projection's dY in dX, the down
-        // one's X in dW), not the head's weight (V x 384).
+        // The MLP's 512 x 1536 rows in f32 in each region (its widest operand on either side), not
+        // the head's weight (V x 384).
         EXPECT_EQ(held, 2 * 4.0 * 512 * 1536) << name;
         if (fp16_held >= 0.0) {
           EXPECT_EQ(held, fp16_held) << name;  // the vocabulary changes nothing

@@ -49,7 +49,8 @@ int lm_head_tile_rows(int N, int V, int tile_rows = 0);
 // rounded up to whole 64-byte lines of the compute dtype (the f32 logits themselves in f32, a bf16
 // copy in bf16), one line more where that is a multiple of 256 bytes. From rows of an odd length (GPT-2's 50257) oneDNN ran dW += dlogits^T X at about
 // half its rate in bf16 and both dX = dlogits W and dW at 65-80 % in f32 (PERF (dd)). f16: V (where
-// oneDNN has no f16 matmul, as here, gemm widens the rows into a dense f32 copy anyway).
+// oneDNN has no f16 matmul, as here, the head's dlogits are its f32 logits rounded in place:
+// lm_head_widened).
 int lm_head_operand_ld(int V, DType dtype);
 // The row stride of the tile's f32 logits: lm_head_operand_ld in f32 (dlogits in place), V in low
 // precision (the logits GEMM runs slower into a padded stride).

@@ -662,12 +662,13 @@ std::vector<BlockEvent> step_blocks(const MemoryInput& in) {
   make(MemCategory::kWorkspace, ws);
   // nn::lm_head_cross_entropy: equal row tiles of at most 64 MiB of f32 logits (lm_head.cpp):
   // logits R V f32 (rows of lm_head_logits_ld), their compute-dtype copy (low precision; rows of
-  // lm_head_operand_ld), the row log-sum-exps, each a slot.
+  // lm_head_operand_ld) or, f16 widened, the weight V C and a tile's rows R C in f32; the row
+  // log-sum-exps. Each a slot.
   if (in.last_stage) {  // a pipeline stage without the head has no logits
     size_t budget_rows = std::max<size_t>(1, (size_t{64} << 20) / (4 * V));
     size_t R = std::min(N, ceil_div(N, ceil_div(N, budget_rows)));
     make(MemCategory::kWorkspace, R * static_cast<size_t>(nn::lm_head_logits_ld(static_cast<int>(V), in.compute_dtype)) * 4);
-    if (nn::lm_head_widened(in.compute_dtype)) {  // the weight and a tile's rows in f32; dlogits in place
+    if (f16_widened(in)) {  // the weight and a tile's rows in f32; dlogits in place
       make(MemCategory::kWorkspace, V * C * 4);
       make(MemCategory::kWorkspace, R * C * 4);
     } else if (lowp) {
@@ -790,10 +791,16 @@ size_t gemm_scratch_bytes(const MemoryInput& in) {
   return most;
 }
 
+bool f16_widened(const MemoryInput& in) {
+  if (in.compute_dtype != DType::kF16) return false;
+  return in.f16_native < 0 ? nn::lm_head_widened(in.compute_dtype) : in.f16_native == 0;
+}
+
 size_t gemm_widen_bytes(const MemoryInput& in) {
+  if (!f16_widened(in)) return 0;
   size_t a = 0, b = 0;
   for (const GemmCall& g : step_gemms(in)) {
-    if (g.head && nn::lm_head_widened(in.compute_dtype)) continue;  // f32 GEMMs on the head's own copies
+    if (g.head) continue;  // f32 GEMMs on the head's own copies (nn::lm_head_cross_entropy)
     const auto [ga, gb] = kernels::gemm_widen_bytes(g.M, g.N, g.K, in.compute_dtype);
     a = std::max(a, ga);
     b = std::max(b, gb);

@@ -152,7 +152,14 @@ struct MemoryInput {
   // any exchange (1-bit Adam's and LAMB's warm-up) and the larger of the two counts.
   bool exchange_beside_all_reduce = false;
   bool optimizer_momentum_copy = false;
+  // Whether the devices multiply f16 as it is: -1 as this host's oneDNN does (kernels::gemm_native);
+  // 0 or 1 as the plan's calibration says (a described cluster's devices do). Where they do not,
+  // an f16 run's GEMMs widen their operands and its LM head holds its weight in f32 (f16_widened).
+  int f16_native = -1;
 };
+
+// Whether `in`'s f16 GEMMs are widened to f32 (nn::lm_head_widened where the host decides).
+bool f16_widened(const MemoryInput& in);
 
 // The 1-bit exchange's worker and server errors in bytes for `in`'s model over `world` ranks (0 for
 // one rank or no 1-bit optimizer): comm::OneBitPlan over the model's parameter tensors, as

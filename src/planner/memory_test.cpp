@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "comm/mpi_backend.h"
 #include "models/transformer.h"
+#include "nn/lm_head.h"
 
 namespace mt::planner {
 namespace {
@@ -248,6 +249,26 @@ TEST(LibnbcAllreduce, TouchesOneSegmentInWholePages) {
   EXPECT_EQ(libnbc_allreduce_touched(1000, 4, 2), 4096u);               // 2000 bytes
   EXPECT_EQ(libnbc_allreduce_touched(3 * 1024 * 1024, 4, 3), 4194304u); // 1 Mi elements of 4 bytes
   EXPECT_EQ(libnbc_allreduce_touched(3 * 1024 * 1024 + 1, 2, 3), 2101248u);  // 1 Mi + 1 of 2 bytes: 513 pages
+}
+
+// f16 where the devices have no f16 matmul: the LM head holds its weight (V x C) and a tile's rows
+// (R x C) in f32 in the workspace, not the f16 dlogits copy (R x V), and gemm's widening regions
+// hold the blocks' copies. The answer is the plan's (MemoryInput::f16_native, the calibration's or
+// a described cluster's), not the planning host's, unless none is given.
+TEST(StepMemory, F16HeadWidenedWhereThePlansDevicesHaveNoF16Matmul) {
+  MemoryInput in = tiny_input("gpt2", DType::kF16, 1);
+  const size_t V = 97, C = 48, R = 3 * 16;  // one tile
+  in.f16_native = 1;
+  const MemoryBreakdown native = step_memory(in);
+  EXPECT_EQ(gemm_widen_bytes(in), 0u);
+  in.f16_native = 0;
+  const MemoryBreakdown wide = step_memory(in);
+  EXPECT_GT(gemm_widen_bytes(in), 0u);
+  const auto ws = static_cast<size_t>(MemCategory::kWorkspace);
+  const int64_t added = static_cast<int64_t>(wide.bytes[ws]) - static_cast<int64_t>(native.bytes[ws]);
+  EXPECT_EQ(added, static_cast<int64_t>(V * C * 4 + R * C * 4) - static_cast<int64_t>(R * V * 2));  // made, and not
+  in.f16_native = -1;  // this host's oneDNN
+  EXPECT_EQ(step_memory(in).bytes[ws], nn::lm_head_widened(DType::kF16) ? wide.bytes[ws] : native.bytes[ws]);
 }
 
 }  // namespace mt::planner
