@@ -452,6 +452,45 @@ TEST(Plan, ValidateProbesTheExchangeBeforeEachRunOfTheCalibrationsWorld) {
   EXPECT_NE(out.find("warning: these runs met the ranks' data exchange"), std::string::npos) << out;
 }
 
+// plan --hostfile: --procs defaults to the hosts' slots; runs that span hosts need a calibration
+// taken over them with as many ranks a host as each host's slots, and more processes than slots
+// are refused, each naming what to do. (TrainMultiHost.* validates over network-namespace hosts.)
+TEST(Plan, AHostfilesRunsNeedACalibrationOverTheHosts) {
+  const std::string cfg = dir() + "/plan-hosts.json", one = dir() + "/hand-one-host.json", two = dir() + "/hand-two-hosts.json";
+  std::ofstream(cfg) << tiny_plan_config("chain-h", {{"train_batch_size", 4}, {"train_micro_batch_size_per_gpu", 1}}).dump();
+  const std::string fits = R"("fits": {
+    "gemm f32": {"latency_s": 1e-5, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 1e-5, "per_unit_s": 1e-9},
+    "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7},
+    "all_reduce": {"latency_s": 1e-5, "per_unit_s": 1e-10}, "all_gather": {"latency_s": 1e-5, "per_unit_s": 1e-10},
+    "reduce_scatter": {"latency_s": 1e-5, "per_unit_s": 1e-10}, "send_recv": {"latency_s": 1e-5, "per_unit_s": 1e-10}}})";
+  std::ofstream(one) << R"({"world": 4, "threads": 1, )" + fits;
+  std::ofstream(two) << R"({"world": 4, "threads": 1, "ranks_per_host": 2, )" + fits;
+  auto hostfile = [](const std::string& name, const std::string& text) {
+    std::ofstream(dir() + "/" + name) << text;
+    return dir() + "/" + name;
+  };
+  const std::string even = hostfile("hosts-even", "# two hosts\nhA slots=2\nhB slots=2\n");
+  const std::string uneven = hostfile("hosts-uneven", "hA slots=1\nhB slots=3\n");
+  std::string out, err;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + two + " --hostfile " + even, &out, &err), 0)
+      << err;
+  EXPECT_NE(out.find("dp 4"), std::string::npos) << out;  // --procs: the four slots
+  EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + one + " --hostfile " + even, &out, &err), 0);
+  EXPECT_NE(err.find("was calibrated on one host"), std::string::npos) << err;
+  EXPECT_NE(err.find("launch --hostfile " + even + " -- calibrate"), std::string::npos) << err;
+  EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --calibration " + two + " --hostfile " + uneven, &out, &err), 0);
+  EXPECT_NE(err.find("gives hA 1 slot(s), where"), std::string::npos) << err;
+  EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 8 --calibration " + two + " --hostfile " + even, &out, &err),
+            0);
+  EXPECT_NE(err.find("--procs 8 is more than"), std::string::npos) << err;
+  // Two processes fill the first host: no host is spanned, and any calibration of two ranks serves.
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + one + " --hostfile " + even, &out, &err),
+            0) << err;
+  EXPECT_NE(out.find("dp 2"), std::string::npos) << out;
+  EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --cluster x.json --hostfile " + even, &out, &err), 0);
+  EXPECT_NE(err.find("a described --cluster is priced, not trained on"), std::string::npos) << err;
+}
+
 // plan --validate 1 --rounds 2: the first layout, one other and the configured one, each trained
 // twice in turn; every row lists its two runs and carries their median.
 TEST(Plan, ValidateTrainsEachLayoutInTurnForEveryRound) {

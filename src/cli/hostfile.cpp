@@ -1,7 +1,12 @@
 // DeepSpeed hostfile parsing and --include/--exclude filtering (see hostfile.h).
 #include "cli/hostfile.h"
 
+#include <sys/stat.h>
+
 #include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 #include <sstream>
@@ -113,6 +118,22 @@ std::vector<HostSlots> hostfile_filter(const std::vector<HostSlots>& hosts, cons
     out.push_back(kept);
   }
   return out;
+}
+
+std::string read_launcher_file(const std::string& path, const std::string& what) {
+  struct stat st {};
+  MT_CHECK(::stat(path.c_str(), &st) == 0, ErrorKind::kNotFound, path + ": cannot open the " + what + ": " + std::strerror(errno));
+  MT_CHECK(S_ISREG(st.st_mode), ErrorKind::kInvalidArgument, path + ": the " + what + " is not a regular file");
+  MT_CHECK(st.st_size <= (1 << 20), ErrorKind::kInvalidArgument, path + ": the " + what + " is over 1 MiB");
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  MT_CHECK(f, ErrorKind::kNotFound, path + ": cannot open the " + what + ": " + std::strerror(errno));
+  std::string text;
+  char buf[4096];
+  for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, got);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  MT_CHECK(!failed, ErrorKind::kIOError, path + ": cannot read the " + what);
+  return text;
 }
 
 }  // namespace mt::cli

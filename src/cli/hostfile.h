@@ -15,6 +15,11 @@ struct HostSlots {
   std::vector<int> ids;
 };
 
+// A launcher's input file (the hostfile, .deepspeed_env) as text: a regular file of at most 1 MiB
+// (a FIFO hung the launcher waiting for a writer, and /dev/zero read until memory ran out).
+// `what` names it in errors.
+std::string read_launcher_file(const std::string& path, const std::string& what = "hostfile");
+
 // Parses a hostfile's text; `where` names it in errors ("hosts.txt" -> "hosts.txt:3: ...").
 // Rejects lines that do not begin `host slots=N`, N that is not a positive integer, host names
 // with ',' or ':' (mpirun's --host separators), and repeated hosts. Words after `slots=N`

@@ -50,23 +50,6 @@ const char* const kValueOptions[] = {"-n", "--hostfile", "-H", "--num_gpus", "--
                                      "--master_port", "--launcher", "--ssh_port"};
 const char* const kSwitches[] = {"-h", "--help", "--no_ssh_check", "--force_multi", "--no_local_rank"};
 
-// A launcher's input file (the hostfile, .deepspeed_env). A FIFO hung the launcher waiting for a
-// writer and /dev/zero read until memory ran out: it is a regular file of at most 1 MiB.
-std::string read_text(const std::string& path, const std::string& what = "hostfile") {
-  struct stat st {};
-  MT_CHECK(::stat(path.c_str(), &st) == 0, ErrorKind::kNotFound, path + ": cannot open the " + what + ": " + std::strerror(errno));
-  MT_CHECK(S_ISREG(st.st_mode), ErrorKind::kInvalidArgument, path + ": the " + what + " is not a regular file");
-  MT_CHECK(st.st_size <= (1 << 20), ErrorKind::kInvalidArgument, path + ": the " + what + " is over 1 MiB");
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  MT_CHECK(f, ErrorKind::kNotFound, path + ": cannot open the " + what + ": " + std::strerror(errno));
-  std::string text;
-  char buf[4096];
-  for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, got);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  MT_CHECK(!failed, ErrorKind::kIOError, path + ": cannot read the " + what);
-  return text;
-}
 
 // DeepSpeed's DS_ENV_FILE (.deepspeed_env, in the home directory and then the working directory):
 // KEY=VAL lines exported to every rank. Blank lines and '#' comments are skipped; any other line
@@ -82,7 +65,7 @@ std::vector<std::string> deepspeed_env_exports() {
     const std::string path = std::filesystem::path(file).is_absolute() ? file : dir + "/" + file;
     std::error_code ec;
     if (!std::filesystem::is_regular_file(path, ec)) continue;  // as DeepSpeed's os.path.isfile
-    const std::string text = read_text(path, "environment file");
+    const std::string text = read_launcher_file(path, "environment file");
     size_t pos = 0;
     for (int lineno = 1; pos < text.size(); ++lineno) {
       size_t nl = text.find('\n', pos);
@@ -253,7 +236,7 @@ int run_launch(LaunchArgs a) {
            "launch: --num_gpus/--num_procs and --num_nodes must be at least 1 (leave them out for every slot and host)");
   std::vector<HostSlots> hosts;
   if (!a.hostfile.empty()) {
-    hosts = hostfile_parse(read_text(a.hostfile), a.hostfile);
+    hosts = hostfile_parse(read_launcher_file(a.hostfile), a.hostfile);
     MT_CHECK(!hosts.empty(), ErrorKind::kInvalidArgument, a.hostfile + ": no hosts");
   } else {
     hosts = {{"localhost", a.num_procs > 0 ? a.num_procs : a.n > 0 ? a.n : 1, {}}};

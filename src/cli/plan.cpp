@@ -31,6 +31,7 @@
 
 #include "base/error.h"
 #include "cli/commands.h"
+#include "cli/hostfile.h"
 #include "engine/ds_config.h"
 #include "engine/json_file.h"
 #include "parallel/pp/schedule.h"
@@ -52,7 +53,12 @@ struct PlanOptions {
   int top = 5;
   int validate = 0, steps = 6, rounds = 1;
   double memory_gib = 0.0;
+  std::string hostfile;  // --validate's runs go over these hosts (launch --hostfile)
+  bool procs_given = false;
 };
+
+// " --hostfile 'F'" for a launch over o's hosts, "" for this machine.
+std::string hostfile_arg(const PlanOptions& o) { return o.hostfile.empty() ? "" : " --hostfile '" + o.hostfile + "'"; }
 
 }  // namespace
 
@@ -427,7 +433,7 @@ Measured measure_layout(const PlanOptions& o, const planner::Layout& l, double t
   std::filesystem::remove(metrics);
   std::string cmd = self_exe();
   const int procs = l.dp * l.tp * l.pp;
-  if (procs > 1) cmd += " launch -n " + std::to_string(procs) + " --";
+  if (procs > 1) cmd += " launch -n " + std::to_string(procs) + hostfile_arg(o) + " --";
   cmd += " train '" + o.path + "'";
   std::vector<std::string> sets = o.sets;
   for (const std::string& s : layout_sets(l)) sets.push_back(s);
@@ -470,9 +476,10 @@ Measured measure_layout(const PlanOptions& o, const planner::Layout& l, double t
 
 // The exchange probe now over `procs` ranks (launch -n procs -- calibrate --exchange-probe), in
 // seconds; throws naming its log when it fails.
-double exchange_probe_now(int procs, const std::string& dir) {
+double exchange_probe_now(const PlanOptions& o, int procs, const std::string& dir) {
   const std::string log = dir + "/exchange-probe.log";
-  const std::string cmd = self_exe() + " launch -n " + std::to_string(procs) + " -- calibrate --exchange-probe > '" + log + "' 2>&1";
+  const std::string cmd =
+      self_exe() + " launch -n " + std::to_string(procs) + hostfile_arg(o) + " -- calibrate --exchange-probe > '" + log + "' 2>&1";
   const int rc = std::system(cmd.c_str());
   std::ifstream f(log);
   std::string line;
@@ -543,6 +550,9 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
                 "and measured by their mean\n",
                 job.mix_of.c_str(), o.steps, optimizer_note(window, cal).substr((job.mix_of + ", the mean of its steps: ").size()).c_str());
   }
+  if (!o.hostfile.empty())
+    std::printf("each run: meshtrain launch -n %d --hostfile %s (rank 0, which writes the metrics, on its first host)\n",
+                job.procs, o.hostfile.c_str());
   std::map<size_t, std::pair<int64_t, int64_t>> updates_of;  // each pick's measured updates (its last run's)
   std::printf("%4s  %-48s %10s %10s %7s %11s %11s %7s\n", "rank", "layout", "predicted", "measured", "error",
               "rank 0 mem", "measured", "error");
@@ -564,7 +574,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   std::vector<double> exchanges;
   auto run = [&](size_t i, std::vector<double>& steps, std::vector<double>& slow) {
     const planner::Layout& l = r.ranked[i].layout;
-    if (exchange && l.dp * l.tp * l.pp == cal.world) exchange_of[i].push_back(exchange_probe_now(cal.world, dir));
+    if (exchange && l.dp * l.tp * l.pp == cal.world) exchange_of[i].push_back(exchange_probe_now(o, cal.world, dir));
     if (probe) slow.push_back(planner::speed_probe(cal.threads) / cal.speed_probe_s);
     // The phase the plan priced: a 1-bit optimizer's compressed one from its second update, so that
     // the measured steps (3 on) are in it.
@@ -696,7 +706,21 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   std::filesystem::remove_all(dir);
 }
 
-void run_plan(const PlanOptions& o) {
+void run_plan(PlanOptions o) {
+  // --hostfile: the hosts --validate trains on (DeepSpeed's format, as launch reads it); --procs
+  // defaults to their slots, and a rank's memory is its host's over the ranks it runs.
+  std::vector<HostSlots> hosts;
+  if (!o.hostfile.empty()) {
+    MT_CHECK(o.cluster.empty(), ErrorKind::kInvalidArgument,
+             "plan: --hostfile names the hosts --validate trains on; a described --cluster is priced, not trained on");
+    hosts = hostfile_parse(read_launcher_file(o.hostfile), o.hostfile);
+    MT_CHECK(!hosts.empty(), ErrorKind::kInvalidArgument, o.hostfile + ": no hosts");
+    int slots = 0;
+    for (const HostSlots& h : hosts) slots += h.slots;
+    if (!o.procs_given) o.procs = slots;
+    MT_CHECK(o.procs <= slots, ErrorKind::kInvalidArgument,
+             "plan: --procs " + std::to_string(o.procs) + " is more than " + o.hostfile + "'s " + std::to_string(slots) + " slots");
+  }
   // (0 divided the batch by it under "parallel": "auto": SIGFPE.)
   MT_CHECK(o.procs >= 1, ErrorKind::kInvalidArgument, "--procs must be at least 1, got " + std::to_string(o.procs));
   gib_bytes(o.memory_gib, "--memory");  // a negative or non-finite one is refused, not passed over
@@ -716,7 +740,19 @@ void run_plan(const PlanOptions& o) {
                          : load_calibration(cal_path, o.calibration.empty() ? "planner.calibration" : "--calibration");
   planner::PlanJob job = plan_job(c, o.procs);
   const double gib_given = o.memory_gib > 0 ? o.memory_gib : !o.cluster.empty() ? spec.memory_gib : c.planner.memory_gib;
-  const size_t budget = budget_bytes(gib_given, o.procs);
+  // Over hosts, mpirun fills the first host's slots first: a rank shares its host with at most
+  // that many.
+  const size_t budget = budget_bytes(gib_given, hosts.empty() ? o.procs : std::min(o.procs, hosts.front().slots));
+  if (hosts.size() > 1 && o.procs > hosts.front().slots) {  // the runs span hosts: the plan must know them
+    MT_CHECK(cal.ranks_per_host > 0, ErrorKind::kInvalidArgument,
+             "plan --hostfile: " + cal_path + " was calibrated on one host, so it prices every group at this host's "
+             "lines; calibrate over the hosts (meshtrain launch --hostfile " + o.hostfile + " -- calibrate -o FILE)");
+    for (const HostSlots& h : hosts)
+      MT_CHECK(h.slots == cal.ranks_per_host, ErrorKind::kInvalidArgument,
+               "plan --hostfile: " + o.hostfile + " gives " + h.host + " " + std::to_string(h.slots) + " slot(s), where " +
+                   cal_path + " was calibrated with " + std::to_string(cal.ranks_per_host) +
+                   " rank(s) a host (the plan puts that many consecutive ranks on each host)");
+  }
   if (o.cluster.empty() && share_cores(job, cal))
     std::fprintf(stderr,
                  "note: %d process(es) x %d thread(s) on %.0f core(s): the simulator shares the cores among the ranks "
@@ -922,8 +958,12 @@ void register_plan(CLI::App& app) {
                   "--validate: train every layout this many times, one after another in turn, and take each one's median "
                   "(a machine whose speed drifts between runs; default 1)")
       ->check(CLI::Range(1, 20));
+  cmd->add_option("--hostfile", o->hostfile,
+                  "--validate: train over these hosts (DeepSpeed's hostfile, as launch takes it; --procs defaults to "
+                  "their slots); the calibration must be taken over them (launch --hostfile F -- calibrate)");
   cmd->add_flag("--json", o->json, "print JSON");
-  cmd->callback([o] {
+  cmd->callback([o, cmd] {
+    o->procs_given = cmd->count("--procs") > 0;
     if (o->validate > 0) o->search = true;
     run_plan(*o);
   });

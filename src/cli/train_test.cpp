@@ -1755,6 +1755,30 @@ TEST(TrainMultiHost, TpWithinAHostPpAndDpAcrossHostsMatchOneProcessAndALostHostI
       EXPECT_GT(c["fits"][f + shape]["per_unit_s"].get<double>(), 0.0) << f << shape;
     }
 
+  // One rank a host: the world's lines are the ones across hosts, and the calibration says so
+  // (ranks_per_host 1; it wrote none, and plan --hostfile took it for one host's).
+  {
+    const std::string one_each = dir() + "/hosts-one-each";
+    std::ofstream(one_each) << "10.77.0.10 slots=1\n10.77.0.11 slots=1\n";
+    const std::string cal1 = dir() + "/mh-cal-1.json";
+    ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "launch -n 2 --hostfile " + one_each + " -- calibrate --quick --force -o " + cal1,
+                                              &out, &err), 0) << err;
+    EXPECT_NE(out.find("on 2 hosts"), std::string::npos) << out;
+    EXPECT_EQ(nlohmann::json::parse(mt::cli::testing::slurp(cal1)).value("ranks_per_host", 0), 1);
+  }
+
+  // plan --validate over the hosts, priced from that calibration: each layout trained under launch
+  // --hostfile (the table's rows are those runs' steps and rank 0's peaks).
+  {
+    std::string pout, perr;
+    const std::string pcfg = dp_config("mh-plan", 0, base);
+    ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + pcfg + " --calibration " + cal + hf + " --validate 1 --steps 3", &pout,
+                                              &perr), 0) << perr << pout;
+    EXPECT_NE(pout.find("each run: meshtrain launch -n 4 --hostfile " + hosts.hostfile()), std::string::npos) << pout;
+    EXPECT_NE(pout.find("step error: median"), std::string::npos) << pout;
+    EXPECT_NE(pout.find("the chosen layout (rank 1) measured"), std::string::npos) << pout;
+  }
+
   // A long run; once it has made a step, host 1's ranks are killed.
   nlohmann::json longer = base;
   longer["train_iters"] = 100000;

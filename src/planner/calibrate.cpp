@@ -1216,8 +1216,9 @@ Calibration calibrate(const CalibrateOptions& options) {
         time_collectives(cal, sub.get(), " g" + std::to_string(g), options.quick, budget, max_bytes);
       }
     }
+    // (One rank a host: the world's lines are the ones across hosts, and ranks_per_host 1 says so.)
+    if (hosts > 1 && even) cal.ranks_per_host = group->size() / hosts;
     if (hosts > 1 && even && group->size() > hosts) {
-      cal.ranks_per_host = group->size() / hosts;
       std::shared_ptr<comm::Backend> intra = group->split(host[static_cast<size_t>(me)], me);
       std::shared_ptr<comm::Backend> inter = group->split(local, me);
       time_collectives(cal, intra.get(), " intra", options.quick, budget, max_bytes);

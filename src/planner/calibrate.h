@@ -117,7 +117,7 @@ struct Calibration {
   double gemm_backward_seconds(long m, long n, long k, DType dtype) const;
   // Calibrated over several hosts of ranks_per_host ranks each (0: one host): every collective is
   // also timed within a host and across hosts (one rank a host), families "<collective> intra" and
-  // "<collective> inter".
+  // "<collective> inter" (with one rank a host, the world's lines are those across hosts).
   int ranks_per_host = 0;
   // Whether this machine's oneDNN multiplies f16 itself (AVX512-FP16); where not, kernels::gemm
   // widens f16 operands to f32 and the cost model prices that (planner/cost.cpp). A calibration
