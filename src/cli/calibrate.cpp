@@ -217,6 +217,12 @@ void run_calibrate(const CalibrateArgs& args) {
           std::printf("%-24s %12.3f x the kernels' sum\n", family.c_str(), f.per_unit);
         continue;
       }
+      if (family.size() > 11 && (family.rfind(" query tile") == family.size() - 11 || family.rfind(" pair") == family.size() - 5)) {
+        // attention's split (DESIGN-NOTES 105): a time each, not a rate
+        const bool tile = family.rfind(" query tile") == family.size() - 11;
+        std::printf("%-24s %12.3f %s\n", family.c_str(), f.per_unit * (tile ? 1e6 : 1e9), tile ? "us a query tile of a head" : "ns a pair");
+        continue;
+      }
       const bool flops = family.rfind("gemm", 0) == 0 || family.rfind("attention", 0) == 0 || family.rfind("sparse attention", 0) == 0;
       const std::string base = family.substr(0, family.find(' '));  // "all_reduce intra" -> "all_reduce"
       const bool bytes = family == "memory" || family == "copy" || family == "zero" || family == "convert" || base == "all_reduce" || base == "all_gather" || base == "reduce_scatter" ||

@@ -67,8 +67,9 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
   // cache, the ZeRO passes' 3 families hot within it at 2 sizes, + sparse attention's forward and
   // backward at blocks 16, 32 and 64, one length each, + the other updates (LAMB, SGD without and
   // with momentum, 1-bit Adam and 1-bit LAMB past their warm-up, 0/1 Adam's compressed-gradient
-  // step, local step and sync; f32 and writing the bf16 copy) at 2 sizes
-  EXPECT_EQ(j["points"].size(), j.contains("cache_bytes") ? 103u : 97u);
+  // step, local step and sync; f32 and writing the bf16 copy) at 2 sizes, + attention at T 512
+  // causal and over documents, each direction (DESIGN-NOTES 105)
+  EXPECT_EQ(j["points"].size(), j.contains("cache_bytes") ? 107u : 101u);
   for (const char* family : {"sparse attention forward b16", "sparse attention backward b16", "sparse attention forward b64"})
     EXPECT_TRUE(j["fits"].contains(family)) << family;
   for (const char* family : {"dropout", "copy hot", "zero hot", "add hot"})
@@ -483,6 +484,21 @@ TEST(Plan, AHostfilesRunsNeedACalibrationOverTheHosts) {
   EXPECT_NE(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 8 --calibration " + two + " --hostfile " + even, &out, &err),
             0);
   EXPECT_NE(err.find("--procs 8 is more than"), std::string::npos) << err;
+  // A calibration of one rank a host prices every group across hosts: runs on one host are warned of.
+  const std::string each = dir() + "/hand-one-a-host.json";
+  std::ofstream(each) << R"({"world": 2, "threads": 1, "ranks_per_host": 1, )" + fits;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + each, &out, &err), 0) << err;
+  EXPECT_NE(err.find("was calibrated with one rank a host"), std::string::npos) << err;
+  // A rank's memory: this machine's over the ranks on the first host (2), not over all 4.
+  auto within = [&](const std::string& args) {
+    std::string o, e;
+    EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --search --calibration " + two + args, &o, &e), 0) << e;
+    const size_t at = o.find(" within ");
+    return at == std::string::npos ? 0.0 : std::atof(o.c_str() + at + 8);
+  };
+  const double over_hosts = within(" --hostfile " + even), one_host = within(" --procs 4");
+  EXPECT_GT(one_host, 0.0);
+  EXPECT_NEAR(over_hosts, 2 * one_host, 0.02) << over_hosts << " GiB a rank over the hosts, " << one_host << " on one";
   // Two processes fill the first host: no host is spanned, and any calibration of two ranks serves.
   ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --procs 2 --calibration " + one + " --hostfile " + even, &out, &err),
             0) << err;

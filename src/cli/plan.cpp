@@ -57,8 +57,15 @@ struct PlanOptions {
   bool procs_given = false;
 };
 
+// s as one word of a shell command line: in single quotes, each ' as '\''.
+std::string shell_word(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
 // " --hostfile 'F'" for a launch over o's hosts, "" for this machine.
-std::string hostfile_arg(const PlanOptions& o) { return o.hostfile.empty() ? "" : " --hostfile '" + o.hostfile + "'"; }
+std::string hostfile_arg(const PlanOptions& o) { return o.hostfile.empty() ? "" : " --hostfile " + shell_word(o.hostfile); }
 
 }  // namespace
 
@@ -299,7 +306,10 @@ std::string attention_note(const planner::PlanJob& job, const planner::Calibrati
   }
   if (job.attention_samples > 0)
     return "data.reset_attention_mask: the documents leave " + fmt("%.1f", 100 * job.attention_share) + "% of the causal kernel's tiles" +
-           " (the run's first " + std::to_string(job.attention_samples) + " samples)";
+           " (the run's first " + std::to_string(job.attention_samples) + " samples)" +
+           (cal.fits.count("attention forward query tile") ? ", and every query tile's fixed work"
+                                                           : "; priced by the pairs alone (calibrate --force splits off a query "
+                                                             "tile's fixed work, which documents keep)");
   return "";
 }
 
@@ -434,14 +444,14 @@ Measured measure_layout(const PlanOptions& o, const planner::Layout& l, double t
   std::string cmd = self_exe();
   const int procs = l.dp * l.tp * l.pp;
   if (procs > 1) cmd += " launch -n " + std::to_string(procs) + hostfile_arg(o) + " --";
-  cmd += " train '" + o.path + "'";
+  cmd += " train " + shell_word(o.path);
   std::vector<std::string> sets = o.sets;
   for (const std::string& s : layout_sets(l)) sets.push_back(s);
   for (const std::string& s : {std::string("train_iters=") + std::to_string(o.steps), std::string("save_dir="),
                                std::string("eval_interval=0"), std::string("steps_per_print=1")})
     sets.push_back(s);
-  for (const std::string& s : sets) cmd += " --set '" + s + "'";
-  cmd += " --metrics '" + metrics + "' > '" + log + "' 2>&1";
+  for (const std::string& s : sets) cmd += " --set " + shell_word(s);
+  cmd += " --metrics " + shell_word(metrics) + " > " + shell_word(log) + " 2>&1";
   const int rc = std::system(cmd.c_str());
   MT_CHECK(rc == 0, ErrorKind::kInternal, "plan --validate: " + l.describe() + " did not train (see " + log + ")");
   std::vector<double> steps, updated;
@@ -466,7 +476,9 @@ Measured measure_layout(const PlanOptions& o, const planner::Layout& l, double t
       if (k.rfind("peak_", 0) == 0 && v.is_number()) peaks[k] = std::max(peaks[k], v.get<double>());
     m.rss = std::max(m.rss, j.value("rss_peak_bytes", 0.0));
   }
-  MT_CHECK(!steps.empty(), ErrorKind::kInternal, "plan --validate: " + metrics + " has no step past the second");
+  MT_CHECK(!steps.empty(), ErrorKind::kInternal,
+           "plan --validate: " + metrics + " has no step past the second" +
+               (o.hostfile.empty() ? std::string() : " (rank 0 writes it on " + o.hostfile + "'s first host: run plan there)"));
   for (double t : updated) m.mean += t / static_cast<double>(updated.size());
   std::sort(steps.begin(), steps.end());
   m.step = steps.size() % 2 ? steps[steps.size() / 2] : 0.5 * (steps[steps.size() / 2 - 1] + steps[steps.size() / 2]);
@@ -479,7 +491,7 @@ Measured measure_layout(const PlanOptions& o, const planner::Layout& l, double t
 double exchange_probe_now(const PlanOptions& o, int procs, const std::string& dir) {
   const std::string log = dir + "/exchange-probe.log";
   const std::string cmd =
-      self_exe() + " launch -n " + std::to_string(procs) + hostfile_arg(o) + " -- calibrate --exchange-probe > '" + log + "' 2>&1";
+      self_exe() + " launch -n " + std::to_string(procs) + hostfile_arg(o) + " -- calibrate --exchange-probe > " + shell_word(log) + " 2>&1";
   const int rc = std::system(cmd.c_str());
   std::ifstream f(log);
   std::string line;
@@ -550,7 +562,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
                 "and measured by their mean\n",
                 job.mix_of.c_str(), o.steps, optimizer_note(window, cal).substr((job.mix_of + ", the mean of its steps: ").size()).c_str());
   }
-  if (!o.hostfile.empty())
+  if (!o.hostfile.empty() && job.procs > 1)
     std::printf("each run: meshtrain launch -n %d --hostfile %s (rank 0, which writes the metrics, on its first host)\n",
                 job.procs, o.hostfile.c_str());
   std::map<size_t, std::pair<int64_t, int64_t>> updates_of;  // each pick's measured updates (its last run's)
@@ -715,18 +727,23 @@ void run_plan(PlanOptions o) {
              "plan: --hostfile names the hosts --validate trains on; a described --cluster is priced, not trained on");
     hosts = hostfile_parse(read_launcher_file(o.hostfile), o.hostfile);
     MT_CHECK(!hosts.empty(), ErrorKind::kInvalidArgument, o.hostfile + ": no hosts");
-    int slots = 0;
+    long slots = 0;
     for (const HostSlots& h : hosts) slots += h.slots;
-    if (!o.procs_given) o.procs = slots;
+    if (!o.procs_given) o.procs = static_cast<int>(std::min<long>(slots, 65536));
     MT_CHECK(o.procs <= slots, ErrorKind::kInvalidArgument,
              "plan: --procs " + std::to_string(o.procs) + " is more than " + o.hostfile + "'s " + std::to_string(slots) + " slots");
   }
   // (0 divided the batch by it under "parallel": "auto": SIGFPE.)
   MT_CHECK(o.procs >= 1, ErrorKind::kInvalidArgument, "--procs must be at least 1, got " + std::to_string(o.procs));
   gib_bytes(o.memory_gib, "--memory");  // a negative or non-finite one is refused, not passed over
+  // Over hosts, mpirun fills the first host's slots first: a rank shares this machine's memory (the
+  // first host's, where plan runs) with at most that many.
+  const int here = hosts.empty() ? o.procs : std::min(o.procs, hosts.front().slots);
   // An "auto" configuration is searched with plan's own rates and budget (it was searched with its
   // planner block's, then priced with these: a layout chosen for this machine shown for an H100).
-  const engine::RunConfig c = load_layout_config("plan", o.path, o.sets, o.procs, {o.calibration, o.cluster, o.memory_gib});
+  PlannerInputs inputs{o.calibration, o.cluster, o.memory_gib};
+  inputs.ranks_a_host = here;
+  const engine::RunConfig c = load_layout_config("plan", o.path, o.sets, o.procs, inputs);
   MT_CHECK(o.cluster.empty() || o.calibration.empty(), ErrorKind::kInvalidArgument,
            "plan: --cluster and --calibration are two sources of the same rates; give one");
   MT_CHECK(o.cluster.empty() || o.validate == 0, ErrorKind::kInvalidArgument,
@@ -740,9 +757,7 @@ void run_plan(PlanOptions o) {
                          : load_calibration(cal_path, o.calibration.empty() ? "planner.calibration" : "--calibration");
   planner::PlanJob job = plan_job(c, o.procs);
   const double gib_given = o.memory_gib > 0 ? o.memory_gib : !o.cluster.empty() ? spec.memory_gib : c.planner.memory_gib;
-  // Over hosts, mpirun fills the first host's slots first: a rank shares its host with at most
-  // that many.
-  const size_t budget = budget_bytes(gib_given, hosts.empty() ? o.procs : std::min(o.procs, hosts.front().slots));
+  const size_t budget = budget_bytes(gib_given, here);
   if (hosts.size() > 1 && o.procs > hosts.front().slots) {  // the runs span hosts: the plan must know them
     MT_CHECK(cal.ranks_per_host > 0, ErrorKind::kInvalidArgument,
              "plan --hostfile: " + cal_path + " was calibrated on one host, so it prices every group at this host's "
@@ -751,8 +766,14 @@ void run_plan(PlanOptions o) {
       MT_CHECK(h.slots == cal.ranks_per_host, ErrorKind::kInvalidArgument,
                "plan --hostfile: " + o.hostfile + " gives " + h.host + " " + std::to_string(h.slots) + " slot(s), where " +
                    cal_path + " was calibrated with " + std::to_string(cal.ranks_per_host) +
-                   " rank(s) a host (the plan puts that many consecutive ranks on each host)");
+                   " rank(s) a host (the plan puts that many consecutive ranks on each host; calibrate over these hosts: "
+                   "meshtrain launch --hostfile " + o.hostfile + " -- calibrate -o FILE)");
   }
+  if (o.cluster.empty() && cal.ranks_per_host == 1 && o.procs > 1 && hosts.size() <= 1)
+    std::fprintf(stderr,
+                 "warning: %s was calibrated with one rank a host, so its collectives are the ones across hosts; these "
+                 "%d ranks are priced at them (give --hostfile for runs over those hosts)\n",
+                 cal_path.c_str(), o.procs);
   if (o.cluster.empty() && share_cores(job, cal))
     std::fprintf(stderr,
                  "note: %d process(es) x %d thread(s) on %.0f core(s): the simulator shares the cores among the ranks "
@@ -883,7 +904,21 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   const std::string source = !inputs.cluster.empty() ? inputs.cluster : !inputs.calibration.empty() ? inputs.calibration : c.planner.calibration;
   const planner::Calibration cal = !inputs.cluster.empty() ? planner::cluster_calibration(spec)
                                                            : load_calibration(source, inputs.calibration.empty() ? "planner.calibration" : "--calibration");
-  const size_t budget = budget_bytes(inputs.memory_gib > 0 ? inputs.memory_gib : !inputs.cluster.empty() ? spec.memory_gib : c.planner.memory_gib, procs);
+  // A rank's share of its host: over several hosts, the ranks mpirun puts on rank 0's (the first,
+  // which it fills first), the same count on every rank so that every rank plans alike.
+  int here = inputs.ranks_a_host;
+  if (here <= 0) {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    float v = local != nullptr && std::atoi(local) > 0 ? static_cast<float>(std::atoi(local)) : static_cast<float>(procs);
+    if (inputs.world != nullptr && inputs.world->size() > 1) {
+      comm::BroadcastOptions o;
+      o.tag = "the plan's ranks a host";
+      inputs.world->broadcast(&v, 1, DType::kF32, o)->wait();
+    }
+    here = static_cast<int>(v);
+  }
+  here = std::clamp(here, 1, procs);
+  const size_t budget = budget_bytes(inputs.memory_gib > 0 ? inputs.memory_gib : !inputs.cluster.empty() ? spec.memory_gib : c.planner.memory_gib, here);
   planner::PlanJob job = plan_job(c, procs, inputs.world);
   if (inputs.cluster.empty()) share_cores(job, cal);
   const planner::SearchResult r = planner::search_layouts(job, space, budget, cal);
@@ -959,8 +994,9 @@ void register_plan(CLI::App& app) {
                   "(a machine whose speed drifts between runs; default 1)")
       ->check(CLI::Range(1, 20));
   cmd->add_option("--hostfile", o->hostfile,
-                  "--validate: train over these hosts (DeepSpeed's hostfile, as launch takes it; --procs defaults to "
-                  "their slots); the calibration must be taken over them (launch --hostfile F -- calibrate)");
+                  "plan for these hosts and train --validate's runs over them (DeepSpeed's hostfile, as launch takes it): "
+                  "--procs defaults to their slots, a rank's memory is this machine's over the ranks on the first host, and "
+                  "runs that span hosts need a calibration over them (launch --hostfile F -- calibrate)");
   cmd->add_flag("--json", o->json, "print JSON");
   cmd->callback([o, cmd] {
     o->procs_given = cmd->count("--procs") > 0;

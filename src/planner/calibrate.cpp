@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <thread>
+#include <tuple>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -580,6 +581,43 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
                                                        T, NH, NH, HS);
                          },
                          budget, 3, nullptr)});
+    }
+    // The kernel at T 512, causal and over documents of 64 tokens, one to a tile (no tile mixes
+    // two, so none is masked): the same query tiles, a fifth of the pairs. Each direction's time is then
+    // split into a query tile's fixed work (its rows packed, the online softmax's start and end,
+    // the rows written; the backward's key tiles alike) and a pair's, "attention forward|backward
+    // query tile" and "... pair" (DESIGN-NOTES 105): documents skip pairs, not query tiles.
+    {
+      const int T = 512, B = 2, NH = 8, HS = 64;
+      const size_t rows = static_cast<size_t>(B) * T;
+      std::vector<float> qkv(rows * 3 * NH * HS), out(rows * NH * HS), lse(rows * NH), dqkv(qkv.size()), dout(out.size(), 1e-3f);
+      for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i % 97) / 97.0f - 0.5f;
+      std::vector<int32_t> ks(rows);
+      for (size_t r = 0; r < rows; ++r) ks[r] = static_cast<int32_t>(r % static_cast<size_t>(T)) / 64 * 64;
+      const double heads = static_cast<double>(B) * NH, causal = heads * kernels::attention_tile_pairs(T),
+                   docs = heads * kernels::attention_tile_pairs(T, ks.data()), tiles = heads * ((T + 63) / 64);
+      auto timed = [&](const int32_t* k) {
+        return std::pair{
+            time_calls([&] { kernels::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS, nullptr, k); }, budget, 3,
+                       nullptr),
+            time_calls(
+                [&] {
+                  kernels::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH, NH, HS,
+                                              nullptr, k);
+                },
+                budget, 3, nullptr)};
+      };
+      const auto [c_fwd, c_bwd] = timed(nullptr);
+      const auto [t_fwd, t_bwd] = timed(ks.data());
+      for (const auto& [what, units, sec] : {std::tuple{"forward causal", causal, c_fwd}, std::tuple{"backward causal", causal, c_bwd},
+                                             std::tuple{"forward documents of 64", docs, t_fwd},
+                                             std::tuple{"backward documents of 64", docs, t_bwd}})
+        cal.points.push_back({std::string("attention ") + what + " T=512, by its tiles' pairs", units, sec});
+      for (const auto& [dir, t_causal, t_docs] : {std::tuple{"forward", c_fwd, t_fwd}, std::tuple{"backward", c_bwd, t_bwd}}) {
+        const double pair = std::max(t_causal - t_docs, 0.0) / (causal - docs);
+        cal.fits[std::string("attention ") + dir + " query tile"] = {0.0, std::max(t_docs - pair * docs, 0.0) / tiles};
+        cal.fits[std::string("attention ") + dir + " pair"] = {0.0, pair};
+      }
     }
     add_family(cal, "attention forward", fwd);
     add_family(cal, "attention backward", bwd);  // by the forward's FLOPs

@@ -216,14 +216,23 @@ TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
     EXPECT_GT(cal.fits.at(family).per_unit, 0.0) << family;
     EXPECT_GE(cal.fits.at(family).latency, 0.0) << family;
   }
-  // quick: 3 GEMM shapes x 2 dtypes x 2 directions, 2 attention x 2, 3 x (memory, adamw, copy, zero,
+  // quick: 3 GEMM shapes x 2 dtypes x 2 directions, 2 attention x 2 and 4 more, 3 x (memory, adamw, copy, zero,
   // convert), the blocks' 10 elementwise (dropout's mask among them) x 2, and where the machine
   // tells its last-level cache, 2 x (copy, zero, add) hot within it; the in-situ blocks' unscaled
   // factors (4 x 2) and the kernels' pace, median and mean (o.pace); sparse attention's forward and
   // backward at blocks 16, 32 and 64, one length each; the other updates (LAMB, SGD, SGD with
   // momentum, 1-bit Adam and 1-bit LAMB past their warm-up, 0/1 Adam's compressed-gradient step,
   // local step and sync, f32 and writing the bf16 copy) at 2 sizes
-  EXPECT_EQ(cal.points.size(), cal.cache_bytes > 0 ? 113u : 107u);
+  EXPECT_EQ(cal.points.size(), cal.cache_bytes > 0 ? 117u : 111u);
+  // Attention at T 512, causal and over documents of 64 tokens (4 points): each direction's time
+  // split into a query tile's and a pair's (DESIGN-NOTES 105). Documents keep a fifth of the pairs
+  // and every query tile, so a pair's time is positive wherever the kernel's time follows its pairs.
+  for (const char* pass : {"forward", "backward"}) {
+    const std::string tile = std::string("attention ") + pass + " query tile", pair = std::string("attention ") + pass + " pair";
+    ASSERT_TRUE(cal.fits.count(tile) && cal.fits.count(pair)) << pass;
+    EXPECT_GT(cal.fits.at(pair).per_unit, 0.0) << pass;
+    EXPECT_GE(cal.fits.at(tile).per_unit, 0.0) << pass;
+  }
   for (int block : {16, 32, 64})
     for (const char* pass : {"forward", "backward"}) {
       const std::string family = std::string("sparse attention ") + pass + " b" + std::to_string(block);

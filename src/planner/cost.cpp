@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "kernels/cpu/attention.h"
 #include "models/module_profile.h"
 #include "optim/zero_one_adam.h"
 #include "planner/memory.h"
@@ -238,8 +239,23 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
     }
   }
   const bool att_cal = cal.fits.count(fwd_line) && cal.fits.count(bwd_line);
-  const double attention = att_cal ? cal.seconds(fwd_line, att_flops) : cal.seconds("gemm f32", att_flops);
-  const double attention_bwd = att_cal ? cal.seconds(bwd_line, att_flops) : 2 * attention;
+  double attention = att_cal ? cal.seconds(fwd_line, att_flops) : cal.seconds("gemm f32", att_flops);
+  double attention_bwd = att_cal ? cal.seconds(bwd_line, att_flops) : 2 * attention;
+  // Documents skip pairs, not query tiles: where the calibration split the kernel's time into a
+  // query tile's fixed work and a pair's (DESIGN-NOTES 105), the causal time at this T scaled by
+  // the share of that split the run keeps (a query tile each 64 rows, all of them kept).
+  auto kept = [&](const char* dir) {
+    const std::string tile = std::string("attention ") + dir + " query tile", pair = std::string("attention ") + dir + " pair";
+    if (!cal.fits.count(tile) || !cal.fits.count(pair)) return -1.0;
+    const double q = std::ceil(d.T / 64.0), pc = kernels::attention_tile_pairs(d.T);
+    const double fixed = cal.fits.at(tile).per_unit * q, pairs = cal.fits.at(pair).per_unit * pc;
+    return fixed + pairs > 0 ? (fixed + pairs * s.attention_share) / (fixed + pairs) : -1.0;
+  };
+  if (!s.sparse && att_cal && s.attention_share < 1 && kept("forward") > 0 && kept("backward") > 0) {
+    const double causal = models::attention_core_flops(d.B, d.T, d.NH, d.HS, nullptr);
+    attention = cal.seconds(fwd_line, causal) * kept("forward");
+    attention_bwd = cal.seconds(bwd_line, causal) * kept("backward");
+  }
   // The elementwise work: the blocks' own kernels where calibrated (by elements), else every byte
   // they read and write at the memory rate (older calibrations).
   const bool own = cal.fits.count("add") && cal.fits.count("gelu backward") && cal.fits.count("swiglu backward") &&

@@ -244,6 +244,22 @@ TEST(CostModel, DocumentsAndSparseLayoutsPriceTheAttentionTheyCompute) {
   EXPECT_NEAR(dropped.forward[1] - c.forward[1], 0.25 * 7e-10 * probs, 1e-15);
   EXPECT_NEAR(dropped.backward[1] - c.backward[1], 0.25 * 2 * 7e-10 * probs, 1e-15);
   s.model.attn_pdrop = 0.0f;
+  // With the calibration's split of the kernel's time (a query tile's fixed work and a pair's),
+  // documents keep every query tile: T 64 is one tile of 64 x 64 pairs a head, so the share the
+  // run keeps is (a + 4096 b 0.25) / (a + 4096 b) of the causal time, not 0.25 of it.
+  cal.fits["attention forward query tile"] = {0.0, 2e-6};
+  cal.fits["attention forward pair"] = {0.0, 1e-9};
+  cal.fits["attention backward query tile"] = {0.0, 3e-6};
+  cal.fits["attention backward pair"] = {0.0, 2e-9};
+  const double kept_f = (2e-6 + 4096 * 1e-9 * 0.25) / (2e-6 + 4096 * 1e-9),
+               kept_b = (3e-6 + 4096 * 2e-9 * 0.25) / (3e-6 + 4096 * 2e-9);
+  const ZeroStepCosts split = zero_step_costs(s, cal);
+  EXPECT_NEAR(causal.forward[1] - split.forward[1], (1 - kept_f) * 3e-12 * att, 1e-15);
+  EXPECT_NEAR(causal.backward[1] - split.backward[1], (1 - kept_b) * 5e-12 * att, 1e-15);
+  s.attention_share = 1.0;
+  EXPECT_EQ(zero_step_costs(s, cal).forward[1], causal.forward[1]);  // causal: the line as it was
+  for (const char* f : {"attention forward query tile", "attention forward pair", "attention backward query tile", "attention backward pair"})
+    cal.fits.erase(f);
   s.attention_share = 0.0;
   EXPECT_THROW(zero_step_costs(s, cal), Error);
   s.attention_share = 1.0;
