@@ -104,8 +104,9 @@ struct PlannerInputs {
   // the data (data.reset_attention_mask's documents) is read by rank 0 and sent to the others, so
   // every rank plans alike.
   comm::Backend* world = nullptr;
-  // The ranks that share a host's memory, which the budget divides (0: rank 0's host's count under
-  // mpirun, OMPI_COMM_WORLD_LOCAL_SIZE, sent to every rank; else every process on this host).
+  // The ranks that share a host's memory, which the budget divides (0: with `world`, rank 0's
+  // host's count under mpirun, OMPI_COMM_WORLD_LOCAL_SIZE; else, or without it, every process).
+  // With `world`, rank 0's budget is sent to every rank, so that every rank plans alike.
   int ranks_a_host = 0;
 };
 engine::RunConfig load_layout_config(const std::string& command, const std::string& path,

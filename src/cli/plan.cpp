@@ -307,9 +307,11 @@ std::string attention_note(const planner::PlanJob& job, const planner::Calibrati
   if (job.attention_samples > 0)
     return "data.reset_attention_mask: the documents leave " + fmt("%.1f", 100 * job.attention_share) + "% of the causal kernel's tiles" +
            " (the run's first " + std::to_string(job.attention_samples) + " samples)" +
-           (cal.fits.count("attention forward query tile") ? ", and every query tile's fixed work"
-                                                           : "; priced by the pairs alone (calibrate --force splits off a query "
-                                                             "tile's fixed work, which documents keep)");
+           (cal.fits.count("attention forward query tile") && cal.fits.count("attention backward query tile")
+                ? ", and every query tile's fixed work"
+            : cal.has_network ? ""
+                              : "; priced by the pairs alone (calibrate --force splits off a query tile's fixed work, which "
+                                "documents keep)");
   return "";
 }
 
@@ -906,19 +908,19 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
                                                            : load_calibration(source, inputs.calibration.empty() ? "planner.calibration" : "--calibration");
   // A rank's share of its host: over several hosts, the ranks mpirun puts on rank 0's (the first,
   // which it fills first), the same count on every rank so that every rank plans alike.
-  int here = inputs.ranks_a_host;
-  if (here <= 0) {
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    float v = local != nullptr && std::atoi(local) > 0 ? static_cast<float>(std::atoi(local)) : static_cast<float>(procs);
-    if (inputs.world != nullptr && inputs.world->size() > 1) {
-      comm::BroadcastOptions o;
-      o.tag = "the plan's ranks a host";
-      inputs.world->broadcast(&v, 1, DType::kF32, o)->wait();
-    }
-    here = static_cast<int>(v);
-  }
+  int here = inputs.ranks_a_host > 0 ? inputs.ranks_a_host : procs;
+  const bool mpi = inputs.world != nullptr && inputs.world->size() > 1;
+  if (inputs.ranks_a_host <= 0 && mpi)
+    if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); local != nullptr && std::atoi(local) > 0) here = std::atoi(local);
   here = std::clamp(here, 1, procs);
-  const size_t budget = budget_bytes(inputs.memory_gib > 0 ? inputs.memory_gib : !inputs.cluster.empty() ? spec.memory_gib : c.planner.memory_gib, here);
+  size_t budget = budget_bytes(inputs.memory_gib > 0 ? inputs.memory_gib : !inputs.cluster.empty() ? spec.memory_gib : c.planner.memory_gib, here);
+  if (mpi) {  // rank 0's, exactly (two floats of 24 bits: hosts may differ in memory and ranks)
+    float parts[2] = {static_cast<float>(budget >> 24), static_cast<float>(budget & ((size_t{1} << 24) - 1))};
+    comm::BroadcastOptions o;
+    o.tag = "the plan's memory budget";
+    inputs.world->broadcast(parts, 2, DType::kF32, o)->wait();
+    budget = (static_cast<size_t>(parts[0]) << 24) + static_cast<size_t>(parts[1]);
+  }
   planner::PlanJob job = plan_job(c, procs, inputs.world);
   if (inputs.cluster.empty()) share_cores(job, cal);
   const planner::SearchResult r = planner::search_layouts(job, space, budget, cal);

@@ -583,7 +583,7 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
                          budget, 3, nullptr)});
     }
     // The kernel at T 512, causal and over documents of 64 tokens, one to a tile (no tile mixes
-    // two, so none is masked): the same query tiles, a fifth of the pairs. Each direction's time is then
+    // two, so none is masked): the same query tiles, 2/9 of the pairs. Each direction's time is then
     // split into a query tile's fixed work (its rows packed, the online softmax's start and end,
     // the rows written; the backward's key tiles alike) and a pair's, "attention forward|backward
     // query tile" and "... pair" (DESIGN-NOTES 105): documents skip pairs, not query tiles.

@@ -225,7 +225,7 @@ TEST(CalibrationRun, OneProcessMeasuresKernelsNotCollectives) {
   // local step and sync, f32 and writing the bf16 copy) at 2 sizes
   EXPECT_EQ(cal.points.size(), cal.cache_bytes > 0 ? 117u : 111u);
   // Attention at T 512, causal and over documents of 64 tokens (4 points): each direction's time
-  // split into a query tile's and a pair's (DESIGN-NOTES 105). Documents keep a fifth of the pairs
+  // split into a query tile's and a pair's (DESIGN-NOTES 105). Documents keep 2/9 of the pairs
   // and every query tile, so a pair's time is positive wherever the kernel's time follows its pairs.
   for (const char* pass : {"forward", "backward"}) {
     const std::string tile = std::string("attention ") + pass + " query tile", pair = std::string("attention ") + pass + " pair";

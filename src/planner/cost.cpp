@@ -244,17 +244,22 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   // Documents skip pairs, not query tiles: where the calibration split the kernel's time into a
   // query tile's fixed work and a pair's (DESIGN-NOTES 105), the causal time at this T scaled by
   // the share of that split the run keeps (a query tile each 64 rows, all of them kept).
-  auto kept = [&](const char* dir) {
+  // (The calibration's heads each have their kv head; the backward's fixed work is a key tile's of
+  // a kv head, so grouped-query heads share it: NKV / NH of it a query head.)
+  auto kept = [&](const char* dir, double fixed_share) {
     const std::string tile = std::string("attention ") + dir + " query tile", pair = std::string("attention ") + dir + " pair";
     if (!cal.fits.count(tile) || !cal.fits.count(pair)) return -1.0;
     const double q = std::ceil(d.T / 64.0), pc = kernels::attention_tile_pairs(d.T);
-    const double fixed = cal.fits.at(tile).per_unit * q, pairs = cal.fits.at(pair).per_unit * pc;
+    const double fixed = cal.fits.at(tile).per_unit * q * fixed_share, pairs = cal.fits.at(pair).per_unit * pc;
     return fixed + pairs > 0 ? (fixed + pairs * s.attention_share) / (fixed + pairs) : -1.0;
   };
-  if (!s.sparse && att_cal && s.attention_share < 1 && kept("forward") > 0 && kept("backward") > 0) {
-    const double causal = models::attention_core_flops(d.B, d.T, d.NH, d.HS, nullptr);
-    attention = cal.seconds(fwd_line, causal) * kept("forward");
-    attention_bwd = cal.seconds(bwd_line, causal) * kept("backward");
+  if (!s.sparse && att_cal && s.attention_share < 1) {
+    const double kept_fwd = kept("forward", 1.0), kept_bwd = kept("backward", static_cast<double>(d.NKV) / d.NH);
+    if (kept_fwd > 0 && kept_bwd > 0) {
+      const double causal = models::attention_core_flops(d.B, d.T, d.NH, d.HS, nullptr);
+      attention = cal.seconds(fwd_line, causal) * kept_fwd;
+      attention_bwd = cal.seconds(bwd_line, causal) * kept_bwd;
+    }
   }
   // The elementwise work: the blocks' own kernels where calibrated (by elements), else every byte
   // they read and write at the memory rate (older calibrations).

@@ -258,6 +258,30 @@ TEST(CostModel, DocumentsAndSparseLayoutsPriceTheAttentionTheyCompute) {
   EXPECT_NEAR(causal.backward[1] - split.backward[1], (1 - kept_b) * 5e-12 * att, 1e-15);
   s.attention_share = 1.0;
   EXPECT_EQ(zero_step_costs(s, cal).forward[1], causal.forward[1]);  // causal: the line as it was
+  // T 256: four query tiles a head and 64^2 (1 + 2 + 3 + 4) = 40960 causal pairs.
+  s.seq_length = 256;
+  s.model.max_positions = 256;
+  const ZeroStepCosts causal256 = zero_step_costs(s, cal);
+  s.attention_share = 0.25;
+  const ZeroStepCosts split256 = zero_step_costs(s, cal);
+  const double att256 = 2.0 * 2 * 2 * 16 * 4 * (256 * 257 / 2);
+  const double kept256 = (4 * 2e-6 + 40960 * 1e-9 * 0.25) / (4 * 2e-6 + 40960 * 1e-9);
+  EXPECT_NEAR(causal256.forward[1] - split256.forward[1], (1 - kept256) * 3e-12 * att256, 1e-14);
+  s.seq_length = 64;
+  s.model.max_positions = 64;
+  s.attention_share = 1.0;
+  // Grouped-query heads (2 kv heads for 4): the backward's fixed work, a kv head's key tiles, is
+  // half of it a query head; the forward's is whole.
+  StepShape g = s;
+  g.model.arch = models::Arch::kLlama;  // (GPT-2 has a kv head each)
+  g.model.tie_embeddings = false;
+  g.model.n_kv_head = 2;
+  const ZeroStepCosts g_causal = zero_step_costs(g, cal);
+  g.attention_share = 0.25;
+  const ZeroStepCosts g_split = zero_step_costs(g, cal);
+  const double g_kept_b = (0.5 * 3e-6 + 4096 * 2e-9 * 0.25) / (0.5 * 3e-6 + 4096 * 2e-9);
+  EXPECT_NEAR(g_causal.backward[1] - g_split.backward[1], (1 - g_kept_b) * 5e-12 * att, 1e-15);
+  EXPECT_NEAR(g_causal.forward[1] - g_split.forward[1], (1 - kept_f) * 3e-12 * att, 1e-15);
   for (const char* f : {"attention forward query tile", "attention forward pair", "attention backward query tile", "attention backward pair"})
     cal.fits.erase(f);
   s.attention_share = 0.0;
