@@ -64,7 +64,9 @@ struct BarrierOptions : CommOptions {};
 // How many times this process has been stopped and continued (SIGCONT: Ctrl-Z and `fg`, a
 // scheduler's suspend and resume) since count_continues(), which installs the counting handler
 // unless the program has its own. A wait whose deadline passed while the process was stopped
-// starts its timeout again instead of reporting the ranks that were stopped with it.
+// starts its timeout again instead of reporting the ranks that were stopped with it. (The handler
+// may run on another thread, late: an MPI wait also moves its deadline by any gap in its own
+// polling, and waits a moment for a late count before it reports.)
 void count_continues();
 uint64_t continues();
 

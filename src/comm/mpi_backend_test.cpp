@@ -8,6 +8,7 @@
 // so ctest passes this case on rank 0's "timeout case: PASS" line, and fails on any "FAIL".
 #include <mpi.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -566,6 +567,50 @@ void check_a_broken_pipe_does_not_kill(Backend&) {
   EXPECT(n == -1 && err == EPIPE, "a write to a closed pipe fails with EPIPE and the rank lives on");
 }
 
+// A rank stopped inside a wait for longer than the timeout, whose peers arrive after it is
+// continued, completes the collective. Its SIGCONT count is made to miss (SIGCONT ignored: the stop
+// still ends, no handler runs), as when the counting handler runs late on another of the process's
+// threads: rank 0 found its deadline passed before the count and ended a suspended job naming a
+// healthy rank (Launch.AJobSuspendedLongerThanItsTimeoutRunsOn, once in a full ctest). A child
+// stops rank 0 0.3 s into its wait and continues it 3 s later; the others arrive 0.3 s after that,
+// past the 2 s timeout counted from the wait's start, within it counted without the stop.
+void check_a_stop_inside_a_wait(Backend& b) {
+  float v = 1;
+  b.all_reduce(&v, 1, DType::kF32, {})->wait();  // together
+  struct sigaction saved {}, ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGCONT, &ignore, &saved);
+  pid_t child = -1;
+  if (b.rank() == 0) {
+    const pid_t parent = ::getpid();
+    child = ::fork();
+    if (child == 0) {  // only async-signal-safe calls
+      struct timespec before{0, 300'000'000}, stopped{3, 0};
+      ::nanosleep(&before, nullptr);
+      ::kill(parent, SIGSTOP);
+      ::nanosleep(&stopped, nullptr);
+      ::kill(parent, SIGCONT);
+      ::_exit(0);
+    }
+    EXPECT(child > 0, "fork");
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3600));
+  }
+  AllReduceOptions o;
+  o.timeout = std::chrono::milliseconds(2000);
+  o.tag = "stopped";
+  v = static_cast<float>(b.rank() + 1);
+  b.all_reduce(&v, 1, DType::kF32, o)->wait();  // a CommTimeout is a FAIL (main aborts the job)
+  EXPECT(v == static_cast<float>(b.size() * (b.size() + 1) / 2), "the sum after the stop");
+  ::sigaction(SIGCONT, &saved, nullptr);
+  if (child > 0) {
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
 // libnbc's all-reduce algorithm: the ring that mpi_init chooses (1), or the one the user gave in
 // OMPI_MCA_coll_libnbc_iallreduce_algorithm before it (ctest runs this binary both ways).
 int g_user_iallreduce = -1;
@@ -593,7 +638,7 @@ int main(int argc, char** argv) {
     return timeout_case(*world, argc > 2 ? argv[2] : "all_reduce");
   for (auto check : {check_all_reduce, check_bf16_sum, check_in_dtype, check_rooted, check_gather_scatter_all,
                      check_p2p_and_groups, check_onebit, check_a_broken_pipe_does_not_kill, check_huge_page_buffers, check_driven_send, check_iallreduce_algorithm,
-                     check_ring_reduce_scatter}) {
+                     check_ring_reduce_scatter, check_a_stop_inside_a_wait}) {
     try {
       check(*world);
     } catch (const std::exception& e) {
