@@ -370,8 +370,10 @@ namespace {
 
 // Runs one generation to its end, turning tokens into text: `stops` end it at their first
 // occurrence (excluded); on_delta gets each new piece of text that can no longer change (whole
-// UTF-8 characters, and nothing that may still begin a stop string) and returns false when the
-// client is gone, which cancels the generation.
+// UTF-8 characters, and nothing that may still begin a stop string) with the count of the answer's
+// tokens known by then to stay in it (all that have come: a stop string ends the answer at the
+// token that completes it), and returns false when the client is gone, which cancels the
+// generation.
 struct Outcome {
   std::string text;
   Finish finish = Finish::kNone;
@@ -410,26 +412,12 @@ std::shared_ptr<Generation> submit_or_throw(Scheduler& sched, GenerationRequest 
 }
 
 // Follows a queued generation to its end: the text (cut at the first stop string), its deltas.
-template <typename OnDelta>
-Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok,
-                          const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
-                          bool streaming, const std::function<bool()>& gone, int min_tokens = 0);
-
-template <typename OnDelta>
-Outcome run_generation(Scheduler& sched, const data::Tokenizer& tok, GenerationRequest request,
-                       const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
-                       bool streaming, const std::function<bool()>& gone = nullptr) {
-  const int min_tokens = request.min_tokens;
-  return follow_generation(submit_or_throw(sched, std::move(request)), tok, stops, hidden, std::move(on_delta), streaming, gone,
-                           min_tokens);
-}
-
 // min_tokens: stop strings count from the answer's min_tokens-th token on (vLLM's): a match must end
 // past the text of the first min_tokens tokens.
 template <typename OnDelta>
 Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok,
                           const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
-                          bool streaming, const std::function<bool()>& gone, int min_tokens) {
+                          bool streaming, const std::function<bool()>& gone, int min_tokens = 0) {
   size_t floor = 0;  // the text of the first min_tokens tokens, once they have come
   size_t hold = 0;
   for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
@@ -492,7 +480,7 @@ Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Toke
         size_t safe = whole > hold ? whole - hold : 0;
         while (safe > sent && (static_cast<unsigned char>(full[safe]) & 0xC0) == 0x80) --safe;
         if (safe > sent) {
-          if (!on_delta(full.substr(sent, safe - sent))) g->cancel(Finish::kCancelled);
+          if (!on_delta(full.substr(sent, safe - sent), ids.size())) g->cancel(Finish::kCancelled);
           sent = safe;
         }
       }
@@ -510,7 +498,7 @@ Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Toke
   out.ids = ids;
   if (out.finish == Finish::kStop || out.finish == Finish::kLength) {
     // The end: what was held back is final now (a stop string cut it already).
-    if (full.size() > sent) on_delta(full.substr(sent));
+    if (full.size() > sent) on_delta(full.substr(sent), ids.size());
   }
   out.text = std::move(full);
   return out;
@@ -529,7 +517,7 @@ HttpError finish_error(const Outcome& o, double timeout_s) {
 Outcome generate_all(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok, const std::vector<std::string>& stops,
                      const std::vector<int32_t>& hidden, double timeout_s, const std::function<bool()>& gone,
                      int min_tokens = 0) {
-  Outcome o = follow_generation(g, tok, stops, hidden, [](const std::string&) { return true; }, false, gone, min_tokens);
+  Outcome o = follow_generation(g, tok, stops, hidden, [](const std::string&, size_t) { return true; }, false, gone, min_tokens);
   if (o.client_gone) throw HttpError{499, "the client closed the connection", "cancelled", "client_closed"};
   if (o.finish != Finish::kStop && o.finish != Finish::kLength) throw finish_error(o, timeout_s);
   return o;
@@ -574,58 +562,76 @@ std::string token_string(const data::Tokenizer& tok, int32_t id) {
   return out;
 }
 
+// Completions' logprobs built token by token: a whole answer's at once, a stream's in the pieces
+// its chunks carry, with the same text offsets (characters from the echoed prompt's start, or the
+// answer's). take() returns the entries added since the last take.
+class CompletionLogprobs {
+ public:
+  explicit CompletionLogprobs(const data::Tokenizer& tok) : tok_(tok) {}
+  void add(int32_t id, const TokenLogprobs* t) {
+    const std::string raw = tok_.decode(std::span<const int32_t>(&id, 1));
+    const std::string piece = token_string(tok_, id);
+    tokens_.push_back(piece);
+    offsets_.push_back(chars_);
+    for (unsigned char c : raw) chars_ += (c & 0xC0) != 0x80;  // UTF-8 lead bytes: characters
+    if (t == nullptr) {
+      values_.push_back(nullptr);
+      tops_.push_back(nullptr);
+      return;
+    }
+    values_.push_back(t->logprob);
+    json top = json::object();
+    for (const auto& [tid, v] : t->top) top.emplace(token_string(tok_, tid), v);  // the first (largest) of equal strings
+    top.emplace(piece, t->logprob);
+    tops_.push_back(top);
+  }
+  // The prompt's tokens (echo): the first has no logprob.
+  void add_prompt(const std::vector<int32_t>& prompt, const std::vector<TokenLogprobs>& prompt_lp) {
+    for (size_t i = 0; i < prompt.size(); ++i) add(prompt[i], i == 0 ? nullptr : &prompt_lp.at(i - 1));
+  }
+  json take() {
+    json out{{"tokens", std::move(tokens_)}, {"token_logprobs", std::move(values_)}, {"top_logprobs", std::move(tops_)},
+             {"text_offset", std::move(offsets_)}};
+    tokens_ = values_ = tops_ = offsets_ = json::array();
+    return out;
+  }
+
+ private:
+  const data::Tokenizer& tok_;
+  json tokens_ = json::array(), values_ = json::array(), tops_ = json::array(), offsets_ = json::array();
+  int64_t chars_ = 0;
+};
+
 json completion_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>* prompt,
                          const std::vector<TokenLogprobs>& prompt_lp, const std::vector<int32_t>& ids,
                          const std::vector<TokenLogprobs>& lp, const std::vector<TokenLogprobs>& stop) {
-  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
-  int64_t chars = 0;
-  auto add = [&](int32_t id, const TokenLogprobs* t) {
-    const std::string raw = tok.decode(std::span<const int32_t>(&id, 1));
-    const std::string piece = token_string(tok, id);
-    tokens.push_back(piece);
-    offsets.push_back(chars);
-    for (unsigned char c : raw) chars += (c & 0xC0) != 0x80;  // UTF-8 lead bytes: characters
-    if (t == nullptr) {
-      values.push_back(nullptr);
-      tops.push_back(nullptr);
-      return;
-    }
-    values.push_back(t->logprob);
-    json top = json::object();
-    for (const auto& [tid, v] : t->top) top.emplace(token_string(tok, tid), v);  // the first (largest) of equal strings
-    top.emplace(piece, t->logprob);
-    tops.push_back(top);
-  };
-  if (prompt != nullptr)
-    for (size_t i = 0; i < prompt->size(); ++i) add((*prompt)[i], i == 0 ? nullptr : &prompt_lp.at(i - 1));
-  for (size_t i = 0; i < ids.size(); ++i) add(ids[i], &lp.at(i));
-  for (const TokenLogprobs& t : stop) add(t.id, &t);  // the end of text that ended the answer (no text)
-  return json{{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  CompletionLogprobs out(tok);
+  if (prompt != nullptr) out.add_prompt(*prompt, prompt_lp);
+  for (size_t i = 0; i < ids.size(); ++i) out.add(ids[i], &lp.at(i));
+  for (const TokenLogprobs& t : stop) out.add(t.id, &t);  // the end of text that ended the answer (no text)
+  return out.take();
 }
 
 // OpenAI's chat logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
-// "logprob", "bytes"}] (the k most likely)}]} over the answer's tokens.
-json chat_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lp,
-                   const std::vector<TokenLogprobs>& stop) {
-  auto entry = [&](int32_t id, float v) {
-    const std::string raw = tok.decode(std::span<const int32_t>(&id, 1));
+// "logprob", "bytes"}] (the k most likely)}]} over the answer's tokens; one token's entry.
+json chat_logprob_entry(const data::Tokenizer& tok, int32_t id, const TokenLogprobs& t) {
+  auto entry = [&](int32_t tid, float v) {
+    const std::string raw = tok.decode(std::span<const int32_t>(&tid, 1));
     json bytes = json::array();
     for (unsigned char c : raw) bytes.push_back(static_cast<int>(c));
-    return json{{"token", token_string(tok, id)}, {"logprob", v}, {"bytes", bytes}};
+    return json{{"token", token_string(tok, tid)}, {"logprob", v}, {"bytes", bytes}};
   };
+  json e = entry(id, t.logprob);
+  e["top_logprobs"] = json::array();
+  for (const auto& [tid, v] : t.top) e["top_logprobs"].push_back(entry(tid, v));
+  return e;
+}
+
+json chat_logprobs(const data::Tokenizer& tok, const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lp,
+                   const std::vector<TokenLogprobs>& stop) {
   json content = json::array();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    json e = entry(ids[i], lp.at(i).logprob);
-    e["top_logprobs"] = json::array();
-    for (const auto& [tid, v] : lp.at(i).top) e["top_logprobs"].push_back(entry(tid, v));
-    content.push_back(std::move(e));
-  }
-  for (const TokenLogprobs& t : stop) {  // the end of text that ended the answer (no text)
-    json e = entry(t.id, t.logprob);
-    e["top_logprobs"] = json::array();
-    for (const auto& [tid, v] : t.top) e["top_logprobs"].push_back(entry(tid, v));
-    content.push_back(std::move(e));
-  }
+  for (size_t i = 0; i < ids.size(); ++i) content.push_back(chat_logprob_entry(tok, ids[i], lp.at(i)));
+  for (const TokenLogprobs& t : stop) content.push_back(chat_logprob_entry(tok, t.id, t));  // the end of text that ended it
   return json{{"content", content}};
 }
 
@@ -1109,10 +1115,6 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         bad("\"stream_options.include_usage\" must be true or false", "invalid_type");
       include_usage = stream && present(so, "include_usage") && so["include_usage"].get<bool>();
     }
-    if (stream && (choices > 1 || logprobs >= 0 || echo))
-      bad(std::string(choices > 1 ? "several choices (a list of prompts, or n > 1)" : logprobs >= 0 ? "\"logprobs\"" : "\"echo\"") +
-              " with \"stream\": true is not supported (ask without streaming)",
-          "unsupported_parameter");
     const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
     const int64_t created = static_cast<int64_t>(std::time(nullptr));
     int prompt_tokens = 0;
@@ -1202,68 +1204,160 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       return;
     }
 
-    // Streaming: server-sent events, one per text delta, then the finish reason and [DONE]. The
-    // generation runs in the content provider, after the headers; a failed write cancels it.
-    r.prompt = std::move(prompts[0]);
-    auto req_ptr = std::make_shared<GenerationRequest>(std::move(r));
+    // Streaming: server-sent events, one per text delta of a choice (its index), then each choice's
+    // finish reason, the usage when asked, and [DONE]. The generation runs in the content
+    // provider, after the headers. As above, every choice is queued at once (all or none) and
+    // seeded seed + k; with more than one each is followed on a thread of its own, and their
+    // chunks go out whole, one at a time. A failed write cancels them all; a choice's error is
+    // one error event and cancels the rest. With logprobs a chunk carries the entries of the
+    // answer's tokens that came with it (tokens whose text is still held back come with a later
+    // chunk, and the end of text that ended the answer with the finish chunk), so that the
+    // chunks' entries, joined, are the whole answer's. With echo a choice's first chunk is its
+    // prompt (and the prompt's entries).
+    struct StreamJob {
+      std::vector<GenerationRequest> requests;  // choice c: prompt c / n, seed + c % n
+      std::vector<std::vector<int32_t>> prompts;
+      std::vector<std::string> prompt_texts;
+      int min_tokens = 0;
+    };
+    auto job = std::make_shared<StreamJob>();
+    job->min_tokens = r.min_tokens;
+    for (size_t p = 0; p < prompts.size(); ++p)
+      for (int k = 0; k < n_choices; ++k) {
+        GenerationRequest rk = r;
+        rk.prompt = prompts[p];
+        rk.sampling.seed = r.sampling.seed + static_cast<uint64_t>(k);
+        job->requests.push_back(std::move(rk));
+      }
+    job->prompts = std::move(prompts);
+    job->prompt_texts = std::move(prompt_texts);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, req_ptr, stops, id, created, chat, endpoint, t0, finish_json, include_usage,
-         prompt_tokens](size_t, httplib::DataSink& sink) {
-          auto chunk = [&](const json& delta_or_text, const json& finish_reason) {
-            json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+        [this, job, stops, id, created, chat, endpoint, t0, finish_json, include_usage, prompt_tokens, n_choices, logprobs,
+         echo](size_t, httplib::DataSink& sink) {
+          std::mutex mu;  // one chunk at a time; the state below
+          bool alive = true, failed = false;
+          int status = 200, completion_tokens = 0;
+          std::vector<std::shared_ptr<Generation>> gens;
+          auto write = [&](const json& ev) {  // under mu
+            if (!alive) return false;
+            const std::string line = "data: " + dump(ev) + "\n\n";
+            alive = sink.write(line.data(), line.size());
+            if (!alive)
+              for (const auto& g : gens) g->cancel(Finish::kCancelled);
+            return alive;
+          };
+          auto event = [&](json choices) {
+            return json{{"id", id},
+                        {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                        {"created", created},
+                        {"model", options_.model_name},
+                        {"choices", std::move(choices)}};
+          };
+          auto chunk = [&](size_t c, const json& delta_or_text, const json& finish_reason, json lp) {
+            json choice = {{"index", c}, {"finish_reason", finish_reason}, {"logprobs", std::move(lp)}};
             if (chat) choice["delta"] = delta_or_text;
             else choice["text"] = delta_or_text;
-            json ev = {{"id", id},
-                       {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                       {"created", created},
-                       {"model", options_.model_name},
-                       {"choices", json::array({choice})}};
-            const std::string line = "data: " + dump(ev) + "\n\n";
-            return sink.write(line.data(), line.size());
+            return write(event(json::array({std::move(choice)})));
           };
-          bool alive = !chat || chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr);
-          Finish finish = Finish::kNone;
-          int status = 200;
-          try {
-            const Outcome o = run_generation(*scheduler_, tok_, std::move(*req_ptr), stops, end_ids_, [&](const std::string& delta) {
-              if (alive) alive = chunk(chat ? json{{"content", delta}} : json(delta), nullptr);
-              return alive;
-            }, true);
-            finish = o.finish;
-            if (alive) {
-              if (finish == Finish::kStop || finish == Finish::kLength) {
-                alive = chunk(chat ? json::object() : json(""), finish_json(finish));
-                if (alive && include_usage) {
-                  json ev = {{"id", id},
-                             {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                             {"created", created},
-                             {"model", options_.model_name},
-                             {"choices", json::array()},
-                             {"usage",
-                              {{"prompt_tokens", prompt_tokens},
-                               {"completion_tokens", o.completion_tokens},
-                               {"total_tokens", prompt_tokens + o.completion_tokens}}}};
-                  const std::string line = "data: " + dump(ev) + "\n\n";
-                  alive = sink.write(line.data(), line.size());
-                }
-              } else {
-                const HttpError e = finish_error(o, options_.request_timeout_s);
-                status = e.status;
-                const std::string line = "data: " + dump(error_json(e)) + "\n\n";
-                alive = sink.write(line.data(), line.size());
-              }
-            }
-          } catch (const HttpError& e) {
+          auto fail = [&](const HttpError& e) {  // under mu: the first error is the one said
+            if (failed) return;
+            failed = true;
             status = e.status;
-            const std::string line = "data: " + dump(error_json(e)) + "\n\n";
-            alive = sink.write(line.data(), line.size());
+            for (const auto& g : gens) g->cancel(Finish::kCancelled);
+            write(error_json(e));
+          };
+          try {
+            for (GenerationRequest& rq : job->requests) gens.push_back(submit_or_throw(*scheduler_, std::move(rq)));
+          } catch (const HttpError& e) {
+            std::lock_guard<std::mutex> lock(mu);
+            fail(e);
+          }
+          auto follow_one = [&](size_t c) {
+            const size_t p = c / static_cast<size_t>(n_choices);
+            const std::shared_ptr<Generation>& g = gens[c];
+            CompletionLogprobs entries(tok_);
+            size_t listed = 0;  // the answer's tokens whose entries went out
+            bool echoed = !echo;
+            auto lp_upto = [&](size_t kept, const std::vector<TokenLogprobs>& stop) -> json {
+              if (logprobs < 0) return nullptr;
+              std::vector<TokenLogprobs> more = g->logprobs(listed);
+              if (more.size() > kept - listed) more.resize(kept - listed);
+              listed += more.size();
+              if (chat) {
+                json content = json::array();
+                for (const TokenLogprobs& t : more) content.push_back(chat_logprob_entry(tok_, t.id, t));
+                for (const TokenLogprobs& t : stop) content.push_back(chat_logprob_entry(tok_, t.id, t));
+                return json{{"content", std::move(content)}};
+              }
+              for (const TokenLogprobs& t : more) entries.add(t.id, &t);
+              for (const TokenLogprobs& t : stop) entries.add(t.id, &t);
+              return entries.take();
+            };
+            auto echo_chunk = [&]() {  // under mu; the prompt's entries are complete once tokens come
+              echoed = true;
+              json lp = nullptr;
+              if (logprobs >= 0) {
+                entries.add_prompt(job->prompts[p], g->prompt_logprobs());
+                lp = entries.take();
+              }
+              return chunk(c, job->prompt_texts[p], nullptr, std::move(lp));
+            };
+            {
+              std::lock_guard<std::mutex> lock(mu);
+              if (failed || !alive) return;
+              if (chat && !chunk(c, json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)) return;
+            }
+            const Outcome o = follow_generation(
+                g, tok_, stops, end_ids_,
+                [&](const std::string& delta, size_t kept) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  if (failed || !alive) return false;
+                  if (!echoed && !echo_chunk()) return false;
+                  return chunk(c, chat ? json{{"content", delta}} : json(delta), nullptr, lp_upto(kept, {}));
+                },
+                true, nullptr, job->min_tokens);
+            std::lock_guard<std::mutex> lock(mu);
+            if (failed || !alive) return;
+            if (o.finish == Finish::kStop || o.finish == Finish::kLength) {
+              if (!echoed && !echo_chunk()) return;
+              chunk(c, chat ? json::object() : json(""), finish_json(o.finish), lp_upto(o.ids.size(), o.stop_logprobs));
+              completion_tokens += o.completion_tokens;
+            } else {
+              fail(finish_error(o, options_.request_timeout_s));
+            }
+          };
+          auto follow = [&](size_t c) {
+            try {
+              follow_one(c);
+            } catch (const HttpError& e) {
+              std::lock_guard<std::mutex> lock(mu);
+              fail(e);
+            } catch (const std::exception& e) {
+              std::lock_guard<std::mutex> lock(mu);
+              fail(internal_error(e));
+            }
+          };
+          if (gens.size() == 1) {
+            follow(0);
+          } else if (!gens.empty()) {
+            std::vector<std::future<void>> running;
+            for (size_t c = 0; c < gens.size(); ++c) running.push_back(std::async(std::launch::async, follow, c));
+            for (auto& f : running) f.wait();  // every one joined before this returns (they use this frame)
+          }
+          std::lock_guard<std::mutex> lock(mu);
+          if (alive && !failed && include_usage) {
+            json ev = event(json::array());
+            ev["usage"] = {{"prompt_tokens", prompt_tokens},
+                           {"completion_tokens", completion_tokens},
+                           {"total_tokens", prompt_tokens + completion_tokens}};
+            write(ev);
           }
           if (alive) {
             const std::string done = "data: [DONE]\n\n";
             sink.write(done.data(), done.size());
-          } else if (finish == Finish::kCancelled) {
+          } else if (!failed) {
             status = 499;  // the client closed the connection (nginx's code)
           }
           sink.done();

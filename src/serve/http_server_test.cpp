@@ -476,6 +476,110 @@ TEST_F(HttpServerTest, StreamingConcatenatesToTheWholeAnswer) {
   }
 }
 
+// Several choices (a list of prompts, n of each), logprobs and echo stream too (they were refused):
+// each choice's chunks carry its index, and joined per index they are the whole answer's choice:
+// its text (echo's prompt first), its finish reason, and its logprobs entry for entry (the tokens
+// and their offsets exactly, the values within float rounding: the batch's rows may differ). A
+// stop string that never matches makes the stream hold text back, so tokens' entries come with
+// later chunks; the usage chunk counts every choice.
+TEST_F(HttpServerTest, StreamedChoicesLogprobsAndEchoJoinToTheWholeAnswer) {
+  auto near_values = [](const json& a, const json& b) {  // numbers within 1e-4, the rest equal
+    if (a.is_number() && b.is_number()) return std::abs(a.get<double>() - b.get<double>()) <= 1e-4;
+    if (a.type() != b.type() || a.size() != b.size()) return false;
+    if (a.is_object()) {
+      for (const auto& [k, v] : a.items())
+        if (!b.contains(k) || !(std::abs(v.get<double>() - b[k].get<double>()) <= 1e-4)) return false;
+      return true;
+    }
+    return a == b;
+  };
+  struct Case {
+    std::string path;
+    json body;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/completions",
+       {{"prompt", json::array({"The cat", "你好"})}, {"n", 2}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 3},
+        {"logprobs", 2}, {"echo", true}, {"stop", "\x01never matches"}}},
+      {"/v1/completions", {{"prompt", "The dog sat"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}}},
+      {"/v1/completions", {{"prompt", "Once upon"}, {"n", 3}, {"max_tokens", 10}, {"temperature", 0.9}, {"seed", 8}}},
+      {"/v1/chat/completions",
+       {{"messages", json::array({{{"role", "user"}, {"content", "你好"}}})}, {"n", 2}, {"max_tokens", 12},
+        {"temperature", 0.9}, {"seed", 5}, {"logprobs", true}, {"top_logprobs", 2}, {"stop", "\x01never matches"}}},
+  };
+  for (const Case& tc : cases) {
+    SCOPED_TRACE(tc.body.dump());
+    const bool chat = tc.path == "/v1/chat/completions";
+    const json whole = post_json(tc.path, tc.body);
+    const size_t n = whole["choices"].size();
+    ASSERT_GE(n, 1u);
+    json body = tc.body;
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    httplib::Result r = post(tc.path, body.dump());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    bool done = false;
+    const std::vector<json> evs = events(r->body, &done);
+    EXPECT_TRUE(done);
+    ASSERT_GE(evs.size(), 2u);
+    std::vector<std::string> text(n);
+    std::vector<json> finish(n), lp(n), first(n);
+    for (size_t i = 0; i + 1 < evs.size(); ++i) {
+      ASSERT_EQ(evs[i]["choices"].size(), 1u) << evs[i];
+      const json& c = evs[i]["choices"][0];
+      const size_t k = c["index"].get<size_t>();
+      ASSERT_LT(k, n);
+      EXPECT_TRUE(finish[k].is_null()) << "choice " << k << " streamed past its finish";
+      if (first[k].is_null()) first[k] = c;
+      text[k] += chat ? c["delta"].value("content", "") : c["text"].get<std::string>();
+      if (!c["finish_reason"].is_null()) finish[k] = c["finish_reason"];
+      if (c["logprobs"].is_null()) continue;
+      if (lp[k].is_null()) {
+        lp[k] = c["logprobs"];
+        continue;
+      }
+      for (const auto& [key, v] : c["logprobs"].items())
+        for (const json& e : v) lp[k][key].push_back(e);
+    }
+    EXPECT_TRUE(evs.back()["choices"].empty());
+    EXPECT_EQ(evs.back()["usage"], whole["usage"]);
+    for (size_t k = 0; k < n; ++k) {
+      SCOPED_TRACE("choice " + std::to_string(k));
+      const json& w = whole["choices"][k];
+      if (chat) {
+        EXPECT_EQ(first[k]["delta"]["role"], "assistant");
+      }
+      EXPECT_EQ(text[k], chat ? w["message"]["content"].get<std::string>() : w["text"].get<std::string>());
+      EXPECT_EQ(finish[k], w["finish_reason"]);
+      ASSERT_EQ(lp[k].is_null(), w["logprobs"].is_null()) << lp[k];
+      if (lp[k].is_null()) continue;
+      if (chat) {
+        const json& got = lp[k]["content"];
+        const json& want = w["logprobs"]["content"];
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t t = 0; t < got.size(); ++t) {
+          EXPECT_EQ(got[t]["token"], want[t]["token"]);
+          EXPECT_EQ(got[t]["bytes"], want[t]["bytes"]);
+          EXPECT_NEAR(got[t]["logprob"].get<double>(), want[t]["logprob"].get<double>(), 1e-4);
+          ASSERT_EQ(got[t]["top_logprobs"].size(), want[t]["top_logprobs"].size());
+          for (size_t j = 0; j < got[t]["top_logprobs"].size(); ++j)
+            EXPECT_EQ(got[t]["top_logprobs"][j]["token"], want[t]["top_logprobs"][j]["token"]);
+        }
+      } else {
+        const json& want = w["logprobs"];
+        EXPECT_EQ(lp[k]["tokens"], want["tokens"]);
+        EXPECT_EQ(lp[k]["text_offset"], want["text_offset"]);
+        ASSERT_EQ(lp[k]["token_logprobs"].size(), want["token_logprobs"].size());
+        for (size_t t = 0; t < want["token_logprobs"].size(); ++t) {
+          EXPECT_TRUE(near_values(lp[k]["token_logprobs"][t], want["token_logprobs"][t])) << t;
+          EXPECT_TRUE(near_values(lp[k]["top_logprobs"][t], want["top_logprobs"][t])) << t;
+        }
+      }
+    }
+  }
+}
+
 // With a stop string the stream holds back its length less one byte, and the piece it released
 // ended there even inside a character: the client got U+FFFD for each half ("你好" streamed as
 // "你\uFFFD", "\uFFFD\uFFFD..."). Sampled answers of the tiny model with a stop that never
@@ -648,9 +752,6 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
       {"/v1/completions", R"({"prompt": "a", "top_p": 1.5})", 400, "invalid_value"},
       {"/v1/completions", R"({"prompt": "a", "stream": "yes"})", 400, "invalid_type"},
       {"/v1/completions", R"({"prompt": "a", "stop": [1]})", 400, "invalid_type"},
-      {"/v1/completions", R"({"prompt": "a", "n": 2, "stream": true})", 400, "unsupported_parameter"},
-      {"/v1/completions", R"({"prompt": "a", "logprobs": 1, "stream": true})", 400, "unsupported_parameter"},
-      {"/v1/completions", R"({"prompt": ["a", "b"], "stream": true})", 400, "unsupported_parameter"},
       {"/v1/completions", R"({"prompt": "a", "logprobs": 21})", 400, "invalid_value"},
       {"/v1/completions", R"({"prompt": "a", "n": 0})", 400, "invalid_value"},
       {"/v1/completions", R"({"prompt": [[]]})", 400, "invalid_value"},

@@ -49,9 +49,10 @@ double Generation::time_to_first_token() const {
   return std::chrono::duration<double>(first_token_ - submitted_).count();
 }
 
-std::vector<TokenLogprobs> Generation::logprobs() const {
+std::vector<TokenLogprobs> Generation::logprobs(size_t from) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return logprobs_;
+  if (from >= logprobs_.size()) return {};
+  return std::vector<TokenLogprobs>(logprobs_.begin() + static_cast<std::ptrdiff_t>(from), logprobs_.end());
 }
 
 std::vector<TokenLogprobs> Generation::stop_logprobs() const {

@@ -71,7 +71,8 @@ class Generation {
   int prompt_tokens() const { return prompt_tokens_; }
   // GenerationRequest::logprobs' entries, one per token pushed; prompt_logprobs' one per prompt token
   // after the first. Complete once the sequence has ended.
-  std::vector<TokenLogprobs> logprobs() const;
+  // (from: the entries of the tokens from that index on, which a stream sends as they come.)
+  std::vector<TokenLogprobs> logprobs(size_t from = 0) const;
   std::vector<TokenLogprobs> prompt_logprobs() const;
   // With logprobs: the stop id that ended the sequence (not pushed: no text), with its
   // log-probability; empty when it ended otherwise. An evaluation's last token may be the model's
