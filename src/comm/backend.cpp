@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <thread>
 
 namespace mt::comm {
 
@@ -29,6 +30,33 @@ void count_continues() {
 }
 
 uint64_t continues() { return g_continues.load(std::memory_order_relaxed); }
+
+WaitDeadline::WaitDeadline(std::chrono::milliseconds timeout)
+    : timeout_(timeout), deadline_(std::chrono::steady_clock::now() + timeout), continues_(continues()) {}
+
+bool WaitDeadline::passed() {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kStall = std::chrono::milliseconds(250);
+  auto now = Clock::now();
+  if (last_ != Clock::time_point{} && now - last_ > kStall) {  // stopped (or not scheduled) meanwhile
+    const Clock::duration shift = std::min<Clock::duration>(now - last_, timeout_ - shifted_);
+    if (shift > Clock::duration::zero()) {
+      deadline_ += shift;
+      shifted_ += shift;
+    }
+  }
+  last_ = now;
+  if (now < deadline_) return false;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a continue's count may be on its way
+  last_ = now = Clock::now();
+  if (const uint64_t c = continues(); c != continues_) {  // stopped and continued meanwhile: wait afresh
+    continues_ = c;
+    deadline_ = now + timeout_;
+    shifted_ = Clock::duration::zero();
+    return false;
+  }
+  return true;
+}
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {

@@ -64,11 +64,29 @@ struct BarrierOptions : CommOptions {};
 // How many times this process has been stopped and continued (SIGCONT: Ctrl-Z and `fg`, a
 // scheduler's suspend and resume) since count_continues(), which installs the counting handler
 // unless the program has its own. A wait whose deadline passed while the process was stopped
-// starts its timeout again instead of reporting the ranks that were stopped with it. (The handler
-// may run on another thread, late: an MPI wait also moves its deadline by any gap in its own
-// polling, and waits a moment for a late count before it reports.)
+// starts its timeout again instead of reporting the ranks that were stopped with it.
 void count_continues();
 uint64_t continues();
+
+// A collective wait's deadline that does not count this process's own stops. The SIGCONT counter
+// sees a stop between posting a collective and waiting on it; but its handler runs on whichever of
+// the process's threads takes the signal (OpenMP's and the MPI or CUDA runtime's wake with the
+// waiting one), possibly after the waiting thread has found its deadline passed. So a gap between
+// two polling turns (which take microseconds) of more than 250 ms moves the deadline by as much
+// (the process was stopped or not scheduled; the peers are not to blame), at most one timeout in
+// all, and a deadline found passed waits 50 ms for a late count before it is reported.
+class WaitDeadline {
+ public:
+  explicit WaitDeadline(std::chrono::milliseconds timeout);
+  // Called at each polling turn of a wait: true once the deadline has passed, counting neither.
+  bool passed();
+
+ private:
+  std::chrono::milliseconds timeout_;
+  std::chrono::steady_clock::time_point deadline_, last_{};
+  std::chrono::steady_clock::duration shifted_{};
+  uint64_t continues_;  // the process's stops and continues when the deadline was set
+};
 
 // CommTimeout: a collective that did not complete within its timeout. kind() is kTimeout;
 // missing_ranks() are the group ranks that had not

@@ -131,9 +131,6 @@ bool comm_op_from_name(const std::string& name, CommOp* op) {
 size_t comm_msg_bytes(CommOp op, size_t count, DType dtype, int n) {
   const size_t b = count * dtype_size(dtype), N = static_cast<size_t>(n);
   switch (op) {
-    case CommOp::kAllGather:
-    case CommOp::kGather:
-    case CommOp::kScatter:
     case CommOp::kReduceScatter:
     case CommOp::kAllToAll: return N * b;
     case CommOp::kBarrier: return 0;
@@ -191,8 +188,9 @@ void CommLog::issued(CommOp op, size_t msg_bytes, size_t sent_bytes, const std::
 void CommLog::completed(CommOp op, size_t msg_bytes, int n, double seconds, const std::string& tag) {
   std::lock_guard<std::mutex> lock(mu_);
   const double t = std::max(seconds, 1e-9);
-  const double algbw = static_cast<double>(msg_bytes) / t;
-  // DeepSpeed's calc_bw_log: an all-reduce's tput is 2 S / t (its busbw S / t · 2(n-1)/n).
+  // DeepSpeed's calc_bw_log: an all_gather moves n of its S-byte inputs (S · n / t); an
+  // all-reduce's tput is 2 S / t (its busbw S / t · 2(n-1)/n).
+  const double algbw = static_cast<double>(msg_bytes) / t * (op == CommOp::kAllGather ? n : 1);
   const double tput = op == CommOp::kAllReduce ? 2.0 * algbw : algbw;
   const double busbw = algbw * comm_busbw_factor(op, n);
   for (auto* m : {&stats_, &step_}) {

@@ -3,22 +3,25 @@
 // rank sent and the latency (from the call until its Work completes). Groups split from a logged
 // Backend are logged into the same CommLog, so wrapping the world covers the dp, tp and pp groups.
 //
-// Bytes, per call on a group of n ranks, S = the message size (DeepSpeed's and nccl-tests' "size"):
-//   op              S (message)            sent by this rank            busbw factor
-//   all_reduce      count·esize            2(n-1)·S/n (ring)            2(n-1)/n
-//   reduce_scatter  n·count·esize (input)  (n-1)·count·esize            (n-1)/n
-//   all_gather      n·count·esize (output) (n-1)·count·esize            (n-1)/n
-//   all_to_all      n·count·esize          (n-1)·count·esize            (n-1)/n
-//   broadcast       count·esize            S on the root, else 0        1
-//   reduce          count·esize            S off the root, else 0       1
-//   gather          n·count·esize          count·esize off the root     1
-//   scatter         n·count·esize          (n-1)·count·esize on root    1
-//   send / recv     count·esize            S / 0                        1
-//   barrier         0                      0                            1
+// Bytes, per call on a group of n ranks, S = the message size: DeepSpeed's key, the size of the
+// collective's `tensor` argument (all_gather_into_tensor's and gather's input, scatter's output,
+// reduce_scatter_tensor's and all_to_all_single's whole input):
+//   op              S (message)            sent by this rank            tput (algbw)   busbw factor
+//   all_reduce      count·esize            2(n-1)·S/n (ring)            2 S / t        2(n-1)/n of S/t
+//   reduce_scatter  n·count·esize (input)  (n-1)·count·esize            S / t          (n-1)/n
+//   all_gather      count·esize (input)    (n-1)·count·esize            n S / t        (n-1)/n
+//   all_to_all      n·count·esize          (n-1)·count·esize            S / t          (n-1)/n
+//   broadcast       count·esize            S on the root, else 0        S / t          1
+//   reduce          count·esize            S off the root, else 0       S / t          1
+//   gather          count·esize (input)    count·esize off the root     S / t          1
+//   scatter         count·esize (output)   (n-1)·count·esize on root    S / t          1
+//   send / recv     count·esize            S / 0                        S / t          1
+//   barrier         0                      0                            0              1
 // The "sent" column is the volume of the bandwidth-optimal algorithm (what a rank must put on the
 // wire), not a measurement of what MPI chose to do. all_reduce's 2(n-1)·S/n is integer-divided.
-// algbw = S / latency, busbw = algbw · factor (nccl-tests' definitions), printed in Gbps as
-// DeepSpeed's log_summary does.
+// tput and busbw (busbw = tput · factor, all_reduce's S/t · 2(n-1)/n) are DeepSpeed's calc_bw_log,
+// printed in Gbps as its log_summary does, except reduce_scatter's: DeepSpeed multiplies its whole
+// input by n once more (n² blocks a call); here it is nccl-tests' S / t.
 #pragma once
 
 #include <cstddef>

@@ -199,7 +199,7 @@ class MpiWork : public Work {
  public:
   MpiWork(MpiBackend* backend, std::string what, uint64_t seq, int peer, const CommOptions& opts)
       : backend_(backend), what_(std::move(what)), seq_(seq), peer_(peer), tag_(opts.tag),
-        timeout_(opts.timeout), deadline_(std::chrono::steady_clock::now() + opts.timeout), continues_(continues()) {}
+        timeout_(opts.timeout), deadline_(opts.timeout) {}
   ~MpiWork() override;
 
   bool is_completed() override;
@@ -224,8 +224,7 @@ class MpiWork : public Work {
   int peer_;  // send/recv: the other rank; collectives: -1
   std::string tag_;
   std::chrono::milliseconds timeout_;
-  std::chrono::steady_clock::time_point deadline_;
-  uint64_t continues_;  // the process's stops and continues when the deadline was set
+  WaitDeadline deadline_;
   bool done_ = false;
 };
 
@@ -693,32 +692,9 @@ bool MpiWork::is_completed() {
   return true;
 }
 
-// A stop inside this loop shows as a gap between two of its turns, which take microseconds: the
-// gap is this process's, not the peers', and moves the deadline by as much. The SIGCONT counter
-// covers a stop before wait() was called, but its handler runs on whichever thread of the process
-// takes the signal (OpenMP's and MPI's threads wake with this one), possibly after this thread has
-// already found its deadline passed; so a deadline found passed waits once a moment for a late
-// count before it names the peers.
 void MpiWork::wait() {
-  constexpr auto kStall = std::chrono::milliseconds(250);
-  auto last = std::chrono::steady_clock::now();
-  bool grace = true;
   for (int spins = 0; !is_completed(); ++spins) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last > kStall) deadline_ += now - last;  // stopped (or not scheduled) meanwhile
-    last = now;
-    if (now >= deadline_) {
-      if (grace) {  // a continue's handler may still be on its way on another thread
-        grace = false;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        last = std::chrono::steady_clock::now();
-      }
-      if (const uint64_t c = continues(); c != continues_) {  // stopped and continued meanwhile: wait afresh
-        continues_ = c;
-        deadline_ = last + timeout_;
-        grace = true;
-        continue;
-      }
+    if (deadline_.passed()) {
       if (!is_completed()) backend_->throw_timeout(what_, seq_, peer_, tag_, timeout_);
       return;
     }

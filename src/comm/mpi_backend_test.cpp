@@ -571,9 +571,10 @@ void check_a_broken_pipe_does_not_kill(Backend&) {
 // continued, completes the collective. Its SIGCONT count is made to miss (SIGCONT ignored: the stop
 // still ends, no handler runs), as when the counting handler runs late on another of the process's
 // threads: rank 0 found its deadline passed before the count and ended a suspended job naming a
-// healthy rank (Launch.AJobSuspendedLongerThanItsTimeoutRunsOn, once in a full ctest). A child
-// stops rank 0 0.3 s into its wait and continues it 3 s later; the others arrive 0.3 s after that,
-// past the 2 s timeout counted from the wait's start, within it counted without the stop.
+// healthy rank (Launch.AJobSuspendedLongerThanItsTimeoutRunsOn, in a full ctest). A child stops
+// rank 0 0.3 s after it begins to wait (told through a pipe) and continues it 3.5 s later; the
+// others arrive 4.1 s after they left the barrier before: past the 3 s timeout counted from the
+// wait's start, within it counted without the stop (at most one timeout of it).
 void check_a_stop_inside_a_wait(Backend& b) {
   float v = 1;
   b.all_reduce(&v, 1, DType::kF32, {})->wait();  // together
@@ -582,11 +583,16 @@ void check_a_stop_inside_a_wait(Backend& b) {
   sigemptyset(&ignore.sa_mask);
   ::sigaction(SIGCONT, &ignore, &saved);
   pid_t child = -1;
+  int go[2] = {-1, -1};
   if (b.rank() == 0) {
+    EXPECT(::pipe(go) == 0, "pipe");
     const pid_t parent = ::getpid();
     child = ::fork();
     if (child == 0) {  // only async-signal-safe calls
-      struct timespec before{0, 300'000'000}, stopped{3, 0};
+      char byte = 0;
+      while (::read(go[0], &byte, 1) < 0 && errno == EINTR) {
+      }
+      struct timespec before{0, 300'000'000}, stopped{3, 500'000'000};
       ::nanosleep(&before, nullptr);
       ::kill(parent, SIGSTOP);
       ::nanosleep(&stopped, nullptr);
@@ -594,14 +600,21 @@ void check_a_stop_inside_a_wait(Backend& b) {
       ::_exit(0);
     }
     EXPECT(child > 0, "fork");
+    ::close(go[0]);
   } else {
-    std::this_thread::sleep_for(std::chrono::milliseconds(3600));
+    std::this_thread::sleep_for(std::chrono::milliseconds(4100));
   }
   AllReduceOptions o;
-  o.timeout = std::chrono::milliseconds(2000);
+  o.timeout = std::chrono::milliseconds(3000);
   o.tag = "stopped";
   v = static_cast<float>(b.rank() + 1);
-  b.all_reduce(&v, 1, DType::kF32, o)->wait();  // a CommTimeout is a FAIL (main aborts the job)
+  std::unique_ptr<Work> w = b.all_reduce(&v, 1, DType::kF32, o);
+  if (go[1] >= 0) {
+    const char byte = 1;
+    EXPECT(::write(go[1], &byte, 1) == 1, "the child told to start");
+    ::close(go[1]);
+  }
+  w->wait();  // a CommTimeout is a FAIL (main aborts the job)
   EXPECT(v == static_cast<float>(b.size() * (b.size() + 1) / 2), "the sum after the stop");
   ::sigaction(SIGCONT, &saved, nullptr);
   if (child > 0) {

@@ -204,6 +204,18 @@ TEST(CommLog, CountsBytesByTheDocumentedFormulas) {
 
 // DeepSpeed's summary: averages are scipy's trim_mean(values, 0.1), and an all_reduce's tput is
 // 2 S / t (calc_bw_log); both were a plain mean of S / t.
+// A summary line's columns.
+struct SummaryRow {
+  std::string op;
+  double size = 0, count = 0, sent = 0, total_ms = 0, avg_ms = 0, tput = 0, busbw = 0;
+};
+SummaryRow summary_row(const std::string& line) {
+  SummaryRow r;
+  std::istringstream row(line);
+  row >> r.op >> r.size >> r.count >> r.sent >> r.total_ms >> r.avg_ms >> r.tput >> r.busbw;
+  return r;
+}
+
 TEST(CommLog, AveragesAndTputAreDeepSpeeds) {
   EXPECT_DOUBLE_EQ(comm_trim_mean({5, 1, 100, 2, 3, 4, 6, 7, 8, 9, 10}), 6.0);  // int(1.1) = 1 cut from each end
   EXPECT_DOUBLE_EQ(comm_trim_mean({1, 2, 30}), 11.0);                          // fewer than 10: nothing cut
@@ -214,13 +226,27 @@ TEST(CommLog, AveragesAndTputAreDeepSpeeds) {
   }
   const std::vector<std::string> lines = log.summary_lines();
   ASSERT_EQ(lines.size(), 2u);
-  std::istringstream row(lines[1]);
-  std::string op;
-  double size, count, sent, total_ms, avg_ms, tput, busbw;
-  row >> op >> size >> count >> sent >> total_ms >> avg_ms >> tput >> busbw;
-  EXPECT_NEAR(avg_ms, 1e-3, 1e-6);  // the outlier cut
-  EXPECT_NEAR(tput, 2.0 * 1000 / 1e-6 * 8e-9, 1e-3);   // 16 Gbps
-  EXPECT_NEAR(busbw, 1000 / 1e-6 * 8e-9, 1e-3);        // S/t · 2(n-1)/n, n = 2
+  const SummaryRow r = summary_row(lines[1]);
+  EXPECT_NEAR(r.avg_ms, 1e-3, 1e-6);  // the outlier cut
+  EXPECT_NEAR(r.tput, 2.0 * 1000 / 1e-6 * 8e-9, 1e-3);   // 16 Gbps
+  EXPECT_NEAR(r.busbw, 1000 / 1e-6 * 8e-9, 1e-3);        // S/t · 2(n-1)/n, n = 2
+}
+
+// An all_gather's tput is its n inputs over the time (DeepSpeed's calc_bw_log: size *= n), listed
+// under its input's size; busbw is that times (n-1)/n.
+TEST(CommLog, AllGatherIsListedByItsInputAndPricedByItsOutput) {
+  CommLog log;
+  const size_t input = comm_msg_bytes(CommOp::kAllGather, 250, DType::kF32, 4);  // 1000 bytes a rank
+  log.issued(CommOp::kAllGather, input, comm_sent_bytes(CommOp::kAllGather, 250, DType::kF32, 4, false), "");
+  log.completed(CommOp::kAllGather, input, 4, 1e-6, "");
+  const std::vector<std::string> lines = log.summary_lines();
+  ASSERT_EQ(lines.size(), 2u);
+  const SummaryRow r = summary_row(lines[1]);
+  EXPECT_EQ(r.op, "all_gather");
+  EXPECT_EQ(r.size, 1000) << lines[1];
+  EXPECT_EQ(r.sent, 3000) << lines[1];
+  EXPECT_NEAR(r.tput, 4 * 1000 / 1e-6 * 8e-9, 1e-3);           // 32 Gbps
+  EXPECT_NEAR(r.busbw, 4 * 1000 / 1e-6 * 8e-9 * 0.75, 1e-3);  // 24 Gbps
 }
 
 TEST(CommLog, SentBytesTable) {
@@ -230,7 +256,13 @@ TEST(CommLog, SentBytesTable) {
   EXPECT_EQ(comm_sent_bytes(CommOp::kBroadcast, 10, DType::kF32, 4, true), 40u);
   EXPECT_EQ(comm_sent_bytes(CommOp::kBroadcast, 10, DType::kF32, 4, false), 0u);
   EXPECT_EQ(comm_sent_bytes(CommOp::kAllReduce, 10, DType::kF32, 1, false), 0u);
-  EXPECT_EQ(comm_msg_bytes(CommOp::kAllGather, 10, DType::kF32, 4), 160u);
+  // DeepSpeed's message size is its call's `tensor`: all_gather's and gather's input, scatter's
+  // output (it was their n blocks: an all_gather of 40 bytes a rank was listed as 160).
+  EXPECT_EQ(comm_msg_bytes(CommOp::kAllGather, 10, DType::kF32, 4), 40u);
+  EXPECT_EQ(comm_msg_bytes(CommOp::kGather, 10, DType::kF32, 4), 40u);
+  EXPECT_EQ(comm_msg_bytes(CommOp::kScatter, 10, DType::kF32, 4), 40u);
+  EXPECT_EQ(comm_msg_bytes(CommOp::kReduceScatter, 10, DType::kF32, 4), 160u);
+  EXPECT_EQ(comm_msg_bytes(CommOp::kAllToAll, 10, DType::kF32, 4), 160u);
   EXPECT_DOUBLE_EQ(comm_busbw_factor(CommOp::kAllReduce, 4), 1.5);
   EXPECT_DOUBLE_EQ(comm_busbw_factor(CommOp::kAllGather, 4), 0.75);
   EXPECT_DOUBLE_EQ(comm_busbw_factor(CommOp::kSend, 4), 1.0);

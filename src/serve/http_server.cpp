@@ -370,10 +370,10 @@ namespace {
 
 // Runs one generation to its end, turning tokens into text: `stops` end it at their first
 // occurrence (excluded); on_delta gets each new piece of text that can no longer change (whole
-// UTF-8 characters, and nothing that may still begin a stop string) with the count of the answer's
-// tokens known by then to stay in it (all that have come: a stop string ends the answer at the
-// token that completes it), and returns false when the client is gone, which cancels the
-// generation.
+// UTF-8 characters, and nothing that may still begin a stop string) with a count of the answer's
+// tokens that stay in it (all that have come, since a stop string ends the answer at the token
+// that completes it; or, with follow_generation's cover, those whose text has been handed over),
+// and returns false when the client is gone, which cancels the generation.
 struct Outcome {
   std::string text;
   Finish finish = Finish::kNone;
@@ -414,10 +414,13 @@ std::shared_ptr<Generation> submit_or_throw(Scheduler& sched, GenerationRequest 
 // Follows a queued generation to its end: the text (cut at the first stop string), its deltas.
 // min_tokens: stop strings count from the answer's min_tokens-th token on (vLLM's): a match must end
 // past the text of the first min_tokens tokens.
+// cover: on_delta's count is of the tokens whose text the pieces so far hold whole (a stream's
+// logprobs go with their text), not of all that stay.
 template <typename OnDelta>
 Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok,
                           const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
-                          bool streaming, const std::function<bool()>& gone, int min_tokens = 0) {
+                          bool streaming, const std::function<bool()>& gone, int min_tokens = 0, bool cover = false) {
+  size_t covered = 0;  // with cover: the tokens whose text ends within what was sent
   size_t floor = 0;  // the text of the first min_tokens tokens, once they have come
   size_t hold = 0;
   for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
@@ -480,7 +483,10 @@ Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Toke
         size_t safe = whole > hold ? whole - hold : 0;
         while (safe > sent && (static_cast<unsigned char>(full[safe]) & 0xC0) == 0x80) --safe;
         if (safe > sent) {
-          if (!on_delta(full.substr(sent, safe - sent), ids.size())) g->cancel(Finish::kCancelled);
+          while (cover && covered < ids.size() &&
+                 visible_text(tok, std::span<const int32_t>(ids.data(), covered + 1), hidden).size() <= safe)
+            ++covered;
+          if (!on_delta(full.substr(sent, safe - sent), cover ? covered : ids.size())) g->cancel(Finish::kCancelled);
           sent = safe;
         }
       }
@@ -490,7 +496,9 @@ Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Toke
   out.client_gone = client_gone;
   out.finish = stopped ? Finish::kStop : g->finish();
   out.error = g->error();
-  out.completion_tokens = static_cast<int>(ids.size());
+  // The stop id that ended it (the end of text, a stop_token_ids id) counts, though it has no
+  // text, as vLLM counts it (its output's token ids hold it); a stop string's tokens are the ids.
+  out.completion_tokens = static_cast<int>(ids.size()) + (!stopped && out.finish == Finish::kStop ? 1 : 0);
   out.logprobs = g->logprobs();
   if (out.logprobs.size() > ids.size()) out.logprobs.resize(ids.size());
   out.prompt_logprobs = g->prompt_logprobs();
@@ -1121,24 +1129,25 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     for (const auto& prompt : prompts) prompt_tokens += static_cast<int>(prompt.size());
     auto finish_json = [](Finish f) { return json(f == Finish::kLength ? "length" : "stop"); };
 
+    // Every choice is queued at once (they batch together), choice k of prompt p at index
+    // p · n + k, seeded seed + k (the same request gives the same choices). All or none: a choice
+    // the queue refuses cancels those already queued (503 at once, a stream's before its headers).
+    std::vector<std::shared_ptr<Generation>> queued;
+    try {
+      for (size_t p = 0; p < prompts.size(); ++p)
+        for (int k = 0; k < n_choices; ++k) {
+          GenerationRequest rk = r;
+          rk.prompt = prompts[p];
+          rk.sampling.seed = r.sampling.seed + static_cast<uint64_t>(k);
+          queued.push_back(submit_or_throw(*scheduler_, std::move(rk)));
+        }
+    } catch (...) {
+      for (const auto& g : queued) g->cancel(Finish::kCancelled);
+      throw;
+    }
+
     if (!stream) {
-      // Every choice is queued at once (they batch together), choice k of prompt p at index
-      // p · n + k, seeded seed + k (the same request gives the same choices).
-      // All or none: a choice the queue refuses cancels those already queued (503 at once).
       const int fd = request_socket(req);
-      std::vector<std::shared_ptr<Generation>> queued;
-      try {
-        for (size_t p = 0; p < prompts.size(); ++p)
-          for (int k = 0; k < n_choices; ++k) {
-            GenerationRequest rk = r;
-            rk.prompt = prompts[p];
-            rk.sampling.seed = r.sampling.seed + static_cast<uint64_t>(k);
-            queued.push_back(submit_or_throw(*scheduler_, std::move(rk)));
-          }
-      } catch (...) {
-        for (const auto& g : queued) g->cancel(Finish::kCancelled);
-        throw;
-      }
       // The scheduler runs them together. Without stop strings they are followed one after the
       // other; with them each is followed on a thread of its own, so each ends at its own stop
       // string (followed in turn, a later one decoded to max_tokens while the earlier ran). An error
@@ -1205,41 +1214,33 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     }
 
     // Streaming: server-sent events, one per text delta of a choice (its index), then each choice's
-    // finish reason, the usage when asked, and [DONE]. The generation runs in the content
-    // provider, after the headers. As above, every choice is queued at once (all or none) and
-    // seeded seed + k; with more than one each is followed on a thread of its own, and their
-    // chunks go out whole, one at a time. A failed write cancels them all; a choice's error is
-    // one error event and cancels the rest. With logprobs a chunk carries the entries of the
-    // answer's tokens that came with it (tokens whose text is still held back come with a later
-    // chunk, and the end of text that ended the answer with the finish chunk), so that the
-    // chunks' entries, joined, are the whole answer's. With echo a choice's first chunk is its
-    // prompt (and the prompt's entries).
+    // finish reason, the usage when asked, and [DONE]. The choices (queued above) are followed in
+    // the content provider, after the headers, each on a thread of its own when there are
+    // several, and their chunks go out whole, one at a time. A failed write cancels them all;
+    // a choice's error is one error event and cancels the rest. With logprobs a chunk carries the
+    // entries of the tokens whose text it completes (the end of text that ended the answer comes
+    // with the finish chunk; a chunk with none has null), so that the chunks' entries, joined,
+    // are the whole answer's. With echo a choice's first chunk is its prompt (and its entries).
     struct StreamJob {
-      std::vector<GenerationRequest> requests;  // choice c: prompt c / n, seed + c % n
+      std::vector<std::shared_ptr<Generation>> gens;  // choice c: prompt c / n, seed + c % n
       std::vector<std::vector<int32_t>> prompts;
       std::vector<std::string> prompt_texts;
       int min_tokens = 0;
     };
     auto job = std::make_shared<StreamJob>();
-    job->min_tokens = r.min_tokens;
-    for (size_t p = 0; p < prompts.size(); ++p)
-      for (int k = 0; k < n_choices; ++k) {
-        GenerationRequest rk = r;
-        rk.prompt = prompts[p];
-        rk.sampling.seed = r.sampling.seed + static_cast<uint64_t>(k);
-        job->requests.push_back(std::move(rk));
-      }
+    job->gens = std::move(queued);
     job->prompts = std::move(prompts);
     job->prompt_texts = std::move(prompt_texts);
+    job->min_tokens = r.min_tokens;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, job, stops, id, created, chat, endpoint, t0, finish_json, include_usage, prompt_tokens, n_choices, logprobs,
          echo](size_t, httplib::DataSink& sink) {
+          const std::vector<std::shared_ptr<Generation>>& gens = job->gens;
           std::mutex mu;  // one chunk at a time; the state below
           bool alive = true, failed = false;
           int status = 200, completion_tokens = 0;
-          std::vector<std::shared_ptr<Generation>> gens;
           auto write = [&](const json& ev) {  // under mu
             if (!alive) return false;
             const std::string line = "data: " + dump(ev) + "\n\n";
@@ -1264,27 +1265,24 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
           auto fail = [&](const HttpError& e) {  // under mu: the first error is the one said
             if (failed) return;
             failed = true;
-            status = e.status;
             for (const auto& g : gens) g->cancel(Finish::kCancelled);
+            if (!alive) return;  // the client left first: that is what ended it (499)
+            status = e.status;
             write(error_json(e));
           };
-          try {
-            for (GenerationRequest& rq : job->requests) gens.push_back(submit_or_throw(*scheduler_, std::move(rq)));
-          } catch (const HttpError& e) {
-            std::lock_guard<std::mutex> lock(mu);
-            fail(e);
-          }
           auto follow_one = [&](size_t c) {
             const size_t p = c / static_cast<size_t>(n_choices);
             const std::shared_ptr<Generation>& g = gens[c];
             CompletionLogprobs entries(tok_);
             size_t listed = 0;  // the answer's tokens whose entries went out
             bool echoed = !echo;
-            auto lp_upto = [&](size_t kept, const std::vector<TokenLogprobs>& stop) -> json {
+            // The entries of the answer's tokens [listed, upto) and of `stop`; null when none.
+            auto lp_upto = [&](size_t upto, const std::vector<TokenLogprobs>& stop) -> json {
               if (logprobs < 0) return nullptr;
-              std::vector<TokenLogprobs> more = g->logprobs(listed);
-              if (more.size() > kept - listed) more.resize(kept - listed);
+              std::vector<TokenLogprobs> more = upto > listed ? g->logprobs(listed) : std::vector<TokenLogprobs>();
+              if (more.size() > upto - std::min(upto, listed)) more.resize(upto - std::min(upto, listed));
               listed += more.size();
+              if (more.empty() && stop.empty()) return nullptr;
               if (chat) {
                 json content = json::array();
                 for (const TokenLogprobs& t : more) content.push_back(chat_logprob_entry(tok_, t.id, t));
@@ -1311,13 +1309,13 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
             }
             const Outcome o = follow_generation(
                 g, tok_, stops, end_ids_,
-                [&](const std::string& delta, size_t kept) {
+                [&](const std::string& delta, size_t covered) {
                   std::lock_guard<std::mutex> lock(mu);
                   if (failed || !alive) return false;
                   if (!echoed && !echo_chunk()) return false;
-                  return chunk(c, chat ? json{{"content", delta}} : json(delta), nullptr, lp_upto(kept, {}));
+                  return chunk(c, chat ? json{{"content", delta}} : json(delta), nullptr, lp_upto(covered, {}));
                 },
-                true, nullptr, job->min_tokens);
+                true, nullptr, job->min_tokens, /*cover=*/logprobs >= 0);
             std::lock_guard<std::mutex> lock(mu);
             if (failed || !alive) return;
             if (o.finish == Finish::kStop || o.finish == Finish::kLength) {
@@ -1341,9 +1339,14 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
           };
           if (gens.size() == 1) {
             follow(0);
-          } else if (!gens.empty()) {
+          } else {
             std::vector<std::future<void>> running;
-            for (size_t c = 0; c < gens.size(); ++c) running.push_back(std::async(std::launch::async, follow, c));
+            try {
+              for (size_t c = 0; c < gens.size(); ++c) running.push_back(std::async(std::launch::async, follow, c));
+            } catch (const std::exception& e) {  // no thread for one: the rest end too
+              std::lock_guard<std::mutex> lock(mu);
+              fail(internal_error(e));
+            }
             for (auto& f : running) f.wait();  // every one joined before this returns (they use this frame)
           }
           std::lock_guard<std::mutex> lock(mu);
@@ -1357,14 +1360,17 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
           if (alive) {
             const std::string done = "data: [DONE]\n\n";
             sink.write(done.data(), done.size());
-          } else if (!failed) {
+          } else {
             status = 499;  // the client closed the connection (nginx's code)
           }
           sink.done();
           record(endpoint, status, std::chrono::duration<double>(Clock::now() - t0).count());
           return true;
         },
-        [this](bool) { --in_flight_; });
+        [this, job](bool) {
+          for (const auto& g : job->gens) g->cancel(Finish::kCancelled);  // ended ones are not touched
+          --in_flight_;
+        });
   } catch (const HttpError& e) {
     send_error(res, e);
     record(endpoint, e.status, std::chrono::duration<double>(Clock::now() - t0).count());

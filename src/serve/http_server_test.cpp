@@ -168,8 +168,10 @@ TEST_F(HttpServerTest, GreedyCompletionEqualsTheGenerators) {
     EXPECT_EQ(r["choices"][0]["text"], want) << prompt;
     EXPECT_EQ(r["usage"]["prompt_tokens"], ids.size());
     EXPECT_EQ(r["usage"]["total_tokens"], r["usage"]["prompt_tokens"].get<int>() + r["usage"]["completion_tokens"].get<int>());
-    const int n = r["usage"]["completion_tokens"];
-    EXPECT_EQ(r["choices"][0]["finish_reason"], n == 20 ? "length" : "stop");
+    const std::vector<int32_t> drawn = alone_->generate(ids, 20, {.temperature = 0.0f}, tok_->eot_id());
+    const bool ended = !drawn.empty() && drawn.back() == tok_->eot_id();
+    EXPECT_EQ(r["usage"]["completion_tokens"], drawn.size());  // an end of text that ended it counts (vLLM's)
+    EXPECT_EQ(r["choices"][0]["finish_reason"], ended ? "stop" : "length");
   }
   // Seeded sampling is reproducible over HTTP.
   const json s = {{"prompt", "The"}, {"max_tokens", 12}, {"temperature", 1.0}, {"top_k", 40}, {"top_p", 0.9}, {"seed", 5}};
@@ -222,8 +224,7 @@ TEST_F(HttpServerTest, EchoAndLogprobsAreWhatLoglikelihoodEvaluationReads) {
     const std::vector<int32_t>& p = prompts[c];
     const json& lp = ch["logprobs"];
     const std::vector<int32_t> greedy = alone_->generate(p, 1, {.temperature = 0.0f}, tok_->eot_id());
-    const bool drew = greedy[0] != tok_->eot_id();  // the end of text is not an answer's token
-    completion += drew;
+    completion += 1;  // the end of text, when drawn, counts too (vLLM's count: its token ids hold it)
     ASSERT_EQ(lp["tokens"].size(), p.size() + 1);  // the end of text, when drawn, is listed (no text)
     EXPECT_TRUE(lp["token_logprobs"][0].is_null());
     EXPECT_TRUE(lp["top_logprobs"][0].is_null());
@@ -278,6 +279,7 @@ TEST_F(HttpServerTest, EchoAndLogprobsAreWhatLoglikelihoodEvaluationReads) {
     ASSERT_TRUE(res);
     ASSERT_EQ(res->status, 200) << res->body;
     const json e = json::parse(res->body)["choices"][0];
+    EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 1);  // the stop id counts (it was 0)
     EXPECT_EQ(e["text"], tok_->decode(p));
     EXPECT_EQ(e["finish_reason"], "stop");
     ASSERT_EQ(e["logprobs"]["tokens"].size(), p.size() + 1);
@@ -300,20 +302,23 @@ TEST_F(HttpServerTest, NChoicesAndChatLogprobs) {
   const json r = post_json("/v1/completions", {{"prompt", json::array({"Once upon", "The dog"})}, {"max_tokens", 6},
                                                {"temperature", 1.0}, {"seed", 11}, {"n", 3}});
   ASSERT_EQ(r["choices"].size(), 6u);
+  size_t drawn = 0;
   for (size_t c = 0; c < 6; ++c) {
     const std::vector<int32_t> p = tok_->encode(c < 3 ? "Once upon" : "The dog");
     std::vector<int32_t> ids = alone_->generate(p, 6, {.temperature = 1.0f, .seed = 11 + c % 3}, tok_->eot_id());
+    drawn += ids.size();  // an end of text that ended a choice counts
     if (!ids.empty() && ids.back() == tok_->eot_id()) ids.pop_back();
     EXPECT_EQ(r["choices"][c]["index"], c);
     EXPECT_EQ(r["choices"][c]["text"],
               json::parse(json(tok_->decode(ids)).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>())
         << c;
   }
+  EXPECT_EQ(r["usage"]["completion_tokens"], drawn);
   const json chat = post_json("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "The cat"}}}}, {"max_tokens", 5},
                                                        {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}});
   const json& content = chat["choices"][0]["logprobs"]["content"];
   const bool eot = chat["choices"][0]["finish_reason"] == "stop";  // listed last, no text
-  ASSERT_EQ(content.size(), chat["usage"]["completion_tokens"].get<size_t>() + (eot ? 1 : 0));
+  ASSERT_EQ(content.size(), chat["usage"]["completion_tokens"].get<size_t>());  // the end of text listed and counted
   // A random model's tokens split characters: a token's string is "bytes:\xNN" where it is not
   // UTF-8 on its own (the bytes, joined, are the answer's).
   auto replaced = [](const std::string& raw) {
@@ -1033,21 +1038,26 @@ auto active_once_settled(HttpServer& server) {
   return server.stats().active;
 }
 
+// With two choices streaming (n 2), the failed write ends both.
 TEST_F(SlowServerTest, AClientThatDisconnectsCancelsItsGeneration) {
   auto model = slow_model();
   Running srv(*model, *tok_, {.slots = 2}, {});
-  const std::string got = request_then_close(
-      srv.port, "/v1/completions", R"({"prompt": "The cat", "max_tokens": 2000, "temperature": 0, "stream": true})",
-      "\"finish_reason\":null");
-  ASSERT_NE(got.find("200 OK"), std::string::npos) << got;
-  // The server notices at a following write and ends the generation long before 2000 tokens.
-  for (int i = 0; i < 200 && srv.server.metrics_text().find("status=\"499\"") == std::string::npos; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_NE(srv.server.metrics_text().find("meshtrain_requests_total{endpoint=\"/v1/completions\",status=\"499\"} 1"),
-            std::string::npos)
-      << srv.server.metrics_text();
-  EXPECT_EQ(active_once_settled(srv.server), 0);
-  EXPECT_LT(srv.server.stats().generated_tokens, 1500u);
+  int closed = 0;
+  for (const char* body : {R"({"prompt": "The cat", "max_tokens": 2000, "temperature": 0, "stream": true})",
+                           R"({"prompt": "The cat", "max_tokens": 2000, "temperature": 0, "stream": true, "n": 2})"}) {
+    SCOPED_TRACE(body);
+    const uint64_t before = srv.server.stats().generated_tokens;
+    const std::string got = request_then_close(srv.port, "/v1/completions", body, "\"finish_reason\":null");
+    ASSERT_NE(got.find("200 OK"), std::string::npos) << got;
+    // The server notices at a following write and ends the generation long before 2000 tokens.
+    const std::string want =
+        "meshtrain_requests_total{endpoint=\"/v1/completions\",status=\"499\"} " + std::to_string(++closed);
+    for (int i = 0; i < 200 && srv.server.metrics_text().find(want) == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_NE(srv.server.metrics_text().find(want), std::string::npos) << srv.server.metrics_text();
+    EXPECT_EQ(active_once_settled(srv.server), 0);
+    EXPECT_LT(srv.server.stats().generated_tokens - before, 1500u);
+  }
 }
 
 // The same for a whole (non-streaming) answer: the server finds the request's socket and sees it
@@ -1093,6 +1103,8 @@ TEST_F(SlowServerTest, ShutdownFinishesInFlightRequestsAndRefusesNewOnes) {
     h = cli.Get("/health");
   }
   auto refused = cli.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+  // A stream is refused before its headers, with the same status (it was a 200 and an error event).
+  auto refused_stream = cli.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2, "stream": true})", "application/json");
   client.join();
   stopper.join();
   ASSERT_TRUE(h);
@@ -1100,6 +1112,9 @@ TEST_F(SlowServerTest, ShutdownFinishesInFlightRequestsAndRefusesNewOnes) {
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->status, 503);
   EXPECT_EQ(json::parse(refused->body)["error"]["code"], "shutting_down");
+  ASSERT_TRUE(refused_stream);
+  EXPECT_EQ(refused_stream->status, 503) << refused_stream->body;
+  EXPECT_EQ(json::parse(refused_stream->body)["error"]["code"], "shutting_down");
   bool done = false;
   std::vector<json> evs = events(streamed, &done);
   EXPECT_TRUE(done);

@@ -44,7 +44,7 @@ class NcclWork : public Work {
   NcclWork(ncclComm_t comm, cudaStream_t stream, std::string what, int rank, int size,
            std::chrono::milliseconds timeout)
       : comm_(comm), what_(std::move(what)), rank_(rank), size_(size), timeout_(timeout),
-        deadline_(std::chrono::steady_clock::now() + timeout), continues_(continues()) {
+        deadline_(timeout) {
     check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventRecord(event_, stream), "cudaEventRecord after " + what_);
   }
@@ -67,12 +67,8 @@ class NcclWork : public Work {
       ncclResult_t async = ncclSuccess;
       check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
       check_nccl(async, what_);
-      if (const auto now = std::chrono::steady_clock::now(); now > deadline_) {
-        if (const uint64_t c = continues(); c != continues_) {  // stopped and continued meanwhile: wait afresh
-          continues_ = c;
-          deadline_ = now + timeout_;
-          continue;
-        }
+      if (deadline_.passed()) {
+        if (is_completed()) return;
         ncclCommAbort(comm_);  // the communicator cannot be used again: the job is meant to end
         throw CommTimeout(timeout_message("nccl", what_, 0, "", rank_, size_, timeout_, {}), what_, 0, {});
       }
@@ -85,8 +81,7 @@ class NcclWork : public Work {
   std::string what_;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
-  std::chrono::steady_clock::time_point deadline_;
-  uint64_t continues_;  // the process's stops and continues when the deadline was set
+  WaitDeadline deadline_;
   cudaEvent_t event_ = nullptr;
   bool done_ = false;
 };
