@@ -410,9 +410,10 @@ TEST(EstimateFootprint, StageZeroHoldsLibnbcsRingSegment) {
   EXPECT_EQ(mpi[1], 0.0);
   EXPECT_GE(mpi[0], 16.0 * 1048576);  // 8.5M parameters in f32: a 17 MB segment
   // The rest beyond the mapped peak varies between runs by a few MiB (stage 1: 37.2-41.8 MiB over
-  // five runs, one under a full parallel ctest; glibc's heap retention), so the segment is told
-  // apart from nothing within 6 MiB (4 failed once under that load).
-  EXPECT_NEAR(beyond[0] - beyond[1], mpi[0], 6.0 * 1048576);
+  // five runs, one under a full parallel ctest; glibc's heap retention), and the difference of two
+  // runs by up to twice that, so the segment is told apart from nothing within half its size,
+  // 8 MiB (4 failed once under that load; 6 left a 4.6 MiB spread on each side 1.4 MiB).
+  EXPECT_NEAR(beyond[0] - beyond[1], mpi[0], 8.0 * 1048576);
 }
 
 // (5) oneDNN's scratchpad: the GEMMs run on one region grown to the largest need (the

@@ -67,8 +67,12 @@ struct TrainArgs {
 // one a second or more later ends the process at once with the default action. One within the
 // second is the same request arriving twice: a scheduler (Slurm's scancel or time limit, a
 // systemd stop) signals every process of the job, so a rank under `launch` gets the SIGTERM itself
-// and mpirun's forwarded SIGUSR1 together, and taking the second as "end now" lost the save.
+// and mpirun's forwarded SIGUSR1 together, and taking the second as "end now" lost the save. The
+// forwarded copy can come later than that (launch, mpirun and, across hosts, orted relay it, each
+// waiting for a core on a loaded host): one from the other sender (forwarded after direct, or
+// direct after forwarded) is the same request for 10 s.
 volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_stop_forwarded = 0;  // the first came from launch (SIGUSR1/2)
 timespec g_stop_at{};
 
 // SIGUSR1 and SIGUSR2 are `launch`'s SIGTERM and SIGINT: mpirun passes them to every rank and
@@ -77,14 +81,16 @@ timespec g_stop_at{};
 void on_stop_signal(int sig) {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+  const bool forwarded = sig == SIGUSR1 || sig == SIGUSR2;
   if (g_stop_signal != 0) {
     const double since = static_cast<double>(now.tv_sec - g_stop_at.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec - g_stop_at.tv_nsec);
-    if (since < 1.0) return;  // the same request, from another sender
+    if (since < ((forwarded ? 1 : 0) != g_stop_forwarded ? 10.0 : 1.0)) return;  // the same request, from another sender
     std::signal(sig, SIG_DFL);
     std::raise(sig);
     return;
   }
   g_stop_at = now;
+  g_stop_forwarded = forwarded ? 1 : 0;
   g_stop_signal = sig == SIGUSR1 ? SIGTERM : sig == SIGUSR2 ? SIGINT : sig;
 }
 

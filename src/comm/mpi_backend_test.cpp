@@ -456,7 +456,7 @@ void check_driven_send(Backend& b) {
     b.barrier(bo)->wait();
     auto w = b.send(big.data(), n, DType::kF32, 1, so);
     EXPECT(drive(*w, std::chrono::seconds(5)), "the driven send completes while its receiver waits");
-    std::this_thread::sleep_for(std::chrono::seconds(1));  // compute: no MPI call
+    std::this_thread::sleep_for(std::chrono::seconds(2));  // compute: no MPI call (rank 1 may wait its turn on a core)
     ro.msg_tag = 78;
     auto a = b.recv(&answer, 1, DType::kF32, 1, ro);
     EXPECT(a->is_completed(), "the receiver had the message before the sender's compute ended");
@@ -589,9 +589,12 @@ void check_a_stop_inside_a_wait(Backend& b) {
     const pid_t parent = ::getpid();
     child = ::fork();
     if (child == 0) {  // only async-signal-safe calls
+      ::close(go[1]);  // a parent that never writes (it failed first) ends the read
       char byte = 0;
-      while (::read(go[0], &byte, 1) < 0 && errno == EINTR) {
+      ssize_t got;
+      while ((got = ::read(go[0], &byte, 1)) < 0 && errno == EINTR) {
       }
+      if (got != 1) ::_exit(0);
       struct timespec before{0, 300'000'000}, stopped{3, 500'000'000};
       ::nanosleep(&before, nullptr);
       ::kill(parent, SIGSTOP);

@@ -202,8 +202,6 @@ TEST(CommLog, CountsBytesByTheDocumentedFormulas) {
   }
 }
 
-// DeepSpeed's summary: averages are scipy's trim_mean(values, 0.1), and an all_reduce's tput is
-// 2 S / t (calc_bw_log); both were a plain mean of S / t.
 // A summary line's columns.
 struct SummaryRow {
   std::string op;
@@ -216,6 +214,8 @@ SummaryRow summary_row(const std::string& line) {
   return r;
 }
 
+// DeepSpeed's summary: averages are scipy's trim_mean(values, 0.1), and an all_reduce's tput is
+// 2 S / t (calc_bw_log); both were a plain mean of S / t.
 TEST(CommLog, AveragesAndTputAreDeepSpeeds) {
   EXPECT_DOUBLE_EQ(comm_trim_mean({5, 1, 100, 2, 3, 4, 6, 7, 8, 9, 10}), 6.0);  // int(1.1) = 1 cut from each end
   EXPECT_DOUBLE_EQ(comm_trim_mean({1, 2, 30}), 11.0);                          // fewer than 10: nothing cut

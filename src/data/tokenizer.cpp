@@ -183,6 +183,13 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
+bool Tokenizer::is_special(int32_t id) const {
+  if (id == eot_id_) return true;
+  for (const AddedToken& a : added_)
+    if (a.id == id) return a.special;
+  return false;
+}
+
 int32_t Tokenizer::eot_id() const {
   MT_CHECK(eot_id_ >= 0, ErrorKind::kNotFound,
            std::string("tokenizer: the vocabulary has no ") + kEndOfText + " token");

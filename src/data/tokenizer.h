@@ -58,6 +58,9 @@ class Tokenizer {
   // The id of "<|endoftext|>"; throws kNotFound if the vocabulary has none.
   int32_t eot_id() const;
   bool has_eot() const { return eot_id_ >= 0; }
+  // A special token (Hugging Face's: an added token marked special, and <|endoftext|>), which
+  // answers leave out of their text (skip_special_tokens); other added tokens are text.
+  bool is_special(int32_t id) const;
   // The bytes a token decodes to. REQUIRES: 0 <= id < vocab_size().
   const std::string& token_bytes(int32_t id) const { return token_bytes_[id]; }
 

@@ -137,8 +137,15 @@ TEST(TokenizerGpt2, AddedTokensInTextAreOneTokenAsHuggingFaceEncodes) {
   t.save_json(dir.file("saved.json"));
   Tokenizer again = Tokenizer::load(dir.file("saved.json"));
   for (const Case& c : golden_cases("cases-added.json")) EXPECT_EQ(again.encode(c.text), c.ids) << c.text;
+  // Special tokens are the added ones marked special (the file's flags: "newword" is not) and the
+  // end of text; ordinary tokens are not (a server writes a stop id's text unless it is special).
+  EXPECT_TRUE(t.is_special(t.eot_id()));
+  EXPECT_TRUE(t.is_special(t.encode("<|im_end|>").at(0)));
+  EXPECT_FALSE(t.is_special(t.encode("newword").at(0)));
+  EXPECT_FALSE(t.is_special(t.encode("a").at(0)));
   // GPT-2's own files have no added tokens: <|endoftext|> in text is text, as encoder.py encodes it.
   EXPECT_EQ(gpt2().encode("<|endoftext|>").size(), 7u);
+  EXPECT_FALSE(gpt2().is_special(gpt2().encode("a").at(0)));
   // Bytes that are not UTF-8 beside a stripping token are not characters, so not whitespace: they
   // stay text (\xE2\x80\n was read as U+200A and stripped with the newline; \xC2\x20 lost both).
   const std::vector<std::pair<std::string, std::string>> invalid = {

@@ -420,7 +420,7 @@ template <typename OnDelta>
 Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok,
                           const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
                           bool streaming, const std::function<bool()>& gone, int min_tokens = 0, bool cover = false) {
-  size_t covered = 0;  // with cover: the tokens whose text ends within what was sent
+  size_t covered = 0, covered_bytes = 0;  // with cover: the tokens whose text ends within what was sent
   size_t floor = 0;  // the text of the first min_tokens tokens, once they have come
   size_t hold = 0;
   for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
@@ -483,9 +483,14 @@ Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Toke
         size_t safe = whole > hold ? whole - hold : 0;
         while (safe > sent && (static_cast<unsigned char>(full[safe]) & 0xC0) == 0x80) --safe;
         if (safe > sent) {
-          while (cover && covered < ids.size() &&
-                 visible_text(tok, std::span<const int32_t>(ids.data(), covered + 1), hidden).size() <= safe)
-            ++covered;
+          // A prefix's text is its visible tokens' bytes (decode joins them): counted as they come.
+          for (; cover && covered < ids.size(); ++covered) {
+            const int32_t id = ids[covered];
+            const bool shown = std::find(hidden.begin(), hidden.end(), id) == hidden.end();
+            const size_t len = shown ? tok.token_bytes(id).size() : 0;
+            if (covered_bytes + len > safe) break;
+            covered_bytes += len;
+          }
           if (!on_delta(full.substr(sent, safe - sent), cover ? covered : ids.size())) g->cancel(Finish::kCancelled);
           sent = safe;
         }
@@ -498,7 +503,7 @@ Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Toke
   out.error = g->error();
   // The stop id that ended it (the end of text, a stop_token_ids id) counts, though it has no
   // text, as vLLM counts it (its output's token ids hold it); a stop string's tokens are the ids.
-  out.completion_tokens = static_cast<int>(ids.size()) + (!stopped && out.finish == Finish::kStop ? 1 : 0);
+  out.completion_tokens = static_cast<int>(ids.size()) + (!stopped && g->ended_on_a_stop_id() ? 1 : 0);
   out.logprobs = g->logprobs();
   if (out.logprobs.size() > ids.size()) out.logprobs.resize(ids.size());
   out.prompt_logprobs = g->prompt_logprobs();
@@ -1103,7 +1108,12 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= drawable)
           bad("\"stop_token_ids\": " + t.dump() + " is not a token id of this model's [0, " + std::to_string(drawable) + ")",
               "invalid_value");
-        r.stop_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+        const auto tid = static_cast<int32_t>(t.get<int64_t>());
+        r.stop_ids.push_back(tid);
+        // vLLM returns such an id as the answer's last token, in its text, unless it is special
+        // (an end of text is never written).
+        if (!tok_.is_special(tid) && std::find(end_ids_.begin(), end_ids_.end(), tid) == end_ids_.end())
+          r.returned_stop_ids.push_back(tid);
       }
     }
     r.sample_below = tok_.vocab_size();
@@ -1226,6 +1236,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       std::vector<std::vector<int32_t>> prompts;
       std::vector<std::string> prompt_texts;
       int min_tokens = 0;
+      bool provided = false;  // the content provider ran (the headers went out)
     };
     auto job = std::make_shared<StreamJob>();
     job->gens = std::move(queued);
@@ -1237,6 +1248,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         "text/event-stream",
         [this, job, stops, id, created, chat, endpoint, t0, finish_json, include_usage, prompt_tokens, n_choices, logprobs,
          echo](size_t, httplib::DataSink& sink) {
+          job->provided = true;
           const std::vector<std::shared_ptr<Generation>>& gens = job->gens;
           std::mutex mu;  // one chunk at a time; the state below
           bool alive = true, failed = false;
@@ -1367,8 +1379,10 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
           record(endpoint, status, std::chrono::duration<double>(Clock::now() - t0).count());
           return true;
         },
-        [this, job](bool) {
+        [this, job, endpoint, t0](bool) {
           for (const auto& g : job->gens) g->cancel(Finish::kCancelled);  // ended ones are not touched
+          // The headers could not be written (the client left first): the provider never ran.
+          if (!job->provided) record(endpoint, 499, std::chrono::duration<double>(Clock::now() - t0).count());
           --in_flight_;
         });
   } catch (const HttpError& e) {

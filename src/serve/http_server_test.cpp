@@ -344,16 +344,22 @@ TEST_F(HttpServerTest, NChoicesAndChatLogprobs) {
 // with a Sampler of the same options (the sampler's own test checks its definitions).
 TEST_F(HttpServerTest, PenaltiesBiasAndStopIdsShapeTheAnswer) {
   const std::vector<int32_t> p = tok_->encode("The cat sat on the");
+  // `stop`: stop_token_ids, written as the answer's last token (vLLM's, for ids that are not special).
   auto greedy_with = [&](SamplingOptions o, int max_new, std::vector<int32_t> stop = {}, int min_tokens = 0) {
     o.temperature = 0.0f;
     Sampler s(o);
     s.set_prompt(p);
+    const size_t written = stop.size();
     stop.push_back(tok_->eot_id());
     std::vector<int32_t> ids;
     std::span<const float> z = alone_->prefill(p);
     for (int i = 0; i < max_new; ++i) {
       const int32_t id = s.sample(z, static_cast<int>(ids.size()) < min_tokens ? std::span<const int32_t>(stop) : std::span<const int32_t>());
-      if (std::find(stop.begin(), stop.end(), id) != stop.end()) break;
+      const auto at = std::find(stop.begin(), stop.end(), id);
+      if (at != stop.end()) {
+        if (static_cast<size_t>(at - stop.begin()) < written) ids.push_back(id);
+        break;
+      }
       ids.push_back(id);
       z = alone_->decode(id);
     }
@@ -372,13 +378,25 @@ TEST_F(HttpServerTest, PenaltiesBiasAndStopIdsShapeTheAnswer) {
   with = base;
   with["logit_bias"] = {{std::to_string(cat), 100}};
   EXPECT_EQ(post_json("/v1/completions", with)["choices"][0]["text"], greedy_with({.logit_bias = {{cat, 100.0f}}}, 8));
-  // The greedy first token as a stop id ends the answer before it; min_tokens 2 bans it for two.
+  // The greedy first token as a stop id ends the answer with it, written (vLLM's: it is not a
+  // special token; the id ended the answer before it, unwritten); min_tokens 2 bans it for two.
+  // The end of text given as a stop id is not written.
   const int32_t first = alone_->generate(p, 1, {.temperature = 0.0f})[0];
+  ASSERT_NE(first, tok_->eot_id());
   with = base;
   with["stop_token_ids"] = {first};
   json r = post_json("/v1/completions", with);
-  EXPECT_EQ(r["choices"][0]["text"], "");
+  EXPECT_EQ(r["choices"][0]["text"], greedy_with({}, 1));
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 1);
+  with["ignore_eos"] = true;
+  with["stop_token_ids"] = {tok_->eot_id()};
+  with["logit_bias"] = {{std::to_string(tok_->eot_id()), 100}};
+  r = post_json("/v1/completions", with);
+  EXPECT_EQ(r["choices"][0]["text"], "");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 1);
+  with = base;
+  with["stop_token_ids"] = {first};
   with["min_tokens"] = 2;
   r = post_json("/v1/completions", with);
   EXPECT_GE(r["usage"]["completion_tokens"].get<int>(), 2);
@@ -508,10 +526,15 @@ TEST_F(HttpServerTest, StreamedChoicesLogprobsAndEchoJoinToTheWholeAnswer) {
         {"logprobs", 2}, {"echo", true}, {"stop", "\x01never matches"}}},
       {"/v1/completions", {{"prompt", "The dog sat"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}}},
       {"/v1/completions", {{"prompt", "Once upon"}, {"n", 3}, {"max_tokens", 10}, {"temperature", 0.9}, {"seed", 8}}},
+      {"/v1/completions",
+       {{"prompt", "The cat"}, {"max_tokens", 30}, {"temperature", 0.9}, {"seed", 4}, {"logprobs", 1}, {"ignore_eos", true},
+        {"stop", "\x01never matches"}}},
       {"/v1/chat/completions",
        {{"messages", json::array({{{"role", "user"}, {"content", "你好"}}})}, {"n", 2}, {"max_tokens", 12},
         {"temperature", 0.9}, {"seed", 5}, {"logprobs", true}, {"top_logprobs", 2}, {"stop", "\x01never matches"}}},
   };
+  int long_answers = 0;
+  auto echo_case = [](const json& body) { return body.value("echo", false); };  // its first chunk is the prompt's
   for (const Case& tc : cases) {
     SCOPED_TRACE(tc.body.dump());
     const bool chat = tc.path == "/v1/chat/completions";
@@ -530,6 +553,8 @@ TEST_F(HttpServerTest, StreamedChoicesLogprobsAndEchoJoinToTheWholeAnswer) {
     ASSERT_GE(evs.size(), 2u);
     std::vector<std::string> text(n);
     std::vector<json> finish(n), lp(n), first(n);
+    std::vector<size_t> listed_bytes(n, 0);  // chat: the entries' bytes so far
+    std::vector<std::vector<size_t>> per_chunk(n);  // entries in each chunk before the finish
     for (size_t i = 0; i + 1 < evs.size(); ++i) {
       ASSERT_EQ(evs[i]["choices"].size(), 1u) << evs[i];
       const json& c = evs[i]["choices"][0];
@@ -540,6 +565,15 @@ TEST_F(HttpServerTest, StreamedChoicesLogprobsAndEchoJoinToTheWholeAnswer) {
       text[k] += chat ? c["delta"].value("content", "") : c["text"].get<std::string>();
       if (!c["finish_reason"].is_null()) finish[k] = c["finish_reason"];
       if (c["logprobs"].is_null()) continue;
+      if (chat) {  // an entry goes with its text, never ahead of it
+        for (const json& e : c["logprobs"]["content"]) listed_bytes[k] += e["bytes"].size();
+        if (c["finish_reason"].is_null()) {
+          EXPECT_LE(listed_bytes[k], text[k].size()) << evs[i];
+          per_chunk[k].push_back(c["logprobs"]["content"].size());
+        }
+      } else if (c["finish_reason"].is_null()) {
+        per_chunk[k].push_back(c["logprobs"]["tokens"].size());
+      }
       if (lp[k].is_null()) {
         lp[k] = c["logprobs"];
         continue;
@@ -559,6 +593,15 @@ TEST_F(HttpServerTest, StreamedChoicesLogprobsAndEchoJoinToTheWholeAnswer) {
       EXPECT_EQ(finish[k], w["finish_reason"]);
       ASSERT_EQ(lp[k].is_null(), w["logprobs"].is_null()) << lp[k];
       if (lp[k].is_null()) continue;
+      // A long answer's entries come with its text, not all with its last piece (the held-back
+      // text): the stop string holds back 15 bytes, so a piece before it covered a token.
+      size_t longest = 0, early = 0;
+      for (int32_t t = 0; t < tok_->vocab_size(); ++t) longest = std::max(longest, tok_->token_bytes(t).size());
+      for (size_t i = 0; i + 1 < per_chunk[k].size(); ++i) early += per_chunk[k][i];
+      if (!echo_case(tc.body) && text[k].size() > 15 + longest) {
+        EXPECT_GT(early, 0u) << text[k];
+        ++long_answers;
+      }
       if (chat) {
         const json& got = lp[k]["content"];
         const json& want = w["logprobs"]["content"];
@@ -583,6 +626,7 @@ TEST_F(HttpServerTest, StreamedChoicesLogprobsAndEchoJoinToTheWholeAnswer) {
       }
     }
   }
+  EXPECT_GE(long_answers, 1) << "no answer long enough to see its entries come before the finish";
 }
 
 // With a stop string the stream holds back its length less one byte, and the piece it released
@@ -1088,13 +1132,17 @@ TEST_F(SlowServerTest, ShutdownFinishesInFlightRequestsAndRefusesNewOnes) {
   std::thread client([&] {
     httplib::Client cli("127.0.0.1", port);
     cli.set_read_timeout(120, 0);
-    auto r = cli.Post("/v1/completions", R"({"prompt": "The", "max_tokens": 300, "temperature": 0, "stream": true})",
+    auto r = cli.Post("/v1/completions", R"({"prompt": "The", "max_tokens": 1500, "temperature": 0, "stream": true})",
                       "application/json");
     if (r) streamed = r->body;
   });
-  while (srv->server.stats().generated_tokens < 5) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // (Bounded: a stream that never started failed the test after ctest's timeout, not at once. Its
+  // 1500 tokens outlast the refusals below on a loaded machine; 300 were 0.3 s of decoding.)
+  for (int i = 0; i < 6000 && srv->server.stats().generated_tokens < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_GE(srv->server.stats().generated_tokens, 5u);
   std::thread stopper([&] { srv->server.shutdown(); });
-  while (!srv->server.stats().active || srv->server.metrics_text().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 6000 && (!srv->server.stats().active || srv->server.metrics_text().empty()); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   // While the stream runs, the server answers and refuses new work (once the stopper has begun).
   httplib::Client cli("127.0.0.1", port);
   auto h = cli.Get("/health");
@@ -1120,7 +1168,7 @@ TEST_F(SlowServerTest, ShutdownFinishesInFlightRequestsAndRefusesNewOnes) {
   EXPECT_TRUE(done);
   ASSERT_FALSE(evs.empty());
   EXPECT_EQ(evs.back()["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(srv->server.stats().generated_tokens, 300u);
+  EXPECT_EQ(srv->server.stats().generated_tokens, 1500u);
   srv.reset();  // serve() has returned: the destructor joins at once
 }
 

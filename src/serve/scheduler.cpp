@@ -60,6 +60,11 @@ std::vector<TokenLogprobs> Generation::stop_logprobs() const {
   return stop_logprobs_;
 }
 
+bool Generation::ended_on_a_stop_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ended_on_stop_id_;
+}
+
 std::vector<TokenLogprobs> Generation::prompt_logprobs() const {
   std::lock_guard<std::mutex> lock(mu_);
   return prompt_logprobs_;
@@ -195,10 +200,16 @@ bool Scheduler::take(Active& a, std::span<const float> logits) {
     retire(*a.gen, Finish::kError, e.what());
     return false;
   }
-  if (std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), id) != a.req.stop_ids.end()) {
-    if (a.req.logprobs >= 0) {
+  const bool stop_id = std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), id) != a.req.stop_ids.end();
+  if (stop_id && std::find(a.req.returned_stop_ids.begin(), a.req.returned_stop_ids.end(), id) == a.req.returned_stop_ids.end()) {
+    {
       std::lock_guard<std::mutex> lock(a.gen->mu_);
-      a.gen->stop_logprobs_.assign(1, std::move(lp));
+      a.gen->ended_on_stop_id_ = true;
+      if (a.req.logprobs >= 0) a.gen->stop_logprobs_.assign(1, std::move(lp));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++totals_.generated_tokens;  // drawn, as the answer's usage counts it (vLLM's counters too)
     }
     retire(*a.gen, Finish::kStop);
     return false;
@@ -209,6 +220,10 @@ bool Scheduler::take(Active& a, std::span<const float> logits) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++totals_.generated_tokens;
+  }
+  if (stop_id) {  // a returned one: the answer's last token
+    retire(*a.gen, Finish::kStop);
+    return false;
   }
   if (a.produced >= a.req.max_new_tokens || gen_.position(a.slot) >= gen_.capacity()) {
     retire(*a.gen, Finish::kLength);

@@ -40,6 +40,9 @@ struct GenerationRequest {
   int max_new_tokens = 16;               // >= 0
   SamplingOptions sampling;
   std::vector<int32_t> stop_ids;         // ends the sequence ("stop"); the id is not returned
+  // Of stop_ids, those returned as the sequence's last token (vLLM writes a stop_token_ids id
+  // that is not a special token); with logprobs their entry is in logprobs(), not stop_logprobs().
+  std::vector<int32_t> returned_stop_ids;
   int32_t sample_below = INT32_MAX;      // ids >= this are never drawn: a model vocabulary padded
                                          // past its tokenizer's, which cannot decode them (>= 1)
   Clock::time_point deadline = Clock::time_point::max();
@@ -78,6 +81,9 @@ class Generation {
   // log-probability; empty when it ended otherwise. An evaluation's last token may be the model's
   // end of text (vLLM lists it too).
   std::vector<TokenLogprobs> stop_logprobs() const;
+  // Whether a stop id that was not returned ended the sequence (it was drawn: a count of the
+  // tokens made includes it).
+  bool ended_on_a_stop_id() const;
   // Seconds from submit to the first token (prefill included); 0 before it.
   double time_to_first_token() const;
 
@@ -91,6 +97,7 @@ class Generation {
   bool token_waiter_ = false;  // a caller waits for the next token (not only for the end)
   std::vector<int32_t> tokens_;
   std::vector<TokenLogprobs> logprobs_, prompt_logprobs_, stop_logprobs_;
+  bool ended_on_stop_id_ = false;
   Finish finish_ = Finish::kNone;
   std::string error_;
   std::atomic<int> cancel_{0};  // a Finish value; 0 = none
