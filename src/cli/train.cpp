@@ -64,8 +64,8 @@ struct TrainArgs {
 };
 
 // SIGTERM / SIGINT: the first asks the run to stop after the current step (and save); a second
-// one a second or more later ends the process at once with the default action. One within the
-// second is the same request arriving twice: a scheduler (Slurm's scancel or time limit, a
+// one a second or more later (from the same sender: 10 s from the other, below) ends the process
+// at once with the default action. One within the second is the same request arriving twice: a scheduler (Slurm's scancel or time limit, a
 // systemd stop) signals every process of the job, so a rank under `launch` gets the SIGTERM itself
 // and mpirun's forwarded SIGUSR1 together, and taking the second as "end now" lost the save. The
 // forwarded copy can come later than that (launch, mpirun and, across hosts, orted relay it, each

@@ -428,7 +428,7 @@ void check_huge_page_buffers(Backend& b) {
 
 // A send driven after it is posted (comm::drive) reaches a receiver that already waits, though its
 // sender then computes without calling MPI. Rank 1 waits for 1 MiB from rank 0 and answers with a
-// small message, which MPI sends at once (eagerly). Rank 0 drives its send, "computes" for a second
+// small message, which MPI sends at once (eagerly). Rank 0 drives its send, "computes" for two seconds
 // without MPI, and then finds the answer there at its first look. Without the drive, over a
 // transport with no single-copy path (ctest runs this binary with OpenMPI's CMA off as well), the
 // 1 MiB would still be waiting for rank 0 when its compute ended, and the answer with it.

@@ -138,7 +138,8 @@ TEST(TokenizerGpt2, AddedTokensInTextAreOneTokenAsHuggingFaceEncodes) {
   Tokenizer again = Tokenizer::load(dir.file("saved.json"));
   for (const Case& c : golden_cases("cases-added.json")) EXPECT_EQ(again.encode(c.text), c.ids) << c.text;
   // Special tokens are the added ones marked special (the file's flags: "newword" is not) and the
-  // end of text; ordinary tokens are not (a server writes a stop id's text unless it is special).
+  // end of text; ordinary tokens are not (with include_stop_str_in_output a server writes a stop
+  // id's text unless it is special).
   EXPECT_TRUE(t.is_special(t.eot_id()));
   EXPECT_TRUE(t.is_special(t.encode("<|im_end|>").at(0)));
   EXPECT_FALSE(t.is_special(t.encode("newword").at(0)));

@@ -159,6 +159,7 @@ void refuse_unimplemented(const json& j, bool openai) {
     refuse_unless(j, "typical_p", 1);
     refuse_unless(j, "min_tokens", 0);
     refuse_unless(j, "stop_token_ids", json::array());
+    refuse_unless(j, "include_stop_str_in_output", false);
   }
 }
 
@@ -414,12 +415,14 @@ std::shared_ptr<Generation> submit_or_throw(Scheduler& sched, GenerationRequest 
 // Follows a queued generation to its end: the text (cut at the first stop string), its deltas.
 // min_tokens: stop strings count from the answer's min_tokens-th token on (vLLM's): a match must end
 // past the text of the first min_tokens tokens.
+// keep_stop: the answer ends after the stop string instead (vLLM's include_stop_str_in_output).
 // cover: on_delta's count is of the tokens whose text the pieces so far hold whole (a stream's
 // logprobs go with their text), not of all that stay.
 template <typename OnDelta>
 Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok,
                           const std::vector<std::string>& stops, const std::vector<int32_t>& hidden, OnDelta on_delta,
-                          bool streaming, const std::function<bool()>& gone, int min_tokens = 0, bool cover = false) {
+                          bool streaming, const std::function<bool()>& gone, int min_tokens = 0, bool keep_stop = false,
+                          bool cover = false) {
   size_t covered = 0, covered_bytes = 0;  // with cover: the tokens whose text ends within what was sent
   size_t floor = 0;  // the text of the first min_tokens tokens, once they have come
   size_t hold = 0;
@@ -447,17 +450,18 @@ Outcome follow_generation(const std::shared_ptr<Generation>& g, const data::Toke
       const size_t from = sent > hold ? sent - hold : 0;
       if (min_tokens > 0 && before < static_cast<size_t>(min_tokens) && ids.size() >= static_cast<size_t>(min_tokens))
         floor = visible_text(tok, std::span<const int32_t>(ids.data(), static_cast<size_t>(min_tokens)), hidden).size();
+      // Where the answer's text ends: the earliest stop string's start (its end with keep_stop).
       auto first_stop = [&](const std::string& text, size_t complete, size_t tokens) {
-        size_t cut = std::string::npos;
+        size_t cut = std::string::npos, end = std::string::npos;
         if (tokens < static_cast<size_t>(min_tokens)) return cut;
         for (const std::string& s : stops) {
           for (size_t at = text.find(s, from); at != std::string::npos; at = text.find(s, at + 1))
             if (at + s.size() <= complete && at + s.size() > floor) {
-              cut = std::min(cut, at);
+              if (at < cut) cut = at, end = at + s.size();
               break;
             }
         }
-        return cut;
+        return keep_stop ? end : cut;
       };
       if (first_stop(full, whole, ids.size()) != std::string::npos) {
         // The answer ends at the first token that completes a stop string, cut where that stop
@@ -529,8 +533,9 @@ HttpError finish_error(const Outcome& o, double timeout_s) {
 // "length".
 Outcome generate_all(const std::shared_ptr<Generation>& g, const data::Tokenizer& tok, const std::vector<std::string>& stops,
                      const std::vector<int32_t>& hidden, double timeout_s, const std::function<bool()>& gone,
-                     int min_tokens = 0) {
-  Outcome o = follow_generation(g, tok, stops, hidden, [](const std::string&, size_t) { return true; }, false, gone, min_tokens);
+                     int min_tokens = 0, bool keep_stop = false) {
+  Outcome o = follow_generation(g, tok, stops, hidden, [](const std::string&, size_t) { return true; }, false, gone, min_tokens,
+                                keep_stop);
   if (o.client_gone) throw HttpError{499, "the client closed the connection", "cancelled", "client_closed"};
   if (o.finish != Finish::kStop && o.finish != Finish::kLength) throw finish_error(o, timeout_s);
   return o;
@@ -1099,6 +1104,13 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       if (tok_.has_eot()) r.stop_ids = {tok_.eot_id()};
       r.stop_ids.insert(r.stop_ids.end(), options_.eos_ids.begin(), options_.eos_ids.end());
     }
+    // vLLM's include_stop_str_in_output: a stop string stays at the answer's end, and a stop id
+    // that is not special is its last token (by default neither is in the text, as vLLM answers).
+    bool keep_stop = false;
+    if (present(body, "include_stop_str_in_output")) {
+      if (!body["include_stop_str_in_output"].is_boolean()) bad("\"include_stop_str_in_output\" must be true or false", "invalid_type");
+      keep_stop = body["include_stop_str_in_output"].get<bool>();
+    }
     // vLLM's stop_token_ids: more ids that end an answer (whatever ignore_eos says).
     if (present(body, "stop_token_ids")) {
       const json& st = body["stop_token_ids"];
@@ -1110,9 +1122,9 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
               "invalid_value");
         const auto tid = static_cast<int32_t>(t.get<int64_t>());
         r.stop_ids.push_back(tid);
-        // vLLM returns such an id as the answer's last token, in its text, unless it is special
-        // (an end of text is never written).
-        if (!tok_.is_special(tid) && std::find(end_ids_.begin(), end_ids_.end(), tid) == end_ids_.end())
+        // With include_stop_str_in_output the id is the answer's last token, in its text, unless it
+        // is special (vLLM decodes with skip_special_tokens: an end of text has no text).
+        if (keep_stop && !tok_.is_special(tid) && std::find(end_ids_.begin(), end_ids_.end(), tid) == end_ids_.end())
           r.returned_stop_ids.push_back(tid);
       }
     }
@@ -1165,7 +1177,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       std::vector<Outcome> outcomes;
       auto follow = [&](const std::shared_ptr<Generation>& g) {
         return generate_all(g, tok_, stops, end_ids_, options_.request_timeout_s, [fd] { return fd >= 0 && peer_closed(fd); },
-                            r.min_tokens);
+                            r.min_tokens, keep_stop);
       };
       std::exception_ptr failed;
       if (stops.empty() || queued.size() == 1) {
@@ -1236,6 +1248,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       std::vector<std::vector<int32_t>> prompts;
       std::vector<std::string> prompt_texts;
       int min_tokens = 0;
+      bool keep_stop = false;
       bool provided = false;  // the content provider ran (the headers went out)
     };
     auto job = std::make_shared<StreamJob>();
@@ -1243,6 +1256,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     job->prompts = std::move(prompts);
     job->prompt_texts = std::move(prompt_texts);
     job->min_tokens = r.min_tokens;
+    job->keep_stop = keep_stop;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -1327,7 +1341,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
                   if (!echoed && !echo_chunk()) return false;
                   return chunk(c, chat ? json{{"content", delta}} : json(delta), nullptr, lp_upto(covered, {}));
                 },
-                true, nullptr, job->min_tokens, /*cover=*/logprobs >= 0);
+                true, nullptr, job->min_tokens, job->keep_stop, /*cover=*/logprobs >= 0);
             std::lock_guard<std::mutex> lock(mu);
             if (failed || !alive) return;
             if (o.finish == Finish::kStop || o.finish == Finish::kLength) {

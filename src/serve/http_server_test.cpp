@@ -378,14 +378,19 @@ TEST_F(HttpServerTest, PenaltiesBiasAndStopIdsShapeTheAnswer) {
   with = base;
   with["logit_bias"] = {{std::to_string(cat), 100}};
   EXPECT_EQ(post_json("/v1/completions", with)["choices"][0]["text"], greedy_with({.logit_bias = {{cat, 100.0f}}}, 8));
-  // The greedy first token as a stop id ends the answer with it, written (vLLM's: it is not a
-  // special token; the id ended the answer before it, unwritten); min_tokens 2 bans it for two.
-  // The end of text given as a stop id is not written.
+  // The greedy first token as a stop id ends the answer before it, counted (vLLM's count);
+  // include_stop_str_in_output writes it, as the answer's last token (it is not a special token),
+  // but not the end of text; min_tokens 2 bans it for two.
   const int32_t first = alone_->generate(p, 1, {.temperature = 0.0f})[0];
   ASSERT_NE(first, tok_->eot_id());
   with = base;
   with["stop_token_ids"] = {first};
   json r = post_json("/v1/completions", with);
+  EXPECT_EQ(r["choices"][0]["text"], "");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 1);
+  with["include_stop_str_in_output"] = true;
+  r = post_json("/v1/completions", with);
   EXPECT_EQ(r["choices"][0]["text"], greedy_with({}, 1));
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(r["usage"]["completion_tokens"], 1);
@@ -594,7 +599,7 @@ TEST_F(HttpServerTest, StreamedChoicesLogprobsAndEchoJoinToTheWholeAnswer) {
       ASSERT_EQ(lp[k].is_null(), w["logprobs"].is_null()) << lp[k];
       if (lp[k].is_null()) continue;
       // A long answer's entries come with its text, not all with its last piece (the held-back
-      // text): the stop string holds back 15 bytes, so a piece before it covered a token.
+      // text): the stop string holds back 13 bytes (15 allowed), so a piece before it covered a token.
       size_t longest = 0, early = 0;
       for (int32_t t = 0; t < tok_->vocab_size(); ++t) longest = std::max(longest, tok_->token_bytes(t).size());
       for (size_t i = 0; i + 1 < per_chunk[k].size(); ++i) early += per_chunk[k][i];
@@ -724,6 +729,19 @@ TEST_F(HttpServerTest, StopStringsCutTheAnswer) {
   json r = post_json("/v1/completions", body);
   EXPECT_EQ(r["choices"][0]["text"], want);
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  {  // vLLM's include_stop_str_in_output keeps the stop string (it was ignored), streamed too
+    json keep = body;
+    keep["include_stop_str_in_output"] = true;
+    EXPECT_EQ(post_json("/v1/completions", keep)["choices"][0]["text"], want + stop);
+    keep["stream"] = true;
+    httplib::Result st = post("/v1/completions", keep.dump());
+    ASSERT_TRUE(st);
+    bool done = false;
+    std::string text;
+    for (const json& e : events(st->body, &done)) text += e["choices"][0]["text"].get<std::string>();
+    EXPECT_TRUE(done);
+    EXPECT_EQ(text, want + stop);
+  }
   // The tokens counted end at the one that completed the stop string, every time (they were as
   // many as the generator had made when the answer was read: 1 to 19 for one request).
   int need = 0;
@@ -825,6 +843,8 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
       {"/", R"({"prompt": "a", "repetition_penalty": 1.3})", 400, "unsupported_parameter"},
       {"/", R"({"prompt": "a", "min_p": 0.1})", 400, "unsupported_parameter"},
       {"/", R"({"prompt": "a", "stop_token_ids": [5]})", 400, "unsupported_parameter"},
+      {"/", R"({"prompt": "a", "include_stop_str_in_output": true})", 400, "unsupported_parameter"},
+      {"/v1/completions", R"({"prompt": "a", "include_stop_str_in_output": 1})", 400, "invalid_type"},
       {"/v1/completions", R"({"prompt": "a", "stream": true, "stream_options": {"include_usage": 1}})", 400,
        "invalid_type"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_object"}})",

@@ -40,8 +40,9 @@ struct GenerationRequest {
   int max_new_tokens = 16;               // >= 0
   SamplingOptions sampling;
   std::vector<int32_t> stop_ids;         // ends the sequence ("stop"); the id is not returned
-  // Of stop_ids, those returned as the sequence's last token (vLLM writes a stop_token_ids id
-  // that is not a special token); with logprobs their entry is in logprobs(), not stop_logprobs().
+  // Of stop_ids, those returned as the sequence's last token (vLLM's include_stop_str_in_output
+  // writes a stop id that is not special); with logprobs their entry is in logprobs(), not
+  // stop_logprobs().
   std::vector<int32_t> returned_stop_ids;
   int32_t sample_below = INT32_MAX;      // ids >= this are never drawn: a model vocabulary padded
                                          // past its tokenizer's, which cannot decode them (>= 1)
