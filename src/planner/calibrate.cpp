@@ -607,8 +607,16 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
                 },
                 budget, 3, nullptr)};
       };
-      const auto [c_fwd, c_bwd] = timed(nullptr);
-      const auto [t_fwd, t_bwd] = timed(ks.data());
+      // Causal and documents alternate, and each keeps its fastest round: a pause in one round
+      // (another process on the cores, a quick budget of 20 ms) only slows, and taken as it came it
+      // could make the causal pass no slower than the documents' and the pair's time zero. Rounds
+      // go on (up to 8) while either direction still says so.
+      double c_fwd = 1e30, c_bwd = 1e30, t_fwd = 1e30, t_bwd = 1e30;
+      for (int round = 0; round < 8 && (round < 3 || !(c_fwd > t_fwd && c_bwd > t_bwd)); ++round) {
+        const auto [cf, cb] = timed(nullptr);
+        const auto [tf, tb] = timed(ks.data());
+        c_fwd = std::min(c_fwd, cf), c_bwd = std::min(c_bwd, cb), t_fwd = std::min(t_fwd, tf), t_bwd = std::min(t_bwd, tb);
+      }
       for (const auto& [what, units, sec] : {std::tuple{"forward causal", causal, c_fwd}, std::tuple{"backward causal", causal, c_bwd},
                                              std::tuple{"forward documents of 64", docs, t_fwd},
                                              std::tuple{"backward documents of 64", docs, t_bwd}})
