@@ -16,6 +16,8 @@ W="${2:-$(mktemp -d /tmp/mt_chat.XXXXXX)}"
 STEPS="${STEPS:-2000}"
 mkdir -p "$W"
 SERVER_PID=""
+# The server is local: a proxy in the environment must not carry curl's and urllib's requests.
+export no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}" NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
 cleanup() { [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null || true; }
 trap cleanup EXIT
 fail() { echo "chat example: FAILED: $*" >&2; [ -f "$W/serve.log" ] && cat "$W/serve.log" >&2; exit 1; }

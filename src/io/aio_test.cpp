@@ -251,18 +251,30 @@ TEST(AsyncIo, ADirectoryWhoseO_DirectWritesFailIsSwappedBuffered) {
 TEST(AsyncIo, APreviousRunsSwapFilesDoNotCountAgainstTheSwap) {
   const std::string dir = test_dir("scratch");
   constexpr size_t kOld = size_t{256} << 20;
-  {
-    AlignedBuffer b = random_buffer(kOld, 3);
-    auto f = posix_env().open(dir + "/exp_avg.swp");
-    f->write(b.data(), kOld, 0);
+  AlignedBuffer b = random_buffer(kOld, 3);
+  // The free space is the machine's: another process writing or freeing 128 MiB between the count
+  // and the checks (the fresh-machine check unpacks Debian beside the tests) moves it past the
+  // margin, so an attempt that meets that is made again. A check that counts the old file, or
+  // never refuses, fails every attempt.
+  std::string refused, kept;
+  bool removed = false;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    {
+      auto f = posix_env().open(dir + "/exp_avg.swp");
+      f->write(b.data(), kOld, 0);
+    }
+    std::ofstream(dir + "/keep.txt") << "not the swap's";
+    ::sync();
+    const uint64_t free_now = check_swap_dir(dir, 0).free_bytes;
+    // Half the old file more than is free now: met once the old file is gone, and not before.
+    refused = error_of([&] { check_swap_dir(dir, free_now + kOld / 2); });
+    kept = error_of([&] { check_swap_dir(dir, free_now + kOld / 2, {"exp_avg.swp", "exp_avg_sq.swp"}); });
+    removed = !fs::exists(dir + "/exp_avg.swp");
+    if (refused.find("the swap needs") != std::string::npos && kept.empty()) break;
   }
-  std::ofstream(dir + "/keep.txt") << "not the swap's";
-  ::sync();
-  const uint64_t free_now = check_swap_dir(dir, 0).free_bytes;
-  // Half the old file more than is free now: met once the old file is gone, and not before.
-  EXPECT_NE(error_of([&] { check_swap_dir(dir, free_now + kOld / 2); }).find("the swap needs"), std::string::npos);
-  EXPECT_NO_THROW(check_swap_dir(dir, free_now + kOld / 2, {"exp_avg.swp", "exp_avg_sq.swp"}));
-  EXPECT_FALSE(fs::exists(dir + "/exp_avg.swp"));
+  EXPECT_NE(refused.find("the swap needs"), std::string::npos) << refused;
+  EXPECT_EQ(kept, "");
+  EXPECT_TRUE(removed);
   EXPECT_TRUE(fs::exists(dir + "/keep.txt"));
   fs::remove_all(dir);
 }

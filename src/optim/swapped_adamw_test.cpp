@@ -129,6 +129,7 @@ TEST(SwappedAdamW, EqualsAdamWBitForBitOnDiskAndInMemory) {
   steps(o, r3, 3, 5);
   EXPECT_EQ(std::memcmp(r3.master.data(), want.master.data(), n * 4), 0);
   std::filesystem::remove_all(dir("eq"));
+  std::filesystem::remove_all(dir("resume"));
 }
 
 // ZeRO-3 with parameters on disk: records of uneven sizes at aligned offsets (gaps between them),

@@ -941,8 +941,18 @@ void time_in_situ(Calibration& cal, const CalibrateOptions& options, comm::Backe
       const int rounds = options.quick ? 3 : 8;
       const bool paced = runs && pace != nullptr && kernel_pace > 0;
       auto pace_now = [&] { return paced ? pace->once() : 0.0; };
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      // A pause in the shorter model's rounds (a quick calibration's median of 2 is the slower)
+      // can leave it no faster than the longer one's and a block's time clamped to nothing; rounds
+      // go on, up to 5 more, until both directions order them. By the group's times (max-reduced,
+      // the same on every rank, where the paced ones are each rank's), so every rank makes the
+      // same decision.
+      auto ordered = [&] { return !f[0].empty() && median(f[1]) > median(f[0]) && median(b[1]) > median(b[0]); };
       double p = pace_now();
-      for (int r = 0; r < rounds; ++r)
+      for (int r = 0; r < rounds + 5 && (r < rounds || !ordered()); ++r)
         for (int k = 0; k < 2; ++k) {
           models::TransformerLM* model = runs ? (k ? two.get() : one.get()) : nullptr;
           double of = 0.0, ob = 0.0;
@@ -961,10 +971,6 @@ void time_in_situ(Calibration& cal, const CalibrateOptions& options, comm::Backe
           b_own[k].push_back(ob);
         }
       if (!runs) continue;  // this rank's calibration has no kernel lines to compare with
-      auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2];
-      };
       m.n_layer = 1;
       const StepShape shape{.model = m, .micro_batch = B, .seq_length = T, .compute = dt};
       const ZeroStepCosts modelled = zero_step_costs(shape, cal);
