@@ -44,6 +44,10 @@ struct GenerationRequest {
   // writes a stop id that is not special); with logprobs their entry is in logprobs(), not
   // stop_logprobs().
   std::vector<int32_t> returned_stop_ids;
+  // Of stop_ids, those with text (not special): one drawn as the last token max_new_tokens or the
+  // context allows ends the sequence "length" and is returned, as vLLM (v1), which checks the
+  // length first, writes it; a special one ends it "length" unreturned.
+  std::vector<int32_t> text_stop_ids;
   int32_t sample_below = INT32_MAX;      // ids >= this are never drawn: a model vocabulary padded
                                          // past its tokenizer's, which cannot decode them (>= 1)
   Clock::time_point deadline = Clock::time_point::max();
