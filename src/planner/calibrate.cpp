@@ -947,10 +947,24 @@ void time_in_situ(Calibration& cal, const CalibrateOptions& options, comm::Backe
       };
       // A pause in the shorter model's rounds (a quick calibration's median of 2 is the slower)
       // can leave it no faster than the longer one's and a block's time clamped to nothing; rounds
-      // go on, up to 5 more, until both directions order them. By the group's times (max-reduced,
-      // the same on every rank, where the paced ones are each rank's), so every rank makes the
-      // same decision.
-      auto ordered = [&] { return !f[0].empty() && median(f[1]) > median(f[0]) && median(b[1]) > median(b[0]); };
+      // go on, up to 5 more, until both directions order them, as timed and at the kernels' pace
+      // (the factors' own). The paced times are each rank's, so with a group the ranks max-reduce
+      // whether any is still out of order: one collective per check on every rank.
+      auto ordered = [&] {
+        float out_of_order = 0.0f;
+        if (runs && !(median(f[1]) > median(f[0]) && median(b[1]) > median(b[0]) && median(fp[1]) > median(fp[0]) &&
+                      median(bp[1]) > median(bp[0])))
+          out_of_order = 1.0f;
+        if (group != nullptr && group->size() > 1) {
+          comm::AllReduceOptions o;
+          o.op = comm::ReduceOp::kMax;
+          o.tag = "calibrate in situ order";
+          std::unique_ptr<comm::Work> w = group->all_reduce(&out_of_order, 1, DType::kF32, o);
+          if (runs) w->wait();
+          else wait_quietly(*w);
+        }
+        return out_of_order == 0.0f;
+      };
       double p = pace_now();
       for (int r = 0; r < rounds + 5 && (r < rounds || !ordered()); ++r)
         for (int k = 0; k < 2; ++k) {

@@ -1124,10 +1124,8 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         r.stop_ids.push_back(tid);
         // With include_stop_str_in_output the id is the answer's last token, in its text, unless it
         // is special (vLLM decodes with skip_special_tokens: an end of text has no text).
-        if (!tok_.is_special(tid) && std::find(end_ids_.begin(), end_ids_.end(), tid) == end_ids_.end()) {
-          r.text_stop_ids.push_back(tid);
-          if (keep_stop) r.returned_stop_ids.push_back(tid);
-        }
+        if (keep_stop && !tok_.is_special(tid) && std::find(end_ids_.begin(), end_ids_.end(), tid) == end_ids_.end())
+          r.returned_stop_ids.push_back(tid);
       }
     }
     r.sample_below = tok_.vocab_size();

@@ -281,7 +281,7 @@ TEST_F(HttpServerTest, EchoAndLogprobsAreWhatLoglikelihoodEvaluationReads) {
     const json e = json::parse(res->body)["choices"][0];
     EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 1);  // the stop id counts (it was 0)
     EXPECT_EQ(e["text"], tok_->decode(p));
-    EXPECT_EQ(e["finish_reason"], "length");  // the last token max_tokens allows: vLLM's engine checks the length first
+    EXPECT_EQ(e["finish_reason"], "stop");
     ASSERT_EQ(e["logprobs"]["tokens"].size(), p.size() + 1);
     EXPECT_EQ(e["logprobs"]["token_logprobs"][p.size() - 1], r["choices"][0]["logprobs"]["token_logprobs"][p.size() - 1]);
     const std::vector<double> last = log_softmax_of(*alone_, p);
@@ -400,24 +400,16 @@ TEST_F(HttpServerTest, PenaltiesBiasAndStopIdsShapeTheAnswer) {
   r = post_json("/v1/completions", with);
   EXPECT_EQ(r["choices"][0]["text"], "");
   EXPECT_EQ(r["usage"]["completion_tokens"], 1);
-  // Drawn as the last token max_tokens allows, a stop id ends the answer "length", as vLLM's
-  // engine (v1) checks the length first: one with text is written (with or without
-  // include_stop_str_in_output), the end of text is not, and both count.
+  // Drawn as the last token max_tokens allows, a stop id still ends the answer "stop", outside the
+  // text: vLLM's check_stop tests the end of text and the stop ids before the length (its early
+  // v1 tested the length first).
+  with = base;
   with["max_tokens"] = 1;
+  with["stop_token_ids"] = {first};
   r = post_json("/v1/completions", with);
   EXPECT_EQ(r["choices"][0]["text"], "");
-  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(r["usage"]["completion_tokens"], 1);
-  for (const bool keep : {false, true}) {
-    with = base;
-    with["max_tokens"] = 1;
-    with["stop_token_ids"] = {first};
-    with["include_stop_str_in_output"] = keep;
-    r = post_json("/v1/completions", with);
-    EXPECT_EQ(r["choices"][0]["text"], greedy_with({}, 1)) << keep;
-    EXPECT_EQ(r["choices"][0]["finish_reason"], "length") << keep;
-    EXPECT_EQ(r["usage"]["completion_tokens"], 1) << keep;
-  }
   with = base;
   with["stop_token_ids"] = {first};
   with["min_tokens"] = 2;

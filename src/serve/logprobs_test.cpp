@@ -86,10 +86,8 @@ TEST_P(LogprobsGolden, PromptAndDrawnTokensArePyTorchsLogSoftmax) {
     EXPECT_EQ(drawn[0].id, static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
     EXPECT_NEAR(drawn[0].logprob, *std::max_element(last.begin(), last.end()), 1e-4);
     expect_top(drawn[0], last);
-    // The same draw as a stop id: nothing pushed, the id and its value kept as the stop's. (With
-    // room for a second token: as the last one max_new_tokens allows it would end "length".)
+    // The same draw as a stop id: nothing pushed, the id and its value kept as the stop's.
     r.stop_ids = {drawn[0].id};
-    r.max_new_tokens = 2;
     auto s = sched.submit(r);
     ASSERT_TRUE(s);
     done = false;

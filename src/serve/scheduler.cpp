@@ -200,13 +200,8 @@ bool Scheduler::take(Active& a, std::span<const float> logits) {
     retire(*a.gen, Finish::kError, e.what());
     return false;
   }
-  auto in = [id](const std::vector<int32_t>& v) { return std::find(v.begin(), v.end(), id) != v.end(); };
-  const bool stop_id = in(a.req.stop_ids);
-  // vLLM (v1) checks the length before the stop ids: an id drawn as the last token the length
-  // allows ends the answer "length", and is written where it has text.
-  const bool length_end = a.produced + 1 >= a.req.max_new_tokens || gen_.position(a.slot) >= gen_.capacity();
-  const bool written = in(a.req.returned_stop_ids) || (length_end && in(a.req.text_stop_ids));
-  if (stop_id && !written) {
+  const bool stop_id = std::find(a.req.stop_ids.begin(), a.req.stop_ids.end(), id) != a.req.stop_ids.end();
+  if (stop_id && std::find(a.req.returned_stop_ids.begin(), a.req.returned_stop_ids.end(), id) == a.req.returned_stop_ids.end()) {
     {
       std::lock_guard<std::mutex> lock(a.gen->mu_);
       a.gen->ended_on_stop_id_ = true;
@@ -216,7 +211,7 @@ bool Scheduler::take(Active& a, std::span<const float> logits) {
       std::lock_guard<std::mutex> lock(mu_);
       ++totals_.generated_tokens;  // drawn, as the answer's usage counts it (vLLM's counters too)
     }
-    retire(*a.gen, length_end ? Finish::kLength : Finish::kStop);
+    retire(*a.gen, Finish::kStop);
     return false;
   }
   a.gen->push(id, a.req.logprobs >= 0 ? &lp : nullptr);
@@ -226,11 +221,11 @@ bool Scheduler::take(Active& a, std::span<const float> logits) {
     std::lock_guard<std::mutex> lock(mu_);
     ++totals_.generated_tokens;
   }
-  if (stop_id && !length_end) {  // a returned one: the answer's last token
+  if (stop_id) {  // a returned one: the answer's last token
     retire(*a.gen, Finish::kStop);
     return false;
   }
-  if (length_end) {
+  if (a.produced >= a.req.max_new_tokens || gen_.position(a.slot) >= gen_.capacity()) {
     retire(*a.gen, Finish::kLength);
     return false;
   }

@@ -44,10 +44,6 @@ struct GenerationRequest {
   // writes a stop id that is not special); with logprobs their entry is in logprobs(), not
   // stop_logprobs().
   std::vector<int32_t> returned_stop_ids;
-  // Of stop_ids, those with text (not special): one drawn as the last token max_new_tokens or the
-  // context allows ends the sequence "length" and is returned, as vLLM (v1), which checks the
-  // length first, writes it; a special one ends it "length" unreturned.
-  std::vector<int32_t> text_stop_ids;
   int32_t sample_below = INT32_MAX;      // ids >= this are never drawn: a model vocabulary padded
                                          // past its tokenizer's, which cannot decode them (>= 1)
   Clock::time_point deadline = Clock::time_point::max();
@@ -124,7 +120,7 @@ class Scheduler {
 
   // Queues a request. Returns nullptr when the queue is full or the scheduler is draining (the
   // server answers 503). Throws kInvalidArgument, queueing nothing, for an empty or too-long prompt,
-  // a token outside the vocabulary, max_new_tokens < 1 or invalid sampling options.
+  // a token outside the vocabulary, max_new_tokens < 0 or invalid sampling options.
   std::shared_ptr<Generation> submit(GenerationRequest request);
 
   // Refuses new requests from now on and returns once every queued and active one has ended.
