@@ -846,6 +846,18 @@ void wait_quietly(comm::Work& w) {
   while (!w.is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
+// The group's largest *v, on every rank (a rank that times nothing waits quietly); v unchanged
+// without a group of two or more.
+void max_over_group(comm::Backend* group, bool runs, float* v, const char* tag) {
+  if (group == nullptr || group->size() < 2) return;
+  comm::AllReduceOptions o;
+  o.op = comm::ReduceOp::kMax;
+  o.tag = tag;
+  std::unique_ptr<comm::Work> w = group->all_reduce(v, 1, DType::kF32, o);
+  if (runs) w->wait();
+  else wait_quietly(*w);
+}
+
 // The process's memory outside the allocator's blocks, as a training process of this binary has
 // it at its peak: VmHWM less the allocator's mapped peak, after a model of the validation cases'
 // shape (GPT-2, bf16, 2 layers of 512, B 4 x 256) ran a step's forward and backward twice with its
@@ -955,14 +967,7 @@ void time_in_situ(Calibration& cal, const CalibrateOptions& options, comm::Backe
         if (runs && !(median(f[1]) > median(f[0]) && median(b[1]) > median(b[0]) && median(fp[1]) > median(fp[0]) &&
                       median(bp[1]) > median(bp[0])))
           out_of_order = 1.0f;
-        if (group != nullptr && group->size() > 1) {
-          comm::AllReduceOptions o;
-          o.op = comm::ReduceOp::kMax;
-          o.tag = "calibrate in situ order";
-          std::unique_ptr<comm::Work> w = group->all_reduce(&out_of_order, 1, DType::kF32, o);
-          if (runs) w->wait();
-          else wait_quietly(*w);
-        }
+        max_over_group(group, runs, &out_of_order, "calibrate in situ order");
         return out_of_order == 0.0f;
       };
       double p = pace_now();
@@ -1157,14 +1162,7 @@ double lockstep_seconds(comm::Backend* group, bool runs, const std::function<voi
     s = static_cast<float>(t.seconds());
   }
   if (own != nullptr) *own = s;
-  if (together) {
-    comm::AllReduceOptions o;
-    o.op = comm::ReduceOp::kMax;
-    o.tag = "calibrate lockstep";
-    std::unique_ptr<comm::Work> w = group->all_reduce(&s, 1, DType::kF32, o);
-    if (runs) w->wait();
-    else wait_quietly(*w);
-  }
+  max_over_group(group, runs, &s, "calibrate lockstep");
   return s;
 }
 
