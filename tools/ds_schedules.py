@@ -1,7 +1,7 @@
 """DeepSpeed's OneCycle LR/momentum schedule (deepspeed/runtime/lr_schedules.py, the version with
-_get_scale_factor), transcribed for the golden-data scripts: it drives a torch optimizer's
-param_groups ("lr", and "betas" while it cycles momentum) exactly as DeepSpeed's class does.
-Call step() after each optimizer step, as DeepSpeed's engine does."""
+_get_scale_factor) and its LRRangeTest, transcribed for the golden-data scripts: they drive a torch
+optimizer's param_groups ("lr", and "betas" while OneCycle cycles momentum) exactly as DeepSpeed's
+classes do. Call step() after each optimizer step, as DeepSpeed's engine does."""
 
 import math
 
@@ -72,3 +72,33 @@ class OneCycle:
         if self.cycle_momentum:
             for group, mom in zip(self.optimizer.param_groups, self.get_mom()):
                 group["betas"] = mom
+
+
+class LRRangeTest:
+    """lr = min_lr * (1 + step_rate * interval), interval = (last_batch_iteration + 1) / step_size,
+    floored with staircase; the constructor sets min_lr (iteration -1)."""
+
+    def __init__(self, optimizer, lr_range_test_min_lr=1e-3, lr_range_test_step_size=2000,
+                 lr_range_test_step_rate=1.0, lr_range_test_staircase=False, last_batch_iteration=-1):
+        self.optimizer = optimizer
+        self.min_lrs = [lr_range_test_min_lr] * len(optimizer.param_groups)
+        self.step_size = lr_range_test_step_size
+        self.step_rate = lr_range_test_step_rate
+        self.staircase = lr_range_test_staircase
+        self.last_batch_iteration = last_batch_iteration
+        if last_batch_iteration == -1:
+            self._set(self.min_lrs)
+
+    def _set(self, lrs):
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr
+
+    def get_lr(self):
+        interval = float(self.last_batch_iteration + 1) / self.step_size
+        if self.staircase:
+            interval = math.floor(interval)
+        return [m * (1 + self.step_rate * interval) for m in self.min_lrs]
+
+    def step(self):
+        self.last_batch_iteration += 1
+        self._set(self.get_lr())

@@ -49,7 +49,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models as tm  # noqa: E402
-from ds_schedules import OneCycle  # noqa: E402
+from ds_schedules import LRRangeTest, OneCycle  # noqa: E402
 
 MODELS = ("tiny-gpt2", "tiny-llama")
 SEED = 1234
@@ -359,6 +359,28 @@ def make_engine_golden(cfg: dict, out: str) -> list[float]:
                        "no_weight_decay": "hf"},
             "losses": run(lambda: torch.optim.AdamW(hf_groups(0.1), lr=1e-2, betas=(0.9, 0.95), eps=1e-8),
                           lambda opt: OneCycle(opt, **one_cycle)),
+        },
+        # DeepSpeed's LRRangeTest: the lr rises from min_lr each step (continuous), or each
+        # lr_range_test_step_size steps (staircase); the optimizer's own lr is replaced.
+        "sgd_lr_range_test": {
+            "config": {"optimizer": {"type": "SGD", "params": {"lr": 0.5, "momentum": 0.9}},
+                       "scheduler": {"type": "LRRangeTest",
+                                     "params": {"lr_range_test_min_lr": 0.02, "lr_range_test_step_size": 1,
+                                                "lr_range_test_step_rate": 1.5}}},
+            "losses": run(lambda: torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9),
+                          lambda opt: LRRangeTest(opt, lr_range_test_min_lr=0.02, lr_range_test_step_size=1,
+                                                  lr_range_test_step_rate=1.5)),
+        },
+        "adamw_lr_range_test_staircase": {
+            "config": {"optimizer": {"type": "AdamW", "params": {"lr": 0.5, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                                 "weight_decay": 0.1}},
+                       "scheduler": {"type": "LRRangeTest",
+                                     "params": {"lr_range_test_min_lr": 1e-3, "lr_range_test_step_size": 2,
+                                                "lr_range_test_step_rate": 4.0, "lr_range_test_staircase": True}}},
+            "losses": run(lambda: torch.optim.AdamW(model.parameters(), lr=0.5, betas=(0.9, 0.95), eps=1e-8,
+                                                    weight_decay=0.1),
+                          lambda opt: LRRangeTest(opt, lr_range_test_min_lr=1e-3, lr_range_test_step_size=2,
+                                                  lr_range_test_step_rate=4.0, lr_range_test_staircase=True)),
         },
         "sgd_nesterov": {
             "config": {"optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9,

@@ -13,6 +13,7 @@ meshtrain:
               csrc/lamb/fused_lamb_cuda_kernel.cu) in numpy float32, one call per parameter tensor.
   - OneCycle: a transcription of DeepSpeed's OneCycle (deepspeed/runtime/lr_schedules.py) driven by
               a stand-in optimizer with Adam's `betas` default.
+  - LRRangeTest: a transcription of DeepSpeed's LRRangeTest (the same file), likewise.
 
 Inputs are formulas the test evaluates the same way (double, then rounded to f32):
     p0[i] = f32(scale_k * 0.5 * cos(0.7 i + 0.3))   i the flat index, scale_k per segment
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ds_schedules import OneCycle  # noqa: E402
+from ds_schedules import LRRangeTest, OneCycle  # noqa: E402
 
 STEPS = 5
 
@@ -206,3 +207,21 @@ print("// OneCycle at iterations -1..14: min_lr 1e-4, max_lr 1e-3, first 5, seco
 lrs, moms = one_cycle_trace(15, cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_first_step_size=5)
 emit("kOneCycleNoDecayLr", lrs, "%.17g")
 emit("kOneCycleNoDecayMom", moms, "%.17g")
+
+
+def lr_range_test_trace(iters, **kw):
+    opt = StandInOptimizer()
+    sched = LRRangeTest(opt, **kw)
+    lrs = [opt.param_groups[0]["lr"]]  # iteration -1
+    for _ in range(iters):
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    return lrs
+
+
+print("// LRRangeTest at iterations -1..9: min_lr 0.002, step_size 3, step_rate 0.5, continuous")
+emit("kLrRangeTest", lr_range_test_trace(10, lr_range_test_min_lr=0.002, lr_range_test_step_size=3,
+                                         lr_range_test_step_rate=0.5), "%.17g")
+print("// the same, staircase")
+emit("kLrRangeTestStaircase", lr_range_test_trace(10, lr_range_test_min_lr=0.002, lr_range_test_step_size=3,
+                                                  lr_range_test_step_rate=0.5, lr_range_test_staircase=True), "%.17g")

@@ -589,6 +589,23 @@ TEST(Classify, ASignalDuringTheSetupStopsBeforeTheFirstStep) {
   EXPECT_FALSE(fs::exists(dir() + "/run-signal/latest"));
 }
 
+// A classification run's steps come from its epochs, after the configuration is read: a range test
+// whose falling lr crosses 0 within them (1e-3 (1 - 0.05 (i + 1)): step 22, iteration 20) stops at
+// that step with one line, where it trained by gradient ascent past it.
+TEST(Classify, AScheduleThatTakesTheLrBelowZeroStopsAtThatStep) {
+  const std::string cfg =
+      write_config("lr-below-zero", {{"num_train_epochs", 1},
+                                     {"model_checkpoint", {{"save_top_k", 0}}},
+                                     {"scheduler", {{"type", "LRRangeTest"},
+                                                    {"params", {{"lr_range_test_min_lr", 1e-3}, {"lr_range_test_step_size", 1},
+                                                                {"lr_range_test_step_rate", -0.05}}}}}});
+  std::string err;
+  EXPECT_NE(run("train " + cfg, nullptr, &err), 0);
+  EXPECT_NE(err.find("scheduler: the learning rate of step 22 is -0.000050: a schedule must keep it a non-negative number"),
+            std::string::npos)
+      << err;
+}
+
 TEST(Classify, BadInputIsOneLineAndExitTwo) {
   std::string err;
   std::ofstream(dir() + "/bad.jsonl") << R"({"sentence1": "a", "sentence2": "b", "label": "7"})" << "\n";

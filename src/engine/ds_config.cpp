@@ -569,12 +569,21 @@ void parse_scheduler(Section& root, RunConfig& c) {
   else if (type == "WarmupDecayLR") sc.type = optim::LrScheduleType::kWarmupDecayLR;
   else if (type == "WarmupCosineLR") sc.type = optim::LrScheduleType::kWarmupCosineLR;
   else if (type == "OneCycle") sc.type = optim::LrScheduleType::kOneCycle;
-  else throw Error(ErrorKind::kNotSupported, "scheduler.type: '" + type + "' is not implemented (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle)");
+  else if (type == "LRRangeTest") sc.type = optim::LrScheduleType::kLRRangeTest;
+  else
+    throw Error(ErrorKind::kNotSupported,
+                "scheduler.type: '" + type + "' is not implemented (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)");
   const bool one_cycle = sc.type == optim::LrScheduleType::kOneCycle;
+  const bool range_test = sc.type == optim::LrScheduleType::kLRRangeTest;
   if (s.has("params")) {
     Section p = s.sub("params");
     p.refuse_unknown();
-    if (one_cycle) {
+    if (range_test) {  // LRRangeTest's own arguments (another type's are an unknown key, refused)
+      sc.lr_range_test_min_lr = p.number("lr_range_test_min_lr", 1e-3);
+      sc.lr_range_test_step_size = p.integer("lr_range_test_step_size", 2000);
+      sc.lr_range_test_step_rate = p.number("lr_range_test_step_rate", 1.0);
+      sc.lr_range_test_staircase = p.boolean("lr_range_test_staircase", false);
+    } else if (one_cycle) {
       MT_CHECK(p.has("cycle_min_lr") && p.has("cycle_max_lr"), ErrorKind::kInvalidArgument,
                "scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle");
       sc.cycle_min_lr = p.number_or_auto("cycle_min_lr", 0.0, 0.0, "0");
@@ -621,7 +630,21 @@ void parse_scheduler(Section& root, RunConfig& c) {
       MT_CHECK(std::isfinite(v) && v >= 0.0 && v <= std::numeric_limits<float>::max(), ErrorKind::kInvalidArgument,
                p.where(key) + " must be a non-negative number a float holds (got " + buf + ")");
     };
-    if (one_cycle) {
+    if (range_test) {
+      non_negative("lr_range_test_min_lr", sc.lr_range_test_min_lr);
+      MT_CHECK(std::isfinite(sc.lr_range_test_step_rate), ErrorKind::kInvalidArgument,
+               p.where("lr_range_test_step_rate") + " must be a number");
+      // A negative rate lowers the lr, through 0 into gradient ascent: refused where the run's
+      // last step would get there (its lr is the lowest).
+      if (c.train_iters > 0 && sc.lr_range_test_step_size > 0) {
+        const double last = optim::lr_for_step(sc, c.train_iters);
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%g", last);
+        MT_CHECK(last >= 0.0 && last <= std::numeric_limits<float>::max(), ErrorKind::kInvalidArgument,
+                 p.where("lr_range_test_step_rate") + " takes the learning rate to " + buf + " by step " +
+                     std::to_string(c.train_iters) + " (train_iters): it must stay a non-negative number a float holds");
+      }
+    } else if (one_cycle) {
       non_negative("cycle_min_lr", sc.cycle_min_lr);
       non_negative("cycle_max_lr", sc.cycle_max_lr);
       non_negative("decay_lr_rate", sc.decay_lr_rate);
@@ -650,7 +673,9 @@ void parse_scheduler(Section& root, RunConfig& c) {
   } else {
     MT_CHECK(!one_cycle, ErrorKind::kInvalidArgument, "scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle");
   }
-  if (one_cycle) {
+  if (range_test) {
+    optim::lr_schedule_check(sc);
+  } else if (one_cycle) {
     optim::lr_schedule_check(sc);
     if (sc.cycle_momentum && c.optimizer.type == "SGD") {  // DeepSpeed: SGD has no betas
       c.warnings.push_back("scheduler.params.cycle_momentum: disabled because optimizer SGD has no betas (as DeepSpeed does)");
@@ -1986,6 +2011,13 @@ json ds_config_resolved(const RunConfig& c) {
   const optim::LrScheduleConfig& sc = c.scheduler;
   switch (sc.type) {
     case optim::LrScheduleType::kConstant:
+      break;
+    case optim::LrScheduleType::kLRRangeTest:
+      j["scheduler"] = {{"type", "LRRangeTest"},
+                        {"params", {{"lr_range_test_min_lr", sc.lr_range_test_min_lr},
+                                    {"lr_range_test_step_size", sc.lr_range_test_step_size},
+                                    {"lr_range_test_step_rate", sc.lr_range_test_step_rate},
+                                    {"lr_range_test_staircase", sc.lr_range_test_staircase}}}};
       break;
     case optim::LrScheduleType::kOneCycle:
       j["scheduler"] = {{"type", "OneCycle"},

@@ -357,7 +357,13 @@ TEST(DsConfig, SchedulerRatesBelowZeroAreRefusedByKey) {
       {{{"type", "WarmupCosineLR"}, {"params", {{"cos_min_ratio", -1}, {"total_num_steps", 10}}}}, "scheduler.params.cos_min_ratio"},
       {{{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", -5}}}}, "scheduler.params.warmup_num_steps"},
       {{{"type", "OneCycle"}, {"params", {{"cycle_min_lr", -1}, {"cycle_max_lr", -2}}}}, "scheduler.params.cycle_min_lr"},
-      {{{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 0}, {"cycle_max_lr", -2}}}}, "scheduler.params.cycle_max_lr"}};
+      {{{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 0}, {"cycle_max_lr", -2}}}}, "scheduler.params.cycle_max_lr"},
+      {{{"type", "LRRangeTest"}, {"params", {{"lr_range_test_min_lr", -1e-3}}}}, "scheduler.params.lr_range_test_min_lr"},
+      // train_iters 100: iteration 98 gives 1e-3 (1 - 0.02 x 99) < 0
+      {{{"type", "LRRangeTest"}, {"params", {{"lr_range_test_step_rate", -0.02}, {"lr_range_test_step_size", 1}}}},
+       "scheduler.params.lr_range_test_step_rate takes the learning rate to -0.00098 by step 100"},
+      {{{"type", "LRRangeTest"}, {"params", {{"lr_range_test_step_size", 0}}}}, "scheduler.params.lr_range_test_step_size"},
+      {{{"type", "LRRangeTest"}, {"params", {{"warmup_max_lr", 0.1}}}}, "scheduler.params.warmup_max_lr"}};
   for (const auto& [scheduler, key] : cases) {
     auto j = base();
     j["scheduler"] = scheduler;
@@ -367,6 +373,31 @@ TEST(DsConfig, SchedulerRatesBelowZeroAreRefusedByKey) {
   auto j = base();
   j["scheduler"] = {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0}, {"warmup_max_lr", 1e-3}}}};
   EXPECT_DOUBLE_EQ(ds_config_parse(j, "cfg.json").scheduler.warmup_max_lr, 1e-3);
+  // A falling range test that stays at or above 0 for the run's 100 steps is DeepSpeed's to run.
+  j["scheduler"] = {{"type", "LRRangeTest"}, {"params", {{"lr_range_test_step_rate", -0.01}, {"lr_range_test_step_size", 1}}}};
+  EXPECT_EQ(error_of(j), "");
+}
+
+// LRRangeTest's keys are read with DeepSpeed's defaults; without params it is DeepSpeed's default test.
+TEST(DsConfig, LrRangeTestIsReadKeyByKey) {
+  auto j = base();
+  j["scheduler"] = {{"type", "LRRangeTest"}};
+  optim::LrScheduleConfig sc = ds_config_parse(j, "cfg.json").scheduler;
+  EXPECT_EQ(sc.type, optim::LrScheduleType::kLRRangeTest);
+  EXPECT_DOUBLE_EQ(sc.lr_range_test_min_lr, 1e-3);
+  EXPECT_EQ(sc.lr_range_test_step_size, 2000);
+  EXPECT_DOUBLE_EQ(sc.lr_range_test_step_rate, 1.0);
+  EXPECT_FALSE(sc.lr_range_test_staircase);
+  j["scheduler"]["params"] = {{"lr_range_test_min_lr", 0.01}, {"lr_range_test_step_size", 50},
+                              {"lr_range_test_step_rate", 5}, {"lr_range_test_staircase", true}};
+  sc = ds_config_parse(j, "cfg.json").scheduler;
+  EXPECT_DOUBLE_EQ(sc.lr_range_test_min_lr, 0.01);
+  EXPECT_EQ(sc.lr_range_test_step_size, 50);
+  EXPECT_DOUBLE_EQ(sc.lr_range_test_step_rate, 5.0);
+  EXPECT_TRUE(sc.lr_range_test_staircase);
+  EXPECT_DOUBLE_EQ(optim::lr_for_step(sc, 52), 0.01 * 6);  // iteration 50: floor(51 / 50) = 1
+  j["scheduler"]["params"]["lr_range_test_stepsize"] = 5;
+  EXPECT_NE(error_of(j).find("scheduler.params.lr_range_test_stepsize"), std::string::npos) << error_of(j);
 }
 
 TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
@@ -399,7 +430,7 @@ TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   j["bf16"] = {{"enabled", true}};
   EXPECT_NE(error_of(j).find("cannot both"), std::string::npos);
   j = base();
-  j["scheduler"] = {{"type", "LRRangeTest"}};
+  j["scheduler"] = {{"type", "ReduceLROnPlateau"}};  // torch's, not DeepSpeed's
   EXPECT_NE(error_of(j).find("scheduler.type"), std::string::npos);
   j = base();
   j["optimizer"] = {{"type", "Lamb"}, {"params", {{"lr", 1e-3}, {"max_grad_norm", 1.0}}}};
@@ -852,6 +883,7 @@ TEST(DsConfig, ResolvedFormParsesBackToItself) {
       nlohmann::json::object(),
       {{"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}, {"momentum", 0.9}, {"nesterov", true}}}}},
        {"scheduler", {{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 0.01}, {"cycle_max_lr", 0.1}}}}}},
+      {{"scheduler", {{"type", "LRRangeTest"}, {"params", {{"lr_range_test_step_size", 10}, {"lr_range_test_staircase", true}}}}}},
       {{"optimizer", {{"type", "Lamb"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}}}}},
        {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_num_steps", 5}}}}},
        {"no_weight_decay", "hf"}, {"activation_checkpointing", nlohmann::json::object()}, {"bf16", {{"enabled", true}}}},

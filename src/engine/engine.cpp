@@ -591,6 +591,11 @@ StepResult Engine::step() {
   }
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
+  // A schedule whose lr falls below 0 (LRRangeTest with a negative rate, past what parsing could
+  // see: a classification run's steps come from its epochs) would train by gradient ascent.
+  MT_CHECK(std::isfinite(r.lr) && r.lr >= 0.0, ErrorKind::kInvalidArgument,
+           "scheduler: the learning rate of step " + std::to_string(applied_steps_ + 1) + " is " + std::to_string(r.lr) +
+               ": a schedule must keep it a non-negative number");
   if (const double post = grad_average_factors().second; post != 1.0 && !device_) {
     float* g = grad();
     const float f = static_cast<float>(post);

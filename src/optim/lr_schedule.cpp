@@ -14,6 +14,9 @@ bool lr_warmup_type_is_log(const std::string& type, const std::string& where) {
 }
 
 void lr_schedule_check(const LrScheduleConfig& c) {
+  if (c.type == LrScheduleType::kLRRangeTest)
+    MT_CHECK(c.lr_range_test_step_size > 0, ErrorKind::kInvalidArgument,
+             "scheduler.params.lr_range_test_step_size must be positive, not " + std::to_string(c.lr_range_test_step_size));
   if (c.type != LrScheduleType::kOneCycle) return;
   MT_CHECK(c.cycle_first_step_size > 0, ErrorKind::kInvalidArgument,
            "scheduler.params.cycle_first_step_size must be positive, not " + std::to_string(c.cycle_first_step_size));
@@ -81,6 +84,11 @@ double lr_at_iteration(const LrScheduleConfig& c, int64_t i) {
       return c.warmup_min_lr + (c.warmup_max_lr - c.warmup_min_lr) * gamma;
     }
     case LrScheduleType::kOneCycle: return one_cycle_lr(c, i);
+    case LrScheduleType::kLRRangeTest: {
+      double n = static_cast<double>(i + 1) / static_cast<double>(c.lr_range_test_step_size);
+      if (c.lr_range_test_staircase) n = std::floor(n);
+      return c.lr_range_test_min_lr * (1.0 + c.lr_range_test_step_rate * n);
+    }
     case LrScheduleType::kWarmupCosineLR: {
       if (i < 0) return 0.0;
       double ratio;

@@ -18,6 +18,10 @@
 //                   (mom, 0.99): beta2 is pinned to kOneCycleBeta2 from construction on, and only for
 //                   optimizers whose defaults have betas (Adam, AdamW, Lamb; not torch's SGD, where
 //                   it warns "cycle_momentum is disabled" and leaves momentum alone).
+//   LRRangeTest:    (lr_schedules.py LRRangeTest) lr = lr_range_test_min_lr (1 + step_rate n), n =
+//                   (i + 1) / step_size, or its floor with lr_range_test_staircase; at i = -1
+//                   (construction) min_lr, as the formula gives. The lr rises from min_lr without
+//                   bound: the test of Smith's "disciplined approach" that finds where training diverges.
 // i is DeepSpeed's last_batch_iteration: -1 before the first scheduler step (WarmupLR/DecayLR give
 // min_lr there, WarmupCosineLR gives 0), and DeepSpeed steps the scheduler after each optimizer
 // step, so optimizer step k (1-based) runs with i = k - 2. lr_at(k) returns exactly that.
@@ -29,7 +33,7 @@
 
 namespace mt::optim {
 
-enum class LrScheduleType { kConstant, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR, kOneCycle };
+enum class LrScheduleType { kConstant, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR, kOneCycle, kLRRangeTest };
 
 // The beta2 DeepSpeed's OneCycle gives Adam-like optimizers while it cycles momentum.
 constexpr double kOneCycleBeta2 = 0.99;
@@ -57,13 +61,19 @@ struct LrScheduleConfig {
   double cycle_min_mom = 0.8;
   double cycle_max_mom = 0.9;
   double decay_mom_rate = 0.0;
+  // LRRangeTest (DeepSpeed's argument defaults)
+  double lr_range_test_min_lr = 1e-3;
+  int64_t lr_range_test_step_size = 2000;
+  double lr_range_test_step_rate = 1.0;
+  bool lr_range_test_staircase = false;
 };
 
 // Parses "log" / "linear"; throws kInvalidArgument naming `where` otherwise.
 bool lr_warmup_type_is_log(const std::string& type, const std::string& where);
 
 // Throws kInvalidArgument (naming scheduler.params.<key>) for a OneCycle config DeepSpeed could not
-// run: cycle_first_step_size <= 0 or cycle_second_step_size < -1 (its formulas divide by zero).
+// run: cycle_first_step_size <= 0 or cycle_second_step_size < -1 (its formulas divide by zero); or
+// an LRRangeTest with lr_range_test_step_size <= 0 (likewise).
 void lr_schedule_check(const LrScheduleConfig& config);
 
 // The learning rate of the scheduler at DeepSpeed iteration i (i >= -1).

@@ -1,7 +1,7 @@
-// SGD, AdamW with per-segment weight decay, Lamb and the OneCycle schedule against outside
-// oracles: torch.optim.SGD and torch.optim.AdamW (param groups), a transcription of DeepSpeed's
-// FusedLamb (deepspeed/ops/lamb/fused_lamb.py + csrc/lamb/fused_lamb_cuda_kernel.cu) and of
-// DeepSpeed's OneCycle (deepspeed/runtime/lr_schedules.py). The golden numbers were printed by
+// SGD, AdamW with per-segment weight decay, Lamb and the OneCycle and LRRangeTest schedules
+// against outside oracles: torch.optim.SGD and torch.optim.AdamW (param groups), a transcription of
+// DeepSpeed's FusedLamb (deepspeed/ops/lamb/fused_lamb.py + csrc/lamb/fused_lamb_cuda_kernel.cu) and
+// of DeepSpeed's OneCycle and LRRangeTest (deepspeed/runtime/lr_schedules.py). The golden numbers were printed by
 //   /usr/bin/python3 tools/make_optim_golden.py
 // (Debian's python3-torch 1.13, numpy 1.24) and pasted below; the inputs are formulas both sides
 // evaluate the same way, so the test reads no file.
@@ -53,6 +53,10 @@ constexpr double kOneCycleMom[] = {0.84999999999999998, 0.92499999999999993, 0.9
 // OneCycle at iterations -1..14: min_lr 1e-4, max_lr 1e-3, first 5, second None, no decay
 constexpr double kOneCycleNoDecayLr[] = {0.0001, 0.00028000000000000014, 0.00045999999999999991, 0.00064000000000000016, 0.00081999999999999987, 0.001, 0.00081999999999999987, 0.00064000000000000016, 0.00045999999999999991, 0.00028000000000000014, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001};
 constexpr double kOneCycleNoDecayMom[] = {0.80000000000000004, 0.88, 0.8600000000000001, 0.84000000000000008, 0.82000000000000006, 0.80000000000000004, 0.82000000000000006, 0.84000000000000008, 0.8600000000000001, 0.88, 0.90000000000000002, 0.90000000000000002, 0.90000000000000002, 0.90000000000000002, 0.90000000000000002, 0.90000000000000002};
+// LRRangeTest at iterations -1..9: min_lr 0.002, step_size 3, step_rate 0.5, continuous
+constexpr double kLrRangeTest[] = {0.002, 0.0023333333333333335, 0.0026666666666666666, 0.0030000000000000001, 0.0033333333333333331, 0.003666666666666667, 0.0040000000000000001, 0.004333333333333334, 0.0046666666666666662, 0.0050000000000000001, 0.005333333333333334};
+// the same, staircase
+constexpr double kLrRangeTestStaircase[] = {0.002, 0.002, 0.002, 0.0030000000000000001, 0.0030000000000000001, 0.0030000000000000001, 0.0040000000000000001, 0.0040000000000000001, 0.0040000000000000001, 0.0050000000000000001, 0.0050000000000000001};
 
 constexpr int kSteps = 5;
 
@@ -475,6 +479,25 @@ TEST(OneCycle, SecondStepNoneAndNoDecayMatchDeepSpeed) {
     EXPECT_NEAR(lr_at_iteration(c, i), kOneCycleNoDecayLr[k], 1e-12 * kOneCycleNoDecayLr[k]) << "iteration " << i;
     EXPECT_NEAR(*momentum_at_iteration(c, i), kOneCycleNoDecayMom[k], 1e-12) << "iteration " << i;
   }
+}
+
+// ---- LRRangeTest vs DeepSpeed's LRRangeTest ----
+
+TEST(LrRangeTest, ContinuousAndStaircaseMatchDeepSpeed) {
+  LrScheduleConfig c{.type = LrScheduleType::kLRRangeTest, .lr_range_test_min_lr = 0.002, .lr_range_test_step_size = 3,
+                     .lr_range_test_step_rate = 0.5};
+  for (const bool staircase : {false, true}) {
+    c.lr_range_test_staircase = staircase;
+    const double* want = staircase ? kLrRangeTestStaircase : kLrRangeTest;
+    for (int64_t i = -1; i < 10; ++i) {
+      EXPECT_NEAR(lr_at_iteration(c, i), want[i + 1], 1e-15) << "iteration " << i << (staircase ? " staircase" : "");
+      EXPECT_EQ(lr_for_step(c, i + 2), lr_at_iteration(c, i));
+    }
+    EXPECT_FALSE(momentum_at_iteration(c, 3).has_value());
+  }
+  EXPECT_NO_THROW(lr_schedule_check(c));
+  c.lr_range_test_step_size = 0;  // DeepSpeed divides by it
+  EXPECT_THROW(lr_schedule_check(c), Error);
 }
 
 TEST(OneCycle, MomentumOnlyWhenCycled) {
