@@ -258,6 +258,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   }
   MT_CHECK(cfg.train_iters > 0, ErrorKind::kInvalidArgument,
            args.source + ": give train_iters or num_train_epochs");
+  engine::ds_config_check_schedule(cfg);  // the steps were counted from the epochs, after parsing
   MT_CHECK(cfg.model_checkpoint.save_top_k == 0 || !valid.empty(), ErrorKind::kInvalidArgument,
            "model_checkpoint monitors " + cfg.model_checkpoint.monitor + ": data.valid is needed");
   size_t truncated = 0;

@@ -590,9 +590,10 @@ TEST(Classify, ASignalDuringTheSetupStopsBeforeTheFirstStep) {
 }
 
 // A classification run's steps come from its epochs, after the configuration is read: a range test
-// whose falling lr crosses 0 within them (1e-3 (1 - 0.05 (i + 1)): step 22, iteration 20) stops at
-// that step with one line, where it trained by gradient ascent past it.
-TEST(Classify, AScheduleThatTakesTheLrBelowZeroStopsAtThatStep) {
+// whose falling lr crosses 0 within them (1e-3 (1 - 0.05 (i + 1)): below 0 from step 22, -0.0027
+// at the epoch's step 75) is refused by key once they are counted, before a step is trained (it
+// trained by gradient ascent past step 21).
+TEST(Classify, AScheduleThatTakesTheLrBelowZeroIsRefusedBeforeTraining) {
   const std::string cfg =
       write_config("lr-below-zero", {{"num_train_epochs", 1},
                                      {"model_checkpoint", {{"save_top_k", 0}}},
@@ -601,9 +602,10 @@ TEST(Classify, AScheduleThatTakesTheLrBelowZeroStopsAtThatStep) {
                                                                 {"lr_range_test_step_rate", -0.05}}}}}});
   std::string err;
   EXPECT_NE(run("train " + cfg, nullptr, &err), 0);
-  EXPECT_NE(err.find("scheduler: the learning rate of step 22 is -0.000050: a schedule must keep it a non-negative number"),
+  EXPECT_NE(err.find("scheduler.params.lr_range_test_step_rate takes the learning rate to -0.0027 by step 75 (train_iters)"),
             std::string::npos)
       << err;
+  EXPECT_FALSE(fs::exists(dir() + "/run-lr-below-zero/latest")) << err;
 }
 
 TEST(Classify, BadInputIsOneLineAndExitTwo) {

@@ -612,9 +612,10 @@ TEST(Train, HfWeightsUnderZeroAndOnDiskMatchPyTorch) {
 }
 
 // The same data through other optimizers, schedules and weight-decay groups: AdamW under DeepSpeed's
-// OneCycle (lr and beta1 cycled, beta2 pinned to 0.99) with HF Trainer's no-decay group, and SGD
-// with Nesterov momentum and weight decay, each against PyTorch (torch.optim + a transcription of
-// DeepSpeed's OneCycle, tools/ds_schedules.py).
+// OneCycle (lr and beta1 cycled, beta2 pinned to 0.99) with HF Trainer's no-decay group, SGD and
+// AdamW under DeepSpeed's LRRangeTest (continuous, staircase), and SGD with Nesterov momentum and
+// weight decay, each against PyTorch (torch.optim + a transcription of DeepSpeed's OneCycle and
+// LRRangeTest, tools/ds_schedules.py).
 TEST(Train, OptimizerVariantsMatchPyTorch) {
   std::ifstream ef(golden_engine_dir() + "/expected.json");
   ASSERT_TRUE(ef.good()) << "golden data missing: " << golden_engine_dir();

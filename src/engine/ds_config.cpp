@@ -559,6 +559,34 @@ void parse_no_weight_decay(Section& root, RunConfig& c) {
   }
 }
 
+}  // namespace
+
+void ds_config_check_schedule(const RunConfig& c) {
+  const optim::LrScheduleConfig& sc = c.scheduler;
+  if (c.train_iters <= 0) return;
+  // A falling range test lowers the lr through 0 into gradient ascent: refused where the run's
+  // last step would get there (the lr is monotone, so the last step is its lowest or highest).
+  if (sc.type == optim::LrScheduleType::kLRRangeTest && sc.lr_range_test_step_size > 0) {
+    const double last = optim::lr_for_step(sc, c.train_iters);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", last);
+    MT_CHECK(last >= 0.0 && last <= std::numeric_limits<float>::max(), ErrorKind::kInvalidArgument,
+             "scheduler.params.lr_range_test_step_rate takes the learning rate to " + std::string(buf) + " by step " +
+                 std::to_string(c.train_iters) + " (train_iters): it must stay a non-negative number a float holds");
+  }
+  // WarmupCosineLR's cosine runs over total_num_steps - max(2, warmup_num_steps) steps. None:
+  // DeepSpeed divides by zero at the first step past the warmup; here cos(inf) made the lr 0 for
+  // the rest of the run, which exited 0.
+  const int64_t W = std::max<int64_t>(2, sc.warmup_num_steps);
+  MT_CHECK(sc.type != optim::LrScheduleType::kWarmupCosineLR || sc.total_num_steps != W || c.train_iters <= W,
+           ErrorKind::kInvalidArgument,
+           "scheduler.params.total_num_steps (" + std::to_string(sc.total_num_steps) +
+               ") leaves WarmupCosineLR's cosine no step after the warmup's " + std::to_string(W) +
+               " (max(2, warmup_num_steps)), and train_iters (" + std::to_string(c.train_iters) + ") goes past it");
+}
+
+namespace {
+
 void parse_scheduler(Section& root, RunConfig& c) {
   optim::LrScheduleConfig& sc = c.scheduler;
   sc.base_lr = c.optimizer.lr;
@@ -579,6 +607,8 @@ void parse_scheduler(Section& root, RunConfig& c) {
     Section p = s.sub("params");
     p.refuse_unknown();
     if (range_test) {  // LRRangeTest's own arguments (another type's are an unknown key, refused)
+      MT_CHECK(!(p.has("lr_range_test_min_lr") && p.raw("lr_range_test_min_lr").is_array()), ErrorKind::kNotSupported,
+               p.where("lr_range_test_min_lr") + ": a list (DeepSpeed's one per parameter group) is not supported; give one number");
       sc.lr_range_test_min_lr = p.number("lr_range_test_min_lr", 1e-3);
       sc.lr_range_test_step_size = p.integer("lr_range_test_step_size", 2000);
       sc.lr_range_test_step_rate = p.number("lr_range_test_step_rate", 1.0);
@@ -634,16 +664,6 @@ void parse_scheduler(Section& root, RunConfig& c) {
       non_negative("lr_range_test_min_lr", sc.lr_range_test_min_lr);
       MT_CHECK(std::isfinite(sc.lr_range_test_step_rate), ErrorKind::kInvalidArgument,
                p.where("lr_range_test_step_rate") + " must be a number");
-      // A negative rate lowers the lr, through 0 into gradient ascent: refused where the run's
-      // last step would get there (its lr is the lowest).
-      if (c.train_iters > 0 && sc.lr_range_test_step_size > 0) {
-        const double last = optim::lr_for_step(sc, c.train_iters);
-        char buf[64];
-        std::snprintf(buf, sizeof buf, "%g", last);
-        MT_CHECK(last >= 0.0 && last <= std::numeric_limits<float>::max(), ErrorKind::kInvalidArgument,
-                 p.where("lr_range_test_step_rate") + " takes the learning rate to " + buf + " by step " +
-                     std::to_string(c.train_iters) + " (train_iters): it must stay a non-negative number a float holds");
-      }
     } else if (one_cycle) {
       non_negative("cycle_min_lr", sc.cycle_min_lr);
       non_negative("cycle_max_lr", sc.cycle_max_lr);
@@ -654,15 +674,6 @@ void parse_scheduler(Section& root, RunConfig& c) {
       non_negative("warmup_min_ratio", sc.warmup_min_ratio);
       non_negative("cos_min_ratio", sc.cos_min_ratio);
       MT_CHECK(sc.warmup_num_steps >= 0, ErrorKind::kInvalidArgument, p.where("warmup_num_steps") + " must not be negative");
-      // WarmupCosineLR's cosine runs over total_num_steps - max(2, warmup_num_steps) steps. None:
-      // DeepSpeed divides by zero at the first step past the warmup; here cos(inf) made the lr 0
-      // for the rest of the run, which exited 0.
-      const int64_t W = std::max<int64_t>(2, sc.warmup_num_steps);
-      MT_CHECK(sc.type != optim::LrScheduleType::kWarmupCosineLR || sc.total_num_steps != W || c.train_iters <= W,
-               ErrorKind::kInvalidArgument,
-               p.where("total_num_steps") + " (" + std::to_string(sc.total_num_steps) +
-                   ") leaves WarmupCosineLR's cosine no step after the warmup's " + std::to_string(W) +
-                   " (max(2, warmup_num_steps)), and train_iters (" + std::to_string(c.train_iters) + ") goes past it");
     }
     // DeepSpeed's schedulers start from it (500 began mid-warm-up); a number was passed over.
     if (p.has("last_batch_iteration"))
@@ -684,6 +695,7 @@ void parse_scheduler(Section& root, RunConfig& c) {
   } else if (sc.type != optim::LrScheduleType::kWarmupLR && !(c.bare && c.train_iters == 0)) {
     MT_CHECK(sc.total_num_steps > 0, ErrorKind::kInvalidArgument, "scheduler.params.total_num_steps must be positive");
   }
+  ds_config_check_schedule(c);
   s.finish();
 }
 

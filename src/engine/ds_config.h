@@ -260,6 +260,10 @@ void ds_config_check_paths(const RunConfig& c);
 // a non-zero embd_pdrop, resid_pdrop, attn_pdrop or attention_dropout is refused by key; estimate,
 // plan, generate and serve take them, as Hugging Face's eval mode ignores them).
 void ds_config_check_trainable(const RunConfig& c);
+// What the schedule does over train_iters steps, once they are known (at parsing, and again where a
+// classification run counts them from its epochs): an LRRangeTest whose lr leaves [0, FLT_MAX], a
+// WarmupCosineLR with no step after its warmup. Throws naming the scheduler key; no-op without steps.
+void ds_config_check_schedule(const RunConfig& c);
 // Applies one `a.b.c=value` override (value parsed as JSON, else taken as a string).
 void ds_config_set(nlohmann::json& j, const std::string& assignment);
 // The validation metrics a classification run logs (and model_checkpoint.monitor may name), in the

@@ -378,7 +378,8 @@ TEST(DsConfig, SchedulerRatesBelowZeroAreRefusedByKey) {
   EXPECT_EQ(error_of(j), "");
 }
 
-// LRRangeTest's keys are read with DeepSpeed's defaults; without params it is DeepSpeed's default test.
+// LRRangeTest's keys are read with DeepSpeed's defaults (absent params take them all, as for every
+// type here, where DeepSpeed's engine needs a params block).
 TEST(DsConfig, LrRangeTestIsReadKeyByKey) {
   auto j = base();
   j["scheduler"] = {{"type", "LRRangeTest"}};
@@ -396,6 +397,9 @@ TEST(DsConfig, LrRangeTestIsReadKeyByKey) {
   EXPECT_DOUBLE_EQ(sc.lr_range_test_step_rate, 5.0);
   EXPECT_TRUE(sc.lr_range_test_staircase);
   EXPECT_DOUBLE_EQ(optim::lr_for_step(sc, 52), 0.01 * 6);  // iteration 50: floor(51 / 50) = 1
+  j["scheduler"]["params"]["lr_range_test_min_lr"] = {0.01};
+  EXPECT_NE(error_of(j).find("scheduler.params.lr_range_test_min_lr: a list"), std::string::npos) << error_of(j);
+  j["scheduler"]["params"]["lr_range_test_min_lr"] = 0.01;
   j["scheduler"]["params"]["lr_range_test_stepsize"] = 5;
   EXPECT_NE(error_of(j).find("scheduler.params.lr_range_test_stepsize"), std::string::npos) << error_of(j);
 }
@@ -430,7 +434,7 @@ TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   j["bf16"] = {{"enabled", true}};
   EXPECT_NE(error_of(j).find("cannot both"), std::string::npos);
   j = base();
-  j["scheduler"] = {{"type", "ReduceLROnPlateau"}};  // torch's, not DeepSpeed's
+  j["scheduler"] = {{"type", "ReduceLROnPlateau"}};  // not one of DeepSpeed's own
   EXPECT_NE(error_of(j).find("scheduler.type"), std::string::npos);
   j = base();
   j["optimizer"] = {{"type", "Lamb"}, {"params", {{"lr", 1e-3}, {"max_grad_norm", 1.0}}}};

@@ -5,8 +5,10 @@
 #endif
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -591,11 +593,14 @@ StepResult Engine::step() {
   }
   r.loss_scale = scaler_.scale();
   r.lr = current_lr();
-  // A schedule whose lr falls below 0 (LRRangeTest with a negative rate, past what parsing could
-  // see: a classification run's steps come from its epochs) would train by gradient ascent.
-  MT_CHECK(std::isfinite(r.lr) && r.lr >= 0.0, ErrorKind::kInvalidArgument,
-           "scheduler: the learning rate of step " + std::to_string(applied_steps_ + 1) + " is " + std::to_string(r.lr) +
-               ": a schedule must keep it a non-negative number");
+  // A schedule whose lr leaves [0, FLT_MAX] would train by gradient ascent or with an infinite
+  // rate (ds_config_check_schedule refuses such a run before it starts; this is the backstop).
+  if (!(std::isfinite(r.lr) && r.lr >= 0.0 && r.lr <= std::numeric_limits<float>::max())) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", r.lr);
+    throw Error(ErrorKind::kInvalidArgument, "step " + std::to_string(global_step_ + 1) + ": the scheduler's learning rate is " + buf +
+                                                 ": it must be a non-negative number a float holds");
+  }
   if (const double post = grad_average_factors().second; post != 1.0 && !device_) {
     float* g = grad();
     const float f = static_cast<float>(post);
