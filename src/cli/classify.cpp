@@ -1,6 +1,7 @@
 // `meshtrain train` with "task": "classification": fine-tunes a GPT-2 or LLaMA sequence classifier
 // (Hugging Face's *ForSequenceClassification: score.weight on the last non-pad token) on .jsonl
-// records, on one process or data-parallel ranks (ZeRO 0-2). Epochs over a shuffled order (each
+// records, on one process or any layout (data, tensor, sequence and pipeline parallel; ZeRO 0-3
+// where the layout takes it: docs/TASKS.md). Epochs over a shuffled order (each
 // epoch a new permutation of the records; the global batch is the one-process run's, each rank
 // reading its share); validation loss and accuracy every eval_interval steps and at the end;
 // checkpoints every save_interval steps (keep_last rotation) and, with model_checkpoint, the
@@ -126,7 +127,7 @@ Validation validate(engine::Engine& eng, models::TransformerLM& model, const std
       if (k < valid.size()) rows[b] = &valid[k];
     }
     data::classification_batch(rows.data(), B, T, pad, tokens.data(), targets.data());
-    model.logits(logits.data(), tokens.data());
+    eng.classifier_logits(logits.data(), tokens.data());
     for (int b = 0; b < B; ++b) {
       if (rows[b] == nullptr) continue;
       const float* z = logits.data() + (static_cast<size_t>(b) * T + data::classification_pool(*rows[b], T, pad)) * L;

@@ -54,6 +54,7 @@ struct Case {
   std::string arch;
   bool bf16, recompute;
   bool documents = false;  // data.reset_position_ids and reset_attention_mask: each slot's positions and key starts
+  bool classifier = false;  // a sequence classifier of 3 labels: score.weight for the head, its logits 3 wide
 };
 
 class EstimateMeasured : public ::testing::TestWithParam<Case> {};
@@ -64,6 +65,10 @@ TEST_P(EstimateMeasured, Stage0PeaksMatch) {
   const Case& k = GetParam();
   nlohmann::json j = tiny_config(k.arch, k.bf16, k.recompute);
   if (k.documents) j["data"] = {{"reset_position_ids", true}, {"reset_attention_mask", true}, {"eod_id", 5}};
+  if (k.classifier) {
+    j["task"] = "classification";
+    j["model"]["num_labels"] = 3;
+  }
   engine::RunConfig c = engine::ds_config_parse(j, "test");
   Allocator& a = Allocator::global();
   MemStats before = a.stats();
@@ -77,6 +82,7 @@ TEST_P(EstimateMeasured, Stage0PeaksMatch) {
         x = x * 1664525u + 1013904223u;
         t[i] = static_cast<int32_t>((x >> 8) % V);
         g[i] = static_cast<int32_t>((x >> 3) % V);
+        if (k.classifier) g[i] = i % 16 == 15 ? static_cast<int32_t>((x >> 3) % 3) : -100;  // a label on each row's last token
       }
     });
   }
@@ -97,10 +103,13 @@ INSTANTIATE_TEST_SUITE_P(Models, EstimateMeasured,
                          ::testing::Values(Case{"gpt2", false, false}, Case{"gpt2", true, false},
                                            Case{"llama", false, false}, Case{"llama", true, false},
                                            Case{"gpt2", true, true}, Case{"llama", false, true},
-                                           Case{"gpt2", false, false, true}, Case{"llama", true, true, true}),
+                                           Case{"gpt2", false, false, true}, Case{"llama", true, true, true},
+                                           // Classifiers: the untied LM head's place taken by score.weight.
+                                           Case{"llama", false, false, false, true}, Case{"gpt2", true, false, false, true}),
                          [](const auto& info) {
                            return info.param.arch + (info.param.bf16 ? "_bf16" : "_fp32") +
-                                  (info.param.recompute ? "_recompute" : "") + (info.param.documents ? "_documents" : "");
+                                  (info.param.recompute ? "_recompute" : "") + (info.param.documents ? "_documents" : "") +
+                                  (info.param.classifier ? "_classifier" : "");
                          });
 
 // The setup peak (StageEstimate::setup): building the engine at ZeRO stages 1-3 (a group of one).

@@ -1786,8 +1786,6 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   }
   if (c.task == "classification") {  // what the classification loop (cli/classify.cpp) does not do yet, by name
     MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, "task \"classification\": device \"cuda\" is not supported yet");
-    MT_CHECK(c.tp == 1 && c.pp == 1, ErrorKind::kNotSupported,
-             "task \"classification\": parallel.tp and parallel.pp must be 1 for now (data parallelism is supported)");
     MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported, "task \"classification\": curriculum_learning does not apply");
     MT_CHECK(c.sample_order == "meshtrain", ErrorKind::kNotSupported,
              "task \"classification\": data.sample_order \"megatron\" orders token windows; records are shuffled by data.seed");

@@ -813,6 +813,25 @@ float Engine::evaluate(const int32_t* tokens, const int32_t* targets) {
   // Validation reads whole samples (a curriculum shortens training steps only).
   if (model_.seq() != config_.seq_length) model_.prepare(model_.batch(), static_cast<int>(config_.seq_length));
   if (ctx_->pp() == 1) return model_.forward(tokens, targets, 0.0f);
+  return pipe_sum(pipeline_forward(tokens, targets), "pipeline eval loss");  // from the last stage
+}
+
+void Engine::classifier_logits(float* out, const int32_t* tokens) {
+  MT_CHECK(model_.config().num_labels > 0 && !device_, ErrorKind::kInternal, "classifier_logits: a sequence classifier on the CPU");
+  if (model_.seq() != config_.seq_length) model_.prepare(model_.batch(), static_cast<int>(config_.seq_length));
+  if (ctx_->pp() == 1) return model_.logits(out, tokens);
+  pipeline_forward(tokens, nullptr);
+  const int P = ctx_->pp();
+  if (ctx_->pp_rank() == P - 1) model_.head_logits(out);
+  comm::BroadcastOptions o;
+  o.root = P - 1;
+  o.tag = "pipeline classifier logits";
+  o.timeout = timeout();
+  const size_t n = static_cast<size_t>(model_.batch()) * static_cast<size_t>(model_.seq()) * static_cast<size_t>(model_.config().num_labels);
+  ctx_->groups.pp->broadcast(out, n, DType::kF32, o)->wait();
+}
+
+float Engine::pipeline_forward(const int32_t* tokens, const int32_t* targets) {
   // Through the virtual stages in order: receive, forward, send (slot 0; between steps).
   comm::Backend& pipe = *ctx_->groups.pp;
   const int P = ctx_->pp(), r = ctx_->pp_rank(), S = P * model_.chunks();
@@ -830,7 +849,7 @@ float Engine::evaluate(const int32_t* tokens, const int32_t* targets) {
                 p2p_options<comm::SendOptions>("pipeline eval activation", parallel::pp::message_tag(pp_spec_, st, 0, false), timeout()))
           ->wait();
   }
-  return pipe_sum(loss, "pipeline eval loss");  // from the last stage
+  return loss;
 }
 
 float Engine::pipe_sum(float v, const char* tag) {
@@ -844,7 +863,7 @@ float Engine::pipe_sum(float v, const char* tag) {
 void Engine::sum_tied_embedding_grads() {
   // GPT-2's token table is the embedding on the first stage and the head on the last: each holds
   // a copy, whose gradients are summed (first + last on both, so the copies stay identical).
-  if (!model_.config().tie_embeddings) return;
+  if (!model_.config().tie_embeddings || model_.config().num_labels > 0) return;  // a classifier's head is score.weight
   const int P = ctx_->pp(), r = ctx_->pp_rank();
   if (r != 0 && r != P - 1) return;
   nn::Parameter* t = r == 0 ? model_.store().parameters().front() : model_.tied_head_copy();  // the token table

@@ -104,6 +104,10 @@ class Engine {
   // Mean loss of a micro-batch without touching gradients (through every stage of a pipeline:
   // collective over the pp group, every stage gets the loss).
   float evaluate(const int32_t* tokens, const int32_t* targets);
+  // A sequence classifier's logits (B, T, num_labels) of a micro-batch of the prepared shape, on
+  // every rank (through every stage of a pipeline, whose last stage broadcasts them: collective
+  // over the pp group).
+  void classifier_logits(float* out, const int32_t* tokens);
   // The pipeline schedule of this rank (empty without pipeline parallelism).
   const std::vector<parallel::pp::Instr>& schedule() const { return schedule_; }
 
@@ -216,6 +220,9 @@ class Engine {
   StepResult train_micro_batches(const MicroBatchFn& next);  // train_batch's micro-batches, one at a time
   void sum_tied_embedding_grads();  // first and last pipeline stage of a tied GPT-2
   float pipe_sum(float v, const char* tag);  // sum over the pp group
+  // evaluate()'s pass through this rank's chunks in stage order (slot 0): the loss on the last
+  // stage, 0 on the others.
+  float pipeline_forward(const int32_t* tokens, const int32_t* targets);
 
   RunConfig config_;
   models::TransformerLM& model_;

@@ -67,6 +67,13 @@ inline int padded_vocab(const ModelConfig& cfg, int tp, int divisible) {
   return (cfg.vocab_size + m - 1) / m * m;
 }
 
+// Rows of the head's weight (and of its logits) on one rank of a tp group: a sequence classifier's
+// num_labels (its score head is replicated over the group), else the rank's share of the padded
+// vocabulary.
+inline int head_rows_per_rank(const ModelConfig& cfg, int tp, int divisible) {
+  return cfg.num_labels > 0 ? cfg.num_labels : padded_vocab(cfg, tp, divisible) / tp;
+}
+
 struct ModelOptions {
   DType compute_dtype = DType::kF32;
   bool recompute = false;  // full activation checkpointing per block

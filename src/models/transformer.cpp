@@ -48,8 +48,12 @@ Parts add_modules(const AddRoot& root, const ModelConfig& cfg, parallel::TpComm&
   if (head) {
     if (gpt2) m.norm_f = trunk->add_module(std::make_unique<nn::LayerNorm>("ln_f", C, cfg.norm_eps));
     else m.norm_f = trunk->add_module(std::make_unique<nn::RMSNorm>("norm", C, cfg.norm_eps));
+    // The score head is replicated over the tensor-parallel group (it is num_labels rows: a
+    // vocabulary-parallel split would leave ranks without a label, and padded rows would enter the
+    // softmax). Every rank computes the whole head on the same rows (gathered under sequence
+    // parallelism), so its gradient is the same everywhere and its input gradient needs no sum.
     if (cls)
-      m.lm_head = static_cast<nn::Embedding*>(root(std::make_unique<nn::Embedding>("score", cfg.num_labels, C, true, cfg.init_std, place, cfg.num_labels)));
+      m.lm_head = static_cast<nn::Embedding*>(root(std::make_unique<nn::Embedding>("score", cfg.num_labels, C, true, cfg.init_std)));
     else if (!cfg.tie_embeddings)
       m.lm_head = static_cast<nn::Embedding*>(root(std::make_unique<nn::Embedding>("lm_head", cfg.vocab_size, C, true, cfg.init_std, place, padded)));
   }
@@ -107,9 +111,6 @@ TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
     embed_ = rank == 0;
     head_ = rank == pp - 1;
   }
-  MT_CHECK(cfg.num_labels == 0 || (tp == 1 && pp == 1), ErrorKind::kNotSupported,
-           "sequence classification (num_labels " + std::to_string(cfg.num_labels) +
-               ") runs without tensor or pipeline parallelism for now (parallel.tp and parallel.pp 1)");
   tied_copy_ = head_ && !embed_ && cfg.tie_embeddings && cfg.num_labels == 0;
   for (int c = 0, first = 0; c < chunks(); first += chunk_size(c++)) chunk_first_.push_back(first);
   Parts m = add_modules([this](std::unique_ptr<nn::Module> mod) { return add_module(std::move(mod)); }, cfg, tp_, padded_vocab(), chunks_, embed_, head_);
@@ -402,7 +403,8 @@ float TransformerLM::head_forward(Slot& s, const float* last, const int32_t* tar
     a.values = label_values_;
     a.value_rows = label_value_rows_;
   }
-  if (tp_.size() > 1) {  // vocabulary-parallel cross-entropy
+  const bool vocab_parallel = tp_.size() > 1 && cfg_.num_labels == 0;  // a classifier's score head is replicated
+  if (vocab_parallel) {  // vocabulary-parallel cross-entropy
     a.v0 = static_cast<int>(head->shape[0]) * tp_.rank();
     a.valid = std::max(0, std::min(a.V, cfg_.vocab_size - a.v0));
     a.reduce_max = [this](float* v, size_t n) { tp_.all_reduce_max(v, n, "tp cross-entropy max"); };
@@ -416,9 +418,12 @@ float TransformerLM::head_forward(Slot& s, const float* last, const int32_t* tar
   double total = nn::lm_head_cross_entropy(a, ws_);
   // The head's input gradient is this vocabulary shard's part (copy-to region's backward): summed
   // over the group (sequence parallel: reduce-scattered, each rank keeping its rows in sp_full).
-  if (loss_scale != 0.0f) {
+  // A replicated score head's is whole on every rank: sequence parallel keeps this rank's rows.
+  if (loss_scale != 0.0f && vocab_parallel) {
     if (d.sp) tp_.reduce_scatter_rows(s.sp_full, s.dnf, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp lm-head backward");
     else tp_.all_reduce(s.dnf, NC, "tp lm-head backward");
+  } else if (loss_scale != 0.0f && d.sp) {
+    std::memcpy(s.sp_full, s.dnf + static_cast<size_t>(tp_.rank()) * d.Nl * d.C, static_cast<size_t>(d.Nl) * d.C * 4);
   }
   head_module->run_hooks(loss_scale != 0.0f ? nn::HookPoint::kPostBackward : nn::HookPoint::kPostForward);
   s.backward_ready = loss_scale != 0.0f;
@@ -536,11 +541,17 @@ std::vector<std::vector<nn::Module*>> TransformerLM::zero_unit_modules() {
 void TransformerLM::logits(float* out, const int32_t* tokens) {
   MT_CHECK(whole_model(), ErrorKind::kInternal, "logits() of a pipeline stage");
   forward_chunk(0, 0, tokens, nullptr, 0.0f);  // through the final norm: slot 0's nfc
+  head_logits(out);
+}
+
+void TransformerLM::head_logits(float* out) {
+  MT_CHECK(head_ && slots_[0].chunk == chunks() - 1, ErrorKind::kInternal,
+           "head_logits() needs a forward of the chunk with the head on slot 0");
   const void* nfc = slots_[0].nfc;
   nn::Module* head_module = lm_head_ ? lm_head_ : wte_;
   head_module->run_hooks(nn::HookPoint::kPreForward);
   nn::Parameter* head = this->head();
-  if (tp_.size() == 1) {  // (N, V), or (N, num_labels) for a classifier
+  if (tp_.size() == 1 || cfg_.num_labels > 0) {  // (N, V), or (N, num_labels) for a (replicated) classifier
     nn::lm_head_logits(out, nfc, head->compute, head->compute_dtype, dims_.N, dims_.C, static_cast<int>(head->shape[0]));
   } else {  // this shard's logits, gathered over the group; padding columns dropped
     const size_t N = static_cast<size_t>(dims_.N), vl = static_cast<size_t>(head->shape[0]), V = cfg_.vocab_size;

@@ -92,6 +92,9 @@ class TransformerLM : public nn::Module {
   // Logits (B, T, V) f32 of a forward over tokens (B, T) of the prepared shape (whole model);
   // (B, T, num_labels) for a classifier (ModelConfig::num_labels).
   void logits(float* out, const int32_t* tokens);
+  // The logits of the last forward_chunk() of the chunk with the head on slot 0 (a pipeline's last
+  // stage; the whole model's logits() is that forward and this).
+  void head_logits(float* out);
 
   // Pipeline stage: this rank's model chunks (one without virtual stages), each a run of layers;
   // chunk c is virtual stage c·pp + pp_rank. The embedding sits on virtual stage 0, the final norm

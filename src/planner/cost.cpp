@@ -211,7 +211,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   const models::BlockDims d = block_dims(s.model, s.micro_batch, s.seq_length, s.tp, s.sequence_parallel);
   const double N = d.N, C = d.C, e = static_cast<double>(dtype_size(s.compute));
   const double Nl = d.rows();  // the residual stream's rows on this rank (N / tp under sequence parallelism)
-  const double V = models::padded_vocab(s.model, s.tp, s.vocab_divisible) / s.tp;  // this rank's vocabulary rows
+  const double V = models::head_rows_per_rank(s.model, s.tp, s.vocab_divisible);  // this rank's head rows
   const bool llama = s.model.arch != models::Arch::kGpt2;
   const double mem = cal.fits.count("memory") ? cal.fits.at("memory").per_unit : 0.0;
   const DType cd = s.compute;
@@ -386,6 +386,10 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
                              : std::vector<double>{ar(4 * N), ar(4 * N)};
     c.tp_backward.back() = {};
     c.tp_head_backward = {sp ? rs(part) : ar(full)};
+    if (s.model.num_labels > 0) {  // a classifier's replicated score head: its rows gathered, nothing summed
+      c.tp_forward.back() = sp ? std::vector<double>{ag(norm_rows)} : std::vector<double>{};
+      c.tp_head_backward = {};
+    }
   }
   c.memory_per_byte = mem;
   auto rate = [&cal](const char* family) { return cal.fits.count(family) ? cal.fits.at(family).per_unit : 0.0; };

@@ -66,7 +66,10 @@ struct ModelSkeleton {
     } else {
       tail.push_back(std::make_unique<nn::RMSNorm>("norm", C, cfg.norm_eps));
     }
-    if (!cfg.tie_embeddings) tail.push_back(std::make_unique<nn::Embedding>("lm_head", cfg.vocab_size, C, true, cfg.init_std, place, Vp));
+    if (cfg.num_labels > 0)  // a classifier's score head, replicated over the tp group (TransformerLM)
+      tail.push_back(std::make_unique<nn::Embedding>("score", cfg.num_labels, C, true, cfg.init_std));
+    else if (!cfg.tie_embeddings)
+      tail.push_back(std::make_unique<nn::Embedding>("lm_head", cfg.vocab_size, C, true, cfg.init_std, place, Vp));
   }
 };
 
@@ -221,7 +224,8 @@ parallel::pp::PartitionInput pipeline_partition_input(const models::ModelConfig&
   in.stages = stages;
   in.layer_cost.assign(m.n_layer, block);
   in.first_cost = V * C + (gpt2 ? m.max_positions * C : 0.0);
-  in.last_cost = (gpt2 ? 2 * C : C) + V * C;
+  // The head: a classifier's score.weight (num_labels rows), else the (tied or untied) token table.
+  in.last_cost = (gpt2 ? 2 * C : C) + (m.num_labels > 0 ? static_cast<double>(m.num_labels) : V) * C;
   return in;
 }
 
@@ -619,9 +623,10 @@ std::vector<BlockEvent> step_blocks(const MemoryInput& in) {
   const models::ModelConfig& cfg = in.model;
   const bool gpt2 = cfg.arch == models::Arch::kGpt2;
   const models::BlockDims d = block_dims(cfg, in.micro_batch, in.seq_length, in.tp, in.sequence_parallel);
-  // V: this rank's rows of the (padded) vocabulary; R: its rows of the residual stream.
+  // V: this rank's rows of the head (the padded vocabulary's, or a classifier's labels); R: its
+  // rows of the residual stream.
   const size_t N = static_cast<size_t>(d.N), C = static_cast<size_t>(d.C), Rr = static_cast<size_t>(d.rows()),
-               V = static_cast<size_t>(models::padded_vocab(cfg, in.tp, in.vocab_divisible) / in.tp);
+               V = static_cast<size_t>(models::head_rows_per_rank(cfg, in.tp, in.vocab_divisible));
   const size_t e = dtype_size(in.compute_dtype);
   const bool lowp = in.compute_dtype != DType::kF32;
   std::vector<BlockEvent> out;
@@ -769,7 +774,7 @@ std::vector<GemmCall> step_gemms(const MemoryInput& in) {
     layer(d.G, d.C, true, d.N);
   }
   if (in.last_stage) {  // the head's tiles: logits, the input's gradient, the weight's gradient
-    const int V = models::padded_vocab(in.model, in.tp, in.vocab_divisible) / in.tp;
+    const int V = models::head_rows_per_rank(in.model, in.tp, in.vocab_divisible);
     const int R = nn::lm_head_tile_rows(d.N, V);
     const int ldl = nn::lm_head_logits_ld(V, in.compute_dtype), ld = nn::lm_head_operand_ld(V, in.compute_dtype);
     for (int r : {R, d.N - (d.N - 1) / R * R}) {  // their strides: nn::lm_head_cross_entropy's

@@ -180,7 +180,7 @@ Prediction time_one(const PlanJob& job, const Layout& l, const Calibration& cal)
     const StepShape shape = step_shape(job, l);
     spec.boundary_bytes = 4.0 * static_cast<double>(block_dims(m.model, l.micro_batch, m.seq_length, l.tp, shape.sequence_parallel).rows()) *
                           m.model.hidden;
-    spec.tied_elems = m.model.tie_embeddings
+    spec.tied_elems = m.model.tie_embeddings && m.model.num_labels == 0  // a classifier's head is score.weight
                           ? static_cast<size_t>(models::padded_vocab(m.model, 1, m.vocab_divisible)) * m.model.hidden
                           : 0;
     spec.one_replica = job.host_cores <= 0 && !job.whole_program;  // no shared cores: every replica alike
