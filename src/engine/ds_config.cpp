@@ -1680,8 +1680,14 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
              "sequence_parallel_size: " + root.raw("sequence_parallel_size").dump() + " is not implemented yet (only 1, as parallel.sp)");
   // DeepSpeed keys that change what is trained: refused when enabled.
   for (const char* k : {"amp", "data_efficiency", "compression_training", "progressive_layer_drop", "eigenvalue",
-                        "quantize_training", "elasticity", "sparse_gradients", "torch_autocast", "weight_quantization"})
+                        "quantize_training", "elasticity", "torch_autocast", "weight_quantization"})
     root.unparsed(k, Unparsed::kRefuseIfEnabled);
+  // DeepSpeed's sparse_gradients changes how, not what: at stage 0 its engine all-gathers each
+  // nn.Embedding gradient's non-zero rows (pre-divided by the ranks) and sums them, the same mean
+  // as the dense all-reduce in another order of additions (its ZeRO optimizers reduce them dense).
+  if (root.has("sparse_gradients") && truthy(root.raw("sparse_gradients")))
+    c.warnings.push_back("sparse_gradients: the embeddings' gradients are all-reduced dense (the same mean as DeepSpeed's "
+                         "all-gather of their non-zero rows, summed in another order)");
   // DeepSpeed reads this one into a pydantic model (HybridEngineConfig): "false" is off there.
   root.unparsed("hybrid_engine", Unparsed::kRefuseIfEnabledPydantic);
   if (root.has("data_types")) {  // DeepSpeed's gradient accumulation dtype: ours is fp32

@@ -979,7 +979,6 @@ TEST(DsCompat, ABlockWithoutEnabledIsARequestOrSaysItIsOff) {
   for (const nlohmann::json& on : {nlohmann::json{{"amp", {{"enabled", 1}}}}, nlohmann::json{{"amp", {{"enabled", "true"}}}},
                                    nlohmann::json{{"elasticity", {{"enabled", 1}, {"max_train_batch_size", 64}}}},
                                    nlohmann::json{{"progressive_layer_drop", {{"enabled", 1}}}},
-                                   nlohmann::json{{"sparse_gradients", 1}},
                                    // DeepSpeed reads data_efficiency's nested switches by themselves.
                                    nlohmann::json{{"data_efficiency",
                                                    {{"enabled", false}, {"data_routing", {{"random_ltd", {{"enabled", true}}}}}}}}}) {
@@ -1016,6 +1015,18 @@ TEST(DsCompat, ABlockWithoutEnabledIsARequestOrSaysItIsOff) {
     j.update(off);
     EXPECT_NO_THROW(ds_config_parse(j, "cfg.json")) << off.dump();
   }
+  // sparse_gradients is how DeepSpeed's stage 0 exchanges the embeddings' gradients (their non-zero
+  // rows), not what they sum to: one warning line when on, by Python's truth; nothing when off.
+  for (const nlohmann::json& on : {nlohmann::json(true), nlohmann::json(1), nlohmann::json("true")}) {
+    j = base();
+    j["sparse_gradients"] = on;
+    c = ds_config_parse(j, "cfg.json");
+    EXPECT_TRUE(has_line(c.warnings, "sparse_gradients: the embeddings' gradients are all-reduced dense")) << on.dump();
+  }
+  j = base();
+  j["sparse_gradients"] = false;
+  c = ds_config_parse(j, "cfg.json");
+  for (const std::string& w : c.warnings) EXPECT_EQ(w.find("sparse_gradients"), std::string::npos) << w;
 }
 
 // sparse_attention's keys as DeepSpeed's config reader (runtime/config.py) passes them: bigbird's
