@@ -61,6 +61,11 @@ parallel::pp::ScheduleSpec engine_schedule_spec(const RunConfig& config) {
 
 LayerTimes engine_measure_layer_times(const RunConfig& config) {
   const int B = static_cast<int>(config.batch.micro_batch_per_gpu), T = static_cast<int>(config.seq_length);
+  // A sequence classifier trains on a label at each row's last token: label 0, or row b of a zero
+  // table of values (regression, multi-label).
+  const int labels = config.model.num_labels;
+  const bool valued = labels > 0 && config.model.problem_type != models::ProblemType::kSingleLabel;
+  std::vector<float> values(valued ? static_cast<size_t>(B) * labels : 0, 0.0f);
   auto build = [&](int layers) {
     models::ModelConfig m = config.model;
     m.n_layer = layers;
@@ -71,6 +76,7 @@ LayerTimes engine_measure_layer_times(const RunConfig& config) {
     o.sparse_attention = config.sparse_attention;  // the run's own attention (its synthetic tokens hold no documents)
     auto model = std::make_unique<models::TransformerLM>(m, o);
     model->prepare(B, T);
+    if (valued) model->set_label_values(values.data(), B);
     return model;
   };
   auto one = build(1), two = build(2);
@@ -78,6 +84,7 @@ LayerTimes engine_measure_layer_times(const RunConfig& config) {
   for (size_t i = 0; i < tok.size(); ++i) {
     tok[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(config.model.vocab_size));
     tgt[i] = static_cast<int32_t>((i * 104729 + 1) % static_cast<size_t>(config.model.vocab_size));
+    if (labels > 0) tgt[i] = i % static_cast<size_t>(T) + 1 == static_cast<size_t>(T) ? (valued ? static_cast<int32_t>(i / T) : 0) : -100;
   }
   auto seconds = [&](models::TransformerLM& model) {
     Timer t;
@@ -863,7 +870,7 @@ float Engine::pipe_sum(float v, const char* tag) {
 void Engine::sum_tied_embedding_grads() {
   // GPT-2's token table is the embedding on the first stage and the head on the last: each holds
   // a copy, whose gradients are summed (first + last on both, so the copies stay identical).
-  if (!model_.config().tie_embeddings || model_.config().num_labels > 0) return;  // a classifier's head is score.weight
+  if (!models::head_is_token_table(model_.config())) return;  // untied, or a classifier's score.weight
   const int P = ctx_->pp(), r = ctx_->pp_rank();
   if (r != 0 && r != P - 1) return;
   nn::Parameter* t = r == 0 ? model_.store().parameters().front() : model_.tied_head_copy();  // the token table

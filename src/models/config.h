@@ -67,6 +67,10 @@ inline int padded_vocab(const ModelConfig& cfg, int tp, int divisible) {
   return (cfg.vocab_size + m - 1) / m * m;
 }
 
+// Whether the head is the token table (GPT-2's tied LM head): not for a sequence classifier, whose
+// head is score.weight whatever tie_word_embeddings says.
+inline bool head_is_token_table(const ModelConfig& cfg) { return cfg.tie_embeddings && cfg.num_labels == 0; }
+
 // Rows of the head's weight (and of its logits) on one rank of a tp group: a sequence classifier's
 // num_labels (its score head is replicated over the group), else the rank's share of the padded
 // vocabulary.

@@ -39,7 +39,7 @@ Parts add_modules(const AddRoot& root, const ModelConfig& cfg, parallel::TpComm&
   const nn::TpPlace place{tp.rank(), tp.size()};
   auto* trunk = static_cast<nn::Container*>(root(std::make_unique<nn::Container>(gpt2 ? "transformer" : "model")));
   const bool cls = cfg.num_labels > 0;  // a score head (num_labels, C) in place of the LM head
-  if (embed || (head && cfg.tie_embeddings && !cls))
+  if (embed || (head && head_is_token_table(cfg)))
     m.wte = trunk->add_module(std::make_unique<nn::Embedding>(gpt2 ? "wte" : "embed_tokens", cfg.vocab_size, C, true, cfg.init_std, place, padded));
   if (gpt2 && embed) m.wpe = trunk->add_module(std::make_unique<nn::Embedding>("wpe", cfg.max_positions, C, false, cfg.init_std));
   // Blocks sit under "transformer" / "model" with local names "h.i" / "layers.i" (i global).
@@ -111,7 +111,7 @@ TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
     embed_ = rank == 0;
     head_ = rank == pp - 1;
   }
-  tied_copy_ = head_ && !embed_ && cfg.tie_embeddings && cfg.num_labels == 0;
+  tied_copy_ = head_ && !embed_ && head_is_token_table(cfg);
   for (int c = 0, first = 0; c < chunks(); first += chunk_size(c++)) chunk_first_.push_back(first);
   Parts m = add_modules([this](std::unique_ptr<nn::Module> mod) { return add_module(std::move(mod)); }, cfg, tp_, padded_vocab(), chunks_, embed_, head_);
   wte_ = m.wte;

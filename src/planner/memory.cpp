@@ -208,7 +208,7 @@ std::vector<parallel::Unit> stage_units(const MemoryInput& in) {
     offset += units.back().numel;
   };
   if (in.first_stage) add("embeddings", raw(sk.embeddings));
-  else if (in.last_stage && in.model.tie_embeddings) add("embeddings", {sk.embeddings[0].get()});
+  else if (in.last_stage && models::head_is_token_table(in.model)) add("embeddings", {sk.embeddings[0].get()});
   for (auto [lo, hi] : in.chunks)
     for (int l = lo; l < hi; ++l) add("h." + std::to_string(l), {sk.block.get()});
   if (in.last_stage) add("tail", raw(sk.tail));
@@ -702,7 +702,7 @@ std::vector<BlockEvent> step_blocks(const MemoryInput& in) {
     const size_t E = Rr * C * 4;
     for (int i = 0; i <= in.grads_in_flight; ++i) make(MemCategory::kComm, E);
     for (int i = 0; i <= in.grads_in_flight; ++i) free(MemCategory::kComm, E);
-    if (cfg.tie_embeddings && in.pp > 1 && (in.first_stage || in.last_stage)) {
+    if (models::head_is_token_table(cfg) && in.pp > 1 && (in.first_stage || in.last_stage)) {
       make(MemCategory::kComm, V * C * 4);
       free(MemCategory::kComm, V * C * 4);
     }
@@ -835,7 +835,7 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   const bool local = in.world == 1;
   const std::vector<BlockEvent> blocks = step_blocks(in);
   FootprintReplay fp;
-  r.ours = model_state_memory(units, stage, in.world, e, in.optimizer_states, knobs, in.model.tie_embeddings,
+  r.ours = model_state_memory(units, stage, in.world, e, in.optimizer_states, knobs, models::head_is_token_table(in.model),
                               &r.setup, in.pipeline(), local, &blocks, &fp);
   r.held = fp.held_peak();
   r.mapped = fp.mapped_peak();
@@ -875,7 +875,7 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
   r.grads_low = r.ours[MemCategory::kGrads];
   if (stage >= 1 && in.zero.overlap_comm && !local) {
     const MemoryBreakdown early = model_state_memory(units, stage, in.world, e, in.optimizer_states, in.zero,
-                                                     in.model.tie_embeddings, nullptr, in.pipeline(), true, &blocks, &fp);
+                                                     models::head_is_token_table(in.model), nullptr, in.pipeline(), true, &blocks, &fp);
     r.held = std::max(r.held, fp.held_peak());
     r.mapped = std::max(r.mapped, fp.mapped_peak());
     comm_low = std::min(comm_low, early[MemCategory::kComm]);
@@ -910,7 +910,7 @@ int largest_micro_batch(const MemoryInput& in, int stage, size_t budget_bytes, i
   check_input(probe, stage);
   const std::vector<parallel::Unit> units = stage_units(in);
   size_t states = model_state_memory(units, stage, in.world, dtype_size(in.compute_dtype), in.optimizer_states,
-                                     state_knobs(in, stage, units), in.model.tie_embeddings, nullptr, in.pipeline())
+                                     state_knobs(in, stage, units), models::head_is_token_table(in.model), nullptr, in.pipeline())
                       .total();
   if (states > budget_bytes) return 0;
   // A linear walk: the total grows with B except where the LM head's tile shrinks as one more tile

@@ -74,6 +74,37 @@ TEST(ModelUnits, MatchTheModelsOwnCount) {
   }
 }
 
+// A sequence classifier's head is score.weight (num_labels, C), whatever tie_word_embeddings says:
+// the units are the runtime's, and a GPT-2 classifier's last pipeline stage holds no copy of the
+// token table (the planner gave it one: V x C of phantom parameters, grads and optimizer states).
+TEST(ModelUnits, AClassifiersHeadIsItsScoreWeight) {
+  for (const char* arch : {"gpt2", "llama"}) {
+    models::ModelConfig m = tiny_model(arch);
+    m.num_labels = 3;
+    const std::vector<parallel::Unit> units = model_units(m);
+    models::TransformerLM model(m, models::ModelOptions{});
+    const std::vector<parallel::Unit> run = model.zero_units();
+    ASSERT_EQ(run.size(), units.size()) << arch;
+    for (size_t u = 0; u < units.size(); ++u) {
+      EXPECT_EQ(run[u].name, units[u].name);
+      EXPECT_EQ(run[u].numel, units[u].numel) << arch << " " << units[u].name;
+      EXPECT_EQ(run[u].matrix_numel, units[u].matrix_numel);
+    }
+    const size_t norm = std::string(arch) == "gpt2" ? 2u * m.hidden : static_cast<size_t>(m.hidden);
+    EXPECT_EQ(units.back().numel, norm + 3u * m.hidden) << arch;
+    MemoryInput in = tiny_input(arch, DType::kF32, 1);
+    in.model = m;
+    in.chunks = {{1, 2}};
+    in.first_stage = false;
+    in.pp = 2;
+    in.pp_rank = 1;
+    const std::vector<parallel::Unit> last = stage_units(in);
+    ASSERT_EQ(last.size(), 2u) << arch;  // the block and the tail
+    EXPECT_EQ(last[0].name, "h.1");
+    EXPECT_EQ(last[1].numel, units.back().numel);
+  }
+}
+
 // Three units, world 4, hand-computed (not through the partition code):
 //   A n=10 m=8: s=3, N s=12     B n=7 m=6: s=2, N s=8     C n=5 m=0: s=2, N s=8.   S=7, P=22.
 std::vector<parallel::Unit> tiny_units() {

@@ -180,7 +180,7 @@ Prediction time_one(const PlanJob& job, const Layout& l, const Calibration& cal)
     const StepShape shape = step_shape(job, l);
     spec.boundary_bytes = 4.0 * static_cast<double>(block_dims(m.model, l.micro_batch, m.seq_length, l.tp, shape.sequence_parallel).rows()) *
                           m.model.hidden;
-    spec.tied_elems = m.model.tie_embeddings && m.model.num_labels == 0  // a classifier's head is score.weight
+    spec.tied_elems = models::head_is_token_table(m.model)
                           ? static_cast<size_t>(models::padded_vocab(m.model, 1, m.vocab_divisible)) * m.model.hidden
                           : 0;
     spec.one_replica = job.host_cores <= 0 && !job.whole_program;  // no shared cores: every replica alike
@@ -229,7 +229,7 @@ SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts
   if (!job.overlap_comm_given) spec.schedule.overlap_comm = l.stage == 3;
   spec.bucket_elems = job.bucket_elems;
   spec.micro_batches = l.accumulation;
-  spec.tied_head = m.model.tie_embeddings;
+  spec.tied_head = models::head_is_token_table(m.model);
   spec.low_precision = m.compute_dtype != DType::kF32;
   spec.param_nvme = m.zero.param_nvme && l.stage == 3;  // DeepSpeed reads offload_param at stage 3 only
   spec.sub_group_size = static_cast<size_t>(std::max<int64_t>(1, m.zero.sub_group_size));
