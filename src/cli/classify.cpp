@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -109,7 +110,7 @@ data::LabelKind label_kind(const models::ModelConfig& m) {
 // regression: the mean squared error and, of one value, Pearson's and Spearman's correlations;
 // multi-label: the mean binary cross-entropy and the micro F1 of the labels whose logit is > 0.
 Validation validate(engine::Engine& eng, models::TransformerLM& model, const std::vector<data::ClassificationExample>& valid,
-                    int B, int T, int32_t pad, int DW, int DR) {
+                    int B, int T, int32_t pad, int DW, int DR, const std::function<int(const data::ClassificationExample* const*, size_t)>& length) {
   const int L = model.config().num_labels;
   const models::ProblemType problem = model.config().problem_type;
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
@@ -126,11 +127,14 @@ Validation validate(engine::Engine& eng, models::TransformerLM& model, const std
       const size_t k = static_cast<size_t>(i * B + b);
       if (k < valid.size()) rows[b] = &valid[k];
     }
-    data::classification_batch(rows.data(), B, T, pad, tokens.data(), targets.data());
-    eng.classifier_logits(logits.data(), tokens.data());
+    // The batch's rows at its own length (T with data.pad_to_max_length): a record's tokens and
+    // pooled position are the same at any length its row fits in.
+    const int Tb = length(rows.data(), rows.size());
+    data::classification_batch(rows.data(), B, Tb, pad, tokens.data(), targets.data());
+    eng.classifier_logits(logits.data(), tokens.data(), Tb);
     for (int b = 0; b < B; ++b) {
       if (rows[b] == nullptr) continue;
-      const float* z = logits.data() + (static_cast<size_t>(b) * T + data::classification_pool(*rows[b], T, pad)) * L;
+      const float* z = logits.data() + (static_cast<size_t>(b) * Tb + data::classification_pool(*rows[b], Tb, pad)) * L;
       count += 1;
       if (problem == models::ProblemType::kSingleLabel) {
         const float m = *std::max_element(z, z + L);
@@ -269,6 +273,17 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   auto model = engine::engine_build_model(cfg, ctx);
   engine::Engine eng(cfg, *model, ctx);
   const int DW = ctx->dp(), DR = ctx->dp_rank();
+  // The rows' length of a batch of records: T with data.pad_to_max_length (or sparse attention,
+  // whose block layout is built for T), else its longest record rounded up to 8, and further until
+  // B rows of it divide over the tp group under sequence parallelism.
+  const bool cut = !cfg.pad_to_max_length && !cfg.sparse_attention;
+  const int tp_rows = ctx->sequence_parallel ? ctx->tp() : 1;
+  auto length = [&](const data::ClassificationExample* const* batch, size_t n) {
+    if (!cut) return T;
+    int L = data::classification_batch_length(batch, n, T);
+    while (L < T && (static_cast<int64_t>(B) * L) % tp_rows != 0) ++L;
+    return L;
+  };
   if (train_resume(eng, args.resume, lead)) return;
   if (lead) {
     std::fprintf(stderr,
@@ -314,7 +329,13 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   const bool valued = kind != data::LabelKind::kClass;
   std::vector<float> step_values(valued ? static_cast<size_t>(gas) * B * L : 0);
   if (valued) model->set_label_values(step_values.data(), gas * B);
+  std::vector<const data::ClassificationExample*> step_rows;
   while (eng.global_step() < cfg.train_iters) {
+    if (cut) {  // the step's length, from the whole global batch: every rank and layout cuts alike
+      step_rows.clear();
+      for (int64_t k = 0; k < tbs; ++k) step_rows.push_back(&train[order(static_cast<uint64_t>(eng.consumed_samples() + k))]);
+      eng.set_step_seq_length(length(step_rows.data(), step_rows.size()));
+    }
     uint64_t next = static_cast<uint64_t>(eng.consumed_samples() + DR * gas * B);
     int32_t filled = 0;  // this step's micro-batches so far
     Timer t;
@@ -329,7 +350,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
     const int64_t done = eng.global_step();
     const bool have_val = !valid.empty() && ((cfg.eval_interval > 0 && done % cfg.eval_interval == 0) || done == cfg.train_iters);
     Validation v;
-    if (have_val) v = validate(eng, *model, valid, B, T, pad, DW, DR);
+    if (have_val) v = validate(eng, *model, valid, B, T, pad, DW, DR, length);
     // Lightning's bar: the epoch, this epoch's step, elapsed<remaining, it/s, the loss.
     const int64_t bar_done = bar_steps_before + (done - start_step);
     const int64_t epoch = (bar_done - 1) / steps_per_epoch, in_epoch = (bar_done - 1) % steps_per_epoch + 1;
@@ -355,7 +376,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
     }
     if (metrics.is_open()) {
       nlohmann::json m = {{"step", done}, {"epoch", epoch}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
-                          {"samples_per_s", static_cast<double>(tbs) / secs}};
+                          {"samples_per_s", static_cast<double>(tbs) / secs}, {"seq_length", r.seq_length}};
       if (have_val)
         for (const std::string& name : logged) {
           const double value = metric_value(v, name);

@@ -473,6 +473,46 @@ TEST(Classify, TensorSequenceAndPipelineLayoutsEqualOneProcess) {
   EXPECT_NE(err.find(want), std::string::npos) << err;
 }
 
+// Each step's rows are cut to its global batch's longest record (rounded up to 8), each validation
+// batch's to its own, and predict's batches too: the values of full rows, with dropout on (its
+// masks are drawn by sample and position, not by the row's length), one process and the layouts
+// above alike (they cut too). data.pad_to_max_length keeps every row seq_length long.
+TEST(Classify, RowsCutToTheLongestRecordTrainAsFullRows) {
+  nlohmann::json j = {{"num_train_epochs", 0}, {"train_iters", 12}, {"eval_interval", 6}, {"train_micro_batch_size_per_gpu", 4},
+                      {"gradient_accumulation_steps", 2}, {"model_checkpoint", {{"save_top_k", 0}}}, {"seq_length", 64},
+                      {"model", {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 64}, {"n_embd", 64}, {"n_layer", 2},
+                                 {"n_head", 4}, {"resid_pdrop", 0.1}, {"attn_pdrop", 0.1}, {"embd_pdrop", 0.1}}}};
+  const std::string cut = write_config("rows-cut", j);
+  nlohmann::json full_cfg = j;
+  full_cfg["data"] = nlohmann::json::parse(mt::cli::testing::slurp(cut))["data"];
+  full_cfg["data"]["pad_to_max_length"] = true;
+  const std::string full = write_config("rows-full", full_cfg);
+  std::string out, err;
+  for (const std::string name : {"rows-cut", "rows-full"})
+    ASSERT_EQ(run("train " + dir() + "/" + name + ".json --metrics " + dir() + "/" + name + ".jsonl", &out, &err), 0) << err;
+  for (const std::string key : {"loss", "grad_norm", "val_loss", "val_acc"}) {
+    const auto a = mt::cli::testing::metric_values(dir() + "/rows-full.jsonl", key);
+    const auto b = mt::cli::testing::metric_values(dir() + "/rows-cut.jsonl", key);
+    ASSERT_EQ(a.size(), key == "loss" || key == "grad_norm" ? 12u : 2u) << key;
+    ASSERT_EQ(a.size(), b.size()) << key;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * std::max(1.0, std::fabs(a[i]))) << key << " " << i;
+  }
+  const auto full_T = mt::cli::testing::metric_values(dir() + "/rows-full.jsonl", "seq_length");
+  const auto cut_T = mt::cli::testing::metric_values(dir() + "/rows-cut.jsonl", "seq_length");
+  ASSERT_EQ(cut_T.size(), 12u);
+  for (double t : full_T) EXPECT_EQ(t, 64);
+  for (double t : cut_T) {
+    EXPECT_EQ(std::fmod(t, 8.0), 0.0) << t;
+    EXPECT_LT(t, 64) << "the records are shorter than 64 tokens";
+  }
+  // predict cuts its batches too: the accuracy the run's last validation measured.
+  ASSERT_EQ(run("predict " + dir() + "/run-rows-cut " + dir() + "/dev.jsonl -o " + dir() + "/rows-pred.json --batch 5", &out, &err), 0)
+      << err;
+  char want[64];
+  std::snprintf(want, sizeof want, "accuracy %.4f on the 200", mt::cli::testing::metric_values(dir() + "/rows-cut.jsonl", "val_acc").back());
+  EXPECT_NE(err.find(want), std::string::npos) << err;
+}
+
 // Pearson's correlation, and Spearman's as Pearson's of the ranks with ties at their mean: the
 // textbook formulas, written here apart from data::regression_metrics.
 double textbook_pearson(const std::vector<double>& x, const std::vector<double>& y) {

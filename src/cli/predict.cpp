@@ -106,10 +106,13 @@ void run_predict(const PredictArgs& a) {
   for (size_t i = 0; i < recs.size(); i += static_cast<size_t>(B)) {
     std::vector<const data::ClassificationExample*> rows(B, nullptr);
     for (int b = 0; b < B && i + b < recs.size(); ++b) rows[b] = &recs[i + b];
-    data::classification_batch(rows.data(), B, T, pad, tokens.data(), targets.data());
+    // Each batch at its longest record (rounded up to 8), as training's validation cut it.
+    const int Tb = data::classification_batch_length(rows.data(), rows.size(), T);
+    if (Tb != lm.model->seq()) lm.model->prepare(B, Tb);
+    data::classification_batch(rows.data(), B, Tb, pad, tokens.data(), targets.data());
     lm.model->logits(logits.data(), tokens.data());
     for (int b = 0; b < B && rows[b]; ++b) {
-      const float* z = logits.data() + (static_cast<size_t>(b) * T + data::classification_pool(*rows[b], T, pad)) * L;
+      const float* z = logits.data() + (static_cast<size_t>(b) * Tb + data::classification_pool(*rows[b], Tb, pad)) * L;
       const data::ClassificationExample& e = *rows[b];
       if (kind == data::LabelKind::kValues) {  // the values themselves (run_glue writes STS-B's so)
         nlohmann::json o = {{"id", e.id}};

@@ -247,6 +247,15 @@ int classification_pool(const ClassificationExample& e, int T, int32_t pad) {
   return 0;
 }
 
+int classification_batch_length(const ClassificationExample* const* rows, size_t n, int T, int multiple) {
+  MT_CHECK(T >= 1 && multiple >= 1, ErrorKind::kInternal, "classification_batch_length: T and multiple must be positive");
+  size_t longest = 1;
+  for (size_t i = 0; i < n; ++i)
+    if (rows[i] != nullptr) longest = std::max(longest, std::min(rows[i]->tokens.size(), static_cast<size_t>(T)));
+  const size_t m = static_cast<size_t>(multiple);
+  return static_cast<int>(std::min((longest + m - 1) / m * m, static_cast<size_t>(T)));
+}
+
 int32_t classification_pad(const Tokenizer& tokenizer) {
   return tokenizer.has_eot() ? tokenizer.eot_id() : tokenizer.vocab_size() - 1;
 }

@@ -69,6 +69,12 @@ std::vector<int32_t> classification_row(const ClassificationExample& e, int T);
 // finds it: the last token of the row that is not `pad` (the first position when every one is).
 int classification_pool(const ClassificationExample& e, int T, int32_t pad);
 
+// The row length a batch of records needs: its longest row (each cut at T), rounded up to a
+// multiple of `multiple`, at most T and at least 1 (Hugging Face's DataCollatorWithPadding pads to
+// the longest, and to a multiple with pad_to_multiple_of). Null rows count nothing. A row's tokens
+// are the same cut at this length as at T (no record is longer than it unless it is T).
+int classification_batch_length(const ClassificationExample* const* rows, size_t n, int T, int multiple = 8);
+
 // The id rows are padded with: the tokenizer's <|endoftext|> (Hugging Face's GPT-2 fine-tuning
 // sets pad_token_id = eos_token_id), else its last id. `export --hf` writes it as pad_token_id.
 int32_t classification_pad(const Tokenizer& tokenizer);

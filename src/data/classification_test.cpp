@@ -16,6 +16,30 @@
 namespace mt::data {
 namespace {
 
+// A batch's rows: its longest record cut at T, rounded up to the multiple, at most T; a pair cut at
+// that length keeps the tokens it has at T (the pooled position with them).
+TEST(ClassificationBatchLength, TheLongestRecordRoundedUpAndAtMostT) {
+  ClassificationExample a, b, pair;
+  a.tokens.assign(3, 5);
+  b.tokens.assign(17, 6);
+  pair.tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  pair.first = 12;
+  const ClassificationExample* rows[] = {&a, nullptr, &b};
+  EXPECT_EQ(classification_batch_length(rows, 3, 48), 24);
+  EXPECT_EQ(classification_batch_length(rows, 3, 20), 20);
+  EXPECT_EQ(classification_batch_length(rows, 3, 48, 1), 17);
+  EXPECT_EQ(classification_batch_length(rows, 1, 48), 8);
+  const ClassificationExample* none[] = {nullptr, nullptr};
+  EXPECT_EQ(classification_batch_length(none, 2, 48), 8);
+  EXPECT_EQ(classification_batch_length(none, 2, 5), 5);
+  const ClassificationExample* pairs[] = {&pair};
+  for (int T : {10, 16, 20, 48}) {
+    const int L = classification_batch_length(pairs, 1, T);
+    EXPECT_EQ(classification_row(pair, L), classification_row(pair, T)) << T;
+    EXPECT_EQ(classification_pool(pair, L, 0), classification_pool(pair, T, 0)) << T;
+  }
+}
+
 TEST(ClassificationMetrics, GlueF1AndMatthewsAreTheTextbookFormulas) {
   // Rows true, columns predicted: TN 5, FP 2, FN 1, TP 4.
   ClassificationMetrics m = classification_metrics({5, 2, 1, 4}, 2);

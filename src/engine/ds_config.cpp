@@ -937,6 +937,7 @@ void parse_data(Section& root, RunConfig& c) {
   f.text_b = d.string("textb_name", f.text_b);
   f.label = d.string("label_name", f.label);
   f.id = d.string("id_name", f.id);
+  c.pad_to_max_length = d.boolean("pad_to_max_length", false);
   if (d.has("labels")) {
     const json& l = d.raw("labels");
     MT_CHECK(l.is_array() && !l.empty(), ErrorKind::kInvalidArgument, d.where("labels") + " must be a list of label names");

@@ -217,6 +217,10 @@ struct RunConfig {
   // label_name / id_name / labels over .jsonl records; validation accuracy; cli/classify.cpp).
   std::string task = "causal_lm";
   data::ClassificationFields cls_fields;
+  // data.pad_to_max_length (run_glue's name), classification: every row seq_length long; false (the
+  // default) cuts each step's rows to its global batch's longest record (rounded up to 8), and each
+  // validation batch's to its own, as DataCollatorWithPadding pads to the longest: the same values.
+  bool pad_to_max_length = false;
   // num_train_epochs (Hugging Face's name), classification: train_iters = ceil(epochs x records /
   // train_batch_size) when train_iters is not given.
   double num_train_epochs = 0.0;

@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "base/error.h"
 #include "base/fault.h"
@@ -800,6 +801,7 @@ StepResult Engine::train_micro_batches(const MicroBatchFn& next) {
     if (!curriculum_) curriculum_ = std::make_unique<CurriculumSchedule>(config_.curriculum);
     L = curriculum_->at(global_step_ + 1);
   }
+  if (step_seq_length_ > 0) L = std::exchange(step_seq_length_, 0);
   if (L != model_.seq()) model_.prepare(B, static_cast<int>(L));
   std::vector<int32_t> tokens(static_cast<size_t>(B) * static_cast<size_t>(T)), targets(tokens.size());
   for (int64_t m = 0; m < config_.batch.gradient_accumulation_steps; ++m) {
@@ -818,14 +820,24 @@ StepResult Engine::train_micro_batches(const MicroBatchFn& next) {
 float Engine::evaluate(const int32_t* tokens, const int32_t* targets) {
   if (device_) return device_->forward(tokens, targets, 0.0f);
   // Validation reads whole samples (a curriculum shortens training steps only).
-  if (model_.seq() != config_.seq_length) model_.prepare(model_.batch(), static_cast<int>(config_.seq_length));
+  if (model_.seq() != config_.seq_length) model_.prepare(model_.batch(), static_cast<int>(config_.seq_length), model_.slots());
   if (ctx_->pp() == 1) return model_.forward(tokens, targets, 0.0f);
   return pipe_sum(pipeline_forward(tokens, targets), "pipeline eval loss");  // from the last stage
 }
 
-void Engine::classifier_logits(float* out, const int32_t* tokens) {
+void Engine::set_step_seq_length(int64_t L) {
+  MT_CHECK(L >= 1 && L <= config_.seq_length && !device_ && !config_.curriculum.enabled, ErrorKind::kInternal,
+           "set_step_seq_length: " + std::to_string(L) + " outside [1, seq_length], on a device or with a curriculum");
+  MT_CHECK(!ctx_->sequence_parallel || ctx_->tp() == 1 || model_.batch() * L % ctx_->tp() == 0, ErrorKind::kInternal,
+           "set_step_seq_length: B x L does not divide over the tp group under sequence parallelism");
+  step_seq_length_ = L;
+}
+
+void Engine::classifier_logits(float* out, const int32_t* tokens, int64_t L) {
   MT_CHECK(model_.config().num_labels > 0 && !device_, ErrorKind::kInternal, "classifier_logits: a sequence classifier on the CPU");
-  if (model_.seq() != config_.seq_length) model_.prepare(model_.batch(), static_cast<int>(config_.seq_length));
+  if (L == 0) L = config_.seq_length;
+  MT_CHECK(L >= 1 && L <= config_.seq_length, ErrorKind::kInternal, "classifier_logits: L outside [1, seq_length]");
+  if (model_.seq() != L) model_.prepare(model_.batch(), static_cast<int>(L), model_.slots());
   if (ctx_->pp() == 1) return model_.logits(out, tokens);
   pipeline_forward(tokens, nullptr);
   const int P = ctx_->pp();
@@ -891,10 +903,19 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
   MT_CHECK(micro_in_step_ == 0 && !pending_backward_, ErrorKind::kInvalidArgument,
            "train_batch in the middle of a step (forward/backward called before)");
   using parallel::pp::OpKind;
-  const int m = pp_spec_.micro_batches;
-  const size_t n = static_cast<size_t>(model_.batch()) * static_cast<size_t>(model_.seq());
-  std::vector<int32_t> tokens(n * m), targets(n * m);
-  for (int i = 0; i < m; ++i) next(tokens.data() + i * n, targets.data() + i * n);
+  const int m = pp_spec_.micro_batches, B = model_.batch();
+  // Every micro-batch is filled seq_length wide, then cut to the step's length (set_step_seq_length)
+  // in place: each row moves to an earlier place, so a forward copy reads it before it is written.
+  const size_t T = static_cast<size_t>(config_.seq_length), full = static_cast<size_t>(B) * T;
+  const size_t L = step_seq_length_ > 0 ? static_cast<size_t>(std::exchange(step_seq_length_, 0)) : T;
+  std::vector<int32_t> tokens(full * m), targets(full * m);
+  for (int i = 0; i < m; ++i) next(tokens.data() + i * full, targets.data() + i * full);
+  for (size_t r = 1; L != T && r < static_cast<size_t>(B) * m; ++r) {
+    std::copy_n(tokens.data() + r * T, L, tokens.data() + r * L);
+    std::copy_n(targets.data() + r * T, L, targets.data() + r * L);
+  }
+  if (static_cast<size_t>(model_.seq()) != L) model_.prepare(B, static_cast<int>(L), model_.slots());
+  const size_t n = static_cast<size_t>(B) * L;
   set_step_tokens(targets.data(), n, m);  // loss_normalization "tokens": over the dp group (every stage counts alike)
   comm::Backend& pipe = *ctx_->groups.pp;
   const size_t E = model_.boundary_numel();
@@ -1060,7 +1081,9 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
     sync_->end_backward(true);
   }
   backward_seconds_ += t.seconds();
-  return step();
+  StepResult r = step();
+  r.seq_length = static_cast<int64_t>(L);
+  return r;
 }
 
 std::pair<double, double> Engine::grad_average_factors() const {

@@ -92,6 +92,13 @@ class Engine {
   // reads the step's micro-batches and runs its schedule's instructions (parallel/pp/schedule.h).
   using MicroBatchFn = std::function<void(int32_t* tokens, int32_t* targets)>;
   StepResult train_batch(const MicroBatchFn& next);
+  // The next train_batch trains on the first L positions of every sample: next() still fills
+  // seq_length-wide rows, which are cut to L (a classifier's step at its longest record, as
+  // Hugging Face pads to the longest in the batch; causal attention makes the positions before L
+  // what they are in the whole row). 1 <= L <= seq_length; under sequence parallelism B·L must
+  // divide over the tp group. Not with curriculum_learning (which sets the length itself) or on a
+  // device.
+  void set_step_seq_length(int64_t L);
   // loss_normalization "tokens": counts the step's targets (micro_batches of micro_numel) over the
   // data-parallel group and sets the model's loss denominator for the step; otherwise clears it.
   void set_step_tokens(const int32_t* targets, size_t micro_numel, int micro_batches);
@@ -107,7 +114,8 @@ class Engine {
   // A sequence classifier's logits (B, T, num_labels) of a micro-batch of the prepared shape, on
   // every rank (through every stage of a pipeline, whose last stage broadcasts them: collective
   // over the pp group).
-  void classifier_logits(float* out, const int32_t* tokens);
+  // L (0: seq_length): the rows' length, tokens (B, L) and out (B, L, num_labels).
+  void classifier_logits(float* out, const int32_t* tokens, int64_t L = 0);
   // The pipeline schedule of this rank (empty without pipeline parallelism).
   const std::vector<parallel::pp::Instr>& schedule() const { return schedule_; }
 
@@ -243,6 +251,7 @@ class Engine {
   int64_t consumed_samples_ = 0;
   int64_t consumed_valid_samples_ = -1;
   std::unique_ptr<CurriculumSchedule> curriculum_;  // curriculum_learning (null: off)
+  int64_t step_seq_length_ = 0;  // set_step_seq_length for the next train_batch (0: seq_length)
   int micro_in_step_ = 0;
   bool pending_backward_ = false;
   double loss_sum_ = 0.0;

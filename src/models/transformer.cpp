@@ -176,10 +176,18 @@ void TransformerLM::prepare(int B, int T, int slots) {
   DType cd = opts_.compute_dtype;
   size_t N = d.N, C = d.C, R = d.rows(), es = dtype_size(cd);
 
+  // A buffer big enough for the new shape is kept (a classifier's steps cut to their longest record
+  // go down and back up within the first shape's buffers: no block is mapped afresh and faulted in
+  // each step); a smaller one is freed before its successor is made.
+  auto fit = [](Buffer& b, size_t bytes, MemCategory category) {
+    if (bytes > 0 && b.bytes() >= bytes) return;
+    b = Buffer();
+    b = Buffer(bytes, category);
+  };
   int most_layers = 0;
   for (int c = 0; c < chunks(); ++c) most_layers = std::max(most_layers, chunk_size(c));
   size_t per = BlockActs::layout(&shared_acts_, nullptr, d, cd, gpt2);
-  shared_acts_buffer_ = Buffer(opts_.recompute ? per : 0, MemCategory::kActivations);
+  fit(shared_acts_buffer_, opts_.recompute ? per : 0, MemCategory::kActivations);
   if (opts_.recompute) BlockActs::layout(&shared_acts_, shared_acts_buffer_.as<char>(), d, cd, gpt2);
 
   // Per slot: the blocks' saved activations (without recompute), the residual stream (layers + 1
@@ -187,16 +195,18 @@ void TransformerLM::prepare(int B, int T, int slots) {
   // embedding the tokens. Under sequence parallelism the residual stream, the final norm and dres
   // hold this rank's R rows, and sp_full (N, C) receives rows gathered from the group.
   const bool vocab_parallel = tp > 1;
-  slots_.clear();
   slots_.resize(slots);
   for (Slot& s : slots_) {
+    Buffer kept = std::move(s.buffer);  // every field afresh but the buffer
+    s = Slot();
+    s.buffer = std::move(kept);
     const size_t acts = opts_.recompute ? 0 : per * most_layers;
     const size_t resid = (most_layers + 1) * R * C * 4;
     const size_t head = head_ ? 2 * R * 4 + N * C * es + N * C * 4 + N * 4 + 4 * 64 : 0;
     const size_t full = d.sp ? N * C * 4 + 64 : 0;
     const size_t toks = embed_ ? (vocab_parallel ? 2 : 1) * N * 4 + 64 : 0;
     const size_t docs = opts_.documents.on() ? 2 * N * 4 + 64 : 0;
-    s.buffer = Buffer(acts + resid + head + full + toks + docs + 64, MemCategory::kActivations);
+    fit(s.buffer, acts + resid + head + full + toks + docs + 64, MemCategory::kActivations);
     char* p = s.buffer.as<char>();
     auto take = [&p](size_t bytes) { char* q = p; p += (bytes + 63) / 64 * 64; return q; };
     if (!opts_.recompute) {
@@ -222,12 +232,12 @@ void TransformerLM::prepare(int B, int T, int slots) {
       s.doc_kstart = s.doc_pos + N;
     }
   }
-  dres_buffer_ = Buffer(R * C * 4, MemCategory::kActivations);
+  fit(dres_buffer_, R * C * 4, MemCategory::kActivations);
   dres_ = dres_buffer_.as<float>();
 
   size_t scratch = BlockScratch::layout(&scratch_, nullptr, d, cd);
   size_t rope = gpt2 ? 0 : 2 * static_cast<size_t>(T) * (HS / 2) * 4 + 128;
-  scratch_buffer_ = Buffer(scratch + rope, MemCategory::kWorkspace);
+  fit(scratch_buffer_, scratch + rope, MemCategory::kWorkspace);
   BlockScratch::layout(&scratch_, scratch_buffer_.as<char>(), d, cd);
   if (!gpt2) {
     rope_cos_ = reinterpret_cast<float*>(scratch_buffer_.as<char>() + scratch);
