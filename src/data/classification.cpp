@@ -247,7 +247,10 @@ int classification_pool(const ClassificationExample& e, int T, int32_t pad) {
   return 0;
 }
 
+int classification_length_multiple(int T) { return std::max(8, (T / 16 + 7) / 8 * 8); }
+
 int classification_batch_length(const ClassificationExample* const* rows, size_t n, int T, int multiple) {
+  if (multiple == 0) multiple = classification_length_multiple(T);
   MT_CHECK(T >= 1 && multiple >= 1, ErrorKind::kInternal, "classification_batch_length: T and multiple must be positive");
   size_t longest = 1;
   for (size_t i = 0; i < n; ++i)

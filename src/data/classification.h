@@ -70,10 +70,14 @@ std::vector<int32_t> classification_row(const ClassificationExample& e, int T);
 int classification_pool(const ClassificationExample& e, int T, int32_t pad);
 
 // The row length a batch of records needs: its longest row (each cut at T), rounded up to a
-// multiple of `multiple`, at most T and at least 1 (Hugging Face's DataCollatorWithPadding pads to
-// the longest, and to a multiple with pad_to_multiple_of). Null rows count nothing. A row's tokens
-// are the same cut at this length as at T (no record is longer than it unless it is T).
-int classification_batch_length(const ClassificationExample* const* rows, size_t n, int T, int multiple = 8);
+// multiple of `multiple` (0: classification_length_multiple(T)), at most T and at least 1 (Hugging
+// Face's DataCollatorWithPadding pads to the longest, and to a multiple with pad_to_multiple_of).
+// Null rows count nothing. A row's tokens are the same cut at this length as at T (no record is
+// longer than it unless it is T).
+int classification_batch_length(const ClassificationExample* const* rows, size_t n, int T, int multiple = 0);
+// The rounding of those lengths: 8, or T / 16 rounded up to 8 from T 144 on, so that a run meets
+// at most about 17 lengths (each its own set of GEMM primitives, which oneDNN's cache keeps).
+int classification_length_multiple(int T);
 
 // The id rows are padded with: the tokenizer's <|endoftext|> (Hugging Face's GPT-2 fine-tuning
 // sets pad_token_id = eos_token_id), else its last id. `export --hf` writes it as pad_token_id.

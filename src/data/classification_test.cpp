@@ -32,6 +32,11 @@ TEST(ClassificationBatchLength, TheLongestRecordRoundedUpAndAtMostT) {
   const ClassificationExample* none[] = {nullptr, nullptr};
   EXPECT_EQ(classification_batch_length(none, 2, 48), 8);
   EXPECT_EQ(classification_batch_length(none, 2, 5), 5);
+  // Longer rows round coarser: at most about 17 lengths a run.
+  EXPECT_EQ(classification_length_multiple(128), 8);
+  EXPECT_EQ(classification_length_multiple(512), 32);
+  EXPECT_EQ(classification_length_multiple(1024), 64);
+  EXPECT_EQ(classification_batch_length(rows, 3, 1024), 64);
   const ClassificationExample* pairs[] = {&pair};
   for (int T : {10, 16, 20, 48}) {
     const int L = classification_batch_length(pairs, 1, T);

@@ -1791,6 +1791,8 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported,
              "loss_normalization \"tokens\": not with curriculum_learning yet (its steps train a prefix of each sample)");
   }
+  if (c.task != "classification" && c.pad_to_max_length)  // token windows are seq_length long already
+    c.warnings.push_back("data.pad_to_max_length: applies to \"task\": \"classification\" (a causal LM's windows are seq_length long)");
   if (c.task == "classification") {  // what the classification loop (cli/classify.cpp) does not do yet, by name
     MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, "task \"classification\": device \"cuda\" is not supported yet");
     MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported, "task \"classification\": curriculum_learning does not apply");
@@ -1967,6 +1969,7 @@ json ds_config_resolved(const RunConfig& c) {
     j["data"]["label_name"] = c.cls_fields.label;
     j["data"]["id_name"] = c.cls_fields.id;
     if (!c.cls_fields.labels.empty()) j["data"]["labels"] = c.cls_fields.labels;
+    j["data"]["pad_to_max_length"] = c.pad_to_max_length;
     if (c.num_train_epochs > 0) j["num_train_epochs"] = c.num_train_epochs;
     if (c.model_checkpoint.save_top_k > 0)
       j["model_checkpoint"] = {{"monitor", c.model_checkpoint.monitor}, {"mode", c.model_checkpoint.mode},

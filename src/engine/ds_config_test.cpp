@@ -1027,6 +1027,11 @@ TEST(DsCompat, ABlockWithoutEnabledIsARequestOrSaysItIsOff) {
   j["sparse_gradients"] = false;
   c = ds_config_parse(j, "cfg.json");
   for (const std::string& w : c.warnings) EXPECT_EQ(w.find("sparse_gradients"), std::string::npos) << w;
+  // data.pad_to_max_length is a classifier's: a causal LM's windows are full already (one line).
+  j = base();
+  j["data"]["pad_to_max_length"] = true;
+  c = ds_config_parse(j, "cfg.json");
+  EXPECT_TRUE(has_line(c.warnings, "data.pad_to_max_length: applies to \"task\": \"classification\"")) << j.dump();
 }
 
 // sparse_attention's keys as DeepSpeed's config reader (runtime/config.py) passes them: bigbird's
