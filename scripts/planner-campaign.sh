@@ -13,6 +13,7 @@
 #     are measured once, and tools/reprice_lease.py prices their layouts with either file. For the
 #     15 minutes of device time a task now gets, one call: --cases "10 6" --rounds 2 --pace-ab
 #     (about 7-8 minutes on that VM: two 4-rank calibrations of ~2 min, the two cases ~1.5 min each).
+#     Run on the seventh lease (2026-11-30, 547 s, the calibration taken twice: docs/PLANNER.md).
 # On the device's 16-core VM (2026-11-27, rounds 3): the 4-rank calibration 113 s, case (10) 114 s,
 # case (6) 128 s, the 8-rank calibration 156 s, case (11) 68 s: 10 minutes, past one call's limit.
 # Run it as two calls on the warm machine: --cases "10 6" (311 s on 2026-11-28), then --cases 11
