@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -34,9 +35,22 @@ void file_write_atomic(const std::string& path, const void* data, size_t bytes) 
   f.commit();
 }
 
-AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  MT_CHECK(fd_ >= 0, ErrorKind::kIOError, tmp_ + ": " + std::strerror(errno));
+// NOTE: the temporary's name is the writer's own (mkostemp: PATH.tmp.XXXXXX, created exclusively).
+// A fixed PATH.tmp let two writers of one path (two runs saving the same file, two ranks of a job
+// writing one cache) truncate and interleave into one file; the first rename published the mix and
+// the second failed. Now each renames a whole file of its own over PATH: the last one wins, whole.
+AtomicFile::AtomicFile(const std::string& path) : path_(path) {
+  std::string name = path + ".tmp.XXXXXX";
+  fd_ = ::mkostemp(name.data(), O_CLOEXEC);
+  MT_CHECK(fd_ >= 0, ErrorKind::kIOError, path + ".tmp: " + std::strerror(errno));
+  tmp_ = name;
+  if (::fchmod(fd_, 0644) != 0) {  // mkostemp's 0600, widened to what an open() with 0644 gave
+    const int e = errno;
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+    fd_ = -1;
+    throw Error(ErrorKind::kIOError, tmp_ + ": " + std::strerror(e));
+  }
 }
 
 AtomicFile::~AtomicFile() {
@@ -67,7 +81,21 @@ void AtomicFile::commit() {
     throw Error(ErrorKind::kIOError, tmp_ + ": fsync/close failed");
   }
   (void)fd;
-  MT_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, ErrorKind::kIOError, path_ + ": rename failed: " + std::strerror(errno));
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp_.c_str());
+    throw Error(ErrorKind::kIOError, path_ + ": rename failed: " + std::strerror(e));
+  }
+  // The rename itself made durable: the directory's entry, fsynced (a crash after commit() keeps the
+  // new file, not the old one or none). A directory that cannot be opened for it (no read right) is
+  // left to the file system's own order.
+  const size_t slash = path_.rfind('/');
+  const std::string parent = slash == std::string::npos ? "." : (slash == 0 ? "/" : path_.substr(0, slash));
+  const int dfd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
+  }
 }
 
 bool file_exists(const std::string& path) {

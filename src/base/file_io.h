@@ -13,8 +13,10 @@ std::vector<char> file_read_all(const std::string& path);
 void file_write_atomic(const std::string& path, const void* data, size_t bytes);
 bool file_exists(const std::string& path);
 
-// file_write_atomic in parts: path.tmp is written by append(), then commit() fsyncs and renames it
-// over path. Destroyed without commit (an error on the way), the temp file is removed.
+// file_write_atomic in parts: a temporary of the writer's own beside path (path.tmp.XXXXXX) is
+// written by append(), then commit() fsyncs it, renames it over path and fsyncs the directory.
+// Destroyed without commit (an error on the way), the temporary is removed. Two writers of one path
+// at once each publish a whole file; the last rename wins.
 class AtomicFile {
  public:
   explicit AtomicFile(const std::string& path);

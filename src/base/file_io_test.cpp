@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "base/scratch_dir.h"
@@ -49,6 +53,67 @@ TEST(FileIo, DirectoryIsRefusedByName) {
   std::string dir = ::testing::TempDir();
   EXPECT_EQ(error_kind_of_read(dir, &message), ErrorKind::kInvalidArgument);
   EXPECT_NE(message.find("is a directory"), std::string::npos) << message;
+}
+
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Two writers of one path at once (two runs saving one file, two ranks writing one cache): each
+// publishes a whole file and the last rename wins. With a fixed PATH.tmp the second open truncated
+// the first's temporary, both wrote into it, the first rename published the mix (512 KiB of 'B'
+// then 512 KiB of 'A') and the second threw "rename failed".
+TEST(FileIo, TwoWritersOfOnePathEachPublishAWholeFile) {
+  const ScratchDir dir;
+  const std::string path = dir.file("shared.bin");
+  const std::string a(1 << 20, 'A'), b(1 << 19, 'B');
+  {
+    AtomicFile first(path);
+    AtomicFile second(path);
+    first.append(a.data(), a.size());
+    second.append(b.data(), b.size());
+    first.commit();
+    std::vector<char> back = file_read_all(path);
+    EXPECT_TRUE(std::string(back.begin(), back.end()) == a) << "the first writer's file is not whole";
+    second.commit();
+  }
+  std::vector<char> back = file_read_all(path);
+  EXPECT_TRUE(std::string(back.begin(), back.end()) == b) << "the second writer's file is not whole";
+  EXPECT_EQ(names_in(dir.path()), std::vector<std::string>{"shared.bin"});
+}
+
+// A file of the user's named as a temporary once was (PATH.tmp) is left alone, and a write given up
+// before commit() (an error on the way) leaves nothing beside it.
+TEST(FileIo, AWriteGivenUpLeavesNoTemporaryAndTouchesNoOtherFile) {
+  const ScratchDir dir;
+  const std::string path = dir.file("out.json");
+  { std::ofstream(path + ".tmp") << "mine"; }
+  {
+    AtomicFile f(path);
+    f.append("partial", 7);
+  }
+  EXPECT_FALSE(file_exists(path));
+  EXPECT_EQ(names_in(dir.path()), std::vector<std::string>{"out.json.tmp"});
+  file_write_atomic(path, "{}", 2);
+  std::vector<char> mine = file_read_all(path + ".tmp");
+  EXPECT_EQ(std::string(mine.begin(), mine.end()), "mine");
+  EXPECT_EQ(names_in(dir.path()), (std::vector<std::string>{"out.json", "out.json.tmp"}));
+}
+
+// A directory the temporary cannot be created in fails naming the path, before anything is written.
+TEST(FileIo, AnUnwritableDirectoryIsNamed) {
+  const ScratchDir dir;
+  const std::string path = dir.file("no-such-dir") + "/out.json";
+  try {
+    AtomicFile f(path);
+    ADD_FAILURE() << "opened " << path;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIOError);
+    EXPECT_NE(std::string(e.what()).find(path + ".tmp"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

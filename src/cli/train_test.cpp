@@ -660,12 +660,15 @@ TEST(Train, KillDuringCheckpointWriteLeavesThePreviousOneLoadable) {
     latest >> name;
     EXPECT_EQ(name, "step-3");
     fs::remove(dir() + "/k-resumed.jsonl");
+    // An atomic write's temporary left by a kill between its open and its rename goes at the next save.
+    { std::ofstream(save + "/latest.tmp.Ab3xZ9") << "step-"; }
     ASSERT_EQ(run("train " + cfg + " --resume " + save + " --set save_dir=" + save + " --metrics " + dir() +
                   "/k-resumed.jsonl"), 0);
     std::vector<double> resumed = losses(dir() + "/k-resumed.jsonl");
     ASSERT_EQ(resumed.size(), 3u);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], full[3 + i]) << "step " << 4 + i;
-    for (const auto& e : fs::directory_iterator(save)) EXPECT_NE(e.path().extension(), ".tmp") << e.path();
+    for (const auto& e : fs::directory_iterator(save))
+      EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
   }
 }
 

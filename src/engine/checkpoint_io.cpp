@@ -308,8 +308,15 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
     try {
       fs::create_directories(save_dir);
       for (const auto& e : fs::directory_iterator(save_dir)) {
-        if (!e.is_directory()) continue;
         fs::path p = e.path();
+        if (!e.is_directory()) {
+          // An atomic write's temporary (base/file_io.h: NAME.tmp.XXXXXX) whose process was killed
+          // before its rename: `latest` and the like, of an earlier save.
+          const std::string name = p.filename().string();
+          const size_t at = name.rfind(".tmp.");
+          if (e.is_regular_file() && at != std::string::npos && name.size() == at + 11) fs::remove(p);
+          continue;
+        }
         if (p.extension() == ".tmp") {
           fs::remove_all(p);
         } else if (p.extension() == ".old") {
