@@ -305,6 +305,12 @@ TEST(Classify, FromACausalLmCheckpointAndBackOutAsHuggingFace) {
                                                 {"num_train_epochs", 1}, {"model_checkpoint", {{"save_top_k", 0}}},
                                                 {"train_micro_batch_size_per_gpu", 8}, {"zero_optimization", {{"stage", 3}}}});
   ASSERT_EQ(run("launch -n 2 -- train " + cfg3, &out, &err), 0) << err;
+  {  // said once, not by each rank that holds the head
+    const std::string said = "has no score.weight (a causal LM)";
+    size_t n_said = 0;
+    for (size_t at = err.find(said); at != std::string::npos; at = err.find(said, at + 1)) ++n_said;
+    EXPECT_EQ(n_said, 1u) << err;
+  }
   ASSERT_EQ(run("predict " + dir() + "/run-ft3 " + dir() + "/dev.jsonl -o " + dir() + "/p5.json", &out, &err), 0) << err;
   {
     std::ifstream g1(dir() + "/p1.json"), g3(dir() + "/p5.json");

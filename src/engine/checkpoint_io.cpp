@@ -979,14 +979,15 @@ namespace {
 // A sharded checkpoint's master weights, a parameter at a time, in the store's layout.
 class CheckpointWeights : public WeightSource {
  public:
-  CheckpointWeights(const CheckpointInfo& info, const nn::ParamStore& store)
+  CheckpointWeights(const CheckpointInfo& info, const nn::ParamStore& store, bool speak)
       : dir_(info.dir),
         state_(json_load_file((fs::path(info.dir) / "state.json").string(), ErrorKind::kCorruption)),
         reader_(info.dir, state_) {
     for (const nn::Parameter* p : store.parameters()) {
       // A classifier started from a causal LM's checkpoint: score.weight keeps its initial values.
       if (p->name == "score.weight" && !reader_.has(p->name)) {
-        log_warning(info.dir + " has no score.weight (a causal LM): the classification head starts from its initial "
+        if (speak)
+          log_warning(info.dir + " has no score.weight (a causal LM): the classification head starts from its initial "
                     "values");
         missing_.push_back(p);
         continue;
@@ -1009,23 +1010,23 @@ class CheckpointWeights : public WeightSource {
 
 }  // namespace
 
-std::unique_ptr<WeightSource> checkpoint_weights(const CheckpointInfo& info, const nn::ParamStore& store) {
-  if (!info.sharded) return std::make_unique<HfWeights>(info.weights, store);
-  return std::make_unique<CheckpointWeights>(info, store);
+std::unique_ptr<WeightSource> checkpoint_weights(const CheckpointInfo& info, const nn::ParamStore& store, bool speak) {
+  if (!info.sharded) return std::make_unique<HfWeights>(info.weights, store, speak);
+  return std::make_unique<CheckpointWeights>(info, store, speak);
 }
 
 void checkpoint_load_weights(const CheckpointInfo& info, nn::ParamStore& store) {
   weights_load(*checkpoint_weights(info, store), store);
 }
 
-std::unique_ptr<WeightSource> init_from_weights(const std::string& path, const nn::ParamStore& store) {
+std::unique_ptr<WeightSource> init_from_weights(const std::string& path, const nn::ParamStore& store, bool speak) {
   // A meshtrain checkpoint (a step-N directory, or a file in one) is verified first. Sharded or not,
   // and saved in any layout: this rank's parameters from their pieces.
   fs::path p = path;
   fs::path d = fs::is_directory(p) ? p : p.parent_path();
-  if (fs::exists(d / "state.json")) return checkpoint_weights(checkpoint_info(d.string()), store);
-  if (fs::exists(p / "latest")) return checkpoint_weights(checkpoint_info(p.string()), store);
-  return std::make_unique<HfWeights>(path, store);
+  if (fs::exists(d / "state.json")) return checkpoint_weights(checkpoint_info(d.string()), store, speak);
+  if (fs::exists(p / "latest")) return checkpoint_weights(checkpoint_info(p.string()), store, speak);
+  return std::make_unique<HfWeights>(path, store, speak);
 }
 
 // A 1-bit optimizer's error buffers: restored when the checkpoint was saved by as many ranks (each

@@ -69,11 +69,14 @@ CheckpointProgress checkpoint_progress(const std::string& path);
 // Fills a model built from info.model (one process, or any layout) with the checkpoint's weights.
 void checkpoint_load_weights(const CheckpointInfo& info, nn::ParamStore& store);
 // The checkpoint's weights for the store's parameters (any layout it was saved in), read one
-// parameter at a time (hf_weights.h).
-std::unique_ptr<WeightSource> checkpoint_weights(const CheckpointInfo& info, const nn::ParamStore& store);
+// parameter at a time (hf_weights.h). speak: this rank says that a causal LM's weights lack a
+// classifier's score.weight (one rank of those holding it says so: the engine picks it).
+std::unique_ptr<WeightSource> checkpoint_weights(const CheckpointInfo& info, const nn::ParamStore& store,
+                                                 bool speak = true);
 // model.init_from: a meshtrain checkpoint (a step-N directory, a file in one, or a save_dir with
 // `latest`, verified first) or Hugging Face weights (a file, a directory, a sharded index).
-std::unique_ptr<WeightSource> init_from_weights(const std::string& path, const nn::ParamStore& store);
+std::unique_ptr<WeightSource> init_from_weights(const std::string& path, const nn::ParamStore& store,
+                                                bool speak = true);
 
 // Restores weights, optimizer, scaler and counters from a checkpoint directory (or a save_dir
 // holding `latest`), saved in any layout. Collective; throws naming the file on any mismatch, on

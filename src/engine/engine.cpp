@@ -173,7 +173,9 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
   if (!config.init_from.empty()) {
     // Opened now (a checkpoint verified, every tensor found, its shape and dtype checked); read as the
     // runtime makes the shards, or into the whole store.
-    std::shared_ptr<WeightSource> source = init_from_weights(config.init_from, model->store());
+    // Said once: by the first tp rank of the first dp replica (on the stage that holds the head).
+    const bool speak = !opts.parallel || (opts.parallel->tp_rank() == 0 && opts.parallel->dp_rank() == 0);
+    std::shared_ptr<WeightSource> source = init_from_weights(config.init_from, model->store(), speak);
     if (opts.deferred_init) {
       const models::TransformerLM* m = model.get();
       model->set_initial_values(weight_initial_values(std::move(source), model->store(),

@@ -53,7 +53,7 @@ std::string hf_weights_config_path(const std::string& path) {
   return "";
 }
 
-HfWeights::HfWeights(const std::string& path, const nn::ParamStore& store) : path_(path) {
+HfWeights::HfWeights(const std::string& path, const nn::ParamStore& store, bool speak) : path_(path) {
   fs::path p = path;
   MT_CHECK(fs::exists(p), ErrorKind::kNotFound, path + ": no such file or directory (model.init_from)");
   if (fs::is_directory(p)) {
@@ -86,7 +86,8 @@ HfWeights::HfWeights(const std::string& path, const nn::ParamStore& store) : pat
       if (!src.file->find(src.name) && !alt.empty() && src.file->find(alt)) src.name = alt;
       if (!src.file->find(src.name)) {
         if (prm->name == "score.weight") {
-          log_warning(src.file->path() + " has no score.weight (a causal LM): the classification head starts from its "
+          if (speak)
+            log_warning(src.file->path() + " has no score.weight (a causal LM): the classification head starts from its "
                       "initial values");
           src.file = nullptr;
           sources_[prm] = src;
@@ -99,7 +100,8 @@ HfWeights::HfWeights(const std::string& path, const nn::ParamStore& store) : pat
       src.name = prm->name;
       if (!wm.contains(src.name) && !alt.empty() && wm.contains(alt)) src.name = alt;
       if (!wm.contains(src.name) && prm->name == "score.weight") {
-        log_warning(p.string() + " has no score.weight (a causal LM): the classification head starts from its "
+        if (speak)
+          log_warning(p.string() + " has no score.weight (a causal LM): the classification head starts from its "
                     "initial values");
         sources_[prm] = src;
         continue;

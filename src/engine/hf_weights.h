@@ -57,7 +57,8 @@ class WeightSource {
 // reads one tensor from its file.
 class HfWeights : public WeightSource {
  public:
-  HfWeights(const std::string& path, const nn::ParamStore& store);
+  // speak: say that the files lack a classifier's score.weight (checkpoint_io.h: checkpoint_weights).
+  HfWeights(const std::string& path, const nn::ParamStore& store, bool speak = true);
   bool read(const nn::Parameter& p, float* dst) override;
   // Only the file bytes of [lo, hi): one read per run of the rank's tensor-parallel slice that
   // meets the range (the whole tensor is never in memory: DESIGN-NOTES 71).
