@@ -1818,13 +1818,27 @@ TEST(TrainMultiHost, TpWithinAHostPpAndDpAcrossHostsMatchOneProcessAndALostHostI
   pid = start_on_hosts(hosts.hostfile(), stop_cfg, "mh-stop");
   unsetenv("MT_FAULT");
   ASSERT_GT(pid, 0) << mt::cli::testing::slurp(dir() + "/mh-stop.err");
+  // The daemons are the orted processes inside the two hosts' network namespaces (an orted of
+  // another job on this machine is not signalled): /proc/PID/ns/net is the file `ip netns` mounts.
+  std::vector<ino_t> host_nets;
+  for (int i = 0; i < 2; ++i) {
+    struct stat st;
+    if (stat(("/run/netns/mt-h" + std::to_string(i)).c_str(), &st) == 0) host_nets.push_back(st.st_ino);
+  }
+  ASSERT_EQ(host_nets.size(), 2u) << "the hosts' namespaces under /run/netns";
+  auto on_a_host = [&](const std::string& proc) {
+    struct stat st;
+    return stat((proc + "/ns/net").c_str(), &st) == 0 &&
+           std::find(host_nets.begin(), host_nets.end(), st.st_ino) != host_nets.end();
+  };
   std::vector<int> job;
   for (const auto& e : fs::directory_iterator("/proc")) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos || std::stoi(name) == getpid()) continue;
     std::string cmd = mt::cli::testing::slurp(e.path().string() + "/cmdline");
     std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find(stop_cfg) != std::string::npos || mt::cli::testing::slurp(e.path().string() + "/comm") == "orted\n")
+    if (cmd.find(stop_cfg) != std::string::npos ||
+        (mt::cli::testing::slurp(e.path().string() + "/comm") == "orted\n" && on_a_host(e.path().string())))
       job.push_back(std::stoi(name));
   }
   EXPECT_GE(job.size(), 8u) << "the launcher, mpirun, 2 daemons and 4 ranks";
