@@ -37,6 +37,13 @@ inline TestDirs& test_dirs() {
   return dirs;
 }
 
+// The launcher exports the KEY=VALUE lines of DeepSpeed's DS_ENV_FILE (.deepspeed_env in $HOME, then
+// in the working directory) to every rank: the tests read none of the user's. An absolute name that
+// does not exist is looked up nowhere else (launch.cpp); a test of the file sets its own and puts
+// this one back.
+inline constexpr const char* kNoDeepSpeedEnv = "/nonexistent/meshtrain-tests-read-no-.deepspeed_env";
+inline const bool kNoUserDeepSpeedEnv = [] { return ::setenv("DS_ENV_FILE", kNoDeepSpeedEnv, 1) == 0; }();
+
 // A fresh directory named `name`_<pid> under the test temp dir (ctest runs each test as its own
 // process, possibly in parallel, so the pid keeps them apart), removed when the process ends.
 inline std::string make_test_dir(const std::string& name) {

@@ -230,7 +230,7 @@ TEST(Launch, DeepSpeedsLauncherCommandLines) {
   setenv("DS_ENV_FILE", (dir() + "/bad.env").c_str(), 1);
   int bad = run("launch -n 1 config check " + cfg, &out, &err);
   std::string bad_err = err;
-  unsetenv("DS_ENV_FILE");
+  setenv("DS_ENV_FILE", mt::cli::testing::kNoDeepSpeedEnv, 1);
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(bad, 2);
   EXPECT_NE(bad_err.find("bad.env:1: expected KEY=VALUE"), std::string::npos) << bad_err;
@@ -238,8 +238,23 @@ TEST(Launch, DeepSpeedsLauncherCommandLines) {
   EXPECT_EQ(err.find("MY_SETTING"), std::string::npos) << err;
   setenv("DS_ENV_FILE", env.c_str(), 1);
   ASSERT_EQ(run("launch -n 1 config check " + cfg, &out, &err), 0) << err;
-  unsetenv("DS_ENV_FILE");
+  setenv("DS_ENV_FILE", mt::cli::testing::kNoDeepSpeedEnv, 1);
   EXPECT_NE(err.find("-x 'MY_SETTING=a b'"), std::string::npos) << err;
+  {  // Without DS_ENV_FILE, DeepSpeed's default: .deepspeed_env in $HOME (the tests' own HOME here).
+    const std::string home = dir() + "/home";
+    std::filesystem::create_directories(home);
+    std::ofstream(home + "/.deepspeed_env") << "FROM_HOME=1\n";
+    const char* was = std::getenv("HOME");
+    const std::string saved = was ? was : "";
+    setenv("HOME", home.c_str(), 1);
+    unsetenv("DS_ENV_FILE");
+    const int home_rc = run("launch -n 1 config check " + cfg, &out, &err);
+    setenv("DS_ENV_FILE", mt::cli::testing::kNoDeepSpeedEnv, 1);
+    if (was) setenv("HOME", saved.c_str(), 1);
+    else unsetenv("HOME");
+    EXPECT_EQ(home_rc, 0) << err;
+    EXPECT_NE(err.find("-x FROM_HOME=1"), std::string::npos) << err;
+  }
   // Other slot indices on two hosts: CPU ranks count slots, so it runs, with a line (it was refused).
   // (The second host does not resolve: mpirun fails fast, after the line.)
   const std::string pair = write("pair.txt", "localhost slots=2\nbadhost.invalid slots=2\n");
