@@ -1,5 +1,5 @@
 """DeepSpeed's OneCycle LR/momentum schedule (deepspeed/runtime/lr_schedules.py, the version with
-_get_scale_factor) and its LRRangeTest, transcribed for the golden-data scripts: they drive a torch
+_get_scale_factor and the stair counts), its WarmupCosineLR (the progress clamped at 1) and its LRRangeTest, transcribed for the golden-data scripts: they drive a torch
 optimizer's param_groups ("lr", and "betas" while OneCycle cycles momentum) exactly as DeepSpeed's
 classes do. Call step() after each optimizer step, as DeepSpeed's engine does."""
 
@@ -17,6 +17,11 @@ class OneCycle:
             else cycle_first_step_size
         self.total_size = cycle_first_step_size + cycle_second_step_size
         self.step_ratio = cycle_first_step_size / self.total_size
+        self.first_step_size = cycle_first_step_size
+        self.second_step_size = cycle_second_step_size
+        self.first_stair_count = cycle_first_stair_count
+        self.second_stair_count = cycle_first_stair_count if cycle_second_stair_count is None \
+            else cycle_second_stair_count
         self.decay_step_size = decay_step_size
         self.skip_lr_decay = self.skip_mom_decay = math.isclose(self.decay_step_size, 0)
         self.min_lrs = [cycle_min_lr] * len(optimizer.param_groups)
@@ -44,8 +49,20 @@ class OneCycle:
         cycle = math.floor(1 + batch_iteration / self.total_size)
         x = 1. + batch_iteration / self.total_size - cycle
         if x <= self.step_ratio:
-            return x / self.step_ratio
-        return (x - 1) / (self.step_ratio - 1)
+            scale_factor = x / self.step_ratio
+            stair_count = self.first_stair_count
+        else:
+            scale_factor = (x - 1) / (self.step_ratio - 1)
+            stair_count = self.second_stair_count
+        # The staircase (DeepSpeed 22779f2): from the integer batch offset in the cycle.
+        if stair_count > 0:
+            cycle_iteration = batch_iteration % self.total_size
+            if cycle_iteration <= self.first_step_size:
+                stair_position = cycle_iteration * stair_count / self.first_step_size
+            else:
+                stair_position = (self.total_size - cycle_iteration) * stair_count / self.second_step_size
+            scale_factor = math.floor(stair_position) / stair_count
+        return scale_factor
 
     def get_lr(self):
         if self.last_batch_iteration < self.total_size:
@@ -102,3 +119,50 @@ class LRRangeTest:
     def step(self):
         self.last_batch_iteration += 1
         self._set(self.get_lr())
+
+
+class WarmupCosineLR:
+    """DeepSpeed's WarmupCosineLR (lr_schedules.py 22779f2): a ratio of the optimizer's lr, the cosine's
+    progress clamped at 1 past total_num_steps."""
+
+    def __init__(self, optimizer, total_num_steps, warmup_min_ratio=0.0, warmup_num_steps=1000,
+                 cos_min_ratio=0.0001, warmup_type="log", last_batch_iteration=-1):
+        if not isinstance(warmup_num_steps, int) or warmup_num_steps <= 0:
+            raise ValueError(f"warmup_num_steps must be a positive integer, got {warmup_num_steps}")
+        self.optimizer = optimizer
+        self.total_num_steps = total_num_steps
+        self.last_batch_iteration = last_batch_iteration
+        self.cos_min_ratio = cos_min_ratio
+        self.warmup_type = warmup_type
+        self.warmup_min_ratio = warmup_min_ratio
+        self.warmup_num_steps = max(2, warmup_num_steps)
+        self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
+        self.org_lrs = [group["lr"] for group in optimizer.param_groups]
+        if last_batch_iteration == -1:
+            for group, lr in zip(optimizer.param_groups, self.get_lr()):
+                group["lr"] = lr
+
+    def get_lr_ratio(self):
+        if self.last_batch_iteration < 0:
+            return 0.0
+        if self.last_batch_iteration < self.warmup_num_steps:
+            if self.warmup_type == "log":
+                ratio = self.inverse_log_warm_up * math.log(self.last_batch_iteration + 1)
+            else:
+                ratio = self.last_batch_iteration / self.warmup_num_steps
+            return self.warmup_min_ratio + ratio * (1. - self.warmup_min_ratio)
+        real_last_step = self.last_batch_iteration - self.warmup_num_steps + 1
+        real_total_steps = max(1, self.total_num_steps - self.warmup_num_steps)
+        cosine_progress = min(1.0, real_last_step / real_total_steps)
+        ratio = (1 + math.cos(math.pi * cosine_progress)) / 2
+        return max(0.0, self.cos_min_ratio + (1. - self.cos_min_ratio) * ratio)
+
+    def get_lr(self):
+        if self.last_batch_iteration < 0:
+            return [0.0 for _ in self.org_lrs]
+        return [lr * self.get_lr_ratio() for lr in self.org_lrs]
+
+    def step(self):
+        self.last_batch_iteration += 1
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ds_schedules import LRRangeTest, OneCycle  # noqa: E402
+from ds_schedules import LRRangeTest, OneCycle, WarmupCosineLR  # noqa: E402
 
 STEPS = 5
 
@@ -207,6 +207,38 @@ print("// OneCycle at iterations -1..14: min_lr 1e-4, max_lr 1e-3, first 5, seco
 lrs, moms = one_cycle_trace(15, cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_first_step_size=5)
 emit("kOneCycleNoDecayLr", lrs, "%.17g")
 emit("kOneCycleNoDecayMom", moms, "%.17g")
+
+
+print("// OneCycle's staircase at iterations -1..24: min_lr 0.01, max_lr 0.1, first 4 (2 stairs), second 6")
+print("// (3 stairs), decay_step_size 3, decay_lr_rate 0.5, min_mom 0.85, max_mom 0.95, decay_mom_rate 0.02")
+lrs, moms = one_cycle_trace(25, cycle_min_lr=0.01, cycle_max_lr=0.1, cycle_first_step_size=4,
+                            cycle_second_step_size=6, cycle_first_stair_count=2, cycle_second_stair_count=3,
+                            decay_step_size=3, decay_lr_rate=0.5, cycle_min_mom=0.85, cycle_max_mom=0.95,
+                            decay_mom_rate=0.02)
+emit("kOneCycleStairLr", lrs, "%.17g")
+emit("kOneCycleStairMom", moms, "%.17g")
+print("// the same with first 5 (4 stairs), second None (the first's 4 stairs), no decay")
+lrs, moms = one_cycle_trace(15, cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_first_step_size=5,
+                            cycle_first_stair_count=4)
+emit("kOneCycleStairNoneLr", lrs, "%.17g")
+
+
+def cosine_trace(iters, **kw):
+    opt = StandInOptimizer()
+    opt.param_groups[0]["lr"] = 1e-3
+    sched = WarmupCosineLR(opt, **kw)
+    lrs = [opt.param_groups[0]["lr"]]  # iteration -1
+    for _ in range(iters):
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    return lrs
+
+
+print("// WarmupCosineLR (lr 1e-3) at iterations -1..13: total 6, warmup 2 linear, cos_min_ratio 0.1")
+emit("kCosinePastTotal", cosine_trace(14, total_num_steps=6, warmup_num_steps=2, cos_min_ratio=0.1,
+                                      warmup_type="linear"), "%.17g")
+print("// total 3 <= warmup 3 (log): the floor from the warm-up's end")
+emit("kCosineNoWindow", cosine_trace(8, total_num_steps=3, warmup_num_steps=3, cos_min_ratio=0.1), "%.17g")
 
 
 def lr_range_test_trace(iters, **kw):

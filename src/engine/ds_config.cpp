@@ -574,15 +574,9 @@ void ds_config_check_schedule(const RunConfig& c) {
              "scheduler.params.lr_range_test_step_rate takes the learning rate to " + std::string(buf) + " by step " +
                  std::to_string(c.train_iters) + " (train_iters): it must stay a non-negative number a float holds");
   }
-  // WarmupCosineLR's cosine runs over total_num_steps - max(2, warmup_num_steps) steps. None:
-  // DeepSpeed divides by zero at the first step past the warmup; here cos(inf) made the lr 0 for
-  // the rest of the run, which exited 0.
-  const int64_t W = std::max<int64_t>(2, sc.warmup_num_steps);
-  MT_CHECK(sc.type != optim::LrScheduleType::kWarmupCosineLR || sc.total_num_steps != W || c.train_iters <= W,
-           ErrorKind::kInvalidArgument,
-           "scheduler.params.total_num_steps (" + std::to_string(sc.total_num_steps) +
-               ") leaves WarmupCosineLR's cosine no step after the warmup's " + std::to_string(W) +
-               " (max(2, warmup_num_steps)), and train_iters (" + std::to_string(c.train_iters) + ") goes past it");
+  // (WarmupCosineLR with total_num_steps at or below max(2, warmup_num_steps) was refused here:
+  // DeepSpeed divided by zero. It now clamps the cosine's progress at 1: the floor from the warm-up's
+  // end, as optim::lr_at_iteration computes.)
 }
 
 namespace {
@@ -621,8 +615,11 @@ void parse_scheduler(Section& root, RunConfig& c) {
       sc.decay_lr_rate = p.number("decay_lr_rate", 0.0);
       sc.cycle_first_step_size = p.integer("cycle_first_step_size", 2000);
       sc.cycle_second_step_size = p.has("cycle_second_step_size") ? p.integer("cycle_second_step_size", -1) : -1;  // null: None
-      sc.cycle_first_stair_count = p.integer("cycle_first_stair_count", 0);
-      sc.cycle_second_stair_count = p.has("cycle_second_stair_count") ? p.integer("cycle_second_stair_count", -1) : -1;
+      // DeepSpeed's staircase: a count above 0 holds the half cycle in that many stairs; 0 or below
+      // none; the second's None (absent) is the first's.
+      sc.cycle_first_stair_count = std::max<int64_t>(0, p.integer("cycle_first_stair_count", 0));
+      sc.cycle_second_stair_count =
+          p.has("cycle_second_stair_count") ? std::max<int64_t>(0, p.integer("cycle_second_stair_count", 0)) : -1;
       sc.decay_step_size = p.integer("decay_step_size", 0);
       sc.cycle_momentum = p.boolean("cycle_momentum", true);
       sc.cycle_min_mom = p.number("cycle_min_mom", 0.8);
@@ -646,8 +643,20 @@ void parse_scheduler(Section& root, RunConfig& c) {
       // WarmupDecayLR's is 0.001 (its own signature's default).
       const double max_lr_default = sc.type == optim::LrScheduleType::kWarmupLR ? c.optimizer.lr : 1e-3;
       sc.warmup_max_lr = p.number_or_auto("warmup_max_lr", max_lr_default, c.optimizer.lr, "optimizer.params.lr");
+      // DeepSpeed's constructors raise on a warmup_num_steps that is not a positive integer; "auto"
+      // is Hugging Face's warmup_steps, 0 by default (taken as max(2, 0) = 2, as DeepSpeed did).
+      MT_CHECK(!p.has("warmup_num_steps") || p.is_auto("warmup_num_steps") || !p.raw("warmup_num_steps").is_number() ||
+                   p.raw("warmup_num_steps").get<double>() > 0,
+               ErrorKind::kInvalidArgument,
+               p.where("warmup_num_steps") + " must be a positive integer (DeepSpeed's " + type + " raises on " +
+                   p.raw("warmup_num_steps").dump() + ")");
       sc.warmup_num_steps = p.integer_or_auto("warmup_num_steps", 1000, 0, "Hugging Face's warmup_steps default");
       sc.warmup_log = optim::lr_warmup_type_is_log(p.string("warmup_type", "log"), p.where("warmup_type"));
+      // A required argument of DeepSpeed's WarmupDecayLR and WarmupCosineLR (absent, a TypeError there;
+      // it was taken from train_iters without a word). "auto" is train_iters, as Hugging Face fills it.
+      MT_CHECK(sc.type == optim::LrScheduleType::kWarmupLR || p.has("total_num_steps"), ErrorKind::kInvalidArgument,
+               p.where("total_num_steps") + ": required by " + type +
+                   " (DeepSpeed's constructor takes no default; give the run's steps, or \"auto\" for train_iters)");
       sc.total_num_steps = p.integer_or_auto("total_num_steps", c.train_iters, c.train_iters, "train_iters");
       sc.warmup_min_ratio = p.number("warmup_min_ratio", 0.0);
       sc.cos_min_ratio = p.number("cos_min_ratio", 1e-4);
@@ -683,6 +692,10 @@ void parse_scheduler(Section& root, RunConfig& c) {
     p.finish();
   } else {
     MT_CHECK(!one_cycle, ErrorKind::kInvalidArgument, "scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle");
+    MT_CHECK(sc.type != optim::LrScheduleType::kWarmupDecayLR && sc.type != optim::LrScheduleType::kWarmupCosineLR,
+             ErrorKind::kInvalidArgument,
+             "scheduler.params.total_num_steps: required by " + type +
+                 " (DeepSpeed's constructor takes no default; give the run's steps, or \"auto\" for train_iters)");
   }
   if (range_test) {
     optim::lr_schedule_check(sc);
@@ -1791,8 +1804,16 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported,
              "loss_normalization \"tokens\": not with curriculum_learning yet (its steps train a prefix of each sample)");
   }
-  if (c.task != "classification" && c.pad_to_max_length)  // token windows are seq_length long already
-    c.warnings.push_back("data.pad_to_max_length: applies to \"task\": \"classification\" (a causal LM's windows are seq_length long)");
+  if (c.task != "classification" && j.contains("data") && j["data"].is_object()) {
+    // A classifier's record fields and padding, given to a causal LM (which reads token windows,
+    // seq_length long): they change nothing there, so one line names them.
+    std::string given;
+    for (const char* k : {"texta_name", "textb_name", "label_name", "id_name", "labels", "pad_to_max_length"})
+      if (j["data"].contains(k) && !j["data"][k].is_null()) given += std::string(given.empty() ? "" : ", ") + "data." + k;
+    if (!given.empty())
+      c.warnings.push_back(given + ": apply to \"task\": \"classification\"; a causal LM reads token windows of seq_length "
+                           "tokens and does not use them");
+  }
   if (c.task == "classification") {  // what the classification loop (cli/classify.cpp) does not do yet, by name
     MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, "task \"classification\": device \"cuda\" is not supported yet");
     MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported, "task \"classification\": curriculum_learning does not apply");
@@ -2045,6 +2066,9 @@ json ds_config_resolved(const RunConfig& c) {
                                     {"decay_lr_rate", sc.decay_lr_rate}, {"cycle_first_step_size", sc.cycle_first_step_size},
                                     {"cycle_second_step_size", sc.cycle_second_step_size < 0 ? sc.cycle_first_step_size
                                                                                             : sc.cycle_second_step_size},
+                                    {"cycle_first_stair_count", sc.cycle_first_stair_count},
+                                    {"cycle_second_stair_count", sc.cycle_second_stair_count < 0 ? sc.cycle_first_stair_count
+                                                                                                : sc.cycle_second_stair_count},
                                     {"decay_step_size", sc.decay_step_size}, {"cycle_momentum", sc.cycle_momentum},
                                     {"cycle_min_mom", sc.cycle_min_mom}, {"cycle_max_mom", sc.cycle_max_mom},
                                     {"decay_mom_rate", sc.decay_mom_rate}}}};

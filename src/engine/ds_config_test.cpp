@@ -77,8 +77,28 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   one["model"].erase("num_labels");
   one["model"]["problem_type"] = "regression";  // run_classification.py's one value
   EXPECT_EQ(ds_config_parse(one, "cfg.json").model.num_labels, 1);
+  // WarmupCosineLR with no cosine window after the warm-up: DeepSpeed clamps its progress (the floor
+  // from the warm-up's end; it divided by zero, and this was refused).
   nlohmann::json cosine = with("scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_num_steps", 3}, {"total_num_steps", 3}}}});
-  EXPECT_NE(error_of(cosine).find("leaves WarmupCosineLR's cosine no step after the warmup's 3"), npos);  // lr 0 from step 4
+  EXPECT_EQ(error_of(cosine), "");
+  // DeepSpeed's WarmupDecayLR and WarmupCosineLR require total_num_steps (a TypeError without it; it
+  // was taken from train_iters without a word), and every warm-up schedule a positive warmup_num_steps.
+  for (const char* type : {"WarmupDecayLR", "WarmupCosineLR"}) {
+    EXPECT_NE(error_of(with("scheduler", {{"type", type}, {"params", {{"warmup_num_steps", 3}}}}))
+                  .find("scheduler.params.total_num_steps: required by " + std::string(type)),
+              npos) << type;
+    EXPECT_NE(error_of(with("scheduler", {{"type", type}})).find("scheduler.params.total_num_steps: required by"), npos) << type;
+    EXPECT_EQ(error_of(with("scheduler", {{"type", type}, {"params", {{"total_num_steps", "auto"}}}})), "") << type;
+  }
+  for (const char* type : {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}) {
+    nlohmann::json params = {{"warmup_num_steps", 0}};
+    if (std::string(type) != "WarmupLR") params["total_num_steps"] = 10;
+    EXPECT_NE(error_of(with("scheduler", {{"type", type}, {"params", params}}))
+                  .find("scheduler.params.warmup_num_steps must be a positive integer (DeepSpeed's " + std::string(type) + " raises on 0)"),
+              npos) << type;
+    params["warmup_num_steps"] = "auto";  // Hugging Face's warmup_steps: 0 by default
+    EXPECT_EQ(error_of(with("scheduler", {{"type", type}, {"params", params}})), "") << type;
+  }
   // DeepSpeed's FusedAdam takes weight_decay 0 by default (0.01 was applied to every AdamW);
   // torch_adam builds torch.optim.AdamW, whose default is 0.01.
   EXPECT_EQ(ds_config_parse(with("optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}), "cfg.json").optimizer.weight_decay, 0.0);
@@ -240,6 +260,7 @@ TEST(DsConfig, TheFp16ScalerAndWarmupLrFollowTheWrapperDeepSpeedBuilds) {
   warm["optimizer"] = adamw;
   EXPECT_DOUBLE_EQ(ds_config_parse(warm, "cfg.json").scheduler.warmup_max_lr, 1e-4);
   warm["scheduler"]["type"] = "WarmupDecayLR";
+  warm["scheduler"]["params"]["total_num_steps"] = 30;
   EXPECT_DOUBLE_EQ(ds_config_parse(warm, "cfg.json").scheduler.warmup_max_lr, 1e-3);
 }
 
@@ -886,10 +907,10 @@ TEST(DsConfig, ResolvedFormParsesBackToItself) {
   std::vector<nlohmann::json> extras = {
       nlohmann::json::object(),
       {{"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}, {"momentum", 0.9}, {"nesterov", true}}}}},
-       {"scheduler", {{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 0.01}, {"cycle_max_lr", 0.1}}}}}},
+       {"scheduler", {{"type", "OneCycle"}, {"params", {{"cycle_min_lr", 0.01}, {"cycle_max_lr", 0.1}, {"cycle_first_stair_count", 3}}}}}},
       {{"scheduler", {{"type", "LRRangeTest"}, {"params", {{"lr_range_test_step_size", 10}, {"lr_range_test_staircase", true}}}}}},
       {{"optimizer", {{"type", "Lamb"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.01}}}}},
-       {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_num_steps", 5}}}}},
+       {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_num_steps", 5}, {"total_num_steps", 40}}}}},
        {"no_weight_decay", "hf"}, {"activation_checkpointing", nlohmann::json::object()}, {"bf16", {{"enabled", true}}}},
       {{"fp16", {{"enabled", true}, {"loss_scale", 0}, {"hysteresis", 4}}},
        {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 10}, {"warmup_type", "linear"}}}}}},
@@ -1027,11 +1048,19 @@ TEST(DsCompat, ABlockWithoutEnabledIsARequestOrSaysItIsOff) {
   j["sparse_gradients"] = false;
   c = ds_config_parse(j, "cfg.json");
   for (const std::string& w : c.warnings) EXPECT_EQ(w.find("sparse_gradients"), std::string::npos) << w;
-  // data.pad_to_max_length is a classifier's: a causal LM's windows are full already (one line).
+  // A classifier's data keys given to a causal LM (whose windows are seq_length long already):
+  // one line names them all, false and a field name alike (a false one was accepted without a word).
   j = base();
-  j["data"]["pad_to_max_length"] = true;
+  j["data"]["pad_to_max_length"] = false;
+  j["data"]["label_name"] = "label";
   c = ds_config_parse(j, "cfg.json");
-  EXPECT_TRUE(has_line(c.warnings, "data.pad_to_max_length: applies to \"task\": \"classification\"")) << j.dump();
+  EXPECT_TRUE(has_line(c.warnings, "data.label_name, data.pad_to_max_length: apply to \"task\": \"classification\"")) << j.dump();
+  int lines = 0;
+  for (const std::string& w : c.warnings) lines += w.find("apply to \"task\"") != std::string::npos;
+  EXPECT_EQ(lines, 1);
+  j = base();
+  c = ds_config_parse(j, "cfg.json");
+  for (const std::string& w : c.warnings) EXPECT_EQ(w.find("apply to \"task\""), std::string::npos) << w;
 }
 
 // sparse_attention's keys as DeepSpeed's config reader (runtime/config.py) passes them: bigbird's

@@ -42,7 +42,19 @@ double one_cycle_scale(const LrScheduleConfig& c, int64_t i) {
   const double b = static_cast<double>(i + 1);
   const double cycle = std::floor(1.0 + b / total);
   const double x = 1.0 + b / total - cycle;
-  return x <= step_ratio ? x / step_ratio : (x - 1.0) / (step_ratio - 1.0);
+  const bool rising = x <= step_ratio;
+  const int64_t stairs = rising ? c.cycle_first_stair_count
+                                : (c.cycle_second_stair_count < 0 ? c.cycle_first_stair_count : c.cycle_second_stair_count);
+  if (stairs > 0) {
+    // The staircase: f held flat over each of `stairs` parts of the half cycle, quantised from the
+    // integer batch offset in the cycle (not from f, whose float can land just under a stair).
+    const double first = static_cast<double>(c.cycle_first_step_size), second = total - first;
+    const double in_cycle = std::fmod(b, total);
+    const double position = in_cycle <= first ? in_cycle * static_cast<double>(stairs) / first
+                                              : (total - in_cycle) * static_cast<double>(stairs) / second;
+    return std::floor(position) / static_cast<double>(stairs);
+  }
+  return rising ? x / step_ratio : (x - 1.0) / (step_ratio - 1.0);
 }
 
 // OneCycle's decay_interval after the cycle (i >= S); 0 when there is no decay.
@@ -95,9 +107,12 @@ double lr_at_iteration(const LrScheduleConfig& c, int64_t i) {
       if (i < W) {
         ratio = c.warmup_min_ratio + warmup_gamma(c, i, W) * (1.0 - c.warmup_min_ratio);
       } else {
-        double real_last = static_cast<double>(i - W + 1);
-        double real_total = static_cast<double>(c.total_num_steps - W);
-        double cosine = (1.0 + std::cos(M_PI * real_last / real_total)) / 2.0;
+        // The progress clamped at 1: past total_num_steps (and where total <= W, from the warm-up's
+        // end) the ratio stays at cos_min_ratio; the cosine rose back before DeepSpeed clamped it.
+        const double real_last = static_cast<double>(i - W + 1);
+        const double real_total = std::max<double>(1.0, static_cast<double>(c.total_num_steps - W));
+        const double progress = std::min(1.0, real_last / real_total);
+        const double cosine = (1.0 + std::cos(M_PI * progress)) / 2.0;
         ratio = std::max(0.0, c.cos_min_ratio + (1.0 - c.cos_min_ratio) * cosine);
       }
       return c.base_lr * ratio;

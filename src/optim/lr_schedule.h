@@ -3,7 +3,8 @@
 //                   ("linear") for i < W, else 1; W = max(2, warmup_num_steps).
 //   WarmupDecayLR:  as WarmupLR, then gamma = max(0, (total - i) / max(1, total - W)).
 //   WarmupCosineLR: ratio of the optimizer's lr: warm-up from warmup_min_ratio to 1 as above, then
-//                   max(0, cos_min_ratio + (1 - cos_min_ratio) (1 + cos(pi (i - W + 1) / (total - W))) / 2).
+//                   max(0, cos_min_ratio + (1 - cos_min_ratio) (1 + cos(pi p)) / 2), p = min(1, (i - W + 1) /
+//                   max(1, total - W)): at cos_min_ratio from total_num_steps on (DeepSpeed's clamp).
 //   OneCycle:       (lr_schedules.py OneCycle, the version with _get_scale_factor) F1 =
 //                   cycle_first_step_size, F2 = cycle_second_step_size (None -> F1), S = F1 + F2,
 //                   r = F1 / S. In the cycle, i < S: with b = i + 1, x = 1 + b/S - floor(1 + b/S),
@@ -13,8 +14,10 @@
 //                   lr = min_lr / (1 + decay_lr_rate n)  (min_lr if decay_step_size or the rate is 0);
 //                   mom = max_mom (1 + decay_mom_rate n)  (max_mom if decay_step_size or the rate is 0).
 //                   At i = -1 (construction) lr = min_lr and mom = cycle_min_mom (NOTE: not the
-//                   formula's max_mom at f = 0). The stair counts are stored by DeepSpeed but no
-//                   formula reads them. With cycle_momentum DeepSpeed sets the optimizer's betas to
+//                   formula's max_mom at f = 0). A stair count K > 0 (cycle_first_stair_count for
+//                   the rising half, cycle_second_stair_count, None -> the first, for the falling)
+//                   holds f in steps: with c = b mod S, f = floor(c K / F1) / K while c <= F1, else
+//                   floor((S - c) K / F2) / K, lr and momentum alike. With cycle_momentum DeepSpeed sets the optimizer's betas to
 //                   (mom, 0.99): beta2 is pinned to kOneCycleBeta2 from construction on, and only for
 //                   optimizers whose defaults have betas (Adam, AdamW, Lamb; not torch's SGD, where
 //                   it warns "cycle_momentum is disabled" and leaves momentum alone).
@@ -54,8 +57,8 @@ struct LrScheduleConfig {
   double decay_lr_rate = 0.0;
   int64_t cycle_first_step_size = 2000;
   int64_t cycle_second_step_size = -1;    // -1: None, i.e. cycle_first_step_size
-  int64_t cycle_first_stair_count = 0;    // accepted; DeepSpeed's formulas do not read it
-  int64_t cycle_second_stair_count = -1;  // -1: None; likewise unused
+  int64_t cycle_first_stair_count = 0;    // 0: no staircase
+  int64_t cycle_second_stair_count = -1;  // -1: None (the first's)
   int64_t decay_step_size = 0;            // 0: no post-cycle decay
   bool cycle_momentum = true;
   double cycle_min_mom = 0.8;

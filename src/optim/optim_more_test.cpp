@@ -53,6 +53,15 @@ constexpr double kOneCycleMom[] = {0.84999999999999998, 0.92499999999999993, 0.9
 // OneCycle at iterations -1..14: min_lr 1e-4, max_lr 1e-3, first 5, second None, no decay
 constexpr double kOneCycleNoDecayLr[] = {0.0001, 0.00028000000000000014, 0.00045999999999999991, 0.00064000000000000016, 0.00081999999999999987, 0.001, 0.00081999999999999987, 0.00064000000000000016, 0.00045999999999999991, 0.00028000000000000014, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001};
 constexpr double kOneCycleNoDecayMom[] = {0.80000000000000004, 0.88, 0.8600000000000001, 0.84000000000000008, 0.82000000000000006, 0.80000000000000004, 0.82000000000000006, 0.84000000000000008, 0.8600000000000001, 0.88, 0.90000000000000002, 0.90000000000000002, 0.90000000000000002, 0.90000000000000002, 0.90000000000000002, 0.90000000000000002};
+// OneCycle's staircase (DeepSpeed 22779f2) at iterations -1..24: the first case with 2 stairs rising
+// and 3 falling; then first 5 with 4 stairs, second None (the first's count), no decay
+constexpr double kOneCycleStairLr[] = {0.01, 0.01, 0.055000000000000007, 0.055000000000000007, 0.10000000000000001, 0.070000000000000007, 0.070000000000000007, 0.040000000000000001, 0.040000000000000001, 0.01, 0.01, 0.0085714285714285719, 0.0075000000000000006, 0.0066666666666666671, 0.006000000000000001, 0.0054545454545454541, 0.0050000000000000001, 0.0046153846153846149, 0.0042857142857142859, 0.0040000000000000001, 0.0037499999999999999, 0.0035294117647058829, 0.0033333333333333335, 0.0031578947368421056, 0.0030000000000000001, 0.0028571428571428571};
+constexpr double kOneCycleStairMom[] = {0.84999999999999998, 0.94999999999999996, 0.89999999999999991, 0.89999999999999991, 0.84999999999999998, 0.8833333333333333, 0.8833333333333333, 0.91666666666666663, 0.91666666666666663, 0.94999999999999996, 0.94999999999999996, 0.95633333333333326, 0.96266666666666667, 0.96899999999999997, 0.97533333333333327, 0.98166666666666669, 0.98799999999999999, 0.99433333333333329, 1.0006666666666666, 1.0069999999999999, 1.0133333333333332, 1.0196666666666665, 1.026, 1.0323333333333333, 1.0386666666666666, 1.0449999999999999};
+constexpr double kOneCycleStairNoneLr[] = {0.0001, 0.0001, 0.00032499999999999999, 0.00055000000000000003, 0.00077500000000000008, 0.001, 0.00077500000000000008, 0.00055000000000000003, 0.00032499999999999999, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001};
+// WarmupCosineLR (lr 1e-3, DeepSpeed 22779f2: the progress clamped at 1) at iterations -1..13: total 6,
+// warmup 2 linear, cos_min_ratio 0.1; then total 3 <= warmup 3 (log), iterations -1..7
+constexpr double kCosinePastTotal[] = {0, 0, 0.00050000000000000001, 0.00086819805153394642, 0.00055000000000000003, 0.00023180194846605365, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001};
+constexpr double kCosineNoWindow[] = {0, 0, 0.00063092975357145731, 0.001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001};
 // LRRangeTest at iterations -1..9: min_lr 0.002, step_size 3, step_rate 0.5, continuous
 constexpr double kLrRangeTest[] = {0.002, 0.0023333333333333335, 0.0026666666666666666, 0.0030000000000000001, 0.0033333333333333331, 0.003666666666666667, 0.0040000000000000001, 0.004333333333333334, 0.0046666666666666662, 0.0050000000000000001, 0.005333333333333334};
 // the same, staircase
@@ -479,6 +488,58 @@ TEST(OneCycle, SecondStepNoneAndNoDecayMatchDeepSpeed) {
     EXPECT_NEAR(lr_at_iteration(c, i), kOneCycleNoDecayLr[k], 1e-12 * kOneCycleNoDecayLr[k]) << "iteration " << i;
     EXPECT_NEAR(*momentum_at_iteration(c, i), kOneCycleNoDecayMom[k], 1e-12) << "iteration " << i;
   }
+}
+
+// The stair counts hold lr and momentum flat over parts of each half cycle (they were read and not
+// used: the schedule moved every step).
+TEST(OneCycle, StairCountsMatchDeepSpeedsStaircase) {
+  LrScheduleConfig c;
+  c.type = LrScheduleType::kOneCycle;
+  c.cycle_min_lr = 0.01;
+  c.cycle_max_lr = 0.1;
+  c.cycle_first_step_size = 4;
+  c.cycle_second_step_size = 6;
+  c.cycle_first_stair_count = 2;
+  c.cycle_second_stair_count = 3;
+  c.decay_step_size = 3;
+  c.decay_lr_rate = 0.5;
+  c.cycle_min_mom = 0.85;
+  c.cycle_max_mom = 0.95;
+  c.decay_mom_rate = 0.02;
+  for (int64_t i = -1; i < 25; ++i) {
+    const size_t k = static_cast<size_t>(i + 1);
+    EXPECT_NEAR(lr_at_iteration(c, i), kOneCycleStairLr[k], 1e-12 * kOneCycleStairLr[k]) << "iteration " << i;
+    EXPECT_NEAR(*momentum_at_iteration(c, i), kOneCycleStairMom[k], 1e-12) << "iteration " << i;
+  }
+  LrScheduleConfig d;
+  d.type = LrScheduleType::kOneCycle;
+  d.cycle_min_lr = 1e-4;
+  d.cycle_max_lr = 1e-3;
+  d.cycle_first_step_size = 5;
+  d.cycle_first_stair_count = 4;
+  for (int64_t i = -1; i < 15; ++i)
+    EXPECT_NEAR(lr_at_iteration(d, i), kOneCycleStairNoneLr[i + 1], 1e-12 * kOneCycleStairNoneLr[i + 1]) << "iteration " << i;
+}
+
+// ---- WarmupCosineLR vs DeepSpeed's WarmupCosineLR ----
+
+// Past total_num_steps the lr stays at cos_min_ratio (it rose back up the cosine), and a total at or
+// below the warm-up's leaves the floor from the warm-up's end (it was refused: a division by zero).
+TEST(WarmupCosineLR, HoldsTheFloorPastTotalNumStepsAsDeepSpeed) {
+  LrScheduleConfig c;
+  c.type = LrScheduleType::kWarmupCosineLR;
+  c.base_lr = 1e-3;
+  c.total_num_steps = 6;
+  c.warmup_num_steps = 2;
+  c.cos_min_ratio = 0.1;
+  c.warmup_log = false;
+  for (int64_t i = -1; i < 14; ++i)
+    EXPECT_NEAR(lr_at_iteration(c, i), kCosinePastTotal[i + 1], 1e-15) << "iteration " << i;
+  c.total_num_steps = 3;
+  c.warmup_num_steps = 3;
+  c.warmup_log = true;
+  for (int64_t i = -1; i < 8; ++i)
+    EXPECT_NEAR(lr_at_iteration(c, i), kCosineNoWindow[i + 1], 1e-15) << "iteration " << i;
 }
 
 // ---- LRRangeTest vs DeepSpeed's LRRangeTest ----
