@@ -223,15 +223,20 @@ lrs, moms = one_cycle_trace(15, cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_firs
 emit("kOneCycleStairNoneLr", lrs, "%.17g")
 
 
-def cosine_trace(iters, **kw):
+def lr_trace(schedule, iters, lr=0.0, **kw):
+    """The lr a schedule gives at iterations -1 .. iters - 1 (an optimizer whose lr starts at lr)."""
     opt = StandInOptimizer()
-    opt.param_groups[0]["lr"] = 1e-3
-    sched = WarmupCosineLR(opt, **kw)
+    opt.param_groups[0]["lr"] = lr
+    sched = schedule(opt, **kw)
     lrs = [opt.param_groups[0]["lr"]]  # iteration -1
     for _ in range(iters):
         sched.step()
         lrs.append(opt.param_groups[0]["lr"])
     return lrs
+
+
+def cosine_trace(iters, **kw):
+    return lr_trace(WarmupCosineLR, iters, lr=1e-3, **kw)
 
 
 print("// WarmupCosineLR (lr 1e-3) at iterations -1..13: total 6, warmup 2 linear, cos_min_ratio 0.1")
@@ -242,13 +247,7 @@ emit("kCosineNoWindow", cosine_trace(8, total_num_steps=3, warmup_num_steps=3, c
 
 
 def lr_range_test_trace(iters, **kw):
-    opt = StandInOptimizer()
-    sched = LRRangeTest(opt, **kw)
-    lrs = [opt.param_groups[0]["lr"]]  # iteration -1
-    for _ in range(iters):
-        sched.step()
-        lrs.append(opt.param_groups[0]["lr"])
-    return lrs
+    return lr_trace(LRRangeTest, iters, **kw)
 
 
 print("// LRRangeTest at iterations -1..9: min_lr 0.002, step_size 3, step_rate 0.5, continuous")
