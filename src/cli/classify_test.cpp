@@ -174,6 +174,12 @@ TEST(Classify, TrainsKeepsTheTopKAndPredictsWhatValidationMeasured) {
   char want[64];
   std::snprintf(want, sizeof want, "accuracy %.4f on the 200", acc.back());
   EXPECT_NE(err.find(want), std::string::npos) << err;
+  // -o naming a directory: one line before any record is predicted (it predicted every record, then
+  // failed with a filesystem error and left DIR.tmp behind).
+  fs::create_directories(dir() + "/pred-dir");
+  EXPECT_EQ(run("predict " + dir() + "/run-a " + dir() + "/dev.jsonl -o " + dir() + "/pred-dir", &out, &err), 2) << err;
+  EXPECT_NE(err.find("pred-dir: is a directory; give a file"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir() + "/pred-dir.tmp"));
   std::ifstream p(dir() + "/pred.json"), truth(dir() + "/dev.jsonl");
   std::string line, record;
   int n = 0;

@@ -39,6 +39,9 @@ void run_predict(const PredictArgs& a) {
   MT_CHECK(a.batch >= 1, ErrorKind::kInvalidArgument, "--batch must be at least 1");
   MT_CHECK(a.seq_length >= 0, ErrorKind::kInvalidArgument, "--seq-length must be positive (0: the run's)");
   MT_CHECK(!a.output.empty(), ErrorKind::kInvalidArgument, "-o FILE: where the predictions go");
+  // Refused before any record is predicted (it predicted them all, then the rename failed with a
+  // filesystem error and left OUTPUT.tmp behind).
+  MT_CHECK(!fs::is_directory(a.output), ErrorKind::kInvalidArgument, "-o " + a.output + ": is a directory; give a file");
   LoadedModel lm = load_model(a.model);
   const models::ModelConfig& cfg = lm.model->config();
   MT_CHECK(cfg.num_labels > 0, ErrorKind::kInvalidArgument,
@@ -165,7 +168,12 @@ void run_predict(const PredictArgs& a) {
   }
   out.close();
   MT_CHECK(out.good(), ErrorKind::kIOError, a.output + ": cannot write (disk full?)");
-  fs::rename(tmp, a.output);
+  std::error_code renamed;
+  fs::rename(tmp, a.output, renamed);
+  if (renamed) {
+    fs::remove(tmp, renamed);
+    throw Error(ErrorKind::kIOError, a.output + ": cannot write (" + renamed.message() + ")");
+  }
   std::fprintf(stderr, "predict: %zu records -> %s", recs.size(), a.output.c_str());
   if (labelled > 0 && kind == data::LabelKind::kClass)
     std::fprintf(stderr, "; accuracy %.4f on the %zu with a label", static_cast<double>(correct) / labelled, labelled);

@@ -114,7 +114,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--context", a->context, "tokens a sequence holds (default min(max_positions, 2048))");
   cmd->add_option("--max-queue", a->server.max_queue, "requests waiting for a slot before 503 (default 64)");
   cmd->add_option("--timeout", a->server.request_timeout_s, "seconds a request may take, queue included (default 600)");
-  cmd->add_option("--max-body-bytes", a->server.max_body_bytes, "larger request bodies get 413 (default 1 MiB)");
+  // 1 byte to 1 TiB: -1 wrapped to the largest size_t (no limit at all) and 0 refused every POST.
+  cmd->add_option("--max-body-bytes", a->server.max_body_bytes, "larger request bodies get 413 (default 1 MiB)")
+      ->check(CLI::Range(static_cast<size_t>(1), static_cast<size_t>(1) << 40));
   cmd->add_option("--default-max-tokens", a->server.default_max_tokens,
                   "max_tokens of a completion that gives none (default 16, as OpenAI's)");
   cmd->callback([a] { run_serve(*a); });

@@ -81,7 +81,7 @@ json parse_body(const httplib::Request& req) {
     json j = json::parse(req.body, shallow);
     if (!j.is_object()) bad("the body must be a JSON object");
     return j;
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past a double (1e400)
     bad(std::string("the body is not valid JSON: ") + e.what(), "invalid_json");
   }
 }
@@ -317,6 +317,22 @@ void HttpServer::record(const std::string& endpoint, int status, double seconds)
   ++latency_count_;
 }
 
+namespace {
+// A Prometheus label value as the text format escapes it: backslash, double quote and line feed.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+}  // namespace
+
 std::string HttpServer::metrics_text() const {
   const Scheduler::Stats s = scheduler_->stats();
   std::string out;
@@ -326,8 +342,8 @@ std::string HttpServer::metrics_text() const {
   {
     std::lock_guard<std::mutex> lock(metrics_mu_);
     for (const auto& [key, n] : requests_)
-      line("meshtrain_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
-           std::to_string(n));
+      line("meshtrain_requests_total{endpoint=\"" + label_value(key.first) + "\",status=\"" + std::to_string(key.second) +
+           "\"} " + std::to_string(n));
     line("# HELP meshtrain_request_duration_seconds Time from a request's arrival to its last byte.");
     line("# TYPE meshtrain_request_duration_seconds histogram");
     uint64_t cum = 0;
@@ -404,7 +420,10 @@ std::shared_ptr<Generation> submit_or_throw(Scheduler& sched, GenerationRequest 
   try {
     g = sched.submit(std::move(request));
   } catch (const Error& e) {
-    throw HttpError{400, e.what(), "invalid_request_error", prompt > 0 ? "context_length_exceeded" : "invalid_value"};
+    // Only a prompt past the context is a context-length error (min_tokens with every id a stop id
+    // was named one too).
+    throw HttpError{400, e.what(), "invalid_request_error",
+                    prompt > sched.capacity() ? "context_length_exceeded" : "invalid_value"};
   }
   if (!g)
     throw HttpError{503, sched.draining() ? "the server is shutting down" : "the queue is full; retry later",
@@ -804,6 +823,17 @@ void HttpServer::route() {
     HttpError e{res.status, "", "invalid_request_error", ""};
     if (res.status == 413) {
       e.message = "the body is larger than " + std::to_string(options_.max_body_bytes) + " bytes";
+      // cpp-httplib reads a form-urlencoded body (curl -d's type) up to a limit of its own, built
+      // into the library (8192 bytes in Debian's): a JSON body sent so was refused for a size it
+      // does not have.
+      const std::string type = req.get_header_value("Content-Type");
+      const std::string length = req.get_header_value("Content-Length");
+      if (type.rfind("application/x-www-form-urlencoded", 0) == 0 && !length.empty() &&
+          length.find_first_not_of("0123456789") == std::string::npos && length.size() < 19 &&
+          std::stoull(length) <= options_.max_body_bytes)
+        e.message = "a body sent as application/x-www-form-urlencoded (curl -d's default) is limited to " +
+                    std::to_string(CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH) +
+                    " bytes by cpp-httplib; send the JSON with the header Content-Type: application/json";
       e.code = "payload_too_large";
     } else if (res.status == 404) {
       e.message = "no endpoint " + req.method + " " + req.path;
@@ -812,7 +842,12 @@ void HttpServer::route() {
       e.message = "HTTP " + std::to_string(res.status);
     }
     res.set_content(dump(error_json(e)), "application/json");
-    record(req.path, res.status, 0.0);
+    // An unknown path is counted under one label: a path in the metrics' label forged series
+    // (a quote and a newline in it) and each new one added a series for good.
+    bool routed = false;
+    for (const char* r : {"/", "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"})
+      routed |= req.path == r;
+    record(routed && res.status != 404 ? req.path : std::string("unmatched"), res.status, 0.0);
   });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "internal error";
@@ -1250,6 +1285,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       int min_tokens = 0;
       bool keep_stop = false;
       bool provided = false;  // the content provider ran (the headers went out)
+      int fd = -1;            // the request's socket: its close is seen while text is held back too
     };
     auto job = std::make_shared<StreamJob>();
     job->gens = std::move(queued);
@@ -1257,6 +1293,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     job->prompt_texts = std::move(prompt_texts);
     job->min_tokens = r.min_tokens;
     job->keep_stop = keep_stop;
+    job->fd = request_socket(req);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -1341,8 +1378,18 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
                   if (!echoed && !echo_chunk()) return false;
                   return chunk(c, chat ? json{{"content", delta}} : json(delta), nullptr, lp_upto(covered, {}));
                 },
-                true, nullptr, job->min_tokens, job->keep_stop, /*cover=*/logprobs >= 0);
+                // The socket is watched as a whole answer's is: a stream that writes nothing for a
+                // while (text held back by a stop string's prefix, end-of-text tokens under
+                // ignore_eos) ran to max_tokens in its slot after its client left, a write being
+                // the only way it noticed.
+                true, [fd = job->fd] { return fd >= 0 && peer_closed(fd); }, job->min_tokens, job->keep_stop,
+                /*cover=*/logprobs >= 0);
             std::lock_guard<std::mutex> lock(mu);
+            if (o.client_gone) {  // as a failed write: every choice ends, the request is a 499
+              alive = false;
+              for (const auto& h : gens) h->cancel(Finish::kCancelled);
+              return;
+            }
             if (failed || !alive) return;
             if (o.finish == Finish::kStop || o.finish == Finish::kLength) {
               if (!echoed && !echo_chunk()) return;

@@ -818,6 +818,9 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
   // Nested past the bound (100,000 levels under "model", 200 KB, overflowed a worker's stack as its
   // 404 was written, and the server died; 30,000 fit the test's 64 KiB body limit).
   const std::string deep = "{\"prompt\": \"a\", \"model\": " + std::string(30000, '[') + std::string(30000, ']') + "}";
+  json all_ids = json::array();
+  for (int id = 0; id < 300; ++id) all_ids.push_back(id);
+  const std::string every_id_stops = json{{"prompt", "a"}, {"min_tokens", 3}, {"stop_token_ids", all_ids}}.dump();
   const std::vector<Case> cases = {
       {"/v1/completions", "not json", 400, "invalid_json"},
       {"/v1/completions", "[1, 2]", 400, "invalid_request_error"},
@@ -890,6 +893,10 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
       {"/", R"({"prompt": "a", "history": [["q"]]})", 400, "invalid_type"},
       {"/", R"({"prompt": "a", "max_length": 1})", 400, "context_length_exceeded"},
       {"/v1/nothing", "{}", 404, "not_found"},
+      // A number past a double: nlohmann's out_of_range went to the exception handler (500).
+      {"/v1/completions", R"({"prompt": "a", "temperature": 1e400})", 400, "invalid_json"},
+      // Refused by the scheduler with a prompt that fits: named a context-length error before.
+      {"/v1/completions", every_id_stops, 400, "invalid_value"},
   };
   for (const Case& c : cases) {
     httplib::Result r = post(c.path, c.body);
@@ -901,6 +908,24 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
     EXPECT_FALSE(e["error"]["message"].get<std::string>().empty());
   }
   httplib::Client cli("127.0.0.1", server_->port);
+  // A JSON body past cpp-httplib's own limit for a form-urlencoded one (curl -d's type) is refused
+  // saying so, not as larger than --max-body-bytes (64 KiB here) which it is not.
+  httplib::Result form = cli.Post("/v1/completions", "{\"prompt\": \"" + std::string(9000, 'a') + "\"}",
+                                  "application/x-www-form-urlencoded");
+  ASSERT_TRUE(form);
+  EXPECT_EQ(form->status, 413);
+  EXPECT_NE(form->body.find("Content-Type: application/json"), std::string::npos) << form->body;
+  // A path is not a metrics label: one that closed the label and began a line forged a series, and
+  // every unknown path added one for good. They count under "unmatched".
+  for (const char* path : {"/a%22%7D%201%0Aevil_metric%7Bx%3D%22", "/x1", "/x2"}) {
+    auto r = cli.Get(path);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404);
+  }
+  const std::string text = server_->server.metrics_text();
+  EXPECT_EQ(text.find("\nevil_metric"), std::string::npos) << text;
+  EXPECT_EQ(text.find("/x1"), std::string::npos) << text;
+  EXPECT_NE(text.find("meshtrain_requests_total{endpoint=\"unmatched\",status=\"404\"}"), std::string::npos) << text;
   auto wrong_method = cli.Get("/v1/completions");
   ASSERT_TRUE(wrong_method);
   EXPECT_GE(wrong_method->status, 400);
@@ -1135,6 +1160,25 @@ TEST_F(SlowServerTest, AClientThatDisconnectsCancelsItsGeneration) {
     // steps, under a second on a loaded machine).
     EXPECT_LT(srv.server.stats().generated_tokens - before, 1500u * choices);
   }
+}
+
+// A stream that writes nothing while its client leaves (its text held back as a possible start of a
+// stop string 20,000 characters long): the socket is watched, and the generation ends long before
+// its 2000 tokens. It ran on in its slot to max_tokens, a write being the only way it noticed.
+TEST_F(SlowServerTest, AStreamHoldingItsTextBackIsCancelledWhenItsClientLeaves) {
+  auto model = slow_model();
+  Running srv(*model, *tok_, {.slots = 2}, {});
+  const json body = {{"prompt", "The cat"}, {"max_tokens", 2000}, {"temperature", 0}, {"stream", true},
+                     {"stop", json::array({std::string(20000, 'z')})}};
+  const uint64_t before = srv.server.stats().generated_tokens;
+  const std::string got = request_then_close(srv.port, "/v1/completions", body.dump(), "200 OK");
+  ASSERT_NE(got.find("200 OK"), std::string::npos) << got;
+  const std::string want = "meshtrain_requests_total{endpoint=\"/v1/completions\",status=\"499\"} 1";
+  for (int i = 0; i < 200 && srv.server.metrics_text().find(want) == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_NE(srv.server.metrics_text().find(want), std::string::npos) << srv.server.metrics_text();
+  EXPECT_EQ(active_once_settled(srv.server), 0);
+  EXPECT_LT(srv.server.stats().generated_tokens - before, 1500u);
 }
 
 // The same for a whole (non-streaming) answer: the server finds the request's socket and sees it

@@ -110,6 +110,8 @@ Scheduler::~Scheduler() {
   thread_.join();
 }
 
+int Scheduler::capacity() const { return gen_.capacity(); }
+
 std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
   const int n = static_cast<int>(request.prompt.size());
   MT_CHECK(n > 0, ErrorKind::kInvalidArgument, "the prompt is empty");

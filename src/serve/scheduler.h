@@ -126,6 +126,7 @@ class Scheduler {
   // Refuses new requests from now on and returns once every queued and active one has ended.
   void drain();
   bool draining() const { return draining_.load(); }
+  int capacity() const;  // the context a prompt must fit (the generator's)
 
   struct Stats {
     int queued = 0, active = 0, slots = 0;
