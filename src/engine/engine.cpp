@@ -369,6 +369,20 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   }
   sync_->bind(*optimizer_);
   store.zero_grad();
+  // DeepSpeed's fp16 wrappers outside ZeRO (FP16_Optimizer, FP16_UnfusedOptimizer: fp16 at stage 0,
+  // pipelines included) take one step of the optimizer with zero gradients as they are built
+  // (initialize_optimizer_states), at the optimizer's own lr, before the scheduler sets one. The
+  // step counts (the first real update's bias correction is step 2's: about 0.74 of Adam's first
+  // update), and the weight decay applies once: AdamW's decoupled p(1 - lr wd), and Adam's L2 or
+  // SGD's wd p an update of its own. ZeRO's stages and the bf16 wrapper take none; the 1-bit
+  // optimizers keep their own account of DeepSpeed's first call (optim/onebit_adam.h).
+  if (config.compute_dtype == DType::kF16 && z.stage == 0 && !optim::optimizer_is_onebit(config.optimizer) &&
+      !optimizer_->state_swapped()) {
+    optimizer_->step(sync_->master(), sync_->grad(), sync_->compute(), sync_->compute_dtype(),
+                     static_cast<float>(config.optimizer.lr), 1.0f);
+    sync_->after_update();
+    store.zero_grad();
+  }
   if (ctx_->pp() > 1) {
     pp_spec_ = engine_schedule_spec(config);
     parallel::pp::check_schedule_spec(pp_spec_, ctx_->groups.pp->max_msg_tag());

@@ -89,6 +89,48 @@ TEST(Engine, F16LossScalerSkipsOverflowsAndBacksOff) {
   EXPECT_EQ(e.global_step(), skipped + 1);
 }
 
+// DeepSpeed's fp16 wrappers outside ZeRO (FP16_Optimizer, FP16_UnfusedOptimizer) step the optimizer
+// once with zero gradients as they are built, at its own lr: AdamW's decoupled decay p (1 - lr wd)
+// and a step count of 1 (the first real update's bias correction is step 2's); torch's SGD sees
+// the gradient wd p, its first momentum buffer, and steps p (1 - lr wd) too. ZeRO's stages and bf16
+// take none.
+// Before, no run took it: every fp16 stage-0 run trained another first update than DeepSpeed's.
+TEST(Engine, F16AtStageZeroTakesDeepSpeedsZeroGradientStepAsItIsBuilt) {
+  struct Case {
+    const char* dtype;
+    int stage;
+    bool adam_w_mode;
+    bool steps;
+  };
+  for (const Case& k : {Case{"fp16", 0, true, true}, Case{"fp16", 0, false, true}, Case{"fp16", 1, true, false},
+                        Case{"bf16", 0, true, false}}) {
+    SCOPED_TRACE(std::string(k.dtype) + " stage " + std::to_string(k.stage) + (k.adam_w_mode ? " AdamW" : " SGD"));
+    auto j = tiny(2, 1);
+    j[k.dtype] = {{"enabled", true}};
+    j["zero_optimization"] = {{"stage", k.stage}};
+    const double lr = k.adam_w_mode ? 0.001 : 0.01, wd = 0.1;
+    j["optimizer"] = k.adam_w_mode
+                         ? nlohmann::json{{"type", "AdamW"}, {"params", {{"lr", lr}, {"weight_decay", wd}}}}
+                         : nlohmann::json{{"type", "SGD"}, {"params", {{"lr", lr}, {"weight_decay", wd}, {"momentum", 0.9}}}};
+    RunConfig c = ds_config_parse(j, "init-step");
+    auto m = engine_build_model(c);
+    // (At ZeRO 1 the weights live in the engine's shards: its step count says it.)
+    std::vector<float> before;
+    if (k.stage == 0) before.assign(m->store().master(), m->store().master() + m->store().numel());
+    Engine e(c, *m);
+    if (k.adam_w_mode) {
+      EXPECT_EQ(e.optimizer().step_count(), k.steps ? 1 : 0);
+    }
+    for (size_t i = 0; i < before.size(); ++i) {
+      const double p = before[i];
+      // AdamW: m = v = 0, so only the decoupled decay; SGD (torch's): the gradient is wd p, the
+      // first momentum buffer that gradient, the step lr wd p.
+      const double want = k.steps ? p * (1.0 - lr * wd) : p;
+      ASSERT_NEAR(m->store().master()[i], want, 1e-6 * std::fabs(p) + 1e-9) << "element " << i;
+    }
+  }
+}
+
 TEST(Engine, ScheduleStepsOnlyOnAppliedStepsAndNaNLossStops) {
   auto j = tiny(2, 1);
   j["scheduler"] = {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", 0.01}, {"warmup_num_steps", 4}, {"warmup_type", "linear"}}}};
