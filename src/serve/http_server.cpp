@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -283,6 +284,35 @@ void HttpServer::serve() {
   served_ = true;
 }
 
+namespace {
+// The local port of a socket, or -1.
+int local_port(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return -1;
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&a)->sin6_port);
+  return -1;
+}
+
+// Shuts both ways every connection this process accepted on `port` (a connected socket whose
+// local port is the listening one's), so that the workers blocked reading them return.
+void shut_connections(int port) {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = std::atoi(e->d_name);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) || local_port(fd) != port) continue;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0) ::shutdown(fd, SHUT_RDWR);
+  }
+  ::closedir(d);
+}
+}  // namespace
+
 void HttpServer::shutdown() {
   if (draining_.exchange(true)) return;
   scheduler_->drain();  // refuses new generations; waits for queued and active ones
@@ -302,7 +332,12 @@ void HttpServer::shutdown() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  const int port = listen_fd_ >= 0 ? local_port(listen_fd_) : -1;  // before stop() closes it
   http_->stop();
+  // Every request has its answer by now. The connections left are idle keep-alives and clients
+  // still sending a request: one that trickled its headers (each read's timeout starts again with
+  // each byte) held a worker, the pool's shutdown and the exit for as long as it kept sending.
+  if (port > 0) shut_connections(port);
 }
 
 void HttpServer::record(const std::string& endpoint, int status, double seconds) {

@@ -10,6 +10,7 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <future>
@@ -1199,6 +1200,41 @@ TEST_F(SlowServerTest, AClientThatDisconnectsBeforeAWholeAnswerCancelsIt) {
     EXPECT_EQ(active_once_settled(srv.server), 0);
     EXPECT_LT(srv.server.stats().generated_tokens - before, 1500u);
   }
+}
+
+// A client that trickles its request's headers (a line every 100 ms, for up to 30 s) does not hold
+// the shutdown: serve() returns while it is still sending. A read's timeout starts again with each
+// byte, so its worker, the pool's shutdown and with it the exit waited for as long as it sent.
+TEST_F(HttpServerTest, AClientTricklingItsHeadersDoesNotHoldTheShutdown) {
+  Generator gen(*model_, {.slots = 1});
+  ServerOptions so;
+  so.port = 0;
+  HttpServer server(gen, *tok_, so);
+  const int port = server.bind();
+  std::thread serving([&server] { server.serve(); });
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  std::atomic<bool> stop{false}, sent_all{false};
+  std::thread trickle([&] {
+    const std::string first = "POST /v1/completions HTTP/1.1\r\n", line = "X-Slow: a\r\n";
+    ::send(fd, first.data(), first.size(), MSG_NOSIGNAL);
+    for (int i = 0; i < 300 && !stop; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (::send(fd, line.data(), line.size(), MSG_NOSIGNAL) < 0) return;  // the server shut it
+    }
+    sent_all = !stop;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its worker is reading the headers
+  server.shutdown();
+  serving.join();
+  EXPECT_FALSE(sent_all) << "serve() returned only once the client had sent for 30 s";
+  stop = true;
+  trickle.join();
+  ::close(fd);
 }
 
 TEST_F(SlowServerTest, ShutdownFinishesInFlightRequestsAndRefusesNewOnes) {
