@@ -4,8 +4,11 @@
 // SIGINT finish the step, save and exit 128 + signal (a second signal ends the run at once).
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -424,6 +427,60 @@ bool wait_for(const std::string& path, const std::string& text) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
+}
+
+// serve: SIGTERM drains (the requests in flight finish, then exit 0); a second signal meanwhile exits
+// at once with 128 + its number and a line. It was read by no one: only SIGKILL ended a server
+// whose requests in flight ran for minutes. (MT_FAULT=serve.slow_decode: 100 ms a decode step, so a
+// request of 200 tokens stays in flight for 20 s.)
+TEST(Signals, ServeExitsAtASecondSignalWithARequestInFlight) {
+  std::ofstream(dir() + "/serve.txt") << "The cat sat on the mat.\n\nThe dog sat on the log.\n\nCats and dogs sat.\n";
+  ASSERT_EQ(run("tokenize " + dir() + "/serve.txt -o " + dir() + "/servetok --train-bpe 270"), 0);
+  const std::string cfg = config("serve-lm", {{"train_iters", 2}, {"save_interval", 2},
+                                              {"model", {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 256},
+                                                         {"n_embd", 32}, {"n_layer", 1}, {"n_head", 2}}}});
+  std::string err;
+  ASSERT_EQ(run("train " + cfg, &err), 0) << err;
+  const std::string out_file = dir() + "/serve.out", err_file = dir() + "/serve.err";
+  setenv("MT_FAULT", "serve.slow_decode", 1);
+  const pid_t pid = spawn({"serve", save_dir("serve-lm"), "--port", "0", "--tokenizer", dir() + "/servetok.tokenizer.json"},
+                          out_file, err_file);
+  unsetenv("MT_FAULT");
+  ASSERT_TRUE(wait_for(err_file, " slots of ")) << slurp(err_file);
+  const std::string said = slurp(err_file);
+  const size_t at = said.find("http://127.0.0.1:");
+  ASSERT_NE(at, std::string::npos) << said;
+  const int port = std::atoi(said.c_str() + at + 17);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string body = R"({"prompt": "The cat", "max_tokens": 200, "ignore_eos": true})";
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the request is decoding
+  kill(pid, SIGTERM);
+  ASSERT_TRUE(wait_for(err_file, "draining")) << slurp(err_file);
+  kill(pid, SIGTERM);
+  int status = 0;
+  pid_t ended = 0;
+  for (int i = 0; i < 600 && ended == 0; ++i) {  // the request alone would end in 20 s
+    ended = waitpid(pid, &status, WNOHANG);
+    if (ended == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (ended == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "serve did not end after a second SIGTERM: " << slurp(err_file);
+  }
+  ::close(fd);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << slurp(err_file);
+  EXPECT_NE(slurp(err_file).find("serve: a second signal: exiting without waiting for the requests in flight"), std::string::npos)
+      << slurp(err_file);
 }
 
 TEST(Signals, SigtermFinishesTheStepSavesAndExits143) {

@@ -1,13 +1,14 @@
 // meshtrain serve MODEL [--host H] [--port P]: the HTTP inference API (serve/http_server.h) over a
 // checkpoint or Hugging Face directory, as `generate` reads them. Requests are batched by the
 // scheduler over --slots sequences (continuous batching); --max-queue more wait, beyond that 503.
-// SIGTERM or SIGINT drains: new requests get 503, the ones in flight finish, then it exits 0.
+// SIGTERM or SIGINT drains: new requests get 503, the ones in flight finish, then it exits 0; a
+// second one exits at once (128 + the signal).
 #include <signal.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -26,8 +27,18 @@ namespace fs = std::filesystem;
 namespace {
 
 int g_signal_pipe[2] = {-1, -1};
+std::atomic<int> g_signals{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler counts with it");
 
 void on_signal(int sig) {
+  // A second signal while the first drains: out at once, as uvicorn's second Ctrl-C (a request in
+  // flight may take up to --timeout; only SIGKILL ended it before).
+  if (g_signals.fetch_add(1) > 0) {
+    static const char said[] = "serve: a second signal: exiting without waiting for the requests in flight\n";
+    if (::write(2, said, sizeof(said) - 1) < 0) {
+    }
+    ::_exit(128 + sig);
+  }
   const unsigned char c = static_cast<unsigned char>(sig);
   if (::write(g_signal_pipe[1], &c, 1) < 0) {
   }
@@ -80,7 +91,7 @@ void run_serve(ServeArgs a) {
     while (::read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
     }
     if (sig == 0) return;  // serve() ended otherwise
-    std::fprintf(stderr, "serve: %s: draining (new requests get 503; in-flight ones finish)\n",
+    std::fprintf(stderr, "serve: %s: draining (new requests get 503; in-flight ones finish; a second signal exits now)\n",
                  sig == SIGINT ? "SIGINT" : "SIGTERM");
     server.shutdown();
   });

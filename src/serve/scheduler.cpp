@@ -1,9 +1,12 @@
 #include "serve/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "base/error.h"
+#include "base/fault.h"
 
 namespace mt::serve {
 
@@ -318,6 +321,9 @@ void Scheduler::loop() {
     }
     // One decode step for every active sequence.
     if (!active_.empty()) {
+      // Test seam: a slow model (a request stays in flight for the signal tests).
+      static const bool slow = fault_active("serve.slow_decode");
+      if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(100));
       slots.clear();
       tokens.clear();
       for (const Active& a : active_) {
