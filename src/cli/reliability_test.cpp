@@ -4,9 +4,7 @@
 // SIGINT finish the step, save and exit 128 + signal (a second signal ends the run at once).
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -29,6 +27,7 @@
 #include "checkpoint/safetensors.h"
 #include "cli/cli_test_util.h"
 #include "engine/checkpoint_io.h"
+#include "serve/test_socket.h"
 
 namespace fs = std::filesystem;
 using mt::cli::testing::slurp;
@@ -451,12 +450,8 @@ TEST(Signals, ServeExitsAtASecondSignalWithARequestInFlight) {
   const size_t at = said.find("http://127.0.0.1:");
   ASSERT_NE(at, std::string::npos) << said;
   const int port = std::atoi(said.c_str() + at + 17);
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int fd = mt::serve::testing::connect_loopback(port);
+  ASSERT_GE(fd, 0) << "connect to port " << port;
   const std::string body = R"({"prompt": "The cat", "max_tokens": 200, "ignore_eos": true})";
   const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                           std::to_string(body.size()) + "\r\n\r\n" + body;

@@ -453,18 +453,16 @@ TEST(MakeOptimizer, SegmentsMustCoverTheSpanInOrder) {
 
 // ---- OneCycle vs DeepSpeed's OneCycle ----
 
+// The golden traces' OneCycle: min_lr 0.01, max_lr 0.1, first 4, second 6, decay_step_size 3,
+// decay_lr_rate 0.5, min_mom 0.85, max_mom 0.95, decay_mom_rate 0.02 (tools/make_optim_golden.py).
+LrScheduleConfig one_cycle_with_decay() {
+  return LrScheduleConfig{.type = LrScheduleType::kOneCycle, .cycle_min_lr = 0.01, .cycle_max_lr = 0.1,
+                          .decay_lr_rate = 0.5, .cycle_first_step_size = 4, .cycle_second_step_size = 6,
+                          .decay_step_size = 3, .cycle_min_mom = 0.85, .cycle_max_mom = 0.95, .decay_mom_rate = 0.02};
+}
+
 TEST(OneCycle, LrAndMomentumMatchDeepSpeedThroughCycleAndDecay) {
-  LrScheduleConfig c;
-  c.type = LrScheduleType::kOneCycle;
-  c.cycle_min_lr = 0.01;
-  c.cycle_max_lr = 0.1;
-  c.cycle_first_step_size = 4;
-  c.cycle_second_step_size = 6;
-  c.decay_step_size = 3;
-  c.decay_lr_rate = 0.5;
-  c.cycle_min_mom = 0.85;
-  c.cycle_max_mom = 0.95;
-  c.decay_mom_rate = 0.02;
+  const LrScheduleConfig c = one_cycle_with_decay();
   EXPECT_NO_THROW(lr_schedule_check(c));
   for (int64_t i = -1; i < 25; ++i) {
     const size_t k = static_cast<size_t>(i + 1);
@@ -493,19 +491,9 @@ TEST(OneCycle, SecondStepNoneAndNoDecayMatchDeepSpeed) {
 // The stair counts hold lr and momentum flat over parts of each half cycle (they were read and not
 // used: the schedule moved every step).
 TEST(OneCycle, StairCountsMatchDeepSpeedsStaircase) {
-  LrScheduleConfig c;
-  c.type = LrScheduleType::kOneCycle;
-  c.cycle_min_lr = 0.01;
-  c.cycle_max_lr = 0.1;
-  c.cycle_first_step_size = 4;
-  c.cycle_second_step_size = 6;
+  LrScheduleConfig c = one_cycle_with_decay();
   c.cycle_first_stair_count = 2;
   c.cycle_second_stair_count = 3;
-  c.decay_step_size = 3;
-  c.decay_lr_rate = 0.5;
-  c.cycle_min_mom = 0.85;
-  c.cycle_max_mom = 0.95;
-  c.decay_mom_rate = 0.02;
   for (int64_t i = -1; i < 25; ++i) {
     const size_t k = static_cast<size_t>(i + 1);
     EXPECT_NEAR(lr_at_iteration(c, i), kOneCycleStairLr[k], 1e-12 * kOneCycleStairLr[k]) << "iteration " << i;

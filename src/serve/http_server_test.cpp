@@ -29,12 +29,14 @@
 #include "data/tokenizer.h"
 #include "serve/generator.h"
 #include "serve/http_server.h"
+#include "serve/test_socket.h"
 #include "serve/test_util.h"
 
 namespace mt::serve {
 namespace {
 
 using json = nlohmann::json;
+using testing::connect_loopback;
 
 const char* kCorpus =
     "The cat sat on the mat. The dog sat on the log. A bird sang in the tree, and the cat watched it.\n"
@@ -1093,20 +1095,10 @@ TEST(Utf8, CompletePrefixHoldsBackASplitCharacter) {
   EXPECT_EQ(utf8_complete_prefix("a\xC3\xA9"), 3u);
 }
 
-// A TCP socket connected to 127.0.0.1:port.
-int connect_loopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  return fd;
-}
-
 // A raw client: sends one request, reads until `until` appears in the response, then closes.
 std::string request_then_close(int port, const std::string& path, const std::string& body, const std::string& until) {
   const int fd = connect_loopback(port);
+  EXPECT_GE(fd, 0) << "connect to port " << port;
   const std::string req = "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                           std::to_string(body.size()) + "\r\n\r\n" + body;
   EXPECT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
@@ -1219,6 +1211,7 @@ TEST_F(HttpServerTest, AClientTricklingItsHeadersDoesNotHoldTheShutdown) {
   const int port = server.bind();
   std::thread serving([&server] { server.serve(); });
   const int fd = connect_loopback(port);
+  ASSERT_GE(fd, 0) << "connect to port " << port;
   std::atomic<bool> stop{false}, sent_all{false};
   std::thread trickle([&] {
     const std::string first = "POST /v1/completions HTTP/1.1\r\n", line = "X-Slow: a\r\n";
