@@ -10,6 +10,7 @@
 #include <csignal>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <thread>
 
 #include "base/fault.h"
+#include "base/threads.h"
 #include "tensor/allocator.h"
 
 namespace mt::comm {
@@ -42,6 +44,8 @@ int collective_id(const std::string& name) {
 
 int g_thread_level = -1;
 std::shared_ptr<Backend> g_world;
+// MpiWork::wait's sleep between polls once its spins are spent (mpi_idle_sleep_us; set by mpi_init).
+std::atomic<int> g_idle_sleep_us{50};
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -693,6 +697,7 @@ bool MpiWork::is_completed() {
 }
 
 void MpiWork::wait() {
+  const auto nap = std::chrono::microseconds(g_idle_sleep_us.load(std::memory_order_relaxed));
   for (int spins = 0; !is_completed(); ++spins) {
     if (deadline_.passed()) {
       if (!is_completed()) backend_->throw_timeout(what_, seq_, peer_, tag_, timeout_);
@@ -700,7 +705,7 @@ void MpiWork::wait() {
     }
     if (spins > 1000) {
       if (spins % 64 == 0) backend_->answer_pings();
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      std::this_thread::sleep_for(nap);
     } else {
       std::this_thread::yield();
     }
@@ -763,9 +768,32 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
   MT_CHECK(g_thread_level >= MPI_THREAD_SERIALIZED, ErrorKind::kIOError,
            std::string("MPI provides only thread level '") + level_name(g_thread_level) +
                "'; meshtrain needs 'serialized' or 'multiple'");
+  MPI_Comm host = MPI_COMM_NULL;  // this host's ranks (shared memory)
+  int on_host = 1;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host) == MPI_SUCCESS &&
+      host != MPI_COMM_NULL) {
+    MPI_Comm_size(host, &on_host);
+    MPI_Comm_free(&host);
+  }
+  int nap = mpi_idle_sleep_us(on_host, threads_get(), static_cast<int>(std::thread::hardware_concurrency()));
+  if (const char* v = std::getenv("MT_WAIT_NAP_US"); v != nullptr && *v) {
+    char* end = nullptr;
+    const long us = std::strtol(v, &end, 10);
+    MT_CHECK(*end == '\0' && us >= 1 && us <= 1000000, ErrorKind::kInvalidArgument,
+             std::string("MT_WAIT_NAP_US=") + v + ": expected a whole number of microseconds from 1 to 1000000");
+    nap = static_cast<int>(us);
+  }
+  g_idle_sleep_us.store(nap);
   g_world = std::make_shared<MpiBackend>(MPI_COMM_WORLD, false);
   return g_world;
 }
+
+int mpi_idle_sleep_us(int ranks_on_host, int threads, int cores) {
+  const long wanted = static_cast<long>(std::max(1, ranks_on_host)) * std::max(1, threads);
+  return wanted > std::max(1, cores) ? 1000 : 50;
+}
+
+int mpi_wait_sleep_us() { return g_idle_sleep_us.load(std::memory_order_relaxed); }
 
 const char* mpi_reduce_scatter_path() { return mpi_reduce_scatter() ? "mpi" : "ring"; }
 

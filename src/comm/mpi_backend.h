@@ -66,6 +66,19 @@ size_t ring_reduce_scatter_scratch_bytes(int size, size_t block_bytes, bool in_p
 // The same on the path MT_REDUCE_SCATTER gives: 0 for "mpi" (MPI's own temporaries are not ours
 // to account).
 size_t reduce_scatter_scratch_bytes(int size, size_t block_bytes, bool in_place);
+// How long a rank waiting on MPI sleeps between polls once a thousand polls, each a yield, found
+// nothing (a pipeline stage's bubble, a rank ahead of the others at a collective): 50 us where its
+// host has a core for each of its ranks' threads, 1 ms where it has fewer. OpenMPI's shared-memory
+// transport only moves when polled, so a waiting rank cannot block in the kernel; but on a host with
+// more threads than cores each wake of a waiting rank takes the core from one computing (the
+// scheduler runs the woken task at once), and 20 000 wakes a second per waiting rank cost a 4-stage
+// pipeline on 2 cores 10-15 % of its step (docs/PERF.md, "A waiting rank's naps"). Where every
+// thread has its core the wake costs no one, and the shorter nap answers sooner.
+int mpi_idle_sleep_us(int ranks_on_host, int threads, int cores);
+// The sleep this process's waits take: mpi_init sets it from the ranks on this host (MPI's
+// shared-memory split), OpenMP's threads and the host's cores, or MT_WAIT_NAP_US (1 to 1 000 000;
+// another value throws kInvalidArgument) where that is set; 50 before mpi_init.
+int mpi_wait_sleep_us();
 // Finalises MPI. REQUIRES: every Work has completed and every MPI Backend but the world is gone.
 void mpi_finalize();
 // The thread level MPI provided ("multiple", "serialized", ...); "none" before mpi_init.

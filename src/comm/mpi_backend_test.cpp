@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/threads.h"
 #include "comm/comm_log.h"
 #include "comm/mpi_backend.h"
 #include "comm/onebit.h"
@@ -652,6 +653,23 @@ void check_iallreduce_algorithm(Backend&) {
   EXPECT(got == want, "libnbc runs iallreduce algorithm " + std::to_string(got) + ", not " + std::to_string(want));
 }
 
+// A waiting rank's nap between polls: 1 ms where the host has fewer cores than its ranks' threads
+// (every rank of this test runs on one host), 50 us where each has its core, or MT_WAIT_NAP_US's.
+void check_wait_sleep(Backend& b) {
+  EXPECT(mpi_idle_sleep_us(4, 1, 2) == 1000, "4 ranks x 1 thread on 2 cores");
+  EXPECT(mpi_idle_sleep_us(2, 2, 2) == 1000, "2 ranks x 2 threads on 2 cores");
+  EXPECT(mpi_idle_sleep_us(2, 1, 2) == 50, "2 ranks x 1 thread on 2 cores");
+  EXPECT(mpi_idle_sleep_us(8, 2, 16) == 50, "8 ranks x 2 threads on 16 cores");
+  EXPECT(mpi_idle_sleep_us(0, 0, 0) == 50, "no count is read as one");
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const char* user = std::getenv("MT_WAIT_NAP_US");  // ctest's comm_mpi_nap_np2 sets 300
+  const int want = user ? std::atoi(user) : b.size() * threads_get() > std::max(1, cores) ? 1000 : 50;
+  EXPECT(mpi_wait_sleep_us() == want, "this process naps " + std::to_string(mpi_wait_sleep_us()) + " us, not " +
+                                          std::to_string(want) + " (" + std::to_string(b.size()) + " ranks x " +
+                                          std::to_string(threads_get()) + " thread(s), " + std::to_string(cores) +
+                                          " cores)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -670,7 +688,7 @@ int main(int argc, char** argv) {
     return timeout_case(*world, argc > 2 ? argv[2] : "all_reduce");
   for (auto check : {check_all_reduce, check_bf16_sum, check_in_dtype, check_rooted, check_gather_scatter_all,
                      check_p2p_and_groups, check_onebit, check_a_broken_pipe_does_not_kill, check_huge_page_buffers, check_driven_send, check_iallreduce_algorithm,
-                     check_ring_reduce_scatter, check_a_stop_inside_a_wait}) {
+                     check_ring_reduce_scatter, check_a_stop_inside_a_wait, check_wait_sleep}) {
     try {
       check(*world);
     } catch (const std::exception& e) {
