@@ -59,13 +59,15 @@ nlohmann::json fingerprint(int world) {
                        {"binary_mtime", mtime}};
   if (world > 1)
     fp["collectives"] = {{"iallreduce_algorithm", comm::mpi_iallreduce_algorithm()},
-                         {"reduce_scatter", comm::mpi_reduce_scatter_path()}};
+                         {"reduce_scatter", comm::mpi_reduce_scatter_path()},
+                         {"wait_nap_us", comm::mpi_wait_sleep_us()}};
   return fp;
 }
 
 void run_calibrate(const CalibrateArgs& args) {
-  std::shared_ptr<comm::Backend> world = mpi_world();
+  // Before MPI: mpi_init sets a waiting rank's nap from the threads (comm::mpi_wait_sleep_us).
   if (args.threads > 0) threads_set(args.threads);  // else OpenMP's (meshtrain launch sets one per rank's share)
+  std::shared_ptr<comm::Backend> world = mpi_world();
   const int P = world ? world->size() : 1;
   const bool lead = !world || world->rank() == 0;
   if (args.speed_probe) {  // the machine's speed state now (scripts/planner-campaign.sh, before calibrating)

@@ -750,6 +750,14 @@ void mpi_prepare_process(char** argv) {
 
 std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
   if (g_world) return g_world;
+  int user_nap = 0;  // MT_WAIT_NAP_US, refused before MPI starts (every rank exits with its line)
+  if (const char* v = std::getenv("MT_WAIT_NAP_US"); v != nullptr && *v) {
+    char* end = nullptr;
+    const long us = std::strtol(v, &end, 10);
+    MT_CHECK(*end == '\0' && us >= 1 && us <= 1000000, ErrorKind::kInvalidArgument,
+             std::string("MT_WAIT_NAP_US=") + v + ": expected a whole number of microseconds from 1 to 1000000");
+    user_nap = static_cast<int>(us);
+  }
   int initialized = 0;
   MPI_Initialized(&initialized);
   // A peer that died leaves its TCP sockets half closed: OpenMPI's next writev to one raises
@@ -775,15 +783,9 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
     MPI_Comm_size(host, &on_host);
     MPI_Comm_free(&host);
   }
-  int nap = mpi_idle_sleep_us(on_host, threads_get(), static_cast<int>(std::thread::hardware_concurrency()));
-  if (const char* v = std::getenv("MT_WAIT_NAP_US"); v != nullptr && *v) {
-    char* end = nullptr;
-    const long us = std::strtol(v, &end, 10);
-    MT_CHECK(*end == '\0' && us >= 1 && us <= 1000000, ErrorKind::kInvalidArgument,
-             std::string("MT_WAIT_NAP_US=") + v + ": expected a whole number of microseconds from 1 to 1000000");
-    nap = static_cast<int>(us);
-  }
-  g_idle_sleep_us.store(nap);
+  g_idle_sleep_us.store(user_nap > 0 ? user_nap
+                                      : mpi_idle_sleep_us(on_host, threads_get(),
+                                                          static_cast<int>(std::thread::hardware_concurrency())));
   g_world = std::make_shared<MpiBackend>(MPI_COMM_WORLD, false);
   return g_world;
 }
