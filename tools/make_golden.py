@@ -27,6 +27,9 @@ The safetensors file is written by hand: u64 LE header length, space-padded JSON
 of 8 bytes), then the tensors' little-endian bytes packed contiguously in header order.
 Single-threaded and deterministic.
 
+It also writes padding-tiny-llama.safetensors: tiny-llama with pad_token_id 7 (LlamaModel's
+nn.Embedding padding_idx), the id planted at the first and middle position of each row.
+
 It also writes OUTDIR/engine-gpt2/, the acceptance data of the training engine: a Hugging Face
 model directory (config.json; model.safetensors with the gpt2 hub checkpoint's bare-trunk names,
 "h.0.attn.c_attn.weight", and its "h.N.attn.bias" mask buffers), a Megatron indexed dataset
@@ -193,6 +196,23 @@ def make_golden_around_forward(cfg: dict, batch: int, seq: int, steps: int, befo
 DOC_EOD = 5
 DOC_ENDS = {0: (4, 11), 1: (0, 7, 8, 15)}
 DOC_VARIANTS = {"": (True, True), "positions-": (True, False), "attention-": (False, True)}
+
+
+# LLaMA with a pad_token_id (Hugging Face's LlamaModel: nn.Embedding's padding_idx), the id planted
+# in both rows of the batch (and in the middle, where later positions attend to it): its row of
+# embed_tokens gets no gradient, and AdamW's steps leave it decayed only.
+PAD_ID = 7
+
+
+def make_padding_golden(cfg: dict, batch: int, seq: int, steps: int) -> tuple[dict, dict]:
+    c = dict(cfg)
+    c["pad_token_id"] = PAD_ID
+
+    def plant(tokens):
+        tokens[:, 0] = PAD_ID
+        tokens[:, seq // 2] = PAD_ID
+
+    return make_golden(c, batch, seq, steps, plant)
 
 
 def make_documents_golden(cfg: dict, batch: int, seq: int, steps: int, positions: bool,
@@ -435,6 +455,11 @@ def main() -> int:
             path = os.path.join(args.out, "documents-" + prefix + name + ".safetensors")
             write_safetensors(path, tensors, metadata)
             print(f"wrote {path}: documents, loss {tensors['loss'].item():.6f}")
+    cfg = tm.load_config(os.path.join(args.configs, "tiny-llama.json"))
+    tensors, metadata = make_padding_golden(cfg, args.batch, args.seq, args.steps)
+    path = os.path.join(args.out, "padding-tiny-llama.safetensors")
+    write_safetensors(path, tensors, metadata)
+    print(f"wrote {path}: padding_idx {PAD_ID}, loss {tensors['loss'].item():.6f}")
     for name in MODELS:
         cfg = tm.load_config(os.path.join(args.configs, name + ".json"))
         for prefix, problem in (("cls-", "single_label_classification"), ("cls-regression-", "regression"),

@@ -413,7 +413,8 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: dict):
         super().__init__()
         h = cfg["hidden_size"]
-        self.embed_tokens = nn.Embedding(cfg["vocab_size"], h)
+        # Hugging Face's LlamaModel: the pad_token_id row is nn.Embedding's padding_idx
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], h, cfg.get("pad_token_id"))
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg["num_hidden_layers"]))
         self.norm = LlamaRMSNorm(h, cfg.get("rms_norm_eps", 1e-6))
 

@@ -220,7 +220,9 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
                     " to continue it, or --overwrite to start a new run there (its first save removes them)");
   if (fault_active("train.sigterm_in_setup")) std::raise(SIGTERM);  // test seam: a scheduler's signal during the setup
   data::Tokenizer tok = run_tokenizer(cfg);
-  const int32_t pad = data::classification_pad(tok);  // GPT-2's pad_token_id = eos_token_id, as HF fine-tuning sets it
+  // GPT-2's pad_token_id = eos_token_id, as HF fine-tuning sets it; a LLaMA whose config gives one
+  // pools at it, as LlamaForSequenceClassification does (its padding row: export writes that id).
+  const int32_t pad = cfg.model.padding_idx >= 0 ? cfg.model.padding_idx : data::classification_pad(tok);
   const int L = cfg.model.num_labels;
   const data::LabelKind kind = label_kind(cfg.model);
   std::vector<data::ClassificationExample> train = data::classification_read(cfg.data_train, tok, cfg.cls_fields, L, true, kind);

@@ -263,6 +263,24 @@ TEST(Classify, LabelNamesTravelAndUnlabelledRowsArePredicted) {
   EXPECT_NE(err.find("glue-test.jsonl:1: label -1 (an unlabelled row, as GLUE's test splits mark them)"), std::string::npos) << err;
 }
 
+// A LLaMA classifier whose config gives a pad_token_id (its padding row) pads and pools with it, as
+// LlamaForSequenceClassification pools at config.pad_token_id, and the export says that id (it
+// padded with the end-of-text id and wrote that: a reload froze another row).
+TEST(Classify, ALlamaClassifierPadsWithItsPaddingRow) {
+  setup();
+  const std::string cfg = write_config(
+      "llama-pad", {{"model", {{"model_type", "llama"}, {"vocab_size", 300}, {"hidden_size", 32}, {"intermediate_size", 64},
+                               {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"max_position_embeddings", 48},
+                               {"num_labels", 2}, {"pad_token_id", 7}}},
+                    {"num_train_epochs", 1}, {"model_checkpoint", {{"save_top_k", 0}}}});
+  std::string out, err;
+  ASSERT_EQ(run("train " + cfg, &out, &err), 0) << err;
+  ASSERT_EQ(run("export " + dir() + "/run-llama-pad --hf " + dir() + "/llama-pad-hf", &out, &err), 0) << err;
+  nlohmann::json hf = nlohmann::json::parse(mt::cli::testing::slurp(dir() + "/llama-pad-hf/config.json"));
+  EXPECT_EQ(hf["architectures"][0], "LlamaForSequenceClassification");
+  EXPECT_EQ(hf["pad_token_id"], 7);
+}
+
 // exported with --hf is a Hugging Face *ForSequenceClassification directory that predict reads
 // to the same answers.
 TEST(Classify, FromACausalLmCheckpointAndBackOutAsHuggingFace) {

@@ -65,6 +65,7 @@ void run_export(const ExportArgs& a) {
       std::fprintf(stderr, "warning: %s; config.json names no eos_token_id\n", e.what());
     }
   }
+  if (info.model.padding_idx >= 0) pad = info.model.padding_idx;  // LLaMA's: training padded with it (classify)
   // Building the model checks every tensor's name and shape against the architecture.
   models::ModelOptions opts;
   models::TransformerLM model(info.model, opts);

@@ -39,11 +39,13 @@ LoadedModel load_model(const std::string& path) {
     {
       const nlohmann::json j = engine::json_load_file(config);
       if (j.is_object() && j.contains("pad_token_id") && j["pad_token_id"].is_number_integer()) {
+        // A negative one (old LLaMA configs write -1) is no token: Hugging Face's classifier compares
+        // the ids with it and pools at the last position, so none here.
         const int64_t v = j["pad_token_id"].get<int64_t>();
-        MT_CHECK(v >= 0 && v < out.model->config().vocab_size, ErrorKind::kInvalidArgument,
+        MT_CHECK(v < 0 || v < out.model->config().vocab_size, ErrorKind::kInvalidArgument,
                  config + ": pad_token_id " + std::to_string(v) + " is not an id of the model's vocabulary (" +
                      std::to_string(out.model->config().vocab_size) + ")");
-        out.pad_id = static_cast<int32_t>(v);
+        if (v >= 0) out.pad_id = static_cast<int32_t>(v);
       }
       const int L = out.model->config().num_labels;
       if (L > 0 && j.is_object() && j.contains("id2label") && j["id2label"].is_object()) {

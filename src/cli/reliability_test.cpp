@@ -283,6 +283,35 @@ TEST(Checkpoints, AResumeIntoAnotherModelOfTheSameShapesIsRefused) {
   EXPECT_NE(err.find("written with data.train " + dir() + "/train;"), std::string::npos) << err;
 }
 
+// LLaMA's pad_token_id is a padding row (DESIGN-NOTES 117): a resume that adds one, or drops one,
+// trains another model and is refused; so is one from a checkpoint that names none (written before
+// the row was kept, which trained it).
+TEST(Checkpoints, AResumeThatChangesLlamasPaddingRowIsRefused) {
+  const nlohmann::json llama = {{"model_type", "llama"}, {"vocab_size", 97}, {"hidden_size", 32}, {"intermediate_size", 64},
+                                {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"max_position_embeddings", 32}};
+  const std::string cfg = trained("llama-pad", {{"train_iters", 3}, {"model", llama}});
+  std::string err;
+  EXPECT_EQ(resume(cfg, "llama-pad", "--set train_iters=4 --set model.pad_token_id=5", &err), 2);
+  EXPECT_NE(err.find("the checkpoint's model differs from this run's: pad_token_id null -> 5"), std::string::npos) << err;
+  nlohmann::json padded = llama;
+  padded["pad_token_id"] = 5;
+  const std::string with_pad = trained("llama-pad5", {{"train_iters", 3}, {"model", padded}});
+  EXPECT_EQ(resume(with_pad, "llama-pad5", "--set train_iters=4 --set model.pad_token_id=null", &err), 2);
+  EXPECT_NE(err.find("pad_token_id 5 -> null"), std::string::npos) << err;
+  ASSERT_EQ(resume(with_pad, "llama-pad5", "--set train_iters=4", &err), 0) << err;
+  // a checkpoint from before: its model names no pad_token_id
+  const std::string state = save_dir("llama-pad") + "/" + latest(save_dir("llama-pad")) + "/state.json";
+  nlohmann::json s = nlohmann::json::parse(slurp(state));
+  ASSERT_TRUE(s["model"].contains("pad_token_id"));
+  s["model"].erase("pad_token_id");
+  s.erase("state_xxh3");  // its checksum again (state.json's text without it, as dumped)
+  const std::string text = s.dump(2);
+  s["state_xxh3"] = mt::xxh3_hex(text.data(), text.size());
+  std::ofstream(state) << s.dump(2);
+  EXPECT_EQ(resume(cfg, "llama-pad", "--set train_iters=4 --set model.pad_token_id=5", &err), 2);
+  EXPECT_NE(err.find("pad_token_id (none: the row trained) -> 5"), std::string::npos) << err;
+}
+
 // `export --hf` into the checkpoint it reads (or any checkpoint or save_dir) is refused: it wrote
 // its model.safetensors over the checkpoint's and exited 0.
 TEST(Checkpoints, ExportNeverWritesIntoACheckpoint) {

@@ -819,6 +819,10 @@ void check_same_model(const fs::path& dir, const nlohmann::json& saved, const nl
     if (!mine.contains(key) || mine[key] == value || key == "initializer_range" || key == "init_from") continue;
     refused += (refused.empty() ? "" : ", ") + key + " " + value.dump() + " -> " + mine[key].dump();
   }
+  // LLaMA's pad_token_id is a padding row since DESIGN-NOTES 117: a checkpoint from before names
+  // none, and trained the row.
+  if (mine.contains("pad_token_id") && !mine["pad_token_id"].is_null() && !saved.contains("pad_token_id"))
+    refused += (refused.empty() ? "" : ", ") + std::string("pad_token_id (none: the row trained) -> ") + mine["pad_token_id"].dump();
   MT_CHECK(refused.empty(), ErrorKind::kInvalidArgument,
            (dir / "state.json").string() + ": the checkpoint's model differs from this run's: " + refused +
                " (resume with the checkpoint's model, or start a new run from its weights with model.init_from)");
@@ -1017,6 +1021,12 @@ std::unique_ptr<WeightSource> checkpoint_weights(const CheckpointInfo& info, con
 
 void checkpoint_load_weights(const CheckpointInfo& info, nn::ParamStore& store) {
   weights_load(*checkpoint_weights(info, store), store);
+}
+
+bool is_checkpoint_path(const std::string& path) {
+  const fs::path p = path;
+  const fs::path d = fs::is_directory(p) ? p : p.parent_path();
+  return fs::exists(d / "state.json") || fs::exists(p / "latest");
 }
 
 std::unique_ptr<WeightSource> init_from_weights(const std::string& path, const nn::ParamStore& store, bool speak) {

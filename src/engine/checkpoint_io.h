@@ -73,6 +73,9 @@ void checkpoint_load_weights(const CheckpointInfo& info, nn::ParamStore& store);
 // classifier's score.weight (one rank of those holding it says so: the engine picks it).
 std::unique_ptr<WeightSource> checkpoint_weights(const CheckpointInfo& info, const nn::ParamStore& store,
                                                  bool speak = true);
+// True when path is a meshtrain checkpoint as init_from_weights tells one (a step-N directory or
+// a file in one: state.json beside it; a save_dir: `latest` in it), else Hugging Face weights.
+bool is_checkpoint_path(const std::string& path);
 // model.init_from: a meshtrain checkpoint (a step-N directory, a file in one, or a save_dir with
 // `latest`, verified first) or Hugging Face weights (a file, a directory, a sharded index).
 std::unique_ptr<WeightSource> init_from_weights(const std::string& path, const nn::ParamStore& store,

@@ -2133,6 +2133,12 @@ namespace mt::engine {
 void ds_config_check_trainable(const RunConfig& c) {
   if (c.bare) return;
   const bool gpt2 = c.model.arch == models::Arch::kGpt2;
+  // LLaMA's padding row (pad_token_id) is kept out of the CPU lookup's backward only.
+  MT_CHECK(c.device != "cuda" || c.model.padding_idx < 0, ErrorKind::kNotSupported,
+           "model.pad_token_id: " + std::to_string(c.model.padding_idx) +
+               (c.init_from.empty() ? "" : " (the value is " + c.init_from + "'s)") +
+               ": LLaMA's padding row (nn.Embedding's padding_idx, which trains nothing) is not supported on the CUDA "
+               "backend (device \"cuda\"); remove it (null) or train on the CPU");
   // Dropout trains on the CPU runtime (models/block.h, kernels/cpu/dropout.h). The CUDA backend and
   // the block-sparse attention kernels have none: a run asking for it there would train another
   // model than the one configured (a GPT-2 config.json from the hub has 0.1 in each key).

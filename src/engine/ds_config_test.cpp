@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "base/scratch_dir.h"
+#include "engine/hf_config.h"
 #include "engine/json_file.h"
 
 namespace mt::engine {
@@ -150,6 +151,31 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   EXPECT_EQ(ds_config_parse(llama, "cfg.json").model.rope_theta, 500000.0f);  // and head_dim null is hidden / heads
   llama["model"]["rope_parameters"]["rope_type"] = "llama3";
   EXPECT_NE(error_of(llama).find("rope_type 'llama3': RoPE scaling is not supported yet"), npos);
+  // LLaMA's pad_token_id is nn.Embedding's padding_idx (it was passed over, and its row trained); a
+  // negative one counts from the end, as torch's; GPT-2's embedding has none.
+  llama["model"].erase("rope_parameters");
+  EXPECT_EQ(ds_config_parse(llama, "cfg.json").model.padding_idx, -1);
+  llama["model"]["pad_token_id"] = 5;
+  EXPECT_EQ(ds_config_parse(llama, "cfg.json").model.padding_idx, 5);
+  EXPECT_EQ(hf_config_to_json(ds_config_parse(llama, "cfg.json").model)["pad_token_id"], 5);  // export --hf
+  llama["model"]["pad_token_id"] = -1;
+  EXPECT_EQ(ds_config_parse(llama, "cfg.json").model.padding_idx, 96);
+  llama["model"]["pad_token_id"] = nullptr;
+  EXPECT_EQ(ds_config_parse(llama, "cfg.json").model.padding_idx, -1);
+  EXPECT_TRUE(hf_config_to_json(ds_config_parse(llama, "cfg.json").model)["pad_token_id"].is_null());  // said: none
+  for (int bad : {97, -98}) {
+    llama["model"]["pad_token_id"] = bad;
+    EXPECT_NE(error_of(llama).find("field 'pad_token_id': " + std::to_string(bad) + " is not an id of the vocabulary (97"), npos)
+        << error_of(llama);
+  }
+  llama["model"].erase("pad_token_id");
+  nlohmann::json gpt2_pad = base();
+  gpt2_pad["model"]["pad_token_id"] = 5;  // a GPT-2 classifier's pooling id, not a padding row
+  EXPECT_EQ(ds_config_parse(gpt2_pad, "cfg.json").model.padding_idx, -1);
+  // No model_type at all: said so (it read "model_type '' is not supported").
+  nlohmann::json untyped = base();
+  untyped["model"].erase("model_type");
+  EXPECT_NE(error_of(untyped).find("no field 'model_type' (gpt2, llama)"), npos) << error_of(untyped);
   one["model"]["num_labels"] = 3;
   one["model"]["problem_type"] = "multi_label_classification";
   EXPECT_EQ(ds_config_parse(one, "cfg.json").model.problem_type, models::ProblemType::kMultiLabel);
@@ -542,6 +568,11 @@ TEST(DsConfig, TrainingChangingKeysAreRefusedByFullPath) {
   j["device"] = "cuda";
   EXPECT_NE(trainable_error(j).find("model.attention_dropout: 0.1: dropout is not supported on the CUDA backend"),
             std::string::npos) << trainable_error(j);
+  j["model"]["attention_dropout"] = 0;
+  j["model"]["pad_token_id"] = 3;  // the padding row is the CPU lookup's
+  EXPECT_NE(trainable_error(j).find("model.pad_token_id: 3: LLaMA's padding row"), std::string::npos) << trainable_error(j);
+  j["device"] = "cpu";
+  EXPECT_EQ(trainable_error(j), "");
   {  // a hub GPT-2's config.json as a path, its dropout set beside it (the path form ignored the keys)
     const ScratchDir dir;
     const std::string path = dir.file("config.json");

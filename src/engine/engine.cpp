@@ -176,6 +176,10 @@ std::unique_ptr<models::TransformerLM> engine_build_model(const RunConfig& confi
     // Said once: by the first tp rank of the first dp replica (on the stage that holds the head).
     const bool speak = !opts.parallel || (opts.parallel->tp_rank() == 0 && opts.parallel->dp_rank() == 0);
     std::shared_ptr<WeightSource> source = init_from_weights(config.init_from, model->store(), speak);
+    // A Hugging Face file's tensors that the whole model does not read: said once, by stage 0.
+    if (speak && (!opts.parallel || opts.parallel->pp_rank() == 0) && !is_checkpoint_path(config.init_from))
+      hf_warn_unused_tensors(config.init_from, hf_model_tensor_names(config.model),
+                             config.model.tie_embeddings && config.model.num_labels == 0);
     if (opts.deferred_init) {
       const models::TransformerLM* m = model.get();
       model->set_initial_values(weight_initial_values(std::move(source), model->store(),
@@ -236,6 +240,8 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     MT_CHECK(!model.has_dropout(), ErrorKind::kNotSupported,
              "device \"cuda\": the model's dropout (embd_pdrop, resid_pdrop, attn_pdrop / attention_dropout) is not "
              "supported on the CUDA backend; set them to 0 or train on the CPU");
+    MT_CHECK(model.config().padding_idx < 0, ErrorKind::kNotSupported,
+             "device \"cuda\": LLaMA's padding row (pad_token_id) is not supported on the CUDA backend; train on the CPU");
     const int gpu = models::cuda_select_device();
     device_ = models::make_cuda_lm(model);
     log_info("device: " + device_->device_name() + (world() > 1 ? " (GPU " + std::to_string(gpu) + ")" : ""));

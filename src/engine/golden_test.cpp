@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "base/scratch_dir.h"
 #include "checkpoint/safetensors.h"
 #include "comm/local_backend.h"
 #include "data/classification.h"
@@ -319,6 +320,32 @@ INSTANTIATE_TEST_SUITE_P(Models, GoldenDropout, ::testing::Values("tiny-gpt2", "
                            return s;
                          });
 
+// LLaMA with a pad_token_id (Hugging Face's LlamaModel: nn.Embedding's padding_idx) against PyTorch
+// (tools/make_golden.py's make_padding_golden): the id at the first and the middle position of each
+// row. The loss and every gradient, its row of embed_tokens 0 (it was trained), with and without
+// recompute, and the engine's AdamW steps.
+TEST(GoldenPadding, LlamasPadTokenRowTakesNoGradientAsPyTorchs) {
+  Golden g = load_golden("padding-tiny-llama");
+  ASSERT_EQ(g.cfg.padding_idx, 7);
+  ASSERT_GE(std::count(g.tokens.begin(), g.tokens.end(), 7), 2 * g.B);
+  const std::vector<float> ref = g.file->read_f32("grad.model.embed_tokens.weight");
+  for (int c = 0; c < g.cfg.hidden; ++c) ASSERT_EQ(ref[static_cast<size_t>(7 * g.cfg.hidden + c)], 0.0f) << c;
+  expect_loss_and_grads(g, {}, [](models::TransformerLM&) {});
+  expect_engine_steps(g, "tiny-llama", {});  // the config file's name; the model is g.cfg's
+  {  // a random initialisation leaves the row 0 (LlamaPreTrainedModel._init_weights)
+    models::TransformerLM m(g.cfg, {});
+    m.store().init(3);
+    const nn::Parameter* wte = m.store().find("model.embed_tokens.weight");
+    ASSERT_NE(wte, nullptr);
+    for (int r : {6, 7, 8}) {
+      double sum = 0.0;
+      for (int c = 0; c < g.cfg.hidden; ++c) sum += std::fabs(wte->master[static_cast<size_t>(r * g.cfg.hidden + c)]);
+      if (r == 7) EXPECT_EQ(sum, 0.0);
+      else EXPECT_GT(sum, 0.0) << r;
+    }
+  }
+}
+
 // Documents packed into a sample (Megatron's reset_position_ids and reset_attention_mask) against
 // PyTorch given Megatron's position ids and attention mask as get_ltor_masks_and_position_ids builds
 // them (tools/torch_models.py's Documents): the batch holds the end-of-document id at the first
@@ -372,6 +399,47 @@ TEST(Documents, BoundsByHand) {
   models::document_bounds(tokens.data(), 2, 6, 5, pos.data(), ks.data());
   EXPECT_EQ(pos, (std::vector<int32_t>{0, 1, 0, 1, 0, 0,  0, 0, 1, 2, 3, 4}));
   EXPECT_EQ(ks, (std::vector<int32_t>{0, 0, 2, 2, 4, 5,  0, 1, 1, 1, 1, 1}));
+}
+
+// The whole model's names for a config, as the model registers them (every layer, the head), and
+// the tensors of a file that the model does not read: a layer past num_hidden_layers and a bias the
+// config has none of were dropped without a word (from_pretrained says "Some weights ... were not
+// used"); transformers' buffers and a tied lm_head.weight are no such tensors.
+TEST(ParameterNames, AFilesTensorsTheModelDoesNotReadAreNamed) {
+  models::ModelConfig l = hf_config_load(std::string(MT_SOURCE_DIR) + "/configs/models/tiny-llama.json");
+  models::ModelConfig g = hf_config_load(std::string(MT_SOURCE_DIR) + "/configs/models/tiny-gpt2.json");
+  models::ModelConfig cls = l;
+  cls.num_labels = 3;
+  for (const models::ModelConfig& c : {l, g, cls}) {
+    models::ModelConfig three = c;
+    three.n_layer = 3;
+    models::TransformerLM m(three, {});
+    std::vector<std::string> want;
+    for (const nn::Parameter* p : m.store().parameters()) want.push_back(p->name);
+    EXPECT_EQ(hf_model_tensor_names(three), want);
+  }
+  const ScratchDir dir("mt_hf_unused");
+  models::TransformerLM m(l, {});
+  hf_weights_save(m.store(), dir.file("model.safetensors"), DType::kF32);
+  std::vector<std::string> names;
+  for (const nn::Parameter* p : m.store().parameters()) names.push_back(p->name);
+  EXPECT_TRUE(hf_unused_tensors(dir.path(), names, false).empty());
+  std::vector<checkpoint::StTensorOut> out;
+  for (const nn::Parameter* p : m.store().parameters()) out.push_back({p->name, DType::kF32, p->shape, p->master});
+  const std::vector<float> bias(64, 0.0f);
+  out.push_back({"model.layers.2.input_layernorm.weight", DType::kF32, {64}, bias.data()});
+  out.push_back({"model.layers.0.self_attn.q_proj.bias", DType::kF32, {64}, bias.data()});
+  out.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", DType::kF32, {8}, bias.data()});
+  checkpoint::safetensors_write(dir.file("model.safetensors"), out, {{"format", "pt"}});
+  std::vector<std::string> unused = hf_unused_tensors(dir.path(), hf_model_tensor_names(l), false);
+  std::sort(unused.begin(), unused.end());
+  EXPECT_EQ(unused, (std::vector<std::string>{"model.layers.0.self_attn.q_proj.bias", "model.layers.2.input_layernorm.weight"}));
+  // the model still loads what it reads, as before
+  models::TransformerLM again(l, {});
+  hf_weights_load_path(again.store(), dir.path());
+  EXPECT_EQ(again.store().find("lm_head.weight")->master[5], m.store().find("lm_head.weight")->master[5]);
+  // a tied model's lm_head.weight is the token table again
+  EXPECT_EQ(hf_unused_tensors(dir.path(), {"model.embed_tokens.weight"}, true).size(), out.size() - 3);
 }
 
 TEST(ParameterNames, MatchHuggingFace) {

@@ -137,9 +137,20 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
                     r.number("partial_rotary_factor", 1.0f) != 1.0f,
                 "partial_rotary_factor", "a value other than 1 is not supported");
     c.attn_pdrop = r.number("attention_dropout", 0.0f);
+    // LlamaModel builds nn.Embedding(vocab_size, hidden_size, pad_token_id): that row learns
+    // nothing from the lookup. It was passed over, and the row trained.
+    if (j.contains("pad_token_id") && !j["pad_token_id"].is_null()) {
+      const int pad = r.integer("pad_token_id", -1, false);
+      r.refuse_if(pad < -c.vocab_size || pad >= c.vocab_size, "pad_token_id",
+                  std::to_string(pad) + " is not an id of the vocabulary (" + std::to_string(c.vocab_size) +
+                      "; nn.Embedding's padding_idx counts a negative one from the end)");
+      c.padding_idx = pad < 0 ? c.vocab_size + pad : pad;
+    }
     r.refuse_if(j.contains("head_dim") && !j["head_dim"].is_null() && r.integer("head_dim", 0, false) != c.hidden / std::max(1, c.n_head),
                 "head_dim", "a head_dim other than hidden_size / num_attention_heads is not supported");
   } else {
+    MT_CHECK(j.contains("model_type") && !j["model_type"].is_null(), ErrorKind::kInvalidArgument,
+             where + ": no field 'model_type' (gpt2, llama): it names the architecture");
     throw Error(ErrorKind::kNotSupported,
                 where + ": model_type '" + type + "' is not supported (gpt2, llama)");
   }
@@ -238,6 +249,8 @@ nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
     j["rope_theta"] = shortest(c.rope_theta);
     j["hidden_act"] = "silu";
     j["attention_dropout"] = shortest(c.attn_pdrop);
+    // Always: a checkpoint's model says whether it trained a padding row (check_same_model).
+    j["pad_token_id"] = c.padding_idx >= 0 ? nlohmann::json(c.padding_idx) : nlohmann::json(nullptr);
   }
   if (c.num_labels > 0) {  // Hugging Face's sequence-classification config
     j["architectures"] = {c.arch == models::Arch::kGpt2 ? "GPT2ForSequenceClassification" : "LlamaForSequenceClassification"};

@@ -6,10 +6,12 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "base/error.h"
 #include "base/log.h"
 #include "engine/json_file.h"
+#include "models/transformer.h"
 #include "nn/tp_split.h"
 
 namespace mt::engine {
@@ -20,6 +22,18 @@ namespace {
 std::string strip_first(const std::string& name) {
   size_t dot = name.find('.');
   return dot == std::string::npos ? std::string() : name.substr(dot + 1);
+}
+
+// path's safetensors file, or its sharded index (model.safetensors.index.json), as HfWeights reads it.
+fs::path hf_weights_file(const std::string& path) {
+  fs::path p = path;
+  MT_CHECK(fs::exists(p), ErrorKind::kNotFound, path + ": no such file or directory (model.init_from)");
+  if (fs::is_directory(p)) {
+    if (fs::exists(p / "model.safetensors")) return p / "model.safetensors";
+    if (fs::exists(p / "model.safetensors.index.json")) return p / "model.safetensors.index.json";
+    throw Error(ErrorKind::kNotFound, path + ": holds neither model.safetensors nor model.safetensors.index.json");
+  }
+  return p;
 }
 
 }  // namespace
@@ -54,17 +68,7 @@ std::string hf_weights_config_path(const std::string& path) {
 }
 
 HfWeights::HfWeights(const std::string& path, const nn::ParamStore& store, bool speak) : path_(path) {
-  fs::path p = path;
-  MT_CHECK(fs::exists(p), ErrorKind::kNotFound, path + ": no such file or directory (model.init_from)");
-  if (fs::is_directory(p)) {
-    if (fs::exists(p / "model.safetensors")) {
-      p /= "model.safetensors";
-    } else if (fs::exists(p / "model.safetensors.index.json")) {
-      p /= "model.safetensors.index.json";
-    } else {
-      throw Error(ErrorKind::kNotFound, path + ": holds neither model.safetensors nor model.safetensors.index.json");
-    }
-  }
+  const fs::path p = hf_weights_file(path);
   auto open = [&](const std::string& file) -> const checkpoint::SafetensorsFile* {
     auto& f = files_[file];
     if (!f) f = std::make_unique<checkpoint::SafetensorsFile>(file, /*header_only=*/true);
@@ -177,7 +181,76 @@ void weights_load(WeightSource& source, nn::ParamStore& store) {
 
 void hf_weights_load_path(nn::ParamStore& store, const std::string& path) {
   HfWeights w(path, store);
+  std::vector<std::string> names;
+  for (const nn::Parameter* p : store.parameters()) names.push_back(p->name);
+  hf_warn_unused_tensors(path, names, store.find("lm_head.weight") == nullptr && store.find("score.weight") == nullptr);
   weights_load(w, store);
+}
+
+std::vector<std::string> hf_model_tensor_names(const models::ModelConfig& cfg) {
+  models::ModelConfig one = cfg;  // the same kinds of tensor, tiny
+  one.n_layer = 1;
+  one.hidden = 8;
+  one.n_head = 2;
+  one.n_kv_head = cfg.n_kv_head == cfg.n_head ? 2 : 1;
+  one.intermediate = 8;
+  one.vocab_size = 8;
+  one.max_positions = 8;
+  one.padding_idx = -1;
+  models::TransformerLM m(one, models::ModelOptions{});
+  const std::string layer0 = cfg.arch == models::Arch::kGpt2 ? ".h.0." : ".layers.0.";
+  // In the store's order: the names before the layer, each layer's, the names after it.
+  std::vector<std::string> before, after;
+  std::vector<std::pair<std::string, std::string>> layer;  // (up to the index, after it)
+  for (const nn::Parameter* p : m.store().parameters()) {
+    const size_t at = p->name.find(layer0);
+    if (at == std::string::npos) {
+      (layer.empty() ? before : after).push_back(p->name);
+      continue;
+    }
+    layer.emplace_back(p->name.substr(0, at + layer0.size() - 2), p->name.substr(at + layer0.size() - 1));
+  }
+  std::vector<std::string> names = before;
+  for (int i = 0; i < cfg.n_layer; ++i)
+    for (const auto& [head, tail] : layer) names.push_back(head + std::to_string(i) + tail);
+  names.insert(names.end(), after.begin(), after.end());
+  return names;
+}
+
+std::vector<std::string> hf_unused_tensors(const std::string& path, const std::vector<std::string>& names, bool tied) {
+  const fs::path p = hf_weights_file(path);
+  std::vector<std::string> in_file;
+  if (p.extension() == ".json") {
+    const nlohmann::json index = json_load_file(p.string());
+    if (index.contains("weight_map") && index["weight_map"].is_object())
+      for (const auto& [name, shard] : index["weight_map"].items()) in_file.push_back(name);
+  } else {
+    const checkpoint::SafetensorsFile f(p.string(), /*header_only=*/true);
+    for (const checkpoint::StTensorInfo& t : f.tensors()) in_file.push_back(t.name);
+  }
+  std::set<std::string> read;
+  for (const std::string& n : names) {
+    read.insert(n);
+    if (const std::string alt = strip_first(n); !alt.empty()) read.insert(alt);
+  }
+  auto buffer = [tied](const std::string& n) {
+    return n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias") || n.ends_with("rotary_emb.inv_freq") ||
+           (tied && n == "lm_head.weight");
+  };
+  std::vector<std::string> unused;
+  for (const std::string& n : in_file)
+    if (!read.count(n) && !buffer(n)) unused.push_back(n);
+  return unused;
+}
+
+void hf_warn_unused_tensors(const std::string& path, const std::vector<std::string>& names, bool tied) {
+  const std::vector<std::string> unused = hf_unused_tensors(path, names, tied);
+  if (unused.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < unused.size() && i < 5; ++i) list += (i ? ", " : "") + unused[i];
+  if (unused.size() > 5) list += ", ... (" + std::to_string(unused.size() - 5) + " more)";
+  log_warning(path + ": " + std::to_string(unused.size()) + " tensor(s) the model does not read were not loaded: " + list +
+              " (its config.json may describe another model)");
 }
 
 std::function<void(size_t, size_t, float*)> weight_initial_values(std::shared_ptr<WeightSource> source,

@@ -6,7 +6,8 @@
 // c_attn.weight", "model.layers.0.self_attn.q_proj.weight", "lm_head.weight"). A file saved from
 // the bare trunk (the gpt2 hub checkpoint: "h.0.attn.c_attn.weight", "wte.weight") is accepted too:
 // a name missing from the file is looked up again without its first component. Extra tensors in
-// the file (GPT-2's "attn.bias" causal-mask buffers, a tied "lm_head.weight") are ignored.
+// the file are not loaded: transformers' buffers (GPT-2's "attn.bias" causal masks) and a tied
+// "lm_head.weight" quietly, any other in one warning (hf_warn_unused_tensors).
 #pragma once
 
 #include <functional>
@@ -14,7 +15,10 @@
 #include <memory>
 #include <string>
 
+#include <vector>
+
 #include "checkpoint/safetensors.h"
+#include "models/config.h"
 #include "nn/param_store.h"
 #include "tensor/dtype.h"
 
@@ -87,6 +91,18 @@ void weights_load(WeightSource& source, nn::ParamStore& store);
 std::function<void(size_t, size_t, float*)> weight_initial_values(std::shared_ptr<WeightSource> source,
                                                                   const nn::ParamStore& store,
                                                                   std::function<void(size_t, size_t, float*)> initial);
+// The parameter names of the whole model cfg builds, every layer and the head (not one pipeline
+// stage's): a one-layer model of the same kind's names, its layer's repeated for each layer.
+std::vector<std::string> hf_model_tensor_names(const models::ModelConfig& cfg);
+// The tensors of a Hugging Face path (as hf_weights_load_path takes) that none of `names` reads, by
+// its name or the bare trunk's (HfWeights' lookup), less the buffers transformers leaves in a state
+// dict (GPT-2's attn.bias and attn.masked_bias, rotary_emb.inv_freq) and, for a tied model,
+// lm_head.weight.
+std::vector<std::string> hf_unused_tensors(const std::string& path, const std::vector<std::string>& names, bool tied);
+// One warning line naming hf_unused_tensors' (their count and the first five), as from_pretrained's
+// "Some weights of the model checkpoint ... were not used": a file of more layers than the config
+// says, or a bias the config does not have, loads what the model reads and drops the rest.
+void hf_warn_unused_tensors(const std::string& path, const std::vector<std::string>& names, bool tied);
 // The directory's config.json when path is a directory that holds one, else "".
 std::string hf_weights_config_path(const std::string& path);
 // Writes every parameter's master weights to one safetensors file in dtype (f32, bf16 or f16).

@@ -112,6 +112,49 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", 2, 1, 0, "fp16", false}, Case{"llama", 2, 2, 1, "fp16", true, true}),
     case_name);
 
+// LLaMA's pad_token_id (nn.Embedding's padding_idx) under vocabulary parallelism, sequence
+// parallelism and ZeRO 3 (tp 2 x dp 2): the row lies in the second shard (make_vocab_size_divisible_by
+// 1: 49 rows a shard, the row 60 its 11th), and the run equals the one process's. The row, 0 from
+// the initialisation, is 0 after 10 steps in both: the lookup sends it nothing, decay keeps 0.
+TEST(TpPadding, ThePaddingRowTrainsNothingInTheShardThatHoldsIt) {
+  constexpr int kPad = 60;
+  bool seen = false;  // the rows' tokens hold the id
+  for (uint64_t k = 0; k < 40 && !seen; ++k) {
+    std::vector<int32_t> t(16), y(16);
+    layout_sample(k, t.data(), y.data());
+    seen = std::find(t.begin(), t.end(), kPad) != t.end();
+  }
+  ASSERT_TRUE(seen);
+  const Case k{"llama", 2, 2, 3, "fp32", false, true};
+  auto cfg = [&](int processes, int g) {
+    nlohmann::json j = config(k, processes, g);
+    j["model"]["pad_token_id"] = kPad;
+    if (processes > 1) j["parallel"]["make_vocab_size_divisible_by"] = 1;
+    return j;
+  };
+  const LayoutRun ref = layout_train(cfg(1, 4), 1, 4, "tp_test");
+  const LayoutRun got = layout_train(cfg(4, 2), 4, 2, "tp_test");
+  ASSERT_EQ(ref.losses.size(), got.losses.size());
+  for (size_t s = 0; s < ref.losses.size(); ++s)
+    EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "loss at step " << s + 1;
+  ASSERT_EQ(ref.master.size(), got.master.size());
+  EXPECT_LE(layout_compare(ref.master, got.master, ref.noise).norm_rel, 1e-5);
+  const RunConfig rc = ds_config_parse(cfg(1, 4), "tp_test", 1);
+  models::TransformerLM probe(rc.model, {});
+  const nn::Parameter* wte = probe.store().find("model.embed_tokens.weight");
+  ASSERT_NE(wte, nullptr);
+  const size_t C = static_cast<size_t>(rc.model.hidden), row = wte->global_offset + kPad * C;
+  for (const LayoutRun* r : {&ref, &got}) {
+    double pad = 0.0, next = 0.0;
+    for (size_t c = 0; c < C; ++c) {
+      pad += std::fabs(r->master[row + c]);
+      next += std::fabs(r->master[row + C + c]);
+    }
+    EXPECT_EQ(pad, 0.0) << (r == &ref ? "one process" : "tp 2 x dp 2");
+    EXPECT_GT(next, 0.0);
+  }
+}
+
 TEST(TpConfig, RefusesASplitThatIsNotWholeHeadsNamingTheKey) {
   Case k{"llama", 8, 1, 0, "fp32", false};  // 4 kv heads over 8 ranks
   try {

@@ -51,6 +51,8 @@ void ModelConfig::validate() const {
        "RoPE needs an even head dimension");
   need(arch == Arch::kLlama || tie_embeddings, "tie_word_embeddings",
        "GPT-2 with an untied head is not supported");
+  need(padding_idx >= -1 && padding_idx < vocab_size, "pad_token_id", "must be an id of the vocabulary");
+  need(padding_idx < 0 || arch == Arch::kLlama, "pad_token_id", "a padding row is LLaMA's (GPT-2's embedding has none)");
   need(num_labels >= 0, "num_labels", "must be >= 0 (0: a causal LM)");
   // A softmax over one class has nothing to learn (it trained with loss 0 and exited 0).
   need(num_labels != 1 || problem_type != ProblemType::kSingleLabel, "num_labels",

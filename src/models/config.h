@@ -41,6 +41,11 @@ struct ModelConfig {
   // Hugging Face does (the embeddings' sum, each residual branch's output, the attention
   // probabilities; TransformerLM::set_dropout_origin); evaluation and inference do not.
   float embd_pdrop = 0.0f, resid_pdrop = 0.0f, attn_pdrop = 0.0f;
+  // LLaMA's pad_token_id as Hugging Face's LlamaModel uses it: the padding_idx of nn.Embedding, a
+  // row of the token table that the lookup sends no gradient (a tied head still does) and that a
+  // random initialisation leaves 0 (LlamaPreTrainedModel._init_weights). A negative id counts from
+  // the end, as nn.Embedding's; stored here as the row. -1: none (GPT2Model has no padding_idx).
+  int padding_idx = -1;
   // > 0: sequence classification (HF's GPT2ForSequenceClassification / LlamaForSequenceClassification):
   // the head is "score.weight" (num_labels, C), no bias, in place of the LM head; the loss is the
   // cross-entropy of the score at each target that is not -100 (the pooled, last non-pad token).

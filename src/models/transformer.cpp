@@ -41,6 +41,7 @@ Parts add_modules(const AddRoot& root, const ModelConfig& cfg, parallel::TpComm&
   const bool cls = cfg.num_labels > 0;  // a score head (num_labels, C) in place of the LM head
   if (embed || (head && head_is_token_table(cfg)))
     m.wte = trunk->add_module(std::make_unique<nn::Embedding>(gpt2 ? "wte" : "embed_tokens", cfg.vocab_size, C, true, cfg.init_std, place, padded));
+  if (m.wte != nullptr) m.wte->set_padding_row(cfg.padding_idx);
   if (gpt2 && embed) m.wpe = trunk->add_module(std::make_unique<nn::Embedding>("wpe", cfg.max_positions, C, false, cfg.init_std));
   // Blocks sit under "transformer" / "model" with local names "h.i" / "layers.i" (i global).
   for (auto [lo, hi] : chunks)
@@ -503,7 +504,8 @@ void TransformerLM::backward_chunk(int c, int slot, const float* grad_output) {
     demb = s.sp_full;
   }
   kernels::embedding_backward(wte_->weight()->grad, wpe_ ? wpe_->weight()->grad : nullptr, demb,
-                              tp_.size() == 1 ? s.tokens : s.local_tokens, d.N, d.T, d.C, dims_of(s).pos);
+                              tp_.size() == 1 ? s.tokens : s.local_tokens, d.N, d.T, d.C, dims_of(s).pos,
+                              wte_->local_padding_row());
   wte_->run_hooks(nn::HookPoint::kPostBackward);
 }
 

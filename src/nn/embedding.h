@@ -18,10 +18,24 @@ class Embedding : public Module {
   int local_rows() const { return static_cast<int>(weight_->shape[0]); }
   int first_row() const { return weight_->place.rank * local_rows(); }
   Parameter* weight() const { return weight_; }
+  // nn.Embedding's padding_idx (row in [0, V), or -1: none): the row that init leaves 0 and that
+  // the lookup's backward does not touch (the caller passes local_padding_row() to
+  // kernels::embedding_backward).
+  void set_padding_row(int row) {
+    padding_row_ = row;
+    weight_->zero_row = row;
+  }
+  int padding_row() const { return padding_row_; }
+  // The padding row in this shard's numbering; -1 when there is none or another shard holds it.
+  int local_padding_row() const {
+    const int r = padding_row_ - first_row();
+    return padding_row_ >= 0 && r >= 0 && r < local_rows() ? r : -1;
+  }
 
  private:
   int V_;
   Parameter* weight_;
+  int padding_row_ = -1;
 };
 
 }  // namespace mt::nn

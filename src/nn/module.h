@@ -28,6 +28,7 @@ struct Parameter {
   bool is_matrix = false;  // a GEMM operand: its compute copy is in the compute dtype
   Init init = Init::kZeros;
   float init_std = 0.0f;
+  int64_t zero_row = -1;  // a row (dim 0, one-process numbering) that init leaves 0: a padding_idx
   // Bound by ParamStore:
   size_t offset = 0;  // element offset in the flat buffers
   size_t global_offset = 0;  // element offset in the one-process (unpadded, unsplit) layout

@@ -99,6 +99,11 @@ void ParamStore::init_values(uint64_t seed, size_t begin, size_t end, float* dst
       }
 #pragma omp parallel for schedule(static)
       for (int64_t i = lo2; i < hi2; ++i) w[i] = p->init_std * normal_at(pseed, static_cast<uint64_t>(go + (i - lo)));
+      if (p->zero_row >= 0) {  // nn.Embedding's padding_idx: its row is filled with 0
+        const int64_t cols = p->global_shape.size() > 1 ? p->global_shape[1] : 1;
+        for (int64_t i = lo2; i < hi2; ++i)
+          if ((go + (i - lo)) / cols == p->zero_row) w[i] = 0.0f;
+      }
     });
   }
 }

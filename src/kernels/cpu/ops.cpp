@@ -253,7 +253,7 @@ void embedding_forward(float* out, const int32_t* tokens, const void* wte, DType
 
 // Each task owns a block of kColBlock columns of dwte and dwpe and walks all rows in order.
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N,
-                        int T, int C, const int32_t* pos) {
+                        int T, int C, const int32_t* pos, int32_t skip) {
   const int nblocks = (C + kColBlock - 1) / kColBlock;
 #pragma omp parallel for schedule(static)
   for (int b = 0; b < nblocks; ++b) {
@@ -261,7 +261,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
     const int c1 = c0 + kColBlock < C ? c0 + kColBlock : C;
     for (int n = 0; n < N; ++n) {
       const float* dy = dout + static_cast<size_t>(n) * C;
-      if (dwte != nullptr && tokens[n] >= 0) {
+      if (dwte != nullptr && tokens[n] >= 0 && tokens[n] != skip) {
         float* dw = dwte + static_cast<size_t>(tokens[n]) * C;
         for (int c = c0; c < c1; ++c) dw[c] += dy[c];
       }

@@ -24,9 +24,10 @@ namespace mt::kernels {
 // (a vocabulary-parallel shard that does not hold the token).
 void embedding_forward(float* out, const int32_t* tokens, const void* wte, DType wte_dtype,
                        const float* wpe, int N, int T, int C, const int32_t* pos = nullptr);
-// dwte[tokens[n],:] += dout[n,:] for tokens[n] >= 0; dwpe[p(n),:] += dout[n,:] (either may be nullptr).
+// dwte[tokens[n],:] += dout[n,:] for tokens[n] >= 0 and tokens[n] != skip (nn.Embedding's
+// padding_idx; -1: none); dwpe[p(n),:] += dout[n,:] (either may be nullptr).
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N,
-                        int T, int C, const int32_t* pos = nullptr);
+                        int T, int C, const int32_t* pos = nullptr, int32_t skip = -1);
 
 // ---- LayerNorm: y = (x - mean) * rstd * weight + bias, rstd = 1/sqrt(var + eps) (biased var) ----
 // out (N,C) =, mean (N) =, rstd (N) =; bias may be nullptr.
