@@ -108,6 +108,36 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", 1, 2, 2, 1, "1f1b", 1, "fp32", false, false, 6, "time"}),
     case_name);
 
+// A tied LLaMA with a pad_token_id over pp 2 (the last stage holds the token table again, for the
+// head): the run equals the one process's, and the padding row, 0 at the initialisation, trains
+// through the head alone (torch: nn.Embedding's padding_idx stops the lookup's gradient only), so it
+// ends neither 0 nor at the untied model's 0.
+TEST(PpPadding, ATiedHeadStillTrainsThePaddingRow) {
+  const Case k{"llama", 1, 2, 1, 0, "1f1b", 1};
+  auto cfg = [&](bool one_process) {
+    nlohmann::json j = config(k, one_process, 4);
+    j["model"]["tie_word_embeddings"] = true;
+    j["model"]["pad_token_id"] = 60;
+    return j;
+  };
+  const LayoutRun ref = layout_train(cfg(true), 1, 4, "pp_test");
+  const LayoutRun got = layout_train(cfg(false), 2, 4, "pp_test");
+  ASSERT_EQ(ref.losses.size(), got.losses.size());
+  for (size_t s = 0; s < ref.losses.size(); ++s)
+    EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "loss at step " << s + 1;
+  ASSERT_EQ(ref.master.size(), got.master.size());
+  EXPECT_LE(layout_compare(ref.master, got.master, ref.noise).norm_rel, 1e-5);
+  const RunConfig rc = ds_config_parse(cfg(true), "pp_test", 1);
+  models::TransformerLM probe(rc.model, {});
+  const nn::Parameter* wte = probe.store().find("model.embed_tokens.weight");
+  ASSERT_NE(wte, nullptr);
+  EXPECT_EQ(probe.store().find("lm_head.weight"), nullptr);  // tied
+  const size_t C = static_cast<size_t>(rc.model.hidden), row = wte->global_offset + 60 * C;
+  double trained = 0.0;  // 0 at the initialisation (GoldenPadding): only the head's gradient moves it
+  for (size_t c = 0; c < C; ++c) trained += std::fabs(ref.master[row + c]);
+  EXPECT_GT(trained, 0.0);
+}
+
 TEST(PpConfig, RefusesWhatThePipelineCannotRunNamingTheKey) {
   auto msg = [](nlohmann::json par, int processes, int stage = 0, int g = 4) {
     auto j = layout_config(R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 4, "n_head": 4}})",
