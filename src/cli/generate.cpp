@@ -46,6 +46,7 @@ void run_generate(const GenerateArgs& a) {
   std::span<const float> logits = gen.prefill(prompt);
   std::printf("%s", a.prompt.c_str());
   int n = 0;
+  bool full = false;
   for (; n < a.max_new_tokens; ++n) {
     // Never an id past the tokenizer's (a model vocabulary padded past it): it could not be decoded.
     int32_t id = sampler.sample(logits.first(std::min(logits.size(), static_cast<size_t>(tok.vocab_size()))));
@@ -57,11 +58,17 @@ void run_generate(const GenerateArgs& a) {
     std::fflush(stdout);
     if (gen.position() >= gen.capacity()) {  // the context is full: this token counted, none more
       ++n;
+      full = n < a.max_new_tokens;
       break;
     }
     logits = gen.decode(id);
   }
   std::printf("\n");
+  // Said even with --quiet: the answer is shorter than asked for a reason other than the text's end.
+  if (full)
+    std::fprintf(stderr, "warning: the context is full at %d positions (the model's %s): stopped after %d of %d new tokens\n",
+                 gen.capacity(), lm.model->config().arch == models::Arch::kGpt2 ? "n_positions" : "max_position_embeddings", n,
+                 a.max_new_tokens);
   if (!a.quiet)
     std::fprintf(stderr, "%d prompt + %d new tokens in %.2f s (%.1f tokens/s)\n", static_cast<int>(prompt.size()), n,
                  t.seconds(), n / std::max(t.seconds(), 1e-9));

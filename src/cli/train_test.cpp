@@ -894,6 +894,17 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
   std::stringstream ss2;
   ss2 << out2.rdbuf();
   EXPECT_EQ(ss2.str(), text + "\n");
+  {  // a prompt of 63 of the 64 positions: two new tokens fit (the last is sampled, never fed), and it says why (it stopped silently)
+    std::string text_b, long_prompt;
+    for (int i = 0; i < 20; ++i) text_b += "The cat sat on the mat. The dog sat on the log. ";
+    for (size_t len = 1; len <= text_b.size() && long_prompt.empty(); ++len)
+      if (tok.encode(text_b.substr(0, len)).size() == 63) long_prompt = text_b.substr(0, len);
+    ASSERT_FALSE(long_prompt.empty());
+    ASSERT_EQ(run("generate " + dir() + "/gen-hf --prompt \"" + long_prompt + "\" --temperature 0 --max-new-tokens 5 --quiet", &err), 0)
+        << err;
+    EXPECT_NE(err.find("warning: the context is full at 64 positions (the model's n_positions): stopped after 2 of 5 new tokens"),
+              std::string::npos) << err;
+  }
   // generation_config.json's eos_token_id ends the answer, as Hugging Face's generate() reads it
   // (only config.json's was read): with the first greedy id there, nothing follows the prompt. An
   // id outside the vocabulary is refused naming the file (it was dropped).
