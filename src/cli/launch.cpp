@@ -266,7 +266,7 @@ int run_launch(LaunchArgs a) {
 
   // mpirun fills hosts in order, slot by slot: the ranks per host, and the busiest host's count.
   // Remote hosts are assumed to have as many cores as this one (we cannot ask them from here).
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = host_cores();
   std::string host_list;
   int left = n, busiest = 0;
   // Slot indices an --include/--exclude chose are devices, as DeepSpeed's launcher gives them to

@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/threads.h"
 #include "cli/commands.h"
 #include "cli/hostfile.h"
 #include "engine/ds_config.h"
@@ -245,7 +246,7 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* 
 // several hosts gives its ranks per host): the simulator shares the cores among the ranks computing
 // at once (the calibration times each kernel on a rank with cores of its own). Whether it does.
 bool share_cores(planner::PlanJob& job, const planner::Calibration& cal) {
-  const unsigned cores = std::thread::hardware_concurrency();
+  const unsigned cores = static_cast<unsigned>(host_cores());
   const int per_host = cal.ranks_per_host > 0 ? std::min(cal.ranks_per_host, job.procs) : job.procs;
   if (cores == 0 || per_host * cal.threads <= static_cast<int>(cores)) return false;
   // Sharing cores, the simulator runs every rank (4096 on this 2-core machine took minutes): a

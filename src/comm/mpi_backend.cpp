@@ -4,6 +4,7 @@
 #include "comm/mpi_backend.h"
 
 #include <mpi.h>
+#include <sched.h>
 
 #include <unistd.h>
 
@@ -46,6 +47,7 @@ int g_thread_level = -1;
 std::shared_ptr<Backend> g_world;
 // MpiWork::wait's sleep between polls once its spins are spent (mpi_idle_sleep_us; set by mpi_init).
 std::atomic<int> g_idle_sleep_us{50};
+int g_host_cores = 0;  // the union of this host's ranks' affinity masks (mpi_init)
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -776,16 +778,22 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
   MT_CHECK(g_thread_level >= MPI_THREAD_SERIALIZED, ErrorKind::kIOError,
            std::string("MPI provides only thread level '") + level_name(g_thread_level) +
                "'; meshtrain needs 'serialized' or 'multiple'");
-  MPI_Comm host = MPI_COMM_NULL;  // this host's ranks (shared memory)
+  // This host's ranks (shared memory) and the cores they may run on together: the union of their
+  // affinity masks (mpirun binds each of 2 ranks to a core of its own by default, a cpuset bounds
+  // them all; hardware_concurrency counted CPUs that none of them may use).
+  MPI_Comm host = MPI_COMM_NULL;
   int on_host = 1;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const bool masked = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0;
   if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host) == MPI_SUCCESS &&
       host != MPI_COMM_NULL) {
     MPI_Comm_size(host, &on_host);
+    MPI_Allreduce(MPI_IN_PLACE, &cpus, static_cast<int>(sizeof cpus), MPI_BYTE, MPI_BOR, host);
     MPI_Comm_free(&host);
   }
-  g_idle_sleep_us.store(user_nap > 0 ? user_nap
-                                      : mpi_idle_sleep_us(on_host, threads_get(),
-                                                          static_cast<int>(std::thread::hardware_concurrency())));
+  g_host_cores = masked && CPU_COUNT(&cpus) > 0 ? CPU_COUNT(&cpus) : host_cores();
+  g_idle_sleep_us.store(user_nap > 0 ? user_nap : mpi_idle_sleep_us(on_host, threads_get(), g_host_cores));
   g_world = std::make_shared<MpiBackend>(MPI_COMM_WORLD, false);
   return g_world;
 }
@@ -796,6 +804,8 @@ int mpi_idle_sleep_us(int ranks_on_host, int threads, int cores) {
 }
 
 int mpi_wait_sleep_us() { return g_idle_sleep_us.load(std::memory_order_relaxed); }
+
+int mpi_host_cores() { return g_host_cores; }
 
 const char* mpi_reduce_scatter_path() { return mpi_reduce_scatter() ? "mpi" : "ring"; }
 

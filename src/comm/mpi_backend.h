@@ -75,8 +75,11 @@ size_t reduce_scatter_scratch_bytes(int size, size_t block_bytes, bool in_place)
 // pipeline on 2 cores 10-15 % of its step (docs/PERF.md, "A waiting rank's naps"). Where every
 // thread has its core the wake costs no one, and the shorter nap answers sooner.
 int mpi_idle_sleep_us(int ranks_on_host, int threads, int cores);
+// The cores this host's ranks may run on together (the union of their affinity masks, mpi_init's;
+// 0 before it).
+int mpi_host_cores();
 // The sleep this process's waits take: mpi_init sets it from the ranks on this host (MPI's
-// shared-memory split), OpenMP's threads and the host's cores, or MT_WAIT_NAP_US (1 to 1 000 000;
+// shared-memory split), OpenMP's threads and those cores (mpi_host_cores), or MT_WAIT_NAP_US (1 to 1 000 000;
 // another value throws kInvalidArgument) where that is set; 50 before mpi_init.
 int mpi_wait_sleep_us();
 // Finalises MPI. REQUIRES: every Work has completed and every MPI Backend but the world is gone.

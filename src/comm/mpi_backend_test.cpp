@@ -661,7 +661,10 @@ void check_wait_sleep(Backend& b) {
   EXPECT(mpi_idle_sleep_us(2, 1, 2) == 50, "2 ranks x 1 thread on 2 cores");
   EXPECT(mpi_idle_sleep_us(8, 2, 16) == 50, "8 ranks x 2 threads on 16 cores");
   EXPECT(mpi_idle_sleep_us(0, 0, 0) == 50, "no count is read as one");
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  // The host's cores: its ranks' masks together (mpirun binds each of 2 ranks to a core of its own).
+  const int cores = mpi_host_cores();
+  EXPECT(cores >= host_cores() && cores <= static_cast<int>(std::thread::hardware_concurrency()),
+         "the ranks' cores " + std::to_string(cores) + ": at least this rank's own " + std::to_string(host_cores()));
   const char* user = std::getenv("MT_WAIT_NAP_US");  // ctest's comm_mpi_nap_np2 sets 300
   const int want = user ? std::atoi(user) : b.size() * threads_get() > std::max(1, cores) ? 1000 : 50;
   EXPECT(mpi_wait_sleep_us() == want, "this process naps " + std::to_string(mpi_wait_sleep_us()) + " us, not " +

@@ -1184,7 +1184,7 @@ Calibration calibrate(const CalibrateOptions& options) {
     const int me = group->rank();
     int local = 0;
     for (int r = 0; r < me; ++r) local += host[static_cast<size_t>(r)] == host[static_cast<size_t>(me)];
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int cores = host_cores();
     times_kernels = local == 0 || (local + 1) * cal.threads <= cores;
   }
   // First, while the process's peak is still its own: the process constant.
