@@ -53,7 +53,7 @@ nlohmann::json fingerprint(int world) {
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   const auto size = ec ? 0 : fs::file_size(exe, ec);
   const auto mtime = ec ? 0 : fs::last_write_time(exe, ec).time_since_epoch().count();
-  nlohmann::json fp = {{"cpu", cpu},           {"cores", host_cores()},
+  nlohmann::json fp = {{"cpu", cpu},           {"cores", comm::mpi_host_cores()},
                        {"threads", threads_get()}, {"world", world},
                        {"binary", exe.string()}, {"binary_bytes", size},
                        {"binary_mtime", mtime}};
@@ -204,7 +204,7 @@ void run_calibrate(const CalibrateArgs& args) {
     }
     if (cal.kernel_ranks < cal.world)
       std::printf("kernels timed on %d rank(s) of a host at once: %d x %d thread(s) fill its %u cores\n", cal.kernel_ranks,
-                  cal.kernel_ranks, cal.threads, host_cores());
+                  cal.kernel_ranks, cal.threads, comm::mpi_host_cores());
     if (cal.collective_max_bytes > 0 && cal.collective_max_bytes < (size_t{1} << 27))
       std::printf("collectives timed up to %.0f MiB a rank: %d rank(s) share this host's memory\n",
                   static_cast<double>(cal.collective_max_bytes) / (1 << 20), cal.world);

@@ -805,7 +805,7 @@ int mpi_idle_sleep_us(int ranks_on_host, int threads, int cores) {
 
 int mpi_wait_sleep_us() { return g_idle_sleep_us.load(std::memory_order_relaxed); }
 
-int mpi_host_cores() { return g_host_cores; }
+int mpi_host_cores() { return g_host_cores > 0 ? g_host_cores : host_cores(); }
 
 const char* mpi_reduce_scatter_path() { return mpi_reduce_scatter() ? "mpi" : "ring"; }
 

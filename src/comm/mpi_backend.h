@@ -76,7 +76,7 @@ size_t reduce_scatter_scratch_bytes(int size, size_t block_bytes, bool in_place)
 // thread has its core the wake costs no one, and the shorter nap answers sooner.
 int mpi_idle_sleep_us(int ranks_on_host, int threads, int cores);
 // The cores this host's ranks may run on together (the union of their affinity masks, mpi_init's;
-// 0 before it).
+// before it, or without MPI, this process's: base's host_cores).
 int mpi_host_cores();
 // The sleep this process's waits take: mpi_init sets it from the ranks on this host (MPI's
 // shared-memory split), OpenMP's threads and those cores (mpi_host_cores), or MT_WAIT_NAP_US (1 to 1 000 000;

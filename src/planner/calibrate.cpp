@@ -20,6 +20,7 @@
 #include "base/file_io.h"
 #include "base/threads.h"
 #include "base/timer.h"
+#include "comm/mpi_backend.h"
 #include "comm/onebit.h"
 #include "io/aio.h"
 #include "kernels/cpu/attention.h"
@@ -1184,7 +1185,8 @@ Calibration calibrate(const CalibrateOptions& options) {
     const int me = group->rank();
     int local = 0;
     for (int r = 0; r < me; ++r) local += host[static_cast<size_t>(r)] == host[static_cast<size_t>(me)];
-    const int cores = host_cores();
+    // The host's cores as its ranks share them (mpirun may bind each rank to a core of its own).
+    const int cores = comm::mpi_host_cores();
     times_kernels = local == 0 || (local + 1) * cal.threads <= cores;
   }
   // First, while the process's peak is still its own: the process constant.
