@@ -445,6 +445,48 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
       s += unit_seconds(L + 1, backward) + (backward ? 0.0 : costs.head_backward + sum(costs.tp_head_backward));
     return s;
   };
+  // The same pass as instructions: compute pieces and the tp collectives' waits (no_core), in the
+  // order a zero program's emit_pass gives them, adjacent pieces of one kind merged.
+  auto chunk_ops = [&](int q, int chunk, bool backward, const std::string& name) {
+    std::vector<SimOp> out;
+    auto add = [&](double seconds, bool wait) {
+      if (seconds <= 0) return;
+      if (!out.empty() && out.back().no_core == wait) {
+        out.back().seconds += seconds;
+        return;
+      }
+      SimOp op;
+      op.seconds = seconds;
+      op.no_core = wait;
+      op.name = wait ? "tp collectives in " + name : name;
+      out.push_back(std::move(op));
+    };
+    auto pass = [&](double seconds, const std::vector<double>* tp) {
+      const size_t k = tp ? tp->size() : 0;
+      for (size_t i = 0; i <= k; ++i) {
+        add(seconds / static_cast<double>(k + 1), false);
+        if (i < k) add((*tp)[i], true);
+      }
+    };
+    const std::vector<double>& t = backward ? costs.backward : costs.forward;
+    const std::vector<std::vector<double>>& tp = backward ? costs.tp_backward : costs.tp_forward;
+    auto unit = [&](int u) { pass(t[u], static_cast<size_t>(u) < tp.size() && !tp[u].empty() ? &tp[u] : nullptr); };
+    const int st = chunk * P + q;
+    if (st == 0 && !backward) unit(0);
+    if (backward && st == S - 1) unit(L + 1);
+    for (int l = 0; l < spec.bounds[st + 1] - spec.bounds[st]; ++l)
+      unit(backward ? spec.bounds[st + 1] - l : 1 + spec.bounds[st] + l);
+    if (!backward && st == S - 1) {
+      unit(L + 1);
+      pass(costs.head_backward, costs.tp_head_backward.empty() ? nullptr : &costs.tp_head_backward);
+    }
+    if (backward && st == 0) unit(0);
+    if (out.empty()) {  // a pass of no time, as one instruction
+      out.emplace_back();
+      out.back().name = name;
+    }
+    return out;
+  };
   const double message = P > 1 ? costs.send_recv(spec.boundary_bytes) : 0.0;
   SimProgram p;
   const int R = spec.one_replica ? 1 : D;  // replicas simulated: rank q·R + d
@@ -487,6 +529,10 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
         switch (i.kind) {
           case OpKind::kForward:
           case OpKind::kBackward:
+            if (spec.shared_cores) {
+              for (SimOp& piece : chunk_ops(q, i.chunk, i.kind == OpKind::kBackward, op.name)) ops.push_back(std::move(piece));
+              continue;
+            }
             op.seconds = chunk_seconds(q, i.chunk, i.kind == OpKind::kBackward);
             break;
           case OpKind::kSendActivation:

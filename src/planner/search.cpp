@@ -184,6 +184,7 @@ Prediction time_one(const PlanJob& job, const Layout& l, const Calibration& cal)
                           ? static_cast<size_t>(models::padded_vocab(m.model, 1, m.vocab_divisible)) * m.model.hidden
                           : 0;
     spec.one_replica = job.host_cores <= 0 && !job.whole_program;  // no shared cores: every replica alike
+    spec.shared_cores = job.host_cores > 0;
     program = pipeline_step_program(spec, costs);
     Prediction p = finish_prediction(job, l, costs, std::move(program));
     p.bounds = spec.bounds;

@@ -240,6 +240,11 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
       switch (op.kind) {
         case SimOpKind::kCompute:
           block_until(q, now);
+          if (op.no_core && op.seconds > 0) {  // on the rank's clock, beside the host's sharing
+            r.compute[q] += op.seconds;
+            s.main = now + op.seconds;
+            break;
+          }
           if (op.seconds > 0) {
             run[q].on = true;
             run[q].start = run[q].since = now;

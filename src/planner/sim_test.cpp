@@ -176,6 +176,22 @@ TEST(Simulator, RanksSharingCoresShareThemWhileTheyCompute) {
   r = simulate(p);
   EXPECT_DOUBLE_EQ(r.makespan, 2.0 + 0.5 + 2.0);
   EXPECT_DOUBLE_EQ(r.blocked[1], 2.5);
+  // A wait inside a pass (no_core: the tp collectives of the ranks a pipeline rank stands for)
+  // holds no core: on one core, rank 0's 1 s of compute and rank 1's 2 s run at half speed to
+  // t = 2, then rank 0 waits 1 s while rank 1 has the core for its last second: both end at 3 s.
+  // As compute, the wait would have shared the core too: 4 s.
+  p.groups.clear();
+  SimOp wait_in_pass = compute(1.0);
+  wait_in_pass.no_core = true;
+  p.ranks = {{compute(1.0), wait_in_pass}, {compute(2.0)}};
+  r = simulate(p);
+  EXPECT_DOUBLE_EQ(r.makespan, 3.0);
+  EXPECT_DOUBLE_EQ(r.end[0], 3.0);
+  EXPECT_DOUBLE_EQ(r.end[1], 3.0);
+  EXPECT_DOUBLE_EQ(r.compute[0], 3.0);  // the pass's wall time: its compute and its wait
+  wait_in_pass.no_core = false;
+  p.ranks = {{compute(1.0), wait_in_pass}, {compute(2.0)}};
+  EXPECT_DOUBLE_EQ(simulate(p).makespan, 4.0);
   // A pipeline on one core never leaves it idle when messages are free: its step is its work,
   // p·m·(t_f + t_b), where p cores give the bubble's formula.
   for (int stages : {2, 4}) {
