@@ -445,19 +445,19 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
       s += unit_seconds(L + 1, backward) + (backward ? 0.0 : costs.head_backward + sum(costs.tp_head_backward));
     return s;
   };
-  // The same pass as instructions: compute pieces and the tp collectives' waits (no_core), in the
+  // The same pass as instructions: compute pieces and the tp collectives' waits (fixed), in the
   // order a zero program's emit_pass gives them, adjacent pieces of one kind merged.
   auto chunk_ops = [&](int q, int chunk, bool backward, const std::string& name) {
     std::vector<SimOp> out;
     auto add = [&](double seconds, bool wait) {
       if (seconds <= 0) return;
-      if (!out.empty() && out.back().no_core == wait) {
+      if (!out.empty() && out.back().fixed == wait) {
         out.back().seconds += seconds;
         return;
       }
       SimOp op;
       op.seconds = seconds;
-      op.no_core = wait;
+      op.fixed = wait;
       op.name = wait ? "tp collectives in " + name : name;
       out.push_back(std::move(op));
     };

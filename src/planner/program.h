@@ -160,8 +160,9 @@ struct PipelineStepSpec {
   // each stage's reductions (priced for dp ranks) over a group of one.
   bool one_replica = false;
   // The ranks share cores (SimProgram::host_cores): each pass's tp collectives are instructions of
-  // their own (SimOp::no_core; the compute split evenly around them, as a zero program's), since
-  // the tp ranks hold no core while they wait in them; one compute instruction a pass otherwise.
+  // their own (SimOp::fixed; the compute split evenly around them, as a zero program's), since
+  // their calibrated time is already the one the host's sharing gives them; one compute
+  // instruction a pass otherwise.
   bool shared_cores = false;
 };
 SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCosts& costs);

@@ -229,6 +229,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     return c.since + (run[q].vend - c.done) / c.rate;
   };
 
+  std::vector<double> held(P, 0.0);  // a fixed wait's demand on its host, until the rank's clock
   // Runs rank q's instructions at `now` until it blocks, starts a compute, or its clock passes now.
   auto step_rank = [&](int q) {
     Rank& s = st[q];
@@ -240,9 +241,17 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
       switch (op.kind) {
         case SimOpKind::kCompute:
           block_until(q, now);
-          if (op.no_core && op.seconds > 0) {  // on the rank's clock, beside the host's sharing
+          if (op.fixed && op.seconds > 0) {  // on the rank's clock; its demand held until then
             r.compute[q] += op.seconds;
             s.main = now + op.seconds;
+            if (program.host_cores > 0) {
+              const int h = host_of(q);
+              if (fair) advance(h);
+              held[q] = demand_of(q);
+              host_demand[h] += held[q];
+              if (fair) clock[static_cast<size_t>(h)].rate = host_rate(h);
+              else rerate_host(h);
+            }
             break;
           }
           if (op.seconds > 0) {
@@ -349,6 +358,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     double next = inf;
     bool done = true;
     for (int q = 0; q < P; ++q) {
+      if (held[q] > 0) next = std::min(next, st[q].main);
       if (run[q].on) next = std::min({next, finish_of(q), run[q].boundary});
       else if (st[q].pc < program.ranks[q].size() && st[q].main > now) next = std::min(next, st[q].main);
       done = done && !run[q].on && st[q].pc >= program.ranks[q].size();
@@ -367,6 +377,13 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     const double before = now;
     now = next;
     std::vector<bool> touched(static_cast<size_t>(hosts), false);
+    for (int q = 0; q < P; ++q)
+      if (held[q] > 0 && st[q].main <= now) {  // a fixed wait has ended: its demand leaves
+        if (fair) advance(host_of(q));
+        host_demand[host_of(q)] -= held[q];
+        held[q] = 0.0;
+        touched[static_cast<size_t>(host_of(q))] = true;
+      }
     for (int q = 0; q < P; ++q) {
       if (!run[q].on) {
         if (st[q].pc < program.ranks[q].size() && st[q].main > before && st[q].main <= now) wake(q);  // its clock reached

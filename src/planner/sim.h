@@ -23,9 +23,10 @@
 //     `demand` cores runs at min(1, cores / the demand of every rank computing on its host then) of
 //     its speed. A rank waiting (a receive, a collective, a wait) takes no core: OpenMPI yields
 //     when oversubscribed. Compute is simulated in global time, re-rated at every start and end.
-//     A compute instruction with no_core is a wait inside a pass (a pipeline rank standing for its
-//     tp group spends it in the group's blocking collectives): its time passes on the rank's clock
-//     at full speed, holding no core and slowed by no one.
+//     A compute instruction with `fixed` is a wait inside a pass, timed as the host shares its
+//     cores (a pipeline rank standing for its tp group spends it in the group's blocking
+//     collectives, which the calibration timed with every group exchanging at once): its time is
+//     not re-rated, and the rank's demand stays on its host meanwhile (ranks waiting in MPI poll).
 // Pure: no kernels, no communicator. The times come from the caller (calibration, or a test's
 // hand-computable numbers).
 #pragma once
@@ -49,7 +50,7 @@ struct SimOp {
   std::string name;      // what it is, for reports
   int stream = 0;        // kStream: which of the rank's own streams (>= 1) runs it
   double bytes = 0.0;    // kStream: bytes it moves through the disk (their rate slows compute)
-  bool no_core = false;  // kCompute: blocked inside the pass (collectives of ranks it stands for), no core held
+  bool fixed = false;    // kCompute: a wait inside a pass, its time fixed, its rank's demand held (above)
 };
 
 struct SimProgram {

@@ -176,22 +176,29 @@ TEST(Simulator, RanksSharingCoresShareThemWhileTheyCompute) {
   r = simulate(p);
   EXPECT_DOUBLE_EQ(r.makespan, 2.0 + 0.5 + 2.0);
   EXPECT_DOUBLE_EQ(r.blocked[1], 2.5);
-  // A wait inside a pass (no_core: the tp collectives of the ranks a pipeline rank stands for)
-  // holds no core: on one core, rank 0's 1 s of compute and rank 1's 2 s run at half speed to
-  // t = 2, then rank 0 waits 1 s while rank 1 has the core for its last second: both end at 3 s.
-  // As compute, the wait would have shared the core too: 4 s.
+  // A fixed wait inside a pass (the tp collectives of the ranks a pipeline rank stands for, timed
+  // as the host shares its cores) keeps its time and its core: on one core, rank 0's 1 s of
+  // compute and rank 1's 2 s run at half speed to t = 2; rank 0 then waits 1 s, to t = 3, while
+  // rank 1 still runs at half speed (0.5 s done); alone, its last 0.5 s ends at 3.5 s. As compute,
+  // the wait would have been slowed too (both end at 4 s); holding no core, rank 1 would have
+  // had the core to itself from t = 2 (3 s).
   p.groups.clear();
   SimOp wait_in_pass = compute(1.0);
-  wait_in_pass.no_core = true;
+  wait_in_pass.fixed = true;
   p.ranks = {{compute(1.0), wait_in_pass}, {compute(2.0)}};
   r = simulate(p);
-  EXPECT_DOUBLE_EQ(r.makespan, 3.0);
+  EXPECT_DOUBLE_EQ(r.makespan, 3.5);
   EXPECT_DOUBLE_EQ(r.end[0], 3.0);
-  EXPECT_DOUBLE_EQ(r.end[1], 3.0);
+  EXPECT_DOUBLE_EQ(r.end[1], 3.5);
   EXPECT_DOUBLE_EQ(r.compute[0], 3.0);  // the pass's wall time: its compute and its wait
-  wait_in_pass.no_core = false;
+  wait_in_pass.fixed = false;
   p.ranks = {{compute(1.0), wait_in_pass}, {compute(2.0)}};
   EXPECT_DOUBLE_EQ(simulate(p).makespan, 4.0);
+  p.host_cores = 0.0;  // cores for all: a fixed wait is compute at full speed
+  wait_in_pass.fixed = true;
+  p.ranks = {{compute(1.0), wait_in_pass}, {compute(2.0)}};
+  EXPECT_DOUBLE_EQ(simulate(p).makespan, 2.0);
+  p.host_cores = 1.0;
   // A pipeline on one core never leaves it idle when messages are free: its step is its work,
   // p·m·(t_f + t_b), where p cores give the bubble's formula.
   for (int stages : {2, 4}) {
