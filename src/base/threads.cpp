@@ -4,23 +4,132 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace mt {
 
 void threads_set(int n) {
-  if (n <= 0) n = omp_get_num_procs();
+  if (n <= 0) n = host_cores();
   omp_set_num_threads(n);
 }
 
 int threads_get() { return omp_get_max_threads(); }
 
+void threads_default() {
+  if (const char* user = std::getenv("OMP_NUM_THREADS"); user && *user) return;
+  if (const int cores = host_cores(); cores < threads_get()) threads_set(cores);
+}
+
+namespace {
+
+std::string read_small(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return {};
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> split(const std::string& s, char by) {
+  std::vector<std::string> out;
+  std::string part;
+  std::istringstream in(s);
+  while (std::getline(in, part, by)) out.push_back(part);
+  return out;
+}
+
+// A positive number of a quota file (cpu.max's fields, cfs_quota_us), else 0 ("max", -1, junk).
+double positive(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str()) return 0.0;
+  while (*end == ' ' || *end == '\n') ++end;
+  return *end == '\0' && v > 0 ? v : 0.0;
+}
+
+}  // namespace
+
+double cpu_max_cores(const char* cpu_max) {
+  std::istringstream in(cpu_max ? cpu_max : "");
+  std::string quota, period;
+  if (!(in >> quota)) return 0.0;
+  if (!(in >> period)) period = "100000";  // the kernel's default period when only the quota is written
+  const double q = positive(quota), p = positive(period);
+  return q > 0 && p > 0 ? q / p : 0.0;
+}
+
+double cfs_quota_cores(const char* quota_us, const char* period_us) {
+  const double q = positive(quota_us ? quota_us : ""), p = positive(period_us ? period_us : "");
+  return q > 0 && p > 0 ? q / p : 0.0;
+}
+
+double cgroup_quota_cores(const char* proc_cgroup, const char* mountinfo) {
+  // The cpu controller's cgroup: v1's line naming "cpu" among its controllers, else v2's "0::".
+  std::string v1_path, v2_path;
+  bool v1 = false, v2 = false;
+  for (const std::string& line : split(proc_cgroup ? proc_cgroup : "", '\n')) {
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (line.compare(0, a, "0") == 0 && controllers.empty()) v2 = true, v2_path = path;
+    for (const std::string& c : split(controllers, ','))
+      if (c == "cpu") v1 = true, v1_path = path;
+  }
+  // Its mount: mountinfo's fields 4 (the mount's root within the hierarchy) and 5 (where), and past
+  // " - " the filesystem type and, for v1, the controllers among the super options.
+  double lowest = 0.0;
+  for (const std::string& line : split(mountinfo ? mountinfo : "", '\n')) {
+    const size_t dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream head(line.substr(0, dash)), tail(line.substr(dash + 3));
+    std::string id, parent, dev, root, where, type, source, options;
+    if (!(head >> id >> parent >> dev >> root >> where) || !(tail >> type >> source >> options)) continue;
+    bool cpu = false;
+    for (const std::string& o : split(options, ',')) cpu = cpu || o == "cpu";
+    const bool is_v1 = v1 && type == "cgroup" && cpu, is_v2 = !v1 && v2 && type == "cgroup2";
+    if (!is_v1 && !is_v2) continue;
+    // The cgroup's directory under the mount (a container sees its own cgroup as the mount's root),
+    // then each ancestor up to the mount point: the lowest quota of them.
+    std::string rel = is_v1 ? v1_path : v2_path;
+    if (root != "/" && rel.compare(0, root.size(), root) == 0) rel = rel.substr(root.size());
+    const std::filesystem::path below = std::filesystem::path(rel).relative_path();
+    std::filesystem::path dir = below.empty() ? std::filesystem::path(where) : std::filesystem::path(where) / below;
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) dir = where;
+    for (;;) {
+      const double cores = is_v2 ? cpu_max_cores(read_small((dir / "cpu.max").string()).c_str())
+                                 : cfs_quota_cores(read_small((dir / "cpu.cfs_quota_us").string()).c_str(),
+                                                   read_small((dir / "cpu.cfs_period_us").string()).c_str());
+      if (cores > 0 && (lowest == 0.0 || cores < lowest)) lowest = cores;
+      if (dir == std::filesystem::path(where) || !dir.has_parent_path() || dir.parent_path() == dir) break;
+      dir = dir.parent_path();
+    }
+    break;
+  }
+  return lowest;
+}
+
+int cgroup_cpu_quota_cores() {
+  const double cores =
+      cgroup_quota_cores(read_small("/proc/self/cgroup").c_str(), read_small("/proc/self/mountinfo").c_str());
+  return cores > 0 ? static_cast<int>(std::ceil(cores - 1e-9)) : 0;
+}
+
 int host_cores() {
   cpu_set_t mask;
   CPU_ZERO(&mask);
-  if (::sched_getaffinity(0, sizeof mask, &mask) == 0 && CPU_COUNT(&mask) > 0) return CPU_COUNT(&mask);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int cores = ::sched_getaffinity(0, sizeof mask, &mask) == 0 && CPU_COUNT(&mask) > 0
+                  ? CPU_COUNT(&mask)
+                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (const int quota = cgroup_cpu_quota_cores(); quota > 0) cores = std::min(cores, quota);
+  return std::max(1, cores);
 }
 
 int threads_per_rank(int ranks_on_host) {

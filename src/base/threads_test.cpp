@@ -1,11 +1,17 @@
 // host_cores: the affinity mask's count (taskset, a cpuset), where hardware_concurrency counted
-// every online CPU; threads_per_rank shares those out.
+// every online CPU, within the cgroup's CPU quota (docker --cpus); threads_per_rank shares those out.
 #include "base/threads.h"
 
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <stdlib.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 
 namespace mt {
@@ -31,6 +37,96 @@ TEST(Threads, HostCoresAreTheAffinityMasksCores) {
   EXPECT_EQ(restricted, 1);
   EXPECT_EQ(per_rank, 1);
   EXPECT_GE(static_cast<int>(std::thread::hardware_concurrency()), host_cores());
+}
+
+void write_file(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream out(p);
+  out << text;
+}
+
+TEST(Threads, CgroupQuotaFilesReadAsCores) {
+  EXPECT_EQ(cpu_max_cores("max 100000\n"), 0.0);
+  EXPECT_EQ(cpu_max_cores("150000 100000\n"), 1.5);
+  EXPECT_EQ(cpu_max_cores("200000 50000"), 4.0);
+  EXPECT_EQ(cpu_max_cores("50000"), 0.5);  // the default period
+  EXPECT_EQ(cpu_max_cores(""), 0.0);
+  EXPECT_EQ(cpu_max_cores("junk 100000"), 0.0);
+  EXPECT_EQ(cfs_quota_cores("-1\n", "100000\n"), 0.0);
+  EXPECT_EQ(cfs_quota_cores("250000\n", "100000\n"), 2.5);
+  EXPECT_EQ(cfs_quota_cores("250000\n", ""), 0.0);
+}
+
+// The quota of a cgroup and its ancestors (the lowest), found as /proc/self/cgroup and mountinfo
+// name them: v1's cpu controller (beside v2's), v2's unified tree, a container's own cgroup as
+// its mount's root.
+TEST(Threads, CgroupQuotaIsTheLowestOfTheCgroupAndItsAncestors) {
+  const std::filesystem::path top = std::filesystem::temp_directory_path() / ("mt_cgroup_test_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(top);
+  const std::filesystem::path v1 = top / "cpu", v2 = top / "unified";
+  std::filesystem::create_directories(v1 / "job" / "step");
+  std::filesystem::create_directories(v2 / "a" / "b");
+  for (const auto& d : {v1, v1 / "job" / "step"}) write_file(d / "cpu.cfs_quota_us", "-1\n"), write_file(d / "cpu.cfs_period_us", "100000\n");
+  write_file(v1 / "job" / "cpu.cfs_quota_us", "150000\n");
+  write_file(v1 / "job" / "cpu.cfs_period_us", "100000\n");
+  write_file(v2 / "cpu.max", "max 100000\n");
+  write_file(v2 / "a" / "cpu.max", "300000 100000\n");
+  write_file(v2 / "a" / "b" / "cpu.max", "max 100000\n");
+  const std::string v1_mount = "30 25 0:27 / " + v1.string() + " rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n";
+  const std::string v2_mount = "35 25 0:30 / " + v2.string() + " rw,nosuid - cgroup2 cgroup2 rw\n";
+  const std::string other = "22 1 8:1 / / rw - ext4 /dev/vda rw\n";
+  const std::string mounts = other + v1_mount + v2_mount;
+  EXPECT_EQ(cgroup_quota_cores("4:cpu,cpuacct:/job/step\n0::/a/b\n", mounts.c_str()), 1.5);  // v1's cpu, from the parent
+  EXPECT_EQ(cgroup_quota_cores("4:memory:/x\n0::/a/b\n", mounts.c_str()), 3.0);             // v2's, from the parent
+  EXPECT_EQ(cgroup_quota_cores("0::/\n", mounts.c_str()), 0.0);                               // the root: none
+  EXPECT_EQ(cgroup_quota_cores("4:cpu,cpuacct:/job/step\n", other.c_str()), 0.0);            // not mounted
+  // A container's cgroup is its mount's root: its path under the mount is the mount itself.
+  const std::string container = "30 25 0:27 /docker/abc " + (v1 / "job").string() + " rw - cgroup cgroup rw,cpuacct,cpu\n";
+  EXPECT_EQ(cgroup_quota_cores("4:cpu,cpuacct:/docker/abc\n", container.c_str()), 1.5);
+  std::filesystem::remove_all(top);
+}
+
+// This process moved into a cgroup of one core's quota (where it may make one: root, v1's cpu
+// controller, as on this machine): host_cores() counts one core, as threads_per_rank does.
+TEST(Threads, HostCoresKeepToTheCgroupsCpuQuota) {
+  std::string path;
+  {
+    std::ifstream in("/proc/self/cgroup");
+    std::string line;
+    while (std::getline(in, line))
+      if (line.find(":cpu,") != std::string::npos || line.find(":cpu:") != std::string::npos ||
+          line.find(",cpu:") != std::string::npos || line.find(",cpu,") != std::string::npos)
+        path = line.substr(line.find(':', line.find(':') + 1) + 1);
+  }
+  const std::filesystem::path mount = "/sys/fs/cgroup/cpu";
+  std::error_code ec;
+  if (path.empty() || !std::filesystem::exists(mount / "cpu.cfs_quota_us", ec))
+    GTEST_SKIP() << "no cgroup v1 cpu controller at " << mount;
+  const std::filesystem::path mine = mount / std::filesystem::path(path).relative_path();
+  const std::filesystem::path child = mine / ("mt_threads_test_" + std::to_string(::getpid()));
+  if (!std::filesystem::create_directory(child, ec) || ec) GTEST_SKIP() << "cannot make a cgroup under " << mine;
+  write_file(child / "cpu.cfs_period_us", "100000");
+  write_file(child / "cpu.cfs_quota_us", "100000");
+  const int before = host_cores(), saved_threads = threads_get();
+  write_file(child / "cgroup.procs", std::to_string(::getpid()));
+  const int quota = cgroup_cpu_quota_cores(), inside = host_cores();
+  const char* user = std::getenv("OMP_NUM_THREADS");
+  ::unsetenv("OMP_NUM_THREADS");
+  const int per_rank = threads_per_rank(1);
+  threads_set(2);  // OpenMP's own default on two CPUs
+  threads_default();
+  const int by_default = threads_get();
+  threads_set(0);
+  const int all_cores = threads_get();
+  if (user) ::setenv("OMP_NUM_THREADS", user, 1);
+  threads_set(saved_threads);
+  write_file(mine / "cgroup.procs", std::to_string(::getpid()));
+  std::filesystem::remove(child, ec);
+  EXPECT_EQ(quota, 1);
+  EXPECT_EQ(inside, 1);
+  EXPECT_EQ(per_rank, 1);
+  EXPECT_EQ(by_default, 1);
+  EXPECT_EQ(all_cores, 1);
+  EXPECT_EQ(host_cores(), before);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "base/text.h"
+#include "base/threads.h"
 #include "cli/commands.h"
 #include "comm/mpi_backend.h"
 
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
     ::sigprocmask(SIG_UNBLOCK, &term, nullptr);
   }
   mt::comm::mpi_prepare_process(argv);  // under mpirun: huge pages for MPI's temporary buffers (re-execs once)
+  mt::threads_default();                // no more threads than a container's CPU quota allows
   CLI::App app{"meshtrain: train transformer language models on one or many processes"};
   app.require_subcommand(1);
   mt::cli::register_bench(app);

@@ -780,7 +780,8 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
                "'; meshtrain needs 'serialized' or 'multiple'");
   // This host's ranks (shared memory) and the cores they may run on together: the union of their
   // affinity masks (mpirun binds each of 2 ranks to a core of its own by default, a cpuset bounds
-  // them all; hardware_concurrency counted CPUs that none of them may use).
+  // them all; hardware_concurrency counted CPUs that none of them may use), within their cgroup's
+  // CPU quota.
   MPI_Comm host = MPI_COMM_NULL;
   int on_host = 1;
   cpu_set_t cpus;
@@ -793,6 +794,8 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
     MPI_Comm_free(&host);
   }
   g_host_cores = masked && CPU_COUNT(&cpus) > 0 ? CPU_COUNT(&cpus) : host_cores();
+  // A container's CPU quota bounds its ranks together (they share one cgroup, as mpirun starts them).
+  if (const int quota = cgroup_cpu_quota_cores(); quota > 0) g_host_cores = std::min(g_host_cores, quota);
   g_idle_sleep_us.store(user_nap > 0 ? user_nap : mpi_idle_sleep_us(on_host, threads_get(), g_host_cores));
   g_world = std::make_shared<MpiBackend>(MPI_COMM_WORLD, false);
   return g_world;
