@@ -126,7 +126,7 @@ static planner::Calibration calibration_from_json(const nlohmann::json& j, const
         bad("fits." + family + ".curve's sizes must be positive and increasing");
       time(curve[i].second, "fits." + family + ".curve's times");
     }
-    cal.curves[family] = std::move(curve);
+    cal.set_curve(family, std::move(curve));
   }
   if (cal.fits.count("gemm bf16") && !cal.fits.count("gemm compute bf16"))  // from before DESIGN-NOTES 44
     std::fprintf(stderr,

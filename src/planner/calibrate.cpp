@@ -83,6 +83,12 @@ double Calibration::seconds(const std::string& family, double units) const {
   return pts.back().second * units / pts.back().first;  // past the largest: at its rate
 }
 
+void Calibration::set_curve(const std::string& family, std::vector<std::pair<double, double>> xy) {
+  std::sort(xy.begin(), xy.end());
+  for (size_t i = xy.size(); i-- > 1;) xy[i - 1].second = std::min(xy[i - 1].second, xy[i].second);
+  curves[family] = std::move(xy);
+}
+
 double gemm_bytes(double m, double n, double k, double es) { return es * (m * k + n * k) + 4 * m * n; }
 
 double gemm_backward_bytes(double m, double n, double k, double es) {
@@ -267,11 +273,11 @@ void add_family(Calibration& cal, const std::string& family, const std::vector<C
     cal.points.push_back(p);
     xy.emplace_back(p.units, p.seconds);
   }
-  cal.fits[family] = fit_line(xy, relative);
-  if (curve) {
-    std::sort(xy.begin(), xy.end());
-    cal.curves[family] = xy;
+  if (curve) {  // the line below the smallest size from the settled curve, as the curve above it
+    cal.set_curve(family, xy);
+    xy = cal.curves[family];
   }
+  cal.fits[family] = fit_line(xy, relative);
 }
 
 // Copies of a call's operands that together exceed the caches (96 MiB), at most 16.

@@ -107,6 +107,10 @@ struct Calibration {
   // seconds() interpolates them piecewise-linearly, past the largest at its rate, below the
   // smallest on the line.
   std::map<std::string, std::vector<std::pair<double, double>>> curves;
+  // Sets a family's curve: sorted by size, and no point above a larger size's (a collective of
+  // fewer bytes costs no more than one of more; a sweep's first size on an oversubscribed host
+  // read 17.8 ms at 4 KiB beside 0.6 ms at 16 KiB: DESIGN-NOTES 120).
+  void set_curve(const std::string& family, std::vector<std::pair<double, double>> xy);
   // A family's time for `units`; throws kNotFound naming the family when it was not measured.
   double seconds(const std::string& family, double units) const;
   // A GEMM's time (forward, or the backward's two): with the "gemm compute DT" lines (the

@@ -26,6 +26,16 @@ TEST(CalibrationFit, CollectivesFollowTheirMeasuredCurve) {
   EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 3.5), 7.5);  // a cliff between the points
   EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 8.0), 20.0);
   EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 0.5), 0.5 + 0.25 * 0.5);
+  // A point above a larger size's (the sweep's first size, met while the other groups of an
+  // oversubscribed host still exchanged the last sweep's largest) is taken at the larger's time:
+  // the calibration's 4 KiB all_reduce g4 of 17.8 ms beside 0.60 ms at 16 KiB priced a 4 KiB
+  // message 30 times a 16 KiB one.
+  cal.set_curve("all_reduce", {{16384.0, 0.60e-3}, {4096.0, 17.8e-3}, {65536.0, 0.74e-3}, {262144.0, 0.70e-3}});
+  EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 4096.0), 0.60e-3);
+  EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 10240.0), 0.60e-3);
+  EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 65536.0), 0.70e-3);
+  EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 262144.0), 0.70e-3);
+  EXPECT_EQ(cal.curves["all_reduce"].front().first, 4096.0);  // sorted by size
 }
 
 // The collectives' sizes fit the host's memory: 8 ranks of a group of 8 on a 24 GiB host may each
