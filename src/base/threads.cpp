@@ -54,6 +54,22 @@ double positive(const std::string& s) {
   return *end == '\0' && v > 0 ? v : 0.0;
 }
 
+// mountinfo's escapes of a path's space, tab, newline and backslash (\040, \011, \012, \134).
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const bool octal = s[i] == '\\' && s.size() - i >= 4 && s[i + 1] >= '0' && s[i + 1] <= '3' && s[i + 2] >= '0' &&
+                       s[i + 2] <= '7' && s[i + 3] >= '0' && s[i + 3] <= '7';
+    if (octal) {
+      out.push_back(static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0')));
+      i += 3;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 double cpu_max_cores(const char* cpu_max) {
@@ -70,7 +86,8 @@ double cfs_quota_cores(const char* quota_us, const char* period_us) {
   return q > 0 && p > 0 ? q / p : 0.0;
 }
 
-double cgroup_quota_cores(const char* proc_cgroup, const char* mountinfo) {
+double cgroup_quota_cores(const char* proc_cgroup, const char* mountinfo, std::string* limiting) {
+  if (limiting) limiting->clear();
   // The cpu controller's cgroup: v1's line naming "cpu" among its controllers, else v2's "0::".
   std::string v1_path, v2_path;
   bool v1 = false, v2 = false;
@@ -83,42 +100,58 @@ double cgroup_quota_cores(const char* proc_cgroup, const char* mountinfo) {
       if (c == "cpu") v1 = true, v1_path = path;
   }
   // Its mount: mountinfo's fields 4 (the mount's root within the hierarchy) and 5 (where), and past
-  // " - " the filesystem type and, for v1, the controllers among the super options.
-  double lowest = 0.0;
+  // " - " the filesystem type, the source and, for v1, the controllers among the super options.
   for (const std::string& line : split(mountinfo ? mountinfo : "", '\n')) {
     const size_t dash = line.find(" - ");
     if (dash == std::string::npos) continue;
-    std::istringstream head(line.substr(0, dash)), tail(line.substr(dash + 3));
-    std::string id, parent, dev, root, where, type, source, options;
-    if (!(head >> id >> parent >> dev >> root >> where) || !(tail >> type >> source >> options)) continue;
+    std::istringstream head(line.substr(0, dash));
+    std::string id, parent, dev, root, where;
+    if (!(head >> id >> parent >> dev >> root >> where)) continue;
+    const std::vector<std::string> tail = split(line.substr(dash + 3), ' ');  // the source may be empty
+    if (tail.size() < 3) continue;
+    const std::string& type = tail[0];
     bool cpu = false;
-    for (const std::string& o : split(options, ',')) cpu = cpu || o == "cpu";
+    for (const std::string& o : split(tail[2], ',')) cpu = cpu || o == "cpu";
     const bool is_v1 = v1 && type == "cgroup" && cpu, is_v2 = !v1 && v2 && type == "cgroup2";
     if (!is_v1 && !is_v2) continue;
-    // The cgroup's directory under the mount (a container sees its own cgroup as the mount's root),
-    // then each ancestor up to the mount point: the lowest quota of them.
+    root = unescape(root);
+    where = unescape(where);
+    // The cgroup's directory under the mount (a container sees its own cgroup as the mount's root);
+    // a mount of another part of the hierarchy is not this process's.
     std::string rel = is_v1 ? v1_path : v2_path;
-    if (root != "/" && rel.compare(0, root.size(), root) == 0) rel = rel.substr(root.size());
+    if (root != "/") {
+      if (rel != root && rel.compare(0, root.size() + 1, root + "/") != 0) continue;
+      rel = rel.substr(root.size());
+    }
     const std::filesystem::path below = std::filesystem::path(rel).relative_path();
-    std::filesystem::path dir = below.empty() ? std::filesystem::path(where) : std::filesystem::path(where) / below;
+    const std::filesystem::path top(where);
+    std::filesystem::path dir = below.empty() ? top : top / below;
     std::error_code ec;
-    if (!std::filesystem::is_directory(dir, ec)) dir = where;
+    if (rel.find("/..") != std::string::npos || !std::filesystem::is_directory(dir, ec)) continue;
+    // The cgroup and each ancestor up to the mount point: the lowest quota of them.
+    double lowest = 0.0;
     for (;;) {
       const double cores = is_v2 ? cpu_max_cores(read_small((dir / "cpu.max").string()).c_str())
                                  : cfs_quota_cores(read_small((dir / "cpu.cfs_quota_us").string()).c_str(),
                                                    read_small((dir / "cpu.cfs_period_us").string()).c_str());
-      if (cores > 0 && (lowest == 0.0 || cores < lowest)) lowest = cores;
-      if (dir == std::filesystem::path(where) || !dir.has_parent_path() || dir.parent_path() == dir) break;
+      if (cores > 0 && (lowest == 0.0 || cores < lowest)) {
+        lowest = cores;
+        if (limiting) *limiting = dir.string();
+      }
+      if (dir == top || !dir.has_parent_path() || dir.parent_path() == dir) break;
       dir = dir.parent_path();
     }
-    break;
+    return lowest;
   }
-  return lowest;
+  return 0.0;
+}
+
+double cgroup_cpu_quota(std::string* limiting) {
+  return cgroup_quota_cores(read_small("/proc/self/cgroup").c_str(), read_small("/proc/self/mountinfo").c_str(), limiting);
 }
 
 int cgroup_cpu_quota_cores() {
-  const double cores =
-      cgroup_quota_cores(read_small("/proc/self/cgroup").c_str(), read_small("/proc/self/mountinfo").c_str());
+  const double cores = cgroup_cpu_quota(nullptr);
   return cores > 0 ? static_cast<int>(std::ceil(cores - 1e-9)) : 0;
 }
 

@@ -2,6 +2,8 @@
 // the number of threads for our kernels and oneDNN's alike.
 #pragma once
 
+#include <string>
+
 namespace mt {
 
 void threads_set(int n);  // n <= 0: all cores (host_cores)
@@ -23,7 +25,11 @@ int cgroup_cpu_quota_cores();
 // text) mounts, with `proc_cgroup` its /proc/self/cgroup text.
 double cpu_max_cores(const char* cpu_max);
 double cfs_quota_cores(const char* quota_us, const char* period_us);
-double cgroup_quota_cores(const char* proc_cgroup, const char* mountinfo);
+// *limiting: the directory of the cgroup whose quota it is (empty for none).
+double cgroup_quota_cores(const char* proc_cgroup, const char* mountinfo, std::string* limiting = nullptr);
+// This process's quota in cores, unrounded (0: none), and the cgroup directory that sets it: ranks
+// of one host in one container share it, ranks in cgroups of their own each have theirs.
+double cgroup_cpu_quota(std::string* limiting);
 // The OpenMP threads `meshtrain launch` gives each of ranks_on_host ranks of this host: the user's
 // OMP_NUM_THREADS where set (as under torchrun), else the cores shared out, at least one.
 int threads_per_rank(int ranks_on_host);

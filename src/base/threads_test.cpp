@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -29,10 +30,11 @@ TEST(Threads, HostCoresAreTheAffinityMasksCores) {
   CPU_SET(first, &one);
   ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);  // as under `taskset -c <first>`
   const int restricted = host_cores();
-  const char* user = std::getenv("OMP_NUM_THREADS");
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  const std::optional<std::string> user = env ? std::optional<std::string>(env) : std::nullopt;
   ::unsetenv("OMP_NUM_THREADS");
   const int per_rank = threads_per_rank(1);
-  if (user) ::setenv("OMP_NUM_THREADS", user, 1);
+  if (user) ::setenv("OMP_NUM_THREADS", user->c_str(), 1);
   ASSERT_EQ(::sched_setaffinity(0, sizeof saved, &saved), 0);
   EXPECT_EQ(restricted, 1);
   EXPECT_EQ(per_rank, 1);
@@ -82,6 +84,20 @@ TEST(Threads, CgroupQuotaIsTheLowestOfTheCgroupAndItsAncestors) {
   // A container's cgroup is its mount's root: its path under the mount is the mount itself.
   const std::string container = "30 25 0:27 /docker/abc " + (v1 / "job").string() + " rw - cgroup cgroup rw,cpuacct,cpu\n";
   EXPECT_EQ(cgroup_quota_cores("4:cpu,cpuacct:/docker/abc\n", container.c_str()), 1.5);
+  // A mount of another part of the hierarchy (a sibling whose name starts alike, a cgroup outside
+  // the namespace) is not this process's: no quota, not the mount's.
+  EXPECT_EQ(cgroup_quota_cores("4:cpu,cpuacct:/docker/abcd/x\n", container.c_str()), 0.0);
+  EXPECT_EQ(cgroup_quota_cores("4:cpu,cpuacct:/../other\n", mounts.c_str()), 0.0);
+  // The cgroup that sets the quota is named: the parent's, for the step's.
+  std::string limiting;
+  EXPECT_EQ(cgroup_quota_cores("4:cpu,cpuacct:/job/step\n", mounts.c_str(), &limiting), 1.5);
+  EXPECT_EQ(limiting, (v1 / "job").string());
+  // A mount point with a space, as mountinfo escapes it; a mount with an empty source.
+  const std::filesystem::path spaced = top / "with space";
+  std::filesystem::create_directories(spaced);
+  write_file(spaced / "cpu.max", "50000 100000\n");
+  const std::string escaped = "36 25 0:31 / " + top.string() + "/with\\040space rw - cgroup2  rw\n";
+  EXPECT_EQ(cgroup_quota_cores("0::/\n", escaped.c_str()), 0.5);
   std::filesystem::remove_all(top);
 }
 
@@ -104,12 +120,33 @@ TEST(Threads, HostCoresKeepToTheCgroupsCpuQuota) {
   const std::filesystem::path mine = mount / std::filesystem::path(path).relative_path();
   const std::filesystem::path child = mine / ("mt_threads_test_" + std::to_string(::getpid()));
   if (!std::filesystem::create_directory(child, ec) || ec) GTEST_SKIP() << "cannot make a cgroup under " << mine;
-  write_file(child / "cpu.cfs_period_us", "100000");
-  write_file(child / "cpu.cfs_quota_us", "100000");
+  auto put = [](const std::filesystem::path& p, const std::string& text) {
+    std::ofstream out(p);
+    out << text;
+    out.flush();
+    return static_cast<bool>(out);
+  };
+  // Back to its own cgroup, and the child removed, however the test ends.
+  struct Restore {
+    std::filesystem::path mine, child;
+    bool moved = false;
+    ~Restore() {
+      if (moved) {
+        std::ofstream out(mine / "cgroup.procs");
+        out << ::getpid();
+      }
+      std::error_code e;
+      std::filesystem::remove(child, e);
+    }
+  } restore{mine, child};
+  if (!put(child / "cpu.cfs_period_us", "100000") || !put(child / "cpu.cfs_quota_us", "100000"))
+    GTEST_SKIP() << "cannot set a quota on " << child;
   const int before = host_cores(), saved_threads = threads_get();
-  write_file(child / "cgroup.procs", std::to_string(::getpid()));
+  restore.moved = true;
+  if (!put(child / "cgroup.procs", std::to_string(::getpid()))) GTEST_SKIP() << "cannot move into " << child;
   const int quota = cgroup_cpu_quota_cores(), inside = host_cores();
-  const char* user = std::getenv("OMP_NUM_THREADS");
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  const std::optional<std::string> user = env ? std::optional<std::string>(env) : std::nullopt;
   ::unsetenv("OMP_NUM_THREADS");
   const int per_rank = threads_per_rank(1);
   threads_set(2);  // OpenMP's own default on two CPUs
@@ -117,10 +154,10 @@ TEST(Threads, HostCoresKeepToTheCgroupsCpuQuota) {
   const int by_default = threads_get();
   threads_set(0);
   const int all_cores = threads_get();
-  if (user) ::setenv("OMP_NUM_THREADS", user, 1);
+  if (user) ::setenv("OMP_NUM_THREADS", user->c_str(), 1);
   threads_set(saved_threads);
-  write_file(mine / "cgroup.procs", std::to_string(::getpid()));
-  std::filesystem::remove(child, ec);
+  ASSERT_TRUE(put(mine / "cgroup.procs", std::to_string(::getpid())));
+  restore.moved = false;
   EXPECT_EQ(quota, 1);
   EXPECT_EQ(inside, 1);
   EXPECT_EQ(per_rank, 1);

@@ -13,13 +13,16 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "base/fault.h"
 #include "base/threads.h"
@@ -787,15 +790,31 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   const bool masked = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0;
+  // Each rank's cgroup CPU quota and the cgroup that sets it: the ranks of one container share
+  // one quota, ranks in cgroups of their own each bring theirs; none where any rank has none.
+  std::string limiting;
+  std::vector<double> quotas = {cgroup_cpu_quota(&limiting), static_cast<double>(std::hash<std::string>{}(limiting) >> 12)};
   if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host) == MPI_SUCCESS &&
       host != MPI_COMM_NULL) {
     MPI_Comm_size(host, &on_host);
     MPI_Allreduce(MPI_IN_PLACE, &cpus, static_cast<int>(sizeof cpus), MPI_BYTE, MPI_BOR, host);
+    std::vector<double> all(2 * static_cast<size_t>(on_host));
+    MPI_Allgather(quotas.data(), 2, MPI_DOUBLE, all.data(), 2, MPI_DOUBLE, host);
+    quotas = std::move(all);
     MPI_Comm_free(&host);
   }
   g_host_cores = masked && CPU_COUNT(&cpus) > 0 ? CPU_COUNT(&cpus) : host_cores();
-  // A container's CPU quota bounds its ranks together (they share one cgroup, as mpirun starts them).
-  if (const int quota = cgroup_cpu_quota_cores(); quota > 0) g_host_cores = std::min(g_host_cores, quota);
+  double quota = 0.0;
+  std::vector<double> counted;
+  for (size_t r = 0; r + 1 < quotas.size(); r += 2) {
+    if (quotas[r] <= 0) {
+      quota = 0.0;
+      break;
+    }
+    if (std::find(counted.begin(), counted.end(), quotas[r + 1]) == counted.end())
+      counted.push_back(quotas[r + 1]), quota += quotas[r];
+  }
+  if (quota > 0) g_host_cores = std::min(g_host_cores, std::max(1, static_cast<int>(std::ceil(quota - 1e-9))));
   g_idle_sleep_us.store(user_nap > 0 ? user_nap : mpi_idle_sleep_us(on_host, threads_get(), g_host_cores));
   g_world = std::make_shared<MpiBackend>(MPI_COMM_WORLD, false);
   return g_world;

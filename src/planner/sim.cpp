@@ -247,8 +247,8 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
             if (program.host_cores > 0) {
               const int h = host_of(q);
               if (fair) advance(h);
+              host_demand[h] += demand_of(q) - held[q];  // one held demand, were the last wait not yet let go
               held[q] = demand_of(q);
-              host_demand[h] += held[q];
               if (fair) clock[static_cast<size_t>(h)].rate = host_rate(h);
               else rerate_host(h);
             }
