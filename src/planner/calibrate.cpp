@@ -72,8 +72,10 @@ double Calibration::seconds(const std::string& family, double units) const {
                                                ? " (collectives need a calibration run under mpirun with 2 or more ranks)"
                                                : ""));
   auto c = curves.find(family);
-  if (c == curves.end() || c->second.size() < 2 || units < c->second.front().first) return it->second.seconds(units);
+  if (c == curves.end() || c->second.size() < 2) return it->second.seconds(units);
   const auto& pts = c->second;
+  // Below the smallest size: the line, no more than that size's time (set_curve's rule).
+  if (units < pts.front().first) return std::min(it->second.seconds(units), pts.front().second);
   for (size_t i = 1; i < pts.size(); ++i)
     if (units <= pts[i].first) {
       const auto [x0, y0] = pts[i - 1];
@@ -273,11 +275,8 @@ void add_family(Calibration& cal, const std::string& family, const std::vector<C
     cal.points.push_back(p);
     xy.emplace_back(p.units, p.seconds);
   }
-  if (curve) {  // the line below the smallest size from the settled curve, as the curve above it
-    cal.set_curve(family, xy);
-    xy = cal.curves[family];
-  }
   cal.fits[family] = fit_line(xy, relative);
+  if (curve) cal.set_curve(family, xy);
 }
 
 // Copies of a call's operands that together exceed the caches (96 MiB), at most 16.

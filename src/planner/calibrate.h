@@ -105,7 +105,7 @@ struct Calibration {
   // The collectives' measured (bytes, seconds), by size: MPI's algorithms change with the message
   // size (OpenMPI's reduce_scatter here: 3.85 GB/s at 1 MiB, 0.12 at 16 MiB), so no one line holds.
   // seconds() interpolates them piecewise-linearly, past the largest at its rate, below the
-  // smallest on the line.
+  // smallest on the line (no more than the smallest's time).
   std::map<std::string, std::vector<std::pair<double, double>>> curves;
   // Sets a family's curve: sorted by size, and no point above a larger size's (a collective of
   // fewer bytes costs no more than one of more; a sweep's first size on an oversubscribed host

@@ -36,6 +36,10 @@ TEST(CalibrationFit, CollectivesFollowTheirMeasuredCurve) {
   EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 65536.0), 0.70e-3);
   EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 262144.0), 0.70e-3);
   EXPECT_EQ(cal.curves["all_reduce"].front().first, 4096.0);  // sorted by size
+  // Below the smallest size, the line (0.5 + 0.25 per unit) no higher than the smallest's time.
+  EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 1024.0), 0.60e-3);
+  cal.fits["all_reduce"] = LinearFit{1e-4, 1e-8};
+  EXPECT_DOUBLE_EQ(cal.seconds("all_reduce", 1024.0), 1e-4 + 1024 * 1e-8);
 }
 
 // The collectives' sizes fit the host's memory: 8 ranks of a group of 8 on a 24 GiB host may each
