@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/file_io.h"
 #include "base/fault.h"
 #include "base/timer.h"
 #include "cli/commands.h"
@@ -408,12 +409,10 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
           nlohmann::json list = nlohmann::json::array();
           for (const TopEntry& e : top)
             list.push_back({{"step", e.step}, {cfg.model_checkpoint.monitor, e.value}, {"path", e.path}});
-          std::ofstream f(top_dir / "top_k.json.tmp");
-          f << nlohmann::json{{"monitor", cfg.model_checkpoint.monitor}, {"mode", cfg.model_checkpoint.mode}, {"best", list}}.dump(2)
-            << "\n";
-          f.close();
-          MT_CHECK(f.good(), ErrorKind::kIOError, (top_dir / "top_k.json").string() + ": cannot write");
-          fs::rename(top_dir / "top_k.json.tmp", top_dir / "top_k.json");
+          const std::string text =
+              nlohmann::json{{"monitor", cfg.model_checkpoint.monitor}, {"mode", cfg.model_checkpoint.mode}, {"best", list}}.dump(2) +
+              "\n";
+          file_write_atomic((top_dir / "top_k.json").string(), text.data(), text.size());
           std::printf("%s %.4f: kept in %s (top %lld)\n", cfg.model_checkpoint.monitor.c_str(), value,
                       where.c_str(), static_cast<long long>(cfg.model_checkpoint.save_top_k));
         }

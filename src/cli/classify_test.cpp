@@ -169,8 +169,12 @@ TEST(Classify, TrainsKeepsTheTopKAndPredictsWhatValidationMeasured) {
   for (const auto& e : fs::directory_iterator(dir() + "/run-a/top_k")) dirs += e.is_directory();
   EXPECT_EQ(dirs, 2);
   for (const auto& e : top["best"]) EXPECT_TRUE(fs::exists(e["path"].get<std::string>()));
-  // predict over the validation records gives the accuracy the run measured at its last step.
+  // predict over the validation records gives the accuracy the run measured at its last step. A
+  // file named as a fixed temporary beside the output (pred.json.tmp: another run's, the user's) is
+  // left alone: predict wrote OUTPUT.tmp and renamed it over the output, taking that file.
+  { std::ofstream(dir() + "/pred.json.tmp") << "mine"; }
   ASSERT_EQ(run("predict " + dir() + "/run-a " + dir() + "/dev.jsonl -o " + dir() + "/pred.json", &out, &err), 0) << err;
+  EXPECT_EQ(mt::cli::testing::slurp(dir() + "/pred.json.tmp"), "mine");
   char want[64];
   std::snprintf(want, sizeof want, "accuracy %.4f on the 200", acc.back());
   EXPECT_NE(err.find(want), std::string::npos) << err;

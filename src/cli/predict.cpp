@@ -13,12 +13,14 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/file_io.h"
 #include "cli/commands.h"
 #include "cli/load_model.h"
 #include "data/classification.h"
@@ -100,9 +102,9 @@ void run_predict(const PredictArgs& a) {
   lm.model->prepare(B, T);
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
   std::vector<float> logits(tokens.size() * static_cast<size_t>(L));
-  const std::string tmp = a.output + ".tmp";
-  std::ofstream out(tmp);
-  MT_CHECK(out.good(), ErrorKind::kIOError, a.output + ": cannot write");
+  // The predictions, written whole at the end (AtomicFile: a temporary of this run's own, so two
+  // runs to one output each write a whole file, and a failure on the way leaves none).
+  std::ostringstream out;
   size_t labelled = 0, correct = 0;
   double squared = 0.0, tp = 0.0, fp = 0.0, fn = 0.0;  // regression's squared error; multi-label's counts
   std::vector<double> predicted, truth;                // a regression of one value's labelled records
@@ -166,14 +168,8 @@ void run_predict(const PredictArgs& a) {
       }
     }
   }
-  out.close();
-  MT_CHECK(out.good(), ErrorKind::kIOError, a.output + ": cannot write (disk full?)");
-  std::error_code renamed;
-  fs::rename(tmp, a.output, renamed);
-  if (renamed) {
-    fs::remove(tmp, renamed);
-    throw Error(ErrorKind::kIOError, a.output + ": cannot write (" + renamed.message() + ")");
-  }
+  const std::string text = out.str();
+  file_write_atomic(a.output, text.data(), text.size());
   std::fprintf(stderr, "predict: %zu records -> %s", recs.size(), a.output.c_str());
   if (labelled > 0 && kind == data::LabelKind::kClass)
     std::fprintf(stderr, "; accuracy %.4f on the %zu with a label", static_cast<double>(correct) / labelled, labelled);

@@ -68,16 +68,6 @@ void convert(const char* src, uint64_t n, int32_t* out, const std::string& path)
   }
 }
 
-void write_all(int fd, const char* p, size_t bytes, const std::string& path) {
-  while (bytes > 0) {
-    ssize_t n = ::write(fd, p, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    MT_CHECK(n > 0, ErrorKind::kIOError, path + ": write failed: " + std::strerror(errno));
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-}
-
 }  // namespace
 
 bool token_dtype_is_known(uint8_t code) {
@@ -139,20 +129,15 @@ std::string indexed_dataset_bin_path(const std::string& prefix) {
 
 IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, int64_t vocab_size)
     : prefix_(prefix),
-      bin_tmp_path_(indexed_dataset_bin_path(prefix) + ".tmp"),
       vocab_size_(vocab_size),
       dtype_(token_dtype_for_vocab(vocab_size)) {
   MT_CHECK(vocab_size > 0 && vocab_size <= int64_t{INT32_MAX} + 1, ErrorKind::kInvalidArgument,
            prefix + ": indexed dataset vocab_size " + std::to_string(vocab_size) + " out of range");
-  bin_fd_ = ::open(bin_tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  MT_CHECK(bin_fd_ >= 0, ErrorKind::kIOError, bin_tmp_path_ + ": " + std::strerror(errno));
+  bin_ = std::make_unique<AtomicFile>(indexed_dataset_bin_path(prefix));
   buffer_.reserve(kWriteBufferBytes);
 }
 
-IndexedDatasetWriter::~IndexedDatasetWriter() {
-  if (bin_fd_ >= 0) ::close(bin_fd_);
-  if (!finalized_) ::unlink(bin_tmp_path_.c_str());
-}
+IndexedDatasetWriter::~IndexedDatasetWriter() = default;  // an uncommitted temporary is removed
 
 void IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) {
   MT_CHECK(!finalized_, ErrorKind::kInvalidArgument, prefix_ + ": add_sequence after finalize");
@@ -181,7 +166,7 @@ void IndexedDatasetWriter::end_document() {
 }
 
 void IndexedDatasetWriter::flush_buffer() {
-  write_all(bin_fd_, buffer_.data(), buffer_.size(), bin_tmp_path_);
+  bin_->append(buffer_.data(), buffer_.size());
   buffer_.clear();
 }
 
@@ -190,13 +175,8 @@ void IndexedDatasetWriter::finalize() {
   if (document_indices_.back() != static_cast<int64_t>(lengths_.size())) end_document();
 
   flush_buffer();
-  bool ok = ::fsync(bin_fd_) == 0;
-  ok = (::close(bin_fd_) == 0) && ok;
-  bin_fd_ = -1;
-  MT_CHECK(ok, ErrorKind::kIOError, bin_tmp_path_ + ": fsync/close failed");
-  std::string bin_path = indexed_dataset_bin_path(prefix_);
-  MT_CHECK(::rename(bin_tmp_path_.c_str(), bin_path.c_str()) == 0, ErrorKind::kIOError,
-           bin_path + ": rename failed: " + std::strerror(errno));
+  bin_->commit();
+  bin_.reset();
   finalized_ = true;
 
   uint64_t S = lengths_.size();

@@ -20,9 +20,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "base/file_io.h"
 
 namespace mt::data {
 
@@ -47,9 +50,11 @@ TokenDType token_dtype_for_vocab(int64_t vocab_size);
 std::string indexed_dataset_idx_path(const std::string& prefix);
 std::string indexed_dataset_bin_path(const std::string& prefix);
 
-// Writes PREFIX.bin and PREFIX.idx. Tokens stream into PREFIX.bin.tmp as they are added; finalize()
-// fsyncs and renames it, then writes the .idx atomically, so a reader sees either no dataset, an
-// old one, or the whole new one (a new .bin beside an old .idx is refused by the reader's checks).
+// Writes PREFIX.bin and PREFIX.idx. Tokens stream into a temporary of the writer's own
+// (PREFIX.bin.tmp.XXXXXX, AtomicFile) as they are added; finalize() fsyncs and renames it, then
+// writes the .idx atomically, so a reader sees either no dataset, an old one, or the whole new one
+// (a new .bin beside an old .idx is refused by the reader's checks). Two writers of one prefix at
+// once each publish a whole dataset; the last one's wins.
 class IndexedDatasetWriter {
  public:
   // REQUIRES: vocab_size > 0. Every token added must lie in [0, vocab_size).
@@ -71,11 +76,10 @@ class IndexedDatasetWriter {
   void flush_buffer();
 
   std::string prefix_;
-  std::string bin_tmp_path_;
   int64_t vocab_size_;
   TokenDType dtype_;
-  int bin_fd_ = -1;
-  std::vector<char> buffer_;  // encoded tokens not yet written to bin_fd_
+  std::unique_ptr<AtomicFile> bin_;  // the .bin's temporary until finalize()
+  std::vector<char> buffer_;  // encoded tokens not yet written to bin_
   uint64_t bin_bytes_ = 0;    // bytes added so far, buffered or written
   std::vector<int32_t> lengths_;
   std::vector<int64_t> document_indices_{0};

@@ -177,9 +177,38 @@ TEST(IndexedDataset, FinalizeClosesOpenDocumentAndAbandonLeavesNothing) {
     std::vector<int32_t> s = {1, 2};
     w.add_sequence(s);
   }
-  EXPECT_FALSE(file_exists(dir.path() + "/b.bin.tmp"));
-  EXPECT_FALSE(file_exists(dir.path() + "/b.bin"));
-  EXPECT_FALSE(file_exists(dir.path() + "/b.idx"));
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string().rfind("b.", 0), std::string::npos) << e.path();  // no b.bin, b.idx, b.bin.tmp*
+}
+
+// Two writers of one prefix at once (two tokenize runs to one output) each write a temporary of
+// their own: the first publishes its dataset whole, the second then replaces it whole. With one
+// fixed PREFIX.bin.tmp the second's open truncated the first's file, its writes went into the
+// .bin the first had published (beside the first's .idx), and its rename failed.
+TEST(IndexedDataset, TwoWritersOfOnePrefixEachPublishAWholeDataset) {
+  ScratchDir dir;
+  const std::string prefix = dir.path() + "/same";
+  IndexedDatasetWriter first(prefix, 10), second(prefix, 10);
+  std::vector<int32_t> a = {1, 2, 3}, b = {4, 5, 6, 7, 8};
+  first.add_sequence(a);
+  second.add_sequence(b);
+  second.add_sequence(b);
+  first.finalize();
+  auto sequence = [](const IndexedDataset& d, uint64_t i) {
+    std::vector<int32_t> out(static_cast<size_t>(d.sequence_length(i)));
+    d.read(i, 0, static_cast<int64_t>(out.size()), out.data());
+    return out;
+  };
+  {
+    IndexedDataset d(prefix);
+    ASSERT_EQ(d.num_sequences(), 1u);
+    EXPECT_EQ(sequence(d, 0), a);
+  }
+  second.finalize();
+  IndexedDataset d(prefix);
+  ASSERT_EQ(d.num_sequences(), 2u);
+  EXPECT_EQ(sequence(d, 0), b);
+  EXPECT_EQ(sequence(d, 1), b);
 }
 
 // Files with a stored dtype the writer never picks are read and converted to int32.
