@@ -1,12 +1,15 @@
 #include "base/file_io.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 
 #include "base/error.h"
@@ -44,6 +47,7 @@ AtomicFile::AtomicFile(const std::string& path) : path_(path) {
   fd_ = ::mkostemp(name.data(), O_CLOEXEC);
   MT_CHECK(fd_ >= 0, ErrorKind::kIOError, path + ".tmp: " + std::strerror(errno));
   tmp_ = name;
+  (void)::flock(fd_, LOCK_EX | LOCK_NB);  // a live writer's (remove_dead_temporaries); released at close
   if (::fchmod(fd_, 0644) != 0) {  // mkostemp's 0600, widened to what an open() with 0644 gave
     const int e = errno;
     ::close(fd_);
@@ -61,26 +65,32 @@ AtomicFile::~AtomicFile() {
 }
 
 void AtomicFile::append(const void* data, size_t bytes) {
+  MT_CHECK(fd_ >= 0, ErrorKind::kInvalidArgument, path_ + ": committed already, or its write failed");
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
     ssize_t n = ::write(fd_, p, bytes);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw Error(ErrorKind::kIOError, tmp_ + ": write failed: " + std::strerror(n < 0 ? errno : ENOSPC));
+    if (n <= 0) {  // the temporary goes at once: a part of the file is never committed
+      const int e = n < 0 ? errno : ENOSPC;
+      ::close(fd_);
+      ::unlink(tmp_.c_str());
+      fd_ = -1;
+      throw Error(ErrorKind::kIOError, path_ + ": cannot write: " + std::strerror(e));
+    }
     p += n;
     bytes -= static_cast<size_t>(n);
   }
 }
 
 void AtomicFile::commit() {
-  bool ok = ::fsync(fd_) == 0;
-  ok = (::close(fd_) == 0) && ok;
-  const int fd = fd_;
+  MT_CHECK(fd_ >= 0, ErrorKind::kInvalidArgument, path_ + ": committed already, or its write failed");
+  int e = ::fsync(fd_) == 0 ? 0 : errno;
+  if (::close(fd_) != 0 && e == 0) e = errno;
   fd_ = -1;
-  if (!ok) {
+  if (e != 0) {  // a full disk often shows only here
     ::unlink(tmp_.c_str());
-    throw Error(ErrorKind::kIOError, tmp_ + ": fsync/close failed");
+    throw Error(ErrorKind::kIOError, path_ + ": cannot write: " + std::strerror(e));
   }
-  (void)fd;
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int e = errno;
     ::unlink(tmp_.c_str());
@@ -96,6 +106,27 @@ void AtomicFile::commit() {
     (void)::fsync(dfd);
     ::close(dfd);
   }
+}
+
+int remove_dead_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string prefix = target.filename().string() + ".tmp.";
+  int removed = 0;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) continue;
+    struct stat st;
+    if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_mtime > std::time(nullptr) - 60) continue;
+    const int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(it->path().c_str()) == 0) ++removed;  // no live writer holds it
+    ::close(fd);
+  }
+  return removed;
 }
 
 bool file_exists(const std::string& path) {

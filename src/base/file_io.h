@@ -17,6 +17,8 @@ bool file_exists(const std::string& path);
 // written by append(), then commit() fsyncs it, renames it over path and fsyncs the directory.
 // Destroyed without commit (an error on the way), the temporary is removed. Two writers of one path
 // at once each publish a whole file; the last rename wins.
+// While it is written the temporary holds an exclusive flock, so that remove_dead_temporaries
+// can tell a live writer's from one whose process died before its rename.
 class AtomicFile {
  public:
   explicit AtomicFile(const std::string& path);
@@ -31,6 +33,12 @@ class AtomicFile {
   int fd_ = -1;
 };
 
+// Removes the temporaries of path (path.tmp.XXXXXX) whose writer died before its rename (killed,
+// crashed): those older than a minute that no live AtomicFile holds locked. A writer whose temporary
+// name is fixed overwrote the last run's; these are the writer's own, and would pile up. Returns
+// how many it removed; never throws (a leftover it cannot remove stays).
+int remove_dead_temporaries(const std::string& path);
+
 }  // namespace mt
 
 namespace mt {
@@ -39,5 +47,11 @@ namespace mt {
 size_t process_peak_rss_bytes();
 // The process's resident set now (VmRSS), bytes; 0 where unknown.
 size_t process_rss_bytes();
+
+// Removes the temporaries of path (path.tmp.XXXXXX) whose writer died before its rename (killed,
+// crashed): those older than a minute that no live AtomicFile holds locked. A writer whose temporary
+// name is fixed overwrote the last run's; these are the writer's own, and would pile up. Returns
+// how many it removed; never throws (a leftover it cannot remove stays).
+int remove_dead_temporaries(const std::string& path);
 
 }  // namespace mt

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -114,6 +115,40 @@ TEST(FileIo, AnUnwritableDirectoryIsNamed) {
     EXPECT_EQ(e.kind(), ErrorKind::kIOError);
     EXPECT_NE(std::string(e.what()).find(path + ".tmp"), std::string::npos) << e.what();
   }
+}
+
+// A temporary whose writer died before its rename (a killed tokenize) is removed by the next
+// writer of the path; a live writer's (it holds its lock), a young one's, another path's and a
+// file of the user's are not. Random names would otherwise pile up where a fixed one was
+// overwritten.
+TEST(FileIo, DeadWritersTemporariesAreRemovedLiveOnesKept) {
+  const ScratchDir dir;
+  const std::string path = dir.file("data.bin");
+  auto age = [](const std::string& p) {
+    const auto old = std::filesystem::file_time_type::clock::now() - std::chrono::minutes(5);
+    std::filesystem::last_write_time(p, old);
+  };
+  { std::ofstream(path + ".tmp.Ab3xZ9") << "dead"; }
+  age(path + ".tmp.Ab3xZ9");
+  { std::ofstream(path + ".tmp.Yq7Wk2") << "young"; }  // could be a writer between its create and lock
+  { std::ofstream(dir.file("other.bin.tmp.Ab3xZ9")) << "x"; }
+  age(dir.file("other.bin.tmp.Ab3xZ9"));
+  { std::ofstream(path + ".tmp") << "mine"; }
+  age(path + ".tmp");
+  AtomicFile live(path);
+  live.append("x", 1);
+  std::vector<std::string> before = names_in(dir.path());
+  std::string live_name;
+  for (const std::string& n : before)
+    if (n.rfind("data.bin.tmp.", 0) == 0 && n != "data.bin.tmp.Ab3xZ9" && n != "data.bin.tmp.Yq7Wk2") live_name = n;
+  ASSERT_FALSE(live_name.empty());
+  age(dir.file(live_name));
+  EXPECT_EQ(remove_dead_temporaries(path), 1);
+  std::vector<std::string> want = {"data.bin.tmp", "data.bin.tmp.Yq7Wk2", live_name, "other.bin.tmp.Ab3xZ9"};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(names_in(dir.path()), want);
+  live.commit();
+  EXPECT_EQ(std::string(file_read_all(path).data(), 1), "x");
 }
 
 }  // namespace

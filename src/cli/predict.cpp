@@ -42,7 +42,7 @@ void run_predict(const PredictArgs& a) {
   MT_CHECK(a.seq_length >= 0, ErrorKind::kInvalidArgument, "--seq-length must be positive (0: the run's)");
   MT_CHECK(!a.output.empty(), ErrorKind::kInvalidArgument, "-o FILE: where the predictions go");
   // Refused before any record is predicted (it predicted them all, then the rename failed with a
-  // filesystem error and left OUTPUT.tmp behind).
+  // filesystem error).
   MT_CHECK(!fs::is_directory(a.output), ErrorKind::kInvalidArgument, "-o " + a.output + ": is a directory; give a file");
   LoadedModel lm = load_model(a.model);
   const models::ModelConfig& cfg = lm.model->config();
@@ -102,13 +102,19 @@ void run_predict(const PredictArgs& a) {
   lm.model->prepare(B, T);
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
   std::vector<float> logits(tokens.size() * static_cast<size_t>(L));
-  // The predictions, written whole at the end (AtomicFile: a temporary of this run's own, so two
-  // runs to one output each write a whole file, and a failure on the way leaves none).
+  // The predictions go into a temporary of this run's own (AtomicFile), a batch at a time, renamed
+  // over the output at the end: two runs to one output each write a whole file, a failure on the
+  // way leaves none, and an output that cannot be written is refused before any record is run.
+  AtomicFile file(a.output);
   std::ostringstream out;
   size_t labelled = 0, correct = 0;
   double squared = 0.0, tp = 0.0, fp = 0.0, fn = 0.0;  // regression's squared error; multi-label's counts
   std::vector<double> predicted, truth;                // a regression of one value's labelled records
   for (size_t i = 0; i < recs.size(); i += static_cast<size_t>(B)) {
+    if (const std::string lines = out.str(); !lines.empty()) {  // the last batch's
+      file.append(lines.data(), lines.size());
+      out.str("");
+    }
     std::vector<const data::ClassificationExample*> rows(B, nullptr);
     for (int b = 0; b < B && i + b < recs.size(); ++b) rows[b] = &recs[i + b];
     // Each batch at its longest record (rounded up to 8), as training's validation cut it.
@@ -168,8 +174,9 @@ void run_predict(const PredictArgs& a) {
       }
     }
   }
-  const std::string text = out.str();
-  file_write_atomic(a.output, text.data(), text.size());
+  const std::string rest = out.str();
+  file.append(rest.data(), rest.size());
+  file.commit();
   std::fprintf(stderr, "predict: %zu records -> %s", recs.size(), a.output.c_str());
   if (labelled > 0 && kind == data::LabelKind::kClass)
     std::fprintf(stderr, "; accuracy %.4f on the %zu with a label", static_cast<double>(correct) / labelled, labelled);

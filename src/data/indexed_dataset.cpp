@@ -133,6 +133,10 @@ IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, int64_t vo
       dtype_(token_dtype_for_vocab(vocab_size)) {
   MT_CHECK(vocab_size > 0 && vocab_size <= int64_t{INT32_MAX} + 1, ErrorKind::kInvalidArgument,
            prefix + ": indexed dataset vocab_size " + std::to_string(vocab_size) + " out of range");
+  // The temporaries of this prefix's runs that died before their rename (random names, not one
+  // fixed name the next run overwrote) go first.
+  remove_dead_temporaries(indexed_dataset_bin_path(prefix));
+  remove_dead_temporaries(indexed_dataset_idx_path(prefix));
   bin_ = std::make_unique<AtomicFile>(indexed_dataset_bin_path(prefix));
   buffer_.reserve(kWriteBufferBytes);
 }

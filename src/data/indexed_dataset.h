@@ -54,7 +54,9 @@ std::string indexed_dataset_bin_path(const std::string& prefix);
 // (PREFIX.bin.tmp.XXXXXX, AtomicFile) as they are added; finalize() fsyncs and renames it, then
 // writes the .idx atomically, so a reader sees either no dataset, an old one, or the whole new one
 // (a new .bin beside an old .idx is refused by the reader's checks). Two writers of one prefix at
-// once each publish a whole dataset; the last one's wins.
+// once each write files of their own (the second no longer writes into the first's); their two
+// renames may interleave, which the reader's checks refuse where the sizes differ. A temporary
+// whose writer died goes with the next writer of the prefix (remove_dead_temporaries).
 class IndexedDatasetWriter {
  public:
   // REQUIRES: vocab_size > 0. Every token added must lie in [0, vocab_size).

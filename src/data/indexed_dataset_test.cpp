@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -188,7 +189,12 @@ TEST(IndexedDataset, FinalizeClosesOpenDocumentAndAbandonLeavesNothing) {
 TEST(IndexedDataset, TwoWritersOfOnePrefixEachPublishAWholeDataset) {
   ScratchDir dir;
   const std::string prefix = dir.path() + "/same";
+  // A run of this prefix killed before its rename left its temporary: the next writer removes it.
+  { std::ofstream(prefix + ".bin.tmp.Zz9Zz9") << "dead"; }
+  std::filesystem::last_write_time(prefix + ".bin.tmp.Zz9Zz9",
+                                   std::filesystem::file_time_type::clock::now() - std::chrono::minutes(5));
   IndexedDatasetWriter first(prefix, 10), second(prefix, 10);
+  EXPECT_FALSE(file_exists(prefix + ".bin.tmp.Zz9Zz9"));
   std::vector<int32_t> a = {1, 2, 3}, b = {4, 5, 6, 7, 8};
   first.add_sequence(a);
   second.add_sequence(b);
