@@ -219,7 +219,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
     throw Error(ErrorKind::kInvalidArgument,
                 "save_dir " + cfg.save_dir + " already holds checkpoints of an earlier run; pass --resume " + cfg.save_dir +
                     " to continue it, or --overwrite to start a new run there (its first save removes them)");
-  if (fault_active("train.sigterm_in_setup")) std::raise(SIGTERM);  // test seam: a scheduler's signal during the setup
+  if (fault_active("train.sigterm_in_setup")) sigterm_self_for_test();  // test seam: a scheduler's signal during the setup
   data::Tokenizer tok = run_tokenizer(cfg);
   // GPT-2's pad_token_id = eos_token_id, as HF fine-tuning sets it; a LLaMA whose config gives one
   // pools at it, as LlamaForSequenceClassification does (its padding row: export writes that id).

@@ -42,6 +42,10 @@ struct StopRequested {
 };
 // The first SIGTERM/SIGINT `train` received (0: none); the loop stops after the current step.
 int train_stop_signal();
+// The test seam MT_FAULT=train.sigterm_in_setup: SIGTERM sent to this process, as a scheduler sends
+// it, and taken (the signal thread takes it: std::raise's, to the calling thread, which holds it,
+// would wait there for ever).
+void sigterm_self_for_test();
 // --metrics FILE: one JSON object a step, appended by rank 0. A write that fails (a full disk) is
 // said once, naming the file, the step and the reason; the run goes on without metrics, and
 // without the plot (it ended with "no steps to plot", exit 2, having said nothing).

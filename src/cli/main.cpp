@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/signals.h"
 #include "base/text.h"
 #include "base/threads.h"
 #include "cli/commands.h"
@@ -42,6 +43,11 @@ int main(int argc, char** argv) {
   }
   mt::comm::mpi_prepare_process(argv);  // under mpirun: huge pages for MPI's temporary buffers (re-execs once)
   mt::threads_default();                // no more threads than a container's CPU quota allows
+  // Before any thread starts: the stop signals' handlers run on a thread of their own, never on one
+  // inside a oneDNN kernel (base/signals.h). `launch` computes nothing and waits on its child with
+  // the signals' EINTR in its main thread. After mpi_prepare_process's re-exec, which would pass the
+  // held set on: a signal the process starts holding stays held on the signal thread too.
+  if (!(argc > 1 && std::strcmp(argv[1], "launch") == 0)) mt::route_signals_to_their_own_thread();
   CLI::App app{"meshtrain: train transformer language models on one or many processes"};
   app.require_subcommand(1);
   mt::cli::register_bench(app);

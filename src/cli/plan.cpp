@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/signals.h"
 #include "base/threads.h"
 #include "cli/commands.h"
 #include "cli/hostfile.h"
@@ -455,7 +456,7 @@ Measured measure_layout(const PlanOptions& o, const planner::Layout& l, double t
     sets.push_back(s);
   for (const std::string& s : sets) cmd += " --set " + shell_word(s);
   cmd += " --metrics " + shell_word(metrics) + " > " + shell_word(log) + " 2>&1";
-  const int rc = std::system(cmd.c_str());
+  const int rc = system_as_started(cmd);
   MT_CHECK(rc == 0, ErrorKind::kInternal, "plan --validate: " + l.describe() + " did not train (see " + log + ")");
   std::vector<double> steps, updated;
   int64_t updates = 0;
@@ -495,7 +496,7 @@ double exchange_probe_now(const PlanOptions& o, int procs, const std::string& di
   const std::string log = dir + "/exchange-probe.log";
   const std::string cmd =
       self_exe() + " launch -n " + std::to_string(procs) + hostfile_arg(o) + " -- calibrate --exchange-probe > " + shell_word(log) + " 2>&1";
-  const int rc = std::system(cmd.c_str());
+  const int rc = system_as_started(cmd);
   std::ifstream f(log);
   std::string line;
   double s = 0;

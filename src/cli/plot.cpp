@@ -13,13 +13,14 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/signals.h"
 #include "cli/commands.h"
 
 namespace mt::cli {
 namespace fs = std::filesystem;
 namespace {
 
-bool have_gnuplot() { return std::system("command -v gnuplot > /dev/null 2>&1") == 0; }
+bool have_gnuplot() { return system_as_started("command -v gnuplot > /dev/null 2>&1") == 0; }
 
 // gnuplot string literal: single quotes, a quote doubled.
 std::string gp_quote(const std::string& s) {
@@ -78,7 +79,7 @@ bool plot_metrics(const std::string& metrics, const std::string& out, bool requi
   if (vals > 0) g << ", " << gp_quote(data) << " using 1:3 with linespoints pt 7 lw 2 title 'validation loss'";
   g << ", " << gp_quote(data) << " using 1:4 axes x1y2 with lines dt 2 title 'lr'\n";
   g.close();
-  int rc = std::system(("gnuplot " + gp_quote(script) + " 2>&1").c_str());
+  int rc = system_as_started("gnuplot " + gp_quote(script) + " 2>&1");
   fs::remove(data);
   fs::remove(script);
   MT_CHECK(rc == 0 && fs::exists(out), ErrorKind::kIOError, out + ": gnuplot failed (exit " + std::to_string(rc) + ")");

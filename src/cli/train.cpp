@@ -23,6 +23,7 @@
 #include <iterator>
 #include <memory>
 #include <set>
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -71,7 +72,8 @@ struct TrainArgs {
 // forwarded copy can come later than that (launch, mpirun and, across hosts, orted relay it, each
 // waiting for a core on a loaded host): one from the other sender (forwarded after direct, or
 // direct after forwarded) is the same request for 10 s.
-volatile std::sig_atomic_t g_stop_signal = 0;
+std::atomic<int> g_stop_signal{0};  // written by the handler on the signal thread, read by the loop
+static_assert(std::atomic<int>::is_always_lock_free);
 volatile std::sig_atomic_t g_stop_forwarded = 0;  // the first came from launch (SIGUSR1/2)
 timespec g_stop_at{};
 
@@ -82,7 +84,7 @@ void on_stop_signal(int sig) {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
   const bool forwarded = sig == SIGUSR1 || sig == SIGUSR2;
-  if (g_stop_signal != 0) {
+  if (g_stop_signal.load() != 0) {
     const double since = static_cast<double>(now.tv_sec - g_stop_at.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec - g_stop_at.tv_nsec);
     if (since < ((forwarded ? 1 : 0) != g_stop_forwarded ? 10.0 : 1.0)) return;  // the same request, from another sender
     std::signal(sig, SIG_DFL);
@@ -91,7 +93,7 @@ void on_stop_signal(int sig) {
   }
   g_stop_at = now;
   g_stop_forwarded = forwarded ? 1 : 0;
-  g_stop_signal = sig == SIGUSR1 ? SIGTERM : sig == SIGUSR2 ? SIGINT : sig;
+  g_stop_signal.store(sig == SIGUSR1 ? SIGTERM : sig == SIGUSR2 ? SIGINT : sig);
 }
 
 void install_stop_handlers() {
@@ -109,7 +111,12 @@ void install_stop_handlers() {
 
 }  // namespace
 
-int train_stop_signal() { return g_stop_signal; }
+int train_stop_signal() { return g_stop_signal.load(); }
+
+void sigterm_self_for_test() {
+  ::kill(::getpid(), SIGTERM);
+  for (int i = 0; i < 10000 && g_stop_signal.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 
 void MetricsFile::open(const std::string& path) {
   path_ = path;
@@ -154,7 +161,7 @@ bool MetricsFile::close() {
 const char* stop_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
 
 int agreed_stop_signal(comm::Backend* world, double timeout_s) {
-  int stop = g_stop_signal;
+  int stop = g_stop_signal.load();
   if (world) {
     float s = static_cast<float>(stop);
     comm::AllReduceOptions o;
@@ -409,7 +416,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   bo.tag = "data ready";
   if (world && !lead) world->barrier(bo)->wait();
   st.own = true;
-  if (fault_active("train.sigterm_in_setup")) std::raise(SIGTERM);  // test seam: a scheduler's signal during the setup
+  if (fault_active("train.sigterm_in_setup")) sigterm_self_for_test();  // test seam: a scheduler's signal during the setup
   if (fault_active("train.slow_data")) std::this_thread::sleep_for(std::chrono::seconds(6));  // test seam: a long tokenizing
   // Megatron's order and blends are built for the samples the run draws (its GPTDataset's and
   // BlendedDataset's num_samples): the training steps' batches, and what validation reads: in

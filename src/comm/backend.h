@@ -69,9 +69,9 @@ void count_continues();
 uint64_t continues();
 
 // A collective wait's deadline that does not count this process's own stops. The SIGCONT counter
-// sees a stop between posting a collective and waiting on it; but its handler runs on whichever of
-// the process's threads takes the signal (OpenMP's and the MPI or CUDA runtime's wake with the
-// waiting one), possibly after the waiting thread has found its deadline passed. So a gap between
+// sees a stop between posting a collective and waiting on it; but its handler runs on meshtrain's
+// signal thread (base/signals.h), which wakes with the waiting one, possibly after the waiting
+// thread has found its deadline passed. So a gap between
 // two polling turns (which take microseconds) of more than 250 ms moves the deadline by as much
 // (the process was stopped or not scheduled; the peers are not to blame), at most one timeout in
 // all, and a deadline found passed waits 50 ms for a late count before it is reported.
