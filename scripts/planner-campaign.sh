@@ -9,6 +9,8 @@
 # Usage: scripts/planner-campaign.sh [--bundle FILE] [--cases "6 11 10"] [--rounds R (default 3)]
 #   --calibrations DIR: use DIR/c4.json and DIR/c8.json where they exist instead of calibrating
 #   --pace: calibrate with `calibrate --pace` (in-situ blocks at the kernels' pace, DESIGN-NOTES 84)
+#   --bind: each rank of a calibration and of every validation run bound to a core of its own (cores
+#     0..N-1 for N ranks: `launch --bind_cores_to_rank` through MT_BIND_CORES, base/affinity.h)
 #   --pace-ab: also calibrate with --pace, right after each calibration, into cN.pace.json; the cases
 #     are measured once, and tools/reprice_lease.py prices their layouts with either file. For the
 #     15 minutes of device time a task now gets, one call: --cases "10 6" --rounds 2 --pace-ab
@@ -31,6 +33,7 @@ ROUNDS=3
 CALS=""
 PACE=()
 PACE_AB=0
+BIND=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) BUNDLE=$2; shift 2 ;;
@@ -39,6 +42,7 @@ while [ $# -gt 0 ]; do
     --calibrations) CALS=$(cd "$2" && pwd); shift 2 ;;
     --pace) PACE=(--pace); shift ;;
     --pace-ab) PACE_AB=1; shift ;;
+    --bind) BIND=1; shift ;;
     *) echo "planner-campaign: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -130,10 +134,15 @@ run_case() {
           --rounds "$ROUNDS" --steps 5 --set train_batch_size=8 --set train_micro_batch_size_per_gpu=1 ;;
   esac
 }
+# --bind: the N ranks on cores 0..N-1, for the calibration and the cases that read it alike.
+bind_ranks() {  # N
+  if [ "$BIND" = 1 ]; then export MT_BIND_CORES="0-$(( $1 - 1 ))"; else unset MT_BIND_CORES; fi
+}
 # In the order that gives the most per minute of a lent machine: each calibration just before the
 # cases that read it.
 for c in $CASES; do
   n=4; [ "$c" = 11 ] && n=8
+  bind_ranks $n
   [ -f "$OUT/c$n.json" ] || calibrate $n
   run_case "$c"
 done

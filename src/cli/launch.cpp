@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/affinity.h"
 #include "base/error.h"
 #include "base/threads.h"
 #include "cli/commands.h"
@@ -40,6 +41,8 @@ struct LaunchArgs {
   int num_procs = 0, num_nodes = 0, master_port = 0, ssh_port = 0;
   bool n_given = false, procs_given = false, nodes_given = false;  // -n -1 ran every slot; 0 nodes, the default
   bool master_addr_given = false, master_port_given = false, ssh_port_given = false;
+  bool bind_cores_to_rank = false;  // DeepSpeed's --bind_cores_to_rank, over --bind_core_list's CPUs
+  std::string bind_core_list;
   std::vector<std::string> rest;
 };
 
@@ -47,8 +50,9 @@ struct LaunchArgs {
 // the switches. `launch_separate_args` stops at the first word that is none of them.
 const char* const kValueOptions[] = {"-n", "--hostfile", "-H", "--num_gpus", "--num_procs", "--num_accelerators",
                                      "--num_nodes", "--include", "-i", "--exclude", "-e", "--master_addr",
-                                     "--master_port", "--launcher", "--ssh_port"};
-const char* const kSwitches[] = {"-h", "--help", "--no_ssh_check", "--force_multi", "--no_local_rank"};
+                                     "--master_port", "--launcher", "--ssh_port", "--bind_core_list"};
+const char* const kSwitches[] = {"-h", "--help", "--no_ssh_check", "--force_multi", "--no_local_rank",
+                                 "--bind_cores_to_rank"};
 
 
 // DeepSpeed's DS_ENV_FILE (.deepspeed_env, in the home directory and then the working directory):
@@ -295,8 +299,24 @@ int run_launch(LaunchArgs a) {
                  "launch: warning: --include/--exclude keep other slot indices on different hosts; mpirun exports "
                  "one environment, so CUDA_VISIBLE_DEVICES is not set and a CUDA run's ranks take each host's first "
                  "devices\n");
+  // --bind_cores_to_rank: the ranks bind themselves (main(), base/affinity.h) from MT_BIND_CORES, which
+  // the MT_ variables below carry to every host; one set by the caller binds nested launches alike
+  // (plan --validate's). The list is checked here, and against this host's cores when every rank is
+  // here; a remote host's rank checks its own and exits 2 naming it.
+  if (!a.bind_core_list.empty() && !a.bind_cores_to_rank)
+    std::fprintf(stderr, "launch: warning: --bind_core_list has no effect without --bind_cores_to_rank (as DeepSpeed)\n");
+  if (a.bind_cores_to_rank) ::setenv("MT_BIND_CORES", a.bind_core_list.empty() ? "all" : a.bind_core_list.c_str(), 1);
+  if (const char* bind = std::getenv("MT_BIND_CORES"); bind && *bind) {
+    try {
+      const std::vector<int> cores = bind_candidates(bind);
+      if (a.hostfile.empty()) rank_cores(cores, 0, busiest);
+    } catch (const Error& e) {
+      throw Error(ErrorKind::kInvalidArgument, std::string("launch: --bind_cores_to_rank (MT_BIND_CORES=") + bind +
+                                                   "): " + e.what());
+    }
+  }
   // A user's OMP_NUM_THREADS wins (as under torchrun): hosts that share cores (scripts/netns-hosts.sh)
-  // or have fewer than this one.
+  // or have fewer than this one. With bound cores each rank runs a thread per core (DeepSpeed's rule).
   std::string omp_threads = std::to_string(threads_per_rank(busiest));
   if (const char* user = std::getenv("OMP_NUM_THREADS"); user && *user) omp_threads = user;
 
@@ -399,6 +419,11 @@ void register_launch(CLI::App& app) {
   auto* port = cmd->add_option("--master_port", a->master_port, "passed to the ranks as MASTER_PORT (MPI does not need it)");
   cmd->add_option("--launcher", a->launcher, "DeepSpeed's launcher choice: openmpi only");
   auto* ssh = cmd->add_option("--ssh_port", a->ssh_port, "ssh port of the other hosts");
+  cmd->add_flag("--bind_cores_to_rank", a->bind_cores_to_rank,
+                "bind each rank of a host to a run of cores of its own (all the cores, or --bind_core_list's), a "
+                "thread per core (DeepSpeed's option)");
+  cmd->add_option("--bind_core_list", a->bind_core_list,
+                  "the CPUs --bind_cores_to_rank shares out: 0,2-4,6 (default: one CPU of each core)");
   cmd->add_flag("--no_ssh_check,--force_multi,--no_local_rank")->description("accepted for DeepSpeed's command lines; no effect here");
   cmd->add_option("ARGS", a->rest, "the subcommand and its arguments (launch's own options before it)");
   cmd->callback([a, n, procs, nodes, addr, port, ssh] {

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "base/affinity.h"
 #include "base/error.h"
 #include "cli/cli_test_util.h"
 #include "cli/hostfile.h"
@@ -163,6 +164,34 @@ TEST(Launch, PassesMasterAddrAndPortThrough) {
       << out << err;
   EXPECT_NE(err.find("-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500"), std::string::npos) << err;
   EXPECT_NE(err.find("-np 1 "), std::string::npos) << err;  // -n defaults to every slot
+}
+
+// DeepSpeed's --bind_cores_to_rank: each rank of the host on a core of its own, as the kernel now
+// runs it (the rank's line reads its mask back), a thread each; the request reaches the ranks as
+// MT_BIND_CORES. More ranks than the list's cores, or a bad list, exit 2 before mpirun runs.
+TEST(Launch, BindCoresToRankGivesEachRankACoreOfItsOwn) {
+  std::string out, err;
+  const std::string cfg = write("bind.json", R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,)"
+                                             R"( "n_embd": 48, "n_layer": 2, "n_head": 4}, "train_micro_batch_size_per_gpu": 1})");
+  if (mt::one_cpu_per_core(mt::allowed_cpus()).size() >= 2) {
+    ASSERT_EQ(run("launch -n 2 --bind_cores_to_rank -- config check " + cfg, &out, &err), 0) << out << err;
+    EXPECT_NE(err.find("-x MT_BIND_CORES=all"), std::string::npos) << err;
+    const std::vector<int> cores = mt::one_cpu_per_core(mt::allowed_cpus());
+    for (int r : {0, 1})
+      EXPECT_NE(err.find("meshtrain: rank " + std::to_string(r) + " (local " + std::to_string(r) +
+                         " of 2) bound to CPU " + std::to_string(cores[static_cast<size_t>(r)]) + ", 1 OpenMP thread\n"),
+                std::string::npos)
+          << err;
+  }
+  const std::string first = std::to_string(mt::allowed_cpus().front());
+  EXPECT_EQ(run("launch -n 2 --bind_cores_to_rank --bind_core_list " + first + " -- config check " + cfg, &out, &err), 2);
+  EXPECT_NE(err.find("2 ranks on this host but 1 cores to bind them to (" + first + ")"), std::string::npos) << err;
+  EXPECT_EQ(err.find("launch: mpirun"), std::string::npos) << err;
+  EXPECT_EQ(run("launch -n 1 --bind_cores_to_rank --bind_core_list 1,0 -- config check " + cfg, &out, &err), 2);
+  EXPECT_NE(err.find("core list '1,0': '0' overlaps or precedes"), std::string::npos) << err;
+  ASSERT_EQ(run("launch -n 1 --bind_core_list " + first + " -- config check " + cfg, &out, &err), 0) << err;
+  EXPECT_NE(err.find("--bind_core_list has no effect without --bind_cores_to_rank"), std::string::npos) << err;
+  EXPECT_EQ(err.find("bound to"), std::string::npos) << err;
 }
 
 TEST(Launch, FailingRanksGiveTheirExitCode) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "base/affinity.h"
 #include "base/error.h"
 #include "base/signals.h"
 #include "base/text.h"
@@ -42,6 +43,15 @@ int main(int argc, char** argv) {
     ::sigprocmask(SIG_UNBLOCK, &term, nullptr);
   }
   mt::comm::mpi_prepare_process(argv);  // under mpirun: huge pages for MPI's temporary buffers (re-execs once)
+  // A rank of `launch --bind_cores_to_rank`: its cores, before any thread starts (threads inherit them).
+  if (!(argc > 1 && std::strcmp(argv[1], "launch") == 0)) {
+    try {
+      mt::bind_rank_from_environment();
+    } catch (const mt::Error& e) {
+      std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
+      return e.kind() == mt::ErrorKind::kInvalidArgument ? 2 : 1;
+    }
+  }
   mt::threads_default();                // no more threads than a container's CPU quota allows
   // Before any thread starts: the stop signals' handlers run on a thread of their own, never on one
   // inside a oneDNN kernel (base/signals.h). `launch` computes nothing and waits on its child with
