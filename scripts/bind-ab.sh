@@ -47,11 +47,14 @@ for r in $(seq 1 "$ROUNDS"); do
       [ "$mode" = bound ] && bind=(--bind_cores_to_rank --bind_core_list 0-3)
       probe=$(meshtrain calibrate --speed-probe --threads 1 | awk '/^speed probe:/ {print $3}')
       # shellcheck disable=SC2046
-      step=$(timeout 120 meshtrain launch -n 4 "${bind[@]}" -- train configs/plan-gpt2-mid.json \
-               --set train_iters="$STEPS" $(layout_args $layout) 2>&1 |
-             awk -F'|' '/^\[[0-9]+,0\]<stdout>:time \(ms\)/ { ++n; if (n < 3) next;
-                  split($2, f, ":"); split($3, b, ":"); split($4, s, ":"); print (f[2] + b[2] + s[2]) / 1000 }' |
-             sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }')
+      if timeout 120 meshtrain launch -n 4 "${bind[@]}" -- train configs/plan-gpt2-mid.json \
+           --set train_iters="$STEPS" $(layout_args $layout) > "$OUT/last-run.txt" 2>&1; then
+        step=$(awk -F'|' '/^\[[0-9]+,0\]<stdout>:time \(ms\)/ { ++n; if (n < 3) next;
+                  split($2, f, ":"); split($3, b, ":"); split($4, s, ":"); print (f[2] + b[2] + s[2]) / 1000 }' "$OUT/last-run.txt" |
+               sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }')
+      else
+        step=""; tail -3 "$OUT/last-run.txt"
+      fi
       echo "round $r $layout $mode probe ${probe:-?} step ${step:-failed}" | tee -a "$LOG"
     done
   done
@@ -59,4 +62,5 @@ done
 # Each condition's runs: median, and the spread (slowest / fastest).
 awk '$8 != "failed" { k = $3 " " $4; v[k] = v[k] " " $8; p[k] = p[k] " " $6 }
      END { for (k in v) { n = split(v[k], a, " "); mn = a[1]; mx = a[1]; for (i = 2; i <= n; ++i) { if (a[i] < mn) mn = a[i]; if (a[i] > mx) mx = a[i] }
-           printf "%-12s runs:%s  spread %.2f  probes:%s\n", k, v[k], mx / mn, p[k] } }' "$LOG" | sort | tee -a "$LOG"
+           printf "%-12s runs:%s  spread %.2f  probes:%s\n", k, v[k], (mn > 0 ? mx / mn : 0), p[k] } }' "$LOG" | sort | tee -a "$LOG"
+rm -f "$OUT/last-run.txt"

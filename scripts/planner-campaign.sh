@@ -136,7 +136,7 @@ run_case() {
 }
 # --bind: the N ranks on cores 0..N-1, for the calibration and the cases that read it alike.
 bind_ranks() {  # N
-  if [ "$BIND" = 1 ]; then export MT_BIND_CORES="0-$(( $1 - 1 ))"; else unset MT_BIND_CORES; fi
+  if [ "$BIND" = 1 ]; then export MT_BIND_CORES="0-$(( $1 - 1 ))"; else unset MT_BIND_CORES; fi  # calibrations reused (--calibrations) are taken as given
 }
 # In the order that gives the most per minute of a lent machine: each calibration just before the
 # cases that read it.

@@ -58,6 +58,8 @@ std::vector<int> parse_core_list(const std::string& list) {
   };
   if (list.empty()) throw Error(ErrorKind::kInvalidArgument, "core list is empty (numbers and ranges: 0,2-4,6)");
   while (std::getline(in, item, ',')) {
+    item.erase(0, item.find_first_not_of(' '));  // DeepSpeed's int() takes "0, 2"
+    item.erase(item.find_last_not_of(' ') + 1);
     const size_t dash = item.find('-');
     const long lo = number(item.substr(0, dash));
     const long hi = dash == std::string::npos ? lo : number(item.substr(dash + 1));
@@ -144,13 +146,12 @@ std::vector<int> bind_candidates(const std::string& spec) {
 
 int numa_node_of(const std::vector<int>& cpus, const std::string& node_sys) {
   std::error_code ec;
-  int nodes = 0, holder = -1;
+  int nodes = 0, holder = -1;  // nodes with CPUs (memory-only ones, CXL or HBM, are not a choice here)
   for (const auto& entry : std::filesystem::directory_iterator(node_sys, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("node", 0) != 0) continue;
     const long id = number(name.substr(4));
     if (id < 0) continue;
-    ++nodes;
     std::vector<int> mine;
     try {
       const std::string list = first_line(entry.path().string() + "/cpulist");
@@ -158,19 +159,31 @@ int numa_node_of(const std::vector<int>& cpus, const std::string& node_sys) {
     } catch (const Error&) {
       continue;
     }
-    if (!cpus.empty() && std::all_of(cpus.begin(), cpus.end(), [&](int c) {
-          return std::binary_search(mine.begin(), mine.end(), c);
-        }))
-      holder = static_cast<int>(id);
+    if (mine.empty()) continue;
+    ++nodes;
+    const bool holds = !cpus.empty() && std::all_of(cpus.begin(), cpus.end(), [&](int c) {
+      return std::binary_search(mine.begin(), mine.end(), c);
+    });
+    if (holds && (holder < 0 || id < holder)) holder = static_cast<int>(id);  // the lowest of duplicates
   }
   return nodes > 1 ? holder : -1;
 }
 
-std::vector<int> bind_rank_from_environment() {
+std::vector<int> bind_rank_from_environment(char** argv) {
   const char* spec = std::getenv("MT_BIND_CORES");
   if (spec == nullptr || *spec == '\0' || std::getenv("MT_LAUNCHED") == nullptr) return {};
-  const int local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-  const int local_ranks = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+  if (std::getenv("MT_BIND_REEXEC") != nullptr) {  // bound before our own exec below: the mask stands
+    ::unsetenv("MT_BIND_REEXEC");
+    return allowed_cpus();
+  }
+  const char* local_rank_s = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const char* local_size_s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (local_rank_s == nullptr || local_size_s == nullptr)
+    throw Error(ErrorKind::kInvalidArgument, std::string("MT_BIND_CORES=") + spec +
+                                                 " (--bind_cores_to_rank): this rank's place on its host is unknown "
+                                                 "(no OMPI_COMM_WORLD_LOCAL_RANK and _LOCAL_SIZE: not started by OpenMPI's mpirun)");
+  const int local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", -1);
+  const int local_ranks = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 0);
   std::vector<int> mine;
   try {
     mine = rank_cores(bind_candidates(spec), local_rank, local_ranks);
@@ -183,21 +196,40 @@ std::vector<int> bind_rank_from_environment() {
   if (::sched_setaffinity(0, sizeof mask, &mask) != 0)
     throw Error(ErrorKind::kIOError, "binding to CPUs " + format_core_list(mine) + ": " + std::strerror(errno));
   const int node = numa_node_of(mine);
-  if (node >= 0 && node < 64) {
-    const unsigned long nodemask = 1UL << node;
-    if (::syscall(SYS_set_mempolicy, kMpolBind, &nodemask, 64UL) != 0)
-      std::fprintf(stderr, "meshtrain: warning: binding memory to NUMA node %d: %s; memory is not bound\n", node,
-                   std::strerror(errno));
+  if (node >= 0) {
+    // The kernel reads maxnode - 1 bits of the mask.
+    unsigned long nodemask[16] = {};
+    constexpr unsigned long kBits = sizeof nodemask * 8;
+    if (static_cast<unsigned long>(node) >= kBits - 1)
+      std::fprintf(stderr, "meshtrain: warning: NUMA node %d is past the %lu this binding handles; memory is not bound\n",
+                   node, kBits - 1);
+    else {
+      nodemask[static_cast<unsigned long>(node) / 64] = 1UL << (static_cast<unsigned long>(node) % 64);
+      if (::syscall(SYS_set_mempolicy, kMpolBind, nodemask, kBits) != 0)
+        std::fprintf(stderr, "meshtrain: warning: binding memory to NUMA node %d: %s; memory is not bound\n", node,
+                     std::strerror(errno));
+    }
   }
-  // As DeepSpeed: a thread per bound core, whatever OMP_NUM_THREADS said.
-  const std::string threads = std::to_string(mine.size());
-  ::setenv("OMP_NUM_THREADS", threads.c_str(), 1);
-  omp_set_num_threads(static_cast<int>(mine.size()));
   const std::vector<int> now = allowed_cpus();
   std::fprintf(stderr, "meshtrain: rank %d (local %d of %d) bound to CPU%s %s%s, %zu OpenMP thread%s\n",
                env_int("OMPI_COMM_WORLD_RANK", local_rank), local_rank, local_ranks, now.size() == 1 ? "" : "s",
                format_core_list(now).c_str(), node >= 0 ? (", memory on NUMA node " + std::to_string(node)).c_str() : "",
                mine.size(), mine.size() == 1 ? "" : "s");
+  std::fflush(stderr);
+  // As DeepSpeed: a thread per bound core, whatever OMP_NUM_THREADS said. OpenMP read the variable as
+  // the process started, and omp_set_num_threads sets the calling thread's count only (the optimizer's
+  // and the server's threads would run the old one): where it differs, the process starts again
+  // with it, bound (the mask and the memory policy pass through exec).
+  const std::string threads = std::to_string(mine.size());
+  const char* had = std::getenv("OMP_NUM_THREADS");
+  const bool same = had != nullptr && threads == had;
+  ::setenv("OMP_NUM_THREADS", threads.c_str(), 1);
+  if (!same && argv != nullptr && argv[0] != nullptr) {
+    ::setenv("MT_BIND_REEXEC", "1", 1);
+    ::execv("/proc/self/exe", argv);
+    ::unsetenv("MT_BIND_REEXEC");  // no /proc: on as we are, the main thread's count set below
+  }
+  omp_set_num_threads(static_cast<int>(mine.size()));
   return now;
 }
 

@@ -34,10 +34,13 @@ std::vector<int> bind_candidates(const std::string& spec);
 int numa_node_of(const std::vector<int>& cpus, const std::string& node_sys = "/sys/devices/system/node");
 // In a rank of `meshtrain launch` (MT_LAUNCHED) with MT_BIND_CORES set: binds the process to its run
 // of cores (its local rank and the host's rank count from OpenMPI's OMPI_COMM_WORLD_LOCAL_RANK and
-// _LOCAL_SIZE), its memory to their NUMA node where there are several, sets its OpenMP threads to
-// the run's length, and says so in one line. Returns the CPUs the kernel now runs it on (empty where
-// nothing was asked). Call before any thread starts (threads inherit the mask). Throws
-// kInvalidArgument for a bad list or too few cores, kIOError where the kernel refuses.
-std::vector<int> bind_rank_from_environment();
+// _LOCAL_SIZE), its memory to their NUMA node where there are several, says so in one line, and
+// gives it a thread per core: OMP_NUM_THREADS, and where that changes it, the process starts again
+// (execv of /proc/self/exe with `argv`, marked MT_BIND_REEXEC, which the next call takes as bound;
+// argv null: no exec, the calling thread's count only). Returns the CPUs the kernel now runs it on
+// (empty where nothing was asked). Call before any thread starts (threads inherit the mask).
+// Throws kInvalidArgument for a bad list, too few cores or a rank without its place on the host,
+// kIOError where the kernel refuses.
+std::vector<int> bind_rank_from_environment(char** argv);
 
 }  // namespace mt

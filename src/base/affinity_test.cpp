@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -111,24 +113,65 @@ int in_child(int (*body)()) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
 }
 
-// The second local rank of two, over the process's first two cores: the kernel's mask afterwards is
-// the second core alone, and the rank runs one OpenMP thread whatever OMP_NUM_THREADS said.
-int bound_child() {
-  const V allowed = allowed_cpus();
-  const V cores = one_cpu_per_core(allowed);
+// The second local rank of two, over the process's first two CPUs: the kernel's mask afterwards is
+// the second alone, and the rank runs one OpenMP thread whatever OMP_NUM_THREADS said.
+void as_second_rank_of_two(const V& allowed) {
   ::setenv("MT_LAUNCHED", "1", 1);
-  ::setenv("MT_BIND_CORES", format_core_list({cores[0], cores[1]}).c_str(), 1);
+  ::setenv("MT_BIND_CORES", format_core_list({allowed[0], allowed[1]}).c_str(), 1);
   ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
   ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
   ::setenv("OMP_NUM_THREADS", "7", 1);
-  const V bound = bind_rank_from_environment();
+  ::unsetenv("MT_BIND_REEXEC");
+}
+
+int bound_child() {
+  const V allowed = allowed_cpus();
+  as_second_rank_of_two(allowed);
+  const V bound = bind_rank_from_environment(nullptr);  // no exec: the calling thread's count
   cpu_set_t mask;
   CPU_ZERO(&mask);
   if (::sched_getaffinity(0, sizeof mask, &mask) != 0) return 10;
-  if (CPU_COUNT(&mask) != 1 || !CPU_ISSET(cores[1], &mask)) return 11;
-  if (bound != V{cores[1]}) return 12;
+  if (CPU_COUNT(&mask) != 1 || !CPU_ISSET(allowed[1], &mask)) return 11;
+  if (bound != V{allowed[1]}) return 12;
   if (omp_get_max_threads() != 1 || std::string(std::getenv("OMP_NUM_THREADS")) != "1") return 13;
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");  // a rank that does not know its place on the host
+  ::sched_setaffinity(0, sizeof mask, &mask);
+  try {
+    bind_rank_from_environment(nullptr);
+    return 14;
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("this rank's place on its host is unknown") == std::string::npos) return 15;
+  }
   return 0;
+}
+
+std::string g_self;  // this test binary, for the exec below
+
+// With argv, a rank whose OMP_NUM_THREADS changes starts again (OpenMP reads it once, and a thread
+// other than the one that called omp_set_num_threads kept the old count): the process after the
+// exec runs the disabled test below, which checks what it inherited.
+int reexec_child(const std::string& out) {
+  const V allowed = allowed_cpus();
+  as_second_rank_of_two(allowed);
+  if (std::freopen(out.c_str(), "w", stdout) == nullptr) return 30;
+  std::string filter = "--gtest_filter=Affinity.DISABLED_AfterTheBindingsExec";
+  std::string also = "--gtest_also_run_disabled_tests";
+  char* argv[] = {g_self.data(), filter.data(), also.data(), nullptr};
+  bind_rank_from_environment(argv);
+  return 31;  // not exec'd
+}
+
+TEST(Affinity, DISABLED_AfterTheBindingsExec) {
+  ASSERT_NE(std::getenv("MT_BIND_REEXEC"), nullptr) << "run by Affinity.ARankWhoseThreadCountChangesStartsAgain";
+  const V mask = bind_rank_from_environment(nullptr);  // bound before the exec: taken as it is
+  EXPECT_EQ(std::getenv("MT_BIND_REEXEC"), nullptr);  // not passed on to the rank's own children
+  EXPECT_EQ(mask.size(), 1u);
+  EXPECT_EQ(allowed_cpus(), mask);
+  int other = 0;
+  std::thread([&other] { other = omp_get_max_threads(); }).join();
+  EXPECT_EQ(other, 1);
+  EXPECT_EQ(omp_get_max_threads(), 1);
+  std::printf("after the exec: bound to %s, %d thread(s) on another thread\n", format_core_list(mask).c_str(), other);
 }
 
 // Outside a launch's ranks (no MT_LAUNCHED: plan's own process, a shell that exported it) nothing
@@ -137,11 +180,13 @@ int unbound_child() {
   const V before = allowed_cpus();
   ::unsetenv("MT_LAUNCHED");
   ::setenv("MT_BIND_CORES", "all", 1);
-  if (!bind_rank_from_environment().empty() || allowed_cpus() != before) return 20;
+  if (!bind_rank_from_environment(nullptr).empty() || allowed_cpus() != before) return 20;
   ::setenv("MT_LAUNCHED", "1", 1);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1", 1);
   ::setenv("MT_BIND_CORES", std::to_string(before.back() + 1).c_str(), 1);
   try {
-    bind_rank_from_environment();
+    bind_rank_from_environment(nullptr);
     return 21;
   } catch (const Error& e) {
     const std::string want = "CPU " + std::to_string(before.back() + 1) + " is not one this process may run on";
@@ -154,8 +199,26 @@ int unbound_child() {
 }
 
 TEST(Affinity, ARankIsBoundToItsRunAndRunsAThreadPerCore) {
-  if (one_cpu_per_core(allowed_cpus()).size() < 2) GTEST_SKIP() << "needs two cores";
+  if (allowed_cpus().size() < 2) GTEST_SKIP() << "needs two CPUs";
   EXPECT_EQ(in_child(bound_child), 0);
+}
+
+TEST(Affinity, ARankWhoseThreadCountChangesStartsAgain) {
+  if (allowed_cpus().size() < 2) GTEST_SKIP() << "needs two CPUs";
+  g_self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const ScratchDir dir("mt_affinity_exec");
+  const std::string out = dir.file("out.txt");
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(reexec_child(out));
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::ifstream in(out);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << text;
+  EXPECT_NE(text.find("after the exec: bound to " + std::to_string(allowed_cpus()[1]) + ", 1 thread(s)"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("[  PASSED  ] 1 test"), std::string::npos) << text;
 }
 
 TEST(Affinity, NothingIsBoundOutsideALaunchAndForeignCpusAreRefused) {

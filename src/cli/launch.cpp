@@ -303,22 +303,28 @@ int run_launch(LaunchArgs a) {
   // the MT_ variables below carry to every host; one set by the caller binds nested launches alike
   // (plan --validate's). The list is checked here, and against this host's cores when every rank is
   // here; a remote host's rank checks its own and exits 2 naming it.
-  if (!a.bind_core_list.empty() && !a.bind_cores_to_rank)
+  const char* bind_env = std::getenv("MT_BIND_CORES");
+  if (!a.bind_core_list.empty() && !a.bind_cores_to_rank && !(bind_env && *bind_env))
     std::fprintf(stderr, "launch: warning: --bind_core_list has no effect without --bind_cores_to_rank (as DeepSpeed)\n");
   if (a.bind_cores_to_rank) ::setenv("MT_BIND_CORES", a.bind_core_list.empty() ? "all" : a.bind_core_list.c_str(), 1);
+  ::unsetenv("MT_BIND_REEXEC");  // a bound rank's own marker (base/affinity.h), never a new job's
+  int bound_threads = 0;  // each rank's cores where every rank is here
   if (const char* bind = std::getenv("MT_BIND_CORES"); bind && *bind) {
     try {
-      const std::vector<int> cores = bind_candidates(bind);
-      if (a.hostfile.empty()) rank_cores(cores, 0, busiest);
+      // Another host's CPUs are its own: there the list's syntax only, and each rank checks the rest.
+      if (a.hostfile.empty()) bound_threads = static_cast<int>(rank_cores(bind_candidates(bind), 0, busiest).size());
+      else if (std::string(bind) != "all") parse_core_list(bind);
     } catch (const Error& e) {
-      throw Error(ErrorKind::kInvalidArgument, std::string("launch: --bind_cores_to_rank (MT_BIND_CORES=") + bind +
-                                                   "): " + e.what());
+      throw Error(ErrorKind::kInvalidArgument, std::string("launch: ") +
+                                                   (a.bind_cores_to_rank ? "--bind_cores_to_rank" : "MT_BIND_CORES") +
+                                                   " (MT_BIND_CORES=" + bind + "): " + e.what());
     }
   }
   // A user's OMP_NUM_THREADS wins (as under torchrun): hosts that share cores (scripts/netns-hosts.sh)
   // or have fewer than this one. With bound cores each rank runs a thread per core (DeepSpeed's rule).
   std::string omp_threads = std::to_string(threads_per_rank(busiest));
   if (const char* user = std::getenv("OMP_NUM_THREADS"); user && *user) omp_threads = user;
+  if (bound_threads > 0) omp_threads = std::to_string(bound_threads);
 
   std::vector<std::string> cmd = {"mpirun"};
   if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");

@@ -173,15 +173,28 @@ TEST(Launch, BindCoresToRankGivesEachRankACoreOfItsOwn) {
   std::string out, err;
   const std::string cfg = write("bind.json", R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,)"
                                              R"( "n_embd": 48, "n_layer": 2, "n_head": 4}, "train_micro_batch_size_per_gpu": 1})");
-  if (mt::one_cpu_per_core(mt::allowed_cpus()).size() >= 2) {
-    ASSERT_EQ(run("launch -n 2 --bind_cores_to_rank -- config check " + cfg, &out, &err), 0) << out << err;
+  const std::vector<int> cores = mt::one_cpu_per_core(mt::allowed_cpus());
+  if (cores.size() >= 2) {
+    // Without a list, every core: each of the two ranks its half, a thread per core of it (over the
+    // user's OMP_NUM_THREADS, as DeepSpeed).
+    const char* before = std::getenv("OMP_NUM_THREADS");
+    const std::string saved = before ? before : "";
+    setenv("OMP_NUM_THREADS", "5", 1);
+    const int rc = run("launch -n 2 --bind_cores_to_rank -- config check " + cfg, &out, &err);
+    if (before) setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+    else unsetenv("OMP_NUM_THREADS");
+    ASSERT_EQ(rc, 0) << out << err;
     EXPECT_NE(err.find("-x MT_BIND_CORES=all"), std::string::npos) << err;
-    const std::vector<int> cores = mt::one_cpu_per_core(mt::allowed_cpus());
-    for (int r : {0, 1})
-      EXPECT_NE(err.find("meshtrain: rank " + std::to_string(r) + " (local " + std::to_string(r) +
-                         " of 2) bound to CPU " + std::to_string(cores[static_cast<size_t>(r)]) + ", 1 OpenMP thread\n"),
+    const size_t half = cores.size() / 2;
+    EXPECT_NE(err.find("-x OMP_NUM_THREADS=" + std::to_string(half) + " "), std::string::npos) << err;
+    for (size_t r : {0, 1}) {
+      const std::vector<int> mine(cores.begin() + static_cast<long>(r * half), cores.begin() + static_cast<long>((r + 1) * half));
+      EXPECT_NE(err.find("meshtrain: rank " + std::to_string(r) + " (local " + std::to_string(r) + " of 2) bound to CPU" +
+                         (half == 1 ? " " : "s ") + mt::format_core_list(mine) + ", " + std::to_string(half) +
+                         " OpenMP thread"),
                 std::string::npos)
           << err;
+    }
   }
   const std::string first = std::to_string(mt::allowed_cpus().front());
   EXPECT_EQ(run("launch -n 2 --bind_cores_to_rank --bind_core_list " + first + " -- config check " + cfg, &out, &err), 2);

@@ -43,10 +43,11 @@ int main(int argc, char** argv) {
     ::sigprocmask(SIG_UNBLOCK, &term, nullptr);
   }
   mt::comm::mpi_prepare_process(argv);  // under mpirun: huge pages for MPI's temporary buffers (re-execs once)
-  // A rank of `launch --bind_cores_to_rank`: its cores, before any thread starts (threads inherit them).
+  // A rank of `launch --bind_cores_to_rank`: its cores, before any thread starts (threads inherit them);
+  // after mpi_prepare_process, whose re-exec would otherwise run the binding twice.
   if (!(argc > 1 && std::strcmp(argv[1], "launch") == 0)) {
     try {
-      mt::bind_rank_from_environment();
+      mt::bind_rank_from_environment(argv);
     } catch (const mt::Error& e) {
       std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
       return e.kind() == mt::ErrorKind::kInvalidArgument ? 2 : 1;
