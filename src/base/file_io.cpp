@@ -32,6 +32,18 @@ std::vector<char> file_read_all(const std::string& path) {
   return data;
 }
 
+DirectoryLock::DirectoryLock(const std::string& path, bool exclusive) {
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  fd_ = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) return;
+  while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0 && errno == EINTR) {
+  }
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
 void file_write_atomic(const std::string& path, const void* data, size_t bytes) {
   AtomicFile f(path);
   f.append(data, bytes);

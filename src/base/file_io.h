@@ -39,6 +39,22 @@ class AtomicFile {
 // how many it removed; never throws (a leftover it cannot remove stays).
 int remove_dead_temporaries(const std::string& path);
 
+// A flock of the directory holding `path`, for files that belong together (an indexed dataset's
+// .bin and .idx): a writer holds it exclusively while it renames its pair into place, a reader
+// shared while it opens the pair, so that two writers' renames do not interleave (one's .bin with
+// the other's .idx) and a reader never opens one writer's half with another's. Best effort: where
+// the directory cannot be opened (no read permission), there is no lock and no error.
+class DirectoryLock {
+ public:
+  DirectoryLock(const std::string& path, bool exclusive);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace mt
 
 namespace mt {

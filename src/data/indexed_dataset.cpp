@@ -179,8 +179,6 @@ void IndexedDatasetWriter::finalize() {
   if (document_indices_.back() != static_cast<int64_t>(lengths_.size())) end_document();
 
   flush_buffer();
-  bin_->commit();
-  bin_.reset();
   finalized_ = true;
 
   uint64_t S = lengths_.size();
@@ -199,7 +197,14 @@ void IndexedDatasetWriter::finalize() {
     pointer += int64_t{n} * static_cast<int64_t>(token_dtype_size(dtype_));
   }
   for (int64_t d : document_indices_) append<int64_t>(&idx, d);
-  file_write_atomic(indexed_dataset_idx_path(prefix_), idx.data(), idx.size());
+  AtomicFile idx_file(indexed_dataset_idx_path(prefix_));
+  idx_file.append(idx.data(), idx.size());
+  // Both written, then published together: another writer of this prefix renames its pair before or
+  // after ours, never between (its .bin with our .idx), and a reader opens a pair (IndexedDataset).
+  const DirectoryLock publishing(prefix_, /*exclusive=*/true);
+  bin_->commit();
+  idx_file.commit();
+  bin_.reset();
 }
 
 // ---- MappedFile ----
@@ -334,6 +339,10 @@ IndexedDataset::File::~File() {
 // ---- IndexedDataset ----
 
 IndexedDataset::IndexedDataset(const std::string& prefix)
+    : IndexedDataset(prefix, DirectoryLock(indexed_dataset_idx_path(prefix), /*exclusive=*/false)) {}
+
+// The lock is the caller's temporary: held until this constructor returns, over both opens.
+IndexedDataset::IndexedDataset(const std::string& prefix, const DirectoryLock& /*opening*/)
     : prefix_(prefix),
       idx_path_(indexed_dataset_idx_path(prefix)),
       bin_path_(indexed_dataset_bin_path(prefix)),

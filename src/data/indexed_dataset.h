@@ -155,6 +155,7 @@ class IndexedDataset {
   void validate();
 
  private:
+  IndexedDataset(const std::string& prefix, const DirectoryLock& opening);
   void validate_header();
   void validate_document_indices();
   void validate_sequences();

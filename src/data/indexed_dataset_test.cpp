@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -215,6 +217,51 @@ TEST(IndexedDataset, TwoWritersOfOnePrefixEachPublishAWholeDataset) {
   ASSERT_EQ(d.num_sequences(), 2u);
   EXPECT_EQ(sequence(d, 0), b);
   EXPECT_EQ(sequence(d, 1), b);
+}
+
+// The pair is renamed into place under the directory's lock, and opened under it: a writer waits
+// while another holds it (two writers' renames interleaved: one's .bin with the other's .idx), and
+// so does a reader (it opened a new .bin with the old .idx between a writer's two renames).
+TEST(IndexedDataset, APairIsPublishedAndOpenedUnderTheDirectorysLock) {
+  ScratchDir dir;
+  const std::string prefix = dir.path() + "/pair";
+  std::vector<int32_t> a = {1, 2, 3};
+  IndexedDatasetWriter writer(prefix, 10);
+  writer.add_sequence(a);
+  std::atomic<bool> done{false};
+  std::thread publish;
+  {
+    const DirectoryLock other_writer(prefix, /*exclusive=*/true);
+    publish = std::thread([&] {
+      writer.finalize();
+      done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_FALSE(done.load());
+    EXPECT_FALSE(file_exists(prefix + ".bin"));  // nothing renamed while the other holds the lock
+    EXPECT_FALSE(file_exists(prefix + ".idx"));
+  }
+  publish.join();
+  ASSERT_TRUE(done.load());
+  EXPECT_EQ(IndexedDataset(prefix).num_sequences(), 1u);
+  done = false;
+  uint64_t opened = 0;
+  std::thread reader;
+  {
+    const DirectoryLock publishing(prefix, /*exclusive=*/true);  // a writer between its two renames
+    reader = std::thread([&] {
+      opened = IndexedDataset(prefix).num_sequences();
+      done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_FALSE(done.load());  // the reader waits for the pair
+  }
+  reader.join();
+  EXPECT_TRUE(done.load());
+  EXPECT_EQ(opened, 1u);
+  // Readers share the lock: two at once do not wait on each other.
+  const DirectoryLock first_reader(prefix, /*exclusive=*/false);
+  EXPECT_EQ(IndexedDataset(prefix).num_sequences(), 1u);
 }
 
 // Files with a stored dtype the writer never picks are read and converted to int32.
