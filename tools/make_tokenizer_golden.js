@@ -34,6 +34,23 @@ function paragraph() {
   return s;
 }
 
+// Pieces of thousands of bytes (a word without spaces, a base64 blob, a run of one letter): the
+// merge order over a long piece, whose every pair is a candidate many times over.
+function longWords() {
+  let seed = 777;
+  const rand = n => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+  const pick = (alphabet, n) => Array.from({ length: n }, () => alphabet[rand(alphabet.length)]).join('');
+  return [
+    pick('abcdefghijklmnopqrstuvwxyz', 3000),
+    ' ' + pick('etaoinshrdlu', 2000),
+    pick('ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/', 2500),
+    'a'.repeat(2001),
+    'ab'.repeat(1200) + 'a',
+    '1234567890'.repeat(150),
+    '!?'.repeat(700),
+  ];
+}
+
 const texts = [
   '',
   'Hello world',
@@ -75,6 +92,7 @@ const texts = [
   'The year 1999, the 21st century; 100% sure — “quotes” ‘single’ … ¿qué? ¡sí!',
   'Tab\tseparated\tvalues\n1\t2\t3\n',
   paragraph(),
+  ...longWords(),
 ];
 
 fs.mkdirSync(out, { recursive: true });

@@ -265,6 +265,29 @@ TEST(Checkpoints, AResumeWithAnotherSeqLengthGoesOnFromTheTokenReached) {
   EXPECT_EQ(state["data"]["seq_length"].get<int64_t>(), 8);
 }
 
+// A resume with a smaller batch than the checkpoint's goes on from the samples it consumed, past
+// train_iters x the new batch: a blend, built for exactly that many, ended the run at the first
+// sample past it ("sample 16 is past the blend's 12"). Now the sources hold what the run draws.
+TEST(Checkpoints, AResumeWithASmallerBatchDrawsPastTrainItersTimesItsBatch) {
+  mt::cli::testing::write_chain_dataset(dir() + "/train-c", 64);
+  const nlohmann::json blend = {{"train", {"0.5", dir() + "/train", "0.5", dir() + "/train-c"}}};
+  const std::string cfg = trained("blend-batch", {{"train_iters", 4}, {"save_interval", 4},
+                                                  {"train_micro_batch_size_per_gpu", 4}, {"data", blend}});
+  std::string err;
+  ASSERT_EQ(resume(cfg, "blend-batch", "--set train_iters=6 --set train_micro_batch_size_per_gpu=2", &err), 0) << err;
+  const auto state = nlohmann::json::parse(slurp(save_dir("blend-batch") + "/step-6/state.json"));
+  EXPECT_EQ(state["data"]["next_sample"].get<int64_t>(), 16 + 2 * 2);
+  // A damaged count is refused before it sizes anything (a blend of 10^12 samples was built first).
+  const std::string path = save_dir("blend-batch") + "/step-6/state.json";
+  std::string text = slurp(path);
+  const size_t at = text.find("\"next_sample\": 20");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, std::string("\"next_sample\": 20").size(), "\"next_sample\": 1000000000000");
+  std::ofstream(path) << text;
+  EXPECT_NE(resume(cfg, "blend-batch", "--set train_iters=8", &err), 0);
+  EXPECT_NE(err.find("state.json is corrupt (its checksum does not match its contents)"), std::string::npos) << err;
+}
+
 // A resume into another model with the same shapes (n_head 2 -> 4 at the same width, another
 // norm eps) loaded the weights into it without a word; now it is refused naming the keys.
 // Another data.train is said in one line. What acts at initialization only may differ: the
@@ -1037,6 +1060,20 @@ TEST(Launch, CtrlZStopsEveryRankAndFgContinuesThem) {
   ASSERT_TRUE(WIFEXITED(status)) << slurp(err);
   EXPECT_EQ(WEXITSTATUS(status), 143) << slurp(err);
   EXPECT_TRUE(processes_with(cfg).empty());
+}
+
+// Without ZeRO one rank writes the whole checkpoint while the others wait for its files: they
+// waited comm_timeout, so a save slower than that (a large model on a slow disk) failed on every
+// rank, each time. Here the writer's disk takes 3 s (a seam) under comm_timeout 1: the save is whole.
+TEST(Checkpoints, OthersWaitForTheWritersDiskPastCommTimeout) {
+  const std::string cfg = config("slow-shard", {{"train_iters", 2}, {"save_interval", 2}, {"comm_timeout", 1}});
+  setenv("MT_FAULT", "checkpoint.slow_shard@0", 1);
+  std::string err;
+  const int rc = run("launch -n 2 -- train " + cfg, &err);
+  unsetenv("MT_FAULT");
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_EQ(latest(save_dir("slow-shard")), "step-2") << err;
+  EXPECT_EQ(err.find("timed out"), std::string::npos) << err;
 }
 
 // A stop whose save fails is not reported as a clean stop: the ranks exit 1 (the save_dir became

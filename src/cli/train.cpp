@@ -22,6 +22,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <set>
 #include <atomic>
 #include <chrono>
@@ -432,18 +433,34 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
            ErrorKind::kInvalidArgument,
            "train_iters " + std::to_string(cfg.train_iters) + " x train_batch_size " + std::to_string(cfg.batch.train_batch_size) +
                " overflows 64 bits");
+  // A resumed run draws from the checkpoint's position on (engine::checkpoint_load: its next_sample,
+  // at this run's seq_length): with a smaller batch or shorter samples than the checkpoint's, that
+  // is past train_iters x this batch, and a blend, built for exactly that many, ended the run at
+  // the first sample past it ("sample 16 is past the blend's 12").
+  std::optional<engine::CheckpointProgress> resumed;
+  if (!args.resume.empty()) {
+    try {
+      resumed = engine::checkpoint_progress(args.resume);
+    } catch (const Error&) {  // checkpoint_load says what is wrong with it
+    }
+  }
+  if (resumed && resumed->consumed_samples > 0 && resumed->global_step >= 0 && cfg.task != "classification") {
+    int64_t next = resumed->consumed_samples, tokens = 0, left = 0, need = 0;
+    if (resumed->seq_length > 0 && resumed->seq_length != cfg.seq_length && cfg.seq_length > 0 &&
+        !__builtin_mul_overflow(next, resumed->seq_length, &tokens))
+      next = tokens / cfg.seq_length + (tokens % cfg.seq_length != 0);
+    if (!__builtin_mul_overflow(std::max<int64_t>(0, cfg.train_iters - resumed->global_step), cfg.batch.train_batch_size, &left) &&
+        !__builtin_add_overflow(next, left, &need))
+      train_samples = std::max(train_samples, need);
+  }
   const bool megatron_valid = cfg.sample_order == "megatron";
   if (megatron_valid) {
     int64_t evaluations = cfg.eval_interval > 0 ? std::max<int64_t>(0, cfg.train_iters) / cfg.eval_interval + 1 : 1;
     // A resumed run reads on from the checkpoint's consumed_valid_samples: the set holds those too
     // (counted as evaluations of this run's size, rounded up).
-    if (!args.resume.empty()) {
-      try {
-        const engine::CheckpointProgress done = engine::checkpoint_progress(args.resume);
-        const int64_t block = std::max<int64_t>(1, std::max<int64_t>(0, cfg.eval_iters) * cfg.batch.train_batch_size);
-        if (done.consumed_valid_samples > 0) evaluations += (done.consumed_valid_samples + block - 1) / block;
-      } catch (const Error&) {  // checkpoint_load says what is wrong with it
-      }
+    if (resumed) {
+      const int64_t block = std::max<int64_t>(1, std::max<int64_t>(0, cfg.eval_iters) * cfg.batch.train_batch_size);
+      if (resumed->consumed_valid_samples > 0) evaluations += (resumed->consumed_valid_samples + block - 1) / block;
     }
     int64_t per = 0;
     MT_CHECK(!__builtin_mul_overflow(std::max<int64_t>(0, cfg.eval_iters), cfg.batch.train_batch_size, &per) &&

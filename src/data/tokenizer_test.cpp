@@ -272,6 +272,30 @@ TEST(TokenizerGpt2, EncodeSpeed) {
   EXPECT_GT(cpu_mb_per_s, 1.0);
 }
 
+// A piece of a megabyte (a prompt without spaces, a base64 blob in a corpus): each merge rescanned
+// the whole piece, O(n^2) in its length, and this one took minutes of a core (a server's request
+// held its slot all that time before the context check refused it). Now a heap of pairs: the
+// golden cases' long words (tools/make_tokenizer_golden.js) check the order against Hugging Face's
+// and GPT-2's encoders; this checks the size, with a floor far from either (CPU time, as above).
+TEST(TokenizerGpt2, AMegabyteWordIsMergedInLittleMoreThanLinearTime) {
+  Tokenizer t = Tokenizer::load(golden_dir());
+  std::string word(1 << 20, 'a');
+  uint32_t seed = 12345;
+  for (char& c : word) {
+    seed = seed * 1103515245u + 12345u;
+    c = static_cast<char>('a' + (seed >> 16) % 26);
+  }
+  timespec a{}, b{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+  const std::vector<int32_t> ids = t.encode(word);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+  const double cpu = static_cast<double>(b.tv_sec - a.tv_sec) + 1e-9 * static_cast<double>(b.tv_nsec - a.tv_nsec);
+  std::printf("a 1 MiB word: %zu ids in %.2f s of CPU\n", ids.size(), cpu);
+  EXPECT_EQ(t.decode(ids), word);
+  EXPECT_LT(ids.size(), word.size() * 3 / 4);  // merged, not left as bytes
+  EXPECT_LT(cpu, 30.0);
+}
+
 TEST(TokenizerTrain, HandWorkedMerges) {
   // Words "ab", " ab" x2, " cd": (a,b) occurs 3 times, then (' ', ab) twice.
   Tokenizer t = Tokenizer::train("ab ab ab cd", 259);

@@ -333,6 +333,18 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   }
   agree(ctx, failed, timeout, "preparing " + tmp_dir.string());
 
+  // The phases where one rank writes while the others wait for it (its files and their read-back,
+  // then rank 0's renames and rotation) take what the disk takes: without ZeRO dp rank 0 writes
+  // the whole model and optimizer, 9 GB at 50 MB/s is three minutes and its read-back three more,
+  // and under comm_timeout (300 s) every save of such a run failed on the waiting ranks. These
+  // waits allow a minute and 8 MiB/s for three passes over the checkpoint's bytes besides; a
+  // writer stuck past that is still named by the others' timeout, and a dead one ends the job.
+  const double checkpoint_bytes =
+      static_cast<double>(store.global_numel()) * sizeof(float) * static_cast<double>(std::max<size_t>(1, engine.state_names().size()));
+  const auto io_timeout =
+      timeout + std::chrono::milliseconds(static_cast<int64_t>(
+                    std::min(60'000.0 + 3.0 * checkpoint_bytes / (8.0 * 1024 * 1024) * 1000.0, 1e12)));
+
   // 2. Every rank that holds a part nobody else writes writes it, without gathering: its ZeRO
   // pieces (every dp rank) or, without ZeRO, the whole local buffer (dp rank 0). A parameter
   // replicated over the tp group is written by tp rank 0; the last stage's copy of a tied
@@ -456,10 +468,12 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
       std::string h = file_xxh3_hex((tmp_dir / f).string(), &bytes);
       report["files"][f] = {{"bytes", bytes}, {"xxh3", h}};
     }
+    // Test seam: a writer whose disk is slow (the others wait for its files).
+    if (writer && fault_active("checkpoint.slow_shard")) std::this_thread::sleep_for(std::chrono::seconds(3));
   } catch (const std::exception& e) {
     report["error"] = e.what();
   }
-  std::vector<std::string> reports = gather_strings(ctx, report.dump(), timeout);
+  std::vector<std::string> reports = gather_strings(ctx, report.dump(), io_timeout);
 
   // 3. Rank 0 writes the index of every shard and state.json, then renames the directory in.
   if (lead) {
@@ -585,7 +599,7 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
       fs::remove_all(tmp_dir, ec);  // never loaded; the previous checkpoint stays the newest
     }
   }
-  agree(ctx, failed, timeout, "saving " + final_dir.string());
+  agree(ctx, failed, io_timeout, "saving " + final_dir.string());
   return final_dir.string();
 }
 
@@ -963,18 +977,27 @@ CheckpointInfo checkpoint_info(const std::string& path) {
 }
 
 CheckpointProgress checkpoint_progress(const std::string& path) {
-  const std::string state_path = (fs::path(checkpoint_resolve(path)) / "state.json").string();
-  const nlohmann::json state = json_load_file(state_path, ErrorKind::kCorruption);
+  const fs::path dir = checkpoint_resolve(path);
+  const std::string state_path = (dir / "state.json").string();
+  // Verified as checkpoint_load verifies it: a damaged count sized the run's datasets before the
+  // load said what was wrong (and one near 2^63 overflowed the sizing).
+  nlohmann::json state;
+  if (const std::string damage = state_damage(dir, &state); !damage.empty()) throw Error(ErrorKind::kCorruption, damage);
   CheckpointProgress p;
   try {
     p.global_step = state.at("global_step").get<int64_t>();
     if (state.contains("data")) {
       p.consumed_samples = state["data"].at("next_sample").get<int64_t>();
       p.consumed_valid_samples = state["data"].value("consumed_valid_samples", int64_t{-1});
+      p.seq_length = state["data"].value("seq_length", int64_t{-1});
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorKind::kCorruption, state_path + ": missing or malformed field: " + e.what());
   }
+  constexpr int64_t kMost = int64_t{1} << 52;  // past any run's samples, and far from overflow
+  for (const int64_t v : {p.global_step, p.consumed_samples, p.consumed_valid_samples, p.seq_length})
+    MT_CHECK(v >= -1 && v <= kMost, ErrorKind::kCorruption,
+             state_path + ": a step or sample count of " + std::to_string(v) + " is out of range");
   return p;
 }
 

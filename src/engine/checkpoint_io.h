@@ -64,6 +64,7 @@ struct CheckpointProgress {
   int64_t global_step = 0;
   int64_t consumed_samples = -1;
   int64_t consumed_valid_samples = -1;  // Megatron's validation counter (-1: the checkpoint has none)
+  int64_t seq_length = -1;              // the length consumed_samples counts in (-1: not written)
 };
 CheckpointProgress checkpoint_progress(const std::string& path);
 // Fills a model built from info.model (one process, or any layout) with the checkpoint's weights.
