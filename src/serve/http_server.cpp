@@ -169,7 +169,8 @@ SamplingOptions sampling_from(const json& j, float temperature, float top_p) {
   SamplingOptions s;
   s.temperature = get_float(j, "temperature", temperature, 0.0f, 100.0f);
   s.top_p = get_float(j, "top_p", top_p, 0.0f, 1.0f);
-  s.top_k = get_int(j, "top_k", 0, 0, 1 << 30);
+  s.top_k = get_int(j, "top_k", 0, -1, 1 << 30);
+  if (s.top_k < 0) s.top_k = 0;  // vLLM's -1: every token, as 0
   if (present(j, "seed")) {
     if (!j["seed"].is_number_integer()) bad("\"seed\" must be an integer", "invalid_type");
     s.seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
@@ -1136,6 +1137,16 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     const char* max_key = present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     // max_tokens 0 with echo: the prompt alone, scored (OpenAI's legacy loglikelihood request).
     r.max_new_tokens = get_int(body, max_key, chat ? gen_.capacity() : options_.default_max_tokens, echo ? 0 : 1, 1 << 30);
+    // A length asked for that the context cannot hold is refused, as OpenAI and vLLM refuse it (it
+    // ended at the full context with finish_reason "length", which a client takes for the length it
+    // asked); without one, chat writes what the context holds.
+    if (present(body, max_key))
+      for (const std::vector<int32_t>& prompt : prompts)
+        if (static_cast<int64_t>(prompt.size()) + r.max_new_tokens > gen_.capacity())
+          throw HttpError{400,
+                          "the prompt is " + std::to_string(prompt.size()) + " tokens and \"" + max_key + "\" asks for " +
+                              std::to_string(r.max_new_tokens) + " more; the context holds " + std::to_string(gen_.capacity()),
+                          "invalid_request_error", "context_length_exceeded"};
     r.sampling = sampling_from(body, 1.0f, 1.0f);
     // OpenAI's penalties and logit_bias, vLLM's (and TGI's) repetition_penalty, min_p, min_tokens.
     r.sampling.presence_penalty = get_float(body, "presence_penalty", 0.0f, -2.0f, 2.0f);

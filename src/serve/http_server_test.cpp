@@ -179,6 +179,12 @@ TEST_F(HttpServerTest, GreedyCompletionEqualsTheGenerators) {
   // Seeded sampling is reproducible over HTTP.
   const json s = {{"prompt", "The"}, {"max_tokens", 12}, {"temperature", 1.0}, {"top_k", 40}, {"top_p", 0.9}, {"seed", 5}};
   EXPECT_EQ(post_json("/v1/completions", s)["choices"][0]["text"], post_json("/v1/completions", s)["choices"][0]["text"]);
+  // vLLM's top_k -1 (every token) is 0's draw: it was refused.
+  json every = s;
+  every["top_k"] = -1;
+  json none = s;
+  none.erase("top_k");
+  EXPECT_EQ(post_json("/v1/completions", every)["choices"][0]["text"], post_json("/v1/completions", none)["choices"][0]["text"]);
 }
 
 // A token's string in logprobs as OpenAI writes it: its bytes where they are UTF-8, else
@@ -886,6 +892,12 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
       {"/v1/completions", deep, 400, "invalid_json"},
       {"/v1/completions", R"({"prompt": "a", "stream": true, "stream_options": "yes"})", 400, "invalid_type"},
       {"/v1/completions", too_long, 400, "context_length_exceeded"},
+      // A max_tokens the context cannot hold besides the prompt (128 here): cut short at the full
+      // context with finish_reason "length" before, where OpenAI and vLLM refuse it.
+      {"/v1/completions", R"({"prompt": "a", "max_tokens": 128})", 400, "context_length_exceeded"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "max_completion_tokens": 500})", 400,
+       "context_length_exceeded"},
+      {"/v1/completions", R"({"prompt": "a", "top_k": -2})", 400, "invalid_value"},
       {"/v1/completions", big, 413, "payload_too_large"},
       {"/v1/chat/completions", R"({"messages": []})", 400, "invalid_type"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user"}]})", 400, "invalid_type"},
