@@ -647,17 +647,22 @@ TEST(Plan, SearchRanksWhatFitsAndTrainResolvesAnAutoLayout) {
   EXPECT_NE(err.find("meshtrain calibrate -o"), std::string::npos) << err;
 }
 
+// Two processes whose collectives cost a second and whose messages are free: a pipeline is best.
+void write_pipeline_calibration(const std::string& path) {
+  std::ofstream(path) << R"({"world": 2, "threads": 1, "fits": {
+    "gemm f32": {"latency_s": 1e-5, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 1e-5, "per_unit_s": 1e-9},
+    "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7},
+    "all_reduce": {"latency_s": 1, "per_unit_s": 1e-6}, "all_gather": {"latency_s": 1, "per_unit_s": 1e-6},
+    "reduce_scatter": {"latency_s": 1, "per_unit_s": 1e-6}, "send_recv": {"latency_s": 0, "per_unit_s": 0}}})";
+}
+
 // `"parallel": "auto"` chooses a pipeline's schedule (and sequence parallelism) too: with collectives that cost a second and free
 // messages, two processes are best as two pipeline stages, and four layers over two stages best
 // interleaved over two chunks a rank (the smaller bubble). estimate resolves the auto layout as train
 // does, and its replay is that schedule's (each rank holds two chunks of one layer).
 TEST(Plan, AnAutoLayoutChoosesThePipelinesSchedule) {
   const std::string cal = dir() + "/hand-pipeline.json", cfg = dir() + "/auto-pipeline.json";
-  std::ofstream(cal) << R"({"world": 2, "threads": 1, "fits": {
-    "gemm f32": {"latency_s": 1e-5, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 1e-5, "per_unit_s": 1e-9},
-    "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7},
-    "all_reduce": {"latency_s": 1, "per_unit_s": 1e-6}, "all_gather": {"latency_s": 1, "per_unit_s": 1e-6},
-    "reduce_scatter": {"latency_s": 1, "per_unit_s": 1e-6}, "send_recv": {"latency_s": 0, "per_unit_s": 0}}})";
+  write_pipeline_calibration(cal);
   nlohmann::json c = tiny_plan_config("chain-pp", {{"train_batch_size", 8}, {"parallel", "auto"}});
   c["model"]["n_layer"] = 4;
   c["planner"] = {{"calibration", cal}};
@@ -679,6 +684,45 @@ TEST(Plan, AnAutoLayoutChoosesThePipelinesSchedule) {
   }
   EXPECT_TRUE(one_f_one_b);  // ranked too, behind
   EXPECT_TRUE(sp && no_sp);  // tp 2 with sequence parallelism and without
+}
+
+// The global batch stays the configuration's whatever dp the chosen layout has, and the run trains
+// the batch the plan priced. With a micro-batch and an accumulation given (no train_batch_size),
+// it is their product at every process (1 x 2 x 2 = 4). The pipeline the plan chooses has dp 1,
+// and it priced B 1 x 4 micro-batches. The run kept the configuration's accumulation and trained
+// 1 x 2 x 1 = 2 samples a step. Given alone, the accumulation stays and the micro-batch is the
+// rank's share over it. A train_batch_size that the processes do not divide (3 on 2) was refused
+// before any layout was tried, though dp 1 takes it.
+TEST(Plan, AnAutoLayoutTrainsTheGlobalBatchItPriced) {
+  const std::string cal = dir() + "/hand-pipeline-batch.json", cfg = dir() + "/auto-batch.json";
+  write_pipeline_calibration(cal);
+  struct Case {
+    nlohmann::json batch;
+    std::string layout;  // the auto line's batch
+    int64_t trained;     // samples a step in the run's metrics
+  };
+  const std::vector<Case> cases = {
+      {{{"train_micro_batch_size_per_gpu", 1}, {"gradient_accumulation_steps", 2}}, "B 1 x 4 micro-batches", 4},
+      {{{"gradient_accumulation_steps", 2}, {"train_batch_size", 6}}, "B 3 x 2 micro-batches", 6},
+      {{{"train_batch_size", 3}}, "B 1 x 3 micro-batches", 3},
+  };
+  int n = 0;
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.batch.dump());
+    const std::string save = dir() + "/auto-batch-" + std::to_string(n++);
+    nlohmann::json c = tiny_plan_config("chain-batch", {{"parallel", "auto"}, {"train_iters", 1}, {"save_dir", save}});
+    for (const auto& [key, v] : k.batch.items()) c[key] = v;
+    c["model"]["n_layer"] = 4;
+    c["planner"] = {{"calibration", cal}};
+    c["activation_checkpointing"] = {{"enabled", false}};
+    std::ofstream(cfg) << c.dump();
+    std::string out, err;
+    ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "launch -n 2 -- train " + cfg, &out, &err), 0) << err;
+    EXPECT_NE(err.find("auto: parallel -> dp 1, pp 2"), std::string::npos) << err;
+    EXPECT_NE(err.find(k.layout + ":"), std::string::npos) << err;
+    const nlohmann::json state = nlohmann::json::parse(std::ifstream(save + "/step-1/state.json"));
+    EXPECT_EQ(state["data"]["next_sample"].get<int64_t>(), k.trained) << err;  // the samples the one step drew
+  }
 }
 
 // 1-bit Adam: the plan prices the mean of the run's steps, its warm-up's (max(freeze_step, 2) - 1

@@ -875,18 +875,48 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   planner::SearchSpace space;
   engine::ConfigSources base = src;  // the configuration with placeholders for what is searched
   std::vector<std::string> keys;     // what the configuration left to the planner
+  // With the layout searched, the global batch stays what the configuration gives (its
+  // train_batch_size, else its micro-batch x accumulation x every process, DeepSpeed's product at
+  // dp = the world), whatever dp the layout has: what is trained does not change with the layout.
+  // Of micro-batch and accumulation, the one the configuration gives stays and the other is the
+  // rank's share over it (the micro-batch where it gives both, as Megatron derives accumulation
+  // from its global and micro batch); neither given, the search picks the split. The chosen
+  // layout's three are written back: a run kept the configuration's accumulation at another dp,
+  // and trained a quarter of the batch the plan had priced.
+  int64_t global_batch = 0;
+  int64_t fixed_micro = 0;
   if (is_auto(j, "parallel")) {
     space.parallel = space.schedule = true;
     keys.push_back("parallel");
     base.sets.push_back("parallel={}");
-    if (is_number(j, "train_batch_size") && !is_number(j, "train_micro_batch_size_per_gpu") &&
-        !is_number(j, "gradient_accumulation_steps")) {
-      space.batch = true;
-      const int64_t tbs = j["train_batch_size"].get<int64_t>();
-      if (tbs > 0 && tbs % procs == 0) {
-        base.sets.push_back("train_micro_batch_size_per_gpu=" + std::to_string(tbs / procs));
-        base.sets.push_back("gradient_accumulation_steps=1");
-      }
+    const bool tbs = is_number(j, "train_batch_size"), mb = is_number(j, "train_micro_batch_size_per_gpu"),
+               ga = is_number(j, "gradient_accumulation_steps");
+    auto positive = [&](const char* key) {
+      const int64_t v = j[key].get<int64_t>();
+      MT_CHECK(v >= 1, ErrorKind::kInvalidArgument, std::string(key) + " must be at least 1 (got " + std::to_string(v) + ")");
+      return v;
+    };
+    const int64_t micro = mb ? positive("train_micro_batch_size_per_gpu") : 0, accumulation = ga ? positive("gradient_accumulation_steps") : 0;
+    if (tbs) {
+      global_batch = positive("train_batch_size");
+    } else if (mb) {
+      MT_CHECK(!__builtin_mul_overflow(micro * std::max<int64_t>(accumulation, 1), int64_t{procs}, &global_batch) &&
+                   micro <= (int64_t{1} << 40) && accumulation <= (int64_t{1} << 20),
+               ErrorKind::kInvalidArgument, "train_micro_batch_size_per_gpu x gradient_accumulation_steps x processes overflows");
+    }
+    if (global_batch > 0) {
+      space.batch = !mb && !ga;
+      if (mb) fixed_micro = micro;
+      else if (ga) space.fixed_accumulation = static_cast<int>(std::min<int64_t>(accumulation, planner::kMaxAccumulation + 1));
+      // Placeholders the configuration loads with at dp = every process: the global batch where the
+      // processes divide it (what reads the run's samples, the documents' attention, reads as many),
+      // else one sample a process (a train_batch_size they do not divide failed here before any
+      // layout was tried, though a smaller dp takes it).
+      const bool even = global_batch % procs == 0;
+      for (const std::string& k : {"train_batch_size=" + std::to_string(even ? global_batch : procs),
+                                   "train_micro_batch_size_per_gpu=" + std::to_string(even ? global_batch / procs : 1),
+                                   std::string("gradient_accumulation_steps=1")})
+        base.sets.push_back(k);
     }
     if (!j.contains("activation_checkpointing")) space.recompute = true;
   }
@@ -924,6 +954,10 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
     budget = (static_cast<size_t>(parts[0]) << 24) + static_cast<size_t>(parts[1]);
   }
   planner::PlanJob job = plan_job(c, procs, inputs.world);
+  if (global_batch > 0) {
+    job.global_batch = global_batch;
+    if (fixed_micro > 0) job.base.micro_batch = static_cast<int>(std::min<int64_t>(fixed_micro, std::numeric_limits<int>::max()));
+  }
   if (inputs.cluster.empty()) share_cores(job, cal);
   const planner::SearchResult r = planner::search_layouts(job, space, budget, cal);
   if (r.ranked.empty()) {
@@ -945,16 +979,19 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
       for (const std::string& k : schedule_sets(x.layout)) chosen.sets.push_back(k);
     }
     if (space.stage) chosen.sets.push_back("zero_optimization.stage=" + std::to_string(x.layout.stage));
-    if (space.batch) {
+    if (global_batch > 0) {
       chosen.sets.push_back("train_micro_batch_size_per_gpu=" + std::to_string(x.layout.micro_batch));
       chosen.sets.push_back("gradient_accumulation_steps=" + std::to_string(x.layout.accumulation));
+      chosen.sets.push_back("train_batch_size=" + std::to_string(global_batch));
     }
     if (space.recompute)
       chosen.sets.push_back(std::string("activation_checkpointing.enabled=") + (x.layout.recompute ? "true" : "false"));
     try {
       out = engine::ds_config_load(chosen, procs);
     } catch (const Error& e) {
-      if (e.kind() != ErrorKind::kNotSupported) throw;
+      // A rule of the runtime's the search does not model (curriculum lengths over tp's sequence
+      // shards, a pipeline with a feature it lacks): the next layout; all refused, the first reason.
+      if (e.kind() != ErrorKind::kNotSupported && e.kind() != ErrorKind::kInvalidArgument) throw;
       if (refused.empty()) refused = std::string("; faster layouts refused: ") + e.what();
       continue;
     }

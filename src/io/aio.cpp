@@ -83,6 +83,19 @@ bool fault_submit() {
   return fault_active("aio.second_submit_fails") && submits.fetch_add(1) + 1 == 2;
 }
 
+// Test seam (MT_FAULT=aio.submit_takes_one): every submission hands the kernel all the prepared
+// entries and lets it take one, as a kernel short of memory takes fewer than it is offered (the
+// rest stay in the submission ring for the next io_uring_enter, as liburing's submit leaves them).
+int submit(io_uring* ring) {
+  if (!fault_active("aio.submit_takes_one")) return io_uring_submit(ring);
+  io_uring_sq* sq = &ring->sq;
+  if (sq->sqe_head != sq->sqe_tail) {  // liburing's flush of the prepared entries to the kernel's tail
+    sq->sqe_head = sq->sqe_tail;
+    io_uring_smp_store_release(sq->ktail, sq->sqe_tail);
+  }
+  return io_uring_enter(static_cast<unsigned>(ring->ring_fd), 1, 0, 0, nullptr);
+}
+
 // Test seam (MT_FAULT=aio.first_wait_fails): the process's first io_uring_wait_cqe fails (-EIO)
 // without reaching the kernel, as one that fails while the transfer's requests are in flight.
 bool fault_wait() {
@@ -180,7 +193,10 @@ class PosixFile : public File {
     size_t err_at = 0;
     int wait_failures = 0;  // io_uring_wait_cqe failures in a row
     std::vector<Req> partial;
-    while ((next < reqs.size() && first_err == 0) || inflight > 0) {
+    // Until every request is taken and done: prepared entries the kernel has not taken yet keep the
+    // loop going too (it ended with one left when the last taken one completed, and returned with
+    // that block never transferred; the thread's next transfer submitted it, into freed requests).
+    while (((next < reqs.size() || unsubmitted > 0) && first_err == 0) || inflight > 0) {
       while (first_err == 0 && next < reqs.size() && inflight + unsubmitted < depth && !(o.single_submit && unsubmitted > 0)) {
         io_uring_sqe* sqe = io_uring_get_sqe(ring);
         if (sqe == nullptr) break;
@@ -200,7 +216,7 @@ class PosixFile : public File {
         // ring: with requests still in flight it was kept, and the thread's next transfer submitted
         // them, pointing into this call's freed requests and its caller's buffer. Now the ring is
         // made anew once this call's requests are reaped.
-        const int s = fault_submit() ? -EAGAIN : io_uring_submit(ring);
+        const int s = fault_submit() ? -EAGAIN : submit(ring);
         const unsigned took = s < 0 ? 0 : std::min(static_cast<unsigned>(s), unsubmitted);
         inflight += took;
         unsubmitted -= took;
@@ -244,6 +260,7 @@ class PosixFile : public File {
         partial.push_back({r->at + static_cast<size_t>(res), r->len - static_cast<size_t>(res)});
       }
     }
+    if (unsubmitted > 0) drop_ring = true;  // an error left entries in the ring: never to be submitted
     if (drop_ring) {
       Ring& r = this_thread_ring();
       io_uring_queue_exit(&r.ring);

@@ -186,6 +186,29 @@ TEST(AsyncIo, ARefusedSubmissionIsNeverSubmittedLater) {
   fs::remove_all(dir);
 }
 
+// A kernel that takes fewer entries than it is offered (short of memory): the rest are offered again
+// until every block is transferred. The transfer ended when the last taken request completed and
+// returned success with blocks never written, and the thread's next submission took them, pointing
+// into the finished transfer's freed requests.
+TEST(AsyncIo, EntriesTheKernelDidNotTakeAreOfferedAgainUntilDone) {
+  if (!io_uring_available()) GTEST_SKIP() << "no io_uring here";
+  const std::string dir = test_dir("takes-one");
+  auto f = posix_env().open(dir + "/t.swp");
+  const AioOptions o = two_in_flight();
+  AlignedBuffer data = random_buffer(8 * kAlign, 12), back = random_buffer(8 * kAlign, 13);
+  setenv("MT_FAULT", "aio.submit_takes_one", 1);
+  f->write_blocks(data.data(), 8 * kAlign, 0, o);
+  f->read_blocks(back.data(), 8 * kAlign, 0, o);
+  unsetenv("MT_FAULT");
+  EXPECT_EQ(thread_ring_unreaped(), 0u);
+  EXPECT_EQ(std::memcmp(back.data(), data.data(), 8 * kAlign), 0) << "a block was not transferred";
+  AlignedBuffer plain = random_buffer(8 * kAlign, 14);
+  f->read(plain.data(), 8 * kAlign, 0);  // through the page-cache-free path, no ring
+  EXPECT_EQ(std::memcmp(plain.data(), data.data(), 8 * kAlign), 0) << "a block was not written";
+  f.reset();
+  fs::remove_all(dir);
+}
+
 // A wait for completions that fails while the transfer's requests are in flight: the transfer
 // fails naming the file, after reaping them. It threw at once, leaving their completions in the
 // thread's ring for its next transfer to take as its own.

@@ -346,6 +346,13 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
     std::vector<int64_t> batches;
     if (space.batch) {
       batches = divisors(share);
+    } else if (space.fixed_accumulation > 0) {
+      if (share % space.fixed_accumulation != 0) {
+        r.rejected.push_back(family + ": gradient_accumulation_steps " + std::to_string(space.fixed_accumulation) +
+                             " does not divide the rank's " + std::to_string(share) + " samples");
+        continue;
+      }
+      batches = {share / space.fixed_accumulation};
     } else if (share % job.base.micro_batch == 0) {
       batches = {job.base.micro_batch};
     } else {

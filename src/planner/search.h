@@ -96,6 +96,10 @@ struct SearchSpace {
   bool parallel = false;   // dp x tp x pp
   bool stage = false;
   bool batch = false;      // micro-batch and accumulation, their product fixed by the global batch
+  // Without batch: the accumulation the configuration fixed (its micro-batch then the rank's share
+  // over it); 0: the configuration's micro-batch is fixed (job.base.micro_batch), the accumulation
+  // the share over it.
+  int fixed_accumulation = 0;
   bool recompute = false;
   // A pipeline's schedule: the configuration's non-interleaved one (1F1B where it names
   // interleaved) and Megatron's interleaved one over 2, 3, ... model chunks a rank, as many as
