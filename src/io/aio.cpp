@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <liburing.h>
+#include <sys/file.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -430,16 +431,50 @@ std::unique_ptr<Env> memory_env() { return std::make_unique<MemEnv>(); }
 
 std::unique_ptr<Env> fault_env(Env& inner, const Faults& faults) { return std::make_unique<FaultEnv>(inner, faults); }
 
+namespace {
+
+// The swap directories this process holds (by dir_key), for its later checks of one to share.
+std::mutex leases_mu;
+std::map<std::string, std::weak_ptr<const int>> leases;
+
+// An exclusive flock of dir for as long as the result lives; this process's earlier one where it
+// still lives. A directory that cannot be opened or locked (a filesystem without flock) is not.
+std::shared_ptr<const int> lease_swap_dir(const std::string& dir) {
+  std::lock_guard<std::mutex> l(leases_mu);
+  const std::string key = dir_key(dir);
+  if (auto held = leases[key].lock()) return held;
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    ::close(fd);
+    if (e != EWOULDBLOCK) return nullptr;
+    throw Error(ErrorKind::kIOError,
+                dir + ": another process is swapping in this directory (a run given the same nvme_path on this host, "
+                      "whose swap files this one would open as its own); give each run its own nvme_path");
+  }
+  std::shared_ptr<const int> lease(new int(fd), [](const int* p) {
+    ::close(*p);  // releases the flock
+    delete p;
+  });
+  leases[key] = lease;
+  return lease;
+}
+
+}  // namespace
+
 DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::vector<std::string>& scratch) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec && fs::is_directory(dir), ErrorKind::kIOError, dir + ": cannot create the swap directory: " + ec.message());
+  std::shared_ptr<const int> lease = lease_swap_dir(dir);  // before its files are touched
   // Unlinked, not truncated: a process still holding one keeps its own copy.
   for (const std::string& name : scratch)
     MT_CHECK(::unlink((fs::path(dir) / name).c_str()) == 0 || errno == ENOENT, ErrorKind::kIOError,
              (fs::path(dir) / name).string() + ": cannot remove the previous run's swap file: " + std::strerror(errno));
   DirCheck c;
+  c.lease = std::move(lease);
   const std::string probe = (fs::path(dir) / ".meshtrain-probe").string();
   int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
   c.direct = fd >= 0;

@@ -1,6 +1,9 @@
 #include "io/aio.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -206,6 +209,27 @@ TEST(AsyncIo, EntriesTheKernelDidNotTakeAreOfferedAgainUntilDone) {
   f->read(plain.data(), 8 * kAlign, 0);  // through the page-cache-free path, no ring
   EXPECT_EQ(std::memcmp(plain.data(), data.data(), 8 * kAlign), 0) << "a block was not written";
   f.reset();
+  fs::remove_all(dir);
+}
+
+// Two runs given one nvme_path on a host: the second's start removed the first's swap files and
+// created its own, or, between the first's removal and its open, opened the first's new files as
+// its own: both trained on each other's moments, without a word. A swap holds its directory; this
+// process's checks of it share the hold, another process's is refused naming the directory.
+TEST(AsyncIo, ASwapDirectoryAnotherProcessHoldsIsRefused) {
+  const std::string dir = test_dir("leased");
+  {
+    const DirCheck a = check_swap_dir(dir, 0), b = check_swap_dir(dir, 0);
+    ASSERT_TRUE(a.lease);
+    EXPECT_EQ(a.lease, b.lease);
+  }
+  const int other = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);  // another open file: another process's flock
+  ASSERT_GE(other, 0);
+  ASSERT_EQ(::flock(other, LOCK_EX | LOCK_NB), 0);  // free again once this process's checks are gone
+  const std::string err = error_of([&] { check_swap_dir(dir, 0, {"exp_avg.swp"}); });
+  EXPECT_NE(err.find(dir + ": another process is swapping in this directory"), std::string::npos) << err;
+  ::close(other);
+  EXPECT_TRUE(check_swap_dir(dir, 0).lease);
   fs::remove_all(dir);
 }
 

@@ -120,6 +120,7 @@ class SwappedAdamW : public Optimizer {
   std::vector<Group> groups_info_;
   size_t groups_ = 0, slot_bytes_ = 0;
   std::unique_ptr<io::AsyncIo> io_;
+  io::DirCheck dir_check_;  // its lease of the swap directory, held while it swaps there
   std::unique_ptr<io::File> files_[2];
   std::vector<bool> on_disk_;  // per sub-group: written at least once (else zeros)
   std::vector<std::unique_ptr<Slot>> slots_;
