@@ -94,9 +94,22 @@ void AtomicFile::append(const void* data, size_t bytes) {
   }
 }
 
+void AtomicFile::sync() {
+  MT_CHECK(fd_ >= 0, ErrorKind::kInvalidArgument, path_ + ": committed already, or its write failed");
+  if (synced_) return;
+  if (::fsync(fd_) != 0) {  // a full disk often shows only here
+    const int e = errno;
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+    fd_ = -1;
+    throw Error(ErrorKind::kIOError, path_ + ": cannot write: " + std::strerror(e));
+  }
+  synced_ = true;
+}
+
 void AtomicFile::commit() {
   MT_CHECK(fd_ >= 0, ErrorKind::kInvalidArgument, path_ + ": committed already, or its write failed");
-  int e = ::fsync(fd_) == 0 ? 0 : errno;
+  int e = synced_ || ::fsync(fd_) == 0 ? 0 : errno;
   if (::close(fd_) != 0 && e == 0) e = errno;
   fd_ = -1;
   if (e != 0) {  // a full disk often shows only here

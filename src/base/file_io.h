@@ -26,11 +26,15 @@ class AtomicFile {
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   void append(const void* data, size_t bytes);
+  // The temporary's bytes on disk (fsync), without publishing it; commit() then only renames. A
+  // pair of files published together syncs both before either is renamed.
+  void sync();
   void commit();
 
  private:
   std::string path_, tmp_;
   int fd_ = -1;
+  bool synced_ = false;
 };
 
 // Removes the temporaries of path (path.tmp.XXXXXX) whose writer died before its rename (killed,

@@ -705,6 +705,9 @@ TEST(Plan, AnAutoLayoutTrainsTheGlobalBatchItPriced) {
       {{{"train_micro_batch_size_per_gpu", 1}, {"gradient_accumulation_steps", 2}}, "B 1 x 4 micro-batches", 4},
       {{{"gradient_accumulation_steps", 2}, {"train_batch_size", 6}}, "B 3 x 2 micro-batches", 6},
       {{{"train_batch_size", 3}}, "B 1 x 3 micro-batches", 3},
+      // No number for it (absent, or Hugging Face's "auto"): what the configuration resolves to at
+      // dp = every process, the default micro-batch of 8 a process (it trained 8 where 16 were priced).
+      {nlohmann::json::object(), "B 8 x 2 micro-batches", 16},
   };
   int n = 0;
   for (const Case& k : cases) {
@@ -723,6 +726,15 @@ TEST(Plan, AnAutoLayoutTrainsTheGlobalBatchItPriced) {
     const nlohmann::json state = nlohmann::json::parse(std::ifstream(save + "/step-1/state.json"));
     EXPECT_EQ(state["data"]["next_sample"].get<int64_t>(), k.trained) << err;  // the samples the one step drew
   }
+  // All three given and at odds (8 is not 1 x 2 x 2): refused as without "auto", not rewritten.
+  nlohmann::json c = tiny_plan_config("chain-batch", {{"parallel", "auto"}, {"train_batch_size", 8},
+                                                      {"train_micro_batch_size_per_gpu", 1}, {"gradient_accumulation_steps", 2}});
+  c["planner"] = {{"calibration", cal}};
+  std::ofstream(cfg) << c.dump();
+  std::string out, err;
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "estimate " + cfg + " --procs 2", &out, &err), 2) << err;
+  EXPECT_NE(err.find("train_batch_size (8) must equal train_micro_batch_size_per_gpu (1) * gradient_accumulation_steps (2)"),
+            std::string::npos) << err;
 }
 
 // 1-bit Adam: the plan prices the mean of the run's steps, its warm-up's (max(freeze_step, 2) - 1

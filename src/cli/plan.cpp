@@ -897,12 +897,21 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
       return v;
     };
     const int64_t micro = mb ? positive("train_micro_batch_size_per_gpu") : 0, accumulation = ga ? positive("gradient_accumulation_steps") : 0;
+    int64_t per_process = 0;  // micro-batch x accumulation
+    if (mb)
+      MT_CHECK(!__builtin_mul_overflow(micro, std::max<int64_t>(accumulation, 1), &per_process) &&
+                   (tbs || !__builtin_mul_overflow(per_process, int64_t{procs}, &global_batch)),
+               ErrorKind::kInvalidArgument, "train_micro_batch_size_per_gpu x gradient_accumulation_steps x processes overflows");
     if (tbs) {
       global_batch = positive("train_batch_size");
-    } else if (mb) {
-      MT_CHECK(!__builtin_mul_overflow(micro * std::max<int64_t>(accumulation, 1), int64_t{procs}, &global_batch) &&
-                   micro <= (int64_t{1} << 40) && accumulation <= (int64_t{1} << 20),
-               ErrorKind::kInvalidArgument, "train_micro_batch_size_per_gpu x gradient_accumulation_steps x processes overflows");
+      // All three given: DeepSpeed's rule at dp = every process, as the configuration reads without
+      // "auto" (the placeholders below would drop the accumulation without a word).
+      int64_t product = 0;
+      MT_CHECK(!(mb && ga) || (!__builtin_mul_overflow(per_process, int64_t{procs}, &product) && product == global_batch),
+               ErrorKind::kInvalidArgument,
+               "train_batch_size (" + std::to_string(global_batch) + ") must equal train_micro_batch_size_per_gpu (" +
+                   std::to_string(micro) + ") * gradient_accumulation_steps (" + std::to_string(accumulation) +
+                   ") * every process (" + std::to_string(procs) + "), the data-parallel size of a layout without tp or pp");
     }
     if (global_batch > 0) {
       space.batch = !mb && !ga;
@@ -933,6 +942,12 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   if (keys.empty()) return engine::ds_config_load(src, procs);
 
   const engine::RunConfig c = engine::ds_config_load(base, procs);
+  // No number for the batch (its keys "auto", Hugging Face's, or absent): the global batch and the
+  // micro-batch are what the configuration resolves to at dp = every process, and stay so.
+  if (space.parallel && global_batch == 0) {
+    global_batch = c.batch.train_batch_size;
+    fixed_micro = c.batch.micro_batch_per_gpu;
+  }
   planner::ClusterSpec spec;
   if (!inputs.cluster.empty()) spec = planner::parse_cluster(engine::json_load_file(inputs.cluster), inputs.cluster);
   const std::string source = !inputs.cluster.empty() ? inputs.cluster : !inputs.calibration.empty() ? inputs.calibration : c.planner.calibration;

@@ -199,8 +199,12 @@ void IndexedDatasetWriter::finalize() {
   for (int64_t d : document_indices_) append<int64_t>(&idx, d);
   AtomicFile idx_file(indexed_dataset_idx_path(prefix_));
   idx_file.append(idx.data(), idx.size());
-  // Both written, then published together: another writer of this prefix renames its pair before or
-  // after ours, never between (its .bin with our .idx), and a reader opens a pair (IndexedDataset).
+  // Both on disk before either is renamed (a failed .idx sync published the .bin beside the old
+  // .idx), and outside the lock (a large .bin's fsync held every reader of the directory). Then
+  // published together: another writer of this prefix renames its pair before or after ours, never
+  // between (its .bin with our .idx), and a reader opens a pair (IndexedDataset).
+  bin_->sync();
+  idx_file.sync();
   const DirectoryLock publishing(prefix_, /*exclusive=*/true);
   bin_->commit();
   idx_file.commit();

@@ -463,12 +463,12 @@ std::shared_ptr<const int> lease_swap_dir(const std::string& dir) {
 
 }  // namespace
 
-DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::vector<std::string>& scratch) {
+DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::vector<std::string>& scratch, bool hold) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec && fs::is_directory(dir), ErrorKind::kIOError, dir + ": cannot create the swap directory: " + ec.message());
-  std::shared_ptr<const int> lease = lease_swap_dir(dir);  // before its files are touched
+  std::shared_ptr<const int> lease = hold ? lease_swap_dir(dir) : nullptr;  // before its files are touched
   // Unlinked, not truncated: a process still holding one keeps its own copy.
   for (const std::string& name : scratch)
     MT_CHECK(::unlink((fs::path(dir) / name).c_str()) == 0 || errno == ENOENT, ErrorKind::kIOError,

@@ -84,8 +84,8 @@ std::unique_ptr<Env> fault_env(Env& inner, const Faults& faults);
 struct DirCheck {
   bool direct = false;      // O_DIRECT works there
   uint64_t free_bytes = 0;  // statvfs: available to this user
-  // An exclusive flock of dir, held while any copy lives: a swap keeps its DirCheck for as long as
-  // it swaps there. This process's checks of one directory share it.
+  // With `hold`: an exclusive flock of dir, held while any copy lives: a swap keeps its DirCheck for
+  // as long as it swaps there. This process's checks of one directory share it.
   std::shared_ptr<const int> lease;
 };
 // Creates dir if needed; throws naming dir when it cannot be created or written, when another
@@ -93,7 +93,10 @@ struct DirCheck {
 // them), or when need_bytes exceed its free space. The files named in `scratch` (this swap's own,
 // which it writes anew) are removed first: a previous run's left them, and they counted against the
 // space their successor needs (a run that fit its disk could not be resumed).
-DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::vector<std::string>& scratch = {});
+// `hold`: a swap's check, which takes the lease (a probe of the directory's speed, which every rank
+// of `launch -n N -- calibrate --io DIR` runs on one directory, does not).
+DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::vector<std::string>& scratch = {},
+                        bool hold = false);
 
 // The disk's sequential write and read bandwidth under dir, measured as fio would with direct I/O:
 // a file of `bytes` written then read in `chunk`-byte transfers, two in flight, each cut into
