@@ -217,6 +217,9 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* 
                              .recompute = c.activation_checkpointing, .schedule = job.schedule_kind,
                              .virtual_stages = job.virtual_stages, .sequence_parallel = c.sequence_parallel};
   job.sequence_parallel_forced = c.partition_activations;
+  job.curriculum = c.curriculum.enabled;
+  job.cuda_replicas = c.device == "cuda" && procs > 1;
+  job.sixteen_bit_master = c.master_dtype != DType::kF32;
   job.update = planner::update_kind(c.optimizer);
   // Optimizers whose steps differ: the mean of the run's train_iters steps, each kind priced as its
   // own step (1-bit Adam and 1-bit LAMB: their warm-up, AdamW's or LAMB's step after the gradients'

@@ -1775,6 +1775,9 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
              a.where("thread_count") + " must be 1 to 64");
     c.aio.single_submit = a.boolean("single_submit", false);
     c.aio.overlap_events = a.boolean("overlap_events", true);
+    if (!c.aio.overlap_events)  // a tuning key: the swap submits its next requests before it reaps, always
+      c.warnings.push_back(a.where("overlap_events") +
+                           ": false has no effect: the swap always submits its next requests before it reaps completions");
     MT_CHECK(!a.boolean("use_gds", false), ErrorKind::kNotSupported,
              a.where("use_gds") + ": GPUDirect Storage is not supported (the swap goes through host memory)");
     a.unparsed("intra_op_parallelism", Unparsed::kWarn);

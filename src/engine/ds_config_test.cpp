@@ -617,6 +617,11 @@ TEST(DsConfig, LoggingKeysAndTyposWarnWithDidYouMean) {
   EXPECT_NE(all.find("did you mean 'steps_per_print'"), std::string::npos) << all;
   EXPECT_NE(all.find("zero_optimization.contiguous_gradients"), std::string::npos);
   EXPECT_NE(all.find("zero_optimization.allgather_bucket_size: no effect"), std::string::npos) << all;
+  // DeepSpeed's aio tuning key that changes nothing here: said, once (it was taken in silence).
+  j["aio"] = {{"overlap_events", false}};
+  all.clear();
+  for (auto& w : ds_config_parse(j, "cfg.json").warnings) all += w + "\n";
+  EXPECT_NE(all.find("aio.overlap_events: false has no effect"), std::string::npos) << all;
 }
 
 TEST(DsConfig, ZeroKeysAsDeepSpeedReadsThem) {

@@ -362,6 +362,28 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
     }
     std::vector<int> stages = space.stage ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{job.base.stage};
     if (job.offload) std::erase_if(stages, [](int st) { return st < 1; });  // DeepSpeed's rule
+    if (job.curriculum && pp > 1) {
+      r.rejected.push_back(family + ": curriculum_learning with a pipeline is not supported by the runtime");
+      continue;
+    }
+    if (job.cuda_replicas) {
+      if (tp > 1 || pp > 1) {
+        r.rejected.push_back(family + ": tp and pp are not implemented on device \"cuda\" (data parallelism is)");
+        continue;
+      }
+      std::erase_if(stages, [](int st) { return st != 0; });
+      if (stages.empty()) {
+        r.rejected.push_back(family + ": ZeRO stages 1-3 over several GPUs are not implemented (stage 0 is)");
+        continue;
+      }
+    }
+    if (job.sixteen_bit_master) {
+      std::erase_if(stages, [](int st) { return st < 1; });
+      if (stages.empty()) {
+        r.rejected.push_back(family + ": 16-bit master weights need ZeRO stage 1, 2 or 3 (as DeepSpeed asserts)");
+        continue;
+      }
+    }
     if (pp > 1 && job.memory.zero.optimizer_nvme) {
       r.rejected.push_back(family + ": a pipeline with offload_optimizer nvme is not in the cost model");
       continue;

@@ -89,6 +89,12 @@ struct PlanJob {
   // Simulate every rank even where one stands for all (ZeroStepSpec::one_rank): for the test that
   // they agree.
   bool whole_program = false;
+  // What the runtime refuses of this configuration's layouts, beside the model's shape: each
+  // family or stage it takes out is named among the rejected (the search ranked them, and plan
+  // --validate's run of one failed "did not train").
+  bool curriculum = false;         // curriculum_learning: no pipeline
+  bool cuda_replicas = false;      // device "cuda" over several processes: dp only, ZeRO 0
+  bool sixteen_bit_master = false;  // bf16/fp16 master weights: ZeRO 1-3 (DeepSpeed's assert)
 };
 
 // What the search may change (false: the base's value).

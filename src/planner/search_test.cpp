@@ -428,6 +428,38 @@ TEST(Search, LambIsSearchedAtStageZeroOnly) {
 
 // A rejected family is named as its layouts are: "sp" beside tp, the schedule beside pp (the
 // device lease of 2026-11-27 printed "tp 2, pp 2 sp interleaved x 2").
+// What the runtime refuses of a configuration is not ranked, and each family or stage it takes out
+// is named: a pipeline with curriculum learning, tp, pp or ZeRO 1-3 over several GPUs, ZeRO 0 with
+// 16-bit master weights. The search ranked them, and a run of one failed.
+TEST(Search, WhatTheRuntimeRefusesIsRejectedAndNamed) {
+  const Calibration cal = hand_calibration(2);
+  SearchSpace space;
+  space.parallel = space.stage = true;
+  auto rejected = [](const SearchResult& r, const std::string& what) {
+    return std::any_of(r.rejected.begin(), r.rejected.end(), [&](const std::string& w) { return w.find(what) != std::string::npos; });
+  };
+  PlanJob job = tiny_job(2, 8);
+  job.curriculum = true;
+  SearchResult r = search_layouts(job, space, size_t{1} << 40, cal);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const RankedLayout& x : r.ranked) EXPECT_EQ(x.layout.pp, 1) << x.layout.describe();
+  EXPECT_TRUE(rejected(r, "dp 1, pp 2: curriculum_learning with a pipeline is not supported by the runtime"));
+  job = tiny_job(2, 8);
+  job.cuda_replicas = true;
+  r = search_layouts(job, space, size_t{1} << 40, cal);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const RankedLayout& x : r.ranked) {
+    EXPECT_EQ(x.layout.dp, 2) << x.layout.describe();
+    EXPECT_EQ(x.layout.stage, 0) << x.layout.describe();
+  }
+  EXPECT_TRUE(rejected(r, "dp 1, tp 2: tp and pp are not implemented on device \"cuda\""));
+  job = tiny_job(2, 8);
+  job.sixteen_bit_master = true;
+  r = search_layouts(job, space, size_t{1} << 40, cal);
+  ASSERT_FALSE(r.ranked.empty());
+  for (const RankedLayout& x : r.ranked) EXPECT_GE(x.layout.stage, 1) << x.layout.describe();
+}
+
 TEST(Search, ARejectedFamilyIsNamedAsItsLayoutsAre) {
   PlanJob job = tiny_job(4, 8);
   job.memory.model = models::tiny(models::Arch::kLlama);
