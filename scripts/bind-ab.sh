@@ -21,15 +21,9 @@ while [ $# -gt 0 ]; do
     *) echo "bind-ab: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-if [ -n "$BUNDLE" ]; then
-  B=$(mktemp -d)
-  tar -xJf "$BUNDLE" -C "$B"
-  # shellcheck disable=SC1091
-  source "$B/env.sh"
-  cd "$B" || exit 1
-fi
-command -v meshtrain >/dev/null || export PATH="$PWD/build/ci:$PATH"
-[ -f data/fortunes-train.idx ] || { echo "bind-ab: no data/fortunes-train (scripts/demo.sh makes it)" >&2; exit 2; }
+# shellcheck source=scripts/lib-bundle.sh
+source "$PWD/scripts/lib-bundle.sh"
+bundle_enter bind-ab "$BUNDLE"
 export OMP_NUM_THREADS=1
 unset MT_BIND_CORES
 LOG=$OUT/bind-ab.log

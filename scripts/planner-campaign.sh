@@ -49,15 +49,9 @@ done
 if [ "$PACE_AB" = 1 ] && [ ${#PACE[@]} -ne 0 ]; then
   echo "planner-campaign: --pace-ab calibrates both ways; drop --pace" >&2; exit 2
 fi
-if [ -n "$BUNDLE" ]; then
-  B=$(mktemp -d)
-  tar -xJf "$BUNDLE" -C "$B"
-  # shellcheck disable=SC1091
-  source "$B/env.sh"
-  cd "$B" || exit 1
-fi
-command -v meshtrain >/dev/null || export PATH="$PWD/build/ci:$PATH"
-[ -f data/fortunes-train.idx ] || { echo "planner-campaign: no data/fortunes-train (scripts/demo.sh makes it)" >&2; exit 2; }
+# shellcheck source=scripts/lib-bundle.sh
+source "$PWD/scripts/lib-bundle.sh"
+bundle_enter planner-campaign "$BUNDLE"
 CONFIGS=$PWD/configs
 export OMP_NUM_THREADS=1
 W=$(mktemp -d)

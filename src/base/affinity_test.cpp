@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/child_process_test_util.h"
 #include "base/scratch_dir.h"
 
 namespace mt {
@@ -104,14 +105,7 @@ TEST(Affinity, TheNumaNodeHoldingEveryCpu) {
   EXPECT_EQ(numa_node_of({4, 5}, one.path()), -1);  // one node: nothing to bind memory to
 }
 
-int in_child(int (*body)()) {
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(body());
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-}
+using mt::testing::in_child;
 
 // The second local rank of two, over the process's first two CPUs: the kernel's mask afterwards is
 // the second alone, and the rank runs one OpenMP thread whatever OMP_NUM_THREADS said.

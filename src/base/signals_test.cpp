@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/child_process_test_util.h"
+
 namespace {
 
 // A status file's SigBlk mask.
@@ -35,16 +37,7 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-// Runs `body` in a forked child, single-threaded as main() is when it routes (the test process
-// may have threads of its own); the child's exit code is body's (0: passed), its reasons on stderr.
-int in_child(int (*body)()) {
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(body());
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-}
+using mt::testing::in_child;
 
 std::atomic<long> g_handled_on{0};
 void note_thread(int) { g_handled_on.store(::syscall(SYS_gettid)); }

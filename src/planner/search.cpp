@@ -362,6 +362,14 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
     }
     std::vector<int> stages = space.stage ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{job.base.stage};
     if (job.offload) std::erase_if(stages, [](int st) { return st < 1; });  // DeepSpeed's rule
+    // The stages a rule of the runtime keeps; none left: the family is rejected, saying why.
+    auto keep_stages = [&](bool (*keep)(int), const char* why) {
+      std::erase_if(stages, [keep](int st) { return !keep(st); });
+      if (stages.empty()) r.rejected.push_back(family + ": " + why);
+      return !stages.empty();
+    };
+    auto stage_zero = [](int st) { return st == 0; };
+    auto stage_above_zero = [](int st) { return st >= 1; };
     if (job.curriculum && pp > 1) {
       r.rejected.push_back(family + ": curriculum_learning with a pipeline is not supported by the runtime");
       continue;
@@ -371,55 +379,31 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
         r.rejected.push_back(family + ": tp and pp are not implemented on device \"cuda\" (data parallelism is)");
         continue;
       }
-      std::erase_if(stages, [](int st) { return st != 0; });
-      if (stages.empty()) {
-        r.rejected.push_back(family + ": ZeRO stages 1-3 over several GPUs are not implemented (stage 0 is)");
-        continue;
-      }
+      if (!keep_stages(stage_zero, "ZeRO stages 1-3 over several GPUs are not implemented (stage 0 is)")) continue;
     }
-    if (job.sixteen_bit_master) {
-      std::erase_if(stages, [](int st) { return st < 1; });
-      if (stages.empty()) {
-        r.rejected.push_back(family + ": 16-bit master weights need ZeRO stage 1, 2 or 3 (as DeepSpeed asserts)");
-        continue;
-      }
-    }
+    if (job.sixteen_bit_master &&
+        !keep_stages(stage_above_zero, "16-bit master weights need ZeRO stage 1, 2 or 3 (as DeepSpeed asserts)"))
+      continue;
     if (pp > 1 && job.memory.zero.optimizer_nvme) {
       r.rejected.push_back(family + ": a pipeline with offload_optimizer nvme is not in the cost model");
       continue;
     }
-    if (job.memory.zero.param_nvme && (tp > 1 || pp > 1)) {  // offload_param nvme: tp = pp = 1 (the runtime's limit)
-      std::erase_if(stages, [](int st) { return st == 3; });
-      if (stages.empty()) {
-        r.rejected.push_back(family + ": offload_param nvme with tp or pp > 1 is not supported by the runtime");
-        continue;
-      }
-    }
+    if (job.memory.zero.param_nvme && (tp > 1 || pp > 1) &&  // offload_param nvme: tp = pp = 1 (the runtime's limit)
+        !keep_stages([](int st) { return st != 3; }, "offload_param nvme with tp or pp > 1 is not supported by the runtime"))
+      continue;
     if (job.memory.onebit != MemoryInput::OneBit::kNone) {  // 1-bit optimizers: ZeRO 0, no tp or pp (ds_config's check_onebit)
       if (tp > 1 || pp > 1) {
         r.rejected.push_back(family + ": 1-bit optimizers take no tp or pp (DeepSpeed's MPI backend; tp not built)");
         continue;
       }
-      std::erase_if(stages, [](int st) { return st != 0; });
-      if (stages.empty()) {
-        r.rejected.push_back(family + ": 1-bit optimizers need ZeRO stage 0 (as in DeepSpeed)");
-        continue;
-      }
+      if (!keep_stages(stage_zero, "1-bit optimizers need ZeRO stage 0 (as in DeepSpeed)")) continue;
     }
-    if (job.update == UpdateKind::kLamb && job.memory.onebit == MemoryInput::OneBit::kNone) {  // ds_config's parse_zero
-      std::erase_if(stages, [](int st) { return st != 0; });
-      if (stages.empty()) {
-        r.rejected.push_back(family + ": Lamb needs ZeRO stage 0 (its per-tensor trust ratio takes whole tensors)");
-        continue;
-      }
-    }
-    if (pp > 1) {  // the runtime's pipeline takes ZeRO 0 or 1
-      std::erase_if(stages, [](int st) { return st > 1; });
-      if (stages.empty()) {
-        r.rejected.push_back(family + ": a pipeline takes ZeRO stage 0 or 1 (as DeepSpeed's pipeline engine)");
-        continue;
-      }
-    }
+    if (job.update == UpdateKind::kLamb && job.memory.onebit == MemoryInput::OneBit::kNone &&  // ds_config's parse_zero
+        !keep_stages(stage_zero, "Lamb needs ZeRO stage 0 (its per-tensor trust ratio takes whole tensors)"))
+      continue;
+    if (pp > 1 &&  // the runtime's pipeline takes ZeRO 0 or 1
+        !keep_stages([](int st) { return st <= 1; }, "a pipeline takes ZeRO stage 0 or 1 (as DeepSpeed's pipeline engine)"))
+      continue;
     std::vector<bool> recomputes = space.recompute ? std::vector<bool>{false, true} : std::vector<bool>{job.base.recompute};
     // (schedule, virtual stages): the configuration's; searched, its non-interleaved schedule and
     // the interleaved one at every chunk count that leaves each chunk a layer.
