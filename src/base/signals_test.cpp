@@ -111,9 +111,14 @@ int child_mask_child() {
   // The calling thread's mask while the command runs, which the child starts with (fork copies it;
   // glibc's system() adds SIGCHLD only in the caller). The command's own mask cannot tell: dash, a
   // /bin/sh, releases every signal as it starts, where bash (Fedora's /bin/sh) keeps them held.
+  // glibc's posix_spawn (under system()) holds every signal in the caller until the shell has
+  // exec'd, and the caller restores its mask only when next scheduled: under load the command read
+  // that all-held mask (1 run in 200). It reads again while SIGWINCH, which neither mask holds, is held.
   const std::string out = std::string(std::getenv("MT_SIGNALS_TEST_OUT"));
-  const std::string cmd = "grep SigBlk /proc/" + std::to_string(::getpid()) + "/task/" + std::to_string(::syscall(SYS_gettid)) +
-                          "/status > " + out;
+  const std::string status = "/proc/" + std::to_string(::getpid()) + "/task/" + std::to_string(::syscall(SYS_gettid)) + "/status";
+  const std::string cmd = "i=0; while :; do m=$(awk '/^SigBlk/ {print $2}' " + status +
+                          "); i=$((i + 1)); [ $(((0x$m >> 27) & 1)) = 0 ] || [ $i -gt 500 ] && break; sleep 0.01; done; "
+                          "printf 'SigBlk:\t%s\n' \"$m\" > " + out;
   if (mt::system_as_started(cmd) != 0) return 2;
   const uint64_t started = std::stoull(slurp(out).substr(7), nullptr, 16);
   if (std::system(cmd.c_str()) != 0) return 3;
