@@ -237,10 +237,9 @@ MemoryInput pipeline_rank_input(MemoryInput in, const parallel::pp::ScheduleSpec
   for (int st = q; st < S; st += spec.pp) in.chunks.push_back({bounds[st], bounds[st + 1]});
   in.first_stage = q == 0;
   in.last_stage = q == spec.pp - 1;
-  std::vector<std::vector<parallel::pp::Instr>> lists;
-  for (int r = 0; r < spec.pp; ++r) lists.push_back(parallel::pp::build_schedule(spec, r));
-  in.slots = parallel::pp::max_in_flight(lists[q]);
-  in.grads_in_flight = parallel::pp::max_grads_in_flight(spec, lists, q);
+  const parallel::pp::RankBuffers buffers = parallel::pp::rank_buffers(spec, q);
+  in.slots = buffers.slots;
+  in.grads_in_flight = buffers.grads_in_flight;
   return in;
 }
 

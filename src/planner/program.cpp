@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <set>
+#include <tuple>
 
 #include "base/error.h"
 #include "parallel/dp/grad_buckets.h"
@@ -414,6 +417,36 @@ SimProgram zero_step_program(const ZeroStepSpec& spec, const ZeroStepCosts& cost
   return p;
 }
 
+namespace {
+
+// Every rank's instruction list and gradient plan (executor_grad_plan) of a pipeline's step. A
+// search prices each schedule at every ZeRO stage, recompute and tp setting, and building them
+// was a third of its time at thousands of micro-batches: the last few specs are remembered.
+struct StepLists {
+  std::vector<std::vector<parallel::pp::Instr>> lists;
+  std::vector<parallel::pp::GradSendPlan> grads;
+};
+
+std::shared_ptr<const StepLists> step_lists(const parallel::pp::ScheduleSpec& s) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int>, std::shared_ptr<const StepLists>> known;
+  const std::tuple<int, int, int, int> key{static_cast<int>(s.kind), s.pp, s.virtual_stages, s.micro_batches};
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = known.find(key);
+    if (it != known.end()) return it->second;
+  }
+  auto step = std::make_shared<StepLists>();
+  for (int q = 0; q < s.pp; ++q) step->lists.push_back(parallel::pp::build_schedule(s, q));
+  for (int q = 0; q < s.pp; ++q) step->grads.push_back(parallel::pp::executor_grad_plan(s, step->lists, q));
+  std::lock_guard<std::mutex> lock(mu);
+  if (known.size() >= 8) known.clear();
+  known[key] = step;
+  return step;
+}
+
+}  // namespace
+
 SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCosts& costs) {
   using parallel::pp::OpKind;
   const int P = spec.schedule.pp, D = spec.dp, S = static_cast<int>(spec.bounds.size()) - 1;
@@ -497,11 +530,10 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
   }
   p.ranks.resize(static_cast<size_t>(P) * R);
   const int tied_tag = 1 << 24;  // beyond the schedule's tags
-  std::vector<std::vector<parallel::pp::Instr>> lists;
-  for (int q = 0; q < P; ++q) lists.push_back(parallel::pp::build_schedule(spec.schedule, q));
+  const std::shared_ptr<const StepLists> step = step_lists(spec.schedule);
   for (int q = 0; q < P; ++q) {
-    const std::vector<parallel::pp::Instr>& list = lists[static_cast<size_t>(q)];
-    const parallel::pp::GradSendPlan grads = parallel::pp::executor_grad_plan(spec.schedule, lists, q);
+    const std::vector<parallel::pp::Instr>& list = step->lists[static_cast<size_t>(q)];
+    const parallel::pp::GradSendPlan& grads = step->grads[static_cast<size_t>(q)];
     for (int d = 0; d < R; ++d) {
       std::vector<SimOp>& ops = p.ranks[static_cast<size_t>(q) * R + d];
       auto compute = [&ops](double seconds, std::string name) {

@@ -89,6 +89,9 @@ struct PlanJob {
   // Simulate every rank even where one stands for all (ZeroStepSpec::one_rank): for the test that
   // they agree.
   bool whole_program = false;
+  // Simulate every micro-batch even where the steady state's line gives a long step (time_one): for
+  // the test that they agree.
+  bool every_micro_batch = false;
   // What the runtime refuses of this configuration's layouts, beside the model's shape: each
   // family or stage it takes out is named among the rejected (the search ranked them, and plan
   // --validate's run of one failed "did not train").
@@ -132,6 +135,9 @@ struct Prediction {
   std::vector<size_t> process_by_stage;
   std::vector<int> bounds;     // the pipeline's virtual stages' layer bounds (empty without one)
   double tokens_per_s = 0.0;   // global batch x T / step
+  // The step's figures were read off the line through steps of fewer micro-batches, the last of
+  // them steady_from (0: every micro-batch simulated; search.cpp's time_one).
+  int steady_from = 0;
 };
 
 // The predicted step and memory of one layout (a pipeline's: its largest stage's memory). Throws

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 
 #include "models/tiny_model_test_util.h"
 
@@ -35,6 +36,31 @@ PlanJob tiny_job(int procs, int64_t global_batch) {
   job.procs = procs;
   job.global_batch = global_batch;
   job.base = Layout{.dp = procs, .stage = 0, .micro_batch = static_cast<int>(global_batch / procs)};
+  return job;
+}
+
+// Collectives and messages with a latency and a rate, and memory-bound passes priced.
+Calibration priced_calibration() {
+  Calibration cal = hand_calibration(8);
+  cal.fits["all_reduce"] = {2e-5, 1e-9};
+  cal.fits["all_gather"] = {1e-5, 2e-9};
+  cal.fits["reduce_scatter"] = {1e-5, 3e-9};
+  cal.fits["send_recv"] = {5e-6, 1e-9};
+  cal.fits["memory"] = {0.0, 1e-11};
+  return cal;
+}
+
+// 8 processes of a 4-layer model of `arch` (LLaMA with sequence parallelism), a pipeline's schedule
+// `kind` (interleaved over 2 chunks a rank).
+PlanJob eight_process_job(models::Arch arch, parallel::pp::ScheduleKind kind, int64_t global_batch) {
+  PlanJob job = tiny_job(8, global_batch);
+  job.memory.model = models::tiny(arch);
+  job.memory.model.n_layer = 4;
+  job.memory.model.n_kv_head = 2;
+  job.memory.model.vocab_size = 128;
+  job.schedule_kind = kind;
+  job.virtual_stages = kind == parallel::pp::ScheduleKind::kInterleaved ? 2 : 1;
+  job.memory.sequence_parallel = arch == models::Arch::kLlama;
   return job;
 }
 
@@ -252,23 +278,11 @@ TEST(Search, APipelinesMessageUnderSequenceParallelismIsTheRanksRows) {
 // exchange) and LLaMA, 1F1B and interleaved, ZeRO 0-3, recompute, every split: the same steps, with
 // and without progress, as the whole program's.
 TEST(Search, OneReplicaStandsForAllWhereNoCoresAreShared) {
-  Calibration cal = hand_calibration(8);
-  cal.fits["all_reduce"] = {2e-5, 1e-9};
-  cal.fits["all_gather"] = {1e-5, 2e-9};
-  cal.fits["reduce_scatter"] = {1e-5, 3e-9};
-  cal.fits["send_recv"] = {5e-6, 1e-9};
-  cal.fits["memory"] = {0.0, 1e-11};
+  const Calibration cal = priced_calibration();
   size_t compared = 0;
   for (models::Arch arch : {models::Arch::kGpt2, models::Arch::kLlama})
     for (auto kind : {parallel::pp::ScheduleKind::k1F1B, parallel::pp::ScheduleKind::kInterleaved}) {
-      PlanJob job = tiny_job(8, 16);
-      job.memory.model = models::tiny(arch);
-      job.memory.model.n_layer = 4;
-      job.memory.model.n_kv_head = 2;
-      job.memory.model.vocab_size = 128;
-      job.schedule_kind = kind;
-      job.virtual_stages = kind == parallel::pp::ScheduleKind::kInterleaved ? 2 : 1;
-      job.memory.sequence_parallel = arch == models::Arch::kLlama;
+      PlanJob job = eight_process_job(arch, kind, 16);
       const SearchResult one = search_layouts(job, everything(), size_t{1} << 40, cal);
       job.whole_program = true;
       const SearchResult whole = search_layouts(job, everything(), size_t{1} << 40, cal);
@@ -285,6 +299,61 @@ TEST(Search, OneReplicaStandsForAllWhereNoCoresAreShared) {
       }
     }
   EXPECT_GT(compared, 100u);  // layouts where the whole program has more than one replica
+}
+
+// A data-parallel step of many micro-batches is read off the line through steps of fewer
+// (time_one, DESIGN-NOTES 129): every layout of 8 processes with 32-256 micro-batches a rank, GPT-2
+// and LLaMA, ZeRO 0-3, recompute, tp with and without sp, cores of their own or 2 shared: the same
+// step, with and without progress, and the same compute, communication and waits, as simulating
+// every one. Pipelines (1F1B, GPipe, interleaved) are simulated whole, and their figures are the
+// same too.
+TEST(Search, ManyMicroBatchesAreTheSteadyStatesLine) {
+  const Calibration cal = priced_calibration();
+  size_t read_off = 0, cases = 0;
+  for (models::Arch arch : {models::Arch::kGpt2, models::Arch::kLlama})
+    for (auto kind : {parallel::pp::ScheduleKind::k1F1B, parallel::pp::ScheduleKind::kGPipe,
+                      parallel::pp::ScheduleKind::kInterleaved})
+      for (double cores : {0.0, 2.0}) {
+        PlanJob job = eight_process_job(arch, kind, 512);
+        job.host_cores = cores;
+        job.base.micro_batch = 2;
+        SearchSpace space = everything();
+        space.batch = false;  // B 2: 32 to 256 micro-batches a rank
+        space.schedule = false;
+        const SearchResult line = search_layouts(job, space, size_t{1} << 40, cal);
+        job.every_micro_batch = true;
+        const SearchResult every = search_layouts(job, space, size_t{1} << 40, cal);
+        ASSERT_EQ(line.ranked.size(), every.ranked.size());
+        ++cases;
+        std::map<std::string, Prediction> whole;
+        for (const RankedLayout& x : every.ranked) {
+          EXPECT_EQ(x.prediction.steady_from, 0);
+          whole[x.layout.describe()] = x.prediction;
+        }
+        for (const RankedLayout& x : line.ranked) {
+          const std::string name = x.layout.describe();
+          ASSERT_TRUE(whole.count(name)) << name << ", cores " << cores << ", " << static_cast<int>(arch);
+          const Prediction& a = x.prediction;
+          const Prediction& b = whole[name];
+          const double tol = 1e-9 * b.step;
+          EXPECT_NEAR(a.step, b.step, tol) << name << ", cores " << cores << ", " << static_cast<int>(arch);
+          EXPECT_NEAR(a.step_progress, b.step_progress, tol) << name << ", cores " << cores << ", " << static_cast<int>(arch);
+          EXPECT_NEAR(a.compute, b.compute, tol) << name << ", cores " << cores << ", " << static_cast<int>(arch);
+          EXPECT_NEAR(a.comm, b.comm, tol) << name << ", cores " << cores << ", " << static_cast<int>(arch);
+          EXPECT_NEAR(a.blocked, b.blocked, tol) << name << ", cores " << cores << ", " << static_cast<int>(arch);
+          EXPECT_NEAR(a.tokens_per_s, b.tokens_per_s, 1e-9 * b.tokens_per_s) << name << ", cores " << cores << ", " << static_cast<int>(arch);
+          EXPECT_EQ(a.memory, b.memory) << name << ", cores " << cores << ", " << static_cast<int>(arch);
+          if (x.layout.pp > 1) {
+            EXPECT_EQ(a.steady_from, 0) << name;  // a pipeline's queues settle late: every one simulated
+          }
+          if (a.steady_from > 0) {
+            ++read_off;
+            EXPECT_LT(a.steady_from, x.layout.accumulation / 2) << name << ", cores " << cores << ", " << static_cast<int>(arch);
+          }
+        }
+      }
+  EXPECT_EQ(cases, 12u);
+  EXPECT_GT(read_off, 250u) << read_off;  // the line, not the fallback, gave the data-parallel ones
 }
 
 // A pipeline's schedule is searched: with free messages the bubble is the only thing between the

@@ -312,6 +312,27 @@ int max_grads_in_flight(const ScheduleSpec& s, const std::vector<std::vector<Ins
   return max_grads_in_flight(ranks, rank, executor_grad_plan(s, ranks, rank));
 }
 
+RankBuffers rank_buffers(const ScheduleSpec& s, int rank) {
+  MT_CHECK(rank >= 0 && rank < s.pp, ErrorKind::kInvalidArgument, "pipeline rank out of range");
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int>, std::vector<RankBuffers>> known;
+  const std::tuple<int, int, int, int> key{static_cast<int>(s.kind), s.pp, s.virtual_stages, s.micro_batches};
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = known.find(key);
+    if (it != known.end()) return it->second[static_cast<size_t>(rank)];
+  }
+  std::vector<std::vector<Instr>> ranks;
+  for (int q = 0; q < s.pp; ++q) ranks.push_back(build_schedule(s, q));
+  std::vector<RankBuffers> all;
+  for (int q = 0; q < s.pp; ++q)
+    all.push_back({max_in_flight(ranks[static_cast<size_t>(q)]), max_grads_in_flight(s, ranks, q)});
+  std::lock_guard<std::mutex> lock(mu);
+  if (known.size() >= 4096) known.clear();  // a bound for a long-lived process; a search asks for far fewer
+  known[key] = all;
+  return all[static_cast<size_t>(rank)];
+}
+
 SimResult simulate(const ScheduleSpec& s, const std::vector<std::vector<Instr>>& ranks, double t_forward, double t_backward) {
   const int P = static_cast<int>(ranks.size());
   const double v = s.virtual_stages;

@@ -103,6 +103,15 @@ GradSendPlan executor_grad_plan(const ScheduleSpec& s, const std::vector<std::ve
 // every micro-batch, its receives all come first).
 int max_grads_in_flight(const ScheduleSpec& s, const std::vector<std::vector<Instr>>& ranks, int rank);
 int max_grads_in_flight(const std::vector<std::vector<Instr>>& ranks, int rank, const GradSendPlan& plan);
+// The buffers `rank` of the spec's step holds at once: activation slots (max_in_flight of its list)
+// and gradients (max_grads_in_flight under the executor's plan). They depend only on the spec, and
+// the planner asks for them at every layout it prices (a search: the same spec at each ZeRO stage,
+// recompute and tp setting): remembered per spec and rank.
+struct RankBuffers {
+  int slots = 0;
+  int grads_in_flight = 0;
+};
+RankBuffers rank_buffers(const ScheduleSpec& s, int rank);
 
 // Event simulation of a step: each rank runs its list in order, a forward of one chunk takes
 // t_forward / v, a backward t_backward / v, messages arrive when sent. Deadlock (every unfinished
