@@ -44,6 +44,34 @@ DirectoryLock::~DirectoryLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
+HeldLock::HeldLock(const std::string& path, const std::string& what, const std::string& advice) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  MT_CHECK(fd_ >= 0, ErrorKind::kIOError, path + ": cannot create the lock: " + std::strerror(errno));
+  int rc;
+  while ((rc = ::flock(fd_, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+  }
+  if (rc != 0) {
+    const int e = errno;
+    std::string holder(256, '\0');
+    const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+    holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    if (e != EWOULDBLOCK) throw Error(ErrorKind::kIOError, path + ": cannot lock: " + std::strerror(e));
+    throw Error(ErrorKind::kInvalidArgument, what + " is in use by another run (" + (holder.empty() ? "" : holder + ", ") +
+                                                 "lock " + path + "): " + advice);
+  }
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  const std::string me = "pid " + std::to_string(::getpid()) + " on host " + host + "\n";
+  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);  // informational only
+}
+
+HeldLock::~HeldLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
 void file_write_atomic(const std::string& path, const void* data, size_t bytes) {
   AtomicFile f(path);
   f.append(data, bytes);

@@ -59,6 +59,22 @@ class DirectoryLock {
   int fd_ = -1;
 };
 
+// An exclusive flock of the lock file `path` (created), held for the object's life: the kernel
+// releases it when the process ends, killed or not. Who holds it ("pid N on host H") is written in
+// the file. Where a live process holds it, throws kInvalidArgument: "<what> is in use by another
+// run (pid N on host H, lock <path>)" and `advice`. Where the file cannot be created, throws
+// kIOError naming it.
+class HeldLock {
+ public:
+  HeldLock(const std::string& path, const std::string& what, const std::string& advice);
+  ~HeldLock();
+  HeldLock(const HeldLock&) = delete;
+  HeldLock& operator=(const HeldLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace mt
 
 namespace mt {

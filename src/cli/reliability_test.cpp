@@ -1076,6 +1076,29 @@ TEST(Checkpoints, OthersWaitForTheWritersDiskPastCommTimeout) {
   EXPECT_EQ(err.find("timed out"), std::string::npos) << err;
 }
 
+// Two runs on one save_dir: the second one's saves swept the first's half-written step-N.tmp,
+// rotated its checkpoints away and wrote `latest` over its. Now the second is refused at start,
+// naming the first's pid, while the first lives; once it is killed, its lock goes with it.
+TEST(Checkpoints, ASecondRunOnASaveDirIsRefusedWhileTheFirstLives) {
+  const std::string cfg = config("two-runs", {{"train_iters", 1000000}, {"save_interval", 2}});
+  const std::string out = dir() + "/two-runs.out", errf = dir() + "/two-runs.err";
+  const pid_t first = spawn({"train", cfg}, out, errf);
+  ASSERT_TRUE(wait_for(out, "step 3/")) << slurp(errf);
+  std::string err;
+  EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("two-runs") + " --set train_iters=4", &err), 2) << err;
+  EXPECT_NE(err.find("save_dir " + save_dir("two-runs") + " is in use by another run (pid " + std::to_string(first)),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  EXPECT_EQ(run("train " + cfg + " --overwrite --set train_iters=2", &err), 2) << err;
+  EXPECT_NE(err.find("is in use by another run"), std::string::npos) << err;
+  kill(first, SIGKILL);
+  int status = 0;
+  waitpid(first, &status, 0);
+  EXPECT_EQ(run("train " + cfg + " --overwrite --set train_iters=2", &err), 0) << err;
+  EXPECT_EQ(latest(save_dir("two-runs")), "step-2") << err;
+}
+
 // A stop whose save fails is not reported as a clean stop: the ranks exit 1 (the save_dir became
 // a file under them), and the launcher says 1, where it rewrote any 1 after a signal to 143.
 TEST(Launch, AFailedSaveAfterASignalKeepsTheRanksStatus) {

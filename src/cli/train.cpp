@@ -404,6 +404,9 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     throw Error(ErrorKind::kInvalidArgument,
                 "save_dir " + cfg.save_dir + " already holds checkpoints of an earlier run; pass --resume " + cfg.save_dir +
                     " to continue it, or --overwrite to start a new run there (its first save removes them)");
+  // One run saves to a save_dir at a time (checkpoint_dir_hold): rank 0 holds it to the end.
+  std::unique_ptr<HeldLock> save_hold;
+  if (lead && !cfg.save_dir.empty()) save_hold = engine::checkpoint_dir_hold(cfg.save_dir);
   // Text corpora are tokenized into a cache on first use: rank 0 does it while the others wait,
   // then they open the cached datasets (mapped: each touches only the samples it reads).
   // Tokenizing takes what the corpus takes (17 MB/s here), so where a text corpus is named the

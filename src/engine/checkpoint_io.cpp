@@ -1216,4 +1216,11 @@ bool checkpoint_dir_has_checkpoints(const std::string& save_dir) {
   return fs::exists(fs::path(save_dir) / "latest", ec) || !step_dirs(save_dir).empty();
 }
 
+std::unique_ptr<HeldLock> checkpoint_dir_hold(const std::string& save_dir) {
+  std::error_code ec;
+  fs::create_directories(save_dir, ec);  // ds_config_check_paths said why where it cannot be
+  return std::make_unique<HeldLock>((fs::path(save_dir) / ".lock").string(), "save_dir " + save_dir,
+                                    "give each run its own save_dir, or stop the other run first");
+}
+
 }  // namespace mt::engine

@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "base/file_io.h"
+
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
@@ -44,6 +46,11 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
 void checkpoint_verify(const std::string& dir);
 // Whether save_dir holds any checkpoint (a `latest` or a step-N directory).
 bool checkpoint_dir_has_checkpoints(const std::string& save_dir);
+// The run's hold on its save_dir (its .lock, base/file_io.h HeldLock), taken by rank 0 before any
+// work and kept to the run's end: one run saves there at a time. A second one's saves swept the
+// first's half-written step-N.tmp, rotated its checkpoints away, and the two wrote `latest` in
+// turn. Throws kInvalidArgument naming the other run where one holds it.
+std::unique_ptr<HeldLock> checkpoint_dir_hold(const std::string& save_dir);
 // The checkpoint directory a path names: itself, or the one `latest` names in a save_dir (a
 // save_dir without `latest`, its first save killed before writing it: the newest step-N). Throws kNotFound when it holds no state.json.
 std::string checkpoint_resolve(const std::string& path);
