@@ -463,16 +463,16 @@ std::shared_ptr<const int> lease_swap_dir(const std::string& dir) {
 
 }  // namespace
 
-DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::vector<std::string>& scratch, bool hold) {
+DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::vector<SwapFile>& files, bool hold) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
   MT_CHECK(!ec && fs::is_directory(dir), ErrorKind::kIOError, dir + ": cannot create the swap directory: " + ec.message());
   std::shared_ptr<const int> lease = hold ? lease_swap_dir(dir) : nullptr;  // before its files are touched
   // Unlinked, not truncated: a process still holding one keeps its own copy.
-  for (const std::string& name : scratch)
-    MT_CHECK(::unlink((fs::path(dir) / name).c_str()) == 0 || errno == ENOENT, ErrorKind::kIOError,
-             (fs::path(dir) / name).string() + ": cannot remove the previous run's swap file: " + std::strerror(errno));
+  for (const SwapFile& f : files)
+    MT_CHECK(::unlink((fs::path(dir) / f.name).c_str()) == 0 || errno == ENOENT, ErrorKind::kIOError,
+             (fs::path(dir) / f.name).string() + ": cannot remove the previous run's swap file: " + std::strerror(errno));
   DirCheck c;
   c.lease = std::move(lease);
   const std::string probe = (fs::path(dir) / ".meshtrain-probe").string();
@@ -495,6 +495,26 @@ DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::
   MT_CHECK(c.free_bytes >= need_bytes, ErrorKind::kIOError,
            dir + ": the swap needs " + std::to_string(need_bytes >> 20) + " MiB, the filesystem has " +
                std::to_string(c.free_bytes >> 20) + " MiB free");
+  for (const SwapFile& f : files) {
+    if (f.bytes == 0) continue;
+    const std::string path = (fs::path(dir) / f.name).string();
+    const int wfd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    MT_CHECK(wfd >= 0, ErrorKind::kIOError, path + ": cannot create the swap file: " + std::strerror(errno));
+    int rc;
+    while ((rc = fault_active("aio.reserve_full") ? (errno = ENOSPC, -1) : ::fallocate(wfd, 0, 0, static_cast<off_t>(f.bytes))) != 0 &&
+           errno == EINTR) {
+    }
+    const int e = rc == 0 ? 0 : errno;
+    ::close(wfd);
+    if (e == 0 || e == EOPNOTSUPP || e == ENOSYS) continue;  // reserved, or not a filesystem that reserves
+    ::unlink(path.c_str());
+    uint64_t left = 0;
+    if (::statvfs(dir.c_str(), &st) == 0) left = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+    throw Error(ErrorKind::kIOError, path + ": cannot reserve the swap's " + std::to_string(f.bytes >> 20) + " MiB (" +
+                                         std::strerror(e) + "; " + std::to_string(left >> 20) +
+                                         " MiB free now: other processes on this host, such as a run's other ranks, "
+                                         "reserved theirs there)");
+  }
   return c;
 }
 

@@ -88,14 +88,22 @@ struct DirCheck {
   // as long as it swaps there. This process's checks of one directory share it.
   std::shared_ptr<const int> lease;
 };
+// A swap's own file in its directory, and the bytes it will hold.
+struct SwapFile {
+  std::string name;
+  uint64_t bytes = 0;
+};
 // Creates dir if needed; throws naming dir when it cannot be created or written, when another
 // process holds it (two runs given one nvme_path on a host opened each other's files and trained on
-// them), or when need_bytes exceed its free space. The files named in `scratch` (this swap's own,
-// which it writes anew) are removed first: a previous run's left them, and they counted against the
-// space their successor needs (a run that fit its disk could not be resumed).
+// them), or when need_bytes exceed its free space. The `files` (this swap's own, which it writes
+// anew) are removed first: a previous run's left them, and they counted against the space their
+// successor needs (a run that fit its disk could not be resumed). Then each is created with its
+// bytes reserved (fallocate): the ranks of a host that swap to one filesystem each found it had room
+// for their own swap, and together ran out of it mid-run; now the rank that finds no room left after
+// the others' reservations says so at start. (A filesystem without fallocate keeps the check alone.)
 // `hold`: a swap's check, which takes the lease (a probe of the directory's speed, which every rank
 // of `launch -n N -- calibrate --io DIR` runs on one directory, does not).
-DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::vector<std::string>& scratch = {},
+DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::vector<SwapFile>& files = {},
                         bool hold = false);
 
 // The disk's sequential write and read bandwidth under dir, measured as fio would with direct I/O:

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/file.h>
 #include <unistd.h>
 #include <unistd.h>
@@ -227,11 +228,41 @@ TEST(AsyncIo, ASwapDirectoryAnotherProcessHoldsIsRefused) {
   const int other = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);  // another open file: another process's flock
   ASSERT_GE(other, 0);
   ASSERT_EQ(::flock(other, LOCK_EX | LOCK_NB), 0);  // free again once this process's checks are gone
-  const std::string err = error_of([&] { check_swap_dir(dir, 0, {"exp_avg.swp"}, true); });
+  const std::string err = error_of([&] { check_swap_dir(dir, 0, {SwapFile{"exp_avg.swp", 0}}, true); });
   EXPECT_NE(err.find(dir + ": another process is swapping in this directory"), std::string::npos) << err;
   EXPECT_NO_THROW(check_swap_dir(dir, 0));  // a speed probe beside a run (every rank of calibrate --io)
   ::close(other);
   EXPECT_TRUE(check_swap_dir(dir, 0, {}, true).lease);
+  fs::remove_all(dir);
+}
+
+// The ranks of a host swapping to one filesystem each checked its free space for its own swap:
+// all of them passed where the space held one, and together they ran out mid-run. A swap's files
+// are now created with their bytes reserved, so the next rank's check sees the space taken, and a
+// reservation the filesystem cannot make (here a seam: ENOSPC) fails at start, naming the file.
+TEST(AsyncIo, ASwapReservesItsFilesSoTheHostsOtherRanksSeeTheSpaceTaken) {
+  const std::string dir = test_dir("reserve");
+  constexpr uint64_t kBytes = uint64_t{3} << 20;
+  {
+    const DirCheck c = check_swap_dir(dir, 2 * kBytes, {{"params.swp", kBytes}, {"grads.swp", kBytes}}, true);
+    for (const char* name : {"params.swp", "grads.swp"}) {
+      struct stat st{};
+      ASSERT_EQ(::stat((fs::path(dir) / name).c_str(), &st), 0) << name;
+      EXPECT_EQ(static_cast<uint64_t>(st.st_size), kBytes) << name;
+      EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, kBytes) << name << ": not reserved";
+    }
+    // The file reads as zeros where nothing was written (a gradient never reduced).
+    auto f = posix_env().open((fs::path(dir) / "grads.swp").string());
+    AlignedBuffer b = random_buffer(kAlign, 3);
+    f->read(b.data(), kAlign, kBytes - kAlign);
+    EXPECT_TRUE(std::all_of(b.as<char>(), b.as<char>() + kAlign, [](char x) { return x == 0; }));
+  }
+  setenv("MT_FAULT", "aio.reserve_full", 1);
+  const std::string err = error_of([&] { check_swap_dir(dir, 2 * kBytes, {{"params.swp", kBytes}, {"grads.swp", kBytes}}, true); });
+  unsetenv("MT_FAULT");
+  EXPECT_NE(err.find(dir + "/params.swp: cannot reserve the swap's 3 MiB (No space left on device; "), std::string::npos) << err;
+  EXPECT_NE(err.find("other processes on this host, such as a run's other ranks, reserved theirs there"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "params.swp"));  // nothing half-made left behind
   fs::remove_all(dir);
 }
 
@@ -317,7 +348,7 @@ TEST(AsyncIo, APreviousRunsSwapFilesDoNotCountAgainstTheSwap) {
     const uint64_t free_now = check_swap_dir(dir, 0).free_bytes;
     // Half the old file more than is free now: met once the old file is gone, and not before.
     refused = error_of([&] { check_swap_dir(dir, free_now + kOld / 2); });
-    kept = error_of([&] { check_swap_dir(dir, free_now + kOld / 2, {"exp_avg.swp", "exp_avg_sq.swp"}); });
+    kept = error_of([&] { check_swap_dir(dir, free_now + kOld / 2, {SwapFile{"exp_avg.swp", 0}, SwapFile{"exp_avg_sq.swp", 0}}); });
     removed = !fs::exists(dir + "/exp_avg.swp");
     if (refused.find("the swap needs") != std::string::npos && kept.empty()) break;
   }

@@ -74,7 +74,10 @@ SwappedAdamW::SwappedAdamW(size_t numel, std::vector<ParamSegment> segments, con
   done_.assign(groups_, 1);
   io::Env& env = swap_.env ? *swap_.env : io::posix_env();
   if (swap_.env == nullptr)
-    dir_check_ = io::check_swap_dir(swap_.dir, disk_bytes(), {std::string(kStateNames[0]) + ".swp", std::string(kStateNames[1]) + ".swp"}, /*hold=*/true);
+    dir_check_ = io::check_swap_dir(swap_.dir, disk_bytes(),
+                                    {{std::string(kStateNames[0]) + ".swp", disk_bytes() / 2},
+                                     {std::string(kStateNames[1]) + ".swp", disk_bytes() / 2}},
+                                    /*hold=*/true);
   for (int s = 0; s < 2; ++s) files_[s] = env.open(swap_.dir + "/" + kStateNames[s] + ".swp");
   io_ = std::make_unique<io::AsyncIo>(swap_.aio);
   on_disk_.assign(groups_, false);

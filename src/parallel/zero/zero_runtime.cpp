@@ -86,7 +86,8 @@ ZeroRuntime::ZeroRuntime(nn::ParamStore& store, std::vector<Unit> units,
       swap_->off.push_back(at);
       at += io::align_up(part_.piece(i) * 4);
     }
-    if (!opts_.env) swap_->dir_check = io::check_swap_dir(opts_.swap_dir, 2 * at, {"params.swp", "grads.swp"}, /*hold=*/true);
+    if (!opts_.env)
+      swap_->dir_check = io::check_swap_dir(opts_.swap_dir, 2 * at, {{"params.swp", at}, {"grads.swp", at}}, /*hold=*/true);
     swap_->master = env.open(opts_.swap_dir + "/params.swp");
     swap_->grad = env.open(opts_.swap_dir + "/grads.swp");
     swap_->io = std::make_unique<io::AsyncIo>(opts_.aio);
