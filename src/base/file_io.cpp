@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "base/error.h"
+#include "base/log.h"
 
 namespace mt {
 
@@ -46,9 +47,20 @@ DirectoryLock::~DirectoryLock() {
 
 HeldLock::HeldLock(const std::string& path, const std::string& what, const std::string& advice) {
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const bool writable = fd_ >= 0;
+  if (!writable && errno == EACCES) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // another user's: flock reads
   MT_CHECK(fd_ >= 0, ErrorKind::kIOError, path + ": cannot create the lock: " + std::strerror(errno));
   int rc;
   while ((rc = ::flock(fd_, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+  }
+  if (rc != 0 && (errno == ENOLCK || errno == ENOSYS || errno == EOPNOTSUPP || errno == EINVAL)) {
+    // A file system without locks (NFSv3 without its lock daemon, Lustre mounted noflock): the run
+    // goes on as it did before the lock, said once.
+    log_warning(path + ": this file system does not lock (" + std::strerror(errno) + "), so another run on " + what +
+                " would not be refused");
+    ::close(fd_);
+    fd_ = -1;
+    return;
   }
   if (rc != 0) {
     const int e = errno;
@@ -65,7 +77,7 @@ HeldLock::HeldLock(const std::string& path, const std::string& what, const std::
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   const std::string me = "pid " + std::to_string(::getpid()) + " on host " + host + "\n";
-  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);  // informational only
+  if (writable && ::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);  // informational only
 }
 
 HeldLock::~HeldLock() {

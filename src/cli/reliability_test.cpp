@@ -1083,8 +1083,19 @@ TEST(Checkpoints, ASecondRunOnASaveDirIsRefusedWhileTheFirstLives) {
   const std::string cfg = config("two-runs", {{"train_iters", 1000000}, {"save_interval", 2}});
   const std::string out = dir() + "/two-runs.out", errf = dir() + "/two-runs.err";
   const pid_t first = spawn({"train", cfg}, out, errf);
+  struct Reap {  // the first run ends with the test, whatever fails on the way
+    pid_t pid;
+    ~Reap() {
+      if (pid <= 0) return;
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reap{first};
   ASSERT_TRUE(wait_for(out, "step 3/")) << slurp(errf);
   std::string err;
+  // Told of the live run, not to pass --resume (the check for an earlier run's checkpoints follows).
+  EXPECT_EQ(run("train " + cfg, &err), 2) << err;
+  EXPECT_NE(err.find("is in use by another run"), std::string::npos) << err;
   EXPECT_EQ(run("train " + cfg + " --resume " + save_dir("two-runs") + " --set train_iters=4", &err), 2) << err;
   EXPECT_NE(err.find("save_dir " + save_dir("two-runs") + " is in use by another run (pid " + std::to_string(first)),
             std::string::npos)
@@ -1093,8 +1104,8 @@ TEST(Checkpoints, ASecondRunOnASaveDirIsRefusedWhileTheFirstLives) {
   EXPECT_EQ(run("train " + cfg + " --overwrite --set train_iters=2", &err), 2) << err;
   EXPECT_NE(err.find("is in use by another run"), std::string::npos) << err;
   kill(first, SIGKILL);
-  int status = 0;
-  waitpid(first, &status, 0);
+  waitpid(first, nullptr, 0);
+  reap.pid = 0;  // reaped
   EXPECT_EQ(run("train " + cfg + " --overwrite --set train_iters=2", &err), 0) << err;
   EXPECT_EQ(latest(save_dir("two-runs")), "step-2") << err;
 }

@@ -398,15 +398,16 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
            args.src.name() + ": train_iters must be positive (a DeepSpeed config has none: --set train_iters=N)");
   engine::ds_config_check_paths(cfg);  // data, tokenizer, save_dir: before any work
   engine::ds_config_check_trainable(cfg);
+  // One run saves to a save_dir at a time (checkpoint_dir_hold): rank 0 holds it to the end, before
+  // the check below (a run beside a live one is told so, not told to pass --resume).
+  std::unique_ptr<HeldLock> save_hold;
+  if (lead && !cfg.save_dir.empty()) save_hold = engine::checkpoint_dir_hold(cfg.save_dir);
   // A new run does not write over an earlier run's checkpoints unless told to (HF Trainer's
   // overwrite_output_dir): rotation and re-saves would otherwise mix the two runs.
   if (!cfg.save_dir.empty() && args.resume.empty() && !args.overwrite && engine::checkpoint_dir_has_checkpoints(cfg.save_dir))
     throw Error(ErrorKind::kInvalidArgument,
                 "save_dir " + cfg.save_dir + " already holds checkpoints of an earlier run; pass --resume " + cfg.save_dir +
                     " to continue it, or --overwrite to start a new run there (its first save removes them)");
-  // One run saves to a save_dir at a time (checkpoint_dir_hold): rank 0 holds it to the end.
-  std::unique_ptr<HeldLock> save_hold;
-  if (lead && !cfg.save_dir.empty()) save_hold = engine::checkpoint_dir_hold(cfg.save_dir);
   // Text corpora are tokenized into a cache on first use: rank 0 does it while the others wait,
   // then they open the cached datasets (mapped: each touches only the samples it reads).
   // Tokenizing takes what the corpus takes (17 MB/s here), so where a text corpus is named the

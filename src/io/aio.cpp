@@ -495,19 +495,29 @@ DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::
   MT_CHECK(c.free_bytes >= need_bytes, ErrorKind::kIOError,
            dir + ": the swap needs " + std::to_string(need_bytes >> 20) + " MiB, the filesystem has " +
                std::to_string(c.free_bytes >> 20) + " MiB free");
+  std::vector<std::string> reserved;  // removed again where a later one cannot be
+  auto unreserve = [&reserved] {
+    for (const std::string& p : reserved) ::unlink(p.c_str());
+  };
   for (const SwapFile& f : files) {
     if (f.bytes == 0) continue;
     const std::string path = (fs::path(dir) / f.name).string();
     const int wfd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    MT_CHECK(wfd >= 0, ErrorKind::kIOError, path + ": cannot create the swap file: " + std::strerror(errno));
+    if (wfd < 0) {
+      const int e = errno;
+      unreserve();
+      throw Error(ErrorKind::kIOError, path + ": cannot create the swap file: " + std::strerror(e));
+    }
+    reserved.push_back(path);
     int rc;
-    while ((rc = fault_active("aio.reserve_full") ? (errno = ENOSPC, -1) : ::fallocate(wfd, 0, 0, static_cast<off_t>(f.bytes))) != 0 &&
-           errno == EINTR) {
+    // Test seams: the file system full at the first file's reservation, or at the second's.
+    const bool full = fault_active("aio.reserve_full") || (fault_active("aio.reserve_full_second") && reserved.size() == 2);
+    while ((rc = full ? (errno = ENOSPC, -1) : ::fallocate(wfd, 0, 0, static_cast<off_t>(f.bytes))) != 0 && errno == EINTR) {
     }
     const int e = rc == 0 ? 0 : errno;
     ::close(wfd);
     if (e == 0 || e == EOPNOTSUPP || e == ENOSYS) continue;  // reserved, or not a filesystem that reserves
-    ::unlink(path.c_str());
+    unreserve();
     uint64_t left = 0;
     if (::statvfs(dir.c_str(), &st) == 0) left = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
     throw Error(ErrorKind::kIOError, path + ": cannot reserve the swap's " + std::to_string(f.bytes >> 20) + " MiB (" +

@@ -100,7 +100,9 @@ struct SwapFile {
 // successor needs (a run that fit its disk could not be resumed). Then each is created with its
 // bytes reserved (fallocate): the ranks of a host that swap to one filesystem each found it had room
 // for their own swap, and together ran out of it mid-run; now the rank that finds no room left after
-// the others' reservations says so at start. (A filesystem without fallocate keeps the check alone.)
+// the others' reservations says so at start, and removes the files it reserved. A filesystem
+// without fallocate keeps the check alone; a copy-on-write one (btrfs, ZFS) may still run out
+// where later writes need new blocks.
 // `hold`: a swap's check, which takes the lease (a probe of the directory's speed, which every rank
 // of `launch -n N -- calibrate --io DIR` runs on one directory, does not).
 DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::vector<SwapFile>& files = {},

@@ -244,6 +244,14 @@ TEST(AsyncIo, ASwapReservesItsFilesSoTheHostsOtherRanksSeeTheSpaceTaken) {
   const std::string dir = test_dir("reserve");
   constexpr uint64_t kBytes = uint64_t{3} << 20;
   {
+    const int fd = ::open((dir + "/probe").c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd, 0);
+    const bool reserves = ::fallocate(fd, 0, 0, 4096) == 0;
+    ::close(fd);
+    ::unlink((dir + "/probe").c_str());
+    if (!reserves) GTEST_SKIP() << dir << "'s file system has no fallocate";
+  }
+  {
     const DirCheck c = check_swap_dir(dir, 2 * kBytes, {{"params.swp", kBytes}, {"grads.swp", kBytes}}, true);
     for (const char* name : {"params.swp", "grads.swp"}) {
       struct stat st{};
@@ -263,6 +271,13 @@ TEST(AsyncIo, ASwapReservesItsFilesSoTheHostsOtherRanksSeeTheSpaceTaken) {
   EXPECT_NE(err.find(dir + "/params.swp: cannot reserve the swap's 3 MiB (No space left on device; "), std::string::npos) << err;
   EXPECT_NE(err.find("other processes on this host, such as a run's other ranks, reserved theirs there"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(fs::path(dir) / "params.swp"));  // nothing half-made left behind
+  // The second file's reservation refused: the first, reserved, goes too.
+  setenv("MT_FAULT", "aio.reserve_full_second", 1);
+  const std::string second = error_of([&] { check_swap_dir(dir, 2 * kBytes, {{"params.swp", kBytes}, {"grads.swp", kBytes}}, true); });
+  unsetenv("MT_FAULT");
+  EXPECT_NE(second.find(dir + "/grads.swp: cannot reserve"), std::string::npos) << second;
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "params.swp"));
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "grads.swp"));
   fs::remove_all(dir);
 }
 

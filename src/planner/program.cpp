@@ -479,9 +479,11 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
     return s;
   };
   // The same pass as instructions: compute pieces and the tp collectives' waits (fixed), in the
-  // order a zero program's emit_pass gives them, adjacent pieces of one kind merged.
-  auto chunk_ops = [&](int q, int chunk, bool backward, const std::string& name) {
+  // order a zero program's emit_pass gives them, adjacent pieces of one kind merged. The same for
+  // every micro-batch: built once a (rank, chunk, pass), each copy given its chunk and micro-batch.
+  auto chunk_ops = [&](int q, int chunk, bool backward) {
     std::vector<SimOp> out;
+    const char* name = backward ? "backward" : "forward";
     auto add = [&](double seconds, bool wait) {
       if (seconds <= 0) return;
       if (!out.empty() && out.back().fixed == wait) {
@@ -491,8 +493,8 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
       SimOp op;
       op.seconds = seconds;
       op.fixed = wait;
-      op.name = wait ? "tp collectives in " + name : name;
-      out.push_back(std::move(op));
+      op.label = wait ? (backward ? "tp collectives in backward" : "tp collectives in forward") : name;
+      out.push_back(op);
     };
     auto pass = [&](double seconds, const std::vector<double>* tp) {
       const size_t k = tp ? tp->size() : 0;
@@ -516,7 +518,7 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
     if (backward && st == 0) unit(0);
     if (out.empty()) {  // a pass of no time, as one instruction
       out.emplace_back();
-      out.back().name = name;
+      out.back().label = name;
     }
     return out;
   };
@@ -534,8 +536,22 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
   for (int q = 0; q < P; ++q) {
     const std::vector<parallel::pp::Instr>& list = step->lists[static_cast<size_t>(q)];
     const parallel::pp::GradSendPlan& grads = step->grads[static_cast<size_t>(q)];
+    // [chunk][backward]: the pass's pieces (shared cores) or its one compute's time.
+    const int V = spec.schedule.virtual_stages;
+    std::vector<std::vector<SimOp>> pieces(static_cast<size_t>(2 * V));
+    std::vector<double> pass_seconds(static_cast<size_t>(2 * V));
+    size_t most = 1;
+    for (int c = 0; c < V; ++c)
+      for (int b = 0; b < 2; ++b) {
+        pass_seconds[static_cast<size_t>(2 * c + b)] = chunk_seconds(q, c, b == 1);
+        if (spec.shared_cores) {
+          pieces[static_cast<size_t>(2 * c + b)] = chunk_ops(q, c, b == 1);
+          most = std::max(most, pieces[static_cast<size_t>(2 * c + b)].size());
+        }
+      }
     for (int d = 0; d < R; ++d) {
       std::vector<SimOp>& ops = p.ranks[static_cast<size_t>(q) * R + d];
+      ops.reserve(list.size() * (most + 1) + 16);
       auto compute = [&ops](double seconds, std::string name) {
         SimOp op;
         op.seconds = seconds;
@@ -553,20 +569,33 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
       };
       for (size_t j = 0; j < list.size(); ++j) {
         const parallel::pp::Instr& i = list[j];
-        for (int sent : grads.wait_before[j])  // the executor waits for its previous gradient send
-          ops.push_back(SimOp{SimOpKind::kWait, 0.0, -1, list[static_cast<size_t>(sent)].tag, -1, false,
-                              "wait send grad m" + std::to_string(list[static_cast<size_t>(sent)].micro)});
+        for (int sent : grads.wait_before[j]) {  // the executor waits for its previous gradient send
+          SimOp w;
+          w.kind = SimOpKind::kWait;
+          w.tag = list[static_cast<size_t>(sent)].tag;
+          w.label = "wait send grad";
+          w.micro = list[static_cast<size_t>(sent)].micro;
+          ops.push_back(w);
+        }
         SimOp op;
-        op.name = std::string(parallel::pp::op_name(i.kind)) + " c" + std::to_string(i.chunk) + " m" + std::to_string(i.micro);
+        op.label = parallel::pp::op_name(i.kind);
+        op.chunk = i.chunk;
+        op.micro = i.micro;
         switch (i.kind) {
           case OpKind::kForward:
-          case OpKind::kBackward:
+          case OpKind::kBackward: {
+            const size_t at = static_cast<size_t>(2 * i.chunk + (i.kind == OpKind::kBackward ? 1 : 0));
             if (spec.shared_cores) {
-              for (SimOp& piece : chunk_ops(q, i.chunk, i.kind == OpKind::kBackward, op.name)) ops.push_back(std::move(piece));
+              for (const SimOp& piece : pieces[at]) {
+                ops.push_back(piece);
+                ops.back().chunk = i.chunk;
+                ops.back().micro = i.micro;
+              }
               continue;
             }
-            op.seconds = chunk_seconds(q, i.chunk, i.kind == OpKind::kBackward);
+            op.seconds = pass_seconds[at];
             break;
+          }
           case OpKind::kSendActivation:
           case OpKind::kSendGrad:
             op.kind = SimOpKind::kSend;

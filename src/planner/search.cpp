@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include "base/error.h"
@@ -155,6 +157,18 @@ size_t layout_memory(const PlanJob& job, const Layout& l, const Calibration& cal
 }
 
 SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs);
+
+// Whether one rank's timeline (a pipeline: one replica's) is every one's, so the program is that
+// rank's alone (DESIGN-NOTES 62, 132): every rank runs one list, and nothing sets them apart where
+// no cores are shared, or where all the processes share one host's cores and only compute shares
+// them (no disk slowing it: SimProgram::disk_interference). The simulated rank then stands for all
+// (share_cores: their demand on the host).
+bool ranks_alike(const PlanJob& job, const ZeroStepCosts& costs) {
+  if (job.whole_program) return false;
+  if (job.host_cores <= 0) return true;
+  const int per_host = job.ranks_per_host > 0 ? job.ranks_per_host : job.procs;
+  return per_host >= job.procs && costs.disk_interference <= 0;
+}
 Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal);
 Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, SimProgram program);
 
@@ -183,7 +197,7 @@ Prediction time_program(const PlanJob& job, const Layout& l, const Calibration& 
     spec.tied_elems = models::head_is_token_table(m.model)
                           ? static_cast<size_t>(models::padded_vocab(m.model, 1, m.vocab_divisible)) * m.model.hidden
                           : 0;
-    spec.one_replica = job.host_cores <= 0 && !job.whole_program;  // no shared cores: every replica alike
+    spec.one_replica = ranks_alike(job, costs);
     spec.shared_cores = job.host_cores > 0;
     program = pipeline_step_program(spec, costs);
     Prediction p = finish_prediction(job, l, costs, std::move(program));
@@ -197,9 +211,9 @@ Prediction time_program(const PlanJob& job, const Layout& l, const Calibration& 
 // A data-parallel step of many micro-batches (DESIGN-NOTES 129). Its program is a prologue, the
 // same passes once a micro-batch on every rank and an epilogue, so once the first micro-batches
 // have passed, each more one adds the same time to every figure the simulator reports: the step and
-// rank 0's compute, communication, waits and streams. Those are simulated at four counts, 8, 9, 10
-// and 12; where each figure lies on one line through the four (to 1e-9 of the step), the layout's
-// count is read off that line, else every micro-batch is simulated. A pipeline's step is always
+// rank 0's compute, communication, waits and streams. From 80 micro-batches, those are simulated at
+// four counts, 8, 9, 10 and 12; where each figure lies on one line through the four (to 1e-9 of the
+// step), the layout's count is read off that line, else every micro-batch is simulated. A pipeline's step is always
 // simulated whole: work queues between its stages, and where their times nearly agree the
 // schedule takes hundreds of micro-batches to settle (Llama 3 405B over pp 16 at 256 micro-batches:
 // 6e-5 of the step off a line through 64-128 that held to 1e-9; GPipe with shared cores 2e-6).
@@ -207,7 +221,8 @@ Prediction time_program(const PlanJob& job, const Layout& l, const Calibration& 
 // with the whole simulation to 1e-9 (Search.ManyMicroBatchesAreTheSteadyStatesLine).
 Prediction time_one(const PlanJob& job, const Layout& l, const Calibration& cal) {
   const int counts[4] = {8, 9, 10, 12};
-  if (job.every_micro_batch || l.pp > 1 || l.accumulation < 2 * counts[3]) return time_program(job, l, cal);
+  // The four cost 39 micro-batches (twice with an asynchronous collective): fewer are simulated whole.
+  if (job.every_micro_batch || l.pp > 1 || l.accumulation < 80) return time_program(job, l, cal);
   Prediction at[4];
   for (int i = 0; i < 4; ++i) {
     Layout few = l;
@@ -269,18 +284,19 @@ SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts
   spec.low_precision = m.compute_dtype != DType::kF32;
   spec.param_nvme = m.zero.param_nvme && l.stage == 3;  // DeepSpeed reads offload_param at stage 3 only
   spec.sub_group_size = static_cast<size_t>(std::max<int64_t>(1, m.zero.sub_group_size));
-  spec.one_rank = job.host_cores <= 0 && !job.whole_program;  // no shared cores: every rank alike
+  spec.one_rank = ranks_alike(job, costs);
   return zero_step_program(spec, costs);
 }
 
 // The hosts' shared cores on the program: a zero program's rank d·tp + t is that process; a pipeline
-// program's rank q·dp + d stands for its stage's tp group (processes (q·dp + d)·tp + t).
-void share_cores(const PlanJob& job, const Layout& l, SimProgram& program) {
+// program's rank q·dp + d stands for its stage's tp group (processes (q·dp + d)·tp + t); a program
+// of one rank (ranks_alike) for every process, of one replica for each stage's dp·tp processes.
+void share_cores(const PlanJob& job, SimProgram& program) {
   if (job.host_cores <= 0) return;
   program.host_cores = job.host_cores;
   const int per_host = job.ranks_per_host > 0 ? job.ranks_per_host : job.procs;
   const int n = static_cast<int>(program.ranks.size());
-  const int stands_for = l.pp > 1 ? l.tp : 1;
+  const int stands_for = job.procs / n;
   for (int q = 0; q < n; ++q) {
     program.host.push_back(q * stands_for / per_host);
     program.demand.push_back(static_cast<double>(stands_for * job.threads));
@@ -289,7 +305,7 @@ void share_cores(const PlanJob& job, const Layout& l, SimProgram& program) {
 
 Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, SimProgram program) {
   const MemoryInput& m = job.memory;
-  share_cores(job, l, program);
+  share_cores(job, program);
   SimOptions no_progress;
   no_progress.progress = false;
   const SimReport slow = simulate(program, no_progress);
@@ -497,7 +513,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
             if (over_count++ == 0) over_from = static_cast<int>(B), over_bytes = need;
             continue;
           }
-          Prediction p = time_layout(job, l, cal);
+          Prediction p;  // timed below, with the others
           p.process = mem.process;
           p.process_by_stage = std::move(mem.process_by_stage);
           p.memory = bytes;
@@ -519,6 +535,37 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       }
     }
   }
+  // Every layout that fits is simulated, on the process's threads at once (each simulation is pure
+  // and on its own; the caches they share are locked). A failure is the first layout's in order.
+  // In the order of their pipeline schedules, so that the layouts of one schedule (each ZeRO stage,
+  // recompute and sp setting) meet its lists in program.cpp's cache of the last few.
+  const int64_t n = static_cast<int64_t>(r.ranked.size());
+  std::vector<size_t> order(r.ranked.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto schedule_of = [&r](size_t i) {
+    const Layout& l = r.ranked[i].layout;
+    return std::tuple{l.pp, static_cast<int>(l.schedule), l.virtual_stages, l.accumulation};
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return schedule_of(a) < schedule_of(b); });
+  std::vector<std::exception_ptr> failed(r.ranked.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t k = 0; k < n; ++k) {
+    const size_t i = order[static_cast<size_t>(k)];
+    RankedLayout& x = r.ranked[i];
+    try {
+      Prediction p = time_layout(job, x.layout, cal);
+      p.process = x.prediction.process;
+      p.process_by_stage = std::move(x.prediction.process_by_stage);
+      p.memory = x.prediction.memory;
+      p.memory_train = x.prediction.memory_train;
+      p.memory_by_stage = std::move(x.prediction.memory_by_stage);
+      x.prediction = std::move(p);
+    } catch (...) {
+      failed[i] = std::current_exception();
+    }
+  }
+  for (const std::exception_ptr& e : failed)
+    if (e) std::rethrow_exception(e);
   rank_layouts(r.ranked);
   return r;
 }

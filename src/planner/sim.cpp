@@ -41,6 +41,14 @@ struct Rank {
 
 }  // namespace
 
+std::string SimOp::describe() const {
+  if (!name.empty() || label == nullptr) return name;
+  std::string s = label;
+  if (chunk >= 0) s += " c" + std::to_string(chunk);
+  if (micro >= 0) s += " m" + std::to_string(micro);
+  return s;
+}
+
 SimReport simulate(const SimProgram& program, const SimOptions& options) {
   const int P = static_cast<int>(program.ranks.size());
   MT_CHECK(P < 65536, ErrorKind::kInvalidArgument, "simulator: " + std::to_string(P) + " ranks (at most 65535)");
@@ -50,7 +58,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
       if (o.async) async_tags.insert(o.tag);
     for (const SimOp& op : program.ranks[q]) {
       // The message's prefix, built only for a refusal (every op of every layout passes here).
-      auto at = [&] { return "simulator: rank " + std::to_string(q) + " " + kind_name(op.kind) + " " + op.name; };
+      auto at = [&] { return "simulator: rank " + std::to_string(q) + " " + kind_name(op.kind) + " " + op.describe(); };
       if (op.kind == SimOpKind::kCollective) {
         MT_CHECK(op.group >= 0 && op.group < static_cast<int>(program.groups.size()), ErrorKind::kInvalidArgument,
                  at() + ": no group " + std::to_string(op.group));
@@ -369,7 +377,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
       for (int q = 0; q < P; ++q)
         if (st[q].pc < program.ranks[q].size()) {
           const SimOp& op = program.ranks[q][st[q].pc];
-          r.where += "rank " + std::to_string(q) + " waits at " + kind_name(op.kind) + " " + op.name + " tag " +
+          r.where += "rank " + std::to_string(q) + " waits at " + kind_name(op.kind) + " " + op.describe() + " tag " +
                      std::to_string(op.tag) + "; ";
         }
       break;

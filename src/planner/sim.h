@@ -51,6 +51,12 @@ struct SimOp {
   int stream = 0;        // kStream: which of the rank's own streams (>= 1) runs it
   double bytes = 0.0;    // kStream: bytes it moves through the disk (their rate slows compute)
   bool fixed = false;    // kCompute: a wait inside a pass, its time fixed, its rank's demand held (above)
+  // Where name is empty, what it is: a static label and the pipeline chunk and micro-batch (-1:
+  // none), spelt out only for a report (a pipeline step of thousands of micro-batches built a string
+  // an instruction).
+  const char* label = nullptr;
+  int chunk = -1, micro = -1;
+  std::string describe() const;
 };
 
 struct SimProgram {
