@@ -46,24 +46,34 @@ DirectoryLock::~DirectoryLock() {
 }
 
 HeldLock::HeldLock(const std::string& path, const std::string& what, const std::string& advice) {
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  const bool writable = fd_ >= 0;
-  if (!writable && errno == EACCES) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // another user's: flock reads
-  MT_CHECK(fd_ >= 0, ErrorKind::kIOError, path + ": cannot create the lock: " + std::strerror(errno));
+  // Where it cannot be held, the run goes on as it did before the lock, said once: a file system
+  // without locks (NFSv3 without its lock daemon, Lustre mounted noflock), or another user's lock
+  // file this user cannot open for writing (NFS's flock needs it).
+  auto unlocked = [&](int e) {
+    log_warning(path + ": cannot hold the lock (" + std::strerror(e) + "), so another run on " + what + " would not be refused");
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  };
+  const bool created = ::access(path.c_str(), F_OK) != 0;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd_ < 0) {
+    const int e = errno;
+    if (e == EACCES && !created) {
+      unlocked(e);
+      return;
+    }
+    throw Error(ErrorKind::kIOError, path + ": cannot create the lock: " + std::strerror(e));
+  }
+  if (created) (void)::fchmod(fd_, 0666);  // the next run may be another user's: it rewrites the holder
   int rc;
   while ((rc = ::flock(fd_, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
   }
-  if (rc != 0 && (errno == ENOLCK || errno == ENOSYS || errno == EOPNOTSUPP || errno == EINVAL)) {
-    // A file system without locks (NFSv3 without its lock daemon, Lustre mounted noflock): the run
-    // goes on as it did before the lock, said once.
-    log_warning(path + ": this file system does not lock (" + std::strerror(errno) + "), so another run on " + what +
-                " would not be refused");
-    ::close(fd_);
-    fd_ = -1;
+  const int e = rc == 0 ? 0 : errno;
+  if (e == ENOLCK || e == ENOSYS || e == EOPNOTSUPP || e == EINVAL || e == EBADF) {
+    unlocked(e);
     return;
   }
-  if (rc != 0) {
-    const int e = errno;
+  if (e != 0) {
     std::string holder(256, '\0');
     const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
     holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
@@ -77,7 +87,7 @@ HeldLock::HeldLock(const std::string& path, const std::string& what, const std::
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   const std::string me = "pid " + std::to_string(::getpid()) + " on host " + host + "\n";
-  if (writable && ::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);  // informational only
+  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);  // informational only
 }
 
 HeldLock::~HeldLock() {

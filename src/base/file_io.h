@@ -63,8 +63,9 @@ class DirectoryLock {
 // releases it when the process ends, killed or not. Who holds it ("pid N on host H") is written in
 // the file. Where a live process holds it, throws kInvalidArgument: "<what> is in use by another
 // run (pid N on host H, lock <path>)" and `advice`. Where the file cannot be created, throws
-// kIOError naming it; another user's lock file is locked read-only. A file system without locks
-// (ENOLCK, ENOSYS, EOPNOTSUPP) gets one warning line and no lock.
+// kIOError naming it. Where it cannot be held (a file system without locks: ENOLCK, ENOSYS,
+// EOPNOTSUPP, EINVAL, EBADF; another user's lock file this user cannot write), one warning line and
+// no lock. A lock file it creates is writable by all (the next run may be another user's).
 class HeldLock {
  public:
   HeldLock(const std::string& path, const std::string& what, const std::string& advice);

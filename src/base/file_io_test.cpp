@@ -3,6 +3,8 @@
 #include "base/file_io.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -38,6 +40,33 @@ TEST(FileIo, WriteAtomicThenReadAll) {
   EXPECT_TRUE(file_exists(path));
   file_write_atomic(path, nullptr, 0);
   EXPECT_TRUE(file_read_all(path).empty());
+}
+
+// A run's hold on a directory (HeldLock: the save_dir's .lock): a second holder (another open of
+// the file, as another process's) is refused, naming the first; the lock goes with its holder; the
+// file is writable by all, so that the next run, whoever's, names itself there.
+TEST(HeldLock, ASecondHolderIsRefusedNamingTheFirstAndTheLockGoesWithIt) {
+  const ScratchDir dir;
+  const std::string path = dir.file(".lock");
+  {
+    const HeldLock first(path, "save_dir D", "give each run its own save_dir");
+    std::string message;
+    try {
+      const HeldLock second(path, "save_dir D", "give each run its own save_dir");
+      ADD_FAILURE() << "a second holder was let in";
+    } catch (const Error& e) {
+      message = e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    }
+    EXPECT_NE(message.find("save_dir D is in use by another run (pid " + std::to_string(::getpid()) + " on host "),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("lock " + path + "): give each run its own save_dir"), std::string::npos) << message;
+  }
+  struct stat st{};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0666u);
+  EXPECT_NO_THROW(HeldLock(path, "save_dir D", ""));  // the first gone, its lock with it
 }
 
 TEST(FileIo, MissingFileIsNotFound) {

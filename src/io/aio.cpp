@@ -517,9 +517,9 @@ DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::
     const int e = rc == 0 ? 0 : errno;
     ::close(wfd);
     if (e == 0 || e == EOPNOTSUPP || e == ENOSYS) continue;  // reserved, or not a filesystem that reserves
-    unreserve();
-    uint64_t left = 0;
+    uint64_t left = 0;  // before this check's own reservations are given back
     if (::statvfs(dir.c_str(), &st) == 0) left = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+    unreserve();
     throw Error(ErrorKind::kIOError, path + ": cannot reserve the swap's " + std::to_string(f.bytes >> 20) + " MiB (" +
                                          std::strerror(e) + "; " + std::to_string(left >> 20) +
                                          " MiB free now: other processes on this host, such as a run's other ranks, "

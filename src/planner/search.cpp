@@ -1,5 +1,7 @@
 #include "planner/search.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -296,6 +298,8 @@ void share_cores(const PlanJob& job, SimProgram& program) {
   program.host_cores = job.host_cores;
   const int per_host = job.ranks_per_host > 0 ? job.ranks_per_host : job.procs;
   const int n = static_cast<int>(program.ranks.size());
+  MT_CHECK(n > 0 && job.procs % n == 0, ErrorKind::kInternal,
+           "plan: a program of " + std::to_string(n) + " ranks for " + std::to_string(job.procs) + " processes");
   const int stands_for = job.procs / n;
   for (int q = 0; q < n; ++q) {
     program.host.push_back(q * stands_for / per_host);
@@ -538,17 +542,20 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
   // Every layout that fits is simulated, on the process's threads at once (each simulation is pure
   // and on its own; the caches they share are locked). A failure is the first layout's in order.
   // In the order of their pipeline schedules, so that the layouts of one schedule (each ZeRO stage,
-  // recompute and sp setting) meet its lists in program.cpp's cache of the last few.
+  // recompute and sp setting) meet its lists in program.cpp's cache of the last few; the most
+  // micro-batches first, so that no long one is left to the end. At most 16 threads: each holds
+  // its program (tens of MB at thousands of micro-batches).
   const int64_t n = static_cast<int64_t>(r.ranked.size());
   std::vector<size_t> order(r.ranked.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   auto schedule_of = [&r](size_t i) {
     const Layout& l = r.ranked[i].layout;
-    return std::tuple{l.pp, static_cast<int>(l.schedule), l.virtual_stages, l.accumulation};
+    return std::tuple{-l.accumulation, l.pp, static_cast<int>(l.schedule), l.virtual_stages};
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return schedule_of(a) < schedule_of(b); });
   std::vector<std::exception_ptr> failed(r.ranked.size());
-#pragma omp parallel for schedule(dynamic, 1)
+  const int threads = std::max(1, std::min(16, omp_get_max_threads()));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t k = 0; k < n; ++k) {
     const size_t i = order[static_cast<size_t>(k)];
     RankedLayout& x = r.ranked[i];

@@ -286,6 +286,7 @@ TEST(Search, OneReplicaStandsForAllWhereNothingSetsThemApart) {
     for (double cores : {0.0, 2.0}) {  // cores of their own, or the 8 processes on one host of 2
       PlanJob job = eight_process_job(arch, kind, 16);
       job.host_cores = cores;
+      job.threads = cores > 0 ? 2 : 1;  // 8 processes of 2 threads on 2 cores
       const SearchResult one = search_layouts(job, everything(), size_t{1} << 40, cal);
       job.whole_program = true;
       const SearchResult whole = search_layouts(job, everything(), size_t{1} << 40, cal);
