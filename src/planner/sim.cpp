@@ -346,6 +346,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     return moved;
   };
 
+  std::vector<char> touched(static_cast<size_t>(hosts), 0);  // per event: the hosts whose demand changed
   for (;;) {
     // Everything that can happen at `now` (a rank's progress can unblock another's).
     while (!sweep.empty()) {
@@ -384,13 +385,13 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     }
     const double before = now;
     now = next;
-    std::vector<bool> touched(static_cast<size_t>(hosts), false);
+    std::fill(touched.begin(), touched.end(), 0);
     for (int q = 0; q < P; ++q)
       if (held[q] > 0 && st[q].main <= now) {  // a fixed wait has ended: its demand leaves
         if (fair) advance(host_of(q));
         host_demand[host_of(q)] -= held[q];
         held[q] = 0.0;
-        touched[static_cast<size_t>(host_of(q))] = true;
+        touched[static_cast<size_t>(host_of(q))] = 1;
       }
     for (int q = 0; q < P; ++q) {
       if (!run[q].on) {
@@ -404,7 +405,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
         ++st[q].pc;
         if (fair) advance(host_of(q));  // at its old rate up to now, before its demand leaves
         host_demand[host_of(q)] -= demand_of(q);
-        touched[static_cast<size_t>(host_of(q))] = true;
+        touched[static_cast<size_t>(host_of(q))] = 1;
         wake(q);
       } else if (run[q].boundary <= now) {
         rerate(q);
