@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "base/error.h"
+#include "base/once_cache.h"
 #include "parallel/dp/grad_buckets.h"
 
 namespace mt::planner {
@@ -428,26 +429,24 @@ struct StepLists {
 };
 
 std::shared_ptr<const StepLists> step_lists(const parallel::pp::ScheduleSpec& s) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int>, std::shared_ptr<const StepLists>> known;
-  const std::tuple<int, int, int, int> key{static_cast<int>(s.kind), s.pp, s.virtual_stages, s.micro_batches};
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = known.find(key);
-    if (it != known.end()) return it->second;
-  }
-  auto step = std::make_shared<StepLists>();
-  for (int q = 0; q < s.pp; ++q) step->lists.push_back(parallel::pp::build_schedule(s, q));
-  for (int q = 0; q < s.pp; ++q) step->grads.push_back(parallel::pp::executor_grad_plan(s, step->lists, q));
-  std::lock_guard<std::mutex> lock(mu);
-  if (known.size() >= 8) known.clear();
-  known[key] = step;
-  return step;
+  static OnceCache<std::tuple<int, int, int, int>, std::shared_ptr<const StepLists>> known(8);
+  return known.get({static_cast<int>(s.kind), s.pp, s.virtual_stages, s.micro_batches}, [&] {
+    auto step = std::make_shared<StepLists>();
+    for (int q = 0; q < s.pp; ++q) step->lists.push_back(parallel::pp::build_schedule(s, q));
+    for (int q = 0; q < s.pp; ++q) step->grads.push_back(parallel::pp::executor_grad_plan(s, step->lists, q));
+    return std::shared_ptr<const StepLists>(std::move(step));
+  });
 }
 
 }  // namespace
 
 SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCosts& costs) {
+  SimProgram p;
+  pipeline_step_program(spec, costs, p);
+  return p;
+}
+
+void pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCosts& costs, SimProgram& p) {
   using parallel::pp::OpKind;
   const int P = spec.schedule.pp, D = spec.dp, S = static_cast<int>(spec.bounds.size()) - 1;
   const int L = static_cast<int>(costs.forward.size()) - 2;
@@ -523,14 +522,18 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
     return out;
   };
   const double message = P > 1 ? costs.send_recv(spec.boundary_bytes) : 0.0;
-  SimProgram p;
   const int R = spec.one_replica ? 1 : D;  // replicas simulated: rank q·R + d
+  p.groups.clear();
+  p.host.clear();
+  p.demand.clear();
+  p.host_cores = p.disk_interference = 0.0;
   for (int q = 0; q < P; ++q) {
     std::vector<int> g;
     for (int d = 0; d < R; ++d) g.push_back(q * R + d);
     p.groups.push_back(g);
   }
   p.ranks.resize(static_cast<size_t>(P) * R);
+  for (std::vector<SimOp>& ops : p.ranks) ops.clear();  // their capacity kept
   const int tied_tag = 1 << 24;  // beyond the schedule's tags
   const std::shared_ptr<const StepLists> step = step_lists(spec.schedule);
   for (int q = 0; q < P; ++q) {
@@ -644,7 +647,6 @@ SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCos
       }
     }
   }
-  return p;
 }
 
 }  // namespace mt::planner

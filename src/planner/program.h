@@ -166,6 +166,10 @@ struct PipelineStepSpec {
   bool shared_cores = false;
 };
 SimProgram pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCosts& costs);
+// The same into `into`, whose instruction lists are cleared and refilled in place: a search builds
+// pipelines of tens of thousands of instructions a rank, and allocating each afresh (its pages
+// faulted in, then unmapped) was a third of a 64-process search at thousands of micro-batches.
+void pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCosts& costs, SimProgram& into);
 
 // One optimizer step of every rank; all ranks run the same list (one group of `world` ranks).
 // Stage 0 is parallel/grad_sync's local (one rank) or bucketed implementation.

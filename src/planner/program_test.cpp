@@ -438,5 +438,61 @@ TEST(PipelineProgram, TensorParallelCollectivesLengthenEachStagesPasses) {
   EXPECT_NEAR(simulate(pipeline_step_program(s, c)).makespan, 1 + 4 * 1.3 + 4 * 2 + 2, 1e-12);
 }
 
+// A search refills one program a thread in place (pipeline_step_program's reason): what it leaves
+// must be the program built afresh, whatever the program held before (more ranks or fewer, longer
+// lists, the hosts' shared cores of the layout before).
+TEST(PipelineProgram, ARefilledProgramIsTheOneBuiltAfresh) {
+  ZeroStepCosts c;
+  c.forward = {0.1, 1.0, 1.0, 0.2};
+  c.backward = {0.1, 2.0, 2.0, 0.2};
+  c.tp_forward = {{}, {0.25}, {0.25}, {}};
+  c.optimizer_per_element = 1e-3;
+  c.all_reduce = c.reduce_scatter = [](double) { return 0.5; };
+  c.all_gather = [](double) { return 0.25; };
+  c.send_recv = [](double) { return 0.125; };
+  PipelineStepSpec big, small;
+  big.schedule = {parallel::pp::ScheduleKind::kGPipe, 2, 1, 8};
+  big.bounds = {0, 1, 2};
+  big.stage_params = {100, 300};
+  big.dp = 2;
+  big.zero_stage = 1;
+  big.tied_elems = 10;
+  big.shared_cores = true;
+  small = big;
+  small.schedule = {parallel::pp::ScheduleKind::k1F1B, 2, 1, 2};
+  small.dp = 1;
+  small.zero_stage = 0;
+  small.shared_cores = false;
+  auto same = [](const SimProgram& a, const SimProgram& b) {
+    ASSERT_EQ(a.ranks.size(), b.ranks.size());
+    for (size_t q = 0; q < a.ranks.size(); ++q) {
+      ASSERT_EQ(a.ranks[q].size(), b.ranks[q].size()) << q;
+      for (size_t i = 0; i < a.ranks[q].size(); ++i) {
+        const SimOp &x = a.ranks[q][i], &y = b.ranks[q][i];
+        EXPECT_TRUE(x.kind == y.kind && x.seconds == y.seconds && x.peer == y.peer && x.tag == y.tag && x.group == y.group &&
+                    x.async == y.async && x.fixed == y.fixed && x.describe() == y.describe())
+            << q << " " << i << ": " << x.describe() << " / " << y.describe();
+      }
+    }
+    EXPECT_EQ(a.groups, b.groups);
+    EXPECT_EQ(a.host, b.host);
+    EXPECT_EQ(a.demand, b.demand);
+    EXPECT_EQ(a.host_cores, b.host_cores);
+    EXPECT_EQ(a.disk_interference, b.disk_interference);
+    EXPECT_EQ(simulate(a).makespan, simulate(b).makespan);
+  };
+  SimProgram reused;
+  pipeline_step_program(big, c, reused);
+  same(reused, pipeline_step_program(big, c));
+  reused.host_cores = 1.0;  // what the search's share_cores adds
+  reused.host.assign(reused.ranks.size(), 0);
+  reused.demand.assign(reused.ranks.size(), 2.0);
+  reused.disk_interference = 1e-9;
+  pipeline_step_program(small, c, reused);
+  same(reused, pipeline_step_program(small, c));
+  pipeline_step_program(big, c, reused);
+  same(reused, pipeline_step_program(big, c));
+}
+
 }  // namespace
 }  // namespace mt::planner

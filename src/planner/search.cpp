@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "base/once_cache.h"
 #include "parallel/pp/partition.h"
 #include "planner/sim.h"
 
@@ -122,7 +123,12 @@ std::vector<int> pipeline_bounds(const PlanJob& job, const Layout& l, const para
     in.first_cost = 0.0;
     in.last_cost = c.forward[L + 1] + c.backward[L + 1] + c.head_backward;
   }
-  return parallel::pp::partition_layers(parallel::pp::parse_partition(job.partition, "parallel.partition"), in);
+  // Remembered by their input: the min-max split is L² a stage (Llama 3 405B's 126 layers over
+  // 126 stages: 2 M steps), and every layout of a grid and schedule asks it again, several times.
+  const parallel::pp::PartitionMethod method = parallel::pp::parse_partition(job.partition, "parallel.partition");
+  static OnceCache<std::tuple<int, int, double, double, std::vector<double>>, std::vector<int>> known(4096);
+  return known.get({static_cast<int>(method), in.stages, in.first_cost, in.last_cost, in.layer_cost},
+                   [&] { return parallel::pp::partition_layers(method, in); });
 }
 
 // Every pipeline rank's memory input (one, the whole model, without a pipeline).
@@ -172,12 +178,11 @@ bool ranks_alike(const PlanJob& job, const ZeroStepCosts& costs) {
   return per_host >= job.procs && costs.disk_interference <= 0;
 }
 Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal);
-Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, SimProgram program);
+Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, SimProgram& program);
 
 Prediction time_program(const PlanJob& job, const Layout& l, const Calibration& cal) {
   const MemoryInput& m = job.memory;
   const ZeroStepCosts costs = zero_step_costs(step_shape(job, l), cal);
-  SimProgram program;
   if (l.pp > 1) {
     PipelineStepSpec spec;
     spec.schedule = pipeline_spec(job, l);
@@ -201,13 +206,15 @@ Prediction time_program(const PlanJob& job, const Layout& l, const Calibration& 
                           : 0;
     spec.one_replica = ranks_alike(job, costs);
     spec.shared_cores = job.host_cores > 0;
-    program = pipeline_step_program(spec, costs);
-    Prediction p = finish_prediction(job, l, costs, std::move(program));
+    // The thread's program, refilled in place (pipeline_step_program's reason).
+    thread_local SimProgram program;
+    pipeline_step_program(spec, costs, program);
+    Prediction p = finish_prediction(job, l, costs, program);
     p.bounds = spec.bounds;
     return p;
   }
-  program = zero_program(job, l, costs);
-  return finish_prediction(job, l, costs, std::move(program));
+  SimProgram program = zero_program(job, l, costs);
+  return finish_prediction(job, l, costs, program);
 }
 
 // A data-parallel step of many micro-batches (DESIGN-NOTES 129). Its program is a prologue, the
@@ -307,17 +314,14 @@ void share_cores(const PlanJob& job, SimProgram& program) {
   }
 }
 
-Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, SimProgram program) {
+Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, SimProgram& program) {
   const MemoryInput& m = job.memory;
   share_cores(job, program);
   SimOptions no_progress;
   no_progress.progress = false;
   const SimReport slow = simulate(program, no_progress);
   // Progress moves only asynchronous collectives (sim.h): without one the two steps are one.
-  bool async_collective = false;
-  for (const std::vector<SimOp>& ops : program.ranks)
-    for (const SimOp& op : ops) async_collective = async_collective || (op.kind == SimOpKind::kCollective && op.async);
-  const SimReport fast = async_collective ? simulate(program) : slow;
+  const SimReport fast = slow.async_collective ? simulate(program) : slow;
   Prediction p;
   p.step = slow.makespan;
   p.step_progress = fast.makespan;
@@ -382,163 +386,207 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
   } else {
     grids.emplace_back(job.base.tp, job.base.pp);
   }
-  for (auto [tp, pp] : grids) {
-    const int dp = job.procs / (tp * pp);
-    const std::string family = "dp " + std::to_string(dp) + (tp > 1 ? ", tp " + std::to_string(tp) : "") +
-                               (pp > 1 ? ", pp " + std::to_string(pp) : "");
-    const models::ModelConfig& model = job.memory.model;
-    if (model.n_head % tp != 0 || model.n_kv_head % tp != 0 || model.intermediate % tp != 0) {
-      r.rejected.push_back(family + ": tp does not divide the model's heads, kv heads and MLP features");
-      continue;
-    }
-    if (job.global_batch % dp != 0) {
-      r.rejected.push_back(family + ": " + std::to_string(dp) + " ranks do not divide train_batch_size " +
-                           std::to_string(job.global_batch));
-      continue;
-    }
-    if ((dp > 1 || pp > 1 || tp > 1) && cal.world < 2) {
-      r.rejected.push_back(family + ": the calibration has no collectives (calibrate under meshtrain launch -n " +
-                           std::to_string(std::max(dp, 2)) + ")");
-      continue;
-    }
-    const int64_t share = job.global_batch / dp;
-    std::vector<int64_t> batches;
-    if (space.batch) {
-      batches = divisors(share);
-    } else if (space.fixed_accumulation > 0) {
-      if (share % space.fixed_accumulation != 0) {
-        r.rejected.push_back(family + ": gradient_accumulation_steps " + std::to_string(space.fixed_accumulation) +
-                             " does not divide the rank's " + std::to_string(share) + " samples");
+  // The layouts are enumerated twice: once to list those whose memory is wanted, which are then
+  // estimated on the process's threads at once (22,648 layouts of Llama 3 405B over 512 GPUs took
+  // 9 s on one), and once to rank, reject and name them in order with those estimates. The first
+  // failure in order is thrown where it was.
+  struct LayoutMemory {
+    size_t bytes = 0, train = 0;
+    std::vector<size_t> by_stage;
+    Prediction mem;
+    std::exception_ptr failed;
+  };
+  auto enumerate = [&](SearchResult& out, auto&& memory_of) {
+    for (auto [tp, pp] : grids) {
+      const int dp = job.procs / (tp * pp);
+      const std::string family = "dp " + std::to_string(dp) + (tp > 1 ? ", tp " + std::to_string(tp) : "") +
+                                 (pp > 1 ? ", pp " + std::to_string(pp) : "");
+      const models::ModelConfig& model = job.memory.model;
+      if (model.n_head % tp != 0 || model.n_kv_head % tp != 0 || model.intermediate % tp != 0) {
+        out.rejected.push_back(family + ": tp does not divide the model's heads, kv heads and MLP features");
         continue;
       }
-      batches = {share / space.fixed_accumulation};
-    } else if (share % job.base.micro_batch == 0) {
-      batches = {job.base.micro_batch};
-    } else {
-      r.rejected.push_back(family + ": B " + std::to_string(job.base.micro_batch) + " does not divide the rank's " +
-                           std::to_string(share) + " samples");
-      continue;
-    }
-    std::vector<int> stages = space.stage ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{job.base.stage};
-    if (job.offload) std::erase_if(stages, [](int st) { return st < 1; });  // DeepSpeed's rule
-    // The stages a rule of the runtime keeps; none left: the family is rejected, saying why.
-    auto keep_stages = [&](bool (*keep)(int), const char* why) {
-      std::erase_if(stages, [keep](int st) { return !keep(st); });
-      if (stages.empty()) r.rejected.push_back(family + ": " + why);
-      return !stages.empty();
-    };
-    auto stage_zero = [](int st) { return st == 0; };
-    auto stage_above_zero = [](int st) { return st >= 1; };
-    if (job.curriculum && pp > 1) {
-      r.rejected.push_back(family + ": curriculum_learning with a pipeline is not supported by the runtime");
-      continue;
-    }
-    if (job.cuda_replicas) {
-      if (tp > 1 || pp > 1) {
-        r.rejected.push_back(family + ": tp and pp are not implemented on device \"cuda\" (data parallelism is)");
+      if (job.global_batch % dp != 0) {
+        out.rejected.push_back(family + ": " + std::to_string(dp) + " ranks do not divide train_batch_size " +
+                             std::to_string(job.global_batch));
         continue;
       }
-      if (!keep_stages(stage_zero, "ZeRO stages 1-3 over several GPUs are not implemented (stage 0 is)")) continue;
-    }
-    if (job.sixteen_bit_master &&
-        !keep_stages(stage_above_zero, "16-bit master weights need ZeRO stage 1, 2 or 3 (as DeepSpeed asserts)"))
-      continue;
-    if (pp > 1 && job.memory.zero.optimizer_nvme) {
-      r.rejected.push_back(family + ": a pipeline with offload_optimizer nvme is not in the cost model");
-      continue;
-    }
-    if (job.memory.zero.param_nvme && (tp > 1 || pp > 1) &&  // offload_param nvme: tp = pp = 1 (the runtime's limit)
-        !keep_stages([](int st) { return st != 3; }, "offload_param nvme with tp or pp > 1 is not supported by the runtime"))
-      continue;
-    if (job.memory.onebit != MemoryInput::OneBit::kNone) {  // 1-bit optimizers: ZeRO 0, no tp or pp (ds_config's check_onebit)
-      if (tp > 1 || pp > 1) {
-        r.rejected.push_back(family + ": 1-bit optimizers take no tp or pp (DeepSpeed's MPI backend; tp not built)");
+      if ((dp > 1 || pp > 1 || tp > 1) && cal.world < 2) {
+        out.rejected.push_back(family + ": the calibration has no collectives (calibrate under meshtrain launch -n " +
+                             std::to_string(std::max(dp, 2)) + ")");
         continue;
       }
-      if (!keep_stages(stage_zero, "1-bit optimizers need ZeRO stage 0 (as in DeepSpeed)")) continue;
-    }
-    if (job.update == UpdateKind::kLamb && job.memory.onebit == MemoryInput::OneBit::kNone &&  // ds_config's parse_zero
-        !keep_stages(stage_zero, "Lamb needs ZeRO stage 0 (its per-tensor trust ratio takes whole tensors)"))
-      continue;
-    if (pp > 1 &&  // the runtime's pipeline takes ZeRO 0 or 1
-        !keep_stages([](int st) { return st <= 1; }, "a pipeline takes ZeRO stage 0 or 1 (as DeepSpeed's pipeline engine)"))
-      continue;
-    std::vector<bool> recomputes = space.recompute ? std::vector<bool>{false, true} : std::vector<bool>{job.base.recompute};
-    // (schedule, virtual stages): the configuration's; searched, its non-interleaved schedule and
-    // the interleaved one at every chunk count that leaves each chunk a layer.
-    using parallel::pp::ScheduleKind;
-    std::vector<std::pair<ScheduleKind, int>> schedules = {{job.schedule_kind, job.virtual_stages}};
-    if (pp == 1) {
-      schedules = {{ScheduleKind::k1F1B, 1}};
-    } else if (space.schedule) {
-      schedules = {{job.schedule_kind == ScheduleKind::kInterleaved ? ScheduleKind::k1F1B : job.schedule_kind, 1}};
-      for (int v = 2; static_cast<int64_t>(pp) * v <= model.n_layer; ++v) schedules.emplace_back(ScheduleKind::kInterleaved, v);
-    }
-    // Sequence parallelism (tp > 1): the configuration's, or searched with the layout.
-    std::vector<bool> sps = {tp > 1 && job.memory.sequence_parallel};
-    if (tp > 1 && space.parallel) sps = job.sequence_parallel_forced ? std::vector<bool>{true} : std::vector<bool>{false, true};
-    for (bool sp : sps)
-    for (auto [kind, v] : schedules) {
-      // Named as Layout::describe names it: "sp" beside tp, the schedule beside pp.
-      const std::string fam = "dp " + std::to_string(dp) + (tp > 1 ? ", tp " + std::to_string(tp) + (sp ? " sp" : "") : "") +
-                              (pp > 1 ? ", pp " + std::to_string(pp) : "") +
-                              (pp > 1 && kind == ScheduleKind::kGPipe ? " GPipe" : "") +
-                              (pp > 1 && kind == ScheduleKind::kInterleaved ? " interleaved x " + std::to_string(v) : "");
-      for (int stage : stages)
-      for (bool rec : recomputes) {
-        int over_from = 0, over_count = 0, tried = 0, too_many = 0;
-        size_t over_bytes = 0;
-        for (int64_t B : batches) {
-          if (sp && (B * job.memory.seq_length) % tp != 0) continue;  // the rows split over the tp ranks
-          if (share / B > kMaxAccumulation || B > std::numeric_limits<int>::max()) {
-            ++too_many;
-            continue;
-          }
-          ++tried;
-          Layout l{.dp = dp, .tp = tp, .pp = pp, .stage = stage, .micro_batch = static_cast<int>(B),
-                   .accumulation = static_cast<int>(share / B), .recompute = rec, .schedule = kind, .virtual_stages = v,
-                   .sequence_parallel = sp};
-          ++r.considered;
-          check_layout(job, l);
-          size_t train = 0, bytes = 0;
-          std::vector<size_t> by_stage;
-          Prediction mem;
-          try {
-            bytes = layout_memory(job, l, cal, &train, &by_stage, &mem);
-          } catch (const Error& e) {  // a schedule or partition the runtime cannot run
-            const std::string why = fam + ": " + e.what();
-            if (std::find(r.rejected.begin(), r.rejected.end(), why) == r.rejected.end()) r.rejected.push_back(why);
-            continue;
-          }
-          // With the calibration's process constant the budget holds for the process as the kernel
-          // counts it, else (a described cluster) for the accounted bytes.
-          const size_t need = mem.process > 0 ? std::max(mem.process, bytes) : bytes;
-          if (need > budget) {
-            if (over_count++ == 0) over_from = static_cast<int>(B), over_bytes = need;
-            continue;
-          }
-          Prediction p;  // timed below, with the others
-          p.process = mem.process;
-          p.process_by_stage = std::move(mem.process_by_stage);
-          p.memory = bytes;
-          p.memory_train = train;
-          p.memory_by_stage = std::move(by_stage);
-          r.ranked.push_back({l, p});
+      const int64_t share = job.global_batch / dp;
+      std::vector<int64_t> batches;
+      if (space.batch) {
+        batches = divisors(share);
+      } else if (space.fixed_accumulation > 0) {
+        if (share % space.fixed_accumulation != 0) {
+          out.rejected.push_back(family + ": gradient_accumulation_steps " + std::to_string(space.fixed_accumulation) +
+                               " does not divide the rank's " + std::to_string(share) + " samples");
+          continue;
         }
-        if (too_many > 0 && tried == 0 && stage == stages.front() && rec == recomputes.front())
-          r.rejected.push_back(fam + ": every micro-batch size leaves more than " + std::to_string(kMaxAccumulation) +
-                               " micro-batches a step (the simulator runs each), or is past int");
-        if (over_count) {
-          const std::string what = fam + ", ZeRO " + std::to_string(stage) + (rec ? ", recompute" : "");
-          r.rejected.push_back(what + ": " +
-                               (over_count == tried ? std::string("every micro-batch")
-                                                    : std::to_string(over_count) + " of " + std::to_string(tried) + " micro-batch sizes") +
-                               " over the budget of " + gib(budget) + " (B " + std::to_string(over_from) + " needs " +
-                               gib(over_bytes) + (cal.process_bytes > 0 ? " as the process" : "") + ")");
+        batches = {share / space.fixed_accumulation};
+      } else if (share % job.base.micro_batch == 0) {
+        batches = {job.base.micro_batch};
+      } else {
+        out.rejected.push_back(family + ": B " + std::to_string(job.base.micro_batch) + " does not divide the rank's " +
+                             std::to_string(share) + " samples");
+        continue;
+      }
+      std::vector<int> stages = space.stage ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{job.base.stage};
+      if (job.offload) std::erase_if(stages, [](int st) { return st < 1; });  // DeepSpeed's rule
+      // The stages a rule of the runtime keeps; none left: the family is rejected, saying why.
+      auto keep_stages = [&](bool (*keep)(int), const char* why) {
+        std::erase_if(stages, [keep](int st) { return !keep(st); });
+        if (stages.empty()) out.rejected.push_back(family + ": " + why);
+        return !stages.empty();
+      };
+      auto stage_zero = [](int st) { return st == 0; };
+      auto stage_above_zero = [](int st) { return st >= 1; };
+      if (job.curriculum && pp > 1) {
+        out.rejected.push_back(family + ": curriculum_learning with a pipeline is not supported by the runtime");
+        continue;
+      }
+      if (job.cuda_replicas) {
+        if (tp > 1 || pp > 1) {
+          out.rejected.push_back(family + ": tp and pp are not implemented on device \"cuda\" (data parallelism is)");
+          continue;
+        }
+        if (!keep_stages(stage_zero, "ZeRO stages 1-3 over several GPUs are not implemented (stage 0 is)")) continue;
+      }
+      if (job.sixteen_bit_master &&
+          !keep_stages(stage_above_zero, "16-bit master weights need ZeRO stage 1, 2 or 3 (as DeepSpeed asserts)"))
+        continue;
+      if (pp > 1 && job.memory.zero.optimizer_nvme) {
+        out.rejected.push_back(family + ": a pipeline with offload_optimizer nvme is not in the cost model");
+        continue;
+      }
+      if (job.memory.zero.param_nvme && (tp > 1 || pp > 1) &&  // offload_param nvme: tp = pp = 1 (the runtime's limit)
+          !keep_stages([](int st) { return st != 3; }, "offload_param nvme with tp or pp > 1 is not supported by the runtime"))
+        continue;
+      if (job.memory.onebit != MemoryInput::OneBit::kNone) {  // 1-bit optimizers: ZeRO 0, no tp or pp (ds_config's check_onebit)
+        if (tp > 1 || pp > 1) {
+          out.rejected.push_back(family + ": 1-bit optimizers take no tp or pp (DeepSpeed's MPI backend; tp not built)");
+          continue;
+        }
+        if (!keep_stages(stage_zero, "1-bit optimizers need ZeRO stage 0 (as in DeepSpeed)")) continue;
+      }
+      if (job.update == UpdateKind::kLamb && job.memory.onebit == MemoryInput::OneBit::kNone &&  // ds_config's parse_zero
+          !keep_stages(stage_zero, "Lamb needs ZeRO stage 0 (its per-tensor trust ratio takes whole tensors)"))
+        continue;
+      if (pp > 1 &&  // the runtime's pipeline takes ZeRO 0 or 1
+          !keep_stages([](int st) { return st <= 1; }, "a pipeline takes ZeRO stage 0 or 1 (as DeepSpeed's pipeline engine)"))
+        continue;
+      std::vector<bool> recomputes = space.recompute ? std::vector<bool>{false, true} : std::vector<bool>{job.base.recompute};
+      // (schedule, virtual stages): the configuration's; searched, its non-interleaved schedule and
+      // the interleaved one at every chunk count that leaves each chunk a layer.
+      using parallel::pp::ScheduleKind;
+      std::vector<std::pair<ScheduleKind, int>> schedules = {{job.schedule_kind, job.virtual_stages}};
+      if (pp == 1) {
+        schedules = {{ScheduleKind::k1F1B, 1}};
+      } else if (space.schedule) {
+        schedules = {{job.schedule_kind == ScheduleKind::kInterleaved ? ScheduleKind::k1F1B : job.schedule_kind, 1}};
+        for (int v = 2; static_cast<int64_t>(pp) * v <= model.n_layer; ++v) schedules.emplace_back(ScheduleKind::kInterleaved, v);
+      }
+      // Sequence parallelism (tp > 1): the configuration's, or searched with the layout.
+      std::vector<bool> sps = {tp > 1 && job.memory.sequence_parallel};
+      if (tp > 1 && space.parallel) sps = job.sequence_parallel_forced ? std::vector<bool>{true} : std::vector<bool>{false, true};
+      for (bool sp : sps)
+      for (auto [kind, v] : schedules) {
+        // Named as Layout::describe names it: "sp" beside tp, the schedule beside pp.
+        const std::string fam = "dp " + std::to_string(dp) + (tp > 1 ? ", tp " + std::to_string(tp) + (sp ? " sp" : "") : "") +
+                                (pp > 1 ? ", pp " + std::to_string(pp) : "") +
+                                (pp > 1 && kind == ScheduleKind::kGPipe ? " GPipe" : "") +
+                                (pp > 1 && kind == ScheduleKind::kInterleaved ? " interleaved x " + std::to_string(v) : "");
+        for (int stage : stages)
+        for (bool rec : recomputes) {
+          int over_from = 0, over_count = 0, tried = 0, too_many = 0;
+          size_t over_bytes = 0;
+          for (int64_t B : batches) {
+            if (sp && (B * job.memory.seq_length) % tp != 0) continue;  // the rows split over the tp ranks
+            if (share / B > kMaxAccumulation || B > std::numeric_limits<int>::max()) {
+              ++too_many;
+              continue;
+            }
+            ++tried;
+            Layout l{.dp = dp, .tp = tp, .pp = pp, .stage = stage, .micro_batch = static_cast<int>(B),
+                     .accumulation = static_cast<int>(share / B), .recompute = rec, .schedule = kind, .virtual_stages = v,
+                     .sequence_parallel = sp};
+            ++out.considered;
+            check_layout(job, l);
+            size_t train = 0, bytes = 0;
+            std::vector<size_t> by_stage;
+            Prediction mem;
+            try {
+              const LayoutMemory& got = memory_of(l);
+              bytes = got.bytes;
+              train = got.train;
+              by_stage = got.by_stage;
+              mem = got.mem;
+            } catch (const Error& e) {  // a schedule or partition the runtime cannot run
+              const std::string why = fam + ": " + e.what();
+              if (std::find(out.rejected.begin(), out.rejected.end(), why) == out.rejected.end()) out.rejected.push_back(why);
+              continue;
+            }
+            // With the calibration's process constant the budget holds for the process as the kernel
+            // counts it, else (a described cluster) for the accounted bytes.
+            const size_t need = mem.process > 0 ? std::max(mem.process, bytes) : bytes;
+            if (need > budget) {
+              if (over_count++ == 0) over_from = static_cast<int>(B), over_bytes = need;
+              continue;
+            }
+            Prediction p;  // timed below, with the others
+            p.process = mem.process;
+            p.process_by_stage = std::move(mem.process_by_stage);
+            p.memory = bytes;
+            p.memory_train = train;
+            p.memory_by_stage = std::move(by_stage);
+            out.ranked.push_back({l, p});
+          }
+          if (too_many > 0 && tried == 0 && stage == stages.front() && rec == recomputes.front())
+            out.rejected.push_back(fam + ": every micro-batch size leaves more than " + std::to_string(kMaxAccumulation) +
+                                 " micro-batches a step (the simulator runs each), or is past int");
+          if (over_count) {
+            const std::string what = fam + ", ZeRO " + std::to_string(stage) + (rec ? ", recompute" : "");
+            out.rejected.push_back(what + ": " +
+                                 (over_count == tried ? std::string("every micro-batch")
+                                                      : std::to_string(over_count) + " of " + std::to_string(tried) + " micro-batch sizes") +
+                                 " over the budget of " + gib(budget) + " (B " + std::to_string(over_from) + " needs " +
+                                 gib(over_bytes) + (cal.process_bytes > 0 ? " as the process" : "") + ")");
+          }
         }
       }
+    }
+  };
+  const int threads = std::max(1, std::min(16, omp_get_max_threads()));
+  std::vector<Layout> wanted;
+  {
+    SearchResult listed;
+    const LayoutMemory none;
+    enumerate(listed, [&](const Layout& l) -> const LayoutMemory& {
+      wanted.push_back(l);
+      return none;
+    });
+  }
+  std::vector<LayoutMemory> memory(wanted.size());
+#pragma omp parallel for schedule(dynamic, 8) num_threads(threads)
+  for (int64_t k = 0; k < static_cast<int64_t>(wanted.size()); ++k) {
+    LayoutMemory& m = memory[static_cast<size_t>(k)];
+    try {
+      m.bytes = layout_memory(job, wanted[static_cast<size_t>(k)], cal, &m.train, &m.by_stage, &m.mem);
+    } catch (...) {
+      m.failed = std::current_exception();
     }
   }
+  size_t next = 0;
+  enumerate(r, [&](const Layout& l) -> const LayoutMemory& {
+    MT_CHECK(next < wanted.size() && wanted[next].describe() == l.describe(), ErrorKind::kInternal,
+             "plan: the search's second enumeration met " + l.describe() + " out of order");
+    const LayoutMemory& m = memory[next++];
+    if (m.failed) std::rethrow_exception(m.failed);
+    return m;
+  });
   // Every layout that fits is simulated, on the process's threads at once (each simulation is pure
   // and on its own; the caches they share are locked). A failure is the first layout's in order.
   // In the order of their pipeline schedules, so that the layouts of one schedule (each ZeRO stage,
@@ -554,7 +602,6 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return schedule_of(a) < schedule_of(b); });
   std::vector<std::exception_ptr> failed(r.ranked.size());
-  const int threads = std::max(1, std::min(16, omp_get_max_threads()));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t k = 0; k < n; ++k) {
     const size_t i = order[static_cast<size_t>(k)];

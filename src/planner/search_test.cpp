@@ -4,6 +4,7 @@
 #include "planner/search.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <map>
@@ -546,6 +547,46 @@ TEST(Search, ARejectedFamilyIsNamedAsItsLayoutsAre) {
     if (why.rfind("dp 1, tp 2 sp, pp 2 interleaved x 2, ZeRO 0:", 0) == 0) named = true;
   }
   EXPECT_TRUE(named);
+}
+
+// The search estimates every layout's memory on the process's threads, then ranks, rejects and
+// names them in order: on one thread or four, the same layouts, figures and rejections in the same
+// order (what the runtime refuses, pp 8 over 4 layers and interleaving at one micro-batch, among
+// them), and each layout's
+// memory the one predict_layout gives it alone.
+TEST(Search, TheThreadsChangeNothing) {
+  const PlanJob job = eight_process_job(models::Arch::kLlama, parallel::pp::ScheduleKind::k1F1B, 64);
+  const Calibration cal = priced_calibration();
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const SearchResult all = search_layouts(job, everything(), size_t{1} << 40, cal);
+  ASSERT_GT(all.ranked.size(), 20u);
+  std::vector<size_t> memory;
+  for (const RankedLayout& x : all.ranked) memory.push_back(x.prediction.memory);
+  std::nth_element(memory.begin(), memory.begin() + memory.size() / 2, memory.end());
+  const size_t budget = memory[memory.size() / 2];  // about half over it
+  const SearchResult one = search_layouts(job, everything(), budget, cal);
+  omp_set_num_threads(4);
+  const SearchResult four = search_layouts(job, everything(), budget, cal);
+  omp_set_num_threads(threads);
+  EXPECT_EQ(one.considered, four.considered);
+  EXPECT_EQ(one.rejected, four.rejected);
+  EXPECT_TRUE(std::any_of(one.rejected.begin(), one.rejected.end(),
+                          [](const std::string& why) { return why.find("pp 8: the model has 4 layer(s)") != std::string::npos; }));
+  EXPECT_TRUE(std::any_of(one.rejected.begin(), one.rejected.end(),
+                          [](const std::string& why) { return why.find("must be a multiple of parallel.pp") != std::string::npos; }));
+  EXPECT_TRUE(std::any_of(one.rejected.begin(), one.rejected.end(),
+                          [](const std::string& why) { return why.find("over the budget") != std::string::npos; }));
+  ASSERT_EQ(one.ranked.size(), four.ranked.size());
+  ASSERT_LT(one.ranked.size(), all.ranked.size());
+  for (size_t i = 0; i < one.ranked.size(); ++i) {
+    const RankedLayout &a = one.ranked[i], &b = four.ranked[i];
+    EXPECT_EQ(a.layout.describe(), b.layout.describe()) << i;
+    EXPECT_EQ(a.prediction.step, b.prediction.step) << a.layout.describe();
+    EXPECT_EQ(a.prediction.memory, b.prediction.memory) << a.layout.describe();
+    EXPECT_EQ(a.prediction.memory_by_stage, b.prediction.memory_by_stage) << a.layout.describe();
+    EXPECT_EQ(b.prediction.memory, predict_layout(job, b.layout, cal).memory) << b.layout.describe();
+  }
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 #include <limits>
 #include <map>
 #include <queue>
-#include <set>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -52,11 +51,19 @@ std::string SimOp::describe() const {
 SimReport simulate(const SimProgram& program, const SimOptions& options) {
   const int P = static_cast<int>(program.ranks.size());
   MT_CHECK(P < 65536, ErrorKind::kInvalidArgument, "simulator: " + std::to_string(P) + " ranks (at most 65535)");
+  // One pass over every instruction (a search's programs are millions of them): the waits' tags are
+  // checked against the asynchronous operations' after it.
+  std::vector<int> async_tags;               // of the rank being checked, sorted after its pass
+  std::vector<std::pair<int, size_t>> waits;  // (tag, index)
+  bool async_collective = false;
   for (int q = 0; q < P; ++q) {
-    std::multiset<int> async_tags;  // a wait names an asynchronous operation of its rank
-    for (const SimOp& o : program.ranks[q])
-      if (o.async) async_tags.insert(o.tag);
-    for (const SimOp& op : program.ranks[q]) {
+    const std::vector<SimOp>& list = program.ranks[q];
+    async_tags.clear();
+    waits.clear();
+    for (size_t i = 0; i < list.size(); ++i) {
+      const SimOp& op = list[i];
+      if (op.async) async_tags.push_back(op.tag), async_collective = async_collective || op.kind == SimOpKind::kCollective;
+      if (op.kind == SimOpKind::kCompute) continue;
       // The message's prefix, built only for a refusal (every op of every layout passes here).
       auto at = [&] { return "simulator: rank " + std::to_string(q) + " " + kind_name(op.kind) + " " + op.describe(); };
       if (op.kind == SimOpKind::kCollective) {
@@ -70,13 +77,19 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
         MT_CHECK(op.stream >= 1, ErrorKind::kInvalidArgument, at() + ": a stream's work names stream >= 1");
       if (op.kind == SimOpKind::kSend || op.kind == SimOpKind::kRecv)
         MT_CHECK(op.peer >= 0 && op.peer < P && op.peer != q, ErrorKind::kInvalidArgument, at() + ": bad peer");
-      if (op.kind == SimOpKind::kWait) {
-        const size_t found = async_tags.count(op.tag) - (op.async ? 1 : 0);
-        MT_CHECK(found > 0, ErrorKind::kInvalidArgument, at() + ": waits for tag " + std::to_string(op.tag) + ", never issued");
-      }
+      if (op.kind == SimOpKind::kWait) waits.emplace_back(op.tag, i);
+    }
+    std::sort(async_tags.begin(), async_tags.end());
+    for (const auto& [tag, i] : waits) {  // a wait names an asynchronous operation of its rank, not itself
+      const SimOp& op = list[i];
+      const auto [lo, hi] = std::equal_range(async_tags.begin(), async_tags.end(), tag);
+      MT_CHECK(hi - lo - (op.async ? 1 : 0) > 0, ErrorKind::kInvalidArgument,
+               "simulator: rank " + std::to_string(q) + " " + kind_name(op.kind) + " " + op.describe() + ": waits for tag " +
+                   std::to_string(op.tag) + ", never issued");
     }
   }
   SimReport r;
+  r.async_collective = async_collective;
   r.end.assign(P, 0.0);
   r.compute.assign(P, 0.0);
   r.comm.assign(P, 0.0);

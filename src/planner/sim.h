@@ -84,6 +84,7 @@ struct SimReport {
   std::vector<double> comm;       // per rank: seconds its communication stream was busy
   std::vector<double> blocked;    // per rank: seconds its compute stream waited (receives, blocking ops, waits)
   std::vector<double> streams;    // per rank: seconds its own streams (kStream) were busy, all together
+  bool async_collective = false;  // the program has an asynchronous collective (SimOptions::progress moves only those)
   // A rank's idle share of the step (the pipeline bubble on a pipeline program).
   double idle_share(int rank) const { return makespan > 0 ? (makespan - compute[rank]) / makespan : 0.0; }
 };

@@ -76,6 +76,9 @@ TEST(Simulator, OverlappedAllReduceCostsNothingASerialisedOneAddsItsTime) {
   EXPECT_DOUBLE_EQ(r.makespan, 2.5);
   EXPECT_DOUBLE_EQ(r.blocked[0], 0.5);
   EXPECT_DOUBLE_EQ(r.comm[1], 0.5);
+  // The report says whether progress could move anything (the search simulates once when not).
+  EXPECT_TRUE(r.async_collective);
+  EXPECT_FALSE(simulate(program(0.5, false)).async_collective);
 }
 
 // A collective starts when its last member arrives and ends on all of them at once; one rank's

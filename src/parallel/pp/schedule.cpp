@@ -1,13 +1,18 @@
 #include "parallel/pp/schedule.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "base/error.h"
+#include "base/once_cache.h"
 
 namespace mt::parallel::pp {
 
@@ -164,12 +169,15 @@ std::vector<std::vector<int>> grad_send_releases(const std::vector<std::vector<I
   const std::vector<Instr>& mine = ranks[rank];
   auto is_recv = [](const Instr& i) { return i.kind == OpKind::kRecvActivation || i.kind == OpKind::kRecvGrad; };
   auto is_send = [](const Instr& i) { return i.kind == OpKind::kSendActivation || i.kind == OpKind::kSendGrad; };
-  std::map<std::pair<int, int>, int> my_recv;  // (peer, tag) -> index in my list
+  // (peer, tag) in one word -> index in my list (hashed: lists of hundreds of thousands).
+  auto key = [](int peer, int tag) { return (static_cast<uint64_t>(static_cast<uint32_t>(peer)) << 32) | static_cast<uint32_t>(tag); };
+  std::unordered_map<uint64_t, int> my_recv;
+  my_recv.reserve(mine.size() / 2);
   for (size_t j = 0; j < mine.size(); ++j)
-    if (is_recv(mine[j])) my_recv[{mine[j].peer, mine[j].tag}] = static_cast<int>(j);
+    if (is_recv(mine[j])) my_recv[key(mine[j].peer, mine[j].tag)] = static_cast<int>(j);
   constexpr int kNone = std::numeric_limits<int>::max();
   struct Peer {
-    std::map<int, int> recv_from_me;  // tag -> index in the peer's list
+    std::unordered_map<int, int> recv_from_me;  // tag -> index in the peer's list
     std::vector<int> first_reply;     // [b]: my earliest receive of a message the peer sends at b or later
   };
   std::map<int, Peer> peers;
@@ -185,7 +193,7 @@ std::vector<std::vector<int>> grad_send_releases(const std::vector<std::vector<I
       if (i.peer != rank) continue;
       if (is_recv(i)) p.recv_from_me[i.tag] = static_cast<int>(b);
       if (is_send(i)) {
-        auto r = my_recv.find({q, i.tag});
+        auto r = my_recv.find(key(q, i.tag));
         MT_CHECK(r != my_recv.end(), ErrorKind::kInternal, "pipeline schedule: a message to rank " + std::to_string(rank) + " has no receive");
         p.first_reply[b] = std::min(p.first_reply[b], r->second);
       }
@@ -209,8 +217,18 @@ std::vector<std::vector<int>> grad_send_releases(const std::vector<std::vector<I
 std::string rendezvous_check(const std::vector<std::vector<Instr>>& ranks,
                              const std::vector<std::vector<std::vector<int>>>& waits) {
   const int P = static_cast<int>(ranks.size());
-  using Key = std::tuple<int, int, int>;  // (from, to, tag)
-  std::set<Key> posted_sends, reached_recvs;
+  // (from, to, tag) in one word, hashed: a search checks schedules of hundreds of thousands of
+  // messages, and an ordered set of tuples was most of a 512-process search's time.
+  auto key = [](int from, int to, int tag) {
+    return (static_cast<uint64_t>(static_cast<uint16_t>(from)) << 48) | (static_cast<uint64_t>(static_cast<uint16_t>(to)) << 32) |
+           static_cast<uint32_t>(tag);
+  };
+  MT_CHECK(P < 65536, ErrorKind::kInvalidArgument, "pipeline schedule: " + std::to_string(P) + " ranks (at most 65535)");
+  size_t messages = 0;
+  for (const std::vector<Instr>& list : ranks) messages += list.size();
+  std::unordered_set<uint64_t> posted_sends, reached_recvs;
+  posted_sends.reserve(messages / 2);
+  reached_recvs.reserve(messages / 2);
   std::vector<size_t> pc(static_cast<size_t>(P), 0);
   auto waits_of = [&](int q, size_t j) -> const std::vector<int>* {
     if (q >= static_cast<int>(waits.size()) || j >= waits[q].size()) return nullptr;
@@ -225,15 +243,15 @@ std::string rendezvous_check(const std::vector<std::vector<Instr>>& ranks,
         if (const std::vector<int>* w = waits_of(q, pc[q]))
           for (int s : *w) {
             const Instr& send = list.at(static_cast<size_t>(s));
-            if (!reached_recvs.count({q, send.peer, send.tag})) blocked = true;
+            if (!reached_recvs.count(key(q, send.peer, send.tag))) blocked = true;
           }
         if (blocked) break;
         const Instr& i = list[pc[q]];
         if (i.kind == OpKind::kRecvActivation || i.kind == OpKind::kRecvGrad) {
-          reached_recvs.insert({i.peer, q, i.tag});  // posted: its sender's wait may end
-          if (!posted_sends.count({i.peer, q, i.tag})) break;
+          reached_recvs.insert(key(i.peer, q, i.tag));  // posted: its sender's wait may end
+          if (!posted_sends.count(key(i.peer, q, i.tag))) break;
         } else if (i.kind == OpKind::kSendActivation || i.kind == OpKind::kSendGrad) {
-          posted_sends.insert({q, i.peer, i.tag});
+          posted_sends.insert(key(q, i.peer, i.tag));
         }
         ++pc[q];
         progressed = true;
@@ -276,22 +294,14 @@ GradSendPlan grad_send_plan(const std::vector<std::vector<Instr>>& ranks, int ra
 }
 
 bool gradient_waits_safe(const ScheduleSpec& s) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int>, bool> known;
-  const std::tuple<int, int, int, int> key{static_cast<int>(s.kind), s.pp, s.virtual_stages, s.micro_batches};
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = known.find(key);
-    if (it != known.end()) return it->second;
-  }
-  std::vector<std::vector<Instr>> ranks;
-  for (int q = 0; q < s.pp; ++q) ranks.push_back(build_schedule(s, q));
-  std::vector<std::vector<std::vector<int>>> waits;
-  for (int q = 0; q < s.pp; ++q) waits.push_back(grad_send_plan(ranks, q, true).wait_before);
-  const bool safe = rendezvous_check(ranks, waits).empty();
-  std::lock_guard<std::mutex> lock(mu);
-  known[key] = safe;
-  return safe;
+  static OnceCache<std::tuple<int, int, int, int>, bool> known(4096);
+  return known.get({static_cast<int>(s.kind), s.pp, s.virtual_stages, s.micro_batches}, [&] {
+    std::vector<std::vector<Instr>> ranks;
+    for (int q = 0; q < s.pp; ++q) ranks.push_back(build_schedule(s, q));
+    std::vector<std::vector<std::vector<int>>> waits;
+    for (int q = 0; q < s.pp; ++q) waits.push_back(grad_send_plan(ranks, q, true).wait_before);
+    return rendezvous_check(ranks, waits).empty();
+  });
 }
 
 GradSendPlan executor_grad_plan(const ScheduleSpec& s, const std::vector<std::vector<Instr>>& ranks, int rank) {
@@ -314,23 +324,19 @@ int max_grads_in_flight(const ScheduleSpec& s, const std::vector<std::vector<Ins
 
 RankBuffers rank_buffers(const ScheduleSpec& s, int rank) {
   MT_CHECK(rank >= 0 && rank < s.pp, ErrorKind::kInvalidArgument, "pipeline rank out of range");
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int>, std::vector<RankBuffers>> known;
-  const std::tuple<int, int, int, int> key{static_cast<int>(s.kind), s.pp, s.virtual_stages, s.micro_batches};
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = known.find(key);
-    if (it != known.end()) return it->second[static_cast<size_t>(rank)];
-  }
-  std::vector<std::vector<Instr>> ranks;
-  for (int q = 0; q < s.pp; ++q) ranks.push_back(build_schedule(s, q));
-  std::vector<RankBuffers> all;
-  for (int q = 0; q < s.pp; ++q)
-    all.push_back({max_in_flight(ranks[static_cast<size_t>(q)]), max_grads_in_flight(s, ranks, q)});
-  std::lock_guard<std::mutex> lock(mu);
-  if (known.size() >= 4096) known.clear();  // a bound for a long-lived process; a search asks for far fewer
-  known[key] = all;
-  return all[static_cast<size_t>(rank)];
+  // A bound for a long-lived process; a search asks for far fewer.
+  static OnceCache<std::tuple<int, int, int, int>, std::shared_ptr<const std::vector<RankBuffers>>> known(4096);
+  return known
+      .get({static_cast<int>(s.kind), s.pp, s.virtual_stages, s.micro_batches},
+           [&] {
+             std::vector<std::vector<Instr>> ranks;
+             for (int q = 0; q < s.pp; ++q) ranks.push_back(build_schedule(s, q));
+             auto all = std::make_shared<std::vector<RankBuffers>>();
+             for (int q = 0; q < s.pp; ++q)
+               all->push_back({max_in_flight(ranks[static_cast<size_t>(q)]), max_grads_in_flight(s, ranks, q)});
+             return std::shared_ptr<const std::vector<RankBuffers>>(std::move(all));
+           })
+      ->at(static_cast<size_t>(rank));
 }
 
 SimResult simulate(const ScheduleSpec& s, const std::vector<std::vector<Instr>>& ranks, double t_forward, double t_backward) {
