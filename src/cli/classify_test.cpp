@@ -9,15 +9,20 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include "base/file_io.h"
 #include "cli/cli_test_util.h"
 #include "data/token_stream.h"
 #include "data/tokenizer.h"
+#include "engine/checkpoint_io.h"
 
 namespace fs = std::filesystem;
 
@@ -750,6 +755,25 @@ TEST(Classify, AScheduleThatTakesTheLrBelowZeroIsRefusedBeforeTraining) {
             std::string::npos)
       << err;
   EXPECT_FALSE(fs::exists(dir() + "/run-lr-below-zero/latest")) << err;
+}
+
+// A classification run saves to its save_dir alone too: while another process holds the save_dir
+// (here this test, as a live run would), the run is refused at start with one line naming it, and
+// nothing is trained or written there; once let go, the same run trains and saves.
+TEST(Classify, ASecondRunOnASaveDirIsRefusedWhileTheFirstHoldsIt) {
+  const std::string cfg = write_config("held", {{"num_train_epochs", 1}, {"eval_interval", 0}, {"save_interval", 0}});
+  const std::string save = dir() + "/run-held";
+  std::string err;
+  {
+    const std::unique_ptr<mt::HeldLock> other = mt::engine::checkpoint_dir_hold(save);
+    EXPECT_EQ(run("train " + cfg, nullptr, &err), 2) << err;
+    EXPECT_NE(err.find("save_dir " + save + " is in use by another run (pid " + std::to_string(getpid())), std::string::npos)
+        << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    EXPECT_FALSE(fs::exists(save + "/latest"));
+  }
+  EXPECT_EQ(run("train " + cfg, nullptr, &err), 0) << err;
+  EXPECT_TRUE(fs::exists(save + "/latest")) << err;
 }
 
 TEST(Classify, BadInputIsOneLineAndExitTwo) {
