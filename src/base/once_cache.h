@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 namespace mt {
@@ -21,30 +23,37 @@ class OnceCache {
   // out and computations under way are not affected).
   explicit OnceCache(size_t bound) : bound_(bound) {}
 
-  // The value of `key`, made by make() on the first call for it; an exception make() threw is
-  // thrown to every caller of that key.
+  // The value of `key`, made by make() on the first call for it. An exception make() throws is
+  // thrown to every caller waiting for that computation, and the key is not kept: the next call
+  // makes it again (as a cache that remembers only values would).
   template <class Make>
   Value get(const Key& key, Make&& make) {
     std::shared_future<Value> value;
-    std::promise<Value> promise;
-    bool mine = false;
+    std::optional<std::promise<Value>> promise;  // made on a miss only
+    uint64_t id = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = known_.find(key);
       if (it != known_.end()) {
-        value = it->second;
+        value = it->second.value;
       } else {
         if (known_.size() >= bound_) known_.clear();
-        value = promise.get_future().share();
-        known_.emplace(key, value);
-        mine = true;
+        promise.emplace();
+        value = promise->get_future().share();
+        id = ++made_;
+        known_.emplace(key, Entry{value, id});
       }
     }
-    if (mine) {
+    if (promise) {
       try {
-        promise.set_value(make());
+        promise->set_value(make());
       } catch (...) {
-        promise.set_exception(std::current_exception());
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = known_.find(key);
+          if (it != known_.end() && it->second.id == id) known_.erase(it);  // not a later computation's
+        }
+        promise->set_exception(std::current_exception());
       }
     }
     return value.get();
@@ -53,7 +62,12 @@ class OnceCache {
  private:
   size_t bound_;
   std::mutex mu_;
-  std::map<Key, std::shared_future<Value>> known_;
+  struct Entry {
+    std::shared_future<Value> value;
+    uint64_t id;  // which computation (a failed one's entry is removed, not a later one's)
+  };
+  uint64_t made_ = 0;
+  std::map<Key, Entry> known_;
 };
 
 }  // namespace mt

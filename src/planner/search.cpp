@@ -127,6 +127,10 @@ std::vector<int> pipeline_bounds(const PlanJob& job, const Layout& l, const para
   // 126 stages: 2 M steps), and every layout of a grid and schedule asks it again, several times.
   const parallel::pp::PartitionMethod method = parallel::pp::parse_partition(job.partition, "parallel.partition");
   static OnceCache<std::tuple<int, int, double, double, std::vector<double>>, std::vector<int>> known(4096);
+  // A NaN compares equal to every cost in a key: such an input is split without the cache.
+  bool nan = std::isnan(in.first_cost) || std::isnan(in.last_cost);
+  for (double c : in.layer_cost) nan = nan || std::isnan(c);
+  if (nan) return parallel::pp::partition_layers(method, in);
   return known.get({static_cast<int>(method), in.stages, in.first_cost, in.last_cost, in.layer_cost},
                    [&] { return parallel::pp::partition_layers(method, in); });
 }
@@ -177,10 +181,12 @@ bool ranks_alike(const PlanJob& job, const ZeroStepCosts& costs) {
   const int per_host = job.ranks_per_host > 0 ? job.ranks_per_host : job.procs;
   return per_host >= job.procs && costs.disk_interference <= 0;
 }
-Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal);
+// `scratch`: a program a pipeline's step is built into, refilled in place (pipeline_step_program's
+// reason); a search gives each thread one for the search's life. Null: one of the call's own.
+Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal, SimProgram* scratch = nullptr);
 Prediction finish_prediction(const PlanJob& job, const Layout& l, const ZeroStepCosts& costs, SimProgram& program);
 
-Prediction time_program(const PlanJob& job, const Layout& l, const Calibration& cal) {
+Prediction time_program(const PlanJob& job, const Layout& l, const Calibration& cal, SimProgram* scratch) {
   const MemoryInput& m = job.memory;
   const ZeroStepCosts costs = zero_step_costs(step_shape(job, l), cal);
   if (l.pp > 1) {
@@ -206,8 +212,8 @@ Prediction time_program(const PlanJob& job, const Layout& l, const Calibration& 
                           : 0;
     spec.one_replica = ranks_alike(job, costs);
     spec.shared_cores = job.host_cores > 0;
-    // The thread's program, refilled in place (pipeline_step_program's reason).
-    thread_local SimProgram program;
+    SimProgram own;
+    SimProgram& program = scratch ? *scratch : own;
     pipeline_step_program(spec, costs, program);
     Prediction p = finish_prediction(job, l, costs, program);
     p.bounds = spec.bounds;
@@ -228,15 +234,15 @@ Prediction time_program(const PlanJob& job, const Layout& l, const Calibration& 
 // 6e-5 of the step off a line through 64-128 that held to 1e-9; GPipe with shared cores 2e-6).
 // Thousands of micro-batches a rank had taken the search of 64 processes 15 s; every figure agrees
 // with the whole simulation to 1e-9 (Search.ManyMicroBatchesAreTheSteadyStatesLine).
-Prediction time_one(const PlanJob& job, const Layout& l, const Calibration& cal) {
+Prediction time_one(const PlanJob& job, const Layout& l, const Calibration& cal, SimProgram* scratch) {
   const int counts[4] = {8, 9, 10, 12};
   // The four cost 39 micro-batches (twice with an asynchronous collective): fewer are simulated whole.
-  if (job.every_micro_batch || l.pp > 1 || l.accumulation < 80) return time_program(job, l, cal);
+  if (job.every_micro_batch || l.pp > 1 || l.accumulation < 80) return time_program(job, l, cal, scratch);
   Prediction at[4];
   for (int i = 0; i < 4; ++i) {
     Layout few = l;
     few.accumulation = counts[i];
-    at[i] = time_program(job, few, cal);
+    at[i] = time_program(job, few, cal, scratch);
   }
   double Prediction::*figures[] = {&Prediction::step, &Prediction::step_progress, &Prediction::compute,
                                    &Prediction::comm, &Prediction::blocked, &Prediction::streams};
@@ -245,7 +251,7 @@ Prediction time_one(const PlanJob& job, const Layout& l, const Calibration& cal)
   for (double Prediction::*f : figures) {
     const double per = (at[3].*f - at[1].*f) / (counts[3] - counts[1]);
     for (int i = 0; i < 3; ++i)
-      if (std::abs(at[3].*f - per * (counts[3] - counts[i]) - at[i].*f) > tolerance) return time_program(job, l, cal);
+      if (std::abs(at[3].*f - per * (counts[3] - counts[i]) - at[i].*f) > tolerance) return time_program(job, l, cal, scratch);
     p.*f = at[3].*f + per * (l.accumulation - counts[3]);
   }
   p.tokens_per_s = p.step > 0 ? static_cast<double>(job.global_batch) * job.memory.seq_length / p.step : 0.0;
@@ -255,15 +261,15 @@ Prediction time_one(const PlanJob& job, const Layout& l, const Calibration& cal)
 
 // A job whose steps differ (PlanJob::update_mix): each kind's step simulated on its own, the mean
 // step their shares' sum (the step, its parts and tokens/s alike).
-Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal) {
-  if (job.update_mix.empty()) return time_one(job, l, cal);
+Prediction time_layout(const PlanJob& job, const Layout& l, const Calibration& cal, SimProgram* scratch) {
+  if (job.update_mix.empty()) return time_one(job, l, cal, scratch);
   Prediction mean;
   double share = 0.0;
   for (const auto& [kind, w] : job.update_mix) {
     PlanJob one = job;
     one.update = kind;
     one.update_mix.clear();
-    const Prediction p = time_one(one, l, cal);
+    const Prediction p = time_one(one, l, cal, scratch);
     if (share == 0.0) mean = p, mean.step = mean.step_progress = mean.compute = mean.comm = mean.blocked = mean.streams = 0.0;
     mean.step += w * p.step;
     mean.step_progress += w * p.step_progress;
@@ -579,14 +585,22 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       m.failed = std::current_exception();
     }
   }
+  // Asked inside the enumeration's catch of a refusal: a disorder is said after it, not rejected.
   size_t next = 0;
+  std::string disorder;
   enumerate(r, [&](const Layout& l) -> const LayoutMemory& {
-    MT_CHECK(next < wanted.size() && wanted[next].describe() == l.describe(), ErrorKind::kInternal,
-             "plan: the search's second enumeration met " + l.describe() + " out of order");
+    if (next >= wanted.size() || wanted[next].describe() != l.describe()) {
+      if (disorder.empty()) disorder = l.describe();
+      static const LayoutMemory none;
+      return none;
+    }
     const LayoutMemory& m = memory[next++];
     if (m.failed) std::rethrow_exception(m.failed);
     return m;
   });
+  MT_CHECK(disorder.empty() && next == wanted.size(), ErrorKind::kInternal,
+           "plan: the search's second enumeration met " + (disorder.empty() ? std::string("fewer layouts") : disorder) +
+               " out of order");
   // Every layout that fits is simulated, on the process's threads at once (each simulation is pure
   // and on its own; the caches they share are locked). A failure is the first layout's in order.
   // In the order of their pipeline schedules, so that the layouts of one schedule (each ZeRO stage,
@@ -602,12 +616,13 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return schedule_of(a) < schedule_of(b); });
   std::vector<std::exception_ptr> failed(r.ranked.size());
+  std::vector<SimProgram> scratch(static_cast<size_t>(threads));  // each thread's, for the search's life
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t k = 0; k < n; ++k) {
     const size_t i = order[static_cast<size_t>(k)];
     RankedLayout& x = r.ranked[i];
     try {
-      Prediction p = time_layout(job, x.layout, cal);
+      Prediction p = time_layout(job, x.layout, cal, &scratch[static_cast<size_t>(omp_get_thread_num())]);
       p.process = x.prediction.process;
       p.process_by_stage = std::move(x.prediction.process_by_stage);
       p.memory = x.prediction.memory;

@@ -557,18 +557,21 @@ TEST(Search, ARejectedFamilyIsNamedAsItsLayoutsAre) {
 TEST(Search, TheThreadsChangeNothing) {
   const PlanJob job = eight_process_job(models::Arch::kLlama, parallel::pp::ScheduleKind::k1F1B, 64);
   const Calibration cal = priced_calibration();
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
+  struct Threads {  // the process's thread count again at the end, whatever fails
+    int was = omp_get_max_threads();
+    ~Threads() { omp_set_num_threads(was); }
+  } restore;
+  // Four threads first, while the schedule caches are cold for this job.
+  omp_set_num_threads(4);
   const SearchResult all = search_layouts(job, everything(), size_t{1} << 40, cal);
   ASSERT_GT(all.ranked.size(), 20u);
   std::vector<size_t> memory;
   for (const RankedLayout& x : all.ranked) memory.push_back(x.prediction.memory);
   std::nth_element(memory.begin(), memory.begin() + memory.size() / 2, memory.end());
   const size_t budget = memory[memory.size() / 2];  // about half over it
-  const SearchResult one = search_layouts(job, everything(), budget, cal);
-  omp_set_num_threads(4);
   const SearchResult four = search_layouts(job, everything(), budget, cal);
-  omp_set_num_threads(threads);
+  omp_set_num_threads(1);
+  const SearchResult one = search_layouts(job, everything(), budget, cal);
   EXPECT_EQ(one.considered, four.considered);
   EXPECT_EQ(one.rejected, four.rejected);
   EXPECT_TRUE(std::any_of(one.rejected.begin(), one.rejected.end(),

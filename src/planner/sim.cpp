@@ -52,7 +52,9 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
   const int P = static_cast<int>(program.ranks.size());
   MT_CHECK(P < 65536, ErrorKind::kInvalidArgument, "simulator: " + std::to_string(P) + " ranks (at most 65535)");
   // One pass over every instruction (a search's programs are millions of them): the waits' tags are
-  // checked against the asynchronous operations' after it.
+  // checked against the asynchronous operations' after it. The first refusal in a rank's order is
+  // the one thrown, as a check op by op would: a wait's, or the first other one found (after which
+  // the pass only gathers the tags).
   std::vector<int> async_tags;               // of the rank being checked, sorted after its pass
   std::vector<std::pair<int, size_t>> waits;  // (tag, index)
   bool async_collective = false;
@@ -60,23 +62,28 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     const std::vector<SimOp>& list = program.ranks[q];
     async_tags.clear();
     waits.clear();
+    size_t refused_at = list.size();  // the first instruction refused other than a wait
+    std::string refusal;
     for (size_t i = 0; i < list.size(); ++i) {
       const SimOp& op = list[i];
       if (op.async) async_tags.push_back(op.tag), async_collective = async_collective || op.kind == SimOpKind::kCollective;
-      if (op.kind == SimOpKind::kCompute) continue;
-      // The message's prefix, built only for a refusal (every op of every layout passes here).
-      auto at = [&] { return "simulator: rank " + std::to_string(q) + " " + kind_name(op.kind) + " " + op.describe(); };
+      if (op.kind == SimOpKind::kCompute || refused_at < list.size()) continue;
+      // The message, built only for a refusal (every op of every layout passes here).
+      auto refuse = [&](const std::string& why) {
+        refused_at = i;
+        refusal = "simulator: rank " + std::to_string(q) + " " + kind_name(op.kind) + " " + op.describe() + ": " + why;
+      };
       if (op.kind == SimOpKind::kCollective) {
-        MT_CHECK(op.group >= 0 && op.group < static_cast<int>(program.groups.size()), ErrorKind::kInvalidArgument,
-                 at() + ": no group " + std::to_string(op.group));
-        const auto& g = program.groups[op.group];
-        MT_CHECK(std::find(g.begin(), g.end(), q) != g.end(), ErrorKind::kInvalidArgument,
-                 at() + ": the rank is not in group " + std::to_string(op.group));
+        if (op.group < 0 || op.group >= static_cast<int>(program.groups.size())) {
+          refuse("no group " + std::to_string(op.group));
+        } else {
+          const auto& g = program.groups[op.group];
+          if (std::find(g.begin(), g.end(), q) == g.end()) refuse("the rank is not in group " + std::to_string(op.group));
+        }
       }
-      if (op.kind == SimOpKind::kStream)
-        MT_CHECK(op.stream >= 1, ErrorKind::kInvalidArgument, at() + ": a stream's work names stream >= 1");
-      if (op.kind == SimOpKind::kSend || op.kind == SimOpKind::kRecv)
-        MT_CHECK(op.peer >= 0 && op.peer < P && op.peer != q, ErrorKind::kInvalidArgument, at() + ": bad peer");
+      if (op.kind == SimOpKind::kStream && op.stream < 1) refuse("a stream's work names stream >= 1");
+      if ((op.kind == SimOpKind::kSend || op.kind == SimOpKind::kRecv) && (op.peer < 0 || op.peer >= P || op.peer == q))
+        refuse("bad peer");
       if (op.kind == SimOpKind::kWait) waits.emplace_back(op.tag, i);
     }
     std::sort(async_tags.begin(), async_tags.end());
@@ -87,6 +94,7 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
                "simulator: rank " + std::to_string(q) + " " + kind_name(op.kind) + " " + op.describe() + ": waits for tag " +
                    std::to_string(op.tag) + ", never issued");
     }
+    MT_CHECK(refused_at == list.size(), ErrorKind::kInvalidArgument, refusal);
   }
   SimReport r;
   r.async_collective = async_collective;

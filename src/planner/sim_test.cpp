@@ -236,6 +236,19 @@ TEST(Simulator, DeadlocksAreReportedAndBadProgramsRefused) {
   EXPECT_THROW(simulate(p), Error);  // nothing issued with tag 9
   p.ranks = {{{SimOpKind::kSend, 1.0, 0, 1, -1, false, "to itself"}}, {}};
   EXPECT_THROW(simulate(p), Error);
+  // Of two refusals, the first in the rank's order is the one said.
+  auto refusal = [&] {
+    try {
+      simulate(p);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("none");
+  };
+  p.ranks = {{wait(3), {SimOpKind::kSend, 1.0, 0, 1, -1, false, "to itself"}}, {}};
+  EXPECT_NE(refusal().find("waits for tag 3, never issued"), std::string::npos) << refusal();
+  p.ranks = {{{SimOpKind::kSend, 1.0, 0, 1, -1, false, "to itself"}, wait(3)}, {}};
+  EXPECT_NE(refusal().find("send to itself: bad peer"), std::string::npos) << refusal();
 }
 
 }  // namespace

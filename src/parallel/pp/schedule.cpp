@@ -225,7 +225,13 @@ std::string rendezvous_check(const std::vector<std::vector<Instr>>& ranks,
   };
   MT_CHECK(P < 65536, ErrorKind::kInvalidArgument, "pipeline schedule: " + std::to_string(P) + " ranks (at most 65535)");
   size_t messages = 0;
-  for (const std::vector<Instr>& list : ranks) messages += list.size();
+  for (int q = 0; q < P; ++q) {
+    messages += ranks[q].size();
+    for (const Instr& i : ranks[q])  // the key holds ranks in 16 bits
+      MT_CHECK(i.kind == OpKind::kForward || i.kind == OpKind::kBackward || (i.peer >= 0 && i.peer < P),
+               ErrorKind::kInvalidArgument,
+               "pipeline schedule: rank " + std::to_string(q) + " names peer " + std::to_string(i.peer) + " of " + std::to_string(P));
+  }
   std::unordered_set<uint64_t> posted_sends, reached_recvs;
   posted_sends.reserve(messages / 2);
   reached_recvs.reserve(messages / 2);
