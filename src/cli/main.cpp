@@ -103,7 +103,15 @@ int main(int argc, char** argv) {
   try {
     app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version print and exit 0 as CLI11 has them. A bad argument is bad input: one
+    // line, exit 2, as every other (CLI11 printed two lines and exited 104-109).
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    const bool sub = argc > 1 && argv[1][0] != '-';
+    std::fprintf(stderr, "meshtrain: error: %s (meshtrain %s--help lists the options)\n", what.c_str(),
+                 sub ? (std::string(argv[1]) + " ").c_str() : "");
+    return 2;
   } catch (const mt::Error& e) {
     std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
     bool bad_input = e.kind() == mt::ErrorKind::kInvalidArgument || e.kind() == mt::ErrorKind::kNotFound ||

@@ -1041,11 +1041,11 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--cluster", o->cluster,
                   "plan for a described cluster (configs/clusters/*.json: devices, peaks, links) instead of this "
                   "machine's calibration; its device memory is the budget");
-  cmd->add_option("--top", o->top, "layouts to print with --search (default 5)")->check(CLI::PositiveNumber);
+  cmd->add_option("--top", o->top, "layouts to print with --search (default 5)")->check(CLI::Range(1, std::numeric_limits<int>::max()));
   cmd->add_option("--memory", o->memory_gib, "memory per rank in GiB (default: planner.memory_gib, else physical RAM / procs)");
   cmd->add_option("--validate", o->validate,
                   "with --search: train the first K layouts, K others that fit and the configured one here, "
-                  "and print predicted against measured")->check(CLI::NonNegativeNumber);
+                  "and print predicted against measured")->check(CLI::Range(0, std::numeric_limits<int>::max()));
   cmd->add_option("--steps", o->steps, "steps each --validate run trains (default 6; steps 3.. are measured)")
       ->check(CLI::Range(3, 1000));
   cmd->add_option("--rounds", o->rounds,

@@ -1171,6 +1171,30 @@ TEST(Validation, EverythingIsCheckedBeforeTheFirstStep) {
   }
 }
 
+// A bad argument is bad input like any other: one line, exit 2. CLI11 printed its message and "Run
+// with --help", exiting 104-109, and its positive-number check said "Value 0 not in range 0.000000 to
+// 1797693...": --top 0 read as in range. --help still prints and exits 0.
+TEST(Validation, ABadArgumentIsOneLineAndExitTwo) {
+  const std::string cfg = config("bad-argument");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"plan " + cfg + " --top 0", "meshtrain: error: --top: Value 0 not in range 1 to 2147483647 (meshtrain plan --help"},
+      {"plan " + cfg + " --validate -1", "--validate: Value -1 not in range 0 to"},
+      {"plan " + cfg + " --procs 99999999999", "Could not convert: --procs = 99999999999"},
+      {"train " + cfg + " --nonsense", "The following argument was not expected: --nonsense (meshtrain train --help"},
+      {"plan", "CONFIG is required"},
+  };
+  for (const auto& [args, want] : cases) {
+    std::string err, out;
+    EXPECT_EQ(run(args, &err, &out), 2) << args;
+    EXPECT_NE(err.find(want), std::string::npos) << args << ": " << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    EXPECT_EQ(err.find("Run with --help"), std::string::npos) << err;
+  }
+  std::string err, out;
+  EXPECT_EQ(run("plan --help", &err, &out), 0) << err;
+  EXPECT_NE(out.find("--top"), std::string::npos) << out;
+}
+
 TEST(Validation, AMistypedSubcommandSaysWhichExist) {
   std::string err;
   EXPECT_EQ(run("trian x.json", &err), 2);  // was: "A subcommand is required"
