@@ -407,6 +407,11 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     const double before = now;
     now = next;
     std::fill(touched.begin(), touched.end(), 0);
+    // Every host's clock brought to now before any rank is tested against it: advanced by the
+    // first rank to end here, it read the ranks after that one by another rounding, so of a
+    // stage's data-parallel replicas, ending together, one could end a hair later than the other.
+    if (fair)
+      for (int h = 0; h < hosts; ++h) advance(h);
     for (int q = 0; q < P; ++q)
       if (held[q] > 0 && st[q].main <= now) {  // a fixed wait has ended: its demand leaves
         if (fair) advance(host_of(q));
