@@ -306,6 +306,23 @@ TEST(Search, OneReplicaStandsForAllWhereNothingSetsThemApart) {
   EXPECT_GT(compared, 100u);  // layouts where the whole program has more than one replica
 }
 
+// 8 processes at B 2 of 1,024 samples a step (64 to 512 micro-batches a rank) on `cores` shared
+// cores (0: cores of their own), `threads` threads each; searched with the batch and the schedule kept.
+PlanJob many_micro_batches_job(models::Arch arch, parallel::pp::ScheduleKind kind, double cores, int threads) {
+  PlanJob job = eight_process_job(arch, kind, 1024);
+  job.host_cores = cores;
+  job.threads = threads;
+  job.base.micro_batch = 2;
+  return job;
+}
+
+SearchSpace batch_kept() {
+  SearchSpace space = everything();
+  space.batch = false;
+  space.schedule = false;
+  return space;
+}
+
 // The same over many micro-batches on shared cores, where the replicas of a stage of the whole
 // program had parted: the first to end at an event advanced the host's clock, and the second,
 // tested against the advanced clock, could end a rounding later, so their timelines differed (here
@@ -318,13 +335,8 @@ TEST(Search, OneReplicaStandsForAllOverManyMicroBatches) {
   for (models::Arch arch : {models::Arch::kGpt2, models::Arch::kLlama})
     for (auto kind : {parallel::pp::ScheduleKind::k1F1B, parallel::pp::ScheduleKind::kGPipe,
                       parallel::pp::ScheduleKind::kInterleaved}) {
-      PlanJob job = eight_process_job(arch, kind, 1024);
-      job.host_cores = 3.0;  // 8 processes of 2 threads on 3 cores
-      job.threads = 2;
-      job.base.micro_batch = 2;
-      SearchSpace space = everything();
-      space.batch = false;  // B 2: 64 to 512 micro-batches a rank
-      space.schedule = false;
+      PlanJob job = many_micro_batches_job(arch, kind, 3.0, 2);  // 8 processes of 2 threads on 3 cores
+      const SearchSpace space = batch_kept();
       const SearchResult one = search_layouts(job, space, size_t{1} << 40, cal);
       job.whole_program = true;
       const SearchResult whole = search_layouts(job, space, size_t{1} << 40, cal);
@@ -356,12 +368,8 @@ TEST(Search, ManyMicroBatchesAreTheSteadyStatesLine) {
     for (auto kind : {parallel::pp::ScheduleKind::k1F1B, parallel::pp::ScheduleKind::kGPipe,
                       parallel::pp::ScheduleKind::kInterleaved})
       for (double cores : {0.0, 2.0}) {
-        PlanJob job = eight_process_job(arch, kind, 1024);
-        job.host_cores = cores;
-        job.base.micro_batch = 2;
-        SearchSpace space = everything();
-        space.batch = false;  // B 2: 64 to 512 micro-batches a rank
-        space.schedule = false;
+        PlanJob job = many_micro_batches_job(arch, kind, cores, 1);
+        const SearchSpace space = batch_kept();
         const SearchResult line = search_layouts(job, space, size_t{1} << 40, cal);
         job.every_micro_batch = true;
         const SearchResult every = search_layouts(job, space, size_t{1} << 40, cal);
