@@ -104,13 +104,23 @@ int main(int argc, char** argv) {
     app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
     // --help and --version print and exit 0 as CLI11 has them. A bad argument is bad input: one
-    // line, exit 2, as every other (CLI11 printed two lines and exited 104-109).
+    // line, exit 2, as every other (CLI11 printed two lines and exited 100-114). The hint names the
+    // subcommand as far as the words name one (`config check`, `tokenizer encode`).
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
     std::string what = e.what();
     std::replace(what.begin(), what.end(), '\n', ' ');
-    const bool sub = argc > 1 && argv[1][0] != '-';
-    std::fprintf(stderr, "meshtrain: error: %s (meshtrain %s--help lists the options)\n", what.c_str(),
-                 sub ? (std::string(argv[1]) + " ").c_str() : "");
+    std::string sub;
+    const CLI::App* at = &app;
+    for (int i = 1; i < argc; ++i) {
+      const CLI::App* next = nullptr;
+      for (const CLI::App* s : at->get_subcommands({}))
+        if (s->get_name() == argv[i]) next = s;
+      if (!next) break;
+      sub += argv[i];
+      sub += ' ';
+      at = next;
+    }
+    std::fprintf(stderr, "meshtrain: error: %s (meshtrain %s--help lists the options)\n", what.c_str(), sub.c_str());
     return 2;
   } catch (const mt::Error& e) {
     std::fprintf(stderr, "meshtrain: error: %s\n", e.what());

@@ -1172,7 +1172,7 @@ TEST(Validation, EverythingIsCheckedBeforeTheFirstStep) {
 }
 
 // A bad argument is bad input like any other: one line, exit 2. CLI11 printed its message and "Run
-// with --help", exiting 104-109, and its positive-number check said "Value 0 not in range 0.000000 to
+// with --help", exiting 100-114, and its positive-number check said "Value 0 not in range 0.000000 to
 // 1797693...": --top 0 read as in range. --help still prints and exits 0.
 TEST(Validation, ABadArgumentIsOneLineAndExitTwo) {
   const std::string cfg = config("bad-argument");
@@ -1182,6 +1182,7 @@ TEST(Validation, ABadArgumentIsOneLineAndExitTwo) {
       {"plan " + cfg + " --procs 99999999999", "Could not convert: --procs = 99999999999"},
       {"train " + cfg + " --nonsense", "The following argument was not expected: --nonsense (meshtrain train --help"},
       {"plan", "CONFIG is required"},
+      {"config check " + cfg + " --bogus", "(meshtrain config check --help lists the options)"},
   };
   for (const auto& [args, want] : cases) {
     std::string err, out;

@@ -407,14 +407,14 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
     const double before = now;
     now = next;
     std::fill(touched.begin(), touched.end(), 0);
-    // Every host's clock brought to now before any rank is tested against it: advanced by the
-    // first rank to end here, it read the ranks after that one by another rounding, so of a
-    // stage's data-parallel replicas, ending together, one could end a hair later than the other.
+    // Every host's clock brought to now, at its rate so far, before any demand leaves and any rank
+    // is tested against it: advanced by the first rank to end here, it read the ranks after that
+    // one by another rounding, so of a stage's data-parallel replicas, ending together, one could
+    // end a hair later than the other (DESIGN-NOTES 134).
     if (fair)
       for (int h = 0; h < hosts; ++h) advance(h);
     for (int q = 0; q < P; ++q)
       if (held[q] > 0 && st[q].main <= now) {  // a fixed wait has ended: its demand leaves
-        if (fair) advance(host_of(q));
         host_demand[host_of(q)] -= held[q];
         held[q] = 0.0;
         touched[static_cast<size_t>(host_of(q))] = 1;
@@ -429,7 +429,6 @@ SimReport simulate(const SimProgram& program, const SimOptions& options) {
         r.compute[q] += now - run[q].start;
         st[q].main = now;
         ++st[q].pc;
-        if (fair) advance(host_of(q));  // at its old rate up to now, before its demand leaves
         host_demand[host_of(q)] -= demand_of(q);
         touched[static_cast<size_t>(host_of(q))] = 1;
         wake(q);
