@@ -505,6 +505,10 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
                                 (pp > 1 ? ", pp " + std::to_string(pp) : "") +
                                 (pp > 1 && kind == ScheduleKind::kGPipe ? " GPipe" : "") +
                                 (pp > 1 && kind == ScheduleKind::kInterleaved ? " interleaved x " + std::to_string(v) : "");
+        // What the runtime refuses, by the micro-batch sizes it refuses (in the order first met); the
+        // sizes this family tries at all.
+        std::vector<std::pair<std::string, std::vector<int64_t>>> refused;
+        std::vector<int64_t> sizes;
         for (int stage : stages)
         for (bool rec : recomputes) {
           int over_from = 0, over_count = 0, tried = 0, too_many = 0;
@@ -516,6 +520,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
               continue;
             }
             ++tried;
+            if (std::find(sizes.begin(), sizes.end(), B) == sizes.end()) sizes.push_back(B);
             Layout l{.dp = dp, .tp = tp, .pp = pp, .stage = stage, .micro_batch = static_cast<int>(B),
                      .accumulation = static_cast<int>(share / B), .recompute = rec, .schedule = kind, .virtual_stages = v,
                      .sequence_parallel = sp};
@@ -530,9 +535,10 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
               train = got.train;
               by_stage = got.by_stage;
               mem = got.mem;
-            } catch (const Error& e) {  // a schedule or partition the runtime cannot run
-              const std::string why = fam + ": " + e.what();
-              if (std::find(out.rejected.begin(), out.rejected.end(), why) == out.rejected.end()) out.rejected.push_back(why);
+            } catch (const Error& e) {  // a schedule or partition the runtime cannot run at this B
+              auto it = std::find_if(refused.begin(), refused.end(), [&](const auto& x) { return x.first == e.what(); });
+              if (it == refused.end()) it = refused.insert(refused.end(), {e.what(), {}});
+              if (std::find(it->second.begin(), it->second.end(), B) == it->second.end()) it->second.push_back(B);
               continue;
             }
             // With the calibration's process constant the budget holds for the process as the kernel
@@ -561,6 +567,16 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
                                  " over the budget of " + gib(budget) + " (B " + std::to_string(over_from) + " needs " +
                                  gib(over_bytes) + (cal.process_bytes > 0 ? " as the process" : "") + ")");
           }
+        }
+        // A refusal of every size is the family's; of some, named with the sizes it holds for (the
+        // others ranked or over the budget above).
+        for (auto& [what, at] : refused) {
+          std::string which;
+          if (at.size() < sizes.size()) {
+            std::sort(at.begin(), at.end());
+            for (int64_t B : at) which += (which.empty() ? ", B " : ", ") + std::to_string(B);
+          }
+          out.rejected.push_back(fam + which + ": " + what);
         }
       }
     }

@@ -596,9 +596,10 @@ TEST(Search, ARejectedFamilyIsNamedAsItsLayoutsAre) {
 
 // The search estimates every layout's memory on the process's threads, then ranks, rejects and
 // names them in order: on one thread or four, the same layouts, figures and rejections in the same
-// order (what the runtime refuses, pp 8 over 4 layers and interleaving at one micro-batch, among
-// them), and each layout's
-// memory the one predict_layout gives it alone.
+// order, and each layout's memory the one predict_layout gives it alone. Among the rejections, what
+// the runtime refuses: pp 8 over 4 layers at every micro-batch size (the family's), and the
+// interleaved schedule at one micro-batch a step, B 16 alone of dp 4's sizes (named with it: the
+// family's other sizes are ranked).
 TEST(Search, TheThreadsChangeNothing) {
   const PlanJob job = eight_process_job(models::Arch::kLlama, parallel::pp::ScheduleKind::k1F1B, 64);
   const Calibration cal = priced_calibration();
@@ -620,9 +621,14 @@ TEST(Search, TheThreadsChangeNothing) {
   EXPECT_EQ(one.considered, four.considered);
   EXPECT_EQ(one.rejected, four.rejected);
   EXPECT_TRUE(std::any_of(one.rejected.begin(), one.rejected.end(),
-                          [](const std::string& why) { return why.find("pp 8: the model has 4 layer(s)") != std::string::npos; }));
-  EXPECT_TRUE(std::any_of(one.rejected.begin(), one.rejected.end(),
-                          [](const std::string& why) { return why.find("must be a multiple of parallel.pp") != std::string::npos; }));
+                          [](const std::string& why) { return why.rfind("dp 1, pp 8: the model has 4 layer(s)", 0) == 0; }));
+  EXPECT_TRUE(std::any_of(one.rejected.begin(), one.rejected.end(), [](const std::string& why) {
+    return why.rfind("dp 4, pp 2 interleaved x 2, B 16: the interleaved schedule", 0) == 0 &&
+           why.find("gradient_accumulation_steps (1) must be a multiple of parallel.pp (2)") != std::string::npos;
+  }));
+  EXPECT_TRUE(std::any_of(one.ranked.begin(), one.ranked.end(), [](const RankedLayout& x) {
+    return x.layout.dp == 4 && x.layout.pp == 2 && x.layout.schedule == parallel::pp::ScheduleKind::kInterleaved;
+  }));
   EXPECT_TRUE(std::any_of(one.rejected.begin(), one.rejected.end(),
                           [](const std::string& why) { return why.find("over the budget") != std::string::npos; }));
   ASSERT_EQ(one.ranked.size(), four.ranked.size());
