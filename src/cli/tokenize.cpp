@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,9 +24,11 @@
 namespace mt::cli {
 namespace {
 
+constexpr int kNotGiven = std::numeric_limits<int>::min();
+
 struct TokenizeArgs {
   std::string input, output, tokenizer;
-  int train_bpe = 0;
+  int train_bpe = kNotGiven;  // --train-bpe N (kNotGiven: absent; 0 or less given is refused)
 };
 
 // Calls fn with each stdin line parsed as JSON; a line that is not JSON is an error naming `what`.
@@ -44,15 +47,16 @@ void for_each_json_line(const char* what, Fn fn) {
 }
 
 void run_tokenize(const TokenizeArgs& a) {
-  MT_CHECK(a.train_bpe >= 0, ErrorKind::kInvalidArgument,
+  const bool train = a.train_bpe != kNotGiven;
+  MT_CHECK(!train || a.train_bpe > 0, ErrorKind::kInvalidArgument,  // 0 was taken for absent: "give exactly one of"
            "tokenize: --train-bpe " + std::to_string(a.train_bpe) + ": the vocabulary size must be positive");
   MT_CHECK(!a.output.empty() && a.output.back() != '/', ErrorKind::kInvalidArgument,
            "tokenize: -o '" + a.output + "': give an output prefix (PREFIX.bin and PREFIX.idx are written)");
-  MT_CHECK((a.train_bpe > 0) != !a.tokenizer.empty(), ErrorKind::kInvalidArgument,
+  MT_CHECK(train != !a.tokenizer.empty(), ErrorKind::kInvalidArgument,
            "tokenize: give exactly one of --tokenizer FILE or --train-bpe N");
   std::vector<engine::CorpusDocument> docs = engine::corpus_read(a.input);
   std::unique_ptr<data::Tokenizer> tok;
-  if (a.train_bpe > 0) {
+  if (train) {
     std::string corpus;
     for (const auto& d : docs)
       for (const auto& p : d.pieces) corpus += p.first;

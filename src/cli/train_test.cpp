@@ -133,6 +133,8 @@ TEST(Cli, OptionsThatWouldDoSomethingElseAreRefused) {
   EXPECT_NE(err.find("give an output prefix"), std::string::npos) << err;
   EXPECT_EQ(run("tokenize " + dir() + "/t.txt -o " + dir() + "/t --train-bpe -5", &err), 2);
   EXPECT_NE(err.find("--train-bpe -5: the vocabulary size must be positive"), std::string::npos) << err;
+  EXPECT_EQ(run("tokenize " + dir() + "/t.txt -o " + dir() + "/t --train-bpe 0", &err), 2);  // said "give exactly one of"
+  EXPECT_NE(err.find("--train-bpe 0: the vocabulary size must be positive"), std::string::npos) << err;
   const std::string fifo = dir() + "/fifo.safetensors";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
   EXPECT_EQ(run("inspect " + fifo, &err), 2);  // hung, waiting for a writer
