@@ -462,8 +462,16 @@ void check_onebit(const RunConfig& c) {
 // DeepSpeed resolves the type case-insensitively for its own optimizers (Adam, AdamW, Lamb) and
 // looks any other name up in torch.optim (SGD).
 void parse_optimizer(Section& root, RunConfig& c) {
-  if (!root.has("optimizer")) return;
+  if (!root.has("optimizer")) {
+    c.warnings.push_back("optimizer: none given; training with AdamW (lr 0.001, betas [0.9, 0.999], eps 1e-8, weight_decay 0) "
+                      "at a constant rate (give an optimizer block, e.g. --set optimizer.params.lr=..., to choose)");
+    return;
+  }
   Section s = root.sub("optimizer");
+  // DeepSpeed builds no optimizer from a block without a type (its params are then not read).
+  MT_CHECK(s.has("type"), ErrorKind::kInvalidArgument,
+           "optimizer.type: missing (DeepSpeed builds no optimizer from a block without one); give Adam, AdamW, Lamb, SGD, "
+           "OneBitAdam, ZeroOneAdam or OneBitLamb");
   std::string type = s.string("type", "AdamW");
   optim::OptimizerSpec& o = c.optimizer;
   std::string lower = type;
@@ -691,6 +699,9 @@ void parse_scheduler(Section& root, RunConfig& c) {
                p.where("last_batch_iteration") + ": a schedule started part way is not supported (-1 only; a resume takes its step from the checkpoint)");
     p.finish();
   } else {
+    // No params: as an empty block (DeepSpeed's **None is a TypeError; the signatures' defaults are
+    // what its users mean). WarmupLR's peak is then the optimizer's lr; it was 0.001, whatever lr was.
+    if (sc.type == optim::LrScheduleType::kWarmupLR) sc.warmup_max_lr = c.optimizer.lr;
     MT_CHECK(!one_cycle, ErrorKind::kInvalidArgument, "scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle");
     MT_CHECK(sc.type != optim::LrScheduleType::kWarmupDecayLR && sc.type != optim::LrScheduleType::kWarmupCosineLR,
              ErrorKind::kInvalidArgument,
@@ -736,6 +747,7 @@ void parse_zero(Section& root, RunConfig& c) {
     // reduces gradients per ZeRO unit (module), so reduce_bucket_size 0 is allowed there too.
     const std::string k = key;
     const bool zero_ok = k == "stage3_param_persistence_threshold" || k == "stage3_prefetch_bucket_size" ||
+                         k == "param_persistence_threshold" || k == "prefetch_bucket_size" ||
                          (k == "reduce_bucket_size" && c.zero.stage >= 1);
     MT_CHECK(v > 0 || (zero_ok && v == 0), ErrorKind::kInvalidArgument, s.where(key) + " must be positive");
     return v;
@@ -745,9 +757,19 @@ void parse_zero(Section& root, RunConfig& c) {
     c.warnings.push_back(s.where("allgather_bucket_size") +
                          ": no effect; ZeRO gathers each unit (module) whole, in one all-gather");
   z.allgather_bucket_size = size("allgather_bucket_size", z.allgather_bucket_size, H * H);
-  z.stage3_prefetch_bucket_size = size("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 9 * H * H / 10);
-  z.stage3_param_persistence_threshold = size("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 10 * H);
-  z.stage3_max_live_parameters = size("stage3_max_live_parameters", z.stage3_max_live_parameters, z.stage3_max_live_parameters);
+  // DeepSpeed's config model takes these by their field names too (prefetch_bucket_size, ...; the
+  // stage3_ names are its aliases): the field names were warned as unknown and the defaults kept.
+  auto named = [&s](const char* alias, const char* field) -> const char* {
+    MT_CHECK(!(s.has(alias) && s.has(field)), ErrorKind::kInvalidArgument,
+             s.where(field) + " and " + s.where(alias) + " are one setting (DeepSpeed's field and its alias); give one");
+    return s.has(field) ? field : alias;
+  };
+  z.stage3_prefetch_bucket_size =
+      size(named("stage3_prefetch_bucket_size", "prefetch_bucket_size"), z.stage3_prefetch_bucket_size, 9 * H * H / 10);
+  z.stage3_param_persistence_threshold = size(named("stage3_param_persistence_threshold", "param_persistence_threshold"),
+                                              z.stage3_param_persistence_threshold, 10 * H);
+  z.stage3_max_live_parameters = size(named("stage3_max_live_parameters", "max_live_parameters"), z.stage3_max_live_parameters,
+                                      z.stage3_max_live_parameters);
   auto offload = [&s, &c, &z](const char* k) -> std::string {
     if (!s.has(k)) return "none";
     Section o = s.sub(k);
@@ -797,7 +819,7 @@ void parse_zero(Section& root, RunConfig& c) {
                  ": swapped state is implemented for Adam and AdamW (DeepSpeed's CPU Adam)");
   }
   if (s.boolean("cpu_offload", false)) z.offload_optimizer = "cpu";  // DeepSpeed's legacy key
-  if (s.boolean("cpu_offload_params", false)) z.offload_param = "cpu";
+  if (s.boolean("cpu_offload_param", false)) z.offload_param = "cpu";  // (this was read as "cpu_offload_params")
   MT_CHECK(z.offload_optimizer == "none" || z.stage >= 1, ErrorKind::kInvalidArgument,
            "zero_optimization.offload_optimizer needs stage 1, 2 or 3 (DeepSpeed's rule)");
   if (z.offload_param != "none" && z.stage != 3) {  // DeepSpeed reads it at stage 3 only
@@ -809,7 +831,11 @@ void parse_zero(Section& root, RunConfig& c) {
   for (const char* k : {"allgather_partitions", "reduce_scatter", "contiguous_gradients", "stage3_max_reuse_distance",
                         "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
                         "round_robin_gradients", "memory_efficient_linear", "ignore_unused_parameters", "use_multi_rank_bucket_allreduce",
-                        "zero_hpz_partition_size"})
+                        "zero_hpz_partition_size", "max_reuse_distance", "gather_16bit_weights_on_model_save",
+                        "stage3_model_persistence_threshold", "model_persistence_threshold", "stage3_module_granularity_threshold",
+                        "module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params",
+                        "cpu_offload_use_pin_memory", "mics_hierarchical_params_gather", "pipeline_loading_checkpoint",
+                        "override_module_apply"})
     s.unparsed(k, Unparsed::kWarn);
   if (z.offload_optimizer != "nvme") s.unparsed("sub_group_size", Unparsed::kWarn);  // nvme: the swap unit
   // false restores the master weights from the 16-bit model copy in DeepSpeed (rounded): refused.
@@ -1038,15 +1064,38 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
     if (q.has("seed_fn")) throw Error(ErrorKind::kNotSupported, q.where("seed_fn") + ": a Python callable cannot be given to meshtrain");
     q.finish();
   }
+  // DeepSpeed's AutoTP training (tensor_parallel.autotp_size, 0 off): its tp group splits the
+  // linear layers as Megatron's does and data parallelism takes world / tp, as parallel.tp here.
+  // It was warned as an unknown key while every process trained as a data-parallel rank: the
+  // global batch tp times DeepSpeed's.
+  int64_t autotp = 0;
+  if (root.has("tensor_parallel")) {
+    Section t = root.sub("tensor_parallel");
+    autotp = t.integer("autotp_size", 0);
+    MT_CHECK(autotp >= 0 && autotp <= 65536, ErrorKind::kInvalidArgument,
+             t.where("autotp_size") + ": must be from 0 (off) to 65536 (got " + std::to_string(autotp) + ")");
+    // The inference engine's split (tp.tp_size, tp_grain_size) and the model's cast (dtype, the bf16
+    // and fp16 blocks here) do not act on DeepSpeed's training either.
+    for (const char* k : {"tp", "tensor_parallel", "dtype", "injection_policy_tuple"}) t.unparsed(k, Unparsed::kWarn);
+    t.finish();
+  }
   if (!root.has("parallel")) {
     if (stages > 0) c.pp = static_cast<int>(stages);
+    if (autotp > 1) {
+      MT_CHECK(world % autotp == 0 && world % (autotp * c.pp) == 0, ErrorKind::kInvalidArgument,
+               "tensor_parallel.autotp_size (" + std::to_string(autotp) + ") does not divide the " + std::to_string(world) +
+                   " process(es) (data parallelism takes processes / autotp_size)");
+      c.tp = static_cast<int>(autotp);
+    }
   } else {
     MT_CHECK(!root.is_auto("parallel"), ErrorKind::kNotSupported, "parallel: \"auto\" is chosen by the planner in meshtrain train, plan and estimate (planner.calibration)");
     Section p = root.sub("parallel");
     // Counts of processes, bounded before they are narrowed to int (2^32 + 1 trained as tp 1, and
     // tp x pp of 2^16 each wrapped to 0: SIGFPE).
-    int64_t tp = p.integer("tp", 1);
+    int64_t tp = p.integer("tp", autotp > 1 ? autotp : 1);
     MT_CHECK(tp >= 1 && tp <= 65536, ErrorKind::kInvalidArgument, p.where("tp") + ": must be from 1 to 65536 (got " + std::to_string(tp) + ")");
+    MT_CHECK(autotp <= 1 || autotp == tp, ErrorKind::kInvalidArgument,
+             "tensor_parallel.autotp_size (" + std::to_string(autotp) + ") and parallel.tp (" + std::to_string(tp) + ") disagree");
     c.tp = static_cast<int>(tp);
     int64_t pp = p.integer("pp", stages > 0 ? stages : 1);
     MT_CHECK(pp >= 1 && pp <= 65536, ErrorKind::kInvalidArgument, p.where("pp") + ": must be from 1 to 65536 (got " + std::to_string(pp) + ")");
@@ -1757,9 +1806,11 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                  ": the 1-bit exchange sends signs and f32 scales; give \"fp32\" or leave it out");
   }
   // Ulysses sequence parallelism's all-to-all dtype: there is no Ulysses here (parallel.sp = 1).
-  if (root.has("seq_parallel_communication_data_type"))
-    c.warnings.push_back("seq_parallel_communication_data_type: accepted; it applies to Ulysses sequence parallelism, "
-                         "which meshtrain does not run (parallel.sp = 1)");
+  // (DeepSpeed's key is seq_parallel_comm_data_type; the longer name, read here before, is kept.)
+  for (const char* k : {"seq_parallel_comm_data_type", "seq_parallel_communication_data_type"})
+    if (root.has(k))
+      c.warnings.push_back(std::string(k) + ": accepted; it applies to Ulysses sequence parallelism, "
+                           "which meshtrain does not run (parallel.sp = 1)");
   // Logging, monitoring and tuning: accepted with a warning.
   parse_csv_monitor(root, c);
   if (root.has("aio")) {  // the swap I/O engine (offload to nvme); read whether or not it is used
@@ -1868,7 +1919,12 @@ void ds_config_set(json& j, const std::string& assignment) {
     // keys overridden (it replaced the path, and the model lost its model_type).
     if (node == &j && key == "model" && node->contains(key) && (*node)[key].is_string())
       (*node)[key] = json{{"config", (*node)[key]}};
-    if (!node->contains(key) || !(*node)[key].is_object()) (*node)[key] = json::object();
+    if (!node->contains(key) || !(*node)[key].is_object()) {
+      (*node)[key] = json::object();
+      // --set optimizer.params.lr=... on a run without an optimizer block tunes the default the
+      // run trains with (an optimizer block in a file must name its type).
+      if (node == &j && key == "optimizer") (*node)[key]["type"] = "AdamW";
+    }
     node = &(*node)[key];
     start = dot + 1;
   }

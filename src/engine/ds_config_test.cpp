@@ -1133,6 +1133,7 @@ TEST(DsCompat, GradientAveragingKeysAndPermissionKeys) {
   j["gradient_predivide_factor"] = 0.0;
   EXPECT_NE(error_of(j).find("gradient_predivide_factor: must be a positive number"), std::string::npos);
   j = base();
+  j["optimizer"] = {{"type", "AdamW"}};  // (none given is said)
   j["zero_allow_untested_optimizer"] = true;
   j["zero_optimization"] = {{"stage", 1}, {"elastic_checkpoint", true}, {"reduce_bucket_size", 0}};
   c = ds_config_parse(j, "cfg.json", 2);
@@ -1259,6 +1260,53 @@ TEST(Curriculum, DifficultiesFollowDeepSpeedsSchedules) {
   EXPECT_EQ(s.at(1), 16);
   EXPECT_EQ(s.at(3), 16);
   EXPECT_EQ(s.at(9), 16);
+}
+
+// A review against DeepSpeed's config (this session): keys that trained another run without a
+// word, or read by names DeepSpeed does not have.
+TEST(DsConfig, KeysAReviewFoundReadOtherwiseThanDeepSpeed) {
+  const auto npos = std::string::npos;
+  // AutoTP training: data parallelism takes world / autotp_size (the batch was autotp_size times
+  // DeepSpeed's, every process a data-parallel rank).
+  nlohmann::json tp = with("tensor_parallel", {{"autotp_size", 2}});
+  tp["gradient_accumulation_steps"] = 1;
+  const RunConfig t = ds_config_parse(tp, "cfg.json", 4);
+  EXPECT_EQ(t.tp, 2);
+  EXPECT_EQ(t.world_size, 2);
+  EXPECT_EQ(t.batch.train_batch_size, 4);
+  EXPECT_EQ(ds_config_parse(with("tensor_parallel", {{"autotp_size", 0}}), "cfg.json", 4).tp, 1);
+  nlohmann::json clash = tp;
+  clash["parallel"] = {{"tp", 1}};
+  EXPECT_NE(error_of(clash, 4).find("tensor_parallel.autotp_size (2) and parallel.tp (1) disagree"), npos);
+  EXPECT_NE(error_of(tp, 3).find("tensor_parallel.autotp_size (2) does not divide the 3 process(es)"), npos);
+  // WarmupLR without params peaks at the optimizer's lr, as with "params": {} (it was 0.001).
+  nlohmann::json warm = with("optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}});
+  warm["scheduler"] = {{"type", "WarmupLR"}};
+  EXPECT_DOUBLE_EQ(ds_config_parse(warm, "cfg.json").scheduler.warmup_max_lr, 0.01);
+  warm["scheduler"]["params"] = nlohmann::json::object();
+  EXPECT_DOUBLE_EQ(ds_config_parse(warm, "cfg.json").scheduler.warmup_max_lr, 0.01);
+  // An optimizer block without a type (AdamW was trained, its name never given).
+  EXPECT_NE(error_of(with("optimizer", {{"params", {{"lr", 0.1}}}})).find("optimizer.type: missing"), npos);
+  // No optimizer block: the default is said, and --set tunes it.
+  EXPECT_TRUE(has_line(ds_config_parse(base(), "cfg.json").warnings, "optimizer: none given; training with AdamW (lr 0.001"));
+  nlohmann::json set = base();
+  ds_config_set(set, "optimizer.params.lr=0.25");
+  EXPECT_EQ(ds_config_parse(set, "cfg.json").optimizer.type, "AdamW");
+  // ZeRO's field names beside their stage3_ aliases; DeepSpeed's deprecated cpu_offload_param.
+  const RunConfig z = ds_config_parse(
+      with("zero_optimization", {{"stage", 3}, {"prefetch_bucket_size", 1000}, {"param_persistence_threshold", 0},
+                                 {"max_live_parameters", 5000}, {"cpu_offload_param", true}}),
+      "cfg.json");
+  EXPECT_EQ(z.zero.stage3_prefetch_bucket_size, 1000);
+  EXPECT_EQ(z.zero.stage3_param_persistence_threshold, 0);
+  EXPECT_EQ(z.zero.stage3_max_live_parameters, 5000);
+  EXPECT_EQ(z.zero.offload_param, "cpu");
+  EXPECT_FALSE(has_line(z.warnings, "zero_optimization.prefetch_bucket_size"));
+  EXPECT_NE(error_of(with("zero_optimization", {{"stage", 3}, {"prefetch_bucket_size", 1}, {"stage3_prefetch_bucket_size", 2}}))
+                .find("are one setting"),
+            npos);
+  EXPECT_TRUE(has_line(ds_config_parse(with("seq_parallel_comm_data_type", "fp16"), "cfg.json").warnings,
+                       "seq_parallel_comm_data_type: accepted"));
 }
 
 }  // namespace
