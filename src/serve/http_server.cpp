@@ -859,23 +859,14 @@ void HttpServer::route() {
     HttpError e{res.status, "", "invalid_request_error", ""};
     if (res.status == 413) {
       e.message = "the body is larger than " + std::to_string(options_.max_body_bytes) + " bytes";
-      // cpp-httplib reads a form-urlencoded body (curl -d's type) up to a limit of its own, built
-      // into the library (8192 bytes in Debian's): a JSON body sent so was refused for a size it
-      // does not have.
-      const std::string type = req.get_header_value("Content-Type");
-      const std::string length = req.get_header_value("Content-Length");
-      if (type.rfind("application/x-www-form-urlencoded", 0) == 0 && !length.empty() &&
-          length.find_first_not_of("0123456789") == std::string::npos && length.size() < 19 &&
-          std::stoull(length) <= options_.max_body_bytes)
-        e.message = "a body sent as application/x-www-form-urlencoded (curl -d's default) is limited to " +
-                    std::to_string(CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH) +
-                    " bytes by cpp-httplib; send the JSON with the header Content-Type: application/json";
       e.code = "payload_too_large";
     } else if (res.status == 404) {
       e.message = "no endpoint " + req.method + " " + req.path;
       e.code = "not_found";
     } else {
-      e.message = "HTTP " + std::to_string(res.status);
+      // cpp-httplib's own refusals: a request line, header or framing it could not read.
+      e.message = "HTTP " + std::to_string(res.status) + ": the request line, a header or the body's framing could not be read";
+      e.code = "invalid_request";
     }
     res.set_content(dump(error_json(e)), "application/json");
     // An unknown path is counted under one label: a path in the metrics' label forged series
@@ -911,11 +902,64 @@ void HttpServer::route() {
     res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
     record("/v1/models", 200, 0.0);
   });
-  s.Post("/", [this](const httplib::Request& req, httplib::Response& res) { handle_chatglm(req, res); });
-  s.Post("/v1/completions",
-         [this](const httplib::Request& req, httplib::Response& res) { handle_completion(req, res, false); });
-  s.Post("/v1/chat/completions",
-         [this](const httplib::Request& req, httplib::Response& res) { handle_completion(req, res, true); });
+  // The bodies are read here, not by cpp-httplib, whose limit holds for a Content-Length only: a
+  // chunked body, or a gzip one as it inflates, was read whole (a 48 KB gzip body held 1.6 GB).
+  for (const char* path : {"/", "/v1/completions", "/v1/chat/completions"}) {
+    const std::string endpoint = path;
+    s.Post(path, [this, endpoint](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      std::string body;
+      if (!read_body(req, res, reader, endpoint, body)) return;
+      httplib::Request with_body = req;
+      with_body.body = std::move(body);
+      if (endpoint == "/") handle_chatglm(with_body, res);
+      else handle_completion(with_body, res, endpoint == "/v1/chat/completions");
+    });
+  }
+}
+
+bool HttpServer::read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                           const std::string& endpoint, std::string& body) {
+  auto refuse = [&](int status, const std::string& message, const char* code) {
+    HttpError e{status, message, "invalid_request_error", code};
+    json j = error_json(e);
+    if (endpoint == "/") j["status"] = status;  // ChatGLM's answers carry it
+    res.status = status;
+    res.set_header("Connection", "close");  // what is left of the body is not read
+    res.set_content(dump(j), "application/json");
+    record(endpoint, status, 0.0);
+    return false;
+  };
+  if (req.is_multipart_form_data())
+    return refuse(415, "a multipart/form-data body is not read; send the JSON with the header Content-Type: application/json",
+                  "unsupported_media_type");
+  std::string te = req.get_header_value("Transfer-Encoding");
+  std::transform(te.begin(), te.end(), te.begin(), ::tolower);
+  const bool chunked = te.find("chunked") != std::string::npos;
+  if (req.has_header("Content-Length")) {
+    const std::string length = req.get_header_value("Content-Length");
+    if (length.empty() || length.size() > 19 || length.find_first_not_of("0123456789") != std::string::npos)
+      return refuse(400, "Content-Length: '" + length + "' is not a byte count", "invalid_request");
+    if (std::stoull(length) > options_.max_body_bytes)
+      return refuse(413, "the body is larger than " + std::to_string(options_.max_body_bytes) + " bytes", "payload_too_large");
+  } else if (!chunked) {
+    return true;  // neither length nor chunks: no body (RFC 9112 6.3); it waited for the client to close
+  }
+  bool too_large = false;
+  const bool read = reader([&](const char* data, size_t n) {
+    if (body.size() + n > options_.max_body_bytes) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (too_large)
+    return refuse(413, "the body is larger than " + std::to_string(options_.max_body_bytes) + " bytes (as sent, or inflated)",
+                  "payload_too_large");
+  if (!read)
+    return refuse(400, "the body could not be read (its chunks or its Content-Encoding are broken, or the client stopped sending)",
+                  "invalid_request");
+  return true;
 }
 
 void HttpServer::handle_chatglm(const httplib::Request& req, httplib::Response& res) {

@@ -34,6 +34,7 @@ namespace httplib {
 class Server;
 class Request;
 struct Response;
+class ContentReader;
 }  // namespace httplib
 
 namespace mt::serve {
@@ -72,6 +73,10 @@ class HttpServer {
   void route();
   void handle_chatglm(const httplib::Request& req, httplib::Response& res);
   void handle_completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  // A POST's body read through its content reader, at most --max-body-bytes as decoded; false
+  // once the error is sent (and counted under `endpoint`).
+  bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                 const std::string& endpoint, std::string& body);
   void record(const std::string& endpoint, int status, double seconds);
   std::vector<int32_t> encode_pieces(const std::vector<std::string>& pieces) const;
 
