@@ -78,6 +78,10 @@ head -c 70000 /dev/zero | tr '\0' a > "$W/big.txt"
 curl -sf "$URL/metrics" | grep -q 'meshtrain_requests_total{endpoint="/v1/completions",status="413"} 1' || fail "/metrics"
 # A short load test: no errors.
 "$MT" loadtest --url "$URL" --clients 1,4 --duration 1 --max-tokens 8 || fail "loadtest"
+# A base URL with /v1 (an OpenAI client's), and a failure that says what the server answered.
+"$MT" loadtest --url "$URL/v1" --clients 1 --duration 0.3 --max-tokens 2 > /dev/null || fail "loadtest of $URL/v1"
+if "$MT" loadtest --url "$URL" --clients 1 --duration 0.3 --max-tokens 5000 > /dev/null 2> "$W/lt.err"; then fail "loadtest past the context passed"; fi
+grep -q "the first got HTTP 400 .*context_length_exceeded" "$W/lt.err" || fail "loadtest's failure: $(cat "$W/lt.err")"
 
 # SIGTERM while a stream runs: the stream finishes, the server exits 0.
 curl -sN "$URL/v1/completions" -d '{"prompt": "Hello", "max_tokens": 60, "ignore_eos": true, "stream": true}' > "$W/last.txt" &

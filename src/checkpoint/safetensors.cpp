@@ -25,7 +25,10 @@ const DTypeName kDTypes[] = {{"F32", StDType::kF32, 4},   {"F16", StDType::kF16,
                              {"BF16", StDType::kBF16, 2}, {"I32", StDType::kI32, 4},
                              {"I64", StDType::kI64, 8},   {"U8", StDType::kU8, 1},
                              {"F64", StDType::kF64, 8},   {"I8", StDType::kI8, 1},
-                             {"I16", StDType::kI16, 2},   {"BOOL", StDType::kBool, 1}};
+                             {"I16", StDType::kI16, 2},   {"BOOL", StDType::kBool, 1},
+                             {"F8_E4M3", StDType::kF8E4M3, 1}, {"F8_E5M2", StDType::kF8E5M2, 1},
+                             {"U16", StDType::kU16, 2},   {"U32", StDType::kU32, 4},
+                             {"U64", StDType::kU64, 8}};
 
 Error corrupt(const std::string& path, const std::string& what) {
   return Error(ErrorKind::kCorruption, path + ": " + what);

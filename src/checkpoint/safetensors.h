@@ -16,7 +16,8 @@
 
 namespace mt::checkpoint {
 
-enum class StDType { kF32, kF16, kBF16, kI32, kI64, kU8, kF64, kI8, kI16, kBool };
+// Every dtype of the safetensors format (listed by inspect; the readers take the float ones).
+enum class StDType { kF32, kF16, kBF16, kI32, kI64, kU8, kF64, kI8, kI16, kBool, kF8E4M3, kF8E5M2, kU16, kU32, kU64 };
 
 struct StTensorInfo {
   std::string name;

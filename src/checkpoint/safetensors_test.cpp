@@ -122,6 +122,24 @@ TEST(Safetensors, MalformedFilesAreRefusedByName) {
       EXPECT_NE(std::string(e.what()).find("header length 150000000 is over the format's limit"), std::string::npos) << e.what();
     }
   }
+  // Every dtype of the format is indexed (inspect lists them: an FP8 checkpoint was "unknown dtype
+  // 'F8_E4M3'"); the float readers still take F32, F16 and BF16 only.
+  write_raw(p, R"({"a":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"F8_E5M2","shape":[2],"data_offsets":[2,4]},)"
+               R"("c":{"dtype":"U16","shape":[1],"data_offsets":[4,6]},"d":{"dtype":"U32","shape":[1],"data_offsets":[6,10]},)"
+               R"("e":{"dtype":"U64","shape":[1],"data_offsets":[10,18]}})",
+            18);
+  {
+    SafetensorsFile f(p);
+    ASSERT_EQ(f.tensors().size(), 5u);
+    EXPECT_STREQ(st_dtype_name(f.get("a").dtype), "F8_E4M3");
+    EXPECT_STREQ(st_dtype_name(f.get("e").dtype), "U64");
+    try {
+      f.read_f32("a");
+      ADD_FAILURE() << "an F8 tensor read as f32";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("has dtype F8_E4M3, expected a float type"), std::string::npos) << e.what();
+    }
+  }
   try {
     SafetensorsFile f(tmp_path("does-not-exist.safetensors"));
     FAIL();

@@ -33,9 +33,37 @@ struct LoadArgs {
   bool json_out = false;
 };
 
+// --url split into the server (scheme://host[:port], what httplib::Client takes) and the paths: a
+// URL with a path was handed whole to httplib::Client, which took it for no server at all.
+struct Target {
+  std::string server, completions = "/v1/completions", health = "/health";
+};
+
+Target parse_url(const std::string& url) {
+  const size_t scheme = url.find("://");
+  const std::string bad = "--url '" + url + "': give http://HOST[:PORT][/PATH] (PATH: a base, /v1, or /v1/completions)";
+  MT_CHECK(scheme != std::string::npos && (url.compare(0, scheme, "http") == 0 || url.compare(0, scheme, "https") == 0),
+           ErrorKind::kInvalidArgument, bad);
+  const size_t slash = url.find('/', scheme + 3);
+  Target t;
+  t.server = url.substr(0, slash);
+  MT_CHECK(t.server.size() > scheme + 3, ErrorKind::kInvalidArgument, bad);
+  std::string path = slash == std::string::npos ? std::string() : url.substr(slash);
+  while (!path.empty() && path.back() == '/') path.pop_back();
+  auto ends_with = [&path](const std::string& tail) {
+    return path.size() >= tail.size() && path.compare(path.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (ends_with("/v1/completions")) path.resize(path.size() - 15);
+  else if (ends_with("/v1")) path.resize(path.size() - 3);
+  t.completions = path + "/v1/completions";
+  t.health = path + "/health";
+  return t;
+}
+
 struct Phase {
   int clients = 0;
   int requests = 0, errors = 0;
+  std::string first_error;  // what the first failed request got
   double seconds = 0, p50 = 0, p99 = 0;
   long long tokens = 0;
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
@@ -48,7 +76,7 @@ double percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
-Phase run_phase(const LoadArgs& a, int clients) {
+Phase run_phase(const LoadArgs& a, const Target& target, int clients) {
   Phase ph;
   ph.clients = clients;
   std::mutex mu;
@@ -59,28 +87,33 @@ Phase run_phase(const LoadArgs& a, int clients) {
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c)
     threads.emplace_back([&, c] {
-      httplib::Client cli(a.url);
+      httplib::Client cli(target.server);
       cli.set_read_timeout(600, 0);
       int k = 0;
       while (Clock::now() < end) {
         nlohmann::json body = {{"prompt", a.prompt}, {"max_tokens", a.max_tokens}, {"temperature", 1.0},
                                {"seed", c * 100003 + k++}, {"ignore_eos", a.ignore_eos}};
         const auto s = Clock::now();
-        httplib::Result r = cli.Post("/v1/completions", body.dump(), "application/json");
+        httplib::Result r = cli.Post(target.completions.c_str(), body.dump(), "application/json");
         const double lat = std::chrono::duration<double>(Clock::now() - s).count();
         long long tokens = 0;
         bool ok = r && r->status == 200;
+        std::string why;
         if (ok) {
           try {
             tokens = nlohmann::json::parse(r->body)["usage"]["completion_tokens"].get<long long>();
           } catch (const std::exception&) {
             ok = false;
+            why = "HTTP 200 without usage.completion_tokens: " + r->body.substr(0, 300);
           }
+        } else {
+          why = r ? "HTTP " + std::to_string(r->status) + " " + r->body.substr(0, 300) : "no answer (" + httplib::to_string(r.error()) + ")";
+          std::replace(why.begin(), why.end(), '\n', ' ');
         }
         std::lock_guard<std::mutex> lock(mu);
         ++ph.requests;
         if (!ok) {
-          ++ph.errors;
+          if (ph.errors++ == 0) ph.first_error = why;
           continue;
         }
         ph.tokens += tokens;
@@ -98,8 +131,9 @@ void run_loadtest(const LoadArgs& a) {
   // (inf or 1e10 overflowed the deadline into the past: phases of 0 requests, exit 0.)
   MT_CHECK(a.duration > 0 && a.duration <= 1e6, ErrorKind::kInvalidArgument, "--duration must be positive and at most 1e6 seconds");
   MT_CHECK(a.max_tokens >= 1, ErrorKind::kInvalidArgument, "--max-tokens must be at least 1");
+  MT_CHECK(!a.clients.empty(), ErrorKind::kInvalidArgument, "--clients: no count given (say 1,8)");
   std::vector<int> counts;
-  std::stringstream ss(a.clients);
+  std::stringstream ss(a.clients + ",");  // (a trailing comma is an empty, refused count)
   for (std::string item; std::getline(ss, item, ',');) {
     int n = 0;
     try {
@@ -111,15 +145,18 @@ void run_loadtest(const LoadArgs& a) {
     counts.push_back(n);
   }
   MT_CHECK(!counts.empty(), ErrorKind::kInvalidArgument, "--clients: no count given (say 1,8)");
+  const Target target = parse_url(a.url);
   {
-    httplib::Client probe(a.url);
-    httplib::Result h = probe.Get("/health");
-    MT_CHECK(static_cast<bool>(h), ErrorKind::kIOError, "loadtest: no server answers at " + a.url);
+    httplib::Client probe(target.server);
+    MT_CHECK(probe.is_valid(), ErrorKind::kInvalidArgument, "--url '" + a.url + "': not a server this client can reach");
+    httplib::Result h = probe.Get(target.health.c_str());
+    MT_CHECK(static_cast<bool>(h), ErrorKind::kIOError,
+             "loadtest: no server answers at " + target.server + " (" + httplib::to_string(h.error()) + ")");
   }
   std::vector<Phase> phases;
   nlohmann::json out = nlohmann::json::array();
   for (int n : counts) {
-    phases.push_back(run_phase(a, n));
+    phases.push_back(run_phase(a, target, n));
     const Phase& p = phases.back();
     const double speedup = phases.front().tokens_per_s() > 0 ? p.tokens_per_s() / phases.front().tokens_per_s() : 0;
     if (a.json_out) {
@@ -135,12 +172,14 @@ void run_loadtest(const LoadArgs& a) {
   }
   if (a.json_out) std::printf("%s\n", out.dump(2).c_str());
   int errors = 0;
+  std::string first;
   for (const Phase& p : phases) {
     errors += p.errors;
+    if (first.empty()) first = p.first_error;
     MT_CHECK(p.requests > 0, ErrorKind::kIOError,
              "loadtest: the phase of " + std::to_string(p.clients) + " client(s) completed no request in " + std::to_string(a.duration) + " s");
   }
-  MT_CHECK(errors == 0, ErrorKind::kIOError, "loadtest: " + std::to_string(errors) + " requests failed");
+  MT_CHECK(errors == 0, ErrorKind::kIOError, "loadtest: " + std::to_string(errors) + " requests failed; the first got " + first);
 }
 
 }  // namespace

@@ -35,14 +35,15 @@ struct TokenizeArgs {
 template <typename Fn>
 void for_each_json_line(const char* what, Fn fn) {
   std::string line;
-  while (std::getline(std::cin, line)) {
+  for (int64_t n = 1; std::getline(std::cin, line); ++n) {
+    const std::string where = "stdin:" + std::to_string(n);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception&) {
-      throw Error(ErrorKind::kInvalidArgument, std::string("stdin: a line is not ") + what);
+      throw Error(ErrorKind::kInvalidArgument, where + ": the line is not " + what);
     }
-    fn(j);
+    fn(j, where);
   }
 }
 
@@ -92,8 +93,8 @@ void register_tokenize(CLI::App& app) {
   enc->add_option("TOKENIZER", *path, "tokenizer.json or a GPT-2 vocabulary directory")->required();
   enc->callback([path] {
     data::Tokenizer tok = data::Tokenizer::load(*path);
-    for_each_json_line("a JSON string", [&](const nlohmann::json& j) {
-      MT_CHECK(j.is_string(), ErrorKind::kInvalidArgument, "stdin: a line is not a JSON string");
+    for_each_json_line("a JSON string", [&](const nlohmann::json& j, const std::string& where) {
+      MT_CHECK(j.is_string(), ErrorKind::kInvalidArgument, where + ": the line is not a JSON string");
       std::printf("%s\n", nlohmann::json(tok.encode(j.get<std::string>())).dump().c_str());
     });
   });
@@ -101,11 +102,19 @@ void register_tokenize(CLI::App& app) {
   dec->add_option("TOKENIZER", *path, "tokenizer.json or a GPT-2 vocabulary directory")->required();
   dec->callback([path] {
     data::Tokenizer tok = data::Tokenizer::load(*path);
-    for_each_json_line("a JSON array of ids", [&](const nlohmann::json& j) {
-      MT_CHECK(j.is_array(), ErrorKind::kInvalidArgument, "stdin: a line is not a JSON array of ids");
-      std::vector<int32_t> ids = j.get<std::vector<int32_t>>();
-      for (int32_t id : ids)
-        MT_CHECK(id >= 0 && id < tok.vocab_size(), ErrorKind::kInvalidArgument, "stdin: id " + std::to_string(id) + " out of range");
+    for_each_json_line("a JSON array of ids", [&](const nlohmann::json& j, const std::string& where) {
+      MT_CHECK(j.is_array(), ErrorKind::kInvalidArgument, where + ": the line is not a JSON array of ids");
+      // Each element checked as it is: get<vector<int32_t>> wrapped 4294968710 to 1414, truncated
+      // 1414.9 and read true as 1, and a string was a JSON library's type error (exit 1).
+      std::vector<int32_t> ids;
+      for (const nlohmann::json& e : j) {
+        MT_CHECK(e.is_number_integer(), ErrorKind::kInvalidArgument, where + ": " + e.dump() + " is not an integer id");
+        const bool in_range = e.is_number_unsigned() ? e.get<uint64_t>() < static_cast<uint64_t>(tok.vocab_size())
+                                                     : e.get<int64_t>() >= 0 && e.get<int64_t>() < tok.vocab_size();
+        MT_CHECK(in_range, ErrorKind::kInvalidArgument,
+                 where + ": id " + e.dump() + " out of range (the vocabulary has " + std::to_string(tok.vocab_size()) + ")");
+        ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+      }
       std::printf("%s\n", nlohmann::json(tok.decode(ids)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     });
   });

@@ -477,6 +477,14 @@ TEST(Tokenize, TextToIndexedDatasetAndEncodeDecodeRoundTrip) {
   EXPECT_EQ(nlohmann::json::parse(a).get<std::string>(), "The cat sat on the log.");
   EXPECT_EQ(nlohmann::json::parse(b).get<std::string>(), "caf\xc3\xa9 \xf0\x9f\x98\x80");
   std::string err;
+  // Ids the vocabulary does not have, however written, are refused naming the line (4294968710
+  // decoded as id 1414, 1414.9 as 1414 and true as 1; a string exited 1 with a JSON type error).
+  for (const char* bad : {"[4294968710]", "[1.5]", "[true]", "[\"a\"]", "[-1]", "[100000]"}) {
+    std::ofstream(dir() + "/bad.jsonl") << "[1]\n" << bad << "\n";
+    EXPECT_EQ(run("tokenizer decode " + dir() + "/corpus.tokenizer.json < " + dir() + "/bad.jsonl", &err), 2) << bad;
+    EXPECT_NE(err.find("stdin:2: "), std::string::npos) << bad << ": " << err;
+  }
+  EXPECT_NE(err.find("id 100000 out of range (the vocabulary has "), std::string::npos) << err;
   EXPECT_EQ(run("tokenize " + dir() + "/absent.txt -o " + dir() + "/x --train-bpe 300", &err), 2);
   EXPECT_NE(err.find("absent.txt"), std::string::npos);
   // A record without text is a document of no sequences, as Megatron's preprocess_data.py writes it
@@ -808,6 +816,14 @@ TEST(Cli, ValuesThatCrashedOrLostTheOutputAreRefused) {
     EXPECT_EQ(run(std::string("loadtest --url http://127.0.0.1:1 ") + bad, &err), 2) << bad;
     EXPECT_TRUE(err.find("--duration must be positive and at most 1e6") != std::string::npos ||
                 err.find("--clients: no count given") != std::string::npos)
+        << bad << ": " << err;
+  }
+  // A URL that is no server's, and a count list ending in a comma (exit 1 "no server answers", and
+  // the empty count dropped).
+  for (const char* bad : {"--url ftp://127.0.0.1:1", "--url notaurl", "--url http://", "--url http://127.0.0.1:1 --clients 1,"}) {
+    EXPECT_EQ(run(std::string("loadtest ") + bad, &err), 2) << bad;
+    EXPECT_TRUE(err.find("give http://HOST[:PORT][/PATH]") != std::string::npos ||
+                err.find("--clients: '' is not a count") != std::string::npos)
         << bad << ": " << err;
   }
   // Standard output on a full disk: the ids were lost and the command exited 0.
