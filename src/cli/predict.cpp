@@ -84,6 +84,10 @@ void run_predict(const PredictArgs& a) {
                                : cfg.problem_type == models::ProblemType::kMultiLabel ? data::LabelKind::kLabelSet
                                                                                       : data::LabelKind::kClass;
   std::vector<data::ClassificationExample> recs = data::classification_read(a.data, tok, f, L, false, kind);
+  // A label field named on the command line that no record has (a misspelling) read as unlabelled
+  // records: no accuracy, exit 0.
+  MT_CHECK(a.label.empty() || std::any_of(recs.begin(), recs.end(), [](const auto& e) { return e.label >= 0; }),
+           ErrorKind::kInvalidArgument, "predict: --label-name '" + a.label + "': no record of " + a.data + " has that field");
   size_t longest = 0;
   for (const auto& e : recs) longest = std::max(longest, e.tokens.size());
   // Records are cut as training cut them: at the run's seq_length, which a Hugging Face directory

@@ -110,6 +110,24 @@ void install_stop_handlers() {
   }
 }
 
+// One process only: under MPI a SIGPIPE is also a dead peer's socket, which the backend ignores
+// (mpi_backend.cpp), and the ranks' output goes to mpirun.
+void install_pipe_stop_handler() {
+  // Standard output closed under the run (`| head`, a log collector gone): SIGPIPE ended the process
+  // at its next progress line, with no line and nothing saved. It is a stop request now, as SIGTERM
+  // (the step finishes, the run saves, exit 141); the writes that follow fail quietly (EPIPE), and a
+  // second SIGPIPE is no second request.
+  struct sigaction pipe {};
+  pipe.sa_handler = [](int) {
+    int none = 0;
+    g_stop_signal.compare_exchange_strong(none, SIGPIPE);
+  };
+  sigemptyset(&pipe.sa_mask);
+  struct sigaction now {};
+  sigaction(SIGPIPE, nullptr, &now);
+  if (now.sa_handler == SIG_DFL) sigaction(SIGPIPE, &pipe, nullptr);
+}
+
 }  // namespace
 
 int train_stop_signal() { return g_stop_signal.load(); }
@@ -159,7 +177,9 @@ bool MetricsFile::close() {
   return !failed_ && !out_.fail();
 }
 
-const char* stop_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
+const char* stop_signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : sig == SIGPIPE ? "SIGPIPE (standard output closed)" : "SIGTERM";
+}
 
 int agreed_stop_signal(comm::Backend* world, double timeout_s) {
   int stop = g_stop_signal.load();
@@ -888,6 +908,7 @@ void run_train(const TrainArgs& args) {
   install_stop_handlers();
   std::shared_ptr<comm::Backend> world = mpi_world();
   if (!world) {
+    install_pipe_stop_handler();
     engine::RunConfig cfg = load_planned_config(args.src, 1);
     SetupState st;
     try {

@@ -93,6 +93,21 @@ TEST(Train, ResumeContinuesTheLossCurveBitForBit) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], full[3 + i]) << "step " << 4 + i;
 }
 
+// Standard output closed under the run (`| head`): SIGPIPE ended it at its next progress line, with
+// no line on stderr and nothing saved. It stops as SIGTERM does: the step ends, the run saves, 141.
+TEST(Train, AClosedStandardOutputStopsTheRunWithASave) {
+  write_dataset(dir() + "/train", 30);
+  const std::string cfg = write_config("pipe", {{"train_iters", 5000}, {"save_interval", 100000}, {"eval_interval", 0}});
+  const std::string err = dir() + "/pipe.err", rc = dir() + "/pipe.rc";
+  const std::string cmd = "bash -c '" + std::string(MT_MESHTRAIN_BIN) + " train " + cfg + " 2> " + err +
+                          " | head -n 1 > /dev/null; echo ${PIPESTATUS[0]} > " + rc + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_EQ(mt::cli::testing::slurp(rc), "141\n");
+  const std::string said = mt::cli::testing::slurp(err);
+  EXPECT_NE(said.find("meshtrain: SIGPIPE (standard output closed): stopped after step"), std::string::npos) << said;
+  EXPECT_TRUE(fs::exists(dir() + "/ckpt-pipe/latest")) << said;
+}
+
 // A metrics file on a full disk (/dev/full: every write ENOSPC) failed without a word: the run
 // trained, then ended with "no steps to plot", exit 2. Now the first failed write is one line
 // naming the file, the step and the reason, and the run goes on and saves.
