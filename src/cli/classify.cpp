@@ -219,10 +219,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   // the check below (a run beside a live one is told so, not told to pass --resume).
   std::unique_ptr<HeldLock> save_hold;
   if (lead && !cfg.save_dir.empty()) save_hold = engine::checkpoint_dir_hold(cfg.save_dir);
-  if (!cfg.save_dir.empty() && args.resume.empty() && !args.overwrite && engine::checkpoint_dir_has_checkpoints(cfg.save_dir))
-    throw Error(ErrorKind::kInvalidArgument,
-                "save_dir " + cfg.save_dir + " already holds checkpoints of an earlier run; pass --resume " + cfg.save_dir +
-                    " to continue it, or --overwrite to start a new run there (its first save removes them)");
+  engine::checkpoint_dir_check_run(cfg.save_dir, args.resume, args.overwrite);
   if (fault_active("train.sigterm_in_setup")) sigterm_self_for_test();  // test seam: a scheduler's signal during the setup
   data::Tokenizer tok = run_tokenizer(cfg);
   // GPT-2's pad_token_id = eos_token_id, as HF fine-tuning sets it; a LLaMA whose config gives one

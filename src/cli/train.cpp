@@ -424,10 +424,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   if (lead && !cfg.save_dir.empty()) save_hold = engine::checkpoint_dir_hold(cfg.save_dir);
   // A new run does not write over an earlier run's checkpoints unless told to (HF Trainer's
   // overwrite_output_dir): rotation and re-saves would otherwise mix the two runs.
-  if (!cfg.save_dir.empty() && args.resume.empty() && !args.overwrite && engine::checkpoint_dir_has_checkpoints(cfg.save_dir))
-    throw Error(ErrorKind::kInvalidArgument,
-                "save_dir " + cfg.save_dir + " already holds checkpoints of an earlier run; pass --resume " + cfg.save_dir +
-                    " to continue it, or --overwrite to start a new run there (its first save removes them)");
+  engine::checkpoint_dir_check_run(cfg.save_dir, args.resume, args.overwrite);
   // Text corpora are tokenized into a cache on first use: rank 0 does it while the others wait,
   // then they open the cached datasets (mapped: each touches only the samples it reads).
   // Tokenizing takes what the corpus takes (17 MB/s here), so where a text corpus is named the

@@ -91,6 +91,13 @@ TEST(Train, ResumeContinuesTheLossCurveBitForBit) {
   std::vector<double> resumed = losses(dir() + "/resumed.jsonl");
   ASSERT_EQ(resumed.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], full[3 + i]) << "step " << 4 + i;
+  // ckpt-b now holds a run of its own: a resume from ckpt-a into it would re-save and rotate its
+  // checkpoints (it did, exit 0); refused, unless --overwrite.
+  std::string err;
+  EXPECT_EQ(run("train " + cfg + " --resume " + dir() + "/ckpt-a/step-3 --set save_dir=" + dir() + "/ckpt-b", &err), 2);
+  EXPECT_NE(err.find("holds checkpoints of another run than --resume"), std::string::npos) << err;
+  EXPECT_EQ(run("train " + cfg + " --resume " + dir() + "/ckpt-a/step-3 --set save_dir=" + dir() + "/ckpt-b --overwrite", &err), 0)
+      << err;
 }
 
 // Standard output closed under the run (`| head`): SIGPIPE ended it at its next progress line, with

@@ -1216,6 +1216,23 @@ bool checkpoint_dir_has_checkpoints(const std::string& save_dir) {
   return fs::exists(fs::path(save_dir) / "latest", ec) || !step_dirs(save_dir).empty();
 }
 
+void checkpoint_dir_check_run(const std::string& save_dir, const std::string& resume, bool overwrite) {
+  if (save_dir.empty() || overwrite || !checkpoint_dir_has_checkpoints(save_dir)) return;
+  if (resume.empty())
+    throw Error(ErrorKind::kInvalidArgument,
+                "save_dir " + save_dir + " already holds checkpoints of an earlier run; pass --resume " + save_dir +
+                    " to continue it, or --overwrite to start a new run there (its first save removes them)");
+  std::error_code ec;
+  const fs::path dir = fs::weakly_canonical(save_dir, ec);
+  fs::path r = fs::weakly_canonical(resume, ec);
+  for (int up = 0; up < 3 && !r.empty(); ++up, r = r.parent_path())  // save_dir, step-N, top_k/step-N
+    if (r == dir) return;
+  throw Error(ErrorKind::kInvalidArgument,
+              "save_dir " + save_dir + " holds checkpoints of another run than --resume " + resume +
+                  " (its saves would replace and rotate them); give a save_dir of its own, or --overwrite to replace them "
+                  "(its first save removes them)");
+}
+
 std::unique_ptr<HeldLock> checkpoint_dir_hold(const std::string& save_dir) {
   std::error_code ec;
   fs::create_directories(save_dir, ec);  // ds_config_check_paths said why where it cannot be

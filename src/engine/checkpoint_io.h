@@ -46,6 +46,11 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
 void checkpoint_verify(const std::string& dir);
 // Whether save_dir holds any checkpoint (a `latest` or a step-N directory).
 bool checkpoint_dir_has_checkpoints(const std::string& save_dir);
+// A run's right to save into save_dir (train's and classify's, before any work): a save_dir holding
+// checkpoints takes a run that resumes one of them (resume: save_dir itself or a checkpoint inside
+// it, top_k/ included) or --overwrite. Throws kInvalidArgument otherwise, saying which to give: a
+// run resumed from elsewhere re-saved and rotated another run's checkpoints without a word.
+void checkpoint_dir_check_run(const std::string& save_dir, const std::string& resume, bool overwrite);
 // The run's hold on its save_dir (its .lock, base/file_io.h HeldLock), taken by rank 0 before any
 // work and kept to the run's end: one run saves there at a time. A second one's saves swept the
 // first's half-written step-N.tmp, rotated its checkpoints away, and the two wrote `latest` in
