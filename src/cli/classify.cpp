@@ -308,10 +308,17 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   const bool maximize = cfg.model_checkpoint.mode == "max";
   std::vector<TopEntry> top;
   const fs::path top_dir = fs::path(cfg.save_dir) / "top_k";
-  if (lead && args.overwrite && !cfg.save_dir.empty()) fs::remove_all(top_dir);  // an earlier run's best
+  // An earlier run's best under --overwrite: removed by this run's first save, top-k or step (they
+  // were removed at the start, and a run that failed before it saved left none of either).
+  bool earlier_top = args.overwrite && !cfg.save_dir.empty();
   if (!args.resume.empty() && fs::exists(top_dir / "top_k.json")) {  // a resumed run keeps its best
     std::ifstream in(top_dir / "top_k.json");
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (lead && !(j.is_object() && j.contains("best") && j["best"].is_array()))  // (it was passed over without a word)
+      std::fprintf(stderr,
+                   "warning: %s: not the list a run writes; the best checkpoints it named are not counted (nor rotated) "
+                   "by this run\n",
+                   (top_dir / "top_k.json").c_str());
     if (j.is_object() && j.value("monitor", "") == cfg.model_checkpoint.monitor && j.contains("best"))
       for (const auto& e : j["best"])
         if (e.contains("step") && e.contains(cfg.model_checkpoint.monitor) && e.contains("path") &&
@@ -399,7 +406,11 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
       const bool enters = !std::isnan(value) && (static_cast<int64_t>(top.size()) < cfg.model_checkpoint.save_top_k ||
                                                  better(value, top.back().value));
       if (enters) {
-        const std::string where = engine::checkpoint_save(eng, top_dir.string(), 0, false);  // collective
+        const std::string where = engine::checkpoint_save(eng, top_dir.string(), 0, earlier_top);  // collective
+        earlier_top = false;
+        // A step saved again (a run resumed before it re-reaches it) replaces its entry: two named one
+        // directory, and dropping one removed what the other still named.
+        std::erase_if(top, [&](const TopEntry& e) { return e.path == where; });
         top.push_back({done, value, where});
         std::stable_sort(top.begin(), top.end(), [&](const TopEntry& a, const TopEntry& b) { return better(a.value, b.value); });
         if (static_cast<int64_t>(top.size()) > cfg.model_checkpoint.save_top_k) {
@@ -425,6 +436,10 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
     if (!cfg.save_dir.empty() && save_now) {
       where = engine::checkpoint_save(eng, cfg.save_dir, cfg.keep_last, args.overwrite && first_save);
       first_save = false;
+      if (earlier_top) {  // this run has a checkpoint of its own
+        if (lead) fs::remove_all(top_dir);
+        earlier_top = false;
+      }
       if (lead && !tty && stop == 0) std::printf("saved %s\n", where.c_str());
     }
     if (lead) std::fflush(stdout);

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -702,6 +703,44 @@ TEST(Classify, AResumeRanksTheKeptCheckpointsByItsOwnMode) {
   EXPECT_EQ(top["best"][1]["step"], 6);
   EXPECT_EQ(top["best"][1]["val_loss"].get<double>(), loss[0]);
   EXPECT_NE(out.find("best val_loss 0.0000 at step"), std::string::npos) << out;
+}
+
+// The kept checkpoints across runs: a run resumed before a kept step that re-saves it listed it
+// twice, and dropping the older entry removed the directory the newer one named; a damaged
+// top_k.json was passed over without a word; --overwrite removed the earlier run's best at its
+// start, so a run that failed before its first save left none.
+TEST(Classify, TheKeptCheckpointsSurviveResumesAndOverwrites) {
+  const nlohmann::json first = {{"num_train_epochs", 0}, {"train_iters", 6}, {"eval_interval", 2}, {"save_interval", 2},
+                                {"model_checkpoint", {{"monitor", "val_loss"}, {"mode", "min"}, {"save_top_k", 3}}}};
+  std::string out, err;
+  ASSERT_EQ(run("train " + write_config("kept", first), &out, &err), 0) << err;
+  const std::string list = dir() + "/run-kept/top_k/top_k.json";
+  nlohmann::json top = nlohmann::json::parse(mt::cli::testing::slurp(list));
+  ASSERT_EQ(top["best"].size(), 3u);  // steps 2, 4 and 6
+  // Made so: 4 the best, 6 the second, 2 the worst (the resumed run keeps 2 of them: 4 and 6).
+  for (auto& e : top["best"]) e["val_loss"] = e["step"] == 4 ? 0.0 : e["step"] == 6 ? 100.0 : 200.0;
+  std::ofstream(list) << top.dump();
+  nlohmann::json second = first;  // steps 5 and 6 again
+  second["model_checkpoint"]["save_top_k"] = 2;
+  ASSERT_EQ(run("train " + write_config("kept", second) + " --resume " + dir() + "/run-kept/step-4", &out, &err), 0) << err;
+  top = nlohmann::json::parse(mt::cli::testing::slurp(list));
+  std::set<std::string> paths;
+  for (const auto& e : top["best"]) {
+    EXPECT_TRUE(fs::exists(e["path"].get<std::string>() + "/state.json")) << e.dump();
+    EXPECT_TRUE(paths.insert(e["path"].get<std::string>()).second) << e.dump();
+  }
+  // A damaged list is said.
+  std::ofstream(list) << "{";
+  second["train_iters"] = 10;
+  ASSERT_EQ(run("train " + write_config("kept", second) + " --resume " + dir() + "/run-kept", &out, &err), 0) << err;
+  EXPECT_NE(err.find("top_k.json: not the list a run writes"), std::string::npos) << err;
+  // --overwrite by a run that fails at its first step (a non-finite gradient, base/fault.h's seam):
+  // the earlier run's best are still there.
+  setenv("MT_FAULT", "engine.nonfinite_grad", 1);
+  const int failed = run("train " + write_config("kept", first) + " --overwrite", &out, &err);
+  unsetenv("MT_FAULT");
+  EXPECT_NE(failed, 0) << err;
+  EXPECT_TRUE(fs::exists(list)) << err;
 }
 
 // num_train_epochs counted in steps of the resumed run's batch: a checkpoint of 100 steps at
