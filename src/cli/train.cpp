@@ -378,21 +378,33 @@ class CsvMonitor {
     fs::create_directories(dir_, ec);
     MT_CHECK(!ec, ErrorKind::kIOError, "csv_monitor: cannot create " + dir_.string() + " (" + ec.message() + ")");
   }
+  // A row that cannot be written (a full disk) is said once, and the run goes on without the
+  // monitor, as with --metrics: the rows were checked before the stream was flushed, so a full disk
+  // lost them without a word, exit 0.
   void write(const std::string& name, double value, int64_t step) {
+    if (failed_) return;
     std::string file = name;
     for (char& ch : file)
       if (ch == '/' || ch == ' ') ch = '_';
     const fs::path path = dir_ / (file + ".csv");
     std::ofstream f(path, std::ios::app);
-    MT_CHECK(f.good(), ErrorKind::kIOError, "csv_monitor: cannot append to " + path.string());
-    if (started_.insert(file).second) f << "step," << name.substr(name.rfind('/') + 1) << "\r\n";
-    f << step << "," << python_repr(value) << "\r\n";
-    MT_CHECK(f.good(), ErrorKind::kIOError, "csv_monitor: cannot write " + path.string());
+    if (f.good()) {
+      if (started_.insert(file).second) f << "step," << name.substr(name.rfind('/') + 1) << "\r\n";
+      f << step << "," << python_repr(value) << "\r\n";
+      f.flush();
+    }
+    if (!f.good()) {
+      const int e = errno;
+      failed_ = true;
+      std::fprintf(stderr, "warning: csv_monitor: cannot write %s at step %lld (%s); the run goes on without it\n",
+                   path.c_str(), static_cast<long long>(step), std::strerror(e));
+    }
   }
 
  private:
   fs::path dir_;
   std::set<std::string> started_;
+  bool failed_ = false;
 };
 
 // How far a rank got: before `started` every rank fails alike (same config, same files) and rank 0
