@@ -100,6 +100,29 @@ TEST(Train, ResumeContinuesTheLossCurveBitForBit) {
       << err;
 }
 
+// A resume with another tokenizer: text data is tokenized again by it, and the checkpoint's
+// embeddings trained on ids that are now other tokens, without a word. Refused by its key.
+TEST(Train, AResumeWithAnotherTokenizerIsRefused) {
+  const std::string txt = dir() + "/tokswap.txt";
+  std::ofstream(txt) << "The cat sat on the mat.\nIt was happy.\n\nThe dog sat on the log.\n\nCats and dogs.\n";
+  ASSERT_EQ(run("tokenize " + txt + " -o " + dir() + "/tokA --train-bpe 270"), 0);
+  ASSERT_EQ(run("tokenize " + txt + " -o " + dir() + "/tokB --train-bpe 262"), 0);
+  const nlohmann::json model = {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 32},
+                                {"n_embd", 32},        {"n_layer", 1},       {"n_head", 2}};
+  const std::string cfg = write_config("tokswap", {{"data", {{"train", txt}, {"tokenizer", dir() + "/tokA.tokenizer.json"}}},
+                                                   {"model", model}, {"seq_length", 8}, {"eval_interval", 0}});
+  std::string err;
+  ASSERT_EQ(run("train " + cfg + " --set train_iters=3", &err), 0) << err;
+  EXPECT_EQ(run("train " + cfg + " --resume " + dir() + "/ckpt-tokswap --set data.tokenizer=" + dir() + "/tokB.tokenizer.json",
+                &err),
+            2);
+  EXPECT_NE(err.find("tokenizer.json is another one (its ids are other tokens)"), std::string::npos) << err;
+  // The same tokenizer by another path (a copy) is the same one.
+  fs::copy_file(dir() + "/tokA.tokenizer.json", dir() + "/tokA-copy.json", fs::copy_options::overwrite_existing);
+  EXPECT_EQ(run("train " + cfg + " --resume " + dir() + "/ckpt-tokswap --set data.tokenizer=" + dir() + "/tokA-copy.json", &err), 0)
+      << err;
+}
+
 // Standard output closed under the run (`| head`): SIGPIPE ended it at its next progress line, with
 // no line on stderr and nothing saved. It stops as SIGTERM does: the step ends, the run saves, 141.
 TEST(Train, AClosedStandardOutputStopsTheRunWithASave) {

@@ -266,6 +266,30 @@ std::string shard_file_name(const char* stem, int64_t index, int64_t total) {
 
 }  // namespace
 
+// What a run's tokenizer is, by content: the file's XXH3, or a directory's tokenizer files' (a GPT-2
+// pair) in name order; "" without one, or where it cannot be read (the run itself then says so).
+std::string tokenizer_fingerprint(const std::string& path) {
+  if (path.empty()) return "";
+  std::error_code ec;
+  try {
+    if (fs::is_regular_file(path, ec)) return file_xxh3_hex(path);
+    if (!fs::is_directory(path, ec)) return "";
+    Xxh3Stream h;
+    bool any = false;
+    for (const char* name : {"encoder.json", "gpt2-merges.txt", "gpt2-vocab.json", "merges.txt", "tokenizer.json", "vocab.bpe",
+                             "vocab.json"}) {
+      const fs::path f = fs::path(path) / name;
+      if (!fs::is_regular_file(f, ec)) continue;
+      const std::string part = std::string(name) + ":" + file_xxh3_hex(f.string()) + ";";
+      h.update(part.data(), part.size());
+      any = true;
+    }
+    return any ? h.hex() : "";
+  } catch (const Error&) {
+    return "";
+  }
+}
+
 std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t keep_last, bool drop_others) {
   models::TransformerLM& model = engine.model();
   nn::ParamStore& store = model.store();
@@ -535,6 +559,7 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                                         {"train", engine.config().data_train}}},
                               {"tokenizer", engine.config().tokenizer.empty() ? std::string()
                                                                               : fs::absolute(engine.config().tokenizer).string()},
+                              {"tokenizer_xxh3", tokenizer_fingerprint(engine.config().tokenizer)},
                               {"files", files}};
       if (engine.config().task == "classification") {  // what `meshtrain predict` reads the records with
         const data::ClassificationFields& f = engine.config().cls_fields;
@@ -1119,6 +1144,14 @@ std::vector<std::string> checkpoint_load(Engine& engine, const std::string& path
     if (!state.contains("state_xxh3"))
       log_warning((dir / "state.json").string() + ": written without checksums (an older meshtrain): not verified");
     if (state.contains("model")) check_same_model(dir, state["model"], ds_config_resolved(engine.config())["model"]);
+    // Another tokenizer gives the same ids other tokens (text data is tokenized again by it): it
+    // was resumed without a word.
+    const std::string their_tok = state.value("tokenizer_xxh3", std::string()),
+                      my_tok = tokenizer_fingerprint(engine.config().tokenizer);
+    MT_CHECK(their_tok.empty() || my_tok.empty() || their_tok == my_tok, ErrorKind::kInvalidArgument,
+             (dir / "state.json").string() + ": written with the tokenizer " + state.value("tokenizer", std::string()) +
+                 "; this run's " + engine.config().tokenizer +
+                 " is another one (its ids are other tokens): give the checkpoint's tokenizer (data.tokenizer)");
     MT_CHECK(state.value("num_params", int64_t{-1}) == static_cast<int64_t>(store.global_numel()), ErrorKind::kInvalidArgument,
              (dir / "state.json").string() + ": the checkpoint's model has a different parameter count");
     if (state.contains("format")) {
