@@ -909,6 +909,9 @@ void parse_data_source(Section& d, const char* key, std::string* display, DataSp
   if (!d.has(key)) return;
   const json& v = d.raw(key);
   if (v.is_string()) {
+    // "" is none, as the resolved form writes an absent one (--set data.valid= turns validation
+    // off); it was a path: train failed opening ".idx", naming neither key.
+    if (v.get<std::string>().empty()) return;
     *display = v.get<std::string>();
     spec->paths = {*display};
     return;

@@ -1307,6 +1307,11 @@ TEST(DsConfig, KeysAReviewFoundReadOtherwiseThanDeepSpeed) {
             npos);
   EXPECT_TRUE(has_line(ds_config_parse(with("seq_parallel_comm_data_type", "fp16"), "cfg.json").warnings,
                        "seq_parallel_comm_data_type: accepted"));
+  // An empty data path is none (--set data.valid= turns validation off; train failed opening ".idx",
+  // naming no key).
+  const RunConfig nv = ds_config_parse(with("data", {{"train", "a"}, {"valid", ""}}), "cfg.json");
+  EXPECT_TRUE(nv.data_valid.empty());
+  EXPECT_TRUE(nv.valid_spec.paths.empty());
 }
 
 }  // namespace
