@@ -212,6 +212,10 @@ int run_process(const std::vector<std::string>& argv) {
   MT_CHECK(got != static_cast<ssize_t>(sizeof err), ErrorKind::kNotFound,
            "launch: cannot run " + argv[0] + ": " + std::strerror(err) + " (is OpenMPI installed?)");
   int rc = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+  // mpirun itself killed (the OOM killer, an operator's kill -9): exit 137 said nothing.
+  if (WIFSIGNALED(status))
+    std::fprintf(stderr, "meshtrain: error: launch: %s was killed by signal %d (%s); its ranks end with it\n", argv[0].c_str(),
+                 WTERMSIG(status), strsignal(WTERMSIG(status)));
   // The ranks' own status stands (143 or 130 after their stop and save; 1 or 2 when the save
   // failed). mpirun says 1 when it ended them itself (sent SIGINT: a second signal, SIGQUIT): then
   // 128 + the signal.

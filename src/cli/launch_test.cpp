@@ -213,6 +213,23 @@ TEST(Launch, FailingRanksGiveTheirExitCode) {
   EXPECT_NE(err.find("cannot open"), std::string::npos) << err;
 }
 
+// mpirun itself killed (the OOM killer, an operator's kill -9): the launcher exited 137 with no
+// line. A stand-in mpirun first on PATH kills itself.
+TEST(Launch, AKilledMpirunIsSaid) {
+  const std::string bin = dir() + "/killed-bin";
+  fs::create_directories(bin);
+  const std::string fake = write("killed-bin/mpirun", "#!/bin/sh\nkill -9 $$\n");
+  fs::permissions(fake, fs::perms::owner_all);
+  const char* path = std::getenv("PATH");
+  const std::string saved = path ? path : "";
+  setenv("PATH", (bin + ":" + saved).c_str(), 1);
+  std::string err;
+  const int rc = run("launch -n 1 -- config check x.json", nullptr, &err);
+  setenv("PATH", saved.c_str(), 1);
+  EXPECT_EQ(rc, 137) << err;
+  EXPECT_NE(err.find("launch: mpirun was killed by signal 9 (Killed); its ranks end with it"), std::string::npos) << err;
+}
+
 TEST(Launch, BadHostfileExits2NamingFileAndLine) {
   std::string hosts = write("bad.txt", "# ok\nlocalhost slots=2\nworker slots=two\n");
   std::string err;
