@@ -194,12 +194,29 @@ float reduce_one(comm::Backend& world, float v, comm::ReduceOp op, const std::st
 // Every rank learns whether any rank failed a phase of a collective save or load, so all of them
 // stop together (none left waiting in the next collective until the timeout). The failing rank
 // rethrows its own error; the others throw one naming the phase.
+// The failure's class travels with it: a bad input (a missing or damaged file: exit 2) is one on
+// every rank, where the others' I/O error (exit 1) raced the failing rank's abort (exit 2 or 1 by
+// which came first).
 void agree(const parallel::ParallelContext& ctx, std::exception_ptr failed, std::chrono::milliseconds timeout,
            const std::string& what) {
-  float flag = failed ? 1.0f : 0.0f;
+  float flag = 0.0f;
+  if (failed) {
+    flag = 1.0f;
+    try {
+      std::rethrow_exception(failed);
+    } catch (const Error& e) {
+      const ErrorKind k = e.kind();
+      if (k == ErrorKind::kInvalidArgument || k == ErrorKind::kNotFound || k == ErrorKind::kCorruption ||
+          k == ErrorKind::kNotSupported)
+        flag = 2.0f;
+    } catch (...) {
+    }
+  }
   if (ctx.world->size() > 1) flag = reduce_one(*ctx.world, flag, comm::ReduceOp::kMax, "checkpoint: " + what, timeout);
   if (failed) std::rethrow_exception(failed);
-  if (flag > 0.0f) throw Error(ErrorKind::kIOError, what + " failed on another rank (its own message names the file and why)");
+  if (flag > 0.0f)
+    throw Error(flag > 1.5f ? ErrorKind::kCorruption : ErrorKind::kIOError,
+                what + " failed on another rank (its own message names the file and why)");
 }
 
 // The lowest rank's non-empty string, on every rank, and that rank (-1 and "" when no rank has

@@ -200,6 +200,7 @@ TEST(ShardedCheckpoint, ADamagedShardFailsEveryRankNamingTheFile) {
     f.put('\x55');
   }
   std::vector<std::string> messages(2);
+  std::vector<ErrorKind> kinds(2, ErrorKind::kInternal);
   auto errors = comm::run_local_ranks(2, [&](comm::Backend& b) {
     RunConfig c = ds_config_parse(layout(1, 2, 1, 0), "checkpoint_shard_test", 2);
     std::shared_ptr<comm::Backend> world(&b, [](comm::Backend*) {});
@@ -210,11 +211,16 @@ TEST(ShardedCheckpoint, ADamagedShardFailsEveryRankNamingTheFile) {
       checkpoint_load(eng, save);
     } catch (const Error& e) {
       messages[static_cast<size_t>(b.rank())] = e.what();
+      kinds[static_cast<size_t>(b.rank())] = e.kind();
     }
   });
   for (auto& e : errors) EXPECT_FALSE(e);
   EXPECT_NE(messages[1].find(shard("optimizer", 2, 2) + " is corrupt"), std::string::npos) << messages[1];
   EXPECT_NE(messages[0].find("failed on another rank"), std::string::npos) << messages[0];
+  // Both a bad input (exit 2): the other rank's was an I/O error (exit 1), and the job's exit was
+  // 2 or 1 by whose abort came first.
+  EXPECT_EQ(kinds[1], ErrorKind::kCorruption);
+  EXPECT_EQ(kinds[0], ErrorKind::kCorruption);
 }
 
 }  // namespace
