@@ -195,6 +195,53 @@ int agreed_stop_signal(comm::Backend* world, double timeout_s) {
   return stop;
 }
 
+// The ranks' resolved configurations, compared before any work: each rank reads its own file (a
+// host's copy may differ, or a --set given to one rank under a bare mpirun), and a seed, lr or
+// seq_length of its own trained another replica, exit 0; a width of its own was an MPI error. Rank
+// 0's text goes to every rank; the lowest rank that differs says where (a JSON pointer, both
+// values), and every rank throws that line.
+void check_same_config(comm::Backend& world, const engine::RunConfig& cfg) {
+  if (world.size() == 1) return;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.comm_timeout_s * 1000.0));
+  const nlohmann::json mine = engine::ds_config_resolved(cfg);
+  // A string from root to every rank, as the bytes of f32 words (a broadcast moves bits).
+  auto share = [&](std::string text, int root, const char* tag) {
+    comm::BroadcastOptions bo;
+    bo.root = root;
+    bo.tag = tag;
+    bo.timeout = timeout;
+    float words = static_cast<float>((text.size() + 3) / 4);
+    world.broadcast(&words, 1, DType::kF32, bo)->wait();
+    std::vector<float> buf(static_cast<size_t>(words), 0.0f);
+    if (world.rank() == root) std::memcpy(buf.data(), text.data(), text.size());
+    world.broadcast(buf.data(), buf.size(), DType::kF32, bo)->wait();
+    const char* c = reinterpret_cast<const char*>(buf.data());
+    return std::string(c, strnlen(c, buf.size() * 4));
+  };
+  MT_CHECK(mine.dump().size() < (size_t{1} << 24), ErrorKind::kInternal, "the resolved configuration is too large to compare");
+  const nlohmann::json first = nlohmann::json::parse(share(mine.dump(), 0, "configuration (rank 0's)"));
+  std::string differs;
+  if (first != mine) {
+    const nlohmann::json patch = nlohmann::json::diff(first, mine);
+    const nlohmann::json& op = patch.at(0);
+    const std::string where = op.at("path").get<std::string>();
+    const nlohmann::json::json_pointer ptr(where);
+    const std::string theirs = first.contains(ptr) ? first.at(ptr).dump() : "absent";
+    const std::string ours = mine.contains(ptr) ? mine.at(ptr).dump() : "absent";
+    differs = "rank " + std::to_string(world.rank()) + "'s configuration differs from rank 0's at " + where + " (" +
+              ours.substr(0, 200) + " there, " + theirs.substr(0, 200) +
+              " on rank 0): every rank must read the same file (each host its own copy) with the same --set";
+  }
+  comm::AllReduceOptions o;
+  o.op = comm::ReduceOp::kMin;
+  o.tag = "configuration (the first rank that differs)";
+  o.timeout = timeout;
+  float root = static_cast<float>(differs.empty() ? world.size() : world.rank());
+  world.all_reduce(&root, 1, DType::kF32, o)->wait();
+  if (static_cast<int>(root) >= world.size()) return;
+  throw Error(ErrorKind::kInvalidArgument, share(differs, static_cast<int>(root), "configuration (where it differs)"));
+}
+
 void stop_before_first_step(comm::Backend* world, double timeout_s, bool lead) {
   if (const int stop = agreed_stop_signal(world, timeout_s); stop != 0) {  // nothing trained, nothing to save
     if (lead)
@@ -935,6 +982,8 @@ void run_train(const TrainArgs& args) {
     PlannerInputs planner_inputs;
     planner_inputs.world = world.get();
     engine::RunConfig cfg = load_planned_config(args.src, world->size(), planner_inputs);
+    if (fault_active("train.other_seed")) cfg.seed += 1;  // test seam: a host whose copy of the file differs
+    check_same_config(*world, cfg);
     train_loop(args, cfg, world, st);
   } catch (const StopRequested& s) {
     stop_code = 128 + s.signal;

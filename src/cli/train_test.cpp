@@ -1709,6 +1709,19 @@ TEST(TrainMpi, ARankThatFailsOrStallsAloneInTheSetupIsNamed) {
       << err;
 }
 
+// A rank whose configuration differs (its host's copy of the file, a --set given to one rank under
+// a bare mpirun): a seed of its own trained another replica, exit 0. Compared before any work, and
+// named by where it differs.
+TEST(TrainMpi, ARankWhoseConfigurationDiffersIsNamed) {
+  write_dataset(dir() + "/train", 30);
+  std::string err;
+  setenv("MT_FAULT", "train.other_seed@1", 1);
+  const int rc = run(launch(2) + dp_config("differs", 0), &err);
+  unsetenv("MT_FAULT");
+  EXPECT_EQ(rc, 2) << err;
+  EXPECT_NE(err.find("meshtrain: error: rank 1's configuration differs from rank 0's at /seed ("), std::string::npos) << err;
+}
+
 TEST(TrainMpi, AStuckRankIsNamedByTheCollectiveTimeout) {
   write_dataset(dir() + "/train", 30);
   std::string cfg = dp_config("hang", 3, {{"comm_timeout", 3}});
