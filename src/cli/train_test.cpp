@@ -1722,6 +1722,21 @@ TEST(TrainMpi, ARankWhoseConfigurationDiffersIsNamed) {
   EXPECT_NE(err.find("meshtrain: error: rank 1's configuration differs from rank 0's at /seed ("), std::string::npos) << err;
 }
 
+// A rank that joins MPI late (stopped, or stuck, before MPI_Init: a seam sleeps 8 s there) held
+// the others in MPI_Init for good; the start-up's watch ends the job with a line at
+// MT_START_TIMEOUT.
+TEST(TrainMpi, ARankLateToJoinMpiEndsTheJobWithALine) {
+  write_dataset(dir() + "/train", 30);
+  std::string err;
+  setenv("MT_FAULT", "mpi.slow_start@1", 1);
+  setenv("MT_START_TIMEOUT", "2", 1);
+  const int rc = run(launch(2) + dp_config("late", 0), &err);
+  unsetenv("MT_FAULT");
+  unsetenv("MT_START_TIMEOUT");
+  EXPECT_NE(rc, 0) << err;
+  EXPECT_NE(err.find("MPI's start-up (MPI_Init and this host's ranks meeting) has not finished in 2 s"), std::string::npos) << err;
+}
+
 TEST(TrainMpi, AStuckRankIsNamedByTheCollectiveTimeout) {
   write_dataset(dir() + "/train", 30);
   std::string cfg = dp_config("hang", 3, {{"comm_timeout", 3}});

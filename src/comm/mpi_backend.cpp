@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -753,8 +755,54 @@ void mpi_prepare_process(char** argv) {
   else ::unsetenv("GLIBC_TUNABLES");
 }
 
+// MPI's start-up has no deadline of its own: a rank stopped or stuck before it joined (SIGSTOP, a
+// host that hangs) held every other rank in MPI_Init, or in the host's split below, for good (a
+// job hung 717 s, a SIGTERM recorded but never acted on), where comm_timeout covers only the
+// collectives after it. The watch ends this rank with its line once the start-up has taken
+// MT_START_TIMEOUT seconds (300, comm_timeout's default; the configuration is read after MPI
+// starts), and mpirun ends the job at that exit.
+class StartWatch {
+ public:
+  StartWatch() {
+    double seconds = 300.0;
+    if (const char* v = std::getenv("MT_START_TIMEOUT"); v != nullptr && *v) {
+      char* end = nullptr;
+      const double s = std::strtod(v, &end);
+      MT_CHECK(*end == '\0' && s > 0 && s <= 1e6, ErrorKind::kInvalidArgument,
+               std::string("MT_START_TIMEOUT=") + v + ": expected seconds, more than 0 and at most 1e6");
+      seconds = s;
+    }
+    watch_ = std::thread([this, seconds] {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
+      const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+      std::fprintf(stderr,
+                   "meshtrain: error: rank %s: MPI's start-up (MPI_Init and this host's ranks meeting) has not finished "
+                   "in %g s: a rank of the job was stopped or is stuck before it joined (MT_START_TIMEOUT sets the wait)\n",
+                   rank ? rank : "?", seconds);
+      std::fflush(stderr);
+      ::_exit(1);
+    });
+  }
+  ~StartWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    watch_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread watch_;
+};
+
 std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
   if (g_world) return g_world;
+  StartWatch watch;  // to the end of the start-up's collectives
   int user_nap = 0;  // MT_WAIT_NAP_US, refused before MPI starts (every rank exits with its line)
   if (const char* v = std::getenv("MT_WAIT_NAP_US"); v != nullptr && *v) {
     char* end = nullptr;
@@ -774,6 +822,7 @@ std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
   struct sigaction pipe_action {};
   if (::sigaction(SIGPIPE, nullptr, &pipe_action) == 0 && pipe_action.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   if (!initialized) {
+    if (fault_active("mpi.slow_start")) std::this_thread::sleep_for(std::chrono::seconds(8));  // test seam: a rank late to join
     ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);  // the ring, unless the user chose (mpi_backend.h)
     check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &g_thread_level), "Init_thread");
   }
