@@ -220,6 +220,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   std::unique_ptr<HeldLock> save_hold;
   if (lead && !cfg.save_dir.empty()) save_hold = engine::checkpoint_dir_hold(cfg.save_dir);
   engine::checkpoint_dir_check_run(cfg.save_dir, args.resume, args.overwrite);
+  check_metrics_path(args.metrics);
   if (fault_active("train.sigterm_in_setup")) sigterm_self_for_test();  // test seam: a scheduler's signal during the setup
   data::Tokenizer tok = run_tokenizer(cfg);
   // GPT-2's pad_token_id = eos_token_id, as HF fine-tuning sets it; a LLaMA whose config gives one

@@ -64,6 +64,8 @@ class MetricsFile {
 };
 // "SIGTERM", "SIGINT" or "SIGHUP", for the stop's line.
 const char* stop_signal_name(int sig);
+// --metrics FILE checked before any work (its directory is there, it is not one); throws kInvalidArgument.
+void check_metrics_path(const std::string& path);
 // That signal agreed over the ranks (one tiny all-reduce of the largest; world may be null): a
 // signal on any rank stops every rank after the same step.
 int agreed_stop_signal(comm::Backend* world, double timeout_s);

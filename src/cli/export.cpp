@@ -47,6 +47,12 @@ void run_export(const ExportArgs& a) {
              "--hf " + a.out + ": inside the checkpoint " + info.dir + "; export to a directory of its own");
     MT_CHECK(!fs::exists(out / "state.json") && !engine::checkpoint_dir_has_checkpoints(out.string()), ErrorKind::kInvalidArgument,
              "--hf " + a.out + ": a meshtrain checkpoint or save_dir, whose files export would overwrite; export to another directory");
+    // (a file there, or one on the way, was a raw filesystem_error, exit 1, after the weights were read)
+    for (fs::path p = out; !p.empty() && p != p.root_path(); p = p.parent_path()) {
+      std::error_code ec;
+      MT_CHECK(!fs::exists(p, ec) || fs::is_directory(p, ec), ErrorKind::kInvalidArgument,
+               "--hf " + a.out + ": " + p.string() + " is a file, not a directory; export to a directory");
+    }
   }
   // The document separator as Hugging Face's bos/eos ids (GPT-2's convention: both are
   // <|endoftext|>): without them Hugging Face takes 50256 (GPT-2) or 2 (LLaMA), wrong ids for a

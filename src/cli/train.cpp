@@ -137,6 +137,17 @@ void sigterm_self_for_test() {
   for (int i = 0; i < 10000 && g_stop_signal.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
+void check_metrics_path(const std::string& path) {
+  if (path.empty()) return;
+  // Before any work: a --metrics in a directory that is not there, or naming one, failed after the
+  // model, the resume and the tokenizing, exit 1.
+  std::error_code ec;
+  const fs::path p(path), parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  MT_CHECK(fs::is_directory(parent, ec), ErrorKind::kInvalidArgument,
+           "--metrics " + path + ": " + parent.string() + " is not a directory");
+  MT_CHECK(!fs::is_directory(p, ec), ErrorKind::kInvalidArgument, "--metrics " + path + ": is a directory; give a file");
+}
+
 void MetricsFile::open(const std::string& path) {
   path_ = path;
   // A line an earlier run left cut short (its disk was full) would have this run's first line
@@ -477,6 +488,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
            args.src.name() + ": train_iters must be positive (a DeepSpeed config has none: --set train_iters=N)");
   engine::ds_config_check_paths(cfg);  // data, tokenizer, save_dir: before any work
   engine::ds_config_check_trainable(cfg);
+  check_metrics_path(args.metrics);
   // One run saves to a save_dir at a time (checkpoint_dir_hold): rank 0 holds it to the end, before
   // the check below (a run beside a live one is told so, not told to pass --resume).
   std::unique_ptr<HeldLock> save_hold;

@@ -151,6 +151,14 @@ TEST(Train, AMetricsFileThatCannotBeWrittenIsSaidOnceAndTheRunGoesOn) {
   EXPECT_NE(err.find(line), std::string::npos) << err;
   EXPECT_EQ(err.find("cannot write step 2"), std::string::npos) << err;
   EXPECT_TRUE(fs::exists(dir() + "/ckpt-full/step-6/state.json"));
+  // Unusable output paths are bad input said before any work (exit 1, after the model, the resume
+  // and the tokenizing; export's was a raw filesystem error after the weights were read).
+  EXPECT_EQ(run("train " + write_config("nodir", nlohmann::json::object()) + " --metrics " + dir() + "/no/such/m.jsonl", &err), 2);
+  EXPECT_NE(err.find("/no/such is not a directory"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir() + "/ckpt-nodir/latest"));
+  std::ofstream(dir() + "/a-file") << "x";
+  EXPECT_EQ(run("export " + dir() + "/ckpt-full --hf " + dir() + "/a-file/out", &err), 2);
+  EXPECT_NE(err.find("a-file is a file, not a directory"), std::string::npos) << err;
   const std::string metrics = dir() + "/no-eval.jsonl";
   ASSERT_EQ(run("train " + write_config("no-eval", {{"eval_iters", 0}}) + " --metrics " + metrics, &err), 0) << err;
   EXPECT_EQ(values(metrics, "loss").size(), 6u);
