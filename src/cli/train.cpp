@@ -221,8 +221,14 @@ void check_same_config(comm::Backend& world, const engine::RunConfig& cfg) {
     bo.root = root;
     bo.tag = tag;
     bo.timeout = timeout;
-    float words = static_cast<float>((text.size() + 3) / 4);
-    world.broadcast(&words, 1, DType::kF32, bo)->wait();
+    // The length by an all-reduce (the others' 0): every rank waits in it for every other, as a
+    // collective that ranks meet at (a broadcast's root goes on at once).
+    comm::AllReduceOptions ao;
+    ao.op = comm::ReduceOp::kMax;
+    ao.tag = tag;
+    ao.timeout = timeout;
+    float words = world.rank() == root ? static_cast<float>((text.size() + 3) / 4) : 0.0f;
+    world.all_reduce(&words, 1, DType::kF32, ao)->wait();
     std::vector<float> buf(static_cast<size_t>(words), 0.0f);
     if (world.rank() == root) std::memcpy(buf.data(), text.data(), text.size());
     world.broadcast(buf.data(), buf.size(), DType::kF32, bo)->wait();
