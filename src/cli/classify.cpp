@@ -220,7 +220,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   std::unique_ptr<HeldLock> save_hold;
   if (lead && !cfg.save_dir.empty()) save_hold = engine::checkpoint_dir_hold(cfg.save_dir);
   engine::checkpoint_dir_check_run(cfg.save_dir, args.resume, args.overwrite);
-  check_metrics_path(args.metrics);
+  if (lead) check_metrics_path(args.metrics);  // rank 0's file (another host may lack its directory)
   if (fault_active("train.sigterm_in_setup")) sigterm_self_for_test();  // test seam: a scheduler's signal during the setup
   data::Tokenizer tok = run_tokenizer(cfg);
   // GPT-2's pad_token_id = eos_token_id, as HF fine-tuning sets it; a LLaMA whose config gives one
@@ -312,7 +312,9 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   // An earlier run's best under --overwrite: removed by this run's first save, top-k or step (they
   // were removed at the start, and a run that failed before it saved left none of either).
   bool earlier_top = args.overwrite && !cfg.save_dir.empty();
-  if (!args.resume.empty() && fs::exists(top_dir / "top_k.json")) {  // a resumed run keeps its best
+  // A resumed run keeps its best; under --overwrite they are the earlier run's, on their way out
+  // (counted, they kept the new run's own out, and named directories its first save removed).
+  if (!args.resume.empty() && !earlier_top && fs::exists(top_dir / "top_k.json")) {
     std::ifstream in(top_dir / "top_k.json");
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
     if (lead && !(j.is_object() && j.contains("best") && j["best"].is_array()))  // (it was passed over without a word)

@@ -741,6 +741,20 @@ TEST(Classify, TheKeptCheckpointsSurviveResumesAndOverwrites) {
   unsetenv("MT_FAULT");
   EXPECT_NE(failed, 0) << err;
   EXPECT_TRUE(fs::exists(list)) << err;
+  // --overwrite with --resume: the earlier run's best (made unbeatable here) are not counted by the
+  // new run, whose first save removes them (counted, they kept the new run's own out, and the list
+  // named directories that were gone).
+  top = nlohmann::json::parse(mt::cli::testing::slurp(list));
+  for (auto& e : top["best"]) e["val_loss"] = 0.0;
+  std::ofstream(list) << top.dump();
+  nlohmann::json again = first;
+  again["model_checkpoint"]["save_top_k"] = 1;
+  again["train_iters"] = 12;  // from the latest, step 10
+  ASSERT_EQ(run("train " + write_config("kept", again) + " --overwrite --resume " + dir() + "/run-kept", &out, &err), 0) << err;
+  top = nlohmann::json::parse(mt::cli::testing::slurp(list));
+  ASSERT_EQ(top["best"].size(), 1u) << top.dump();
+  EXPECT_EQ(top["best"][0]["step"], 12) << top.dump();
+  EXPECT_TRUE(fs::exists(top["best"][0]["path"].get<std::string>() + "/state.json")) << top.dump();
 }
 
 // num_train_epochs counted in steps of the resumed run's batch: a checkpoint of 100 steps at

@@ -451,6 +451,7 @@ class CsvMonitor {
     for (char& ch : file)
       if (ch == '/' || ch == ' ') ch = '_';
     const fs::path path = dir_ / (file + ".csv");
+    errno = 0;
     std::ofstream f(path, std::ios::app);
     if (f.good()) {
       if (started_.insert(file).second) f << "step," << name.substr(name.rfind('/') + 1) << "\r\n";
@@ -461,7 +462,7 @@ class CsvMonitor {
       const int e = errno;
       failed_ = true;
       std::fprintf(stderr, "warning: csv_monitor: cannot write %s at step %lld (%s); the run goes on without it\n",
-                   path.c_str(), static_cast<long long>(step), std::strerror(e));
+                   path.c_str(), static_cast<long long>(step), e != 0 ? std::strerror(e) : "the stream failed");
     }
   }
 
@@ -494,7 +495,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
            args.src.name() + ": train_iters must be positive (a DeepSpeed config has none: --set train_iters=N)");
   engine::ds_config_check_paths(cfg);  // data, tokenizer, save_dir: before any work
   engine::ds_config_check_trainable(cfg);
-  check_metrics_path(args.metrics);
+  if (lead) check_metrics_path(args.metrics);  // rank 0's file (another host may lack its directory)
   // One run saves to a save_dir at a time (checkpoint_dir_hold): rank 0 holds it to the end, before
   // the check below (a run beside a live one is told so, not told to pass --resume).
   std::unique_ptr<HeldLock> save_hold;

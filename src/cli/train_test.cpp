@@ -117,10 +117,10 @@ TEST(Train, AResumeWithAnotherTokenizerIsRefused) {
                 &err),
             2);
   EXPECT_NE(err.find("tokenizer.json is another one (its ids are other tokens)"), std::string::npos) << err;
-  // The same tokenizer by another path (a copy) is the same one.
-  fs::copy_file(dir() + "/tokA.tokenizer.json", dir() + "/tokA-copy.json", fs::copy_options::overwrite_existing);
-  EXPECT_EQ(run("train " + cfg + " --resume " + dir() + "/ckpt-tokswap --set data.tokenizer=" + dir() + "/tokA-copy.json", &err), 0)
-      << err;
+  // The same tokenizer by another path is the same one: a copy's directory (tokenizer.json inside).
+  fs::create_directories(dir() + "/tokA-dir");
+  fs::copy_file(dir() + "/tokA.tokenizer.json", dir() + "/tokA-dir/tokenizer.json", fs::copy_options::overwrite_existing);
+  EXPECT_EQ(run("train " + cfg + " --resume " + dir() + "/ckpt-tokswap --set data.tokenizer=" + dir() + "/tokA-dir", &err), 0) << err;
 }
 
 // Standard output closed under the run (`| head`): SIGPIPE ended it at its next progress line, with

@@ -772,16 +772,30 @@ class StartWatch {
                std::string("MT_START_TIMEOUT=") + v + ": expected seconds, more than 0 and at most 1e6");
       seconds = s;
     }
-    watch_ = std::thread([this, seconds] {
+    const char* r = std::getenv("OMPI_COMM_WORLD_RANK");  // (read here: MPI_Init sets variables as it goes)
+    const std::string rank = r ? r : "?";
+    watch_ = std::thread([this, seconds, rank] {
+      // Time the job spent stopped does not count (a suspend and resume during the start-up): the
+      // deadline starts afresh at each continue, as comm_timeout's.
       std::unique_lock<std::mutex> lock(mu_);
-      if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
-      const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-      std::fprintf(stderr,
-                   "meshtrain: error: rank %s: MPI's start-up (MPI_Init and this host's ranks meeting) has not finished "
-                   "in %g s: a rank of the job was stopped or is stuck before it joined (MT_START_TIMEOUT sets the wait)\n",
-                   rank ? rank : "?", seconds);
-      std::fflush(stderr);
-      ::_exit(1);
+      uint64_t seen = continues();
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                             std::chrono::duration<double>(seconds));
+      while (!done_) {
+        if (cv_.wait_for(lock, std::chrono::seconds(1), [this] { return done_; })) return;
+        if (const uint64_t now = continues(); now != seen) {
+          seen = now;
+          deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                            std::chrono::duration<double>(seconds));
+        }
+        if (std::chrono::steady_clock::now() < deadline) continue;
+        std::fprintf(stderr,
+                     "meshtrain: error: rank %s: MPI's start-up (MPI_Init and this host's ranks meeting) has not finished "
+                     "in %g s: a rank of the job was stopped or is stuck before it joined (MT_START_TIMEOUT sets the wait)\n",
+                     rank.c_str(), seconds);
+        std::fflush(stderr);
+        ::_exit(1);
+      }
     });
   }
   ~StartWatch() {
@@ -802,7 +816,8 @@ class StartWatch {
 
 std::shared_ptr<Backend> mpi_init(int* argc, char*** argv) {
   if (g_world) return g_world;
-  StartWatch watch;  // to the end of the start-up's collectives
+  count_continues();  // (before the watch, which counts continues)
+  StartWatch watch;   // to the end of the start-up's collectives
   int user_nap = 0;  // MT_WAIT_NAP_US, refused before MPI starts (every rank exits with its line)
   if (const char* v = std::getenv("MT_WAIT_NAP_US"); v != nullptr && *v) {
     char* end = nullptr;

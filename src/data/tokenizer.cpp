@@ -17,6 +17,7 @@
 #include <queue>
 #include <sstream>
 
+#include "base/checksum.h"
 #include "base/error.h"
 #include "base/file_io.h"
 
@@ -646,6 +647,28 @@ Tokenizer Tokenizer::load(const std::string& path) {
 }
 
 // ---- saving -----------------------------------------------------------------------------------
+
+std::string Tokenizer::fingerprint() const {
+  Xxh3Stream h;
+  auto number = [&h](int64_t v) { h.update(&v, sizeof v); };
+  number(vocab_size());
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    number(static_cast<int64_t>(token_bytes_[id].size()));
+    h.update(token_bytes_[id].data(), token_bytes_[id].size());
+    number(special_[id]);
+  }
+  number(static_cast<int64_t>(merge_list_.size()));
+  for (const auto& m : merge_list_) {
+    number(m[0]);
+    number(m[1]);
+  }
+  number(static_cast<int64_t>(added_.size()));
+  for (const AddedToken& a : added_) {
+    number(a.id);
+    number((a.single_word ? 1 : 0) | (a.lstrip ? 2 : 0) | (a.rstrip ? 4 : 0) | (a.normalized ? 8 : 0) | (a.special ? 16 : 0));
+  }
+  return h.hex();
+}
 
 void Tokenizer::save_json(const std::string& path) const {
   auto spelled = [&](int32_t id) {

@@ -53,6 +53,11 @@ class Tokenizer {
   // kInvalidArgument for an id outside [0, vocab_size()).
   std::string decode(std::span<const int32_t> ids) const;
 
+  // What the tokenizer is, whatever files it came from: XXH3-64 (hex) of its tokens' bytes, their
+  // special flags, its merges by rank and its added tokens' matching flags. The same tokenizer
+  // read from tokenizer.json or a GPT-2 pair, at any path, has the same fingerprint.
+  std::string fingerprint() const;
+
   int vocab_size() const { return static_cast<int>(token_bytes_.size()); }
   int num_merges() const { return static_cast<int>(merge_list_.size()); }
   // The id of "<|endoftext|>"; throws kNotFound if the vocabulary has none.

@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <fstream>
 #include <thread>
 #include <vector>
 
 #include "base/checksum.h"
+#include "data/tokenizer.h"
 #include "base/error.h"
 #include "base/fault.h"
 #include "base/log.h"
@@ -283,28 +285,40 @@ std::string shard_file_name(const char* stem, int64_t index, int64_t total) {
 
 }  // namespace
 
-// What a run's tokenizer is, by content: the file's XXH3, or a directory's tokenizer files' (a GPT-2
-// pair) in name order; "" without one, or where it cannot be read (the run itself then says so).
+// What a run's tokenizer is, by content (data::Tokenizer::fingerprint: the same tokenizer from
+// tokenizer.json or a GPT-2 pair, at any path, is the same); "" without one, or where it cannot be
+// read (the run itself says why). Kept per path while its files' sizes and times stay: a save
+// reads it once.
 std::string tokenizer_fingerprint(const std::string& path) {
   if (path.empty()) return "";
   std::error_code ec;
-  try {
-    if (fs::is_regular_file(path, ec)) return file_xxh3_hex(path);
-    if (!fs::is_directory(path, ec)) return "";
-    Xxh3Stream h;
-    bool any = false;
-    for (const char* name : {"encoder.json", "gpt2-merges.txt", "gpt2-vocab.json", "merges.txt", "tokenizer.json", "vocab.bpe",
-                             "vocab.json"}) {
-      const fs::path f = fs::path(path) / name;
-      if (!fs::is_regular_file(f, ec)) continue;
-      const std::string part = std::string(name) + ":" + file_xxh3_hex(f.string()) + ";";
-      h.update(part.data(), part.size());
-      any = true;
-    }
-    return any ? h.hex() : "";
-  } catch (const Error&) {
-    return "";
+  std::string signature = fs::absolute(path, ec).string();
+  auto stamp = [&signature, &ec](const fs::path& f) {
+    if (!fs::is_regular_file(f, ec)) return;
+    signature += "|" + f.filename().string() + ":" + std::to_string(fs::file_size(f, ec)) + ":" +
+                 std::to_string(fs::last_write_time(f, ec).time_since_epoch().count());
+  };
+  if (fs::is_directory(path, ec)) {
+    for (const char* name : {"tokenizer.json", "encoder.json", "vocab.bpe", "vocab.json", "merges.txt", "gpt2-vocab.json",
+                             "gpt2-merges.txt"})
+      stamp(fs::path(path) / name);
+  } else {
+    stamp(path);
   }
+  static std::mutex mu;
+  static std::map<std::string, std::string> known;  // signature -> fingerprint
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = known.find(signature); it != known.end()) return it->second;
+  }
+  std::string fp;
+  try {
+    fp = data::Tokenizer::load(path).fingerprint();
+  } catch (const Error&) {
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  known[signature] = fp;
+  return fp;
 }
 
 std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t keep_last, bool drop_others) {
@@ -1279,7 +1293,8 @@ void checkpoint_dir_check_run(const std::string& save_dir, const std::string& re
     if (r == dir) return;
   throw Error(ErrorKind::kInvalidArgument,
               "save_dir " + save_dir + " holds checkpoints of another run than --resume " + resume +
-                  " (its saves would replace and rotate them); give a save_dir of its own, or --overwrite to replace them "
+                  " (its saves would replace and rotate them); give a save_dir of its own, --resume " + save_dir +
+                  " to continue the run it holds (a job requeued after it saved there), or --overwrite to replace them "
                   "(its first save removes them)");
 }
 

@@ -836,6 +836,16 @@ bool peer_closed(int fd) {
 
 }  // namespace
 
+// A request whose body is refused unread, or read in part: once the answer is written (the
+// logger runs then), the connection's reading side is shut, so it closes. cpp-httplib 0.11 closes
+// by the request's headers only, and what was left of the body was read as the next request (one
+// hidden in a body was answered); shut before the answer, the answer was not written.
+namespace {
+void close_after(const httplib::Request& req) {
+  if (const int fd = request_socket(req); fd >= 0) ::shutdown(fd, SHUT_RD);
+}
+}  // namespace
+
 void HttpServer::route() {
   httplib::Server& s = *http_;
   const int threads = options_.threads > 0 ? options_.threads : gen_.slots() + options_.max_queue + 8;
@@ -902,6 +912,24 @@ void HttpServer::route() {
     res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
     record("/v1/models", 200, 0.0);
   });
+  s.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    if (res.get_header_value("Connection") == "close") close_after(req);
+  });
+  // A client that asks before it sends (Expect: 100-continue, curl's way past 1 KiB) is told 413 at
+  // once for a length over the limit (cpp-httplib answered 100 Continue and so invited the body).
+  s.set_expect_100_continue_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string length = req.get_header_value("Content-Length");
+    if (length.empty() || length.size() > 19 || length.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoull(length) <= options_.max_body_bytes)
+      return 100;
+    send_error(res, HttpError{413, "the body is larger than " + std::to_string(options_.max_body_bytes) + " bytes",
+                              "invalid_request_error", "payload_too_large"});
+    record(req.path == "/" || req.path == "/v1/completions" || req.path == "/v1/chat/completions" ? req.path
+                                                                                                    : std::string("unmatched"),
+           413, 0.0);
+    res.set_header("Connection", "close");  // the logger shuts the connection's reading side
+    return 413;
+  });
   // The bodies are read here, not by cpp-httplib, whose limit holds for a Content-Length only: a
   // chunked body, or a gzip one as it inflates, was read whole (a 48 KB gzip body held 1.6 GB).
   for (const char* path : {"/", "/v1/completions", "/v1/chat/completions"}) {
@@ -917,48 +945,64 @@ void HttpServer::route() {
   }
 }
 
+
 bool HttpServer::read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
                            const std::string& endpoint, std::string& body) {
-  auto refuse = [&](int status, const std::string& message, const char* code) {
+  // A refused body is read to its end and dropped where it can be, so the connection stays in step
+  // (cpp-httplib 0.11 keeps a connection by the request's headers alone, and what was left of a body
+  // was read as the next request: one hidden in a body was answered). Where it cannot be (framing
+  // that cannot be read, a body past the drain's bound), the reading side is shut and the
+  // connection ends after the answer.
+  auto refuse = [&](int status, const std::string& message, const char* code, bool in_step) {
     HttpError e{status, message, "invalid_request_error", code};
     json j = error_json(e);
     if (endpoint == "/") j["status"] = status;  // ChatGLM's answers carry it
     res.status = status;
-    res.set_header("Connection", "close");  // what is left of the body is not read
     res.set_content(dump(j), "application/json");
     record(endpoint, status, 0.0);
+    if (!in_step) res.set_header("Connection", "close");  // the logger shuts the connection's reading side
     return false;
   };
-  if (req.is_multipart_form_data())
-    return refuse(415, "a multipart/form-data body is not read; send the JSON with the header Content-Type: application/json",
-                  "unsupported_media_type");
+  const std::string too_large = "the body is larger than " + std::to_string(options_.max_body_bytes) + " bytes";
+  // cpp-httplib reads chunks where the header is exactly "chunked"; any other coding it read as a
+  // body without length, until the client closed.
   std::string te = req.get_header_value("Transfer-Encoding");
   std::transform(te.begin(), te.end(), te.begin(), ::tolower);
-  const bool chunked = te.find("chunked") != std::string::npos;
+  const bool chunked = te == "chunked";
+  if (req.has_header("Transfer-Encoding") && !chunked)
+    return refuse(501, "Transfer-Encoding: '" + te + "' is not supported (chunked, or a Content-Length)", "not_implemented", false);
   if (req.has_header("Content-Length")) {
     const std::string length = req.get_header_value("Content-Length");
     if (length.empty() || length.size() > 19 || length.find_first_not_of("0123456789") != std::string::npos)
-      return refuse(400, "Content-Length: '" + length + "' is not a byte count", "invalid_request");
-    if (std::stoull(length) > options_.max_body_bytes)
-      return refuse(413, "the body is larger than " + std::to_string(options_.max_body_bytes) + " bytes", "payload_too_large");
+      return refuse(400, "Content-Length: '" + length + "' is not a byte count", "invalid_request", false);
   } else if (!chunked) {
     return true;  // neither length nor chunks: no body (RFC 9112 6.3); it waited for the client to close
   }
-  bool too_large = false;
+  if (req.is_multipart_form_data()) {  // read (within the limit) and dropped
+    const bool read = reader([](const httplib::MultipartFormData&) { return true; }, [](const char*, size_t) { return true; });
+    return refuse(read ? 415 : res.status == 413 ? 413 : 400,
+                  read ? std::string("a multipart/form-data body is not read; send the JSON with the header Content-Type: application/json")
+                       : res.status == 413 ? too_large : std::string("the multipart body could not be read"),
+                  read ? "unsupported_media_type" : res.status == 413 ? "payload_too_large" : "invalid_request", read || res.status == 413);
+  }
+  // Past the limit the rest is read and dropped, up to a bound (a gzip body may inflate without end).
+  const size_t drain = std::max<size_t>(size_t{16} << 20, 4 * options_.max_body_bytes);
+  size_t seen = 0;
   const bool read = reader([&](const char* data, size_t n) {
-    if (body.size() + n > options_.max_body_bytes) {
-      too_large = true;
-      return false;
+    seen += n;
+    if (seen > options_.max_body_bytes) {
+      body.clear();
+      return seen <= drain;
     }
     body.append(data, n);
     return true;
   });
-  if (too_large)
-    return refuse(413, "the body is larger than " + std::to_string(options_.max_body_bytes) + " bytes (as sent, or inflated)",
-                  "payload_too_large");
+  // A Content-Length over the limit: cpp-httplib skips the body itself (413, in step).
+  if (!read && res.status == 413) return refuse(413, too_large, "payload_too_large", true);
+  if (seen > options_.max_body_bytes) return refuse(413, too_large + " (as sent, or inflated)", "payload_too_large", read);
   if (!read)
     return refuse(400, "the body could not be read (its chunks or its Content-Encoding are broken, or the client stopped sending)",
-                  "invalid_request");
+                  "invalid_request", false);
   return true;
 }
 
