@@ -243,6 +243,13 @@ TEST(CsvMonitor, WritesDeepSpeedsEventFiles) {
                      "left on device); the run goes on without it"),
             std::string::npos)
       << err;
+  // An output_path that is a file: bad input, said before any work (exit 1 after the model).
+  std::ofstream(dir() + "/csv-file") << "x";
+  j["monitor_config"]["csv_monitor"]["output_path"] = dir() + "/csv-file";
+  std::ofstream(dir() + "/csv-bad.json") << j.dump();
+  EXPECT_EQ(run("train " + dir() + "/csv-bad.json", nullptr, &err), 2) << err;
+  EXPECT_NE(err.find("csv_monitor: cannot create " + dir() + "/csv-file/full"), std::string::npos) << err;
+  EXPECT_EQ(err.find("model "), std::string::npos) << err;
 }
 
 }  // namespace

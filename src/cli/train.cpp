@@ -440,7 +440,7 @@ class CsvMonitor {
       : dir_(c.output_path.empty() ? fs::path(c.job_name) : fs::path(c.output_path) / c.job_name) {
     std::error_code ec;
     fs::create_directories(dir_, ec);
-    MT_CHECK(!ec, ErrorKind::kIOError, "csv_monitor: cannot create " + dir_.string() + " (" + ec.message() + ")");
+    MT_CHECK(!ec, ErrorKind::kInvalidArgument, "csv_monitor: cannot create " + dir_.string() + " (" + ec.message() + ")");
   }
   // A row that cannot be written (a full disk) is said once, and the run goes on without the
   // monitor, as with --metrics: the rows were checked before the stream was flushed, so a full disk
@@ -496,6 +496,9 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   engine::ds_config_check_paths(cfg);  // data, tokenizer, save_dir: before any work
   engine::ds_config_check_trainable(cfg);
   if (lead) check_metrics_path(args.metrics);  // rank 0's file (another host may lack its directory)
+  // (its directory made here, before any work: one that could not be made failed after the model)
+  std::unique_ptr<CsvMonitor> csv;
+  if (lead && cfg.csv_monitor.enabled) csv = std::make_unique<CsvMonitor>(cfg.csv_monitor);
   // One run saves to a save_dir at a time (checkpoint_dir_hold): rank 0 holds it to the end, before
   // the check below (a run beside a live one is told so, not told to pass --resume).
   std::unique_ptr<HeldLock> save_hold;
@@ -670,8 +673,6 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                                        (cfg.virtual_stages > 1 ? ", " + std::to_string(cfg.virtual_stages) + " chunks per rank" : "") + ")"
                                  : std::string()))
                      .c_str());
-  std::unique_ptr<CsvMonitor> csv;
-  if (lead && cfg.csv_monitor.enabled) csv = std::make_unique<CsvMonitor>(cfg.csv_monitor);
   MetricsFile metrics;
   if (lead && !args.metrics.empty()) metrics.open(args.metrics);
   const int B = static_cast<int>(cfg.batch.micro_batch_per_gpu);
