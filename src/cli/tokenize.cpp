@@ -4,6 +4,7 @@
 // paragraph/record, each ended by <|endoftext|>. With
 // --train-bpe N a byte-level BPE of N tokens is trained on INPUT first and saved as
 // PREFIX.tokenizer.json. Also: meshtrain tokenizer encode|decode TOKENIZER (JSON lines on stdin).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -56,6 +57,12 @@ void run_tokenize(const TokenizeArgs& a) {
   MT_CHECK(train != !a.tokenizer.empty(), ErrorKind::kInvalidArgument,
            "tokenize: give exactly one of --tokenizer FILE or --train-bpe N");
   std::vector<engine::CorpusDocument> docs = engine::corpus_read(a.input);
+  // (a .jsonl whose every "text" is "" wrote a dataset of no tokens, exit 0; an empty .txt is refused)
+  MT_CHECK(std::any_of(docs.begin(), docs.end(),
+                       [](const engine::CorpusDocument& d) {
+                         return std::any_of(d.pieces.begin(), d.pieces.end(), [](const auto& p) { return !p.first.empty(); });
+                       }),
+           ErrorKind::kInvalidArgument, a.input + ": every document's text is empty: nothing to tokenize");
   std::unique_ptr<data::Tokenizer> tok;
   if (train) {
     std::string corpus;

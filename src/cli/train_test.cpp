@@ -538,6 +538,9 @@ TEST(Tokenize, TextToIndexedDatasetAndEncodeDecodeRoundTrip) {
     EXPECT_NE(err.find("stdin:2: "), std::string::npos) << bad << ": " << err;
   }
   EXPECT_NE(err.find("id 100000 out of range (the vocabulary has "), std::string::npos) << err;
+  std::ofstream(dir() + "/empty-texts.jsonl") << "{\"text\": \"\"}\n{\"text\": \"\"}\n";
+  EXPECT_EQ(run("tokenize " + dir() + "/empty-texts.jsonl -o " + dir() + "/et --tokenizer " + dir() + "/corpus.tokenizer.json", &err), 2);
+  EXPECT_NE(err.find("every document's text is empty: nothing to tokenize"), std::string::npos) << err;
   EXPECT_EQ(run("tokenize " + dir() + "/absent.txt -o " + dir() + "/x --train-bpe 300", &err), 2);
   EXPECT_NE(err.find("absent.txt"), std::string::npos);
   // A record without text is a document of no sequences, as Megatron's preprocess_data.py writes it
