@@ -192,6 +192,8 @@ TEST(Classify, TrainsKeepsTheTopKAndPredictsWhatValidationMeasured) {
   // A label field no record has, named on the command line: refused (no accuracy, exit 0 before).
   EXPECT_EQ(run("predict " + dir() + "/run-a " + dir() + "/dev.jsonl -o " + dir() + "/nope.json --label-name nope", &out, &err), 2);
   EXPECT_NE(err.find("--label-name 'nope': no record of"), std::string::npos) << err;
+  EXPECT_EQ(run("predict " + dir() + "/run-a " + dir() + "/dev.jsonl -o " + dir() + "/nope.json --id-name nope", &out, &err), 2);
+  EXPECT_NE(err.find("--id-name 'nope': no record of"), std::string::npos) << err;
   for (const auto& e : fs::directory_iterator(dir()))  // no temporary of it (pred-dir.tmp.XXXXXX)
     EXPECT_EQ(e.path().filename().string().rfind("pred-dir.tmp", 0), std::string::npos) << e.path();
   std::ifstream p(dir() + "/pred.json"), truth(dir() + "/dev.jsonl");

@@ -88,6 +88,9 @@ void run_predict(const PredictArgs& a) {
   // records: no accuracy, exit 0.
   MT_CHECK(a.label.empty() || std::any_of(recs.begin(), recs.end(), [](const auto& e) { return e.label >= 0; }),
            ErrorKind::kInvalidArgument, "predict: --label-name '" + a.label + "': no record of " + a.data + " has that field");
+  // (an id field no record has numbered the predictions by line, without a word)
+  MT_CHECK(a.id.empty() || std::any_of(recs.begin(), recs.end(), [](const auto& e) { return e.id_given; }),
+           ErrorKind::kInvalidArgument, "predict: --id-name '" + a.id + "': no record of " + a.data + " has that field");
   size_t longest = 0;
   for (const auto& e : recs) longest = std::max(longest, e.tokens.size());
   // Records are cut as training cut them: at the run's seq_length, which a Hugging Face directory

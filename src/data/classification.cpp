@@ -148,9 +148,10 @@ std::vector<ClassificationExample> classification_read(const std::string& path, 
     }
     MT_CHECK(j.is_object(), ErrorKind::kInvalidArgument, where + ": expected a JSON object");
     ClassificationExample e;
-    if (j.contains(fields.id) && !j[fields.id].is_null())
+    if (j.contains(fields.id) && !j[fields.id].is_null()) {
       e.id = j[fields.id].is_string() ? j[fields.id].get<std::string>() : j[fields.id].dump();
-    else
+      e.id_given = true;
+    } else
       e.id = std::to_string(line_no);
     if (fields.text_b.empty()) {
       e.tokens = tokenizer.encode(text_field(j, fields.text_a, where));

@@ -35,6 +35,7 @@ enum class LabelKind { kClass, kValues, kLabelSet };
 
 struct ClassificationExample {
   std::string id;
+  bool id_given = false;        // the record has the id field (else id is its line number)
   std::vector<int32_t> tokens;  // not empty
   size_t first = 0;             // a pair: the first text's tokens (text_a + "\n"); 0: one text
   int label = -1;               // -1: none (prediction input); kValues / kLabelSet: 0 when labelled
