@@ -69,6 +69,12 @@ LoadedModel load_model(const std::string& path) {
       out.tokenizer = path;  // Tokenizer::load finds the files in the directory
     return out;
   }
+  // Weights without a config.json beside them: said so (it read "not a checkpoint (no state.json)").
+  std::error_code ec;
+  MT_CHECK(!(fs::is_directory(path, ec) && !fs::exists(fs::path(path) / "state.json") && !fs::exists(fs::path(path) / "latest") &&
+             (fs::exists(fs::path(path) / "model.safetensors") || fs::exists(fs::path(path) / "model.safetensors.index.json"))),
+           ErrorKind::kNotFound,
+           path + ": Hugging Face weights without a config.json beside them (and not a meshtrain checkpoint)");
   engine::CheckpointInfo info = engine::checkpoint_info(path);
   out.model = std::make_unique<models::TransformerLM>(info.model, opts);
   engine::checkpoint_load_weights(info, out.model->store());

@@ -882,6 +882,11 @@ TEST(Cli, ValuesThatCrashedOrLostTheOutputAreRefused) {
                 err.find("--clients: '' is not a count") != std::string::npos)
         << bad << ": " << err;
   }
+  // Hugging Face weights without their config.json: said so (it read "not a checkpoint (no state.json)").
+  fs::create_directories(dir() + "/no-config");
+  std::ofstream(dir() + "/no-config/model.safetensors") << "x";
+  EXPECT_EQ(run("generate " + dir() + "/no-config --prompt x", &err), 2);
+  EXPECT_NE(err.find("Hugging Face weights without a config.json beside them"), std::string::npos) << err;
   // Standard output on a full disk: the ids were lost and the command exited 0.
   std::ofstream(dir() + "/enc.txt") << "The cat sat on the mat.\n\nThe dog sat on the log.\n\nCats and dogs sat.\n";
   ASSERT_EQ(run("tokenize " + dir() + "/enc.txt -o " + dir() + "/enc --train-bpe 270"), 0);

@@ -532,6 +532,12 @@ TEST(HfWeights, ShardedSetsAndFlatRangesGiveTheFilesValues) {
   std::string e = error_of(d + "/bad-index.json");
   EXPECT_NE(e.find("b.safetensors"), std::string::npos) << e;
   EXPECT_NE(e.find(ps[0]->name), std::string::npos) << e;
+  // An entry that is not a file name is said so (it read "is not in the weight_map").
+  wm[ps[0]->name] = 5;
+  std::ofstream(d + "/bad-index.json") << nlohmann::json{{"weight_map", wm}}.dump();
+  e = error_of(d + "/bad-index.json");
+  EXPECT_NE(e.find("weight_map[\"" + ps[0]->name + "\"] is 5, not a shard's file name"), std::string::npos) << e;
+  wm[ps[0]->name] = "a.safetensors";
   // One file lacking a tensor; one holding a tensor of the wrong shape.
   checkpoint::safetensors_write(d + "/short.safetensors", a, {});
   e = error_of(d + "/short.safetensors");

@@ -110,8 +110,9 @@ HfWeights::HfWeights(const std::string& path, const nn::ParamStore& store, bool 
         sources_[prm] = src;
         continue;
       }
-      MT_CHECK(wm.contains(src.name) && wm[src.name].is_string(), ErrorKind::kNotFound,
-               p.string() + ": tensor " + prm->name + " is not in the weight_map");
+      MT_CHECK(wm.contains(src.name), ErrorKind::kNotFound, p.string() + ": tensor " + prm->name + " is not in the weight_map");
+      MT_CHECK(wm[src.name].is_string(), ErrorKind::kCorruption,
+               p.string() + ": weight_map[\"" + src.name + "\"] is " + wm[src.name].dump() + ", not a shard's file name");
       src.file = open((p.parent_path() / wm[src.name].get<std::string>()).string());
       src.file->get(src.name);  // the shard the index names holds it
     }
