@@ -391,8 +391,11 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--profile", args->profile,
                 "--device cuda: 3 more steps with every op timed by CUDA events, the time per op (not in the step figure)");
   cmd->add_flag("--json", args->json, "print one JSON object");
-  cmd->add_option("--decode", args->decode, "time generation instead: prefill --seq tokens, then this many decode steps");
-  cmd->callback([args] {
+  CLI::Option* decode = cmd->add_option("--decode", args->decode, "time generation instead: prefill --seq tokens, then this many decode steps");
+  cmd->callback([args, decode] {
+    // (0 was taken for absent: --decode 0 ran the training benchmark, exit 0)
+    MT_CHECK(decode->count() == 0 || args->decode >= 1, ErrorKind::kInvalidArgument,
+             "--decode must be a number of decode steps (>= 1)");
     if (!args->io_dir.empty()) return run_io_bench(*args);
     MT_CHECK(!args->config.empty(), ErrorKind::kInvalidArgument, "bench: MODEL_CONFIG is required (or --io DIR)");
     run_bench(*args);

@@ -65,6 +65,13 @@ nlohmann::json fingerprint(int world) {
 }
 
 void run_calibrate(const CalibrateArgs& args) {
+  // (-1 was taken for "not given", as 0 is)
+  MT_CHECK(args.threads >= 0, ErrorKind::kInvalidArgument, "--threads must be at least 1, or 0 for OpenMP's count (got " +
+                                                                std::to_string(args.threads) + ")");
+  // The probe's mixed pass reads one of its 64 MiB chunks while writing another: below two it did
+  // not run, and the calibration said a mixed rate of 0, which plan then refused as not measured.
+  MT_CHECK(args.io_dir.empty() || args.io_mib >= 128, ErrorKind::kInvalidArgument,
+           "--io-size must be at least 128 MiB (two of the disk probe's 64 MiB chunks; got " + std::to_string(args.io_mib) + ")");
   // Before MPI: mpi_init sets a waiting rank's nap from the threads (comm::mpi_wait_sleep_us).
   if (args.threads > 0) threads_set(args.threads);  // else OpenMP's (meshtrain launch sets one per rank's share)
   std::shared_ptr<comm::Backend> world = mpi_world();
@@ -136,7 +143,7 @@ void run_calibrate(const CalibrateArgs& args) {
     world->all_reduce(&flag, 1, DType::kF32, ao)->wait();
     if (flag > 0.0f && unwritable.empty()) unwritable = args.out + ": rank 0 cannot write the calibration there";
   }
-  MT_CHECK(unwritable.empty(), ErrorKind::kIOError, unwritable);
+  MT_CHECK(unwritable.empty(), ErrorKind::kInvalidArgument, unwritable);  // (a path: bad input, exit 2)
   planner::CalibrateOptions o;
   o.quick = args.quick;
   o.pace = args.pace;

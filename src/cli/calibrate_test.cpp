@@ -87,7 +87,7 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
     broken["fits"]["memory"]["per_unit_s"] = -1.0;
     std::ofstream(cal) << broken.dump();
     ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --quick -o " + cal, &out, &err), 0) << err;
-    EXPECT_NE(out.find("fits.memory.per_unit_s must be a finite time of 0 s or more"), std::string::npos) << out;
+    EXPECT_NE(out.find("fits.memory.per_unit_s must be a time from 0 to 1e6 s"), std::string::npos) << out;
     EXPECT_NE(out.find("calibrated 1 rank(s)"), std::string::npos) << out;
     EXPECT_TRUE(load(cal)["fits"].contains("gemm f32"));
   }
@@ -112,11 +112,19 @@ nlohmann::json calibrate_ranks(int n) {
 }
 
 // An output that cannot be written is said before anything is measured (it measured for 2.5
-// minutes, then failed at the write with the measurements lost): one line, exit 1, no timing.
+// minutes, then failed at the write with the measurements lost): one line, exit 2 (a path: bad
+// input; it was 1), no timing. So are a negative --threads (taken for "not given") and an --io-size
+// too small for the disk probe's mixed pass (its rate was written as 0, which plan refused as not
+// measured).
 TEST(Calibrate, AnUnwritableOutputIsRefusedBeforeMeasuring) {
   std::string out, err;
   const std::string bad = dir() + "/no-such-dir/cal.json";
-  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate -o " + bad, &out, &err), 1);
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --threads -1 -o " + dir() + "/t.json", &out, &err), 2);
+  EXPECT_NE(err.find("--threads must be at least 1, or 0"), std::string::npos) << err;
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --io " + dir() + " --io-size 1 -o " + dir() + "/t.json", &out, &err), 2);
+  EXPECT_NE(err.find("--io-size must be at least 128 MiB"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(dir() + "/t.json"));
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate -o " + bad, &out, &err), 2);
   EXPECT_EQ(err, "meshtrain: error: " + bad + ": cannot write the calibration there (No such file or directory); nothing was "
                  "measured\n");
   EXPECT_EQ(out, "");
@@ -307,7 +315,13 @@ TEST(Plan, CalibrationsAndClustersOutOfRangeAreRefusedNamingTheFile) {
     std::string text, want;
   } bad[] = {
       {"neg", R"({"world": 1, "fits": {"gemm f32": {"latency_s": 0, "per_unit_s": -1e-9}, "memory": {"latency_s": 0, "per_unit_s": 0}}})",
-       "neg.json: fits.gemm f32.per_unit_s must be a finite time of 0 s or more"},
+       "neg.json: fits.gemm f32.per_unit_s must be a time from 0 to 1e6 s"},
+      // (1.7e308 overflowed to inf in the simulator, reported as a deadlock, exit 1)
+      {"huge", R"({"world": 1, "fits": {"gemm f32": {"latency_s": 0, "per_unit_s": 1.7e308}, "memory": {"latency_s": 0, "per_unit_s": 0}}})",
+       "huge.json: fits.gemm f32.per_unit_s must be a time from 0 to 1e6 s"},
+      // No update line at all: priced at 0 s without a word.
+      {"noupdate", R"({"world": 1, "fits": {"gemm f32": {"latency_s": 0, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 0, "per_unit_s": 1e-9}, "memory": {"latency_s": 0, "per_unit_s": 0}}})",
+       "calibration: 'adamw' (the optimizer's update) was not measured"},
       {"type", R"({"world": "1", "fits": {)" + fits + "}}", "type.json: [json.exception.type_error"},
       {"field", R"({"world": 1, "fits": {"gemm f32": {"latency_s": 0}}})", "field.json: [json.exception.out_of_range"},
       {"curve", R"({"world": 1, "fits": {)" + fits + R"(, "all_reduce": {"latency_s": 0, "per_unit_s": 1e-9, "curve": [[0, 1e-5], [1024, 2e-5]]}}})",

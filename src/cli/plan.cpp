@@ -94,8 +94,9 @@ static planner::Calibration calibration_from_json(const nlohmann::json& j, const
   auto bad = [&path](const std::string& what) {
     throw Error(ErrorKind::kInvalidArgument, path + ": " + what + " (meshtrain calibrate --force writes it anew)");
   };
+  // (at most 1e6 s: 1.7e308 a unit overflowed to inf in the simulator, which reported a deadlock)
   auto time = [&](double v, const std::string& what) {
-    if (!std::isfinite(v) || v < 0) bad(what + " must be a finite time of 0 s or more");
+    if (!std::isfinite(v) || v < 0 || v > 1e6) bad(what + " must be a time from 0 to 1e6 s");
     return v;
   };
   planner::Calibration cal;

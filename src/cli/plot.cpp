@@ -39,8 +39,27 @@ bool plot_metrics(const std::string& metrics, const std::string& out, bool requi
   }
   std::ifstream in(metrics);
   MT_CHECK(in.good(), ErrorKind::kNotFound, metrics + ": cannot open");
+  // The output's checks first, and the two work files removed however this ends (a refused input
+  // left OUT.dat behind; a directory that is not there had gnuplot read a script never written and
+  // its raw wait status said, exit 1).
+  const std::string ext = fs::path(out).extension().string();
+  MT_CHECK(ext == ".png" || ext == ".svg", ErrorKind::kInvalidArgument, out + ": the plot must be a .png or .svg file");
+  {
+    std::error_code ec;
+    const fs::path parent = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : fs::path(".");
+    MT_CHECK(fs::is_directory(parent, ec), ErrorKind::kInvalidArgument, out + ": " + parent.string() + " is not a directory");
+  }
   std::string data = out + ".dat", script = out + ".gp";
+  struct Remove {
+    std::string a, b;
+    ~Remove() {
+      std::error_code ec;
+      fs::remove(a, ec);
+      fs::remove(b, ec);
+    }
+  } remove{data, script};
   std::ofstream d(data);
+  MT_CHECK(d.good(), ErrorKind::kIOError, data + ": cannot write");
   std::string line;
   size_t line_no = 0, rows = 0, vals = 0;
   while (std::getline(in, line)) {
@@ -66,9 +85,8 @@ bool plot_metrics(const std::string& metrics, const std::string& out, bool requi
     vals += val;
   }
   d.close();
+  MT_CHECK(!d.fail(), ErrorKind::kIOError, data + ": cannot write");
   MT_CHECK(rows > 0, ErrorKind::kInvalidArgument, metrics + ": no steps to plot");
-  std::string ext = fs::path(out).extension().string();
-  MT_CHECK(ext == ".png" || ext == ".svg", ErrorKind::kInvalidArgument, out + ": the plot must be a .png or .svg file");
   std::ofstream g(script);
   g << (ext == ".png" ? "set terminal pngcairo size 1000,560 noenhanced\n" : "set terminal svg size 1000,560 noenhanced\n")
     << "set output " << gp_quote(out) << "\n"
@@ -79,10 +97,10 @@ bool plot_metrics(const std::string& metrics, const std::string& out, bool requi
   if (vals > 0) g << ", " << gp_quote(data) << " using 1:3 with linespoints pt 7 lw 2 title 'validation loss'";
   g << ", " << gp_quote(data) << " using 1:4 axes x1y2 with lines dt 2 title 'lr'\n";
   g.close();
-  int rc = system_as_started("gnuplot " + gp_quote(script) + " 2>&1");
-  fs::remove(data);
-  fs::remove(script);
-  MT_CHECK(rc == 0 && fs::exists(out), ErrorKind::kIOError, out + ": gnuplot failed (exit " + std::to_string(rc) + ")");
+  MT_CHECK(!g.fail(), ErrorKind::kIOError, script + ": cannot write");
+  const int rc = system_as_started("gnuplot " + gp_quote(script) + " 2>&1");
+  const int code = rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : rc;  // (the raw wait status was said: "exit 256")
+  MT_CHECK(rc == 0 && fs::exists(out), ErrorKind::kIOError, out + ": gnuplot failed (exit " + std::to_string(code) + ")");
   return true;
 }
 

@@ -853,6 +853,11 @@ TEST(Plot, TrainLeavesALossCurveAndPlotDrawsPngOrSvg) {
                                                 << "{\"step\": 2, \"loss\": 1.5, \"lr\": \"x\"}\n";
   EXPECT_EQ(run("plot " + dir() + "/null-metrics.jsonl -o " + dir() + "/null.svg", &err), 2);
   EXPECT_NE(err.find("null-metrics.jsonl:2: \"val_loss\" and \"lr\" must be numbers"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir() + "/null.svg.dat"));  // a refused input left its work file behind
+  // An output in a directory that is not there: one line, bad input (gnuplot's own line and its raw
+  // wait status, exit 1).
+  EXPECT_EQ(run("plot " + dir() + "/bad-metrics.jsonl -o " + dir() + "/nodir/x.png", &err), 2);
+  EXPECT_NE(err.find("/nodir is not a directory"), std::string::npos) << err;
 }
 
 // Values that crashed a command, or had it exit 0 having done nothing or lost its output (a
@@ -868,6 +873,8 @@ TEST(Cli, ValuesThatCrashedOrLostTheOutputAreRefused) {
   const std::string model = std::string(MT_SOURCE_DIR) + "/configs/models/tiny-gpt2.json";
   EXPECT_EQ(run("bench " + model + " --decode 4 --device cuda", &err), 2);  // timed the CPU
   EXPECT_NE(err.find("--decode times generation on the CPU"), std::string::npos) << err;
+  EXPECT_EQ(run("bench " + model + " --decode 0", &err), 2);  // ran the training benchmark, exit 0
+  EXPECT_NE(err.find("--decode must be a number of decode steps (>= 1)"), std::string::npos) << err;
   for (const char* bad : {"--duration inf", "--duration 1e10", "--clients ''"}) {  // 0 requests, exit 0
     EXPECT_EQ(run(std::string("loadtest --url http://127.0.0.1:1 ") + bad, &err), 2) << bad;
     EXPECT_TRUE(err.find("--duration must be positive and at most 1e6") != std::string::npos ||

@@ -425,7 +425,11 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   const char* update = line_of(s.update);
   if (update == nullptr) update = line_of(warm);
   if (update == nullptr) update = line_of(UpdateKind::kAdamW);
-  c.optimizer_per_element = (update != nullptr ? cal.fits.at(update).per_unit : 0.0) + (own ? mem * 8 : 0.0);
+  // None at all: refused as a missing GEMM line is (the update was priced at 0 s, without a word).
+  MT_CHECK(update != nullptr, ErrorKind::kNotFound,
+           std::string("calibration: '") + update_line(UpdateKind::kAdamW, false) +
+               "' (the optimizer's update) was not measured; run meshtrain calibrate again");
+  c.optimizer_per_element = cal.fits.at(update).per_unit + (own ? mem * 8 : 0.0);
   if (s.optimizer_nvme && !s.param_nvme) {  // with param_nvme the step program times the swap
     MT_CHECK(cal.disk_read_gbs > 0 && cal.disk_write_gbs > 0 && cal.disk_mixed_gbs > 0, ErrorKind::kInvalidArgument,
              "cost model: offload_optimizer nvme needs the disk's rates in the calibration (meshtrain calibrate --io DIR)");
