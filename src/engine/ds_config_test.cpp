@@ -194,11 +194,6 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   lm["model"]["architectures"] = {"GPT2LMHeadModel"};
   lm["model"]["problem_type"] = "single_label_classification";
   EXPECT_EQ(ds_config_parse(lm, "cfg.json").model.num_labels, 0);
-  // So does one with num_labels (PretrainedConfig's attribute written out): it was refused as a
-  // sequence classifier of 2 labels.
-  lm["model"]["architectures"] = {"LlamaForCausalLM"};
-  lm["model"]["num_labels"] = 2;
-  EXPECT_EQ(ds_config_parse(lm, "cfg.json").model.num_labels, 0);
 }
 
 // Megatron-LM's arguments written into a config were warned about as unknown keys, and

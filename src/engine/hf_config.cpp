@@ -163,19 +163,13 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
   // A classifier: num_labels, a *ForSequenceClassification architecture, or a problem_type in a
   // config that names no other architecture (a causal LM's config.json may carry one from its
   // fine-tuning; it stays a causal LM).
-  // num_labels beside a causal LM's architecture is PretrainedConfig's attribute written out (every
-  // config has one): the causal LM it names, as AutoModelForCausalLM loads it (it was refused as "a
-  // sequence classifier (2 labels)").
-  bool classifier = false, other_arch = false, causal_arch = false;
+  bool classifier = j.contains("num_labels"), other_arch = false;
   if (j.contains("architectures") && j["architectures"].is_array())
     for (const auto& a : j["architectures"]) {
-      const std::string name = a.is_string() ? a.get<std::string>() : std::string();
-      const bool cls = name.ends_with("ForSequenceClassification");
+      const bool cls = a.is_string() && a.get<std::string>().ends_with("ForSequenceClassification");
       classifier |= cls;
       other_arch |= !cls;
-      causal_arch |= name.ends_with("ForCausalLM") || name.ends_with("LMHeadModel");
     }
-  classifier |= j.contains("num_labels") && !causal_arch;
   classifier |= has_problem && !other_arch;
   if (classifier) {
     const std::string problem = has_problem ? r.string("problem_type", "") : "";
