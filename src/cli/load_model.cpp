@@ -18,7 +18,11 @@ LoadedModel load_model(const std::string& path) {
   if (!engine::hf_weights_config_path(path).empty() && !fs::exists(fs::path(path) / "state.json") &&
       !fs::exists(fs::path(path) / "latest")) {  // a Hugging Face directory
     const std::string config = engine::hf_weights_config_path(path);
-    out.model = std::make_unique<models::TransformerLM>(engine::hf_config_load(config), opts);
+    // A causal LM's directory is that causal LM (generate and serve), whatever num_labels its
+    // config.json carries, as AutoModelForCausalLM loads it.
+    nlohmann::json cj = engine::json_load_file(config);
+    engine::hf_directory_drop_num_labels(cj);
+    out.model = std::make_unique<models::TransformerLM>(engine::hf_config_parse(cj, config), opts);
     // The ids that end an answer: config.json's eos_token_id, and generation_config.json's, which
     // Hugging Face's generate() stops on (Llama 3 Instruct's end-of-turn is only there; it was not
     // read). One that is not an id of the model is refused naming the file (it was dropped).

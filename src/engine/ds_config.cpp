@@ -886,6 +886,10 @@ void parse_model(Section& root, RunConfig& c, const std::string& where) {
     json base;
     if (!path.empty()) {
       base = json_load_file(path);
+      // A Hugging Face directory's causal LM stays one for a causal-LM run (AutoModelForCausalLM),
+      // whatever num_labels its config.json carries; a classification run counts its labels.
+      const bool classification = root.has("task") && root.raw("task").is_string() && root.raw("task") == "classification";
+      if (!classification) hf_directory_drop_num_labels(base);
     } else if (std::filesystem::exists(std::filesystem::path(c.init_from) / "state.json") ||
                std::filesystem::exists(std::filesystem::path(c.init_from) / "latest")) {
       path = c.init_from;

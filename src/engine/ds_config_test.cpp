@@ -194,6 +194,28 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   lm["model"]["architectures"] = {"GPT2LMHeadModel"};
   lm["model"]["problem_type"] = "single_label_classification";
   EXPECT_EQ(ds_config_parse(lm, "cfg.json").model.num_labels, 0);
+  {  // A Hugging Face directory's causal LM with num_labels in its config.json (init_from): a causal-LM
+     // run trains that causal LM, as AutoModelForCausalLM loads it (it was refused as "a sequence
+     // classifier" needing task classification); a classification run counts the file's labels; a
+     // run's own model block with num_labels beside GPT2LMHeadModel stays how a classifier is asked for.
+    const ScratchDir dir;
+    nlohmann::json hub = base()["model"];
+    hub["architectures"] = {"GPT2LMHeadModel"};
+    hub["num_labels"] = 3;
+    std::ofstream(dir.file("config.json")) << hub.dump();
+    nlohmann::json run = base();
+    run["model"] = {{"init_from", dir.path()}};
+    EXPECT_EQ(ds_config_parse(run, "cfg.json").model.num_labels, 0);
+    run["task"] = "classification";
+    EXPECT_EQ(ds_config_parse(run, "cfg.json").model.num_labels, 3);
+    run.erase("task");
+    run["model"]["num_labels"] = 3;  // the user's own key beside init_from asks for a classifier
+    EXPECT_NE(error_of(run).find("needs \"task\": \"classification\""), npos);
+    nlohmann::json block = base();
+    block["model"] = hub;
+    block["task"] = "classification";
+    EXPECT_EQ(ds_config_parse(block, "cfg.json").model.num_labels, 3);
+  }
 }
 
 // Megatron-LM's arguments written into a config were warned about as unknown keys, and

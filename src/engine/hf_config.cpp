@@ -198,6 +198,18 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
   return c;
 }
 
+bool hf_directory_drop_num_labels(nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("num_labels") || !j.contains("architectures") || !j["architectures"].is_array() ||
+      j["architectures"].empty())
+    return false;
+  for (const auto& a : j["architectures"]) {
+    const std::string name = a.is_string() ? a.get<std::string>() : std::string();
+    if (!name.ends_with("ForCausalLM") && !name.ends_with("LMHeadModel")) return false;
+  }
+  j.erase("num_labels");
+  return true;
+}
+
 models::ModelConfig hf_config_load(const std::string& path) {
   return hf_config_parse(json_load_file(path), path);
 }

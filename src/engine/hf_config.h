@@ -16,4 +16,11 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
 models::ModelConfig hf_config_load(const std::string& path);
 nlohmann::json hf_config_to_json(const models::ModelConfig& cfg);
 
+// A Hugging Face directory's config.json names its model class in "architectures". A num_labels
+// beside causal-LM classes only (a fine-tuning script's key written out) does not make it a
+// classifier: AutoModelForCausalLM loads that causal LM. Erases such a num_labels and says whether
+// it did. Only for a directory's file read as a causal LM: a run's model block (configs/models/*.json
+// with num_labels) is how a classifier is asked for.
+bool hf_directory_drop_num_labels(nlohmann::json& j);
+
 }  // namespace mt::engine
