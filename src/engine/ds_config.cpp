@@ -207,7 +207,10 @@ class Section {
         if (d < best_d) { best_d = d; best = c; }
       }
       const std::string hint = best.empty() ? "" : " (did you mean '" + best + "'?)";
-      MT_CHECK(!refuse_unknown_, ErrorKind::kNotSupported, where(k) + ": unknown key" + hint + "; " + refuse_why_);
+      // DeepSpeed's config models drop every "auto" value before validating (DeepSpeedConfigModel's
+      // non-strict init), so an unknown key set to "auto" passes there: warned.
+      const bool dropped = auto_dropped_ && it.value().is_string() && it.value() == "auto";
+      MT_CHECK(!refuse_unknown_ || dropped, ErrorKind::kNotSupported, where(k) + ": unknown key" + hint + "; " + refuse_why_);
       warnings_.push_back(where(k) + ": unknown key, ignored" + hint);
     }
   }
@@ -219,6 +222,15 @@ class Section {
                                     " are the optimizer's or scheduler's arguments, which DeepSpeed passes to its "
                                     "constructor (where an unknown one is an error), and each changes what is trained"
                               : std::move(why);
+  }
+
+  // A block DeepSpeed reads into one of its pydantic config models (zero_optimization and its
+  // offload blocks, fp16, bf16), which forbid keys they do not have (extra="forbid"): a misspelt
+  // one is refused as DeepSpeed refuses it (it was warned about, and the default trained).
+  void refuse_unknown_as_deepspeed(const std::string& model) {
+    refuse_unknown(where() + " is read by DeepSpeed's " + model + ", which refuses keys it does not have, and a misspelt "
+                   "setting would train with the default");
+    auto_dropped_ = true;
   }
 
   // Every key of the object counts as read (a block switched off: its settings are not checked).
@@ -237,7 +249,7 @@ class Section {
   std::vector<std::string>& notes_;
   std::vector<std::string> known_;
   std::map<std::string, Unparsed> extra_;
-  bool refuse_unknown_ = false;
+  bool refuse_unknown_ = false, auto_dropped_ = false;
   std::string refuse_why_;
 };
 
@@ -348,6 +360,7 @@ void parse_precision(Section& root, RunConfig& c) {
                  (!c.loss_scaler.dynamic || c.loss_scaler.min_scale <= std::ldexp(1.0, c.loss_scaler.initial_scale_power)),
              ErrorKind::kInvalidArgument,
              s.where("min_loss_scale") + ": must be positive and at most the initial scale 2^initial_scale_power");
+    s.refuse_unknown_as_deepspeed("DeepSpeedFP16Config");
     s.finish();
   }
   // DeepSpeed still reads its older name, "bfloat16", where "bf16" is not given (get_bfloat16_config).
@@ -366,6 +379,7 @@ void parse_precision(Section& root, RunConfig& c) {
     c.bf16_check_grad_overflow = s.boolean("check_grad_overflow", false) && bf16;
     MT_CHECK(!s.boolean("bf16_optimizer_states", false), ErrorKind::kNotSupported,
              s.where("bf16_optimizer_states") + ": true (Adam's moments in bf16) is not supported");
+    s.refuse_unknown_as_deepspeed("DeepSpeedBF16Config");
     s.finish();
   }
   MT_CHECK(!(fp16 && bf16), ErrorKind::kInvalidArgument, "fp16.enabled and bf16.enabled cannot both be true");
@@ -797,12 +811,17 @@ void parse_zero(Section& root, RunConfig& c) {
       if (o.has("ratio") && o.number("ratio", 1.0) != 1.0)
         c.warnings.push_back(o.where("ratio") + ": partial offload has no effect with 'nvme'; the whole state is swapped");
       o.boolean("fast_init", false);  // the swap starts from zeros without writing them: always fast
-    } else {
-      for (const char* w : {"buffer_count", "fast_init", "ratio", "nvme_path", "pipeline_read", "pipeline_write",
-                            "buffer_size", "max_in_cpu"})
+    } else if (optimizer) {
+      for (const char* w : {"buffer_count", "fast_init", "ratio", "nvme_path", "pipeline_read", "pipeline_write"})
         o.unparsed(w, Unparsed::kWarn);
+    } else {
+      for (const char* w : {"buffer_count", "nvme_path", "buffer_size", "max_in_cpu"}) o.unparsed(w, Unparsed::kWarn);
     }
     o.unparsed("pin_memory", Unparsed::kWarn);
+    // DeepSpeed's Superchip offload and CPU Adam's share of the cores: where the step runs, not its values.
+    if (optimizer)
+      for (const char* w : {"super_offload", "cpuadam_cores_perc", "convert_grad_on_cpu"}) o.unparsed(w, Unparsed::kWarn);
+    o.refuse_unknown_as_deepspeed(optimizer ? "DeepSpeedZeroOffloadOptimizerConfig" : "DeepSpeedZeroOffloadParamConfig");
     o.finish();
     return device;
   };
@@ -835,7 +854,10 @@ void parse_zero(Section& root, RunConfig& c) {
                         "stage3_model_persistence_threshold", "model_persistence_threshold", "stage3_module_granularity_threshold",
                         "module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params",
                         "cpu_offload_use_pin_memory", "mics_hierarchical_params_gather", "pipeline_loading_checkpoint",
-                        "override_module_apply"})
+                        "override_module_apply", "allgather_sequential", "stage3_allgather_sequential",
+                        "partition_stream_chunk_size", "stage3_partition_stream_chunk_size", "enable_sanity_checks",
+                        "log_trace_cache_warnings", "leaf_module", "legacy_stage1", "mics_shard_size",
+                        "save_muon_momentum_buffer_in_memory", "zeropp_loco_param"})
     s.unparsed(k, Unparsed::kWarn);
   if (z.offload_optimizer != "nvme") s.unparsed("sub_group_size", Unparsed::kWarn);  // nvme: the swap unit
   // false restores the master weights from the 16-bit model copy in DeepSpeed (rounded): refused.
@@ -848,6 +870,7 @@ void parse_zero(Section& root, RunConfig& c) {
   for (const char* k : {"zero_quantized_weights", "zero_quantized_gradients", "zero_quantized_nontrainable_weights"})
     MT_CHECK(!s.boolean(k, false), ErrorKind::kNotSupported,
              s.where(k) + ": ZeRO++ quantized exchange is not supported (it changes the values trained on); set it false");
+  s.refuse_unknown_as_deepspeed("DeepSpeedZeroConfig");
   s.finish();
 }
 

@@ -1286,6 +1286,65 @@ TEST(Curriculum, DifficultiesFollowDeepSpeedsSchedules) {
 
 // A review against DeepSpeed's config (this session): keys that trained another run without a
 // word, or read by names DeepSpeed does not have.
+// zero_optimization (and its offload blocks), fp16 and bf16 are read by DeepSpeed's pydantic config
+// models, which forbid keys they do not have: a misspelt one ("enable", "stag", "offload_optimzer",
+// "loss_scale_windw") was warned about and the default trained (fp32, ZeRO 0, no offload, window
+// 1000), exit 0. Every field those models have is still accepted, and an unknown key set to "auto"
+// is warned, as DeepSpeed drops "auto" values before it validates.
+TEST(DsConfig, BlocksDeepSpeedValidatesRefuseUnknownKeys) {
+  auto refused = [](const char* key, const nlohmann::json& block, const std::string& what) {
+    const std::string e = error_of(with(key, block));
+    EXPECT_NE(e.find(what), std::string::npos) << e;
+    EXPECT_NE(e.find("refuses keys it does not have"), std::string::npos) << e;
+  };
+  refused("bf16", {{"enable", true}}, "bf16.enable: unknown key (did you mean 'enabled'?)");
+  refused("fp16", {{"enabled", true}, {"loss_scale_windw", 10}}, "fp16.loss_scale_windw: unknown key (did you mean 'loss_scale_window'?)");
+  refused("zero_optimization", {{"stag", 2}}, "zero_optimization.stag: unknown key");
+  refused("zero_optimization", {{"stage", 2}, {"offload_optimzer", {{"device", "cpu"}}}}, "zero_optimization.offload_optimzer: unknown key");
+  // A field of the other offload block is not one of this block's.
+  refused("zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}, {"max_in_cpu", 1}}}},
+          "zero_optimization.offload_optimizer.max_in_cpu: unknown key");
+  refused("zero_optimization", {{"stage", 3}, {"offload_param", {{"device", "cpu"}, {"fast_init", true}}}},
+          "zero_optimization.offload_param.fast_init: unknown key");
+  // "auto" on an unknown key: DeepSpeed drops it; one warning line.
+  const RunConfig a = ds_config_parse(with("zero_optimization", {{"stage", 2}, {"reduce_bucket", "auto"}}), "cfg.json");
+  EXPECT_TRUE(std::any_of(a.warnings.begin(), a.warnings.end(),
+                          [](const std::string& w) { return w.find("zero_optimization.reduce_bucket: unknown key, ignored") != std::string::npos; }));
+  // Every field of DeepSpeed's models (deepspeed/runtime/zero/config.py, offload_config.py,
+  // precision_config.py), by field name and by alias.
+  const nlohmann::json zero = nlohmann::json::parse(R"({"stage": 3, "contiguous_gradients": true, "reduce_scatter": true,
+    "reduce_bucket_size": 500000000, "use_multi_rank_bucket_allreduce": true, "allgather_partitions": true,
+    "allgather_bucket_size": 500000000, "overlap_comm": false, "load_from_fp32_weights": true, "elastic_checkpoint": false,
+    "sub_group_size": 1000000000, "prefetch_bucket_size": 50000000, "param_persistence_threshold": 100000,
+    "model_persistence_threshold": 1000000000000, "max_live_parameters": 1000000000, "max_reuse_distance": 1000000000,
+    "gather_16bit_weights_on_model_save": false, "module_granularity_threshold": 0, "use_all_reduce_for_fetch_params": false,
+    "allgather_sequential": false, "partition_stream_chunk_size": 0, "ignore_unused_parameters": true, "legacy_stage1": false,
+    "round_robin_gradients": false, "zero_hpz_partition_size": 1, "zero_quantized_weights": false,
+    "zero_quantized_nontrainable_weights": false, "zero_quantized_gradients": false, "zeropp_loco_param": null,
+    "mics_shard_size": -1, "mics_hierarchical_params_gather": false, "memory_efficient_linear": true,
+    "pipeline_loading_checkpoint": false, "override_module_apply": true, "log_trace_cache_warnings": false,
+    "enable_sanity_checks": false, "save_muon_momentum_buffer_in_memory": false, "leaf_module": {}, "zenflow": null,
+    "cpu_offload": false, "cpu_offload_param": false, "cpu_offload_use_pin_memory": false,
+    "stage3_gather_fp16_weights_on_model_save": false,
+    "offload_param": {"device": "none", "nvme_path": null, "buffer_count": 5, "buffer_size": 100000000,
+                      "max_in_cpu": 1000000000, "pin_memory": false},
+    "offload_optimizer": {"device": "none", "nvme_path": null, "buffer_count": 4, "pin_memory": false, "pipeline_read": false,
+                          "pipeline_write": false, "fast_init": false, "ratio": 1.0, "super_offload": false,
+                          "convert_grad_on_cpu": true, "cpuadam_cores_perc": 0.8}})");
+  EXPECT_EQ(error_of(with("zero_optimization", zero)), "");
+  nlohmann::json aliases = {{"stage", 3}};
+  for (const char* k : {"prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold", "max_live_parameters",
+                        "max_reuse_distance", "gather_16bit_weights_on_model_save", "module_granularity_threshold",
+                        "use_all_reduce_for_fetch_params", "allgather_sequential", "partition_stream_chunk_size"})
+    aliases[std::string("stage3_") + k] = zero[k];
+  EXPECT_EQ(error_of(with("zero_optimization", aliases)), "");
+  EXPECT_EQ(error_of(with("fp16", nlohmann::json::parse(R"({"enabled": true, "auto_cast": false, "loss_scale": 0,
+    "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2, "consecutive_hysteresis": false, "min_loss_scale": 1,
+    "fp16_master_weights_and_grads": false})"))), "");
+  EXPECT_EQ(error_of(with("bf16", nlohmann::json::parse(R"({"enabled": true, "immediate_grad_update": false,
+    "check_grad_overflow": false, "bf16_master_weights_and_grads": false, "bf16_optimizer_states": false})"))), "");
+}
+
 TEST(DsConfig, KeysAReviewFoundReadOtherwiseThanDeepSpeed) {
   const auto npos = std::string::npos;
   // AutoTP training: data parallelism takes world / autotp_size (the batch was autotp_size times
