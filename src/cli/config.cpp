@@ -24,7 +24,7 @@ void register_config(CLI::App& app) {
     MT_CHECK(!src->config.empty() || !src->deepspeed_file().empty(), ErrorKind::kInvalidArgument,
              "config check: give a configuration FILE or --deepspeed FILE");
     engine::RunConfig c = engine::ds_config_load(*src, 1, /*allow_bare=*/true);
-    engine::ds_config_check_paths(c);
+    engine::ds_config_check_paths(c, /*create_save_dir=*/false);  // a check writes nothing
     engine::ds_config_check_trainable(c);
     for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
     for (const auto& n : c.notes) std::fprintf(stderr, "auto: %s\n", n.c_str());

@@ -707,6 +707,19 @@ TEST(Progress, AnFp32RunWhoseGradientsDivergeStopsNamingTheStep) {
   EXPECT_NE(err.find("step "), std::string::npos) << err;
   EXPECT_NE(err.find("transformer."), std::string::npos) << "names the parameter: " << err;
   EXPECT_FALSE(fs::exists(save_dir("diverge") + "/latest")) << "no checkpoint of a run that made no progress";
+  // A static fp16 scale: the message names fp16.loss_scale (it said to lower the learning rate or
+  // clip, neither of which changes a scaled gradient's overflow).
+  setenv("MT_FAULT", "engine.nonfinite_grad", 1);
+  rc = run("train " + config("static", {{"train_iters", 3}, {"save_interval", 0}, {"fp16", {{"enabled", true}, {"loss_scale", 1024}}}}),
+           &err);
+  unsetenv("MT_FAULT");
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.find("step 1: the gradient is not finite"), std::string::npos) << err;
+  EXPECT_NE(err.find("with the static fp16.loss_scale 1024 the scaled gradient can pass fp16's largest value (65504): lower "
+                     "fp16.loss_scale, or set it to 0"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("learning rate"), std::string::npos) << err;
 }
 
 // With fp16's dynamic scaler an overflowing step is skipped and the scale halved (every second

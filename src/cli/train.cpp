@@ -340,6 +340,7 @@ DataSource open_data(const engine::RunConfig& cfg, const engine::DataSpec& spec,
   for (size_t i = 0; i < spec.paths.size(); ++i) {
     data::TokenSourcePart p;
     p.prefix = engine::corpus_prepare(spec.paths[i], cfg.tokenizer, cache);
+    engine::corpus_check_vocab(p.prefix, spec.paths[i], cfg.tokenizer, cfg.model.vocab_size, key);
     p.mask_prefix = engine::corpus_mask_prefix(p.prefix);
     if (spec.weighted) p.weight = spec.weights[i];
     if (!p.mask_prefix.empty() && !quiet &&

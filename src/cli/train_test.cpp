@@ -123,6 +123,25 @@ TEST(Train, AResumeWithAnotherTokenizerIsRefused) {
   EXPECT_EQ(run("train " + cfg + " --resume " + dir() + "/ckpt-tokswap --set data.tokenizer=" + dir() + "/tokA-dir", &err), 0) << err;
 }
 
+// A tokenizer larger than the model's vocabulary: text data is refused at start, naming the first
+// id the model cannot embed (it was found when a sample reached it, hours in for a long run).
+TEST(Train, TextDataBeyondTheModelsVocabularyIsRefusedAtStart) {
+  const std::string txt = dir() + "/bigtok.txt";
+  std::ofstream(txt) << "The cat sat on the mat.\nIt was happy.\n\nThe dog sat on the log.\n\nCats and dogs.\n";
+  ASSERT_EQ(run("tokenize " + txt + " -o " + dir() + "/bigtok --train-bpe 270"), 0);
+  const nlohmann::json model = {{"model_type", "gpt2"}, {"vocab_size", 258}, {"n_positions", 32},
+                                {"n_embd", 32},        {"n_layer", 1},       {"n_head", 2}};
+  const std::string cfg = write_config("bigtok", {{"data", {{"train", txt}, {"tokenizer", dir() + "/bigtok.tokenizer.json"}}},
+                                                  {"model", model}, {"seq_length", 8}, {"eval_interval", 0}, {"train_iters", 3}});
+  std::string err;
+  EXPECT_EQ(run("train " + cfg, &err), 2);
+  EXPECT_NE(err.find("data.train: " + txt + " tokenized with " + dir() + "/bigtok.tokenizer.json (270 tokens) gives id "),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("outside the model's vocabulary [0, 258)"), std::string::npos) << err;
+  EXPECT_EQ(err.find("step 1"), std::string::npos) << "refused before training: " << err;
+}
+
 // Standard output closed under the run (`| head`): SIGPIPE ended it at its next progress line, with
 // no line on stderr and nothing saved. It stops as SIGTERM does: the step ends, the run saves, 141.
 TEST(Train, AClosedStandardOutputStopsTheRunWithASave) {
@@ -202,7 +221,7 @@ TEST(Train, BadInputIsOneLineAndExitTwo) {
   EXPECT_EQ(run("train " + cfg, &err), 2);
   EXPECT_NE(err.find("zero_optimization.offload_param.nvme_path: device 'nvme' needs the swap directory"), std::string::npos)
       << err;
-  cfg = write_config("d", {{"data", {{"train", dir() + "/nothing"}}}});
+  cfg = write_config("d", {{"data", {{"train", dir() + "/nothing"}, {"valid", dir() + "/train"}}}});
   EXPECT_EQ(run("train " + cfg, &err), 2);
   EXPECT_NE(err.find("nothing"), std::string::npos) << err;
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
@@ -862,6 +881,24 @@ TEST(Plot, TrainLeavesALossCurveAndPlotDrawsPngOrSvg) {
 
 // Values that crashed a command, or had it exit 0 having done nothing or lost its output (a
 // review, stop 56), and a dataset prefix tokenized again over an SFT one.
+// `config check` writes nothing: it created the save_dir's directories (a `--set save_dir=a=b`
+// typo left ./a=b behind); it still says a save_dir that cannot be made.
+TEST(Cli, ConfigCheckWritesNothing) {
+  std::string err;
+  std::ofstream(dir() + "/cc.txt") << "The cat sat on the mat.\n";
+  std::ofstream(dir() + "/cc.tokenizer.json") << "{}";
+  std::ofstream(dir() + "/cc.json") << R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 32,)"
+                                       R"( "n_layer": 1, "n_head": 2}, "train_micro_batch_size_per_gpu": 1, "seq_length": 16,)"
+                                       R"( "train_iters": 2, "data": {"train": ")" + dir() + R"(/cc.txt", "tokenizer": ")" + dir() +
+                                           R"(/cc.tokenizer.json"}})";
+  const std::string save = dir() + "/cc-check/sub";
+  EXPECT_EQ(run("config check " + dir() + "/cc.json --set save_dir=" + save, &err), 0) << err;
+  EXPECT_FALSE(fs::exists(dir() + "/cc-check"));
+  std::ofstream(dir() + "/cc-file") << "x";  // a file where a directory would go
+  EXPECT_EQ(run("config check " + dir() + "/cc.json --set save_dir=" + dir() + "/cc-file/sub", &err), 2);
+  EXPECT_NE(err.find("cc-file is not a directory"), std::string::npos) << err;
+}
+
 TEST(Cli, ValuesThatCrashedOrLostTheOutputAreRefused) {
   std::string err;
   std::ofstream(dir() + "/auto-plan.json") << R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32,)"

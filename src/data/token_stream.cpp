@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <unistd.h>
 
@@ -124,6 +125,22 @@ void TokenStream::set_loss_mask(const IndexedDataset* mask) {
   MT_CHECK(!mask || mask->total_tokens() == dataset_.total_tokens(), ErrorKind::kInvalidArgument,
            (mask ? mask->prefix() : std::string()) + ": loss mask has " + std::to_string(mask ? mask->total_tokens() : 0) +
                " values for " + std::to_string(dataset_.total_tokens()) + " tokens of " + dataset_.prefix());
+  if (mask) {
+    // A mask of zeros only over the stream's tokens trains nothing: every step's loss and gradient
+    // were 0 and the run exited 0 (PyTorch's and Megatron's mean over no tokens is NaN). Read until
+    // the first trained token: at once for a real mask, the whole of it only for the refused one.
+    std::vector<int32_t> buf(std::min<uint64_t>(S_, uint64_t{1} << 20));
+    bool trained = false;
+    for (uint64_t at = 0; at < S_ && !trained; at += buf.size()) {
+      const uint64_t n = std::min<uint64_t>(buf.size(), S_ - at);
+      mask->read_stream(base_ + at, n, buf.data());
+      trained = std::any_of(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(n), [](int32_t v) { return v != 0; });
+    }
+    MT_CHECK(trained, ErrorKind::kInvalidArgument,
+             mask->prefix() + ": the loss mask is 0 on all " + std::to_string(S_) + " tokens " +
+                 (first_ > 0 || end_ < dataset_.num_sequences() ? "of the split's share of " : "of ") + dataset_.prefix() +
+                 ": nothing would be trained (are the records' responses empty?)");
+  }
   mask_ = mask;
 }
 

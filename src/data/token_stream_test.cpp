@@ -238,5 +238,46 @@ TEST(TokenStreamMask, MaskedTargetsAreIgnoredIncludingAcrossTheWrap) {
   }
 }
 
+// A mask that is 0 over every token the stream reads trains nothing: refused when set (it trained
+// at loss 0 and exited 0). One trained token anywhere in the stream's share, the last one included,
+// is enough; a split whose share is all 0 is refused though the whole mask is not.
+TEST(TokenStreamMask, AMaskThatTrainsNothingIsRefused) {
+  ScratchDir dir;
+  write_docs(dir.path() + "/t", {7, 5});  // S = 12: documents [0, 7) and [7, 12), two sequences each
+  auto write_mask = [&](const std::string& name, int one_at) {
+    IndexedDatasetWriter w(dir.path() + "/" + name, 2);
+    int at = 0;
+    for (int d : {7, 5}) {
+      std::vector<int32_t> m;
+      for (int k = 0; k < d; ++k, ++at) m.push_back(at == one_at ? 1 : 0);
+      w.add_sequence(m);
+      w.end_document();
+    }
+    w.finalize();
+  };
+  write_mask("zeros", -1);
+  write_mask("last", 11);
+  IndexedDataset ds(dir.path() + "/t"), zeros(dir.path() + "/zeros"), last(dir.path() + "/last");
+  TokenStream ts(ds, 4, false, 1);
+  try {
+    ts.set_loss_mask(&zeros);
+    FAIL() << "an all-zero mask was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("zeros: the loss mask is 0 on all 12 tokens of"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nothing would be trained"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(ts.set_loss_mask(&last));
+  TokenStream first_only(ds, 4, false, 1, 0, 2);  // document 0 alone: mask "last" is 0 there
+  try {
+    first_only.set_loss_mask(&last);
+    FAIL() << "a split whose share of the mask is all 0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("0 on all 7 tokens of the split's share of"), std::string::npos) << e.what();
+  }
+  TokenStream second_only(ds, 4, false, 1, 2, 4);
+  EXPECT_NO_THROW(second_only.set_loss_mask(&last));
+}
+
 }  // namespace
 }  // namespace mt::data

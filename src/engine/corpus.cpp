@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -199,6 +201,27 @@ std::string corpus_prepare(const std::string& path, const std::string& tokenizer
   std::fprintf(stderr, "tokenized %s: %zu documents, %zu tokens (%zu trained) -> %s.bin/.idx\n", path.c_str(),
                st.documents, st.tokens, st.trained_tokens, prefix.c_str());
   return prefix;
+}
+
+void corpus_check_vocab(const std::string& prefix, const std::string& path, const std::string& tokenizer, int64_t vocab,
+                        const std::string& key) {
+  if (prefix == path || tokenizer.empty() || vocab <= 0) return;  // not a text file of ours
+  static std::map<std::string, int64_t> sizes;  // train, valid, test and the attention share ask alike
+  auto known = sizes.find(tokenizer);
+  const int64_t size = known != sizes.end() ? known->second : (sizes[tokenizer] = data::Tokenizer::load(tokenizer).vocab_size());
+  if (size <= vocab) return;  // every id it gives fits
+  data::IndexedDataset ds(prefix);
+  std::vector<int32_t> buf(1 << 20);
+  for (uint64_t at = 0; at < ds.total_tokens(); at += buf.size()) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), ds.total_tokens() - at);
+    ds.read_stream(at, n, buf.data());
+    for (uint64_t i = 0; i < n; ++i)
+      MT_CHECK(buf[i] < vocab, ErrorKind::kInvalidArgument,
+               key + ": " + path + " tokenized with " + tokenizer + " (" + std::to_string(size) + " tokens) gives id " +
+                   std::to_string(buf[i]) + " at stream position " + std::to_string(at + i) +
+                   ", outside the model's vocabulary [0, " + std::to_string(vocab) +
+                   "): the model's vocab_size must cover the tokenizer's ids");
+  }
 }
 
 int32_t corpus_eod_id(const RunConfig& cfg, std::string* from) {

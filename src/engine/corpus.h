@@ -43,6 +43,12 @@ CorpusStats corpus_write_dataset(const std::vector<CorpusDocument>& docs, const 
 // tokenizer (their paths, sizes and times), and reused while both are unchanged. Prints one line
 // to stderr when it tokenizes.
 std::string corpus_prepare(const std::string& path, const std::string& tokenizer, const std::string& cache_dir);
+// A text file (path) tokenized into prefix with a tokenizer larger than the model's vocabulary:
+// the first id the model cannot embed is refused at start, named by key, position and the
+// tokenizer's size (it was found when a sample reached it, hours in). Nothing is read when the
+// tokenizer's ids all fit, or when prefix is path (an indexed dataset: checked as it is read).
+void corpus_check_vocab(const std::string& prefix, const std::string& path, const std::string& tokenizer, int64_t vocab,
+                        const std::string& key);
 // PREFIX.mask when that dataset exists, else "".
 std::string corpus_mask_prefix(const std::string& prefix);
 // The end-of-document id data.eod_mask_loss masks after, as Megatron's tokenizer's eod: data.eod_id

@@ -13,6 +13,8 @@
 #include <map>
 #include <optional>
 
+#include <unistd.h>
+
 #include "base/error.h"
 #include "base/text.h"
 #include "data/megatron_order.h"
@@ -100,7 +102,20 @@ class Section {
 
   std::string where(const std::string& key = "") const {
     if (key.empty()) return path_.empty() ? "config" : path_;
-    return path_.empty() ? key : path_ + "." + key;
+    // A control character in a key is written as JSON escapes it: a NUL ended the printed line
+    // there ("warning: seq_lengt" and nothing more).
+    std::string k;
+    for (char ch : key) {
+      const auto u = static_cast<unsigned char>(ch);
+      if (u >= 0x20 && u != 0x7f) {
+        k += ch;
+        continue;
+      }
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", u);
+      k += esc;
+    }
+    return path_.empty() ? k : path_ + "." + k;
   }
   bool has(const std::string& key) { known_.push_back(key); return j_.contains(key) && !j_[key].is_null(); }
   bool is_auto(const std::string& key) { return has(key) && j_[key].is_string() && j_[key] == "auto"; }
@@ -379,6 +394,12 @@ void parse_precision(Section& root, RunConfig& c) {
     c.bf16_check_grad_overflow = s.boolean("check_grad_overflow", false) && bf16;
     MT_CHECK(!s.boolean("bf16_optimizer_states", false), ErrorKind::kNotSupported,
              s.where("bf16_optimizer_states") + ": true (Adam's moments in bf16) is not supported");
+    // fp16's loss-scaling keys copied into bf16 (DeepSpeedExamples' cifar, LLaMA-Factory, Megatron-
+    // DeepSpeed configs do): bf16 scales no loss, DeepSpeed before its pydantic bf16 model read
+    // none of them, so they change nothing; warned, not refused as a misspelling would be.
+    for (const char* k : {"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+                          "min_loss_scale", "auto_cast", "fp16_master_weights_and_grads"})
+      s.ignored(k, "an fp16 key; bf16 has no loss scaling or autocast to set (older DeepSpeed ignored it, the newest refuses it)");
     s.refuse_unknown_as_deepspeed("DeepSpeedBF16Config");
     s.finish();
   }
@@ -607,6 +628,7 @@ void parse_scheduler(Section& root, RunConfig& c) {
   optim::LrScheduleConfig& sc = c.scheduler;
   sc.base_lr = c.optimizer.lr;
   if (!root.has("scheduler")) return;
+  bool total_auto = false;
   Section s = root.sub("scheduler");
   std::string type = s.string("type", "");
   if (type == "WarmupLR") sc.type = optim::LrScheduleType::kWarmupLR;
@@ -679,6 +701,7 @@ void parse_scheduler(Section& root, RunConfig& c) {
       MT_CHECK(sc.type == optim::LrScheduleType::kWarmupLR || p.has("total_num_steps"), ErrorKind::kInvalidArgument,
                p.where("total_num_steps") + ": required by " + type +
                    " (DeepSpeed's constructor takes no default; give the run's steps, or \"auto\" for train_iters)");
+      total_auto = p.is_auto("total_num_steps");
       sc.total_num_steps = p.integer_or_auto("total_num_steps", c.train_iters, c.train_iters, "train_iters");
       sc.warmup_min_ratio = p.number("warmup_min_ratio", 0.0);
       sc.cos_min_ratio = p.number("cos_min_ratio", 1e-4);
@@ -731,6 +754,10 @@ void parse_scheduler(Section& root, RunConfig& c) {
       sc.cycle_momentum = false;
     }
   } else if (sc.type != optim::LrScheduleType::kWarmupLR && !(c.bare && c.train_iters == 0)) {
+    // "auto" without train_iters: the omission is train_iters (a DeepSpeed file has none).
+    MT_CHECK(sc.total_num_steps > 0 || !total_auto, ErrorKind::kInvalidArgument,
+             "scheduler.params.total_num_steps: \"auto\" is train_iters, which is not given (a DeepSpeed config has "
+             "none: --set train_iters=N)");
     MT_CHECK(sc.total_num_steps > 0, ErrorKind::kInvalidArgument, "scheduler.params.total_num_steps must be positive");
   }
   ds_config_check_schedule(c);
@@ -951,25 +978,35 @@ void parse_data_source(Section& d, const char* key, std::string* display, DataSp
     MT_CHECK(x.is_string() || x.is_number(), ErrorKind::kInvalidArgument, d.where(key) + form);
     items.push_back(x.is_string() ? x.get<std::string>() : x.dump());
   }
-  auto number = [](const std::string& t, double* out) {
+  bool out_of_range = false;
+  auto number = [&out_of_range](const std::string& t, double* out) {
     size_t a = t.find_first_not_of(" \t"), b = t.find_last_not_of(" \t");
     if (a == std::string::npos) return false;
     const char* first = t.data() + a;
     const char* last = t.data() + b + 1;
     if (*first == '+') ++first;
     auto [end, ec] = std::from_chars(first, last, *out);
+    if (ec == std::errc::result_out_of_range && end == last) out_of_range = true;
     return ec == std::errc() && end == last;
   };
   size_t numbers = 0;
   std::vector<double> weights;
+  size_t first_bad = items.size();  // the first weight's place that is not a number
+  bool bad_out_of_range = false;
   if (items.size() % 2 == 0) {
     for (size_t i = 0; i < items.size(); i += 2) {
       double w = 0.0;
+      out_of_range = false;
       if (number(items[i], &w)) ++numbers;
+      else if (first_bad == items.size()) first_bad = i, bad_out_of_range = out_of_range;
       weights.push_back(w);
     }
+    // The entry is named (two messages ran together, naming none).
     MT_CHECK(numbers == 0 || numbers == weights.size(), ErrorKind::kInvalidArgument,
-             d.where(key) + ": some of the blend's weights are numbers and some are not" + form);
+             d.where(key) + "[" + std::to_string(first_bad) + "]: \"" + items[first_bad] + "\" is " +
+                 (bad_out_of_range ? "a number past a double's range" : "not a number") +
+                 ", but the blend's other weights are numbers; a blend is [\"0.3\", \"a\", \"0.7\", \"b\"] (weights and "
+                 "prefixes) or [\"a\", \"b\"] (prefixes alone)");
   }
   if (numbers > 0) {
     for (size_t i = 0; i < items.size(); i += 2) {
@@ -1017,7 +1054,10 @@ void parse_data(Section& root, RunConfig& c) {
   }
   // The order's own seed: it replaced `seed`, and so the initial weights (data.seed 7 trained as
   // seed 7 did).
-  c.data_seed = static_cast<uint64_t>(d.integer("seed", static_cast<int64_t>(c.seed)));
+  const int64_t data_seed = d.integer("seed", static_cast<int64_t>(c.seed));
+  MT_CHECK(data_seed >= 0, ErrorKind::kInvalidArgument,
+           d.where("seed") + ": " + std::to_string(data_seed) + " is negative (numpy's and Hugging Face's set_seed refuse one too)");
+  c.data_seed = static_cast<uint64_t>(data_seed);
   c.sample_order = d.string("sample_order", c.sample_order);
   // Megatron's --eod-mask-loss: the token after an end-of-document is not a target.
   c.eod_mask_loss = d.boolean("eod_mask_loss", false);
@@ -1489,7 +1529,12 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   c.loss_normalization = root.string("loss_normalization", c.loss_normalization);
   MT_CHECK(c.loss_normalization == "micro_batch" || c.loss_normalization == "tokens", ErrorKind::kInvalidArgument,
            "loss_normalization: \"" + c.loss_normalization + "\" is not a normalization (\"micro_batch\" or \"tokens\")");
-  c.seed = static_cast<uint64_t>(root.integer("seed", 1234));
+  // Megatron's and Hugging Face's seeding (numpy's RandomState) refuse a negative seed; it wrapped
+  // to 2^64 - 1 here, and a later message named that.
+  const int64_t seed = root.integer("seed", 1234);
+  MT_CHECK(seed >= 0, ErrorKind::kInvalidArgument,
+           "seed: " + std::to_string(seed) + " is negative (numpy's and Hugging Face's set_seed refuse one too)");
+  c.seed = static_cast<uint64_t>(seed);
   c.data_seed = c.seed;
   c.save_dir = root.string("save_dir", "");
   c.save_interval = root.integer("save_interval", 0);
@@ -1500,6 +1545,9 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                         {"eval_iters", c.eval_iters}, {"keep_last", c.keep_last}, {"train_iters", c.train_iters}})
     MT_CHECK(v >= 0, ErrorKind::kInvalidArgument, std::string(key) + ": must not be negative (got " + std::to_string(v) + ")");
   parse_data(root, c);
+  if (c.eval_interval > 0 && c.eval_iters > 0 && c.data_valid.empty() && c.split.empty())
+    c.warnings.push_back("eval_interval: " + std::to_string(c.eval_interval) +
+                         ", but neither data.valid nor data.split gives a validation set: no validation runs");
   c.task = root.string("task", c.task);
   MT_CHECK(c.task == "causal_lm" || c.task == "classification", ErrorKind::kInvalidArgument,
            "task: \"" + c.task + "\" is not a task (\"causal_lm\" or \"classification\")");
@@ -1962,21 +2010,34 @@ void ds_config_set(json& j, const std::string& assignment) {
 
 namespace {
 
+std::string lowercase(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
 // The DeepSpeed file's keys into the run file's: objects merge key by key; a value given in both
 // must agree, except that "auto" yields to the other file's value (Hugging Face's integration
 // refuses mismatches between its arguments and the ds_config the same way).
-void merge_deepspeed(json& into, const json& from, const std::string& path, const std::string& a, const std::string& b) {
+// A key a --set gives (or one under it) is the --set's: the files' disagreement there is settled
+// by it, as the message says (the merge refused it before the --set was applied).
+void merge_deepspeed(json& into, const json& from, const std::string& path, const std::string& a, const std::string& b,
+                     const std::vector<std::string>& set_paths) {
   for (const auto& [k, v] : from.items()) {
     const std::string kp = path.empty() ? k : path + "." + k;
+    const bool decided = std::any_of(set_paths.begin(), set_paths.end(), [&kp](const std::string& p) {
+      return kp == p || (kp.size() > p.size() && kp.starts_with(p) && kp[p.size()] == '.');
+    });
     if (!into.contains(k)) {
       into[k] = v;
       continue;
     }
     json& cur = into[k];
     if (cur.is_object() && v.is_object()) {
-      merge_deepspeed(cur, v, kp, a, b);
-    } else if (cur == "auto") {
+      merge_deepspeed(cur, v, kp, a, b, set_paths);
+    } else if (cur == "auto" || decided) {
       cur = v;
+    } else if (kp == "optimizer.type" && cur.is_string() && v.is_string() && lowercase(cur.get<std::string>()) == lowercase(v.get<std::string>())) {
+      continue;  // DeepSpeed reads the type case-blind: "AdamW" and "adamw" are one optimizer
     } else if (v != "auto" && cur != v) {
       throw Error(ErrorKind::kInvalidArgument, kp + ": " + a + " says " + cur.dump() + " and " + b + " says " + v.dump() +
                                                    " (a key given in both files must agree; --set decides)");
@@ -2017,7 +2078,9 @@ json ds_config_compose(const ConfigSources& s) {
   if (!ds_file.empty()) {
     json ds = json_load_file(ds_file);
     MT_CHECK(ds.is_object(), ErrorKind::kInvalidArgument, ds_file + ": a DeepSpeed config is a JSON object");
-    merge_deepspeed(j, ds, "", s.config.empty() ? "the run file" : s.config, ds_file);
+    std::vector<std::string> set_paths;
+    for (const auto& o : s.sets) set_paths.push_back(o.substr(0, o.find('=')));
+    merge_deepspeed(j, ds, "", s.config.empty() ? "the run file" : s.config, ds_file, set_paths);
   }
   if (!s.model.empty()) j["model"] = model_from_flag(s.model);
   if (!s.data.empty()) {
@@ -2034,10 +2097,23 @@ json ds_config_compose(const ConfigSources& s) {
 
 RunConfig ds_config_load(const ConfigSources& s, int world_size, bool allow_bare) {
   const std::string where = s.name();
+  bool composed = false;  // past the files' merge: a message naming a --set key is about its value
   try {
-    return ds_config_parse(ds_config_compose(s), where, world_size, allow_bare);
+    json j = ds_config_compose(s);
+    composed = true;
+    return ds_config_parse(std::move(j), where, world_size, allow_bare);
   } catch (const Error& e) {
     std::string msg = e.what();
+    // A value a --set gave is that --set's, not the file's ("base.json: train_iters must be an
+    // integer" for --set train_iters=): the last --set whose path begins the message is named.
+    const std::string body = msg.rfind(where + ": ", 0) == 0 ? msg.substr(where.size() + 2) : msg;
+    for (auto it = s.sets.rbegin(); composed && it != s.sets.rend(); ++it) {
+      const std::string path = it->substr(0, it->find('='));
+      if (path.empty() || body.rfind(path, 0) != 0) continue;
+      const char next = body.size() > path.size() ? body[path.size()] : ':';
+      if (next == ':' || next == ' ' || next == '.' || next == '[')
+        throw Error(e.kind(), "--set " + (it->size() > 80 ? it->substr(0, 77) + "..." : *it) + ": " + body);
+    }
     if (msg.rfind(where, 0) == 0 || (!s.deepspeed_file().empty() && msg.rfind(s.deepspeed_file(), 0) == 0) || msg.rfind("--", 0) == 0)
       throw;
     throw Error(e.kind(), where + ": " + msg);
@@ -2250,7 +2326,7 @@ void ds_config_check_trainable(const RunConfig& c) {
   }
 }
 
-void ds_config_check_paths(const RunConfig& c) {
+void ds_config_check_paths(const RunConfig& c, bool create_save_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   auto text = [](const std::string& p) { return p.ends_with(".txt") || p.ends_with(".jsonl"); };
@@ -2275,7 +2351,16 @@ void ds_config_check_paths(const RunConfig& c) {
   }
   if (!c.tokenizer.empty())
     MT_CHECK(fs::exists(c.tokenizer, ec), ErrorKind::kNotFound, "data.tokenizer: " + c.tokenizer + " does not exist");
-  if (!c.save_dir.empty()) {
+  if (!c.save_dir.empty() && !create_save_dir) {
+    // config check writes nothing (it created the save_dir's directories): the nearest directory
+    // that is there must be one this process can create in or write to.
+    fs::path p = fs::absolute(c.save_dir, ec);
+    while (!p.empty() && !fs::exists(p, ec) && p.has_relative_path()) p = p.parent_path();
+    MT_CHECK(fs::is_directory(p, ec), ErrorKind::kInvalidArgument,
+             "save_dir: " + c.save_dir + " cannot be created (" + p.string() + " is not a directory)");
+    MT_CHECK(::access(p.c_str(), W_OK | X_OK) == 0, ErrorKind::kInvalidArgument,
+             "save_dir: " + c.save_dir + " is not writable (" + p.string() + ": " + std::strerror(errno) + ")");
+  } else if (!c.save_dir.empty()) {
     fs::create_directories(c.save_dir, ec);
     MT_CHECK(!ec && fs::is_directory(c.save_dir), ErrorKind::kInvalidArgument,
              "save_dir: " + c.save_dir + " cannot be created (" + (ec ? ec.message() : std::string("not a directory")) + ")");

@@ -258,8 +258,9 @@ nlohmann::json ds_config_compose(const ConfigSources& s);
 RunConfig ds_config_load(const ConfigSources& s, int world_size = 1, bool allow_bare = false);
 // What exists outside the file, checked before any work: data.train/data.valid (a dataset prefix
 // with .bin/.idx files, or a .txt/.jsonl file), data.tokenizer, and a save_dir that can be created
-// and written. Throws naming the key. `config check` and the start of `train` call it.
-void ds_config_check_paths(const RunConfig& c);
+// and written (created by train; `config check`, create_save_dir false, writes nothing). Throws
+// naming the key. `config check` and the start of `train` call it.
+void ds_config_check_paths(const RunConfig& c, bool create_save_dir = true);
 // What training needs of the model that inference does not: no dropout (the runtime has none, so
 // a non-zero embd_pdrop, resid_pdrop, attn_pdrop or attention_dropout is refused by key; estimate,
 // plan, generate and serve take them, as Hugging Face's eval mode ignores them).

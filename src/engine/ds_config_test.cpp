@@ -761,7 +761,10 @@ TEST(DsConfig, MegatronSampleOrderIsReadAndWhatItCannotBeIsRefused) {
   k["data"].erase("valid");
   k["data"]["train"] = {"1e308", "a", "1e308", "b"};  // parsed; the sum's overflow is refused when the blend is built
   k["data"]["train"] = {"0.3", "a", "b", "c"};
-  EXPECT_NE(error_of(k).find("data.train: some of the blend's weights are numbers and some are not"), npos) << error_of(k);
+  EXPECT_NE(error_of(k).find("data.train[2]: \"b\" is not a number, but the blend's other weights are numbers; a blend is"), npos)
+      << error_of(k);
+  k["data"]["train"] = {"1e400", "a", "1", "b"};  // the entry named, and why (two messages ran together)
+  EXPECT_NE(error_of(k).find("data.train[0]: \"1e400\" is a number past a double's range"), npos) << error_of(k);
   k["data"]["train"] = {"-1", "a", "2", "b"};
   EXPECT_NE(error_of(k).find("data.train: the weight -1 of a must be a finite number > 0"), npos) << error_of(k);
   k["data"]["train"] = {"0", "a", "2", "b"};  // Megatron asserts it; the blend drew from it on ties
@@ -1197,8 +1200,21 @@ TEST(DsCompat, DeepSpeedFileMergesWithTheRunFile) {
     EXPECT_NE(std::string(e.what()).find("gradient_clipping: " + d + "/run.json says 0.5 and " + d + "/ds2.json says 1.0"),
               std::string::npos) << e.what();
   }
-  s.sets = {"gradient_clipping=1.0"};  // --set decides... after the merge, which already refused
+  // --set decides, as the message says (the merge refused before the --set was applied); a --set
+  // of a parent key decides the keys under it.
+  s.sets = {"gradient_clipping=0.25"};
+  EXPECT_EQ(ds_config_load(s, 2).gradient_clipping, 0.25);
+  std::ofstream(d + "/ds3.json") << R"({"optimizer": {"type": "AdamW", "params": {"lr": 2e-3}}})";
+  s.deepspeed = d + "/ds3.json";
+  s.sets = {};
   EXPECT_THROW(ds_config_load(s, 2), Error);
+  s.sets = {"optimizer.params.lr=5e-4"};
+  EXPECT_DOUBLE_EQ(ds_config_load(s, 2).optimizer.lr, 5e-4);
+  s.sets = {"optimizer.params={\"lr\": 4e-4}"};
+  EXPECT_DOUBLE_EQ(ds_config_load(s, 2).optimizer.lr, 4e-4);
+  s.sets = {"optimizer.params.weight_decay=0"};  // another key: the lr still disagrees
+  EXPECT_THROW(ds_config_load(s, 2), Error);
+  s.deepspeed = d + "/ds2.json";
   // --deepspeed with --model / --data and no run file.
   nlohmann::json model = base()["model"];
   std::ofstream(d + "/config.json") << model.dump();
@@ -1216,6 +1232,79 @@ TEST(DsCompat, DeepSpeedFileMergesWithTheRunFile) {
   EXPECT_THROW(ds_config_load(f, 1), Error);
 }
 
+// From a probe of the configuration surface: each message names where its value came from, and
+// what two files say alike is not a disagreement.
+TEST(DsCompat, MessagesNameWhereTheValueCameFrom) {
+  const ScratchDir scratch("ds_where");
+  const std::string d = scratch.path();
+  auto error_of_load = [](const ConfigSources& s) -> std::string {
+    try {
+      ds_config_load(s, 1);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  nlohmann::json run = base();
+  run["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}};
+  std::ofstream(d + "/run.json") << run.dump();
+  // A bad --set value is the --set's (it was "run.json: train_iters must be an integer").
+  ConfigSources s;
+  s.config = d + "/run.json";
+  s.sets = {"train_iters="};
+  EXPECT_EQ(error_of_load(s).rfind("--set train_iters=: train_iters", 0), 0u) << error_of_load(s);
+  s.sets = {"seq_length=8", "seed=-1"};
+  EXPECT_EQ(error_of_load(s), "--set seed=-1: seed: -1 is negative (numpy's and Hugging Face's set_seed refuse one too)");
+  // A disagreement no --set settles is still the files', whatever else --set says.
+  std::ofstream(d + "/clip.json") << R"({"gradient_clipping": 1.0})";
+  run["gradient_clipping"] = 0.5;
+  std::ofstream(d + "/run-clip.json") << run.dump();
+  ConfigSources clip;
+  clip.config = d + "/run-clip.json";
+  clip.deepspeed = d + "/clip.json";
+  clip.sets = {"seed=3"};
+  EXPECT_EQ(error_of_load(clip).rfind(d + "/run-clip.json: gradient_clipping: " + d + "/run-clip.json says 0.5", 0), 0u)
+      << error_of_load(clip);
+  // DeepSpeed reads optimizer.type case-blind: "AdamW" beside "adamw" is one optimizer.
+  std::ofstream(d + "/lower.json") << R"({"optimizer": {"type": "adamw", "params": {"lr": "auto"}}})";
+  ConfigSources lower;
+  lower.config = d + "/run.json";
+  lower.deepspeed = d + "/lower.json";
+  EXPECT_EQ(error_of_load(lower), "");
+  EXPECT_EQ(ds_config_load(lower, 1).optimizer.type, "AdamW");
+  // total_num_steps "auto" without train_iters: the message is train_iters' (it said the scheduler's
+  // total must be positive).
+  std::ofstream(d + "/decay.json") << R"({"train_micro_batch_size_per_gpu": 2, "scheduler": {"type": "WarmupDecayLR",
+    "params": {"warmup_num_steps": 1, "total_num_steps": "auto"}}})";
+  std::ofstream(d + "/config.json") << base()["model"].dump();
+  ConfigSources decay;
+  decay.deepspeed = d + "/decay.json";
+  decay.model = d + "/config.json";
+  EXPECT_NE(error_of_load(decay).find("scheduler.params.total_num_steps: \"auto\" is train_iters, which is not given (a DeepSpeed "
+                                      "config has none: --set train_iters=N)"),
+            std::string::npos)
+      << error_of_load(decay);
+  decay.sets = {"train_iters=10"};
+  EXPECT_EQ(ds_config_load(decay, 1).scheduler.total_num_steps, 10);
+  // Negative seeds were read as 2^64 - 1 and 2^64 - 2.
+  EXPECT_EQ(error_of(with("seed", -1)), "seed: -1 is negative (numpy's and Hugging Face's set_seed refuse one too)");
+  EXPECT_NE(error_of(with("data", {{"seed", -2}})).find("data.seed: -2 is negative"), std::string::npos)
+      << error_of(with("data", {{"seed", -2}}));
+  // eval_interval without a validation set: one warning (it was ignored without a word).
+  auto warned = [](const RunConfig& c, const std::string& what) {
+    return std::any_of(c.warnings.begin(), c.warnings.end(), [&](const std::string& w) { return w.find(what) != std::string::npos; });
+  };
+  EXPECT_TRUE(warned(ds_config_parse(with("eval_interval", 5), "cfg.json"),
+                     "eval_interval: 5, but neither data.valid nor data.split gives a validation set: no validation runs"));
+  nlohmann::json v = with("eval_interval", 5);
+  v["data"] = {{"valid", "some/prefix"}};
+  EXPECT_FALSE(warned(ds_config_parse(v, "cfg.json"), "no validation runs"));
+  // A NUL in a key ended the printed warning there.
+  nlohmann::json nul = base();
+  nul[std::string("seq_lengt\0h", 11)] = 1;
+  EXPECT_TRUE(warned(ds_config_parse(nul, "cfg.json"), "seq_lengt\\u0000h: unknown key"));
+}
+
 // The real ds_config files of tests/fixtures/ds_configs (README: sources, licences), given to the
 // parser exactly as they are: each passes bare, or is refused naming the key it cannot honour.
 TEST(DsCompat, RealConfigsPassBareOrAreRefusedByKey) {
@@ -1224,6 +1313,9 @@ TEST(DsCompat, RealConfigsPassBareOrAreRefusedByKey) {
       {"13-dsexamples-compression-gpt2-w8a8.json", "compression_training is not supported"},
       {"14-dsexamples-data-efficiency-random-ltd.json", "data_efficiency is not supported"},
       {"18-deepspeed-tests-bingbertsquad-eigenvalue-quantize.json", "eigenvalue is not supported"},
+      // Its misspelling is refused by DeepSpeed's DeepSpeedZeroConfig (extra="forbid") too.
+      {"08-dsexamples-megatron-zero-infinity-nvme.json",
+       "zero_optimization.stage3_param_persitance_threshold: unknown key (did you mean 'stage3_param_persistence_threshold'?)"},
       {"29-llamafactory-z3-quantized-grads.json", "zero_optimization.zero_quantized_gradients: ZeRO++"},
   };
   int passed = 0, seen = 0;
@@ -1343,6 +1435,14 @@ TEST(DsConfig, BlocksDeepSpeedValidatesRefuseUnknownKeys) {
     "fp16_master_weights_and_grads": false})"))), "");
   EXPECT_EQ(error_of(with("bf16", nlohmann::json::parse(R"({"enabled": true, "immediate_grad_update": false,
     "check_grad_overflow": false, "bf16_master_weights_and_grads": false, "bf16_optimizer_states": false})"))), "");
+  // fp16's loss-scaling keys copied into bf16 (real configs do it; they change nothing there): one
+  // warning each, not refused.
+  const RunConfig b = ds_config_parse(with("bf16", nlohmann::json::parse(R"({"enabled": true, "loss_scale": 0,
+    "hysteresis": 2, "auto_cast": false})")), "cfg.json");
+  EXPECT_EQ(std::count_if(b.warnings.begin(), b.warnings.end(),
+                          [](const std::string& w) { return w.find("an fp16 key; bf16 has no loss scaling") != std::string::npos; }),
+            3);
+  EXPECT_EQ(b.compute_dtype, DType::kBF16);
 }
 
 TEST(DsConfig, KeysAReviewFoundReadOtherwiseThanDeepSpeed) {

@@ -677,11 +677,19 @@ StepResult Engine::step() {
   // bf16.check_grad_overflow: DeepSpeed's ZeRO optimizer skips such a step; so does this one.
   if (overflow && !scaler_.dynamic() && !config_.bf16_check_grad_overflow) {
     std::string where = first_nonfinite_grad();
-    throw Error(ErrorKind::kNumerical,
-                "step " + std::to_string(global_step_ + 1) + ": the gradient is not finite" +
-                    (where.empty() ? std::string() : " (first in " + where + ")") +
-                    "; without a dynamic fp16 loss scaler the step cannot be skipped and retried — lower the "
-                    "learning rate, enable gradient_clipping, or check the data");
+    // A static fp16 scale: the scaled gradient passing fp16's 65504 is the likely cause, which
+    // neither the learning rate nor clipping (applied after) changes.
+    char scale[32];
+    std::snprintf(scale, sizeof scale, "%g", static_cast<double>(r.loss_scale));
+    const std::string hint =
+        config_.compute_dtype == DType::kF16
+            ? std::string("; with the static fp16.loss_scale ") + scale +
+                  " the scaled gradient can pass fp16's largest value (65504): lower fp16.loss_scale, or set it to 0 "
+                  "for dynamic scaling (which skips such a step and lowers the scale), or check the data"
+            : std::string("; without a dynamic fp16 loss scaler the step cannot be skipped and retried — lower the "
+                          "learning rate, enable gradient_clipping, or check the data");
+    throw Error(ErrorKind::kNumerical, "step " + std::to_string(global_step_ + 1) + ": the gradient is not finite" +
+                                           (where.empty() ? std::string() : " (first in " + where + ")") + hint);
   }
   if (overflow) {
     r.skipped = true;
