@@ -72,6 +72,16 @@ void run_calibrate(const CalibrateArgs& args) {
   // not run, and the calibration said a mixed rate of 0, which plan then refused as not measured.
   MT_CHECK(args.io_dir.empty() || args.io_mib >= 128, ErrorKind::kInvalidArgument,
            "--io-size must be at least 128 MiB (two of the disk probe's 64 MiB chunks; got " + std::to_string(args.io_mib) + ")");
+  // (-o '' measured for seconds, then failed its rename with exit 1.)
+  MT_CHECK(!args.out.empty(), ErrorKind::kInvalidArgument, "-o: give the calibration's path; nothing was measured");
+  // The disk probe's directory is the disk the offload will use: one that is not there was created
+  // (as root, at /nonexistent) and the root disk's speed recorded for a misspelt NVMe mount.
+  if (!args.io_dir.empty()) {
+    std::error_code ec;
+    MT_CHECK(fs::is_directory(args.io_dir, ec), ErrorKind::kInvalidArgument,
+             "--io " + args.io_dir + ": " + (fs::exists(args.io_dir, ec) ? "not a directory" : "no such directory") +
+                 " (the disk probe writes its files in the offload's directory; nothing was measured)");
+  }
   // Before MPI: mpi_init sets a waiting rank's nap from the threads (comm::mpi_wait_sleep_us).
   if (args.threads > 0) threads_set(args.threads);  // else OpenMP's (meshtrain launch sets one per rank's share)
   std::shared_ptr<comm::Backend> world = mpi_world();
@@ -95,10 +105,28 @@ void run_calibrate(const CalibrateArgs& args) {
   nlohmann::json fp = fingerprint(P);
   if (args.pace) fp["pace"] = true;  // a paced calibration is not an unpaced one's, nor the reverse
   bool fresh = args.force || !fs::exists(args.out);
+  std::error_code fec;
+  MT_CHECK(!fs::exists(args.out, fec) || fs::is_regular_file(args.out, fec), ErrorKind::kInvalidArgument,
+           args.out + ": not a regular file (-o names the calibration's file); nothing was measured");
   if (!fresh) {
-    const nlohmann::json old = engine::json_load_file(args.out);
-    fresh = !old.contains("fingerprint") || old["fingerprint"] != fp ||
-            (!args.io_dir.empty() && !old.contains("disk"));
+    // A file cut short or emptied (a killed calibrate) is measured over, as one the planner cannot
+    // read is (it was refused: "not valid JSON", until --force).
+    nlohmann::json old;
+    try {
+      old = engine::json_load_file(args.out);
+    } catch (const Error& e) {
+      fresh = true;
+      if (lead) std::printf("note: %s; measuring again\n", e.what());
+    }
+    // The disk probed is part of what is cached: --io another directory measures that one.
+    auto same_dir = [](const std::string& a, const std::string& b) {
+      std::error_code ec1, ec2;
+      return fs::weakly_canonical(a, ec1) == fs::weakly_canonical(b, ec2) && !ec1 && !ec2;
+    };
+    fresh = fresh || !old.is_object() || !old.contains("fingerprint") || old["fingerprint"] != fp ||
+            (!args.io_dir.empty() &&
+             !(old.contains("disk") && old["disk"].is_object() && old["disk"].contains("dir") && old["disk"]["dir"].is_string() &&
+               same_dir(old["disk"]["dir"].get<std::string>(), args.io_dir)));
     // A file of this machine that the planner cannot read (a field edited or cut, a family lost)
     // was reused as "up to date" and failed every plan after: measured again.
     if (!fresh) {

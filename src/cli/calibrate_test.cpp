@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -91,6 +92,16 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
     EXPECT_NE(out.find("calibrated 1 rank(s)"), std::string::npos) << out;
     EXPECT_TRUE(load(cal)["fits"].contains("gemm f32"));
   }
+  // A file cut short (a killed calibrate) was refused as "not valid JSON" until --force: measured
+  // again.
+  {
+    const std::string whole = j.dump();
+    std::ofstream(cal) << whole.substr(0, whole.size() / 2);
+    ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --quick -o " + cal, &out, &err), 0) << err;
+    EXPECT_NE(out.find("not valid JSON"), std::string::npos) << out;
+    EXPECT_NE(out.find("; measuring again"), std::string::npos) << out;
+    EXPECT_TRUE(load(cal)["fits"].contains("gemm f32"));
+  }
   // Another fingerprint (as after a rebuild): measured again.
   j["fingerprint"]["binary_mtime"] = 1;
   std::ofstream(cal) << j.dump();
@@ -129,19 +140,35 @@ TEST(Calibrate, AnUnwritableOutputIsRefusedBeforeMeasuring) {
                  "measured\n");
   EXPECT_EQ(out, "");
   EXPECT_FALSE(std::filesystem::exists(dir() + "/no-such-dir"));
+  // --io names the disk the offload will use: one not there was created (as root, /nonexistent)
+  // and the root disk's speed recorded; a file in its place failed after minutes of kernels.
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --io " + dir() + "/no-such-mount -o " + dir() + "/t.json", &out, &err), 2);
+  EXPECT_EQ(err, "meshtrain: error: --io " + dir() + "/no-such-mount: no such directory (the disk probe writes its files in the "
+                 "offload's directory; nothing was measured)\n");
+  EXPECT_FALSE(std::filesystem::exists(dir() + "/no-such-mount"));
+  { std::ofstream(dir() + "/io-file") << "x"; }
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --io " + dir() + "/io-file -o " + dir() + "/t.json", &out, &err), 2);
+  EXPECT_NE(err.find("io-file: not a directory"), std::string::npos) << err;
+  // -o '' measured for seconds, then failed its rename (exit 1); -o a directory is refused too.
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate -o ''", &out, &err), 2);
+  EXPECT_NE(err.find("-o: give the calibration's path; nothing was measured"), std::string::npos) << err;
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --force -o " + dir(), &out, &err), 2);
+  EXPECT_NE(err.find(": not a regular file (-o names the calibration's file); nothing was measured"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(dir() + "/t.json"));
 }
 
 // The writability probe uses a name of its own: a file of the user's beside the output, named as
 // the atomic write's temporary (OUT.tmp), is untouched by a calibration that fails (here at the
-// disk probe, after the kernels: --io names a file). The probe wrote and removed OUT.tmp before.
+// disk probe, after the kernels: --io-size more than the disk holds). The probe wrote and removed
+// OUT.tmp before.
 TEST(Calibrate, TheOutputProbeLeavesTheUsersFilesAlone) {
   const std::string cal = dir() + "/probe-cal.json";
   { std::ofstream(cal + ".tmp") << "mine"; }
-  { std::ofstream(dir() + "/probe-io-file") << "x"; }
   std::string out, err;
-  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --quick --force --io " + dir() + "/probe-io-file -o " + cal, &out, &err), 1)
+  EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "calibrate --quick --force --io " + dir() + " --io-size 100000000 -o " + cal, &out, &err),
+            1)
       << out;
-  EXPECT_NE(err.find("probe-io-file"), std::string::npos) << err;
+  EXPECT_NE(err.find("the swap needs"), std::string::npos) << err;
   EXPECT_EQ(mt::cli::testing::slurp(cal + ".tmp"), "mine") << err;
   for (const auto& e : std::filesystem::directory_iterator(dir()))
     EXPECT_EQ(e.path().filename().string().find("probe-cal.json.probe-"), std::string::npos) << e.path();
@@ -322,8 +349,13 @@ TEST(Plan, CalibrationsAndClustersOutOfRangeAreRefusedNamingTheFile) {
       // No update line at all: priced at 0 s without a word.
       {"noupdate", R"({"world": 1, "fits": {"gemm f32": {"latency_s": 0, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 0, "per_unit_s": 1e-9}, "memory": {"latency_s": 0, "per_unit_s": 0}}})",
        "calibration: 'adamw' (the optimizer's update) was not measured"},
-      {"type", R"({"world": "1", "fits": {)" + fits + "}}", "type.json: [json.exception.type_error"},
-      {"field", R"({"world": 1, "fits": {"gemm f32": {"latency_s": 0}}})", "field.json: [json.exception.out_of_range"},
+      {"type", R"({"world": "1", "fits": {)" + fits + "}}", "type.json: world must be a whole number"},
+      {"field", R"({"world": 1, "fits": {"gemm f32": {"latency_s": 0}}})", "field.json: fits.gemm f32.per_unit_s is missing"},
+      // A rate of 0 (a zeroed file) priced a step at 0 s and 0 tokens/s, exit 0.
+      {"zero", R"({"world": 1, "fits": {"gemm f32": {"latency_s": 0, "per_unit_s": 0}, "gemm bf16": {"latency_s": 0, "per_unit_s": 1e-9}, "memory": {"latency_s": 0, "per_unit_s": 0}, "adamw": {"latency_s": 0, "per_unit_s": 1e-7}}})",
+       "zero.json: fits.gemm f32.per_unit_s is 0, which no machine measures"},
+      {"insitu", R"({"world": 1, "fits": {)" + fits + R"(, "in situ forward gpt2 f32": {"latency_s": 0, "per_unit_s": 0}}})",
+       "insitu.json: fits.in situ forward gpt2 f32.per_unit_s is 0"},
       {"curve", R"({"world": 1, "fits": {)" + fits + R"(, "all_reduce": {"latency_s": 0, "per_unit_s": 1e-9, "curve": [[0, 1e-5], [1024, 2e-5]]}}})",
        "curve.json: fits.all_reduce.curve's sizes must be positive and increasing"},
       {"bytes", R"({"world": 1, "process_bytes": -1, "fits": {)" + fits + "}}", "bytes.json: process_bytes must be a number of bytes"},
@@ -362,6 +394,67 @@ TEST(Plan, CalibrationsAndClustersOutOfRangeAreRefusedNamingTheFile) {
     "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "planner": {"calibration": ")" + dir() + R"(/absent.json"}})";
   ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + dir() + "/auto-range.json --procs 8 --cluster " + h100, &out, &err), 0) << err;
   EXPECT_NE(err.find("a rank; " + h100 + ")"), std::string::npos) << err;  // it read planner.calibration (absent: refused)
+}
+
+// From a probe of plan's inputs (stop 80): a described cluster of one device a host was refused for
+// more than one process as "its collectives were not measured" (its links are described, not
+// measured); a misspelt key of a description was ignored; an efficiency over 1 was refused without
+// its key; options that did nothing, or another search, exited 0.
+TEST(Plan, ClusterDescriptionsAndOptionsThatDidNothing) {
+  const std::string cfg = dir() + "/one-a-host.json";
+  std::ofstream(cfg) << R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48,
+    "n_layer": 2, "n_head": 4}, "seq_length": 16, "train_iters": 1, "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})";
+  const std::string src = MT_SOURCE_DIR;
+  const nlohmann::json h100 = nlohmann::json::parse(std::ifstream(src + "/configs/clusters/dgx-h100.json"));
+  auto cluster = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = h100;
+    edit(j);
+    std::ofstream(dir() + "/" + name + ".json") << j.dump();
+    return dir() + "/" + name + ".json";
+  };
+  std::string out, err;
+  const std::string one = cluster("one", [](nlohmann::json& j) { j["devices_per_host"] = 1; });
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --cluster " + one + " --procs 2", &out, &err), 0) << err;
+  ASSERT_NE(out.find("step "), std::string::npos) << out;
+  const double across = std::stod(out.substr(out.find("step ") + 5));
+  // The same two ranks within a host: its faster link.
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --cluster " + src + "/configs/clusters/dgx-h100.json --procs 2",
+                                            &out, &err), 0) << err;
+  EXPECT_LT(std::stod(out.substr(out.find("step ") + 5)), across) << out;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --cluster " + one + " --procs 4 --search --json", &out, &err), 0)
+      << err;
+  EXPECT_GT(nlohmann::json::parse(out)["ranked"].size(), 0u) << out;
+  EXPECT_EQ(out.find("has no collectives"), std::string::npos) << out;
+  // Misspelt keys, with the nearest; an efficiency over 1 with its key.
+  const struct {
+    std::string file, want;
+  } bad[] = {
+      {cluster("lat", [](nlohmann::json& j) { j["intra_host"]["latncy_us"] = 1; }),
+       "lat.json intra_host: 'latncy_us' is not a key of a cluster description (did you mean 'latency_us'?)"},
+      {cluster("top", [](nlohmann::json& j) { j["memory_gib_per_device"] = 40; }),
+       "top.json: 'memory_gib_per_device' is not a key of a cluster description"},
+      {cluster("eff", [](nlohmann::json& j) { j["link_efficiency"] = 1.5; }),
+       "eff.json: 'link_efficiency' is 1.5; an efficiency is a fraction of the peak (at most 1)"},
+  };
+  for (const auto& b : bad) {
+    EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + cfg + " --cluster " + b.file, &out, &err), 2) << out;
+    EXPECT_NE(err.find(b.want), std::string::npos) << err;
+  }
+  const std::string plan = "plan " + cfg + " --cluster " + src + "/configs/clusters/dgx-h100.json";
+  const struct {
+    std::string args, want;
+  } options[] = {
+      {" --search --search-batch", "plan: --search and --search-batch are two searches"},
+      {" --top 3", "plan: --top ranks a search's layouts; give --search or --search-batch"},
+      {" --search --steps 4", "plan: --steps sets --validate's runs; give --validate K"},
+      {" --search --rounds 2", "plan: --rounds sets --validate's runs; give --validate K"},
+      {" --calibration ''", "plan: --calibration '' names no file"},
+  };
+  for (const auto& o : options) {
+    EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), plan + o.args, &out, &err), 2) << o.args << ": " << out;
+    EXPECT_NE(err.find(o.want), std::string::npos) << err;
+  }
 }
 
 // `meshtrain plan --cluster`: a described cluster instead of this machine's calibration, its

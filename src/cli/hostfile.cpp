@@ -66,7 +66,7 @@ std::vector<HostSlots> hostfile_parse(const std::string& text, const std::string
     MT_CHECK(w[0].find_first_of(",:") == std::string::npos, ErrorKind::kInvalidArgument,
              at + "host name `" + w[0] + "` holds ',' or ':', which separate hosts and slots for mpirun");
     int slots = parse_count(w[1].substr(6));
-    MT_CHECK(slots > 0, ErrorKind::kInvalidArgument, at + w[1] + ": slots must be a positive integer");
+    MT_CHECK(slots > 0, ErrorKind::kInvalidArgument, at + w[1] + ": slots must be a whole number from 1 to 1000000");
     auto [it, fresh] = seen.emplace(w[0], lineno);
     MT_CHECK(fresh, ErrorKind::kInvalidArgument,
              at + "host " + w[0] + " is already listed on line " + std::to_string(it->second));

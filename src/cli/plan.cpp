@@ -99,6 +99,17 @@ static planner::Calibration calibration_from_json(const nlohmann::json& j, const
     if (!std::isfinite(v) || v < 0 || v > 1e6) bad(what + " must be a time from 0 to 1e6 s");
     return v;
   };
+  // A field of another type is named (it was nlohmann's "type must be number, but is string").
+  for (const char* k : {"world", "threads", "ranks_per_host", "kernel_ranks"})
+    if (j.contains(k) && !j[k].is_number_integer()) bad(std::string(k) + " must be a whole number");
+  for (const char* k : {"speed_probe_s", "exchange_probe_s"})
+    if (j.contains(k) && !j[k].is_number()) bad(std::string(k) + " must be a number of seconds");
+  for (const auto& [family, f] : j["fits"].items()) {
+    if (!f.is_object()) bad("fits." + family + " must be an object of latency_s and per_unit_s");
+    for (const char* k : {"latency_s", "per_unit_s"})
+      if (!f.contains(k) || !f[k].is_number())
+        bad("fits." + family + "." + k + (f.contains(k) ? " must be a number of seconds" : " is missing"));
+  }
   planner::Calibration cal;
   cal.world = j.value("world", 1);
   cal.threads = j.value("threads", 1);
@@ -130,6 +141,13 @@ static planner::Calibration calibration_from_json(const nlohmann::json& j, const
     }
     cal.set_curve(family, std::move(curve));
   }
+  // A rate of 0 a unit (an edited or zeroed file) priced a step at 0 s and 0 tokens/s, exit 0: the
+  // GEMMs, AdamW and the in-situ factors always take time (free memory traffic is a hand
+  // calibration's way to price FLOPs alone).
+  for (const auto& [family, f] : cal.fits)
+    if (f.per_unit <= 0 && (family == "gemm f32" || family == "gemm bf16" || family == "adamw" ||
+                            family.rfind("in situ ", 0) == 0))
+      bad("fits." + family + ".per_unit_s is 0, which no machine measures (that work takes no time)");
   if (cal.fits.count("gemm bf16") && !cal.fits.count("gemm compute bf16"))  // from before DESIGN-NOTES 44
     std::fprintf(stderr,
                  "warning: %s has no GEMM compute lines, so a GEMM is priced by its flops alone and a split into smaller "
@@ -737,7 +755,10 @@ void run_plan(PlanOptions o) {
     MT_CHECK(!hosts.empty(), ErrorKind::kInvalidArgument, o.hostfile + ": no hosts");
     long slots = 0;
     for (const HostSlots& h : hosts) slots += h.slots;
-    if (!o.procs_given) o.procs = static_cast<int>(std::min<long>(slots, 65536));
+    // (70000 slots planned 65536 processes and printed that count as the hostfile's.)
+    MT_CHECK(o.procs_given || slots <= 65536, ErrorKind::kInvalidArgument,
+             o.hostfile + ": " + std::to_string(slots) + " slots in all, more than the 65536 processes a plan takes; give --procs");
+    if (!o.procs_given) o.procs = static_cast<int>(slots);
     MT_CHECK(o.procs <= slots, ErrorKind::kInvalidArgument,
              "plan: --procs " + std::to_string(o.procs) + " is more than " + o.hostfile + "'s " + std::to_string(slots) + " slots");
   }
@@ -816,7 +837,8 @@ void run_plan(PlanOptions o) {
     return;
   }
   planner::check_layout(job, job.base);
-  MT_CHECK(o.procs == 1 || cal.world >= 2, ErrorKind::kInvalidArgument,
+  // (A described cluster of one device a host has its links, not measured collectives.)
+  MT_CHECK(o.procs == 1 || cal.world >= 2 || cal.has_network, ErrorKind::kInvalidArgument,
            cal_path + ": its collectives were not measured (calibrate under meshtrain launch -n 2 or more)");
   const planner::Prediction p = planner::predict_layout(job, job.base, cal);
   // Steps that differ by kind: each kind's own step (the prediction is their shares' mean).
@@ -1045,8 +1067,8 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--top", o->top, "layouts to print with --search (default 5)")->check(CLI::Range(1, std::numeric_limits<int>::max()));
   cmd->add_option("--memory", o->memory_gib, "memory per rank in GiB (default: planner.memory_gib, else physical RAM / procs)");
   cmd->add_option("--validate", o->validate,
-                  "with --search: train the first K layouts, K others that fit and the configured one here, "
-                  "and print predicted against measured")->check(CLI::Range(0, std::numeric_limits<int>::max()));
+                  "search (as --search does, or --search-batch where given), train the first K layouts, K others "
+                  "that fit and the configured one here, and print predicted against measured")->check(CLI::Range(0, std::numeric_limits<int>::max()));
   cmd->add_option("--steps", o->steps, "steps each --validate run trains (default 6; steps 3.. are measured)")
       ->check(CLI::Range(3, 1000));
   cmd->add_option("--rounds", o->rounds,
@@ -1060,7 +1082,23 @@ void register_plan(CLI::App& app) {
   cmd->add_flag("--json", o->json, "print JSON");
   cmd->callback([o, cmd] {
     o->procs_given = cmd->count("--procs") > 0;
-    if (o->validate > 0) o->search = true;
+    // Options that did nothing, or another thing, were taken without a word: --search beside
+    // --search-batch ran the full search, --validate beside --search-batch dropped the batch-only
+    // search for the full one, --top, --steps and --rounds without their mode were ignored.
+    MT_CHECK(!(o->search && o->search_batch), ErrorKind::kInvalidArgument,
+             "plan: --search and --search-batch are two searches (every layout, or the configuration's with its batch "
+             "splits); give one");
+    for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--cluster", &o->cluster},
+                                      {"--calibration", &o->calibration},
+                                      {"--hostfile", &o->hostfile}})  // ('' was taken for "not given")
+      MT_CHECK(cmd->count(flag) == 0 || !value->empty(), ErrorKind::kInvalidArgument,
+               std::string("plan: ") + flag + " '' names no file");
+    if (o->validate > 0 && !o->search_batch) o->search = true;
+    MT_CHECK(cmd->count("--top") == 0 || o->search || o->search_batch, ErrorKind::kInvalidArgument,
+             "plan: --top ranks a search's layouts; give --search or --search-batch");
+    for (const char* flag : {"--steps", "--rounds"})
+      MT_CHECK(cmd->count(flag) == 0 || o->validate > 0, ErrorKind::kInvalidArgument,
+               std::string("plan: ") + flag + " sets --validate's runs; give --validate K");
     run_plan(*o);
   });
 }

@@ -1,8 +1,12 @@
 #include "planner/cluster.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "base/error.h"
+#include "base/text.h"
 
 namespace mt::planner {
 namespace {
@@ -20,10 +24,35 @@ const nlohmann::json& object(const nlohmann::json& j, const std::string& key, co
   return j[key];
 }
 
+// A key the description does not have is refused, with the nearest it has: a misspelt figure
+// (intra_host.latncy_us, peak_tflops.fp16) was ignored and the shipped one's absence refused at
+// best, or the key silently did nothing beside the real one.
+void refuse_unknown(const nlohmann::json& j, const std::vector<std::string>& known, const std::string& where) {
+  for (const auto& [k, v] : j.items()) {
+    if (std::find(known.begin(), known.end(), k) != known.end()) continue;
+    std::string best;
+    int best_d = 3;
+    for (const std::string& c : known)
+      if (const int d = edit_distance(k, c); d < best_d) best_d = d, best = c;
+    throw Error(ErrorKind::kInvalidArgument, where + ": '" + k + "' is not a key of a cluster description" +
+                                                 (best.empty() ? "" : " (did you mean '" + best + "'?)"));
+  }
+}
+
 }  // namespace
 
 ClusterSpec parse_cluster(const nlohmann::json& j, const std::string& where) {
   MT_CHECK(j.is_object(), ErrorKind::kInvalidArgument, where + ": a cluster description is a JSON object");
+  refuse_unknown(j,
+                 {"name", "sources", "devices_per_host", "memory_gib", "peak_tflops", "gemm", "attention_efficiency", "memory_gbs",
+                  "memory_efficiency", "intra_host", "inter_host", "link_efficiency"},
+                 where);
+  for (const auto& [block, keys] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"peak_tflops", {"bf16", "f32"}},
+           {"gemm", {"efficiency", "half_efficiency_gflop"}},
+           {"intra_host", {"gbs", "latency_us"}},
+           {"inter_host", {"gbs", "latency_us"}}})
+    if (j.contains(block) && j[block].is_object()) refuse_unknown(j[block], keys, where + " " + block);
   ClusterSpec c;
   MT_CHECK(!j.contains("name") || j["name"].is_string(), ErrorKind::kInvalidArgument, where + ": 'name' must be a string");
   c.name = j.value("name", where);
@@ -57,8 +86,12 @@ ClusterSpec parse_cluster(const nlohmann::json& j, const std::string& where) {
     const std::string obj = f.object;
     c.*f.field = obj.empty() ? positive(j, f.key, where) : positive(object(j, obj, where), f.key, where + " " + obj);
   }
-  for (double e : {c.gemm_efficiency, c.attention_efficiency, c.memory_efficiency, c.link_efficiency})
-    MT_CHECK(e <= 1.0, ErrorKind::kInvalidArgument, where + ": an efficiency is a fraction of the peak (at most 1)");
+  for (const auto& [key, e] : {std::pair<const char*, double>{"gemm.efficiency", c.gemm_efficiency},
+                               {"attention_efficiency", c.attention_efficiency},
+                               {"memory_efficiency", c.memory_efficiency},
+                               {"link_efficiency", c.link_efficiency}})
+    MT_CHECK(e <= 1.0, ErrorKind::kInvalidArgument,
+             where + ": '" + key + "' is " + nlohmann::json(e).dump() + "; an efficiency is a fraction of the peak (at most 1)");
   return c;
 }
 

@@ -417,7 +417,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
                              std::to_string(job.global_batch));
         continue;
       }
-      if ((dp > 1 || pp > 1 || tp > 1) && cal.world < 2) {
+      if ((dp > 1 || pp > 1 || tp > 1) && !cal.has_network && cal.world < 2) {  // (a cluster's links are described)
         out.rejected.push_back(family + ": the calibration has no collectives (calibrate under meshtrain launch -n " +
                              std::to_string(std::max(dp, 2)) + ")");
         continue;
