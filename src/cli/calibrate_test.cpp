@@ -396,7 +396,7 @@ TEST(Plan, CalibrationsAndClustersOutOfRangeAreRefusedNamingTheFile) {
   EXPECT_NE(err.find("a rank; " + h100 + ")"), std::string::npos) << err;  // it read planner.calibration (absent: refused)
 }
 
-// From a probe of plan's inputs (stop 80): a described cluster of one device a host was refused for
+// From a probe of plan's inputs (stop 72): a described cluster of one device a host was refused for
 // more than one process as "its collectives were not measured" (its links are described, not
 // measured); a misspelt key of a description was ignored; an efficiency over 1 was refused without
 // its key; options that did nothing, or another search, exited 0.

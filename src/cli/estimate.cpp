@@ -343,9 +343,9 @@ void register_estimate(CLI::App& app) {
   auto* cmd = app.add_subcommand("estimate", "Memory per rank for ZeRO stages 0-3 and the largest micro-batch that fits");
   auto o = std::make_shared<EstimateOptions>();
   add_layout_options(cmd, o->path, o->procs, o->sets);
-  cmd->add_option("--memory", o->memory_gib, "memory per rank in GiB (default: physical RAM / procs)");
+  cmd->add_option("--memory", o->memory_gib, "memory per rank in GiB (default, or 0: physical RAM / procs)");
   cmd->add_option("--disk", o->disk_gib,
-                  "disk for the swap in GiB (offload to nvme; default: the free space under nvme_path)");
+                  "disk for the swap in GiB (offload to nvme; default, or 0: the free space under nvme_path)");
   cmd->add_flag("--json", o->json, "print JSON");
   cmd->callback([o] { run_estimate(*o); });
 }

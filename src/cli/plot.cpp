@@ -49,15 +49,16 @@ bool plot_metrics(const std::string& metrics, const std::string& out, bool requi
     const fs::path parent = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : fs::path(".");
     MT_CHECK(fs::is_directory(parent, ec), ErrorKind::kInvalidArgument, out + ": " + parent.string() + " is not a directory");
   }
-  std::string data = out + ".dat", script = out + ".gp";
+  std::string data = out + ".dat", script = out + ".gp", log = out + ".log";
   struct Remove {
-    std::string a, b;
+    std::string a, b, c;
     ~Remove() {
       std::error_code ec;
       fs::remove(a, ec);
       fs::remove(b, ec);
+      fs::remove(c, ec);
     }
-  } remove{data, script};
+  } remove{data, script, log};
   std::ofstream d(data);
   MT_CHECK(d.good(), ErrorKind::kIOError, data + ": cannot write");
   std::string line;
@@ -69,16 +70,28 @@ bool plot_metrics(const std::string& metrics, const std::string& out, bool requi
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception&) {
+      // The last line of a run still writing it is cut short (train reads it so too): skipped.
+      if (in.eof()) {
+        std::fprintf(stderr, "warning: %s:%zu: a line cut short (a run still writing it?), not plotted\n", metrics.c_str(), line_no);
+        break;
+      }
       throw Error(ErrorKind::kInvalidArgument, metrics + ":" + std::to_string(line_no) + ": not valid JSON");
     }
-    MT_CHECK(j.is_object() && j.contains("step") && j.contains("loss") && j["step"].is_number() && j["loss"].is_number(),
+    // A step whose loss was not finite is written null: a gap in the curve (it stopped the plot).
+    MT_CHECK(j.is_object() && j.contains("step") && j.contains("loss") && j["step"].is_number() &&
+                 (j["loss"].is_number() || j["loss"].is_null()),
              ErrorKind::kInvalidArgument, metrics + ":" + std::to_string(line_no) + ": expected \"step\" and \"loss\" numbers");
     // A null val_loss or lr (a step without them) is absent; another type is said with its line
     // (nlohmann's type_error was said without it).
     const bool val = j.contains("val_loss") && !j["val_loss"].is_null(), lr = j.contains("lr") && !j["lr"].is_null();
     MT_CHECK((!val || j["val_loss"].is_number()) && (!lr || j["lr"].is_number()), ErrorKind::kInvalidArgument,
              metrics + ":" + std::to_string(line_no) + ": \"val_loss\" and \"lr\" must be numbers");
-    d << j["step"].get<double>() << '\t' << j["loss"].get<double>() << '\t'
+    d << j["step"].get<double>() << '\t';
+    if (j["loss"].is_null())
+      d << "NaN";
+    else
+      d << j["loss"].get<double>();
+    d << '\t'
       << (val ? std::to_string(j["val_loss"].get<double>()) : std::string("NaN")) << '\t'
       << (lr ? j["lr"].get<double>() : 0.0) << '\n';
     ++rows;
@@ -98,9 +111,23 @@ bool plot_metrics(const std::string& metrics, const std::string& out, bool requi
   g << ", " << gp_quote(data) << " using 1:4 axes x1y2 with lines dt 2 title 'lr'\n";
   g.close();
   MT_CHECK(!g.fail(), ErrorKind::kIOError, script + ": cannot write");
-  const int rc = system_as_started("gnuplot " + gp_quote(script) + " 2>&1");
+  // The script's path in shell quotes (gnuplot's doubled quote broke a path with an apostrophe);
+  // gnuplot's own lines kept aside: its "empty y range" warnings of a one-step curve were noise,
+  // and a failure says its first line.
+  auto shell_quote = [](const std::string& t) {
+    std::string q = "'";
+    for (char c : t) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  const int rc = system_as_started("gnuplot " + shell_quote(script) + " > " + shell_quote(log) + " 2>&1");
   const int code = rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : rc;  // (the raw wait status was said: "exit 256")
-  MT_CHECK(rc == 0 && fs::exists(out), ErrorKind::kIOError, out + ": gnuplot failed (exit " + std::to_string(code) + ")");
+  if (rc != 0 || !fs::exists(out)) {
+    std::ifstream l(log);
+    std::string first, said;
+    while (said.empty() && std::getline(l, first))
+      if (first.find_first_not_of(" \t\r") != std::string::npos) said = first;
+    throw Error(ErrorKind::kIOError, out + ": gnuplot failed (exit " + std::to_string(code) + ")" + (said.empty() ? "" : ": " + said));
+  }
   return true;
 }
 

@@ -1,5 +1,6 @@
 // meshtrain tokenize INPUT -o PREFIX [--tokenizer T | --train-bpe N]: turns a .txt file (documents
-// separated by blank lines) or a .jsonl file ("text" fields or SFT records, engine/corpus.h) into a
+// separated by blank lines, UTF-8) or a .jsonl/.json file (JSON lines: "text" fields or SFT records,
+// engine/corpus.h) into a
 // Megatron indexed dataset PREFIX.bin/.idx (+ PREFIX.mask for SFT), one document per
 // paragraph/record, each ended by <|endoftext|>. With
 // --train-bpe N a byte-level BPE of N tokens is trained on INPUT first and saved as
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -56,6 +58,24 @@ void run_tokenize(const TokenizeArgs& a) {
            "tokenize: -o '" + a.output + "': give an output prefix (PREFIX.bin and PREFIX.idx are written)");
   MT_CHECK(train != !a.tokenizer.empty(), ErrorKind::kInvalidArgument,
            "tokenize: give exactly one of --tokenizer FILE or --train-bpe N");
+  // The output's files, checked before the work (a missing directory failed after it, exit 1, naming
+  // PREFIX.bin.tmp; a directory at PREFIX.bin after the whole tokenization). One of them the input
+  // itself (tokenize in.bin -o in) replaced the text by its token ids, exit 0.
+  {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path parent = fs::path(a.output).parent_path();
+    MT_CHECK(parent.empty() || fs::is_directory(parent, ec), ErrorKind::kInvalidArgument,
+             "tokenize: -o " + a.output + ": " + parent.string() + " is not a directory");
+    for (const char* ext : {".bin", ".idx", ".mask.bin", ".mask.idx", ".tokenizer.json"}) {
+      const std::string out = a.output + ext;
+      if (!fs::exists(out, ec)) continue;
+      MT_CHECK(!fs::is_directory(out, ec), ErrorKind::kInvalidArgument, "tokenize: -o " + a.output + ": " + out + " is a directory");
+      for (const std::string& in : {a.input, a.tokenizer})
+        MT_CHECK(in.empty() || !fs::equivalent(out, in, ec), ErrorKind::kInvalidArgument,
+                 "tokenize: -o " + a.output + " would write " + out + ", which is the input " + in + "; give another prefix");
+    }
+  }
   std::vector<engine::CorpusDocument> docs = engine::corpus_read(a.input);
   // (a .jsonl whose every "text" is "" wrote a dataset of no tokens, exit 0; an empty .txt is refused)
   MT_CHECK(std::any_of(docs.begin(), docs.end(),
@@ -87,7 +107,7 @@ void run_tokenize(const TokenizeArgs& a) {
 void register_tokenize(CLI::App& app) {
   auto a = std::make_shared<TokenizeArgs>();
   auto* cmd = app.add_subcommand("tokenize", "Tokenize .txt/.jsonl into a Megatron indexed dataset");
-  cmd->add_option("INPUT", a->input, ".txt (documents separated by blank lines) or .jsonl (\"text\", or \"prompt\"/\"response\"/\"history\")")->required();
+  cmd->add_option("INPUT", a->input, ".txt (documents separated by blank lines, UTF-8) or .jsonl/.json (JSON lines: \"text\", or \"prompt\"/\"response\"/\"history\")")->required();
   cmd->add_option("-o,--output", a->output, "output prefix (PREFIX.bin, PREFIX.idx)")->required();
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json, or a directory with it or a GPT-2 pair (encoder.json+vocab.bpe, vocab.json+merges.txt, gpt2-vocab.json+gpt2-merges.txt)");
   cmd->add_option("--train-bpe", a->train_bpe, "train a byte-level BPE of this many tokens on INPUT first");

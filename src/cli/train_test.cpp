@@ -879,6 +879,58 @@ TEST(Plot, TrainLeavesALossCurveAndPlotDrawsPngOrSvg) {
   EXPECT_NE(err.find("/nodir is not a directory"), std::string::npos) << err;
 }
 
+// From a probe of plot (stop 72): the last line of a run still writing its metrics is cut short
+// (it refused the whole plot), a non-finite loss written null stopped it, an output path with an
+// apostrophe broke gnuplot's command line (three lines, exit 1), and a one-step curve printed
+// gnuplot's "empty range" warnings.
+TEST(Plot, ALineCutShortANullLossAndAnApostropheInThePath) {
+  fs::create_directories(dir() + "/o'brien");
+  std::ofstream(dir() + "/live.jsonl") << "{\"step\": 1, \"loss\": 2.5, \"lr\": 0.1}\n{\"step\": 2, \"loss\": null, \"lr\": 0.1}\n"
+                                       << "{\"step\": 3, \"loss\": 2.0, \"lr\": 0.1}\n{\"step\": 4, \"lo";
+  std::string err;
+  const std::string out = dir() + "/o'brien/curve.svg";
+  ASSERT_EQ(run("plot " + dir() + "/live.jsonl -o \"" + out + "\"", &err), 0) << err;
+  EXPECT_EQ(err, "warning: " + dir() + "/live.jsonl:4: a line cut short (a run still writing it?), not plotted\n");
+  EXPECT_TRUE(fs::exists(out));
+  for (const char* left : {".dat", ".gp", ".log"}) EXPECT_FALSE(fs::exists(out + left)) << left;
+  std::ofstream(dir() + "/one.jsonl") << "{\"step\": 1, \"loss\": 1}\n";
+  ASSERT_EQ(run("plot " + dir() + "/one.jsonl -o " + dir() + "/one.svg", &err), 0) << err;
+  EXPECT_EQ(mt::cli::testing::slurp(dir() + "/stdout.txt") + err, "loss curve: " + dir() + "/one.svg\n");
+}
+
+// From a probe of tokenize (stop 72): an output prefix whose file is the input replaced the text
+// by its token ids (exit 0); a .json input (Megatron's loose JSON, a record a line) was tokenized
+// as text, braces and keys; a gzip or binary "text" was tokenized byte by byte; a missing output
+// directory failed after the work, exit 1, naming PREFIX.bin.tmp.
+TEST(Tokenize, TheInputIsNeverTheOutputAndTextIsUtf8) {
+  std::string err;
+  const std::string tok = dir() + "/tk";
+  std::ofstream(dir() + "/tk.txt") << "The cat sat on the mat.\n\nThe dog sat on the log.\n";
+  ASSERT_EQ(run("tokenize " + dir() + "/tk.txt -o " + tok + " --train-bpe 270", &err), 0) << err;
+  std::ofstream(dir() + "/in.bin") << "The cat sat.\n";
+  EXPECT_EQ(run("tokenize " + dir() + "/in.bin -o " + dir() + "/in --tokenizer " + tok + ".tokenizer.json", &err), 2);
+  EXPECT_NE(err.find("would write " + dir() + "/in.bin, which is the input"), std::string::npos) << err;
+  EXPECT_EQ(mt::cli::testing::slurp(dir() + "/in.bin"), "The cat sat.\n");
+  // The tokenizer's own file as the input, with the prefix that names it.
+  EXPECT_EQ(run("tokenize " + tok + ".tokenizer.json -o " + tok + " --tokenizer " + tok + ".tokenizer.json", &err), 2);
+  EXPECT_NE(err.find("which is the input"), std::string::npos) << err;
+  std::ofstream(dir() + "/loose.json") << "{\"text\": \"The cat sat.\"}\n{\"text\": \"The dog.\"}\n";
+  ASSERT_EQ(run("tokenize " + dir() + "/loose.json -o " + dir() + "/loose --tokenizer " + tok + ".tokenizer.json", &err), 0) << err;
+  EXPECT_EQ(mt::data::IndexedDataset(dir() + "/loose").num_documents(), 2u);
+  std::ofstream(dir() + "/array.json") << "[{\"text\": \"The cat sat.\"}]\n";
+  EXPECT_EQ(run("tokenize " + dir() + "/array.json -o " + dir() + "/array --tokenizer " + tok + ".tokenizer.json", &err), 2);
+  EXPECT_NE(err.find("array.json:1: expected a JSON object"), std::string::npos) << err;
+  std::ofstream(dir() + "/latin1.txt") << "The cat sat.\n\ncaf\xe9\n";
+  EXPECT_EQ(run("tokenize " + dir() + "/latin1.txt -o " + dir() + "/latin1 --tokenizer " + tok + ".tokenizer.json", &err), 2);
+  EXPECT_NE(err.find("latin1.txt:3: not valid UTF-8 text"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir() + "/latin1.bin"));
+  EXPECT_EQ(run("tokenize " + dir() + "/tk.txt -o " + dir() + "/nodir/x --tokenizer " + tok + ".tokenizer.json", &err), 2);
+  EXPECT_NE(err.find("tokenize: -o " + dir() + "/nodir/x: " + dir() + "/nodir is not a directory"), std::string::npos) << err;
+  fs::create_directories(dir() + "/dd.bin");
+  EXPECT_EQ(run("tokenize " + dir() + "/tk.txt -o " + dir() + "/dd --tokenizer " + tok + ".tokenizer.json", &err), 2);
+  EXPECT_NE(err.find(dir() + "/dd.bin is a directory"), std::string::npos) << err;
+}
+
 // Values that crashed a command, or had it exit 0 having done nothing or lost its output (a
 // review, stop 56), and a dataset prefix tokenized again over an SFT one.
 // `config check` writes nothing: it created the save_dir's directories (a `--set save_dir=a=b`

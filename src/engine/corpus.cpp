@@ -61,7 +61,9 @@ std::vector<CorpusDocument> corpus_read(const std::string& path) {
   std::vector<char> bytes = file_read_all(path);
   std::string text(bytes.begin(), bytes.end());
   std::vector<CorpusDocument> docs;
-  bool jsonl = ends_with(path, ".jsonl");
+  // A .json file is JSON lines too: Megatron's preprocess_data.py reads its "loose json" input,
+  // often named .json, one record a line (it was read as text: braces and keys trained on).
+  const bool jsonl = ends_with(path, ".jsonl") || ends_with(path, ".json");
   size_t pos = 0, line_no = 0;
   std::string current;
   auto flush_paragraph = [&] {
@@ -79,13 +81,24 @@ std::vector<CorpusDocument> corpus_read(const std::string& path) {
         try {
           j = nlohmann::json::parse(line);
         } catch (const nlohmann::json::exception&) {
-          throw Error(ErrorKind::kInvalidArgument, where + ": not valid JSON");
+          throw Error(ErrorKind::kInvalidArgument, where + ": not valid JSON" +
+                                                       (ends_with(path, ".json") ? " (a .json input is read as JSON lines, a "
+                                                                                   "record a line, as Megatron's preprocess_data.py reads it)"
+                                                                                 : ""));
         }
         docs.push_back(jsonl_document(j, where));
       }
     } else if (line.find_first_not_of(" \t\r") == std::string::npos) {
       flush_paragraph();
     } else {
+      // Text is UTF-8, as Hugging Face's text loader and Megatron's preprocessing decode it: a
+      // gzip or binary file, or Latin-1 text, was tokenized byte by byte as junk, exit 0.
+      try {
+        (void)nlohmann::json(line).dump();
+      } catch (const nlohmann::json::exception&) {
+        throw Error(ErrorKind::kInvalidArgument, path + ":" + std::to_string(line_no) +
+                                                     ": not valid UTF-8 text (a compressed or binary file, or another encoding?)");
+      }
       current += line + "\n";
     }
     if (nl == std::string::npos) break;
