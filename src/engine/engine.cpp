@@ -21,6 +21,7 @@
 #include "engine/checkpoint_io.h"
 #include "engine/corpus.h"
 #include "engine/hf_weights.h"
+#include "optim/lamb.h"
 #include "optim/swapped_adamw.h"
 #include "parallel/pp/partition.h"
 #include "planner/memory.h"
@@ -374,6 +375,27 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
     optimizer_ = optim::make_optimizer(config.optimizer, state_numel(), segments);
   }
   sync_->bind(*optimizer_);
+  // Lamb's trust ratio is a tensor's: under tp a split tensor's sums of p^2 and u^2 are its pieces'
+  // over the tp group (each piece's own ratio trained another model than one process, without a
+  // word: stop 73). The sums travel as their bits (all_gather) and are added in rank order here.
+  if (auto* lamb = dynamic_cast<optim::Lamb*>(optimizer_.get()); lamb != nullptr && ctx_->tp() > 1) {
+    std::vector<size_t> split;
+    for (size_t k = 0; k < segments.size(); ++k)
+      if (const nn::Parameter* p = store.find(segments[k].name); p == nullptr || !p->tp_replicated()) split.push_back(k);
+    comm::Backend* tp = ctx_->groups.tp.get();
+    lamb->set_segment_sums([tp, split](std::vector<double>& w, std::vector<double>& u) {
+      const size_t n = split.size(), ranks = static_cast<size_t>(tp->size());
+      std::vector<double> mine(2 * n), all(2 * n * ranks);
+      for (size_t i = 0; i < n; ++i) mine[2 * i] = w[split[i]], mine[2 * i + 1] = u[split[i]];
+      static_assert(sizeof(double) == 2 * sizeof(float));
+      tp->all_gather(all.data(), mine.data(), 4 * n, DType::kF32, comm::AllGatherOptions{})->wait();
+      for (size_t i = 0; i < n; ++i) {
+        double ws = 0.0, us = 0.0;
+        for (size_t r = 0; r < ranks; ++r) ws += all[r * 2 * n + 2 * i], us += all[r * 2 * n + 2 * i + 1];
+        w[split[i]] = ws, u[split[i]] = us;
+      }
+    });
+  }
   store.zero_grad();
   // DeepSpeed's fp16 wrappers outside ZeRO (FP16_Optimizer, FP16_UnfusedOptimizer: fp16 at stage 0,
   // pipelines included) take one step of the optimizer with zero gradients as they are built

@@ -112,6 +112,29 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", 2, 1, 0, "fp16", false}, Case{"llama", 2, 2, 1, "fp16", true, true}),
     case_name);
 
+// Lamb under tp: the trust ratio of a split tensor is the whole tensor's (each rank took its
+// piece's, 2.5 % of the update off one process's, exit 0: stop 73). betas (0.9, 0.95) keep the
+// ratios inside [min_coeff, max_coeff], where a piece's ratio shows; with the defaults most are
+// pinned at min_coeff, which hid it.
+TEST(TpLamb, ASplitTensorsTrustRatioIsTheWholeTensors) {
+  for (const Case& k : {Case{"gpt2", 2, 1, 0, "fp32", false}, Case{"llama", 2, 1, 0, "fp32", false, true}}) {
+    auto lamb = [&](int processes, int g) {
+      nlohmann::json j = config(k, processes, g);
+      j["optimizer"] = {{"type", "Lamb"}, {"params", {{"lr", 1e-2}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.01}}}};
+      return layout_train(j, processes, g, "tp_lamb");
+    };
+    LayoutRun ref = lamb(1, 2), got = lamb(k.tp, 2);
+    ASSERT_EQ(ref.losses.size(), got.losses.size());
+    for (size_t s = 0; s < ref.losses.size(); ++s)
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << k.arch << " loss at step " << s + 1;
+    ASSERT_EQ(ref.master.size(), got.master.size());
+    const LayoutDiff w = layout_compare(ref.master, got.master, ref.noise);
+    std::printf("%s Lamb tp %d: final weights ||dw||/||w|| %.2e, max %.2e\n", k.arch, k.tp, w.norm_rel, w.max_rel);
+    EXPECT_LE(w.norm_rel, 1e-5) << k.arch << ": final weights, ||dw||/||w||";
+    EXPECT_LE(w.max_rel, 5e-5) << k.arch << ": final weights, max |dw| / max |w|";
+  }
+}
+
 // LLaMA's pad_token_id (nn.Embedding's padding_idx) under vocabulary parallelism, sequence
 // parallelism and ZeRO 3 (tp 2 x dp 2): the row lies in the second shard (make_vocab_size_divisible_by
 // 1: 49 rows a shard, the row 60 its 11th), and the run equals the one process's. The row, 0 from

@@ -70,6 +70,7 @@ void Lamb::step(float* master, const float* grad, void* lowp, DType lowp_dtype, 
     wseg[chunks_[c].segment] += w_part_[c];
     useg[chunks_[c].segment] += u_part_[c];
   }
+  if (segment_sums_) segment_sums_(wseg, useg);
   const float max_coeff = static_cast<float>(config_.max_coeff);
   const float min_coeff = static_cast<float>(config_.min_coeff);
   for (size_t k = 0; k < segments_.size(); ++k) {

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "optim/optimizer.h"
@@ -62,6 +63,11 @@ class Lamb : public Optimizer {
   const LambConfig& config() const { return config_; }
   // Per segment: the trust ratio (lamb coefficient) used by the last step.
   const std::vector<float>& lamb_coeffs() const { return coeffs_; }
+  // Called with each segment's sums of p^2 and u^2 before the trust ratios are taken: where a
+  // segment is this rank's piece of a tensor split over tensor-parallel ranks, the engine makes them
+  // the whole tensor's (the ratio of a piece is another update than one process's: stop 73).
+  using SegmentSums = std::function<void(std::vector<double>& w, std::vector<double>& u)>;
+  void set_segment_sums(SegmentSums f) { segment_sums_ = std::move(f); }
 
  private:
   // A piece of one segment: one task of the parallel loops.
@@ -73,6 +79,7 @@ class Lamb : public Optimizer {
   std::vector<Chunk> chunks_;
   std::vector<double> w_part_, u_part_;  // per chunk: sum p^2, sum u^2 (summed in chunk order)
   std::vector<float> coeffs_;            // per segment
+  SegmentSums segment_sums_;
   Buffer m_, v_;
 };
 
