@@ -17,4 +17,8 @@ int edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+std::string kib_or_mib(uint64_t bytes) {
+  return bytes < (uint64_t{1} << 20) ? std::to_string((bytes + 1023) >> 10) + " KiB" : std::to_string(bytes >> 20) + " MiB";
+}
+
 }  // namespace mt

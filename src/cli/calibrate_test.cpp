@@ -327,7 +327,7 @@ TEST(Plan, PredictsTheStepFromTheCalibrationAndRefusesWhatItDoesNotModel) {
 
 // Calibrations and cluster descriptions with values no machine has (a review, stop 56): negative
 // rates predicted a step of 0 s, curve points at 0 bytes a "deadlock", 1e-300 GB/s a step of 4e300
-// s, a field of another type an error without the file's name; all but the last exited 0. A search
+// s, a field of another type or a missing update line an error without the file's name (stop 73); all but the last exited 0. A search
 // with no layout within the budget exited 0, and an "auto" configuration was searched with its
 // planner block's rates and budget, not plan's --cluster and --memory.
 TEST(Plan, CalibrationsAndClustersOutOfRangeAreRefusedNamingTheFile) {
@@ -348,7 +348,7 @@ TEST(Plan, CalibrationsAndClustersOutOfRangeAreRefusedNamingTheFile) {
        "huge.json: fits.gemm f32.per_unit_s must be a time from 0 to 1e6 s"},
       // No update line at all: priced at 0 s without a word.
       {"noupdate", R"({"world": 1, "fits": {"gemm f32": {"latency_s": 0, "per_unit_s": 1e-9}, "gemm bf16": {"latency_s": 0, "per_unit_s": 1e-9}, "memory": {"latency_s": 0, "per_unit_s": 0}}})",
-       "calibration: 'adamw' (the optimizer's update) was not measured"},
+       "noupdate.json: 'adamw' (the optimizer's update) was not measured"},
       {"type", R"({"world": "1", "fits": {)" + fits + "}}", "type.json: world must be a whole number"},
       {"field", R"({"world": 1, "fits": {"gemm f32": {"latency_s": 0}}})", "field.json: fits.gemm f32.per_unit_s is missing"},
       // A rate of 0 (a zeroed file) priced a step at 0 s and 0 tokens/s, exit 0.
@@ -455,6 +455,18 @@ TEST(Plan, ClusterDescriptionsAndOptionsThatDidNothing) {
     EXPECT_EQ(mt::cli::testing::run_meshtrain(dir(), plan + o.args, &out, &err), 2) << o.args << ": " << out;
     EXPECT_NE(err.find(o.want), std::string::npos) << err;
   }
+  // 100000 processes reject about 500 families: the first 24 and a count (every one was printed,
+  // stop 73); --json keeps them all.
+  const std::string many = "plan " + dir() + "/many.json --cluster " + src + "/configs/clusters/dgx-h100.json --procs 100000 --search";
+  nlohmann::json free_batch = nlohmann::json::parse(std::ifstream(cfg));
+  free_batch.erase("train_batch_size");
+  std::ofstream(dir() + "/many.json") << free_batch.dump();
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), many + " --json", &out, &err), 0) << err;
+  const size_t rejected = nlohmann::json::parse(out)["rejected"].size();
+  ASSERT_GT(rejected, 100u) << out;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), many, &out, &err), 0) << err;
+  EXPECT_NE(out.find("  ... and " + std::to_string(rejected - 24) + " more (--json lists them all)"), std::string::npos) << out;
+  EXPECT_LT(std::count(out.begin(), out.end(), '\n'), 40) << out;
 }
 
 // `meshtrain plan --cluster`: a described cluster instead of this machine's calibration, its
@@ -704,6 +716,22 @@ TEST(Plan, SearchRanksWhatFitsAndTrainResolvesAnAutoLayout) {
   nlohmann::json all = nlohmann::json::parse(out);
   EXPECT_EQ(all["considered"], 32);  // stages 0-3 x B in {1, 2, 4, 8} x recompute or not
   ASSERT_EQ(all["ranked"].size(), 32u);
+  // "stage": "auto" beside offload or 16-bit master weights searches stages 1-3 (the placeholder
+  // stage 0 refused the configuration as "needs stage 1, 2 or 3", stop 73).
+  for (const auto& [block, key] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"zero_optimization", {{"stage", "auto"}, {"offload_optimizer", {{"device", "cpu"}}}}},
+           {"zero_optimization", {{"stage", "auto"}, {"offload_param", {{"device", "cpu"}}}, {"offload_optimizer", {{"device", "cpu"}}}}},
+           {"bf16", {{"enabled", true}, {"bf16_master_weights_and_grads", true}}}}) {
+    nlohmann::json o = c;
+    o[block] = key;
+    if (block == "bf16") o["zero_optimization"] = {{"stage", "auto"}};
+    std::ofstream(dir() + "/auto-offload.json") << o.dump();
+    ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "plan " + dir() + "/auto-offload.json --search --top 100 --json", &out, &err), 0)
+        << key.dump() << ": " << err;
+    const nlohmann::json r = nlohmann::json::parse(out);
+    EXPECT_EQ(r["considered"], 24) << key.dump();  // stages 1-3
+    for (const auto& l : r["ranked"]) EXPECT_GE(l["stage"].get<int>(), 1) << key.dump();
+  }
   for (size_t i = 1; i < all["ranked"].size(); ++i)  // fastest first, up to a band of ties (planner::rank_layouts)
     EXPECT_LE(all["ranked"][i - 1]["step_s"].get<double>(), all["ranked"][i]["step_s"].get<double>() * 1.01);
   // The fastest step is B 8 without recompute (each micro-batch pays the GEMMs' call latency

@@ -383,19 +383,34 @@ TEST(Classify, FromACausalLmCheckpointAndBackOutAsHuggingFace) {
                           dir() + "/tok.json";
   ASSERT_EQ(run(gen, &out, &err), 0) << err;
   EXPECT_NE(err.find("+ 5 new tokens"), std::string::npos) << err;
-  {  // A prompt that fills the 48 positions: one token comes, and is counted (it said "+ 0").
+  {  // A prompt one short of the 48 positions: one token comes, and is counted (it said "+ 0"); the
+    // context holds the prompt and the answer, as serve counts it (a prompt of 48 drew one more,
+    // stop 73: it is refused).
     const mt::data::Tokenizer tok = mt::data::Tokenizer::load(dir() + "/tok.json");
-    std::string full;
-    for (std::string p = "cat"; p.size() < 400 && full.empty(); p += " cat")
-      for (const std::string& q : {p, p + "s", p + " a"})
-        if (full.empty() && tok.encode(q).size() == 48) full = q;
+    auto of_length = [&](size_t n) {
+      for (std::string p = "cat"; p.size() < 400; p += " cat")
+        for (const std::string& q : {p, p + "s", p + " a"})
+          if (tok.encode(q).size() == n) return q;
+      return std::string();
+    };
+    const std::string short_one = of_length(47), full = of_length(48);
+    ASSERT_FALSE(short_one.empty());
     ASSERT_FALSE(full.empty());
-    ASSERT_EQ(run("generate " + dir() + "/lm-hf --prompt '" + full + "' --max-new-tokens 5 --temperature 0 --tokenizer " +
+    ASSERT_EQ(run("generate " + dir() + "/lm-hf --prompt '" + short_one + "' --max-new-tokens 5 --temperature 0 --tokenizer " +
                       dir() + "/tok.json",
                   &out, &err),
               0)
         << err;
-    EXPECT_NE(err.find("48 prompt + 1 new tokens"), std::string::npos) << err;
+    EXPECT_NE(err.find("47 prompt + 1 new tokens"), std::string::npos) << err;
+    EXPECT_NE(err.find("the context is full at 48 positions"), std::string::npos) << err;
+    EXPECT_EQ(run("generate " + dir() + "/lm-hf --prompt '" + full + "' --max-new-tokens 5 --temperature 0 --tokenizer " +
+                      dir() + "/tok.json",
+                  &out, &err),
+              2);
+    EXPECT_NE(err.find("the prompt is 48 tokens; the context of 48 leaves no room for an answer"), std::string::npos) << err;
+    // serve --context 0 was the default without a word (-5 was refused).
+    EXPECT_EQ(run("serve " + dir() + "/lm-hf --port 0 --context 0 --tokenizer " + dir() + "/tok.json", &out, &err), 2);
+    EXPECT_NE(err.find("--context"), std::string::npos) << err;
   }
   nlohmann::json all = nlohmann::json::array();
   for (int id = 0; id < 300; ++id) all.push_back(id);

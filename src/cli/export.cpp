@@ -52,6 +52,11 @@ void run_export(const ExportArgs& a) {
       std::error_code ec;
       MT_CHECK(!fs::exists(p, ec) || fs::is_directory(p, ec), ErrorKind::kInvalidArgument,
                "--hf " + a.out + ": " + p.string() + " is a file, not a directory; export to a directory");
+      // Inside another checkpoint too: its run's rotation removes the export with it, without a
+      // word (stop 73).
+      MT_CHECK(p == out || !fs::exists(p / "state.json", ec), ErrorKind::kInvalidArgument,
+               "--hf " + a.out + ": inside the checkpoint " + p.string() +
+                   ", which its run's keep_last rotation removes with the export; export to a directory of its own");
     }
   }
   // The document separator as Hugging Face's bos/eos ids (GPT-2's convention: both are

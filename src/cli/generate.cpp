@@ -41,6 +41,9 @@ void run_generate(const GenerateArgs& a) {
   serve::GeneratorOptions go;
   go.weights = weights;
   serve::Generator gen(*lm.model, go);
+  MT_CHECK(static_cast<int>(prompt.size()) < gen.capacity(), ErrorKind::kInvalidArgument,
+           "generate: the prompt is " + std::to_string(prompt.size()) + " tokens; the context of " +
+               std::to_string(gen.capacity()) + " leaves no room for an answer");
   serve::Sampler sampler(a.sampling);
   Timer t;
   std::span<const float> logits = gen.prefill(prompt);
@@ -56,7 +59,9 @@ void run_generate(const GenerateArgs& a) {
     std::string piece = tok.decode(std::span<const int32_t>(&id, 1));
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
-    if (gen.position() >= gen.capacity()) {  // the context is full: this token counted, none more
+    // The context holds the prompt and the answer, as vLLM's max_model_len and serve count it (the
+    // token after a full context was drawn too: one more than serve's and the warning's count).
+    if (gen.position() + 1 >= gen.capacity()) {  // the context is full: this token counted, none more
       ++n;
       full = n < a.max_new_tokens;
       break;
@@ -64,6 +69,7 @@ void run_generate(const GenerateArgs& a) {
     logits = gen.decode(id);
   }
   std::printf("\n");
+  std::fflush(stdout);  // before stderr's lines: through one pipe they ran into the text
   // Said even with --quiet: the answer is shorter than asked for a reason other than the text's end.
   if (full)
     std::fprintf(stderr, "warning: the context is full at %d positions (the model's %s): stopped after %d of %d new tokens\n",

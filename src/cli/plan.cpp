@@ -46,6 +46,9 @@
 namespace mt::cli {
 namespace {
 
+// The rejected families printed (and put in a refusal) before "and N more".
+constexpr size_t kShownRejections = 24;
+
 struct PlanOptions {
   std::string path, calibration, cluster;
   bool search_batch = false;
@@ -81,7 +84,9 @@ planner::Calibration load_calibration(const std::string& path, const std::string
   MT_CHECK(j.contains("fits") && j["fits"].is_object(), ErrorKind::kInvalidArgument,
            path + ": no 'fits' (write it with meshtrain calibrate)");
   try {
-    return calibration_from_json(j, path);
+    planner::Calibration c = calibration_from_json(j, path);
+    c.source = path;
+    return c;
   } catch (const nlohmann::json::exception& e) {  // a field of another type, or missing: named with the file
     throw Error(ErrorKind::kInvalidArgument, path + ": " + e.what() + " (meshtrain calibrate --force writes it anew)");
   }
@@ -216,7 +221,8 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* 
                " (the simulator runs each micro-batch: at most " + std::to_string(planner::kMaxAccumulation) +
                ") or train_micro_batch_size_per_gpu past int");
   planner::PlanJob job;
-  job.offload = c.zero.offload_optimizer != "none" || c.zero.offload_param != "none";
+  // (16-bit master weights need a ZeRO stage of 1 or more as offload does)
+  job.offload = c.zero.offload_optimizer != "none" || c.zero.offload_param != "none" || c.master_dtype != DType::kF32;
   job.memory = estimate_input(c, procs);
   job.schedule.overlap_comm = c.zero.overlap_comm;
   job.overlap_comm_given = c.zero.overlap_comm_given;
@@ -425,8 +431,12 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
                 gib(p.memory).c_str(), process ? (" " + std::string(12 - std::min<size_t>(12, gib(p.process).size()), ' ') + gib(p.process)).c_str() : "");
   }
   if (!r.rejected.empty()) {
+    // A search of thousands of processes rejects hundreds of families: the first kShownRejections,
+    // and the count of the rest, which --json lists.
     std::printf("rejected:\n");
-    for (const std::string& why : r.rejected) std::printf("  %s\n", why.c_str());
+    for (size_t i = 0; i < r.rejected.size() && i < kShownRejections; ++i) std::printf("  %s\n", r.rejected[i].c_str());
+    if (r.rejected.size() > kShownRejections)
+      std::printf("  ... and %zu more (--json lists them all)\n", r.rejected.size() - kShownRejections);
   }
 }
 
@@ -958,7 +968,20 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   if (j.contains("zero_optimization") && is_auto(j["zero_optimization"], "stage")) {
     space.stage = true;
     keys.push_back("zero_optimization.stage");
-    base.sets.push_back("zero_optimization.stage=0");
+    // A placeholder the rest of the configuration takes: offload and 16-bit master weights need a
+    // stage of 1 or more (DeepSpeed's rule), offload_param stage 3 (read there only). Stage 0 refused
+    // them as if the user had asked for it (stop 73); the search keeps to the stages they take.
+    const nlohmann::json& z = j["zero_optimization"];
+    auto device = [&z](const char* k) {
+      return z.contains(k) && z[k].is_object() && z[k].contains("device") && z[k]["device"].is_string() &&
+             z[k]["device"] != "none";
+    };
+    auto set = [](const nlohmann::json& o, const char* k) { return o.is_object() && o.contains(k) && o[k] == true; };
+    const bool param = device("offload_param") || set(z, "cpu_offload_param");
+    const bool needs_zero = param || device("offload_optimizer") || set(z, "cpu_offload") ||
+                            (j.contains("bf16") && set(j["bf16"], "bf16_master_weights_and_grads")) ||
+                            (j.contains("fp16") && set(j["fp16"], "fp16_master_weights_and_grads"));
+    base.sets.push_back(std::string("zero_optimization.stage=") + (param ? "3" : needs_zero ? "1" : "0"));
   }
   if (j.contains("activation_checkpointing") && is_auto(j["activation_checkpointing"], "enabled")) {
     space.recompute = true;
@@ -1003,7 +1026,8 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   const planner::SearchResult r = planner::search_layouts(job, space, budget, cal);
   if (r.ranked.empty()) {
     std::string why;
-    for (const std::string& w : r.rejected) why += "; " + w;
+    for (size_t i = 0; i < r.rejected.size() && i < kShownRejections; ++i) why += "; " + r.rejected[i];
+    if (r.rejected.size() > kShownRejections) why += "; and " + std::to_string(r.rejected.size() - kShownRejections) + " more";
     throw Error(ErrorKind::kInvalidArgument, "the planner found no layout of " + std::to_string(procs) +
                                                  " process(es) within " + gib(budget) + " a rank" + why);
   }

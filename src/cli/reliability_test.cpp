@@ -399,10 +399,18 @@ TEST(Checkpoints, ADamagedLatestNamesTheNewestIntactCheckpoint) {
   };
   refused("", save + "/latest is empty; the newest intact checkpoint is " + save + "/step-6 (--resume " + save + "/step-6)");
   refused("step-9\n", save + "/latest names step-9, which does not exist; the newest intact checkpoint is " + save + "/step-6");
+  // Two lines were joined into one name ("step-3step-6 does not exist", stop 73).
+  refused("step-3\nstep-6\n", save + "/latest names 'step-3\\x0astep-6', not a step directory; the newest intact checkpoint is " +
+                                   save + "/step-6");
   fs::remove(save + "/step-6/state.json");
   refused("step-6\n", save + "/latest names step-6, which has no state.json; the newest intact checkpoint is " + save +
                           "/step-3 (--resume " + save + "/step-3)");
   EXPECT_EQ(run("train " + cfg + " --resume " + save + "/step-3 --set train_iters=4", &err), 0) << err;
+  // Written on Windows: its \r\n is white space around the name, as DeepSpeed strips it ("names
+  // step-4\r, which does not exist", stop 73).
+  ASSERT_EQ(latest(save), "step-4");
+  std::ofstream(save + "/latest") << "step-4\r\n";
+  EXPECT_EQ(resume(cfg, "latest-bad", "--set train_iters=5", &err), 0) << err;
 }
 
 TEST(Checkpoints, CorruptOrTruncatedFilesAreNamedWithTheNewestIntactCheckpoint) {

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -48,7 +49,7 @@ struct ServeArgs {
   std::string model, tokenizer;
   serve::ServerOptions server;
   int slots = 8;
-  int context = 0;
+  int context = 0;  // not given: min(max_positions, 2048)
   std::string dtype = "f32";  // the matrices' dtype in the GEMMs (f32, bf16)
 };
 
@@ -122,7 +123,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--model-name", a->server.model_name, "the model's id in /v1/models (default: MODEL's name)");
   cmd->add_option("--slots", a->slots, "sequences generated together, batched each step (default 8)");
   cmd->add_option("--dtype", a->dtype, "the GEMMs' weights: f32 (default) or bf16 (copied once; half the bytes a step reads)");
-  cmd->add_option("--context", a->context, "tokens a sequence holds (default min(max_positions, 2048))");
+  // A given 0 was taken as the default without a word, where -5 was refused (stop 73).
+  cmd->add_option("--context", a->context, "tokens a sequence holds (default min(max_positions, 2048))")
+      ->check(CLI::Range(1, std::numeric_limits<int>::max()));
   cmd->add_option("--max-queue", a->server.max_queue, "requests waiting for a slot before 503 (default 64)");
   cmd->add_option("--timeout", a->server.request_timeout_s, "seconds a request may take, queue included (default 600)");
   // 1 byte to 1 TiB: -1 wrapped to the largest size_t (no limit at all) and 0 refused every POST.

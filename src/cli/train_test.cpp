@@ -178,6 +178,11 @@ TEST(Train, AMetricsFileThatCannotBeWrittenIsSaidOnceAndTheRunGoesOn) {
   std::ofstream(dir() + "/a-file") << "x";
   EXPECT_EQ(run("export " + dir() + "/ckpt-full --hf " + dir() + "/a-file/out", &err), 2);
   EXPECT_NE(err.find("a-file is a file, not a directory"), std::string::npos) << err;
+  // Into another checkpoint of the run (its rotation removed the export with it, stop 73).
+  EXPECT_EQ(run("export " + dir() + "/ckpt-full --hf " + dir() + "/ckpt-full/step-3/x", &err), 2);
+  EXPECT_NE(err.find("/ckpt-full/step-3, which its run's keep_last rotation removes"),
+            std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir() + "/ckpt-full/step-3/x"));
   const std::string metrics = dir() + "/no-eval.jsonl";
   ASSERT_EQ(run("train " + write_config("no-eval", {{"eval_iters", 0}}) + " --metrics " + metrics, &err), 0) << err;
   EXPECT_EQ(values(metrics, "loss").size(), 6u);
@@ -747,14 +752,43 @@ TEST(Train, KillDuringCheckpointWriteLeavesThePreviousOneLoadable) {
     fs::remove(dir() + "/k-resumed.jsonl");
     // An atomic write's temporary left by a kill between its open and its rename goes at the next save.
     { std::ofstream(save + "/latest.tmp.Ab3xZ9") << "step-"; }
+    // The user's own entries there stay as they are: every *.tmp and *.old directory and *.tmp.XXXXXX
+    // file was taken for a save's leftover (mydata.tmp/ removed, backup.old/ renamed, stop 73).
+    fs::create_directories(save + "/mydata.tmp");
+    fs::create_directories(save + "/backup.old");
+    std::ofstream(save + "/mydata.tmp/f") << "x";
+    std::ofstream(save + "/notes.tmp.backup") << "z";
     ASSERT_EQ(run("train " + cfg + " --resume " + save + " --set save_dir=" + save + " --metrics " + dir() +
                   "/k-resumed.jsonl"), 0);
     std::vector<double> resumed = losses(dir() + "/k-resumed.jsonl");
     ASSERT_EQ(resumed.size(), 3u);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], full[3 + i]) << "step " << 4 + i;
+    EXPECT_TRUE(fs::exists(save + "/mydata.tmp/f"));
+    EXPECT_TRUE(fs::is_directory(save + "/backup.old"));
+    EXPECT_FALSE(fs::exists(save + "/backup"));
+    EXPECT_TRUE(fs::exists(save + "/notes.tmp.backup"));
+    for (const std::string user : {"mydata.tmp", "backup.old", "notes.tmp.backup"}) fs::remove_all(save + "/" + user);
     for (const auto& e : fs::directory_iterator(save))
       EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
   }
+}
+
+// A resume whose optimizer keeps a state the checkpoint's did not (SGD with a momentum from a
+// momentum-0 run) said the checkpoint was damaged: "no tensor named 'momentum_buffer/...'; no
+// intact checkpoint is left beside it" (stop 73).
+TEST(Train, AResumeWhoseOptimizerKeepsAnotherStateSaysWhich) {
+  write_dataset(dir() + "/train", 30);
+  const std::string cfg = write_config("sgd0", {{"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}}}}}});
+  std::string err;
+  ASSERT_EQ(run("train " + cfg + " --set train_iters=3", &err), 0) << err;
+  EXPECT_EQ(run("train " + cfg + " --resume " + dir() + "/ckpt-sgd0 --set optimizer.params.momentum=0.9 --set save_dir=" + dir() +
+                    "/ckpt-sgd0-m",
+                &err),
+            2);
+  EXPECT_NE(err.find("the checkpoint's SGD kept no 'momentum_buffer' (another setting: momentum 0 there); this run's keeps one"),
+            std::string::npos) << err;
+  EXPECT_EQ(err.find("no intact checkpoint"), std::string::npos) << err;
+  ASSERT_EQ(run("train " + cfg + " --resume " + dir() + "/ckpt-sgd0 --set save_dir=" + dir() + "/ckpt-sgd0-same", &err), 0) << err;
 }
 
 }  // namespace
@@ -949,6 +983,17 @@ TEST(Cli, ConfigCheckWritesNothing) {
   std::ofstream(dir() + "/cc-file") << "x";  // a file where a directory would go
   EXPECT_EQ(run("config check " + dir() + "/cc.json --set save_dir=" + dir() + "/cc-file/sub", &err), 2);
   EXPECT_NE(err.find("cc-file is not a directory"), std::string::npos) << err;
+  // An nvme_path where a file is: config check passed it, and train failed at the swap's start
+  // naming the derived rank directory (stop 73). Both name the key now; a path still to be made passes.
+  const std::string nvme = " --set zero_optimization.stage=3 --set zero_optimization.offload_optimizer.device=nvme"
+                           " --set zero_optimization.offload_optimizer.nvme_path=";
+  for (const char* cmd : {"config check ", "train "}) {
+    EXPECT_EQ(run(cmd + dir() + "/cc.json" + nvme + dir() + "/cc-file", &err), 2) << cmd;
+    EXPECT_NE(err.find("zero_optimization.offload_optimizer.nvme_path: " + dir() + "/cc-file is not a directory and cannot be one"),
+              std::string::npos) << err;
+  }
+  EXPECT_EQ(run("config check " + dir() + "/cc.json" + nvme + dir() + "/cc-swap/new", &err), 0) << err;
+  EXPECT_FALSE(fs::exists(dir() + "/cc-swap"));
 }
 
 TEST(Cli, ValuesThatCrashedOrLostTheOutputAreRefused) {
@@ -959,6 +1004,10 @@ TEST(Cli, ValuesThatCrashedOrLostTheOutputAreRefused) {
   EXPECT_NE(err.find("--procs must be at least 1, got 0"), std::string::npos) << err;
   EXPECT_EQ(run("bench --io " + dir() + " --io-size 1 --io-block -1", &err), 2);  // SIGFPE
   EXPECT_NE(err.find("--io-block must be a multiple of 4096 bytes"), std::string::npos) << err;
+  // A directory not there was made, and the disk under it measured, exit 0 (stop 73).
+  EXPECT_EQ(run("bench --io " + dir() + "/no-such-dir --io-size 1", &err), 2);
+  EXPECT_NE(err.find("--io " + dir() + "/no-such-dir: no such directory"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir() + "/no-such-dir"));
   const std::string model = std::string(MT_SOURCE_DIR) + "/configs/models/tiny-gpt2.json";
   EXPECT_EQ(run("bench " + model + " --decode 4 --device cuda", &err), 2);  // timed the CPU
   EXPECT_NE(err.find("--decode times generation on the CPU"), std::string::npos) << err;
@@ -1069,7 +1118,9 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
   std::stringstream ss2;
   ss2 << out2.rdbuf();
   EXPECT_EQ(ss2.str(), text + "\n");
-  {  // a prompt of 63 of the 64 positions: two new tokens fit (the last is sampled, never fed), and it says why (it stopped silently)
+  {  // a prompt of 63 of the 64 positions: one new token fits (prompt and answer hold the context, as serve
+     // and vLLM count them; two were drawn, the last from the last position, stop 73), and it says why
+     // (it stopped silently)
     std::string text_b, long_prompt;
     for (int i = 0; i < 20; ++i) text_b += "The cat sat on the mat. The dog sat on the log. ";
     for (size_t len = 1; len <= text_b.size() && long_prompt.empty(); ++len)
@@ -1077,7 +1128,7 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
     ASSERT_FALSE(long_prompt.empty());
     ASSERT_EQ(run("generate " + dir() + "/gen-hf --prompt \"" + long_prompt + "\" --temperature 0 --max-new-tokens 5 --quiet", &err), 0)
         << err;
-    EXPECT_NE(err.find("warning: the context is full at 64 positions (the model's n_positions): stopped after 2 of 5 new tokens"),
+    EXPECT_NE(err.find("warning: the context is full at 64 positions (the model's n_positions): stopped after 1 of 5 new tokens"),
               std::string::npos) << err;
   }
   // generation_config.json's eos_token_id ends the answer, as Hugging Face's generate() reads it
@@ -1435,6 +1486,11 @@ TEST(TrainMpi, CheckpointsLoadAtAnyStageAndWorldSize) {
   std::string err;
   ASSERT_EQ(run(launch(4) + dp_config("r4", 2) + " --resume " + ck + " --metrics " + dir() + "/r4.jsonl", &err), 0) << err;
   expect_close(std::vector<double>(ref.begin() + 3, ref.end()), losses(dir() + "/r4.jsonl"), 1e-5, "2xS3 -> 4xS2");
+  // A resume's lines are said once, by rank 0 (each rank said each one, stop 73).
+  ASSERT_EQ(run(launch(2) + dp_config("rs", 1) + " --resume " + ck + " --set train_iters=4 --set data.seed=7", &err), 0) << err;
+  const std::string seed_line = "written with data seed";
+  ASSERT_NE(err.find(seed_line), std::string::npos) << err;
+  EXPECT_EQ(err.find(seed_line), err.rfind(seed_line)) << err;
   // ... and exports to one Hugging Face file like any checkpoint.
   ASSERT_EQ(run("export " + ck + " --hf " + dir() + "/hf-s3"), 0);
   EXPECT_TRUE(fs::exists(dir() + "/hf-s3/model.safetensors"));

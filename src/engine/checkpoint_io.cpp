@@ -362,16 +362,24 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   if (lead) {
     try {
       fs::create_directories(save_dir);
+      // Only the saves' own names: step-N.tmp, step-N.old and latest.tmp.XXXXXX. Any *.tmp or *.old
+      // directory and *.tmp.XXXXXX file was taken for one, so a user's mydata.tmp/ was removed and
+      // backup.old/ renamed to backup/, exit 0 (stop 73).
+      auto step_stem = [](const fs::path& p) {
+        const std::string stem = p.stem().string();
+        return stem.size() > 5 && stem.rfind("step-", 0) == 0 &&
+               std::all_of(stem.begin() + 5, stem.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+      };
       for (const auto& e : fs::directory_iterator(save_dir)) {
         fs::path p = e.path();
         if (!e.is_directory()) {
           // An atomic write's temporary (base/file_io.h: NAME.tmp.XXXXXX) whose process was killed
-          // before its rename: `latest` and the like, of an earlier save.
+          // before its rename: `latest`, of an earlier save.
           const std::string name = p.filename().string();
-          const size_t at = name.rfind(".tmp.");
-          if (e.is_regular_file() && at != std::string::npos && name.size() == at + 11) fs::remove(p);
+          if (e.is_regular_file() && name.size() == 17 && name.rfind("latest.tmp.", 0) == 0) fs::remove(p);
           continue;
         }
+        if (!step_stem(p)) continue;
         if (p.extension() == ".tmp") {
           fs::remove_all(p);
         } else if (p.extension() == ".old") {
@@ -571,6 +579,7 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
                               {"applied_steps", engine.applied_steps()},
                               {"optimizer", engine.optimizer().type_name()},
                               {"optimizer_step", engine.optimizer().step_count()},
+                              {"optimizer_states", engine.state_names()},
                               {"rank_state_world", engine.rank_state().empty() ? 0 : ctx.world->size()},
                               {"num_params", static_cast<int64_t>(store.global_numel())},
                               {"loss_scale", ls.scale},
@@ -665,12 +674,28 @@ std::string checkpoint_resolve(const std::string& path) {
   if (fs::exists(dir / "latest")) {
     std::vector<char> l = file_read_all((dir / "latest").string());
     std::string name(l.begin(), l.end());
-    name.erase(std::remove(name.begin(), name.end(), '\n'), name.end());
+    // Its surrounding white space dropped, as DeepSpeed reads it (read().strip()): a `latest`
+    // written on Windows (step-9\r\n) named "step-9\r", "which does not exist" (stop 73).
+    auto space = [](char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f'; };
+    while (!name.empty() && space(name.back())) name.pop_back();
+    name.erase(name.begin(), std::find_if_not(name.begin(), name.end(), space));
     const std::string latest = (dir / "latest").string();
     // An empty or damaged `latest`, or one naming a directory that is gone or holds no state.json,
     // names the newest intact checkpoint to resume from (it said "save_dir/: not a checkpoint").
-    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-      throw Error(ErrorKind::kCorruption, latest + (name.empty() ? " is empty" : " names '" + name + "', not a step directory") +
+    // Two lines, or a control character, are damage too (two lines were joined into one name).
+    const bool odd = std::any_of(name.begin(), name.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20; });
+    std::string shown;
+    for (char ch : name) {
+      if (static_cast<unsigned char>(ch) >= 0x20) {
+        shown += ch;
+      } else {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(ch));
+        shown += hex;
+      }
+    }
+    if (name.empty() || odd || name.find('/') != std::string::npos || name == "." || name == "..")
+      throw Error(ErrorKind::kCorruption, latest + (name.empty() ? " is empty" : " names '" + shown + "', not a step directory") +
                                               "; " + newest_intact_advice(dir, {}));
     fs::path named = dir / name;
     fs::path old = named;
@@ -900,6 +925,14 @@ void check_same_model(const fs::path& dir, const nlohmann::json& saved, const nl
 
 // Optimizer step count, loss scaler, counters; warns when the data order will not continue.
 void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json& state) {
+  // Said once, by rank 0 (every rank said each line, stop 73).
+  const bool lead = engine.parallel().world->rank() == 0;
+  auto warn = [lead](const std::string& m) {
+    if (lead) log_warning(m);
+  };
+  auto info = [lead](const std::string& m) {
+    if (lead) log_info(m);
+  };
   try {
     engine.optimizer().set_step_count(state.at("optimizer_step").get<int64_t>());
     for (const optim::ScalarState& sc : engine.optimizer().scalar_state()) {
@@ -921,8 +954,8 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
       ls.last_overflow_iter = state.at("scaler_last_overflow_iter").get<int64_t>();
       ls.hysteresis_left = state.at("scaler_hysteresis_left").get<int>();
       engine.loss_scaler().set_state(ls);
-    } else if (kind != saved && engine.parallel().world->rank() == 0) {
-      log_warning((dir / "state.json").string() + ": saved with loss scaler \"" + saved + "\", this run has \"" + kind +
+    } else if (kind != saved) {
+      warn((dir / "state.json").string() + ": saved with loss scaler \"" + saved + "\", this run has \"" + kind +
                   "\": the scale starts from this run's configuration");
     }
     engine.set_counters(state.at("global_step").get<int64_t>(), state.at("applied_steps").get<int64_t>());
@@ -941,7 +974,7 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
       if (their_len != c.seq_length && their_len > 0 && c.task != "classification") {  // (records there)
         const int64_t tokens = next * their_len;
         next = (tokens + c.seq_length - 1) / c.seq_length;
-        log_warning((dir / "state.json").string() + ": written with seq_length " + std::to_string(their_len) + "; this run's is " +
+        warn((dir / "state.json").string() + ": written with seq_length " + std::to_string(their_len) + "; this run's is " +
                     std::to_string(c.seq_length) + ", so the data continues at token " + std::to_string(tokens) + " (sample " +
                     std::to_string(next) + " of this length)" +
                     (c.shuffle ? "; the shuffled order at this length is another one, so some samples repeat or are skipped" : ""));
@@ -954,19 +987,19 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
                (dir / "state.json").string() + ": data.consumed_valid_samples " + std::to_string(valid_next) + " is negative");
       engine.set_consumed_valid_samples(valid_next);
       if (next != engine.global_step() * c.batch.train_batch_size)
-        log_info((dir / "state.json").string() + ": the data continues at sample " + std::to_string(next) +
+        info((dir / "state.json").string() + ": the data continues at sample " + std::to_string(next) +
                  ", where the checkpoint's " + std::to_string(engine.global_step()) + " steps stopped (this run's batch is " +
                  std::to_string(c.batch.train_batch_size) + ")");
       if (d.contains("train") && d["train"].is_string() && d["train"].get<std::string>() != c.data_train)
-        log_warning((dir / "state.json").string() + ": written with data.train " + d["train"].get<std::string>() +
+        warn((dir / "state.json").string() + ": written with data.train " + d["train"].get<std::string>() +
                     "; this run trains on " + c.data_train + " from sample " + std::to_string(next));
       if (d.at("seed").get<uint64_t>() != c.data_seed || d.at("shuffle").get<bool>() != c.shuffle)
-        log_warning((dir / "state.json").string() + ": written with data seed " + std::to_string(d.at("seed").get<uint64_t>()) +
+        warn((dir / "state.json").string() + ": written with data seed " + std::to_string(d.at("seed").get<uint64_t>()) +
                     " shuffle " + (d.at("shuffle").get<bool>() ? "true" : "false") +
                     "; this run's differ, so the data order will not continue the checkpoint's");
       const std::string their_order = d.value("sample_order", std::string("meshtrain"));
       if (their_order != c.sample_order)
-        log_warning((dir / "state.json").string() + ": written with data.sample_order \"" + their_order + "\"; this run's is \"" +
+        warn((dir / "state.json").string() + ": written with data.sample_order \"" + their_order + "\"; this run's is \"" +
                     c.sample_order + "\", so the data order will not continue the checkpoint's");
       const std::string their_split = d.value("split", std::string());
       bool same_split = their_split == c.split;
@@ -977,12 +1010,12 @@ void restore_counters(Engine& engine, const fs::path& dir, const nlohmann::json&
         }
       }
       if (!same_split)
-        log_warning((dir / "state.json").string() + ": written with data.split \"" + d.value("split", std::string()) +
+        warn((dir / "state.json").string() + ": written with data.split \"" + d.value("split", std::string()) +
                     "\"; this run's is \"" + c.split + "\", so it trains on other sequences than the checkpoint's");
       const int64_t samples = run_samples(c);
       if (their_order == "megatron" && c.sample_order == "megatron" && d.contains("order_samples") &&
           d["order_samples"].get<int64_t>() != samples)
-        log_warning((dir / "state.json").string() + ": Megatron's order was built for " +
+        warn((dir / "state.json").string() + ": Megatron's order was built for " +
                     std::to_string(d["order_samples"].get<int64_t>()) + " samples there and is built for " +
                     std::to_string(samples) + " (train_iters x train_batch_size) here, as Megatron rebuilds its index; "
                     "where the two need different epochs of the data, the order will not continue the checkpoint's");
@@ -1191,6 +1224,18 @@ std::vector<std::string> checkpoint_load(Engine& engine, const std::string& path
       std::string saved = state.value("optimizer", std::string("?")), want = engine.optimizer().type_name();
       MT_CHECK(saved == want, ErrorKind::kInvalidArgument,
                (dir / "state.json").string() + ": the checkpoint's optimizer is " + saved + ", the config's " + want);
+      // The same optimizer keeping another state (SGD's momentum_buffer, kept only with a momentum):
+      // the missing buffer was read as a damaged checkpoint, "no tensor named ...; no intact
+      // checkpoint is left beside it" (stop 73). Checkpoints before the list are read as before.
+      if (state.contains("optimizer_states") && state["optimizer_states"].is_array())
+        for (const std::string& name : engine.state_names()) {
+          const auto& had = state["optimizer_states"];
+          MT_CHECK(std::find(had.begin(), had.end(), name) != had.end(), ErrorKind::kInvalidArgument,
+                   (dir / "state.json").string() + ": the checkpoint's " + saved + " kept no '" + name +
+                       "' (another setting: " + (name == "momentum_buffer" ? "momentum 0 there" : "see its state.json") +
+                       "); this run's keeps one. Resume with the checkpoint's setting, or start from its weights "
+                       "(model.init_from) with a new optimizer state");
+        }
       // The small files (the indexes) on every rank; each shard file by the ranks that read it
       // (every one is read by some rank, whatever the new layout).
       for (auto it = state["files"].begin(); it != state["files"].end(); ++it) {

@@ -864,6 +864,13 @@ void parse_zero(Section& root, RunConfig& c) {
              "zero_optimization.offload_optimizer.device 'nvme' with optimizer.type " + c.optimizer.type +
                  ": swapped state is implemented for Adam and AdamW (DeepSpeed's CPU Adam)");
   }
+  // DeepSpeed's legacy keys beside the blocks that replace them: its config model refuses the pair
+  // (an explicit nvme block was overridden by "cpu" without a word, stop 73). A false one asks for
+  // nothing (DeepSpeed's own model_dump writes it beside the blocks).
+  for (const auto& [old_key, new_key] : {std::pair{"cpu_offload", "offload_optimizer"}, std::pair{"cpu_offload_param", "offload_param"}})
+    MT_CHECK(!(s.has(old_key) && s.boolean(old_key, false) && s.has(new_key)), ErrorKind::kInvalidArgument,
+             s.where(old_key) + " is DeepSpeed's deprecated form of " + s.where(new_key) +
+                 ", which is given too; give one (DeepSpeed refuses the pair)");
   if (s.boolean("cpu_offload", false)) z.offload_optimizer = "cpu";  // DeepSpeed's legacy key
   if (s.boolean("cpu_offload_param", false)) z.offload_param = "cpu";  // (this was read as "cpu_offload_params")
   MT_CHECK(z.offload_optimizer == "none" || z.stage >= 1, ErrorKind::kInvalidArgument,
@@ -906,7 +913,7 @@ void parse_model(Section& root, RunConfig& c, const std::string& where) {
   const json& m = root.raw("model");
   if (m.is_string()) {
     c.model_json = json_load_file(m.get<std::string>());
-    c.model = hf_config_parse(c.model_json, m.get<std::string>());
+    c.model = hf_config_parse(c.model_json, m.get<std::string>(), &c.warnings);
     return;
   }
   MT_CHECK(m.is_object(), ErrorKind::kInvalidArgument, "model must be an object or a path");
@@ -925,7 +932,7 @@ void parse_model(Section& root, RunConfig& c, const std::string& where) {
     for (const auto& [k, v] : m.items())
       if (k != "config" && k != "init_from") base[k] = v;
     c.model_json = base;
-    c.model = hf_config_parse(c.model_json, path);
+    c.model = hf_config_parse(c.model_json, path, &c.warnings);
     return;
   }
   // {"init_from": path} without a model_type: the architecture comes from path (a Hugging Face
@@ -950,10 +957,10 @@ void parse_model(Section& root, RunConfig& c, const std::string& where) {
                  " is neither a directory holding config.json nor a meshtrain checkpoint");
     for (const auto& [k, v] : c.model_json.items()) base[k] = v;
     c.model_json = base;
-    c.model = hf_config_parse(c.model_json, path);
+    c.model = hf_config_parse(c.model_json, path, &c.warnings);
     return;
   }
-  c.model = hf_config_parse(c.model_json, where + ": model");
+  c.model = hf_config_parse(c.model_json, where + ": model", &c.warnings);
 }
 
 // data.train / data.valid: a path, or a Megatron blend list read as its get_blend_from_list reads
@@ -1811,6 +1818,30 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     MT_CHECK(!root.has(a.name), ErrorKind::kNotSupported,
              std::string(a.name) + ": Megatron-LM's argument is not read here" +
                  (a.ours != nullptr ? std::string(" (meshtrain's is ") + a.ours + ")" : std::string(" (not implemented)")));
+  // Hugging Face's TrainingArguments at the top level (a Trainer's arguments pasted in): those that
+  // change what is trained are refused as Megatron's are; the others get one line naming meshtrain's
+  // key (save_total_limit was "unknown key, ignored", with no hint, and 3 checkpoints were kept; stop 73).
+  static const MegatronArg kTrainerTraining[] = {
+      {"learning_rate", "optimizer.params.lr"},
+      {"max_steps", "train_iters"},
+      {"per_device_train_batch_size", "train_micro_batch_size_per_gpu"},
+      {"warmup_steps", "scheduler.params.warmup_num_steps"},
+      {"warmup_ratio", "scheduler.params.warmup_num_steps"},
+      {"lr_scheduler_type", "scheduler.type"},
+      {"max_grad_norm", "gradient_clipping"},
+      {"adam_epsilon", "optimizer.params.eps"},
+  };
+  for (const MegatronArg& a : kTrainerTraining)
+    MT_CHECK(!root.has(a.name), ErrorKind::kNotSupported,
+             std::string(a.name) + ": Hugging Face's TrainingArguments field is not read here (meshtrain's is " + a.ours + ")");
+  static const MegatronArg kTrainerOther[] = {
+      {"save_total_limit", "keep_last"}, {"save_steps", "save_interval"},   {"output_dir", "save_dir"},
+      {"logging_steps", "steps_per_print"}, {"eval_steps", "eval_interval"},
+  };
+  for (const MegatronArg& a : kTrainerOther)
+    if (root.has(a.name))  // (has() marks it read: one line, not also "unknown key")
+      c.warnings.push_back(std::string(a.name) + ": Hugging Face's TrainingArguments field is not read here; meshtrain's is " +
+                           a.ours);
   // Current DeepSpeed's gradient_allreduce_op: "sum" leaves the gradients unaveraged over the ranks.
   if (root.has("gradient_allreduce_op"))
     MT_CHECK(root.raw("gradient_allreduce_op") == "mean", ErrorKind::kNotSupported,
@@ -2109,9 +2140,15 @@ RunConfig ds_config_load(const ConfigSources& s, int world_size, bool allow_bare
     const std::string body = msg.rfind(where + ": ", 0) == 0 ? msg.substr(where.size() + 2) : msg;
     for (auto it = s.sets.rbegin(); composed && it != s.sets.rend(); ++it) {
       const std::string path = it->substr(0, it->find('='));
-      if (path.empty() || body.rfind(path, 0) != 0) continue;
-      const char next = body.size() > path.size() ? body[path.size()] : ':';
-      if (next == ':' || next == ' ' || next == '.' || next == '[')
+      if (path.empty()) continue;
+      const char next = body.rfind(path, 0) != 0 ? 'x' : body.size() > path.size() ? body[path.size()] : ':';
+      // or the key shown with the --set's value further on ("parallel.tp (1) x parallel.pp (8) does
+      // not divide" for --set parallel.pp=8 blamed the file)
+      const size_t eq = it->find('=');
+      const std::string shown = eq == std::string::npos ? "" : path + " (" + it->substr(eq + 1) + ")";
+      const size_t at = shown.empty() ? std::string::npos : body.find(shown);
+      const bool shown_whole = at != std::string::npos && (at == 0 || body[at - 1] == ' ');
+      if (next == ':' || next == ' ' || next == '.' || next == '[' || shown_whole)
         throw Error(e.kind(), "--set " + (it->size() > 80 ? it->substr(0, 77) + "..." : *it) + ": " + body);
     }
     if (msg.rfind(where, 0) == 0 || (!s.deepspeed_file().empty() && msg.rfind(s.deepspeed_file(), 0) == 0) || msg.rfind("--", 0) == 0)
@@ -2351,6 +2388,20 @@ void ds_config_check_paths(const RunConfig& c, bool create_save_dir) {
   }
   if (!c.tokenizer.empty())
     MT_CHECK(fs::exists(c.tokenizer, ec), ErrorKind::kNotFound, "data.tokenizer: " + c.tokenizer + " does not exist");
+  // An offload's nvme_path: a directory there, or one this process can create (a file there failed
+  // at the swap's start naming the derived rank directory, and config check passed it, stop 73).
+  for (const auto& [key, path] : {std::pair{"zero_optimization.offload_optimizer.nvme_path",
+                                            c.zero.offload_optimizer == "nvme" ? c.zero.optimizer_nvme_path : std::string()},
+                                  std::pair{"zero_optimization.offload_param.nvme_path",
+                                            c.zero.offload_param == "nvme" ? c.zero.param_nvme_path : std::string()}}) {
+    if (path.empty()) continue;
+    fs::path p = fs::absolute(path, ec);
+    while (!p.empty() && !fs::exists(p, ec) && p.has_relative_path()) p = p.parent_path();
+    MT_CHECK(fs::is_directory(p, ec), ErrorKind::kInvalidArgument,
+             std::string(key) + ": " + path + " is not a directory and cannot be one (" + p.string() + " is not a directory)");
+    MT_CHECK(::access(p.c_str(), W_OK | X_OK) == 0, ErrorKind::kInvalidArgument,
+             std::string(key) + ": " + path + " is not writable (" + p.string() + ": " + std::strerror(errno) + ")");
+  }
   if (!c.save_dir.empty() && !create_save_dir) {
     // config check writes nothing (it created the save_dir's directories): the nearest directory
     // that is there must be one this process can create in or write to.

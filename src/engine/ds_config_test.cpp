@@ -1303,6 +1303,30 @@ TEST(DsCompat, MessagesNameWhereTheValueCameFrom) {
   nlohmann::json nul = base();
   nul[std::string("seq_lengt\0h", 11)] = 1;
   EXPECT_TRUE(warned(ds_config_parse(nul, "cfg.json"), "seq_lengt\\u0000h: unknown key"));
+  // The message of --set parallel.pp=8 begins with parallel.tp: it blamed the file (stop 73).
+  s.sets = {"parallel.pp=8"};
+  const std::string pp = error_of_load(s);
+  EXPECT_EQ(pp.rfind("--set parallel.pp=8: parallel.tp (1) x parallel.pp (8)", 0), 0u) << pp;
+  // A misspelt model field kept its default without a word (a 12-layer model for n_layr 2); a
+  // hub config.json's other keys (bos_token_id, use_cache) say nothing (stop 73).
+  nlohmann::json typo = base();
+  typo["model"].erase("n_layer");
+  typo["model"]["n_layr"] = 2;
+  typo["model"]["bos_token_id"] = 96;
+  typo["model"]["use_cache"] = true;
+  const RunConfig tc = ds_config_parse(typo, "cfg.json");
+  EXPECT_TRUE(warned(tc, "cfg.json: model: field 'n_layr' is not read, and 'n_layer' keeps its default (did you mean 'n_layer'?)"));
+  EXPECT_EQ(std::count_if(tc.warnings.begin(), tc.warnings.end(),
+                          [](const std::string& w) { return w.find("is not read") != std::string::npos; }),
+            1);
+  EXPECT_FALSE(warned(ds_config_parse(base(), "cfg.json"), "is not read"));
+  // Hugging Face's TrainingArguments pasted in: save_total_limit was "unknown key, ignored" with no
+  // hint (3 checkpoints kept); learning_rate trained at the default lr with that warning (stop 73).
+  const RunConfig hf = ds_config_parse(with("save_total_limit", 2), "cfg.json");
+  EXPECT_TRUE(warned(hf, "save_total_limit: Hugging Face's TrainingArguments field is not read here; meshtrain's is keep_last"));
+  EXPECT_FALSE(warned(hf, "unknown key"));
+  EXPECT_EQ(error_of(with("learning_rate", 1e-3)),
+            "learning_rate: Hugging Face's TrainingArguments field is not read here (meshtrain's is optimizer.params.lr)");
 }
 
 // The real ds_config files of tests/fixtures/ds_configs (README: sources, licences), given to the
@@ -1482,6 +1506,15 @@ TEST(DsConfig, KeysAReviewFoundReadOtherwiseThanDeepSpeed) {
   EXPECT_EQ(z.zero.stage3_param_persistence_threshold, 0);
   EXPECT_EQ(z.zero.stage3_max_live_parameters, 5000);
   EXPECT_EQ(z.zero.offload_param, "cpu");
+  // Beside the block that replaces it, a legacy key set overrode an nvme block without a word (stop 73).
+  const nlohmann::json nvme = {{"device", "nvme"}, {"nvme_path", "/tmp/swap"}};
+  EXPECT_EQ(error_of(with("zero_optimization", {{"stage", 3}, {"cpu_offload_param", true}, {"offload_param", nvme},
+                                                {"offload_optimizer", nvme}})),
+            "zero_optimization.cpu_offload_param is DeepSpeed's deprecated form of zero_optimization.offload_param, which is "
+            "given too; give one (DeepSpeed refuses the pair)");
+  EXPECT_NE(error_of(with("zero_optimization", {{"stage", 2}, {"cpu_offload", true}, {"offload_optimizer", nvme}}))
+                .find("zero_optimization.cpu_offload is DeepSpeed's deprecated form of zero_optimization.offload_optimizer"),
+            npos);
   EXPECT_FALSE(has_line(z.warnings, "zero_optimization.prefetch_bucket_size"));
   EXPECT_NE(error_of(with("zero_optimization", {{"stage", 3}, {"prefetch_bucket_size", 1}, {"stage3_prefetch_bucket_size", 2}}))
                 .find("are one setting"),

@@ -4,7 +4,10 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <set>
+
 #include "base/error.h"
+#include "base/text.h"
 #include "engine/json_file.h"
 
 namespace mt::engine {
@@ -15,6 +18,7 @@ class Reader {
   Reader(const nlohmann::json& j, const std::string& where) : j_(j), where_(where) {}
 
   int integer(const char* key, int fallback, bool required) const {
+    asked_.insert(key);
     if (!j_.contains(key) || j_[key].is_null()) {
       MT_CHECK(!required, ErrorKind::kInvalidArgument, where_ + ": missing required field '" + key + "'");
       return fallback;
@@ -32,6 +36,7 @@ class Reader {
   // A GPT-2 size by its own name or by the name GPT2Config's attribute_map gives it (hidden_size
   // for n_embd, ...), which Hugging Face builds from too: read, not passed over for the default.
   int integer_or_alias(const char* key, const char* alias, int fallback) const {
+    asked_.insert(key), asked_.insert(alias);
     const bool has_key = j_.contains(key) && !j_[key].is_null(), has_alias = j_.contains(alias) && !j_[alias].is_null();
     if (!has_alias) return integer(key, fallback, false);
     const int a = integer(alias, fallback, false);
@@ -40,32 +45,54 @@ class Reader {
     return a;
   }
   float number(const char* key, float fallback) const {
+    asked_.insert(key);
     if (!j_.contains(key) || j_[key].is_null()) return fallback;
     MT_CHECK(j_[key].is_number(), ErrorKind::kInvalidArgument, where_ + ": field '" + key + "' must be a number");
     return j_[key].get<float>();
   }
   bool boolean(const char* key, bool fallback) const {
+    asked_.insert(key);
     if (!j_.contains(key) || j_[key].is_null()) return fallback;
     MT_CHECK(j_[key].is_boolean(), ErrorKind::kInvalidArgument, where_ + ": field '" + key + "' must be true or false");
     return j_[key].get<bool>();
   }
   std::string string(const char* key, const std::string& fallback) const {
+    asked_.insert(key);
     if (!j_.contains(key) || j_[key].is_null()) return fallback;
     MT_CHECK(j_[key].is_string(), ErrorKind::kInvalidArgument, where_ + ": field '" + key + "' must be a string");
     return j_[key].get<std::string>();
   }
   void refuse_if(bool cond, const char* key, const std::string& why) const {
+    asked_.insert(key);
     MT_CHECK(!cond, ErrorKind::kNotSupported, where_ + ": field '" + key + "': " + why);
+  }
+  // A key of the object that no field read and that is one or two edits from a field that is read
+  // and absent (model.n_layr beside no n_layer): the field kept its default, and another model
+  // trained. Hugging Face's PretrainedConfig keeps any key it does not know, and a hub config.json
+  // carries many (bos_token_id, use_cache, torch_dtype): only a near miss is said.
+  void near_misses(std::vector<std::string>& warnings) const {
+    for (const auto& [k, v] : j_.items()) {
+      if (asked_.count(k) || k.size() < 4) continue;
+      std::string best;
+      int best_d = 3;
+      for (const std::string& c : asked_)
+        if (const int d = edit_distance(k, c); d < best_d && !j_.contains(c)) best_d = d, best = c;
+      if (!best.empty())
+        warnings.push_back(where_ + ": field '" + k + "' is not read, and '" + best +
+                           "' keeps its default (did you mean '" + best + "'?)");
+    }
   }
 
  private:
   const nlohmann::json& j_;
   const std::string& where_;
+  mutable std::set<std::string> asked_{"model_type",  "architectures",   "id2label", "label2id", "init_from",
+                                       "config",      "rope_parameters", "pad_token_id", "num_labels"};
 };
 
 }  // namespace
 
-models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& where) {
+models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& where, std::vector<std::string>* warnings) {
   MT_CHECK(j.is_object(), ErrorKind::kInvalidArgument, where + ": model config must be a JSON object");
   Reader r(j, where);
   std::string type = r.string("model_type", "");
@@ -195,6 +222,7 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
   } catch (const Error& e) {
     throw Error(e.kind(), where + ": " + e.what());
   }
+  if (warnings) r.near_misses(*warnings);
   return c;
 }
 

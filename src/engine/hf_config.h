@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -12,7 +13,10 @@
 namespace mt::engine {
 
 // where: the name used in error messages ("configs/models/gpt2.json" or "model").
-models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& where);
+// warnings, when given, gets a line for each key one or two edits from a field that is read and
+// absent (a misspelt n_layer left at its default).
+models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& where,
+                                    std::vector<std::string>* warnings = nullptr);
 models::ModelConfig hf_config_load(const std::string& path);
 nlohmann::json hf_config_to_json(const models::ModelConfig& cfg);
 

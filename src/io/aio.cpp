@@ -26,6 +26,7 @@
 #include "base/error.h"
 #include "base/fault.h"
 #include "base/log.h"
+#include "base/text.h"
 
 namespace mt::io {
 
@@ -492,9 +493,10 @@ DirCheck check_swap_dir(const std::string& dir, uint64_t need_bytes, const std::
   ::unlink(probe.c_str());
   struct statvfs st{};
   if (::statvfs(dir.c_str(), &st) == 0) c.free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  // (in KiB under a MiB: "needs 0 MiB, has 0 MiB free" was said of 584 KiB and 440 KiB, stop 73)
   MT_CHECK(c.free_bytes >= need_bytes, ErrorKind::kIOError,
-           dir + ": the swap needs " + std::to_string(need_bytes >> 20) + " MiB, the filesystem has " +
-               std::to_string(c.free_bytes >> 20) + " MiB free");
+           dir + ": the swap needs " + kib_or_mib(need_bytes) + ", the filesystem has " + kib_or_mib(c.free_bytes) +
+               " free (after this run's other swap files, and any an earlier run left in other directories there)");
   std::vector<std::string> reserved;  // removed again where a later one cannot be
   auto unreserve = [&reserved] {
     for (const std::string& p : reserved) ::unlink(p.c_str());

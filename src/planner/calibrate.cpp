@@ -66,7 +66,7 @@ LinearFit fit_line(const std::vector<std::pair<double, double>>& points, bool re
 double Calibration::seconds(const std::string& family, double units) const {
   auto it = fits.find(family);
   if (it == fits.end())
-    throw Error(ErrorKind::kNotFound, "calibration: '" + family + "' was not measured" +
+    throw Error(ErrorKind::kNotFound, (source.empty() ? "calibration" : source) + ": '" + family + "' was not measured" +
                                           (family.rfind("all_", 0) == 0 || family == "reduce_scatter" || family == "send_recv" ||
                                                 family.rfind("onebit_all_reduce", 0) == 0
                                                ? " (collectives need a calibration run under mpirun with 2 or more ranks)"

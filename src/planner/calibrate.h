@@ -59,6 +59,7 @@ struct Network {
 };
 
 struct Calibration {
+  std::string source;  // the file it was read from, for messages ("" : "calibration")
   int world = 1;  // ranks of the group the collectives were timed on
   int threads = 1;
   // Ranks of a host that timed the kernels at once: every rank of it, unless that would take more

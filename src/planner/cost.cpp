@@ -427,7 +427,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   if (update == nullptr) update = line_of(UpdateKind::kAdamW);
   // None at all: refused as a missing GEMM line is (the update was priced at 0 s, without a word).
   MT_CHECK(update != nullptr, ErrorKind::kNotFound,
-           std::string("calibration: '") + update_line(UpdateKind::kAdamW, false) +
+           (cal.source.empty() ? std::string("calibration") : cal.source) + ": '" + update_line(UpdateKind::kAdamW, false) +
                "' (the optimizer's update) was not measured; run meshtrain calibrate again");
   c.optimizer_per_element = cal.fits.at(update).per_unit + (own ? mem * 8 : 0.0);
   if (s.optimizer_nvme && !s.param_nvme) {  // with param_nvme the step program times the swap

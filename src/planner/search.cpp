@@ -51,7 +51,7 @@ void check_layout(const PlanJob& job, const Layout& l) {
   MT_CHECK(!job.memory.zero.param_nvme || l.stage < 3 || (l.tp == 1 && l.pp == 1), ErrorKind::kNotSupported,
            "plan: offload_param nvme with tp or pp > 1 (the runtime's limit)");
   MT_CHECK(!job.offload || l.stage >= 1, ErrorKind::kInvalidArgument,
-           "plan: offload needs ZeRO stage 1, 2 or 3 (DeepSpeed's rule)");
+           "plan: offload and 16-bit master weights need ZeRO stage 1, 2 or 3 (DeepSpeed's rule)");
   MT_CHECK(!job.memory.zero.optimizer_nvme || l.pp == 1, ErrorKind::kNotSupported,
            "plan: a pipeline with offload_optimizer nvme is not in the cost model");
   MT_CHECK(l.dp >= 1 && l.dp * l.tp * l.pp == job.procs, ErrorKind::kInvalidArgument,

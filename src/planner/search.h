@@ -65,7 +65,8 @@ struct PlanJob {
   std::string partition = "parameters";
   // zero_optimization.offload_optimizer or offload_param set (any device): ZeRO stage 1-3 only. On
   // CPU ranks device "cpu" changes nothing (the state already lives in host memory); "nvme" for the
-  // optimizer adds the moments' swap (planner/cost.h); offload_param "nvme" is refused.
+  // optimizer adds the moments' swap (planner/cost.h); offload_param "nvme" is refused. Set for
+  // 16-bit master weights too, which need the same stages.
   bool offload = false;
   // Ranks sharing a host's cores (plan on a machine with fewer cores than processes x threads):
   // host_cores > 0 makes the simulator share them among the ranks computing at once. Each rank

@@ -350,7 +350,7 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, int
     const int32_t id = sampler.sample(logits);
     out.push_back(id);
     if (static_cast<int>(out.size()) == max_new_tokens || (stop_token && id == *stop_token) ||
-        pos_[0] == capacity())
+        pos_[0] + 1 >= capacity())  // the context holds the prompt and the answer
       return out;
     logits = decode(id);
   }

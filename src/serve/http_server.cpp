@@ -10,6 +10,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cfloat>
+#include <climits>
+#include <cstdio>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -80,7 +83,7 @@ json parse_body(const httplib::Request& req) {
   };
   try {
     json j = json::parse(req.body, shallow);
-    if (!j.is_object()) bad("the body must be a JSON object");
+    if (!j.is_object()) bad("the body must be a JSON object", "invalid_json");
     return j;
   } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past a double (1e400)
     bad(std::string("the body is not valid JSON: ") + e.what(), "invalid_json");
@@ -93,21 +96,27 @@ int get_int(const json& j, const char* key, int fallback, int lo, int hi) {
   if (!present(j, key)) return fallback;
   const json& v = j[key];
   if (!v.is_number_integer()) bad(std::string("\"") + key + "\" must be an integer", "invalid_type");
-  const int64_t x = v.get<int64_t>();
+  // (past 2^63 - 1 the value is unsigned: read as int64 it wrapped, and the message said -1)
+  const bool past = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
+  const int64_t x = past ? INT64_MAX : v.get<int64_t>();
   if (x < lo || x > hi)
-    bad(std::string("\"") + key + "\" must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
-        std::to_string(x), "invalid_value");
+    bad(std::string("\"") + key + "\" must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump(),
+        "invalid_value");
   return static_cast<int>(x);
 }
 
-float get_float(const json& j, const char* key, float fallback, float lo, float hi) {
+// A number in [lo, hi], or (lo, hi] when lo_open (typical_p's (0, 1]); the bounds printed as %g
+// ("[0.000000, 100.000000]" was printed, and 1e-6 for an open 0).
+float get_float(const json& j, const char* key, float fallback, float lo, float hi, bool lo_open = false) {
   if (!present(j, key)) return fallback;
   const json& v = j[key];
   if (!v.is_number()) bad(std::string("\"") + key + "\" must be a number", "invalid_type");
   const double x = v.get<double>();
-  if (!(x >= lo && x <= hi))
-    bad(std::string("\"") + key + "\" must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
-        "invalid_value");
+  if (!((lo_open ? x > lo : x >= lo) && x <= hi)) {
+    char range[96];
+    std::snprintf(range, sizeof range, "%s%g, %g]", lo_open ? "(" : "[", static_cast<double>(lo), static_cast<double>(hi));
+    bad(std::string("\"") + key + "\" must be in " + range + ", got " + v.dump(), "invalid_value");
+  }
   return static_cast<float>(x);
 }
 
@@ -123,6 +132,12 @@ void refuse_unless(const json& j, const char* key, const json& neutral) {
   if (present(j, key) && j[key] != neutral)
     bad(std::string("\"") + key + "\" is not supported (only " + neutral.dump() + ")", "unsupported_parameter");
 }
+// The same for a field with two neutral values (none: null or []).
+void refuse_unless(const json& j, const char* key, const json& neutral, const json& also) {
+  if (present(j, key) && j[key] != neutral && j[key] != also)
+    bad(std::string("\"") + key + "\" is not supported (only " + neutral.dump() + " or " + also.dump() + ")",
+        "unsupported_parameter");
+}
 
 // Fields other servers (vLLM, TGI, OpenAI) take that change what is generated and that this one
 // does not implement: refused unless neutral (the structured-output fields on every endpoint; the
@@ -134,6 +149,18 @@ void refuse_unimplemented(const json& j, bool openai) {
   refuse_unless(j, "function_call", nullptr);
   refuse_unless(j, "guided_json", nullptr);
   refuse_unless(j, "guided_regex", nullptr);
+  // vLLM's other structured-output and decoding fields (stop 73: answered 200 and ignored).
+  refuse_unless(j, "guided_choice", nullptr);
+  refuse_unless(j, "guided_grammar", nullptr);
+  refuse_unless(j, "guided_whitespace_pattern", nullptr);
+  refuse_unless(j, "structured_outputs", nullptr);
+  refuse_unless(j, "allowed_token_ids", nullptr);
+  refuse_unless(j, "bad_words", nullptr, json::array());
+  refuse_unless(j, "use_beam_search", false);
+  refuse_unless(j, "prompt_logprobs", nullptr);
+  refuse_unless(j, "truncate_prompt_tokens", nullptr);
+  refuse_unless(j, "skip_special_tokens", true);  // answers are decoded without special tokens
+  refuse_unless(j, "length_penalty", 1);          // beam search's
   if (present(j, "stream_options") && (!j["stream_options"].is_object() ||
                                        (present(j["stream_options"], "include_usage") && !j["stream_options"]["include_usage"].is_boolean())))
     bad("\"stream_options\" must be {\"include_usage\": true|false}", "invalid_type");
@@ -153,7 +180,7 @@ void refuse_unimplemented(const json& j, bool openai) {
     refuse_unless(j, "presence_penalty", 0);
     refuse_unless(j, "frequency_penalty", 0);
     refuse_unless(j, "logit_bias", json::object());
-    refuse_unless(j, "stop", nullptr);
+    refuse_unless(j, "stop", nullptr, json::array());
     refuse_unless(j, "logprobs", nullptr);
     refuse_unless(j, "repetition_penalty", 1);
     refuse_unless(j, "min_p", 0);
@@ -1079,6 +1106,9 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
                                options_.model_name + "\"",
                       "invalid_request_error", "model_not_found"};
     refuse_unimplemented(body, true);
+    // TGI's and transformers' name for max_tokens was answered 200 and ignored (stop 73).
+    if (present(body, "max_new_tokens"))
+      bad("\"max_new_tokens\" is not read by this endpoint: its length is \"max_tokens\"", "unsupported_parameter");
     // best_of and suffix are the completions API's; a chat request with them was answered as if
     // they were absent. echo is the completions API's too.
     refuse_unless(body, "best_of", 1);
@@ -1098,6 +1128,9 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       if (present(body, "top_logprobs") && !want) bad("\"top_logprobs\" needs \"logprobs\": true", "invalid_value");
       if (want) logprobs = get_int(body, "top_logprobs", 0, 0, 20);
     } else {
+      // The chat API's field; the completions API's is logprobs: N (it was answered 200 and ignored).
+      if (present(body, "top_logprobs"))
+        bad("\"top_logprobs\" is the chat API's: the completions API takes \"logprobs\": N", "unsupported_parameter");
       logprobs = get_int(body, "logprobs", -1, 0, 20);
     }
     bool echo = false;
@@ -1187,8 +1220,10 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
           if (!tok_.has_eot()) bad("an empty prompt starts with <|endoftext|>, which this tokenizer lacks", "invalid_value");
           ids.push_back(tok_.eot_id());
         }
+        // (an empty one echoes its <|endoftext|>, as the same ids given as a list do: its echo was ""
+        // while the logprobs' tokens and offsets counted the 13 characters)
+        prompt_texts.push_back(text.empty() ? tok_.decode(ids) : text);
         prompts.push_back(std::move(ids));
-        prompt_texts.push_back(text);
       };
       if (p.is_string()) {
         text_of(p.get<std::string>());
@@ -1227,26 +1262,41 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     r.max_new_tokens = get_int(body, max_key, chat ? gen_.capacity() : options_.default_max_tokens, echo ? 0 : 1, 1 << 30);
     // A length asked for that the context cannot hold is refused, as OpenAI and vLLM refuse it (it
     // ended at the full context with finish_reason "length", which a client takes for the length it
-    // asked); without one, chat writes what the context holds.
-    if (present(body, max_key))
-      for (const std::vector<int32_t>& prompt : prompts)
-        if (static_cast<int64_t>(prompt.size()) + r.max_new_tokens > gen_.capacity())
-          throw HttpError{400,
-                          "the prompt is " + std::to_string(prompt.size()) + " tokens and \"" + max_key + "\" asks for " +
-                              std::to_string(r.max_new_tokens) + " more; the context holds " + std::to_string(gen_.capacity()),
-                          "invalid_request_error", "context_length_exceeded"};
+    // asked); completions' default of 16 is checked as vLLM checks it (it was cut short without a
+    // word); without one, chat writes what the context holds, and needs room for a token.
+    const bool asked = present(body, max_key);
+    const std::string max_name = std::string("\"") + max_key + "\"" + (asked ? "" : " (the default)");
+    for (const std::vector<int32_t>& prompt : prompts) {
+      const int64_t need = static_cast<int64_t>(prompt.size()) + (asked || !chat ? r.max_new_tokens : std::min(r.max_new_tokens, 1));
+      if (need > gen_.capacity())
+        throw HttpError{400,
+                        "the prompt is " + std::to_string(prompt.size()) + " tokens and " +
+                            (asked || !chat ? max_name + " asks for " + std::to_string(r.max_new_tokens) + " more"
+                                            : std::string("an answer needs one more")) +
+                            "; the context holds " + std::to_string(gen_.capacity()),
+                        "invalid_request_error", "context_length_exceeded"};
+    }
     r.sampling = sampling_from(body, 1.0f, 1.0f);
     // OpenAI's penalties and logit_bias, vLLM's (and TGI's) repetition_penalty, min_p, min_tokens.
     r.sampling.presence_penalty = get_float(body, "presence_penalty", 0.0f, -2.0f, 2.0f);
     r.sampling.frequency_penalty = get_float(body, "frequency_penalty", 0.0f, -2.0f, 2.0f);
-    r.sampling.repetition_penalty = get_float(body, "repetition_penalty", 1.0f, 1e-6f, 1e6f);
+    // (0, ...] as vLLM's ranges; a value below a float's smallest keeps to it
+    r.sampling.repetition_penalty = std::max(get_float(body, "repetition_penalty", 1.0f, 0.0f, 1e6f, true), FLT_MIN);
     r.sampling.min_p = get_float(body, "min_p", 0.0f, 0.0f, 1.0f);
-    r.sampling.typical_p = get_float(body, "typical_p", 1.0f, 1e-6f, 1.0f);
+    r.sampling.typical_p = std::max(get_float(body, "typical_p", 1.0f, 0.0f, 1.0f, true), FLT_MIN);
     r.min_tokens = get_int(body, "min_tokens", 0, 0, 1 << 30);
     // The ids a draw can give: the tokenizer's (a model's vocabulary padded past it has rows no text is).
     const int64_t drawable = std::min<int64_t>(gen_.vocab_size(), tok_.vocab_size());
+    // Counted against the context as a length asked for (a chat answer stopped short of it at the
+    // full context, "length", and the message named a max_tokens no one gave).
+    for (const std::vector<int32_t>& prompt : prompts)
+      if (static_cast<int64_t>(prompt.size()) + r.min_tokens > gen_.capacity())
+        throw HttpError{400,
+                        "the prompt is " + std::to_string(prompt.size()) + " tokens and \"min_tokens\" asks for " +
+                            std::to_string(r.min_tokens) + " more; the context holds " + std::to_string(gen_.capacity()),
+                        "invalid_request_error", "context_length_exceeded"};
     if (r.min_tokens > r.max_new_tokens)
-      bad("\"min_tokens\" (" + std::to_string(r.min_tokens) + ") is more than \"" + max_key + "\" (" +
+      bad("\"min_tokens\" (" + std::to_string(r.min_tokens) + ") is more than " + max_name + " (" +
               std::to_string(r.max_new_tokens) + ")",
           "invalid_value");
     if (present(body, "logit_bias")) {

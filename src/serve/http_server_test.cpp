@@ -832,7 +832,7 @@ TEST_F(HttpServerTest, BadRequestsAre4xxAndTheServerGoesOn) {
   const std::string every_id_stops = json{{"prompt", "a"}, {"min_tokens", 3}, {"stop_token_ids", all_ids}}.dump();
   const std::vector<Case> cases = {
       {"/v1/completions", "not json", 400, "invalid_json"},
-      {"/v1/completions", "[1, 2]", 400, "invalid_request_error"},
+      {"/v1/completions", "[1, 2]", 400, "invalid_json"},  // SERVE.md's code (stop 73)
       {"/v1/completions", R"({"prompt": 3})", 400, "invalid_type"},
       {"/v1/completions", R"({"max_tokens": 3})", 400, "missing_field"},
       {"/v1/completions", R"({"prompt": "a", "max_tokens": "3"})", 400, "invalid_type"},
@@ -987,6 +987,73 @@ TEST(HttpServerOptions, ATimeoutPastTheClocksRangeIsRefused) {
       EXPECT_NE(std::string(e.what()).find("--timeout must be positive and at most 1e9 seconds"), std::string::npos) << e.what();
     }
   }
+}
+
+// From a probe of the request fields (stop 73): vLLM's fields that change the answer were answered
+// 200 and ignored; the context counted an explicit length, not the default one or min_tokens, and an
+// answer without a length ran one token past the context; numbers past 2^63 were printed wrapped.
+TEST_F(HttpServerTest, EveryLengthIsCountedAgainstTheContextAndUnreadFieldsAreRefused) {
+  const json chat_msg = json::array({{{"role", "user"}, {"content", "a"}}});
+  for (const std::string& path : {std::string("/v1/completions"), std::string("/v1/chat/completions"), std::string("/")}) {
+    for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+             {"guided_choice", json::array({"yes", "no"})}, {"guided_grammar", "root ::= \"a\""},
+             {"structured_outputs", {{"choice", json::array({"a"})}}}, {"allowed_token_ids", json::array({5})},
+             {"bad_words", json::array({"cat"})}, {"use_beam_search", true}, {"prompt_logprobs", 1},
+             {"truncate_prompt_tokens", 5}, {"skip_special_tokens", false}}) {
+      json body = path == "/v1/chat/completions" ? json{{"messages", chat_msg}} : json{{"prompt", "a"}};
+      body[key] = value;
+      httplib::Result r = post(path, body.dump());
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 400) << path << " " << key << " -> " << r->body;
+      EXPECT_EQ(json::parse(r->body)["error"]["code"], "unsupported_parameter") << path << " " << key;
+    }
+  }
+  // Their neutral values pass.
+  EXPECT_EQ(post_json("/v1/completions", {{"prompt", "a"}, {"max_tokens", 1}, {"bad_words", json::array()},
+                                          {"skip_special_tokens", true}, {"use_beam_search", false}})["choices"].size(),
+            1u);
+  EXPECT_EQ(post_json("/", {{"prompt", "a"}, {"max_length", 8}, {"stop", json::array()}})["status"], 200);
+  auto refused = [&](const std::string& path, const json& body, const std::string& code, const std::string& says) {
+    httplib::Result r = post(path, body.dump());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << body.dump().substr(0, 100) << " -> " << r->body;
+    const json e = json::parse(r->body);
+    EXPECT_EQ(e["error"]["code"], code) << r->body;
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(says), std::string::npos) << r->body;
+  };
+  refused("/v1/completions", {{"prompt", "a"}, {"max_new_tokens", 1}}, "unsupported_parameter", "its length is \"max_tokens\"");
+  refused("/v1/completions", {{"prompt", "a"}, {"top_logprobs", 2}}, "unsupported_parameter", "takes \"logprobs\": N");
+  // completions' default of 16 past the context (it was cut to what fitted, "length", 200).
+  const json long_prompt(std::vector<int32_t>(120, 5));
+  refused("/v1/completions", {{"prompt", long_prompt}}, "context_length_exceeded",
+          "the prompt is 120 tokens and \"max_tokens\" (the default) asks for 16 more; the context holds 128");
+  refused("/v1/chat/completions", {{"messages", chat_msg}, {"min_tokens", 200}}, "context_length_exceeded",
+          "\"min_tokens\" asks for 200 more; the context holds 128");
+  refused("/v1/completions", {{"prompt", "a"}, {"min_tokens", 20}}, "invalid_value",
+          "\"min_tokens\" (20) is more than \"max_tokens\" (the default) (16)");
+  refused("/v1/completions", {{"prompt", json(std::vector<int32_t>(128, 5))}, {"max_tokens", 1}}, "context_length_exceeded",
+          "the context holds 128");
+  refused("/v1/chat/completions", {{"messages", chat_msg}, {"max_tokens", 18446744073709551615ull}}, "invalid_value",
+          "got 18446744073709551615");
+  refused("/v1/completions", {{"prompt", "a"}, {"top_k", 9223372036854775808ull}}, "invalid_value", "got 9223372036854775808");
+  refused("/v1/completions", {{"prompt", "a"}, {"typical_p", 0}}, "invalid_value", "must be in (0, 1], got 0");
+  refused("/v1/completions", {{"prompt", "a"}, {"temperature", 101}}, "invalid_value", "must be in [0, 100], got 101");
+  // Without a length an answer ends where the context does: prompt and answer 128 (it was 129).
+  const json full = post_json("/v1/completions", {{"prompt", json(std::vector<int32_t>(100, 5))}, {"max_tokens", 28},
+                                                  {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_EQ(full["usage"]["total_tokens"], 128) << full;
+  const json chat = post_json("/v1/chat/completions", {{"messages", chat_msg}, {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_EQ(chat["usage"]["total_tokens"], 128) << chat["usage"];
+  EXPECT_EQ(chat["choices"][0]["finish_reason"], "length");
+  // An empty prompt echoes the <|endoftext|> it starts with, as its ids given as a list do, so the
+  // offsets index the text (its echo was "", and the offsets counted 13 characters).
+  const json empty = post_json("/v1/completions", {{"prompt", ""}, {"max_tokens", 2}, {"echo", true}, {"logprobs", 0},
+                                                   {"temperature", 0}, {"ignore_eos", true}});
+  const json ids = post_json("/v1/completions", {{"prompt", json::array({tok_->eot_id()})}, {"max_tokens", 2}, {"echo", true},
+                                                 {"logprobs", 0}, {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_EQ(empty["choices"][0]["text"], ids["choices"][0]["text"]);
+  EXPECT_EQ(empty["choices"][0]["text"].get<std::string>().rfind("<|endoftext|>", 0), 0u) << empty;
+  EXPECT_EQ(empty["choices"][0]["logprobs"]["text_offset"], ids["choices"][0]["logprobs"]["text_offset"]);
 }
 
 TEST_F(HttpServerTest, ConcurrentClientsGetTheirOwnAnswers) {

@@ -120,6 +120,9 @@ std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
   MT_CHECK(n > 0, ErrorKind::kInvalidArgument, "the prompt is empty");
   MT_CHECK(n <= gen_.capacity(), ErrorKind::kInvalidArgument,
            "the prompt has " + std::to_string(n) + " tokens; the context holds " + std::to_string(gen_.capacity()));
+  MT_CHECK(n < gen_.capacity() || request.max_new_tokens == 0, ErrorKind::kInvalidArgument,
+           "the prompt has " + std::to_string(n) + " tokens; the context of " + std::to_string(gen_.capacity()) +
+               " leaves no room for an answer");
   for (int32_t id : request.prompt)
     MT_CHECK(id >= 0 && id < gen_.vocab_size(), ErrorKind::kInvalidArgument,
              "prompt token " + std::to_string(id) + " is outside the vocabulary");
@@ -230,7 +233,9 @@ bool Scheduler::take(Active& a, std::span<const float> logits) {
     retire(*a.gen, Finish::kStop);
     return false;
   }
-  if (a.produced >= a.req.max_new_tokens || gen_.position(a.slot) >= gen_.capacity()) {
+  // The context holds the prompt and the answer (vLLM's max_model_len): the token that fills it is
+  // the last (one more was drawn, past what an explicit max_tokens may ask).
+  if (a.produced >= a.req.max_new_tokens || gen_.position(a.slot) + 1 >= gen_.capacity()) {
     retire(*a.gen, Finish::kLength);
     return false;
   }

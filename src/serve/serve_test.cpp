@@ -201,10 +201,11 @@ TEST_P(GeneratorTest, GenerateGreedyStopTokenAndFullContext) {
   auto stopped = gen.generate(prompt, 6, {.temperature = 0.0f}, want[2]);
   size_t first = std::find(want.begin(), want.end(), want[2]) - want.begin();
   EXPECT_EQ(stopped, std::vector<int32_t>(want.begin(), want.begin() + first + 1));
-  // The context fills: the last id is drawn from the last position's logits and not decoded.
+  // The context fills: prompt and answer hold max_positions, as serve and vLLM count them (the id
+  // drawn from the last position's logits went past it, stop 73); the last id is not decoded.
   auto all = gen.generate(prompt, 1000, {.temperature = 1.0f, .seed = 3});
-  EXPECT_EQ(all.size(), static_cast<size_t>(cfg.max_positions) - prompt.size() + 1);
-  EXPECT_EQ(gen.position(), cfg.max_positions);
+  EXPECT_EQ(all.size(), static_cast<size_t>(cfg.max_positions) - prompt.size());
+  EXPECT_EQ(gen.position(), cfg.max_positions - 1);
   // Seeded sampling is reproducible.
   SamplingOptions o{.temperature = 1.3f, .top_k = 20, .top_p = 0.9f, .seed = 42};
   EXPECT_EQ(gen.generate(prompt, 12, o), gen.generate(prompt, 12, o));
