@@ -3,6 +3,7 @@
 // says that model and data were not) and prints the resolved form; exit 0, or 2 with one line
 // naming the key.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,12 +19,29 @@ void register_config(CLI::App& app) {
   auto* check = cmd->add_subcommand("check", "Validate a configuration and print its resolved form");
   cmd->require_subcommand(1);
   auto src = std::make_shared<engine::ConfigSources>();
+  auto procs = std::make_shared<int>(0);
   check->add_option("FILE", src->config, "configuration JSON (a run file, or a bare DeepSpeed ds_config.json)");
   add_config_source_options(check, *src);
-  check->callback([src] {
+  // The processes the layout is checked for (a pipeline or tp layout was refused at the one process
+  // the check assumed, under mpirun too: stop 73).
+  check->add_option("--procs", *procs, "processes the run will have (default: mpirun's world size, else 1)")
+      ->check(CLI::Range(1, 1 << 20));
+  check->callback([src, procs] {
     MT_CHECK(!src->config.empty() || !src->deepspeed_file().empty(), ErrorKind::kInvalidArgument,
              "config check: give a configuration FILE or --deepspeed FILE");
-    engine::RunConfig c = engine::ds_config_load(*src, 1, /*allow_bare=*/true);
+    int world = *procs;
+    if (world == 0)
+      if (const char* env = std::getenv("OMPI_COMM_WORLD_SIZE"); env != nullptr && std::atoi(env) > 0) world = std::atoi(env);
+    if (world == 0) world = 1;
+    engine::RunConfig c;
+    try {
+      c = engine::ds_config_load(*src, world, /*allow_bare=*/true);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (*procs == 0 && what.find("process(es)") != std::string::npos)
+        throw Error(e.kind(), what + " (config check counted " + std::to_string(world) + ": give --procs N)");
+      throw;
+    }
     engine::ds_config_check_paths(c, /*create_save_dir=*/false);  // a check writes nothing
     engine::ds_config_check_trainable(c);
     for (const auto& w : c.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());

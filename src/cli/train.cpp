@@ -595,10 +595,11 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   DataSource valid_data;
   bool valid = false;
   const uint64_t valid_samples = static_cast<uint64_t>(valid_samples_signed);
-  if (split && data::megatron_split_sequences(cfg.split_weights, 1, 1)) {
+  // (with eval_iters 0 nothing validates: a share too small to read refused the run, stop 73)
+  if (split && cfg.eval_iters > 0 && data::megatron_split_sequences(cfg.split_weights, 1, 1)) {
     valid_data = open_data(cfg, cfg.train_spec, "data.split", false, valid_samples, 1, eod);
     valid = true;
-  } else if (split) {
+  } else if (split && cfg.eval_iters > 0) {
     if (lead && cfg.eval_interval > 0 && cfg.eval_iters > 0)
       log_warning("data.split: \"" + cfg.split + "\" gives validation no sequences, so the run validates nothing");
   } else if (!cfg.valid_spec.paths.empty()) {

@@ -437,6 +437,13 @@ TEST(Train, MegatronSampleOrderReadsGptDatasetsSamples) {
   EXPECT_NE(err.find("data.split leaves test no sequences of the 30"), std::string::npos) << err;
   EXPECT_NE(err.find("the run evaluates no test set"), std::string::npos) << err;
   EXPECT_EQ(values(dir() + "/mo-test-small.jsonl", "val_loss").size(), 2u);
+  // A validation share too small to read refused the run with eval_iters 0, where nothing validates,
+  // and said "data.split: data.split leaves" (stop 73).
+  cfg = write_config("mo-val-small", {{"data", {{"train", clean}, {"split", "99,1"}}}, {"eval_iters", 0}});
+  ASSERT_EQ(run("train " + cfg + " --metrics " + dir() + "/mo-val-small.jsonl", &err), 0) << err;
+  EXPECT_TRUE(values(dir() + "/mo-val-small.jsonl", "val_loss").empty());
+  EXPECT_EQ(run("train " + cfg + " --set eval_iters=2 --set save_dir=" + dir() + "/ckpt-mo-val-small2", &err), 2);
+  EXPECT_NE(err.find("data.split: it leaves validation no sequences of the 30"), std::string::npos) << err;
 
   // A Megatron blend, weights 0.3 and 0.7 (data.train as --data-path's list): the token planted in
   // the second dataset is met at the global sample the oracle's blend puts it, named with that
@@ -534,7 +541,8 @@ TEST(Train, EodMaskLossMasksTheTargetAfterEachEod) {
   EXPECT_NE(err.find("data.eod_mask_loss: no end-of-document id"), std::string::npos) << err;
   cfg = write_config("eod-outside", {{"data", {{"train", plain}, {"eod_mask_loss", true}, {"eod_id", 97}}}, {"eval_interval", 0}});
   EXPECT_EQ(run("train " + cfg, &err), 2);
-  EXPECT_NE(err.find("the end-of-document id 97 (data.eod_id) is outside the vocabulary [0, 97)"), std::string::npos) << err;
+  // (now at the configuration, before the data is opened: stop 73)
+  EXPECT_NE(err.find("data.eod_id: 97 is outside the model's vocabulary [0, 97)"), std::string::npos) << err;
 }
 
 TEST(Tokenize, TextToIndexedDatasetAndEncodeDecodeRoundTrip) {
@@ -994,6 +1002,15 @@ TEST(Cli, ConfigCheckWritesNothing) {
   }
   EXPECT_EQ(run("config check " + dir() + "/cc.json" + nvme + dir() + "/cc-swap/new", &err), 0) << err;
   EXPECT_FALSE(fs::exists(dir() + "/cc-swap"));
+  // A pipeline was refused at the one process the check assumed, with no way to say more (stop 73).
+  EXPECT_EQ(run("config check " + dir() + "/cc.json --set parallel.pp=2 --set model.n_layer=2", &err), 2);
+  EXPECT_NE(err.find("(config check counted 1: give --procs N)"), std::string::npos) << err;
+  EXPECT_EQ(run("config check " + dir() + "/cc.json --set parallel.pp=2 --set model.n_layer=2 --procs 2", &err), 0) << err;
+  // A prefix given with its .bin said "dset.bin.bin does not exist" (stop 73).
+  std::ofstream(dir() + "/dset.bin") << "";
+  EXPECT_EQ(run("config check " + dir() + "/cc.json --set data.train=" + dir() + "/dset.bin", &err), 2);
+  EXPECT_NE(err.find("dset.bin.bin does not exist (an indexed-dataset prefix, or a .txt/.jsonl file); give the prefix, without .bin"),
+            std::string::npos) << err;
 }
 
 TEST(Cli, ValuesThatCrashedOrLostTheOutputAreRefused) {

@@ -14,6 +14,7 @@
 #include <bit>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -51,18 +52,26 @@ Error corruption(const std::string& path, const std::string& what) {
   return Error(ErrorKind::kCorruption, path + ": " + what);
 }
 
-// Converts n stored values of type T to int32; a value that is not an int32 integer is corruption.
+// Converts n stored values of type T, from stream position `first`, to int32; a value that is not
+// an int32 integer is corruption, named by its stream position and value (it said "token 6 of a
+// read", the offset in one sample's window, or the value alone: stop 73).
 template <typename T>
-void convert(const char* src, uint64_t n, int32_t* out, const std::string& path) {
+void convert(const char* src, uint64_t n, int32_t* out, const std::string& path, uint64_t first) {
   for (uint64_t k = 0; k < n; ++k) {
     T v = load<T>(src + k * sizeof(T));
+    bool fits = true;
     if constexpr (std::is_floating_point_v<T>) {
       // NaN fails every comparison; 2^31 is exact in float and double.
-      if (!(v >= -2147483648.0 && v < 2147483648.0 && std::floor(v) == v))
-        throw corruption(path, "token " + std::to_string(k) + " of a read is not an int32 value");
+      fits = v >= -2147483648.0 && v < 2147483648.0 && std::floor(v) == v;
     } else if constexpr (sizeof(T) > 4) {
-      if (v < INT32_MIN || v > INT32_MAX)
-        throw corruption(path, "token value " + std::to_string(v) + " does not fit int32");
+      fits = v >= INT32_MIN && v <= INT32_MAX;
+    }
+    if (!fits) {
+      char value[48];
+      if constexpr (std::is_floating_point_v<T>) std::snprintf(value, sizeof value, "%.9g", static_cast<double>(v));
+      else std::snprintf(value, sizeof value, "%lld", static_cast<long long>(v));
+      throw corruption(path, "the token at stream position " + std::to_string(first + k) + " is " + value +
+                                 ", not an int32 token id");
     }
     out[k] = static_cast<int32_t>(v);
   }
@@ -545,27 +554,27 @@ void IndexedDataset::read_stream(uint64_t position, uint64_t count, int32_t* out
   const char* src = dst;
   switch (dtype_) {
     case TokenDType::kUInt8:
-      convert<uint8_t>(src, count, out, bin_path_);
+      convert<uint8_t>(src, count, out, bin_path_, position);
       break;
     case TokenDType::kInt8:
-      convert<int8_t>(src, count, out, bin_path_);
+      convert<int8_t>(src, count, out, bin_path_, position);
       break;
     case TokenDType::kInt16:
-      convert<int16_t>(src, count, out, bin_path_);
+      convert<int16_t>(src, count, out, bin_path_, position);
       break;
     case TokenDType::kUInt16:
-      convert<uint16_t>(src, count, out, bin_path_);
+      convert<uint16_t>(src, count, out, bin_path_, position);
       break;
     case TokenDType::kInt32:
       break;  // read in place
     case TokenDType::kInt64:
-      convert<int64_t>(src, count, out, bin_path_);
+      convert<int64_t>(src, count, out, bin_path_, position);
       break;
     case TokenDType::kFloat32:
-      convert<float>(src, count, out, bin_path_);
+      convert<float>(src, count, out, bin_path_, position);
       break;
     case TokenDType::kFloat64:
-      convert<double>(src, count, out, bin_path_);
+      convert<double>(src, count, out, bin_path_, position);
       break;
   }
 }

@@ -396,7 +396,27 @@ TEST(IndexedDataset, ReadsOtherDtypes) {
   IndexedDataset fs(prefix);
   fs.read(0, 0, 1, got.data());
   EXPECT_EQ(got[0], 3);
-  EXPECT_THROW(fs.read(0, 1, 1, got.data()), Error);  // 4.5 is not a token id
+  // 4.5 is not a token id: named by its stream position and value (it said "token 0 of a read",
+  // and an int64 past int32 gave its value alone: stop 73).
+  try {
+    fs.read(0, 1, 1, got.data());
+    ADD_FAILURE() << "4.5 was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ds.bin: the token at stream position 1 is 4.5, not an int32 token id"), std::string::npos)
+        << e.what();
+  }
+  bin.clear();
+  for (int64_t v : {int64_t{7}, int64_t{1} << 40}) append(&bin, v);
+  write_bytes(prefix + ".bin", bin);
+  write_bytes(prefix + ".idx", build_idx(5, {2}, {0}, {0, 1}));
+  IndexedDataset big(prefix);
+  try {
+    big.read_stream(0, 2, got.data());
+    ADD_FAILURE() << "2^40 was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the token at stream position 1 is 1099511627776, not an int32 token id"), std::string::npos)
+        << e.what();
+  }
 
   write_bytes(prefix + ".bin", {char(200), char(1)});
   write_bytes(prefix + ".idx", build_idx(1, {2}, {0}, {0, 1}));

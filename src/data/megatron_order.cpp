@@ -228,6 +228,9 @@ std::vector<double> megatron_split_parse(const std::string& text) {
   std::vector<double> out;
   for (size_t i = 0; i < text.size();) {
     if (!std::isdigit(static_cast<unsigned char>(text[i])) && text[i] != '.') {
+      // Megatron's findall("[.0-9]+") drops a minus: "2,-1" trained as "2,1" without a word (stop 73).
+      MT_CHECK(!(text[i] == '-' && i + 1 < text.size() && (std::isdigit(static_cast<unsigned char>(text[i + 1])) || text[i + 1] == '.')),
+               ErrorKind::kInvalidArgument, "\"" + text + "\": a weight is negative (each is a share, 0 or more)");
       ++i;
       continue;
     }

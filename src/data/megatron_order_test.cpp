@@ -161,6 +161,15 @@ TEST(MegatronSplit, CutsTheSequencesAsMegatronsBuilder) {
   const std::vector<double> w = megatron_split_parse("969, 30, 1");
   EXPECT_EQ(w, (std::vector<double>{969, 30, 1}));
   EXPECT_EQ(megatron_split_parse("99,1"), (std::vector<double>{99, 1, 0}));
+  // Megatron's pattern drops a minus ("2,-1" read as "2,1"): refused here (stop 73).
+  for (const char* negative : {"2,-1", "-1,2,3", "2;-.5"}) {
+    try {
+      megatron_split_parse(negative);
+      ADD_FAILURE() << negative << " was read";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("a weight is negative"), std::string::npos) << e.what();
+    }
+  }
   auto r = megatron_split_sequences(w, 1000, 1);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->first, 969u);

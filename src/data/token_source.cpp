@@ -26,7 +26,7 @@ TokenSource::TokenSource(const std::vector<TokenSourcePart>& parts, const TokenS
     if (options_.split >= 0 && !options_.split_weights.empty()) {
       const auto range = megatron_split_sequences(options_.split_weights, end, options_.split);
       MT_CHECK(range && range->end > range->first, ErrorKind::kInvalidArgument,
-               name + ": data.split leaves " + (options_.split == 0 ? "training" : options_.split == 1 ? "validation" : "test") + " no sequences of the " +
+               name + (name == "data.split" ? ": it leaves " : ": data.split leaves ") + (options_.split == 0 ? "training" : options_.split == 1 ? "validation" : "test") + " no sequences of the " +
                    std::to_string(end) + " in " + given.prefix);
       first = range->first;
       end = range->end;

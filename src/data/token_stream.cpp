@@ -144,6 +144,14 @@ void TokenStream::set_loss_mask(const IndexedDataset* mask) {
   mask_ = mask;
 }
 
+// A loss mask is one 0 or 1 a token (tokenize writes them): 2 or -1 trained as 1 without a word
+// (stop 73).
+void TokenStream::check_mask_value(int32_t v, uint64_t sample) const {
+  MT_CHECK(v == 0 || v == 1, ErrorKind::kInvalidArgument,
+           mask_->prefix() + ": loss mask value " + std::to_string(v) + " in sample " + std::to_string(sample) +
+               " is not 0 or 1 (one 0/1 value a token)");
+}
+
 void TokenStream::read_wrapped(const IndexedDataset& ds, uint64_t position, uint64_t count, int32_t* out) const {
   while (count > 0) {
     uint64_t n = std::min(count, S_ - position);
@@ -163,8 +171,10 @@ void TokenStream::sample(uint64_t k, int32_t* inputs, int32_t* targets) {
     std::memcpy(targets, buf_.data() + 1, T * sizeof(int32_t));
     if (mask_) {  // the mask of target i is that of the sample's token i + 1
       read_pieces(*mask_, k, buf_.data());
-      for (size_t i = 0; i < T; ++i)
+      for (size_t i = 0; i < T; ++i) {
+        check_mask_value(buf_[i + 1], k);
         if (buf_[i + 1] == 0) targets[i] = -100;
+      }
     }
     return;
   }
@@ -176,8 +186,10 @@ void TokenStream::sample(uint64_t k, int32_t* inputs, int32_t* targets) {
   if (mask_) {  // the mask of target i is that of stream position start + 1 + i
     mask_buf_.resize(T);
     read_wrapped(*mask_, (start + 1) % S_, T, mask_buf_.data());
-    for (uint64_t i = 0; i < T; ++i)
+    for (uint64_t i = 0; i < T; ++i) {
+      check_mask_value(mask_buf_[i], k);
       if (mask_buf_[i] == 0) targets[i] = -100;
+    }
   }
 }
 

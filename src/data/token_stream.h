@@ -71,6 +71,7 @@ class TokenStream {
 
  private:
   // out[0, count) = stream tokens from position, wrapping around the end of the stream.
+  void check_mask_value(int32_t v, uint64_t sample) const;
   void read_wrapped(const IndexedDataset& ds, uint64_t position, uint64_t count, int32_t* out) const;
   // out[0, T] = global sample k's T + 1 tokens of ds, in Megatron's order.
   void read_pieces(const IndexedDataset& ds, uint64_t k, int32_t* out) const;

@@ -279,5 +279,29 @@ TEST(TokenStreamMask, AMaskThatTrainsNothingIsRefused) {
   EXPECT_NO_THROW(second_only.set_loss_mask(&last));
 }
 
+// A mask value other than 0 and 1 (2, -1) trained as 1 without a word (stop 73).
+TEST(TokenStreamMask, AValueOtherThanZeroOrOneIsRefused) {
+  ScratchDir dir;
+  write_docs(dir.path() + "/t", {7, 5});
+  {
+    IndexedDatasetWriter w(dir.path() + "/two", 3);
+    for (int d : {7, 5}) {
+      w.add_sequence(std::vector<int32_t>(static_cast<size_t>(d), 2));
+      w.end_document();
+    }
+    w.finalize();
+  }
+  IndexedDataset ds(dir.path() + "/t"), two(dir.path() + "/two");
+  TokenStream ts(ds, 4, false, 1);
+  ts.set_loss_mask(&two);
+  std::vector<int32_t> in(4), tg(4);
+  try {
+    ts.sample(0, in.data(), tg.data());
+    FAIL() << "a mask value of 2 was read as trained";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("two: loss mask value 2 in sample 0 is not 0 or 1"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace mt::data

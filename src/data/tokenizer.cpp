@@ -589,6 +589,12 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
                path + ": added token id " + added.at("id").dump() + " is not an integer");
       int64_t id = added.at("id").get<int64_t>();
       std::string content = added.at("content").get<std::string>();
+      // One content under two ids: the later id took it, where Hugging Face's added vocabulary keeps
+      // one id a content (stop 73): refused as the damage it is.
+      for (const AddedToken& seen : added_tokens)
+        MT_CHECK(seen.content != content || seen.id == id, ErrorKind::kCorruption,
+                 path + ": added token '" + content + "' appears twice, with ids " + std::to_string(seen.id) + " and " +
+                     std::to_string(id));
       // Hugging Face's AddedToken defaults for flags a file leaves out.
       added_tokens.push_back({content, static_cast<int32_t>(id), added.value("single_word", false),
                               added.value("lstrip", false), added.value("rstrip", false),

@@ -390,6 +390,11 @@ TEST(TokenizerFiles, MalformedFilesThrowNamingThePath) {
   j = good;
   j["added_tokens"] = json::array({{{"id", 1e30}, {"content", "<|x|>"}}});
   expect_bad(j, ErrorKind::kCorruption, "not an integer");
+  // One content under two ids: the later took it (stop 73).
+  j = good;
+  const int64_t n = static_cast<int64_t>(good["model"]["vocab"].size());
+  j["added_tokens"] = json::array({{{"id", n}, {"content", "<|x|>"}}, {{"id", n + 1}, {"content", "<|x|>"}}});
+  expect_bad(j, ErrorKind::kCorruption, "added token '<|x|>' appears twice, with ids " + std::to_string(n) + " and " + std::to_string(n + 1));
   write_file(path, "{\"model\": " + std::string(200000, '[') + std::string(200000, ']') + "}");
   expect_error([&] { Tokenizer::load(path); }, ErrorKind::kCorruption, {path, "nested deeper"});
 }

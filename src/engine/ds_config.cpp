@@ -1073,6 +1073,19 @@ void parse_data(Section& root, RunConfig& c) {
   c.reset_position_ids = d.boolean("reset_position_ids", false);
   c.reset_attention_mask = d.boolean("reset_attention_mask", false);
   MT_CHECK(c.eod_id >= -1, ErrorKind::kInvalidArgument, d.where("eod_id") + ": must be a token id (>= 0)");
+  // Given, it is checked whether or not it is read, and said when nothing reads it (500 beside a
+  // vocabulary of 97, or -1, passed in silence without eod_mask_loss: stop 73).
+  if (d.has("eod_id")) {
+    MT_CHECK(c.eod_id >= 0, ErrorKind::kInvalidArgument,
+             d.where("eod_id") + ": " + std::to_string(c.eod_id) + " is not a token id (>= 0)");
+    MT_CHECK(c.bare || c.model.vocab_size <= 0 || c.eod_id < c.model.vocab_size, ErrorKind::kInvalidArgument,
+             d.where("eod_id") + ": " + std::to_string(c.eod_id) + " is outside the model's vocabulary [0, " +
+                 std::to_string(c.model.vocab_size) + ")");
+    if (!c.eod_mask_loss && !c.reset_position_ids && !c.reset_attention_mask)
+      c.warnings.push_back(d.where("eod_id") +
+                           ": read by data.eod_mask_loss, reset_position_ids and reset_attention_mask, none of which is on: "
+                           "it has no effect");
+  }
   MT_CHECK(c.sample_order == "meshtrain" || c.sample_order == "megatron", ErrorKind::kInvalidArgument,
            d.where("sample_order") + ": \"" + c.sample_order + "\" is not an order (\"meshtrain\" or \"megatron\")");
   if (d.has("split")) {
@@ -1113,6 +1126,7 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
   c.processes = world;
   c.world_size = world;
   int64_t stages = 0;  // pipeline.stages, when given
+  std::string pipeline_partition;  // pipeline.partition, when given
   if (root.has("pipeline")) {
     // DeepSpeed's pipeline block (PipelineModule's arguments in the config): read key by key.
     Section q = root.sub("pipeline");
@@ -1121,9 +1135,15 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
       MT_CHECK(stages >= 1 && stages <= 65536, ErrorKind::kInvalidArgument,
                q.where("stages") + ": must be from 1 to 65536 (got " + std::to_string(stages) + ")");
     }
+    // (both given and different: partition won without a word, stop 73)
+    MT_CHECK(!(q.has("partition") && q.has("partition_method")) || q.string("partition", "") == q.string("partition_method", ""),
+             ErrorKind::kInvalidArgument,
+             q.where("partition") + " and " + q.where("partition_method") + " differ: they are one setting; give one");
+    const char* partition_key = q.has("partition_method") && !q.has("partition") ? "partition_method" : "partition";
     c.partition = q.string("partition", q.string("partition_method", c.partition));
     MT_CHECK(c.partition == "parameters" || c.partition == "uniform" || c.partition == "time", ErrorKind::kNotSupported,
-             q.where("partition") + ": \"" + c.partition + "\" is not supported (\"parameters\", \"uniform\" or \"time\"; DeepSpeed's \"type:regex\" needs named layer types)");
+             q.where(partition_key) + ": \"" + c.partition + "\" is not supported (\"parameters\", \"uniform\" or \"time\"; DeepSpeed's \"type:regex\" needs named layer types)");
+    pipeline_partition = c.partition;
     // Recompute every block (our activation checkpointing's granularity) or none.
     int64_t aci = q.integer("activation_checkpoint_interval", 0);
     MT_CHECK(aci == 0 || aci == 1, ErrorKind::kNotSupported,
@@ -1139,6 +1159,10 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
     // element), so every layout starts from the same weights with or without it.
     q.boolean("seed_layers", false);
     if (q.has("seed_fn")) throw Error(ErrorKind::kNotSupported, q.where("seed_fn") + ": a Python callable cannot be given to meshtrain");
+    // A misspelt key (DeepSpeed PipelineModule's num_stages) left one stage: the processes trained as
+    // data-parallel ranks, a global batch twice the one meant, with a warning (stop 73).
+    q.refuse_unknown(q.where() + " sets the pipeline, and with it the data-parallel size and the global batch: an unread key "
+                     "would train another layout and batch");
     q.finish();
   }
   // DeepSpeed's AutoTP training (tensor_parallel.autotp_size, 0 off): its tp group splits the
@@ -1200,6 +1224,10 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
              ErrorKind::kInvalidArgument,
              p.where("virtual_stages") + ": must be 1, or from 2 to 65536 with parallel.pp > 1 (got " + std::to_string(c.virtual_stages) + ")");
     c.partition = p.string("partition", c.partition);
+    // (parallel's won over pipeline's without a word, stop 73)
+    MT_CHECK(pipeline_partition.empty() || !p.has("partition") || pipeline_partition == c.partition, ErrorKind::kInvalidArgument,
+             p.where("partition") + " (\"" + c.partition + "\") and pipeline.partition (\"" + pipeline_partition +
+                 "\") differ: give one");
     parallel::pp::parse_partition(c.partition, p.where("partition"));
     if (c.tp * c.pp <= world && world % (c.tp * c.pp) == 0) {
       int64_t dp = p.integer("dp", world / (c.tp * c.pp));
@@ -1207,6 +1235,11 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
                p.where("dp") + ": " + std::to_string(dp) + " does not match the " + std::to_string(world) + " process(es) / (tp " +
                    std::to_string(c.tp) + " x pp " + std::to_string(c.pp) + ") = " + std::to_string(world / (c.tp * c.pp)));
     }
+    // Every key here sets the layout, and so the data-parallel size and the global batch: parallel.ppp
+    // was warned and the run trained dp 2 at twice the batch (stop 73).
+    p.has("dp");  // read above where the processes divide; checked by the line below the block otherwise
+    p.refuse_unknown(p.where() + " sets the layout, and with it the data-parallel size and the global batch: an unread key "
+                     "would train another layout and batch");
     p.finish();
   }
   MT_CHECK(world % (c.tp * c.pp) == 0, ErrorKind::kInvalidArgument,
@@ -1698,7 +1731,11 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   }
   if (root.has("activation_checkpointing")) {
     Section a = root.sub("activation_checkpointing");
+    const bool from_pipeline = c.activation_checkpointing;  // pipeline.activation_checkpoint_interval 1
     c.activation_checkpointing = a.boolean("enabled", true);  // our extension; the block alone enables it
+    // (the block's false won over the pipeline's interval 1 without a word, stop 73)
+    MT_CHECK(!from_pipeline || c.activation_checkpointing, ErrorKind::kInvalidArgument,
+             a.where("enabled") + ": false, and pipeline.activation_checkpoint_interval 1 recomputes every layer; give one");
     // DeepSpeed partitions the checkpointed activations over the tp group: Megatron's sequence
     // parallelism here (a no-op with tp = 1, as in DeepSpeed).
     c.partition_activations = a.boolean("partition_activations", false);
@@ -1798,6 +1835,12 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
       {"recompute_granularity", "activation_checkpointing"},
       {"recompute_method", "activation_checkpointing"},
       {"recompute_num_layers", "activation_checkpointing"},
+      // (warned as unknown keys, stop 73)
+      {"recompute_activations", "activation_checkpointing"},
+      {"checkpoint_activations", "activation_checkpointing"},
+      {"distribute_saved_activations", "activation_checkpointing.partition_activations"},
+      {"virtual_pipeline_model_parallel_size", "parallel.virtual_stages"},
+      {"pipeline_model_parallel_split_rank", nullptr},
       {"use_distributed_optimizer", "zero_optimization.stage 1"},
       {"accumulate_allreduce_grads_in_fp32", "data_types.grad_accum_dtype"},
       {"initial_loss_scale", "fp16.initial_scale_power"},
@@ -2380,8 +2423,14 @@ void ds_config_check_paths(const RunConfig& c, bool create_save_dir) {
     }
     for (const char* ext : {".bin", ".idx"}) {
       std::string f = path + ext;
+      // (d.bin said "d.bin.bin does not exist", corpus.json "corpus.json.bin": the likely slip named, stop 73)
+      const bool suffixed = (path.ends_with(".bin") || path.ends_with(".idx")) && fs::exists(path, ec);
+      const std::string hint = suffixed ? "; give the prefix, without " + path.substr(path.size() - 4)
+                               : path.ends_with(".json") && fs::is_regular_file(path, ec)
+                                   ? "; JSON lines are read from a .jsonl file (meshtrain tokenize reads .json too)"
+                                   : "";
       MT_CHECK(fs::exists(f, ec), ErrorKind::kNotFound,
-               std::string(key) + ": " + f + " does not exist (an indexed-dataset prefix, or a .txt/.jsonl file)");
+               std::string(key) + ": " + f + " does not exist (an indexed-dataset prefix, or a .txt/.jsonl file)" + hint);
       MT_CHECK(fs::is_regular_file(f, ec), ErrorKind::kInvalidArgument,
                std::string(key) + ": " + f + " is not a regular file");
     }

@@ -1325,6 +1325,32 @@ TEST(DsCompat, MessagesNameWhereTheValueCameFrom) {
   const RunConfig hf = ds_config_parse(with("save_total_limit", 2), "cfg.json");
   EXPECT_TRUE(warned(hf, "save_total_limit: Hugging Face's TrainingArguments field is not read here; meshtrain's is keep_last"));
   EXPECT_FALSE(warned(hf, "unknown key"));
+  // data.eod_id given: checked whether read or not, and said when nothing reads it (500 beside a
+  // vocabulary of 97 passed in silence without eod_mask_loss, stop 73).
+  EXPECT_EQ(error_of(with("data", {{"eod_id", 500}})), "data.eod_id: 500 is outside the model's vocabulary [0, 97)");
+  EXPECT_EQ(error_of(with("data", {{"eod_id", -1}})), "data.eod_id: -1 is not a token id (>= 0)");
+  EXPECT_TRUE(warned(ds_config_parse(with("data", {{"eod_id", 5}}), "cfg.json"),
+                     "data.eod_id: read by data.eod_mask_loss, reset_position_ids and reset_attention_mask, none of which is on"));
+  EXPECT_FALSE(warned(ds_config_parse(with("data", {{"eod_id", 5}, {"eod_mask_loss", true}}), "cfg.json"), "data.eod_id"));
+  constexpr size_t npos = std::string::npos;
+  // The layout's blocks: an unread key was warned and the run trained another layout, dp 2 at twice
+  // the batch (parallel.ppp, pipeline.num_stages); two settings that differ won in silence (stop 73).
+  EXPECT_NE(error_of(with("parallel", {{"ppp", 2}}), 2).find("parallel.ppp: unknown key (did you mean 'pp'?)"), npos)
+      << error_of(with("parallel", {{"ppp", 2}}), 2);
+  EXPECT_NE(error_of(with("pipeline", {{"num_stages", 2}}), 2).find("pipeline.num_stages: unknown key"), npos);
+  EXPECT_EQ(error_of(with("parallel", {{"pp", 2}, {"dp", 1}}), 2), "");
+  EXPECT_NE(error_of(with("pipeline", {{"partition", "uniform"}, {"partition_method", "parameters"}})).find("differ"), npos);
+  nlohmann::json both = with("pipeline", {{"partition", "uniform"}});
+  both["parallel"] = {{"partition", "parameters"}};
+  EXPECT_NE(error_of(both).find("parallel.partition (\"parameters\") and pipeline.partition (\"uniform\") differ"), npos)
+      << error_of(both);
+  nlohmann::json interval = with("pipeline", {{"activation_checkpoint_interval", 1}});
+  interval["activation_checkpointing"] = {{"enabled", false}};
+  EXPECT_NE(error_of(interval).find("activation_checkpointing.enabled: false, and pipeline.activation_checkpoint_interval 1"),
+            npos) << error_of(interval);
+  EXPECT_NE(error_of(with("checkpoint_activations", true)).find("Megatron-LM's argument is not read here"), npos);
+  EXPECT_NE(error_of(with("pipeline", {{"partition_method", "type:transformer"}})).find("pipeline.partition_method: \"type:transformer\""),
+            npos);
   EXPECT_EQ(error_of(with("learning_rate", 1e-3)),
             "learning_rate: Hugging Face's TrainingArguments field is not read here (meshtrain's is optimizer.params.lr)");
 }
