@@ -105,20 +105,23 @@ f32 = np.float32
 
 def fused_lamb_cuda(p, m, v, g, lr, beta1, beta2, max_coeff, min_coeff, eps, grad_scale, step, mode,
                     bias_correction, decay):
-    """csrc/lamb/fused_lamb_cuda_kernel.cu, fused_lamb_cuda + kernels part1..3, in f32."""
+    """csrc/lamb/fused_lamb_cuda_kernel.cu, fused_lamb_cuda + kernels part1..3, in f32, as
+    deepspeedai/DeepSpeed has it (e5d277f): m and v are divided by their bias corrections and the
+    step is lr (microsoft/DeepSpeed's older kernel folded sqrt(bc2) / bc1 into the step size)."""
     b1, b2, eps, decay = f32(beta1), f32(beta2), f32(eps), f32(decay)
+    bc1 = bc2 = f32(1)
     if bias_correction == 1:
         bc1 = f32(1 - math.pow(f32(beta1), step))
         bc2 = f32(1 - math.pow(f32(beta2), step))
-        step_size = f32(lr) * np.sqrt(bc2) / bc1
-    else:
-        step_size = f32(lr)
+    step_size = f32(lr)
     scaled_grad = g / f32(grad_scale)
     pj = p.copy()
     m[:] = b1 * m + (f32(1) - b1) * scaled_grad
     v[:] = b2 * v + (f32(1) - b2) * scaled_grad * scaled_grad
-    denom = np.sqrt(v + eps) if mode == 0 else np.sqrt(v) + eps
-    update = m / denom + decay * pj
+    m_hat = m / bc1
+    v_hat = v / bc2
+    denom = np.sqrt(v_hat + eps) if mode == 0 else np.sqrt(v_hat) + eps
+    update = m_hat / denom + decay * pj
     reg_w = f32(math.sqrt(float(np.sum(pj.astype(np.float64) ** 2))))
     reg_u = f32(math.sqrt(float(np.sum(update.astype(np.float64) ** 2))))
     lamb_coeff = f32(1.0)

@@ -1,17 +1,19 @@
 // LAMB exactly as DeepSpeed's FusedLamb (You et al. 2019, arXiv:1904.00962), read from
-// deepspeed/ops/lamb/fused_lamb.py and csrc/lamb/fused_lamb_cuda_kernel.cu (microsoft/DeepSpeed,
-// commits 1de70fa5 and 0c1913d6). Per segment (one parameter tensor, a DeepSpeed param), in f32,
-// with t the step (1-based), wd the segment's weight decay and g = grad * s:
+// deepspeed/ops/lamb/fused_lamb.py and csrc/lamb/fused_lamb_cuda_kernel.cu (deepspeedai/DeepSpeed,
+// commit e5d277f). Per segment (one parameter tensor, a DeepSpeed param), in f32, with t the step
+// (1-based), wd the segment's weight decay and g = grad * s:
 //   m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
-//   denom = sqrt(v) + eps          (eps_inside_sqrt: sqrt(v + eps))      NOTE: v not bias-corrected
-//   u = m / denom + wd * p         (L2-style decay inside the update, p before this step)
+//   m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t)   (bias_correction; else m_hat = m, v_hat = v)
+//   denom = sqrt(v_hat) + eps          (eps_inside_sqrt: sqrt(v_hat + eps))
+//   u = m_hat / denom + wd * p         (L2-style decay inside the update, p before this step)
 //   w_norm = ||p||_2, u_norm = ||u||_2 over the segment
 //   coeff = 1 if w_norm == 0 or u_norm == 0 (e.g. zero-initialised biases on step 1), else
 //           w_norm / u_norm, then min(., max_coeff), then max(., min_coeff)   (in that order)
-//   step_size = lr * sqrt(1 - b2^t) / (1 - b1^t)    (bias_correction; else step_size = lr)
-//   p = p - step_size * coeff * u
-// The bias correction multiplies the whole update, weight-decay term included, as DeepSpeed's
-// kernel does. lamb_coeffs() returns each segment's coeff of the last step (get_lamb_coeffs()).
+//   p = p - lr * coeff * u
+// microsoft/DeepSpeed's older kernel (0c1913d6), which meshtrain followed until stop 74, left m and
+// v uncorrected and took step_size = lr sqrt(1 - b2^t) / (1 - b1^t): the trust ratio, taken of the
+// uncorrected update, then scaled the whole update by the correction (4.5 % off at step 1).
+// lamb_coeffs() returns each segment's coeff of the last step (get_lamb_coeffs()).
 //
 // Gradient scale s. FusedLamb divides the gradients by a combined scale: the caller's `scale`
 // (the loss scale) times clip = (grad_norm / scale + 1e-6) / max_grad_norm when max_grad_norm > 0

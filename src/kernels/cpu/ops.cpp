@@ -663,8 +663,9 @@ void adamw_update(float* master, const float* grad, float* m, float* v, void* lo
 namespace {
 
 inline float lamb_direction(float m, float v, float p, const LambScalars& s) {
-  const float denom = s.eps_inside_sqrt ? std::sqrt(v + s.eps) : std::sqrt(v) + s.eps;
-  return m / denom + s.weight_decay * p;
+  const float mh = m / s.bias_correction1, vh = v / s.bias_correction2;
+  const float denom = s.eps_inside_sqrt ? std::sqrt(vh + s.eps) : std::sqrt(vh) + s.eps;
+  return mh / denom + s.weight_decay * p;
 }
 
 }  // namespace

@@ -143,7 +143,8 @@ AdamWScalars adamw_scalars(const AdamWParams& params);
 // LAMB (optim/lamb.cpp, DeepSpeed's FusedLamb), its two passes over n elements of one segment, each
 // called per chunk by the optimizer (which sums the chunks' norms per segment). With
 //   g = grad * grad_scale;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
-//   u = m / denom + weight_decay p   (denom: sqrt(v + eps) if eps_inside_sqrt, else sqrt(v) + eps)
+//   u = m_hat / denom + weight_decay p   (m_hat = m / bias_correction1, v_hat = v / bias_correction2;
+//                                          denom: sqrt(v_hat + eps) if eps_inside_sqrt, else sqrt(v_hat) + eps)
 // lamb_moments writes m and v and returns the sums of p^2 and u^2 (in double); lamb_apply then
 // takes p = p - scale u (u from the m and v it wrote) and, if lowp != nullptr, writes p's copy in
 // lowp_dtype (RNE).
@@ -153,6 +154,9 @@ struct LambScalars {
   float eps = 1e-8f;
   float weight_decay = 0.0f;
   bool eps_inside_sqrt = false;
+  // 1 - beta^step, or 1 without bias correction: DeepSpeed's kernel divides m and v by them (LAMB's
+  // Algorithm 2); it folded them into the step size before, which the trust ratio then undid.
+  float bias_correction1 = 1.0f, bias_correction2 = 1.0f;
 };
 struct LambSums {
   double w = 0.0, u = 0.0;  // sum of p^2, sum of u^2

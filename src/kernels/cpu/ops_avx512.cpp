@@ -565,10 +565,11 @@ inline void add_squares16(__m512 x, __m512d& a0, __m512d& a1) {
   a1 = _mm512_fmadd_pd(hi, hi, a1);
 }
 
-// u = m / denom + wd p of 16 lanes (ops.h's lamb_moments).
-inline __m512 lamb_direction16(__m512 mi, __m512 vi, __m512 p, __m512 eps, __m512 wd, bool inside) {
-  const __m512 denom = inside ? _mm512_sqrt_ps(_mm512_add_ps(vi, eps)) : _mm512_add_ps(_mm512_sqrt_ps(vi), eps);
-  return _mm512_fmadd_ps(wd, p, _mm512_div_ps(mi, denom));
+// u = m_hat / denom + wd p of 16 lanes (ops.h's lamb_moments): bc holds bias_correction1 and 2.
+inline __m512 lamb_direction16(__m512 mi, __m512 vi, __m512 p, __m512 eps, __m512 wd, const __m512 bc[2], bool inside) {
+  const __m512 mh = _mm512_div_ps(mi, bc[0]), vh = _mm512_div_ps(vi, bc[1]);
+  const __m512 denom = inside ? _mm512_sqrt_ps(_mm512_add_ps(vh, eps)) : _mm512_add_ps(_mm512_sqrt_ps(vh), eps);
+  return _mm512_fmadd_ps(wd, p, _mm512_div_ps(mh, denom));
 }
 
 }  // namespace
@@ -578,6 +579,7 @@ inline __m512 lamb_direction16(__m512 mi, __m512 vi, __m512 p, __m512 eps, __m51
   const __m512 gs = _mm512_set1_ps(s.grad_scale), b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(1.0f - s.beta1),
                b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(1.0f - s.beta2), eps = _mm512_set1_ps(s.eps),
                wd = _mm512_set1_ps(s.weight_decay);
+  const __m512 bc[2] = {_mm512_set1_ps(s.bias_correction1), _mm512_set1_ps(s.bias_correction2)};
   __m512d w0 = _mm512_setzero_pd(), w1 = _mm512_setzero_pd(), u0 = _mm512_setzero_pd(), u1 = _mm512_setzero_pd();
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
@@ -588,7 +590,7 @@ inline __m512 lamb_direction16(__m512 mi, __m512 vi, __m512 p, __m512 eps, __m51
     avx512::store_ps(m + i, k, mi);
     avx512::store_ps(v + i, k, vi);
     // The lanes past the tail are zero (eps 0 would make them 0/0).
-    const __m512 u = _mm512_maskz_mov_ps(k, lamb_direction16(mi, vi, p, eps, wd, s.eps_inside_sqrt));
+    const __m512 u = _mm512_maskz_mov_ps(k, lamb_direction16(mi, vi, p, eps, wd, bc, s.eps_inside_sqrt));
     add_squares16(p, w0, w1);
     add_squares16(u, u0, u1);
   }
@@ -598,10 +600,11 @@ inline __m512 lamb_direction16(__m512 mi, __m512 vi, __m512 p, __m512 eps, __m51
 void lamb_apply_avx512(float* master, const float* m, const float* v, void* lowp, DType lowp_dtype, size_t n,
                        float scale, const ::mt::kernels::LambScalars& s) {
   const __m512 eps = _mm512_set1_ps(s.eps), wd = _mm512_set1_ps(s.weight_decay), sc = _mm512_set1_ps(scale);
+  const __m512 bc[2] = {_mm512_set1_ps(s.bias_correction1), _mm512_set1_ps(s.bias_correction2)};
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
     const __m512 p = avx512::load_ps(k, master + i);
-    const __m512 u = lamb_direction16(avx512::load_ps(k, m + i), avx512::load_ps(k, v + i), p, eps, wd,
+    const __m512 u = lamb_direction16(avx512::load_ps(k, m + i), avx512::load_ps(k, v + i), p, eps, wd, bc,
                                       s.eps_inside_sqrt);
     const __m512 q = _mm512_fnmadd_ps(sc, u, p);
     avx512::store_ps(master + i, k, q);
