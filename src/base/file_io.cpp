@@ -3,14 +3,18 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <vector>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -100,6 +104,38 @@ void file_write_atomic(const std::string& path, const void* data, size_t bytes) 
   f.commit();
 }
 
+namespace {
+
+// The live AtomicFiles' temporaries (remove_live_temporaries).
+std::mutex g_live_mu;
+std::vector<std::string>* g_live = new std::vector<std::string>;  // never freed: a handler may read it at exit
+
+void live_add(const std::string& tmp) {
+  std::lock_guard<std::mutex> l(g_live_mu);
+  g_live->push_back(tmp);
+}
+
+void live_remove(const std::string& tmp) noexcept {
+  std::lock_guard<std::mutex> l(g_live_mu);
+  auto it = std::find(g_live->begin(), g_live->end(), tmp);
+  if (it != g_live->end()) g_live->erase(it);
+}
+
+}  // namespace
+
+void remove_live_temporaries() noexcept {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    if (g_live_mu.try_lock()) {
+      for (const std::string& t : *g_live) ::unlink(t.c_str());
+      g_live->clear();
+      g_live_mu.unlock();
+      return;
+    }
+    struct timespec ts{0, 2'000'000};  // 2 ms
+    ::nanosleep(&ts, nullptr);
+  }
+}
+
 // NOTE: the temporary's name is the writer's own (mkostemp: PATH.tmp.XXXXXX, created exclusively).
 // A fixed PATH.tmp let two writers of one path (two runs saving the same file, two ranks of a job
 // writing one cache) truncate and interleave into one file; the first rename published the mix and
@@ -109,11 +145,13 @@ AtomicFile::AtomicFile(const std::string& path) : path_(path) {
   fd_ = ::mkostemp(name.data(), O_CLOEXEC);
   MT_CHECK(fd_ >= 0, ErrorKind::kIOError, path + ".tmp: " + std::strerror(errno));
   tmp_ = name;
+  live_add(tmp_);
   (void)::flock(fd_, LOCK_EX | LOCK_NB);  // a live writer's (remove_dead_temporaries); released at close
   if (::fchmod(fd_, 0644) != 0) {  // mkostemp's 0600, widened to what an open() with 0644 gave
     const int e = errno;
     ::close(fd_);
     ::unlink(tmp_.c_str());
+    live_remove(tmp_);
     fd_ = -1;
     throw Error(ErrorKind::kIOError, tmp_ + ": " + std::strerror(e));
   }
@@ -124,6 +162,7 @@ AtomicFile::~AtomicFile() {
     ::close(fd_);
     ::unlink(tmp_.c_str());
   }
+  if (!tmp_.empty()) live_remove(tmp_);
 }
 
 void AtomicFile::append(const void* data, size_t bytes) {
@@ -171,6 +210,7 @@ void AtomicFile::commit() {
     ::unlink(tmp_.c_str());
     throw Error(ErrorKind::kIOError, path_ + ": rename failed: " + std::strerror(e));
   }
+  live_remove(tmp_);  // published: nothing of this writer's to remove at a stop
   // The rename itself made durable: the directory's entry, fsynced (a crash after commit() keeps the
   // new file, not the old one or none). A directory that cannot be opened for it (no read right) is
   // left to the file system's own order.

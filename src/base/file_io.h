@@ -43,6 +43,12 @@ class AtomicFile {
 // how many it removed; never throws (a leftover it cannot remove stays).
 int remove_dead_temporaries(const std::string& path);
 
+// Removes the temporaries of the AtomicFiles alive now, for a stop signal's handler on the signal
+// thread (base/signals.h) just before the process exits: a command stopped mid-write (tokenize,
+// export) left its PATH.tmp.XXXXXX behind. Where the registry is busy a few short tries, then
+// nothing (remove_dead_temporaries takes the rest later). Never throws.
+void remove_live_temporaries() noexcept;
+
 // A flock of the directory holding `path`, for files that belong together (an indexed dataset's
 // .bin and .idx): a writer holds it exclusively while it renames its pair into place, a reader
 // shared while it opens the pair, so that two writers' renames do not interleave (one's .bin with

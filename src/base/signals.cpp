@@ -3,12 +3,14 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 
 #include "base/error.h"
+#include "base/file_io.h"
 
 namespace mt {
 
@@ -58,6 +60,47 @@ void route_signals_to_their_own_thread() {
   MT_CHECK(::pthread_sigmask(SIG_BLOCK, &routed, nullptr) == 0, ErrorKind::kInternal, "cannot hold the stop signals");
   g_starting = starting;
   g_routed = true;
+}
+
+namespace {
+
+char g_command[64] = "meshtrain";
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGHUP: return "SIGHUP";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    default: return "a signal";
+  }
+}
+
+void stop_now(int sig) {
+  remove_live_temporaries();
+  char line[160];
+  const int n = std::snprintf(line, sizeof line, "meshtrain %s: stopped by %s; what it was writing is not kept\n", g_command,
+                              signal_name(sig));
+  if (n > 0 && ::write(2, line, static_cast<size_t>(std::min<int>(n, sizeof line - 1))) < 0) {
+  }
+  ::_exit(128 + sig);
+}
+
+}  // namespace
+
+void stop_on_signals(const char* command) {
+  std::snprintf(g_command, sizeof g_command, "%s", command);
+  ::signal(SIGXFSZ, SIG_IGN);
+  struct sigaction sa {};
+  sa.sa_handler = stop_now;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&sa.sa_mask, sig);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) {
+    struct sigaction now {};
+    ::sigaction(sig, nullptr, &now);
+    if (now.sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);
+  }
 }
 
 sigset_t starting_signal_mask() {

@@ -23,6 +23,15 @@ void route_signals_to_their_own_thread();
 // The signal mask the process had before route_signals_to_their_own_thread (the current thread's
 // mask if it was never called): what a child process gets.
 sigset_t starting_signal_mask();
+// For the commands without a stop of their own (tokenize, export, generate, bench, ...): SIGTERM,
+// SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 remove the temporaries of the atomic writes in progress
+// (base/file_io.h), print one line naming the command and the signal, and exit 128 + the signal.
+// They used to end those commands without a word, leaving PATH.tmp.XXXXXX files behind (stop 74).
+// A signal the process ignores (nohup's SIGHUP) stays ignored; train and serve install their own
+// handlers over these. SIGXFSZ is ignored, so a file past `ulimit -f` is a write error (EFBIG) that
+// the writer names, not a silent death.
+void stop_on_signals(const char* command);
+
 // std::system(command) with the calling thread's mask set to the starting one for the call, so that
 // the child (gnuplot, a `meshtrain launch` run) does not start holding SIGTERM and SIGINT.
 int system_as_started(const std::string& command);

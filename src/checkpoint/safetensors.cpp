@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/fault.h"
 #include "base/file_io.h"
 
 namespace mt::checkpoint {
@@ -391,6 +392,7 @@ void safetensors_write(const std::string& path, const std::vector<StTensorOut>& 
       out.append(part.data(), n * esz);
     }
   }
+  fault_point("safetensors.before_commit");  // test seam: a writer stopped with its temporary whole
   out.commit();
 }
 

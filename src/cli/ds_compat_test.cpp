@@ -110,9 +110,27 @@ TEST(CurriculumLearning, AStepTrainsOnTheFirstDifficultyTokens) {
   EXPECT_EQ(metric_values(m_cur, "grad_norm")[0], metric_values(m_short, "grad_norm")[0]);
   EXPECT_NE(metric_values(m_cur, "loss")[0], metric_values(m_full, "loss")[0]);  // not the whole sample
   EXPECT_TRUE(metric_values(m_full, "curriculum_seqlen").empty());
+  // The flops profiler counts the profiled step's own length: step 3 trains 16 tokens as the whole
+  // run does, and its MACs are the whole run's (it counted step 2's 12, stop 74).
+  auto macs = [&](const std::string& name, const nlohmann::json& extra) {
+    nlohmann::json with_profile = extra;
+    const std::string report = dir() + "/" + name + "-flops.txt";
+    with_profile["flops_profiler"] = {{"enabled", true}, {"profile_step", 2}, {"output_file", report}};
+    std::string e;
+    EXPECT_EQ(run("train " + cfg(name, with_profile), nullptr, &e), 0) << e;
+    const std::string text = mt::cli::testing::slurp(report);
+    const size_t at = text.find("fwd MACs per GPU:");
+    return at == std::string::npos ? text : text.substr(at, text.find('\n', at) - at);
+  };
+  const std::string cur_macs = macs("cur-fp", curriculum), full_macs = macs("full-fp", nlohmann::json::object());
+  EXPECT_EQ(cur_macs.rfind("fwd MACs per GPU:", 0), 0u) << cur_macs;
+  EXPECT_EQ(cur_macs, full_macs);
 }
 
-TEST(CurriculumLearning, AScheduleThatEmptiesASequenceIsRefusedBeforeTraining) {
+// min_difficulty 4 with difficulty_step 8 gave 0 tokens at step 1 (DeepSpeed's older rounding) and
+// was refused; DeepSpeed now raises it to the first multiple of the step, 8, and so does meshtrain
+// (stop 74). A max_difficulty past seq_length is refused before training.
+TEST(CurriculumLearning, AScheduleStartsAtMinDifficultysFirstMultipleAndTooLongIsRefused) {
   tiny_model_and_data();
   nlohmann::json j = {{"model", dir() + "/config.json"},
                       {"data", {{"train", dir() + "/train"}}},
@@ -125,8 +143,10 @@ TEST(CurriculumLearning, AScheduleThatEmptiesASequenceIsRefusedBeforeTraining) {
                         {"schedule_config", {{"total_curriculum_step", 100}, {"difficulty_step", 8}}}}}};
   std::ofstream(dir() + "/empty.json") << j.dump();
   std::string err;
-  EXPECT_EQ(run("train " + dir() + "/empty.json", nullptr, &err), 2);  // DeepSpeed: step 1 at length 0
-  EXPECT_NE(err.find("curriculum_learning: the schedule gives 0 tokens at step 1"), std::string::npos) << err;
+  const std::string metrics = dir() + "/empty.jsonl";
+  std::filesystem::remove(metrics);
+  ASSERT_EQ(run("train " + dir() + "/empty.json --metrics " + metrics, nullptr, &err), 0) << err;
+  EXPECT_EQ(mt::cli::testing::metric_values(metrics, "curriculum_seqlen"), (std::vector<double>{8, 8, 8, 8}));
   j["curriculum_learning"]["max_difficulty"] = 32;
   j["curriculum_learning"]["min_difficulty"] = 8;
   std::ofstream(dir() + "/long.json") << j.dump();

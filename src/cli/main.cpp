@@ -58,7 +58,10 @@ int main(int argc, char** argv) {
   // inside a oneDNN kernel (base/signals.h). `launch` computes nothing and waits on its child with
   // the signals' EINTR in its main thread. After mpi_prepare_process's re-exec, which would pass the
   // held set on: a signal the process starts holding stays held on the signal thread too.
-  if (!(argc > 1 && std::strcmp(argv[1], "launch") == 0)) mt::route_signals_to_their_own_thread();
+  if (!(argc > 1 && std::strcmp(argv[1], "launch") == 0)) {
+    mt::route_signals_to_their_own_thread();
+    mt::stop_on_signals(argc > 1 ? argv[1] : "meshtrain");  // train and serve put their own over these
+  }
   CLI::App app{"meshtrain: train transformer language models on one or many processes"};
   app.require_subcommand(1);
   mt::cli::register_bench(app);

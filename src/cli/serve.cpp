@@ -83,8 +83,13 @@ void run_serve(ServeArgs a) {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::sigaction(SIGINT, &sa, nullptr);
+  // SIGHUP (a closed terminal), SIGUSR1 and SIGUSR2 drain too, as train stops on them: they ended
+  // the server at once without a word (stop 74). nohup's ignored SIGHUP stays ignored.
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) {
+    struct sigaction now {};
+    ::sigaction(sig, nullptr, &now);
+    if (sig == SIGTERM || sig == SIGINT || now.sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);
+  }
   serve::HttpServer server(gen, tok, a.server);
   const int port = server.bind();
   std::thread watcher([&server] {
@@ -93,7 +98,7 @@ void run_serve(ServeArgs a) {
     }
     if (sig == 0) return;  // serve() ended otherwise
     std::fprintf(stderr, "serve: %s: draining (new requests get 503; in-flight ones finish; a second signal exits now)\n",
-                 sig == SIGINT ? "SIGINT" : "SIGTERM");
+                 sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : sig == SIGUSR1 ? "SIGUSR1" : sig == SIGUSR2 ? "SIGUSR2" : "SIGTERM");
     server.shutdown();
   });
   std::fprintf(stderr, "serve: %s on http://%s:%d (model \"%s\", %s weights, %d slots of %d tokens, %.0f MiB of KV cache)\n",

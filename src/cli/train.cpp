@@ -13,6 +13,7 @@
 #include <csignal>
 #include <ctime>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cerrno>
@@ -571,10 +572,10 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
              ErrorKind::kInvalidArgument,
              "eval_iters " + std::to_string(cfg.eval_iters) + " x train_batch_size x " + std::to_string(evaluations) +
                  " evaluations (Megatron's validation set) overflows 64 bits");
-  } else {
-    MT_CHECK(!__builtin_mul_overflow(std::max<int64_t>(0, cfg.eval_iters), cfg.batch.micro_batch_per_gpu, &valid_samples_signed),
+  } else {  // eval_iters global batches, the same ones each time
+    MT_CHECK(!__builtin_mul_overflow(std::max<int64_t>(0, cfg.eval_iters), cfg.batch.train_batch_size, &valid_samples_signed),
              ErrorKind::kInvalidArgument,
-             "eval_iters " + std::to_string(cfg.eval_iters) + " x train_micro_batch_size_per_gpu overflows 64 bits");
+             "eval_iters " + std::to_string(cfg.eval_iters) + " x train_batch_size overflows 64 bits");
   }
   // data.eod_mask_loss: training and validation alike, as Megatron's datasets mask both.
   int32_t eod = -1;
@@ -613,8 +614,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   bool test = false;
   std::string test_skipped;  // why this rank has none
   if (split && cfg.eval_iters > 0 && cfg.split_weights.size() > 2 && data::megatron_split_sequences(cfg.split_weights, 1, 2)) {
-    const uint64_t test_samples = static_cast<uint64_t>(cfg.eval_iters) *
-                                  static_cast<uint64_t>(megatron_valid ? cfg.batch.train_batch_size : cfg.batch.micro_batch_per_gpu);
+    const uint64_t test_samples = static_cast<uint64_t>(cfg.eval_iters) * static_cast<uint64_t>(cfg.batch.train_batch_size);
     try {
       // test seam: rank 1's host holds a shorter copy of the data
       MT_CHECK(!(fault_active("train.test_share_unreadable") && world && world->rank() == 1), ErrorKind::kInvalidArgument,
@@ -656,7 +656,12 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   // Data is sharded by the data-parallel coordinate: the ranks of one tensor-parallel group read
   // the same samples.
   const int DW = ctx->dp(), DR = ctx->dp_rank();
-  if (train_resume(eng, args.resume, lead)) return;
+  try {
+    if (train_resume(eng, args.resume, lead)) return;
+  } catch (...) {  // a resume that failed trained nothing: its swap files go (stop 73's note)
+    eng.discard_swap_files();
+    throw;
+  }
   // The metrics' peak_<category>_bytes describe training, not setup (the ParamStore's full buffers
   // live beside the ZeRO shards until the runtime releases them): `meshtrain estimate` predicts these.
   const size_t setup_peak = eng.memory_stats().total_peak;
@@ -701,40 +706,49 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   int64_t start_step = eng.global_step();
   const int64_t applied_at_start = eng.applied_steps();
   bool first_save = true;
-  // One evaluation of a validation or test set: the mean loss of its micro-batches.
+  bool stdout_failed = false;  // said once
+  // One evaluation of a validation or test set: eval_iters global batches (train_batch_size samples
+  // each), every data-parallel rank reading eval_iters x accumulation micro-batches of them, and the
+  // loss the mean over their counted targets (Megatron's evaluate sums the losses and the tokens).
+  // So every layout reports the one-process run's number: eval_iters counted micro-batches before,
+  // and dp 2 at the same global batch validated half the samples (1.85 % off, stop 74); a micro-batch
+  // of masked targets counted as a loss of 0.
+  bool warned_empty = false;
   auto evaluate_set = [&](DataSource& data, int64_t e, bool validation) {
     std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
-    double sum = 0.0;
+    const int64_t per = cfg.eval_iters * gas;
+    int64_t first = 0;  // meshtrain's: the set's first samples each time (a curve of comparable points)
     if (megatron_valid) {
-      // Megatron's evaluation: eval_iters global batches, evaluation e's samples [e, e + 1) x
-      // eval_iters x train_batch_size (e = done / eval_interval - 1 at an interval, done /
-      // eval_interval at a last step between two: Megatron's evaluation after its loop), so a
-      // resumed run reads on where Megatron's consumed_valid_samples puts it. Each rank reads its
-      // eval_iters x accumulation micro-batches of those global batches (the set of Megatron's
-      // slices); the loss is the mean over the micro-batches, as Megatron's evaluate averages them.
-      // The validation set reads on from Megatron's consumed_valid_samples where the run (or the
-      // checkpoint it resumed) counted them: a resume that changed eval_interval, eval_iters or the
-      // batch read other samples with the formula.
-      const int64_t per = cfg.eval_iters * gas;
-      const int64_t first = validation && eng.consumed_valid_samples() >= 0 ? eng.consumed_valid_samples() : e * cfg.eval_iters * tbs;
+      // Megatron's evaluation: evaluation e's samples [e, e + 1) x eval_iters x train_batch_size
+      // (e = done / eval_interval - 1 at an interval, done / eval_interval at a last step between
+      // two: Megatron's evaluation after its loop), so a resumed run reads on where Megatron's
+      // consumed_valid_samples puts it. The validation set reads on from Megatron's
+      // consumed_valid_samples where the run (or the checkpoint it resumed) counted them: a resume
+      // that changed eval_interval, eval_iters or the batch read other samples with the formula.
+      first = validation && eng.consumed_valid_samples() >= 0 ? eng.consumed_valid_samples() : e * cfg.eval_iters * tbs;
       if (validation) eng.set_consumed_valid_samples(first + cfg.eval_iters * tbs);
-      uint64_t next = static_cast<uint64_t>(first + DR * per * B);
-      for (int64_t j = 0; j < per; ++j, next += static_cast<uint64_t>(B)) {
-        data.batch(next, B, tokens.data(), targets.data(), cfg.model.vocab_size);
-        sum += eng.evaluate(tokens.data(), targets.data());
-      }
-      return eng.mean_over_ranks(sum) / static_cast<double>(per);
     }
-    // meshtrain's: the set's first eval_iters micro-batches each time, batch i on rank i mod W;
-    // every rank runs the same number of forwards (ZeRO-3 gathers parameters collectively), the
-    // surplus ones uncounted.
-    for (int64_t j = 0; j < (cfg.eval_iters + DW - 1) / DW; ++j) {
-      int64_t i = DR + j * DW;
-      data.batch(static_cast<uint64_t>((i < cfg.eval_iters ? i : 0) * B), B, tokens.data(), targets.data(), cfg.model.vocab_size);
-      float l = eng.evaluate(tokens.data(), targets.data());
-      if (i < cfg.eval_iters) sum += l;
+    // Each rank its contiguous slice of the evaluation's samples (Megatron's slices); every rank runs
+    // the same number of forwards (ZeRO-3 gathers parameters collectively).
+    uint64_t next = static_cast<uint64_t>(first + DR * per * B);
+    double sum = 0.0, counted = 0.0;
+    for (int64_t j = 0; j < per; ++j, next += static_cast<uint64_t>(B)) {
+      data.batch(next, B, tokens.data(), targets.data(), cfg.model.vocab_size);
+      const double n = static_cast<double>(std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != -100; }));
+      const float l = eng.evaluate(tokens.data(), targets.data());
+      if (n > 0) sum += static_cast<double>(l) * n;
+      counted += n;
     }
-    return eng.mean_over_ranks(sum) * DW / static_cast<double>(cfg.eval_iters);
+    // Over the ranks (each all-reduce averages: the ratio is the sums').
+    const double all = eng.mean_over_ranks(counted);
+    if (all <= 0.0) {
+      if (lead && !warned_empty)
+        log_warning(std::string(validation ? "validation" : "test") + ": every target of its " +
+                    std::to_string(cfg.eval_iters) + " global batch(es) is masked; its loss is reported as 0");
+      warned_empty = true;
+      return 0.0;
+    }
+    return eng.mean_over_ranks(sum) / all;
   };
   nlohmann::json last_line;  // the last step's metrics, held for the test set's loss
   stop_before_first_step(world.get(), cfg.comm_timeout_s, lead);
@@ -748,6 +762,7 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     std::unique_ptr<models::ModuleProfile> profile;
     if (lead && cfg.flops_profiler.enabled && step == cfg.flops_profiler.profile_step && !eng.device()) {
       profile = std::make_unique<models::ModuleProfile>();
+      eng.prepare_next_step();  // the module FLOPs of this step's length (a curriculum's)
       model->set_profiler(profile.get());
     }
     Timer t;
@@ -947,7 +962,18 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
       }
       if (metrics.is_open()) metrics.write(last_line, done);
     }
-    if (lead) std::fflush(stdout);  // a pipe or a log file sees each line as it happens
+    if (lead) {
+      // A pipe or a log file sees each line as it happens. A log file on a full disk lost every line
+      // after without a word (stop 74, a probe): said once on stderr, and the run goes on.
+      errno = 0;
+      const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout);
+      const int e = errno;
+      if (failed && !stdout_failed && e != EPIPE) {  // a closed pipe stops the run (SIGPIPE) instead
+        stdout_failed = true;
+        log_warning(std::string("standard output: cannot write the progress lines (") +
+                    (e != 0 ? std::strerror(e) : "write error") + "); the run goes on, --metrics keeps every step");
+      }
+    }
     if (stop != 0) {
       if (lead) {
         if (tty) std::printf("\n");

@@ -1282,11 +1282,11 @@ TEST(TrainMpi, TokenLossNormalisationIsTheWholeBatchsTokenMean) {
     }
   }
   auto config = [&](const std::string& name, int micro, const nlohmann::json& more) {
-    // Validation on the same tokens without the mask, the same 4 samples (1 micro-batch of 4, or 4
-    // of 1): every sample has all its targets, so the micro-batches' mean is the whole one's.
+    // Validation on the same tokens without the mask: eval_iters 1 is one global batch, the same 4
+    // samples in every layout (it counted micro-batches, and the layouts had to say 4 / micro).
     nlohmann::json extra = {{"data", {{"train", prefix}, {"valid", prefix + "-plain"}}}, {"train_batch_size", 4},
                             {"train_micro_batch_size_per_gpu", micro}, {"gradient_accumulation_steps", "auto"},
-                            {"comm_timeout", 20}, {"eval_iters", 4 / micro}};
+                            {"comm_timeout", 20}, {"eval_iters", 1}};
     extra.update(more);
     return write_config(name, extra) + " --metrics " + dir() + "/" + name + ".jsonl";
   };

@@ -5,8 +5,10 @@
 // max_difficulty, and stays there.
 //   fixed_linear / fixed_root (root_degree r):
 //     d(s) = floor((s / total_curriculum_step)^(1/r) * (max - min) + min),
-//     minus d(s) mod difficulty_step, at most max
+//     minus d(s) mod difficulty_step, at least the first multiple of difficulty_step at or above
+//     min (deepspeedai/DeepSpeed's PR #8334), at most max
 //   fixed_discrete: difficulty[i] for the first i with s <= max_step[i], else difficulty.back()
+//     (max_step increasing: refused otherwise)
 // s is the 1-based step about to run (DeepSpeed updates with global_steps + 1 in forward).
 #pragma once
 
@@ -33,7 +35,7 @@ int64_t curriculum_difficulty(const CurriculumConfig& c, int64_t step);
 class CurriculumSchedule {
  public:
   explicit CurriculumSchedule(CurriculumConfig c) : c_(std::move(c)), current_(c_.min_difficulty) {}
-  // The difficulty of step s (1-based); steps must not go backwards.
+  // The difficulty of step s (1-based); steps must not go backwards (the same step again is answered).
   int64_t at(int64_t step);
 
  private:

@@ -553,7 +553,13 @@ void parse_optimizer(Section& root, RunConfig& c) {
       for (const char* k : {"foreach", "capturable", "differentiable", "set_grad_none"}) p.unparsed(k, Unparsed::kWarn);
     }
     if (adam) {
-      o.adam_w_mode = lower == "adamw" || p.boolean("adam_w_mode", true);
+      // DeepSpeed's engine pops adam_w_mode for both types and builds AdamW's decoupled decay for
+      // type AdamW whatever it says; it was an unknown key refused beside AdamW (stop 74, a probe).
+      const bool w_mode = p.boolean("adam_w_mode", true);
+      if (lower == "adamw" && !w_mode)
+        c.warnings.push_back(p.where("adam_w_mode") + ": false is not read for type AdamW: DeepSpeed's engine builds "
+                             "AdamW's decoupled weight decay for it, and so does meshtrain");
+      o.adam_w_mode = lower == "adamw" || w_mode;
       o.bias_correction = p.boolean("bias_correction", true);
       if (p.boolean("torch_adam", false))  // torch's Adam/AdamW take no bias_correction argument
         MT_CHECK(o.bias_correction, ErrorKind::kInvalidArgument,
@@ -578,8 +584,13 @@ void parse_optimizer(Section& root, RunConfig& c) {
     }
     p.finish();
   }
+  // Adam's L2 decay (adam_w_mode false; torch_adam: torch.optim.Adam) adds weight_decay p to the
+  // gradient: without decay it is AdamW's update exactly, which trains (it was refused, stop 74).
+  if (!o.adam_w_mode && o.weight_decay == 0.0) o.adam_w_mode = true;
   if (!o.adam_w_mode)
-    throw Error(ErrorKind::kNotSupported, "optimizer.params.adam_w_mode: false (Adam with L2 decay) is not implemented yet");
+    throw Error(ErrorKind::kNotSupported, "optimizer.params.adam_w_mode: false with weight_decay " + fmt_g(o.weight_decay) +
+                                              " (Adam with L2 decay) is not implemented yet; weight_decay 0 trains it, "
+                                              "or adam_w_mode true for decoupled decay");
   // Built once here so a bad value (negative lr, nesterov without momentum) is a config error.
   optim::make_optimizer(o, 1, optim::single_segment(1, static_cast<float>(o.weight_decay)));
   s.finish();
@@ -1141,6 +1152,10 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
              q.where("partition") + " and " + q.where("partition_method") + " differ: they are one setting; give one");
     const char* partition_key = q.has("partition_method") && !q.has("partition") ? "partition_method" : "partition";
     c.partition = q.string("partition", q.string("partition_method", c.partition));
+    // DeepSpeed's own default for this key (get_pipeline_config's "best"), which its PipelineModule
+    // does not read: what trains there is PipelineModule's partition_method, "parameters" by default.
+    // Copied configs carry it; it was refused.
+    if (c.partition == "best") c.partition = "parameters";
     MT_CHECK(c.partition == "parameters" || c.partition == "uniform" || c.partition == "time", ErrorKind::kNotSupported,
              q.where(partition_key) + ": \"" + c.partition + "\" is not supported (\"parameters\", \"uniform\" or \"time\"; DeepSpeed's \"type:regex\" needs named layer types)");
     pipeline_partition = c.partition;
@@ -1242,9 +1257,14 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
                      "would train another layout and batch");
     p.finish();
   }
+  // Named by the keys given: DeepSpeed's pipeline.stages was said as parallel.tp x parallel.pp (stop 73's note).
+  const bool own = root.has("parallel");
+  const std::string tp_name = own || autotp <= 1 ? "parallel.tp" : "tensor_parallel.autotp_size";
+  const std::string pp_name = own || stages == 0 ? "parallel.pp" : "pipeline.stages";
   MT_CHECK(world % (c.tp * c.pp) == 0, ErrorKind::kInvalidArgument,
-           "parallel.tp (" + std::to_string(c.tp) + ") x parallel.pp (" + std::to_string(c.pp) + ") does not divide the " +
-               std::to_string(world) + " process(es) (data parallelism takes processes / (tp x pp))");
+           (c.tp == 1 && !own ? pp_name + " (" + std::to_string(c.pp) + ")"
+                              : tp_name + " (" + std::to_string(c.tp) + ") x " + pp_name + " (" + std::to_string(c.pp) + ")") +
+               " does not divide the " + std::to_string(world) + " process(es) (data parallelism takes processes / (tp x pp))");
   c.world_size = world / (c.tp * c.pp);
 }
 
@@ -1381,6 +1401,13 @@ void parse_curriculum(Section& root, RunConfig& c) {
     k.max_step = list("max_step");
     MT_CHECK(k.difficulty.size() == k.max_step.size() + 1, ErrorKind::kInvalidArgument,
              sc.where("difficulty") + ": needs one entry more than max_step (the last applies to every later step)");
+    // DeepSpeed reads the list as ascending: past its last entry every step takes the last
+    // difficulty, whatever the earlier entries say ([6, 3] trained 16 tokens at steps 4-6 here and
+    // 64 there, stop 74). Out of order, one of the two readings is not what was meant: refused.
+    for (size_t i = 1; i < k.max_step.size(); ++i)
+      MT_CHECK(k.max_step[i] > k.max_step[i - 1], ErrorKind::kInvalidArgument,
+               sc.where("max_step") + ": must increase (entry " + std::to_string(i) + " is " + std::to_string(k.max_step[i]) +
+                   " after " + std::to_string(k.max_step[i - 1]) + "); each entry is the last step of its difficulty");
   } else if (k.schedule_type == "fixed_linear" || k.schedule_type == "fixed_root") {
     need("total_curriculum_step");
     need("difficulty_step");
@@ -1729,6 +1756,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
              "the model's " + std::to_string(c.model.n_layer) + " layer(s) cannot fill parallel.pp (" + std::to_string(c.pp) +
                  ") x parallel.virtual_stages (" + std::to_string(c.virtual_stages) + ") pipeline stages");
   }
+  const bool sp_asked = c.sequence_parallel;  // parallel.sequence_parallel, before partition_activations
   if (root.has("activation_checkpointing")) {
     Section a = root.sub("activation_checkpointing");
     const bool from_pipeline = c.activation_checkpointing;  // pipeline.activation_checkpoint_interval 1
@@ -1741,13 +1769,27 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     c.partition_activations = a.boolean("partition_activations", false);
     if (c.partition_activations && c.tp > 1) c.sequence_parallel = true;
     a.require_default("cpu_checkpointing", false, "CPU checkpointing is not supported yet");
-    for (const char* k : {"contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile"})
-      a.unparsed(k, Unparsed::kWarn);
+    // Where the recomputed inputs are kept and when the ranks meet, and a timer: not what is trained.
+    // Said only when set away from DeepSpeed's defaults (false, null), which used to print four
+    // "no effect" lines for a block copied from DeepSpeed's documentation; checked for their type.
+    for (const char* k : {"contiguous_memory_optimization", "synchronize_checkpoint_boundary", "profile"})
+      if (a.boolean(k, false)) c.warnings.push_back(a.where(k) + ": true has no effect in meshtrain (memory layout, "
+                                                    "synchronisation and timing of the recompute; what is trained is the same)");
+    if (a.has("number_checkpoints")) {
+      const int64_t n = a.integer("number_checkpoints", 0);
+      MT_CHECK(n >= 1, ErrorKind::kInvalidArgument, a.where("number_checkpoints") + ": must be null or a count >= 1 (got " +
+                                                        std::to_string(n) + ")");
+      c.warnings.push_back(a.where("number_checkpoints") + ": has no effect in meshtrain (it sizes DeepSpeed's contiguous "
+                           "buffer; recompute is per block here)");
+    }
     a.finish();
   }
+  // The key the user gave (partition_activations' errors were said as parallel.sequence_parallel's).
+  const std::string sp_key = sp_asked ? "parallel.sequence_parallel"
+                                      : "activation_checkpointing.partition_activations (sequence parallelism with tp > 1)";
   if (c.sequence_parallel && (c.batch.micro_batch_per_gpu * c.seq_length) % c.tp != 0)
     throw Error(ErrorKind::kInvalidArgument,
-                "parallel.sequence_parallel splits train_micro_batch_size_per_gpu x seq_length (" +
+                sp_key + " splits train_micro_batch_size_per_gpu x seq_length (" +
                     std::to_string(c.batch.micro_batch_per_gpu * c.seq_length) + " tokens) over parallel.tp (" +
                     std::to_string(c.tp) + "): they must divide evenly");
   // A curriculum's shorter steps too: a length the split fails ended the run at that step (exit 2,
@@ -1758,7 +1800,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     for (int64_t step = 1; step <= curriculum_last_checked_step(c); ++step) {
       const int64_t d = sched.at(step);
       MT_CHECK((c.batch.micro_batch_per_gpu * d) % c.tp == 0, ErrorKind::kInvalidArgument,
-               "curriculum_learning with parallel.sequence_parallel: step " + std::to_string(step) + " trains " +
+               "curriculum_learning with " + sp_key + ": step " + std::to_string(step) + " trains " +
                    std::to_string(d) + " tokens a sample, and train_micro_batch_size_per_gpu x that (" +
                    std::to_string(c.batch.micro_batch_per_gpu * d) + ") does not divide over parallel.tp (" +
                    std::to_string(c.tp) + "): give difficulties (min_difficulty, difficulty_step) that it does");

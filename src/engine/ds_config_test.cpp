@@ -1355,6 +1355,73 @@ TEST(DsCompat, MessagesNameWhereTheValueCameFrom) {
             "learning_rate: Hugging Face's TrainingArguments field is not read here (meshtrain's is optimizer.params.lr)");
 }
 
+// Items stop 73's note left (stop 74): DeepSpeed's documented defaults are accepted quietly, a
+// wrong type is refused, and a message names the key the user gave.
+TEST(DsCompat, DeepSpeedDefaultsPassQuietlyAndMessagesNameTheKeyGiven) {
+  constexpr size_t npos = std::string::npos;
+  auto count = [](const RunConfig& c, const std::string& what) {
+    return std::count_if(c.warnings.begin(), c.warnings.end(), [&](const std::string& w) { return w.find(what) != npos; });
+  };
+  // DeepSpeed's documented activation_checkpointing block, at its defaults: four "no effect" lines before.
+  const RunConfig ac = ds_config_parse(with("activation_checkpointing", {{"partition_activations", false},
+                                                                         {"cpu_checkpointing", false},
+                                                                         {"contiguous_memory_optimization", false},
+                                                                         {"number_checkpoints", nullptr},
+                                                                         {"synchronize_checkpoint_boundary", false},
+                                                                         {"profile", false}}),
+                                       "cfg.json");
+  EXPECT_EQ(count(ac, "activation_checkpointing"), 0);
+  EXPECT_TRUE(ac.activation_checkpointing);
+  EXPECT_EQ(count(ds_config_parse(with("activation_checkpointing", {{"profile", true}}), "cfg.json"),
+                  "activation_checkpointing.profile: true has no effect"),
+            1);
+  EXPECT_EQ(count(ds_config_parse(with("activation_checkpointing", {{"number_checkpoints", 4}}), "cfg.json"),
+                  "activation_checkpointing.number_checkpoints: has no effect"),
+            1);
+  EXPECT_EQ(error_of(with("activation_checkpointing", {{"profile", "yes"}})), "activation_checkpointing.profile must be true or false");
+  EXPECT_NE(error_of(with("activation_checkpointing", {{"number_checkpoints", 0}})).find("must be null or a count >= 1"), npos);
+  // adam_w_mode, which DeepSpeed's engine pops for Adam and AdamW: beside AdamW it was refused as an
+  // unknown key; Adam's L2 mode without decay (AdamW's update exactly) was refused as not implemented.
+  auto adam = [](const char* type, nlohmann::json params) {
+    return with("optimizer", {{"type", type}, {"params", std::move(params)}});
+  };
+  EXPECT_EQ(error_of(adam("AdamW", {{"lr", 1e-3}, {"adam_w_mode", true}})), "");
+  const RunConfig aw = ds_config_parse(adam("AdamW", {{"lr", 1e-3}, {"adam_w_mode", false}, {"weight_decay", 0.1}}), "cfg.json");
+  EXPECT_TRUE(aw.optimizer.adam_w_mode);
+  EXPECT_EQ(count(aw, "optimizer.params.adam_w_mode: false is not read for type AdamW"), 1);
+  const RunConfig l2 = ds_config_parse(adam("Adam", {{"lr", 1e-3}, {"adam_w_mode", false}}), "cfg.json");
+  EXPECT_TRUE(l2.optimizer.adam_w_mode);
+  EXPECT_EQ(l2.optimizer.weight_decay, 0.0);
+  EXPECT_EQ(error_of(adam("Adam", {{"lr", 1e-3}, {"adam_w_mode", false}, {"torch_adam", true}})), "");  // torch.optim.Adam, wd 0
+  EXPECT_NE(error_of(adam("Adam", {{"lr", 1e-3}, {"adam_w_mode", false}, {"weight_decay", 0.1}}))
+                .find("optimizer.params.adam_w_mode: false with weight_decay 0.1 (Adam with L2 decay) is not implemented yet"),
+            npos);
+  // DeepSpeed's own default pipeline.partition "best" (which its PipelineModule does not read):
+  // PipelineModule's default "parameters" trains; it was refused.
+  nlohmann::json best = with("pipeline", {{"stages", 2}, {"partition", "best"}});
+  EXPECT_EQ(error_of(best, 2), "");
+  EXPECT_EQ(ds_config_parse(best, "cfg.json", 2).partition, "parameters");
+  // pipeline.stages that does not divide the processes was named as parallel.tp x parallel.pp.
+  const std::string stages = error_of(with("pipeline", {{"stages", 2}}), 3);
+  EXPECT_EQ(stages.rfind("pipeline.stages (2) does not divide the 3 process(es)", 0), 0u) << stages;
+  // partition_activations' sequence parallelism was named as parallel.sequence_parallel.
+  nlohmann::json pa = with("activation_checkpointing", {{"partition_activations", true}});
+  pa["parallel"] = {{"tp", 2}};
+  pa["train_micro_batch_size_per_gpu"] = 1;
+  pa["seq_length"] = 15;
+  const std::string sp = error_of(pa, 2);
+  EXPECT_EQ(sp.rfind("activation_checkpointing.partition_activations (sequence parallelism with tp > 1) splits", 0), 0u) << sp;
+  // fixed_discrete's max_step out of order: DeepSpeed takes the last difficulty past the last entry
+  // (64 at step 4 of [6, 3]), the first match gave 16 here; refused.
+  nlohmann::json disc = with("curriculum_learning", {{"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", 4},
+                                                     {"max_difficulty", 16}, {"schedule_type", "fixed_discrete"},
+                                                     {"schedule_config", {{"difficulty", {4, 8, 16}}, {"max_step", {6, 3}}}}});
+  EXPECT_NE(error_of(disc).find("curriculum_learning.schedule_config.max_step: must increase (entry 1 is 3 after 6)"), npos)
+      << error_of(disc);
+  disc["curriculum_learning"]["schedule_config"]["max_step"] = {3, 6};
+  EXPECT_EQ(error_of(disc), "");
+}
+
 // The real ds_config files of tests/fixtures/ds_configs (README: sources, licences), given to the
 // parser exactly as they are: each passes bare, or is refused naming the key it cannot honour.
 TEST(DsCompat, RealConfigsPassBareOrAreRefusedByKey) {
@@ -1411,6 +1478,14 @@ TEST(Curriculum, DifficultiesFollowDeepSpeedsSchedules) {
   EXPECT_EQ(curriculum_difficulty(c, 25), 32);  // sqrt(0.25) = 0.5 -> 36 -> 32
   EXPECT_EQ(curriculum_difficulty(c, 1), 8);    // sqrt(0.01) = 0.1 -> 13 -> 8
   EXPECT_EQ(curriculum_difficulty(c, 64), 48);  // 0.8 -> floor(52.8) = 52 -> 48
+  // Below min_difficulty after the rounding: raised to its first multiple of difficulty_step, as
+  // deepspeedai/DeepSpeed does since its PR #8334 (it trained 8 tokens for min 12, stop 74).
+  c.min_difficulty = 12;
+  EXPECT_EQ(curriculum_difficulty(c, 1), 16);   // floor(0.1 * 52 + 12) = 17 -> 16
+  c.schedule_type = "fixed_linear";
+  EXPECT_EQ(curriculum_difficulty(c, 1), 16);   // floor(0.01 * 52 + 12) = 12 -> 8 -> 16
+  c.min_difficulty = 8;
+  c.schedule_type = "fixed_root";
   c.schedule_type = "fixed_discrete";
   c.difficulty = {8, 16, 32};
   c.max_step = {2, 4};

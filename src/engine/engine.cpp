@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <map>
 #include <string>
@@ -216,6 +217,15 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
 
 Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::shared_ptr<parallel::ParallelContext> ctx)
     : config_(config), model_(model), ctx_(std::move(ctx)), dp_(ctx_->groups.dp), scaler_(scaler_config(config)) {
+  // Unwinding out of here (the optimizer's swap directory held or full after the parameters' files
+  // were reserved): those files go, before the members that know them are destroyed.
+  struct DiscardOnThrow {
+    Engine* engine;
+    int before = std::uncaught_exceptions();
+    ~DiscardOnThrow() {
+      if (std::uncaught_exceptions() > before) engine->discard_swap_files();
+    }
+  } discard_on_throw{this};
   nn::ParamStore& store = model.store();
   MT_CHECK(model.tp().size() == ctx_->tp(), ErrorKind::kInternal,
            "the model was built for " + std::to_string(model.tp().size()) + " tensor-parallel rank(s), the layout has " +
@@ -448,6 +458,11 @@ double Engine::grad_sum_squares() {
 
 Engine::~Engine() = default;
 
+void Engine::discard_swap_files() noexcept {
+  if (optimizer_ && optimizer_->state_swapped()) static_cast<optim::SwappedAdamW*>(optimizer_.get())->discard_swap_files();
+  if (sync_ && sync_->zero() != nullptr) sync_->zero()->discard_swap_files();
+}
+
 void Engine::settle() {
   if (optimizer_ && optimizer_->state_swapped()) static_cast<optim::SwappedAdamW*>(optimizer_.get())->wait();
 }
@@ -658,7 +673,9 @@ StepResult Engine::step() {
     const float f = static_cast<float>(post);
     for (size_t i = 0, n = state_numel(); i < n; ++i) g[i] *= f;
   }
-  if (fault_active("engine.nonfinite_grad") && !device_ && grad() != nullptr) grad()[state_numel() / 2] = INFINITY;
+  if ((fault_active("engine.nonfinite_grad") || (fault_active("engine.nonfinite_grad_once") && global_step_ == 0)) && !device_ &&
+      grad() != nullptr)
+    grad()[state_numel() / 2] = INFINITY;
   double norm;
   if (device_ && nccl_) {  // the data-parallel sum (each micro-batch's loss was scaled by 1 / ranks)
     for (auto& w : grad_reductions_) w->wait();
@@ -693,25 +710,30 @@ StepResult Engine::step() {
     dp_->all_reduce(&f, 1, DType::kF32, o)->wait();
     overflow = f != 0.0f;
   }
-  // Without a dynamic loss scaler (fp32, bf16, a static fp16 scale) skipping cannot recover: the
-  // next step's gradients come from the same weights. Stop, naming the step and the first parameter
-  // whose gradient is not finite.
+  // Without a loss scaler (fp32, bf16) a non-finite gradient is the run diverging: stop, naming the
+  // step and the first parameter whose gradient is not finite.
   // bf16.check_grad_overflow: DeepSpeed's ZeRO optimizer skips such a step; so does this one.
+  // A static fp16 scale: DeepSpeed's fp16 wrappers check for overflow whatever the scale and skip
+  // the step ("Grad overflow on iteration N", "Using static loss scale of S"), and the next batch
+  // trains; so does this one, with one line a skip. It stopped the run, and a resume read the same
+  // batch and stopped again (stop 74, a probe). A run none of whose steps applies ends with exit 1.
   if (overflow && !scaler_.dynamic() && !config_.bf16_check_grad_overflow) {
     std::string where = first_nonfinite_grad();
-    // A static fp16 scale: the scaled gradient passing fp16's 65504 is the likely cause, which
-    // neither the learning rate nor clipping (applied after) changes.
     char scale[32];
     std::snprintf(scale, sizeof scale, "%g", static_cast<double>(r.loss_scale));
-    const std::string hint =
-        config_.compute_dtype == DType::kF16
-            ? std::string("; with the static fp16.loss_scale ") + scale +
-                  " the scaled gradient can pass fp16's largest value (65504): lower fp16.loss_scale, or set it to 0 "
-                  "for dynamic scaling (which skips such a step and lowers the scale), or check the data"
-            : std::string("; without a dynamic fp16 loss scaler the step cannot be skipped and retried — lower the "
-                          "learning rate, enable gradient_clipping, or check the data");
-    throw Error(ErrorKind::kNumerical, "step " + std::to_string(global_step_ + 1) + ": the gradient is not finite" +
-                                           (where.empty() ? std::string() : " (first in " + where + ")") + hint);
+    if (config_.compute_dtype == DType::kF16) {
+      // The scaled gradient passing fp16's 65504 is the likely cause, which neither the learning
+      // rate nor clipping (applied after) changes.
+      if (rank() == 0)
+        log_warning("step " + std::to_string(global_step_ + 1) + ": the gradient overflows at the static fp16.loss_scale " +
+                    scale + (where.empty() ? std::string() : " (first in " + where + ")") +
+                    ": step skipped, as DeepSpeed skips it (a lower fp16.loss_scale, or 0 for dynamic scaling, avoids it)");
+    } else {
+      throw Error(ErrorKind::kNumerical, "step " + std::to_string(global_step_ + 1) + ": the gradient is not finite" +
+                                             (where.empty() ? std::string() : " (first in " + where + ")") +
+                                             "; without a dynamic fp16 loss scaler the step cannot be skipped and retried — "
+                                             "lower the learning rate, enable gradient_clipping, or check the data");
+    }
   }
   if (overflow) {
     r.skipped = true;
@@ -848,12 +870,8 @@ StepResult Engine::train_micro_batches(const MicroBatchFn& next) {
   const int64_t T = config_.seq_length;
   // curriculum_learning (seqlen): this step trains on the first L tokens of every sample (and
   // their targets), as Megatron-DeepSpeed truncates tokens[:, :L].
-  int64_t L = T;
-  if (config_.curriculum.enabled) {
-    if (!curriculum_) curriculum_ = std::make_unique<CurriculumSchedule>(config_.curriculum);
-    L = curriculum_->at(global_step_ + 1);
-  }
-  if (step_seq_length_ > 0) L = std::exchange(step_seq_length_, 0);
+  const int64_t L = next_step_seq_length();
+  step_seq_length_ = 0;
   if (L != model_.seq()) model_.prepare(B, static_cast<int>(L));
   std::vector<int32_t> tokens(static_cast<size_t>(B) * static_cast<size_t>(T)), targets(tokens.size());
   for (int64_t m = 0; m < config_.batch.gradient_accumulation_steps; ++m) {
@@ -867,6 +885,18 @@ StepResult Engine::train_micro_batches(const MicroBatchFn& next) {
   StepResult r = step();
   r.seq_length = L;
   return r;
+}
+
+int64_t Engine::next_step_seq_length() {
+  if (step_seq_length_ > 0) return step_seq_length_;
+  if (!config_.curriculum.enabled) return config_.seq_length;
+  if (!curriculum_) curriculum_ = std::make_unique<CurriculumSchedule>(config_.curriculum);
+  return curriculum_->at(global_step_ + 1);
+}
+
+void Engine::prepare_next_step() {
+  const int64_t L = next_step_seq_length();
+  if (!device_ && L != model_.seq()) model_.prepare(model_.batch(), static_cast<int>(L));
 }
 
 float Engine::evaluate(const int32_t* tokens, const int32_t* targets) {

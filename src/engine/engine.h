@@ -111,6 +111,11 @@ class Engine {
   // Mean loss of a micro-batch without touching gradients (through every stage of a pipeline:
   // collective over the pp group, every stage gets the loss).
   float evaluate(const int32_t* tokens, const int32_t* targets);
+  // The next step's sequence length (a curriculum's, or set_step_seq_length's; else seq_length),
+  // and the model prepared for it: the flops profiler attaches to that step's shapes (it counted
+  // the step before's length under a curriculum, stop 74).
+  int64_t next_step_seq_length();
+  void prepare_next_step();
   // A sequence classifier's logits (B, T, num_labels) of a micro-batch of the prepared shape, on
   // every rank (through every stage of a pipeline, whose last stage broadcasts them: collective
   // over the pp group).
@@ -190,6 +195,9 @@ class Engine {
   // Accounted memory of where the step runs: the GPU's allocator with a device, else the host's.
   MemStats memory_stats() const;
   void reset_memory_peaks();
+  // A start that failed (here, or the resume after): the NVMe swap files already made are removed,
+  // as their reserved space counted against the next run on that filesystem (stop 73's note). Never throws.
+  void discard_swap_files() noexcept;
   optim::Optimizer& optimizer() { return *optimizer_; }
   optim::LossScaler& loss_scaler() { return scaler_; }
   // Restores the counters of a checkpoint.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unistd.h>
 #include <filesystem>
 #include <utility>
 
@@ -96,6 +97,15 @@ SwappedAdamW::~SwappedAdamW() {
     if (io_) io_->wait_all();
   } catch (...) {  // a failed write was reported by the step that issued it
   }
+}
+
+void SwappedAdamW::discard_swap_files() noexcept {
+  if (swap_.env != nullptr) return;  // a test's Env holds no files
+  try {
+    if (io_) io_->wait_all();
+  } catch (...) {
+  }
+  for (int s = 0; s < 2; ++s) ::unlink((swap_.dir + "/" + kStateNames[s] + ".swp").c_str());
 }
 
 io::File& SwappedAdamW::file(int k) const {

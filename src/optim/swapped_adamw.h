@@ -95,6 +95,9 @@ class SwappedAdamW : public Optimizer {
   // until the whole step is, as wait()); rethrows the step's error. Synchronous: returns at once.
   void wait_range(size_t begin, size_t end);
   void wait();
+  // A start that failed: removes the moments' swap files (not the runtime's master file), whose
+  // reserved space counted against the next run on the filesystem. Never throws.
+  void discard_swap_files() noexcept;
   bool asynchronous() const { return swap_.asynchronous; }
   size_t sub_groups() const { return groups_; }
   size_t resident_bytes() const;  // the slots

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "kernels/cpu/ops.h"
@@ -167,6 +168,15 @@ ZeroRuntime::~ZeroRuntime() {
     } catch (...) {
     }
   }
+}
+
+void ZeroRuntime::discard_swap_files() noexcept {
+  if (!swap_ || opts_.env != nullptr) return;  // a test's Env holds no files
+  try {
+    swap_->io->wait_all();
+  } catch (...) {
+  }
+  for (const char* f : {"params.swp", "grads.swp"}) ::unlink((opts_.swap_dir + "/" + f).c_str());
 }
 
 void ZeroRuntime::set_last_micro_batch(bool last) {

@@ -96,6 +96,9 @@ class ZeroRuntime : private ZeroEffects {
   // offload_param nvme: master() and grad() are null; the shards are in these files, laid out by
   // swap_records() (span elements of each unit piece at its record's offset).
   bool swapped() const { return swap_ != nullptr; }
+  // A start that failed (the engine's, or its resume): removes the swap files this runtime created,
+  // whose reserved space counted against the next run on the filesystem. Never throws.
+  void discard_swap_files() noexcept;
   // offload_param nvme: the parameter and gradient traffic since the last call (gathers' piece
   // reads, gradient records read and written, and the time the step blocked on them); zeros
   // otherwise. Resets the counters.
