@@ -129,7 +129,7 @@ ProfiledStep profile_one_step(const nlohmann::json& profiler, double peak_tflops
 TEST(FlopsProfiler, ReportNumbersAddUp) {
   // A test peak of 1 GFLOP/s: MFU is printed to 0.1 %, and this tiny model's step on a loaded
   // 2-core machine (ctest -j2 beside MPI tests) rounded to 0.0 % of 0.25 TFLOP/s.
-  ProfiledStep s = profile_one_step({{"enabled", true}}, 0.001);
+  ProfiledStep s = profile_one_step({{"enabled", true}}, 1.0);
   const std::string& rep = s.report;
   EXPECT_NE(rep.find("Profile of step 2"), std::string::npos) << rep;
   const double fwd_latency = summary_value(rep, "fwd latency");
@@ -163,12 +163,17 @@ TEST(FlopsProfiler, ReportNumbersAddUp) {
   EXPECT_LE(fwd_pct, 100.0 + 0.05);
   EXPECT_LE(fwd, fwd_latency + 1e-5);
   EXPECT_NE(rep.find("LMHead"), std::string::npos);
-  // MFU = the step's FLOPS per GPU over the given peak (1 GFLOP/s), printed to 0.1 %.
+  // MFU = the step's FLOPS per GPU over the given peak (1 TFLOP/s), printed to 0.1 %.
   const double flops_per_gpu = summary_value(rep, "FLOPS per GPU = 3 * fwd flops per GPU / iter latency");
-  EXPECT_NEAR(summary_value(rep, "peak FLOPS per GPU (test peak)"), 1e9, 1e6);
+  EXPECT_NEAR(summary_value(rep, "peak FLOPS per GPU (test peak)"), 1e12, 1e9);
   const double mfu = summary_value(rep, "MFU = FLOPS per GPU / peak FLOPS per GPU");
   EXPECT_GT(mfu, 0.0);
-  EXPECT_NEAR(mfu, 100.0 * flops_per_gpu / 1e9, 0.06 + 0.01 * mfu) << rep;
+  EXPECT_NEAR(mfu, 100.0 * flops_per_gpu / 1e12, 0.06 + 0.01 * mfu) << rep;
+  // A "peak" the step beat (a ceiling timed on a loaded machine) is said, not printed as an MFU
+  // above 100 % (a probe saw 168 %, stop 74). Here 1 MFLOP/s.
+  const std::string beaten = profile_one_step({{"enabled", true}}, 1e-6).report;
+  EXPECT_EQ(beaten.find("MFU = FLOPS per GPU / peak FLOPS per GPU"), std::string::npos) << beaten;
+  EXPECT_NE(beaten.find("not reported: the step ran at "), std::string::npos) << beaten;
   // Without a measured peak MFU is said to be missing, not made up.
   std::string none = profile_one_step({{"enabled", true}}, 0.0).report;
   EXPECT_NE(none.find("\nMFU:"), std::string::npos);

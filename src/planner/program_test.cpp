@@ -42,16 +42,17 @@ ZeroStepCosts costs(double f, double b, double gather, double reduce) {
   return c;
 }
 
-// Stage 2, overlap_comm: the head's reduction is waited for at once (the last unit's backward
-// reuses its slab), every block's reduction hides behind the next unit's backward, the last one
-// is waited for by finish_backward, and the refresh gathers the three views one after another.
+// Stage 2, overlap_comm: the head's and the last unit's backward share one slab, reduced once when
+// the backward moves on (it was reduced after each use, the first one waited for at once: stop 74);
+// every reduction but the last hides behind the next unit's backward, the last one is waited for
+// by finish_backward, and the refresh gathers the three views one after another.
 TEST(ZeroProgram, Stage2OverlapHidesEachReductionBehindTheNextBackward) {
   const double f = 1, b = 2, R = 0.5, G = 0.25;
   SimProgram p = zero_step_program(three_units(2, true), costs(f, b, G, R));
   ASSERT_EQ(p.ranks.size(), 2u);
   SimReport r = simulate(p);
   ASSERT_FALSE(r.deadlock) << r.where;
-  EXPECT_DOUBLE_EQ(r.makespan, 3 * f + R + 3 * b + R + 3 * G);
+  EXPECT_DOUBLE_EQ(r.makespan, 3 * f + 3 * b + R + 3 * G);
   EXPECT_DOUBLE_EQ(r.compute[0], 3 * f + 3 * b);
 
   // Without progress (MPI moves a nonblocking collective only inside its wait), every reduction
@@ -59,17 +60,18 @@ TEST(ZeroProgram, Stage2OverlapHidesEachReductionBehindTheNextBackward) {
   SimOptions o;
   o.progress = false;
   SimReport s = simulate(p, o);
-  EXPECT_DOUBLE_EQ(s.makespan, 3 * f + 3 * b + 4 * R + 3 * G);
+  EXPECT_DOUBLE_EQ(s.makespan, 3 * f + 3 * b + 3 * R + 3 * G);
 }
 
 // Stage 3 without prefetch or overlap: every gather and reduction is waited for where it is made.
 // The forward gathers 3 units, the head's backward the last one again, the backward all 3 (each
-// freed after its use): 7 gathers and 4 reductions, nothing persistent to refresh.
+// freed after its use): 7 gathers and 3 reductions (the head's and its unit's backward share one),
+// nothing persistent to refresh.
 TEST(ZeroProgram, Stage3WithoutPrefetchWaitsForEveryGatherTheScheduleMakes) {
   const double f = 1, b = 2, R = 0.5, G = 0.25;
   SimReport r = simulate(zero_step_program(three_units(3, false), costs(f, b, G, R)));
   ASSERT_FALSE(r.deadlock) << r.where;
-  EXPECT_DOUBLE_EQ(r.makespan, 3 * f + 3 * b + 7 * G + 4 * R);
+  EXPECT_DOUBLE_EQ(r.makespan, 3 * f + 3 * b + 7 * G + 3 * R);
 
   // With the prefetch, the next unit's gather runs under this unit's compute: of the forward's
   // gathers only the first is waited for.
@@ -89,10 +91,11 @@ TEST(ZeroProgram, Stage3WithoutPrefetchWaitsForEveryGatherTheScheduleMakes) {
 // at most two in flight, all before the step ends. By hand:
 //   forward    unit 0: wait 5.6, read to 6.0, f to 7.0; unit 1: wait 8.4, read 8.8, f 9.8;
 //              unit 2: read 9.8-10.2, f 11.2
-//   head       unit 2 read again 11.2-11.6; its record written 11.6-12.0
-//   backward   unit 2: read 12.0-12.4, b 14.4, its record read back (the head's sum) 14.4-14.8,
-//              written -15.2; unit 1: read -15.6, b 17.6, write -18.0; unit 0: read -18.4, b 20.4,
-//              write -20.8; the step waits for it.
+//   head       unit 2 read again 11.2-11.6; its gradient stays in the slab (one reduction for the
+//              unit's two uses, stop 74: its record was written here and read back below)
+//   backward   unit 2: read 11.6-12.0, b 14.0; its record written -14.4 as unit 1 begins; unit 1:
+//              read -14.8, b 16.8, write -17.2; unit 0: read -17.6, b 19.6, write -20.0; the step
+//              waits for it.
 TEST(ZeroProgram, OffloadedParametersWaitForTheOptimizersWritesAndReadTheirPieces) {
   ZeroStepSpec s = three_units(3, false);
   s.world = 1;
@@ -109,15 +112,15 @@ TEST(ZeroProgram, OffloadedParametersWaitForTheOptimizersWritesAndReadTheirPiece
   EXPECT_EQ(optimizer_ops, 3);
   SimReport r = simulate(p);
   ASSERT_FALSE(r.deadlock) << r.where;
-  EXPECT_NEAR(r.makespan, 20.8, 1e-9);
+  EXPECT_NEAR(r.makespan, 20.0, 1e-9);
   EXPECT_NEAR(r.compute[0], 3 * 1.0 + 3 * 2.0, 1e-9);
   // Two micro-batches: the optimizer is done; the second reads every record back before adding
-  // to it. Forward from 20.8: 3 x (0.4 + 1) to 25.0; head read -25.4, read back -25.8, write -26.2;
-  // each unit's backward then read 0.4, b 2, read back 0.4 (its write is done), write 0.4: 35.8.
+  // to it. Forward from 20.0: 3 x (0.4 + 1) to 24.2; head read -24.6; each unit's backward then
+  // read 0.4, b 2, read back 0.4 (its write is done), write 0.4: 34.2.
   s.micro_batches = 2;
   SimReport two = simulate(zero_step_program(s, c));
   ASSERT_FALSE(two.deadlock) << two.where;
-  EXPECT_NEAR(two.makespan, 35.8, 1e-9);
+  EXPECT_NEAR(two.makespan, 34.2, 1e-9);
   // A disk that slows compute (k = 1e-5 s a byte): unit 0's first forward runs beside the optimizer's
   // third sub-group (28000 bytes in 2.8 s), at 1 / (1 + 0.1) speed: 1.1 s. The wait for unit 1's
   // piece absorbs it; the step's other passes run beside no transfer (each read is waited for
@@ -126,7 +129,7 @@ TEST(ZeroProgram, OffloadedParametersWaitForTheOptimizersWritesAndReadTheirPiece
   s.micro_batches = 1;
   SimReport slowed = simulate(zero_step_program(s, c));
   EXPECT_NEAR(slowed.compute[0], 3 * 1.0 + 3 * 2.0 + 0.1, 1e-9);
-  EXPECT_NEAR(slowed.makespan, 20.8, 1e-9);
+  EXPECT_NEAR(slowed.makespan, 20.0, 1e-9);
 }
 
 // Stage 0 on two ranks, buckets of 1500 elements cut from the end: [1500, 3000) is launched at
@@ -200,8 +203,9 @@ TEST(ZeroProgram, AccumulationRepeatsThePassesAndStepsOnce) {
 
 // The ZeRO passes between the collectives, each at its own kernel's rate. Stage 3 without prefetch,
 // bf16 compute, free compute and collectives: each of the 7 gathers converts its unit (4000 bytes
-// of f32: 1.5 x 4000 bytes moved), each of the 4 slabs is zeroed (4000 bytes) and each of the 4
-// reductions summed into the shard (500 elements). Without those rates (older calibrations) each
+// of f32: 1.5 x 4000 bytes moved), each of the 3 slabs is zeroed (4000 bytes) and each of the 3
+// reductions summed into the shard (500 elements; the head's unit gathers both its uses in one slab
+// and one reduction since stop 74). Without those rates (older calibrations) each
 // pass is its bytes at the memory rate: 1.5 x 4000, 4000 and 3 x 2000.
 TEST(ZeroProgram, ConversionsZeroingAndSumsRunAtTheirOwnRates) {
   ZeroStepSpec s = three_units(3, false);
@@ -209,20 +213,20 @@ TEST(ZeroProgram, ConversionsZeroingAndSumsRunAtTheirOwnRates) {
   ZeroStepCosts c = costs(0, 0, 0, 0);
   c.memory_per_byte = 1e-6;
   const double mem = simulate(zero_step_program(s, c)).makespan;
-  EXPECT_DOUBLE_EQ(mem, 1e-6 * (7 * 1.5 * 4000 + 4 * 4000 + 4 * 3 * 2000));
+  EXPECT_DOUBLE_EQ(mem, 1e-6 * (7 * 1.5 * 4000 + 3 * 4000 + 3 * 3 * 2000));
   c.convert_per_byte = 1e-3;
   c.zero_per_byte = 1e-5;
   c.sum_per_element = 1e-1;
   const double own = simulate(zero_step_program(s, c)).makespan;
-  EXPECT_DOUBLE_EQ(own, 7 * 1e-3 * 1.5 * 4000 + 4 * 1e-5 * 4000 + 4 * 1e-1 * 500);
+  EXPECT_DOUBLE_EQ(own, 7 * 1e-3 * 1.5 * 4000 + 3 * 1e-5 * 4000 + 3 * 1e-1 * 500);
   // f32 compute binds the gathered unit itself: no conversion.
   s.low_precision = false;
-  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 4 * 1e-5 * 4000 + 4 * 1e-1 * 500);
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 3 * 1e-5 * 4000 + 3 * 1e-1 * 500);
 }
 
 // One rank, stage 2: each unit's slab (4000 bytes) is zeroed, copied by its local reduction (4000
-// bytes read and written) and summed into the shard (1000 elements), 4 times (the head's unit
-// twice). Within the cache the three passes run at the hot lines; a cache smaller than the slab
+// bytes read and written) and summed into the shard (1000 elements), 3 times (the head's unit once
+// for its two uses, stop 74). Within the cache the three passes run at the hot lines; a cache smaller than the slab
 // leaves them at the cold ones.
 TEST(ZeroProgram, OneRanksSlabPassesRunHotWhenTheSlabFitsTheCache) {
   ZeroStepSpec s = three_units(2, false);
@@ -232,13 +236,13 @@ TEST(ZeroProgram, OneRanksSlabPassesRunHotWhenTheSlabFitsTheCache) {
   c.reduce_scatter = [](double bytes) { return 1e-6 * 2 * bytes; };  // one rank: a copy at the cold rate
   c.zero_per_byte = 1e-5;
   c.sum_per_element = 1e-4;
-  const double cold = 4 * (1e-5 * 4000 + 1e-6 * 2 * 4000 + 1e-4 * 1000);
+  const double cold = 3 * (1e-5 * 4000 + 1e-6 * 2 * 4000 + 1e-4 * 1000);
   EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, cold);
   c.hot_zero_per_byte = 1e-7;
   c.hot_copy_per_byte = 1e-8;
   c.hot_sum_per_element = 1e-6;
   c.cache_bytes = 4000;
-  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 4 * (1e-7 * 4000 + 1e-8 * 2 * 4000 + 1e-6 * 1000));
+  EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, 3 * (1e-7 * 4000 + 1e-8 * 2 * 4000 + 1e-6 * 1000));
   c.cache_bytes = 3999;
   EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, cold);
   // The weight gradients accumulated in a slab zeroed at the unit's hook within the cache: each
@@ -248,7 +252,7 @@ TEST(ZeroProgram, OneRanksSlabPassesRunHotWhenTheSlabFitsTheCache) {
   EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan, cold + 3 * 1.0);
   c.cache_bytes = 4000;
   EXPECT_DOUBLE_EQ(simulate(zero_step_program(s, c)).makespan,
-                   3 * 0.75 + 4 * (1e-7 * 4000 + 1e-8 * 2 * 4000 + 1e-6 * 1000));
+                   3 * 0.75 + 3 * (1e-7 * 4000 + 1e-8 * 2 * 4000 + 1e-6 * 1000));
   // Stage 1 keeps every slab from construction (not zeroed at the hooks): no saving.
   s.schedule.stage = 1;
   EXPECT_GT(simulate(zero_step_program(s, c)).makespan, 3 * 1.0);

@@ -130,17 +130,45 @@ void ZeroSchedule::on_hook(size_t u, bool pre, bool forward) {
     }
   } else if (pre) {
     backward_phase_ = true;
+    if (opts_.stage >= 2) reduce_deferred_tail(u);
     if (opts_.stage == 3) acquire(u);
-    if (opts_.stage >= 2) begin_grads(u);
+    if (deferred_.size() != units_.size()) deferred_.assign(units_.size(), false);
+    // A unit's second use in this backward adds to the slab its first use filled.
+    if (opts_.stage >= 2 && !deferred_[u]) begin_grads(u);
   } else {
     // Stage 1 reduces a block's gradients during the last micro-batch's backward (used once);
-    // the embeddings and tail (used twice when tied) wait for finish_backward().
-    if (opts_.stage >= 2 || (last_micro_ && u != 0 && u != last)) reduce_grads(u);
+    // the embeddings and tail (used twice when tied) wait for finish_backward(). Stages 2-3 reduce
+    // a block at once, and the embeddings and tail once their uses are done: they reduced at every
+    // use, the embeddings' unit twice a micro-batch with a tied head, the tail twice with an
+    // untied one (the same sums, 16 % more gradient traffic on a probe's model, stop 74).
+    if (opts_.stage >= 2) {
+      if (u == 0 || u == last) {
+        if (deferred_.size() != units_.size()) deferred_.assign(units_.size(), false);
+        deferred_[u] = true;
+      } else {
+        reduce_grads(u);
+      }
+    } else if (last_micro_ && u != 0 && u != last) {
+      reduce_grads(u);
+    }
     if (opts_.stage == 3) release(u);
   }
 }
 
+void ZeroSchedule::reduce_deferred_tail(size_t now) {
+  const size_t last = units_.size() - 1;
+  if (last == 0 || now == last || deferred_.size() != units_.size() || !deferred_[last]) return;
+  deferred_[last] = false;
+  reduce_grads(last);
+}
+
 void ZeroSchedule::finish_backward() {
+  if (opts_.stage >= 2 && deferred_.size() == units_.size())
+    for (size_t u = units_.size(); u-- > 0;)
+      if (deferred_[u]) {
+        deferred_[u] = false;
+        reduce_grads(u);
+      }
   // Stage 1: whatever the last micro-batch's backward did not reduce (the embeddings and tail,
   // used twice when tied; every unit when the caller ends a pipeline step without a backward).
   if (opts_.stage == 1 && last_micro_) {

@@ -85,6 +85,11 @@ class ZeroSchedule {
   std::deque<size_t> pending_;  // units whose reduction is in flight, oldest first
   bool last_micro_ = true, backward_phase_ = false;
   std::vector<bool> reduced_;  // stage 1: units reduced during this step's last micro-batch
+  // Stages 2-3: the embeddings' unit (the token table, and a tied head's use of it) and the tail
+  // (the final norm and an untied head) are used more than once in a backward; their slab gathers
+  // every use and is reduced once: the tail when the backward moves on, the embeddings at its end.
+  std::vector<bool> deferred_;
+  void reduce_deferred_tail(size_t now);
   size_t live_elems_ = 0, peak_live_elems_ = 0;
 };
 
