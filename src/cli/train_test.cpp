@@ -256,10 +256,14 @@ TEST(Train, FlopsProfilerWritesItsReportToTheOutputFile) {
   EXPECT_NE(rep.find("depth 1:"), std::string::npos);
   EXPECT_EQ(rep.find("depth 2:"), std::string::npos);
   EXPECT_NE(rep.find("params      - Block "), std::string::npos) << rep;
-  // MFU against the GEMM ceiling train measured at the model's MLP shape in its dtype.
+  // MFU against the GEMM ceiling train measured at the model's MLP shape in its dtype; this tiny
+  // model's step can beat a GEMM timed at its tiny shape (128 % in a CI run), and then the line
+  // says so instead of an MFU above 100 % (stop 74). Never "no peak" here: one was measured.
   EXPECT_NE(rep.find("peak FLOPS per GPU (measured f32 GEMM ceiling, "), std::string::npos) << rep;
-  EXPECT_NE(rep.find("MFU = FLOPS per GPU / peak FLOPS per GPU: "), std::string::npos) << rep;
-  EXPECT_EQ(rep.find("not reported"), std::string::npos) << rep;
+  EXPECT_TRUE(rep.find("MFU = FLOPS per GPU / peak FLOPS per GPU: ") != std::string::npos ||
+              rep.find("not reported: the step ran at ") != std::string::npos)
+      << rep;
+  EXPECT_EQ(rep.find("not reported: no peak was measured"), std::string::npos) << rep;
 }
 
 }  // namespace

@@ -89,11 +89,13 @@ void summary(std::string& out, const ModuleProfile& p, const FlopsProfileStep& s
     const double achieved = iter > 0.0 ? (bwd_factor + 1.0) * fwd / iter : 0.0;
     line(out, "peak FLOPS per GPU (" + s.peak_what + ")", rate(s.peak_tflops * 1e12, 1.0));
     const double mfu = 100.0 * achieved / (s.peak_tflops * 1e12);
-    // A "peak" the step beat is not one: the ceiling, timed once over 0.3 s, was slowed by other
-    // load (a probe saw 120 % and 168 % on a busy machine, stop 74). Said, not printed as a figure.
+    // A "peak" the step beat is not one: the ceiling, timed once over 0.3 s at the model's MLP
+    // shape, was slowed by other load or is overhead-bound at a tiny shape (a probe saw 120 % and
+    // 168 % on a busy machine, a CI run 128 %, stop 74). Said, not printed as a figure.
     if (mfu > 100.0)
-      line(out, "MFU", printf_string("not reported: the step ran at %.1f%% of the ceiling measured now, so that measurement was "
-                                     "slowed (other load on the machine); `meshtrain bench` on a quiet one gives the ceiling", mfu));
+      line(out, "MFU", printf_string("not reported: the step ran at %.1f%% of the GEMM ceiling measured now, so that is no "
+                                     "ceiling (a shape too small to time well, or other load on the machine); "
+                                     "`meshtrain bench` on a quiet machine gives one", mfu));
     else
       line(out, "MFU = FLOPS per GPU / peak FLOPS per GPU", printf_string("%.1f%%", mfu));
   } else {
