@@ -28,7 +28,9 @@ of 8 bytes), then the tensors' little-endian bytes packed contiguously in header
 Single-threaded and deterministic.
 
 It also writes padding-tiny-llama.safetensors: tiny-llama with pad_token_id 7 (LlamaModel's
-nn.Embedding padding_idx), the id planted at the first and middle position of each row.
+nn.Embedding padding_idx), the id planted at the first and middle position of each row; and
+rope-llama3-tiny-llama / rope-linear-tiny-llama.safetensors: tiny-llama with a rope_scaling
+(ROPE_VARIANTS), with its rotary frequencies as inv_freq (F32 [head_dim/2]).
 
 It also writes OUTDIR/engine-gpt2/, the acceptance data of the training engine: a Hugging Face
 model directory (config.json; model.safetensors with the gpt2 hub checkpoint's bare-trunk names,
@@ -213,6 +215,32 @@ def make_padding_golden(cfg: dict, batch: int, seq: int, steps: int) -> tuple[di
         tokens[:, seq // 2] = PAD_ID
 
     return make_golden(c, batch, seq, steps, plant)
+
+
+# LLaMA with Hugging Face's rope_scaling (transformers' modeling_rope_utils, transcribed in
+# tools/torch_models.py's rope_inv_freq): Llama 3.1's "llama3" bands at the tiny model's scale
+# (head_dim 16: one frequency kept, one blended, six divided) and "linear". The same seed, weights
+# and batch as tiny-llama's golden, so only the rotary table differs. The llama3 file also holds
+# the frequencies of the real Llama 3.1 8B (factor 8) and Llama 3.2 1B (factor 32) configs.
+ROPE_VARIANTS = {
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32},
+    "linear": {"type": "linear", "factor": 4.0},
+}
+
+
+def make_rope_golden(cfg: dict, batch: int, seq: int, steps: int, variant: str) -> tuple[dict, dict]:
+    c = dict(cfg)
+    c["rope_scaling"] = ROPE_VARIANTS[variant]
+    out, metadata = make_golden(c, batch, seq, steps)
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    out["inv_freq"] = tm.rope_inv_freq(head_dim, float(c.get("rope_theta", 10000.0)), c["rope_scaling"])
+    if variant == "llama3":
+        for key, factor in (("llama31", 8.0), ("llama32", 32.0)):
+            real = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192}
+            out["inv_freq." + key] = tm.rope_inv_freq(128, 500000.0, real)
+    return out, metadata
 
 
 def make_documents_golden(cfg: dict, batch: int, seq: int, steps: int, positions: bool,
@@ -460,6 +488,11 @@ def main() -> int:
     path = os.path.join(args.out, "padding-tiny-llama.safetensors")
     write_safetensors(path, tensors, metadata)
     print(f"wrote {path}: padding_idx {PAD_ID}, loss {tensors['loss'].item():.6f}")
+    for variant in ROPE_VARIANTS:
+        tensors, metadata = make_rope_golden(cfg, args.batch, args.seq, args.steps, variant)
+        path = os.path.join(args.out, "rope-" + variant + "-tiny-llama.safetensors")
+        write_safetensors(path, tensors, metadata)
+        print(f"wrote {path}: rope_scaling {variant}, loss {tensors['loss'].item():.6f}")
     for name in MODELS:
         cfg = tm.load_config(os.path.join(args.configs, name + ".json"))
         for prefix, problem in (("cls-", "single_label_classification"), ("cls-regression-", "regression"),

@@ -306,9 +306,33 @@ class LlamaRMSNorm(nn.Module):
         return self.weight * x.to(input_dtype)
 
 
-def rope_cos_sin(head_dim: int, t: int, theta: float, device=None):
-    """HF ``LlamaRotaryEmbedding`` (default rope type), positions 0..t-1, fp32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+def rope_inv_freq(head_dim: int, theta: float, scaling=None, device=None) -> torch.Tensor:
+    """HF's modeling_rope_utils: the default inverse frequencies, then rope_scaling's "linear"
+    (divided by factor) or "llama3" (Llama 3.1's wavelength bands), fp32 as transformers computes
+    them; "dynamic" below max_position_embeddings is the default."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        inv_freq = torch.where(medium, blended, scaled)
+    elif kind not in ("default", "dynamic"):
+        raise ValueError(f"rope_type {kind} is not transcribed here")
+    return inv_freq
+
+
+def rope_cos_sin(head_dim: int, t: int, theta: float, device=None, scaling=None):
+    """HF ``LlamaRotaryEmbedding`` (rope_scaling as rope_inv_freq), positions 0..t-1, fp32."""
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, device)
     pos = torch.arange(t, device=device).float()
     freqs = torch.outer(pos, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)  # [T, hs]
@@ -345,6 +369,7 @@ class LlamaAttention(nn.Module):
         self.n_kv = cfg.get("num_key_value_heads") or self.n_head
         self.head_dim = cfg.get("head_dim") or h // self.n_head
         self.theta = float(cfg.get("rope_theta", 10000.0))
+        self.rope_scaling = cfg.get("rope_scaling")
         self.q_proj = nn.Linear(h, self.n_head * self.head_dim, bias=False)
         self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
         self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
@@ -354,7 +379,7 @@ class LlamaAttention(nn.Module):
     def _cos_sin(self, t: int, device):
         key = (t, str(device))
         if key not in self._rope_cache:
-            self._rope_cache[key] = rope_cos_sin(self.head_dim, t, self.theta, device)
+            self._rope_cache[key] = rope_cos_sin(self.head_dim, t, self.theta, device, self.rope_scaling)
         return self._rope_cache[key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

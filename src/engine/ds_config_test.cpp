@@ -149,11 +149,39 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
                     {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"max_position_embeddings", 32},
                     {"rope_theta", nullptr}, {"head_dim", nullptr}, {"rope_parameters", {{"rope_theta", 500000.0}, {"rope_type", "default"}}}};
   EXPECT_EQ(ds_config_parse(llama, "cfg.json").model.rope_theta, 500000.0f);  // and head_dim null is hidden / heads
-  llama["model"]["rope_parameters"]["rope_type"] = "llama3";
-  EXPECT_NE(error_of(llama).find("rope_type 'llama3': RoPE scaling is not supported yet"), npos);
+  // RoPE scaling (stop 75): transformers 5's rope_parameters and transformers 4's rope_scaling (its
+  // "type" spelling too) read alike; the keys a type needs are required (transformers' KeyError);
+  // unknown keys are a line each; yarn and longrope are refused by name. It was all refused.
+  llama["model"]["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "llama3"}, {"factor", 32.0},
+                                       {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                                       {"original_max_position_embeddings", 8}};
+  {
+    const models::ModelConfig m = ds_config_parse(llama, "cfg.json").model;
+    EXPECT_EQ(m.rope_scaling, (models::RopeScaling{"llama3", 32.0, 1.0, 4.0, 8}));
+    EXPECT_EQ(m.rope_theta, 500000.0f);
+  }
+  llama["model"]["rope_parameters"].erase("high_freq_factor");
+  EXPECT_NE(error_of(llama).find("rope_parameters: rope_type 'llama3' needs 'high_freq_factor'"), npos) << error_of(llama);
+  llama["model"]["rope_parameters"]["high_freq_factor"] = 1.0;  // the blended band would be empty
+  EXPECT_NE(error_of(llama).find("0 < low_freq_factor < high_freq_factor"), npos) << error_of(llama);
+  llama["model"]["rope_parameters"]["rope_type"] = "yarn";
+  EXPECT_NE(error_of(llama).find("rope_type 'yarn' is not supported (default, linear, dynamic, llama3)"), npos);
+  llama["model"].erase("rope_parameters");
+  llama["model"]["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}, {"mscale", 1.0}};
+  {
+    const RunConfig rc = ds_config_parse(llama, "cfg.json");
+    EXPECT_EQ(rc.model.rope_scaling, (models::RopeScaling{"linear", 2.0, 1.0, 4.0, 0}));
+    EXPECT_TRUE(std::any_of(rc.warnings.begin(), rc.warnings.end(), [](const std::string& w) {
+      return w.find("rope_scaling: 'mscale' is not read by rope_type 'linear'") != std::string::npos;
+    }));
+  }
+  llama["model"]["rope_scaling"] = {{"type", "linear"}, {"rope_type", "dynamic"}, {"factor", 2.0}};
+  EXPECT_NE(error_of(llama).find("'rope_type' and 'type' differ"), npos);
+  llama["model"]["rope_scaling"] = {{"rope_type", "linear"}, {"factor", -2.0}};
+  EXPECT_NE(error_of(llama).find("rope_scaling: factor must be positive and finite"), npos) << error_of(llama);
+  llama["model"].erase("rope_scaling");
   // LLaMA's pad_token_id is nn.Embedding's padding_idx (it was passed over, and its row trained); a
   // negative one counts from the end, as torch's; GPT-2's embedding has none.
-  llama["model"].erase("rope_parameters");
   EXPECT_EQ(ds_config_parse(llama, "cfg.json").model.padding_idx, -1);
   llama["model"]["pad_token_id"] = 5;
   EXPECT_EQ(ds_config_parse(llama, "cfg.json").model.padding_idx, 5);

@@ -346,6 +346,51 @@ TEST(GoldenPadding, LlamasPadTokenRowTakesNoGradientAsPyTorchs) {
   }
 }
 
+// LLaMA with Hugging Face's rope_scaling against PyTorch (tools/make_golden.py's make_rope_golden:
+// transformers' "llama3" bands at the tiny model's scale, and "linear"): the frequencies, the logits,
+// the loss and every gradient (with and without recompute) and the engine's AdamW steps. The weights
+// and batch are tiny-llama's, so the unscaled model's gradients are shown to be far off (the scaling
+// matters at this scale). config.json written by export reads back to the same scaling.
+class GoldenRope : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenRope, ScaledRotaryFrequenciesMatchTransformers) {
+  Golden g = load_golden("rope-" + GetParam() + "-tiny-llama");
+  ASSERT_EQ(g.cfg.rope_scaling.type, GetParam());
+  const std::vector<float> ref = g.file->read_f32("inv_freq");
+  const std::vector<float> mine = models::rope_inv_freq(g.cfg);
+  ASSERT_EQ(mine.size(), ref.size());
+  for (size_t j = 0; j < ref.size(); ++j) EXPECT_NEAR(mine[j], ref[j], 1e-6 * ref[j]) << j;
+  std::vector<float> logits(static_cast<size_t>(g.B) * g.T * g.cfg.vocab_size);
+  make_model(g, DType::kF32, false)->logits(logits.data(), g.tokens.data());
+  EXPECT_LE(rel_err(logits.data(), g.file->read_f32("logits")), 1e-4);
+  expect_loss_and_grads(g, {}, [](models::TransformerLM&) {});
+  expect_engine_steps(g, "tiny-llama", {});
+  {  // the same weights without the scaling: q_proj's gradient is tens of percent off
+    Golden plain = load_golden("tiny-llama");
+    const std::string q = "grad.model.layers.0.self_attn.q_proj.weight";
+    EXPECT_GT(rel_err(plain.file->read_f32(q).data(), g.file->read_f32(q)), 0.1);
+  }
+  {  // export's config.json reads back to the same model
+    const nlohmann::json j = hf_config_to_json(g.cfg);
+    ASSERT_TRUE(j.contains("rope_scaling")) << j.dump();
+    EXPECT_EQ(j["rope_scaling"]["rope_type"], GetParam());
+    EXPECT_EQ(hf_config_parse(j, "exported").rope_scaling, g.cfg.rope_scaling);
+  }
+  if (GetParam() == "llama3") {  // the real Llama 3.1 8B and Llama 3.2 1B frequencies (head_dim 128)
+    for (auto [key, factor] : {std::pair<const char*, double>{"inv_freq.llama31", 8.0}, {"inv_freq.llama32", 32.0}}) {
+      models::ModelConfig c = g.cfg;
+      c.hidden = 128 * 4;
+      c.rope_theta = 500000.0f;
+      c.rope_scaling = {"llama3", factor, 1.0, 4.0, 8192};
+      const std::vector<float> want = g.file->read_f32(key), got = models::rope_inv_freq(c);
+      ASSERT_EQ(got.size(), 64u);
+      for (size_t j = 0; j < want.size(); ++j) EXPECT_NEAR(got[j], want[j], 1e-6 * want[j]) << key << " " << j;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, GoldenRope, ::testing::Values("llama3", "linear"), [](const auto& info) { return info.param; });
+
 // Documents packed into a sample (Megatron's reset_position_ids and reset_attention_mask) against
 // PyTorch given Megatron's position ids and attention mask as get_ltor_masks_and_position_ids builds
 // them (tools/torch_models.py's Documents): the batch holds the end-of-document id at the first

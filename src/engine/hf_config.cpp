@@ -1,6 +1,7 @@
 #include "engine/hf_config.h"
 
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -87,8 +88,52 @@ class Reader {
   const nlohmann::json& j_;
   const std::string& where_;
   mutable std::set<std::string> asked_{"model_type",  "architectures",   "id2label", "label2id", "init_from",
-                                       "config",      "rope_parameters", "pad_token_id", "num_labels"};
+                                       "config",      "rope_parameters", "rope_scaling", "pad_token_id", "num_labels"};
 };
+
+// A rope_scaling (or transformers 5's rope_parameters) object: its type by "rope_type" or the older
+// "type", and the keys transformers' _validate_*_parameters require of that type (a missing one is
+// its KeyError). Keys it does not know are one warning line each, as transformers logs them; types
+// not built here are refused by name.
+models::RopeScaling parse_rope_scaling(const nlohmann::json& o, const std::string& where,
+                                       const std::set<std::string>& also_known, std::vector<std::string>* warnings) {
+  models::RopeScaling rs;
+  auto text = [&](const char* k) -> std::string {
+    if (!o.contains(k) || o[k].is_null()) return "";
+    MT_CHECK(o[k].is_string(), ErrorKind::kInvalidArgument, where + ": '" + k + "' must be a string");
+    return o[k].get<std::string>();
+  };
+  const std::string rope_type = text("rope_type"), old_type = text("type");
+  MT_CHECK(rope_type.empty() || old_type.empty() || rope_type == old_type, ErrorKind::kInvalidArgument,
+           where + ": 'rope_type' and 'type' differ");
+  rs.type = !rope_type.empty() ? rope_type : !old_type.empty() ? old_type : "default";
+  MT_CHECK(rs.type == "default" || rs.type == "linear" || rs.type == "dynamic" || rs.type == "llama3",
+           ErrorKind::kNotSupported,
+           where + ": rope_type '" + rs.type + "' is not supported (default, linear, dynamic, llama3)");
+  auto num = [&](const char* k) {
+    MT_CHECK(o.contains(k) && !o[k].is_null(), ErrorKind::kInvalidArgument,
+             where + ": rope_type '" + rs.type + "' needs '" + k + "'");
+    MT_CHECK(o[k].is_number(), ErrorKind::kInvalidArgument, where + ": '" + k + "' must be a number");
+    return o[k].get<double>();
+  };
+  std::set<std::string> known = {"rope_type", "type"};
+  known.insert(also_known.begin(), also_known.end());
+  if (rs.type != "default") rs.factor = num("factor"), known.insert("factor");
+  if (rs.type == "dynamic") known.insert("original_max_position_embeddings");  // optional, unused (transformers)
+  if (rs.type == "llama3") {
+    rs.low_freq_factor = num("low_freq_factor");
+    rs.high_freq_factor = num("high_freq_factor");
+    const double omp = num("original_max_position_embeddings");
+    MT_CHECK(omp == std::floor(omp) && omp > 0 && omp < 1e15, ErrorKind::kInvalidArgument,
+             where + ": 'original_max_position_embeddings' must be a positive integer");
+    rs.original_max_positions = static_cast<int64_t>(omp);
+    known.insert({"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  }
+  for (const auto& [k, v] : o.items())
+    if (!known.count(k) && warnings != nullptr)
+      warnings->push_back(where + ": '" + k + "' is not read by rope_type '" + rs.type + "'");
+  return rs;
+}
 
 }  // namespace
 
@@ -132,15 +177,14 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
     c.max_positions = r.integer("max_position_embeddings", 2048, false);
     c.norm_eps = r.number("rms_norm_eps", 1e-6f);
     c.rope_theta = r.number("rope_theta", 10000.0f);
-    // transformers 5 writes RoPE's settings as rope_parameters {rope_theta, rope_type} (and may
-    // leave a top-level "rope_theta": null): it was passed over, and 10000 built another model.
+    // transformers 5 writes RoPE's settings as rope_parameters {rope_theta, rope_type, factor, ...}
+    // (and may leave a top-level "rope_theta": null): it was passed over, and 10000 built another
+    // model. transformers 4 writes the scaling as rope_scaling {rope_type (or type), factor, ...}.
     if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
       const nlohmann::json& rp = j["rope_parameters"];
       r.refuse_if(!rp.is_object(), "rope_parameters", "must be an object");
       const std::string rp_where = where + ": rope_parameters";
       const Reader rr(rp, rp_where);
-      const std::string type = rr.string("rope_type", rr.string("type", "default"));
-      r.refuse_if(type != "default", "rope_parameters", "rope_type '" + type + "': RoPE scaling is not supported yet");
       r.refuse_if(rp.contains("partial_rotary_factor") && !rp["partial_rotary_factor"].is_null() &&
                       rr.number("partial_rotary_factor", 1.0f) != 1.0f,
                   "rope_parameters", "a partial_rotary_factor other than 1 is not supported");
@@ -150,12 +194,18 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
                     "differs from rope_parameters.rope_theta");
         c.rope_theta = theta;
       }
+      c.rope_scaling = parse_rope_scaling(rp, rp_where, {"rope_theta", "partial_rotary_factor"}, warnings);
+    }
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+      r.refuse_if(!j["rope_scaling"].is_object(), "rope_scaling", "must be an object or null");
+      const models::RopeScaling rs = parse_rope_scaling(j["rope_scaling"], where + ": rope_scaling", {}, warnings);
+      r.refuse_if(c.rope_scaling.type != "default" && !(rs == c.rope_scaling), "rope_scaling",
+                  "differs from rope_parameters (give one)");
+      c.rope_scaling = rs;
     }
     c.tie_embeddings = r.boolean("tie_word_embeddings", false);
     std::string act = r.string("hidden_act", "silu");
     r.refuse_if(act != "silu", "hidden_act", "'" + act + "' is not supported (silu)");
-    r.refuse_if(j.contains("rope_scaling") && !j["rope_scaling"].is_null(), "rope_scaling",
-                "RoPE scaling is not supported yet");
     r.refuse_if(r.boolean("attention_bias", false), "attention_bias", "true is not supported");
     r.refuse_if(r.boolean("mlp_bias", false), "mlp_bias", "true is not supported");
     // transformers' RoPE reads it from any config (rotary on that share of each head's dims only);
@@ -287,6 +337,15 @@ nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
     j["max_position_embeddings"] = c.max_positions;
     j["rms_norm_eps"] = shortest(c.norm_eps);
     j["rope_theta"] = shortest(c.rope_theta);
+    if (c.rope_scaling.type != "default") {  // transformers 4's spelling; transformers 5 reads it too
+      nlohmann::json rs = {{"rope_type", c.rope_scaling.type}, {"factor", c.rope_scaling.factor}};
+      if (c.rope_scaling.type == "llama3") {
+        rs["low_freq_factor"] = c.rope_scaling.low_freq_factor;
+        rs["high_freq_factor"] = c.rope_scaling.high_freq_factor;
+        rs["original_max_position_embeddings"] = c.rope_scaling.original_max_positions;
+      }
+      j["rope_scaling"] = rs;
+    }
     j["hidden_act"] = "silu";
     j["attention_dropout"] = shortest(c.attn_pdrop);
     // Always: a checkpoint's model says whether it trained a padding row (check_same_model).

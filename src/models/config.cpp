@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "base/error.h"
+#include "kernels/cpu/ops.h"
 
 namespace mt::models {
 
@@ -49,6 +50,19 @@ void ModelConfig::validate() const {
        "must be positive and finite");
   need(arch == Arch::kGpt2 || head_dim() % 2 == 0, "num_attention_heads",
        "RoPE needs an even head dimension");
+  if (arch == Arch::kLlama) {
+    const RopeScaling& rs = rope_scaling;
+    need(rs.type == "default" || rs.type == "linear" || rs.type == "dynamic" || rs.type == "llama3", "rope_scaling",
+         "rope_type '" + rs.type + "' is not supported (default, linear, dynamic, llama3)");
+    need(rs.type == "default" || (rs.factor > 0 && std::isfinite(rs.factor)), "rope_scaling",
+         "factor must be positive and finite");
+    if (rs.type == "llama3") {
+      need(rs.original_max_positions > 0, "rope_scaling", "original_max_position_embeddings must be positive");
+      need(rs.low_freq_factor > 0 && std::isfinite(rs.low_freq_factor) && std::isfinite(rs.high_freq_factor) &&
+               rs.high_freq_factor > rs.low_freq_factor,
+           "rope_scaling", "needs 0 < low_freq_factor < high_freq_factor (the band between them is blended)");
+    }
+  }
   need(arch == Arch::kLlama || tie_embeddings, "tie_word_embeddings",
        "GPT-2 with an untied head is not supported");
   need(padding_idx >= -1 && padding_idx < vocab_size, "pad_token_id", "must be an id of the vocabulary");
@@ -77,6 +91,35 @@ const char* problem_type_name(ProblemType p) {
     case ProblemType::kMultiLabel: return "multi_label_classification";
     default: return "single_label_classification";
   }
+}
+
+// transformers' _compute_linear_scaling_rope_parameters and _compute_llama3_parameters, step by
+// step in f32 as torch computes them on a float32 tensor (a Python float operand is taken in f32).
+std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
+  std::vector<float> f = kernels::rope_default_inv_freq(cfg.head_dim(), cfg.rope_theta);
+  const RopeScaling& rs = cfg.rope_scaling;
+  if (rs.type == "linear") {
+    for (float& x : f) x /= static_cast<float>(rs.factor);
+  } else if (rs.type == "llama3") {
+    const float factor = static_cast<float>(rs.factor), low = static_cast<float>(rs.low_freq_factor);
+    const double old_len = static_cast<double>(rs.original_max_positions);
+    const float low_wavelen = static_cast<float>(old_len / rs.low_freq_factor);
+    const float high_wavelen = static_cast<float>(old_len / rs.high_freq_factor);
+    const float band = static_cast<float>(rs.high_freq_factor - rs.low_freq_factor);
+    const float two_pi = static_cast<float>(2.0 * M_PI);
+    for (float& x : f) {
+      const float wavelen = two_pi / x;
+      float y = wavelen > low_wavelen ? x / factor : x;  // long wavelengths: interpolated
+      const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+      if (medium) {  // the band between: blended by how many turns fit in the original context
+        const float smooth = (static_cast<float>(old_len) / wavelen - low) / band;
+        y = (1.0f - smooth) * y / factor + smooth * y;
+      }
+      x = y;
+    }
+  }
+  // "dynamic": the default frequencies below max_position_embeddings (RopeScaling).
+  return f;
 }
 
 std::string ModelConfig::describe() const {

@@ -23,6 +23,25 @@ enum class Arch { kGpt2, kLlama };
 enum class ProblemType { kSingleLabel, kRegression, kMultiLabel };
 const char* problem_type_name(ProblemType p);  // Hugging Face's: "single_label_classification", ...
 
+// Hugging Face's rope_scaling (transformers 5: rope_parameters) for LLaMA: how the rotary
+// frequencies are scaled from the default 1 / rope_theta^(2j/HS) (transformers'
+// modeling_rope_utils, all in f32):
+//   "default"  none;
+//   "linear"   every frequency divided by factor (position interpolation);
+//   "dynamic"  dynamic NTK: the default frequencies at every position below max_position_embeddings,
+//              and here no position reaches it (seq_length and the generators' capacity are bounded
+//              by it), so the default table exactly;
+//   "llama3"   Llama 3.1/3.2's: wavelengths above original_max_position_embeddings / low_freq_factor
+//              divided by factor, below original / high_freq_factor kept, the band between blended.
+// Other types (yarn, longrope, ntk) are refused where the config is read (engine/hf_config.cpp).
+struct RopeScaling {
+  std::string type = "default";
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  int64_t original_max_positions = 0;                    // llama3: original_max_position_embeddings
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct ModelConfig {
   Arch arch = Arch::kGpt2;
   int vocab_size = 0;      // V   (vocab_size)
@@ -34,6 +53,7 @@ struct ModelConfig {
   int max_positions = 0;   // n_positions / max_position_embeddings
   float norm_eps = 1e-5f;  // layer_norm_epsilon / rms_norm_eps
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;  // LLaMA's rope_scaling (see RopeScaling)
   bool tie_embeddings = true;
   float init_std = 0.02f;  // initializer_range
   // Dropout probabilities as the Hugging Face config gives them (GPT-2's embd_pdrop, resid_pdrop,
@@ -63,6 +83,10 @@ struct ModelConfig {
   void validate() const;  // throws kInvalidArgument naming the HF field that is wrong
   std::string describe() const;  // "gpt2 L=12 C=768 NH=12 V=50257 (124.4M params)"
 };
+
+// The rotary frequencies of a LLaMA model, HS/2 of them, as transformers computes them for its
+// rope_theta and rope_scaling (f32): the table kernels::rope_table builds from.
+std::vector<float> rope_inv_freq(const ModelConfig& cfg);
 
 // Rows of the token table under tensor parallelism tp: the vocabulary padded to a multiple of
 // divisible x tp (Megatron's make_vocab_size_divisible_by); the vocabulary itself with tp = 1.

@@ -25,10 +25,22 @@ class LogprobsGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LogprobsGolden, PromptAndDrawnTokensArePyTorchsLogSoftmax) {
   checkpoint::SafetensorsFile f(std::string(MT_GOLDEN_DIR) + "/" + GetParam() + ".safetensors");
-  const models::ModelConfig cfg = testing::tiny_config(GetParam());
-  // The golden file's config is the one test_util.h writes out by hand.
+  const bool rope = GetParam().starts_with("rope-");  // tiny-llama with a rope_scaling
+  models::ModelConfig cfg = testing::tiny_config(rope ? "tiny-llama" : GetParam());
+  // The golden file's config is the one test_util.h writes out by hand (and its rope_scaling: the
+  // generator's rotary table must be the scaled one; the unscaled one is off by up to 6e-3 here).
   const nlohmann::json golden_cfg = nlohmann::json::parse(f.metadata().at("config"));
   ASSERT_EQ(golden_cfg.value("vocab_size", 0), cfg.vocab_size);
+  ASSERT_EQ(rope, golden_cfg.contains("rope_scaling"));
+  if (rope) {
+    const nlohmann::json& rs = golden_cfg["rope_scaling"];
+    cfg.rope_scaling.type = rs.value("rope_type", rs.value("type", std::string()));
+    cfg.rope_scaling.factor = rs.at("factor").get<double>();
+    cfg.rope_scaling.low_freq_factor = rs.value("low_freq_factor", 1.0);
+    cfg.rope_scaling.high_freq_factor = rs.value("high_freq_factor", 4.0);
+    cfg.rope_scaling.original_max_positions = rs.value("original_max_position_embeddings", 0);
+    cfg.validate();
+  }
   models::ModelOptions opts;
   models::TransformerLM model(cfg, opts);
   for (nn::Parameter* p : model.store().parameters()) {
@@ -100,7 +112,8 @@ TEST_P(LogprobsGolden, PromptAndDrawnTokensArePyTorchsLogSoftmax) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, LogprobsGolden, ::testing::Values("tiny-gpt2", "tiny-llama"),
+INSTANTIATE_TEST_SUITE_P(Models, LogprobsGolden,
+                         ::testing::Values("tiny-gpt2", "tiny-llama", "rope-llama3-tiny-llama", "rope-linear-tiny-llama"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s) if (c == '-') c = '_';

@@ -470,13 +470,22 @@ void swiglu_backward_lp(float* dinp, const float* dout, const void* h_cd, DType 
 // ---- RoPE (portable only: a small share of the step) ----
 
 // As Hugging Face: inv_freq = 1 / theta ** (arange(0, HS, 2).float() / HS), all in f32.
-void rope_table(float* cos, float* sin, int T, int HS, float theta) {
+std::vector<float> rope_default_inv_freq(int HS, float theta) {
   const int H = HS / 2;
   std::vector<float> inv_freq(H);
   for (int j = 0; j < H; ++j) {
     const float e = static_cast<float>(2 * j) / static_cast<float>(HS);
     inv_freq[j] = 1.0f / std::pow(theta, e);
   }
+  return inv_freq;
+}
+
+void rope_table(float* cos, float* sin, int T, int HS, float theta) {
+  rope_table(cos, sin, T, HS, rope_default_inv_freq(HS, theta).data());
+}
+
+void rope_table(float* cos, float* sin, int T, int HS, const float* inv_freq) {
+  const int H = HS / 2;
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < T; ++t) {
     for (int j = 0; j < H; ++j) {

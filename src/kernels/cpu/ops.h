@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "tensor/dtype.h"
 
@@ -71,6 +72,11 @@ void swiglu_backward_lp(float* dinp, const float* dout, const void* h_cd, DType 
 // ---- RoPE, Hugging Face LLaMA convention (rotate_half: dim j pairs with j + HS/2) ----
 // Table: inv_freq[j] = 1 / theta^(2j/HS) computed in f32; cos/sin (T, HS/2) = cos/sin(t*inv_freq[j]).
 void rope_table(float* cos, float* sin, int T, int HS, float theta);
+// The same table from given frequencies inv_freq (HS/2 of them: models::rope_inv_freq, which
+// applies Hugging Face's rope_scaling), all in f32.
+void rope_table(float* cos, float* sin, int T, int HS, const float* inv_freq);
+// Hugging Face's default frequencies, 1 / theta^(2j/HS) in f32 (j < HS/2).
+std::vector<float> rope_default_inv_freq(int HS, float theta);
 // In place on the q and k heads of a packed qkv buffer (B, T, (NH + 2*NKV) * HS): the first NH
 // heads are q, the next NKV are k, the last NKV are v (untouched). Position of row (b,t) is t, or
 // pos[b*T + t] where pos (B*T, each in [0, T)) is given (Megatron's reset_position_ids).
