@@ -11,6 +11,7 @@ PACKAGES=(
   nlohmann-json3-dev      # JSON configs, safetensors headers
   libcli11-dev            # command line
   libpcre2-dev            # GPT-2's pre-tokenizer regex (Unicode letter/number classes)
+  libutf8proc-dev         # tokenizer.json's NFC normalizer (Qwen2's)
   libxxhash-dev           # checkpoint checksums (XXH3-64 of every file)
   liburing-dev            # ZeRO-Infinity's swap I/O (io_uring, O_DIRECT; src/io/)
   libcpp-httplib-dev      # meshtrain serve's HTTP API (src/serve/)

@@ -27,58 +27,9 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kEndOfText = "<|endoftext|>";
+constexpr const char* kLlamaEndOfText = "<|end_of_text|>";  // Llama 3's, where there is no <|endoftext|>
 constexpr size_t kCacheMaxWords = 1 << 20;  // the cache is cleared when it grows past this
 constexpr size_t kCacheMaxWordBytes = 256;   // longer pieces are merged again each time, not kept
-
-// GPT-2's pre-tokenizer. Compiled once with JIT; MATCH_INVALID_UTF lets invalid UTF-8 through
-// (it matches nothing and becomes its own piece), so encode never throws on bytes.
-const pcre2_code* gpt2_regex() {
-  static const pcre2_code* code = [] {
-    const char* pattern =
-        R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-    int err = 0;
-    PCRE2_SIZE err_offset = 0;
-    pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
-                                  PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err,
-                                  &err_offset, nullptr);
-    if (c == nullptr) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof(msg));
-      throw Error(ErrorKind::kInternal,
-                  std::string("tokenizer: PCRE2 cannot compile GPT-2's regex: ") +
-                      reinterpret_cast<const char*>(msg));
-    }
-    pcre2_jit_compile(c, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is absent
-    return c;
-  }();
-  return code;
-}
-
-// Calls fn(piece) for each pre-token of text, covering every byte in order.
-template <typename Fn>
-void pre_tokenize(std::string_view text, Fn&& fn) {
-  const pcre2_code* re = gpt2_regex();
-  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(
-      pcre2_match_data_create_from_pattern(re, nullptr), pcre2_match_data_free);
-  MT_CHECK(md != nullptr, ErrorKind::kOutOfMemory, "tokenizer: cannot allocate PCRE2 match data");
-  auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  size_t pos = 0;
-  while (pos < text.size()) {
-    int rc = pcre2_match(re, subject, text.size(), pos, 0, md.get(), nullptr);
-    if (rc == PCRE2_ERROR_NOMATCH) {
-      fn(text.substr(pos));
-      return;
-    }
-    MT_CHECK(rc > 0, ErrorKind::kInternal,
-             "tokenizer: PCRE2 match failed with code " + std::to_string(rc));
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
-    size_t begin = ov[0], end = ov[1];
-    MT_INTERNAL_CHECK(end > begin && begin >= pos);
-    if (begin > pos) fn(text.substr(pos, begin - pos));  // bytes that are not valid UTF-8
-    fn(text.substr(begin, end - begin));
-    pos = end;
-  }
-}
 
 uint64_t pair_key(int32_t left, int32_t right) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
@@ -195,7 +146,7 @@ bool Tokenizer::is_special(int32_t id) const {
 
 int32_t Tokenizer::eot_id() const {
   MT_CHECK(eot_id_ >= 0, ErrorKind::kNotFound,
-           std::string("tokenizer: the vocabulary has no ") + kEndOfText + " token");
+           std::string("tokenizer: the vocabulary has no ") + kEndOfText + " (nor " + kLlamaEndOfText + ") token");
   return eot_id_;
 }
 
@@ -287,28 +238,12 @@ void Tokenizer::set_added(std::vector<AddedToken> added) {
 
 namespace {
 
-// The code point at s[i] and the bytes it takes; an invalid sequence (a lone continuation byte, a
-// missing or bad continuation, an overlong or surrogate form) is one byte that is no character.
-std::pair<uint32_t, size_t> code_point_at(std::string_view s, size_t i) {
-  constexpr std::pair<uint32_t, size_t> kBad{0xFFFFFFFFu, 1};
-  const auto c = static_cast<unsigned char>(s[i]);
-  const size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-  if (n == 0 || i + n > s.size()) return n == 1 ? std::pair<uint32_t, size_t>{c, 1} : kBad;
-  uint32_t cp = n == 1 ? c : c & (0x7Fu >> n);
-  for (size_t k = 1; k < n; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if ((b & 0xC0) != 0x80) return kBad;
-    cp = (cp << 6) | (b & 0x3Fu);
-  }
-  const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < least[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return kBad;
-  return {cp, n};
-}
+std::pair<uint32_t, size_t> code_point_at(std::string_view s, size_t i) { return utf8_code_point_at(s, i); }
 // Where the character ending at s[end - 1] starts (the byte itself where that is not valid UTF-8).
 size_t code_point_start_before(std::string_view s, size_t end) {
   for (size_t back = 1; back <= 4 && back <= end; ++back) {
     const auto [cp, n] = code_point_at(s, end - back);
-    if (cp != 0xFFFFFFFFu && n == back) return end - back;
+    if (cp != kNotACodePoint && n == back) return end - back;
     if ((static_cast<unsigned char>(s[end - back]) & 0xC0) != 0x80) break;  // a lead byte: no longer one
   }
   return end - 1;
@@ -333,7 +268,7 @@ bool char_class(uint32_t cp, bool word) {
     }
   };
   static const Compiled compiled;
-  if (cp == 0xFFFFFFFFu) return false;
+  if (cp == kNotACodePoint) return false;
   if (cp < 0x80) return word ? (std::isalnum(static_cast<int>(cp)) != 0 || cp == '_') : (cp == ' ' || (cp >= 9 && cp <= 13));
   std::string one;
   if (cp < 0x10000) {
@@ -409,27 +344,52 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
   if (added_.empty()) {
-    encode_text(text, out);
+    encode_normalized(text, out);
     return out;
   }
   split_added(text, false, [&](int32_t id, std::string_view piece) {
-    if (id >= 0) {
-      out.push_back(id);
-      return;
-    }
-    split_added(piece, true, [&](int32_t id2, std::string_view piece2) {
-      if (id2 >= 0) out.push_back(id2);
-      else encode_text(piece2, out);
-    });
+    if (id >= 0) out.push_back(id);
+    else encode_normalized(piece, out);
   });
   return out;
+}
+
+std::vector<int32_t> Tokenizer::encode_with_special(std::string_view text) const {
+  std::vector<int32_t> out = template_.before;
+  const std::vector<int32_t> ids = encode(text);
+  out.insert(out.end(), ids.begin(), ids.end());
+  out.insert(out.end(), template_.after.begin(), template_.after.end());
+  return out;
+}
+
+void Tokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& out) const {
+  std::string normalized;
+  if (nfc_) {
+    normalized = nfc(text);
+    text = normalized;
+  }
+  if (added_trie_[1].size() <= 1) {  // no added token with normalized true
+    encode_text(text, out);
+    return;
+  }
+  split_added(text, true, [&](int32_t id, std::string_view piece) {
+    if (id >= 0) out.push_back(id);
+    else encode_text(piece, out);
+  });
 }
 
 void Tokenizer::encode_text(std::string_view text, std::vector<int32_t>& out) const {
   std::string key;
   std::vector<int32_t> piece;
-  pre_tokenize(text, [&](std::string_view word) {
+  pre_.split(text, [&](std::string_view word) {
     key.assign(word);
+    if (!whole_.empty()) {  // ignore_merges: a piece that is a token is it
+      auto it = whole_.find(key);
+      if (it != whole_.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(cache_->mu);
       auto it = cache_->words.find(key);
@@ -483,6 +443,10 @@ Tokenizer Tokenizer::build(const std::string& where, const std::vector<Entry>& e
     if (raw) t.token_bytes_[e.id] = e.text, t.special_[e.id] = 1;
     by_text.emplace(e.text, static_cast<int32_t>(e.id));
     if (e.text == kEndOfText) t.eot_id_ = static_cast<int32_t>(e.id), t.special_[e.id] = 1;
+  }
+  if (t.eot_id_ < 0) {
+    auto it = by_text.find(kLlamaEndOfText);
+    if (it != by_text.end()) t.eot_id_ = it->second, t.special_[it->second] = 1;
   }
   for (int b = 0; b < 256; ++b) {
     std::string mapped;
@@ -548,20 +512,18 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
     std::string type = model.value("type", std::string("BPE"));
     MT_CHECK(type == "BPE", ErrorKind::kNotSupported,
              path + ": model type '" + type + "' is not supported (only BPE)");
+    // The steps around the model, each refused by name where it is not run (tokenizer_pipeline.h).
     const json& pre = root.value("pre_tokenizer", json());
-    MT_CHECK(pre.is_object() && pre.value("type", std::string()) == "ByteLevel" &&
-                 pre.value("use_regex", true) && !pre.value("add_prefix_space", false),
-             ErrorKind::kNotSupported,
-             path + ": pre_tokenizer " + pre.dump() +
-                 " is not supported (only GPT-2's ByteLevel, no prefix space)");
-    MT_CHECK(root.value("normalizer", json()).is_null(), ErrorKind::kNotSupported,
-             path + ": a normalizer is not supported");
-    // Settings that change the ids and were read past without a word: refused unless neutral.
+    MT_CHECK(!pre.is_null(), ErrorKind::kNotSupported, path + ": a tokenizer.json without a pre_tokenizer is not supported");
+    PreTokenizer pre_tokenizer = PreTokenizer::from_json(pre, path + ": pre_tokenizer");
+    const json& normalizer = root.value("normalizer", json());
+    const bool use_nfc = normalizer_is_nfc(normalizer, path + ": normalizer");
     const json& post = root.value("post_processor", json());
-    MT_CHECK(post.is_null() || (post.is_object() && post.value("type", std::string()) == "ByteLevel"),
-             ErrorKind::kNotSupported,
-             path + ": post_processor " + post.dump().substr(0, 120) + " is not supported (only none or ByteLevel; " +
-                 "a TemplateProcessing adds tokens)");
+    SpecialTemplate special_template = special_template_from_json(post, path + ": post_processor");
+    const json& ignore_merges = model.value("ignore_merges", json(false));
+    MT_CHECK(ignore_merges.is_boolean(), ErrorKind::kCorruption,
+             path + ": model.ignore_merges " + ignore_merges.dump() + " is not true or false");
+    // Settings that change the ids and were read past without a word: refused unless neutral.
     const json& dropout = model.value("dropout", json());
     MT_CHECK(dropout.is_null() || (dropout.is_number() && dropout.get<double>() == 0.0), ErrorKind::kNotSupported,
              path + ": model.dropout " + dropout.dump() + " is not supported (BPE dropout)");
@@ -570,8 +532,6 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
       MT_CHECK(v.is_null() || (v.is_string() && v.get<std::string>().empty()), ErrorKind::kNotSupported,
                path + ": model." + k + " " + v.dump() + " is not supported (byte-level BPE has none)");
     }
-    MT_CHECK(!model.value("ignore_merges", false), ErrorKind::kNotSupported,
-             path + ": model.ignore_merges true is not supported");
     MT_CHECK(model.contains("vocab") && model["vocab"].is_object(), ErrorKind::kCorruption,
              path + ": model.vocab is not an object");
     std::vector<Entry> entries;
@@ -621,6 +581,23 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
     }
     Tokenizer t = build(path, entries, merges);
     t.set_added(std::move(added_tokens));
+    for (const std::vector<int32_t>* ids : {&special_template.before, &special_template.after})
+      for (int32_t id : *ids)
+        MT_CHECK(id < t.vocab_size(), ErrorKind::kCorruption,
+                 path + ": post_processor's template adds the id " + std::to_string(id) + ", outside the vocabulary of " +
+                     std::to_string(t.vocab_size()));
+    if (ignore_merges.get<bool>()) {
+      std::string bytes;
+      for (const Entry& e : entries)
+        if (!e.special && mapped_to_bytes(e.text, bytes)) t.whole_.emplace(bytes, static_cast<int32_t>(e.id));
+    }
+    t.nfc_ = use_nfc;
+    t.pre_ = std::move(pre_tokenizer);
+    t.template_ = std::move(special_template);
+    if (use_nfc || !t.pre_.is_gpt2() || ignore_merges.get<bool>() || !t.template_.before.empty() ||
+        !t.template_.after.empty())
+      t.layout_json_ = json{{"normalizer", normalizer}, {"pre_tokenizer", pre}, {"post_processor", post},
+                            {"ignore_merges", ignore_merges}}.dump();
     return t;
   } catch (const json::exception& e) {
     throw Error(ErrorKind::kCorruption, path + ": unexpected tokenizer.json layout: " + e.what());
@@ -673,6 +650,7 @@ std::string Tokenizer::fingerprint() const {
     number(a.id);
     number((a.single_word ? 1 : 0) | (a.lstrip ? 2 : 0) | (a.rstrip ? 4 : 0) | (a.normalized ? 8 : 0) | (a.special ? 16 : 0));
   }
+  if (!layout_json_.empty()) h.update(layout_json_.data(), layout_json_.size());  // GPT-2's adds nothing
   return h.hex();
 }
 
@@ -697,18 +675,29 @@ void Tokenizer::save_json(const std::string& path) const {
   for (auto& [id, a] : by_id) added.push_back(std::move(a));
   json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false},
                      {"trim_offsets", true}, {"use_regex", true}};
+  // The steps around the model as read (a Llama 3 or Qwen2 file), else GPT-2's.
+  const json layout = layout_json_.empty() ? json{{"normalizer", nullptr}, {"pre_tokenizer", byte_level},
+                                                  {"post_processor", byte_level}, {"ignore_merges", false}}
+                                           : json::parse(layout_json_);
   std::string s = "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n";
-  s += "  \"added_tokens\": " + added.dump() + ",\n  \"normalizer\": null,\n";
-  s += "  \"pre_tokenizer\": " + byte_level.dump() + ",\n";
-  s += "  \"post_processor\": " + byte_level.dump() + ",\n";
+  s += "  \"added_tokens\": " + added.dump() + ",\n  \"normalizer\": " + layout["normalizer"].dump() + ",\n";
+  s += "  \"pre_tokenizer\": " + layout["pre_tokenizer"].dump() + ",\n";
+  s += "  \"post_processor\": " + layout["post_processor"].dump() + ",\n";
   s += "  \"decoder\": " + byte_level.dump() + ",\n";
   s += "  \"model\": {\n    \"type\": \"BPE\",\n    \"dropout\": null,\n    \"unk_token\": null,\n";
   s += "    \"continuing_subword_prefix\": null,\n    \"end_of_word_suffix\": null,\n";
-  s += "    \"fuse_unk\": false,\n    \"byte_fallback\": false,\n    \"vocab\": {\n";
+  s += "    \"fuse_unk\": false,\n    \"byte_fallback\": false,\n";
+  if (layout["ignore_merges"].get<bool>()) s += "    \"ignore_merges\": true,\n";
+  // The added tokens only in added_tokens (as Llama 3's and Qwen2's files have them): read back,
+  // each is a token of its own text again, not of the bytes a vocabulary entry spells.
+  s += "    \"vocab\": {";
+  const char* sep = "\n";
   for (int32_t id = 0; id < vocab_size(); ++id) {
-    s += "      " + quoted(spelled(id)) + ": " + std::to_string(id);
-    s += id + 1 < vocab_size() ? ",\n" : "\n";
+    if (special_[id]) continue;
+    s += sep + std::string("      ") + quoted(spelled(id)) + ": " + std::to_string(id);
+    sep = ",\n";
   }
+  s += "\n";
   s += "    },\n    \"merges\": [\n";
   for (size_t r = 0; r < merge_list_.size(); ++r) {
     s += "      " + quoted(spelled(merge_list_[r][0]) + " " + spelled(merge_list_[r][1]));
@@ -733,7 +722,7 @@ struct TrainWords {
 
 TrainWords count_words(std::string_view corpus) {
   std::unordered_map<std::string, int64_t> word_counts;
-  pre_tokenize(corpus, [&](std::string_view w) { ++word_counts[std::string(w)]; });
+  PreTokenizer::gpt2().split(corpus, [&](std::string_view w) { ++word_counts[std::string(w)]; });
   std::vector<std::pair<std::string, int64_t>> sorted(word_counts.begin(), word_counts.end());
   std::sort(sorted.begin(), sorted.end());
   TrainWords tw;

@@ -2,8 +2,9 @@
 // Text is split by GPT-2's pre-tokenizer regex (PCRE2, UTF-8 + Unicode properties); each piece's
 // UTF-8 bytes start as one token per byte, then the adjacent pair with the lowest merge rank is
 // merged (every non-overlapping occurrence, left to right) until no ranked pair remains.
-// Loads GPT-2's encoder.json + vocab.bpe, Hugging Face tokenizer.json (model BPE, ByteLevel
-// pre-tokenizer) or a directory holding either; writes tokenizer.json; trains a new vocabulary.
+// Loads GPT-2's encoder.json + vocab.bpe, Hugging Face tokenizer.json (model BPE; GPT-2's, Llama 3's
+// and Qwen2's layouts: tokenizer_pipeline.h) or a directory holding either; writes tokenizer.json;
+// trains a new vocabulary.
 #pragma once
 
 #include <array>
@@ -16,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "data/tokenizer_pipeline.h"
+
 namespace mt::data {
 
 class Tokenizer {
@@ -27,6 +30,10 @@ class Tokenizer {
   // GPT-2's files: vocab_json maps the byte-mapped token strings to ids; merges_txt holds one
   // "a b" merge per line, by rank, after an optional "#version" first line.
   static Tokenizer load_gpt2(const std::string& vocab_json, const std::string& merges_txt);
+  // As Hugging Face's tokenizers reads the file: its normalizer (none or NFC), pre_tokenizer
+  // (ByteLevel, Split, a Sequence of them), model.ignore_merges (a piece that is a vocabulary token
+  // is that token, whatever its merges would make) and post_processor (none, ByteLevel,
+  // TemplateProcessing's single template, a Sequence of them); anything else is refused by name.
   static Tokenizer load_hf_json(const std::string& path);
 
   // Byte-level BPE training: ids 0..255 are the bytes (id == byte value), then one merge per
@@ -47,8 +54,17 @@ class Tokenizer {
   // rstrip; the text between them is pre-tokenized and merged on its own. GPT-2's own files
   // (encoder.json + vocab.bpe and the other pairs) declare no added tokens: their text is all
   // BPE, as GPT-2's encoder.py and Megatron's GPT2BPETokenizer encode it. Thread-safe (the
-  // per-word cache is guarded by a mutex).
+  // per-word cache is guarded by a mutex). The text alone: Hugging Face's
+  // tokenizer.encode(text, add_special_tokens=False).
   std::vector<int32_t> encode(std::string_view text) const;
+  // The text with the special tokens its tokenizer.json's TemplateProcessing puts around one text
+  // (Llama 3: <|begin_of_text|> first): tokenizer.encode(text) with add_special_tokens=True, its
+  // default, as Hugging Face's tokenizer(text) and Megatron's HuggingFaceTokenizer encode a
+  // document or a prompt. The same as encode(text) for a tokenizer without a template.
+  std::vector<int32_t> encode_with_special(std::string_view text) const;
+  // The template's ids before and after the text (empty without one), for text encoded in pieces.
+  const std::vector<int32_t>& special_before() const { return template_.before; }
+  const std::vector<int32_t>& special_after() const { return template_.after; }
   // Concatenates the tokens' bytes; a split UTF-8 sequence stays as its bytes. Throws
   // kInvalidArgument for an id outside [0, vocab_size()).
   std::string decode(std::span<const int32_t> ids) const;
@@ -60,7 +76,9 @@ class Tokenizer {
 
   int vocab_size() const { return static_cast<int>(token_bytes_.size()); }
   int num_merges() const { return static_cast<int>(merge_list_.size()); }
-  // The id of "<|endoftext|>"; throws kNotFound if the vocabulary has none.
+  // The id of "<|endoftext|>", or where the vocabulary has none, of Llama 3's "<|end_of_text|>" (its
+  // documents' end: Meta's tokenizer and Llama-3's tokenizer_config.json eos_token); throws
+  // kNotFound if the vocabulary has neither.
   int32_t eot_id() const;
   bool has_eot() const { return eot_id_ >= 0; }
   // A special token (Hugging Face's: an added token marked special, and <|endoftext|>), which
@@ -96,6 +114,9 @@ class Tokenizer {
   void add_merge(int32_t left, int32_t right, int32_t id);
   void bpe_word(std::string_view word, std::vector<int32_t>& out) const;
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;  // no added tokens
+  // Normalizes text (between added tokens with normalized false), then splits out those with
+  // normalized true and encodes the rest.
+  void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
   void set_added(std::vector<AddedToken> added);
   // Splits sentence at the added tokens of one class (normalized or not), as Hugging Face's
   // AddedVocabulary::find_matches: fn(id, piece) in order, id -1 for text between them.
@@ -115,6 +136,12 @@ class Tokenizer {
   };
   // By class (0: normalized false, 1: true): a byte trie of the added tokens' contents.
   std::array<std::vector<TrieNode>, 2> added_trie_;
+  // tokenizer.json's steps around the BPE model (GPT-2's by default).
+  bool nfc_ = false;
+  PreTokenizer pre_ = PreTokenizer::gpt2();
+  std::unordered_map<std::string, int32_t> whole_;  // ignore_merges: model.vocab's tokens by their bytes
+  SpecialTemplate template_;
+  std::string layout_json_;  // the normalizer, pre_tokenizer, post_processor and ignore_merges as read, if not GPT-2's
   std::unique_ptr<WordCache> cache_;
 };
 

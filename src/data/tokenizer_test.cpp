@@ -24,18 +24,13 @@
 #include "base/error.h"
 #include "base/file_io.h"
 #include "base/scratch_dir.h"
+#include "data/tokenizer_golden_dir.h"
 
 namespace mt::data {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-std::string golden_dir() {
-  const char* env = std::getenv("MT_TOKENIZER_GOLDEN");
-  if (env != nullptr) return env;
-  return (fs::path(MT_GOLDEN_DIR).parent_path() / "tokenizer_golden").string();
-}
 
 struct Case {
   std::string text;
@@ -45,7 +40,7 @@ struct Case {
 // cases.json: GPT-2's encoder.py (its own files); cases-hf.json and cases-added.json: Hugging
 // Face's tokenizers on gpt2-tokenizer.json and added-tokenizer.json (tools/make_tokenizer_golden.js).
 std::vector<Case> golden_cases(const std::string& name = "cases.json") {
-  std::string path = golden_dir() + "/" + name;
+  std::string path = tokenizer_golden_dir() + "/" + name;
   std::vector<char> data = file_read_all(path);
   std::vector<Case> cases;
   for (const json& c : json::parse(data.begin(), data.end())) {
@@ -56,7 +51,7 @@ std::vector<Case> golden_cases(const std::string& name = "cases.json") {
 
 // The GPT-2 tokenizer, loaded once for the whole binary.
 const Tokenizer& gpt2() {
-  static Tokenizer t = Tokenizer::load(golden_dir());
+  static Tokenizer t = Tokenizer::load(tokenizer_golden_dir());
   return t;
 }
 
@@ -117,7 +112,7 @@ TEST(TokenizerGpt2, MatchesReferenceEncoderAndRoundTrips) {
 }
 
 TEST(TokenizerGpt2, ExplicitPathsMatchDirectory) {
-  Tokenizer t = Tokenizer::load_gpt2(golden_dir() + "/encoder.json", golden_dir() + "/vocab.bpe");
+  Tokenizer t = Tokenizer::load_gpt2(tokenizer_golden_dir() + "/encoder.json", tokenizer_golden_dir() + "/vocab.bpe");
   for (const Case& c : golden_cases()) EXPECT_EQ(t.encode(c.text), c.ids);
 }
 
@@ -127,14 +122,14 @@ TEST(TokenizerGpt2, ExplicitPathsMatchDirectory) {
 // whitespace. They were encoded as text ('<|im_start|>' as 8 tokens).
 TEST(TokenizerGpt2, AddedTokensInTextAreOneTokenAsHuggingFaceEncodes) {
   for (const char* name : {"gpt2-tokenizer.json", "added-tokenizer.json"}) {
-    Tokenizer t = Tokenizer::load(golden_dir() + "/" + name);
+    Tokenizer t = Tokenizer::load(tokenizer_golden_dir() + "/" + name);
     const std::vector<Case> cases = golden_cases(std::string(name) == "gpt2-tokenizer.json" ? "cases-hf.json" : "cases-added.json");
     ASSERT_GE(cases.size(), 55u);
     for (const Case& c : cases) EXPECT_EQ(t.encode(c.text), c.ids) << name << ", text: '" << c.text << "'";
   }
   // The flags survive a save: the saved file encodes as the one read.
   ScratchDir dir;
-  Tokenizer t = Tokenizer::load(golden_dir() + "/added-tokenizer.json");
+  Tokenizer t = Tokenizer::load(tokenizer_golden_dir() + "/added-tokenizer.json");
   t.save_json(dir.file("saved.json"));
   Tokenizer again = Tokenizer::load(dir.file("saved.json"));
   for (const Case& c : golden_cases("cases-added.json")) EXPECT_EQ(again.encode(c.text), c.ids) << c.text;
@@ -162,8 +157,8 @@ TEST(TokenizerGpt2, AddedTokensInTextAreOneTokenAsHuggingFaceEncodes) {
 // truncation=True): longest_first), against the tokenizers library's own output. A pair was cut at
 // the length as one text: a long first sentence left nothing of the second.
 TEST(TokenizerGpt2, ClassificationPairsAreTruncatedAsHuggingFaceTruncatesThem) {
-  Tokenizer t = Tokenizer::load(golden_dir() + "/gpt2-tokenizer.json");
-  std::vector<char> data = file_read_all(golden_dir() + "/cases-pairs.json");
+  Tokenizer t = Tokenizer::load(tokenizer_golden_dir() + "/gpt2-tokenizer.json");
+  std::vector<char> data = file_read_all(tokenizer_golden_dir() + "/cases-pairs.json");
   int n = 0;
   for (const json& c : json::parse(data.begin(), data.end())) {
     ClassificationExample e;
@@ -224,13 +219,12 @@ TEST(TokenizerGpt2, HfJsonRoundTripKeepsEncodings) {
   for (const Case& c : cases) EXPECT_EQ(pairs.encode(c.text), c.ids);
 
   // Settings that change the ids were read past without a word (each encoded as the base file):
-  // refused by name unless neutral.
+  // refused by name unless neutral (tokenizer_layout_test.cpp: the steps Llama 3 and Qwen2 use).
   const std::vector<std::pair<std::string, json>> changes = {
-      {"/post_processor", json{{"type", "TemplateProcessing"}}},
+      {"/post_processor", json{{"type", "BertProcessing"}}},
       {"/model/dropout", 0.5},
       {"/model/continuing_subword_prefix", "##"},
-      {"/model/end_of_word_suffix", "</w>"},
-      {"/model/ignore_merges", true}};
+      {"/model/end_of_word_suffix", "</w>"}};
   for (const auto& [pointer, value] : changes) {
     json k = j;
     k[json::json_pointer(pointer)] = value;
@@ -250,7 +244,7 @@ TEST(TokenizerGpt2, HfJsonRoundTripKeepsEncodings) {
 // The floor is by the thread's CPU time (encoding is one thread): wall time on a loaded machine
 // is the other processes' too.
 TEST(TokenizerGpt2, EncodeSpeed) {
-  Tokenizer t = Tokenizer::load(golden_dir());
+  Tokenizer t = Tokenizer::load(tokenizer_golden_dir());
   std::string text = synthetic_corpus(4 << 20, 7);
   double mb_per_s[2], cpu_mb_per_s = 0;
   size_t n_ids = 0;
@@ -278,7 +272,7 @@ TEST(TokenizerGpt2, EncodeSpeed) {
 // golden cases' long words (tools/make_tokenizer_golden.js) check the order against Hugging Face's
 // and GPT-2's encoders; this checks the size, with a floor far from either (CPU time, as above).
 TEST(TokenizerGpt2, AMegabyteWordIsMergedInLittleMoreThanLinearTime) {
-  Tokenizer t = Tokenizer::load(golden_dir());
+  Tokenizer t = Tokenizer::load(tokenizer_golden_dir());
   std::string word(1 << 20, 'a');
   uint32_t seed = 12345;
   for (char& c : word) {
