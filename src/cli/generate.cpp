@@ -36,7 +36,9 @@ void run_generate(const GenerateArgs& a) {
   LoadedModel lm = load_model(a.model);
   require_causal_lm(lm, a.model, "generate");
   data::Tokenizer tok = load_model_tokenizer(lm, a.model, a.tokenizer);
-  std::vector<int32_t> prompt = tok.encode(a.prompt);
+  // With the special tokens a tokenizer.json's template adds (Llama 3's <|begin_of_text|>), as
+  // Hugging Face's tokenizer(prompt) and vLLM's completions encode a prompt.
+  std::vector<int32_t> prompt = tok.encode_with_special(a.prompt);
   if (prompt.empty()) prompt.push_back(tok.eot_id());  // an empty prompt starts a new document (refused without one)
   serve::GeneratorOptions go;
   go.weights = weights;

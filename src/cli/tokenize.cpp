@@ -2,7 +2,8 @@
 // separated by blank lines, UTF-8) or a .jsonl/.json file (JSON lines: "text" fields or SFT records,
 // engine/corpus.h) into a
 // Megatron indexed dataset PREFIX.bin/.idx (+ PREFIX.mask for SFT), one document per
-// paragraph/record, each ended by <|endoftext|>. With
+// paragraph/record, each ended by <|endoftext|> (Llama 3's <|end_of_text|>), after the special tokens
+// a tokenizer.json's template puts around a text (Llama 3's <|begin_of_text|> first). With
 // --train-bpe N a byte-level BPE of N tokens is trained on INPUT first and saved as
 // PREFIX.tokenizer.json. Also: meshtrain tokenizer encode|decode TOKENIZER (JSON lines on stdin).
 #include <algorithm>
@@ -118,11 +119,16 @@ void register_tokenize(CLI::App& app) {
   t->require_subcommand(1);
   auto* enc = t->add_subcommand("encode", "one JSON string per line in, one JSON array of ids per line out");
   enc->add_option("TOKENIZER", *path, "tokenizer.json or a GPT-2 vocabulary directory")->required();
-  enc->callback([path] {
+  auto special = std::make_shared<bool>(false);
+  enc->add_flag("--add-special-tokens", *special,
+                "add the special tokens of the tokenizer.json's template (Llama 3's <|begin_of_text|>), as a "
+                "document or a prompt gets them; without it, the text's own ids (add_special_tokens=False)");
+  enc->callback([path, special] {
     data::Tokenizer tok = data::Tokenizer::load(*path);
     for_each_json_line("a JSON string", [&](const nlohmann::json& j, const std::string& where) {
       MT_CHECK(j.is_string(), ErrorKind::kInvalidArgument, where + ": the line is not a JSON string");
-      std::printf("%s\n", nlohmann::json(tok.encode(j.get<std::string>())).dump().c_str());
+      const std::string text = j.get<std::string>();
+      std::printf("%s\n", nlohmann::json(*special ? tok.encode_with_special(text) : tok.encode(text)).dump().c_str());
     });
   });
   auto* dec = t->add_subcommand("decode", "one JSON array of ids per line in, one JSON string per line out");

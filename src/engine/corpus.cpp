@@ -141,6 +141,16 @@ CorpusStats corpus_write_dataset(const std::vector<CorpusDocument>& docs, const 
       if (mw) mw->end_document();
       continue;
     }
+    // The special tokens a tokenizer.json's template puts around a text (Llama 3's
+    // <|begin_of_text|>), once a document, as Megatron's preprocess_data.py writes a document with
+    // its HuggingFaceTokenizer (tokenizer(text).input_ids, then the end of document); they take the
+    // mask of the piece beside them (the prompt's before, the response's after).
+    const std::vector<int32_t>& before = tok.special_before();
+    const std::vector<int32_t>& after = tok.special_after();
+    ids.insert(ids.begin(), before.begin(), before.end());
+    mask.insert(mask.begin(), before.size(), mask.front());
+    ids.insert(ids.end(), after.begin(), after.end());
+    mask.insert(mask.end(), after.size(), mask.back());
     ids.push_back(tok.eot_id());
     mask.push_back(1);
     for (size_t i = 0; i < ids.size(); ++i) {

@@ -437,12 +437,15 @@ std::string HttpServer::metrics_text() const {
   return out;
 }
 
+// One prompt: the template's special tokens (Llama 3's <|begin_of_text|>) around its pieces, as a
+// text prompt gets them (encode_with_special).
 std::vector<int32_t> HttpServer::encode_pieces(const std::vector<std::string>& pieces) const {
-  std::vector<int32_t> ids;
+  std::vector<int32_t> ids = tok_.special_before();
   for (const std::string& p : pieces) {
     std::vector<int32_t> part = tok_.encode(p);
     ids.insert(ids.end(), part.begin(), part.end());
   }
+  ids.insert(ids.end(), tok_.special_after().begin(), tok_.special_after().end());
   return ids;
 }
 
@@ -1215,14 +1218,18 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         prompt_texts.push_back(tok_.decode(prompts.back()));
       };
       auto text_of = [&](const std::string& text) {
-        std::vector<int32_t> ids = tok_.encode(text);
+        // With the template's special tokens, as vLLM's completions encode a text prompt
+        // (add_special_tokens true); a prompt of ids is taken as it is.
+        std::vector<int32_t> ids = tok_.encode_with_special(text);
         if (ids.empty()) {  // an empty prompt starts a document
           if (!tok_.has_eot()) bad("an empty prompt starts with <|endoftext|>, which this tokenizer lacks", "invalid_value");
           ids.push_back(tok_.eot_id());
         }
         // (an empty one echoes its <|endoftext|>, as the same ids given as a list do: its echo was ""
-        // while the logprobs' tokens and offsets counted the 13 characters)
-        prompt_texts.push_back(text.empty() ? tok_.decode(ids) : text);
+        // while the logprobs' tokens and offsets counted the 13 characters); so does one with the
+        // template's special tokens, which are in its tokens
+        const bool templated = !tok_.special_before().empty() || !tok_.special_after().empty();
+        prompt_texts.push_back(text.empty() || templated ? tok_.decode(ids) : text);
         prompts.push_back(std::move(ids));
       };
       if (p.is_string()) {

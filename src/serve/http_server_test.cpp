@@ -13,6 +13,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <future>
 #include <limits>
 #include <memory>
@@ -25,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/file_io.h"
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "serve/generator.h"
@@ -706,6 +709,38 @@ TEST_F(HttpServerTest, AnswersLeaveOutTheTokenizersAddedTokens) {
     EXPECT_EQ(r["usage"]["completion_tokens"], 30) << "seed " << seed;  // the token still counts
   }
   EXPECT_GE(found, 3) << "too few sampled answers with <|endoftext|> to test";
+}
+
+// A tokenizer.json whose template puts a token before the text (Llama-3.2's <|begin_of_text|>):
+// a text prompt and a chat prompt begin with it, once, as Hugging Face's tokenizer(prompt) and
+// vLLM's completions encode them; a prompt of ids is taken as it is. They began without it: a Llama
+// model answered a prompt unlike every text it was trained on.
+TEST_F(HttpServerTest, ATemplatesSpecialTokensBeginATextPromptOnce) {
+  const std::string path = ::testing::TempDir() + "/mt_serve_tpl_" + std::to_string(::getpid()) + ".json";
+  tok_->save_json(path);
+  std::vector<char> raw = file_read_all(path);
+  json j = json::parse(raw.begin(), raw.end());
+  const int bos = tok_->eot_id();  // the template's token: an id the model has
+  j["post_processor"] = json::parse(R"({"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+      "special_tokens": {"<s>": {"id": "<s>", "ids": [)" + std::to_string(bos) + "]}}}");
+  std::ofstream(path) << j.dump();
+  const data::Tokenizer tok = data::Tokenizer::load(path);
+  std::remove(path.c_str());
+  Running templated(*model_, tok, GeneratorOptions{.slots = 1}, ServerOptions{});
+  auto prompt_tokens = [&](const char* endpoint, const json& body) {
+    httplib::Client cli("127.0.0.1", templated.port);
+    cli.set_read_timeout(60, 0);
+    httplib::Result r = cli.Post(endpoint, body.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    return r && r->status == 200 ? json::parse(r->body)["usage"]["prompt_tokens"].get<size_t>() : 0;
+  };
+  EXPECT_EQ(prompt_tokens("/v1/completions", {{"prompt", "The cat sat"}, {"max_tokens", 1}}),
+            tok_->encode("The cat sat").size() + 1);
+  EXPECT_EQ(prompt_tokens("/v1/completions", {{"prompt", ""}, {"max_tokens", 1}}), 1u);  // <s> alone
+  EXPECT_EQ(prompt_tokens("/v1/completions", {{"prompt", {5, 6, 7}}, {"max_tokens", 1}}), 3u);
+  EXPECT_EQ(prompt_tokens("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "The cat"}}}}, {"max_tokens", 1}}),
+            encode_pieces(data::chat_prompt_pieces({}, "The cat")).size() + 1);
 }
 
 TEST_F(HttpServerTest, ChatAndChatGLMApplyTheTrainingLayout) {
