@@ -30,7 +30,9 @@ Single-threaded and deterministic.
 It also writes padding-tiny-llama.safetensors: tiny-llama with pad_token_id 7 (LlamaModel's
 nn.Embedding padding_idx), the id planted at the first and middle position of each row; and
 rope-llama3-tiny-llama / rope-linear-tiny-llama.safetensors: tiny-llama with a rope_scaling
-(ROPE_VARIANTS), with its rotary frequencies as inv_freq (F32 [head_dim/2]).
+(ROPE_VARIANTS), with its rotary frequencies as inv_freq (F32 [head_dim/2]); and
+qwen2-tiny-llama / attention-bias-tiny-llama.safetensors: tiny-llama's sizes as Qwen2 (q/k/v
+biases) and with LLaMA's attention_bias (BIAS_VARIANTS).
 
 It also writes OUTDIR/engine-gpt2/, the acceptance data of the training engine: a Hugging Face
 model directory (config.json; model.safetensors with the gpt2 hub checkpoint's bare-trunk names,
@@ -241,6 +243,18 @@ def make_rope_golden(cfg: dict, batch: int, seq: int, steps: int, variant: str) 
                     "original_max_position_embeddings": 8192}
             out["inv_freq." + key] = tm.rope_inv_freq(128, 500000.0, real)
     return out, metadata
+
+
+# Qwen2 (Qwen2ForCausalLM: LLaMA with biases on q, k and v, none on o_proj) and LLaMA with
+# attention_bias (all four): tiny-llama's sizes, the biases drawn as every bias here (0.1 randn).
+BIAS_VARIANTS = {"qwen2": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False},
+                 "attention-bias": {"attention_bias": True}}
+
+
+def make_bias_golden(cfg: dict, batch: int, seq: int, steps: int, variant: str) -> tuple[dict, dict]:
+    c = dict(cfg)
+    c.update(BIAS_VARIANTS[variant])
+    return make_golden(c, batch, seq, steps)
 
 
 def make_documents_golden(cfg: dict, batch: int, seq: int, steps: int, positions: bool,
@@ -488,6 +502,11 @@ def main() -> int:
     path = os.path.join(args.out, "padding-tiny-llama.safetensors")
     write_safetensors(path, tensors, metadata)
     print(f"wrote {path}: padding_idx {PAD_ID}, loss {tensors['loss'].item():.6f}")
+    for variant in BIAS_VARIANTS:
+        tensors, metadata = make_bias_golden(cfg, args.batch, args.seq, args.steps, variant)
+        path = os.path.join(args.out, variant + "-tiny-llama.safetensors")
+        write_safetensors(path, tensors, metadata)
+        print(f"wrote {path}: {variant}, loss {tensors['loss'].item():.6f}")
     for variant in ROPE_VARIANTS:
         tensors, metadata = make_rope_golden(cfg, args.batch, args.seq, args.steps, variant)
         path = os.path.join(args.out, "rope-" + variant + "-tiny-llama.safetensors")

@@ -370,10 +370,14 @@ class LlamaAttention(nn.Module):
         self.head_dim = cfg.get("head_dim") or h // self.n_head
         self.theta = float(cfg.get("rope_theta", 10000.0))
         self.rope_scaling = cfg.get("rope_scaling")
-        self.q_proj = nn.Linear(h, self.n_head * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_head * self.head_dim, h, bias=False)
+        # Qwen2Attention: q/k/v with biases, o_proj without; LlamaAttention: attention_bias on all four.
+        qwen2 = cfg.get("model_type") == "qwen2"
+        qkv_bias = qwen2 or bool(cfg.get("attention_bias", False))
+        o_bias = not qwen2 and bool(cfg.get("attention_bias", False))
+        self.q_proj = nn.Linear(h, self.n_head * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, h, bias=o_bias)
         self._rope_cache = {}
 
     def _cos_sin(self, t: int, device):
@@ -494,11 +498,12 @@ class ForSequenceClassification(nn.Module):
 
 
 def build_model(cfg: dict) -> nn.Module:
-    """The causal LM for ``cfg["model_type"]`` ('gpt2' or 'llama'), fp32, uninitialised."""
+    """The causal LM for ``cfg["model_type"]`` ('gpt2', 'llama' or 'qwen2': Qwen2ForCausalLM is
+    LlamaForCausalLM with q/k/v biases), fp32, uninitialised."""
     kind = cfg.get("model_type")
     if kind == "gpt2":
         return GPT2LMHeadModel(cfg)
-    if kind == "llama":
+    if kind in ("llama", "qwen2"):
         return LlamaForCausalLM(cfg)
     raise ValueError(f"unsupported model_type {kind!r}")
 

@@ -2426,6 +2426,9 @@ void ds_config_check_trainable(const RunConfig& c) {
                (c.init_from.empty() ? "" : " (the value is " + c.init_from + "'s)") +
                ": LLaMA's padding row (nn.Embedding's padding_idx, which trains nothing) is not supported on the CUDA "
                "backend (device \"cuda\"); remove it (null) or train on the CPU");
+  MT_CHECK(c.device != "cuda" || (!c.model.qkv_bias && !c.model.o_bias), ErrorKind::kNotSupported,
+           std::string(c.model.model_type == "qwen2" ? "model.model_type qwen2 (q/k/v biases)" : "model.attention_bias true") +
+               ": attention biases are not supported on the CUDA backend (device \"cuda\"); train on the CPU");
   // Dropout trains on the CPU runtime (models/block.h, kernels/cpu/dropout.h). The CUDA backend and
   // the block-sparse attention kernels have none: a run asking for it there would train another
   // model than the one configured (a GPT-2 config.json from the hub has 0.1 in each key).

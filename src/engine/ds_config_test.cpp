@@ -180,6 +180,46 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   llama["model"]["rope_scaling"] = {{"rope_type", "linear"}, {"factor", -2.0}};
   EXPECT_NE(error_of(llama).find("rope_scaling: factor must be positive and finite"), npos) << error_of(llama);
   llama["model"].erase("rope_scaling");
+  // Qwen2 (stop 75): LLaMA with q/k/v biases and Qwen2Config's defaults; its sliding window is
+  // refused when on (use_sliding_window, or transformers 5's layer_types); LLaMA's attention_bias
+  // puts a bias on all four projections. Both were refused (qwen2 as an unknown model_type).
+  {
+    nlohmann::json q = llama;
+    q["model"]["model_type"] = "qwen2";
+    q["model"]["sliding_window"] = 4096;
+    q["model"]["max_window_layers"] = 21;
+    q["model"]["use_sliding_window"] = false;
+    q["model"]["layer_types"] = {"full_attention"};
+    q["model"].erase("max_position_embeddings");  // Qwen2Config's 32768
+    const models::ModelConfig m = ds_config_parse(q, "cfg.json").model;
+    EXPECT_TRUE(m.qkv_bias);
+    EXPECT_FALSE(m.o_bias);
+    EXPECT_EQ(m.model_type, "qwen2");
+    EXPECT_EQ(m.max_positions, 32768);
+    models::ModelConfig no_bias = m;
+    no_bias.qkv_bias = false;
+    EXPECT_EQ(m.num_params() - no_bias.num_params(), 3 * 48);  // one layer's q, k, v biases (4 heads of 12, 4 kv heads)
+    EXPECT_EQ(hf_config_to_json(m)["architectures"][0], "Qwen2ForCausalLM");
+    q["model"]["layer_types"] = {"sliding_attention"};
+    EXPECT_NE(error_of(q).find("field 'layer_types': \"sliding_attention\" is not supported"), npos) << error_of(q);
+    q["model"].erase("layer_types");
+    q["model"]["use_sliding_window"] = true;
+    EXPECT_NE(error_of(q).find("field 'use_sliding_window': true is not supported"), npos) << error_of(q);
+    nlohmann::json b = llama;
+    b["model"]["attention_bias"] = true;
+    const models::ModelConfig mb = ds_config_parse(b, "cfg.json").model;
+    EXPECT_TRUE(mb.qkv_bias && mb.o_bias);
+    EXPECT_EQ(hf_config_to_json(mb)["attention_bias"], true);
+    b["device"] = "cuda";
+    std::string cuda_error;
+    try {
+      ds_config_check_trainable(ds_config_parse(b, "cfg.json"));
+    } catch (const Error& e) {
+      cuda_error = e.what();
+    }
+    EXPECT_NE(cuda_error.find("model.attention_bias true: attention biases are not supported on the CUDA backend"), npos)
+        << cuda_error;
+  }
   // LLaMA's pad_token_id is nn.Embedding's padding_idx (it was passed over, and its row trained); a
   // negative one counts from the end, as torch's; GPT-2's embedding has none.
   EXPECT_EQ(ds_config_parse(llama, "cfg.json").model.padding_idx, -1);
@@ -203,7 +243,7 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   // No model_type at all: said so (it read "model_type '' is not supported").
   nlohmann::json untyped = base();
   untyped["model"].erase("model_type");
-  EXPECT_NE(error_of(untyped).find("no field 'model_type' (gpt2, llama)"), npos) << error_of(untyped);
+  EXPECT_NE(error_of(untyped).find("no field 'model_type' (gpt2, llama, qwen2)"), npos) << error_of(untyped);
   one["model"]["num_labels"] = 3;
   one["model"]["problem_type"] = "multi_label_classification";
   EXPECT_EQ(ds_config_parse(one, "cfg.json").model.problem_type, models::ProblemType::kMultiLabel);

@@ -391,6 +391,49 @@ TEST_P(GoldenRope, ScaledRotaryFrequenciesMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Types, GoldenRope, ::testing::Values("llama3", "linear"), [](const auto& info) { return info.param; });
 
+// Qwen2 (q/k/v biases, none on o_proj) and LLaMA with attention_bias (all four) against PyTorch
+// (tools/make_golden.py's make_bias_golden, biases drawn at 0.1 randn): the logits, the loss and
+// every gradient, biases included (with and without recompute), and the engine's AdamW steps; the
+// parameter count is the file's; export's config.json reads back to the same model.
+class GoldenBias : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenBias, AttentionBiasesMatchPyTorch) {
+  Golden g = load_golden(GetParam() + "-tiny-llama");
+  const bool qwen2 = GetParam() == "qwen2";
+  ASSERT_TRUE(g.cfg.qkv_bias);
+  ASSERT_EQ(g.cfg.o_bias, !qwen2);
+  EXPECT_EQ(g.cfg.model_type, qwen2 ? "qwen2" : "llama");
+  auto m = make_model(g, DType::kF32, false);
+  std::vector<float> logits(static_cast<size_t>(g.B) * g.T * g.cfg.vocab_size);
+  m->logits(logits.data(), g.tokens.data());
+  EXPECT_LE(rel_err(logits.data(), g.file->read_f32("logits")), 1e-4);
+  int64_t file_params = 0, biases = 0;
+  for (const checkpoint::StTensorInfo& t : g.file->tensors())
+    if (t.name.starts_with("param.")) {
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      file_params += n;
+      biases += t.name.ends_with("_proj.bias") ? 1 : 0;
+    }
+  EXPECT_EQ(biases, g.cfg.n_layer * (qwen2 ? 3 : 4));
+  EXPECT_EQ(g.cfg.num_params(), file_params);
+  EXPECT_EQ(static_cast<int64_t>(m->store().numel()), file_params);
+  expect_loss_and_grads(g, {}, [](models::TransformerLM&) {});
+  expect_engine_steps(g, "tiny-llama", {});
+  const nlohmann::json j = hf_config_to_json(g.cfg);
+  EXPECT_EQ(j["model_type"], qwen2 ? "qwen2" : "llama");
+  const models::ModelConfig back = hf_config_parse(j, "exported");
+  EXPECT_EQ(back.qkv_bias, g.cfg.qkv_bias);
+  EXPECT_EQ(back.o_bias, g.cfg.o_bias);
+  EXPECT_EQ(back.num_params(), g.cfg.num_params());
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, GoldenBias, ::testing::Values("qwen2", "attention-bias"), [](const auto& info) {
+  std::string s = info.param;
+  for (char& c : s) if (c == '-') c = '_';
+  return s;
+});
+
 // Documents packed into a sample (Megatron's reset_position_ids and reset_attention_mask) against
 // PyTorch given Megatron's position ids and attention mask as get_ltor_masks_and_position_ids builds
 // them (tools/torch_models.py's Documents): the batch holds the end-of-document id at the first

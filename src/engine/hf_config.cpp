@@ -166,15 +166,20 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
     c.embd_pdrop = r.number("embd_pdrop", 0.0f);  // Hugging Face's GPT2Config defaults them to 0.1; ours are 0
     c.resid_pdrop = r.number("resid_pdrop", 0.0f);
     c.attn_pdrop = r.number("attn_pdrop", 0.0f);
-  } else if (type == "llama") {
+  } else if (type == "llama" || type == "qwen2") {
+    // Qwen2 (Qwen2/2.5) is LLaMA with biases on q, k and v (none on o_proj) and its own defaults
+    // (Qwen2Config: vocab 151936, 32768 positions); its sliding window is off unless
+    // use_sliding_window, which is refused.
+    const bool qwen2 = type == "qwen2";
     c.arch = models::Arch::kLlama;
-    c.vocab_size = r.integer("vocab_size", 32000, false);
+    c.model_type = type;
+    c.vocab_size = r.integer("vocab_size", qwen2 ? 151936 : 32000, false);
     c.hidden = r.integer("hidden_size", 0, true);
     c.intermediate = r.integer("intermediate_size", 0, true);
     c.n_layer = r.integer("num_hidden_layers", 0, true);
     c.n_head = r.integer("num_attention_heads", 0, true);
     c.n_kv_head = r.integer("num_key_value_heads", c.n_head, false);
-    c.max_positions = r.integer("max_position_embeddings", 2048, false);
+    c.max_positions = r.integer("max_position_embeddings", qwen2 ? 32768 : 2048, false);
     c.norm_eps = r.number("rms_norm_eps", 1e-6f);
     c.rope_theta = r.number("rope_theta", 10000.0f);
     // transformers 5 writes RoPE's settings as rope_parameters {rope_theta, rope_type, factor, ...}
@@ -206,7 +211,21 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
     c.tie_embeddings = r.boolean("tie_word_embeddings", false);
     std::string act = r.string("hidden_act", "silu");
     r.refuse_if(act != "silu", "hidden_act", "'" + act + "' is not supported (silu)");
-    r.refuse_if(r.boolean("attention_bias", false), "attention_bias", "true is not supported");
+    if (qwen2) {
+      c.qkv_bias = true;
+      r.refuse_if(r.boolean("use_sliding_window", false), "use_sliding_window",
+                  "true is not supported (sliding-window attention)");
+      (void)r.integer("sliding_window", 0, false);  // read by transformers only with use_sliding_window
+      (void)r.integer("max_window_layers", 0, false);
+      if (j.contains("layer_types") && !j["layer_types"].is_null()) {  // transformers 5
+        r.refuse_if(!j["layer_types"].is_array(), "layer_types", "must be a list");
+        for (const auto& t : j["layer_types"])
+          r.refuse_if(t != "full_attention", "layer_types", t.dump() + " is not supported (full_attention)");
+      }
+    } else {
+      // LlamaConfig's attention_bias: biases on q, k, v and o_proj.
+      c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
+    }
     r.refuse_if(r.boolean("mlp_bias", false), "mlp_bias", "true is not supported");
     // transformers' RoPE reads it from any config (rotary on that share of each head's dims only);
     // it was passed over, and the whole head rotated.
@@ -227,9 +246,9 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
                 "head_dim", "a head_dim other than hidden_size / num_attention_heads is not supported");
   } else {
     MT_CHECK(j.contains("model_type") && !j["model_type"].is_null(), ErrorKind::kInvalidArgument,
-             where + ": no field 'model_type' (gpt2, llama): it names the architecture");
+             where + ": no field 'model_type' (gpt2, llama, qwen2): it names the architecture");
     throw Error(ErrorKind::kNotSupported,
-                where + ": model_type '" + type + "' is not supported (gpt2, llama)");
+                where + ": model_type '" + type + "' is not supported (gpt2, llama, qwen2)");
   }
   c.init_std = r.number("initializer_range", 0.02f);
   // Sequence classification: our "num_labels", or a *ForSequenceClassification architecture with
@@ -327,8 +346,11 @@ nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
     j["resid_pdrop"] = shortest(c.resid_pdrop);
     j["attn_pdrop"] = shortest(c.attn_pdrop);
   } else {
-    j["model_type"] = "llama";
-    j["architectures"] = {"LlamaForCausalLM"};
+    const bool qwen2 = c.model_type == "qwen2";
+    j["model_type"] = qwen2 ? "qwen2" : "llama";
+    j["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+    if (qwen2) j["use_sliding_window"] = false;
+    else if (c.o_bias) j["attention_bias"] = true;
     j["hidden_size"] = c.hidden;
     j["intermediate_size"] = c.intermediate;
     j["num_hidden_layers"] = c.n_layer;
@@ -352,7 +374,9 @@ nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
     j["pad_token_id"] = c.padding_idx >= 0 ? nlohmann::json(c.padding_idx) : nlohmann::json(nullptr);
   }
   if (c.num_labels > 0) {  // Hugging Face's sequence-classification config
-    j["architectures"] = {c.arch == models::Arch::kGpt2 ? "GPT2ForSequenceClassification" : "LlamaForSequenceClassification"};
+    j["architectures"] = {c.arch == models::Arch::kGpt2       ? "GPT2ForSequenceClassification"
+                          : c.model_type == "qwen2" ? "Qwen2ForSequenceClassification"
+                                                    : "LlamaForSequenceClassification"};
     nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
     for (int i = 0; i < c.num_labels; ++i) {
       id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);

@@ -112,6 +112,38 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", 2, 1, 0, "fp16", false}, Case{"llama", 2, 2, 1, "fp16", true, true}),
     case_name);
 
+// Attention biases (stop 75) under tp: Qwen2's q/k/v biases split by heads with their weights
+// (tp 2 x dp 2, ZeRO 3, sequence parallelism), LLaMA's attention_bias adding o_proj's bias once
+// after the row-parallel reduction (tp 2, ZeRO 2): each run equals the one process's, whose
+// biases did train.
+TEST(TpBias, SplitQkvBiasesAndARowParallelBiasTrainTheOneProcessRun) {
+  for (const auto& [k, keys] : {std::pair<Case, nlohmann::json>{Case{"llama", 2, 2, 3, "fp32", false, true},
+                                                                 {{"model_type", "qwen2"}}},
+                                {Case{"llama", 2, 1, 2, "fp32", true}, {{"attention_bias", true}}}}) {
+    SCOPED_TRACE(keys.dump());
+    auto cfg = [&](int processes, int g) {
+      nlohmann::json j = config(k, processes, g);
+      j["model"].update(keys);
+      return j;
+    };
+    const int g = 2;
+    const LayoutRun ref = layout_train(cfg(1, g * k.dp), 1, g * k.dp, "tp_test");
+    const LayoutRun got = layout_train(cfg(k.tp * k.dp, g), k.tp * k.dp, g, "tp_test");
+    ASSERT_EQ(ref.losses.size(), got.losses.size());
+    for (size_t s = 0; s < ref.losses.size(); ++s)
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "loss at step " << s + 1;
+    ASSERT_EQ(ref.master.size(), got.master.size());
+    EXPECT_LE(layout_compare(ref.master, got.master, ref.noise).norm_rel, 1e-5);
+    const RunConfig rc = ds_config_parse(cfg(1, g * k.dp), "tp_test", 1);
+    models::TransformerLM probe(rc.model, {});
+    const nn::Parameter* b = probe.store().find("model.layers.1.self_attn.k_proj.bias");
+    ASSERT_NE(b, nullptr);
+    double moved = 0.0;  // zeros at the initialisation
+    for (int64_t i = 0; i < b->numel(); ++i) moved += std::fabs(ref.master[b->global_offset + static_cast<size_t>(i)]);
+    EXPECT_GT(moved, 0.0);
+  }
+}
+
 // Lamb under tp: the trust ratio of a split tensor is the whole tensor's (each rank took its
 // piece's, 2.5 % of the update off one process's, exit 0: stop 73). betas (0.9, 0.95) keep the
 // ratios inside [min_coeff, max_coeff], where a piece's ratio shows; with the defaults most are

@@ -100,11 +100,21 @@ Block::Block(const ModelConfig& cfg, int index, parallel::TpComm& tp)
     rms_1_ = add_module(std::make_unique<nn::RMSNorm>("input_layernorm", C, eps_));
     auto* attn = add_module(std::make_unique<nn::Container>("self_attn"));
     attn_ = attn;
+    // Qwen2's (and attention_bias's) q/k/v biases belong to self_attn itself, whose parameters
+    // come before its children's: one (QKV) vector beside the one (QKV, C) matrix, split by heads
+    // as their weights are. Zeros, as transformers' _init_weights.
+    std::vector<nn::Parameter*> qkv_bias;
+    if (cfg.qkv_bias) {
+      const nn::TpSplit bs{0, 1, 0};
+      qkv_bias = {attn->add_parameter("q_proj.bias", {A}, false, nn::Init::kZeros, 0.0f, bs, place),
+                  attn->add_parameter("k_proj.bias", {KV}, false, nn::Init::kZeros, 0.0f, bs, place),
+                  attn->add_parameter("v_proj.bias", {KV}, false, nn::Init::kZeros, 0.0f, bs, place)};
+    }
     auto* q = attn->add_module(std::make_unique<Linear>("q_proj", C, A, false, WeightLayout::kOutIn, std, col, place));
     auto* k = attn->add_module(std::make_unique<Linear>("k_proj", C, KV, false, WeightLayout::kOutIn, std, col, place));
     auto* v = attn->add_module(std::make_unique<Linear>("v_proj", C, KV, false, WeightLayout::kOutIn, std, col, place));
-    o_proj_ = attn->add_module(std::make_unique<Linear>("o_proj", A, C, false, WeightLayout::kOutIn, std, row, place));
-    qkv_ = nn::LinearGroup({q, k, v});
+    o_proj_ = attn->add_module(std::make_unique<Linear>("o_proj", A, C, cfg.o_bias, WeightLayout::kOutIn, std, row, place));
+    qkv_ = nn::LinearGroup({q, k, v}, qkv_bias);
     rms_2_ = add_module(std::make_unique<nn::RMSNorm>("post_attention_layernorm", C, eps_));
     auto* mlp = add_module(std::make_unique<nn::Container>("mlp"));
     mlp_ = mlp;

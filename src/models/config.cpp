@@ -17,7 +17,7 @@ int64_t ModelConfig::num_params() const {
     per_layer = 2 * C + C * qkv + qkv + A * C + C + 2 * C + C * I + I + I * C + C;
     rest = V * C + static_cast<int64_t>(max_positions) * C + 2 * C;
   } else {
-    per_layer = C + C * qkv + A * C + C + 3 * C * I;
+    per_layer = C + C * qkv + A * C + C + 3 * C * I + (qkv_bias ? qkv : 0) + (o_bias ? C : 0);
     rest = V * C + C + (tie_embeddings || num_labels > 0 ? 0 : V * C);
   }
   if (num_labels > 0) rest += static_cast<int64_t>(num_labels) * C;  // score.weight
@@ -125,7 +125,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
 std::string ModelConfig::describe() const {
   char buf[200];
   std::snprintf(buf, sizeof buf, "%s L=%d C=%d NH=%d NKV=%d I=%d V=%d (%.1fM params)",
-                arch == Arch::kGpt2 ? "gpt2" : "llama", n_layer, hidden, n_head, n_kv_head,
+                arch == Arch::kGpt2 ? "gpt2" : model_type.empty() ? "llama" : model_type.c_str(), n_layer, hidden, n_head, n_kv_head,
                 intermediate, vocab_size, static_cast<double>(num_params()) / 1e6);
   if (num_labels > 0 && problem_type == ProblemType::kRegression)
     return std::string(buf) + ", regression of " + std::to_string(num_labels) + (num_labels == 1 ? " value" : " values");

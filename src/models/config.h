@@ -54,6 +54,11 @@ struct ModelConfig {
   float norm_eps = 1e-5f;  // layer_norm_epsilon / rms_norm_eps
   float rope_theta = 10000.0f;
   RopeScaling rope_scaling;  // LLaMA's rope_scaling (see RopeScaling)
+  // LLaMA-family attention biases: Qwen2 (model_type "qwen2") has q/k/v biases and none on o_proj;
+  // LLaMA's attention_bias true has all four.
+  bool qkv_bias = false, o_bias = false;
+  // Hugging Face's model_type of a LLaMA-family model ("llama", "qwen2"): what export writes.
+  std::string model_type;
   bool tie_embeddings = true;
   float init_std = 0.02f;  // initializer_range
   // Dropout probabilities as the Hugging Face config gives them (GPT-2's embd_pdrop, resid_pdrop,

@@ -67,25 +67,33 @@ void Linear::backward(float* dx, bool accumulate_dx, const float* dy, const void
   if (bias_) kernels::bias_backward(bias_->grad, dy, M, out_);
 }
 
-LinearGroup::LinearGroup(std::vector<Linear*> parts) : parts_(std::move(parts)) {
+LinearGroup::LinearGroup(std::vector<Linear*> parts, std::vector<Parameter*> biases)
+    : parts_(std::move(parts)), biases_(std::move(biases)) {
   MT_INTERNAL_CHECK(!parts_.empty());
+  MT_INTERNAL_CHECK(biases_.empty() || biases_.size() == parts_.size());
   in_ = parts_[0]->in();
-  for (Linear* p : parts_) {
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const Linear* p = parts_[i];
     MT_INTERNAL_CHECK(p->in() == in_ && p->layout() == WeightLayout::kOutIn && p->bias() == nullptr);
+    MT_INTERNAL_CHECK(biases_.empty() || biases_[i]->numel() == p->out());
     out_ += p->out();
   }
 }
 
 void LinearGroup::check_contiguous() const {
-  for (size_t i = 1; i < parts_.size(); ++i)
+  for (size_t i = 1; i < parts_.size(); ++i) {
     MT_INTERNAL_CHECK(parts_[i]->weight()->offset ==
                       parts_[i - 1]->weight()->offset + static_cast<size_t>(parts_[i - 1]->weight()->numel()));
+    if (!biases_.empty())
+      MT_INTERNAL_CHECK(biases_[i]->offset == biases_[i - 1]->offset + static_cast<size_t>(biases_[i - 1]->numel()));
+  }
 }
 
 void LinearGroup::forward(float* y, const void* x, int M) {
   check_contiguous();
   Parameter* w = parts_[0]->weight();
-  kernels::gemm(M, out_, in_, x, in_, false, w->compute, in_, true, y, out_, w->compute_dtype, false);
+  const float* b = biases_.empty() ? nullptr : biases_[0]->master;
+  kernels::gemm(M, out_, in_, x, in_, false, w->compute, in_, true, y, out_, w->compute_dtype, false, b);
 }
 
 void LinearGroup::backward(float* dx, bool accumulate_dx, const float* dy, const void* x, int M,
@@ -95,6 +103,7 @@ void LinearGroup::backward(float* dx, bool accumulate_dx, const float* dy, const
   const void* dyc = gemm_operand(dy, static_cast<size_t>(M) * out_, dt, ws);
   if (dx) kernels::gemm(M, in_, out_, dyc, out_, false, w->compute, in_, false, dx, in_, dt, accumulate_dx);
   kernels::gemm(out_, in_, M, dyc, out_, true, x, in_, false, w->grad, in_, dt, true);
+  if (!biases_.empty()) kernels::bias_backward(biases_[0]->grad, dy, M, out_);
 }
 
 }  // namespace mt::nn

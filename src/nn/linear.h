@@ -6,7 +6,8 @@
 //
 // LinearGroup runs several kOutIn Linears that share an input as one GEMM (LLaMA's q/k/v and
 // gate/up projections): their weights are registered consecutively, so in the flat buffers they
-// form one (sum of outs, in) matrix. Y's columns are the parts' outputs side by side.
+// form one (sum of outs, in) matrix. Y's columns are the parts' outputs side by side. Biases
+// (Qwen2's q/k/v), when given, are registered consecutively too: one (sum of outs) vector.
 #pragma once
 
 #include <vector>
@@ -57,7 +58,9 @@ class Linear : public Module {
 class LinearGroup {
  public:
   LinearGroup() = default;
-  explicit LinearGroup(std::vector<Linear*> parts);  // REQUIRES: same in, kOutIn, no bias
+  // REQUIRES: same in, kOutIn, no bias of their own; biases: none, or one a part (its out
+  // features), registered consecutively.
+  explicit LinearGroup(std::vector<Linear*> parts, std::vector<Parameter*> biases = {});
 
   int out() const { return out_; }
   void forward(float* y, const void* x, int M);
@@ -66,6 +69,7 @@ class LinearGroup {
  private:
   void check_contiguous() const;
   std::vector<Linear*> parts_;
+  std::vector<Parameter*> biases_;
   int in_ = 0, out_ = 0;
 };
 

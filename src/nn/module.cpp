@@ -3,9 +3,12 @@
 namespace mt::nn {
 
 void Module::finalize_names(const std::string& prefix) {
+  // A parameter's local name may hold dots (self_attn's "q_proj.bias"): what follows the previous
+  // full name is kept.
+  const std::string before = full_name_;
   full_name_ = prefix.empty() ? name_ : (name_.empty() ? prefix : prefix + "." + name_);
   for (auto& p : params_) {
-    std::string local = p->name.substr(p->name.rfind('.') == std::string::npos ? 0 : p->name.rfind('.') + 1);
+    std::string local = !before.empty() && p->name.starts_with(before + ".") ? p->name.substr(before.size() + 1) : p->name;
     p->name = full_name_.empty() ? local : full_name_ + "." + local;
   }
   for (auto& c : children_) c->finalize_names(full_name_);

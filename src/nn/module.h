@@ -93,6 +93,7 @@ class Container : public Module {
  public:
   using Module::Module;
   using Module::add_module;
+  using Module::add_parameter;  // Qwen2's q|k|v biases, registered on self_attn (models/block.cpp)
 };
 
 }  // namespace mt::nn

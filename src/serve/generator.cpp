@@ -157,7 +157,13 @@ void Generator::bind_weights() {
     w.qkv_w = q;
     MT_INTERNAL_CHECK(weight(b + "self_attn.k_proj.weight", {KV, C}) == q + A * C);
     MT_INTERNAL_CHECK(weight(b + "self_attn.v_proj.weight", {KV, C}) == q + (A + KV) * C);
+    if (cfg_.qkv_bias) {  // Qwen2: q|k|v's biases are registered consecutively too, one (QKV) vector
+      w.qkv_b = weight(b + "self_attn.q_proj.bias", {A});
+      MT_INTERNAL_CHECK(weight(b + "self_attn.k_proj.bias", {KV}) == w.qkv_b + A);
+      MT_INTERNAL_CHECK(weight(b + "self_attn.v_proj.bias", {KV}) == w.qkv_b + A + KV);
+    }
     w.proj_w = weight(b + "self_attn.o_proj.weight", {C, A});
+    if (cfg_.o_bias) w.proj_b = weight(b + "self_attn.o_proj.bias", {C});
     w.norm2_w = weight(b + "post_attention_layernorm.weight", {C});
     const float* gate = weight(b + "mlp.gate_proj.weight", {I, C});
     w.up_w = gate;

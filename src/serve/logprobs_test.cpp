@@ -26,7 +26,8 @@ class LogprobsGolden : public ::testing::TestWithParam<std::string> {};
 TEST_P(LogprobsGolden, PromptAndDrawnTokensArePyTorchsLogSoftmax) {
   checkpoint::SafetensorsFile f(std::string(MT_GOLDEN_DIR) + "/" + GetParam() + ".safetensors");
   const bool rope = GetParam().starts_with("rope-");  // tiny-llama with a rope_scaling
-  models::ModelConfig cfg = testing::tiny_config(rope ? "tiny-llama" : GetParam());
+  const bool variant = GetParam() != "tiny-gpt2" && GetParam() != "tiny-llama";  // tiny-llama's sizes
+  models::ModelConfig cfg = testing::tiny_config(variant ? "tiny-llama" : GetParam());
   // The golden file's config is the one test_util.h writes out by hand (and its rope_scaling: the
   // generator's rotary table must be the scaled one; the unscaled one is off by up to 6e-3 here).
   const nlohmann::json golden_cfg = nlohmann::json::parse(f.metadata().at("config"));
@@ -41,6 +42,9 @@ TEST_P(LogprobsGolden, PromptAndDrawnTokensArePyTorchsLogSoftmax) {
     cfg.rope_scaling.original_max_positions = rs.value("original_max_position_embeddings", 0);
     cfg.validate();
   }
+  // Qwen2's q/k/v biases, LLaMA's attention_bias (all four): the generator adds them.
+  if (golden_cfg.value("model_type", std::string()) == "qwen2") cfg.qkv_bias = true;
+  if (golden_cfg.value("attention_bias", false)) cfg.qkv_bias = cfg.o_bias = true;
   models::ModelOptions opts;
   models::TransformerLM model(cfg, opts);
   for (nn::Parameter* p : model.store().parameters()) {
@@ -113,7 +117,8 @@ TEST_P(LogprobsGolden, PromptAndDrawnTokensArePyTorchsLogSoftmax) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, LogprobsGolden,
-                         ::testing::Values("tiny-gpt2", "tiny-llama", "rope-llama3-tiny-llama", "rope-linear-tiny-llama"),
+                         ::testing::Values("tiny-gpt2", "tiny-llama", "rope-llama3-tiny-llama", "rope-linear-tiny-llama",
+                                           "qwen2-tiny-llama", "attention-bias-tiny-llama"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s) if (c == '-') c = '_';

@@ -193,6 +193,8 @@ CudaLM::CudaLM(TransformerLM& model)
   MT_CHECK(cd_ != DType::kF16, ErrorKind::kNotSupported,
            "device \"cuda\": fp16 is not implemented on the GPU; use bf16 (bf16.enabled) or fp32");
   MT_CHECK(!store_.released(), ErrorKind::kInternal, "cuda model: the host buffers were released");
+  MT_CHECK(!cfg_.qkv_bias && !cfg_.o_bias, ErrorKind::kNotSupported,
+           "device \"cuda\": attention biases (Qwen2, attention_bias) are not supported on the CUDA backend");
   name_ = cu::device_name();
   es_ = dtype_size(cd_);
   P_ = store_.numel();
