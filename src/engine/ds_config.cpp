@@ -1441,7 +1441,6 @@ void parse_curriculum(Section& root, RunConfig& c) {
              "curriculum_learning: the schedule gives " + std::to_string(d) + " tokens at step " + std::to_string(step) +
                  " (min_difficulty should be a multiple of difficulty_step)");
   }
-  MT_CHECK(c.pp == 1, ErrorKind::kNotSupported, "curriculum_learning with parallel.pp > 1 is not supported yet");
   MT_CHECK(c.device == "cpu", ErrorKind::kNotSupported, "curriculum_learning: not implemented on device \"cuda\" yet");
   MT_CHECK(!c.sparse_attention, ErrorKind::kNotSupported,
            "curriculum_learning with sparse_attention is not supported yet (the block layout is built for seq_length)");

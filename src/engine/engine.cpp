@@ -896,7 +896,7 @@ int64_t Engine::next_step_seq_length() {
 
 void Engine::prepare_next_step() {
   const int64_t L = next_step_seq_length();
-  if (!device_ && L != model_.seq()) model_.prepare(model_.batch(), static_cast<int>(L));
+  if (!device_ && L != model_.seq()) model_.prepare(model_.batch(), static_cast<int>(L), model_.slots());
 }
 
 float Engine::evaluate(const int32_t* tokens, const int32_t* targets) {
@@ -986,10 +986,13 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
            "train_batch in the middle of a step (forward/backward called before)");
   using parallel::pp::OpKind;
   const int m = pp_spec_.micro_batches, B = model_.batch();
-  // Every micro-batch is filled seq_length wide, then cut to the step's length (set_step_seq_length)
-  // in place: each row moves to an earlier place, so a forward copy reads it before it is written.
+  // Every micro-batch is filled seq_length wide, then cut to the step's length (set_step_seq_length,
+  // or a curriculum's: every stage computes it from the step number, as DeepSpeed's PipelineEngine
+  // resets its activation shape) in place: each row moves to an earlier place, so a forward copy
+  // reads it before it is written.
   const size_t T = static_cast<size_t>(config_.seq_length), full = static_cast<size_t>(B) * T;
-  const size_t L = step_seq_length_ > 0 ? static_cast<size_t>(std::exchange(step_seq_length_, 0)) : T;
+  const size_t L = static_cast<size_t>(next_step_seq_length());
+  step_seq_length_ = 0;
   std::vector<int32_t> tokens(full * m), targets(full * m);
   for (int i = 0; i < m; ++i) next(tokens.data() + i * full, targets.data() + i * full);
   for (size_t r = 1; L != T && r < static_cast<size_t>(B) * m; ++r) {

@@ -164,6 +164,34 @@ TEST(PpRope, AScaledRotaryTableTrainsTheOneProcessRunInEveryStage) {
   EXPECT_LE(layout_compare(ref.master, got.master, ref.noise).norm_rel, 1e-5);
 }
 
+// DeepSpeed's legacy curriculum (seqlen) over a pipeline (stop 75; it was refused): every stage
+// computes the step's length from the step number, the pipeline carries that shape, and tp 2 x
+// pp 2 with sequence parallelism (an interleaved schedule too) equals the one process; the one
+// process's first steps differ from the run without a curriculum (8 and 12 of 16 tokens).
+TEST(PpCurriculum, EveryStageTrainsTheStepsPrefixAsOneProcess) {
+  const nlohmann::json curriculum = {
+      {"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", 8}, {"max_difficulty", 16},
+      {"schedule_type", "fixed_discrete"}, {"schedule_config", {{"difficulty", {8, 12, 16}}, {"max_step", {1, 2}}}}};
+  for (const Case& k : {Case{"llama", 2, 2, 1, 0, "1f1b", 1, "fp32", false, true}, Case{"gpt2", 1, 2, 1, 0, "interleaved", 2}}) {
+    SCOPED_TRACE(case_name({k, 0}));
+    auto cfg = [&](bool one_process, bool with) {
+      nlohmann::json j = config(k, one_process, 4);
+      if (with) j["curriculum_learning"] = curriculum;
+      return j;
+    };
+    const int ranks = k.tp * k.pp * k.dp;
+    const LayoutRun ref = layout_train(cfg(true, true), 1, 4, "pp_test");
+    const LayoutRun got = layout_train(cfg(false, true), ranks, 4, "pp_test");
+    const LayoutRun plain = layout_train(cfg(true, false), 1, 4, "pp_test");
+    ASSERT_EQ(ref.losses.size(), got.losses.size());
+    for (size_t s = 0; s < ref.losses.size(); ++s)
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "loss at step " << s + 1;
+    EXPECT_NE(plain.losses[0], ref.losses[0]);  // step 1 trained 8 tokens of each sample
+    ASSERT_EQ(ref.master.size(), got.master.size());
+    EXPECT_LE(layout_compare(ref.master, got.master, ref.noise).norm_rel, 1e-5);
+  }
+}
+
 TEST(PpConfig, RefusesWhatThePipelineCannotRunNamingTheKey) {
   auto msg = [](nlohmann::json par, int processes, int stage = 0, int g = 4) {
     auto j = layout_config(R"({"model": {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 4, "n_head": 4}})",

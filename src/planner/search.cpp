@@ -450,10 +450,6 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       };
       auto stage_zero = [](int st) { return st == 0; };
       auto stage_above_zero = [](int st) { return st >= 1; };
-      if (job.curriculum && pp > 1) {
-        out.rejected.push_back(family + ": curriculum_learning with a pipeline is not supported by the runtime");
-        continue;
-      }
       if (job.cuda_replicas) {
         if (tp > 1 || pp > 1) {
           out.rejected.push_back(family + ": tp and pp are not implemented on device \"cuda\" (data parallelism is)");

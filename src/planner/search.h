@@ -96,7 +96,7 @@ struct PlanJob {
   // What the runtime refuses of this configuration's layouts, beside the model's shape: each
   // family or stage it takes out is named among the rejected (the search ranked them, and plan
   // --validate's run of one failed "did not train").
-  bool curriculum = false;         // curriculum_learning: no pipeline
+  bool curriculum = false;         // curriculum_learning (a pipeline runs it since stop 75)
   bool cuda_replicas = false;      // device "cuda" over several processes: dp only, ZeRO 0
   bool sixteen_bit_master = false;  // bf16/fp16 master weights: ZeRO 1-3 (DeepSpeed's assert)
 };

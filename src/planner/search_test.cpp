@@ -547,8 +547,9 @@ TEST(Search, LambIsSearchedAtStageZeroOnly) {
 // A rejected family is named as its layouts are: "sp" beside tp, the schedule beside pp (the
 // device lease of 2026-11-27 printed "tp 2, pp 2 sp interleaved x 2").
 // What the runtime refuses of a configuration is not ranked, and each family or stage it takes out
-// is named: a pipeline with curriculum learning, tp, pp or ZeRO 1-3 over several GPUs, ZeRO 0 with
-// 16-bit master weights. The search ranked them, and a run of one failed.
+// is named: tp, pp or ZeRO 1-3 over several GPUs, ZeRO 0 with 16-bit master weights. The search
+// ranked them, and a run of one failed. A pipeline with curriculum learning runs since stop 75
+// and is ranked.
 TEST(Search, WhatTheRuntimeRefusesIsRejectedAndNamed) {
   const Calibration cal = hand_calibration(2);
   SearchSpace space;
@@ -560,8 +561,8 @@ TEST(Search, WhatTheRuntimeRefusesIsRejectedAndNamed) {
   job.curriculum = true;
   SearchResult r = search_layouts(job, space, size_t{1} << 40, cal);
   ASSERT_FALSE(r.ranked.empty());
-  for (const RankedLayout& x : r.ranked) EXPECT_EQ(x.layout.pp, 1) << x.layout.describe();
-  EXPECT_TRUE(rejected(r, "dp 1, pp 2: curriculum_learning with a pipeline is not supported by the runtime"));
+  EXPECT_TRUE(std::any_of(r.ranked.begin(), r.ranked.end(), [](const RankedLayout& x) { return x.layout.pp == 2; }));
+  EXPECT_FALSE(rejected(r, "curriculum_learning"));
   job = tiny_job(2, 8);
   job.cuda_replicas = true;
   r = search_layouts(job, space, size_t{1} << 40, cal);
