@@ -86,9 +86,24 @@ void run_export(const ExportArgs& a) {
   engine::hf_weights_save(model.store(), (fs::path(a.out) / "model.safetensors").string(), dtype);
   nlohmann::json cfg = engine::hf_config_to_json(info.model);
   cfg["torch_dtype"] = dtype == DType::kF32 ? "float32" : dtype == DType::kBF16 ? "bfloat16" : "float16";
+  // The model's own ids where its config.json gave them (Llama 3's bos 128000 and eos 128001, an
+  // Instruct model's list of three): they were overwritten by the end of text, or dropped. An id
+  // past the vocabulary (a hub GPT-2 config's 50256 over a vocabulary trained here) is no token:
+  // replaced by the end of text, or left out, with a line.
+  for (const char* key : {"bos_token_id", "eos_token_id"}) {
+    if (!cfg.contains(key)) continue;
+    const nlohmann::json ids = cfg[key].is_array() ? cfg[key] : nlohmann::json::array({cfg[key]});
+    for (const auto& id : ids)
+      if (id.get<int64_t>() >= info.model.vocab_size) {
+        std::fprintf(stderr, "warning: the model's %s %s is not an id of its vocabulary (%d): %s\n", key, cfg[key].dump().c_str(),
+                     info.model.vocab_size, eot >= 0 ? "the tokenizer's end of text is written" : "left out");
+        cfg.erase(key);
+        break;
+      }
+  }
   if (eot >= 0) {
-    cfg["bos_token_id"] = eot;
-    cfg["eos_token_id"] = eot;
+    if (!cfg.contains("bos_token_id")) cfg["bos_token_id"] = eot;
+    if (!cfg.contains("eos_token_id")) cfg["eos_token_id"] = eot;
   }
   if (info.model.num_labels > 0) {
     // The id training padded rows with: Hugging Face's classifiers pool at the last token that is

@@ -1163,6 +1163,28 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
   EXPECT_EQ(run("generate " + dir() + "/gen-hf --prompt \"" + prompt + "\" --max-new-tokens 2 --quiet", &err), 2);
   EXPECT_NE(err.find("generation_config.json: eos_token_id 100000 is not an id of the model's vocabulary (300)"), std::string::npos) << err;
   fs::remove(dir() + "/gen-hf/generation_config.json");
+  {  // The model's own bos/eos ids (a Llama 3 Instruct's list of eos ids) are exported as given: they
+     // were overwritten by the tokenizer's end of text (stop 75). An id past the vocabulary (a hub
+     // GPT-2 config's 50256 over this 300) is replaced by the end of text, with a line.
+    for (const auto& [name, ids] : {std::pair<std::string, nlohmann::json>{"own-ids", {{"bos_token_id", 5}, {"eos_token_id", {6, 7}}}},
+                                    {"hub-ids", {{"bos_token_id", 50256}, {"eos_token_id", 50256}}}}) {
+      nlohmann::json model = {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 64}, {"n_embd", 32}, {"n_layer", 2}, {"n_head", 2}};
+      model.update(ids);
+      const std::string c = write_config(name, {{"data", {{"train", dir() + "/gen"}, {"tokenizer", tokjson}}}, {"model", model},
+                                                {"train_iters", 1}, {"save_interval", 1}, {"eval_interval", 0}});
+      ASSERT_EQ(run("train " + c, &err), 0) << err;
+      ASSERT_EQ(run("export " + dir() + "/ckpt-" + name + " --hf " + dir() + "/" + name + "-hf", &err), 0) << err;
+      const nlohmann::json written = nlohmann::json::parse(mt::cli::testing::slurp(dir() + "/" + name + "-hf/config.json"));
+      if (name == "own-ids") {
+        EXPECT_EQ(written["bos_token_id"], 5);
+        EXPECT_EQ(written["eos_token_id"], nlohmann::json({6, 7}));
+      } else {
+        EXPECT_EQ(written["bos_token_id"], tok.eot_id());
+        EXPECT_EQ(written["eos_token_id"], tok.eot_id());
+        EXPECT_NE(err.find("warning: the model's eos_token_id 50256 is not an id of its vocabulary (300)"), std::string::npos) << err;
+      }
+    }
+  }
   // generate reads a sharded checkpoint (tp2 x pp2: four ranks' files) as it reads a whole one: the
   // same text as from that checkpoint's Hugging Face export.
   std::string cfg3d = write_config("gen3d", {{"data", {{"train", dir() + "/gen"}, {"tokenizer", tokjson}}},

@@ -911,7 +911,10 @@ void check_same_model(const fs::path& dir, const nlohmann::json& saved, const nl
   if (!saved.is_object() || !mine.is_object()) return;
   std::string refused;
   for (const auto& [key, value] : saved.items()) {
-    if (!mine.contains(key) || mine[key] == value || key == "initializer_range" || key == "init_from") continue;
+    // The special ids name tokens, not the architecture (a run may give the tokenizer's own).
+    if (!mine.contains(key) || mine[key] == value || key == "initializer_range" || key == "init_from" ||
+        key == "bos_token_id" || key == "eos_token_id")
+      continue;
     refused += (refused.empty() ? "" : ", ") + key + " " + value.dump() + " -> " + mine[key].dump();
   }
   // LLaMA's pad_token_id is a padding row since DESIGN-NOTES 117: a checkpoint from before names

@@ -88,7 +88,8 @@ class Reader {
   const nlohmann::json& j_;
   const std::string& where_;
   mutable std::set<std::string> asked_{"model_type",  "architectures",   "id2label", "label2id", "init_from",
-                                       "config",      "rope_parameters", "rope_scaling", "pad_token_id", "num_labels"};
+                                       "config",      "rope_parameters", "rope_scaling", "pad_token_id", "num_labels",
+                                       "bos_token_id", "eos_token_id"};
 };
 
 // A rope_scaling (or transformers 5's rope_parameters) object: its type by "rope_type" or the older
@@ -251,6 +252,21 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
                 where + ": model_type '" + type + "' is not supported (gpt2, llama, qwen2)");
   }
   c.init_std = r.number("initializer_range", 0.02f);
+  // The special ids, carried for export (an integer, or for eos a list of them, as transformers'
+  // configs hold them).
+  auto id_of = [&](const nlohmann::json& v, const char* key) {
+    r.refuse_if(!v.is_number_integer() || v.get<int64_t>() < 0, key, "must be a non-negative integer id (or a list of them)");
+    return v.get<int64_t>();
+  };
+  if (j.contains("bos_token_id") && !j["bos_token_id"].is_null()) c.bos_token_id = id_of(j["bos_token_id"], "bos_token_id");
+  if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+    const nlohmann::json& e = j["eos_token_id"];
+    c.eos_is_list = e.is_array();
+    if (e.is_array())
+      for (const auto& x : e) c.eos_token_ids.push_back(id_of(x, "eos_token_id"));
+    else
+      c.eos_token_ids.push_back(id_of(e, "eos_token_id"));
+  }
   // Sequence classification: our "num_labels", or a *ForSequenceClassification architecture with
   // Hugging Face's id2label (2 labels when it has none).
   r.refuse_if(j.contains("problem_type") && !j["problem_type"].is_null() && !j["problem_type"].is_string(), "problem_type",
@@ -373,6 +389,9 @@ nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
     // Always: a checkpoint's model says whether it trained a padding row (check_same_model).
     j["pad_token_id"] = c.padding_idx >= 0 ? nlohmann::json(c.padding_idx) : nlohmann::json(nullptr);
   }
+  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_is_list) j["eos_token_id"] = c.eos_token_ids;
+  else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids[0];
   if (c.num_labels > 0) {  // Hugging Face's sequence-classification config
     j["architectures"] = {c.arch == models::Arch::kGpt2       ? "GPT2ForSequenceClassification"
                           : c.model_type == "qwen2" ? "Qwen2ForSequenceClassification"

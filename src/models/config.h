@@ -59,6 +59,11 @@ struct ModelConfig {
   bool qkv_bias = false, o_bias = false;
   // Hugging Face's model_type of a LLaMA-family model ("llama", "qwen2"): what export writes.
   std::string model_type;
+  // config.json's bos_token_id and eos_token_id as given (-1 / empty: none): not the architecture,
+  // carried so that export writes them back (Llama 3.x Instruct ends at any of three eos ids).
+  int64_t bos_token_id = -1;
+  std::vector<int64_t> eos_token_ids;
+  bool eos_is_list = false;  // eos_token_id was a list (written back as one)
   bool tie_embeddings = true;
   float init_std = 0.02f;  // initializer_range
   // Dropout probabilities as the Hugging Face config gives them (GPT-2's embd_pdrop, resid_pdrop,
