@@ -39,8 +39,9 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(best);
 }
 
-TokenLogprobs token_logprobs(std::span<const float> logits, int32_t id, int top) {
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t id, int top, size_t candidates) {
   const size_t V = logits.size();
+  const size_t C = candidates == 0 ? V : std::min(candidates, V);
   MT_INTERNAL_CHECK(id >= 0 && static_cast<size_t>(id) < V && top >= 0);
   double m = -INFINITY;
   for (size_t i = 0; i < V; ++i) {
@@ -55,9 +56,9 @@ TokenLogprobs token_logprobs(std::span<const float> logits, int32_t id, int top)
   TokenLogprobs t;
   t.id = id;
   t.logprob = static_cast<float>(static_cast<double>(logits[id]) - lse);
-  const size_t k = std::min(static_cast<size_t>(top), V);
+  const size_t k = std::min(static_cast<size_t>(top), C);
   if (k > 0) {
-    std::vector<int32_t> ids(V);
+    std::vector<int32_t> ids(C);
     std::iota(ids.begin(), ids.end(), 0);
     std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int32_t a, int32_t b) {
       return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);

@@ -90,8 +90,11 @@ struct TokenLogprobs {
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top;
 };
-// Throws kNumerical when a logit is NaN or every logit is -inf. REQUIRES: 0 <= id < logits.size().
-TokenLogprobs token_logprobs(std::span<const float> logits, int32_t id, int top);
+// The log-softmax is over every logit (the model's whole vocabulary, as Hugging Face's and vLLM's);
+// the top ids are taken among the first `candidates` (the tokenizer's ids of a padded vocabulary;
+// 0: all). Throws kNumerical when a logit is NaN or every logit is -inf.
+// REQUIRES: 0 <= id < logits.size().
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t id, int top, size_t candidates = 0);
 
 // The argmax of logits; ties go to the lowest id. REQUIRES: !logits.empty().
 int32_t argmax(std::span<const float> logits);

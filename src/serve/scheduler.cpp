@@ -203,7 +203,9 @@ bool Scheduler::take(Active& a, std::span<const float> logits) {
   try {
     id = a.sampler.sample(drawn, a.produced < a.req.min_tokens ? std::span<const int32_t>(a.req.stop_ids)
                                                                 : std::span<const int32_t>());
-    if (a.req.logprobs >= 0) lp = token_logprobs(drawn, id, a.req.logprobs);
+    // The model's log-probability (over its whole vocabulary, as Hugging Face and vLLM report it;
+    // it was over the drawable ids, up to log(V / tokenizer ids) higher, stop 75).
+    if (a.req.logprobs >= 0) lp = token_logprobs(logits, id, a.req.logprobs, drawn.size());
   } catch (const std::exception& e) {
     retire(*a.gen, Finish::kError, e.what());
     return false;
@@ -285,8 +287,8 @@ void Scheduler::loop() {
           const size_t below = static_cast<size_t>(a.req.sample_below);
           std::vector<TokenLogprobs> scored;
           logits = gen_.prefill(slot, p, [&](int i, std::span<const float> row) {
-            scored.push_back(token_logprobs(row.first(std::min(row.size(), below)), p[static_cast<size_t>(i) + 1],
-                                            std::max(a.req.logprobs, 0)));
+            scored.push_back(token_logprobs(row, p[static_cast<size_t>(i) + 1], std::max(a.req.logprobs, 0),
+                                            std::min(row.size(), below)));
           });
           std::lock_guard<std::mutex> lock(g->mu_);
           g->prompt_logprobs_ = std::move(scored);

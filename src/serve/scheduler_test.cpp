@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <span>
 #include <thread>
@@ -120,6 +121,21 @@ TEST(Scheduler, EachWayASequenceEnds) {
   EXPECT_EQ(got[0], best_below);
   for (int32_t id : got) EXPECT_LT(id, greedy[0]);
   EXPECT_EQ(g->finish(), Finish::kLength);
+  {  // Its log-probabilities are the model's, over the whole vocabulary (as Hugging Face's and vLLM's);
+     // they were over the drawable ids alone (stop 75); the top ids are drawable ones.
+    GenerationRequest scored = below;
+    scored.logprobs = 2;
+    g = sched.submit(scored);
+    collect(*g);
+    double m = -INFINITY, sum = 0.0;
+    for (float z : first_logits) m = std::max(m, static_cast<double>(z));
+    for (float z : first_logits) sum += std::exp(z - m);
+    const std::vector<TokenLogprobs> lps = g->logprobs();
+    ASSERT_FALSE(lps.empty());
+    EXPECT_EQ(lps[0].id, best_below);
+    EXPECT_NEAR(lps[0].logprob, first_logits[static_cast<size_t>(best_below)] - m - std::log(sum), 1e-5);
+    for (const auto& [id, value] : lps[0].top) EXPECT_LT(id, greedy[0]);
+  }
   // A full context ends it by length: capacity - prompt ids, prompt and answer filling it as vLLM's
   // max_model_len counts them (one more was drawn, stop 73).
   GenerationRequest full = q;
