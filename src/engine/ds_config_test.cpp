@@ -186,6 +186,7 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   {
     nlohmann::json q = llama;
     q["model"]["model_type"] = "qwen2";
+    q["model"]["num_key_value_heads"] = nullptr;
     q["model"]["sliding_window"] = 4096;
     q["model"]["max_window_layers"] = 21;
     q["model"]["use_sliding_window"] = false;
@@ -196,6 +197,12 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
     EXPECT_FALSE(m.o_bias);
     EXPECT_EQ(m.model_type, "qwen2");
     EXPECT_EQ(m.max_positions, 32768);
+    EXPECT_EQ(m.n_kv_head, 4);  // null: the head count
+    q["model"].erase("num_key_value_heads");
+    q["model"]["num_attention_heads"] = 32;
+    q["model"]["hidden_size"] = 64;
+    EXPECT_EQ(ds_config_parse(q, "cfg.json").model.n_kv_head, 32);  // absent: Qwen2Config's 32
+    q["model"]["num_key_value_heads"] = nullptr;
     models::ModelConfig no_bias = m;
     no_bias.qkv_bias = false;
     EXPECT_EQ(m.num_params() - no_bias.num_params(), 3 * 48);  // one layer's q, k, v biases (4 heads of 12, 4 kv heads)

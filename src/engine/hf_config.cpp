@@ -179,7 +179,8 @@ models::ModelConfig hf_config_parse(const nlohmann::json& j, const std::string& 
     c.intermediate = r.integer("intermediate_size", 0, true);
     c.n_layer = r.integer("num_hidden_layers", 0, true);
     c.n_head = r.integer("num_attention_heads", 0, true);
-    c.n_kv_head = r.integer("num_key_value_heads", c.n_head, false);
+    // Absent: LlamaConfig takes the head count; Qwen2Config's default is 32 (null: the head count).
+    c.n_kv_head = r.integer("num_key_value_heads", qwen2 && !j.contains("num_key_value_heads") ? 32 : c.n_head, false);
     c.max_positions = r.integer("max_position_embeddings", qwen2 ? 32768 : 2048, false);
     c.norm_eps = r.number("rms_norm_eps", 1e-6f);
     c.rope_theta = r.number("rope_theta", 10000.0f);
