@@ -138,30 +138,35 @@ TEST(PpPadding, ATiedHeadStillTrainsThePaddingRow) {
   EXPECT_GT(trained, 0.0);
 }
 
-// LLaMA with Llama 3.1's rope_scaling (stop 75) over tp 2 x pp 2 with sequence parallelism: every
-// stage builds the scaled rotary table, and the run equals the one process's; the one process's
-// losses differ from the unscaled model's (the scaling reaches the loss at this size).
+// LLaMA and Qwen2 (q/k/v biases) with Llama 3.1's rope_scaling (stop 75) over tp 2 x pp 2 with
+// sequence parallelism: every stage builds the scaled rotary table (and its biases), and the run
+// equals the one process's; the one process's losses differ from the unscaled model's (the scaling
+// reaches the loss at this size).
 TEST(PpRope, AScaledRotaryTableTrainsTheOneProcessRunInEveryStage) {
-  const Case k{"llama", 2, 2, 1, 0, "1f1b", 1, "fp32", false, true};
-  auto cfg = [&](bool one_process, bool scaled) {
-    nlohmann::json j = config(k, one_process, 4);
-    if (scaled)
-      j["model"]["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                                    {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}};
-    return j;
-  };
-  const LayoutRun ref = layout_train(cfg(true, true), 1, 4, "pp_test");
-  const LayoutRun got = layout_train(cfg(false, true), 4, 4, "pp_test");
-  const LayoutRun plain = layout_train(cfg(true, false), 1, 4, "pp_test");
-  ASSERT_EQ(ref.losses.size(), got.losses.size());
-  double apart = 0.0;
-  for (size_t s = 0; s < ref.losses.size(); ++s) {
-    EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "loss at step " << s + 1;
-    apart = std::max(apart, static_cast<double>(std::fabs(plain.losses[s] - ref.losses[s]) / std::fabs(ref.losses[s])));
+  for (const char* type : {"llama", "qwen2"}) {  // qwen2: q/k/v biases in every stage too
+    SCOPED_TRACE(type);
+    const Case k{"llama", 2, 2, 1, 0, "1f1b", 1, "fp32", false, true};
+    auto cfg = [&](bool one_process, bool scaled) {
+      nlohmann::json j = config(k, one_process, 4);
+      j["model"]["model_type"] = type;
+      if (scaled)
+        j["model"]["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                      {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}};
+      return j;
+    };
+    const LayoutRun ref = layout_train(cfg(true, true), 1, 4, "pp_test");
+    const LayoutRun got = layout_train(cfg(false, true), 4, 4, "pp_test");
+    const LayoutRun plain = layout_train(cfg(true, false), 1, 4, "pp_test");
+    ASSERT_EQ(ref.losses.size(), got.losses.size());
+    double apart = 0.0;
+    for (size_t s = 0; s < ref.losses.size(); ++s) {
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "loss at step " << s + 1;
+      apart = std::max(apart, static_cast<double>(std::fabs(plain.losses[s] - ref.losses[s]) / std::fabs(ref.losses[s])));
+    }
+    EXPECT_GT(apart, 1e-4);
+    ASSERT_EQ(ref.master.size(), got.master.size());
+    EXPECT_LE(layout_compare(ref.master, got.master, ref.noise).norm_rel, 1e-5);
   }
-  EXPECT_GT(apart, 1e-4);
-  ASSERT_EQ(ref.master.size(), got.master.size());
-  EXPECT_LE(layout_compare(ref.master, got.master, ref.noise).norm_rel, 1e-5);
 }
 
 // DeepSpeed's legacy curriculum (seqlen) over a pipeline (stop 75; it was refused): every stage
