@@ -90,16 +90,23 @@ void run_export(const ExportArgs& a) {
   // Instruct model's list of three): they were overwritten by the end of text, or dropped. An id
   // past the vocabulary (a hub GPT-2 config's 50256 over a vocabulary trained here) is no token:
   // replaced by the end of text, or left out, with a line.
+  // In a list, only the ids past the vocabulary are replaced (the others are the model's).
   for (const char* key : {"bos_token_id", "eos_token_id"}) {
     if (!cfg.contains(key)) continue;
-    const nlohmann::json ids = cfg[key].is_array() ? cfg[key] : nlohmann::json::array({cfg[key]});
-    for (const auto& id : ids)
-      if (id.get<int64_t>() >= info.model.vocab_size) {
-        std::fprintf(stderr, "warning: the model's %s %s is not an id of its vocabulary (%d): %s\n", key, cfg[key].dump().c_str(),
-                     info.model.vocab_size, eot >= 0 ? "the tokenizer's end of text is written" : "left out");
-        cfg.erase(key);
-        break;
+    const bool list = cfg[key].is_array();
+    const nlohmann::json ids = list ? cfg[key] : nlohmann::json::array({cfg[key]});
+    nlohmann::json kept = nlohmann::json::array();
+    for (const auto& id : ids) {
+      if (id.get<int64_t>() < info.model.vocab_size) {
+        if (std::find(kept.begin(), kept.end(), id) == kept.end()) kept.push_back(id);
+        continue;
       }
+      std::fprintf(stderr, "warning: the model's %s %s is not an id of its vocabulary (%d): %s\n", key, id.dump().c_str(),
+                   info.model.vocab_size, eot >= 0 ? "the tokenizer's end of text is written for it" : "left out");
+      if (eot >= 0 && std::find(kept.begin(), kept.end(), nlohmann::json(eot)) == kept.end()) kept.push_back(eot);
+    }
+    if (kept.empty()) cfg.erase(key);
+    else cfg[key] = list ? kept : kept[0];
   }
   if (eot >= 0) {
     if (!cfg.contains("bos_token_id")) cfg["bos_token_id"] = eot;

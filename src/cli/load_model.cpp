@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "engine/checkpoint_io.h"
 #include "engine/hf_config.h"
 #include "engine/hf_weights.h"
@@ -83,6 +84,18 @@ LoadedModel load_model(const std::string& path) {
   out.model = std::make_unique<models::TransformerLM>(info.model, opts);
   engine::checkpoint_load_weights(info, out.model->store());
   out.tokenizer = info.tokenizer;
+  // The model's own eos ids end an answer here as in its export (they were read from an export's
+  // config.json only, stop 75); one past the vocabulary (a hub GPT-2 config's 50256 over a
+  // vocabulary trained here) is no token, said once.
+  for (const int64_t id : info.model.eos_token_ids) {
+    if (id >= info.model.vocab_size) {
+      log_warning(path + ": the model's eos_token_id " + std::to_string(id) + " is not an id of its vocabulary (" +
+                  std::to_string(info.model.vocab_size) + "): it ends nothing");
+      continue;
+    }
+    const int32_t v = static_cast<int32_t>(id);
+    if (std::find(out.eos_ids.begin(), out.eos_ids.end(), v) == out.eos_ids.end()) out.eos_ids.push_back(v);
+  }
   return out;
 }
 

@@ -1165,9 +1165,15 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
   fs::remove(dir() + "/gen-hf/generation_config.json");
   {  // The model's own bos/eos ids (a Llama 3 Instruct's list of eos ids) are exported as given: they
      // were overwritten by the tokenizer's end of text (stop 75). An id past the vocabulary (a hub
-     // GPT-2 config's 50256 over this 300) is replaced by the end of text, with a line.
+     // GPT-2 config's 50256 over this 300) is replaced by the end of text, with a line; in a list,
+     // only that id. generate on the checkpoint stops at the model's eos ids as on its export (with
+     // every id one, nothing follows the prompt; it drew on).
+    nlohmann::json every = nlohmann::json::array();
+    for (int id = 0; id < 300; ++id) every.push_back(id);
     for (const auto& [name, ids] : {std::pair<std::string, nlohmann::json>{"own-ids", {{"bos_token_id", 5}, {"eos_token_id", {6, 7}}}},
-                                    {"hub-ids", {{"bos_token_id", 50256}, {"eos_token_id", 50256}}}}) {
+                                    {"hub-ids", {{"bos_token_id", 50256}, {"eos_token_id", 50256}}},
+                                    {"mixed-ids", {{"eos_token_id", {6, 999}}}},
+                                    {"every-id", {{"eos_token_id", every}}}}) {
       nlohmann::json model = {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 64}, {"n_embd", 32}, {"n_layer", 2}, {"n_head", 2}};
       model.update(ids);
       const std::string c = write_config(name, {{"data", {{"train", dir() + "/gen"}, {"tokenizer", tokjson}}}, {"model", model},
@@ -1178,6 +1184,12 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
       if (name == "own-ids") {
         EXPECT_EQ(written["bos_token_id"], 5);
         EXPECT_EQ(written["eos_token_id"], nlohmann::json({6, 7}));
+      } else if (name == "mixed-ids") {
+        EXPECT_EQ(written["eos_token_id"], nlohmann::json({6, tok.eot_id()}));
+        EXPECT_NE(err.find("warning: the model's eos_token_id 999 is not an id of its vocabulary (300)"), std::string::npos) << err;
+      } else if (name == "every-id") {
+        ASSERT_EQ(run("generate " + dir() + "/ckpt-" + name + " --prompt \"" + prompt + "\" --max-new-tokens 5", &err), 0) << err;
+        EXPECT_NE(err.find("+ 0 new tokens"), std::string::npos) << err;
       } else {
         EXPECT_EQ(written["bos_token_id"], tok.eot_id());
         EXPECT_EQ(written["eos_token_id"], tok.eot_id());

@@ -1802,7 +1802,9 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
                "curriculum_learning with " + sp_key + ": step " + std::to_string(step) + " trains " +
                    std::to_string(d) + " tokens a sample, and train_micro_batch_size_per_gpu x that (" +
                    std::to_string(c.batch.micro_batch_per_gpu * d) + ") does not divide over parallel.tp (" +
-                   std::to_string(c.tp) + "): give difficulties (min_difficulty, difficulty_step) that it does");
+                   std::to_string(c.tp) + "): give difficulties (" +
+                   (k.schedule_type == "fixed_discrete" ? "schedule_config.difficulty" : "min_difficulty, difficulty_step") +
+                   ") that it does");
     }
   }
   c.steps_per_print = root.integer("steps_per_print", 10);

@@ -1312,7 +1312,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         int64_t tid = -1;
         auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), tid);
         if (key.empty() || key[0] == '-' || ec != std::errc() || end != key.data() + key.size() || tid < 0 || tid >= drawable)
-          bad("\"logit_bias\": \"" + key + "\" is not a token id of this model's [0, " + std::to_string(drawable) + ")",
+          bad("\"logit_bias\": \"" + key + "\" is not an id the tokenizer can decode: [0, " + std::to_string(drawable) + ")",
               "invalid_value");
         if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0))
           bad("\"logit_bias\": the bias of \"" + key + "\" must be a number in [-100, 100]", "invalid_value");
@@ -1344,7 +1344,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       for (const json& t : st) {
         const int64_t drawable = std::min<int64_t>(gen_.vocab_size(), tok_.vocab_size());
         if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= drawable)
-          bad("\"stop_token_ids\": " + t.dump() + " is not a token id of this model's [0, " + std::to_string(drawable) + ")",
+          bad("\"stop_token_ids\": " + t.dump() + " is not an id the tokenizer can decode: [0, " + std::to_string(drawable) + ")",
               "invalid_value");
         const auto tid = static_cast<int32_t>(t.get<int64_t>());
         r.stop_ids.push_back(tid);
