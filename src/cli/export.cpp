@@ -146,6 +146,14 @@ void run_export(const ExportArgs& a) {
     for (const char* f : {"tokenizer.json", "encoder.json", "vocab.bpe", "vocab.json", "merges.txt"})
       if (fs::exists(fs::path(info.tokenizer) / f)) fs::copy_file(fs::path(info.tokenizer) / f, fs::path(a.out) / f, overwrite);
   }
+  // With its chat template (the files data::Tokenizer::load reads it from, beside the vocabulary):
+  // an Instruct model fine-tuned here was exported without it, and Hugging Face's
+  // apply_chat_template then had none to apply.
+  if (!info.tokenizer.empty() && fs::exists(info.tokenizer)) {
+    const fs::path dir = fs::is_directory(info.tokenizer) ? fs::path(info.tokenizer) : fs::path(info.tokenizer).parent_path();
+    for (const char* f : {"tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"})
+      if (fs::is_regular_file(dir / f)) fs::copy_file(dir / f, fs::path(a.out) / f, overwrite);
+  }
   std::printf("exported %s (step %lld, %zu tensors, %s) to %s\n", info.dir.c_str(), static_cast<long long>(info.global_step),
               model.store().parameters().size(), a.dtype.c_str(), a.out.c_str());
 }

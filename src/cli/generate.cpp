@@ -3,7 +3,10 @@
 // `latest` names one) or a Hugging Face directory (config.json + model.safetensors, as `export
 // --hf` writes). The tokenizer is --tokenizer, else the run's data.tokenizer recorded in the
 // checkpoint, else the tokenizer files in MODEL. Sampling: --temperature 0 is greedy; --top-k, --top-p
-// as Hugging Face's warpers; --seed makes a draw reproducible. Stops at <|endoftext|>.
+// as Hugging Face's warpers; --seed makes a draw reproducible. Stops at <|endoftext|>, the model's
+// eos ids and the chat template's end of turn. --chat takes the prompt as a user's message (with
+// --system before it), laid out by the tokenizer's chat template with its generation prompt, or by
+// data/chat.h's layout without one, and prints the answer alone.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +17,8 @@
 #include "base/timer.h"
 #include "cli/commands.h"
 #include "cli/load_model.h"
+#include "data/chat.h"
+#include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "serve/generator.h"
 
@@ -22,7 +27,8 @@ namespace fs = std::filesystem;
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt, tokenizer;
+  std::string model, prompt, tokenizer, system;
+  bool chat = false;
   int max_new_tokens = 100;
   serve::SamplingOptions sampling;
   bool quiet = false;
@@ -38,8 +44,32 @@ void run_generate(const GenerateArgs& a) {
   data::Tokenizer tok = load_model_tokenizer(lm, a.model, a.tokenizer);
   // With the special tokens a tokenizer.json's template adds (Llama 3's <|begin_of_text|>), as
   // Hugging Face's tokenizer(prompt) and vLLM's completions encode a prompt.
-  std::vector<int32_t> prompt = tok.encode_with_special(a.prompt);
+  MT_CHECK(a.chat || a.system.empty(), ErrorKind::kInvalidArgument, "--system needs --chat");
+  std::vector<int32_t> prompt;
+  if (!a.chat) {
+    prompt = tok.encode_with_special(a.prompt);
+  } else if (tok.chat_template() != nullptr) {
+    // As transformers' apply_chat_template(add_generation_prompt=True) and vLLM's chat: the text
+    // encoded without the tokenizer's special tokens, which the template writes.
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+    messages.push_back({{"role", "user"}, {"content", a.prompt}});
+    prompt = tok.encode(tok.chat_template()->render(messages, true));
+  } else {
+    std::vector<std::string> pieces;
+    if (!a.system.empty()) pieces.push_back(a.system + "\n");
+    for (std::string& p : data::chat_prompt_pieces({}, a.prompt)) pieces.push_back(std::move(p));
+    prompt = tok.special_before();
+    for (const std::string& p : pieces) {
+      const std::vector<int32_t> part = tok.encode(p);
+      prompt.insert(prompt.end(), part.begin(), part.end());
+    }
+    prompt.insert(prompt.end(), tok.special_after().begin(), tok.special_after().end());
+  }
   if (prompt.empty()) prompt.push_back(tok.eot_id());  // an empty prompt starts a new document (refused without one)
+  if (const int32_t turn = tok.chat_end_of_turn_id();
+      turn >= 0 && std::find(lm.eos_ids.begin(), lm.eos_ids.end(), turn) == lm.eos_ids.end())
+    lm.eos_ids.push_back(turn);  // an Instruct tokenizer's end of turn, as vLLM stops on its eos
   serve::GeneratorOptions go;
   go.weights = weights;
   serve::Generator gen(*lm.model, go);
@@ -49,7 +79,7 @@ void run_generate(const GenerateArgs& a) {
   serve::Sampler sampler(a.sampling);
   Timer t;
   std::span<const float> logits = gen.prefill(prompt);
-  std::printf("%s", a.prompt.c_str());
+  if (!a.chat) std::printf("%s", a.prompt.c_str());
   int n = 0;
   bool full = false;
   for (; n < a.max_new_tokens; ++n) {
@@ -89,7 +119,11 @@ void register_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Sample text from a checkpoint or a Hugging Face model directory");
   cmd->add_option("MODEL", a->model, "checkpoint (step-N or save_dir) or HF directory (config.json + model.safetensors)")
       ->required();
-  cmd->add_option("--prompt", a->prompt, "text to continue")->required();
+  cmd->add_option("--prompt", a->prompt, "text to continue (with --chat: the user's message)")->required();
+  cmd->add_flag("--chat", a->chat,
+                "the prompt is a user's message, laid out by the tokenizer's chat template (tokenizer_config.json); "
+                "prints the answer alone");
+  cmd->add_option("--system", a->system, "with --chat: a system message before the user's");
   cmd->add_option("--max-new-tokens", a->max_new_tokens, "tokens to generate at most (default 100)");
   cmd->add_option("--temperature", a->sampling.temperature, "0 = greedy (default 1)");
   cmd->add_option("--top-k", a->sampling.top_k, "keep the k most likely tokens (0 = all)");

@@ -21,9 +21,10 @@
 #include "base/error.h"
 #include "base/file_io.h"
 #include "cli/commands.h"
+#include "data/chat_template.h"
 #include "data/indexed_dataset.h"
-#include "engine/corpus.h"
 #include "data/tokenizer.h"
+#include "engine/corpus.h"
 
 namespace mt::cli {
 namespace {
@@ -36,14 +37,14 @@ struct TokenizeArgs {
 };
 
 // Calls fn with each stdin line parsed as JSON; a line that is not JSON is an error naming `what`.
-template <typename Fn>
+template <typename Json = nlohmann::json, typename Fn>
 void for_each_json_line(const char* what, Fn fn) {
   std::string line;
   for (int64_t n = 1; std::getline(std::cin, line); ++n) {
     const std::string where = "stdin:" + std::to_string(n);
-    nlohmann::json j;
+    Json j;
     try {
-      j = nlohmann::json::parse(line);
+      j = Json::parse(line);
     } catch (const nlohmann::json::exception&) {
       throw Error(ErrorKind::kInvalidArgument, where + ": the line is not " + what);
     }
@@ -81,14 +82,20 @@ void run_tokenize(const TokenizeArgs& a) {
   // (a .jsonl whose every "text" is "" wrote a dataset of no tokens, exit 0; an empty .txt is refused)
   MT_CHECK(std::any_of(docs.begin(), docs.end(),
                        [](const engine::CorpusDocument& d) {
-                         return std::any_of(d.pieces.begin(), d.pieces.end(), [](const auto& p) { return !p.first.empty(); });
+                         return !d.chat.is_null() ||
+                                std::any_of(d.pieces.begin(), d.pieces.end(), [](const auto& p) { return !p.first.empty(); });
                        }),
            ErrorKind::kInvalidArgument, a.input + ": every document's text is empty: nothing to tokenize");
   std::unique_ptr<data::Tokenizer> tok;
   if (train) {
     std::string corpus;
-    for (const auto& d : docs)
+    for (const auto& d : docs) {
       for (const auto& p : d.pieces) corpus += p.first;
+      for (const char* key : {"messages", "prompt", "completion"})  // a conversation's turns
+        if (d.chat.contains(key))
+          for (const auto& m : d.chat[key])
+            if (m["content"].is_string()) corpus += m["content"].get<std::string>() + "\n";
+    }
     tok = std::make_unique<data::Tokenizer>(data::Tokenizer::train(corpus, a.train_bpe));
     tok->save_json(a.output + ".tokenizer.json");
     std::fprintf(stderr, "trained a %d-token BPE -> %s.tokenizer.json\n", tok->vocab_size(), a.output.c_str());
@@ -108,7 +115,7 @@ void run_tokenize(const TokenizeArgs& a) {
 void register_tokenize(CLI::App& app) {
   auto a = std::make_shared<TokenizeArgs>();
   auto* cmd = app.add_subcommand("tokenize", "Tokenize .txt/.jsonl into a Megatron indexed dataset");
-  cmd->add_option("INPUT", a->input, ".txt (documents separated by blank lines, UTF-8) or .jsonl/.json (JSON lines: \"text\", or \"prompt\"/\"response\"/\"history\")")->required();
+  cmd->add_option("INPUT", a->input, ".txt (documents separated by blank lines, UTF-8) or .jsonl/.json (JSON lines: \"text\", \"prompt\"/\"response\"/\"history\", or a conversation: \"messages\", or \"prompt\" and \"completion\" lists)")->required();
   cmd->add_option("-o,--output", a->output, "output prefix (PREFIX.bin, PREFIX.idx)")->required();
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json, or a directory with it or a GPT-2 pair (encoder.json+vocab.bpe, vocab.json+merges.txt, gpt2-vocab.json+gpt2-merges.txt)");
   cmd->add_option("--train-bpe", a->train_bpe, "train a byte-level BPE of this many tokens on INPUT first");
@@ -129,6 +136,32 @@ void register_tokenize(CLI::App& app) {
       MT_CHECK(j.is_string(), ErrorKind::kInvalidArgument, where + ": the line is not a JSON string");
       const std::string text = j.get<std::string>();
       std::printf("%s\n", nlohmann::json(*special ? tok.encode_with_special(text) : tok.encode(text)).dump().c_str());
+    });
+  });
+  // transformers' apply_chat_template: {"messages": [...], "add_generation_prompt": bool, "tools":
+  // [...]} a line in, {"text", "ids"} a line out (the ids without the tokenizer's special tokens,
+  // which the template writes).
+  auto* chat = t->add_subcommand(
+      "chat", "one JSON object {\"messages\", \"add_generation_prompt\"} per line in, {\"text\", \"ids\"} of the "
+              "tokenizer's chat template per line out");
+  chat->add_option("TOKENIZER", *path, "a tokenizer directory with tokenizer_config.json's chat_template or chat_template.jinja")
+      ->required();
+  chat->callback([path] {
+    data::Tokenizer tok = data::Tokenizer::load(*path);
+    MT_CHECK(tok.chat_template() != nullptr, ErrorKind::kNotFound,
+             *path + ": no chat template beside the tokenizer (tokenizer_config.json's chat_template, chat_template.jinja)");
+    for_each_json_line<nlohmann::ordered_json>("a JSON object", [&](const nlohmann::ordered_json& j, const std::string& where) {
+      MT_CHECK(j.is_object() && j.contains("messages") && j["messages"].is_array(), ErrorKind::kInvalidArgument,
+               where + ": expected {\"messages\": [...], \"add_generation_prompt\": true|false}");
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+      for (size_t i = 0; i < j["messages"].size(); ++i)
+        messages.push_back(data::chat_message_normalized(j["messages"][i], where + ": messages[" + std::to_string(i) + "]"));
+      const nlohmann::ordered_json gen = j.value("add_generation_prompt", nlohmann::ordered_json(false));
+      MT_CHECK(gen.is_boolean(), ErrorKind::kInvalidArgument, where + ": \"add_generation_prompt\" must be true or false");
+      nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+      if (j.contains("tools")) extra["tools"] = j["tools"];
+      const std::string text = tok.chat_template()->render(messages, gen.get<bool>(), extra);
+      std::printf("%s\n", nlohmann::json{{"text", text}, {"ids", tok.encode(text)}}.dump().c_str());
     });
   });
   auto* dec = t->add_subcommand("decode", "one JSON array of ids per line in, one JSON string per line out");

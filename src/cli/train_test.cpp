@@ -810,6 +810,80 @@ TEST(Train, AResumeWhoseOptimizerKeepsAnotherStateSaysWhich) {
 // directly (tokenized into save_dir/data-cache on first use) and uses the mask.
 namespace {
 
+// TRL's conversational records with an Instruct tokenizer's chat template (stop 76): `tokenize`
+// trains each assistant turn as the template renders it; `train` takes the .jsonl; `generate
+// --chat` lays a message out by the template (the checkpoint names its tokenizer's directory), and
+// `export --hf` carries the template's files with the tokenizer.
+TEST(Tokenize, ConversationsTrainTheAssistantTurnsOfTheChatTemplate) {
+  const std::string jsonl = dir() + "/conv.jsonl";
+  {
+    std::ofstream f(jsonl);
+    f << R"({"messages": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Name a colour."}, )"
+         R"({"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another?"}, )"
+         R"({"role": "assistant", "content": "Green, like grass."}]})" "\n";
+    f << R"({"prompt": [{"role": "user", "content": "What is the capital of France?"}], )"
+         R"("completion": [{"role": "assistant", "content": "Paris is the capital of France."}]})" "\n";
+  }
+  // A vocabulary of the records' words, then a directory with it and a ChatML template.
+  ASSERT_EQ(run("tokenize " + jsonl + " -o " + dir() + "/conv-bpe --train-bpe 300"), 0);
+  const std::string tokdir = dir() + "/conv-tok";
+  fs::create_directories(tokdir);
+  fs::copy_file(dir() + "/conv-bpe.tokenizer.json", tokdir + "/tokenizer.json", fs::copy_options::overwrite_existing);
+  std::ofstream(tokdir + "/tokenizer_config.json") << nlohmann::json{
+      {"eos_token", "<|endoftext|>"},
+      {"chat_template",
+       "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|endoftext|>' + '\n' }}"
+       "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"}}.dump();
+  ASSERT_EQ(run("tokenize " + jsonl + " -o " + dir() + "/conv --tokenizer " + tokdir), 0);
+  mt::data::Tokenizer tok = mt::data::Tokenizer::load(tokdir);
+  mt::data::IndexedDataset ds(dir() + "/conv"), mask(dir() + "/conv.mask");
+  ASSERT_EQ(ds.num_documents(), 2u);
+  const std::vector<std::string> want_trained = {"Blue.<|endoftext|>\nGreen, like grass.<|endoftext|>\n",
+                                                 "Paris is the capital of France.<|endoftext|>\n"};
+  for (uint64_t d = 0; d < 2; ++d) {
+    const int64_t n = ds.sequence_length(d);
+    std::vector<int32_t> ids(static_cast<size_t>(n)), m(static_cast<size_t>(n)), trained;
+    ds.read(d, 0, n, ids.data());
+    mask.read(d, 0, n, m.data());
+    for (int64_t i = 0; i < n; ++i)
+      if (m[static_cast<size_t>(i)]) trained.push_back(ids[static_cast<size_t>(i)]);
+    EXPECT_EQ(tok.decode(trained), want_trained[d]) << "document " << d;
+    EXPECT_EQ(ids.back(), tok.eot_id());
+    EXPECT_EQ(m.back(), 0) << "the end of document after the conversation is not trained";
+  }
+  // `tokenizer chat`: apply_chat_template's text and ids, a line each.
+  std::ofstream(dir() + "/conv-chat.in")
+      << R"({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": true})" "\n";
+  std::string chat_out;
+  ASSERT_EQ(mt::cli::testing::run_meshtrain(dir(), "tokenizer chat " + tokdir + " < " + dir() + "/conv-chat.in", &chat_out), 0);
+  const std::string chat_text = "<|im_start|>user\nHi<|endoftext|>\n<|im_start|>assistant\n";
+  EXPECT_EQ(nlohmann::json::parse(chat_out), (nlohmann::json{{"text", chat_text}, {"ids", tok.encode(chat_text)}}));
+  std::string cfg = write_config("conv", {{"data", {{"train", jsonl}, {"tokenizer", tokdir}, {"shuffle", false}}},
+                                          {"model", {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 128},
+                                                     {"n_embd", 32}, {"n_layer", 1}, {"n_head", 2}}},
+                                          {"train_iters", 2}, {"save_interval", 2}});
+  std::string out, err;
+  ASSERT_EQ(run("train " + cfg, &err), 0) << err;
+  const std::string ckpt = dir() + "/ckpt-conv";
+  auto gen = [&](const std::string& model, const std::string& flags) {
+    return mt::cli::testing::run_meshtrain(dir(), "generate " + model + " --prompt 'Name a colour.' --temperature 0 "
+                                                  "--max-new-tokens 4 " + flags, &out, &err);
+  };
+  ASSERT_EQ(gen(ckpt, "--chat --system 'Be kind.'"), 0) << err;
+  // The prompt counted on stderr is the template's text with its generation prompt.
+  const size_t prompt_tokens =
+      tok.encode("<|im_start|>system\nBe kind.<|endoftext|>\n<|im_start|>user\nName a colour.<|endoftext|>\n<|im_start|>assistant\n")
+          .size();
+  EXPECT_NE(err.find(std::to_string(prompt_tokens) + " prompt + "), std::string::npos) << err;
+  EXPECT_EQ(out.find("Name a colour."), std::string::npos) << "the answer alone: " << out;
+  EXPECT_EQ(gen(ckpt, "--system x"), 2);
+  EXPECT_NE(err.find("--system needs --chat"), std::string::npos) << err;
+  ASSERT_EQ(run("export " + ckpt + " --hf " + dir() + "/conv-hf", &err), 0) << err;
+  EXPECT_TRUE(fs::exists(dir() + "/conv-hf/tokenizer_config.json"));
+  ASSERT_EQ(gen(dir() + "/conv-hf", "--chat --system 'Be kind.'"), 0) << err;
+  EXPECT_NE(err.find(std::to_string(prompt_tokens) + " prompt + "), std::string::npos) << err;
+}
+
 TEST(Tokenize, SftRecordsTrainOnlyTheResponse) {
   std::string jsonl = dir() + "/sft.jsonl";
   std::vector<std::pair<std::string, std::string>> records = {
@@ -1200,7 +1274,7 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
   // generate reads a sharded checkpoint (tp2 x pp2: four ranks' files) as it reads a whole one: the
   // same text as from that checkpoint's Hugging Face export.
   std::string cfg3d = write_config("gen3d", {{"data", {{"train", dir() + "/gen"}, {"tokenizer", tokjson}}},
-                                             {"model", {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 64},
+                                             {"model", {{"model_type", "gpt2"}, {"vocab_size", 300}, {"n_positions", 128},
                                                         {"n_embd", 32}, {"n_layer", 2}, {"n_head", 2}}},
                                              {"train_iters", 6}, {"save_interval", 6}, {"eval_interval", 0}});
   ASSERT_EQ(run("launch -n 4 -- train " + cfg3d + " --set parallel.tp=2 --set parallel.pp=2", &err), 0) << err;

@@ -605,6 +605,23 @@ Tokenizer Tokenizer::load_hf_json(const std::string& path) {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
+  Tokenizer t = load_files(path);
+  // The chat template beside the vocabulary (tokenizer_config.json or chat_template.jinja in the
+  // directory, or beside the tokenizer.json named), as AutoTokenizer reads a model's directory.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
+  t.chat_ = ChatTemplate::load_dir(dir.empty() ? std::string(".") : dir.string());
+  return t;
+}
+
+int32_t Tokenizer::chat_end_of_turn_id() const {
+  if (chat_ == nullptr || chat_->eos_token().empty()) return -1;
+  const std::vector<int32_t> ids = encode(chat_->eos_token());
+  return ids.size() == 1 && is_special(ids[0]) ? ids[0] : -1;
+}
+
+Tokenizer Tokenizer::load_files(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(path, ec)) {

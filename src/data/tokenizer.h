@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/chat_template.h"
 #include "data/tokenizer_pipeline.h"
 
 namespace mt::data {
@@ -26,6 +27,8 @@ class Tokenizer {
   // Picks the format by what path is: a directory (encoder.json + vocab.bpe, vocab.json +
   // merges.txt, or tokenizer.json inside), a file named *.json (Hugging Face tokenizer.json).
   // Throws Error (kNotFound, kCorruption, kNotSupported) naming the file and what is wrong.
+  // Also reads the chat template of the directory (data/chat_template.h): the path's own, or for a
+  // tokenizer.json file named, the one it lies in.
   static Tokenizer load(const std::string& path);
   // GPT-2's files: vocab_json maps the byte-mapped token strings to ids; merges_txt holds one
   // "a b" merge per line, by rank, after an optional "#version" first line.
@@ -84,6 +87,11 @@ class Tokenizer {
   // A special token (Hugging Face's: an added token marked special, and <|endoftext|>), which
   // answers leave out of their text (skip_special_tokens); other added tokens are text.
   bool is_special(int32_t id) const;
+  // The chat template load() found beside the vocabulary, or nullptr.
+  const ChatTemplate* chat_template() const { return chat_.get(); }
+  // The id of the chat template's eos_token (tokenizer_config.json's: an Instruct model's end of
+  // turn) when it is one special token of this vocabulary; -1 otherwise.
+  int32_t chat_end_of_turn_id() const;
   // The bytes a token decodes to. REQUIRES: 0 <= id < vocab_size().
   const std::string& token_bytes(int32_t id) const { return token_bytes_[id]; }
 
@@ -109,6 +117,7 @@ class Tokenizer {
   };
 
   Tokenizer();
+  static Tokenizer load_files(const std::string& path);  // load() without the chat template
   static Tokenizer build(const std::string& where, const std::vector<Entry>& entries,
                          const std::vector<std::pair<std::string, std::string>>& merges);
   void add_merge(int32_t left, int32_t right, int32_t id);
@@ -143,6 +152,7 @@ class Tokenizer {
   SpecialTemplate template_;
   std::string layout_json_;  // the normalizer, pre_tokenizer, post_processor and ignore_merges as read, if not GPT-2's
   std::unique_ptr<WordCache> cache_;
+  std::shared_ptr<const ChatTemplate> chat_;
 };
 
 // GPT-2's bytes_to_unicode(): byte b -> the code point that stands for it in vocabulary files

@@ -3,8 +3,12 @@
 //
 // Inputs:
 //   .txt    documents separated by blank lines, every token trained;
-//   .jsonl  one JSON object per line, either {"text": str} (every token trained) or an SFT record
-//           {"prompt": str, "response": str, "history": [[prompt, response], ...] (optional)}.
+//   .jsonl  one JSON object per line, either {"text": str} (every token trained), an SFT record
+//           {"prompt": str, "response": str, "history": [[prompt, response], ...] (optional)}, or
+//           a conversation in TRL's forms: {"messages": [{"role", "content"}, ...]} or
+//           {"prompt": [messages], "completion": [messages]} (with "tools" optional), laid out by
+//           the tokenizer's chat template (data/chat_template.h: assistant turns, or the
+//           completion, trained) or, for a tokenizer without one, by data/chat.h's layout.
 // An SFT record becomes one document: for each history turn, then the record's own turn,
 // prompt + "\n" + response, turns joined by "\n"; only the final response (and the <|endoftext|>
 // that ends every document) is trained: the loss mask is 1 on those tokens and 0 elsewhere. The
@@ -19,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "data/tokenizer.h"
 #include "engine/ds_config.h"
 
@@ -26,6 +32,11 @@ namespace mt::engine {
 
 struct CorpusDocument {
   std::vector<std::pair<std::string, bool>> pieces;  // text, trained
+  // A conversation record ({"messages"} or {"prompt", "completion"} lists, "tools"), laid out by
+  // corpus_write_dataset with the tokenizer's chat template; pieces are then empty. where names
+  // its file and line.
+  nlohmann::ordered_json chat;  // keys in the record's order
+  std::string where;
 };
 
 // Throws kInvalidArgument naming file:line for a malformed line or record, kNotFound when missing.

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "base/error.h"
 #include "base/file_io.h"
 #include "data/indexed_dataset.h"
 #include "data/tokenizer.h"
@@ -108,6 +110,97 @@ TEST(CorpusDataset, ATemplatesSpecialTokensFrameEachDocument) {
   ASSERT_EQ(m.size(), want.size());
   EXPECT_EQ(m.front(), 0);
   EXPECT_EQ(m.back(), 1);
+  fs::remove_all(d);
+}
+
+// TRL's conversational records (stop 76). With the tokenizer's chat template: the template's text
+// encoded at once without the tokenizer's own special tokens (the template writes
+// <|begin_of_text|>: it was not doubled), the assistant turns with their end of turn trained, the
+// end of text after the conversation not; the prompt-completion form trains its completion. Without
+// a template: data/chat.h's layout, as serve lays out a chat.
+TEST(CorpusDataset, AConversationIsItsTemplatesTextWithTheAssistantTurnsTrained) {
+  const std::string d = ::testing::TempDir() + "/mt_corpus_chat_" + std::to_string(::getpid());
+  fs::remove_all(d);
+  fs::create_directories(d + "/tok");
+  data::Tokenizer::train("one two three one two three answer prompt user assistant", 270).save_json(d + "/base.json");
+  std::vector<char> raw = file_read_all(d + "/base.json");
+  nlohmann::json j = nlohmann::json::parse(raw.begin(), raw.end());
+  j["added_tokens"][0]["content"] = "<|end_of_text|>";  // id 269
+  j["added_tokens"].push_back({{"id", 270}, {"content", "<|begin_of_text|>"}, {"special", true}, {"normalized", false}});
+  j["added_tokens"].push_back({{"id", 271}, {"content", "<|eot_id|>"}, {"special", true}, {"normalized", false}});
+  j["post_processor"] = nlohmann::json::parse(R"({"type": "TemplateProcessing",
+       "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+       "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [270]}}})");
+  std::ofstream(d + "/tok/tokenizer.json") << j.dump();
+  // Llama 3's layout, in a template of its own.
+  std::ofstream(d + "/tok/tokenizer_config.json") << nlohmann::json{
+      {"bos_token", "<|begin_of_text|>"},
+      {"eos_token", "<|eot_id|>"},
+      {"chat_template",
+       "{{ bos_token }}{% for m in messages %}[{{ m.role }}]\n\n{{ m.content | trim }}<|eot_id|>{% endfor %}"
+       "{% if add_generation_prompt %}[assistant]\n\n{% endif %}"}}.dump();
+  std::ofstream(d + "/chat.jsonl")
+      << R"({"messages": [{"role": "user", "content": "one two"}, {"role": "assistant", "content": "three "}, )"
+         R"({"role": "user", "content": "prompt"}, {"role": "assistant", "content": [{"type": "text", "text": "answer"}]}]})" "\n"
+      << R"({"prompt": [{"role": "user", "content": "one"}], "completion": [{"role": "assistant", "content": "two"}]})" "\n";
+  const data::Tokenizer tok = data::Tokenizer::load(d + "/tok");
+  ASSERT_NE(tok.chat_template(), nullptr);
+  const std::string prefix = corpus_prepare(d + "/chat.jsonl", d + "/tok", d + "/cache");
+  const data::IndexedDataset ds(prefix), mask(prefix + ".mask");
+  ASSERT_EQ(ds.num_sequences(), 2u);
+  auto expect = [&](uint64_t i, const std::vector<std::pair<std::string, bool>>& pieces) {
+    std::string text;
+    for (const auto& p : pieces) text += p.first;
+    std::vector<int32_t> ids = tok.encode(text), m;
+    for (const auto& [piece, trained] : pieces) m.insert(m.end(), tok.encode(piece).size(), trained ? 1 : 0);
+    ASSERT_EQ(m.size(), ids.size()) << "the pieces' tokens are the text's here";
+    ids.push_back(269);  // the end of text between conversations, not trained
+    m.push_back(0);
+    EXPECT_EQ(sequence(ds, i), ids) << i;
+    EXPECT_EQ(sequence(mask, i), m) << i;
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), 270), 1) << "one <|begin_of_text|>";
+  };
+  expect(0, {{"<|begin_of_text|>[user]\n\none two<|eot_id|>[assistant]\n\n", false},
+             {"three<|eot_id|>", true},
+             {"[user]\n\nprompt<|eot_id|>[assistant]\n\n", false},
+             {"answer<|eot_id|>", true}});
+  expect(1, {{"<|begin_of_text|>[user]\n\none<|eot_id|>[assistant]\n\n", false}, {"two<|eot_id|>", true}});
+
+  // Without a template: the layout serve applies without one, each assistant turn trained and the
+  // end of text after the last.
+  fs::remove(d + "/tok/tokenizer_config.json");
+  const data::Tokenizer plain = data::Tokenizer::load(d + "/tok");
+  std::vector<CorpusDocument> docs = corpus_read(d + "/chat.jsonl");
+  corpus_write_dataset(docs, plain, d + "/plain");
+  const data::IndexedDataset pds(d + "/plain"), pmask(d + "/plain.mask");
+  std::vector<int32_t> want = {270}, want_mask = {0};
+  for (const auto& [piece, trained] : std::vector<std::pair<std::string, bool>>{
+           {"one two\n", false}, {"three ", true}, {"\n", false}, {"prompt\n", false}, {"answer", true}})
+    for (int32_t id : plain.encode(piece)) {
+      want.push_back(id);
+      want_mask.push_back(trained ? 1 : 0);
+    }
+  want.push_back(269);
+  want_mask.push_back(1);
+  EXPECT_EQ(sequence(pds, 0), want);
+  EXPECT_EQ(sequence(pmask, 0), want_mask);
+
+  // Records the layout cannot take, and malformed ones, are refused naming the line.
+  auto refused = [&](const std::string& line, const std::string& words) {
+    std::ofstream(d + "/bad.jsonl") << "{\"text\": \"one\"}\n" << line << "\n";
+    try {
+      corpus_write_dataset(corpus_read(d + "/bad.jsonl"), plain, d + "/bad");
+      ADD_FAILURE() << line << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bad.jsonl:2"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused(R"({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})", "alternate");
+  refused(R"({"messages": [{"role": "user", "content": "a"}]})", "end with an assistant turn");
+  refused(R"({"messages": []})", "non-empty list");
+  refused(R"({"messages": [{"role": "user"}]})", "messages[0]");
+  refused(R"({"prompt": [{"role": "user", "content": "a"}]})", "completion");
   fs::remove_all(d);
 }
 

@@ -271,6 +271,12 @@ HttpServer::HttpServer(Generator& generator, const data::Tokenizer& tokenizer, c
   MT_CHECK(options.request_timeout_s > 0 && options.request_timeout_s <= 1e9, ErrorKind::kInvalidArgument,
            "serve: --timeout must be positive and at most 1e9 seconds");
   MT_CHECK(options.default_max_tokens >= 1, ErrorKind::kInvalidArgument, "serve: the default max_tokens must be >= 1");
+  // An Instruct tokenizer's eos_token (its end of turn: <|eot_id|>, <|im_end|>) ends answers too, as
+  // vLLM stops on the tokenizer's eos: a base model's config.json names only its end of text, and a
+  // chat fine-tuned from it answered past its turn.
+  if (const int32_t turn = tok_.chat_end_of_turn_id();
+      turn >= 0 && std::find(options_.eos_ids.begin(), options_.eos_ids.end(), turn) == options_.eos_ids.end())
+    options_.eos_ids.push_back(turn);
   if (tok_.has_eot()) end_ids_.push_back(tok_.eot_id());
   end_ids_.insert(end_ids_.end(), options_.eos_ids.begin(), options_.eos_ids.end());
   scheduler_ = std::make_unique<Scheduler>(gen_, SchedulerOptions{options.max_queue});
@@ -446,6 +452,19 @@ std::vector<int32_t> HttpServer::encode_pieces(const std::vector<std::string>& p
     ids.insert(ids.end(), part.begin(), part.end());
   }
   ids.insert(ids.end(), tok_.special_after().begin(), tok_.special_after().end());
+  return ids;
+}
+
+std::vector<int32_t> HttpServer::template_prompt(const nlohmann::ordered_json& messages) const {
+  std::string text;
+  try {
+    text = tok_.chat_template()->render(messages, true);
+  } catch (const Error& e) {
+    // The template's own refusal (raise_exception: "Conversation roles must alternate ...").
+    bad(e.what(), "invalid_value");
+  }
+  std::vector<int32_t> ids = tok_.encode(text);
+  if (ids.empty()) bad("the chat template renders these messages as no text", "invalid_value");
   return ids;
 }
 
@@ -1058,7 +1077,17 @@ void HttpServer::handle_chatglm(const httplib::Request& req, httplib::Response& 
     }
     // ChatGLM's defaults: max_length 2048 (prompt and response together), top_p 0.7, temperature 0.95.
     GenerationRequest r;
-    r.prompt = encode_pieces(data::chat_prompt_pieces(history, prompt));
+    if (tok_.chat_template() != nullptr) {
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+      for (const auto& [q, a] : history) {
+        messages.push_back({{"role", "user"}, {"content", q}});
+        messages.push_back({{"role", "assistant"}, {"content", a}});
+      }
+      messages.push_back({{"role", "user"}, {"content", prompt}});
+      r.prompt = template_prompt(messages);
+    } else {
+      r.prompt = encode_pieces(data::chat_prompt_pieces(history, prompt));
+    }
     const int max_length = get_int(body, "max_length", 2048, 1, 1 << 30);
     if (static_cast<int>(r.prompt.size()) >= std::min(max_length, gen_.capacity()))
       throw HttpError{400,
@@ -1149,6 +1178,11 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         bad("\"messages\" must be a non-empty list of {\"role\", \"content\"}", "invalid_type");
       std::vector<std::string> pieces;
       data::ChatHistory history;
+      // The tokenizer's chat template (an Instruct model's), as vLLM applies it: the messages
+      // rendered with the generation prompt, the text encoded without the tokenizer's special
+      // tokens (the template writes them).
+      const data::ChatTemplate* chat_template = tok_.chat_template();
+      nlohmann::ordered_json templated = nlohmann::ordered_json::array();
       std::string pending;  // a user turn waiting for its assistant reply
       bool have_pending = false;
       const json& msgs = body["messages"];
@@ -1176,6 +1210,10 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         }
         std::string role = m["role"];
         if (role == "developer") role = "system";  // OpenAI's newer name for the system message
+        if (chat_template != nullptr) {  // the template takes the turns, and says what it refuses
+          templated.push_back({{"role", role}, {"content", content}});
+          continue;
+        }
         if (role == "system" && history.empty() && !have_pending) {
           pieces.push_back(content + "\n");
         } else if (role == "user" && !have_pending) {
@@ -1191,9 +1229,13 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
               "invalid_value");
         }
       }
-      if (!have_pending) bad("the last message must be a \"user\" turn", "invalid_value");
-      for (std::string& p : data::chat_prompt_pieces(history, pending)) pieces.push_back(std::move(p));
-      prompts.push_back(encode_pieces(pieces));
+      if (chat_template != nullptr) {
+        prompts.push_back(template_prompt(templated));
+      } else {
+        if (!have_pending) bad("the last message must be a \"user\" turn", "invalid_value");
+        for (std::string& p : data::chat_prompt_pieces(history, pending)) pieces.push_back(std::move(p));
+        prompts.push_back(encode_pieces(pieces));
+      }
       prompt_texts.emplace_back();
     } else {
       // OpenAI's prompt forms: a string, a list of strings, a list of token ids, a list of such

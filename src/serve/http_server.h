@@ -79,6 +79,9 @@ class HttpServer {
                  const std::string& endpoint, std::string& body);
   void record(const std::string& endpoint, int status, double seconds);
   std::vector<int32_t> encode_pieces(const std::vector<std::string>& pieces) const;
+  // The tokenizer's chat template applied to messages with the generation prompt, encoded; its
+  // refusals are the request's 400s.
+  std::vector<int32_t> template_prompt(const nlohmann::ordered_json& messages) const;
 
   Generator& gen_;
   const data::Tokenizer& tok_;

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <limits>
@@ -741,6 +742,52 @@ TEST_F(HttpServerTest, ATemplatesSpecialTokensBeginATextPromptOnce) {
   EXPECT_EQ(prompt_tokens("/v1/completions", {{"prompt", {5, 6, 7}}, {"max_tokens", 1}}), 3u);
   EXPECT_EQ(prompt_tokens("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "The cat"}}}}, {"max_tokens", 1}}),
             encode_pieces(data::chat_prompt_pieces({}, "The cat")).size() + 1);
+}
+
+// An Instruct tokenizer's chat template (stop 76): a chat is the template's text with its
+// generation prompt, encoded without the tokenizer's special tokens, as vLLM applies it; the
+// template's own refusals are 400s with its message; ChatGLM's history goes through it too.
+TEST_F(HttpServerTest, AChatTemplateLaysOutTheChat) {
+  const std::string dir = ::testing::TempDir() + "/mt_serve_chat_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  tok_->save_json(dir + "/tokenizer.json");
+  std::ofstream(dir + "/tokenizer_config.json") << json{
+      {"eos_token", "<|endoftext|>"},
+      {"chat_template",
+       "{% for m in messages %}{% if m.role == 'system' and not loop.first %}{{ raise_exception('System only first') }}"
+       "{% endif %}<{{ m.role }}> {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant> {% endif %}"}}.dump();
+  const data::Tokenizer tok = data::Tokenizer::load(dir);
+  ASSERT_NE(tok.chat_template(), nullptr);
+  Running templated(*model_, tok, GeneratorOptions{.slots = 1}, ServerOptions{});
+  auto call = [&](const char* endpoint, const json& body, int want) {
+    httplib::Client cli("127.0.0.1", templated.port);
+    cli.set_read_timeout(60, 0);
+    httplib::Result r = cli.Post(endpoint, body.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == want) << (r ? r->body : "no response");
+    return r ? json::parse(r->body) : json();
+  };
+  const json messages = json::array({{{"role", "developer"}, {"content", "Be brief."}},
+                                     {{"role", "user"}, {"content", "What sat on the mat?"}},
+                                     {{"role", "assistant"}, {"content", "The cat."}},
+                                     {{"role", "user"}, {"content", "And the dog?"}}});
+  const std::string text = "<system> Be brief.\n<user> What sat on the mat?\n<assistant> The cat.\n<user> And the dog?\n<assistant> ";
+  const std::vector<int32_t> ids = tok.encode(text);
+  json chat = call("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 20}, {"temperature", 0}}, 200);
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], ids.size());
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], reference(ids, 20));
+  // The last turn need not be the user's, and the roles are the template's to judge.
+  call("/v1/chat/completions", {{"messages", json::array({messages[1], messages[2]})}, {"max_tokens", 1}}, 200);
+  json refused = call("/v1/chat/completions",
+                      {{"messages", json::array({messages[1], {{"role", "system"}, {"content", "late"}}})}, {"max_tokens", 1}}, 400);
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("System only first"), std::string::npos) << refused;
+  EXPECT_EQ(refused["error"]["code"], "invalid_value");
+  // ChatGLM's prompt and history, as messages.
+  const std::vector<int32_t> glm_ids = tok.encode("<user> What sat on the mat?\n<assistant> The cat.\n<user> 你好\n<assistant> ");
+  json glm = call("/", {{"prompt", "你好"}, {"history", json::array({{"What sat on the mat?", "The cat."}})}, {"max_length", 60},
+                        {"temperature", 0}},
+                  200);
+  EXPECT_EQ(glm["response"], reference(glm_ids, 60 - static_cast<int>(glm_ids.size())));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(HttpServerTest, ChatAndChatGLMApplyTheTrainingLayout) {
