@@ -160,7 +160,12 @@ void register_tokenize(CLI::App& app) {
       MT_CHECK(gen.is_boolean(), ErrorKind::kInvalidArgument, where + ": \"add_generation_prompt\" must be true or false");
       nlohmann::ordered_json extra = nlohmann::ordered_json::object();
       if (j.contains("tools")) extra["tools"] = j["tools"];
-      const std::string text = tok.chat_template()->render(messages, gen.get<bool>(), extra);
+      std::string text;
+      try {
+        text = tok.chat_template()->render(messages, gen.get<bool>(), extra);
+      } catch (const Error& e) {
+        throw Error(e.kind(), where + ": " + e.what());  // which line the template refused
+      }
       std::printf("%s\n", nlohmann::json{{"text", text}, {"ids", tok.encode(text)}}.dump().c_str());
     });
   });

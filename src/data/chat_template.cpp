@@ -176,7 +176,17 @@ std::vector<std::pair<std::string, bool>> ChatTemplate::conversation_pieces(cons
     if (!messages[i].is_object() || messages[i].value("role", json()) != "assistant") continue;
     const json before(json::array_t(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i)));
     const json upto(json::array_t(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i) + 1));
-    const std::string asked = i == 0 ? std::string() : render(before, true, extra);
+    // Before a first assistant turn, the empty conversation with the generation prompt (it was
+    // taken as "", and the template's default system prompt and header were trained with the turn).
+    std::string asked;
+    try {
+      asked = render(before, true, extra);
+    } catch (const Error& e) {
+      if (i != 0) throw;
+      throw Error(ErrorKind::kNotSupported,
+                  origin_ + ": messages[0] is an assistant turn, and the template cannot render the empty conversation "
+                            "before it, so the turn's tokens cannot be told apart (" + e.what() + ")");
+    }
     const std::string answered = render(upto, false, extra);
     MT_CHECK(starts_with(answered, asked) && starts_with(full, answered), ErrorKind::kNotSupported,
              origin_ + ": the chat template does not render messages[" + std::to_string(i) +

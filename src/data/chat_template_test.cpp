@@ -129,6 +129,30 @@ TEST(ChatTemplate, RenderedConversationsEncodeAsTheModelsOwnTokenizers) {
   }
 }
 
+// A conversation that opens with the assistant: what the template writes before it (the empty
+// conversation's generation prompt) is not trained; a template that cannot render the empty
+// conversation (Qwen2.5's reads messages[0]) refuses the record rather than train its system
+// prompt and header with the turn (it did, from a probe).
+TEST(ChatTemplate, AnOpeningAssistantTurnTrainsItsTurnAlone) {
+  json opening = json::array({{{"role", "assistant"}, {"content", "Hello"}},
+                              {{"role", "user"}, {"content", "x"}},
+                              {{"role", "assistant"}, {"content", "z"}}});
+  auto chatml = ChatTemplate::from_source(
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+      json::object(), "chatml");
+  EXPECT_EQ(trained(chatml->conversation_pieces(opening)), (std::vector<std::string>{"Hello<|im_end|>\n", "z<|im_end|>\n"}));
+  auto qwen = npm_template("qwen2_5");
+  ASSERT_NE(qwen, nullptr);
+  try {
+    (void)qwen->conversation_pieces(opening);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNotSupported);
+    EXPECT_NE(std::string(e.what()).find("messages[0] is an assistant turn"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ChatTemplate, GenerationBlocksMarkTheTrainedSpans) {
   auto t = ChatTemplate::from_source(
       "{% for m in messages %}<|{{ m.role }}|>\n{% if m.role == 'assistant' %}{% generation %}{{ m.content }}</s>"

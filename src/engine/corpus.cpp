@@ -34,13 +34,17 @@ std::string string_field(const nlohmann::ordered_json& j, const char* key, const
 CorpusDocument jsonl_document(const nlohmann::ordered_json& j, const std::string& where) {
   MT_CHECK(j.is_object(), ErrorKind::kInvalidArgument, where + ": expected a JSON object");
   CorpusDocument d;
+  // TRL's conversational records: laid out by the tokenizer's chat template when the dataset is
+  // written (the template is the tokenizer's); checked here, naming the line.
+  const bool conversation = j.contains("messages") || (j.contains("prompt") && j["prompt"].is_array());
+  // Both forms in one record: which to train is not the record's to leave open (its "text" alone
+  // was trained, the conversation dropped without a word).
+  MT_CHECK(!(conversation && j.contains("text")), ErrorKind::kInvalidArgument,
+           where + ": a record has a \"text\" or a conversation (\"messages\", or \"prompt\" and \"completion\" lists), not both");
   if (j.contains("text")) {
     d.pieces.emplace_back(string_field(j, "text", where), true);
     return d;
   }
-  // TRL's conversational records: laid out by the tokenizer's chat template when the dataset is
-  // written (the template is the tokenizer's); checked here, naming the line.
-  const bool conversation = j.contains("messages") || (j.contains("prompt") && j["prompt"].is_array());
   if (conversation) {
     nlohmann::ordered_json rec = nlohmann::ordered_json::object();
     auto messages = [&](const char* key) {

@@ -201,6 +201,9 @@ TEST(CorpusDataset, AConversationIsItsTemplatesTextWithTheAssistantTurnsTrained)
   refused(R"({"messages": []})", "non-empty list");
   refused(R"({"messages": [{"role": "user"}]})", "messages[0]");
   refused(R"({"prompt": [{"role": "user", "content": "a"}]})", "completion");
+  // Both a text and a conversation: the conversation was dropped without a word (a probe).
+  refused(R"({"text": "one", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})",
+          "not both");
   fs::remove_all(d);
 }
 

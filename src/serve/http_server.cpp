@@ -1182,7 +1182,9 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       // rendered with the generation prompt, the text encoded without the tokenizer's special
       // tokens (the template writes them).
       const data::ChatTemplate* chat_template = tok_.chat_template();
-      nlohmann::ordered_json templated = nlohmann::ordered_json::array();
+      nlohmann::ordered_json templated = nlohmann::ordered_json::array(), ordered_messages;
+      if (chat_template != nullptr && present(body, "messages") && body["messages"].is_array())
+        ordered_messages = nlohmann::ordered_json::parse(req.body)["messages"];  // parsed above: it is JSON
       std::string pending;  // a user turn waiting for its assistant reply
       bool have_pending = false;
       const json& msgs = body["messages"];
@@ -1192,8 +1194,11 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content"))
           bad(at + " must be {\"role\": string, \"content\": string or a list of text parts}", "invalid_type");
         std::string content;
+        bool no_content = false;  // an assistant's turn of tool calls alone, for a template
         if (m["content"].is_string()) {
           content = m["content"];
+        } else if (m["content"].is_null() && chat_template != nullptr && m["role"] == "assistant") {
+          no_content = true;
         } else if (m["content"].is_array()) {
           // OpenAI's content parts: text ones only, joined by a newline (as vLLM joins them).
           for (size_t k = 0; k < m["content"].size(); ++k) {
@@ -1211,7 +1216,12 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         std::string role = m["role"];
         if (role == "developer") role = "system";  // OpenAI's newer name for the system message
         if (chat_template != nullptr) {  // the template takes the turns, and says what it refuses
-          templated.push_back({{"role", role}, {"content", content}});
+          // The message as sent (its tool_calls, a tool's name; keys in their order), as vLLM
+          // passes it, with the role and the content as read.
+          nlohmann::ordered_json turn = ordered_messages[i];
+          turn["role"] = role;
+          turn["content"] = no_content ? nlohmann::ordered_json() : nlohmann::ordered_json(content);
+          templated.push_back(std::move(turn));
           continue;
         }
         if (role == "system" && history.empty() && !have_pending) {

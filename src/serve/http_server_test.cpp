@@ -777,6 +777,14 @@ TEST_F(HttpServerTest, AChatTemplateLaysOutTheChat) {
   EXPECT_EQ(chat["choices"][0]["message"]["content"], reference(ids, 20));
   // The last turn need not be the user's, and the roles are the template's to judge.
   call("/v1/chat/completions", {{"messages", json::array({messages[1], messages[2]})}, {"max_tokens", 1}}, 200);
+  // An assistant's turn of tool calls alone (content null) goes to the template as sent (it was a
+  // 400 that tokenize and `tokenizer chat` do not give: a probe); the template prints None.
+  json calls = call("/v1/chat/completions",
+                    {{"messages", json::array({messages[1], {{"role", "assistant"}, {"content", nullptr},
+                                                             {"tool_calls", json::array({{{"type", "function"}}})}}})},
+                     {"max_tokens", 1}},
+                    200);
+  EXPECT_EQ(calls["usage"]["prompt_tokens"], tok.encode("<user> What sat on the mat?\n<assistant> None\n<assistant> ").size());
   json refused = call("/v1/chat/completions",
                       {{"messages", json::array({messages[1], {{"role", "system"}, {"content", "late"}}})}, {"max_tokens", 1}}, 400);
   EXPECT_NE(refused["error"]["message"].get<std::string>().find("System only first"), std::string::npos) << refused;
