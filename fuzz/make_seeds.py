@@ -2,7 +2,7 @@
 """Writes the seed corpus of every fuzz target: small valid inputs built from the file formats'
 descriptions (not by meshtrain's own writers), one directory per target.
 
-Usage: fuzz/make_seeds.py OUTDIR   -> OUTDIR/{safetensors,indexed_dataset,tokenizer,ds_config}/
+Usage: fuzz/make_seeds.py OUTDIR   -> OUTDIR/{safetensors,indexed_dataset,tokenizer,ds_config,chat_template}/
 The input layout of each target is described at the top of fuzz/<target>_fuzz.cpp.
 """
 import json
@@ -110,6 +110,23 @@ def tokenizer_seeds():
                    ("#version: 0.2\n" + "\n".join(merges) + "\n").encode())
 
 
+def chat_template_seeds():
+    yield "chatml", (b"{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                     b"{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    yield "generation", (b"{%- for m in messages %}{{ m.role }}: {% if m.role == 'assistant' %}{% generation %}"
+                         b"{{ m.content | trim }}{{ eos_token }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n"
+                         b"{%- endfor %}")
+    yield "namespace_tools", (b"{{ bos_token }}{% set ns = namespace(n=0) %}{% for m in messages %}"
+                              b"{% if m.tool_calls is defined %}{{ m.tool_calls[0].function.arguments | tojson(indent=2) }}"
+                              b"{% set ns.n = ns.n + 1 %}{% elif m.role not in ['user', 'system', 'assistant'] %}"
+                              b"{{ raise_exception('bad role ' ~ m.role) }}{% else %}{{ m['content'][:3] }}{% endif %}"
+                              b"{% endfor %}{{ ns.n }}{{ tools | map(attribute='name') | join(',') }}")
+    yield "macro_messages", (b"{% macro turn(r, c='') -%}[{{ r | upper }}]{{ c }}{%- endmacro %}"
+                             b"{% for m in messages if m.content %}{{ turn(m.role, m.content) }}{% endfor %}"
+                             b"\x00" + json.dumps([{"role": "user", "content": "a"},
+                                                   {"role": "assistant", "content": "b"}]).encode())
+
+
 def ds_config_seeds():
     def text(name):
         with open(os.path.join(ROOT, name), "rb") as f:
@@ -140,7 +157,7 @@ def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     targets = {"safetensors": safetensors_seeds, "indexed_dataset": indexed_dataset_seeds,
-               "tokenizer": tokenizer_seeds, "ds_config": ds_config_seeds}
+               "tokenizer": tokenizer_seeds, "ds_config": ds_config_seeds, "chat_template": chat_template_seeds}
     for target, seeds in targets.items():
         d = os.path.join(sys.argv[1], target)
         os.makedirs(d, exist_ok=True)

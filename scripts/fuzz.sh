@@ -5,14 +5,14 @@
 # exception other than mt::Error, a leak or an input slower than 10 s; the input that did it is
 # saved as build/fuzz/artifacts/TARGET-crash-... (rerun it: build/fuzz/fuzz/TARGET_fuzz FILE).
 # Usage: [MT_FUZZ_OPT=-O1] scripts/fuzz.sh [SECONDS] [TARGET...]   (targets: safetensors
-# indexed_dataset tokenizer ds_config; default all)
+# indexed_dataset tokenizer ds_config chat_template; default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${1:-20}"
 shift || true
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(safetensors indexed_dataset tokenizer ds_config); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(safetensors indexed_dataset tokenizer ds_config chat_template); fi
 
 if ! command -v clang++ >/dev/null; then
   echo "fuzz: clang++ not found; run scripts/install-deps.sh" >&2
