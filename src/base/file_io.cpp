@@ -110,11 +110,6 @@ namespace {
 std::mutex g_live_mu;
 std::vector<std::string>* g_live = new std::vector<std::string>;  // never freed: a handler may read it at exit
 
-void live_add(const std::string& tmp) {
-  std::lock_guard<std::mutex> l(g_live_mu);
-  g_live->push_back(tmp);
-}
-
 void live_remove(const std::string& tmp) noexcept {
   std::lock_guard<std::mutex> l(g_live_mu);
   auto it = std::find(g_live->begin(), g_live->end(), tmp);
@@ -142,10 +137,16 @@ void remove_live_temporaries() noexcept {
 // the second failed. Now each renames a whole file of its own over PATH: the last one wins, whole.
 AtomicFile::AtomicFile(const std::string& path) : path_(path) {
   std::string name = path + ".tmp.XXXXXX";
-  fd_ = ::mkostemp(name.data(), O_CLOEXEC);
+  {
+    // Created and registered under the registry's lock: a stop signal between the two found the
+    // file on disk but not in the registry, and left it (a CI run under load: export stopped by
+    // SIGTERM kept its model.safetensors.tmp.XXXXXX). The handler waits for the lock.
+    std::lock_guard<std::mutex> l(g_live_mu);
+    fd_ = ::mkostemp(name.data(), O_CLOEXEC);
+    if (fd_ >= 0) g_live->push_back(name);
+  }
   MT_CHECK(fd_ >= 0, ErrorKind::kIOError, path + ".tmp: " + std::strerror(errno));
   tmp_ = name;
-  live_add(tmp_);
   (void)::flock(fd_, LOCK_EX | LOCK_NB);  // a live writer's (remove_dead_temporaries); released at close
   if (::fchmod(fd_, 0644) != 0) {  // mkostemp's 0600, widened to what an open() with 0644 gave
     const int e = errno;
