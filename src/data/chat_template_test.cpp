@@ -70,11 +70,17 @@ void expect_turns_refused(const ChatTemplate& t) {
   }
 }
 
+// The conversation cut by a template: its pieces join to the template's text.
+Pieces cut_conversation(const ChatTemplate& t) {
+  const Pieces p = t.conversation_pieces(conversation());
+  EXPECT_EQ(joined(p), t.render(conversation(), false)) << t.origin();
+  return p;
+}
+
 TEST(ChatTemplate, Llama3TrainsEachAssistantTurnWithItsEndOfTurn) {
   auto t = npm_template("llama3_instruct");
   ASSERT_NE(t, nullptr) << "the tokenizer_golden fixture keeps npm/llama3_instruct/tokenizer_config.json";
-  const Pieces p = t->conversation_pieces(conversation());
-  EXPECT_EQ(joined(p), t->render(conversation(), false));
+  const Pieces p = cut_conversation(*t);
   EXPECT_EQ(trained(p), (std::vector<std::string>{"4<|eot_id|>", "6, \"six\".<|eot_id|>"}));
   EXPECT_EQ(p.front().first.rfind("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>", 0), 0u);
   EXPECT_EQ(t->eos_token(), "<|eot_id|>");
@@ -95,8 +101,7 @@ TEST(ChatTemplate, TheBaseLlama3TemplateCannotMarkTurns) {
 TEST(ChatTemplate, Qwen25TrainsTheTurnThroughItsImEnd) {
   auto t = npm_template("qwen2_5");
   ASSERT_NE(t, nullptr) << "the tokenizer_golden fixture keeps npm/qwen2_5/tokenizer_config.json";
-  const Pieces p = t->conversation_pieces(conversation());
-  EXPECT_EQ(joined(p), t->render(conversation(), false));
+  const Pieces p = cut_conversation(*t);
   EXPECT_EQ(trained(p), (std::vector<std::string>{"4<|im_end|>\n", "6, \"six\".<|im_end|>\n"}));
   // Without a system message the template writes its own.
   json no_system = conversation();
@@ -158,9 +163,7 @@ TEST(ChatTemplate, GenerationBlocksMarkTheTrainedSpans) {
       "{% for m in messages %}<|{{ m.role }}|>\n{% if m.role == 'assistant' %}{% generation %}{{ m.content }}</s>"
       "{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n{% endfor %}",
       json::object(), "test");
-  const Pieces p = t->conversation_pieces(conversation());
-  EXPECT_EQ(trained(p), (std::vector<std::string>{"4</s>", "6, \"six\".</s>"}));
-  EXPECT_EQ(joined(p), t->render(conversation(), false));
+  EXPECT_EQ(trained(cut_conversation(*t)), (std::vector<std::string>{"4</s>", "6, \"six\".</s>"}));
 }
 
 TEST(ChatTemplate, ATemplateThatRewritesEarlierTurnsIsRefused) {

@@ -2044,27 +2044,19 @@ class Parser {
     return e;
   }
 
-  ExprPtr parse_or() {
-    ExprPtr e = parse_and();
-    while (is_name("or")) {
-      auto o = make(EK::kOr, next().line);
+  // `a word b word c`, left to right: `or` over `and` over `not`.
+  ExprPtr parse_logical(const char* word, EK kind, ExprPtr (Parser::*operand)()) {
+    ExprPtr e = (this->*operand)();
+    while (is_name(word)) {
+      auto o = make(kind, next().line);
       o->args.push_back(std::move(e));
-      o->args.push_back(parse_and());
+      o->args.push_back((this->*operand)());
       e = std::move(o);
     }
     return e;
   }
-
-  ExprPtr parse_and() {
-    ExprPtr e = parse_not();
-    while (is_name("and")) {
-      auto o = make(EK::kAnd, next().line);
-      o->args.push_back(std::move(e));
-      o->args.push_back(parse_not());
-      e = std::move(o);
-    }
-    return e;
-  }
+  ExprPtr parse_or() { return parse_logical("or", EK::kOr, &Parser::parse_and); }
+  ExprPtr parse_and() { return parse_logical("and", EK::kAnd, &Parser::parse_not); }
 
   ExprPtr parse_not() {
     if (is_name("not")) {
