@@ -192,6 +192,7 @@ void run_calibrate(const CalibrateArgs& args) {
     if (cal.process_bytes > 0) j["process_bytes"] = cal.process_bytes;
     if (cal.cache_bytes > 0) j["cache_bytes"] = cal.cache_bytes;
     j["f16_native"] = cal.f16_native;
+    j["bf16_native"] = cal.bf16_native;
     if (cal.exchange_probe_s > 0) {
       j["exchange_probe_s"] = cal.exchange_probe_s;
       j["exchange_probes_s"] = cal.exchange_probes;

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_test_util.h"
+#include "kernels/cpu/gemm.h"
 
 namespace {
 
@@ -40,6 +41,9 @@ TEST(Calibrate, WritesTheFitsAndReusesThemOnTheSameMachine) {
   }
   EXPECT_FALSE(j["fits"].contains("all_reduce"));
   EXPECT_GT(j["speed_probe_s"].get<double>(), 0.0);  // plan --validate compares each run's probe with it
+  // Whether the machine multiplies bf16 itself (an AVX2 CPU widens it to f32; stop 77).
+  ASSERT_TRUE(j.contains("bf16_native")) << j.dump();
+  EXPECT_EQ(j["bf16_native"].get<bool>(), mt::kernels::gemm_native(mt::DType::kBF16));
   // The probe at each phase (before the kernels, before the in-situ blocks, at the end): whether the
   // machine changed speed state while it was calibrated.
   ASSERT_TRUE(j.contains("speed_probes_s")) << j.dump();

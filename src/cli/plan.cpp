@@ -132,6 +132,8 @@ static planner::Calibration calibration_from_json(const nlohmann::json& j, const
   cal.cache_bytes = j.value("cache_bytes", size_t{0});
   if (j.contains("f16_native") && !j["f16_native"].is_boolean()) bad("f16_native must be true or false");
   cal.f16_native = j.value("f16_native", false);
+  if (j.contains("bf16_native") && !j["bf16_native"].is_boolean()) bad("bf16_native must be true or false");
+  cal.bf16_native = j.value("bf16_native", true);
   if (j.contains("exchange_probes_s")) cal.exchange_probes = j["exchange_probes_s"].get<std::vector<double>>();
   if (j.contains("speed_probes_s")) cal.speed_probes = j["speed_probes_s"].get<std::vector<double>>();
   for (const auto& [family, f] : j["fits"].items()) {

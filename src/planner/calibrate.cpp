@@ -768,6 +768,7 @@ void time_kernels(Calibration& cal, const CalibrateOptions& options, double budg
   // validation measured ZeRO 2's extra passes free against ZeRO 0). At an eighth and a quarter of
   // the cache.
   cal.f16_native = kernels::gemm_widen_bytes(16, 16, 16, DType::kF16).first == 0;
+  cal.bf16_native = kernels::gemm_native(DType::kBF16);
   cal.cache_bytes = last_level_cache_bytes();
   if (cal.cache_bytes > 0) {
     std::vector<CalPoint> copy, zero, add;

@@ -128,6 +128,11 @@ struct Calibration {
   // widens f16 operands to f32 and the cost model prices that (planner/cost.cpp). A calibration
   // without the field: false, as on the machines before it was recorded.
   bool f16_native = false;
+  // Whether it multiplies bf16 itself (AVX512-BF16 or AMX). Where not (an AVX2 CPU), kernels::gemm
+  // widens bf16 operands to f32 as it does f16's, and the cost model and the memory estimate price
+  // the widening (it was taken as native on any CPU, stop 76's note). A calibration without the
+  // field: true, as the machines it was recorded on multiplied bf16.
+  bool bf16_native = true;
   // A described cluster's network (none for a machine's calibration).
   bool has_network = false;
   Network network;

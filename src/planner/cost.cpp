@@ -20,8 +20,12 @@ namespace {
 // f16 on this machine's runtime: oneDNN has no f16 matmul without AVX512-FP16, so kernels::gemm
 // widens both operands to f32 (2 bytes read, 4 written an element, at the "convert" line's rate)
 // and runs the f32 matmul. A described cluster's devices, and a machine whose calibration found an
-// f16 matmul (Calibration::f16_native), multiply f16 as bf16.
-bool widened(const Calibration& cal, DType cd) { return cd == DType::kF16 && !cal.has_network && !cal.f16_native; }
+// f16 matmul (Calibration::f16_native), multiply f16 as bf16. bf16 alike on a machine without a
+// bf16 matmul (Calibration::bf16_native false: AVX2 alone).
+bool widened(const Calibration& cal, DType cd) {
+  if (cal.has_network) return false;
+  return (cd == DType::kF16 && !cal.f16_native) || (cd == DType::kBF16 && !cal.bf16_native);
+}
 double widen_seconds(const Calibration& cal, double elements) {
   const double rate = cal.fits.count("convert") ? cal.fits.at("convert").per_unit
                       : cal.fits.count("memory") ? cal.fits.at("memory").per_unit : 0.0;
@@ -327,8 +331,9 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   // compute dtype; the forward and the backward gather that copy as it is, so no pass is added.
   // The block's kernels as a step runs them: the calibration's in-situ factor for the architecture
   // and dtype (a real block against this sum), where measured.
-  // (Widened f16 blocks run f32 GEMMs: the f32 factor.)
-  const std::string what = std::string(llama ? "llama " : "gpt2 ") + dtype_name(gemm_dtype(cal, cd));
+  // (Widened f16 blocks run f32 GEMMs: the f32 factor. Widened bf16 ones have their own, which
+  // the calibration measured against this same sum, widening and all.)
+  const std::string what = std::string(llama ? "llama " : "gpt2 ") + dtype_name(cd == DType::kF16 ? gemm_dtype(cal, cd) : cd);
   const double in_fwd = cal.fits.count("in situ forward " + what) ? cal.fits.at("in situ forward " + what).per_unit : 1.0;
   const double in_bwd = cal.fits.count("in situ backward " + what) ? cal.fits.at("in situ backward " + what).per_unit : 1.0;
   const double block_fwd = in_fwd * (gemms + attention + elem_fwd);
@@ -340,8 +345,9 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   // tile by tile).
   // Widened f16: nn::lm_head_cross_entropy widens the weight once and each tile's rows once, runs
   // its three GEMMs in f32, and rounds the f32 dlogits to f16 in place (4 bytes read and written an
-  // element: 8/6 of a widened one).
-  const bool head_wide = widened(cal, cd);
+  // element: 8/6 of a widened one). Widened bf16 goes through kernels::gemm, which widens each
+  // call's operands (the weight once for a head of one tile).
+  const bool head_wide = cd == DType::kF16 && widened(cal, cd);
   const double head = head_wide ? gemm(cal, DType::kF32, N, C, V) + widen_seconds(cal, V * C + N * C) : gemm(cal, cd, N, C, V);
   const double head_bwd = head_wide ? gemm_backward(cal, DType::kF32, N, C, V) + widen_seconds(cal, N * V * 8.0 / 6.0)
                                     : gemm_backward(cal, cd, N, C, V);

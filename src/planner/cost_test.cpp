@@ -327,6 +327,22 @@ TEST(CostModel, DocumentsAndSparseLayoutsPriceTheAttentionTheyCompute) {
   EXPECT_EQ(sparse_attention_line(synthetic(), 16), 0);
 }
 
+// A tiny GPT-2 block (N 16, C 64) widened against one at the bf16 line (synthetic(): f32 at 2e-12
+// a flop, bf16 at 1e-12, "convert" 1e-10 a byte): the f32 line, and 6 bytes an element of every
+// operand widened. Returns the forward's and backward's widened elements and the forward's flops.
+std::array<double, 3> expect_block_widened(const ZeroStepCosts& wide, const ZeroStepCosts& native) {
+  // QKV (N x C, 3C x C), output (N x C, C x C), MLP (N x C, 4C x C), (N x 4C, C x 4C).
+  const double N = 16, C = 64;
+  const double forward_elems = N * C + 3 * C * C + N * C + C * C + N * C + 4 * C * C + N * 4 * C + 4 * C * C;
+  // dX widens dY (N x out) and W, dW widens dY and X, for each of the four.
+  const double backward_elems = (2 * N * 3 * C + 3 * C * C + N * C) + (2 * N * C + C * C + N * C) +
+                                (2 * N * 4 * C + 4 * C * C + N * C) + (2 * N * C + 4 * C * C + N * 4 * C);
+  const double flops = 24 * N * C * C;
+  EXPECT_NEAR(wide.forward[1] - native.forward[1], (2e-12 - 1e-12) * flops + 6e-10 * forward_elems, 1e-15);
+  EXPECT_NEAR(wide.backward[1] - native.backward[1], (2e-12 - 1e-12) * 2 * flops + 6e-10 * backward_elems, 1e-15);
+  return {forward_elems, backward_elems, flops};
+}
+
 // fp16 on this machine: oneDNN has no f16 matmul without AVX512-FP16, so every GEMM widens both
 // operands to f32 (6 bytes an element at the "convert" line) and runs at the f32 line. The LM head,
 // run in tiles of rows, widens its weight once and each tile's rows once (nn::lm_head_widened), and
@@ -339,15 +355,8 @@ TEST(CostModel, Fp16IsWidenedToF32WhereTheMachineHasNoF16Matmul) {
   const ZeroStepCosts bf16 = zero_step_costs(s, cal);
   s.compute = DType::kF16;
   ZeroStepCosts c = zero_step_costs(s, cal);
-  // N 16, C 64: QKV (N x C, 3C x C), output (N x C, C x C), MLP (N x C, 4C x C), (N x 4C, C x 4C).
-  const double N = 16, C = 64;
-  const double forward_elems = N * C + 3 * C * C + N * C + C * C + N * C + 4 * C * C + N * 4 * C + 4 * C * C;
-  // dX widens dY (N x out) and W, dW widens dY and X, for each of the four.
-  const double backward_elems = (2 * N * 3 * C + 3 * C * C + N * C) + (2 * N * C + C * C + N * C) +
-                                (2 * N * 4 * C + 4 * C * C + N * C) + (2 * N * C + 4 * C * C + N * 4 * C);
-  const double flops = 24 * N * C * C;
-  EXPECT_NEAR(c.forward[1] - bf16.forward[1], (2e-12 - 1e-12) * flops + 6e-10 * forward_elems, 1e-15);
-  EXPECT_NEAR(c.backward[1] - bf16.backward[1], (2e-12 - 1e-12) * 2 * flops + 6e-10 * backward_elems, 1e-15);
+  const double C = 64;
+  const auto [forward_elems, backward_elems, flops] = expect_block_widened(c, bf16);
   // No convert line: the memory rate.
   cal.fits.erase("convert");
   cal.fits["memory"] = {0.0, 3e-11};
@@ -374,6 +383,41 @@ TEST(CostModel, Fp16IsWidenedToF32WhereTheMachineHasNoF16Matmul) {
     s.compute = DType::kBF16;
     EXPECT_EQ(c.forward[1], zero_step_costs(s, native).forward[1]) << cluster;
   }
+}
+
+// bf16 on a machine without a bf16 matmul (an AVX2 CPU; Calibration::bf16_native false): gemm
+// widens both operands to f32 as it does f16's, the head's too (its GEMMs are kernels::gemm calls on
+// bf16 operands; only f16 keeps f32 copies of its own), and the blocks keep bf16's in-situ factor,
+// which the calibration measured against this same sum. It was priced as a bf16 matmul on any CPU
+// (stop 76's note; stop 77).
+TEST(CostModel, Bf16IsWidenedToF32WhereTheCalibrationFoundNoBf16Matmul) {
+  StepShape s = tiny(models::Arch::kGpt2);
+  s.compute = DType::kBF16;
+  Calibration cal = synthetic();
+  cal.fits["convert"] = {0.0, 1e-10};
+  const ZeroStepCosts native = zero_step_costs(s, cal);
+  cal.bf16_native = false;
+  const ZeroStepCosts wide = zero_step_costs(s, cal);
+  const double N = 16, C = 64, V = 100;
+  expect_block_widened(wide, native);
+  // The head: logits = x W^T widens x (N x C) and W (V x C); dx = dlogits W and dW = dlogits^T x
+  // widen dlogits (N x V) twice, W and x.
+  EXPECT_NEAR(wide.forward.back() - native.forward.back(), (2e-12 - 1e-12) * 2 * N * C * V + 6e-10 * (N * C + V * C), 1e-15);
+  EXPECT_NEAR(wide.head_backward - native.head_backward,
+              (2e-12 - 1e-12) * 4 * N * C * V + 6e-10 * (2 * N * V + V * C + N * C), 1e-15);
+  // bf16's own in-situ factor scales the widened blocks, not f32's.
+  cal.fits["in situ forward gpt2 bf16"] = {0.0, 3.0};
+  cal.fits["in situ forward gpt2 f32"] = {0.0, 5.0};
+  EXPECT_NEAR(zero_step_costs(s, cal).forward[1], 3.0 * wide.forward[1], 1e-15);
+  // A calibration with a bf16 matmul, and a described cluster, multiply bf16 as it is.
+  cal.fits.erase("in situ forward gpt2 bf16");
+  cal.fits.erase("in situ forward gpt2 f32");
+  Calibration cluster = cal;
+  cluster.has_network = true;
+  Calibration cluster_native = cluster;
+  cluster_native.bf16_native = true;
+  EXPECT_EQ(zero_step_costs(s, cluster).forward[1], zero_step_costs(s, cluster_native).forward[1]);
+  EXPECT_EQ(zero_step_costs(s, cluster).head_backward, zero_step_costs(s, cluster_native).head_backward);
 }
 
 // The update is the run's optimizer at its own calibrated line (the bf16-copy variant at stage 0 in

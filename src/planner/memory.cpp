@@ -804,13 +804,14 @@ size_t gemm_widen_bytes(const MemoryInput& in) {
   // bf16 where oneDNN has no bf16 matmul here (a CPU without AVX512-BF16 or AMX: AVX2 alone): gemm
   // widens every call's operands, the LM head's too (it keeps f32 copies of its own for f16 only).
   // It was priced as native: an estimate 14.7 MB short at GPT-2's smallest head. A calibrated
-  // plan's machine is taken as multiplying bf16, as the cost model takes it.
-  const bool bf16_widened = in.compute_dtype == DType::kBF16 && in.f16_native < 0 && !kernels::gemm_native(DType::kBF16);
+  // plan's machine multiplies bf16 as its calibration found (MemoryInput::bf16_native).
+  const bool bf16_widened = in.compute_dtype == DType::kBF16 &&
+                            (in.bf16_native < 0 ? !kernels::gemm_native(DType::kBF16) : in.bf16_native == 0);
   if (!f16_widened(in) && !bf16_widened) return 0;
   size_t a = 0, b = 0;
   for (const GemmCall& g : step_gemms(in)) {
     if (g.head && !bf16_widened) continue;  // f32 GEMMs on the head's own copies (nn::lm_head_cross_entropy)
-    const auto [ga, gb] = kernels::gemm_widen_bytes(g.M, g.N, g.K, in.compute_dtype);
+    const auto [ga, gb] = kernels::gemm_widen_pages(g.M, g.N, g.K);  // the plan's answer, not this host's
     a = std::max(a, ga);
     b = std::max(b, gb);
   }

@@ -156,6 +156,9 @@ struct MemoryInput {
   // 0 or 1 as the plan's calibration says (a described cluster's devices do). Where they do not,
   // an f16 run's GEMMs widen their operands and its LM head holds its weight in f32 (f16_widened).
   int f16_native = -1;
+  // The same for bf16 (-1: this host's oneDNN; 0 or 1: the calibration's Calibration::bf16_native).
+  // Where the devices do not, every GEMM of a bf16 run widens its operands, the head's too.
+  int bf16_native = -1;
 };
 
 // Whether `in`'s f16 GEMMs are widened to f32 (nn::lm_head_widened where the host decides).

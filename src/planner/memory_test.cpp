@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "comm/mpi_backend.h"
 #include "models/transformer.h"
+#include "kernels/cpu/gemm.h"
 #include "nn/lm_head.h"
 
 namespace mt::planner {
@@ -305,4 +306,40 @@ TEST(StepMemory, F16HeadWidenedWhereThePlansDevicesHaveNoF16Matmul) {
   EXPECT_EQ(step_memory(in).bytes[ws], nn::lm_head_widened(DType::kF16) ? wide.bytes[ws] : native.bytes[ws]);
 }
 
+}  // namespace mt::planner
+
+namespace mt::planner {
+namespace {
+
+// bf16 where the plan's devices have no bf16 matmul (an AVX2 CPU: Calibration::bf16_native false):
+// every GEMM widens its operands, the LM head's too (f16 runs keep the head's own f32 copies
+// instead). The answer is the plan's, not this host's: the calibration took bf16 as native on any
+// CPU and the estimate asked this host's oneDNN (stop 76's note; stop 77).
+TEST(StepMemory, Bf16WidenedWhereThePlansDevicesHaveNoBf16Matmul) {
+  MemoryInput in = tiny_input("gpt2", DType::kBF16, 1);
+  in.model.vocab_size = 4096;  // the head's weight (V x C) the largest operand of the step
+  const size_t V = 4096, C = static_cast<size_t>(in.model.hidden), R = 3 * 16;
+  in.bf16_native = 1;
+  EXPECT_EQ(gemm_widen_bytes(in), 0u);
+  const MemoryBreakdown native = step_memory(in);
+  in.bf16_native = 0;
+  auto pages = [](size_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+  // A: the largest row operand, at most the head's dlogits (R x V) of its dW = dlogits^T x; B: the
+  // head's weight (V x C), the largest of the B operands.
+  const size_t widened = gemm_widen_bytes(in);
+  EXPECT_GE(widened, pages(V * C * 4));
+  EXPECT_LE(widened, pages(V * C * 4) + pages(R * V * 4));
+  EXPECT_EQ(step_memory(in).total(), native.total());  // outside the allocator: the stage's row
+  EXPECT_EQ(estimate_stage(in, 0).gemm_widen, widened);
+  // f16 without an f16 matmul skips the head: its blocks' operands alone, far below the head's.
+  in.compute_dtype = DType::kF16;
+  in.f16_native = 0;
+  EXPECT_LT(gemm_widen_bytes(in), pages(V * C * 4));
+  // The host decides where the plan says nothing.
+  in.compute_dtype = DType::kBF16;
+  in.bf16_native = -1;
+  EXPECT_EQ(gemm_widen_bytes(in), kernels::gemm_native(DType::kBF16) ? 0u : widened);
+}
+
+}  // namespace
 }  // namespace mt::planner

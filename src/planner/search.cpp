@@ -139,6 +139,7 @@ std::vector<int> pipeline_bounds(const PlanJob& job, const Layout& l, const para
 std::vector<MemoryInput> rank_inputs(const PlanJob& job, const Layout& l, const Calibration& cal) {
   MemoryInput in = layout_memory_input(job, l);
   in.f16_native = cal.has_network || cal.f16_native ? 1 : 0;  // the cost model's answer (cost.cpp)
+  in.bf16_native = cal.has_network || cal.bf16_native ? 1 : 0;
   if (l.pp == 1) return {in};
   const parallel::pp::ScheduleSpec spec = pipeline_spec(job, l);
   const std::vector<int> bounds = pipeline_bounds(job, l, spec, cal);

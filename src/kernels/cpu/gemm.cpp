@@ -230,7 +230,12 @@ bool gemm_native(DType ab_dtype) {
 }
 
 std::pair<size_t, size_t> gemm_widen_bytes(int M, int N, int K, DType ab_dtype) {
-  if (ab_dtype == DType::kF32 || M == 0 || N == 0 || gemm_native(ab_dtype)) return {0, 0};
+  if (ab_dtype == DType::kF32 || gemm_native(ab_dtype)) return {0, 0};
+  return gemm_widen_pages(M, N, K);
+}
+
+std::pair<size_t, size_t> gemm_widen_pages(int M, int N, int K) {
+  if (M == 0 || N == 0) return {0, 0};
   auto pages = [](size_t elems) { return (elems * sizeof(float) + 4095) / 4096 * 4096; };
   return {pages(static_cast<size_t>(M) * static_cast<size_t>(K)), pages(static_cast<size_t>(K) * static_cast<size_t>(N))};
 }

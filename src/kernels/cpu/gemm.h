@@ -38,8 +38,10 @@ size_t gemm_scratch_held();
 // Where oneDNN has no matmul for ab_dtype (f16 without AVX512-FP16), gemm widens A (M x K) and B
 // (K x N) to f32 into two regions of the calling thread, each grown to its largest copy and kept:
 // gemm_widen_bytes gives the pages a call of this shape needs in each ({0, 0} where the dtype is
-// multiplied as it is); gemm_widen_held the calling thread's two regions now.
+// multiplied as it is); gemm_widen_held the calling thread's two regions now. gemm_widen_pages:
+// the same for a machine that widens, whatever this one does (a plan for another machine's).
 std::pair<size_t, size_t> gemm_widen_bytes(int M, int N, int K, DType ab_dtype);
+std::pair<size_t, size_t> gemm_widen_pages(int M, int N, int K);
 size_t gemm_widen_held();
 // Whether oneDNN multiplies ab_dtype here as it is (f32 always; f16 only with AVX512-FP16).
 bool gemm_native(DType ab_dtype);
