@@ -444,6 +444,23 @@ def make_engine_golden(cfg: dict, out: str) -> list[float]:
                           lambda opt: LRRangeTest(opt, lr_range_test_min_lr=1e-3, lr_range_test_step_size=2,
                                                   lr_range_test_step_rate=4.0, lr_range_test_staircase=True)),
         },
+        # Adam's L2 decay: DeepSpeed's Adam with adam_w_mode false (FusedAdam's L2 mode) is
+        # torch.optim.Adam's weight_decay, the decay added to the gradient before the moments; a
+        # decay of 0.5 at lr 1e-2 steers each small weight's update by its sign, far from AdamW's.
+        "adam_l2": {
+            "config": {"optimizer": {"type": "Adam", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                                "weight_decay": 0.5, "adam_w_mode": False}}},
+            "losses": run(lambda: torch.optim.Adam(model.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8,
+                                                   weight_decay=0.5)),
+        },
+        # torch_adam: torch.optim.Adam itself, over Hugging Face Trainer's two decay groups.
+        "adam_l2_torch_hf_no_decay": {
+            "config": {"optimizer": {"type": "Adam", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                                "weight_decay": 0.5, "adam_w_mode": False,
+                                                                "torch_adam": True}},
+                       "no_weight_decay": "hf"},
+            "losses": run(lambda: torch.optim.Adam(hf_groups(0.5), lr=1e-2, betas=(0.9, 0.95), eps=1e-8)),
+        },
         "sgd_nesterov": {
             "config": {"optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9,
                                                                "nesterov": True, "weight_decay": 0.01}}},

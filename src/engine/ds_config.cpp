@@ -585,12 +585,8 @@ void parse_optimizer(Section& root, RunConfig& c) {
     p.finish();
   }
   // Adam's L2 decay (adam_w_mode false; torch_adam: torch.optim.Adam) adds weight_decay p to the
-  // gradient: without decay it is AdamW's update exactly, which trains (it was refused, stop 74).
+  // gradient (kernels::AdamWParams::l2; refused until stop 77): without decay it is AdamW's update.
   if (!o.adam_w_mode && o.weight_decay == 0.0) o.adam_w_mode = true;
-  if (!o.adam_w_mode)
-    throw Error(ErrorKind::kNotSupported, "optimizer.params.adam_w_mode: false with weight_decay " + fmt_g(o.weight_decay) +
-                                              " (Adam with L2 decay) is not implemented yet; weight_decay 0 trains it, "
-                                              "or adam_w_mode true for decoupled decay");
   // Built once here so a bad value (negative lr, nesterov without momentum) is a config error.
   optim::make_optimizer(o, 1, optim::single_segment(1, static_cast<float>(o.weight_decay)));
   s.finish();

@@ -1468,9 +1468,11 @@ TEST(DsCompat, DeepSpeedDefaultsPassQuietlyAndMessagesNameTheKeyGiven) {
   EXPECT_TRUE(l2.optimizer.adam_w_mode);
   EXPECT_EQ(l2.optimizer.weight_decay, 0.0);
   EXPECT_EQ(error_of(adam("Adam", {{"lr", 1e-3}, {"adam_w_mode", false}, {"torch_adam", true}})), "");  // torch.optim.Adam, wd 0
-  EXPECT_NE(error_of(adam("Adam", {{"lr", 1e-3}, {"adam_w_mode", false}, {"weight_decay", 0.1}}))
-                .find("optimizer.params.adam_w_mode: false with weight_decay 0.1 (Adam with L2 decay) is not implemented yet"),
-            npos);
+  // With a decay: Adam's L2 mode (refused until stop 77; trained against torch.optim.Adam in
+  // Train.OptimizerVariantsMatchPyTorch's adam_l2 variants).
+  const RunConfig l2_decay = ds_config_parse(adam("Adam", {{"lr", 1e-3}, {"adam_w_mode", false}, {"weight_decay", 0.1}}), "cfg.json");
+  EXPECT_FALSE(l2_decay.optimizer.adam_w_mode);
+  EXPECT_EQ(l2_decay.optimizer.weight_decay, 0.1);
   // DeepSpeed's own default pipeline.partition "best" (which its PipelineModule does not read):
   // PipelineModule's default "parameters" trains; it was refused.
   nlohmann::json best = with("pipeline", {{"stages", 2}, {"partition", "best"}});

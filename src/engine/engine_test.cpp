@@ -131,6 +131,29 @@ TEST(Engine, F16AtStageZeroTakesDeepSpeedsZeroGradientStepAsItIsBuilt) {
   }
 }
 
+// Adam's L2 mode (adam_w_mode false, stop 77) in that zero-gradient step: the gradient is wd p, so
+// Adam's first update moves each weight by lr wd p / (|wd p| + eps), about lr toward 0 (FusedAdam's
+// L2 mode under DeepSpeed's FP16_Optimizer does the same).
+TEST(Engine, F16AtStageZeroTakesTheZeroGradientStepWithAdamsL2Decay) {
+  auto j = tiny(2, 1);
+  j["fp16"] = {{"enabled", true}};
+  const double lr = 0.001, wd = 0.1;
+  j["optimizer"] = {{"type", "Adam"}, {"params", {{"lr", lr}, {"weight_decay", wd}, {"adam_w_mode", false}}}};
+  RunConfig c = ds_config_parse(j, "init-step-l2");
+  auto m = engine_build_model(c);
+  const std::vector<float> before(m->store().master(), m->store().master() + m->store().numel());
+  Engine e(c, *m);
+  EXPECT_EQ(e.optimizer().step_count(), 1);
+  size_t moved = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    const double p = before[i], g = wd * p;
+    const double want = p - lr * g / (std::fabs(g) + 1e-8);
+    ASSERT_NEAR(m->store().master()[i], want, 1e-6 * std::fabs(p) + 1e-8) << "element " << i;
+    if (std::fabs(p) > 1e-3) moved += std::fabs(m->store().master()[i] - p * (1.0 - lr * wd)) > 1e-4;
+  }
+  EXPECT_GT(moved, before.size() / 4);  // not AdamW's p (1 - lr wd)
+}
+
 TEST(Engine, ScheduleStepsOnlyOnAppliedStepsAndNaNLossStops) {
   auto j = tiny(2, 1);
   j["scheduler"] = {{"type", "WarmupLR"}, {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", 0.01}, {"warmup_num_steps", 4}, {"warmup_type", "linear"}}}};

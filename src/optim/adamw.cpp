@@ -39,6 +39,7 @@ kernels::AdamWParams adamw_step_params(const AdamWConfig& config, float lr, int6
   p.step = step;
   p.grad_scale = grad_scale;
   p.bias_correction = config.bias_correction;
+  p.l2 = config.l2;
   return p;
 }
 

@@ -23,6 +23,7 @@ struct AdamWConfig {
   float eps = 1e-8f;
   float weight_decay = 0.01f;
   bool bias_correction = true;  // DeepSpeed's Adam/AdamW params.bias_correction
+  bool l2 = false;  // Adam's L2 decay (adam_w_mode false, torch.optim.Adam): kernels::AdamWParams::l2
 };
 
 class AdamW : public Optimizer {

@@ -395,9 +395,60 @@ TEST(MakeOptimizer, BuildsEachTypeAndRefusesOthers) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kNotSupported);
   }
+}
+
+// Adam's L2 decay (DeepSpeed's Adam with adam_w_mode false, torch.optim.Adam's weight_decay; refused
+// until stop 77): g = grad * scale + wd p, then Adam's moments and step with no decoupled decay,
+// computed here in double. 37 elements: the vector kernel's lanes and its tail; two segments, the
+// second without decay (Hugging Face's no-decay group).
+TEST(AdamL2, AddsTheDecayToTheGradient) {
+  const size_t n = 37, n1 = 20;
+  OptimizerSpec spec;
   spec.type = "Adam";
   spec.adam_w_mode = false;
-  EXPECT_THROW(make_optimizer(spec, 4, single_segment(4, 0.0f)), Error);
+  spec.lr = 0.01;
+  spec.weight_decay = 0.5;
+  spec.beta1 = 0.9;
+  spec.beta2 = 0.95;
+  spec.eps = 1e-8;
+  const std::vector<ParamSegment> segs = {{0, n1, 0.5f, "decay"}, {n1, n - n1, 0.0f, "no_decay"}};
+  const double scale = 0.5;
+  auto init = [](size_t i) { return 0.05f * static_cast<float>(i) - 0.9f; };
+  auto grad = [](size_t i, int t) { return 0.01f * std::sin(0.7f * static_cast<float>(i + 1) * static_cast<float>(t)); };
+  auto four_steps = [&](const OptimizerSpec& sp) {
+    auto o = make_optimizer(sp, n, segs);
+    std::vector<float> w(n), g(n);
+    for (size_t i = 0; i < n; ++i) w[i] = init(i);
+    for (int t = 1; t <= 4; ++t) {
+      for (size_t i = 0; i < n; ++i) g[i] = grad(i, t);
+      o->step(w.data(), g.data(), nullptr, DType::kF32, 0.01f, static_cast<float>(scale));
+    }
+    return w;
+  };
+  const std::vector<float> p = four_steps(spec);
+  std::vector<double> pd(n), m(n, 0.0), v(n, 0.0);
+  for (size_t i = 0; i < n; ++i) pd[i] = init(i);
+  for (int t = 1; t <= 4; ++t) {
+    const double bc1 = 1.0 - std::pow(0.9, t), bc2 = 1.0 - std::pow(0.95, t);
+    for (size_t i = 0; i < n; ++i) {
+      const double gi = grad(i, t) * scale + (i < n1 ? 0.5 * pd[i] : 0.0);
+      m[i] = 0.9 * m[i] + 0.1 * gi;
+      v[i] = 0.95 * v[i] + 0.05 * gi * gi;
+      pd[i] -= 0.01 / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + 1e-8);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(p[i], pd[i], 2e-6) << i;
+  // AdamW's decoupled decay moves the decayed weights elsewhere (the flag is read); the undecayed
+  // segment is the same step either way.
+  spec.type = "AdamW";
+  spec.adam_w_mode = true;
+  const std::vector<float> q = four_steps(spec);
+  EXPECT_GT(std::fabs(q[0] - p[0]), 1e-2);
+  EXPECT_EQ(q[n - 1], p[n - 1]);
+  // The flag is Adam's alone: type AdamW with adam_w_mode false is AdamW, as DeepSpeed's engine
+  // builds it.
+  spec.adam_w_mode = false;
+  EXPECT_EQ(four_steps(spec), q);
 }
 
 // DeepSpeed's Adam/AdamW with "bias_correction": false (FusedAdam): the textbook step without the

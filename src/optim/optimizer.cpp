@@ -85,6 +85,7 @@ AdamWConfig adamw_config(const OptimizerSpec& spec) {
   c.eps = static_cast<float>(spec.eps);
   c.weight_decay = static_cast<float>(spec.weight_decay);
   c.bias_correction = spec.bias_correction;
+  c.l2 = lower(spec.type) == "adam" && !spec.adam_w_mode;  // AdamW ignores the flag, as DeepSpeed's engine
   return c;
 }
 
@@ -110,8 +111,6 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, size_t nume
                                           std::vector<ParamSegment> segments) {
   const std::string type = lower(spec.type);
   if (type == "adam" || type == "adamw") {
-    MT_CHECK(type == "adamw" || spec.adam_w_mode, ErrorKind::kNotSupported,
-             "optimizer: Adam with adam_w_mode false (L2 weight decay) is not implemented");
     return std::make_unique<AdamW>(numel, std::move(segments), adamw_config(spec));
   }
   if (type == "onebitadam") {

@@ -144,7 +144,7 @@ struct OptimizerSpec {
   double weight_decay = 0.0;
   // Adam, AdamW, Lamb
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  bool adam_w_mode = true;      // Adam: true (DeepSpeed's default) is AdamW; false is refused
+  bool adam_w_mode = true;      // Adam: true (DeepSpeed's default) is AdamW; false adds the decay to the gradient (L2)
   bool bias_correction = true;  // Adam, AdamW, Lamb
   bool torch_adam = false;      // Adam, AdamW: torch.optim's, not DeepSpeed's FusedAdam (its fp16 wrapper differs)
   // Lamb (DeepSpeed FusedLamb)
@@ -169,7 +169,7 @@ bool optimizer_is_onebit(const OptimizerSpec& spec);
 bool optimizer_is_onebit_lamb(const OptimizerSpec& spec);  // OneBitLamb: compresses its flat momentum
 
 // Builds the optimizer named by spec.type over numel elements split into segments. Throws
-// kNotSupported for an unknown type or Adam with adam_w_mode false, kInvalidArgument for bad
+// kNotSupported for an unknown type, kInvalidArgument for bad
 // values (as torch/DeepSpeed reject them) or segments that do not cover [0, numel).
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerSpec& spec, size_t numel,
                                           std::vector<ParamSegment> segments);

@@ -216,7 +216,8 @@ double sum_squares_rows(const float* x, size_t n) {
 void adamw_slice(float* p, const float* grad, float* m, float* v, void* lowp, DType lowp_dtype,
                  size_t n, const detail::AdamWScalars& s) {
   for (size_t i = 0; i < n; ++i) {
-    const float g = grad[i] * s.grad_scale;
+    float g = grad[i] * s.grad_scale;
+    if (s.l2 != 0.0f) g = std::fma(s.l2, p[i], g);  // as ATen's add(param, alpha=weight_decay)
     const float mi = s.beta1 * m[i] + s.one_minus_beta1 * g;
     const float vi = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
     float pi = p[i] * s.decay;
@@ -644,7 +645,8 @@ AdamWScalars adamw_scalars(const AdamWParams& params) {
   s.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(params.beta1));
   s.beta2 = params.beta2;
   s.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(params.beta2));
-  s.decay = static_cast<float>(1.0 - static_cast<double>(params.lr) * params.weight_decay);
+  s.decay = params.l2 ? 1.0f : static_cast<float>(1.0 - static_cast<double>(params.lr) * params.weight_decay);
+  s.l2 = params.l2 ? params.weight_decay : 0.0f;
   s.step_size = static_cast<float>(params.lr / bc1);
   s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   s.eps = params.eps;

@@ -129,17 +129,23 @@ struct AdamWParams {
   int64_t step = 1;  // t, 1-based, for bias correction
   float grad_scale = 1.0f;
   bool bias_correction = true;  // false: DeepSpeed's FusedAdam(bias_correction=False), bc1 = bc2 = 1
+  // Adam's L2 decay (torch.optim.Adam's weight_decay; DeepSpeed's FusedAdam and DeepSpeedCPUAdam
+  // with adam_w_mode false): weight_decay p is added to the scaled gradient before the moments,
+  // and the weights are not decayed apart.
+  bool l2 = false;
 };
 void adamw_update(float* master, const float* grad, float* m, float* v, void* lowp,
                   DType lowp_dtype, size_t n, const AdamWParams& params);
 // The per-step constants every AdamW kernel (CPU and CUDA) applies, derived in double once:
-//   m = beta1 m + one_minus_beta1 g;  v = beta2 v + one_minus_beta2 g^2  (g = grad * grad_scale)
+//   m = beta1 m + one_minus_beta1 g;  v = beta2 v + one_minus_beta2 g^2  (g = grad * grad_scale + l2 p)
 //   p = p * decay - step_size * m / (sqrt(v) / bc2_sqrt + eps)
+// (AdamW: l2 0, decay 1 - lr weight_decay; Adam's L2 mode: l2 weight_decay, decay 1.)
 struct AdamWScalars {
   float grad_scale;
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
   float decay;
+  float l2;
   float step_size;
   float bc2_sqrt;
   float eps;

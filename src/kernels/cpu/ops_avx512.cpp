@@ -538,9 +538,12 @@ void adamw_update_avx512(float* master, const float* grad, float* m, float* v, v
   const __m512 b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(s.one_minus_beta2);
   const __m512 decay = _mm512_set1_ps(s.decay), step = _mm512_set1_ps(s.step_size);
   const __m512 bc2 = _mm512_set1_ps(s.bc2_sqrt), eps = _mm512_set1_ps(s.eps);
+  const bool l2 = s.l2 != 0.0f;
+  const __m512 l2v = _mm512_set1_ps(s.l2);
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail_mask(n - i);
-    const __m512 g = _mm512_mul_ps(avx512::load_ps(k, grad + i), gs);
+    __m512 g = _mm512_mul_ps(avx512::load_ps(k, grad + i), gs);
+    if (l2) g = _mm512_fmadd_ps(l2v, avx512::load_ps(k, master + i), g);
     const __m512 mi = _mm512_fmadd_ps(b1, avx512::load_ps(k, m + i), _mm512_mul_ps(omb1, g));
     const __m512 vi = _mm512_fmadd_ps(b2, avx512::load_ps(k, v + i),
                                       _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));

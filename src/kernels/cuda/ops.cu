@@ -567,6 +567,7 @@ template <typename T>
 __global__ void adamw_k(float* p, const float* grad, float* m, float* v, T* lowp, size_t n, AdamScalars s) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
     float g = grad[i] * s.grad_scale;
+    if (s.l2 != 0.0f) g = fmaf(s.l2, p[i], g);
     float mi = s.beta1 * m[i] + s.one_minus_beta1 * g;
     float vi = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
     float pi = p[i] * s.decay;
