@@ -2,7 +2,8 @@
 // checkpoint or Hugging Face directory, as `generate` reads them. Requests are batched by the
 // scheduler over --slots sequences (continuous batching); --max-queue more wait, beyond that 503.
 // SIGTERM or SIGINT drains: new requests get 503, the ones in flight finish, then it exits 0; a
-// second one exits at once (128 + the signal).
+// second one exits at once (128 + the signal). --enable-auto-tool-choice --tool-call-parser NAME
+// reads tool calls from chat answers, as vLLM's flags do.
 #include <signal.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 #include "data/tokenizer.h"
 #include "serve/generator.h"
 #include "serve/http_server.h"
+#include "serve/tool_parser.h"
 
 namespace mt::cli {
 namespace fs = std::filesystem;
@@ -55,6 +57,10 @@ struct ServeArgs {
 
 void run_serve(ServeArgs a) {
   MT_CHECK(a.slots >= 1, ErrorKind::kInvalidArgument, "--slots must be at least 1");
+  // Before the checkpoint loads, as vLLM refuses them at start-up (the server checks them again).
+  if (!a.server.tool_call_parser.empty()) serve::tool_call_format(a.server.tool_call_parser);
+  MT_CHECK(!a.server.enable_auto_tool_choice || !a.server.tool_call_parser.empty(), ErrorKind::kInvalidArgument,
+           std::string("--enable-auto-tool-choice needs --tool-call-parser (") + serve::kToolCallParserNames + ")");
   const DType weights = weights_dtype(a.dtype);  // before the checkpoint loads
   MT_CHECK(a.server.port >= 0 && a.server.port <= 65535, ErrorKind::kInvalidArgument, "--port must be in [0, 65535]");
   LoadedModel lm = load_model(a.model);
@@ -138,6 +144,11 @@ void register_serve(CLI::App& app) {
       ->check(CLI::Range(static_cast<size_t>(1), static_cast<size_t>(1) << 40));
   cmd->add_option("--default-max-tokens", a->server.default_max_tokens,
                   "max_tokens of a completion that gives none (default 16, as OpenAI's)");
+  // vLLM's tool calling flags (docs/SERVE.md, Tool calling).
+  cmd->add_flag("--enable-auto-tool-choice", a->server.enable_auto_tool_choice,
+                "read tool calls from chat answers (tool_choice \"auto\"); needs --tool-call-parser");
+  cmd->add_option("--tool-call-parser", a->server.tool_call_parser,
+                  "how the model writes tool calls: hermes (Hermes, Qwen2.5) or llama3_json (Llama 3.1/3.2)");
   cmd->callback([a] { run_serve(*a); });
 }
 

@@ -226,6 +226,140 @@ std::vector<std::string> stops_from(const json& j) {
   return stops;
 }
 
+// A chat request's tools (OpenAI's "tools", "tool_choice", "parallel_tool_calls") and what the
+// server does with them, as vLLM's chat endpoint reads them.
+struct ToolUse {
+  nlohmann::ordered_json tools;  // as sent, keys in their order, for the template; null: none
+  bool parse = false;            // tool_choice "auto": the answers' tool calls are read
+  bool parallel = true;          // parallel_tool_calls: false keeps an answer's first call only
+};
+
+// Checks one entry of "tools": {"type": "function" (vLLM's default when absent), "function":
+// {"name": non-empty string, "description"?: string, "parameters"?: object}}; other keys are kept.
+void check_tool(const json& tool, const std::string& at) {
+  if (!tool.is_object()) bad(at + " must be {\"type\": \"function\", \"function\": {\"name\", \"description\", \"parameters\"}}", "invalid_type");
+  if (present(tool, "type") && tool["type"] != "function")
+    bad(at + ".type must be \"function\", got " + tool["type"].dump(), "invalid_value");
+  if (!present(tool, "function")) bad(at + ".function is required", "missing_field");
+  const json& f = tool["function"];
+  if (!f.is_object()) bad(at + ".function must be {\"name\", \"description\", \"parameters\"}", "invalid_type");
+  if (!present(f, "name")) bad(at + ".function.name is required", "missing_field");
+  if (!f["name"].is_string()) bad(at + ".function.name must be a string", "invalid_type");
+  if (f["name"].get<std::string>().empty()) bad(at + ".function.name must not be empty", "invalid_value");
+  if (present(f, "description") && !f["description"].is_string()) bad(at + ".function.description must be a string", "invalid_type");
+  if (present(f, "parameters") && !f["parameters"].is_object())
+    bad(at + ".function.parameters must be a JSON Schema object", "invalid_type");
+}
+
+// body: the request (parsed), raw: its text (for the tools' key order); templated: the tokenizer
+// has a chat template; auto_tools: the server has --enable-auto-tool-choice and a parser.
+ToolUse tools_from(const json& body, const std::string& raw, bool templated, bool auto_tools) {
+  ToolUse use;
+  bool has_tools = false;
+  if (present(body, "tools")) {
+    const json& t = body["tools"];
+    if (!t.is_array()) bad("\"tools\" must be a list of {\"type\": \"function\", \"function\": {...}}", "invalid_type");
+    for (size_t k = 0; k < t.size(); ++k) check_tool(t[k], "tools[" + std::to_string(k) + "]");
+    has_tools = !t.empty();  // [] is as none
+  }
+  if (has_tools && !templated)
+    bad("\"tools\" need the model's chat template to be written into the prompt, and this tokenizer has none "
+        "(tokenizer_config.json's chat_template or chat_template.jinja)",
+        "unsupported_parameter");
+  if (present(body, "parallel_tool_calls")) {
+    if (!body["parallel_tool_calls"].is_boolean()) bad("\"parallel_tool_calls\" must be true or false", "invalid_type");
+    use.parallel = body["parallel_tool_calls"].get<bool>();
+  }
+  // vLLM: tool_choice defaults to "auto" when there are tools; "none" renders them and reads no
+  // calls; any other choice needs tools ("required" with [] is "none").
+  const json choice = present(body, "tool_choice") ? body["tool_choice"] : json(has_tools ? "auto" : "none");
+  if (choice.is_string()) {
+    const std::string c = choice.get<std::string>();
+    if (c != "none" && c != "auto" && c != "required")
+      bad("\"tool_choice\" must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\"}}, got " +
+              choice.dump(),
+          "invalid_value");
+    if (c == "required" && !has_tools && present(body, "tools")) return use;
+    if (c != "none" && !has_tools) bad("\"tool_choice\" " + choice.dump() + " needs \"tools\"", "invalid_value");
+  } else if (choice.is_object()) {
+    const char* form = "\"tool_choice\" must name a function as {\"type\": \"function\", \"function\": {\"name\": string}}";
+    if (!present(choice, "function") || !choice["function"].is_object() || !present(choice["function"], "name") ||
+        !choice["function"]["name"].is_string() || choice["function"]["name"].get<std::string>().empty())
+      bad(form, "invalid_type");
+    if (present(choice, "type") && choice["type"] != "function") bad(form, "invalid_value");
+    if (!has_tools) bad("\"tool_choice\" names a function and needs \"tools\"", "invalid_value");
+    bool listed = false;
+    for (const json& tool : body["tools"]) listed |= tool["function"]["name"] == choice["function"]["name"];
+    if (!listed) bad("\"tool_choice\" names " + choice["function"]["name"].dump() + ", which is not in \"tools\"", "invalid_value");
+  } else {
+    bad("\"tool_choice\" must be a string or {\"type\": \"function\", \"function\": {\"name\"}}", "invalid_type");
+  }
+  if (choice == "required" || choice.is_object())
+    bad("\"tool_choice\" " + choice.dump() +
+            " is not supported: vLLM forces the call by constraining decoding to the tools' schemas (guided decoding), "
+            "which this server does not implement; use \"auto\" (or \"none\")",
+        "unsupported_parameter");
+  if (has_tools) use.tools = nlohmann::ordered_json::parse(raw)["tools"];  // parsed above: it is JSON
+  if (choice == "auto") {
+    if (!auto_tools)
+      bad("\"tool_choice\" \"auto\" (the default with \"tools\") needs the server started with "
+          "--enable-auto-tool-choice and --tool-call-parser NAME (hermes, llama3_json); \"none\" renders the tools and reads no calls",
+          "unsupported_parameter");
+    use.parse = true;
+  }
+  return use;
+}
+
+// An assistant turn's tool_calls as tool-use templates read them (vLLM's and transformers'
+// convention): each function's "arguments" an object, parsed from the JSON string OpenAI's API
+// carries (absent, null or "": {}); an empty list is dropped. Entries of another shape are left to
+// the template.
+void tool_calls_for_template(nlohmann::ordered_json& turn, const std::string& at) {
+  using ojson = nlohmann::ordered_json;
+  if (turn["role"] != "assistant" || !turn.contains("tool_calls") || !turn["tool_calls"].is_array()) return;
+  ojson& calls = turn["tool_calls"];
+  if (calls.empty()) {
+    turn.erase("tool_calls");
+    return;
+  }
+  for (size_t k = 0; k < calls.size(); ++k) {
+    if (!calls[k].is_object() || !calls[k].contains("function") || !calls[k]["function"].is_object()) continue;
+    ojson& f = calls[k]["function"];
+    if (!f.contains("arguments") || f["arguments"].is_null() || f["arguments"] == "") {
+      f["arguments"] = ojson::object();
+      continue;
+    }
+    if (!f["arguments"].is_string()) continue;  // an object already (or the template's to judge)
+    const std::string where = at + ".tool_calls[" + std::to_string(k) + "].function.arguments";
+    bool deep = false;
+    auto bounded = [&deep](int depth, ojson::parse_event_t, ojson&) {
+      if (depth > 1000) deep = true;  // parse_body's bound
+      return !deep;
+    };
+    ojson parsed = ojson::parse(f["arguments"].get<std::string>(), bounded, /*allow_exceptions=*/false);
+    if (deep || parsed.is_discarded()) bad(where + " must be the arguments' JSON text", "invalid_value");
+    f["arguments"] = std::move(parsed);
+  }
+}
+
+// An answer's tool call as OpenAI's API writes it; `index` for a stream's delta.
+json tool_call_json(const ToolCall& call, std::optional<size_t> index) {
+  json j = json::object();
+  if (index) j["index"] = *index;
+  j["id"] = tool_call_id();
+  j["type"] = "function";
+  j["function"] = {{"name", call.name}, {"arguments", call.arguments}};
+  return j;
+}
+
+// The tool calls read from an answer's whole text (at most one without parallel_tool_calls, as vLLM
+// keeps the first). REQUIRES: use.parse.
+ParsedToolCalls read_tool_calls(const ToolUse& use, ToolCallFormat format, const std::string& text) {
+  ParsedToolCalls p = parse_tool_calls(format, text);
+  if (!use.parallel && p.calls.size() > 1) p.calls.resize(1);
+  return p;
+}
+
 std::string local_time() {  // ChatGLM's "%Y-%m-%d %H:%M:%S"
   std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -279,6 +413,13 @@ HttpServer::HttpServer(Generator& generator, const data::Tokenizer& tokenizer, c
     options_.eos_ids.push_back(turn);
   if (tok_.has_eot()) end_ids_.push_back(tok_.eot_id());
   end_ids_.insert(end_ids_.end(), options_.eos_ids.begin(), options_.eos_ids.end());
+  // As vLLM's serve: auto tool choice needs a parser; a parser alone is named but not used.
+  MT_CHECK(!options.enable_auto_tool_choice || !options.tool_call_parser.empty(), ErrorKind::kInvalidArgument,
+           std::string("serve: --enable-auto-tool-choice needs --tool-call-parser (") + kToolCallParserNames + ")");
+  if (!options.tool_call_parser.empty()) {
+    const ToolCallFormat format = tool_call_format(options.tool_call_parser);
+    if (options.enable_auto_tool_choice) auto_tools_ = format;
+  }
   scheduler_ = std::make_unique<Scheduler>(gen_, SchedulerOptions{options.max_queue});
   http_ = std::make_unique<httplib::Server>();
   latency_buckets_.assign(kLatencyBuckets, 0);
@@ -455,10 +596,14 @@ std::vector<int32_t> HttpServer::encode_pieces(const std::vector<std::string>& p
   return ids;
 }
 
-std::vector<int32_t> HttpServer::template_prompt(const nlohmann::ordered_json& messages) const {
+std::vector<int32_t> HttpServer::template_prompt(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools) const {
   std::string text;
   try {
-    text = tok_.chat_template()->render(messages, true);
+    // The tools as transformers' apply_chat_template(tools=...) and vLLM give them: the template's
+    // `tools` variable, absent without any.
+    nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+    if (!tools.is_null()) extra["tools"] = tools;
+    text = tok_.chat_template()->render(messages, true, extra);
   } catch (const Error& e) {
     // The template's own refusal (raise_exception: "Conversation roles must alternate ...").
     bad(e.what(), "invalid_value");
@@ -1145,8 +1290,9 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     // they were absent. echo is the completions API's too.
     refuse_unless(body, "best_of", 1);
     refuse_unless(body, "suffix", nullptr);
+    ToolUse tool_use;  // chat's tools: rendered by the template, the calls read with "auto"
     if (chat) {
-      refuse_unless(body, "tools", nullptr);
+      tool_use = tools_from(body, req.body, tok_.chat_template() != nullptr, auto_tools_.has_value());
       refuse_unless(body, "echo", false);
     }
     // n choices of each prompt; logprobs (completions: the k most likely, 0-20, as vLLM allows;
@@ -1191,14 +1337,17 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
       for (size_t i = 0; i < msgs.size(); ++i) {
         const json& m = msgs[i];
         const std::string at = "messages[" + std::to_string(i) + "]";
-        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content"))
+        // An assistant's turn of tool calls alone, for a template: its content null or left out (as
+        // OpenAI's API and vLLM take it).
+        const bool may_lack_content = chat_template != nullptr && m.is_object() && m.contains("role") && m["role"] == "assistant";
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || (!m.contains("content") && !may_lack_content))
           bad(at + " must be {\"role\": string, \"content\": string or a list of text parts}", "invalid_type");
         std::string content;
-        bool no_content = false;  // an assistant's turn of tool calls alone, for a template
-        if (m["content"].is_string()) {
-          content = m["content"];
-        } else if (m["content"].is_null() && chat_template != nullptr && m["role"] == "assistant") {
+        bool no_content = false;
+        if (!m.contains("content") || (m["content"].is_null() && may_lack_content)) {
           no_content = true;
+        } else if (m["content"].is_string()) {
+          content = m["content"];
         } else if (m["content"].is_array()) {
           // OpenAI's content parts: text ones only, joined by a newline (as vLLM joins them).
           for (size_t k = 0; k < m["content"].size(); ++k) {
@@ -1221,6 +1370,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
           nlohmann::ordered_json turn = ordered_messages[i];
           turn["role"] = role;
           turn["content"] = no_content ? nlohmann::ordered_json() : nlohmann::ordered_json(content);
+          tool_calls_for_template(turn, at);
           templated.push_back(std::move(turn));
           continue;
         }
@@ -1240,7 +1390,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         }
       }
       if (chat_template != nullptr) {
-        prompts.push_back(template_prompt(templated));
+        prompts.push_back(template_prompt(templated, tool_use.tools));
       } else {
         if (!have_pending) bad("the last message must be a \"user\" turn", "invalid_value");
         for (std::string& p : data::chat_prompt_pieces(history, pending)) pieces.push_back(std::move(p));
@@ -1489,6 +1639,18 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
         json choice = {{"index", c}, {"finish_reason", finish_json(o.finish)}};
         if (chat) {
           choice["message"] = {{"role", "assistant"}, {"content", o.text}};
+          if (tool_use.parse) {
+            // The calls and the content beside them; "tool_calls" where the answer ended by itself
+            // (a "length" cut stays visible, as vLLM reports it).
+            const ParsedToolCalls p = read_tool_calls(tool_use, *auto_tools_, o.text);
+            if (!p.calls.empty()) {
+              choice["message"]["content"] = p.content ? json(*p.content) : json(nullptr);
+              json calls = json::array();
+              for (const ToolCall& call : p.calls) calls.push_back(tool_call_json(call, std::nullopt));
+              choice["message"]["tool_calls"] = std::move(calls);
+              if (o.finish == Finish::kStop) choice["finish_reason"] = "tool_calls";
+            }
+          }
           choice["logprobs"] = logprobs >= 0 ? chat_logprobs(tok_, o.ids, o.logprobs, o.stop_logprobs) : json(nullptr);
         } else {
           choice["text"] = echo ? prompt_texts[p] + o.text : o.text;
@@ -1541,7 +1703,7 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, job, stops, id, created, chat, endpoint, t0, finish_json, include_usage, prompt_tokens, n_choices, logprobs,
-         echo](size_t, httplib::DataSink& sink) {
+         echo, tool_use](size_t, httplib::DataSink& sink) {
           job->provided = true;
           const std::vector<std::shared_ptr<Generation>>& gens = job->gens;
           std::mutex mu;  // one chunk at a time; the state below
@@ -1608,6 +1770,12 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
               }
               return chunk(c, job->prompt_texts[p], nullptr, std::move(lp));
             };
+            // With tool_choice "auto": content goes out until a call may begin; from there the text
+            // is held, and at the end goes out as the calls (one delta each, whole) or, where it
+            // holds none, as content.
+            std::optional<ToolCallStream> held;
+            size_t fed = 0;  // the bytes handed to `held`
+            if (tool_use.parse) held.emplace(*auto_tools_);
             {
               std::lock_guard<std::mutex> lock(mu);
               if (failed || !alive) return;
@@ -1619,6 +1787,13 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
                   std::lock_guard<std::mutex> lock(mu);
                   if (failed || !alive) return false;
                   if (!echoed && !echo_chunk()) return false;
+                  if (held) {
+                    // A token's entries go out with its text: with some of it held, with a later chunk.
+                    const std::string out = held->add(delta);
+                    fed += delta.size();
+                    if (out.empty()) return true;
+                    return chunk(c, json{{"content", out}}, nullptr, held->released() == fed ? lp_upto(covered, {}) : json(nullptr));
+                  }
                   return chunk(c, chat ? json{{"content", delta}} : json(delta), nullptr, lp_upto(covered, {}));
                 },
                 // The socket is watched as a whole answer's is: a stream that writes nothing for a
@@ -1636,7 +1811,21 @@ void HttpServer::handle_completion(const httplib::Request& req, httplib::Respons
             if (failed || !alive) return;
             if (o.finish == Finish::kStop || o.finish == Finish::kLength) {
               if (!echoed && !echo_chunk()) return;
-              chunk(c, chat ? json::object() : json(""), finish_json(o.finish), lp_upto(o.ids.size(), o.stop_logprobs));
+              bool called = false;
+              if (held) {
+                // The whole answer read as a whole answer is: the content streamed so far is the
+                // beginning of its content (hermes: the text before the first "<tool_call>").
+                const ParsedToolCalls p = read_tool_calls(tool_use, *auto_tools_, o.text);
+                const std::string content = p.calls.empty() ? o.text : p.content.value_or("");
+                if (content.size() > held->released() &&
+                    !chunk(c, json{{"content", content.substr(held->released())}}, nullptr, nullptr))
+                  return;
+                for (size_t k = 0; k < p.calls.size(); ++k)
+                  if (!chunk(c, json{{"tool_calls", json::array({tool_call_json(p.calls[k], k)})}}, nullptr, nullptr)) return;
+                called = !p.calls.empty();
+              }
+              chunk(c, chat ? json::object() : json(""), called && o.finish == Finish::kStop ? json("tool_calls") : finish_json(o.finish),
+                    lp_upto(o.ids.size(), o.stop_logprobs));
               completion_tokens += o.completion_tokens;
             } else {
               fail(finish_error(o, options_.request_timeout_s));

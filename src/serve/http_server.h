@@ -6,7 +6,9 @@
 //                               "status", "time"}
 //   POST /v1/completions        OpenAI completions (max_tokens, temperature, top_p, top_k, stop,
 //                               seed, stream as server-sent events)
-//   POST /v1/chat/completions   OpenAI chat completions (the same, over "messages")
+//   POST /v1/chat/completions   OpenAI chat completions (the same, over "messages"; "tools" go to
+//                               the chat template, and with --enable-auto-tool-choice the answer's
+//                               tool calls are read by the --tool-call-parser: serve/tool_parser.h)
 //   GET  /v1/models             the one model served
 //   GET  /health                200 {"status": "ok"}; 503 while draining
 //   GET  /metrics               Prometheus text: requests, tokens, latency histogram, queue depth
@@ -22,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +32,7 @@
 #include "data/tokenizer.h"
 #include "serve/generator.h"
 #include "serve/scheduler.h"
+#include "serve/tool_parser.h"
 
 namespace httplib {
 class Server;
@@ -51,6 +55,11 @@ struct ServerOptions {
   int max_threads = 1024;                // more while connections find none idle (idle ones hold one)
   int idle_timeout_s = 5;                // a connection's wait for its (next) request, and each read
   std::vector<int32_t> eos_ids;          // the model's config.json eos_token_id(s), besides <|endoftext|>
+  // vLLM's --tool-call-parser (hermes, llama3_json; "" none) and --enable-auto-tool-choice (which
+  // needs a parser): a chat request's tool_choice "auto" (the default with tools) reads the
+  // answer's tool calls with it, and is refused without both.
+  std::string tool_call_parser;
+  bool enable_auto_tool_choice = false;
 };
 
 class HttpServer {
@@ -79,14 +88,16 @@ class HttpServer {
                  const std::string& endpoint, std::string& body);
   void record(const std::string& endpoint, int status, double seconds);
   std::vector<int32_t> encode_pieces(const std::vector<std::string>& pieces) const;
-  // The tokenizer's chat template applied to messages with the generation prompt, encoded; its
-  // refusals are the request's 400s.
-  std::vector<int32_t> template_prompt(const nlohmann::ordered_json& messages) const;
+  // The tokenizer's chat template applied to messages with the generation prompt (and the request's
+  // tools in its context, unless null), encoded; its refusals are the request's 400s.
+  std::vector<int32_t> template_prompt(const nlohmann::ordered_json& messages,
+                                       const nlohmann::ordered_json& tools = nullptr) const;
 
   Generator& gen_;
   const data::Tokenizer& tok_;
   ServerOptions options_;
   std::vector<int32_t> end_ids_;  // <|endoftext|> and the model's eos ids: never part of an answer's text
+  std::optional<ToolCallFormat> auto_tools_;  // --enable-auto-tool-choice with its parser
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<httplib::Server> http_;
   int listen_fd_ = -1;  // the listening socket (httplib's), once bound

@@ -47,22 +47,7 @@ const char* kCorpus =
     "你好，世界。今天天气很好。我们去公园散步吧。\n"
     "Once upon a time there was a model that answered questions over HTTP, one token at a time.\n";
 
-// A server on a free port, run on its own thread until shutdown.
-struct Running {
-  Running(models::TransformerLM& model, const data::Tokenizer& tok, GeneratorOptions go, ServerOptions so)
-      : gen(model, go), server(gen, tok, (so.port = 0, so)) {
-    port = server.bind();
-    thread = std::thread([this] { server.serve(); });
-  }
-  ~Running() {
-    server.shutdown();
-    thread.join();
-  }
-  Generator gen;
-  HttpServer server;
-  int port = 0;
-  std::thread thread;
-};
+using testing::Running;
 
 class HttpServerTest : public ::testing::Test {
  protected:
@@ -113,24 +98,7 @@ class HttpServerTest : public ::testing::Test {
     }
     return ids;
   }
-  // The JSON events of a server-sent-event body, [DONE] excluded; *done set when it came last.
-  static std::vector<json> events(const std::string& body, bool* done) {
-    std::vector<json> out;
-    *done = false;
-    size_t pos = 0;
-    while ((pos = body.find("data: ", pos)) != std::string::npos) {
-      const size_t end = body.find("\n\n", pos);
-      EXPECT_NE(end, std::string::npos);
-      const std::string data = body.substr(pos + 6, end - pos - 6);
-      pos = end + 2;
-      if (data == "[DONE]") {
-        *done = pos == body.size();
-        continue;
-      }
-      out.push_back(json::parse(data));
-    }
-    return out;
-  }
+  static std::vector<json> events(const std::string& body, bool* done) { return testing::sse_events(body, done); }
 
   static std::unique_ptr<data::Tokenizer> tok_;
   static std::unique_ptr<models::TransformerLM> model_;

@@ -8,8 +8,29 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <thread>
+
+#include "serve/generator.h"
+#include "serve/http_server.h"
 
 namespace mt::serve::testing {
+
+// A server on a free port, run on its own thread until shutdown.
+struct Running {
+  Running(models::TransformerLM& model, const data::Tokenizer& tok, GeneratorOptions go, ServerOptions so)
+      : gen(model, go), server(gen, tok, (so.port = 0, so)) {
+    port = server.bind();
+    thread = std::thread([this] { server.serve(); });
+  }
+  ~Running() {
+    server.shutdown();
+    thread.join();
+  }
+  Generator gen;
+  HttpServer server;
+  int port = 0;
+  std::thread thread;
+};
 
 // A TCP socket connected to 127.0.0.1:port, or -1 (the socket closed) where the connect fails.
 inline int connect_loopback(int port) {

@@ -6,10 +6,32 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
 #include "data/token_stream.h"
 #include "models/transformer.h"
 
 namespace mt::serve::testing {
+
+// The JSON events of a server-sent-event body, [DONE] excluded; *done set when it came last.
+inline std::vector<nlohmann::json> sse_events(const std::string& body, bool* done) {
+  std::vector<nlohmann::json> out;
+  *done = false;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    EXPECT_NE(end, std::string::npos);
+    const std::string data = body.substr(pos + 6, end - pos - 6);
+    pos = end + 2;
+    if (data == "[DONE]") {
+      *done = pos == body.size();
+      continue;
+    }
+    out.push_back(nlohmann::json::parse(data));
+  }
+  return out;
+}
 
 // configs/models/tiny-gpt2.json and tiny-llama.json (the JSON readers live in engine/, above us).
 inline models::ModelConfig tiny_config(const std::string& name) {
