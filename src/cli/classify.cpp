@@ -26,6 +26,7 @@
 #include "base/error.h"
 #include "base/file_io.h"
 #include "base/fault.h"
+#include "base/log.h"
 #include "base/timer.h"
 #include "cli/commands.h"
 #include "data/classification.h"
@@ -290,6 +291,10 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
     return L;
   };
   if (train_resume(eng, args.resume, lead)) return;
+  if (lead) {  // (train's line: a disk that cannot hold one checkpoint)
+    const std::string room = engine::checkpoint_space_warning(eng, cfg.save_dir);
+    if (!room.empty()) log_warning(room);
+  }
   if (lead) {
     std::fprintf(stderr,
                  "model %s; %zu training records (%zu longer than seq_length %d, truncated), %zu validation; batch %lld = "

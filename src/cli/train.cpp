@@ -662,6 +662,11 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
     eng.discard_swap_files();
     throw;
   }
+  // A save_dir whose disk cannot hold one checkpoint was found at the first save (stop 77).
+  if (lead) {
+    const std::string room = engine::checkpoint_space_warning(eng, cfg.save_dir);
+    if (!room.empty()) log_warning(room);
+  }
   // The metrics' peak_<category>_bytes describe training, not setup (the ParamStore's full buffers
   // live beside the ZeRO shards until the runtime releases them): `meshtrain estimate` predicts these.
   const size_t setup_peak = eng.memory_stats().total_peak;

@@ -746,6 +746,61 @@ TEST(Train, OptimizerVariantsMatchPyTorch) {
 // reproduces the uninterrupted run's losses.
 namespace {
 
+// A save_dir on a small disk (a tmpfs mounted for the test; root only). keep_last 2 on a disk that
+// holds two checkpoints and not three: the third save failed (ENOSPC) before rotation could remove
+// the oldest, which it removes right after; now the oldest goes first, with a line, and the run
+// keeps its two newest. A disk smaller than one checkpoint is said at the start (it was found at the
+// first save). Stop 77.
+TEST(Train, KeepLastOnADiskOfThatManyCheckpointsRotatesBeforeTheSave) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  write_dataset(dir() + "/train", 30);
+  std::string err;
+  const std::string probe = write_config("space-probe", {{"train_iters", 1}, {"save_interval", 1}, {"eval_interval", 0}});
+  ASSERT_EQ(run("train " + probe, &err), 0) << err;
+  uint64_t one = 0;  // a checkpoint's bytes on disk, each file in whole pages
+  for (const auto& e : fs::recursive_directory_iterator(dir() + "/ckpt-space-probe/step-1"))
+    if (e.is_regular_file()) one += (static_cast<uint64_t>(e.file_size()) + 4095) / 4096 * 4096;
+  ASSERT_GT(one, 100000u);
+  const std::string mnt = dir() + "/small-disk";
+  struct Mount {
+    std::string at;
+    bool ok = false;
+    void mount(uint64_t bytes) {
+      unmount();
+      fs::create_directories(at);
+      ok = std::system(("mount -t tmpfs -o size=" + std::to_string(bytes) + " tmpfs " + at + " 2>/dev/null").c_str()) == 0;
+    }
+    void unmount() {
+      if (ok) ok = std::system(("umount " + at).c_str()) != 0;
+    }
+    ~Mount() { unmount(); }
+  } disk{mnt};
+  disk.mount(one * 5 / 2 + 65536);  // two checkpoints, `latest`, the lock; not a third
+  if (!disk.ok) GTEST_SKIP() << "cannot mount a tmpfs here";
+  const std::string cfg = write_config("space", {{"train_iters", 4}, {"save_interval", 1}, {"keep_last", 2}, {"eval_interval", 0},
+                                                 {"save_dir", mnt + "/run"}});
+  ASSERT_EQ(run("train " + cfg, &err), 0) << err;
+  EXPECT_NE(err.find(": removing step-1 before the save (keep_last 2 rotates it out after it)"), std::string::npos) << err;
+  EXPECT_NE(err.find(": removing step-2 before the save"), std::string::npos) << err;
+  EXPECT_EQ(err.find("will fail unless room is made"), std::string::npos) << err;
+  for (int s = 1; s <= 4; ++s) EXPECT_EQ(fs::exists(mnt + "/run/step-" + std::to_string(s)), s >= 3) << s;
+  mt::engine::checkpoint_verify(mnt + "/run/step-4");
+  mt::engine::checkpoint_verify(mnt + "/run/step-3");
+  // keep_last 1 never removes the only checkpoint before its successor is written: the save fails
+  // and step-4 stays the newest.
+  ASSERT_EQ(run("train " + cfg + " --resume " + mnt + "/run --set train_iters=5 --set keep_last=1", &err), 1) << err;
+  EXPECT_NE(err.find("No space left on device"), std::string::npos) << err;
+  EXPECT_TRUE(fs::exists(mnt + "/run/step-4"));
+  // Smaller than one checkpoint: one line at the start, then the first save's failure.
+  disk.mount(one / 2);
+  ASSERT_TRUE(disk.ok);
+  const std::string tiny = write_config("space-tiny", {{"train_iters", 1}, {"save_interval", 1}, {"eval_interval", 0},
+                                                      {"save_dir", mnt + "/run"}});
+  EXPECT_NE(run("train " + tiny, &err), 0);
+  EXPECT_NE(err.find("a checkpoint of this run takes about"), std::string::npos) << err;
+  EXPECT_NE(err.find(": the first save will fail unless room is made"), std::string::npos) << err;
+}
+
 TEST(Train, KillDuringCheckpointWriteLeavesThePreviousOneLoadable) {
   write_dataset(dir() + "/train", 30);
   std::string cfg = write_config("k", nlohmann::json::object());  // 6 iterations, save_interval 3
@@ -1267,6 +1322,19 @@ TEST(Generate, GreedyFromACheckpointMatchesPyTorch) {
       if (name == "own-ids") {
         EXPECT_EQ(written["bos_token_id"], 5);
         EXPECT_EQ(written["eos_token_id"], nlohmann::json({6, 7}));
+        // A resume whose config names no ids says so: its next checkpoint and export lose them (it
+        // was silent, stop 77); with the same ids, nothing is said.
+        nlohmann::json bare = model;
+        bare.erase("bos_token_id");
+        bare.erase("eos_token_id");
+        for (const auto& [tag, m] : {std::pair<std::string, nlohmann::json>{"bare", bare}, {"same", model}}) {
+          const std::string r = write_config(name + "-" + tag, {{"data", {{"train", dir() + "/gen"}, {"tokenizer", tokjson}}},
+                                                               {"model", m}, {"train_iters", 2}, {"save_interval", 1},
+                                                               {"eval_interval", 0}});
+          ASSERT_EQ(run("train " + r + " --resume " + dir() + "/ckpt-" + name, &err), 0) << err;
+          const size_t said = err.find("the checkpoint's model names bos_token_id 5 -> none, eos_token_id [6,7] -> none");
+          EXPECT_EQ(said != std::string::npos, tag == "bare") << err;
+        }
       } else if (name == "mixed-ids") {
         EXPECT_EQ(written["eos_token_id"], nlohmann::json({6, tok.eot_id()}));
         EXPECT_NE(err.find("warning: the model's eos_token_id 999 is not an id of its vocabulary (300)"), std::string::npos) << err;

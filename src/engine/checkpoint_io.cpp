@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fcntl.h>
 #include <cstring>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -82,6 +83,40 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& save_dir) {
   }
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return all;
+}
+
+// The bytes a directory's files take on disk (each rounded up to 4 KiB), and a path's free bytes
+// (-1 where statvfs cannot tell).
+uint64_t tree_bytes(const fs::path& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code fe;
+    if (it->is_regular_file(fe)) total += (static_cast<uint64_t>(it->file_size(fe)) + 4095) / 4096 * 4096;
+  }
+  return total;
+}
+int64_t free_bytes(const fs::path& dir) {
+  struct statvfs st{};
+  if (::statvfs(dir.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(static_cast<uint64_t>(st.f_bavail) * st.f_frsize);
+}
+
+// What the next checkpoint takes: the newest earlier one's bytes (the same model and layout), else
+// the f32 state every parameter has (master and optimizer states) and 64 KiB of index and state.
+uint64_t checkpoint_need_bytes(Engine& engine, const std::vector<std::pair<int64_t, fs::path>>& earlier) {
+  for (const auto& [s, p] : earlier)
+    if (s < engine.global_step()) return tree_bytes(p);
+  return static_cast<uint64_t>(engine.model().store().global_numel()) * sizeof(float) *
+             std::max<size_t>(1, engine.state_names().size()) +
+         65536;
+}
+
+std::string human_bytes(uint64_t b) {
+  char buf[32];
+  if (b >= (uint64_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(b) / (1 << 30));
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+  return buf;
 }
 
 // Which loss scaler a run has: fp16's "dynamic" one (its state goes on across a resume), a
@@ -389,6 +424,29 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
           else fs::rename(p, orig);
         }
       }
+      // A disk that holds keep_last checkpoints and no more: the save of one more failed (ENOSPC)
+      // before rotation could make room, though rotation would remove the oldest right after it
+      // (stop 77). Those rotation removes go first where that makes the room.
+      if (keep_last >= 2 && !drop_others) {
+        const auto dirs = step_dirs(save_dir);
+        const uint64_t need = checkpoint_need_bytes(engine, dirs);
+        int64_t free = free_bytes(save_dir);
+        std::vector<fs::path> victims;  // earlier steps past the newest keep_last - 1, oldest first
+        int64_t earlier = 0;
+        for (const auto& [s, p] : dirs)
+          if (s < engine.global_step() && ++earlier >= keep_last) victims.insert(victims.begin(), p);
+        uint64_t freed = 0;
+        for (const fs::path& v : victims) freed += tree_bytes(v);
+        if (free >= 0 && static_cast<uint64_t>(free) < need && static_cast<uint64_t>(free) + freed >= need) {
+          for (const fs::path& v : victims) {
+            if (static_cast<uint64_t>(free_bytes(save_dir)) >= need) break;
+            log_warning(save_dir + ": " + human_bytes(static_cast<uint64_t>(free_bytes(save_dir))) + " free, " + name + " takes about " +
+                        human_bytes(need) + ": removing " + v.filename().string() +
+                        " before the save (keep_last " + std::to_string(keep_last) + " rotates it out after it)");
+            fs::remove_all(v);
+          }
+        }
+      }
       fs::create_directories(tmp_dir);
     } catch (...) {
       failed = std::current_exception();
@@ -668,6 +726,16 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
   return final_dir.string();
 }
 
+std::string checkpoint_space_warning(Engine& engine, const std::string& save_dir) {
+  if (save_dir.empty()) return "";
+  const auto dirs = step_dirs(save_dir);
+  const uint64_t need = checkpoint_need_bytes(engine, dirs);
+  const int64_t free = free_bytes(save_dir);
+  if (free < 0 || static_cast<uint64_t>(free) >= need) return "";
+  return save_dir + ": its disk has " + human_bytes(static_cast<uint64_t>(free)) + " free and a checkpoint of this run takes about " +
+         human_bytes(need) + ": the first save will fail unless room is made";
+}
+
 std::string checkpoint_resolve(const std::string& path) {
   fs::path dir = path;
   MT_CHECK(fs::exists(dir), ErrorKind::kNotFound, path + ": no such checkpoint directory");
@@ -924,6 +992,23 @@ void check_same_model(const fs::path& dir, const nlohmann::json& saved, const nl
   MT_CHECK(refused.empty(), ErrorKind::kInvalidArgument,
            (dir / "state.json").string() + ": the checkpoint's model differs from this run's: " + refused +
                " (resume with the checkpoint's model, or start a new run from its weights with model.init_from)");
+}
+
+// The special ids the checkpoint's model names and this run's does not, or names otherwise: a run
+// may give its tokenizer's own, so they are not refused, but a resume whose config gives none
+// saved the next checkpoint (and its export) without the ids the model was trained to stop at,
+// without a word (stop 75's note; stop 77). One line, empty when nothing changes.
+std::string special_id_changes(const fs::path& dir, const nlohmann::json& saved, const nlohmann::json& mine) {
+  if (!saved.is_object() || !mine.is_object()) return "";
+  std::string changed;
+  for (const char* key : {"bos_token_id", "eos_token_id"}) {
+    if (!saved.contains(key) || saved[key].is_null() || (mine.contains(key) && mine[key] == saved[key])) continue;
+    changed += (changed.empty() ? "" : ", ") + std::string(key) + " " + saved[key].dump() + " -> " +
+               (mine.contains(key) && !mine[key].is_null() ? mine[key].dump() : std::string("none"));
+  }
+  if (changed.empty()) return "";
+  return (dir / "state.json").string() + ": the checkpoint's model names " + changed +
+         "; this run's config is what its next checkpoint and export carry (give the model's ids in its model block to keep them)";
 }
 
 // Optimizer step count, loss scaler, counters; warns when the data order will not continue.
@@ -1210,7 +1295,12 @@ std::vector<std::string> checkpoint_load(Engine& engine, const std::string& path
     if (!damage.empty()) throw_damaged(dir.string(), damage);
     if (!state.contains("state_xxh3"))
       log_warning((dir / "state.json").string() + ": written without checksums (an older meshtrain): not verified");
-    if (state.contains("model")) check_same_model(dir, state["model"], ds_config_resolved(engine.config())["model"]);
+    if (state.contains("model")) {
+      const nlohmann::json mine = ds_config_resolved(engine.config())["model"];
+      check_same_model(dir, state["model"], mine);
+      const std::string ids = special_id_changes(dir, state["model"], mine);
+      if (!ids.empty() && ctx.world->rank() == 0) log_warning(ids);
+    }
     // Another tokenizer gives the same ids other tokens (text data is tokenized again by it): it
     // was resumed without a word.
     const std::string their_tok = state.value("tokenizer_xxh3", std::string()),

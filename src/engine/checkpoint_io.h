@@ -40,7 +40,14 @@ namespace mt::engine {
 // drop_others removes every other checkpoint instead (train --overwrite's first save).
 // Collective over the whole job: every rank writes its shard, rank 0 the index and state.json; a
 // failure on any rank fails the save on every rank (the previous checkpoint stays the newest).
+// Where save_dir's disk has less room than the checkpoint takes (the newest one's bytes, or the
+// model's and optimizer's f32 state before the first) and rotation would remove earlier ones after
+// this save anyway, rank 0 removes those first, oldest first, when that makes the room (never the
+// newest keep_last - 1, so keep_last 1 never goes below one checkpoint); with a line.
 std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t keep_last, bool drop_others = false);
+// A line for the start of a run whose save_dir's disk cannot hold one checkpoint (empty where it
+// can, or where its free space is unknown): such a run was told at its first save, maybe hours in.
+std::string checkpoint_space_warning(Engine& engine, const std::string& save_dir);
 // Throws kCorruption naming the damaged file (missing, truncated, checksum mismatch) and the newest
 // intact checkpoint beside it. A checkpoint written before checksums passes.
 void checkpoint_verify(const std::string& dir);
