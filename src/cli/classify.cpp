@@ -278,7 +278,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   auto ctx = engine::engine_parallel_context(cfg, world);
   auto model = engine::engine_build_model(cfg, ctx);
   engine::Engine eng(cfg, *model, ctx);
-  const int DW = ctx->dp(), DR = ctx->dp_rank();
+  const int DW = ctx->data_dp(), DR = ctx->data_rank();
   // The rows' length of a batch of records: T with data.pad_to_max_length (or sparse attention,
   // whose block layout is built for T), else its longest record rounded up to 8, and further until
   // B rows of it divide over the tp group under sequence parallelism.

@@ -239,6 +239,14 @@ TEST(EstimateCli, BadProcsIsOneLine) {
   EXPECT_EQ(err, "meshtrain: error: --procs must be at least 1, got 0\n");
 }
 
+// Ulysses (parallel.sp > 1) is not in the memory model yet: estimate and plan say so by name.
+TEST(EstimateCli, UlyssesIsRefusedByName) {
+  std::string cfg = write_config(), out, err;
+  EXPECT_EQ(run("estimate " + cfg + " --procs 2 --set parallel.sp=2 --set zero_optimization.stage=1", &out, &err), 2);
+  EXPECT_NE(err.find("parallel.sp 2 (Ulysses sequence parallelism): meshtrain estimate and plan do not model it yet"), std::string::npos)
+      << err;
+}
+
 // Sizes past what the byte counts hold were taken: --memory 1e300 said "fits 0 B" (a double past
 // size_t, undefined), a 1.2e18-parameter model printed wrapped GiB, and 2e9 layers ended in a bare
 // "std::bad_alloc". Each is now one line naming what is too large, exit 2 (DESIGN-NOTES 76).

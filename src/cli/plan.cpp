@@ -924,6 +924,9 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   int64_t global_batch = 0;
   int64_t fixed_micro = 0;
   if (is_auto(j, "parallel")) {
+    MT_CHECK(!j.contains("sequence_parallel_size") || j["sequence_parallel_size"] == 1, ErrorKind::kNotSupported,
+             "parallel: \"auto\" with sequence_parallel_size " + j["sequence_parallel_size"].dump() +
+                 " (Ulysses): the planner does not search parallel.sp yet; give the parallel block");
     space.parallel = space.schedule = true;
     keys.push_back("parallel");
     base.sets.push_back("parallel={}");

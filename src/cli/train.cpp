@@ -653,9 +653,9 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
   auto ctx = engine::engine_parallel_context(cfg, comm::log_backend(world, comm_log));
   auto model = engine::engine_build_model(cfg, ctx);
   engine::Engine eng(cfg, *model, ctx);
-  // Data is sharded by the data-parallel coordinate: the ranks of one tensor-parallel group read
-  // the same samples.
-  const int DW = ctx->dp(), DR = ctx->dp_rank();
+  // Data is sharded by the data-parallel coordinate: the ranks of one tensor-parallel group (and of
+  // one Ulysses group, parallel.sp) read the same samples.
+  const int DW = ctx->data_dp(), DR = ctx->data_rank();
   try {
     if (train_resume(eng, args.resume, lead)) return;
   } catch (...) {  // a resume that failed trained nothing: its swap files go (stop 73's note)
@@ -678,7 +678,8 @@ void train_loop(const TrainArgs& args, engine::RunConfig& cfg, const std::shared
                  static_cast<long long>(cfg.batch.micro_batch_per_gpu),
                  static_cast<long long>(cfg.batch.gradient_accumulation_steps), DW, static_cast<long long>(cfg.seq_length),
                  dtype_name(cfg.compute_dtype), cfg.zero.stage,
-                 ((ctx->tp() > 1 ? ", tensor parallel " + std::to_string(ctx->tp()) +
+                 ((ctx->sp() > 1 ? ", Ulysses sequence parallel " + std::to_string(ctx->sp()) : std::string()) +
+                  (ctx->tp() > 1 ? ", tensor parallel " + std::to_string(ctx->tp()) +
                                        (ctx->sequence_parallel ? " (sequence parallel)" : "")
                                  : std::string()) +
                   (ctx->pp() > 1 ? ", pipeline " + std::to_string(ctx->pp()) + " stages (" + cfg.pipeline_schedule +

@@ -1448,6 +1448,25 @@ TEST(TrainMpi, DataParallelAndZeroMatchOneProcess) {
   }
 }
 
+// Ulysses sequence parallelism (parallel.sp, DeepSpeed's sequence_parallel_size) under mpirun: two
+// ranks share each micro-batch, half the tokens each, and train the one-process run (the in-process
+// suite, engine/ulysses_test.cpp, runs more layouts); DeepSpeed's key says the same.
+TEST(TrainMpi, UlyssesSequenceParallelMatchesOneProcess) {
+  write_dataset(dir() + "/train", 30);
+  ASSERT_EQ(run("train " + dp_config("usp-one", 1) + " --metrics " + dir() + "/usp-one.jsonl"), 0);
+  const std::vector<double> one = losses(dir() + "/usp-one.jsonl");
+  const std::vector<float> w1 = checkpoint_weights(dir() + "/ckpt-usp-one/step-6");
+  for (const auto& [name, more] : {std::pair<std::string, nlohmann::json>{"usp-s1", {{"parallel", {{"sp", 2}}}}},
+                                   {"usp-ds-s2", {{"sequence_parallel_size", 2}, {"zero_optimization", {{"stage", 2}}}}}}) {
+    std::string err;
+    ASSERT_EQ(run(launch(2) + dp_config(name, 1, more) + " --metrics " + dir() + "/" + name + ".jsonl", &err), 0) << err;
+    expect_close(one, losses(dir() + "/" + name + ".jsonl"), 1e-5, name);
+    const std::vector<float> w = checkpoint_weights(dir() + "/ckpt-" + name + "/step-6");
+    ASSERT_EQ(w.size(), w1.size());
+    EXPECT_LE(relative_error(w, w1), 1e-5) << name;
+  }
+}
+
 // loss_normalization "tokens" (Megatron's --calculate-per-token-loss, Hugging Face's
 // num_items_in_batch): with a loss mask that leaves the samples different numbers of targets, a
 // step's loss and gradient are the global batch's mean over its targets, which one micro-batch

@@ -1132,6 +1132,15 @@ void parse_data(Section& root, RunConfig& c) {
 void parse_parallel(Section& root, RunConfig& c, int world) {
   c.processes = world;
   c.world_size = world;
+  // DeepSpeed's name for Ulysses sequence parallelism (parallel.sp); its data parallelism takes
+  // world / sequence_parallel_size.
+  int64_t ds_sp = 0;  // sequence_parallel_size, when given
+  if (root.has("sequence_parallel_size")) {
+    ds_sp = root.integer("sequence_parallel_size", 1);
+    MT_CHECK(ds_sp >= 1 && ds_sp <= 65536, ErrorKind::kInvalidArgument,
+             "sequence_parallel_size: must be from 1 to 65536 (got " + std::to_string(ds_sp) + ")");
+  }
+  c.sp = static_cast<int>(std::max<int64_t>(ds_sp, 1));
   int64_t stages = 0;  // pipeline.stages, when given
   std::string pipeline_partition;  // pipeline.partition, when given
   if (root.has("pipeline")) {
@@ -1217,8 +1226,11 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
     MT_CHECK(stages == 0 || stages == pp, ErrorKind::kInvalidArgument,
              "pipeline.stages (" + std::to_string(stages) + ") and parallel.pp (" + std::to_string(pp) + ") disagree");
     c.pp = static_cast<int>(pp);
-    int64_t sp = p.integer("sp", 1);
-    MT_CHECK(sp == 1, ErrorKind::kNotSupported, p.where("sp") + ": " + std::to_string(sp) + " is not implemented yet (only 1)");
+    int64_t sp = p.integer("sp", c.sp);
+    MT_CHECK(sp >= 1 && sp <= 65536, ErrorKind::kInvalidArgument, p.where("sp") + ": must be from 1 to 65536 (got " + std::to_string(sp) + ")");
+    MT_CHECK(ds_sp == 0 || ds_sp == sp, ErrorKind::kInvalidArgument,
+             "sequence_parallel_size (" + std::to_string(ds_sp) + ") and parallel.sp (" + std::to_string(sp) + ") disagree");
+    c.sp = static_cast<int>(sp);
     c.sequence_parallel = p.boolean("sequence_parallel", false) && c.tp > 1;
     int64_t vd = p.integer("make_vocab_size_divisible_by", 128);
     // (Times tp, in int: 2^30 x 2 was a division by zero on a rank.)
@@ -1240,11 +1252,13 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
              p.where("partition") + " (\"" + c.partition + "\") and pipeline.partition (\"" + pipeline_partition +
                  "\") differ: give one");
     parallel::pp::parse_partition(c.partition, p.where("partition"));
-    if (c.tp * c.pp <= world && world % (c.tp * c.pp) == 0) {
-      int64_t dp = p.integer("dp", world / (c.tp * c.pp));
-      MT_CHECK(dp == world / (c.tp * c.pp), ErrorKind::kInvalidArgument,
+    if (static_cast<int64_t>(c.tp) * c.pp * c.sp <= world && world % (c.tp * c.pp * c.sp) == 0) {
+      const int dp_size = world / (c.tp * c.pp * c.sp);
+      int64_t dp = p.integer("dp", dp_size);
+      MT_CHECK(dp == dp_size, ErrorKind::kInvalidArgument,
                p.where("dp") + ": " + std::to_string(dp) + " does not match the " + std::to_string(world) + " process(es) / (tp " +
-                   std::to_string(c.tp) + " x pp " + std::to_string(c.pp) + ") = " + std::to_string(world / (c.tp * c.pp)));
+                   std::to_string(c.tp) + " x pp " + std::to_string(c.pp) + (c.sp > 1 ? " x sp " + std::to_string(c.sp) : std::string()) +
+                   ") = " + std::to_string(dp_size));
     }
     // Every key here sets the layout, and so the data-parallel size and the global batch: parallel.ppp
     // was warned and the run trained dp 2 at twice the batch (stop 73).
@@ -1261,7 +1275,11 @@ void parse_parallel(Section& root, RunConfig& c, int world) {
            (c.tp == 1 && !own ? pp_name + " (" + std::to_string(c.pp) + ")"
                               : tp_name + " (" + std::to_string(c.tp) + ") x " + pp_name + " (" + std::to_string(c.pp) + ")") +
                " does not divide the " + std::to_string(world) + " process(es) (data parallelism takes processes / (tp x pp))");
-  c.world_size = world / (c.tp * c.pp);
+  MT_CHECK(static_cast<int64_t>(c.tp) * c.pp * c.sp <= world && world % (c.tp * c.pp * c.sp) == 0, ErrorKind::kInvalidArgument,
+           (own ? std::string("parallel.sp (") : std::string("sequence_parallel_size (")) + std::to_string(c.sp) + ") x " + tp_name +
+               " (" + std::to_string(c.tp) + ") x " + pp_name + " (" + std::to_string(c.pp) + ") does not divide the " +
+               std::to_string(world) + " process(es) (data parallelism takes processes / (tp x pp x sp))");
+  c.world_size = world / (c.tp * c.pp * c.sp);
 }
 
 // sparse_attention: DeepSpeed's keys per mode (its get_sparse_attention), checked as its
@@ -1573,6 +1591,36 @@ void parse_device(Section& root, RunConfig& c) {
 }
 
 }  // namespace
+
+// parallel.sp > 1 (Ulysses): what it runs with so far, the rest refused by name.
+void check_ulysses(const RunConfig& c) {
+  if (c.sp == 1) return;
+  const std::string sp = "parallel.sp " + std::to_string(c.sp) + " (Ulysses sequence parallelism)";
+  auto refuse = [&](bool bad, const std::string& what) {
+    MT_CHECK(!bad, ErrorKind::kNotSupported, sp + " with " + what + " is not implemented yet");
+  };
+  refuse(c.tp > 1, "parallel.tp > 1");
+  refuse(c.pp > 1, "parallel.pp > 1");
+  refuse(c.zero.stage >= 3, "zero_optimization.stage 3");
+  refuse(c.zero.offload_optimizer == "nvme" || c.zero.offload_param == "nvme", "offload to nvme");
+  refuse(optim::optimizer_is_onebit(c.optimizer), "optimizer.type " + c.optimizer.type + " (1-bit)");
+  refuse(c.task == "classification", "task \"classification\"");
+  refuse(c.device != "cpu", "device \"" + c.device + "\"");
+  refuse(c.curriculum.enabled, "curriculum_learning");
+  refuse(c.reset_position_ids || c.reset_attention_mask, "data.reset_position_ids / data.reset_attention_mask");
+  refuse(c.sparse_attention.has_value(), "sparse_attention");
+  refuse(c.loss_normalization == "tokens", "loss_normalization \"tokens\"");
+  if (c.bare) return;
+  refuse(c.model.embd_pdrop > 0 || c.model.resid_pdrop > 0 || c.model.attn_pdrop > 0, "dropout (embd_pdrop, resid_pdrop, attn_pdrop)");
+  MT_CHECK(c.seq_length % c.sp == 0, ErrorKind::kInvalidArgument,
+           sp + " splits each sample's seq_length (" + std::to_string(c.seq_length) + ") tokens over " + std::to_string(c.sp) +
+               " ranks: they must divide evenly");
+  const bool gpt2 = c.model.arch == models::Arch::kGpt2;
+  MT_CHECK(c.model.n_head % c.sp == 0 && c.model.n_kv_head % c.sp == 0, ErrorKind::kInvalidArgument,
+           sp + " splits the attention heads over its ranks: model." + (gpt2 ? "n_head (" : "num_attention_heads (") +
+               std::to_string(c.model.n_head) + ")" + (gpt2 ? "" : " and model.num_key_value_heads (" + std::to_string(c.model.n_kv_head) + ")") +
+               " must be divisible by " + std::to_string(c.sp));
+}
 
 RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool allow_bare) {
   RunConfig c;
@@ -1928,10 +1976,6 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   if (root.has("gradient_allreduce_op"))
     MT_CHECK(root.raw("gradient_allreduce_op") == "mean", ErrorKind::kNotSupported,
              "gradient_allreduce_op: " + root.raw("gradient_allreduce_op").dump() + " is not supported (\"mean\", the default, only)");
-  // DeepSpeed's name for Ulysses sequence parallelism (its world divides the data-parallel size).
-  if (root.has("sequence_parallel_size"))
-    MT_CHECK(root.raw("sequence_parallel_size") == 1, ErrorKind::kNotSupported,
-             "sequence_parallel_size: " + root.raw("sequence_parallel_size").dump() + " is not implemented yet (only 1, as parallel.sp)");
   // DeepSpeed keys that change what is trained: refused when enabled.
   for (const char* k : {"amp", "data_efficiency", "compression_training", "progressive_layer_drop", "eigenvalue",
                         "quantize_training", "elasticity", "torch_autocast", "weight_quantization"})
@@ -1996,12 +2040,12 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
              "communication_data_type: '" + t + "' with optimizer.type " + c.optimizer.type +
                  ": the 1-bit exchange sends signs and f32 scales; give \"fp32\" or leave it out");
   }
-  // Ulysses sequence parallelism's all-to-all dtype: there is no Ulysses here (parallel.sp = 1).
-  // (DeepSpeed's key is seq_parallel_comm_data_type; the longer name, read here before, is kept.)
+  // Ulysses sequence parallelism's all-to-all dtype (DeepSpeed's key is seq_parallel_comm_data_type;
+  // the longer name, read here before, is kept): meshtrain's all-to-all carries f32 values.
   for (const char* k : {"seq_parallel_comm_data_type", "seq_parallel_communication_data_type"})
     if (root.has(k))
-      c.warnings.push_back(std::string(k) + ": accepted; it applies to Ulysses sequence parallelism, "
-                           "which meshtrain does not run (parallel.sp = 1)");
+      c.warnings.push_back(std::string(k) + ": accepted; meshtrain's Ulysses all-to-all (parallel.sp > 1) exchanges f32 "
+                           "q, k, v and attention outputs whatever it says" + (c.sp == 1 ? " (and parallel.sp is 1 here)" : ""));
   // Logging, monitoring and tuning: accepted with a warning.
   parse_csv_monitor(root, c);
   if (root.has("aio")) {  // the swap I/O engine (offload to nvme); read whether or not it is used
@@ -2049,6 +2093,7 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
     MT_CHECK(!c.curriculum.enabled, ErrorKind::kNotSupported,
              "loss_normalization \"tokens\": not with curriculum_learning yet (its steps train a prefix of each sample)");
   }
+  check_ulysses(c);
   if (c.task != "classification" && j.contains("data") && j["data"].is_object()) {
     // A classifier's record fields and padding, given to a causal LM (which reads token windows,
     // seq_length long): they change nothing there, so one line names them.
@@ -2401,7 +2446,7 @@ json ds_config_resolved(const RunConfig& c) {
                              {"different_layout_per_head", c.sparse_attention->different_layout_per_head}};
   if (c.prescale_gradients) j["prescale_gradients"] = true;
   if (c.gradient_predivide_factor != 1.0) j["gradient_predivide_factor"] = c.gradient_predivide_factor;
-  j["parallel"] = {{"tp", c.tp}, {"pp", c.pp}, {"sequence_parallel", c.sequence_parallel},
+  j["parallel"] = {{"tp", c.tp}, {"pp", c.pp}, {"sp", c.sp}, {"sequence_parallel", c.sequence_parallel},
                    {"make_vocab_size_divisible_by", c.vocab_divisible}, {"pipeline_schedule", c.pipeline_schedule},
                    {"virtual_stages", c.virtual_stages}, {"partition", c.partition}};
   j["steps_per_print"] = c.steps_per_print;

@@ -150,7 +150,7 @@ struct RunConfig {
   int zero_stage = 0;  // == zero.stage
   ZeroConfig zero;
   AioConfig aio;
-  int world_size = 1;  // data-parallel processes the configuration was resolved for (processes / tp)
+  int world_size = 1;  // data-parallel processes the configuration was resolved for (processes / (tp pp sp))
   int processes = 1;   // every process of the job
   // parallel.tp: Megatron's tensor parallelism over tp consecutive ranks (dp = processes / tp).
   int tp = 1;
@@ -159,6 +159,12 @@ struct RunConfig {
   // activation_checkpointing.partition_activations maps onto it (DeepSpeed's name).
   bool sequence_parallel = false;
   bool partition_activations = false;  // activation_checkpointing.partition_activations: sequence parallelism whatever parallel says
+  // parallel.sp (DeepSpeed's top-level sequence_parallel_size): DeepSpeed-Ulysses sequence
+  // parallelism (parallel/sp/ulysses.h). sp ranks share each micro-batch, each holding seq_length / sp
+  // consecutive tokens of every sample; attention trades that split for a split of the heads by an
+  // all-to-all. Gradients and ZeRO partitions go over dp x sp; the samples over dp =
+  // processes / (tp pp sp). Only with tp = pp = 1 for now (the rest is refused by name).
+  int sp = 1;
   // parallel.make_vocab_size_divisible_by (Megatron's --make-vocab-size-divisible-by): under
   // tp > 1 the vocabulary is padded to a multiple of this times tp.
   int vocab_divisible = 128;

@@ -109,7 +109,7 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   // Keys that change what is trained, warned or passed over before: refused by key.
   const std::pair<nlohmann::json, std::string> refused[] = {
       {with("gradient_allreduce_op", "sum"), "gradient_allreduce_op: \"sum\" is not supported"},
-      {with("sequence_parallel_size", 2), "sequence_parallel_size: 2 is not implemented yet"},
+      {with("sequence_parallel_size", 2), "sequence_parallel_size (2) x parallel.tp (1) x parallel.pp (1) does not divide the 1 process(es)"},
       {with("bf16", {{"enabled", true}, {"bf16_optimizer_states", true}}), "bf16.bf16_optimizer_states: true"},
       {with("zero_optimization", {{"stage", 1}, {"zenflow", {{"topk_ratio", 0.1}}}}), "zero_optimization.zenflow: ZenFlow"},
       {with("zero_optimization", {{"stage", 1}, {"load_from_fp32_weights", false}}), "zero_optimization.load_from_fp32_weights: false"},
@@ -1699,11 +1699,86 @@ TEST(DsConfig, KeysAReviewFoundReadOtherwiseThanDeepSpeed) {
             npos);
   EXPECT_TRUE(has_line(ds_config_parse(with("seq_parallel_comm_data_type", "fp16"), "cfg.json").warnings,
                        "seq_parallel_comm_data_type: accepted"));
+  nlohmann::json ulysses = with("seq_parallel_comm_data_type", "fp16");
+  ulysses["sequence_parallel_size"] = 2;
+  EXPECT_TRUE(has_line(ds_config_parse(ulysses, "cfg.json", 2).warnings,
+                       "seq_parallel_comm_data_type: accepted; meshtrain's Ulysses all-to-all (parallel.sp > 1) exchanges f32"));
   // An empty data path is none (--set data.valid= turns validation off; train failed opening ".idx",
   // naming no key).
   const RunConfig nv = ds_config_parse(with("data", {{"train", "a"}, {"valid", ""}}), "cfg.json");
   EXPECT_TRUE(nv.data_valid.empty());
   EXPECT_TRUE(nv.valid_spec.paths.empty());
+}
+
+}  // namespace
+}  // namespace mt::engine
+
+namespace mt::engine {
+namespace {
+
+// DeepSpeed-Ulysses: parallel.sp and DeepSpeed's sequence_parallel_size, the data-parallel size
+// they leave (processes / (tp pp sp)), and every combination not built yet refused by name.
+TEST(DsConfig, UlyssesSequenceParallelSize) {
+  const auto npos = std::string::npos;
+  const RunConfig ds = ds_config_parse(with("sequence_parallel_size", 2), "cfg.json", 4);
+  EXPECT_EQ(ds.sp, 2);
+  EXPECT_EQ(ds.world_size, 2);
+  EXPECT_EQ(ds.batch.train_batch_size, 4);  // micro 2 x accumulation 1 x dp 2: sp adds no samples
+  const RunConfig own = ds_config_parse(with("parallel", {{"sp", 2}}), "cfg.json", 2);
+  EXPECT_EQ(own.sp, 2);
+  EXPECT_EQ(own.world_size, 1);
+  nlohmann::json both = with("parallel", {{"sp", 2}, {"dp", 2}});
+  both["sequence_parallel_size"] = 2;
+  EXPECT_EQ(error_of(both, 4), "");
+  both["parallel"]["dp"] = 4;
+  EXPECT_NE(error_of(both, 4).find("parallel.dp: 4 does not match the 4 process(es) / (tp 1 x pp 1 x sp 2) = 2"), npos) << error_of(both, 4);
+  both["parallel"] = {{"sp", 4}};
+  EXPECT_NE(error_of(both, 4).find("sequence_parallel_size (2) and parallel.sp (4) disagree"), npos) << error_of(both, 4);
+  EXPECT_NE(error_of(with("parallel", {{"sp", 3}}), 4).find("parallel.sp (3) x parallel.tp (1) x parallel.pp (1) does not divide the 4 process(es)"),
+            npos);
+  EXPECT_NE(error_of(with("sequence_parallel_size", 0), 4).find("sequence_parallel_size: must be from 1 to 65536 (got 0)"), npos);
+
+  // sp 2 on 2 processes with one more key (or model key) set.
+  auto sp2 = [](const char* key, const nlohmann::json& v) {
+    nlohmann::json j = with("parallel", {{"sp", 2}});
+    if (key != nullptr) j[key] = v;
+    return j;
+  };
+  const std::string name = "parallel.sp 2 (Ulysses sequence parallelism) with ";
+  nlohmann::json tp = sp2(nullptr, nullptr);
+  tp["parallel"]["tp"] = 2;
+  EXPECT_NE(error_of(tp, 4).find(name + "parallel.tp > 1 is not implemented yet"), npos) << error_of(tp, 4);
+  nlohmann::json pp = sp2(nullptr, nullptr);
+  pp["parallel"]["pp"] = 2;
+  EXPECT_NE(error_of(pp, 4).find(name + "parallel.pp > 1 is not implemented yet"), npos) << error_of(pp, 4);
+  const std::pair<nlohmann::json, std::string> refused[] = {
+      {sp2("zero_optimization", {{"stage", 3}}), "zero_optimization.stage 3"},
+      {sp2("optimizer", {{"type", "OneBitAdam"}, {"params", {{"lr", 1e-3}}}}), "optimizer.type OneBitAdam (1-bit)"},
+      {sp2("curriculum_learning", {{"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", 8}, {"max_difficulty", 16},
+                                   {"schedule_type", "fixed_linear"}, {"schedule_config", {{"total_curriculum_step", 4}, {"difficulty_step", 8}}}}),
+       "curriculum_learning"},
+      {sp2("data", {{"train", "a"}, {"reset_attention_mask", true}}), "data.reset_position_ids / data.reset_attention_mask"},
+      {sp2("loss_normalization", "tokens"), "loss_normalization \"tokens\""},
+      {sp2("sparse_attention", {{"mode", "fixed"}, {"block", 8}}), "sparse_attention"},
+  };
+  for (const auto& [j, want] : refused) EXPECT_NE(error_of(j, 2).find(name + want + " is not implemented yet"), npos) << want << ": " << error_of(j, 2);
+  nlohmann::json drop = sp2(nullptr, nullptr);
+  drop["model"]["resid_pdrop"] = 0.1;
+  EXPECT_NE(error_of(drop, 2).find(name + "dropout (embd_pdrop, resid_pdrop, attn_pdrop) is not implemented yet"), npos) << error_of(drop, 2);
+  nlohmann::json cls = sp2("task", "classification");
+  cls["model"]["num_labels"] = 2;
+  EXPECT_NE(error_of(cls, 2).find(name + "task \"classification\""), npos) << error_of(cls, 2);
+  nlohmann::json odd = sp2("seq_length", 15);
+  EXPECT_NE(error_of(odd, 2).find("parallel.sp 2 (Ulysses sequence parallelism) splits each sample's seq_length (15) tokens over 2 ranks"),
+            npos) << error_of(odd, 2);
+  // Heads: GPT-2's n_head (4) over sp 8; LLaMA's num_attention_heads and num_key_value_heads both named.
+  EXPECT_NE(error_of(with("parallel", {{"sp", 8}}), 8).find("model.n_head (4) must be divisible by 8"), npos)
+      << error_of(with("parallel", {{"sp", 8}}), 8);
+  nlohmann::json llama = with("parallel", {{"sp", 4}});
+  llama["model"] = {{"model_type", "llama"}, {"vocab_size", 97}, {"hidden_size", 64}, {"intermediate_size", 96},
+                    {"num_hidden_layers", 2}, {"num_attention_heads", 8}, {"num_key_value_heads", 2}, {"max_position_embeddings", 32}};
+  EXPECT_NE(error_of(llama, 4).find("model.num_attention_heads (8) and model.num_key_value_heads (2) must be divisible by 4"), npos)
+      << error_of(llama, 4);
 }
 
 }  // namespace

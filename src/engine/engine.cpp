@@ -54,7 +54,7 @@ Options p2p_options(const std::string& tag, int msg_tag, std::chrono::millisecon
 std::shared_ptr<parallel::ParallelContext> engine_parallel_context(const RunConfig& config,
                                                                    std::shared_ptr<comm::Backend> world) {
   return parallel::make_parallel_context(std::move(world), config.tp, config.pp, config.sequence_parallel,
-                                         std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout_s * 1000.0)));
+                                         std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout_s * 1000.0)), config.sp);
 }
 
 parallel::pp::ScheduleSpec engine_schedule_spec(const RunConfig& config) {
@@ -233,9 +233,11 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   MT_CHECK(ctx_->pp() == config.pp && model.chunks() == config.virtual_stages, ErrorKind::kInternal,
            "the model and layout were not built for parallel.pp = " + std::to_string(config.pp) + " x virtual_stages = " +
                std::to_string(config.virtual_stages));
-  MT_CHECK(world() == config.world_size, ErrorKind::kInvalidArgument,
+  MT_CHECK(ctx_->sp() == config.sp && model.sp() == config.sp, ErrorKind::kInternal,
+           "the model and layout were not built for parallel.sp = " + std::to_string(config.sp));
+  MT_CHECK(data_ranks() == config.world_size, ErrorKind::kInvalidArgument,
            "the configuration was resolved for " + std::to_string(config.world_size) + " process(es), the job has " +
-               std::to_string(world()));
+               std::to_string(data_ranks()));
   const ZeroConfig& z = config.zero;
   std::vector<optim::ParamSegment> segments = engine_param_segments(config, store);
   if (config.device == "cuda") {
@@ -555,7 +557,7 @@ float Engine::forward(const int32_t* tokens, const int32_t* targets) {
   // samples (R·gas + m)·B onwards, as train and classify read them).
   if (!device_)
     model_.set_dropout_origin(static_cast<uint64_t>(global_step_ + 1),
-                              static_cast<uint64_t>((static_cast<int64_t>(ctx_->dp_rank()) * config_.batch.gradient_accumulation_steps +
+                              static_cast<uint64_t>((static_cast<int64_t>(ctx_->data_rank()) * config_.batch.gradient_accumulation_steps +
                                                      micro_in_step_) * model_.batch()));
   float loss = device_ ? device_->forward(tokens, targets, scale) : model_.forward(tokens, targets, scale);
   forward_seconds_ += t.seconds();
@@ -1064,7 +1066,7 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
           const int32_t* tok = tokens.data() + static_cast<size_t>(i.micro) * n;
           const int32_t* tgt = targets.data() + static_cast<size_t>(i.micro) * n;
           model_.set_dropout_origin(static_cast<uint64_t>(global_step_ + 1),
-                                    static_cast<uint64_t>((static_cast<int64_t>(ctx_->dp_rank()) * m + i.micro) * model_.batch()));
+                                    static_cast<uint64_t>((static_cast<int64_t>(ctx_->data_rank()) * m + i.micro) * model_.batch()));
           float loss = model_.forward_chunk(i.chunk, slot(i), tok, tgt, scale);
           if (model_.chunk_has_head(i.chunk)) loss_sum_ += loss;
           forward_seconds_ += t.seconds();
@@ -1172,8 +1174,11 @@ StepResult Engine::train_pipeline(const MicroBatchFn& next) {
 }
 
 std::pair<double, double> Engine::grad_average_factors() const {
-  const double W = static_cast<double>(world()), f = config_.gradient_predivide_factor;
-  if (world() == 1) return {1.0, 1.0};
+  // Over the data-parallel replicas: the sp ranks of one hold parts of the same samples' gradient,
+  // which the reduction over dp x sp sums (each rank's loss is its tokens' share of the sample's
+  // mean, models/transformer.h).
+  const double W = static_cast<double>(data_ranks()), f = config_.gradient_predivide_factor;
+  if (data_ranks() == 1) return {1.0, 1.0};
   if (config_.prescale_gradients || f == 1.0) return {1.0 / W, 1.0};
   return {1.0 / f, f / W};
 }

@@ -128,7 +128,8 @@ class Engine {
   int64_t applied_steps() const { return applied_steps_; }
   double current_lr() const;
   const RunConfig& config() const { return config_; }
-  int world() const { return dp_->size(); }       // data-parallel ranks
+  int world() const { return dp_->size(); }       // data-parallel ranks (dp x sp: the gradient's group)
+  int data_ranks() const { return world() / ctx_->sp(); }  // ... of them reading different samples
   // DeepSpeed's gradient averaging over the dp ranks (prescale_gradients, gradient_predivide_factor):
   // the factor the micro-batch losses carry into backward (before the all-reduce) and the one the
   // reduced gradients get after it. Default and prescale: 1/dp before, 1 after (DeepSpeed's

@@ -182,7 +182,7 @@ FlopsProfileStep flops_profile_step(const Engine& eng, const StepResult& r) {
   const parallel::ParallelContext& ctx = eng.parallel();
   s.step = eng.global_step();
   s.world_size = ctx.world->size();
-  s.dp = ctx.dp();
+  s.dp = ctx.data_dp();
   s.tp = ctx.tp();
   s.pp = ctx.pp();
   s.micro_batch = c.batch.micro_batch_per_gpu;

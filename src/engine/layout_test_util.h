@@ -129,8 +129,10 @@ struct LayoutRun {
 
 // Trains `cfg` (a layout_config) for 10 steps on `processes` ranks (threads over the local
 // backend; 1: one process): dp rank d reads samples step·g·dp + d·g ... of each step, every rank of
-// a tp group or pipeline the same ones.
-inline LayoutRun layout_train(const nlohmann::json& cfg, int processes, int g, const char* where) {
+// a tp group, Ulysses group or pipeline the same ones. sample: layout_sample or another of its form.
+using LayoutSampleFn = void (*)(uint64_t, int32_t*, int32_t*);
+inline LayoutRun layout_train(const nlohmann::json& cfg, int processes, int g, const char* where,
+                              LayoutSampleFn sample = layout_sample) {
   return layout_rank0<LayoutRun>(processes, [&](comm::Backend& b) {
     RunConfig c = ds_config_parse(cfg, where, processes);
     std::shared_ptr<comm::Backend> world(&b, [](comm::Backend*) {});
@@ -138,16 +140,16 @@ inline LayoutRun layout_train(const nlohmann::json& cfg, int processes, int g, c
     auto model = engine_build_model(c, ctx);
     Engine eng(c, *model, ctx);
     LayoutRun mine;
-    const int dp = ctx->dp(), d = ctx->dp_rank();
+    const int dp = ctx->data_dp(), d = ctx->data_rank();
     for (int step = 0; step < 10; ++step) {
       uint64_t next = static_cast<uint64_t>(step) * static_cast<uint64_t>(g * dp) + static_cast<uint64_t>(d * g);
-      StepResult r = eng.train_batch([&](int32_t* t, int32_t* y) { layout_sample(next++, t, y); });
+      StepResult r = eng.train_batch([&](int32_t* t, int32_t* y) { sample(next++, t, y); });
       mine.losses.push_back(r.loss);
       mine.norms.push_back(r.grad_norm);
       mine.tp_bytes.push_back(r.tp_comm_bytes);
     }
     std::vector<int32_t> t(16), y(16);
-    layout_sample(1000, t.data(), y.data());
+    sample(1000, t.data(), y.data());
     mine.eval_loss = eng.evaluate(t.data(), y.data());
     eng.gather_master(mine.master);
     for (auto& [name, v] : eng.gather_optimizer_state())

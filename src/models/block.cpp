@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "base/error.h"
 #include "kernels/cpu/attention.h"
@@ -37,6 +38,17 @@ void store_cd(void* dst, DType cd, const float* src, size_t n) {
 
 }  // namespace
 
+namespace {
+
+// Ulysses: a q, k, v row's segments (q heads, k heads, v heads) and an attention output row's.
+std::vector<size_t> qkv_segments(const BlockDims& d) {
+  const size_t q = static_cast<size_t>(d.NH) * d.HS, kv = static_cast<size_t>(d.NKV) * d.HS;
+  return {q, kv, kv};
+}
+std::vector<size_t> att_segments(const BlockDims& d) { return {static_cast<size_t>(d.A)}; }
+
+}  // namespace
+
 size_t BlockActs::layout(BlockActs* a, char* base, const BlockDims& d, DType cd, bool layernorm) {
   Carver c(base);
   size_t N = d.N, R = d.rows(), es = dtype_size(cd);
@@ -67,6 +79,7 @@ size_t BlockScratch::layout(BlockScratch* s, char* base, const BlockDims& d, DTy
   s->dn = c.f32(N * d.C);
   s->full = d.sp ? c.f32(N * d.C) : nullptr;
   s->part = d.sp ? c.f32(static_cast<size_t>(d.Nl) * d.C) : nullptr;
+  s->a2a = d.usp > 1 ? c.f32(N * std::max(d.QKV, d.A)) : nullptr;
   return c.used();
 }
 
@@ -206,6 +219,7 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
   run_hooks(nn::HookPoint::kPreForward);
   const size_t N = d.N, R = d.rows(), C = d.C;
   const bool gpt2 = arch_ == Arch::kGpt2;
+  const bool ulysses = d.usp > 1;
   DType cd = gpt2 ? c_attn_->weight()->compute_dtype : o_proj_->weight()->compute_dtype;
   bool f32 = cd == DType::kF32;
   // A norm's output (R, C) f32, saved in the compute dtype (dst_cd), then all N rows of it as the
@@ -235,24 +249,35 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
     const void* in1 = to_gemm_input(a.n1c, n1);
     // f32: the saved buffers themselves; low precision: the scratch the backward reuses, rounded
     // into the saved copies (round_to) before the forward reads them.
+    // Ulysses: the GEMM's output (this rank's tokens, every head) in s.a2a; RoPE at the tokens'
+    // global positions; then all the tokens of this rank's heads in qkv (saved in that layout).
     float* qkv = f32 ? static_cast<float*>(a.qkv) : s.dqkv;
+    float* qkv_out = ulysses ? s.a2a : qkv;
     {
       ProfileScope p(prof_, pid_.qkv);
-      if (gpt2) c_attn_->forward(qkv, in1, d.N);
-      else qkv_.forward(qkv, in1, d.N);
+      if (gpt2) c_attn_->forward(qkv_out, in1, d.N);
+      else qkv_.forward(qkv_out, in1, d.N);
     }
     {
       ProfileScope p(prof_, pid_.core);
-      if (!gpt2) kernels::rope_forward(qkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS, d.pos);
+      if (!gpt2) kernels::rope_forward(qkv_out, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS, d.pos);
+      if (ulysses) d.ulysses->to_heads(qkv, qkv_out, d.B, d.T, qkv_segments(d), "ulysses q, k, v");
       if (!f32) round_to(a.qkv, cd, qkv, N * d.QKV);
       const kernels::AttnDropout att_drop = attention_dropout(d);
       MT_CHECK(!(d.sparse && d.kstart), ErrorKind::kNotSupported, "reset_attention_mask with sparse attention is not supported");
       if (d.sparse) kernels::sparse_attention_forward(a.att, a.lse, qkv, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
-      else kernels::attention_forward(a.att, a.lse, qkv, d.B, d.T, d.NH, d.NKV, d.HS, att_drop.rate.active() ? &att_drop : nullptr, d.kstart);
+      else kernels::attention_forward(a.att, a.lse, qkv, d.B, d.T * d.usp, d.NH / d.usp, d.NKV / d.usp, d.HS,
+                                      att_drop.rate.active() ? &att_drop : nullptr, d.kstart);
     }
-    // The output projection's input: the attention output in the compute dtype (q, k, v are used).
-    void* attc = f32 ? static_cast<void*>(a.att) : static_cast<void*>(s.dqkv);
-    store_cd(attc, cd, a.att, N * d.A);
+    // The output projection's input: the attention output in the compute dtype (q, k, v are used);
+    // Ulysses: back to this rank's tokens (every head) first.
+    const float* att = a.att;
+    if (ulysses) {
+      d.ulysses->to_tokens(s.a2a, a.att, d.B, d.T, att_segments(d), "ulysses attention output");
+      att = s.a2a;
+    }
+    void* attc = f32 ? const_cast<float*>(att) : static_cast<void*>(s.dqkv);
+    store_cd(attc, cd, att, N * d.A);
     nn::Linear* proj = gpt2 ? attn_proj_ : o_proj_;
     {
       ProfileScope p(prof_, pid_.proj);
@@ -307,6 +332,7 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
   const size_t N = d.N;
   const int R = d.rows();
   const bool gpt2 = arch_ == Arch::kGpt2;
+  const bool ulysses = d.usp > 1;
   // MLP: dres is dL/dy = dL/dx2 (residual path) + the MLP branch's contribution. Row-parallel
   // layers' backward takes the whole N rows (the reduce-scatter's backward is an all-gather).
   const float* dn = nullptr;
@@ -373,26 +399,45 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
       ProfileScope p(prof_, pid_.proj);
       // The forward's compute-dtype copy of the attention output again (s.dqkv is free until the
       // core's backward writes it).
-      void* attc = cd == DType::kF32 ? static_cast<void*>(a.att) : static_cast<void*>(s.dqkv);
-      store_cd(attc, cd, a.att, N * d.A);
+      // Ulysses: the saved output is all tokens of this rank's heads; the projection read this
+      // rank's tokens of every head (exchanged again rather than saved twice).
+      const float* att = a.att;
+      if (ulysses) {
+        d.ulysses->to_tokens(s.a2a, a.att, d.B, d.T, att_segments(d), "ulysses attention output (backward)");
+        att = s.a2a;
+      }
+      void* attc = cd == DType::kF32 ? const_cast<float*>(att) : static_cast<void*>(s.dqkv);
+      store_cd(attc, cd, att, N * d.A);
       proj->backward(s.datt, false, dy, attc, d.N, ws);
     }
+    // The gradient of q, k, v in this rank's tokens' layout (the qkv GEMM's output).
+    float* dqkv = s.dqkv;
     {
       ProfileScope p(prof_, pid_.core);
       const float* qkv = saved_f32(a.qkv, s.f, N * d.QKV);
       const kernels::AttnDropout att_drop = attention_dropout(d);
+      // Ulysses: the output's gradient to all tokens of this rank's heads (to_tokens' backward).
+      const float* datt = s.datt;
+      if (ulysses) {
+        d.ulysses->to_heads(s.a2a, s.datt, d.B, d.T, att_segments(d), "ulysses attention output gradient");
+        datt = s.a2a;
+      }
       if (d.sparse)
-        kernels::sparse_attention_backward(s.dqkv, s.datt, qkv, a.att, a.lse, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
+        kernels::sparse_attention_backward(s.dqkv, datt, qkv, a.att, a.lse, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
       else
-        kernels::attention_backward(s.dqkv, s.datt, qkv, a.att, a.lse, d.B, d.T, d.NH, d.NKV, d.HS,
+        kernels::attention_backward(s.dqkv, datt, qkv, a.att, a.lse, d.B, d.T * d.usp, d.NH / d.usp, d.NKV / d.usp, d.HS,
                                     att_drop.rate.active() ? &att_drop : nullptr, d.kstart);
-      if (!gpt2) kernels::rope_backward(s.dqkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS, d.pos);
+      if (ulysses) {  // back to this rank's tokens of every head (to_heads' backward)
+        d.ulysses->to_tokens(s.a2a, s.dqkv, d.B, d.T, qkv_segments(d), "ulysses q, k, v gradient");
+        dqkv = s.a2a;
+      }
+      if (!gpt2) kernels::rope_backward(dqkv, rope_cos, rope_sin, d.B, d.T, d.NH, d.NKV, d.HS, d.pos);
     }
     {
       ProfileScope p(prof_, pid_.qkv);
       const void* in1 = gemm_input(a.n1c);
-      if (gpt2) c_attn_->backward(s.dn, false, s.dqkv, in1, d.N, ws);
-      else qkv_.backward(s.dn, false, s.dqkv, in1, d.N, ws);
+      if (gpt2) c_attn_->backward(s.dn, false, dqkv, in1, d.N, ws);
+      else qkv_.backward(s.dn, false, dqkv, in1, d.N, ws);
     }
     dn = reduce_to_rows(s.dn, s, d);
   }
@@ -431,7 +476,7 @@ void Block::profile_attach(ModuleProfile* p, int parent, const BlockDims& d) {
   pid_.qkv = p->add(gpt2 ? "c_attn" : "q_proj+k_proj+v_proj", "Linear", pid_.attn,
                     params_of(*attn_) - params_of(*proj), gemm_flops(N, C, d.QKV));
   pid_.core = p->add(d.sparse ? "sparse_core" : "core", d.sparse ? "SparseAttentionCore" : "AttentionCore", pid_.attn, 0,
-                     attention_profile_flops(d.B, d.T, d.NH, d.HS, d.sparse));
+                     attention_profile_flops(d.B, d.T * d.usp, d.NH / d.usp, d.HS, d.sparse));
   pid_.proj = p->add(proj->name(), "Linear", pid_.attn, params_of(*proj), gemm_flops(N, d.A, C));
   pid_.norm2 = p->add(norm2.name(), norm_kind, pid_.block, params_of(norm2), 0.0);
   pid_.mlp = p->add(mlp_->name(), "MLP", pid_.block, 0, 0.0);

@@ -16,6 +16,7 @@
 #include "nn/linear.h"
 #include "nn/norm.h"
 #include "nn/workspace.h"
+#include "parallel/sp/ulysses.h"
 #include "parallel/tp/mappings.h"
 
 namespace mt::models {
@@ -52,6 +53,11 @@ struct BlockDims {
   // kstart: the first key position each query sees (attention).
   const int32_t* pos = nullptr;
   const int32_t* kstart = nullptr;
+  // DeepSpeed-Ulysses (parallel.sp = usp > 1, parallel/sp/ulysses.h): T is this rank's share of
+  // each sequence (usp T tokens in all), pos their global positions; attention runs on all usp T
+  // tokens for NH/usp heads (NKV/usp kv heads), between an all-to-all and its inverse. Null: none.
+  int usp = 1;
+  parallel::UlyssesComm* ulysses = nullptr;
   int rows() const { return sp ? Nl : N; }  // rows of the residual stream on this rank
 };
 
@@ -96,6 +102,8 @@ struct BlockScratch {         // shared by every block, forward and backward
   float* dn;                  // (N, C)
   float* full;                // (N, C)    sequence parallel: rows gathered from the group
   float* part;                // (Nl, C)   sequence parallel: this rank's rows of a reduce-scatter
+  float* a2a;                 // (N, max(QKV, A)) Ulysses: q, k, v or the attention output (or
+                              // their gradients) in the other layout of the all-to-all
   static size_t layout(BlockScratch* s, char* base, const BlockDims& d, DType cd);
 };
 

@@ -85,8 +85,20 @@ TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
     : Module(""), cfg_(cfg), opts_(opts) {
   cfg_.validate();
   if (opts.parallel) tp_ = parallel::TpComm(opts.parallel->groups.tp, opts.parallel->timeout);
+  if (opts.parallel && opts.parallel->sp_group) sp_ = parallel::UlyssesComm(opts.parallel->sp_group, opts.parallel->timeout);
   const int tp = tp_.size();
   bool gpt2 = cfg.arch == Arch::kGpt2;
+  if (sp_.size() > 1) {  // what Ulysses runs with so far (ds_config refuses the rest by key)
+    const int sp = sp_.size();
+    MT_CHECK(cfg.n_head % sp == 0 && cfg.n_kv_head % sp == 0, ErrorKind::kInvalidArgument,
+             "parallel.sp (" + std::to_string(sp) + ") splits the attention heads: model." + (gpt2 ? "n_head" : "num_attention_heads") +
+                 " (" + std::to_string(cfg.n_head) + ") and " + (gpt2 ? "n_head" : "num_key_value_heads") + " (" +
+                 std::to_string(cfg.n_kv_head) + ") must be divisible by it");
+    MT_CHECK(tp == 1 && (!opts.parallel || opts.parallel->pp() == 1) && !opts.sparse_attention && !opts.documents.on() &&
+                 cfg.num_labels == 0 && cfg.embd_pdrop == 0 && cfg.resid_pdrop == 0 && cfg.attn_pdrop == 0,
+             ErrorKind::kNotSupported,
+             "parallel.sp > 1 runs without parallel.tp, parallel.pp, sparse attention, documents, a classifier's head and dropout for now");
+  }
   if (tp > 1) {
     auto need = [&](int v, const char* gpt2_key, const char* llama_key) {
       MT_CHECK(v % tp == 0, ErrorKind::kInvalidArgument,
@@ -147,12 +159,19 @@ void TransformerLM::prepare(int B, int T, int slots) {
   MT_CHECK(slots >= 1, ErrorKind::kInvalidArgument, "activation slots must be >= 1");
   MT_CHECK(cfg_.arch != Arch::kGpt2 || T <= cfg_.max_positions, ErrorKind::kInvalidArgument,
            "sequence length " + std::to_string(T) + " exceeds n_positions " + std::to_string(cfg_.max_positions));
-  if (B == dims_.B && T == dims_.T && slots == this->slots()) return;
+  if (B == dims_.B && T == seq_ && slots == this->slots()) return;
   int HS = cfg_.head_dim();
   bool gpt2 = cfg_.arch == Arch::kGpt2;
   BlockDims d;
-  const int tp = tp_.size();
-  d.B = B; d.T = T; d.N = B * T; d.C = cfg_.hidden; d.NH = cfg_.n_head / tp; d.NKV = cfg_.n_kv_head / tp; d.HS = HS;
+  const int tp = tp_.size(), usp = sp_.size();
+  MT_CHECK(T % usp == 0, ErrorKind::kInvalidArgument,
+           "parallel.sp (" + std::to_string(usp) + ") splits each sample's " + std::to_string(T) +
+               " tokens (seq_length): they must divide evenly");
+  const int Tg = T;
+  T /= usp;  // this rank's tokens of each sample (all of them without Ulysses)
+  d.B = B; d.T = T; d.N = B * T;
+  d.usp = usp;
+  d.ulysses = usp > 1 ? &sp_ : nullptr; d.C = cfg_.hidden; d.NH = cfg_.n_head / tp; d.NKV = cfg_.n_kv_head / tp; d.HS = HS;
   d.QKV = (d.NH + 2 * d.NKV) * HS; d.A = d.NH * HS;
   d.G = cfg_.intermediate / tp;
   d.H = gpt2 ? d.G : 2 * d.G;
@@ -174,6 +193,11 @@ void TransformerLM::prepare(int B, int T, int slots) {
     d.sparse = sparse_plan_.get();
   }
   dims_ = d;
+  seq_ = Tg;
+  sp_pos_.clear();
+  if (usp > 1)  // rank r holds tokens [r T, (r+1) T) of each sample
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) sp_pos_.push_back(sp_.rank() * T + t);
   DType cd = opts_.compute_dtype;
   size_t N = d.N, C = d.C, R = d.rows(), es = dtype_size(cd);
 
@@ -207,7 +231,8 @@ void TransformerLM::prepare(int B, int T, int slots) {
     const size_t full = d.sp ? N * C * 4 + 64 : 0;
     const size_t toks = embed_ ? (vocab_parallel ? 2 : 1) * N * 4 + 64 : 0;
     const size_t docs = opts_.documents.on() ? 2 * N * 4 + 64 : 0;
-    fit(s.buffer, acts + resid + head + full + toks + docs + 64, MemCategory::kActivations);
+    const size_t sp_in = usp > 1 ? 2 * N * 4 + 64 : 0;
+    fit(s.buffer, acts + resid + head + full + toks + docs + sp_in + 64, MemCategory::kActivations);
     char* p = s.buffer.as<char>();
     auto take = [&p](size_t bytes) { char* q = p; p += (bytes + 63) / 64 * 64; return q; };
     if (!opts_.recompute) {
@@ -232,18 +257,19 @@ void TransformerLM::prepare(int B, int T, int slots) {
       s.doc_pos = reinterpret_cast<int32_t*>(take(2 * N * 4));
       s.doc_kstart = s.doc_pos + N;
     }
+    if (sp_in) s.sp_in = reinterpret_cast<int32_t*>(take(2 * N * 4));
   }
   fit(dres_buffer_, R * C * 4, MemCategory::kActivations);
   dres_ = dres_buffer_.as<float>();
 
   size_t scratch = BlockScratch::layout(&scratch_, nullptr, d, cd);
-  size_t rope = gpt2 ? 0 : 2 * static_cast<size_t>(T) * (HS / 2) * 4 + 128;
+  size_t rope = gpt2 ? 0 : 2 * static_cast<size_t>(Tg) * (HS / 2) * 4 + 128;  // every position (Ulysses: all ranks')
   fit(scratch_buffer_, scratch + rope, MemCategory::kWorkspace);
   BlockScratch::layout(&scratch_, scratch_buffer_.as<char>(), d, cd);
   if (!gpt2) {
     rope_cos_ = reinterpret_cast<float*>(scratch_buffer_.as<char>() + scratch);
-    rope_sin_ = rope_cos_ + ((static_cast<size_t>(T) * (HS / 2) + 15) / 16 * 16);
-    kernels::rope_table(rope_cos_, rope_sin_, T, HS, rope_inv_freq(cfg_).data());
+    rope_sin_ = rope_cos_ + ((static_cast<size_t>(Tg) * (HS / 2) + 15) / 16 * 16);
+    kernels::rope_table(rope_cos_, rope_sin_, Tg, HS, rope_inv_freq(cfg_).data());
   }
 }
 
@@ -336,6 +362,27 @@ float TransformerLM::forward_chunk(int c, int slot, const int32_t* tokens, const
   drop_next_ = false;
   if (prof_) prof_->set_phase(ProfilePhase::kForward);
   ProfileScope scope(prof_, pid_.root);
+  if (sp_.size() > 1 && tokens != nullptr) {
+    // Ulysses: this rank's tokens of each sample. The whole samples are checked here, alike on every
+    // rank of the group (a rank that threw alone would leave the others waiting in the all-to-all).
+    const int Tg = seq_, T = d.T, r0 = sp_.rank() * T;
+    for (int i = 0; i < d.B * Tg; ++i) {
+      MT_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, ErrorKind::kInvalidArgument,
+               "token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                   " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
+      MT_CHECK(targets == nullptr || targets[i] == -100 || (targets[i] >= 0 && targets[i] < cfg_.vocab_size),
+               ErrorKind::kInvalidArgument,
+               "target " + std::to_string(targets ? targets[i] : 0) + " at position " + std::to_string(i) +
+                   " is outside the vocabulary (and not -100)");
+    }
+    for (int b = 0; b < d.B; ++b) {
+      std::memcpy(s.sp_in + static_cast<size_t>(b) * T, tokens + static_cast<size_t>(b) * Tg + r0, static_cast<size_t>(T) * 4);
+      if (targets)
+        std::memcpy(s.sp_in + d.N + static_cast<size_t>(b) * T, targets + static_cast<size_t>(b) * Tg + r0, static_cast<size_t>(T) * 4);
+    }
+    tokens = s.sp_in;
+    if (targets) targets = s.sp_in + d.N;
+  }
   if (opts_.documents.on()) {  // every chunk's attention (and RoPE) needs them: each stage has the tokens
     MT_CHECK(tokens != nullptr, ErrorKind::kInternal, "documents: a forward without its tokens");
     document_bounds(tokens, d.B, d.T, opts_.documents.eod, s.doc_pos, s.doc_kstart);
@@ -421,12 +468,22 @@ float TransformerLM::head_forward(Slot& s, const float* last, const int32_t* tar
     a.reduce_max = [this](float* v, size_t n) { tp_.all_reduce_max(v, n, "tp cross-entropy max"); };
     a.reduce_sum = [this](float* v, size_t n) { tp_.all_reduce(v, n, "tp cross-entropy sum"); };
   }
+  if (sp_.size() > 1) {  // Ulysses: the sample's targets, counted over the group (exact in f32 below 2^24)
+    float n = static_cast<float>(count);
+    sp_.all_reduce(&n, 1, "ulysses loss count");
+    count = static_cast<int>(n);
+  }
   const double denominator = loss_denominator_ > 0.0 ? loss_denominator_ : static_cast<double>(count);
   a.grad_scale = count > 0 ? static_cast<float>(loss_scale / denominator) : 0.0f;
   a.dx = s.dnf;
   a.dw = head->grad;
   a.losses = s.losses;
   double total = nn::lm_head_cross_entropy(a, ws_);
+  if (sp_.size() > 1) {  // Ulysses: the sum of the sample's token losses
+    float t = static_cast<float>(total);
+    sp_.all_reduce(&t, 1, "ulysses loss sum");
+    total = t;
+  }
   // The head's input gradient is this vocabulary shard's part (copy-to region's backward): summed
   // over the group (sequence parallel: reduce-scattered, each rank keeping its rows in sp_full).
   // A replicated score head's is whole on every rank: sequence parallel keeps this rank's rows.
@@ -552,6 +609,7 @@ std::vector<std::vector<nn::Module*>> TransformerLM::zero_unit_modules() {
 
 void TransformerLM::logits(float* out, const int32_t* tokens) {
   MT_CHECK(whole_model(), ErrorKind::kInternal, "logits() of a pipeline stage");
+  MT_CHECK(sp() == 1, ErrorKind::kNotSupported, "logits() under parallel.sp > 1 (each rank holds a share of the tokens)");
   forward_chunk(0, 0, tokens, nullptr, 0.0f);  // through the final norm: slot 0's nfc
   head_logits(out);
 }
@@ -612,12 +670,12 @@ double TransformerLM::train_flops_per_step() const {
   // 6 FLOPs per parameter per token for the matmul weights (embedding lookups excluded, the tied
   // head included once as a matmul), plus attention: QK^T and PV, causal (half), forward 2*2*T*A
   // per token per layer halved, x3 for forward+backward.
-  double tokens = static_cast<double>(dims_.N);
+  double tokens = static_cast<double>(dims_.B) * seq_;  // whole samples (Ulysses: every rank's tokens)
   double matmul_params = static_cast<double>(cfg_.num_params());
   if (cfg_.arch == Arch::kGpt2) matmul_params -= static_cast<double>(cfg_.max_positions) * cfg_.hidden;
   if (!cfg_.tie_embeddings && cfg_.num_labels == 0) matmul_params -= static_cast<double>(cfg_.vocab_size) * cfg_.hidden;
   if (cfg_.num_labels > 0) matmul_params -= static_cast<double>(cfg_.vocab_size) * cfg_.hidden;  // lookup only
-  double attn = 6.0 * cfg_.n_layer * dims_.T * static_cast<double>(cfg_.n_head * cfg_.head_dim());
+  double attn = 6.0 * cfg_.n_layer * seq_ * static_cast<double>(cfg_.n_head * cfg_.head_dim());
   return 6.0 * matmul_params * tokens + attn * tokens;  // the attention term is causal_attention_flops()
 }
 

@@ -53,6 +53,13 @@ class TransformerLM : public nn::Module {
   // The seed's initial values, whatever set_initial_values gave.
   void seed_values(size_t begin, size_t end, float* dst) const { store_->init_values(opts_.seed, begin, end, dst); }
   parallel::TpComm& tp() { return tp_; }
+  // DeepSpeed-Ulysses (parallel.sp): the sp group this rank shares its micro-batches with (of one
+  // without). Under it forward() still takes whole samples (B, T), keeps this rank's T / sp tokens
+  // of each, and returns the micro-batch's loss as one process computes it (the sum and count of
+  // the token losses reduced over the group); the gradient it leaves is this rank's tokens' share
+  // of that loss's, to be summed over the group (the engine's reduction over dp x sp).
+  int sp() const { return sp_.size(); }
+  parallel::UlyssesComm& ulysses() { return sp_; }
   // Rows of the (padded) vocabulary on this rank: cfg.vocab_size without tensor parallelism.
   int padded_vocab() const;
 
@@ -60,7 +67,7 @@ class TransformerLM : public nn::Module {
   // count; 1 for forward()/backward()).
   void prepare(int B, int T, int slots = 1);
   int batch() const { return dims_.B; }
-  int seq() const { return dims_.T; }
+  int seq() const { return seq_; }  // T as prepared (whole samples under Ulysses)
   int slots() const { return static_cast<int>(slots_.size()); }
 
   // tokens, targets: (B, T) for the prepared shape; targets may hold -100 (ignored) and may be
@@ -139,7 +146,7 @@ class TransformerLM : public nn::Module {
     return 12.0 * cfg_.n_layer * static_cast<double>(cfg_.n_head) * cfg_.head_dim();
   }
   double causal_attention_flops() const {
-    return 0.5 * static_cast<double>(dims_.N) * dims_.T * attention_flops_per_pair();
+    return 0.5 * static_cast<double>(dims_.B) * seq_ * seq_ * attention_flops_per_pair();
   }
   // ModelOptions::documents with attention: the (query, key) pairs the training forwards of the
   // embedding's chunk computed since the last call (each query its own document's keys up to it).
@@ -171,6 +178,7 @@ class TransformerLM : public nn::Module {
     int32_t* local_tokens = nullptr;  // (N) vocab-parallel: row in this rank's shard, or -1
     int32_t* doc_pos = nullptr;       // (N) ModelOptions::documents: positions, from the forward's tokens
     int32_t* doc_kstart = nullptr;    // (N) and each query's first key
+    int32_t* sp_in = nullptr;         // (2N) Ulysses: this rank's tokens, then its targets, of the forward's samples
     int chunk = -1;
     bool backward_ready = false;
     BlockDropout drop;       // this micro-batch's dropout (drop_on)
@@ -179,7 +187,7 @@ class TransformerLM : public nn::Module {
   BlockDims dims_of(const Slot& s) const {  // dims_ with the slot's dropout
     BlockDims d = dims_;
     d.drop = s.drop_on ? &s.drop : nullptr;
-    d.pos = opts_.documents.on() && opts_.documents.positions ? s.doc_pos : nullptr;
+    d.pos = opts_.documents.on() && opts_.documents.positions ? s.doc_pos : sp_.size() > 1 ? sp_pos_.data() : nullptr;
     d.kstart = opts_.documents.on() && opts_.documents.attention ? s.doc_kstart : nullptr;
     return d;
   }
@@ -193,6 +201,9 @@ class TransformerLM : public nn::Module {
   ModelConfig cfg_;
   ModelOptions opts_;
   parallel::TpComm tp_;  // the tensor-parallel group (of one without tensor parallelism)
+  parallel::UlyssesComm sp_;  // the Ulysses group (of one without)
+  int seq_ = 0;               // prepare()'s T: dims_.T sp times under Ulysses
+  std::vector<int32_t> sp_pos_;  // (N) Ulysses: the global positions of this rank's rows
   std::vector<std::pair<int, int>> chunks_;  // layer ranges of this rank's chunks
   std::vector<int> chunk_first_;             // index in blocks_ of each chunk's first block
   bool embed_ = true, head_ = true, tied_copy_ = false;

@@ -1,0 +1,156 @@
+// DeepSpeed-Ulysses sequence parallelism (parallel.sp, parallel/sp/ulysses.h) against one process
+// with the same global batch: ranks are threads over the local backend. world = sp x dp; the ranks
+// of an sp group read the same samples and each keeps seq_length / sp tokens of every one. The
+// data masks targets (-100) unevenly between the halves of a sample, so a loss that averaged each
+// rank's own mean (instead of the sample's sum over its count) would differ. Losses, gradient
+// norms and the final weights must equal the one-process run's; a checkpoint saved at sp 2 resumes
+// on one process and the other way round.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "comm/local_backend.h"
+#include "engine/checkpoint_io.h"
+#include "engine/engine.h"
+#include "engine/layout_test_util.h"
+
+namespace mt::engine {
+namespace {
+
+// layout_sample with ignored targets: about a quarter of the positions, and the whole second half
+// of every third sample (a rank of an sp 2 group then holds no target at all).
+void masked_sample(uint64_t k, int32_t* tok, int32_t* tgt) {
+  layout_sample(k, tok, tgt);
+  for (int i = 0; i < 16; ++i)
+    if ((k * 7 + static_cast<uint64_t>(i) * 3) % 4 == 0 || (k % 3 == 0 && i >= 8)) tgt[i] = -100;
+}
+
+struct Case {
+  const char* arch;
+  int sp, dp, stage;
+  const char* dtype;
+  bool recompute = false;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return std::string(c.arch) + "_sp" + std::to_string(c.sp) + "_dp" + std::to_string(c.dp) + "_stage" +
+         std::to_string(c.stage) + "_" + c.dtype + (c.recompute ? "_recompute" : "");
+}
+
+nlohmann::json config(const Case& k, int processes, int g) {
+  auto j = layout_config(layout_model(k.arch, 2).dump().c_str(), k.dtype, processes == 1 ? 1 : k.dp, g);
+  if (k.recompute) j["activation_checkpointing"] = {{"enabled", true}};
+  j["zero_optimization"] = {{"stage", processes == 1 ? 0 : k.stage}, {"reduce_bucket_size", 3000}};
+  if (processes > 1) j["parallel"] = {{"sp", k.sp}};
+  return j;
+}
+
+class UlyssesMatchesOneProcess : public ::testing::TestWithParam<Case> {};
+
+TEST_P(UlyssesMatchesOneProcess, LossesNormsAndFinalState) {
+  const Case& k = GetParam();
+  const int g = 2;
+  LayoutRun ref = layout_train(config(k, 1, g * k.dp), 1, g * k.dp, "ulysses_test", masked_sample);
+  LayoutRun got = layout_train(config(k, k.sp * k.dp, g), k.sp * k.dp, g, "ulysses_test", masked_sample);
+  // fp32: the same arithmetic up to summation order (the loss's sum over the group, the gradients'
+  // over dp x sp): 1e-5. bf16: as the tp and ZeRO layouts' bounds.
+  const bool bf16 = std::string(k.dtype) != "fp32";
+  const double tol = bf16 ? 2e-3 : 1e-5;
+  ASSERT_EQ(ref.losses.size(), got.losses.size());
+  double worst_loss = 0.0;
+  for (size_t s = 0; s < ref.losses.size(); ++s) {
+    worst_loss = std::max(worst_loss, std::fabs(static_cast<double>(got.losses[s]) - ref.losses[s]) / std::fabs(ref.losses[s]));
+    EXPECT_NEAR(got.losses[s], ref.losses[s], tol * std::fabs(ref.losses[s])) << "loss at step " << s + 1;
+    EXPECT_NEAR(got.norms[s], ref.norms[s], (bf16 ? 2e-2 : 1e-4) * ref.norms[s]) << "grad norm at step " << s + 1;
+  }
+  EXPECT_NEAR(got.eval_loss, ref.eval_loss, tol * std::fabs(ref.eval_loss)) << "evaluate()";
+  ASSERT_EQ(ref.master.size(), got.master.size());
+  LayoutDiff w = layout_compare(ref.master, got.master, ref.noise);
+  std::printf("%s: losses max rel %.2e, final weights ||dw||/||w|| %.2e, max %.2e\n", case_name({k, 0}).c_str(), worst_loss,
+              w.norm_rel, w.max_rel);
+  EXPECT_LE(w.norm_rel, bf16 ? 2e-3 : 1e-5) << "final weights, ||dw||/||w||";
+  EXPECT_LE(w.max_rel, bf16 ? 2e-2 : 5e-5) << "final weights, max |dw| / max |w|";
+  EXPECT_LE(w.noise_max, 1e-3) << "GPT-2 key bias";
+}
+
+// LLaMA's tiny model has 8 heads over 4 kv heads (GQA): sp 2 gives each rank 4 over 2, sp 4 2 over 1.
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, UlyssesMatchesOneProcess,
+    ::testing::Values(Case{"gpt2", 2, 1, 0, "fp32"}, Case{"llama", 2, 1, 0, "fp32"}, Case{"gpt2", 2, 1, 1, "bf16"},
+                      Case{"llama", 2, 1, 2, "bf16"}, Case{"llama", 2, 1, 1, "fp32", true}, Case{"gpt2", 2, 2, 2, "fp32"},
+                      Case{"llama", 2, 2, 1, "fp32"}, Case{"llama", 4, 1, 0, "fp32"}),
+    case_name);
+
+// A layout's master weights and Adam moments (gathered to the one-process layout) after loading
+// `load` (if given) and training `steps` steps; saved to `save` (if given).
+struct State {
+  std::vector<float> master, exp_avg;
+};
+State run(const nlohmann::json& cfg, int processes, int steps, const std::string& load, const std::string& save) {
+  return layout_rank0<State>(processes, [&](comm::Backend& b) {
+    RunConfig c = ds_config_parse(cfg, "ulysses_test", processes);
+    std::shared_ptr<comm::Backend> world(&b, [](comm::Backend*) {});
+    auto ctx = engine_parallel_context(c, processes > 1 ? world : nullptr);
+    auto model = engine_build_model(c, ctx);
+    Engine eng(c, *model, ctx);
+    if (!load.empty()) checkpoint_load(eng, load);
+    const int g = static_cast<int>(c.batch.gradient_accumulation_steps), dp = ctx->data_dp(), d = ctx->data_rank();
+    for (int step = 0; step < steps; ++step) {
+      uint64_t next = static_cast<uint64_t>(eng.global_step()) * static_cast<uint64_t>(g * dp) + static_cast<uint64_t>(d * g);
+      eng.train_batch([&](int32_t* t, int32_t* y) { masked_sample(next++, t, y); });
+    }
+    if (!save.empty()) checkpoint_save(eng, save, 0);
+    State s;
+    eng.gather_master(s.master);
+    for (auto& [name, v] : eng.gather_optimizer_state())
+      if (name == "exp_avg") s.exp_avg = std::move(v);
+    return s;
+  });
+}
+
+// Weights are replicated over sp as over dp: a checkpoint of sp 2 (ZeRO 1: each rank its partition)
+// resumes on one process, and one process's at sp 2; either way the run goes on as one process's.
+TEST(Ulysses, CheckpointsMoveBetweenSpAndOneProcess) {
+  namespace fs = std::filesystem;
+  const std::string dir = fs::temp_directory_path().string() + "/mt_ulysses_test_" + std::to_string(getpid());
+  fs::remove_all(dir);
+  const Case k{"llama", 2, 1, 1, "fp32"};
+  State one6 = run(config(k, 1, 2), 1, 6, "", "");
+  State sp3 = run(config(k, 2, 2), 2, 3, "", dir + "/sp");
+  State one3 = run(config(k, 1, 2), 1, 3, "", dir + "/one");
+  EXPECT_LE(layout_compare(one3.master, sp3.master, {}).norm_rel, 1e-5);
+  // sp 2's checkpoint, three more steps on one process; one process's, three more at sp 2.
+  State from_sp = run(config(k, 1, 2), 1, 3, checkpoint_resolve(dir + "/sp"), "");
+  State from_one = run(config(k, 2, 2), 2, 3, checkpoint_resolve(dir + "/one"), "");
+  for (const State* s : {&from_sp, &from_one}) {
+    ASSERT_EQ(s->master.size(), one6.master.size());
+    EXPECT_LE(layout_compare(one6.master, s->master, {}).norm_rel, 1e-5) << (s == &from_sp ? "sp 2 -> 1" : "1 -> sp 2");
+    EXPECT_LE(layout_compare(one6.exp_avg, s->exp_avg, {}).norm_rel, 1e-4) << (s == &from_sp ? "sp 2 -> 1" : "1 -> sp 2");
+  }
+  fs::remove_all(dir);
+}
+
+// What the model itself refuses (a layout built without ds_config's checks): heads that do not split.
+TEST(Ulysses, HeadsThatDoNotSplitAreRefusedByName) {
+  auto j = layout_config(layout_model("llama", 2).dump().c_str(), "fp32", 1, 1);
+  j["parallel"] = {{"sp", 8}};
+  j["seq_length"] = 16;
+  try {
+    ds_config_parse(j, "ulysses_test", 8);
+    FAIL() << "num_key_value_heads 4 over sp 8 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_attention_heads (8) and model.num_key_value_heads (4) must be divisible by 8"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mt::engine
