@@ -416,10 +416,14 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   // update), and the weight decay applies once: AdamW's decoupled p(1 - lr wd), and Adam's L2 or
   // SGD's wd p an update of its own. ZeRO's stages and the bf16 wrapper take none; the 1-bit
   // optimizers keep their own account of DeepSpeed's first call (optim/onebit_adam.h).
+  // Only the fp32 masters move: the wrappers step their fp32 groups and copy them to the fp16
+  // weights at the first real step, so step 1's forward runs on the weights as built. (The
+  // compute copy was written here too: invisible under AdamW's (1 - lr wd), a move of about lr
+  // per weight under Adam's L2 decay, whose gradient is wd p; stop 77's review.)
   if (config.compute_dtype == DType::kF16 && z.stage == 0 && !optim::optimizer_is_onebit(config.optimizer) &&
       !optimizer_->state_swapped()) {
-    optimizer_->step(sync_->master(), sync_->grad(), sync_->compute(), sync_->compute_dtype(),
-                     static_cast<float>(config.optimizer.lr), 1.0f);
+    optimizer_->step(sync_->master(), sync_->grad(), nullptr, sync_->compute_dtype(), static_cast<float>(config.optimizer.lr),
+                     1.0f);
     sync_->after_update();
     store.zero_grad();
   }

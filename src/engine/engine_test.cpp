@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -142,8 +143,15 @@ TEST(Engine, F16AtStageZeroTakesTheZeroGradientStepWithAdamsL2Decay) {
   RunConfig c = ds_config_parse(j, "init-step-l2");
   auto m = engine_build_model(c);
   const std::vector<float> before(m->store().master(), m->store().master() + m->store().numel());
+  const char* fp16 = static_cast<const char*>(m->store().compute());
+  const std::vector<char> weights(fp16, fp16 + m->store().numel() * 2);
   Engine e(c, *m);
   EXPECT_EQ(e.optimizer().step_count(), 1);
+  // The fp16 weights stay as built until the first real step copies the masters to them, as the
+  // wrappers step only their fp32 groups (they were rewritten here: step 1's forward ran on moved
+  // weights).
+  const char* after = static_cast<const char*>(m->store().compute());
+  EXPECT_TRUE(std::equal(weights.begin(), weights.end(), after));
   size_t moved = 0;
   for (size_t i = 0; i < before.size(); ++i) {
     const double p = before[i], g = wd * p;
