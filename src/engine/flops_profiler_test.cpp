@@ -166,8 +166,10 @@ TEST(FlopsProfiler, ReportNumbersAddUp) {
   // MFU = the step's FLOPS per GPU over the given peak (1 TFLOP/s), printed to 0.1 %.
   const double flops_per_gpu = summary_value(rep, "FLOPS per GPU = 3 * fwd flops per GPU / iter latency");
   EXPECT_NEAR(summary_value(rep, "peak FLOPS per GPU (test peak)"), 1e12, 1e9);
+  // (Printed to 0.1 %: a step slowed by a loaded machine below 0.05 % of the test peak prints 0.0 %,
+  // which a check of mfu > 0 took for a failure in CI, stop 77; the speed is not what is tested.)
   const double mfu = summary_value(rep, "MFU = FLOPS per GPU / peak FLOPS per GPU");
-  EXPECT_GT(mfu, 0.0);
+  EXPECT_GE(mfu, 0.0);
   EXPECT_NEAR(mfu, 100.0 * flops_per_gpu / 1e12, 0.06 + 0.01 * mfu) << rep;
   // A "peak" the step beat (a ceiling timed on a loaded machine) is said, not printed as an MFU
   // above 100 % (a probe saw 168 %, stop 74). Here 1 MFLOP/s.
