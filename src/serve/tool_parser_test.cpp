@@ -3,9 +3,11 @@
 // Python's json.dumps(ensure_ascii=False) writes them, and the streamed content's hold-back.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <regex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -20,6 +22,17 @@ using ojson = nlohmann::ordered_json;
 
 ParsedToolCalls hermes(const std::string& text) { return parse_tool_calls(ToolCallFormat::kHermes, text); }
 ParsedToolCalls llama(const std::string& text) { return parse_tool_calls(ToolCallFormat::kLlama3Json, text); }
+
+// The calls found, each {name, arguments} in order, and the content (nullopt: null).
+void expect_calls(const ParsedToolCalls& p, const std::vector<std::pair<std::string, std::string>>& calls,
+                  const std::optional<std::string>& content = std::nullopt) {
+  ASSERT_EQ(p.calls.size(), calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(p.calls[i].name, calls[i].first) << i;
+    EXPECT_EQ(p.calls[i].arguments, calls[i].second) << i;
+  }
+  EXPECT_EQ(p.content, content);
+}
 
 void expect_content_only(const ParsedToolCalls& p, const std::string& text) {
   EXPECT_TRUE(p.calls.empty());
@@ -49,36 +62,23 @@ TEST(ToolParser, ArgumentsAreWrittenAsPythonsJsonDumps) {
 }
 
 TEST(ToolParser, HermesOneCall) {
-  const ParsedToolCalls p = hermes("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>");
-  ASSERT_EQ(p.calls.size(), 1u);
-  EXPECT_EQ(p.calls[0].name, "get_weather");
-  EXPECT_EQ(p.calls[0].arguments, "{\"city\": \"Paris\"}");
-  EXPECT_FALSE(p.content.has_value());  // nothing before the block: null
+  // Nothing before the block: the content is null.
+  expect_calls(hermes("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"),
+               {{"get_weather", "{\"city\": \"Paris\"}"}});
 }
 
 TEST(ToolParser, HermesTwoCallsAndTheTextBeforeThem) {
-  const ParsedToolCalls p = hermes(
-      "Let me check both.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n"
-      "<tool_call>\n{\"name\": \"b\", \"arguments\": {\"n\": 2}}\n</tool_call>");
-  ASSERT_EQ(p.calls.size(), 2u);
-  EXPECT_EQ(p.calls[0].name, "a");
-  EXPECT_EQ(p.calls[0].arguments, "{}");
-  EXPECT_EQ(p.calls[1].name, "b");
-  EXPECT_EQ(p.calls[1].arguments, "{\"n\": 2}");
-  ASSERT_TRUE(p.content.has_value());
-  EXPECT_EQ(*p.content, "Let me check both.\n");
+  expect_calls(hermes("Let me check both.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n"
+                      "<tool_call>\n{\"name\": \"b\", \"arguments\": {\"n\": 2}}\n</tool_call>"),
+               {{"a", "{}"}, {"b", "{\"n\": 2}"}}, "Let me check both.\n");
   // The last block may lack its closing tag (the answer ended on the end of turn).
-  const ParsedToolCalls open = hermes("<tool_call>\n{\"name\": \"a\", \"arguments\": {\"q\": 1}}\n");
-  ASSERT_EQ(open.calls.size(), 1u);
-  EXPECT_EQ(open.calls[0].arguments, "{\"q\": 1}");
+  expect_calls(hermes("<tool_call>\n{\"name\": \"a\", \"arguments\": {\"q\": 1}}\n"), {{"a", "{\"q\": 1}"}});
 }
 
 TEST(ToolParser, HermesNestedAndNonAsciiArgumentsKeepTheirOrder) {
-  const ParsedToolCalls p = hermes(
-      "<tool_call>\n{\"name\": \"book\", \"arguments\": {\"to\": \"Zürich\", \"who\": {\"names\": [\"李雷\", \"Ana\"], "
-      "\"adults\": 2}, \"at\": null}}\n</tool_call>");
-  ASSERT_EQ(p.calls.size(), 1u);
-  EXPECT_EQ(p.calls[0].arguments, "{\"to\": \"Zürich\", \"who\": {\"names\": [\"李雷\", \"Ana\"], \"adults\": 2}, \"at\": null}");
+  expect_calls(hermes("<tool_call>\n{\"name\": \"book\", \"arguments\": {\"to\": \"Zürich\", \"who\": {\"names\": [\"李雷\", "
+                      "\"Ana\"], \"adults\": 2}, \"at\": null}}\n</tool_call>"),
+               {{"book", "{\"to\": \"Zürich\", \"who\": {\"names\": [\"李雷\", \"Ana\"], \"adults\": 2}, \"at\": null}"}});
 }
 
 TEST(ToolParser, HermesMalformedBlocksLeaveTheAnswerAsContent) {
@@ -100,24 +100,15 @@ TEST(ToolParser, Llama3JsonWithAndWithoutThePythonTag) {
   for (const std::string text : {"{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}",
                                  "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"}) {
     SCOPED_TRACE(text);
-    const ParsedToolCalls p = llama(text);
-    ASSERT_EQ(p.calls.size(), 1u);
-    EXPECT_EQ(p.calls[0].name, "get_weather");
-    EXPECT_EQ(p.calls[0].arguments, "{\"city\": \"Oslo\"}");
-    EXPECT_FALSE(p.content.has_value());
+    expect_calls(llama(text), {{"get_weather", "{\"city\": \"Oslo\"}"}});
   }
 }
 
 TEST(ToolParser, Llama3JsonCallsSeparatedBySemicolonsParametersOrArguments) {
-  const ParsedToolCalls p = llama(
-      "{\"name\": \"a\", \"parameters\": {\"s\": \"x; y {z}\"}}; {\"name\": \"b\", \"arguments\": {\"n\": [1, {\"m\": 2}]}}"
-      ";{\"name\": \"c\", \"arguments\": {\"k\": 1}, \"parameters\": {\"k\": 2}}");
-  ASSERT_EQ(p.calls.size(), 3u);
-  EXPECT_EQ(p.calls[0].name, "a");
-  EXPECT_EQ(p.calls[0].arguments, "{\"s\": \"x; y {z}\"}");
-  EXPECT_EQ(p.calls[1].arguments, "{\"n\": [1, {\"m\": 2}]}");
-  EXPECT_EQ(p.calls[2].arguments, "{\"k\": 1}");  // "arguments" first, as vLLM reads it
-  EXPECT_FALSE(p.content.has_value());
+  // c: "arguments" first, as vLLM reads it.
+  expect_calls(llama("{\"name\": \"a\", \"parameters\": {\"s\": \"x; y {z}\"}}; {\"name\": \"b\", \"arguments\": {\"n\": [1, {\"m\": 2}]}}"
+                     ";{\"name\": \"c\", \"arguments\": {\"k\": 1}, \"parameters\": {\"k\": 2}}"),
+               {{"a", "{\"s\": \"x; y {z}\"}"}, {"b", "{\"n\": [1, {\"m\": 2}]}"}, {"c", "{\"k\": 1}"}});
   EXPECT_EQ(llama("{\"name\": \"a\", \"parameters\": {}}; ").calls.size(), 1u);  // a trailing separator
 }
 
