@@ -1450,14 +1450,18 @@ TEST(TrainMpi, DataParallelAndZeroMatchOneProcess) {
 
 // Ulysses sequence parallelism (parallel.sp, DeepSpeed's sequence_parallel_size) under mpirun: two
 // ranks share each micro-batch, half the tokens each, and train the one-process run (the in-process
-// suite, engine/ulysses_test.cpp, runs more layouts); DeepSpeed's key says the same.
+// suite, engine/ulysses_test.cpp, runs more layouts); DeepSpeed's key says the same, and ZeRO 3's
+// gathers (prefetched on the comm thread) run beside the all-to-alls.
 TEST(TrainMpi, UlyssesSequenceParallelMatchesOneProcess) {
   write_dataset(dir() + "/train", 30);
   ASSERT_EQ(run("train " + dp_config("usp-one", 1) + " --metrics " + dir() + "/usp-one.jsonl"), 0);
   const std::vector<double> one = losses(dir() + "/usp-one.jsonl");
   const std::vector<float> w1 = checkpoint_weights(dir() + "/ckpt-usp-one/step-6");
   for (const auto& [name, more] : {std::pair<std::string, nlohmann::json>{"usp-s1", {{"parallel", {{"sp", 2}}}}},
-                                   {"usp-ds-s2", {{"sequence_parallel_size", 2}, {"zero_optimization", {{"stage", 2}}}}}}) {
+                                   {"usp-ds-s2", {{"sequence_parallel_size", 2}, {"zero_optimization", {{"stage", 2}}}}},
+                                   {"usp-s3", {{"parallel", {{"sp", 2}}},
+                                               {"zero_optimization",
+                                                {{"stage", 3}, {"overlap_comm", true}, {"stage3_param_persistence_threshold", 0}}}}}}) {
     std::string err;
     ASSERT_EQ(run(launch(2) + dp_config(name, 1, more) + " --metrics " + dir() + "/" + name + ".jsonl", &err), 0) << err;
     expect_close(one, losses(dir() + "/" + name + ".jsonl"), 1e-5, name);
@@ -1511,10 +1515,13 @@ TEST(TrainMpi, TokenLossNormalisationIsTheWholeBatchsTokenMean) {
   nlohmann::json tp = tokens;
   tp["parallel"] = {{"tp", 2}};
   ASSERT_EQ(run(launch(2) + config("tl-tp2", 1, tp), &err), 0) << err;
+  nlohmann::json sp = tokens;  // Ulysses: both ranks read the same samples, half the tokens each
+  sp["parallel"] = {{"sp", 2}};
+  ASSERT_EQ(run(launch(2) + config("tl-sp2", 1, sp), &err), 0) << err;
   ASSERT_EQ(run("train " + config("tl-mean", 1, nlohmann::json::object()), &err), 0) << err;
   const std::vector<double> whole = losses(dir() + "/tl-whole.jsonl");
   ASSERT_EQ(whole.size(), 6u);
-  for (const char* name : {"tl-gas4", "tl-dp2", "tl-pp2", "tl-tp2"}) {
+  for (const char* name : {"tl-gas4", "tl-dp2", "tl-pp2", "tl-tp2", "tl-sp2"}) {
     expect_close(whole, losses(dir() + "/" + name + ".jsonl"), 1e-5, name);
     expect_close(values(dir() + "/tl-whole.jsonl", "val_loss"), values(dir() + "/" + std::string(name) + ".jsonl", "val_loss"),
                  1e-5, std::string(name) + " validation");

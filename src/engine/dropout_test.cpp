@@ -113,6 +113,11 @@ TEST(DropoutMask, KeepsOneMinusPAndSitesAreIndependent) {
   kernels::dropout_rows(whole.data(), 32, 8, 77, rate, 5, 0, 16);
   kernels::dropout_rows(half.data(), 16, 8, 77, rate, 5, 16, 16);
   for (size_t i = 0; i < half.size(); ++i) EXPECT_EQ(half[i], whole[16 * 8 + i]) << i;
+  // Ulysses' shares: positions 8-15 of samples 5 and 6 (t0 8, T 8) are those rows of the whole call.
+  std::vector<float> share(16 * 8, 1.0f);
+  kernels::dropout_rows(share.data(), 16, 8, 77, rate, 5, 0, 8, 8);
+  for (size_t r = 0; r < 16; ++r)
+    for (size_t c = 0; c < 8; ++c) EXPECT_EQ(share[r * 8 + c], whole[((r / 8) * 16 + 8 + r % 8) * 8 + c]) << r << " " << c;
   EXPECT_THROW(kernels::DropRate(1.0f), Error);
   EXPECT_THROW(kernels::DropRate(-0.1f), Error);
 }

@@ -1601,17 +1601,13 @@ void check_ulysses(const RunConfig& c) {
   };
   refuse(c.tp > 1, "parallel.tp > 1");
   refuse(c.pp > 1, "parallel.pp > 1");
-  refuse(c.zero.stage >= 3, "zero_optimization.stage 3");
   refuse(c.zero.offload_optimizer == "nvme" || c.zero.offload_param == "nvme", "offload to nvme");
   refuse(optim::optimizer_is_onebit(c.optimizer), "optimizer.type " + c.optimizer.type + " (1-bit)");
   refuse(c.task == "classification", "task \"classification\"");
   refuse(c.device != "cpu", "device \"" + c.device + "\"");
   refuse(c.curriculum.enabled, "curriculum_learning");
-  refuse(c.reset_position_ids || c.reset_attention_mask, "data.reset_position_ids / data.reset_attention_mask");
   refuse(c.sparse_attention.has_value(), "sparse_attention");
-  refuse(c.loss_normalization == "tokens", "loss_normalization \"tokens\"");
   if (c.bare) return;
-  refuse(c.model.embd_pdrop > 0 || c.model.resid_pdrop > 0 || c.model.attn_pdrop > 0, "dropout (embd_pdrop, resid_pdrop, attn_pdrop)");
   MT_CHECK(c.seq_length % c.sp == 0, ErrorKind::kInvalidArgument,
            sp + " splits each sample's seq_length (" + std::to_string(c.seq_length) + ") tokens over " + std::to_string(c.sp) +
                " ranks: they must divide evenly");

@@ -1752,19 +1752,19 @@ TEST(DsConfig, UlyssesSequenceParallelSize) {
   pp["parallel"]["pp"] = 2;
   EXPECT_NE(error_of(pp, 4).find(name + "parallel.pp > 1 is not implemented yet"), npos) << error_of(pp, 4);
   const std::pair<nlohmann::json, std::string> refused[] = {
-      {sp2("zero_optimization", {{"stage", 3}}), "zero_optimization.stage 3"},
       {sp2("optimizer", {{"type", "OneBitAdam"}, {"params", {{"lr", 1e-3}}}}), "optimizer.type OneBitAdam (1-bit)"},
       {sp2("curriculum_learning", {{"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", 8}, {"max_difficulty", 16},
                                    {"schedule_type", "fixed_linear"}, {"schedule_config", {{"total_curriculum_step", 4}, {"difficulty_step", 8}}}}),
        "curriculum_learning"},
-      {sp2("data", {{"train", "a"}, {"reset_attention_mask", true}}), "data.reset_position_ids / data.reset_attention_mask"},
-      {sp2("loss_normalization", "tokens"), "loss_normalization \"tokens\""},
       {sp2("sparse_attention", {{"mode", "fixed"}, {"block", 8}}), "sparse_attention"},
   };
   for (const auto& [j, want] : refused) EXPECT_NE(error_of(j, 2).find(name + want + " is not implemented yet"), npos) << want << ": " << error_of(j, 2);
-  nlohmann::json drop = sp2(nullptr, nullptr);
+  // What runs with sp since stop 78: ZeRO 3, documents, "tokens" normalisation, dropout.
+  nlohmann::json drop = sp2("zero_optimization", {{"stage", 3}});
   drop["model"]["resid_pdrop"] = 0.1;
-  EXPECT_NE(error_of(drop, 2).find(name + "dropout (embd_pdrop, resid_pdrop, attn_pdrop) is not implemented yet"), npos) << error_of(drop, 2);
+  drop["loss_normalization"] = "tokens";
+  drop["data"] = {{"train", "a"}, {"reset_attention_mask", true}, {"reset_position_ids", true}};
+  EXPECT_EQ(error_of(drop, 2), "") << error_of(drop, 2);
   nlohmann::json cls = sp2("task", "classification");
   cls["model"]["num_labels"] = 2;
   EXPECT_NE(error_of(cls, 2).find(name + "task \"classification\""), npos) << error_of(cls, 2);

@@ -837,7 +837,8 @@ void Engine::set_step_tokens(const int32_t* targets, size_t micro_numel, int mic
   for (size_t i = 0; i < micro_numel * static_cast<size_t>(micro_batches); ++i) local += targets[i] != -100;
   std::vector<double> counts{static_cast<double>(local)};
   sum_counts_over_ranks(&counts);
-  const int64_t count = static_cast<int64_t>(counts[0]);
+  // Ulysses: the ranks of an sp group read the same samples, each counting all their targets.
+  const int64_t count = static_cast<int64_t>(counts[0]) / ctx_->sp();
   // Each micro-batch's scale carries 1/micro_batches and the ranks' average 1/W: dividing its
   // token losses by count / (micro_batches · W) makes the step's gradient their sum over count.
   const auto [pre, post] = grad_average_factors();

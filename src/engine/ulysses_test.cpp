@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -31,24 +32,46 @@ void masked_sample(uint64_t k, int32_t* tok, int32_t* tgt) {
     if ((k * 7 + static_cast<uint64_t>(i) * 3) % 4 == 0 || (k % 3 == 0 && i >= 8)) tgt[i] = -100;
 }
 
+// masked_sample with documents: token 7 (data.eod_id) ends one at positions 2, 6 and 9 (even
+// samples) or 5 and 12 (odd): documents that cross the sp ranks' shares (8 or 4 tokens).
+void document_sample(uint64_t k, int32_t* tok, int32_t* tgt) {
+  masked_sample(k, tok, tgt);
+  for (int i = 0; i < 16; ++i)
+    if (tok[i] == 7) tok[i] = 8;
+  for (int i : k % 2 == 0 ? std::vector<int>{2, 6, 9} : std::vector<int>{5, 12}) tok[i] = 7;
+}
+
 struct Case {
   const char* arch;
   int sp, dp, stage;
   const char* dtype;
   bool recompute = false;
+  // "": plain; "documents": data.reset_position_ids and reset_attention_mask; "dropout": GPT-2's
+  // three rates; "tokens": loss_normalization "tokens".
+  const char* with = "";
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return std::string(c.arch) + "_sp" + std::to_string(c.sp) + "_dp" + std::to_string(c.dp) + "_stage" +
-         std::to_string(c.stage) + "_" + c.dtype + (c.recompute ? "_recompute" : "");
+         std::to_string(c.stage) + "_" + c.dtype + (c.recompute ? "_recompute" : "") + (*c.with ? "_" : "") + c.with;
 }
+
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name({c, 0}); }
 
 nlohmann::json config(const Case& k, int processes, int g) {
   auto j = layout_config(layout_model(k.arch, 2).dump().c_str(), k.dtype, processes == 1 ? 1 : k.dp, g);
   if (k.recompute) j["activation_checkpointing"] = {{"enabled", true}};
   j["zero_optimization"] = {{"stage", processes == 1 ? 0 : k.stage}, {"reduce_bucket_size", 3000}};
   if (processes > 1) j["parallel"] = {{"sp", k.sp}};
+  const std::string with = k.with;
+  if (with == "documents") j["data"] = {{"eod_id", 7}, {"reset_position_ids", true}, {"reset_attention_mask", true}};
+  if (with == "dropout") {
+    j["model"]["embd_pdrop"] = 0.1;
+    j["model"]["resid_pdrop"] = 0.2;
+    j["model"]["attn_pdrop"] = 0.15;
+  }
+  if (with == "tokens") j["loss_normalization"] = "tokens";
   return j;
 }
 
@@ -57,8 +80,9 @@ class UlyssesMatchesOneProcess : public ::testing::TestWithParam<Case> {};
 TEST_P(UlyssesMatchesOneProcess, LossesNormsAndFinalState) {
   const Case& k = GetParam();
   const int g = 2;
-  LayoutRun ref = layout_train(config(k, 1, g * k.dp), 1, g * k.dp, "ulysses_test", masked_sample);
-  LayoutRun got = layout_train(config(k, k.sp * k.dp, g), k.sp * k.dp, g, "ulysses_test", masked_sample);
+  const LayoutSampleFn sample = std::string(k.with) == "documents" ? document_sample : masked_sample;
+  LayoutRun ref = layout_train(config(k, 1, g * k.dp), 1, g * k.dp, "ulysses_test", sample);
+  LayoutRun got = layout_train(config(k, k.sp * k.dp, g), k.sp * k.dp, g, "ulysses_test", sample);
   // fp32: the same arithmetic up to summation order (the loss's sum over the group, the gradients'
   // over dp x sp): 1e-5. bf16: as the tp and ZeRO layouts' bounds.
   const bool bf16 = std::string(k.dtype) != "fp32";
@@ -85,7 +109,11 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, UlyssesMatchesOneProcess,
     ::testing::Values(Case{"gpt2", 2, 1, 0, "fp32"}, Case{"llama", 2, 1, 0, "fp32"}, Case{"gpt2", 2, 1, 1, "bf16"},
                       Case{"llama", 2, 1, 2, "bf16"}, Case{"llama", 2, 1, 1, "fp32", true}, Case{"gpt2", 2, 2, 2, "fp32"},
-                      Case{"llama", 2, 2, 1, "fp32"}, Case{"llama", 4, 1, 0, "fp32"}),
+                      Case{"llama", 2, 2, 1, "fp32"}, Case{"llama", 4, 1, 0, "fp32"},
+                      // stop 78: ZeRO 3 (its partitions over dp x sp), documents, dropout, "tokens".
+                      Case{"llama", 2, 1, 3, "fp32"}, Case{"gpt2", 2, 2, 3, "bf16"}, Case{"llama", 2, 1, 1, "fp32", false, "documents"},
+                      Case{"gpt2", 4, 1, 0, "fp32", true, "documents"}, Case{"gpt2", 2, 1, 1, "fp32", false, "dropout"},
+                      Case{"gpt2", 4, 1, 3, "fp32", true, "dropout"}, Case{"llama", 2, 2, 2, "fp32", false, "tokens"}),
     case_name);
 
 // A layout's master weights and Adam moments (gathered to the one-process layout) after loading

@@ -172,7 +172,7 @@ void Block::drop_residual(float* x, uint32_t site, const BlockDims& d) const {
   if (d.drop == nullptr || !d.drop->resid.active()) return;
   kernels::dropout_rows(x, static_cast<size_t>(d.rows()), d.C,
                         kernels::drop_site_key(d.drop->step_key, static_cast<uint32_t>(layer_), site), d.drop->resid,
-                        d.drop->sample0, d.drop->row0, d.T);
+                        d.drop->sample0, d.drop->row0, d.T, d.drop->t0);
 }
 
 kernels::AttnDropout Block::attention_dropout(const BlockDims& d) const {

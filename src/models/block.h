@@ -28,7 +28,8 @@ struct BlockDropout {
   uint64_t sample0 = 0;   // the micro-batch's first sample in the step's global batch
   kernels::DropRate embd, resid, attn;
   size_t row0 = 0;        // this rank's first row of the micro-batch (sequence parallelism: tp_rank·Nl)
-  int head0 = 0;          // this rank's first attention head (tensor parallelism: tp_rank·NH/tp)
+  size_t t0 = 0;          // this rank's first position of each sample (Ulysses: sp_rank·T/sp)
+  int head0 = 0;          // this rank's first attention head (tp_rank·NH/tp; Ulysses: sp_rank·NH/sp)
 };
 
 // Widths: C hidden, QKV = (NH + 2 NKV) HS, A = NH HS, H = MLP pre-activation (4C | 2I),

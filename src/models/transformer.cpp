@@ -94,10 +94,8 @@ TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
              "parallel.sp (" + std::to_string(sp) + ") splits the attention heads: model." + (gpt2 ? "n_head" : "num_attention_heads") +
                  " (" + std::to_string(cfg.n_head) + ") and " + (gpt2 ? "n_head" : "num_key_value_heads") + " (" +
                  std::to_string(cfg.n_kv_head) + ") must be divisible by it");
-    MT_CHECK(tp == 1 && (!opts.parallel || opts.parallel->pp() == 1) && !opts.sparse_attention && !opts.documents.on() &&
-                 cfg.num_labels == 0 && cfg.embd_pdrop == 0 && cfg.resid_pdrop == 0 && cfg.attn_pdrop == 0,
-             ErrorKind::kNotSupported,
-             "parallel.sp > 1 runs without parallel.tp, parallel.pp, sparse attention, documents, a classifier's head and dropout for now");
+    MT_CHECK(tp == 1 && (!opts.parallel || opts.parallel->pp() == 1) && !opts.sparse_attention && cfg.num_labels == 0,
+             ErrorKind::kNotSupported, "parallel.sp > 1 runs without parallel.tp, parallel.pp, sparse attention and a classifier's head for now");
   }
   if (tp > 1) {
     auto need = [&](int v, const char* gpt2_key, const char* llama_key) {
@@ -230,7 +228,9 @@ void TransformerLM::prepare(int B, int T, int slots) {
     const size_t head = head_ ? 2 * R * 4 + N * C * es + N * C * 4 + N * 4 + 4 * 64 : 0;
     const size_t full = d.sp ? N * C * 4 + 64 : 0;
     const size_t toks = embed_ ? (vocab_parallel ? 2 : 1) * N * 4 + 64 : 0;
-    const size_t docs = opts_.documents.on() ? 2 * N * 4 + 64 : 0;
+    // Documents: each token's position and first key (Ulysses: every token's first key, as
+    // attention sees all of them, and every token's position until this rank's are kept).
+    const size_t docs = opts_.documents.on() ? (usp > 1 ? 2 * N * usp + N : 2 * N) * 4 + 64 : 0;
     const size_t sp_in = usp > 1 ? 2 * N * 4 + 64 : 0;
     fit(s.buffer, acts + resid + head + full + toks + docs + sp_in + 64, MemCategory::kActivations);
     char* p = s.buffer.as<char>();
@@ -254,8 +254,8 @@ void TransformerLM::prepare(int B, int T, int slots) {
       s.local_tokens = vocab_parallel ? s.tokens + N : nullptr;
     }
     if (docs) {
-      s.doc_pos = reinterpret_cast<int32_t*>(take(2 * N * 4));
-      s.doc_kstart = s.doc_pos + N;
+      s.doc_pos = reinterpret_cast<int32_t*>(take((usp > 1 ? 2 * N * usp + N : 2 * N) * 4));
+      s.doc_kstart = s.doc_pos + N;  // Ulysses: (B, usp T), then (B, usp T) positions
     }
     if (sp_in) s.sp_in = reinterpret_cast<int32_t*>(take(2 * N * 4));
   }
@@ -299,7 +299,10 @@ void TransformerLM::set_dropout_origin(uint64_t step, uint64_t sample0) {
   o.resid = kernels::DropRate(cfg_.resid_pdrop);
   o.attn = kernels::DropRate(cfg_.attn_pdrop);
   o.row0 = dims_.sp ? static_cast<size_t>(tp_.rank()) * static_cast<size_t>(dims_.Nl) : 0;
-  o.head0 = tp_.rank() * dims_.NH;
+  // Ulysses: this rank's T of each sample's tokens outside attention, its NH/sp heads of all of
+  // them inside.
+  o.t0 = static_cast<size_t>(sp_.rank()) * static_cast<size_t>(dims_.T);
+  o.head0 = tp_.rank() * dims_.NH + sp_.rank() * (dims_.NH / sp_.size());
   drop_next_ = true;
 }
 
@@ -346,7 +349,7 @@ void TransformerLM::embed(Slot& s, const int32_t* tokens) {
   if (s.drop_on && s.drop.embd.active())
     kernels::dropout_rows(resid, static_cast<size_t>(d.rows()), d.C,
                           kernels::drop_site_key(s.drop.step_key, 0, kernels::kDropEmbedding), s.drop.embd, s.drop.sample0,
-                          s.drop.row0, d.T);
+                          s.drop.row0, d.T, s.drop.t0);
   wte_->run_hooks(nn::HookPoint::kPostForward);
 }
 
@@ -362,6 +365,20 @@ float TransformerLM::forward_chunk(int c, int slot, const int32_t* tokens, const
   drop_next_ = false;
   if (prof_) prof_->set_phase(ProfilePhase::kForward);
   ProfileScope scope(prof_, pid_.root);
+  if (opts_.documents.on()) {  // every chunk's attention (and RoPE) needs them: each stage has the tokens
+    MT_CHECK(tokens != nullptr, ErrorKind::kInternal, "documents: a forward without its tokens");
+    // Ulysses: the bounds of whole samples (attention sees all their tokens, for this rank's heads),
+    // and this rank's share of the positions (RoPE and GPT-2's table read them outside attention).
+    const int usp = sp_.size(), T = d.T, Tg = T * usp, r0 = sp_.rank() * T;
+    int32_t* pos = usp > 1 ? s.doc_kstart + static_cast<size_t>(d.N) * usp : s.doc_pos;
+    document_bounds(tokens, d.B, Tg, opts_.documents.eod, pos, s.doc_kstart);
+    for (int b = 0; usp > 1 && b < d.B; ++b)
+      std::memcpy(s.doc_pos + static_cast<size_t>(b) * T, pos + static_cast<size_t>(b) * Tg + r0, static_cast<size_t>(T) * 4);
+    // The pairs of this rank's queries (Ulysses: its share of each sample's; the group sums them).
+    if (opts_.documents.attention && chunk_has_embedding(c) && loss_scale != 0.0f)
+      for (int b = 0; b < d.B; ++b)
+        for (int t = r0; t < r0 + T; ++t) attention_pairs_ += static_cast<double>(t - s.doc_kstart[b * Tg + t] + 1);
+  }
   if (sp_.size() > 1 && tokens != nullptr) {
     // Ulysses: this rank's tokens of each sample. The whole samples are checked here, alike on every
     // rank of the group (a rank that threw alone would leave the others waiting in the all-to-all).
@@ -382,12 +399,6 @@ float TransformerLM::forward_chunk(int c, int slot, const int32_t* tokens, const
     }
     tokens = s.sp_in;
     if (targets) targets = s.sp_in + d.N;
-  }
-  if (opts_.documents.on()) {  // every chunk's attention (and RoPE) needs them: each stage has the tokens
-    MT_CHECK(tokens != nullptr, ErrorKind::kInternal, "documents: a forward without its tokens");
-    document_bounds(tokens, d.B, d.T, opts_.documents.eod, s.doc_pos, s.doc_kstart);
-    if (opts_.documents.attention && chunk_has_embedding(c) && loss_scale != 0.0f)
-      for (int i = 0; i < d.N; ++i) attention_pairs_ += static_cast<double>(i % d.T - s.doc_kstart[i] + 1);
   }
   if (chunk_has_embedding(c)) embed(s, tokens);
   const size_t RC = boundary_numel();
@@ -554,7 +565,7 @@ void TransformerLM::backward_chunk(int c, int slot, const float* grad_output) {
   if (s.drop_on && s.drop.embd.active())  // the embedding dropout's mask on its gradient
     kernels::dropout_rows(dres_, static_cast<size_t>(d.rows()), d.C,
                           kernels::drop_site_key(s.drop.step_key, 0, kernels::kDropEmbedding), s.drop.embd, s.drop.sample0,
-                          s.drop.row0, d.T);
+                          s.drop.row0, d.T, s.drop.t0);
   const float* demb = dres_;
   if (d.sp) {  // the lookup's gradient needs every row: gathered from the group
     tp_.gather_rows(s.sp_full, dres_, static_cast<size_t>(d.Nl), static_cast<size_t>(d.C), "sp embedding backward");

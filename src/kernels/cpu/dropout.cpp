@@ -26,13 +26,14 @@ DropRate::DropRate(float prob) : p(prob) {
   scale = 1.0f / (1.0f - prob);
 }
 
-void dropout_rows(float* x, size_t rows, int C, uint64_t key, const DropRate& rate, uint64_t sample0, size_t row0, int T) {
+void dropout_rows(float* x, size_t rows, int C, uint64_t key, const DropRate& rate, uint64_t sample0, size_t row0, int T,
+                  size_t t0) {
   if (!rate.active()) return;
   const bool avx512 = isa_active() == Isa::kAvx512;
 #pragma omp parallel for schedule(static)
   for (size_t r = 0; r < rows; ++r) {
     const size_t g = row0 + r;
-    const uint64_t rk = drop_row_key(key, sample0 + g / static_cast<size_t>(T), g % static_cast<size_t>(T));
+    const uint64_t rk = drop_row_key(key, sample0 + g / static_cast<size_t>(T), t0 + g % static_cast<size_t>(T));
     drop_row(x + r * static_cast<size_t>(C), C, rk, 0, rate.threshold, rate.scale, avx512);
   }
 }

@@ -54,10 +54,11 @@ struct DropRate {
   bool active() const { return p > 0.0f; }
 };
 
-// Rows of a (rows, C) tensor in place: row r is position t = (row0 + r) % T of sample
+// Rows of a (rows, C) tensor in place: row r is position t = t0 + (row0 + r) % T of sample
 // sample0 + (row0 + r) / T; dropped elements become 0, kept ones are scaled. The same call on the
-// gradient is dropout's backward.
-void dropout_rows(float* x, size_t rows, int C, uint64_t key, const DropRate& rate, uint64_t sample0, size_t row0, int T);
+// gradient is dropout's backward. t0: where T tokens of each sample begin in it (Ulysses' share).
+void dropout_rows(float* x, size_t rows, int C, uint64_t key, const DropRate& rate, uint64_t sample0, size_t row0, int T,
+                  size_t t0 = 0);
 
 // A tile of attention probabilities (or their gradient) in place: element (i, j) is query
 // q0 + i and key j0 + j of one head (head_key: drop_head_key) of sample `sample`; at x[i·ld + j],
