@@ -29,7 +29,7 @@ Single-threaded and deterministic.
 
 It also writes padding-tiny-llama.safetensors: tiny-llama with pad_token_id 7 (LlamaModel's
 nn.Embedding padding_idx), the id planted at the first and middle position of each row; and
-rope-llama3-tiny-llama / rope-linear-tiny-llama.safetensors: tiny-llama with a rope_scaling
+rope-llama3 / rope-linear / rope-yarn-tiny-llama.safetensors: tiny-llama with a rope_scaling
 (ROPE_VARIANTS), with its rotary frequencies as inv_freq (F32 [head_dim/2]); and
 qwen2-tiny-llama / attention-bias-tiny-llama.safetensors: tiny-llama's sizes as Qwen2 (q/k/v
 biases) and with LLaMA's attention_bias (BIAS_VARIANTS).
@@ -228,6 +228,18 @@ ROPE_VARIANTS = {
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 32},
     "linear": {"type": "linear", "factor": 4.0},
+    # yarn at the tiny model's scale: max_position_embeddings 64 = factor x 16 (where transformers
+    # 4 and 5 agree), beta_slow 0.25 so that the ramp blends two of the eight frequencies.
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_slow": 0.25},
+}
+
+# yarn's frequencies and cos/sin scale of real configs (head_dim, rope_theta, rope_scaling): Qwen2.5's
+# recommended 4x (with max_position_embeddings 131072), and DeepSeek's form with mscale and
+# mscale_all_dim, untruncated.
+YARN_REAL = {
+    "qwen25": (128, 1000000.0, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+    "mscale": (64, 10000.0, {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                             "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": False}),
 }
 
 
@@ -242,6 +254,11 @@ def make_rope_golden(cfg: dict, batch: int, seq: int, steps: int, variant: str) 
             real = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                     "original_max_position_embeddings": 8192}
             out["inv_freq." + key] = tm.rope_inv_freq(128, 500000.0, real)
+    if variant == "yarn":
+        out["attention_factor"] = torch.tensor([tm.rope_attention_factor(c["rope_scaling"])], dtype=torch.float32)
+        for key, (hd, theta, real) in YARN_REAL.items():
+            out["inv_freq." + key] = tm.rope_inv_freq(hd, theta, real)
+            out["attention_factor." + key] = torch.tensor([tm.rope_attention_factor(real)], dtype=torch.float32)
     return out, metadata
 
 

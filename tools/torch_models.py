@@ -308,8 +308,9 @@ class LlamaRMSNorm(nn.Module):
 
 def rope_inv_freq(head_dim: int, theta: float, scaling=None, device=None) -> torch.Tensor:
     """HF's modeling_rope_utils: the default inverse frequencies, then rope_scaling's "linear"
-    (divided by factor) or "llama3" (Llama 3.1's wavelength bands), fp32 as transformers computes
-    them; "dynamic" below max_position_embeddings is the default."""
+    (divided by factor), "llama3" (Llama 3.1's wavelength bands) or "yarn" (its correction ramp;
+    the scaling must name original_max_position_embeddings), fp32 as transformers computes them;
+    "dynamic" below max_position_embeddings is the default."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "linear":
@@ -325,9 +326,49 @@ def rope_inv_freq(head_dim: int, theta: float, scaling=None, device=None) -> tor
         blended = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
         inv_freq = torch.where(medium, blended, scaled)
+    elif kind == "yarn":
+        # transformers' _compute_yarn_parameters: frequencies that turn fewer than beta_slow times
+        # over the original context are divided by factor, more than beta_fast times kept, the dims
+        # between ramped linearly (floor/ceil of the correction range unless truncate is false).
+        factor = scaling["factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        beta_fast = scaling.get("beta_fast") or 32
+        beta_slow = scaling.get("beta_slow") or 1
+
+        def correction_dim(turns):
+            return (head_dim * math.log(old_len / (turns * 2 * math.pi))) / (2 * math.log(theta))
+
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32, device=device) - low) / (high - low), 0, 1)
+        pos_freqs = theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+        extrapolation = 1 - ramp
+        inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
     elif kind not in ("default", "dynamic"):
         raise ValueError(f"rope_type {kind} is not transcribed here")
     return inv_freq
+
+
+def rope_attention_factor(scaling=None) -> float:
+    """yarn's scale of cos and sin (transformers' attention_factor): given, or 0.1 ln(factor) + 1
+    (with mscale and mscale_all_dim, the ratio of that at each); 1 for the other types."""
+    scaling = scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return scaling["attention_factor"]
+    factor = scaling["factor"]
+
+    def mscale(m=1):
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return float(mscale(scaling["mscale"]) / mscale(scaling["mscale_all_dim"]))
+    return mscale()
 
 
 def rope_cos_sin(head_dim: int, t: int, theta: float, device=None, scaling=None):
@@ -336,7 +377,8 @@ def rope_cos_sin(head_dim: int, t: int, theta: float, device=None, scaling=None)
     pos = torch.arange(t, device=device).float()
     freqs = torch.outer(pos, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)  # [T, hs]
-    return emb.cos(), emb.sin()
+    scale = rope_attention_factor(scaling)
+    return emb.cos() * scale, emb.sin() * scale
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -164,8 +164,32 @@ TEST(DsConfig, ValuesThatCrashedOrTrainedAnotherModel) {
   EXPECT_NE(error_of(llama).find("rope_parameters: rope_type 'llama3' needs 'high_freq_factor'"), npos) << error_of(llama);
   llama["model"]["rope_parameters"]["high_freq_factor"] = 1.0;  // the blended band would be empty
   EXPECT_NE(error_of(llama).find("0 < low_freq_factor < high_freq_factor"), npos) << error_of(llama);
-  llama["model"]["rope_parameters"]["rope_type"] = "yarn";
-  EXPECT_NE(error_of(llama).find("rope_type 'yarn' is not supported (default, linear, dynamic, llama3)"), npos);
+  // yarn (stop 78): its optional keys, transformers' defaults where absent (beta's 0 too, as its
+  // `or`); a factor transformers 4 and 5 would take differently is refused naming both; longrope
+  // stays refused by name.
+  llama["model"]["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "yarn"}, {"factor", 4.0}, {"beta_slow", 0},
+                                       {"mscale", 0.707}, {"mscale_all_dim", 1.0}, {"truncate", false}};
+  {
+    models::RopeScaling want{"yarn", 4.0, 1.0, 4.0, 0};
+    want.mscale = 0.707;
+    want.mscale_all_dim = 1.0;
+    want.truncate = false;
+    const models::ModelConfig m = ds_config_parse(llama, "cfg.json").model;
+    EXPECT_EQ(m.rope_scaling, want);
+    EXPECT_EQ(hf_config_parse(hf_config_to_json(m), "exported").rope_scaling, want);  // export writes it back
+  }
+  llama["model"]["rope_parameters"]["original_max_position_embeddings"] = 32;  // max_position_embeddings 32: ratio 1
+  EXPECT_NE(error_of(llama).find("yarn's factor is 4 (transformers 5's) and max_position_embeddings / "
+                                 "original_max_position_embeddings = 1 (transformers 4's) disagree: set "
+                                 "max_position_embeddings to factor x original_max_position_embeddings (128)"),
+            npos) << error_of(llama);
+  llama["model"]["rope_parameters"]["original_max_position_embeddings"] = 8;  // 32 / 8 = 4: both read factor 4
+  EXPECT_EQ(ds_config_parse(llama, "cfg.json").model.rope_scaling.original_max_positions, 8);
+  llama["model"]["rope_parameters"]["truncate"] = 1;
+  EXPECT_NE(error_of(llama).find("'truncate' must be true or false"), npos) << error_of(llama);
+  llama["model"]["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "longrope"}, {"factor", 4.0}};
+  EXPECT_NE(error_of(llama).find("rope_type 'longrope' is not supported (default, linear, dynamic, llama3, yarn)"), npos)
+      << error_of(llama);
   llama["model"].erase("rope_parameters");
   llama["model"]["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}, {"mscale", 1.0}};
   {

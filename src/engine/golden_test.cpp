@@ -347,7 +347,8 @@ TEST(GoldenPadding, LlamasPadTokenRowTakesNoGradientAsPyTorchs) {
 }
 
 // LLaMA with Hugging Face's rope_scaling against PyTorch (tools/make_golden.py's make_rope_golden:
-// transformers' "llama3" bands at the tiny model's scale, and "linear"): the frequencies, the logits,
+// transformers' "llama3" bands at the tiny model's scale, "linear", and "yarn" with its scaled cos
+// and sin): the frequencies, the logits,
 // the loss and every gradient (with and without recompute) and the engine's AdamW steps. The weights
 // and batch are tiny-llama's, so the unscaled model's gradients are shown to be far off (the scaling
 // matters at this scale). config.json written by export reads back to the same scaling.
@@ -387,9 +388,32 @@ TEST_P(GoldenRope, ScaledRotaryFrequenciesMatchTransformers) {
       for (size_t j = 0; j < want.size(); ++j) EXPECT_NEAR(got[j], want[j], 1e-6 * want[j]) << key << " " << j;
     }
   }
+  if (GetParam() == "yarn") {  // cos and sin scaled; Qwen2.5's 4x and DeepSeek's mscale form, untruncated
+    EXPECT_FLOAT_EQ(models::rope_attention_scale(g.cfg), g.file->read_f32("attention_factor")[0]);
+    EXPECT_GT(models::rope_attention_scale(g.cfg), 1.1f);
+    models::ModelConfig qwen = g.cfg, deepseek = g.cfg;
+    qwen.hidden = 128 * 4;
+    qwen.rope_theta = 1000000.0f;
+    qwen.max_positions = 131072;
+    qwen.rope_scaling = {"yarn", 4.0, 1.0, 4.0, 32768};
+    deepseek.hidden = 64 * 4;
+    deepseek.rope_theta = 10000.0f;
+    deepseek.max_positions = 163840;
+    deepseek.rope_scaling = {"yarn", 40.0, 1.0, 4.0, 4096};
+    deepseek.rope_scaling.mscale = 0.707;
+    deepseek.rope_scaling.mscale_all_dim = 1.0;
+    deepseek.rope_scaling.truncate = false;
+    for (const auto& [key, c] : {std::pair<std::string, const models::ModelConfig*>{"qwen25", &qwen}, {"mscale", &deepseek}}) {
+      c->validate();
+      const std::vector<float> want = g.file->read_f32("inv_freq." + key), got = models::rope_inv_freq(*c);
+      ASSERT_EQ(got.size(), want.size()) << key;
+      for (size_t j = 0; j < want.size(); ++j) EXPECT_NEAR(got[j], want[j], 1e-6 * want[j]) << key << " " << j;
+      EXPECT_FLOAT_EQ(models::rope_attention_scale(*c), g.file->read_f32("attention_factor." + key)[0]) << key;
+    }
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, GoldenRope, ::testing::Values("llama3", "linear"), [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Types, GoldenRope, ::testing::Values("llama3", "linear", "yarn"), [](const auto& info) { return info.param; });
 
 // Qwen2 (q/k/v biases, none on o_proj) and LLaMA with attention_bias (all four) against PyTorch
 // (tools/make_golden.py's make_bias_golden, biases drawn at 0.1 randn): the logits, the loss and

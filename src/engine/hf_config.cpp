@@ -108,9 +108,9 @@ models::RopeScaling parse_rope_scaling(const nlohmann::json& o, const std::strin
   MT_CHECK(rope_type.empty() || old_type.empty() || rope_type == old_type, ErrorKind::kInvalidArgument,
            where + ": 'rope_type' and 'type' differ");
   rs.type = !rope_type.empty() ? rope_type : !old_type.empty() ? old_type : "default";
-  MT_CHECK(rs.type == "default" || rs.type == "linear" || rs.type == "dynamic" || rs.type == "llama3",
+  MT_CHECK(rs.type == "default" || rs.type == "linear" || rs.type == "dynamic" || rs.type == "llama3" || rs.type == "yarn",
            ErrorKind::kNotSupported,
-           where + ": rope_type '" + rs.type + "' is not supported (default, linear, dynamic, llama3)");
+           where + ": rope_type '" + rs.type + "' is not supported (default, linear, dynamic, llama3, yarn)");
   auto num = [&](const char* k) {
     MT_CHECK(o.contains(k) && !o[k].is_null(), ErrorKind::kInvalidArgument,
              where + ": rope_type '" + rs.type + "' needs '" + k + "'");
@@ -129,6 +129,31 @@ models::RopeScaling parse_rope_scaling(const nlohmann::json& o, const std::strin
              where + ": 'original_max_position_embeddings' must be a positive integer");
     rs.original_max_positions = static_cast<int64_t>(omp);
     known.insert({"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  }
+  if (rs.type == "yarn") {  // the optional keys; absent or null (and beta's 0, as transformers' `or`) take the defaults
+    auto optional = [&](const char* k, double fallback) {
+      known.insert(k);
+      return o.contains(k) && !o[k].is_null() ? num(k) : fallback;
+    };
+    const double omp = optional("original_max_position_embeddings", 0.0);
+    MT_CHECK(omp == std::floor(omp) && omp >= 0 && omp < 1e15 && (omp > 0 || !o.contains("original_max_position_embeddings") ||
+                                                                  o["original_max_position_embeddings"].is_null()),
+             ErrorKind::kInvalidArgument, where + ": 'original_max_position_embeddings' must be a positive integer");
+    rs.original_max_positions = static_cast<int64_t>(omp);
+    rs.attention_factor = optional("attention_factor", 0.0);
+    MT_CHECK(!o.contains("attention_factor") || o["attention_factor"].is_null() || rs.attention_factor > 0,
+             ErrorKind::kInvalidArgument, where + ": 'attention_factor' must be positive");
+    rs.beta_fast = optional("beta_fast", 32.0);
+    rs.beta_slow = optional("beta_slow", 1.0);
+    if (rs.beta_fast == 0) rs.beta_fast = 32.0;
+    if (rs.beta_slow == 0) rs.beta_slow = 1.0;
+    rs.mscale = optional("mscale", 0.0);
+    rs.mscale_all_dim = optional("mscale_all_dim", 0.0);
+    known.insert("truncate");
+    if (o.contains("truncate") && !o["truncate"].is_null()) {
+      MT_CHECK(o["truncate"].is_boolean(), ErrorKind::kInvalidArgument, where + ": 'truncate' must be true or false");
+      rs.truncate = o["truncate"].get<bool>();
+    }
   }
   for (const auto& [k, v] : o.items())
     if (!known.count(k) && warnings != nullptr)
@@ -382,6 +407,16 @@ nlohmann::json hf_config_to_json(const models::ModelConfig& c) {
         rs["low_freq_factor"] = c.rope_scaling.low_freq_factor;
         rs["high_freq_factor"] = c.rope_scaling.high_freq_factor;
         rs["original_max_position_embeddings"] = c.rope_scaling.original_max_positions;
+      }
+      if (c.rope_scaling.type == "yarn") {  // what was read; the defaults left out
+        const models::RopeScaling& y = c.rope_scaling;
+        if (y.original_max_positions > 0) rs["original_max_position_embeddings"] = y.original_max_positions;
+        if (y.attention_factor > 0) rs["attention_factor"] = y.attention_factor;
+        rs["beta_fast"] = y.beta_fast;
+        rs["beta_slow"] = y.beta_slow;
+        if (y.mscale > 0) rs["mscale"] = y.mscale;
+        if (y.mscale_all_dim > 0) rs["mscale_all_dim"] = y.mscale_all_dim;
+        if (!y.truncate) rs["truncate"] = false;
       }
       j["rope_scaling"] = rs;
     }

@@ -1,6 +1,6 @@
 // Reads a Hugging Face config.json (GPT-2 or LLaMA family) into a ModelConfig, with HF's field
 // names and defaults; a field that would change the architecture and that we don't implement
-// (yarn or longrope rope_scaling, attention_bias, another activation) is refused by name.
+// (longrope or ntk rope_scaling, another activation) is refused by name.
 #pragma once
 
 #include <string>

@@ -1,5 +1,6 @@
 #include "models/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -52,8 +53,8 @@ void ModelConfig::validate() const {
        "RoPE needs an even head dimension");
   if (arch == Arch::kLlama) {
     const RopeScaling& rs = rope_scaling;
-    need(rs.type == "default" || rs.type == "linear" || rs.type == "dynamic" || rs.type == "llama3", "rope_scaling",
-         "rope_type '" + rs.type + "' is not supported (default, linear, dynamic, llama3)");
+    need(rs.type == "default" || rs.type == "linear" || rs.type == "dynamic" || rs.type == "llama3" || rs.type == "yarn",
+         "rope_scaling", "rope_type '" + rs.type + "' is not supported (default, linear, dynamic, llama3, yarn)");
     need(rs.type == "default" || (rs.factor > 0 && std::isfinite(rs.factor)), "rope_scaling",
          "factor must be positive and finite");
     if (rs.type == "llama3") {
@@ -61,6 +62,25 @@ void ModelConfig::validate() const {
       need(rs.low_freq_factor > 0 && std::isfinite(rs.low_freq_factor) && std::isfinite(rs.high_freq_factor) &&
                rs.high_freq_factor > rs.low_freq_factor,
            "rope_scaling", "needs 0 < low_freq_factor < high_freq_factor (the band between them is blended)");
+    }
+    if (rs.type == "yarn") {
+      need(rs.original_max_positions >= 0, "rope_scaling", "original_max_position_embeddings must be positive");
+      for (auto [v, k] : {std::pair<double, const char*>{rs.attention_factor, "attention_factor"}, {rs.beta_fast, "beta_fast"},
+                          {rs.beta_slow, "beta_slow"}, {rs.mscale, "mscale"}, {rs.mscale_all_dim, "mscale_all_dim"}})
+        need(v >= 0 && std::isfinite(v), "rope_scaling", std::string(k) + " must be a finite number >= 0");
+      // transformers 4 takes factor as max_position_embeddings / original_max_position_embeddings
+      // where the latter is given (DeepSeek's configs, where the two agree); transformers 5 takes
+      // factor as given. Where they differ the model is not one model.
+      if (rs.original_max_positions > 0) {
+        const double ratio = static_cast<double>(max_positions) / static_cast<double>(rs.original_max_positions);
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "%g (transformers 5's) and max_position_embeddings / original_max_position_embeddings = %g",
+                      rs.factor, ratio);
+        need(std::fabs(ratio - rs.factor) <= 1e-9 * rs.factor, "rope_scaling",
+             std::string("yarn's factor is ") + buf +
+                 " (transformers 4's) disagree: set max_position_embeddings to factor x original_max_position_embeddings (" +
+                 std::to_string(static_cast<int64_t>(std::llround(rs.factor * static_cast<double>(rs.original_max_positions)))) + ")");
+      }
     }
   }
   need(arch == Arch::kLlama || tie_embeddings, "tie_word_embeddings",
@@ -118,8 +138,44 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
       x = y;
     }
   }
+  if (rs.type == "yarn") {  // _compute_yarn_parameters: the correction range in double, the ramp in f32
+    const int dim = cfg.head_dim(), H = dim / 2;
+    const double base = static_cast<double>(cfg.rope_theta);
+    const double old_len = static_cast<double>(rs.original_max_positions > 0 ? rs.original_max_positions : cfg.max_positions);
+    auto correction_dim = [&](double turns) { return dim * std::log(old_len / (turns * 2.0 * M_PI)) / (2.0 * std::log(base)); };
+    double low = correction_dim(rs.beta_fast > 0 ? rs.beta_fast : 32.0), high = correction_dim(rs.beta_slow > 0 ? rs.beta_slow : 1.0);
+    if (rs.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;
+    const float lo = static_cast<float>(low), span = static_cast<float>(high - low), factor = static_cast<float>(rs.factor);
+    for (int j = 0; j < H; ++j) {
+      const float pos_freq = std::pow(cfg.rope_theta, static_cast<float>(2 * j) / static_cast<float>(dim));
+      const float ramp = std::clamp((static_cast<float>(j) - lo) / span, 0.0f, 1.0f);
+      const float extrapolation = 1.0f - ramp;
+      f[static_cast<size_t>(j)] = 1.0f / (factor * pos_freq) * (1.0f - extrapolation) + 1.0f / pos_freq * extrapolation;
+    }
+  }
   // "dynamic": the default frequencies below max_position_embeddings (RopeScaling).
   return f;
+}
+
+float rope_attention_scale(const ModelConfig& cfg) {
+  const RopeScaling& rs = cfg.rope_scaling;
+  if (cfg.arch != Arch::kLlama || rs.type != "yarn") return 1.0f;
+  if (rs.attention_factor > 0) return static_cast<float>(rs.attention_factor);
+  auto mscale = [&](double m) { return rs.factor <= 1 ? 1.0 : 0.1 * m * std::log(rs.factor) + 1.0; };
+  if (rs.mscale > 0 && rs.mscale_all_dim > 0) return static_cast<float>(mscale(rs.mscale) / mscale(rs.mscale_all_dim));
+  return static_cast<float>(mscale(1.0));
+}
+
+void rope_tables(const ModelConfig& cfg, float* cos, float* sin, int T) {
+  const int HS = cfg.head_dim();
+  kernels::rope_table(cos, sin, T, HS, rope_inv_freq(cfg).data());
+  const float scale = rope_attention_scale(cfg);
+  if (scale == 1.0f) return;
+  const size_t n = static_cast<size_t>(T) * static_cast<size_t>(HS / 2);
+  for (size_t i = 0; i < n; ++i) cos[i] *= scale, sin[i] *= scale;
 }
 
 std::string ModelConfig::describe() const {

@@ -33,12 +33,20 @@ const char* problem_type_name(ProblemType p);  // Hugging Face's: "single_label_
 //              by it), so the default table exactly;
 //   "llama3"   Llama 3.1/3.2's: wavelengths above original_max_position_embeddings / low_freq_factor
 //              divided by factor, below original / high_freq_factor kept, the band between blended.
-// Other types (yarn, longrope, ntk) are refused where the config is read (engine/hf_config.cpp).
+//   "yarn"     YaRN (Qwen2.5's long context, DeepSeek's): frequencies turning fewer than beta_slow
+//              times over the original context divided by factor, more than beta_fast times kept,
+//              a linear ramp over the dims between; cos and sin scaled by attention_factor (given,
+//              or 0.1 ln(factor) + 1, or with mscale and mscale_all_dim the ratio of that at each).
+// Other types (longrope, ntk) are refused where the config is read (engine/hf_config.cpp).
 struct RopeScaling {
   std::string type = "default";
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  int64_t original_max_positions = 0;                    // llama3: original_max_position_embeddings
+  int64_t original_max_positions = 0;  // llama3, yarn: original_max_position_embeddings (yarn: 0 = max_position_embeddings)
+  // yarn: attention_factor (0: derived), beta_fast/beta_slow, mscale/mscale_all_dim (0: absent),
+  // truncate (the correction range's floor and ceil).
+  double attention_factor = 0.0, beta_fast = 32.0, beta_slow = 1.0, mscale = 0.0, mscale_all_dim = 0.0;
+  bool truncate = true;
   bool operator==(const RopeScaling&) const = default;
 };
 
@@ -97,6 +105,11 @@ struct ModelConfig {
 // The rotary frequencies of a LLaMA model, HS/2 of them, as transformers computes them for its
 // rope_theta and rope_scaling (f32): the table kernels::rope_table builds from.
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
+// The factor transformers scales cos and sin by (yarn's attention_factor; 1 for the other types).
+float rope_attention_scale(const ModelConfig& cfg);
+// cos and sin (T, HS/2) of positions 0..T-1: kernels::rope_table of rope_inv_freq, times
+// rope_attention_scale, as transformers' rotary embedding returns them.
+void rope_tables(const ModelConfig& cfg, float* cos, float* sin, int T);
 
 // Rows of the token table under tensor parallelism tp: the vocabulary padded to a multiple of
 // divisible x tp (Megatron's make_vocab_size_divisible_by); the vocabulary itself with tp = 1.

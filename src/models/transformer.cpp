@@ -269,7 +269,7 @@ void TransformerLM::prepare(int B, int T, int slots) {
   if (!gpt2) {
     rope_cos_ = reinterpret_cast<float*>(scratch_buffer_.as<char>() + scratch);
     rope_sin_ = rope_cos_ + ((static_cast<size_t>(Tg) * (HS / 2) + 15) / 16 * 16);
-    kernels::rope_table(rope_cos_, rope_sin_, Tg, HS, rope_inv_freq(cfg_).data());
+    rope_tables(cfg_, rope_cos_, rope_sin_, Tg);
   }
 }
 

@@ -105,7 +105,7 @@ Generator::Generator(models::TransformerLM& model, const GeneratorOptions& optio
     rope_cos_ = final_row_ + align16(C_);
     rope_sin_ = rope_cos_ + align16(half);
     // Row t of the table is position t, exactly as TransformerLM's (T, HS/2) table.
-    kernels::rope_table(rope_cos_, rope_sin_, capacity, HS_, models::rope_inv_freq(cfg_).data());
+    models::rope_tables(cfg_, rope_cos_, rope_sin_, capacity);
   }
   ensure_rows(1);
 }

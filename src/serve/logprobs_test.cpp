@@ -40,6 +40,7 @@ TEST_P(LogprobsGolden, PromptAndDrawnTokensArePyTorchsLogSoftmax) {
     cfg.rope_scaling.low_freq_factor = rs.value("low_freq_factor", 1.0);
     cfg.rope_scaling.high_freq_factor = rs.value("high_freq_factor", 4.0);
     cfg.rope_scaling.original_max_positions = rs.value("original_max_position_embeddings", 0);
+    cfg.rope_scaling.beta_slow = rs.value("beta_slow", 1.0);  // yarn's (its cos and sin scaled too)
     cfg.validate();
   }
   // Qwen2's q/k/v biases, LLaMA's attention_bias (all four): the generator adds them.
@@ -118,7 +119,7 @@ TEST_P(LogprobsGolden, PromptAndDrawnTokensArePyTorchsLogSoftmax) {
 
 INSTANTIATE_TEST_SUITE_P(Models, LogprobsGolden,
                          ::testing::Values("tiny-gpt2", "tiny-llama", "rope-llama3-tiny-llama", "rope-linear-tiny-llama",
-                                           "qwen2-tiny-llama", "attention-bias-tiny-llama"),
+                                           "rope-yarn-tiny-llama", "qwen2-tiny-llama", "attention-bias-tiny-llama"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s) if (c == '-') c = '_';

@@ -334,7 +334,7 @@ CudaLM::CudaLM(TransformerLM& model)
   }
   if (!gpt2_) {
     std::vector<float> cs(static_cast<size_t>(T_) * (HS_ / 2)), sn(cs.size());
-    kernels::rope_table(cs.data(), sn.data(), T_, HS_, rope_inv_freq(cfg_).data());
+    rope_tables(cfg_, cs.data(), sn.data(), T_);
     cu::copy_to_device(rope_cos_, cs.data(), cs.size() * 4);
     cu::copy_to_device(rope_sin_, sn.data(), sn.size() * 4);
   }
