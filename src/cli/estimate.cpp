@@ -255,10 +255,6 @@ size_t physical_memory_bytes() {
 }
 
 planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int pp_rank) {
-  // Ulysses' activations (T / sp tokens a rank, attention over all T for heads / sp) and its
-  // all-to-all buffers are not in the memory model yet: said rather than mis-predicted.
-  MT_CHECK(c.sp == 1, ErrorKind::kNotSupported,
-           "parallel.sp " + std::to_string(c.sp) + " (Ulysses sequence parallelism): meshtrain estimate and plan do not model it yet");
   planner::MemoryInput in;
   in.model = c.model;
   in.micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu);
@@ -280,7 +276,10 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
     in.exchange_beside_all_reduce = planner::zero_one_variance_after_exchange(
         c.optimizer, c.train_iters > 0 ? c.train_iters : std::numeric_limits<int64_t>::max());
   MT_CHECK(c.processes == procs, ErrorKind::kInternal, "estimate: the configuration was resolved for another process count");
-  in.world = c.world_size;  // data-parallel ranks: procs / parallel.tp
+  // The ranks the model states are sharded and reduced over: procs / (tp pp), Ulysses' sp ranks
+  // among them (dp x sp).
+  in.world = c.world_size * c.sp;
+  in.usp = c.sp;
   in.threads = threads_per_rank(procs);  // as meshtrain launch runs them, on this host
   in.tp = c.tp;
   in.sequence_parallel = c.sequence_parallel;

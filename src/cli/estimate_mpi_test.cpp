@@ -81,7 +81,14 @@ struct Case {
   bool param_nvme = false;     // and offload_param (stage 3)
   const char* optimizer = nullptr;  // a 1-bit optimizer (stage 0), compressing from its second update
   bool fp16 = false;
+  int usp = 1;  // parallel.sp (Ulysses): procs / usp data-parallel ranks
 };
+
+// k with Ulysses over usp of its ranks.
+Case ulysses(Case k, int usp) {
+  k.usp = usp;
+  return k;
+}
 
 std::string case_name(const Case& k) {
   return k.arch + (k.bf16 ? "_bf16" : k.fp16 ? "" : "_fp32") + "_stage" + std::to_string(k.stage) + (k.overlap ? "_overlap" : "") +
@@ -90,7 +97,8 @@ std::string case_name(const Case& k) {
          (k.procs == 1 ? "_one_process" : "") +
          (k.pp > 1 ? "_pp" + std::to_string(k.pp) + "_" + k.schedule + "_n" + std::to_string(k.procs) : "") +
          (k.comm ? std::string("_comm_") + k.comm : "") + (k.nvme ? "_nvme" : "") + (k.param_nvme ? "_params" : "") +
-         (k.optimizer ? std::string("_") + k.optimizer : "") + (k.fp16 ? "_fp16" : "");
+         (k.optimizer ? std::string("_") + k.optimizer : "") + (k.fp16 ? "_fp16" : "") +
+         (k.usp > 1 ? "_usp" + std::to_string(k.usp) : "");
 }
 
 nlohmann::json config_json(const Case& k) {
@@ -126,6 +134,7 @@ nlohmann::json config_json(const Case& k) {
       j["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", dir() + "/swap-" + case_name(k)}};
   }
   if (k.tp > 1 || k.pp > 1) j["parallel"] = {{"tp", k.tp}, {"sequence_parallel", k.sp}, {"pp", k.pp}};
+  if (k.usp > 1) j["parallel"] = {{"sp", k.usp}};
   if (k.pp > 1) {  // rank 0 = the first stage: the embedding, one layer of two, 1F1B's pp slots
     j["parallel"]["pipeline_schedule"] = k.schedule;
     j["train_batch_size"] = 8;  // 8 micro-batches per pipeline (GPipe keeps them all)
@@ -278,7 +287,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", false, 0, false, 1, 2, false, 1, "1f1b", nullptr, false, false, "OneBitLamb"},
                       Case{"gpt2", false, 0, false, 1, 2, false, 1, "1f1b", nullptr, false, false, "OneBitAdam", true},
                       // Four ranks pad each tensor to a multiple of 32 (the LayerNorms' 48 to 64).
-                      Case{"gpt2", false, 0, false, 1, 4, false, 1, "1f1b", nullptr, false, false, "OneBitAdam"}),
+                      Case{"gpt2", false, 0, false, 1, 4, false, 1, "1f1b", nullptr, false, false, "OneBitAdam"},
+                      // Ulysses: this rank's tokens and targets, the rope table of whole samples,
+                      // the all-to-all's two buffers (comm); ZeRO over dp x sp.
+                      ulysses(Case{"gpt2", false, 0, false}, 2), ulysses(Case{"llama", true, 3, false}, 2),
+                      ulysses(Case{"llama", false, 2, true, 1, 4}, 2)),
     [](const auto& info) { return case_name(info.param); });
 
 // (2): stage-3 model states against the closed form (header comment), computed from the units

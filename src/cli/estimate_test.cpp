@@ -239,12 +239,19 @@ TEST(EstimateCli, BadProcsIsOneLine) {
   EXPECT_EQ(err, "meshtrain: error: --procs must be at least 1, got 0\n");
 }
 
-// Ulysses (parallel.sp > 1) is not in the memory model yet: estimate and plan say so by name.
-TEST(EstimateCli, UlyssesIsRefusedByName) {
+// Ulysses (parallel.sp > 1) was refused by estimate; it is estimated now (estimate_mpi_test
+// measures it), each rank's share of the tokens.
+TEST(EstimateCli, UlyssesIsEstimated) {
   std::string cfg = write_config(), out, err;
-  EXPECT_EQ(run("estimate " + cfg + " --procs 2 --set parallel.sp=2 --set zero_optimization.stage=1", &out, &err), 2);
-  EXPECT_NE(err.find("parallel.sp 2 (Ulysses sequence parallelism): meshtrain estimate and plan do not model it yet"), std::string::npos)
-      << err;
+  ASSERT_EQ(run("estimate " + cfg + " --procs 2 --set zero_optimization.stage=1 --json", &out, &err), 0) << err;
+  const nlohmann::json dp = nlohmann::json::parse(out)["stages"][1];
+  ASSERT_EQ(run("estimate " + cfg + " --procs 2 --set parallel.sp=2 --set zero_optimization.stage=1 --json", &out, &err), 0) << err;
+  const nlohmann::json sp = nlohmann::json::parse(out)["stages"][1];
+  // Both shard the model states over two ranks; Ulysses' ranks hold half the tokens each, and the
+  // all-to-all's buffers.
+  EXPECT_LT(sp["activations"].get<double>(), dp["activations"].get<double>());
+  EXPECT_GT(sp["comm"].get<double>(), dp["comm"].get<double>());
+  EXPECT_EQ(sp["optimizer"], dp["optimizer"]);
 }
 
 // Sizes past what the byte counts hold were taken: --memory 1e300 said "fits 0 B" (a double past

@@ -242,7 +242,8 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* 
                              .micro_batch = static_cast<int>(c.batch.micro_batch_per_gpu),
                              .accumulation = static_cast<int>(c.batch.gradient_accumulation_steps),
                              .recompute = c.activation_checkpointing, .schedule = job.schedule_kind,
-                             .virtual_stages = job.virtual_stages, .sequence_parallel = c.sequence_parallel};
+                             .virtual_stages = job.virtual_stages, .sequence_parallel = c.sequence_parallel, .usp = c.sp};
+  job.ulysses_refused = engine::ulysses_unsupported(c);
   job.sequence_parallel_forced = c.partition_activations;
   job.curriculum = c.curriculum.enabled;
   job.cuda_replicas = c.device == "cuda" && procs > 1;
@@ -405,7 +406,7 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
     j["considered"] = r.considered;
     for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top; ++i) {
       const auto& [l, p] = r.ranked[i];
-      j["ranked"].push_back({{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp},
+      j["ranked"].push_back({{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"sp", l.usp},
                              {"pipeline_schedule", l.pp > 1 ? parallel::pp::schedule_name(l.schedule) : "1f1b"},
                              {"virtual_stages", l.pp > 1 ? l.virtual_stages : 1},
                              {"sequence_parallel", l.tp > 1 && l.sequence_parallel}, {"stage", l.stage}, {"micro_batch", l.micro_batch},
@@ -446,9 +447,10 @@ void print_search(const planner::SearchResult& r, int top, size_t budget, bool j
 // pipeline knobs (an interleaved schedule's virtual stages) do not apply.
 std::vector<std::string> schedule_sets(const planner::Layout& l) {
   const std::string sp = std::string("parallel.sequence_parallel=") + (l.tp > 1 && l.sequence_parallel ? "true" : "false");
-  if (l.pp == 1) return {"parallel.virtual_stages=1", "parallel.pipeline_schedule=1f1b", sp};
+  const std::string usp = "parallel.sp=" + std::to_string(l.usp);  // Ulysses
+  if (l.pp == 1) return {"parallel.virtual_stages=1", "parallel.pipeline_schedule=1f1b", sp, usp};
   return {"parallel.pipeline_schedule=" + std::string(parallel::pp::schedule_name(l.schedule)),
-          "parallel.virtual_stages=" + std::to_string(l.virtual_stages), sp};
+          "parallel.virtual_stages=" + std::to_string(l.virtual_stages), sp, usp};
 }
 
 // The --set overrides that make a configuration train `l`.
@@ -480,7 +482,7 @@ Measured measure_layout(const PlanOptions& o, const planner::Layout& l, double t
   const std::string stem = dir + "/layout" + std::to_string(index), metrics = stem + ".jsonl", log = stem + ".log";
   std::filesystem::remove(metrics);
   std::string cmd = self_exe();
-  const int procs = l.dp * l.tp * l.pp;
+  const int procs = l.dp * l.tp * l.pp * l.usp;
   if (procs > 1) cmd += " launch -n " + std::to_string(procs) + hostfile_arg(o) + " --";
   cmd += " train " + shell_word(o.path);
   std::vector<std::string> sets = o.sets;
@@ -582,7 +584,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
     const planner::Layout& b = job.base;
     const bool same_schedule = (l.pp == 1 || (l.schedule == b.schedule && l.virtual_stages == b.virtual_stages)) &&
                                (l.tp == 1 || l.sequence_parallel == b.sequence_parallel);
-    if (l.dp == b.dp && l.tp == b.tp && l.pp == b.pp && l.stage == b.stage && l.micro_batch == b.micro_batch &&
+    if (l.dp == b.dp && l.tp == b.tp && l.pp == b.pp && l.usp == b.usp && l.stage == b.stage && l.micro_batch == b.micro_batch &&
         l.recompute == b.recompute && same_schedule && std::find(picks.begin(), picks.end(), i) == picks.end())
       picks.push_back(i);
   }
@@ -624,7 +626,7 @@ void validate(const PlanOptions& o, const planner::PlanJob& job, const planner::
   std::vector<double> exchanges;
   auto run = [&](size_t i, std::vector<double>& steps, std::vector<double>& slow) {
     const planner::Layout& l = r.ranked[i].layout;
-    if (exchange && l.dp * l.tp * l.pp == cal.world) exchange_of[i].push_back(exchange_probe_now(o, cal.world, dir));
+    if (exchange && l.dp * l.tp * l.pp * l.usp == cal.world) exchange_of[i].push_back(exchange_probe_now(o, cal.world, dir));
     if (probe) slow.push_back(planner::speed_probe(cal.threads) / cal.speed_probe_s);
     // The phase the plan priced: a 1-bit optimizer's compressed one from its second update, so that
     // the measured steps (3 on) are in it.
@@ -926,7 +928,7 @@ engine::RunConfig load_planned_config(const engine::ConfigSources& src, int proc
   if (is_auto(j, "parallel")) {
     MT_CHECK(!j.contains("sequence_parallel_size") || j["sequence_parallel_size"] == 1, ErrorKind::kNotSupported,
              "parallel: \"auto\" with sequence_parallel_size " + j["sequence_parallel_size"].dump() +
-                 " (Ulysses): the planner does not search parallel.sp yet; give the parallel block");
+                 " (Ulysses): \"auto\" searches Ulysses' sp itself; drop the key, or give the parallel block");
     space.parallel = space.schedule = true;
     keys.push_back("parallel");
     base.sets.push_back("parallel={}");

@@ -1592,6 +1592,16 @@ void parse_device(Section& root, RunConfig& c) {
 
 }  // namespace
 
+std::string ulysses_unsupported(const RunConfig& c) {
+  if (c.zero.offload_optimizer == "nvme" || c.zero.offload_param == "nvme") return "offload to nvme";
+  if (optim::optimizer_is_onebit(c.optimizer)) return "optimizer.type " + c.optimizer.type + " (1-bit)";
+  if (c.task == "classification") return "task \"classification\"";
+  if (c.device != "cpu") return "device \"" + c.device + "\"";
+  if (c.curriculum.enabled) return "curriculum_learning";
+  if (c.sparse_attention.has_value()) return "sparse_attention";
+  return "";
+}
+
 // parallel.sp > 1 (Ulysses): what it runs with so far, the rest refused by name.
 void check_ulysses(const RunConfig& c) {
   if (c.sp == 1) return;
@@ -1601,12 +1611,8 @@ void check_ulysses(const RunConfig& c) {
   };
   refuse(c.tp > 1, "parallel.tp > 1");
   refuse(c.pp > 1, "parallel.pp > 1");
-  refuse(c.zero.offload_optimizer == "nvme" || c.zero.offload_param == "nvme", "offload to nvme");
-  refuse(optim::optimizer_is_onebit(c.optimizer), "optimizer.type " + c.optimizer.type + " (1-bit)");
-  refuse(c.task == "classification", "task \"classification\"");
-  refuse(c.device != "cpu", "device \"" + c.device + "\"");
-  refuse(c.curriculum.enabled, "curriculum_learning");
-  refuse(c.sparse_attention.has_value(), "sparse_attention");
+  const std::string other = ulysses_unsupported(c);
+  refuse(!other.empty(), other);
   if (c.bare) return;
   MT_CHECK(c.seq_length % c.sp == 0, ErrorKind::kInvalidArgument,
            sp + " splits each sample's seq_length (" + std::to_string(c.seq_length) + ") tokens over " + std::to_string(c.sp) +

@@ -255,6 +255,9 @@ struct ConfigSources {
 
 // Parses and validates. world_size: the job's processes (dp = world_size / parallel.tp).
 // `where` names the source in messages (a path). Throws Error naming the key's full path.
+// What of c Ulysses (parallel.sp > 1) does not run with, besides tp and pp ("offload to nvme", ...);
+// empty: nothing. The planner leaves Ulysses layouts out for it.
+std::string ulysses_unsupported(const RunConfig& c);
 RunConfig ds_config_parse(nlohmann::json j, const std::string& where, int world_size = 1, bool allow_bare = false);
 RunConfig ds_config_load(const std::string& path, const std::vector<std::string>& overrides,
                          int world_size = 1);

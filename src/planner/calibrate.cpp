@@ -155,12 +155,15 @@ double Calibration::collective_seconds(const std::string& family, double bytes, 
     // A group size timed as such ("... g4"), else the world's line scaled by the ring's volume a rank moves
     // (all_reduce 2(n-1)/n of the buffer, all_gather and reduce_scatter n-1 times a rank's
     // bytes): a tp group of 4 in an 8-rank world moves 6/7 of what the world's all_reduce does.
+    // all_to_all where the calibration has no line of its own (before stop 79): an all_gather of a
+    // rank's n-th, which moves what it moves, (n-1)/n of the buffer each way.
+    if (family == "all_to_all" && !fits.count("all_to_all")) return ranks <= 1 ? 0.0 : collective_seconds("all_gather", bytes / ranks, ranks, stride);
     if (family != "send_recv" && world >= 2 && ranks != world) {
       if (ranks <= 1) return 0.0;
       const std::string sized = family + " g" + std::to_string(ranks);
       if (fits.count(sized)) return seconds(sized, bytes);  // timed at this group size
       auto volume = [&family](double n) {
-        return family == "all_reduce" || family == "onebit_all_reduce" ? 2 * (n - 1) / n : n - 1;
+        return family == "all_reduce" || family == "onebit_all_reduce" ? 2 * (n - 1) / n : family == "all_to_all" ? (n - 1) / n : n - 1;
       };
       return seconds(family, bytes) * volume(ranks) / volume(world);
     }
@@ -175,6 +178,7 @@ double Calibration::collective_seconds(const std::string& family, double bytes, 
   if (ranks == 1) return 0.0;
   if (family == "all_reduce") return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes / bw;
   if (family == "all_gather" || family == "reduce_scatter") return (n - 1) * (a + bytes / bw);
+  if (family == "all_to_all") return (n - 1) * a + (n - 1) / n * bytes / bw;  // pairwise: a rank's buffer, bytes / n to each peer
   // The 1-bit exchange on a described cluster: an all-to-all and an all-gather of a 32nd of the
   // bytes, and the compression's passes over the buffer (about five reads and writes of it: the
   // worker's error-fed copy, its scale, the bits and the error; the servers' sums; the unpacking)
@@ -402,11 +406,18 @@ void time_collectives(Calibration& cal, comm::Backend* group, const std::string&
         comm::compressed_all_reduce(*group, x.data(), plan, we.data(), se.data(), o);
       }, part, 1, group, warm_up));
     }
+    // Ulysses' exchange (parallel::UlyssesComm): a rank's n elements, n / P to each rank, by the
+    // bytes a rank sends (its whole buffer). (n rounded down to a multiple of P.)
+    s.push_back(time_calls([&] {
+      comm::AllToAllOptions o;
+      o.tag = "calibrate all_to_all";
+      group->all_to_all(y.data(), x.data(), n / static_cast<size_t>(P), DType::kF32, o)->wait();
+    }, part, 1, group, warm_up));
     if (probes != nullptr && bytes[i] == kExchangeProbeBytes) probes->push_back(exchange_probe(*group));
     return s;
   });
-  const char* families[] = {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "onebit_all_reduce"};
-  for (size_t f = 0; f < 5; ++f) {
+  const char* families[] = {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "onebit_all_reduce", "all_to_all"};
+  for (size_t f = 0; f < 6; ++f) {
     std::vector<CalPoint> pts;
     for (size_t i = 0; i < bytes.size(); ++i)
       pts.push_back({std::string(families[f]) + " f32" + suffix, static_cast<double>(bytes[i]), t[i][f]});

@@ -146,7 +146,9 @@ struct Calibration {
   // where calibrated over several hosts; on one host the line of the group's size where it was
   // timed ("... g4": groups of 4 at once, in a world of 8), else the world's, scaled to a group of
   // another size by the ring's volume a rank moves (2(n-1)/n of the buffer for all_reduce, n-1
-  // times a rank's bytes for all_gather and reduce_scatter; DESIGN-NOTES 46).
+  // times a rank's bytes for all_gather and reduce_scatter; DESIGN-NOTES 46). "all_to_all" (Ulysses'
+  // exchange): bytes a rank sends, its whole buffer; a network's (n-1) latencies + (n-1)/n of them
+  // at the bandwidth; a calibration without its line: all_gather's of bytes / ranks.
   double collective_seconds(const std::string& family, double bytes, int ranks, int stride) const;
 };
 

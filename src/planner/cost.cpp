@@ -212,7 +212,12 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   MT_CHECK(s.micro_batch >= 1 && s.seq_length >= 1 && s.world >= 1, ErrorKind::kInvalidArgument,
            "cost model: micro-batch, sequence length and world must be positive");
   MT_CHECK(s.tp >= 1, ErrorKind::kInvalidArgument, "cost model: tp must be positive");
-  const models::BlockDims d = block_dims(s.model, s.micro_batch, s.seq_length, s.tp, s.sequence_parallel);
+  MT_CHECK(s.usp >= 1 && (s.usp == 1 || (s.tp == 1 && s.seq_length % s.usp == 0 && s.model.n_head % s.usp == 0 &&
+                                         s.model.n_kv_head % s.usp == 0 && !s.sparse)),
+           ErrorKind::kInvalidArgument, "cost model: Ulysses' sp must divide T, the heads and the kv heads, without tp or sparse attention");
+  const models::BlockDims d = block_dims(s.model, s.micro_batch, s.seq_length, s.tp, s.sequence_parallel, s.usp);
+  // Attention's shape: all T tokens of NH/usp heads under Ulysses, else the rank's own.
+  const int Ta = d.T * s.usp, NHa = d.NH / s.usp, NKVa = d.NKV / s.usp;
   const double N = d.N, C = d.C, e = static_cast<double>(dtype_size(s.compute));
   const double Nl = d.rows();  // the residual stream's rows on this rank (N / tp under sequence parallelism)
   const double V = models::head_rows_per_rank(s.model, s.tp, s.vocab_divisible);  // this rank's head rows
@@ -230,7 +235,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   // 1/tp of the model's), at the sparse kernel's lines where calibrated.
   MT_CHECK(s.attention_share > 0 && s.attention_share <= 1, ErrorKind::kInvalidArgument,
            "cost model: the attention's share of the causal tiles must be in (0, 1]");
-  double att_flops = models::attention_core_flops(d.B, d.T, d.NH, d.HS, nullptr) * s.attention_share;
+  double att_flops = models::attention_core_flops(d.B, Ta, NHa, d.HS, nullptr) * s.attention_share;
   std::string fwd_line = "attention forward", bwd_line = "attention backward";
   if (s.sparse) {  // the tp rank with the most pairs (a layout may differ by head), as the model slices its heads
     const int per = s.sparse->num_heads / s.tp;
@@ -253,14 +258,14 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   auto kept = [&](const char* dir, double fixed_share) {
     const std::string tile = std::string("attention ") + dir + " query tile", pair = std::string("attention ") + dir + " pair";
     if (!cal.fits.count(tile) || !cal.fits.count(pair)) return -1.0;
-    const double q = std::ceil(d.T / 64.0), pc = kernels::attention_tile_pairs(d.T);
+    const double q = std::ceil(Ta / 64.0), pc = kernels::attention_tile_pairs(Ta);
     const double fixed = cal.fits.at(tile).per_unit * q * fixed_share, pairs = cal.fits.at(pair).per_unit * pc;
     return fixed + pairs > 0 ? (fixed + pairs * s.attention_share) / (fixed + pairs) : -1.0;
   };
   if (!s.sparse && att_cal && s.attention_share < 1) {
-    const double kept_fwd = kept("forward", 1.0), kept_bwd = kept("backward", static_cast<double>(d.NKV) / d.NH);
+    const double kept_fwd = kept("forward", 1.0), kept_bwd = kept("backward", static_cast<double>(NKVa) / NHa);
     if (kept_fwd > 0 && kept_bwd > 0) {
-      const double causal = models::attention_core_flops(d.B, d.T, d.NH, d.HS, nullptr);
+      const double causal = models::attention_core_flops(d.B, Ta, NHa, d.HS, nullptr);
       attention = cal.seconds(fwd_line, causal) * kept_fwd;
       attention_bwd = cal.seconds(bwd_line, causal) * kept_bwd;
     }
@@ -318,7 +323,7 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   auto dropout = [&cal, mem](double elements) {
     return cal.fits.count("dropout") ? cal.seconds("dropout", elements) : mem * 8 * elements;
   };
-  const double probs = static_cast<double>(d.B) * d.NH * d.T * (d.T + 1) / 2.0 * s.attention_share;
+  const double probs = static_cast<double>(d.B) * NHa * Ta * (Ta + 1.0) / 2.0 * s.attention_share;
   if (s.model.resid_pdrop > 0) {
     elem_fwd += 2 * dropout(Nl * C);
     elem_bwd += 2 * dropout(Nl * C) + mem * 2 * 8 * Nl * C;
@@ -336,6 +341,15 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   const std::string what = std::string(llama ? "llama " : "gpt2 ") + dtype_name(cd == DType::kF16 ? gemm_dtype(cal, cd) : cd);
   const double in_fwd = cal.fits.count("in situ forward " + what) ? cal.fits.at("in situ forward " + what).per_unit : 1.0;
   const double in_bwd = cal.fits.count("in situ backward " + what) ? cal.fits.at("in situ backward " + what).per_unit : 1.0;
+  // Ulysses: each exchange packs its rows into the send buffer and unpacks the received ones (two
+  // copies of the N·W floats, parallel::ulysses_pack_*), W = QKV or A: forward q, k, v and the
+  // output, backward the output twice and q, k, v (the forward's again under recompute).
+  if (s.usp > 1) {
+    const double copy = cal.fits.count("copy") ? cal.fits.at("copy").per_unit : mem;  // ZeroStepCosts::copy_seconds's rate
+    const double exchange = 2 * copy * 2 * 4 * N;  // per float of a row's width: two copies, each read and written
+    elem_fwd += exchange * (d.QKV + d.A);
+    elem_bwd += exchange * (2 * d.A + d.QKV);
+  }
   const double block_fwd = in_fwd * (gemms + attention + elem_fwd);
   const double block_bwd = in_bwd * (gemms_bwd + attention_bwd + elem_bwd) + (s.recompute ? block_fwd : 0.0);
 
@@ -396,6 +410,22 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
       c.tp_forward.back() = sp ? std::vector<double>{ag(norm_rows)} : std::vector<double>{};
       c.tp_head_backward = {};
     }
+  }
+  if (s.usp > 1) {  // Ulysses' sp group (adjacent ranks, tp = 1): its blocking all-to-alls (cost.h)
+    const int usp = s.usp;
+    auto a2a = [&cal, usp](double b) { return cal.collective_seconds("all_to_all", b, usp, 1); };
+    auto ar = [&cal, usp](double b) { return cal.collective_seconds("all_reduce", b, usp, 1); };
+    const double qkv = 4 * N * d.QKV, att = 4 * N * d.A;
+    const std::vector<double> block{a2a(qkv), a2a(att)};
+    std::vector<double> block_bwd;
+    if (s.recompute) block_bwd = block;
+    for (double b : {a2a(att), a2a(att), a2a(qkv)}) block_bwd.push_back(b);
+    c.tp_forward.assign(U, block);
+    c.tp_backward.assign(U, block_bwd);
+    c.tp_forward.front() = {};
+    c.tp_backward.front() = {};
+    c.tp_forward.back() = {ar(4), ar(4)};  // the loss's target count and sum over the group
+    c.tp_backward.back() = {};
   }
   c.memory_per_byte = mem;
   auto rate = [&cal](const char* family) { return cal.fits.count(family) ? cal.fits.at(family).per_unit : 0.0; };

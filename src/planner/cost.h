@@ -111,6 +111,14 @@ struct StepShape {
   // V/tp vocabulary rows), with sequence parallelism: the norms and residual adds on N/tp rows.
   int tp = 1;
   bool sequence_parallel = false;
+  // DeepSpeed-Ulysses over usp ranks (parallel.sp, tp = 1): each rank's GEMMs and elementwise work on
+  // its B·T/usp tokens, attention on all T for NH/usp heads, and around it the sp group's blocking
+  // all-to-alls (ZeroStepCosts::tp_forward/tp_backward; Calibration::collective_seconds
+  // "all_to_all"), each with its pack and unpack copies: a block's forward q, k, v to heads and the
+  // output back; its backward the saved output to tokens again, the output's gradient to heads and
+  // q, k, v's gradients back (the forward's two first under recompute); the loss's sum and count
+  // all-reduced. `world` counts the ZeRO ranks, dp x usp.
+  int usp = 1;
   // offload_optimizer device "nvme" (optim/swapped_adamw.h): the moments stream from and to the
   // disk in sub-groups of sub_group_size elements during the update.
   bool optimizer_nvme = false;

@@ -197,6 +197,57 @@ TEST(CostModel, BlockTimesAreGemmsAndAttentionAtTheCalibratedRates) {
 // branch's N·C rows forward, their gradient masked again and copied (16 bytes an element at the
 // memory rate) backward; the attention probabilities' causal half, B·NH·T(T+1)/2, once forward and
 // twice backward; the embeddings' sum both ways. Without the line: 8 bytes an element.
+// Ulysses over 2 ranks (StepShape::usp): a block's GEMMs on half the rows, attention on all T for
+// half the heads (half the FLOPs), and the sp group's all-to-alls as its passes' blocking
+// collectives, by the bytes a rank sends: forward q, k, v and the output; backward the output
+// twice and q, k, v (the forward's two first under recompute); the loss's two all-reduces. A
+// calibration without an all_to_all line prices one as all_gather of a rank's n-th.
+TEST(CostModel, UlyssesHalvesTheRowsAndHeadsAndAddsItsAllToAlls) {
+  Calibration cal = synthetic();
+  cal.world = 2;
+  cal.fits["all_to_all"] = LinearFit{1e-5, 1e-9};
+  cal.fits["all_reduce"] = LinearFit{2e-5, 0.0};
+  cal.fits["all_gather"] = LinearFit{3e-6, 4e-9};
+  cal.fits["attention forward"] = LinearFit{0.0, 1e-11};
+  cal.fits["attention backward"] = LinearFit{0.0, 3e-11};
+  StepShape one = tiny(models::Arch::kLlama);
+  one.compute = DType::kF32;
+  one.model.n_kv_head = 2;
+  StepShape two = one;
+  two.usp = 2;
+  two.world = 2;
+  const ZeroStepCosts a = zero_step_costs(one, cal), b = zero_step_costs(two, cal);
+  const double N = 2.0 * 8 / 2, QKV = (4 + 2 * 2) * 16, A = 4 * 16;  // this rank's rows; the full widths
+  const double qkv = 1e-5 + 1e-9 * 4 * N * QKV, att = 1e-5 + 1e-9 * 4 * N * A;
+  EXPECT_TRUE(a.tp_forward.empty());
+  ASSERT_EQ(b.tp_forward.size(), 4u);
+  EXPECT_TRUE(b.tp_forward[0].empty());
+  for (size_t u = 1; u <= 2; ++u) {
+    ASSERT_EQ(b.tp_forward[u].size(), 2u);
+    EXPECT_DOUBLE_EQ(b.tp_forward[u][0], qkv);
+    EXPECT_DOUBLE_EQ(b.tp_forward[u][1], att);
+    ASSERT_EQ(b.tp_backward[u].size(), 3u);
+    EXPECT_DOUBLE_EQ(b.tp_backward[u][0], att);
+    EXPECT_DOUBLE_EQ(b.tp_backward[u][1], att);
+    EXPECT_DOUBLE_EQ(b.tp_backward[u][2], qkv);
+  }
+  ASSERT_EQ(b.tp_forward[3].size(), 2u);
+  EXPECT_DOUBLE_EQ(b.tp_forward[3][0], 2e-5);
+  // Free memory traffic and linear lines without a call's cost: half the rows and half the heads
+  // are half of every FLOP, so half the block.
+  EXPECT_NEAR(b.forward[1], a.forward[1] / 2, 1e-12 * a.forward[1]);
+  EXPECT_NEAR(b.backward[1], a.backward[1] / 2, 1e-12 * a.backward[1]);
+  two.recompute = true;
+  const ZeroStepCosts r = zero_step_costs(two, cal);
+  ASSERT_EQ(r.tp_backward[1].size(), 5u);
+  EXPECT_DOUBLE_EQ(r.tp_backward[1][0], qkv);
+  EXPECT_DOUBLE_EQ(r.tp_backward[1][4], qkv);
+  cal.fits.erase("all_to_all");
+  EXPECT_DOUBLE_EQ(zero_step_costs(two, cal).tp_forward[1][0], 3e-6 + 4e-9 * 4 * N * QKV / 2);
+  two.tp = 2;
+  EXPECT_THROW(zero_step_costs(two, cal), Error);
+}
+
 TEST(CostModel, DropoutPassesAreTheMasksAtTheCalibratedRate) {
   StepShape s = tiny(models::Arch::kGpt2);
   Calibration cal = synthetic();

@@ -96,9 +96,10 @@ std::vector<nn::Module*> raw(const std::vector<std::unique_ptr<nn::Module>>& ms)
 
 }  // namespace
 
-models::BlockDims block_dims(const models::ModelConfig& cfg, int B, int T, int tp, bool sp) {
+models::BlockDims block_dims(const models::ModelConfig& cfg, int B, int T, int tp, bool sp, int usp) {
   models::BlockDims d;
-  d.B = B; d.T = T; d.N = B * T; d.C = cfg.hidden; d.NH = cfg.n_head / tp; d.NKV = cfg.n_kv_head / tp;
+  d.usp = usp;
+  d.B = B; d.T = T / usp; d.N = B * d.T; d.C = cfg.hidden; d.NH = cfg.n_head / tp; d.NKV = cfg.n_kv_head / tp;
   d.HS = cfg.head_dim();
   d.QKV = (d.NH + 2 * d.NKV) * d.HS; d.A = d.NH * d.HS;
   d.G = cfg.intermediate / tp;
@@ -621,7 +622,7 @@ MemoryBreakdown model_state_memory(const std::vector<parallel::Unit>& units, int
 std::vector<BlockEvent> step_blocks(const MemoryInput& in) {
   const models::ModelConfig& cfg = in.model;
   const bool gpt2 = cfg.arch == models::Arch::kGpt2;
-  const models::BlockDims d = block_dims(cfg, in.micro_batch, in.seq_length, in.tp, in.sequence_parallel);
+  const models::BlockDims d = block_dims(cfg, in.micro_batch, in.seq_length, in.tp, in.sequence_parallel, in.usp);
   // V: this rank's rows of the head (the padded vocabulary's, or a classifier's labels); R: its
   // rows of the residual stream.
   const size_t N = static_cast<size_t>(d.N), C = static_cast<size_t>(d.C), Rr = static_cast<size_t>(d.rows()),
@@ -654,7 +655,10 @@ std::vector<BlockEvent> step_blocks(const MemoryInput& in) {
   if (in.last_stage) slot += 2 * Rr * 4 + N * C * e + N * C * 4 + N * 4 + 4 * 64;
   if (d.sp) slot += N * C * 4 + 64;
   if (in.first_stage) slot += N * 4 * (in.tp > 1 ? 2 : 1) + 64;
-  if (in.documents) slot += 2 * N * 4 + 64;
+  // Documents: each token's position and first key (Ulysses: every token's of the whole samples,
+  // and this rank's positions); Ulysses: this rank's tokens and targets.
+  if (in.documents) slot += (in.usp > 1 ? 2 * N * static_cast<size_t>(in.usp) + N : 2 * N) * 4 + 64;
+  if (in.usp > 1) slot += 2 * N * 4 + 64;
   make(MemCategory::kActivations, in.recompute ? per_block : 0);
   for (int i = 0; i < in.slots; ++i) make(MemCategory::kActivations, slot);
   make(MemCategory::kActivations, Rr * C * 4);
@@ -662,8 +666,12 @@ std::vector<BlockEvent> step_blocks(const MemoryInput& in) {
   // Workspace: BlockScratch (+ LLaMA's RoPE tables), then nn::Workspace's slots.
   models::BlockScratch scratch{};
   size_t ws = models::BlockScratch::layout(&scratch, nullptr, d, in.compute_dtype);
-  if (!gpt2) ws += 2 * static_cast<size_t>(d.T) * (d.HS / 2) * 4 + 128;
+  if (!gpt2) ws += 2 * static_cast<size_t>(d.T) * static_cast<size_t>(d.usp) * (d.HS / 2) * 4 + 128;  // every position
   make(MemCategory::kWorkspace, ws);
+  // Ulysses: the all-to-all's send and receive buffers, made at the first exchange (the first
+  // block's q, k, v, the widest) and kept.
+  if (d.usp > 1)
+    for (int i = 0; i < 2; ++i) make(MemCategory::kComm, N * static_cast<size_t>(std::max(d.QKV, d.A)) * 4);
   // nn::lm_head_cross_entropy: equal row tiles of at most 64 MiB of f32 logits (lm_head.cpp):
   // logits R V f32 (rows of lm_head_logits_ld), their compute-dtype copy (low precision; rows of
   // lm_head_operand_ld) or, f16 widened, the weight V C and a tile's rows R C in f32; the row
@@ -748,7 +756,7 @@ struct GemmCall {
 // The GEMMs a rank's step makes (each layer's forward, dX and dW; the head's tiles).
 std::vector<GemmCall> step_gemms(const MemoryInput& in) {
   const bool gpt2 = in.model.arch == models::Arch::kGpt2;
-  const models::BlockDims d = block_dims(in.model, in.micro_batch, in.seq_length, in.tp, in.sequence_parallel);
+  const models::BlockDims d = block_dims(in.model, in.micro_batch, in.seq_length, in.tp, in.sequence_parallel, in.usp);
   std::vector<GemmCall> calls;
   // A layer of `in` to `out` features, row-parallel (`row`) or not, over M rows: GPT-2's Conv1D
   // weights are stored (in, out) with a bias (a row-parallel layer's deferred over tp ranks),
@@ -888,8 +896,12 @@ StageEstimate estimate_stage(const MemoryInput& in, int stage) {
     r.grads_low = std::min(r.grads_low, early[MemCategory::kGrads]);
     r.ours[MemCategory::kGrads] = std::max(r.ours[MemCategory::kGrads], early[MemCategory::kGrads]);
   }
-  r.ours[MemCategory::kComm] = std::max(r.ours[MemCategory::kComm], step[MemCategory::kComm]);
-  r.comm_low = std::max(comm_low, step[MemCategory::kComm]);
+  // Ulysses' exchange buffers (step_blocks) are kept from the first forward on, through every
+  // reduction: beside the model states' comm, not a phase of their own.
+  const models::BlockDims ud = block_dims(in.model, in.micro_batch, in.seq_length, in.tp, in.sequence_parallel, in.usp);
+  const size_t a2a = in.usp > 1 ? 2 * static_cast<size_t>(ud.N) * static_cast<size_t>(std::max(ud.QKV, ud.A)) * 4 : 0;
+  r.ours[MemCategory::kComm] = std::max(r.ours[MemCategory::kComm] + a2a, step[MemCategory::kComm]);
+  r.comm_low = std::max(comm_low + a2a, step[MemCategory::kComm]);
   size_t P = 0;
   for (const parallel::Unit& u : units) P += u.numel;
   r.ds_paper_bytes = ds_paper(P, stage, in.world, e, in.optimizer_states);

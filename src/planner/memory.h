@@ -125,6 +125,11 @@ struct MemoryInput {
   int tp = 1;
   bool sequence_parallel = false;
   int vocab_divisible = 128;
+  // DeepSpeed-Ulysses (parallel.sp): the usp ranks of a group share each micro-batch, seq_length /
+  // usp tokens a rank outside attention, all seq_length for heads / usp inside it (models::BlockDims
+  // usp), between all-to-alls through two comm buffers (parallel::UlyssesComm). `world` then counts
+  // every rank the model states are sharded and the gradients reduced over: dp x usp.
+  int usp = 1;
   // Pipeline parallelism: this rank's stage, as models::TransformerLM builds it — the layer ranges
   // of its chunks (empty: every layer), whether it holds the embedding and the head (a tied token
   // table is held on both), and the activation slots its schedule keeps (micro-batches in flight).
@@ -250,7 +255,8 @@ int optimizer_state_count(const optim::OptimizerSpec& spec);
 // tp > 1: the units of one tensor-parallel rank's shard (every rank's are the same size).
 std::vector<parallel::Unit> model_units(const models::ModelConfig& cfg, int tp = 1, int vocab_divisible = 128);
 // The same dimensions TransformerLM::prepare computes (this rank's widths under tp).
-models::BlockDims block_dims(const models::ModelConfig& cfg, int B, int T, int tp = 1, bool sp = false);
+// T: whole samples' tokens; under Ulysses (usp > 1) each rank's T / usp of them.
+models::BlockDims block_dims(const models::ModelConfig& cfg, int B, int T, int tp = 1, bool sp = false, int usp = 1);
 // The units of in's rank: its pipeline stage's part of the model (model_units without a pipeline).
 std::vector<parallel::Unit> stage_units(const MemoryInput& in);
 // The pipeline partition's input by parameter counts (whole tensors), as the engine cuts stages for

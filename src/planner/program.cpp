@@ -395,6 +395,19 @@ SimProgram zero_step_program(const ZeroStepSpec& spec, const ZeroStepCosts& cost
     std::vector<int> all;
     for (int r = 0; r < D; ++r) all.push_back(r);
     p.groups.push_back(all);
+    // Ulysses: the passes' collectives over groups of usp adjacent ranks (groups[1 + r / usp]).
+    const int S = spec.usp;
+    MT_CHECK(S >= 1 && D % S == 0, ErrorKind::kInvalidArgument, "step program: Ulysses' sp must divide the world");
+    if (S > 1) {
+      for (int g = 0; g < D / S; ++g) {
+        std::vector<int> members;
+        for (int j = 0; j < S; ++j) members.push_back(g * S + j);
+        p.groups.push_back(members);
+      }
+      for (int r = 0; r < D; ++r)
+        for (SimOp& op : p.ranks[static_cast<size_t>(r)])
+          if (op.kind == SimOpKind::kCollective) op.group = op.group == kTpGroup ? 1 + r / S : 0;
+    }
     return p;
   }
   // Rank d·T + t: its dp group is groups[t], its tp group groups[T + d].

@@ -40,6 +40,10 @@ struct ZeroStepSpec {
   // Tensor-parallel ranks (consecutive: rank = d·tp + t); the ZeRO collectives run over the dp group
   // of equal t, the costs' tp collectives over the tp group of equal d.
   int tp = 1;
+  // DeepSpeed-Ulysses (tp = 1): the world's ranks in groups of usp adjacent ones, over which the
+  // passes' blocking collectives (ZeroStepCosts::tp_forward/tp_backward: the all-to-alls) run; the
+  // ZeRO collectives over the whole world (dp x usp).
+  int usp = 1;
   // schedule.stage 0: no ZeRO schedule; on more than one rank the gradients are all-reduced in
   // buckets of bucket_elems cut from the buffer's end (parallel/dp/grad_buckets.h), each launched
   // at the first unit's post-backward hook below which it lies, during the last micro-batch

@@ -54,9 +54,17 @@ void check_layout(const PlanJob& job, const Layout& l) {
            "plan: offload and 16-bit master weights need ZeRO stage 1, 2 or 3 (DeepSpeed's rule)");
   MT_CHECK(!job.memory.zero.optimizer_nvme || l.pp == 1, ErrorKind::kNotSupported,
            "plan: a pipeline with offload_optimizer nvme is not in the cost model");
-  MT_CHECK(l.dp >= 1 && l.dp * l.tp * l.pp == job.procs, ErrorKind::kInvalidArgument,
+  MT_CHECK(l.dp >= 1 && l.usp >= 1 && l.dp * l.tp * l.pp * l.usp == job.procs, ErrorKind::kInvalidArgument,
            "plan: dp " + std::to_string(l.dp) + " x tp " + std::to_string(l.tp) + " x pp " + std::to_string(l.pp) +
-               " is not the job's " + std::to_string(job.procs) + " process(es)");
+               (l.usp > 1 ? " x Ulysses " + std::to_string(l.usp) : std::string()) + " is not the job's " +
+               std::to_string(job.procs) + " process(es)");
+  if (l.usp > 1) {
+    MT_CHECK(job.ulysses_refused.empty(), ErrorKind::kNotSupported, "plan: Ulysses with " + job.ulysses_refused);
+    MT_CHECK(l.tp == 1 && l.pp == 1, ErrorKind::kNotSupported, "plan: Ulysses with tp or pp > 1 (the runtime's limit)");
+    MT_CHECK(job.memory.seq_length % l.usp == 0 && m.n_head % l.usp == 0 && m.n_kv_head % l.usp == 0, ErrorKind::kInvalidArgument,
+             "plan: Ulysses " + std::to_string(l.usp) + " does not divide seq_length (" + std::to_string(job.memory.seq_length) +
+                 "), the heads (" + std::to_string(m.n_head) + ") and kv heads (" + std::to_string(m.n_kv_head) + ")");
+  }
   MT_CHECK(l.stage >= 0 && l.stage <= 3, ErrorKind::kInvalidArgument, "plan: ZeRO stage must be 0-3");
   // The simulator runs each micro-batch of the step: a million of them took 16 s and 1.6 GB, and a
   // count past int wrapped.
@@ -74,7 +82,8 @@ namespace {
 
 MemoryInput layout_memory_input(const PlanJob& job, const Layout& l) {
   MemoryInput in = job.memory;
-  in.world = l.dp;
+  in.world = l.dp * l.usp;  // the ZeRO group: dp x Ulysses' sp
+  in.usp = l.usp;
   in.tp = l.tp;
   in.sequence_parallel = l.sequence_parallel && l.tp > 1;
   in.pp = 1;
@@ -99,8 +108,8 @@ parallel::pp::ScheduleSpec pipeline_spec(const PlanJob& job, const Layout& l) {
 StepShape step_shape(const PlanJob& job, const Layout& l) {
   const MemoryInput& m = job.memory;
   return StepShape{.model = m.model, .micro_batch = l.micro_batch, .seq_length = m.seq_length,
-                   .compute = m.compute_dtype, .world = l.dp, .vocab_divisible = m.vocab_divisible,
-                   .recompute = l.recompute, .tp = l.tp, .sequence_parallel = l.sequence_parallel && l.tp > 1,
+                   .compute = m.compute_dtype, .world = l.dp * l.usp, .vocab_divisible = m.vocab_divisible,
+                   .recompute = l.recompute, .tp = l.tp, .sequence_parallel = l.sequence_parallel && l.tp > 1, .usp = l.usp,
                    .optimizer_nvme = m.zero.optimizer_nvme, .sub_group_size = m.zero.sub_group_size,
                    .param_nvme = m.zero.param_nvme && l.stage == 3, .zero_stage = l.stage,
                    .attention_share = job.attention_share, .sparse = job.sparse, .update = job.update};
@@ -289,7 +298,8 @@ SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts
   const MemoryInput& m = job.memory;
   ZeroStepSpec spec;
   spec.units = model_units(m.model, l.tp, m.vocab_divisible);
-  spec.world = l.dp;
+  spec.world = l.dp * l.usp;  // Ulysses' all-to-alls are the passes' blocking collectives (cost.cpp)
+  spec.usp = l.usp;
   spec.tp = l.tp;
   spec.schedule = job.schedule;
   spec.schedule.stage = l.stage;
@@ -365,6 +375,7 @@ void rank_layouts(std::vector<RankedLayout>& ranked) {
 
 std::string Layout::describe() const {
   std::string s = "dp " + std::to_string(dp);
+  if (usp > 1) s += ", Ulysses " + std::to_string(usp);
   if (tp > 1) s += ", tp " + std::to_string(tp) + (sequence_parallel ? " sp" : "");
   if (pp > 1) s += ", pp " + std::to_string(pp);
   if (pp > 1 && schedule == parallel::pp::ScheduleKind::kGPipe) s += " GPipe";
@@ -386,12 +397,14 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
   MT_CHECK(job.procs >= 1 && job.global_batch >= 1, ErrorKind::kInvalidArgument,
            "plan: the job needs at least one process and one sample a step");
   SearchResult r;
-  std::vector<std::pair<int, int>> grids;  // (tp, pp)
+  std::vector<std::tuple<int, int, int>> grids;  // (tp, pp, Ulysses' sp)
   if (space.parallel) {
     for (int64_t tp : divisors(job.procs))
-      for (int64_t pp : divisors(job.procs / tp)) grids.emplace_back(static_cast<int>(tp), static_cast<int>(pp));
+      for (int64_t pp : divisors(job.procs / tp)) grids.emplace_back(static_cast<int>(tp), static_cast<int>(pp), 1);
+    for (int64_t usp : divisors(job.procs))  // the runtime's Ulysses: without tp and pp
+      if (usp > 1) grids.emplace_back(1, 1, static_cast<int>(usp));
   } else {
-    grids.emplace_back(job.base.tp, job.base.pp);
+    grids.emplace_back(job.base.tp, job.base.pp, job.base.usp);
   }
   // The layouts are enumerated twice: once to list those whose memory is wanted, which are then
   // estimated on the process's threads at once (22,648 layouts of Llama 3 405B over 512 GPUs took
@@ -404,11 +417,20 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
     std::exception_ptr failed;
   };
   auto enumerate = [&](SearchResult& out, auto&& memory_of) {
-    for (auto [tp, pp] : grids) {
-      const int dp = job.procs / (tp * pp);
-      const std::string family = "dp " + std::to_string(dp) + (tp > 1 ? ", tp " + std::to_string(tp) : "") +
+    for (auto [tp, pp, usp] : grids) {
+      const int dp = job.procs / (tp * pp * usp);
+      const std::string ulysses = usp > 1 ? ", Ulysses " + std::to_string(usp) : "";
+      const std::string family = "dp " + std::to_string(dp) + ulysses + (tp > 1 ? ", tp " + std::to_string(tp) : "") +
                                  (pp > 1 ? ", pp " + std::to_string(pp) : "");
       const models::ModelConfig& model = job.memory.model;
+      if (usp > 1 && !job.ulysses_refused.empty()) {
+        out.rejected.push_back(family + ": Ulysses with " + job.ulysses_refused + " is not implemented");
+        continue;
+      }
+      if (usp > 1 && (job.memory.seq_length % usp != 0 || model.n_head % usp != 0 || model.n_kv_head % usp != 0)) {
+        out.rejected.push_back(family + ": Ulysses does not divide seq_length, the heads and the kv heads");
+        continue;
+      }
       if (model.n_head % tp != 0 || model.n_kv_head % tp != 0 || model.intermediate % tp != 0) {
         out.rejected.push_back(family + ": tp does not divide the model's heads, kv heads and MLP features");
         continue;
@@ -418,7 +440,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
                              std::to_string(job.global_batch));
         continue;
       }
-      if ((dp > 1 || pp > 1 || tp > 1) && !cal.has_network && cal.world < 2) {  // (a cluster's links are described)
+      if ((dp > 1 || pp > 1 || tp > 1 || usp > 1) && !cal.has_network && cal.world < 2) {  // (a cluster's links are described)
         out.rejected.push_back(family + ": the calibration has no collectives (calibrate under meshtrain launch -n " +
                              std::to_string(std::max(dp, 2)) + ")");
         continue;
@@ -452,6 +474,10 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       auto stage_zero = [](int st) { return st == 0; };
       auto stage_above_zero = [](int st) { return st >= 1; };
       if (job.cuda_replicas) {
+        if (usp > 1) {
+          out.rejected.push_back(family + ": Ulysses is not implemented on device \"cuda\"");
+          continue;
+        }
         if (tp > 1 || pp > 1) {
           out.rejected.push_back(family + ": tp and pp are not implemented on device \"cuda\" (data parallelism is)");
           continue;
@@ -498,7 +524,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       for (bool sp : sps)
       for (auto [kind, v] : schedules) {
         // Named as Layout::describe names it: "sp" beside tp, the schedule beside pp.
-        const std::string fam = "dp " + std::to_string(dp) + (tp > 1 ? ", tp " + std::to_string(tp) + (sp ? " sp" : "") : "") +
+        const std::string fam = "dp " + std::to_string(dp) + ulysses + (tp > 1 ? ", tp " + std::to_string(tp) + (sp ? " sp" : "") : "") +
                                 (pp > 1 ? ", pp " + std::to_string(pp) : "") +
                                 (pp > 1 && kind == ScheduleKind::kGPipe ? " GPipe" : "") +
                                 (pp > 1 && kind == ScheduleKind::kInterleaved ? " interleaved x " + std::to_string(v) : "");
@@ -520,7 +546,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
             if (std::find(sizes.begin(), sizes.end(), B) == sizes.end()) sizes.push_back(B);
             Layout l{.dp = dp, .tp = tp, .pp = pp, .stage = stage, .micro_batch = static_cast<int>(B),
                      .accumulation = static_cast<int>(share / B), .recompute = rec, .schedule = kind, .virtual_stages = v,
-                     .sequence_parallel = sp};
+                     .sequence_parallel = sp, .usp = usp};
             ++out.considered;
             check_layout(job, l);
             size_t train = 0, bytes = 0;

@@ -42,7 +42,10 @@ struct Layout {
   parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
   int virtual_stages = 1;
   bool sequence_parallel = false;  // Megatron's, over the tp group (tp > 1)
-  std::string describe() const;  // "dp 2, tp 2 sp, pp 2 interleaved x 2, ZeRO 1, B 4 x 2, recompute"
+  // DeepSpeed-Ulysses (parallel.sp; tp = pp = 1): usp ranks share each micro-batch, dp x usp ranks
+  // the ZeRO states and the gradients' reduction (planner/cost.h StepShape::usp).
+  int usp = 1;
+  std::string describe() const;  // "dp 2, tp 2 sp, pp 2 interleaved x 2, ZeRO 1, B 4 x 2, recompute"; "dp 1, Ulysses 2, ..." 
 };
 
 // The job: what every layout shares (the configuration's model, sequence, dtype, optimizer and
@@ -99,11 +102,14 @@ struct PlanJob {
   bool curriculum = false;         // curriculum_learning (a pipeline runs it since stop 75)
   bool cuda_replicas = false;      // device "cuda" over several processes: dp only, ZeRO 0
   bool sixteen_bit_master = false;  // bf16/fp16 master weights: ZeRO 1-3 (DeepSpeed's assert)
+  // Why the runtime runs no Ulysses layout of this configuration (ds_config's check_ulysses: offload
+  // to nvme, a 1-bit optimizer, ...); empty: it runs them where usp divides T and the heads.
+  std::string ulysses_refused;
 };
 
 // What the search may change (false: the base's value).
 struct SearchSpace {
-  bool parallel = false;   // dp x tp x pp
+  bool parallel = false;   // dp x tp x pp, and dp x Ulysses' sp (tp = pp = 1)
   bool stage = false;
   bool batch = false;      // micro-batch and accumulation, their product fixed by the global batch
   // Without batch: the accumulation the configuration fixed (its micro-batch then the rank's share

@@ -481,6 +481,54 @@ TEST(Search, SequenceParallelismIsSearchedWithTensorParallelism) {
     EXPECT_TRUE(x.layout.tp == 1 || x.layout.sequence_parallel) << x.layout.describe();
 }
 
+// Ulysses (parallel.sp) is searched beside dp, tp and pp where the runtime runs it (tp = pp = 1):
+// a family of its own, its predictions predict_layout's, its ZeRO group dp x sp (the optimizer's
+// shard of a dp 1, Ulysses 2 layout is a dp 2 one's); what the configuration keeps it from is
+// named among the rejected, and so are sp sizes that do not divide the heads.
+TEST(Search, UlyssesIsSearchedWhereTheRuntimeRunsIt) {
+  PlanJob job = tiny_job(2, 8);
+  job.memory.model = models::tiny(models::Arch::kLlama);
+  job.memory.model.n_kv_head = 2;
+  Calibration cal = hand_calibration(2);
+  cal.fits["all_to_all"] = {0.0, 1e-9};
+  SearchSpace space;
+  space.parallel = space.stage = true;
+  const SearchResult r = search_layouts(job, space, size_t{1} << 40, cal);
+  const RankedLayout* ulysses = nullptr;
+  const RankedLayout* dp = nullptr;
+  for (const RankedLayout& x : r.ranked) {
+    if (x.layout.stage != 1) continue;
+    if (x.layout.usp == 2) ulysses = &x;
+    if (x.layout.dp == 2) dp = &x;
+  }
+  ASSERT_NE(ulysses, nullptr);
+  ASSERT_NE(dp, nullptr);
+  EXPECT_EQ(ulysses->layout.describe(), "dp 1, Ulysses 2, ZeRO 1, B 4 x 2 micro-batches");
+  EXPECT_DOUBLE_EQ(ulysses->prediction.step, predict_layout(job, ulysses->layout, cal).step);
+  EXPECT_EQ(ulysses->prediction.memory, predict_layout(job, ulysses->layout, cal).memory);
+  MemoryInput in = job.memory;
+  in.world = 2;
+  in.usp = 2;
+  in.micro_batch = 4;
+  MemoryInput plain = job.memory;
+  plain.world = 2;
+  plain.micro_batch = 4;
+  EXPECT_EQ(estimate_stage(in, 1).ours[MemCategory::kOptimizer], estimate_stage(plain, 1).ours[MemCategory::kOptimizer]);
+  EXPECT_THROW(check_layout(job, Layout{.dp = 1, .tp = 2, .stage = 1, .micro_batch = 4, .accumulation = 2, .usp = 2}), Error);
+  job.ulysses_refused = "offload to nvme";
+  const SearchResult refused = search_layouts(job, space, size_t{1} << 40, cal);
+  for (const RankedLayout& x : refused.ranked) EXPECT_EQ(x.layout.usp, 1) << x.layout.describe();
+  EXPECT_NE(std::find(refused.rejected.begin(), refused.rejected.end(),
+                      "dp 1, Ulysses 2: Ulysses with offload to nvme is not implemented"),
+            refused.rejected.end());
+  job.ulysses_refused.clear();
+  job.memory.model.n_kv_head = 1;
+  const SearchResult odd = search_layouts(job, space, size_t{1} << 40, cal);
+  EXPECT_NE(std::find(odd.rejected.begin(), odd.rejected.end(),
+                      "dp 1, Ulysses 2: Ulysses does not divide seq_length, the heads and the kv heads"),
+            odd.rejected.end());
+}
+
 // A 1-bit optimizer runs at ZeRO stage 0 without tp or pp (the runtime refuses the rest): the
 // search ranks only those layouts, names the families it rejects and why, and counts the
 // exchange's error buffers in each layout's memory.

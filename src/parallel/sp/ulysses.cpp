@@ -74,7 +74,7 @@ void UlyssesComm::exchange(size_t block, const char* tag) {
   o.tag = tag;
   o.timeout = timeout_;
   Timer t;
-  group_->all_to_all(recv_.data(), send_.data(), block, DType::kF32, o)->wait();
+  group_->all_to_all(recv_.as<float>(), send_.as<float>(), block, DType::kF32, o)->wait();
   seconds_ += t.seconds();
   bytes_ += block * static_cast<size_t>(size()) * sizeof(float);
 }
@@ -84,8 +84,12 @@ bool UlyssesComm::begin(float* out, const float* in, size_t n) {
     std::memcpy(out, in, n * sizeof(float));
     return false;
   }
-  send_.resize(n);
-  recv_.resize(n);
+  if (send_.bytes() < n * sizeof(float)) {
+    send_ = Buffer();
+    recv_ = Buffer();
+    send_ = Buffer::uninitialized(n * sizeof(float), MemCategory::kComm);
+    recv_ = Buffer::uninitialized(n * sizeof(float), MemCategory::kComm);
+  }
   return true;
 }
 
@@ -94,9 +98,9 @@ void UlyssesComm::to_heads(float* out, const float* in, size_t B, size_t Tl, con
   const int sp = size();
   const size_t W = row_width(segments, sp), n = B * Tl * W;
   if (!begin(out, in, n)) return;
-  ulysses_pack_heads(send_.data(), in, B, Tl, segments, sp);
+  ulysses_pack_heads(send_.as<float>(), in, B, Tl, segments, sp);
   exchange(n / static_cast<size_t>(sp), tag);
-  ulysses_unpack_heads(out, recv_.data(), B, Tl, W / static_cast<size_t>(sp), sp);
+  ulysses_unpack_heads(out, recv_.as<float>(), B, Tl, W / static_cast<size_t>(sp), sp);
 }
 
 void UlyssesComm::to_tokens(float* out, const float* in, size_t B, size_t Tl, const std::vector<size_t>& segments,
@@ -104,9 +108,9 @@ void UlyssesComm::to_tokens(float* out, const float* in, size_t B, size_t Tl, co
   const int sp = size();
   const size_t W = row_width(segments, sp), n = B * Tl * W;
   if (!begin(out, in, n)) return;
-  ulysses_pack_tokens(send_.data(), in, B, Tl, W / static_cast<size_t>(sp), sp);
+  ulysses_pack_tokens(send_.as<float>(), in, B, Tl, W / static_cast<size_t>(sp), sp);
   exchange(n / static_cast<size_t>(sp), tag);
-  ulysses_unpack_tokens(out, recv_.data(), B, Tl, segments, sp);
+  ulysses_unpack_tokens(out, recv_.as<float>(), B, Tl, segments, sp);
 }
 
 void UlyssesComm::all_reduce(float* buf, size_t n, const char* tag) {

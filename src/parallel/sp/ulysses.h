@@ -18,6 +18,7 @@
 
 #include "base/timer.h"
 #include "comm/backend.h"
+#include "tensor/allocator.h"
 
 namespace mt::parallel {
 
@@ -58,7 +59,9 @@ class UlyssesComm {
   bool begin(float* out, const float* in, size_t n);
   std::shared_ptr<comm::Backend> group_;
   std::chrono::milliseconds timeout_ = comm::kDefaultTimeout;
-  std::vector<float> send_, recv_;
+  // The exchange's buffers (accounted comm), grown to the widest exchange and kept: the first block's
+  // q, k, v in a step (planner/memory.cpp counts them so).
+  Buffer send_, recv_;
   size_t bytes_ = 0;
   double seconds_ = 0.0;
 };
