@@ -264,7 +264,7 @@ void run_calibrate(const CalibrateArgs& args) {
       const bool flops = family.rfind("gemm", 0) == 0 || family.rfind("attention", 0) == 0 || family.rfind("sparse attention", 0) == 0;
       const std::string base = family.substr(0, family.find(' '));  // "all_reduce intra" -> "all_reduce"
       const bool bytes = family == "memory" || family == "copy" || family == "zero" || family == "convert" || base == "all_reduce" || base == "all_gather" || base == "reduce_scatter" ||
-                         base == "send_recv" || base == "onebit_all_reduce";
+                         base == "send_recv" || base == "onebit_all_reduce" || base == "all_to_all";
       const double rate = f.per_unit > 0 ? 1.0 / f.per_unit : 0.0;
       std::printf("%-24s %9.1f us %12.2f %s\n", family.c_str(), f.latency * 1e6, flops ? rate / 1e12 : rate / 1e9,
                   flops ? "TFLOP/s" : bytes ? "GB/s" : "G elements/s");

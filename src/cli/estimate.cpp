@@ -68,10 +68,11 @@ std::string pipeline_rank(const planner::MemoryInput& in) {
 
 void print_table(const planner::MemoryInput& in, const std::vector<planner::StageEstimate>& est,
                  const std::vector<int>& fits, size_t budget) {
-  std::printf("%s; B=%d T=%d %s, %d optimizer state(s) per parameter%s; %d process(es) = tp %d%s x dp %d%s; per rank%s:\n",
+  const std::string ulysses = in.usp > 1 ? " x sp " + std::to_string(in.usp) + " (Ulysses)" : "";
+  std::printf("%s; B=%d T=%d %s, %d optimizer state(s) per parameter%s; %d process(es) = tp %d%s%s x dp %d%s; per rank%s:\n",
               in.model.describe().c_str(), in.micro_batch, in.seq_length, dtype_name(in.compute_dtype),
               in.optimizer_states, in.recompute ? ", recompute" : "", in.world * in.tp * in.pp, in.tp,
-              in.sequence_parallel ? " (sequence parallel)" : "", in.world,
+              in.sequence_parallel ? " (sequence parallel)" : "", ulysses.c_str(), in.world / in.usp,
               in.pipeline() ? (" x pp " + std::to_string(in.pp)).c_str() : "", pipeline_rank(in).c_str());
   std::printf("%-6s", "stage");
   for (MemCategory c : kColumns) std::printf(" %11s", mem_category_name(c));
@@ -125,7 +126,8 @@ nlohmann::json to_json(const planner::MemoryInput& in, const std::vector<planner
   j["model"] = in.model.describe();
   j["params"] = in.model.num_params();
   j["procs"] = in.world * in.tp * in.pp;
-  j["dp"] = in.world;
+  j["dp"] = in.world / in.usp;  // (the ZeRO group is dp x sp)
+  j["sp"] = in.usp;
   j["tp"] = in.tp;
   j["pp"] = in.pp;
   if (in.pipeline()) {

@@ -246,7 +246,9 @@ TEST(EstimateCli, UlyssesIsEstimated) {
   ASSERT_EQ(run("estimate " + cfg + " --procs 2 --set zero_optimization.stage=1 --json", &out, &err), 0) << err;
   const nlohmann::json dp = nlohmann::json::parse(out)["stages"][1];
   ASSERT_EQ(run("estimate " + cfg + " --procs 2 --set parallel.sp=2 --set zero_optimization.stage=1 --json", &out, &err), 0) << err;
-  const nlohmann::json sp = nlohmann::json::parse(out)["stages"][1];
+  const nlohmann::json whole = nlohmann::json::parse(out), sp = whole["stages"][1];
+  EXPECT_EQ(whole["dp"], 1);
+  EXPECT_EQ(whole["sp"], 2);
   // Both shard the model states over two ranks; Ulysses' ranks hold half the tokens each, and the
   // all-to-all's buffers.
   EXPECT_LT(sp["activations"].get<double>(), dp["activations"].get<double>());
