@@ -290,7 +290,7 @@ planner::MemoryInput estimate_input(const engine::RunConfig& c, int procs, int p
   in.zero.max_live_parameters = c.zero.stage3_max_live_parameters;
   in.zero.prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
   in.zero.overlap_comm = c.zero.overlap_comm;  // the configuration's value for every stage's row
-  in.zero.comm_dtype = c.comm_dtype;
+  in.zero.comm_dtype = engine::grad_comm_dtype(c, c.sp);
   in.zero.optimizer_nvme = c.zero.offload_optimizer == "nvme";
   in.zero.sub_group_size = c.zero.sub_group_size;
   in.zero.swap_buffers = c.zero.optimizer_buffer_count;

@@ -134,7 +134,7 @@ nlohmann::json config_json(const Case& k) {
       j["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", dir() + "/swap-" + case_name(k)}};
   }
   if (k.tp > 1 || k.pp > 1) j["parallel"] = {{"tp", k.tp}, {"sequence_parallel", k.sp}, {"pp", k.pp}};
-  if (k.usp > 1) j["parallel"] = {{"sp", k.usp}};
+  if (k.usp > 1) j["parallel"]["sp"] = k.usp;
   if (k.pp > 1) {  // rank 0 = the first stage: the embedding, one layer of two, 1F1B's pp slots
     j["parallel"]["pipeline_schedule"] = k.schedule;
     j["train_batch_size"] = 8;  // 8 micro-batches per pipeline (GPipe keeps them all)
@@ -291,7 +291,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // Ulysses: this rank's tokens and targets, the rope table of whole samples,
                       // the all-to-all's two buffers (comm); ZeRO over dp x sp.
                       ulysses(Case{"gpt2", false, 0, false}, 2), ulysses(Case{"llama", true, 3, false}, 2),
-                      ulysses(Case{"llama", false, 2, true, 1, 4}, 2)),
+                      ulysses(Case{"llama", false, 2, true, 1, 4}, 2),
+                      // Ulysses with tp (stop 80): tp 2 x sp 2, each rank one of GPT-2's four heads.
+                      ulysses(Case{"gpt2", true, 2, false, 2, 4}, 2)),
     [](const auto& info) { return case_name(info.param); });
 
 // (2): stage-3 model states against the closed form (header comment), computed from the units

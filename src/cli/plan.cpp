@@ -232,6 +232,7 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* 
   job.schedule.persistence_threshold = static_cast<size_t>(c.zero.stage3_param_persistence_threshold);
   job.schedule.max_live_elems = static_cast<size_t>(c.zero.stage3_max_live_parameters);
   job.schedule.comm_dtype = c.comm_dtype;
+  job.usp_comm_dtype = c.seq_comm_dtype;
   job.bucket_elems = static_cast<size_t>(c.zero.reduce_bucket_size);
   job.procs = procs;
   job.global_batch = c.batch.train_batch_size;

@@ -608,8 +608,9 @@ std::string checkpoint_save(Engine& engine, const std::string& save_dir, int64_t
         for (auto& pc : rep["pieces"]) index["pieces"].push_back(pc);
         for (auto it = rep["files"].begin(); it != rep["files"].end(); ++it) files[it.key()] = it.value();
       }
-      index["layout"] = {{"world", ctx.world->size()}, {"dp", ctx.dp()}, {"tp", ctx.tp()}, {"pp", ctx.pp()},
-                         {"zero_stage", engine.config().zero.stage}};
+      // (dp: the data-parallel size; the ZeRO group that shards the states is dp x sp.)
+      index["layout"] = {{"world", ctx.world->size()}, {"dp", ctx.data_dp()}, {"tp", ctx.tp()}, {"pp", ctx.pp()},
+                         {"sp", ctx.sp()}, {"zero_stage", engine.config().zero.stage}};
       std::string index_text = index.dump(1);
       file_write_atomic((tmp_dir / kShardIndex).string(), index_text.data(), index_text.size());
       // Hugging Face's index where every tensor is whole (one process, or pipeline stages without

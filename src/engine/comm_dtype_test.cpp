@@ -48,6 +48,34 @@ TEST(CommDtype, SixteenBitWireAtEveryStage) {
   }
 }
 
+// With Ulysses (parallel.sp 2: the two ranks hold halves of each sample, and their partial weight
+// gradients are summed) DeepSpeed reduces in seq_parallel_communication_data_type, fp32 unless
+// given, whatever communication_data_type says. communication_data_type "bf16" alone reduced in
+// bf16 here before.
+TEST(CommDtype, UlyssesReducesInTheSequenceParallelType) {
+  LayoutRun ref = layout_train(layout_config(kGpt2, "fp32", 1, 2), 1, 2, "one");
+  for (int stage : {0, 2}) {
+    auto sp2 = [stage](const char* comm, const char* seq) {
+      auto j = layout_config(kGpt2, "fp32", 1, 2);
+      j["parallel"] = {{"sp", 2}};
+      j["zero_optimization"] = {{"stage", stage}, {"reduce_bucket_size", 3000}};
+      if (comm) j["communication_data_type"] = comm;
+      if (seq) j["seq_parallel_communication_data_type"] = seq;
+      return j;
+    };
+    LayoutRun f32 = layout_train(sp2(nullptr, nullptr), 2, 2, "sp 2");
+    const LayoutDiff f32_vs_one = layout_compare(ref.master, f32.master, ref.noise);
+    EXPECT_LT(f32_vs_one.norm_rel, 1e-5) << "stage " << stage;
+    LayoutRun dp_key = layout_train(sp2("bf16", nullptr), 2, 2, "communication_data_type bf16");
+    EXPECT_LT(layout_compare(f32.master, dp_key.master, ref.noise).norm_rel, 1e-6)
+        << "stage " << stage << ": communication_data_type changed the Ulysses reduction";
+    LayoutRun seq = layout_train(sp2("fp32", "bf16"), 2, 2, "seq_parallel_communication_data_type bf16");
+    EXPECT_GT(layout_compare(f32.master, seq.master, ref.noise).norm_rel, 10 * f32_vs_one.norm_rel)
+        << "stage " << stage << ": seq_parallel_communication_data_type bf16 changes nothing";
+    EXPECT_LT(layout_compare(ref.master, seq.master, ref.noise).norm_rel, 4e-3) << "stage " << stage;
+  }
+}
+
 TEST(CommDtype, ParsedRefusedAndResolved) {
   auto j = wire_config(0, "bfp16");
   EXPECT_EQ(ds_config_parse(j, "t", 2).comm_dtype, DType::kBF16);

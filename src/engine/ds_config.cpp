@@ -1609,7 +1609,6 @@ void check_ulysses(const RunConfig& c) {
   auto refuse = [&](bool bad, const std::string& what) {
     MT_CHECK(!bad, ErrorKind::kNotSupported, sp + " with " + what + " is not implemented yet");
   };
-  refuse(c.tp > 1, "parallel.tp > 1");
   refuse(c.pp > 1, "parallel.pp > 1");
   const std::string other = ulysses_unsupported(c);
   refuse(!other.empty(), other);
@@ -1617,11 +1616,15 @@ void check_ulysses(const RunConfig& c) {
   MT_CHECK(c.seq_length % c.sp == 0, ErrorKind::kInvalidArgument,
            sp + " splits each sample's seq_length (" + std::to_string(c.seq_length) + ") tokens over " + std::to_string(c.sp) +
                " ranks: they must divide evenly");
+  // With tp, each tp rank's heads (n_head / tp) are what the sp group splits (Megatron-DeepSpeed's
+  // DistributedAttention around its tp-sharded attention).
   const bool gpt2 = c.model.arch == models::Arch::kGpt2;
-  MT_CHECK(c.model.n_head % c.sp == 0 && c.model.n_kv_head % c.sp == 0, ErrorKind::kInvalidArgument,
+  const int split = c.sp * c.tp;
+  const std::string by = c.tp > 1 ? "parallel.tp x parallel.sp (" + std::to_string(split) + ")" : std::to_string(c.sp);
+  MT_CHECK(c.model.n_head % split == 0 && c.model.n_kv_head % split == 0, ErrorKind::kInvalidArgument,
            sp + " splits the attention heads over its ranks: model." + (gpt2 ? "n_head (" : "num_attention_heads (") +
                std::to_string(c.model.n_head) + ")" + (gpt2 ? "" : " and model.num_key_value_heads (" + std::to_string(c.model.n_kv_head) + ")") +
-               " must be divisible by " + std::to_string(c.sp));
+               " must be divisible by " + by);
 }
 
 RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool allow_bare) {
@@ -2032,22 +2035,42 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   // communication_data_type: the dtype data-parallel gradients are reduced in (DeepSpeed: fp16,
   // bf16 or fp32; older versions spelt bf16 "bfp16"). 16-bit: rounded to it and summed in it on the
   // wire (parallel::GradBuckets, ZeroRuntime), half the bytes of fp32.
-  if (root.has("communication_data_type")) {
-    std::string t = root.string("communication_data_type", "fp32");
+  auto comm_type = [&root](const std::string& key) {
+    std::string t = root.string(key, "fp32");
     std::transform(t.begin(), t.end(), t.begin(), ::tolower);
     MT_CHECK(t == "fp32" || t == "fp16" || t == "bf16" || t == "bfp16", ErrorKind::kInvalidArgument,
-             "communication_data_type: '" + t + "' is not a DeepSpeed communication type (fp16, bf16, fp32)");
-    c.comm_dtype = t == "fp32" ? DType::kF32 : t == "fp16" ? DType::kF16 : DType::kBF16;
+             key + ": '" + t + "' is not a DeepSpeed communication type (fp16, bf16, fp32)");
+    return t == "fp32" ? DType::kF32 : t == "fp16" ? DType::kF16 : DType::kBF16;
+  };
+  auto type_name = [](DType t) { return std::string(t == DType::kF32 ? "fp32" : t == DType::kF16 ? "fp16" : "bf16"); };
+  if (root.has("communication_data_type")) {
+    c.comm_dtype = comm_type("communication_data_type");
     MT_CHECK(c.comm_dtype == DType::kF32 || !optim::optimizer_is_onebit(c.optimizer), ErrorKind::kNotSupported,
-             "communication_data_type: '" + t + "' with optimizer.type " + c.optimizer.type +
+             "communication_data_type: '" + type_name(c.comm_dtype) + "' with optimizer.type " + c.optimizer.type +
                  ": the 1-bit exchange sends signs and f32 scales; give \"fp32\" or leave it out");
   }
-  // Ulysses sequence parallelism's all-to-all dtype (DeepSpeed's key is seq_parallel_comm_data_type;
-  // the longer name, read here before, is kept): meshtrain's all-to-all carries f32 values.
-  for (const char* k : {"seq_parallel_comm_data_type", "seq_parallel_communication_data_type"})
-    if (root.has(k))
-      c.warnings.push_back(std::string(k) + ": accepted; meshtrain's Ulysses all-to-all (parallel.sp > 1) exchanges f32 "
-                           "q, k, v and attention outputs whatever it says" + (c.sp == 1 ? " (and parallel.sp is 1 here)" : ""));
+  // seq_parallel_communication_data_type (DeepSpeed's key; the shorter seq_parallel_comm_data_type
+  // is read too): with Ulysses (sp > 1) DeepSpeed's engine reduces the gradients in it, fp32 unless
+  // given, in place of communication_data_type (its convergence fix: the sp ranks' partial weight
+  // gradients are summed in f32). It is not the all-to-all's dtype.
+  std::string seq_key;
+  for (const char* k : {"seq_parallel_communication_data_type", "seq_parallel_comm_data_type"}) {
+    if (!root.has(k)) continue;
+    const DType t = comm_type(k);
+    MT_CHECK(seq_key.empty() || t == c.seq_comm_dtype, ErrorKind::kInvalidArgument,
+             std::string(k) + " ('" + type_name(t) + "') and " + seq_key + " ('" + type_name(c.seq_comm_dtype) +
+                 "') disagree: give one");
+    c.seq_comm_dtype = t;
+    if (seq_key.empty()) seq_key = k;
+  }
+  if (c.sp == 1 && !seq_key.empty())
+    c.warnings.push_back(seq_key + ": accepted; it sets the gradients' reduction dtype with parallel.sp > 1 (Ulysses), and parallel.sp is 1 here");
+  if (c.sp > 1 && root.has("communication_data_type") && c.comm_dtype != c.seq_comm_dtype)
+    c.warnings.push_back("communication_data_type: '" + type_name(c.comm_dtype) + "' is not used: with parallel.sp " +
+                         std::to_string(c.sp) + " the gradients are reduced in " +
+                         (seq_key.empty() ? std::string("seq_parallel_communication_data_type (fp32 unless given)")
+                                          : seq_key + " ('" + type_name(c.seq_comm_dtype) + "')") +
+                         ", as DeepSpeed does");
   // Logging, monitoring and tuning: accepted with a warning.
   parse_csv_monitor(root, c);
   if (root.has("aio")) {  // the swap I/O engine (offload to nvme); read whether or not it is used
@@ -2347,6 +2370,8 @@ json ds_config_resolved(const RunConfig& c) {
                {"bf16_master_weights_and_grads", c.master_dtype == DType::kBF16}};
   j["fp16"]["fp16_master_weights_and_grads"] = c.master_dtype == DType::kF16;
   j["communication_data_type"] = c.comm_dtype == DType::kF32 ? "fp32" : c.comm_dtype == DType::kF16 ? "fp16" : "bf16";
+  if (c.sp > 1 || c.seq_comm_dtype != DType::kF32)  // (read only with Ulysses; warned without it)
+    j["seq_parallel_communication_data_type"] = c.seq_comm_dtype == DType::kF32 ? "fp32" : c.seq_comm_dtype == DType::kF16 ? "fp16" : "bf16";
   const optim::OptimizerSpec& o = c.optimizer;
   json op = {{"lr", o.lr}, {"weight_decay", o.weight_decay}};
   if (o.type == "SGD") {

@@ -139,6 +139,9 @@ struct RunConfig {
   // communication_data_type: the dtype data-parallel gradients are reduced in (fp32 by default;
   // bf16/f16: rounded to it and summed in it on the wire).
   DType comm_dtype = DType::kF32;
+  // seq_parallel_communication_data_type: with Ulysses (sp > 1) DeepSpeed reduces the gradients in
+  // it instead of communication_data_type (fp32 by default). grad_comm_dtype() picks.
+  DType seq_comm_dtype = DType::kF32;
   optim::LossScalerConfig loss_scaler;  // meaningful for fp16
   bool fp16_dynamic_args_given = false;  // the fp16 block gives a dynamic key (DeepSpeed's dynamic_loss_scale_args)
   optim::OptimizerSpec optimizer;
@@ -258,6 +261,10 @@ struct ConfigSources {
 // What of c Ulysses (parallel.sp > 1) does not run with, besides tp and pp ("offload to nvme", ...);
 // empty: nothing. The planner leaves Ulysses layouts out for it.
 std::string ulysses_unsupported(const RunConfig& c);
+// The dtype the gradients are reduced in at Ulysses degree `sp`: seq_comm_dtype where sp > 1
+// (DeepSpeed's engine replaces communication_data_type with seq_parallel_communication_data_type
+// then), comm_dtype otherwise.
+inline DType grad_comm_dtype(const RunConfig& c, int sp) { return sp > 1 ? c.seq_comm_dtype : c.comm_dtype; }
 RunConfig ds_config_parse(nlohmann::json j, const std::string& where, int world_size = 1, bool allow_bare = false);
 RunConfig ds_config_load(const std::string& path, const std::vector<std::string>& overrides,
                          int world_size = 1);

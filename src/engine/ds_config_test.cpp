@@ -1721,12 +1721,32 @@ TEST(DsConfig, KeysAReviewFoundReadOtherwiseThanDeepSpeed) {
   EXPECT_NE(error_of(with("zero_optimization", {{"stage", 3}, {"prefetch_bucket_size", 1}, {"stage3_prefetch_bucket_size", 2}}))
                 .find("are one setting"),
             npos);
+  // seq_parallel_communication_data_type is DeepSpeed's gradient reduction dtype with Ulysses (it
+  // replaces communication_data_type there, fp32 unless given); it was warned as the all-to-all's.
   EXPECT_TRUE(has_line(ds_config_parse(with("seq_parallel_comm_data_type", "fp16"), "cfg.json").warnings,
-                       "seq_parallel_comm_data_type: accepted"));
-  nlohmann::json ulysses = with("seq_parallel_comm_data_type", "fp16");
+                       "seq_parallel_comm_data_type: accepted; it sets the gradients' reduction dtype with parallel.sp > 1"));
+  nlohmann::json ulysses = with("seq_parallel_communication_data_type", "BF16");
   ulysses["sequence_parallel_size"] = 2;
-  EXPECT_TRUE(has_line(ds_config_parse(ulysses, "cfg.json", 2).warnings,
-                       "seq_parallel_comm_data_type: accepted; meshtrain's Ulysses all-to-all (parallel.sp > 1) exchanges f32"));
+  ulysses["communication_data_type"] = "fp16";
+  const RunConfig u = ds_config_parse(ulysses, "cfg.json", 2);
+  EXPECT_EQ(u.seq_comm_dtype, DType::kBF16);
+  EXPECT_EQ(grad_comm_dtype(u, u.sp), DType::kBF16);
+  EXPECT_EQ(grad_comm_dtype(u, 1), DType::kF16);
+  EXPECT_TRUE(has_line(u.warnings, "communication_data_type: 'fp16' is not used: with parallel.sp 2 the gradients are reduced in "
+                                   "seq_parallel_communication_data_type ('bf16'), as DeepSpeed does"));
+  EXPECT_FALSE(has_line(u.warnings, "seq_parallel_communication_data_type: accepted"));
+  EXPECT_EQ(ds_config_parse(ds_config_resolved(u), "resolved", 2).seq_comm_dtype, DType::kBF16);
+  ulysses.erase("seq_parallel_communication_data_type");  // DeepSpeed's default: fp32
+  const RunConfig d = ds_config_parse(ulysses, "cfg.json", 2);
+  EXPECT_EQ(grad_comm_dtype(d, d.sp), DType::kF32);
+  EXPECT_TRUE(has_line(d.warnings, "communication_data_type: 'fp16' is not used: with parallel.sp 2 the gradients are reduced in "
+                                   "seq_parallel_communication_data_type (fp32 unless given)"));
+  ulysses["seq_parallel_communication_data_type"] = "fp16";
+  ulysses["seq_parallel_comm_data_type"] = "bf16";
+  EXPECT_EQ(error_of(ulysses, 2), "seq_parallel_comm_data_type ('bf16') and seq_parallel_communication_data_type ('fp16') disagree: give one");
+  ulysses.erase("seq_parallel_comm_data_type");
+  ulysses["seq_parallel_communication_data_type"] = "int8";
+  EXPECT_EQ(error_of(ulysses, 2), "seq_parallel_communication_data_type: 'int8' is not a DeepSpeed communication type (fp16, bf16, fp32)");
   // An empty data path is none (--set data.valid= turns validation off; train failed opening ".idx",
   // naming no key).
   const RunConfig nv = ds_config_parse(with("data", {{"train", "a"}, {"valid", ""}}), "cfg.json");
@@ -1771,7 +1791,11 @@ TEST(DsConfig, UlyssesSequenceParallelSize) {
   const std::string name = "parallel.sp 2 (Ulysses sequence parallelism) with ";
   nlohmann::json tp = sp2(nullptr, nullptr);
   tp["parallel"]["tp"] = 2;
-  EXPECT_NE(error_of(tp, 4).find(name + "parallel.tp > 1 is not implemented yet"), npos) << error_of(tp, 4);
+  // With tp (stop 80): each tp rank's heads split over the sp group; tp x sp must divide them.
+  EXPECT_EQ(error_of(tp, 4), "");
+  EXPECT_EQ(ds_config_parse(tp, "cfg.json", 4).world_size, 1);
+  tp["parallel"]["tp"] = 4;
+  EXPECT_NE(error_of(tp, 8).find("model.n_head (4) must be divisible by parallel.tp x parallel.sp (8)"), npos) << error_of(tp, 8);
   nlohmann::json pp = sp2(nullptr, nullptr);
   pp["parallel"]["pp"] = 2;
   EXPECT_NE(error_of(pp, 4).find(name + "parallel.pp > 1 is not implemented yet"), npos) << error_of(pp, 4);

@@ -291,8 +291,8 @@ Engine::Engine(const RunConfig& config, models::TransformerLM& model, std::share
   go.zero.persistence_threshold = static_cast<size_t>(z.stage3_param_persistence_threshold);
   go.zero.max_live_elems = static_cast<size_t>(z.stage3_max_live_parameters);
   go.zero.timeout = timeout();
-  go.comm_dtype = config.comm_dtype;
-  go.zero.comm_dtype = config.comm_dtype;
+  go.comm_dtype = grad_comm_dtype(config, config.sp);  // Ulysses: seq_parallel_communication_data_type
+  go.zero.comm_dtype = go.comm_dtype;
   go.onebit = optim::optimizer_is_onebit(config.optimizer);
   // DeepSpeed's 1-bit and 0/1 Adam compress tensor by tensor in fp32; its fp16 optimizer gives them
   // one flat buffer, and 1-bit LAMB compresses its flat momentum in both.

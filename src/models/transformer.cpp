@@ -90,12 +90,13 @@ TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
   bool gpt2 = cfg.arch == Arch::kGpt2;
   if (sp_.size() > 1) {  // what Ulysses runs with so far (ds_config refuses the rest by key)
     const int sp = sp_.size();
-    MT_CHECK(cfg.n_head % sp == 0 && cfg.n_kv_head % sp == 0, ErrorKind::kInvalidArgument,
-             "parallel.sp (" + std::to_string(sp) + ") splits the attention heads: model." + (gpt2 ? "n_head" : "num_attention_heads") +
-                 " (" + std::to_string(cfg.n_head) + ") and " + (gpt2 ? "n_head" : "num_key_value_heads") + " (" +
-                 std::to_string(cfg.n_kv_head) + ") must be divisible by it");
-    MT_CHECK(tp == 1 && (!opts.parallel || opts.parallel->pp() == 1) && !opts.sparse_attention && cfg.num_labels == 0,
-             ErrorKind::kNotSupported, "parallel.sp > 1 runs without parallel.tp, parallel.pp, sparse attention and a classifier's head for now");
+    MT_CHECK(cfg.n_head % (sp * tp) == 0 && cfg.n_kv_head % (sp * tp) == 0, ErrorKind::kInvalidArgument,
+             "parallel.sp (" + std::to_string(sp) + ") splits the attention heads" + (tp > 1 ? " of each tp rank" : "") + ": model." +
+                 (gpt2 ? "n_head" : "num_attention_heads") + " (" + std::to_string(cfg.n_head) + ") and " +
+                 (gpt2 ? "n_head" : "num_key_value_heads") + " (" + std::to_string(cfg.n_kv_head) + ") must be divisible by " +
+                 (tp > 1 ? "parallel.tp x parallel.sp (" + std::to_string(sp * tp) + ")" : "it"));
+    MT_CHECK((!opts.parallel || opts.parallel->pp() == 1) && !opts.sparse_attention && cfg.num_labels == 0,
+             ErrorKind::kNotSupported, "parallel.sp > 1 runs without parallel.pp, sparse attention and a classifier's head for now");
   }
   if (tp > 1) {
     auto need = [&](int v, const char* gpt2_key, const char* llama_key) {

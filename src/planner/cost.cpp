@@ -212,9 +212,10 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
   MT_CHECK(s.micro_batch >= 1 && s.seq_length >= 1 && s.world >= 1, ErrorKind::kInvalidArgument,
            "cost model: micro-batch, sequence length and world must be positive");
   MT_CHECK(s.tp >= 1, ErrorKind::kInvalidArgument, "cost model: tp must be positive");
-  MT_CHECK(s.usp >= 1 && (s.usp == 1 || (s.tp == 1 && s.seq_length % s.usp == 0 && s.model.n_head % s.usp == 0 &&
-                                         s.model.n_kv_head % s.usp == 0 && !s.sparse)),
-           ErrorKind::kInvalidArgument, "cost model: Ulysses' sp must divide T, the heads and the kv heads, without tp or sparse attention");
+  MT_CHECK(s.usp >= 1 && (s.usp == 1 || (s.seq_length % s.usp == 0 && s.model.n_head % (s.tp * s.usp) == 0 &&
+                                         s.model.n_kv_head % (s.tp * s.usp) == 0 && !s.sparse)),
+           ErrorKind::kInvalidArgument,
+           "cost model: Ulysses' sp must divide T, and tp x sp the heads and the kv heads, without sparse attention");
   const models::BlockDims d = block_dims(s.model, s.micro_batch, s.seq_length, s.tp, s.sequence_parallel, s.usp);
   // Attention's shape: all T tokens of NH/usp heads under Ulysses, else the rank's own.
   const int Ta = d.T * s.usp, NHa = d.NH / s.usp, NKVa = d.NKV / s.usp;
@@ -411,21 +412,21 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
       c.tp_head_backward = {};
     }
   }
-  if (s.usp > 1) {  // Ulysses' sp group (adjacent ranks, tp = 1): its blocking all-to-alls (cost.h)
-    const int usp = s.usp;
-    auto a2a = [&cal, usp](double b) { return cal.collective_seconds("all_to_all", b, usp, 1); };
-    auto ar = [&cal, usp](double b) { return cal.collective_seconds("all_reduce", b, usp, 1); };
-    const double qkv = 4 * N * d.QKV, att = 4 * N * d.A;
+  if (s.usp > 1) {  // Ulysses' sp group (dp coordinates adjacent, tp ranks apart): its blocking all-to-alls (cost.h)
+    const int usp = s.usp, stride = s.tp;
+    auto a2a = [&cal, usp, stride](double b) { return cal.collective_seconds("all_to_all", b, usp, stride); };
+    auto ar = [&cal, usp, stride](double b) { return cal.collective_seconds("all_reduce", b, usp, stride); };
+    const double qkv = 4 * N * d.QKV, att = 4 * N * d.A;  // this rank's tokens of its tp rank's heads
     const std::vector<double> block{a2a(qkv), a2a(att)};
     std::vector<double> block_bwd;
     if (s.recompute) block_bwd = block;
     for (double b : {a2a(att), a2a(att), a2a(qkv)}) block_bwd.push_back(b);
-    c.tp_forward.assign(U, block);
-    c.tp_backward.assign(U, block_bwd);
-    c.tp_forward.front() = {};
-    c.tp_backward.front() = {};
-    c.tp_forward.back() = {ar(4), ar(4)};  // the loss's target count and sum over the group
-    c.tp_backward.back() = {};
+    c.sp_forward.assign(U, block);
+    c.sp_backward.assign(U, block_bwd);
+    c.sp_forward.front() = {};
+    c.sp_backward.front() = {};
+    c.sp_forward.back() = {ar(4), ar(4)};  // the loss's target count and sum over the group
+    c.sp_backward.back() = {};
   }
   c.memory_per_byte = mem;
   auto rate = [&cal](const char* family) { return cal.fits.count(family) ? cal.fits.at(family).per_unit : 0.0; };

@@ -219,32 +219,46 @@ TEST(CostModel, UlyssesHalvesTheRowsAndHeadsAndAddsItsAllToAlls) {
   const ZeroStepCosts a = zero_step_costs(one, cal), b = zero_step_costs(two, cal);
   const double N = 2.0 * 8 / 2, QKV = (4 + 2 * 2) * 16, A = 4 * 16;  // this rank's rows; the full widths
   const double qkv = 1e-5 + 1e-9 * 4 * N * QKV, att = 1e-5 + 1e-9 * 4 * N * A;
-  EXPECT_TRUE(a.tp_forward.empty());
-  ASSERT_EQ(b.tp_forward.size(), 4u);
-  EXPECT_TRUE(b.tp_forward[0].empty());
+  EXPECT_TRUE(a.sp_forward.empty());
+  EXPECT_TRUE(b.tp_forward.empty());
+  ASSERT_EQ(b.sp_forward.size(), 4u);
+  EXPECT_TRUE(b.sp_forward[0].empty());
   for (size_t u = 1; u <= 2; ++u) {
-    ASSERT_EQ(b.tp_forward[u].size(), 2u);
-    EXPECT_DOUBLE_EQ(b.tp_forward[u][0], qkv);
-    EXPECT_DOUBLE_EQ(b.tp_forward[u][1], att);
-    ASSERT_EQ(b.tp_backward[u].size(), 3u);
-    EXPECT_DOUBLE_EQ(b.tp_backward[u][0], att);
-    EXPECT_DOUBLE_EQ(b.tp_backward[u][1], att);
-    EXPECT_DOUBLE_EQ(b.tp_backward[u][2], qkv);
+    ASSERT_EQ(b.sp_forward[u].size(), 2u);
+    EXPECT_DOUBLE_EQ(b.sp_forward[u][0], qkv);
+    EXPECT_DOUBLE_EQ(b.sp_forward[u][1], att);
+    ASSERT_EQ(b.sp_backward[u].size(), 3u);
+    EXPECT_DOUBLE_EQ(b.sp_backward[u][0], att);
+    EXPECT_DOUBLE_EQ(b.sp_backward[u][1], att);
+    EXPECT_DOUBLE_EQ(b.sp_backward[u][2], qkv);
   }
-  ASSERT_EQ(b.tp_forward[3].size(), 2u);
-  EXPECT_DOUBLE_EQ(b.tp_forward[3][0], 2e-5);
+  ASSERT_EQ(b.sp_forward[3].size(), 2u);
+  EXPECT_DOUBLE_EQ(b.sp_forward[3][0], 2e-5);
   // Free memory traffic and linear lines without a call's cost: half the rows and half the heads
   // are half of every FLOP, so half the block.
   EXPECT_NEAR(b.forward[1], a.forward[1] / 2, 1e-12 * a.forward[1]);
   EXPECT_NEAR(b.backward[1], a.backward[1] / 2, 1e-12 * a.backward[1]);
   two.recompute = true;
   const ZeroStepCosts r = zero_step_costs(two, cal);
-  ASSERT_EQ(r.tp_backward[1].size(), 5u);
-  EXPECT_DOUBLE_EQ(r.tp_backward[1][0], qkv);
-  EXPECT_DOUBLE_EQ(r.tp_backward[1][4], qkv);
+  ASSERT_EQ(r.sp_backward[1].size(), 5u);
+  EXPECT_DOUBLE_EQ(r.sp_backward[1][0], qkv);
+  EXPECT_DOUBLE_EQ(r.sp_backward[1][4], qkv);
   cal.fits.erase("all_to_all");
-  EXPECT_DOUBLE_EQ(zero_step_costs(two, cal).tp_forward[1][0], 3e-6 + 4e-9 * 4 * N * QKV / 2);
+  EXPECT_DOUBLE_EQ(zero_step_costs(two, cal).sp_forward[1][0], 3e-6 + 4e-9 * 4 * N * QKV / 2);
+  // With tp 2 (stop 80): each rank's tp share of the heads exchanged (half the widths), the tp
+  // collectives in their own lists; the heads must split over tp x sp.
+  cal.fits["all_to_all"] = LinearFit{1e-5, 1e-9};
+  two.recompute = false;
   two.tp = 2;
+  two.model.n_kv_head = 4;
+  const ZeroStepCosts t = zero_step_costs(two, cal);
+  const double QKV2 = (4 + 2 * 4) * 16 / 2.0, A2 = A / 2;
+  ASSERT_EQ(t.sp_forward[1].size(), 2u);
+  EXPECT_DOUBLE_EQ(t.sp_forward[1][0], 1e-5 + 1e-9 * 4 * N * QKV2);
+  EXPECT_DOUBLE_EQ(t.sp_forward[1][1], 1e-5 + 1e-9 * 4 * N * A2);
+  ASSERT_EQ(t.tp_forward[1].size(), 2u);  // the block's two all-reduces over tp
+  EXPECT_EQ(t.sp_forward[3].size(), 2u);
+  two.model.n_kv_head = 2;  // 2 kv heads over tp 2 x sp 2
   EXPECT_THROW(zero_step_costs(two, cal), Error);
 }
 

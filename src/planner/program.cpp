@@ -14,13 +14,16 @@
 namespace mt::planner {
 namespace {
 
-// The tp group's placeholder in a list built for one rank; zero_step_program maps it (and group 0,
-// the dp group) to each rank's own groups.
+// The tp and sp groups' placeholders in a list built for one rank; zero_step_program maps them
+// (and group 0, the dp group) to each rank's own groups.
 constexpr int kTpGroup = 1;
+constexpr int kSpGroup = 2;
 
-// A unit's pass: its compute, split evenly around the blocking tp collectives it makes.
-void emit_pass(std::vector<SimOp>& ops, int& next_tag, double seconds, const std::vector<double>* tp, const std::string& name) {
-  const size_t k = tp ? tp->size() : 0;
+// A unit's pass: its compute, split evenly around the blocking tp collectives it makes, then its
+// blocking sp (Ulysses) ones.
+void emit_pass(std::vector<SimOp>& ops, int& next_tag, double seconds, const std::vector<double>* tp,
+               const std::vector<double>* sp, const std::string& name) {
+  const size_t kt = tp ? tp->size() : 0, k = kt + (sp ? sp->size() : 0);
   for (size_t i = 0; i <= k; ++i) {
     SimOp op;
     op.seconds = seconds / static_cast<double>(k + 1);
@@ -29,10 +32,10 @@ void emit_pass(std::vector<SimOp>& ops, int& next_tag, double seconds, const std
     if (i == k) break;
     SimOp c;
     c.kind = SimOpKind::kCollective;
-    c.seconds = (*tp)[i];
-    c.group = kTpGroup;
+    c.seconds = i < kt ? (*tp)[i] : (*sp)[i - kt];
+    c.group = i < kt ? kTpGroup : kSpGroup;
     c.tag = next_tag++;
-    c.name = "tp collective in " + name;
+    c.name = (i < kt ? "tp collective in " : "sp collective in ") + name;
     ops.push_back(std::move(c));
   }
 }
@@ -70,19 +73,20 @@ class ZeroEmitter : private parallel::ZeroEffects {
       schedule_.set_last_micro_batch(m + 1 == spec_.micro_batches);
       for (size_t u = 0; u <= last; ++u) {
         schedule_.on_hook(u, true, true);
-        emit_pass(ops_, next_tag_, costs_.forward[u], tp_of(costs_.tp_forward, u), "forward " + spec_.units[u].name);
+        emit_pass(ops_, next_tag_, costs_.forward[u], tp_of(costs_.tp_forward, u), tp_of(costs_.sp_forward, u),
+                  "forward " + spec_.units[u].name);
         schedule_.on_hook(u, false, true);
       }
       schedule_.on_hook(head, true, false);
       emit_pass(ops_, next_tag_, costs_.head_backward, costs_.tp_head_backward.empty() ? nullptr : &costs_.tp_head_backward,
-                "head backward");
+                nullptr, "head backward");
       schedule_.on_hook(head, false, false);
       for (size_t u = last + 1; u-- > 0;) {
         schedule_.on_hook(u, true, false);
         // A slab zeroed at this hook within the cache: the weight gradients accumulate there.
         const bool fresh = begun_.size() == spec_.units.size() && begun_[u] == m && hot(u) && u < costs_.hot_backward_saving.size();
         emit_pass(ops_, next_tag_, std::max(0.0, costs_.backward[u] - (fresh ? costs_.hot_backward_saving[u] : 0.0)),
-                  tp_of(costs_.tp_backward, u), "backward " + spec_.units[u].name);
+                  tp_of(costs_.tp_backward, u), tp_of(costs_.sp_backward, u), "backward " + spec_.units[u].name);
         schedule_.on_hook(u, false, false);
       }
       schedule_.finish_backward();
@@ -346,12 +350,13 @@ std::vector<SimOp> bucketed_step(const ZeroStepSpec& spec, const ZeroStepCosts& 
   for (int m = 0; m < spec.micro_batches; ++m) {
     const bool armed = reduce && m + 1 == spec.micro_batches;
     for (size_t u = 0; u <= last; ++u)
-      emit_pass(ops, tp_tag, costs.forward[u], tp_of(costs.tp_forward, u), "forward " + spec.units[u].name);
-    emit_pass(ops, tp_tag, costs.head_backward, costs.tp_head_backward.empty() ? nullptr : &costs.tp_head_backward,
+      emit_pass(ops, tp_tag, costs.forward[u], tp_of(costs.tp_forward, u), tp_of(costs.sp_forward, u), "forward " + spec.units[u].name);
+    emit_pass(ops, tp_tag, costs.head_backward, costs.tp_head_backward.empty() ? nullptr : &costs.tp_head_backward, nullptr,
               "head backward");
     if (armed && head > 0) ready_from(spec.units[head].offset);  // the head's module hook (units past the first)
     for (size_t u = last + 1; u-- > 0;) {
-      emit_pass(ops, tp_tag, costs.backward[u], tp_of(costs.tp_backward, u), "backward " + spec.units[u].name);
+      emit_pass(ops, tp_tag, costs.backward[u], tp_of(costs.tp_backward, u), tp_of(costs.sp_backward, u),
+                "backward " + spec.units[u].name);
       if (armed && u > 0) ready_from(spec.units[u].offset);
     }
     if (armed) {  // GradBuckets::finish
@@ -390,42 +395,36 @@ SimProgram zero_step_program(const ZeroStepSpec& spec, const ZeroStepCosts& cost
     p.groups.push_back({0});
     return p;
   }
-  if (T == 1) {
-    p.ranks.assign(static_cast<size_t>(D), ops);
-    std::vector<int> all;
-    for (int r = 0; r < D; ++r) all.push_back(r);
-    p.groups.push_back(all);
-    // Ulysses: the passes' collectives over groups of usp adjacent ranks (groups[1 + r / usp]).
-    const int S = spec.usp;
-    MT_CHECK(S >= 1 && D % S == 0, ErrorKind::kInvalidArgument, "step program: Ulysses' sp must divide the world");
-    if (S > 1) {
-      for (int g = 0; g < D / S; ++g) {
-        std::vector<int> members;
-        for (int j = 0; j < S; ++j) members.push_back(g * S + j);
-        p.groups.push_back(members);
-      }
-      for (int r = 0; r < D; ++r)
-        for (SimOp& op : p.ranks[static_cast<size_t>(r)])
-          if (op.kind == SimOpKind::kCollective) op.group = op.group == kTpGroup ? 1 + r / S : 0;
-    }
-    return p;
-  }
-  // Rank d·T + t: its dp group is groups[t], its tp group groups[T + d].
+  // Ulysses: sp groups of S adjacent dp coordinates.
+  const int S = spec.usp;
+  MT_CHECK(S >= 1 && D % S == 0, ErrorKind::kInvalidArgument, "step program: Ulysses' sp must divide the world");
+  // Rank d·T + t: its dp group is groups[t], its tp group groups[T + d] (T > 1), its sp group
+  // groups[T + D + t·(D/S) + d/S] (S > 1; T + D counted as 1 without tp).
   for (int t = 0; t < T; ++t) {
     std::vector<int> g;
     for (int d = 0; d < D; ++d) g.push_back(d * T + t);
     p.groups.push_back(g);
   }
-  for (int d = 0; d < D; ++d) {
-    std::vector<int> g;
-    for (int t = 0; t < T; ++t) g.push_back(d * T + t);
-    p.groups.push_back(g);
-  }
+  const int tp_base = T, sp_base = T > 1 ? T + D : 1;
+  if (T > 1)
+    for (int d = 0; d < D; ++d) {
+      std::vector<int> g;
+      for (int t = 0; t < T; ++t) g.push_back(d * T + t);
+      p.groups.push_back(g);
+    }
+  if (S > 1)
+    for (int t = 0; t < T; ++t)
+      for (int g = 0; g < D / S; ++g) {
+        std::vector<int> members;
+        for (int j = 0; j < S; ++j) members.push_back((g * S + j) * T + t);
+        p.groups.push_back(members);
+      }
   for (int d = 0; d < D; ++d)
     for (int t = 0; t < T; ++t) {
       std::vector<SimOp> mine = ops;
       for (SimOp& op : mine)
-        if (op.kind == SimOpKind::kCollective) op.group = op.group == kTpGroup ? T + d : t;
+        if (op.kind == SimOpKind::kCollective)
+          op.group = op.group == kTpGroup ? tp_base + d : op.group == kSpGroup ? sp_base + t * (D / S) + d / S : t;
       p.ranks.push_back(std::move(mine));
     }
   return p;

@@ -40,9 +40,9 @@ struct ZeroStepSpec {
   // Tensor-parallel ranks (consecutive: rank = d·tp + t); the ZeRO collectives run over the dp group
   // of equal t, the costs' tp collectives over the tp group of equal d.
   int tp = 1;
-  // DeepSpeed-Ulysses (tp = 1): the world's ranks in groups of usp adjacent ones, over which the
-  // passes' blocking collectives (ZeroStepCosts::tp_forward/tp_backward: the all-to-alls) run; the
-  // ZeRO collectives over the whole world (dp x usp).
+  // DeepSpeed-Ulysses: each dp group's ranks (world = dp x usp of them) in sp groups of usp
+  // adjacent coordinates (rank (g·usp + j)·tp + t), over which the passes' blocking all-to-alls
+  // (ZeroStepCosts::sp_forward/sp_backward) run; the ZeRO collectives over the whole dp group.
   int usp = 1;
   // schedule.stage 0: no ZeRO schedule; on more than one rank the gradients are all-reduced in
   // buckets of bucket_elems cut from the buffer's end (parallel/dp/grad_buckets.h), each launched
@@ -94,6 +94,9 @@ struct ZeroStepCosts {
   // backward make (empty: none); the unit's compute is split evenly around them.
   std::vector<std::vector<double>> tp_forward, tp_backward;
   std::vector<double> tp_head_backward;
+  // Ulysses: likewise the sp group's blocking collectives (its all-to-alls, the loss's sums), after
+  // the unit's tp collectives.
+  std::vector<std::vector<double>> sp_forward, sp_backward;
   double memory_per_byte = 0.0;           // memory-bound passes without a rate of their own below
   // The ZeRO passes' own kernels (calibrate's "copy", "zero" and "convert" by bytes read and
   // written, "add" by elements); 0: the memory rate (older calibrations, described clusters).

@@ -60,10 +60,11 @@ void check_layout(const PlanJob& job, const Layout& l) {
                std::to_string(job.procs) + " process(es)");
   if (l.usp > 1) {
     MT_CHECK(job.ulysses_refused.empty(), ErrorKind::kNotSupported, "plan: Ulysses with " + job.ulysses_refused);
-    MT_CHECK(l.tp == 1 && l.pp == 1, ErrorKind::kNotSupported, "plan: Ulysses with tp or pp > 1 (the runtime's limit)");
-    MT_CHECK(job.memory.seq_length % l.usp == 0 && m.n_head % l.usp == 0 && m.n_kv_head % l.usp == 0, ErrorKind::kInvalidArgument,
+    MT_CHECK(l.pp == 1, ErrorKind::kNotSupported, "plan: Ulysses with pp > 1 (the runtime's limit)");
+    MT_CHECK(job.memory.seq_length % l.usp == 0 && m.n_head % (l.tp * l.usp) == 0 && m.n_kv_head % (l.tp * l.usp) == 0,
+             ErrorKind::kInvalidArgument,
              "plan: Ulysses " + std::to_string(l.usp) + " does not divide seq_length (" + std::to_string(job.memory.seq_length) +
-                 "), the heads (" + std::to_string(m.n_head) + ") and kv heads (" + std::to_string(m.n_kv_head) + ")");
+                 "), or tp x sp the heads (" + std::to_string(m.n_head) + ") and kv heads (" + std::to_string(m.n_kv_head) + ")");
   }
   MT_CHECK(l.stage >= 0 && l.stage <= 3, ErrorKind::kInvalidArgument, "plan: ZeRO stage must be 0-3");
   // The simulator runs each micro-batch of the step: a million of them took 16 s and 1.6 GB, and a
@@ -84,6 +85,7 @@ MemoryInput layout_memory_input(const PlanJob& job, const Layout& l) {
   MemoryInput in = job.memory;
   in.world = l.dp * l.usp;  // the ZeRO group: dp x Ulysses' sp
   in.usp = l.usp;
+  in.zero.comm_dtype = l.usp > 1 ? job.usp_comm_dtype : job.schedule.comm_dtype;
   in.tp = l.tp;
   in.sequence_parallel = l.sequence_parallel && l.tp > 1;
   in.pp = 1;
@@ -302,6 +304,7 @@ SimProgram zero_program(const PlanJob& job, const Layout& l, const ZeroStepCosts
   spec.usp = l.usp;
   spec.tp = l.tp;
   spec.schedule = job.schedule;
+  if (l.usp > 1) spec.schedule.comm_dtype = job.usp_comm_dtype;
   spec.schedule.stage = l.stage;
   if (!job.overlap_comm_given) spec.schedule.overlap_comm = l.stage == 3;
   spec.bucket_elems = job.bucket_elems;
@@ -401,8 +404,9 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
   if (space.parallel) {
     for (int64_t tp : divisors(job.procs))
       for (int64_t pp : divisors(job.procs / tp)) grids.emplace_back(static_cast<int>(tp), static_cast<int>(pp), 1);
-    for (int64_t usp : divisors(job.procs))  // the runtime's Ulysses: without tp and pp
-      if (usp > 1) grids.emplace_back(1, 1, static_cast<int>(usp));
+    for (int64_t tp : divisors(job.procs))  // the runtime's Ulysses: with tp, without pp
+      for (int64_t usp : divisors(job.procs / tp))
+        if (usp > 1) grids.emplace_back(static_cast<int>(tp), 1, static_cast<int>(usp));
   } else {
     grids.emplace_back(job.base.tp, job.base.pp, job.base.usp);
   }
@@ -427,8 +431,8 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
         out.rejected.push_back(family + ": Ulysses with " + job.ulysses_refused + " is not implemented");
         continue;
       }
-      if (usp > 1 && (job.memory.seq_length % usp != 0 || model.n_head % usp != 0 || model.n_kv_head % usp != 0)) {
-        out.rejected.push_back(family + ": Ulysses does not divide seq_length, the heads and the kv heads");
+      if (usp > 1 && (job.memory.seq_length % usp != 0 || model.n_head % (tp * usp) != 0 || model.n_kv_head % (tp * usp) != 0)) {
+        out.rejected.push_back(family + ": Ulysses does not divide seq_length, or tp x sp the heads and the kv heads");
         continue;
       }
       if (model.n_head % tp != 0 || model.n_kv_head % tp != 0 || model.intermediate % tp != 0) {
@@ -537,7 +541,7 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
           int over_from = 0, over_count = 0, tried = 0, too_many = 0;
           size_t over_bytes = 0;
           for (int64_t B : batches) {
-            if (sp && (B * job.memory.seq_length) % tp != 0) continue;  // the rows split over the tp ranks
+            if (sp && (B * (job.memory.seq_length / usp)) % tp != 0) continue;  // the rows split over the tp ranks
             if (share / B > kMaxAccumulation || B > std::numeric_limits<int>::max()) {
               ++too_many;
               continue;

@@ -54,6 +54,9 @@ struct Layout {
 struct PlanJob {
   MemoryInput memory;                  // estimate_input's reading; its layout fields are replaced per layout
   parallel::ZeroScheduleOptions schedule;  // overlap_comm, stage-3 knobs, comm dtype (stage: per layout)
+  // The gradients' reduction dtype of Ulysses layouts (seq_parallel_communication_data_type, as
+  // DeepSpeed takes it with sp > 1); schedule.comm_dtype is the others' (communication_data_type).
+  DType usp_comm_dtype = DType::kF32;
   bool overlap_comm_given = true;      // false: overlap_comm is each stage's default (DeepSpeed's: on at stage 3)
   size_t bucket_elems = 500'000'000;   // reduce_bucket_size (stage 0)
   int procs = 1;

@@ -515,6 +515,27 @@ TEST(Search, UlyssesIsSearchedWhereTheRuntimeRunsIt) {
   plain.micro_batch = 4;
   EXPECT_EQ(estimate_stage(in, 1).ours[MemCategory::kOptimizer], estimate_stage(plain, 1).ours[MemCategory::kOptimizer]);
   EXPECT_THROW(check_layout(job, Layout{.dp = 1, .tp = 2, .stage = 1, .micro_batch = 4, .accumulation = 2, .usp = 2}), Error);
+  {  // With tp (stop 80): 4 ranks of the 4-head GPT-2 search tp 2 x Ulysses 2 too; never with pp.
+    PlanJob four = tiny_job(4, 8);
+    Calibration cal4 = hand_calibration(4);
+    cal4.fits["all_to_all"] = {0.0, 1e-9};
+    const SearchResult r4 = search_layouts(four, space, size_t{1} << 40, cal4);
+    const RankedLayout* both = nullptr;
+    for (const RankedLayout& x : r4.ranked)
+      if (x.layout.tp == 2 && x.layout.usp == 2 && x.layout.stage == 1 && !x.layout.sequence_parallel) both = &x;
+    ASSERT_NE(both, nullptr);
+    EXPECT_EQ(both->layout.describe(), "dp 1, Ulysses 2, tp 2, ZeRO 1, B 2 x 4 micro-batches");
+    const Prediction p = predict_layout(four, both->layout, cal4);
+    EXPECT_DOUBLE_EQ(both->prediction.step, p.step);
+    // The program's sp groups are the tp-strided ranks {0, 2} and {1, 3}; its all-to-alls cost time.
+    Layout no_a2a = both->layout;
+    cal4.fits["all_to_all"] = {0.0, 0.0};
+    EXPECT_GT(p.step, predict_layout(four, no_a2a, cal4).step);
+    EXPECT_THROW(check_layout(four, Layout{.dp = 1, .pp = 2, .stage = 1, .micro_batch = 2, .accumulation = 4, .usp = 2}), Error);
+    four.memory.model.n_head = 2;  // 2 heads over tp 2 x sp 2
+    four.memory.model.n_kv_head = 2;
+    EXPECT_THROW(check_layout(four, both->layout), Error);
+  }
   job.ulysses_refused = "offload to nvme";
   const SearchResult refused = search_layouts(job, space, size_t{1} << 40, cal);
   for (const RankedLayout& x : refused.ranked) EXPECT_EQ(x.layout.usp, 1) << x.layout.describe();
@@ -525,7 +546,7 @@ TEST(Search, UlyssesIsSearchedWhereTheRuntimeRunsIt) {
   job.memory.model.n_kv_head = 1;
   const SearchResult odd = search_layouts(job, space, size_t{1} << 40, cal);
   EXPECT_NE(std::find(odd.rejected.begin(), odd.rejected.end(),
-                      "dp 1, Ulysses 2: Ulysses does not divide seq_length, the heads and the kv heads"),
+                      "dp 1, Ulysses 2: Ulysses does not divide seq_length, or tp x sp the heads and the kv heads"),
             odd.rejected.end());
 }
 
