@@ -293,7 +293,9 @@ INSTANTIATE_TEST_SUITE_P(
                       ulysses(Case{"gpt2", false, 0, false}, 2), ulysses(Case{"llama", true, 3, false}, 2),
                       ulysses(Case{"llama", false, 2, true, 1, 4}, 2),
                       // Ulysses with tp (stop 80): tp 2 x sp 2, each rank one of GPT-2's four heads.
-                      ulysses(Case{"gpt2", true, 2, false, 2, 4}, 2)),
+                      ulysses(Case{"gpt2", true, 2, false, 2, 4}, 2),
+                      // and with pp: two stages of sp 2 (the pipeline's rows of T/sp tokens).
+                      ulysses(Case{"gpt2", false, 1, false, 1, 4, false, 2}, 2)),
     [](const auto& info) { return case_name(info.param); });
 
 // (2): stage-3 model states against the closed form (header comment), computed from the units

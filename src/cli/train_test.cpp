@@ -1457,14 +1457,16 @@ TEST(TrainMpi, UlyssesSequenceParallelMatchesOneProcess) {
   ASSERT_EQ(run("train " + dp_config("usp-one", 1) + " --metrics " + dir() + "/usp-one.jsonl"), 0);
   const std::vector<double> one = losses(dir() + "/usp-one.jsonl");
   const std::vector<float> w1 = checkpoint_weights(dir() + "/ckpt-usp-one/step-6");
-  // (and four ranks of tp 2 x sp 2, stop 80: each tp rank's two heads split over its sp pair)
+  // (and four ranks of tp 2 x sp 2 and pp 2 x sp 2, stop 80: each tp rank's two heads split over
+  // its sp pair; each pipeline stage's ranks an sp pair)
   for (const auto& [name, ranks, more] :
        {std::tuple<std::string, int, nlohmann::json>{"usp-s1", 2, {{"parallel", {{"sp", 2}}}}},
         {"usp-ds-s2", 2, {{"sequence_parallel_size", 2}, {"zero_optimization", {{"stage", 2}}}}},
         {"usp-s3", 2,
          {{"parallel", {{"sp", 2}}},
           {"zero_optimization", {{"stage", 3}, {"overlap_comm", true}, {"stage3_param_persistence_threshold", 0}}}}},
-        {"usp-tp2", 4, {{"parallel", {{"sp", 2}, {"tp", 2}}}}}}) {
+        {"usp-tp2", 4, {{"parallel", {{"sp", 2}, {"tp", 2}}}}},
+        {"usp-pp2", 4, {{"parallel", {{"sp", 2}, {"pp", 2}}}}}}) {
     std::string err;
     ASSERT_EQ(run(launch(ranks) + dp_config(name, 1, more) + " --metrics " + dir() + "/" + name + ".jsonl", &err), 0) << err;
     expect_close(one, losses(dir() + "/" + name + ".jsonl"), 1e-5, name);

@@ -1609,7 +1609,6 @@ void check_ulysses(const RunConfig& c) {
   auto refuse = [&](bool bad, const std::string& what) {
     MT_CHECK(!bad, ErrorKind::kNotSupported, sp + " with " + what + " is not implemented yet");
   };
-  refuse(c.pp > 1, "parallel.pp > 1");
   const std::string other = ulysses_unsupported(c);
   refuse(!other.empty(), other);
   if (c.bare) return;

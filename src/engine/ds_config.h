@@ -166,7 +166,7 @@ struct RunConfig {
   // parallelism (parallel/sp/ulysses.h). sp ranks share each micro-batch, each holding seq_length / sp
   // consecutive tokens of every sample; attention trades that split for a split of the heads by an
   // all-to-all. Gradients and ZeRO partitions go over dp x sp; the samples over dp =
-  // processes / (tp pp sp). Only with tp = pp = 1 for now (the rest is refused by name).
+  // processes / (tp pp sp); with tp and pp too (stop 80), the rest refused by name (check_ulysses).
   int sp = 1;
   // parallel.make_vocab_size_divisible_by (Megatron's --make-vocab-size-divisible-by): under
   // tp > 1 the vocabulary is padded to a multiple of this times tp.

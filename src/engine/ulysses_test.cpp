@@ -53,12 +53,14 @@ struct Case {
   const char* with = "";
   int tp = 1;  // parallel.tp: each tp rank's heads split over its sp group (stop 80)
   bool megatron_sp = false;  // parallel.sequence_parallel (Megatron's, over the tp group)
+  int pp = 1;  // parallel.pp: each stage's ranks in sp groups of their own (stop 80)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return std::string(c.arch) + "_sp" + std::to_string(c.sp) + "_dp" + std::to_string(c.dp) +
-         (c.tp > 1 ? "_tp" + std::to_string(c.tp) : std::string()) + (c.megatron_sp ? "_megatron_sp" : "") + "_stage" +
+         (c.tp > 1 ? "_tp" + std::to_string(c.tp) : std::string()) + (c.megatron_sp ? "_megatron_sp" : "") +
+         (c.pp > 1 ? "_pp" + std::to_string(c.pp) : std::string()) + "_stage" +
          std::to_string(c.stage) + "_" + c.dtype + (c.recompute ? "_recompute" : "") + (*c.with ? "_" : "") + c.with;
 }
 
@@ -71,7 +73,7 @@ nlohmann::json config(const Case& k, int processes, int g) {
   // zero gradients as it is built, ZeRO's optimizers none).
   const bool fp16 = std::string(k.dtype) == "fp16";
   j["zero_optimization"] = {{"stage", processes == 1 && !fp16 ? 0 : k.stage}, {"reduce_bucket_size", 3000}};
-  if (processes > 1) j["parallel"] = {{"sp", k.sp}, {"tp", k.tp}, {"sequence_parallel", k.megatron_sp}};
+  if (processes > 1) j["parallel"] = {{"sp", k.sp}, {"tp", k.tp}, {"sequence_parallel", k.megatron_sp}, {"pp", k.pp}};
   const std::string with = k.with;
   if (with == "documents") j["data"] = {{"eod_id", 7}, {"reset_position_ids", true}, {"reset_attention_mask", true}};
   if (with == "dropout") {
@@ -91,7 +93,8 @@ TEST_P(UlyssesMatchesOneProcess, LossesNormsAndFinalState) {
   const int g = 2;
   const LayoutSampleFn sample = std::string(k.with) == "documents" ? document_sample : masked_sample;
   LayoutRun ref = layout_train(config(k, 1, g * k.dp), 1, g * k.dp, "ulysses_test", sample);
-  LayoutRun got = layout_train(config(k, k.sp * k.dp * k.tp, g), k.sp * k.dp * k.tp, g, "ulysses_test", sample);
+  const int processes = k.sp * k.dp * k.tp * k.pp;
+  LayoutRun got = layout_train(config(k, processes, g), processes, g, "ulysses_test", sample);
   // fp32: the same arithmetic up to summation order (the loss's sum over the group, the gradients'
   // over dp x sp): 1e-5. bf16: as the tp and ZeRO layouts' bounds.
   const bool bf16 = std::string(k.dtype) != "fp32";
@@ -141,7 +144,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // With tp (stop 80): 2 x 2 and 2 x 2 x dp 2.
                       Case{"gpt2", 2, 1, 0, "fp32", false, "", 2}, Case{"llama", 2, 1, 1, "fp32", true, "documents", 2},
                       Case{"llama", 2, 2, 2, "bf16", false, "", 2}, Case{"gpt2", 2, 1, 3, "fp32", false, "dropout", 2},
-                      Case{"llama", 2, 1, 1, "fp32", false, "", 2, true}),
+                      Case{"llama", 2, 1, 1, "fp32", false, "", 2, true},
+                      // With pp (stop 80): 2 stages of sp 2, and x dp 2, x tp 2.
+                      Case{"gpt2", 2, 1, 0, "fp32", false, "", 1, false, 2}, Case{"llama", 2, 2, 1, "bf16", true, "documents", 1, false, 2},
+                      Case{"gpt2", 2, 1, 0, "fp32", false, "dropout", 2, false, 2}),
     case_name);
 
 // A layout's master weights and Adam moments (gathered to the one-process layout) after loading

@@ -95,8 +95,8 @@ TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
                  (gpt2 ? "n_head" : "num_attention_heads") + " (" + std::to_string(cfg.n_head) + ") and " +
                  (gpt2 ? "n_head" : "num_key_value_heads") + " (" + std::to_string(cfg.n_kv_head) + ") must be divisible by " +
                  (tp > 1 ? "parallel.tp x parallel.sp (" + std::to_string(sp * tp) + ")" : "it"));
-    MT_CHECK((!opts.parallel || opts.parallel->pp() == 1) && !opts.sparse_attention && cfg.num_labels == 0,
-             ErrorKind::kNotSupported, "parallel.sp > 1 runs without parallel.pp, sparse attention and a classifier's head for now");
+    MT_CHECK(!opts.sparse_attention && cfg.num_labels == 0, ErrorKind::kNotSupported,
+             "parallel.sp > 1 runs without sparse attention and a classifier's head for now");
   }
   if (tp > 1) {
     auto need = [&](int v, const char* gpt2_key, const char* llama_key) {

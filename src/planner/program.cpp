@@ -478,7 +478,8 @@ void pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCosts& co
   auto unit_seconds = [&](int u, bool backward) {
     const std::vector<double>& t = backward ? costs.backward : costs.forward;
     const std::vector<std::vector<double>>& tp = backward ? costs.tp_backward : costs.tp_forward;
-    return t[u] + (static_cast<size_t>(u) < tp.size() ? sum(tp[u]) : 0.0);
+    const std::vector<std::vector<double>>& sp = backward ? costs.sp_backward : costs.sp_forward;  // Ulysses
+    return t[u] + (static_cast<size_t>(u) < tp.size() ? sum(tp[u]) : 0.0) + (static_cast<size_t>(u) < sp.size() ? sum(sp[u]) : 0.0);
   };
   auto chunk_seconds = [&](int q, int chunk, bool backward) {
     const int st = chunk * P + q;
@@ -507,16 +508,18 @@ void pipeline_step_program(const PipelineStepSpec& spec, const ZeroStepCosts& co
       op.label = wait ? (backward ? "tp collectives in backward" : "tp collectives in forward") : name;
       out.push_back(op);
     };
-    auto pass = [&](double seconds, const std::vector<double>* tp) {
-      const size_t k = tp ? tp->size() : 0;
+    // (The tp collectives, then Ulysses' sp ones, as emit_pass orders them.)
+    auto pass = [&](double seconds, const std::vector<double>* tp, const std::vector<double>* sp = nullptr) {
+      const size_t kt = tp ? tp->size() : 0, k = kt + (sp ? sp->size() : 0);
       for (size_t i = 0; i <= k; ++i) {
         add(seconds / static_cast<double>(k + 1), false);
-        if (i < k) add((*tp)[i], true);
+        if (i < k) add(i < kt ? (*tp)[i] : (*sp)[i - kt], true);
       }
     };
     const std::vector<double>& t = backward ? costs.backward : costs.forward;
     const std::vector<std::vector<double>>& tp = backward ? costs.tp_backward : costs.tp_forward;
-    auto unit = [&](int u) { pass(t[u], static_cast<size_t>(u) < tp.size() && !tp[u].empty() ? &tp[u] : nullptr); };
+    const std::vector<std::vector<double>>& sp = backward ? costs.sp_backward : costs.sp_forward;
+    auto unit = [&](int u) { pass(t[u], tp_of(tp, static_cast<size_t>(u)), tp_of(sp, static_cast<size_t>(u))); };
     const int st = chunk * P + q;
     if (st == 0 && !backward) unit(0);
     if (backward && st == S - 1) unit(L + 1);

@@ -60,7 +60,6 @@ void check_layout(const PlanJob& job, const Layout& l) {
                std::to_string(job.procs) + " process(es)");
   if (l.usp > 1) {
     MT_CHECK(job.ulysses_refused.empty(), ErrorKind::kNotSupported, "plan: Ulysses with " + job.ulysses_refused);
-    MT_CHECK(l.pp == 1, ErrorKind::kNotSupported, "plan: Ulysses with pp > 1 (the runtime's limit)");
     MT_CHECK(job.memory.seq_length % l.usp == 0 && m.n_head % (l.tp * l.usp) == 0 && m.n_kv_head % (l.tp * l.usp) == 0,
              ErrorKind::kInvalidArgument,
              "plan: Ulysses " + std::to_string(l.usp) + " does not divide seq_length (" + std::to_string(job.memory.seq_length) +
@@ -210,14 +209,14 @@ Prediction time_program(const PlanJob& job, const Layout& l, const Calibration& 
       for (const parallel::Unit& u : stage_units(in)) n += u.numel;
       spec.stage_params.push_back(n);
     }
-    spec.dp = l.dp;
+    spec.dp = l.dp * l.usp;  // the gradients' group (Ulysses: dp x sp)
     spec.zero_stage = l.stage;
     spec.low_precision = m.compute_dtype != DType::kF32;
     spec.bucket_elems = job.bucket_elems;
     // What the executor sends: the chunk's f32 residual stream (TransformerLM::boundary_numel), this
     // rank's N/tp rows of it under sequence parallelism.
     const StepShape shape = step_shape(job, l);
-    spec.boundary_bytes = 4.0 * static_cast<double>(block_dims(m.model, l.micro_batch, m.seq_length, l.tp, shape.sequence_parallel).rows()) *
+    spec.boundary_bytes = 4.0 * static_cast<double>(block_dims(m.model, l.micro_batch, m.seq_length, l.tp, shape.sequence_parallel, l.usp).rows()) *
                           m.model.hidden;
     spec.tied_elems = models::head_is_token_table(m.model)
                           ? static_cast<size_t>(models::padded_vocab(m.model, 1, m.vocab_divisible)) * m.model.hidden
@@ -404,9 +403,10 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
   if (space.parallel) {
     for (int64_t tp : divisors(job.procs))
       for (int64_t pp : divisors(job.procs / tp)) grids.emplace_back(static_cast<int>(tp), static_cast<int>(pp), 1);
-    for (int64_t tp : divisors(job.procs))  // the runtime's Ulysses: with tp, without pp
-      for (int64_t usp : divisors(job.procs / tp))
-        if (usp > 1) grids.emplace_back(static_cast<int>(tp), 1, static_cast<int>(usp));
+    for (int64_t tp : divisors(job.procs))  // Ulysses' grids after the others (with tp and pp since stop 80)
+      for (int64_t pp : divisors(job.procs / tp))
+        for (int64_t usp : divisors(job.procs / (tp * pp)))
+          if (usp > 1) grids.emplace_back(static_cast<int>(tp), static_cast<int>(pp), static_cast<int>(usp));
   } else {
     grids.emplace_back(job.base.tp, job.base.pp, job.base.usp);
   }

@@ -42,7 +42,7 @@ struct Layout {
   parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
   int virtual_stages = 1;
   bool sequence_parallel = false;  // Megatron's, over the tp group (tp > 1)
-  // DeepSpeed-Ulysses (parallel.sp; tp = pp = 1): usp ranks share each micro-batch, dp x usp ranks
+  // DeepSpeed-Ulysses (parallel.sp; with tp and pp): usp ranks share each micro-batch, dp x usp ranks
   // the ZeRO states and the gradients' reduction (planner/cost.h StepShape::usp).
   int usp = 1;
   std::string describe() const;  // "dp 2, tp 2 sp, pp 2 interleaved x 2, ZeRO 1, B 4 x 2, recompute"; "dp 1, Ulysses 2, ..." 
@@ -112,7 +112,7 @@ struct PlanJob {
 
 // What the search may change (false: the base's value).
 struct SearchSpace {
-  bool parallel = false;   // dp x tp x pp, and dp x Ulysses' sp (tp = pp = 1)
+  bool parallel = false;   // dp x tp x pp, and those x Ulysses' sp
   bool stage = false;
   bool batch = false;      // micro-batch and accumulation, their product fixed by the global batch
   // Without batch: the accumulation the configuration fixed (its micro-batch then the rank's share

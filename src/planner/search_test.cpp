@@ -481,7 +481,7 @@ TEST(Search, SequenceParallelismIsSearchedWithTensorParallelism) {
     EXPECT_TRUE(x.layout.tp == 1 || x.layout.sequence_parallel) << x.layout.describe();
 }
 
-// Ulysses (parallel.sp) is searched beside dp, tp and pp where the runtime runs it (tp = pp = 1):
+// Ulysses (parallel.sp) is searched beside dp, tp and pp where the runtime runs it (with tp and pp since stop 80):
 // a family of its own, its predictions predict_layout's, its ZeRO group dp x sp (the optimizer's
 // shard of a dp 1, Ulysses 2 layout is a dp 2 one's); what the configuration keeps it from is
 // named among the rejected, and so are sp sizes that do not divide the heads.
@@ -515,7 +515,7 @@ TEST(Search, UlyssesIsSearchedWhereTheRuntimeRunsIt) {
   plain.micro_batch = 4;
   EXPECT_EQ(estimate_stage(in, 1).ours[MemCategory::kOptimizer], estimate_stage(plain, 1).ours[MemCategory::kOptimizer]);
   EXPECT_THROW(check_layout(job, Layout{.dp = 1, .tp = 2, .stage = 1, .micro_batch = 4, .accumulation = 2, .usp = 2}), Error);
-  {  // With tp (stop 80): 4 ranks of the 4-head GPT-2 search tp 2 x Ulysses 2 too; never with pp.
+  {  // With tp and pp (stop 80): 4 ranks of the 4-head GPT-2 search tp 2 x Ulysses 2 and pp 2 x Ulysses 2.
     PlanJob four = tiny_job(4, 8);
     Calibration cal4 = hand_calibration(4);
     cal4.fits["all_to_all"] = {0.0, 1e-9};
@@ -531,7 +531,14 @@ TEST(Search, UlyssesIsSearchedWhereTheRuntimeRunsIt) {
     Layout no_a2a = both->layout;
     cal4.fits["all_to_all"] = {0.0, 0.0};
     EXPECT_GT(p.step, predict_layout(four, no_a2a, cal4).step);
-    EXPECT_THROW(check_layout(four, Layout{.dp = 1, .pp = 2, .stage = 1, .micro_batch = 2, .accumulation = 4, .usp = 2}), Error);
+    cal4.fits["all_to_all"] = {0.0, 1e-9};
+    // And with pp: 2 stages of sp 2, predicted as every pipeline is.
+    const RankedLayout* piped = nullptr;
+    for (const RankedLayout& x : r4.ranked)
+      if (x.layout.pp == 2 && x.layout.usp == 2 && x.layout.stage == 1) piped = &x;
+    ASSERT_NE(piped, nullptr);
+    EXPECT_EQ(piped->layout.describe(), "dp 1, Ulysses 2, pp 2, ZeRO 1, B 2 x 4 micro-batches");
+    EXPECT_DOUBLE_EQ(piped->prediction.step, predict_layout(four, piped->layout, cal4).step);
     four.memory.model.n_head = 2;  // 2 heads over tp 2 x sp 2
     four.memory.model.n_kv_head = 2;
     EXPECT_THROW(check_layout(four, both->layout), Error);
