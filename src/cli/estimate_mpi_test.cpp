@@ -295,7 +295,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // Ulysses with tp (stop 80): tp 2 x sp 2, each rank one of GPT-2's four heads.
                       ulysses(Case{"gpt2", true, 2, false, 2, 4}, 2),
                       // and with pp: two stages of sp 2 (the pipeline's rows of T/sp tokens).
-                      ulysses(Case{"gpt2", false, 1, false, 1, 4, false, 2}, 2)),
+                      ulysses(Case{"gpt2", false, 1, false, 1, 4, false, 2}, 2),
+                      // and with ZeRO-Infinity: the moments, then parameters and gradients, on disk.
+                      ulysses(Case{"gpt2", false, 2, false, 1, 2, false, 1, "1f1b", nullptr, true}, 2),
+                      ulysses(Case{"llama", false, 3, false, 1, 2, false, 1, "1f1b", nullptr, true, true}, 2)),
     [](const auto& info) { return case_name(info.param); });
 
 // (2): stage-3 model states against the closed form (header comment), computed from the units

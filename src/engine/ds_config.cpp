@@ -1593,7 +1593,6 @@ void parse_device(Section& root, RunConfig& c) {
 }  // namespace
 
 std::string ulysses_unsupported(const RunConfig& c) {
-  if (c.zero.offload_optimizer == "nvme" || c.zero.offload_param == "nvme") return "offload to nvme";
   if (optim::optimizer_is_onebit(c.optimizer)) return "optimizer.type " + c.optimizer.type + " (1-bit)";
   if (c.task == "classification") return "task \"classification\"";
   if (c.device != "cpu") return "device \"" + c.device + "\"";

@@ -258,7 +258,7 @@ struct ConfigSources {
 
 // Parses and validates. world_size: the job's processes (dp = world_size / parallel.tp).
 // `where` names the source in messages (a path). Throws Error naming the key's full path.
-// What of c Ulysses (parallel.sp > 1) does not run with, besides tp and pp ("offload to nvme", ...);
+// What of c Ulysses (parallel.sp > 1) does not run with ("sparse_attention", ...);
 // empty: nothing. The planner leaves Ulysses layouts out for it.
 std::string ulysses_unsupported(const RunConfig& c);
 // The dtype the gradients are reduced in at Ulysses degree `sp`: seq_comm_dtype where sp > 1

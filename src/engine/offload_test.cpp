@@ -104,6 +104,37 @@ TEST(NvmeOffload, ParametersGradientsAndOptimizerOnDiskEqualInMemory) {
   std::filesystem::remove_all(swap_root());
 }
 
+// Ulysses (parallel.sp 2: the ZeRO group is dp x sp) with ZeRO-Infinity (stop 80; refused before):
+// the moments on disk at stages 1-3, and at stage 3 the parameters and gradients too, each rank
+// its own folder; still the in-memory Ulysses run bit for bit.
+TEST(NvmeOffload, UlyssesOnDiskEqualsInMemoryBitForBit) {
+  auto cfg = [](int stage, bool nvme, bool params) {
+    auto j = config(stage, 1, "fp32", nvme, true);
+    j["parallel"] = {{"sp", 2}};
+    if (params) {
+      j["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", swap_root()}};
+      j["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    }
+    return j;
+  };
+  for (int stage : {1, 2, 3}) {
+    const std::string what = "sp 2 stage " + std::to_string(stage);
+    LayoutRun mem = layout_train(cfg(stage, false, false), 2, 1, "memory");
+    LayoutRun disk = layout_train(cfg(stage, true, false), 2, 1, "nvme");
+    expect_same(mem, disk, what);
+    for (int r = 0; r < 2; ++r)
+      EXPECT_TRUE(std::filesystem::exists(swap_root() + "/zero_stage_" + std::to_string(stage) + "/optimizer/rank" +
+                                          std::to_string(r) + "/exp_avg.swp"))
+          << what;
+  }
+  LayoutRun mem = layout_train(cfg(3, false, false), 2, 1, "memory");
+  LayoutRun disk = layout_train(cfg(3, true, true), 2, 1, "nvme params");
+  expect_same(mem, disk, "sp 2 stage 3, parameters on disk");
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(std::filesystem::exists(swap_root() + "/zero_stage_3/param/rank" + std::to_string(r) + "/params.swp"));
+  std::filesystem::remove_all(swap_root());
+}
+
 std::string error_of(const nlohmann::json& j) {
   try {
     ds_config_parse(j, "cfg.json", 1);
