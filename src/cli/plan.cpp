@@ -247,6 +247,7 @@ planner::PlanJob plan_job(const engine::RunConfig& c, int procs, comm::Backend* 
   job.ulysses_refused = engine::ulysses_unsupported(c);
   job.sequence_parallel_forced = c.partition_activations;
   job.curriculum = c.curriculum.enabled;
+  job.curriculum_gcd = engine::curriculum_lengths_gcd(c);
   job.cuda_replicas = c.device == "cuda" && procs > 1;
   job.sixteen_bit_master = c.master_dtype != DType::kF32;
   job.update = planner::update_kind(c.optimizer);

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <optional>
 
 #include <unistd.h>
@@ -1592,11 +1593,18 @@ void parse_device(Section& root, RunConfig& c) {
 
 }  // namespace
 
+int64_t curriculum_lengths_gcd(const RunConfig& c) {
+  if (!c.curriculum.enabled) return 0;
+  CurriculumSchedule sched(c.curriculum);
+  int64_t g = 0;
+  for (int64_t step = 1; step <= curriculum_last_checked_step(c); ++step) g = std::gcd(g, sched.at(step));
+  return g;
+}
+
 std::string ulysses_unsupported(const RunConfig& c) {
   if (optim::optimizer_is_onebit(c.optimizer)) return "optimizer.type " + c.optimizer.type + " (1-bit)";
   if (c.task == "classification") return "task \"classification\"";
   if (c.device != "cpu") return "device \"" + c.device + "\"";
-  if (c.curriculum.enabled) return "curriculum_learning";
   if (c.sparse_attention.has_value()) return "sparse_attention";
   return "";
 }
@@ -1833,25 +1841,35 @@ RunConfig ds_config_parse(json j, const std::string& where, int world_size, bool
   // The key the user gave (partition_activations' errors were said as parallel.sequence_parallel's).
   const std::string sp_key = sp_asked ? "parallel.sequence_parallel"
                                       : "activation_checkpointing.partition_activations (sequence parallelism with tp > 1)";
-  if (c.sequence_parallel && (c.batch.micro_batch_per_gpu * c.seq_length) % c.tp != 0)
+  // (Ulysses: each rank's seq_length / sp tokens of each sample; check_ulysses names an sp that
+  // does not divide seq_length.)
+  const int64_t rank_seq = c.sp > 1 && c.seq_length % c.sp == 0 ? c.seq_length / c.sp : c.seq_length;
+  if (c.sequence_parallel && (c.batch.micro_batch_per_gpu * rank_seq) % c.tp != 0)
     throw Error(ErrorKind::kInvalidArgument,
-                sp_key + " splits train_micro_batch_size_per_gpu x seq_length (" +
-                    std::to_string(c.batch.micro_batch_per_gpu * c.seq_length) + " tokens) over parallel.tp (" +
+                sp_key + " splits train_micro_batch_size_per_gpu x seq_length" + (c.sp > 1 ? " / parallel.sp" : "") + " (" +
+                    std::to_string(c.batch.micro_batch_per_gpu * rank_seq) + " tokens) over parallel.tp (" +
                     std::to_string(c.tp) + "): they must divide evenly");
   // A curriculum's shorter steps too: a length the split fails ended the run at that step (exit 2,
   // naming seq_length), hours in.
-  if (c.sequence_parallel && c.curriculum.enabled) {
+  // Ulysses: each step's length over the sp ranks (stop 80), then each rank's share over tp.
+  if ((c.sequence_parallel || c.sp > 1) && c.curriculum.enabled) {
     const CurriculumConfig& k = c.curriculum;
     CurriculumSchedule sched(k);
+    const std::string difficulties = k.schedule_type == "fixed_discrete" ? "schedule_config.difficulty" : "min_difficulty, difficulty_step";
     for (int64_t step = 1; step <= curriculum_last_checked_step(c); ++step) {
-      const int64_t d = sched.at(step);
+      int64_t d = sched.at(step);
+      MT_CHECK(d % c.sp == 0, ErrorKind::kInvalidArgument,
+               "curriculum_learning with parallel.sp " + std::to_string(c.sp) + " (Ulysses): step " + std::to_string(step) +
+                   " trains " + std::to_string(d) + " tokens a sample, which do not split over the " + std::to_string(c.sp) +
+                   " ranks: give difficulties (" + difficulties + ") that they divide");
+      d /= c.sp;
+      if (!c.sequence_parallel) continue;
       MT_CHECK((c.batch.micro_batch_per_gpu * d) % c.tp == 0, ErrorKind::kInvalidArgument,
                "curriculum_learning with " + sp_key + ": step " + std::to_string(step) + " trains " +
-                   std::to_string(d) + " tokens a sample, and train_micro_batch_size_per_gpu x that (" +
+                   std::to_string(d) + (c.sp > 1 ? " tokens of a sample on each sp rank" : " tokens a sample") +
+                   ", and train_micro_batch_size_per_gpu x that (" +
                    std::to_string(c.batch.micro_batch_per_gpu * d) + ") does not divide over parallel.tp (" +
-                   std::to_string(c.tp) + "): give difficulties (" +
-                   (k.schedule_type == "fixed_discrete" ? "schedule_config.difficulty" : "min_difficulty, difficulty_step") +
-                   ") that it does");
+                   std::to_string(c.tp) + "): give difficulties (" + difficulties + ") that it does");
     }
   }
   c.steps_per_print = root.integer("steps_per_print", 10);

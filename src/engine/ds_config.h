@@ -261,6 +261,9 @@ struct ConfigSources {
 // What of c Ulysses (parallel.sp > 1) does not run with ("sparse_attention", ...);
 // empty: nothing. The planner leaves Ulysses layouts out for it.
 std::string ulysses_unsupported(const RunConfig& c);
+// A seqlen curriculum's lengths' greatest common divisor over the steps ds_config checks (0: no
+// curriculum): what an sp size must divide (the planner's search).
+int64_t curriculum_lengths_gcd(const RunConfig& c);
 // The dtype the gradients are reduced in at Ulysses degree `sp`: seq_comm_dtype where sp > 1
 // (DeepSpeed's engine replaces communication_data_type with seq_parallel_communication_data_type
 // then), comm_dtype otherwise.

@@ -1801,12 +1801,20 @@ TEST(DsConfig, UlyssesSequenceParallelSize) {
   EXPECT_EQ(error_of(pp, 4), "");  // with pp too (stop 80): each stage's ranks an sp group
   const std::pair<nlohmann::json, std::string> refused[] = {
       {sp2("optimizer", {{"type", "OneBitAdam"}, {"params", {{"lr", 1e-3}}}}), "optimizer.type OneBitAdam (1-bit)"},
-      {sp2("curriculum_learning", {{"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", 8}, {"max_difficulty", 16},
-                                   {"schedule_type", "fixed_linear"}, {"schedule_config", {{"total_curriculum_step", 4}, {"difficulty_step", 8}}}}),
-       "curriculum_learning"},
       {sp2("sparse_attention", {{"mode", "fixed"}, {"block", 8}}), "sparse_attention"},
   };
   for (const auto& [j, want] : refused) EXPECT_NE(error_of(j, 2).find(name + want + " is not implemented yet"), npos) << want << ": " << error_of(j, 2);
+  // A curriculum (stop 80): each step's length split over the sp ranks, refused naming the step
+  // where it does not split.
+  auto curriculum = [&](int min, int step) {
+    return sp2("curriculum_learning", {{"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", min}, {"max_difficulty", 16},
+                                       {"schedule_type", "fixed_linear"},
+                                       {"schedule_config", {{"total_curriculum_step", 4}, {"difficulty_step", step}}}});
+  };
+  EXPECT_EQ(error_of(curriculum(8, 4), 2), "");
+  EXPECT_EQ(error_of(curriculum(9, 3), 2),
+            "curriculum_learning with parallel.sp 2 (Ulysses): step 1 trains 9 tokens a sample, which do not split over the 2 "
+            "ranks: give difficulties (min_difficulty, difficulty_step) that they divide");
   // What runs with sp since stop 78: ZeRO 3, documents, "tokens" normalisation, dropout.
   nlohmann::json drop = sp2("zero_optimization", {{"stage", 3}});
   drop["model"]["resid_pdrop"] = 0.1;

@@ -49,7 +49,8 @@ struct Case {
   bool recompute = false;
   // "": plain; "documents": data.reset_position_ids and reset_attention_mask; "dropout": GPT-2's
   // three rates; "tokens": loss_normalization "tokens"; "overflow": fp16 from a loss scale of 2^20,
-  // whose first steps overflow (every rank of the group must skip the same ones).
+  // whose first steps overflow (every rank of the group must skip the same ones); "curriculum": a
+  // seqlen curriculum (each step's shorter samples split over the sp ranks).
   const char* with = "";
   int tp = 1;  // parallel.tp: each tp rank's heads split over its sp group (stop 80)
   bool megatron_sp = false;  // parallel.sequence_parallel (Megatron's, over the tp group)
@@ -83,6 +84,10 @@ nlohmann::json config(const Case& k, int processes, int g) {
   }
   if (with == "tokens") j["loss_normalization"] = "tokens";
   if (with == "overflow") j["fp16"]["initial_scale_power"] = 20;  // steps 1, 2 and 4 overflow and are skipped
+  if (with == "curriculum")  // 8, 8, 12, 12, 12, 16... tokens a sample (Megatron-DeepSpeed's tokens[:, :L])
+    j["curriculum_learning"] = {{"enabled", true}, {"curriculum_type", "seqlen"}, {"min_difficulty", 8}, {"max_difficulty", 16},
+                                {"schedule_type", "fixed_linear"},
+                                {"schedule_config", {{"total_curriculum_step", 6}, {"difficulty_step", 4}}}};
   return j;
 }
 
@@ -111,6 +116,11 @@ TEST_P(UlyssesMatchesOneProcess, LossesNormsAndFinalState) {
       EXPECT_FALSE(std::isfinite(got.norms[s])) << "step " << s + 1 << " overflowed on one process only";
       ++skipped;
     }
+  }
+  if (std::string(k.with) == "curriculum") {  // the curriculum is taken: the first step trains 8 tokens a sample, not 16
+    Case plain = k;
+    plain.with = "";
+    EXPECT_NE(layout_train(config(plain, 1, g * k.dp), 1, g * k.dp, "ulysses_test", sample).losses[0], ref.losses[0]);
   }
   if (std::string(k.with) == "overflow") {
     EXPECT_GE(skipped, 1) << "no step overflowed";
@@ -147,7 +157,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama", 2, 1, 1, "fp32", false, "", 2, true},
                       // With pp (stop 80): 2 stages of sp 2, and x dp 2, x tp 2.
                       Case{"gpt2", 2, 1, 0, "fp32", false, "", 1, false, 2}, Case{"llama", 2, 2, 1, "bf16", true, "documents", 1, false, 2},
-                      Case{"gpt2", 2, 1, 0, "fp32", false, "dropout", 2, false, 2}),
+                      Case{"gpt2", 2, 1, 0, "fp32", false, "dropout", 2, false, 2},
+                      // A seqlen curriculum (stop 80): alone, and over sp 4 with a pipeline.
+                      Case{"llama", 2, 1, 1, "fp32", false, "curriculum"}, Case{"gpt2", 4, 1, 0, "fp32", false, "curriculum", 1, false, 2}),
     case_name);
 
 // A layout's master weights and Adam moments (gathered to the one-process layout) after loading

@@ -60,6 +60,8 @@ void check_layout(const PlanJob& job, const Layout& l) {
                std::to_string(job.procs) + " process(es)");
   if (l.usp > 1) {
     MT_CHECK(job.ulysses_refused.empty(), ErrorKind::kNotSupported, "plan: Ulysses with " + job.ulysses_refused);
+    MT_CHECK(job.curriculum_gcd == 0 || job.curriculum_gcd % l.usp == 0, ErrorKind::kInvalidArgument,
+             "plan: Ulysses " + std::to_string(l.usp) + " does not divide every length of the curriculum");
     MT_CHECK(job.memory.seq_length % l.usp == 0 && m.n_head % (l.tp * l.usp) == 0 && m.n_kv_head % (l.tp * l.usp) == 0,
              ErrorKind::kInvalidArgument,
              "plan: Ulysses " + std::to_string(l.usp) + " does not divide seq_length (" + std::to_string(job.memory.seq_length) +
@@ -433,6 +435,10 @@ SearchResult search_layouts(const PlanJob& job, const SearchSpace& space, size_t
       }
       if (usp > 1 && (job.memory.seq_length % usp != 0 || model.n_head % (tp * usp) != 0 || model.n_kv_head % (tp * usp) != 0)) {
         out.rejected.push_back(family + ": Ulysses does not divide seq_length, or tp x sp the heads and the kv heads");
+        continue;
+      }
+      if (usp > 1 && job.curriculum_gcd > 0 && job.curriculum_gcd % usp != 0) {
+        out.rejected.push_back(family + ": Ulysses does not divide every length of the curriculum");
         continue;
       }
       if (model.n_head % tp != 0 || model.n_kv_head % tp != 0 || model.intermediate % tp != 0) {

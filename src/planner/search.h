@@ -103,6 +103,7 @@ struct PlanJob {
   // family or stage it takes out is named among the rejected (the search ranked them, and plan
   // --validate's run of one failed "did not train").
   bool curriculum = false;         // curriculum_learning (a pipeline runs it since stop 75)
+  int64_t curriculum_gcd = 0;      // its lengths' gcd (engine::curriculum_lengths_gcd): Ulysses' sp must divide it
   bool cuda_replicas = false;      // device "cuda" over several processes: dp only, ZeRO 0
   bool sixteen_bit_master = false;  // bf16/fp16 master weights: ZeRO 1-3 (DeepSpeed's assert)
   // Why the runtime runs no Ulysses layout of this configuration (ds_config's check_ulysses: offload

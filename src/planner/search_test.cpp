@@ -639,6 +639,12 @@ TEST(Search, WhatTheRuntimeRefusesIsRejectedAndNamed) {
   ASSERT_FALSE(r.ranked.empty());
   EXPECT_TRUE(std::any_of(r.ranked.begin(), r.ranked.end(), [](const RankedLayout& x) { return x.layout.pp == 2; }));
   EXPECT_FALSE(rejected(r, "curriculum_learning"));
+  // Ulysses with it (stop 80): ranked where sp divides every length, else named.
+  EXPECT_TRUE(std::any_of(r.ranked.begin(), r.ranked.end(), [](const RankedLayout& x) { return x.layout.usp == 2; }));
+  job.curriculum_gcd = 3;  // lengths 9, 12, 15, ...
+  r = search_layouts(job, space, size_t{1} << 40, cal);
+  for (const RankedLayout& x : r.ranked) EXPECT_EQ(x.layout.usp, 1) << x.layout.describe();
+  EXPECT_TRUE(rejected(r, "dp 1, Ulysses 2: Ulysses does not divide every length of the curriculum"));
   job = tiny_job(2, 8);
   job.cuda_replicas = true;
   r = search_layouts(job, space, size_t{1} << 40, cal);
