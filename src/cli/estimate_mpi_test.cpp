@@ -82,6 +82,7 @@ struct Case {
   const char* optimizer = nullptr;  // a 1-bit optimizer (stage 0), compressing from its second update
   bool fp16 = false;
   int usp = 1;  // parallel.sp (Ulysses): procs / usp data-parallel ranks
+  const char* seq_comm = nullptr;  // seq_parallel_communication_data_type (Ulysses' gradients' dtype)
 };
 
 // k with Ulysses over usp of its ranks.
@@ -98,7 +99,7 @@ std::string case_name(const Case& k) {
          (k.pp > 1 ? "_pp" + std::to_string(k.pp) + "_" + k.schedule + "_n" + std::to_string(k.procs) : "") +
          (k.comm ? std::string("_comm_") + k.comm : "") + (k.nvme ? "_nvme" : "") + (k.param_nvme ? "_params" : "") +
          (k.optimizer ? std::string("_") + k.optimizer : "") + (k.fp16 ? "_fp16" : "") +
-         (k.usp > 1 ? "_usp" + std::to_string(k.usp) : "");
+         (k.usp > 1 ? "_usp" + std::to_string(k.usp) : "") + (k.seq_comm ? std::string("_seq_comm_") + k.seq_comm : "");
 }
 
 nlohmann::json config_json(const Case& k) {
@@ -126,6 +127,7 @@ nlohmann::json config_json(const Case& k) {
                             {"stage3_param_persistence_threshold", 0}};
   j["data"] = {{"train", dir() + "/train"}};
   if (k.comm) j["communication_data_type"] = k.comm;
+  if (k.seq_comm) j["seq_parallel_communication_data_type"] = k.seq_comm;
   if (k.nvme) {  // several sub-groups, three resident
     j["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", dir() + "/swap-" + case_name(k)},
                                                    {"buffer_count", 3}, {"pipeline_read", true}};
@@ -298,7 +300,11 @@ INSTANTIATE_TEST_SUITE_P(
                       ulysses(Case{"gpt2", false, 1, false, 1, 4, false, 2}, 2),
                       // and with ZeRO-Infinity: the moments, then parameters and gradients, on disk.
                       ulysses(Case{"gpt2", false, 2, false, 1, 2, false, 1, "1f1b", nullptr, true}, 2),
-                      ulysses(Case{"llama", false, 3, false, 1, 2, false, 1, "1f1b", nullptr, true, true}, 2)),
+                      ulysses(Case{"llama", false, 3, false, 1, 2, false, 1, "1f1b", nullptr, true, true}, 2),
+                      // The gradients' dtype under Ulysses is seq_parallel_communication_data_type's
+                      // (its 2-byte copies counted), communication_data_type's unused.
+                      Case{"gpt2", true, 2, false, 1, 2, false, 1, "1f1b", nullptr, false, false, nullptr, false, 2, "bf16"},
+                      Case{"gpt2", true, 1, false, 1, 2, false, 1, "1f1b", "bf16", false, false, nullptr, false, 2}),
     [](const auto& info) { return case_name(info.param); });
 
 // (2): stage-3 model states against the closed form (header comment), computed from the units
