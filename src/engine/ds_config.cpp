@@ -1605,7 +1605,6 @@ std::string ulysses_unsupported(const RunConfig& c) {
   if (optim::optimizer_is_onebit(c.optimizer)) return "optimizer.type " + c.optimizer.type + " (1-bit)";
   if (c.task == "classification") return "task \"classification\"";
   if (c.device != "cpu") return "device \"" + c.device + "\"";
-  if (c.sparse_attention.has_value()) return "sparse_attention";
   return "";
 }
 

@@ -1801,7 +1801,6 @@ TEST(DsConfig, UlyssesSequenceParallelSize) {
   EXPECT_EQ(error_of(pp, 4), "");  // with pp too (stop 80): each stage's ranks an sp group
   const std::pair<nlohmann::json, std::string> refused[] = {
       {sp2("optimizer", {{"type", "OneBitAdam"}, {"params", {{"lr", 1e-3}}}}), "optimizer.type OneBitAdam (1-bit)"},
-      {sp2("sparse_attention", {{"mode", "fixed"}, {"block", 8}}), "sparse_attention"},
   };
   for (const auto& [j, want] : refused) EXPECT_NE(error_of(j, 2).find(name + want + " is not implemented yet"), npos) << want << ": " << error_of(j, 2);
   // A curriculum (stop 80): each step's length split over the sp ranks, refused naming the step

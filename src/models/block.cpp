@@ -265,7 +265,8 @@ void Block::forward(float* y, const float* x, BlockActs& a, BlockScratch& s, con
       if (!f32) round_to(a.qkv, cd, qkv, N * d.QKV);
       const kernels::AttnDropout att_drop = attention_dropout(d);
       MT_CHECK(!(d.sparse && d.kstart), ErrorKind::kNotSupported, "reset_attention_mask with sparse attention is not supported");
-      if (d.sparse) kernels::sparse_attention_forward(a.att, a.lse, qkv, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
+      if (d.sparse)  // (Ulysses: all T for this rank's heads, as the dense kernel below)
+        kernels::sparse_attention_forward(a.att, a.lse, qkv, *d.sparse, d.B, d.T * d.usp, d.NH / d.usp, d.NKV / d.usp, d.HS);
       else kernels::attention_forward(a.att, a.lse, qkv, d.B, d.T * d.usp, d.NH / d.usp, d.NKV / d.usp, d.HS,
                                       att_drop.rate.active() ? &att_drop : nullptr, d.kstart);
     }
@@ -423,7 +424,8 @@ void Block::backward(float* dres, const float* x, const BlockActs& a, BlockScrat
         datt = s.a2a;
       }
       if (d.sparse)
-        kernels::sparse_attention_backward(s.dqkv, datt, qkv, a.att, a.lse, *d.sparse, d.B, d.T, d.NH, d.NKV, d.HS);
+        kernels::sparse_attention_backward(s.dqkv, datt, qkv, a.att, a.lse, *d.sparse, d.B, d.T * d.usp, d.NH / d.usp,
+                                           d.NKV / d.usp, d.HS);
       else
         kernels::attention_backward(s.dqkv, datt, qkv, a.att, a.lse, d.B, d.T * d.usp, d.NH / d.usp, d.NKV / d.usp, d.HS,
                                     att_drop.rate.active() ? &att_drop : nullptr, d.kstart);

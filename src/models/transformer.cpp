@@ -95,8 +95,7 @@ TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
                  (gpt2 ? "n_head" : "num_attention_heads") + " (" + std::to_string(cfg.n_head) + ") and " +
                  (gpt2 ? "n_head" : "num_key_value_heads") + " (" + std::to_string(cfg.n_kv_head) + ") must be divisible by " +
                  (tp > 1 ? "parallel.tp x parallel.sp (" + std::to_string(sp * tp) + ")" : "it"));
-    MT_CHECK(!opts.sparse_attention && cfg.num_labels == 0, ErrorKind::kNotSupported,
-             "parallel.sp > 1 runs without sparse attention and a classifier's head for now");
+    MT_CHECK(cfg.num_labels == 0, ErrorKind::kNotSupported, "parallel.sp > 1 runs without a classifier's head for now");
   }
   if (tp > 1) {
     auto need = [&](int v, const char* gpt2_key, const char* llama_key) {
@@ -182,13 +181,15 @@ void TransformerLM::prepare(int B, int T, int slots) {
                  ": they must divide evenly");
   d.Nl = d.sp ? d.N / tp : d.N;
   if (opts_.sparse_attention) {  // the layout of the whole model's heads; this rank plans its own
+    // (Ulysses: of the whole samples, for the heads its attention computes: its sp-th of its tp
+    // rank's.)
     kernels::SparsityConfig sc = *opts_.sparse_attention;
     sc.num_heads = cfg_.n_head;
-    kernels::SparseLayout L = kernels::sparse_layout_for_length(sc, T);
+    kernels::SparseLayout L = kernels::sparse_layout_for_length(sc, Tg);
     const size_t per_head = static_cast<size_t>(L.num_blocks) * static_cast<size_t>(L.num_blocks);
+    const int heads = d.NH / usp, head0 = tp_.rank() * d.NH + sp_.rank() * heads;
     sparse_plan_ = std::make_shared<kernels::SparseAttentionPlan>(kernels::sparse_attention_plan(
-        L.blocks.data() + static_cast<size_t>(tp_.rank()) * static_cast<size_t>(d.NH) * per_head, d.NH, L.num_blocks,
-        L.block, /*causal=*/true));
+        L.blocks.data() + static_cast<size_t>(head0) * per_head, heads, L.num_blocks, L.block, /*causal=*/true));
     d.sparse = sparse_plan_.get();
   }
   dims_ = d;

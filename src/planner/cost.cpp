@@ -213,9 +213,9 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
            "cost model: micro-batch, sequence length and world must be positive");
   MT_CHECK(s.tp >= 1, ErrorKind::kInvalidArgument, "cost model: tp must be positive");
   MT_CHECK(s.usp >= 1 && (s.usp == 1 || (s.seq_length % s.usp == 0 && s.model.n_head % (s.tp * s.usp) == 0 &&
-                                         s.model.n_kv_head % (s.tp * s.usp) == 0 && !s.sparse)),
+                                         s.model.n_kv_head % (s.tp * s.usp) == 0)),
            ErrorKind::kInvalidArgument,
-           "cost model: Ulysses' sp must divide T, and tp x sp the heads and the kv heads, without sparse attention");
+           "cost model: Ulysses' sp must divide T, and tp x sp the heads and the kv heads");
   const models::BlockDims d = block_dims(s.model, s.micro_batch, s.seq_length, s.tp, s.sequence_parallel, s.usp);
   // Attention's shape: all T tokens of NH/usp heads under Ulysses, else the rank's own.
   const int Ta = d.T * s.usp, NHa = d.NH / s.usp, NKVa = d.NKV / s.usp;
@@ -238,10 +238,11 @@ ZeroStepCosts zero_step_costs(const StepShape& s, const Calibration& cal) {
            "cost model: the attention's share of the causal tiles must be in (0, 1]");
   double att_flops = models::attention_core_flops(d.B, Ta, NHa, d.HS, nullptr) * s.attention_share;
   std::string fwd_line = "attention forward", bwd_line = "attention backward";
-  if (s.sparse) {  // the tp rank with the most pairs (a layout may differ by head), as the model slices its heads
-    const int per = s.sparse->num_heads / s.tp;
+  if (s.sparse) {  // the rank with the most pairs (a layout may differ by head), as the model slices its heads
+    // (tp rank r's, and of those Ulysses' sp rank j's sp-th)
+    const int per = s.sparse->num_heads / (s.tp * s.usp);
     double most = 0.0;
-    for (int r = 0; r < s.tp; ++r) most = std::max(most, models::sparse_attention_pairs(*s.sparse, r * per, (r + 1) * per));
+    for (int r = 0; r < s.tp * s.usp; ++r) most = std::max(most, models::sparse_attention_pairs(*s.sparse, r * per, (r + 1) * per));
     att_flops = 2.0 * 2.0 * d.B * d.HS * most;
     if (const int b = sparse_attention_line(cal, s.sparse->block); b > 0) {
       fwd_line = "sparse attention forward b" + std::to_string(b);

@@ -382,6 +382,15 @@ TEST(CostModel, DocumentsAndSparseLayoutsPriceTheAttentionTheyCompute) {
   const ZeroStepCosts tp_causal = zero_step_costs(s, cal);
   EXPECT_NEAR(tp_sparse.forward[1] - tp_causal.forward[1], 11e-12 * 2.0 * 2 * 2 * 16 * 2112 - 3e-12 * att / 2, 1e-15);
   s.tp = 1;
+  // Ulysses likewise (stop 80): sp rank 0 attends for heads 0 and 1 over the whole samples.
+  cal.fits["all_to_all"] = {0.0, 0.0};
+  s.usp = 2;
+  s.sparse = std::make_shared<kernels::SparseAttentionPlan>(kernels::sparse_attention_plan(layout.data(), 4, 4, 16, true));
+  const ZeroStepCosts usp_sparse = zero_step_costs(s, cal);
+  s.sparse = nullptr;
+  const ZeroStepCosts usp_causal = zero_step_costs(s, cal);
+  EXPECT_NEAR(usp_sparse.forward[1] - usp_causal.forward[1], 11e-12 * 2.0 * 2 * 2 * 16 * 2112 - 3e-12 * att / 2, 1e-15);
+  s.usp = 1;
   // The nearest block: the smallest calibrated one at least as wide, else the widest; a line
   // without its backward is not one.
   cal.fits["sparse attention forward b32"] = {0.0, 1e-12};

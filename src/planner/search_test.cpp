@@ -543,11 +543,11 @@ TEST(Search, UlyssesIsSearchedWhereTheRuntimeRunsIt) {
     four.memory.model.n_kv_head = 2;
     EXPECT_THROW(check_layout(four, both->layout), Error);
   }
-  job.ulysses_refused = "sparse_attention";
+  job.ulysses_refused = "task \"classification\"";
   const SearchResult refused = search_layouts(job, space, size_t{1} << 40, cal);
   for (const RankedLayout& x : refused.ranked) EXPECT_EQ(x.layout.usp, 1) << x.layout.describe();
   EXPECT_NE(std::find(refused.rejected.begin(), refused.rejected.end(),
-                      "dp 1, Ulysses 2: Ulysses with sparse_attention is not implemented"),
+                      "dp 1, Ulysses 2: Ulysses with task \"classification\" is not implemented"),
             refused.rejected.end());
   job.ulysses_refused.clear();
   job.memory.model.n_kv_head = 1;
