@@ -1091,7 +1091,7 @@ void register_plan(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   add_layout_options(cmd, o->path, o->procs, o->sets);
   cmd->add_option("--calibration", o->calibration, "meshtrain calibrate's JSON (default: planner.calibration, calibration.json)");
-  cmd->add_flag("--search", o->search, "rank every layout of --procs processes that fits (dp x tp x pp or dp x Ulysses sp, a pipeline's schedule, ZeRO stage, micro-batch, recompute)");
+  cmd->add_flag("--search", o->search, "rank every layout of --procs processes that fits (dp x tp x pp, and those x Ulysses sp, a pipeline's schedule, ZeRO stage, micro-batch, recompute)");
   cmd->add_flag("--search-batch", o->search_batch,
                 "rank the micro-batch / accumulation splits only (the configuration's dp x tp x pp, ZeRO stage and recompute)");
   cmd->add_option("--cluster", o->cluster,
