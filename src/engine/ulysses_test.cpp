@@ -56,26 +56,31 @@ struct Case {
   int tp = 1;  // parallel.tp: each tp rank's heads split over its sp group (stop 80)
   bool megatron_sp = false;  // parallel.sequence_parallel (Megatron's, over the tp group)
   int pp = 1;  // parallel.pp: each stage's ranks in sp groups of their own (stop 80)
+  int v = 1;   // parallel.virtual_stages (interleaved; the model then has pp x v layers)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return std::string(c.arch) + "_sp" + std::to_string(c.sp) + "_dp" + std::to_string(c.dp) +
          (c.tp > 1 ? "_tp" + std::to_string(c.tp) : std::string()) + (c.megatron_sp ? "_megatron_sp" : "") +
-         (c.pp > 1 ? "_pp" + std::to_string(c.pp) : std::string()) + "_stage" +
+         (c.pp > 1 ? "_pp" + std::to_string(c.pp) : std::string()) + (c.v > 1 ? "_interleaved" + std::to_string(c.v) : "") + "_stage" +
          std::to_string(c.stage) + "_" + c.dtype + (c.recompute ? "_recompute" : "") + (*c.with ? "_" : "") + c.with;
 }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name({c, 0}); }
 
 nlohmann::json config(const Case& k, int processes, int g) {
-  auto j = layout_config(layout_model(k.arch, 2).dump().c_str(), k.dtype, processes == 1 ? 1 : k.dp, g);
+  auto j = layout_config(layout_model(k.arch, std::max(2, k.pp * k.v)).dump().c_str(), k.dtype, processes == 1 ? 1 : k.dp, g);
   if (k.recompute) j["activation_checkpointing"] = {{"enabled", true}};
   // fp16: one process at the layout's stage too (DeepSpeed's fp16 wrapper at stage 0 takes a step of
   // zero gradients as it is built, ZeRO's optimizers none).
   const bool fp16 = std::string(k.dtype) == "fp16";
   j["zero_optimization"] = {{"stage", processes == 1 && !fp16 ? 0 : k.stage}, {"reduce_bucket_size", 3000}};
   if (processes > 1) j["parallel"] = {{"sp", k.sp}, {"tp", k.tp}, {"sequence_parallel", k.megatron_sp}, {"pp", k.pp}};
+  if (processes > 1 && k.v > 1) {
+    j["parallel"]["pipeline_schedule"] = "interleaved";
+    j["parallel"]["virtual_stages"] = k.v;
+  }
   const std::string with = k.with;
   if (with == "documents") j["data"] = {{"eod_id", 7}, {"reset_position_ids", true}, {"reset_attention_mask", true}};
   if (with == "dropout") {
@@ -167,6 +172,7 @@ INSTANTIATE_TEST_SUITE_P(
                       // With pp (stop 80): 2 stages of sp 2, and x dp 2, x tp 2.
                       Case{"gpt2", 2, 1, 0, "fp32", false, "", 1, false, 2}, Case{"llama", 2, 2, 1, "bf16", true, "documents", 1, false, 2},
                       Case{"gpt2", 2, 1, 0, "fp32", false, "dropout", 2, false, 2},
+                      Case{"llama", 2, 1, 1, "fp32", true, "", 1, false, 2, 2},  // interleaved over 2 chunks a rank
                       // A seqlen curriculum (stop 80): alone, and over sp 4 with a pipeline.
                       Case{"llama", 2, 1, 1, "fp32", false, "curriculum"}, Case{"gpt2", 4, 1, 0, "fp32", false, "curriculum", 1, false, 2},
                       // Sparse attention (stop 80): sp 2, and tp 2 x sp 2 (a head a rank).
