@@ -112,7 +112,8 @@ data::LabelKind label_kind(const models::ModelConfig& m) {
 // regression: the mean squared error and, of one value, Pearson's and Spearman's correlations;
 // multi-label: the mean binary cross-entropy and the micro F1 of the labels whose logit is > 0.
 Validation validate(engine::Engine& eng, models::TransformerLM& model, const std::vector<data::ClassificationExample>& valid,
-                    int B, int T, int32_t pad, int DW, int DR, const std::function<int(const data::ClassificationExample* const*, size_t)>& length) {
+                    int B, int T, int32_t pad, int DW, int DR, const std::function<int(const data::ClassificationExample* const*, size_t)>& length,
+                    bool counts = true) {
   const int L = model.config().num_labels;
   const models::ProblemType problem = model.config().problem_type;
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
@@ -161,6 +162,13 @@ Validation validate(engine::Engine& eng, models::TransformerLM& model, const std
       loss += row / L;
       if (!predicted.empty()) predicted[static_cast<size_t>(i * B + b)] = z[0];
     }
+  }
+  // Ulysses: the ranks of an sp group ran the same records; one of them adds its counts and
+  // predictions to the sums (the means below are alike on each).
+  if (!counts) {
+    std::fill(confusion.begin(), confusion.end(), 0.0);
+    std::fill(label_counts.begin(), label_counts.end(), 0.0);
+    std::fill(predicted.begin(), predicted.end(), 0.0f);
   }
   Validation v;
   const double n = eng.mean_over_ranks(count) * DW;
@@ -281,13 +289,14 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
   const int DW = ctx->data_dp(), DR = ctx->data_rank();
   // The rows' length of a batch of records: T with data.pad_to_max_length (or sparse attention,
   // whose block layout is built for T), else its longest record rounded up to 8, and further until
-  // B rows of it divide over the tp group under sequence parallelism.
+  // Ulysses' sp ranks divide it (Hugging Face's pad_to_multiple_of = sp) and B rows of a rank's
+  // share divide over the tp group under sequence parallelism.
   const bool cut = !cfg.pad_to_max_length && !cfg.sparse_attention;
-  const int tp_rows = ctx->sequence_parallel ? ctx->tp() : 1;
+  const int tp_rows = ctx->sequence_parallel ? ctx->tp() : 1, usp = ctx->sp();
   auto length = [&](const data::ClassificationExample* const* batch, size_t n) {
     if (!cut) return T;
     int L = data::classification_batch_length(batch, n, T);
-    while (L < T && (static_cast<int64_t>(B) * L) % tp_rows != 0) ++L;
+    while (L < T && (L % usp != 0 || (static_cast<int64_t>(B) * (L / usp)) % tp_rows != 0)) ++L;
     return L;
   };
   if (train_resume(eng, args.resume, lead)) return;
@@ -369,7 +378,7 @@ void classify_loop(const ClassifyArgs& args, engine::RunConfig& cfg, const std::
     const int64_t done = eng.global_step();
     const bool have_val = !valid.empty() && ((cfg.eval_interval > 0 && done % cfg.eval_interval == 0) || done == cfg.train_iters);
     Validation v;
-    if (have_val) v = validate(eng, *model, valid, B, T, pad, DW, DR, length);
+    if (have_val) v = validate(eng, *model, valid, B, T, pad, DW, DR, length, ctx->sp_rank() == 0);
     // Lightning's bar: the epoch, this epoch's step, elapsed<remaining, it/s, the loss.
     const int64_t bar_done = bar_steps_before + (done - start_step);
     const int64_t epoch = (bar_done - 1) / steps_per_epoch, in_epoch = (bar_done - 1) % steps_per_epoch + 1;

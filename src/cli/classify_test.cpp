@@ -465,7 +465,7 @@ TEST(Classify, TwoDataParallelRanksEqualOneProcess) {
   }
 }
 
-// Tensor, sequence and pipeline parallelism (were refused): the score head is replicated over the
+// Tensor, sequence, pipeline and Ulysses parallelism (were refused): the score head is replicated over the
 // tp group (its gradient whole on every rank, its input gradient not summed; sequence parallel
 // keeps each rank's rows of it), and validation's logits come from a pipeline's last stage. Every
 // layout equals one process, step by step in loss and gradient norm (a head input gradient summed
@@ -487,7 +487,12 @@ TEST(Classify, TensorSequenceAndPipelineLayoutsEqualOneProcess) {
       {"pp2-gpipe-multi", "multi_label_classification", 2, {{"pp", 2}, {"pipeline_schedule", "gpipe"}}, {}},
       {"tp2-pp2", "single_label_classification", 4, {{"tp", 2}, {"pp", 2}}, {}},
       // Two data-parallel ranks of 2 records a micro-batch: the one process's global batch of 8.
-      {"dp2-tp2", "regression", 4, {{"tp", 2}}, {{"zero_optimization", {{"stage", 1}}}, {"train_micro_batch_size_per_gpu", 2}}}};
+      {"dp2-tp2", "regression", 4, {{"tp", 2}}, {{"zero_optimization", {{"stage", 1}}}, {"train_micro_batch_size_per_gpu", 2}}},
+      // Ulysses (stop 80): the pooled token on one rank of the pair, validation's logits assembled
+      // over it, each record's counts and prediction added once.
+      {"usp2", "single_label_classification", 2, {{"sp", 2}}, {}},
+      {"usp2-multi", "multi_label_classification", 2, {{"sp", 2}}, {}},
+      {"usp2-tp2", "regression", 4, {{"sp", 2}, {"tp", 2}}, {}}};
   auto base = [](const std::string& problem) {
     nlohmann::json j = {{"num_train_epochs", 0}, {"train_iters", 12}, {"eval_interval", 6}, {"train_micro_batch_size_per_gpu", 4},
                         {"gradient_accumulation_steps", 2}, {"model_checkpoint", {{"save_top_k", 0}}}};
@@ -515,6 +520,9 @@ TEST(Classify, TensorSequenceAndPipelineLayoutsEqualOneProcess) {
                   nullptr, &err),
               0)
         << err;
+    if (l.name.rfind("usp", 0) == 0) {  // the pair shares each record (one data-parallel rank), not dp 2
+      EXPECT_NE(err.find(" x 1 data-parallel rank(s)"), std::string::npos) << err;
+    }
     for (const std::string& key : keys(l.problem)) {
       const auto a = mt::cli::testing::metric_values(dir() + "/layout-one-" + l.problem + ".jsonl", key);
       const auto b = mt::cli::testing::metric_values(dir() + "/layout-" + l.name + ".jsonl", key);

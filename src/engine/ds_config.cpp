@@ -1603,7 +1603,6 @@ int64_t curriculum_lengths_gcd(const RunConfig& c) {
 
 std::string ulysses_unsupported(const RunConfig& c) {
   if (optim::optimizer_is_onebit(c.optimizer)) return "optimizer.type " + c.optimizer.type + " (1-bit)";
-  if (c.task == "classification") return "task \"classification\"";
   if (c.device != "cpu") return "device \"" + c.device + "\"";
   return "";
 }

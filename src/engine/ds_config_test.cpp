@@ -1822,7 +1822,7 @@ TEST(DsConfig, UlyssesSequenceParallelSize) {
   EXPECT_EQ(error_of(drop, 2), "") << error_of(drop, 2);
   nlohmann::json cls = sp2("task", "classification");
   cls["model"]["num_labels"] = 2;
-  EXPECT_NE(error_of(cls, 2).find(name + "task \"classification\""), npos) << error_of(cls, 2);
+  EXPECT_EQ(error_of(cls, 2), "");  // a classifier too (stop 80; classify_test trains it)
   nlohmann::json odd = sp2("seq_length", 15);
   EXPECT_NE(error_of(odd, 2).find("parallel.sp 2 (Ulysses sequence parallelism) splits each sample's seq_length (15) tokens over 2 ranks"),
             npos) << error_of(odd, 2);

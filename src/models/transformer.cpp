@@ -95,7 +95,6 @@ TransformerLM::TransformerLM(const ModelConfig& cfg, const ModelOptions& opts)
                  (gpt2 ? "n_head" : "num_attention_heads") + " (" + std::to_string(cfg.n_head) + ") and " +
                  (gpt2 ? "n_head" : "num_key_value_heads") + " (" + std::to_string(cfg.n_kv_head) + ") must be divisible by " +
                  (tp > 1 ? "parallel.tp x parallel.sp (" + std::to_string(sp * tp) + ")" : "it"));
-    MT_CHECK(cfg.num_labels == 0, ErrorKind::kNotSupported, "parallel.sp > 1 runs without a classifier's head for now");
   }
   if (tp > 1) {
     auto need = [&](int v, const char* gpt2_key, const char* llama_key) {
@@ -622,7 +621,6 @@ std::vector<std::vector<nn::Module*>> TransformerLM::zero_unit_modules() {
 
 void TransformerLM::logits(float* out, const int32_t* tokens) {
   MT_CHECK(whole_model(), ErrorKind::kInternal, "logits() of a pipeline stage");
-  MT_CHECK(sp() == 1, ErrorKind::kNotSupported, "logits() under parallel.sp > 1 (each rank holds a share of the tokens)");
   forward_chunk(0, 0, tokens, nullptr, 0.0f);  // through the final norm: slot 0's nfc
   head_logits(out);
 }
@@ -630,20 +628,39 @@ void TransformerLM::logits(float* out, const int32_t* tokens) {
 void TransformerLM::head_logits(float* out) {
   MT_CHECK(head_ && slots_[0].chunk == chunks() - 1, ErrorKind::kInternal,
            "head_logits() needs a forward of the chunk with the head on slot 0");
-  const void* nfc = slots_[0].nfc;
   nn::Module* head_module = lm_head_ ? lm_head_ : wte_;
   head_module->run_hooks(nn::HookPoint::kPreForward);
+  if (sp_.size() > 1) {
+    // Ulysses: this rank's tokens' rows, placed in the whole samples' (B, usp T) and summed over
+    // the sp group (every other rank's rows are zeros here).
+    const size_t W = tp_.size() == 1 || cfg_.num_labels > 0 ? static_cast<size_t>(head()->shape[0]) : static_cast<size_t>(cfg_.vocab_size);
+    const size_t T = static_cast<size_t>(dims_.T), Tg = T * static_cast<size_t>(sp_.size()), r0 = static_cast<size_t>(sp_.rank()) * T;
+    std::vector<float> local(static_cast<size_t>(dims_.N) * W);
+    rank_logits(local.data());
+    std::fill(out, out + static_cast<size_t>(dims_.B) * Tg * W, 0.0f);
+    for (size_t b = 0; b < static_cast<size_t>(dims_.B); ++b)
+      std::memcpy(out + (b * Tg + r0) * W, local.data() + b * T * W, T * W * sizeof(float));
+    sp_.all_reduce(out, static_cast<size_t>(dims_.B) * Tg * W, "ulysses logits");
+  } else {
+    rank_logits(out);
+  }
+  head_module->run_hooks(nn::HookPoint::kPostForward);
+}
+
+// This rank's tokens' logits from slot 0's final-norm rows: (N, V), or (N, num_labels) for a
+// (replicated) classifier; under tp the vocabulary shards gathered, padding columns dropped.
+void TransformerLM::rank_logits(float* out) {
+  const void* nfc = slots_[0].nfc;
   nn::Parameter* head = this->head();
-  if (tp_.size() == 1 || cfg_.num_labels > 0) {  // (N, V), or (N, num_labels) for a (replicated) classifier
+  if (tp_.size() == 1 || cfg_.num_labels > 0) {
     nn::lm_head_logits(out, nfc, head->compute, head->compute_dtype, dims_.N, dims_.C, static_cast<int>(head->shape[0]));
-  } else {  // this shard's logits, gathered over the group; padding columns dropped
+  } else {  // this shard's logits, gathered over the group
     const size_t N = static_cast<size_t>(dims_.N), vl = static_cast<size_t>(head->shape[0]), V = cfg_.vocab_size;
     std::vector<float> local(N * vl), all(N * vl * static_cast<size_t>(tp_.size()));
     nn::lm_head_logits(local.data(), nfc, head->compute, head->compute_dtype, dims_.N, dims_.C, static_cast<int>(vl));
     tp_.gather_columns(all.data(), local.data(), N, vl, "tp logits");
     for (size_t i = 0; i < N; ++i) std::memcpy(out + i * V, all.data() + i * vl * tp_.size(), V * sizeof(float));
   }
-  head_module->run_hooks(nn::HookPoint::kPostForward);
 }
 
 void TransformerLM::set_profiler(ModuleProfile* p) {

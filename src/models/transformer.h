@@ -100,7 +100,8 @@ class TransformerLM : public nn::Module {
   // (B, T, num_labels) for a classifier (ModelConfig::num_labels).
   void logits(float* out, const int32_t* tokens);
   // The logits of the last forward_chunk() of the chunk with the head on slot 0 (a pipeline's last
-  // stage; the whole model's logits() is that forward and this).
+  // stage; the whole model's logits() is that forward and this). Under Ulysses, of the whole
+  // samples (B, seq(), ...), assembled over the sp group: every rank of it calls this.
   void head_logits(float* out);
 
   // Pipeline stage: this rank's model chunks (one without virtual stages), each a run of layers;
@@ -164,6 +165,7 @@ class TransformerLM : public nn::Module {
   void set_profiler(ModuleProfile* p);
 
  private:
+  void rank_logits(float* out);  // this rank's tokens' logits (head_logits)
   struct Slot {  // one micro-batch's saved state
     Buffer buffer;
     std::vector<BlockActs> acts;  // per layer of the chunk (empty with recompute: shared_acts_)
